@@ -1,0 +1,72 @@
+//! Feature bits, virtqueues and the device configuration layout.
+
+use crate::wire_struct;
+
+/// Feature bit: UD queue pairs and address handles are supported.
+pub const F_UD: u64 = 1 << 0;
+/// Feature bit: shared receive queues are supported.
+pub const F_SRQ: u64 = 1 << 1;
+/// Feature bit: 8-byte atomic operations are supported.
+pub const F_ATOMIC: u64 = 1 << 2;
+/// Feature bit: doorbell pages in a VIRTIO shared memory region
+/// (data-path chapter).
+pub const F_SHMEM_DOORBELL: u64 = 1 << 3;
+
+/// All device-specific feature bits this ABI version defines.
+pub const ALL_DEVICE_FEATURES: u64 = F_UD | F_SRQ | F_ATOMIC | F_SHMEM_DOORBELL;
+
+/// Virtqueue index of the control queue.
+pub const CONTROLQ: u16 = 0;
+/// Virtqueue index of the event queue.
+pub const EVENTQ: u16 = 1;
+/// Virtqueue index of the doorbell notification queue (data-path chapter).
+pub const NOTIFYQ: u16 = 2;
+/// Number of virtqueues the device has.
+pub const NUM_QUEUES: usize = 3;
+
+wire_struct! {
+    /// Device configuration space (read-only for the driver).
+    ///
+    /// The limit fields are the per-VM quotas and capabilities in force for
+    /// this device instance; every create command is checked against them.
+    pub struct DeviceConfig {
+        /// ABI version, [`crate::ABI_VERSION`].
+        abi_version: u32,
+        /// Maximum number of live contexts.
+        max_ctx: u32,
+        /// Maximum number of live protection domains.
+        max_pd: u32,
+        /// Maximum number of live completion queues.
+        max_cq: u32,
+        /// Maximum number of live queue pairs.
+        max_qp: u32,
+        /// Maximum number of live memory regions.
+        max_mr: u32,
+        /// Maximum number of live shared receive queues.
+        max_srq: u32,
+        /// Maximum number of live address handles.
+        max_ah: u32,
+        /// Maximum CQ depth (entries).
+        max_cqe: u32,
+        /// Maximum send or receive queue depth (work requests).
+        max_qp_wr: u32,
+        /// Maximum SRQ depth (work requests).
+        max_srq_wr: u32,
+        /// Maximum scatter/gather entries per send work request.
+        max_send_sge: u32,
+        /// Maximum scatter/gather entries per receive work request.
+        max_recv_sge: u32,
+        /// Maximum inline data bytes per send work request.
+        max_inline_data: u32,
+        /// Maximum entries of an inline page list.
+        max_inline_pages: u32,
+        /// Maximum outstanding RDMA READ / atomic operations per QP.
+        max_qp_rd_atom: u32,
+        /// Maximum length in bytes of one memory region.
+        max_mr_size: u64,
+        /// Maximum bytes registered by all memory regions of this VM together.
+        max_mr_bytes: u64,
+        /// Supported page sizes: bit n set means 2^n-byte pages may be used.
+        page_size_cap: u64,
+    }
+}

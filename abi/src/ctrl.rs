@@ -1,0 +1,152 @@
+//! Control-queue framing: request and response headers, opcodes, statuses.
+
+use crate::wire_struct;
+
+wire_struct! {
+    /// Header of every control request (device-readable part of a chain).
+    pub struct RequestHeader {
+        /// Chosen by the driver, echoed in the response.
+        request_id: u64,
+        /// Command, one of [`Opcode`].
+        opcode: u32,
+        /// Must be zero.
+        reserved: u32,
+    }
+}
+
+wire_struct! {
+    /// Header of every control response (device-writable part of a chain).
+    pub struct ResponseHeader {
+        /// The request's `request_id`.
+        request_id: u64,
+        /// Outcome, one of [`Status`].
+        status: u32,
+        /// Extra information about a failure; see the spec's status table.
+        detail: u32,
+    }
+}
+
+/// `detail` value when a status carries no extra information.
+pub const DETAIL_NONE: u32 = u32::MAX;
+
+macro_rules! code_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident { $( $(#[$vmeta:meta])* $var:ident = $val:expr ),* $(,)? }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(u32)]
+        #[allow(non_camel_case_types)]
+        pub enum $name { $( $(#[$vmeta])* $var = $val ),* }
+
+        impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$var),*];
+
+            /// Decodes a wire value; `None` for an unknown one.
+            pub fn from_u32(v: u32) -> Option<Self> {
+                match v {
+                    $( $val => Some($name::$var), )*
+                    _ => None,
+                }
+            }
+
+            /// Name as written in the spec.
+            pub fn name(self) -> &'static str {
+                match self { $( $name::$var => stringify!($var), )* }
+            }
+        }
+
+        impl From<$name> for u32 {
+            fn from(v: $name) -> u32 {
+                v as u32
+            }
+        }
+    };
+}
+pub(crate) use code_enum;
+
+code_enum! {
+    /// Control command opcodes.
+    pub enum Opcode {
+        /// Device attributes.
+        QUERY_DEVICE = 0x01,
+        /// Port attributes.
+        QUERY_PORT = 0x02,
+        /// One GID table entry.
+        QUERY_GID = 0x03,
+        /// Create a context (one per guest process).
+        CREATE_CTX = 0x10,
+        /// Destroy a context and everything it owns.
+        DESTROY_CTX = 0x11,
+        /// Allocate a protection domain.
+        ALLOC_PD = 0x20,
+        /// Free a protection domain.
+        DEALLOC_PD = 0x21,
+        /// Create a completion queue.
+        CREATE_CQ = 0x30,
+        /// Destroy a completion queue.
+        DESTROY_CQ = 0x31,
+        /// Register a memory region.
+        REG_MR = 0x40,
+        /// Deregister a memory region.
+        DEREG_MR = 0x41,
+        /// Create a queue pair.
+        CREATE_QP = 0x50,
+        /// Change queue pair state and attributes.
+        MODIFY_QP = 0x51,
+        /// Read queue pair attributes.
+        QUERY_QP = 0x52,
+        /// Destroy a queue pair.
+        DESTROY_QP = 0x53,
+        /// Create an address handle.
+        CREATE_AH = 0x60,
+        /// Destroy an address handle.
+        DESTROY_AH = 0x61,
+        /// Create a shared receive queue.
+        CREATE_SRQ = 0x70,
+        /// Change SRQ attributes.
+        MODIFY_SRQ = 0x71,
+        /// Read SRQ attributes.
+        QUERY_SRQ = 0x72,
+        /// Destroy a shared receive queue.
+        DESTROY_SRQ = 0x73,
+    }
+}
+
+code_enum! {
+    /// Status codes of control responses.
+    pub enum Status {
+        /// Success.
+        OK = 0,
+        /// Unknown opcode, or a feature that is not negotiated or not implemented.
+        UNSUPPORTED = 1,
+        /// Malformed request: wrong length, reserved field not zero, value out of its domain.
+        INVALID = 2,
+        /// A handle does not name a live object of the expected kind in this VM.
+        BAD_HANDLE = 3,
+        /// The object is still in use by other objects.
+        BUSY = 4,
+        /// A per-VM quota would be exceeded.
+        QUOTA = 5,
+        /// A guest-physical address is not in guest RAM, misaligned, or unreadable.
+        BAD_ADDRESS = 6,
+        /// A value exceeds a limit advertised by the device.
+        RANGE = 7,
+        /// The QP or SRQ state does not allow the request.
+        BAD_STATE = 8,
+        /// The objects named belong to different protection domains or contexts.
+        MISMATCH = 9,
+        /// The device could not allocate host resources.
+        NO_MEMORY = 10,
+        /// Refused by the operator's policy.
+        DENIED = 11,
+        /// Internal device error.
+        INTERNAL = 12,
+    }
+}
+
+/// Largest device-readable part of a control request the device accepts
+/// (headers plus the longest indirect page list directory).
+pub const MAX_REQUEST_BYTES: usize = 1 << 20;

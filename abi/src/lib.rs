@@ -1,0 +1,78 @@
+//! Wire types of the virtio-rdma device (virtio device ID 42).
+//!
+//! This crate is the executable form of `docs/virtio-rdma-spec.md`: every
+//! structure, constant and formula the spec defines is here, with explicit
+//! little-endian encoding and compile-time layout checks. It has no
+//! dependencies, so a guest driver can use it without pulling in vhost-user.
+//!
+//! Parsing never panics: requests from a guest are untrusted bytes.
+
+pub mod config;
+pub mod ctrl;
+pub mod event;
+pub mod mem;
+pub mod qp;
+pub mod verbs;
+pub mod wire;
+
+pub use wire::{Field, FieldLayout, Wire, WireError};
+
+/// Virtio device ID of the RDMA device.
+pub const VIRTIO_ID_RDMA: u32 = 42;
+
+/// Version of the device ABI described by this crate (device configuration
+/// field `abi_version`).
+pub const ABI_VERSION: u32 = 1;
+
+/// Every wire structure of the spec, by name, with its layout and size. The
+/// spec-consistency test walks this list.
+pub fn all_layouts() -> Vec<(&'static str, &'static [FieldLayout], usize)> {
+    macro_rules! l {
+        ($($t:ty),* $(,)?) => {
+            vec![$((<$t as Wire>::NAME, <$t as Wire>::LAYOUT, <$t as Field>::SIZE)),*]
+        };
+    }
+    use config::DeviceConfig;
+    use ctrl::{RequestHeader, ResponseHeader};
+    use event::Event;
+    use mem::BufferDesc;
+    use qp::{AddressVector, QpAttr};
+    use verbs::*;
+    l![
+        DeviceConfig,
+        RequestHeader,
+        ResponseHeader,
+        Event,
+        BufferDesc,
+        AddressVector,
+        QpAttr,
+        DeviceAttr,
+        QueryPortReq,
+        PortAttr,
+        QueryGidReq,
+        QueryGidResp,
+        CreateCtxResp,
+        CtxHandleReq,
+        PdHandleReq,
+        PdHandleResp,
+        CreateCqReq,
+        CqHandleReq,
+        CqHandleResp,
+        RegMrReq,
+        RegMrResp,
+        MrHandleReq,
+        CreateQpReq,
+        CreateQpResp,
+        ModifyQpReq,
+        QpHandleReq,
+        QueryQpResp,
+        CreateAhReq,
+        AhHandleReq,
+        AhHandleResp,
+        CreateSrqReq,
+        CreateSrqResp,
+        ModifySrqReq,
+        SrqHandleReq,
+        QuerySrqResp,
+    ]
+}

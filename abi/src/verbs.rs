@@ -1,0 +1,525 @@
+//! Request and response payloads of every control command.
+//!
+//! A request is `RequestHeader` + the command's request payload (+ a page
+//! list for commands that carry a [`BufferDesc`]); a response is
+//! `ResponseHeader` + the command's response payload. Commands whose table
+//! entry says "none" carry no payload in that direction.
+
+use crate::ctrl::Opcode;
+use crate::mem::BufferDesc;
+use crate::qp::{AddressVector, QpAttr};
+use crate::wire_struct;
+
+wire_struct! {
+    /// QUERY_DEVICE response.
+    pub struct DeviceAttr {
+        /// Firmware version of the device implementation.
+        fw_version: u64,
+        /// Node GUID.
+        node_guid: u64,
+        /// System image GUID.
+        sys_image_guid: u64,
+        /// Same as the configuration field.
+        max_mr_size: u64,
+        /// Same as the configuration field.
+        max_mr_bytes: u64,
+        /// Same as the configuration field.
+        page_size_cap: u64,
+        /// IEEE OUI of the implementer.
+        vendor_id: u32,
+        /// Implementer-defined part number.
+        vendor_part_id: u32,
+        /// Implementer-defined hardware version.
+        hw_version: u32,
+        /// Number of ports (1).
+        phys_port_cnt: u32,
+        /// Same as the configuration field.
+        max_ctx: u32,
+        /// Same as the configuration field.
+        max_pd: u32,
+        /// Same as the configuration field.
+        max_cq: u32,
+        /// Same as the configuration field.
+        max_qp: u32,
+        /// Same as the configuration field.
+        max_mr: u32,
+        /// Same as the configuration field.
+        max_srq: u32,
+        /// Same as the configuration field.
+        max_ah: u32,
+        /// Same as the configuration field.
+        max_cqe: u32,
+        /// Same as the configuration field.
+        max_qp_wr: u32,
+        /// Same as the configuration field.
+        max_srq_wr: u32,
+        /// Same as the configuration field.
+        max_send_sge: u32,
+        /// Same as the configuration field.
+        max_recv_sge: u32,
+        /// Same as the configuration field.
+        max_inline_data: u32,
+        /// Same as the configuration field.
+        max_inline_pages: u32,
+        /// Same as the configuration field.
+        max_qp_rd_atom: u32,
+        /// Maximum outstanding RDMA READ/atomic a QP may initiate.
+        max_qp_init_rd_atom: u32,
+        /// Maximum pages of one memory region.
+        max_mr_pages: u32,
+        /// 0: no atomics; 1: atomics are atomic with respect to this device.
+        atomic_caps: u32,
+    }
+}
+
+wire_struct! {
+    /// QUERY_PORT request.
+    pub struct QueryPortReq {
+        /// Port number (1).
+        port: u32,
+    }
+}
+
+wire_struct! {
+    /// QUERY_PORT response.
+    pub struct PortAttr {
+        /// Port state: 1 down, 4 active.
+        state: u32,
+        /// Largest supported path MTU (an `Mtu` value).
+        max_mtu: u32,
+        /// Active MTU (an `Mtu` value).
+        active_mtu: u32,
+        /// GID table length.
+        gid_tbl_len: u32,
+        /// P_Key table length (1).
+        pkey_tbl_len: u32,
+        /// Largest message in bytes.
+        max_msg_size: u32,
+        /// Link rate in Mbit/s (informational).
+        link_rate_mbps: u32,
+        /// Maximum UD payload bytes (the active MTU in bytes).
+        max_ud_payload: u32,
+    }
+}
+
+/// Port state value: down.
+pub const PORT_STATE_DOWN: u32 = 1;
+/// Port state value: active.
+pub const PORT_STATE_ACTIVE: u32 = 4;
+/// GID type value: RoCE v2 (IPv4-mapped or IPv6 GIDs over UDP).
+pub const GID_TYPE_ROCE_V2: u32 = 2;
+
+wire_struct! {
+    /// QUERY_GID request.
+    pub struct QueryGidReq {
+        /// Port number (1).
+        port: u32,
+        /// GID table index.
+        index: u32,
+    }
+}
+
+wire_struct! {
+    /// QUERY_GID response.
+    pub struct QueryGidResp {
+        /// The GID.
+        gid: [u8; 16],
+        /// GID type (`GID_TYPE_ROCE_V2`).
+        gid_type: u32,
+        /// Must be zero.
+        reserved: u32,
+    }
+}
+
+wire_struct! {
+    /// CREATE_CTX response.
+    pub struct CreateCtxResp {
+        /// Handle of the new context.
+        ctx_handle: u32,
+        /// Index of the context's doorbell page in the shared memory region,
+        /// or `u32::MAX` when `F_SHMEM_DOORBELL` is not negotiated.
+        doorbell_page: u32,
+    }
+}
+
+wire_struct! {
+    /// DESTROY_CTX and ALLOC_PD request.
+    pub struct CtxHandleReq {
+        /// A context handle.
+        ctx_handle: u32,
+    }
+}
+
+wire_struct! {
+    /// DEALLOC_PD request.
+    pub struct PdHandleReq {
+        /// A PD handle.
+        pd_handle: u32,
+    }
+}
+
+wire_struct! {
+    /// ALLOC_PD response.
+    pub struct PdHandleResp {
+        /// Handle of the new PD.
+        pd_handle: u32,
+    }
+}
+
+wire_struct! {
+    /// CREATE_CQ request (followed by the page list of `buf`).
+    pub struct CreateCqReq {
+        /// Owning context.
+        ctx_handle: u32,
+        /// Number of CQEs, a power of two.
+        depth: u32,
+        /// Guest-physical address of the CQ's doorbell record.
+        db_gpa: u64,
+        /// CQ ring memory: `depth * CQE_SIZE` bytes.
+        buf: BufferDesc,
+    }
+}
+
+wire_struct! {
+    /// DESTROY_CQ request.
+    pub struct CqHandleReq {
+        /// A CQ handle.
+        cq_handle: u32,
+    }
+}
+
+wire_struct! {
+    /// CREATE_CQ response.
+    pub struct CqHandleResp {
+        /// Handle of the new CQ.
+        cq_handle: u32,
+    }
+}
+
+wire_struct! {
+    /// REG_MR request (followed by the page list of `buf`).
+    pub struct RegMrReq {
+        /// Protection domain.
+        pd_handle: u32,
+        /// Access flags ([`crate::mem::access`]).
+        access: u32,
+        /// Address the region is known by in work requests (guest virtual).
+        iova: u64,
+        /// Length in bytes.
+        length: u64,
+        /// The pages backing the region.
+        buf: BufferDesc,
+    }
+}
+
+wire_struct! {
+    /// REG_MR response.
+    pub struct RegMrResp {
+        /// Handle of the new MR.
+        mr_handle: u32,
+        /// Local key.
+        lkey: u32,
+        /// Remote key (0 when no remote access was granted).
+        rkey: u32,
+    }
+}
+
+wire_struct! {
+    /// DEREG_MR request.
+    pub struct MrHandleReq {
+        /// An MR handle.
+        mr_handle: u32,
+    }
+}
+
+wire_struct! {
+    /// CREATE_QP request (followed by the page list of `buf`).
+    pub struct CreateQpReq {
+        /// Protection domain.
+        pd_handle: u32,
+        /// One of `QpType`.
+        qp_type: u32,
+        /// CQ for send completions.
+        send_cq: u32,
+        /// CQ for receive completions.
+        recv_cq: u32,
+        /// SRQ handle, or 0 for a QP with its own receive queue.
+        srq_handle: u32,
+        /// `QP_FLAG_*` bits.
+        flags: u32,
+        /// Send queue depth, a power of two.
+        sq_depth: u32,
+        /// Receive queue depth, a power of two; 0 when `srq_handle` is set.
+        rq_depth: u32,
+        /// Scatter/gather entries per send WQE.
+        max_send_sge: u32,
+        /// Scatter/gather entries per receive WQE.
+        max_recv_sge: u32,
+        /// Inline data bytes per send WQE.
+        max_inline_data: u32,
+        /// Must be zero.
+        reserved: u32,
+        /// Guest-physical address of the QP's doorbell record.
+        db_gpa: u64,
+        /// Send and receive rings (layout from `qp_buffer_layout`).
+        buf: BufferDesc,
+    }
+}
+
+wire_struct! {
+    /// CREATE_QP response.
+    pub struct CreateQpResp {
+        /// Handle of the new QP.
+        qp_handle: u32,
+        /// QP number used on the wire.
+        qpn: u32,
+        /// log2 of the send WQE stride.
+        sq_wqe_shift: u32,
+        /// log2 of the receive WQE stride.
+        rq_wqe_shift: u32,
+        /// Offset of the receive ring in the buffer.
+        rq_offset: u32,
+    }
+}
+
+wire_struct! {
+    /// MODIFY_QP request.
+    pub struct ModifyQpReq {
+        /// The QP.
+        qp_handle: u32,
+        /// Which attributes to apply (`attr::*`).
+        attr_mask: u32,
+        /// The attributes.
+        attr: QpAttr,
+    }
+}
+
+wire_struct! {
+    /// QUERY_QP and DESTROY_QP request.
+    pub struct QpHandleReq {
+        /// A QP handle.
+        qp_handle: u32,
+    }
+}
+
+wire_struct! {
+    /// QUERY_QP response.
+    pub struct QueryQpResp {
+        /// Current attributes; `qp_state` and `cur_qp_state` both hold the
+        /// current state.
+        attr: QpAttr,
+        /// One of `QpType`.
+        qp_type: u32,
+        /// QP number.
+        qpn: u32,
+        /// Send queue depth.
+        sq_depth: u32,
+        /// Receive queue depth.
+        rq_depth: u32,
+        /// Scatter/gather entries per send WQE.
+        max_send_sge: u32,
+        /// Scatter/gather entries per receive WQE.
+        max_recv_sge: u32,
+        /// Inline data bytes per send WQE.
+        max_inline_data: u32,
+        /// SRQ handle or 0.
+        srq_handle: u32,
+    }
+}
+
+wire_struct! {
+    /// CREATE_AH request.
+    pub struct CreateAhReq {
+        /// Protection domain.
+        pd_handle: u32,
+        /// Port number (1).
+        port: u32,
+        /// Destination.
+        av: AddressVector,
+    }
+}
+
+wire_struct! {
+    /// DESTROY_AH request.
+    pub struct AhHandleReq {
+        /// An AH handle.
+        ah_handle: u32,
+    }
+}
+
+wire_struct! {
+    /// CREATE_AH response.
+    pub struct AhHandleResp {
+        /// Handle of the new AH.
+        ah_handle: u32,
+    }
+}
+
+wire_struct! {
+    /// CREATE_SRQ request (followed by the page list of `buf`).
+    pub struct CreateSrqReq {
+        /// Protection domain.
+        pd_handle: u32,
+        /// Number of WQEs, a power of two.
+        depth: u32,
+        /// Scatter/gather entries per WQE.
+        max_sge: u32,
+        /// Limit: 0 disarmed, otherwise less than `depth`.
+        limit: u32,
+        /// Guest-physical address of the SRQ's doorbell record.
+        db_gpa: u64,
+        /// Ring memory: `depth << recv_wqe_shift(max_sge)` bytes.
+        buf: BufferDesc,
+    }
+}
+
+wire_struct! {
+    /// CREATE_SRQ response.
+    pub struct CreateSrqResp {
+        /// Handle of the new SRQ.
+        srq_handle: u32,
+        /// log2 of the WQE stride.
+        wqe_shift: u32,
+    }
+}
+
+/// `ModifySrqReq::attr_mask` bit: change the depth (not supported: the ring
+/// memory is fixed at creation).
+pub const SRQ_ATTR_MAX_WR: u32 = 1 << 0;
+/// `ModifySrqReq::attr_mask` bit: arm the limit.
+pub const SRQ_ATTR_LIMIT: u32 = 1 << 1;
+
+wire_struct! {
+    /// MODIFY_SRQ request.
+    pub struct ModifySrqReq {
+        /// The SRQ.
+        srq_handle: u32,
+        /// `SRQ_ATTR_*` bits.
+        attr_mask: u32,
+        /// New depth (`SRQ_ATTR_MAX_WR`).
+        max_wr: u32,
+        /// New limit (`SRQ_ATTR_LIMIT`).
+        limit: u32,
+    }
+}
+
+wire_struct! {
+    /// QUERY_SRQ and DESTROY_SRQ request.
+    pub struct SrqHandleReq {
+        /// An SRQ handle.
+        srq_handle: u32,
+    }
+}
+
+wire_struct! {
+    /// QUERY_SRQ response.
+    pub struct QuerySrqResp {
+        /// Number of WQEs.
+        depth: u32,
+        /// Scatter/gather entries per WQE.
+        max_sge: u32,
+        /// Current limit (0 when disarmed).
+        limit: u32,
+    }
+}
+
+/// Payload shapes of one command: request and response structure names
+/// ("none" for no payload) and whether a page list follows the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommandShape {
+    /// The command.
+    pub opcode: Opcode,
+    /// Request payload structure, or "none".
+    pub request: &'static str,
+    /// Whether the request carries a page list after its fixed part.
+    pub page_list: bool,
+    /// Response payload structure, or "none".
+    pub response: &'static str,
+}
+
+impl Opcode {
+    /// The payload shapes of this command.
+    pub fn shape(self) -> CommandShape {
+        use Opcode::*;
+        let (request, page_list, response) = match self {
+            QUERY_DEVICE => ("none", false, "DeviceAttr"),
+            QUERY_PORT => ("QueryPortReq", false, "PortAttr"),
+            QUERY_GID => ("QueryGidReq", false, "QueryGidResp"),
+            CREATE_CTX => ("none", false, "CreateCtxResp"),
+            DESTROY_CTX => ("CtxHandleReq", false, "none"),
+            ALLOC_PD => ("CtxHandleReq", false, "PdHandleResp"),
+            DEALLOC_PD => ("PdHandleReq", false, "none"),
+            CREATE_CQ => ("CreateCqReq", true, "CqHandleResp"),
+            DESTROY_CQ => ("CqHandleReq", false, "none"),
+            REG_MR => ("RegMrReq", true, "RegMrResp"),
+            DEREG_MR => ("MrHandleReq", false, "none"),
+            CREATE_QP => ("CreateQpReq", true, "CreateQpResp"),
+            MODIFY_QP => ("ModifyQpReq", false, "none"),
+            QUERY_QP => ("QpHandleReq", false, "QueryQpResp"),
+            DESTROY_QP => ("QpHandleReq", false, "none"),
+            CREATE_AH => ("CreateAhReq", false, "AhHandleResp"),
+            DESTROY_AH => ("AhHandleReq", false, "none"),
+            CREATE_SRQ => ("CreateSrqReq", true, "CreateSrqResp"),
+            MODIFY_SRQ => ("ModifySrqReq", false, "none"),
+            QUERY_SRQ => ("SrqHandleReq", false, "QuerySrqResp"),
+            DESTROY_SRQ => ("SrqHandleReq", false, "none"),
+        };
+        CommandShape {
+            opcode: self,
+            request,
+            page_list,
+            response,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{Field, Wire};
+
+    #[test]
+    fn sizes() {
+        assert_eq!(crate::ctrl::RequestHeader::SIZE, 16);
+        assert_eq!(crate::ctrl::ResponseHeader::SIZE, 16);
+        assert_eq!(BufferDesc::SIZE, 24);
+        assert_eq!(AddressVector::SIZE, 24);
+        assert_eq!(QpAttr::SIZE, 96);
+        assert_eq!(CreateQpReq::SIZE, 80);
+        assert_eq!(ModifyQpReq::SIZE, 104);
+        assert_eq!(crate::config::DeviceConfig::SIZE, 88);
+        assert_eq!(crate::event::Event::SIZE, 16);
+    }
+
+    #[test]
+    fn every_shape_names_a_known_structure() {
+        let names: Vec<_> = crate::all_layouts().into_iter().map(|l| l.0).collect();
+        for op in Opcode::ALL {
+            let s = op.shape();
+            for n in [s.request, s.response] {
+                assert!(n == "none" || names.contains(&n), "{n}");
+            }
+        }
+    }
+
+    #[test]
+    fn nested_parse() {
+        let req = CreateCqReq {
+            ctx_handle: 5,
+            depth: 64,
+            db_gpa: 0x1000,
+            buf: BufferDesc {
+                addr: 0,
+                npages: 1,
+                first_page_offset: 0,
+                page_shift: 12,
+                mode: 1,
+            },
+        };
+        let mut bytes = req.to_bytes();
+        bytes.extend_from_slice(&0x2000u64.to_le_bytes());
+        let (got, rest) = CreateCqReq::parse_prefix(&bytes).unwrap();
+        assert_eq!(got, req);
+        assert_eq!(rest, &0x2000u64.to_le_bytes());
+    }
+}
