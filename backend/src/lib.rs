@@ -1,1 +1,25 @@
-//! x
+//! vhost-user-rdma: a vhost-user daemon that gives virtual machines an RDMA
+//! device (virtio-rdma, device ID 42).
+//!
+//! Layout:
+//! - [`config`]: limits and daemon configuration;
+//! - [`server`]: one listener thread per vhost-user socket (one VM each);
+//! - [`device`]: the `VhostUserBackend` implementation (queues, config space);
+//! - [`ctrl`]: the control-verb dispatcher;
+//! - [`resources`]: per-VM objects, handles and the QP state machine;
+//! - [`memory`]: guest RAM map and page-list translation;
+//! - [`events`]: the asynchronous event queue;
+//! - [`rnic`]: the host RNIC engines (built-in software RNIC).
+
+pub mod config;
+pub mod ctrl;
+pub mod device;
+pub mod events;
+pub mod keys;
+pub mod memory;
+pub mod resources;
+pub mod rnic;
+pub mod server;
+
+pub use config::{DaemonConfig, Limits};
+pub use server::{Daemon, VmStats};

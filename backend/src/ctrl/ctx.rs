@@ -1,0 +1,128 @@
+//! CREATE_CTX, DESTROY_CTX, ALLOC_PD, DEALLOC_PD, CREATE_AH, DESTROY_AH.
+
+use virtio_rdma_abi::config::F_UD;
+use virtio_rdma_abi::ctrl::{Opcode, Status};
+use virtio_rdma_abi::qp::AddressVector;
+use virtio_rdma_abi::verbs::*;
+use virtio_rdma_abi::Wire;
+
+use super::parse::{destroy_error, field, fixed};
+use super::{quota, CmdError, CmdResult, Ctrl, GID_TABLE_LEN};
+use crate::resources::{Ah, Context, Pd};
+
+/// Largest service level.
+const MAX_SL: u8 = 15;
+/// Flow labels are 20 bits.
+const FLOW_LABEL_LIMIT: u32 = 1 << 20;
+
+/// Checks an address vector; `prefix` is the path of the `av` field in `T`.
+pub(super) fn check_av<T: Wire>(av: &AddressVector, prefix: &str) -> Result<(), CmdError> {
+    if u32::from(av.sgid_index) >= GID_TABLE_LEN {
+        return Err(field::<T>(Status::RANGE, &format!("{prefix}.sgid_index")));
+    }
+    if av.sl > MAX_SL {
+        return Err(field::<T>(Status::INVALID, &format!("{prefix}.sl")));
+    }
+    if av.flow_label >= FLOW_LABEL_LIMIT {
+        return Err(field::<T>(Status::INVALID, &format!("{prefix}.flow_label")));
+    }
+    Ok(())
+}
+
+impl Ctrl {
+    pub(super) fn create_ctx(&mut self, payload: &[u8]) -> CmdResult {
+        if !payload.is_empty() {
+            return Err(CmdError::new(Status::INVALID, 0));
+        }
+        if self.res.ctxs.len() >= self.limits.max_ctx as usize {
+            return Err(CmdError::new(Status::QUOTA, quota::CTX));
+        }
+        let ctx_handle = self
+            .res
+            .ctxs
+            .insert(Context::default())
+            .map_err(|_| CmdError::new(Status::NO_MEMORY, u32::MAX))?;
+        Ok(CreateCtxResp {
+            ctx_handle,
+            doorbell_page: u32::MAX,
+        }
+        .to_bytes())
+    }
+
+    pub(super) fn destroy_ctx(&mut self, payload: &[u8]) -> CmdResult {
+        let req: CtxHandleReq = fixed(payload)?;
+        self.res
+            .destroy_ctx(req.ctx_handle, self.rnic.as_ref())
+            .map_err(|e| destroy_error::<CtxHandleReq>(e, "ctx_handle"))?;
+        Ok(Vec::new())
+    }
+
+    pub(super) fn alloc_pd(&mut self, payload: &[u8]) -> CmdResult {
+        let req: CtxHandleReq = fixed(payload)?;
+        if self.res.ctxs.get(req.ctx_handle).is_none() {
+            return Err(field::<CtxHandleReq>(Status::BAD_HANDLE, "ctx_handle"));
+        }
+        if self.res.pds.len() >= self.limits.max_pd as usize {
+            return Err(CmdError::new(Status::QUOTA, quota::PD));
+        }
+        let pd_handle = self
+            .res
+            .pds
+            .insert(Pd {
+                ctx: req.ctx_handle,
+                users: 0,
+            })
+            .map_err(|_| CmdError::new(Status::NO_MEMORY, u32::MAX))?;
+        Ok(PdHandleResp { pd_handle }.to_bytes())
+    }
+
+    pub(super) fn dealloc_pd(&mut self, payload: &[u8]) -> CmdResult {
+        let req: PdHandleReq = fixed(payload)?;
+        self.res
+            .dealloc_pd(req.pd_handle)
+            .map_err(|e| destroy_error::<PdHandleReq>(e, "pd_handle"))?;
+        Ok(Vec::new())
+    }
+
+    pub(super) fn create_ah(&mut self, payload: &[u8]) -> CmdResult {
+        if !self.has(F_UD) {
+            return Err(CmdError::new(Status::UNSUPPORTED, Opcode::CREATE_AH.into()));
+        }
+        let req: CreateAhReq = fixed(payload)?;
+        let ctx = self
+            .res
+            .pds
+            .get(req.pd_handle)
+            .map(|pd| pd.ctx)
+            .ok_or_else(|| field::<CreateAhReq>(Status::BAD_HANDLE, "pd_handle"))?;
+        if self.res.ahs.len() >= self.limits.max_ah as usize {
+            return Err(CmdError::new(Status::QUOTA, quota::AH));
+        }
+        if req.port != 1 {
+            return Err(field::<CreateAhReq>(Status::RANGE, "port"));
+        }
+        check_av::<CreateAhReq>(&req.av, "av")?;
+        let ah_handle = self
+            .res
+            .ahs
+            .insert(Ah {
+                pd: req.pd_handle,
+                ctx,
+                port: req.port,
+                av: req.av,
+            })
+            .map_err(|_| CmdError::new(Status::NO_MEMORY, u32::MAX))?;
+        if let Some(pd) = self.res.pds.get_mut(req.pd_handle) {
+            pd.users += 1;
+        }
+        Ok(AhHandleResp { ah_handle }.to_bytes())
+    }
+
+    pub(super) fn destroy_ah(&mut self, payload: &[u8]) -> CmdResult {
+        let req: AhHandleReq = fixed(payload)?;
+        self.res
+            .destroy_ah(req.ah_handle)
+            .map_err(|e| destroy_error::<AhHandleReq>(e, "ah_handle"))?;
+        Ok(Vec::new())
+    }
+}

@@ -1,0 +1,269 @@
+//! The control-verb dispatcher.
+//!
+//! One [`Ctrl`] per VM executes control commands: it parses the request
+//! (copied out of guest memory beforehand), validates every field against
+//! the VM's objects, limits and RAM, applies the command, and produces the
+//! response. Nothing here trusts the guest: every failure is a status code.
+
+mod cq;
+mod ctx;
+mod mr;
+mod parse;
+mod qp;
+mod query;
+mod queue_mem;
+mod srq;
+
+use std::sync::Arc;
+
+use log::debug;
+use virtio_rdma_abi::ctrl::{Opcode, RequestHeader, ResponseHeader, Status, DETAIL_NONE};
+use virtio_rdma_abi::verbs::*;
+use virtio_rdma_abi::{Field, Wire};
+use vm_memory::{Bytes, GuestAddress};
+
+use crate::config::Limits;
+use crate::events::EventQueue;
+use crate::keys::KeySource;
+use crate::memory::pagelist::PageListLimits;
+use crate::memory::RamMap;
+use crate::resources::VmResources;
+use crate::rnic::Rnic;
+
+/// A failed command: its status and detail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CmdError {
+    /// Status code.
+    pub status: Status,
+    /// Detail value (see the spec's status table).
+    pub detail: u32,
+}
+
+impl CmdError {
+    /// An error with a detail.
+    pub fn new(status: Status, detail: u32) -> Self {
+        CmdError { status, detail }
+    }
+}
+
+/// Result of a command handler: the response payload.
+pub type CmdResult = Result<Vec<u8>, CmdError>;
+
+/// Resource codes carried in the detail of `QUOTA`.
+pub mod quota {
+    /// Contexts.
+    pub const CTX: u32 = 1;
+    /// Protection domains.
+    pub const PD: u32 = 2;
+    /// Completion queues.
+    pub const CQ: u32 = 3;
+    /// Queue pairs.
+    pub const QP: u32 = 4;
+    /// Memory regions.
+    pub const MR: u32 = 5;
+    /// Shared receive queues.
+    pub const SRQ: u32 = 6;
+    /// Address handles.
+    pub const AH: u32 = 7;
+    /// Registered bytes.
+    pub const MR_BYTES: u32 = 8;
+}
+
+/// `BAD_ADDRESS` detail for a doorbell record.
+pub const DETAIL_DB_RECORD: u32 = u32::MAX;
+/// `BAD_ADDRESS` detail for an indirect list page.
+pub const DETAIL_LIST_PAGE: u32 = u32::MAX - 1;
+
+/// Counters of control-path activity of one VM.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CtrlStats {
+    /// Commands that completed with OK.
+    pub ok: u64,
+    /// Commands that completed with an error status.
+    pub failed: u64,
+    /// Chains that could not be answered at all (used length 0).
+    pub malformed: u64,
+}
+
+/// Identity of the VM's port (its GID).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortIdentity {
+    /// The VM's GID (table index 0).
+    pub gid: [u8; 16],
+}
+
+/// Per-VM control state.
+pub struct Ctrl {
+    /// The VM's objects.
+    pub res: VmResources,
+    /// Pending asynchronous events.
+    pub events: EventQueue,
+    /// Activity counters.
+    pub stats: CtrlStats,
+    limits: Limits,
+    features: u64,
+    rnic: Arc<dyn Rnic>,
+    keys: KeySource,
+    ram: RamMap,
+    port: PortIdentity,
+}
+
+/// Most GIDs a port has: index 0, assigned by the operator.
+pub const GID_TABLE_LEN: u32 = 1;
+
+impl Ctrl {
+    /// Creates the control state of one VM.
+    pub fn new(limits: Limits, rnic: Arc<dyn Rnic>, port: PortIdentity) -> Self {
+        Ctrl {
+            res: VmResources::default(),
+            events: EventQueue::default(),
+            stats: CtrlStats::default(),
+            limits,
+            features: 0,
+            rnic,
+            keys: KeySource::new(),
+            ram: RamMap::default(),
+            port,
+        }
+    }
+
+    /// Sets the device features the driver negotiated.
+    pub fn set_features(&mut self, features: u64) {
+        self.features = features;
+    }
+
+    /// Replaces the view of guest RAM (after a memory table update).
+    pub fn set_ram(&mut self, ram: RamMap) {
+        self.ram = ram;
+    }
+
+    /// Destroys every object and drops pending events (device reset or
+    /// disconnect).
+    pub fn reset(&mut self) {
+        self.res.clear(self.rnic.as_ref());
+        self.events.reset();
+    }
+
+    /// Notes a chain that could not be answered.
+    pub fn count_malformed(&mut self) {
+        self.stats.malformed += 1;
+    }
+
+    fn has(&self, feature: u64) -> bool {
+        self.features & feature != 0
+    }
+
+    fn page_list_limits(&self) -> PageListLimits {
+        PageListLimits {
+            max_pages: self.limits.max_mr_pages(),
+            max_inline: self.limits.max_inline_pages,
+            page_size_cap: self.limits.page_size_cap,
+        }
+    }
+
+    /// Executes one request. `writable` is the size of the device-writable
+    /// part of the chain; the returned bytes (header + payload) never
+    /// exceed it when it is at least a header.
+    pub fn execute<M: Bytes<GuestAddress>>(
+        &mut self,
+        mem: &M,
+        request: &[u8],
+        writable: usize,
+    ) -> Vec<u8> {
+        let (request_id, result) = self.dispatch(mem, request, writable);
+        let (status, detail, payload) = match result {
+            Ok(p) => (Status::OK, 0, p),
+            Err(e) => (e.status, e.detail, Vec::new()),
+        };
+        if status == Status::OK {
+            self.stats.ok += 1;
+        } else {
+            self.stats.failed += 1;
+            debug!(
+                "request {request_id:#x}: {} (detail {detail:#x})",
+                status.name()
+            );
+        }
+        let mut out = ResponseHeader {
+            request_id,
+            status: status.into(),
+            detail,
+        }
+        .to_bytes();
+        out.extend_from_slice(&payload);
+        out
+    }
+
+    fn dispatch<M: Bytes<GuestAddress>>(
+        &mut self,
+        mem: &M,
+        request: &[u8],
+        writable: usize,
+    ) -> (u64, CmdResult) {
+        let Some(head) = request.get(..RequestHeader::SIZE) else {
+            return (0, Err(CmdError::new(Status::INVALID, 0)));
+        };
+        let hdr = RequestHeader::read(head);
+        let payload = request.get(RequestHeader::SIZE..).unwrap_or(&[]);
+        if let Err(e) = RequestHeader::parse(head) {
+            return (hdr.request_id, Err(parse::wire_error::<RequestHeader>(e)));
+        }
+        let Some(op) = Opcode::from_u32(hdr.opcode) else {
+            return (
+                hdr.request_id,
+                Err(CmdError::new(Status::UNSUPPORTED, hdr.opcode)),
+            );
+        };
+        let need = ResponseHeader::SIZE + response_size(op);
+        if writable < need {
+            // Not executed: the driver could not learn the outcome.
+            let n = u32::try_from(need).unwrap_or(DETAIL_NONE);
+            return (hdr.request_id, Err(CmdError::new(Status::INVALID, n)));
+        }
+        let result = match op {
+            Opcode::QUERY_DEVICE => self.query_device(payload),
+            Opcode::QUERY_PORT => self.query_port(payload),
+            Opcode::QUERY_GID => self.query_gid(payload),
+            Opcode::CREATE_CTX => self.create_ctx(payload),
+            Opcode::DESTROY_CTX => self.destroy_ctx(payload),
+            Opcode::ALLOC_PD => self.alloc_pd(payload),
+            Opcode::DEALLOC_PD => self.dealloc_pd(payload),
+            Opcode::CREATE_CQ => self.create_cq(mem, payload),
+            Opcode::DESTROY_CQ => self.destroy_cq(payload),
+            Opcode::REG_MR => self.reg_mr(mem, payload),
+            Opcode::DEREG_MR => self.dereg_mr(payload),
+            Opcode::CREATE_QP => self.create_qp(mem, payload),
+            Opcode::MODIFY_QP => self.modify_qp(payload),
+            Opcode::QUERY_QP => self.query_qp(payload),
+            Opcode::DESTROY_QP => self.destroy_qp(payload),
+            Opcode::CREATE_AH => self.create_ah(payload),
+            Opcode::DESTROY_AH => self.destroy_ah(payload),
+            Opcode::CREATE_SRQ => self.create_srq(mem, payload),
+            Opcode::MODIFY_SRQ => self.modify_srq(payload),
+            Opcode::QUERY_SRQ => self.query_srq(payload),
+            Opcode::DESTROY_SRQ => self.destroy_srq(payload),
+        };
+        (hdr.request_id, result)
+    }
+}
+
+/// Size of the response payload of `op`.
+pub fn response_size(op: Opcode) -> usize {
+    use Opcode::*;
+    match op {
+        QUERY_DEVICE => DeviceAttr::SIZE,
+        QUERY_PORT => PortAttr::SIZE,
+        QUERY_GID => QueryGidResp::SIZE,
+        CREATE_CTX => CreateCtxResp::SIZE,
+        ALLOC_PD => PdHandleResp::SIZE,
+        CREATE_CQ => CqHandleResp::SIZE,
+        REG_MR => RegMrResp::SIZE,
+        CREATE_QP => CreateQpResp::SIZE,
+        QUERY_QP => QueryQpResp::SIZE,
+        CREATE_AH => AhHandleResp::SIZE,
+        CREATE_SRQ => CreateSrqResp::SIZE,
+        QUERY_SRQ => QuerySrqResp::SIZE,
+        DESTROY_CTX | DEALLOC_PD | DESTROY_CQ | DEREG_MR | MODIFY_QP | DESTROY_QP | DESTROY_AH
+        | MODIFY_SRQ | DESTROY_SRQ => 0,
+    }
+}

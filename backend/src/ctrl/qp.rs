@@ -1,0 +1,353 @@
+//! CREATE_QP, MODIFY_QP, QUERY_QP, DESTROY_QP.
+
+use virtio_rdma_abi::config::{F_ATOMIC, F_SRQ, F_UD};
+use virtio_rdma_abi::ctrl::Status;
+use virtio_rdma_abi::event::EventKind;
+use virtio_rdma_abi::mem::{access, qp_buffer_layout};
+use virtio_rdma_abi::qp::attr::*;
+use virtio_rdma_abi::qp::{Mtu, QpAttr, QpState, QpType, QP_FLAG_SIG_ALL};
+use virtio_rdma_abi::verbs::*;
+use virtio_rdma_abi::Wire;
+use vm_memory::{Bytes, GuestAddress};
+
+use super::ctx::check_av;
+use super::mr::check_access;
+use super::parse::{depth, destroy_error, field, fixed, with_list};
+use super::{quota, CmdError, CmdResult, Ctrl};
+use crate::resources::qp_state::rule;
+use crate::resources::Qp;
+use crate::rnic::RnicError;
+
+/// Packet sequence numbers and QP numbers are 24 bits.
+const PSN_LIMIT: u32 = 1 << 24;
+
+type M = ModifyQpReq;
+
+impl Ctrl {
+    pub(super) fn create_qp<Mem: Bytes<GuestAddress>>(
+        &mut self,
+        mem: &Mem,
+        payload: &[u8],
+    ) -> CmdResult {
+        type R = CreateQpReq;
+        let (req, list) = with_list::<R>(payload)?;
+        let ctx = self
+            .res
+            .pds
+            .get(req.pd_handle)
+            .map(|pd| pd.ctx)
+            .ok_or_else(|| field::<R>(Status::BAD_HANDLE, "pd_handle"))?;
+        let qp_type =
+            QpType::from_u32(req.qp_type).ok_or_else(|| field::<R>(Status::INVALID, "qp_type"))?;
+        if qp_type == QpType::UD && !self.has(F_UD) {
+            return Err(field::<R>(Status::UNSUPPORTED, "qp_type"));
+        }
+        for name in ["send_cq", "recv_cq"] {
+            let h = if name == "send_cq" {
+                req.send_cq
+            } else {
+                req.recv_cq
+            };
+            let cq = self
+                .res
+                .cqs
+                .get(h)
+                .ok_or_else(|| field::<R>(Status::BAD_HANDLE, name))?;
+            if cq.ctx != ctx {
+                return Err(field::<R>(Status::MISMATCH, name));
+            }
+        }
+        if req.srq_handle != 0 {
+            if !self.has(F_SRQ) {
+                return Err(field::<R>(Status::UNSUPPORTED, "srq_handle"));
+            }
+            let srq = self
+                .res
+                .srqs
+                .get(req.srq_handle)
+                .ok_or_else(|| field::<R>(Status::BAD_HANDLE, "srq_handle"))?;
+            if srq.pd != req.pd_handle {
+                return Err(field::<R>(Status::MISMATCH, "srq_handle"));
+            }
+        }
+        if req.flags & !QP_FLAG_SIG_ALL != 0 {
+            return Err(field::<R>(Status::INVALID, "flags"));
+        }
+        if self.res.qps.len() >= self.limits.max_qp as usize {
+            return Err(CmdError::new(Status::QUOTA, quota::QP));
+        }
+        let l = self.limits;
+        depth::<R>(req.sq_depth, l.max_qp_wr, "sq_depth")?;
+        if req.srq_handle != 0 {
+            if req.rq_depth != 0 {
+                return Err(field::<R>(Status::INVALID, "rq_depth"));
+            }
+        } else {
+            depth::<R>(req.rq_depth, l.max_qp_wr, "rq_depth")?;
+        }
+        if req.max_send_sge > l.max_send_sge {
+            return Err(field::<R>(Status::RANGE, "max_send_sge"));
+        }
+        if req.max_recv_sge > l.max_recv_sge {
+            return Err(field::<R>(Status::RANGE, "max_recv_sge"));
+        }
+        if req.max_inline_data > l.max_inline_data {
+            return Err(field::<R>(Status::RANGE, "max_inline_data"));
+        }
+        let layout = qp_buffer_layout(
+            req.sq_depth,
+            req.rq_depth,
+            req.max_send_sge,
+            req.max_recv_sge,
+            req.max_inline_data,
+            req.buf.page_shift,
+        );
+        let rq_offset =
+            u32::try_from(layout.rq_offset).map_err(|_| field::<R>(Status::RANGE, "sq_depth"))?;
+        let ring = self.queue_memory::<R, Mem>(mem, &req.buf, list, layout.total, req.db_gpa)?;
+        let qpn = self.rnic.alloc_qpn().map_err(|e| match e {
+            RnicError::QpnExhausted => CmdError::new(Status::NO_MEMORY, u32::MAX),
+            RnicError::Random => CmdError::new(Status::INTERNAL, u32::MAX),
+        })?;
+        let qp = Qp {
+            pd: req.pd_handle,
+            ctx,
+            qp_type,
+            send_cq: req.send_cq,
+            recv_cq: req.recv_cq,
+            srq: req.srq_handle,
+            flags: req.flags,
+            qpn,
+            sq_depth: req.sq_depth,
+            rq_depth: req.rq_depth,
+            max_send_sge: req.max_send_sge,
+            max_recv_sge: req.max_recv_sge,
+            max_inline_data: req.max_inline_data,
+            layout,
+            db_gpa: req.db_gpa,
+            ring,
+            state: QpState::RESET,
+            attr: QpAttr::default(),
+        };
+        let qp_handle = match self.res.qps.insert(qp) {
+            Ok(h) => h,
+            Err(_) => {
+                self.rnic.free_qpn(qpn);
+                return Err(CmdError::new(Status::NO_MEMORY, u32::MAX));
+            }
+        };
+        if let Some(pd) = self.res.pds.get_mut(req.pd_handle) {
+            pd.users += 1;
+        }
+        for h in [req.send_cq, req.recv_cq] {
+            if let Some(cq) = self.res.cqs.get_mut(h) {
+                cq.users += 1;
+            }
+        }
+        if let Some(srq) = self.res.srqs.get_mut(req.srq_handle) {
+            srq.users += 1;
+        }
+        Ok(CreateQpResp {
+            qp_handle,
+            qpn,
+            sq_wqe_shift: layout.sq_wqe_shift,
+            rq_wqe_shift: layout.rq_wqe_shift,
+            rq_offset,
+        }
+        .to_bytes())
+    }
+
+    /// Checks the value of every attribute present in `mask`.
+    fn check_attr_values(&self, mask: u32, a: &QpAttr) -> Result<(), CmdError> {
+        let bad = |status: Status, name: &str| field::<M>(status, &format!("attr.{name}"));
+        let has = |bit: u32| mask & bit != 0;
+        if has(ACCESS) {
+            let remote = access::REMOTE_READ | access::REMOTE_WRITE | access::REMOTE_ATOMIC;
+            check_access::<M>(a.access, remote, self.has(F_ATOMIC), "attr.access")?;
+        }
+        if has(PKEY_INDEX) && a.pkey_index != 0 {
+            return Err(bad(Status::RANGE, "pkey_index"));
+        }
+        if has(PORT) && a.port != 1 {
+            return Err(bad(Status::RANGE, "port"));
+        }
+        if has(AV) {
+            check_av::<M>(&a.av, "attr.av")?;
+        }
+        if has(PATH_MTU) {
+            let mtu = Mtu::from_u32(a.path_mtu).ok_or_else(|| bad(Status::INVALID, "path_mtu"))?;
+            if mtu as u32 > self.rnic.caps().max_mtu {
+                return Err(bad(Status::RANGE, "path_mtu"));
+            }
+        }
+        let small = [
+            (TIMEOUT, a.timeout, 31, "timeout"),
+            (RETRY_CNT, a.retry_cnt, 7, "retry_cnt"),
+            (RNR_RETRY, a.rnr_retry, 7, "rnr_retry"),
+            (MIN_RNR_TIMER, a.min_rnr_timer, 31, "min_rnr_timer"),
+            (RQ_PSN, a.rq_psn, PSN_LIMIT - 1, "rq_psn"),
+            (SQ_PSN, a.sq_psn, PSN_LIMIT - 1, "sq_psn"),
+            (DEST_QPN, a.dest_qpn, PSN_LIMIT - 1, "dest_qpn"),
+            (
+                EN_SQD_ASYNC_NOTIFY,
+                a.en_sqd_async_notify,
+                1,
+                "en_sqd_async_notify",
+            ),
+        ];
+        for (bit, value, max, name) in small {
+            if has(bit) && value > max {
+                return Err(bad(Status::INVALID, name));
+            }
+        }
+        if has(MAX_RD_ATOMIC) && a.max_rd_atomic > self.limits.max_qp_rd_atom {
+            return Err(bad(Status::RANGE, "max_rd_atomic"));
+        }
+        if has(MAX_DEST_RD_ATOMIC) && a.max_dest_rd_atomic > self.limits.max_qp_rd_atom {
+            return Err(bad(Status::RANGE, "max_dest_rd_atomic"));
+        }
+        Ok(())
+    }
+
+    pub(super) fn modify_qp(&mut self, payload: &[u8]) -> CmdResult {
+        let req: M = fixed(payload)?;
+        let mask = req.attr_mask;
+        let a = req.attr;
+        let (cur, qp_type) = self
+            .res
+            .qps
+            .get(req.qp_handle)
+            .map(|qp| (qp.state, qp.qp_type))
+            .ok_or_else(|| field::<M>(Status::BAD_HANDLE, "qp_handle"))?;
+        if mask & !ALL != 0 {
+            return Err(CmdError::new(Status::INVALID, mask & !ALL));
+        }
+        let target = if mask & STATE != 0 {
+            QpState::from_u32(a.qp_state)
+                .ok_or_else(|| field::<M>(Status::INVALID, "attr.qp_state"))?
+        } else {
+            cur
+        };
+        if mask & CUR_STATE != 0 {
+            let claimed = QpState::from_u32(a.cur_qp_state)
+                .ok_or_else(|| field::<M>(Status::INVALID, "attr.cur_qp_state"))?;
+            if claimed != cur {
+                return Err(CmdError::new(Status::BAD_STATE, cur.into()));
+            }
+        }
+        let r = rule(qp_type, cur, target)
+            .ok_or_else(|| CmdError::new(Status::BAD_STATE, cur.into()))?;
+        let given = mask & !STATE;
+        let missing = r.required & !given;
+        let extra = given & !(r.required | r.optional);
+        if missing | extra != 0 {
+            return Err(CmdError::new(Status::INVALID, missing | extra));
+        }
+        self.check_attr_values(mask, &a)?;
+
+        // All checks passed: apply atomically.
+        let Some(qp) = self.res.qps.get_mut(req.qp_handle) else {
+            return Err(field::<M>(Status::BAD_HANDLE, "qp_handle"));
+        };
+        if target == QpState::RESET {
+            qp.attr = QpAttr::default();
+        } else {
+            apply(&mut qp.attr, mask, &a);
+        }
+        qp.state = target;
+        qp.attr.qp_state = target.into();
+        qp.attr.cur_qp_state = target.into();
+        if target == QpState::SQD && cur != QpState::SQD && qp.attr.en_sqd_async_notify == 1 {
+            // No send work can be in flight before the data path runs, so the
+            // drain completes at once.
+            self.events.push(EventKind::QP_SQ_DRAINED, req.qp_handle, 0);
+        }
+        Ok(Vec::new())
+    }
+
+    pub(super) fn query_qp(&mut self, payload: &[u8]) -> CmdResult {
+        let req: QpHandleReq = fixed(payload)?;
+        let qp = self
+            .res
+            .qps
+            .get(req.qp_handle)
+            .ok_or_else(|| field::<QpHandleReq>(Status::BAD_HANDLE, "qp_handle"))?;
+        let mut attr = qp.attr;
+        attr.qp_state = qp.state.into();
+        attr.cur_qp_state = qp.state.into();
+        attr.sq_draining = 0;
+        Ok(QueryQpResp {
+            attr,
+            qp_type: qp.qp_type.into(),
+            qpn: qp.qpn,
+            sq_depth: qp.sq_depth,
+            rq_depth: qp.rq_depth,
+            max_send_sge: qp.max_send_sge,
+            max_recv_sge: qp.max_recv_sge,
+            max_inline_data: qp.max_inline_data,
+            srq_handle: qp.srq,
+        }
+        .to_bytes())
+    }
+
+    pub(super) fn destroy_qp(&mut self, payload: &[u8]) -> CmdResult {
+        let req: QpHandleReq = fixed(payload)?;
+        self.res
+            .destroy_qp(req.qp_handle, self.rnic.as_ref())
+            .map_err(|e| destroy_error::<QpHandleReq>(e, "qp_handle"))?;
+        Ok(Vec::new())
+    }
+}
+
+/// Copies the attributes named in `mask` from `src` into `dst`.
+fn apply(dst: &mut QpAttr, mask: u32, src: &QpAttr) {
+    let has = |bit: u32| mask & bit != 0;
+    if has(ACCESS) {
+        dst.access = src.access;
+    }
+    if has(PKEY_INDEX) {
+        dst.pkey_index = src.pkey_index;
+    }
+    if has(PORT) {
+        dst.port = src.port;
+    }
+    if has(QKEY) {
+        dst.qkey = src.qkey;
+    }
+    if has(AV) {
+        dst.av = src.av;
+    }
+    if has(PATH_MTU) {
+        dst.path_mtu = src.path_mtu;
+    }
+    if has(TIMEOUT) {
+        dst.timeout = src.timeout;
+    }
+    if has(RETRY_CNT) {
+        dst.retry_cnt = src.retry_cnt;
+    }
+    if has(RNR_RETRY) {
+        dst.rnr_retry = src.rnr_retry;
+    }
+    if has(MIN_RNR_TIMER) {
+        dst.min_rnr_timer = src.min_rnr_timer;
+    }
+    if has(RQ_PSN) {
+        dst.rq_psn = src.rq_psn;
+    }
+    if has(SQ_PSN) {
+        dst.sq_psn = src.sq_psn;
+    }
+    if has(DEST_QPN) {
+        dst.dest_qpn = src.dest_qpn;
+    }
+    if has(MAX_RD_ATOMIC) {
+        dst.max_rd_atomic = src.max_rd_atomic;
+    }
+    if has(MAX_DEST_RD_ATOMIC) {
+        dst.max_dest_rd_atomic = src.max_dest_rd_atomic;
+    }
+    if has(EN_SQD_ASYNC_NOTIFY) {
+        dst.en_sqd_async_notify = src.en_sqd_async_notify;
+    }
+}

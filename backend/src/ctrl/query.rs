@@ -1,0 +1,98 @@
+//! QUERY_DEVICE, QUERY_PORT, QUERY_GID.
+
+use virtio_rdma_abi::ctrl::Status;
+use virtio_rdma_abi::verbs::*;
+use virtio_rdma_abi::Wire;
+
+use super::parse::{field, fixed};
+use super::{CmdResult, Ctrl, GID_TABLE_LEN};
+
+/// Firmware version reported: the crate version, major.minor.patch in
+/// 16-bit fields.
+fn fw_version() -> u64 {
+    let part = |s: &str| s.parse::<u64>().unwrap_or(0) & 0xffff;
+    (part(env!("CARGO_PKG_VERSION_MAJOR")) << 32)
+        | (part(env!("CARGO_PKG_VERSION_MINOR")) << 16)
+        | part(env!("CARGO_PKG_VERSION_PATCH"))
+}
+
+/// Implementer ID reported in `vendor_id`: none assigned (0).
+const VENDOR_ID: u32 = 0;
+/// Part number of the vhost-user-rdma software device.
+const VENDOR_PART_ID: u32 = 0x5244; // "RD"
+
+impl Ctrl {
+    pub(super) fn query_device(&mut self, payload: &[u8]) -> CmdResult {
+        if !payload.is_empty() {
+            return Err(super::CmdError::new(Status::INVALID, 0));
+        }
+        let l = &self.limits;
+        let caps = self.rnic.caps();
+        Ok(DeviceAttr {
+            fw_version: fw_version(),
+            node_guid: caps.node_guid,
+            sys_image_guid: caps.node_guid,
+            max_mr_size: l.max_mr_size,
+            max_mr_bytes: l.max_mr_bytes,
+            page_size_cap: l.page_size_cap,
+            vendor_id: VENDOR_ID,
+            vendor_part_id: VENDOR_PART_ID,
+            hw_version: 1,
+            phys_port_cnt: 1,
+            max_ctx: l.max_ctx,
+            max_pd: l.max_pd,
+            max_cq: l.max_cq,
+            max_qp: l.max_qp,
+            max_mr: l.max_mr,
+            max_srq: l.max_srq,
+            max_ah: l.max_ah,
+            max_cqe: l.max_cqe,
+            max_qp_wr: l.max_qp_wr,
+            max_srq_wr: l.max_srq_wr,
+            max_send_sge: l.max_send_sge,
+            max_recv_sge: l.max_recv_sge,
+            max_inline_data: l.max_inline_data,
+            max_inline_pages: l.max_inline_pages,
+            max_qp_rd_atom: l.max_qp_rd_atom,
+            max_qp_init_rd_atom: l.max_qp_rd_atom,
+            max_mr_pages: l.max_mr_pages(),
+            atomic_caps: u32::from(caps.atomics && self.has(virtio_rdma_abi::config::F_ATOMIC)),
+        }
+        .to_bytes())
+    }
+
+    pub(super) fn query_port(&mut self, payload: &[u8]) -> CmdResult {
+        let req: QueryPortReq = fixed(payload)?;
+        if req.port != 1 {
+            return Err(field::<QueryPortReq>(Status::RANGE, "port"));
+        }
+        let caps = self.rnic.caps();
+        Ok(PortAttr {
+            state: PORT_STATE_ACTIVE,
+            max_mtu: caps.max_mtu,
+            active_mtu: caps.max_mtu,
+            gid_tbl_len: GID_TABLE_LEN,
+            pkey_tbl_len: 1,
+            max_msg_size: 1 << 31,
+            link_rate_mbps: caps.link_rate_mbps,
+            max_ud_payload: 128 << caps.max_mtu,
+        }
+        .to_bytes())
+    }
+
+    pub(super) fn query_gid(&mut self, payload: &[u8]) -> CmdResult {
+        let req: QueryGidReq = fixed(payload)?;
+        if req.port != 1 {
+            return Err(field::<QueryGidReq>(Status::RANGE, "port"));
+        }
+        if req.index >= GID_TABLE_LEN {
+            return Err(field::<QueryGidReq>(Status::RANGE, "index"));
+        }
+        Ok(QueryGidResp {
+            gid: self.port.gid,
+            gid_type: GID_TYPE_ROCE_V2,
+            reserved: 0,
+        }
+        .to_bytes())
+    }
+}

@@ -1,0 +1,410 @@
+//! The vhost-user device: virtqueues, configuration space, feature
+//! negotiation, and the loop that takes control requests off the control
+//! queue and delivers asynchronous events on the event queue.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use log::{debug, warn};
+use thiserror::Error;
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+use virtio_queue::{DescriptorChain, QueueOwnedT, QueueT};
+use virtio_rdma_abi::config::{CONTROLQ, EVENTQ, NUM_QUEUES};
+use virtio_rdma_abi::ctrl::{ResponseHeader, MAX_REQUEST_BYTES};
+use virtio_rdma_abi::event::{Event, EventKind};
+use virtio_rdma_abi::{Field, Wire};
+use vm_memory::{
+    Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend,
+    GuestMemoryLoadGuard, GuestMemoryMmap,
+};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
+
+use crate::config::Limits;
+use crate::ctrl::{Ctrl, CtrlStats, PortIdentity};
+use crate::memory::RamMap;
+use crate::resources::ResourceCounts;
+use crate::rnic::Rnic;
+
+/// Largest virtqueue the device accepts.
+pub const MAX_QUEUE_SIZE: usize = 1024;
+
+/// Errors of the vhost-user device.
+#[derive(Debug, Error)]
+pub enum DeviceError {
+    /// An event for a queue the device does not have.
+    #[error("event for unknown queue {0}")]
+    UnknownQueue(u16),
+    /// The exit eventfd could not be created.
+    #[error("cannot create exit event: {0}")]
+    ExitEvent(io::Error),
+}
+
+impl From<DeviceError> for io::Error {
+    fn from(e: DeviceError) -> Self {
+        io::Error::other(e)
+    }
+}
+
+type Mem = GuestMemoryLoadGuard<GuestMemoryMmap<()>>;
+
+struct State {
+    ctrl: Ctrl,
+    mem: Option<GuestMemoryAtomic<GuestMemoryMmap<()>>>,
+    port_active_sent: bool,
+}
+
+/// A snapshot of one device's state, for statistics and leak checks.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceStats {
+    /// Live objects.
+    pub resources: ResourceCounts,
+    /// Control-path counters.
+    pub ctrl: CtrlStats,
+    /// Events dropped for lack of event buffers.
+    pub events_lost: u64,
+}
+
+/// The virtio-rdma device of one VM.
+pub struct RdmaDevice {
+    state: Mutex<State>,
+    config: Vec<u8>,
+    device_features: u64,
+    event_idx: AtomicBool,
+    exit_notifiers: Mutex<Vec<EventNotifier>>,
+}
+
+impl RdmaDevice {
+    /// Creates the device of one VM.
+    pub fn new(
+        limits: Limits,
+        device_features: u64,
+        rnic: Arc<dyn Rnic>,
+        port: PortIdentity,
+    ) -> Self {
+        RdmaDevice {
+            state: Mutex::new(State {
+                ctrl: Ctrl::new(limits, rnic, port),
+                mem: None,
+                port_active_sent: false,
+            }),
+            config: limits.device_config().to_bytes(),
+            device_features,
+            event_idx: AtomicBool::new(false),
+            exit_notifiers: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock would be a daemon bug; the state
+        // stays structurally valid, so keep serving rather than cascade.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Current statistics.
+    pub fn stats(&self) -> DeviceStats {
+        let st = self.lock();
+        DeviceStats {
+            resources: st.ctrl.res.counts(),
+            ctrl: st.ctrl.stats,
+            events_lost: st.ctrl.events.lost_total,
+        }
+    }
+
+    /// Releases every resource of the VM (disconnect).
+    pub fn release_all(&self) {
+        self.lock().ctrl.reset();
+    }
+
+    /// Stops the worker threads of this device.
+    pub fn stop_workers(&self) {
+        let notifiers = self
+            .exit_notifiers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for n in notifiers.iter() {
+            if let Err(e) = n.notify() {
+                warn!("cannot signal worker exit: {e}");
+            }
+        }
+    }
+
+    fn process_controlq(&self, vring: &VringRwLock, mem: &Mem) -> io::Result<()> {
+        let event_idx = self.event_idx.load(Ordering::Relaxed);
+        loop {
+            if event_idx {
+                vring.disable_notification().map_err(io::Error::other)?;
+            }
+            let chains: Vec<DescriptorChain<Mem>> =
+                match vring.get_mut().get_queue_mut().iter(mem.clone()) {
+                    Ok(it) => it.collect(),
+                    Err(e) => {
+                        // The guest corrupted its avail ring; nothing in it can be
+                        // trusted. Leave the queue alone until the driver resets.
+                        warn!("control queue unusable: {e}");
+                        return Ok(());
+                    }
+                };
+            if !chains.is_empty() {
+                let mut st = self.lock();
+                for chain in chains {
+                    let head = chain.head_index();
+                    let used = handle_chain(&mut st.ctrl, mem, chain);
+                    if let Err(e) = vring.add_used(head, used) {
+                        warn!("cannot return control buffer {head}: {e}");
+                    }
+                }
+                drop(st);
+                vring.signal_used_queue()?;
+            }
+            if !event_idx || !vring.enable_notification().map_err(io::Error::other)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn deliver_events(&self, vring: &VringRwLock, mem: &Mem) -> io::Result<()> {
+        let mut st = self.lock();
+        let mut delivered = false;
+        while let Some(ev) = st.ctrl.events.pop() {
+            let chain = match vring
+                .get_mut()
+                .get_queue_mut()
+                .pop_descriptor_chain(mem.clone())
+            {
+                Some(c) => c,
+                None => {
+                    st.ctrl.events.unpop(ev);
+                    break;
+                }
+            };
+            let head = chain.head_index();
+            let used = if write_event(mem, chain, &ev) {
+                Event::SIZE as u32
+            } else {
+                // Unusable buffer: give it back empty and keep the event.
+                st.ctrl.count_malformed();
+                st.ctrl.events.unpop(ev);
+                0
+            };
+            if let Err(e) = vring.add_used(head, used) {
+                warn!("cannot return event buffer {head}: {e}");
+            }
+            delivered = true;
+        }
+        drop(st);
+        if delivered {
+            vring.signal_used_queue()?;
+        }
+        Ok(())
+    }
+}
+
+/// Copies a control request out of guest memory, executes it and writes
+/// the response. Returns the used length (0 when the chain is unusable).
+fn handle_chain(ctrl: &mut Ctrl, mem: &Mem, chain: DescriptorChain<Mem>) -> u32 {
+    let mut readable = Vec::new();
+    let mut writable = Vec::new();
+    let mut total_r = 0usize;
+    let mut total_w = 0usize;
+    for desc in chain {
+        let len = desc.len() as usize;
+        if desc.is_write_only() {
+            total_w = total_w.saturating_add(len);
+            writable.push((desc.addr(), len));
+        } else {
+            if !writable.is_empty() {
+                debug!("readable descriptor after a writable one");
+                ctrl.count_malformed();
+                return 0;
+            }
+            total_r = total_r.saturating_add(len);
+            readable.push((desc.addr(), len));
+        }
+    }
+    if total_r > MAX_REQUEST_BYTES || total_w < ResponseHeader::SIZE {
+        ctrl.count_malformed();
+        return 0;
+    }
+    if writable.iter().any(|&(a, l)| !mem.check_range(a, l)) {
+        ctrl.count_malformed();
+        return 0;
+    }
+    // Copy the whole request first: the guest may rewrite it while we parse.
+    let mut request = vec![0u8; total_r];
+    let mut off = 0;
+    for (addr, len) in readable {
+        let Some(dst) = request.get_mut(off..off + len) else {
+            ctrl.count_malformed();
+            return 0;
+        };
+        if mem.read_slice(dst, addr).is_err() {
+            ctrl.count_malformed();
+            return 0;
+        }
+        off += len;
+    }
+    let response = ctrl.execute(&**mem, &request, total_w);
+    scatter(mem, &writable, &response)
+}
+
+/// Writes `data` across the writable descriptors; returns bytes written.
+fn scatter(mem: &Mem, writable: &[(GuestAddress, usize)], data: &[u8]) -> u32 {
+    let mut rest = data;
+    let mut written = 0usize;
+    for &(addr, len) in writable {
+        if rest.is_empty() {
+            break;
+        }
+        let n = len.min(rest.len());
+        if mem.write_slice(&rest[..n], addr).is_err() {
+            return 0;
+        }
+        rest = &rest[n..];
+        written += n;
+    }
+    u32::try_from(written).unwrap_or(0)
+}
+
+fn write_event(mem: &Mem, chain: DescriptorChain<Mem>, ev: &Event) -> bool {
+    let mut writable = Vec::new();
+    let mut total = 0usize;
+    for desc in chain {
+        if !desc.is_write_only() {
+            return false;
+        }
+        total = total.saturating_add(desc.len() as usize);
+        writable.push((desc.addr(), desc.len() as usize));
+    }
+    if total < Event::SIZE || writable.iter().any(|&(a, l)| !mem.check_range(a, l)) {
+        return false;
+    }
+    scatter(mem, &writable, &ev.to_bytes()) as usize == Event::SIZE
+}
+
+impl VhostUserBackend for RdmaDevice {
+    type Bitmap = ();
+    type Vring = VringRwLock;
+
+    fn num_queues(&self) -> usize {
+        NUM_QUEUES
+    }
+
+    fn max_queue_size(&self) -> usize {
+        MAX_QUEUE_SIZE
+    }
+
+    fn features(&self) -> u64 {
+        (1 << VIRTIO_F_VERSION_1)
+            | (1 << VIRTIO_RING_F_EVENT_IDX)
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | self.device_features
+    }
+
+    fn acked_features(&self, features: u64) {
+        self.lock()
+            .ctrl
+            .set_features(features & self.device_features);
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::RESET_DEVICE
+    }
+
+    fn reset_device(&self) {
+        let mut st = self.lock();
+        st.ctrl.reset();
+        st.port_active_sent = false;
+    }
+
+    fn set_event_idx(&self, enabled: bool) {
+        self.event_idx.store(enabled, Ordering::Relaxed);
+    }
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        let start = offset as usize;
+        if start >= self.config.len() {
+            return Vec::new();
+        }
+        let mut out: Vec<u8> = self.config[start..]
+            .iter()
+            .take(size as usize)
+            .copied()
+            .collect();
+        out.resize(size as usize, 0);
+        out
+    }
+
+    fn update_memory(&self, mem: GuestMemoryAtomic<GuestMemoryMmap<()>>) -> io::Result<()> {
+        let ram = RamMap::from_guest_memory(&*mem.memory());
+        let mut st = self.lock();
+        st.ctrl.set_ram(ram);
+        st.mem = Some(mem);
+        Ok(())
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        let (consumer, notifier) = match new_event_consumer_and_notifier(EventFlag::NONBLOCK) {
+            Ok(p) => p,
+            Err(e) => {
+                warn!("{}", DeviceError::ExitEvent(e));
+                return None;
+            }
+        };
+        let keep = notifier.try_clone().ok()?;
+        self.exit_notifiers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(keep);
+        Some((consumer, notifier))
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        evset: EventSet,
+        vrings: &[VringRwLock],
+        _thread_id: usize,
+    ) -> io::Result<()> {
+        if evset != EventSet::IN {
+            return Ok(());
+        }
+        let Some(mem) = self.lock().mem.as_ref().map(|m| m.memory()) else {
+            return Ok(());
+        };
+        let (Some(ctrlq), Some(eventq)) = (
+            vrings.get(usize::from(CONTROLQ)),
+            vrings.get(usize::from(EVENTQ)),
+        ) else {
+            return Ok(());
+        };
+        match device_event {
+            CONTROLQ => self.process_controlq(ctrlq, &mem)?,
+            EVENTQ => {
+                let mut st = self.lock();
+                if !st.port_active_sent {
+                    st.port_active_sent = true;
+                    st.ctrl.events.push(EventKind::PORT_ACTIVE, 1, 0);
+                }
+            }
+            // The notification queue belongs to the data path; a kick on it
+            // has nothing to do yet.
+            2 => return Ok(()),
+            other => return Err(DeviceError::UnknownQueue(other).into()),
+        }
+        if eventq.get_ref().is_enabled() {
+            self.deliver_events(eventq, &mem)?;
+        }
+        Ok(())
+    }
+}

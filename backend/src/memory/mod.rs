@@ -1,0 +1,9 @@
+//! Guest memory: which guest-physical ranges are RAM, and the validation
+//! and translation of the page lists a guest sends with REG_MR and the
+//! queue-creating commands.
+
+pub mod pagelist;
+pub mod ram;
+
+pub use pagelist::{PageList, PageListError};
+pub use ram::RamMap;

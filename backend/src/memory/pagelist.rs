@@ -1,0 +1,434 @@
+//! Page lists: validation of guest-supplied page addresses and the
+//! resulting guest-physical translation.
+//!
+//! The guest describes memory as equally sized pages (see `BufferDesc` in
+//! the spec). Every page must be aligned and lie wholly inside one RAM
+//! region; the result is the per-page translation the data path uses.
+
+use thiserror::Error;
+use virtio_rdma_abi::mem::{
+    indirect_list_pages, BufferDesc, PageListMode, LIST_PAGE_ENTRIES, LIST_PAGE_SIZE,
+    MAX_PAGE_SHIFT, MIN_PAGE_SHIFT,
+};
+use vm_memory::{Bytes, GuestAddress};
+
+use super::RamMap;
+
+/// Why a page list was rejected.
+#[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
+pub enum PageListError {
+    /// `mode` is not a defined page list mode.
+    #[error("unknown page list mode {0}")]
+    BadMode(u32),
+    /// `page_shift` is out of range or not in the device's page size set.
+    #[error("unsupported page shift {0}")]
+    BadPageShift(u32),
+    /// `npages` is zero.
+    #[error("empty page list")]
+    NoPages,
+    /// More pages than the device allows.
+    #[error("{0} pages exceed the device limit")]
+    TooManyPages(u32),
+    /// An inline list longer than the device allows.
+    #[error("{0} inline pages exceed the device limit")]
+    TooManyInline(u32),
+    /// `addr` is not zero for a mode that does not use it.
+    #[error("addr must be 0 for this mode")]
+    AddrNotZero,
+    /// The bytes following the fixed part do not have the size the mode needs.
+    #[error("page list is {got} bytes, expected {expected}")]
+    ListLength {
+        /// Bytes the mode requires.
+        expected: u64,
+        /// Bytes supplied.
+        got: usize,
+    },
+    /// A page is misaligned or not inside guest RAM.
+    #[error("page {index} is misaligned or outside guest RAM")]
+    BadPage {
+        /// Index of the page in the list.
+        index: u32,
+    },
+    /// An indirect list page is misaligned, outside RAM or unreadable.
+    #[error("indirect list page {index} is misaligned or outside guest RAM")]
+    BadListPage {
+        /// Index of the list page.
+        index: u32,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Pages {
+    Contiguous(u64),
+    List(Vec<u64>),
+}
+
+/// A validated page list: guest-physical address of every page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageList {
+    page_shift: u32,
+    npages: u32,
+    pages: Pages,
+}
+
+/// Limits that apply to a page list.
+#[derive(Debug, Clone, Copy)]
+pub struct PageListLimits {
+    /// Most pages in one list.
+    pub max_pages: u32,
+    /// Most pages in an inline list.
+    pub max_inline: u32,
+    /// Allowed page sizes (bit n = 2^n bytes).
+    pub page_size_cap: u64,
+}
+
+impl PageList {
+    /// Validates `desc` and the list bytes that followed it in the request,
+    /// reading indirect list pages from guest memory.
+    pub fn resolve<M: Bytes<GuestAddress>>(
+        desc: &BufferDesc,
+        trailing: &[u8],
+        limits: &PageListLimits,
+        ram: &RamMap,
+        mem: &M,
+    ) -> Result<PageList, PageListError> {
+        let mode = PageListMode::from_u32(desc.mode).ok_or(PageListError::BadMode(desc.mode))?;
+        let shift = desc.page_shift;
+        if !(MIN_PAGE_SHIFT..=MAX_PAGE_SHIFT).contains(&shift)
+            || limits.page_size_cap & (1u64 << shift) == 0
+        {
+            return Err(PageListError::BadPageShift(shift));
+        }
+        let npages = desc.npages;
+        if npages == 0 {
+            return Err(PageListError::NoPages);
+        }
+        if npages > limits.max_pages {
+            return Err(PageListError::TooManyPages(npages));
+        }
+        let page = 1u64 << shift;
+        let check = |index: u32, gpa: u64| -> Result<(), PageListError> {
+            if gpa & (page - 1) != 0 || !ram.contains(gpa, page) {
+                return Err(PageListError::BadPage { index });
+            }
+            Ok(())
+        };
+        let pages = match mode {
+            PageListMode::CONTIGUOUS => {
+                expect_len(trailing, 0)?;
+                // Check page by page: consecutive GPAs may span adjacent regions.
+                let mut gpa = desc.addr;
+                for index in 0..npages {
+                    check(index, gpa)?;
+                    gpa = gpa
+                        .checked_add(page)
+                        .ok_or(PageListError::BadPage { index })?;
+                }
+                Pages::Contiguous(desc.addr)
+            }
+            PageListMode::INLINE => {
+                if desc.addr != 0 {
+                    return Err(PageListError::AddrNotZero);
+                }
+                if npages > limits.max_inline {
+                    return Err(PageListError::TooManyInline(npages));
+                }
+                expect_len(trailing, u64::from(npages) * 8)?;
+                let mut list = Vec::with_capacity(npages as usize);
+                for (index, raw) in (0u32..).zip(trailing.chunks_exact(8)) {
+                    let gpa = le64(raw);
+                    check(index, gpa)?;
+                    list.push(gpa);
+                }
+                Pages::List(list)
+            }
+            PageListMode::INDIRECT => {
+                if desc.addr != 0 {
+                    return Err(PageListError::AddrNotZero);
+                }
+                let nlist = indirect_list_pages(npages);
+                expect_len(trailing, nlist * 8)?;
+                let mut list = Vec::with_capacity(npages as usize);
+                let mut buf = vec![0u8; LIST_PAGE_SIZE as usize];
+                let mut index = 0u32;
+                for (li, raw) in (0u32..).zip(trailing.chunks_exact(8)) {
+                    let lp = le64(raw);
+                    if lp % LIST_PAGE_SIZE != 0 || !ram.contains(lp, LIST_PAGE_SIZE) {
+                        return Err(PageListError::BadListPage { index: li });
+                    }
+                    // Copy the list page out first: the guest may change it
+                    // while we look at it.
+                    mem.read_slice(&mut buf, GuestAddress(lp))
+                        .map_err(|_| PageListError::BadListPage { index: li })?;
+                    let take = (npages - index).min(LIST_PAGE_ENTRIES as u32) as usize;
+                    for raw in buf.chunks_exact(8).take(take) {
+                        let gpa = le64(raw);
+                        check(index, gpa)?;
+                        list.push(gpa);
+                        index += 1;
+                    }
+                }
+                Pages::List(list)
+            }
+        };
+        Ok(PageList {
+            page_shift: shift,
+            npages,
+            pages,
+        })
+    }
+
+    /// Number of pages.
+    pub fn npages(&self) -> u32 {
+        self.npages
+    }
+
+    /// log2 of the page size.
+    pub fn page_shift(&self) -> u32 {
+        self.page_shift
+    }
+
+    /// Bytes covered by the pages.
+    pub fn len_bytes(&self) -> u64 {
+        u64::from(self.npages) << self.page_shift
+    }
+
+    /// Guest-physical address of page `index`.
+    pub fn page(&self, index: u32) -> Option<u64> {
+        if index >= self.npages {
+            return None;
+        }
+        match &self.pages {
+            Pages::Contiguous(base) => Some(base + (u64::from(index) << self.page_shift)),
+            Pages::List(list) => list.get(index as usize).copied(),
+        }
+    }
+
+    /// Guest-physical address of byte `offset` of the described memory, and
+    /// how many bytes are contiguous from there to the end of its page.
+    pub fn translate(&self, offset: u64) -> Option<(u64, u64)> {
+        let page = 1u64 << self.page_shift;
+        let index = u32::try_from(offset >> self.page_shift).ok()?;
+        let within = offset & (page - 1);
+        Some((self.page(index)? + within, page - within))
+    }
+
+    /// Host memory used by the translation, in bytes.
+    pub fn host_bytes(&self) -> usize {
+        match &self.pages {
+            Pages::Contiguous(_) => 0,
+            Pages::List(l) => l.capacity() * 8,
+        }
+    }
+}
+
+/// Pages needed to hold `bytes` bytes at the given page size.
+pub fn pages_for(bytes: u64, page_shift: u32) -> u64 {
+    bytes.div_ceil(1u64 << page_shift.min(63))
+}
+
+fn expect_len(trailing: &[u8], expected: u64) -> Result<(), PageListError> {
+    if trailing.len() as u64 != expected {
+        return Err(PageListError::ListLength {
+            expected,
+            got: trailing.len(),
+        });
+    }
+    Ok(())
+}
+
+fn le64(raw: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = raw.len().min(8);
+    b[..n].copy_from_slice(&raw[..n]);
+    u64::from_le_bytes(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::GuestMemoryMmap;
+
+    const LIMITS: PageListLimits = PageListLimits {
+        max_pages: 1 << 24,
+        max_inline: 512,
+        page_size_cap: 0x7fff_f000,
+    };
+
+    fn setup() -> (GuestMemoryMmap<()>, RamMap) {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[
+            (GuestAddress(0), 0x10_0000),
+            (GuestAddress(0x100_0000), 0x10_0000),
+        ])
+        .unwrap_or_default();
+        let ram = RamMap::from_guest_memory(&mem);
+        (mem, ram)
+    }
+
+    fn desc(mode: PageListMode, npages: u32, addr: u64) -> BufferDesc {
+        BufferDesc {
+            addr,
+            npages,
+            first_page_offset: 0,
+            page_shift: 12,
+            mode: mode as u32,
+        }
+    }
+
+    fn list(pages: &[u64]) -> Vec<u8> {
+        pages.iter().flat_map(|p| p.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn inline_ok_and_translate() {
+        let (mem, ram) = setup();
+        let bytes = list(&[0x3000, 0x100_0000, 0x1000]);
+        let pl = PageList::resolve(
+            &desc(PageListMode::INLINE, 3, 0),
+            &bytes,
+            &LIMITS,
+            &ram,
+            &mem,
+        );
+        let pl = pl.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(pl.translate(0x1004), Some((0x100_0004, 4092)));
+        assert_eq!(pl.translate(3 * 4096), None);
+    }
+
+    #[test]
+    fn inline_rejects_bad_pages() {
+        let (mem, ram) = setup();
+        for (pages, bad) in [
+            (vec![0x1000, 0x1001], 1),           // misaligned
+            (vec![0x1000, 0x20_0000], 1),        // in the hole
+            (vec![0xff000 + 0x1000, 0x1000], 0), // first byte past region 0
+            (vec![!0xfffu64], 0),               // overflow
+        ] {
+            let r = PageList::resolve(
+                &desc(PageListMode::INLINE, pages.len() as u32, 0),
+                &list(&pages),
+                &LIMITS,
+                &ram,
+                &mem,
+            );
+            assert_eq!(r, Err(PageListError::BadPage { index: bad }), "{pages:x?}");
+        }
+        // Wrong trailing length.
+        let r = PageList::resolve(
+            &desc(PageListMode::INLINE, 2, 0),
+            &list(&[0]),
+            &LIMITS,
+            &ram,
+            &mem,
+        );
+        assert!(matches!(
+            r,
+            Err(PageListError::ListLength {
+                expected: 16,
+                got: 8
+            })
+        ));
+    }
+
+    #[test]
+    fn contiguous_cannot_cross_hole() {
+        let (mem, ram) = setup();
+        let ok = PageList::resolve(
+            &desc(PageListMode::CONTIGUOUS, 256, 0),
+            &[],
+            &LIMITS,
+            &ram,
+            &mem,
+        );
+        assert!(ok.is_ok());
+        let bad = PageList::resolve(
+            &desc(PageListMode::CONTIGUOUS, 257, 0),
+            &[],
+            &LIMITS,
+            &ram,
+            &mem,
+        );
+        assert_eq!(bad, Err(PageListError::BadPage { index: 256 }));
+    }
+
+    #[test]
+    fn indirect_reads_list_pages() {
+        let (mem, ram) = setup();
+        // 600 pages: two list pages at 0x8000 and 0x9000, all entries -> page 0x2000.
+        let entries = list(&vec![0x2000u64; 512]);
+        mem.write_slice(&entries, GuestAddress(0x8000))
+            .unwrap_or(());
+        mem.write_slice(&entries[..88 * 8], GuestAddress(0x9000))
+            .unwrap_or(());
+        let dir = list(&[0x8000, 0x9000]);
+        let pl = PageList::resolve(
+            &desc(PageListMode::INDIRECT, 600, 0),
+            &dir,
+            &LIMITS,
+            &ram,
+            &mem,
+        );
+        let pl = pl.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(pl.npages(), 600);
+        assert_eq!(pl.page(599), Some(0x2000));
+        // A bad list page address.
+        let dir = list(&[0x8000, 0x20_0000]);
+        let r = PageList::resolve(
+            &desc(PageListMode::INDIRECT, 600, 0),
+            &dir,
+            &LIMITS,
+            &ram,
+            &mem,
+        );
+        assert_eq!(r, Err(PageListError::BadListPage { index: 1 }));
+        // A bad entry inside the second list page.
+        mem.write_slice(&0x1234u64.to_le_bytes(), GuestAddress(0x9000 + 8 * 7))
+            .unwrap_or(());
+        let dir = list(&[0x8000, 0x9000]);
+        let r = PageList::resolve(
+            &desc(PageListMode::INDIRECT, 600, 0),
+            &dir,
+            &LIMITS,
+            &ram,
+            &mem,
+        );
+        assert_eq!(r, Err(PageListError::BadPage { index: 519 }));
+    }
+
+    #[test]
+    fn header_checks() {
+        let (mem, ram) = setup();
+        let mut d = desc(PageListMode::INLINE, 1, 0);
+        d.mode = 9;
+        assert_eq!(
+            PageList::resolve(&d, &list(&[0]), &LIMITS, &ram, &mem),
+            Err(PageListError::BadMode(9))
+        );
+        let mut d = desc(PageListMode::INLINE, 1, 0);
+        d.page_shift = 11;
+        assert_eq!(
+            PageList::resolve(&d, &list(&[0]), &LIMITS, &ram, &mem),
+            Err(PageListError::BadPageShift(11))
+        );
+        d.page_shift = 31;
+        assert_eq!(
+            PageList::resolve(&d, &list(&[0]), &LIMITS, &ram, &mem),
+            Err(PageListError::BadPageShift(31))
+        );
+        let d = desc(PageListMode::INLINE, 0, 0);
+        assert_eq!(
+            PageList::resolve(&d, &[], &LIMITS, &ram, &mem),
+            Err(PageListError::NoPages)
+        );
+        let d = desc(PageListMode::INLINE, 513, 0);
+        assert_eq!(
+            PageList::resolve(&d, &vec![0; 513 * 8], &LIMITS, &ram, &mem),
+            Err(PageListError::TooManyInline(513))
+        );
+        let d = desc(PageListMode::INLINE, 1, 0x1000);
+        assert_eq!(
+            PageList::resolve(&d, &list(&[0]), &LIMITS, &ram, &mem),
+            Err(PageListError::AddrNotZero)
+        );
+    }
+}

@@ -1,0 +1,163 @@
+//! Per-VM handle tables.
+//!
+//! A handle is `generation << 20 | slot`. The generation of a slot advances
+//! every time its object is destroyed, so a stale handle never names the
+//! object that later reuses the slot. Handle 0 is never issued.
+
+const SLOT_BITS: u32 = 20;
+const SLOT_MASK: u32 = (1 << SLOT_BITS) - 1;
+const MAX_GEN: u32 = (1 << (32 - SLOT_BITS)) - 1;
+
+/// Most objects of one kind a table can hold.
+pub const MAX_SLOTS: usize = 1 << SLOT_BITS;
+
+struct Slot<T> {
+    gen: u32,
+    value: Option<T>,
+}
+
+/// A table of objects of one kind, addressed by generation-checked handles.
+pub struct HandleTable<T> {
+    slots: Vec<Slot<T>>,
+    free: Vec<u32>,
+    live: usize,
+}
+
+impl<T> Default for HandleTable<T> {
+    fn default() -> Self {
+        HandleTable {
+            slots: Vec::new(),
+            free: Vec::new(),
+            live: 0,
+        }
+    }
+}
+
+impl<T> HandleTable<T> {
+    /// Number of live objects.
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    /// Whether the table holds no live object.
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    /// Stores `value` and returns its handle, or gives the value back when
+    /// every slot is in use.
+    pub fn insert(&mut self, value: T) -> Result<u32, T> {
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                if self.slots.len() >= MAX_SLOTS {
+                    return Err(value);
+                }
+                self.slots.push(Slot {
+                    gen: 1,
+                    value: None,
+                });
+                // Fits: bounded by MAX_SLOTS above.
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let Some(slot) = self.slots.get_mut(index as usize) else {
+            return Err(value);
+        };
+        slot.value = Some(value);
+        self.live += 1;
+        Ok((slot.gen << SLOT_BITS) | index)
+    }
+
+    fn slot(&self, handle: u32) -> Option<&Slot<T>> {
+        let slot = self.slots.get((handle & SLOT_MASK) as usize)?;
+        (slot.gen == handle >> SLOT_BITS && slot.value.is_some()).then_some(slot)
+    }
+
+    /// The object named by `handle`, if it is live.
+    pub fn get(&self, handle: u32) -> Option<&T> {
+        self.slot(handle).and_then(|s| s.value.as_ref())
+    }
+
+    /// Mutable access to the object named by `handle`, if it is live.
+    pub fn get_mut(&mut self, handle: u32) -> Option<&mut T> {
+        let slot = self.slots.get_mut((handle & SLOT_MASK) as usize)?;
+        if slot.gen != handle >> SLOT_BITS {
+            return None;
+        }
+        slot.value.as_mut()
+    }
+
+    /// Removes and returns the object named by `handle`.
+    pub fn remove(&mut self, handle: u32) -> Option<T> {
+        let index = handle & SLOT_MASK;
+        let slot = self.slots.get_mut(index as usize)?;
+        if slot.gen != handle >> SLOT_BITS {
+            return None;
+        }
+        let value = slot.value.take()?;
+        slot.gen = if slot.gen >= MAX_GEN { 1 } else { slot.gen + 1 };
+        self.free.push(index);
+        self.live -= 1;
+        Some(value)
+    }
+
+    /// Handles of every live object.
+    pub fn handles(&self) -> Vec<u32> {
+        self.iter().map(|(h, _)| h).collect()
+    }
+
+    /// Iterates over live objects with their handles.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &T)> {
+        self.slots.iter().enumerate().filter_map(|(i, s)| {
+            s.value
+                .as_ref()
+                .map(|v| ((s.gen << SLOT_BITS) | i as u32, v))
+        })
+    }
+
+    /// Removes every object; generations advance so old handles stay invalid.
+    pub fn clear(&mut self) {
+        for h in self.handles() {
+            self.remove(h);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_handles_do_not_resolve() {
+        let mut t = HandleTable::default();
+        let a = t.insert("a").unwrap_or(0);
+        assert_ne!(a, 0);
+        assert_eq!(t.get(a), Some(&"a"));
+        assert_eq!(t.remove(a), Some("a"));
+        assert_eq!(t.get(a), None);
+        let b = t.insert("b").unwrap_or(0);
+        // Same slot, new generation.
+        assert_eq!(a & SLOT_MASK, b & SLOT_MASK);
+        assert_ne!(a, b);
+        assert_eq!(t.get(a), None);
+        assert_eq!(t.remove(a), None);
+        assert_eq!(t.get(b), Some(&"b"));
+        assert_eq!(t.get(0), None);
+        assert_eq!(t.get(u32::MAX), None);
+        assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn generation_wraps_but_never_zero() {
+        let mut t = HandleTable::default();
+        let mut last = 0;
+        for _ in 0..(MAX_GEN as usize + 5) {
+            let h = t.insert(1u8).unwrap_or(0);
+            assert_ne!(h, 0);
+            assert_ne!(h, last);
+            last = h;
+            t.remove(h);
+        }
+    }
+}

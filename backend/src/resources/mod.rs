@@ -1,0 +1,232 @@
+//! The objects a VM owns, in per-VM handle tables, with their dependencies.
+//!
+//! Everything here has already been validated by the control path; these
+//! types only keep state consistent: reference counts, key maps, quotas and
+//! the release of everything on destroy, context teardown and disconnect.
+
+pub mod handle;
+pub mod objects;
+pub mod qp_state;
+
+use std::collections::HashMap;
+
+use handle::HandleTable;
+pub use objects::{Ah, Context, Cq, Mr, Pd, Qp, Srq};
+
+use crate::rnic::Rnic;
+
+/// Counts of live objects of one VM.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ResourceCounts {
+    /// Contexts.
+    pub ctx: usize,
+    /// Protection domains.
+    pub pd: usize,
+    /// Completion queues.
+    pub cq: usize,
+    /// Queue pairs.
+    pub qp: usize,
+    /// Memory regions.
+    pub mr: usize,
+    /// Shared receive queues.
+    pub srq: usize,
+    /// Address handles.
+    pub ah: usize,
+    /// Bytes registered by all MRs.
+    pub registered_bytes: u64,
+}
+
+impl ResourceCounts {
+    /// Whether the VM holds nothing at all.
+    pub fn is_empty(&self) -> bool {
+        *self == ResourceCounts::default()
+    }
+}
+
+/// Why an object could not be destroyed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DestroyError {
+    /// No such live object.
+    BadHandle,
+    /// Other objects still refer to it (how many).
+    Busy(u32),
+}
+
+/// All objects of one VM.
+#[derive(Default)]
+pub struct VmResources {
+    /// Contexts.
+    pub ctxs: HandleTable<Context>,
+    /// Protection domains.
+    pub pds: HandleTable<Pd>,
+    /// Completion queues.
+    pub cqs: HandleTable<Cq>,
+    /// Memory regions.
+    pub mrs: HandleTable<Mr>,
+    /// Queue pairs.
+    pub qps: HandleTable<Qp>,
+    /// Address handles.
+    pub ahs: HandleTable<Ah>,
+    /// Shared receive queues.
+    pub srqs: HandleTable<Srq>,
+    /// lkey -> MR handle.
+    pub lkeys: HashMap<u32, u32>,
+    /// rkey -> MR handle.
+    pub rkeys: HashMap<u32, u32>,
+    /// Sum of the lengths of all live MRs.
+    pub registered_bytes: u64,
+}
+
+fn dec(count: &mut u32) {
+    *count = count.saturating_sub(1);
+}
+
+impl VmResources {
+    /// Live object counts.
+    pub fn counts(&self) -> ResourceCounts {
+        ResourceCounts {
+            ctx: self.ctxs.len(),
+            pd: self.pds.len(),
+            cq: self.cqs.len(),
+            qp: self.qps.len(),
+            mr: self.mrs.len(),
+            srq: self.srqs.len(),
+            ah: self.ahs.len(),
+            registered_bytes: self.registered_bytes,
+        }
+    }
+
+    /// Destroys a QP and drops its references; its QPN returns to the engine.
+    pub fn destroy_qp(&mut self, handle: u32, rnic: &dyn Rnic) -> Result<(), DestroyError> {
+        let qp = self.qps.remove(handle).ok_or(DestroyError::BadHandle)?;
+        if let Some(pd) = self.pds.get_mut(qp.pd) {
+            dec(&mut pd.users);
+        }
+        for cq in [qp.send_cq, qp.recv_cq] {
+            if let Some(cq) = self.cqs.get_mut(cq) {
+                dec(&mut cq.users);
+            }
+        }
+        if qp.srq != 0 {
+            if let Some(srq) = self.srqs.get_mut(qp.srq) {
+                dec(&mut srq.users);
+            }
+        }
+        rnic.free_qpn(qp.qpn);
+        Ok(())
+    }
+
+    /// Deregisters an MR.
+    pub fn dereg_mr(&mut self, handle: u32) -> Result<(), DestroyError> {
+        let mr = self.mrs.remove(handle).ok_or(DestroyError::BadHandle)?;
+        self.lkeys.remove(&mr.lkey);
+        if mr.rkey != 0 {
+            self.rkeys.remove(&mr.rkey);
+        }
+        self.registered_bytes = self.registered_bytes.saturating_sub(mr.length);
+        if let Some(pd) = self.pds.get_mut(mr.pd) {
+            dec(&mut pd.users);
+        }
+        Ok(())
+    }
+
+    /// Destroys an AH.
+    pub fn destroy_ah(&mut self, handle: u32) -> Result<(), DestroyError> {
+        let ah = self.ahs.remove(handle).ok_or(DestroyError::BadHandle)?;
+        if let Some(pd) = self.pds.get_mut(ah.pd) {
+            dec(&mut pd.users);
+        }
+        Ok(())
+    }
+
+    /// Destroys an SRQ unless QPs use it.
+    pub fn destroy_srq(&mut self, handle: u32) -> Result<(), DestroyError> {
+        let srq = self.srqs.get(handle).ok_or(DestroyError::BadHandle)?;
+        if srq.users > 0 {
+            return Err(DestroyError::Busy(srq.users));
+        }
+        let pd = srq.pd;
+        self.srqs.remove(handle);
+        if let Some(pd) = self.pds.get_mut(pd) {
+            dec(&mut pd.users);
+        }
+        Ok(())
+    }
+
+    /// Destroys a CQ unless QPs use it.
+    pub fn destroy_cq(&mut self, handle: u32) -> Result<(), DestroyError> {
+        let cq = self.cqs.get(handle).ok_or(DestroyError::BadHandle)?;
+        if cq.users > 0 {
+            return Err(DestroyError::Busy(cq.users));
+        }
+        self.cqs.remove(handle);
+        Ok(())
+    }
+
+    /// Frees a PD unless MRs, QPs, AHs or SRQs use it.
+    pub fn dealloc_pd(&mut self, handle: u32) -> Result<(), DestroyError> {
+        let pd = self.pds.get(handle).ok_or(DestroyError::BadHandle)?;
+        if pd.users > 0 {
+            return Err(DestroyError::Busy(pd.users));
+        }
+        self.pds.remove(handle);
+        Ok(())
+    }
+
+    /// Destroys a context and everything it owns, dependents first.
+    pub fn destroy_ctx(&mut self, handle: u32, rnic: &dyn Rnic) -> Result<(), DestroyError> {
+        if self.ctxs.get(handle).is_none() {
+            return Err(DestroyError::BadHandle);
+        }
+        let owned = |ctx: u32| ctx == handle;
+        for h in collect(&self.qps, |o| owned(o.ctx)) {
+            let _ = self.destroy_qp(h, rnic);
+        }
+        for h in collect(&self.srqs, |o| owned(o.ctx)) {
+            let _ = self.destroy_srq(h);
+        }
+        for h in collect(&self.ahs, |o| owned(o.ctx)) {
+            let _ = self.destroy_ah(h);
+        }
+        for h in collect(&self.mrs, |o| owned(o.ctx)) {
+            let _ = self.dereg_mr(h);
+        }
+        for h in collect(&self.cqs, |o| owned(o.ctx)) {
+            let _ = self.destroy_cq(h);
+        }
+        for h in collect(&self.pds, |o| owned(o.ctx)) {
+            let _ = self.dealloc_pd(h);
+        }
+        self.ctxs.remove(handle);
+        Ok(())
+    }
+
+    /// Releases everything (device reset or VMM disconnect).
+    pub fn clear(&mut self, rnic: &dyn Rnic) {
+        for h in self.ctxs.handles() {
+            let _ = self.destroy_ctx(h, rnic);
+        }
+        // Nothing can exist outside a context; clear defensively anyway so a
+        // bookkeeping slip cannot leak QPNs into the shared engine.
+        for (_, qp) in self.qps.iter() {
+            rnic.free_qpn(qp.qpn);
+        }
+        self.qps.clear();
+        self.srqs.clear();
+        self.ahs.clear();
+        self.mrs.clear();
+        self.cqs.clear();
+        self.pds.clear();
+        self.lkeys.clear();
+        self.rkeys.clear();
+        self.registered_bytes = 0;
+    }
+}
+
+fn collect<T>(table: &HandleTable<T>, pred: impl Fn(&T) -> bool) -> Vec<u32> {
+    table
+        .iter()
+        .filter(|(_, o)| pred(o))
+        .map(|(h, _)| h)
+        .collect()
+}

@@ -1,0 +1,147 @@
+//! The object types of the RDMA resource model.
+
+use virtio_rdma_abi::mem::QpBufferLayout;
+use virtio_rdma_abi::qp::{AddressVector, QpAttr, QpState, QpType};
+
+use crate::memory::PageList;
+
+/// A context: one per guest process; owns PDs and CQs.
+#[derive(Debug, Default)]
+pub struct Context {}
+
+/// A protection domain.
+#[derive(Debug)]
+pub struct Pd {
+    /// Owning context.
+    pub ctx: u32,
+    /// MRs, QPs, AHs and SRQs in this PD.
+    pub users: u32,
+}
+
+/// A completion queue.
+#[derive(Debug)]
+pub struct Cq {
+    /// Owning context.
+    pub ctx: u32,
+    /// Number of CQEs.
+    pub depth: u32,
+    /// Doorbell record address.
+    pub db_gpa: u64,
+    /// Ring memory.
+    pub ring: PageList,
+    /// QPs completing into this CQ (a QP using it for send and receive counts twice).
+    pub users: u32,
+}
+
+/// A memory region.
+#[derive(Debug)]
+pub struct Mr {
+    /// Protection domain.
+    pub pd: u32,
+    /// Context of the PD.
+    pub ctx: u32,
+    /// Access flags.
+    pub access: u32,
+    /// Address the region is known by.
+    pub iova: u64,
+    /// Length in bytes.
+    pub length: u64,
+    /// Offset of `iova` within the first page.
+    pub first_page_offset: u32,
+    /// Local key.
+    pub lkey: u32,
+    /// Remote key (0: no remote access).
+    pub rkey: u32,
+    /// Translation of the region's pages.
+    pub pages: PageList,
+}
+
+impl Mr {
+    /// Guest-physical address of `iova`, with the bytes contiguous from
+    /// there; `None` when `[iova, iova + len)` is not inside the region.
+    pub fn translate(&self, iova: u64, len: u64) -> Option<(u64, u64)> {
+        let off = iova.checked_sub(self.iova)?;
+        if off.checked_add(len)? > self.length {
+            return None;
+        }
+        self.pages
+            .translate(off + u64::from(self.first_page_offset))
+    }
+}
+
+/// A queue pair.
+#[derive(Debug)]
+pub struct Qp {
+    /// Protection domain.
+    pub pd: u32,
+    /// Context of the PD.
+    pub ctx: u32,
+    /// Transport type.
+    pub qp_type: QpType,
+    /// CQ for send completions.
+    pub send_cq: u32,
+    /// CQ for receive completions.
+    pub recv_cq: u32,
+    /// SRQ handle or 0.
+    pub srq: u32,
+    /// `QP_FLAG_*` bits.
+    pub flags: u32,
+    /// QP number.
+    pub qpn: u32,
+    /// Send queue depth.
+    pub sq_depth: u32,
+    /// Receive queue depth.
+    pub rq_depth: u32,
+    /// SGEs per send WQE.
+    pub max_send_sge: u32,
+    /// SGEs per receive WQE.
+    pub max_recv_sge: u32,
+    /// Inline bytes per send WQE.
+    pub max_inline_data: u32,
+    /// Ring layout.
+    pub layout: QpBufferLayout,
+    /// Doorbell record address.
+    pub db_gpa: u64,
+    /// Ring memory.
+    pub ring: PageList,
+    /// Current state.
+    pub state: QpState,
+    /// Current attributes (as last applied).
+    pub attr: QpAttr,
+}
+
+/// An address handle.
+#[derive(Debug)]
+pub struct Ah {
+    /// Protection domain.
+    pub pd: u32,
+    /// Context of the PD.
+    pub ctx: u32,
+    /// Port.
+    pub port: u32,
+    /// Destination.
+    pub av: AddressVector,
+}
+
+/// A shared receive queue.
+#[derive(Debug)]
+pub struct Srq {
+    /// Protection domain.
+    pub pd: u32,
+    /// Context of the PD.
+    pub ctx: u32,
+    /// Number of WQEs.
+    pub depth: u32,
+    /// SGEs per WQE.
+    pub max_sge: u32,
+    /// Armed limit (0: disarmed).
+    pub limit: u32,
+    /// log2 of the WQE stride.
+    pub wqe_shift: u32,
+    /// Doorbell record address.
+    pub db_gpa: u64,
+    /// Ring memory.
+    pub ring: PageList,
+    /// QPs attached.
+    pub users: u32,
+}

@@ -1,0 +1,96 @@
+//! The InfiniBand QP state machine: which transitions exist and which
+//! attributes each one requires or accepts.
+
+use virtio_rdma_abi::qp::attr::*;
+use virtio_rdma_abi::qp::{QpState, QpType};
+
+/// Attributes a transition requires and those it additionally accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rule {
+    /// Bits that must be present.
+    pub required: u32,
+    /// Bits that may be present.
+    pub optional: u32,
+}
+
+const fn r(required: u32, optional: u32) -> Option<Rule> {
+    Some(Rule { required, optional })
+}
+
+/// The rule for `from -> to` on a QP of type `t`, or `None` when the
+/// transition does not exist. `STATE` itself is not part of the masks.
+pub fn rule(t: QpType, from: QpState, to: QpState) -> Option<Rule> {
+    use QpState::*;
+    let rc = t == QpType::RC;
+    match (from, to) {
+        (_, RESET) | (_, ERR) => r(0, CUR_STATE),
+        (RESET, INIT) if rc => r(PKEY_INDEX | PORT | ACCESS, 0),
+        (RESET, INIT) => r(PKEY_INDEX | PORT | QKEY, 0),
+        (INIT, INIT) if rc => r(0, PKEY_INDEX | PORT | ACCESS),
+        (INIT, INIT) => r(0, PKEY_INDEX | PORT | QKEY),
+        (INIT, RTR) if rc => r(
+            AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER,
+            ACCESS | PKEY_INDEX,
+        ),
+        (INIT, RTR) => r(0, PKEY_INDEX | QKEY),
+        (RTR, RTS) if rc => r(
+            SQ_PSN | TIMEOUT | RETRY_CNT | RNR_RETRY | MAX_RD_ATOMIC,
+            CUR_STATE | ACCESS | MIN_RNR_TIMER,
+        ),
+        (RTR, RTS) => r(SQ_PSN, CUR_STATE | QKEY),
+        (RTS, RTS) | (SQD, RTS) if rc => r(0, CUR_STATE | ACCESS | MIN_RNR_TIMER),
+        (RTS, RTS) | (SQD, RTS) => r(0, CUR_STATE | QKEY),
+        (RTS, SQD) => r(0, EN_SQD_ASYNC_NOTIFY),
+        (SQD, SQD) if rc => r(
+            0,
+            AV | PATH_MTU
+                | TIMEOUT
+                | RETRY_CNT
+                | RNR_RETRY
+                | MAX_RD_ATOMIC
+                | MAX_DEST_RD_ATOMIC
+                | ACCESS
+                | PKEY_INDEX
+                | MIN_RNR_TIMER,
+        ),
+        (SQD, SQD) => r(0, PKEY_INDEX | QKEY),
+        (SQE, RTS) if !rc => r(0, CUR_STATE | QKEY),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use QpState::*;
+
+    #[test]
+    fn table_shape() {
+        // Every state can go to RESET and ERR.
+        for s in QpState::ALL {
+            for t in [QpType::RC, QpType::UD] {
+                assert!(rule(t, *s, RESET).is_some());
+                assert!(rule(t, *s, ERR).is_some());
+            }
+        }
+        assert!(rule(QpType::RC, RESET, RTR).is_none());
+        assert!(rule(QpType::RC, INIT, RTS).is_none());
+        assert!(rule(QpType::RC, SQE, RTS).is_none());
+        assert!(rule(QpType::UD, SQE, RTS).is_some());
+        assert!(rule(QpType::RC, ERR, INIT).is_none());
+        let rtr = rule(QpType::RC, INIT, RTR).unwrap();
+        assert_ne!(rtr.required & DEST_QPN, 0);
+        assert_eq!(rule(QpType::UD, INIT, RTR).unwrap().required, 0);
+        // Required and optional never overlap.
+        for from in QpState::ALL {
+            for to in QpState::ALL {
+                for t in [QpType::RC, QpType::UD] {
+                    if let Some(r) = rule(t, *from, *to) {
+                        assert_eq!(r.required & r.optional, 0);
+                        assert_eq!((r.required | r.optional) & STATE, 0);
+                    }
+                }
+            }
+        }
+    }
+}

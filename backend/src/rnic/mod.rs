@@ -1,0 +1,48 @@
+//! The host RNIC behind the device.
+//!
+//! The device model (per-VM handles, validation, the control path) is the
+//! same whatever moves the bytes; an [`Rnic`] engine provides the resources
+//! that are shared between VMs. The built-in [`soft::SoftRnic`] is the
+//! default; a libibverbs engine comes later behind the same trait.
+
+pub mod soft;
+
+use thiserror::Error;
+
+/// Errors of an RNIC engine.
+#[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
+pub enum RnicError {
+    /// The engine has no free QP number left.
+    #[error("QP number space exhausted")]
+    QpnExhausted,
+    /// The system random source failed.
+    #[error("random source failed")]
+    Random,
+}
+
+/// Port and device properties the engine dictates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RnicCaps {
+    /// Largest path MTU (an `Mtu` value).
+    pub max_mtu: u32,
+    /// Link rate in Mbit/s.
+    pub link_rate_mbps: u32,
+    /// Whether atomics are supported.
+    pub atomics: bool,
+    /// Node GUID.
+    pub node_guid: u64,
+}
+
+/// A host RNIC engine shared by all VMs the daemon serves.
+pub trait Rnic: Send + Sync {
+    /// Short engine name for logs.
+    fn name(&self) -> &'static str;
+    /// Engine capabilities.
+    fn caps(&self) -> RnicCaps;
+    /// Allocates a QP number, unique among all VMs of this engine.
+    fn alloc_qpn(&self) -> Result<u32, RnicError>;
+    /// Returns a QP number to the engine.
+    fn free_qpn(&self, qpn: u32);
+    /// QP numbers currently allocated (for leak checks and statistics).
+    fn qpns_in_use(&self) -> usize;
+}

@@ -1,0 +1,109 @@
+//! The built-in software RNIC.
+//!
+//! It owns the namespace that must be unique across VMs (QP numbers, so one
+//! VM's QP can address another's). The data-path engine arrives on top of it.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use virtio_rdma_abi::qp::Mtu;
+
+use super::{Rnic, RnicCaps, RnicError};
+use crate::keys::KeySource;
+
+/// QPNs are 24 bits; 0 and 1 are the special management QPs of InfiniBand.
+const QPN_MASK: u32 = 0x00ff_ffff;
+const FIRST_QPN: u32 = 2;
+/// Give up finding a free random QPN after this many draws (the space is
+/// 16M; this only triggers when it is nearly full).
+const QPN_DRAWS: usize = 64;
+
+struct Inner {
+    used: HashSet<u32>,
+    keys: KeySource,
+}
+
+/// The software RNIC engine.
+pub struct SoftRnic {
+    inner: Mutex<Inner>,
+    node_guid: u64,
+}
+
+impl SoftRnic {
+    /// Creates the engine.
+    pub fn new() -> Result<Self, RnicError> {
+        let mut keys = KeySource::new();
+        let hi = keys.next_u32().map_err(|_| RnicError::Random)?;
+        let lo = keys.next_u32().map_err(|_| RnicError::Random)?;
+        Ok(SoftRnic {
+            inner: Mutex::new(Inner {
+                used: HashSet::new(),
+                keys,
+            }),
+            // Locally administered EUI-64.
+            node_guid: ((u64::from(hi) << 32 | u64::from(lo)) | 0x0200_0000_0000_0000)
+                & !0x0100_0000_0000_0000,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A poisoned lock only means another thread panicked mid-update of a
+        // set of integers; the set itself is still consistent.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Rnic for SoftRnic {
+    fn name(&self) -> &'static str {
+        "soft"
+    }
+
+    fn caps(&self) -> RnicCaps {
+        RnicCaps {
+            max_mtu: Mtu::MTU_4096 as u32,
+            link_rate_mbps: 100_000,
+            atomics: true,
+            node_guid: self.node_guid,
+        }
+    }
+
+    fn alloc_qpn(&self) -> Result<u32, RnicError> {
+        let mut inner = self.lock();
+        for _ in 0..QPN_DRAWS {
+            let qpn = inner.keys.next_u32().map_err(|_| RnicError::Random)? & QPN_MASK;
+            if qpn >= FIRST_QPN && inner.used.insert(qpn) {
+                return Ok(qpn);
+            }
+        }
+        Err(RnicError::QpnExhausted)
+    }
+
+    fn free_qpn(&self, qpn: u32) {
+        self.lock().used.remove(&qpn);
+    }
+
+    fn qpns_in_use(&self) -> usize {
+        self.lock().used.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qpns_unique_and_24_bit() {
+        let r = SoftRnic::new().unwrap();
+        let mut seen = HashSet::new();
+        for _ in 0..10_000 {
+            let q = r.alloc_qpn().unwrap();
+            assert!((FIRST_QPN..=QPN_MASK).contains(&q));
+            assert!(seen.insert(q));
+        }
+        assert_eq!(r.qpns_in_use(), 10_000);
+        for q in seen {
+            r.free_qpn(q);
+        }
+        assert_eq!(r.qpns_in_use(), 0);
+    }
+}

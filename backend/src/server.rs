@@ -1,0 +1,243 @@
+//! Serving vhost-user sockets: one listener thread per VM socket, all in one
+//! process and sharing one RNIC engine. When a VMM disconnects, everything
+//! its VM held is released and the socket accepts the next connection.
+
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use log::{error, info, warn};
+use thiserror::Error;
+use vhost::vhost_user::{Error as VhostUserError, Listener};
+use vhost_user_backend::{Error as BackendError, ShutdownHandle, VhostUserDaemon};
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+
+use crate::config::{ConfigError, DaemonConfig};
+use crate::ctrl::PortIdentity;
+use crate::device::{DeviceStats, RdmaDevice};
+use crate::rnic::soft::SoftRnic;
+use crate::rnic::{Rnic, RnicError};
+
+/// Errors starting the daemon.
+#[derive(Debug, Error)]
+pub enum ServerError {
+    /// The configuration is invalid.
+    #[error("invalid configuration: {0}")]
+    Config(#[from] ConfigError),
+    /// The RNIC engine could not start.
+    #[error("cannot start the RNIC engine: {0}")]
+    Rnic(#[from] RnicError),
+    /// A socket could not be created.
+    #[error("cannot listen on {path}: {source}")]
+    Listen {
+        /// The socket path.
+        path: PathBuf,
+        /// Why.
+        source: VhostUserError,
+    },
+    /// A thread could not be spawned.
+    #[error("cannot spawn a thread: {0}")]
+    Spawn(std::io::Error),
+}
+
+/// Statistics of one VM socket.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct VmStats {
+    /// Whether a VMM is connected now.
+    pub connected: bool,
+    /// Connections accepted so far.
+    pub connections: u64,
+    /// The current (or last) device's state.
+    pub device: DeviceStats,
+}
+
+struct VmSlot {
+    path: PathBuf,
+    device: Mutex<Option<Arc<RdmaDevice>>>,
+    shutdown: Mutex<Option<ShutdownHandle>>,
+    connected: AtomicBool,
+    connections: AtomicU64,
+}
+
+/// A running daemon.
+pub struct Daemon {
+    slots: Vec<Arc<VmSlot>>,
+    threads: Vec<JoinHandle<()>>,
+    stop: Arc<AtomicBool>,
+    rnic: Arc<dyn Rnic>,
+}
+
+/// The GID of VM `index`: an IPv4-mapped address 10.42.x.y. It is only a
+/// label inside the daemon's virtual network; tenancy policy replaces it.
+fn port_identity(index: usize) -> PortIdentity {
+    let n = (index + 1) as u32;
+    let mut gid = [0u8; 16];
+    gid[10] = 0xff;
+    gid[11] = 0xff;
+    gid[12] = 10;
+    gid[13] = 42;
+    gid[14] = (n >> 8) as u8;
+    gid[15] = n as u8;
+    PortIdentity { gid }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Daemon {
+    /// Validates the configuration, binds every socket and starts serving.
+    pub fn start(config: DaemonConfig) -> Result<Daemon, ServerError> {
+        config.validate()?;
+        let rnic: Arc<dyn Rnic> = Arc::new(SoftRnic::new()?);
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut slots = Vec::new();
+        let mut threads = Vec::new();
+        for (index, path) in config.sockets.iter().enumerate() {
+            let listener = Listener::new(path, true).map_err(|source| ServerError::Listen {
+                path: path.clone(),
+                source,
+            })?;
+            let slot = Arc::new(VmSlot {
+                path: path.clone(),
+                device: Mutex::new(None),
+                shutdown: Mutex::new(None),
+                connected: AtomicBool::new(false),
+                connections: AtomicU64::new(0),
+            });
+            let ctx = ServeCtx {
+                slot: slot.clone(),
+                stop: stop.clone(),
+                rnic: rnic.clone(),
+                config: config.clone(),
+                index,
+            };
+            let t = thread::Builder::new()
+                .name(format!("vm{index}"))
+                .spawn(move || ctx.serve(listener))
+                .map_err(ServerError::Spawn)?;
+            info!("serving VM {index} on {}", path.display());
+            slots.push(slot);
+            threads.push(t);
+        }
+        Ok(Daemon {
+            slots,
+            threads,
+            stop,
+            rnic,
+        })
+    }
+
+    /// Statistics of the VM on socket `index`.
+    pub fn vm_stats(&self, index: usize) -> Option<VmStats> {
+        let slot = self.slots.get(index)?;
+        let device = lock(&slot.device)
+            .as_ref()
+            .map(|d| d.stats())
+            .unwrap_or_default();
+        Some(VmStats {
+            connected: slot.connected.load(Ordering::Acquire),
+            connections: slot.connections.load(Ordering::Acquire),
+            device,
+        })
+    }
+
+    /// QP numbers allocated across all VMs.
+    pub fn qpns_in_use(&self) -> usize {
+        self.rnic.qpns_in_use()
+    }
+
+    /// Waits until every serving thread ends (they end only on shutdown).
+    pub fn join(self) {
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+
+    /// Disconnects every VMM, stops serving and removes the sockets.
+    pub fn shutdown(self) {
+        self.stop.store(true, Ordering::Release);
+        for slot in &self.slots {
+            if let Some(h) = lock(&slot.shutdown).take() {
+                h.shutdown();
+            }
+            // Wake a thread blocked in accept(); it then sees the stop flag.
+            let _ = UnixStream::connect(&slot.path);
+        }
+        for t in self.threads {
+            let _ = t.join();
+        }
+        for slot in &self.slots {
+            let _ = std::fs::remove_file(&slot.path);
+        }
+    }
+}
+
+struct ServeCtx {
+    slot: Arc<VmSlot>,
+    stop: Arc<AtomicBool>,
+    rnic: Arc<dyn Rnic>,
+    config: DaemonConfig,
+    index: usize,
+}
+
+impl ServeCtx {
+    fn serve(self, mut listener: Listener) {
+        while !self.stop.load(Ordering::Acquire) {
+            if let Err(e) = self.serve_one(&mut listener) {
+                error!("VM {}: {e}", self.index);
+                // Avoid a hot loop if accept keeps failing.
+                thread::sleep(Duration::from_millis(100));
+            }
+        }
+        info!(
+            "VM {}: stopped serving {}",
+            self.index,
+            self.slot.path.display()
+        );
+    }
+
+    fn serve_one(&self, listener: &mut Listener) -> Result<(), BackendError> {
+        let device = Arc::new(RdmaDevice::new(
+            self.config.limits,
+            self.config.device_features,
+            self.rnic.clone(),
+            port_identity(self.index),
+        ));
+        let mut daemon = VhostUserDaemon::new(
+            format!("vhost-user-rdma-vm{}", self.index),
+            device.clone(),
+            GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+        )?;
+        let started = daemon.start(listener);
+        if let Err(e) = started {
+            device.stop_workers();
+            return Err(e);
+        }
+        *lock(&self.slot.device) = Some(device.clone());
+        *lock(&self.slot.shutdown) = daemon.shutdown_handle();
+        self.slot.connected.store(true, Ordering::Release);
+        let n = self.slot.connections.fetch_add(1, Ordering::AcqRel) + 1;
+        if self.stop.load(Ordering::Acquire) {
+            daemon.request_shutdown();
+        } else {
+            info!("VM {}: VMM connected (connection {n})", self.index);
+        }
+        match daemon.wait() {
+            Ok(()) => {}
+            Err(BackendError::HandleRequest(
+                VhostUserError::Disconnected | VhostUserError::PartialMessage,
+            )) => {}
+            Err(e) => warn!("VM {}: connection ended: {e}", self.index),
+        }
+        lock(&self.slot.shutdown).take();
+        device.stop_workers();
+        device.release_all();
+        self.slot.connected.store(false, Ordering::Release);
+        info!("VM {}: VMM disconnected, resources released", self.index);
+        Ok(())
+    }
+}
