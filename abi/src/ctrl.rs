@@ -150,3 +150,31 @@ code_enum! {
 /// Largest device-readable part of a control request the device accepts
 /// (headers plus the longest indirect page list directory).
 pub const MAX_REQUEST_BYTES: usize = 1 << 20;
+
+/// Resource codes carried in the `detail` of a `QUOTA` status.
+pub mod quota {
+    /// Contexts.
+    pub const CTX: u32 = 1;
+    /// Protection domains.
+    pub const PD: u32 = 2;
+    /// Completion queues.
+    pub const CQ: u32 = 3;
+    /// Queue pairs.
+    pub const QP: u32 = 4;
+    /// Memory regions.
+    pub const MR: u32 = 5;
+    /// Shared receive queues.
+    pub const SRQ: u32 = 6;
+    /// Address handles.
+    pub const AH: u32 = 7;
+    /// Registered bytes.
+    pub const MR_BYTES: u32 = 8;
+}
+
+/// `BAD_ADDRESS` detail: the doorbell record is misaligned or outside RAM.
+pub const DETAIL_DB_RECORD: u32 = u32::MAX;
+/// `BAD_ADDRESS` detail: an indirect list page is misaligned, outside RAM or unreadable.
+pub const DETAIL_LIST_PAGE: u32 = u32::MAX - 1;
+
+/// Handles are `generation << HANDLE_SLOT_BITS | slot`; 0 is never a handle.
+pub const HANDLE_SLOT_BITS: u32 = 20;

@@ -13,6 +13,8 @@ pub struct EventQueue {
     pending: VecDeque<Event>,
     next_seq: u32,
     lost: u32,
+    /// Sequence number of the first event of the current loss run.
+    first_lost_seq: u32,
     /// Total events dropped since the last reset (statistics).
     pub lost_total: u64,
 }
@@ -22,6 +24,11 @@ impl EventQueue {
     pub fn push(&mut self, kind: EventKind, handle: u32, detail: u32) {
         self.next_seq = self.next_seq.wrapping_add(1);
         if self.pending.len() >= MAX_PENDING_EVENTS {
+            // While the queue is full every new event is dropped, so a loss
+            // run is a contiguous range of sequence numbers.
+            if self.lost == 0 {
+                self.first_lost_seq = self.next_seq;
+            }
             self.lost = self.lost.saturating_add(1);
             self.lost_total += 1;
             return;
@@ -42,7 +49,7 @@ impl EventQueue {
                 kind: EventKind::EVENTS_LOST.into(),
                 handle: 0,
                 detail: lost,
-                seq: self.next_seq,
+                seq: self.first_lost_seq,
             });
         }
         self.pending.pop_front()
@@ -86,6 +93,7 @@ mod tests {
         let first = q.pop().unwrap();
         assert_eq!(first.kind, EventKind::EVENTS_LOST as u32);
         assert_eq!(first.detail, 5);
+        assert_eq!(first.seq, MAX_PENDING_EVENTS as u32 + 1);
         let next = q.pop().unwrap();
         assert_eq!(next.seq, 1);
         assert_eq!(q.len(), MAX_PENDING_EVENTS - 1);

@@ -119,6 +119,12 @@ impl Ctrl {
     }
 
     pub(super) fn destroy_ah(&mut self, payload: &[u8]) -> CmdResult {
+        if !self.has(F_UD) {
+            return Err(CmdError::new(
+                Status::UNSUPPORTED,
+                Opcode::DESTROY_AH.into(),
+            ));
+        }
         let req: AhHandleReq = fixed(payload)?;
         self.res
             .destroy_ah(req.ah_handle)

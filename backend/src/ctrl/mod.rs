@@ -49,30 +49,7 @@ impl CmdError {
 /// Result of a command handler: the response payload.
 pub type CmdResult = Result<Vec<u8>, CmdError>;
 
-/// Resource codes carried in the detail of `QUOTA`.
-pub mod quota {
-    /// Contexts.
-    pub const CTX: u32 = 1;
-    /// Protection domains.
-    pub const PD: u32 = 2;
-    /// Completion queues.
-    pub const CQ: u32 = 3;
-    /// Queue pairs.
-    pub const QP: u32 = 4;
-    /// Memory regions.
-    pub const MR: u32 = 5;
-    /// Shared receive queues.
-    pub const SRQ: u32 = 6;
-    /// Address handles.
-    pub const AH: u32 = 7;
-    /// Registered bytes.
-    pub const MR_BYTES: u32 = 8;
-}
-
-/// `BAD_ADDRESS` detail for a doorbell record.
-pub const DETAIL_DB_RECORD: u32 = u32::MAX;
-/// `BAD_ADDRESS` detail for an indirect list page.
-pub const DETAIL_LIST_PAGE: u32 = u32::MAX - 1;
+pub use virtio_rdma_abi::ctrl::{quota, DETAIL_DB_RECORD, DETAIL_LIST_PAGE};
 
 /// Counters of control-path activity of one VM.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

@@ -302,7 +302,7 @@ mod tests {
             (vec![0x1000, 0x1001], 1),           // misaligned
             (vec![0x1000, 0x20_0000], 1),        // in the hole
             (vec![0xff000 + 0x1000, 0x1000], 0), // first byte past region 0
-            (vec![!0xfffu64], 0),               // overflow
+            (vec![!0xfffu64], 0),                // overflow
         ] {
             let r = PageList::resolve(
                 &desc(PageListMode::INLINE, pages.len() as u32, 0),

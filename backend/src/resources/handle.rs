@@ -4,7 +4,7 @@
 //! every time its object is destroyed, so a stale handle never names the
 //! object that later reuses the slot. Handle 0 is never issued.
 
-const SLOT_BITS: u32 = 20;
+const SLOT_BITS: u32 = virtio_rdma_abi::ctrl::HANDLE_SLOT_BITS;
 const SLOT_MASK: u32 = (1 << SLOT_BITS) - 1;
 const MAX_GEN: u32 = (1 << (32 - SLOT_BITS)) - 1;
 

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Runs every check CI runs: formatting, lints, unit and integration tests
+# (the integration tests start the real daemon and talk to it over real
+# vhost-user sockets through the test VMM).
+#
+# Usage: bash scripts/test.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/setup.sh
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+echo "== cargo test"
+cargo test --workspace --locked 2>&1 | tee target/test-output.txt
+# One line of totals for humans and CI.
+awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed\n", p, f }' target/test-output.txt
