@@ -1,0 +1,105 @@
+//! Starting the real daemon for a test: one in-process [`Daemon`] serving
+//! a socket per VM in a private temporary directory, and test VMs connected
+//! to it over the real vhost-user protocol.
+
+use std::path::{Path, PathBuf};
+
+use vhost_user_rdma::Daemon;
+use vhost_user_rdma::{DaemonConfig, Limits, VmStats};
+
+use crate::error::{Error, Result};
+use crate::vmm::{TestVmm, VmmOptions};
+
+/// A running daemon with its sockets.
+pub struct TestDaemon {
+    daemon: Option<Daemon>,
+    dir: PathBuf,
+    sockets: Vec<PathBuf>,
+}
+
+impl TestDaemon {
+    /// Starts a daemon serving `vms` sockets with default limits.
+    pub fn start(vms: usize) -> Result<Self> {
+        Self::with_limits(vms, Limits::default())
+    }
+
+    /// Starts a daemon serving `vms` sockets with `limits`.
+    pub fn with_limits(vms: usize, limits: Limits) -> Result<Self> {
+        let dir = std::env::temp_dir().join(format!(
+            "vhost-user-rdma-test-{}-{}",
+            std::process::id(),
+            unique()
+        ));
+        std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+            what: "create socket directory",
+            source,
+        })?;
+        let sockets: Vec<PathBuf> = (0..vms).map(|i| dir.join(format!("vm{i}.sock"))).collect();
+        let config = DaemonConfig {
+            limits,
+            ..DaemonConfig::new(sockets.clone())
+        };
+        let daemon = Daemon::start(config).map_err(|e| Error::Backend(e.to_string()))?;
+        Ok(TestDaemon {
+            daemon: Some(daemon),
+            dir,
+            sockets,
+        })
+    }
+
+    /// Socket of VM `i`.
+    pub fn socket(&self, i: usize) -> &Path {
+        &self.sockets[i.min(self.sockets.len().saturating_sub(1))]
+    }
+
+    /// Connects a test VM to socket `i` with default options.
+    pub fn connect(&self, i: usize) -> Result<TestVmm> {
+        TestVmm::connect(self.socket(i), VmmOptions::default())
+    }
+
+    /// Connects a test VM to socket `i` with `opts`.
+    pub fn connect_with(&self, i: usize, opts: VmmOptions) -> Result<TestVmm> {
+        TestVmm::connect(self.socket(i), opts)
+    }
+
+    /// The daemon.
+    pub fn daemon(&self) -> &Daemon {
+        // Present until drop.
+        self.daemon.as_ref().unwrap_or_else(|| unreachable!())
+    }
+
+    /// Statistics of VM `i`.
+    pub fn stats(&self, i: usize) -> VmStats {
+        self.daemon().vm_stats(i).unwrap_or_default()
+    }
+
+    /// Waits (up to 5 s) until VM `i` is disconnected and its resources are
+    /// released; returns the final statistics.
+    pub fn wait_released(&self, i: usize) -> VmStats {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let s = self.stats(i);
+            if (!s.connected && s.device.resources.is_empty())
+                || std::time::Instant::now() > deadline
+            {
+                return s;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for TestDaemon {
+    fn drop(&mut self) {
+        if let Some(d) = self.daemon.take() {
+            d.shutdown();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}

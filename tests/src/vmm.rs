@@ -1,0 +1,378 @@
+//! The test VMM: an in-process vhost-user frontend with memfd guest RAM and
+//! the three virtqueues of the RDMA device driven from this process.
+//!
+//! [`TestVmm::connect`] performs the handshake QEMU would (owner, features,
+//! protocol features, queue count, memory table, every vring), reads the
+//! device configuration and posts event buffers. The control queue is then
+//! used through [`TestVmm::ctrl`], the event queue through
+//! [`TestVmm::events`], and the notification queue as a raw [`Vring`].
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserHeaderFlag};
+use vhost::vhost_user::{
+    Frontend, VhostUserFrontend, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
+};
+use vhost::VhostBackend;
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+use virtio_rdma_abi::config::{self, DeviceConfig};
+use virtio_rdma_abi::{Field, Wire};
+
+use crate::conn::Conn;
+use crate::ctrl::CtrlQueue;
+use crate::error::{Error, Result};
+use crate::events::EventQueue;
+use crate::guest_mem::{GuestMem, MemLayout};
+use crate::vring::Vring;
+
+/// Feature bit `VIRTIO_F_VERSION_1`.
+pub const F_VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
+/// Feature bit `VIRTIO_RING_F_EVENT_IDX`.
+pub const F_EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
+
+/// How the test VMM sets the device up.
+#[derive(Debug, Clone)]
+pub struct VmmOptions {
+    /// Guest RAM layout.
+    pub mem: MemLayout,
+    /// Entries of each virtqueue (power of two).
+    pub queue_size: u16,
+    /// Negotiate `VIRTIO_RING_F_EVENT_IDX` if the device offers it.
+    pub event_idx: bool,
+    /// Device-specific feature bits the driver accepts (intersected with
+    /// what the device offers).
+    pub driver_features: u64,
+    /// Protocol features to ack if offered. CONFIG, MQ and REPLY_ACK are the
+    /// ones this frontend handles; others are passed through for tests.
+    pub protocol_features: VhostUserProtocolFeatures,
+    /// How long to retry connecting while the socket does not exist yet or
+    /// refuses connections.
+    pub connect_timeout: Duration,
+    /// Event buffers posted during connect (0: none; post them later with
+    /// [`EventQueue::post_buffers`]).
+    pub event_buffers: u16,
+    /// Default timeout of blocking waits on the control and event queues.
+    pub timeout: Duration,
+    /// Longest time one vhost-user exchange may take; past it the socket is
+    /// shut down and the call fails with [`Error::MessageTimeout`], so that
+    /// a backend that stops answering fails the test instead of hanging it
+    /// (None: wait forever).
+    pub message_timeout: Option<Duration>,
+}
+
+impl Default for VmmOptions {
+    fn default() -> Self {
+        VmmOptions {
+            mem: MemLayout::default(),
+            queue_size: 256,
+            event_idx: false,
+            driver_features: config::ALL_DEVICE_FEATURES,
+            protocol_features: VhostUserProtocolFeatures::CONFIG
+                | VhostUserProtocolFeatures::MQ
+                | VhostUserProtocolFeatures::REPLY_ACK,
+            connect_timeout: Duration::from_secs(5),
+            event_buffers: 32,
+            timeout: Duration::from_secs(10),
+            message_timeout: Some(Duration::from_secs(10)),
+        }
+    }
+}
+
+/// A connected test VM.
+pub struct TestVmm {
+    conn: Option<Conn>,
+    socket: PathBuf,
+    mem: Arc<GuestMem>,
+    device_features: u64,
+    features: u64,
+    protocol: VhostUserProtocolFeatures,
+    backend_queues: u64,
+    opts: VmmOptions,
+    ctrl: CtrlQueue,
+    events: EventQueue,
+    notify: Vring,
+}
+
+impl std::fmt::Debug for TestVmm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestVmm")
+            .field("socket", &self.socket)
+            .field("connected", &self.conn.is_some())
+            .field("features", &format_args!("{:#x}", self.features))
+            .field("protocol", &self.protocol)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Connects, retrying while the socket is missing or refuses connections.
+fn connect_retry(path: &Path, timeout: Duration) -> Result<Frontend> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match Frontend::connect(path, config::NUM_QUEUES as u64) {
+            Ok(f) => return Ok(f),
+            Err(e) => {
+                if Instant::now() >= deadline {
+                    return Err(Error::Connect {
+                        path: path.display().to_string(),
+                        timeout,
+                        last: e.to_string(),
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// Sends the memory table and sets up every virtqueue with fresh rings;
+/// returns the three queue clients (event buffers not yet posted).
+fn start_queues(
+    c: &mut Conn,
+    mem: &Arc<GuestMem>,
+    opts: &VmmOptions,
+    features: u64,
+) -> Result<(CtrlQueue, EventQueue, Vring)> {
+    c.call("SET_FEATURES", |fe| fe.set_features(features))?;
+    let regions = mem.region_infos()?;
+    c.call("SET_MEM_TABLE", |fe| fe.set_mem_table(&regions))?;
+    let event_idx = features & F_EVENT_IDX != 0;
+    let mut vrings = Vec::with_capacity(config::NUM_QUEUES);
+    for q in 0..config::NUM_QUEUES {
+        let index = u16::try_from(q).map_err(|_| Error::Backend("queue index".into()))?;
+        let mut v = Vring::new(mem.clone(), index, opts.queue_size)?;
+        v.set_event_idx(event_idx);
+        let addr = v.config_data()?;
+        c.call("SET_VRING_NUM", |fe| fe.set_vring_num(q, v.size()))?;
+        c.call("SET_VRING_BASE", |fe| fe.set_vring_base(q, 0))?;
+        c.call("SET_VRING_ADDR", |fe| fe.set_vring_addr(q, &addr))?;
+        c.call("SET_VRING_CALL", |fe| fe.set_vring_call(q, v.call_fd()))?;
+        c.call("SET_VRING_KICK", |fe| fe.set_vring_kick(q, v.kick_fd()))?;
+        c.call("SET_VRING_ENABLE", |fe| fe.set_vring_enable(q, true))?;
+        vrings.push(v);
+    }
+    let mut it = vrings.into_iter();
+    let (Some(ctrl), Some(events), Some(notify)) = (it.next(), it.next(), it.next()) else {
+        return Err(Error::Backend("queue setup".into()));
+    };
+    Ok((
+        CtrlQueue::new(ctrl, opts.timeout),
+        EventQueue::new(events, opts.timeout),
+        notify,
+    ))
+}
+
+impl TestVmm {
+    /// Connects to the vhost-user socket at `socket_path` and sets the
+    /// device up as described by `opts`.
+    pub fn connect(socket_path: impl AsRef<Path>, opts: VmmOptions) -> Result<Self> {
+        let socket = socket_path.as_ref().to_path_buf();
+        let mem = Arc::new(GuestMem::new(&opts.mem)?);
+        let fe = connect_retry(&socket, opts.connect_timeout)?;
+        let mut c = Conn::new(fe, opts.message_timeout)?;
+
+        c.call("SET_OWNER", |fe| fe.set_owner())?;
+        let device_features = c.call("GET_FEATURES", |fe| fe.get_features())?;
+        let proto_bit = VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+        if device_features & proto_bit == 0 {
+            return Err(Error::Backend(
+                "does not offer VHOST_USER_F_PROTOCOL_FEATURES".into(),
+            ));
+        }
+        if device_features & F_VERSION_1 == 0 {
+            return Err(Error::Backend("does not offer VIRTIO_F_VERSION_1".into()));
+        }
+
+        let offered = c.call("GET_PROTOCOL_FEATURES", |fe| fe.get_protocol_features())?;
+        let protocol = offered & opts.protocol_features;
+        c.call("SET_PROTOCOL_FEATURES", |fe| {
+            fe.set_protocol_features(protocol)
+        })?;
+        if protocol.contains(VhostUserProtocolFeatures::REPLY_ACK) {
+            c.frontend().set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+        }
+
+        let backend_queues = if protocol.contains(VhostUserProtocolFeatures::MQ) {
+            c.call("GET_QUEUE_NUM", |fe| fe.get_queue_num())?
+        } else {
+            config::NUM_QUEUES as u64
+        };
+        if backend_queues < config::NUM_QUEUES as u64 {
+            return Err(Error::Backend(format!(
+                "has {backend_queues} queues, the RDMA device needs {}",
+                config::NUM_QUEUES
+            )));
+        }
+
+        let mut wanted = F_VERSION_1 | proto_bit | opts.driver_features;
+        if opts.event_idx {
+            wanted |= F_EVENT_IDX;
+        }
+        let features = device_features & wanted;
+        let (ctrl, events, notify) = start_queues(&mut c, &mem, &opts, features)?;
+
+        let mut vmm = TestVmm {
+            conn: Some(c),
+            socket,
+            mem,
+            device_features,
+            features,
+            protocol,
+            backend_queues,
+            opts,
+            ctrl,
+            events,
+            notify,
+        };
+        if vmm.opts.event_buffers > 0 {
+            vmm.events
+                .post_buffers(usize::from(vmm.opts.event_buffers))?;
+        }
+        Ok(vmm)
+    }
+
+    fn conn(&mut self) -> Result<&mut Conn> {
+        self.conn
+            .as_mut()
+            .ok_or_else(|| Error::Backend("disconnected".into()))
+    }
+
+    /// Sends one vhost-user exchange by hand, under the message timeout
+    /// (for tests of the vhost-user layer itself).
+    pub fn vhost_call<T>(
+        &mut self,
+        what: &'static str,
+        f: impl FnOnce(&mut Frontend) -> vhost::Result<T>,
+    ) -> Result<T> {
+        self.conn()?.call(what, f)
+    }
+
+    /// Reads the device configuration space (`GET_CONFIG`, the whole
+    /// [`DeviceConfig`]).
+    pub fn config(&mut self) -> Result<DeviceConfig> {
+        let raw = self.config_bytes(0, DeviceConfig::SIZE)?;
+        Ok(DeviceConfig::parse(&raw)?)
+    }
+
+    /// Reads `len` bytes of configuration space at `offset`.
+    pub fn config_bytes(&mut self, offset: u32, len: usize) -> Result<Vec<u8>> {
+        let size = u32::try_from(len).map_err(|_| Error::Backend("config size".into()))?;
+        let zeros = vec![0u8; len];
+        let (_, payload) = self.vhost_call("GET_CONFIG", |fe| {
+            fe.get_config(offset, size, VhostUserConfigFlags::empty(), &zeros)
+        })?;
+        Ok(payload)
+    }
+
+    /// The control queue client.
+    pub fn ctrl(&mut self) -> &mut CtrlQueue {
+        &mut self.ctrl
+    }
+
+    /// The event queue client.
+    pub fn events(&mut self) -> &mut EventQueue {
+        &mut self.events
+    }
+
+    /// The notification queue (raw).
+    pub fn notify_vring(&mut self) -> &mut Vring {
+        &mut self.notify
+    }
+
+    /// All three queue clients at once.
+    pub fn queues(&mut self) -> (&mut CtrlQueue, &mut EventQueue, &mut Vring) {
+        (&mut self.ctrl, &mut self.events, &mut self.notify)
+    }
+
+    /// Guest RAM (and its allocator).
+    pub fn mem(&self) -> &Arc<GuestMem> {
+        &self.mem
+    }
+
+    /// Socket path this VM connected to.
+    pub fn socket_path(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Feature bits the device offered.
+    pub fn device_features(&self) -> u64 {
+        self.device_features
+    }
+
+    /// Feature bits acked (virtio and device-specific).
+    pub fn features(&self) -> u64 {
+        self.features
+    }
+
+    /// Protocol features acked.
+    pub fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        self.protocol
+    }
+
+    /// Queue count the backend reported (`GET_QUEUE_NUM`).
+    pub fn backend_queues(&self) -> u64 {
+        self.backend_queues
+    }
+
+    /// The vhost-user frontend, for sending messages by hand without the
+    /// message timeout (None after [`TestVmm::disconnect`]); see also
+    /// [`TestVmm::vhost_call`].
+    pub fn frontend(&mut self) -> Option<&mut Frontend> {
+        self.conn.as_mut().map(Conn::frontend)
+    }
+
+    /// Whether the vhost-user connection is still open (from our side).
+    pub fn is_connected(&self) -> bool {
+        self.conn.is_some()
+    }
+
+    /// Stops every queue with `GET_VRING_BASE` (what a VMM does on device
+    /// reset or stop) and returns the avail indices the backend reports.
+    pub fn stop_queues(&mut self) -> Result<Vec<u32>> {
+        let c = self.conn()?;
+        (0..config::NUM_QUEUES)
+            .map(|q| c.call("GET_VRING_BASE", |fe| fe.get_vring_base(q)))
+            .collect()
+    }
+
+    /// Resets the device the way QEMU does on a guest reset: stops every
+    /// queue (`GET_VRING_BASE`), then starts again with `SET_FEATURES`,
+    /// `SET_MEM_TABLE` and freshly allocated, zeroed rings at new addresses,
+    /// and reposts the event buffers. Every request in flight is forgotten.
+    /// Returns the avail indices reported when stopping.
+    pub fn reset(&mut self) -> Result<Vec<u32>> {
+        let bases = self.stop_queues()?;
+        let (features, opts, mem) = (self.features, self.opts.clone(), self.mem.clone());
+        let c = self.conn()?;
+        let (ctrl, events, notify) = start_queues(c, &mem, &opts, features)?;
+        self.ctrl = ctrl;
+        self.events = events;
+        self.notify = notify;
+        if opts.event_buffers > 0 {
+            self.events.post_buffers(usize::from(opts.event_buffers))?;
+        }
+        Ok(bases)
+    }
+
+    /// The options this VM was created with.
+    pub fn options(&self) -> &VmmOptions {
+        &self.opts
+    }
+
+    /// Drops the vhost-user connection abruptly (shutdown of the socket,
+    /// then close), as when a VMM is killed. Guest memory and the queue
+    /// clients stay usable for inspection; nothing will complete any more.
+    pub fn disconnect(&mut self) {
+        if let Some(c) = self.conn.take() {
+            c.shutdown();
+        }
+    }
+}
+
+impl Drop for TestVmm {
+    fn drop(&mut self) {
+        self.disconnect();
+    }
+}
