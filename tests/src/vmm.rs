@@ -72,7 +72,8 @@ impl Default for VmmOptions {
             driver_features: config::ALL_DEVICE_FEATURES,
             protocol_features: VhostUserProtocolFeatures::CONFIG
                 | VhostUserProtocolFeatures::MQ
-                | VhostUserProtocolFeatures::REPLY_ACK,
+                | VhostUserProtocolFeatures::REPLY_ACK
+                | VhostUserProtocolFeatures::RESET_DEVICE,
             connect_timeout: Duration::from_secs(5),
             event_buffers: 32,
             timeout: Duration::from_secs(10),
@@ -337,13 +338,20 @@ impl TestVmm {
             .collect()
     }
 
-    /// Resets the device the way QEMU does on a guest reset: stops every
-    /// queue (`GET_VRING_BASE`), then starts again with `SET_FEATURES`,
+    /// Resets the device: stops every queue (`GET_VRING_BASE`), sends
+    /// `RESET_DEVICE` when that protocol feature was negotiated (the signal
+    /// that the device state is to be discarded), then starts again with `SET_FEATURES`,
     /// `SET_MEM_TABLE` and freshly allocated, zeroed rings at new addresses,
     /// and reposts the event buffers. Every request in flight is forgotten.
     /// Returns the avail indices reported when stopping.
     pub fn reset(&mut self) -> Result<Vec<u32>> {
         let bases = self.stop_queues()?;
+        if self
+            .protocol_features()
+            .contains(VhostUserProtocolFeatures::RESET_DEVICE)
+        {
+            self.conn()?.call("RESET_DEVICE", |fe| fe.reset_device())?;
+        }
         let (features, opts, mem) = (self.features, self.opts.clone(), self.mem.clone());
         let c = self.conn()?;
         let (ctrl, events, notify) = start_queues(c, &mem, &opts, features)?;

@@ -1,0 +1,225 @@
+//! Connections, disconnects, resets, and the daemon binary itself.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use vhost_user_rdma_tests::guest_mem::PAGE_SIZE;
+use vhost_user_rdma_tests::harness::TestDaemon;
+use vhost_user_rdma_tests::verbs::{status_of, MrSpec, QpInit, Verbs};
+use vhost_user_rdma_tests::vmm::{TestVmm, VmmOptions};
+use virtio_rdma_abi::ctrl::Status;
+use virtio_rdma_abi::mem::access;
+
+/// Creates a little of everything; returns the QP handle.
+fn populate(vm: &mut TestVmm) -> u32 {
+    let mut v = Verbs::new(vm);
+    let ctx = v.create_ctx().unwrap();
+    let pd = v.alloc_pd(ctx).unwrap();
+    let cq = v.create_cq(ctx, 64).unwrap();
+    let pages = v.mem().alloc_pages(16, PAGE_SIZE).unwrap();
+    v.reg_mr(&MrSpec::new(
+        pd,
+        access::LOCAL_WRITE | access::REMOTE_WRITE,
+        0,
+        &pages,
+    ))
+    .unwrap();
+    let srq = v.create_srq(pd, 16, 1, 0).unwrap();
+    v.create_qp(&QpInit {
+        srq: srq.srq_handle,
+        rq_depth: 0,
+        ..QpInit::rc(pd, cq)
+    })
+    .unwrap();
+    let qp = v.create_qp(&QpInit::rc(pd, cq)).unwrap();
+    v.connect_rc(qp.handle, 5, [1; 16]).unwrap();
+    qp.handle
+}
+
+#[test]
+fn disconnect_releases_everything_and_socket_is_reused() {
+    let d = TestDaemon::start(2).unwrap();
+    let mut other = d.connect(1).unwrap();
+    let other_qp = populate(&mut other);
+    let other_qpns = d.daemon().qpns_in_use();
+
+    for round in 1..=20u64 {
+        let mut vm = d.connect(0).unwrap();
+        populate(&mut vm);
+        let s = d.stats(0);
+        assert!(s.connected);
+        assert_eq!(s.connections, round);
+        assert_eq!(s.device.resources.qp, 2);
+        assert_eq!(d.daemon().qpns_in_use(), other_qpns + 2);
+        if round % 2 == 0 {
+            vm.disconnect();
+        } else {
+            drop(vm);
+        }
+        let s = d.wait_released(0);
+        assert!(!s.connected, "round {round}: still connected");
+        assert!(s.device.resources.is_empty(), "round {round}: {s:?}");
+        assert_eq!(d.daemon().qpns_in_use(), other_qpns);
+    }
+    // The other VM never noticed.
+    let mut v = Verbs::new(&mut other);
+    assert_eq!(v.query_qp(other_qp).unwrap().attr.qp_state, 3);
+    assert_eq!(d.stats(1).connections, 1);
+}
+
+#[test]
+fn disconnect_with_commands_in_flight() {
+    let d = TestDaemon::start(1).unwrap();
+    for _ in 0..5 {
+        let mut vm = d.connect(0).unwrap();
+        populate(&mut vm);
+        let ctx = Verbs::new(&mut vm).create_ctx().unwrap();
+        let req = virtio_rdma_abi::Wire::to_bytes(&virtio_rdma_abi::verbs::CtxHandleReq {
+            ctx_handle: ctx,
+        });
+        let ctrl = vm.ctrl();
+        ctrl.set_auto_kick(false);
+        for _ in 0..100 {
+            ctrl.submit(virtio_rdma_abi::ctrl::Opcode::ALLOC_PD, &req, 4)
+                .unwrap();
+        }
+        ctrl.kick().unwrap();
+        vm.disconnect();
+        let s = d.wait_released(0);
+        assert!(s.device.resources.is_empty(), "{s:?}");
+        assert_eq!(d.daemon().qpns_in_use(), 0);
+    }
+    // Still serving.
+    let mut vm = d.connect(0).unwrap();
+    populate(&mut vm);
+}
+
+#[test]
+fn device_reset_destroys_objects_and_invalidates_handles() {
+    let d = TestDaemon::start(1).unwrap();
+    let mut vm = d.connect(0).unwrap();
+    let qp = populate(&mut vm);
+    assert_eq!(d.stats(0).device.resources.qp, 2);
+    vm.reset().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !d.stats(0).device.resources.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(d.stats(0).device.resources.is_empty());
+    assert_eq!(d.daemon().qpns_in_use(), 0);
+    let mut v = Verbs::new(&mut vm);
+    assert_eq!(status_of(&v.query_qp(qp)), Some((Status::BAD_HANDLE, 0)));
+    // The device works after the reset, and new handles differ from old ones.
+    let new_qp = populate(&mut vm);
+    assert_ne!(new_qp, qp);
+}
+
+/// Path of the daemon binary, built if it is not there yet.
+fn daemon_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/lifecycle-xxxx -> target/<profile>/vhost-user-rdma
+    let profile_dir = exe.parent().and_then(|p| p.parent()).unwrap().to_path_buf();
+    let bin = profile_dir.join("vhost-user-rdma");
+    if !bin.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let release = profile_dir.ends_with("release");
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-p", "vhost-user-rdma", "--bin", "vhost-user-rdma"]);
+        if release {
+            cmd.arg("--release");
+        }
+        assert!(cmd.status().unwrap().success(), "cannot build the daemon");
+    }
+    bin
+}
+
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn binary_serves_two_vms() {
+    let dir = std::env::temp_dir().join(format!("vur-bin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let s0 = dir.join("vm0.sock");
+    let s1 = dir.join("vm1.sock");
+    let child = Child(
+        Command::new(daemon_binary())
+            .arg("--socket-path")
+            .arg(&s0)
+            .arg("--socket-path")
+            .arg(&s1)
+            .args(["--max-qp", "3"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut a = TestVmm::connect(&s0, VmmOptions::default()).unwrap();
+    let mut b = TestVmm::connect(&s1, VmmOptions::default()).unwrap();
+    assert_eq!(a.config().unwrap().max_qp, 3);
+    assert_eq!(b.config().unwrap().max_qp, 3);
+    let mut v = Verbs::new(&mut a);
+    let ctx = v.create_ctx().unwrap();
+    let pd = v.alloc_pd(ctx).unwrap();
+    let cq = v.create_cq(ctx, 16).unwrap();
+    for _ in 0..3 {
+        v.create_qp(&QpInit::rc(pd, cq)).unwrap();
+    }
+    let over = v.create_qp(&QpInit::rc(pd, cq));
+    assert_eq!(status_of(&over), Some((Status::QUOTA, 4)));
+    populate(&mut b);
+    drop(child);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn binary_rejects_bad_configuration() {
+    let out = Command::new(daemon_binary())
+        .args(["--socket-path", "/tmp/x.sock", "--max-cqe", "1000"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("max-cqe") && err.contains("power of two"),
+        "{err}"
+    );
+
+    let out = Command::new(daemon_binary()).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--socket-path"));
+
+    let out = Command::new(daemon_binary())
+        .args(["--socket-path", "/nonexistent-dir/x.sock"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot listen on /nonexistent-dir/x.sock")
+    );
+}
+
+#[test]
+fn stopping_queues_is_a_pause_not_a_reset() {
+    use vhost::vhost_user::message::VhostUserProtocolFeatures as P;
+    let d = TestDaemon::start(1).unwrap();
+    // Without RESET_DEVICE the VMM's restart is only a stop/start of the queues
+    // (what a VMM does around a VM pause): objects must survive it.
+    let opts = VmmOptions {
+        protocol_features: P::CONFIG | P::MQ | P::REPLY_ACK,
+        ..VmmOptions::default()
+    };
+    let mut vm = d.connect_with(0, opts).unwrap();
+    let qp = populate(&mut vm);
+    vm.reset().unwrap();
+    assert_eq!(d.stats(0).device.resources.qp, 2);
+    let mut v = Verbs::new(&mut vm);
+    assert_eq!(v.query_qp(qp).unwrap().attr.qp_state, 3);
+}
