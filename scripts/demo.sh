@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The main job: start the vhost-user-rdma daemon (built-in software RNIC)
+# serving two VMs, and drive both VMs' RDMA devices through the test VMM.
+#
+# Usage: bash scripts/demo.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/setup.sh
+echo "== building (release)"
+cargo build --release --locked -p vhost-user-rdma -p vhost-user-rdma-tests --bins
+
+dir=$(mktemp -d /tmp/vhost-user-rdma-demo.XXXXXX)
+daemon_pid=""
+cleanup() {
+  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+
+echo "== starting the daemon: one process, one socket per VM"
+RUST_LOG=${RUST_LOG:-info} target/release/vhost-user-rdma \
+  --socket-path "$dir/vm0.sock" --socket-path "$dir/vm1.sock" 2> "$dir/daemon.log" &
+daemon_pid=$!
+for _ in $(seq 100); do
+  [ -S "$dir/vm0.sock" ] && [ -S "$dir/vm1.sock" ] && break
+  sleep 0.05
+done
+
+echo "== two VMs (test VMM: in-process vhost-user frontends with memfd guest RAM)"
+target/release/rdma-demo --socket "$dir/vm0.sock" --socket "$dir/vm1.sock"
+
+sleep 0.2
+echo "== daemon log"
+sed 's/^/  /' "$dir/daemon.log"
