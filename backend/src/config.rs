@@ -100,8 +100,10 @@ impl Default for Limits {
             max_inline_data: 256,
             max_inline_pages: 512,
             max_qp_rd_atom: 16,
-            max_mr_size: 64 << 30,
-            max_mr_bytes: 256 << 30,
+            max_mr_size: 16 << 30,
+            // The daemon keeps 8 bytes of translation per registered 4 KiB
+            // page: 64 GiB of registrations cost at most 128 MiB of host memory.
+            max_mr_bytes: 64 << 30,
             // Every page size from 4 KiB to 1 GiB.
             page_size_cap: ((1u64 << (MAX_PAGE_SHIFT + 1)) - 1) & !((1u64 << MIN_PAGE_SHIFT) - 1),
         }
