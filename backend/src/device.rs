@@ -117,17 +117,28 @@ impl RdmaDevice {
         }
     }
 
-    /// Releases every resource of the VM (disconnect).
-    pub fn release_all(&self) {
-        self.lock().ctrl.reset();
+    /// The VMM went away: releases every resource of the VM and the
+    /// mapping of its memory. The device object itself lives on for the
+    /// next connection, so handle generations keep advancing and handles
+    /// from an earlier connection never resolve again.
+    pub fn disconnected(&self) {
+        let mut st = self.lock();
+        st.ctrl.reset();
+        st.ctrl.set_features(0);
+        st.ctrl.set_ram(RamMap::default());
+        st.mem = None;
+        st.port_active_sent = false;
+        self.event_idx.store(false, Ordering::Relaxed);
     }
 
-    /// Stops the worker threads of this device.
+    /// Stops the worker threads serving the current connection.
     pub fn stop_workers(&self) {
-        let notifiers = self
-            .exit_notifiers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let notifiers = std::mem::take(
+            &mut *self
+                .exit_notifiers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
         for n in notifiers.iter() {
             if let Err(e) = n.notify() {
                 warn!("cannot signal worker exit: {e}");
@@ -214,7 +225,12 @@ fn handle_chain(ctrl: &mut Ctrl, mem: &Mem, chain: DescriptorChain<Mem>) -> u32 
     let mut writable = Vec::new();
     let mut total_r = 0usize;
     let mut total_w = 0usize;
+    let mut truncated = false;
     for desc in chain {
+        // The iterator ends silently on a loop (its TTL runs out), an index
+        // past the table or an unreadable descriptor; a chain whose last
+        // descriptor still says NEXT was cut short that way.
+        truncated = desc.has_next();
         let len = desc.len() as usize;
         if desc.is_write_only() {
             total_w = total_w.saturating_add(len);
@@ -229,7 +245,7 @@ fn handle_chain(ctrl: &mut Ctrl, mem: &Mem, chain: DescriptorChain<Mem>) -> u32 
             readable.push((desc.addr(), len));
         }
     }
-    if total_r > MAX_REQUEST_BYTES || total_w < ResponseHeader::SIZE {
+    if truncated || total_r > MAX_REQUEST_BYTES || total_w < ResponseHeader::SIZE {
         ctrl.count_malformed();
         return 0;
     }
@@ -276,14 +292,16 @@ fn scatter(mem: &Mem, writable: &[(GuestAddress, usize)], data: &[u8]) -> u32 {
 fn write_event(mem: &Mem, chain: DescriptorChain<Mem>, ev: &Event) -> bool {
     let mut writable = Vec::new();
     let mut total = 0usize;
+    let mut truncated = false;
     for desc in chain {
+        truncated = desc.has_next();
         if !desc.is_write_only() {
             return false;
         }
         total = total.saturating_add(desc.len() as usize);
         writable.push((desc.addr(), desc.len() as usize));
     }
-    if total < Event::SIZE || writable.iter().any(|&(a, l)| !mem.check_range(a, l)) {
+    if truncated || total < Event::SIZE || writable.iter().any(|&(a, l)| !mem.check_range(a, l)) {
         return false;
     }
     scatter(mem, &writable, &ev.to_bytes()) as usize == Event::SIZE

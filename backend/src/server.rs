@@ -56,7 +56,7 @@ pub struct VmStats {
 
 struct VmSlot {
     path: PathBuf,
-    device: Mutex<Option<Arc<RdmaDevice>>>,
+    device: Arc<RdmaDevice>,
     shutdown: Mutex<Option<ShutdownHandle>>,
     connected: AtomicBool,
     connections: AtomicU64,
@@ -103,7 +103,12 @@ impl Daemon {
             })?;
             let slot = Arc::new(VmSlot {
                 path: path.clone(),
-                device: Mutex::new(None),
+                device: Arc::new(RdmaDevice::new(
+                    config.limits,
+                    config.device_features,
+                    rnic.clone(),
+                    port_identity(index),
+                )),
                 shutdown: Mutex::new(None),
                 connected: AtomicBool::new(false),
                 connections: AtomicU64::new(0),
@@ -111,8 +116,6 @@ impl Daemon {
             let ctx = ServeCtx {
                 slot: slot.clone(),
                 stop: stop.clone(),
-                rnic: rnic.clone(),
-                config: config.clone(),
                 index,
             };
             let t = thread::Builder::new()
@@ -134,14 +137,10 @@ impl Daemon {
     /// Statistics of the VM on socket `index`.
     pub fn vm_stats(&self, index: usize) -> Option<VmStats> {
         let slot = self.slots.get(index)?;
-        let device = lock(&slot.device)
-            .as_ref()
-            .map(|d| d.stats())
-            .unwrap_or_default();
         Some(VmStats {
             connected: slot.connected.load(Ordering::Acquire),
             connections: slot.connections.load(Ordering::Acquire),
-            device,
+            device: slot.device.stats(),
         })
     }
 
@@ -179,8 +178,6 @@ impl Daemon {
 struct ServeCtx {
     slot: Arc<VmSlot>,
     stop: Arc<AtomicBool>,
-    rnic: Arc<dyn Rnic>,
-    config: DaemonConfig,
     index: usize,
 }
 
@@ -201,12 +198,7 @@ impl ServeCtx {
     }
 
     fn serve_one(&self, listener: &mut Listener) -> Result<(), BackendError> {
-        let device = Arc::new(RdmaDevice::new(
-            self.config.limits,
-            self.config.device_features,
-            self.rnic.clone(),
-            port_identity(self.index),
-        ));
+        let device = self.slot.device.clone();
         let mut daemon = VhostUserDaemon::new(
             format!("vhost-user-rdma-vm{}", self.index),
             device.clone(),
@@ -217,7 +209,6 @@ impl ServeCtx {
             device.stop_workers();
             return Err(e);
         }
-        *lock(&self.slot.device) = Some(device.clone());
         *lock(&self.slot.shutdown) = daemon.shutdown_handle();
         self.slot.connected.store(true, Ordering::Release);
         let n = self.slot.connections.fetch_add(1, Ordering::AcqRel) + 1;
@@ -235,7 +226,7 @@ impl ServeCtx {
         }
         lock(&self.slot.shutdown).take();
         device.stop_workers();
-        device.release_all();
+        device.disconnected();
         self.slot.connected.store(false, Ordering::Release);
         info!("VM {}: VMM disconnected, resources released", self.index);
         Ok(())

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)]
 //! Every control verb through the real vhost-user socket: the happy paths,
 //! what each returns, page lists in every mode, and the QP state machine.
 

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)]
 //! Connections, disconnects, resets, and the daemon binary itself.
 
 use std::path::PathBuf;

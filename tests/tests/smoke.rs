@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)]
 //! The daemon answers a control command through the real socket.
 
 use vhost_user_rdma_tests::harness::TestDaemon;

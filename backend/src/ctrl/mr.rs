@@ -73,7 +73,7 @@ impl Ctrl {
             return Err(field::<RegMrReq>(Status::RANGE, "length"));
         }
         if req.iova.checked_add(req.length).is_none() {
-            return Err(field::<RegMrReq>(Status::INVALID, "iova"));
+            return Err(field::<RegMrReq>(Status::INVALID, "length"));
         }
         if self.res.registered_bytes.saturating_add(req.length) > self.limits.max_mr_bytes {
             return Err(CmdError::new(Status::QUOTA, quota::MR_BYTES));

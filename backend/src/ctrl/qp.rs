@@ -12,7 +12,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 use super::ctx::check_av;
 use super::mr::check_access;
-use super::parse::{depth, destroy_error, field, fixed, with_list};
+use super::parse::{depth, destroy_error, field, fixed, shift_plausible, with_list};
 use super::{quota, CmdError, CmdResult, Ctrl};
 use crate::resources::qp_state::rule;
 use crate::resources::Qp;
@@ -85,6 +85,12 @@ impl Ctrl {
         } else {
             depth::<R>(req.rq_depth, l.max_qp_wr, "rq_depth")?;
         }
+        if req.max_send_sge == 0 {
+            return Err(field::<R>(Status::INVALID, "max_send_sge"));
+        }
+        if req.max_recv_sge == 0 && req.srq_handle == 0 {
+            return Err(field::<R>(Status::INVALID, "max_recv_sge"));
+        }
         if req.max_send_sge > l.max_send_sge {
             return Err(field::<R>(Status::RANGE, "max_send_sge"));
         }
@@ -93,6 +99,10 @@ impl Ctrl {
         }
         if req.max_inline_data > l.max_inline_data {
             return Err(field::<R>(Status::RANGE, "max_inline_data"));
+        }
+        if !shift_plausible(req.buf.page_shift) {
+            // Checked before the layout, which depends on the page size.
+            return Err(field::<R>(Status::INVALID, "buf.page_shift"));
         }
         let layout = qp_buffer_layout(
             req.sq_depth,
