@@ -218,7 +218,13 @@ pub struct DaemonConfig {
     pub limits: Limits,
     /// Device feature bits offered to drivers.
     pub device_features: u64,
+    /// How long a control-queue worker keeps polling for more requests
+    /// after a batch before it sleeps (0: never polls).
+    pub ctrl_poll: std::time::Duration,
 }
+
+/// Default control-queue polling window.
+pub const DEFAULT_CTRL_POLL: std::time::Duration = std::time::Duration::from_micros(50);
 
 impl DaemonConfig {
     /// A configuration serving `sockets` with default limits.
@@ -228,6 +234,7 @@ impl DaemonConfig {
             limits: Limits::default(),
             // Shared-memory doorbells arrive with the data path.
             device_features: ALL_DEVICE_FEATURES & !F_SHMEM_DOORBELL,
+            ctrl_poll: DEFAULT_CTRL_POLL,
         }
     }
 
@@ -240,6 +247,14 @@ impl DaemonConfig {
             if self.sockets[..i].contains(s) {
                 return Err(ConfigError::DuplicateSocket(s.clone()));
             }
+        }
+        if self.ctrl_poll > std::time::Duration::from_millis(10) {
+            return Err(ConfigError::LimitOutOfRange {
+                name: "ctrl-poll-us",
+                value: u64::try_from(self.ctrl_poll.as_micros()).unwrap_or(u64::MAX),
+                min: 0,
+                max: 10_000,
+            });
         }
         self.limits.validate()
     }

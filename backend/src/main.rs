@@ -51,6 +51,10 @@ struct Args {
     /// Per-VM maximum of registered bytes over all memory regions.
     #[arg(long)]
     max_mr_bytes: Option<u64>,
+    /// Microseconds a control-queue worker keeps polling for more requests
+    /// after a batch before it sleeps (0 disables polling).
+    #[arg(long)]
+    ctrl_poll_us: Option<u64>,
 }
 
 impl TryFrom<Args> for DaemonConfig {
@@ -73,10 +77,13 @@ impl TryFrom<Args> for DaemonConfig {
             max_mr_bytes: a.max_mr_bytes.unwrap_or(d.max_mr_bytes),
             ..d
         };
-        let config = DaemonConfig {
+        let mut config = DaemonConfig {
             limits,
             ..DaemonConfig::new(a.socket_path)
         };
+        if let Some(us) = a.ctrl_poll_us {
+            config.ctrl_poll = std::time::Duration::from_micros(us);
+        }
         config.validate()?;
         Ok(config)
     }

@@ -106,6 +106,7 @@ impl Daemon {
                 device: Arc::new(RdmaDevice::new(
                     config.limits,
                     config.device_features,
+                    config.ctrl_poll,
                     rnic.clone(),
                     port_identity(index),
                 )),

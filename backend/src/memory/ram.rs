@@ -7,6 +7,9 @@ use std::cell::Cell;
 
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
+/// Up to this many regions, lookups scan them all without branching.
+const SCAN_REGIONS: usize = 8;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Region {
     start: u64,
@@ -59,6 +62,16 @@ impl RamMap {
         let Some(end) = gpa.checked_add(len) else {
             return false;
         };
+        if self.regions.len() <= SCAN_REGIONS {
+            // Guests typically have RAM below and above 4 GiB, and page
+            // lists alternate between them unpredictably: a branch-free scan
+            // of a few regions beats a cached binary search that keeps
+            // mispredicting.
+            return self
+                .regions
+                .iter()
+                .fold(false, |ok, r| ok | ((r.start <= gpa) & (end <= r.end)));
+        }
         if let Some(r) = self.regions.get(self.last_hit.get()) {
             if r.start <= gpa && end <= r.end {
                 return true;
@@ -93,5 +106,19 @@ mod tests {
         assert!(!m.contains(0, 0));
         assert!(!m.contains(0x2_0000_0000, 1));
         assert_eq!(m.total_bytes(), 0x2000_0000);
+    }
+
+    #[test]
+    fn many_regions_use_the_search() {
+        // 20 regions of 1 MiB with 1 MiB holes: beyond the scan threshold.
+        let ranges: Vec<(u64, u64)> = (0..20).map(|i| (i * 0x20_0000, 0x10_0000)).collect();
+        let m = RamMap::from_ranges(&ranges);
+        for i in 0..20u64 {
+            let base = i * 0x20_0000;
+            assert!(m.contains(base, 0x10_0000));
+            assert!(!m.contains(base + 0x10_0000, 1));
+            assert!(!m.contains(base + 0xf_f000, 0x2000));
+        }
+        assert!(m.contains(0x13 * 0x20_0000 + 0x1000, 4096));
     }
 }
