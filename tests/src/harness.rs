@@ -25,6 +25,12 @@ impl TestDaemon {
 
     /// Starts a daemon serving `vms` sockets with `limits`.
     pub fn with_limits(vms: usize, limits: Limits) -> Result<Self> {
+        Self::with_config(vms, |c| c.limits = limits)
+    }
+
+    /// Starts a daemon serving `vms` sockets; `configure` may change the
+    /// configuration (limits, polling) before it starts.
+    pub fn with_config(vms: usize, configure: impl FnOnce(&mut DaemonConfig)) -> Result<Self> {
         let dir = std::env::temp_dir().join(format!(
             "vhost-user-rdma-test-{}-{}",
             std::process::id(),
@@ -35,10 +41,8 @@ impl TestDaemon {
             source,
         })?;
         let sockets: Vec<PathBuf> = (0..vms).map(|i| dir.join(format!("vm{i}.sock"))).collect();
-        let config = DaemonConfig {
-            limits,
-            ..DaemonConfig::new(sockets.clone())
-        };
+        let mut config = DaemonConfig::new(sockets.clone());
+        configure(&mut config);
         let daemon = Daemon::start(config).map_err(|e| Error::Backend(e.to_string()))?;
         Ok(TestDaemon {
             daemon: Some(daemon),

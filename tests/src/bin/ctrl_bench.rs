@@ -73,6 +73,25 @@ struct Args {
     /// Placements to run, comma separated: same, split (default: both).
     #[arg(long, value_delimiter = ',')]
     placement: Vec<String>,
+    /// The daemon's control-queue polling window in microseconds (default:
+    /// the daemon's default; 0 turns adaptive polling off, so the daemon
+    /// sleeps between requests exactly like the echo backend).
+    #[arg(long)]
+    ctrl_poll_us: Option<u64>,
+}
+
+/// The daemon polling window chosen on the command line.
+static CTRL_POLL: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
+
+/// Starts the daemon under test with the chosen polling window.
+fn start_daemon(limits: Limits) -> vhost_user_rdma_tests::Result<TestDaemon> {
+    let poll = CTRL_POLL.get().copied().flatten();
+    TestDaemon::with_config(1, |c| {
+        c.limits = limits;
+        if let Some(p) = poll {
+            c.ctrl_poll = p;
+        }
+    })
 }
 
 /// Effective parameters.
@@ -93,6 +112,7 @@ struct Config {
 
 impl Config {
     fn from_args(a: &Args) -> Res<Self> {
+        let _ = CTRL_POLL.set(a.ctrl_poll_us.map(std::time::Duration::from_micros));
         let iters = a.iters.unwrap_or(if a.quick { 300 } else { 20_000 }).max(1);
         let mr_mib = a.mr_mib.unwrap_or(if a.quick { 64 } else { 1024 });
         if mr_mib == 0 || mr_mib % 2 != 0 {
@@ -405,7 +425,7 @@ fn echo_socket() -> PathBuf {
 fn latency_bench(cfg: &Config, p: Placement, sum: &mut Summary) -> Res<Vec<LatencyRow>> {
     let path = echo_socket();
     let (daemon, echo): (TestDaemon, EchoHandle) = p.launch(|| {
-        let d = TestDaemon::start(1)?;
+        let d = start_daemon(Limits::default())?;
         let e = echo::spawn(&path)?;
         Ok((d, e))
     })?;
@@ -665,7 +685,7 @@ fn qp_bench(cfg: &Config, p: Placement, sum: &mut Summary) -> Res<Vec<QpRun>> {
     };
     let path = echo_socket();
     let (daemon, echo): (TestDaemon, EchoHandle) = p.launch(|| {
-        let d = TestDaemon::with_limits(1, limits)?;
+        let d = start_daemon(limits)?;
         let e = echo::spawn(&path)?;
         Ok((d, e))
     })?;
@@ -933,7 +953,7 @@ fn time_n<T>(n: usize, mut f: impl FnMut() -> Res<T>) -> Res<Vec<u64>> {
 }
 
 fn mr_bench(cfg: &Config, p: Placement, sum: &mut Summary) -> Res<Vec<MrRow>> {
-    let daemon = p.launch(|| Ok(TestDaemon::start(1)?))?;
+    let daemon = p.launch(|| Ok(start_daemon(Limits::default())?))?;
     let region0 = (2 * GIB).max(cfg.mr_bytes + 512 * MIB);
     let opts = VmmOptions {
         mem: MemLayout::two_regions(region0, (cfg.mr_bytes / 2).max(64 * MIB)),
