@@ -16,6 +16,8 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 echo "== cargo test"
-cargo test --workspace --locked 2>&1 | tee target/test-output.txt
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+cargo test --workspace --locked 2>&1 | tee "$out"
 # One line of totals for humans and CI.
-awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed\n", p, f }' target/test-output.txt
+awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed\n", p, f }' "$out"
