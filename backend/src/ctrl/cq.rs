@@ -36,7 +36,7 @@ impl Ctrl {
                 ring,
                 users: 0,
             })
-            .map_err(|_| CmdError::new(Status::NO_MEMORY, u32::MAX))?;
+            .map_err(|_| CmdError::no_memory())?;
         Ok(CqHandleResp { cq_handle }.to_bytes())
     }
 

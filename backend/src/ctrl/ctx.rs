@@ -41,7 +41,7 @@ impl Ctrl {
             .res
             .ctxs
             .insert(Context::default())
-            .map_err(|_| CmdError::new(Status::NO_MEMORY, u32::MAX))?;
+            .map_err(|_| CmdError::no_memory())?;
         Ok(CreateCtxResp {
             ctx_handle,
             doorbell_page: u32::MAX,
@@ -72,7 +72,7 @@ impl Ctrl {
                 ctx: req.ctx_handle,
                 users: 0,
             })
-            .map_err(|_| CmdError::new(Status::NO_MEMORY, u32::MAX))?;
+            .map_err(|_| CmdError::no_memory())?;
         Ok(PdHandleResp { pd_handle }.to_bytes())
     }
 
@@ -89,12 +89,7 @@ impl Ctrl {
             return Err(CmdError::new(Status::UNSUPPORTED, Opcode::CREATE_AH.into()));
         }
         let req: CreateAhReq = fixed(payload)?;
-        let ctx = self
-            .res
-            .pds
-            .get(req.pd_handle)
-            .map(|pd| pd.ctx)
-            .ok_or_else(|| field::<CreateAhReq>(Status::BAD_HANDLE, "pd_handle"))?;
+        let ctx = self.pd_ctx::<CreateAhReq>(req.pd_handle)?;
         if self.res.ahs.len() >= self.limits.max_ah as usize {
             return Err(CmdError::new(Status::QUOTA, quota::AH));
         }
@@ -111,7 +106,7 @@ impl Ctrl {
                 port: req.port,
                 av: req.av,
             })
-            .map_err(|_| CmdError::new(Status::NO_MEMORY, u32::MAX))?;
+            .map_err(|_| CmdError::no_memory())?;
         if let Some(pd) = self.res.pds.get_mut(req.pd_handle) {
             pd.users += 1;
         }

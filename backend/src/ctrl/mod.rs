@@ -44,6 +44,11 @@ impl CmdError {
     pub fn new(status: Status, detail: u32) -> Self {
         CmdError { status, detail }
     }
+
+    /// Host resources ran out (a table is full).
+    pub fn no_memory() -> Self {
+        CmdError::new(Status::NO_MEMORY, DETAIL_NONE)
+    }
 }
 
 /// Result of a command handler: the response payload.
@@ -124,6 +129,16 @@ impl Ctrl {
     /// Notes a chain that could not be answered.
     pub fn count_malformed(&mut self) {
         self.stats.malformed += 1;
+    }
+
+    /// The context of PD `pd`, or `BAD_HANDLE` naming the `pd_handle`
+    /// field of `T`.
+    fn pd_ctx<T: Wire>(&self, pd: u32) -> Result<u32, CmdError> {
+        self.res
+            .pds
+            .get(pd)
+            .map(|p| p.ctx)
+            .ok_or_else(|| parse::field::<T>(Status::BAD_HANDLE, "pd_handle"))
     }
 
     fn has(&self, feature: u64) -> bool {

@@ -52,12 +52,7 @@ impl Ctrl {
 
     pub(super) fn reg_mr<M: Bytes<GuestAddress>>(&mut self, mem: &M, payload: &[u8]) -> CmdResult {
         let (req, list) = with_list::<RegMrReq>(payload)?;
-        let ctx = self
-            .res
-            .pds
-            .get(req.pd_handle)
-            .map(|pd| pd.ctx)
-            .ok_or_else(|| field::<RegMrReq>(Status::BAD_HANDLE, "pd_handle"))?;
+        let ctx = self.pd_ctx::<RegMrReq>(req.pd_handle)?;
         if self.res.mrs.len() >= self.limits.max_mr as usize {
             return Err(CmdError::new(Status::QUOTA, quota::MR));
         }
@@ -111,7 +106,7 @@ impl Ctrl {
                 rkey,
                 pages,
             })
-            .map_err(|_| CmdError::new(Status::NO_MEMORY, u32::MAX))?;
+            .map_err(|_| CmdError::no_memory())?;
         self.res.lkeys.insert(lkey, mr_handle);
         if rkey != 0 {
             self.res.rkeys.insert(rkey, mr_handle);

@@ -31,12 +31,7 @@ impl Ctrl {
     ) -> CmdResult {
         type R = CreateQpReq;
         let (req, list) = with_list::<R>(payload)?;
-        let ctx = self
-            .res
-            .pds
-            .get(req.pd_handle)
-            .map(|pd| pd.ctx)
-            .ok_or_else(|| field::<R>(Status::BAD_HANDLE, "pd_handle"))?;
+        let ctx = self.pd_ctx::<R>(req.pd_handle)?;
         let qp_type =
             QpType::from_u32(req.qp_type).ok_or_else(|| field::<R>(Status::INVALID, "qp_type"))?;
         if qp_type == QpType::UD && !self.has(F_UD) {
@@ -116,7 +111,7 @@ impl Ctrl {
             u32::try_from(layout.rq_offset).map_err(|_| field::<R>(Status::RANGE, "sq_depth"))?;
         let ring = self.queue_memory::<R, Mem>(mem, &req.buf, list, layout.total, req.db_gpa)?;
         let qpn = self.rnic.alloc_qpn().map_err(|e| match e {
-            RnicError::QpnExhausted => CmdError::new(Status::NO_MEMORY, u32::MAX),
+            RnicError::QpnExhausted => CmdError::no_memory(),
             RnicError::Random => CmdError::new(Status::INTERNAL, u32::MAX),
         })?;
         let qp = Qp {
@@ -143,7 +138,7 @@ impl Ctrl {
             Ok(h) => h,
             Err(_) => {
                 self.rnic.free_qpn(qpn);
-                return Err(CmdError::new(Status::NO_MEMORY, u32::MAX));
+                return Err(CmdError::no_memory());
             }
         };
         if let Some(pd) = self.res.pds.get_mut(req.pd_handle) {

@@ -27,12 +27,7 @@ impl Ctrl {
     ) -> CmdResult {
         self.need_srq(Opcode::CREATE_SRQ)?;
         let (req, list) = with_list::<CreateSrqReq>(payload)?;
-        let ctx = self
-            .res
-            .pds
-            .get(req.pd_handle)
-            .map(|pd| pd.ctx)
-            .ok_or_else(|| field::<CreateSrqReq>(Status::BAD_HANDLE, "pd_handle"))?;
+        let ctx = self.pd_ctx::<CreateSrqReq>(req.pd_handle)?;
         if self.res.srqs.len() >= self.limits.max_srq as usize {
             return Err(CmdError::new(Status::QUOTA, quota::SRQ));
         }
@@ -63,7 +58,7 @@ impl Ctrl {
                 ring,
                 users: 0,
             })
-            .map_err(|_| CmdError::new(Status::NO_MEMORY, u32::MAX))?;
+            .map_err(|_| CmdError::no_memory())?;
         if let Some(pd) = self.res.pds.get_mut(req.pd_handle) {
             pd.users += 1;
         }
