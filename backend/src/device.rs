@@ -394,6 +394,8 @@ impl VhostUserBackend for RdmaDevice {
 
     fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
         let start = offset as usize;
+        // vhost-user carries at most a page of configuration space.
+        let size = size.min(4096);
         if start >= self.config.len() {
             return Vec::new();
         }
