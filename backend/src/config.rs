@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 use virtio_rdma_abi::config::{DeviceConfig, ALL_DEVICE_FEATURES, F_SHMEM_DOORBELL};
-use virtio_rdma_abi::mem::{MAX_PAGE_SHIFT, MIN_PAGE_SHIFT};
+use virtio_rdma_abi::mem::{send_wqe_shift, MAX_PAGE_SHIFT, MIN_PAGE_SHIFT};
 use virtio_rdma_abi::ABI_VERSION;
 
 use crate::resources::handle::MAX_SLOTS;
@@ -29,6 +29,18 @@ pub enum ConfigError {
         min: u64,
         /// Largest allowed value.
         max: u64,
+    },
+    /// Device feature bits this implementation cannot offer.
+    #[error("device feature bits {0:#x} are not implemented")]
+    UnsupportedFeatures(u64),
+    /// A send queue of the largest depth and stride would not fit the
+    /// 32-bit ring offsets of the ABI.
+    #[error("max-qp-wr {depth} with {stride}-byte send WQEs needs more than 2 GiB of ring")]
+    RingTooLarge {
+        /// `max_qp_wr`.
+        depth: u32,
+        /// Send WQE stride from `max_send_sge` and `max_inline_data`.
+        stride: u64,
     },
     /// A limit that must be a power of two is not.
     #[error("{name} = {value} must be a power of two")]
@@ -154,9 +166,18 @@ impl Limits {
         range("max-qp-rd-atom", u64::from(self.max_qp_rd_atom), 1, 255)?;
         range("max-mr-size", self.max_mr_size, 4096, 1 << 46)?;
         range("max-mr-bytes", self.max_mr_bytes, 4096, 1 << 50)?;
-        if self.page_size_cap & (1 << MIN_PAGE_SHIFT) == 0 {
+        let stride = 1u64 << send_wqe_shift(self.max_send_sge, self.max_inline_data);
+        if u64::from(self.max_qp_wr) * stride > 1 << 31 {
+            return Err(ConfigError::RingTooLarge {
+                depth: self.max_qp_wr,
+                stride,
+            });
+        }
+        let valid_pages = ((1u64 << (MAX_PAGE_SHIFT + 1)) - 1) & !((1u64 << MIN_PAGE_SHIFT) - 1);
+        if self.page_size_cap & !valid_pages != 0 || self.page_size_cap & (1 << MIN_PAGE_SHIFT) == 0
+        {
             return Err(ConfigError::LimitOutOfRange {
-                name: "page-size-cap (4 KiB pages must be allowed)",
+                name: "page-size-cap (only 4 KiB to 1 GiB pages, 4 KiB included)",
                 value: self.page_size_cap,
                 min: 1 << MIN_PAGE_SHIFT,
                 max: u64::MAX,
@@ -248,6 +269,12 @@ impl DaemonConfig {
                 return Err(ConfigError::DuplicateSocket(s.clone()));
             }
         }
+        let offerable = ALL_DEVICE_FEATURES & !F_SHMEM_DOORBELL;
+        if self.device_features & !offerable != 0 {
+            return Err(ConfigError::UnsupportedFeatures(
+                self.device_features & !offerable,
+            ));
+        }
         if self.ctrl_poll > std::time::Duration::from_millis(10) {
             return Err(ConfigError::LimitOutOfRange {
                 name: "ctrl-poll-us",
@@ -289,6 +316,26 @@ mod tests {
         assert!(matches!(
             l.validate(),
             Err(ConfigError::LimitOutOfRange { name: "max-qp", .. })
+        ));
+        let l = Limits {
+            max_qp_wr: 1 << 22,
+            max_send_sge: 30,
+            ..Limits::default()
+        };
+        assert!(matches!(
+            l.validate(),
+            Err(ConfigError::RingTooLarge { .. })
+        ));
+        let l = Limits {
+            page_size_cap: Limits::default().page_size_cap | 1 << 31,
+            ..Limits::default()
+        };
+        assert!(l.validate().is_err());
+        let mut c = DaemonConfig::new(vec!["/a".into()]);
+        c.device_features |= virtio_rdma_abi::config::F_SHMEM_DOORBELL;
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::UnsupportedFeatures(8))
         ));
         let c = DaemonConfig::new(vec!["/a".into(), "/a".into()]);
         assert!(matches!(c.validate(), Err(ConfigError::DuplicateSocket(_))));

@@ -59,7 +59,6 @@ type Mem = GuestMemoryLoadGuard<GuestMemoryMmap<()>>;
 struct State {
     ctrl: Ctrl,
     mem: Option<GuestMemoryAtomic<GuestMemoryMmap<()>>>,
-    port_active_sent: bool,
 }
 
 /// A snapshot of one device's state, for statistics and leak checks.
@@ -92,12 +91,11 @@ impl RdmaDevice {
         rnic: Arc<dyn Rnic>,
         port: PortIdentity,
     ) -> Self {
+        let mut ctrl = Ctrl::new(limits, rnic, port);
+        // The port is up from the start; the event waits for a buffer.
+        ctrl.events.push(EventKind::PORT_ACTIVE, 1, 0);
         RdmaDevice {
-            state: Mutex::new(State {
-                ctrl: Ctrl::new(limits, rnic, port),
-                mem: None,
-                port_active_sent: false,
-            }),
+            state: Mutex::new(State { ctrl, mem: None }),
             config: limits.device_config().to_bytes(),
             device_features,
             event_idx: AtomicBool::new(false),
@@ -132,7 +130,7 @@ impl RdmaDevice {
         st.ctrl.set_features(0);
         st.ctrl.set_ram(RamMap::default());
         st.mem = None;
-        st.port_active_sent = false;
+        st.ctrl.events.push(EventKind::PORT_ACTIVE, 1, 0);
         self.event_idx.store(false, Ordering::Relaxed);
     }
 
@@ -220,14 +218,23 @@ impl RdmaDevice {
         let mut st = self.lock();
         let mut delivered = false;
         while let Some(ev) = st.ctrl.events.pop() {
-            let chain = match vring
+            // Bind first: the queue guard must be gone before the arms
+            // below touch the vring again.
+            let next = vring
                 .get_mut()
                 .get_queue_mut()
-                .pop_descriptor_chain(mem.clone())
-            {
+                .pop_descriptor_chain(mem.clone());
+            let chain = match next {
                 Some(c) => c,
                 None => {
                     st.ctrl.events.unpop(ev);
+                    // Out of buffers with events waiting: ask to be kicked
+                    // when the driver posts more (with EVENT_IDX the driver
+                    // only kicks past the index we publish here). If some
+                    // arrived meanwhile, go round again.
+                    if vring.enable_notification().map_err(io::Error::other)? {
+                        continue;
+                    }
                     break;
                 }
             };
@@ -385,7 +392,7 @@ impl VhostUserBackend for RdmaDevice {
     fn reset_device(&self) {
         let mut st = self.lock();
         st.ctrl.reset();
-        st.port_active_sent = false;
+        st.ctrl.events.push(EventKind::PORT_ACTIVE, 1, 0);
     }
 
     fn set_event_idx(&self, enabled: bool) {
@@ -453,13 +460,8 @@ impl VhostUserBackend for RdmaDevice {
         };
         match device_event {
             CONTROLQ => self.process_controlq(ctrlq, &mem)?,
-            EVENTQ => {
-                let mut st = self.lock();
-                if !st.port_active_sent {
-                    st.port_active_sent = true;
-                    st.ctrl.events.push(EventKind::PORT_ACTIVE, 1, 0);
-                }
-            }
+            // New event buffers: delivery below.
+            EVENTQ => {}
             // The notification queue belongs to the data path; a kick on it
             // has nothing to do yet.
             2 => return Ok(()),

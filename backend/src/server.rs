@@ -18,6 +18,7 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use crate::config::{ConfigError, DaemonConfig};
 use crate::ctrl::PortIdentity;
 use crate::device::{DeviceStats, RdmaDevice};
+use crate::keys::KeySource;
 use crate::rnic::soft::SoftRnic;
 use crate::rnic::{Rnic, RnicError};
 
@@ -72,7 +73,7 @@ pub struct Daemon {
 
 /// The GID of VM `index`: an IPv4-mapped address 10.42.x.y. It is only a
 /// label inside the daemon's virtual network; tenancy policy replaces it.
-fn port_identity(index: usize) -> PortIdentity {
+fn port_identity(index: usize, keys: &mut KeySource) -> Result<PortIdentity, RnicError> {
     let n = (index + 1) as u32;
     let mut gid = [0u8; 16];
     gid[10] = 0xff;
@@ -81,7 +82,11 @@ fn port_identity(index: usize) -> PortIdentity {
     gid[13] = 42;
     gid[14] = (n >> 8) as u8;
     gid[15] = n as u8;
-    PortIdentity { gid }
+    let hi = keys.next_u32().map_err(|_| RnicError::Random)?;
+    let lo = keys.next_u32().map_err(|_| RnicError::Random)?;
+    // A locally administered, unicast EUI-64.
+    let guid = ((u64::from(hi) << 32) | u64::from(lo)) & !(1 << 56) | (1 << 57);
+    Ok(PortIdentity { gid, guid })
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -94,6 +99,7 @@ impl Daemon {
         config.validate()?;
         let rnic: Arc<dyn Rnic> = Arc::new(SoftRnic::new()?);
         let stop = Arc::new(AtomicBool::new(false));
+        let mut keys = KeySource::new();
         let mut slots = Vec::new();
         let mut threads = Vec::new();
         for (index, path) in config.sockets.iter().enumerate() {
@@ -108,7 +114,7 @@ impl Daemon {
                     config.device_features,
                     config.ctrl_poll,
                     rnic.clone(),
-                    port_identity(index),
+                    port_identity(index, &mut keys)?,
                 )),
                 shutdown: Mutex::new(None),
                 connected: AtomicBool::new(false),

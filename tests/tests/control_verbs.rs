@@ -52,10 +52,12 @@ fn config_and_queries() {
     assert_eq!(&gid0.gid[..12], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]);
     drop(v);
 
-    // Another VM has another GID.
+    // Another VM has another GID and another GUID.
     let mut vm1 = d.connect(1).unwrap();
-    let gid1 = Verbs::new(&mut vm1).query_gid(1, 0).unwrap();
+    let mut v1 = Verbs::new(&mut vm1);
+    let gid1 = v1.query_gid(1, 0).unwrap();
     assert_ne!(gid0.gid, gid1.gid);
+    assert_ne!(v1.query_device().unwrap().node_guid, dev.node_guid);
 }
 
 #[test]
@@ -665,4 +667,68 @@ fn many_commands_in_flight() {
     handles.dedup();
     assert_eq!(handles.len(), 64);
     assert_eq!(d.stats(0).device.resources.pd, 64);
+}
+
+#[test]
+fn held_events_reach_an_event_idx_driver() {
+    // With EVENT_IDX a driver only notifies past the index the device
+    // publishes; events held for lack of buffers must still arrive as soon
+    // as buffers are posted, without any other activity.
+    let d = TestDaemon::start(1).unwrap();
+    let mut vm = d
+        .connect_with(
+            0,
+            VmmOptions {
+                event_idx: true,
+                event_buffers: 1,
+                ..VmmOptions::default()
+            },
+        )
+        .unwrap();
+    vm.events().set_auto_repost(false);
+    let first = vm
+        .events()
+        .next_event(Duration::from_secs(5))
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.kind, EventKind::PORT_ACTIVE as u32);
+    let qp = {
+        let mut v = Verbs::new(&mut vm);
+        let ctx = v.create_ctx().unwrap();
+        let pd = v.alloc_pd(ctx).unwrap();
+        let cq = v.create_cq(ctx, 64).unwrap();
+        let qp = v.create_qp(&QpInit::rc(pd, cq)).unwrap();
+        v.connect_rc(qp.handle, 9, [1; 16]).unwrap();
+        for _ in 0..3 {
+            v.modify_qp(
+                qp.handle,
+                attr::STATE | attr::EN_SQD_ASYNC_NOTIFY,
+                &QpAttr {
+                    en_sqd_async_notify: 1,
+                    ..to(QpState::SQD)
+                },
+            )
+            .unwrap();
+            v.modify_qp(qp.handle, attr::STATE, &to(QpState::RTS))
+                .unwrap();
+        }
+        qp
+    };
+    assert_eq!(
+        vm.events().try_next_event().unwrap(),
+        None,
+        "no buffer, nothing delivered yet"
+    );
+    vm.events().post_buffers(3).unwrap();
+    for seq in 2..=4 {
+        let ev = vm
+            .events()
+            .next_event(Duration::from_secs(5))
+            .unwrap()
+            .expect("held event not delivered");
+        assert_eq!(
+            (ev.kind, ev.handle, ev.seq),
+            (EventKind::QP_SQ_DRAINED as u32, qp.handle, seq)
+        );
+    }
 }

@@ -72,6 +72,9 @@ pub struct CtrlStats {
 pub struct PortIdentity {
     /// The VM's GID (table index 0).
     pub gid: [u8; 16],
+    /// GUID of this device instance (node and system image GUID): one per
+    /// VM, so guests cannot tell that they share a host.
+    pub guid: u64,
 }
 
 /// Per-VM control state.

@@ -30,8 +30,8 @@ impl Ctrl {
         let caps = self.rnic.caps();
         Ok(DeviceAttr {
             fw_version: fw_version(),
-            node_guid: caps.node_guid,
-            sys_image_guid: caps.node_guid,
+            node_guid: self.port.guid,
+            sys_image_guid: self.port.guid,
             max_mr_size: l.max_mr_size,
             max_mr_bytes: l.max_mr_bytes,
             page_size_cap: l.page_size_cap,
