@@ -149,7 +149,12 @@ impl RdmaDevice {
         }
     }
 
-    fn process_controlq(&self, vring: &VringRwLock, mem: &Mem) -> io::Result<()> {
+    fn process_controlq(
+        &self,
+        vring: &VringRwLock,
+        eventq: &VringRwLock,
+        mem: &Mem,
+    ) -> io::Result<()> {
         loop {
             // No kicks while we are awake and looking at the ring anyway.
             vring.disable_notification().map_err(io::Error::other)?;
@@ -174,6 +179,9 @@ impl RdmaDevice {
                 }
                 drop(st);
                 signal(vring)?;
+                // Commands may have raised events; deliver them now rather
+                // than when the worker stops polling.
+                self.deliver_events(eventq, mem)?;
             }
             if self.poll_for_more(vring, mem) {
                 continue;
@@ -215,6 +223,9 @@ impl RdmaDevice {
     }
 
     fn deliver_events(&self, vring: &VringRwLock, mem: &Mem) -> io::Result<()> {
+        if !vring.get_ref().is_enabled() {
+            return Ok(());
+        }
         let mut st = self.lock();
         let mut delivered = false;
         while let Some(ev) = st.ctrl.events.pop() {
@@ -459,7 +470,7 @@ impl VhostUserBackend for RdmaDevice {
             return Ok(());
         };
         match device_event {
-            CONTROLQ => self.process_controlq(ctrlq, &mem)?,
+            CONTROLQ => self.process_controlq(ctrlq, eventq, &mem)?,
             // New event buffers: delivery below.
             EVENTQ => {}
             // The notification queue belongs to the data path; a kick on it
@@ -467,9 +478,6 @@ impl VhostUserBackend for RdmaDevice {
             2 => return Ok(()),
             other => return Err(DeviceError::UnknownQueue(other).into()),
         }
-        if eventq.get_ref().is_enabled() {
-            self.deliver_events(eventq, &mem)?;
-        }
-        Ok(())
+        self.deliver_events(eventq, &mem)
     }
 }

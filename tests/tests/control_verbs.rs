@@ -673,8 +673,10 @@ fn many_commands_in_flight() {
 fn held_events_reach_an_event_idx_driver() {
     // With EVENT_IDX a driver only notifies past the index the device
     // publishes; events held for lack of buffers must still arrive as soon
-    // as buffers are posted, without any other activity.
-    let d = TestDaemon::start(1).unwrap();
+    // as buffers are posted, without any other activity. Control-queue
+    // polling is off so the device worker goes back to sleep right after
+    // each command, which is the case that needs the device to re-arm.
+    let d = TestDaemon::with_config(1, |c| c.ctrl_poll = Duration::ZERO).unwrap();
     let mut vm = d
         .connect_with(
             0,
@@ -719,6 +721,9 @@ fn held_events_reach_an_event_idx_driver() {
         None,
         "no buffer, nothing delivered yet"
     );
+    // Not a synchronisation: it only lets the worker finish its last pass
+    // and park, so that nothing but a kick can bring the buffers to it.
+    std::thread::sleep(Duration::from_millis(20));
     vm.events().post_buffers(3).unwrap();
     for seq in 2..=4 {
         let ev = vm

@@ -18,8 +18,8 @@
 //! for a daemon with small limits or a guest without some features), on a
 //! daemon of its own.
 //!
-//! Cases marked `SPEC DISCREPANCY` assert what the spec says and fail against
-//! the daemon as it is; the comment names the daemon code that disagrees.
+//! Cases marked `Regression` failed against an earlier daemon; the comment
+//! says what it got wrong.
 
 // A test file: helpers panic on failure like the tests themselves.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -1048,10 +1048,9 @@ fn page_shift_out_of_range() {
     });
 }
 
-/// SPEC DISCREPANCY (expected to fail): backend/src/ctrl/qp.rs computes the
-/// QP buffer layout with the guest's page_shift and reports RANGE, detail 24
-/// (`sq_depth`) when `rq_offset` does not fit 32 bits, before the page list
-/// rules run. Spec 10.3 rule 2: INVALID, detail B + 16 = 72.
+/// Regression: the daemon computed the QP buffer layout with the guest's
+/// page_shift and reported RANGE, detail 24 (`sq_depth`), before the page
+/// list rules ran. Spec 10.3 rule 2: INVALID, detail B + 16 = 72.
 #[test]
 fn qp_page_shift_out_of_range() {
     hostile(|w| {
@@ -1184,9 +1183,8 @@ fn mr_length_over_max_mr_size() {
     });
 }
 
-/// SPEC DISCREPANCY (expected to fail): backend/src/ctrl/mr.rs reports the
-/// overflow of `iova + length` as INVALID with detail 8 (the offset of
-/// `iova`); spec 12.10 says INVALID, detail 16.
+/// Regression: the daemon reported the overflow of `iova + length` with
+/// detail 8 (the offset of `iova`); spec 12.10 says INVALID, detail 16.
 #[test]
 fn mr_iova_plus_length_overflows() {
     hostile(|w| {
@@ -1365,9 +1363,8 @@ fn create_qp_values_out_of_domain() {
     });
 }
 
-/// SPEC DISCREPANCY (expected to fail): backend/src/ctrl/qp.rs (create_qp)
-/// only checks the upper limit of `max_send_sge` and accepts 0.
-/// Spec 12.12: `max_send_sge` 0 is INVALID, detail 32.
+/// Regression: the daemon accepted `max_send_sge` 0.
+/// Spec 12.12: INVALID, detail 32.
 #[test]
 fn create_qp_max_send_sge_zero() {
     hostile(|w| {
@@ -1383,9 +1380,8 @@ fn create_qp_max_send_sge_zero() {
     });
 }
 
-/// SPEC DISCREPANCY (expected to fail): backend/src/ctrl/qp.rs (create_qp)
-/// only checks the upper limit of `max_recv_sge` and accepts 0 for a QP
-/// with its own receive queue. Spec 12.12: INVALID, detail 36.
+/// Regression: the daemon accepted `max_recv_sge` 0 for a QP with its own
+/// receive queue. Spec 12.12: INVALID, detail 36.
 #[test]
 fn create_qp_max_recv_sge_zero_without_srq() {
     hostile(|w| {
@@ -1838,12 +1834,10 @@ fn descriptor_loop() {
     });
 }
 
-/// SPEC DISCREPANCY (expected to fail): a loop inside the writable part is
-/// not detected. virtio-queue's `DescriptorChain` iterator silently stops
-/// after `queue_size` descriptors, and backend/src/device.rs (handle_chain)
-/// then sees a long but valid-looking writable area and executes the
-/// command. Spec 7.4: a chain that loops is returned with used length 0 and
-/// not executed.
+/// Regression: a loop inside the writable part went undetected, because
+/// virtio-queue's `DescriptorChain` iterator silently stops after
+/// `queue_size` descriptors; the daemon executed the command. Spec 7.4: a
+/// chain that loops is returned with used length 0 and not executed.
 #[test]
 fn descriptor_loop_in_writable_part() {
     hostile(|w| {
@@ -3496,12 +3490,10 @@ fn vmm_disconnects_mid_command() {
     });
 }
 
-/// SPEC DISCREPANCY (expected to fail): backend/src/server.rs (serve_one)
-/// builds a new `RdmaDevice`, with fresh handle tables whose generations
-/// start at 1, for every connection. After a disconnect (a device reset,
-/// spec 15.2) the same handle values come back, so a handle from before the
-/// reset names a new object. Spec 9.1 and 15.1 item 5: generations keep
-/// advancing across a reset; handles from before it do not resolve.
+/// Regression: the daemon built fresh handle tables for every connection,
+/// so after a disconnect the same handle values came back and a handle from
+/// before it named a new object. Spec 9.1 and 15.2: generations keep
+/// advancing; handles from before do not resolve.
 #[test]
 fn handles_from_before_a_reconnect_do_not_resolve() {
     hostile(|w| {
