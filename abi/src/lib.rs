@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod ctrl;
+pub mod datapath;
 pub mod event;
 pub mod mem;
 pub mod qp;

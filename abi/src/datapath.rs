@@ -1,0 +1,339 @@
+//! Data-path formats: doorbell records, work queue entries and completion
+//! queue entries, shared between the driver and the device in guest memory.
+//!
+//! Rings are arrays of fixed-size entries in the queue buffer described at
+//! creation (see [`crate::mem`] for strides and the QP buffer layout).
+//! Producer and consumer indices are free-running 32-bit counters; the slot
+//! of index `i` is `i & (depth - 1)`.
+
+use crate::ctrl::code_enum;
+use crate::wire_struct;
+
+wire_struct! {
+    /// Doorbell record of a QP (64 bytes at `db_gpa`, 64-byte aligned).
+    ///
+    /// The driver owns `sq_pi` and `rq_pi`; the device owns the rest. The
+    /// driver writes WQEs, then stores the new producer index with release
+    /// semantics; the device reads it with acquire semantics and copies each
+    /// WQE out of guest memory before it parses it.
+    pub struct QpDoorbell {
+        /// Send queue producer index (driver).
+        sq_pi: u32,
+        /// Receive queue producer index (driver).
+        rq_pi: u32,
+        /// Must be zero.
+        reserved0: u64,
+        /// Must be zero.
+        reserved1: u64,
+        /// Must be zero.
+        reserved2: u64,
+        /// Send queue consumer index (device): WQEs taken by the device.
+        sq_ci: u32,
+        /// Receive queue consumer index (device): WQEs consumed.
+        rq_ci: u32,
+        /// Device flags, [`DB_FLAG_KICK`].
+        flags: u32,
+        /// Must be zero.
+        reserved3: u32,
+        /// Must be zero.
+        reserved4: u64,
+        /// Must be zero.
+        reserved5: u64,
+    }
+}
+
+wire_struct! {
+    /// Doorbell record of a CQ (64 bytes at `db_gpa`).
+    pub struct CqDoorbell {
+        /// Consumer index (driver): CQEs the driver has consumed.
+        ci: u32,
+        /// Arm request (driver): `arm_seq << 2 | ARM_*`. A new value with a
+        /// different `arm_seq` arms the CQ once.
+        arm: u32,
+        /// Must be zero.
+        reserved0: u64,
+        /// Must be zero.
+        reserved1: u64,
+        /// Must be zero.
+        reserved2: u64,
+        /// Producer index (device): CQEs written.
+        pi: u32,
+        /// `arm_seq` of the last arm request the device consumed (device).
+        armed_seq: u32,
+        /// Device flags (unused for CQs, zero).
+        flags: u32,
+        /// Must be zero.
+        reserved3: u32,
+        /// Must be zero.
+        reserved4: u64,
+        /// Must be zero.
+        reserved5: u64,
+    }
+}
+
+wire_struct! {
+    /// Doorbell record of an SRQ (64 bytes at `db_gpa`).
+    pub struct SrqDoorbell {
+        /// Producer index (driver).
+        pi: u32,
+        /// Must be zero.
+        reserved0: u32,
+        /// Must be zero.
+        reserved1: u64,
+        /// Must be zero.
+        reserved2: u64,
+        /// Must be zero.
+        reserved3: u64,
+        /// Consumer index (device).
+        ci: u32,
+        /// Must be zero.
+        reserved4: u32,
+        /// Device flags, [`DB_FLAG_KICK`].
+        flags: u32,
+        /// Must be zero.
+        reserved5: u32,
+        /// Must be zero.
+        reserved6: u64,
+        /// Must be zero.
+        reserved7: u64,
+    }
+}
+
+/// Byte offset of the driver-owned part of every doorbell record.
+pub const DB_DRIVER_OFFSET: u64 = 0;
+/// Byte offset of the device-owned part of every doorbell record (its own
+/// half cache line, so the two sides do not write the same bytes).
+pub const DB_DEVICE_OFFSET: u64 = 32;
+
+/// Doorbell `flags` bit: the engine is parked; after advancing a producer
+/// index the driver must notify the notification queue.
+pub const DB_FLAG_KICK: u32 = 1 << 0;
+
+/// `CqDoorbell::arm` kind: the next completion of any kind raises an event.
+pub const ARM_NEXT: u32 = 1;
+/// `CqDoorbell::arm` kind: the next solicited (or error) completion raises an event.
+pub const ARM_SOLICITED: u32 = 2;
+
+code_enum! {
+    /// Send work request opcodes.
+    pub enum WrOpcode {
+        /// RDMA WRITE.
+        RDMA_WRITE = 0,
+        /// RDMA WRITE with immediate data.
+        RDMA_WRITE_WITH_IMM = 1,
+        /// SEND.
+        SEND = 2,
+        /// SEND with immediate data.
+        SEND_WITH_IMM = 3,
+        /// RDMA READ.
+        RDMA_READ = 4,
+        /// 8-byte atomic compare and swap.
+        ATOMIC_CMP_AND_SWP = 5,
+        /// 8-byte atomic fetch and add.
+        ATOMIC_FETCH_AND_ADD = 6,
+    }
+}
+
+/// Send WQE flag: generate a completion (always for `QP_FLAG_SIG_ALL` QPs).
+pub const WQE_SIGNALED: u8 = 1 << 0;
+/// Send WQE flag: the receiver's completion is solicited.
+pub const WQE_SOLICITED: u8 = 1 << 1;
+/// Send WQE flag: the data is inline in the WQE instead of SGEs.
+pub const WQE_INLINE: u8 = 1 << 2;
+/// Send WQE flag: wait for earlier RDMA READ and atomics to complete first.
+pub const WQE_FENCE: u8 = 1 << 3;
+
+wire_struct! {
+    /// Fixed header of a send WQE (followed by `num_sge` [`Sge`]s, or by
+    /// `inline_len` bytes of inline data, in the rest of the stride).
+    pub struct SendWqe {
+        /// Returned in the completion.
+        wr_id: u64,
+        /// A [`WrOpcode`].
+        opcode: u8,
+        /// `WQE_*` flags.
+        flags: u8,
+        /// Number of SGEs (0 with `WQE_INLINE`).
+        num_sge: u16,
+        /// Immediate data (`*_WITH_IMM`), network order as given by the application.
+        imm_data: u32,
+        /// Remote address (RDMA and atomics).
+        remote_addr: u64,
+        /// Remote key (RDMA and atomics).
+        rkey: u32,
+        /// Bytes of inline data (`WQE_INLINE`).
+        inline_len: u32,
+        /// Compare value (CMP_AND_SWP) or addend (FETCH_AND_ADD).
+        compare_add: u64,
+        /// Swap value (CMP_AND_SWP).
+        swap: u64,
+        /// Address handle (UD).
+        ah_handle: u32,
+        /// Destination QPN (UD).
+        remote_qpn: u32,
+        /// Q_Key (UD).
+        remote_qkey: u32,
+        /// Must be zero.
+        reserved: u32,
+    }
+}
+
+wire_struct! {
+    /// A scatter/gather entry.
+    pub struct Sge {
+        /// Address in the MR (its iova space).
+        addr: u64,
+        /// Length in bytes.
+        length: u32,
+        /// Local key of the MR.
+        lkey: u32,
+    }
+}
+
+wire_struct! {
+    /// Fixed header of a receive WQE (followed by `num_sge` [`Sge`]s).
+    pub struct RecvWqe {
+        /// Returned in the completion.
+        wr_id: u64,
+        /// Number of SGEs.
+        num_sge: u32,
+        /// Must be zero.
+        reserved: u32,
+    }
+}
+
+code_enum! {
+    /// Completion opcodes.
+    pub enum WcOpcode {
+        /// A SEND completed.
+        SEND = 0,
+        /// An RDMA WRITE completed.
+        RDMA_WRITE = 1,
+        /// An RDMA READ completed.
+        RDMA_READ = 2,
+        /// A compare-and-swap completed.
+        COMP_SWAP = 3,
+        /// A fetch-and-add completed.
+        FETCH_ADD = 4,
+        /// A receive completed (SEND arrived).
+        RECV = 0x80,
+        /// A receive was consumed by RDMA WRITE with immediate data.
+        RECV_RDMA_WITH_IMM = 0x81,
+    }
+}
+
+code_enum! {
+    /// Completion status values.
+    pub enum WcStatus {
+        /// Success.
+        SUCCESS = 0,
+        /// Local length error (a message larger than the receive buffer, ...).
+        LOC_LEN_ERR = 1,
+        /// Local QP operation error (malformed WQE).
+        LOC_QP_OP_ERR = 2,
+        /// Local protection error (bad lkey, PD, bounds or rights of a local buffer).
+        LOC_PROT_ERR = 3,
+        /// Work request flushed because the QP is in the error state.
+        WR_FLUSH_ERR = 4,
+        /// Bad response from the responder.
+        BAD_RESP_ERR = 5,
+        /// Local access error (responder side: bad buffer for incoming data).
+        LOC_ACCESS_ERR = 6,
+        /// Remote invalid request (responder could not process the request).
+        REM_INV_REQ_ERR = 7,
+        /// Remote access error (bad rkey, bounds or rights at the responder).
+        REM_ACCESS_ERR = 8,
+        /// Remote operation error.
+        REM_OP_ERR = 9,
+        /// Transport retry counter exceeded (peer unreachable).
+        RETRY_EXC_ERR = 10,
+        /// RNR retry counter exceeded (no receive posted at the peer).
+        RNR_RETRY_EXC_ERR = 11,
+        /// Fatal device error.
+        FATAL_ERR = 12,
+    }
+}
+
+/// CQE flag: `imm_data` is valid.
+pub const CQE_WITH_IMM: u8 = 1 << 0;
+/// CQE flag: a 40-byte GRH precedes the data in the receive buffer (UD).
+pub const CQE_GRH: u8 = 1 << 1;
+/// CQE flag: the completion is solicited.
+pub const CQE_SOLICITED: u8 = 1 << 2;
+
+/// Bytes reserved for the global route header at the start of every UD
+/// receive buffer (as with InfiniBand verbs).
+pub const UD_GRH_SIZE: u32 = 40;
+
+wire_struct! {
+    /// A completion queue entry (32 bytes).
+    ///
+    /// The device writes every field, then `owner` last with release
+    /// semantics. The entry at consumer index `c` is valid when `owner`
+    /// equals [`cqe_owner`]`(c, depth)`.
+    pub struct Cqe {
+        /// The WQE's `wr_id`.
+        wr_id: u64,
+        /// A [`WcOpcode`].
+        opcode: u8,
+        /// A [`WcStatus`].
+        status: u8,
+        /// `CQE_*` flags.
+        flags: u8,
+        /// Phase bit.
+        owner: u8,
+        /// Bytes transferred (receives, RDMA READ, atomics: 8).
+        byte_len: u32,
+        /// Immediate data (`CQE_WITH_IMM`).
+        imm_data: u32,
+        /// Local QP number.
+        qpn: u32,
+        /// Source QP number (UD receives).
+        src_qpn: u32,
+        /// Vendor error detail (0 on success).
+        vendor_err: u32,
+    }
+}
+
+/// Byte offset of `owner` within a CQE.
+pub const CQE_OWNER_OFFSET: u64 = 11;
+
+/// The owner value marking a valid CQE at index `index` of a CQ of `depth`
+/// entries: 1 on the first pass over the ring, 0 on the second, and so on.
+/// Zero-filled CQ memory is therefore empty.
+pub fn cqe_owner(index: u32, depth: u32) -> u8 {
+    let shift = depth.max(1).trailing_zeros();
+    (((index >> shift) & 1) ^ 1) as u8
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{Field, Wire};
+
+    #[test]
+    fn sizes_and_offsets() {
+        assert_eq!(QpDoorbell::SIZE, 64);
+        assert_eq!(CqDoorbell::SIZE, 64);
+        assert_eq!(SrqDoorbell::SIZE, 64);
+        assert_eq!(SendWqe::SIZE, 64);
+        assert_eq!(RecvWqe::SIZE, 16);
+        assert_eq!(Sge::SIZE, 16);
+        assert_eq!(Cqe::SIZE, 32);
+        let owner = Cqe::LAYOUT.iter().find(|f| f.name == "owner").map(|f| f.offset);
+        assert_eq!(owner, Some(CQE_OWNER_OFFSET as usize));
+        for l in [QpDoorbell::LAYOUT, CqDoorbell::LAYOUT, SrqDoorbell::LAYOUT] {
+            let dev = l.iter().find(|f| f.offset as u64 == DB_DEVICE_OFFSET);
+            assert!(dev.is_some_and(|f| !f.name.starts_with("reserved")));
+        }
+    }
+
+    #[test]
+    fn owner_phase() {
+        assert_eq!(cqe_owner(0, 4), 1);
+        assert_eq!(cqe_owner(3, 4), 1);
+        assert_eq!(cqe_owner(4, 4), 0);
+        assert_eq!(cqe_owner(8, 4), 1);
+        assert_eq!(cqe_owner(u32::MAX, 1), 0);
+    }
+}
