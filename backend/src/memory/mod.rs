@@ -2,6 +2,7 @@
 //! and translation of the page lists a guest sends with REG_MR and the
 //! queue-creating commands.
 
+pub mod access;
 pub mod pagelist;
 pub mod ram;
 

@@ -1,0 +1,439 @@
+//! How the data-path engine touches guest memory.
+//!
+//! Everything the engine reads or writes in a guest goes through here:
+//! scatter/gather segments resolved through a memory region's translation,
+//! copies between two guests' RAM (VM-to-VM delivery is one copy, as a NIC's
+//! DMA engine would do), and the atomic operations of RDMA atomics and
+//! doorbell records. Guest memory is shared with a running guest, so every
+//! access is a volatile copy or an atomic operation; nothing here ever
+//! creates a Rust reference into guest RAM.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+
+use thiserror::Error;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
+
+use crate::resources::Mr;
+
+/// A guest-physical range that lies inside one RAM region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    /// Start address.
+    pub gpa: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// Why an access failed.
+#[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
+pub enum AccessError {
+    /// The range is not inside the memory region (or overflows).
+    #[error("range outside the memory region")]
+    OutOfRegion,
+    /// The address is not in guest RAM (the memory map changed under us).
+    #[error("guest-physical address {0:#x} is not RAM")]
+    NotRam(u64),
+    /// An atomic or index access is not naturally aligned.
+    #[error("address {0:#x} is misaligned")]
+    Misaligned(u64),
+    /// Source and destination lengths differ.
+    #[error("length mismatch: {src} bytes into {dst}")]
+    LengthMismatch {
+        /// Source bytes.
+        src: u64,
+        /// Destination bytes.
+        dst: u64,
+    },
+}
+
+/// Resolves `[iova, iova + len)` of `mr` into guest-physical segments,
+/// appending them to `out` (merging physically adjacent pages).
+pub fn resolve(mr: &Mr, iova: u64, len: u64, out: &mut Vec<Segment>) -> Result<(), AccessError> {
+    if len == 0 {
+        return Ok(());
+    }
+    // Bounds of the whole range first; pieces are then inside by construction.
+    mr.translate(iova, len).ok_or(AccessError::OutOfRegion)?;
+    let mut done = 0u64;
+    while done < len {
+        let (gpa, avail) = mr
+            .translate(iova + done, len - done)
+            .ok_or(AccessError::OutOfRegion)?;
+        let take = avail.min(len - done);
+        match out.last_mut() {
+            Some(last) if last.gpa + last.len == gpa => last.len += take,
+            _ => out.push(Segment { gpa, len: take }),
+        }
+        done += take;
+    }
+    Ok(())
+}
+
+/// Total bytes of a segment list.
+pub fn total(segs: &[Segment]) -> u64 {
+    segs.iter().map(|s| s.len).sum()
+}
+
+/// Copies `len` bytes from `src` segments in `src_mem` to `dst` segments in
+/// `dst_mem` (the two memories may be the same guest or two guests).
+pub fn copy<S, D>(
+    src_mem: &S,
+    src: &[Segment],
+    dst_mem: &D,
+    dst: &[Segment],
+    len: u64,
+) -> Result<(), AccessError>
+where
+    S: GuestMemoryBackend,
+    D: GuestMemoryBackend,
+{
+    if total(src) < len || total(dst) < len {
+        return Err(AccessError::LengthMismatch {
+            src: total(src),
+            dst: total(dst),
+        });
+    }
+    let (mut si, mut so, mut di, mut doff) = (0usize, 0u64, 0usize, 0u64);
+    let mut left = len;
+    while left > 0 {
+        let (Some(s), Some(d)) = (src.get(si), dst.get(di)) else {
+            break;
+        };
+        let n = (s.len - so).min(d.len - doff).min(left);
+        let chunk = usize::try_from(n).map_err(|_| AccessError::OutOfRegion)?;
+        let from = src_mem
+            .get_slice(GuestAddress(s.gpa + so), chunk)
+            .map_err(|_| AccessError::NotRam(s.gpa + so))?;
+        let to = dst_mem
+            .get_slice(GuestAddress(d.gpa + doff), chunk)
+            .map_err(|_| AccessError::NotRam(d.gpa + doff))?;
+        from.copy_to_volatile_slice(to);
+        left -= n;
+        so += n;
+        doff += n;
+        if so == s.len {
+            si += 1;
+            so = 0;
+        }
+        if doff == d.len {
+            di += 1;
+            doff = 0;
+        }
+    }
+    Ok(())
+}
+
+/// Reads the bytes of `segs` (in order) into `buf`, which must be exactly
+/// as long as the segments.
+pub fn read<M: GuestMemoryBackend>(
+    mem: &M,
+    segs: &[Segment],
+    buf: &mut [u8],
+) -> Result<(), AccessError> {
+    let mismatch = AccessError::LengthMismatch {
+        src: total(segs),
+        dst: buf.len() as u64,
+    };
+    let mut off = 0usize;
+    for s in segs {
+        let n = usize::try_from(s.len).map_err(|_| AccessError::OutOfRegion)?;
+        let dst = buf.get_mut(off..off.saturating_add(n)).ok_or(mismatch)?;
+        mem.read_slice(dst, GuestAddress(s.gpa))
+            .map_err(|_| AccessError::NotRam(s.gpa))?;
+        off += n;
+    }
+    Ok(())
+}
+
+/// Writes `data` across `segs` (in order); `data` may be shorter than the
+/// segments, never longer.
+pub fn write<M: GuestMemoryBackend>(
+    mem: &M,
+    segs: &[Segment],
+    data: &[u8],
+) -> Result<(), AccessError> {
+    if (data.len() as u64) > total(segs) {
+        return Err(AccessError::LengthMismatch {
+            src: data.len() as u64,
+            dst: total(segs),
+        });
+    }
+    let mut rest = data;
+    for s in segs {
+        if rest.is_empty() {
+            break;
+        }
+        let n = usize::try_from(s.len).unwrap_or(usize::MAX).min(rest.len());
+        mem.write_slice(&rest[..n], GuestAddress(s.gpa))
+            .map_err(|_| AccessError::NotRam(s.gpa))?;
+        rest = &rest[n..];
+    }
+    Ok(())
+}
+
+/// Host pointer of a naturally aligned `size`-byte object at `gpa`.
+fn host_ptr<M: GuestMemoryBackend>(mem: &M, gpa: u64, size: usize) -> Result<*mut u8, AccessError> {
+    if gpa % size as u64 != 0 {
+        return Err(AccessError::Misaligned(gpa));
+    }
+    // get_slice checks that all `size` bytes are inside one mapped region.
+    let slice = mem
+        .get_slice(GuestAddress(gpa), size)
+        .map_err(|_| AccessError::NotRam(gpa))?;
+    Ok(slice.ptr_guard_mut().as_ptr())
+}
+
+/// An 8-byte atomic in guest memory.
+fn atomic_u64<M: GuestMemoryBackend>(mem: &M, gpa: u64) -> Result<&AtomicU64, AccessError> {
+    let p = host_ptr(mem, gpa, 8)?;
+    // SAFETY: `p` is 8-byte aligned (host mappings are page aligned and
+    // `gpa` is 8-byte aligned) and points to 8 bytes of a guest RAM mapping
+    // that stays mapped while `mem` is borrowed, which bounds the returned
+    // lifetime. The guest may access the same bytes concurrently; that is
+    // why every device-side access to them is atomic.
+    Ok(unsafe { AtomicU64::from_ptr(p.cast()) })
+}
+
+/// Atomic compare-and-swap of the 8-byte little-endian value at `gpa`;
+/// returns the value found there.
+pub fn compare_swap<M: GuestMemoryBackend>(
+    mem: &M,
+    gpa: u64,
+    compare: u64,
+    swap: u64,
+) -> Result<u64, AccessError> {
+    let a = atomic_u64(mem, gpa)?;
+    let found = match a.compare_exchange(
+        compare.to_le(),
+        swap.to_le(),
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    ) {
+        Ok(v) | Err(v) => v,
+    };
+    Ok(u64::from_le(found))
+}
+
+/// Atomic fetch-and-add of the 8-byte little-endian value at `gpa`;
+/// returns the previous value.
+pub fn fetch_add<M: GuestMemoryBackend>(mem: &M, gpa: u64, add: u64) -> Result<u64, AccessError> {
+    let a = atomic_u64(mem, gpa)?;
+    // Little-endian host (x86_64, aarch64): the in-memory value is native.
+    Ok(u64::from_le(a.fetch_add(add, Ordering::AcqRel)))
+}
+
+/// Loads a driver-written 32-bit index with acquire semantics.
+pub fn load_u32_acquire<M: GuestMemoryBackend>(mem: &M, gpa: u64) -> Result<u32, AccessError> {
+    let p = host_ptr(mem, gpa, 4)?;
+    // SAFETY: as in `atomic_u64`, for a 4-byte aligned object.
+    let a = unsafe { AtomicU32::from_ptr(p.cast()) };
+    Ok(u32::from_le(a.load(Ordering::Acquire)))
+}
+
+/// Stores a device-written 32-bit value with release semantics.
+pub fn store_u32_release<M: GuestMemoryBackend>(
+    mem: &M,
+    gpa: u64,
+    v: u32,
+) -> Result<(), AccessError> {
+    let p = host_ptr(mem, gpa, 4)?;
+    // SAFETY: as in `atomic_u64`, for a 4-byte aligned object.
+    let a = unsafe { AtomicU32::from_ptr(p.cast()) };
+    a.store(v.to_le(), Ordering::Release);
+    Ok(())
+}
+
+/// Stores one byte with release semantics (a CQE's owner byte, written
+/// after the rest of the entry).
+pub fn store_u8_release<M: GuestMemoryBackend>(
+    mem: &M,
+    gpa: u64,
+    v: u8,
+) -> Result<(), AccessError> {
+    let p = host_ptr(mem, gpa, 1)?;
+    // SAFETY: as in `atomic_u64`, for a 1-byte object.
+    let a = unsafe { AtomicU8::from_ptr(p) };
+    a.store(v, Ordering::Release);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::pagelist::PageListLimits;
+    use crate::memory::{PageList, RamMap};
+    use virtio_rdma_abi::mem::{BufferDesc, PageListMode};
+    use vm_memory::GuestMemoryMmap;
+
+    fn mem() -> GuestMemoryMmap<()> {
+        GuestMemoryMmap::<()>::from_ranges(&[
+            (GuestAddress(0), 0x10_0000),
+            (GuestAddress(0x100_0000), 0x10_0000),
+        ])
+        .unwrap()
+    }
+
+    fn mr(mem: &GuestMemoryMmap<()>, pages: &[u64], iova: u64, offset: u32, length: u64) -> Mr {
+        let ram = RamMap::from_guest_memory(mem);
+        let desc = BufferDesc {
+            addr: 0,
+            npages: pages.len() as u32,
+            first_page_offset: offset,
+            page_shift: 12,
+            mode: PageListMode::INLINE as u32,
+        };
+        let list: Vec<u8> = pages.iter().flat_map(|p| p.to_le_bytes()).collect();
+        let limits = PageListLimits {
+            max_pages: 1024,
+            max_inline: 1024,
+            page_size_cap: 1 << 12,
+        };
+        Mr {
+            pd: 1,
+            ctx: 1,
+            access: 0,
+            iova,
+            length,
+            first_page_offset: offset,
+            lkey: 1,
+            rkey: 0,
+            pages: PageList::resolve(&desc, &list, &limits, &ram, mem).unwrap(),
+        }
+    }
+
+    #[test]
+    fn resolve_merges_and_bounds() {
+        let m = mem();
+        // Pages 0x1000, 0x2000 (adjacent), then 0x100_0000.
+        let r = mr(
+            &m,
+            &[0x1000, 0x2000, 0x100_0000],
+            0x5000_0010,
+            0x10,
+            3 * 4096 - 0x10,
+        );
+        let mut segs = Vec::new();
+        resolve(&r, 0x5000_0010, 3 * 4096 - 0x10, &mut segs).unwrap();
+        assert_eq!(
+            segs,
+            vec![
+                Segment {
+                    gpa: 0x1010,
+                    len: 2 * 4096 - 0x10
+                },
+                Segment {
+                    gpa: 0x100_0000,
+                    len: 4096
+                }
+            ]
+        );
+        let mut segs = Vec::new();
+        assert_eq!(
+            resolve(&r, 0x5000_0000, 16, &mut segs),
+            Err(AccessError::OutOfRegion)
+        );
+        assert_eq!(
+            resolve(&r, 0x5000_0010, 3 * 4096, &mut segs),
+            Err(AccessError::OutOfRegion)
+        );
+        assert_eq!(
+            resolve(&r, u64::MAX, 2, &mut segs),
+            Err(AccessError::OutOfRegion)
+        );
+        assert!(resolve(&r, 0x5000_0010, 0, &mut segs).is_ok());
+    }
+
+    #[test]
+    fn copy_between_guests_across_pages() {
+        let a = mem();
+        let b = mem();
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        let src = [
+            Segment {
+                gpa: 0x100_0000 + 100,
+                len: 6000,
+            },
+            Segment {
+                gpa: 0x3000,
+                len: 4000,
+            },
+        ];
+        write(&a, &src, &data).unwrap();
+        let dst = [
+            Segment {
+                gpa: 0x8000,
+                len: 1,
+            },
+            Segment {
+                gpa: 0x100_4000,
+                len: 9999,
+            },
+        ];
+        copy(&a, &src, &b, &dst, 10_000).unwrap();
+        let mut out = vec![0u8; 10_000];
+        read(&b, &dst, &mut out).unwrap();
+        assert_eq!(out, data);
+        // Too short a destination.
+        assert!(matches!(
+            copy(&a, &src, &b, &dst[..1], 10),
+            Err(AccessError::LengthMismatch { .. })
+        ));
+        // A segment outside RAM.
+        let bad = [Segment {
+            gpa: 0x20_0000,
+            len: 16,
+        }];
+        assert_eq!(
+            copy(&a, &bad, &b, &dst, 16),
+            Err(AccessError::NotRam(0x20_0000))
+        );
+    }
+
+    #[test]
+    fn atomics_and_indices() {
+        let m = mem();
+        m.write_obj(5u64, GuestAddress(0x40)).unwrap();
+        assert_eq!(fetch_add(&m, 0x40, 3).unwrap(), 5);
+        assert_eq!(
+            compare_swap(&m, 0x40, 7, 100).unwrap(),
+            8,
+            "no swap: 8 != 7"
+        );
+        assert_eq!(compare_swap(&m, 0x40, 8, 100).unwrap(), 8);
+        assert_eq!(m.read_obj::<u64>(GuestAddress(0x40)).unwrap(), 100);
+        assert_eq!(fetch_add(&m, 0x44, 1), Err(AccessError::Misaligned(0x44)));
+        assert_eq!(
+            fetch_add(&m, 0x20_0000, 1),
+            Err(AccessError::NotRam(0x20_0000))
+        );
+        // The last 8 bytes of region 0 are fine; straddling the end is not RAM.
+        assert!(fetch_add(&m, 0xf_fff8, 1).is_ok());
+        store_u32_release(&m, 0x100, 0xdead_beef).unwrap();
+        assert_eq!(load_u32_acquire(&m, 0x100).unwrap(), 0xdead_beef);
+        store_u8_release(&m, 0x10b, 1).unwrap();
+        assert_eq!(m.read_obj::<u8>(GuestAddress(0x10b)).unwrap(), 1);
+        assert_eq!(
+            load_u32_acquire(&m, 0x102),
+            Err(AccessError::Misaligned(0x102))
+        );
+    }
+
+    #[test]
+    fn concurrent_fetch_add_is_atomic() {
+        let m = std::sync::Arc::new(mem());
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let m = m.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..10_000 {
+                        fetch_add(&*m, 0x80, 1).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(m.read_obj::<u64>(GuestAddress(0x80)).unwrap(), 40_000);
+    }
+}
