@@ -320,7 +320,10 @@ mod tests {
         assert_eq!(RecvWqe::SIZE, 16);
         assert_eq!(Sge::SIZE, 16);
         assert_eq!(Cqe::SIZE, 32);
-        let owner = Cqe::LAYOUT.iter().find(|f| f.name == "owner").map(|f| f.offset);
+        let owner = Cqe::LAYOUT
+            .iter()
+            .find(|f| f.name == "owner")
+            .map(|f| f.offset);
         assert_eq!(owner, Some(CQE_OWNER_OFFSET as usize));
         for l in [QpDoorbell::LAYOUT, CqDoorbell::LAYOUT, SrqDoorbell::LAYOUT] {
             let dev = l.iter().find(|f| f.offset as u64 == DB_DEVICE_OFFSET);
