@@ -35,6 +35,7 @@ pub fn all_layouts() -> Vec<(&'static str, &'static [FieldLayout], usize)> {
     }
     use config::DeviceConfig;
     use ctrl::{RequestHeader, ResponseHeader};
+    use datapath::{CqDoorbell, Cqe, QpDoorbell, RecvWqe, SendWqe, Sge, SrqDoorbell};
     use event::Event;
     use mem::BufferDesc;
     use qp::{AddressVector, QpAttr};
@@ -75,5 +76,12 @@ pub fn all_layouts() -> Vec<(&'static str, &'static [FieldLayout], usize)> {
         ModifySrqReq,
         SrqHandleReq,
         QuerySrqResp,
+        QpDoorbell,
+        CqDoorbell,
+        SrqDoorbell,
+        SendWqe,
+        Sge,
+        RecvWqe,
+        Cqe,
     ]
 }

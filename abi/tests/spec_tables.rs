@@ -5,7 +5,8 @@
 //! and each constant table with `<!-- consts: kind -->`. This test parses
 //! those tables and requires that they describe exactly what the crate
 //! declares: every structure of `all_layouts()` (fields, offsets, sizes, in
-//! order), every opcode, status code, event kind and feature bit — nothing
+//! order), every control opcode, status code, event kind, feature bit,
+//! work request opcode, completion opcode and completion status — nothing
 //! missing, nothing extra, nothing listed twice.
 
 // Test code: reading the spec file is allowed to abort the test.
@@ -15,6 +16,7 @@ use std::collections::BTreeMap;
 
 use virtio_rdma_abi::config;
 use virtio_rdma_abi::ctrl::{Opcode, Status};
+use virtio_rdma_abi::datapath::{WcOpcode, WcStatus, WrOpcode};
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::{all_layouts, FieldLayout};
 
@@ -23,7 +25,15 @@ const LAYOUT_HEADER: [&str; 4] = ["Offset", "Size", "Field", "Description"];
 /// Header a constant table must have.
 const CONSTS_HEADER: [&str; 3] = ["Value", "Name", "Description"];
 /// The constant tables the spec must contain.
-const CONSTS_KINDS: [&str; 4] = ["opcodes", "status", "events", "features"];
+const CONSTS_KINDS: [&str; 7] = [
+    "opcodes",
+    "status",
+    "events",
+    "features",
+    "wr_opcodes",
+    "wc_opcodes",
+    "wc_status",
+];
 
 /// What a marker comment announces.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -410,6 +420,18 @@ fn expected_consts(kind: &str) -> Vec<(&'static str, u64)> {
             .map(|&e| (e.name(), u64::from(u32::from(e))))
             .collect(),
         "features" => feature_constants(),
+        "wr_opcodes" => WrOpcode::ALL
+            .iter()
+            .map(|&o| (o.name(), u64::from(u32::from(o))))
+            .collect(),
+        "wc_opcodes" => WcOpcode::ALL
+            .iter()
+            .map(|&o| (o.name(), u64::from(u32::from(o))))
+            .collect(),
+        "wc_status" => WcStatus::ALL
+            .iter()
+            .map(|&s| (s.name(), u64::from(u32::from(s))))
+            .collect(),
         _ => Vec::new(),
     }
 }
@@ -616,6 +638,71 @@ fn checker_reports_constant_mismatches() {
         errors
             .iter()
             .any(|e| e.contains("no `<!-- consts: events -->` table")),
+        "{errors:?}"
+    );
+}
+
+#[test]
+fn every_constant_kind_has_expected_values() {
+    for kind in CONSTS_KINDS {
+        let expected = expected_consts(kind);
+        assert!(!expected.is_empty(), "no expected constants for `{kind}`");
+        let mut names: Vec<&str> = expected.iter().map(|&(n, _)| n).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), expected.len(), "duplicate names in `{kind}`");
+    }
+    assert_eq!(expected_consts("wr_opcodes").len(), WrOpcode::ALL.len());
+    assert_eq!(expected_consts("wc_opcodes").len(), WcOpcode::ALL.len());
+    assert_eq!(expected_consts("wc_status").len(), WcStatus::ALL.len());
+}
+
+#[test]
+fn checker_reports_data_path_constant_mismatches() {
+    // Hexadecimal and decimal values are both accepted (RECV is 0x80 = 128);
+    // a wrong value, an unknown name and a missing name are each reported.
+    let md = "\
+<!-- consts: wc_opcodes -->
+| Value | Name | Description |
+|---|---|---|
+| 0 | SEND | A send. |
+| 1 | RDMA_WRITE | A write. |
+| 3 | RDMA_READ | Wrong value. |
+| 3 | COMP_SWAP | Compare and swap. |
+| 4 | FETCH_ADD | Fetch and add. |
+| 128 | RECV | A receive. |
+| 0x82 | RECV_WITH_INV | Unknown. |
+";
+    let (tables, parse_errors) = parse_tables(md);
+    assert!(parse_errors.is_empty(), "{parse_errors:?}");
+    let errors = check_consts(&tables, "wc_opcodes", &expected_consts("wc_opcodes"));
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("row 3 (line 6)") && e.contains("`RDMA_READ` has value 3")),
+        "{errors:?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("`RECV_WITH_INV` is not a known wc_opcodes constant")),
+        "{errors:?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("missing row for `RECV_RDMA_WITH_IMM` (value 0x81)")),
+        "{errors:?}"
+    );
+    assert!(
+        !errors.iter().any(|e| e.contains("`RECV`")),
+        "RECV (128 = 0x80) is correct: {errors:?}"
+    );
+    let errors = check_consts(&tables, "wc_status", &expected_consts("wc_status"));
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("no `<!-- consts: wc_status -->` table")),
         "{errors:?}"
     );
 }
