@@ -1,0 +1,219 @@
+//! Completion queues: polling by owner phase, arming, completion events.
+
+use std::mem::ManuallyDrop;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use virtio_rdma_abi::ctrl::Opcode;
+use virtio_rdma_abi::datapath::{cqe_owner, Cqe, ARM_NEXT, ARM_SOLICITED, CQE_OWNER_OFFSET};
+use virtio_rdma_abi::mem::CQE_SIZE;
+use virtio_rdma_abi::verbs::{CqHandleReq, CqHandleResp, CreateCqReq};
+use virtio_rdma_abi::Field;
+
+use crate::device::{outcome_unknown, Device};
+#[cfg(test)]
+use crate::dma::DmaBuf;
+use crate::doorbell::off;
+#[cfg(test)]
+use crate::doorbell::DoorbellRecord;
+use crate::error::{Error, Result};
+use crate::page_list;
+use crate::ring::QueueMem;
+use crate::wr::WorkCompletion;
+
+/// Arm sequence numbers are 30 bits (`arm = seq << 2 | kind`).
+const ARM_SEQ_MASK: u32 = (1 << 30) - 1;
+
+#[derive(Debug, Default)]
+struct CqState {
+    /// Consumer index: the next CQE to poll.
+    ci: u32,
+    /// Sequence number of the last arm request written.
+    arm_seq: u32,
+}
+
+/// A completion queue (`CREATE_CQ`), destroyed on drop. QPs hold an
+/// `Arc<Cq>`, so a CQ outlives the QPs completing into it.
+///
+/// Polling and arming take an internal lock; a CQ may be shared between
+/// threads.
+#[derive(Debug)]
+pub struct Cq {
+    dev: Device,
+    handle: u32,
+    depth: u32,
+    mem: ManuallyDrop<QueueMem>,
+    state: Mutex<CqState>,
+}
+
+impl Cq {
+    /// Creates a CQ of at least `cqe` entries (rounded up to a power of two).
+    pub fn create(dev: &Device, cqe: u32) -> Result<Arc<Cq>> {
+        let inner = &dev.inner;
+        let depth = cqe
+            .max(1)
+            .checked_next_power_of_two()
+            .filter(|d| *d <= inner.config.max_cqe)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "CQ of {cqe} entries (device maximum {})",
+                    inner.config.max_cqe
+                ))
+            })?;
+        let t = &*inner.transport;
+        let mem = QueueMem::alloc(t, depth as usize * CQE_SIZE as usize)?;
+        let list = page_list::build(
+            t,
+            mem.pages(),
+            mem.buf.page_shift(),
+            0,
+            inner.config.max_inline_pages,
+            CreateCqReq::SIZE,
+        )?;
+        let req = CreateCqReq {
+            ctx_handle: inner.ctx,
+            depth,
+            db_gpa: mem.db.gpa(),
+            buf: list.desc,
+        };
+        let r: CqHandleResp = match inner.cmd(Opcode::CREATE_CQ, &req, &list.tail) {
+            Ok(r) => r,
+            Err(e) => {
+                if outcome_unknown(&e) {
+                    std::mem::forget((mem, list));
+                }
+                return Err(e);
+            }
+        };
+        inner.events.register_cq(r.cq_handle);
+        Ok(Arc::new(Cq {
+            dev: dev.clone(),
+            handle: r.cq_handle,
+            depth,
+            mem: ManuallyDrop::new(mem),
+            state: Mutex::new(CqState::default()),
+        }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, CqState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The device handle.
+    pub fn handle(&self) -> u32 {
+        self.handle
+    }
+
+    /// Number of entries.
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    /// The device the CQ belongs to.
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+
+    /// Polls up to `out.len()` completions into `out`; returns how many.
+    ///
+    /// For each entry: read `owner` of slot `ci` (acquire); when it equals
+    /// the phase of `ci`, copy the CQE out and advance `ci`. The new `ci` is
+    /// stored in the doorbell record (release) once per call, handing the
+    /// slots back to the device.
+    pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
+        let mut st = self.lock();
+        let ring = &self.mem.buf;
+        let mut n = 0;
+        while n < out.len() {
+            let slot = ((st.ci & (self.depth - 1)) * CQE_SIZE) as usize;
+            let owner = ring
+                .atomic_u8(slot + CQE_OWNER_OFFSET as usize)
+                .load(Ordering::Acquire);
+            if owner != cqe_owner(st.ci, self.depth) {
+                break;
+            }
+            let mut raw = [0u8; CQE_SIZE as usize];
+            if ring.read(slot, &mut raw).is_err() {
+                break;
+            }
+            out[n] = WorkCompletion::from_cqe(&Cqe::read(&raw));
+            st.ci = st.ci.wrapping_add(1);
+            n += 1;
+        }
+        if n > 0 {
+            self.mem.db.store(off::CQ_CI, st.ci);
+        }
+        n
+    }
+
+    /// Polls one completion.
+    pub fn poll_one(&self) -> Option<WorkCompletion> {
+        let mut wc = [WorkCompletion::default()];
+        (self.poll(&mut wc) == 1).then_some(wc[0])
+    }
+
+    /// Arms the CQ: the next completion (`solicited_only`: the next solicited
+    /// or failed one) written after this call queues one `CQ_COMPLETION`
+    /// event. Writes `arm = seq << 2 | kind` with a `seq` different from the
+    /// device's `armed_seq`. Poll again after arming: completions that
+    /// arrived before it raise no event.
+    pub fn req_notify(&self, solicited_only: bool) {
+        let mut st = self.lock();
+        let armed = self.mem.db.load(off::CQ_ARMED_SEQ) & ARM_SEQ_MASK;
+        let mut seq = st.arm_seq.wrapping_add(1) & ARM_SEQ_MASK;
+        if seq == armed {
+            seq = seq.wrapping_add(1) & ARM_SEQ_MASK;
+        }
+        st.arm_seq = seq;
+        let kind = if solicited_only {
+            ARM_SOLICITED
+        } else {
+            ARM_NEXT
+        };
+        self.mem.db.store(off::CQ_ARM, seq << 2 | kind);
+    }
+
+    /// Waits at most `timeout` (`None`: forever; zero: poll) for a
+    /// `CQ_COMPLETION` event of this CQ; consumes one and returns true, or
+    /// false on timeout. Re-arm with [`Cq::req_notify`] and poll afterwards.
+    pub fn wait_event(&self, timeout: Option<Duration>) -> Result<bool> {
+        let inner = &self.dev.inner;
+        let handle = self.handle;
+        let got = inner
+            .events
+            .wait(&*inner.transport, timeout, |st| st.take_cq(handle))?;
+        Ok(got.is_some())
+    }
+
+    /// The doorbell record (tests inspect it).
+    #[cfg(test)]
+    pub(crate) fn db(&self) -> &DoorbellRecord {
+        &self.mem.db
+    }
+
+    /// The ring (tests inspect it).
+    #[cfg(test)]
+    pub(crate) fn ring(&self) -> &DmaBuf {
+        &self.mem.buf
+    }
+}
+
+impl Drop for Cq {
+    fn drop(&mut self) {
+        self.dev.inner.events.unregister_cq(self.handle);
+        let ok = self.dev.inner.destroy(
+            Opcode::DESTROY_CQ,
+            &CqHandleReq {
+                cq_handle: self.handle,
+            },
+            "DESTROY_CQ",
+        );
+        if ok {
+            // SAFETY: `mem` is dropped exactly once, here, and not used
+            // afterwards.
+            unsafe { ManuallyDrop::drop(&mut self.mem) };
+        }
+        // Otherwise the device may still write the ring: leak it.
+    }
+}

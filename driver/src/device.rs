@@ -1,0 +1,332 @@
+//! [`Device`]: an opened device with one context, and the control-command
+//! plumbing every object uses.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use virtio_rdma_abi::config::{DeviceConfig, F_ATOMIC, F_SRQ, F_UD};
+use virtio_rdma_abi::ctrl::{Opcode, RequestHeader, ResponseHeader, Status};
+use virtio_rdma_abi::event::Event;
+use virtio_rdma_abi::verbs::{
+    CreateCtxResp, CtxHandleReq, DeviceAttr, PortAttr, QueryGidReq, QueryGidResp, QueryPortReq,
+};
+use virtio_rdma_abi::{Field, Wire, ABI_VERSION};
+
+use crate::dma::DmaBuf;
+use crate::error::{Error, Result};
+use crate::event::EventDemux;
+use crate::transport::{Transport, TransportError};
+
+/// The device's only port.
+pub const PORT: u32 = 1;
+
+/// Options of [`Device::open_with`].
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceOptions {
+    /// How long a control command may take (`None`: no limit).
+    pub command_timeout: Option<Duration>,
+    /// GID table index read at open time ([`Device::gid`]).
+    pub gid_index: u32,
+}
+
+impl Default for DeviceOptions {
+    fn default() -> Self {
+        DeviceOptions {
+            command_timeout: Some(Duration::from_secs(30)),
+            gid_index: 0,
+        }
+    }
+}
+
+/// An opened device: its configuration, attributes, port and GID, and one
+/// context (`CREATE_CTX`) under which every object of this handle lives.
+///
+/// `Device` is a cheap, clonable handle. Every object created from it keeps
+/// a clone, so the context is destroyed (`DESTROY_CTX`) only after the last
+/// object and the last `Device` clone are dropped.
+#[derive(Clone)]
+pub struct Device {
+    pub(crate) inner: Arc<DeviceInner>,
+}
+
+pub(crate) struct DeviceInner {
+    pub(crate) transport: Arc<dyn Transport>,
+    pub(crate) config: DeviceConfig,
+    pub(crate) features: u64,
+    pub(crate) attr: DeviceAttr,
+    pub(crate) port: PortAttr,
+    pub(crate) gid: QueryGidResp,
+    pub(crate) ctx: u32,
+    pub(crate) events: EventDemux,
+    next_id: AtomicU64,
+    timeout: Option<Duration>,
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Device")
+            .field("ctx", &self.inner.ctx)
+            .field("features", &self.inner.features)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Device {
+    /// Opens the device with default options: reads the configuration,
+    /// checks the ABI version, sends QUERY_DEVICE, QUERY_PORT and QUERY_GID
+    /// (index 0) and creates a context.
+    pub fn open(transport: Arc<dyn Transport>) -> Result<Device> {
+        Self::open_with(transport, DeviceOptions::default())
+    }
+
+    /// Opens the device with `opts` (see [`Device::open`]).
+    pub fn open_with(transport: Arc<dyn Transport>, opts: DeviceOptions) -> Result<Device> {
+        let config = transport.read_config()?;
+        if config.abi_version != ABI_VERSION {
+            return Err(Error::AbiVersion(config.abi_version));
+        }
+        let mut inner = DeviceInner {
+            features: transport.features(),
+            transport,
+            config,
+            attr: DeviceAttr::default(),
+            port: PortAttr::default(),
+            gid: QueryGidResp::default(),
+            ctx: 0,
+            events: EventDemux::default(),
+            next_id: AtomicU64::new(1),
+            timeout: opts.command_timeout,
+        };
+        inner.attr = inner.cmd_none(Opcode::QUERY_DEVICE)?;
+        inner.port = inner.cmd(Opcode::QUERY_PORT, &QueryPortReq { port: PORT }, &[])?;
+        inner.gid = inner.cmd(
+            Opcode::QUERY_GID,
+            &QueryGidReq {
+                port: PORT,
+                index: opts.gid_index,
+            },
+            &[],
+        )?;
+        let ctx: CreateCtxResp = inner.cmd_none(Opcode::CREATE_CTX)?;
+        inner.ctx = ctx.ctx_handle;
+        log::debug!("virtio-rdma: context {:#x} created", inner.ctx);
+        Ok(Device {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The device configuration read at open time.
+    pub fn config(&self) -> &DeviceConfig {
+        &self.inner.config
+    }
+
+    /// The QUERY_DEVICE response.
+    pub fn attr(&self) -> &DeviceAttr {
+        &self.inner.attr
+    }
+
+    /// The QUERY_PORT response of port 1.
+    pub fn port_attr(&self) -> &PortAttr {
+        &self.inner.port
+    }
+
+    /// The GID read at open time ([`DeviceOptions::gid_index`]).
+    pub fn gid(&self) -> [u8; 16] {
+        self.inner.gid.gid
+    }
+
+    /// Reads GID table entry `index` of port 1.
+    pub fn query_gid(&self, index: u32) -> Result<[u8; 16]> {
+        let r: QueryGidResp =
+            self.inner
+                .cmd(Opcode::QUERY_GID, &QueryGidReq { port: PORT, index }, &[])?;
+        Ok(r.gid)
+    }
+
+    /// Reads the port attributes again.
+    pub fn query_port(&self) -> Result<PortAttr> {
+        self.inner
+            .cmd(Opcode::QUERY_PORT, &QueryPortReq { port: PORT }, &[])
+    }
+
+    /// The negotiated device feature bits.
+    pub fn features(&self) -> u64 {
+        self.inner.features
+    }
+
+    /// Handle of this device's context.
+    pub fn ctx_handle(&self) -> u32 {
+        self.inner.ctx
+    }
+
+    /// The transport.
+    pub fn transport(&self) -> &Arc<dyn Transport> {
+        &self.inner.transport
+    }
+
+    /// Allocates DMA memory from the transport, zeroed (for user buffers:
+    /// register it with [`Mr::register`](crate::Mr::register)).
+    pub fn alloc_dma(&self, len: usize, align: usize) -> Result<DmaBuf> {
+        let buf = DmaBuf::new(self.inner.transport.alloc_dma(len, align.max(8))?)?;
+        buf.fill(0, len, 0)?;
+        Ok(buf)
+    }
+
+    /// Takes the next asynchronous event (every kind but `CQ_COMPLETION`,
+    /// which goes to [`Cq::wait_event`](crate::Cq::wait_event)), waiting at
+    /// most `timeout` (`None`: forever; zero: poll). Events may name objects
+    /// that were destroyed meanwhile; ignore those.
+    pub fn next_async_event(&self, timeout: Option<Duration>) -> Result<Option<Event>> {
+        self.inner
+            .events
+            .wait(&*self.inner.transport, timeout, |st| st.take_async())
+    }
+
+    /// Asynchronous events dropped because nobody read them (beyond
+    /// [`MAX_ASYNC_EVENTS`](crate::event::MAX_ASYNC_EVENTS)).
+    pub fn async_events_dropped(&self) -> u64 {
+        self.inner.events.dropped()
+    }
+}
+
+impl DeviceInner {
+    /// Whether feature `bit` was negotiated.
+    pub(crate) fn has(&self, bit: u64) -> bool {
+        self.features & bit != 0
+    }
+
+    /// Fails with [`Error::Unsupported`] unless `bit` was negotiated.
+    pub(crate) fn require(&self, bit: u64) -> Result<()> {
+        if self.has(bit) {
+            return Ok(());
+        }
+        Err(Error::Unsupported(match bit {
+            F_UD => "F_UD",
+            F_SRQ => "F_SRQ",
+            F_ATOMIC => "F_ATOMIC",
+            _ => "device feature",
+        }))
+    }
+
+    /// Executes a command: `parts` after the header, room for `resp_size`
+    /// payload bytes. Returns the response payload (`resp_size` bytes).
+    pub(crate) fn execute(
+        &self,
+        opcode: Opcode,
+        parts: &[&[u8]],
+        resp_size: usize,
+    ) -> Result<Vec<u8>> {
+        let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let header = RequestHeader {
+            request_id,
+            opcode: opcode.into(),
+            reserved: 0,
+        }
+        .to_bytes();
+        let mut all: Vec<&[u8]> = Vec::with_capacity(parts.len() + 1);
+        all.push(&header);
+        all.extend(parts.iter().copied().filter(|p| !p.is_empty()));
+        let resp = self
+            .transport
+            .call(&all, ResponseHeader::SIZE + resp_size, self.timeout)
+            .map_err(|e| match e {
+                TransportError::Timeout => Error::Timeout,
+                e => Error::Transport(e),
+            })?;
+        if resp.is_empty() {
+            return Err(Error::NotExecuted { opcode });
+        }
+        let bad = |reason: String| Error::BadResponse { opcode, reason };
+        let (head, payload) = ResponseHeader::parse_prefix(&resp)
+            .map_err(|e| bad(format!("response header: {e}")))?;
+        if head.request_id != request_id {
+            return Err(bad(format!(
+                "request id {} in the response to request {request_id}",
+                head.request_id
+            )));
+        }
+        match Status::from_u32(head.status) {
+            Some(Status::OK) => {}
+            Some(status) => {
+                return Err(Error::Command {
+                    opcode,
+                    status,
+                    detail: head.detail,
+                })
+            }
+            None => {
+                return Err(Error::UnknownStatus {
+                    opcode,
+                    code: head.status,
+                    detail: head.detail,
+                })
+            }
+        }
+        if payload.len() < resp_size {
+            return Err(bad(format!(
+                "{} payload bytes, expected {resp_size}",
+                payload.len()
+            )));
+        }
+        Ok(payload[..resp_size].to_vec())
+    }
+
+    /// Executes a command with a request structure (and page list `tail`)
+    /// and a response structure.
+    pub(crate) fn cmd<R: Wire>(&self, opcode: Opcode, req: &impl Wire, tail: &[u8]) -> Result<R> {
+        let bytes = req.to_bytes();
+        let payload = self.execute(opcode, &[&bytes, tail], R::SIZE)?;
+        // Lenient on reserved fields: a later revision may give them meaning.
+        Ok(R::read(&payload))
+    }
+
+    /// Executes a command without request payload that has a response.
+    pub(crate) fn cmd_none<R: Wire>(&self, opcode: Opcode) -> Result<R> {
+        let payload = self.execute(opcode, &[], R::SIZE)?;
+        Ok(R::read(&payload))
+    }
+
+    /// Executes a command with a request structure and no response payload.
+    pub(crate) fn cmd_unit(&self, opcode: Opcode, req: &impl Wire) -> Result<()> {
+        let bytes = req.to_bytes();
+        self.execute(opcode, &[&bytes], 0).map(drop)
+    }
+
+    /// Sends a destroy command from a `Drop` implementation. Returns whether
+    /// the device confirmed it; when it did not, the caller must not free
+    /// memory the device may still access.
+    pub(crate) fn destroy(&self, opcode: Opcode, req: &impl Wire, what: &str) -> bool {
+        match self.cmd_unit(opcode, req) {
+            Ok(()) => true,
+            Err(e) => {
+                log::warn!("virtio-rdma: {what}: {e}");
+                false
+            }
+        }
+    }
+}
+
+impl Drop for DeviceInner {
+    fn drop(&mut self) {
+        if self.ctx != 0 {
+            self.destroy(
+                Opcode::DESTROY_CTX,
+                &CtxHandleReq {
+                    ctx_handle: self.ctx,
+                },
+                "DESTROY_CTX",
+            );
+        }
+    }
+}
+
+/// Whether a failed command may still have been executed (or may still be
+/// executed later): memory it describes must then be leaked, not freed.
+pub(crate) fn outcome_unknown(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Timeout | Error::Transport(_) | Error::BadResponse { .. }
+    )
+}

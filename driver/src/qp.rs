@@ -1,0 +1,549 @@
+//! Queue pairs: creation, state changes, posting.
+
+use std::mem::ManuallyDrop;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use virtio_rdma_abi::config::{F_ATOMIC, F_UD};
+use virtio_rdma_abi::ctrl::Opcode;
+use virtio_rdma_abi::mem::qp_buffer_layout;
+use virtio_rdma_abi::qp::{QpState, QpType, QP_FLAG_SIG_ALL};
+use virtio_rdma_abi::verbs::{CreateQpReq, CreateQpResp, ModifyQpReq, QpHandleReq, QueryQpResp};
+use virtio_rdma_abi::Field;
+
+use crate::cq::Cq;
+use crate::device::{outcome_unknown, PORT};
+use crate::doorbell::off;
+use crate::error::{Error, Result};
+use crate::page_list;
+use crate::pd::Pd;
+use crate::qp_attr::{QpAttrs, RcConnect};
+use crate::ring::{post_wqes, Producer, QueueMem, RingGeometry, WqRegs};
+use crate::srq::Srq;
+use crate::wr::{encode_recv, encode_send, RecvWr, SendLimits, SendWr};
+
+const SQ_REGS: WqRegs = WqRegs {
+    pi: off::QP_SQ_PI,
+    ci: off::QP_SQ_CI,
+    flags: off::QP_FLAGS,
+};
+const RQ_REGS: WqRegs = WqRegs {
+    pi: off::QP_RQ_PI,
+    ci: off::QP_RQ_CI,
+    flags: off::QP_FLAGS,
+};
+
+/// Queue sizes of a QP. Depths are rounded up to powers of two; the
+/// created QP reports the actual values ([`Qp::cap`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCap {
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth (ignored with an SRQ).
+    pub max_recv_wr: u32,
+    /// SGEs per send WQE (at least 1).
+    pub max_send_sge: u32,
+    /// SGEs per receive WQE (at least 1 without an SRQ).
+    pub max_recv_sge: u32,
+    /// Inline bytes per send WQE.
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCap {
+    fn default() -> Self {
+        QpCap {
+            max_send_wr: 64,
+            max_recv_wr: 64,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        }
+    }
+}
+
+/// Creation parameters of a QP.
+#[derive(Debug, Clone)]
+pub struct QpInit {
+    /// RC or UD.
+    pub qp_type: QpType,
+    /// CQ for send completions.
+    pub send_cq: Arc<Cq>,
+    /// CQ for receive completions (may be the same).
+    pub recv_cq: Arc<Cq>,
+    /// SRQ to receive from, instead of an own receive queue.
+    pub srq: Option<Arc<Srq>>,
+    /// Queue sizes.
+    pub cap: QpCap,
+    /// Every send WQE produces a completion (`QP_FLAG_SIG_ALL`).
+    pub sig_all: bool,
+}
+
+impl QpInit {
+    /// An RC QP with default sizes on one CQ.
+    pub fn rc(cq: &Arc<Cq>) -> Self {
+        QpInit {
+            qp_type: QpType::RC,
+            send_cq: cq.clone(),
+            recv_cq: cq.clone(),
+            srq: None,
+            cap: QpCap::default(),
+            sig_all: false,
+        }
+    }
+
+    /// A UD QP with default sizes on one CQ.
+    pub fn ud(cq: &Arc<Cq>) -> Self {
+        QpInit {
+            qp_type: QpType::UD,
+            ..Self::rc(cq)
+        }
+    }
+}
+
+/// A queue pair (`CREATE_QP`), destroyed on drop.
+///
+/// Ownership: the QP holds `Arc`s of its PD, CQs and SRQ, so they are
+/// destroyed after it. Posting takes an internal lock per work queue; a QP
+/// may be shared between threads.
+#[derive(Debug)]
+pub struct Qp {
+    // Field order is drop order after DESTROY_QP: SRQ, CQs, then the PD
+    // (the order DESTROY_CTX uses).
+    srq: Option<Arc<Srq>>,
+    send_cq: Arc<Cq>,
+    recv_cq: Arc<Cq>,
+    pd: Arc<Pd>,
+    handle: u32,
+    qpn: u32,
+    qp_type: QpType,
+    cap: QpCap,
+    sq: RingGeometry,
+    rq: Option<RingGeometry>,
+    mem: ManuallyDrop<QueueMem>,
+    sq_prod: Mutex<Producer>,
+    rq_prod: Mutex<Producer>,
+    state: Mutex<QpState>,
+    destroyed: bool,
+}
+
+fn depth_of(what: &str, n: u32, max: u32) -> Result<u32> {
+    n.max(1)
+        .checked_next_power_of_two()
+        .filter(|d| *d <= max)
+        .ok_or_else(|| Error::InvalidArgument(format!("{what} of {n} (device maximum {max})")))
+}
+
+impl Qp {
+    /// Creates a QP in `pd` (state RESET).
+    pub fn create(pd: &Arc<Pd>, init: &QpInit) -> Result<Qp> {
+        let inner = &pd.dev.inner;
+        let cfg = &inner.config;
+        if init.qp_type == QpType::UD {
+            inner.require(F_UD)?;
+        }
+        for cq in [&init.send_cq, &init.recv_cq] {
+            if !Arc::ptr_eq(&cq.device().inner, &pd.dev.inner) {
+                return Err(Error::Mismatch("the CQ belongs to another device handle"));
+            }
+        }
+        if let Some(srq) = &init.srq {
+            if !Arc::ptr_eq(srq.pd(), pd) {
+                return Err(Error::Mismatch("the SRQ belongs to another PD"));
+            }
+        }
+        let sq_depth = depth_of("send queue", init.cap.max_send_wr, cfg.max_qp_wr)?;
+        let (rq_depth, max_recv_sge) = match &init.srq {
+            Some(_) => (0, init.cap.max_recv_sge),
+            None => (
+                depth_of("receive queue", init.cap.max_recv_wr, cfg.max_qp_wr)?,
+                init.cap.max_recv_sge.max(1),
+            ),
+        };
+        let cap = QpCap {
+            max_send_wr: sq_depth,
+            max_recv_wr: rq_depth,
+            max_send_sge: init.cap.max_send_sge.max(1),
+            max_recv_sge,
+            max_inline_data: init.cap.max_inline_data,
+        };
+        let t = &*inner.transport;
+        let shift = t.dma_page_shift();
+        let layout = qp_buffer_layout(
+            sq_depth,
+            rq_depth,
+            cap.max_send_sge,
+            cap.max_recv_sge,
+            cap.max_inline_data,
+            shift,
+        );
+        let bytes = usize::try_from(layout.total)
+            .map_err(|_| Error::InvalidArgument("QP buffer too large".into()))?;
+        let mem = QueueMem::alloc(t, bytes)?;
+        let list = page_list::build(
+            t,
+            mem.pages(),
+            shift,
+            0,
+            cfg.max_inline_pages,
+            CreateQpReq::SIZE,
+        )?;
+        let req = CreateQpReq {
+            pd_handle: pd.handle,
+            qp_type: init.qp_type.into(),
+            send_cq: init.send_cq.handle(),
+            recv_cq: init.recv_cq.handle(),
+            srq_handle: init.srq.as_ref().map_or(0, |s| s.handle()),
+            flags: if init.sig_all { QP_FLAG_SIG_ALL } else { 0 },
+            sq_depth,
+            rq_depth,
+            max_send_sge: cap.max_send_sge,
+            max_recv_sge: cap.max_recv_sge,
+            max_inline_data: cap.max_inline_data,
+            reserved: 0,
+            db_gpa: mem.db.gpa(),
+            buf: list.desc,
+        };
+        let r: CreateQpResp = match inner.cmd(Opcode::CREATE_QP, &req, &list.tail) {
+            Ok(r) => r,
+            Err(e) => {
+                if outcome_unknown(&e) {
+                    std::mem::forget((mem, list));
+                }
+                return Err(e);
+            }
+        };
+        let sq = RingGeometry {
+            base: 0,
+            shift: r.sq_wqe_shift,
+            depth: sq_depth,
+        };
+        let rq = (rq_depth > 0).then_some(RingGeometry {
+            base: r.rq_offset as usize,
+            shift: r.rq_wqe_shift,
+            depth: rq_depth,
+        });
+        let qp = Qp {
+            pd: pd.clone(),
+            send_cq: init.send_cq.clone(),
+            recv_cq: init.recv_cq.clone(),
+            srq: init.srq.clone(),
+            handle: r.qp_handle,
+            qpn: r.qpn,
+            qp_type: init.qp_type,
+            cap,
+            sq,
+            rq,
+            mem: ManuallyDrop::new(mem),
+            sq_prod: Mutex::new(Producer::default()),
+            rq_prod: Mutex::new(Producer::default()),
+            state: Mutex::new(QpState::RESET),
+            destroyed: false,
+        };
+        // The device's geometry must be the one the buffer was laid out for
+        // (spec 11.3/11.4); otherwise the rings would not fit. Dropping `qp`
+        // destroys it.
+        let expect_rq = if rq_depth > 0 { layout.rq_offset } else { 0 };
+        if r.sq_wqe_shift != layout.sq_wqe_shift
+            || (rq_depth > 0 && r.rq_wqe_shift != layout.rq_wqe_shift)
+            || u64::from(r.rq_offset) != expect_rq
+            || !qp.sq.fits(bytes)
+            || qp.rq.is_some_and(|rq| !rq.fits(bytes))
+        {
+            return Err(Error::BadResponse {
+                opcode: Opcode::CREATE_QP,
+                reason: format!(
+                    "geometry sq_shift {} rq_shift {} rq_offset {}, expected {:?}",
+                    r.sq_wqe_shift, r.rq_wqe_shift, r.rq_offset, layout
+                ),
+            });
+        }
+        Ok(qp)
+    }
+
+    /// The device handle.
+    pub fn handle(&self) -> u32 {
+        self.handle
+    }
+
+    /// The QP number (for peers' `dest_qpn` / UD `remote_qpn`).
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    /// RC or UD.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+
+    /// The actual queue sizes.
+    pub fn cap(&self) -> QpCap {
+        self.cap
+    }
+
+    /// The protection domain.
+    pub fn pd(&self) -> &Arc<Pd> {
+        &self.pd
+    }
+
+    /// The send CQ.
+    pub fn send_cq(&self) -> &Arc<Cq> {
+        &self.send_cq
+    }
+
+    /// The receive CQ.
+    pub fn recv_cq(&self) -> &Arc<Cq> {
+        &self.recv_cq
+    }
+
+    /// The SRQ, if the QP receives from one.
+    pub fn srq(&self) -> Option<&Arc<Srq>> {
+        self.srq.as_ref()
+    }
+
+    /// The state after the last successful [`Qp::modify`] (the device may
+    /// have moved the QP to ERR since; [`Qp::query`] tells).
+    pub fn state(&self) -> QpState {
+        *self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// MODIFY_QP with typed attributes.
+    pub fn modify(&self, attrs: &QpAttrs) -> Result<()> {
+        let (attr_mask, attr) = attrs.to_wire();
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        self.pd.dev.inner.cmd_unit(
+            Opcode::MODIFY_QP,
+            &ModifyQpReq {
+                qp_handle: self.handle,
+                attr_mask,
+                attr,
+            },
+        )?;
+        if let Some(s) = attrs.state {
+            *state = s;
+            if s == QpState::RESET {
+                self.rings_reset();
+            }
+        }
+        Ok(())
+    }
+
+    /// After a transition to RESET the rings are empty: restart the
+    /// producer indices at the device's consumer indices.
+    fn rings_reset(&self) {
+        for (prod, regs) in [(&self.sq_prod, SQ_REGS), (&self.rq_prod, RQ_REGS)] {
+            let mut p = prod.lock().unwrap_or_else(PoisonError::into_inner);
+            let ci = self.mem.db.load(regs.ci);
+            p.pi = ci;
+            p.ci = ci;
+            self.mem.db.store(regs.pi, ci);
+        }
+    }
+
+    /// RC: RESET → INIT with remote `access` flags.
+    pub fn rc_to_init(&self, access: u32) -> Result<()> {
+        self.modify(&QpAttrs {
+            state: Some(QpState::INIT),
+            pkey_index: Some(0),
+            port: Some(PORT),
+            access: Some(access),
+            ..QpAttrs::default()
+        })
+    }
+
+    /// RC: INIT → RTR towards the peer in `c`.
+    pub fn rc_to_rtr(&self, c: &RcConnect) -> Result<()> {
+        self.modify(&QpAttrs {
+            state: Some(QpState::RTR),
+            av: Some(c.av),
+            path_mtu: Some(c.path_mtu),
+            dest_qpn: Some(c.dest_qpn),
+            rq_psn: Some(c.rq_psn),
+            max_dest_rd_atomic: Some(c.max_dest_rd_atomic),
+            min_rnr_timer: Some(c.min_rnr_timer),
+            ..QpAttrs::default()
+        })
+    }
+
+    /// RC: RTR → RTS with the send parameters of `c`.
+    pub fn rc_to_rts(&self, c: &RcConnect) -> Result<()> {
+        self.modify(&QpAttrs {
+            state: Some(QpState::RTS),
+            sq_psn: Some(c.sq_psn),
+            timeout: Some(c.timeout),
+            retry_cnt: Some(c.retry_cnt),
+            rnr_retry: Some(c.rnr_retry),
+            max_rd_atomic: Some(c.max_rd_atomic),
+            ..QpAttrs::default()
+        })
+    }
+
+    /// RC: RESET → INIT → RTR → RTS in one go.
+    pub fn rc_connect(&self, access: u32, c: &RcConnect) -> Result<()> {
+        self.rc_to_init(access)?;
+        self.rc_to_rtr(c)?;
+        self.rc_to_rts(c)
+    }
+
+    /// UD: RESET → INIT with `qkey`.
+    pub fn ud_to_init(&self, qkey: u32) -> Result<()> {
+        self.modify(&QpAttrs {
+            state: Some(QpState::INIT),
+            pkey_index: Some(0),
+            port: Some(PORT),
+            qkey: Some(qkey),
+            ..QpAttrs::default()
+        })
+    }
+
+    /// UD: INIT → RTR.
+    pub fn ud_to_rtr(&self) -> Result<()> {
+        self.modify(&QpAttrs::state(QpState::RTR))
+    }
+
+    /// UD: RTR → RTS with first send PSN `sq_psn`.
+    pub fn ud_to_rts(&self, sq_psn: u32) -> Result<()> {
+        self.modify(&QpAttrs {
+            state: Some(QpState::RTS),
+            sq_psn: Some(sq_psn),
+            ..QpAttrs::default()
+        })
+    }
+
+    /// UD: RESET → INIT → RTR → RTS in one go.
+    pub fn ud_activate(&self, qkey: u32, sq_psn: u32) -> Result<()> {
+        self.ud_to_init(qkey)?;
+        self.ud_to_rtr()?;
+        self.ud_to_rts(sq_psn)
+    }
+
+    /// Any state → ERR (outstanding work completes with flush errors).
+    pub fn to_error(&self) -> Result<()> {
+        self.modify(&QpAttrs::state(QpState::ERR))
+    }
+
+    /// Any state → RESET (attributes cleared, rings emptied).
+    pub fn to_reset(&self) -> Result<()> {
+        self.modify(&QpAttrs::state(QpState::RESET))
+    }
+
+    /// QUERY_QP.
+    pub fn query(&self) -> Result<QueryQpResp> {
+        self.pd.dev.inner.cmd(
+            Opcode::QUERY_QP,
+            &QpHandleReq {
+                qp_handle: self.handle,
+            },
+            &[],
+        )
+    }
+
+    /// Posts send work requests: all of them or, on any error, none. Each
+    /// WQE is written into its slot, then the new `sq_pi` is stored
+    /// (release) and notifyq is notified if the device asked for a kick.
+    pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        let lim = SendLimits {
+            qp_type: self.qp_type,
+            pd_handle: self.pd.handle,
+            max_send_sge: self.cap.max_send_sge,
+            max_inline_data: self.cap.max_inline_data,
+            stride: self.sq.stride(),
+            atomics: self.pd.dev.inner.has(F_ATOMIC),
+        };
+        let wqes = wrs
+            .iter()
+            .enumerate()
+            .map(|(index, wr)| {
+                encode_send(wr, &lim).map_err(|reason| Error::InvalidWr { index, reason })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        post_wqes(
+            &*self.pd.dev.inner.transport,
+            &self.mem,
+            &self.sq,
+            SQ_REGS,
+            &self.sq_prod,
+            &wqes,
+        )
+        .map(drop)
+    }
+
+    /// Posts receive work requests to the QP's own receive queue (all or
+    /// none). QPs with an SRQ post to the SRQ instead.
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        let rq = self
+            .rq
+            .ok_or(Error::InvalidArgument("the QP receives from an SRQ".into()))?;
+        let wqes = wrs
+            .iter()
+            .enumerate()
+            .map(|(index, wr)| {
+                encode_recv(wr, self.cap.max_recv_sge, rq.stride())
+                    .map_err(|reason| Error::InvalidWr { index, reason })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        post_wqes(
+            &*self.pd.dev.inner.transport,
+            &self.mem,
+            &rq,
+            RQ_REGS,
+            &self.rq_prod,
+            &wqes,
+        )
+        .map(drop)
+    }
+
+    /// Destroys the QP, reporting failure (dropping does the same but can
+    /// only log). On failure the ring memory is leaked, not freed.
+    pub fn destroy(mut self) -> Result<()> {
+        self.destroyed = true;
+        let r = self.pd.dev.inner.cmd_unit(
+            Opcode::DESTROY_QP,
+            &QpHandleReq {
+                qp_handle: self.handle,
+            },
+        );
+        if r.is_ok() {
+            // SAFETY: `destroyed` keeps `Drop` from touching `mem` again;
+            // it is dropped exactly once, here.
+            unsafe { ManuallyDrop::drop(&mut self.mem) };
+        }
+        r
+    }
+
+    /// The queue memory (tests inspect it).
+    #[cfg(test)]
+    pub(crate) fn mem(&self) -> &QueueMem {
+        &self.mem
+    }
+
+    /// The send ring geometry (tests).
+    #[cfg(test)]
+    pub(crate) fn sq_geometry(&self) -> RingGeometry {
+        self.sq
+    }
+
+    /// The receive ring geometry (tests).
+    #[cfg(test)]
+    pub(crate) fn rq_geometry(&self) -> Option<RingGeometry> {
+        self.rq
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        if self.destroyed {
+            return;
+        }
+        let ok = self.pd.dev.inner.destroy(
+            Opcode::DESTROY_QP,
+            &QpHandleReq {
+                qp_handle: self.handle,
+            },
+            "DESTROY_QP",
+        );
+        if ok {
+            // SAFETY: `mem` is dropped exactly once, here (`destroyed` is
+            // false, so `destroy` did not drop it), and not used afterwards.
+            unsafe { ManuallyDrop::drop(&mut self.mem) };
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! Work queue rings: slot geometry and producer-side accounting.
+//!
+//! A ring is `depth` (a power of two) slots of `1 << shift` bytes at
+//! `base` in a queue buffer. Indices are free-running u32; the slot of index
+//! `i` is `i & (depth - 1)`. The driver may have at most `depth` WQEs the
+//! device has not taken yet: `pi - ci <= depth`.
+
+use std::sync::{Mutex, PoisonError};
+
+use crate::dma::{volatile_copy_to, DmaBuf};
+use crate::doorbell::DoorbellRecord;
+use crate::error::{Error, Result};
+use crate::transport::Transport;
+
+/// Geometry of one ring inside a queue buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RingGeometry {
+    /// Byte offset of slot 0 in the buffer.
+    pub base: usize,
+    /// log2 of the slot size.
+    pub shift: u32,
+    /// Number of slots (a power of two).
+    pub depth: u32,
+}
+
+impl RingGeometry {
+    /// Byte offset of the slot of free-running index `index`.
+    pub(crate) fn slot_offset(&self, index: u32) -> usize {
+        self.base + (((index & (self.depth - 1)) as usize) << self.shift)
+    }
+
+    /// Slot size in bytes.
+    pub(crate) fn stride(&self) -> usize {
+        1usize << self.shift
+    }
+
+    /// Whether the ring lies inside a buffer of `len` bytes.
+    pub(crate) fn fits(&self, len: usize) -> bool {
+        self.depth.is_power_of_two()
+            && self.shift < 31
+            && (self.depth as usize)
+                .checked_shl(self.shift)
+                .and_then(|b| b.checked_add(self.base))
+                .is_some_and(|end| end <= len)
+    }
+}
+
+/// Producer state of a ring: the next index to post and the last consumer
+/// index seen from the device.
+#[derive(Debug, Default)]
+pub(crate) struct Producer {
+    /// Next producer index (published after the WQEs are written).
+    pub pi: u32,
+    /// Cached device consumer index.
+    pub ci: u32,
+}
+
+impl Producer {
+    /// Free slots according to the cached consumer index. A consumer index
+    /// ahead of the producer (a confused device) counts as no room.
+    fn free(&self, depth: u32) -> u32 {
+        let used = self.pi.wrapping_sub(self.ci);
+        depth.saturating_sub(used)
+    }
+
+    /// Checks that `n` WQEs fit, refreshing the consumer index with
+    /// `load_ci` only when the cached value says they do not.
+    pub(crate) fn reserve(
+        &mut self,
+        n: usize,
+        depth: u32,
+        load_ci: impl Fn() -> u32,
+    ) -> Result<()> {
+        if (self.free(depth) as usize) < n {
+            self.ci = load_ci();
+            let free = self.free(depth) as usize;
+            if free < n {
+                return Err(Error::QueueFull { needed: n, free });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Writes an encoded WQE into the slot of `index` (volatile stores). The
+/// encoding was checked against the stride by the caller.
+pub(crate) fn write_slot(buf: &DmaBuf, ring: &RingGeometry, index: u32, wqe: &[u8]) {
+    debug_assert!(wqe.len() <= ring.stride());
+    let off = ring.slot_offset(index);
+    assert!(
+        wqe.len() <= ring.stride() && off + ring.stride() <= buf.len(),
+        "WQE outside its ring"
+    );
+    // SAFETY: [off, off + wqe.len()) lies inside the buffer (checked above),
+    // which is valid for writes while `buf` is borrowed.
+    unsafe { volatile_copy_to(buf.as_ptr().add(off), wqe) };
+}
+
+/// A queue buffer (rings) and its doorbell record.
+#[derive(Debug)]
+pub(crate) struct QueueMem {
+    /// The ring memory, starting on a page boundary.
+    pub buf: DmaBuf,
+    /// The doorbell record.
+    pub db: DoorbellRecord,
+    /// Pages the buffer description must name (`ceil(bytes / P)`).
+    pub npages: usize,
+}
+
+impl QueueMem {
+    /// Allocates a zeroed queue buffer of `bytes` bytes (page aligned, in
+    /// the transport's DMA page size) and a zeroed doorbell record.
+    pub(crate) fn alloc(transport: &dyn Transport, bytes: usize) -> Result<Self> {
+        let shift = transport.dma_page_shift();
+        let page = 1usize << shift;
+        let bytes = bytes.max(1);
+        let buf = DmaBuf::new(transport.alloc_dma(bytes, page)?)?;
+        if buf.first_page_offset() != 0 || buf.page_shift() != shift || buf.len() < bytes {
+            return Err(Error::InvalidArgument(
+                "transport returned a queue buffer that does not start a page".into(),
+            ));
+        }
+        buf.fill(0, bytes, 0)?;
+        let db = DoorbellRecord::alloc(transport)?;
+        Ok(QueueMem {
+            buf,
+            db,
+            npages: bytes.div_ceil(page),
+        })
+    }
+
+    /// The pages the buffer description names.
+    pub(crate) fn pages(&self) -> &[u64] {
+        &self.buf.pages()[..self.npages.min(self.buf.pages().len())]
+    }
+}
+
+/// Doorbell record offsets of one work queue.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WqRegs {
+    /// Producer index (driver).
+    pub pi: usize,
+    /// Consumer index (device).
+    pub ci: usize,
+    /// Flags (device).
+    pub flags: usize,
+}
+
+/// Posts already encoded WQEs: checks room for all of them (nothing is
+/// posted otherwise), writes each into its slot, then publishes the new
+/// producer index with the kick protocol. Returns whether it kicked.
+pub(crate) fn post_wqes(
+    transport: &dyn Transport,
+    mem: &QueueMem,
+    ring: &RingGeometry,
+    regs: WqRegs,
+    producer: &Mutex<Producer>,
+    wqes: &[Vec<u8>],
+) -> Result<bool> {
+    if wqes.is_empty() {
+        return Ok(false);
+    }
+    let mut p = producer.lock().unwrap_or_else(PoisonError::into_inner);
+    p.reserve(wqes.len(), ring.depth, || mem.db.load(regs.ci))?;
+    for w in wqes {
+        write_slot(&mem.buf, ring, p.pi, w);
+        p.pi = p.pi.wrapping_add(1);
+    }
+    mem.db.publish(transport, regs.pi, regs.flags, p.pi)
+}

@@ -1,0 +1,184 @@
+//! Shared receive queues.
+
+use std::mem::ManuallyDrop;
+use std::sync::{Arc, Mutex};
+
+use virtio_rdma_abi::config::F_SRQ;
+use virtio_rdma_abi::ctrl::Opcode;
+use virtio_rdma_abi::mem::recv_wqe_shift;
+use virtio_rdma_abi::verbs::{
+    CreateSrqReq, CreateSrqResp, ModifySrqReq, QuerySrqResp, SrqHandleReq, SRQ_ATTR_LIMIT,
+};
+use virtio_rdma_abi::Field;
+
+use crate::device::outcome_unknown;
+use crate::doorbell::off;
+use crate::error::{Error, Result};
+use crate::page_list;
+use crate::pd::Pd;
+use crate::ring::{post_wqes, Producer, QueueMem, RingGeometry, WqRegs};
+use crate::wr::{encode_recv, RecvWr};
+
+const SRQ_REGS: WqRegs = WqRegs {
+    pi: off::SRQ_PI,
+    ci: off::SRQ_CI,
+    flags: off::SRQ_FLAGS,
+};
+
+/// A shared receive queue (`CREATE_SRQ`, needs `F_SRQ`), destroyed on drop.
+/// QPs attached to it hold an `Arc<Srq>`.
+#[derive(Debug)]
+pub struct Srq {
+    pd: Arc<Pd>,
+    handle: u32,
+    max_sge: u32,
+    ring: RingGeometry,
+    mem: ManuallyDrop<QueueMem>,
+    prod: Mutex<Producer>,
+}
+
+impl Srq {
+    /// Creates an SRQ of at least `max_wr` WQEs (rounded up to a power of
+    /// two) with `max_sge` SGEs each and limit `limit` (0: disarmed).
+    pub fn create(pd: &Arc<Pd>, max_wr: u32, max_sge: u32, limit: u32) -> Result<Arc<Srq>> {
+        let inner = &pd.dev.inner;
+        inner.require(F_SRQ)?;
+        let depth = max_wr
+            .max(1)
+            .checked_next_power_of_two()
+            .filter(|d| *d <= inner.config.max_srq_wr)
+            .ok_or_else(|| Error::InvalidArgument(format!("SRQ of {max_wr} WQEs")))?;
+        let max_sge = max_sge.max(1);
+        let shift = recv_wqe_shift(max_sge);
+        let ring = RingGeometry {
+            base: 0,
+            shift,
+            depth,
+        };
+        let t = &*inner.transport;
+        let mem = QueueMem::alloc(t, (depth as usize) << shift)?;
+        let list = page_list::build(
+            t,
+            mem.pages(),
+            mem.buf.page_shift(),
+            0,
+            inner.config.max_inline_pages,
+            CreateSrqReq::SIZE,
+        )?;
+        let req = CreateSrqReq {
+            pd_handle: pd.handle,
+            depth,
+            max_sge,
+            limit,
+            db_gpa: mem.db.gpa(),
+            buf: list.desc,
+        };
+        let r: CreateSrqResp = match inner.cmd(Opcode::CREATE_SRQ, &req, &list.tail) {
+            Ok(r) => r,
+            Err(e) => {
+                if outcome_unknown(&e) {
+                    std::mem::forget((mem, list));
+                }
+                return Err(e);
+            }
+        };
+        let srq = Srq {
+            pd: pd.clone(),
+            handle: r.srq_handle,
+            max_sge,
+            ring,
+            mem: ManuallyDrop::new(mem),
+            prod: Mutex::new(Producer::default()),
+        };
+        if r.wqe_shift != shift {
+            // Dropping `srq` destroys it.
+            return Err(Error::BadResponse {
+                opcode: Opcode::CREATE_SRQ,
+                reason: format!("wqe_shift {} instead of {shift}", r.wqe_shift),
+            });
+        }
+        Ok(Arc::new(srq))
+    }
+
+    /// The device handle.
+    pub fn handle(&self) -> u32 {
+        self.handle
+    }
+
+    /// Number of WQEs.
+    pub fn depth(&self) -> u32 {
+        self.ring.depth
+    }
+
+    /// SGEs per WQE.
+    pub fn max_sge(&self) -> u32 {
+        self.max_sge
+    }
+
+    /// The protection domain.
+    pub fn pd(&self) -> &Arc<Pd> {
+        &self.pd
+    }
+
+    /// Posts receive work requests (all or none).
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        let wqes = wrs
+            .iter()
+            .enumerate()
+            .map(|(index, wr)| {
+                encode_recv(wr, self.max_sge, self.ring.stride())
+                    .map_err(|reason| Error::InvalidWr { index, reason })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        post_wqes(
+            &*self.pd.dev.inner.transport,
+            &self.mem,
+            &self.ring,
+            SRQ_REGS,
+            &self.prod,
+            &wqes,
+        )
+        .map(drop)
+    }
+
+    /// Arms (non-zero, below the depth) or disarms (0) the SRQ limit.
+    pub fn modify_limit(&self, limit: u32) -> Result<()> {
+        self.pd.dev.inner.cmd_unit(
+            Opcode::MODIFY_SRQ,
+            &ModifySrqReq {
+                srq_handle: self.handle,
+                attr_mask: SRQ_ATTR_LIMIT,
+                max_wr: 0,
+                limit,
+            },
+        )
+    }
+
+    /// QUERY_SRQ.
+    pub fn query(&self) -> Result<QuerySrqResp> {
+        self.pd.dev.inner.cmd(
+            Opcode::QUERY_SRQ,
+            &SrqHandleReq {
+                srq_handle: self.handle,
+            },
+            &[],
+        )
+    }
+}
+
+impl Drop for Srq {
+    fn drop(&mut self) {
+        let ok = self.pd.dev.inner.destroy(
+            Opcode::DESTROY_SRQ,
+            &SrqHandleReq {
+                srq_handle: self.handle,
+            },
+            "DESTROY_SRQ",
+        );
+        if ok {
+            // SAFETY: `mem` is dropped exactly once, here, and not used
+            // afterwards.
+            unsafe { ManuallyDrop::drop(&mut self.mem) };
+        }
+    }
+}
