@@ -15,7 +15,7 @@ use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{DescriptorChain, QueueOwnedT, QueueT};
-use virtio_rdma_abi::config::{CONTROLQ, EVENTQ, NUM_QUEUES};
+use virtio_rdma_abi::config::{CONTROLQ, EVENTQ, NOTIFYQ, NUM_QUEUES};
 use virtio_rdma_abi::ctrl::{ResponseHeader, MAX_REQUEST_BYTES};
 use virtio_rdma_abi::event::{Event, EventKind};
 use virtio_rdma_abi::{Field, Wire};
@@ -27,9 +27,11 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
+use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::Limits;
 use crate::ctrl::{Ctrl, CtrlStats, PortIdentity};
+use crate::engine::Engine;
 use crate::memory::RamMap;
 use crate::resources::ResourceCounts;
 use crate::rnic::Rnic;
@@ -74,13 +76,19 @@ pub struct DeviceStats {
 
 /// The virtio-rdma device of one VM.
 pub struct RdmaDevice {
+    id: usize,
     state: Mutex<State>,
     config: Vec<u8>,
     device_features: u64,
     event_idx: AtomicBool,
     ctrl_poll: Duration,
     exit_notifiers: Mutex<Vec<EventNotifier>>,
+    engine: Arc<Engine>,
+    event_wake: EventFd,
 }
+
+/// Epoll id of [`RdmaDevice::event_wake_fd`] (past the queue ids).
+pub const EVENT_WAKE: u16 = NUM_QUEUES as u16 + 1;
 
 impl RdmaDevice {
     /// Creates the device of one VM.
@@ -89,19 +97,55 @@ impl RdmaDevice {
         device_features: u64,
         ctrl_poll: Duration,
         rnic: Arc<dyn Rnic>,
+        engine: Arc<Engine>,
         port: PortIdentity,
-    ) -> Self {
+    ) -> io::Result<Self> {
+        let id = port.vm;
         let mut ctrl = Ctrl::new(limits, rnic, port);
         // The port is up from the start; the event waits for a buffer.
         ctrl.events.push(EventKind::PORT_ACTIVE, 1, 0);
-        RdmaDevice {
+        Ok(RdmaDevice {
+            id,
             state: Mutex::new(State { ctrl, mem: None }),
             config: limits.device_config().to_bytes(),
             device_features,
             event_idx: AtomicBool::new(false),
             ctrl_poll,
             exit_notifiers: Mutex::new(Vec::new()),
+            engine,
+            event_wake: EventFd::new(libc::EFD_NONBLOCK)?,
+        })
+    }
+
+    /// Index of this VM in the daemon.
+    pub fn id(&self) -> usize {
+        self.id
+    }
+
+    /// Runs `f` on the VM's objects and mapped memory (the data-path
+    /// engine's access); `None` while no VMM is connected.
+    pub fn with_dataplane<R>(
+        &self,
+        f: impl FnOnce(&mut Ctrl, &GuestMemoryMmap<()>) -> R,
+    ) -> Option<R> {
+        let mut st = self.lock();
+        let State { ctrl, mem } = &mut *st;
+        let guard = mem.as_ref()?.memory();
+        Some(f(ctrl, &guard))
+    }
+
+    /// Asks the vhost-user worker to deliver pending events (the engine
+    /// queued some).
+    pub fn wake_events(&self) {
+        if let Err(e) = self.event_wake.write(1) {
+            warn!("cannot wake the event worker: {e}");
         }
+    }
+
+    /// The eventfd that wakes the worker for event delivery; registered as
+    /// [`EVENT_WAKE`] with the vhost-user epoll loop.
+    pub fn event_wake_fd(&self) -> &EventFd {
+        &self.event_wake
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -179,6 +223,8 @@ impl RdmaDevice {
                 }
                 drop(st);
                 signal(vring)?;
+                // New or changed QPs may have work for the engine.
+                self.engine.wake();
                 // Commands may have raised events; deliver them now rather
                 // than when the worker stops polling.
                 self.deliver_events(eventq, mem)?;
@@ -473,9 +519,15 @@ impl VhostUserBackend for RdmaDevice {
             CONTROLQ => self.process_controlq(ctrlq, eventq, &mem)?,
             // New event buffers: delivery below.
             EVENTQ => {}
-            // The notification queue belongs to the data path; a kick on it
-            // has nothing to do yet.
-            2 => return Ok(()),
+            // A doorbell kick: wake the engine.
+            NOTIFYQ => {
+                self.engine.wake();
+                return Ok(());
+            }
+            // The engine queued events.
+            EVENT_WAKE => {
+                let _ = self.event_wake.read();
+            }
             other => return Err(DeviceError::UnknownQueue(other).into()),
         }
         self.deliver_events(eventq, &mem)

@@ -14,6 +14,7 @@
 pub mod config;
 pub mod ctrl;
 pub mod device;
+pub mod engine;
 pub mod events;
 pub mod keys;
 pub mod memory;

@@ -2,6 +2,7 @@
 //! process and sharing one RNIC engine. When a VMM disconnects, everything
 //! its VM held is released and the socket accepts the next connection.
 
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,10 +15,12 @@ use thiserror::Error;
 use vhost::vhost_user::{Error as VhostUserError, Listener};
 use vhost_user_backend::{Error as BackendError, ShutdownHandle, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vmm_sys_util::epoll::EventSet;
 
 use crate::config::{ConfigError, DaemonConfig};
 use crate::ctrl::PortIdentity;
-use crate::device::{DeviceStats, RdmaDevice};
+use crate::device::{DeviceStats, RdmaDevice, EVENT_WAKE};
+use crate::engine::Engine;
 use crate::keys::KeySource;
 use crate::rnic::soft::SoftRnic;
 use crate::rnic::{Rnic, RnicError};
@@ -69,6 +72,7 @@ pub struct Daemon {
     threads: Vec<JoinHandle<()>>,
     stop: Arc<AtomicBool>,
     rnic: Arc<dyn Rnic>,
+    engine: Arc<Engine>,
 }
 
 /// The GID of VM `index`: an IPv4-mapped address 10.42.x.y. It is only a
@@ -86,7 +90,11 @@ fn port_identity(index: usize, keys: &mut KeySource) -> Result<PortIdentity, Rni
     let lo = keys.next_u32().map_err(|_| RnicError::Random)?;
     // A locally administered, unicast EUI-64.
     let guid = ((u64::from(hi) << 32) | u64::from(lo)) & !(1 << 56) | (1 << 57);
-    Ok(PortIdentity { gid, guid })
+    Ok(PortIdentity {
+        gid,
+        guid,
+        vm: index,
+    })
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -98,6 +106,7 @@ impl Daemon {
     pub fn start(config: DaemonConfig) -> Result<Daemon, ServerError> {
         config.validate()?;
         let rnic: Arc<dyn Rnic> = Arc::new(SoftRnic::new()?);
+        let engine = Engine::start(rnic.clone()).map_err(ServerError::Spawn)?;
         let stop = Arc::new(AtomicBool::new(false));
         let mut keys = KeySource::new();
         let mut slots = Vec::new();
@@ -109,17 +118,22 @@ impl Daemon {
             })?;
             let slot = Arc::new(VmSlot {
                 path: path.clone(),
-                device: Arc::new(RdmaDevice::new(
-                    config.limits,
-                    config.device_features,
-                    config.ctrl_poll,
-                    rnic.clone(),
-                    port_identity(index, &mut keys)?,
-                )),
+                device: Arc::new(
+                    RdmaDevice::new(
+                        config.limits,
+                        config.device_features,
+                        config.ctrl_poll,
+                        rnic.clone(),
+                        engine.clone(),
+                        port_identity(index, &mut keys)?,
+                    )
+                    .map_err(ServerError::Spawn)?,
+                ),
                 shutdown: Mutex::new(None),
                 connected: AtomicBool::new(false),
                 connections: AtomicU64::new(0),
             });
+            engine.register(index, &slot.device);
             let ctx = ServeCtx {
                 slot: slot.clone(),
                 stop: stop.clone(),
@@ -138,6 +152,7 @@ impl Daemon {
             threads,
             stop,
             rnic,
+            engine,
         })
     }
 
@@ -176,6 +191,7 @@ impl Daemon {
         for t in self.threads {
             let _ = t.join();
         }
+        self.engine.stop();
         for slot in &self.slots {
             let _ = std::fs::remove_file(&slot.path);
         }
@@ -211,6 +227,16 @@ impl ServeCtx {
             device.clone(),
             GuestMemoryAtomic::new(GuestMemoryMmap::new()),
         )?;
+        // The engine wakes this connection's worker to deliver its events.
+        if let Some(h) = daemon.get_epoll_handlers().first() {
+            if let Err(e) = h.register_listener(
+                device.event_wake_fd().as_raw_fd(),
+                EventSet::IN,
+                u64::from(EVENT_WAKE),
+            ) {
+                warn!("VM {}: cannot watch the event wake fd: {e}", self.index);
+            }
+        }
         let started = daemon.start(listener);
         if let Err(e) = started {
             device.stop_workers();

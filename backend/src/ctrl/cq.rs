@@ -35,6 +35,7 @@ impl Ctrl {
                 db_gpa: req.db_gpa,
                 ring,
                 users: 0,
+                rt: Default::default(),
             })
             .map_err(|_| CmdError::no_memory())?;
         Ok(CqHandleResp { cq_handle }.to_bytes())

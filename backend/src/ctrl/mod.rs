@@ -75,6 +75,8 @@ pub struct PortIdentity {
     /// GUID of this device instance (node and system image GUID): one per
     /// VM, so guests cannot tell that they share a host.
     pub guid: u64,
+    /// Index of the VM in the daemon (its socket's position).
+    pub vm: usize,
 }
 
 /// Per-VM control state.
@@ -110,6 +112,11 @@ impl Ctrl {
             ram: RamMap::default(),
             port,
         }
+    }
+
+    /// The VM's GID.
+    pub fn port_gid(&self) -> [u8; 16] {
+        self.port.gid
     }
 
     /// Sets the device features the driver negotiated.

@@ -133,6 +133,7 @@ impl Ctrl {
             ring,
             state: QpState::RESET,
             attr: QpAttr::default(),
+            rt: Default::default(),
         };
         let qp_handle = match self.res.qps.insert(qp) {
             Ok(h) => h,
@@ -141,6 +142,7 @@ impl Ctrl {
                 return Err(CmdError::no_memory());
             }
         };
+        self.rnic.bind_qpn(qpn, self.port.vm, qp_handle);
         if let Some(pd) = self.res.pds.get_mut(req.pd_handle) {
             pd.users += 1;
         }

@@ -57,6 +57,7 @@ impl Ctrl {
                 db_gpa: req.db_gpa,
                 ring,
                 users: 0,
+                rt: Default::default(),
             })
             .map_err(|_| CmdError::no_memory())?;
         if let Some(pd) = self.res.pds.get_mut(req.pd_handle) {

@@ -11,7 +11,7 @@ pub mod qp_state;
 use std::collections::HashMap;
 
 use handle::HandleTable;
-pub use objects::{Ah, Context, Cq, Mr, Pd, Qp, Srq};
+pub use objects::{Ah, Context, Cq, CqRuntime, Mr, Pd, Qp, QpRuntime, Srq, SrqRuntime};
 
 use crate::rnic::Rnic;
 

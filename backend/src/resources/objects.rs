@@ -31,6 +31,37 @@ pub struct Cq {
     pub ring: PageList,
     /// QPs completing into this CQ (a QP using it for send and receive counts twice).
     pub users: u32,
+    /// Data-path state.
+    pub rt: CqRuntime,
+}
+
+/// Data-path state of a CQ, kept by the engine.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CqRuntime {
+    /// Next CQE index to write.
+    pub pi: u32,
+    /// `arm_seq` of the last arm request consumed.
+    pub armed_seq: u32,
+    /// The CQ overflowed; it accepts no more CQEs.
+    pub overflowed: bool,
+}
+
+/// Data-path state of a QP, kept by the engine.
+#[derive(Debug, Default, Clone)]
+pub struct QpRuntime {
+    /// Next send WQE index to take.
+    pub sq_ci: u32,
+    /// Next receive WQE index to consume.
+    pub rq_ci: u32,
+    /// A send WQE waiting for an RNR retry: (index, retries left, retry time).
+    pub rnr: Option<(u32, u32, std::time::Instant)>,
+}
+
+/// Data-path state of an SRQ, kept by the engine.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SrqRuntime {
+    /// Next WQE index to consume.
+    pub ci: u32,
 }
 
 /// A memory region.
@@ -108,6 +139,8 @@ pub struct Qp {
     pub state: QpState,
     /// Current attributes (as last applied).
     pub attr: QpAttr,
+    /// Data-path state.
+    pub rt: QpRuntime,
 }
 
 /// An address handle.
@@ -144,4 +177,6 @@ pub struct Srq {
     pub ring: PageList,
     /// QPs attached.
     pub users: u32,
+    /// Data-path state.
+    pub rt: SrqRuntime,
 }

@@ -41,6 +41,11 @@ pub trait Rnic: Send + Sync {
     fn caps(&self) -> RnicCaps;
     /// Allocates a QP number, unique among all VMs of this engine.
     fn alloc_qpn(&self) -> Result<u32, RnicError>;
+    /// Records which VM (`vm`) and QP handle own an allocated QP number, so
+    /// that peers can reach it.
+    fn bind_qpn(&self, qpn: u32, vm: usize, handle: u32);
+    /// The owner of a QP number.
+    fn lookup_qpn(&self, qpn: u32) -> Option<(usize, u32)>;
     /// Returns a QP number to the engine.
     fn free_qpn(&self, qpn: u32);
     /// QP numbers currently allocated (for leak checks and statistics).

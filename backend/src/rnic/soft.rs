@@ -3,7 +3,7 @@
 //! It owns the namespace that must be unique across VMs (QP numbers, so one
 //! VM's QP can address another's). The data-path engine arrives on top of it.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Mutex;
 
 use virtio_rdma_abi::qp::Mtu;
@@ -19,7 +19,8 @@ const FIRST_QPN: u32 = 2;
 const QPN_DRAWS: usize = 64;
 
 struct Inner {
-    used: HashSet<u32>,
+    /// Allocated QP numbers and, once bound, their (VM, handle).
+    used: HashMap<u32, Option<(usize, u32)>>,
     keys: KeySource,
 }
 
@@ -37,7 +38,7 @@ impl SoftRnic {
         let lo = keys.next_u32().map_err(|_| RnicError::Random)?;
         Ok(SoftRnic {
             inner: Mutex::new(Inner {
-                used: HashSet::new(),
+                used: HashMap::new(),
                 keys,
             }),
             // Locally administered EUI-64.
@@ -71,11 +72,22 @@ impl Rnic for SoftRnic {
         let mut inner = self.lock();
         for _ in 0..QPN_DRAWS {
             let qpn = inner.keys.next_u32().map_err(|_| RnicError::Random)? & QPN_MASK;
-            if qpn >= FIRST_QPN && inner.used.insert(qpn) {
+            if qpn >= FIRST_QPN && !inner.used.contains_key(&qpn) {
+                inner.used.insert(qpn, None);
                 return Ok(qpn);
             }
         }
         Err(RnicError::QpnExhausted)
+    }
+
+    fn bind_qpn(&self, qpn: u32, vm: usize, handle: u32) {
+        if let Some(slot) = self.lock().used.get_mut(&qpn) {
+            *slot = Some((vm, handle));
+        }
+    }
+
+    fn lookup_qpn(&self, qpn: u32) -> Option<(usize, u32)> {
+        self.lock().used.get(&qpn).copied().flatten()
     }
 
     fn free_qpn(&self, qpn: u32) {
@@ -94,13 +106,17 @@ mod tests {
     #[test]
     fn qpns_unique_and_24_bit() {
         let r = SoftRnic::new().unwrap();
-        let mut seen = HashSet::new();
+        let mut seen = std::collections::HashSet::new();
         for _ in 0..10_000 {
             let q = r.alloc_qpn().unwrap();
             assert!((FIRST_QPN..=QPN_MASK).contains(&q));
             assert!(seen.insert(q));
         }
         assert_eq!(r.qpns_in_use(), 10_000);
+        let q = *seen.iter().next().unwrap();
+        assert_eq!(r.lookup_qpn(q), None);
+        r.bind_qpn(q, 3, 0x100005);
+        assert_eq!(r.lookup_qpn(q), Some((3, 0x100005)));
         for q in seen {
             r.free_qpn(q);
         }

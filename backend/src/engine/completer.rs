@@ -1,0 +1,100 @@
+//! Writing completions: CQEs with the owner phase, CQ overflow, and the
+//! completion events of armed CQs.
+
+use std::sync::atomic::{fence, Ordering};
+
+use log::debug;
+use virtio_rdma_abi::datapath::{
+    cqe_owner, Cqe, WcStatus, ARM_NEXT, ARM_SOLICITED, CQE_OWNER_OFFSET, CQE_SOLICITED,
+    DB_DEVICE_OFFSET,
+};
+use virtio_rdma_abi::event::EventKind;
+use virtio_rdma_abi::mem::CQE_SIZE;
+use virtio_rdma_abi::qp::QpState;
+use virtio_rdma_abi::Wire;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use crate::ctrl::Ctrl;
+use crate::memory::access;
+
+/// Offset of the CQ doorbell's `arm` field.
+const ARM_OFFSET: u64 = 4;
+/// Offset of `armed_seq` in the device half of a CQ doorbell.
+const ARMED_SEQ_OFFSET: u64 = DB_DEVICE_OFFSET + 4;
+
+/// Writes `cqe` (its `owner` is set here) to CQ `cq_handle` of `ctrl`.
+/// Returns false when the CQ could not take it (missing, overflowed, or its
+/// memory is gone); the caller then treats the QP as failed.
+pub fn complete(ctrl: &mut Ctrl, mem: &GuestMemoryMmap<()>, cq_handle: u32, mut cqe: Cqe) -> bool {
+    let Some(cq) = ctrl.res.cqs.get_mut(cq_handle) else {
+        return false;
+    };
+    if cq.rt.overflowed {
+        return false;
+    }
+    let ci = access::load_u32_acquire(mem, cq.db_gpa).unwrap_or(cq.rt.pi);
+    let used = cq.rt.pi.wrapping_sub(ci);
+    if used >= cq.depth {
+        cq.rt.overflowed = true;
+        debug!("CQ {cq_handle:#x} overflowed");
+        overflow(ctrl, cq_handle);
+        return false;
+    }
+    let index = cq.rt.pi;
+    let offset = u64::from(index & (cq.depth - 1)) * u64::from(CQE_SIZE);
+    let Some((gpa, _)) = cq.ring.translate(offset) else {
+        return false;
+    };
+    cqe.owner = 0;
+    let mut bytes = cqe.to_bytes();
+    // Everything but the owner byte first; the owner last, with release.
+    bytes.truncate(CQE_OWNER_OFFSET as usize);
+    let tail = cqe.to_bytes();
+    let rest = tail.get(CQE_OWNER_OFFSET as usize + 1..).unwrap_or(&[]);
+    let ok = mem.write_slice(&bytes, GuestAddress(gpa)).is_ok()
+        && mem
+            .write_slice(rest, GuestAddress(gpa + CQE_OWNER_OFFSET + 1))
+            .is_ok()
+        && access::store_u8_release(mem, gpa + CQE_OWNER_OFFSET, cqe_owner(index, cq.depth))
+            .is_ok();
+    if !ok {
+        return false;
+    }
+    cq.rt.pi = index.wrapping_add(1);
+    let _ = access::store_u32_release(mem, cq.db_gpa + DB_DEVICE_OFFSET, cq.rt.pi);
+    // Publishing the CQE and reading the arm request must not be reordered
+    // (the driver arms, fences, then polls: one of the two sees the other).
+    fence(Ordering::SeqCst);
+    let arm = access::load_u32_acquire(mem, cq.db_gpa + ARM_OFFSET).unwrap_or(0);
+    let seq = arm >> 2;
+    if seq != cq.rt.armed_seq {
+        let kind = arm & 3;
+        let solicited = cqe.flags & CQE_SOLICITED != 0 || cqe.status != WcStatus::SUCCESS as u8;
+        if kind == ARM_NEXT || (kind == ARM_SOLICITED && solicited) {
+            cq.rt.armed_seq = seq;
+            let _ = access::store_u32_release(mem, cq.db_gpa + ARMED_SEQ_OFFSET, seq);
+            ctrl.events.push(EventKind::CQ_COMPLETION, cq_handle, 0);
+        }
+    }
+    true
+}
+
+/// A CQ overflowed: report it, and fail every QP that completes into it.
+fn overflow(ctrl: &mut Ctrl, cq_handle: u32) {
+    ctrl.events.push(EventKind::CQ_ERROR, cq_handle, 0);
+    let victims: Vec<u32> = ctrl
+        .res
+        .qps
+        .iter()
+        .filter(|(_, q)| q.send_cq == cq_handle || q.recv_cq == cq_handle)
+        .map(|(h, _)| h)
+        .collect();
+    for h in victims {
+        if let Some(qp) = ctrl.res.qps.get_mut(h) {
+            if qp.state != QpState::ERR {
+                qp.state = QpState::ERR;
+                ctrl.events.push(EventKind::QP_FATAL, h, 0);
+            }
+        }
+    }
+}
