@@ -378,6 +378,14 @@ impl GuestMem {
         &self.file
     }
 
+    /// Offset in [`GuestMem::file`] of the byte at guest-physical address
+    /// `gpa` (None outside RAM).
+    pub fn file_offset(&self, gpa: GuestAddress) -> Option<u64> {
+        let r = self.mem.find_region(gpa)?;
+        let base = r.file_offset()?.start();
+        Some(base + (gpa.0 - r.start_addr().0))
+    }
+
     /// The regions as vhost-user `SET_MEM_TABLE` entries.
     pub fn region_infos(&self) -> Result<Vec<VhostUserMemoryRegionInfo>> {
         self.mem

@@ -20,6 +20,7 @@ pub mod error;
 pub mod events;
 pub mod guest_mem;
 pub mod harness;
+pub mod transport;
 pub mod verbs;
 pub mod vmm;
 pub mod vring;

@@ -1,0 +1,414 @@
+//! The driver's [`Transport`] over the test VMM, so that the reference guest
+//! driver (`virtio-rdma-driver`) runs against the real daemon.
+//!
+//! DMA memory is made the way a real guest driver makes it from hugepages
+//! and `/proc/self/pagemap`: guest pages that are deliberately *not*
+//! contiguous in guest-physical space (the allocator's
+//! [`alloc_pages`](crate::guest_mem::Allocator::alloc_pages) interleaves
+//! them) are mapped side by side into one reserved virtual range of this
+//! process (a `PROT_NONE` reservation, then one `MAP_FIXED | MAP_SHARED`
+//! mapping of the guest memfd per page, at that page's file offset). The
+//! driver sees contiguous bytes; the device sees a scattered page list.
+//!
+//! The VMM sits behind one mutex that is never held while sleeping: waits on
+//! the control and event queues release it and sleep on (duplicates of) the
+//! queues' call eventfds, so a thread waiting for an event does not hold up
+//! control commands, and notifications only write a duplicate of the
+//! notification queue's kick eventfd.
+
+use std::os::fd::AsRawFd;
+use std::ptr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use virtio_rdma_abi::config::{DeviceConfig, NOTIFYQ};
+use virtio_rdma_abi::ctrl::{RequestHeader, ResponseHeader};
+use virtio_rdma_abi::event::Event;
+use virtio_rdma_abi::{Field, Wire};
+use virtio_rdma_driver::{DmaRegion, Token, Transport, TransportError};
+use vm_memory::GuestAddress;
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::ctrl::RequestSpec;
+use crate::error::Error;
+use crate::guest_mem::{GuestMem, PAGE_SIZE};
+use crate::vmm::TestVmm;
+use crate::vring::poll_readable;
+
+/// Longest single sleep on a call eventfd: another thread may consume a
+/// wakeup meant for this one, so sleeps are bounded and the queue rechecked.
+const WAIT_SLICE: Duration = Duration::from_millis(20);
+
+/// [`Transport`] of the test VMM (see the module documentation).
+pub struct VmmTransport {
+    vmm: Mutex<TestVmm>,
+    mem: Arc<GuestMem>,
+    features: u64,
+    /// Duplicate of the control queue's call eventfd.
+    ctrl_call: EventFd,
+    /// Duplicate of the event queue's call eventfd.
+    event_call: EventFd,
+    /// Duplicate of the notification queue's kick eventfd.
+    notify_kick: EventFd,
+}
+
+impl std::fmt::Debug for VmmTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VmmTransport")
+            .field("features", &format_args!("{:#x}", self.features))
+            .finish_non_exhaustive()
+    }
+}
+
+fn io_err(e: std::io::Error) -> TransportError {
+    TransportError::Io(e)
+}
+
+fn map_err(e: Error) -> TransportError {
+    match e {
+        Error::Timeout(_) => TransportError::Timeout,
+        Error::UnknownRequest(t) => TransportError::UnknownToken(t),
+        Error::MessageTimeout { .. } => TransportError::Disconnected,
+        e => TransportError::Other(e.to_string()),
+    }
+}
+
+/// Consumes a pending count of a (non-blocking) eventfd, if any.
+fn drain(fd: &EventFd) {
+    // EAGAIN (nothing pending) is the normal case; any other error will show
+    // up again on the next poll.
+    let _ = fd.read();
+}
+
+impl VmmTransport {
+    /// Wraps a connected VM (virtio initialization done, event buffers
+    /// posted, which [`TestVmm::connect`] does by default).
+    pub fn new(mut vmm: TestVmm) -> std::io::Result<Arc<VmmTransport>> {
+        let ctrl_call = vmm.ctrl().vring().call_fd().try_clone()?;
+        let event_call = vmm.events().vring_mut().call_fd().try_clone()?;
+        let notify_kick = vmm.notify_vring().kick_fd().try_clone()?;
+        Ok(Arc::new(VmmTransport {
+            mem: vmm.mem().clone(),
+            features: vmm.features(),
+            vmm: Mutex::new(vmm),
+            ctrl_call,
+            event_call,
+            notify_kick,
+        }))
+    }
+
+    /// The VMM (for tests that go around the driver). Do not sleep while
+    /// holding it.
+    pub fn vmm(&self) -> MutexGuard<'_, TestVmm> {
+        // Every VMM operation leaves the queue clients consistent between
+        // steps; a panicking test thread is no reason to fail the others.
+        self.vmm.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Guest RAM of the VM.
+    pub fn mem(&self) -> &Arc<GuestMem> {
+        &self.mem
+    }
+
+    /// Allocates `npages` guest pages and maps them contiguously
+    /// (`contiguous_align`: one guest-physical range aligned to it, else
+    /// scattered pages).
+    fn map_pages(
+        &self,
+        len: usize,
+        align: usize,
+        contiguous_align: Option<u64>,
+    ) -> Result<VmmDma, TransportError> {
+        let page = PAGE_SIZE as usize;
+        let npages = len.div_ceil(page).max(1);
+        let oom = || TransportError::OutOfMemory { size: len, align };
+        let (pages, allocs): (Vec<u64>, Vec<GuestAddress>) = match contiguous_align {
+            Some(a) => {
+                let gpa = self
+                    .mem
+                    .alloc(npages as u64 * PAGE_SIZE, a)
+                    .map_err(|_| oom())?;
+                (
+                    (0..npages as u64).map(|i| gpa.0 + i * PAGE_SIZE).collect(),
+                    vec![gpa],
+                )
+            }
+            None => {
+                let v = self.mem.alloc_pages(npages, PAGE_SIZE).map_err(|_| oom())?;
+                (v.iter().map(|g| g.0).collect(), v)
+            }
+        };
+        let mut dma = VmmDma {
+            mem: self.mem.clone(),
+            reservation: ptr::null_mut(),
+            reservation_len: 0,
+            base: ptr::null_mut(),
+            len,
+            pages,
+            allocs,
+        };
+        // Reserve room for the pages plus enough slack to align the start.
+        let va_align = align.max(page);
+        let span = npages * page;
+        let reservation_len = span + (va_align - page);
+        // SAFETY: an anonymous PROT_NONE mapping chosen by the kernel
+        // touches no existing memory; the result is checked.
+        let res = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                reservation_len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if res == libc::MAP_FAILED {
+            return Err(io_err(std::io::Error::last_os_error()));
+        }
+        dma.reservation = res.cast::<u8>();
+        dma.reservation_len = reservation_len;
+        let start = (res as usize).next_multiple_of(va_align);
+        dma.base = start as *mut u8;
+        let fd = self.mem.file().as_raw_fd();
+        for (i, &gpa) in dma.pages.iter().enumerate() {
+            let off = self
+                .mem
+                .file_offset(GuestAddress(gpa))
+                .ok_or_else(|| TransportError::Other(format!("page {gpa:#x} is not RAM")))?;
+            let off = libc::off_t::try_from(off)
+                .map_err(|_| TransportError::Other(format!("file offset {off:#x}")))?;
+            let at = start + i * page;
+            // SAFETY: `at .. at + page` lies inside our own reservation
+            // (start + span <= res + reservation_len), which no other code
+            // uses, so MAP_FIXED replaces nothing but our PROT_NONE pages;
+            // the memfd is valid for the lifetime of `self.mem` and `off`
+            // is a page-aligned offset inside it. The result is checked.
+            let p = unsafe {
+                libc::mmap(
+                    at as *mut libc::c_void,
+                    page,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    fd,
+                    off,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                return Err(io_err(std::io::Error::last_os_error()));
+            }
+        }
+        Ok(dma)
+    }
+
+    /// Waits for the call eventfd `fd` for at most `left` (bounded by
+    /// [`WAIT_SLICE`]) and consumes it.
+    fn sleep_on(fd: &EventFd, left: Duration) -> Result<(), TransportError> {
+        if poll_readable(fd.as_raw_fd(), left.min(WAIT_SLICE)).map_err(map_err)? {
+            drain(fd);
+        }
+        Ok(())
+    }
+}
+
+/// DMA memory of a [`VmmTransport`]: guest pages mapped contiguously into
+/// this process; unmapped and freed on drop.
+#[derive(Debug)]
+pub struct VmmDma {
+    mem: Arc<GuestMem>,
+    reservation: *mut u8,
+    reservation_len: usize,
+    base: *mut u8,
+    len: usize,
+    pages: Vec<u64>,
+    /// What to give back to the guest allocator.
+    allocs: Vec<GuestAddress>,
+}
+
+// SAFETY: the region is plain shared memory owned by this value; the raw
+// pointers are only handed out for raw/volatile/atomic access (the
+// `DmaRegion` contract), which is thread-agnostic.
+unsafe impl Send for VmmDma {}
+// SAFETY: as for `Send`: `&VmmDma` only exposes the pointer and page list.
+unsafe impl Sync for VmmDma {}
+
+// SAFETY: `base` is aligned to max(requested alignment, page size) and
+// valid for reads and writes of `len` bytes (every page of
+// `base .. base + npages * page` is a MAP_SHARED mapping of guest RAM) until
+// drop; nothing else in this process references those addresses (the vm-memory
+// mapping of the same pages is a different virtual range, used by the test
+// VMM only for rings it owns, never for these pages); `pages` has exactly
+// ceil(len / page) entries (first page offset 0), page-aligned, and
+// `pages[i]` is the guest-physical address of bytes `i * page ..`; with a
+// requested alignment above the page size the pages are one guest-physical
+// range aligned to it, and below it every page address is aligned.
+unsafe impl DmaRegion for VmmDma {
+    fn as_ptr(&self) -> *mut u8 {
+        self.base
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn page_shift(&self) -> u32 {
+        PAGE_SIZE.trailing_zeros()
+    }
+
+    fn first_page_offset(&self) -> u32 {
+        0
+    }
+
+    fn pages(&self) -> &[u64] {
+        &self.pages
+    }
+}
+
+impl Drop for VmmDma {
+    fn drop(&mut self) {
+        if !self.reservation.is_null() {
+            // SAFETY: the reservation (with the fixed page mappings inside
+            // it) was created by `map_pages` and is unmapped exactly once,
+            // here; the driver no longer uses it (the region is being
+            // dropped).
+            let r = unsafe { libc::munmap(self.reservation.cast(), self.reservation_len) };
+            if r != 0 {
+                log::warn!("munmap DMA region: {}", std::io::Error::last_os_error());
+            }
+        }
+        for &gpa in &self.allocs {
+            let _ = self.mem.free(gpa);
+        }
+    }
+}
+
+impl Transport for VmmTransport {
+    fn features(&self) -> u64 {
+        self.features
+    }
+
+    fn read_config(&self) -> Result<DeviceConfig, TransportError> {
+        self.vmm().config().map_err(map_err)
+    }
+
+    fn dma_page_shift(&self) -> u32 {
+        PAGE_SIZE.trailing_zeros()
+    }
+
+    fn alloc_dma(&self, len: usize, align: usize) -> Result<Box<dyn DmaRegion>, TransportError> {
+        if len == 0 || !align.is_power_of_two() {
+            return Err(TransportError::OutOfMemory { size: len, align });
+        }
+        let contiguous = (align as u64 > PAGE_SIZE).then_some(align as u64);
+        Ok(Box::new(self.map_pages(len, align, contiguous)?))
+    }
+
+    fn submit(&self, request: &[&[u8]], response_len: usize) -> Result<Token, TransportError> {
+        // The driver's header is the start of the request: split it off so
+        // the control-queue client writes it back unchanged.
+        let all: Vec<u8> = request.concat();
+        if all.len() < RequestHeader::SIZE {
+            return Err(TransportError::Other(format!(
+                "request of {} bytes has no header",
+                all.len()
+            )));
+        }
+        let header = RequestHeader::read(&all[..RequestHeader::SIZE]);
+        // Keep the driver's part boundaries after the header.
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(request.len());
+        let mut skip = RequestHeader::SIZE;
+        for p in request {
+            if skip >= p.len() {
+                skip -= p.len();
+                if parts.is_empty() && skip == 0 {
+                    // The header was a part of its own: say so with an
+                    // empty first part.
+                    parts.push(&[]);
+                }
+                continue;
+            }
+            parts.push(&p[skip..]);
+            skip = 0;
+        }
+        let spec = RequestSpec {
+            request_id: Some(header.request_id),
+            opcode: header.opcode,
+            reserved: header.reserved,
+            parts: &parts,
+            resp_payload_len: response_len.saturating_sub(ResponseHeader::SIZE),
+            writable_split: None,
+            writable_len: Some(response_len.max(ResponseHeader::SIZE)),
+        };
+        self.vmm().ctrl().submit_spec(&spec).map_err(map_err)
+    }
+
+    fn wait(&self, token: Token, timeout: Option<Duration>) -> Result<Vec<u8>, TransportError> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let r = self.vmm().ctrl().wait_timeout(token, Duration::ZERO);
+            match r {
+                Ok(c) => {
+                    let mut bytes = ResponseHeader {
+                        request_id: c.resp_request_id,
+                        status: c.status,
+                        detail: c.detail,
+                    }
+                    .to_bytes()
+                    .to_vec();
+                    bytes.extend_from_slice(&c.payload);
+                    bytes.truncate(c.used_len as usize);
+                    return Ok(bytes);
+                }
+                Err(Error::Timeout(_)) => {}
+                Err(e) => return Err(map_err(e)),
+            }
+            let left = match deadline {
+                Some(d) => d.saturating_duration_since(Instant::now()),
+                None => WAIT_SLICE,
+            };
+            if left.is_zero() {
+                return Err(TransportError::Timeout);
+            }
+            Self::sleep_on(&self.ctrl_call, left)?;
+        }
+    }
+
+    fn notify(&self, queue: u16) -> Result<(), TransportError> {
+        if queue == NOTIFYQ {
+            // Unconditionally: the driver decided from DB_FLAG_KICK.
+            return self.notify_kick.write(1).map_err(io_err);
+        }
+        let mut vmm = self.vmm();
+        match queue {
+            0 => vmm.ctrl().kick(),
+            1 => vmm.events().vring_mut().kick().map(|()| true),
+            q => return Err(TransportError::Other(format!("no virtqueue {q}"))),
+        }
+        .map(drop)
+        .map_err(map_err)
+    }
+
+    fn next_event(&self, timeout: Option<Duration>) -> Result<Option<Event>, TransportError> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            {
+                let mut vmm = self.vmm();
+                let ev = vmm.events();
+                if let Some(e) = ev.try_next_event().map_err(map_err)? {
+                    return Ok(Some(e));
+                }
+                if ev.vring_mut().enable_interrupts().map_err(map_err)? {
+                    continue;
+                }
+            }
+            let left = match deadline {
+                Some(d) => d.saturating_duration_since(Instant::now()),
+                None => WAIT_SLICE,
+            };
+            if left.is_zero() {
+                return Ok(None);
+            }
+            Self::sleep_on(&self.event_call, left)?;
+        }
+    }
+}

@@ -1,0 +1,819 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! End-to-end data path through the real daemon: the reference guest driver
+//! (`virtio-rdma-driver`) on two test VMs, over [`VmmTransport`] (DMA memory
+//! made of scattered guest pages).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vhost_user_rdma_tests::harness::TestDaemon;
+use vhost_user_rdma_tests::transport::VmmTransport;
+use vhost_user_rdma_tests::verbs::{QpInit as RawQpInit, Verbs};
+use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
+use virtio_rdma_abi::mem::access;
+use virtio_rdma_abi::qp::{AddressVector, QpState};
+use virtio_rdma_driver::{
+    Ah, Cq, Device, DmaBuf, Mr, Payload, Pd, Qp, QpCap, QpInit, RcConnect, RecvWr, SendFlags,
+    SendOp, SendWr, Sge, Srq, UdDest, WorkCompletion,
+};
+use vm_memory::GuestAddress;
+
+const WAIT: Duration = Duration::from_secs(10);
+const QKEY: u32 = 0x1111_2222;
+const QP_ACCESS: u32 = access::REMOTE_READ | access::REMOTE_WRITE | access::REMOTE_ATOMIC;
+
+struct Vm {
+    t: Arc<VmmTransport>,
+    dev: Device,
+    pd: Arc<Pd>,
+}
+
+fn open(d: &TestDaemon, i: usize) -> Vm {
+    let vmm = d.connect(i).unwrap();
+    let t = VmmTransport::new(vmm).unwrap();
+    let dev = Device::open(t.clone()).unwrap();
+    let pd = Pd::alloc(&dev).unwrap();
+    Vm { t, dev, pd }
+}
+
+fn two_vms() -> (TestDaemon, Vm, Vm) {
+    let d = TestDaemon::start(2).unwrap();
+    let a = open(&d, 0);
+    let b = open(&d, 1);
+    (d, a, b)
+}
+
+/// A registered buffer (scattered guest pages).
+struct Buf {
+    buf: Arc<DmaBuf>,
+    mr: Mr,
+}
+
+impl Buf {
+    fn new(vm: &Vm, len: usize) -> Buf {
+        let buf = Arc::new(vm.dev.alloc_dma(len, 8).unwrap());
+        let mr = Mr::register(&vm.pd, buf.clone(), access::ALL).unwrap();
+        Buf { buf, mr }
+    }
+    fn addr(&self, off: usize) -> u64 {
+        self.mr.iova() + off as u64
+    }
+    fn sge(&self, off: usize, len: usize) -> Sge {
+        self.mr
+            .sge(off as u64, u32::try_from(len).unwrap())
+            .unwrap()
+    }
+    fn read(&self, off: usize, len: usize) -> Vec<u8> {
+        self.buf.to_vec(off, len).unwrap()
+    }
+    fn write(&self, off: usize, data: &[u8]) {
+        self.buf.write(off, data).unwrap();
+    }
+    fn u64_at(&self, off: usize) -> u64 {
+        u64::from_le_bytes(self.read(off, 8).try_into().unwrap())
+    }
+}
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn cap() -> QpCap {
+    QpCap {
+        max_send_wr: 64,
+        max_recv_wr: 64,
+        max_send_sge: 4,
+        max_recv_sge: 4,
+        max_inline_data: 64,
+    }
+}
+
+fn rc_qp(vm: &Vm, cq: &Arc<Cq>) -> Qp {
+    let mut init = QpInit::rc(cq);
+    init.cap = cap();
+    Qp::create(&vm.pd, &init).unwrap()
+}
+
+fn conn(peer: &Qp, peer_vm: &Vm) -> RcConnect {
+    let mut c = RcConnect::new(peer.qpn(), peer_vm.dev.gid());
+    let attr = peer_vm.dev.attr();
+    c.max_rd_atomic = attr.max_qp_init_rd_atom.min(16);
+    c.max_dest_rd_atomic = attr.max_qp_rd_atom.min(16);
+    c
+}
+
+/// Connects `qa` (on `a`) and `qb` (on `b`) to each other.
+fn connect(a: &Vm, qa: &Qp, b: &Vm, qb: &Qp) {
+    qa.rc_connect(QP_ACCESS, &conn(qb, b)).unwrap();
+    qb.rc_connect(QP_ACCESS, &conn(qa, a)).unwrap();
+}
+
+struct Pair {
+    cqa: Arc<Cq>,
+    cqb: Arc<Cq>,
+    qa: Qp,
+    qb: Qp,
+}
+
+fn rc_pair(a: &Vm, b: &Vm) -> Pair {
+    let cqa = Cq::create(&a.dev, 256).unwrap();
+    let cqb = Cq::create(&b.dev, 256).unwrap();
+    let qa = rc_qp(a, &cqa);
+    let qb = rc_qp(b, &cqb);
+    connect(a, &qa, b, &qb);
+    Pair { cqa, cqb, qa, qb }
+}
+
+/// Polls exactly `n` completions within [`WAIT`].
+fn poll_n(cq: &Cq, n: usize) -> Vec<WorkCompletion> {
+    let deadline = Instant::now() + WAIT;
+    let mut out = Vec::with_capacity(n);
+    let mut wc = [WorkCompletion::default(); 32];
+    while out.len() < n {
+        let k = cq.poll(&mut wc[..(n - out.len()).min(32)]);
+        out.extend_from_slice(&wc[..k]);
+        if k == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{} of {n} completions: {out:?}",
+                out.len()
+            );
+            std::thread::yield_now();
+        }
+    }
+    out
+}
+
+fn poll_one(cq: &Cq) -> WorkCompletion {
+    poll_n(cq, 1)[0]
+}
+
+/// Asserts that no completion arrives for a little while.
+fn assert_quiet(cq: &Cq) {
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(cq.poll_one(), None);
+}
+
+fn ok(wc: &WorkCompletion, wr_id: u64, op: WcOpcode) {
+    assert!(wc.is_success(), "{wc:?}");
+    assert_eq!(wc.wr_id, wr_id, "{wc:?}");
+    assert_eq!(wc.opcode(), Some(op), "{wc:?}");
+}
+
+fn wr<'a>(wr_id: u64, op: SendOp, sges: &'a [Sge]) -> SendWr<'a> {
+    SendWr {
+        wr_id,
+        op,
+        payload: Payload::Sges(sges),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    }
+}
+
+/// Splits `len` bytes at `off` of `b` into up to three SGEs (uneven sizes).
+fn sges(b: &Buf, off: usize, len: usize) -> Vec<Sge> {
+    match len {
+        0 => Vec::new(),
+        1..=2 => vec![b.sge(off, len)],
+        _ => {
+            let x = len / 3 + 1;
+            let y = len / 5 + 2;
+            vec![
+                b.sge(off, x),
+                b.sge(off + x, y),
+                b.sge(off + x + y, len - x - y),
+            ]
+        }
+    }
+}
+
+const SIZES: [usize; 4] = [0, 1, 4096, (1 << 20) + 3];
+const BIG: usize = (1 << 20) + 64;
+
+#[test]
+fn rdma_write_sizes() {
+    let (_d, a, b) = two_vms();
+    let p = rc_pair(&a, &b);
+    let src = Buf::new(&a, BIG);
+    let dst = Buf::new(&b, BIG);
+    // The transport's DMA memory is contiguous for the driver only.
+    for buf in [&src.buf, &dst.buf] {
+        assert!(buf.pages().windows(2).all(|w| w[0] + 4096 != w[1]));
+    }
+    for (i, &len) in SIZES.iter().enumerate() {
+        let (so, dof) = (7, 5);
+        let data = pattern(len, i as u64 + 1);
+        src.write(so, &data);
+        dst.write(0, &vec![0xEE; BIG]);
+        let sg = sges(&src, so, len);
+        let op = SendOp::RdmaWrite {
+            remote_addr: dst.addr(dof),
+            rkey: dst.mr.rkey(),
+        };
+        p.qa.post_send(&[wr(i as u64, op, &sg)]).unwrap();
+        let wc = poll_one(&p.cqa);
+        ok(&wc, i as u64, WcOpcode::RDMA_WRITE);
+        assert_eq!(dst.read(dof, len), data, "write of {len} bytes");
+        assert_eq!(dst.read(0, dof), vec![0xEE; dof]);
+        assert_eq!(dst.read(dof + len, 16), vec![0xEE; 16]);
+    }
+    // A WRITE without immediate data completes nothing at the responder.
+    assert_quiet(&p.cqb);
+}
+
+#[test]
+fn rdma_read_sizes() {
+    let (_d, a, b) = two_vms();
+    let p = rc_pair(&a, &b);
+    let dst = Buf::new(&a, BIG);
+    let src = Buf::new(&b, BIG);
+    for (i, &len) in SIZES.iter().enumerate() {
+        let (dof, so) = (3, 9);
+        let data = pattern(len, 100 + i as u64);
+        src.write(so, &data);
+        dst.write(0, &vec![0xEE; BIG]);
+        let sg = sges(&dst, dof, len);
+        let op = SendOp::RdmaRead {
+            remote_addr: src.addr(so),
+            rkey: src.mr.rkey(),
+        };
+        p.qa.post_send(&[wr(i as u64, op, &sg)]).unwrap();
+        let wc = poll_one(&p.cqa);
+        ok(&wc, i as u64, WcOpcode::RDMA_READ);
+        assert_eq!(wc.byte_len as usize, len);
+        assert_eq!(dst.read(dof, len), data, "read of {len} bytes");
+        assert_eq!(dst.read(0, dof), vec![0xEE; dof]);
+        assert_eq!(dst.read(dof + len, 16), vec![0xEE; 16]);
+    }
+    assert_quiet(&p.cqb);
+}
+
+#[test]
+fn send_recv_ping_pong() {
+    let (_d, a, b) = two_vms();
+    let p = rc_pair(&a, &b);
+    let (ba, bb) = (Buf::new(&a, 8192), Buf::new(&b, 8192));
+    const N: u64 = 20;
+    for i in 0..N {
+        let with_imm = i % 2 == 1;
+        let len = 1 + (i as usize * 397) % 3000;
+        // Receives on both sides (the reply's receive first).
+        p.qa.post_recv(&[RecvWr {
+            wr_id: 1000 + i,
+            sg_list: &sges(&ba, 4096, 4096),
+        }])
+        .unwrap();
+        p.qb.post_recv(&[RecvWr {
+            wr_id: 2000 + i,
+            sg_list: &sges(&bb, 0, 4096),
+        }])
+        .unwrap();
+        let ping = pattern(len, i);
+        ba.write(0, &ping);
+        let sg = [ba.sge(0, len)];
+        let op = if with_imm {
+            SendOp::SendWithImm {
+                imm: 0xABCD_0000 + i as u32,
+            }
+        } else {
+            SendOp::Send
+        };
+        p.qa.post_send(&[wr(i, op, &sg)]).unwrap();
+        let r = poll_one(&p.cqb);
+        ok(&r, 2000 + i, WcOpcode::RECV);
+        assert_eq!(r.byte_len as usize, len);
+        assert_eq!(r.qpn, p.qb.qpn());
+        assert_eq!(r.imm(), with_imm.then_some(0xABCD_0000 + i as u32));
+        assert_eq!(bb.read(0, len), ping);
+        ok(&poll_one(&p.cqa), i, WcOpcode::SEND);
+        // Pong: echo it back.
+        let sg = [bb.sge(0, len)];
+        p.qb.post_send(&[wr(i, op, &sg)]).unwrap();
+        let r = poll_one(&p.cqa);
+        ok(&r, 1000 + i, WcOpcode::RECV);
+        assert_eq!(r.byte_len as usize, len);
+        assert_eq!(r.imm(), with_imm.then_some(0xABCD_0000 + i as u32));
+        assert_eq!(ba.read(4096, len), ping);
+        ok(&poll_one(&p.cqb), i, WcOpcode::SEND);
+    }
+    // WRITE with immediate consumes a receive and reports the immediate.
+    p.qb.post_recv(&[RecvWr {
+        wr_id: 77,
+        sg_list: &[],
+    }])
+    .unwrap();
+    ba.write(0, b"write-imm");
+    let sg = [ba.sge(0, 9)];
+    let op = SendOp::RdmaWriteWithImm {
+        remote_addr: bb.addr(100),
+        rkey: bb.mr.rkey(),
+        imm: 0x0102_0304,
+    };
+    p.qa.post_send(&[wr(78, op, &sg)]).unwrap();
+    let r = poll_one(&p.cqb);
+    ok(&r, 77, WcOpcode::RECV_RDMA_WITH_IMM);
+    assert_eq!(r.imm(), Some(0x0102_0304));
+    assert_eq!(r.byte_len, 9);
+    assert_eq!(bb.read(100, 9), b"write-imm");
+    ok(&poll_one(&p.cqa), 78, WcOpcode::RDMA_WRITE);
+}
+
+#[test]
+fn inline_send() {
+    let (_d, a, b) = two_vms();
+    let p = rc_pair(&a, &b);
+    let bb = Buf::new(&b, 4096);
+    for (i, len) in [1usize, 13, 64].into_iter().enumerate() {
+        p.qb.post_recv(&[RecvWr {
+            wr_id: i as u64,
+            sg_list: &[bb.sge(0, 4096)],
+        }])
+        .unwrap();
+        let data = pattern(len, 7 + i as u64);
+        p.qa.post_send(&[SendWr {
+            wr_id: 50 + i as u64,
+            op: SendOp::Send,
+            payload: Payload::Inline(&data),
+            flags: SendFlags::SIGNALED,
+            ud: None,
+        }])
+        .unwrap();
+        let r = poll_one(&p.cqb);
+        ok(&r, i as u64, WcOpcode::RECV);
+        assert_eq!(r.byte_len as usize, len);
+        assert_eq!(bb.read(0, len), data);
+        ok(&poll_one(&p.cqa), 50 + i as u64, WcOpcode::SEND);
+    }
+    // Inline RDMA WRITE too.
+    let data = pattern(40, 99);
+    p.qa.post_send(&[SendWr {
+        wr_id: 9,
+        op: SendOp::RdmaWrite {
+            remote_addr: bb.addr(1000),
+            rkey: bb.mr.rkey(),
+        },
+        payload: Payload::Inline(&data),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    }])
+    .unwrap();
+    ok(&poll_one(&p.cqa), 9, WcOpcode::RDMA_WRITE);
+    assert_eq!(bb.read(1000, 40), data);
+}
+
+#[test]
+fn atomics_concurrent() {
+    const QPS: usize = 4;
+    const ADDS: usize = 1000;
+    const CAS: usize = 100;
+    const BATCH: usize = 16;
+    let (_d, a, b) = two_vms();
+    let target = Buf::new(&b, 4096);
+    target.write(0, &[0; 64]);
+    let pairs: Vec<Pair> = (0..QPS).map(|_| rc_pair(&a, &b)).collect();
+    let fetched: Vec<Vec<u64>> = std::thread::scope(|s| {
+        let hs: Vec<_> = pairs
+            .iter()
+            .enumerate()
+            .map(|(t, p)| {
+                let a = &a;
+                let target = &target;
+                s.spawn(move || {
+                    let res = Buf::new(a, BATCH * 8);
+                    let mut got = Vec::with_capacity(ADDS);
+                    for chunk in 0..ADDS / BATCH + 1 {
+                        let n = BATCH.min(ADDS - chunk * BATCH);
+                        if n == 0 {
+                            break;
+                        }
+                        let sg: Vec<[Sge; 1]> = (0..n).map(|k| [res.sge(k * 8, 8)]).collect();
+                        let wrs: Vec<SendWr<'_>> = (0..n)
+                            .map(|k| {
+                                wr(
+                                    k as u64,
+                                    SendOp::AtomicFetchAdd {
+                                        remote_addr: target.addr(0),
+                                        rkey: target.mr.rkey(),
+                                        add: 1,
+                                    },
+                                    &sg[k],
+                                )
+                            })
+                            .collect();
+                        p.qa.post_send(&wrs).unwrap();
+                        for (k, wc) in poll_n(&p.cqa, n).iter().enumerate() {
+                            ok(wc, k as u64, WcOpcode::FETCH_ADD);
+                            assert_eq!(wc.byte_len, 8);
+                        }
+                        got.extend((0..n).map(|k| res.u64_at(k * 8)));
+                    }
+                    // Compare-and-swap increments of a second counter.
+                    let mut cur = 0u64;
+                    let mut done = 0;
+                    while done < CAS {
+                        let sg = [res.sge(0, 8)];
+                        let op = SendOp::AtomicCmpSwp {
+                            remote_addr: target.addr(8),
+                            rkey: target.mr.rkey(),
+                            compare: cur,
+                            swap: cur + 1,
+                        };
+                        p.qa.post_send(&[wr(t as u64, op, &sg)]).unwrap();
+                        ok(&poll_one(&p.cqa), t as u64, WcOpcode::COMP_SWAP);
+                        let orig = res.u64_at(0);
+                        if orig == cur {
+                            done += 1;
+                            cur += 1;
+                        } else {
+                            cur = orig;
+                        }
+                    }
+                    got
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(target.u64_at(0), (QPS * ADDS) as u64);
+    assert_eq!(target.u64_at(8), (QPS * CAS) as u64);
+    let mut all: Vec<u64> = fetched.into_iter().flatten().collect();
+    all.sort_unstable();
+    let want: Vec<u64> = (0..(QPS * ADDS) as u64).collect();
+    assert_eq!(all, want, "every fetch-add saw a distinct value");
+    // Nothing completes at the responder.
+    for p in &pairs {
+        assert_eq!(p.cqb.poll_one(), None);
+    }
+}
+
+#[test]
+fn ud_send_through_ah() {
+    let (_d, a, b) = two_vms();
+    let (cqa, cqb) = (
+        Cq::create(&a.dev, 64).unwrap(),
+        Cq::create(&b.dev, 64).unwrap(),
+    );
+    let mk = |vm: &Vm, cq: &Arc<Cq>| {
+        let mut init = QpInit::ud(cq);
+        init.cap = cap();
+        let q = Qp::create(&vm.pd, &init).unwrap();
+        q.ud_activate(QKEY, 0).unwrap();
+        q
+    };
+    let (qa, qb) = (mk(&a, &cqa), mk(&b, &cqb));
+    let ah = Ah::create(
+        &a.pd,
+        &AddressVector {
+            dgid: b.dev.gid(),
+            hop_limit: 64,
+            ..AddressVector::default()
+        },
+    )
+    .unwrap();
+    let (ba, bb) = (Buf::new(&a, 4096), Buf::new(&b, 4096));
+    for i in 0..3u64 {
+        let len = 100 + i as usize * 500;
+        bb.write(0, &[0xEE; 4096]);
+        // The GRH straddles two SGEs.
+        qb.post_recv(&[RecvWr {
+            wr_id: i,
+            sg_list: &[bb.sge(0, 24), bb.sge(24, 4000)],
+        }])
+        .unwrap();
+        let data = pattern(len, 300 + i);
+        ba.write(0, &data);
+        let sg = [ba.sge(0, len)];
+        let mut w = wr(10 + i, SendOp::Send, &sg);
+        if i == 1 {
+            w.op = SendOp::SendWithImm { imm: 0x55 };
+        }
+        w.ud = Some(UdDest {
+            ah: &ah,
+            remote_qpn: qb.qpn(),
+            remote_qkey: QKEY,
+        });
+        qa.post_send(&[w]).unwrap();
+        ok(&poll_one(&cqa), 10 + i, WcOpcode::SEND);
+        let r = poll_one(&cqb);
+        ok(&r, i, WcOpcode::RECV);
+        assert!(r.has_grh(), "{r:?}");
+        assert_eq!(r.src_qpn, qa.qpn());
+        assert_eq!(r.qpn, qb.qpn());
+        assert_eq!(r.byte_len as usize, 40 + len);
+        assert_eq!(r.imm(), (i == 1).then_some(0x55));
+        assert_eq!(bb.read(8, 16), a.dev.gid(), "GRH source GID");
+        assert_eq!(bb.read(24, 16), b.dev.gid(), "GRH destination GID");
+        assert_eq!(bb.read(40, len), data);
+    }
+    // A wrong Q_Key is dropped silently: the sender still completes.
+    qb.post_recv(&[RecvWr {
+        wr_id: 99,
+        sg_list: &[bb.sge(0, 4096)],
+    }])
+    .unwrap();
+    let sg = [ba.sge(0, 8)];
+    let mut w = wr(20, SendOp::Send, &sg);
+    w.ud = Some(UdDest {
+        ah: &ah,
+        remote_qpn: qb.qpn(),
+        remote_qkey: QKEY ^ 1,
+    });
+    qa.post_send(&[w]).unwrap();
+    ok(&poll_one(&cqa), 20, WcOpcode::SEND);
+    assert_quiet(&cqb);
+}
+
+#[test]
+fn srq_receives() {
+    let (_d, a, b) = two_vms();
+    let srq = Srq::create(&b.pd, 64, 1, 0).unwrap();
+    let cqa = Cq::create(&a.dev, 256).unwrap();
+    let cqb = Cq::create(&b.dev, 256).unwrap();
+    let mk_b = || {
+        let mut init = QpInit::rc(&cqb);
+        init.cap = cap();
+        init.srq = Some(srq.clone());
+        Qp::create(&b.pd, &init).unwrap()
+    };
+    let (qa1, qa2) = (rc_qp(&a, &cqa), rc_qp(&a, &cqa));
+    let (qb1, qb2) = (mk_b(), mk_b());
+    connect(&a, &qa1, &b, &qb1);
+    connect(&a, &qa2, &b, &qb2);
+    let bb = Buf::new(&b, 16 * 256);
+    let ba = Buf::new(&a, 4096);
+    const N: usize = 16;
+    for k in 0..N {
+        srq.post_recv(&[RecvWr {
+            wr_id: 500 + k as u64,
+            sg_list: &[bb.sge(k * 256, 256)],
+        }])
+        .unwrap();
+    }
+    for k in 0..N {
+        let msg = format!("message {k:02} via srq");
+        ba.write(k * 32, msg.as_bytes());
+        let sg = [ba.sge(k * 32, msg.len())];
+        let q = if k % 2 == 0 { &qa1 } else { &qa2 };
+        q.post_send(&[wr(k as u64, SendOp::Send, &sg)]).unwrap();
+        ok(&poll_one(&cqa), k as u64, WcOpcode::SEND);
+    }
+    let wcs = poll_n(&cqb, N);
+    for (k, r) in wcs.iter().enumerate() {
+        // The SRQ hands out its WQEs in order.
+        ok(r, 500 + k as u64, WcOpcode::RECV);
+        let want = if k % 2 == 0 { qb1.qpn() } else { qb2.qpn() };
+        assert_eq!(r.qpn, want, "{r:?}");
+        let msg = format!("message {k:02} via srq");
+        assert_eq!(r.byte_len as usize, msg.len());
+        assert_eq!(bb.read(k * 256, msg.len()), msg.as_bytes());
+    }
+}
+
+#[test]
+fn cq_arming_raises_an_event() {
+    let (_d, a, b) = two_vms();
+    let p = rc_pair(&a, &b);
+    let bb = Buf::new(&b, 4096);
+    let ba = Buf::new(&a, 4096);
+    for round in 0..3u64 {
+        p.cqb.req_notify(false);
+        assert_eq!(p.cqb.poll_one(), None);
+        assert!(!p.cqb.wait_event(Some(Duration::ZERO)).unwrap());
+        p.qb.post_recv(&[RecvWr {
+            wr_id: round,
+            sg_list: &[bb.sge(0, 64)],
+        }])
+        .unwrap();
+        let sg = [ba.sge(0, 64)];
+        p.qa.post_send(&[wr(round, SendOp::Send, &sg)]).unwrap();
+        assert!(p.cqb.wait_event(Some(WAIT)).unwrap(), "round {round}");
+        ok(&poll_one(&p.cqb), round, WcOpcode::RECV);
+        ok(&poll_one(&p.cqa), round, WcOpcode::SEND);
+        // One event per arming.
+        assert!(!p.cqb.wait_event(Some(Duration::from_millis(30))).unwrap());
+    }
+}
+
+fn qp_state(q: &Qp) -> u32 {
+    q.query().unwrap().attr.qp_state
+}
+
+fn wait_state(q: &Qp, s: QpState) {
+    let deadline = Instant::now() + WAIT;
+    while qp_state(q) != u32::from(s) {
+        assert!(Instant::now() < deadline, "QP state {}", qp_state(q));
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn error_bad_lkey_flushes() {
+    let (_d, a, b) = two_vms();
+    let p = rc_pair(&a, &b);
+    let (ba, bb) = (Buf::new(&a, 4096), Buf::new(&b, 4096));
+    let mut bad = ba.sge(0, 16);
+    bad.lkey ^= 0x00ab_cd00;
+    let good = [ba.sge(0, 16)];
+    let op = SendOp::RdmaWrite {
+        remote_addr: bb.addr(0),
+        rkey: bb.mr.rkey(),
+    };
+    let bad = [bad];
+    let mut unsignaled = wr(3, op, &good);
+    unsignaled.flags = SendFlags::NONE;
+    p.qa.post_send(&[wr(1, op, &bad), wr(2, op, &good), unsignaled])
+        .unwrap();
+    let wcs = poll_n(&p.cqa, 3);
+    assert_eq!(wcs[0].wr_id, 1);
+    assert_eq!(wcs[0].status(), Some(WcStatus::LOC_PROT_ERR), "{wcs:?}");
+    for (k, wc) in wcs[1..].iter().enumerate() {
+        assert_eq!(wc.wr_id, 2 + k as u64);
+        assert_eq!(wc.status(), Some(WcStatus::WR_FLUSH_ERR), "{wc:?}");
+    }
+    wait_state(&p.qa, QpState::ERR);
+    // Later work is flushed too, receives included.
+    p.qa.post_send(&[wr(4, op, &good)]).unwrap();
+    p.qa.post_recv(&[RecvWr {
+        wr_id: 5,
+        sg_list: &good,
+    }])
+    .unwrap();
+    let wcs = poll_n(&p.cqa, 2);
+    let mut ids: Vec<u64> = wcs.iter().map(|w| w.wr_id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, [4, 5]);
+    assert!(wcs
+        .iter()
+        .all(|w| w.status() == Some(WcStatus::WR_FLUSH_ERR)));
+    assert_eq!(bb.read(0, 16), vec![0; 16], "nothing was written");
+}
+
+#[test]
+fn error_bad_rkey() {
+    let (_d, a, b) = two_vms();
+    let p = rc_pair(&a, &b);
+    let (ba, bb) = (Buf::new(&a, 4096), Buf::new(&b, 4096));
+    let sg = [ba.sge(0, 16)];
+    let op = SendOp::RdmaWrite {
+        remote_addr: bb.addr(0),
+        rkey: bb.mr.rkey() ^ 0x00ab_cd00,
+    };
+    p.qa.post_send(&[wr(1, op, &sg)]).unwrap();
+    let wc = poll_one(&p.cqa);
+    assert_eq!(wc.wr_id, 1);
+    assert_eq!(wc.status(), Some(WcStatus::REM_ACCESS_ERR), "{wc:?}");
+    wait_state(&p.qa, QpState::ERR);
+    wait_state(&p.qb, QpState::ERR);
+    // The responder flushes its receives.
+    p.qb.post_recv(&[RecvWr {
+        wr_id: 9,
+        sg_list: &[bb.sge(0, 16)],
+    }])
+    .unwrap();
+    let wc = poll_one(&p.cqb);
+    assert_eq!(wc.wr_id, 9);
+    assert_eq!(wc.status(), Some(WcStatus::WR_FLUSH_ERR), "{wc:?}");
+}
+
+#[test]
+fn error_rnr_retry_exceeded() {
+    let (_d, a, b) = two_vms();
+    let cqa = Cq::create(&a.dev, 64).unwrap();
+    let cqb = Cq::create(&b.dev, 64).unwrap();
+    let qa = rc_qp(&a, &cqa);
+    let qb = rc_qp(&b, &cqb);
+    let mut ca = conn(&qb, &b);
+    ca.rnr_retry = 0;
+    qa.rc_connect(QP_ACCESS, &ca).unwrap();
+    let mut cb = conn(&qa, &a);
+    cb.min_rnr_timer = 1;
+    qb.rc_connect(QP_ACCESS, &cb).unwrap();
+    let ba = Buf::new(&a, 4096);
+    let sg = [ba.sge(0, 32)];
+    qa.post_send(&[wr(1, SendOp::Send, &sg)]).unwrap();
+    let wc = poll_one(&cqa);
+    assert_eq!(wc.wr_id, 1);
+    assert_eq!(wc.status(), Some(WcStatus::RNR_RETRY_EXC_ERR), "{wc:?}");
+    wait_state(&qa, QpState::ERR);
+    // The responder is unharmed.
+    assert_eq!(qp_state(&qb), u32::from(QpState::RTS));
+    assert_eq!(cqb.poll_one(), None);
+}
+
+/// A guest scribbles random bytes over its own SQ ring and doorbell record
+/// (and kicks) while the engine runs; the other VM's traffic stays correct.
+#[test]
+fn scribbling_guest_does_not_hurt_others() {
+    let (_d, a, b) = two_vms();
+    // The rogue QP, made with raw verbs so the test knows its ring pages.
+    let (sq_pages, db, rogue, peer_qpn) = {
+        let mut vmm = a.t.vmm();
+        let mut v = Verbs::new(&mut vmm);
+        let ctx = v.create_ctx().unwrap();
+        let pd = v.alloc_pd(ctx).unwrap();
+        let cq = v.create_cq(ctx, 64).unwrap();
+        let mut init = RawQpInit::rc(pd, cq);
+        init.max_inline_data = 64;
+        let (req, tail) = v.qp_request(&init).unwrap();
+        let r = v.create_qp_raw(&req, &tail).unwrap();
+        // A target in VM 1 (its own context there).
+        let mut vmm_b = b.t.vmm();
+        let mut vb = Verbs::new(&mut vmm_b);
+        let ctx_b = vb.create_ctx().unwrap();
+        let pd_b = vb.alloc_pd(ctx_b).unwrap();
+        let cq_b = vb.create_cq(ctx_b, 64).unwrap();
+        let peer = vb.create_qp(&RawQpInit::rc(pd_b, cq_b)).unwrap();
+        vb.connect_rc(peer.handle, r.qpn, a.dev.gid()).unwrap();
+        v.connect_rc(r.qp_handle, peer.qpn, b.dev.gid()).unwrap();
+        let pages: Vec<GuestAddress> = tail
+            .chunks_exact(8)
+            .map(|c| GuestAddress(u64::from_le_bytes(c.try_into().unwrap())))
+            .collect();
+        (pages, GuestAddress(req.db_gpa), r.qp_handle, peer.qpn)
+    };
+    let stop = AtomicBool::new(false);
+    let p = rc_pair(&a, &b);
+    let (ba, bb) = (Buf::new(&a, 65536), Buf::new(&b, 65536));
+    std::thread::scope(|s| {
+        let mem = a.t.mem().clone();
+        let t = a.t.clone();
+        let stop = &stop;
+        let gid_b = b.dev.gid();
+        let scribbler = s.spawn(move || {
+            use virtio_rdma_driver::Transport;
+            let mut i = 0u64;
+            let mut revived = 0;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                for (k, &pg) in sq_pages.iter().enumerate() {
+                    mem.write(pg, &pattern(4096, i * 31 + k as u64)).unwrap();
+                }
+                mem.write(db, &pattern(64, i)).unwrap();
+                t.notify(virtio_rdma_abi::config::NOTIFYQ).unwrap();
+                std::thread::sleep(Duration::from_micros(200));
+                if i % 16 == 0 {
+                    // Once the garbage has put the rogue QP in ERR, bring it
+                    // back so the engine keeps chewing on garbage.
+                    let mut vmm = t.vmm();
+                    let mut v = Verbs::new(&mut vmm);
+                    let st = v.query_qp(rogue).unwrap().attr.qp_state;
+                    if st == u32::from(QpState::ERR) {
+                        let reset = virtio_rdma_abi::qp::QpAttr {
+                            qp_state: QpState::RESET.into(),
+                            ..Default::default()
+                        };
+                        v.modify_qp(rogue, virtio_rdma_abi::qp::attr::STATE, &reset)
+                            .unwrap();
+                        v.connect_rc(rogue, peer_qpn, gid_b).unwrap();
+                        revived += 1;
+                    }
+                }
+            }
+            revived
+        });
+        let deadline = Instant::now() + Duration::from_millis(1500);
+        let mut i = 0u64;
+        while Instant::now() < deadline {
+            i += 1;
+            let len = 1 + (i as usize * 7919) % 65535;
+            let data = pattern(len, 1000 + i);
+            ba.write(0, &data);
+            let sg = sges(&ba, 0, len);
+            let op = SendOp::RdmaWrite {
+                remote_addr: bb.addr(0),
+                rkey: bb.mr.rkey(),
+            };
+            p.qa.post_send(&[wr(i, op, &sg)]).unwrap();
+            ok(&poll_one(&p.cqa), i, WcOpcode::RDMA_WRITE);
+            assert_eq!(bb.read(0, len), data);
+            // And back with SEND.
+            p.qa.post_recv(&[RecvWr {
+                wr_id: i,
+                sg_list: &[ba.sge(0, 65536)],
+            }])
+            .unwrap();
+            let sg = sges(&bb, 0, len.min(4096));
+            p.qb.post_send(&[wr(i, SendOp::Send, &sg)]).unwrap();
+            ok(&poll_one(&p.cqb), i, WcOpcode::SEND);
+            let r = poll_one(&p.cqa);
+            ok(&r, i, WcOpcode::RECV);
+            assert_eq!(ba.read(0, len.min(4096)), data[..len.min(4096)]);
+        }
+        stop.store(true, Ordering::Relaxed);
+        let revived = scribbler.join().unwrap();
+        assert!(i > 10, "only {i} rounds");
+        assert!(revived > 0, "the garbage never reached the engine");
+    });
+    // The device still answers VM 0's control path.
+    let q = Qp::create(&a.pd, &QpInit::rc(&p.cqa)).unwrap();
+    assert_eq!(q.state(), QpState::RESET);
+}
