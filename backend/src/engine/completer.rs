@@ -11,7 +11,6 @@ use virtio_rdma_abi::datapath::{
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::mem::CQE_SIZE;
 use virtio_rdma_abi::qp::QpState;
-use virtio_rdma_abi::Wire;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::ctrl::Ctrl;
@@ -46,14 +45,16 @@ pub fn complete(ctrl: &mut Ctrl, mem: &GuestMemoryMmap<()>, cq_handle: u32, mut 
         return false;
     };
     cqe.owner = 0;
-    let mut bytes = cqe.to_bytes();
+    let mut bytes = [0u8; CQE_SIZE as usize];
+    virtio_rdma_abi::Field::write(&cqe, &mut bytes);
     // Everything but the owner byte first; the owner last, with release.
-    bytes.truncate(CQE_OWNER_OFFSET as usize);
-    let tail = cqe.to_bytes();
-    let rest = tail.get(CQE_OWNER_OFFSET as usize + 1..).unwrap_or(&[]);
-    let ok = mem.write_slice(&bytes, GuestAddress(gpa)).is_ok()
+    let owner = CQE_OWNER_OFFSET as usize;
+    let ok = mem.write_slice(&bytes[..owner], GuestAddress(gpa)).is_ok()
         && mem
-            .write_slice(rest, GuestAddress(gpa + CQE_OWNER_OFFSET + 1))
+            .write_slice(
+                &bytes[owner + 1..],
+                GuestAddress(gpa + CQE_OWNER_OFFSET + 1),
+            )
             .is_ok()
         && access::store_u8_release(mem, gpa + CQE_OWNER_OFFSET, cqe_owner(index, cq.depth))
             .is_ok();

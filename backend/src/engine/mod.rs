@@ -19,7 +19,7 @@ pub mod completer;
 pub mod exec;
 pub mod wqe;
 
-use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -57,6 +57,8 @@ const BURST: u32 = 32;
 /// The engine: a thread and the VMs it serves.
 pub struct Engine {
     vms: Mutex<Vec<Weak<RdmaDevice>>>,
+    /// Bumped on every registration, so the thread refreshes its VM list.
+    generation: AtomicUsize,
     rnic: Arc<dyn Rnic>,
     wake: EventFd,
     stop: AtomicBool,
@@ -68,6 +70,7 @@ impl Engine {
     pub fn start(rnic: Arc<dyn Rnic>) -> std::io::Result<Arc<Engine>> {
         let engine = Arc::new(Engine {
             vms: Mutex::new(Vec::new()),
+            generation: AtomicUsize::new(0),
             rnic,
             wake: EventFd::new(libc::EFD_NONBLOCK)?,
             stop: AtomicBool::new(false),
@@ -88,6 +91,7 @@ impl Engine {
             vms.resize(id + 1, Weak::new());
         }
         vms[id] = Arc::downgrade(vm);
+        self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Wakes the engine (a doorbell kick, or a control-path change).
@@ -125,8 +129,16 @@ impl Engine {
 
     fn run(&self) {
         let mut last_work = Instant::now();
+        let mut seen = usize::MAX;
+        let mut vms = Vec::new();
+        let mut scratch = Vec::new();
         while !self.stop.load(Ordering::Acquire) {
-            if self.sweep() {
+            let generation = self.generation.load(Ordering::Acquire);
+            if generation != seen {
+                vms = self.all_vms();
+                seen = generation;
+            }
+            if self.sweep(&vms, &mut scratch) {
                 last_work = Instant::now();
                 continue;
             }
@@ -136,15 +148,15 @@ impl Engine {
             }
             // Park: ask for kicks, then look once more so that a doorbell
             // rung before the flag became visible is not missed.
-            self.set_kick(true);
+            set_kick(&vms, true);
             fence(Ordering::SeqCst);
-            if self.sweep() {
-                self.set_kick(false);
+            if self.sweep(&vms, &mut scratch) {
+                set_kick(&vms, false);
                 last_work = Instant::now();
                 continue;
             }
             self.park();
-            self.set_kick(false);
+            set_kick(&vms, false);
             last_work = Instant::now();
         }
     }
@@ -161,30 +173,32 @@ impl Engine {
         let _ = unsafe { libc::poll(&mut pfd, 1, ms) };
         let _ = self.wake.read();
     }
+}
 
-    /// Sets or clears DB_FLAG_KICK in every QP and SRQ doorbell record.
-    fn set_kick(&self, on: bool) {
-        let v = if on { DB_FLAG_KICK } else { 0 };
-        for vm in self.all_vms() {
-            vm.with_dataplane(|ctrl, mem| {
-                for (_, qp) in ctrl.res.qps.iter() {
-                    let _ = access::store_u32_release(mem, qp.db_gpa + FLAGS, v);
-                }
-                for (_, srq) in ctrl.res.srqs.iter() {
-                    let _ = access::store_u32_release(mem, srq.db_gpa + FLAGS, v);
-                }
-            });
-        }
+/// Sets or clears DB_FLAG_KICK in every QP and SRQ doorbell record.
+fn set_kick(vms: &[Arc<RdmaDevice>], on: bool) {
+    let v = if on { DB_FLAG_KICK } else { 0 };
+    for vm in vms {
+        vm.with_dataplane(|ctrl, mem| {
+            for (_, qp) in ctrl.res.qps.iter() {
+                let _ = access::store_u32_release(mem, qp.db_gpa + FLAGS, v);
+            }
+            for (_, srq) in ctrl.res.srqs.iter() {
+                let _ = access::store_u32_release(mem, srq.db_gpa + FLAGS, v);
+            }
+        });
     }
+}
 
+impl Engine {
     /// One pass over every VM; true if any work was done.
-    fn sweep(&self) -> bool {
+    fn sweep(&self, vms: &[Arc<RdmaDevice>], scratch: &mut Vec<u32>) -> bool {
         let mut busy = false;
-        for vm in self.all_vms() {
+        for vm in vms {
             let (did, events) = vm
                 .with_dataplane(|ctrl, mem| {
                     let before = ctrl.events.len();
-                    let did = self.sweep_vm(vm.id(), ctrl, mem);
+                    let did = self.sweep_vm(vm.id(), ctrl, mem, scratch);
                     (did, ctrl.events.len() != before)
                 })
                 .unwrap_or((false, false));
@@ -196,9 +210,16 @@ impl Engine {
         busy
     }
 
-    fn sweep_vm(&self, vm_id: usize, ctrl: &mut Ctrl, mem: &GuestMemoryMmap<()>) -> bool {
+    fn sweep_vm(
+        &self,
+        vm_id: usize,
+        ctrl: &mut Ctrl,
+        mem: &GuestMemoryMmap<()>,
+        scratch: &mut Vec<u32>,
+    ) -> bool {
         let mut busy = false;
-        for h in ctrl.res.qps.handles() {
+        ctrl.res.qps.fill_handles(scratch);
+        for &h in scratch.iter() {
             busy |= self.service_qp(vm_id, ctrl, mem, h);
         }
         busy

@@ -29,15 +29,20 @@ pub struct RecvWr {
     pub sges: Vec<Sge>,
 }
 
-/// Reads the `stride`-byte slot `index` of a ring at `ring_offset` in `ring`.
-fn read_slot(
+/// Largest WQE stride (64-byte header + 30 SGEs, or 480 inline bytes, rounded up).
+pub const MAX_STRIDE: usize = 1024;
+
+/// Copies the `stride`-byte slot `index` of a ring at `ring_offset` in
+/// `ring` into `buf` and returns the filled part.
+fn read_slot<'b>(
     mem: &GuestMemoryMmap<()>,
     ring: &PageList,
     ring_offset: u64,
     depth: u32,
     shift: u32,
     index: u32,
-) -> Option<Vec<u8>> {
+    buf: &'b mut [u8; MAX_STRIDE],
+) -> Option<&'b [u8]> {
     let slot = u64::from(index & (depth - 1)) << shift;
     let (gpa, contiguous) = ring.translate(ring_offset + slot)?;
     let stride = 1usize << shift;
@@ -46,9 +51,9 @@ fn read_slot(
     if (contiguous as usize) < stride {
         return None;
     }
-    let mut buf = vec![0u8; stride];
-    mem.read_slice(&mut buf, GuestAddress(gpa)).ok()?;
-    Some(buf)
+    let dst = buf.get_mut(..stride)?;
+    mem.read_slice(dst, GuestAddress(gpa)).ok()?;
+    Some(dst)
 }
 
 fn sges(buf: &[u8], header: u32, n: usize) -> Option<Vec<Sge>> {
@@ -72,7 +77,9 @@ pub fn fetch_send(
     max_inline: u32,
     index: u32,
 ) -> Result<SendWr, (WcStatus, u64)> {
-    let buf = read_slot(mem, ring, 0, depth, shift, index).ok_or((WcStatus::LOC_QP_OP_ERR, 0))?;
+    let mut slot = [0u8; MAX_STRIDE];
+    let buf = read_slot(mem, ring, 0, depth, shift, index, &mut slot)
+        .ok_or((WcStatus::LOC_QP_OP_ERR, 0))?;
     let raw = buf
         .get(..SendWqe::SIZE)
         .ok_or((WcStatus::LOC_QP_OP_ERR, 0))?;
@@ -103,7 +110,7 @@ pub fn fetch_send(
     if u32::from(hdr.num_sge) > max_sge {
         return Err(bad);
     }
-    let sges = sges(&buf, SEND_WQE_HEADER, usize::from(hdr.num_sge)).ok_or(bad)?;
+    let sges = sges(buf, SEND_WQE_HEADER, usize::from(hdr.num_sge)).ok_or(bad)?;
     Ok(SendWr {
         hdr,
         opcode,
@@ -122,7 +129,8 @@ pub fn fetch_recv(
     max_sge: u32,
     index: u32,
 ) -> Result<RecvWr, (WcStatus, u64)> {
-    let buf = read_slot(mem, ring, ring_offset, depth, shift, index)
+    let mut slot = [0u8; MAX_STRIDE];
+    let buf = read_slot(mem, ring, ring_offset, depth, shift, index, &mut slot)
         .ok_or((WcStatus::LOC_QP_OP_ERR, 0))?;
     let raw = buf
         .get(..RecvWqe::SIZE)
@@ -133,6 +141,6 @@ pub fn fetch_recv(
     if hdr.num_sge > max_sge {
         return Err(bad);
     }
-    let sges = sges(&buf, RECV_WQE_HEADER, hdr.num_sge as usize).ok_or(bad)?;
+    let sges = sges(buf, RECV_WQE_HEADER, hdr.num_sge as usize).ok_or(bad)?;
     Ok(RecvWr { wr_id, sges })
 }

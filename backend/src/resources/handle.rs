@@ -107,6 +107,13 @@ impl<T> HandleTable<T> {
         self.iter().map(|(h, _)| h).collect()
     }
 
+    /// Replaces the contents of `out` with the handles of every live object
+    /// (no allocation once `out` is large enough).
+    pub fn fill_handles(&self, out: &mut Vec<u32>) {
+        out.clear();
+        out.extend(self.iter().map(|(h, _)| h));
+    }
+
     /// Iterates over live objects with their handles.
     pub fn iter(&self) -> impl Iterator<Item = (u32, &T)> {
         self.slots.iter().enumerate().filter_map(|(i, s)| {
