@@ -319,6 +319,10 @@ impl Engine {
             qp.qp_type,
             qp.flags & QP_FLAG_SIG_ALL != 0,
         );
+        // The requester's completion for this WQE.
+        let done = |ctrl: &mut Ctrl, wr_id: u64, op: WcOpcode, status: WcStatus, len: u32| {
+            finish(ctrl, mem, h, send_cq, qpn, wr_id, op, status, len)
+        };
         let wr = match fetch_send(
             mem,
             &qp.ring,
@@ -330,7 +334,7 @@ impl Engine {
         ) {
             Ok(wr) => wr,
             Err((status, wr_id)) => {
-                finish(ctrl, mem, h, send_cq, qpn, wr_id, WcOpcode::SEND, status, 0);
+                done(ctrl, wr_id, WcOpcode::SEND, status, 0);
                 return Step::Done;
             }
         };
@@ -344,7 +348,7 @@ impl Engine {
         let local = match local_segments(ctrl, pd, &wr.sges, writes_local) {
             Ok(s) => s,
             Err(status) => {
-                finish(ctrl, mem, h, send_cq, qpn, wr.hdr.wr_id, op, status, 0);
+                done(ctrl, wr.hdr.wr_id, op, status, 0);
                 return Step::Done;
             }
         };
@@ -357,17 +361,7 @@ impl Engine {
             || (matches!(op, WcOpcode::COMP_SWAP | WcOpcode::FETCH_ADD) && len != 8)
             || (wr.inline.is_some() && writes_local);
         if bad_shape {
-            finish(
-                ctrl,
-                mem,
-                h,
-                send_cq,
-                qpn,
-                wr.hdr.wr_id,
-                op,
-                WcStatus::LOC_QP_OP_ERR,
-                0,
-            );
+            done(ctrl, wr.hdr.wr_id, op, WcStatus::LOC_QP_OP_ERR, 0);
             return Step::Done;
         }
         // Find the responder.
@@ -376,17 +370,7 @@ impl Engine {
         };
         let (dest_qpn, dgid) = if ud {
             let Some(ah) = ctrl.res.ahs.get(wr.hdr.ah_handle).filter(|a| a.pd == pd) else {
-                finish(
-                    ctrl,
-                    mem,
-                    h,
-                    send_cq,
-                    qpn,
-                    wr.hdr.wr_id,
-                    op,
-                    WcStatus::LOC_QP_OP_ERR,
-                    0,
-                );
+                done(ctrl, wr.hdr.wr_id, op, WcStatus::LOC_QP_OP_ERR, 0);
                 return Step::Done;
             };
             (wr.hdr.remote_qpn, ah.av.dgid)
@@ -436,22 +420,12 @@ impl Engine {
             RespOutcome::Done | RespOutcome::Dropped => {
                 if signaled {
                     let byte_len = u32::try_from(len).unwrap_or(u32::MAX);
-                    finish(
-                        ctrl,
-                        mem,
-                        h,
-                        send_cq,
-                        qpn,
-                        wr.hdr.wr_id,
-                        op,
-                        WcStatus::SUCCESS,
-                        byte_len,
-                    );
+                    done(ctrl, wr.hdr.wr_id, op, WcStatus::SUCCESS, byte_len);
                 }
                 Step::Done
             }
             RespOutcome::Nak(status) => {
-                finish(ctrl, mem, h, send_cq, qpn, wr.hdr.wr_id, op, status, 0);
+                done(ctrl, wr.hdr.wr_id, op, status, 0);
                 Step::Done
             }
             RespOutcome::Rnr => {
@@ -461,17 +435,7 @@ impl Engine {
                 };
                 // 7 means "retry forever".
                 if left == 0 {
-                    finish(
-                        ctrl,
-                        mem,
-                        h,
-                        send_cq,
-                        qpn,
-                        wr.hdr.wr_id,
-                        op,
-                        WcStatus::RNR_RETRY_EXC_ERR,
-                        0,
-                    );
+                    done(ctrl, wr.hdr.wr_id, op, WcStatus::RNR_RETRY_EXC_ERR, 0);
                     return Step::Done;
                 }
                 let next = if rnr_retry == 7 { 7 } else { left - 1 };
