@@ -13,6 +13,7 @@
 //! # Ok::<(), vhost_user_rdma_tests::Error>(())
 //! ```
 
+pub mod bench;
 pub mod conn;
 pub mod ctrl;
 pub mod echo;
