@@ -323,15 +323,7 @@ impl Engine {
         let done = |ctrl: &mut Ctrl, wr_id: u64, op: WcOpcode, status: WcStatus, len: u32| {
             finish(ctrl, mem, h, send_cq, qpn, wr_id, op, status, len)
         };
-        let wr = match fetch_send(
-            mem,
-            &qp.ring,
-            qp.sq_depth,
-            qp.layout.sq_wqe_shift,
-            qp.max_send_sge,
-            qp.max_inline_data,
-            index,
-        ) {
+        let wr = match fetch_send(mem, qp, index) {
             Ok(wr) => wr,
             Err((status, wr_id)) => {
                 done(ctrl, wr_id, WcOpcode::SEND, status, 0);
@@ -552,15 +544,7 @@ fn flush(ctrl: &mut Ctrl, mem: &GuestMemoryMmap<()>, h: u32, sq_pi: u32) -> bool
         }
         let index = qp.rt.sq_ci;
         let (cq, qpn) = (qp.send_cq, qp.qpn);
-        let (wr_id, op) = match fetch_send(
-            mem,
-            &qp.ring,
-            qp.sq_depth,
-            qp.layout.sq_wqe_shift,
-            qp.max_send_sge,
-            qp.max_inline_data,
-            index,
-        ) {
+        let (wr_id, op) = match fetch_send(mem, qp, index) {
             Ok(wr) => (wr.hdr.wr_id, wc_opcode(wr.opcode)),
             Err((_, wr_id)) => (wr_id, WcOpcode::SEND),
         };

@@ -6,6 +6,7 @@ use virtio_rdma_abi::{Field, Wire};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::memory::PageList;
+use crate::resources::Qp;
 
 /// A send work request, copied out of the ring and checked for shape.
 #[derive(Debug, Clone)]
@@ -70,13 +71,11 @@ fn sges(buf: &[u8], header: u32, n: usize) -> Option<Vec<Sge>> {
 /// (with the `wr_id` if the header could be read).
 pub fn fetch_send(
     mem: &GuestMemoryMmap<()>,
-    ring: &PageList,
-    depth: u32,
-    shift: u32,
-    max_sge: u32,
-    max_inline: u32,
+    qp: &Qp,
     index: u32,
 ) -> Result<SendWr, (WcStatus, u64)> {
+    let (ring, depth, shift) = (&qp.ring, qp.sq_depth, qp.layout.sq_wqe_shift);
+    let (max_sge, max_inline) = (qp.max_send_sge, qp.max_inline_data);
     let mut slot = [0u8; MAX_STRIDE];
     let buf = read_slot(mem, ring, 0, depth, shift, index, &mut slot)
         .ok_or((WcStatus::LOC_QP_OP_ERR, 0))?;
