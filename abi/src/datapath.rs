@@ -109,6 +109,75 @@ pub const DB_DEVICE_OFFSET: u64 = 32;
 /// index the driver must notify the notification queue.
 pub const DB_FLAG_KICK: u32 = 1 << 0;
 
+/// Shared memory region id of the doorbell region (`F_SHMEM_DOORBELL`).
+pub const SHMEM_ID_DOORBELL: u8 = 0;
+/// Size of one doorbell page of the doorbell region; page `p` starts at
+/// byte `p * DB_PAGE_SIZE` of the region.
+pub const DB_PAGE_SIZE: u64 = 4096;
+/// Byte offset of slot 0 in a doorbell page (after the device's header).
+pub const DB_SLOT_OFFSET: u64 = 64;
+/// Size of one doorbell slot.
+pub const DB_SLOT_SIZE: u64 = 8;
+/// Number of doorbell slots in a page.
+pub const DB_PAGE_SLOTS: u32 = ((DB_PAGE_SIZE - DB_SLOT_OFFSET) / DB_SLOT_SIZE) as u32;
+/// `doorbell_page` / `db_slot` value meaning "none: guest-RAM doorbell mode".
+pub const DB_NONE: u32 = u32::MAX;
+
+/// Byte offset of slot `slot` in its doorbell page, or `None` past the
+/// last slot.
+pub const fn db_slot_offset(slot: u32) -> Option<u64> {
+    if slot < DB_PAGE_SLOTS {
+        Some(DB_SLOT_OFFSET + slot as u64 * DB_SLOT_SIZE)
+    } else {
+        None
+    }
+}
+
+wire_struct! {
+    /// Header of a doorbell page (bytes 0..64), written only by the device.
+    pub struct DbPageHeader {
+        /// [`DB_FLAG_KICK`] while the engine does not poll this page's slots.
+        flags: u32,
+        /// Must be zero.
+        reserved0: u32,
+        /// Must be zero.
+        reserved1: u64,
+        /// Must be zero.
+        reserved2: u64,
+        /// Must be zero.
+        reserved3: u64,
+        /// Must be zero.
+        reserved4: u64,
+        /// Must be zero.
+        reserved5: u64,
+        /// Must be zero.
+        reserved6: u64,
+        /// Must be zero.
+        reserved7: u64,
+    }
+}
+
+wire_struct! {
+    /// Doorbell slot of a QP, written only by the driver: replaces the
+    /// producer indices of the QP's doorbell record.
+    pub struct QpDbSlot {
+        /// Send queue producer index.
+        sq_pi: u32,
+        /// Receive queue producer index (0 with an SRQ).
+        rq_pi: u32,
+    }
+}
+
+wire_struct! {
+    /// Doorbell slot of an SRQ, written only by the driver.
+    pub struct SrqDbSlot {
+        /// Producer index.
+        pi: u32,
+        /// Must be zero.
+        reserved: u32,
+    }
+}
+
 /// `CqDoorbell::arm` kind: the next completion of any kind raises an event.
 pub const ARM_NEXT: u32 = 1;
 /// `CqDoorbell::arm` kind: the next solicited (or error) completion raises an event.

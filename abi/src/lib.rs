@@ -35,7 +35,10 @@ pub fn all_layouts() -> Vec<(&'static str, &'static [FieldLayout], usize)> {
     }
     use config::DeviceConfig;
     use ctrl::{RequestHeader, ResponseHeader};
-    use datapath::{CqDoorbell, Cqe, QpDoorbell, RecvWqe, SendWqe, Sge, SrqDoorbell};
+    use datapath::{
+        CqDoorbell, Cqe, DbPageHeader, QpDbSlot, QpDoorbell, RecvWqe, SendWqe, Sge, SrqDbSlot,
+        SrqDoorbell,
+    };
     use event::Event;
     use mem::BufferDesc;
     use qp::{AddressVector, QpAttr};
@@ -79,6 +82,9 @@ pub fn all_layouts() -> Vec<(&'static str, &'static [FieldLayout], usize)> {
         QpDoorbell,
         CqDoorbell,
         SrqDoorbell,
+        DbPageHeader,
+        QpDbSlot,
+        SrqDbSlot,
         SendWqe,
         Sge,
         RecvWqe,

@@ -279,6 +279,9 @@ wire_struct! {
         rq_wqe_shift: u32,
         /// Offset of the receive ring in the buffer.
         rq_offset: u32,
+        /// Doorbell slot of the QP in its context's doorbell page, or
+        /// `DB_NONE` (guest-RAM doorbell mode).
+        db_slot: u32,
     }
 }
 
@@ -380,6 +383,11 @@ wire_struct! {
         srq_handle: u32,
         /// log2 of the WQE stride.
         wqe_shift: u32,
+        /// Doorbell slot of the SRQ in its context's doorbell page, or
+        /// `DB_NONE` (guest-RAM doorbell mode).
+        db_slot: u32,
+        /// Must be zero.
+        reserved: u32,
     }
 }
 

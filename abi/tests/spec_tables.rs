@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use virtio_rdma_abi::config;
 use virtio_rdma_abi::ctrl::{Opcode, Status};
-use virtio_rdma_abi::datapath::{WcOpcode, WcStatus, WrOpcode};
+use virtio_rdma_abi::datapath::{self, WcOpcode, WcStatus, WrOpcode};
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::{all_layouts, FieldLayout};
 
@@ -25,11 +25,12 @@ const LAYOUT_HEADER: [&str; 4] = ["Offset", "Size", "Field", "Description"];
 /// Header a constant table must have.
 const CONSTS_HEADER: [&str; 3] = ["Value", "Name", "Description"];
 /// The constant tables the spec must contain.
-const CONSTS_KINDS: [&str; 7] = [
+const CONSTS_KINDS: [&str; 8] = [
     "opcodes",
     "status",
     "events",
     "features",
+    "doorbell_region",
     "wr_opcodes",
     "wc_opcodes",
     "wc_status",
@@ -420,6 +421,14 @@ fn expected_consts(kind: &str) -> Vec<(&'static str, u64)> {
             .map(|&e| (e.name(), u64::from(u32::from(e))))
             .collect(),
         "features" => feature_constants(),
+        "doorbell_region" => vec![
+            ("SHMEM_ID_DOORBELL", u64::from(datapath::SHMEM_ID_DOORBELL)),
+            ("DB_PAGE_SIZE", datapath::DB_PAGE_SIZE),
+            ("DB_SLOT_OFFSET", datapath::DB_SLOT_OFFSET),
+            ("DB_SLOT_SIZE", datapath::DB_SLOT_SIZE),
+            ("DB_PAGE_SLOTS", u64::from(datapath::DB_PAGE_SLOTS)),
+            ("DB_NONE", u64::from(datapath::DB_NONE)),
+        ],
         "wr_opcodes" => WrOpcode::ALL
             .iter()
             .map(|&o| (o.name(), u64::from(u32::from(o))))

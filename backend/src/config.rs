@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use thiserror::Error;
-use virtio_rdma_abi::config::{DeviceConfig, ALL_DEVICE_FEATURES, F_SHMEM_DOORBELL};
+use virtio_rdma_abi::config::{DeviceConfig, ALL_DEVICE_FEATURES};
 use virtio_rdma_abi::mem::{send_wqe_shift, MAX_PAGE_SHIFT, MIN_PAGE_SHIFT};
 use virtio_rdma_abi::ABI_VERSION;
 
@@ -253,8 +253,7 @@ impl DaemonConfig {
         DaemonConfig {
             sockets,
             limits: Limits::default(),
-            // Shared-memory doorbells arrive with the data path.
-            device_features: ALL_DEVICE_FEATURES & !F_SHMEM_DOORBELL,
+            device_features: ALL_DEVICE_FEATURES,
             ctrl_poll: DEFAULT_CTRL_POLL,
         }
     }
@@ -269,10 +268,9 @@ impl DaemonConfig {
                 return Err(ConfigError::DuplicateSocket(s.clone()));
             }
         }
-        let offerable = ALL_DEVICE_FEATURES & !F_SHMEM_DOORBELL;
-        if self.device_features & !offerable != 0 {
+        if self.device_features & !ALL_DEVICE_FEATURES != 0 {
             return Err(ConfigError::UnsupportedFeatures(
-                self.device_features & !offerable,
+                self.device_features & !ALL_DEVICE_FEATURES,
             ));
         }
         if self.ctrl_poll > std::time::Duration::from_millis(10) {
@@ -332,10 +330,10 @@ mod tests {
         };
         assert!(l.validate().is_err());
         let mut c = DaemonConfig::new(vec!["/a".into()]);
-        c.device_features |= virtio_rdma_abi::config::F_SHMEM_DOORBELL;
+        c.device_features |= 1 << 4;
         assert!(matches!(
             c.validate(),
-            Err(ConfigError::UnsupportedFeatures(8))
+            Err(ConfigError::UnsupportedFeatures(16))
         ));
         let c = DaemonConfig::new(vec!["/a".into(), "/a".into()]);
         assert!(matches!(c.validate(), Err(ConfigError::DuplicateSocket(_))));

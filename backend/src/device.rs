@@ -10,12 +10,15 @@ use std::time::{Duration, Instant};
 
 use log::{debug, warn};
 use thiserror::Error;
-use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost::vhost_user::message::{
+    VhostUserProtocolFeatures, VhostUserShMemConfig, VhostUserVirtioFeatures,
+};
+use vhost::vhost_user::Backend;
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{DescriptorChain, QueueOwnedT, QueueT};
-use virtio_rdma_abi::config::{CONTROLQ, EVENTQ, NOTIFYQ, NUM_QUEUES};
+use virtio_rdma_abi::config::{CONTROLQ, EVENTQ, F_SHMEM_DOORBELL, NOTIFYQ, NUM_QUEUES};
 use virtio_rdma_abi::ctrl::{ResponseHeader, MAX_REQUEST_BYTES};
 use virtio_rdma_abi::event::{Event, EventKind};
 use virtio_rdma_abi::{Field, Wire};
@@ -35,6 +38,7 @@ use crate::engine::Engine;
 use crate::memory::RamMap;
 use crate::resources::ResourceCounts;
 use crate::rnic::Rnic;
+use crate::shmem::{DoorbellRegion, RegionLink};
 
 /// Largest virtqueue the device accepts.
 pub const MAX_QUEUE_SIZE: usize = 1024;
@@ -85,6 +89,11 @@ pub struct RdmaDevice {
     exit_notifiers: Mutex<Vec<EventNotifier>>,
     engine: Arc<Engine>,
     event_wake: EventFd,
+    /// The doorbell region and its mapping into the guest
+    /// (`F_SHMEM_DOORBELL` offered).
+    shmem: Option<RegionLink>,
+    /// The driver negotiated `F_SHMEM_DOORBELL`.
+    shmem_acked: AtomicBool,
 }
 
 /// Epoll id of [`RdmaDevice::event_wake_fd`] (past the queue ids).
@@ -102,6 +111,14 @@ impl RdmaDevice {
     ) -> io::Result<Self> {
         let id = port.vm;
         let mut ctrl = Ctrl::new(limits, rnic, port);
+        let shmem = if device_features & F_SHMEM_DOORBELL != 0 {
+            let region = DoorbellRegion::new(limits.max_ctx).map_err(io::Error::other)?;
+            let link = RegionLink::new(Arc::new(region));
+            ctrl.res.doorbells = Some(link.pages());
+            Some(link)
+        } else {
+            None
+        };
         // The port is up from the start; the event waits for a buffer.
         ctrl.events.push(EventKind::PORT_ACTIVE, 1, 0);
         Ok(RdmaDevice {
@@ -114,6 +131,8 @@ impl RdmaDevice {
             exit_notifiers: Mutex::new(Vec::new()),
             engine,
             event_wake: EventFd::new(libc::EFD_NONBLOCK)?,
+            shmem,
+            shmem_acked: AtomicBool::new(false),
         })
     }
 
@@ -169,6 +188,11 @@ impl RdmaDevice {
     /// next connection, so handle generations keep advancing and handles
     /// from an earlier connection never resolve again.
     pub fn disconnected(&self) {
+        if let Some(link) = &self.shmem {
+            link.forget();
+            link.set_channel(None);
+        }
+        self.shmem_acked.store(false, Ordering::Release);
         let mut st = self.lock();
         st.ctrl.reset();
         st.ctrl.set_features(0);
@@ -434,19 +458,48 @@ impl VhostUserBackend for RdmaDevice {
     }
 
     fn acked_features(&self, features: u64) {
+        self.shmem_acked.store(
+            features & self.device_features & F_SHMEM_DOORBELL != 0,
+            Ordering::Release,
+        );
         self.lock()
             .ctrl
             .set_features(features & self.device_features);
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
-        VhostUserProtocolFeatures::CONFIG
+        let base = VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK
-            | VhostUserProtocolFeatures::RESET_DEVICE
+            | VhostUserProtocolFeatures::RESET_DEVICE;
+        if self.shmem.is_some() {
+            base | VhostUserProtocolFeatures::BACKEND_REQ | VhostUserProtocolFeatures::SHMEM
+        } else {
+            base
+        }
+    }
+
+    fn set_backend_req_fd(&self, backend: Backend) {
+        if let Some(link) = &self.shmem {
+            link.set_channel(Some(backend));
+        }
+    }
+
+    fn get_shmem_config(&self) -> io::Result<VhostUserShMemConfig> {
+        match &self.shmem {
+            Some(link) => Ok(link.shmem_config()),
+            None => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "no shared memory regions without F_SHMEM_DOORBELL",
+            )),
+        }
     }
 
     fn reset_device(&self) {
+        // The VMM drops shared memory mappings on reset (spec 15.1).
+        if let Some(link) = &self.shmem {
+            link.forget();
+        }
         let mut st = self.lock();
         st.ctrl.reset();
         st.ctrl.events.push(EventKind::PORT_ACTIVE, 1, 0);
@@ -516,7 +569,18 @@ impl VhostUserBackend for RdmaDevice {
             return Ok(());
         };
         match device_event {
-            CONTROLQ => self.process_controlq(ctrlq, eventq, &mem)?,
+            CONTROLQ => {
+                // A driver that negotiated shared-memory doorbells and sends
+                // requests has started the device: the VMM accepts the map
+                // now. Done before the state lock is taken (see
+                // `RegionLink::ensure_mapped`).
+                if let Some(link) = &self.shmem {
+                    if self.shmem_acked.load(Ordering::Acquire) {
+                        link.ensure_mapped();
+                    }
+                }
+                self.process_controlq(ctrlq, eventq, &mem)?
+            }
             // New event buffers: delivery below.
             EVENTQ => {}
             // A doorbell kick: wake the engine.

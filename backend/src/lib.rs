@@ -21,6 +21,7 @@ pub mod memory;
 pub mod resources;
 pub mod rnic;
 pub mod server;
+pub mod shmem;
 
 pub use config::{DaemonConfig, Limits};
 pub use server::{Daemon, VmStats};

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use log::error;
 use vhost_user_rdma::{DaemonConfig, Limits};
+use virtio_rdma_abi::config::F_SHMEM_DOORBELL;
 
 /// vhost-user daemon giving VMs an RDMA device (virtio-rdma, device ID 42),
 /// backed by the built-in software RNIC.
@@ -55,6 +56,10 @@ struct Args {
     /// after a batch before it sleeps (0 disables polling).
     #[arg(long)]
     ctrl_poll_us: Option<u64>,
+    /// Do not offer the shared-memory doorbell mode (F_SHMEM_DOORBELL);
+    /// every queue then uses doorbell records in guest RAM.
+    #[arg(long)]
+    no_shmem_doorbell: bool,
 }
 
 impl TryFrom<Args> for DaemonConfig {
@@ -81,6 +86,9 @@ impl TryFrom<Args> for DaemonConfig {
             limits,
             ..DaemonConfig::new(a.socket_path)
         };
+        if a.no_shmem_doorbell {
+            config.device_features &= !F_SHMEM_DOORBELL;
+        }
         if let Some(us) = a.ctrl_poll_us {
             config.ctrl_poll = std::time::Duration::from_micros(us);
         }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use virtio_rdma_abi::config::{DeviceConfig, F_ATOMIC, F_SRQ, F_UD};
 use virtio_rdma_abi::ctrl::{Opcode, RequestHeader, ResponseHeader, Status};
+use virtio_rdma_abi::datapath::{DB_NONE, SHMEM_ID_DOORBELL};
 use virtio_rdma_abi::event::Event;
 use virtio_rdma_abi::verbs::{
     CreateCtxResp, CtxHandleReq, DeviceAttr, PortAttr, QueryGidReq, QueryGidResp, QueryPortReq,
@@ -15,6 +16,7 @@ use virtio_rdma_abi::verbs::{
 use virtio_rdma_abi::{Field, Wire, ABI_VERSION};
 
 use crate::dma::DmaBuf;
+use crate::doorbell::{DoorbellPage, DoorbellSlot};
 use crate::error::{Error, Result};
 use crate::event::EventDemux;
 use crate::transport::{Transport, TransportError};
@@ -59,6 +61,8 @@ pub(crate) struct DeviceInner {
     pub(crate) port: PortAttr,
     pub(crate) gid: QueryGidResp,
     pub(crate) ctx: u32,
+    /// The context's doorbell page (shared-memory doorbell mode).
+    pub(crate) db_page: Option<Arc<DoorbellPage>>,
     pub(crate) events: EventDemux,
     next_id: AtomicU64,
     timeout: Option<Duration>,
@@ -95,6 +99,7 @@ impl Device {
             port: PortAttr::default(),
             gid: QueryGidResp::default(),
             ctx: 0,
+            db_page: None,
             events: EventDemux::default(),
             next_id: AtomicU64::new(1),
             timeout: opts.command_timeout,
@@ -111,6 +116,32 @@ impl Device {
         )?;
         let ctx: CreateCtxResp = inner.cmd_none(Opcode::CREATE_CTX)?;
         inner.ctx = ctx.ctx_handle;
+        if ctx.doorbell_page != DB_NONE {
+            // The device ignores the records' producer indices of queues
+            // with slots, so a page the driver cannot reach is fatal.
+            let page = inner
+                .transport
+                .shared_memory(SHMEM_ID_DOORBELL)
+                .ok_or_else(|| {
+                    Error::InvalidArgument(
+                        "device returned a doorbell page but the transport has no doorbell region"
+                            .into(),
+                    )
+                })
+                .and_then(|shm| DoorbellPage::new(shm, ctx.doorbell_page));
+            match page {
+                Ok(p) => inner.db_page = Some(Arc::new(p)),
+                Err(e) => {
+                    let _ = inner.cmd_unit(
+                        Opcode::DESTROY_CTX,
+                        &CtxHandleReq {
+                            ctx_handle: inner.ctx,
+                        },
+                    );
+                    return Err(e);
+                }
+            }
+        }
         log::debug!("virtio-rdma: context {:#x} created", inner.ctx);
         Ok(Device {
             inner: Arc::new(inner),
@@ -154,6 +185,12 @@ impl Device {
     /// The negotiated device feature bits.
     pub fn features(&self) -> u64 {
         self.inner.features
+    }
+
+    /// Index of the context's doorbell page when the device runs it in the
+    /// shared-memory doorbell mode (spec 18.7); `None`: guest-RAM mode.
+    pub fn doorbell_page(&self) -> Option<u32> {
+        self.inner.db_page.as_ref().map(|p| p.index())
     }
 
     /// Handle of this device's context.
@@ -286,6 +323,20 @@ impl DeviceInner {
     pub(crate) fn cmd_none<R: Wire>(&self, opcode: Opcode) -> Result<R> {
         let payload = self.execute(opcode, &[], R::SIZE)?;
         Ok(R::read(&payload))
+    }
+
+    /// The doorbell slot a create command returned (`None` for `DB_NONE`:
+    /// guest-RAM mode).
+    pub(crate) fn doorbell_slot(&self, db_slot: u32) -> Result<Option<DoorbellSlot>> {
+        if db_slot == DB_NONE {
+            return Ok(None);
+        }
+        let page = self.db_page.clone().ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "device returned doorbell slot {db_slot} for a context without a doorbell page"
+            ))
+        })?;
+        DoorbellSlot::new(page, db_slot).map(Some)
     }
 
     /// Executes a command with a request structure and no response payload.

@@ -5,16 +5,22 @@
 //! issues a full fence, reads the device's `flags` and, if `DB_FLAG_KICK` is
 //! set, notifies the notification queue: the engine parked and asked to be
 //! woken up.
+//!
+//! In the shared-memory doorbell mode (spec 18.7) a queue's producer
+//! indices live in a slot of its context's doorbell page instead, and the
+//! "kick me" flag in that page's header; the consumer indices stay in the
+//! record.
 
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::Arc;
 
 use virtio_rdma_abi::config::NOTIFYQ;
-use virtio_rdma_abi::datapath::DB_FLAG_KICK;
+use virtio_rdma_abi::datapath::{db_slot_offset, DB_FLAG_KICK, DB_PAGE_SIZE};
 use virtio_rdma_abi::mem::DB_RECORD_SIZE;
 
 use crate::dma::DmaBuf;
 use crate::error::{Error, Result};
-use crate::transport::Transport;
+use crate::transport::{SharedMemory, Transport};
 
 /// Byte offsets of the fields of `QpDoorbell`, `CqDoorbell` and
 /// `SrqDoorbell` (checked against the ABI's layout tables in the tests).
@@ -107,5 +113,95 @@ impl DoorbellRecord {
     #[cfg(test)]
     pub(crate) fn buf(&self) -> &DmaBuf {
         &self.buf
+    }
+}
+
+/// The context's doorbell page in the device's doorbell region
+/// (shared-memory doorbell mode, spec 18.7).
+#[derive(Debug)]
+pub(crate) struct DoorbellPage {
+    shm: Arc<dyn SharedMemory>,
+    /// Byte offset of the page in the region.
+    offset: usize,
+    /// Page index (for diagnostics).
+    index: u32,
+}
+
+impl DoorbellPage {
+    /// The page `index` of `shm`, if it lies inside the region.
+    pub(crate) fn new(shm: Arc<dyn SharedMemory>, index: u32) -> Result<Self> {
+        let page = DB_PAGE_SIZE as usize;
+        let offset = (index as usize)
+            .checked_mul(page)
+            .filter(|o| o.checked_add(page).is_some_and(|end| end <= shm.len()))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "device returned doorbell page {index} outside the {}-byte region",
+                    shm.len()
+                ))
+            })?;
+        Ok(DoorbellPage { shm, offset, index })
+    }
+
+    /// The 32-bit word at byte `off` of the page (`off` < 4096, aligned).
+    fn word(&self, off: usize) -> &AtomicU32 {
+        assert!(off % 4 == 0 && off + 4 <= DB_PAGE_SIZE as usize);
+        // SAFETY: the page lies inside the region (checked in `new`), which
+        // is valid and 4096-aligned while `shm` lives (`SharedMemory`
+        // contract) and only ever accessed atomically.
+        unsafe { &*self.shm.as_ptr().add(self.offset + off).cast::<AtomicU32>() }
+    }
+
+    /// Page index.
+    pub(crate) fn index(&self) -> u32 {
+        self.index
+    }
+}
+
+/// A queue's doorbell slot in its context's doorbell page.
+#[derive(Debug, Clone)]
+pub(crate) struct DoorbellSlot {
+    page: Arc<DoorbellPage>,
+    /// Byte offset of the slot in the page.
+    offset: usize,
+    /// Slot index.
+    index: u32,
+}
+
+impl DoorbellSlot {
+    /// Slot `slot` of `page`, if the index is valid.
+    pub(crate) fn new(page: Arc<DoorbellPage>, slot: u32) -> Result<Self> {
+        let offset = db_slot_offset(slot).ok_or_else(|| {
+            Error::InvalidArgument(format!("device returned doorbell slot {slot}"))
+        })?;
+        Ok(DoorbellSlot {
+            page,
+            offset: offset as usize,
+            index: slot,
+        })
+    }
+
+    /// Slot index.
+    pub(crate) fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// Stores producer index word `half` (0: `sq_pi` / SRQ `pi`, 1: `rq_pi`).
+    pub(crate) fn store(&self, half: usize, value: u32) {
+        self.page
+            .word(self.offset + 4 * (half & 1))
+            .store(value, Ordering::Release);
+    }
+
+    /// Publishes a producer index: release store into the slot, full fence,
+    /// read the page header's `flags`, notify notifyq if the engine asked.
+    pub(crate) fn publish(&self, transport: &dyn Transport, half: usize, pi: u32) -> Result<bool> {
+        self.store(half, pi);
+        fence(Ordering::SeqCst);
+        if self.page.word(0).load(Ordering::Relaxed) & DB_FLAG_KICK != 0 {
+            transport.notify(NOTIFYQ)?;
+            return Ok(true);
+        }
+        Ok(false)
     }
 }

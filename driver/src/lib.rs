@@ -70,7 +70,7 @@ pub use pd::Pd;
 pub use qp::{Qp, QpCap, QpInit};
 pub use qp_attr::{QpAttrs, RcConnect};
 pub use srq::Srq;
-pub use transport::{DmaRegion, Token, Transport, TransportError};
+pub use transport::{DmaRegion, SharedMemory, Token, Transport, TransportError};
 pub use virtio_rdma_abi;
 pub use virtio_rdma_abi::datapath::Sge;
 pub use wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, UdDest, WorkCompletion};

@@ -25,11 +25,13 @@ const SQ_REGS: WqRegs = WqRegs {
     pi: off::QP_SQ_PI,
     ci: off::QP_SQ_CI,
     flags: off::QP_FLAGS,
+    slot_half: 0,
 };
 const RQ_REGS: WqRegs = WqRegs {
     pi: off::QP_RQ_PI,
     ci: off::QP_RQ_CI,
     flags: off::QP_FLAGS,
+    slot_half: 1,
 };
 
 /// Queue sizes of a QP. Depths are rounded up to powers of two; the
@@ -211,6 +213,8 @@ impl Qp {
                 return Err(e);
             }
         };
+        let mut mem = mem;
+        let slot = inner.doorbell_slot(r.db_slot);
         let sq = RingGeometry {
             base: 0,
             shift: r.sq_wqe_shift,
@@ -232,7 +236,10 @@ impl Qp {
             cap,
             sq,
             rq,
-            mem: ManuallyDrop::new(mem),
+            mem: ManuallyDrop::new({
+                mem.slot = slot.as_ref().ok().cloned().flatten();
+                mem
+            }),
             sq_prod: Mutex::new(Producer::default()),
             rq_prod: Mutex::new(Producer::default()),
             state: Mutex::new(QpState::RESET),
@@ -241,6 +248,8 @@ impl Qp {
         // The device's geometry must be the one the buffer was laid out for
         // (spec 11.3/11.4); otherwise the rings would not fit. Dropping `qp`
         // destroys it.
+        // A slot the driver cannot use: dropping `qp` destroys it.
+        let _ = slot?;
         let expect_rq = if rq_depth > 0 { layout.rq_offset } else { 0 };
         if r.sq_wqe_shift != layout.sq_wqe_shift
             || (rq_depth > 0 && r.rq_wqe_shift != layout.rq_wqe_shift)
@@ -334,8 +343,14 @@ impl Qp {
             let ci = self.mem.db.load(regs.ci);
             p.pi = ci;
             p.ci = ci;
-            self.mem.db.store(regs.pi, ci);
+            self.mem.store_pi(regs, ci);
         }
+    }
+
+    /// The QP's doorbell slot in the shared-memory doorbell mode;
+    /// `None`: its doorbell record in guest RAM is used.
+    pub fn doorbell_slot(&self) -> Option<u32> {
+        self.mem.slot.as_ref().map(|s| s.index())
     }
 
     /// RC: RESET → INIT with remote `access` flags.

@@ -8,7 +8,7 @@
 use std::sync::{Mutex, PoisonError};
 
 use crate::dma::{volatile_copy_to, DmaBuf};
-use crate::doorbell::DoorbellRecord;
+use crate::doorbell::{DoorbellRecord, DoorbellSlot};
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 
@@ -103,6 +103,9 @@ pub(crate) struct QueueMem {
     pub buf: DmaBuf,
     /// The doorbell record.
     pub db: DoorbellRecord,
+    /// The doorbell slot, when the device assigned one (shared-memory
+    /// doorbell mode): the producer indices are stored there instead.
+    pub slot: Option<DoorbellSlot>,
     /// Pages the buffer description must name (`ceil(bytes / P)`).
     pub npages: usize,
 }
@@ -125,8 +128,27 @@ impl QueueMem {
         Ok(QueueMem {
             buf,
             db,
+            slot: None,
             npages: bytes.div_ceil(page),
         })
+    }
+
+    /// Stores a producer index where the device reads it (record or slot),
+    /// without the notification step.
+    pub(crate) fn store_pi(&self, regs: WqRegs, pi: u32) {
+        match &self.slot {
+            Some(slot) => slot.store(regs.slot_half, pi),
+            None => self.db.store(regs.pi, pi),
+        }
+    }
+
+    /// Publishes a producer index with the kick protocol of its mode;
+    /// returns whether it notified.
+    pub(crate) fn publish(&self, transport: &dyn Transport, regs: WqRegs, pi: u32) -> Result<bool> {
+        match &self.slot {
+            Some(slot) => slot.publish(transport, regs.slot_half, pi),
+            None => self.db.publish(transport, regs.pi, regs.flags, pi),
+        }
     }
 
     /// The pages the buffer description names.
@@ -144,6 +166,8 @@ pub(crate) struct WqRegs {
     pub ci: usize,
     /// Flags (device).
     pub flags: usize,
+    /// Word of the doorbell slot holding the producer index (0 or 1).
+    pub slot_half: usize,
 }
 
 /// Posts already encoded WQEs: checks room for all of them (nothing is
@@ -166,5 +190,5 @@ pub(crate) fn post_wqes(
         write_slot(&mem.buf, ring, p.pi, w);
         p.pi = p.pi.wrapping_add(1);
     }
-    mem.db.publish(transport, regs.pi, regs.flags, p.pi)
+    mem.publish(transport, regs, p.pi)
 }

@@ -23,6 +23,7 @@ const SRQ_REGS: WqRegs = WqRegs {
     pi: off::SRQ_PI,
     ci: off::SRQ_CI,
     flags: off::SRQ_FLAGS,
+    slot_half: 0,
 };
 
 /// A shared receive queue (`CREATE_SRQ`, needs `F_SRQ`), destroyed on drop.
@@ -82,6 +83,9 @@ impl Srq {
                 return Err(e);
             }
         };
+        let mut mem = mem;
+        let slot = inner.doorbell_slot(r.db_slot);
+        mem.slot = slot.as_ref().ok().cloned().flatten();
         let srq = Srq {
             pd: pd.clone(),
             handle: r.srq_handle,
@@ -90,6 +94,8 @@ impl Srq {
             mem: ManuallyDrop::new(mem),
             prod: Mutex::new(Producer::default()),
         };
+        // A slot the driver cannot use: dropping `srq` destroys it.
+        let _ = slot?;
         if r.wqe_shift != shift {
             // Dropping `srq` destroys it.
             return Err(Error::BadResponse {
@@ -103,6 +109,12 @@ impl Srq {
     /// The device handle.
     pub fn handle(&self) -> u32 {
         self.handle
+    }
+
+    /// The SRQ's doorbell slot in the shared-memory doorbell mode;
+    /// `None`: its doorbell record in guest RAM is used.
+    pub fn doorbell_slot(&self) -> Option<u32> {
+        self.mem.slot.as_ref().map(|s| s.index())
     }
 
     /// Number of WQEs.

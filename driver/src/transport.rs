@@ -23,6 +23,7 @@
 //! - the **device configuration** and the negotiated features.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use virtio_rdma_abi::config::DeviceConfig;
@@ -96,6 +97,27 @@ pub unsafe trait DmaRegion: Send + Sync + fmt::Debug {
     fn pages(&self) -> &[u64];
 }
 
+/// A VIRTIO shared memory region of the device as the driver sees it (for
+/// virtio-pci, the part of a BAR a `VIRTIO_PCI_CAP_SHARED_MEMORY_CFG`
+/// capability names).
+///
+/// # Safety
+///
+/// An implementation guarantees that `as_ptr()` is valid for reads and
+/// writes of `len()` bytes for as long as the value is alive, aligned to at
+/// least 4096, and never referenced by a Rust reference (the device writes
+/// it concurrently; the driver uses atomic operations only).
+pub unsafe trait SharedMemory: Send + Sync + fmt::Debug {
+    /// Driver address of byte 0 of the region.
+    fn as_ptr(&self) -> *mut u8;
+    /// Length of the region in bytes.
+    fn len(&self) -> usize;
+    /// Whether the region is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// How the driver reaches the device (see the module documentation).
 ///
 /// The transport has completed virtio initialization (features negotiated
@@ -153,4 +175,13 @@ pub trait Transport: Send + Sync {
     /// none arrived in time. The transport gives the buffer back to the
     /// device.
     fn next_event(&self, timeout: Option<Duration>) -> Result<Option<Event>, TransportError>;
+
+    /// The device's shared memory region `id`, if the transport has one
+    /// (`F_SHMEM_DOORBELL` uses region 0). A transport that returns a
+    /// region must have negotiated `F_SHMEM_DOORBELL` only together with
+    /// it (spec chapter 4).
+    fn shared_memory(&self, id: u8) -> Option<Arc<dyn SharedMemory>> {
+        let _ = id;
+        None
+    }
 }

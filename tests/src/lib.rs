@@ -21,6 +21,7 @@ pub mod error;
 pub mod events;
 pub mod guest_mem;
 pub mod harness;
+pub mod shmem;
 pub mod transport;
 pub mod verbs;
 pub mod vmm;

@@ -23,15 +23,17 @@ use std::time::{Duration, Instant};
 
 use virtio_rdma_abi::config::{DeviceConfig, NOTIFYQ};
 use virtio_rdma_abi::ctrl::{RequestHeader, ResponseHeader};
+use virtio_rdma_abi::datapath::SHMEM_ID_DOORBELL;
 use virtio_rdma_abi::event::Event;
 use virtio_rdma_abi::{Field, Wire};
-use virtio_rdma_driver::{DmaRegion, Token, Transport, TransportError};
+use virtio_rdma_driver::{DmaRegion, SharedMemory, Token, Transport, TransportError};
 use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::ctrl::RequestSpec;
 use crate::error::Error;
 use crate::guest_mem::{GuestMem, PAGE_SIZE};
+use crate::shmem::ShmemWindow;
 use crate::vmm::TestVmm;
 use crate::vring::poll_readable;
 
@@ -50,6 +52,8 @@ pub struct VmmTransport {
     event_call: EventFd,
     /// Duplicate of the notification queue's kick eventfd.
     notify_kick: EventFd,
+    /// The doorbell shared memory region, if the VMM negotiated it.
+    shmem: Option<Arc<ShmemWindow>>,
 }
 
 impl std::fmt::Debug for VmmTransport {
@@ -90,6 +94,7 @@ impl VmmTransport {
         Ok(Arc::new(VmmTransport {
             mem: vmm.mem().clone(),
             features: vmm.features(),
+            shmem: vmm.shmem_window().cloned(),
             vmm: Mutex::new(vmm),
             ctrl_call,
             event_call,
@@ -282,6 +287,23 @@ impl Drop for VmmDma {
     }
 }
 
+/// The guest's view of the doorbell region.
+#[derive(Debug)]
+struct GuestShmem(Arc<ShmemWindow>);
+
+// SAFETY: the window is a page-aligned mapping of `len()` bytes that lives
+// as long as the `Arc` held here; the VMM only ever replaces pages inside
+// it (MAP_FIXED), never unmaps it, and nothing forms Rust references to it.
+unsafe impl SharedMemory for GuestShmem {
+    fn as_ptr(&self) -> *mut u8 {
+        self.0.as_ptr()
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
 impl Transport for VmmTransport {
     fn features(&self) -> u64 {
         self.features
@@ -386,6 +408,15 @@ impl Transport for VmmTransport {
         }
         .map(drop)
         .map_err(map_err)
+    }
+
+    fn shared_memory(&self, id: u8) -> Option<Arc<dyn SharedMemory>> {
+        if id != SHMEM_ID_DOORBELL {
+            return None;
+        }
+        self.shmem
+            .clone()
+            .map(|w| Arc::new(GuestShmem(w)) as Arc<dyn SharedMemory>)
     }
 
     fn next_event(&self, timeout: Option<Duration>) -> Result<Option<Event>, TransportError> {

@@ -26,6 +26,7 @@ use crate::ctrl::CtrlQueue;
 use crate::error::{Error, Result};
 use crate::events::EventQueue;
 use crate::guest_mem::{GuestMem, MemLayout};
+use crate::shmem::{BackendChannel, ShmemWindow};
 use crate::vring::Vring;
 
 /// Feature bit `VIRTIO_F_VERSION_1`.
@@ -61,6 +62,14 @@ pub struct VmmOptions {
     /// a backend that stops answering fails the test instead of hanging it
     /// (None: wait forever).
     pub message_timeout: Option<Duration>,
+    /// Offer VIRTIO shared memory like QEMU >= 11.1: negotiate
+    /// `BACKEND_REQ` and `SHMEM`, read the regions with
+    /// `GET_SHMEM_CONFIG` and serve `SHMEM_MAP` (see [`crate::shmem`]).
+    /// Without it the VMM behaves like older QEMU and the driver does not
+    /// accept `F_SHMEM_DOORBELL`.
+    pub shmem: bool,
+    /// With `shmem`: refuse every `SHMEM_MAP` (a VMM that cannot map).
+    pub shmem_refuse_map: bool,
 }
 
 impl Default for VmmOptions {
@@ -78,6 +87,8 @@ impl Default for VmmOptions {
             event_buffers: 32,
             timeout: Duration::from_secs(10),
             message_timeout: Some(Duration::from_secs(10)),
+            shmem: false,
+            shmem_refuse_map: false,
         }
     }
 }
@@ -95,6 +106,8 @@ pub struct TestVmm {
     ctrl: CtrlQueue,
     events: EventQueue,
     notify: Vring,
+    shmem: Option<Arc<ShmemWindow>>,
+    backend_channel: Option<BackendChannel>,
 }
 
 impl std::fmt::Debug for TestVmm {
@@ -165,6 +178,32 @@ fn start_queues(
     ))
 }
 
+/// With `SHMEM` and `BACKEND_REQ` negotiated: reads the back-end's regions
+/// and opens the back-end request channel that carries `SHMEM_MAP`.
+fn setup_shmem(
+    c: &mut Conn,
+    protocol: VhostUserProtocolFeatures,
+    opts: &VmmOptions,
+) -> Result<(Option<Arc<ShmemWindow>>, Option<BackendChannel>)> {
+    let need = VhostUserProtocolFeatures::BACKEND_REQ | VhostUserProtocolFeatures::SHMEM;
+    if !protocol.contains(need) {
+        return Ok((None, None));
+    }
+    let cfg = c.call("GET_SHMEM_CONFIG", |fe| fe.get_shmem_config())?;
+    let nregions = cfg.nregions;
+    let sizes = cfg.memory_sizes;
+    if nregions == 0 || sizes[0] == 0 {
+        return Ok((None, None));
+    }
+    let window = ShmemWindow::new(sizes[0], opts.shmem_refuse_map)?;
+    let reply_ack = protocol.contains(VhostUserProtocolFeatures::REPLY_ACK);
+    let channel = BackendChannel::spawn(window.clone(), reply_ack)?;
+    c.call("SET_BACKEND_REQ_FD", |fe| {
+        fe.set_backend_request_fd(&channel.peer_fd())
+    })?;
+    Ok((Some(window), Some(channel)))
+}
+
 impl TestVmm {
     /// Connects to the vhost-user socket at `socket_path` and sets the
     /// device up as described by `opts`.
@@ -187,7 +226,12 @@ impl TestVmm {
         }
 
         let offered = c.call("GET_PROTOCOL_FEATURES", |fe| fe.get_protocol_features())?;
-        let protocol = offered & opts.protocol_features;
+        let mut wanted_protocol = opts.protocol_features;
+        if opts.shmem {
+            wanted_protocol |=
+                VhostUserProtocolFeatures::BACKEND_REQ | VhostUserProtocolFeatures::SHMEM;
+        }
+        let protocol = offered & wanted_protocol;
         c.call("SET_PROTOCOL_FEATURES", |fe| {
             fe.set_protocol_features(protocol)
         })?;
@@ -207,12 +251,22 @@ impl TestVmm {
             )));
         }
 
+        let (shmem, backend_channel) = setup_shmem(&mut c, protocol, &opts)?;
+
         let mut wanted = F_VERSION_1 | proto_bit | opts.driver_features;
+        if shmem.is_none() {
+            // The guest sees no doorbell region, so its driver does not
+            // accept the mode (spec chapter 4).
+            wanted &= !config::F_SHMEM_DOORBELL;
+        }
         if opts.event_idx {
             wanted |= F_EVENT_IDX;
         }
         let features = device_features & wanted;
         let (ctrl, events, notify) = start_queues(&mut c, &mem, &opts, features)?;
+        if let Some(w) = &shmem {
+            w.set_started(true);
+        }
 
         let mut vmm = TestVmm {
             conn: Some(c),
@@ -226,6 +280,8 @@ impl TestVmm {
             ctrl,
             events,
             notify,
+            shmem,
+            backend_channel,
         };
         if vmm.opts.event_buffers > 0 {
             vmm.events
@@ -332,6 +388,9 @@ impl TestVmm {
     /// Stops every queue with `GET_VRING_BASE` (what a VMM does on device
     /// reset or stop) and returns the avail indices the backend reports.
     pub fn stop_queues(&mut self) -> Result<Vec<u32>> {
+        if let Some(w) = &self.shmem {
+            w.set_started(false);
+        }
         let c = self.conn()?;
         (0..config::NUM_QUEUES)
             .map(|q| c.call("GET_VRING_BASE", |fe| fe.get_vring_base(q)))
@@ -352,9 +411,15 @@ impl TestVmm {
         {
             self.conn()?.call("RESET_DEVICE", |fe| fe.reset_device())?;
         }
+        if let Some(w) = &self.shmem {
+            w.reset();
+        }
         let (features, opts, mem) = (self.features, self.opts.clone(), self.mem.clone());
         let c = self.conn()?;
         let (ctrl, events, notify) = start_queues(c, &mem, &opts, features)?;
+        if let Some(w) = &self.shmem {
+            w.set_started(true);
+        }
         self.ctrl = ctrl;
         self.events = events;
         self.notify = notify;
@@ -373,9 +438,19 @@ impl TestVmm {
     /// then close), as when a VMM is killed. Guest memory and the queue
     /// clients stay usable for inspection; nothing will complete any more.
     pub fn disconnect(&mut self) {
+        if let Some(w) = &self.shmem {
+            w.set_started(false);
+        }
         if let Some(c) = self.conn.take() {
             c.shutdown();
         }
+        self.backend_channel = None;
+    }
+
+    /// The device's doorbell shared memory region as the guest sees it
+    /// (None unless `shmem` was negotiated).
+    pub fn shmem_window(&self) -> Option<&Arc<ShmemWindow>> {
+        self.shmem.as_ref()
     }
 }
 

@@ -1696,7 +1696,7 @@ fn response_buffer_too_small() {
             (Opcode::ALLOC_PD, vec![&ctx], 16 + 3, 20),
             (Opcode::CREATE_CQ, vec![&cq, &cq_tail], 16, 20),
             (Opcode::REG_MR, vec![&mr, &mr_list], 16 + 11, 28),
-            (Opcode::CREATE_QP, vec![&qp, &qp_tail], 16 + 19, 36),
+            (Opcode::CREATE_QP, vec![&qp, &qp_tail], 16 + 23, 40),
             (Opcode::QUERY_DEVICE, vec![], 16 + 135, 152),
         ];
         for (op, parts, writable, need) in cases {

@@ -1,7 +1,8 @@
 //! CREATE_CTX, DESTROY_CTX, ALLOC_PD, DEALLOC_PD, CREATE_AH, DESTROY_AH.
 
-use virtio_rdma_abi::config::F_UD;
+use virtio_rdma_abi::config::{F_SHMEM_DOORBELL, F_UD};
 use virtio_rdma_abi::ctrl::{Opcode, Status};
+use virtio_rdma_abi::datapath::DB_NONE;
 use virtio_rdma_abi::qp::AddressVector;
 use virtio_rdma_abi::verbs::*;
 use virtio_rdma_abi::Wire;
@@ -42,9 +43,19 @@ impl Ctrl {
             .ctxs
             .insert(Context::default())
             .map_err(|_| CmdError::no_memory())?;
+        // Without a mapped doorbell region the context works in guest-RAM
+        // mode (spec 18.7); that is not an error.
+        let db_page = if self.has(F_SHMEM_DOORBELL) {
+            self.res.doorbells.as_mut().and_then(|d| d.alloc_page())
+        } else {
+            None
+        };
+        if let Some(ctx) = self.res.ctxs.get_mut(ctx_handle) {
+            ctx.db_page = db_page;
+        }
         Ok(CreateCtxResp {
             ctx_handle,
-            doorbell_page: u32::MAX,
+            doorbell_page: db_page.unwrap_or(DB_NONE),
         }
         .to_bytes())
     }

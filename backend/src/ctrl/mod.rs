@@ -29,6 +29,7 @@ use crate::memory::pagelist::PageListLimits;
 use crate::memory::RamMap;
 use crate::resources::VmResources;
 use crate::rnic::Rnic;
+use crate::shmem::DbSlot;
 
 /// A failed command: its status and detail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,6 +150,13 @@ impl Ctrl {
             .get(pd)
             .map(|p| p.ctx)
             .ok_or_else(|| parse::field::<T>(Status::BAD_HANDLE, "pd_handle"))
+    }
+
+    /// A doorbell slot for a new queue of context `ctx`, if the context
+    /// has a doorbell page with a free slot.
+    fn alloc_db_slot(&mut self, ctx: u32) -> Option<DbSlot> {
+        let page = self.res.ctxs.get(ctx)?.db_page?;
+        self.res.doorbells.as_mut()?.alloc_slot(page)
     }
 
     fn has(&self, feature: u64) -> bool {

@@ -2,6 +2,7 @@
 
 use virtio_rdma_abi::config::{F_ATOMIC, F_SRQ, F_UD};
 use virtio_rdma_abi::ctrl::Status;
+use virtio_rdma_abi::datapath::DB_NONE;
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::mem::{access, qp_buffer_layout};
 use virtio_rdma_abi::qp::attr::*;
@@ -130,6 +131,7 @@ impl Ctrl {
             max_inline_data: req.max_inline_data,
             layout,
             db_gpa: req.db_gpa,
+            db_slot: None,
             ring,
             state: QpState::RESET,
             attr: QpAttr::default(),
@@ -143,6 +145,10 @@ impl Ctrl {
             }
         };
         self.rnic.bind_qpn(qpn, self.port.vm, qp_handle);
+        let db_slot = self.alloc_db_slot(ctx);
+        if let Some(qp) = self.res.qps.get_mut(qp_handle) {
+            qp.db_slot = db_slot.clone();
+        }
         if let Some(pd) = self.res.pds.get_mut(req.pd_handle) {
             pd.users += 1;
         }
@@ -160,6 +166,7 @@ impl Ctrl {
             sq_wqe_shift: layout.sq_wqe_shift,
             rq_wqe_shift: layout.rq_wqe_shift,
             rq_offset,
+            db_slot: db_slot.as_ref().map_or(DB_NONE, |s| s.at().slot),
         }
         .to_bytes())
     }

@@ -2,6 +2,7 @@
 
 use virtio_rdma_abi::config::F_SRQ;
 use virtio_rdma_abi::ctrl::{Opcode, Status};
+use virtio_rdma_abi::datapath::DB_NONE;
 use virtio_rdma_abi::mem::recv_wqe_shift;
 use virtio_rdma_abi::verbs::*;
 use virtio_rdma_abi::Wire;
@@ -55,6 +56,7 @@ impl Ctrl {
                 limit: req.limit,
                 wqe_shift,
                 db_gpa: req.db_gpa,
+                db_slot: None,
                 ring,
                 users: 0,
                 rt: Default::default(),
@@ -63,9 +65,15 @@ impl Ctrl {
         if let Some(pd) = self.res.pds.get_mut(req.pd_handle) {
             pd.users += 1;
         }
+        let db_slot = self.alloc_db_slot(ctx);
+        if let Some(srq) = self.res.srqs.get_mut(srq_handle) {
+            srq.db_slot = db_slot.clone();
+        }
         Ok(CreateSrqResp {
             srq_handle,
             wqe_shift,
+            db_slot: db_slot.as_ref().map_or(DB_NONE, |s| s.at().slot),
+            reserved: 0,
         }
         .to_bytes())
     }

@@ -15,12 +15,11 @@ use virtio_rdma_abi::mem::access as acc;
 use virtio_rdma_abi::qp::{QpState, QpType};
 use vm_memory::GuestMemoryMmap;
 
+use super::doorbell::{self, load_pi};
 use super::wqe::{fetch_recv, RecvWr, SendWr};
 use crate::ctrl::Ctrl;
 use crate::memory::access::{self, Segment};
 
-/// Offset of `rq_pi` in a QP doorbell record.
-const RQ_PI: u64 = 4;
 /// Offset of `rq_ci` in the device half of a QP doorbell record.
 const RQ_CI: u64 = DB_DEVICE_OFFSET + 4;
 /// Offset of the SRQ doorbell's `ci` in its device half.
@@ -100,7 +99,7 @@ fn take_recv(ctrl: &mut Ctrl, mem: &GuestMemoryMmap<()>, qp: u32) -> Result<Opti
     if q.srq != 0 {
         let srq_h = q.srq;
         let srq = ctrl.res.srqs.get_mut(srq_h).ok_or(())?;
-        let pi = access::load_u32_acquire(mem, srq.db_gpa).map_err(|_| ())?;
+        let pi = load_pi(mem, srq.db_gpa, srq.db_slot.as_ref(), doorbell::SRQ).ok_or(())?;
         if pi == srq.rt.ci {
             return Ok(None);
         }
@@ -126,7 +125,7 @@ fn take_recv(ctrl: &mut Ctrl, mem: &GuestMemoryMmap<()>, qp: u32) -> Result<Opti
         }
         return Ok(Some(wr));
     }
-    let pi = access::load_u32_acquire(mem, q.db_gpa + RQ_PI).map_err(|_| ())?;
+    let pi = load_pi(mem, q.db_gpa, q.db_slot.as_ref(), doorbell::RQ).ok_or(())?;
     if pi == q.rt.rq_ci {
         return Ok(None);
     }

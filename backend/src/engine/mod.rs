@@ -16,6 +16,7 @@
 //! thread, so the nesting cannot deadlock.
 
 pub mod completer;
+pub mod doorbell;
 pub mod exec;
 pub mod wqe;
 
@@ -37,6 +38,7 @@ use crate::ctrl::Ctrl;
 use crate::device::RdmaDevice;
 use crate::memory::access;
 use crate::rnic::Rnic;
+use doorbell::load_pi;
 use exec::{local_segments, respond, wc_opcode, Request, RespOutcome};
 use wqe::fetch_send;
 
@@ -46,8 +48,6 @@ pub const POLL_WINDOW: Duration = Duration::from_micros(200);
 /// least this often).
 const MAX_PARK: Duration = Duration::from_millis(50);
 /// Offsets in a QP doorbell record.
-const SQ_PI: u64 = 0;
-const RQ_PI: u64 = 4;
 const SQ_CI: u64 = DB_DEVICE_OFFSET;
 const RQ_CI: u64 = DB_DEVICE_OFFSET + 4;
 const FLAGS: u64 = DB_DEVICE_OFFSET + 8;
@@ -175,16 +175,24 @@ impl Engine {
     }
 }
 
-/// Sets or clears DB_FLAG_KICK in every QP and SRQ doorbell record.
+/// Sets or clears DB_FLAG_KICK in every QP and SRQ doorbell record of a
+/// queue without a doorbell slot, and in every doorbell page header.
 fn set_kick(vms: &[Arc<RdmaDevice>], on: bool) {
     let v = if on { DB_FLAG_KICK } else { 0 };
     for vm in vms {
         vm.with_dataplane(|ctrl, mem| {
             for (_, qp) in ctrl.res.qps.iter() {
-                let _ = access::store_u32_release(mem, qp.db_gpa + FLAGS, v);
+                if qp.db_slot.is_none() {
+                    let _ = access::store_u32_release(mem, qp.db_gpa + FLAGS, v);
+                }
             }
             for (_, srq) in ctrl.res.srqs.iter() {
-                let _ = access::store_u32_release(mem, srq.db_gpa + FLAGS, v);
+                if srq.db_slot.is_none() {
+                    let _ = access::store_u32_release(mem, srq.db_gpa + FLAGS, v);
+                }
+            }
+            if let Some(pages) = &ctrl.res.doorbells {
+                pages.set_kick(on);
             }
         });
     }
@@ -230,13 +238,14 @@ impl Engine {
         let Some(qp) = ctrl.res.qps.get_mut(h) else {
             return false;
         };
-        let Ok(sq_pi) = access::load_u32_acquire(mem, qp.db_gpa + SQ_PI) else {
+        let Some(sq_pi) = load_pi(mem, qp.db_gpa, qp.db_slot.as_ref(), doorbell::SQ) else {
             return false;
         };
         match qp.state {
             QpState::RESET => {
                 // Nothing posted in RESET is ever executed.
-                let rq_pi = access::load_u32_acquire(mem, qp.db_gpa + RQ_PI).unwrap_or(qp.rt.rq_ci);
+                let rq_pi = load_pi(mem, qp.db_gpa, qp.db_slot.as_ref(), doorbell::RQ)
+                    .unwrap_or(qp.rt.rq_ci);
                 let changed = qp.rt.sq_ci != sq_pi || qp.rt.rq_ci != rq_pi;
                 qp.rt.sq_ci = sq_pi;
                 qp.rt.rq_ci = if qp.srq == 0 { rq_pi } else { qp.rt.rq_ci };
@@ -575,7 +584,7 @@ fn flush(ctrl: &mut Ctrl, mem: &GuestMemoryMmap<()>, h: u32, sq_pi: u32) -> bool
         if qp.srq != 0 {
             break;
         }
-        let Ok(rq_pi) = access::load_u32_acquire(mem, qp.db_gpa + RQ_PI) else {
+        let Some(rq_pi) = load_pi(mem, qp.db_gpa, qp.db_slot.as_ref(), doorbell::RQ) else {
             break;
         };
         if qp.rt.rq_ci == rq_pi || rq_pi.wrapping_sub(qp.rt.rq_ci) > qp.rq_depth {

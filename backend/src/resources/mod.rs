@@ -14,6 +14,7 @@ use handle::HandleTable;
 pub use objects::{Ah, Context, Cq, CqRuntime, Mr, Pd, Qp, QpRuntime, Srq, SrqRuntime};
 
 use crate::rnic::Rnic;
+use crate::shmem::{DbSlot, DoorbellPages};
 
 /// Counts of live objects of one VM.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +76,8 @@ pub struct VmResources {
     pub rkeys: HashMap<u32, u32>,
     /// Sum of the lengths of all live MRs.
     pub registered_bytes: u64,
+    /// Doorbell pages and slots (shared-memory doorbell mode).
+    pub doorbells: Option<DoorbellPages>,
 }
 
 fn dec(count: &mut u32) {
@@ -113,7 +116,14 @@ impl VmResources {
             }
         }
         rnic.free_qpn(qp.qpn);
+        self.free_slot(qp.db_slot.as_ref());
         Ok(())
+    }
+
+    fn free_slot(&mut self, slot: Option<&DbSlot>) {
+        if let (Some(db), Some(s)) = (self.doorbells.as_mut(), slot) {
+            db.free_slot(s.at());
+        }
     }
 
     /// Deregisters an MR.
@@ -146,7 +156,9 @@ impl VmResources {
             return Err(DestroyError::Busy(srq.users));
         }
         let pd = srq.pd;
-        self.srqs.remove(handle);
+        if let Some(srq) = self.srqs.remove(handle) {
+            self.free_slot(srq.db_slot.as_ref());
+        }
         if let Some(pd) = self.pds.get_mut(pd) {
             dec(&mut pd.users);
         }
@@ -197,7 +209,11 @@ impl VmResources {
         for h in collect(&self.pds, |o| owned(o.ctx)) {
             let _ = self.dealloc_pd(h);
         }
-        self.ctxs.remove(handle);
+        if let Some(ctx) = self.ctxs.remove(handle) {
+            if let (Some(db), Some(page)) = (self.doorbells.as_mut(), ctx.db_page) {
+                db.free_page(page);
+            }
+        }
         Ok(())
     }
 
@@ -220,6 +236,9 @@ impl VmResources {
         self.lkeys.clear();
         self.rkeys.clear();
         self.registered_bytes = 0;
+        if let Some(db) = self.doorbells.as_mut() {
+            db.clear();
+        }
     }
 }
 

@@ -4,10 +4,14 @@ use virtio_rdma_abi::mem::QpBufferLayout;
 use virtio_rdma_abi::qp::{AddressVector, QpAttr, QpState, QpType};
 
 use crate::memory::PageList;
+use crate::shmem::DbSlot;
 
 /// A context: one per guest process; owns PDs and CQs.
 #[derive(Debug, Default)]
-pub struct Context {}
+pub struct Context {
+    /// Doorbell page (shared-memory doorbell mode), if it has one.
+    pub db_page: Option<u32>,
+}
 
 /// A protection domain.
 #[derive(Debug)]
@@ -133,6 +137,8 @@ pub struct Qp {
     pub layout: QpBufferLayout,
     /// Doorbell record address.
     pub db_gpa: u64,
+    /// Doorbell slot (shared-memory doorbell mode), if it has one.
+    pub db_slot: Option<DbSlot>,
     /// Ring memory.
     pub ring: PageList,
     /// Current state.
@@ -173,6 +179,8 @@ pub struct Srq {
     pub wqe_shift: u32,
     /// Doorbell record address.
     pub db_gpa: u64,
+    /// Doorbell slot (shared-memory doorbell mode), if it has one.
+    pub db_slot: Option<DbSlot>,
     /// Ring memory.
     pub ring: PageList,
     /// QPs attached.

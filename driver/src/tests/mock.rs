@@ -238,6 +238,7 @@ impl Mock {
                     sq_wqe_shift: l.sq_wqe_shift,
                     rq_wqe_shift: l.rq_wqe_shift,
                     rq_offset: l.rq_offset as u32,
+                    db_slot: virtio_rdma_abi::datapath::DB_NONE,
                 }
                 .to_bytes()
             }
@@ -246,6 +247,8 @@ impl Mock {
                 CreateSrqResp {
                     srq_handle: self.id(),
                     wqe_shift: recv_wqe_shift(r.max_sge),
+                    db_slot: virtio_rdma_abi::datapath::DB_NONE,
+                    reserved: 0,
                 }
                 .to_bytes()
             }

@@ -1,0 +1,480 @@
+//! The doorbell region of the shared-memory doorbell mode (spec section
+//! 18.7): a memfd the daemon maps itself and the VMM maps into the guest as
+//! a VIRTIO shared memory region, divided into one 4 KiB doorbell page per
+//! context.
+//!
+//! The guest writes the slots of a page at any time and with any value, so
+//! the daemon never forms references into the region: every access is an
+//! atomic load or store through a raw pointer whose offset is checked
+//! against the region.
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use log::{info, warn};
+use thiserror::Error;
+use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags, VhostUserShMemConfig};
+use vhost::vhost_user::{Backend, VhostUserFrontendReqHandler};
+use virtio_rdma_abi::datapath::{
+    db_slot_offset, DB_FLAG_KICK, DB_PAGE_SIZE, DB_PAGE_SLOTS, SHMEM_ID_DOORBELL,
+};
+
+/// Errors setting up the doorbell region.
+#[derive(Debug, Error)]
+pub enum ShmemError {
+    /// `memfd_create`, `ftruncate` or `mmap` failed.
+    #[error("cannot create the doorbell region ({op}): {err}")]
+    Os {
+        /// The failing call.
+        op: &'static str,
+        /// The OS error.
+        err: std::io::Error,
+    },
+    /// The region would not fit in the address space.
+    #[error("doorbell region for {0} contexts is too large")]
+    TooLarge(u32),
+}
+
+/// Words of a page's slot bitmap.
+const BITMAP_WORDS: usize = (DB_PAGE_SLOTS as usize).div_ceil(64);
+
+/// The memfd and the daemon's own shared mapping of it.
+#[derive(Debug)]
+pub struct DoorbellRegion {
+    fd: OwnedFd,
+    base: NonNull<u8>,
+    len: usize,
+    pages: u32,
+}
+
+// SAFETY: the mapping is process-wide memory that lives as long as the
+// region; all accesses go through atomics (see the module comment).
+unsafe impl Send for DoorbellRegion {}
+// SAFETY: as above; no method hands out references into the mapping.
+unsafe impl Sync for DoorbellRegion {}
+
+impl DoorbellRegion {
+    /// Creates a zeroed region with at least `pages` doorbell pages; its
+    /// length is the next power of two (a rule of QEMU's shared memory).
+    pub fn new(pages: u32) -> Result<Self, ShmemError> {
+        let pages = pages.max(1);
+        let len = u64::from(pages)
+            .checked_mul(DB_PAGE_SIZE)
+            .and_then(u64::checked_next_power_of_two)
+            .and_then(|l| usize::try_from(l).ok())
+            .ok_or(ShmemError::TooLarge(pages))?;
+        let os = |op| ShmemError::Os {
+            op,
+            err: std::io::Error::last_os_error(),
+        };
+        // SAFETY: the name is a NUL-terminated string; the call has no
+        // memory effects on this process besides returning an fd.
+        let raw =
+            unsafe { libc::memfd_create(c"vhost-user-rdma-doorbells".as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(os("memfd_create"));
+        }
+        // SAFETY: `raw` is a fresh fd that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let size = libc::off_t::try_from(len).map_err(|_| ShmemError::TooLarge(pages))?;
+        // SAFETY: ftruncate on an fd we own.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), size) } != 0 {
+            return Err(os("ftruncate"));
+        }
+        // SAFETY: a new shared mapping of `len` bytes of our memfd; the
+        // kernel chooses the address, so no existing mapping is affected.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(os("mmap"));
+        }
+        let base = NonNull::new(p.cast::<u8>()).ok_or_else(|| os("mmap"))?;
+        Ok(DoorbellRegion {
+            fd,
+            base,
+            len,
+            pages,
+        })
+    }
+
+    /// The memfd, for `SHMEM_MAP`.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Length in bytes (a power of two).
+    pub fn len(&self) -> u64 {
+        self.len as u64
+    }
+
+    /// Whether the region is empty (never: it has at least one page).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Number of usable doorbell pages.
+    pub fn pages(&self) -> u32 {
+        self.pages
+    }
+
+    /// The 32-bit word at byte `off`, if it lies inside the region and is
+    /// aligned.
+    fn word(&self, off: u64) -> Option<&AtomicU32> {
+        let off = usize::try_from(off).ok()?;
+        if off % 4 != 0 || off.checked_add(4)? > self.len {
+            return None;
+        }
+        // SAFETY: the word lies inside the live mapping (checked above) and
+        // is 4-byte aligned (the mapping is page aligned). Shared memory
+        // that the guest writes concurrently is exactly what atomics are
+        // for; no non-atomic reference to these bytes is ever created.
+        Some(unsafe { &*self.base.as_ptr().add(off).cast::<AtomicU32>() })
+    }
+
+    fn page_off(page: u32) -> u64 {
+        u64::from(page) * DB_PAGE_SIZE
+    }
+
+    /// Zeroes a whole page.
+    fn zero_page(&self, page: u32) {
+        let base = Self::page_off(page);
+        for i in (0..DB_PAGE_SIZE).step_by(4) {
+            if let Some(w) = self.word(base + i) {
+                w.store(0, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Zeroes one slot.
+    fn zero_slot(&self, page: u32, slot: u32) {
+        if let Some(off) = db_slot_offset(slot) {
+            for i in [0, 4] {
+                if let Some(w) = self.word(Self::page_off(page) + off + i) {
+                    w.store(0, Ordering::Release);
+                }
+            }
+        }
+    }
+
+    /// Stores the header `flags` of a page (release).
+    fn set_flags(&self, page: u32, flags: u32) {
+        if let Some(w) = self.word(Self::page_off(page)) {
+            w.store(flags, Ordering::Release);
+        }
+    }
+
+    /// The header `flags` of a page.
+    pub fn flags(&self, page: u32) -> u32 {
+        self.word(Self::page_off(page))
+            .map_or(0, |w| w.load(Ordering::Acquire))
+    }
+
+    /// Acquire load of word `half` (0 or 1) of a slot: `sq_pi`/`rq_pi` of a
+    /// QP slot, `pi` of an SRQ slot.
+    pub fn load(&self, slot: SlotRef, half: u32) -> u32 {
+        db_slot_offset(slot.slot)
+            .and_then(|off| self.word(Self::page_off(slot.page) + off + u64::from(half & 1) * 4))
+            .map_or(0, |w| w.load(Ordering::Acquire))
+    }
+
+    /// Stores word `half` of a slot; only tests, which play the driver,
+    /// write slots.
+    pub fn store(&self, slot: SlotRef, half: u32, value: u32) {
+        if let Some(w) = db_slot_offset(slot.slot)
+            .and_then(|off| self.word(Self::page_off(slot.page) + off + u64::from(half & 1) * 4))
+        {
+            w.store(value, Ordering::Release);
+        }
+    }
+}
+
+impl Drop for DoorbellRegion {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping created in `new`; no reference
+        // into it outlives `self` (`word` borrows `self`).
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+    }
+}
+
+/// The doorbell slot of one queue: page (= its context's page) and slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotRef {
+    /// Doorbell page index.
+    pub page: u32,
+    /// Slot index in the page.
+    pub slot: u32,
+}
+
+/// A queue's slot together with the region it lives in, so the engine can
+/// read producer indices without the allocation state.
+#[derive(Debug, Clone)]
+pub struct DbSlot {
+    region: Arc<DoorbellRegion>,
+    at: SlotRef,
+}
+
+impl DbSlot {
+    /// Where the slot is.
+    pub fn at(&self) -> SlotRef {
+        self.at
+    }
+
+    /// Acquire load of producer index word `half` (QP: 0 `sq_pi`, 1
+    /// `rq_pi`; SRQ: 0 `pi`).
+    pub fn load(&self, half: u32) -> u32 {
+        self.region.load(self.at, half)
+    }
+}
+
+/// Page and slot allocation of one device instance.
+#[derive(Debug)]
+pub struct DoorbellPages {
+    region: Arc<DoorbellRegion>,
+    /// Set by the device while the VMM has the region mapped.
+    mapped: Arc<AtomicBool>,
+    /// Per page: `None` when free, else the bitmap of used slots.
+    used: Vec<Option<[u64; BITMAP_WORDS]>>,
+}
+
+impl DoorbellPages {
+    /// Allocation state over `region`; pages are handed out only while
+    /// `mapped` is set.
+    pub fn new(region: Arc<DoorbellRegion>, mapped: Arc<AtomicBool>) -> Self {
+        let n = region.pages() as usize;
+        DoorbellPages {
+            region,
+            mapped,
+            used: vec![None; n],
+        }
+    }
+
+    /// The region.
+    pub fn region(&self) -> &Arc<DoorbellRegion> {
+        &self.region
+    }
+
+    /// Allocates and zeroes a page for a new context; `None` if the region
+    /// is not mapped into the guest or every page is taken.
+    pub fn alloc_page(&mut self) -> Option<u32> {
+        if !self.mapped.load(Ordering::Acquire) {
+            return None;
+        }
+        let page = self.used.iter().position(Option::is_none)?;
+        let page = u32::try_from(page).ok()?;
+        self.region.zero_page(page);
+        // The engine resumes polling after every control command, so a
+        // new page starts without DB_FLAG_KICK (spec 18.7, parking).
+        self.used[page as usize] = Some([0; BITMAP_WORDS]);
+        Some(page)
+    }
+
+    /// Frees a context's page.
+    pub fn free_page(&mut self, page: u32) {
+        if let Some(p) = self.used.get_mut(page as usize) {
+            *p = None;
+        }
+    }
+
+    /// Allocates and zeroes a slot in `page` for a new queue.
+    pub fn alloc_slot(&mut self, page: u32) -> Option<DbSlot> {
+        let bits = self.used.get_mut(page as usize)?.as_mut()?;
+        let slot = (0..DB_PAGE_SLOTS).find(|&s| bits[s as usize / 64] & (1 << (s % 64)) == 0)?;
+        bits[slot as usize / 64] |= 1 << (slot % 64);
+        self.region.zero_slot(page, slot);
+        Some(DbSlot {
+            region: self.region.clone(),
+            at: SlotRef { page, slot },
+        })
+    }
+
+    /// Frees a queue's slot.
+    pub fn free_slot(&mut self, s: SlotRef) {
+        if let Some(Some(bits)) = self.used.get_mut(s.page as usize) {
+            if s.slot < DB_PAGE_SLOTS {
+                bits[s.slot as usize / 64] &= !(1 << (s.slot % 64));
+            }
+        }
+    }
+
+    /// Frees every page (device reset or disconnect).
+    pub fn clear(&mut self) {
+        self.used.iter_mut().for_each(|p| *p = None);
+    }
+
+    /// Number of pages in use.
+    pub fn pages_in_use(&self) -> usize {
+        self.used.iter().filter(|p| p.is_some()).count()
+    }
+
+    /// Sets or clears `DB_FLAG_KICK` in the header of every page in use.
+    pub fn set_kick(&self, on: bool) {
+        let v = if on { DB_FLAG_KICK } else { 0 };
+        for (i, p) in self.used.iter().enumerate() {
+            if p.is_some() {
+                self.region.set_flags(i as u32, v);
+            }
+        }
+    }
+}
+
+/// The link between a device's doorbell region and the VMM: the back-end
+/// request channel and whether the VMM currently maps the region.
+///
+/// QEMU accepts `SHMEM_MAP` only while the device is started and drops the
+/// mappings on reset, so the device maps lazily (the first control request
+/// after the driver negotiated `F_SHMEM_DOORBELL`) and forgets the mapping
+/// on reset and disconnect. `epoch` makes a map that races with a reset
+/// count as stale.
+pub struct RegionLink {
+    region: Arc<DoorbellRegion>,
+    mapped: Arc<AtomicBool>,
+    epoch: AtomicU64,
+    channel: Mutex<Option<Backend>>,
+}
+
+impl std::fmt::Debug for RegionLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegionLink")
+            .field("region", &self.region)
+            .field("mapped", &self.is_mapped())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RegionLink {
+    /// A link for `region`; nothing is mapped yet.
+    pub fn new(region: Arc<DoorbellRegion>) -> Self {
+        RegionLink {
+            region,
+            mapped: Arc::new(AtomicBool::new(false)),
+            epoch: AtomicU64::new(0),
+            channel: Mutex::new(None),
+        }
+    }
+
+    /// Allocation state for the device's resources, sharing the mapped flag.
+    pub fn pages(&self) -> DoorbellPages {
+        DoorbellPages::new(self.region.clone(), self.mapped.clone())
+    }
+
+    /// The `GET_SHMEM_CONFIG` answer: one region, the doorbell region.
+    pub fn shmem_config(&self) -> VhostUserShMemConfig {
+        let mut sizes = [0u64; SHMEM_ID_DOORBELL as usize + 1];
+        sizes[SHMEM_ID_DOORBELL as usize] = self.region.len();
+        VhostUserShMemConfig::new(sizes.len() as u32, &sizes)
+    }
+
+    /// The VMM's back-end request channel (a new connection).
+    pub fn set_channel(&self, channel: Option<Backend>) {
+        *self.channel.lock().unwrap_or_else(|e| e.into_inner()) = channel;
+    }
+
+    /// The VMM dropped its mappings (device reset) or went away.
+    pub fn forget(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.mapped.store(false, Ordering::Release);
+    }
+
+    /// Whether the VMM maps the region.
+    pub fn is_mapped(&self) -> bool {
+        self.mapped.load(Ordering::Acquire)
+    }
+
+    /// Maps the whole region into the guest with one `SHMEM_MAP`, unless it
+    /// is mapped already. Returns whether it is mapped afterwards. Must not
+    /// be called with the device state locked: the VMM may be waiting for
+    /// the back-end while it has our map request queued.
+    pub fn ensure_mapped(&self) -> bool {
+        if self.is_mapped() {
+            return true;
+        }
+        let guard = self.channel.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(channel) = guard.as_ref() else {
+            return false;
+        };
+        if self.is_mapped() {
+            return true;
+        }
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let req = VhostUserMMap {
+            shmid: SHMEM_ID_DOORBELL,
+            fd_offset: 0,
+            shm_offset: 0,
+            len: self.region.len(),
+            flags: VhostUserMMapFlags::WRITABLE.bits(),
+            ..Default::default()
+        };
+        match channel.shmem_map(&req, &self.region.fd()) {
+            Ok(_) => {
+                if self.epoch.load(Ordering::Acquire) == epoch {
+                    self.mapped.store(true, Ordering::Release);
+                    info!("doorbell region mapped ({} bytes)", self.region.len());
+                }
+                self.is_mapped()
+            }
+            Err(e) => {
+                warn!("VMM refused to map the doorbell region: {e}; using guest-RAM doorbells");
+                false
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn region_is_a_power_of_two() {
+        let r = DoorbellRegion::new(3).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.len(), 4 * DB_PAGE_SIZE);
+        let r = DoorbellRegion::new(64).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.len(), 64 * DB_PAGE_SIZE);
+        assert_eq!(r.pages(), 64);
+    }
+
+    #[test]
+    fn pages_and_slots() {
+        let region = Arc::new(DoorbellRegion::new(2).unwrap_or_else(|e| panic!("{e}")));
+        let mapped = Arc::new(AtomicBool::new(false));
+        let mut p = DoorbellPages::new(region.clone(), mapped.clone());
+        assert_eq!(p.alloc_page(), None, "not mapped: no pages");
+        mapped.store(true, Ordering::Release);
+        assert_eq!(p.alloc_page(), Some(0));
+        assert_eq!(p.alloc_page(), Some(1));
+        assert_eq!(p.alloc_page(), None, "all pages taken");
+        let mut slots = Vec::new();
+        while let Some(s) = p.alloc_slot(1) {
+            slots.push(s.at());
+        }
+        assert_eq!(slots.len(), DB_PAGE_SLOTS as usize);
+        // A slot is zeroed when it is handed out again.
+        region.store(slots[7], 0, 99);
+        p.free_slot(slots[7]);
+        let again = p.alloc_slot(1).map(|s| s.at());
+        assert_eq!(again, Some(slots[7]));
+        assert_eq!(region.load(slots[7], 0), 0);
+        p.set_kick(true);
+        assert_eq!(region.flags(0), DB_FLAG_KICK);
+        p.free_page(0);
+        p.set_kick(false);
+        assert_eq!(region.flags(0), DB_FLAG_KICK, "free pages are left alone");
+        assert_eq!(region.flags(1), 0);
+        assert!(p.alloc_slot(0).is_none(), "free page has no slots");
+        // A reused page comes back zeroed.
+        assert_eq!(p.alloc_page(), Some(0));
+        assert_eq!(region.flags(0), 0);
+        p.clear();
+        assert_eq!(p.pages_in_use(), 0);
+    }
+}
