@@ -19,5 +19,7 @@ echo "== cargo test"
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 cargo test --workspace --locked 2>&1 | tee "$out"
+echo "== data path again, shared-memory doorbell mode"
+RDMA_TEST_DOORBELL=shmem cargo test --locked -p vhost-user-rdma-tests --test datapath 2>&1 | tee -a "$out"
 # One line of totals for humans and CI.
 awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed\n", p, f }' "$out"

@@ -217,12 +217,31 @@ impl RdmaDevice {
         }
     }
 
+    /// Maps the doorbell region into the guest if the driver negotiated
+    /// shared-memory doorbells and it is not mapped yet. Called with
+    /// requests in hand: a driver that has made a request available has
+    /// started the device, so the VMM accepts the map now (a kick alone
+    /// proves nothing: the worker also runs when the VMM sets the kick fd,
+    /// before the device is started). Must run without the state lock (see
+    /// `RegionLink::ensure_mapped`).
+    fn map_doorbells(&self) {
+        if let Some(link) = &self.shmem {
+            if self.shmem_acked.load(Ordering::Acquire) {
+                link.ensure_mapped();
+            }
+        }
+    }
+
     fn process_controlq(
         &self,
         vring: &VringRwLock,
         eventq: &VringRwLock,
         mem: &Mem,
     ) -> io::Result<()> {
+        // Rounds in a row that found no request although the avail index
+        // said there were some (a queue the VMM stopped): give up rather
+        // than spin.
+        let mut empty_rounds = 0;
         loop {
             // No kicks while we are awake and looking at the ring anyway.
             vring.disable_notification().map_err(io::Error::other)?;
@@ -236,7 +255,15 @@ impl RdmaDevice {
                         return Ok(());
                     }
                 };
-            if !chains.is_empty() {
+            if chains.is_empty() {
+                empty_rounds += 1;
+                if empty_rounds > 2 {
+                    debug!("control queue shows requests it does not hand out; waiting for a kick");
+                    break;
+                }
+            } else {
+                empty_rounds = 0;
+                self.map_doorbells();
                 let mut st = self.lock();
                 for chain in chains {
                     let head = chain.head_index();
@@ -275,14 +302,7 @@ impl RdmaDevice {
         }
         let deadline = Instant::now() + self.ctrl_poll;
         loop {
-            let pending = {
-                let st = vring.get_ref();
-                let q = st.get_queue();
-                q.avail_idx(&**mem, AtomicOrdering::Acquire)
-                    .map(|a| a.0 != q.next_avail())
-                    .unwrap_or(false)
-            };
-            if pending {
+            if has_requests(vring, mem) {
                 return true;
             }
             if Instant::now() >= deadline {
@@ -298,6 +318,7 @@ impl RdmaDevice {
         }
         let mut st = self.lock();
         let mut delivered = false;
+        let mut rechecked = false;
         while let Some(ev) = st.ctrl.events.pop() {
             // Bind first: the queue guard must be gone before the arms
             // below touch the vring again.
@@ -313,12 +334,17 @@ impl RdmaDevice {
                     // when the driver posts more (with EVENT_IDX the driver
                     // only kicks past the index we publish here). If some
                     // arrived meanwhile, go round again.
-                    if vring.enable_notification().map_err(io::Error::other)? {
+                    // Only once: a stopped queue can show new avail
+                    // entries it will not hand out, and this loop holds
+                    // the state lock the engine needs.
+                    if !rechecked && vring.enable_notification().map_err(io::Error::other)? {
+                        rechecked = true;
                         continue;
                     }
                     break;
                 }
             };
+            rechecked = false;
             let head = chain.head_index();
             let used = if write_event(mem, chain, &ev) {
                 Event::SIZE as u32
@@ -342,6 +368,15 @@ impl RdmaDevice {
 }
 
 /// Interrupts the driver unless it asked not to be (EVENT_IDX `used_event`).
+/// Whether the driver has made requests available that are not taken yet.
+fn has_requests(vring: &VringRwLock, mem: &Mem) -> bool {
+    let st = vring.get_ref();
+    let q = st.get_queue();
+    q.avail_idx(&**mem, AtomicOrdering::Acquire)
+        .map(|a| a.0 != q.next_avail())
+        .unwrap_or(false)
+}
+
 fn signal(vring: &VringRwLock) -> io::Result<()> {
     if vring.needs_notification().map_err(io::Error::other)? {
         vring.signal_used_queue()?;
@@ -569,18 +604,7 @@ impl VhostUserBackend for RdmaDevice {
             return Ok(());
         };
         match device_event {
-            CONTROLQ => {
-                // A driver that negotiated shared-memory doorbells and sends
-                // requests has started the device: the VMM accepts the map
-                // now. Done before the state lock is taken (see
-                // `RegionLink::ensure_mapped`).
-                if let Some(link) = &self.shmem {
-                    if self.shmem_acked.load(Ordering::Acquire) {
-                        link.ensure_mapped();
-                    }
-                }
-                self.process_controlq(ctrlq, eventq, &mem)?
-            }
+            CONTROLQ => self.process_controlq(ctrlq, eventq, &mem)?,
             // New event buffers: delivery below.
             EVENTQ => {}
             // A doorbell kick: wake the engine.

@@ -338,6 +338,8 @@ impl DoorbellPages {
 pub struct RegionLink {
     region: Arc<DoorbellRegion>,
     mapped: Arc<AtomicBool>,
+    /// The VMM refused a map: do not ask again until the next reset.
+    refused: AtomicBool,
     epoch: AtomicU64,
     channel: Mutex<Option<Backend>>,
 }
@@ -357,6 +359,7 @@ impl RegionLink {
         RegionLink {
             region,
             mapped: Arc::new(AtomicBool::new(false)),
+            refused: AtomicBool::new(false),
             epoch: AtomicU64::new(0),
             channel: Mutex::new(None),
         }
@@ -383,6 +386,7 @@ impl RegionLink {
     pub fn forget(&self) {
         self.epoch.fetch_add(1, Ordering::AcqRel);
         self.mapped.store(false, Ordering::Release);
+        self.refused.store(false, Ordering::Release);
     }
 
     /// Whether the VMM maps the region.
@@ -391,12 +395,15 @@ impl RegionLink {
     }
 
     /// Maps the whole region into the guest with one `SHMEM_MAP`, unless it
-    /// is mapped already. Returns whether it is mapped afterwards. Must not
+    /// is mapped already or the VMM refused since the last reset. Returns whether it is mapped afterwards. Must not
     /// be called with the device state locked: the VMM may be waiting for
     /// the back-end while it has our map request queued.
     pub fn ensure_mapped(&self) -> bool {
         if self.is_mapped() {
             return true;
+        }
+        if self.refused.load(Ordering::Acquire) {
+            return false;
         }
         let guard = self.channel.lock().unwrap_or_else(|e| e.into_inner());
         let Some(channel) = guard.as_ref() else {
@@ -423,6 +430,7 @@ impl RegionLink {
                 self.is_mapped()
             }
             Err(e) => {
+                self.refused.store(true, Ordering::Release);
                 warn!("VMM refused to map the doorbell region: {e}; using guest-RAM doorbells");
                 false
             }

@@ -16,6 +16,7 @@
 pub mod bench;
 pub mod conn;
 pub mod ctrl;
+pub mod dp;
 pub mod echo;
 pub mod error;
 pub mod events;

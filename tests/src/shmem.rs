@@ -30,6 +30,7 @@ pub struct ShmemWindow {
     started: AtomicBool,
     refuse: bool,
     maps: AtomicU64,
+    requests: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -104,6 +105,7 @@ impl ShmemWindow {
             started: AtomicBool::new(false),
             refuse,
             maps: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
         }))
     }
 
@@ -122,9 +124,44 @@ impl ShmemWindow {
         self.len == 0
     }
 
+    /// Atomic (acquire) load of the 32-bit word at byte `off` of the
+    /// region, as the guest would read it; `None` outside the region.
+    pub fn load_u32(&self, off: usize) -> Option<u32> {
+        self.word(off).map(|w| w.load(Ordering::Acquire))
+    }
+
+    /// Atomic (release) store of a 32-bit word at byte `off`, as the guest
+    /// would write it; false outside the region.
+    pub fn store_u32(&self, off: usize, value: u32) -> bool {
+        self.word(off)
+            .map(|w| w.store(value, Ordering::Release))
+            .is_some()
+    }
+
+    fn word(&self, off: usize) -> Option<&std::sync::atomic::AtomicU32> {
+        if off % 4 != 0 || off.checked_add(4)? > self.len {
+            return None;
+        }
+        // SAFETY: the word lies inside the window, which is valid for the
+        // lifetime of `self` and page aligned; it is shared with the
+        // back-end, so it is only ever accessed atomically.
+        Some(unsafe {
+            &*self
+                .base
+                .as_ptr()
+                .add(off)
+                .cast::<std::sync::atomic::AtomicU32>()
+        })
+    }
+
     /// Number of successful `SHMEM_MAP` requests so far.
     pub fn map_count(&self) -> u64 {
         self.maps.load(Ordering::Acquire)
+    }
+
+    /// Number of `SHMEM_MAP` requests received, refused ones included.
+    pub fn map_requests(&self) -> u64 {
+        self.requests.load(Ordering::Acquire)
     }
 
     /// Live mappings (offset, length).
@@ -162,6 +199,7 @@ impl ShmemWindow {
     }
 
     fn map(&self, req: &VhostUserMMap, fd: &dyn AsRawFd) -> HandlerResult<u64> {
+        self.requests.fetch_add(1, Ordering::AcqRel);
         let mut st = self.lock();
         let (shmid, off, len, fd_off) = (req.shmid, req.shm_offset, req.len, req.fd_offset);
         if !self.started.load(Ordering::Acquire) {
@@ -287,7 +325,13 @@ impl BackendChannel {
             .map_err(|e| Error::io("dup backend channel", e))?;
         let thread = std::thread::Builder::new()
             .name("vmm-backend-req".into())
-            .spawn(move || while h.handle_request().is_ok() {})
+            .spawn(move || {
+                // A refused request was answered with a failure; only a
+                // broken channel ends the loop.
+                while let Ok(_) | Err(vhost::vhost_user::Error::ReqHandlerError(_)) =
+                    h.handle_request()
+                {}
+            })
             .map_err(|e| Error::io("spawn backend channel", e))?;
         Ok(BackendChannel {
             peer,

@@ -249,12 +249,15 @@ impl<'a> Verbs<'a> {
 
     /// CREATE_CTX.
     pub fn create_ctx(&mut self) -> Result<u32> {
-        let r: CreateCtxResp = self
-            .ctrl
+        Ok(self.create_ctx_full()?.ctx_handle)
+    }
+
+    /// CREATE_CTX, with the whole response (the doorbell page).
+    pub fn create_ctx_full(&mut self) -> Result<CreateCtxResp> {
+        self.ctrl
             .call(Opcode::CREATE_CTX, &[], CreateCtxResp::SIZE)?
             .ok()?
-            .parse()?;
-        Ok(r.ctx_handle)
+            .parse()
     }
 
     /// DESTROY_CTX.

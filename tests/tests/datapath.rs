@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use vhost_user_rdma_tests::harness::TestDaemon;
 use vhost_user_rdma_tests::transport::VmmTransport;
 use vhost_user_rdma_tests::verbs::{QpInit as RawQpInit, Verbs};
-use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
+use vhost_user_rdma_tests::vmm::VmmOptions;
+use virtio_rdma_abi::datapath::{db_slot_offset, WcOpcode, WcStatus, DB_NONE, DB_PAGE_SIZE};
 use virtio_rdma_abi::mem::access;
 use virtio_rdma_abi::qp::{AddressVector, QpState};
 use virtio_rdma_driver::{
@@ -29,10 +30,28 @@ struct Vm {
     pd: Arc<Pd>,
 }
 
+/// `RDMA_TEST_DOORBELL=shmem` runs every test in the shared-memory
+/// doorbell mode (VMM with VIRTIO shared memory, spec 18.7); the default is
+/// the guest-RAM mode. `scripts/test.sh` runs both.
+fn shmem_mode() -> bool {
+    std::env::var("RDMA_TEST_DOORBELL").is_ok_and(|v| v == "shmem")
+}
+
 fn open(d: &TestDaemon, i: usize) -> Vm {
-    let vmm = d.connect(i).unwrap();
+    let shmem = shmem_mode();
+    let vmm = d
+        .connect_with(
+            i,
+            VmmOptions {
+                shmem,
+                ..VmmOptions::default()
+            },
+        )
+        .unwrap();
     let t = VmmTransport::new(vmm).unwrap();
     let dev = Device::open(t.clone()).unwrap();
+    // The mode really is the one asked for.
+    assert_eq!(dev.doorbell_page().is_some(), shmem);
     let pd = Pd::alloc(&dev).unwrap();
     Vm { t, dev, pd }
 }
@@ -715,10 +734,12 @@ fn error_rnr_retry_exceeded() {
 fn scribbling_guest_does_not_hurt_others() {
     let (_d, a, b) = two_vms();
     // The rogue QP, made with raw verbs so the test knows its ring pages.
-    let (sq_pages, db, rogue, peer_qpn) = {
+    let (sq_pages, db, rogue, peer_qpn, slot) = {
         let mut vmm = a.t.vmm();
+        let window = vmm.shmem_window().cloned();
         let mut v = Verbs::new(&mut vmm);
-        let ctx = v.create_ctx().unwrap();
+        let ctx_resp = v.create_ctx_full().unwrap();
+        let ctx = ctx_resp.ctx_handle;
         let pd = v.alloc_pd(ctx).unwrap();
         let cq = v.create_cq(ctx, 64).unwrap();
         let mut init = RawQpInit::rc(pd, cq);
@@ -738,7 +759,14 @@ fn scribbling_guest_does_not_hurt_others() {
             .chunks_exact(8)
             .map(|c| GuestAddress(u64::from_le_bytes(c.try_into().unwrap())))
             .collect();
-        (pages, GuestAddress(req.db_gpa), r.qp_handle, peer.qpn)
+        // In the shared-memory mode the producer indices live in the
+        // doorbell page: scribble there too.
+        let slot = window.filter(|_| r.db_slot != DB_NONE).map(|w| {
+            let off = u64::from(ctx_resp.doorbell_page) * DB_PAGE_SIZE
+                + db_slot_offset(r.db_slot).unwrap();
+            (w, off as usize)
+        });
+        (pages, GuestAddress(req.db_gpa), r.qp_handle, peer.qpn, slot)
     };
     let stop = AtomicBool::new(false);
     let p = rc_pair(&a, &b);
@@ -758,6 +786,11 @@ fn scribbling_guest_does_not_hurt_others() {
                     mem.write(pg, &pattern(4096, i * 31 + k as u64)).unwrap();
                 }
                 mem.write(db, &pattern(64, i)).unwrap();
+                if let Some((w, off)) = &slot {
+                    let g = pattern(8, i);
+                    w.store_u32(*off, u32::from_le_bytes(g[..4].try_into().unwrap()));
+                    w.store_u32(*off + 4, u32::from_le_bytes(g[4..].try_into().unwrap()));
+                }
                 t.notify(virtio_rdma_abi::config::NOTIFYQ).unwrap();
                 std::thread::sleep(Duration::from_micros(200));
                 if i % 16 == 0 {
