@@ -4,7 +4,7 @@
 
 use std::io;
 use std::sync::atomic::Ordering as AtomicOrdering;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -35,7 +35,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::config::Limits;
 use crate::ctrl::{Ctrl, CtrlStats, PortIdentity};
 use crate::engine::Engine;
-use crate::memory::RamMap;
+use crate::memory::{HostMem, RamMap};
 use crate::resources::ResourceCounts;
 use crate::rnic::Rnic;
 use crate::shmem::{DoorbellRegion, RegionLink};
@@ -65,6 +65,9 @@ type Mem = GuestMemoryLoadGuard<GuestMemoryMmap<()>>;
 struct State {
     ctrl: Ctrl,
     mem: Option<GuestMemoryAtomic<GuestMemoryMmap<()>>>,
+    /// The data path's view of the same memory (built with every memory
+    /// table update).
+    host: Option<Arc<HostMem>>,
 }
 
 /// A snapshot of one device's state, for statistics and leak checks.
@@ -94,6 +97,10 @@ pub struct RdmaDevice {
     shmem: Option<RegionLink>,
     /// The driver negotiated `F_SHMEM_DOORBELL`.
     shmem_acked: AtomicBool,
+    /// Advances whenever the data path's view of the VM may have changed
+    /// (a control command ran, memory was remapped, a reset or disconnect),
+    /// so the engine rebuilds what it caches about the VM.
+    dp_gen: AtomicU64,
 }
 
 /// Epoll id of [`RdmaDevice::event_wake_fd`] (past the queue ids).
@@ -123,7 +130,11 @@ impl RdmaDevice {
         ctrl.events.push(EventKind::PORT_ACTIVE, 1, 0);
         Ok(RdmaDevice {
             id,
-            state: Mutex::new(State { ctrl, mem: None }),
+            state: Mutex::new(State {
+                ctrl,
+                mem: None,
+                host: None,
+            }),
             config: limits.device_config().to_bytes(),
             device_features,
             event_idx: AtomicBool::new(false),
@@ -133,6 +144,7 @@ impl RdmaDevice {
             event_wake: EventFd::new(libc::EFD_NONBLOCK)?,
             shmem,
             shmem_acked: AtomicBool::new(false),
+            dp_gen: AtomicU64::new(0),
         })
     }
 
@@ -143,14 +155,25 @@ impl RdmaDevice {
 
     /// Runs `f` on the VM's objects and mapped memory (the data-path
     /// engine's access); `None` while no VMM is connected.
-    pub fn with_dataplane<R>(
-        &self,
-        f: impl FnOnce(&mut Ctrl, &GuestMemoryMmap<()>) -> R,
-    ) -> Option<R> {
+    pub fn with_dataplane<R>(&self, f: impl FnOnce(&mut Ctrl, &Arc<HostMem>) -> R) -> Option<R> {
         let mut st = self.lock();
-        let State { ctrl, mem } = &mut *st;
-        let guard = mem.as_ref()?.memory();
-        Some(f(ctrl, &guard))
+        let State { ctrl, host, .. } = &mut *st;
+        let host = host.as_ref()?;
+        Some(f(ctrl, host))
+    }
+
+    /// The data-path generation: it changes (under the VM's lock, before
+    /// the lock is released) whenever objects, memory or the connection of
+    /// the VM may have changed. Read it under [`with_dataplane`] to pair it
+    /// with the state it describes.
+    ///
+    /// [`with_dataplane`]: RdmaDevice::with_dataplane
+    pub fn dp_generation(&self) -> u64 {
+        self.dp_gen.load(Ordering::Acquire)
+    }
+
+    fn bump_dp_gen(&self) {
+        self.dp_gen.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Asks the vhost-user worker to deliver pending events (the engine
@@ -198,6 +221,8 @@ impl RdmaDevice {
         st.ctrl.set_features(0);
         st.ctrl.set_ram(RamMap::default());
         st.mem = None;
+        st.host = None;
+        self.bump_dp_gen();
         st.ctrl.events.push(EventKind::PORT_ACTIVE, 1, 0);
         self.event_idx.store(false, Ordering::Relaxed);
     }
@@ -272,6 +297,8 @@ impl RdmaDevice {
                         warn!("cannot return control buffer {head}: {e}");
                     }
                 }
+                // QPs may have come, gone or changed state.
+                self.bump_dp_gen();
                 drop(st);
                 signal(vring)?;
                 // New or changed QPs may have work for the engine.
@@ -538,6 +565,7 @@ impl VhostUserBackend for RdmaDevice {
         let mut st = self.lock();
         st.ctrl.reset();
         st.ctrl.events.push(EventKind::PORT_ACTIVE, 1, 0);
+        self.bump_dp_gen();
     }
 
     fn set_event_idx(&self, enabled: bool) {
@@ -561,10 +589,14 @@ impl VhostUserBackend for RdmaDevice {
     }
 
     fn update_memory(&self, mem: GuestMemoryAtomic<GuestMemoryMmap<()>>) -> io::Result<()> {
-        let ram = RamMap::from_guest_memory(&*mem.memory());
+        let snapshot = mem.memory().into_inner();
+        let ram = RamMap::from_guest_memory(&*snapshot);
+        let host = Arc::new(HostMem::new(snapshot));
         let mut st = self.lock();
         st.ctrl.set_ram(ram);
         st.mem = Some(mem);
+        st.host = Some(host);
+        self.bump_dp_gen();
         Ok(())
     }
 

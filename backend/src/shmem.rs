@@ -234,6 +234,23 @@ impl DbSlot {
     pub fn load(&self, half: u32) -> u32 {
         self.region.load(self.at, half)
     }
+
+    /// Address of word 0 of the slot (word 1 follows): for pollers that
+    /// keep the region alive themselves (`region()`) and access the words
+    /// atomically only.
+    pub fn pi_ptr(&self) -> *const AtomicU32 {
+        db_slot_offset(self.at.slot)
+            .and_then(|off| {
+                self.region
+                    .word(DoorbellRegion::page_off(self.at.page) + off)
+            })
+            .map_or(std::ptr::null(), |w| w as *const AtomicU32)
+    }
+
+    /// The region the slot lives in.
+    pub fn region(&self) -> &Arc<DoorbellRegion> {
+        &self.region
+    }
 }
 
 /// Page and slot allocation of one device instance.

@@ -17,9 +17,9 @@ use crate::error::{Error, Result};
 use crate::page_list;
 use crate::pd::Pd;
 use crate::qp_attr::{QpAttrs, RcConnect};
-use crate::ring::{post_wqes, Producer, QueueMem, RingGeometry, WqRegs};
+use crate::ring::{post_encoded, post_wqes, Producer, QueueMem, RingGeometry, WqRegs};
 use crate::srq::Srq;
-use crate::wr::{encode_recv, encode_send, RecvWr, SendLimits, SendWr};
+use crate::wr::{encode_recv, encode_send_into, RecvWr, SendLimits, SendWr};
 
 const SQ_REGS: WqRegs = WqRegs {
     pi: off::QP_SQ_PI,
@@ -463,20 +463,20 @@ impl Qp {
             stride: self.sq.stride(),
             atomics: self.pd.dev.inner.has(F_ATOMIC),
         };
-        let wqes = wrs
-            .iter()
-            .enumerate()
-            .map(|(index, wr)| {
-                encode_send(wr, &lim).map_err(|reason| Error::InvalidWr { index, reason })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        post_wqes(
+        post_encoded(
             &*self.pd.dev.inner.transport,
             &self.mem,
             &self.sq,
             SQ_REGS,
             &self.sq_prod,
-            &wqes,
+            wrs.len(),
+            |index, out| {
+                let wr = wrs.get(index).ok_or(Error::InvalidWr {
+                    index,
+                    reason: "no such work request".into(),
+                })?;
+                encode_send_into(wr, &lim, out).map_err(|reason| Error::InvalidWr { index, reason })
+            },
         )
         .map(drop)
     }

@@ -53,6 +53,11 @@ pub(crate) struct Producer {
     pub pi: u32,
     /// Cached device consumer index.
     pub ci: u32,
+    /// Reused encoding buffer of [`post_encoded`] (no allocation per post
+    /// once it has grown).
+    buf: Vec<u8>,
+    /// End offsets of the WQEs in `buf`.
+    ends: Vec<usize>,
 }
 
 impl Producer {
@@ -189,6 +194,41 @@ pub(crate) fn post_wqes(
     for w in wqes {
         write_slot(&mem.buf, ring, p.pi, w);
         p.pi = p.pi.wrapping_add(1);
+    }
+    mem.publish(transport, regs, p.pi)
+}
+
+/// Posts `n` WQEs that `encode(i, out)` appends to `out`: all of them are
+/// encoded first (nothing is posted if one fails), then room is checked,
+/// each is written into its slot and the new producer index is published
+/// with the kick protocol. The encoding buffer is the producer's own, so a
+/// post allocates nothing. Returns whether it kicked.
+pub(crate) fn post_encoded(
+    transport: &dyn Transport,
+    mem: &QueueMem,
+    ring: &RingGeometry,
+    regs: WqRegs,
+    producer: &Mutex<Producer>,
+    n: usize,
+    mut encode: impl FnMut(usize, &mut Vec<u8>) -> Result<()>,
+) -> Result<bool> {
+    if n == 0 {
+        return Ok(false);
+    }
+    let mut guard = producer.lock().unwrap_or_else(PoisonError::into_inner);
+    let p = &mut *guard;
+    p.buf.clear();
+    p.ends.clear();
+    for i in 0..n {
+        encode(i, &mut p.buf)?;
+        p.ends.push(p.buf.len());
+    }
+    p.reserve(n, ring.depth, || mem.db.load(regs.ci))?;
+    let mut start = 0;
+    for &end in &p.ends {
+        write_slot(&mem.buf, ring, p.pi, &p.buf[start..end]);
+        p.pi = p.pi.wrapping_add(1);
+        start = end;
     }
     mem.publish(transport, regs, p.pi)
 }

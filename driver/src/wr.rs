@@ -8,7 +8,7 @@ use virtio_rdma_abi::datapath::{
 };
 use virtio_rdma_abi::mem::{RECV_WQE_HEADER, SEND_WQE_HEADER, SGE_SIZE};
 use virtio_rdma_abi::qp::QpType;
-use virtio_rdma_abi::Wire;
+use virtio_rdma_abi::{Field, Wire};
 
 use crate::ah::Ah;
 
@@ -194,9 +194,35 @@ pub(crate) struct SendLimits {
     pub atomics: bool,
 }
 
-/// Checks `wr` and encodes its WQE (header plus SGEs or inline data,
-/// padded to a multiple of 8 bytes).
-pub(crate) fn encode_send(wr: &SendWr<'_>, lim: &SendLimits) -> Result<Vec<u8>, String> {
+/// Appends `bytes` zeroed bytes to `out` and returns them.
+fn grow(out: &mut Vec<u8>, bytes: usize) -> &mut [u8] {
+    let start = out.len();
+    out.resize(start + bytes, 0);
+    &mut out[start..]
+}
+
+/// Checks `wr` and appends its encoded WQE to `out` (header plus SGEs or
+/// inline data, padded to a multiple of 8 bytes); on error `out` is left
+/// as it was. Allocates nothing once `out` has grown to its working size.
+pub(crate) fn encode_send_into(
+    wr: &SendWr<'_>,
+    lim: &SendLimits,
+    out: &mut Vec<u8>,
+) -> Result<(), String> {
+    let base = out.len();
+    let r = encode_send_at(wr, lim, out, base);
+    if r.is_err() {
+        out.truncate(base);
+    }
+    r
+}
+
+fn encode_send_at(
+    wr: &SendWr<'_>,
+    lim: &SendLimits,
+    out: &mut Vec<u8>,
+    base: usize,
+) -> Result<(), String> {
     let mut wqe = SendWqe {
         wr_id: wr.wr_id,
         opcode: wr.op.opcode() as u8,
@@ -271,7 +297,7 @@ pub(crate) fn encode_send(wr: &SendWr<'_>, lim: &SendLimits) -> Result<Vec<u8>, 
             return Err("the local SGEs of an atomic must describe exactly 8 bytes".into());
         }
     }
-    let mut out = match wr.payload {
+    match wr.payload {
         Payload::Sges(sges) => {
             if sges.len() > lim.max_send_sge as usize {
                 return Err(format!(
@@ -281,11 +307,10 @@ pub(crate) fn encode_send(wr: &SendWr<'_>, lim: &SendLimits) -> Result<Vec<u8>, 
                 ));
             }
             wqe.num_sge = u16::try_from(sges.len()).map_err(|_| "too many SGEs".to_string())?;
-            let mut out = wqe.to_bytes();
+            wqe.write(grow(out, SendWqe::SIZE));
             for s in sges {
-                out.extend_from_slice(&s.to_bytes());
+                s.write(grow(out, Sge::SIZE));
             }
-            out
         }
         Payload::Inline(data) => {
             if wr.op.writes_local() {
@@ -300,21 +325,20 @@ pub(crate) fn encode_send(wr: &SendWr<'_>, lim: &SendLimits) -> Result<Vec<u8>, 
             }
             wqe.flags |= WQE_INLINE;
             wqe.inline_len = data.len() as u32;
-            let mut out = wqe.to_bytes();
+            wqe.write(grow(out, SendWqe::SIZE));
             out.extend_from_slice(data);
-            out
         }
-    };
-    out.resize(out.len().next_multiple_of(8), 0);
-    if out.len() > lim.stride {
+    }
+    let len = (out.len() - base).next_multiple_of(8);
+    out.resize(base + len, 0);
+    if len > lim.stride {
         return Err(format!(
-            "WQE of {} bytes in a {}-byte stride",
-            out.len(),
+            "WQE of {len} bytes in a {}-byte stride",
             lim.stride
         ));
     }
-    debug_assert!(out.len() >= SEND_WQE_HEADER as usize);
-    Ok(out)
+    debug_assert!(len >= SEND_WQE_HEADER as usize);
+    Ok(())
 }
 
 /// Checks `wr` against `max_sge` and encodes its receive WQE.

@@ -3,6 +3,9 @@
 
 use std::sync::atomic::{fence, Ordering};
 
+use crate::ctrl::Ctrl;
+use crate::memory::access;
+use crate::memory::HostMem;
 use log::debug;
 use virtio_rdma_abi::datapath::{
     cqe_owner, Cqe, WcStatus, ARM_NEXT, ARM_SOLICITED, CQE_OWNER_OFFSET, CQE_SOLICITED,
@@ -11,10 +14,6 @@ use virtio_rdma_abi::datapath::{
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::mem::CQE_SIZE;
 use virtio_rdma_abi::qp::QpState;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-
-use crate::ctrl::Ctrl;
-use crate::memory::access;
 
 /// Offset of the CQ doorbell's `arm` field.
 const ARM_OFFSET: u64 = 4;
@@ -24,7 +23,7 @@ const ARMED_SEQ_OFFSET: u64 = DB_DEVICE_OFFSET + 4;
 /// Writes `cqe` (its `owner` is set here) to CQ `cq_handle` of `ctrl`.
 /// Returns false when the CQ could not take it (missing, overflowed, or its
 /// memory is gone); the caller then treats the QP as failed.
-pub fn complete(ctrl: &mut Ctrl, mem: &GuestMemoryMmap<()>, cq_handle: u32, mut cqe: Cqe) -> bool {
+pub fn complete(ctrl: &mut Ctrl, mem: &HostMem, cq_handle: u32, mut cqe: Cqe) -> bool {
     let Some(cq) = ctrl.res.cqs.get_mut(cq_handle) else {
         return false;
     };
@@ -49,13 +48,8 @@ pub fn complete(ctrl: &mut Ctrl, mem: &GuestMemoryMmap<()>, cq_handle: u32, mut 
     virtio_rdma_abi::Field::write(&cqe, &mut bytes);
     // Everything but the owner byte first; the owner last, with release.
     let owner = CQE_OWNER_OFFSET as usize;
-    let ok = mem.write_slice(&bytes[..owner], GuestAddress(gpa)).is_ok()
-        && mem
-            .write_slice(
-                &bytes[owner + 1..],
-                GuestAddress(gpa + CQE_OWNER_OFFSET + 1),
-            )
-            .is_ok()
+    let ok = access::write_bytes(mem, gpa, &bytes[..owner]).is_ok()
+        && access::write_bytes(mem, gpa + CQE_OWNER_OFFSET + 1, &bytes[owner + 1..]).is_ok()
         && access::store_u8_release(mem, gpa + CQE_OWNER_OFFSET, cqe_owner(index, cq.depth))
             .is_ok();
     if !ok {

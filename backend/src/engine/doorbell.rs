@@ -2,9 +2,8 @@
 //! the driver half of a doorbell record in guest RAM, or from the queue's
 //! slot in its context's doorbell page.
 
-use vm_memory::GuestMemoryMmap;
-
 use crate::memory::access;
+use crate::memory::HostMem;
 use crate::shmem::DbSlot;
 
 /// Slot word / record field of a QP's send producer index.
@@ -17,12 +16,7 @@ pub const SRQ: u32 = 0;
 /// Acquire load of producer index `which` ([`SQ`], [`RQ`] or [`SRQ`]) of
 /// the queue with doorbell record `db_gpa` and slot `slot`; `None` if the
 /// record is not in guest RAM.
-pub fn load_pi(
-    mem: &GuestMemoryMmap<()>,
-    db_gpa: u64,
-    slot: Option<&DbSlot>,
-    which: u32,
-) -> Option<u32> {
+pub fn load_pi(mem: &HostMem, db_gpa: u64, slot: Option<&DbSlot>, which: u32) -> Option<u32> {
     match slot {
         Some(s) => Some(s.load(which)),
         None => access::load_u32_acquire(mem, db_gpa + 4 * u64::from(which)).ok(),

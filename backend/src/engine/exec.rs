@@ -6,6 +6,11 @@
 //! responder's part directly on the peer's objects and memory, which makes
 //! each RC operation complete in one step.
 
+use super::doorbell::{self, load_pi};
+use super::wqe::{fetch_recv, RecvWr, SendWr, WqeBuf};
+use crate::ctrl::Ctrl;
+use crate::memory::access::{self, Segment};
+use crate::memory::HostMem;
 use virtio_rdma_abi::datapath::{
     Cqe, Sge, WcOpcode, WcStatus, WrOpcode, CQE_GRH, CQE_SOLICITED, CQE_WITH_IMM, DB_DEVICE_OFFSET,
     UD_GRH_SIZE, WQE_SOLICITED,
@@ -13,27 +18,29 @@ use virtio_rdma_abi::datapath::{
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::mem::access as acc;
 use virtio_rdma_abi::qp::{QpState, QpType};
-use vm_memory::GuestMemoryMmap;
-
-use super::doorbell::{self, load_pi};
-use super::wqe::{fetch_recv, RecvWr, SendWr};
-use crate::ctrl::Ctrl;
-use crate::memory::access::{self, Segment};
 
 /// Offset of `rq_ci` in the device half of a QP doorbell record.
 const RQ_CI: u64 = DB_DEVICE_OFFSET + 4;
 /// Offset of the SRQ doorbell's `ci` in its device half.
 const SRQ_CI: u64 = DB_DEVICE_OFFSET;
 
-/// Resolves a local SGE list of QP `qp` in `ctrl`; `write` requires
-/// LOCAL_WRITE. Any failure is a local protection error.
+/// Checks a local SGE list of a QP in PD `pd` of `ctrl` (`write` requires
+/// LOCAL_WRITE) and resolves its first `limit` bytes into `out` (which is
+/// cleared first). Every SGE is checked in full — key, PD, rights and
+/// bounds — but only the bytes that will be accessed are translated page by
+/// page, so a small message into a large receive buffer costs little.
+/// Returns the total length of the list. Any failure is a local protection
+/// error.
 pub fn local_segments(
     ctrl: &Ctrl,
     pd: u32,
     sges: &[Sge],
     write: bool,
-) -> Result<Vec<Segment>, WcStatus> {
-    let mut segs = Vec::with_capacity(sges.len());
+    limit: u64,
+    out: &mut Vec<Segment>,
+) -> Result<u64, WcStatus> {
+    out.clear();
+    let mut total = 0u64;
     for sge in sges {
         if sge.length == 0 {
             continue;
@@ -47,10 +54,39 @@ pub fn local_segments(
         if mr.pd != pd || (write && mr.access & acc::LOCAL_WRITE == 0) {
             return Err(WcStatus::LOC_PROT_ERR);
         }
-        access::resolve(mr, sge.addr, u64::from(sge.length), &mut segs)
-            .map_err(|_| WcStatus::LOC_PROT_ERR)?;
+        let len = u64::from(sge.length);
+        mr.translate(sge.addr, len).ok_or(WcStatus::LOC_PROT_ERR)?;
+        let want = limit.saturating_sub(total).min(len);
+        if want > 0 {
+            access::resolve(mr, sge.addr, want, out).map_err(|_| WcStatus::LOC_PROT_ERR)?;
+        }
+        total += len;
     }
-    Ok(segs)
+    Ok(total)
+}
+
+/// Reusable memory of the responder side (no allocation per message).
+pub struct RespScratch {
+    /// The copied receive WQE.
+    pub recv: Box<WqeBuf>,
+    /// Segments of the remote range or the receive buffer.
+    pub segs: Vec<Segment>,
+}
+
+impl RespScratch {
+    /// Empty scratch memory.
+    pub fn new() -> Self {
+        RespScratch {
+            recv: WqeBuf::new(),
+            segs: Vec::with_capacity(64),
+        }
+    }
+}
+
+impl Default for RespScratch {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// What the requester needs from the responder.
@@ -64,12 +100,15 @@ pub enum RespOutcome {
     Nak(WcStatus),
     /// Silently dropped (UD only).
     Dropped,
+    /// The responder QP no longer has the addressed QPN (a stale routing
+    /// hint); the requester resolves the QPN again.
+    Stale,
 }
 
 /// The requester's side of one message, ready for the responder.
 pub struct Request<'a> {
     /// The work request.
-    pub wr: &'a SendWr,
+    pub wr: &'a SendWr<'a>,
     /// Requester QPN.
     pub src_qpn: u32,
     /// Requester GID.
@@ -79,7 +118,9 @@ pub struct Request<'a> {
     /// Message length.
     pub len: u64,
     /// Requester memory.
-    pub mem: &'a GuestMemoryMmap<()>,
+    pub mem: &'a HostMem,
+    /// QPN the requester addressed (the responder must still have it).
+    pub dest_qpn: u32,
 }
 
 fn fail_qp(ctrl: &mut Ctrl, qp: u32, event: Option<EventKind>) {
@@ -94,7 +135,12 @@ fn fail_qp(ctrl: &mut Ctrl, qp: u32, event: Option<EventKind>) {
 }
 
 /// Takes the next receive WQE of responder QP `qp` (its RQ or SRQ).
-fn take_recv(ctrl: &mut Ctrl, mem: &GuestMemoryMmap<()>, qp: u32) -> Result<Option<RecvWr>, ()> {
+fn take_recv<'s>(
+    ctrl: &mut Ctrl,
+    mem: &HostMem,
+    qp: u32,
+    scratch: &'s mut WqeBuf,
+) -> Result<Option<RecvWr<'s>>, ()> {
     let q = ctrl.res.qps.get(qp).ok_or(())?;
     if q.srq != 0 {
         let srq_h = q.srq;
@@ -114,6 +160,7 @@ fn take_recv(ctrl: &mut Ctrl, mem: &GuestMemoryMmap<()>, qp: u32) -> Result<Opti
             srq.wqe_shift,
             srq.max_sge,
             srq.rt.ci,
+            scratch,
         )
         .map_err(|_| ())?;
         srq.rt.ci = srq.rt.ci.wrapping_add(1);
@@ -140,6 +187,7 @@ fn take_recv(ctrl: &mut Ctrl, mem: &GuestMemoryMmap<()>, qp: u32) -> Result<Opti
         q.layout.rq_wqe_shift,
         q.max_recv_sge,
         q.rt.rq_ci,
+        scratch,
     )
     .map_err(|_| ())?;
     let Some(q) = ctrl.res.qps.get_mut(qp) else {
@@ -159,7 +207,8 @@ fn remote_segments(
     addr: u64,
     len: u64,
     right: u32,
-) -> Result<Vec<Segment>, WcStatus> {
+    out: &mut Vec<Segment>,
+) -> Result<(), WcStatus> {
     let q = ctrl.res.qps.get(qp).ok_or(WcStatus::REM_ACCESS_ERR)?;
     let mr = ctrl
         .res
@@ -170,21 +219,25 @@ fn remote_segments(
     if mr.pd != q.pd || mr.access & right == 0 || q.attr.access & right == 0 {
         return Err(WcStatus::REM_ACCESS_ERR);
     }
-    let mut segs = Vec::new();
-    access::resolve(mr, addr, len, &mut segs).map_err(|_| WcStatus::REM_ACCESS_ERR)?;
-    Ok(segs)
+    out.clear();
+    access::resolve(mr, addr, len, out).map_err(|_| WcStatus::REM_ACCESS_ERR)
 }
 
 /// Performs `req` at responder QP `qp` of `ctrl` (whose memory is `mem`).
 pub fn respond(
     ctrl: &mut Ctrl,
-    mem: &GuestMemoryMmap<()>,
+    mem: &HostMem,
     qp: u32,
     req: &Request<'_>,
+    scratch: &mut RespScratch,
 ) -> RespOutcome {
     let Some(q) = ctrl.res.qps.get(qp) else {
         return RespOutcome::Nak(WcStatus::RETRY_EXC_ERR);
     };
+    if q.qpn != req.dest_qpn {
+        // The handle came from a stale hint: the QP is gone.
+        return RespOutcome::Stale;
+    }
     if !matches!(q.state, QpState::RTR | QpState::RTS | QpState::SQD) {
         return if q.qp_type == QpType::UD {
             RespOutcome::Dropped
@@ -197,31 +250,27 @@ pub fn respond(
     let my_qpn = q.qpn;
     let pd = q.pd;
     let wr = req.wr;
-    let data_in = matches!(
-        wr.opcode,
-        WrOpcode::SEND
-            | WrOpcode::SEND_WITH_IMM
-            | WrOpcode::RDMA_WRITE
-            | WrOpcode::RDMA_WRITE_WITH_IMM
-    );
+    let RespScratch {
+        recv: recv_buf,
+        segs,
+    } = scratch;
     // Where incoming data goes.
     let mut placed: u64 = req.len;
     match wr.opcode {
         WrOpcode::RDMA_WRITE | WrOpcode::RDMA_WRITE_WITH_IMM => {
-            match remote_segments(
+            if let Err(s) = remote_segments(
                 ctrl,
                 qp,
                 wr.hdr.rkey,
                 wr.hdr.remote_addr,
                 req.len,
                 acc::REMOTE_WRITE,
+                segs,
             ) {
-                Ok(dst) => {
-                    if copy_in(req, mem, &dst).is_err() {
-                        return nak(ctrl, qp, WcStatus::REM_ACCESS_ERR);
-                    }
-                }
-                Err(s) => return nak(ctrl, qp, s),
+                return nak(ctrl, qp, s);
+            }
+            if copy_in(req, mem, segs).is_err() {
+                return nak(ctrl, qp, WcStatus::REM_ACCESS_ERR);
             }
         }
         WrOpcode::RDMA_READ => {
@@ -232,8 +281,9 @@ pub fn respond(
                 wr.hdr.remote_addr,
                 req.len,
                 acc::REMOTE_READ,
+                segs,
             ) {
-                Ok(src) => match access::copy(mem, &src, req.mem, req.local, req.len) {
+                Ok(()) => match access::copy(mem, segs, req.mem, req.local, req.len) {
                     Ok(()) => RespOutcome::Done,
                     Err(_) => nak(ctrl, qp, WcStatus::REM_ACCESS_ERR),
                 },
@@ -244,18 +294,18 @@ pub fn respond(
             if wr.hdr.remote_addr % 8 != 0 {
                 return nak(ctrl, qp, WcStatus::REM_INV_REQ_ERR);
             }
-            let dst = match remote_segments(
+            if let Err(s) = remote_segments(
                 ctrl,
                 qp,
                 wr.hdr.rkey,
                 wr.hdr.remote_addr,
                 8,
                 acc::REMOTE_ATOMIC,
+                segs,
             ) {
-                Ok(d) => d,
-                Err(s) => return nak(ctrl, qp, s),
-            };
-            let Some(target) = dst.first().filter(|s| s.len == 8) else {
+                return nak(ctrl, qp, s);
+            }
+            let Some(target) = segs.first().filter(|s| s.len == 8).copied() else {
                 return nak(ctrl, qp, WcStatus::REM_INV_REQ_ERR);
             };
             let old = if wr.opcode == WrOpcode::ATOMIC_CMP_AND_SWP {
@@ -273,15 +323,16 @@ pub fn respond(
         }
         WrOpcode::SEND | WrOpcode::SEND_WITH_IMM => {}
     }
+    let is_send = matches!(wr.opcode, WrOpcode::SEND | WrOpcode::SEND_WITH_IMM);
     let with_imm = matches!(
         wr.opcode,
         WrOpcode::SEND_WITH_IMM | WrOpcode::RDMA_WRITE_WITH_IMM
     );
-    if !(matches!(wr.opcode, WrOpcode::SEND | WrOpcode::SEND_WITH_IMM) || with_imm) {
+    if !(is_send || with_imm) {
         return RespOutcome::Done;
     }
     // A receive WQE is consumed.
-    let recv = match take_recv(ctrl, mem, qp) {
+    let recv = match take_recv(ctrl, mem, qp, recv_buf) {
         Ok(Some(r)) => r,
         Ok(None) => {
             return if ud {
@@ -300,29 +351,31 @@ pub fn respond(
         flags |= CQE_SOLICITED;
     }
     let mut status = WcStatus::SUCCESS;
-    if data_in && matches!(wr.opcode, WrOpcode::SEND | WrOpcode::SEND_WITH_IMM) {
-        match local_segments(ctrl, pd, &recv.sges, true) {
-            Ok(mut dst) => {
+    if is_send {
+        let grh = if ud { u64::from(UD_GRH_SIZE) } else { 0 };
+        let needed = grh.saturating_add(req.len);
+        match local_segments(ctrl, pd, recv.sges, true, needed, segs) {
+            Ok(capacity) if capacity < needed => {
                 if ud {
                     flags |= CQE_GRH;
-                    let mut grh = [0u8; UD_GRH_SIZE as usize];
-                    grh[8..24].copy_from_slice(&req.src_gid);
-                    grh[24..40].copy_from_slice(&ctrl.port_gid());
-                    if access::total(&dst) < u64::from(UD_GRH_SIZE) + req.len
-                        || access::write(mem, &dst, &grh).is_err()
-                    {
+                }
+                status = WcStatus::LOC_LEN_ERR;
+            }
+            Ok(_) => {
+                if ud {
+                    flags |= CQE_GRH;
+                    let mut header = [0u8; UD_GRH_SIZE as usize];
+                    header[8..24].copy_from_slice(&req.src_gid);
+                    header[24..40].copy_from_slice(&ctrl.port_gid());
+                    if access::write(mem, segs, &header).is_err() {
                         status = WcStatus::LOC_LEN_ERR;
                     } else {
-                        dst = skip(&dst, u64::from(UD_GRH_SIZE));
-                        placed = req.len + u64::from(UD_GRH_SIZE);
+                        skip(segs, grh);
+                        placed = needed;
                     }
                 }
-                if status == WcStatus::SUCCESS {
-                    if access::total(&dst) < req.len {
-                        status = WcStatus::LOC_LEN_ERR;
-                    } else if copy_in(req, mem, &dst).is_err() {
-                        status = WcStatus::LOC_PROT_ERR;
-                    }
+                if status == WcStatus::SUCCESS && copy_in(req, mem, segs).is_err() {
+                    status = WcStatus::LOC_PROT_ERR;
                 }
             }
             Err(s) => status = s,
@@ -373,32 +426,27 @@ fn nak(ctrl: &mut Ctrl, qp: u32, status: WcStatus) -> RespOutcome {
 }
 
 /// Copies the request's payload (inline bytes or local segments) into `dst`.
-fn copy_in(
-    req: &Request<'_>,
-    mem: &GuestMemoryMmap<()>,
-    dst: &[Segment],
-) -> Result<(), access::AccessError> {
-    match &req.wr.inline {
+fn copy_in(req: &Request<'_>, mem: &HostMem, dst: &[Segment]) -> Result<(), access::AccessError> {
+    match req.wr.inline {
         Some(data) => access::write(mem, dst, data),
         None => access::copy(req.mem, req.local, mem, dst, req.len),
     }
 }
 
-/// The segments after the first `n` bytes.
-fn skip(segs: &[Segment], mut n: u64) -> Vec<Segment> {
-    let mut out = Vec::with_capacity(segs.len());
-    for s in segs {
+/// Drops the first `n` bytes of `segs` (in place).
+fn skip(segs: &mut Vec<Segment>, mut n: u64) {
+    let mut whole = 0;
+    for s in segs.iter_mut() {
         if n >= s.len {
             n -= s.len;
+            whole += 1;
             continue;
         }
-        out.push(Segment {
-            gpa: s.gpa + n,
-            len: s.len - n,
-        });
-        n = 0;
+        s.gpa += n;
+        s.len -= n;
+        break;
     }
-    out
+    segs.drain(..whole);
 }
 
 /// The requester's completion opcode for a work request opcode.

@@ -10,17 +10,26 @@
 //! Requester, responder and completer are separate modules ([`exec`],
 //! [`completer`]); [`wqe`] copies work requests out of guest rings.
 //!
+//! Polling: the engine keeps, per VM, a compact list of the host addresses
+//! of the QPs' doorbell records with the last producer indices it acted on
+//! ([`DbList`]). A sweep reads those without taking any lock and locks a VM
+//! only when one of its QPs shows work, so idle QPs cost a load each. The
+//! list is rebuilt whenever the VM's data-path generation changes (any
+//! control command, memory update, reset or disconnect). Parking does not
+//! rely on the list: it sets `DB_FLAG_KICK` and re-checks through the VM's
+//! authoritative tables under its lock (spec section 18.6).
+//!
 //! Locking: the engine locks a VM's device state while it works on that
-//! VM, and the peer VM's state inside that for VM-to-VM operations. Control
-//! threads only ever hold their own VM's lock and there is one engine
-//! thread, so the nesting cannot deadlock.
+//! VM, and the peer VM's state inside that for VM-to-VM operations (once
+//! per burst of an RC QP). Control threads only ever hold their own VM's
+//! lock and there is one engine thread, so the nesting cannot deadlock.
 
 pub mod completer;
 pub mod doorbell;
 pub mod exec;
 pub mod wqe;
 
-use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -30,20 +39,25 @@ use virtio_rdma_abi::datapath::{
     Cqe, WcOpcode, WcStatus, DB_DEVICE_OFFSET, DB_FLAG_KICK, WQE_FENCE, WQE_SIGNALED,
 };
 use virtio_rdma_abi::event::EventKind;
+use virtio_rdma_abi::mem::DB_RECORD_SIZE;
 use virtio_rdma_abi::qp::{QpState, QpType, QP_FLAG_SIG_ALL};
-use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::ctrl::Ctrl;
 use crate::device::RdmaDevice;
-use crate::memory::access;
+use crate::memory::access::{self, Segment};
+use crate::memory::HostMem;
 use crate::rnic::Rnic;
+use crate::shmem::DoorbellRegion;
 use doorbell::load_pi;
-use exec::{local_segments, respond, wc_opcode, Request, RespOutcome};
-use wqe::fetch_send;
+use exec::{local_segments, respond, wc_opcode, Request, RespOutcome, RespScratch};
+use wqe::{fetch_send, WqeBuf};
 
 /// How long the engine keeps polling after its last piece of work.
 pub const POLL_WINDOW: Duration = Duration::from_micros(200);
+/// For this long after its last piece of work the engine spins without
+/// yielding its CPU (a `sched_yield` costs more than a whole work request).
+const SPIN_WINDOW: Duration = Duration::from_micros(20);
 /// Longest sleep while parked (timers such as RNR retries are checked at
 /// least this often).
 const MAX_PARK: Duration = Duration::from_millis(50);
@@ -63,6 +77,160 @@ pub struct Engine {
     wake: EventFd,
     stop: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// One QP in a [`DbList`].
+struct DbEntry {
+    /// Host address of the QP's doorbell record (`sq_pi`, then `rq_pi`).
+    db: *const AtomicU32,
+    /// The QP's handle.
+    handle: u32,
+    /// `sq_pi` up to which the engine has acted.
+    seen_sq: u32,
+    /// `rq_pi` up to which the engine has acted (when `watch_rq`).
+    seen_rq: u32,
+    /// The QP's state makes `rq_pi` matter (RESET and ERR, own RQ).
+    watch_rq: bool,
+}
+
+/// The engine's polling list of one VM (see the module documentation).
+struct DbList {
+    dev: Arc<RdmaDevice>,
+    /// The VM's data-path generation the list was built for.
+    gen: Option<u64>,
+    /// Keeps the memory behind the `db` pointers mapped (records in guest
+    /// RAM, slots in the doorbell region).
+    host: Option<Arc<HostMem>>,
+    region: Option<Arc<DoorbellRegion>>,
+    qps: Vec<DbEntry>,
+    /// Indices into `qps` that showed work in this sweep.
+    work: Vec<usize>,
+}
+
+impl DbList {
+    fn new(dev: Arc<RdmaDevice>) -> Self {
+        DbList {
+            dev,
+            gen: None,
+            host: None,
+            region: None,
+            qps: Vec::new(),
+            work: Vec::new(),
+        }
+    }
+
+    /// Rebuilds the list from the VM's tables (under its lock).
+    fn rebuild(&mut self) {
+        let dev = self.dev.clone();
+        let built = dev.with_dataplane(|ctrl, host| {
+            let gen = dev.dp_generation();
+            self.qps.clear();
+            self.region = ctrl.res.doorbells.as_ref().map(|d| d.region().clone());
+            for (handle, qp) in ctrl.res.qps.iter() {
+                // A slot has the layout of a record's driver half: `sq_pi`,
+                // then `rq_pi` (spec 18.7).
+                let db = match &qp.db_slot {
+                    Some(slot) => {
+                        let p = slot.pi_ptr();
+                        if p.is_null() {
+                            continue;
+                        }
+                        p
+                    }
+                    None => {
+                        if qp.db_gpa % DB_RECORD_SIZE != 0 {
+                            continue;
+                        }
+                        let Some(db) = host.ptr(qp.db_gpa, DB_RECORD_SIZE) else {
+                            continue;
+                        };
+                        db.cast_const().cast()
+                    }
+                };
+                // Whatever was posted beyond what the engine has acted on
+                // shows up as work in the next scan.
+                let watch_rq = qp.srq == 0 && matches!(qp.state, QpState::RESET | QpState::ERR);
+                self.qps.push(DbEntry {
+                    db,
+                    handle,
+                    seen_sq: qp.rt.sq_ci,
+                    seen_rq: if watch_rq { qp.rt.rq_ci } else { 0 },
+                    watch_rq,
+                });
+            }
+            (gen, host.clone())
+        });
+        match built {
+            Some((gen, host)) => {
+                self.gen = Some(gen);
+                self.host = Some(host);
+            }
+            None => {
+                // No memory: nothing to poll until the next generation.
+                self.qps.clear();
+                self.host = None;
+                self.gen = Some(self.dev.dp_generation());
+            }
+        }
+    }
+
+    /// Reads every doorbell and collects the QPs with something to do.
+    fn scan(&mut self) -> bool {
+        self.work.clear();
+        if self.host.is_none() {
+            return false;
+        }
+        for (i, e) in self.qps.iter().enumerate() {
+            // SAFETY: `e.db` is either the host address of a 64-byte,
+            // 64-byte aligned doorbell record inside a RAM region of the
+            // mapping `self.host` keeps alive (checked by `HostMem::ptr`
+            // when the list was built), or of an 8-byte slot inside the
+            // doorbell region `self.region` keeps alive; in both cases the
+            // 4-byte atomics at offsets 0 and 4 are valid and aligned. The
+            // guest writes them concurrently; they are only ever accessed
+            // atomically by the device.
+            let (sq, rq) = unsafe {
+                let sq = (*e.db).load(Ordering::Acquire);
+                let rq = if e.watch_rq {
+                    (*e.db.add(1)).load(Ordering::Acquire)
+                } else {
+                    e.seen_rq
+                };
+                (u32::from_le(sq), u32::from_le(rq))
+            };
+            if sq != e.seen_sq || rq != e.seen_rq {
+                self.work.push(i);
+            }
+        }
+        !self.work.is_empty()
+    }
+}
+
+/// Reusable memory of the engine thread (no allocation per work request).
+struct Scratch {
+    wqe: Box<WqeBuf>,
+    local: Vec<Segment>,
+    resp: RespScratch,
+    handles: Vec<u32>,
+}
+
+impl Scratch {
+    fn new() -> Self {
+        Scratch {
+            wqe: WqeBuf::new(),
+            local: Vec::with_capacity(64),
+            resp: RespScratch::new(),
+            handles: Vec::new(),
+        }
+    }
+}
+
+/// The other VM of an RC QP's burst, locked once for the whole burst.
+struct Held<'p> {
+    vm: usize,
+    dev: &'p RdmaDevice,
+    ctrl: &'p mut Ctrl,
+    mem: &'p HostMem,
 }
 
 impl Engine {
@@ -110,54 +278,65 @@ impl Engine {
         }
     }
 
-    fn vm(&self, id: usize) -> Option<Arc<RdmaDevice>> {
-        self.vms
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(id)?
-            .upgrade()
-    }
-
-    fn all_vms(&self) -> Vec<Arc<RdmaDevice>> {
+    /// The live VMs, indexed by id.
+    fn all_vms(&self) -> Vec<Option<Arc<RdmaDevice>>> {
         self.vms
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .filter_map(Weak::upgrade)
+            .map(Weak::upgrade)
             .collect()
     }
 
     fn run(&self) {
         let mut last_work = Instant::now();
+        let mut idle_sweeps = 0u64;
         let mut seen = usize::MAX;
-        let mut vms = Vec::new();
-        let mut scratch = Vec::new();
+        let mut vms: Vec<Option<Arc<RdmaDevice>>> = Vec::new();
+        let mut lists: Vec<DbList> = Vec::new();
+        let mut scratch = Scratch::new();
         while !self.stop.load(Ordering::Acquire) {
             let generation = self.generation.load(Ordering::Acquire);
             if generation != seen {
                 vms = self.all_vms();
+                lists = vms.iter().flatten().cloned().map(DbList::new).collect();
                 seen = generation;
             }
-            if self.sweep(&vms, &mut scratch) {
-                last_work = Instant::now();
+            if self.sweep(&vms, &mut lists, &mut scratch) {
+                idle_sweeps = 0;
                 continue;
             }
-            if last_work.elapsed() < POLL_WINDOW {
+            if idle_sweeps == 0 {
+                last_work = Instant::now();
+            }
+            idle_sweeps += 1;
+            // Reading the clock costs as much as a sweep of a few QPs: only
+            // every so often while spinning.
+            if idle_sweeps % 32 != 0 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let idle = last_work.elapsed();
+            if idle < SPIN_WINDOW {
+                continue;
+            }
+            if idle < POLL_WINDOW {
                 thread::yield_now();
                 continue;
             }
-            // Park: ask for kicks, then look once more so that a doorbell
-            // rung before the flag became visible is not missed.
+            // Park: ask for kicks, then look once more — through the VMs'
+            // own tables, not the polling lists — so that a doorbell rung
+            // before the flag became visible is not missed.
             set_kick(&vms, true);
             fence(Ordering::SeqCst);
-            if self.sweep(&vms, &mut scratch) {
+            if self.sweep_all(&vms, &mut scratch) {
                 set_kick(&vms, false);
-                last_work = Instant::now();
+                idle_sweeps = 0;
                 continue;
             }
             self.park();
             set_kick(&vms, false);
-            last_work = Instant::now();
+            idle_sweeps = 0;
         }
     }
 
@@ -177,9 +356,9 @@ impl Engine {
 
 /// Sets or clears DB_FLAG_KICK in every QP and SRQ doorbell record of a
 /// queue without a doorbell slot, and in every doorbell page header.
-fn set_kick(vms: &[Arc<RdmaDevice>], on: bool) {
+fn set_kick(vms: &[Option<Arc<RdmaDevice>>], on: bool) {
     let v = if on { DB_FLAG_KICK } else { 0 };
-    for vm in vms {
+    for vm in vms.iter().flatten() {
         vm.with_dataplane(|ctrl, mem| {
             for (_, qp) in ctrl.res.qps.iter() {
                 if qp.db_slot.is_none() {
@@ -199,14 +378,61 @@ fn set_kick(vms: &[Arc<RdmaDevice>], on: bool) {
 }
 
 impl Engine {
-    /// One pass over every VM; true if any work was done.
-    fn sweep(&self, vms: &[Arc<RdmaDevice>], scratch: &mut Vec<u32>) -> bool {
+    /// One pass over every VM's polling list; true if any work was done.
+    fn sweep(
+        &self,
+        vms: &[Option<Arc<RdmaDevice>>],
+        lists: &mut [DbList],
+        scratch: &mut Scratch,
+    ) -> bool {
         let mut busy = false;
-        for vm in vms {
+        for list in lists.iter_mut() {
+            if list.gen != Some(list.dev.dp_generation()) {
+                list.rebuild();
+            }
+            if !list.scan() {
+                continue;
+            }
+            let dev = list.dev.clone();
+            let vm_id = dev.id();
+            let DbList { qps, work, .. } = list;
+            let (did, events) = dev
+                .with_dataplane(|ctrl, mem| {
+                    let before = ctrl.events.len();
+                    let mut did = false;
+                    for &i in work.iter() {
+                        let Some(e) = qps.get_mut(i) else {
+                            continue;
+                        };
+                        did |= self.service_qp(vms, vm_id, ctrl, mem, e.handle, scratch);
+                        refresh(e, ctrl, mem);
+                    }
+                    (did, ctrl.events.len() != before)
+                })
+                .unwrap_or((false, false));
+            busy |= did;
+            if events {
+                dev.wake_events();
+            }
+        }
+        busy
+    }
+
+    /// One pass over every QP of every VM through the VMs' tables (the
+    /// re-check of the parking protocol); true if any work was done.
+    fn sweep_all(&self, vms: &[Option<Arc<RdmaDevice>>], scratch: &mut Scratch) -> bool {
+        let mut busy = false;
+        for vm in vms.iter().flatten() {
             let (did, events) = vm
                 .with_dataplane(|ctrl, mem| {
                     let before = ctrl.events.len();
-                    let did = self.sweep_vm(vm.id(), ctrl, mem, scratch);
+                    let mut handles = std::mem::take(&mut scratch.handles);
+                    ctrl.res.qps.fill_handles(&mut handles);
+                    let mut did = false;
+                    for &h in handles.iter() {
+                        did |= self.service_qp(vms, vm.id(), ctrl, mem, h, scratch);
+                    }
+                    scratch.handles = handles;
                     (did, ctrl.events.len() != before)
                 })
                 .unwrap_or((false, false));
@@ -218,23 +444,16 @@ impl Engine {
         busy
     }
 
-    fn sweep_vm(
+    /// Takes send work of one QP, or flushes it in the error state.
+    fn service_qp(
         &self,
+        vms: &[Option<Arc<RdmaDevice>>],
         vm_id: usize,
         ctrl: &mut Ctrl,
-        mem: &GuestMemoryMmap<()>,
-        scratch: &mut Vec<u32>,
+        mem: &HostMem,
+        h: u32,
+        scratch: &mut Scratch,
     ) -> bool {
-        let mut busy = false;
-        ctrl.res.qps.fill_handles(scratch);
-        for &h in scratch.iter() {
-            busy |= self.service_qp(vm_id, ctrl, mem, h);
-        }
-        busy
-    }
-
-    /// Takes send work of one QP, or flushes it in the error state.
-    fn service_qp(&self, vm_id: usize, ctrl: &mut Ctrl, mem: &GuestMemoryMmap<()>, h: u32) -> bool {
         let Some(qp) = ctrl.res.qps.get_mut(h) else {
             return false;
         };
@@ -256,88 +475,181 @@ impl Engine {
                 }
                 false
             }
-            QpState::ERR => flush(ctrl, mem, h, sq_pi),
-            QpState::RTS => self.run_sq(vm_id, ctrl, mem, h, sq_pi),
+            QpState::ERR => flush(ctrl, mem, h, sq_pi, &mut scratch.wqe),
+            QpState::RTS => self.run_sq(vms, vm_id, ctrl, mem, h, sq_pi, scratch),
             _ => false,
         }
     }
 
+    /// Where an RC QP's messages go: (VM, QP handle), from the QP's hint
+    /// when it names the current destination QPN.
+    fn rc_route(&self, ctrl: &mut Ctrl, h: u32) -> Option<(usize, u32)> {
+        let qp = ctrl.res.qps.get_mut(h)?;
+        let dest = qp.attr.dest_qpn;
+        if let Some((qpn, vm, ph)) = qp.rt.peer {
+            if qpn == dest {
+                return Some((vm, ph));
+            }
+        }
+        let (vm, ph) = self.rnic.lookup_qpn(dest)?;
+        qp.rt.peer = Some((dest, vm, ph));
+        Some((vm, ph))
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn run_sq(
         &self,
+        vms: &[Option<Arc<RdmaDevice>>],
         vm_id: usize,
         ctrl: &mut Ctrl,
-        mem: &GuestMemoryMmap<()>,
+        mem: &HostMem,
         h: u32,
         sq_pi: u32,
+        scratch: &mut Scratch,
+    ) -> bool {
+        let Some(qp) = ctrl.res.qps.get(h) else {
+            return false;
+        };
+        if qp.rt.sq_ci == sq_pi {
+            return false;
+        }
+        // An RC QP talks to one QP: lock its VM once for the burst.
+        if qp.qp_type == QpType::RC {
+            if let Some((pvm, _)) = self.rc_route(ctrl, h).filter(|(v, _)| *v != vm_id) {
+                if let Some(dev) = vms.get(pvm).and_then(Option::as_ref) {
+                    let done = dev.with_dataplane(|pctrl, pmem| {
+                        let mut held = Held {
+                            vm: pvm,
+                            dev,
+                            ctrl: pctrl,
+                            mem: pmem,
+                        };
+                        let did =
+                            self.burst(vms, vm_id, ctrl, mem, h, sq_pi, scratch, Some(&mut held));
+                        if !held.ctrl.events.is_empty() {
+                            dev.wake_events();
+                        }
+                        did
+                    });
+                    if let Some(did) = done {
+                        return did;
+                    }
+                }
+            }
+        }
+        self.burst(vms, vm_id, ctrl, mem, h, sq_pi, scratch, None)
+    }
+
+    /// Executes up to [`BURST`] send WQEs of QP `h`.
+    #[allow(clippy::too_many_arguments)]
+    fn burst(
+        &self,
+        vms: &[Option<Arc<RdmaDevice>>],
+        vm_id: usize,
+        ctrl: &mut Ctrl,
+        mem: &HostMem,
+        h: u32,
+        sq_pi: u32,
+        scratch: &mut Scratch,
+        mut held: Option<&mut Held<'_>>,
     ) -> bool {
         let mut did = false;
+        let mut published = None;
         for _ in 0..BURST {
             let Some(qp) = ctrl.res.qps.get(h) else {
-                return did;
+                break;
             };
             if qp.state != QpState::RTS || qp.rt.sq_ci == sq_pi {
-                return did;
+                break;
             }
             if let Some((_, _, at)) = qp.rt.rnr {
                 if Instant::now() < at {
-                    return did;
+                    break;
                 }
             }
             if sq_pi.wrapping_sub(qp.rt.sq_ci) > qp.sq_depth {
                 // The driver claims more WQEs than the ring holds.
                 fail(ctrl, h, Some(EventKind::QP_FATAL));
-                return true;
+                did = true;
+                break;
             }
             did = true;
             let index = qp.rt.sq_ci;
-            let outcome = self.execute(vm_id, ctrl, mem, h, index);
+            let outcome = self.execute(
+                vms,
+                vm_id,
+                ctrl,
+                mem,
+                h,
+                index,
+                scratch,
+                held.as_deref_mut(),
+            );
             let Some(qp) = ctrl.res.qps.get_mut(h) else {
-                return did;
+                break;
             };
             match outcome {
                 Step::Retry(at, left) => {
                     qp.rt.rnr = Some((index, left, at));
-                    return did;
+                    break;
                 }
-                Step::Done => {
+                Step::Done { published: p } => {
                     qp.rt.rnr = None;
                     qp.rt.sq_ci = index.wrapping_add(1);
-                    let _ = access::store_u32_release(mem, qp.db_gpa + SQ_CI, qp.rt.sq_ci);
+                    published = p.then_some(qp.rt.sq_ci);
                 }
+            }
+        }
+        // The consumer index of the WQEs taken in this burst, once (those
+        // with a completion published it before writing it).
+        if let Some(qp) = ctrl.res.qps.get(h) {
+            if did && published != Some(qp.rt.sq_ci) {
+                let _ = access::store_u32_release(mem, qp.db_gpa + SQ_CI, qp.rt.sq_ci);
             }
         }
         did
     }
 
     /// Executes send WQE `index` of QP `h`, writing its completion.
+    #[allow(clippy::too_many_arguments)]
     fn execute(
         &self,
+        vms: &[Option<Arc<RdmaDevice>>],
         vm_id: usize,
         ctrl: &mut Ctrl,
-        mem: &GuestMemoryMmap<()>,
+        mem: &HostMem,
         h: u32,
         index: u32,
+        scratch: &mut Scratch,
+        held: Option<&mut Held<'_>>,
     ) -> Step {
         let Some(qp) = ctrl.res.qps.get(h) else {
-            return Step::Done;
+            return Step::Done { published: false };
         };
-        let (pd, send_cq, qpn, qp_type, sig_all) = (
+        let (pd, send_cq, qpn, qp_type, sig_all, db_gpa) = (
             qp.pd,
             qp.send_cq,
             qp.qpn,
             qp.qp_type,
             qp.flags & QP_FLAG_SIG_ALL != 0,
+            qp.db_gpa,
         );
-        // The requester's completion for this WQE.
+        // The requester's completion for this WQE. The WQE's slot is
+        // released first (spec 18.5: no later than its completion).
         let done = |ctrl: &mut Ctrl, wr_id: u64, op: WcOpcode, status: WcStatus, len: u32| {
-            finish(ctrl, mem, h, send_cq, qpn, wr_id, op, status, len)
+            let _ = access::store_u32_release(mem, db_gpa + SQ_CI, index.wrapping_add(1));
+            finish(ctrl, mem, h, send_cq, qpn, wr_id, op, status, len);
+            Step::Done { published: true }
         };
-        let wr = match fetch_send(mem, qp, index) {
+        let Scratch {
+            wqe: wqe_buf,
+            local,
+            resp,
+            ..
+        } = scratch;
+        let wr = match fetch_send(mem, qp, index, wqe_buf) {
             Ok(wr) => wr,
-            Err((status, wr_id)) => {
-                done(ctrl, wr_id, WcOpcode::SEND, status, 0);
-                return Step::Done;
-            }
+            Err((status, wr_id)) => return done(ctrl, wr_id, WcOpcode::SEND, status, 0),
         };
         let op = wc_opcode(wr.opcode);
         let signaled = sig_all || wr.hdr.flags & WQE_SIGNALED != 0;
@@ -346,89 +658,76 @@ impl Engine {
             op,
             WcOpcode::RDMA_READ | WcOpcode::COMP_SWAP | WcOpcode::FETCH_ADD
         );
-        let local = match local_segments(ctrl, pd, &wr.sges, writes_local) {
-            Ok(s) => s,
-            Err(status) => {
-                done(ctrl, wr.hdr.wr_id, op, status, 0);
-                return Step::Done;
-            }
+        let total = match local_segments(ctrl, pd, wr.sges, writes_local, u64::MAX, local) {
+            Ok(t) => t,
+            Err(status) => return done(ctrl, wr.hdr.wr_id, op, status, 0),
         };
-        let len = wr
-            .inline
-            .as_ref()
-            .map_or_else(|| access::total(&local), |d| d.len() as u64);
+        let len = wr.inline.map_or(total, |d| d.len() as u64);
         let ud = qp_type == QpType::UD;
         let bad_shape = (ud && !matches!(op, WcOpcode::SEND))
             || (matches!(op, WcOpcode::COMP_SWAP | WcOpcode::FETCH_ADD) && len != 8)
             || (wr.inline.is_some() && writes_local);
         if bad_shape {
-            done(ctrl, wr.hdr.wr_id, op, WcStatus::LOC_QP_OP_ERR, 0);
-            return Step::Done;
+            return done(ctrl, wr.hdr.wr_id, op, WcStatus::LOC_QP_OP_ERR, 0);
         }
         // Find the responder.
         let Some(qp) = ctrl.res.qps.get(h) else {
-            return Step::Done;
+            return Step::Done { published: false };
         };
         let (dest_qpn, dgid) = if ud {
             let Some(ah) = ctrl.res.ahs.get(wr.hdr.ah_handle).filter(|a| a.pd == pd) else {
-                done(ctrl, wr.hdr.wr_id, op, WcStatus::LOC_QP_OP_ERR, 0);
-                return Step::Done;
+                return done(ctrl, wr.hdr.wr_id, op, WcStatus::LOC_QP_OP_ERR, 0);
             };
             (wr.hdr.remote_qpn, ah.av.dgid)
         } else {
             (qp.attr.dest_qpn, qp.attr.av.dgid)
         };
         let (rnr_retry, min_rnr) = (qp.attr.rnr_retry, qp.attr.min_rnr_timer);
-        let src_gid = ctrl.port_gid();
         let req = Request {
             wr: &wr,
             src_qpn: qpn,
-            src_gid,
-            local: &local,
+            src_gid: ctrl.port_gid(),
+            local,
             len,
             mem,
+            dest_qpn,
         };
-        let outcome = match self.rnic.lookup_qpn(dest_qpn) {
-            Some((peer_vm, peer_qp)) if peer_vm == vm_id => {
-                if ctrl.port_gid() != dgid {
-                    RespOutcome::Nak(WcStatus::RETRY_EXC_ERR)
-                } else {
-                    respond_ud_checked(ctrl, mem, peer_qp, &req, ud)
+        let route = if ud {
+            self.rnic.lookup_qpn(dest_qpn)
+        } else {
+            self.rc_route(ctrl, h)
+        };
+        let mut outcome = deliver(vms, vm_id, ctrl, mem, route, dgid, &req, ud, resp, held);
+        if matches!(outcome, RespOutcome::Stale) {
+            // The routing hint was stale: resolve the QPN afresh, once.
+            if let Some(q) = ctrl.res.qps.get_mut(h) {
+                q.rt.peer = None;
+            }
+            let route = self.rnic.lookup_qpn(dest_qpn);
+            if !ud {
+                if let (Some(q), Some((vm, ph))) = (ctrl.res.qps.get_mut(h), route) {
+                    q.rt.peer = Some((dest_qpn, vm, ph));
                 }
             }
-            Some((peer_vm, peer_qp)) => match self.vm(peer_vm) {
-                Some(peer) => peer
-                    .with_dataplane(|pctrl, pmem| {
-                        if pctrl.port_gid() != dgid {
-                            return RespOutcome::Nak(WcStatus::RETRY_EXC_ERR);
-                        }
-                        let out = respond_ud_checked(pctrl, pmem, peer_qp, &req, ud);
-                        if !pctrl.events.is_empty() {
-                            peer.wake_events();
-                        }
-                        out
-                    })
-                    .unwrap_or(RespOutcome::Nak(WcStatus::RETRY_EXC_ERR)),
-                None => RespOutcome::Nak(WcStatus::RETRY_EXC_ERR),
-            },
-            None => RespOutcome::Nak(WcStatus::RETRY_EXC_ERR),
-        };
+            outcome = deliver(vms, vm_id, ctrl, mem, route, dgid, &req, ud, resp, None);
+        }
         let outcome = match outcome {
-            RespOutcome::Nak(WcStatus::RETRY_EXC_ERR) if ud => RespOutcome::Dropped,
+            RespOutcome::Nak(WcStatus::RETRY_EXC_ERR) | RespOutcome::Stale if ud => {
+                RespOutcome::Dropped
+            }
+            RespOutcome::Stale => RespOutcome::Nak(WcStatus::RETRY_EXC_ERR),
             o => o,
         };
         match outcome {
             RespOutcome::Done | RespOutcome::Dropped => {
                 if signaled {
                     let byte_len = u32::try_from(len).unwrap_or(u32::MAX);
-                    done(ctrl, wr.hdr.wr_id, op, WcStatus::SUCCESS, byte_len);
+                    return done(ctrl, wr.hdr.wr_id, op, WcStatus::SUCCESS, byte_len);
                 }
-                Step::Done
+                Step::Done { published: false }
             }
-            RespOutcome::Nak(status) => {
-                done(ctrl, wr.hdr.wr_id, op, status, 0);
-                Step::Done
-            }
+            RespOutcome::Nak(status) => done(ctrl, wr.hdr.wr_id, op, status, 0),
+            RespOutcome::Stale => done(ctrl, wr.hdr.wr_id, op, WcStatus::RETRY_EXC_ERR, 0),
             RespOutcome::Rnr => {
                 let left = match ctrl.res.qps.get(h).and_then(|q| q.rt.rnr) {
                     Some((i, left, _)) if i == index => left,
@@ -436,8 +735,7 @@ impl Engine {
                 };
                 // 7 means "retry forever".
                 if left == 0 {
-                    done(ctrl, wr.hdr.wr_id, op, WcStatus::RNR_RETRY_EXC_ERR, 0);
-                    return Step::Done;
+                    return done(ctrl, wr.hdr.wr_id, op, WcStatus::RNR_RETRY_EXC_ERR, 0);
                 }
                 let next = if rnr_retry == 7 { 7 } else { left - 1 };
                 debug!("QP {qpn:#x}: RNR, {next} retries left");
@@ -447,17 +745,102 @@ impl Engine {
     }
 }
 
+/// Hands `req` to the responder at `route` (VM, QP handle): in the same VM,
+/// in the VM held for the burst, or in another VM locked for this message.
+#[allow(clippy::too_many_arguments)]
+fn deliver(
+    vms: &[Option<Arc<RdmaDevice>>],
+    vm_id: usize,
+    ctrl: &mut Ctrl,
+    mem: &HostMem,
+    route: Option<(usize, u32)>,
+    dgid: [u8; 16],
+    req: &Request<'_>,
+    ud: bool,
+    resp: &mut RespScratch,
+    held: Option<&mut Held<'_>>,
+) -> RespOutcome {
+    let Some((peer_vm, peer_qp)) = route else {
+        return RespOutcome::Nak(WcStatus::RETRY_EXC_ERR);
+    };
+    if peer_vm == vm_id {
+        if ctrl.port_gid() != dgid {
+            return RespOutcome::Nak(WcStatus::RETRY_EXC_ERR);
+        }
+        return respond_ud_checked(ctrl, mem, peer_qp, req, ud, resp);
+    }
+    if let Some(p) = held.filter(|p| p.vm == peer_vm) {
+        if p.ctrl.port_gid() != dgid {
+            return RespOutcome::Nak(WcStatus::RETRY_EXC_ERR);
+        }
+        let out = respond_ud_checked(p.ctrl, p.mem, peer_qp, req, ud, resp);
+        if !p.ctrl.events.is_empty() {
+            p.dev.wake_events();
+        }
+        return out;
+    }
+    let Some(peer) = vms.get(peer_vm).and_then(Option::as_ref) else {
+        return RespOutcome::Nak(WcStatus::RETRY_EXC_ERR);
+    };
+    peer.with_dataplane(|pctrl, pmem| {
+        if pctrl.port_gid() != dgid {
+            return RespOutcome::Nak(WcStatus::RETRY_EXC_ERR);
+        }
+        let out = respond_ud_checked(pctrl, pmem, peer_qp, req, ud, resp);
+        if !pctrl.events.is_empty() {
+            peer.wake_events();
+        }
+        out
+    })
+    .unwrap_or(RespOutcome::Nak(WcStatus::RETRY_EXC_ERR))
+}
+
+/// Updates a polling-list entry after its QP was serviced (under the VM's
+/// lock): the indices up to which the engine has acted.
+fn refresh(e: &mut DbEntry, ctrl: &Ctrl, mem: &HostMem) {
+    let Some(qp) = ctrl.res.qps.get(e.handle) else {
+        // Gone: never look again (the list is rebuilt with the next
+        // generation anyway).
+        e.watch_rq = false;
+        e.seen_sq = sq_pi_now(e);
+        e.seen_rq = 0;
+        return;
+    };
+    let own_rq = qp.srq == 0;
+    match qp.state {
+        QpState::RTS | QpState::ERR | QpState::RESET => e.seen_sq = qp.rt.sq_ci,
+        // States that take no send work: act again only on a new post.
+        _ => {
+            e.seen_sq =
+                load_pi(mem, qp.db_gpa, qp.db_slot.as_ref(), doorbell::SQ).unwrap_or(qp.rt.sq_ci)
+        }
+    }
+    e.watch_rq = own_rq && matches!(qp.state, QpState::RESET | QpState::ERR);
+    e.seen_rq = if e.watch_rq { qp.rt.rq_ci } else { 0 };
+}
+
+/// The current `sq_pi` of an entry's record.
+fn sq_pi_now(e: &DbEntry) -> u32 {
+    // SAFETY: as in `DbList::scan`: `e.db` points into a mapping the list
+    // keeps alive, aligned for a 4-byte atomic.
+    u32::from_le(unsafe { (*e.db).load(Ordering::Acquire) })
+}
+
 fn respond_ud_checked(
     ctrl: &mut Ctrl,
-    mem: &GuestMemoryMmap<()>,
+    mem: &HostMem,
     peer_qp: u32,
     req: &Request<'_>,
     ud: bool,
+    resp: &mut RespScratch,
 ) -> RespOutcome {
+    let Some(q) = ctrl.res.qps.get(peer_qp) else {
+        return RespOutcome::Stale;
+    };
+    if q.qpn != req.dest_qpn {
+        return RespOutcome::Stale;
+    }
     if ud {
-        let Some(q) = ctrl.res.qps.get(peer_qp) else {
-            return RespOutcome::Dropped;
-        };
         let qkey = if req.wr.hdr.remote_qkey & 0x8000_0000 != 0 {
             // Controlled Q_Keys are not sendable; the sender's own is used
             // in InfiniBand, which we cannot see here: drop.
@@ -468,15 +851,10 @@ fn respond_ud_checked(
         if q.qp_type != QpType::UD || q.attr.qkey != qkey {
             return RespOutcome::Dropped;
         }
-    } else if ctrl
-        .res
-        .qps
-        .get(peer_qp)
-        .is_some_and(|q| q.qp_type != QpType::RC)
-    {
+    } else if q.qp_type != QpType::RC {
         return RespOutcome::Nak(WcStatus::RETRY_EXC_ERR);
     }
-    respond(ctrl, mem, peer_qp, req)
+    respond(ctrl, mem, peer_qp, req, resp)
 }
 
 /// RNR NAK timer codes (IB table) in microseconds, indexed by code 0..=31.
@@ -492,7 +870,11 @@ fn rnr_delay(code: u32) -> Duration {
 /// What to do with the WQE at the head of the send queue.
 enum Step {
     /// Completed (successfully or not); move on.
-    Done,
+    Done {
+        /// Whether `sq_ci` past this WQE has been stored already (before
+        /// its completion).
+        published: bool,
+    },
     /// Try again at the given time with this many retries left.
     Retry(Instant, u32),
 }
@@ -502,7 +884,7 @@ enum Step {
 #[allow(clippy::too_many_arguments)]
 fn finish(
     ctrl: &mut Ctrl,
-    mem: &GuestMemoryMmap<()>,
+    mem: &HostMem,
     qp: u32,
     cq: u32,
     qpn: u32,
@@ -542,7 +924,7 @@ fn fail(ctrl: &mut Ctrl, qp: u32, event: Option<EventKind>) {
 
 /// Completes every outstanding WQE of a QP in the error state with
 /// WR_FLUSH_ERR.
-fn flush(ctrl: &mut Ctrl, mem: &GuestMemoryMmap<()>, h: u32, sq_pi: u32) -> bool {
+fn flush(ctrl: &mut Ctrl, mem: &HostMem, h: u32, sq_pi: u32, buf: &mut WqeBuf) -> bool {
     let mut did = false;
     loop {
         let Some(qp) = ctrl.res.qps.get(h) else {
@@ -553,7 +935,7 @@ fn flush(ctrl: &mut Ctrl, mem: &GuestMemoryMmap<()>, h: u32, sq_pi: u32) -> bool
         }
         let index = qp.rt.sq_ci;
         let (cq, qpn) = (qp.send_cq, qp.qpn);
-        let (wr_id, op) = match fetch_send(mem, qp, index) {
+        let (wr_id, op) = match fetch_send(mem, qp, index, buf) {
             Ok(wr) => (wr.hdr.wr_id, wc_opcode(wr.opcode)),
             Err((_, wr_id)) => (wr_id, WcOpcode::SEND),
         };
@@ -600,6 +982,7 @@ fn flush(ctrl: &mut Ctrl, mem: &GuestMemoryMmap<()>, h: u32, sq_pi: u32) -> bool
             qp.layout.rq_wqe_shift,
             qp.max_recv_sge,
             index,
+            buf,
         )
         .map_or_else(|(_, id)| id, |w| w.wr_id);
         let _ = completer::complete(

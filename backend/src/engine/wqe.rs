@@ -1,84 +1,141 @@
 //! Taking work requests out of guest rings: copy first, then parse.
+//!
+//! A WQE is copied into engine-owned scratch memory ([`WqeBuf`]) — the
+//! header first, then exactly the scatter/gather entries or inline bytes
+//! that the copied header announces, never beyond the slot — and only that
+//! copy is parsed. The parsed work request borrows the scratch memory, so
+//! taking a WQE allocates nothing.
 
 use virtio_rdma_abi::datapath::{RecvWqe, SendWqe, Sge, WcStatus, WrOpcode, WQE_INLINE};
 use virtio_rdma_abi::mem::{RECV_WQE_HEADER, SEND_WQE_HEADER, SGE_SIZE};
 use virtio_rdma_abi::{Field, Wire};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use crate::memory::PageList;
+use crate::memory::access;
+use crate::memory::{HostMem, PageList};
 use crate::resources::Qp;
 
+/// Largest WQE stride (64-byte header + 30 SGEs, or 480 inline bytes, rounded up).
+pub const MAX_STRIDE: usize = 1024;
+/// Most SGEs a WQE of the largest stride can hold.
+const MAX_SGES: usize = MAX_STRIDE / SGE_SIZE as usize;
+
+/// Scratch memory for one copied WQE and its parsed SGE list.
+pub struct WqeBuf {
+    slot: [u8; MAX_STRIDE],
+    sges: [Sge; MAX_SGES],
+}
+
+impl WqeBuf {
+    /// Empty scratch memory (boxed: it is 2 KiB).
+    pub fn new() -> Box<Self> {
+        Box::new(WqeBuf {
+            slot: [0; MAX_STRIDE],
+            sges: [Sge::default(); MAX_SGES],
+        })
+    }
+}
+
 /// A send work request, copied out of the ring and checked for shape.
-#[derive(Debug, Clone)]
-pub struct SendWr {
+#[derive(Debug, Clone, Copy)]
+pub struct SendWr<'a> {
     /// The header.
     pub hdr: SendWqe,
     /// The opcode.
     pub opcode: WrOpcode,
     /// Scatter/gather list (empty with inline data).
-    pub sges: Vec<Sge>,
+    pub sges: &'a [Sge],
     /// Inline data.
-    pub inline: Option<Vec<u8>>,
+    pub inline: Option<&'a [u8]>,
 }
 
 /// A receive work request.
-#[derive(Debug, Clone)]
-pub struct RecvWr {
+#[derive(Debug, Clone, Copy)]
+pub struct RecvWr<'a> {
     /// `wr_id`.
     pub wr_id: u64,
     /// Scatter list.
-    pub sges: Vec<Sge>,
+    pub sges: &'a [Sge],
 }
 
-/// Largest WQE stride (64-byte header + 30 SGEs, or 480 inline bytes, rounded up).
-pub const MAX_STRIDE: usize = 1024;
-
-/// Copies the `stride`-byte slot `index` of a ring at `ring_offset` in
-/// `ring` into `buf` and returns the filled part.
-fn read_slot<'b>(
-    mem: &GuestMemoryMmap<()>,
+/// Guest-physical address of the `stride`-byte slot `index` of a ring at
+/// `ring_offset` in `ring`, and the stride.
+fn slot_gpa(
     ring: &PageList,
     ring_offset: u64,
     depth: u32,
     shift: u32,
     index: u32,
-    buf: &'b mut [u8; MAX_STRIDE],
-) -> Option<&'b [u8]> {
-    let slot = u64::from(index & (depth - 1)) << shift;
-    let (gpa, contiguous) = ring.translate(ring_offset + slot)?;
+) -> Option<(u64, usize)> {
     let stride = 1usize << shift;
+    if stride > MAX_STRIDE {
+        return None;
+    }
+    let slot = u64::from(index & depth.wrapping_sub(1)) << shift;
+    let (gpa, contiguous) = ring.translate(ring_offset.checked_add(slot)?)?;
     // Strides never exceed a page and slots are stride-aligned, so a slot
     // never crosses a page; checked anyway.
     if (contiguous as usize) < stride {
         return None;
     }
-    let dst = buf.get_mut(..stride)?;
-    mem.read_slice(dst, GuestAddress(gpa)).ok()?;
-    Some(dst)
+    Some((gpa, stride))
 }
 
-fn sges(buf: &[u8], header: u32, n: usize) -> Option<Vec<Sge>> {
-    (0..n)
-        .map(|i| {
-            let off = header as usize + i * SGE_SIZE as usize;
-            buf.get(off..off + Sge::SIZE)
-                .and_then(|b| Sge::parse(b).ok())
-        })
-        .collect()
+/// Copies the header (`header` bytes) of the slot at `gpa`, then the
+/// `body(header)` bytes after it that the copied header announces (bounded
+/// by the stride). Returns the copied bytes.
+fn copy_slot<'b>(
+    mem: &HostMem,
+    gpa: u64,
+    stride: usize,
+    header: usize,
+    buf: &'b mut [u8; MAX_STRIDE],
+    body: impl FnOnce(&[u8]) -> usize,
+) -> Option<&'b [u8]> {
+    access::read_bytes(mem, gpa, buf.get_mut(..header)?).ok()?;
+    let extra = body(buf.get(..header)?).min(stride.saturating_sub(header));
+    if extra > 0 {
+        let rest = buf.get_mut(header..header + extra)?;
+        access::read_bytes(mem, gpa + header as u64, rest).ok()?;
+    }
+    buf.get(..header + extra)
+}
+
+/// Parses `n` SGEs that follow a `header`-byte header in `buf` into `out`.
+fn sges<'s>(buf: &[u8], header: u32, n: usize, out: &'s mut [Sge; MAX_SGES]) -> Option<&'s [Sge]> {
+    let out = out.get_mut(..n)?;
+    for (i, sge) in out.iter_mut().enumerate() {
+        let off = header as usize + i * SGE_SIZE as usize;
+        *sge = buf
+            .get(off..off + Sge::SIZE)
+            .and_then(|b| Sge::parse(b).ok())?;
+    }
+    Some(out)
 }
 
 /// Copies and parses send WQE `index`. A malformed WQE is `LOC_QP_OP_ERR`
 /// (with the `wr_id` if the header could be read).
-pub fn fetch_send(
-    mem: &GuestMemoryMmap<()>,
+pub fn fetch_send<'a>(
+    mem: &HostMem,
     qp: &Qp,
     index: u32,
-) -> Result<SendWr, (WcStatus, u64)> {
-    let (ring, depth, shift) = (&qp.ring, qp.sq_depth, qp.layout.sq_wqe_shift);
+    scratch: &'a mut WqeBuf,
+) -> Result<SendWr<'a>, (WcStatus, u64)> {
     let (max_sge, max_inline) = (qp.max_send_sge, qp.max_inline_data);
-    let mut slot = [0u8; MAX_STRIDE];
-    let buf = read_slot(mem, ring, 0, depth, shift, index, &mut slot)
+    let (gpa, stride) = slot_gpa(&qp.ring, 0, qp.sq_depth, qp.layout.sq_wqe_shift, index)
         .ok_or((WcStatus::LOC_QP_OP_ERR, 0))?;
+    let WqeBuf {
+        slot,
+        sges: sge_buf,
+    } = scratch;
+    let buf = copy_slot(mem, gpa, stride, SEND_WQE_HEADER as usize, slot, |h| {
+        let hdr = SendWqe::read(h);
+        if hdr.flags & WQE_INLINE != 0 {
+            hdr.inline_len as usize
+        } else {
+            usize::from(hdr.num_sge) * SGE_SIZE as usize
+        }
+    })
+    .ok_or((WcStatus::LOC_QP_OP_ERR, 0))?;
     let raw = buf
         .get(..SendWqe::SIZE)
         .ok_or((WcStatus::LOC_QP_OP_ERR, 0))?;
@@ -102,14 +159,14 @@ pub fn fetch_send(
         return Ok(SendWr {
             hdr,
             opcode,
-            sges: Vec::new(),
-            inline: Some(data.to_vec()),
+            sges: &[],
+            inline: Some(data),
         });
     }
     if u32::from(hdr.num_sge) > max_sge {
         return Err(bad);
     }
-    let sges = sges(buf, SEND_WQE_HEADER, usize::from(hdr.num_sge)).ok_or(bad)?;
+    let sges = sges(buf, SEND_WQE_HEADER, usize::from(hdr.num_sge), sge_buf).ok_or(bad)?;
     Ok(SendWr {
         hdr,
         opcode,
@@ -119,18 +176,27 @@ pub fn fetch_send(
 }
 
 /// Copies and parses receive WQE `index` of a ring at `ring_offset`.
-pub fn fetch_recv(
-    mem: &GuestMemoryMmap<()>,
+#[allow(clippy::too_many_arguments)]
+pub fn fetch_recv<'a>(
+    mem: &HostMem,
     ring: &PageList,
     ring_offset: u64,
     depth: u32,
     shift: u32,
     max_sge: u32,
     index: u32,
-) -> Result<RecvWr, (WcStatus, u64)> {
-    let mut slot = [0u8; MAX_STRIDE];
-    let buf = read_slot(mem, ring, ring_offset, depth, shift, index, &mut slot)
-        .ok_or((WcStatus::LOC_QP_OP_ERR, 0))?;
+    scratch: &'a mut WqeBuf,
+) -> Result<RecvWr<'a>, (WcStatus, u64)> {
+    let (gpa, stride) =
+        slot_gpa(ring, ring_offset, depth, shift, index).ok_or((WcStatus::LOC_QP_OP_ERR, 0))?;
+    let WqeBuf {
+        slot,
+        sges: sge_buf,
+    } = scratch;
+    let buf = copy_slot(mem, gpa, stride, RECV_WQE_HEADER as usize, slot, |h| {
+        (RecvWqe::read(h).num_sge as usize).saturating_mul(SGE_SIZE as usize)
+    })
+    .ok_or((WcStatus::LOC_QP_OP_ERR, 0))?;
     let raw = buf
         .get(..RecvWqe::SIZE)
         .ok_or((WcStatus::LOC_QP_OP_ERR, 0))?;
@@ -140,6 +206,6 @@ pub fn fetch_recv(
     if hdr.num_sge > max_sge {
         return Err(bad);
     }
-    let sges = sges(buf, RECV_WQE_HEADER, hdr.num_sge as usize).ok_or(bad)?;
+    let sges = sges(buf, RECV_WQE_HEADER, hdr.num_sge as usize, sge_buf).ok_or(bad)?;
     Ok(RecvWr { wr_id, sges })
 }

@@ -10,10 +10,9 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
-use thiserror::Error;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
-
+use super::HostMem;
 use crate::resources::Mr;
+use thiserror::Error;
 
 /// A guest-physical range that lies inside one RAM region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,50 +73,94 @@ pub fn total(segs: &[Segment]) -> u64 {
     segs.iter().map(|s| s.len).sum()
 }
 
+/// Walks a segment list as host address ranges, merging neighbours that
+/// are contiguous in the host's address space (pages of one RAM region that
+/// are adjacent, whatever their order in the MR's page list is not).
+struct HostRuns<'a> {
+    mem: &'a HostMem,
+    segs: &'a [Segment],
+    next: usize,
+}
+
+impl<'a> HostRuns<'a> {
+    fn new(mem: &'a HostMem, segs: &'a [Segment]) -> Self {
+        HostRuns { mem, segs, next: 0 }
+    }
+
+    /// The next run: host address and length, `Ok(None)` at the end.
+    fn next_run(&mut self) -> Result<Option<(*mut u8, u64)>, AccessError> {
+        let Some(first) = self.segs.get(self.next) else {
+            return Ok(None);
+        };
+        let start = self
+            .mem
+            .ptr(first.gpa, first.len)
+            .ok_or(AccessError::NotRam(first.gpa))?;
+        let mut len = first.len;
+        self.next += 1;
+        while let Some(s) = self.segs.get(self.next) {
+            match self.mem.ptr(s.gpa, s.len) {
+                Some(p) if p as usize == (start as usize).wrapping_add(len as usize) => {
+                    len += s.len;
+                    self.next += 1;
+                }
+                _ => break,
+            }
+        }
+        Ok(Some((start, len)))
+    }
+}
+
 /// Copies `len` bytes from `src` segments in `src_mem` to `dst` segments in
-/// `dst_mem` (the two memories may be the same guest or two guests).
-pub fn copy<S, D>(
-    src_mem: &S,
+/// `dst_mem` (the two memories may be the same guest or two guests). Pages
+/// that are contiguous in the host are copied in one piece.
+pub fn copy(
+    src_mem: &HostMem,
     src: &[Segment],
-    dst_mem: &D,
+    dst_mem: &HostMem,
     dst: &[Segment],
     len: u64,
-) -> Result<(), AccessError>
-where
-    S: GuestMemoryBackend,
-    D: GuestMemoryBackend,
-{
+) -> Result<(), AccessError> {
     if total(src) < len || total(dst) < len {
         return Err(AccessError::LengthMismatch {
             src: total(src),
             dst: total(dst),
         });
     }
-    let (mut si, mut so, mut di, mut doff) = (0usize, 0u64, 0usize, 0u64);
+    let mut from = HostRuns::new(src_mem, src);
+    let mut to = HostRuns::new(dst_mem, dst);
+    let (mut s, mut d) = (
+        (std::ptr::null_mut::<u8>(), 0u64),
+        (std::ptr::null_mut::<u8>(), 0u64),
+    );
     let mut left = len;
     while left > 0 {
-        let (Some(s), Some(d)) = (src.get(si), dst.get(di)) else {
-            break;
-        };
-        let n = (s.len - so).min(d.len - doff).min(left);
-        let chunk = usize::try_from(n).map_err(|_| AccessError::OutOfRegion)?;
-        let from = src_mem
-            .get_slice(GuestAddress(s.gpa + so), chunk)
-            .map_err(|_| AccessError::NotRam(s.gpa + so))?;
-        let to = dst_mem
-            .get_slice(GuestAddress(d.gpa + doff), chunk)
-            .map_err(|_| AccessError::NotRam(d.gpa + doff))?;
-        from.copy_to_volatile_slice(to);
-        left -= n;
-        so += n;
-        doff += n;
-        if so == s.len {
-            si += 1;
-            so = 0;
+        if s.1 == 0 {
+            match from.next_run()? {
+                Some(r) => s = r,
+                None => break,
+            }
         }
-        if doff == d.len {
-            di += 1;
-            doff = 0;
+        if d.1 == 0 {
+            match to.next_run()? {
+                Some(r) => d = r,
+                None => break,
+            }
+        }
+        let n = s.1.min(d.1).min(left);
+        let chunk = usize::try_from(n).map_err(|_| AccessError::OutOfRegion)?;
+        // SAFETY: `s` and `d` are host ranges of at least `n` bytes inside
+        // RAM regions of `src_mem` and `dst_mem` (checked by `HostMem::ptr`),
+        // whose mappings live while the borrows do. The guest may change the
+        // bytes concurrently, as with DMA; `copy` allows overlap (a guest may
+        // copy within its own memory).
+        unsafe { std::ptr::copy(s.0, d.0, chunk) };
+        left -= n;
+        // SAFETY: advancing by `chunk <= s.1` (resp. `d.1`) bytes stays
+        // inside the run or one past its end.
+        unsafe {
+            s = (s.0.add(chunk), s.1 - n);
+            d = (d.0.add(chunk), d.1 - n);
         }
     }
     Ok(())
@@ -125,11 +168,7 @@ where
 
 /// Reads the bytes of `segs` (in order) into `buf`, which must be exactly
 /// as long as the segments.
-pub fn read<M: GuestMemoryBackend>(
-    mem: &M,
-    segs: &[Segment],
-    buf: &mut [u8],
-) -> Result<(), AccessError> {
+pub fn read(mem: &HostMem, segs: &[Segment], buf: &mut [u8]) -> Result<(), AccessError> {
     let mismatch = AccessError::LengthMismatch {
         src: total(segs),
         dst: buf.len() as u64,
@@ -138,8 +177,7 @@ pub fn read<M: GuestMemoryBackend>(
     for s in segs {
         let n = usize::try_from(s.len).map_err(|_| AccessError::OutOfRegion)?;
         let dst = buf.get_mut(off..off.saturating_add(n)).ok_or(mismatch)?;
-        mem.read_slice(dst, GuestAddress(s.gpa))
-            .map_err(|_| AccessError::NotRam(s.gpa))?;
+        read_bytes(mem, s.gpa, dst)?;
         off += n;
     }
     Ok(())
@@ -147,11 +185,7 @@ pub fn read<M: GuestMemoryBackend>(
 
 /// Writes `data` across `segs` (in order); `data` may be shorter than the
 /// segments, never longer.
-pub fn write<M: GuestMemoryBackend>(
-    mem: &M,
-    segs: &[Segment],
-    data: &[u8],
-) -> Result<(), AccessError> {
+pub fn write(mem: &HostMem, segs: &[Segment], data: &[u8]) -> Result<(), AccessError> {
     if (data.len() as u64) > total(segs) {
         return Err(AccessError::LengthMismatch {
             src: data.len() as u64,
@@ -164,27 +198,48 @@ pub fn write<M: GuestMemoryBackend>(
             break;
         }
         let n = usize::try_from(s.len).unwrap_or(usize::MAX).min(rest.len());
-        mem.write_slice(&rest[..n], GuestAddress(s.gpa))
-            .map_err(|_| AccessError::NotRam(s.gpa))?;
+        write_bytes(mem, s.gpa, &rest[..n])?;
         rest = &rest[n..];
     }
     Ok(())
 }
 
+/// Copies `buf.len()` bytes at `gpa` (inside one RAM region) into `buf`.
+#[inline]
+pub fn read_bytes(mem: &HostMem, gpa: u64, buf: &mut [u8]) -> Result<(), AccessError> {
+    let p = mem
+        .ptr(gpa, buf.len() as u64)
+        .ok_or(AccessError::NotRam(gpa))?;
+    // SAFETY: `p` points to `buf.len()` bytes of a mapped RAM region
+    // (checked above) that stays mapped while `mem` is borrowed; `buf` is
+    // our own memory, so the ranges do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), buf.len()) };
+    Ok(())
+}
+
+/// Copies `data` to `gpa` (inside one RAM region).
+#[inline]
+pub fn write_bytes(mem: &HostMem, gpa: u64, data: &[u8]) -> Result<(), AccessError> {
+    let p = mem
+        .ptr(gpa, data.len() as u64)
+        .ok_or(AccessError::NotRam(gpa))?;
+    // SAFETY: as in `read_bytes`, in the other direction.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+    Ok(())
+}
+
 /// Host pointer of a naturally aligned `size`-byte object at `gpa`.
-fn host_ptr<M: GuestMemoryBackend>(mem: &M, gpa: u64, size: usize) -> Result<*mut u8, AccessError> {
+#[inline]
+fn host_ptr(mem: &HostMem, gpa: u64, size: usize) -> Result<*mut u8, AccessError> {
     if gpa % size as u64 != 0 {
         return Err(AccessError::Misaligned(gpa));
     }
-    // get_slice checks that all `size` bytes are inside one mapped region.
-    let slice = mem
-        .get_slice(GuestAddress(gpa), size)
-        .map_err(|_| AccessError::NotRam(gpa))?;
-    Ok(slice.ptr_guard_mut().as_ptr())
+    // `ptr` checks that all `size` bytes are inside one mapped region.
+    mem.ptr(gpa, size as u64).ok_or(AccessError::NotRam(gpa))
 }
 
 /// An 8-byte atomic in guest memory.
-fn atomic_u64<M: GuestMemoryBackend>(mem: &M, gpa: u64) -> Result<&AtomicU64, AccessError> {
+fn atomic_u64(mem: &HostMem, gpa: u64) -> Result<&AtomicU64, AccessError> {
     let p = host_ptr(mem, gpa, 8)?;
     // SAFETY: `p` is 8-byte aligned (host mappings are page aligned and
     // `gpa` is 8-byte aligned) and points to 8 bytes of a guest RAM mapping
@@ -196,12 +251,7 @@ fn atomic_u64<M: GuestMemoryBackend>(mem: &M, gpa: u64) -> Result<&AtomicU64, Ac
 
 /// Atomic compare-and-swap of the 8-byte little-endian value at `gpa`;
 /// returns the value found there.
-pub fn compare_swap<M: GuestMemoryBackend>(
-    mem: &M,
-    gpa: u64,
-    compare: u64,
-    swap: u64,
-) -> Result<u64, AccessError> {
+pub fn compare_swap(mem: &HostMem, gpa: u64, compare: u64, swap: u64) -> Result<u64, AccessError> {
     let a = atomic_u64(mem, gpa)?;
     let found = match a.compare_exchange(
         compare.to_le(),
@@ -216,14 +266,15 @@ pub fn compare_swap<M: GuestMemoryBackend>(
 
 /// Atomic fetch-and-add of the 8-byte little-endian value at `gpa`;
 /// returns the previous value.
-pub fn fetch_add<M: GuestMemoryBackend>(mem: &M, gpa: u64, add: u64) -> Result<u64, AccessError> {
+pub fn fetch_add(mem: &HostMem, gpa: u64, add: u64) -> Result<u64, AccessError> {
     let a = atomic_u64(mem, gpa)?;
     // Little-endian host (x86_64, aarch64): the in-memory value is native.
     Ok(u64::from_le(a.fetch_add(add, Ordering::AcqRel)))
 }
 
 /// Loads a driver-written 32-bit index with acquire semantics.
-pub fn load_u32_acquire<M: GuestMemoryBackend>(mem: &M, gpa: u64) -> Result<u32, AccessError> {
+#[inline]
+pub fn load_u32_acquire(mem: &HostMem, gpa: u64) -> Result<u32, AccessError> {
     let p = host_ptr(mem, gpa, 4)?;
     // SAFETY: as in `atomic_u64`, for a 4-byte aligned object.
     let a = unsafe { AtomicU32::from_ptr(p.cast()) };
@@ -231,11 +282,8 @@ pub fn load_u32_acquire<M: GuestMemoryBackend>(mem: &M, gpa: u64) -> Result<u32,
 }
 
 /// Stores a device-written 32-bit value with release semantics.
-pub fn store_u32_release<M: GuestMemoryBackend>(
-    mem: &M,
-    gpa: u64,
-    v: u32,
-) -> Result<(), AccessError> {
+#[inline]
+pub fn store_u32_release(mem: &HostMem, gpa: u64, v: u32) -> Result<(), AccessError> {
     let p = host_ptr(mem, gpa, 4)?;
     // SAFETY: as in `atomic_u64`, for a 4-byte aligned object.
     let a = unsafe { AtomicU32::from_ptr(p.cast()) };
@@ -245,11 +293,8 @@ pub fn store_u32_release<M: GuestMemoryBackend>(
 
 /// Stores one byte with release semantics (a CQE's owner byte, written
 /// after the rest of the entry).
-pub fn store_u8_release<M: GuestMemoryBackend>(
-    mem: &M,
-    gpa: u64,
-    v: u8,
-) -> Result<(), AccessError> {
+#[inline]
+pub fn store_u8_release(mem: &HostMem, gpa: u64, v: u8) -> Result<(), AccessError> {
     let p = host_ptr(mem, gpa, 1)?;
     // SAFETY: as in `atomic_u64`, for a 1-byte object.
     let a = unsafe { AtomicU8::from_ptr(p) };
@@ -263,14 +308,18 @@ mod tests {
     use crate::memory::pagelist::PageListLimits;
     use crate::memory::{PageList, RamMap};
     use virtio_rdma_abi::mem::{BufferDesc, PageListMode};
-    use vm_memory::GuestMemoryMmap;
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-    fn mem() -> GuestMemoryMmap<()> {
+    fn mmap() -> GuestMemoryMmap<()> {
         GuestMemoryMmap::<()>::from_ranges(&[
             (GuestAddress(0), 0x10_0000),
             (GuestAddress(0x100_0000), 0x10_0000),
         ])
         .unwrap()
+    }
+
+    fn mem() -> HostMem {
+        HostMem::from_mmap(mmap())
     }
 
     fn mr(mem: &GuestMemoryMmap<()>, pages: &[u64], iova: u64, offset: u32, length: u64) -> Mr {
@@ -303,7 +352,7 @@ mod tests {
 
     #[test]
     fn resolve_merges_and_bounds() {
-        let m = mem();
+        let m = mmap();
         // Pages 0x1000, 0x2000 (adjacent), then 0x100_0000.
         let r = mr(
             &m,
@@ -392,7 +441,7 @@ mod tests {
     #[test]
     fn atomics_and_indices() {
         let m = mem();
-        m.write_obj(5u64, GuestAddress(0x40)).unwrap();
+        m.mmap().write_obj(5u64, GuestAddress(0x40)).unwrap();
         assert_eq!(fetch_add(&m, 0x40, 3).unwrap(), 5);
         assert_eq!(
             compare_swap(&m, 0x40, 7, 100).unwrap(),
@@ -400,7 +449,7 @@ mod tests {
             "no swap: 8 != 7"
         );
         assert_eq!(compare_swap(&m, 0x40, 8, 100).unwrap(), 8);
-        assert_eq!(m.read_obj::<u64>(GuestAddress(0x40)).unwrap(), 100);
+        assert_eq!(m.mmap().read_obj::<u64>(GuestAddress(0x40)).unwrap(), 100);
         assert_eq!(fetch_add(&m, 0x44, 1), Err(AccessError::Misaligned(0x44)));
         assert_eq!(
             fetch_add(&m, 0x20_0000, 1),
@@ -411,7 +460,7 @@ mod tests {
         store_u32_release(&m, 0x100, 0xdead_beef).unwrap();
         assert_eq!(load_u32_acquire(&m, 0x100).unwrap(), 0xdead_beef);
         store_u8_release(&m, 0x10b, 1).unwrap();
-        assert_eq!(m.read_obj::<u8>(GuestAddress(0x10b)).unwrap(), 1);
+        assert_eq!(m.mmap().read_obj::<u8>(GuestAddress(0x10b)).unwrap(), 1);
         assert_eq!(
             load_u32_acquire(&m, 0x102),
             Err(AccessError::Misaligned(0x102))
@@ -426,7 +475,7 @@ mod tests {
                 let m = m.clone();
                 std::thread::spawn(move || {
                     for _ in 0..10_000 {
-                        fetch_add(&*m, 0x80, 1).unwrap();
+                        fetch_add(&m, 0x80, 1).unwrap();
                     }
                 })
             })
@@ -434,6 +483,9 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
-        assert_eq!(m.read_obj::<u64>(GuestAddress(0x80)).unwrap(), 40_000);
+        assert_eq!(
+            m.mmap().read_obj::<u64>(GuestAddress(0x80)).unwrap(),
+            40_000
+        );
     }
 }

@@ -3,8 +3,10 @@
 //! queue-creating commands.
 
 pub mod access;
+pub mod host;
 pub mod pagelist;
 pub mod ram;
 
+pub use host::HostMem;
 pub use pagelist::{PageList, PageListError};
 pub use ram::RamMap;

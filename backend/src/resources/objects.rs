@@ -59,6 +59,10 @@ pub struct QpRuntime {
     pub rq_ci: u32,
     /// A send WQE waiting for an RNR retry: (index, retries left, retry time).
     pub rnr: Option<(u32, u32, std::time::Instant)>,
+    /// The last resolution of an RC destination QPN: (QPN, VM, QP handle).
+    /// A hint only: the engine checks that the QP behind the handle still
+    /// has that QPN before it uses it.
+    pub peer: Option<(u32, usize, u32)>,
 }
 
 /// Data-path state of an SRQ, kept by the engine.

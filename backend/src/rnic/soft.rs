@@ -3,13 +3,13 @@
 //! It owns the namespace that must be unique across VMs (QP numbers, so one
 //! VM's QP can address another's). The data-path engine arrives on top of it.
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 
 use virtio_rdma_abi::qp::Mtu;
 
 use super::{Rnic, RnicCaps, RnicError};
 use crate::keys::KeySource;
+use crate::resources::KeyMap;
 
 /// QPNs are 24 bits; 0 and 1 are the special management QPs of InfiniBand.
 const QPN_MASK: u32 = 0x00ff_ffff;
@@ -20,7 +20,7 @@ const QPN_DRAWS: usize = 64;
 
 struct Inner {
     /// Allocated QP numbers and, once bound, their (VM, handle).
-    used: HashMap<u32, Option<(usize, u32)>>,
+    used: KeyMap<Option<(usize, u32)>>,
     keys: KeySource,
 }
 
@@ -38,7 +38,7 @@ impl SoftRnic {
         let lo = keys.next_u32().map_err(|_| RnicError::Random)?;
         Ok(SoftRnic {
             inner: Mutex::new(Inner {
-                used: HashMap::new(),
+                used: KeyMap::default(),
                 keys,
             }),
             // Locally administered EUI-64.

@@ -1,0 +1,92 @@
+//! The engine's view of one guest's RAM: the host address of every RAM
+//! region, kept next to the mapping it came from.
+//!
+//! `vm-memory` looks a region up (and builds a `VolatileSlice`) on every
+//! access. The data path makes several accesses per work request, so it
+//! translates through this small table instead: a linear scan of a handful
+//! of regions (guests have one or two) and a pointer offset. The table owns
+//! a reference to the mapping, so every pointer it hands out stays mapped
+//! for as long as the table lives — even after the VMM replaces its memory
+//! table, in which case the owner drops the table and builds a new one.
+
+use std::sync::Arc;
+
+use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, MemoryRegionAddress};
+
+#[derive(Debug, Clone, Copy)]
+struct HostRegion {
+    /// First guest-physical address.
+    start: u64,
+    /// One past the last guest-physical address.
+    end: u64,
+    /// Host address of `start`.
+    host: *mut u8,
+}
+
+/// Guest RAM regions with their host addresses.
+#[derive(Debug)]
+pub struct HostMem {
+    regions: Vec<HostRegion>,
+    mem: Arc<GuestMemoryMmap<()>>,
+}
+
+// SAFETY: the raw pointers point into the mappings owned by `mem` (an
+// `Arc` of a `Send + Sync` mapping), which live as long as `self`. The
+// table itself is immutable after construction; every access to the
+// pointed-to guest memory goes through `access`, which uses atomics or
+// raw copies as for any memory shared with a running guest.
+unsafe impl Send for HostMem {}
+// SAFETY: as for `Send`; shared references only read the immutable table.
+unsafe impl Sync for HostMem {}
+
+impl HostMem {
+    /// Builds the table for `mem` (kept alive by the table).
+    pub fn new(mem: Arc<GuestMemoryMmap<()>>) -> Self {
+        let mut regions: Vec<HostRegion> = mem
+            .iter()
+            .filter_map(|r| {
+                let start = r.start_addr().0;
+                let end = start.checked_add(r.len())?;
+                let host = r.get_host_address(MemoryRegionAddress(0)).ok()?;
+                Some(HostRegion { start, end, host })
+            })
+            .collect();
+        regions.sort_by_key(|r| r.start);
+        HostMem { regions, mem }
+    }
+
+    /// Builds the table for a mapping of its own (tests, tools).
+    pub fn from_mmap(mem: GuestMemoryMmap<()>) -> Self {
+        Self::new(Arc::new(mem))
+    }
+
+    /// The mapping behind the table.
+    pub fn mmap(&self) -> &GuestMemoryMmap<()> {
+        &self.mem
+    }
+
+    /// Host address of `gpa` when `[gpa, gpa + len)` lies inside one RAM
+    /// region, and how many bytes of that region follow `gpa`.
+    #[inline]
+    pub fn range(&self, gpa: u64, len: u64) -> Option<(*mut u8, u64)> {
+        let end = gpa.checked_add(len)?;
+        for r in &self.regions {
+            if gpa >= r.start && end <= r.end {
+                let off = gpa - r.start;
+                // SAFETY: `off` is less than or equal to the region's length
+                // (`gpa + len <= end`), so the result is inside the region's
+                // mapping or one past its end; no memory is accessed here.
+                let p = unsafe { r.host.add(off as usize) };
+                return Some((p, r.end - gpa));
+            }
+        }
+        None
+    }
+
+    /// Host address of `[gpa, gpa + len)`, which must lie inside one RAM
+    /// region.
+    #[inline]
+    pub fn ptr(&self, gpa: u64, len: u64) -> Option<*mut u8> {
+        self.range(gpa, len).map(|(p, _)| p)
+    }
+}
