@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use vhost_user_rdma_tests::dp::{cap, ok, pattern, poll_n, poll_one, wr};
 use vhost_user_rdma_tests::harness::TestDaemon;
 use vhost_user_rdma_tests::transport::VmmTransport;
 use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
@@ -20,8 +21,8 @@ use virtio_rdma_abi::event::{Event, EventKind};
 use virtio_rdma_abi::mem::access;
 use virtio_rdma_abi::qp::{AddressVector, QpState};
 use virtio_rdma_driver::{
-    Ah, Cq, Device, DmaBuf, Mr, Payload, Pd, Qp, QpCap, QpInit, RcConnect, RecvWr, SendFlags,
-    SendOp, SendWr, Sge, Srq, UdDest, WorkCompletion,
+    Ah, Cq, Device, DmaBuf, Mr, Payload, Pd, Qp, QpInit, RcConnect, RecvWr, SendFlags, SendOp,
+    SendWr, Sge, Srq, UdDest, WorkCompletion,
 };
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -100,18 +101,6 @@ impl Buf {
     }
 }
 
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 /// Splits `len` bytes at `off` of `b` into up to three SGEs (uneven sizes).
 fn sges(b: &Buf, off: usize, len: usize) -> Vec<Sge> {
     match len {
@@ -126,16 +115,6 @@ fn sges(b: &Buf, off: usize, len: usize) -> Vec<Sge> {
                 b.sge(off + x + y, len - x - y),
             ]
         }
-    }
-}
-
-fn cap() -> QpCap {
-    QpCap {
-        max_send_wr: 64,
-        max_recv_wr: 64,
-        max_send_sge: 4,
-        max_recv_sge: 4,
-        max_inline_data: 64,
     }
 }
 
@@ -211,16 +190,6 @@ fn ah_to(vm: &Vm, dst: &Vm) -> Ah {
     .unwrap()
 }
 
-fn wr<'a>(wr_id: u64, op: SendOp, sges: &'a [Sge]) -> SendWr<'a> {
-    SendWr {
-        wr_id,
-        op,
-        payload: Payload::Sges(sges),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    }
-}
-
 fn recv(q: &Qp, wr_id: u64, sg: &[Sge]) {
     q.post_recv(&[RecvWr { wr_id, sg_list: sg }]).unwrap();
 }
@@ -235,40 +204,10 @@ fn write_op(dst: &Buf, off: usize) -> SendOp {
 // ---------------------------------------------------------------------------
 // Completions, states, events
 
-/// Polls exactly `n` completions within [`WAIT`].
-fn poll_n(cq: &Cq, n: usize) -> Vec<WorkCompletion> {
-    let deadline = Instant::now() + WAIT;
-    let mut out = Vec::with_capacity(n);
-    let mut wc = [WorkCompletion::default(); 32];
-    while out.len() < n {
-        let k = cq.poll(&mut wc[..(n - out.len()).min(32)]);
-        out.extend_from_slice(&wc[..k]);
-        if k == 0 {
-            assert!(
-                Instant::now() < deadline,
-                "{} of {n} completions: {out:?}",
-                out.len()
-            );
-            std::thread::yield_now();
-        }
-    }
-    out
-}
-
-fn poll_one(cq: &Cq) -> WorkCompletion {
-    poll_n(cq, 1)[0]
-}
-
 /// Asserts that no completion arrives for a little while.
 fn assert_quiet(cq: &Cq) {
     std::thread::sleep(QUIET);
     assert_eq!(cq.poll_one(), None);
-}
-
-fn ok(wc: &WorkCompletion, wr_id: u64, op: WcOpcode) {
-    assert!(wc.is_success(), "{wc:?}");
-    assert_eq!(wc.wr_id, wr_id, "{wc:?}");
-    assert_eq!(wc.opcode(), Some(op), "{wc:?}");
 }
 
 fn failed(wc: &WorkCompletion, wr_id: u64, status: WcStatus) {
