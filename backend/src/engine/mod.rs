@@ -354,6 +354,23 @@ impl Engine {
     }
 }
 
+/// Runs `f` on a VM's objects and memory under its lock and hands the
+/// events it queued to the VM's event worker; returns what `f` returned
+/// (false while no VMM is connected).
+fn work_on(dev: &RdmaDevice, f: impl FnOnce(&mut Ctrl, &HostMem) -> bool) -> bool {
+    let (did, events) = dev
+        .with_dataplane(|ctrl, mem| {
+            let before = ctrl.events.len();
+            let did = f(ctrl, mem);
+            (did, ctrl.events.len() != before)
+        })
+        .unwrap_or((false, false));
+    if events {
+        dev.wake_events();
+    }
+    did
+}
+
 /// Sets or clears DB_FLAG_KICK in every QP and SRQ doorbell record of a
 /// queue without a doorbell slot, and in every doorbell page header.
 fn set_kick(vms: &[Option<Arc<RdmaDevice>>], on: bool) {
@@ -396,24 +413,17 @@ impl Engine {
             let dev = list.dev.clone();
             let vm_id = dev.id();
             let DbList { qps, work, .. } = list;
-            let (did, events) = dev
-                .with_dataplane(|ctrl, mem| {
-                    let before = ctrl.events.len();
-                    let mut did = false;
-                    for &i in work.iter() {
-                        let Some(e) = qps.get_mut(i) else {
-                            continue;
-                        };
-                        did |= self.service_qp(vms, vm_id, ctrl, mem, e.handle, scratch);
-                        refresh(e, ctrl, mem);
-                    }
-                    (did, ctrl.events.len() != before)
-                })
-                .unwrap_or((false, false));
-            busy |= did;
-            if events {
-                dev.wake_events();
-            }
+            busy |= work_on(&dev, |ctrl, mem| {
+                let mut did = false;
+                for &i in work.iter() {
+                    let Some(e) = qps.get_mut(i) else {
+                        continue;
+                    };
+                    did |= self.service_qp(vms, vm_id, ctrl, mem, e.handle, scratch);
+                    refresh(e, ctrl, mem);
+                }
+                did
+            });
         }
         busy
     }
@@ -423,23 +433,16 @@ impl Engine {
     fn sweep_all(&self, vms: &[Option<Arc<RdmaDevice>>], scratch: &mut Scratch) -> bool {
         let mut busy = false;
         for vm in vms.iter().flatten() {
-            let (did, events) = vm
-                .with_dataplane(|ctrl, mem| {
-                    let before = ctrl.events.len();
-                    let mut handles = std::mem::take(&mut scratch.handles);
-                    ctrl.res.qps.fill_handles(&mut handles);
-                    let mut did = false;
-                    for &h in handles.iter() {
-                        did |= self.service_qp(vms, vm.id(), ctrl, mem, h, scratch);
-                    }
-                    scratch.handles = handles;
-                    (did, ctrl.events.len() != before)
-                })
-                .unwrap_or((false, false));
-            busy |= did;
-            if events {
-                vm.wake_events();
-            }
+            busy |= work_on(vm, |ctrl, mem| {
+                let mut handles = std::mem::take(&mut scratch.handles);
+                ctrl.res.qps.fill_handles(&mut handles);
+                let mut did = false;
+                for &h in handles.iter() {
+                    did |= self.service_qp(vms, vm.id(), ctrl, mem, h, scratch);
+                }
+                scratch.handles = handles;
+                did
+            });
         }
         busy
     }
