@@ -49,6 +49,8 @@ pub mod error;
 pub mod event;
 pub mod mr;
 mod page_list;
+#[cfg(target_os = "linux")]
+pub mod pci;
 pub mod pd;
 pub mod qp;
 pub mod qp_attr;
