@@ -1573,7 +1573,6 @@ fn comm_est_on_first_message_in_rtr() {
 /// for UD receives and 0 otherwise; requester completions carry no flag and
 /// no immediate; `vendor_err` is 0.
 #[test]
-#[ignore = "BUG: RC receive completions report the sender's QPN in src_qpn instead of 0 (18.14 table)"]
 fn rc_completion_fields() {
     let (_d, vm) = vms(2);
     let p = rc_pair(&vm[0], &vm[1]);

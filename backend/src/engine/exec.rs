@@ -395,7 +395,9 @@ pub fn respond(
         byte_len: u32::try_from(placed).unwrap_or(u32::MAX),
         imm_data: wr.hdr.imm_data,
         qpn: my_qpn,
-        src_qpn: req.src_qpn,
+        // The sender's QPN is reported for UD receives only; RC completions
+        // carry 0 (spec 18.14, "Field values of successful completions").
+        src_qpn: if ud { req.src_qpn } else { 0 },
         vendor_err: 0,
     };
     let completed = super::completer::complete(ctrl, mem, recv_cq, cqe);
