@@ -567,7 +567,6 @@ fn ud_fan_in_from_four_vms() {
 /// A UD send whose `remote_qkey` has bit 31 set carries the sending QP's
 /// own Q_Key (spec 18.8, 18.11.5): with equal Q_Keys it is delivered.
 #[test]
-#[ignore = "BUG: UD remote_qkey with bit 31 set is dropped instead of sending the QP's own Q_Key (18.11.5)"]
 fn ud_qkey_bit31_sends_own_qkey() {
     let (_d, vm) = vms(2);
     let (cqa, cqb) = (

@@ -121,6 +121,9 @@ pub struct Request<'a> {
     pub mem: &'a HostMem,
     /// QPN the requester addressed (the responder must still have it).
     pub dest_qpn: u32,
+    /// UD: the Q_Key the message carries (`remote_qkey`, or the sending
+    /// QP's own Q_Key). Unused for RC.
+    pub qkey: u32,
 }
 
 fn fail_qp(ctrl: &mut Ctrl, qp: u32, event: Option<EventKind>) {
