@@ -1431,7 +1431,6 @@ fn zero_length_send() {
 /// RDMA_WRITE_WITH_IMM with `rkey` 0 delivers just the immediate value, a
 /// zero-length RDMA READ or WRITE with a bogus key succeeds.
 #[test]
-#[ignore = "BUG: zero-length RDMA WRITE/READ check the rkey (REM_ACCESS_ERR) though 18.11.2/18.11.3 say they are not checked"]
 fn zero_length_rdma_ignores_rkey() {
     let (_d, vm) = vms(2);
     let (a, b) = (&vm[0], &vm[1]);

@@ -226,6 +226,28 @@ fn remote_segments(
     access::resolve(mr, addr, len, out).map_err(|_| WcStatus::REM_ACCESS_ERR)
 }
 
+/// Checks the target of an RDMA WRITE of `len` bytes at responder QP `qp`
+/// and resolves it into `out`. A zero-length WRITE accesses no memory, so
+/// its `rkey` and `remote_addr` are not checked (it may carry `rkey` 0);
+/// the responder QP's REMOTE_WRITE right still is (spec 18.11.2).
+fn write_target(
+    ctrl: &Ctrl,
+    qp: u32,
+    wr: &SendWr<'_>,
+    len: u64,
+    out: &mut Vec<Segment>,
+) -> Result<(), WcStatus> {
+    if len > 0 {
+        let (rkey, addr) = (wr.hdr.rkey, wr.hdr.remote_addr);
+        return remote_segments(ctrl, qp, rkey, addr, len, acc::REMOTE_WRITE, out);
+    }
+    out.clear();
+    match ctrl.res.qps.get(qp) {
+        Some(q) if q.attr.access & acc::REMOTE_WRITE != 0 => Ok(()),
+        _ => Err(WcStatus::REM_ACCESS_ERR),
+    }
+}
+
 /// Performs `req` at responder QP `qp` of `ctrl` (whose memory is `mem`).
 pub fn respond(
     ctrl: &mut Ctrl,
@@ -261,15 +283,7 @@ pub fn respond(
     let mut placed: u64 = req.len;
     match wr.opcode {
         WrOpcode::RDMA_WRITE | WrOpcode::RDMA_WRITE_WITH_IMM => {
-            if let Err(s) = remote_segments(
-                ctrl,
-                qp,
-                wr.hdr.rkey,
-                wr.hdr.remote_addr,
-                req.len,
-                acc::REMOTE_WRITE,
-                segs,
-            ) {
+            if let Err(s) = write_target(ctrl, qp, wr, req.len, segs) {
                 return nak(ctrl, qp, s);
             }
             if copy_in(req, mem, segs).is_err() {
@@ -277,6 +291,11 @@ pub fn respond(
             }
         }
         WrOpcode::RDMA_READ => {
+            if req.len == 0 {
+                // A zero-length READ accesses no memory and is not checked
+                // (spec 18.11.3): no rkey, address or access right.
+                return RespOutcome::Done;
+            }
             return match remote_segments(
                 ctrl,
                 qp,
