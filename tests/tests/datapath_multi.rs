@@ -1469,7 +1469,6 @@ fn zero_length_rdma_ignores_rkey() {
 /// nothing is written (spec 18.11.2: the device makes sure a receive WQE is
 /// available before it writes any data).
 #[test]
-#[ignore = "BUG: RDMA_WRITE_WITH_IMM writes the data before finding no receive WQE (RNR), 18.11.2"]
 fn write_with_imm_rnr_writes_nothing() {
     let (_d, vm) = vms(2);
     let (a, b) = (&vm[0], &vm[1]);

@@ -201,6 +201,26 @@ fn take_recv<'s>(
     Ok(Some(wr))
 }
 
+/// Whether responder QP `qp` has a receive WQE posted (on its RQ or SRQ),
+/// without consuming it. `Err` in the cases where [`take_recv`] fails on
+/// the queue itself: its doorbell is unreadable or its producer index is
+/// out of range.
+fn recv_posted(ctrl: &Ctrl, mem: &HostMem, qp: u32) -> Result<bool, ()> {
+    let q = ctrl.res.qps.get(qp).ok_or(())?;
+    let (pi, ci, depth) = if q.srq != 0 {
+        let srq = ctrl.res.srqs.get(q.srq).ok_or(())?;
+        let pi = load_pi(mem, srq.db_gpa, srq.db_slot.as_ref(), doorbell::SRQ).ok_or(())?;
+        (pi, srq.rt.ci, srq.depth)
+    } else {
+        let pi = load_pi(mem, q.db_gpa, q.db_slot.as_ref(), doorbell::RQ).ok_or(())?;
+        (pi, q.rt.rq_ci, q.rq_depth)
+    };
+    if pi.wrapping_sub(ci) > depth {
+        return Err(());
+    }
+    Ok(pi != ci)
+}
+
 /// Resolves a remote range of responder QP `qp` through `rkey`, checking
 /// the MR's and the QP's rights for `right`.
 fn remote_segments(
@@ -285,6 +305,16 @@ pub fn respond(
         WrOpcode::RDMA_WRITE | WrOpcode::RDMA_WRITE_WITH_IMM => {
             if let Err(s) = write_target(ctrl, qp, wr, req.len, segs) {
                 return nak(ctrl, qp, s);
+            }
+            // WITH_IMM consumes a receive WQE: make sure one is there before
+            // any byte is written, so that an RNR leaves the memory as it
+            // was (spec 18.11.2). It is taken below, after the data.
+            if wr.opcode == WrOpcode::RDMA_WRITE_WITH_IMM {
+                match recv_posted(ctrl, mem, qp) {
+                    Ok(true) => {}
+                    Ok(false) => return RespOutcome::Rnr,
+                    Err(()) => return nak(ctrl, qp, WcStatus::REM_OP_ERR),
+                }
             }
             if copy_in(req, mem, segs).is_err() {
                 return nak(ctrl, qp, WcStatus::REM_ACCESS_ERR);
