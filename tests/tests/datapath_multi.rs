@@ -1498,36 +1498,45 @@ fn write_with_imm_rnr_writes_nothing() {
     assert_quiet(&cqb);
 }
 
-/// An RDMA READ to a responder whose `max_dest_rd_atomic` is 0 is an
-/// invalid request (spec 18.11.3, 18.18): `REM_INV_REQ_ERR`, both QPs in
-/// ERR, `QP_REQ_ERROR` for the responder, nothing read.
+/// An RDMA READ or atomic to a responder whose `max_dest_rd_atomic` is 0 is
+/// an invalid request (spec 18.11.3, 18.18): `REM_INV_REQ_ERR`, both QPs in
+/// ERR, `QP_REQ_ERROR` for the responder, nothing read or changed.
 #[test]
-#[ignore = "BUG: RDMA READ to a responder with max_dest_rd_atomic 0 succeeds instead of REM_INV_REQ_ERR + QP_REQ_ERROR (18.11.3, 18.18)"]
 fn read_to_responder_without_rd_atomic() {
     let (_d, vm) = vms(2);
     let (a, b) = (&vm[0], &vm[1]);
-    let (cqa, cqb) = (
-        Cq::create(&a.dev, 16).unwrap(),
-        Cq::create(&b.dev, 16).unwrap(),
-    );
-    let (qa, qb) = (rc_qp(a, &cqa), rc_qp(b, &cqb));
-    qa.rc_connect(QP_ACCESS, &conn(&qb, b)).unwrap();
-    let mut cb = conn(&qa, a);
-    cb.max_dest_rd_atomic = 0;
-    qb.rc_connect(QP_ACCESS, &cb).unwrap();
     let (ba, bb) = (Buf::new(a, 4096), Buf::new(b, 4096));
     bb.write(0, &pattern(64, 1));
-    let sg = [ba.sge(0, 64)];
-    let op = SendOp::RdmaRead {
-        remote_addr: bb.addr(0),
-        rkey: bb.mr.rkey(),
-    };
-    qa.post_send(&[wr(1, op, &sg)]).unwrap();
-    failed(&poll_one(&cqa), 1, WcStatus::REM_INV_REQ_ERR);
-    expect_event(&b.dev, EventKind::QP_REQ_ERROR, qb.handle());
-    wait_state(&qa, QpState::ERR);
-    wait_state(&qb, QpState::ERR);
-    ba.assert_untouched(0, 4096, "READ refused");
+    let ops = [
+        SendOp::RdmaRead {
+            remote_addr: bb.addr(0),
+            rkey: bb.mr.rkey(),
+        },
+        SendOp::AtomicFetchAdd {
+            remote_addr: bb.addr(0),
+            rkey: bb.mr.rkey(),
+            add: 1,
+        },
+    ];
+    for (op, len) in ops.into_iter().zip([64, 8]) {
+        let (cqa, cqb) = (
+            Cq::create(&a.dev, 16).unwrap(),
+            Cq::create(&b.dev, 16).unwrap(),
+        );
+        let (qa, qb) = (rc_qp(a, &cqa), rc_qp(b, &cqb));
+        qa.rc_connect(QP_ACCESS, &conn(&qb, b)).unwrap();
+        let mut cb = conn(&qa, a);
+        cb.max_dest_rd_atomic = 0;
+        qb.rc_connect(QP_ACCESS, &cb).unwrap();
+        let sg = [ba.sge(0, len)];
+        qa.post_send(&[wr(1, op, &sg)]).unwrap();
+        failed(&poll_one(&cqa), 1, WcStatus::REM_INV_REQ_ERR);
+        expect_event(&b.dev, EventKind::QP_REQ_ERROR, qb.handle());
+        wait_state(&qa, QpState::ERR);
+        wait_state(&qb, QpState::ERR);
+        ba.assert_untouched(0, 4096, "READ or atomic refused");
+        assert_eq!(bb.read(0, 64), pattern(64, 1), "responder memory changed");
+    }
 }
 
 /// The first message accepted by a QP in RTR queues one `QP_COMM_EST`

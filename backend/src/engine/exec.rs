@@ -294,6 +294,9 @@ pub fn respond(
     let recv_cq = q.recv_cq;
     let my_qpn = q.qpn;
     let pd = q.pd;
+    // A responder with max_dest_rd_atomic 0 accepts no RDMA READ or atomic
+    // request: an invalid request (spec 18.11.3, 18.18).
+    let takes_rd_atomic = q.attr.max_dest_rd_atomic != 0;
     let wr = req.wr;
     let RespScratch {
         recv: recv_buf,
@@ -321,6 +324,9 @@ pub fn respond(
             }
         }
         WrOpcode::RDMA_READ => {
+            if !takes_rd_atomic {
+                return nak(ctrl, qp, WcStatus::REM_INV_REQ_ERR);
+            }
             if req.len == 0 {
                 // A zero-length READ accesses no memory and is not checked
                 // (spec 18.11.3): no rkey, address or access right.
@@ -343,7 +349,7 @@ pub fn respond(
             };
         }
         WrOpcode::ATOMIC_CMP_AND_SWP | WrOpcode::ATOMIC_FETCH_AND_ADD => {
-            if wr.hdr.remote_addr % 8 != 0 {
+            if !takes_rd_atomic || wr.hdr.remote_addr % 8 != 0 {
                 return nak(ctrl, qp, WcStatus::REM_INV_REQ_ERR);
             }
             if let Err(s) = remote_segments(
