@@ -695,7 +695,6 @@ fn cq_overflow_fails_its_qps_only() {
 /// responder gets `CQ_ERROR` and `QP_FATAL` and its QP is in ERR; later
 /// sends find it unreachable (`RETRY_EXC_ERR`).
 #[test]
-#[ignore = "BUG: overflow of the responder's recv_cq fails the requester's SEND with REM_OP_ERR instead of SUCCESS (18.18 notes)"]
 fn cq_overflow_at_the_responder_still_delivers() {
     let (_d, vm) = vms(2);
     let (a, b) = (&vm[0], &vm[1]);

@@ -459,18 +459,25 @@ pub fn respond(
         vendor_err: 0,
     };
     let completed = super::completer::complete(ctrl, mem, recv_cq, cqe);
-    if status != WcStatus::SUCCESS || !completed {
-        fail_qp(ctrl, qp, None);
-        if ud {
-            return RespOutcome::Dropped;
+    if status == WcStatus::SUCCESS {
+        if !completed {
+            // Only the receive completion is lost: the message was
+            // delivered, so the requester completes normally (spec 18.18,
+            // notes). An overflowed CQ has already failed this QP with
+            // QP_FATAL (spec 18.17).
+            fail_qp(ctrl, qp, None);
         }
-        return RespOutcome::Nak(if status == WcStatus::LOC_LEN_ERR {
-            WcStatus::REM_INV_REQ_ERR
-        } else {
-            WcStatus::REM_OP_ERR
-        });
+        return RespOutcome::Done;
     }
-    RespOutcome::Done
+    fail_qp(ctrl, qp, None);
+    if ud {
+        return RespOutcome::Dropped;
+    }
+    RespOutcome::Nak(if status == WcStatus::LOC_LEN_ERR {
+        WcStatus::REM_INV_REQ_ERR
+    } else {
+        WcStatus::REM_OP_ERR
+    })
 }
 
 /// The responder refuses: its QP fails with an async event, the requester
