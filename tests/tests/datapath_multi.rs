@@ -836,7 +836,6 @@ fn recv_srq(srq: &Srq, wr_id: u64, b: &Buf, off: usize) {
 /// other QPs and queues one `QP_LAST_WQE_REACHED` (spec 18.19 item 5,
 /// 18.21).
 #[test]
-#[ignore = "BUG: no QP_LAST_WQE_REACHED event when a QP attached to an SRQ enters ERR (18.19 item 5)"]
 fn srq_qp_error_last_wqe_reached() {
     let (_d, vm) = vms(2);
     let (a, b) = (&vm[0], &vm[1]);

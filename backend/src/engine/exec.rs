@@ -126,15 +126,9 @@ pub struct Request<'a> {
     pub qkey: u32,
 }
 
+/// Moves QP `qp` into ERR with `event` (see [`Ctrl::qp_enter_err`]).
 fn fail_qp(ctrl: &mut Ctrl, qp: u32, event: Option<EventKind>) {
-    if let Some(q) = ctrl.res.qps.get_mut(qp) {
-        if q.state != QpState::ERR {
-            q.state = QpState::ERR;
-            if let Some(e) = event {
-                ctrl.events.push(e, qp, 0);
-            }
-        }
-    }
+    ctrl.qp_enter_err(qp, event);
 }
 
 /// Takes the next receive WQE of responder QP `qp` (its RQ or SRQ).

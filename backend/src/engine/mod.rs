@@ -916,15 +916,9 @@ fn finish(
     }
 }
 
+/// Moves QP `qp` into ERR with `event` (see [`Ctrl::qp_enter_err`]).
 fn fail(ctrl: &mut Ctrl, qp: u32, event: Option<EventKind>) {
-    if let Some(q) = ctrl.res.qps.get_mut(qp) {
-        if q.state != QpState::ERR {
-            q.state = QpState::ERR;
-            if let Some(e) = event {
-                ctrl.events.push(e, qp, 0);
-            }
-        }
-    }
+    ctrl.qp_enter_err(qp, event);
 }
 
 /// Completes every outstanding WQE of a QP in the error state with
