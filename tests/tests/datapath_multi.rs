@@ -1540,7 +1540,6 @@ fn read_to_responder_without_rd_atomic() {
 /// The first message accepted by a QP in RTR queues one `QP_COMM_EST`
 /// (spec 18.22); a QP in RTR receives SENDs.
 #[test]
-#[ignore = "BUG: no QP_COMM_EST event for the first message accepted in RTR (18.22)"]
 fn comm_est_on_first_message_in_rtr() {
     let (_d, vm) = vms(2);
     let (a, b) = (&vm[0], &vm[1]);

@@ -268,6 +268,11 @@ impl Ctrl {
         } else {
             apply(&mut qp.attr, mask, &a);
         }
+        if target == QpState::RTR && cur != QpState::RTR {
+            // A new stay in RTR: its first accepted message queues
+            // QP_COMM_EST again (spec 18.22).
+            qp.rt.comm_est = false;
+        }
         qp.state = target;
         qp.attr.qp_state = target.into();
         qp.attr.cur_qp_state = target.into();

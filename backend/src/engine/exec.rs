@@ -270,6 +270,34 @@ pub fn respond(
     req: &Request<'_>,
     scratch: &mut RespScratch,
 ) -> RespOutcome {
+    let out = perform(ctrl, mem, qp, req, scratch);
+    if matches!(out, RespOutcome::Done) {
+        comm_established(ctrl, qp);
+    }
+    out
+}
+
+/// The first message a QP accepts in RTR queues `QP_COMM_EST`, once per
+/// entry into RTR and only while the QP is still in RTR (spec 18.22).
+fn comm_established(ctrl: &mut Ctrl, qp: u32) {
+    let Some(q) = ctrl.res.qps.get_mut(qp) else {
+        return;
+    };
+    if q.state == QpState::RTR && !q.rt.comm_est {
+        q.rt.comm_est = true;
+        ctrl.events.push(EventKind::QP_COMM_EST, qp, 0);
+    }
+}
+
+/// The work of [`respond`]: checks, receive consumption, data movement and
+/// the responder's completion.
+fn perform(
+    ctrl: &mut Ctrl,
+    mem: &HostMem,
+    qp: u32,
+    req: &Request<'_>,
+    scratch: &mut RespScratch,
+) -> RespOutcome {
     let Some(q) = ctrl.res.qps.get(qp) else {
         return RespOutcome::Nak(WcStatus::RETRY_EXC_ERR);
     };
