@@ -268,6 +268,11 @@ impl Ctrl {
         } else {
             apply(&mut qp.attr, mask, &a);
         }
+        if target == QpState::RTR && cur != QpState::RTR {
+            // A new stay in RTR: its first accepted message queues
+            // QP_COMM_EST again (spec 18.22).
+            qp.rt.comm_est = false;
+        }
         qp.state = target;
         qp.attr.qp_state = target.into();
         qp.attr.cur_qp_state = target.into();
@@ -276,7 +281,39 @@ impl Ctrl {
             // drain completes at once.
             self.events.push(EventKind::QP_SQ_DRAINED, req.qp_handle, 0);
         }
+        if target == QpState::ERR && cur != QpState::ERR {
+            self.last_wqe_reached(req.qp_handle);
+        }
         Ok(Vec::new())
+    }
+
+    /// Moves QP `h` into ERR for a data-path error, unless it is there
+    /// already, and queues its events: `event` (if any), then
+    /// `QP_LAST_WQE_REACHED` for a QP attached to an SRQ.
+    pub fn qp_enter_err(&mut self, h: u32, event: Option<EventKind>) {
+        let Some(qp) = self.res.qps.get_mut(h) else {
+            return;
+        };
+        if qp.state == QpState::ERR {
+            return;
+        }
+        qp.state = QpState::ERR;
+        if let Some(e) = event {
+            self.events.push(e, h, 0);
+        }
+        self.last_wqe_reached(h);
+    }
+
+    /// Queues `QP_LAST_WQE_REACHED` for QP `h`, which has just entered ERR,
+    /// if it is attached to an SRQ (spec 18.19 item 5, 18.21). In ERR it
+    /// consumes no more SRQ WQEs, and the engine completes each SRQ WQE in
+    /// the step that consumes it, under the VM's lock, so every SRQ WQE the
+    /// QP took has completed by now: the event can be queued at once. The
+    /// SRQ's WQEs stay for the other QPs (the flush leaves them alone).
+    fn last_wqe_reached(&mut self, h: u32) {
+        if self.res.qps.get(h).is_some_and(|q| q.srq != 0) {
+            self.events.push(EventKind::QP_LAST_WQE_REACHED, h, 0);
+        }
     }
 
     pub(super) fn query_qp(&mut self, payload: &[u8]) -> CmdResult {

@@ -13,7 +13,6 @@ use virtio_rdma_abi::datapath::{
 };
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::mem::CQE_SIZE;
-use virtio_rdma_abi::qp::QpState;
 
 /// Offset of the CQ doorbell's `arm` field.
 const ARM_OFFSET: u64 = 4;
@@ -85,11 +84,6 @@ fn overflow(ctrl: &mut Ctrl, cq_handle: u32) {
         .map(|(h, _)| h)
         .collect();
     for h in victims {
-        if let Some(qp) = ctrl.res.qps.get_mut(h) {
-            if qp.state != QpState::ERR {
-                qp.state = QpState::ERR;
-                ctrl.events.push(EventKind::QP_FATAL, h, 0);
-            }
-        }
+        ctrl.qp_enter_err(h, Some(EventKind::QP_FATAL));
     }
 }

@@ -121,17 +121,14 @@ pub struct Request<'a> {
     pub mem: &'a HostMem,
     /// QPN the requester addressed (the responder must still have it).
     pub dest_qpn: u32,
+    /// UD: the Q_Key the message carries (`remote_qkey`, or the sending
+    /// QP's own Q_Key). Unused for RC.
+    pub qkey: u32,
 }
 
+/// Moves QP `qp` into ERR with `event` (see [`Ctrl::qp_enter_err`]).
 fn fail_qp(ctrl: &mut Ctrl, qp: u32, event: Option<EventKind>) {
-    if let Some(q) = ctrl.res.qps.get_mut(qp) {
-        if q.state != QpState::ERR {
-            q.state = QpState::ERR;
-            if let Some(e) = event {
-                ctrl.events.push(e, qp, 0);
-            }
-        }
-    }
+    ctrl.qp_enter_err(qp, event);
 }
 
 /// Takes the next receive WQE of responder QP `qp` (its RQ or SRQ).
@@ -198,6 +195,26 @@ fn take_recv<'s>(
     Ok(Some(wr))
 }
 
+/// Whether responder QP `qp` has a receive WQE posted (on its RQ or SRQ),
+/// without consuming it. `Err` in the cases where [`take_recv`] fails on
+/// the queue itself: its doorbell is unreadable or its producer index is
+/// out of range.
+fn recv_posted(ctrl: &Ctrl, mem: &HostMem, qp: u32) -> Result<bool, ()> {
+    let q = ctrl.res.qps.get(qp).ok_or(())?;
+    let (pi, ci, depth) = if q.srq != 0 {
+        let srq = ctrl.res.srqs.get(q.srq).ok_or(())?;
+        let pi = load_pi(mem, srq.db_gpa, srq.db_slot.as_ref(), doorbell::SRQ).ok_or(())?;
+        (pi, srq.rt.ci, srq.depth)
+    } else {
+        let pi = load_pi(mem, q.db_gpa, q.db_slot.as_ref(), doorbell::RQ).ok_or(())?;
+        (pi, q.rt.rq_ci, q.rq_depth)
+    };
+    if pi.wrapping_sub(ci) > depth {
+        return Err(());
+    }
+    Ok(pi != ci)
+}
+
 /// Resolves a remote range of responder QP `qp` through `rkey`, checking
 /// the MR's and the QP's rights for `right`.
 fn remote_segments(
@@ -223,8 +240,58 @@ fn remote_segments(
     access::resolve(mr, addr, len, out).map_err(|_| WcStatus::REM_ACCESS_ERR)
 }
 
+/// Checks the target of an RDMA WRITE of `len` bytes at responder QP `qp`
+/// and resolves it into `out`. A zero-length WRITE accesses no memory, so
+/// its `rkey` and `remote_addr` are not checked (it may carry `rkey` 0);
+/// the responder QP's REMOTE_WRITE right still is (spec 18.11.2).
+fn write_target(
+    ctrl: &Ctrl,
+    qp: u32,
+    wr: &SendWr<'_>,
+    len: u64,
+    out: &mut Vec<Segment>,
+) -> Result<(), WcStatus> {
+    if len > 0 {
+        let (rkey, addr) = (wr.hdr.rkey, wr.hdr.remote_addr);
+        return remote_segments(ctrl, qp, rkey, addr, len, acc::REMOTE_WRITE, out);
+    }
+    out.clear();
+    match ctrl.res.qps.get(qp) {
+        Some(q) if q.attr.access & acc::REMOTE_WRITE != 0 => Ok(()),
+        _ => Err(WcStatus::REM_ACCESS_ERR),
+    }
+}
+
 /// Performs `req` at responder QP `qp` of `ctrl` (whose memory is `mem`).
 pub fn respond(
+    ctrl: &mut Ctrl,
+    mem: &HostMem,
+    qp: u32,
+    req: &Request<'_>,
+    scratch: &mut RespScratch,
+) -> RespOutcome {
+    let out = perform(ctrl, mem, qp, req, scratch);
+    if matches!(out, RespOutcome::Done) {
+        comm_established(ctrl, qp);
+    }
+    out
+}
+
+/// The first message a QP accepts in RTR queues `QP_COMM_EST`, once per
+/// entry into RTR and only while the QP is still in RTR (spec 18.22).
+fn comm_established(ctrl: &mut Ctrl, qp: u32) {
+    let Some(q) = ctrl.res.qps.get_mut(qp) else {
+        return;
+    };
+    if q.state == QpState::RTR && !q.rt.comm_est {
+        q.rt.comm_est = true;
+        ctrl.events.push(EventKind::QP_COMM_EST, qp, 0);
+    }
+}
+
+/// The work of [`respond`]: checks, receive consumption, data movement and
+/// the responder's completion.
+fn perform(
     ctrl: &mut Ctrl,
     mem: &HostMem,
     qp: u32,
@@ -249,6 +316,9 @@ pub fn respond(
     let recv_cq = q.recv_cq;
     let my_qpn = q.qpn;
     let pd = q.pd;
+    // A responder with max_dest_rd_atomic 0 accepts no RDMA READ or atomic
+    // request: an invalid request (spec 18.11.3, 18.18).
+    let takes_rd_atomic = q.attr.max_dest_rd_atomic != 0;
     let wr = req.wr;
     let RespScratch {
         recv: recv_buf,
@@ -258,22 +328,32 @@ pub fn respond(
     let mut placed: u64 = req.len;
     match wr.opcode {
         WrOpcode::RDMA_WRITE | WrOpcode::RDMA_WRITE_WITH_IMM => {
-            if let Err(s) = remote_segments(
-                ctrl,
-                qp,
-                wr.hdr.rkey,
-                wr.hdr.remote_addr,
-                req.len,
-                acc::REMOTE_WRITE,
-                segs,
-            ) {
+            if let Err(s) = write_target(ctrl, qp, wr, req.len, segs) {
                 return nak(ctrl, qp, s);
+            }
+            // WITH_IMM consumes a receive WQE: make sure one is there before
+            // any byte is written, so that an RNR leaves the memory as it
+            // was (spec 18.11.2). It is taken below, after the data.
+            if wr.opcode == WrOpcode::RDMA_WRITE_WITH_IMM {
+                match recv_posted(ctrl, mem, qp) {
+                    Ok(true) => {}
+                    Ok(false) => return RespOutcome::Rnr,
+                    Err(()) => return nak(ctrl, qp, WcStatus::REM_OP_ERR),
+                }
             }
             if copy_in(req, mem, segs).is_err() {
                 return nak(ctrl, qp, WcStatus::REM_ACCESS_ERR);
             }
         }
         WrOpcode::RDMA_READ => {
+            if !takes_rd_atomic {
+                return nak(ctrl, qp, WcStatus::REM_INV_REQ_ERR);
+            }
+            if req.len == 0 {
+                // A zero-length READ accesses no memory and is not checked
+                // (spec 18.11.3): no rkey, address or access right.
+                return RespOutcome::Done;
+            }
             return match remote_segments(
                 ctrl,
                 qp,
@@ -291,7 +371,7 @@ pub fn respond(
             };
         }
         WrOpcode::ATOMIC_CMP_AND_SWP | WrOpcode::ATOMIC_FETCH_AND_ADD => {
-            if wr.hdr.remote_addr % 8 != 0 {
+            if !takes_rd_atomic || wr.hdr.remote_addr % 8 != 0 {
                 return nak(ctrl, qp, WcStatus::REM_INV_REQ_ERR);
             }
             if let Err(s) = remote_segments(
@@ -395,22 +475,31 @@ pub fn respond(
         byte_len: u32::try_from(placed).unwrap_or(u32::MAX),
         imm_data: wr.hdr.imm_data,
         qpn: my_qpn,
-        src_qpn: req.src_qpn,
+        // The sender's QPN is reported for UD receives only; RC completions
+        // carry 0 (spec 18.14, "Field values of successful completions").
+        src_qpn: if ud { req.src_qpn } else { 0 },
         vendor_err: 0,
     };
     let completed = super::completer::complete(ctrl, mem, recv_cq, cqe);
-    if status != WcStatus::SUCCESS || !completed {
-        fail_qp(ctrl, qp, None);
-        if ud {
-            return RespOutcome::Dropped;
+    if status == WcStatus::SUCCESS {
+        if !completed {
+            // Only the receive completion is lost: the message was
+            // delivered, so the requester completes normally (spec 18.18,
+            // notes). An overflowed CQ has already failed this QP with
+            // QP_FATAL (spec 18.17).
+            fail_qp(ctrl, qp, None);
         }
-        return RespOutcome::Nak(if status == WcStatus::LOC_LEN_ERR {
-            WcStatus::REM_INV_REQ_ERR
-        } else {
-            WcStatus::REM_OP_ERR
-        });
+        return RespOutcome::Done;
     }
-    RespOutcome::Done
+    fail_qp(ctrl, qp, None);
+    if ud {
+        return RespOutcome::Dropped;
+    }
+    RespOutcome::Nak(if status == WcStatus::LOC_LEN_ERR {
+        WcStatus::REM_INV_REQ_ERR
+    } else {
+        WcStatus::REM_OP_ERR
+    })
 }
 
 /// The responder refuses: its QP fails with an async event, the requester

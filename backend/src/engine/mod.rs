@@ -67,6 +67,9 @@ const RQ_CI: u64 = DB_DEVICE_OFFSET + 4;
 const FLAGS: u64 = DB_DEVICE_OFFSET + 8;
 /// Work requests taken from one QP before moving on (fairness).
 const BURST: u32 = 32;
+/// `remote_qkey` bit 31: the message carries the sending QP's own Q_Key
+/// instead (spec 18.8, 18.11.5).
+const QKEY_USE_OWN: u32 = 1 << 31;
 
 /// The engine: a thread and the VMs it serves.
 pub struct Engine {
@@ -686,6 +689,11 @@ impl Engine {
             (qp.attr.dest_qpn, qp.attr.av.dgid)
         };
         let (rnr_retry, min_rnr) = (qp.attr.rnr_retry, qp.attr.min_rnr_timer);
+        let qkey = if wr.hdr.remote_qkey & QKEY_USE_OWN != 0 {
+            qp.attr.qkey
+        } else {
+            wr.hdr.remote_qkey
+        };
         let req = Request {
             wr: &wr,
             src_qpn: qpn,
@@ -694,6 +702,7 @@ impl Engine {
             len,
             mem,
             dest_qpn,
+            qkey,
         };
         let route = if ud {
             self.rnic.lookup_qpn(dest_qpn)
@@ -844,14 +853,7 @@ fn respond_ud_checked(
         return RespOutcome::Stale;
     }
     if ud {
-        let qkey = if req.wr.hdr.remote_qkey & 0x8000_0000 != 0 {
-            // Controlled Q_Keys are not sendable; the sender's own is used
-            // in InfiniBand, which we cannot see here: drop.
-            return RespOutcome::Dropped;
-        } else {
-            req.wr.hdr.remote_qkey
-        };
-        if q.qp_type != QpType::UD || q.attr.qkey != qkey {
+        if q.qp_type != QpType::UD || q.attr.qkey != req.qkey {
             return RespOutcome::Dropped;
         }
     } else if q.qp_type != QpType::RC {
@@ -914,15 +916,9 @@ fn finish(
     }
 }
 
+/// Moves QP `qp` into ERR with `event` (see [`Ctrl::qp_enter_err`]).
 fn fail(ctrl: &mut Ctrl, qp: u32, event: Option<EventKind>) {
-    if let Some(q) = ctrl.res.qps.get_mut(qp) {
-        if q.state != QpState::ERR {
-            q.state = QpState::ERR;
-            if let Some(e) = event {
-                ctrl.events.push(e, qp, 0);
-            }
-        }
-    }
+    ctrl.qp_enter_err(qp, event);
 }
 
 /// Completes every outstanding WQE of a QP in the error state with

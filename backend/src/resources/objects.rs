@@ -63,6 +63,9 @@ pub struct QpRuntime {
     /// A hint only: the engine checks that the QP behind the handle still
     /// has that QPN before it uses it.
     pub peer: Option<(u32, usize, u32)>,
+    /// `QP_COMM_EST` has been queued since the QP last entered RTR
+    /// (cleared by `MODIFY_QP` into RTR).
+    pub comm_est: bool,
 }
 
 /// Data-path state of an SRQ, kept by the engine.
