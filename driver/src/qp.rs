@@ -455,6 +455,7 @@ impl Qp {
     /// WQE is written into its slot, then the new `sq_pi` is stored
     /// (release) and notifyq is notified if the device asked for a kick.
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        self.refuse_in_reset("post_send")?;
         let lim = SendLimits {
             qp_type: self.qp_type,
             pd_handle: self.pd.handle,
@@ -484,6 +485,7 @@ impl Qp {
     /// Posts receive work requests to the QP's own receive queue (all or
     /// none). QPs with an SRQ post to the SRQ instead.
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        self.refuse_in_reset("post_recv")?;
         let rq = self
             .rq
             .ok_or(Error::InvalidArgument("the QP receives from an SRQ".into()))?;
@@ -504,6 +506,19 @@ impl Qp {
             &wqes,
         )
         .map(drop)
+    }
+
+    /// The device ignores WQEs posted in `RESET` and discards them when the
+    /// QP leaves it (spec 18.22), so posting then is refused here instead of
+    /// losing work silently (as verbs providers refuse it).
+    fn refuse_in_reset(&self, what: &str) -> Result<()> {
+        if self.state() == QpState::RESET {
+            return Err(Error::InvalidArgument(format!(
+                "{what} on QP {:#x} in RESET: move it to INIT first",
+                self.qpn
+            )));
+        }
+        Ok(())
     }
 
     /// Destroys the QP, reporting failure (dropping does the same but can
