@@ -273,7 +273,7 @@ impl<'a> Peer<'a> {
         let data_mr = Mr::register(&pd, data.clone(), access::ALL)?;
         let msgs = Arc::new(dev.alloc_dma(2 * CTL_RECVS * MSG, 64)?);
         let msgs_mr = Mr::register(&pd, msgs.clone(), access::LOCAL_WRITE)?;
-        let mut p = Peer {
+        Ok(Peer {
             dev,
             cq,
             ctl,
@@ -286,8 +286,7 @@ impl<'a> Peer<'a> {
             next_id: 1,
             timeout: opts.timeout,
             out,
-        };
-        Ok(p)
+        })
     }
 
     fn say(&mut self, line: &str) {
