@@ -22,6 +22,7 @@ Usage: scripts/run-guest.sh [OPTIONS] [-- QEMU ARGS...]
   --image NAME|DIR   image built by build-guest.sh (default: default, i.e. CACHE/images/default)
   --kernel FILE      kernel to boot instead of the image's
   --initrd FILE      initramfs to boot instead of the image's
+  --bzimage          boot the image's compressed vmlinuz rather than its vmlinux
   --cmd 'CMD ARGS'   command for the guest (shell syntax), put after " -- " on the kernel
                      command line; without it the image's --run command (or guest-info) runs
   --append 'PARAMS'  more kernel parameters, e.g. 'guest.modules=virtio_pci guest.uio=none'
@@ -43,12 +44,13 @@ EOF
 }
 
 image=default kernel='' initrd='' cmd='' append='' mem=1G smp=1 hugepages=64 timeout_s=300
-log='' verbose=0 quiet=0 shell=0 qemu_args=()
+log='' verbose=0 quiet=0 shell=0 bzimage=0 qemu_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
   --image) image=${2:?--image needs a name or directory}; shift 2 ;;
   --kernel) kernel=${2:?--kernel needs a file}; shift 2 ;;
   --initrd) initrd=${2:?--initrd needs a file}; shift 2 ;;
+  --bzimage) bzimage=1; shift ;;
   --cmd) cmd=${2?--cmd needs a command}; shift 2 ;;
   --append) append=${2?--append needs parameters}; shift 2 ;;
   --mem) mem=${2:?--mem needs a size}; shift 2 ;;
@@ -69,7 +71,11 @@ case "$image" in
 */*) imgdir=$image ;;
 *) imgdir="$GUEST_CACHE/images/$image" ;;
 esac
-[ -n "$kernel" ] || kernel="$imgdir/vmlinuz"
+if [ -z "$kernel" ]; then
+  # The uncompressed ELF kernel (PVH entry) boots ~4 s faster under TCG than the bzImage.
+  kernel="$imgdir/vmlinux"
+  [ -f "$kernel" ] && [ "$bzimage" = 0 ] || kernel="$imgdir/vmlinuz"
+fi
 [ -n "$initrd" ] || initrd="$imgdir/initramfs.img"
 for f in "$kernel" "$initrd"; do
   [ -f "$f" ] || guest_die "$f: not found (build the image with scripts/build-guest.sh)"
@@ -81,12 +87,14 @@ guest_ensure_qemu
 # A QEMU run from its build tree (or installed without firmware blobs) lacks SeaBIOS and the
 # linuxboot option ROM: point it at Debian's.
 fw_args=()
-have_bios=0
+have_bios=0 have_rom=0
 while read -r d; do
   if [ -f "$d/bios-256k.bin" ]; then have_bios=1; fi
+  if [ -f "$d/pvh.bin" ] && [ -f "$d/linuxboot_dma.bin" ]; then have_rom=1; fi
 done < <("$QEMU" -L help 2>/dev/null || true)
-if [ "$have_bios" = 0 ]; then
-  if [ ! -f /usr/share/seabios/bios-256k.bin ] || [ ! -f /usr/share/qemu/linuxboot_dma.bin ]; then
+if [ "$have_bios" = 0 ] || [ "$have_rom" = 0 ]; then
+  if [ ! -f /usr/share/seabios/bios-256k.bin ] || [ ! -f /usr/share/qemu/linuxboot_dma.bin ] ||
+    [ ! -f /usr/share/qemu/pvh.bin ]; then
     guest_log "$QEMU has no firmware: installing Debian's seabios and qemu-system-data"
     guest_apt_install seabios qemu-system-data
   fi
