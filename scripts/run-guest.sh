@@ -23,7 +23,7 @@ Usage: scripts/run-guest.sh [OPTIONS] [-- QEMU ARGS...]
   --kernel FILE      kernel to boot instead of the image's
   --initrd FILE      initramfs to boot instead of the image's
   --bzimage          boot the image's compressed vmlinuz rather than its vmlinux
-  --cmd 'CMD ARGS'   command for the guest (shell syntax), put after " -- " on the kernel
+  --cmd 'CMD ARGS'   command for the guest (shell syntax), passed base64-encoded on the kernel
                      command line; without it the image's --run command (or guest-info) runs
   --append 'PARAMS'  more kernel parameters, e.g. 'guest.modules=virtio_pci guest.uio=none'
   --mem SIZE         guest RAM (default 1G), a shared memfd so vhost-user daemons can map it
@@ -104,7 +104,9 @@ fi
 kcmd="console=ttyS0 quiet iomem=relaxed panic=-1 hugepages=$hugepages"
 [ -z "$append" ] || kcmd+=" $append"
 [ "$shell" = 0 ] || kcmd+=" guest.shell=1"
-[ -z "$cmd" ] || kcmd+=" -- $cmd"
+# The command goes base64-encoded in one parameter: no quoting issues, and no limit on its word
+# count (words after " -- " become init's arguments, which the kernel caps at ~30).
+[ -z "$cmd" ] || kcmd+=" guest.cmd64=$(printf '%s' "$cmd" | base64 -w0)"
 # x86's COMMAND_LINE_SIZE.
 [ "${#kcmd}" -lt 2048 ] || guest_die "kernel command line too long (${#kcmd} bytes, limit 2047)"
 
