@@ -4,8 +4,8 @@
 # prints on the serial console before it powers off. See guest/README.md.
 #
 # Exit status: the guest command's (0-255); 124 if the time limit was hit; 125 if the guest
-# printed no exit code (QEMU failed to start, kernel panic, ...). The console log is printed on
-# every failure of the machinery.
+# printed no exit code (QEMU failed to start, kernel panic, ...); 130 if interrupted. The
+# console log is printed on every failure of the machinery.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -39,7 +39,8 @@ Usage: scripts/run-guest.sh [OPTIONS] [-- QEMU ARGS...]
 
 QEMU ARGS after -- are passed to QEMU as they are (e.g. -chardev ... -device ...).
 QEMU is $QEMU, or qemu-system-x86_64 on PATH (installed from Debian if there is none).
-Exit status: the guest command's; 124 on time-out; 125 if the guest gave no exit code.
+Exit status: the guest command's; 124 on time-out; 125 if the guest gave no exit code;
+130 if interrupted.
 EOF
 }
 
@@ -127,16 +128,29 @@ find "$GUEST_CACHE/logs" -name 'console-*.log' -mtime +7 -delete 2>/dev/null || 
 limit=()
 [ "$timeout_s" = 0 ] || limit=(timeout -k 10 "$timeout_s")
 t0=$(guest_now)
-set +e
+# QEMU runs in the background so that Ctrl-C / SIGTERM here can stop it (timeout(1) puts it in
+# a process group of its own, out of reach of the terminal's SIGINT).
+"${limit[@]}" "${qemu[@]}" </dev/null >"$log" 2>&1 &
+qpid=$!
+interrupted=''
+trap 'interrupted=1; kill -TERM "$qpid" 2>/dev/null' INT TERM
+tail_pid=''
 if [ "$verbose" = 1 ]; then
-  "${limit[@]}" "${qemu[@]}" </dev/null 2>&1 | tee "$log"
-  qrc=${PIPESTATUS[0]}
-else
-  "${limit[@]}" "${qemu[@]}" </dev/null >"$log" 2>&1
-  qrc=$?
+  tail -n +1 -f --pid="$qpid" "$log" &
+  tail_pid=$!
 fi
-set -e
+while :; do
+  qrc=0
+  wait "$qpid" || qrc=$?
+  kill -0 "$qpid" 2>/dev/null || break
+done
+[ -z "$tail_pid" ] || wait "$tail_pid" || true
+trap - INT TERM
 t1=$(guest_now)
+if [ -n "$interrupted" ]; then
+  guest_log "interrupted; console log: $log"
+  exit 130
+fi
 
 clean=$(tr -d '\r' <"$log")
 code=$(sed -n 's/^GUEST-EXIT: \([0-9][0-9]*\)$/\1/p' <<<"$clean" | tail -n1)
