@@ -6,7 +6,9 @@
 #   - uio_pci_generic is loaded, 2 MiB hugepages are reserved, /sys/bus/pci/devices is there,
 #   - a PCI function bound to uio_pci_generic can DMA to and from a hugepage whose
 #     guest-physical address comes from /proc/self/pagemap (QEMU's edu device),
-#   - a time-out gives 124 and a QEMU that fails to start gives 125.
+#   - a time-out gives 124 and a QEMU that fails to start gives 125,
+#   - with a QEMU that has vhost-user-rdma-pci and a built daemon (target/release, or
+#     $VHOST_USER_RDMA_BIN): the RDMA device is bound to uio_pci_generic with bus mastering on.
 #
 # Usage: scripts/test-guest.sh      (QEMU=/path/to/qemu-system-x86_64 to test another QEMU)
 set -euo pipefail
@@ -23,7 +25,7 @@ export QEMU
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-passed=0 failed=0 timings=()
+passed=0 failed=0 skipped=0 timings=()
 indent() { sed "s/^/  /"; }
 check() { # check NAME CONDITION-EXIT-STATUS
   if [ "$2" = 0 ]; then
@@ -108,7 +110,37 @@ check "QEMU failing to start gives 125 (got $rc)" "$([ "$rc" = 125 ]; echo $?)"
 t6=$(guest_now)
 step "failure paths" "$t5" "$t6"
 
+# With a QEMU that has our device and a built daemon: the RDMA device is bound to
+# uio_pci_generic at boot, with bus mastering on.
+daemon=${VHOST_USER_RDMA_BIN:-$here/../target/release/vhost-user-rdma}
+if ! "$QEMU" -device help 2>/dev/null | grep -q '"vhost-user-rdma-pci"'; then
+  echo "skipped: RDMA device test ($QEMU has no vhost-user-rdma-pci)"
+  skipped=$((skipped + 1))
+elif [ ! -x "$daemon" ]; then
+  echo "skipped: RDMA device test (no daemon at $daemon: cargo build --release)"
+  skipped=$((skipped + 1))
+else
+  sock="$work/vm0.sock"
+  "$daemon" --socket-path "$sock" >"$work/daemon.log" 2>&1 &
+  dpid=$!
+  for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+  # shellcheck disable=SC2016 # expanded in the guest
+  rdma_probe='lspci; d=/sys/bus/pci/devices/$(basename "$(readlink /sys/class/uio/uio0/device)")
+echo "uio0: $(cat $d/vendor):$(cat $d/device) command=$(od -An -tx2 -j4 -N2 $d/config | tr -d " ")"'
+  set +e
+  out=$(run --cmd "$rdma_probe" -- -chardev "socket,id=rdma0,path=$sock"     -device vhost-user-rdma-pci,chardev=rdma0 2>&1)
+  rc=$?
+  set -e
+  kill "$dpid" 2>/dev/null || true
+  wait "$dpid" 2>/dev/null || true
+  indent <<<"$out"
+  check "RDMA device 1af4:106a bound to uio_pci_generic, bus master on" \
+    "$([ "$rc" = 0 ] && grep -Eq '^uio0: 0x1af4:0x106a command=0*[0-9a-f]*[4-7]$' <<<"$out"; echo $?)"
+fi
+t7=$(guest_now)
+step "RDMA device (daemon + QEMU)" "$t6" "$t7"
+
 echo "QEMU: $("$QEMU" --version | head -n1)"
 printf '%s\n' "${timings[@]}"
-echo "guest-image: $passed passed, $failed failed"
+echo "guest-image: $passed passed, $failed failed, $skipped skipped"
 [ "$failed" = 0 ]
