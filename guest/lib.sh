@@ -1,0 +1,115 @@
+# shellcheck shell=bash
+# Helpers shared by scripts/build-guest.sh and scripts/run-guest.sh. Source it; it defines
+# functions and variables only.
+
+# shellcheck disable=SC2034 # used by the scripts that source this file
+# Where images, downloads and console logs go: outside the checkout.
+GUEST_CACHE="${VHOST_USER_RDMA_GUEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vhost-user-rdma/guest}"
+
+guest_log() { printf '%s: %s\n' "${0##*/}" "$*" >&2; }
+guest_die() {
+  guest_log "error: $*"
+  exit "${GUEST_DIE_CODE:-1}"
+}
+
+# Seconds since the epoch with milliseconds, and the difference of two such stamps.
+guest_now() { date +%s.%N | cut -c1-14; }
+guest_elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
+
+# Runs a command as root: directly when we are root, through sudo otherwise.
+guest_as_root() {
+  if [ "$(id -u)" -eq 0 ]; then
+    "$@"
+  else
+    command -v sudo >/dev/null || guest_die "need root for: $* (no sudo)"
+    sudo "$@"
+  fi
+}
+
+_guest_apt_updated=0
+guest_apt_update() {
+  if [ "$_guest_apt_updated" -eq 0 ]; then
+    guest_as_root apt-get update -q >&2
+    _guest_apt_updated=1
+  fi
+}
+
+# guest_apt_install [-t SUITE] PKG...: installs Debian packages (non-interactively).
+guest_apt_install() {
+  local target=()
+  if [ "${1:-}" = -t ]; then
+    target=(-t "$2")
+    shift 2
+  fi
+  guest_apt_update
+  guest_as_root env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -q --no-install-recommends "${target[@]}" "$@" >&2
+}
+
+# guest_need_cmds CMD:PKG...: installs PKG for every CMD that is not on PATH.
+guest_need_cmds() {
+  local spec pkgs=()
+  for spec in "$@"; do
+    command -v "${spec%%:*}" >/dev/null || pkgs+=("${spec#*:}")
+  done
+  if [ ${#pkgs[@]} -gt 0 ]; then
+    guest_log "installing ${pkgs[*]}"
+    guest_apt_install "${pkgs[@]}"
+  fi
+}
+
+# The archive URI that serves Debian bookworm, read from the configured apt sources
+# (deb822 .sources files or one-line .list files).
+_guest_bookworm_uri() {
+  local f
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [ -f "$f" ] || continue
+    awk 'BEGIN { RS = ""; FS = "\n" }
+      {
+        uri = ""; ok = 0
+        for (i = 1; i <= NF; i++) {
+          if ($i ~ /^URIs:/) { split($i, u, /[ \t]+/); uri = u[2] }
+          if ($i ~ /^Suites:/ && $i ~ /[ \t]bookworm([ \t]|$)/) ok = 1
+          if ($i ~ /^Enabled:[ \t]*no/) ok = 0
+        }
+        if (ok && uri != "") { print uri; exit }
+      }' "$f"
+  done | head -n1 | grep . && return 0
+  cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
+    awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i !~ /^\[/ && $i !~ /\]$/ && $i ~ /:\/\//) { if ($(i + 1) == "bookworm") { print $i; exit } } }' |
+    head -n1 | grep .
+}
+
+# Makes sure apt knows bookworm-backports (adds a source beside the bookworm one if not).
+guest_ensure_backports() {
+  if apt-cache policy 2>/dev/null | grep -q 'bookworm-backports'; then
+    return 0
+  fi
+  local uri
+  uri=$(_guest_bookworm_uri) || guest_die "no apt source for bookworm found; cannot add bookworm-backports"
+  guest_log "adding bookworm-backports ($uri) to the apt sources"
+  printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' "$uri" |
+    guest_as_root tee /etc/apt/sources.list.d/bookworm-backports.sources >/dev/null
+  _guest_apt_updated=0
+  guest_apt_update
+}
+
+# Sets QEMU to a usable qemu-system-x86_64. An explicit $QEMU must exist; otherwise the one on
+# PATH is used, and if there is none Debian's is installed (bookworm-backports' 10.0, else
+# bookworm's own).
+guest_ensure_qemu() {
+  if [ -n "${QEMU:-}" ]; then
+    command -v "$QEMU" >/dev/null || guest_die "QEMU=$QEMU: not found or not executable"
+    return 0
+  fi
+  QEMU=qemu-system-x86_64
+  command -v "$QEMU" >/dev/null && return 0
+  guest_log "no $QEMU on PATH: installing Debian's qemu-system-x86"
+  if guest_ensure_backports && guest_apt_install -t bookworm-backports qemu-system-x86; then
+    :
+  else
+    guest_log "bookworm-backports' QEMU failed to install; trying bookworm's"
+    guest_apt_install qemu-system-x86
+  fi
+  command -v "$QEMU" >/dev/null || guest_die "installing qemu-system-x86 gave no $QEMU"
+}
