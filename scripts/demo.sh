@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
 # The main job: start the vhost-user-rdma daemon (built-in software RNIC)
 # serving two VMs, and drive both VMs' RDMA devices through the test VMM.
+# With --qemu the two VMs are real QEMU guests (patched QEMU built and cached
+# on first use, Debian kernel + busybox initramfs) running the reference
+# driver over virtio-pci.
 #
-# Usage: bash scripts/demo.sh
+# Usage: bash scripts/demo.sh [--qemu]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = "--qemu" ]; then
+  bash scripts/setup.sh
+  exec bash scripts/qemu-e2e.sh --demo
+fi
 
 bash scripts/setup.sh
 echo "== building (release)"

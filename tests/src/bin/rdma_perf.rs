@@ -119,6 +119,11 @@ struct Args {
     /// The daemon's (engine's) CPU.
     #[arg(long, default_value_t = 1)]
     engine_cpu: usize,
+    /// Message buffers scattered over single guest pages (the worst case:
+    /// every page a separate host run) instead of guest-physically
+    /// contiguous 2 MiB-aligned memory, as a real guest gets from hugepages.
+    #[arg(long)]
+    scattered: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -530,15 +535,25 @@ fn open_vm(d: &TestDaemon, i: usize) -> Res<Vm> {
     Ok(Vm { dev, pd })
 }
 
-/// A registered buffer (scattered guest pages).
+/// A registered buffer.
 struct Buf {
     _buf: Arc<DmaBuf>,
     mr: Mr,
 }
 
+/// Alignment that makes the test VMM hand out one guest-physically
+/// contiguous range (as hugepages do in a real guest).
+const CONTIGUOUS: usize = 2 << 20;
+
 impl Buf {
+    /// `len` bytes of scattered guest pages.
     fn new(vm: &Vm, len: usize) -> Res<Buf> {
-        let buf = Arc::new(vm.dev.alloc_dma(len, 8)?);
+        Self::with_align(vm, len, 8)
+    }
+
+    /// `len` bytes aligned to `align` (see [`CONTIGUOUS`]).
+    fn with_align(vm: &Vm, len: usize, align: usize) -> Res<Buf> {
+        let buf = Arc::new(vm.dev.alloc_dma(len, align)?);
         buf.fill(0, len, 0xA5)?;
         let mr = Mr::register(&vm.pd, buf.clone(), access::ALL)?;
         Ok(Buf { _buf: buf, mr })
@@ -612,11 +627,12 @@ struct Pair {
 }
 
 impl Bench {
-    fn new(d: &TestDaemon, max: usize) -> Res<Bench> {
+    fn new(d: &TestDaemon, max: usize, scattered: bool) -> Res<Bench> {
         let a = open_vm(d, 0)?;
         let b = open_vm(d, 1)?;
-        let abuf = Buf::new(&a, max)?;
-        let bbuf = Buf::new(&b, max)?;
+        let align = if scattered { 8 } else { CONTIGUOUS };
+        let abuf = Buf::with_align(&a, max, align)?;
+        let bbuf = Buf::with_align(&b, max, align)?;
         let cqa = Cq::create(&a.dev, 8192)?;
         let cqb = Cq::create(&b.dev, 8192)?;
         Ok(Bench {
@@ -1281,7 +1297,7 @@ fn main() -> Res<()> {
         let daemon = on_cpu(ecpu, "perf-launcher", || {
             Ok(TestDaemon::with_config(2, |_| {})?)
         })?;
-        let bench = Bench::new(&daemon, max)?;
+        let bench = Bench::new(&daemon, max, args.scattered)?;
         println!("\n  threads: {}", thread_placement());
         for &test in &cfg.tests {
             let p = bench.pair(&cfg)?;
