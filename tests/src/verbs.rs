@@ -284,17 +284,24 @@ impl<'a> Verbs<'a> {
 
     /// CREATE_CQ with freshly allocated ring memory.
     pub fn create_cq(&mut self, ctx_handle: u32, depth: u32) -> Result<u32> {
+        let (req, tail) = self.cq_request(ctx_handle, depth)?;
+        self.create_cq_raw(&req, &tail)
+    }
+
+    /// Builds a CREATE_CQ request with freshly allocated ring memory (the
+    /// ring's pages are the inline page list, the record is `db_gpa`).
+    pub fn cq_request(&self, ctx_handle: u32, depth: u32) -> Result<(CreateCqReq, Vec<u8>)> {
         let ring = self.alloc_ring(u64::from(depth) * u64::from(CQE_SIZE))?;
         let list = self.list_for(&ring)?;
-        self.create_cq_raw(
-            &CreateCqReq {
+        Ok((
+            CreateCqReq {
                 ctx_handle,
                 depth,
                 db_gpa: ring.db.0,
                 buf: list.desc,
             },
-            &list.tail,
-        )
+            list.tail,
+        ))
     }
 
     /// CREATE_CQ with a request built by the caller.
@@ -459,11 +466,23 @@ impl<'a> Verbs<'a> {
         max_sge: u32,
         limit: u32,
     ) -> Result<CreateSrqResp> {
+        let (req, tail) = self.srq_request(pd_handle, depth, max_sge, limit)?;
+        self.create_srq_raw(&req, &tail)
+    }
+
+    /// Builds a CREATE_SRQ request with freshly allocated ring memory (the
+    /// ring's pages are the inline page list, the record is `db_gpa`).
+    pub fn srq_request(
+        &self,
+        pd_handle: u32,
+        depth: u32,
+        max_sge: u32,
+        limit: u32,
+    ) -> Result<(CreateSrqReq, Vec<u8>)> {
         let ring = self.alloc_ring(u64::from(depth) << recv_wqe_shift(max_sge))?;
         let list = self.list_for(&ring)?;
-        self.ctrl.call_typed(
-            Opcode::CREATE_SRQ,
-            &CreateSrqReq {
+        Ok((
+            CreateSrqReq {
                 pd_handle,
                 depth,
                 max_sge,
@@ -471,8 +490,13 @@ impl<'a> Verbs<'a> {
                 db_gpa: ring.db.0,
                 buf: list.desc,
             },
-            &list.tail,
-        )
+            list.tail,
+        ))
+    }
+
+    /// CREATE_SRQ with a request built by the caller.
+    pub fn create_srq_raw(&mut self, req: &CreateSrqReq, tail: &[u8]) -> Result<CreateSrqResp> {
+        self.ctrl.call_typed(Opcode::CREATE_SRQ, req, tail)
     }
 
     /// MODIFY_SRQ.

@@ -13,17 +13,24 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo};
 use vhost_user_rdma_tests::dp::{cap, ok, pattern, poll_n, poll_one, wr};
 use vhost_user_rdma_tests::harness::TestDaemon;
 use vhost_user_rdma_tests::transport::VmmTransport;
-use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
+use vhost_user_rdma_tests::verbs::{QpInit as RawQpInit, Verbs};
+use virtio_rdma_abi::config::NOTIFYQ;
+use virtio_rdma_abi::datapath::{
+    RecvWqe, SendWqe, Sge as WireSge, WcOpcode, WcStatus, WrOpcode, DB_NONE, WQE_SIGNALED,
+};
 use virtio_rdma_abi::event::{Event, EventKind};
 use virtio_rdma_abi::mem::access;
-use virtio_rdma_abi::qp::{AddressVector, QpState};
+use virtio_rdma_abi::qp::{AddressVector, QpState, QpType};
+use virtio_rdma_abi::Wire;
 use virtio_rdma_driver::{
     Ah, Cq, Device, DmaBuf, Mr, Payload, Pd, Qp, QpInit, RcConnect, RecvWr, SendFlags, SendOp,
-    SendWr, Sge, Srq, UdDest, WorkCompletion,
+    SendWr, Sge, Srq, Transport, UdDest, WorkCompletion,
 };
+use vm_memory::GuestAddress;
 
 const WAIT: Duration = Duration::from_secs(10);
 /// How long "nothing happens" is watched for.
@@ -137,7 +144,12 @@ fn srq_qp(vm: &Vm, cq: &Arc<Cq>, srq: &Arc<Srq>) -> Qp {
 }
 
 fn conn(peer: &Qp, peer_vm: &Vm) -> RcConnect {
-    let mut c = RcConnect::new(peer.qpn(), peer_vm.dev.gid());
+    conn_qpn(peer.qpn(), peer_vm)
+}
+
+/// Connection attributes to reach QP number `qpn` on `peer_vm`.
+fn conn_qpn(qpn: u32, peer_vm: &Vm) -> RcConnect {
+    let mut c = RcConnect::new(qpn, peer_vm.dev.gid());
     let attr = peer_vm.dev.attr();
     c.max_rd_atomic = attr.max_qp_init_rd_atom.min(16);
     c.max_dest_rd_atomic = attr.max_qp_rd_atom.min(16);
@@ -1610,5 +1622,794 @@ fn rc_completion_fields() {
         assert_eq!(r.imm(), imm, "{r:?}");
         assert_eq!(r.imm_data, imm.unwrap_or(0), "{r:?}");
         assert_eq!((r.src_qpn, r.vendor_err), (0, 0), "RC receive {r:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 7. Error completions and malformed work requests
+
+/// Asserts that an error completion carries none of the failed message's
+/// fields: `byte_len`, `flags`, `imm_data` and `src_qpn` are 0 (spec
+/// 18.14).
+fn assert_no_message_fields(wc: &WorkCompletion, what: &str) {
+    assert_eq!(
+        (wc.byte_len, wc.flags, wc.imm_data, wc.src_qpn),
+        (0, 0, 0, 0),
+        "{what}: {wc:?}"
+    );
+}
+
+/// A solicited SEND_WITH_IMM over `sg`.
+fn solicited_send_with_imm(wr_id: u64, sg: &[Sge]) -> SendWr<'_> {
+    let mut w = wr(wr_id, SendOp::SendWithImm { imm: 0x1234_5678 }, sg);
+    w.flags = SendFlags::SIGNALED | SendFlags::SOLICITED;
+    w
+}
+
+/// Error completions carry `wr_id`, `status`, `opcode` and `qpn` only;
+/// `byte_len`, `flags`, `imm_data` and `src_qpn` are 0 (spec 18.14),
+/// whatever the failed message carried. A solicited RC SEND_WITH_IMM one
+/// byte too long for the receive buffer fails at both ends; the same UD
+/// message fails at the receiver, which would otherwise report CQE_GRH and
+/// the sender's QPN.
+#[test]
+fn error_completions_carry_no_message_fields() {
+    let (_d, vm) = vms(2);
+    let (a, b) = (&vm[0], &vm[1]);
+    let (ba, bb) = (Buf::new(a, 4096), Buf::new(b, 4096));
+    let sg = [ba.sge(0, 65)];
+    // RC.
+    let p = rc_pair(a, b);
+    recv(&p.qb, 1, &[bb.sge(0, 64)]);
+    p.qa.post_send(&[solicited_send_with_imm(2, &sg)]).unwrap();
+    let s = poll_one(&p.cqa);
+    failed(&s, 2, WcStatus::REM_INV_REQ_ERR);
+    assert_eq!(
+        (s.opcode(), s.qpn),
+        (Some(WcOpcode::SEND), p.qa.qpn()),
+        "{s:?}"
+    );
+    assert_no_message_fields(&s, "RC requester");
+    let r = poll_one(&p.cqb);
+    failed(&r, 1, WcStatus::LOC_LEN_ERR);
+    assert_eq!(
+        (r.opcode(), r.qpn),
+        (Some(WcOpcode::RECV), p.qb.qpn()),
+        "{r:?}"
+    );
+    assert_no_message_fields(&r, "RC responder");
+    // UD: room for the GRH, not for the message.
+    let (cqa, cqb) = (
+        Cq::create(&a.dev, 16).unwrap(),
+        Cq::create(&b.dev, 16).unwrap(),
+    );
+    let (ua, ub) = (ud_qp(a, &cqa, 4), ud_qp(b, &cqb, 4));
+    let ah = ah_to(a, b);
+    recv(&ub, 3, &[bb.sge(1024, GRH + 64)]);
+    let mut w = solicited_send_with_imm(4, &sg);
+    w.ud = Some(UdDest {
+        ah: &ah,
+        remote_qpn: ub.qpn(),
+        remote_qkey: QKEY,
+    });
+    ua.post_send(&[w]).unwrap();
+    ok(&poll_one(&cqa), 4, WcOpcode::SEND);
+    let r = poll_one(&cqb);
+    failed(&r, 3, WcStatus::LOC_LEN_ERR);
+    assert_eq!(
+        (r.opcode(), r.qpn),
+        (Some(WcOpcode::RECV), ub.qpn()),
+        "{r:?}"
+    );
+    assert_no_message_fields(&r, "UD receiver");
+}
+
+/// An RDMA READ or atomic on a QP whose `max_rd_atomic` is 0 is malformed
+/// (spec 18.8): it fails with `LOC_QP_OP_ERR` before anything reaches the
+/// responder; the requester goes to ERR, no event on either side, the
+/// responder stays in RTS and its memory and the local buffer are
+/// untouched.
+#[test]
+fn rd_atomic_without_max_rd_atomic_is_malformed() {
+    let (_d, vm) = vms(2);
+    let (a, b) = (&vm[0], &vm[1]);
+    let (ba, bb) = (Buf::new(a, 4096), Buf::new(b, 4096));
+    bb.write(0, &pattern(64, 2));
+    let (remote_addr, rkey) = (bb.addr(0), bb.mr.rkey());
+    let ops = [
+        (
+            SendOp::RdmaRead { remote_addr, rkey },
+            64,
+            WcOpcode::RDMA_READ,
+        ),
+        (
+            SendOp::AtomicFetchAdd {
+                remote_addr,
+                rkey,
+                add: 1,
+            },
+            8,
+            WcOpcode::FETCH_ADD,
+        ),
+        (
+            SendOp::AtomicCmpSwp {
+                remote_addr,
+                rkey,
+                compare: 0,
+                swap: 1,
+            },
+            8,
+            WcOpcode::COMP_SWAP,
+        ),
+    ];
+    for (op, len, wop) in ops {
+        let (cqa, cqb) = (
+            Cq::create(&a.dev, 16).unwrap(),
+            Cq::create(&b.dev, 16).unwrap(),
+        );
+        let (qa, qb) = (rc_qp(a, &cqa), rc_qp(b, &cqb));
+        let mut ca = conn(&qb, b);
+        ca.max_rd_atomic = 0;
+        qa.rc_connect(QP_ACCESS, &ca).unwrap();
+        qb.rc_connect(QP_ACCESS, &conn(&qa, a)).unwrap();
+        qa.post_send(&[wr(1, op, &[ba.sge(0, len)])]).unwrap();
+        let wc = poll_one(&cqa);
+        failed(&wc, 1, WcStatus::LOC_QP_OP_ERR);
+        assert_eq!(wc.opcode(), Some(wop), "{wc:?}");
+        wait_state(&qa, QpState::ERR);
+        assert_state(&qb, QpState::RTS);
+        ba.assert_untouched(0, 4096, "local buffer of a malformed WQE");
+        assert_eq!(bb.read(0, 64), pattern(64, 2), "responder memory changed");
+        assert_no_event(&a.dev, "malformed WQE (requester)");
+        assert_no_event(&b.dev, "malformed WQE (responder)");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Queues made with raw verbs
+//
+// The reference driver writes only well-formed WQEs and in-range indices.
+// To see what the device does with anything else, these queues are made
+// with raw verbs — in the driver's context and PD, on the driver's CQs
+// where that helps, so that the driver still polls their completions — and
+// the tests write their rings and doorbell records themselves.
+
+/// Ring memory of a raw queue: its 4 KiB pages in ring order and its
+/// doorbell record.
+struct RawRing {
+    pages: Vec<GuestAddress>,
+    db: GuestAddress,
+}
+
+impl RawRing {
+    /// The ring of a create request with an inline page list (`tail`).
+    fn new(tail: &[u8], db_gpa: u64) -> Self {
+        let pages = tail
+            .chunks_exact(8)
+            .map(|c| GuestAddress(u64::from_le_bytes(c.try_into().unwrap())))
+            .collect();
+        RawRing {
+            pages,
+            db: GuestAddress(db_gpa),
+        }
+    }
+
+    /// Guest-physical address of byte `off` of the queue buffer.
+    fn at(&self, off: u64) -> GuestAddress {
+        GuestAddress(self.pages[(off / 4096) as usize].0 + off % 4096)
+    }
+
+    /// Guest-physical address of byte `off` of the doorbell record.
+    fn db_at(&self, off: u64) -> GuestAddress {
+        GuestAddress(self.db.0 + off)
+    }
+}
+
+/// A QP made with raw verbs (queue depths 16, 2 SGEs per receive WQE).
+struct RawQp {
+    handle: u32,
+    qpn: u32,
+    ring: RawRing,
+    rq_offset: u64,
+    rq_shift: u32,
+    sq_shift: u32,
+}
+
+/// Depth of the rings of raw queues.
+const RAW_DEPTH: u32 = 16;
+
+/// A raw QP of `qp_type` in `vm`'s PD, completing into CQs `send_cq` and
+/// `recv_cq` (handles), receiving through SRQ `srq` (0: its own receive
+/// queue).
+fn raw_qp(vm: &Vm, qp_type: QpType, send_cq: u32, recv_cq: u32, srq: u32) -> RawQp {
+    let mut vmm = vm.t.vmm();
+    let mut v = Verbs::new(&mut vmm);
+    let mut init = RawQpInit::rc(vm.pd.handle(), send_cq);
+    init.qp_type = qp_type;
+    init.recv_cq = recv_cq;
+    init.srq = srq;
+    if srq != 0 {
+        init.rq_depth = 0;
+    }
+    let (req, tail) = v.qp_request(&init).unwrap();
+    let r = v.create_qp_raw(&req, &tail).unwrap();
+    assert_eq!(r.db_slot, DB_NONE, "guest-RAM doorbell mode");
+    RawQp {
+        handle: r.qp_handle,
+        qpn: r.qpn,
+        ring: RawRing::new(&tail, req.db_gpa),
+        rq_offset: u64::from(r.rq_offset),
+        rq_shift: r.rq_wqe_shift,
+        sq_shift: r.sq_wqe_shift,
+    }
+}
+
+/// A raw CQ of `depth` entries in `vm`'s context: its handle and ring.
+fn raw_cq(vm: &Vm, depth: u32) -> (u32, RawRing) {
+    let mut vmm = vm.t.vmm();
+    let mut v = Verbs::new(&mut vmm);
+    let (req, tail) = v.cq_request(vm.dev.ctx_handle(), depth).unwrap();
+    let cq = v.create_cq_raw(&req, &tail).unwrap();
+    (cq, RawRing::new(&tail, req.db_gpa))
+}
+
+/// A raw SRQ of [`RAW_DEPTH`] one-SGE WQEs in `vm`'s PD: its handle and
+/// ring.
+fn raw_srq(vm: &Vm) -> (u32, RawRing) {
+    let mut vmm = vm.t.vmm();
+    let mut v = Verbs::new(&mut vmm);
+    let (req, tail) = v.srq_request(vm.pd.handle(), RAW_DEPTH, 1, 0).unwrap();
+    let r = v.create_srq_raw(&req, &tail).unwrap();
+    assert_eq!(r.db_slot, DB_NONE, "guest-RAM doorbell mode");
+    (r.srq_handle, RawRing::new(&tail, req.db_gpa))
+}
+
+/// Moves raw RC QP `q` to RTS towards QP number `dest_qpn` on `peer`.
+fn raw_connect(vm: &Vm, q: &RawQp, dest_qpn: u32, peer: &Vm) {
+    let mut vmm = vm.t.vmm();
+    Verbs::new(&mut vmm)
+        .connect_rc(q.handle, dest_qpn, peer.dev.gid())
+        .unwrap();
+}
+
+/// Moves raw UD QP `q` to RTS with [`QKEY`].
+fn raw_ud_activate(vm: &Vm, q: &RawQp) {
+    let mut vmm = vm.t.vmm();
+    Verbs::new(&mut vmm).activate_ud(q.handle, QKEY).unwrap();
+}
+
+/// The state of raw QP `q`.
+fn raw_state(vm: &Vm, q: &RawQp) -> u32 {
+    let mut vmm = vm.t.vmm();
+    Verbs::new(&mut vmm)
+        .query_qp(q.handle)
+        .unwrap()
+        .attr
+        .qp_state
+}
+
+/// Stores a 32-bit index (release) at `gpa`.
+fn store_index(vm: &Vm, gpa: GuestAddress, v: u32) {
+    vm.t.mem().store(gpa, v, Ordering::Release).unwrap();
+}
+
+/// Loads a 32-bit index (acquire) at `gpa`.
+fn load_index(vm: &Vm, gpa: GuestAddress) -> u32 {
+    vm.t.mem().load(gpa, Ordering::Acquire).unwrap()
+}
+
+/// Doorbell offsets: `rq_pi`, the device half's first word (`sq_ci` of a QP,
+/// `ci` of an SRQ) and `rq_ci`.
+const RQ_PI: u64 = 4;
+const DEVICE_CI: u64 = 32;
+const RQ_CI: u64 = 36;
+
+/// Writes receive WQE `wqe` with `sges` into slot `index` of raw QP `q`'s
+/// receive queue and posts it (`rq_pi` = `index + 1`).
+fn raw_post_recv(vm: &Vm, q: &RawQp, index: u32, wqe: RecvWqe, sges: &[WireSge]) {
+    let mut bytes = wqe.to_bytes();
+    for s in sges {
+        bytes.extend(s.to_bytes());
+    }
+    let slot = q.rq_offset + (u64::from(index % RAW_DEPTH) << q.rq_shift);
+    vm.t.mem().write(q.ring.at(slot), &bytes).unwrap();
+    store_index(vm, q.ring.db_at(RQ_PI), index + 1);
+}
+
+/// Writes send WQE `wqe` into slot `index` of raw QP `q`'s send queue,
+/// posts it (`sq_pi` = `index + 1`) and notifies.
+fn raw_post_send(vm: &Vm, q: &RawQp, index: u32, wqe: SendWqe) {
+    let slot = u64::from(index % RAW_DEPTH) << q.sq_shift;
+    vm.t.mem().write(q.ring.at(slot), &wqe.to_bytes()).unwrap();
+    store_index(vm, q.ring.db, index + 1);
+    vm.t.notify(NOTIFYQ).unwrap();
+}
+
+/// Sends `regions` to the back-end as its memory table (`SET_MEM_TABLE`).
+fn set_mem_table(vm: &Vm, regions: &[VhostUserMemoryRegionInfo]) {
+    vm.t.vmm()
+        .vhost_call("SET_MEM_TABLE", |fe| fe.set_mem_table(regions))
+        .unwrap();
+}
+
+/// Takes the 4 KiB page at `page` out of the memory table the back-end
+/// sees — as a VMM that unplugs memory — so that whatever the device keeps
+/// there becomes unusable; the rest of guest RAM stays where it was. The
+/// guest itself keeps its mapping.
+fn unmap_page(vm: &Vm, page: GuestAddress) {
+    let mut regions = vm.t.mem().region_infos().unwrap();
+    let i = regions
+        .iter()
+        .position(|r| (r.guest_phys_addr..r.guest_phys_addr + r.memory_size).contains(&page.0))
+        .unwrap();
+    let r = regions.remove(i);
+    let (start, end, cut) = (
+        r.guest_phys_addr,
+        r.guest_phys_addr + r.memory_size,
+        page.0 + 4096,
+    );
+    if page.0 > start {
+        regions.push(VhostUserMemoryRegionInfo {
+            memory_size: page.0 - start,
+            ..r
+        });
+    }
+    if cut < end {
+        let skip = cut - start;
+        regions.push(VhostUserMemoryRegionInfo {
+            guest_phys_addr: cut,
+            memory_size: end - cut,
+            userspace_addr: r.userspace_addr + skip,
+            mmap_offset: r.mmap_offset + skip,
+            ..r
+        });
+    }
+    // The back-end wants them in address order.
+    regions.sort_by_key(|r| r.guest_phys_addr);
+    set_mem_table(vm, &regions);
+}
+
+/// Gives the back-end the whole of guest RAM again.
+fn restore_mem(vm: &Vm) {
+    set_mem_table(vm, &vm.t.mem().region_infos().unwrap());
+}
+
+/// A signaled send WQE with an opcode that does not exist: malformed.
+fn bad_opcode_wqe(wr_id: u64) -> SendWqe {
+    SendWqe {
+        wr_id,
+        opcode: 0x7f,
+        flags: WQE_SIGNALED,
+        ..SendWqe::default()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 8. Unusable and broken queues
+
+/// A CQ whose ring or doorbell record guest RAM no longer maps (the VMM took
+/// the page out of its memory table) is treated like an overflow (spec
+/// 18.17, 18.18): the completion is lost, the CQ gets `CQ_ERROR` and every
+/// QP using it — as send CQ or as receive CQ — `QP_FATAL`, and those QPs
+/// are in ERR. A QP's own unusable send ring fails that QP alone with
+/// `QP_FATAL`, without a completion. The VM's other queues keep working.
+#[test]
+fn unusable_cq_memory_is_a_cq_error() {
+    let (_d, vm) = vms(2);
+    let (a, b) = (&vm[0], &vm[1]);
+    let other = Cq::create(&a.dev, 16).unwrap();
+    for what in ["CQ ring", "CQ doorbell record"] {
+        let (cq, ring) = raw_cq(a, 16);
+        // q1 completes its sends into the CQ, q2 its receives.
+        let q1 = raw_qp(a, QpType::RC, cq, other.handle(), 0);
+        let q2 = raw_qp(a, QpType::RC, other.handle(), cq, 0);
+        raw_connect(a, &q1, q2.qpn, a);
+        raw_connect(a, &q2, q1.qpn, a);
+        let page = if what == "CQ ring" {
+            ring.pages[0]
+        } else {
+            GuestAddress(ring.db.0 & !4095)
+        };
+        unmap_page(a, page);
+        // q1's malformed WQE needs an error completion in the CQ.
+        raw_post_send(a, &q1, 0, bad_opcode_wqe(7));
+        let evs = collect_events(&a.dev, 3);
+        restore_mem(a);
+        assert_eq!(
+            evs,
+            sorted(vec![
+                (Some(EventKind::CQ_ERROR), cq),
+                (Some(EventKind::QP_FATAL), q1.handle),
+                (Some(EventKind::QP_FATAL), q2.handle),
+            ]),
+            "{what}"
+        );
+        assert_eq!(raw_state(a, &q1), u32::from(QpState::ERR), "{what}");
+        assert_eq!(raw_state(a, &q2), u32::from(QpState::ERR), "{what}");
+        assert_quiet(&other);
+    }
+    // A QP's send ring.
+    let q = raw_qp(a, QpType::RC, other.handle(), other.handle(), 0);
+    raw_connect(a, &q, q.qpn, a);
+    unmap_page(a, q.ring.pages[0]);
+    let send = SendWqe {
+        opcode: WrOpcode::SEND as u8,
+        ..bad_opcode_wqe(8)
+    };
+    raw_post_send(a, &q, 0, send);
+    expect_event(&a.dev, EventKind::QP_FATAL, q.handle);
+    assert_eq!(raw_state(a, &q), u32::from(QpState::ERR));
+    assert_quiet(&other);
+    restore_mem(a);
+    assert_no_event(&a.dev, "after the send ring came back");
+    // The VM's other queues still work.
+    let p = rc_pair(a, b);
+    let (ba, bb) = (Buf::new(a, 4096), Buf::new(b, 4096));
+    ba.write(0, b"still fine");
+    p.qa.post_send(&[wr(1, write_op(&bb, 0), &[ba.sge(0, 10)])])
+        .unwrap();
+    ok(&poll_one(&p.cqa), 1, WcOpcode::RDMA_WRITE);
+    assert_eq!(bb.read(0, 10), b"still fine");
+}
+
+/// A malformed receive WQE at the responder (spec 18.13: `reserved` not
+/// zero, or more SGEs than `max_recv_sge`) is consumed and completes with
+/// `LOC_QP_OP_ERR`, carrying no message fields; the RC requester fails with
+/// `REM_OP_ERR`; both QPs go to ERR; no event (spec 18.18). The WQE is
+/// checked before any byte is written, so an RDMA_WRITE_WITH_IMM writes
+/// nothing. A UD receiver fails the same way while its sender succeeds.
+#[test]
+fn malformed_receive_wqe_completes_with_loc_qp_op_err() {
+    let (_d, vm) = vms(2);
+    let (a, b) = (&vm[0], &vm[1]);
+    let (ba, bb) = (Buf::new(a, 4096), Buf::new(b, 4096));
+    ba.write(0, &pattern(64, 3));
+    let sge = WireSge {
+        addr: bb.addr(0),
+        length: 1024,
+        lkey: bb.mr.lkey(),
+    };
+    let cases = [
+        (
+            "reserved not zero",
+            RecvWqe {
+                wr_id: 77,
+                num_sge: 1,
+                reserved: 1,
+            },
+        ),
+        (
+            "num_sge above max_recv_sge",
+            RecvWqe {
+                wr_id: 77,
+                num_sge: 3,
+                reserved: 0,
+            },
+        ),
+    ];
+    let sg = [ba.sge(0, 64)];
+    for (what, wqe) in cases {
+        let sges = vec![sge; wqe.num_sge as usize];
+        let write_with_imm = SendOp::RdmaWriteWithImm {
+            remote_addr: bb.addr(2048),
+            rkey: bb.mr.rkey(),
+            imm: 5,
+        };
+        for op in [SendOp::Send, write_with_imm] {
+            let (cqa, cqb) = (
+                Cq::create(&a.dev, 16).unwrap(),
+                Cq::create(&b.dev, 16).unwrap(),
+            );
+            let qa = rc_qp(a, &cqa);
+            let qb = raw_qp(b, QpType::RC, cqb.handle(), cqb.handle(), 0);
+            qa.rc_connect(QP_ACCESS, &conn_qpn(qb.qpn, b)).unwrap();
+            raw_connect(b, &qb, qa.qpn(), a);
+            raw_post_recv(b, &qb, 0, wqe, &sges);
+            qa.post_send(&[wr(1, op, &sg)]).unwrap();
+            failed(&poll_one(&cqa), 1, WcStatus::REM_OP_ERR);
+            let r = poll_one(&cqb);
+            failed(&r, 77, WcStatus::LOC_QP_OP_ERR);
+            assert_eq!((r.opcode(), r.qpn), (Some(WcOpcode::RECV), qb.qpn), "{r:?}");
+            assert_no_message_fields(&r, what);
+            wait_state(&qa, QpState::ERR);
+            assert_eq!(raw_state(b, &qb), u32::from(QpState::ERR), "{what}");
+            assert_eq!(load_index(b, qb.ring.db_at(RQ_CI)), 1, "{what}: consumed");
+            bb.assert_untouched(0, 4096, what);
+            assert_no_event(&a.dev, what);
+            assert_no_event(&b.dev, what);
+        }
+    }
+    // UD.
+    let (cqa, cqb) = (
+        Cq::create(&a.dev, 16).unwrap(),
+        Cq::create(&b.dev, 16).unwrap(),
+    );
+    let ua = ud_qp(a, &cqa, 4);
+    let ub = raw_qp(b, QpType::UD, cqb.handle(), cqb.handle(), 0);
+    raw_ud_activate(b, &ub);
+    raw_post_recv(b, &ub, 0, cases[0].1, &[sge]);
+    let ah = ah_to(a, b);
+    let mut w = wr(2, SendOp::Send, &sg);
+    w.ud = Some(UdDest {
+        ah: &ah,
+        remote_qpn: ub.qpn,
+        remote_qkey: QKEY,
+    });
+    ua.post_send(&[w]).unwrap();
+    ok(&poll_one(&cqa), 2, WcOpcode::SEND);
+    let r = poll_one(&cqb);
+    failed(&r, 77, WcStatus::LOC_QP_OP_ERR);
+    assert_no_message_fields(&r, "UD");
+    assert_eq!(raw_state(b, &ub), u32::from(QpState::ERR));
+    assert_state(&ua, QpState::RTS);
+    bb.assert_untouched(0, 4096, "UD");
+    assert_no_event(&a.dev, "UD sender");
+    assert_no_event(&b.dev, "UD receiver");
+}
+
+/// A receive queue whose producer index is out of range (`rq_pi - rq_ci`
+/// above the depth) is broken (spec 18.18): the responder QP goes to ERR
+/// with `QP_FATAL`, consumes nothing and writes no completion. It is
+/// unreachable from then on: an RC requester retries and fails with
+/// `RETRY_EXC_ERR`, a UD sender's message is dropped.
+#[test]
+fn receive_queue_out_of_range_is_fatal() {
+    let (_d, vm) = vms(2);
+    let (a, b) = (&vm[0], &vm[1]);
+    let ba = Buf::new(a, 4096);
+    let sg = [ba.sge(0, 64)];
+    // RC.
+    let (cqa, cqb) = (
+        Cq::create(&a.dev, 16).unwrap(),
+        Cq::create(&b.dev, 16).unwrap(),
+    );
+    let qa = rc_qp(a, &cqa);
+    let qb = raw_qp(b, QpType::RC, cqb.handle(), cqb.handle(), 0);
+    qa.rc_connect(QP_ACCESS, &conn_qpn(qb.qpn, b)).unwrap();
+    raw_connect(b, &qb, qa.qpn(), a);
+    store_index(b, qb.ring.db_at(RQ_PI), RAW_DEPTH + 1);
+    qa.post_send(&[wr(1, SendOp::Send, &sg)]).unwrap();
+    failed(&poll_one(&cqa), 1, WcStatus::RETRY_EXC_ERR);
+    expect_event(&b.dev, EventKind::QP_FATAL, qb.handle);
+    assert_eq!(raw_state(b, &qb), u32::from(QpState::ERR));
+    assert_eq!(load_index(b, qb.ring.db_at(RQ_CI)), 0, "nothing consumed");
+    assert_quiet(&cqb);
+    assert_no_event(&a.dev, "RC requester");
+    // UD.
+    let (cqa, cqb) = (
+        Cq::create(&a.dev, 16).unwrap(),
+        Cq::create(&b.dev, 16).unwrap(),
+    );
+    let ua = ud_qp(a, &cqa, 4);
+    let ub = raw_qp(b, QpType::UD, cqb.handle(), cqb.handle(), 0);
+    raw_ud_activate(b, &ub);
+    store_index(b, ub.ring.db_at(RQ_PI), RAW_DEPTH + 1);
+    let ah = ah_to(a, b);
+    let mut w = wr(2, SendOp::Send, &sg);
+    w.ud = Some(UdDest {
+        ah: &ah,
+        remote_qpn: ub.qpn,
+        remote_qkey: QKEY,
+    });
+    ua.post_send(&[w]).unwrap();
+    ok(&poll_one(&cqa), 2, WcOpcode::SEND);
+    expect_event(&b.dev, EventKind::QP_FATAL, ub.handle);
+    assert_eq!(raw_state(b, &ub), u32::from(QpState::ERR));
+    assert_quiet(&cqb);
+    assert_no_event(&a.dev, "UD sender");
+}
+
+/// An SRQ whose producer index is out of range fails (spec 18.21): one
+/// `SRQ_ERROR`, and every attached QP goes to ERR with `QP_FATAL` (and, as
+/// any QP with an SRQ that enters ERR, `QP_LAST_WQE_REACHED`); nothing is
+/// consumed or completed, and the requester finds the responder
+/// unreachable.
+#[test]
+fn srq_out_of_range_fails_every_attached_qp() {
+    let (_d, vm) = vms(2);
+    let (a, b) = (&vm[0], &vm[1]);
+    let (srq, srq_ring) = raw_srq(b);
+    let (cqa, cqb) = (
+        Cq::create(&a.dev, 16).unwrap(),
+        Cq::create(&b.dev, 16).unwrap(),
+    );
+    let (qa1, qa2) = (rc_qp(a, &cqa), rc_qp(a, &cqa));
+    let qb1 = raw_qp(b, QpType::RC, cqb.handle(), cqb.handle(), srq);
+    let qb2 = raw_qp(b, QpType::RC, cqb.handle(), cqb.handle(), srq);
+    for (qa, qb) in [(&qa1, &qb1), (&qa2, &qb2)] {
+        qa.rc_connect(QP_ACCESS, &conn_qpn(qb.qpn, b)).unwrap();
+        raw_connect(b, qb, qa.qpn(), a);
+    }
+    store_index(b, srq_ring.db, RAW_DEPTH + 1);
+    let ba = Buf::new(a, 4096);
+    qa1.post_send(&[wr(1, SendOp::Send, &[ba.sge(0, 64)])])
+        .unwrap();
+    failed(&poll_one(&cqa), 1, WcStatus::RETRY_EXC_ERR);
+    let evs = collect_events(&b.dev, 5);
+    assert_eq!(
+        evs,
+        sorted(vec![
+            (Some(EventKind::SRQ_ERROR), srq),
+            (Some(EventKind::QP_FATAL), qb1.handle),
+            (Some(EventKind::QP_FATAL), qb2.handle),
+            (Some(EventKind::QP_LAST_WQE_REACHED), qb1.handle),
+            (Some(EventKind::QP_LAST_WQE_REACHED), qb2.handle),
+        ])
+    );
+    assert_eq!(raw_state(b, &qb1), u32::from(QpState::ERR));
+    assert_eq!(raw_state(b, &qb2), u32::from(QpState::ERR));
+    assert_eq!(
+        load_index(b, srq_ring.db_at(DEVICE_CI)),
+        0,
+        "nothing consumed"
+    );
+    assert_quiet(&cqb);
+    assert_state(&qa2, QpState::RTS);
+    assert_no_event(&a.dev, "requester VM");
+}
+
+// ---------------------------------------------------------------------------
+// 9. Transport and RNR retries
+
+/// The local ACK timeout of `timeout` (spec 18.20): 4.096 µs × 2^timeout.
+fn ack_timeout(timeout: u32) -> Duration {
+    Duration::from_nanos(4096 << timeout)
+}
+
+/// An RC QP whose destination is unreachable (spec 18.20, 18.23) — its peer
+/// QP was destroyed, or no QP has its `dest_qpn` — tries, waits the local
+/// ACK timeout, retries `retry_cnt` times, and fails with `RETRY_EXC_ERR`
+/// when the timeout after the last retry expires, as an InfiniBand
+/// requester that gets no answer: (retry_cnt + 1) × 4.096 µs × 2^timeout
+/// after posting. The QP goes to ERR and flushes the WQE behind; no event.
+/// Short timeouts are not stretched by the engine parking between retries.
+#[test]
+fn rc_unreachable_destination_retries_then_fails() {
+    let (_d, vm) = vms(2);
+    let (a, b) = (&vm[0], &vm[1]);
+    let ba = Buf::new(a, 4096);
+    let sg = [ba.sge(0, 16)];
+    let cases = [
+        ("peer QP destroyed", 12, 3),
+        ("no such QP number", 11, 2),
+        ("short timeout, many retries", 8, 7),
+    ];
+    for (what, timeout, retry_cnt) in cases {
+        let cqa = Cq::create(&a.dev, 16).unwrap();
+        let qa = rc_qp(a, &cqa);
+        let dest = if what == "no such QP number" {
+            // QP numbers 0 and 1 are never assigned (spec 12.12).
+            1
+        } else {
+            let cqb = Cq::create(&b.dev, 16).unwrap();
+            let qb = rc_qp(b, &cqb);
+            let n = qb.qpn();
+            qb.destroy().unwrap();
+            n
+        };
+        let mut c = conn_qpn(dest, b);
+        c.timeout = timeout;
+        c.retry_cnt = retry_cnt;
+        qa.rc_connect(QP_ACCESS, &c).unwrap();
+        let start = Instant::now();
+        qa.post_send(&[wr(1, SendOp::Send, &sg), wr(2, SendOp::Send, &sg)])
+            .unwrap();
+        let wc = poll_one(&cqa);
+        let took = start.elapsed();
+        failed(&wc, 1, WcStatus::RETRY_EXC_ERR);
+        let least = ack_timeout(timeout) * (retry_cnt + 1);
+        assert!(
+            took >= least,
+            "{what}: failed after {took:?}, before {least:?}"
+        );
+        // Parking sleeps up to 50 ms at a time; the timers cut it short
+        // (8 waits not cut short would take 400 ms more; the margin is for
+        // a loaded machine).
+        let most = least + Duration::from_millis(300);
+        assert!(
+            took < most,
+            "{what}: failed after {took:?}, expected {least:?}"
+        );
+        failed(&poll_one(&cqa), 2, WcStatus::WR_FLUSH_ERR);
+        assert_state(&qa, QpState::ERR);
+        assert_no_event(&a.dev, what);
+    }
+}
+
+/// A message retried because its destination was unreachable is delivered
+/// — once, and before the WQE behind it — when the destination becomes
+/// reachable before the retries run out (spec 18.20: here the peer QP
+/// reaches RTR). Meanwhile the waiting QP holds up no other QP. `timeout` 0
+/// retries without limit.
+#[test]
+fn rc_retry_delivers_once_the_peer_is_ready() {
+    let (_d, vm) = vms(2);
+    let (a, b) = (&vm[0], &vm[1]);
+    let other = rc_pair(a, b);
+    let (ba, bb) = (Buf::new(a, 4096), Buf::new(b, 4096));
+    // (timeout, retry_cnt, how long the peer stays unreachable)
+    for (timeout, retry_cnt, unready) in [(16, 7, 150), (0, 0, 400)] {
+        let (cqa, cqb) = (
+            Cq::create(&a.dev, 16).unwrap(),
+            Cq::create(&b.dev, 16).unwrap(),
+        );
+        let (qa, qb) = (rc_qp(a, &cqa), rc_qp(b, &cqb));
+        let mut c = conn(&qb, b);
+        c.timeout = timeout;
+        c.retry_cnt = retry_cnt;
+        qa.rc_connect(QP_ACCESS, &c).unwrap();
+        // In INIT the peer accepts nothing: unreachable.
+        qb.rc_to_init(QP_ACCESS).unwrap();
+        let data = pattern(32, 40 + u64::from(timeout));
+        ba.write(0, &data);
+        qa.post_send(&[
+            wr(1, SendOp::Send, &[ba.sge(0, 16)]),
+            wr(2, SendOp::Send, &[ba.sge(16, 16)]),
+        ])
+        .unwrap();
+        // Another QP pair of the same VMs keeps going.
+        let until = Instant::now() + Duration::from_millis(unready);
+        let mut k = 0u64;
+        while Instant::now() < until {
+            k += 1;
+            other
+                .qa
+                .post_send(&[wr(k, write_op(&bb, 3000), &[ba.sge(100, 8)])])
+                .unwrap();
+            ok(&poll_one(&other.cqa), k, WcOpcode::RDMA_WRITE);
+        }
+        assert!(k > 3, "timeout {timeout}: only {k} WRITEs on the other QP");
+        assert_quiet(&cqa);
+        recv(&qb, 11, &[bb.sge(0, 64)]);
+        recv(&qb, 12, &[bb.sge(64, 64)]);
+        qb.rc_to_rtr(&conn(&qa, a)).unwrap();
+        let s = poll_n(&cqa, 2);
+        ok(&s[0], 1, WcOpcode::SEND);
+        ok(&s[1], 2, WcOpcode::SEND);
+        let r = poll_n(&cqb, 2);
+        ok(&r[0], 11, WcOpcode::RECV);
+        ok(&r[1], 12, WcOpcode::RECV);
+        assert_eq!(bb.read(0, 16), data[..16]);
+        assert_eq!(bb.read(64, 16), data[16..]);
+        assert_quiet(&cqb);
+        assert_state(&qa, QpState::RTS);
+    }
+}
+
+/// The RNR wait is the interval that the *responder* QP's `min_rnr_timer`
+/// selects (spec 18.20), not the requester's own: a requester whose
+/// `min_rnr_timer` is 0 (655.36 ms) gives up after three waits of the
+/// responder's 0.01 ms; one whose value is 1 waits the responder's 5.12 ms
+/// three times.
+#[test]
+fn rnr_wait_uses_the_responders_min_rnr_timer() {
+    let (_d, vm) = vms(2);
+    let (a, b) = (&vm[0], &vm[1]);
+    let ba = Buf::new(a, 4096);
+    // (requester's min_rnr_timer, responder's, least and most time in ms;
+    // three of the requester's own waits would take 1966 ms and 0.03 ms)
+    let cases = [(0, 1, 0, 1000), (1, 18, 15, 1000)];
+    for (mine, theirs, least, most) in cases {
+        let (cqa, cqb) = (
+            Cq::create(&a.dev, 16).unwrap(),
+            Cq::create(&b.dev, 16).unwrap(),
+        );
+        let (qa, qb) = (rc_qp(a, &cqa), rc_qp(b, &cqb));
+        let mut ca = conn(&qb, b);
+        ca.min_rnr_timer = mine;
+        ca.rnr_retry = 3;
+        qa.rc_connect(QP_ACCESS, &ca).unwrap();
+        let mut cb = conn(&qa, a);
+        cb.min_rnr_timer = theirs;
+        qb.rc_connect(QP_ACCESS, &cb).unwrap();
+        let start = Instant::now();
+        qa.post_send(&[wr(1, SendOp::Send, &[ba.sge(0, 8)])])
+            .unwrap();
+        failed(&poll_one(&cqa), 1, WcStatus::RNR_RETRY_EXC_ERR);
+        let took = start.elapsed();
+        let what = format!("min_rnr_timer {mine} here, {theirs} at the responder");
+        assert!(took >= Duration::from_millis(least), "{what}: {took:?}");
+        assert!(took < Duration::from_millis(most), "{what}: {took:?}");
+        assert_state(&qb, QpState::RTS);
     }
 }

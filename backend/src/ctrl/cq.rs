@@ -7,6 +7,7 @@ use virtio_rdma_abi::Wire;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::parse::{depth, destroy_error, field, fixed, with_list};
+use super::queue_mem::init_device_half;
 use super::{quota, CmdError, CmdResult, Ctrl};
 use crate::resources::Cq;
 
@@ -38,6 +39,7 @@ impl Ctrl {
                 rt: Default::default(),
             })
             .map_err(|_| CmdError::no_memory())?;
+        init_device_half(mem, req.db_gpa);
         Ok(CqHandleResp { cq_handle }.to_bytes())
     }
 

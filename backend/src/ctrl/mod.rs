@@ -163,6 +163,12 @@ impl Ctrl {
         self.features & feature != 0
     }
 
+    /// Whether the driver negotiated `F_ATOMIC`: without it an atomic send
+    /// WQE is malformed (spec 18.8).
+    pub fn atomics_negotiated(&self) -> bool {
+        self.has(virtio_rdma_abi::config::F_ATOMIC)
+    }
+
     fn page_list_limits(&self) -> PageListLimits {
         PageListLimits {
             max_pages: self.limits.max_mr_pages(),

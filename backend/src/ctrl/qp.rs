@@ -14,6 +14,7 @@ use vm_memory::{Bytes, GuestAddress};
 use super::ctx::check_av;
 use super::mr::check_access;
 use super::parse::{depth, destroy_error, field, fixed, shift_plausible, with_list};
+use super::queue_mem::init_device_half;
 use super::{quota, CmdError, CmdResult, Ctrl};
 use crate::resources::qp_state::rule;
 use crate::resources::Qp;
@@ -160,6 +161,7 @@ impl Ctrl {
         if let Some(srq) = self.res.srqs.get_mut(req.srq_handle) {
             srq.users += 1;
         }
+        init_device_half(mem, req.db_gpa);
         Ok(CreateQpResp {
             qp_handle,
             qpn,

@@ -1,6 +1,8 @@
 //! Validation of the memory behind CQ, QP and SRQ rings.
 
+use log::warn;
 use virtio_rdma_abi::ctrl::Status;
+use virtio_rdma_abi::datapath::DB_DEVICE_OFFSET;
 use virtio_rdma_abi::mem::{BufferDesc, DB_RECORD_SIZE};
 use virtio_rdma_abi::Wire;
 use vm_memory::{Bytes, GuestAddress};
@@ -35,5 +37,23 @@ impl Ctrl {
         }
         PageList::resolve(buf, trailing, &self.page_list_limits(), &self.ram, mem)
             .map_err(page_list_error::<T>)
+    }
+}
+
+/// Initializes the device half of a new queue's doorbell record at `db_gpa`
+/// (validated by [`Ctrl::queue_memory`]): the driver may leave anything
+/// there, and the device writes consumer and producer indices 0,
+/// `armed_seq` 0, reserved fields 0 and `flags` 0 before the create command
+/// returns (spec 18.4). `flags` stays clear even while the engine is
+/// parked: the engine resumes polling after every control command (as for
+/// a new doorbell page, spec 18.6, 18.7). Called only once the create
+/// command cannot fail any more: a failed create writes nothing.
+pub(super) fn init_device_half<M: Bytes<GuestAddress>>(mem: &M, db_gpa: u64) {
+    let half = [0u8; (DB_RECORD_SIZE - DB_DEVICE_OFFSET) as usize];
+    if mem
+        .write_slice(&half, GuestAddress(db_gpa + DB_DEVICE_OFFSET))
+        .is_err()
+    {
+        warn!("doorbell record {db_gpa:#x}: cannot initialize the device half");
     }
 }

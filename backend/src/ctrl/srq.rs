@@ -9,6 +9,7 @@ use virtio_rdma_abi::Wire;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::parse::{depth, destroy_error, field, fixed, with_list};
+use super::queue_mem::init_device_half;
 use super::{quota, CmdError, CmdResult, Ctrl};
 use crate::resources::Srq;
 
@@ -69,6 +70,7 @@ impl Ctrl {
         if let Some(srq) = self.res.srqs.get_mut(srq_handle) {
             srq.db_slot = db_slot.clone();
         }
+        init_device_half(mem, req.db_gpa);
         Ok(CreateSrqResp {
             srq_handle,
             wqe_shift,

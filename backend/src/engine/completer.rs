@@ -8,7 +8,7 @@ use crate::memory::access;
 use crate::memory::HostMem;
 use log::debug;
 use virtio_rdma_abi::datapath::{
-    cqe_owner, Cqe, WcStatus, ARM_NEXT, ARM_SOLICITED, CQE_OWNER_OFFSET, CQE_SOLICITED,
+    cqe_owner, Cqe, WcOpcode, WcStatus, ARM_NEXT, ARM_SOLICITED, CQE_OWNER_OFFSET, CQE_SOLICITED,
     DB_DEVICE_OFFSET,
 };
 use virtio_rdma_abi::event::EventKind;
@@ -19,9 +19,25 @@ const ARM_OFFSET: u64 = 4;
 /// Offset of `armed_seq` in the device half of a CQ doorbell.
 const ARMED_SEQ_OFFSET: u64 = DB_DEVICE_OFFSET + 4;
 
+/// A completion with a status other than `SUCCESS`: it carries `wr_id`,
+/// `opcode`, `status` and `qpn` only; `byte_len`, `flags`, `imm_data` and
+/// `src_qpn` are 0 (spec 18.14), whatever the failed message had.
+pub fn error_cqe(wr_id: u64, opcode: WcOpcode, status: WcStatus, qpn: u32) -> Cqe {
+    Cqe {
+        wr_id,
+        opcode: opcode as u8,
+        status: status as u8,
+        qpn,
+        ..Cqe::default()
+    }
+}
+
 /// Writes `cqe` (its `owner` is set here) to CQ `cq_handle` of `ctrl`.
-/// Returns false when the CQ could not take it (missing, overflowed, or its
-/// memory is gone); the caller then treats the QP as failed.
+/// Returns false when the CQ could not take it: missing, or in error —
+/// because it overflowed now or earlier, or because its ring or doorbell
+/// record is no longer in guest RAM (spec 18.17). A CQ entering the error
+/// state fails the QPs that use it; the caller treats its own QP as
+/// failed.
 pub fn complete(ctrl: &mut Ctrl, mem: &HostMem, cq_handle: u32, mut cqe: Cqe) -> bool {
     let Some(cq) = ctrl.res.cqs.get_mut(cq_handle) else {
         return false;
@@ -29,18 +45,19 @@ pub fn complete(ctrl: &mut Ctrl, mem: &HostMem, cq_handle: u32, mut cqe: Cqe) ->
     if cq.rt.overflowed {
         return false;
     }
-    let ci = access::load_u32_acquire(mem, cq.db_gpa).unwrap_or(cq.rt.pi);
+    let Ok(ci) = access::load_u32_acquire(mem, cq.db_gpa) else {
+        debug!("CQ {cq_handle:#x}: doorbell record unusable");
+        return cq_error(ctrl, cq_handle);
+    };
     let used = cq.rt.pi.wrapping_sub(ci);
     if used >= cq.depth {
-        cq.rt.overflowed = true;
         debug!("CQ {cq_handle:#x} overflowed");
-        overflow(ctrl, cq_handle);
-        return false;
+        return cq_error(ctrl, cq_handle);
     }
     let index = cq.rt.pi;
     let offset = u64::from(index & (cq.depth - 1)) * u64::from(CQE_SIZE);
     let Some((gpa, _)) = cq.ring.translate(offset) else {
-        return false;
+        return cq_error(ctrl, cq_handle);
     };
     cqe.owner = 0;
     let mut bytes = [0u8; CQE_SIZE as usize];
@@ -52,7 +69,10 @@ pub fn complete(ctrl: &mut Ctrl, mem: &HostMem, cq_handle: u32, mut cqe: Cqe) ->
         && access::store_u8_release(mem, gpa + CQE_OWNER_OFFSET, cqe_owner(index, cq.depth))
             .is_ok();
     if !ok {
-        return false;
+        // The owner byte is written last: a half-written entry never
+        // looks valid to the driver.
+        debug!("CQ {cq_handle:#x}: ring unusable");
+        return cq_error(ctrl, cq_handle);
     }
     cq.rt.pi = index.wrapping_add(1);
     let _ = access::store_u32_release(mem, cq.db_gpa + DB_DEVICE_OFFSET, cq.rt.pi);
@@ -73,8 +93,15 @@ pub fn complete(ctrl: &mut Ctrl, mem: &HostMem, cq_handle: u32, mut cqe: Cqe) ->
     true
 }
 
-/// A CQ overflowed: report it, and fail every QP that completes into it.
-fn overflow(ctrl: &mut Ctrl, cq_handle: u32) {
+/// CQ `cq_handle` enters the error state — it overflowed, or its memory
+/// became unusable, which the spec treats alike (18.17): it takes no more
+/// CQEs, `CQ_ERROR` is queued for it, and every QP that completes into it
+/// and is not in ERR yet moves to ERR with `QP_FATAL`. Returns false (the
+/// CQE was not written).
+fn cq_error(ctrl: &mut Ctrl, cq_handle: u32) -> bool {
+    if let Some(cq) = ctrl.res.cqs.get_mut(cq_handle) {
+        cq.rt.overflowed = true;
+    }
     ctrl.events.push(EventKind::CQ_ERROR, cq_handle, 0);
     let victims: Vec<u32> = ctrl
         .res
@@ -86,4 +113,5 @@ fn overflow(ctrl: &mut Ctrl, cq_handle: u32) {
     for h in victims {
         ctrl.qp_enter_err(h, Some(EventKind::QP_FATAL));
     }
+    false
 }

@@ -6,11 +6,12 @@
 //! responder's part directly on the peer's objects and memory, which makes
 //! each RC operation complete in one step.
 
+use super::completer::{complete, error_cqe};
 use super::doorbell::{self, load_pi};
-use super::wqe::{fetch_recv, RecvWr, SendWr, WqeBuf};
+use super::wqe::{fetch_recv, RecvWr, SendWr, WqeBuf, WqeError};
 use crate::ctrl::Ctrl;
 use crate::memory::access::{self, Segment};
-use crate::memory::HostMem;
+use crate::memory::{HostMem, PageList};
 use virtio_rdma_abi::datapath::{
     Cqe, Sge, WcOpcode, WcStatus, WrOpcode, CQE_GRH, CQE_SOLICITED, CQE_WITH_IMM, DB_DEVICE_OFFSET,
     UD_GRH_SIZE, WQE_SOLICITED,
@@ -94,8 +95,11 @@ impl Default for RespScratch {
 pub enum RespOutcome {
     /// Done; for READ and atomics the bytes went to the local segments.
     Done,
-    /// No receive WQE posted (RNR).
-    Rnr,
+    /// No receive WQE posted (RNR); the responder QP's `min_rnr_timer`
+    /// selects the wait (spec 18.20).
+    Rnr(u32),
+    /// The destination is unreachable (spec 18.23): RC retries, UD drops.
+    Unreachable,
     /// The responder refused: the requester's CQE status.
     Nak(WcStatus),
     /// Silently dropped (UD only).
@@ -131,88 +135,152 @@ fn fail_qp(ctrl: &mut Ctrl, qp: u32, event: Option<EventKind>) {
     ctrl.qp_enter_err(qp, event);
 }
 
-/// Takes the next receive WQE of responder QP `qp` (its RQ or SRQ).
-fn take_recv<'s>(
-    ctrl: &mut Ctrl,
+/// The receive WQE at the head of a responder QP's receive queue or SRQ,
+/// copied out of the ring but not consumed yet.
+enum Head<'s> {
+    /// None is posted.
+    Empty,
+    /// A well-formed WQE.
+    Wqe(RecvWr<'s>),
+    /// A malformed WQE (spec 18.13), with its `wr_id`.
+    Malformed(u64),
+}
+
+/// A peeked head and the producer index it was read against.
+struct Peeked<'s> {
+    head: Head<'s>,
+    pi: u32,
+}
+
+/// The receive queue or SRQ itself is broken: its doorbell record or ring
+/// is not in guest RAM, or its producer index is out of range (spec
+/// 18.18). Nothing of it can be trusted, so nothing is consumed.
+struct Broken;
+
+/// Copies the receive WQE at the head of responder QP `qp`'s queue (its
+/// RQ or SRQ) into `scratch` and checks its format, without consuming it:
+/// the caller consumes it with [`consume_recv`] once it knows the message
+/// is accepted, so that a refused message leaves the queue as it was.
+fn peek_recv<'s>(
+    ctrl: &Ctrl,
     mem: &HostMem,
     qp: u32,
     scratch: &'s mut WqeBuf,
-) -> Result<Option<RecvWr<'s>>, ()> {
-    let q = ctrl.res.qps.get(qp).ok_or(())?;
-    if q.srq != 0 {
-        let srq_h = q.srq;
-        let srq = ctrl.res.srqs.get_mut(srq_h).ok_or(())?;
-        let pi = load_pi(mem, srq.db_gpa, srq.db_slot.as_ref(), doorbell::SRQ).ok_or(())?;
-        if pi == srq.rt.ci {
-            return Ok(None);
+) -> Result<Peeked<'s>, Broken> {
+    let q = ctrl.res.qps.get(qp).ok_or(Broken)?;
+    let (pi, r) = if q.srq != 0 {
+        let srq = ctrl.res.srqs.get(q.srq).ok_or(Broken)?;
+        if srq.rt.broken {
+            return Err(Broken);
         }
-        if pi.wrapping_sub(srq.rt.ci) > srq.depth {
-            return Err(());
-        }
-        let wr = fetch_recv(
-            mem,
-            &srq.ring,
-            0,
-            srq.depth,
-            srq.wqe_shift,
-            srq.max_sge,
-            srq.rt.ci,
-            scratch,
-        )
-        .map_err(|_| ())?;
-        srq.rt.ci = srq.rt.ci.wrapping_add(1);
-        let _ = access::store_u32_release(mem, srq.db_gpa + SRQ_CI, srq.rt.ci);
-        let posted = pi.wrapping_sub(srq.rt.ci);
-        if srq.limit != 0 && posted < srq.limit {
-            srq.limit = 0;
-            ctrl.events.push(EventKind::SRQ_LIMIT_REACHED, srq_h, 0);
-        }
-        return Ok(Some(wr));
-    }
-    let pi = load_pi(mem, q.db_gpa, q.db_slot.as_ref(), doorbell::RQ).ok_or(())?;
-    if pi == q.rt.rq_ci {
-        return Ok(None);
-    }
-    if pi.wrapping_sub(q.rt.rq_ci) > q.rq_depth {
-        return Err(());
-    }
-    let wr = fetch_recv(
-        mem,
-        &q.ring,
-        q.layout.rq_offset,
-        q.rq_depth,
-        q.layout.rq_wqe_shift,
-        q.max_recv_sge,
-        q.rt.rq_ci,
-        scratch,
-    )
-    .map_err(|_| ())?;
-    let Some(q) = ctrl.res.qps.get_mut(qp) else {
-        return Err(());
+        let pi = load_pi(mem, srq.db_gpa, srq.db_slot.as_ref(), doorbell::SRQ).ok_or(Broken)?;
+        let ring = RecvRing {
+            ring: &srq.ring,
+            offset: 0,
+            depth: srq.depth,
+            shift: srq.wqe_shift,
+            max_sge: srq.max_sge,
+            ci: srq.rt.ci,
+        };
+        (pi, ring)
+    } else {
+        let pi = load_pi(mem, q.db_gpa, q.db_slot.as_ref(), doorbell::RQ).ok_or(Broken)?;
+        let ring = RecvRing {
+            ring: &q.ring,
+            offset: q.layout.rq_offset,
+            depth: q.rq_depth,
+            shift: q.layout.rq_wqe_shift,
+            max_sge: q.max_recv_sge,
+            ci: q.rt.rq_ci,
+        };
+        (pi, ring)
     };
-    q.rt.rq_ci = q.rt.rq_ci.wrapping_add(1);
-    let _ = access::store_u32_release(mem, q.db_gpa + RQ_CI, q.rt.rq_ci);
-    Ok(Some(wr))
+    if pi.wrapping_sub(r.ci) > r.depth {
+        return Err(Broken);
+    }
+    if pi == r.ci {
+        return Ok(Peeked {
+            head: Head::Empty,
+            pi,
+        });
+    }
+    let fetched = fetch_recv(
+        mem, r.ring, r.offset, r.depth, r.shift, r.max_sge, r.ci, scratch,
+    );
+    let head = match fetched {
+        Ok(wr) => Head::Wqe(wr),
+        Err(WqeError::Malformed { wr_id, .. }) => Head::Malformed(wr_id),
+        Err(WqeError::Unusable) => return Err(Broken),
+    };
+    Ok(Peeked { head, pi })
 }
 
-/// Whether responder QP `qp` has a receive WQE posted (on its RQ or SRQ),
-/// without consuming it. `Err` in the cases where [`take_recv`] fails on
-/// the queue itself: its doorbell is unreadable or its producer index is
-/// out of range.
-fn recv_posted(ctrl: &Ctrl, mem: &HostMem, qp: u32) -> Result<bool, ()> {
-    let q = ctrl.res.qps.get(qp).ok_or(())?;
-    let (pi, ci, depth) = if q.srq != 0 {
-        let srq = ctrl.res.srqs.get(q.srq).ok_or(())?;
-        let pi = load_pi(mem, srq.db_gpa, srq.db_slot.as_ref(), doorbell::SRQ).ok_or(())?;
-        (pi, srq.rt.ci, srq.depth)
-    } else {
-        let pi = load_pi(mem, q.db_gpa, q.db_slot.as_ref(), doorbell::RQ).ok_or(())?;
-        (pi, q.rt.rq_ci, q.rq_depth)
+/// A receive ring as [`peek_recv`] reads it.
+struct RecvRing<'a> {
+    ring: &'a PageList,
+    /// Offset of the ring in `ring`'s buffer.
+    offset: u64,
+    depth: u32,
+    /// log2 of the WQE stride.
+    shift: u32,
+    max_sge: u32,
+    /// The next WQE to consume.
+    ci: u32,
+}
+
+/// Consumes the receive WQE [`peek_recv`] returned for responder QP `qp`
+/// (read against producer index `pi`): advances and publishes the consumer
+/// index, and for an SRQ checks its limit (spec 18.21).
+fn consume_recv(ctrl: &mut Ctrl, mem: &HostMem, qp: u32, pi: u32) {
+    let Some(q) = ctrl.res.qps.get_mut(qp) else {
+        return;
     };
-    if pi.wrapping_sub(ci) > depth {
-        return Err(());
+    if q.srq == 0 {
+        q.rt.rq_ci = q.rt.rq_ci.wrapping_add(1);
+        let _ = access::store_u32_release(mem, q.db_gpa + RQ_CI, q.rt.rq_ci);
+        return;
     }
-    Ok(pi != ci)
+    let srq_h = q.srq;
+    let Some(srq) = ctrl.res.srqs.get_mut(srq_h) else {
+        return;
+    };
+    srq.rt.ci = srq.rt.ci.wrapping_add(1);
+    let _ = access::store_u32_release(mem, srq.db_gpa + SRQ_CI, srq.rt.ci);
+    let posted = pi.wrapping_sub(srq.rt.ci);
+    if srq.limit != 0 && posted < srq.limit {
+        srq.limit = 0;
+        ctrl.events.push(EventKind::SRQ_LIMIT_REACHED, srq_h, 0);
+    }
+}
+
+/// Responder QP `qp` found its receive queue broken (spec 18.18, 18.21):
+/// its own receive queue fails the QP with `QP_FATAL`; a broken SRQ fails
+/// for good with `SRQ_ERROR`, and every QP attached to it goes to ERR with
+/// `QP_FATAL`. No completion is written: no WQE of the queue is trusted.
+fn recv_queue_failed(ctrl: &mut Ctrl, qp: u32) {
+    let Some(srq_h) = ctrl.res.qps.get(qp).map(|q| q.srq) else {
+        return;
+    };
+    if srq_h == 0 {
+        fail_qp(ctrl, qp, Some(EventKind::QP_FATAL));
+        return;
+    }
+    if let Some(srq) = ctrl.res.srqs.get_mut(srq_h) {
+        if !srq.rt.broken {
+            srq.rt.broken = true;
+            ctrl.events.push(EventKind::SRQ_ERROR, srq_h, 0);
+        }
+    }
+    let attached: Vec<u32> = ctrl
+        .res
+        .qps
+        .iter()
+        .filter(|(_, q)| q.srq == srq_h)
+        .map(|(h, _)| h)
+        .collect();
+    for h in attached {
+        fail_qp(ctrl, h, Some(EventKind::QP_FATAL));
+    }
 }
 
 /// Resolves a remote range of responder QP `qp` through `rkey`, checking
@@ -299,7 +367,7 @@ fn perform(
     scratch: &mut RespScratch,
 ) -> RespOutcome {
     let Some(q) = ctrl.res.qps.get(qp) else {
-        return RespOutcome::Nak(WcStatus::RETRY_EXC_ERR);
+        return RespOutcome::Unreachable;
     };
     if q.qpn != req.dest_qpn {
         // The handle came from a stale hint: the QP is gone.
@@ -309,13 +377,12 @@ fn perform(
         return if q.qp_type == QpType::UD {
             RespOutcome::Dropped
         } else {
-            RespOutcome::Nak(WcStatus::RETRY_EXC_ERR)
+            RespOutcome::Unreachable
         };
     }
     let ud = q.qp_type == QpType::UD;
-    let recv_cq = q.recv_cq;
-    let my_qpn = q.qpn;
-    let pd = q.pd;
+    let (recv_cq, my_qpn, pd) = (q.recv_cq, q.qpn, q.pd);
+    let min_rnr = q.attr.min_rnr_timer;
     // A responder with max_dest_rd_atomic 0 accepts no RDMA READ or atomic
     // request: an invalid request (spec 18.11.3, 18.18).
     let takes_rd_atomic = q.attr.max_dest_rd_atomic != 0;
@@ -324,25 +391,16 @@ fn perform(
         recv: recv_buf,
         segs,
     } = scratch;
-    // Where incoming data goes.
-    let mut placed: u64 = req.len;
     match wr.opcode {
         WrOpcode::RDMA_WRITE | WrOpcode::RDMA_WRITE_WITH_IMM => {
             if let Err(s) = write_target(ctrl, qp, wr, req.len, segs) {
                 return nak(ctrl, qp, s);
             }
-            // WITH_IMM consumes a receive WQE: make sure one is there before
-            // any byte is written, so that an RNR leaves the memory as it
-            // was (spec 18.11.2). It is taken below, after the data.
-            if wr.opcode == WrOpcode::RDMA_WRITE_WITH_IMM {
-                match recv_posted(ctrl, mem, qp) {
-                    Ok(true) => {}
-                    Ok(false) => return RespOutcome::Rnr,
-                    Err(()) => return nak(ctrl, qp, WcStatus::REM_OP_ERR),
-                }
-            }
-            if copy_in(req, mem, segs).is_err() {
-                return nak(ctrl, qp, WcStatus::REM_ACCESS_ERR);
+            if wr.opcode == WrOpcode::RDMA_WRITE {
+                return match copy_in(req, mem, segs) {
+                    Ok(()) => RespOutcome::Done,
+                    Err(_) => nak(ctrl, qp, WcStatus::REM_ACCESS_ERR),
+                };
             }
         }
         WrOpcode::RDMA_READ => {
@@ -403,26 +461,91 @@ fn perform(
         }
         WrOpcode::SEND | WrOpcode::SEND_WITH_IMM => {}
     }
-    let is_send = matches!(wr.opcode, WrOpcode::SEND | WrOpcode::SEND_WITH_IMM);
+    // SEND, SEND_WITH_IMM and RDMA_WRITE_WITH_IMM consume a receive WQE.
+    // It is copied and checked in full before any byte of the message is
+    // written, so that an RNR, a malformed WQE or a broken queue leaves the
+    // responder's memory as it was (spec 18.11.2, 18.13).
+    let Peeked { head, pi } = match peek_recv(ctrl, mem, qp, recv_buf) {
+        Ok(p) => p,
+        Err(Broken) => {
+            recv_queue_failed(ctrl, qp);
+            // The responder is in ERR now: unreachable (RC retries).
+            return if ud {
+                RespOutcome::Dropped
+            } else {
+                RespOutcome::Unreachable
+            };
+        }
+    };
+    let recv = match head {
+        Head::Wqe(r) => r,
+        Head::Empty if ud => return RespOutcome::Dropped,
+        Head::Empty => return RespOutcome::Rnr(min_rnr),
+        Head::Malformed(wr_id) => {
+            return recv_failed(ctrl, mem, qp, pi, wr_id, WcStatus::LOC_QP_OP_ERR, ud)
+        }
+    };
+    let placed = if wr.opcode == WrOpcode::RDMA_WRITE_WITH_IMM {
+        // The data goes to the RDMA target; the receive WQE's buffers are
+        // not touched (spec 18.11.2).
+        if copy_in(req, mem, segs).is_err() {
+            return nak(ctrl, qp, WcStatus::REM_ACCESS_ERR);
+        }
+        req.len
+    } else {
+        match place_send(ctrl, mem, req, pd, ud, recv.sges, segs) {
+            Ok(n) => n,
+            Err(status) => return recv_failed(ctrl, mem, qp, pi, recv.wr_id, status, ud),
+        }
+    };
+    consume_recv(ctrl, mem, qp, pi);
+    let cqe = recv_cqe(req, my_qpn, recv.wr_id, placed, ud);
+    if !complete(ctrl, mem, recv_cq, cqe) {
+        // Only the receive completion is lost: the message was delivered,
+        // so the requester completes normally (spec 18.18, notes). A CQ in
+        // error has already failed this QP with QP_FATAL (spec 18.17).
+        fail_qp(ctrl, qp, None);
+    }
+    RespOutcome::Done
+}
+
+/// Places a SEND's message — for UD behind the GRH — into the buffers of a
+/// receive WQE (`sges`) of a QP in PD `pd`, after checking every SGE and
+/// the room (spec 18.9, 18.13). Returns the bytes placed.
+fn place_send(
+    ctrl: &Ctrl,
+    mem: &HostMem,
+    req: &Request<'_>,
+    pd: u32,
+    ud: bool,
+    sges: &[Sge],
+    segs: &mut Vec<Segment>,
+) -> Result<u64, WcStatus> {
+    let grh = if ud { u64::from(UD_GRH_SIZE) } else { 0 };
+    let needed = grh.saturating_add(req.len);
+    let capacity = local_segments(ctrl, pd, sges, true, needed, segs)?;
+    if capacity < needed {
+        return Err(WcStatus::LOC_LEN_ERR);
+    }
+    if ud {
+        let mut header = [0u8; UD_GRH_SIZE as usize];
+        header[8..24].copy_from_slice(&req.src_gid);
+        header[24..40].copy_from_slice(&ctrl.port_gid());
+        access::write(mem, segs, &header).map_err(|_| WcStatus::LOC_PROT_ERR)?;
+        skip(segs, grh);
+    }
+    copy_in(req, mem, segs).map_err(|_| WcStatus::LOC_PROT_ERR)?;
+    Ok(needed)
+}
+
+/// The successful receive completion of `req` at QP `qpn` (spec 18.14,
+/// "Field values of successful completions").
+fn recv_cqe(req: &Request<'_>, qpn: u32, wr_id: u64, placed: u64, ud: bool) -> Cqe {
+    let wr = req.wr;
     let with_imm = matches!(
         wr.opcode,
         WrOpcode::SEND_WITH_IMM | WrOpcode::RDMA_WRITE_WITH_IMM
     );
-    if !(is_send || with_imm) {
-        return RespOutcome::Done;
-    }
-    // A receive WQE is consumed.
-    let recv = match take_recv(ctrl, mem, qp, recv_buf) {
-        Ok(Some(r)) => r,
-        Ok(None) => {
-            return if ud {
-                RespOutcome::Dropped
-            } else {
-                RespOutcome::Rnr
-            }
-        }
-        Err(()) => return nak(ctrl, qp, WcStatus::REM_OP_ERR),
-    };
     let mut flags = 0u8;
     if with_imm {
         flags |= CQE_WITH_IMM;
@@ -430,66 +553,48 @@ fn perform(
     if wr.hdr.flags & WQE_SOLICITED != 0 {
         flags |= CQE_SOLICITED;
     }
-    let mut status = WcStatus::SUCCESS;
-    if is_send {
-        let grh = if ud { u64::from(UD_GRH_SIZE) } else { 0 };
-        let needed = grh.saturating_add(req.len);
-        match local_segments(ctrl, pd, recv.sges, true, needed, segs) {
-            Ok(capacity) if capacity < needed => {
-                if ud {
-                    flags |= CQE_GRH;
-                }
-                status = WcStatus::LOC_LEN_ERR;
-            }
-            Ok(_) => {
-                if ud {
-                    flags |= CQE_GRH;
-                    let mut header = [0u8; UD_GRH_SIZE as usize];
-                    header[8..24].copy_from_slice(&req.src_gid);
-                    header[24..40].copy_from_slice(&ctrl.port_gid());
-                    if access::write(mem, segs, &header).is_err() {
-                        status = WcStatus::LOC_LEN_ERR;
-                    } else {
-                        skip(segs, grh);
-                        placed = needed;
-                    }
-                }
-                if status == WcStatus::SUCCESS && copy_in(req, mem, segs).is_err() {
-                    status = WcStatus::LOC_PROT_ERR;
-                }
-            }
-            Err(s) => status = s,
-        }
+    if ud {
+        flags |= CQE_GRH;
     }
-    let opcode = if matches!(wr.opcode, WrOpcode::RDMA_WRITE_WITH_IMM) {
+    let opcode = if wr.opcode == WrOpcode::RDMA_WRITE_WITH_IMM {
         WcOpcode::RECV_RDMA_WITH_IMM
     } else {
         WcOpcode::RECV
     };
-    let cqe = Cqe {
-        wr_id: recv.wr_id,
+    Cqe {
+        wr_id,
         opcode: opcode as u8,
-        status: status as u8,
+        status: WcStatus::SUCCESS as u8,
         flags,
         owner: 0,
         byte_len: u32::try_from(placed).unwrap_or(u32::MAX),
-        imm_data: wr.hdr.imm_data,
-        qpn: my_qpn,
+        imm_data: if with_imm { wr.hdr.imm_data } else { 0 },
+        qpn,
         // The sender's QPN is reported for UD receives only; RC completions
-        // carry 0 (spec 18.14, "Field values of successful completions").
+        // carry 0.
         src_qpn: if ud { req.src_qpn } else { 0 },
         vendor_err: 0,
-    };
-    let completed = super::completer::complete(ctrl, mem, recv_cq, cqe);
-    if status == WcStatus::SUCCESS {
-        if !completed {
-            // Only the receive completion is lost: the message was
-            // delivered, so the requester completes normally (spec 18.18,
-            // notes). An overflowed CQ has already failed this QP with
-            // QP_FATAL (spec 18.17).
-            fail_qp(ctrl, qp, None);
-        }
-        return RespOutcome::Done;
+    }
+}
+
+/// The receive WQE `wr_id` of responder QP `qp` (peeked against `pi`)
+/// cannot take the message: it is consumed and completes with `status` —
+/// an error completion, carrying no message fields (spec 18.14) — and the
+/// responder QP goes to ERR without an event (spec 18.18). The RC
+/// requester fails with `REM_INV_REQ_ERR` for a length error and
+/// `REM_OP_ERR` otherwise; a UD message counts as delivered.
+fn recv_failed(
+    ctrl: &mut Ctrl,
+    mem: &HostMem,
+    qp: u32,
+    pi: u32,
+    wr_id: u64,
+    status: WcStatus,
+    ud: bool,
+) -> RespOutcome {
+    consume_recv(ctrl, mem, qp, pi);
+    if let Some((cq, qpn)) = ctrl.res.qps.get(qp).map(|q| (q.recv_cq, q.qpn)) {
+        let _ = complete(ctrl, mem, cq, error_cqe(wr_id, WcOpcode::RECV, status, qpn));
     }
     fail_qp(ctrl, qp, None);
     if ud {

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use log::{debug, warn};
 use virtio_rdma_abi::datapath::{
-    Cqe, WcOpcode, WcStatus, DB_DEVICE_OFFSET, DB_FLAG_KICK, WQE_FENCE, WQE_SIGNALED,
+    Cqe, WcOpcode, WcStatus, WrOpcode, DB_DEVICE_OFFSET, DB_FLAG_KICK, WQE_FENCE, WQE_SIGNALED,
 };
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::mem::DB_RECORD_SIZE;
@@ -47,20 +47,24 @@ use crate::ctrl::Ctrl;
 use crate::device::RdmaDevice;
 use crate::memory::access::{self, Segment};
 use crate::memory::HostMem;
+use crate::resources::{Qp, SendWait};
 use crate::rnic::Rnic;
 use crate::shmem::DoorbellRegion;
 use doorbell::load_pi;
 use exec::{local_segments, respond, wc_opcode, Request, RespOutcome, RespScratch};
-use wqe::{fetch_send, WqeBuf};
+use wqe::{fetch_send, SendWr, WqeBuf, WqeError};
 
 /// How long the engine keeps polling after its last piece of work.
 pub const POLL_WINDOW: Duration = Duration::from_micros(200);
 /// For this long after its last piece of work the engine spins without
 /// yielding its CPU (a `sched_yield` costs more than a whole work request).
 const SPIN_WINDOW: Duration = Duration::from_micros(20);
-/// Longest sleep while parked (timers such as RNR retries are checked at
-/// least this often).
+/// Longest sleep while parked. Retry timers (spec 18.20) shorten the
+/// sleep to their deadline, so parking never delays them.
 const MAX_PARK: Duration = Duration::from_millis(50);
+/// Interval of the transport retries of an RC QP with `timeout` 0, which
+/// retries without limit at an interval the device chooses (spec 18.20).
+const ENDLESS_RETRY_INTERVAL: Duration = Duration::from_millis(10);
 /// Offsets in a QP doorbell record.
 const SQ_CI: u64 = DB_DEVICE_OFFSET;
 const RQ_CI: u64 = DB_DEVICE_OFFSET + 4;
@@ -215,6 +219,9 @@ struct Scratch {
     local: Vec<Segment>,
     resp: RespScratch,
     handles: Vec<u32>,
+    /// The earliest end of a send WQE's retry wait seen since it was last
+    /// cleared (the parking re-check clears it and visits every QP).
+    next_timer: Option<Instant>,
 }
 
 impl Scratch {
@@ -224,7 +231,13 @@ impl Scratch {
             local: Vec::with_capacity(64),
             resp: RespScratch::new(),
             handles: Vec::new(),
+            next_timer: None,
         }
+    }
+
+    /// Notes a retry deadline.
+    fn timer(&mut self, at: Instant) {
+        self.next_timer = Some(self.next_timer.map_or(at, |t| t.min(at)));
     }
 }
 
@@ -337,22 +350,32 @@ impl Engine {
                 idle_sweeps = 0;
                 continue;
             }
-            self.park();
+            self.park(scratch.next_timer);
             set_kick(&vms, false);
             idle_sweeps = 0;
         }
     }
 
-    fn park(&self) {
+    /// Sleeps until woken, [`MAX_PARK`] passes, or `timer` (the earliest
+    /// retry deadline) arrives.
+    fn park(&self, timer: Option<Instant>) {
+        let mut sleep = MAX_PARK;
+        if let Some(at) = timer {
+            sleep = sleep.min(at.saturating_duration_since(Instant::now()));
+        }
         let mut pfd = libc::pollfd {
             fd: std::os::fd::AsRawFd::as_raw_fd(&self.wake),
             events: libc::POLLIN,
             revents: 0,
         };
-        let ms = MAX_PARK.as_millis() as libc::c_int;
-        // SAFETY: `pfd` is a valid pollfd for the duration of the call and
-        // the count is 1.
-        let _ = unsafe { libc::poll(&mut pfd, 1, ms) };
+        // Nanosecond resolution: retry waits can be a few microseconds.
+        let ts = libc::timespec {
+            tv_sec: libc::time_t::try_from(sleep.as_secs()).unwrap_or(libc::time_t::MAX),
+            tv_nsec: libc::c_long::from(sleep.subsec_nanos()),
+        };
+        // SAFETY: `pfd` and `ts` are valid for the duration of the call, the
+        // count is 1 and a null signal mask leaves the mask unchanged.
+        let _ = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
         let _ = self.wake.read();
     }
 }
@@ -433,7 +456,9 @@ impl Engine {
 
     /// One pass over every QP of every VM through the VMs' tables (the
     /// re-check of the parking protocol); true if any work was done.
+    /// Also finds the earliest retry deadline ([`Scratch::next_timer`]).
     fn sweep_all(&self, vms: &[Option<Arc<RdmaDevice>>], scratch: &mut Scratch) -> bool {
+        scratch.next_timer = None;
         let mut busy = false;
         for vm in vms.iter().flatten() {
             busy |= work_on(vm, |ctrl, mem| {
@@ -474,7 +499,7 @@ impl Engine {
                 let changed = qp.rt.sq_ci != sq_pi || qp.rt.rq_ci != rq_pi;
                 qp.rt.sq_ci = sq_pi;
                 qp.rt.rq_ci = if qp.srq == 0 { rq_pi } else { qp.rt.rq_ci };
-                qp.rt.rnr = None;
+                qp.rt.wait = None;
                 if changed {
                     let _ = access::store_u32_release(mem, qp.db_gpa + SQ_CI, qp.rt.sq_ci);
                     let _ = access::store_u32_release(mem, qp.db_gpa + RQ_CI, qp.rt.rq_ci);
@@ -517,6 +542,12 @@ impl Engine {
             return false;
         };
         if qp.rt.sq_ci == sq_pi {
+            return false;
+        }
+        // The head WQE waits for a retry: nothing to do (and no peer to
+        // lock) before its timer ends; later WQEs wait behind it.
+        if let Some(at) = waiting(qp) {
+            scratch.timer(at);
             return false;
         }
         // An RC QP talks to one QP: lock its VM once for the burst.
@@ -568,10 +599,9 @@ impl Engine {
             if qp.state != QpState::RTS || qp.rt.sq_ci == sq_pi {
                 break;
             }
-            if let Some((_, _, at)) = qp.rt.rnr {
-                if Instant::now() < at {
-                    break;
-                }
+            if let Some(at) = waiting(qp) {
+                scratch.timer(at);
+                break;
             }
             if sq_pi.wrapping_sub(qp.rt.sq_ci) > qp.sq_depth {
                 // The driver claims more WQEs than the ring holds.
@@ -581,29 +611,38 @@ impl Engine {
             }
             did = true;
             let index = qp.rt.sq_ci;
-            let outcome = self.execute(
-                vms,
-                vm_id,
-                ctrl,
-                mem,
-                h,
-                index,
-                scratch,
-                held.as_deref_mut(),
-            );
+            let outcome = match exhausted(qp) {
+                // The last transport retry found the destination
+                // unreachable, and its timeout has passed (spec 18.20).
+                Some((wr_id, op)) => {
+                    complete_send(ctrl, mem, h, index, wr_id, op, WcStatus::RETRY_EXC_ERR, 0)
+                }
+                None => self.execute(
+                    vms,
+                    vm_id,
+                    ctrl,
+                    mem,
+                    h,
+                    index,
+                    scratch,
+                    held.as_deref_mut(),
+                ),
+            };
             let Some(qp) = ctrl.res.qps.get_mut(h) else {
                 break;
             };
             match outcome {
-                Step::Retry(at, left) => {
-                    qp.rt.rnr = Some((index, left, at));
+                Step::Wait(w) => {
+                    scratch.timer(w.at);
+                    qp.rt.wait = Some(w);
                     break;
                 }
                 Step::Done { published: p } => {
-                    qp.rt.rnr = None;
+                    qp.rt.wait = None;
                     qp.rt.sq_ci = index.wrapping_add(1);
                     published = p.then_some(qp.rt.sq_ci);
                 }
+                Step::Broken => break,
             }
         }
         // The consumer index of the WQEs taken in this burst, once (those
@@ -632,21 +671,8 @@ impl Engine {
         let Some(qp) = ctrl.res.qps.get(h) else {
             return Step::Done { published: false };
         };
-        let (pd, send_cq, qpn, qp_type, sig_all, db_gpa) = (
-            qp.pd,
-            qp.send_cq,
-            qp.qpn,
-            qp.qp_type,
-            qp.flags & QP_FLAG_SIG_ALL != 0,
-            qp.db_gpa,
-        );
-        // The requester's completion for this WQE. The WQE's slot is
-        // released first (spec 18.5: no later than its completion).
-        let done = |ctrl: &mut Ctrl, wr_id: u64, op: WcOpcode, status: WcStatus, len: u32| {
-            let _ = access::store_u32_release(mem, db_gpa + SQ_CI, index.wrapping_add(1));
-            finish(ctrl, mem, h, send_cq, qpn, wr_id, op, status, len);
-            Step::Done { published: true }
-        };
+        let (pd, qpn, qp_type, sig_all) =
+            (qp.pd, qp.qpn, qp.qp_type, qp.flags & QP_FLAG_SIG_ALL != 0);
         let Scratch {
             wqe: wqe_buf,
             local,
@@ -655,9 +681,27 @@ impl Engine {
         } = scratch;
         let wr = match fetch_send(mem, qp, index, wqe_buf) {
             Ok(wr) => wr,
-            Err((status, wr_id)) => return done(ctrl, wr_id, WcOpcode::SEND, status, 0),
+            Err(WqeError::Unusable) => {
+                // The ring is not in guest RAM: the queue is unusable, the
+                // QP fails with QP_FATAL and the WQE is not taken (spec
+                // 18.18).
+                fail(ctrl, h, Some(EventKind::QP_FATAL));
+                return Step::Broken;
+            }
+            Err(WqeError::Malformed { wr_id, opcode }) => {
+                let op = opcode.map_or(WcOpcode::SEND, wc_opcode);
+                let status = WcStatus::LOC_QP_OP_ERR;
+                return complete_send(ctrl, mem, h, index, wr_id, op, status, 0);
+            }
         };
-        let op = wc_opcode(wr.opcode);
+        let malformed = malformed_op(qp, &wr, ctrl.atomics_negotiated());
+        let (wr_id, op) = (wr.hdr.wr_id, wc_opcode(wr.opcode));
+        // The requester's error completion for this WQE.
+        let failed =
+            |ctrl: &mut Ctrl, status| complete_send(ctrl, mem, h, index, wr_id, op, status, 0);
+        if malformed {
+            return failed(ctrl, WcStatus::LOC_QP_OP_ERR);
+        }
         let signaled = sig_all || wr.hdr.flags & WQE_SIGNALED != 0;
         let _fence = wr.hdr.flags & WQE_FENCE != 0; // Operations complete in order here.
         let writes_local = matches!(
@@ -666,15 +710,12 @@ impl Engine {
         );
         let total = match local_segments(ctrl, pd, wr.sges, writes_local, u64::MAX, local) {
             Ok(t) => t,
-            Err(status) => return done(ctrl, wr.hdr.wr_id, op, status, 0),
+            Err(status) => return failed(ctrl, status),
         };
         let len = wr.inline.map_or(total, |d| d.len() as u64);
         let ud = qp_type == QpType::UD;
-        let bad_shape = (ud && !matches!(op, WcOpcode::SEND))
-            || (matches!(op, WcOpcode::COMP_SWAP | WcOpcode::FETCH_ADD) && len != 8)
-            || (wr.inline.is_some() && writes_local);
-        if bad_shape {
-            return done(ctrl, wr.hdr.wr_id, op, WcStatus::LOC_QP_OP_ERR, 0);
+        if matches!(op, WcOpcode::COMP_SWAP | WcOpcode::FETCH_ADD) && len != 8 {
+            return failed(ctrl, WcStatus::LOC_QP_OP_ERR);
         }
         // Find the responder.
         let Some(qp) = ctrl.res.qps.get(h) else {
@@ -682,13 +723,12 @@ impl Engine {
         };
         let (dest_qpn, dgid) = if ud {
             let Some(ah) = ctrl.res.ahs.get(wr.hdr.ah_handle).filter(|a| a.pd == pd) else {
-                return done(ctrl, wr.hdr.wr_id, op, WcStatus::LOC_QP_OP_ERR, 0);
+                return failed(ctrl, WcStatus::LOC_QP_OP_ERR);
             };
             (wr.hdr.remote_qpn, ah.av.dgid)
         } else {
             (qp.attr.dest_qpn, qp.attr.av.dgid)
         };
-        let (rnr_retry, min_rnr) = (qp.attr.rnr_retry, qp.attr.min_rnr_timer);
         let qkey = if wr.hdr.remote_qkey & QKEY_USE_OWN != 0 {
             qp.attr.qkey
         } else {
@@ -723,38 +763,159 @@ impl Engine {
             }
             outcome = deliver(vms, vm_id, ctrl, mem, route, dgid, &req, ud, resp, None);
         }
-        let outcome = match outcome {
-            RespOutcome::Nak(WcStatus::RETRY_EXC_ERR) | RespOutcome::Stale if ud => {
-                RespOutcome::Dropped
-            }
-            RespOutcome::Stale => RespOutcome::Nak(WcStatus::RETRY_EXC_ERR),
-            o => o,
-        };
         match outcome {
             RespOutcome::Done | RespOutcome::Dropped => {
                 if signaled {
                     let byte_len = u32::try_from(len).unwrap_or(u32::MAX);
-                    return done(ctrl, wr.hdr.wr_id, op, WcStatus::SUCCESS, byte_len);
+                    let ok = WcStatus::SUCCESS;
+                    return complete_send(ctrl, mem, h, index, wr_id, op, ok, byte_len);
                 }
                 Step::Done { published: false }
             }
-            RespOutcome::Nak(status) => done(ctrl, wr.hdr.wr_id, op, status, 0),
-            RespOutcome::Stale => done(ctrl, wr.hdr.wr_id, op, WcStatus::RETRY_EXC_ERR, 0),
-            RespOutcome::Rnr => {
-                let left = match ctrl.res.qps.get(h).and_then(|q| q.rt.rnr) {
-                    Some((i, left, _)) if i == index => left,
-                    _ => rnr_retry,
-                };
-                // 7 means "retry forever".
-                if left == 0 {
-                    return done(ctrl, wr.hdr.wr_id, op, WcStatus::RNR_RETRY_EXC_ERR, 0);
+            // UD gives no delivery guarantee: a message nobody takes is
+            // dropped (spec 18.11.5).
+            RespOutcome::Unreachable | RespOutcome::Stale if ud => {
+                if signaled {
+                    let byte_len = u32::try_from(len).unwrap_or(u32::MAX);
+                    let ok = WcStatus::SUCCESS;
+                    return complete_send(ctrl, mem, h, index, wr_id, op, ok, byte_len);
                 }
-                let next = if rnr_retry == 7 { 7 } else { left - 1 };
-                debug!("QP {qpn:#x}: RNR, {next} retries left");
-                Step::Retry(Instant::now() + rnr_delay(min_rnr), next)
+                Step::Done { published: false }
+            }
+            RespOutcome::Nak(status) => failed(ctrl, status),
+            RespOutcome::Unreachable | RespOutcome::Stale => {
+                let Some(qp) = ctrl.res.qps.get(h) else {
+                    return Step::Done { published: false };
+                };
+                debug!("QP {qpn:#x}: destination {dest_qpn:#x} unreachable");
+                transport_retry(qp, index, wr_id, op)
+            }
+            RespOutcome::Rnr(code) => {
+                let Some(qp) = ctrl.res.qps.get(h) else {
+                    return Step::Done { published: false };
+                };
+                match rnr_retry(qp, index, code) {
+                    Some(w) => Step::Wait(w),
+                    None => failed(ctrl, WcStatus::RNR_RETRY_EXC_ERR),
+                }
             }
         }
     }
+}
+
+/// Whether send WQE `wr` is malformed on QP `qp` for reasons its opcode
+/// decides (spec 18.8): an opcode the QP's type does not allow (UD: SEND
+/// and SEND_WITH_IMM only), inline data on an RDMA READ or atomic, an RDMA
+/// READ or atomic on a QP whose `max_rd_atomic` is 0, or an atomic while
+/// `F_ATOMIC` is not negotiated (`atomics` false).
+fn malformed_op(qp: &Qp, wr: &SendWr<'_>, atomics: bool) -> bool {
+    let atomic = matches!(
+        wr.opcode,
+        WrOpcode::ATOMIC_CMP_AND_SWP | WrOpcode::ATOMIC_FETCH_AND_ADD
+    );
+    let rd_atomic = atomic || wr.opcode == WrOpcode::RDMA_READ;
+    let ud_allowed = matches!(wr.opcode, WrOpcode::SEND | WrOpcode::SEND_WITH_IMM);
+    (qp.qp_type == QpType::UD && !ud_allowed)
+        || (rd_atomic && (wr.inline.is_some() || qp.attr.max_rd_atomic == 0))
+        || (atomic && !atomics)
+}
+
+/// When the head WQE of `qp` waits for a retry that is not due yet: the end
+/// of its wait.
+fn waiting(qp: &Qp) -> Option<Instant> {
+    let w = qp.rt.wait.filter(|w| w.index == qp.rt.sq_ci)?;
+    (Instant::now() < w.at).then_some(w.at)
+}
+
+/// The head WQE of `qp` whose transport retries are used up, once its last
+/// wait has ended: its `wr_id` and completion opcode.
+fn exhausted(qp: &Qp) -> Option<(u64, WcOpcode)> {
+    qp.rt.wait.filter(|w| w.index == qp.rt.sq_ci)?.exhausted
+}
+
+/// The retry state of send WQE `index` of `qp`: the current one if it is
+/// the WQE that waited last, else full counters (spec 18.20: both counters
+/// apply to each WQE afresh).
+fn retry_state(qp: &Qp, index: u32) -> SendWait {
+    match qp.rt.wait.filter(|w| w.index == index) {
+        Some(w) => w,
+        None => SendWait {
+            index,
+            at: Instant::now(),
+            rnr_left: qp.attr.rnr_retry,
+            retry_left: qp.attr.retry_cnt,
+            exhausted: None,
+        },
+    }
+}
+
+/// The responder of send WQE `index` of `qp` had no receive WQE: the wait
+/// before the next try, for the interval the responder's `min_rnr_timer`
+/// (`code`) selects — or `None` when `rnr_retry` is used up (7: retry
+/// without limit) (spec 18.20).
+fn rnr_retry(qp: &Qp, index: u32, code: u32) -> Option<SendWait> {
+    let mut w = retry_state(qp, index);
+    if w.rnr_left == 0 {
+        return None;
+    }
+    if qp.attr.rnr_retry != 7 {
+        w.rnr_left -= 1;
+    }
+    debug!("QP {:#x}: RNR, {} retries left", qp.qpn, w.rnr_left);
+    w.at = Instant::now() + rnr_delay(code);
+    Some(w)
+}
+
+/// The destination of send WQE `index` (`wr_id`, completion opcode `op`) of
+/// RC QP `qp` is unreachable (spec 18.20): nothing was delivered, and the
+/// requester learns it only when the local ACK timeout, `4.096 µs ×
+/// 2^timeout`, expires — as an InfiniBand requester whose packet got no
+/// answer. It then tries again, at most `retry_cnt` times; when the timeout
+/// after the last retry expires, the WQE fails with `RETRY_EXC_ERR`
+/// untried. `timeout` 0 retries without limit.
+fn transport_retry(qp: &Qp, index: u32, wr_id: u64, op: WcOpcode) -> Step {
+    let mut w = retry_state(qp, index);
+    let timeout = qp.attr.timeout;
+    let interval = if timeout == 0 {
+        ENDLESS_RETRY_INTERVAL
+    } else {
+        if w.retry_left == 0 {
+            w.exhausted = Some((wr_id, op));
+        } else {
+            w.retry_left -= 1;
+        }
+        ack_timeout(timeout)
+    };
+    w.at = Instant::now() + interval;
+    Step::Wait(w)
+}
+
+/// The local ACK timeout `4.096 µs × 2^timeout` (spec 18.20).
+fn ack_timeout(timeout: u32) -> Duration {
+    Duration::from_nanos(4096u64 << timeout.min(31))
+}
+
+/// Completes send WQE `index` (`wr_id`, completion opcode `op`) of QP `h`
+/// with `status` on its send CQ; an error fails the QP. The WQE's slot is
+/// released first (spec 18.5: no later than its completion).
+#[allow(clippy::too_many_arguments)]
+fn complete_send(
+    ctrl: &mut Ctrl,
+    mem: &HostMem,
+    h: u32,
+    index: u32,
+    wr_id: u64,
+    op: WcOpcode,
+    status: WcStatus,
+    len: u32,
+) -> Step {
+    let Some((db_gpa, send_cq, qpn)) = ctrl.res.qps.get(h).map(|q| (q.db_gpa, q.send_cq, q.qpn))
+    else {
+        return Step::Done { published: false };
+    };
+    let _ = access::store_u32_release(mem, db_gpa + SQ_CI, index.wrapping_add(1));
+    finish(ctrl, mem, h, send_cq, qpn, wr_id, op, status, len);
+    Step::Done { published: true }
 }
 
 /// Hands `req` to the responder at `route` (VM, QP handle): in the same VM,
@@ -773,17 +934,17 @@ fn deliver(
     held: Option<&mut Held<'_>>,
 ) -> RespOutcome {
     let Some((peer_vm, peer_qp)) = route else {
-        return RespOutcome::Nak(WcStatus::RETRY_EXC_ERR);
+        return RespOutcome::Unreachable;
     };
     if peer_vm == vm_id {
         if ctrl.port_gid() != dgid {
-            return RespOutcome::Nak(WcStatus::RETRY_EXC_ERR);
+            return RespOutcome::Unreachable;
         }
         return respond_ud_checked(ctrl, mem, peer_qp, req, ud, resp);
     }
     if let Some(p) = held.filter(|p| p.vm == peer_vm) {
         if p.ctrl.port_gid() != dgid {
-            return RespOutcome::Nak(WcStatus::RETRY_EXC_ERR);
+            return RespOutcome::Unreachable;
         }
         let out = respond_ud_checked(p.ctrl, p.mem, peer_qp, req, ud, resp);
         if !p.ctrl.events.is_empty() {
@@ -792,11 +953,11 @@ fn deliver(
         return out;
     }
     let Some(peer) = vms.get(peer_vm).and_then(Option::as_ref) else {
-        return RespOutcome::Nak(WcStatus::RETRY_EXC_ERR);
+        return RespOutcome::Unreachable;
     };
     peer.with_dataplane(|pctrl, pmem| {
         if pctrl.port_gid() != dgid {
-            return RespOutcome::Nak(WcStatus::RETRY_EXC_ERR);
+            return RespOutcome::Unreachable;
         }
         let out = respond_ud_checked(pctrl, pmem, peer_qp, req, ud, resp);
         if !pctrl.events.is_empty() {
@@ -804,7 +965,7 @@ fn deliver(
         }
         out
     })
-    .unwrap_or(RespOutcome::Nak(WcStatus::RETRY_EXC_ERR))
+    .unwrap_or(RespOutcome::Unreachable)
 }
 
 /// Updates a polling-list entry after its QP was serviced (under the VM's
@@ -857,7 +1018,7 @@ fn respond_ud_checked(
             return RespOutcome::Dropped;
         }
     } else if q.qp_type != QpType::RC {
-        return RespOutcome::Nak(WcStatus::RETRY_EXC_ERR);
+        return RespOutcome::Unreachable;
     }
     respond(ctrl, mem, peer_qp, req, resp)
 }
@@ -880,8 +1041,10 @@ enum Step {
         /// its completion).
         published: bool,
     },
-    /// Try again at the given time with this many retries left.
-    Retry(Instant, u32),
+    /// Wait for a retry (spec 18.20); the WQE stays at the head.
+    Wait(SendWait),
+    /// The send queue is unusable and the QP failed; the WQE was not taken.
+    Broken,
 }
 
 /// Writes the requester's completion (always for errors) and fails the QP
@@ -898,17 +1061,17 @@ fn finish(
     status: WcStatus,
     byte_len: u32,
 ) {
-    let cqe = Cqe {
-        wr_id,
-        opcode: op as u8,
-        status: status as u8,
-        flags: 0,
-        owner: 0,
-        byte_len,
-        imm_data: 0,
-        qpn,
-        src_qpn: 0,
-        vendor_err: 0,
+    let cqe = if status == WcStatus::SUCCESS {
+        Cqe {
+            wr_id,
+            opcode: op as u8,
+            status: status as u8,
+            byte_len,
+            qpn,
+            ..Cqe::default()
+        }
+    } else {
+        completer::error_cqe(wr_id, op, status, qpn)
     };
     let ok = completer::complete(ctrl, mem, cq, cqe);
     if status != WcStatus::SUCCESS || !ok {
@@ -922,7 +1085,9 @@ fn fail(ctrl: &mut Ctrl, qp: u32, event: Option<EventKind>) {
 }
 
 /// Completes every outstanding WQE of a QP in the error state with
-/// WR_FLUSH_ERR.
+/// WR_FLUSH_ERR. WQEs of a queue that is out of range or whose ring cannot
+/// be read are not flushed: they were never taken, and nothing of them can
+/// be trusted (spec 18.18, notes).
 fn flush(ctrl: &mut Ctrl, mem: &HostMem, h: u32, sq_pi: u32, buf: &mut WqeBuf) -> bool {
     let mut did = false;
     loop {
@@ -936,23 +1101,16 @@ fn flush(ctrl: &mut Ctrl, mem: &HostMem, h: u32, sq_pi: u32, buf: &mut WqeBuf) -
         let (cq, qpn) = (qp.send_cq, qp.qpn);
         let (wr_id, op) = match fetch_send(mem, qp, index, buf) {
             Ok(wr) => (wr.hdr.wr_id, wc_opcode(wr.opcode)),
-            Err((_, wr_id)) => (wr_id, WcOpcode::SEND),
+            Err(WqeError::Malformed { wr_id, opcode }) => {
+                (wr_id, opcode.map_or(WcOpcode::SEND, wc_opcode))
+            }
+            Err(WqeError::Unusable) => break,
         };
-        let _ = completer::complete(
-            ctrl,
-            mem,
-            cq,
-            Cqe {
-                wr_id,
-                opcode: op as u8,
-                status: WcStatus::WR_FLUSH_ERR as u8,
-                qpn,
-                ..Cqe::default()
-            },
-        );
+        let cqe = completer::error_cqe(wr_id, op, WcStatus::WR_FLUSH_ERR, qpn);
+        let _ = completer::complete(ctrl, mem, cq, cqe);
         if let Some(qp) = ctrl.res.qps.get_mut(h) {
             qp.rt.sq_ci = index.wrapping_add(1);
-            qp.rt.rnr = None;
+            qp.rt.wait = None;
             let _ = access::store_u32_release(mem, qp.db_gpa + SQ_CI, qp.rt.sq_ci);
         }
         did = true;
@@ -973,7 +1131,7 @@ fn flush(ctrl: &mut Ctrl, mem: &HostMem, h: u32, sq_pi: u32, buf: &mut WqeBuf) -
         }
         let index = qp.rt.rq_ci;
         let (cq, qpn) = (qp.recv_cq, qp.qpn);
-        let wr_id = wqe::fetch_recv(
+        let wr_id = match wqe::fetch_recv(
             mem,
             &qp.ring,
             qp.layout.rq_offset,
@@ -982,20 +1140,13 @@ fn flush(ctrl: &mut Ctrl, mem: &HostMem, h: u32, sq_pi: u32, buf: &mut WqeBuf) -
             qp.max_recv_sge,
             index,
             buf,
-        )
-        .map_or_else(|(_, id)| id, |w| w.wr_id);
-        let _ = completer::complete(
-            ctrl,
-            mem,
-            cq,
-            Cqe {
-                wr_id,
-                opcode: WcOpcode::RECV as u8,
-                status: WcStatus::WR_FLUSH_ERR as u8,
-                qpn,
-                ..Cqe::default()
-            },
-        );
+        ) {
+            Ok(w) => w.wr_id,
+            Err(WqeError::Malformed { wr_id, .. }) => wr_id,
+            Err(WqeError::Unusable) => break,
+        };
+        let cqe = completer::error_cqe(wr_id, WcOpcode::RECV, WcStatus::WR_FLUSH_ERR, qpn);
+        let _ = completer::complete(ctrl, mem, cq, cqe);
         if let Some(qp) = ctrl.res.qps.get_mut(h) {
             qp.rt.rq_ci = index.wrapping_add(1);
             let _ = access::store_u32_release(mem, qp.db_gpa + RQ_CI, qp.rt.rq_ci);

@@ -6,7 +6,7 @@
 //! copy is parsed. The parsed work request borrows the scratch memory, so
 //! taking a WQE allocates nothing.
 
-use virtio_rdma_abi::datapath::{RecvWqe, SendWqe, Sge, WcStatus, WrOpcode, WQE_INLINE};
+use virtio_rdma_abi::datapath::{RecvWqe, SendWqe, Sge, WrOpcode, WQE_INLINE};
 use virtio_rdma_abi::mem::{RECV_WQE_HEADER, SEND_WQE_HEADER, SGE_SIZE};
 use virtio_rdma_abi::{Field, Wire};
 
@@ -46,6 +46,28 @@ pub struct SendWr<'a> {
     pub sges: &'a [Sge],
     /// Inline data.
     pub inline: Option<&'a [u8]>,
+}
+
+/// Why a WQE could not be taken out of its ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WqeError {
+    /// The slot is not in guest RAM (or not readable): the queue itself is
+    /// unusable, which fails the queue, not the WQE (spec 18.18).
+    Unusable,
+    /// The copied WQE breaks the format rules (spec 18.8, 18.13): it
+    /// completes with `LOC_QP_OP_ERR`.
+    Malformed {
+        /// Its `wr_id`, as copied.
+        wr_id: u64,
+        /// Its opcode, when the copied one is a `WrOpcode` (send WQEs).
+        opcode: Option<WrOpcode>,
+    },
+}
+
+impl WqeError {
+    fn malformed(wr_id: u64, opcode: Option<WrOpcode>) -> Self {
+        WqeError::Malformed { wr_id, opcode }
+    }
 }
 
 /// A receive work request.
@@ -112,17 +134,16 @@ fn sges<'s>(buf: &[u8], header: u32, n: usize, out: &'s mut [Sge; MAX_SGES]) -> 
     Some(out)
 }
 
-/// Copies and parses send WQE `index`. A malformed WQE is `LOC_QP_OP_ERR`
-/// (with the `wr_id` if the header could be read).
+/// Copies and parses send WQE `index`.
 pub fn fetch_send<'a>(
     mem: &HostMem,
     qp: &Qp,
     index: u32,
     scratch: &'a mut WqeBuf,
-) -> Result<SendWr<'a>, (WcStatus, u64)> {
+) -> Result<SendWr<'a>, WqeError> {
     let (max_sge, max_inline) = (qp.max_send_sge, qp.max_inline_data);
     let (gpa, stride) = slot_gpa(&qp.ring, 0, qp.sq_depth, qp.layout.sq_wqe_shift, index)
-        .ok_or((WcStatus::LOC_QP_OP_ERR, 0))?;
+        .ok_or(WqeError::Unusable)?;
     let WqeBuf {
         slot,
         sges: sge_buf,
@@ -135,14 +156,13 @@ pub fn fetch_send<'a>(
             usize::from(hdr.num_sge) * SGE_SIZE as usize
         }
     })
-    .ok_or((WcStatus::LOC_QP_OP_ERR, 0))?;
-    let raw = buf
-        .get(..SendWqe::SIZE)
-        .ok_or((WcStatus::LOC_QP_OP_ERR, 0))?;
-    let wr_id = SendWqe::read(raw).wr_id;
-    let bad = (WcStatus::LOC_QP_OP_ERR, wr_id);
+    .ok_or(WqeError::Unusable)?;
+    let raw = buf.get(..SendWqe::SIZE).ok_or(WqeError::Unusable)?;
+    let loose = SendWqe::read(raw);
+    let opcode = WrOpcode::from_u32(u32::from(loose.opcode));
+    let bad = WqeError::malformed(loose.wr_id, opcode);
     let hdr = SendWqe::parse(raw).map_err(|_| bad)?;
-    let opcode = WrOpcode::from_u32(u32::from(hdr.opcode)).ok_or(bad)?;
+    let opcode = opcode.ok_or(bad)?;
     let known = virtio_rdma_abi::datapath::WQE_SIGNALED
         | virtio_rdma_abi::datapath::WQE_SOLICITED
         | WQE_INLINE
@@ -186,9 +206,9 @@ pub fn fetch_recv<'a>(
     max_sge: u32,
     index: u32,
     scratch: &'a mut WqeBuf,
-) -> Result<RecvWr<'a>, (WcStatus, u64)> {
+) -> Result<RecvWr<'a>, WqeError> {
     let (gpa, stride) =
-        slot_gpa(ring, ring_offset, depth, shift, index).ok_or((WcStatus::LOC_QP_OP_ERR, 0))?;
+        slot_gpa(ring, ring_offset, depth, shift, index).ok_or(WqeError::Unusable)?;
     let WqeBuf {
         slot,
         sges: sge_buf,
@@ -196,12 +216,10 @@ pub fn fetch_recv<'a>(
     let buf = copy_slot(mem, gpa, stride, RECV_WQE_HEADER as usize, slot, |h| {
         (RecvWqe::read(h).num_sge as usize).saturating_mul(SGE_SIZE as usize)
     })
-    .ok_or((WcStatus::LOC_QP_OP_ERR, 0))?;
-    let raw = buf
-        .get(..RecvWqe::SIZE)
-        .ok_or((WcStatus::LOC_QP_OP_ERR, 0))?;
+    .ok_or(WqeError::Unusable)?;
+    let raw = buf.get(..RecvWqe::SIZE).ok_or(WqeError::Unusable)?;
     let wr_id = RecvWqe::read(raw).wr_id;
-    let bad = (WcStatus::LOC_QP_OP_ERR, wr_id);
+    let bad = WqeError::malformed(wr_id, None);
     let hdr = RecvWqe::parse(raw).map_err(|_| bad)?;
     if hdr.num_sge > max_sge {
         return Err(bad);

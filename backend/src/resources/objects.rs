@@ -46,7 +46,8 @@ pub struct CqRuntime {
     pub pi: u32,
     /// `arm_seq` of the last arm request consumed.
     pub armed_seq: u32,
-    /// The CQ overflowed; it accepts no more CQEs.
+    /// The CQ is in error — it overflowed, or its ring or doorbell record
+    /// became unusable (spec 18.17); it accepts no more CQEs.
     pub overflowed: bool,
 }
 
@@ -57,8 +58,9 @@ pub struct QpRuntime {
     pub sq_ci: u32,
     /// Next receive WQE index to consume.
     pub rq_ci: u32,
-    /// A send WQE waiting for an RNR retry: (index, retries left, retry time).
-    pub rnr: Option<(u32, u32, std::time::Instant)>,
+    /// The send WQE at the head of the queue waits for a retry (spec
+    /// 18.20).
+    pub wait: Option<SendWait>,
     /// The last resolution of an RC destination QPN: (QPN, VM, QP handle).
     /// A hint only: the engine checks that the QP behind the handle still
     /// has that QPN before it uses it.
@@ -68,11 +70,33 @@ pub struct QpRuntime {
     pub comm_est: bool,
 }
 
+/// A send WQE waiting to be tried again: the responder had no receive WQE
+/// (RNR) or the destination was unreachable (spec 18.20). Both counters
+/// belong to this WQE: the next one starts afresh.
+#[derive(Debug, Clone, Copy)]
+pub struct SendWait {
+    /// Index of the waiting WQE (the head of the send queue).
+    pub index: u32,
+    /// When the wait ends.
+    pub at: std::time::Instant,
+    /// RNR retries left (7 when `rnr_retry` is 7: without limit).
+    pub rnr_left: u32,
+    /// Transport retries left.
+    pub retry_left: u32,
+    /// The last try found the destination unreachable with no retry left:
+    /// when the wait ends the WQE fails with `RETRY_EXC_ERR`, untried. Holds
+    /// its `wr_id` and completion opcode.
+    pub exhausted: Option<(u64, virtio_rdma_abi::datapath::WcOpcode)>,
+}
+
 /// Data-path state of an SRQ, kept by the engine.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SrqRuntime {
     /// Next WQE index to consume.
     pub ci: u32,
+    /// The SRQ failed (ring or doorbell record unusable, producer index out
+    /// of range): the device consumes no more of its WQEs (spec 18.21).
+    pub broken: bool,
 }
 
 /// A memory region.
