@@ -24,6 +24,12 @@ fn qp_with(dev: &Device, cap: QpCap, ud: bool) -> (Arc<Pd>, Arc<Cq>, Qp) {
     let cq = Cq::create(dev, 16).unwrap();
     let init = if ud { QpInit::ud(&cq) } else { QpInit::rc(&cq) };
     let qp = Qp::create(&pd, &QpInit { cap, ..init }).unwrap();
+    // Out of RESET, where posting is refused.
+    if ud {
+        qp.ud_to_init(0x1234).unwrap();
+    } else {
+        qp.rc_to_init(0).unwrap();
+    }
     (pd, cq, qp)
 }
 
@@ -236,6 +242,11 @@ fn producer_indices_wrap_around_u32() {
     dev_store(db, off::QP_SQ_CI, u32::MAX - 1);
     qp.to_reset().unwrap();
     assert_eq!(db.load(off::QP_SQ_PI), u32::MAX - 1);
+    assert!(
+        qp.post_send(&[SendWr::send(8, &sge)]).is_err(),
+        "posting in RESET is refused"
+    );
+    qp.rc_to_init(0).unwrap();
     for i in 0..4 {
         qp.post_send(&[SendWr::send(i, &sge)]).unwrap();
     }
