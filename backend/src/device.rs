@@ -14,7 +14,7 @@ use vhost::vhost_user::message::{
     VhostUserProtocolFeatures, VhostUserShMemConfig, VhostUserVirtioFeatures,
 };
 use vhost::vhost_user::Backend;
-use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use vhost_user_backend::{VhostUserBackend, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{DescriptorChain, QueueOwnedT, QueueT};
@@ -39,6 +39,7 @@ use crate::memory::{HostMem, RamMap};
 use crate::resources::ResourceCounts;
 use crate::rnic::Rnic;
 use crate::shmem::{DoorbellRegion, RegionLink};
+use crate::vring::Vring;
 
 /// Largest virtqueue the device accepts.
 pub const MAX_QUEUE_SIZE: usize = 1024;
@@ -257,12 +258,7 @@ impl RdmaDevice {
         }
     }
 
-    fn process_controlq(
-        &self,
-        vring: &VringRwLock,
-        eventq: &VringRwLock,
-        mem: &Mem,
-    ) -> io::Result<()> {
+    fn process_controlq(&self, vring: &Vring, eventq: &Vring, mem: &Mem) -> io::Result<()> {
         // Rounds in a row that found no request although the avail index
         // said there were some (a queue the VMM stopped): give up rather
         // than spin.
@@ -323,7 +319,7 @@ impl RdmaDevice {
     /// commands back to back then needs no kick and the worker no wakeup,
     /// which on separate CPUs is most of a round trip. Yielding lets a
     /// driver that shares our CPU run.
-    fn poll_for_more(&self, vring: &VringRwLock, mem: &Mem) -> bool {
+    fn poll_for_more(&self, vring: &Vring, mem: &Mem) -> bool {
         if self.ctrl_poll.is_zero() {
             return false;
         }
@@ -339,7 +335,7 @@ impl RdmaDevice {
         }
     }
 
-    fn deliver_events(&self, vring: &VringRwLock, mem: &Mem) -> io::Result<()> {
+    fn deliver_events(&self, vring: &Vring, mem: &Mem) -> io::Result<()> {
         if !vring.get_ref().is_enabled() {
             return Ok(());
         }
@@ -396,7 +392,7 @@ impl RdmaDevice {
 
 /// Interrupts the driver unless it asked not to be (EVENT_IDX `used_event`).
 /// Whether the driver has made requests available that are not taken yet.
-fn has_requests(vring: &VringRwLock, mem: &Mem) -> bool {
+fn has_requests(vring: &Vring, mem: &Mem) -> bool {
     let st = vring.get_ref();
     let q = st.get_queue();
     q.avail_idx(&**mem, AtomicOrdering::Acquire)
@@ -404,7 +400,7 @@ fn has_requests(vring: &VringRwLock, mem: &Mem) -> bool {
         .unwrap_or(false)
 }
 
-fn signal(vring: &VringRwLock) -> io::Result<()> {
+fn signal(vring: &Vring) -> io::Result<()> {
     if vring.needs_notification().map_err(io::Error::other)? {
         vring.signal_used_queue()?;
     }
@@ -502,7 +498,7 @@ fn write_event(mem: &Mem, chain: DescriptorChain<Mem>, ev: &Event) -> bool {
 
 impl VhostUserBackend for RdmaDevice {
     type Bitmap = ();
-    type Vring = VringRwLock;
+    type Vring = Vring;
 
     fn num_queues(&self) -> usize {
         NUM_QUEUES
@@ -620,9 +616,22 @@ impl VhostUserBackend for RdmaDevice {
         &self,
         device_event: u16,
         evset: EventSet,
-        vrings: &[VringRwLock],
+        vrings: &[Vring],
         _thread_id: usize,
     ) -> io::Result<()> {
+        // vhost-user-backend ends the worker thread on an error, and with
+        // it the service of every queue of the VM until the VMM reconnects:
+        // report, and keep serving.
+        if let Err(e) = self.serve_event(device_event, evset, vrings) {
+            warn!("VM {}: event {device_event}: {e}", self.id);
+        }
+        Ok(())
+    }
+}
+
+impl RdmaDevice {
+    /// One event of the vring worker (a queue kick, or [`EVENT_WAKE`]).
+    fn serve_event(&self, device_event: u16, evset: EventSet, vrings: &[Vring]) -> io::Result<()> {
         if evset != EventSet::IN {
             return Ok(());
         }

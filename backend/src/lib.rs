@@ -9,7 +9,8 @@
 //! - [`resources`]: per-VM objects, handles and the QP state machine;
 //! - [`memory`]: guest RAM map and page-list translation;
 //! - [`events`]: the asynchronous event queue;
-//! - [`rnic`]: the host RNIC engines (built-in software RNIC).
+//! - [`rnic`]: the host RNIC engines (built-in software RNIC);
+//! - [`vring`]: the virtqueue type (a kick read that survives queue restarts).
 
 pub mod config;
 pub mod ctrl;
@@ -22,6 +23,7 @@ pub mod resources;
 pub mod rnic;
 pub mod server;
 pub mod shmem;
+pub mod vring;
 
 pub use config::{DaemonConfig, Limits};
 pub use server::{Daemon, VmStats};

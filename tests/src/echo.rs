@@ -24,7 +24,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use vhost::vhost_user::{Listener, VhostUserProtocolFeatures, VhostUserVirtioFeatures};
-use vhost_user_backend::{ShutdownHandle, VhostUserBackend, VhostUserDaemon, VringRwLock, VringT};
+use vhost_user_backend::{ShutdownHandle, VhostUserBackend, VhostUserDaemon, VringT};
+// The daemon's vring type: a kick reported for an eventfd the frontend has
+// replaced meanwhile must not end the worker (see its documentation).
+use vhost_user_rdma::vring::Vring;
 use virtio_queue::{DescriptorChain, QueueT};
 use virtio_rdma_abi::config::{self, DeviceConfig};
 use virtio_rdma_abi::ctrl::{ResponseHeader, Status};
@@ -124,11 +127,7 @@ impl EchoBackend {
     /// EVENT_IDX, is the queue re-checked for chains that arrived while
     /// notifications were off (the event queue leaves buffers posted when it
     /// has no event, and must not spin on them).
-    fn drive(
-        &self,
-        vring: &VringRwLock,
-        mut f: impl FnMut(&VringRwLock, &Mem) -> bool,
-    ) -> std::io::Result<()> {
+    fn drive(&self, vring: &Vring, mut f: impl FnMut(&Vring, &Mem) -> bool) -> std::io::Result<()> {
         let Some(mem) = self.memory() else {
             return Ok(());
         };
@@ -154,7 +153,7 @@ impl EchoBackend {
         Ok(())
     }
 
-    fn pop(vring: &VringRwLock, mem: &Mem) -> Option<Chain> {
+    fn pop(vring: &Vring, mem: &Mem) -> Option<Chain> {
         vring
             .get_mut()
             .get_queue_mut()
@@ -180,7 +179,7 @@ impl EchoBackend {
         Some(ResponseHeader::SIZE as u32)
     }
 
-    fn process_ctrl(&self, vring: &VringRwLock) -> std::io::Result<()> {
+    fn process_ctrl(&self, vring: &Vring) -> std::io::Result<()> {
         let stats = &self.shared.stats;
         self.drive(vring, |vring, mem| {
             while let Some(chain) = Self::pop(vring, mem) {
@@ -203,7 +202,7 @@ impl EchoBackend {
         })
     }
 
-    fn deliver_events(&self, vring: &VringRwLock) -> std::io::Result<()> {
+    fn deliver_events(&self, vring: &Vring) -> std::io::Result<()> {
         let shared = self.shared.clone();
         self.drive(vring, |vring, mem| {
             let mut pending = lock(&shared.events);
@@ -237,7 +236,7 @@ impl EchoBackend {
         })
     }
 
-    fn process_notify(&self, vring: &VringRwLock) -> std::io::Result<()> {
+    fn process_notify(&self, vring: &Vring) -> std::io::Result<()> {
         let stats = &self.shared.stats;
         self.drive(vring, |vring, mem| {
             while let Some(chain) = Self::pop(vring, mem) {
@@ -253,7 +252,7 @@ impl EchoBackend {
 
 impl VhostUserBackend for EchoBackend {
     type Bitmap = ();
-    type Vring = VringRwLock;
+    type Vring = Vring;
 
     fn num_queues(&self) -> usize {
         config::NUM_QUEUES
@@ -303,7 +302,7 @@ impl VhostUserBackend for EchoBackend {
         &self,
         device_event: u16,
         evset: EventSet,
-        vrings: &[VringRwLock],
+        vrings: &[Vring],
         _thread_id: usize,
     ) -> std::io::Result<()> {
         if evset != EventSet::IN {

@@ -224,3 +224,56 @@ fn stopping_queues_is_a_pause_not_a_reset() {
     let mut v = Verbs::new(&mut vm);
     assert_eq!(v.query_qp(qp).unwrap().attr.qp_state, 3);
 }
+
+/// A device reset while the vring worker is still busy with a batch of
+/// kicks: the kicks later in the batch are handled after the VMM has
+/// replaced those queues' kick eventfds with fresh, empty ones
+/// (`SET_VRING_KICK`). The worker must take them as spurious wakeups and
+/// keep serving. It used to die on the failed read of an empty eventfd
+/// (`EAGAIN`), and every later control command timed out although the
+/// connection stayed up.
+///
+/// The daemon polls the control queue for `ctrl_poll` (10 ms here) after
+/// each batch, so a kick of the empty control queue keeps the worker in
+/// the first event of its batch while the whole reset runs, and the event
+/// and notification queue kicks behind it are stale by the time it gets to
+/// them. The control ring is fresh (a first reset) because on a ring with
+/// requests the reset's `SET_VRING_BASE` rewinds the avail index, which
+/// ends the polling before the other queues get new eventfds. No event
+/// buffers are posted, so nothing writes the new eventfds first.
+#[test]
+fn reset_during_a_batch_of_kicks_keeps_the_worker_alive() {
+    const POLL: Duration = Duration::from_millis(10);
+    let d = TestDaemon::with_config(1, |c| c.ctrl_poll = POLL).unwrap();
+    let opts = VmmOptions {
+        event_buffers: 0,
+        timeout: Duration::from_secs(2),
+        ..VmmOptions::default()
+    };
+    let mut vm = d.connect_with(0, opts).unwrap();
+    let start = Instant::now();
+    let mut rounds = 0u32;
+    while rounds < 100 && start.elapsed() < Duration::from_secs(3) {
+        rounds += 1;
+        vm.reset().unwrap();
+        // Let the worker finish with the restarted queues.
+        std::thread::sleep(POLL + POLL / 2);
+        {
+            let (ctrl, events, notify) = vm.queues();
+            // Unconditional writes, the control queue first so that its
+            // slow event comes first in the worker's batch.
+            ctrl.vring_mut().kick().unwrap();
+            events.vring_mut().kick().unwrap();
+            notify.kick().unwrap();
+        }
+        let kicked = Instant::now();
+        // Let the worker collect the batch and start polling.
+        std::thread::sleep(Duration::from_micros(500));
+        vm.reset().unwrap();
+        // Let it finish the batch before asking anything.
+        std::thread::sleep((kicked + POLL + POLL / 2).saturating_duration_since(Instant::now()));
+        let mut v = Verbs::new(&mut vm);
+        let ctx = v.create_ctx();
+        assert!(ctx.is_ok(), "round {rounds}: {ctx:?}");
+    }
+}
