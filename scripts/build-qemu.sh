@@ -4,6 +4,7 @@
 # into a cache directory outside the checkout.
 #
 #   bash scripts/build-qemu.sh [--force] [--keep-build] [--no-deps] [--jobs N]
+#   bash scripts/build-qemu.sh --print-prefix   # where the build goes; builds nothing
 #
 # Progress and timings go to stderr; the last line on stdout is the path of
 # the installed qemu-system-x86_64, so
@@ -63,8 +64,10 @@ CONFIGURE_ARGS=(
   --disable-install-blobs
 )
 
+# gcc-multilib: configure builds the x86 option ROMs (linuxboot_dma.bin for
+# -kernel, pvh.bin, ...) only if the host compiler links -m32 code.
 APT_PACKAGES=(
-  gcc libc6-dev make pkg-config ninja-build xz-utils ca-certificates
+  gcc libc6-dev gcc-multilib make pkg-config ninja-build xz-utils ca-certificates
   libglib2.0-dev libpixman-1-dev libfdt-dev zlib1g-dev
   python3 python3-venv
   seabios ipxe-qemu
@@ -74,12 +77,14 @@ APT_PACKAGES=(
 FORCE=0
 KEEP_BUILD=0
 INSTALL_DEPS=1
+PRINT_PREFIX=0
 JOBS=${QEMU_BUILD_JOBS:-$(nproc)}
 while [ $# -gt 0 ]; do
   case "$1" in
     --force) FORCE=1 ;;
     --keep-build) KEEP_BUILD=1 ;;
     --no-deps) INSTALL_DEPS=0 ;;
+    --print-prefix) PRINT_PREFIX=1 ;;
     --jobs) JOBS=$2; shift ;;
     --jobs=*) JOBS=${1#--jobs=} ;;
     -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
@@ -126,7 +131,7 @@ KEY=$(
     echo "debian-patches ${DEBIAN_PATCHES[*]}"
     echo "configure ${CONFIGURE_ARGS[*]}"
     echo "meson $MESON_VERSION"
-    echo "recipe 1"
+    echo "recipe 2 (option ROMs from this build)"
     for p in "${PATCHES[@]}"; do
       printf '%s ' "$(basename "$p")"
       sha256sum < "$p"
@@ -135,6 +140,10 @@ KEY=$(
 )
 PREFIX=$CACHE_ROOT/qemu-$QEMU_VERSION-$KEY
 QEMU_BIN=$PREFIX/bin/qemu-system-x86_64
+if [ $PRINT_PREFIX -eq 1 ]; then
+  echo "$PREFIX"
+  exit 0
+fi
 
 if [ $FORCE -eq 0 ] && [ -f "$PREFIX/BUILD-INFO" ] && [ -x "$QEMU_BIN" ]; then
   log "cache hit: $PREFIX"
@@ -224,32 +233,57 @@ done
 step_end
 
 # ---------------------------------------------------------------------------
-step_start unpack
+# The build tree of this key survives a failed run, and a rerun goes on
+# from the last step that completed (stamps in $WORK); --force starts over.
 WORK=$CACHE_ROOT/build/qemu-$QEMU_VERSION-$KEY
 SRC=$WORK/src
-rm -rf "$WORK"
-mkdir -p "$SRC"
-tar -xf "$CACHE_ROOT/downloads/$ORIG" -C "$SRC" --strip-components=1
-tar -xf "$CACHE_ROOT/downloads/$DEBIAN_TAR" -C "$SRC"
-for p in "${DEBIAN_PATCHES[@]}"; do
-  log "   debian/patches/$p"
-  patch -d "$SRC" -p1 -s --no-backup-if-mismatch -i "$SRC/debian/patches/$p"
-done
-for p in "${PATCHES[@]}"; do
-  log "   $(basename "$p")"
-  patch -d "$SRC" -p1 -s --no-backup-if-mismatch -i "$p"
-done
+BUILD=$WORK/build
+[ $FORCE -eq 0 ] || rm -rf "$WORK"
+
+unpack() {
+  rm -rf "$WORK"
+  mkdir -p "$SRC"
+  tar -xf "$CACHE_ROOT/downloads/$ORIG" -C "$SRC" --strip-components=1
+  tar -xf "$CACHE_ROOT/downloads/$DEBIAN_TAR" -C "$SRC"
+  for p in "${DEBIAN_PATCHES[@]}"; do
+    log "   debian/patches/$p"
+    patch -d "$SRC" -p1 -s --no-backup-if-mismatch -i "$SRC/debian/patches/$p"
+  done
+  for p in "${PATCHES[@]}"; do
+    log "   $(basename "$p")"
+    patch -d "$SRC" -p1 -s --no-backup-if-mismatch -i "$p"
+  done
+}
+
+configure() {
+  mkdir -p "$BUILD"
+  (
+    cd "$BUILD"
+    nice -n 10 "$SRC/configure" --prefix="$PREFIX" --python="$VENV/bin/python3" \
+      "${CONFIGURE_ARGS[@]}"
+  ) > "$WORK/configure.log" 2>&1 \
+    || { tail -n 40 "$WORK/configure.log" >&2; die "configure failed (log: $WORK/configure.log)"; }
+  [ -f "$BUILD/pc-bios/optionrom/config.mak" ] \
+    || die "configure found no compiler for the x86 option ROMs (is gcc-multilib installed?)"
+}
+
+step_start unpack
+if [ -f "$WORK/.unpacked" ]; then
+  log "   reusing $SRC"
+else
+  unpack
+  touch "$WORK/.unpacked"
+fi
 step_end
 
 # ---------------------------------------------------------------------------
 step_start configure
-BUILD=$WORK/build
-mkdir -p "$BUILD"
-(
-  cd "$BUILD"
-  nice -n 10 "$SRC/configure" --prefix="$PREFIX" --python="$VENV/bin/python3" \
-    "${CONFIGURE_ARGS[@]}"
-) > "$WORK/configure.log" 2>&1 || { tail -n 40 "$WORK/configure.log" >&2; die "configure failed (log: $WORK/configure.log)"; }
+if [ -f "$WORK/.configured" ]; then
+  log "   reusing $BUILD"
+else
+  configure
+  touch "$WORK/.configured"
+fi
 step_end
 
 # ---------------------------------------------------------------------------
@@ -262,13 +296,10 @@ while kill -0 "$NINJA_PID" 2>/dev/null; do
   kill -0 "$NINJA_PID" 2>/dev/null && log "   $(grep -o '^\[[0-9]*/[0-9]*\]' "$WORK/ninja.log" | tail -n 1)"
 done
 wait "$NINJA_PID" || { tail -n 40 "$WORK/ninja.log" >&2; die "ninja failed (log: $WORK/ninja.log)"; }
-# x86 option ROMs (linuxboot_dma.bin for -kernel, pvh.bin, ...) are built by
-# make, not ninja; configure set them up because the host compiler can
-# produce 16/32-bit x86 code.
-if [ -f "$BUILD/pc-bios/optionrom/config.mak" ]; then
-  nice -n 10 make -C "$BUILD/pc-bios/optionrom" >> "$WORK/ninja.log" 2>&1 \
-    || { tail -n 20 "$WORK/ninja.log" >&2; die "option ROM build failed"; }
-fi
+# The x86 option ROMs (linuxboot_dma.bin for -kernel, pvh.bin, ...) are
+# built by make, not ninja.
+nice -n 10 make -C "$BUILD/pc-bios/optionrom" >> "$WORK/ninja.log" 2>&1 \
+  || { tail -n 20 "$WORK/ninja.log" >&2; die "option ROM build failed"; }
 step_end
 
 # ---------------------------------------------------------------------------
