@@ -56,7 +56,9 @@ cmd=(
   -object "memory-backend-memfd,id=mem,size=$mem,share=on"
   -chardev "socket,id=rdma0,path=$socket"
   -device "vhost-user-rdma-pci,chardev=rdma0,queue-size=$queue_size,page-per-vq=$ppv"
-  -nic none -nographic -no-reboot
+  # The console is ttyS0 on this terminal, named explicitly so that more
+  # serial ports given after -- become ttyS1, ttyS2, ...
+  -nic none -nographic -serial mon:stdio -no-reboot
   -qmp "unix:/tmp/$name.qmp,server=on,wait=off"
 )
 [ -n "$kernel" ] && cmd+=(-kernel "$kernel" -append "$append")
