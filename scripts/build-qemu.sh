@@ -67,7 +67,7 @@ CONFIGURE_ARGS=(
 # gcc-multilib: configure builds the x86 option ROMs (linuxboot_dma.bin for
 # -kernel, pvh.bin, ...) only if the host compiler links -m32 code.
 APT_PACKAGES=(
-  gcc libc6-dev gcc-multilib make pkg-config ninja-build xz-utils ca-certificates
+  gcc libc6-dev gcc-multilib make patch pkg-config ninja-build xz-utils ca-certificates
   libglib2.0-dev libpixman-1-dev libfdt-dev zlib1g-dev
   python3 python3-venv
   seabios ipxe-qemu
