@@ -29,24 +29,27 @@ for a in "$@"; do
   esac
 done
 
-t_start=$(date +%s.%N)
-stamp() { printf '%.1f' "$(echo "$(date +%s.%N) - $1" | bc)"; }
-command -v bc >/dev/null || { SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo; $SUDO apt-get install -y -q bc >/dev/null; }
+t_start=$(date +%s%N)
+# Seconds (one decimal) since a `date +%s%N` stamp.
+stamp() {
+  local d=$(( $(date +%s%N) - $1 ))
+  printf '%d.%d' $((d / 1000000000)) $((d / 100000000 % 10))
+}
 
 echo "== qemu-e2e: building the patched QEMU (cached after the first run)"
-t=$(date +%s.%N)
+t=$(date +%s%N)
 # $QEMU overrides (a QEMU with vhost-user-rdma-pci built elsewhere).
 [ -n "${QEMU:-}" ] || QEMU=$(bash scripts/build-qemu.sh | tail -n 1)
 export QEMU
 echo "   $QEMU ($(stamp "$t") s)"
 
 echo "== qemu-e2e: building the daemon and rdma-guest (release)"
-t=$(date +%s.%N)
+t=$(date +%s%N)
 cargo build --release --locked -q -p vhost-user-rdma -p virtio-rdma-apps
 echo "   done ($(stamp "$t") s)"
 
 echo "== qemu-e2e: building the guest image"
-t=$(date +%s.%N)
+t=$(date +%s%N)
 bash scripts/build-guest.sh --name rdma-e2e --bin target/release/rdma-guest >/dev/null
 echo "   done ($(stamp "$t") s)"
 
@@ -86,7 +89,7 @@ show() {
   sed 's/^/  /' "$dir/daemon.log"
 }
 
-t=$(date +%s.%N)
+t=$(date +%s%N)
 echo "== qemu-e2e: booting VM A (server) and VM B (client), serial cable between their ttyS1"
 guest A 0 'rdma-guest exchange --role server' \
   -chardev "socket,id=oob,path=$dir/oob.sock,server=on,wait=off" -serial mon:stdio -serial chardev:oob

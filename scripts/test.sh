@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs every check CI runs: formatting, lints, unit and integration tests
 # (the integration tests start the real daemon and talk to it over real
-# vhost-user sockets through the test VMM).
+# vhost-user sockets through the test VMM), and the end-to-end test in real
+# QEMU guests (patched QEMU built and cached on first use; see
+# scripts/qemu-e2e.sh). RDMA_SKIP_QEMU=1 skips the QEMU part.
 #
 # Usage: bash scripts/test.sh
 set -euo pipefail
@@ -21,5 +23,11 @@ trap 'rm -f "$out"' EXIT
 cargo test --workspace --locked 2>&1 | tee "$out"
 echo "== data path again, shared-memory doorbell mode"
 RDMA_TEST_DOORBELL=shmem cargo test --locked -p vhost-user-rdma-tests --test datapath 2>&1 | tee -a "$out"
+if [ "${RDMA_SKIP_QEMU:-0}" != 1 ]; then
+  echo "== end to end: two QEMU guests and a hostile one on one daemon"
+  bash scripts/qemu-e2e.sh 2>&1 | tee -a "$out"
+fi
 # One line of totals for humans and CI.
-awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed\n", p, f }' "$out"
+awk '/^test result:/ { p += $4; f += $6 }
+     /^qemu-e2e: [0-9]+ passed, [0-9]+ failed$/ { p += $2; f += $4 }
+     END { printf "%d passed, %d failed\n", p, f }' "$out"
