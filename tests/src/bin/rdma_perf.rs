@@ -39,6 +39,7 @@ use clap::Parser;
 use vhost_user_rdma_tests::bench::{loadavg, machine, pin_current, thread_placement};
 use vhost_user_rdma_tests::harness::TestDaemon;
 use vhost_user_rdma_tests::transport::VmmTransport;
+use vhost_user_rdma_tests::vmm::VmmOptions;
 use virtio_rdma_abi::mem::access;
 use virtio_rdma_driver::{
     Cq, Device, DmaBuf, Mr, Payload, Pd, Qp, QpCap, QpInit, RcConnect, RecvWr, SendFlags, SendOp,
@@ -124,7 +125,15 @@ struct Args {
     /// contiguous 2 MiB-aligned memory, as a real guest gets from hugepages.
     #[arg(long)]
     scattered: bool,
+    /// Shared-memory doorbell mode: the test VMM offers VIRTIO shared memory
+    /// and producer indices go to doorbell slots (default: doorbell records
+    /// in guest RAM).
+    #[arg(long)]
+    shmem: bool,
 }
+
+/// Whether the VMs use shared-memory doorbells (`--shmem`).
+static SHMEM: AtomicBool = AtomicBool::new(false);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Test {
@@ -528,7 +537,11 @@ struct Vm {
 }
 
 fn open_vm(d: &TestDaemon, i: usize) -> Res<Vm> {
-    let vmm = d.connect(i)?;
+    let opts = VmmOptions {
+        shmem: SHMEM.load(Ordering::Relaxed),
+        ..VmmOptions::default()
+    };
+    let vmm = d.connect_with(i, opts)?;
     let t = VmmTransport::new(vmm)?;
     let dev = Device::open(t)?;
     let pd = Pd::alloc(&dev)?;
@@ -1234,6 +1247,20 @@ fn main() -> Res<()> {
     );
     println!("  machine: {}", machine());
     println!("  load average at start: {}", loadavg());
+    SHMEM.store(args.shmem, Ordering::Relaxed);
+    println!(
+        "  doorbells: {}; message buffers: {}",
+        if args.shmem {
+            "shared-memory doorbell pages (SHMEM_MAP)"
+        } else {
+            "records in guest RAM"
+        },
+        if args.scattered {
+            "scattered 4 KiB guest pages"
+        } else {
+            "guest-physically contiguous (2 MiB aligned)"
+        }
+    );
     let (ccpu, ecpu) = (args.client_cpu, args.engine_cpu);
     println!(
         "  placement: client (this thread, plays both VMs) on CPU {ccpu}; daemon started from a thread pinned to CPU {ecpu}, so its engine thread (rnic-engine) and vhost-user threads run on CPU {ecpu}"
