@@ -21,8 +21,12 @@ cargo build --release --locked -p vhost-user-rdma -p vhost-user-rdma-tests --bin
 dir=$(mktemp -d /tmp/vhost-user-rdma-demo.XXXXXX)
 daemon_pid=""
 cleanup() {
-  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+  # Keep the script's own exit status: a failing command in here (under
+  # set -e) would otherwise replace it.
+  local rc=$?
+  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && { wait "$daemon_pid" 2>/dev/null || true; }
   rm -rf "$dir"
+  exit "$rc"
 }
 trap cleanup EXIT
 

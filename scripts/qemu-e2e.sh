@@ -56,9 +56,13 @@ echo "   done ($(stamp "$t") s)"
 dir=$(mktemp -d /tmp/vhost-user-rdma-e2e.XXXXXX)
 daemon_pid="" pids=()
 cleanup() {
+  # Keep the script's own exit status: a failing command in here (under
+  # set -e) would otherwise replace it.
+  local rc=$?
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && { wait "$daemon_pid" 2>/dev/null || true; }
   if [ "$keep" = 1 ]; then echo "logs kept in $dir"; else rm -rf "$dir"; fi
+  exit "$rc"
 }
 trap cleanup EXIT
 

@@ -166,18 +166,21 @@ impl PeerInfo {
 /// Swaps `mine` for the peer's payload of the same `tag` over `oob`.
 ///
 /// Messages sent before the peer listens are lost (a serial cable with
-/// nobody at the other end), so each side repeats `SYNC tag seen payload`
+/// nobody at the other end), so each side repeats `SYNC tag id seen payload`
 /// until it has the peer's payload *and* knows the peer has its own; it
 /// then sends once more with `seen=1`, which reaches a peer that is still
-/// waiting because the line is up by then.
+/// waiting because the line is up by then. `id` tells our own messages
+/// apart: a serial port the peer has not yet put in raw mode echoes what
+/// it receives, and an echo must not pass for the peer's answer.
 pub fn sync(oob: &mut dyn Oob, tag: &str, mine: &str, timeout: Duration) -> Result<String> {
+    let id = sender_id();
     let deadline = Instant::now() + timeout;
     let mut peer: Option<String> = None;
     let mut peer_has_mine = false;
     let mut next_send = Instant::now();
     loop {
         if peer.is_some() && peer_has_mine {
-            oob.send(&format!("SYNC {tag} 1 {mine}"))?;
+            oob.send(&format!("SYNC {tag} {id:x} 1 {mine}"))?;
             return peer.ok_or_else(|| Error::Protocol("sync".into()));
         }
         let now = Instant::now();
@@ -186,7 +189,7 @@ pub fn sync(oob: &mut dyn Oob, tag: &str, mine: &str, timeout: Duration) -> Resu
         }
         if now >= next_send {
             let seen = u8::from(peer.is_some());
-            oob.send(&format!("SYNC {tag} {seen} {mine}"))?;
+            oob.send(&format!("SYNC {tag} {id:x} {seen} {mine}"))?;
             next_send = now + RESEND;
         }
         let wait = next_send
@@ -195,9 +198,12 @@ pub fn sync(oob: &mut dyn Oob, tag: &str, mine: &str, timeout: Duration) -> Resu
         let Some(line) = oob.recv(wait)? else {
             continue;
         };
-        let mut parts = line.splitn(4, ' ');
+        let mut parts = line.splitn(5, ' ');
         if parts.next() != Some("SYNC") || parts.next() != Some(tag) {
             continue;
+        }
+        if parts.next() == Some(format!("{id:x}").as_str()) {
+            continue; // our own message, echoed back
         }
         let seen = parts.next() == Some("1");
         let payload = parts.next().unwrap_or("").to_string();
@@ -208,6 +214,18 @@ pub fn sync(oob: &mut dyn Oob, tag: &str, mine: &str, timeout: Duration) -> Resu
             next_send = Instant::now();
         }
     }
+}
+
+/// A number that differs between the two peers (and between runs): the
+/// process id mixed with the clock and a stack address.
+fn sender_id() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let local = 0u8;
+    let addr = std::ptr::addr_of!(local) as u64;
+    (u64::from(std::process::id()) << 32) ^ t ^ addr.rotate_left(17)
 }
 
 /// One peer's RDMA resources and the command-message machinery.
@@ -863,6 +881,35 @@ mod tests {
         assert_eq!(*s.last().unwrap(), 4 << 20);
         assert!(s.windows(2).all(|w| w[0] < w[1]));
         assert_eq!(sizes(4096), vec![0, 1, 7, 4095, 4096]);
+    }
+
+    /// A line that echoes everything back to its sender (a serial port whose
+    /// far end is not in raw mode yet) and also delivers it.
+    struct Echoing(crate::oob::ChannelOob, std::collections::VecDeque<String>);
+
+    impl Oob for Echoing {
+        fn send(&mut self, msg: &str) -> std::io::Result<()> {
+            self.1.push_back(msg.to_string());
+            self.0.send(msg)
+        }
+        fn recv(&mut self, timeout: Duration) -> std::io::Result<Option<String>> {
+            if let Some(m) = self.1.pop_front() {
+                return Ok(Some(m));
+            }
+            self.0.recv(timeout)
+        }
+    }
+
+    #[test]
+    fn sync_ignores_its_own_echo() {
+        use crate::oob::ChannelOob;
+        let (a, mut b) = ChannelOob::pair();
+        let mut a = Echoing(a, Default::default());
+        let t = std::thread::spawn(move || sync(&mut a, "x", "from-a", Duration::from_secs(5)));
+        std::thread::sleep(Duration::from_millis(300));
+        let got_b = sync(&mut b, "x", "from-b", Duration::from_secs(5)).unwrap();
+        assert_eq!(got_b, "from-a");
+        assert_eq!(t.join().unwrap().unwrap(), "from-b");
     }
 
     #[test]
