@@ -28,8 +28,8 @@ use virtio_rdma_abi::config::F_ATOMIC;
 use virtio_rdma_abi::datapath::WcOpcode;
 use virtio_rdma_abi::mem::access;
 use virtio_rdma_driver::{
-    Cq, Device, DmaBuf, Mr, Payload, Pd, Qp, QpCap, QpInit, RcConnect, RecvWr, SendFlags, SendOp,
-    SendWr, Sge, WorkCompletion,
+    Cq, Device, DmaBuf, Mr, Pd, Qp, QpCap, QpInit, RcConnect, RecvWr, SendOp, SendWr, Sge,
+    WorkCompletion,
 };
 
 use crate::oob::Oob;
@@ -254,16 +254,6 @@ fn qp_caps() -> QpCap {
     }
 }
 
-fn signaled<'a>(wr_id: u64, op: SendOp, sges: &'a [Sge]) -> SendWr<'a> {
-    SendWr {
-        wr_id,
-        op,
-        payload: Payload::Sges(sges),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    }
-}
-
 fn check(cond: bool, what: impl FnOnce() -> String) -> Result<()> {
     if cond {
         Ok(())
@@ -408,7 +398,8 @@ impl<'a> Peer<'a> {
         self.msgs.write(off, bytes)?;
         let sge = [self.msgs_mr.sge(off as u64, bytes.len() as u32)?];
         let id = self.id(K_CTL_SEND);
-        self.ctl.post_send(&[signaled(id, SendOp::Send, &sge)])?;
+        self.ctl
+            .post_send(&[SendWr::signaled(id, SendOp::Send, &sge)])?;
         self.wait_id("a command message to be sent", id)?;
         Ok(())
     }
@@ -665,8 +656,11 @@ fn drive(p: &mut Peer<'_>, peer: &PeerInfo, opts: &Options) -> Result<Summary> {
             // The server answered OK to EXPECT: its receive is posted.
             let sge = [p.data_sge(0, len)?];
             let id = p.id(K_DAT_SEND);
-            p.dat
-                .post_send(&[signaled(id, SendOp::Send, &sge[..usize::from(len > 0)])])?;
+            p.dat.post_send(&[SendWr::signaled(
+                id,
+                SendOp::Send,
+                &sge[..usize::from(len > 0)],
+            )])?;
             p.wait_id("the SEND completion", id)?;
             let r = p.recv_msg()?;
             check(r == "OK", || {
@@ -697,7 +691,7 @@ fn drive(p: &mut Peer<'_>, peer: &PeerInfo, opts: &Options) -> Result<Summary> {
                 rkey: peer.rkey,
             };
             p.dat
-                .post_send(&[signaled(id, op, &sge[..usize::from(len > 0)])])?;
+                .post_send(&[SendWr::signaled(id, op, &sge[..usize::from(len > 0)])])?;
             p.wait_id("the RDMA WRITE completion", id)?;
             p.command(&format!("CHECK {off} {len} {seed}"))
                 .map_err(|e| Error::Check(format!("RDMA WRITE of {len} bytes at {off}: {e}")))?;
@@ -728,7 +722,7 @@ fn drive(p: &mut Peer<'_>, peer: &PeerInfo, opts: &Options) -> Result<Summary> {
                 imm,
             };
             p.dat
-                .post_send(&[signaled(id, op, &sge[..usize::from(len > 0)])])?;
+                .post_send(&[SendWr::signaled(id, op, &sge[..usize::from(len > 0)])])?;
             p.wait_id("the RDMA WRITE with immediate completion", id)?;
             let r = p.recv_msg()?;
             check(r == "OK", || {
@@ -753,7 +747,7 @@ fn drive(p: &mut Peer<'_>, peer: &PeerInfo, opts: &Options) -> Result<Summary> {
                 rkey: peer.rkey,
             };
             p.dat
-                .post_send(&[signaled(id, op, &sge[..usize::from(len > 0)])])?;
+                .post_send(&[SendWr::signaled(id, op, &sge[..usize::from(len > 0)])])?;
             p.wait_id("the RDMA READ completion", id)?;
             let got = p.data.to_vec(0, len)?;
             if let Some(i) = pattern::first_mismatch(&got, seed) {
@@ -782,7 +776,7 @@ fn drive(p: &mut Peer<'_>, peer: &PeerInfo, opts: &Options) -> Result<Summary> {
                     rkey: peer.rkey,
                     add: 3,
                 };
-                p.dat.post_send(&[signaled(id, op, &sge)])?;
+                p.dat.post_send(&[SendWr::signaled(id, op, &sge)])?;
                 let wc = p.wait_id("FETCH_AND_ADD", id)?;
                 check(wc.opcode() == Some(WcOpcode::FETCH_ADD), || {
                     format!("{wc:?}")
@@ -800,7 +794,7 @@ fn drive(p: &mut Peer<'_>, peer: &PeerInfo, opts: &Options) -> Result<Summary> {
                 compare: 1000 + 3 * n,
                 swap: 7,
             };
-            p.dat.post_send(&[signaled(id, op, &sge)])?;
+            p.dat.post_send(&[SendWr::signaled(id, op, &sge)])?;
             p.wait_id("CMP_AND_SWP", id)?;
             p.command(&format!("IS_U64 {off} 7"))?;
             s.checks += n as u32 + 1;
@@ -822,7 +816,7 @@ fn drive(p: &mut Peer<'_>, peer: &PeerInfo, opts: &Options) -> Result<Summary> {
                     remote_addr: remote(0),
                     rkey: peer.rkey,
                 };
-                p.dat.post_send(&[signaled(id, op, &sge)])?;
+                p.dat.post_send(&[SendWr::signaled(id, op, &sge)])?;
                 posted += 1;
             }
             p.wait("an RDMA WRITE of the stream", |w| {

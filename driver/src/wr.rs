@@ -164,9 +164,14 @@ pub struct SendWr<'a> {
 impl<'a> SendWr<'a> {
     /// A signaled SEND of `sges`.
     pub fn send(wr_id: u64, sges: &'a [Sge]) -> Self {
+        Self::signaled(wr_id, SendOp::Send, sges)
+    }
+
+    /// A signaled work request of `op` over `sges` (RC: no destination).
+    pub fn signaled(wr_id: u64, op: SendOp, sges: &'a [Sge]) -> Self {
         SendWr {
             wr_id,
-            op: SendOp::Send,
+            op,
             payload: Payload::Sges(sges),
             flags: SendFlags::SIGNALED,
             ud: None,

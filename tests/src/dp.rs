@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 use virtio_rdma_abi::datapath::WcOpcode;
 use virtio_rdma_abi::mem::access;
 use virtio_rdma_driver::{
-    Cq, Device, DmaBuf, Mr, Payload, Pd, Qp, QpCap, QpInit, RcConnect, SendFlags, SendOp, SendWr,
-    Sge, WorkCompletion,
+    Cq, Device, DmaBuf, Mr, Pd, Qp, QpCap, QpInit, RcConnect, SendOp, SendWr, Sge, WorkCompletion,
 };
 
 use crate::harness::TestDaemon;
@@ -201,13 +200,7 @@ pub fn ok(wc: &WorkCompletion, wr_id: u64, op: WcOpcode) {
 
 /// A signaled send work request over `sges`.
 pub fn wr<'a>(wr_id: u64, op: SendOp, sges: &'a [Sge]) -> SendWr<'a> {
-    SendWr {
-        wr_id,
-        op,
-        payload: Payload::Sges(sges),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    }
+    SendWr::signaled(wr_id, op, sges)
 }
 
 /// RDMA WRITE of `data` from `src` (offset 0) into `dst` (offset 0) over

@@ -190,7 +190,6 @@ impl HugePool {
             offset,
             size,
             len,
-            _chunk: c,
         })
     }
 
@@ -260,8 +259,6 @@ pub struct HugeDma {
     offset: usize,
     size: usize,
     len: usize,
-    /// Keeps the mapping alive even if the pool were dropped first.
-    _chunk: Arc<Chunk>,
 }
 
 // SAFETY: plain memory handed out as raw pointers only (the `DmaRegion`
@@ -270,8 +267,8 @@ unsafe impl Send for HugeDma {}
 // SAFETY: as for `Send`.
 unsafe impl Sync for HugeDma {}
 
-// SAFETY: `ptr .. ptr + len` lies inside a live hugepage mapping (the chunk is
-// held) and belongs to this region only (the pool's free list no longer has
+// SAFETY: `ptr .. ptr + len` lies inside a live hugepage mapping (the pool,
+// which this region holds, owns the chunk until it is dropped) and belongs to this region only (the pool's free list no longer has
 // it); it is aligned to the requested alignment (offset is, and the chunk
 // base is 2 MiB aligned), and so is its guest-physical address (hugepage
 // addresses are 2 MiB aligned and alignment is at most 2 MiB); `pages` names

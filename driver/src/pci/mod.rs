@@ -171,7 +171,8 @@ impl EventState {
 /// A shared memory region of the device (a window of a BAR).
 #[derive(Debug)]
 struct PciShm {
-    bar: Arc<BarMap>,
+    /// Keeps the BAR mapped.
+    _bar: Arc<BarMap>,
     ptr: *mut u8,
     len: usize,
 }
@@ -186,7 +187,6 @@ unsafe impl Sync for PciShm {}
 // accesses it atomically only.
 unsafe impl SharedMemory for PciShm {
     fn as_ptr(&self) -> *mut u8 {
-        let _ = &self.bar;
         self.ptr
     }
 
@@ -261,7 +261,7 @@ impl PciTransport {
                 let b = bars.get(&s.window.bar)?.clone();
                 let len = usize::try_from(s.window.length).ok()?;
                 let ptr = b.at(s.window.offset, s.window.length, 4096)?;
-                Some(Arc::new(PciShm { bar: b, ptr, len }))
+                Some(Arc::new(PciShm { _bar: b, ptr, len }))
             });
 
         func.enable_dma()?;

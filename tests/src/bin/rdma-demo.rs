@@ -20,8 +20,7 @@ use vhost_user_rdma_tests::Result;
 use virtio_rdma_abi::mem::{access, PageListMode};
 use virtio_rdma_abi::qp::QpState;
 use virtio_rdma_driver::{
-    Cq, Device, DmaBuf, Mr, Payload, Pd, Qp, QpInit, RcConnect, RecvWr, SendFlags, SendOp, SendWr,
-    Sge, WorkCompletion,
+    Cq, Device, DmaBuf, Mr, Pd, Qp, QpInit, RcConnect, RecvWr, SendOp, SendWr, WorkCompletion,
 };
 use vm_memory::GuestAddress;
 
@@ -185,16 +184,6 @@ fn wait_one(cq: &Cq, what: &str) -> std::result::Result<WorkCompletion, Box<dyn 
     }
 }
 
-fn signaled<'a>(wr_id: u64, op: SendOp, sges: &'a [Sge]) -> SendWr<'a> {
-    SendWr {
-        wr_id,
-        op,
-        payload: Payload::Sges(sges),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    }
-}
-
 /// RDMA between the two VMs through the reference guest driver: the
 /// daemon's software RNIC copies straight from one guest's RAM into the
 /// other's.
@@ -229,7 +218,7 @@ fn data_path(p0: &PathBuf, p1: &PathBuf) -> std::result::Result<(), Box<dyn Erro
     ba.dma.write(0, &data)?;
     let sge = [ba.mr.sge(0, 1 << 20)?];
     let t = Instant::now();
-    qa.post_send(&[signaled(
+    qa.post_send(&[SendWr::signaled(
         1,
         SendOp::RdmaWrite {
             remote_addr: bb.mr.iova(),
@@ -258,7 +247,7 @@ fn data_path(p0: &PathBuf, p1: &PathBuf) -> std::result::Result<(), Box<dyn Erro
     // RDMA READ 64 KiB back from VM1 into another part of VM0's buffer.
     bb.dma.write(0, b"VM1 was here")?;
     let sge = [ba.mr.sge(512 << 10, 64 << 10)?];
-    qa.post_send(&[signaled(
+    qa.post_send(&[SendWr::signaled(
         2,
         SendOp::RdmaRead {
             remote_addr: bb.mr.iova(),
@@ -283,7 +272,11 @@ fn data_path(p0: &PathBuf, p1: &PathBuf) -> std::result::Result<(), Box<dyn Erro
     let msg = b"hello VM0, this is VM1 over RDMA SEND";
     bb.dma.write(4096, msg)?;
     let ssge = [bb.mr.sge(4096, msg.len() as u32)?];
-    qb.post_send(&[signaled(3, SendOp::SendWithImm { imm: 0x1234_5678 }, &ssge)])?;
+    qb.post_send(&[SendWr::signaled(
+        3,
+        SendOp::SendWithImm { imm: 0x1234_5678 },
+        &ssge,
+    )])?;
     wait_one(&cqb, "SEND")?;
     let wc = wait_one(&cqa, "RECV")?;
     let text = ba.dma.to_vec(0, wc.byte_len as usize)?;
@@ -299,7 +292,7 @@ fn data_path(p0: &PathBuf, p1: &PathBuf) -> std::result::Result<(), Box<dyn Erro
     // Atomic fetch-and-add by VM1 on a counter in VM0's memory.
     ba.dma.write(8192, &41u64.to_le_bytes())?;
     let asge = [bb.mr.sge(8192, 8)?];
-    qb.post_send(&[signaled(
+    qb.post_send(&[SendWr::signaled(
         4,
         SendOp::AtomicFetchAdd {
             remote_addr: ba.mr.iova() + 8192,
