@@ -1,4 +1,6 @@
-//! Daemon configuration: the sockets to serve and the per-VM limits.
+//! Daemon configuration: the VMs to serve (socket, tenant, GID, limits)
+//! and daemon-wide settings. [`crate::config_file`] builds one from a TOML
+//! file; `main` builds one from the command line.
 
 use std::path::PathBuf;
 
@@ -12,12 +14,44 @@ use crate::resources::handle::MAX_SLOTS;
 /// A configuration value that cannot be used.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum ConfigError {
-    /// No socket path was given.
-    #[error("at least one --socket-path is required")]
+    /// No VM (socket path) was given.
+    #[error("at least one VM is required (--socket-path or [[vm]] in --config)")]
     NoSockets,
     /// The same socket path was given twice.
     #[error("socket path {0} is given more than once")]
     DuplicateSocket(PathBuf),
+    /// Two VMs have the same name.
+    #[error("VM name {0:?} is given more than once")]
+    DuplicateVm(String),
+    /// Two tenants have the same name.
+    #[error("tenant name {0:?} is given more than once")]
+    DuplicateTenant(String),
+    /// A VM names a tenant that is not defined.
+    #[error("VM {vm:?}: tenant {tenant:?} is not defined")]
+    UnknownTenant {
+        /// The VM.
+        vm: String,
+        /// The tenant it names.
+        tenant: String,
+    },
+    /// Two VMs would have the same GID.
+    #[error("VM {vm:?}: GID {gid} is already the GID of VM {other:?}")]
+    DuplicateGid {
+        /// The VM.
+        vm: String,
+        /// Its GID, as text.
+        gid: String,
+        /// The VM that has it already.
+        other: String,
+    },
+    /// A limit of one VM is invalid.
+    #[error("VM {vm:?}: {source}")]
+    VmLimits {
+        /// The VM.
+        vm: String,
+        /// What is wrong.
+        source: Box<ConfigError>,
+    },
     /// A limit is out of its allowed range.
     #[error("{name} = {value} is out of range ({min}..={max})")]
     LimitOutOfRange {
@@ -119,6 +153,59 @@ impl Default for Limits {
             // Every page size from 4 KiB to 1 GiB.
             page_size_cap: ((1u64 << (MAX_PAGE_SHIFT + 1)) - 1) & !((1u64 << MIN_PAGE_SHIFT) - 1),
         }
+    }
+}
+
+/// Generates [`LimitOverrides`] from the list of [`Limits`] fields.
+macro_rules! limit_overrides {
+    ($($field:ident: $ty:ty),* $(,)?) => {
+        /// Limits given explicitly (on the command line): each `Some` replaces
+        /// the field of the same name of a [`Limits`].
+        #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+        #[allow(missing_docs)]
+        pub struct LimitOverrides {
+            $(pub $field: Option<$ty>,)*
+        }
+
+        impl LimitOverrides {
+            /// Replaces the fields of `limits` that are given here.
+            pub fn apply(&self, limits: &mut Limits) {
+                $(if let Some(v) = self.$field {
+                    limits.$field = v;
+                })*
+            }
+
+            /// Whether the field named `name` (`max_qp`) is given here.
+            pub fn is_set(&self, name: &str) -> bool {
+                match name {
+                    $(stringify!($field) => self.$field.is_some(),)*
+                    _ => false,
+                }
+            }
+        }
+    };
+}
+
+limit_overrides! {
+    max_ctx: u32, max_pd: u32, max_cq: u32, max_qp: u32, max_mr: u32, max_srq: u32,
+    max_ah: u32, max_cqe: u32, max_qp_wr: u32, max_srq_wr: u32, max_send_sge: u32,
+    max_recv_sge: u32, max_inline_data: u32, max_inline_pages: u32, max_qp_rd_atom: u32,
+    max_mr_size: u64, max_mr_bytes: u64, page_size_cap: u64,
+}
+
+impl ConfigError {
+    /// The [`Limits`] field (`max_qp_wr`) a limit error is about, if any.
+    pub fn limit_field(&self) -> Option<String> {
+        let name = match self {
+            ConfigError::LimitOutOfRange { name, .. } | ConfigError::NotPowerOfTwo { name, .. } => {
+                name
+            }
+            ConfigError::RingTooLarge { .. } => "max-qp-wr",
+            ConfigError::VmLimits { source, .. } => return source.limit_field(),
+            _ => return None,
+        };
+        let word = name.split(' ').next().unwrap_or(name);
+        Some(word.replace('-', "_"))
     }
 }
 
@@ -230,13 +317,64 @@ fn range(name: &'static str, value: u64, min: u64, max: u64) -> Result<(), Confi
     Ok(())
 }
 
+/// The GID a VM gets when none is configured: the IPv4-mapped address
+/// 10.42.x.y, where x.y is `index + 1` (the VM's position in the daemon).
+/// It is only a label inside the daemon's virtual network.
+pub fn default_gid(index: usize) -> [u8; 16] {
+    let n = (index + 1) as u32;
+    let mut gid = [0u8; 16];
+    gid[10] = 0xff;
+    gid[11] = 0xff;
+    gid[12] = 10;
+    gid[13] = 42;
+    gid[14] = (n >> 8) as u8;
+    gid[15] = n as u8;
+    gid
+}
+
+/// A GID as text: IPv6 notation (IPv4-mapped GIDs print as `::ffff:a.b.c.d`).
+pub fn gid_text(gid: [u8; 16]) -> String {
+    let a = std::net::Ipv6Addr::from(gid);
+    match a.to_ipv4_mapped() {
+        Some(v4) => format!("::ffff:{v4}"),
+        None => a.to_string(),
+    }
+}
+
+/// Name of the tenant that VMs given only on the command line belong to.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// A tenant: a group of VMs under one policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantConfig {
+    /// Unique name.
+    pub name: String,
+    /// Quality-of-service class; stored and reported, not enforced yet.
+    pub qos_class: Option<String>,
+}
+
+/// One VM: the socket its VMM connects to and what its device offers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmConfig {
+    /// Unique name (logs, thread names).
+    pub name: String,
+    /// Its vhost-user socket.
+    pub socket: PathBuf,
+    /// Name of its tenant (one of [`DaemonConfig::tenants`]).
+    pub tenant: String,
+    /// Its port GID; `None`: [`default_gid`] of its index.
+    pub gid: Option<[u8; 16]>,
+    /// Its limits.
+    pub limits: Limits,
+}
+
 /// Everything the daemon needs to run.
 #[derive(Debug, Clone)]
 pub struct DaemonConfig {
-    /// One vhost-user socket per VM.
-    pub sockets: Vec<PathBuf>,
-    /// Limits applied to each VM.
-    pub limits: Limits,
+    /// The VMs, one vhost-user socket each; a VM's index is its position.
+    pub vms: Vec<VmConfig>,
+    /// The tenants the VMs belong to.
+    pub tenants: Vec<TenantConfig>,
     /// Device feature bits offered to drivers.
     pub device_features: u64,
     /// How long a control-queue worker keeps polling for more requests
@@ -248,32 +386,97 @@ pub struct DaemonConfig {
 pub const DEFAULT_CTRL_POLL: std::time::Duration = std::time::Duration::from_micros(50);
 
 impl DaemonConfig {
-    /// A configuration serving `sockets` with default limits.
+    /// A configuration serving `sockets` with default limits: VM `i` is
+    /// named `vm<i>` and belongs to the tenant [`DEFAULT_TENANT`].
     pub fn new(sockets: Vec<PathBuf>) -> Self {
-        DaemonConfig {
-            sockets,
-            limits: Limits::default(),
+        let mut c = DaemonConfig {
+            vms: Vec::new(),
+            tenants: Vec::new(),
             device_features: ALL_DEVICE_FEATURES,
             ctrl_poll: DEFAULT_CTRL_POLL,
+        };
+        for s in sockets {
+            c.add_default_vm(s, Limits::default());
         }
+        c
+    }
+
+    /// Adds a VM named `vm<index>` in the tenant [`DEFAULT_TENANT`] (created
+    /// if missing) with the default GID.
+    pub fn add_default_vm(&mut self, socket: PathBuf, limits: Limits) {
+        if !self.tenants.iter().any(|t| t.name == DEFAULT_TENANT) {
+            self.tenants.push(TenantConfig {
+                name: DEFAULT_TENANT.into(),
+                qos_class: None,
+            });
+        }
+        self.vms.push(VmConfig {
+            name: format!("vm{}", self.vms.len()),
+            socket,
+            tenant: DEFAULT_TENANT.into(),
+            gid: None,
+            limits,
+        });
+    }
+
+    /// Gives every VM `limits`.
+    pub fn set_limits(&mut self, limits: Limits) {
+        for vm in &mut self.vms {
+            vm.limits = limits;
+        }
+    }
+
+    /// The GID of VM `index`: its configured one or [`default_gid`].
+    pub fn gid(&self, index: usize) -> [u8; 16] {
+        self.vms
+            .get(index)
+            .and_then(|v| v.gid)
+            .unwrap_or_else(|| default_gid(index))
     }
 
     /// Checks the whole configuration.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.sockets.is_empty() {
+        if self.vms.is_empty() {
             return Err(ConfigError::NoSockets);
         }
-        for (i, s) in self.sockets.iter().enumerate() {
-            if self.sockets[..i].contains(s) {
-                return Err(ConfigError::DuplicateSocket(s.clone()));
+        for (i, t) in self.tenants.iter().enumerate() {
+            if self.tenants[..i].iter().any(|o| o.name == t.name) {
+                return Err(ConfigError::DuplicateTenant(t.name.clone()));
             }
+        }
+        for (i, vm) in self.vms.iter().enumerate() {
+            let before = &self.vms[..i];
+            if before.iter().any(|o| o.socket == vm.socket) {
+                return Err(ConfigError::DuplicateSocket(vm.socket.clone()));
+            }
+            if before.iter().any(|o| o.name == vm.name) {
+                return Err(ConfigError::DuplicateVm(vm.name.clone()));
+            }
+            if !self.tenants.iter().any(|t| t.name == vm.tenant) {
+                return Err(ConfigError::UnknownTenant {
+                    vm: vm.name.clone(),
+                    tenant: vm.tenant.clone(),
+                });
+            }
+            let gid = self.gid(i);
+            if let Some(j) = (0..i).find(|&j| self.gid(j) == gid) {
+                return Err(ConfigError::DuplicateGid {
+                    vm: vm.name.clone(),
+                    gid: gid_text(gid),
+                    other: self.vms[j].name.clone(),
+                });
+            }
+            vm.limits.validate().map_err(|e| ConfigError::VmLimits {
+                vm: vm.name.clone(),
+                source: Box::new(e),
+            })?;
         }
         if self.device_features & !ALL_DEVICE_FEATURES != 0 {
             return Err(ConfigError::UnsupportedFeatures(
                 self.device_features & !ALL_DEVICE_FEATURES,
             ));
         }
-        if self.ctrl_poll > std::time::Duration::from_millis(10) {
+        if self.ctrl_poll > MAX_CTRL_POLL {
             return Err(ConfigError::LimitOutOfRange {
                 name: "ctrl-poll-us",
                 value: u64::try_from(self.ctrl_poll.as_micros()).unwrap_or(u64::MAX),
@@ -281,9 +484,12 @@ impl DaemonConfig {
                 max: 10_000,
             });
         }
-        self.limits.validate()
+        Ok(())
     }
 }
+
+/// Longest control-queue polling window.
+pub const MAX_CTRL_POLL: std::time::Duration = std::time::Duration::from_millis(10);
 
 #[cfg(test)]
 mod tests {
@@ -341,5 +547,21 @@ mod tests {
             DaemonConfig::new(vec![]).validate(),
             Err(ConfigError::NoSockets)
         );
+        let mut c = DaemonConfig::new(vec!["/a".into(), "/b".into()]);
+        c.vms[1].gid = Some(default_gid(0));
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::DuplicateGid { .. })
+        ));
+        let mut c = DaemonConfig::new(vec!["/a".into()]);
+        c.vms[0].limits.max_qp = 0;
+        assert!(matches!(c.validate(), Err(ConfigError::VmLimits { .. })));
+        c.vms[0].limits.max_qp = 1;
+        c.vms[0].tenant = "x".into();
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::UnknownTenant { .. })
+        ));
+        assert_eq!(gid_text(default_gid(0)), "::ffff:10.42.0.1");
     }
 }

@@ -13,6 +13,7 @@
 //! - [`vring`]: the virtqueue type (a kick read that survives queue restarts).
 
 pub mod config;
+pub mod config_file;
 pub mod ctrl;
 pub mod device;
 pub mod engine;

@@ -5,16 +5,27 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use log::error;
-use vhost_user_rdma::{DaemonConfig, Limits};
+use vhost_user_rdma::config::LimitOverrides;
+use vhost_user_rdma::{config_file, DaemonConfig, Limits};
 use virtio_rdma_abi::config::F_SHMEM_DOORBELL;
 
 /// vhost-user daemon giving VMs an RDMA device (virtio-rdma, device ID 42),
 /// backed by the built-in software RNIC.
+///
+/// With --config, the file describes daemon settings, default limits,
+/// tenants and VMs; the options here override it: --max-* replace the
+/// file's [defaults.limits] (a VM's own [vm.limits] still win),
+/// --ctrl-poll-us and --no-shmem-doorbell replace its [daemon] settings, and
+/// each --socket-path adds a VM named vm<N> (N: its position among all VMs)
+/// in the tenant "default".
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Args {
+    /// Configuration file (TOML); see docs/vhost-user-rdma.example.toml.
+    #[arg(short, long, value_name = "FILE")]
+    config: Option<PathBuf>,
     /// vhost-user socket to serve; repeat for more VMs (one socket per VM).
-    #[arg(short, long = "socket-path", required = true)]
+    #[arg(short, long = "socket-path", required_unless_present = "config")]
     socket_path: Vec<PathBuf>,
     /// Per-VM maximum number of contexts.
     #[arg(long)]
@@ -62,30 +73,48 @@ struct Args {
     no_shmem_doorbell: bool,
 }
 
+/// Why the command line and configuration file cannot be used.
+#[derive(Debug, thiserror::Error)]
+enum ArgsError {
+    #[error(transparent)]
+    File(#[from] config_file::FileError),
+    #[error(transparent)]
+    Config(#[from] vhost_user_rdma::config::ConfigError),
+}
+
 impl TryFrom<Args> for DaemonConfig {
-    type Error = vhost_user_rdma::config::ConfigError;
+    type Error = ArgsError;
 
     fn try_from(a: Args) -> Result<Self, Self::Error> {
-        let d = Limits::default();
-        let limits = Limits {
-            max_ctx: a.max_ctx.unwrap_or(d.max_ctx),
-            max_pd: a.max_pd.unwrap_or(d.max_pd),
-            max_cq: a.max_cq.unwrap_or(d.max_cq),
-            max_qp: a.max_qp.unwrap_or(d.max_qp),
-            max_mr: a.max_mr.unwrap_or(d.max_mr),
-            max_srq: a.max_srq.unwrap_or(d.max_srq),
-            max_ah: a.max_ah.unwrap_or(d.max_ah),
-            max_cqe: a.max_cqe.unwrap_or(d.max_cqe),
-            max_qp_wr: a.max_qp_wr.unwrap_or(d.max_qp_wr),
-            max_srq_wr: a.max_srq_wr.unwrap_or(d.max_srq_wr),
-            max_mr_size: a.max_mr_size.unwrap_or(d.max_mr_size),
-            max_mr_bytes: a.max_mr_bytes.unwrap_or(d.max_mr_bytes),
-            ..d
+        let cli = LimitOverrides {
+            max_ctx: a.max_ctx,
+            max_pd: a.max_pd,
+            max_cq: a.max_cq,
+            max_qp: a.max_qp,
+            max_mr: a.max_mr,
+            max_srq: a.max_srq,
+            max_ah: a.max_ah,
+            max_cqe: a.max_cqe,
+            max_qp_wr: a.max_qp_wr,
+            max_srq_wr: a.max_srq_wr,
+            max_mr_size: a.max_mr_size,
+            max_mr_bytes: a.max_mr_bytes,
+            ..LimitOverrides::default()
         };
-        let mut config = DaemonConfig {
-            limits,
-            ..DaemonConfig::new(a.socket_path)
+        let (mut config, limits) = match &a.config {
+            Some(path) => {
+                let loaded = config_file::load(path, &cli)?;
+                (loaded.config, loaded.default_limits)
+            }
+            None => {
+                let mut limits = Limits::default();
+                cli.apply(&mut limits);
+                (DaemonConfig::new(Vec::new()), limits)
+            }
         };
+        for socket in a.socket_path {
+            config.add_default_vm(socket, limits);
+        }
         if a.no_shmem_doorbell {
             config.device_features &= !F_SHMEM_DOORBELL;
         }
@@ -136,10 +165,71 @@ mod tests {
         ])
         .unwrap();
         let c = DaemonConfig::try_from(a).unwrap();
-        assert_eq!(c.sockets.len(), 2);
-        assert_eq!(c.limits.max_qp, 8);
+        assert_eq!(c.vms.len(), 2);
+        assert_eq!(c.vms[1].name, "vm1");
+        assert_eq!(c.vms[1].tenant, "default");
+        assert_eq!(c.vms[0].limits.max_qp, 8);
+        assert_eq!(c.vms[1].limits.max_qp, 8);
         let a = Args::try_parse_from(["x", "-s", "/tmp/a.sock", "--max-cqe", "1000"]).unwrap();
         assert!(DaemonConfig::try_from(a).is_err());
         assert!(Args::try_parse_from(["x"]).is_err());
+    }
+
+    #[test]
+    fn config_file_with_cli_overrides() {
+        let dir = std::env::temp_dir().join(format!("vur-main-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.toml");
+        std::fs::write(
+            &path,
+            "[daemon]\nctrl_poll_us = 5\n[defaults.limits]\nmax_qp = 100\nmax_cq = 50\n\
+             [[tenant]]\nname = \"blue\"\n\
+             [[vm]]\nname = \"a\"\nsocket = \"/tmp/a.sock\"\ntenant = \"blue\"\n\
+             [vm.limits]\nmax_cq = 7\n",
+        )
+        .unwrap();
+        let p = path.to_str().unwrap();
+        // The file alone.
+        let c = DaemonConfig::try_from(Args::try_parse_from(["x", "-c", p]).unwrap()).unwrap();
+        assert_eq!(c.vms.len(), 1);
+        assert_eq!(c.vms[0].limits.max_qp, 100);
+        assert_eq!(c.ctrl_poll, std::time::Duration::from_micros(5));
+        // The command line overrides defaults and daemon settings and adds VMs.
+        let a = Args::try_parse_from([
+            "x",
+            "--config",
+            p,
+            "-s",
+            "/tmp/b.sock",
+            "--max-qp",
+            "8",
+            "--max-cq",
+            "9",
+            "--ctrl-poll-us",
+            "0",
+            "--no-shmem-doorbell",
+        ])
+        .unwrap();
+        let c = DaemonConfig::try_from(a).unwrap();
+        assert_eq!(c.vms.len(), 2);
+        assert_eq!(c.vms[0].limits.max_qp, 8);
+        assert_eq!(c.vms[0].limits.max_cq, 7);
+        assert_eq!(c.vms[1].name, "vm1");
+        assert_eq!(c.vms[1].tenant, "default");
+        assert_eq!(c.vms[1].limits.max_qp, 8);
+        assert_eq!(c.vms[1].limits.max_cq, 9);
+        assert_eq!(c.ctrl_poll, std::time::Duration::ZERO);
+        assert_eq!(c.device_features & F_SHMEM_DOORBELL, 0);
+        // A socket given twice, once in the file and once on the command line.
+        let a = Args::try_parse_from(["x", "-c", p, "-s", "/tmp/a.sock"]).unwrap();
+        assert!(matches!(
+            DaemonConfig::try_from(a),
+            Err(ArgsError::Config(_))
+        ));
+        // A file without VMs and no --socket-path.
+        std::fs::write(&path, "").unwrap();
+        let a = Args::try_parse_from(["x", "-c", p]).unwrap();
+        assert!(DaemonConfig::try_from(a).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

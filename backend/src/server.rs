@@ -75,17 +75,12 @@ pub struct Daemon {
     engine: Arc<Engine>,
 }
 
-/// The GID of VM `index`: an IPv4-mapped address 10.42.x.y. It is only a
-/// label inside the daemon's virtual network; tenancy policy replaces it.
-fn port_identity(index: usize, keys: &mut KeySource) -> Result<PortIdentity, RnicError> {
-    let n = (index + 1) as u32;
-    let mut gid = [0u8; 16];
-    gid[10] = 0xff;
-    gid[11] = 0xff;
-    gid[12] = 10;
-    gid[13] = 42;
-    gid[14] = (n >> 8) as u8;
-    gid[15] = n as u8;
+/// The port identity of VM `index`: its GID and a random GUID.
+fn port_identity(
+    index: usize,
+    gid: [u8; 16],
+    keys: &mut KeySource,
+) -> Result<PortIdentity, RnicError> {
     let hi = keys.next_u32().map_err(|_| RnicError::Random)?;
     let lo = keys.next_u32().map_err(|_| RnicError::Random)?;
     // A locally administered, unicast EUI-64.
@@ -111,7 +106,8 @@ impl Daemon {
         let mut keys = KeySource::new();
         let mut slots = Vec::new();
         let mut threads = Vec::new();
-        for (index, path) in config.sockets.iter().enumerate() {
+        for (index, vm) in config.vms.iter().enumerate() {
+            let path = &vm.socket;
             let listener = Listener::new(path, true).map_err(|source| ServerError::Listen {
                 path: path.clone(),
                 source,
@@ -120,12 +116,12 @@ impl Daemon {
                 path: path.clone(),
                 device: Arc::new(
                     RdmaDevice::new(
-                        config.limits,
+                        vm.limits,
                         config.device_features,
                         config.ctrl_poll,
                         rnic.clone(),
                         engine.clone(),
-                        port_identity(index, &mut keys)?,
+                        port_identity(index, config.gid(index), &mut keys)?,
                     )
                     .map_err(ServerError::Spawn)?,
                 ),
@@ -143,7 +139,13 @@ impl Daemon {
                 .name(format!("vm{index}"))
                 .spawn(move || ctx.serve(listener))
                 .map_err(ServerError::Spawn)?;
-            info!("serving VM {index} on {}", path.display());
+            info!(
+                "serving VM {index} ({}, tenant {}, GID {}) on {}",
+                vm.name,
+                vm.tenant,
+                crate::config::gid_text(config.gid(index)),
+                path.display()
+            );
             slots.push(slot);
             threads.push(t);
         }

@@ -25,12 +25,23 @@ impl TestDaemon {
 
     /// Starts a daemon serving `vms` sockets with `limits`.
     pub fn with_limits(vms: usize, limits: Limits) -> Result<Self> {
-        Self::with_config(vms, |c| c.limits = limits)
+        Self::with_config(vms, |c| c.set_limits(limits))
     }
 
     /// Starts a daemon serving `vms` sockets; `configure` may change the
     /// configuration (limits, polling) before it starts.
     pub fn with_config(vms: usize, configure: impl FnOnce(&mut DaemonConfig)) -> Result<Self> {
+        Self::from_config(|dir| {
+            let sockets = (0..vms).map(|i| dir.join(format!("vm{i}.sock"))).collect();
+            let mut config = DaemonConfig::new(sockets);
+            configure(&mut config);
+            Ok(config)
+        })
+    }
+
+    /// Starts a daemon with the configuration `make` returns; `make` gets
+    /// the private directory to put sockets (and files) in.
+    pub fn from_config(make: impl FnOnce(&Path) -> Result<DaemonConfig>) -> Result<Self> {
         let dir = std::env::temp_dir().join(format!(
             "vhost-user-rdma-test-{}-{}",
             std::process::id(),
@@ -40,15 +51,27 @@ impl TestDaemon {
             what: "create socket directory",
             source,
         })?;
-        let sockets: Vec<PathBuf> = (0..vms).map(|i| dir.join(format!("vm{i}.sock"))).collect();
-        let mut config = DaemonConfig::new(sockets.clone());
-        configure(&mut config);
-        let daemon = Daemon::start(config).map_err(|e| Error::Backend(e.to_string()))?;
-        Ok(TestDaemon {
-            daemon: Some(daemon),
-            dir,
-            sockets,
-        })
+        let started = make(&dir).and_then(|config| {
+            let sockets: Vec<PathBuf> = config.vms.iter().map(|v| v.socket.clone()).collect();
+            let daemon = Daemon::start(config).map_err(|e| Error::Backend(e.to_string()))?;
+            Ok((daemon, sockets))
+        });
+        match started {
+            Ok((daemon, sockets)) => Ok(TestDaemon {
+                daemon: Some(daemon),
+                dir,
+                sockets,
+            }),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                Err(e)
+            }
+        }
+    }
+
+    /// Private directory of this daemon (its sockets are in it).
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Socket of VM `i`.

@@ -87,7 +87,7 @@ static CTRL_POLL: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::
 fn start_daemon(limits: Limits) -> vhost_user_rdma_tests::Result<TestDaemon> {
     let poll = CTRL_POLL.get().copied().flatten();
     TestDaemon::with_config(1, |c| {
-        c.limits = limits;
+        c.set_limits(limits);
         if let Some(p) = poll {
             c.ctrl_poll = p;
         }

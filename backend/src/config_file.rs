@@ -1,0 +1,743 @@
+//! The daemon's configuration file (`--config FILE`, TOML): daemon settings,
+//! default limits, tenants and VMs. See `docs/vhost-user-rdma.example.toml`.
+//!
+//! Every error names the file and the line of the offending table or field
+//! (`config.toml:14: VM "vm1": tenant "red" is not defined`); syntax and
+//! type errors also name the column.
+//!
+//! Precedence of limits, lowest first: built-in defaults, `[defaults.limits]`,
+//! the `--max-*` options of the command line, a VM's own `[vm.limits]`.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use thiserror::Error;
+use toml::Spanned;
+use virtio_rdma_abi::config::F_SHMEM_DOORBELL;
+
+use crate::config::{
+    default_gid, gid_text, ConfigError, DaemonConfig, LimitOverrides, Limits, TenantConfig,
+    VmConfig, MAX_CTRL_POLL,
+};
+
+/// Where in the file something is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Loc {
+    /// The file as named on the command line.
+    pub file: String,
+    /// 1-based line.
+    pub line: usize,
+}
+
+impl fmt::Display for Loc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.file, self.line)
+    }
+}
+
+/// A configuration file that cannot be used.
+#[derive(Debug, Error)]
+pub enum FileError {
+    /// The file cannot be read.
+    #[error("{file}: {source}")]
+    Read {
+        /// The file.
+        file: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Not TOML, a wrong type, an unknown or missing field.
+    #[error("{file}:{line}:{column}: {message}")]
+    Parse {
+        /// The file.
+        file: String,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// What the TOML parser says.
+        message: String,
+    },
+    /// A tenant name is not 1 to 32 of `a-z`, `0-9`, `_`, `-`.
+    #[error("{at}: tenant name {name:?} is invalid (1 to 32 of a-z, 0-9, _ and -)")]
+    BadTenantName {
+        /// Its line.
+        at: Loc,
+        /// The name.
+        name: String,
+    },
+    /// A VM name is not 1 to 32 of `a-z`, `0-9`, `_`, `-`.
+    #[error("{at}: VM name {name:?} is invalid (1 to 32 of a-z, 0-9, _ and -)")]
+    BadVmName {
+        /// Its line.
+        at: Loc,
+        /// The name.
+        name: String,
+    },
+    /// Two tenants have the same name.
+    #[error("{at}: tenant {name:?} is already defined at line {first}")]
+    DuplicateTenant {
+        /// The second definition.
+        at: Loc,
+        /// The name.
+        name: String,
+        /// Line of the first definition.
+        first: usize,
+    },
+    /// Two VMs have the same name.
+    #[error("{at}: VM {name:?} is already defined at line {first}")]
+    DuplicateVm {
+        /// The second definition.
+        at: Loc,
+        /// The name.
+        name: String,
+        /// Line of the first definition.
+        first: usize,
+    },
+    /// Two VMs have the same socket.
+    #[error("{at}: VM {vm:?}: socket {socket:?} is already the socket of VM {other:?}")]
+    DuplicateSocket {
+        /// The second use.
+        at: Loc,
+        /// The VM.
+        vm: String,
+        /// The socket path.
+        socket: String,
+        /// The VM that has it already.
+        other: String,
+    },
+    /// A VM names a tenant that is not defined.
+    #[error("{at}: VM {vm:?}: tenant {tenant:?} is not defined")]
+    UnknownTenant {
+        /// The `tenant` field.
+        at: Loc,
+        /// The VM.
+        vm: String,
+        /// The tenant it names.
+        tenant: String,
+    },
+    /// A GID is not IPv6 (or IPv4) address text.
+    #[error("{at}: VM {vm:?}: gid {text:?} is not an IPv6 or IPv4 address")]
+    BadGid {
+        /// The `gid` field.
+        at: Loc,
+        /// The VM.
+        vm: String,
+        /// The text.
+        text: String,
+    },
+    /// Two VMs would have the same GID.
+    #[error("{at}: VM {vm:?}: GID {gid} is already the GID of VM {other:?}")]
+    DuplicateGid {
+        /// The `gid` field (or the VM whose default GID collides).
+        at: Loc,
+        /// The VM.
+        vm: String,
+        /// The GID.
+        gid: String,
+        /// The VM that has it already.
+        other: String,
+    },
+    /// A limit is invalid.
+    #[error("{at}: {context}: {source}")]
+    Limit {
+        /// The offending field (or its table).
+        at: Loc,
+        /// `[defaults.limits]` or `VM "vm0"`.
+        context: String,
+        /// What is wrong.
+        source: Box<ConfigError>,
+    },
+    /// `ctrl_poll_us` is too large.
+    #[error("{at}: ctrl_poll_us = {value} is out of range (0..={max})")]
+    CtrlPoll {
+        /// The field.
+        at: Loc,
+        /// Its value.
+        value: u64,
+        /// Largest value.
+        max: u64,
+    },
+    /// A `--max-*` option of the command line is invalid.
+    #[error("command line: {0}")]
+    Cli(Box<ConfigError>),
+}
+
+/// Generates the `limits` tables: every [`Limits`] field by its name.
+macro_rules! limits_table {
+    ($($field:ident: $ty:ty),* $(,)?) => {
+        #[derive(Debug, Default, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct LimitsTable {
+            $(#[serde(default)] $field: Option<Spanned<$ty>>,)*
+        }
+
+        impl LimitsTable {
+            fn apply(&self, limits: &mut Limits) {
+                $(if let Some(v) = &self.$field {
+                    limits.$field = *v.get_ref();
+                })*
+            }
+
+            fn span_of(&self, name: &str) -> Option<Range<usize>> {
+                match name {
+                    $(stringify!($field) => self.$field.as_ref().map(Spanned::span),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+limits_table! {
+    max_ctx: u32, max_pd: u32, max_cq: u32, max_qp: u32, max_mr: u32, max_srq: u32,
+    max_ah: u32, max_cqe: u32, max_qp_wr: u32, max_srq_wr: u32, max_send_sge: u32,
+    max_recv_sge: u32, max_inline_data: u32, max_inline_pages: u32, max_qp_rd_atom: u32,
+    max_mr_size: u64, max_mr_bytes: u64, page_size_cap: u64,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DaemonTable {
+    ctrl_poll_us: Option<Spanned<u64>>,
+    shmem_doorbell: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DefaultsTable {
+    limits: Option<Spanned<LimitsTable>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TenantTable {
+    name: Spanned<String>,
+    qos_class: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VmTable {
+    name: Spanned<String>,
+    socket: Spanned<PathBuf>,
+    tenant: Spanned<String>,
+    gid: Option<Spanned<String>>,
+    limits: Option<Spanned<LimitsTable>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileTables {
+    #[serde(default)]
+    daemon: DaemonTable,
+    #[serde(default)]
+    defaults: DefaultsTable,
+    #[serde(default)]
+    tenant: Vec<Spanned<TenantTable>>,
+    #[serde(default)]
+    vm: Vec<Spanned<VmTable>>,
+}
+
+/// A loaded configuration file.
+#[derive(Debug, Clone)]
+pub struct LoadedConfig {
+    /// The daemon configuration it describes (validated).
+    pub config: DaemonConfig,
+    /// Its default limits (with the command line's applied): the limits of
+    /// VMs added on the command line.
+    pub default_limits: Limits,
+}
+
+/// Reads and checks the configuration file `path`; `cli` are the `--max-*`
+/// options, which replace the file's `[defaults.limits]`.
+pub fn load(path: &Path, cli: &LimitOverrides) -> Result<LoadedConfig, FileError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| FileError::Read {
+        file: file.clone(),
+        source,
+    })?;
+    parse(&text, &file, cli)
+}
+
+/// Checks configuration `text`; `file` names it in errors.
+pub fn parse(text: &str, file: &str, cli: &LimitOverrides) -> Result<LoadedConfig, FileError> {
+    let tables: FileTables = toml::from_str(text).map_err(|e| {
+        let (line, column) = e.span().map(|s| line_col(text, s.start)).unwrap_or((1, 1));
+        FileError::Parse {
+            file: file.into(),
+            line,
+            column,
+            message: e.message().trim_end().to_string(),
+        }
+    })?;
+    let at = |span: Range<usize>| Loc {
+        file: file.into(),
+        line: line_col(text, span.start).0,
+    };
+
+    let mut config = DaemonConfig::new(Vec::new());
+    if let Some(us) = &tables.daemon.ctrl_poll_us {
+        let poll = std::time::Duration::from_micros(*us.get_ref());
+        if poll > MAX_CTRL_POLL {
+            return Err(FileError::CtrlPoll {
+                at: at(us.span()),
+                value: *us.get_ref(),
+                max: u64::try_from(MAX_CTRL_POLL.as_micros()).unwrap_or(u64::MAX),
+            });
+        }
+        config.ctrl_poll = poll;
+    }
+    if tables.daemon.shmem_doorbell == Some(false) {
+        config.device_features &= !F_SHMEM_DOORBELL;
+    }
+
+    // Defaults: built-in, then the file, then the command line.
+    let mut defaults = Limits::default();
+    let defaults_table = tables.defaults.limits.as_ref();
+    if let Some(t) = defaults_table {
+        t.get_ref().apply(&mut defaults);
+    }
+    cli.apply(&mut defaults);
+    if let Err(e) = defaults.validate() {
+        let field = e.limit_field().unwrap_or_default();
+        if cli.is_set(&field) {
+            return Err(FileError::Cli(Box::new(e)));
+        }
+        let span = defaults_table
+            .and_then(|t| t.get_ref().span_of(&field).or(Some(t.span())))
+            .unwrap_or(0..0);
+        return Err(FileError::Limit {
+            at: at(span),
+            context: "[defaults.limits]".into(),
+            source: Box::new(e),
+        });
+    }
+
+    for (i, t) in tables.tenant.iter().enumerate() {
+        let tt = t.get_ref();
+        let name = tt.name.get_ref();
+        if !valid_name(name) {
+            return Err(FileError::BadTenantName {
+                at: at(tt.name.span()),
+                name: name.clone(),
+            });
+        }
+        if let Some(first) = tables.tenant[..i]
+            .iter()
+            .find(|o| o.get_ref().name.get_ref() == name)
+        {
+            return Err(FileError::DuplicateTenant {
+                at: at(tt.name.span()),
+                name: name.clone(),
+                first: at(first.get_ref().name.span()).line,
+            });
+        }
+        config.tenants.push(TenantConfig {
+            name: name.clone(),
+            qos_class: tt.qos_class.clone(),
+        });
+    }
+
+    for (i, v) in tables.vm.iter().enumerate() {
+        let vt = v.get_ref();
+        let name = vt.name.get_ref();
+        let before = &tables.vm[..i];
+        if !valid_name(name) {
+            return Err(FileError::BadVmName {
+                at: at(vt.name.span()),
+                name: name.clone(),
+            });
+        }
+        if let Some(first) = before.iter().find(|o| o.get_ref().name.get_ref() == name) {
+            return Err(FileError::DuplicateVm {
+                at: at(vt.name.span()),
+                name: name.clone(),
+                first: at(first.get_ref().name.span()).line,
+            });
+        }
+        if let Some(other) = before
+            .iter()
+            .find(|o| o.get_ref().socket.get_ref() == vt.socket.get_ref())
+        {
+            return Err(FileError::DuplicateSocket {
+                at: at(vt.socket.span()),
+                vm: name.clone(),
+                socket: vt.socket.get_ref().display().to_string(),
+                other: other.get_ref().name.get_ref().clone(),
+            });
+        }
+        let tenant = vt.tenant.get_ref();
+        if !config.tenants.iter().any(|t| &t.name == tenant) {
+            return Err(FileError::UnknownTenant {
+                at: at(vt.tenant.span()),
+                vm: name.clone(),
+                tenant: tenant.clone(),
+            });
+        }
+        let gid = match &vt.gid {
+            None => None,
+            Some(g) => Some(parse_gid(g.get_ref()).ok_or_else(|| FileError::BadGid {
+                at: at(g.span()),
+                vm: name.clone(),
+                text: g.get_ref().clone(),
+            })?),
+        };
+        let effective = gid.unwrap_or_else(|| default_gid(i));
+        if let Some(j) = (0..i).find(|&j| config.gid(j) == effective) {
+            // Point at an explicit gid: this VM's, else the other VM's.
+            let span = vt
+                .gid
+                .as_ref()
+                .map(Spanned::span)
+                .or_else(|| before[j].get_ref().gid.as_ref().map(Spanned::span))
+                .unwrap_or_else(|| v.span());
+            return Err(FileError::DuplicateGid {
+                at: at(span),
+                vm: name.clone(),
+                gid: gid_text(effective),
+                other: config.vms[j].name.clone(),
+            });
+        }
+        let mut limits = defaults;
+        if let Some(t) = &vt.limits {
+            t.get_ref().apply(&mut limits);
+        }
+        if let Err(e) = limits.validate() {
+            let field = e.limit_field().unwrap_or_default();
+            let span = vt
+                .limits
+                .as_ref()
+                .and_then(|t| t.get_ref().span_of(&field))
+                .or_else(|| defaults_table.and_then(|t| t.get_ref().span_of(&field)))
+                .or_else(|| vt.limits.as_ref().map(Spanned::span))
+                .unwrap_or_else(|| v.span());
+            return Err(FileError::Limit {
+                at: at(span),
+                context: format!("VM {name:?}"),
+                source: Box::new(e),
+            });
+        }
+        config.vms.push(VmConfig {
+            name: name.clone(),
+            socket: vt.socket.get_ref().clone(),
+            tenant: tenant.clone(),
+            gid,
+            limits,
+        });
+    }
+    Ok(LoadedConfig {
+        config,
+        default_limits: defaults,
+    })
+}
+
+/// Tenant and VM names: 1 to 32 of `a-z`, `0-9`, `_`, `-`.
+fn valid_name(name: &str) -> bool {
+    (1..=32).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+}
+
+/// A GID from IPv6 text; IPv4 text gives the IPv4-mapped GID.
+fn parse_gid(text: &str) -> Option<[u8; 16]> {
+    match text.trim().parse::<IpAddr>().ok()? {
+        IpAddr::V6(a) => Some(a.octets()),
+        IpAddr::V4(a) => Some(a.to_ipv6_mapped().octets()),
+    }
+}
+
+/// 1-based line and column (in characters) of byte `offset` of `text`.
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let mut offset = offset.min(text.len());
+    while !text.is_char_boundary(offset) {
+        offset -= 1;
+    }
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let start = before.rfind('\n').map_or(0, |i| i + 1);
+    (line, before[start..].chars().count() + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"# example
+[daemon]
+ctrl_poll_us = 20
+shmem_doorbell = false
+
+[defaults.limits]
+max_qp = 4096
+max_mr_bytes = 1073741824
+
+[[tenant]]
+name = "blue"
+qos_class = "gold"
+
+[[tenant]]
+name = "red"
+
+[[vm]]
+name = "vm0"
+socket = "/run/a.sock"
+tenant = "blue"
+gid = "::ffff:10.99.0.7"
+[vm.limits]
+max_qp = 128
+
+[[vm]]
+name = "vm1"
+socket = "/run/b.sock"
+tenant = "red"
+"#;
+
+    fn parse_str(text: &str) -> Result<LoadedConfig, FileError> {
+        parse(text, "config.toml", &LimitOverrides::default())
+    }
+
+    fn err(text: &str) -> String {
+        match parse_str(text) {
+            Ok(_) => panic!("accepted: {text}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// `GOOD` with `from` replaced by `to`.
+    fn good_with(from: &str, to: &str) -> String {
+        assert!(GOOD.contains(from), "{from}");
+        GOOD.replacen(from, to, 1)
+    }
+
+    #[test]
+    fn parses_a_full_file() {
+        let l = parse_str(GOOD).unwrap();
+        let c = &l.config;
+        c.validate().unwrap();
+        assert_eq!(c.ctrl_poll, std::time::Duration::from_micros(20));
+        assert_eq!(c.device_features & F_SHMEM_DOORBELL, 0);
+        assert_eq!(l.default_limits.max_qp, 4096);
+        assert_eq!(l.default_limits.max_mr_bytes, 1 << 30);
+        assert_eq!(c.tenants.len(), 2);
+        assert_eq!(c.tenants[0].qos_class.as_deref(), Some("gold"));
+        assert_eq!(c.tenants[1].qos_class, None);
+        assert_eq!(c.vms.len(), 2);
+        assert_eq!(c.vms[0].name, "vm0");
+        assert_eq!(c.vms[0].tenant, "blue");
+        assert_eq!(c.vms[0].socket, PathBuf::from("/run/a.sock"));
+        assert_eq!(c.vms[0].limits.max_qp, 128);
+        assert_eq!(c.vms[0].limits.max_mr_bytes, 1 << 30);
+        assert_eq!(gid_text(c.gid(0)), "::ffff:10.99.0.7");
+        assert_eq!(c.vms[1].limits.max_qp, 4096);
+        assert_eq!(c.vms[1].gid, None);
+        assert_eq!(gid_text(c.gid(1)), "::ffff:10.42.0.2");
+    }
+
+    #[test]
+    fn example_file_is_valid() {
+        let text = include_str!("../../docs/vhost-user-rdma.example.toml");
+        let l = parse_str(text).unwrap();
+        l.config.validate().unwrap();
+        assert_eq!(l.config.vms.len(), 2);
+        assert_eq!(l.config.vms[0].limits.max_qp, 128);
+        assert_eq!(l.config.vms[1].limits.max_qp, 4096);
+    }
+
+    #[test]
+    fn empty_file_has_defaults_and_no_vms() {
+        let l = parse_str("").unwrap();
+        assert!(l.config.vms.is_empty());
+        assert_eq!(l.default_limits, Limits::default());
+        assert_eq!(l.config.ctrl_poll, crate::config::DEFAULT_CTRL_POLL);
+        assert_ne!(l.config.device_features & F_SHMEM_DOORBELL, 0);
+    }
+
+    #[test]
+    fn cli_limits_override_defaults_but_not_vm_limits() {
+        let cli = LimitOverrides {
+            max_qp: Some(64),
+            max_cq: Some(32),
+            ..LimitOverrides::default()
+        };
+        let l = parse(GOOD, "c", &cli).unwrap();
+        assert_eq!(l.default_limits.max_qp, 64);
+        assert_eq!(l.config.vms[0].limits.max_qp, 128);
+        assert_eq!(l.config.vms[1].limits.max_qp, 64);
+        assert_eq!(l.config.vms[1].limits.max_cq, 32);
+        let cli = LimitOverrides {
+            max_cqe: Some(1000),
+            ..LimitOverrides::default()
+        };
+        let e = parse(GOOD, "c", &cli).unwrap_err();
+        assert!(matches!(e, FileError::Cli(_)), "{e}");
+        assert!(e.to_string().starts_with("command line: max-cqe"), "{e}");
+    }
+
+    #[test]
+    fn ipv4_and_plain_ipv6_gids() {
+        let l = parse_str(&good_with("::ffff:10.99.0.7", "10.1.2.3")).unwrap();
+        assert_eq!(gid_text(l.config.gid(0)), "::ffff:10.1.2.3");
+        let l = parse_str(&good_with("::ffff:10.99.0.7", "fe80::1")).unwrap();
+        assert_eq!(gid_text(l.config.gid(0)), "fe80::1");
+    }
+
+    #[test]
+    fn syntax_error_has_line_and_column() {
+        let e = err(&good_with("max_qp = 128", "max_qp = = 128"));
+        assert!(e.starts_with("config.toml:23:"), "{e}");
+    }
+
+    #[test]
+    fn unknown_field_has_line_and_column() {
+        let e = err(&good_with("max_qp = 128", "max_qpp = 128"));
+        assert!(
+            e.starts_with("config.toml:23:1: unknown field `max_qpp`"),
+            "{e}"
+        );
+        let e = err(&good_with("qos_class", "qos_klass"));
+        assert!(
+            e.starts_with("config.toml:12:1: unknown field `qos_klass`"),
+            "{e}"
+        );
+        let e = err(&good_with("[daemon]", "[demon]"));
+        assert!(e.starts_with("config.toml:2:"), "{e}");
+        assert!(e.contains("unknown field `demon`"), "{e}");
+    }
+
+    #[test]
+    fn wrong_type_and_missing_field() {
+        let e = err(&good_with("max_qp = 128", "max_qp = \"many\""));
+        assert!(e.starts_with("config.toml:23:10:"), "{e}");
+        let e = err(&good_with("max_qp = 128", "max_qp = -1"));
+        assert!(e.starts_with("config.toml:23:10:"), "{e}");
+        let e = err(&good_with("tenant = \"red\"\n", ""));
+        assert!(e.starts_with("config.toml:25:"), "{e}");
+        assert!(e.contains("missing field `tenant`"), "{e}");
+    }
+
+    #[test]
+    fn unknown_tenant() {
+        let e = err(&good_with("tenant = \"red\"", "tenant = \"green\""));
+        assert_eq!(
+            e,
+            "config.toml:28: VM \"vm1\": tenant \"green\" is not defined"
+        );
+    }
+
+    #[test]
+    fn duplicate_names_and_sockets() {
+        let e = err(&good_with("name = \"vm1\"", "name = \"vm0\""));
+        assert_eq!(
+            e,
+            "config.toml:26: VM \"vm0\" is already defined at line 18"
+        );
+        let e = err(&good_with("name = \"red\"", "name = \"blue\""));
+        assert_eq!(
+            e,
+            "config.toml:15: tenant \"blue\" is already defined at line 11"
+        );
+        let e = err(&good_with("/run/b.sock", "/run/a.sock"));
+        assert_eq!(
+            e,
+            "config.toml:27: VM \"vm1\": socket \"/run/a.sock\" is already the socket of VM \"vm0\""
+        );
+    }
+
+    #[test]
+    fn bad_names() {
+        let e = err(&good_with("name = \"red\"", "name = \"Red\""));
+        assert!(
+            e.starts_with("config.toml:15: tenant name \"Red\" is invalid"),
+            "{e}"
+        );
+        let e = err(&good_with("name = \"vm1\"", "name = \"\""));
+        assert!(
+            e.starts_with("config.toml:26: VM name \"\" is invalid"),
+            "{e}"
+        );
+        let long = "a".repeat(33);
+        let e = err(&good_with("name = \"vm1\"", &format!("name = \"{long}\"")));
+        assert!(e.starts_with("config.toml:26: VM name"), "{e}");
+    }
+
+    #[test]
+    fn bad_and_duplicate_gids() {
+        let e = err(&good_with("::ffff:10.99.0.7", "10.99.0.777"));
+        assert_eq!(
+            e,
+            "config.toml:21: VM \"vm0\": gid \"10.99.0.777\" is not an IPv6 or IPv4 address"
+        );
+        let text = good_with(
+            "tenant = \"red\"",
+            "tenant = \"red\"\ngid = \"::ffff:10.99.0.7\"",
+        );
+        let e = err(&text);
+        assert_eq!(
+            e,
+            "config.toml:29: VM \"vm1\": GID ::ffff:10.99.0.7 is already the GID of VM \"vm0\""
+        );
+        // vm0 takes the default GID of vm1 (index 1).
+        let e = err(&good_with("::ffff:10.99.0.7", "::ffff:10.42.0.2"));
+        assert_eq!(
+            e,
+            "config.toml:21: VM \"vm1\": GID ::ffff:10.42.0.2 is already the GID of VM \"vm0\""
+        );
+    }
+
+    #[test]
+    fn invalid_limits_name_their_line() {
+        let e = err(&good_with("max_qp = 4096", "max_qp = 0"));
+        assert!(
+            e.starts_with("config.toml:7: [defaults.limits]: max-qp = 0 is out of range"),
+            "{e}"
+        );
+        let e = err(&good_with("max_qp = 128", "max_cqe = 1000"));
+        assert_eq!(
+            e,
+            "config.toml:23: VM \"vm0\": max-cqe = 1000 must be a power of two"
+        );
+        // The combination fails only in the VM; the field is in the defaults.
+        let text = good_with("max_qp = 4096", "max_qp = 4096\nmax_qp_wr = 4194304").replacen(
+            "max_qp = 128",
+            "max_send_sge = 30",
+            1,
+        );
+        let e = err(&text);
+        assert!(e.starts_with("config.toml:8: VM \"vm0\": max-qp-wr"), "{e}");
+    }
+
+    #[test]
+    fn ctrl_poll_out_of_range() {
+        let e = err(&good_with("ctrl_poll_us = 20", "ctrl_poll_us = 20000"));
+        assert_eq!(
+            e,
+            "config.toml:3: ctrl_poll_us = 20000 is out of range (0..=10000)"
+        );
+    }
+
+    #[test]
+    fn missing_file() {
+        let e = load(
+            Path::new("/nonexistent/vhost-user-rdma.toml"),
+            &LimitOverrides::default(),
+        )
+        .unwrap_err();
+        assert!(matches!(e, FileError::Read { .. }));
+        assert!(e
+            .to_string()
+            .starts_with("/nonexistent/vhost-user-rdma.toml: "));
+    }
+
+    #[test]
+    fn line_col_counts_characters() {
+        assert_eq!(line_col("ab\ncd", 0), (1, 1));
+        assert_eq!(line_col("ab\ncd", 4), (2, 2));
+        assert_eq!(line_col("é\nx", 1), (1, 1));
+        assert_eq!(line_col("ab", 99), (1, 3));
+    }
+}

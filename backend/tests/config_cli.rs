@@ -1,0 +1,88 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+//! The `vhost-user-rdma` binary with `--config`: a bad file is refused with
+//! exit code 2 and its line on stderr; a good one is served.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_vhost-user-rdma");
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("vur-cli-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn bad_config_exits_2_with_the_line() {
+    let dir = temp_dir("bad");
+    let path = dir.join("bad.toml");
+    std::fs::write(
+        &path,
+        "[[tenant]]\nname = \"blue\"\n\n[[vm]]\nname = \"vm0\"\nsocket = \"/tmp/x.sock\"\ntenant = \"red\"\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let want = format!(
+        "{}:7: VM \"vm0\": tenant \"red\" is not defined",
+        path.display()
+    );
+    assert!(stderr.contains(&want), "{stderr}");
+
+    std::fs::write(&path, "[daemon]\nctrl_pol_us = 5\n").unwrap();
+    let out = Command::new(BIN).arg("-c").arg(&path).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "{}:2:1: unknown field `ctrl_pol_us`",
+            path.display()
+        )),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn good_config_is_served() {
+    let dir = temp_dir("good");
+    let path = dir.join("good.toml");
+    let file_sock = dir.join("file.sock");
+    let cli_sock = dir.join("cli.sock");
+    std::fs::write(
+        &path,
+        format!(
+            "[[tenant]]\nname = \"blue\"\n[[vm]]\nname = \"a\"\nsocket = \"{}\"\ntenant = \"blue\"\n",
+            file_sock.display()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(BIN)
+        .arg("--config")
+        .arg(&path)
+        .arg("--socket-path")
+        .arg(&cli_sock)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(file_sock.exists() && cli_sock.exists()) && Instant::now() < deadline {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("daemon exited: {status}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let served = file_sock.exists() && cli_sock.exists();
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(served, "sockets not created");
+}
