@@ -26,6 +26,25 @@ pub enum ConfigError {
     /// Two tenants have the same name.
     #[error("tenant name {0:?} is given more than once")]
     DuplicateTenant(String),
+    /// Two QoS classes have the same name.
+    #[error("QoS class {0:?} is given more than once")]
+    DuplicateQosClass(String),
+    /// A QoS class has invalid settings.
+    #[error("QoS class {class:?}: {source}")]
+    QosClass {
+        /// The class.
+        class: String,
+        /// What is wrong.
+        source: crate::qos::QosError,
+    },
+    /// A tenant or VM names a QoS class that is not defined.
+    #[error("{owner}: QoS class {class:?} is not defined")]
+    UnknownQosClass {
+        /// The tenant or VM.
+        owner: String,
+        /// The class it names.
+        class: String,
+    },
     /// A VM names a tenant that is not defined.
     #[error("VM {vm:?}: tenant {tenant:?} is not defined")]
     UnknownTenant {
@@ -126,6 +145,10 @@ pub struct Limits {
     pub max_mr_bytes: u64,
     /// Allowed page sizes (bit n = 2^n bytes).
     pub page_size_cap: u64,
+    /// Control requests the device takes from the VM's control queue in one
+    /// pass before it lets other VMs' control workers run (the requests
+    /// beyond it wait in the ring, they are not failed).
+    pub max_ctrl_outstanding: u32,
 }
 
 impl Default for Limits {
@@ -152,6 +175,7 @@ impl Default for Limits {
             max_mr_bytes: 64 << 30,
             // Every page size from 4 KiB to 1 GiB.
             page_size_cap: ((1u64 << (MAX_PAGE_SHIFT + 1)) - 1) & !((1u64 << MIN_PAGE_SHIFT) - 1),
+            max_ctrl_outstanding: 64,
         }
     }
 }
@@ -190,7 +214,7 @@ limit_overrides! {
     max_ctx: u32, max_pd: u32, max_cq: u32, max_qp: u32, max_mr: u32, max_srq: u32,
     max_ah: u32, max_cqe: u32, max_qp_wr: u32, max_srq_wr: u32, max_send_sge: u32,
     max_recv_sge: u32, max_inline_data: u32, max_inline_pages: u32, max_qp_rd_atom: u32,
-    max_mr_size: u64, max_mr_bytes: u64, page_size_cap: u64,
+    max_mr_size: u64, max_mr_bytes: u64, page_size_cap: u64, max_ctrl_outstanding: u32,
 }
 
 impl ConfigError {
@@ -253,6 +277,12 @@ impl Limits {
         range("max-qp-rd-atom", u64::from(self.max_qp_rd_atom), 1, 255)?;
         range("max-mr-size", self.max_mr_size, 4096, 1 << 46)?;
         range("max-mr-bytes", self.max_mr_bytes, 4096, 1 << 50)?;
+        range(
+            "max-ctrl-outstanding",
+            u64::from(self.max_ctrl_outstanding),
+            1,
+            1024,
+        )?;
         let stride = 1u64 << send_wqe_shift(self.max_send_sge, self.max_inline_data);
         if u64::from(self.max_qp_wr) * stride > 1 << 31 {
             return Err(ConfigError::RingTooLarge {
@@ -349,7 +379,8 @@ pub const DEFAULT_TENANT: &str = "default";
 pub struct TenantConfig {
     /// Unique name.
     pub name: String,
-    /// Quality-of-service class; stored and reported, not enforced yet.
+    /// QoS class (one of [`DaemonConfig::qos_classes`]): rate limits on the
+    /// sum of the tenant's VMs' traffic.
     pub qos_class: Option<String>,
 }
 
@@ -366,6 +397,9 @@ pub struct VmConfig {
     pub gid: Option<[u8; 16]>,
     /// Its limits.
     pub limits: Limits,
+    /// QoS class (one of [`DaemonConfig::qos_classes`]): the VM's weight
+    /// and rate limits; `None`: the default weight, no limits.
+    pub qos_class: Option<String>,
 }
 
 /// Everything the daemon needs to run.
@@ -380,6 +414,14 @@ pub struct DaemonConfig {
     /// How long a control-queue worker keeps polling for more requests
     /// after a batch before it sleeps (0: never polls).
     pub ctrl_poll: std::time::Duration,
+    /// Named QoS settings that tenants and VMs refer to.
+    pub qos_classes: Vec<crate::qos::QosClass>,
+    /// CPU the RNIC engine thread is pinned to (`None`: not pinned).
+    pub engine_cpu: Option<usize>,
+    /// Path of the management socket (JSON API); `None`: none.
+    pub mgmt_socket: Option<PathBuf>,
+    /// Address of the Prometheus metrics HTTP listener; `None`: none.
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// Default control-queue polling window.
@@ -394,6 +436,10 @@ impl DaemonConfig {
             tenants: Vec::new(),
             device_features: ALL_DEVICE_FEATURES,
             ctrl_poll: DEFAULT_CTRL_POLL,
+            qos_classes: Vec::new(),
+            engine_cpu: None,
+            mgmt_socket: None,
+            metrics_listen: None,
         };
         for s in sockets {
             c.add_default_vm(s, Limits::default());
@@ -416,6 +462,7 @@ impl DaemonConfig {
             tenant: DEFAULT_TENANT.into(),
             gid: None,
             limits,
+            qos_class: None,
         });
     }
 
@@ -434,6 +481,13 @@ impl DaemonConfig {
             .unwrap_or_else(|| default_gid(index))
     }
 
+    /// The QoS settings of class `name` (`None`: the defaults).
+    pub fn qos_spec(&self, name: Option<&str>) -> crate::qos::QosSpec {
+        name.and_then(|n| self.qos_classes.iter().find(|c| c.name == n))
+            .map(|c| c.spec)
+            .unwrap_or_default()
+    }
+
     /// Checks the whole configuration.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.vms.is_empty() {
@@ -444,7 +498,34 @@ impl DaemonConfig {
                 return Err(ConfigError::DuplicateTenant(t.name.clone()));
             }
         }
+        for (i, c) in self.qos_classes.iter().enumerate() {
+            if self.qos_classes[..i].iter().any(|o| o.name == c.name) {
+                return Err(ConfigError::DuplicateQosClass(c.name.clone()));
+            }
+            c.spec.validate().map_err(|e| ConfigError::QosClass {
+                class: c.name.clone(),
+                source: e,
+            })?;
+        }
+        let class_known = |c: &Option<String>| {
+            c.as_ref()
+                .is_none_or(|n| self.qos_classes.iter().any(|q| &q.name == n))
+        };
+        for t in &self.tenants {
+            if !class_known(&t.qos_class) {
+                return Err(ConfigError::UnknownQosClass {
+                    owner: format!("tenant {:?}", t.name),
+                    class: t.qos_class.clone().unwrap_or_default(),
+                });
+            }
+        }
         for (i, vm) in self.vms.iter().enumerate() {
+            if !class_known(&vm.qos_class) {
+                return Err(ConfigError::UnknownQosClass {
+                    owner: format!("VM {:?}", vm.name),
+                    class: vm.qos_class.clone().unwrap_or_default(),
+                });
+            }
             let before = &self.vms[..i];
             if before.iter().any(|o| o.socket == vm.socket) {
                 return Err(ConfigError::DuplicateSocket(vm.socket.clone()));

@@ -22,6 +22,7 @@ use crate::config::{
     default_gid, gid_text, ConfigError, DaemonConfig, LimitOverrides, Limits, TenantConfig,
     VmConfig, MAX_CTRL_POLL,
 };
+use crate::qos::{QosClass, QosSpec};
 
 /// Where in the file something is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -161,6 +162,52 @@ pub enum FileError {
         /// Largest value.
         max: u64,
     },
+    /// A QoS class name is not 1 to 32 of `a-z`, `0-9`, `_`, `-`.
+    #[error("{at}: QoS class name {name:?} is invalid (1 to 32 of a-z, 0-9, _ and -)")]
+    BadQosClassName {
+        /// Its line.
+        at: Loc,
+        /// The name.
+        name: String,
+    },
+    /// Two QoS classes have the same name.
+    #[error("{at}: QoS class {name:?} is already defined at line {first}")]
+    DuplicateQosClass {
+        /// The second definition.
+        at: Loc,
+        /// The name.
+        name: String,
+        /// Line of the first definition.
+        first: usize,
+    },
+    /// A QoS class has invalid settings.
+    #[error("{at}: QoS class {name:?}: {source}")]
+    QosClass {
+        /// The offending field.
+        at: Loc,
+        /// The class.
+        name: String,
+        /// What is wrong.
+        source: crate::qos::QosError,
+    },
+    /// A tenant or VM names a QoS class that is not defined.
+    #[error("{at}: {owner}: QoS class {class:?} is not defined")]
+    UnknownQosClass {
+        /// The `qos_class` field.
+        at: Loc,
+        /// `tenant "blue"` or `VM "vm0"`.
+        owner: String,
+        /// The class it names.
+        class: String,
+    },
+    /// `metrics_listen` is not a socket address.
+    #[error("{at}: metrics_listen = {text:?} is not an address:port")]
+    BadListen {
+        /// The field.
+        at: Loc,
+        /// The text.
+        text: String,
+    },
     /// A `--max-*` option of the command line is invalid.
     #[error("command line: {0}")]
     Cli(Box<ConfigError>),
@@ -196,7 +243,7 @@ limits_table! {
     max_ctx: u32, max_pd: u32, max_cq: u32, max_qp: u32, max_mr: u32, max_srq: u32,
     max_ah: u32, max_cqe: u32, max_qp_wr: u32, max_srq_wr: u32, max_send_sge: u32,
     max_recv_sge: u32, max_inline_data: u32, max_inline_pages: u32, max_qp_rd_atom: u32,
-    max_mr_size: u64, max_mr_bytes: u64, page_size_cap: u64,
+    max_mr_size: u64, max_mr_bytes: u64, page_size_cap: u64, max_ctrl_outstanding: u32,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -204,6 +251,19 @@ limits_table! {
 struct DaemonTable {
     ctrl_poll_us: Option<Spanned<u64>>,
     shmem_doorbell: Option<bool>,
+    engine_cpu: Option<usize>,
+    mgmt_socket: Option<PathBuf>,
+    metrics_listen: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QosClassTable {
+    name: Spanned<String>,
+    weight: Option<Spanned<u32>>,
+    bytes_per_sec: Option<u64>,
+    ops_per_sec: Option<u64>,
+    ctrl_per_sec: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -216,7 +276,7 @@ struct DefaultsTable {
 #[serde(deny_unknown_fields)]
 struct TenantTable {
     name: Spanned<String>,
-    qos_class: Option<String>,
+    qos_class: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -226,6 +286,7 @@ struct VmTable {
     socket: Spanned<PathBuf>,
     tenant: Spanned<String>,
     gid: Option<Spanned<String>>,
+    qos_class: Option<Spanned<String>>,
     limits: Option<Spanned<LimitsTable>>,
 }
 
@@ -236,6 +297,8 @@ struct FileTables {
     daemon: DaemonTable,
     #[serde(default)]
     defaults: DefaultsTable,
+    #[serde(default)]
+    qos_class: Vec<Spanned<QosClassTable>>,
     #[serde(default)]
     tenant: Vec<Spanned<TenantTable>>,
     #[serde(default)]
@@ -294,6 +357,74 @@ pub fn parse(text: &str, file: &str, cli: &LimitOverrides) -> Result<LoadedConfi
     if tables.daemon.shmem_doorbell == Some(false) {
         config.device_features &= !F_SHMEM_DOORBELL;
     }
+    config.engine_cpu = tables.daemon.engine_cpu;
+    config.mgmt_socket = tables.daemon.mgmt_socket.clone();
+    if let Some(l) = &tables.daemon.metrics_listen {
+        let addr = l.get_ref().parse().map_err(|_| FileError::BadListen {
+            at: at(l.span()),
+            text: l.get_ref().clone(),
+        })?;
+        config.metrics_listen = Some(addr);
+    }
+
+    for (i, c) in tables.qos_class.iter().enumerate() {
+        let ct = c.get_ref();
+        let name = ct.name.get_ref();
+        if !valid_name(name) {
+            return Err(FileError::BadQosClassName {
+                at: at(ct.name.span()),
+                name: name.clone(),
+            });
+        }
+        if let Some(first) = tables.qos_class[..i]
+            .iter()
+            .find(|o| o.get_ref().name.get_ref() == name)
+        {
+            return Err(FileError::DuplicateQosClass {
+                at: at(ct.name.span()),
+                name: name.clone(),
+                first: at(first.get_ref().name.span()).line,
+            });
+        }
+        let d = QosSpec::default();
+        let spec = QosSpec {
+            weight: ct.weight.as_ref().map_or(d.weight, |w| *w.get_ref()),
+            bytes_per_sec: ct.bytes_per_sec.unwrap_or(0),
+            ops_per_sec: ct.ops_per_sec.unwrap_or(0),
+            ctrl_per_sec: ct.ctrl_per_sec.unwrap_or(0),
+        };
+        if let Err(source) = spec.validate() {
+            let span = ct.weight.as_ref().map_or_else(|| c.span(), Spanned::span);
+            return Err(FileError::QosClass {
+                at: at(span),
+                name: name.clone(),
+                source,
+            });
+        }
+        config.qos_classes.push(QosClass {
+            name: name.clone(),
+            spec,
+        });
+    }
+    let class_of =
+        |c: &Option<Spanned<String>>, owner: String| -> Result<Option<String>, FileError> {
+            let Some(c) = c else {
+                return Ok(None);
+            };
+            let name = c.get_ref();
+            if !tables
+                .qos_class
+                .iter()
+                .any(|q| q.get_ref().name.get_ref() == name)
+            {
+                return Err(FileError::UnknownQosClass {
+                    at: at(c.span()),
+                    owner,
+                    class: name.clone(),
+                });
+            }
+            Ok(Some(name.clone()))
+        };
 
     // Defaults: built-in, then the file, then the command line.
     let mut defaults = Limits::default();
@@ -338,7 +469,7 @@ pub fn parse(text: &str, file: &str, cli: &LimitOverrides) -> Result<LoadedConfi
         }
         config.tenants.push(TenantConfig {
             name: name.clone(),
-            qos_class: tt.qos_class.clone(),
+            qos_class: class_of(&tt.qos_class, format!("tenant {name:?}"))?,
         });
     }
 
@@ -427,6 +558,7 @@ pub fn parse(text: &str, file: &str, cli: &LimitOverrides) -> Result<LoadedConfi
             tenant: tenant.clone(),
             gid,
             limits,
+            qos_class: class_of(&vt.qos_class, format!("VM {name:?}"))?,
         });
     }
     Ok(LoadedConfig {
@@ -495,6 +627,12 @@ max_qp = 128
 name = "vm1"
 socket = "/run/b.sock"
 tenant = "red"
+qos_class = "gold"
+
+[[qos_class]]
+name = "gold"
+weight = 400
+bytes_per_sec = 1000000000
 "#;
 
     fn parse_str(text: &str) -> Result<LoadedConfig, FileError> {
@@ -626,6 +764,54 @@ tenant = "red"
         assert_eq!(
             e,
             "config.toml:28: VM \"vm1\": tenant \"green\" is not defined"
+        );
+    }
+
+    #[test]
+    fn qos_classes_and_daemon_settings() {
+        let l = parse_str(&good_with(
+            "shmem_doorbell = false",
+            "shmem_doorbell = false\nengine_cpu = 1\nmgmt_socket = \"/run/m.sock\"\nmetrics_listen = \"127.0.0.1:9842\"",
+        ))
+        .unwrap();
+        let c = &l.config;
+        assert_eq!(c.engine_cpu, Some(1));
+        assert_eq!(c.mgmt_socket.as_deref(), Some(Path::new("/run/m.sock")));
+        assert_eq!(c.metrics_listen.map(|a| a.port()), Some(9842));
+        assert_eq!(c.vms[1].qos_class.as_deref(), Some("gold"));
+        assert_eq!(c.vms[0].qos_class, None);
+        let gold = c.qos_spec(Some("gold"));
+        assert_eq!(
+            (gold.weight, gold.bytes_per_sec, gold.ops_per_sec),
+            (400, 1_000_000_000, 0)
+        );
+        assert_eq!(c.qos_spec(None), QosSpec::default());
+
+        let e = err(&good_with(
+            "qos_class = \"gold\"\n\n[[qos",
+            "qos_class = \"silver\"\n\n[[qos",
+        ));
+        assert_eq!(
+            e,
+            "config.toml:29: VM \"vm1\": QoS class \"silver\" is not defined"
+        );
+        let e = err(&good_with("weight = 400", "weight = 0"));
+        assert_eq!(
+            e,
+            "config.toml:33: QoS class \"gold\": weight 0 is out of range (1..=1000)"
+        );
+        let e = err(&format!("{GOOD}\n[[qos_class]]\nname = \"gold\"\n"));
+        assert_eq!(
+            e,
+            "config.toml:37: QoS class \"gold\" is already defined at line 32"
+        );
+        let e = err(&good_with(
+            "shmem_doorbell = false",
+            "metrics_listen = \"localhost\"",
+        ));
+        assert_eq!(
+            e,
+            "config.toml:4: metrics_listen = \"localhost\" is not an address:port"
         );
     }
 

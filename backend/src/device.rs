@@ -36,9 +36,11 @@ use crate::config::Limits;
 use crate::ctrl::{Ctrl, CtrlStats, PortIdentity};
 use crate::engine::Engine;
 use crate::memory::{HostMem, RamMap};
+use crate::qos::QosTable;
 use crate::resources::ResourceCounts;
 use crate::rnic::Rnic;
 use crate::shmem::{DoorbellRegion, RegionLink};
+use crate::tenancy::Tenancy;
 use crate::vring::Vring;
 
 /// Largest virtqueue the device accepts.
@@ -102,6 +104,18 @@ pub struct RdmaDevice {
     /// (a control command ran, memory was remapped, a reset or disconnect),
     /// so the engine rebuilds what it caches about the VM.
     dp_gen: AtomicU64,
+    /// The daemon's live QoS settings (control-command rate limit).
+    qos: Arc<QosTable>,
+    limits: Limits,
+}
+
+/// Daemon-wide state every device shares.
+#[derive(Clone)]
+pub struct Shared {
+    /// Tenants, GIDs and isolation counters.
+    pub tenancy: Arc<Tenancy>,
+    /// Live QoS settings.
+    pub qos: Arc<QosTable>,
 }
 
 /// Epoll id of [`RdmaDevice::event_wake_fd`] (past the queue ids).
@@ -116,9 +130,10 @@ impl RdmaDevice {
         rnic: Arc<dyn Rnic>,
         engine: Arc<Engine>,
         port: PortIdentity,
+        shared: &Shared,
     ) -> io::Result<Self> {
         let id = port.vm;
-        let mut ctrl = Ctrl::new(limits, rnic, port);
+        let mut ctrl = Ctrl::new(limits, rnic, port, shared.tenancy.clone());
         let shmem = if device_features & F_SHMEM_DOORBELL != 0 {
             let region = DoorbellRegion::new(limits.max_ctx).map_err(io::Error::other)?;
             let link = RegionLink::new(Arc::new(region));
@@ -146,7 +161,19 @@ impl RdmaDevice {
             shmem,
             shmem_acked: AtomicBool::new(false),
             dp_gen: AtomicU64::new(0),
+            qos: shared.qos.clone(),
+            limits,
         })
+    }
+
+    /// The daemon's live QoS settings.
+    pub fn qos(&self) -> &Arc<QosTable> {
+        &self.qos
+    }
+
+    /// The VM's limits.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
     }
 
     /// Index of this VM in the daemon.

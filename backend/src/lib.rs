@@ -10,6 +10,8 @@
 //! - [`memory`]: guest RAM map and page-list translation;
 //! - [`events`]: the asynchronous event queue;
 //! - [`rnic`]: the host RNIC engines (built-in software RNIC);
+//! - [`tenancy`]: tenants, VMs' GIDs and the isolation policy;
+//! - [`qos`]: rate limits and weights, changeable at run time;
 //! - [`vring`]: the virtqueue type (a kick read that survives queue restarts).
 
 pub mod config;
@@ -20,10 +22,12 @@ pub mod engine;
 pub mod events;
 pub mod keys;
 pub mod memory;
+pub mod qos;
 pub mod resources;
 pub mod rnic;
 pub mod server;
 pub mod shmem;
+pub mod tenancy;
 pub mod vring;
 
 pub use config::{DaemonConfig, Limits};

@@ -63,6 +63,13 @@ struct Args {
     /// Per-VM maximum of registered bytes over all memory regions.
     #[arg(long)]
     max_mr_bytes: Option<u64>,
+    /// Control requests taken from one VM's control queue per pass before
+    /// other VMs' control workers get to run (1..=1024).
+    #[arg(long)]
+    max_ctrl_outstanding: Option<u32>,
+    /// Pin the RNIC engine thread to this CPU.
+    #[arg(long)]
+    engine_cpu: Option<usize>,
     /// Microseconds a control-queue worker keeps polling for more requests
     /// after a batch before it sleeps (0 disables polling).
     #[arg(long)]
@@ -99,6 +106,7 @@ impl TryFrom<Args> for DaemonConfig {
             max_srq_wr: a.max_srq_wr,
             max_mr_size: a.max_mr_size,
             max_mr_bytes: a.max_mr_bytes,
+            max_ctrl_outstanding: a.max_ctrl_outstanding,
             ..LimitOverrides::default()
         };
         let (mut config, limits) = match &a.config {
@@ -120,6 +128,9 @@ impl TryFrom<Args> for DaemonConfig {
         }
         if let Some(us) = a.ctrl_poll_us {
             config.ctrl_poll = std::time::Duration::from_micros(us);
+        }
+        if a.engine_cpu.is_some() {
+            config.engine_cpu = a.engine_cpu;
         }
         config.validate()?;
         Ok(config)

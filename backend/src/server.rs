@@ -19,11 +19,13 @@ use vmm_sys_util::epoll::EventSet;
 
 use crate::config::{ConfigError, DaemonConfig};
 use crate::ctrl::PortIdentity;
-use crate::device::{DeviceStats, RdmaDevice, EVENT_WAKE};
+use crate::device::{DeviceStats, RdmaDevice, Shared, EVENT_WAKE};
 use crate::engine::Engine;
 use crate::keys::KeySource;
+use crate::qos::QosTable;
 use crate::rnic::soft::SoftRnic;
 use crate::rnic::{Rnic, RnicError};
+use crate::tenancy::Tenancy;
 
 /// Errors starting the daemon.
 #[derive(Debug, Error)]
@@ -73,6 +75,7 @@ pub struct Daemon {
     stop: Arc<AtomicBool>,
     rnic: Arc<dyn Rnic>,
     engine: Arc<Engine>,
+    shared: Shared,
 }
 
 /// The port identity of VM `index`: its GID and a random GUID.
@@ -100,8 +103,24 @@ impl Daemon {
     /// Validates the configuration, binds every socket and starts serving.
     pub fn start(config: DaemonConfig) -> Result<Daemon, ServerError> {
         config.validate()?;
+        let shared = Shared {
+            tenancy: Arc::new(Tenancy::from_config(&config)),
+            qos: Arc::new(QosTable::new(
+                config
+                    .vms
+                    .iter()
+                    .map(|v| config.qos_spec(v.qos_class.as_deref()))
+                    .collect(),
+                config
+                    .tenants
+                    .iter()
+                    .map(|t| config.qos_spec(t.qos_class.as_deref()))
+                    .collect(),
+            )),
+        };
         let rnic: Arc<dyn Rnic> = Arc::new(SoftRnic::new()?);
-        let engine = Engine::start(rnic.clone()).map_err(ServerError::Spawn)?;
+        let engine = Engine::start(rnic.clone(), shared.clone(), config.engine_cpu)
+            .map_err(ServerError::Spawn)?;
         let stop = Arc::new(AtomicBool::new(false));
         let mut keys = KeySource::new();
         let mut slots = Vec::new();
@@ -122,6 +141,7 @@ impl Daemon {
                         rnic.clone(),
                         engine.clone(),
                         port_identity(index, config.gid(index), &mut keys)?,
+                        &shared,
                     )
                     .map_err(ServerError::Spawn)?,
                 ),
@@ -155,6 +175,7 @@ impl Daemon {
             stop,
             rnic,
             engine,
+            shared,
         })
     }
 
@@ -166,6 +187,26 @@ impl Daemon {
             connections: slot.connections.load(Ordering::Acquire),
             device: slot.device.stats(),
         })
+    }
+
+    /// Tenants, VMs and their isolation counters.
+    pub fn tenancy(&self) -> &Arc<Tenancy> {
+        &self.shared.tenancy
+    }
+
+    /// The live QoS settings; changes take effect at once.
+    pub fn qos(&self) -> &Arc<QosTable> {
+        &self.shared.qos
+    }
+
+    /// Number of VMs (sockets) served.
+    pub fn vm_count(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The RNIC engine.
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
     }
 
     /// QP numbers allocated across all VMs.

@@ -30,6 +30,7 @@ use crate::memory::RamMap;
 use crate::resources::VmResources;
 use crate::rnic::Rnic;
 use crate::shmem::DbSlot;
+use crate::tenancy::Tenancy;
 
 /// A failed command: its status and detail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,6 +95,7 @@ pub struct Ctrl {
     keys: KeySource,
     ram: RamMap,
     port: PortIdentity,
+    tenancy: Arc<Tenancy>,
 }
 
 /// Most GIDs a port has: index 0, assigned by the operator.
@@ -101,7 +103,12 @@ pub const GID_TABLE_LEN: u32 = 1;
 
 impl Ctrl {
     /// Creates the control state of one VM.
-    pub fn new(limits: Limits, rnic: Arc<dyn Rnic>, port: PortIdentity) -> Self {
+    pub fn new(
+        limits: Limits,
+        rnic: Arc<dyn Rnic>,
+        port: PortIdentity,
+        tenancy: Arc<Tenancy>,
+    ) -> Self {
         Ctrl {
             res: VmResources::default(),
             events: EventQueue::default(),
@@ -112,7 +119,18 @@ impl Ctrl {
             keys: KeySource::new(),
             ram: RamMap::default(),
             port,
+            tenancy,
         }
+    }
+
+    /// Index of the VM in the daemon.
+    pub fn vm_index(&self) -> usize {
+        self.port.vm
+    }
+
+    /// The daemon's tenancy table (isolation policy and counters).
+    pub fn tenancy(&self) -> &Tenancy {
+        &self.tenancy
     }
 
     /// The VM's GID.

@@ -44,7 +44,7 @@ use virtio_rdma_abi::qp::{QpState, QpType, QP_FLAG_SIG_ALL};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::ctrl::Ctrl;
-use crate::device::RdmaDevice;
+use crate::device::{RdmaDevice, Shared};
 use crate::memory::access::{self, Segment};
 use crate::memory::HostMem;
 use crate::resources::{Qp, SendWait};
@@ -84,6 +84,8 @@ pub struct Engine {
     wake: EventFd,
     stop: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Tenancy (who may reach whom) and QoS settings.
+    shared: Shared,
 }
 
 /// One QP in a [`DbList`].
@@ -250,8 +252,12 @@ struct Held<'p> {
 }
 
 impl Engine {
-    /// Starts the engine thread.
-    pub fn start(rnic: Arc<dyn Rnic>) -> std::io::Result<Arc<Engine>> {
+    /// Starts the engine thread, pinned to `cpu` if given.
+    pub fn start(
+        rnic: Arc<dyn Rnic>,
+        shared: Shared,
+        cpu: Option<usize>,
+    ) -> std::io::Result<Arc<Engine>> {
         let engine = Arc::new(Engine {
             vms: Mutex::new(Vec::new()),
             generation: AtomicUsize::new(0),
@@ -259,13 +265,24 @@ impl Engine {
             wake: EventFd::new(libc::EFD_NONBLOCK)?,
             stop: AtomicBool::new(false),
             thread: Mutex::new(None),
+            shared,
         });
         let e = engine.clone();
         let t = thread::Builder::new()
             .name("rnic-engine".into())
-            .spawn(move || e.run())?;
+            .spawn(move || {
+                if let Some(cpu) = cpu {
+                    pin_to(cpu);
+                }
+                e.run()
+            })?;
         *engine.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
         Ok(engine)
+    }
+
+    /// Tenancy and QoS state the engine enforces.
+    pub fn shared(&self) -> &Shared {
+        &self.shared
     }
 
     /// Adds a VM; its id is its index.
@@ -377,6 +394,26 @@ impl Engine {
         // count is 1 and a null signal mask leaves the mask unchanged.
         let _ = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
         let _ = self.wake.read();
+    }
+}
+
+/// Pins the calling thread to `cpu` (logs and carries on if it cannot).
+fn pin_to(cpu: usize) {
+    // SAFETY: `cpu_set_t` is plain data for which all-zero is a valid
+    // (empty) set; CPU_SET writes inside it (it ignores indices past its
+    // size) and sched_setaffinity only reads `size_of` bytes of it.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc != 0 {
+        warn!(
+            "cannot pin the engine to CPU {cpu}: {}",
+            std::io::Error::last_os_error()
+        );
+    } else {
+        log::info!("engine pinned to CPU {cpu}");
     }
 }
 

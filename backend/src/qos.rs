@@ -1,0 +1,194 @@
+//! Quality-of-service settings: per-VM and per-tenant rate limits and the
+//! weights of weighted fair sharing, changeable while the daemon runs.
+//!
+//! A [`QosSpec`] is what an operator sets: a weight (the VM's share of the
+//! engine's time among the VMs that have work) and rate limits (bytes per
+//! second, work requests per second, control commands per second; 0 means
+//! unlimited). Classes (`[[qos_class]]` in the configuration file) name
+//! specs; a VM's class sets its own limits and weight, a tenant's class
+//! sets limits on the sum of its VMs' traffic (a tenant's weight is not
+//! used: sharing is between VMs).
+//!
+//! [`QosTable`] holds the live values. Readers (the engine, the control
+//! workers) poll its generation and re-read on change, so an update never
+//! blocks the data path.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::RwLock;
+
+use thiserror::Error;
+
+/// Largest weight (a VM with weight 1000 next to one with weight 1 gets
+/// 1000 times its share).
+pub const MAX_WEIGHT: u32 = 1000;
+/// Default weight.
+pub const DEFAULT_WEIGHT: u32 = 100;
+
+/// QoS settings that are out of range.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum QosError {
+    /// The weight is 0 or above [`MAX_WEIGHT`].
+    #[error("weight {0} is out of range (1..={MAX_WEIGHT})")]
+    Weight(u32),
+    /// No VM with this index or name.
+    #[error("no VM {0:?}")]
+    UnknownVm(String),
+    /// No tenant with this index or name.
+    #[error("no tenant {0:?}")]
+    UnknownTenant(String),
+}
+
+/// Rate limits and weight of a VM or tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QosSpec {
+    /// Share of the engine's time among active VMs (1..=[`MAX_WEIGHT`]).
+    pub weight: u32,
+    /// Payload bytes per second moved by the VM's send queues; 0: unlimited.
+    pub bytes_per_sec: u64,
+    /// Send work requests per second; 0: unlimited.
+    pub ops_per_sec: u64,
+    /// Control commands per second; 0: unlimited.
+    pub ctrl_per_sec: u64,
+}
+
+impl Default for QosSpec {
+    fn default() -> Self {
+        QosSpec {
+            weight: DEFAULT_WEIGHT,
+            bytes_per_sec: 0,
+            ops_per_sec: 0,
+            ctrl_per_sec: 0,
+        }
+    }
+}
+
+impl QosSpec {
+    /// Checks the values.
+    pub fn validate(&self) -> Result<(), QosError> {
+        if self.weight == 0 || self.weight > MAX_WEIGHT {
+            return Err(QosError::Weight(self.weight));
+        }
+        Ok(())
+    }
+
+    /// Whether any rate is limited.
+    pub fn limited(&self) -> bool {
+        self.bytes_per_sec != 0 || self.ops_per_sec != 0 || self.ctrl_per_sec != 0
+    }
+}
+
+/// A named QoS class of the configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QosClass {
+    /// Unique name.
+    pub name: String,
+    /// Its settings.
+    pub spec: QosSpec,
+}
+
+/// The live QoS settings of every VM and tenant (by index).
+#[derive(Debug, Default)]
+pub struct QosTable {
+    vms: RwLock<Vec<QosSpec>>,
+    tenants: RwLock<Vec<QosSpec>>,
+    generation: AtomicU64,
+}
+
+fn read<T: Clone>(l: &RwLock<Vec<T>>, i: usize) -> Option<T> {
+    l.read().unwrap_or_else(|e| e.into_inner()).get(i).cloned()
+}
+
+impl QosTable {
+    /// A table with the given initial settings.
+    pub fn new(vms: Vec<QosSpec>, tenants: Vec<QosSpec>) -> Self {
+        QosTable {
+            vms: RwLock::new(vms),
+            tenants: RwLock::new(tenants),
+            generation: AtomicU64::new(0),
+        }
+    }
+
+    /// Changes with every update; readers cache until it moves.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The settings of VM `vm`.
+    pub fn vm(&self, vm: usize) -> Option<QosSpec> {
+        read(&self.vms, vm)
+    }
+
+    /// The settings of tenant `tenant`.
+    pub fn tenant(&self, tenant: usize) -> Option<QosSpec> {
+        read(&self.tenants, tenant)
+    }
+
+    /// Every VM's settings, by index.
+    pub fn all_vms(&self) -> Vec<QosSpec> {
+        self.vms.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Every tenant's settings, by index.
+    pub fn all_tenants(&self) -> Vec<QosSpec> {
+        self.tenants
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Replaces the settings of VM `vm`.
+    pub fn set_vm(&self, vm: usize, spec: QosSpec) -> Result<(), QosError> {
+        spec.validate()?;
+        let mut v = self.vms.write().unwrap_or_else(|e| e.into_inner());
+        let slot = v
+            .get_mut(vm)
+            .ok_or_else(|| QosError::UnknownVm(vm.to_string()))?;
+        *slot = spec;
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Replaces the settings of tenant `tenant`.
+    pub fn set_tenant(&self, tenant: usize, spec: QosSpec) -> Result<(), QosError> {
+        spec.validate()?;
+        let mut t = self.tenants.write().unwrap_or_else(|e| e.into_inner());
+        let slot = t
+            .get_mut(tenant)
+            .ok_or_else(|| QosError::UnknownTenant(tenant.to_string()))?;
+        *slot = spec;
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn updates_bump_generation_and_are_checked() {
+        let t = QosTable::new(vec![QosSpec::default(); 2], vec![QosSpec::default()]);
+        let g = t.generation();
+        let spec = QosSpec {
+            weight: 300,
+            bytes_per_sec: 1 << 30,
+            ..QosSpec::default()
+        };
+        assert_eq!(t.set_vm(1, spec), Ok(()));
+        assert_eq!(t.vm(1), Some(spec));
+        assert_eq!(t.vm(0), Some(QosSpec::default()));
+        assert!(t.generation() > g);
+        let bad = QosSpec {
+            weight: 0,
+            ..QosSpec::default()
+        };
+        assert_eq!(t.set_vm(0, bad), Err(QosError::Weight(0)));
+        assert!(matches!(t.set_vm(2, spec), Err(QosError::UnknownVm(_))));
+        assert!(matches!(
+            t.set_tenant(1, spec),
+            Err(QosError::UnknownTenant(_))
+        ));
+        assert_eq!(t.set_tenant(0, spec), Ok(()));
+        assert_eq!(t.tenant(0), Some(spec));
+    }
+}

@@ -1,0 +1,216 @@
+//! Tenants, the VMs in them, and the isolation policy between them.
+//!
+//! Every VM belongs to one tenant (a virtual network) and has the GID the
+//! operator assigned; the guest cannot change it (there is no command for
+//! it, and every QP's source address is its port's GID). A VM reaches only
+//! VMs of its own tenant: QP numbers and GIDs of other tenants resolve to
+//! nothing, exactly as if they did not exist, so probing them teaches a
+//! guest nothing — and every such attempt is counted in the VM's
+//! [`IsolationCounters`] for the operator to see.
+//!
+//! The table is built once at start (GIDs and tenants do not change while
+//! the daemon runs); only the counters move.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::config::DaemonConfig;
+
+/// Counters of isolation-relevant events of one VM (the VM is the one that
+/// caused them).
+#[derive(Debug, Default)]
+pub struct IsolationCounters {
+    /// Control commands refused with `DENIED` (a destination outside the
+    /// tenant).
+    pub denied: AtomicU64,
+    /// UD messages to a destination outside the tenant, dropped.
+    pub foreign_drops: AtomicU64,
+    /// RC messages to a destination outside the tenant, not delivered.
+    pub foreign_rc: AtomicU64,
+    /// Messages to a QP number that does not exist in the tenant (QPN
+    /// probing).
+    pub unknown_qpn: AtomicU64,
+    /// Remote accesses refused for an rkey that names no MR of the
+    /// responder, or one of another PD (rkey probing).
+    pub bad_rkey: AtomicU64,
+    /// Attempts to send from a GID other than the VM's own (a source GID
+    /// index other than 0).
+    pub gid_spoof: AtomicU64,
+}
+
+/// A snapshot of [`IsolationCounters`].
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct IsolationStats {
+    pub denied: u64,
+    pub foreign_drops: u64,
+    pub foreign_rc: u64,
+    pub unknown_qpn: u64,
+    pub bad_rkey: u64,
+    pub gid_spoof: u64,
+}
+
+impl IsolationCounters {
+    /// Adds one to `counter` (a field of `self`).
+    pub fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Current values.
+    pub fn snapshot(&self) -> IsolationStats {
+        let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        IsolationStats {
+            denied: r(&self.denied),
+            foreign_drops: r(&self.foreign_drops),
+            foreign_rc: r(&self.foreign_rc),
+            unknown_qpn: r(&self.unknown_qpn),
+            bad_rkey: r(&self.bad_rkey),
+            gid_spoof: r(&self.gid_spoof),
+        }
+    }
+}
+
+/// One VM of the daemon.
+#[derive(Debug)]
+pub struct VmEntry {
+    /// Its name.
+    pub name: String,
+    /// Index of its tenant in [`Tenancy::tenants`].
+    pub tenant: usize,
+    /// Its port GID.
+    pub gid: [u8; 16],
+    /// Its isolation counters.
+    pub counters: IsolationCounters,
+}
+
+/// One tenant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantEntry {
+    /// Its name.
+    pub name: String,
+    /// Its QoS class, if any.
+    pub qos_class: Option<String>,
+}
+
+/// The tenancy table of the daemon.
+#[derive(Debug, Default)]
+pub struct Tenancy {
+    vms: Vec<VmEntry>,
+    tenants: Vec<TenantEntry>,
+    by_gid: HashMap<[u8; 16], usize>,
+}
+
+impl Tenancy {
+    /// The table of a (validated) configuration: VM `i` is `config.vms[i]`.
+    pub fn from_config(config: &DaemonConfig) -> Self {
+        let tenants: Vec<TenantEntry> = config
+            .tenants
+            .iter()
+            .map(|t| TenantEntry {
+                name: t.name.clone(),
+                qos_class: t.qos_class.clone(),
+            })
+            .collect();
+        let mut t = Tenancy {
+            vms: Vec::new(),
+            tenants,
+            by_gid: HashMap::new(),
+        };
+        for (i, vm) in config.vms.iter().enumerate() {
+            let tenant = t
+                .tenants
+                .iter()
+                .position(|x| x.name == vm.tenant)
+                .unwrap_or(0);
+            let gid = config.gid(i);
+            t.by_gid.insert(gid, i);
+            t.vms.push(VmEntry {
+                name: vm.name.clone(),
+                tenant,
+                gid,
+                counters: IsolationCounters::default(),
+            });
+        }
+        t
+    }
+
+    /// VM `vm`.
+    pub fn vm(&self, vm: usize) -> Option<&VmEntry> {
+        self.vms.get(vm)
+    }
+
+    /// Every VM, by index.
+    pub fn vms(&self) -> &[VmEntry] {
+        &self.vms
+    }
+
+    /// Every tenant, by index.
+    pub fn tenants(&self) -> &[TenantEntry] {
+        &self.tenants
+    }
+
+    /// The tenant of VM `vm`.
+    pub fn tenant_of(&self, vm: usize) -> Option<usize> {
+        self.vms.get(vm).map(|v| v.tenant)
+    }
+
+    /// The VM whose port has `gid`.
+    pub fn vm_by_gid(&self, gid: &[u8; 16]) -> Option<usize> {
+        self.by_gid.get(gid).copied()
+    }
+
+    /// Whether VM `from` may reach VM `to` (same tenant; a VM always
+    /// reaches itself).
+    pub fn may_reach(&self, from: usize, to: usize) -> bool {
+        from == to
+            || matches!(
+                (self.tenant_of(from), self.tenant_of(to)),
+                (Some(a), Some(b)) if a == b
+            )
+    }
+
+    /// The counters of VM `vm`; a VM outside the table counts nowhere.
+    pub fn counters(&self, vm: usize) -> Option<&IsolationCounters> {
+        self.vms.get(vm).map(|v| &v.counters)
+    }
+
+    /// Index of the VM named `name`.
+    pub fn vm_index(&self, name: &str) -> Option<usize> {
+        self.vms.iter().position(|v| v.name == name)
+    }
+
+    /// Index of the tenant named `name`.
+    pub fn tenant_index(&self, name: &str) -> Option<usize> {
+        self.tenants.iter().position(|t| t.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::TenantConfig;
+
+    #[test]
+    fn reach_follows_tenants() {
+        let mut c = DaemonConfig::new(vec!["/a".into(), "/b".into(), "/c".into()]);
+        c.tenants.push(TenantConfig {
+            name: "red".into(),
+            qos_class: None,
+        });
+        c.vms[2].tenant = "red".into();
+        let t = Tenancy::from_config(&c);
+        assert!(t.may_reach(0, 1));
+        assert!(t.may_reach(2, 2));
+        assert!(!t.may_reach(0, 2));
+        assert!(!t.may_reach(2, 1));
+        assert!(!t.may_reach(0, 7));
+        assert_eq!(t.vm_by_gid(&c.gid(2)), Some(2));
+        assert_eq!(t.vm_index("vm1"), Some(1));
+        assert_eq!(t.tenant_index("red"), Some(1));
+        let n = t.counters(2).map(|c| {
+            IsolationCounters::bump(&c.foreign_drops);
+            c.snapshot().foreign_drops
+        });
+        assert_eq!(n, Some(1));
+    }
+}
