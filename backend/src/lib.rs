@@ -12,6 +12,7 @@
 //! - [`rnic`]: the host RNIC engines (built-in software RNIC);
 //! - [`tenancy`]: tenants, VMs' GIDs and the isolation policy;
 //! - [`qos`]: rate limits and weights, changeable at run time;
+//! - [`stats`]: per-VM traffic counters and latency histograms;
 //! - [`vring`]: the virtqueue type (a kick read that survives queue restarts).
 
 pub mod config;
@@ -27,6 +28,7 @@ pub mod resources;
 pub mod rnic;
 pub mod server;
 pub mod shmem;
+pub mod stats;
 pub mod tenancy;
 pub mod vring;
 

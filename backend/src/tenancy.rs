@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::config::DaemonConfig;
+use crate::stats::TrafficCounters;
 
 /// Counters of isolation-relevant events of one VM (the VM is the one that
 /// caused them).
@@ -81,6 +82,8 @@ pub struct VmEntry {
     pub gid: [u8; 16],
     /// Its isolation counters.
     pub counters: IsolationCounters,
+    /// Its traffic and control counters.
+    pub traffic: TrafficCounters,
 }
 
 /// One tenant.
@@ -129,6 +132,7 @@ impl Tenancy {
                 tenant,
                 gid,
                 counters: IsolationCounters::default(),
+                traffic: TrafficCounters::default(),
             });
         }
         t
@@ -172,6 +176,11 @@ impl Tenancy {
     /// The counters of VM `vm`; a VM outside the table counts nowhere.
     pub fn counters(&self, vm: usize) -> Option<&IsolationCounters> {
         self.vms.get(vm).map(|v| &v.counters)
+    }
+
+    /// The traffic counters of VM `vm`.
+    pub fn traffic(&self, vm: usize) -> Option<&TrafficCounters> {
+        self.vms.get(vm).map(|v| &v.traffic)
     }
 
     /// Index of the VM named `name`.
