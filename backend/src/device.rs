@@ -3,6 +3,7 @@
 //! queue and delivers asynchronous events on the event queue.
 
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::atomic::Ordering as AtomicOrdering;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -93,6 +94,9 @@ pub struct RdmaDevice {
     event_idx: AtomicBool,
     ctrl_poll: Duration,
     exit_notifiers: Mutex<Vec<EventNotifier>>,
+    /// Raw descriptors of the exit-event consumers of the current
+    /// connection's workers (see [`RdmaDevice::close_exit_consumers`]).
+    exit_consumers: Mutex<Vec<std::os::fd::RawFd>>,
     engine: Arc<Engine>,
     event_wake: EventFd,
     /// The doorbell region and its mapping into the guest
@@ -156,6 +160,7 @@ impl RdmaDevice {
             event_idx: AtomicBool::new(false),
             ctrl_poll,
             exit_notifiers: Mutex::new(Vec::new()),
+            exit_consumers: Mutex::new(Vec::new()),
             engine,
             event_wake: EventFd::new(libc::EFD_NONBLOCK)?,
             shmem,
@@ -245,7 +250,8 @@ impl RdmaDevice {
         }
         self.shmem_acked.store(false, Ordering::Release);
         let mut st = self.lock();
-        st.ctrl.reset();
+        let gone = st.ctrl.reset();
+        let gid = st.ctrl.port_gid();
         st.ctrl.set_features(0);
         st.ctrl.set_ram(RamMap::default());
         st.mem = None;
@@ -253,6 +259,47 @@ impl RdmaDevice {
         self.bump_dp_gen();
         st.ctrl.events.push(EventKind::PORT_ACTIVE, 1, 0);
         self.event_idx.store(false, Ordering::Relaxed);
+        // Not under our lock: the peers' locks are taken one at a time.
+        drop(st);
+        self.engine.peers_gone(self.id, gid, gone);
+    }
+
+    /// RC QPs of this VM whose destination was one of `qpns` at `gid` (a
+    /// VM that disconnected or was reset) move to `ERR`; returns how many.
+    pub fn fail_peers_of(&self, gid: [u8; 16], qpns: &[u32]) -> usize {
+        let mut st = self.lock();
+        let n = st.ctrl.fail_peers_of(gid, qpns);
+        if n > 0 {
+            self.bump_dp_gen();
+            drop(st);
+            self.wake_events();
+        }
+        n
+    }
+
+    /// Closes the exit-event consumers handed to the vring workers of a
+    /// connection that has ended. vhost-user-backend 0.24.0 registers each
+    /// with its epoll through `into_raw_fd` and never closes it: one
+    /// descriptor per connection would leak. Call only after the
+    /// connection's `VhostUserDaemon` is dropped (its workers joined), so
+    /// no epoll still watches them.
+    pub fn close_exit_consumers(&self) {
+        let fds = std::mem::take(
+            &mut *self
+                .exit_consumers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        for fd in fds {
+            // SAFETY: `fd` is the eventfd this device created in
+            // `exit_event` and gave away as an `EventConsumer`, which the
+            // library converted into a raw descriptor that nothing owns or
+            // closes (the exact version is pinned for this). Its worker has
+            // been joined, so no one uses it; it is taken out of the list,
+            // so it is closed exactly once, and it stayed open until now,
+            // so the number cannot have been reused.
+            drop(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
+        }
     }
 
     /// Stops the worker threads serving the current connection.
@@ -586,9 +633,12 @@ impl VhostUserBackend for RdmaDevice {
             link.forget();
         }
         let mut st = self.lock();
-        st.ctrl.reset();
+        let gone = st.ctrl.reset();
+        let gid = st.ctrl.port_gid();
         st.ctrl.events.push(EventKind::PORT_ACTIVE, 1, 0);
         self.bump_dp_gen();
+        drop(st);
+        self.engine.peers_gone(self.id, gid, gone);
     }
 
     fn set_event_idx(&self, enabled: bool) {
@@ -636,6 +686,10 @@ impl VhostUserBackend for RdmaDevice {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(keep);
+        self.exit_consumers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(consumer.as_raw_fd());
         Some((consumer, notifier))
     }
 

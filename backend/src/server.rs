@@ -283,6 +283,8 @@ impl ServeCtx {
         let started = daemon.start(listener);
         if let Err(e) = started {
             device.stop_workers();
+            drop(daemon);
+            device.close_exit_consumers();
             return Err(e);
         }
         *lock(&self.slot.shutdown) = daemon.shutdown_handle();
@@ -302,6 +304,9 @@ impl ServeCtx {
         }
         lock(&self.slot.shutdown).take();
         device.stop_workers();
+        // Joins the connection's workers.
+        drop(daemon);
+        device.close_exit_consumers();
         device.disconnected();
         self.slot.connected.store(false, Ordering::Release);
         info!("VM {}: VMM disconnected, resources released", self.index);

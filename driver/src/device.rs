@@ -346,11 +346,17 @@ impl DeviceInner {
     }
 
     /// Sends a destroy command from a `Drop` implementation. Returns whether
-    /// the device confirmed it; when it did not, the caller must not free
+    /// the memory of the object may be freed: the device confirmed the
+    /// destroy, or it is gone (disconnected: the back end released every
+    /// object and mapping of the VM). Otherwise the caller must not free
     /// memory the device may still access.
     pub(crate) fn destroy(&self, opcode: Opcode, req: &impl Wire, what: &str) -> bool {
         match self.cmd_unit(opcode, req) {
             Ok(()) => true,
+            Err(Error::Transport(TransportError::Disconnected)) => {
+                log::debug!("virtio-rdma: {what}: device gone");
+                true
+            }
             Err(e) => {
                 log::warn!("virtio-rdma: {what}: {e}");
                 false
@@ -375,9 +381,12 @@ impl Drop for DeviceInner {
 
 /// Whether a failed command may still have been executed (or may still be
 /// executed later): memory it describes must then be leaked, not freed.
+/// A device that is gone (`Disconnected`: the back end lost the VM and
+/// with it every object and mapping) will execute nothing any more.
 pub(crate) fn outcome_unknown(e: &Error) -> bool {
-    matches!(
-        e,
-        Error::Timeout | Error::Transport(_) | Error::BadResponse { .. }
-    )
+    match e {
+        Error::Transport(TransportError::Disconnected) => false,
+        Error::Timeout | Error::Transport(_) | Error::BadResponse { .. } => true,
+        _ => false,
+    }
 }

@@ -326,6 +326,9 @@ impl Transport for VmmTransport {
     }
 
     fn submit(&self, request: &[&[u8]], response_len: usize) -> Result<Token, TransportError> {
+        if !self.vmm().is_connected() {
+            return Err(TransportError::Disconnected);
+        }
         // The driver's header is the start of the request: split it off so
         // the control-queue client writes it back unchanged.
         let all: Vec<u8> = request.concat();
@@ -367,7 +370,15 @@ impl Transport for VmmTransport {
     fn wait(&self, token: Token, timeout: Option<Duration>) -> Result<Vec<u8>, TransportError> {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
-            let r = self.vmm().ctrl().wait_timeout(token, Duration::ZERO);
+            let r = {
+                let mut vmm = self.vmm();
+                if !vmm.is_connected() {
+                    // The back end dropped the VM with everything it held:
+                    // no answer will come.
+                    return Err(TransportError::Disconnected);
+                }
+                vmm.ctrl().wait_timeout(token, Duration::ZERO)
+            };
             match r {
                 Ok(c) => {
                     let mut bytes = ResponseHeader {

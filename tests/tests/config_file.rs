@@ -41,6 +41,10 @@ socket = "{0}/big.sock"
 tenant = "red"
 [vm.limits]
 max_qp = 256
+
+[[qos_class]]
+name = "gold"
+weight = 200
 "#,
             dir.display()
         );

@@ -972,7 +972,9 @@ fn vm_disconnect_mid_transfer() {
                     gone.load(Ordering::Acquire),
                     "write {i} failed early: {wc:?}"
                 );
-                failed(&wc, i, WcStatus::RETRY_EXC_ERR);
+                // The device knows VM 4 is gone: the QP fails and its
+                // work is flushed rather than retried (spec 18.23).
+                failed(&wc, i, WcStatus::WR_FLUSH_ERR);
                 return i;
             }
         });
@@ -998,15 +1000,27 @@ fn vm_disconnect_mid_transfer() {
             );
         }
     });
-    // Only VM 0's QP towards VM 4 failed.
-    wait_state(&p04.qa, QpState::ERR);
+    // Exactly the QPs connected to VM 4 failed, each with QP_FATAL, and
+    // work posted to them now is flushed.
+    for q in [&p04.qa, &p40.qb, &p42.qb] {
+        wait_state(q, QpState::ERR);
+    }
     p04.qa
         .post_send(&[wr(99, write_op(&probe, 0), &[])])
         .unwrap();
     failed(&poll_one(&p04.cqa), 99, WcStatus::WR_FLUSH_ERR);
-    for q in [&p01.qa, &p01.qb, &p23.qa, &p23.qb, &p40.qb, &p42.qb] {
+    for q in [&p01.qa, &p01.qb, &p23.qa, &p23.qb] {
         assert_state(q, QpState::RTS);
     }
+    let fatal = Some(EventKind::QP_FATAL);
+    assert_eq!(
+        collect_events(&vm[0].dev, 2),
+        sorted(vec![(fatal, p04.qa.handle()), (fatal, p40.qb.handle())])
+    );
+    assert_eq!(
+        collect_events(&vm[2].dev, 1),
+        vec![(fatal, p42.qb.handle())]
+    );
     // The victim's writes touched nothing past their range; its targets
     // completed nothing.
     sink0.assert_untouched(BIG, 4096, "past VM 4's writes into VM 0");

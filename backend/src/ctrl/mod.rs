@@ -149,10 +149,45 @@ impl Ctrl {
     }
 
     /// Destroys every object and drops pending events (device reset or
-    /// disconnect).
-    pub fn reset(&mut self) {
+    /// disconnect). Returns the QP numbers of the RC QPs it destroyed, so
+    /// that the QPs of other VMs connected to them can be failed.
+    pub fn reset(&mut self) -> Vec<u32> {
+        let rc: Vec<u32> = self
+            .res
+            .qps
+            .iter()
+            .filter(|(_, q)| q.qp_type == virtio_rdma_abi::qp::QpType::RC)
+            .map(|(_, q)| q.qpn)
+            .collect();
         self.res.clear(self.rnic.as_ref());
         self.events.reset();
+        rc
+    }
+
+    /// The RC QPs of this VM connected to one of `qpns` at `gid` (QPs of a
+    /// device instance that went away) move to `ERR` with `QP_FATAL`; the
+    /// engine then flushes their work (spec 18.23). Returns how many.
+    pub fn fail_peers_of(&mut self, gid: [u8; 16], qpns: &[u32]) -> usize {
+        use virtio_rdma_abi::qp::{QpState, QpType};
+        let hit: Vec<u32> = self
+            .res
+            .qps
+            .iter()
+            .filter(|(_, q)| {
+                q.qp_type == QpType::RC
+                    && matches!(
+                        q.state,
+                        QpState::RTR | QpState::RTS | QpState::SQD | QpState::SQE
+                    )
+                    && q.attr.av.dgid == gid
+                    && qpns.binary_search(&q.attr.dest_qpn).is_ok()
+            })
+            .map(|(h, _)| h)
+            .collect();
+        for &h in &hit {
+            self.qp_enter_err(h, Some(virtio_rdma_abi::event::EventKind::QP_FATAL));
+        }
+        hit.len()
     }
 
     /// Notes a chain that could not be answered.

@@ -295,6 +295,31 @@ impl Engine {
         self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// The RC QPs `qpns` of VM `vm` (port GID `gid`) are gone with their
+    /// VM's connection or reset: every RC QP of another VM connected to
+    /// one of them moves to `ERR` with `QP_FATAL`, and the engine flushes
+    /// its work (spec 18.23), rather than letting it retry into nothing.
+    /// Takes one VM's lock at a time (the caller holds none).
+    pub fn peers_gone(&self, vm: usize, gid: [u8; 16], mut qpns: Vec<u32>) {
+        if qpns.is_empty() {
+            return;
+        }
+        qpns.sort_unstable();
+        let mut failed = 0;
+        for (i, dev) in self.all_vms().iter().enumerate() {
+            if i == vm {
+                continue;
+            }
+            if let Some(dev) = dev {
+                failed += dev.fail_peers_of(gid, &qpns);
+            }
+        }
+        if failed > 0 {
+            debug!("VM {vm} went away: {failed} connected QPs of other VMs failed");
+            self.wake();
+        }
+    }
+
     /// Wakes the engine (a doorbell kick, or a control-path change).
     pub fn wake(&self) {
         if let Err(e) = self.wake.write(1) {
