@@ -277,3 +277,57 @@ fn reset_during_a_batch_of_kicks_keeps_the_worker_alive() {
         assert!(ctx.is_ok(), "round {rounds}: {ctx:?}");
     }
 }
+
+/// A device reset (what a VMM does when the guest reboots) destroys the
+/// VM's QPs at once; the QPs of other VMs connected to them fail with
+/// `QP_FATAL` and flush, and connections that do not involve the reset VM
+/// keep their state.
+#[test]
+fn device_reset_fails_connected_peers() {
+    use vhost_user_rdma_tests::dp::{connect, poll_one, rc_pair, rc_qp, Buf, Vm, WAIT};
+    use virtio_rdma_abi::datapath::WcStatus;
+    use virtio_rdma_abi::event::EventKind;
+    use virtio_rdma_abi::qp::QpState;
+    use virtio_rdma_driver::{Cq, RecvWr};
+
+    let d = TestDaemon::start(3).unwrap();
+    let vm0 = Vm::open(&d, 0, VmmOptions::default());
+    let vm1 = Vm::open(&d, 1, VmmOptions::default());
+    let vm2 = Vm::open(&d, 2, VmmOptions::default());
+    let cq0 = Cq::create(&vm0.dev, 64).unwrap();
+    let cq1 = Cq::create(&vm1.dev, 64).unwrap();
+    let (q0, q1) = (rc_qp(&vm0, &cq0), rc_qp(&vm1, &cq1));
+    connect(&vm0, &q0, &vm1, &q1);
+    let other = rc_pair(&vm0, &vm2);
+    let rbuf = Buf::new(&vm0, 4096);
+    q0.post_recv(&[RecvWr {
+        wr_id: 7,
+        sg_list: &[rbuf.sge(0, 4096)],
+    }])
+    .unwrap();
+
+    vm1.t.vmm().reset().unwrap();
+
+    let deadline = Instant::now() + WAIT;
+    while q0.query().unwrap().attr.qp_state != u32::from(QpState::ERR) {
+        assert!(Instant::now() < deadline, "VM 0's QP did not fail");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let wc = poll_one(&cq0);
+    assert_eq!((wc.wr_id, wc.status()), (7, Some(WcStatus::WR_FLUSH_ERR)));
+    let ev = loop {
+        let ev = vm0.dev.next_async_event(Some(WAIT)).unwrap().unwrap();
+        if EventKind::from_u32(ev.kind) != Some(EventKind::PORT_ACTIVE) {
+            break ev;
+        }
+    };
+    assert_eq!(EventKind::from_u32(ev.kind), Some(EventKind::QP_FATAL));
+    assert_eq!(ev.handle, q0.handle());
+    for q in [&other.qa, &other.qb] {
+        assert_eq!(q.query().unwrap().attr.qp_state, u32::from(QpState::RTS));
+    }
+    assert_eq!(d.stats(1).device.resources.qp, 0);
+    // VM 1's driver objects refer to the device before the reset; their
+    // destroys fail harmlessly.
+    drop((q1, cq1, vm1));
+}
