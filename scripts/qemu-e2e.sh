@@ -6,7 +6,8 @@
 #   VM B  rdma-guest exchange --role client   (serial cable ttyS1 <-> VM A's)
 #   VM C  rdma-guest hostile                  (bad addresses, keys, bounds;
 #                                              then streams WRITEs and is
-#                                              killed with SIGKILL mid-transfer)
+#                                              killed with SIGKILL mid-transfer,
+#                                              then booted again: rdma-guest info)
 #
 # A and B connect RC QPs through the guest driver's virtio-pci transport and
 # check every byte of SEND/RECV, RDMA WRITE (+ immediate), RDMA READ and
@@ -123,11 +124,17 @@ if [ "$demo" = 0 ]; then
     hostile_ok=0
   fi
   wait "$pid_c" 2>/dev/null || true
+  # The same VM comes back (a fresh QEMU on the same socket) and finds a
+  # working device with nothing of its earlier life in it.
+  echo "== qemu-e2e: booting VM C again on the same socket"
+  guest C2 2 'rdma-guest info'
+  pid_c2=${pids[-1]}
 fi
 
-rc_a=0 rc_b=0
+rc_a=0 rc_b=0 rc_c2=0
 wait "$pid_a" || rc_a=$?
 wait "$pid_b" || rc_b=$?
+[ "$demo" = 1 ] || wait "$pid_c2" || rc_c2=$?
 t_guests=$(stamp "$t")
 daemon_ok=1
 kill -0 "$daemon_pid" 2>/dev/null || daemon_ok=0
@@ -147,6 +154,12 @@ for r in "VM A (server):$rc_a" "VM B (client):$rc_b"; do
 done
 if [ "$demo" = 0 ]; then
   if [ "$hostile_ok" = 1 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAILED: VM C (hostile)"; fi
+  if [ "$rc_c2" = 0 ] && grep -q 'VM 2: VMM connected (connection 2)' "$dir/daemon.log"; then
+    passed=$((passed + 1))
+    echo "   VM C reconnected on its socket and opened the device again"
+  else
+    failed=$((failed + 1)); echo "FAILED: VM C's reconnect (exit $rc_c2)"
+  fi
 fi
 if [ "$daemon_ok" = 1 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAILED: the daemon died"; fi
 
