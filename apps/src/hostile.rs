@@ -1,7 +1,7 @@
 //! A misbehaving guest: it hands the device addresses outside its RAM, keys
-//! it does not own and lengths past the end of its regions, and expects each
-//! to be refused with the status the spec names, its own QPs to recover, and
-//! nothing else to happen. Then it keeps an RDMA WRITE stream running
+//! it does not own and lengths past the end of its regions, tries to connect
+//! to VMs of other tenants, and expects each to be refused with the status
+//! the spec names, its own QPs to recover, and nothing else to happen. Then it keeps an RDMA WRITE stream running
 //! between two of its own QPs until it is killed (or `busy` runs out), so a
 //! test can kill it mid-transfer while other guests keep working.
 
@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 use virtio_rdma_abi::ctrl::Status;
 use virtio_rdma_abi::datapath::WcStatus;
 use virtio_rdma_abi::mem::access;
+use virtio_rdma_abi::qp::AddressVector;
 use virtio_rdma_driver::{
-    Cq, Device, DmaBuf, DmaRegion, Mr, Payload, Pd, Qp, QpInit, RcConnect, SendFlags, SendOp,
+    Ah, Cq, Device, DmaBuf, DmaRegion, Mr, Payload, Pd, Qp, QpInit, RcConnect, SendFlags, SendOp,
     SendWr, Sge, WorkCompletion,
 };
 
@@ -132,9 +133,82 @@ fn expect_wc(
     Ok(format!("{what}: completed with {}", want.name()))
 }
 
-/// Runs the misbehaviour (see the module documentation), then the endless
-/// transfer for `busy` (`None`: until killed).
-pub fn run(dev: &Device, busy: Option<Duration>, out: &mut dyn Write) -> Result<u32> {
+/// QP numbers tried per foreign GID.
+const QPN_GUESSES: u32 = 16;
+
+/// Tries to reach the VM with GID `gid` of another tenant: RC connections to
+/// [`QPN_GUESSES`] guessed QP numbers, and an address handle. Each must be
+/// refused with `DENIED` (the tenant policy, spec appendix A).
+fn probe_foreign(dev: &Device, pd: &Arc<Pd>, gid: [u8; 16]) -> Result<Vec<String>> {
+    let text = std::net::Ipv6Addr::from(gid);
+    let cq = Cq::create(dev, 16)?;
+    let mut seed = u32::from_le_bytes([gid[12], gid[13], gid[14], gid[15]]) | 1;
+    for i in 0..QPN_GUESSES {
+        // xorshift: guesses spread over the 24-bit QPN space.
+        seed ^= seed << 13;
+        seed ^= seed >> 17;
+        seed ^= seed << 5;
+        let qpn = (seed & 0x00ff_ffff).max(2);
+        let qp = Qp::create(pd, &QpInit::rc(&cq))?;
+        match qp.rc_connect(access::REMOTE_WRITE, &RcConnect::new(qpn, gid)) {
+            Err(virtio_rdma_driver::Error::Command {
+                status: Status::DENIED,
+                ..
+            }) => {}
+            Err(e) => {
+                return Err(Error::Check(format!(
+                    "connect to {text} QPN {qpn:#x} (guess {i}): expected DENIED, got {e}"
+                )))
+            }
+            Ok(()) => {
+                return Err(Error::Check(format!(
+                    "connect to {text} QPN {qpn:#x}: the device accepted it"
+                )))
+            }
+        }
+    }
+    let mut lines = vec![format!(
+        "RC connect to a foreign tenant's GID {text} ({QPN_GUESSES} QPN guesses): refused with DENIED"
+    )];
+    if dev.features() & virtio_rdma_abi::config::F_UD != 0 {
+        let av = AddressVector {
+            dgid: gid,
+            hop_limit: 64,
+            ..AddressVector::default()
+        };
+        match Ah::create(pd, &av) {
+            Err(virtio_rdma_driver::Error::Command {
+                status: Status::DENIED,
+                ..
+            }) => {
+                lines.push(format!(
+                    "address handle for the foreign GID {text}: refused with DENIED"
+                ));
+            }
+            Err(e) => {
+                return Err(Error::Check(format!(
+                    "address handle for {text}: expected DENIED, got {e}"
+                )))
+            }
+            Ok(_) => {
+                return Err(Error::Check(format!(
+                    "address handle for {text}: the device accepted it"
+                )))
+            }
+        }
+    }
+    Ok(lines)
+}
+
+/// Runs the misbehaviour (see the module documentation) — including
+/// attempts to reach the VMs of other tenants whose GIDs are `foreign` —
+/// then the endless transfer for `busy` (`None`: until killed).
+pub fn run(
+    dev: &Device,
+    busy: Option<Duration>,
+    foreign: &[[u8; 16]],
+    out: &mut dyn Write,
+) -> Result<u32> {
     let mut say = |s: &str| {
         let _ = writeln!(out, "hostile: {s}");
         let _ = out.flush();
@@ -215,6 +289,13 @@ pub fn run(dev: &Device, busy: Option<Duration>, out: &mut dyn Write) -> Result<
         WcStatus::REM_ACCESS_ERR,
     )?);
     checks += 5;
+
+    for &gid in foreign {
+        for line in probe_foreign(dev, &pd, gid)? {
+            say(&line);
+            checks += 1;
+        }
+    }
 
     // And the device still works for us afterwards.
     let l = loopback(dev, &pd)?;

@@ -61,7 +61,7 @@ fn hostile_vm_is_refused_while_the_others_exchange() {
     // during the exchange of the other two.
     let hostile = std::thread::spawn(move || {
         let mut out = Vec::new();
-        let r = hostile::run(&h.dev, Some(Duration::from_secs(3)), &mut out);
+        let r = hostile::run(&h.dev, Some(Duration::from_secs(3)), &[], &mut out);
         let text = String::from_utf8_lossy(&out).into_owned();
         (r.map_err(|e| e.to_string()), text, h)
     });

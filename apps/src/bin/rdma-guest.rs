@@ -5,7 +5,7 @@
 //! rdma-guest info
 //! rdma-guest exchange --role server --oob /dev/ttyS1
 //! rdma-guest exchange --role client --oob /dev/ttyS1 --buf-mib 4
-//! rdma-guest hostile [--busy-secs N]
+//! rdma-guest hostile [--busy-secs N] [--foreign-gid GID]...
 //! ```
 //!
 //! Exit status 0 when every check passed; 1 with a message otherwise.
@@ -71,7 +71,20 @@ enum Cmd {
         /// Stop streaming after this many seconds (default: never).
         #[arg(long)]
         busy_secs: Option<u64>,
+        /// GID (IPv6 or IPv4 text) of a VM of another tenant to try to
+        /// reach; every attempt must be refused with DENIED. Repeatable.
+        #[arg(long = "foreign-gid", value_parser = parse_gid)]
+        foreign_gid: Vec<[u8; 16]>,
     },
+}
+
+/// A GID from IPv6 text, or IPv4 text for its IPv4-mapped GID.
+fn parse_gid(text: &str) -> Result<[u8; 16], String> {
+    match text.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V6(a)) => Ok(a.octets()),
+        Ok(std::net::IpAddr::V4(a)) => Ok(a.to_ipv6_mapped().octets()),
+        Err(e) => Err(format!("{text:?}: {e}")),
+    }
 }
 
 fn open(pci: Option<String>) -> Result<Device, Box<dyn std::error::Error>> {
@@ -128,9 +141,17 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             };
             exchange::run(&dev, role, &mut oob, &opts, &mut out)?;
         }
-        Cmd::Hostile { busy_secs } => {
+        Cmd::Hostile {
+            busy_secs,
+            foreign_gid,
+        } => {
             let dev = open(args.pci)?;
-            hostile::run(&dev, busy_secs.map(Duration::from_secs), &mut out)?;
+            hostile::run(
+                &dev,
+                busy_secs.map(Duration::from_secs),
+                &foreign_gid,
+                &mut out,
+            )?;
         }
     }
     let _ = out.flush();
