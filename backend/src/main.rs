@@ -3,9 +3,11 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Parser;
-use log::error;
+use clap::{Parser, Subcommand};
+use log::{error, info};
 use vhost_user_rdma::config::LimitOverrides;
+use vhost_user_rdma::logging::{self, LogFormat};
+use vhost_user_rdma::mgmt::ctl::{self, CtlArgs};
 use vhost_user_rdma::{config_file, DaemonConfig, Limits};
 use virtio_rdma_abi::config::F_SHMEM_DOORBELL;
 
@@ -18,9 +20,20 @@ use virtio_rdma_abi::config::F_SHMEM_DOORBELL;
 /// --ctrl-poll-us and --no-shmem-doorbell replace its [daemon] settings, and
 /// each --socket-path adds a VM named vm<N> (N: its position among all VMs)
 /// in the tenant "default".
+///
+/// `vhost-user-rdma ctl ...` is the client of a running daemon's
+/// management socket (see `vhost-user-rdma ctl --help`).
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(
+    version,
+    about,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
 struct Args {
+    /// A command instead of running the daemon.
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Configuration file (TOML); see docs/vhost-user-rdma.example.toml.
     #[arg(short, long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -78,6 +91,25 @@ struct Args {
     /// every queue then uses doorbell records in guest RAM.
     #[arg(long)]
     no_shmem_doorbell: bool,
+    /// Management socket (JSON API for `vhost-user-rdma ctl`); replaces
+    /// the file's [daemon] mgmt_socket.
+    #[arg(long, value_name = "PATH")]
+    mgmt_socket: Option<PathBuf>,
+    /// Serve Prometheus metrics over HTTP on this address (GET /metrics);
+    /// replaces the file's [daemon] metrics_listen.
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics_listen: Option<std::net::SocketAddr>,
+    /// Log line format; replaces the file's [daemon] log_format (default
+    /// text). RUST_LOG filters either.
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    log_format: Option<LogFormat>,
+}
+
+/// Commands of the binary besides running the daemon.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Query or control a running daemon through its management socket.
+    Ctl(CtlArgs),
 }
 
 /// Why the command line and configuration file cannot be used.
@@ -89,10 +121,41 @@ enum ArgsError {
     Config(#[from] vhost_user_rdma::config::ConfigError),
 }
 
+/// The daemon configuration and the log format of the command line and
+/// configuration file.
+fn daemon_config(a: Args) -> Result<(DaemonConfig, Option<LogFormat>), ArgsError> {
+    let cli_format = a.log_format;
+    let mut file_format = None;
+    let config = DaemonConfig::try_from(FileArgs {
+        args: a,
+        log_format: &mut file_format,
+    })?;
+    Ok((config, cli_format.or(file_format)))
+}
+
+/// [`Args`] and where to put the file's log format.
+struct FileArgs<'a> {
+    args: Args,
+    log_format: &'a mut Option<LogFormat>,
+}
+
 impl TryFrom<Args> for DaemonConfig {
     type Error = ArgsError;
 
     fn try_from(a: Args) -> Result<Self, Self::Error> {
+        let mut ignored = None;
+        DaemonConfig::try_from(FileArgs {
+            args: a,
+            log_format: &mut ignored,
+        })
+    }
+}
+
+impl TryFrom<FileArgs<'_>> for DaemonConfig {
+    type Error = ArgsError;
+
+    fn try_from(f: FileArgs<'_>) -> Result<Self, Self::Error> {
+        let a = f.args;
         let cli = LimitOverrides {
             max_ctx: a.max_ctx,
             max_pd: a.max_pd,
@@ -112,6 +175,7 @@ impl TryFrom<Args> for DaemonConfig {
         let (mut config, limits) = match &a.config {
             Some(path) => {
                 let loaded = config_file::load(path, &cli)?;
+                *f.log_format = loaded.log_format;
                 (loaded.config, loaded.default_limits)
             }
             None => {
@@ -132,24 +196,67 @@ impl TryFrom<Args> for DaemonConfig {
         if a.engine_cpu.is_some() {
             config.engine_cpu = a.engine_cpu;
         }
+        if a.mgmt_socket.is_some() {
+            config.mgmt_socket = a.mgmt_socket;
+        }
+        if a.metrics_listen.is_some() {
+            config.metrics_listen = a.metrics_listen;
+        }
         config.validate()?;
         Ok(config)
     }
 }
 
+/// Blocks SIGINT and SIGTERM in the calling thread (and so in every thread
+/// it spawns afterwards), so that [`wait_for_signal`] can take them.
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: an all-zero sigset_t is a valid value to initialize.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, exclusively borrowed sigset_t; the calls
+    // only write it (and the thread's signal mask).
+    unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+    set
+}
+
+/// Waits for one of the signals in `set` (blocked by [`block_signals`]).
+fn wait_for_signal(set: &libc::sigset_t) -> i32 {
+    let mut sig: libc::c_int = 0;
+    loop {
+        // SAFETY: `set` is a valid sigset_t and `sig` a valid out pointer.
+        let r = unsafe { libc::sigwait(set, &mut sig) };
+        if r == 0 {
+            return sig;
+        }
+    }
+}
+
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let args = Args::parse();
-    let config = match DaemonConfig::try_from(args) {
+    if let Some(Command::Ctl(c)) = &args.command {
+        let code = ctl::run(c, &mut std::io::stdout(), &mut std::io::stderr());
+        return ExitCode::from(code);
+    }
+    let cli_format = args.log_format;
+    let (config, format) = match daemon_config(args) {
         Ok(c) => c,
         Err(e) => {
+            logging::init(cli_format.unwrap_or_default());
             error!("{e}");
             return ExitCode::from(2);
         }
     };
+    logging::init(format.unwrap_or_default());
+    let signals = block_signals();
     match vhost_user_rdma::Daemon::start(config) {
         Ok(d) => {
-            d.join();
+            let sig = wait_for_signal(&signals);
+            info!("signal {sig}: shutting down");
+            d.shutdown();
             ExitCode::SUCCESS
         }
         Err(e) => {
