@@ -199,11 +199,35 @@ fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<Vec<u8>>> {
     }
 }
 
+/// Closes a connection whose peer may still be sending: stops writing,
+/// then reads and drops what arrives for a moment, so that the peer gets
+/// the answer and an orderly end instead of a reset.
+fn linger_close(stream: &mut TcpStream) {
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
+    let deadline = Instant::now() + Duration::from_millis(500);
+    let mut sink = [0u8; 4096];
+    while Instant::now() < deadline {
+        match stream.read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+}
+
 fn serve_conn(mut stream: TcpStream, view: &DaemonView) -> std::io::Result<()> {
     stream.set_write_timeout(Some(Duration::from_secs(10)))?;
-    let Some(head) = read_head(&mut stream)? else {
+    let r = answer(&mut stream, view);
+    if r.is_ok() {
+        linger_close(&mut stream);
+    }
+    r
+}
+
+fn answer(stream: &mut TcpStream, view: &DaemonView) -> std::io::Result<()> {
+    let Some(head) = read_head(stream)? else {
         return respond(
-            &mut stream,
+            stream,
             431,
             "Request Header Fields Too Large",
             "text/plain",
@@ -218,7 +242,7 @@ fn serve_conn(mut stream: TcpStream, view: &DaemonView) -> std::io::Result<()> {
         (parts.next(), parts.next(), parts.next(), parts.next())
     else {
         return respond(
-            &mut stream,
+            stream,
             400,
             "Bad Request",
             "text/plain",
@@ -228,7 +252,7 @@ fn serve_conn(mut stream: TcpStream, view: &DaemonView) -> std::io::Result<()> {
     };
     if !version.starts_with("HTTP/1.") {
         return respond(
-            &mut stream,
+            stream,
             400,
             "Bad Request",
             "text/plain",
@@ -239,7 +263,7 @@ fn serve_conn(mut stream: TcpStream, view: &DaemonView) -> std::io::Result<()> {
     let path = target.split('?').next().unwrap_or("");
     if method != "GET" {
         return respond(
-            &mut stream,
+            stream,
             405,
             "Method Not Allowed",
             "text/plain",
@@ -251,7 +275,7 @@ fn serve_conn(mut stream: TcpStream, view: &DaemonView) -> std::io::Result<()> {
         "/metrics" => {
             let body = render(view);
             respond(
-                &mut stream,
+                stream,
                 200,
                 "OK",
                 "text/plain; version=0.0.4; charset=utf-8",
@@ -259,15 +283,8 @@ fn serve_conn(mut stream: TcpStream, view: &DaemonView) -> std::io::Result<()> {
                 &[],
             )
         }
-        "/healthz" => respond(&mut stream, 200, "OK", "text/plain", b"ok\n", &[]),
-        _ => respond(
-            &mut stream,
-            404,
-            "Not Found",
-            "text/plain",
-            b"not found\n",
-            &[],
-        ),
+        "/healthz" => respond(stream, 200, "OK", "text/plain", b"ok\n", &[]),
+        _ => respond(stream, 404, "Not Found", "text/plain", b"not found\n", &[]),
     }
 }
 

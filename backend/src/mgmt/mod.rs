@@ -170,6 +170,22 @@ fn accept_loop(listener: UnixListener, view: DaemonView, stop: Arc<AtomicBool>) 
     }
 }
 
+/// Closes a connection whose peer may still be sending: stops writing,
+/// then reads and drops what arrives for a moment, so that the peer gets
+/// the answer and an orderly end instead of a reset.
+fn linger_close(stream: &mut UnixStream) {
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
+    let deadline = Instant::now() + Duration::from_millis(500);
+    let mut sink = [0u8; 4096];
+    while Instant::now() < deadline {
+        match stream.read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+}
+
 /// Serves requests on one connection until EOF, an oversized request, the
 /// idle timeout or the daemon's stop.
 fn serve_conn(mut stream: UnixStream, view: &DaemonView, stop: &AtomicBool) -> std::io::Result<()> {
@@ -196,6 +212,7 @@ fn serve_conn(mut stream: UnixStream, view: &DaemonView, stop: &AtomicBool) -> s
             let reply =
                 format!("{{\"ok\":false,\"error\":\"request longer than {MAX_REQUEST} bytes\"}}\n");
             stream.write_all(reply.as_bytes())?;
+            linger_close(&mut stream);
             return Ok(());
         }
         if stop.load(Ordering::Acquire) || last.elapsed() > IDLE_TIMEOUT {
