@@ -911,3 +911,27 @@ fn metrics_endpoint() {
     drop(web);
     d.stop();
 }
+
+#[test]
+fn dist_config_is_valid() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/config.toml");
+    let loaded = vhost_user_rdma::config_file::load(
+        &path,
+        &vhost_user_rdma::config::LimitOverrides::default(),
+    )
+    .unwrap();
+    let c = &loaded.config;
+    assert_eq!(
+        c.mgmt_socket.as_deref(),
+        Some(Path::new(vhost_user_rdma::mgmt::ctl::DEFAULT_SOCKET))
+    );
+    assert_eq!(c.metrics_listen.map(|a| a.port()), Some(9842));
+    assert_eq!(
+        loaded.log_format,
+        Some(vhost_user_rdma::logging::LogFormat::Json)
+    );
+    assert!(c
+        .vms
+        .iter()
+        .all(|v| v.socket.starts_with("/run/vhost-user-rdma/")));
+}
