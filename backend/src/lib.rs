@@ -13,6 +13,7 @@
 //! - [`tenancy`]: tenants, VMs' GIDs and the isolation policy;
 //! - [`qos`]: rate limits and weights, changeable at run time;
 //! - [`stats`]: per-VM traffic counters and latency histograms;
+//! - [`snapshot`]: per-VM snapshots and per-tenant sums for reporting;
 //! - [`mgmt`]: the management socket (JSON API) and its client;
 //! - [`metrics`]: Prometheus metrics over HTTP;
 //! - [`logging`]: text or JSON log lines;
@@ -34,6 +35,7 @@ pub mod resources;
 pub mod rnic;
 pub mod server;
 pub mod shmem;
+pub mod snapshot;
 pub mod stats;
 pub mod tenancy;
 pub mod vring;

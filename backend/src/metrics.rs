@@ -22,10 +22,9 @@ use log::{debug, warn};
 use thiserror::Error;
 
 use crate::qos::QosSpec;
-use crate::resources::ResourceCounts;
 use crate::server::DaemonView;
-use crate::stats::{HistogramSnapshot, TrafficStats, LATENCY_BOUNDS_US};
-use crate::tenancy::IsolationStats;
+use crate::snapshot::{self, Totals};
+use crate::stats::{HistogramSnapshot, LATENCY_BOUNDS_US};
 
 /// Largest request head (request line and headers) in bytes.
 pub const MAX_HEADER: usize = 8 * 1024;
@@ -357,78 +356,21 @@ impl<'a> Family<'a> {
     }
 }
 
-/// Everything exported about one VM or one tenant (summed).
-#[derive(Default)]
+/// Everything exported about one VM (the sums of one VM) or one tenant.
 struct Subject {
     labels: Vec<(&'static str, String)>,
-    connected: u64,
-    connections: u64,
-    vms: u64,
-    res: ResourceCounts,
-    ctrl_ok: u64,
-    ctrl_failed: u64,
-    ctrl_malformed: u64,
-    events_lost: u64,
-    traffic: TrafficStats,
-    iso: IsolationStats,
+    t: Totals,
     qos: Option<QosSpec>,
 }
 
 impl Subject {
-    fn add(&mut self, o: &Subject) {
-        self.connected += o.connected;
-        self.connections += o.connections;
-        self.vms += o.vms;
-        let (r, s) = (&mut self.res, &o.res);
-        r.ctx += s.ctx;
-        r.pd += s.pd;
-        r.cq += s.cq;
-        r.qp += s.qp;
-        r.mr += s.mr;
-        r.srq += s.srq;
-        r.ah += s.ah;
-        r.registered_bytes += s.registered_bytes;
-        self.ctrl_ok += o.ctrl_ok;
-        self.ctrl_failed += o.ctrl_failed;
-        self.ctrl_malformed += o.ctrl_malformed;
-        self.events_lost += o.events_lost;
-        let (t, u) = (&mut self.traffic, &o.traffic);
-        t.send_ops += u.send_ops;
-        t.send_bytes += u.send_bytes;
-        t.recv_ops += u.recv_ops;
-        t.recv_bytes += u.recv_bytes;
-        t.error_cqes += u.error_cqes;
-        t.flushed += u.flushed;
-        t.drops += u.drops;
-        t.throttled += u.throttled;
-        t.ctrl_cmds += u.ctrl_cmds;
-        t.ctrl_errors += u.ctrl_errors;
-        for (x, y) in t
-            .ctrl_latency
-            .buckets
-            .iter_mut()
-            .zip(u.ctrl_latency.buckets)
-        {
-            *x += y;
-        }
-        t.ctrl_latency.count += u.ctrl_latency.count;
-        t.ctrl_latency.sum_ns += u.ctrl_latency.sum_ns;
-        let (i, j) = (&mut self.iso, &o.iso);
-        i.denied += j.denied;
-        i.foreign_drops += j.foreign_drops;
-        i.foreign_rc += j.foreign_rc;
-        i.unknown_qpn += j.unknown_qpn;
-        i.bad_rkey += j.bad_rkey;
-        i.gid_spoof += j.gid_spoof;
-    }
-
     fn labels(&self) -> Vec<(&str, &str)> {
         self.labels.iter().map(|(k, v)| (*k, v.as_str())).collect()
     }
 }
 
 /// A scalar exported for every subject.
-type Getter = fn(&Subject) -> u64;
+type Getter = fn(&Totals) -> u64;
 /// A QoS value exported as a gauge.
 type QosGetter = fn(&QosSpec) -> u64;
 
@@ -438,133 +380,124 @@ const SCALARS: [(&str, &str, &str, Getter); 15] = [
         "connected",
         "gauge",
         "Whether a VMM is connected (per tenant: connected VMs).",
-        |s| s.connected,
+        |t| t.connected,
     ),
     (
         "connections_total",
         "counter",
         "VMM connections accepted.",
-        |s| s.connections,
+        |t| t.connections,
     ),
     (
         "registered_bytes",
         "gauge",
         "Bytes registered by live memory regions.",
-        |s| s.res.registered_bytes,
+        |t| t.resources.registered_bytes,
     ),
     (
         "send_ops_total",
         "counter",
         "Send work requests executed.",
-        |s| s.traffic.send_ops,
+        |t| t.traffic.send_ops,
     ),
     (
         "send_bytes_total",
         "counter",
         "Payload bytes of successful send work requests.",
-        |s| s.traffic.send_bytes,
+        |t| t.traffic.send_bytes,
     ),
     (
         "recv_ops_total",
         "counter",
         "Messages delivered to the VM's QPs as responder.",
-        |s| s.traffic.recv_ops,
+        |t| t.traffic.recv_ops,
     ),
     (
         "recv_bytes_total",
         "counter",
         "Payload bytes of messages delivered to the VM's QPs.",
-        |s| s.traffic.recv_bytes,
+        |t| t.traffic.recv_bytes,
     ),
     (
         "error_completions_total",
         "counter",
         "Completions with an error status other than flush.",
-        |s| s.traffic.error_cqes,
+        |t| t.traffic.error_cqes,
     ),
     (
         "flushed_completions_total",
         "counter",
         "Completions with WR_FLUSH_ERR.",
-        |s| s.traffic.flushed,
+        |t| t.traffic.flushed,
     ),
     (
         "drops_total",
         "counter",
         "Messages dropped (UD without taker, wrong Q_Key, foreign tenant).",
-        |s| s.traffic.drops,
+        |t| t.traffic.drops,
     ),
     (
         "throttled_total",
         "counter",
         "Times the engine postponed work for a rate limit.",
-        |s| s.traffic.throttled,
+        |t| t.traffic.throttled,
     ),
     (
         "ctrl_commands_total",
         "counter",
         "Control commands executed (engine accounting).",
-        |s| s.traffic.ctrl_cmds,
+        |t| t.traffic.ctrl_cmds,
     ),
     (
         "ctrl_errors_total",
         "counter",
         "Control commands that failed (engine accounting).",
-        |s| s.traffic.ctrl_errors,
+        |t| t.traffic.ctrl_errors,
     ),
     (
         "events_lost_total",
         "counter",
         "Asynchronous events dropped for lack of event buffers.",
-        |s| s.events_lost,
+        |t| t.events_lost,
     ),
     (
         "ctrl_malformed_total",
         "counter",
-        "Control requests that could not be answered at all (current connection).",
-        |s| s.ctrl_malformed,
+        "Control requests that could not be answered at all.",
+        |t| t.ctrl.malformed,
     ),
 ];
 
 fn subjects(view: &DaemonView) -> (Vec<Subject>, Vec<Subject>) {
-    let tn = view.tenancy();
-    let mut tenants: Vec<Subject> = tn
-        .tenants()
-        .iter()
+    let snaps = snapshot::vms(view);
+    let tenants = snapshot::tenant_totals(view, &snaps)
+        .into_iter()
         .enumerate()
         .map(|(i, t)| Subject {
-            labels: vec![("tenant", t.name.clone())],
+            labels: vec![(
+                "tenant",
+                view.tenancy()
+                    .tenants()
+                    .get(i)
+                    .map(|e| e.name.clone())
+                    .unwrap_or_default(),
+            )],
+            t,
             qos: view.qos().tenant(i),
-            ..Subject::default()
         })
         .collect();
-    let mut vms = Vec::new();
-    for (i, vm) in tn.vms().iter().enumerate() {
-        let st = view.vm_stats(i).unwrap_or_default();
-        let tenant = tn
-            .tenants()
-            .get(vm.tenant)
-            .map(|t| t.name.clone())
-            .unwrap_or_default();
-        let s = Subject {
-            labels: vec![("vm", vm.name.clone()), ("tenant", tenant)],
-            connected: u64::from(st.connected),
-            connections: st.connections,
-            vms: 1,
-            res: st.device.resources,
-            ctrl_ok: st.device.ctrl.ok,
-            ctrl_failed: st.device.ctrl.failed,
-            ctrl_malformed: st.device.ctrl.malformed,
-            events_lost: st.device.events_lost,
-            traffic: vm.traffic.snapshot(),
-            iso: vm.counters.snapshot(),
-            qos: view.qos().vm(i),
-        };
-        if let Some(t) = tenants.get_mut(vm.tenant) {
+    let vms = snaps
+        .into_iter()
+        .map(|s| {
+            let mut t = Totals::default();
             t.add(&s);
-        }
-        vms.push(s);
-    }
+            Subject {
+                labels: vec![("vm", s.name), ("tenant", s.tenant_name)],
+                t,
+                qos: s.qos,
+            }
+        })
+        .collect();
     (vms, tenants)
 }
 
@@ -574,7 +507,7 @@ fn render_subjects(out: &mut String, prefix: &str, subjects: &[Subject]) {
     for (name, kind, help, get) in SCALARS {
         let mut f = Family::new(out, format!("{prefix}{name}"), kind, help);
         for s in subjects {
-            f.sample(&s.labels(), get(s));
+            f.sample(&s.labels(), get(&s.t));
         }
     }
     let mut f = Family::new(
@@ -584,7 +517,7 @@ fn render_subjects(out: &mut String, prefix: &str, subjects: &[Subject]) {
         "Live objects by kind (ctx, pd, cq, qp, mr, srq, ah).",
     );
     for s in subjects {
-        let r = &s.res;
+        let r = &s.t.resources;
         for (kind, n) in [
             ("ctx", r.ctx),
             ("pd", r.pd),
@@ -603,10 +536,10 @@ fn render_subjects(out: &mut String, prefix: &str, subjects: &[Subject]) {
         out,
         format!("{prefix}ctrl_completed_total"),
         "counter",
-        "Control commands completed by the device, by result (ok, failed); reset when the VMM reconnects.",
+        "Control commands completed by the device, by result (ok, failed).",
     );
     for s in subjects {
-        for (result, n) in [("ok", s.ctrl_ok), ("failed", s.ctrl_failed)] {
+        for (result, n) in [("ok", s.t.ctrl.ok), ("failed", s.t.ctrl.failed)] {
             let mut l = s.labels();
             l.push(("result", result));
             f.sample(&l, n);
@@ -619,7 +552,7 @@ fn render_subjects(out: &mut String, prefix: &str, subjects: &[Subject]) {
         "Isolation events caused, by kind (denied, foreign_drops, foreign_rc, unknown_qpn, bad_rkey, gid_spoof).",
     );
     for s in subjects {
-        let c = &s.iso;
+        let c = &s.t.isolation;
         for (kind, n) in [
             ("denied", c.denied),
             ("foreign_drops", c.foreign_drops),
@@ -640,7 +573,7 @@ fn render_subjects(out: &mut String, prefix: &str, subjects: &[Subject]) {
         "Time from taking a control request to its response, in seconds.",
     );
     for s in subjects {
-        f.histogram(&s.labels(), &s.traffic.ctrl_latency);
+        f.histogram(&s.labels(), &s.t.traffic.ctrl_latency);
     }
     let qos: [(&str, &str, QosGetter); 4] = [
         (
@@ -696,7 +629,7 @@ pub fn render(view: &DaemonView) -> String {
         "VMs configured in the tenant.",
     );
     for t in &tenants {
-        f.sample(&t.labels(), t.vms);
+        f.sample(&t.labels(), t.t.vms);
     }
     out
 }

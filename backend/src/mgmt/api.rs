@@ -16,6 +16,7 @@ use crate::config::gid_text;
 use crate::qos::{QosSpec, MAX_WEIGHT};
 use crate::resources::ResourceCounts;
 use crate::server::DaemonView;
+use crate::snapshot::{self, Totals, VmSnapshot};
 use crate::stats::{HistogramSnapshot, TrafficStats, LATENCY_BOUNDS_US};
 use crate::tenancy::IsolationStats;
 
@@ -134,19 +135,27 @@ fn dispatch(view: &DaemonView, mut obj: Map<String, Value>) -> Reply {
         }
         "list_vms" => {
             args::<NoArgs>(obj, &cmd)?;
-            let vms: Vec<Value> = (0..view.vm_count()).map(|i| vm_summary(view, i)).collect();
+            let vms: Vec<Value> = snapshot::vms(view)
+                .iter()
+                .map(|s| vm_summary(view, s))
+                .collect();
             Ok(one("vms", Value::from(vms)))
         }
         "list_tenants" => {
             args::<NoArgs>(obj, &cmd)?;
-            let n = view.tenancy().tenants().len();
-            let t: Vec<Value> = (0..n).map(|i| tenant_summary(view, i)).collect();
+            let vms = snapshot::vms(view);
+            let t: Vec<Value> = snapshot::tenant_totals(view, &vms)
+                .iter()
+                .enumerate()
+                .map(|(i, sums)| tenant_summary(view, i, &vms, sums))
+                .collect();
             Ok(one("tenants", Value::from(t)))
         }
         "vm_stats" => {
             let a: VmArg = args(obj, &cmd)?;
             let i = resolve_vm(view, &a.vm)?;
-            Ok(vm_stats(view, i))
+            let s = snapshot::vm(view, i).ok_or("no such VM")?;
+            Ok(vm_stats(&s))
         }
         "get_qos" => {
             let a: QosTarget = args(obj, &cmd)?;
@@ -248,136 +257,60 @@ fn histogram_json(h: &HistogramSnapshot) -> Value {
     })
 }
 
-fn vm_summary(view: &DaemonView, i: usize) -> Value {
-    let tn = view.tenancy();
-    let Some(vm) = tn.vm(i) else {
-        return Value::Null;
-    };
-    let st = view.vm_stats(i).unwrap_or_default();
+fn vm_summary(view: &DaemonView, s: &VmSnapshot) -> Value {
     json!({
-        "index": i,
-        "name": vm.name,
-        "tenant": tenant_name(view, vm.tenant),
-        "gid": gid_text(vm.gid),
-        "socket": view.vm_socket(i).map(|p| p.display().to_string()),
-        "connected": st.connected,
-        "connections": st.connections,
-        "resources": resources_json(&st.device.resources),
-        "qos": view.qos().vm(i).map(|q| qos_json(&q)),
+        "index": s.index,
+        "name": s.name,
+        "tenant": s.tenant_name,
+        "gid": view.tenancy().vm(s.index).map(|v| gid_text(v.gid)),
+        "socket": view.vm_socket(s.index).map(|p| p.display().to_string()),
+        "connected": s.stats.connected,
+        "connections": s.stats.connections,
+        "resources": resources_json(&s.stats.device.resources),
+        "qos": s.qos.as_ref().map(qos_json),
     })
 }
 
-/// Sums of per-VM values over a tenant.
-#[derive(Default)]
-struct Sums {
-    res: ResourceCounts,
-    traffic: TrafficStats,
-    iso: IsolationStats,
-    connected: u64,
-}
-
-fn add_traffic(a: &mut TrafficStats, b: &TrafficStats) {
-    a.send_ops += b.send_ops;
-    a.send_bytes += b.send_bytes;
-    a.recv_ops += b.recv_ops;
-    a.recv_bytes += b.recv_bytes;
-    a.error_cqes += b.error_cqes;
-    a.flushed += b.flushed;
-    a.drops += b.drops;
-    a.throttled += b.throttled;
-    a.ctrl_cmds += b.ctrl_cmds;
-    a.ctrl_errors += b.ctrl_errors;
-    for (x, y) in a
-        .ctrl_latency
-        .buckets
-        .iter_mut()
-        .zip(b.ctrl_latency.buckets)
-    {
-        *x += y;
-    }
-    a.ctrl_latency.count += b.ctrl_latency.count;
-    a.ctrl_latency.sum_ns += b.ctrl_latency.sum_ns;
-}
-
-fn tenant_sums(view: &DaemonView, tenant: usize) -> (Vec<String>, Sums) {
-    let mut s = Sums::default();
-    let mut names = Vec::new();
-    for (i, vm) in view.tenancy().vms().iter().enumerate() {
-        if vm.tenant != tenant {
-            continue;
-        }
-        names.push(vm.name.clone());
-        let st = view.vm_stats(i).unwrap_or_default();
-        let r = &st.device.resources;
-        s.res.ctx += r.ctx;
-        s.res.pd += r.pd;
-        s.res.cq += r.cq;
-        s.res.qp += r.qp;
-        s.res.mr += r.mr;
-        s.res.srq += r.srq;
-        s.res.ah += r.ah;
-        s.res.registered_bytes += r.registered_bytes;
-        s.connected += u64::from(st.connected);
-        add_traffic(&mut s.traffic, &vm.traffic.snapshot());
-        let c = vm.counters.snapshot();
-        s.iso.denied += c.denied;
-        s.iso.foreign_drops += c.foreign_drops;
-        s.iso.foreign_rc += c.foreign_rc;
-        s.iso.unknown_qpn += c.unknown_qpn;
-        s.iso.bad_rkey += c.bad_rkey;
-        s.iso.gid_spoof += c.gid_spoof;
-    }
-    (names, s)
-}
-
-fn tenant_summary(view: &DaemonView, t: usize) -> Value {
-    let Some(entry) = view.tenancy().tenants().get(t) else {
-        return Value::Null;
-    };
-    let (vms, s) = tenant_sums(view, t);
+fn tenant_summary(view: &DaemonView, t: usize, vms: &[VmSnapshot], sums: &Totals) -> Value {
+    let entry = view.tenancy().tenants().get(t);
+    let names: Vec<&str> = vms
+        .iter()
+        .filter(|v| v.tenant == t)
+        .map(|v| v.name.as_str())
+        .collect();
     json!({
         "index": t,
-        "name": entry.name,
-        "qos_class": entry.qos_class,
-        "vms": vms,
-        "connected_vms": s.connected,
+        "name": entry.map(|e| e.name.clone()),
+        "qos_class": entry.and_then(|e| e.qos_class.clone()),
+        "vms": names,
+        "connected_vms": sums.connected,
         "qos": view.qos().tenant(t).map(|q| qos_json(&q)),
-        "resources": resources_json(&s.res),
-        "traffic": traffic_json(&s.traffic),
-        "isolation": isolation_json(&s.iso),
-        "ctrl_latency": histogram_json(&s.traffic.ctrl_latency),
+        "resources": resources_json(&sums.resources),
+        "traffic": traffic_json(&sums.traffic),
+        "isolation": isolation_json(&sums.isolation),
+        "ctrl_latency": histogram_json(&sums.traffic.ctrl_latency),
     })
 }
 
-fn vm_stats(view: &DaemonView, i: usize) -> Map<String, Value> {
-    let tn = view.tenancy();
-    let st = view.vm_stats(i).unwrap_or_default();
-    let (name, tenant, traffic, iso) = match tn.vm(i) {
-        Some(vm) => (
-            vm.name.clone(),
-            tenant_name(view, vm.tenant),
-            vm.traffic.snapshot(),
-            vm.counters.snapshot(),
-        ),
-        None => Default::default(),
-    };
+fn vm_stats(s: &VmSnapshot) -> Map<String, Value> {
+    let d = &s.stats.device;
     let v = json!({
-        "vm": name,
-        "index": i,
-        "tenant": tenant,
-        "connected": st.connected,
-        "connections": st.connections,
-        "resources": resources_json(&st.device.resources),
+        "vm": s.name,
+        "index": s.index,
+        "tenant": s.tenant_name,
+        "connected": s.stats.connected,
+        "connections": s.stats.connections,
+        "resources": resources_json(&d.resources),
         "ctrl": {
-            "ok": st.device.ctrl.ok,
-            "failed": st.device.ctrl.failed,
-            "malformed": st.device.ctrl.malformed,
+            "ok": d.ctrl.ok,
+            "failed": d.ctrl.failed,
+            "malformed": d.ctrl.malformed,
         },
-        "events_lost": st.device.events_lost,
-        "traffic": traffic_json(&traffic),
-        "isolation": isolation_json(&iso),
-        "ctrl_latency": histogram_json(&traffic.ctrl_latency),
-        "qos": view.qos().vm(i).map(|q| qos_json(&q)),
+        "events_lost": d.events_lost,
+        "traffic": traffic_json(&s.traffic),
+        "isolation": isolation_json(&s.isolation),
+        "ctrl_latency": histogram_json(&s.traffic.ctrl_latency),
+        "qos": s.qos.as_ref().map(qos_json),
     });
     match v {
         Value::Object(m) => m,
