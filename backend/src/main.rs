@@ -121,90 +121,66 @@ enum ArgsError {
     Config(#[from] vhost_user_rdma::config::ConfigError),
 }
 
-/// The daemon configuration and the log format of the command line and
-/// configuration file.
-fn daemon_config(a: Args) -> Result<(DaemonConfig, Option<LogFormat>), ArgsError> {
-    let cli_format = a.log_format;
-    let mut file_format = None;
-    let config = DaemonConfig::try_from(FileArgs {
-        args: a,
-        log_format: &mut file_format,
-    })?;
-    Ok((config, cli_format.or(file_format)))
-}
-
-/// [`Args`] and where to put the file's log format.
-struct FileArgs<'a> {
-    args: Args,
-    log_format: &'a mut Option<LogFormat>,
-}
-
 impl TryFrom<Args> for DaemonConfig {
     type Error = ArgsError;
 
     fn try_from(a: Args) -> Result<Self, Self::Error> {
-        let mut ignored = None;
-        DaemonConfig::try_from(FileArgs {
-            args: a,
-            log_format: &mut ignored,
-        })
+        daemon_config(a).map(|(config, _)| config)
     }
 }
 
-impl TryFrom<FileArgs<'_>> for DaemonConfig {
-    type Error = ArgsError;
-
-    fn try_from(f: FileArgs<'_>) -> Result<Self, Self::Error> {
-        let a = f.args;
-        let cli = LimitOverrides {
-            max_ctx: a.max_ctx,
-            max_pd: a.max_pd,
-            max_cq: a.max_cq,
-            max_qp: a.max_qp,
-            max_mr: a.max_mr,
-            max_srq: a.max_srq,
-            max_ah: a.max_ah,
-            max_cqe: a.max_cqe,
-            max_qp_wr: a.max_qp_wr,
-            max_srq_wr: a.max_srq_wr,
-            max_mr_size: a.max_mr_size,
-            max_mr_bytes: a.max_mr_bytes,
-            max_ctrl_outstanding: a.max_ctrl_outstanding,
-            ..LimitOverrides::default()
-        };
-        let (mut config, limits) = match &a.config {
-            Some(path) => {
-                let loaded = config_file::load(path, &cli)?;
-                *f.log_format = loaded.log_format;
-                (loaded.config, loaded.default_limits)
-            }
-            None => {
-                let mut limits = Limits::default();
-                cli.apply(&mut limits);
-                (DaemonConfig::new(Vec::new()), limits)
-            }
-        };
-        for socket in a.socket_path {
-            config.add_default_vm(socket, limits);
+/// The daemon configuration of the command line and configuration file,
+/// and the log format they ask for (`None`: not given).
+fn daemon_config(a: Args) -> Result<(DaemonConfig, Option<LogFormat>), ArgsError> {
+    let mut log_format = a.log_format;
+    let cli = LimitOverrides {
+        max_ctx: a.max_ctx,
+        max_pd: a.max_pd,
+        max_cq: a.max_cq,
+        max_qp: a.max_qp,
+        max_mr: a.max_mr,
+        max_srq: a.max_srq,
+        max_ah: a.max_ah,
+        max_cqe: a.max_cqe,
+        max_qp_wr: a.max_qp_wr,
+        max_srq_wr: a.max_srq_wr,
+        max_mr_size: a.max_mr_size,
+        max_mr_bytes: a.max_mr_bytes,
+        max_ctrl_outstanding: a.max_ctrl_outstanding,
+        ..LimitOverrides::default()
+    };
+    let (mut config, limits) = match &a.config {
+        Some(path) => {
+            let loaded = config_file::load(path, &cli)?;
+            log_format = log_format.or(loaded.log_format);
+            (loaded.config, loaded.default_limits)
         }
-        if a.no_shmem_doorbell {
-            config.device_features &= !F_SHMEM_DOORBELL;
+        None => {
+            let mut limits = Limits::default();
+            cli.apply(&mut limits);
+            (DaemonConfig::new(Vec::new()), limits)
         }
-        if let Some(us) = a.ctrl_poll_us {
-            config.ctrl_poll = std::time::Duration::from_micros(us);
-        }
-        if a.engine_cpu.is_some() {
-            config.engine_cpu = a.engine_cpu;
-        }
-        if a.mgmt_socket.is_some() {
-            config.mgmt_socket = a.mgmt_socket;
-        }
-        if a.metrics_listen.is_some() {
-            config.metrics_listen = a.metrics_listen;
-        }
-        config.validate()?;
-        Ok(config)
+    };
+    for socket in a.socket_path {
+        config.add_default_vm(socket, limits);
     }
+    if a.no_shmem_doorbell {
+        config.device_features &= !F_SHMEM_DOORBELL;
+    }
+    if let Some(us) = a.ctrl_poll_us {
+        config.ctrl_poll = std::time::Duration::from_micros(us);
+    }
+    if a.engine_cpu.is_some() {
+        config.engine_cpu = a.engine_cpu;
+    }
+    if a.mgmt_socket.is_some() {
+        config.mgmt_socket = a.mgmt_socket;
+    }
+    if a.metrics_listen.is_some() {
+        config.metrics_listen = a.metrics_listen;
+    }
+    config.validate()?;
+    Ok((config, log_format))
 }
 
 /// Blocks SIGINT and SIGTERM in the calling thread (and so in every thread
@@ -291,6 +267,54 @@ mod tests {
         let a = Args::try_parse_from(["x", "-s", "/tmp/a.sock", "--max-cqe", "1000"]).unwrap();
         assert!(DaemonConfig::try_from(a).is_err());
         assert!(Args::try_parse_from(["x"]).is_err());
+    }
+
+    #[test]
+    fn ctl_subcommand_and_operations_flags() {
+        // The daemon's flags are unchanged and take the new ones.
+        let a = Args::try_parse_from([
+            "x",
+            "--socket-path",
+            "/tmp/a.sock",
+            "--mgmt-socket",
+            "/tmp/m.sock",
+            "--metrics-listen",
+            "127.0.0.1:9842",
+            "--log-format",
+            "json",
+        ])
+        .unwrap();
+        assert!(a.command.is_none());
+        let (c, format) = daemon_config(a).unwrap();
+        assert_eq!(c.vms.len(), 1);
+        assert_eq!(
+            c.mgmt_socket.as_deref(),
+            Some(std::path::Path::new("/tmp/m.sock"))
+        );
+        assert_eq!(c.metrics_listen.map(|a| a.port()), Some(9842));
+        assert_eq!(format, Some(LogFormat::Json));
+        let (_, format) =
+            daemon_config(Args::try_parse_from(["x", "-s", "/tmp/a.sock"]).unwrap()).unwrap();
+        assert_eq!(format, None);
+        assert!(Args::try_parse_from(["x", "-s", "/a", "--metrics-listen", "localhost"]).is_err());
+        assert!(Args::try_parse_from(["x", "-s", "/a", "--log-format", "xml"]).is_err());
+        // ctl needs no socket path, and does not mix with daemon flags.
+        let a = Args::try_parse_from(["x", "ctl", "stats", "web", "--json"]).unwrap();
+        match a.command {
+            Some(Command::Ctl(c)) => {
+                assert!(c.json);
+                assert!(matches!(c.command, ctl::CtlCommand::Stats { ref vm } if vm == "web"));
+            }
+            None => panic!("no ctl command"),
+        }
+        assert!(Args::try_parse_from(["x", "-s", "/a", "ctl", "vms"]).is_err());
+        assert!(Args::try_parse_from(["x", "ctl"]).is_err());
+        assert!(Args::try_parse_from(["x", "ctl", "qos", "set", "web"]).is_err());
+        assert!(Args::try_parse_from(["x", "ctl", "qos", "get", "web", "--tenant", "t"]).is_err());
+        assert!(
+            Args::try_parse_from(["x", "ctl", "qos", "set", "--tenant", "t", "--weight", "2"])
+                .is_ok()
+        );
     }
 
     #[test]

@@ -913,6 +913,51 @@ fn metrics_endpoint() {
 }
 
 #[test]
+fn other_users_are_refused() {
+    let d = Daemon::start("cred");
+    let mode = std::fs::metadata(&d.mgmt).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not root: the check of another user's connection is skipped");
+        d.stop();
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    // A copy of the binary that user nobody can run.
+    let bin = d.dir.join("bin");
+    std::fs::copy(BIN, &bin).unwrap();
+    std::fs::set_permissions(&d.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let as_nobody = || {
+        Command::new(&bin)
+            .args(["ctl", "--socket"])
+            .arg(&d.mgmt)
+            .arg("ping")
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap()
+    };
+    // The socket's mode keeps nobody out ...
+    let o = as_nobody();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("Permission denied"));
+    // ... and if the mode were wider, the daemon refuses the peer itself.
+    std::fs::set_permissions(&d.mgmt, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let o = as_nobody();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("error: permission denied"));
+    // Its own user is still served.
+    assert_eq!(d.ctl(&["ping"]).0, 0);
+    assert!(d
+        .log_lines()
+        .iter()
+        .any(|l| l.contains("refused a connection from another user")));
+    d.stop();
+}
+
+#[test]
 fn dist_config_is_valid() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/config.toml");
     let loaded = vhost_user_rdma::config_file::load(

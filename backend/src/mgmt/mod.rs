@@ -3,7 +3,9 @@
 //! requests per connection ([`api`] has the commands, [`client`] the client
 //! side that `vhost-user-rdma ctl` uses).
 //!
-//! The socket is for the local operator, but its input is still checked: a
+//! Only the daemon's user and root may connect (mode 0600, and the peer's
+//! credentials are checked). The socket is for the local operator, but its
+//! input is still checked: a
 //! request line longer than [`MAX_REQUEST`] bytes is answered with an error
 //! and the connection is closed, at most [`MAX_CONNECTIONS`] connections
 //! are served at once (more are told so and closed), and a connection idle
@@ -14,6 +16,7 @@ pub mod client;
 pub mod ctl;
 
 use std::io::{ErrorKind, Read, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -126,6 +129,32 @@ impl MgmtServer {
     }
 }
 
+/// Whether the peer of `stream` runs as the daemon's user or root. The
+/// socket's mode already keeps others out; this also covers a connection
+/// made in the moment between creating the socket and restricting its mode.
+fn peer_allowed(stream: &UnixStream) -> bool {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: u32::MAX,
+        gid: u32::MAX,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid, exclusively borrowed out
+    // parameters of the size given; the fd is the open socket `stream`.
+    let r = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            std::ptr::addr_of_mut!(cred).cast(),
+            &mut len,
+        )
+    };
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    r == 0 && (cred.uid == me || cred.uid == 0)
+}
+
 fn accept_loop(listener: UnixListener, view: DaemonView, stop: Arc<AtomicBool>) {
     let active = Arc::new(AtomicUsize::new(0));
     let mut conns: Vec<JoinHandle<()>> = Vec::new();
@@ -142,6 +171,12 @@ fn accept_loop(listener: UnixListener, view: DaemonView, stop: Arc<AtomicBool>) 
                 continue;
             }
         };
+        if !peer_allowed(&stream) {
+            warn!("management socket: refused a connection from another user");
+            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+            let _ = stream.write_all(b"{\"ok\":false,\"error\":\"permission denied\"}\n");
+            continue;
+        }
         if active.load(Ordering::Acquire) >= MAX_CONNECTIONS {
             let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
             let _ = stream.write_all(b"{\"ok\":false,\"error\":\"too many connections\"}\n");
