@@ -30,7 +30,8 @@ pub enum LogFormat {
 static VM_NAMES: RwLock<Vec<(String, String)>> = RwLock::new(Vec::new());
 
 /// Records the names of the daemon's VMs and tenants so that messages
-/// starting with `VM <index>: ` get `vm` and `tenant` fields.
+/// starting with `VM <index>: ` get `vm` and `tenant` fields (one daemon per
+/// process: the last one started names them).
 pub fn register_vms(tenancy: &Tenancy) {
     let names = tenancy
         .vms()
