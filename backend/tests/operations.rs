@@ -980,3 +980,46 @@ fn dist_config_is_valid() {
         .iter()
         .all(|v| v.socket.starts_with("/run/vhost-user-rdma/")));
 }
+
+#[test]
+fn systemd_unit_verifies() {
+    let unit = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/vhost-user-rdma.service");
+    let text = std::fs::read_to_string(&unit).unwrap();
+    for want in [
+        "ExecStart=/usr/local/bin/vhost-user-rdma --config /etc/vhost-user-rdma/config.toml",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "ReadWritePaths=/run/vhost-user-rdma",
+        "RuntimeDirectory=vhost-user-rdma",
+        "Restart=on-failure",
+    ] {
+        assert!(text.lines().any(|l| l == want), "unit lacks {want}");
+    }
+    let available = Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !available {
+        eprintln!("systemd-analyze not installed: the unit's syntax check is skipped");
+        return;
+    }
+    // Verify a copy that starts the binary just built (verify checks that
+    // ExecStart exists).
+    let dir = unique_dir("unit");
+    let copy = dir.join("vhost-user-rdma.service");
+    std::fs::write(&copy, text.replace("/usr/local/bin/vhost-user-rdma", BIN)).unwrap();
+    let o = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&copy)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    // Only this unit's own complaints count (verify also loads the
+    // machine's units it refers to).
+    let ours: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("vhost-user-rdma.service"))
+        .collect();
+    assert!(o.status.success() && ours.is_empty(), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
