@@ -562,6 +562,17 @@ fn api_refuses_bad_requests_and_keeps_serving() {
     assert_error(&big.read_answer(), "longer than 65536 bytes");
     let mut rest = String::new();
     assert_eq!(big.reader.read_line(&mut rest).unwrap(), 0, "{rest}");
+    // Also a complete line just over the limit, sent at once; a line at
+    // the limit is fine (answered: it is no JSON).
+    let mut at = Api::connect(&d.mgmt);
+    let mut line = vec![b'x'; 64 * 1024];
+    line.push(b'\n');
+    at.send_raw(&line);
+    assert_error(&at.read_answer(), "invalid JSON");
+    line.insert(0, b'x');
+    at.send_raw(&line);
+    assert_error(&at.read_answer(), "longer than 65536 bytes");
+    drop(at);
 
     // Too many connections at once: with `api`, 8 are served, the next is
     // told so and closed.

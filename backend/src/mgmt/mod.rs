@@ -221,6 +221,15 @@ fn linger_close(stream: &mut UnixStream) {
     }
 }
 
+/// Answers an oversized request with an error and closes the connection
+/// (the rest of the request cannot be told from the next one).
+fn refuse_oversized(stream: &mut UnixStream) -> std::io::Result<()> {
+    let reply = format!("{{\"ok\":false,\"error\":\"request longer than {MAX_REQUEST} bytes\"}}\n");
+    stream.write_all(reply.as_bytes())?;
+    linger_close(stream);
+    Ok(())
+}
+
 /// Serves requests on one connection until EOF, an oversized request, the
 /// idle timeout or the daemon's stop.
 fn serve_conn(mut stream: UnixStream, view: &DaemonView, stop: &AtomicBool) -> std::io::Result<()> {
@@ -232,6 +241,9 @@ fn serve_conn(mut stream: UnixStream, view: &DaemonView, stop: &AtomicBool) -> s
     loop {
         // Answer every complete line in the buffer.
         while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+            if nl > MAX_REQUEST {
+                return refuse_oversized(&mut stream);
+            }
             let line: Vec<u8> = buf.drain(..=nl).collect();
             let line = line.get(..nl).unwrap_or(&[]);
             let line = line.strip_suffix(b"\r").unwrap_or(line);
@@ -244,11 +256,7 @@ fn serve_conn(mut stream: UnixStream, view: &DaemonView, stop: &AtomicBool) -> s
             last = Instant::now();
         }
         if buf.len() > MAX_REQUEST {
-            let reply =
-                format!("{{\"ok\":false,\"error\":\"request longer than {MAX_REQUEST} bytes\"}}\n");
-            stream.write_all(reply.as_bytes())?;
-            linger_close(&mut stream);
-            return Ok(());
+            return refuse_oversized(&mut stream);
         }
         if stop.load(Ordering::Acquire) || last.elapsed() > IDLE_TIMEOUT {
             return Ok(());
