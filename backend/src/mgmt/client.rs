@@ -61,13 +61,15 @@ impl Client {
     pub fn request_line(&mut self, line: &str) -> Result<Value, ClientError> {
         let mut msg = line.trim_end_matches(['\r', '\n']).to_string();
         msg.push('\n');
-        self.writer.write_all(msg.as_bytes())?;
+        // The daemon may have answered and closed already (a refused
+        // connection): its answer is still readable after a failed write.
+        let sent = self.writer.write_all(msg.as_bytes());
         let mut answer = String::new();
-        let n = (&mut self.reader)
-            .take(MAX_RESPONSE)
-            .read_line(&mut answer)?;
-        if n == 0 {
-            return Err(ClientError::NoAnswer);
+        let read = (&mut self.reader).take(MAX_RESPONSE).read_line(&mut answer);
+        match (sent, read) {
+            (_, Ok(n)) if n > 0 => {}
+            (Err(e), _) | (Ok(()), Err(e)) => return Err(e.into()),
+            (Ok(()), Ok(_)) => return Err(ClientError::NoAnswer),
         }
         serde_json::from_str(&answer).map_err(ClientError::BadAnswer)
     }
