@@ -254,6 +254,7 @@ struct DaemonTable {
     engine_cpu: Option<usize>,
     mgmt_socket: Option<PathBuf>,
     metrics_listen: Option<Spanned<String>>,
+    log_format: Option<crate::logging::LogFormat>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -313,6 +314,8 @@ pub struct LoadedConfig {
     /// Its default limits (with the command line's applied): the limits of
     /// VMs added on the command line.
     pub default_limits: Limits,
+    /// `[daemon] log_format`, if given.
+    pub log_format: Option<crate::logging::LogFormat>,
 }
 
 /// Reads and checks the configuration file `path`; `cli` are the `--max-*`
@@ -564,6 +567,7 @@ pub fn parse(text: &str, file: &str, cli: &LimitOverrides) -> Result<LoadedConfi
     Ok(LoadedConfig {
         config,
         default_limits: defaults,
+        log_format: tables.daemon.log_format,
     })
 }
 
@@ -771,13 +775,14 @@ bytes_per_sec = 1000000000
     fn qos_classes_and_daemon_settings() {
         let l = parse_str(&good_with(
             "shmem_doorbell = false",
-            "shmem_doorbell = false\nengine_cpu = 1\nmgmt_socket = \"/run/m.sock\"\nmetrics_listen = \"127.0.0.1:9842\"",
+            "shmem_doorbell = false\nengine_cpu = 1\nmgmt_socket = \"/run/m.sock\"\nmetrics_listen = \"127.0.0.1:9842\"\nlog_format = \"json\"",
         ))
         .unwrap();
         let c = &l.config;
         assert_eq!(c.engine_cpu, Some(1));
         assert_eq!(c.mgmt_socket.as_deref(), Some(Path::new("/run/m.sock")));
         assert_eq!(c.metrics_listen.map(|a| a.port()), Some(9842));
+        assert_eq!(l.log_format, Some(crate::logging::LogFormat::Json));
         assert_eq!(c.vms[1].qos_class.as_deref(), Some("gold"));
         assert_eq!(c.vms[0].qos_class, None);
         let gold = c.qos_spec(Some("gold"));

@@ -13,6 +13,10 @@
 //! - [`tenancy`]: tenants, VMs' GIDs and the isolation policy;
 //! - [`qos`]: rate limits and weights, changeable at run time;
 //! - [`stats`]: per-VM traffic counters and latency histograms;
+//! - [`snapshot`]: per-VM snapshots and per-tenant sums for reporting;
+//! - [`mgmt`]: the management socket (JSON API) and its client;
+//! - [`metrics`]: Prometheus metrics over HTTP;
+//! - [`logging`]: text or JSON log lines;
 //! - [`vring`]: the virtqueue type (a kick read that survives queue restarts).
 
 pub mod config;
@@ -22,15 +26,19 @@ pub mod device;
 pub mod engine;
 pub mod events;
 pub mod keys;
+pub mod logging;
 pub mod memory;
+pub mod metrics;
+pub mod mgmt;
 pub mod qos;
 pub mod resources;
 pub mod rnic;
 pub mod server;
 pub mod shmem;
+pub mod snapshot;
 pub mod stats;
 pub mod tenancy;
 pub mod vring;
 
 pub use config::{DaemonConfig, Limits};
-pub use server::{Daemon, VmStats};
+pub use server::{Daemon, DaemonView, VmStats};

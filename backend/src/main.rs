@@ -3,9 +3,11 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Parser;
-use log::error;
+use clap::{Parser, Subcommand};
+use log::{error, info};
 use vhost_user_rdma::config::LimitOverrides;
+use vhost_user_rdma::logging::{self, LogFormat};
+use vhost_user_rdma::mgmt::ctl::{self, CtlArgs};
 use vhost_user_rdma::{config_file, DaemonConfig, Limits};
 use virtio_rdma_abi::config::F_SHMEM_DOORBELL;
 
@@ -18,9 +20,20 @@ use virtio_rdma_abi::config::F_SHMEM_DOORBELL;
 /// --ctrl-poll-us and --no-shmem-doorbell replace its [daemon] settings, and
 /// each --socket-path adds a VM named vm<N> (N: its position among all VMs)
 /// in the tenant "default".
+///
+/// `vhost-user-rdma ctl ...` is the client of a running daemon's
+/// management socket (see `vhost-user-rdma ctl --help`).
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(
+    version,
+    about,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
 struct Args {
+    /// A command instead of running the daemon.
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Configuration file (TOML); see docs/vhost-user-rdma.example.toml.
     #[arg(short, long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -78,6 +91,25 @@ struct Args {
     /// every queue then uses doorbell records in guest RAM.
     #[arg(long)]
     no_shmem_doorbell: bool,
+    /// Management socket (JSON API for `vhost-user-rdma ctl`); replaces
+    /// the file's [daemon] mgmt_socket.
+    #[arg(long, value_name = "PATH")]
+    mgmt_socket: Option<PathBuf>,
+    /// Serve Prometheus metrics over HTTP on this address (GET /metrics);
+    /// replaces the file's [daemon] metrics_listen.
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics_listen: Option<std::net::SocketAddr>,
+    /// Log line format; replaces the file's [daemon] log_format (default
+    /// text). RUST_LOG filters either.
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    log_format: Option<LogFormat>,
+}
+
+/// Commands of the binary besides running the daemon.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Query or control a running daemon through its management socket.
+    Ctl(CtlArgs),
 }
 
 /// Why the command line and configuration file cannot be used.
@@ -93,63 +125,114 @@ impl TryFrom<Args> for DaemonConfig {
     type Error = ArgsError;
 
     fn try_from(a: Args) -> Result<Self, Self::Error> {
-        let cli = LimitOverrides {
-            max_ctx: a.max_ctx,
-            max_pd: a.max_pd,
-            max_cq: a.max_cq,
-            max_qp: a.max_qp,
-            max_mr: a.max_mr,
-            max_srq: a.max_srq,
-            max_ah: a.max_ah,
-            max_cqe: a.max_cqe,
-            max_qp_wr: a.max_qp_wr,
-            max_srq_wr: a.max_srq_wr,
-            max_mr_size: a.max_mr_size,
-            max_mr_bytes: a.max_mr_bytes,
-            max_ctrl_outstanding: a.max_ctrl_outstanding,
-            ..LimitOverrides::default()
-        };
-        let (mut config, limits) = match &a.config {
-            Some(path) => {
-                let loaded = config_file::load(path, &cli)?;
-                (loaded.config, loaded.default_limits)
-            }
-            None => {
-                let mut limits = Limits::default();
-                cli.apply(&mut limits);
-                (DaemonConfig::new(Vec::new()), limits)
-            }
-        };
-        for socket in a.socket_path {
-            config.add_default_vm(socket, limits);
+        daemon_config(a).map(|(config, _)| config)
+    }
+}
+
+/// The daemon configuration of the command line and configuration file,
+/// and the log format they ask for (`None`: not given).
+fn daemon_config(a: Args) -> Result<(DaemonConfig, Option<LogFormat>), ArgsError> {
+    let mut log_format = a.log_format;
+    let cli = LimitOverrides {
+        max_ctx: a.max_ctx,
+        max_pd: a.max_pd,
+        max_cq: a.max_cq,
+        max_qp: a.max_qp,
+        max_mr: a.max_mr,
+        max_srq: a.max_srq,
+        max_ah: a.max_ah,
+        max_cqe: a.max_cqe,
+        max_qp_wr: a.max_qp_wr,
+        max_srq_wr: a.max_srq_wr,
+        max_mr_size: a.max_mr_size,
+        max_mr_bytes: a.max_mr_bytes,
+        max_ctrl_outstanding: a.max_ctrl_outstanding,
+        ..LimitOverrides::default()
+    };
+    let (mut config, limits) = match &a.config {
+        Some(path) => {
+            let loaded = config_file::load(path, &cli)?;
+            log_format = log_format.or(loaded.log_format);
+            (loaded.config, loaded.default_limits)
         }
-        if a.no_shmem_doorbell {
-            config.device_features &= !F_SHMEM_DOORBELL;
+        None => {
+            let mut limits = Limits::default();
+            cli.apply(&mut limits);
+            (DaemonConfig::new(Vec::new()), limits)
         }
-        if let Some(us) = a.ctrl_poll_us {
-            config.ctrl_poll = std::time::Duration::from_micros(us);
+    };
+    for socket in a.socket_path {
+        config.add_default_vm(socket, limits);
+    }
+    if a.no_shmem_doorbell {
+        config.device_features &= !F_SHMEM_DOORBELL;
+    }
+    if let Some(us) = a.ctrl_poll_us {
+        config.ctrl_poll = std::time::Duration::from_micros(us);
+    }
+    if a.engine_cpu.is_some() {
+        config.engine_cpu = a.engine_cpu;
+    }
+    if a.mgmt_socket.is_some() {
+        config.mgmt_socket = a.mgmt_socket;
+    }
+    if a.metrics_listen.is_some() {
+        config.metrics_listen = a.metrics_listen;
+    }
+    config.validate()?;
+    Ok((config, log_format))
+}
+
+/// Blocks SIGINT and SIGTERM in the calling thread (and so in every thread
+/// it spawns afterwards), so that [`wait_for_signal`] can take them.
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: an all-zero sigset_t is a valid value to initialize.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, exclusively borrowed sigset_t; the calls
+    // only write it (and the thread's signal mask).
+    unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+    set
+}
+
+/// Waits for one of the signals in `set` (blocked by [`block_signals`]).
+fn wait_for_signal(set: &libc::sigset_t) -> i32 {
+    let mut sig: libc::c_int = 0;
+    loop {
+        // SAFETY: `set` is a valid sigset_t and `sig` a valid out pointer.
+        let r = unsafe { libc::sigwait(set, &mut sig) };
+        if r == 0 {
+            return sig;
         }
-        if a.engine_cpu.is_some() {
-            config.engine_cpu = a.engine_cpu;
-        }
-        config.validate()?;
-        Ok(config)
     }
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let args = Args::parse();
-    let config = match DaemonConfig::try_from(args) {
+    if let Some(Command::Ctl(c)) = &args.command {
+        let code = ctl::run(c, &mut std::io::stdout(), &mut std::io::stderr());
+        return ExitCode::from(code);
+    }
+    let cli_format = args.log_format;
+    let (config, format) = match daemon_config(args) {
         Ok(c) => c,
         Err(e) => {
+            logging::init(cli_format.unwrap_or_default());
             error!("{e}");
             return ExitCode::from(2);
         }
     };
+    logging::init(format.unwrap_or_default());
+    let signals = block_signals();
     match vhost_user_rdma::Daemon::start(config) {
         Ok(d) => {
-            d.join();
+            let sig = wait_for_signal(&signals);
+            info!("signal {sig}: shutting down");
+            d.shutdown();
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -184,6 +267,54 @@ mod tests {
         let a = Args::try_parse_from(["x", "-s", "/tmp/a.sock", "--max-cqe", "1000"]).unwrap();
         assert!(DaemonConfig::try_from(a).is_err());
         assert!(Args::try_parse_from(["x"]).is_err());
+    }
+
+    #[test]
+    fn ctl_subcommand_and_operations_flags() {
+        // The daemon's flags are unchanged and take the new ones.
+        let a = Args::try_parse_from([
+            "x",
+            "--socket-path",
+            "/tmp/a.sock",
+            "--mgmt-socket",
+            "/tmp/m.sock",
+            "--metrics-listen",
+            "127.0.0.1:9842",
+            "--log-format",
+            "json",
+        ])
+        .unwrap();
+        assert!(a.command.is_none());
+        let (c, format) = daemon_config(a).unwrap();
+        assert_eq!(c.vms.len(), 1);
+        assert_eq!(
+            c.mgmt_socket.as_deref(),
+            Some(std::path::Path::new("/tmp/m.sock"))
+        );
+        assert_eq!(c.metrics_listen.map(|a| a.port()), Some(9842));
+        assert_eq!(format, Some(LogFormat::Json));
+        let (_, format) =
+            daemon_config(Args::try_parse_from(["x", "-s", "/tmp/a.sock"]).unwrap()).unwrap();
+        assert_eq!(format, None);
+        assert!(Args::try_parse_from(["x", "-s", "/a", "--metrics-listen", "localhost"]).is_err());
+        assert!(Args::try_parse_from(["x", "-s", "/a", "--log-format", "xml"]).is_err());
+        // ctl needs no socket path, and does not mix with daemon flags.
+        let a = Args::try_parse_from(["x", "ctl", "stats", "web", "--json"]).unwrap();
+        match a.command {
+            Some(Command::Ctl(c)) => {
+                assert!(c.json);
+                assert!(matches!(c.command, ctl::CtlCommand::Stats { ref vm } if vm == "web"));
+            }
+            None => panic!("no ctl command"),
+        }
+        assert!(Args::try_parse_from(["x", "-s", "/a", "ctl", "vms"]).is_err());
+        assert!(Args::try_parse_from(["x", "ctl"]).is_err());
+        assert!(Args::try_parse_from(["x", "ctl", "qos", "set", "web"]).is_err());
+        assert!(Args::try_parse_from(["x", "ctl", "qos", "get", "web", "--tenant", "t"]).is_err());
+        assert!(
+            Args::try_parse_from(["x", "ctl", "qos", "set", "--tenant", "t", "--weight", "2"])
+                .is_ok()
+        );
     }
 
     #[test]

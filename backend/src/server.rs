@@ -47,6 +47,12 @@ pub enum ServerError {
     /// A thread could not be spawned.
     #[error("cannot spawn a thread: {0}")]
     Spawn(std::io::Error),
+    /// The management socket could not be set up.
+    #[error(transparent)]
+    Mgmt(#[from] crate::mgmt::MgmtError),
+    /// The metrics listener could not be set up.
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsError),
 }
 
 /// Statistics of one VM socket.
@@ -76,6 +82,52 @@ pub struct Daemon {
     rnic: Arc<dyn Rnic>,
     engine: Arc<Engine>,
     shared: Shared,
+    mgmt: Option<crate::mgmt::MgmtServer>,
+    metrics: Option<crate::metrics::MetricsServer>,
+}
+
+/// What the operator interfaces (management socket, metrics) see of a
+/// running daemon: every VM's socket, connection state and device counters,
+/// the tenancy table and the live QoS settings. Cheap to clone.
+#[derive(Clone)]
+pub struct DaemonView {
+    slots: Vec<Arc<VmSlot>>,
+    shared: Shared,
+}
+
+impl DaemonView {
+    /// Number of VMs.
+    pub fn vm_count(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Statistics of VM `index`.
+    pub fn vm_stats(&self, index: usize) -> Option<VmStats> {
+        self.slots.get(index).map(|s| slot_stats(s))
+    }
+
+    /// The vhost-user socket of VM `index`.
+    pub fn vm_socket(&self, index: usize) -> Option<&std::path::Path> {
+        self.slots.get(index).map(|s| s.path.as_path())
+    }
+
+    /// Tenants, VMs and their counters.
+    pub fn tenancy(&self) -> &Arc<Tenancy> {
+        &self.shared.tenancy
+    }
+
+    /// The live QoS settings.
+    pub fn qos(&self) -> &Arc<QosTable> {
+        &self.shared.qos
+    }
+}
+
+fn slot_stats(slot: &VmSlot) -> VmStats {
+    VmStats {
+        connected: slot.connected.load(Ordering::Acquire),
+        connections: slot.connections.load(Ordering::Acquire),
+        device: slot.device.stats(),
+    }
 }
 
 /// The port identity of VM `index`: its GID and a random GUID.
@@ -103,8 +155,10 @@ impl Daemon {
     /// Validates the configuration, binds every socket and starts serving.
     pub fn start(config: DaemonConfig) -> Result<Daemon, ServerError> {
         config.validate()?;
+        let tenancy = Arc::new(Tenancy::from_config(&config));
+        crate::logging::register_vms(&tenancy);
         let shared = Shared {
-            tenancy: Arc::new(Tenancy::from_config(&config)),
+            tenancy,
             qos: Arc::new(QosTable::new(
                 config
                     .vms
@@ -160,6 +214,7 @@ impl Daemon {
                 .spawn(move || ctx.serve(listener))
                 .map_err(ServerError::Spawn)?;
             info!(
+                vm = vm.name.as_str(), tenant = vm.tenant.as_str();
                 "serving VM {index} ({}, tenant {}, GID {}) on {}",
                 vm.name,
                 vm.tenant,
@@ -169,24 +224,54 @@ impl Daemon {
             slots.push(slot);
             threads.push(t);
         }
-        Ok(Daemon {
+        let mut daemon = Daemon {
             slots,
             threads,
             stop,
             rnic,
             engine,
             shared,
-        })
+            mgmt: None,
+            metrics: None,
+        };
+        if let Err(e) = daemon.start_operations(&config) {
+            daemon.shutdown();
+            return Err(e);
+        }
+        Ok(daemon)
+    }
+
+    /// Starts the management socket and the metrics listener, if configured.
+    fn start_operations(&mut self, config: &DaemonConfig) -> Result<(), ServerError> {
+        if let Some(path) = &config.mgmt_socket {
+            self.mgmt = Some(crate::mgmt::MgmtServer::start(path, self.view())?);
+            info!("management socket on {}", path.display());
+        }
+        if let Some(addr) = config.metrics_listen {
+            let m = crate::metrics::MetricsServer::start(addr, self.view())?;
+            info!("metrics on http://{}/metrics", m.local_addr());
+            self.metrics = Some(m);
+        }
+        Ok(())
+    }
+
+    /// What the operator interfaces see of the daemon.
+    pub fn view(&self) -> DaemonView {
+        DaemonView {
+            slots: self.slots.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Address the metrics listener is bound to (its port when the
+    /// configuration asked for port 0), if it runs.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics.as_ref().map(|m| m.local_addr())
     }
 
     /// Statistics of the VM on socket `index`.
     pub fn vm_stats(&self, index: usize) -> Option<VmStats> {
-        let slot = self.slots.get(index)?;
-        Some(VmStats {
-            connected: slot.connected.load(Ordering::Acquire),
-            connections: slot.connections.load(Ordering::Acquire),
-            device: slot.device.stats(),
-        })
+        self.slots.get(index).map(|s| slot_stats(s))
     }
 
     /// Tenants, VMs and their isolation counters.
@@ -221,8 +306,15 @@ impl Daemon {
         }
     }
 
-    /// Disconnects every VMM, stops serving and removes the sockets.
-    pub fn shutdown(self) {
+    /// Disconnects every VMM, stops serving and removes the sockets
+    /// (the management socket too).
+    pub fn shutdown(mut self) {
+        if let Some(m) = self.mgmt.take() {
+            m.stop();
+        }
+        if let Some(m) = self.metrics.take() {
+            m.stop();
+        }
         self.stop.store(true, Ordering::Release);
         for slot in &self.slots {
             if let Some(h) = lock(&slot.shutdown).take() {

@@ -1,0 +1,680 @@
+//! Prometheus metrics over HTTP: `GET /metrics` answers in the text
+//! exposition format 0.0.4, `GET /healthz` with `ok`.
+//!
+//! The HTTP server is deliberately minimal: one request per connection
+//! (`Connection: close`), request headers of at most [`MAX_HEADER`] bytes
+//! read within [`READ_TIMEOUT`], a thread per connection and at most
+//! [`MAX_CONNECTIONS`] of them (more get `503`), so a slow client delays
+//! nobody else. Other paths get `404`, other methods `405`.
+//!
+//! Every series has the label `vm` and `tenant` (per VM) or `tenant` (per
+//! tenant, the sum over its VMs); [`render`] lists them.
+
+use std::fmt::Write as _;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use log::{debug, warn};
+use thiserror::Error;
+
+use crate::qos::QosSpec;
+use crate::server::DaemonView;
+use crate::snapshot::{self, Totals};
+use crate::stats::{HistogramSnapshot, LATENCY_BOUNDS_US};
+
+/// Largest request head (request line and headers) in bytes.
+pub const MAX_HEADER: usize = 8 * 1024;
+/// Time a client has to send its request head.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections served at once.
+pub const MAX_CONNECTIONS: usize = 16;
+
+/// Errors setting up the metrics listener.
+#[derive(Debug, Error)]
+pub enum MetricsError {
+    /// The address could not be bound.
+    #[error("cannot listen for metrics on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The accepting thread could not be spawned.
+    #[error("cannot spawn the metrics thread: {0}")]
+    Spawn(std::io::Error),
+}
+
+/// A running metrics HTTP server.
+pub struct MetricsServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl MetricsServer {
+    /// Listens on `addr` (port 0: any free port) and serves `view`.
+    pub fn start(addr: SocketAddr, view: DaemonView) -> Result<MetricsServer, MetricsError> {
+        let bind_err = |source| MetricsError::Bind { addr, source };
+        let listener = TcpListener::bind(addr).map_err(bind_err)?;
+        let addr = listener.local_addr().map_err(bind_err)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || accept_loop(listener, view, s))
+            .map_err(MetricsError::Spawn)?;
+        Ok(MetricsServer {
+            addr,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops serving and waits for the connection threads.
+    pub fn stop(mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Wake the accepting thread (an unspecified address is reachable
+        // through loopback).
+        let mut wake = self.addr;
+        if wake.ip().is_unspecified() {
+            wake.set_ip(match wake {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
+        let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn accept_loop(listener: TcpListener, view: DaemonView, stop: Arc<AtomicBool>) {
+    let active = Arc::new(AtomicUsize::new(0));
+    let mut conns: Vec<JoinHandle<()>> = Vec::new();
+    for stream in listener.incoming() {
+        if stop.load(Ordering::Acquire) {
+            break;
+        }
+        conns.retain(|t| !t.is_finished());
+        let mut stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                warn!("metrics: accept failed: {e}");
+                thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        if active.load(Ordering::Acquire) >= MAX_CONNECTIONS {
+            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+            let _ = respond(
+                &mut stream,
+                503,
+                "Service Unavailable",
+                "text/plain",
+                b"busy\n",
+                &[],
+            );
+            continue;
+        }
+        active.fetch_add(1, Ordering::AcqRel);
+        let (v, a) = (view.clone(), active.clone());
+        let spawned = thread::Builder::new()
+            .name("metrics-conn".into())
+            .spawn(move || {
+                if let Err(e) = serve_conn(stream, &v) {
+                    debug!("metrics connection: {e}");
+                }
+                a.fetch_sub(1, Ordering::AcqRel);
+            });
+        match spawned {
+            Ok(t) => conns.push(t),
+            Err(e) => {
+                active.fetch_sub(1, Ordering::AcqRel);
+                warn!("metrics: cannot spawn a connection thread: {e}");
+            }
+        }
+    }
+    for t in conns {
+        let _ = t.join();
+    }
+}
+
+fn respond(
+    stream: &mut TcpStream,
+    code: u16,
+    reason: &str,
+    content_type: &str,
+    body: &[u8],
+    extra: &[(&str, &str)],
+) -> std::io::Result<()> {
+    let mut head = format!(
+        "HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (k, v) in extra {
+        let _ = write!(head, "{k}: {v}\r\n");
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body)?;
+    stream.flush()
+}
+
+/// Reads the request head (up to the blank line); `None` if it is too
+/// large, `Err` on timeout or I/O error.
+fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<Vec<u8>>> {
+    let deadline = Instant::now() + READ_TIMEOUT;
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    loop {
+        if buf.windows(4).any(|w| w == b"\r\n\r\n") || buf.windows(2).any(|w| w == b"\n\n") {
+            return Ok(Some(buf));
+        }
+        if buf.len() > MAX_HEADER {
+            return Ok(None);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ErrorKind::TimedOut.into());
+        }
+        stream.set_read_timeout(Some(left))?;
+        match stream.read(&mut chunk) {
+            Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
+            Ok(n) => buf.extend_from_slice(chunk.get(..n).unwrap_or(&[])),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Closes a connection whose peer may still be sending: stops writing,
+/// then reads and drops what arrives for a moment, so that the peer gets
+/// the answer and an orderly end instead of a reset.
+fn linger_close(stream: &mut TcpStream) {
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
+    let deadline = Instant::now() + Duration::from_millis(500);
+    let mut sink = [0u8; 4096];
+    while Instant::now() < deadline {
+        match stream.read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+}
+
+fn serve_conn(mut stream: TcpStream, view: &DaemonView) -> std::io::Result<()> {
+    stream.set_write_timeout(Some(Duration::from_secs(10)))?;
+    let r = answer(&mut stream, view);
+    if r.is_ok() {
+        linger_close(&mut stream);
+    }
+    r
+}
+
+fn answer(stream: &mut TcpStream, view: &DaemonView) -> std::io::Result<()> {
+    let Some(head) = read_head(stream)? else {
+        return respond(
+            stream,
+            431,
+            "Request Header Fields Too Large",
+            "text/plain",
+            b"request header too large\n",
+            &[],
+        );
+    };
+    let text = String::from_utf8_lossy(&head);
+    let line = text.lines().next().unwrap_or("");
+    let mut parts = line.split(' ');
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return respond(
+            stream,
+            400,
+            "Bad Request",
+            "text/plain",
+            b"bad request\n",
+            &[],
+        );
+    };
+    if !version.starts_with("HTTP/1.") {
+        return respond(
+            stream,
+            400,
+            "Bad Request",
+            "text/plain",
+            b"bad request\n",
+            &[],
+        );
+    }
+    let path = target.split('?').next().unwrap_or("");
+    if method != "GET" {
+        return respond(
+            stream,
+            405,
+            "Method Not Allowed",
+            "text/plain",
+            b"method not allowed\n",
+            &[("Allow", "GET")],
+        );
+    }
+    match path {
+        "/metrics" => {
+            let body = render(view);
+            respond(
+                stream,
+                200,
+                "OK",
+                "text/plain; version=0.0.4; charset=utf-8",
+                body.as_bytes(),
+                &[],
+            )
+        }
+        "/healthz" => respond(stream, 200, "OK", "text/plain", b"ok\n", &[]),
+        _ => respond(stream, 404, "Not Found", "text/plain", b"not found\n", &[]),
+    }
+}
+
+/// Escapes a label value (backslash, double quote, newline).
+fn escape(v: &str) -> String {
+    let mut s = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => s.push_str("\\\\"),
+            '"' => s.push_str("\\\""),
+            '\n' => s.push_str("\\n"),
+            c => s.push(c),
+        }
+    }
+    s
+}
+
+/// A metric family being written: `# HELP`, `# TYPE`, then its samples.
+struct Family<'a> {
+    out: &'a mut String,
+    name: String,
+}
+
+impl<'a> Family<'a> {
+    fn new(out: &'a mut String, name: impl Into<String>, kind: &str, help: &str) -> Self {
+        let name = name.into();
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        Family { out, name }
+    }
+
+    fn sample_suffix(
+        &mut self,
+        suffix: &str,
+        labels: &[(&str, &str)],
+        value: impl std::fmt::Display,
+    ) {
+        let _ = write!(self.out, "{}{suffix}", self.name);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let _ = write!(self.out, "{k}=\"{}\"", escape(v));
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {value}");
+    }
+
+    fn sample(&mut self, labels: &[(&str, &str)], value: impl std::fmt::Display) {
+        self.sample_suffix("", labels, value);
+    }
+
+    fn histogram(&mut self, labels: &[(&str, &str)], h: &HistogramSnapshot) {
+        let mut cumulative = 0u64;
+        for (i, n) in h.buckets.iter().enumerate() {
+            cumulative += n;
+            let le = match LATENCY_BOUNDS_US.get(i) {
+                Some(us) => format!("{}", *us as f64 / 1e6),
+                None => "+Inf".to_string(),
+            };
+            let mut l: Vec<(&str, &str)> = labels.to_vec();
+            l.push(("le", &le));
+            self.sample_suffix("_bucket", &l, cumulative);
+        }
+        self.sample_suffix("_sum", labels, h.sum_ns as f64 / 1e9);
+        self.sample_suffix("_count", labels, h.count);
+    }
+}
+
+/// Everything exported about one VM (the sums of one VM) or one tenant.
+struct Subject {
+    labels: Vec<(&'static str, String)>,
+    t: Totals,
+    qos: Option<QosSpec>,
+}
+
+impl Subject {
+    fn labels(&self) -> Vec<(&str, &str)> {
+        self.labels.iter().map(|(k, v)| (*k, v.as_str())).collect()
+    }
+}
+
+/// A scalar exported for every subject.
+type Getter = fn(&Totals) -> u64;
+/// A QoS value exported as a gauge.
+type QosGetter = fn(&QosSpec) -> u64;
+
+/// Scalar series: (name suffix, type, help, value).
+const SCALARS: [(&str, &str, &str, Getter); 15] = [
+    (
+        "connected",
+        "gauge",
+        "Whether a VMM is connected (per tenant: connected VMs).",
+        |t| t.connected,
+    ),
+    (
+        "connections_total",
+        "counter",
+        "VMM connections accepted.",
+        |t| t.connections,
+    ),
+    (
+        "registered_bytes",
+        "gauge",
+        "Bytes registered by live memory regions.",
+        |t| t.resources.registered_bytes,
+    ),
+    (
+        "send_ops_total",
+        "counter",
+        "Send work requests executed.",
+        |t| t.traffic.send_ops,
+    ),
+    (
+        "send_bytes_total",
+        "counter",
+        "Payload bytes of successful send work requests.",
+        |t| t.traffic.send_bytes,
+    ),
+    (
+        "recv_ops_total",
+        "counter",
+        "Messages delivered to the VM's QPs as responder.",
+        |t| t.traffic.recv_ops,
+    ),
+    (
+        "recv_bytes_total",
+        "counter",
+        "Payload bytes of messages delivered to the VM's QPs.",
+        |t| t.traffic.recv_bytes,
+    ),
+    (
+        "error_completions_total",
+        "counter",
+        "Completions with an error status other than flush.",
+        |t| t.traffic.error_cqes,
+    ),
+    (
+        "flushed_completions_total",
+        "counter",
+        "Completions with WR_FLUSH_ERR.",
+        |t| t.traffic.flushed,
+    ),
+    (
+        "drops_total",
+        "counter",
+        "Messages dropped (UD without taker, wrong Q_Key, foreign tenant).",
+        |t| t.traffic.drops,
+    ),
+    (
+        "throttled_total",
+        "counter",
+        "Times the engine postponed work for a rate limit.",
+        |t| t.traffic.throttled,
+    ),
+    (
+        "ctrl_commands_total",
+        "counter",
+        "Control commands executed (engine accounting).",
+        |t| t.traffic.ctrl_cmds,
+    ),
+    (
+        "ctrl_errors_total",
+        "counter",
+        "Control commands that failed (engine accounting).",
+        |t| t.traffic.ctrl_errors,
+    ),
+    (
+        "events_lost_total",
+        "counter",
+        "Asynchronous events dropped for lack of event buffers.",
+        |t| t.events_lost,
+    ),
+    (
+        "ctrl_malformed_total",
+        "counter",
+        "Control requests that could not be answered at all.",
+        |t| t.ctrl.malformed,
+    ),
+];
+
+fn subjects(view: &DaemonView) -> (Vec<Subject>, Vec<Subject>) {
+    let snaps = snapshot::vms(view);
+    let tenants = snapshot::tenant_totals(view, &snaps)
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| Subject {
+            labels: vec![(
+                "tenant",
+                view.tenancy()
+                    .tenants()
+                    .get(i)
+                    .map(|e| e.name.clone())
+                    .unwrap_or_default(),
+            )],
+            t,
+            qos: view.qos().tenant(i),
+        })
+        .collect();
+    let vms = snaps
+        .into_iter()
+        .map(|s| {
+            let mut t = Totals::default();
+            t.add(&s);
+            Subject {
+                labels: vec![("vm", s.name), ("tenant", s.tenant_name)],
+                t,
+                qos: s.qos,
+            }
+        })
+        .collect();
+    (vms, tenants)
+}
+
+/// Writes the families of `subjects` with the name prefix `prefix`
+/// (`vhost_user_rdma_vm_` or `vhost_user_rdma_tenant_`).
+fn render_subjects(out: &mut String, prefix: &str, subjects: &[Subject]) {
+    for (name, kind, help, get) in SCALARS {
+        let mut f = Family::new(out, format!("{prefix}{name}"), kind, help);
+        for s in subjects {
+            f.sample(&s.labels(), get(&s.t));
+        }
+    }
+    let mut f = Family::new(
+        out,
+        format!("{prefix}objects"),
+        "gauge",
+        "Live objects by kind (ctx, pd, cq, qp, mr, srq, ah).",
+    );
+    for s in subjects {
+        let r = &s.t.resources;
+        for (kind, n) in [
+            ("ctx", r.ctx),
+            ("pd", r.pd),
+            ("cq", r.cq),
+            ("qp", r.qp),
+            ("mr", r.mr),
+            ("srq", r.srq),
+            ("ah", r.ah),
+        ] {
+            let mut l = s.labels();
+            l.push(("kind", kind));
+            f.sample(&l, n);
+        }
+    }
+    let mut f = Family::new(
+        out,
+        format!("{prefix}ctrl_completed_total"),
+        "counter",
+        "Control commands completed by the device, by result (ok, failed).",
+    );
+    for s in subjects {
+        for (result, n) in [("ok", s.t.ctrl.ok), ("failed", s.t.ctrl.failed)] {
+            let mut l = s.labels();
+            l.push(("result", result));
+            f.sample(&l, n);
+        }
+    }
+    let mut f = Family::new(
+        out,
+        format!("{prefix}isolation_events_total"),
+        "counter",
+        "Isolation events caused, by kind (denied, foreign_drops, foreign_rc, unknown_qpn, bad_rkey, gid_spoof).",
+    );
+    for s in subjects {
+        let c = &s.t.isolation;
+        for (kind, n) in [
+            ("denied", c.denied),
+            ("foreign_drops", c.foreign_drops),
+            ("foreign_rc", c.foreign_rc),
+            ("unknown_qpn", c.unknown_qpn),
+            ("bad_rkey", c.bad_rkey),
+            ("gid_spoof", c.gid_spoof),
+        ] {
+            let mut l = s.labels();
+            l.push(("kind", kind));
+            f.sample(&l, n);
+        }
+    }
+    let mut f = Family::new(
+        out,
+        format!("{prefix}ctrl_latency_seconds"),
+        "histogram",
+        "Time from taking a control request to its response, in seconds.",
+    );
+    for s in subjects {
+        f.histogram(&s.labels(), &s.t.traffic.ctrl_latency);
+    }
+    let qos: [(&str, &str, QosGetter); 4] = [
+        (
+            "qos_weight",
+            "QoS weight (share among active VMs; unused for tenants).",
+            |q| u64::from(q.weight),
+        ),
+        (
+            "qos_bytes_per_second",
+            "QoS limit of payload bytes per second (0: unlimited).",
+            |q| q.bytes_per_sec,
+        ),
+        (
+            "qos_ops_per_second",
+            "QoS limit of send work requests per second (0: unlimited).",
+            |q| q.ops_per_sec,
+        ),
+        (
+            "qos_ctrl_per_second",
+            "QoS limit of control commands per second (0: unlimited).",
+            |q| q.ctrl_per_sec,
+        ),
+    ];
+    for (name, help, get) in qos {
+        let mut f = Family::new(out, format!("{prefix}{name}"), "gauge", help);
+        for s in subjects {
+            if let Some(q) = &s.qos {
+                f.sample(&s.labels(), get(q));
+            }
+        }
+    }
+}
+
+/// The metrics page: `vhost_user_rdma_info`, then every VM's series
+/// (`vhost_user_rdma_vm_*{vm,tenant}`) and every tenant's sums
+/// (`vhost_user_rdma_tenant_*{tenant}`, plus `vhost_user_rdma_tenant_vms`).
+pub fn render(view: &DaemonView) -> String {
+    let mut out = String::with_capacity(16 * 1024);
+    let mut f = Family::new(
+        &mut out,
+        "vhost_user_rdma_info",
+        "gauge",
+        "Daemon version (always 1).",
+    );
+    f.sample(&[("version", env!("CARGO_PKG_VERSION"))], 1);
+    let (vms, tenants) = subjects(view);
+    render_subjects(&mut out, "vhost_user_rdma_vm_", &vms);
+    render_subjects(&mut out, "vhost_user_rdma_tenant_", &tenants);
+    let mut f = Family::new(
+        &mut out,
+        "vhost_user_rdma_tenant_vms",
+        "gauge",
+        "VMs configured in the tenant.",
+    );
+    for t in &tenants {
+        f.sample(&t.labels(), t.t.vms);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_label_values() {
+        assert_eq!(escape(r#"a"b\c"#), r#"a\"b\\c"#);
+        assert_eq!(escape("x\ny"), "x\\ny");
+    }
+
+    #[test]
+    fn histogram_is_cumulative_in_seconds() {
+        let mut out = String::new();
+        let mut h = HistogramSnapshot::default();
+        h.buckets[0] = 2;
+        h.buckets[2] = 1;
+        h.buckets[LATENCY_BOUNDS_US.len()] = 1;
+        h.count = 4;
+        h.sum_ns = 1_500_000_000;
+        Family::new(&mut out, "x_seconds", "histogram", "h").histogram(&[("vm", "a")], &h);
+        assert!(
+            out.contains("x_seconds_bucket{vm=\"a\",le=\"0.000005\"} 2\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("x_seconds_bucket{vm=\"a\",le=\"0.00001\"} 2\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("x_seconds_bucket{vm=\"a\",le=\"0.00002\"} 3\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("x_seconds_bucket{vm=\"a\",le=\"1\"} 3\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("x_seconds_bucket{vm=\"a\",le=\"+Inf\"} 4\n"),
+            "{out}"
+        );
+        assert!(out.contains("x_seconds_sum{vm=\"a\"} 1.5\n"), "{out}");
+        assert!(out.contains("x_seconds_count{vm=\"a\"} 4\n"), "{out}");
+    }
+}

@@ -1,0 +1,420 @@
+//! The management API: one JSON request in, one JSON response out.
+//!
+//! A request is an object with `cmd` (the command), an optional `id`
+//! (echoed in the response) and the command's arguments. A response is an
+//! object with `ok`: `{"ok":true, ...}` or `{"ok":false,"error":"..."}`.
+//! VMs and tenants are named by name (a string) or index (a number; a
+//! string of digits that is no name is taken as an index too).
+
+use std::sync::Mutex;
+
+use log::info;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use crate::config::gid_text;
+use crate::qos::{QosSpec, MAX_WEIGHT};
+use crate::resources::ResourceCounts;
+use crate::server::DaemonView;
+use crate::snapshot::{self, Totals, VmSnapshot};
+use crate::stats::{HistogramSnapshot, TrafficStats, LATENCY_BOUNDS_US};
+use crate::tenancy::IsolationStats;
+
+/// Commands of the API.
+pub const COMMANDS: [&str; 8] = [
+    "ping",
+    "version",
+    "list_vms",
+    "list_tenants",
+    "vm_stats",
+    "get_qos",
+    "set_qos",
+    "help",
+];
+
+/// A VM or tenant: its name or index.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Target {
+    /// By index.
+    Index(u64),
+    /// By name (or index as decimal text).
+    Name(String),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoArgs {}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VmArg {
+    vm: Target,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QosTarget {
+    vm: Option<Target>,
+    tenant: Option<Target>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SetQosArgs {
+    vm: Option<Target>,
+    tenant: Option<Target>,
+    weight: Option<u32>,
+    bytes_per_sec: Option<u64>,
+    ops_per_sec: Option<u64>,
+    ctrl_per_sec: Option<u64>,
+}
+
+/// Serializes read-modify-write QoS updates from concurrent connections.
+static SET_QOS: Mutex<()> = Mutex::new(());
+
+type Reply = Result<Map<String, Value>, String>;
+
+/// Answers one request line (without its newline); the answer is one line
+/// of JSON without a newline.
+pub fn handle_line(view: &DaemonView, line: &[u8]) -> String {
+    let (id, result) = match serde_json::from_slice::<Value>(line) {
+        Err(e) => (None, Err(format!("invalid JSON: {e}"))),
+        Ok(Value::Object(mut obj)) => {
+            let id = obj.remove("id");
+            (id, dispatch(view, obj))
+        }
+        Ok(_) => (None, Err("a request must be a JSON object".to_string())),
+    };
+    let mut out = Map::new();
+    match result {
+        Ok(m) => {
+            out.insert("ok".into(), Value::Bool(true));
+            out.extend(m);
+        }
+        Err(e) => {
+            out.insert("ok".into(), Value::Bool(false));
+            out.insert("error".into(), Value::String(e));
+        }
+    }
+    if let Some(id) = id {
+        out.insert("id".into(), id);
+    }
+    serde_json::to_string(&Value::Object(out))
+        .unwrap_or_else(|_| r#"{"ok":false,"error":"internal error"}"#.to_string())
+}
+
+fn args<T: for<'de> Deserialize<'de>>(obj: Map<String, Value>, cmd: &str) -> Result<T, String> {
+    serde_json::from_value(Value::Object(obj)).map_err(|e| format!("{cmd}: {e}"))
+}
+
+fn dispatch(view: &DaemonView, mut obj: Map<String, Value>) -> Reply {
+    let cmd = match obj.remove("cmd") {
+        Some(Value::String(s)) => s,
+        Some(_) => return Err("\"cmd\" must be a string".into()),
+        None => return Err("missing \"cmd\"".into()),
+    };
+    match cmd.as_str() {
+        "ping" => {
+            args::<NoArgs>(obj, &cmd)?;
+            Ok(one("pong", Value::Bool(true)))
+        }
+        "version" => {
+            args::<NoArgs>(obj, &cmd)?;
+            let mut m = one("name", Value::from(env!("CARGO_PKG_NAME")));
+            m.insert("version".into(), Value::from(env!("CARGO_PKG_VERSION")));
+            m.insert(
+                "abi_version".into(),
+                Value::from(virtio_rdma_abi::ABI_VERSION),
+            );
+            Ok(m)
+        }
+        "help" => {
+            args::<NoArgs>(obj, &cmd)?;
+            Ok(one("commands", Value::from(COMMANDS.to_vec())))
+        }
+        "list_vms" => {
+            args::<NoArgs>(obj, &cmd)?;
+            let vms: Vec<Value> = snapshot::vms(view)
+                .iter()
+                .map(|s| vm_summary(view, s))
+                .collect();
+            Ok(one("vms", Value::from(vms)))
+        }
+        "list_tenants" => {
+            args::<NoArgs>(obj, &cmd)?;
+            let vms = snapshot::vms(view);
+            let t: Vec<Value> = snapshot::tenant_totals(view, &vms)
+                .iter()
+                .enumerate()
+                .map(|(i, sums)| tenant_summary(view, i, &vms, sums))
+                .collect();
+            Ok(one("tenants", Value::from(t)))
+        }
+        "vm_stats" => {
+            let a: VmArg = args(obj, &cmd)?;
+            let i = resolve_vm(view, &a.vm)?;
+            let s = snapshot::vm(view, i).ok_or("no such VM")?;
+            Ok(vm_stats(&s))
+        }
+        "get_qos" => {
+            let a: QosTarget = args(obj, &cmd)?;
+            get_qos(view, a)
+        }
+        "set_qos" => {
+            let a: SetQosArgs = args(obj, &cmd)?;
+            set_qos(view, a)
+        }
+        other => Err(format!(
+            "unknown command {other:?} (commands: {})",
+            COMMANDS.join(", ")
+        )),
+    }
+}
+
+fn one(key: &str, v: Value) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert(key.into(), v);
+    m
+}
+
+fn resolve(
+    t: &Target,
+    what: &str,
+    count: usize,
+    by_name: impl Fn(&str) -> Option<usize>,
+) -> Result<usize, String> {
+    let found = match t {
+        Target::Index(i) => usize::try_from(*i).ok().filter(|&i| i < count),
+        Target::Name(n) => by_name(n).or_else(|| n.parse::<usize>().ok().filter(|&i| i < count)),
+    };
+    found.ok_or_else(|| match t {
+        Target::Index(i) => format!("no {what} with index {i}"),
+        Target::Name(n) => format!("no {what} named {n:?}"),
+    })
+}
+
+/// The index of VM `t`.
+fn resolve_vm(view: &DaemonView, t: &Target) -> Result<usize, String> {
+    let tn = view.tenancy();
+    resolve(t, "VM", view.vm_count().min(tn.vms().len()), |n| {
+        tn.vm_index(n)
+    })
+}
+
+fn resolve_tenant(view: &DaemonView, t: &Target) -> Result<usize, String> {
+    let tn = view.tenancy();
+    resolve(t, "tenant", tn.tenants().len(), |n| tn.tenant_index(n))
+}
+
+fn tenant_name(view: &DaemonView, tenant: usize) -> String {
+    view.tenancy()
+        .tenants()
+        .get(tenant)
+        .map(|t| t.name.clone())
+        .unwrap_or_default()
+}
+
+/// A QoS spec as JSON.
+pub fn qos_json(q: &QosSpec) -> Value {
+    json!({
+        "weight": q.weight,
+        "bytes_per_sec": q.bytes_per_sec,
+        "ops_per_sec": q.ops_per_sec,
+        "ctrl_per_sec": q.ctrl_per_sec,
+    })
+}
+
+fn resources_json(r: &ResourceCounts) -> Value {
+    json!({
+        "ctx": r.ctx, "pd": r.pd, "cq": r.cq, "qp": r.qp, "mr": r.mr,
+        "srq": r.srq, "ah": r.ah, "registered_bytes": r.registered_bytes,
+    })
+}
+
+fn traffic_json(t: &TrafficStats) -> Value {
+    json!({
+        "send_ops": t.send_ops, "send_bytes": t.send_bytes,
+        "recv_ops": t.recv_ops, "recv_bytes": t.recv_bytes,
+        "error_cqes": t.error_cqes, "flushed": t.flushed, "drops": t.drops,
+        "throttled": t.throttled, "ctrl_cmds": t.ctrl_cmds, "ctrl_errors": t.ctrl_errors,
+    })
+}
+
+fn isolation_json(s: &IsolationStats) -> Value {
+    json!({
+        "denied": s.denied, "foreign_drops": s.foreign_drops, "foreign_rc": s.foreign_rc,
+        "unknown_qpn": s.unknown_qpn, "bad_rkey": s.bad_rkey, "gid_spoof": s.gid_spoof,
+    })
+}
+
+fn histogram_json(h: &HistogramSnapshot) -> Value {
+    json!({
+        "bounds_us": LATENCY_BOUNDS_US.to_vec(),
+        "buckets": h.buckets.to_vec(),
+        "count": h.count,
+        "sum_ns": h.sum_ns,
+    })
+}
+
+fn vm_summary(view: &DaemonView, s: &VmSnapshot) -> Value {
+    json!({
+        "index": s.index,
+        "name": s.name,
+        "tenant": s.tenant_name,
+        "gid": view.tenancy().vm(s.index).map(|v| gid_text(v.gid)),
+        "socket": view.vm_socket(s.index).map(|p| p.display().to_string()),
+        "connected": s.stats.connected,
+        "connections": s.stats.connections,
+        "resources": resources_json(&s.stats.device.resources),
+        "qos": s.qos.as_ref().map(qos_json),
+    })
+}
+
+fn tenant_summary(view: &DaemonView, t: usize, vms: &[VmSnapshot], sums: &Totals) -> Value {
+    let entry = view.tenancy().tenants().get(t);
+    let names: Vec<&str> = vms
+        .iter()
+        .filter(|v| v.tenant == t)
+        .map(|v| v.name.as_str())
+        .collect();
+    json!({
+        "index": t,
+        "name": entry.map(|e| e.name.clone()),
+        "qos_class": entry.and_then(|e| e.qos_class.clone()),
+        "vms": names,
+        "connected_vms": sums.connected,
+        "qos": view.qos().tenant(t).map(|q| qos_json(&q)),
+        "resources": resources_json(&sums.resources),
+        "traffic": traffic_json(&sums.traffic),
+        "isolation": isolation_json(&sums.isolation),
+        "ctrl_latency": histogram_json(&sums.traffic.ctrl_latency),
+    })
+}
+
+fn vm_stats(s: &VmSnapshot) -> Map<String, Value> {
+    let d = &s.stats.device;
+    let v = json!({
+        "vm": s.name,
+        "index": s.index,
+        "tenant": s.tenant_name,
+        "connected": s.stats.connected,
+        "connections": s.stats.connections,
+        "resources": resources_json(&d.resources),
+        "ctrl": {
+            "ok": d.ctrl.ok,
+            "failed": d.ctrl.failed,
+            "malformed": d.ctrl.malformed,
+        },
+        "events_lost": d.events_lost,
+        "traffic": traffic_json(&s.traffic),
+        "isolation": isolation_json(&s.isolation),
+        "ctrl_latency": histogram_json(&s.traffic.ctrl_latency),
+        "qos": s.qos.as_ref().map(qos_json),
+    });
+    match v {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    }
+}
+
+/// Which QoS entry a request is about.
+enum QosOf {
+    Vm(usize),
+    Tenant(usize),
+}
+
+fn qos_of(view: &DaemonView, vm: Option<Target>, tenant: Option<Target>) -> Result<QosOf, String> {
+    match (vm, tenant) {
+        (Some(v), None) => resolve_vm(view, &v).map(QosOf::Vm),
+        (None, Some(t)) => resolve_tenant(view, &t).map(QosOf::Tenant),
+        (Some(_), Some(_)) => Err("give either \"vm\" or \"tenant\", not both".into()),
+        (None, None) => Err("give \"vm\" or \"tenant\"".into()),
+    }
+}
+
+fn qos_reply(view: &DaemonView, of: &QosOf, spec: &QosSpec) -> Map<String, Value> {
+    let mut m = match of {
+        QosOf::Vm(i) => {
+            let tn = view.tenancy();
+            let mut m = one(
+                "vm",
+                Value::from(tn.vm(*i).map(|v| v.name.clone()).unwrap_or_default()),
+            );
+            let tenant = tn.tenant_of(*i).map(|t| tenant_name(view, t));
+            m.insert("tenant".into(), Value::from(tenant));
+            m
+        }
+        QosOf::Tenant(t) => one("tenant", Value::from(tenant_name(view, *t))),
+    };
+    m.insert("qos".into(), qos_json(spec));
+    m
+}
+
+fn get_qos(view: &DaemonView, a: QosTarget) -> Reply {
+    let of = qos_of(view, a.vm, a.tenant)?;
+    let spec = match of {
+        QosOf::Vm(i) => view.qos().vm(i),
+        QosOf::Tenant(t) => view.qos().tenant(t),
+    }
+    .ok_or("no QoS settings")?;
+    Ok(qos_reply(view, &of, &spec))
+}
+
+fn set_qos(view: &DaemonView, a: SetQosArgs) -> Reply {
+    let of = qos_of(view, a.vm, a.tenant)?;
+    if a.weight.is_none()
+        && a.bytes_per_sec.is_none()
+        && a.ops_per_sec.is_none()
+        && a.ctrl_per_sec.is_none()
+    {
+        return Err(
+            "set_qos: nothing to set (weight, bytes_per_sec, ops_per_sec, ctrl_per_sec)".into(),
+        );
+    }
+    if let Some(w) = a.weight {
+        if w == 0 || w > MAX_WEIGHT {
+            return Err(format!(
+                "set_qos: weight {w} is out of range (1..={MAX_WEIGHT})"
+            ));
+        }
+    }
+    let _guard = SET_QOS.lock().unwrap_or_else(|e| e.into_inner());
+    let table = view.qos();
+    let old = match of {
+        QosOf::Vm(i) => table.vm(i),
+        QosOf::Tenant(t) => table.tenant(t),
+    }
+    .ok_or("no QoS settings")?;
+    let new = QosSpec {
+        weight: a.weight.unwrap_or(old.weight),
+        bytes_per_sec: a.bytes_per_sec.unwrap_or(old.bytes_per_sec),
+        ops_per_sec: a.ops_per_sec.unwrap_or(old.ops_per_sec),
+        ctrl_per_sec: a.ctrl_per_sec.unwrap_or(old.ctrl_per_sec),
+    };
+    match of {
+        QosOf::Vm(i) => table.set_vm(i, new),
+        QosOf::Tenant(t) => table.set_tenant(t, new),
+    }
+    .map_err(|e| format!("set_qos: {e}"))?;
+    let mut m = qos_reply(view, &of, &new);
+    let vm = m.get("vm").and_then(Value::as_str).unwrap_or("");
+    let tenant = m.get("tenant").and_then(Value::as_str).unwrap_or("");
+    let change = format!(
+        "weight {} -> {}, bytes/s {} -> {}, ops/s {} -> {}, ctrl/s {} -> {}",
+        old.weight,
+        new.weight,
+        old.bytes_per_sec,
+        new.bytes_per_sec,
+        old.ops_per_sec,
+        new.ops_per_sec,
+        old.ctrl_per_sec,
+        new.ctrl_per_sec
+    );
+    match of {
+        QosOf::Vm(_) => info!(vm = vm, tenant = tenant; "QoS of VM {vm} changed: {change}"),
+        QosOf::Tenant(_) => info!(tenant = tenant; "QoS of tenant {tenant} changed: {change}"),
+    }
+    m.insert("previous".into(), qos_json(&old));
+    Ok(m)
+}

@@ -1,0 +1,538 @@
+//! `vhost-user-rdma ctl`: the command-line client of the management socket.
+//!
+//! Tables for people by default, the daemon's JSON answer with `--json`.
+//! Exit codes: [`EXIT_OK`], [`EXIT_DAEMON_ERROR`] (the daemon answered
+//! with an error), [`EXIT_USAGE`] (bad usage or no connection).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{ArgGroup, Args, Subcommand};
+use serde_json::{json, Map, Value};
+
+use super::client::Client;
+
+/// Default path of the management socket (the systemd unit's).
+pub const DEFAULT_SOCKET: &str = "/run/vhost-user-rdma/mgmt.sock";
+/// Exit code: success.
+pub const EXIT_OK: u8 = 0;
+/// Exit code: the daemon answered with an error.
+pub const EXIT_DAEMON_ERROR: u8 = 1;
+/// Exit code: usage or connection error.
+pub const EXIT_USAGE: u8 = 2;
+
+/// Arguments of `vhost-user-rdma ctl`.
+#[derive(Debug, Args)]
+pub struct CtlArgs {
+    /// Management socket of the daemon.
+    #[arg(long, short = 's', value_name = "PATH", default_value = DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    /// Print the daemon's JSON answer instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Seconds to wait for the daemon's answer.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    pub timeout: u64,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: CtlCommand,
+}
+
+/// Commands of `vhost-user-rdma ctl`.
+#[derive(Debug, Subcommand)]
+pub enum CtlCommand {
+    /// List the VMs: tenant, GID, connection, live objects, QoS.
+    Vms,
+    /// List the tenants: VMs, summed objects and traffic, QoS.
+    Tenants,
+    /// Show one VM's counters: objects, control path, traffic, isolation,
+    /// control latency.
+    Stats {
+        /// VM name (or index).
+        vm: String,
+    },
+    /// Show or change QoS settings of a VM or tenant.
+    #[command(subcommand)]
+    Qos(QosCommand),
+    /// Send one raw JSON request and print the answer.
+    Raw {
+        /// The request, e.g. '{"cmd":"list_vms"}'.
+        request: String,
+    },
+    /// Check that the daemon answers.
+    Ping,
+    /// Show the daemon's version.
+    Version,
+}
+
+/// Whose QoS settings.
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("who").required(true).args(["vm", "tenant"])))]
+pub struct QosWho {
+    /// VM name (or index).
+    pub vm: Option<String>,
+    /// Tenant name (or index) instead of a VM.
+    #[arg(long)]
+    pub tenant: Option<String>,
+}
+
+/// `ctl qos` commands.
+#[derive(Debug, Subcommand)]
+pub enum QosCommand {
+    /// Show the settings.
+    Get {
+        /// Whose.
+        #[command(flatten)]
+        who: QosWho,
+    },
+    /// Change some settings (the others stay); takes effect at once.
+    #[command(group(ArgGroup::new("settings").required(true).multiple(true)
+        .args(["weight", "bytes_per_sec", "ops_per_sec", "ctrl_per_sec"])))]
+    Set {
+        /// Whose.
+        #[command(flatten)]
+        who: QosWho,
+        /// Weight among active VMs (1..=1000).
+        #[arg(long)]
+        weight: Option<u32>,
+        /// Payload bytes per second (0: unlimited).
+        #[arg(long)]
+        bytes_per_sec: Option<u64>,
+        /// Send work requests per second (0: unlimited).
+        #[arg(long)]
+        ops_per_sec: Option<u64>,
+        /// Control commands per second (0: unlimited).
+        #[arg(long)]
+        ctrl_per_sec: Option<u64>,
+    },
+}
+
+fn who_json(who: &QosWho, m: &mut Map<String, Value>) {
+    if let Some(t) = &who.tenant {
+        m.insert("tenant".into(), Value::from(t.as_str()));
+    } else if let Some(v) = &who.vm {
+        m.insert("vm".into(), Value::from(v.as_str()));
+    }
+}
+
+/// The request of a command; `Err` is a usage error.
+fn request_of(cmd: &CtlCommand) -> Result<String, String> {
+    let v = match cmd {
+        CtlCommand::Vms => json!({"cmd": "list_vms"}),
+        CtlCommand::Tenants => json!({"cmd": "list_tenants"}),
+        CtlCommand::Stats { vm } => json!({"cmd": "vm_stats", "vm": vm}),
+        CtlCommand::Ping => json!({"cmd": "ping"}),
+        CtlCommand::Version => json!({"cmd": "version"}),
+        CtlCommand::Raw { request } => {
+            if request.contains('\n') {
+                return Err("the raw request must be one line".into());
+            }
+            return Ok(request.clone());
+        }
+        CtlCommand::Qos(QosCommand::Get { who }) => {
+            let mut m = Map::new();
+            m.insert("cmd".into(), Value::from("get_qos"));
+            who_json(who, &mut m);
+            Value::Object(m)
+        }
+        CtlCommand::Qos(QosCommand::Set {
+            who,
+            weight,
+            bytes_per_sec,
+            ops_per_sec,
+            ctrl_per_sec,
+        }) => {
+            let mut m = Map::new();
+            m.insert("cmd".into(), Value::from("set_qos"));
+            who_json(who, &mut m);
+            for (k, v) in [
+                ("weight", weight.map(u64::from)),
+                ("bytes_per_sec", *bytes_per_sec),
+                ("ops_per_sec", *ops_per_sec),
+                ("ctrl_per_sec", *ctrl_per_sec),
+            ] {
+                if let Some(v) = v {
+                    m.insert(k.into(), Value::from(v));
+                }
+            }
+            Value::Object(m)
+        }
+    };
+    Ok(v.to_string())
+}
+
+/// Runs `args`, printing to `out` (results) and `err` (errors); returns the
+/// exit code.
+pub fn run(args: &CtlArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
+    let request = match request_of(&args.command) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = writeln!(err, "error: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let timeout = Duration::from_secs(args.timeout.max(1));
+    let answer = Client::connect(&args.socket, timeout).and_then(|mut c| c.request_line(&request));
+    let answer = match answer {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = writeln!(err, "error: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    if answer.get("ok") != Some(&Value::Bool(true)) {
+        let msg = answer
+            .get("error")
+            .and_then(Value::as_str)
+            .unwrap_or("the daemon refused the request");
+        if args.json || matches!(args.command, CtlCommand::Raw { .. }) {
+            let _ = writeln!(out, "{answer}");
+        }
+        let _ = writeln!(err, "error: {msg}");
+        return EXIT_DAEMON_ERROR;
+    }
+    let text = if args.json || matches!(args.command, CtlCommand::Raw { .. }) {
+        format!("{answer}\n")
+    } else {
+        human(&args.command, &answer)
+    };
+    if out.write_all(text.as_bytes()).is_err() {
+        return EXIT_USAGE;
+    }
+    EXIT_OK
+}
+
+fn u(v: &Value, path: &[&str]) -> u64 {
+    let mut v = v;
+    for p in path {
+        v = &v[*p];
+    }
+    v.as_u64().unwrap_or(0)
+}
+
+fn s(v: &Value, key: &str) -> String {
+    match &v[key] {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}
+
+fn rate(n: u64) -> String {
+    if n == 0 {
+        "unlimited".into()
+    } else {
+        n.to_string()
+    }
+}
+
+/// QoS settings in one line.
+fn qos_line(q: &Value) -> String {
+    format!(
+        "weight {}, bytes/s {}, ops/s {}, ctrl/s {}",
+        u(q, &["weight"]),
+        rate(u(q, &["bytes_per_sec"])),
+        rate(u(q, &["ops_per_sec"])),
+        rate(u(q, &["ctrl_per_sec"]))
+    )
+}
+
+/// Limits as a short cell: `-` when nothing is limited.
+fn limits_cell(q: &Value) -> String {
+    let parts: Vec<String> = [
+        ("bytes/s", "bytes_per_sec"),
+        ("ops/s", "ops_per_sec"),
+        ("ctrl/s", "ctrl_per_sec"),
+    ]
+    .iter()
+    .filter_map(|(label, k)| {
+        let n = u(q, &[k]);
+        (n != 0).then(|| format!("{label}={n}"))
+    })
+    .collect();
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(",")
+    }
+}
+
+/// A left-aligned text table.
+fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut l = String::new();
+        for (i, c) in cells.enumerate() {
+            let w = widths.get(i).copied().unwrap_or(0);
+            l.push_str(&format!("{c:<w$}  "));
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    };
+    line(&mut headers.iter().copied());
+    for r in rows {
+        line(&mut r.iter().map(String::as_str));
+    }
+    out
+}
+
+fn human(cmd: &CtlCommand, a: &Value) -> String {
+    match cmd {
+        CtlCommand::Vms => {
+            let rows: Vec<Vec<String>> = a["vms"]
+                .as_array()
+                .map(|v| v.as_slice())
+                .unwrap_or(&[])
+                .iter()
+                .map(|vm| {
+                    vec![
+                        s(vm, "name"),
+                        s(vm, "tenant"),
+                        s(vm, "gid"),
+                        if vm["connected"] == Value::Bool(true) {
+                            "yes"
+                        } else {
+                            "no"
+                        }
+                        .into(),
+                        u(vm, &["connections"]).to_string(),
+                        u(vm, &["resources", "qp"]).to_string(),
+                        u(vm, &["resources", "cq"]).to_string(),
+                        u(vm, &["resources", "mr"]).to_string(),
+                        u(vm, &["resources", "pd"]).to_string(),
+                        u(vm, &["resources", "registered_bytes"]).to_string(),
+                        u(vm, &["qos", "weight"]).to_string(),
+                        limits_cell(&vm["qos"]),
+                    ]
+                })
+                .collect();
+            table(
+                &[
+                    "NAME",
+                    "TENANT",
+                    "GID",
+                    "CONNECTED",
+                    "CONNS",
+                    "QP",
+                    "CQ",
+                    "MR",
+                    "PD",
+                    "REG_BYTES",
+                    "WEIGHT",
+                    "LIMITS",
+                ],
+                &rows,
+            )
+        }
+        CtlCommand::Tenants => {
+            let rows: Vec<Vec<String>> = a["tenants"]
+                .as_array()
+                .map(|v| v.as_slice())
+                .unwrap_or(&[])
+                .iter()
+                .map(|t| {
+                    let vms: Vec<&str> = t["vms"]
+                        .as_array()
+                        .map(|v| v.iter().filter_map(Value::as_str).collect())
+                        .unwrap_or_default();
+                    vec![
+                        s(t, "name"),
+                        if vms.is_empty() {
+                            "-".into()
+                        } else {
+                            vms.join(",")
+                        },
+                        u(t, &["connected_vms"]).to_string(),
+                        u(t, &["resources", "qp"]).to_string(),
+                        u(t, &["traffic", "send_ops"]).to_string(),
+                        u(t, &["traffic", "send_bytes"]).to_string(),
+                        u(t, &["traffic", "recv_ops"]).to_string(),
+                        u(t, &["traffic", "recv_bytes"]).to_string(),
+                        limits_cell(&t["qos"]),
+                    ]
+                })
+                .collect();
+            table(
+                &[
+                    "NAME",
+                    "VMS",
+                    "CONNECTED",
+                    "QP",
+                    "SEND_OPS",
+                    "SEND_BYTES",
+                    "RECV_OPS",
+                    "RECV_BYTES",
+                    "LIMITS",
+                ],
+                &rows,
+            )
+        }
+        CtlCommand::Stats { .. } => stats_text(a),
+        CtlCommand::Qos(_) => {
+            let who = match a["vm"].as_str() {
+                Some(vm) => format!("VM {vm} (tenant {})", s(a, "tenant")),
+                None => format!("tenant {}", s(a, "tenant")),
+            };
+            let mut t = format!("{who}: {}\n", qos_line(&a["qos"]));
+            if a.get("previous").is_some() {
+                t.push_str(&format!("previously: {}\n", qos_line(&a["previous"])));
+            }
+            t
+        }
+        CtlCommand::Ping => "pong\n".into(),
+        CtlCommand::Version => format!(
+            "{} {} (ABI version {})\n",
+            s(a, "name"),
+            s(a, "version"),
+            s(a, "abi_version")
+        ),
+        CtlCommand::Raw { .. } => format!("{a}\n"),
+    }
+}
+
+fn section(out: &mut String, title: &str, v: &Value, keys: &[&str]) {
+    out.push_str(title);
+    out.push_str(":\n");
+    for k in keys {
+        out.push_str(&format!("  {k:<17} {}\n", u(v, &[k])));
+    }
+}
+
+fn stats_text(a: &Value) -> String {
+    let mut out = format!(
+        "VM {} (index {}, tenant {}): {}, {} connection(s)\n",
+        s(a, "vm"),
+        s(a, "index"),
+        s(a, "tenant"),
+        if a["connected"] == Value::Bool(true) {
+            "connected"
+        } else {
+            "not connected"
+        },
+        u(a, &["connections"])
+    );
+    section(
+        &mut out,
+        "objects",
+        &a["resources"],
+        &[
+            "ctx",
+            "pd",
+            "cq",
+            "qp",
+            "mr",
+            "srq",
+            "ah",
+            "registered_bytes",
+        ],
+    );
+    section(
+        &mut out,
+        "control path",
+        &a["ctrl"],
+        &["ok", "failed", "malformed"],
+    );
+    out.push_str(&format!(
+        "  {:<17} {}\n",
+        "events_lost",
+        u(a, &["events_lost"])
+    ));
+    section(
+        &mut out,
+        "traffic",
+        &a["traffic"],
+        &[
+            "send_ops",
+            "send_bytes",
+            "recv_ops",
+            "recv_bytes",
+            "error_cqes",
+            "flushed",
+            "drops",
+            "throttled",
+            "ctrl_cmds",
+            "ctrl_errors",
+        ],
+    );
+    section(
+        &mut out,
+        "isolation",
+        &a["isolation"],
+        &[
+            "denied",
+            "foreign_drops",
+            "foreign_rc",
+            "unknown_qpn",
+            "bad_rkey",
+            "gid_spoof",
+        ],
+    );
+    let h = &a["ctrl_latency"];
+    let count = u(h, &["count"]);
+    out.push_str(&format!("control latency: {count} command(s)"));
+    if count > 0 {
+        let mean_us = u(h, &["sum_ns"]) as f64 / count as f64 / 1000.0;
+        out.push_str(&format!(", mean {mean_us:.1} us"));
+    }
+    out.push('\n');
+    let bounds: Vec<u64> = h["bounds_us"]
+        .as_array()
+        .map(|b| b.iter().filter_map(Value::as_u64).collect())
+        .unwrap_or_default();
+    if let Some(buckets) = h["buckets"].as_array() {
+        for (i, n) in buckets.iter().enumerate() {
+            let n = n.as_u64().unwrap_or(0);
+            if n == 0 {
+                continue;
+            }
+            let label = match bounds.get(i) {
+                Some(b) => format!("<= {b} us"),
+                None => "more".into(),
+            };
+            out.push_str(&format!("  {label:<17} {n}\n"));
+        }
+    }
+    out.push_str(&format!("qos: {}\n", qos_line(&a["qos"])));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_and_tables() {
+        let set = CtlCommand::Qos(QosCommand::Set {
+            who: QosWho {
+                vm: None,
+                tenant: Some("blue".into()),
+            },
+            weight: Some(5),
+            bytes_per_sec: None,
+            ops_per_sec: Some(0),
+            ctrl_per_sec: None,
+        });
+        let r: Value = serde_json::from_str(&request_of(&set).unwrap()).unwrap();
+        assert_eq!(
+            r,
+            json!({"cmd":"set_qos","tenant":"blue","weight":5,"ops_per_sec":0})
+        );
+        assert!(request_of(&CtlCommand::Raw {
+            request: "{}\n{}".into()
+        })
+        .is_err());
+        let t = table(&["A", "LONGER"], &[vec!["xyz".into(), "1".into()]]);
+        assert_eq!(t, "A    LONGER\nxyz  1\n");
+        assert_eq!(
+            limits_cell(&json!({"bytes_per_sec": 7, "ops_per_sec": 0})),
+            "bytes/s=7"
+        );
+    }
+}

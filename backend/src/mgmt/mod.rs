@@ -1,0 +1,272 @@
+//! The management socket: a Unix stream socket (mode 0600) speaking a small
+//! JSON API, one request per line and one response per line, several
+//! requests per connection ([`api`] has the commands, [`client`] the client
+//! side that `vhost-user-rdma ctl` uses).
+//!
+//! Only the daemon's user and root may connect (mode 0600, and the peer's
+//! credentials are checked). The socket is for the local operator, but its
+//! input is still checked: a
+//! request line longer than [`MAX_REQUEST`] bytes is answered with an error
+//! and the connection is closed, at most [`MAX_CONNECTIONS`] connections
+//! are served at once (more are told so and closed), and a connection idle
+//! for [`IDLE_TIMEOUT`] is closed.
+
+pub mod api;
+pub mod client;
+pub mod ctl;
+
+use std::io::{ErrorKind, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use log::{debug, warn};
+use thiserror::Error;
+
+use crate::server::DaemonView;
+
+/// Longest request line in bytes (without the newline).
+pub const MAX_REQUEST: usize = 64 * 1024;
+/// Connections served at once.
+pub const MAX_CONNECTIONS: usize = 8;
+/// A connection without a complete request for this long is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often blocked connection threads look at the stop flag.
+const POLL: Duration = Duration::from_millis(200);
+
+/// Errors setting up the management socket.
+#[derive(Debug, Error)]
+pub enum MgmtError {
+    /// Another process serves the socket already.
+    #[error("management socket {0} is in use by another process")]
+    InUse(PathBuf),
+    /// The path exists and is not a socket.
+    #[error("management socket {0} exists and is not a socket")]
+    NotASocket(PathBuf),
+    /// The socket could not be created.
+    #[error("cannot create management socket {path}: {source}")]
+    Bind {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The accepting thread could not be spawned.
+    #[error("cannot spawn the management thread: {0}")]
+    Spawn(std::io::Error),
+}
+
+/// A running management socket server.
+pub struct MgmtServer {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Binds `path`, replacing a stale socket (one nobody accepts on).
+fn bind(path: &Path) -> Result<UnixListener, MgmtError> {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(MgmtError::NotASocket(path.into()));
+        }
+        if UnixStream::connect(path).is_ok() {
+            return Err(MgmtError::InUse(path.into()));
+        }
+        let _ = std::fs::remove_file(path);
+    }
+    let bind_err = |source| MgmtError::Bind {
+        path: path.into(),
+        source,
+    };
+    let listener = UnixListener::bind(path).map_err(bind_err)?;
+    if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)) {
+        let _ = std::fs::remove_file(path);
+        return Err(bind_err(e));
+    }
+    Ok(listener)
+}
+
+impl MgmtServer {
+    /// Creates the socket at `path` and serves `view` on it.
+    pub fn start(path: &Path, view: DaemonView) -> Result<MgmtServer, MgmtError> {
+        let listener = bind(path)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = thread::Builder::new()
+            .name("mgmt".into())
+            .spawn(move || accept_loop(listener, view, s))
+            .map_err(|e| {
+                let _ = std::fs::remove_file(path);
+                MgmtError::Spawn(e)
+            })?;
+        Ok(MgmtServer {
+            path: path.into(),
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Stops serving, waits for the connection threads and removes the
+    /// socket.
+    pub fn stop(mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Wake the accepting thread; it then sees the stop flag.
+        let _ = UnixStream::connect(&self.path);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Whether the peer of `stream` runs as the daemon's user or root. The
+/// socket's mode already keeps others out; this also covers a connection
+/// made in the moment between creating the socket and restricting its mode.
+fn peer_allowed(stream: &UnixStream) -> bool {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: u32::MAX,
+        gid: u32::MAX,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid, exclusively borrowed out
+    // parameters of the size given; the fd is the open socket `stream`.
+    let r = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            std::ptr::addr_of_mut!(cred).cast(),
+            &mut len,
+        )
+    };
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    r == 0 && (cred.uid == me || cred.uid == 0)
+}
+
+fn accept_loop(listener: UnixListener, view: DaemonView, stop: Arc<AtomicBool>) {
+    let active = Arc::new(AtomicUsize::new(0));
+    let mut conns: Vec<JoinHandle<()>> = Vec::new();
+    for stream in listener.incoming() {
+        if stop.load(Ordering::Acquire) {
+            break;
+        }
+        conns.retain(|t| !t.is_finished());
+        let mut stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                warn!("management socket: accept failed: {e}");
+                thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        if !peer_allowed(&stream) {
+            warn!("management socket: refused a connection from another user");
+            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+            let _ = stream.write_all(b"{\"ok\":false,\"error\":\"permission denied\"}\n");
+            continue;
+        }
+        if active.load(Ordering::Acquire) >= MAX_CONNECTIONS {
+            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+            let _ = stream.write_all(b"{\"ok\":false,\"error\":\"too many connections\"}\n");
+            continue;
+        }
+        active.fetch_add(1, Ordering::AcqRel);
+        let (v, s, a) = (view.clone(), stop.clone(), active.clone());
+        let spawned = thread::Builder::new()
+            .name("mgmt-conn".into())
+            .spawn(move || {
+                if let Err(e) = serve_conn(stream, &v, &s) {
+                    debug!("management connection ended: {e}");
+                }
+                a.fetch_sub(1, Ordering::AcqRel);
+            });
+        match spawned {
+            Ok(t) => conns.push(t),
+            Err(e) => {
+                active.fetch_sub(1, Ordering::AcqRel);
+                warn!("management socket: cannot spawn a connection thread: {e}");
+            }
+        }
+    }
+    for t in conns {
+        let _ = t.join();
+    }
+}
+
+/// Closes a connection whose peer may still be sending: stops writing,
+/// then reads and drops what arrives for a moment, so that the peer gets
+/// the answer and an orderly end instead of a reset.
+fn linger_close(stream: &mut UnixStream) {
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
+    let deadline = Instant::now() + Duration::from_millis(500);
+    let mut sink = [0u8; 4096];
+    while Instant::now() < deadline {
+        match stream.read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Answers an oversized request with an error and closes the connection
+/// (the rest of the request cannot be told from the next one).
+fn refuse_oversized(stream: &mut UnixStream) -> std::io::Result<()> {
+    let reply = format!("{{\"ok\":false,\"error\":\"request longer than {MAX_REQUEST} bytes\"}}\n");
+    stream.write_all(reply.as_bytes())?;
+    linger_close(stream);
+    Ok(())
+}
+
+/// Serves requests on one connection until EOF, an oversized request, the
+/// idle timeout or the daemon's stop.
+fn serve_conn(mut stream: UnixStream, view: &DaemonView, stop: &AtomicBool) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(POLL))?;
+    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+    let mut buf: Vec<u8> = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    let mut last = Instant::now();
+    loop {
+        // Answer every complete line in the buffer.
+        while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+            if nl > MAX_REQUEST {
+                return refuse_oversized(&mut stream);
+            }
+            let line: Vec<u8> = buf.drain(..=nl).collect();
+            let line = line.get(..nl).unwrap_or(&[]);
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let mut reply = api::handle_line(view, line);
+            reply.push('\n');
+            stream.write_all(reply.as_bytes())?;
+            last = Instant::now();
+        }
+        if buf.len() > MAX_REQUEST {
+            return refuse_oversized(&mut stream);
+        }
+        if stop.load(Ordering::Acquire) || last.elapsed() > IDLE_TIMEOUT {
+            return Ok(());
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) => return Ok(()),
+            Ok(n) => buf.extend_from_slice(chunk.get(..n).unwrap_or(&[])),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}

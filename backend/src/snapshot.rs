@@ -1,0 +1,170 @@
+//! Point-in-time snapshots of every VM's state and counters, and their sums
+//! per tenant: what the operator interfaces ([`crate::mgmt`],
+//! [`crate::metrics`]) report.
+
+use crate::ctrl::CtrlStats;
+use crate::qos::QosSpec;
+use crate::resources::ResourceCounts;
+use crate::server::{DaemonView, VmStats};
+use crate::stats::{HistogramSnapshot, TrafficStats};
+use crate::tenancy::IsolationStats;
+
+/// Everything reported about one VM.
+#[derive(Debug, Clone, Default)]
+pub struct VmSnapshot {
+    /// Its index.
+    pub index: usize,
+    /// Its name.
+    pub name: String,
+    /// Index of its tenant.
+    pub tenant: usize,
+    /// Name of its tenant.
+    pub tenant_name: String,
+    /// Connection state and device counters.
+    pub stats: VmStats,
+    /// Traffic and control counters, control-latency histogram.
+    pub traffic: TrafficStats,
+    /// Isolation counters.
+    pub isolation: IsolationStats,
+    /// Current QoS settings.
+    pub qos: Option<QosSpec>,
+}
+
+/// Sums over a group of VMs (a tenant).
+#[derive(Debug, Clone, Default)]
+pub struct Totals {
+    /// VMs summed.
+    pub vms: u64,
+    /// Of them, connected now.
+    pub connected: u64,
+    /// VMM connections accepted.
+    pub connections: u64,
+    /// Live objects and registered bytes.
+    pub resources: ResourceCounts,
+    /// Control commands completed by the devices.
+    pub ctrl: CtrlStats,
+    /// Events lost.
+    pub events_lost: u64,
+    /// Traffic counters and the merged latency histogram.
+    pub traffic: TrafficStats,
+    /// Isolation counters.
+    pub isolation: IsolationStats,
+}
+
+fn add_histogram(a: &mut HistogramSnapshot, b: &HistogramSnapshot) {
+    for (x, y) in a.buckets.iter_mut().zip(b.buckets) {
+        *x += y;
+    }
+    a.count += b.count;
+    a.sum_ns += b.sum_ns;
+}
+
+impl Totals {
+    /// Adds one VM.
+    pub fn add(&mut self, s: &VmSnapshot) {
+        self.vms += 1;
+        self.connected += u64::from(s.stats.connected);
+        self.connections += s.stats.connections;
+        let d = &s.stats.device;
+        let r = &mut self.resources;
+        r.ctx += d.resources.ctx;
+        r.pd += d.resources.pd;
+        r.cq += d.resources.cq;
+        r.qp += d.resources.qp;
+        r.mr += d.resources.mr;
+        r.srq += d.resources.srq;
+        r.ah += d.resources.ah;
+        r.registered_bytes += d.resources.registered_bytes;
+        self.ctrl.ok += d.ctrl.ok;
+        self.ctrl.failed += d.ctrl.failed;
+        self.ctrl.malformed += d.ctrl.malformed;
+        self.events_lost += d.events_lost;
+        let (t, u) = (&mut self.traffic, &s.traffic);
+        t.send_ops += u.send_ops;
+        t.send_bytes += u.send_bytes;
+        t.recv_ops += u.recv_ops;
+        t.recv_bytes += u.recv_bytes;
+        t.error_cqes += u.error_cqes;
+        t.flushed += u.flushed;
+        t.drops += u.drops;
+        t.throttled += u.throttled;
+        t.ctrl_cmds += u.ctrl_cmds;
+        t.ctrl_errors += u.ctrl_errors;
+        add_histogram(&mut t.ctrl_latency, &u.ctrl_latency);
+        let (i, j) = (&mut self.isolation, &s.isolation);
+        i.denied += j.denied;
+        i.foreign_drops += j.foreign_drops;
+        i.foreign_rc += j.foreign_rc;
+        i.unknown_qpn += j.unknown_qpn;
+        i.bad_rkey += j.bad_rkey;
+        i.gid_spoof += j.gid_spoof;
+    }
+}
+
+/// Snapshot of VM `index`.
+pub fn vm(view: &DaemonView, index: usize) -> Option<VmSnapshot> {
+    let tn = view.tenancy();
+    let vm = tn.vm(index)?;
+    Some(VmSnapshot {
+        index,
+        name: vm.name.clone(),
+        tenant: vm.tenant,
+        tenant_name: tn
+            .tenants()
+            .get(vm.tenant)
+            .map(|t| t.name.clone())
+            .unwrap_or_default(),
+        stats: view.vm_stats(index).unwrap_or_default(),
+        traffic: vm.traffic.snapshot(),
+        isolation: vm.counters.snapshot(),
+        qos: view.qos().vm(index),
+    })
+}
+
+/// Snapshots of every VM, by index.
+pub fn vms(view: &DaemonView) -> Vec<VmSnapshot> {
+    (0..view.tenancy().vms().len())
+        .filter_map(|i| vm(view, i))
+        .collect()
+}
+
+/// The sums of `vms` per tenant, by tenant index.
+pub fn tenant_totals(view: &DaemonView, vms: &[VmSnapshot]) -> Vec<Totals> {
+    let mut t = vec![Totals::default(); view.tenancy().tenants().len()];
+    for s in vms {
+        if let Some(tt) = t.get_mut(s.tenant) {
+            tt.add(s);
+        }
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn totals_add_everything() {
+        let mut s = VmSnapshot::default();
+        s.stats.connected = true;
+        s.stats.connections = 2;
+        s.stats.device.resources.qp = 3;
+        s.stats.device.resources.registered_bytes = 4096;
+        s.stats.device.ctrl.failed = 1;
+        s.traffic.send_bytes = 10;
+        s.traffic.ctrl_latency.buckets[1] = 2;
+        s.traffic.ctrl_latency.count = 2;
+        s.isolation.gid_spoof = 1;
+        let mut t = Totals::default();
+        t.add(&s);
+        t.add(&s);
+        assert_eq!((t.vms, t.connected, t.connections), (2, 2, 4));
+        assert_eq!(t.resources.qp, 6);
+        assert_eq!(t.resources.registered_bytes, 8192);
+        assert_eq!(t.ctrl.failed, 2);
+        assert_eq!(t.traffic.send_bytes, 20);
+        assert_eq!(t.traffic.ctrl_latency.buckets[1], 4);
+        assert_eq!(t.traffic.ctrl_latency.count, 4);
+        assert_eq!(t.isolation.gid_spoof, 2);
+    }
+}
