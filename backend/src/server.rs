@@ -379,14 +379,20 @@ impl ServeCtx {
             device.close_exit_consumers();
             return Err(e);
         }
+        if self.stop.load(Ordering::Acquire) {
+            // The connection that woke accept() for shutdown: no VMM, so
+            // nothing to count or report.
+            daemon.request_shutdown();
+            let _ = daemon.wait();
+            device.stop_workers();
+            drop(daemon);
+            device.close_exit_consumers();
+            return Ok(());
+        }
         *lock(&self.slot.shutdown) = daemon.shutdown_handle();
         self.slot.connected.store(true, Ordering::Release);
         let n = self.slot.connections.fetch_add(1, Ordering::AcqRel) + 1;
-        if self.stop.load(Ordering::Acquire) {
-            daemon.request_shutdown();
-        } else {
-            info!("VM {}: VMM connected (connection {n})", self.index);
-        }
+        info!("VM {}: VMM connected (connection {n})", self.index);
         match daemon.wait() {
             Ok(()) => {}
             Err(BackendError::HandleRequest(
