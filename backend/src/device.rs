@@ -83,6 +83,23 @@ pub struct DeviceStats {
     pub ctrl: CtrlStats,
     /// Events dropped for lack of event buffers.
     pub events_lost: u64,
+    /// Work waiting in the VM's queues now.
+    pub queues: QueueDepths,
+}
+
+/// Work waiting in a VM's queues (a snapshot; producer indices are read
+/// from the doorbells, so a queue the driver claims to have overfilled
+/// counts as full).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct QueueDepths {
+    /// Send WQEs posted and not yet completed by the device, all QPs.
+    pub send_wqes: u64,
+    /// Receive WQEs posted and not yet consumed, QPs' own receive queues.
+    pub recv_wqes: u64,
+    /// Receive WQEs posted and not yet consumed, SRQs.
+    pub srq_wqes: u64,
+    /// Asynchronous events waiting for an event buffer.
+    pub events_pending: u64,
 }
 
 /// The virtio-rdma device of one VM.
@@ -236,6 +253,7 @@ impl RdmaDevice {
             resources: st.ctrl.res.counts(),
             ctrl: st.ctrl.stats,
             events_lost: st.ctrl.events.lost_total,
+            queues: queue_depths(&st),
         }
     }
 
@@ -462,6 +480,36 @@ impl RdmaDevice {
         }
         Ok(())
     }
+}
+
+/// The work waiting in the queues of a VM (under its lock).
+fn queue_depths(st: &State) -> QueueDepths {
+    use crate::engine::doorbell::{load_pi, RQ, SQ, SRQ};
+    let res = &st.ctrl.res;
+    let mut q = QueueDepths {
+        events_pending: st.ctrl.events.len() as u64,
+        ..QueueDepths::default()
+    };
+    let Some(mem) = st.host.as_deref() else {
+        return q;
+    };
+    // Guest-written indices: clamp to the depth, as the engine would refuse
+    // more.
+    let pending = |pi: Option<u32>, ci: u32, depth: u32| {
+        pi.map_or(0, |pi| u64::from(pi.wrapping_sub(ci).min(depth)))
+    };
+    for (_, qp) in res.qps.iter() {
+        let slot = qp.db_slot.as_ref();
+        q.send_wqes += pending(load_pi(mem, qp.db_gpa, slot, SQ), qp.rt.sq_ci, qp.sq_depth);
+        if qp.srq == 0 {
+            q.recv_wqes += pending(load_pi(mem, qp.db_gpa, slot, RQ), qp.rt.rq_ci, qp.rq_depth);
+        }
+    }
+    for (_, srq) in res.srqs.iter() {
+        let pi = load_pi(mem, srq.db_gpa, srq.db_slot.as_ref(), SRQ);
+        q.srq_wqes += pending(pi, srq.rt.ci, srq.depth);
+    }
+    q
 }
 
 /// Interrupts the driver unless it asked not to be (EVENT_IDX `used_event`).

@@ -375,7 +375,31 @@ type Getter = fn(&Totals) -> u64;
 type QosGetter = fn(&QosSpec) -> u64;
 
 /// Scalar series: (name suffix, type, help, value).
-const SCALARS: [(&str, &str, &str, Getter); 15] = [
+const SCALARS: [(&str, &str, &str, Getter); 19] = [
+    (
+        "queued_send_wqes",
+        "gauge",
+        "Send work requests posted and not yet completed by the device.",
+        |t| t.queues.send_wqes,
+    ),
+    (
+        "queued_recv_wqes",
+        "gauge",
+        "Receive work requests posted to QPs' own receive queues, not yet consumed.",
+        |t| t.queues.recv_wqes,
+    ),
+    (
+        "queued_srq_wqes",
+        "gauge",
+        "Receive work requests posted to shared receive queues, not yet consumed.",
+        |t| t.queues.srq_wqes,
+    ),
+    (
+        "events_pending",
+        "gauge",
+        "Asynchronous events waiting for an event buffer.",
+        |t| t.queues.events_pending,
+    ),
     (
         "connected",
         "gauge",

@@ -3,6 +3,7 @@
 //! [`crate::metrics`]) report.
 
 use crate::ctrl::CtrlStats;
+use crate::device::QueueDepths;
 use crate::qos::QosSpec;
 use crate::resources::ResourceCounts;
 use crate::server::{DaemonView, VmStats};
@@ -45,6 +46,8 @@ pub struct Totals {
     pub ctrl: CtrlStats,
     /// Events lost.
     pub events_lost: u64,
+    /// Work waiting in the queues.
+    pub queues: QueueDepths,
     /// Traffic counters and the merged latency histogram.
     pub traffic: TrafficStats,
     /// Isolation counters.
@@ -79,6 +82,11 @@ impl Totals {
         self.ctrl.failed += d.ctrl.failed;
         self.ctrl.malformed += d.ctrl.malformed;
         self.events_lost += d.events_lost;
+        let (q, w) = (&mut self.queues, &d.queues);
+        q.send_wqes += w.send_wqes;
+        q.recv_wqes += w.recv_wqes;
+        q.srq_wqes += w.srq_wqes;
+        q.events_pending += w.events_pending;
         let (t, u) = (&mut self.traffic, &s.traffic);
         t.send_ops += u.send_ops;
         t.send_bytes += u.send_bytes;

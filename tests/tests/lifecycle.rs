@@ -331,3 +331,28 @@ fn device_reset_fails_connected_peers() {
     // destroys fail harmlessly.
     drop((q1, cq1, vm1));
 }
+
+/// The statistics report the work waiting in a VM's queues (what the
+/// metrics export as queue depths).
+#[test]
+fn queue_depths_are_reported() {
+    use vhost_user_rdma_tests::dp::{rc_pair, Buf, Vm};
+    use virtio_rdma_driver::RecvWr;
+
+    let d = TestDaemon::start(2).unwrap();
+    let vm0 = Vm::open(&d, 0, VmmOptions::default());
+    let vm1 = Vm::open(&d, 1, VmmOptions::default());
+    let p = rc_pair(&vm0, &vm1);
+    let buf = Buf::new(&vm1, 4096);
+    assert_eq!(d.stats(1).device.queues.recv_wqes, 0);
+    for i in 0..5 {
+        p.qb.post_recv(&[RecvWr {
+            wr_id: i,
+            sg_list: &[buf.sge(0, 4096)],
+        }])
+        .unwrap();
+    }
+    let q = d.stats(1).device.queues;
+    assert_eq!((q.recv_wqes, q.send_wqes, q.srq_wqes), (5, 0, 0), "{q:?}");
+    assert_eq!(d.stats(0).device.queues.recv_wqes, 0);
+}

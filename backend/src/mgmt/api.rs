@@ -307,6 +307,12 @@ fn vm_stats(s: &VmSnapshot) -> Map<String, Value> {
             "malformed": d.ctrl.malformed,
         },
         "events_lost": d.events_lost,
+        "queues": {
+            "send_wqes": d.queues.send_wqes,
+            "recv_wqes": d.queues.recv_wqes,
+            "srq_wqes": d.queues.srq_wqes,
+            "events_pending": d.queues.events_pending,
+        },
         "traffic": traffic_json(&s.traffic),
         "isolation": isolation_json(&s.isolation),
         "ctrl_latency": histogram_json(&s.traffic.ctrl_latency),

@@ -446,6 +446,12 @@ fn stats_text(a: &Value) -> String {
     ));
     section(
         &mut out,
+        "queued",
+        &a["queues"],
+        &["send_wqes", "recv_wqes", "srq_wqes", "events_pending"],
+    );
+    section(
+        &mut out,
         "traffic",
         &a["traffic"],
         &[
