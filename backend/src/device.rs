@@ -33,6 +33,7 @@ use vmm_sys_util::event::{
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::Limits;
+use crate::ctrl::rate::CtrlLimiter;
 use crate::ctrl::{Ctrl, CtrlStats, PortIdentity};
 use crate::engine::Engine;
 use crate::memory::{HostMem, RamMap};
@@ -40,6 +41,7 @@ use crate::qos::QosTable;
 use crate::resources::ResourceCounts;
 use crate::rnic::Rnic;
 use crate::shmem::{DoorbellRegion, RegionLink};
+use crate::stats::TrafficCounters;
 use crate::tenancy::Tenancy;
 use crate::vring::Vring;
 
@@ -107,7 +109,17 @@ pub struct RdmaDevice {
     /// The daemon's live QoS settings (control-command rate limit).
     qos: Arc<QosTable>,
     limits: Limits,
+    /// The daemon's tenancy table (the VM's control counters).
+    tenancy: Arc<Tenancy>,
+    /// The VM's control-command rate limit and the QoS generation it was
+    /// read at; used by the VM's vring worker only.
+    ctrl_rate: Mutex<(u64, CtrlLimiter)>,
 }
+
+/// Longest single sleep of a rate-limited control worker: it re-checks
+/// that its queue still runs this often, so a stop or reset is not held up
+/// by a long wait.
+const RATE_SLICE: Duration = Duration::from_millis(5);
 
 /// Daemon-wide state every device shares.
 #[derive(Clone)]
@@ -163,6 +175,9 @@ impl RdmaDevice {
             dp_gen: AtomicU64::new(0),
             qos: shared.qos.clone(),
             limits,
+            tenancy: shared.tenancy.clone(),
+            // Generation u64::MAX: read the VM's setting on first use.
+            ctrl_rate: Mutex::new((u64::MAX, CtrlLimiter::new(0, Instant::now()))),
         })
     }
 
@@ -285,17 +300,75 @@ impl RdmaDevice {
         }
     }
 
+    /// The VM's traffic counters (control commands and their latency).
+    fn traffic(&self) -> Option<&TrafficCounters> {
+        self.tenancy.traffic(self.id)
+    }
+
+    /// Takes up to `want` control-command tokens from the VM's rate limit
+    /// (re-reading its setting when the QoS table changed). Returns the
+    /// number taken, or how long to wait for the next one.
+    fn ctrl_tokens(&self, want: u64) -> Result<u64, Duration> {
+        let now = Instant::now();
+        let mut guard = self.ctrl_rate.lock().unwrap_or_else(|e| e.into_inner());
+        let (gen, limiter) = &mut *guard;
+        let g = self.qos.generation();
+        if *gen != g {
+            *gen = g;
+            let rate = self.qos.vm(self.id).map_or(0, |q| q.ctrl_per_sec);
+            limiter.set_rate(rate, now);
+        }
+        match limiter.take(want, now) {
+            0 if want > 0 => Err(limiter.wait(now)),
+            n => Ok(n),
+        }
+    }
+
+    /// Sleeps `wait` (the VM's control rate limit), in slices, without any
+    /// lock held. Returns false if the queue stopped meanwhile.
+    fn rate_wait(&self, vring: &Vring, wait: Duration) -> bool {
+        let until = Instant::now() + wait;
+        loop {
+            if !vring.get_ref().get_queue().ready() {
+                return false;
+            }
+            let now = Instant::now();
+            if now >= until {
+                return true;
+            }
+            std::thread::sleep((until - now).min(RATE_SLICE));
+        }
+    }
+
     fn process_controlq(&self, vring: &Vring, eventq: &Vring, mem: &Mem) -> io::Result<()> {
         // Rounds in a row that found no request although the avail index
         // said there were some (a queue the VMM stopped): give up rather
         // than spin.
         let mut empty_rounds = 0;
+        // Requests taken per pass: the lock is released and the CPU offered
+        // to others between passes (`max_ctrl_outstanding`).
+        let per_pass = u16::try_from(self.limits.max_ctrl_outstanding.max(1)).unwrap_or(u16::MAX);
         loop {
             // No kicks while we are awake and looking at the ring anyway.
             vring.disable_notification().map_err(io::Error::other)?;
-            let chains: Vec<DescriptorChain<Mem>> =
+            let want = pending(vring, mem).min(per_pass);
+            // The VM's rate limit: requests beyond it wait in the ring, and
+            // only this VM's worker waits for them.
+            let take = match self.ctrl_tokens(u64::from(want)) {
+                Ok(n) => usize::try_from(n).unwrap_or(usize::MAX),
+                Err(wait) => {
+                    if !self.rate_wait(vring, wait) {
+                        return Ok(());
+                    }
+                    continue;
+                }
+            };
+            let chains: Vec<(DescriptorChain<Mem>, Instant)> =
                 match vring.get_mut().get_queue_mut().iter(mem.clone()) {
-                    Ok(it) => it.collect(),
+                    Ok(it) => {
+                        let now = Instant::now();
+                        it.take(take).map(|c| (c, now)).collect()
+                    }
                     Err(e) => {
                         // The guest corrupted its avail ring; nothing in it can be
                         // trusted. Leave the queue alone until the driver resets.
@@ -303,6 +376,7 @@ impl RdmaDevice {
                         return Ok(());
                     }
                 };
+            let full = chains.len() >= usize::from(per_pass);
             if chains.is_empty() {
                 empty_rounds += 1;
                 if empty_rounds > 2 {
@@ -313,11 +387,20 @@ impl RdmaDevice {
                 empty_rounds = 0;
                 self.map_doorbells();
                 let mut st = self.lock();
-                for chain in chains {
+                for (chain, taken) in chains {
                     let head = chain.head_index();
+                    let ok_before = st.ctrl.stats.ok;
                     let used = handle_chain(&mut st.ctrl, mem, chain);
                     if let Err(e) = vring.add_used(head, used) {
                         warn!("cannot return control buffer {head}: {e}");
+                    }
+                    if let Some(t) = self.traffic() {
+                        TrafficCounters::add(&t.ctrl_cmds, 1);
+                        if st.ctrl.stats.ok == ok_before {
+                            // An error status, or a chain not answered.
+                            TrafficCounters::add(&t.ctrl_errors, 1);
+                        }
+                        t.ctrl_latency.observe(taken.elapsed());
                     }
                 }
                 // QPs may have come, gone or changed state.
@@ -329,6 +412,12 @@ impl RdmaDevice {
                 // Commands may have raised events; deliver them now rather
                 // than when the worker stops polling.
                 self.deliver_events(eventq, mem)?;
+            }
+            if full {
+                // A full pass: let other VMs' workers (and the engine) have
+                // the CPU before taking more.
+                std::thread::yield_now();
+                continue;
             }
             if self.poll_for_more(vring, mem) {
                 continue;
@@ -417,7 +506,17 @@ impl RdmaDevice {
     }
 }
 
-/// Interrupts the driver unless it asked not to be (EVENT_IDX `used_event`).
+/// How many requests the driver has made available that are not taken
+/// yet (as the avail index claims: a hostile value is only an upper bound
+/// for the iterator, which checks it).
+fn pending(vring: &Vring, mem: &Mem) -> u16 {
+    let st = vring.get_ref();
+    let q = st.get_queue();
+    q.avail_idx(&**mem, AtomicOrdering::Acquire)
+        .map(|a| a.0.wrapping_sub(q.next_avail()))
+        .unwrap_or(0)
+}
+
 /// Whether the driver has made requests available that are not taken yet.
 fn has_requests(vring: &Vring, mem: &Mem) -> bool {
     let st = vring.get_ref();
@@ -427,6 +526,7 @@ fn has_requests(vring: &Vring, mem: &Mem) -> bool {
         .unwrap_or(false)
 }
 
+/// Interrupts the driver unless it asked not to be (EVENT_IDX `used_event`).
 fn signal(vring: &Vring) -> io::Result<()> {
     if vring.needs_notification().map_err(io::Error::other)? {
         vring.signal_used_queue()?;
