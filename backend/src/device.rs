@@ -386,26 +386,32 @@ impl RdmaDevice {
             } else {
                 empty_rounds = 0;
                 self.map_doorbells();
-                let mut st = self.lock();
                 for (chain, taken) in chains {
                     let head = chain.head_index();
-                    let ok_before = st.ctrl.stats.ok;
-                    let used = handle_chain(&mut st.ctrl, mem, chain);
+                    // The state lock is held per command, not per pass: the
+                    // engine locks this VM too (to rebuild its polling list
+                    // after a change), and must never wait for a whole pass
+                    // of one VM's commands while every VM's data waits.
+                    let (used, ok) = {
+                        let mut st = self.lock();
+                        let ok_before = st.ctrl.stats.ok;
+                        let used = handle_chain(&mut st.ctrl, mem, chain);
+                        // QPs may have come, gone or changed state.
+                        self.bump_dp_gen();
+                        (used, st.ctrl.stats.ok != ok_before)
+                    };
                     if let Err(e) = vring.add_used(head, used) {
                         warn!("cannot return control buffer {head}: {e}");
                     }
                     if let Some(t) = self.traffic() {
                         TrafficCounters::add(&t.ctrl_cmds, 1);
-                        if st.ctrl.stats.ok == ok_before {
+                        if !ok {
                             // An error status, or a chain not answered.
                             TrafficCounters::add(&t.ctrl_errors, 1);
                         }
                         t.ctrl_latency.observe(taken.elapsed());
                     }
                 }
-                // QPs may have come, gone or changed state.
-                self.bump_dp_gen();
-                drop(st);
                 signal(vring)?;
                 // New or changed QPs may have work for the engine.
                 self.engine.wake();

@@ -93,9 +93,23 @@ struct Args {
     /// CPU of A's flooding client.
     #[arg(long)]
     flood_cpu: Option<usize>,
-    /// CPU the daemon is started from (engine and vhost-user workers).
+    /// Nice value of A's flooding client thread. On a host each VM has its
+    /// own vCPUs, so A's guest never takes CPU time from B's and C's; on a
+    /// 2-core machine the clients share a CPU, and at equal priority A's
+    /// busy client would mostly measure that. 19 (default) keeps A's
+    /// *guest* out of the way while everything in the daemon runs at
+    /// normal priority; 0 shows the raw effect.
+    #[arg(long, default_value_t = 19)]
+    flood_nice: i32,
+    /// CPU of the daemon's engine thread.
     #[arg(long, default_value_t = 1)]
     engine_cpu: usize,
+    /// CPU of the daemon's vhost-user (control) workers; default: the
+    /// engine's CPU (the daemon is started from a thread pinned there and
+    /// every thread inherits it). With another CPU the engine is pinned by
+    /// the daemon's `engine_cpu` setting and the workers run here.
+    #[arg(long)]
+    worker_cpu: Option<usize>,
     /// A tiny version (smoke test).
     #[arg(long)]
     quick: bool,
@@ -387,6 +401,18 @@ impl Stream {
     }
 }
 
+/// Sets the calling thread's nice value.
+fn set_nice(nice: i32) -> Res<()> {
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+    let tid = libc::id_t::try_from(tid)?;
+    // SAFETY: setpriority on this thread's id only changes its nice value.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) } != 0 {
+        return Err(format!("setpriority({nice}): {}", std::io::Error::last_os_error()).into());
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------
 
 struct World<'d> {
@@ -455,9 +481,10 @@ fn main() -> Res<()> {
     );
     println!("  machine: {}; loadavg {}", machine(), loadavg());
     let flood_cpu = args.flood_cpu.unwrap_or(args.client_cpu);
+    let worker_cpu = args.worker_cpu.unwrap_or(args.engine_cpu);
     println!(
-        "  placement: B and C clients on CPU {}, A's flood client on CPU {flood_cpu}, daemon (vhost-user workers, engine) on CPU {}",
-        args.client_cpu, args.engine_cpu
+        "  placement: B and C clients on CPU {}, A's flood client on CPU {flood_cpu} (nice {}), daemon's vhost-user workers on CPU {worker_cpu}, engine on CPU {}",
+        args.client_cpu, args.flood_nice, args.engine_cpu
     );
     let mut limits = Limits::default();
     if let Some(m) = args.max_ctrl_outstanding {
@@ -468,11 +495,14 @@ fn main() -> Res<()> {
         args.window, args.probe, args.msg, args.depth, args.secs, limits.max_ctrl_outstanding
     );
 
-    let engine_cpu = args.engine_cpu;
+    let engine_cpu = (worker_cpu != args.engine_cpu).then_some(args.engine_cpu);
     let daemon = std::thread::scope(|s| -> Res<TestDaemon> {
         let h = s.spawn(move || -> Res<TestDaemon> {
-            pin_current(engine_cpu)?;
-            Ok(TestDaemon::with_limits(4, limits)?)
+            pin_current(worker_cpu)?;
+            Ok(TestDaemon::with_config(4, |c| {
+                c.set_limits(limits);
+                c.engine_cpu = engine_cpu;
+            })?)
         });
         h.join().map_err(|_| BoxError::from("launcher panicked"))?
     })?;
@@ -488,10 +518,12 @@ fn main() -> Res<()> {
     let result = std::thread::scope(|s| -> Res<()> {
         let (run, quit, done) = (&run, &quit, &done);
         let window = args.window;
+        let flood_nice = args.flood_nice;
         let flooder = std::thread::Builder::new()
             .name("flood-A".into())
             .spawn_scoped(s, move || -> Res<()> {
                 pin_current(flood_cpu)?;
+                set_nice(flood_nice)?;
                 let r = flood(&mut a_vmm, window, run, quit, done);
                 if r.is_err() {
                     quit.store(true, Ordering::Release);
