@@ -114,6 +114,10 @@ pub struct RdmaDevice {
     /// The VM's control-command rate limit and the QoS generation it was
     /// read at; used by the VM's vring worker only.
     ctrl_rate: Mutex<(u64, CtrlLimiter)>,
+    /// Advances, under the state lock, on every device reset and VMM
+    /// disconnect: control requests taken off the ring before it are not
+    /// executed after it (they would create objects in the fresh state).
+    epoch: AtomicU64,
 }
 
 /// Longest single sleep of a rate-limited control worker: it re-checks
@@ -178,6 +182,7 @@ impl RdmaDevice {
             tenancy: shared.tenancy.clone(),
             // Generation u64::MAX: read the VM's setting on first use.
             ctrl_rate: Mutex::new((u64::MAX, CtrlLimiter::new(0, Instant::now()))),
+            epoch: AtomicU64::new(0),
         })
     }
 
@@ -260,6 +265,7 @@ impl RdmaDevice {
         }
         self.shmem_acked.store(false, Ordering::Release);
         let mut st = self.lock();
+        self.epoch.fetch_add(1, Ordering::AcqRel);
         st.ctrl.reset();
         st.ctrl.set_features(0);
         st.ctrl.set_ram(RamMap::default());
@@ -363,19 +369,24 @@ impl RdmaDevice {
                     continue;
                 }
             };
-            let chains: Vec<(DescriptorChain<Mem>, Instant)> =
-                match vring.get_mut().get_queue_mut().iter(mem.clone()) {
-                    Ok(it) => {
-                        let now = Instant::now();
-                        it.take(take).map(|c| (c, now)).collect()
-                    }
-                    Err(e) => {
-                        // The guest corrupted its avail ring; nothing in it can be
-                        // trusted. Leave the queue alone until the driver resets.
-                        warn!("control queue unusable: {e}");
-                        return Ok(());
-                    }
-                };
+            // Taken under the state lock, so that a reset or disconnect is
+            // either before all of them or after (see `epoch`).
+            let st = self.lock();
+            let epoch = self.epoch.load(Ordering::Acquire);
+            let taken = vring.get_mut().get_queue_mut().iter(mem.clone()).map(|it| {
+                let now = Instant::now();
+                it.take(take).map(|c| (c, now)).collect::<Vec<_>>()
+            });
+            drop(st);
+            let chains: Vec<(DescriptorChain<Mem>, Instant)> = match taken {
+                Ok(c) => c,
+                Err(e) => {
+                    // The guest corrupted its avail ring; nothing in it can be
+                    // trusted. Leave the queue alone until the driver resets.
+                    warn!("control queue unusable: {e}");
+                    return Ok(());
+                }
+            };
             let full = chains.len() >= usize::from(per_pass);
             if chains.is_empty() {
                 empty_rounds += 1;
@@ -394,6 +405,11 @@ impl RdmaDevice {
                     // of one VM's commands while every VM's data waits.
                     let (used, ok) = {
                         let mut st = self.lock();
+                        if self.epoch.load(Ordering::Acquire) != epoch {
+                            // Reset or disconnected since these were taken:
+                            // the ring they came from is gone.
+                            return Ok(());
+                        }
                         let ok_before = st.ctrl.stats.ok;
                         let used = handle_chain(&mut st.ctrl, mem, chain);
                         // QPs may have come, gone or changed state.
@@ -692,6 +708,7 @@ impl VhostUserBackend for RdmaDevice {
             link.forget();
         }
         let mut st = self.lock();
+        self.epoch.fetch_add(1, Ordering::AcqRel);
         st.ctrl.reset();
         st.ctrl.events.push(EventKind::PORT_ACTIVE, 1, 0);
         self.bump_dp_gen();
