@@ -588,9 +588,14 @@ impl Engine {
             scratch.timer(at);
             return false;
         }
-        // An RC QP talks to one QP: lock its VM once for the burst.
+        // An RC QP talks to one QP: lock its VM once for the burst (never
+        // a VM of another tenant: `deliver` refuses that route untouched).
         if qp.qp_type == QpType::RC {
-            if let Some((pvm, _)) = self.rc_route(ctrl, h).filter(|(v, _)| *v != vm_id) {
+            let tenancy = &self.shared.tenancy;
+            let route = self.rc_route(ctrl, h);
+            if let Some((pvm, _)) =
+                route.filter(|&(v, _)| v != vm_id && tenancy.may_reach(vm_id, v))
+            {
                 if let Some(dev) = vms.get(pvm).and_then(Option::as_ref) {
                     let done = dev.with_dataplane(|pctrl, pmem| {
                         let mut held = Held {
