@@ -4,7 +4,8 @@
 #
 #   VM A  rdma-guest exchange --role server
 #   VM B  rdma-guest exchange --role client   (serial cable ttyS1 <-> VM A's)
-#   VM C  rdma-guest hostile                  (bad addresses, keys, bounds;
+#   VM C  rdma-guest hostile                  (another tenant; bad addresses,
+#                                              keys, bounds, connects to A and B;
 #                                              then streams WRITEs and is
 #                                              killed with SIGKILL mid-transfer,
 #                                              then booted again: rdma-guest info)
@@ -67,10 +68,18 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# A and B are tenant "blue"; C is alone in tenant "red" and tries to reach
+# A and B (their GIDs are the defaults, ::ffff:10.42.0.1 and .2).
 nvm=3; [ "$demo" = 1 ] && nvm=2
-sockets=()
-for i in $(seq 0 $((nvm - 1))); do sockets+=(--socket-path "$dir/vm$i.sock"); done
-RUST_LOG=${RUST_LOG:-info} target/release/vhost-user-rdma "${sockets[@]}" 2> "$dir/daemon.log" &
+{
+  printf '[daemon]\nmgmt_socket = "%s"\n\n' "$dir/mgmt.sock"
+  printf '[[tenant]]\nname = "blue"\n\n[[tenant]]\nname = "red"\n\n'
+  for i in $(seq 0 $((nvm - 1))); do
+    tenant=blue; [ "$i" = 2 ] && tenant=red
+    printf '[[vm]]\nname = "vm%d"\nsocket = "%s"\ntenant = "%s"\n\n' "$i" "$dir/vm$i.sock" "$tenant"
+  done
+} > "$dir/config.toml"
+RUST_LOG=${RUST_LOG:-info} target/release/vhost-user-rdma --config "$dir/config.toml" 2> "$dir/daemon.log" &
 daemon_pid=$!
 for _ in $(seq 100); do [ -S "$dir/vm$((nvm - 1)).sock" ] && break; sleep 0.05; done
 
@@ -107,7 +116,7 @@ pid_b=${pids[-1]}
 hostile_ok=1
 if [ "$demo" = 0 ]; then
   echo "== qemu-e2e: booting VM C (hostile)"
-  guest C 2 'rdma-guest hostile'
+  guest C 2 'rdma-guest hostile --foreign-gid ::ffff:10.42.0.1 --foreign-gid ::ffff:10.42.0.2'
   pid_c=${pids[-1]}
   # Kill C's QEMU (SIGKILL, no goodbye to the daemon) once it streams.
   for _ in $(seq 1200); do
@@ -146,6 +155,14 @@ if [ "$demo" = 0 ]; then
   grep -E '^(hostile|rdma-guest)' "$dir/C.console" | sed 's/^/  /' || true
   grep -q 'VM 2: VMM disconnected, resources released' "$dir/daemon.log" || {
     echo "   the daemon did not report VM C's resources released"; hostile_ok=0; }
+  # The operator sees C's attempts on the other tenant: per foreign VM, 16
+  # refused connects and one refused address handle.
+  stats=$(target/release/vhost-user-rdma ctl --socket "$dir/mgmt.sock" --json stats vm2 || true)
+  if echo "$stats" | grep -q '"denied":34'; then
+    echo "   ctl stats vm2: 34 commands DENIED by the tenant policy, as attempted"
+  else
+    echo "   ctl stats vm2 does not show the 34 refused commands: $stats"; hostile_ok=0
+  fi
 fi
 
 passed=0 failed=0

@@ -34,6 +34,7 @@ use vmm_sys_util::event::{
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::Limits;
+use crate::ctrl::rate::CtrlLimiter;
 use crate::ctrl::{Ctrl, CtrlStats, PortIdentity};
 use crate::engine::Engine;
 use crate::memory::{HostMem, RamMap};
@@ -41,6 +42,7 @@ use crate::qos::QosTable;
 use crate::resources::ResourceCounts;
 use crate::rnic::Rnic;
 use crate::shmem::{DoorbellRegion, RegionLink};
+use crate::stats::TrafficCounters;
 use crate::tenancy::Tenancy;
 use crate::vring::Vring;
 
@@ -128,7 +130,21 @@ pub struct RdmaDevice {
     /// The daemon's live QoS settings (control-command rate limit).
     qos: Arc<QosTable>,
     limits: Limits,
+    /// The daemon's tenancy table (the VM's control counters).
+    tenancy: Arc<Tenancy>,
+    /// The VM's control-command rate limit and the QoS generation it was
+    /// read at; used by the VM's vring worker only.
+    ctrl_rate: Mutex<(u64, CtrlLimiter)>,
+    /// Advances, under the state lock, on every device reset and VMM
+    /// disconnect: control requests taken off the ring before it are not
+    /// executed after it (they would create objects in the fresh state).
+    epoch: AtomicU64,
 }
+
+/// Longest single sleep of a rate-limited control worker: it re-checks
+/// that its queue still runs this often, so a stop or reset is not held up
+/// by a long wait.
+const RATE_SLICE: Duration = Duration::from_millis(5);
 
 /// Daemon-wide state every device shares.
 #[derive(Clone)]
@@ -185,6 +201,10 @@ impl RdmaDevice {
             dp_gen: AtomicU64::new(0),
             qos: shared.qos.clone(),
             limits,
+            tenancy: shared.tenancy.clone(),
+            // Generation u64::MAX: read the VM's setting on first use.
+            ctrl_rate: Mutex::new((u64::MAX, CtrlLimiter::new(0, Instant::now()))),
+            epoch: AtomicU64::new(0),
         })
     }
 
@@ -268,6 +288,7 @@ impl RdmaDevice {
         }
         self.shmem_acked.store(false, Ordering::Release);
         let mut st = self.lock();
+        self.epoch.fetch_add(1, Ordering::AcqRel);
         let gone = st.ctrl.reset();
         let gid = st.ctrl.port_gid();
         st.ctrl.set_features(0);
@@ -350,24 +371,88 @@ impl RdmaDevice {
         }
     }
 
+    /// The VM's traffic counters (control commands and their latency).
+    fn traffic(&self) -> Option<&TrafficCounters> {
+        self.tenancy.traffic(self.id)
+    }
+
+    /// Takes up to `want` control-command tokens from the VM's rate limit
+    /// (re-reading its setting when the QoS table changed). Returns the
+    /// number taken, or how long to wait for the next one.
+    fn ctrl_tokens(&self, want: u64) -> Result<u64, Duration> {
+        let now = Instant::now();
+        let mut guard = self.ctrl_rate.lock().unwrap_or_else(|e| e.into_inner());
+        let (gen, limiter) = &mut *guard;
+        let g = self.qos.generation();
+        if *gen != g {
+            *gen = g;
+            let rate = self.qos.vm(self.id).map_or(0, |q| q.ctrl_per_sec);
+            limiter.set_rate(rate, now);
+        }
+        match limiter.take(want, now) {
+            0 if want > 0 => Err(limiter.wait(now)),
+            n => Ok(n),
+        }
+    }
+
+    /// Sleeps `wait` (the VM's control rate limit), in slices, without any
+    /// lock held. Returns false if the queue stopped meanwhile.
+    fn rate_wait(&self, vring: &Vring, wait: Duration) -> bool {
+        let until = Instant::now() + wait;
+        loop {
+            if !vring.get_ref().get_queue().ready() {
+                return false;
+            }
+            let now = Instant::now();
+            if now >= until {
+                return true;
+            }
+            std::thread::sleep((until - now).min(RATE_SLICE));
+        }
+    }
+
     fn process_controlq(&self, vring: &Vring, eventq: &Vring, mem: &Mem) -> io::Result<()> {
         // Rounds in a row that found no request although the avail index
         // said there were some (a queue the VMM stopped): give up rather
         // than spin.
         let mut empty_rounds = 0;
+        // Requests taken per pass: the lock is released and the CPU offered
+        // to others between passes (`max_ctrl_outstanding`).
+        let per_pass = u16::try_from(self.limits.max_ctrl_outstanding.max(1)).unwrap_or(u16::MAX);
         loop {
             // No kicks while we are awake and looking at the ring anyway.
             vring.disable_notification().map_err(io::Error::other)?;
-            let chains: Vec<DescriptorChain<Mem>> =
-                match vring.get_mut().get_queue_mut().iter(mem.clone()) {
-                    Ok(it) => it.collect(),
-                    Err(e) => {
-                        // The guest corrupted its avail ring; nothing in it can be
-                        // trusted. Leave the queue alone until the driver resets.
-                        warn!("control queue unusable: {e}");
+            let want = pending(vring, mem).min(per_pass);
+            // The VM's rate limit: requests beyond it wait in the ring, and
+            // only this VM's worker waits for them.
+            let take = match self.ctrl_tokens(u64::from(want)) {
+                Ok(n) => usize::try_from(n).unwrap_or(usize::MAX),
+                Err(wait) => {
+                    if !self.rate_wait(vring, wait) {
                         return Ok(());
                     }
-                };
+                    continue;
+                }
+            };
+            // Taken under the state lock, so that a reset or disconnect is
+            // either before all of them or after (see `epoch`).
+            let st = self.lock();
+            let epoch = self.epoch.load(Ordering::Acquire);
+            let taken = vring.get_mut().get_queue_mut().iter(mem.clone()).map(|it| {
+                let now = Instant::now();
+                it.take(take).map(|c| (c, now)).collect::<Vec<_>>()
+            });
+            drop(st);
+            let chains: Vec<(DescriptorChain<Mem>, Instant)> = match taken {
+                Ok(c) => c,
+                Err(e) => {
+                    // The guest corrupted its avail ring; nothing in it can be
+                    // trusted. Leave the queue alone until the driver resets.
+                    warn!("control queue unusable: {e}");
+                    return Ok(());
+                }
+            };
+            let full = chains.len() >= usize::from(per_pass);
             if chains.is_empty() {
                 empty_rounds += 1;
                 if empty_rounds > 2 {
@@ -377,23 +462,49 @@ impl RdmaDevice {
             } else {
                 empty_rounds = 0;
                 self.map_doorbells();
-                let mut st = self.lock();
-                for chain in chains {
+                for (chain, taken) in chains {
                     let head = chain.head_index();
-                    let used = handle_chain(&mut st.ctrl, mem, chain);
+                    // The state lock is held per command, not per pass: the
+                    // engine locks this VM too (to rebuild its polling list
+                    // after a change), and must never wait for a whole pass
+                    // of one VM's commands while every VM's data waits.
+                    let (used, ok) = {
+                        let mut st = self.lock();
+                        if self.epoch.load(Ordering::Acquire) != epoch {
+                            // Reset or disconnected since these were taken:
+                            // the ring they came from is gone.
+                            return Ok(());
+                        }
+                        let ok_before = st.ctrl.stats.ok;
+                        let used = handle_chain(&mut st.ctrl, mem, chain);
+                        // QPs may have come, gone or changed state.
+                        self.bump_dp_gen();
+                        (used, st.ctrl.stats.ok != ok_before)
+                    };
                     if let Err(e) = vring.add_used(head, used) {
                         warn!("cannot return control buffer {head}: {e}");
                     }
+                    if let Some(t) = self.traffic() {
+                        TrafficCounters::add(&t.ctrl_cmds, 1);
+                        if !ok {
+                            // An error status, or a chain not answered.
+                            TrafficCounters::add(&t.ctrl_errors, 1);
+                        }
+                        t.ctrl_latency.observe(taken.elapsed());
+                    }
                 }
-                // QPs may have come, gone or changed state.
-                self.bump_dp_gen();
-                drop(st);
                 signal(vring)?;
                 // New or changed QPs may have work for the engine.
                 self.engine.wake();
                 // Commands may have raised events; deliver them now rather
                 // than when the worker stops polling.
                 self.deliver_events(eventq, mem)?;
+            }
+            if full {
+                // A full pass: let other VMs' workers (and the engine) have
+                // the CPU before taking more.
+                std::thread::yield_now();
+                continue;
             }
             if self.poll_for_more(vring, mem) {
                 continue;
@@ -512,7 +623,17 @@ fn queue_depths(st: &State) -> QueueDepths {
     q
 }
 
-/// Interrupts the driver unless it asked not to be (EVENT_IDX `used_event`).
+/// How many requests the driver has made available that are not taken
+/// yet (as the avail index claims: a hostile value is only an upper bound
+/// for the iterator, which checks it).
+fn pending(vring: &Vring, mem: &Mem) -> u16 {
+    let st = vring.get_ref();
+    let q = st.get_queue();
+    q.avail_idx(&**mem, AtomicOrdering::Acquire)
+        .map(|a| a.0.wrapping_sub(q.next_avail()))
+        .unwrap_or(0)
+}
+
 /// Whether the driver has made requests available that are not taken yet.
 fn has_requests(vring: &Vring, mem: &Mem) -> bool {
     let st = vring.get_ref();
@@ -522,6 +643,7 @@ fn has_requests(vring: &Vring, mem: &Mem) -> bool {
         .unwrap_or(false)
 }
 
+/// Interrupts the driver unless it asked not to be (EVENT_IDX `used_event`).
 fn signal(vring: &Vring) -> io::Result<()> {
     if vring.needs_notification().map_err(io::Error::other)? {
         vring.signal_used_queue()?;
@@ -681,6 +803,7 @@ impl VhostUserBackend for RdmaDevice {
             link.forget();
         }
         let mut st = self.lock();
+        self.epoch.fetch_add(1, Ordering::AcqRel);
         let gone = st.ctrl.reset();
         let gid = st.ctrl.port_gid();
         st.ctrl.events.push(EventKind::PORT_ACTIVE, 1, 0);

@@ -4,6 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
+use vhost_user_rdma::stats::TrafficStats;
+use vhost_user_rdma::tenancy::IsolationStats;
 use vhost_user_rdma::Daemon;
 use vhost_user_rdma::{DaemonConfig, Limits, VmStats};
 
@@ -98,6 +100,24 @@ impl TestDaemon {
     /// Statistics of VM `i`.
     pub fn stats(&self, i: usize) -> VmStats {
         self.daemon().vm_stats(i).unwrap_or_default()
+    }
+
+    /// Isolation counters of VM `i` (zero for a VM outside the table).
+    pub fn isolation(&self, i: usize) -> IsolationStats {
+        self.daemon()
+            .tenancy()
+            .counters(i)
+            .map(|c| c.snapshot())
+            .unwrap_or_default()
+    }
+
+    /// Traffic and control counters of VM `i`.
+    pub fn traffic(&self, i: usize) -> TrafficStats {
+        self.daemon()
+            .tenancy()
+            .traffic(i)
+            .map(|t| t.snapshot())
+            .unwrap_or_default()
     }
 
     /// Waits (up to 5 s) until VM `i` is disconnected and its resources are

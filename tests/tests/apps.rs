@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use vhost_user_rdma::config::{default_gid, TenantConfig};
 use vhost_user_rdma_tests::dp::Vm;
 use vhost_user_rdma_tests::harness::TestDaemon;
 use vhost_user_rdma_tests::vmm::VmmOptions;
@@ -52,7 +53,17 @@ fn exchange_between_two_vms_checks_every_transfer() {
 
 #[test]
 fn hostile_vm_is_refused_while_the_others_exchange() {
-    let d = TestDaemon::start(3).unwrap();
+    // The hostile VM is alone in its tenant and also tries to reach the
+    // other two.
+    let d = TestDaemon::with_config(3, |c| {
+        c.tenants.push(TenantConfig {
+            name: "red".into(),
+            qos_class: None,
+        });
+        c.vms[2].tenant = "red".into();
+    })
+    .unwrap();
+    let foreign = [default_gid(0), default_gid(1)];
     let a = Vm::open(&d, 0, VmmOptions::default());
     let b = Vm::open(&d, 1, VmmOptions::default());
     let h = Vm::open(&d, 2, VmmOptions::default());
@@ -61,7 +72,7 @@ fn hostile_vm_is_refused_while_the_others_exchange() {
     // during the exchange of the other two.
     let hostile = std::thread::spawn(move || {
         let mut out = Vec::new();
-        let r = hostile::run(&h.dev, Some(Duration::from_secs(3)), &[], &mut out);
+        let r = hostile::run(&h.dev, Some(Duration::from_secs(3)), &foreign, &mut out);
         let text = String::from_utf8_lossy(&out).into_owned();
         (r.map_err(|e| e.to_string()), text, h)
     });
@@ -79,8 +90,11 @@ fn hostile_vm_is_refused_while_the_others_exchange() {
 
     let (r, htext, h) = hostile.join().unwrap();
     let checks = r.unwrap_or_else(|e| panic!("hostile: {e}\n{htext}"));
-    // Two bad MRs, five bad WRITEs, one good WRITE.
-    assert_eq!(checks, 8, "{htext}");
+    // Two bad MRs, five bad WRITEs, per foreign VM a refused connect and
+    // a refused AH, one good WRITE.
+    assert_eq!(checks, 12, "{htext}");
+    assert_eq!(htext.matches("refused with DENIED").count(), 4, "{htext}");
+    assert_eq!(d.isolation(2).denied, 2 * 16 + 2, "{htext}");
     assert!(htext.contains(hostile::BUSY_MARKER), "{htext}");
     for line in ["refused with BAD_ADDRESS", "LOC_PROT_ERR", "REM_ACCESS_ERR"] {
         assert!(htext.contains(line), "{line}: {htext}");

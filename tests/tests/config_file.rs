@@ -20,6 +20,10 @@ ctrl_poll_us = 10
 max_qp = 4096
 max_cq = 64
 
+[[qos_class]]
+name = "gold"
+weight = 400
+
 [[tenant]]
 name = "blue"
 qos_class = "gold"
@@ -41,10 +45,6 @@ socket = "{0}/big.sock"
 tenant = "red"
 [vm.limits]
 max_qp = 256
-
-[[qos_class]]
-name = "gold"
-weight = 200
 "#,
             dir.display()
         );

@@ -104,7 +104,8 @@ fn object_lifecycle_and_dependencies() {
         .create_ah(
             pd,
             AddressVector {
-                dgid: [1; 16],
+                // The device's own GID: the tenant policy refuses any other here.
+                dgid: vhost_user_rdma::config::default_gid(0),
                 hop_limit: 64,
                 ..AddressVector::default()
             },
@@ -341,7 +342,8 @@ fn rc_state_machine() {
             "RESET -> {bad:?}"
         );
     }
-    let [(m_init, a_init), (m_rtr, a_rtr), (m_rts, a_rts)] = rc_transitions(0x42, [7; 16]);
+    let [(m_init, a_init), (m_rtr, a_rtr), (m_rts, a_rts)] =
+        rc_transitions(0x42, vhost_user_rdma::config::default_gid(0));
 
     // Each required attribute is really required.
     for bit in [attr::PKEY_INDEX, attr::PORT, attr::ACCESS] {
@@ -384,7 +386,7 @@ fn rc_state_machine() {
     let q = v.query_qp(qp.handle).unwrap();
     assert_eq!(q.attr.qp_state, QpState::RTR as u32);
     assert_eq!(q.attr.dest_qpn, 0x42);
-    assert_eq!(q.attr.av.dgid, [7; 16]);
+    assert_eq!(q.attr.av.dgid, vhost_user_rdma::config::default_gid(0));
     assert_eq!(q.attr.path_mtu, Mtu::MTU_4096 as u32);
     assert_eq!(q.attr.access, access::REMOTE_READ, "INIT->INIT change kept");
 
@@ -458,7 +460,8 @@ fn rc_state_machine() {
     assert_eq!(q.attr.qp_state, QpState::RESET as u32);
     assert_eq!(q.attr.dest_qpn, 0, "attributes cleared on RESET");
     // And around again.
-    v.connect_rc(qp.handle, 0x43, [8; 16]).unwrap();
+    v.connect_rc(qp.handle, 0x43, vhost_user_rdma::config::default_gid(0))
+        .unwrap();
     assert_eq!(v.query_qp(qp.handle).unwrap().attr.dest_qpn, 0x43);
 }
 
@@ -478,7 +481,8 @@ fn sqd_drained_event() {
         let pd = v.alloc_pd(ctx).unwrap();
         let cq = v.create_cq(ctx, 64).unwrap();
         let qp = v.create_qp(&QpInit::rc(pd, cq)).unwrap();
-        v.connect_rc(qp.handle, 9, [1; 16]).unwrap();
+        v.connect_rc(qp.handle, 9, vhost_user_rdma::config::default_gid(0))
+            .unwrap();
         let mask = attr::STATE | attr::EN_SQD_ASYNC_NOTIFY;
         (qp, mask)
     };
@@ -542,7 +546,7 @@ fn ud_state_machine_and_ah() {
         .create_ah(
             pd,
             AddressVector {
-                dgid: [0xfe; 16],
+                dgid: vhost_user_rdma::config::default_gid(0),
                 flow_label: 0xfffff,
                 sl: 15,
                 hop_limit: 1,
@@ -700,7 +704,8 @@ fn held_events_reach_an_event_idx_driver() {
         let pd = v.alloc_pd(ctx).unwrap();
         let cq = v.create_cq(ctx, 64).unwrap();
         let qp = v.create_qp(&QpInit::rc(pd, cq)).unwrap();
-        v.connect_rc(qp.handle, 9, [1; 16]).unwrap();
+        v.connect_rc(qp.handle, 9, vhost_user_rdma::config::default_gid(0))
+            .unwrap();
         for _ in 0..3 {
             v.modify_qp(
                 qp.handle,

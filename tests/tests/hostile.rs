@@ -130,13 +130,17 @@ fn create_base(vm: &mut TestVmm) -> BaseParts {
     (ctx, pd, cq, qp, mr.mr_handle)
 }
 
-/// Moves the baseline QP to RTS towards `connect` (if given) and records
-/// what QUERY_QP returns for it.
-fn finish_base(vm: &mut TestVmm, b: BaseParts, connect: Option<u32>) -> Base {
+/// The GID of VM `i` (VM A is 0, VM B 1): the default configuration's.
+fn gid(i: usize) -> [u8; 16] {
+    vhost_user_rdma::config::default_gid(i)
+}
+
+/// Moves the baseline QP to RTS towards `connect` (QPN and GID, if given)
+/// and records what QUERY_QP returns for it.
+fn finish_base(vm: &mut TestVmm, b: BaseParts, connect: Option<(u32, [u8; 16])>) -> Base {
     let (ctx, pd, cq, qp, mr) = b;
     let mut v = Verbs::new(vm);
-    if let Some(dest_qpn) = connect {
-        let gid = v.query_gid(1, 0).unwrap().gid;
+    if let Some((dest_qpn, gid)) = connect {
         v.connect_rc(qp.handle, dest_qpn, gid).unwrap();
     }
     let qp_attrs = v.query_qp(qp.handle).unwrap();
@@ -179,8 +183,8 @@ impl World {
         let pa = create_base(&mut a);
         let pb = create_base(&mut b);
         // Connect the two baseline QPs to each other (RESET -> RTS).
-        let a_base = finish_base(&mut a, pa, Some(pb.3.qpn));
-        let b_base = finish_base(&mut b, pb, Some(pa.3.qpn));
+        let a_base = finish_base(&mut a, pa, Some((pb.3.qpn, gid(1))));
+        let b_base = finish_base(&mut b, pb, Some((pa.3.qpn, gid(0))));
         assert_eq!(a_base.qp_attrs.attr.qp_state, u32::from(QpState::RTS));
         let b_counts = d.stats(1).device.resources;
         let dev = Verbs::new(&mut a).query_device().unwrap();
@@ -377,7 +381,7 @@ fn assert_unharmed(w: &mut World) {
     let qp = v
         .create_qp(&QpInit::rc(pd, cq))
         .expect("VM A: CREATE_QP after the attack");
-    v.connect_rc(qp.handle, b_qpn, [0; 16])
+    v.connect_rc(qp.handle, b_qpn, gid(1))
         .expect("VM A: RESET -> RTS after the attack");
     let pages = v.mem().alloc_pages(1, PAGE_SIZE).unwrap();
     v.reg_mr(&MrSpec::new(pd, LW, IOVA, &pages))
@@ -411,7 +415,7 @@ fn assert_unharmed(w: &mut World) {
     let qp = v
         .create_qp(&QpInit::rc(bb.pd, cq))
         .expect("VM B: CREATE_QP");
-    v.connect_rc(qp.handle, a_qpn, [0; 16])
+    v.connect_rc(qp.handle, a_qpn, gid(0))
         .expect("VM B: RESET -> RTS");
     let pages = v.mem().alloc_pages(1, PAGE_SIZE).unwrap();
     let mr = v
@@ -509,7 +513,7 @@ fn fresh_qp(w: &mut World) -> u32 {
 
 /// The RC transitions RESET -> INIT, INIT -> RTR, RTR -> RTS towards B.
 fn rc_steps(w: &World) -> [(u32, QpAttr); 3] {
-    rc_transitions(w.b_base.qp.qpn, [0; 16])
+    rc_transitions(w.b_base.qp.qpn, gid(1))
 }
 
 /// A fresh RC QP moved through the first `n` transitions (0: RESET,
@@ -2331,7 +2335,11 @@ fn busy_dealloc_pd_with_dependents() {
         w.expect("DEALLOC_PD with an MR", Status::BUSY, 1, |v| {
             v.dealloc_pd(pd)
         });
-        let ah = w.ok("CREATE_AH", |v| v.create_ah(pd, AddressVector::default()));
+        let av = AddressVector {
+            dgid: gid(0),
+            ..AddressVector::default()
+        };
+        let ah = w.ok("CREATE_AH", |v| v.create_ah(pd, av));
         let srq = w
             .ok("CREATE_SRQ", |v| v.create_srq(pd, 16, 1, 0))
             .srq_handle;
@@ -3486,7 +3494,7 @@ fn vmm_disconnects_mid_command() {
             s.device.resources
         );
         let base = create_base(&mut w.a);
-        w.a_base = Some(finish_base(&mut w.a, base, Some(w.b_base.qp.qpn)));
+        w.a_base = Some(finish_base(&mut w.a, base, Some((w.b_base.qp.qpn, gid(1)))));
     });
 }
 
@@ -3504,7 +3512,7 @@ fn handles_from_before_a_reconnect_do_not_resolve() {
         w.a = w.d.connect_with(0, opts()).unwrap();
         // The new VMM creates the same sequence of objects.
         let new = create_base(&mut w.a);
-        w.a_base = Some(finish_base(&mut w.a, new, Some(w.b_base.qp.qpn)));
+        w.a_base = Some(finish_base(&mut w.a, new, Some((w.b_base.qp.qpn, gid(1)))));
         let (ctx, pd, cq, qp, mr) = new;
         for (kind, was, now) in [
             ("context", old.ctx, ctx),

@@ -34,7 +34,8 @@ fn populate(vm: &mut TestVmm) -> u32 {
     })
     .unwrap();
     let qp = v.create_qp(&QpInit::rc(pd, cq)).unwrap();
-    v.connect_rc(qp.handle, 5, [1; 16]).unwrap();
+    let gid = v.query_gid(1, 0).unwrap().gid;
+    v.connect_rc(qp.handle, 5, gid).unwrap();
     qp.handle
 }
 

@@ -17,7 +17,8 @@ fn daemon_answers() {
     let pd = v.alloc_pd(ctx).unwrap();
     let cq = v.create_cq(ctx, 64).unwrap();
     let qp = v.create_qp(&QpInit::rc(pd, cq)).unwrap();
-    v.connect_rc(qp.handle, qp.qpn, [0; 16]).unwrap();
+    let gid = v.query_gid(1, 0).unwrap().gid;
+    v.connect_rc(qp.handle, qp.qpn, gid).unwrap();
     let q = v.query_qp(qp.handle).unwrap();
     assert_eq!(q.attr.qp_state, 3);
     assert_eq!(d.stats(0).device.resources.qp, 1);

@@ -107,7 +107,10 @@ impl Ctrl {
         if req.port != 1 {
             return Err(field::<CreateAhReq>(Status::RANGE, "port"));
         }
+        self.note_sgid(&req.av);
         check_av::<CreateAhReq>(&req.av, "av")?;
+        // The tenant policy, after every other check (spec 12.16).
+        self.allowed_gid(&req.av.dgid)?;
         let ah_handle = self
             .res
             .ahs

@@ -9,9 +9,11 @@ mod cq;
 mod ctx;
 mod mr;
 mod parse;
+mod policy;
 mod qp;
 mod query;
 mod queue_mem;
+pub mod rate;
 mod srq;
 
 use std::sync::Arc;

@@ -188,6 +188,7 @@ impl Ctrl {
             return Err(bad(Status::RANGE, "port"));
         }
         if has(AV) {
+            self.note_sgid(&a.av);
             check_av::<M>(&a.av, "attr.av")?;
         }
         if has(PATH_MTU) {
@@ -260,6 +261,24 @@ impl Ctrl {
             return Err(CmdError::new(Status::INVALID, missing | extra));
         }
         self.check_attr_values(mask, &a)?;
+        if qp_type != QpType::UD && mask & (AV | DEST_QPN) != 0 {
+            // The tenant policy, after every other check (spec 12.13): the
+            // destination the QP will have once the command is applied.
+            let Some(qp) = self.res.qps.get(req.qp_handle) else {
+                return Err(field::<M>(Status::BAD_HANDLE, "qp_handle"));
+            };
+            let dgid = if mask & AV != 0 {
+                a.av.dgid
+            } else {
+                qp.attr.av.dgid
+            };
+            let dest = if mask & DEST_QPN != 0 {
+                a.dest_qpn
+            } else {
+                qp.attr.dest_qpn
+            };
+            self.allowed_route(&dgid, dest)?;
+        }
 
         // All checks passed: apply atomically.
         let Some(qp) = self.res.qps.get_mut(req.qp_handle) else {

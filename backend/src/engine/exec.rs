@@ -12,6 +12,7 @@ use super::wqe::{fetch_recv, RecvWr, SendWr, WqeBuf, WqeError};
 use crate::ctrl::Ctrl;
 use crate::memory::access::{self, Segment};
 use crate::memory::{HostMem, PageList};
+use crate::tenancy::IsolationCounters;
 use virtio_rdma_abi::datapath::{
     Cqe, Sge, WcOpcode, WcStatus, WrOpcode, CQE_GRH, CQE_SOLICITED, CQE_WITH_IMM, DB_DEVICE_OFFSET,
     UD_GRH_SIZE, WQE_SOLICITED,
@@ -113,6 +114,9 @@ pub enum RespOutcome {
 pub struct Request<'a> {
     /// The work request.
     pub wr: &'a SendWr<'a>,
+    /// Index of the requester's VM (isolation counters are the
+    /// requester's).
+    pub vm: usize,
     /// Requester QPN.
     pub src_qpn: u32,
     /// Requester GID.
@@ -284,13 +288,15 @@ fn recv_queue_failed(ctrl: &mut Ctrl, qp: u32) {
 }
 
 /// Resolves a remote range of responder QP `qp` through `rkey`, checking
-/// the MR's and the QP's rights for `right`.
+/// the MR's and the QP's rights for `right`. An rkey that names no MR of
+/// the responder, or one of another PD or without `right`, is counted in
+/// the requester's (`requester`) `bad_rkey`: that is what guessing keys
+/// looks like.
 fn remote_segments(
     ctrl: &Ctrl,
     qp: u32,
-    rkey: u32,
-    addr: u64,
-    len: u64,
+    requester: usize,
+    (rkey, addr, len): (u32, u64, u64),
     right: u32,
     out: &mut Vec<Segment>,
 ) -> Result<(), WcStatus> {
@@ -300,8 +306,14 @@ fn remote_segments(
         .rkeys
         .get(&rkey)
         .and_then(|h| ctrl.res.mrs.get(*h))
-        .ok_or(WcStatus::REM_ACCESS_ERR)?;
-    if mr.pd != q.pd || mr.access & right == 0 || q.attr.access & right == 0 {
+        .filter(|mr| mr.pd == q.pd && mr.access & right != 0);
+    let Some(mr) = mr else {
+        if let Some(c) = ctrl.tenancy().counters(requester) {
+            IsolationCounters::bump(&c.bad_rkey);
+        }
+        return Err(WcStatus::REM_ACCESS_ERR);
+    };
+    if q.attr.access & right == 0 {
         return Err(WcStatus::REM_ACCESS_ERR);
     }
     out.clear();
@@ -315,13 +327,13 @@ fn remote_segments(
 fn write_target(
     ctrl: &Ctrl,
     qp: u32,
-    wr: &SendWr<'_>,
-    len: u64,
+    req: &Request<'_>,
     out: &mut Vec<Segment>,
 ) -> Result<(), WcStatus> {
+    let (wr, len) = (req.wr, req.len);
     if len > 0 {
-        let (rkey, addr) = (wr.hdr.rkey, wr.hdr.remote_addr);
-        return remote_segments(ctrl, qp, rkey, addr, len, acc::REMOTE_WRITE, out);
+        let range = (wr.hdr.rkey, wr.hdr.remote_addr, len);
+        return remote_segments(ctrl, qp, req.vm, range, acc::REMOTE_WRITE, out);
     }
     out.clear();
     match ctrl.res.qps.get(qp) {
@@ -393,7 +405,7 @@ fn perform(
     } = scratch;
     match wr.opcode {
         WrOpcode::RDMA_WRITE | WrOpcode::RDMA_WRITE_WITH_IMM => {
-            if let Err(s) = write_target(ctrl, qp, wr, req.len, segs) {
+            if let Err(s) = write_target(ctrl, qp, req, segs) {
                 return nak(ctrl, qp, s);
             }
             if wr.opcode == WrOpcode::RDMA_WRITE {
@@ -412,15 +424,8 @@ fn perform(
                 // (spec 18.11.3): no rkey, address or access right.
                 return RespOutcome::Done;
             }
-            return match remote_segments(
-                ctrl,
-                qp,
-                wr.hdr.rkey,
-                wr.hdr.remote_addr,
-                req.len,
-                acc::REMOTE_READ,
-                segs,
-            ) {
+            let range = (wr.hdr.rkey, wr.hdr.remote_addr, req.len);
+            return match remote_segments(ctrl, qp, req.vm, range, acc::REMOTE_READ, segs) {
                 Ok(()) => match access::copy(mem, segs, req.mem, req.local, req.len) {
                     Ok(()) => RespOutcome::Done,
                     Err(_) => nak(ctrl, qp, WcStatus::REM_ACCESS_ERR),
@@ -432,15 +437,8 @@ fn perform(
             if !takes_rd_atomic || wr.hdr.remote_addr % 8 != 0 {
                 return nak(ctrl, qp, WcStatus::REM_INV_REQ_ERR);
             }
-            if let Err(s) = remote_segments(
-                ctrl,
-                qp,
-                wr.hdr.rkey,
-                wr.hdr.remote_addr,
-                8,
-                acc::REMOTE_ATOMIC,
-                segs,
-            ) {
+            let range = (wr.hdr.rkey, wr.hdr.remote_addr, 8);
+            if let Err(s) = remote_segments(ctrl, qp, req.vm, range, acc::REMOTE_ATOMIC, segs) {
                 return nak(ctrl, qp, s);
             }
             let Some(target) = segs.first().filter(|s| s.len == 8).copied() else {

@@ -50,6 +50,7 @@ use crate::memory::HostMem;
 use crate::resources::{Qp, SendWait};
 use crate::rnic::Rnic;
 use crate::shmem::DoorbellRegion;
+use crate::tenancy::IsolationCounters;
 use doorbell::load_pi;
 use exec::{local_segments, respond, wc_opcode, Request, RespOutcome, RespScratch};
 use wqe::{fetch_send, SendWr, WqeBuf, WqeError};
@@ -612,9 +613,14 @@ impl Engine {
             scratch.timer(at);
             return false;
         }
-        // An RC QP talks to one QP: lock its VM once for the burst.
+        // An RC QP talks to one QP: lock its VM once for the burst (never
+        // a VM of another tenant: `deliver` refuses that route untouched).
         if qp.qp_type == QpType::RC {
-            if let Some((pvm, _)) = self.rc_route(ctrl, h).filter(|(v, _)| *v != vm_id) {
+            let tenancy = &self.shared.tenancy;
+            let route = self.rc_route(ctrl, h);
+            if let Some((pvm, _)) =
+                route.filter(|&(v, _)| v != vm_id && tenancy.may_reach(vm_id, v))
+            {
                 if let Some(dev) = vms.get(pvm).and_then(Option::as_ref) {
                     let done = dev.with_dataplane(|pctrl, pmem| {
                         let mut held = Held {
@@ -798,6 +804,7 @@ impl Engine {
         };
         let req = Request {
             wr: &wr,
+            vm: vm_id,
             src_qpn: qpn,
             src_gid: ctrl.port_gid(),
             local,
@@ -980,8 +987,27 @@ fn complete_send(
     Step::Done { published: true }
 }
 
+/// Why [`deliver`] found no responder (which isolation counter moves).
+#[derive(Clone, Copy)]
+enum Unreached {
+    /// No such QPN (at the GID addressed).
+    Unknown,
+    /// A UD message to another tenant.
+    ForeignUd,
+    /// An RC message to another tenant.
+    ForeignRc,
+}
+
 /// Hands `req` to the responder at `route` (VM, QP handle): in the same VM,
 /// in the VM held for the burst, or in another VM locked for this message.
+///
+/// The tenant policy (spec 18.23): QP numbers are a per-tenant namespace.
+/// A route to a VM of another tenant ends here exactly as a QPN that does
+/// not exist — `Unreachable` (UD drops, RC retries) — before anything of
+/// the other VM is looked at; it is counted in the requester's
+/// `foreign_drops` (UD) or `foreign_rc` (RC). A QPN that exists nowhere, or
+/// not at the GID addressed, counts `unknown_qpn`. Counts are per attempt
+/// (each RC retry counts again, as each would be a packet on a wire).
 #[allow(clippy::too_many_arguments)]
 fn deliver(
     vms: &[Option<Arc<RdmaDevice>>],
@@ -995,14 +1021,37 @@ fn deliver(
     resp: &mut RespScratch,
     held: Option<&mut Held<'_>>,
 ) -> RespOutcome {
+    let count = |ctrl: &Ctrl, which: Unreached| {
+        if let Some(c) = ctrl.tenancy().counters(vm_id) {
+            IsolationCounters::bump(match which {
+                Unreached::Unknown => &c.unknown_qpn,
+                Unreached::ForeignUd => &c.foreign_drops,
+                Unreached::ForeignRc => &c.foreign_rc,
+            });
+        }
+        RespOutcome::Unreachable
+    };
+    let unknown = Unreached::Unknown;
     let Some((peer_vm, peer_qp)) = route else {
-        return RespOutcome::Unreachable;
+        return count(ctrl, unknown);
     };
     if peer_vm == vm_id {
         if ctrl.port_gid() != dgid {
-            return RespOutcome::Unreachable;
+            return count(ctrl, unknown);
         }
         return respond_ud_checked(ctrl, mem, peer_qp, req, ud, resp);
+    }
+    if !ctrl.tenancy().may_reach(vm_id, peer_vm) {
+        return if ud {
+            count(ctrl, Unreached::ForeignUd)
+        } else {
+            count(ctrl, Unreached::ForeignRc)
+        };
+    }
+    // The peer's GID, from the tenancy table: no need to lock the peer to
+    // learn that the address is wrong.
+    if ctrl.tenancy().vm(peer_vm).map(|v| v.gid) != Some(dgid) {
+        return count(ctrl, unknown);
     }
     if let Some(p) = held.filter(|p| p.vm == peer_vm) {
         if p.ctrl.port_gid() != dgid {

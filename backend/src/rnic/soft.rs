@@ -3,7 +3,7 @@
 //! It owns the namespace that must be unique across VMs (QP numbers, so one
 //! VM's QP can address another's). The data-path engine arrives on top of it.
 
-use std::sync::Mutex;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use virtio_rdma_abi::qp::Mtu;
 
@@ -25,8 +25,13 @@ struct Inner {
 }
 
 /// The software RNIC engine.
+///
+/// The QPN table is behind a read-write lock: lookups (the engine routing a
+/// UD message, the control path checking a destination against the tenant
+/// policy) share it and never wait for each other; only allocation and
+/// release take it exclusively.
 pub struct SoftRnic {
-    inner: Mutex<Inner>,
+    inner: RwLock<Inner>,
     node_guid: u64,
 }
 
@@ -37,7 +42,7 @@ impl SoftRnic {
         let hi = keys.next_u32().map_err(|_| RnicError::Random)?;
         let lo = keys.next_u32().map_err(|_| RnicError::Random)?;
         Ok(SoftRnic {
-            inner: Mutex::new(Inner {
+            inner: RwLock::new(Inner {
                 used: KeyMap::default(),
                 keys,
             }),
@@ -47,10 +52,14 @@ impl SoftRnic {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+    fn lock(&self) -> RwLockWriteGuard<'_, Inner> {
         // A poisoned lock only means another thread panicked mid-update of a
         // set of integers; the set itself is still consistent.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Inner> {
+        self.inner.read().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -87,7 +96,7 @@ impl Rnic for SoftRnic {
     }
 
     fn lookup_qpn(&self, qpn: u32) -> Option<(usize, u32)> {
-        self.lock().used.get(&qpn).copied().flatten()
+        self.read().used.get(&qpn).copied().flatten()
     }
 
     fn free_qpn(&self, qpn: u32) {
@@ -95,7 +104,7 @@ impl Rnic for SoftRnic {
     }
 
     fn qpns_in_use(&self) -> usize {
-        self.lock().used.len()
+        self.read().used.len()
     }
 }
 

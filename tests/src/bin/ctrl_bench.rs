@@ -654,7 +654,9 @@ fn qp_bench(cfg: &Config, p: Placement, sum: &mut Summary) -> Res<Vec<QpRun>> {
         let (req, tail): (CreateQpReq, Vec<u8>) = v.qp_request(&init)?;
         reqs.push((req.to_bytes(), tail));
     }
-    let tr = rc_transitions(0x00_1234, [0; 16]);
+    // The device's own GID: the tenant policy refuses GIDs of no VM.
+    let gid = v.query_gid(1, 0)?.gid;
+    let tr = rc_transitions(0x00_1234, gid);
     println!("  threads: {}", thread_placement());
 
     // The same request bytes go to the echo backend: the transport bound.

@@ -1,0 +1,61 @@
+//! The tenant policy on the control path: which destinations a VM may name
+//! in `MODIFY_QP` (an RC QP's address vector and destination QPN) and
+//! `CREATE_AH`, and the isolation counters those refusals move.
+//!
+//! A VM may name only GIDs of VMs of its own tenant (its own included).
+//! Anything else is refused with `DENIED`, whether the GID belongs to a VM
+//! of another tenant or to nobody: the answer is the same, so refusals teach
+//! a guest nothing about other tenants. A destination QPN is checked only
+//! against VMs the requester may reach anyway: a QPN of a same-tenant VM
+//! other than the one the GID names is a contradiction and refused; a QPN of
+//! another tenant's VM is treated exactly as a QPN that does not exist
+//! (accepted, and unreachable on the data path), for the same reason.
+
+use virtio_rdma_abi::ctrl::{Status, DETAIL_NONE};
+use virtio_rdma_abi::qp::AddressVector;
+
+use super::{CmdError, Ctrl, GID_TABLE_LEN};
+use crate::tenancy::IsolationCounters;
+
+impl Ctrl {
+    /// Counts a source GID index other than 0 (the only GID a VM has) as a
+    /// spoofing attempt. Called where the address vector is checked, which
+    /// refuses it with `RANGE`.
+    pub(super) fn note_sgid(&self, av: &AddressVector) {
+        if u32::from(av.sgid_index) >= GID_TABLE_LEN {
+            if let Some(c) = self.tenancy.counters(self.port.vm) {
+                IsolationCounters::bump(&c.gid_spoof);
+            }
+        }
+    }
+
+    /// `DENIED` (detail `DETAIL_NONE`), counted in the VM's `denied`.
+    fn denied(&self) -> CmdError {
+        if let Some(c) = self.tenancy.counters(self.port.vm) {
+            IsolationCounters::bump(&c.denied);
+        }
+        CmdError::new(Status::DENIED, DETAIL_NONE)
+    }
+
+    /// The VM with GID `dgid` if this VM may reach it, else `DENIED`.
+    pub(super) fn allowed_gid(&self, dgid: &[u8; 16]) -> Result<usize, CmdError> {
+        let me = self.port.vm;
+        self.tenancy
+            .vm_by_gid(dgid)
+            .filter(|&peer| self.tenancy.may_reach(me, peer))
+            .ok_or_else(|| self.denied())
+    }
+
+    /// Checks an RC destination: GID `dgid` must be reachable, and QPN
+    /// `dest_qpn`, if a reachable VM owns it, must belong to the VM with that
+    /// GID. One hash lookup in the RNIC's QPN table (a shared read lock).
+    pub(super) fn allowed_route(&self, dgid: &[u8; 16], dest_qpn: u32) -> Result<(), CmdError> {
+        let peer = self.allowed_gid(dgid)?;
+        if let Some((owner, _)) = self.rnic.lookup_qpn(dest_qpn) {
+            if owner != peer && self.tenancy.may_reach(self.port.vm, owner) {
+                return Err(self.denied());
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,546 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! Tenant isolation, tried to be broken through the real vhost-user socket:
+//! a daemon with two tenants ("default": VMs 0 and 1, "red": VMs 2 and 3),
+//! guests that connect RC QPs to and create AHs for the other tenant's
+//! real QPNs and GIDs, send UD messages across, guess rkeys and spoof the
+//! source GID; the per-VM quotas and control-command limits. Every refusal
+//! is checked both in what the guest sees (status, completion, untouched
+//! memory) and in the VM's isolation counters, read from the daemon.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vhost_user_rdma::config::TenantConfig;
+use vhost_user_rdma::qos::QosSpec;
+use vhost_user_rdma::tenancy::IsolationStats;
+use vhost_user_rdma::Limits;
+use vhost_user_rdma_tests::dp::{cap, conn, ok, pattern, poll_one, rc_qp, wr, Buf, Vm, QP_ACCESS};
+use vhost_user_rdma_tests::harness::TestDaemon;
+use vhost_user_rdma_tests::verbs::Verbs;
+use vhost_user_rdma_tests::vmm::VmmOptions;
+use virtio_rdma_abi::ctrl::{quota, Opcode, Status, DETAIL_NONE};
+use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
+use virtio_rdma_abi::mem::access;
+use virtio_rdma_abi::qp::{AddressVector, QpState};
+use virtio_rdma_abi::verbs::DeviceAttr;
+use virtio_rdma_abi::Field;
+use virtio_rdma_driver::{Ah, Cq, Mr, Qp, QpInit, RcConnect, RecvWr, SendOp, SendWr, UdDest};
+
+const QKEY: u32 = 0x0bad_cafe;
+/// How long "nothing arrives" is watched for.
+const QUIET: Duration = Duration::from_millis(100);
+/// Fill byte of memory nothing may write.
+const GUARD: u8 = 0xEE;
+
+/// VMs 0, 1 in tenant "default"; VMs 2, 3 in tenant "red".
+fn two_tenants() -> TestDaemon {
+    two_tenants_with(|_| {})
+}
+
+fn two_tenants_with(more: impl FnOnce(&mut vhost_user_rdma::DaemonConfig)) -> TestDaemon {
+    TestDaemon::with_config(4, |c| {
+        c.tenants.push(TenantConfig {
+            name: "red".into(),
+            qos_class: None,
+        });
+        c.vms[2].tenant = "red".into();
+        c.vms[3].tenant = "red".into();
+        more(c);
+    })
+    .unwrap()
+}
+
+fn open(d: &TestDaemon, i: usize) -> Vm {
+    Vm::open(d, i, VmmOptions::default())
+}
+
+/// The status of a failed driver call.
+fn status<T: std::fmt::Debug>(r: virtio_rdma_driver::Result<T>) -> (Status, u32) {
+    match r {
+        Err(e) => e.status().unwrap_or_else(|| panic!("not a status: {e}")),
+        Ok(v) => panic!("succeeded: {v:?}"),
+    }
+}
+
+fn iso(d: &TestDaemon, i: usize) -> IsolationStats {
+    d.isolation(i)
+}
+
+/// A buffer filled with [`GUARD`].
+fn guarded(vm: &Vm, len: usize) -> Buf {
+    let b = Buf::new(vm, len);
+    b.write(0, &vec![GUARD; len]);
+    b
+}
+
+fn ud_qp(vm: &Vm, cq: &Arc<Cq>) -> Qp {
+    let mut init = QpInit::ud(cq);
+    init.cap = cap();
+    let q = Qp::create(&vm.pd, &init).unwrap();
+    q.ud_activate(QKEY, 0).unwrap();
+    q
+}
+
+fn ah(vm: &Vm, dgid: [u8; 16]) -> virtio_rdma_driver::Result<Ah> {
+    Ah::create(
+        &vm.pd,
+        &AddressVector {
+            dgid,
+            hop_limit: 64,
+            ..AddressVector::default()
+        },
+    )
+}
+
+/// Fast transport retries: an unreachable destination fails in ~3 ms.
+fn fast(mut c: RcConnect) -> RcConnect {
+    c.timeout = 8;
+    c.retry_cnt = 2;
+    c
+}
+
+fn assert_quiet(cq: &Cq) {
+    std::thread::sleep(QUIET);
+    assert_eq!(cq.poll_one(), None, "a completion arrived");
+}
+
+// ---------------------------------------------------------------------------
+// Control path
+
+#[test]
+fn rc_connect_to_another_tenant_is_denied_and_same_tenant_works() {
+    let d = two_tenants();
+    let (a, b, red) = (open(&d, 0), open(&d, 1), open(&d, 2));
+    let (cqa, cqb, cqr) = (
+        Cq::create(&a.dev, 64).unwrap(),
+        Cq::create(&b.dev, 64).unwrap(),
+        Cq::create(&red.dev, 64).unwrap(),
+    );
+    let (qa, qb, qr) = (rc_qp(&a, &cqa), rc_qp(&b, &cqb), rc_qp(&red, &cqr));
+    assert_ne!(a.dev.gid(), red.dev.gid());
+
+    // The other tenant's real QPN at its real GID: DENIED at RTR, nothing
+    // changed (the QP stays in INIT without a destination).
+    qa.rc_to_init(QP_ACCESS).unwrap();
+    let r = qa.rc_to_rtr(&conn(&qr, &red));
+    assert_eq!(status(r), (Status::DENIED, DETAIL_NONE));
+    let q = qa.query().unwrap();
+    assert_eq!(q.attr.qp_state, u32::from(QpState::INIT));
+    assert_eq!((q.attr.dest_qpn, q.attr.av.dgid), (0, [0; 16]));
+    assert_eq!(iso(&d, 0).denied, 1);
+
+    // A GID nobody has gets the same answer (no oracle for other tenants).
+    let r = qa.rc_to_rtr(&RcConnect::new(qb.qpn(), [7; 16]));
+    assert_eq!(status(r), (Status::DENIED, DETAIL_NONE));
+    // A same-tenant GID with a QPN of a different same-tenant VM (here A's
+    // own QP): contradictory, DENIED.
+    let other = rc_qp(&a, &cqa);
+    let r = qa.rc_to_rtr(&RcConnect::new(other.qpn(), b.dev.gid()));
+    assert_eq!(status(r), (Status::DENIED, DETAIL_NONE));
+    assert_eq!(iso(&d, 0).denied, 3);
+
+    // The other tenant sees nothing of it.
+    assert_eq!(iso(&d, 2), IsolationStats::default());
+    assert_eq!(qr.query().unwrap().attr.qp_state, u32::from(QpState::RESET));
+
+    // The same tenant: connects, and data flows both ways.
+    qa.rc_to_rtr(&conn(&qb, &b)).unwrap();
+    qa.rc_to_rts(&conn(&qb, &b)).unwrap();
+    qb.rc_connect(QP_ACCESS, &conn(&qa, &a)).unwrap();
+    let (src, dst) = (Buf::new(&a, 4096), guarded(&b, 4096));
+    let data = pattern(4096, 1);
+    src.write(0, &data);
+    let sg = [src.sge(0, 4096)];
+    let op = SendOp::RdmaWrite {
+        remote_addr: dst.addr(0),
+        rkey: dst.mr.rkey(),
+    };
+    qa.post_send(&[wr(1, op, &sg)]).unwrap();
+    ok(&poll_one(&cqa), 1, WcOpcode::RDMA_WRITE);
+    assert_eq!(dst.read(0, 4096), data);
+    let back = Buf::new(&a, 64);
+    qa.post_recv(&[RecvWr {
+        wr_id: 2,
+        sg_list: &[back.sge(0, 64)],
+    }])
+    .unwrap();
+    let sg = [dst.sge(0, 64)];
+    qb.post_send(&[wr(3, SendOp::Send, &sg)]).unwrap();
+    ok(&poll_one(&cqb), 3, WcOpcode::SEND);
+    ok(&poll_one(&cqa), 2, WcOpcode::RECV);
+    assert_eq!(back.read(0, 64), data[..64]);
+    assert_eq!(iso(&d, 0).denied, 3);
+    assert_eq!(iso(&d, 1), IsolationStats::default());
+}
+
+#[test]
+fn rc_to_another_tenants_qpn_at_an_own_gid_is_unreachable() {
+    let d = two_tenants();
+    let (a, b, red) = (open(&d, 0), open(&d, 1), open(&d, 2));
+    let (cqa, cqr) = (
+        Cq::create(&a.dev, 64).unwrap(),
+        Cq::create(&red.dev, 64).unwrap(),
+    );
+    let (qa, qr) = (rc_qp(&a, &cqa), rc_qp(&red, &cqr));
+    // The red QP is in RTS and ready to take anything A sends (it cannot
+    // name A's GID, but A's QPN at its own GID is accepted: a foreign QPN
+    // is as good as one that does not exist).
+    let mut c = conn(&qa, &a);
+    c.av.dgid = red.dev.gid();
+    qr.rc_connect(QP_ACCESS, &c).unwrap();
+    let target = guarded(&red, 4096);
+    qr.post_recv(&[RecvWr {
+        wr_id: 9,
+        sg_list: &[target.sge(0, 4096)],
+    }])
+    .unwrap();
+    // A names red's QPN with a GID of its own tenant: a foreign QPN is
+    // treated as one that does not exist (accepted: refusing it would tell
+    // A that the QPN exists elsewhere) ...
+    qa.rc_connect(QP_ACCESS, &fast(RcConnect::new(qr.qpn(), b.dev.gid())))
+        .unwrap();
+    let src = Buf::new(&a, 4096);
+    src.write(0, &pattern(4096, 2));
+    let sg = [src.sge(0, 4096)];
+    let op = SendOp::RdmaWrite {
+        remote_addr: target.addr(0),
+        rkey: target.mr.rkey(),
+    };
+    qa.post_send(&[wr(1, op, &sg), wr(2, SendOp::Send, &sg)])
+        .unwrap();
+    // ... and is never reached: transport retries, then RETRY_EXC_ERR.
+    let wc = poll_one(&cqa);
+    assert_eq!((wc.wr_id, wc.status()), (1, Some(WcStatus::RETRY_EXC_ERR)));
+    let wc = poll_one(&cqa);
+    assert_eq!((wc.wr_id, wc.status()), (2, Some(WcStatus::WR_FLUSH_ERR)));
+    assert_quiet(&cqr);
+    assert_eq!(target.read(0, 4096), vec![GUARD; 4096]);
+    assert_eq!(qr.query().unwrap().attr.qp_state, u32::from(QpState::RTS));
+    let s = iso(&d, 0);
+    // One try and retry_cnt (2) retries, each counted.
+    assert_eq!(s.foreign_rc, 3, "{s:?}");
+    assert_eq!((s.denied, s.unknown_qpn), (0, 0), "{s:?}");
+    assert_eq!(iso(&d, 2), IsolationStats::default());
+}
+
+#[test]
+fn create_ah_to_another_tenant_is_denied() {
+    let d = two_tenants();
+    let (a, b, red) = (open(&d, 0), open(&d, 1), open(&d, 2));
+    assert_eq!(status(ah(&a, red.dev.gid())), (Status::DENIED, DETAIL_NONE));
+    assert_eq!(status(ah(&a, [0x55; 16])), (Status::DENIED, DETAIL_NONE));
+    ah(&a, b.dev.gid()).unwrap();
+    ah(&a, a.dev.gid()).unwrap();
+    assert_eq!(status(ah(&red, b.dev.gid())), (Status::DENIED, DETAIL_NONE));
+    ah(&red, red.dev.gid()).unwrap();
+    assert_eq!(iso(&d, 0).denied, 2);
+    assert_eq!(iso(&d, 2).denied, 1);
+    assert_eq!(iso(&d, 1), IsolationStats::default());
+}
+
+#[test]
+fn sgid_index_other_than_zero_is_range_and_counted_as_spoofing() {
+    let d = two_tenants();
+    let (a, b) = (open(&d, 0), open(&d, 1));
+    let spoof = AddressVector {
+        dgid: b.dev.gid(),
+        sgid_index: 1,
+        hop_limit: 64,
+        ..AddressVector::default()
+    };
+    assert_eq!(status(Ah::create(&a.pd, &spoof)).0, Status::RANGE);
+    let cqa = Cq::create(&a.dev, 16).unwrap();
+    let (qa, qb) = (rc_qp(&a, &cqa), rc_qp(&b, &Cq::create(&b.dev, 16).unwrap()));
+    qa.rc_to_init(QP_ACCESS).unwrap();
+    let mut c = conn(&qb, &b);
+    c.av.sgid_index = 3;
+    assert_eq!(status(qa.rc_to_rtr(&c)).0, Status::RANGE);
+    let s = iso(&d, 0);
+    assert_eq!((s.gid_spoof, s.denied), (2, 0), "{s:?}");
+    // Index 0 works.
+    c.av.sgid_index = 0;
+    qa.rc_to_rtr(&c).unwrap();
+    assert_eq!(iso(&d, 0).gid_spoof, 2);
+}
+
+// ---------------------------------------------------------------------------
+// Data path
+
+#[test]
+fn ud_to_another_tenants_qpn_is_dropped_and_counted() {
+    let d = two_tenants();
+    let (a, b, red) = (open(&d, 0), open(&d, 1), open(&d, 2));
+    let (cqa, cqb, cqr) = (
+        Cq::create(&a.dev, 64).unwrap(),
+        Cq::create(&b.dev, 64).unwrap(),
+        Cq::create(&red.dev, 64).unwrap(),
+    );
+    let (ua, ub, ur) = (ud_qp(&a, &cqa), ud_qp(&b, &cqb), ud_qp(&red, &cqr));
+    let (rbuf, bbuf) = (guarded(&red, 4096), guarded(&b, 4096));
+    ur.post_recv(&[RecvWr {
+        wr_id: 7,
+        sg_list: &[rbuf.sge(0, 4096)],
+    }])
+    .unwrap();
+    let src = Buf::new(&a, 256);
+    src.write(0, &pattern(256, 3));
+    let sg = [src.sge(0, 256)];
+    let to_b = ah(&a, b.dev.gid()).unwrap();
+    let to_a = ah(&a, a.dev.gid()).unwrap();
+    let send = |wr_id: u64, ah: &Ah, qpn: u32| {
+        let mut w = SendWr::send(wr_id, &sg);
+        w.ud = Some(UdDest {
+            ah,
+            remote_qpn: qpn,
+            remote_qkey: QKEY,
+        });
+        ua.post_send(&[w]).unwrap();
+        // UD gives no delivery guarantee: the sender completes normally.
+        ok(&poll_one(&cqa), wr_id, WcOpcode::SEND);
+    };
+    // Red's real QPN, through an AH to B (own tenant) and to A itself.
+    send(1, &to_b, ur.qpn());
+    send(2, &to_a, ur.qpn());
+    // A QPN that exists nowhere (a destroyed QP's).
+    let gone = ud_qp(&a, &cqa);
+    let gone_qpn = gone.qpn();
+    gone.destroy().unwrap();
+    send(3, &to_b, gone_qpn);
+    // B's QPN at A's GID: no such QP at that address.
+    send(4, &to_a, ub.qpn());
+    assert_quiet(&cqr);
+    assert_quiet(&cqb);
+    assert_eq!(rbuf.read(0, 4096), vec![GUARD; 4096]);
+    assert_eq!(bbuf.read(0, 4096), vec![GUARD; 4096]);
+    let s = iso(&d, 0);
+    assert_eq!((s.foreign_drops, s.unknown_qpn), (2, 2), "{s:?}");
+    assert_eq!((s.foreign_rc, s.denied), (0, 0), "{s:?}");
+    assert_eq!(iso(&d, 2), IsolationStats::default());
+
+    // The same sender reaches B: the setup itself works.
+    ub.post_recv(&[RecvWr {
+        wr_id: 8,
+        sg_list: &[bbuf.sge(0, 4096)],
+    }])
+    .unwrap();
+    send(5, &to_b, ub.qpn());
+    let wc = poll_one(&cqb);
+    ok(&wc, 8, WcOpcode::RECV);
+    assert_eq!(bbuf.read(40, 256), pattern(256, 3));
+    // Red's receive WQE is still there, unconsumed: red's own tenant can
+    // use it.
+    let red2 = open(&d, 3);
+    let cq2 = Cq::create(&red2.dev, 16).unwrap();
+    let u2 = ud_qp(&red2, &cq2);
+    let to_red = ah(&red2, red.dev.gid()).unwrap();
+    let s2 = Buf::new(&red2, 16);
+    s2.write(0, b"same tenant ok!!");
+    let sg2 = [s2.sge(0, 16)];
+    let mut w = SendWr::send(1, &sg2);
+    w.ud = Some(UdDest {
+        ah: &to_red,
+        remote_qpn: ur.qpn(),
+        remote_qkey: QKEY,
+    });
+    u2.post_send(&[w]).unwrap();
+    ok(&poll_one(&cq2), 1, WcOpcode::SEND);
+    ok(&poll_one(&cqr), 7, WcOpcode::RECV);
+    assert_eq!(rbuf.read(40, 16), b"same tenant ok!!");
+}
+
+#[test]
+fn rkey_brute_force_fails_every_guess_and_is_counted() {
+    const GUESSES: u64 = 1000;
+    let d = two_tenants();
+    let (a, b) = (open(&d, 0), open(&d, 1));
+    let (cqa, cqb) = (
+        Cq::create(&a.dev, 64).unwrap(),
+        Cq::create(&b.dev, 64).unwrap(),
+    );
+    let (qa, qb) = (rc_qp(&a, &cqa), rc_qp(&b, &cqb));
+    // The victim: 4 MRs with remote rights (one rkey each), all guarded.
+    let victims: Vec<Buf> = (0..4).map(|_| guarded(&b, 4096)).collect();
+    let real: Vec<u32> = victims.iter().map(|v| v.mr.rkey()).collect();
+    let src = Buf::new(&a, 64);
+    src.write(0, &[0x42; 64]);
+    let sg = [src.sge(0, 64)];
+    let mut x = 0x1234_5678_9abc_def1u64;
+    let start = Instant::now();
+    for i in 0..GUESSES {
+        qa.rc_connect(QP_ACCESS, &conn(&qb, &b)).unwrap();
+        qb.rc_connect(QP_ACCESS, &conn(&qa, &a)).unwrap();
+        // A guessed rkey (xorshift), never one of the real ones.
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let mut guess = x as u32;
+        while real.contains(&guess) {
+            guess = guess.wrapping_add(1);
+        }
+        let op = SendOp::RdmaWrite {
+            remote_addr: victims[(i % 4) as usize].addr(0),
+            rkey: guess,
+        };
+        qa.post_send(&[wr(i, op, &sg)]).unwrap();
+        let wc = poll_one(&cqa);
+        assert_eq!(
+            (wc.wr_id, wc.status()),
+            (i, Some(WcStatus::REM_ACCESS_ERR)),
+            "guess {guess:#x}"
+        );
+        // Both QPs are in ERR now: start over.
+        qa.to_reset().unwrap();
+        qb.to_reset().unwrap();
+    }
+    eprintln!("{GUESSES} guesses in {:?}", start.elapsed());
+    for v in &victims {
+        assert_eq!(v.read(0, 4096), vec![GUARD; 4096], "a victim byte changed");
+    }
+    let s = iso(&d, 0);
+    assert_eq!(s.bad_rkey, GUESSES, "{s:?}");
+    assert_eq!(iso(&d, 1).bad_rkey, 0);
+    // The real key works (the guesses failed for the key alone).
+    qa.rc_connect(QP_ACCESS, &conn(&qb, &b)).unwrap();
+    qb.rc_connect(QP_ACCESS, &conn(&qa, &a)).unwrap();
+    let op = SendOp::RdmaWrite {
+        remote_addr: victims[0].addr(0),
+        rkey: real[0],
+    };
+    qa.post_send(&[wr(GUESSES, op, &sg)]).unwrap();
+    ok(&poll_one(&cqa), GUESSES, WcOpcode::RDMA_WRITE);
+    assert_eq!(victims[0].read(0, 64), vec![0x42; 64]);
+    // An MR without remote rights: its rkey is refused and counted too.
+    let local = Buf {
+        buf: victims[1].buf.clone(),
+        mr: Mr::register(&b.pd, victims[1].buf.clone(), access::LOCAL_WRITE).unwrap(),
+    };
+    let op = SendOp::RdmaWrite {
+        remote_addr: local.addr(0),
+        rkey: local.mr.rkey(),
+    };
+    qa.post_send(&[wr(GUESSES + 1, op, &sg)]).unwrap();
+    let wc = poll_one(&cqa);
+    assert_eq!(wc.status(), Some(WcStatus::REM_ACCESS_ERR));
+    // (Its rkey is 0: an MR without remote rights has none.)
+    assert_eq!(iso(&d, 0).bad_rkey, GUESSES + 1);
+    assert_eq!(victims[1].read(0, 4096), vec![GUARD; 4096]);
+}
+
+// ---------------------------------------------------------------------------
+// Quotas and control-command limits
+
+#[test]
+fn registered_bytes_quota() {
+    let limits = Limits {
+        max_mr_size: 64 << 10,
+        max_mr_bytes: 3 * (16 << 10),
+        ..Limits::default()
+    };
+    let d = TestDaemon::with_limits(1, limits).unwrap();
+    let a = open(&d, 0);
+    let buf = Arc::new(a.dev.alloc_dma(64 << 10, 4096).unwrap());
+    let reg = |off: usize, len: usize| {
+        Mr::register_range(&a.pd, buf.clone(), off, len, access::LOCAL_WRITE)
+    };
+    let m1 = reg(0, 16 << 10).unwrap();
+    let _m2 = reg(16 << 10, 16 << 10).unwrap();
+    let _m3 = reg(32 << 10, 16 << 10).unwrap();
+    assert_eq!(
+        status(reg(48 << 10, 4096)),
+        (Status::QUOTA, quota::MR_BYTES)
+    );
+    // Released bytes can be registered again.
+    m1.destroy().unwrap();
+    let _m4 = reg(48 << 10, 16 << 10).unwrap();
+    assert_eq!(status(reg(0, 4096)), (Status::QUOTA, quota::MR_BYTES));
+}
+
+/// `n` QUERY_DEVICE commands one after the other on `v`; their duration.
+fn query_n(v: &mut Verbs<'_>, n: usize) -> Duration {
+    let t = Instant::now();
+    for _ in 0..n {
+        v.query_device().unwrap();
+    }
+    t.elapsed()
+}
+
+#[test]
+fn ctrl_rate_limit_slows_only_the_limited_vm() {
+    const N: usize = 200;
+    let d = two_tenants();
+    let (mut vm0, mut vm1) = (d.connect(0).unwrap(), d.connect(1).unwrap());
+    let spec = QosSpec {
+        ctrl_per_sec: 1000,
+        ..QosSpec::default()
+    };
+    d.daemon().qos().set_vm(0, spec).unwrap();
+    let before = (d.traffic(0).ctrl_cmds, d.traffic(1).ctrl_cmds);
+    let (limited, free) = std::thread::scope(|s| {
+        let h = s.spawn(|| query_n(&mut Verbs::new(&mut vm0), N));
+        let free = query_n(&mut Verbs::new(&mut vm1), N);
+        (h.join().unwrap(), free)
+    });
+    eprintln!("limited VM: {limited:?}, unlimited VM: {free:?}");
+    // 200 commands at 1000/s with a burst of 10: at least 190 ms.
+    assert!(limited >= Duration::from_millis(150), "{limited:?}");
+    // The other VM is not held up by it (it would take as long if the
+    // limiter slowed the daemon rather than the VM).
+    assert!(free < Duration::from_millis(150), "{free:?}");
+    assert!(free < limited, "{free:?} vs {limited:?}");
+    let (t0, t1) = (d.traffic(0), d.traffic(1));
+    assert_eq!(t0.ctrl_cmds - before.0, N as u64);
+    assert_eq!(t1.ctrl_cmds - before.1, N as u64);
+    assert_eq!((t0.ctrl_errors, t1.ctrl_errors), (0, 0));
+    assert!(t0.ctrl_latency.count >= N as u64);
+
+    // Lifted at run time: the next commands are fast again.
+    d.daemon().qos().set_vm(0, QosSpec::default()).unwrap();
+    let again = query_n(&mut Verbs::new(&mut vm0), N);
+    assert!(again < Duration::from_millis(150), "{again:?}");
+}
+
+#[test]
+fn ctrl_errors_are_counted() {
+    let d = TestDaemon::start(1).unwrap();
+    let mut vm = d.connect(0).unwrap();
+    let mut v = Verbs::new(&mut vm);
+    let before = d.traffic(0);
+    v.query_device().unwrap();
+    assert!(v.dealloc_pd(0x1234).is_err());
+    assert!(v.destroy_cq(0x4321).is_err());
+    let t = d.traffic(0);
+    assert_eq!(t.ctrl_cmds - before.ctrl_cmds, 3);
+    assert_eq!(t.ctrl_errors - before.ctrl_errors, 2);
+    assert_eq!(t.ctrl_latency.count - before.ctrl_latency.count, 3);
+}
+
+#[test]
+fn max_ctrl_outstanding_takes_requests_in_passes_and_completes_all() {
+    const N: usize = 120;
+    let limits = Limits {
+        max_ctrl_outstanding: 4,
+        ..Limits::default()
+    };
+    let d = TestDaemon::with_limits(1, limits).unwrap();
+    let mut vm = d.connect(0).unwrap();
+    let mut v = Verbs::new(&mut vm);
+    let q = v.ctrl();
+    // All in the ring before the one kick: the device takes 4 per pass and
+    // must come back for the rest without being kicked again.
+    q.set_auto_kick(false);
+    let tokens: Vec<u64> = (0..N)
+        .map(|_| {
+            q.submit(Opcode::QUERY_DEVICE, &[], DeviceAttr::SIZE)
+                .unwrap()
+        })
+        .collect();
+    q.kick().unwrap();
+    for t in tokens {
+        let c = q.wait(t).unwrap();
+        assert!(c.is_ok(), "{:?}", c.status());
+        c.parse::<DeviceAttr>().unwrap();
+    }
+    let t = d.traffic(0);
+    assert!(t.ctrl_cmds >= N as u64, "{t:?}");
+    assert_eq!(t.ctrl_errors, 0);
+}
