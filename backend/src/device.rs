@@ -135,6 +135,8 @@ pub struct RdmaDevice {
     /// The VM's control-command rate limit and the QoS generation it was
     /// read at; used by the VM's vring worker only.
     ctrl_rate: Mutex<(u64, CtrlLimiter)>,
+    /// The tenants' control-command rate limits (see [`Shared`]).
+    tenant_ctrl: Arc<Vec<Mutex<(u64, CtrlLimiter)>>>,
     /// Advances, under the state lock, on every device reset and VMM
     /// disconnect: control requests taken off the ring before it are not
     /// executed after it (they would create objects in the fresh state).
@@ -153,6 +155,25 @@ pub struct Shared {
     pub tenancy: Arc<Tenancy>,
     /// Live QoS settings.
     pub qos: Arc<QosTable>,
+    /// Each tenant's control-command rate limit (`ctrl_per_sec` of its QoS
+    /// class), shared by the control workers of its VMs, with the QoS
+    /// generation it was last set from.
+    pub tenant_ctrl: Arc<Vec<Mutex<(u64, CtrlLimiter)>>>,
+}
+
+impl Shared {
+    /// The shared state of a daemon with `tenants` tenants.
+    pub fn new(tenancy: Arc<Tenancy>, qos: Arc<QosTable>) -> Self {
+        let now = Instant::now();
+        let tenant_ctrl = (0..tenancy.tenants().len())
+            .map(|_| Mutex::new((u64::MAX, CtrlLimiter::new(0, now))))
+            .collect();
+        Shared {
+            tenancy,
+            qos,
+            tenant_ctrl: Arc::new(tenant_ctrl),
+        }
+    }
 }
 
 /// Epoll id of [`RdmaDevice::event_wake_fd`] (past the queue ids).
@@ -202,6 +223,7 @@ impl RdmaDevice {
             qos: shared.qos.clone(),
             limits,
             tenancy: shared.tenancy.clone(),
+            tenant_ctrl: shared.tenant_ctrl.clone(),
             // Generation u64::MAX: read the VM's setting on first use.
             ctrl_rate: Mutex::new((u64::MAX, CtrlLimiter::new(0, Instant::now()))),
             epoch: AtomicU64::new(0),
@@ -381,15 +403,41 @@ impl RdmaDevice {
     /// number taken, or how long to wait for the next one.
     fn ctrl_tokens(&self, want: u64) -> Result<u64, Duration> {
         let now = Instant::now();
+        let g = self.qos.generation();
+        // The tenant's bucket first (shared with its other VMs), then the
+        // VM's own; tokens the VM's bucket refuses go back to the tenant.
+        let tenant = self
+            .tenancy
+            .tenant_of(self.id)
+            .and_then(|t| Some((t, self.tenant_ctrl.get(t)?)));
+        let mut tenant_guard = tenant.map(|(t, m)| {
+            let mut guard = m.lock().unwrap_or_else(|e| e.into_inner());
+            if guard.0 != g {
+                guard.0 = g;
+                let rate = self.qos.tenant(t).map_or(0, |q| q.ctrl_per_sec);
+                guard.1.set_rate(rate, now);
+            }
+            guard
+        });
+        let allowed = match tenant_guard.as_mut() {
+            Some(guard) => match guard.1.take(want, now) {
+                0 if want > 0 => return Err(guard.1.wait(now)),
+                n => n,
+            },
+            None => want,
+        };
         let mut guard = self.ctrl_rate.lock().unwrap_or_else(|e| e.into_inner());
         let (gen, limiter) = &mut *guard;
-        let g = self.qos.generation();
         if *gen != g {
             *gen = g;
             let rate = self.qos.vm(self.id).map_or(0, |q| q.ctrl_per_sec);
             limiter.set_rate(rate, now);
         }
-        match limiter.take(want, now) {
+        let n = limiter.take(allowed, now);
+        if let Some(guard) = tenant_guard.as_mut() {
+            guard.1.give_back(allowed - n);
+        }
+        match n {
             0 if want > 0 => Err(limiter.wait(now)),
             n => Ok(n),
         }

@@ -157,9 +157,9 @@ impl Daemon {
         config.validate()?;
         let tenancy = Arc::new(Tenancy::from_config(&config));
         crate::logging::register_vms(&tenancy);
-        let shared = Shared {
+        let shared = Shared::new(
             tenancy,
-            qos: Arc::new(QosTable::new(
+            Arc::new(QosTable::new(
                 config
                     .vms
                     .iter()
@@ -171,7 +171,7 @@ impl Daemon {
                     .map(|t| config.qos_spec(t.qos_class.as_deref()))
                     .collect(),
             )),
-        };
+        );
         let rnic: Arc<dyn Rnic> = Arc::new(SoftRnic::new()?);
         let engine = Engine::start(rnic.clone(), shared.clone(), config.engine_cpu)
             .map_err(ServerError::Spawn)?;

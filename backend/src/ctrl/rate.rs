@@ -84,6 +84,16 @@ impl CtrlLimiter {
         n
     }
 
+    /// Returns `n` tokens taken but not used (capped to the burst).
+    pub fn give_back(&mut self, n: u64) {
+        if self.rate != 0 {
+            self.credit = self
+                .credit
+                .saturating_add(u128::from(n) * NS_PER_SEC)
+                .min(self.cap);
+        }
+    }
+
     /// How long until one token is available (zero if one is now).
     pub fn wait(&mut self, now: Instant) -> Duration {
         if self.rate == 0 {
