@@ -481,11 +481,20 @@ impl DaemonConfig {
             .unwrap_or_else(|| default_gid(index))
     }
 
-    /// The QoS settings of class `name` (`None`: the defaults).
+    /// The QoS settings of a VM of class `name` (`None`: the defaults).
     pub fn qos_spec(&self, name: Option<&str>) -> crate::qos::QosSpec {
         name.and_then(|n| self.qos_classes.iter().find(|c| c.name == n))
             .map(|c| c.spec)
             .unwrap_or_default()
+    }
+
+    /// The QoS settings of a tenant of class `name` (`None`: no limits on
+    /// the tenant as a whole).
+    pub fn tenant_qos_spec(&self, name: Option<&str>) -> crate::qos::QosSpec {
+        match name {
+            Some(_) => self.qos_spec(name),
+            None => crate::qos::QosSpec::unlimited(),
+        }
     }
 
     /// Checks the whole configuration.

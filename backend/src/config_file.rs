@@ -394,7 +394,7 @@ pub fn parse(text: &str, file: &str, cli: &LimitOverrides) -> Result<LoadedConfi
             weight: ct.weight.as_ref().map_or(d.weight, |w| *w.get_ref()),
             bytes_per_sec: ct.bytes_per_sec.unwrap_or(0),
             ops_per_sec: ct.ops_per_sec.unwrap_or(0),
-            ctrl_per_sec: ct.ctrl_per_sec.unwrap_or(0),
+            ctrl_per_sec: ct.ctrl_per_sec.unwrap_or(d.ctrl_per_sec),
         };
         if let Err(source) = spec.validate() {
             let span = ct.weight.as_ref().map_or_else(|| c.span(), Spanned::span);

@@ -23,6 +23,12 @@ use thiserror::Error;
 pub const MAX_WEIGHT: u32 = 1000;
 /// Default weight.
 pub const DEFAULT_WEIGHT: u32 = 100;
+/// Default control-command rate limit of a VM (commands per second). Ample
+/// for real set-up work (10,000 QPs with their CQs and MRs in a few
+/// seconds), and what keeps a VM that floods its control queue from taking
+/// CPU time from everyone else (docs/isolation.md, "Control-command
+/// fairness"). A class that sets `ctrl_per_sec = 0` is unlimited.
+pub const DEFAULT_CTRL_PER_SEC: u64 = 20_000;
 
 /// QoS settings that are out of range.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -38,7 +44,8 @@ pub enum QosError {
     UnknownTenant(String),
 }
 
-/// Rate limits and weight of a VM or tenant.
+/// Rate limits and weight of a VM or tenant. The default: weight
+/// [`DEFAULT_WEIGHT`], no data-path limit, [`DEFAULT_CTRL_PER_SEC`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QosSpec {
     /// Share of the engine's time among active VMs (1..=[`MAX_WEIGHT`]).
@@ -57,12 +64,21 @@ impl Default for QosSpec {
             weight: DEFAULT_WEIGHT,
             bytes_per_sec: 0,
             ops_per_sec: 0,
-            ctrl_per_sec: 0,
+            ctrl_per_sec: DEFAULT_CTRL_PER_SEC,
         }
     }
 }
 
 impl QosSpec {
+    /// No limit at all and the default weight: the settings of a tenant
+    /// without a QoS class (its VMs are limited one by one).
+    pub fn unlimited() -> Self {
+        QosSpec {
+            ctrl_per_sec: 0,
+            ..QosSpec::default()
+        }
+    }
+
     /// Checks the values.
     pub fn validate(&self) -> Result<(), QosError> {
         if self.weight == 0 || self.weight > MAX_WEIGHT {

@@ -168,7 +168,7 @@ impl Daemon {
                 config
                     .tenants
                     .iter()
-                    .map(|t| config.qos_spec(t.qos_class.as_deref()))
+                    .map(|t| config.tenant_qos_spec(t.qos_class.as_deref()))
                     .collect(),
             )),
         );

@@ -308,7 +308,7 @@ fn ctl_shows_live_objects_and_changes_qos() {
             "1",
             "4096",
             "400",
-            "bytes/s=1000000000"
+            "bytes/s=1000000000,ctrl/s=20000"
         ]
     );
     assert_eq!(
@@ -325,7 +325,7 @@ fn ctl_shows_live_objects_and_changes_qos() {
             "0",
             "0",
             "100",
-            "-"
+            "ctrl/s=20000"
         ]
     );
 
@@ -393,13 +393,13 @@ fn ctl_shows_live_objects_and_changes_qos() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(
         out,
-        "VM db (tenant blue): weight 250, bytes/s unlimited, ops/s 5000, ctrl/s unlimited\n\
-         previously: weight 100, bytes/s unlimited, ops/s unlimited, ctrl/s unlimited\n"
+        "VM db (tenant blue): weight 250, bytes/s unlimited, ops/s 5000, ctrl/s 20000\n\
+         previously: weight 100, bytes/s unlimited, ops/s unlimited, ctrl/s 20000\n"
     );
     let q = d.ctl_json(&["qos", "get", "db"]);
     assert_eq!(
         q["qos"],
-        json!({"weight": 250, "bytes_per_sec": 0, "ops_per_sec": 5000, "ctrl_per_sec": 0})
+        json!({"weight": 250, "bytes_per_sec": 0, "ops_per_sec": 5000, "ctrl_per_sec": 20000})
     );
     let (code, _, err) = d.ctl(&["qos", "set", "db", "--bytes-per-sec", "77"]);
     assert_eq!(code, 0, "{err}");
@@ -421,7 +421,7 @@ fn ctl_shows_live_objects_and_changes_qos() {
     assert_eq!(code, 0);
     let blue = row(&out, "blue");
     assert_eq!(&blue[..4], ["blue", "web,db", "1", "3"]);
-    assert_eq!(blue.last(), Some(&"bytes/s=1000000000"));
+    assert_eq!(blue.last(), Some(&"bytes/s=1000000000,ctrl/s=20000"));
     assert_eq!(row(&out, "red").last(), Some(&"ctrl/s=9"));
     let t = d.ctl_json(&["tenants"]);
     assert_eq!(t["tenants"][0]["resources"]["mr"], 1);

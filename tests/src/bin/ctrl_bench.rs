@@ -91,6 +91,14 @@ fn start_daemon(limits: Limits) -> vhost_user_rdma_tests::Result<TestDaemon> {
         if let Some(p) = poll {
             c.ctrl_poll = p;
         }
+        // The control path's own speed: no rate limit.
+        c.qos_classes.push(vhost_user_rdma::qos::QosClass {
+            name: "unlimited".into(),
+            spec: vhost_user_rdma::qos::QosSpec::unlimited(),
+        });
+        for vm in &mut c.vms {
+            vm.qos_class = Some("unlimited".into());
+        }
     })
 }
 

@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use vhost_user_rdma::qos::QosSpec;
+use vhost_user_rdma::qos::{QosClass, QosSpec, DEFAULT_CTRL_PER_SEC};
 use vhost_user_rdma::Limits;
 use vhost_user_rdma_tests::bench::{loadavg, machine, pin_current, thread_placement};
 use vhost_user_rdma_tests::ctrl::Completion;
@@ -81,8 +81,8 @@ struct Args {
     #[arg(long, default_value_t = 16)]
     depth: usize,
     /// Also measure with A limited to this many control commands per
-    /// second (0: skip).
-    #[arg(long, default_value_t = 1000)]
+    /// second (0: skip); the default is the daemon's default limit.
+    #[arg(long, default_value_t = DEFAULT_CTRL_PER_SEC)]
     limit: u64,
     /// The daemon's `max_ctrl_outstanding` (requests taken per pass).
     #[arg(long)]
@@ -502,6 +502,15 @@ fn main() -> Res<()> {
             Ok(TestDaemon::with_config(4, |c| {
                 c.set_limits(limits);
                 c.engine_cpu = engine_cpu;
+                // "A floods" is A without any limit; the limited phase
+                // sets one.
+                c.qos_classes.push(QosClass {
+                    name: "unlimited".into(),
+                    spec: QosSpec::unlimited(),
+                });
+                for vm in &mut c.vms {
+                    vm.qos_class = Some("unlimited".into());
+                }
             })?)
         });
         h.join().map_err(|_| BoxError::from("launcher panicked"))?
@@ -575,7 +584,7 @@ fn scenarios(args: &Args, w: &mut World<'_>) -> Res<()> {
             };
             w.daemon.daemon().qos().set_vm(A, spec)?;
             let s = w.measure(args, true)?;
-            w.daemon.daemon().qos().set_vm(A, QosSpec::default())?;
+            w.daemon.daemon().qos().set_vm(A, QosSpec::unlimited())?;
             print_sample("A limited", &s);
             limited.push(s);
         }
