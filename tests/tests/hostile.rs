@@ -3441,6 +3441,18 @@ fn submit_storm_with_huge_mrs(w: &mut World, n: usize) {
     ctrl.kick().unwrap();
 }
 
+/// VM A went away: VM B's baseline QP, connected to A's, failed with it
+/// (spec 18.23); record ERR as the state it must keep from now on.
+fn b_qp_failed_with_a(w: &mut World) {
+    let err = u32::from(QpState::ERR);
+    let q = Verbs::new(&mut w.b)
+        .query_qp(w.b_base.qp.handle)
+        .expect("VM B: QUERY_QP");
+    assert_eq!(q.attr.qp_state, err, "VM B's QP connected to VM A: {q:?}");
+    w.b_base.qp_attrs.attr.qp_state = err;
+    w.b_base.qp_attrs.attr.cur_qp_state = err;
+}
+
 #[test]
 fn vmm_disconnects_mid_command() {
     hostile_in(World::build(big_mr_limits(), opts()), |w| {
@@ -3483,6 +3495,7 @@ fn vmm_disconnects_mid_command() {
             b_qps,
             "QP numbers of VM A leaked"
         );
+        b_qp_failed_with_a(w);
         // The socket accepts a new VMM, which starts from nothing and works.
         w.a = w.d.connect_with(0, opts()).unwrap();
         let s = w.d.stats(0);
@@ -3509,6 +3522,7 @@ fn handles_from_before_a_reconnect_do_not_resolve() {
         w.a.disconnect();
         let s = w.d.wait_released(0);
         assert!(!s.connected && s.device.resources.is_empty(), "{s:?}");
+        b_qp_failed_with_a(w);
         w.a = w.d.connect_with(0, opts()).unwrap();
         // The new VMM creates the same sequence of objects.
         let new = create_base(&mut w.a);
