@@ -27,6 +27,7 @@
 pub mod completer;
 pub mod doorbell;
 pub mod exec;
+pub mod sched;
 pub mod wqe;
 
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicUsize, Ordering};
@@ -47,11 +48,14 @@ use crate::ctrl::Ctrl;
 use crate::device::{RdmaDevice, Shared};
 use crate::memory::access::{self, Segment};
 use crate::memory::HostMem;
+use crate::qos::DEFAULT_WEIGHT;
 use crate::resources::{Qp, SendWait};
 use crate::rnic::Rnic;
 use crate::shmem::DoorbellRegion;
+use crate::stats::TrafficCounters;
 use doorbell::load_pi;
 use exec::{local_segments, respond, wc_opcode, Request, RespOutcome, RespScratch};
+use sched::{Drr, Limits, Turn};
 use wqe::{fetch_send, SendWr, WqeBuf, WqeError};
 
 /// How long the engine keeps polling after its last piece of work.
@@ -71,6 +75,10 @@ const RQ_CI: u64 = DB_DEVICE_OFFSET + 4;
 const FLAGS: u64 = DB_DEVICE_OFFSET + 8;
 /// Work requests taken from one QP before moving on (fairness).
 const BURST: u32 = 32;
+/// Bytes after which a QP's burst ends early: bounds the engine time of
+/// one burst (about 5-10 µs of copying), which is how long other VMs can
+/// wait behind it — the grain of the weighted sharing.
+const BURST_BYTES: u64 = 64 << 10;
 /// `remote_qkey` bit 31: the message carries the sending QP's own Q_Key
 /// instead (spec 18.8, 18.11.5).
 const QKEY_USE_OWN: u32 = 1 << 31;
@@ -114,6 +122,9 @@ struct DbList {
     qps: Vec<DbEntry>,
     /// Indices into `qps` that showed work in this sweep.
     work: Vec<usize>,
+    /// Index into `qps` where the next pass starts: a pass that ends early
+    /// (the VM's deficit ran out) resumes with the QPs it did not reach.
+    cursor: usize,
 }
 
 impl DbList {
@@ -125,6 +136,7 @@ impl DbList {
             region: None,
             qps: Vec::new(),
             work: Vec::new(),
+            cursor: 0,
         }
     }
 
@@ -221,9 +233,14 @@ struct Scratch {
     local: Vec<Segment>,
     resp: RespScratch,
     handles: Vec<u32>,
-    /// The earliest end of a send WQE's retry wait seen since it was last
-    /// cleared (the parking re-check clears it and visits every QP).
+    /// The earliest end of a send WQE's retry wait or of a rate limit's
+    /// hold seen since it was last cleared (the parking re-check clears it
+    /// and visits every QP).
     next_timer: Option<Instant>,
+    /// Rate limits (token buckets) of every VM and tenant.
+    limits: Limits,
+    /// Payload bytes the last executed WQE moved (0 if it failed).
+    moved: u64,
 }
 
 impl Scratch {
@@ -234,6 +251,8 @@ impl Scratch {
             resp: RespScratch::new(),
             handles: Vec::new(),
             next_timer: None,
+            limits: Limits::default(),
+            moved: 0,
         }
     }
 
@@ -328,6 +347,10 @@ impl Engine {
         let mut vms: Vec<Option<Arc<RdmaDevice>>> = Vec::new();
         let mut lists: Vec<DbList> = Vec::new();
         let mut scratch = Scratch::new();
+        let mut drr = Drr::default();
+        // The QoS generation and VM list the weights in `drr` are from.
+        let mut weights_seen = None;
+        let mut active = Vec::new();
         while !self.stop.load(Ordering::Acquire) {
             let generation = self.generation.load(Ordering::Acquire);
             if generation != seen {
@@ -335,7 +358,19 @@ impl Engine {
                 lists = vms.iter().flatten().cloned().map(DbList::new).collect();
                 seen = generation;
             }
-            if self.sweep(&vms, &mut lists, &mut scratch) {
+            // QoS changes apply at the next sweep (one atomic load each).
+            let qos = &self.shared.qos;
+            scratch.limits.refresh(qos, &self.shared.tenancy);
+            if weights_seen != Some((qos.generation(), seen)) {
+                weights_seen = Some((qos.generation(), seen));
+                drr = Drr::default();
+                drr.resize(lists.len());
+                for (k, list) in lists.iter().enumerate() {
+                    let w = qos.vm(list.dev.id()).map_or(DEFAULT_WEIGHT, |s| s.weight);
+                    drr.set_weight(k, w);
+                }
+            }
+            if self.sweep(&vms, &mut lists, &mut scratch, &mut drr, &mut active) {
                 idle_sweeps = 0;
                 continue;
             }
@@ -458,37 +493,87 @@ fn set_kick(vms: &[Option<Arc<RdmaDevice>>], on: bool) {
 }
 
 impl Engine {
-    /// One pass over every VM's polling list; true if any work was done.
+    /// One sweep: reads every VM's doorbells, then serves the VMs with
+    /// work in one round of deficit round robin (a VM that a rate limit
+    /// holds back is skipped without being locked until its tokens are
+    /// due); true if any work was done.
     fn sweep(
         &self,
         vms: &[Option<Arc<RdmaDevice>>],
         lists: &mut [DbList],
         scratch: &mut Scratch,
+        drr: &mut Drr,
+        active: &mut Vec<usize>,
     ) -> bool {
-        let mut busy = false;
-        for list in lists.iter_mut() {
+        active.clear();
+        // The clock is read only when some VM is held back.
+        let mut now = None;
+        for (k, list) in lists.iter_mut().enumerate() {
             if list.gen != Some(list.dev.dp_generation()) {
                 list.rebuild();
             }
             if !list.scan() {
+                drr.idle(k);
                 continue;
             }
-            let dev = list.dev.clone();
-            let vm_id = dev.id();
-            let DbList { qps, work, .. } = list;
-            busy |= work_on(&dev, |ctrl, mem| {
-                let mut did = false;
-                for &i in work.iter() {
-                    let Some(e) = qps.get_mut(i) else {
-                        continue;
-                    };
-                    did |= self.service_qp(vms, vm_id, ctrl, mem, e.handle, scratch);
-                    refresh(e, ctrl, mem);
+            if let Some(until) = scratch.limits.blocked_until(list.dev.id()) {
+                if *now.get_or_insert_with(Instant::now) < until {
+                    scratch.timer(until);
+                    continue;
                 }
-                did
-            });
+            }
+            active.push(k);
         }
-        busy
+        drr.round(active, |drr, turn| {
+            let Some(list) = lists.get_mut(turn.vm) else {
+                return false;
+            };
+            // Later passes of a turn look at the doorbells again.
+            if !turn.first && !list.scan() {
+                return false;
+            }
+            self.pass(vms, list, scratch, drr, turn)
+        })
+    }
+
+    /// One pass over the QPs of a VM that showed work, a burst each,
+    /// starting where the last pass stopped. A timed pass charges each
+    /// burst's engine time to the VM's deficit and ends when it runs out.
+    fn pass(
+        &self,
+        vms: &[Option<Arc<RdmaDevice>>],
+        list: &mut DbList,
+        scratch: &mut Scratch,
+        drr: &mut Drr,
+        turn: Turn,
+    ) -> bool {
+        let dev = list.dev.clone();
+        let vm_id = dev.id();
+        let DbList {
+            qps, work, cursor, ..
+        } = list;
+        let n = work.len();
+        let start = work.iter().position(|&i| i >= *cursor).unwrap_or(0);
+        work_on(&dev, |ctrl, mem| {
+            let mut did = false;
+            let mut t0 = turn.timed.then(Instant::now);
+            for j in 0..n {
+                let Some(e) = work.get((start + j) % n).and_then(|&i| qps.get_mut(i)) else {
+                    continue;
+                };
+                did |= self.service_qp(vms, vm_id, ctrl, mem, e.handle, scratch);
+                refresh(e, ctrl, mem);
+                *cursor = work.get((start + j) % n).map_or(0, |&i| i + 1);
+                if let Some(t) = t0 {
+                    let now = Instant::now();
+                    t0 = Some(now);
+                    if !drr.charge(turn.vm, now.saturating_duration_since(t)) {
+                        break;
+                    }
+                }
+            }
+            did
+        })
     }
 
     /// One pass over every QP of every VM through the VMs' tables (the
@@ -629,6 +714,11 @@ impl Engine {
     ) -> bool {
         let mut did = false;
         let mut published = None;
+        let traffic = self.shared.tenancy.traffic(vm_id);
+        // Rate limits: one clock read per burst, and only for a VM that
+        // (or whose tenant) has a limit.
+        let now = scratch.limits.limited(vm_id).then(Instant::now);
+        let mut bytes = 0u64;
         for _ in 0..BURST {
             let Some(qp) = ctrl.res.qps.get(h) else {
                 break;
@@ -646,7 +736,16 @@ impl Engine {
                 did = true;
                 break;
             }
+            if let Some(now) = now {
+                if let Some(at) = scratch.limits.admit(vm_id, now, traffic) {
+                    // Held back until the VM's and its tenant's buckets
+                    // allow; the WQE stays at the head.
+                    scratch.timer(at);
+                    break;
+                }
+            }
             did = true;
+            scratch.moved = 0;
             let index = qp.rt.sq_ci;
             let outcome = match exhausted(qp) {
                 // The last transport retry found the destination
@@ -678,8 +777,18 @@ impl Engine {
                     qp.rt.wait = None;
                     qp.rt.sq_ci = index.wrapping_add(1);
                     published = p.then_some(qp.rt.sq_ci);
+                    let moved = std::mem::take(&mut scratch.moved);
+                    if let Some(t) = traffic {
+                        TrafficCounters::add(&t.send_ops, 1);
+                        TrafficCounters::add(&t.send_bytes, moved);
+                    }
+                    scratch.limits.charge(vm_id, moved);
+                    bytes += moved;
                 }
                 Step::Broken => break,
+            }
+            if bytes >= BURST_BYTES {
+                break;
             }
         }
         // The consumer index of the WQEs taken in this burst, once (those
@@ -714,6 +823,7 @@ impl Engine {
             wqe: wqe_buf,
             local,
             resp,
+            moved,
             ..
         } = scratch;
         let wr = match fetch_send(mem, qp, index, wqe_buf) {
@@ -799,6 +909,18 @@ impl Engine {
                 }
             }
             outcome = deliver(vms, vm_id, ctrl, mem, route, dgid, &req, ud, resp, None);
+        }
+        // UD gives no delivery guarantee: a message nobody takes is dropped
+        // (spec 18.11.5), yet the send succeeded.
+        let dropped = matches!(outcome, RespOutcome::Dropped)
+            || (ud && matches!(outcome, RespOutcome::Unreachable | RespOutcome::Stale));
+        if dropped {
+            if let Some(t) = self.shared.tenancy.traffic(vm_id) {
+                TrafficCounters::add(&t.drops, 1);
+            }
+        }
+        if dropped || matches!(outcome, RespOutcome::Done) {
+            *moved = len;
         }
         match outcome {
             RespOutcome::Done | RespOutcome::Dropped => {
@@ -1110,9 +1232,26 @@ fn finish(
     } else {
         completer::error_cqe(wr_id, op, status, qpn)
     };
+    if status != WcStatus::SUCCESS {
+        if let Some(t) = traffic(ctrl) {
+            TrafficCounters::add(&t.error_cqes, 1);
+        }
+    }
     let ok = completer::complete(ctrl, mem, cq, cqe);
     if status != WcStatus::SUCCESS || !ok {
         fail(ctrl, qp, None);
+    }
+}
+
+/// The traffic counters of the VM `ctrl` belongs to.
+fn traffic(ctrl: &Ctrl) -> Option<&TrafficCounters> {
+    ctrl.tenancy().traffic(ctrl.vm_index())
+}
+
+/// Counts one `WR_FLUSH_ERR` completion of the VM `ctrl` belongs to.
+fn count_flushed(ctrl: &Ctrl) {
+    if let Some(t) = traffic(ctrl) {
+        TrafficCounters::add(&t.flushed, 1);
     }
 }
 
@@ -1145,6 +1284,7 @@ fn flush(ctrl: &mut Ctrl, mem: &HostMem, h: u32, sq_pi: u32, buf: &mut WqeBuf) -
         };
         let cqe = completer::error_cqe(wr_id, op, WcStatus::WR_FLUSH_ERR, qpn);
         let _ = completer::complete(ctrl, mem, cq, cqe);
+        count_flushed(ctrl);
         if let Some(qp) = ctrl.res.qps.get_mut(h) {
             qp.rt.sq_ci = index.wrapping_add(1);
             qp.rt.wait = None;
@@ -1184,6 +1324,7 @@ fn flush(ctrl: &mut Ctrl, mem: &HostMem, h: u32, sq_pi: u32, buf: &mut WqeBuf) -
         };
         let cqe = completer::error_cqe(wr_id, WcOpcode::RECV, WcStatus::WR_FLUSH_ERR, qpn);
         let _ = completer::complete(ctrl, mem, cq, cqe);
+        count_flushed(ctrl);
         if let Some(qp) = ctrl.res.qps.get_mut(h) {
             qp.rt.rq_ci = index.wrapping_add(1);
             let _ = access::store_u32_release(mem, qp.db_gpa + RQ_CI, qp.rt.rq_ci);
