@@ -55,7 +55,7 @@ use crate::shmem::DoorbellRegion;
 use crate::stats::TrafficCounters;
 use doorbell::load_pi;
 use exec::{local_segments, respond, wc_opcode, Request, RespOutcome, RespScratch};
-use sched::{Drr, Limits, Turn};
+use sched::{Drr, Limits, Turn, CLOCK_EVERY_BYTES, CLOCK_EVERY_WQES};
 use wqe::{fetch_send, SendWr, WqeBuf, WqeError};
 
 /// How long the engine keeps polling after its last piece of work.
@@ -73,12 +73,6 @@ const ENDLESS_RETRY_INTERVAL: Duration = Duration::from_millis(10);
 const SQ_CI: u64 = DB_DEVICE_OFFSET;
 const RQ_CI: u64 = DB_DEVICE_OFFSET + 4;
 const FLAGS: u64 = DB_DEVICE_OFFSET + 8;
-/// Work requests taken from one QP before moving on (fairness).
-const BURST: u32 = 32;
-/// Bytes after which a QP's burst ends early: bounds the engine time of
-/// one burst (about 5-10 µs of copying), which is how long other VMs can
-/// wait behind it — the grain of the weighted sharing.
-const BURST_BYTES: u64 = 64 << 10;
 /// `remote_qkey` bit 31: the message carries the sending QP's own Q_Key
 /// instead (spec 18.8, 18.11.5).
 const QKEY_USE_OWN: u32 = 1 << 31;
@@ -241,6 +235,9 @@ struct Scratch {
     limits: Limits,
     /// Payload bytes the last executed WQE moved (0 if it failed).
     moved: u64,
+    /// Work requests and bytes executed since the current pass last read
+    /// the clock.
+    executed: (u32, u64),
 }
 
 impl Scratch {
@@ -253,6 +250,7 @@ impl Scratch {
             next_timer: None,
             limits: Limits::default(),
             moved: 0,
+            executed: (0, 0),
         }
     }
 
@@ -537,8 +535,10 @@ impl Engine {
     }
 
     /// One pass over the QPs of a VM that showed work, a burst each,
-    /// starting where the last pass stopped. A timed pass charges each
-    /// burst's engine time to the VM's deficit and ends when it runs out.
+    /// starting where the last pass stopped. Its engine time is charged
+    /// to the VM's deficit, reading the clock only every so much work
+    /// ([`sched::CLOCK_EVERY_WQES`], [`sched::CLOCK_EVERY_BYTES`]); the pass
+    /// ends when the deficit runs out.
     fn pass(
         &self,
         vms: &[Option<Arc<RdmaDevice>>],
@@ -554,9 +554,12 @@ impl Engine {
         } = list;
         let n = work.len();
         let start = work.iter().position(|&i| i >= *cursor).unwrap_or(0);
+        // A VM alone with one QP with work needs no clock at all: its pass
+        // is one burst.
+        let mut t0 = (turn.shared || n > 1).then(Instant::now);
+        scratch.executed = (0, 0);
         work_on(&dev, |ctrl, mem| {
             let mut did = false;
-            let mut t0 = turn.timed.then(Instant::now);
             for j in 0..n {
                 let Some(e) = work.get((start + j) % n).and_then(|&i| qps.get_mut(i)) else {
                     continue;
@@ -564,9 +567,15 @@ impl Engine {
                 did |= self.service_qp(vms, vm_id, ctrl, mem, e.handle, scratch);
                 refresh(e, ctrl, mem);
                 *cursor = work.get((start + j) % n).map_or(0, |&i| i + 1);
-                if let Some(t) = t0 {
+                let Some(t) = t0 else {
+                    continue;
+                };
+                let (wqes, bytes) = scratch.executed;
+                let last = j + 1 == n;
+                if wqes >= CLOCK_EVERY_WQES || bytes >= CLOCK_EVERY_BYTES || (last && turn.shared) {
                     let now = Instant::now();
                     t0 = Some(now);
+                    scratch.executed = (0, 0);
                     if !drr.charge(turn.vm, now.saturating_duration_since(t)) {
                         break;
                     }
@@ -699,7 +708,8 @@ impl Engine {
         self.burst(vms, vm_id, ctrl, mem, h, sq_pi, scratch, None)
     }
 
-    /// Executes up to [`BURST`] send WQEs of QP `h`.
+    /// Executes up to a burst ([`sched::grain_of`] the VM's weight) of
+    /// send WQEs of QP `h`.
     #[allow(clippy::too_many_arguments)]
     fn burst(
         &self,
@@ -718,8 +728,11 @@ impl Engine {
         // Rate limits: one clock read per burst, and only for a VM that
         // (or whose tenant) has a limit.
         let now = scratch.limits.limited(vm_id).then(Instant::now);
+        // The grain of the VM's service: how long other VMs may have to
+        // wait behind this burst.
+        let (max_wqes, max_bytes) = scratch.limits.grain(vm_id);
         let mut bytes = 0u64;
-        for _ in 0..BURST {
+        for _ in 0..max_wqes {
             let Some(qp) = ctrl.res.qps.get(h) else {
                 break;
             };
@@ -784,10 +797,12 @@ impl Engine {
                     }
                     scratch.limits.charge(vm_id, moved);
                     bytes += moved;
+                    scratch.executed.0 += 1;
+                    scratch.executed.1 += moved;
                 }
                 Step::Broken => break,
             }
-            if bytes >= BURST_BYTES {
+            if bytes >= max_bytes {
                 break;
             }
         }

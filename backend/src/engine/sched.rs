@@ -42,6 +42,15 @@ use crate::tenancy::Tenancy;
 /// How much of its rate a token bucket may save up: 5 ms (so a 1-second
 /// measurement sees at most 0.5 % more than the rate from the burst).
 pub const BURST_TIME: Duration = Duration::from_millis(5);
+/// Work requests taken from one QP before moving on, at the default weight
+/// and above.
+pub const BURST: u32 = 32;
+/// Bytes after which a QP's burst ends early (after the work request that
+/// crossed it), at the default weight and above: bounds the engine time of
+/// one burst — how long another VM's work can wait behind it — to some
+/// 5-10 µs of copying.
+pub const BURST_BYTES: u64 = 64 << 10;
+
 /// Engine time a VM may use per round per unit of weight: the default
 /// weight (100) gets 10 µs per round. Small enough that a light VM waits at
 /// most a few tens of microseconds behind heavy ones, large enough that a
@@ -185,6 +194,21 @@ struct VmLimits {
     /// Work of the VM is being held back (each held-back work request
     /// counts once in `throttled`, however often it is looked at).
     held: bool,
+    /// Most work requests and bytes of one burst ([`grain_of`]).
+    grain: (u32, u64),
+}
+
+/// The burst size of a VM of weight `weight`: [`BURST`] and
+/// [`BURST_BYTES`] at the default weight and above, proportionally less
+/// below it (at least one work request). A low-weight VM is then served in
+/// small pieces, so a latency-sensitive VM next to it waits at most one of
+/// its messages; VMs at the default weight keep the full burst (no extra
+/// sweeps per work request).
+pub fn grain_of(weight: u32) -> (u32, u64) {
+    let w = weight.clamp(1, DEFAULT_WEIGHT);
+    let wqes = (BURST * w / DEFAULT_WEIGHT).max(1);
+    let bytes = (BURST_BYTES * u64::from(w) / u64::from(DEFAULT_WEIGHT)).max(1);
+    (wqes, bytes)
 }
 
 /// The rate limits of every VM and tenant, as the engine enforces them.
@@ -228,6 +252,7 @@ impl Limits {
                         limited: false,
                         blocked_until: None,
                         held: false,
+                        grain: grain_of(spec.weight),
                     });
                     let Some(v) = self.vms.last_mut() else {
                         continue;
@@ -237,12 +262,18 @@ impl Limits {
             };
             v.tenant = tenant;
             v.blocked_until = None;
+            v.grain = grain_of(spec.weight);
             let tenant_limited = tenant
                 .and_then(|t| self.tenants.get(t))
                 .is_some_and(Limiter::limited);
             v.limited = v.own.limited() || tenant_limited;
         }
         self.vms.truncate(tenancy.vms().len());
+    }
+
+    /// Most work requests and bytes of one burst of VM `vm`.
+    pub fn grain(&self, vm: usize) -> (u32, u64) {
+        self.vms.get(vm).map_or((BURST, BURST_BYTES), |v| v.grain)
     }
 
     /// Whether VM `vm` (or its tenant) has a rate limit.
@@ -346,11 +377,21 @@ pub struct Turn {
     pub vm: usize,
     /// The first pass of this turn (the VM's doorbells were just scanned).
     pub first: bool,
-    /// Whether the pass must measure itself ([`Drr::charge`] after each
-    /// burst): false when the VM is alone with work this round, so a single
-    /// active VM costs no clock reads.
-    pub timed: bool,
+    /// Other VMs have work: the pass charges its engine time to the
+    /// deficit ([`Drr::charge`]). A VM alone is not charged (nobody to
+    /// share with); its single pass only needs to end after about one
+    /// quantum when it spans several QPs.
+    pub shared: bool,
 }
+
+/// While a pass runs, the clock is read once this many work requests ...
+pub const CLOCK_EVERY_WQES: u32 = 16;
+/// ... or bytes have been executed since the last read (and at the end of
+/// a shared pass). A clock read costs some 80 ns on this kind of VM, as
+/// much as a small WRITE: reading it per burst of one small-message QP
+/// would cost up to 10 % of the message rate, while charging a few
+/// microseconds late changes no share in the long run (all time is charged).
+pub const CLOCK_EVERY_BYTES: u64 = 16 << 10;
 
 impl Drr {
     /// Sets the number of VMs (new ones get the default weight).
@@ -399,20 +440,22 @@ impl Drr {
         active: &[usize],
         mut serve: impl FnMut(&mut Drr, Turn) -> bool,
     ) -> bool {
-        let timed = active.len() > 1;
-        if !timed {
-            // Alone: nothing to share, serve it once as before.
-            return match active.first() {
-                Some(&vm) => serve(
-                    self,
-                    Turn {
-                        vm,
-                        first: true,
-                        timed,
-                    },
-                ),
-                None => false,
-            };
+        if let [vm] = *active {
+            // Alone: nobody to share with, so no debt is kept, and one pass
+            // per sweep (the next sweep sees VMs whose work arrived
+            // meanwhile); a pass over several QPs still ends after about
+            // one quantum.
+            if let Some(s) = self.slots.get_mut(vm) {
+                s.deficit = s.quantum;
+            }
+            return serve(
+                self,
+                Turn {
+                    vm,
+                    first: true,
+                    shared: false,
+                },
+            );
         }
         let mut skipped = std::mem::take(&mut self.skipped);
         skipped.clear();
@@ -468,7 +511,7 @@ impl Drr {
                 Turn {
                     vm,
                     first,
-                    timed: true,
+                    shared: true,
                 },
             );
             did |= d;
@@ -643,6 +686,14 @@ mod tests {
         assert_eq!(l.admit(0, now, None), None);
     }
 
+    #[test]
+    fn low_weights_get_small_bursts() {
+        assert_eq!(grain_of(100), (BURST, BURST_BYTES));
+        assert_eq!(grain_of(1000), (BURST, BURST_BYTES));
+        assert_eq!(grain_of(50), (BURST / 2, BURST_BYTES / 2));
+        assert_eq!(grain_of(1), (1, BURST_BYTES / 100));
+    }
+
     /// Three always-busy VMs with weights 1:2:4 and different costs per
     /// burst: engine time follows the weights.
     #[test]
@@ -662,7 +713,7 @@ mod tests {
         let mut used = [Duration::ZERO; 3];
         for _ in 0..20_000 {
             d.round(&[0, 1, 2], |d, t| {
-                assert!(t.timed);
+                assert!(t.shared);
                 for _ in 0..bursts_per_pass {
                     used[t.vm] += cost[t.vm];
                     if !d.charge(t.vm, cost[t.vm]) {
@@ -716,7 +767,8 @@ mod tests {
     }
 
     /// When everyone with work is in debt, the round still serves someone
-    /// (no idle sweep), and a single VM is served without clock reads.
+    /// (no idle sweep); a VM alone gets one pass per round and keeps no
+    /// debt.
     #[test]
     fn drr_never_idles_with_work() {
         let mut d = Drr::default();
@@ -731,12 +783,16 @@ mod tests {
             assert!(did, "a round with work did work");
         }
         let mut n = 0;
-        d.round(&[1], |_, t| {
-            assert!(!t.timed && t.first);
+        d.round(&[1], |d, t| {
+            assert!(t.first && !t.shared);
             n += 1;
+            d.charge(1, Duration::from_millis(3))
+        });
+        assert_eq!(n, 1, "alone: one pass per round");
+        d.round(&[1], |d, _| {
+            assert_eq!(d.deficit(1), 100, "alone: a fresh quantum, no debt");
             true
         });
-        assert_eq!(n, 1);
         // No work: deficit forgotten.
         d.idle(0);
         assert_eq!(d.deficit(0), 0);
