@@ -55,7 +55,7 @@ use crate::shmem::DoorbellRegion;
 use crate::stats::TrafficCounters;
 use doorbell::load_pi;
 use exec::{local_segments, respond, wc_opcode, Request, RespOutcome, RespScratch};
-use sched::{Drr, Limits, Turn, CLOCK_EVERY_BYTES, CLOCK_EVERY_WQES};
+use sched::{cost_of, Drr, Limits, Turn};
 use wqe::{fetch_send, SendWr, WqeBuf, WqeError};
 
 /// How long the engine keeps polling after its last piece of work.
@@ -235,8 +235,7 @@ struct Scratch {
     limits: Limits,
     /// Payload bytes the last executed WQE moved (0 if it failed).
     moved: u64,
-    /// Work requests and bytes executed since the current pass last read
-    /// the clock.
+    /// Work requests and bytes the current burst executed.
     executed: (u32, u64),
 }
 
@@ -535,10 +534,9 @@ impl Engine {
     }
 
     /// One pass over the QPs of a VM that showed work, a burst each,
-    /// starting where the last pass stopped. Its engine time is charged
-    /// to the VM's deficit, reading the clock only every so much work
-    /// ([`sched::CLOCK_EVERY_WQES`], [`sched::CLOCK_EVERY_BYTES`]); the pass
-    /// ends when the deficit runs out.
+    /// starting where the last pass stopped. Each burst's cost
+    /// ([`sched::cost_of`] its work requests and bytes) is charged to the
+    /// VM's deficit; the pass ends when the deficit runs out.
     fn pass(
         &self,
         vms: &[Option<Arc<RdmaDevice>>],
@@ -554,31 +552,23 @@ impl Engine {
         } = list;
         let n = work.len();
         let start = work.iter().position(|&i| i >= *cursor).unwrap_or(0);
-        // A VM alone with one QP with work needs no clock at all: its pass
-        // is one burst.
-        let mut t0 = (turn.shared || n > 1).then(Instant::now);
-        scratch.executed = (0, 0);
         work_on(&dev, |ctrl, mem| {
             let mut did = false;
             for j in 0..n {
                 let Some(e) = work.get((start + j) % n).and_then(|&i| qps.get_mut(i)) else {
                     continue;
                 };
-                did |= self.service_qp(vms, vm_id, ctrl, mem, e.handle, scratch);
+                scratch.executed = (0, 0);
+                let busy = self.service_qp(vms, vm_id, ctrl, mem, e.handle, scratch);
+                did |= busy;
                 refresh(e, ctrl, mem);
                 *cursor = work.get((start + j) % n).map_or(0, |&i| i + 1);
-                let Some(t) = t0 else {
-                    continue;
-                };
+                // Work that executed no WQE (a flush, a failed QP) still
+                // costs one work request, so every turn ends.
                 let (wqes, bytes) = scratch.executed;
-                let last = j + 1 == n;
-                if wqes >= CLOCK_EVERY_WQES || bytes >= CLOCK_EVERY_BYTES || (last && turn.shared) {
-                    let now = Instant::now();
-                    t0 = Some(now);
-                    scratch.executed = (0, 0);
-                    if !drr.charge(turn.vm, now.saturating_duration_since(t)) {
-                        break;
-                    }
+                let wqes = if busy { u64::from(wqes.max(1)) } else { 0 };
+                if !drr.charge(turn.vm, cost_of(wqes, bytes)) {
+                    break;
                 }
             }
             did

@@ -377,21 +377,29 @@ pub struct Turn {
     pub vm: usize,
     /// The first pass of this turn (the VM's doorbells were just scanned).
     pub first: bool,
-    /// Other VMs have work: the pass charges its engine time to the
-    /// deficit ([`Drr::charge`]). A VM alone is not charged (nobody to
-    /// share with); its single pass only needs to end after about one
-    /// quantum when it spans several QPs.
+    /// Other VMs have work: the pass ends when the deficit runs out. A VM
+    /// alone is charged too, but only so that a pass over several QPs ends
+    /// after about one quantum (its deficit is refilled every round).
     pub shared: bool,
 }
 
-/// While a pass runs, the clock is read once this many work requests ...
-pub const CLOCK_EVERY_WQES: u32 = 16;
-/// ... or bytes have been executed since the last read (and at the end of
-/// a shared pass). A clock read costs some 80 ns on this kind of VM, as
-/// much as a small WRITE: reading it per burst of one small-message QP
-/// would cost up to 10 % of the message rate, while charging a few
-/// microseconds late changes no share in the long run (all time is charged).
-pub const CLOCK_EVERY_BYTES: u64 = 16 << 10;
+/// Engine time a work request costs besides its bytes (fetching and
+/// checking the WQE, the responder's checks, the completions): measured
+/// with `rdma_perf write_bw --size 64` on this machine (0.5-0.8 M WRITEs/s
+/// per core with polling overhead, 1-2 µs each).
+pub const OP_COST: Duration = Duration::from_nanos(1000);
+/// Bytes the engine copies per microsecond (about 8 GiB/s: one-core copy
+/// of 64 KiB messages on this machine, `rdma_perf write_bw`).
+pub const BYTES_PER_US: u64 = 8 << 10;
+
+/// The engine time charged for `wqes` work requests that moved `bytes`
+/// (the cost model of the weighted sharing; see the module documentation).
+pub fn cost_of(wqes: u64, bytes: u64) -> Duration {
+    let ns = wqes
+        .saturating_mul(u64::try_from(OP_COST.as_nanos()).unwrap_or(u64::MAX))
+        .saturating_add(bytes.saturating_mul(1000) / BYTES_PER_US);
+    Duration::from_nanos(ns)
+}
 
 impl Drr {
     /// Sets the number of VMs (new ones get the default weight).
@@ -684,6 +692,18 @@ mod tests {
         l.refresh(&q, &ten);
         assert!(!l.limited(0));
         assert_eq!(l.admit(0, now, None), None);
+    }
+
+    #[test]
+    fn cost_model() {
+        assert_eq!(cost_of(1, 0), OP_COST);
+        // 64 KiB: 8 µs of copying plus the work request.
+        assert_eq!(cost_of(1, 64 << 10), OP_COST + Duration::from_micros(8));
+        assert_eq!(
+            cost_of(32, 64 * 32),
+            OP_COST * 32 + Duration::from_nanos(250)
+        );
+        assert_eq!(cost_of(u64::MAX, u64::MAX), Duration::from_nanos(u64::MAX));
     }
 
     #[test]

@@ -100,8 +100,8 @@ struct Args {
     /// only now and then.
     #[arg(long, default_value_t = 2048)]
     hog_depth: usize,
-    /// Outstanding WRITEs per hog / sender QP.
-    #[arg(long, default_value_t = 128)]
+    /// Outstanding WRITEs per sender QP (limits, shares, change).
+    #[arg(long, default_value_t = 512)]
     depth: usize,
     /// Weight of the hog VM in the "weights" scenario (the latency VM has
     /// 1000).
@@ -263,14 +263,17 @@ impl Stream {
 }
 
 /// Runs `streams` on a thread pinned to `cpu` until `stop`; the thread
-/// sleeps for `nap` while every queue is full and runs at nice 19, leaving the CPU to
-/// the latency client (it shares that CPU: there are only two).
+/// sleeps for `nap` while every queue is full. The hog runs at nice 19,
+/// leaving the CPU to the latency client (it shares that CPU: there are
+/// only two); the other senders at the normal priority, so that compile
+/// jobs of others on the machine do not starve them.
 fn spawn_senders<'s>(
     s: &'s std::thread::Scope<'s, '_>,
     cpu: usize,
     mut streams: Vec<Stream>,
     stop: &'s AtomicBool,
     nap: Duration,
+    nice: i32,
 ) -> std::thread::ScopedJoinHandle<'s, Res<()>> {
     s.spawn(move || -> Res<()> {
         pin_current(cpu)?;
@@ -278,9 +281,9 @@ fn spawn_senders<'s>(
         // nice value per thread); no memory is passed.
         let rc = unsafe {
             let tid = libc::gettid();
-            libc::setpriority(libc::PRIO_PROCESS, u32::try_from(tid).unwrap_or(0), 19)
+            libc::setpriority(libc::PRIO_PROCESS, u32::try_from(tid).unwrap_or(0), nice)
         };
-        if rc != 0 {
+        if nice != 0 && rc != 0 {
             eprintln!(
                 "cannot lower the sender's priority: {}",
                 std::io::Error::last_os_error()
@@ -522,7 +525,7 @@ fn bench_lat(args: &Args, secs: f64, hog_size: usize) -> Res<Vec<String>> {
                 stop.store(false, Ordering::Relaxed);
                 let h = if hog {
                     let st = streams.take().unwrap_or_default();
-                    Some(spawn_senders(s, args.client_cpu, st, &stop, HOG_NAP))
+                    Some(spawn_senders(s, args.client_cpu, st, &stop, HOG_NAP, 19))
                 } else {
                     None
                 };
@@ -685,7 +688,7 @@ fn bench_limits(args: &Args, secs: f64) -> Res<Vec<String>> {
                 .collect::<Res<_>>()?;
             let stop = AtomicBool::new(false);
             let r = std::thread::scope(|s| -> Res<Vec<(f64, f64)>> {
-                let h = spawn_senders(s, args.client_cpu, streams, &stop, NAP);
+                let h = spawn_senders(s, args.client_cpu, streams, &stop, NAP, 0);
                 std::thread::sleep(WARMUP);
                 let r = rates(&d, &(0..senders).collect::<Vec<_>>(), secs);
                 stop.store(true, Ordering::Relaxed);
@@ -750,7 +753,7 @@ fn bench_shares(args: &Args, secs: f64) -> Res<Vec<String>> {
             .collect::<Res<_>>()?;
         let stop = AtomicBool::new(false);
         let r = std::thread::scope(|s| -> Res<Vec<(f64, f64)>> {
-            let h = spawn_senders(s, args.client_cpu, streams, &stop, NAP);
+            let h = spawn_senders(s, args.client_cpu, streams, &stop, NAP, 0);
             std::thread::sleep(WARMUP);
             let r = rates(&d, &[0, 1, 2], secs);
             stop.store(true, Ordering::Relaxed);
@@ -827,7 +830,7 @@ fn bench_change(args: &Args, secs: f64) -> Res<Vec<String>> {
         let streams = vec![Stream::new(&vms[0], &vms[1], 4, args.depth, args.size)?];
         let stop = AtomicBool::new(false);
         let r = std::thread::scope(|s| -> Res<(f64, f64, f64, f64)> {
-            let h = spawn_senders(s, args.client_cpu, streams, &stop, NAP);
+            let h = spawn_senders(s, args.client_cpu, streams, &stop, NAP, 0);
             std::thread::sleep(WARMUP);
             let r1 = rates(&d, &[0], secs)[0].0 / MIB;
             let t_change = Instant::now();
