@@ -342,6 +342,10 @@ pub struct Drr {
     slots: Vec<DrrSlot>,
     /// Scratch: VMs skipped in the current round for being in debt.
     skipped: Vec<usize>,
+    /// Rounds so far: each round starts one VM further, so that VMs which
+    /// compete for something other than engine time — their tenant's
+    /// token bucket — take turns at being first.
+    rounds: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -469,7 +473,12 @@ impl Drr {
         skipped.clear();
         let mut did = false;
         let mut served = false;
-        for &vm in active {
+        let n = active.len();
+        self.rounds = self.rounds.wrapping_add(1);
+        for k in 0..n {
+            let Some(&vm) = active.get((k + self.rounds) % n) else {
+                continue;
+            };
             let Some(s) = self.slots.get_mut(vm) else {
                 continue;
             };
@@ -712,6 +721,26 @@ mod tests {
         assert_eq!(grain_of(1000), (BURST, BURST_BYTES));
         assert_eq!(grain_of(50), (BURST / 2, BURST_BYTES / 2));
         assert_eq!(grain_of(1), (1, BURST_BYTES / 100));
+    }
+
+    /// VMs that compete for one tenant bucket take turns at being first.
+    #[test]
+    fn drr_rotates_the_first_vm() {
+        let mut d = Drr::default();
+        d.resize(3);
+        let mut firsts = [0; 3];
+        for _ in 0..300 {
+            let mut first = None;
+            d.round(&[0, 1, 2], |d, t| {
+                first.get_or_insert(t.vm);
+                d.charge(t.vm, Duration::from_micros(20));
+                true
+            });
+            if let Some(f) = first {
+                firsts[f] += 1;
+            }
+        }
+        assert_eq!(firsts, [100, 100, 100]);
     }
 
     /// Three always-busy VMs with weights 1:2:4 and different costs per
