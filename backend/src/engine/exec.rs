@@ -343,8 +343,8 @@ pub fn respond(
     if matches!(out, RespOutcome::Done) {
         comm_established(ctrl, qp);
         if let Some(t) = ctrl.tenancy().traffic(ctrl.vm_index()) {
-            TrafficCounters::add(&t.recv_ops, 1);
-            TrafficCounters::add(&t.recv_bytes, req.len);
+            TrafficCounters::add_single_writer(&t.recv_ops, 1);
+            TrafficCounters::add_single_writer(&t.recv_bytes, req.len);
         }
     }
     out
@@ -599,7 +599,7 @@ fn recv_failed(
 ) -> RespOutcome {
     consume_recv(ctrl, mem, qp, pi);
     if let Some(t) = ctrl.tenancy().traffic(ctrl.vm_index()) {
-        TrafficCounters::add(&t.error_cqes, 1);
+        TrafficCounters::add_single_writer(&t.error_cqes, 1);
     }
     if let Some((cq, qpn)) = ctrl.res.qps.get(qp).map(|q| (q.recv_cq, q.qpn)) {
         let _ = complete(ctrl, mem, cq, error_cqe(wr_id, WcOpcode::RECV, status, qpn));

@@ -114,14 +114,22 @@ struct DbList {
     host: Option<Arc<HostMem>>,
     region: Option<Arc<DoorbellRegion>>,
     qps: Vec<DbEntry>,
-    /// Indices into `qps` that showed work in this sweep.
+    /// Indices into `qps` that showed work in the last scan.
     work: Vec<usize>,
-    /// Index into `qps` where the next pass starts: a pass that ends early
-    /// (the VM's deficit ran out) resumes with the QPs it did not reach.
-    cursor: usize,
+    /// Index into `work` of the next QP to serve: a pass that ends early
+    /// (the VM's deficit ran out) leaves the rest for the next one, and the
+    /// doorbells are read again only when `work` is used up (a read costs
+    /// a load per QP: with thousands of QPs, rescanning after every short
+    /// pass would cost more than the work).
+    next: usize,
 }
 
 impl DbList {
+    /// Whether QPs of the last scan are still waiting for their burst.
+    fn pending(&self) -> bool {
+        self.next < self.work.len()
+    }
+
     fn new(dev: Arc<RdmaDevice>) -> Self {
         DbList {
             dev,
@@ -130,12 +138,15 @@ impl DbList {
             region: None,
             qps: Vec::new(),
             work: Vec::new(),
-            cursor: 0,
+            next: 0,
         }
     }
 
     /// Rebuilds the list from the VM's tables (under its lock).
     fn rebuild(&mut self) {
+        // Indices into the old `qps` mean nothing now.
+        self.work.clear();
+        self.next = 0;
         let dev = self.dev.clone();
         let built = dev.with_dataplane(|ctrl, host| {
             let gen = dev.dp_generation();
@@ -192,6 +203,7 @@ impl DbList {
     /// Reads every doorbell and collects the QPs with something to do.
     fn scan(&mut self) -> bool {
         self.work.clear();
+        self.next = 0;
         if self.host.is_none() {
             return false;
         }
@@ -509,7 +521,7 @@ impl Engine {
             if list.gen != Some(list.dev.dp_generation()) {
                 list.rebuild();
             }
-            if !list.scan() {
+            if !list.pending() && !list.scan() {
                 drr.idle(k);
                 continue;
             }
@@ -525,16 +537,17 @@ impl Engine {
             let Some(list) = lists.get_mut(turn.vm) else {
                 return false;
             };
-            // Later passes of a turn look at the doorbells again.
-            if !turn.first && !list.scan() {
+            // Later passes of a turn look at the doorbells again once the
+            // last scan's QPs are served.
+            if !turn.first && !list.pending() && !list.scan() {
                 return false;
             }
             self.pass(vms, list, scratch, drr, turn)
         })
     }
 
-    /// One pass over the QPs of a VM that showed work, a burst each,
-    /// starting where the last pass stopped. Each burst's cost
+    /// One pass over the QPs of a VM that showed work in the last scan, a
+    /// burst each, starting where the last pass stopped. Each burst's cost
     /// ([`sched::cost_of`] its work requests and bytes) is charged to the
     /// VM's deficit; the pass ends when the deficit runs out.
     fn pass(
@@ -548,21 +561,19 @@ impl Engine {
         let dev = list.dev.clone();
         let vm_id = dev.id();
         let DbList {
-            qps, work, cursor, ..
+            qps, work, next, ..
         } = list;
-        let n = work.len();
-        let start = work.iter().position(|&i| i >= *cursor).unwrap_or(0);
         work_on(&dev, |ctrl, mem| {
             let mut did = false;
-            for j in 0..n {
-                let Some(e) = work.get((start + j) % n).and_then(|&i| qps.get_mut(i)) else {
+            while let Some(&i) = work.get(*next) {
+                *next += 1;
+                let Some(e) = qps.get_mut(i) else {
                     continue;
                 };
                 scratch.executed = (0, 0);
                 let busy = self.service_qp(vms, vm_id, ctrl, mem, e.handle, scratch);
                 did |= busy;
                 refresh(e, ctrl, mem);
-                *cursor = work.get((start + j) % n).map_or(0, |&i| i + 1);
                 // Work that executed no WQE (a flush, a failed QP) still
                 // costs one work request, so every turn ends.
                 let (wqes, bytes) = scratch.executed;
@@ -782,8 +793,8 @@ impl Engine {
                     published = p.then_some(qp.rt.sq_ci);
                     let moved = std::mem::take(&mut scratch.moved);
                     if let Some(t) = traffic {
-                        TrafficCounters::add(&t.send_ops, 1);
-                        TrafficCounters::add(&t.send_bytes, moved);
+                        TrafficCounters::add_single_writer(&t.send_ops, 1);
+                        TrafficCounters::add_single_writer(&t.send_bytes, moved);
                     }
                     scratch.limits.charge(vm_id, moved);
                     bytes += moved;
@@ -921,7 +932,7 @@ impl Engine {
             || (ud && matches!(outcome, RespOutcome::Unreachable | RespOutcome::Stale));
         if dropped {
             if let Some(t) = self.shared.tenancy.traffic(vm_id) {
-                TrafficCounters::add(&t.drops, 1);
+                TrafficCounters::add_single_writer(&t.drops, 1);
             }
         }
         if dropped || matches!(outcome, RespOutcome::Done) {
@@ -1239,7 +1250,7 @@ fn finish(
     };
     if status != WcStatus::SUCCESS {
         if let Some(t) = traffic(ctrl) {
-            TrafficCounters::add(&t.error_cqes, 1);
+            TrafficCounters::add_single_writer(&t.error_cqes, 1);
         }
     }
     let ok = completer::complete(ctrl, mem, cq, cqe);
@@ -1256,7 +1267,7 @@ fn traffic(ctrl: &Ctrl) -> Option<&TrafficCounters> {
 /// Counts one `WR_FLUSH_ERR` completion of the VM `ctrl` belongs to.
 fn count_flushed(ctrl: &Ctrl) {
     if let Some(t) = traffic(ctrl) {
-        TrafficCounters::add(&t.flushed, 1);
+        TrafficCounters::add_single_writer(&t.flushed, 1);
     }
 }
 
