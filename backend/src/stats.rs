@@ -112,6 +112,19 @@ impl TrafficCounters {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Adds `n` to `counter` when the calling thread is its only writer —
+    /// the engine thread for the data-path counters (`send_*`, `recv_*`,
+    /// `error_cqes`, `flushed`, `drops`, `throttled`): a plain load and
+    /// store instead of a locked read-modify-write, because these move with
+    /// every work request (four locked adds cost some 8 % of the 64-byte
+    /// message rate). Readers still see a monotonic value.
+    pub fn add_single_writer(counter: &AtomicU64, n: u64) {
+        counter.store(
+            counter.load(Ordering::Relaxed).wrapping_add(n),
+            Ordering::Relaxed,
+        );
+    }
+
     /// Current values.
     pub fn snapshot(&self) -> TrafficStats {
         let r = |c: &AtomicU64| c.load(Ordering::Relaxed);

@@ -12,6 +12,7 @@ use super::wqe::{fetch_recv, RecvWr, SendWr, WqeBuf, WqeError};
 use crate::ctrl::Ctrl;
 use crate::memory::access::{self, Segment};
 use crate::memory::{HostMem, PageList};
+use crate::stats::TrafficCounters;
 use crate::tenancy::IsolationCounters;
 use virtio_rdma_abi::datapath::{
     Cqe, Sge, WcOpcode, WcStatus, WrOpcode, CQE_GRH, CQE_SOLICITED, CQE_WITH_IMM, DB_DEVICE_OFFSET,
@@ -353,6 +354,10 @@ pub fn respond(
     let out = perform(ctrl, mem, qp, req, scratch);
     if matches!(out, RespOutcome::Done) {
         comm_established(ctrl, qp);
+        if let Some(t) = ctrl.tenancy().traffic(ctrl.vm_index()) {
+            TrafficCounters::add_single_writer(&t.recv_ops, 1);
+            TrafficCounters::add_single_writer(&t.recv_bytes, req.len);
+        }
     }
     out
 }
@@ -591,6 +596,9 @@ fn recv_failed(
     ud: bool,
 ) -> RespOutcome {
     consume_recv(ctrl, mem, qp, pi);
+    if let Some(t) = ctrl.tenancy().traffic(ctrl.vm_index()) {
+        TrafficCounters::add_single_writer(&t.error_cqes, 1);
+    }
     if let Some((cq, qpn)) = ctrl.res.qps.get(qp).map(|q| (q.recv_cq, q.qpn)) {
         let _ = complete(ctrl, mem, cq, error_cqe(wr_id, WcOpcode::RECV, status, qpn));
     }

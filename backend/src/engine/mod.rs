@@ -27,6 +27,7 @@
 pub mod completer;
 pub mod doorbell;
 pub mod exec;
+pub mod sched;
 pub mod wqe;
 
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicUsize, Ordering};
@@ -47,12 +48,15 @@ use crate::ctrl::Ctrl;
 use crate::device::{RdmaDevice, Shared};
 use crate::memory::access::{self, Segment};
 use crate::memory::HostMem;
+use crate::qos::DEFAULT_WEIGHT;
 use crate::resources::{Qp, SendWait};
 use crate::rnic::Rnic;
 use crate::shmem::DoorbellRegion;
+use crate::stats::TrafficCounters;
 use crate::tenancy::IsolationCounters;
 use doorbell::load_pi;
 use exec::{local_segments, respond, wc_opcode, Request, RespOutcome, RespScratch};
+use sched::{cost_of, Drr, Limits, Turn};
 use wqe::{fetch_send, SendWr, WqeBuf, WqeError};
 
 /// How long the engine keeps polling after its last piece of work.
@@ -70,8 +74,6 @@ const ENDLESS_RETRY_INTERVAL: Duration = Duration::from_millis(10);
 const SQ_CI: u64 = DB_DEVICE_OFFSET;
 const RQ_CI: u64 = DB_DEVICE_OFFSET + 4;
 const FLAGS: u64 = DB_DEVICE_OFFSET + 8;
-/// Work requests taken from one QP before moving on (fairness).
-const BURST: u32 = 32;
 /// `remote_qkey` bit 31: the message carries the sending QP's own Q_Key
 /// instead (spec 18.8, 18.11.5).
 const QKEY_USE_OWN: u32 = 1 << 31;
@@ -113,11 +115,22 @@ struct DbList {
     host: Option<Arc<HostMem>>,
     region: Option<Arc<DoorbellRegion>>,
     qps: Vec<DbEntry>,
-    /// Indices into `qps` that showed work in this sweep.
+    /// Indices into `qps` that showed work in the last scan.
     work: Vec<usize>,
+    /// Index into `work` of the next QP to serve: a pass that ends early
+    /// (the VM's deficit ran out) leaves the rest for the next one, and the
+    /// doorbells are read again only when `work` is used up (a read costs
+    /// a load per QP: with thousands of QPs, rescanning after every short
+    /// pass would cost more than the work).
+    next: usize,
 }
 
 impl DbList {
+    /// Whether QPs of the last scan are still waiting for their burst.
+    fn pending(&self) -> bool {
+        self.next < self.work.len()
+    }
+
     fn new(dev: Arc<RdmaDevice>) -> Self {
         DbList {
             dev,
@@ -126,11 +139,15 @@ impl DbList {
             region: None,
             qps: Vec::new(),
             work: Vec::new(),
+            next: 0,
         }
     }
 
     /// Rebuilds the list from the VM's tables (under its lock).
     fn rebuild(&mut self) {
+        // Indices into the old `qps` mean nothing now.
+        self.work.clear();
+        self.next = 0;
         let dev = self.dev.clone();
         let built = dev.with_dataplane(|ctrl, host| {
             let gen = dev.dp_generation();
@@ -187,6 +204,7 @@ impl DbList {
     /// Reads every doorbell and collects the QPs with something to do.
     fn scan(&mut self) -> bool {
         self.work.clear();
+        self.next = 0;
         if self.host.is_none() {
             return false;
         }
@@ -222,9 +240,16 @@ struct Scratch {
     local: Vec<Segment>,
     resp: RespScratch,
     handles: Vec<u32>,
-    /// The earliest end of a send WQE's retry wait seen since it was last
-    /// cleared (the parking re-check clears it and visits every QP).
+    /// The earliest end of a send WQE's retry wait or of a rate limit's
+    /// hold seen since it was last cleared (the parking re-check clears it
+    /// and visits every QP).
     next_timer: Option<Instant>,
+    /// Rate limits (token buckets) of every VM and tenant.
+    limits: Limits,
+    /// Payload bytes the last executed WQE moved (0 if it failed).
+    moved: u64,
+    /// Work requests and bytes the current burst executed.
+    executed: (u32, u64),
 }
 
 impl Scratch {
@@ -235,6 +260,9 @@ impl Scratch {
             resp: RespScratch::new(),
             handles: Vec::new(),
             next_timer: None,
+            limits: Limits::default(),
+            moved: 0,
+            executed: (0, 0),
         }
     }
 
@@ -354,6 +382,10 @@ impl Engine {
         let mut vms: Vec<Option<Arc<RdmaDevice>>> = Vec::new();
         let mut lists: Vec<DbList> = Vec::new();
         let mut scratch = Scratch::new();
+        let mut drr = Drr::default();
+        // The QoS generation and VM list the weights in `drr` are from.
+        let mut weights_seen = None;
+        let mut active = Vec::new();
         while !self.stop.load(Ordering::Acquire) {
             let generation = self.generation.load(Ordering::Acquire);
             if generation != seen {
@@ -361,7 +393,19 @@ impl Engine {
                 lists = vms.iter().flatten().cloned().map(DbList::new).collect();
                 seen = generation;
             }
-            if self.sweep(&vms, &mut lists, &mut scratch) {
+            // QoS changes apply at the next sweep (one atomic load each).
+            let qos = &self.shared.qos;
+            scratch.limits.refresh(qos, &self.shared.tenancy);
+            if weights_seen != Some((qos.generation(), seen)) {
+                weights_seen = Some((qos.generation(), seen));
+                drr = Drr::default();
+                drr.resize(lists.len());
+                for (k, list) in lists.iter().enumerate() {
+                    let w = qos.vm(list.dev.id()).map_or(DEFAULT_WEIGHT, |s| s.weight);
+                    drr.set_weight(k, w);
+                }
+            }
+            if self.sweep(&vms, &mut lists, &mut scratch, &mut drr, &mut active) {
                 idle_sweeps = 0;
                 continue;
             }
@@ -484,37 +528,88 @@ fn set_kick(vms: &[Option<Arc<RdmaDevice>>], on: bool) {
 }
 
 impl Engine {
-    /// One pass over every VM's polling list; true if any work was done.
+    /// One sweep: reads every VM's doorbells, then serves the VMs with
+    /// work in one round of deficit round robin (a VM that a rate limit
+    /// holds back is skipped without being locked until its tokens are
+    /// due); true if any work was done.
     fn sweep(
         &self,
         vms: &[Option<Arc<RdmaDevice>>],
         lists: &mut [DbList],
         scratch: &mut Scratch,
+        drr: &mut Drr,
+        active: &mut Vec<usize>,
     ) -> bool {
-        let mut busy = false;
-        for list in lists.iter_mut() {
+        active.clear();
+        // The clock is read only when some VM is held back.
+        let mut now = None;
+        for (k, list) in lists.iter_mut().enumerate() {
             if list.gen != Some(list.dev.dp_generation()) {
                 list.rebuild();
             }
-            if !list.scan() {
+            if !list.pending() && !list.scan() {
+                drr.idle(k);
                 continue;
             }
-            let dev = list.dev.clone();
-            let vm_id = dev.id();
-            let DbList { qps, work, .. } = list;
-            busy |= work_on(&dev, |ctrl, mem| {
-                let mut did = false;
-                for &i in work.iter() {
-                    let Some(e) = qps.get_mut(i) else {
-                        continue;
-                    };
-                    did |= self.service_qp(vms, vm_id, ctrl, mem, e.handle, scratch);
-                    refresh(e, ctrl, mem);
+            if let Some(until) = scratch.limits.blocked_until(list.dev.id()) {
+                if *now.get_or_insert_with(Instant::now) < until {
+                    scratch.timer(until);
+                    continue;
                 }
-                did
-            });
+            }
+            active.push(k);
         }
-        busy
+        drr.round(active, |drr, turn| {
+            let Some(list) = lists.get_mut(turn.vm) else {
+                return false;
+            };
+            // Later passes of a turn look at the doorbells again once the
+            // last scan's QPs are served.
+            if !turn.first && !list.pending() && !list.scan() {
+                return false;
+            }
+            self.pass(vms, list, scratch, drr, turn)
+        })
+    }
+
+    /// One pass over the QPs of a VM that showed work in the last scan, a
+    /// burst each, starting where the last pass stopped. Each burst's cost
+    /// ([`sched::cost_of`] its work requests and bytes) is charged to the
+    /// VM's deficit; the pass ends when the deficit runs out.
+    fn pass(
+        &self,
+        vms: &[Option<Arc<RdmaDevice>>],
+        list: &mut DbList,
+        scratch: &mut Scratch,
+        drr: &mut Drr,
+        turn: Turn,
+    ) -> bool {
+        let dev = list.dev.clone();
+        let vm_id = dev.id();
+        let DbList {
+            qps, work, next, ..
+        } = list;
+        work_on(&dev, |ctrl, mem| {
+            let mut did = false;
+            while let Some(&i) = work.get(*next) {
+                *next += 1;
+                let Some(e) = qps.get_mut(i) else {
+                    continue;
+                };
+                scratch.executed = (0, 0);
+                let busy = self.service_qp(vms, vm_id, ctrl, mem, e.handle, scratch);
+                did |= busy;
+                refresh(e, ctrl, mem);
+                // Work that executed no WQE (a flush, a failed QP) still
+                // costs one work request, so every turn ends.
+                let (wqes, bytes) = scratch.executed;
+                let wqes = if busy { u64::from(wqes.max(1)) } else { 0 };
+                if !drr.charge(turn.vm, cost_of(wqes, bytes)) {
+                    break;
+                }
+            }
+            did
+        })
     }
 
     /// One pass over every QP of every VM through the VMs' tables (the
@@ -645,7 +740,8 @@ impl Engine {
         self.burst(vms, vm_id, ctrl, mem, h, sq_pi, scratch, None)
     }
 
-    /// Executes up to [`BURST`] send WQEs of QP `h`.
+    /// Executes up to a burst ([`sched::grain_of`] the VM's weight) of
+    /// send WQEs of QP `h`.
     #[allow(clippy::too_many_arguments)]
     fn burst(
         &self,
@@ -660,7 +756,15 @@ impl Engine {
     ) -> bool {
         let mut did = false;
         let mut published = None;
-        for _ in 0..BURST {
+        let traffic = self.shared.tenancy.traffic(vm_id);
+        // Rate limits: one clock read per burst, and only for a VM that
+        // (or whose tenant) has a limit.
+        let now = scratch.limits.limited(vm_id).then(Instant::now);
+        // The grain of the VM's service: how long other VMs may have to
+        // wait behind this burst.
+        let (max_wqes, max_bytes) = scratch.limits.grain(vm_id);
+        let mut bytes = 0u64;
+        for _ in 0..max_wqes {
             let Some(qp) = ctrl.res.qps.get(h) else {
                 break;
             };
@@ -677,7 +781,16 @@ impl Engine {
                 did = true;
                 break;
             }
+            if let Some(now) = now {
+                if let Some(at) = scratch.limits.admit(vm_id, now, traffic) {
+                    // Held back until the VM's and its tenant's buckets
+                    // allow; the WQE stays at the head.
+                    scratch.timer(at);
+                    break;
+                }
+            }
             did = true;
+            scratch.moved = 0;
             let index = qp.rt.sq_ci;
             let outcome = match exhausted(qp) {
                 // The last transport retry found the destination
@@ -709,8 +822,20 @@ impl Engine {
                     qp.rt.wait = None;
                     qp.rt.sq_ci = index.wrapping_add(1);
                     published = p.then_some(qp.rt.sq_ci);
+                    let moved = std::mem::take(&mut scratch.moved);
+                    if let Some(t) = traffic {
+                        TrafficCounters::add_single_writer(&t.send_ops, 1);
+                        TrafficCounters::add_single_writer(&t.send_bytes, moved);
+                    }
+                    scratch.limits.charge(vm_id, moved);
+                    bytes += moved;
+                    scratch.executed.0 += 1;
+                    scratch.executed.1 += moved;
                 }
                 Step::Broken => break,
+            }
+            if bytes >= max_bytes {
+                break;
             }
         }
         // The consumer index of the WQEs taken in this burst, once (those
@@ -745,6 +870,7 @@ impl Engine {
             wqe: wqe_buf,
             local,
             resp,
+            moved,
             ..
         } = scratch;
         let wr = match fetch_send(mem, qp, index, wqe_buf) {
@@ -831,6 +957,18 @@ impl Engine {
                 }
             }
             outcome = deliver(vms, vm_id, ctrl, mem, route, dgid, &req, ud, resp, None);
+        }
+        // UD gives no delivery guarantee: a message nobody takes is dropped
+        // (spec 18.11.5), yet the send succeeded.
+        let dropped = matches!(outcome, RespOutcome::Dropped)
+            || (ud && matches!(outcome, RespOutcome::Unreachable | RespOutcome::Stale));
+        if dropped {
+            if let Some(t) = self.shared.tenancy.traffic(vm_id) {
+                TrafficCounters::add_single_writer(&t.drops, 1);
+            }
+        }
+        if dropped || matches!(outcome, RespOutcome::Done) {
+            *moved = len;
         }
         match outcome {
             RespOutcome::Done | RespOutcome::Dropped => {
@@ -1184,9 +1322,26 @@ fn finish(
     } else {
         completer::error_cqe(wr_id, op, status, qpn)
     };
+    if status != WcStatus::SUCCESS {
+        if let Some(t) = traffic(ctrl) {
+            TrafficCounters::add_single_writer(&t.error_cqes, 1);
+        }
+    }
     let ok = completer::complete(ctrl, mem, cq, cqe);
     if status != WcStatus::SUCCESS || !ok {
         fail(ctrl, qp, None);
+    }
+}
+
+/// The traffic counters of the VM `ctrl` belongs to.
+fn traffic(ctrl: &Ctrl) -> Option<&TrafficCounters> {
+    ctrl.tenancy().traffic(ctrl.vm_index())
+}
+
+/// Counts one `WR_FLUSH_ERR` completion of the VM `ctrl` belongs to.
+fn count_flushed(ctrl: &Ctrl) {
+    if let Some(t) = traffic(ctrl) {
+        TrafficCounters::add_single_writer(&t.flushed, 1);
     }
 }
 
@@ -1219,6 +1374,7 @@ fn flush(ctrl: &mut Ctrl, mem: &HostMem, h: u32, sq_pi: u32, buf: &mut WqeBuf) -
         };
         let cqe = completer::error_cqe(wr_id, op, WcStatus::WR_FLUSH_ERR, qpn);
         let _ = completer::complete(ctrl, mem, cq, cqe);
+        count_flushed(ctrl);
         if let Some(qp) = ctrl.res.qps.get_mut(h) {
             qp.rt.sq_ci = index.wrapping_add(1);
             qp.rt.wait = None;
@@ -1258,6 +1414,7 @@ fn flush(ctrl: &mut Ctrl, mem: &HostMem, h: u32, sq_pi: u32, buf: &mut WqeBuf) -
         };
         let cqe = completer::error_cqe(wr_id, WcOpcode::RECV, WcStatus::WR_FLUSH_ERR, qpn);
         let _ = completer::complete(ctrl, mem, cq, cqe);
+        count_flushed(ctrl);
         if let Some(qp) = ctrl.res.qps.get_mut(h) {
             qp.rt.rq_ci = index.wrapping_add(1);
             let _ = access::store_u32_release(mem, qp.db_gpa + RQ_CI, qp.rt.rq_ci);
