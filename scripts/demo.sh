@@ -32,7 +32,8 @@ trap cleanup EXIT
 
 echo "== starting the daemon: one process, one socket per VM"
 RUST_LOG=${RUST_LOG:-info} target/release/vhost-user-rdma \
-  --socket-path "$dir/vm0.sock" --socket-path "$dir/vm1.sock" 2> "$dir/daemon.log" &
+  --socket-path "$dir/vm0.sock" --socket-path "$dir/vm1.sock" \
+  --mgmt-socket "$dir/mgmt.sock" 2> "$dir/daemon.log" &
 daemon_pid=$!
 for _ in $(seq 100); do
   [ -S "$dir/vm0.sock" ] && [ -S "$dir/vm1.sock" ] && break
@@ -43,5 +44,9 @@ echo "== two VMs (test VMM: in-process vhost-user frontends with memfd guest RAM
 target/release/rdma-demo --socket "$dir/vm0.sock" --socket "$dir/vm1.sock"
 
 sleep 0.2
+echo "== the operator's view: vhost-user-rdma ctl (management socket)"
+target/release/vhost-user-rdma ctl --socket "$dir/mgmt.sock" vms | sed 's/^/  /'
+target/release/vhost-user-rdma ctl --socket "$dir/mgmt.sock" stats vm1 | sed 's/^/  /'
+
 echo "== daemon log"
 sed 's/^/  /' "$dir/daemon.log"
