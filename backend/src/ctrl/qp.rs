@@ -286,6 +286,8 @@ impl Ctrl {
         };
         if target == QpState::RESET {
             qp.attr = QpAttr::default();
+            // A WRITE executed in pieces is abandoned with the queue.
+            qp.rt.partial = None;
         } else {
             apply(&mut qp.attr, mask, &a);
         }

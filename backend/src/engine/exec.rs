@@ -42,7 +42,24 @@ pub fn local_segments(
     limit: u64,
     out: &mut Vec<Segment>,
 ) -> Result<u64, WcStatus> {
+    local_range(ctrl, pd, sges, write, 0, limit, out)
+}
+
+/// [`local_segments`] for a piece of the list: every SGE is checked in full,
+/// but only the `limit` bytes after the first `skip` are resolved into `out`
+/// (a piece of an RDMA WRITE executed in pieces). Returns the total length
+/// of the list.
+pub fn local_range(
+    ctrl: &Ctrl,
+    pd: u32,
+    sges: &[Sge],
+    write: bool,
+    skip: u64,
+    limit: u64,
+    out: &mut Vec<Segment>,
+) -> Result<u64, WcStatus> {
     out.clear();
+    let end = skip.saturating_add(limit);
     let mut total = 0u64;
     for sge in sges {
         if sge.length == 0 {
@@ -59,11 +76,14 @@ pub fn local_segments(
         }
         let len = u64::from(sge.length);
         mr.translate(sge.addr, len).ok_or(WcStatus::LOC_PROT_ERR)?;
-        let want = limit.saturating_sub(total).min(len);
-        if want > 0 {
-            access::resolve(mr, sge.addr, want, out).map_err(|_| WcStatus::LOC_PROT_ERR)?;
+        // The part of this SGE inside [skip, end) of the list.
+        let from = skip.saturating_sub(total).min(len);
+        let to = end.saturating_sub(total).min(len);
+        if to > from {
+            access::resolve(mr, sge.addr + from, to - from, out)
+                .map_err(|_| WcStatus::LOC_PROT_ERR)?;
         }
-        total += len;
+        total = total.saturating_add(len);
     }
     Ok(total)
 }
@@ -126,6 +146,11 @@ pub struct Request<'a> {
     pub local: &'a [Segment],
     /// Message length.
     pub len: u64,
+    /// The part of the message this execution moves: offset and length
+    /// (`(0, len)` unless a plain RDMA WRITE is executed in pieces; then
+    /// `local` holds only this part). The first part of a WRITE checks the
+    /// whole remote range, every later one its own.
+    pub part: (u64, u64),
     /// Requester memory.
     pub mem: &'a HostMem,
     /// QPN the requester addressed (the responder must still have it).
@@ -297,7 +322,21 @@ fn remote_segments(
     ctrl: &Ctrl,
     qp: u32,
     requester: usize,
+    range: (u32, u64, u64),
+    right: u32,
+    out: &mut Vec<Segment>,
+) -> Result<(), WcStatus> {
+    remote_part(ctrl, qp, requester, range, (0, range.2), right, out)
+}
+
+/// [`remote_segments`] that checks the whole range `(rkey, addr, len)` but
+/// resolves only the part `(skip, take)` of it (a piece of an RDMA WRITE).
+fn remote_part(
+    ctrl: &Ctrl,
+    qp: u32,
+    requester: usize,
     (rkey, addr, len): (u32, u64, u64),
+    (skip, take): (u64, u64),
     right: u32,
     out: &mut Vec<Segment>,
 ) -> Result<(), WcStatus> {
@@ -318,13 +357,27 @@ fn remote_segments(
         return Err(WcStatus::REM_ACCESS_ERR);
     }
     out.clear();
-    access::resolve(mr, addr, len, out).map_err(|_| WcStatus::REM_ACCESS_ERR)
+    if (skip, take) == (0, len) {
+        return access::resolve(mr, addr, len, out).map_err(|_| WcStatus::REM_ACCESS_ERR);
+    }
+    let inside = skip.checked_add(take).is_some_and(|end| end <= len);
+    if !inside || (len > 0 && mr.translate(addr, len).is_none()) {
+        return Err(WcStatus::REM_ACCESS_ERR);
+    }
+    let start = addr.checked_add(skip).ok_or(WcStatus::REM_ACCESS_ERR)?;
+    access::resolve(mr, start, take, out).map_err(|_| WcStatus::REM_ACCESS_ERR)
 }
 
 /// Checks the target of an RDMA WRITE of `len` bytes at responder QP `qp`
 /// and resolves it into `out`. A zero-length WRITE accesses no memory, so
 /// its `rkey` and `remote_addr` are not checked (it may carry `rkey` 0);
 /// the responder QP's REMOTE_WRITE right still is (spec 18.11.2).
+///
+/// A WRITE executed in pieces (`req.part`): the first piece checks the
+/// whole remote range before any byte is written and resolves its own part;
+/// every later piece checks and resolves its own part again, so an MR
+/// deregistered meanwhile fails the WRITE (`REM_ACCESS_ERR`) as a
+/// mid-transfer invalidation does.
 fn write_target(
     ctrl: &Ctrl,
     qp: u32,
@@ -332,8 +385,15 @@ fn write_target(
     out: &mut Vec<Segment>,
 ) -> Result<(), WcStatus> {
     let (wr, len) = (req.wr, req.len);
-    if len > 0 {
+    let (skip, take) = req.part;
+    if len > 0 && skip == 0 {
         let range = (wr.hdr.rkey, wr.hdr.remote_addr, len);
+        return remote_part(ctrl, qp, req.vm, range, req.part, acc::REMOTE_WRITE, out);
+    }
+    if len > 0 {
+        let addr = wr.hdr.remote_addr.checked_add(skip);
+        let addr = addr.ok_or(WcStatus::REM_ACCESS_ERR)?;
+        let range = (wr.hdr.rkey, addr, take);
         return remote_segments(ctrl, qp, req.vm, range, acc::REMOTE_WRITE, out);
     }
     out.clear();
@@ -352,8 +412,13 @@ pub fn respond(
     scratch: &mut RespScratch,
 ) -> RespOutcome {
     let out = perform(ctrl, mem, qp, req, scratch);
+    // A message executed in pieces counts once, with its last piece.
+    let last = req.part.0.saturating_add(req.part.1) >= req.len;
     if matches!(out, RespOutcome::Done) {
         comm_established(ctrl, qp);
+        if !last {
+            return out;
+        }
         if let Some(t) = ctrl.tenancy().traffic(ctrl.vm_index()) {
             TrafficCounters::add_single_writer(&t.recv_ops, 1);
             TrafficCounters::add_single_writer(&t.recv_bytes, req.len);
@@ -625,11 +690,13 @@ fn nak(ctrl: &mut Ctrl, qp: u32, status: WcStatus) -> RespOutcome {
     RespOutcome::Nak(status)
 }
 
-/// Copies the request's payload (inline bytes or local segments) into `dst`.
+/// Copies the request's payload (inline bytes or local segments) into `dst`:
+/// the part of it this execution moves (`req.part`, the whole message but
+/// for a plain RDMA WRITE executed in pieces).
 fn copy_in(req: &Request<'_>, mem: &HostMem, dst: &[Segment]) -> Result<(), access::AccessError> {
     match req.wr.inline {
         Some(data) => access::write(mem, dst, data),
-        None => access::copy(req.mem, req.local, mem, dst, req.len),
+        None => access::copy(req.mem, req.local, mem, dst, req.part.1),
     }
 }
 

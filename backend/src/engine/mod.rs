@@ -19,6 +19,12 @@
 //! rely on the list: it sets `DB_FLAG_KICK` and re-checks through the VM's
 //! authoritative tables under its lock (spec section 18.6).
 //!
+//! Large WRITEs: while another VM had work in a recent sweep, a plain RDMA
+//! WRITE larger than what is left of a burst is executed in pieces of at
+//! least [`PIECE`] bytes, so other VMs' work runs between them; the QP keeps
+//! the partly executed head WQE in `rt.partial` and completes it after its
+//! last piece (docs/isolation.md, "Large RDMA WRITEs in pieces").
+//!
 //! Locking: the engine locks a VM's device state while it works on that
 //! VM, and the peer VM's state inside that for VM-to-VM operations (once
 //! per burst of an RC QP). Control threads only ever hold their own VM's
@@ -49,13 +55,13 @@ use crate::device::{RdmaDevice, Shared};
 use crate::memory::access::{self, Segment};
 use crate::memory::HostMem;
 use crate::qos::DEFAULT_WEIGHT;
-use crate::resources::{Qp, SendWait};
+use crate::resources::{Qp, SendPartial, SendWait};
 use crate::rnic::Rnic;
 use crate::shmem::DoorbellRegion;
 use crate::stats::TrafficCounters;
 use crate::tenancy::IsolationCounters;
 use doorbell::load_pi;
-use exec::{local_segments, respond, wc_opcode, Request, RespOutcome, RespScratch};
+use exec::{local_range, respond, wc_opcode, Request, RespOutcome, RespScratch};
 use sched::{cost_of, Drr, Limits, Turn};
 use wqe::{fetch_send, SendWr, WqeBuf, WqeError};
 
@@ -77,6 +83,15 @@ const FLAGS: u64 = DB_DEVICE_OFFSET + 8;
 /// `remote_qkey` bit 31: the message carries the sending QP's own Q_Key
 /// instead (spec 18.8, 18.11.5).
 const QKEY_USE_OWN: u32 = 1 << 31;
+/// The smallest piece of a plain RDMA WRITE executed in pieces (see
+/// [`Scratch::split`]): another VM's work waits at most about one piece.
+/// Chosen by measurement (`qos_bench lat`, see docs/isolation.md).
+pub const PIECE: u64 = 8 << 10;
+/// A VM's large WRITEs are executed in pieces while another VM had work in
+/// one of the last this many sweeps. While pieces run, a sweep takes about
+/// a piece; an engine left with one VM returns to whole WRITEs after this
+/// many sweeps.
+const RECENT_SWEEPS: u64 = 256;
 
 /// The engine: a thread and the VMs it serves.
 pub struct Engine {
@@ -250,6 +265,17 @@ struct Scratch {
     moved: u64,
     /// Work requests and bytes the current burst executed.
     executed: (u32, u64),
+    /// Large plain RDMA WRITEs of the VM being served are executed in
+    /// pieces, so that other VMs' work runs between them: another VM had
+    /// work in a recent sweep. Alone, a VM runs its WRITEs whole.
+    split: bool,
+    /// The most bytes the next execution of a plain RDMA WRITE may move
+    /// (`u64::MAX`: whole), set by the burst.
+    piece: u64,
+    /// Sweeps so far, and the last two VMs (list positions) that had work
+    /// with the sweep they last had it in, most recent first.
+    sweeps: u64,
+    recent: [(usize, u64); 2],
 }
 
 impl Scratch {
@@ -263,7 +289,28 @@ impl Scratch {
             limits: Limits::default(),
             moved: 0,
             executed: (0, 0),
+            split: false,
+            piece: u64::MAX,
+            sweeps: 0,
+            recent: [(usize::MAX, 0); 2],
         }
+    }
+
+    /// VM `vm` (a list position) has work in the current sweep.
+    fn note_active(&mut self, vm: usize) {
+        let now = (vm, self.sweeps);
+        match self.recent {
+            [(v, _), _] if v == vm => self.recent[0] = now,
+            [first, _] => self.recent = [now, first],
+        }
+    }
+
+    /// Whether a VM other than `vm` had work in one of the last
+    /// [`RECENT_SWEEPS`] sweeps.
+    fn others_active(&self, vm: usize) -> bool {
+        let [a, b] = self.recent;
+        let (v, at) = if a.0 != vm { a } else { b };
+        v != usize::MAX && self.sweeps.wrapping_sub(at) <= RECENT_SWEEPS
     }
 
     /// Notes a retry deadline.
@@ -541,6 +588,7 @@ impl Engine {
         active: &mut Vec<usize>,
     ) -> bool {
         active.clear();
+        scratch.sweeps = scratch.sweeps.wrapping_add(1);
         // The clock is read only when some VM is held back.
         let mut now = None;
         for (k, list) in lists.iter_mut().enumerate() {
@@ -558,6 +606,7 @@ impl Engine {
                 }
             }
             active.push(k);
+            scratch.note_active(k);
         }
         drr.round(active, |drr, turn| {
             let Some(list) = lists.get_mut(turn.vm) else {
@@ -589,6 +638,7 @@ impl Engine {
         let DbList {
             qps, work, next, ..
         } = list;
+        scratch.split = scratch.others_active(turn.vm);
         work_on(&dev, |ctrl, mem| {
             let mut did = false;
             while let Some(&i) = work.get(*next) {
@@ -618,7 +668,11 @@ impl Engine {
     fn sweep_all(&self, vms: &[Option<Arc<RdmaDevice>>], scratch: &mut Scratch) -> bool {
         scratch.next_timer = None;
         let mut busy = false;
-        for vm in vms.iter().flatten() {
+        // The polling lists hold the same VMs in the same order: position
+        // `k` here is position `k` there, so a WRITE posted just before the
+        // engine parks is split as it would be in a sweep.
+        for (k, vm) in vms.iter().flatten().enumerate() {
+            scratch.split = scratch.others_active(k);
             busy |= work_on(vm, |ctrl, mem| {
                 let mut handles = std::mem::take(&mut scratch.handles);
                 ctrl.res.qps.fill_handles(&mut handles);
@@ -658,6 +712,7 @@ impl Engine {
                 qp.rt.sq_ci = sq_pi;
                 qp.rt.rq_ci = if qp.srq == 0 { rq_pi } else { qp.rt.rq_ci };
                 qp.rt.wait = None;
+                qp.rt.partial = None;
                 if changed {
                     let _ = access::store_u32_release(mem, qp.db_gpa + SQ_CI, qp.rt.sq_ci);
                     let _ = access::store_u32_release(mem, qp.db_gpa + RQ_CI, qp.rt.rq_ci);
@@ -764,7 +819,11 @@ impl Engine {
         // wait behind this burst.
         let (max_wqes, max_bytes) = scratch.limits.grain(vm_id);
         let mut bytes = 0u64;
-        for _ in 0..max_wqes {
+        let mut wqes = 0u32;
+        // A piece of a WRITE executed in pieces counts towards the burst's
+        // bytes, not its work requests: every piece moves at least `PIECE`
+        // bytes, so the burst ends.
+        while wqes < max_wqes {
             let Some(qp) = ctrl.res.qps.get(h) else {
                 break;
             };
@@ -791,6 +850,13 @@ impl Engine {
             }
             did = true;
             scratch.moved = 0;
+            // Split: the piece takes what is left of the burst's bytes, and
+            // at least `PIECE` (a WRITE that fits runs whole).
+            scratch.piece = if scratch.split {
+                max_bytes.saturating_sub(bytes).max(PIECE)
+            } else {
+                u64::MAX
+            };
             let index = qp.rt.sq_ci;
             let outcome = match exhausted(qp) {
                 // The last transport retry found the destination
@@ -818,8 +884,21 @@ impl Engine {
                     qp.rt.wait = Some(w);
                     break;
                 }
+                Step::Piece => {
+                    // The WQE stays at the head; its completion comes with
+                    // its last piece. The piece is charged its bytes.
+                    let moved = std::mem::take(&mut scratch.moved);
+                    if let Some(t) = traffic {
+                        TrafficCounters::add_single_writer(&t.send_bytes, moved);
+                    }
+                    scratch.limits.charge_bytes(vm_id, moved);
+                    bytes += moved;
+                    scratch.executed.1 += moved;
+                }
                 Step::Done { published: p } => {
+                    wqes += 1;
                     qp.rt.wait = None;
+                    qp.rt.partial = None;
                     qp.rt.sq_ci = index.wrapping_add(1);
                     published = p.then_some(qp.rt.sq_ci);
                     let moved = std::mem::take(&mut scratch.moved);
@@ -866,11 +945,14 @@ impl Engine {
         };
         let (pd, qpn, qp_type, sig_all) =
             (qp.pd, qp.qpn, qp.qp_type, qp.flags & QP_FLAG_SIG_ALL != 0);
+        // A plain RDMA WRITE this QP has partly executed (spec: pieces).
+        let partial = qp.rt.partial.filter(|p| p.index == index);
         let Scratch {
             wqe: wqe_buf,
             local,
             resp,
             moved,
+            piece,
             ..
         } = scratch;
         let wr = match fetch_send(mem, qp, index, wqe_buf) {
@@ -902,11 +984,34 @@ impl Engine {
             op,
             WcOpcode::RDMA_READ | WcOpcode::COMP_SWAP | WcOpcode::FETCH_ADD
         );
-        let total = match local_segments(ctrl, pd, wr.sges, writes_local, u64::MAX, local) {
+        // Only a plain RDMA WRITE from local buffers is executed in pieces;
+        // the burst says how much one execution may move (`piece`).
+        let plain_write = wr.opcode == WrOpcode::RDMA_WRITE && wr.inline.is_none();
+        if let Some(p) = partial {
+            // The guest rewrote a WQE the device had started: it fails
+            // rather than resume with other checks than its first piece had.
+            let (hdr, same_op) = (&wr.hdr, plain_write);
+            if !same_op || hdr.rkey != p.rkey || hdr.remote_addr != p.remote_addr {
+                return failed(ctrl, WcStatus::LOC_QP_OP_ERR);
+            }
+        }
+        let start = partial.map_or(0, |p| p.done);
+        let limit = if plain_write { *piece } else { u64::MAX };
+        // Every piece checks the whole SGE list and resolves its own part.
+        let total = match local_range(ctrl, pd, wr.sges, writes_local, start, limit, local) {
             Ok(t) => t,
             Err(status) => return failed(ctrl, status),
         };
+        if partial.is_some_and(|p| p.len != total || p.wr_id != wr_id || p.done >= total) {
+            return failed(ctrl, WcStatus::LOC_QP_OP_ERR);
+        }
         let len = wr.inline.map_or(total, |d| d.len() as u64);
+        // The part this execution moves: all of it but for a piece.
+        let part = if plain_write {
+            (start, limit.min(len - start))
+        } else {
+            (0, len)
+        };
         let ud = qp_type == QpType::UD;
         if matches!(op, WcOpcode::COMP_SWAP | WcOpcode::FETCH_ADD) && len != 8 {
             return failed(ctrl, WcStatus::LOC_QP_OP_ERR);
@@ -935,6 +1040,7 @@ impl Engine {
             src_gid: ctrl.port_gid(),
             local,
             len,
+            part,
             mem,
             dest_qpn,
             qkey,
@@ -968,7 +1074,22 @@ impl Engine {
             }
         }
         if dropped || matches!(outcome, RespOutcome::Done) {
-            *moved = len;
+            *moved = part.1;
+        }
+        let end = part.0 + part.1;
+        if matches!(outcome, RespOutcome::Done) && end < len {
+            // A piece: the WQE stays at the head until its last one.
+            if let Some(q) = ctrl.res.qps.get_mut(h) {
+                q.rt.partial = Some(SendPartial {
+                    index,
+                    done: end,
+                    wr_id,
+                    len,
+                    rkey: wr.hdr.rkey,
+                    remote_addr: wr.hdr.remote_addr,
+                });
+            }
+            return Step::Piece;
         }
         match outcome {
             RespOutcome::Done | RespOutcome::Dropped => {
@@ -1292,6 +1413,9 @@ enum Step {
     },
     /// Wait for a retry (spec 18.20); the WQE stays at the head.
     Wait(SendWait),
+    /// A piece of a plain RDMA WRITE was written; the WQE stays at the
+    /// head ([`Qp::rt`]`.partial`) until its last piece.
+    Piece,
     /// The send queue is unusable and the QP failed; the WQE was not taken.
     Broken,
 }
@@ -1378,6 +1502,7 @@ fn flush(ctrl: &mut Ctrl, mem: &HostMem, h: u32, sq_pi: u32, buf: &mut WqeBuf) -
         if let Some(qp) = ctrl.res.qps.get_mut(h) {
             qp.rt.sq_ci = index.wrapping_add(1);
             qp.rt.wait = None;
+            qp.rt.partial = None;
             let _ = access::store_u32_release(mem, qp.db_gpa + SQ_CI, qp.rt.sq_ci);
         }
         did = true;
@@ -1422,4 +1547,36 @@ fn flush(ctrl: &mut Ctrl, mem: &HostMem, h: u32, sq_pi: u32, buf: &mut WqeBuf) -
         did = true;
     }
     did
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// WRITEs are split while another VM had work in one of the last
+    /// `RECENT_SWEEPS` sweeps, never for a VM alone.
+    #[test]
+    fn split_only_while_another_vm_was_recently_active() {
+        let mut s = Scratch::new();
+        let sweep = |s: &mut Scratch, active: &[usize]| {
+            s.sweeps += 1;
+            for &k in active {
+                s.note_active(k);
+            }
+        };
+        sweep(&mut s, &[0]);
+        assert!(!s.others_active(0), "alone");
+        sweep(&mut s, &[0, 1]);
+        assert!(s.others_active(0) && s.others_active(1));
+        assert!(s.others_active(2), "two others");
+        for _ in 0..=RECENT_SWEEPS {
+            sweep(&mut s, &[0]);
+        }
+        assert!(!s.others_active(0), "VM 1 idle for RECENT_SWEEPS sweeps");
+        assert!(s.others_active(1), "VM 0 is active");
+        // Alternating VMs that never share a sweep still see each other.
+        sweep(&mut s, &[2]);
+        sweep(&mut s, &[0]);
+        assert!(s.others_active(0) && s.others_active(2));
+    }
 }

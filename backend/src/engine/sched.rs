@@ -185,6 +185,12 @@ impl Limiter {
         self.ops.charge(1);
         self.bytes.charge(bytes);
     }
+
+    /// Charges `bytes` moved by a piece of a work request (its operation is
+    /// charged with its last piece).
+    pub fn charge_bytes(&mut self, bytes: u64) {
+        self.bytes.charge(bytes);
+    }
 }
 
 /// Rate-limit state of one VM.
@@ -337,6 +343,24 @@ impl Limits {
         v.own.charge(bytes);
         if let Some(t) = v.tenant.and_then(|t| self.tenants.get_mut(t)) {
             t.charge(bytes);
+        }
+    }
+
+    /// Charges `bytes` moved by a piece of a work request of VM `vm` (an
+    /// RDMA WRITE executed in pieces) to the VM's and its tenant's byte
+    /// buckets; the work request is charged with its last piece.
+    pub fn charge_bytes(&mut self, vm: usize, bytes: u64) {
+        let Some(v) = self.vms.get_mut(vm) else {
+            return;
+        };
+        if !v.limited {
+            return;
+        }
+        // `held` stays: a work request held back between its pieces
+        // counts once in `throttled`.
+        v.own.charge_bytes(bytes);
+        if let Some(t) = v.tenant.and_then(|t| self.tenants.get_mut(t)) {
+            t.charge_bytes(bytes);
         }
     }
 }

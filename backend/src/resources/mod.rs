@@ -12,7 +12,9 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use handle::HandleTable;
-pub use objects::{Ah, Context, Cq, CqRuntime, Mr, Pd, Qp, QpRuntime, SendWait, Srq, SrqRuntime};
+pub use objects::{
+    Ah, Context, Cq, CqRuntime, Mr, Pd, Qp, QpRuntime, SendPartial, SendWait, Srq, SrqRuntime,
+};
 
 use crate::rnic::Rnic;
 use crate::shmem::{DbSlot, DoorbellPages};

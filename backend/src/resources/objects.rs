@@ -68,6 +68,31 @@ pub struct QpRuntime {
     /// `QP_COMM_EST` has been queued since the QP last entered RTR
     /// (cleared by `MODIFY_QP` into RTR).
     pub comm_est: bool,
+    /// The send WQE at the head of the queue is an RDMA WRITE executed in
+    /// pieces and partly done (the engine interleaves other VMs' work
+    /// between pieces).
+    pub partial: Option<SendPartial>,
+}
+
+/// A send WQE (a plain RDMA WRITE) that the engine executes in pieces and
+/// has partly done. Its completion is written after the last piece; until
+/// then it stays at the head of the send queue. The fields besides `done`
+/// are what the first piece checked: a WQE the guest rewrote meanwhile
+/// fails instead of resuming.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendPartial {
+    /// Index of the WQE (the head of the send queue).
+    pub index: u32,
+    /// Bytes written so far (the first `done` bytes of the message).
+    pub done: u64,
+    /// The WQE's `wr_id`.
+    pub wr_id: u64,
+    /// The message length (the local SGE list's total).
+    pub len: u64,
+    /// The remote key of the whole range.
+    pub rkey: u32,
+    /// The remote address of the whole range.
+    pub remote_addr: u64,
 }
 
 /// A send WQE waiting to be tried again: the responder had no receive WQE

@@ -1,0 +1,327 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! Large RDMA WRITEs executed in pieces (`engine::PIECE`) while another VM
+//! has work, end to end through the real daemon and the reference driver:
+//! the data lands intact and in order, the requester completes after the
+//! last piece only, an MR deregistered between pieces fails the WRITE with
+//! `REM_ACCESS_ERR` without touching anything outside the range, a QP moved
+//! to ERR mid-WRITE flushes it, and a VM alone runs its WRITEs whole.
+//!
+//! Pieces are made observable with a rate limit on the writer: its bytes
+//! bucket holds it back between two pieces, and its `send_bytes` counter
+//! grows piece by piece. "Another VM has work" is a third VM whose SEND
+//! waits for RNR retries without end: its send queue is never empty.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vhost_user_rdma::engine::PIECE;
+use vhost_user_rdma::qos::QosSpec;
+use vhost_user_rdma::stats::TrafficStats;
+use vhost_user_rdma_tests::dp::{
+    conn, ok, pattern, poll_n, rc_pair, rc_qp, wr, Buf, Pair, Vm, QP_ACCESS,
+};
+use vhost_user_rdma_tests::harness::TestDaemon;
+use vhost_user_rdma_tests::vmm::VmmOptions;
+use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
+use virtio_rdma_abi::mem::access;
+use virtio_rdma_abi::qp::QpState;
+use virtio_rdma_driver::{Cq, DmaBuf, Mr, Qp, SendOp};
+
+const GUARD: u8 = 0xEE;
+const PAGE: usize = 4096;
+const WAIT: Duration = Duration::from_secs(10);
+
+fn traffic(d: &TestDaemon, vm: usize) -> TrafficStats {
+    d.daemon().tenancy().traffic(vm).unwrap().snapshot()
+}
+
+fn open(d: &TestDaemon, i: usize) -> Vm {
+    Vm::open(d, i, VmmOptions::default())
+}
+
+/// Weight 1 (pieces of `PIECE` bytes) and a bytes limit.
+fn slow(bytes_per_sec: u64) -> QosSpec {
+    QosSpec {
+        weight: 1,
+        bytes_per_sec,
+        ..QosSpec::default()
+    }
+}
+
+/// Keeps VM `c` busy for the engine: an RC SEND to a QP on `b` that never
+/// posts a receive, retried after RNR without end. Keep the result alive.
+struct Busy {
+    _cqs: (Arc<Cq>, Arc<Cq>),
+    _qps: (Qp, Qp),
+    _buf: Buf,
+}
+
+fn busy(c: &Vm, b: &Vm) -> Busy {
+    let (cqc, cqb) = (
+        Cq::create(&c.dev, 16).unwrap(),
+        Cq::create(&b.dev, 16).unwrap(),
+    );
+    let (qc, qb) = (rc_qp(c, &cqc), rc_qp(b, &cqb));
+    let mut cc = conn(&qb, b);
+    cc.rnr_retry = 7;
+    qc.rc_connect(QP_ACCESS, &cc).unwrap();
+    let mut cb = conn(&qc, c);
+    cb.min_rnr_timer = 0; // 655 ms between tries
+    qb.rc_connect(QP_ACCESS, &cb).unwrap();
+    let buf = Buf::new(c, 64);
+    let sg = [buf.sge(0, 64)];
+    qc.post_send(&[wr(99, SendOp::Send, &sg)]).unwrap();
+    Busy {
+        _cqs: (cqc, cqb),
+        _qps: (qc, qb),
+        _buf: buf,
+    }
+}
+
+/// `len + 2 pages` bytes on `vm` filled with [`GUARD`], with an MR over the
+/// `len` bytes after the first page only.
+fn guarded(vm: &Vm, len: usize) -> (Arc<DmaBuf>, Mr) {
+    let buf = Arc::new(vm.dev.alloc_dma(len + 2 * PAGE, 8).unwrap());
+    buf.fill(0, len + 2 * PAGE, GUARD).unwrap();
+    let mr = Mr::register_range(&vm.pd, buf.clone(), PAGE, len, access::ALL).unwrap();
+    (buf, mr)
+}
+
+fn assert_untouched(buf: &DmaBuf, off: usize, len: usize, what: &str) {
+    let got = buf.to_vec(off, len).unwrap();
+    if let Some(p) = got.iter().position(|&b| b != GUARD) {
+        panic!("{what}: byte {} was written ({:#x})", off + p, got[p]);
+    }
+}
+
+fn post_write(p: &Pair, id: u64, src: &Buf, len: usize, mr: &Mr) {
+    let sg = [src.sge(0, len)];
+    let op = SendOp::RdmaWrite {
+        remote_addr: mr.iova(),
+        rkey: mr.rkey(),
+    };
+    p.qa.post_send(&[wr(id, op, &sg)]).unwrap();
+}
+
+/// Waits until VM `vm` has moved at least `bytes`; returns what it moved.
+fn wait_bytes(d: &TestDaemon, vm: usize, bytes: u64) -> u64 {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let s = traffic(d, vm).send_bytes;
+        if s >= bytes {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "VM {vm} moved {s} of {bytes} bytes"
+        );
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+fn wait_state(q: &Qp, s: QpState) {
+    let deadline = Instant::now() + WAIT;
+    while q.query().unwrap().attr.qp_state != u32::from(s) {
+        assert!(Instant::now() < deadline, "QP {:#x} not in {s:?}", q.qpn());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// A 1 MiB WRITE next to a busy VM runs in pieces (the writer's counter is
+/// seen between 0 and 1 MiB with no completion yet), lands intact between
+/// untouched guard pages, completes once, and a small WRITE posted after it
+/// completes after it.
+#[test]
+fn large_write_in_pieces_lands_intact_and_in_order() {
+    const LEN: usize = 1 << 20;
+    let d = TestDaemon::start(3).unwrap();
+    let (a, b, c) = (open(&d, 0), open(&d, 1), open(&d, 2));
+    let _busy = busy(&c, &b);
+    let p = rc_pair(&a, &b);
+    let src = Buf::new(&a, LEN);
+    let data = pattern(LEN, 7);
+    src.write(0, &data);
+    let (dst, mr) = guarded(&b, LEN);
+    let (small, small_mr) = guarded(&b, 64);
+    // About 100 ms for the 1 MiB: each piece waits for its tokens.
+    d.daemon().qos().set_vm(0, slow(10 << 20)).unwrap();
+
+    post_write(&p, 1, &src, LEN, &mr);
+    post_write(&p, 2, &src, 64, &small_mr);
+    let mut seen_partial = false;
+    let mut wcs = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    while wcs.len() < 2 {
+        let moved = traffic(&d, 0).send_bytes;
+        let mut got = [virtio_rdma_driver::WorkCompletion::default(); 2];
+        let n = p.cqa.poll(&mut got);
+        if moved > 0 && moved < LEN as u64 && wcs.is_empty() {
+            // Part of the WRITE is done and it has not completed (the
+            // completion, polled after the counter was read, may only come
+            // from a later piece if it is there).
+            seen_partial = true;
+            assert_eq!(moved % PIECE, 0, "pieces of {PIECE} bytes: {moved}");
+        }
+        wcs.extend_from_slice(&got[..n]);
+        assert!(Instant::now() < deadline, "{} completions", wcs.len());
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    assert!(seen_partial, "the 1 MiB WRITE was never seen in pieces");
+    ok(&wcs[0], 1, WcOpcode::RDMA_WRITE);
+    ok(&wcs[1], 2, WcOpcode::RDMA_WRITE);
+    assert_eq!(dst.to_vec(PAGE, LEN).unwrap(), data, "the WRITE's data");
+    assert_untouched(&dst, 0, PAGE, "guard before");
+    assert_untouched(&dst, PAGE + LEN, PAGE, "guard after");
+    assert_eq!(small.to_vec(PAGE, 64).unwrap(), data[..64]);
+    let s = traffic(&d, 0);
+    assert_eq!((s.send_ops, s.send_bytes), (2, LEN as u64 + 64));
+    assert_eq!(s.error_cqes + s.flushed, 0);
+    let r = traffic(&d, 1);
+    assert_eq!((r.recv_ops, r.recv_bytes), (2, LEN as u64 + 64));
+    drop(mr);
+}
+
+/// Without another VM at work, the same WRITE runs whole: the writer's
+/// counter goes from 0 to 1 MiB at once.
+#[test]
+fn large_write_alone_runs_whole() {
+    const LEN: usize = 1 << 20;
+    let d = TestDaemon::start(2).unwrap();
+    let (a, b) = (open(&d, 0), open(&d, 1));
+    let p = rc_pair(&a, &b);
+    let src = Buf::new(&a, LEN);
+    let data = pattern(LEN, 8);
+    src.write(0, &data);
+    let (dst, mr) = guarded(&b, LEN);
+    d.daemon().qos().set_vm(0, slow(10 << 20)).unwrap();
+    post_write(&p, 1, &src, LEN, &mr);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let moved = traffic(&d, 0).send_bytes;
+        assert!(moved == 0 || moved == LEN as u64, "moved {moved}");
+        if moved == LEN as u64 {
+            break;
+        }
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    ok(&poll_n(&p.cqa, 1)[0], 1, WcOpcode::RDMA_WRITE);
+    assert_eq!(dst.to_vec(PAGE, LEN).unwrap(), data);
+}
+
+/// The responder deregisters the target MR after the first piece: the next
+/// piece finds no MR, the WRITE fails with `REM_ACCESS_ERR` (both QPs go to
+/// ERR), and only the first piece's bytes were written — nothing after it
+/// and nothing outside the range.
+#[test]
+fn mr_deregistered_between_pieces_fails_the_write() {
+    const LEN: usize = 256 << 10;
+    let d = TestDaemon::start(3).unwrap();
+    let (a, b, c) = (open(&d, 0), open(&d, 1), open(&d, 2));
+    let _busy = busy(&c, &b);
+    let p = rc_pair(&a, &b);
+    let src = Buf::new(&a, LEN);
+    let data = pattern(LEN, 9);
+    src.write(0, &data);
+    let (dst, mr) = guarded(&b, LEN);
+    // After one piece, the bucket holds the writer for about a second.
+    let qos = d.daemon().qos().clone();
+    qos.set_vm(0, slow(16 << 10)).unwrap();
+    post_write(&p, 1, &src, LEN, &mr);
+    assert_eq!(wait_bytes(&d, 0, 1), PIECE, "one piece");
+    let mut none = [virtio_rdma_driver::WorkCompletion::default(); 1];
+    assert_eq!(p.cqa.poll(&mut none), 0, "completed after one piece");
+    mr.destroy().unwrap();
+    qos.set_vm(0, QosSpec::default()).unwrap();
+
+    let wc = poll_n(&p.cqa, 1);
+    assert_eq!(wc[0].wr_id, 1);
+    assert_eq!(
+        wc[0].status(),
+        Some(WcStatus::REM_ACCESS_ERR),
+        "{:?}",
+        wc[0]
+    );
+    wait_state(&p.qa, QpState::ERR);
+    wait_state(&p.qb, QpState::ERR);
+    let piece = PIECE as usize;
+    assert_eq!(dst.to_vec(PAGE, piece).unwrap(), data[..piece]);
+    assert_untouched(&dst, PAGE + piece, LEN - piece, "after the first piece");
+    assert_untouched(&dst, 0, PAGE, "guard before");
+    assert_untouched(&dst, PAGE + LEN, PAGE, "guard after");
+    let s = traffic(&d, 0);
+    assert_eq!((s.send_ops, s.send_bytes, s.error_cqes), (1, PIECE, 1));
+    assert_eq!(traffic(&d, 1).recv_ops, 0);
+}
+
+/// The writer's QP is moved to ERR after the first piece: the WRITE and the
+/// one behind it complete with `WR_FLUSH_ERR`, and nothing more is written.
+#[test]
+fn qp_moved_to_err_mid_write_flushes_it() {
+    const LEN: usize = 256 << 10;
+    let d = TestDaemon::start(3).unwrap();
+    let (a, b, c) = (open(&d, 0), open(&d, 1), open(&d, 2));
+    let _busy = busy(&c, &b);
+    let p = rc_pair(&a, &b);
+    let src = Buf::new(&a, LEN);
+    let data = pattern(LEN, 10);
+    src.write(0, &data);
+    let (dst, mr) = guarded(&b, LEN);
+    let qos = d.daemon().qos().clone();
+    qos.set_vm(0, slow(16 << 10)).unwrap();
+    post_write(&p, 1, &src, LEN, &mr);
+    post_write(&p, 2, &src, 64, &mr);
+    assert_eq!(wait_bytes(&d, 0, 1), PIECE, "one piece");
+    p.qa.to_error().unwrap();
+    qos.set_vm(0, QosSpec::default()).unwrap();
+
+    let wcs = poll_n(&p.cqa, 2);
+    for (wc, id) in wcs.iter().zip([1, 2]) {
+        assert_eq!(wc.wr_id, id);
+        assert_eq!(wc.status(), Some(WcStatus::WR_FLUSH_ERR), "{wc:?}");
+    }
+    let piece = PIECE as usize;
+    assert_eq!(dst.to_vec(PAGE, piece).unwrap(), data[..piece]);
+    assert_untouched(&dst, PAGE + piece, LEN - piece, "after the first piece");
+    let s = traffic(&d, 0);
+    assert_eq!((s.send_ops, s.send_bytes, s.flushed), (0, PIECE, 2));
+    // The responder took no message and is still usable.
+    assert_eq!(traffic(&d, 1).recv_ops, 0);
+    assert_eq!(p.qb.query().unwrap().attr.qp_state, u32::from(QpState::RTS));
+    drop(mr);
+}
+
+/// The writer's QP is reset after the first piece and connected again: the
+/// partly written WRITE is abandoned with the queue (nothing more of it is
+/// written and it never completes), and a new WRITE runs normally.
+#[test]
+fn qp_reset_mid_write_abandons_it() {
+    const LEN: usize = 256 << 10;
+    let d = TestDaemon::start(3).unwrap();
+    let (a, b, c) = (open(&d, 0), open(&d, 1), open(&d, 2));
+    let _busy = busy(&c, &b);
+    let p = rc_pair(&a, &b);
+    let src = Buf::new(&a, LEN);
+    let data = pattern(LEN, 11);
+    src.write(0, &data);
+    let (dst, mr) = guarded(&b, LEN);
+    let (small, small_mr) = guarded(&b, 64);
+    let qos = d.daemon().qos().clone();
+    qos.set_vm(0, slow(16 << 10)).unwrap();
+    post_write(&p, 1, &src, LEN, &mr);
+    assert_eq!(wait_bytes(&d, 0, 1), PIECE, "one piece");
+    p.qa.to_reset().unwrap();
+    p.qa.rc_connect(QP_ACCESS, &conn(&p.qb, &b)).unwrap();
+    qos.set_vm(0, QosSpec::default()).unwrap();
+    post_write(&p, 2, &src, 64, &small_mr);
+
+    let wc = poll_n(&p.cqa, 1);
+    ok(&wc[0], 2, WcOpcode::RDMA_WRITE);
+    assert_eq!(small.to_vec(PAGE, 64).unwrap(), data[..64]);
+    let piece = PIECE as usize;
+    assert_eq!(dst.to_vec(PAGE, piece).unwrap(), data[..piece]);
+    assert_untouched(&dst, PAGE + piece, LEN - piece, "after the first piece");
+    let s = traffic(&d, 0);
+    assert_eq!((s.send_ops, s.send_bytes), (1, PIECE + 64));
+    drop(mr);
+}
