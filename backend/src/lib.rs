@@ -21,6 +21,7 @@
 
 pub mod config;
 pub mod config_file;
+pub mod conn_pool;
 pub mod ctrl;
 pub mod device;
 pub mod engine;

@@ -13,7 +13,7 @@
 use std::fmt::Write as _;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use log::{debug, warn};
 use thiserror::Error;
 
+use crate::conn_pool::ConnPool;
 use crate::qos::QosSpec;
 use crate::server::DaemonView;
 use crate::snapshot::{self, Totals};
@@ -100,13 +101,11 @@ impl MetricsServer {
 }
 
 fn accept_loop(listener: TcpListener, view: DaemonView, stop: Arc<AtomicBool>) {
-    let active = Arc::new(AtomicUsize::new(0));
-    let mut conns: Vec<JoinHandle<()>> = Vec::new();
+    let mut pool = ConnPool::new("metrics-conn", MAX_CONNECTIONS);
     for stream in listener.incoming() {
         if stop.load(Ordering::Acquire) {
             break;
         }
-        conns.retain(|t| !t.is_finished());
         let mut stream = match stream {
             Ok(s) => s,
             Err(e) => {
@@ -115,7 +114,7 @@ fn accept_loop(listener: TcpListener, view: DaemonView, stop: Arc<AtomicBool>) {
                 continue;
             }
         };
-        if active.load(Ordering::Acquire) >= MAX_CONNECTIONS {
+        if pool.full() {
             let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
             let _ = respond(
                 &mut stream,
@@ -127,27 +126,14 @@ fn accept_loop(listener: TcpListener, view: DaemonView, stop: Arc<AtomicBool>) {
             );
             continue;
         }
-        active.fetch_add(1, Ordering::AcqRel);
-        let (v, a) = (view.clone(), active.clone());
-        let spawned = thread::Builder::new()
-            .name("metrics-conn".into())
-            .spawn(move || {
-                if let Err(e) = serve_conn(stream, &v) {
-                    debug!("metrics connection: {e}");
-                }
-                a.fetch_sub(1, Ordering::AcqRel);
-            });
-        match spawned {
-            Ok(t) => conns.push(t),
-            Err(e) => {
-                active.fetch_sub(1, Ordering::AcqRel);
-                warn!("metrics: cannot spawn a connection thread: {e}");
+        let v = view.clone();
+        pool.spawn(move || {
+            if let Err(e) = serve_conn(stream, &v) {
+                debug!("metrics connection: {e}");
             }
-        }
+        });
     }
-    for t in conns {
-        let _ = t.join();
-    }
+    pool.join();
 }
 
 fn respond(

@@ -71,6 +71,23 @@ pub fn thread_placement() -> String {
         .join(" | ")
 }
 
+/// Prints what every benchmark prints first: `tool`'s command line, the
+/// build profile, the machine and the load average.
+pub fn print_header(tool: &str) {
+    let cmdline: Vec<String> = std::env::args().collect();
+    println!("{tool}: {}", cmdline.join(" "));
+    println!(
+        "  build: {}",
+        if cfg!(debug_assertions) {
+            "debug (numbers are not meaningful)"
+        } else {
+            "release"
+        }
+    );
+    println!("  machine: {}", machine());
+    println!("  load average at start: {}", loadavg());
+}
+
 /// The machine: CPU count, model and kernel.
 pub fn machine() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();

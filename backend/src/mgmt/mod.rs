@@ -20,7 +20,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use log::{debug, warn};
 use thiserror::Error;
 
+use crate::conn_pool::ConnPool;
 use crate::server::DaemonView;
 
 /// Longest request line in bytes (without the newline).
@@ -156,13 +157,11 @@ fn peer_allowed(stream: &UnixStream) -> bool {
 }
 
 fn accept_loop(listener: UnixListener, view: DaemonView, stop: Arc<AtomicBool>) {
-    let active = Arc::new(AtomicUsize::new(0));
-    let mut conns: Vec<JoinHandle<()>> = Vec::new();
+    let mut pool = ConnPool::new("mgmt-conn", MAX_CONNECTIONS);
     for stream in listener.incoming() {
         if stop.load(Ordering::Acquire) {
             break;
         }
-        conns.retain(|t| !t.is_finished());
         let mut stream = match stream {
             Ok(s) => s,
             Err(e) => {
@@ -177,32 +176,19 @@ fn accept_loop(listener: UnixListener, view: DaemonView, stop: Arc<AtomicBool>) 
             let _ = stream.write_all(b"{\"ok\":false,\"error\":\"permission denied\"}\n");
             continue;
         }
-        if active.load(Ordering::Acquire) >= MAX_CONNECTIONS {
+        if pool.full() {
             let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
             let _ = stream.write_all(b"{\"ok\":false,\"error\":\"too many connections\"}\n");
             continue;
         }
-        active.fetch_add(1, Ordering::AcqRel);
-        let (v, s, a) = (view.clone(), stop.clone(), active.clone());
-        let spawned = thread::Builder::new()
-            .name("mgmt-conn".into())
-            .spawn(move || {
-                if let Err(e) = serve_conn(stream, &v, &s) {
-                    debug!("management connection ended: {e}");
-                }
-                a.fetch_sub(1, Ordering::AcqRel);
-            });
-        match spawned {
-            Ok(t) => conns.push(t),
-            Err(e) => {
-                active.fetch_sub(1, Ordering::AcqRel);
-                warn!("management socket: cannot spawn a connection thread: {e}");
+        let (v, s) = (view.clone(), stop.clone());
+        pool.spawn(move || {
+            if let Err(e) = serve_conn(stream, &v, &s) {
+                debug!("management connection ended: {e}");
             }
-        }
+        });
     }
-    for t in conns {
-        let _ = t.join();
-    }
+    pool.join();
 }
 
 /// Closes a connection whose peer may still be sending: stops writing,

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use vhost_user_rdma::Limits;
-use vhost_user_rdma_tests::bench::{loadavg, machine, pin_current, thread_placement};
+use vhost_user_rdma_tests::bench::{loadavg, pin_current, print_header, thread_placement};
 use vhost_user_rdma_tests::ctrl::CtrlQueue;
 use vhost_user_rdma_tests::echo::{self, EchoHandle};
 use vhost_user_rdma_tests::guest_mem::{GuestMem, MemLayout, GIB, MIB, PAGE_SIZE};
@@ -1116,18 +1116,7 @@ fn print_mr(cfg: &Config, p: Placement, rows: &[MrRow]) {
 fn main() -> Res<()> {
     let args = Args::parse();
     let cfg = Config::from_args(&args)?;
-    let cmdline: Vec<String> = std::env::args().collect();
-    println!("ctrl_bench: {}", cmdline.join(" "));
-    println!(
-        "  build: {}",
-        if cfg!(debug_assertions) {
-            "debug (numbers are not meaningful)"
-        } else {
-            "release"
-        }
-    );
-    println!("  machine: {}", machine());
-    println!("  load average at start: {}", loadavg());
+    print_header("ctrl_bench");
 
     let cpus = allowed_cpus()?;
     let first = *cpus.first().ok_or("no CPU in the affinity mask")?;

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use vhost_user_rdma::qos::{QosClass, QosSpec, DEFAULT_CTRL_PER_SEC};
 use vhost_user_rdma::Limits;
-use vhost_user_rdma_tests::bench::{loadavg, machine, pin_current, thread_placement};
+use vhost_user_rdma_tests::bench::{pin_current, print_header, thread_placement};
 use vhost_user_rdma_tests::ctrl::Completion;
 use vhost_user_rdma_tests::dp::{self, Buf, Vm};
 use vhost_user_rdma_tests::guest_mem::PAGE_SIZE;
@@ -469,17 +469,7 @@ fn main() -> Res<()> {
         args.probe = 20;
         args.window = 8;
     }
-    let cmd: Vec<String> = std::env::args().collect();
-    println!("ctrl_fairness: {}", cmd.join(" "));
-    println!(
-        "  build: {}",
-        if cfg!(debug_assertions) {
-            "debug (numbers are not meaningful)"
-        } else {
-            "release"
-        }
-    );
-    println!("  machine: {}; loadavg {}", machine(), loadavg());
+    print_header("ctrl_fairness");
     let flood_cpu = args.flood_cpu.unwrap_or(args.client_cpu);
     let worker_cpu = args.worker_cpu.unwrap_or(args.engine_cpu);
     println!(

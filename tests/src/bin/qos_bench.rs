@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use vhost_user_rdma::config::TenantConfig;
 use vhost_user_rdma::qos::QosSpec;
-use vhost_user_rdma_tests::bench::{loadavg, machine, pin_current, thread_placement};
+use vhost_user_rdma_tests::bench::{loadavg, pin_current, print_header, thread_placement};
 use vhost_user_rdma_tests::harness::TestDaemon;
 use vhost_user_rdma_tests::transport::VmmTransport;
 use vhost_user_rdma_tests::vmm::{TestVmm, VmmOptions};
@@ -914,18 +914,7 @@ fn main() -> Res<()> {
     }
     let args = args;
     let secs = args.secs;
-    let cmdline: Vec<String> = std::env::args().collect();
-    println!("qos_bench: {}", cmdline.join(" "));
-    println!(
-        "  build: {}",
-        if cfg!(debug_assertions) {
-            "debug (numbers are not meaningful)"
-        } else {
-            "release"
-        }
-    );
-    println!("  machine: {}", machine());
-    println!("  load average at start: {}", loadavg());
+    print_header("qos_bench");
     println!(
         "  placement: clients on CPU {}, daemon (engine, vhost-user threads) on CPU {}; {} runs of {} s each; MiB = 2^20 bytes",
         args.client_cpu, args.engine_cpu, args.runs, secs
@@ -951,6 +940,7 @@ fn main() -> Res<()> {
     }
     println!("\n  threads by CPU: {}", thread_placement());
     println!("  load average at end: {}", loadavg());
+    let cmdline: Vec<String> = std::env::args().collect();
     println!("\nsummary ({}):", cmdline.join(" "));
     for s in summary {
         println!("  {s}");

@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use vhost_user_rdma_tests::bench::{loadavg, machine, pin_current, thread_placement};
+use vhost_user_rdma_tests::bench::{loadavg, pin_current, print_header, thread_placement};
 use vhost_user_rdma_tests::harness::TestDaemon;
 use vhost_user_rdma_tests::transport::VmmTransport;
 use vhost_user_rdma_tests::vmm::VmmOptions;
@@ -1235,18 +1235,7 @@ fn print_bw_header(test: Test, cfg: &Config) {
 fn main() -> Res<()> {
     let args = Args::parse();
     let cfg = Config::from_args(&args)?;
-    let cmdline: Vec<String> = std::env::args().collect();
-    println!("rdma_perf: {}", cmdline.join(" "));
-    println!(
-        "  build: {}",
-        if cfg!(debug_assertions) {
-            "debug (numbers are not meaningful)"
-        } else {
-            "release"
-        }
-    );
-    println!("  machine: {}", machine());
-    println!("  load average at start: {}", loadavg());
+    print_header("rdma_perf");
     SHMEM.store(args.shmem, Ordering::Relaxed);
     println!(
         "  doorbells: {}; message buffers: {}",
