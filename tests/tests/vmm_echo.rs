@@ -513,7 +513,9 @@ fn reset_restarts_queues_at_new_addresses() {
             vm.ctrl().set_auto_kick(false);
             vm.ctrl().submit(Opcode::QUERY_DEVICE, &[], 0).unwrap();
             let bases = vm.reset().unwrap();
-            assert_eq!(bases[0], 100, "round {round}: {bases:?}");
+            // The 100 answered, and the unkicked one if the backend
+            // happened to look at the ring again before the stop.
+            assert!(matches!(bases[0], 100 | 101), "round {round}: {bases:?}");
             assert_ne!(vm.ctrl().vring().desc_table(), old_desc);
             assert_eq!(vm.ctrl().in_flight(), 0);
             // Events still flow after the reset.
