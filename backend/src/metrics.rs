@@ -511,6 +511,25 @@ fn subjects(view: &DaemonView) -> (Vec<Subject>, Vec<Subject>) {
     (vms, tenants)
 }
 
+/// A family whose samples split one subject's value by an extra label
+/// `label` (its values and counts from `values`).
+fn labeled(
+    out: &mut String,
+    name: &str,
+    (kind, help): (&str, &str),
+    (label, subjects): (&'static str, &[Subject]),
+    values: impl Fn(&Totals) -> Vec<(&'static str, u64)>,
+) {
+    let mut f = Family::new(out, name.to_string(), kind, help);
+    for s in subjects {
+        for (v, n) in values(&s.t) {
+            let mut l = s.labels();
+            l.push((label, v));
+            f.sample(&l, n);
+        }
+    }
+}
+
 /// Writes the families of `subjects` with the name prefix `prefix`
 /// (`vhost_user_rdma_vm_` or `vhost_user_rdma_tenant_`).
 fn render_subjects(out: &mut String, prefix: &str, subjects: &[Subject]) {
@@ -520,62 +539,59 @@ fn render_subjects(out: &mut String, prefix: &str, subjects: &[Subject]) {
             f.sample(&s.labels(), get(&s.t));
         }
     }
-    let mut f = Family::new(
+    labeled(
         out,
-        format!("{prefix}objects"),
-        "gauge",
-        "Live objects by kind (ctx, pd, cq, qp, mr, srq, ah).",
+        &format!("{prefix}objects"),
+        (
+            "gauge",
+            "Live objects by kind (ctx, pd, cq, qp, mr, srq, ah).",
+        ),
+        ("kind", subjects),
+        |t| {
+            let r = &t.resources;
+            [
+                ("ctx", r.ctx),
+                ("pd", r.pd),
+                ("cq", r.cq),
+                ("qp", r.qp),
+                ("mr", r.mr),
+                ("srq", r.srq),
+                ("ah", r.ah),
+            ]
+            .map(|(k, n)| (k, n as u64))
+            .to_vec()
+        },
     );
-    for s in subjects {
-        let r = &s.t.resources;
-        for (kind, n) in [
-            ("ctx", r.ctx),
-            ("pd", r.pd),
-            ("cq", r.cq),
-            ("qp", r.qp),
-            ("mr", r.mr),
-            ("srq", r.srq),
-            ("ah", r.ah),
-        ] {
-            let mut l = s.labels();
-            l.push(("kind", kind));
-            f.sample(&l, n);
-        }
-    }
-    let mut f = Family::new(
+    labeled(
         out,
-        format!("{prefix}ctrl_completed_total"),
-        "counter",
-        "Control commands completed by the device, by result (ok, failed).",
+        &format!("{prefix}ctrl_completed_total"),
+        (
+            "counter",
+            "Control commands completed by the device, by result (ok, failed).",
+        ),
+        ("result", subjects),
+        |t| vec![("ok", t.ctrl.ok), ("failed", t.ctrl.failed)],
     );
-    for s in subjects {
-        for (result, n) in [("ok", s.t.ctrl.ok), ("failed", s.t.ctrl.failed)] {
-            let mut l = s.labels();
-            l.push(("result", result));
-            f.sample(&l, n);
-        }
-    }
-    let mut f = Family::new(
+    labeled(
         out,
-        format!("{prefix}isolation_events_total"),
-        "counter",
-        "Isolation events caused, by kind (denied, foreign_drops, foreign_rc, unknown_qpn, bad_rkey, gid_spoof).",
+        &format!("{prefix}isolation_events_total"),
+        (
+            "counter",
+            "Isolation events caused, by kind (denied, foreign_drops, foreign_rc, unknown_qpn, bad_rkey, gid_spoof).",
+        ),
+        ("kind", subjects),
+        |t| {
+            let c = &t.isolation;
+            vec![
+                ("denied", c.denied),
+                ("foreign_drops", c.foreign_drops),
+                ("foreign_rc", c.foreign_rc),
+                ("unknown_qpn", c.unknown_qpn),
+                ("bad_rkey", c.bad_rkey),
+                ("gid_spoof", c.gid_spoof),
+            ]
+        },
     );
-    for s in subjects {
-        let c = &s.t.isolation;
-        for (kind, n) in [
-            ("denied", c.denied),
-            ("foreign_drops", c.foreign_drops),
-            ("foreign_rc", c.foreign_rc),
-            ("unknown_qpn", c.unknown_qpn),
-            ("bad_rkey", c.bad_rkey),
-            ("gid_spoof", c.gid_spoof),
-        ] {
-            let mut l = s.labels();
-            l.push(("kind", kind));
-            f.sample(&l, n);
-        }
-    }
     let mut f = Family::new(
         out,
         format!("{prefix}ctrl_latency_seconds"),
