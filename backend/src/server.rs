@@ -93,6 +93,7 @@ pub struct Daemon {
 pub struct DaemonView {
     slots: Vec<Arc<VmSlot>>,
     shared: Shared,
+    engine: Arc<Engine>,
 }
 
 impl DaemonView {
@@ -119,6 +120,12 @@ impl DaemonView {
     /// The live QoS settings.
     pub fn qos(&self) -> &Arc<QosTable> {
         &self.shared.qos
+    }
+
+    /// Waits until the engine enforces every QoS change made so far
+    /// ([`Engine::sync_qos`]).
+    pub fn sync_qos(&self, timeout: std::time::Duration) -> bool {
+        self.engine.sync_qos(timeout)
     }
 }
 
@@ -260,6 +267,7 @@ impl Daemon {
         DaemonView {
             slots: self.slots.clone(),
             shared: self.shared.clone(),
+            engine: self.engine.clone(),
         }
     }
 

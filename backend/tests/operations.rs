@@ -401,8 +401,9 @@ fn ctl_shows_live_objects_and_changes_qos() {
         q["qos"],
         json!({"weight": 250, "bytes_per_sec": 0, "ops_per_sec": 5000, "ctrl_per_sec": 20000})
     );
-    let (code, _, err) = d.ctl(&["qos", "set", "db", "--bytes-per-sec", "77"]);
-    assert_eq!(code, 0, "{err}");
+    // The reply comes once the engine enforces the change.
+    let r = d.ctl_json(&["qos", "set", "db", "--bytes-per-sec", "77"]);
+    assert_eq!(r["applied"], true, "{r}");
     let q = d.ctl_json(&["qos", "get", "db"]);
     assert_eq!(q["qos"]["weight"], 250);
     assert_eq!(q["qos"]["ops_per_sec"], 5000);

@@ -3,7 +3,9 @@
 //! to it over the real vhost-user protocol.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
+use vhost_user_rdma::qos::QosSpec;
 use vhost_user_rdma::stats::TrafficStats;
 use vhost_user_rdma::tenancy::IsolationStats;
 use vhost_user_rdma::Daemon;
@@ -95,6 +97,36 @@ impl TestDaemon {
     pub fn daemon(&self) -> &Daemon {
         // Present until drop.
         self.daemon.as_ref().unwrap_or_else(|| unreachable!())
+    }
+
+    /// Changes VM `vm`'s QoS settings and returns once the engine enforces
+    /// them, so that work posted next runs under them.
+    pub fn set_vm_qos(&self, vm: usize, spec: QosSpec) -> Result<()> {
+        self.daemon()
+            .qos()
+            .set_vm(vm, spec)
+            .map_err(|e| Error::Daemon(format!("set_vm({vm}): {e}")))?;
+        self.sync_qos()
+    }
+
+    /// Changes tenant `tenant`'s QoS settings and returns once the engine
+    /// enforces them.
+    pub fn set_tenant_qos(&self, tenant: usize, spec: QosSpec) -> Result<()> {
+        self.daemon()
+            .qos()
+            .set_tenant(tenant, spec)
+            .map_err(|e| Error::Daemon(format!("set_tenant({tenant}): {e}")))?;
+        self.sync_qos()
+    }
+
+    fn sync_qos(&self) -> Result<()> {
+        if self.daemon().engine().sync_qos(Duration::from_secs(10)) {
+            Ok(())
+        } else {
+            Err(Error::Daemon(
+                "the engine did not apply a QoS change within 10 s".into(),
+            ))
+        }
     }
 
     /// Statistics of VM `i`.

@@ -473,7 +473,7 @@ fn ctrl_rate_limit_slows_only_the_limited_vm() {
         ctrl_per_sec: 250,
         ..QosSpec::default()
     };
-    d.daemon().qos().set_vm(0, spec).unwrap();
+    d.set_vm_qos(0, spec).unwrap();
     let before = (d.traffic(0).ctrl_cmds, d.traffic(1).ctrl_cmds);
     let (limited, free) = std::thread::scope(|s| {
         let h = s.spawn(|| query_n(&mut Verbs::new(&mut vm0), N));
@@ -495,7 +495,7 @@ fn ctrl_rate_limit_slows_only_the_limited_vm() {
     assert!(t0.ctrl_latency.count >= N as u64);
 
     // Lifted at run time: the next commands are fast again.
-    d.daemon().qos().set_vm(0, QosSpec::default()).unwrap();
+    d.set_vm_qos(0, QosSpec::default()).unwrap();
     let again = query_n(&mut Verbs::new(&mut vm0), N);
     assert!(again < Duration::from_millis(500), "{again:?}");
 }
@@ -511,7 +511,7 @@ fn tenant_ctrl_rate_limit_is_shared_by_its_vms() {
         ..QosSpec::default()
     };
     // Tenant 1 is "red": VMs 2 and 3.
-    d.daemon().qos().set_tenant(1, spec).unwrap();
+    d.set_tenant_qos(1, spec).unwrap();
     let mut vms: Vec<_> = [2, 3, 0].iter().map(|&i| d.connect(i).unwrap()).collect();
     let (red_a, red_b, blue) = std::thread::scope(|s| {
         let mut it = vms.iter_mut();
@@ -530,7 +530,7 @@ fn tenant_ctrl_rate_limit_is_shared_by_its_vms() {
         "{red_a:?} {red_b:?}"
     );
     assert!(blue < Duration::from_millis(150), "{blue:?}");
-    d.daemon().qos().set_tenant(1, QosSpec::default()).unwrap();
+    d.set_tenant_qos(1, QosSpec::default()).unwrap();
     let again = query_n(&mut Verbs::new(&mut vms[0]), N);
     assert!(again < Duration::from_millis(150), "{again:?}");
 }

@@ -57,12 +57,11 @@ fn ops_limit_paces_sends_and_a_raise_unblocks() {
     let p = rc_pair(&a, &b);
     let src = Buf::new(&a, 4096);
     let dst = Buf::new(&b, 4096);
-    let qos = d.daemon().qos().clone();
     let limited = |ops_per_sec| QosSpec {
         ops_per_sec,
         ..QosSpec::default()
     };
-    qos.set_vm(0, limited(200)).unwrap();
+    d.set_vm_qos(0, limited(200)).unwrap();
 
     // 60 WRITEs at 200/s: the bucket holds one token (5 ms of the rate),
     // and one more may start while it is not empty: a burst of 2.
@@ -90,14 +89,14 @@ fn ops_limit_paces_sends_and_a_raise_unblocks() {
     assert_eq!((r.send_ops, r.throttled), (0, 0));
 
     // Held at 1 op/s, 60 more would take a minute.
-    qos.set_vm(0, limited(1)).unwrap();
+    d.set_vm_qos(0, limited(1)).unwrap();
     post_writes(&p, &src, &dst, 64, 1000, K);
     std::thread::sleep(Duration::from_millis(100));
     let mut early = [virtio_rdma_driver::WorkCompletion::default(); K];
     let n = p.cqa.poll(&mut early);
     assert!(n <= 3, "{n} WRITEs completed within 100 ms at 1/s");
     // Raised at run time: the rest completes within poll_n's 10 s.
-    qos.set_vm(0, QosSpec::default()).unwrap();
+    d.set_vm_qos(0, QosSpec::default()).unwrap();
     let rest = poll_n(&p.cqa, K - n);
     let mut all = early[..n].to_vec();
     all.extend(rest);

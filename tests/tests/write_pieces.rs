@@ -144,7 +144,7 @@ fn large_write_in_pieces_lands_intact_and_in_order() {
     let (dst, mr) = guarded(&b, LEN);
     let (small, small_mr) = guarded(&b, 64);
     // About 100 ms for the 1 MiB: each piece waits for its tokens.
-    d.daemon().qos().set_vm(0, slow(10 << 20)).unwrap();
+    d.set_vm_qos(0, slow(10 << 20)).unwrap();
 
     post_write(&p, 1, &src, LEN, &mr);
     post_write(&p, 2, &src, 64, &small_mr);
@@ -193,7 +193,7 @@ fn large_write_alone_runs_whole() {
     let data = pattern(LEN, 8);
     src.write(0, &data);
     let (dst, mr) = guarded(&b, LEN);
-    d.daemon().qos().set_vm(0, slow(10 << 20)).unwrap();
+    d.set_vm_qos(0, slow(10 << 20)).unwrap();
     post_write(&p, 1, &src, LEN, &mr);
     let deadline = Instant::now() + WAIT;
     loop {
@@ -225,14 +225,13 @@ fn mr_deregistered_between_pieces_fails_the_write() {
     src.write(0, &data);
     let (dst, mr) = guarded(&b, LEN);
     // After one piece, the bucket holds the writer for about a second.
-    let qos = d.daemon().qos().clone();
-    qos.set_vm(0, slow(16 << 10)).unwrap();
+    d.set_vm_qos(0, slow(16 << 10)).unwrap();
     post_write(&p, 1, &src, LEN, &mr);
     assert_eq!(wait_bytes(&d, 0, 1), PIECE, "one piece");
     let mut none = [virtio_rdma_driver::WorkCompletion::default(); 1];
     assert_eq!(p.cqa.poll(&mut none), 0, "completed after one piece");
     mr.destroy().unwrap();
-    qos.set_vm(0, QosSpec::default()).unwrap();
+    d.set_vm_qos(0, QosSpec::default()).unwrap();
 
     let wc = poll_n(&p.cqa, 1);
     assert_eq!(wc[0].wr_id, 1);
@@ -267,13 +266,12 @@ fn qp_moved_to_err_mid_write_flushes_it() {
     let data = pattern(LEN, 10);
     src.write(0, &data);
     let (dst, mr) = guarded(&b, LEN);
-    let qos = d.daemon().qos().clone();
-    qos.set_vm(0, slow(16 << 10)).unwrap();
+    d.set_vm_qos(0, slow(16 << 10)).unwrap();
     post_write(&p, 1, &src, LEN, &mr);
     post_write(&p, 2, &src, 64, &mr);
     assert_eq!(wait_bytes(&d, 0, 1), PIECE, "one piece");
     p.qa.to_error().unwrap();
-    qos.set_vm(0, QosSpec::default()).unwrap();
+    d.set_vm_qos(0, QosSpec::default()).unwrap();
 
     let wcs = poll_n(&p.cqa, 2);
     for (wc, id) in wcs.iter().zip([1, 2]) {
@@ -306,13 +304,12 @@ fn qp_reset_mid_write_abandons_it() {
     src.write(0, &data);
     let (dst, mr) = guarded(&b, LEN);
     let (small, small_mr) = guarded(&b, 64);
-    let qos = d.daemon().qos().clone();
-    qos.set_vm(0, slow(16 << 10)).unwrap();
+    d.set_vm_qos(0, slow(16 << 10)).unwrap();
     post_write(&p, 1, &src, LEN, &mr);
     assert_eq!(wait_bytes(&d, 0, 1), PIECE, "one piece");
     p.qa.to_reset().unwrap();
     p.qa.rc_connect(QP_ACCESS, &conn(&p.qb, &b)).unwrap();
-    qos.set_vm(0, QosSpec::default()).unwrap();
+    d.set_vm_qos(0, QosSpec::default()).unwrap();
     post_write(&p, 2, &src, 64, &small_mr);
 
     let wc = poll_n(&p.cqa, 1);

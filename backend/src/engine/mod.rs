@@ -396,6 +396,29 @@ impl Engine {
         }
     }
 
+    /// Waits until the engine enforces every QoS change made so far
+    /// (through [`crate::qos::QosTable`]), waking it if it sleeps; false
+    /// if that took longer than `timeout` (the engine is stopped or
+    /// starved of CPU). Without this, a change applies at the engine's
+    /// next sweep: work posted right after it may still run under the
+    /// old settings.
+    pub fn sync_qos(&self, timeout: Duration) -> bool {
+        let qos = &self.shared.qos;
+        let target = qos.generation();
+        if qos.applied() >= target {
+            return true;
+        }
+        self.wake();
+        let deadline = Instant::now() + timeout;
+        while qos.applied() < target {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            thread::sleep(Duration::from_micros(50));
+        }
+        true
+    }
+
     /// Wakes the engine (a doorbell kick, or a control-path change).
     pub fn wake(&self) {
         if let Err(e) = self.wake.write(1) {
@@ -442,15 +465,19 @@ impl Engine {
             }
             // QoS changes apply at the next sweep (one atomic load each).
             let qos = &self.shared.qos;
+            let qos_gen = qos.generation();
             scratch.limits.refresh(qos, &self.shared.tenancy);
-            if weights_seen != Some((qos.generation(), seen)) {
-                weights_seen = Some((qos.generation(), seen));
+            if weights_seen != Some((qos_gen, seen)) {
+                weights_seen = Some((qos_gen, seen));
                 drr = Drr::default();
                 drr.resize(lists.len());
                 for (k, list) in lists.iter().enumerate() {
                     let w = qos.vm(list.dev.id()).map_or(DEFAULT_WEIGHT, |s| s.weight);
                     drr.set_weight(k, w);
                 }
+                // Both were read after `qos_gen` was: everything up to it
+                // is now enforced.
+                qos.mark_applied(qos_gen);
             }
             if self.sweep(&vms, &mut lists, &mut scratch, &mut drr, &mut active) {
                 idle_sweeps = 0;

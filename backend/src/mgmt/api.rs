@@ -73,6 +73,11 @@ struct SetQosArgs {
 /// Serializes read-modify-write QoS updates from concurrent connections.
 static SET_QOS: Mutex<()> = Mutex::new(());
 
+/// How long `set_qos` waits for the engine to enforce a change before it
+/// replies with `"applied": false` (the change still applies once the
+/// engine runs).
+const SYNC_QOS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
 type Reply = Result<Map<String, Value>, String>;
 
 /// Answers one request line (without its newline); the answer is one line
@@ -403,7 +408,11 @@ fn set_qos(view: &DaemonView, a: SetQosArgs) -> Reply {
         QosOf::Tenant(t) => table.set_tenant(t, new),
     }
     .map_err(|e| format!("set_qos: {e}"))?;
+    // The reply means "in force": work posted after it runs under the new
+    // settings. Only a stopped or CPU-starved engine takes longer.
+    let applied = view.sync_qos(SYNC_QOS_TIMEOUT);
     let mut m = qos_reply(view, &of, &new);
+    m.insert("applied".into(), Value::from(applied));
     let vm = m.get("vm").and_then(Value::as_str).unwrap_or("");
     let tenant = m.get("tenant").and_then(Value::as_str).unwrap_or("");
     let change = format!(

@@ -384,6 +384,9 @@ fn human(cmd: &CtlCommand, a: &Value) -> String {
             if a.get("previous").is_some() {
                 t.push_str(&format!("previously: {}\n", qos_line(&a["previous"])));
             }
+            if a.get("applied") == Some(&Value::Bool(false)) {
+                t.push_str("not yet in force: the engine did not pick it up within 1 s\n");
+            }
             t
         }
         CtlCommand::Ping => "pong\n".into(),
