@@ -103,7 +103,28 @@ pub enum ConfigError {
         /// Value given.
         value: u64,
     },
+    /// `engine_cpus` does not give one CPU per engine thread.
+    #[error("engine_cpus lists {cpus} CPUs for {threads} engine threads (one each, or none)")]
+    EngineCpus {
+        /// CPUs listed.
+        cpus: usize,
+        /// `engine_threads`.
+        threads: usize,
+    },
+    /// A tenant is placed on an engine thread that does not exist.
+    #[error("tenant {tenant:?}: engine = {engine}, but there are {threads} engine threads (0..{threads})")]
+    TenantEngine {
+        /// The tenant.
+        tenant: String,
+        /// Its `engine`.
+        engine: usize,
+        /// `engine_threads`.
+        threads: usize,
+    },
 }
+
+/// Most engine threads.
+pub const MAX_ENGINE_THREADS: usize = 64;
 
 /// Per-VM limits, advertised in the device configuration and enforced on
 /// every create command.
@@ -382,6 +403,9 @@ pub struct TenantConfig {
     /// QoS class (one of [`DaemonConfig::qos_classes`]): rate limits on the
     /// sum of the tenant's VMs' traffic.
     pub qos_class: Option<String>,
+    /// The engine thread that serves the tenant's VMs; `None`: tenants
+    /// are spread over the threads in turn ([`DaemonConfig::engine_plan`]).
+    pub engine: Option<usize>,
 }
 
 /// One VM: the socket its VMM connects to and what its device offers.
@@ -416,8 +440,10 @@ pub struct DaemonConfig {
     pub ctrl_poll: std::time::Duration,
     /// Named QoS settings that tenants and VMs refer to.
     pub qos_classes: Vec<crate::qos::QosClass>,
-    /// CPU the RNIC engine thread is pinned to (`None`: not pinned).
-    pub engine_cpu: Option<usize>,
+    /// Number of RNIC engine threads (1..=[`MAX_ENGINE_THREADS`]).
+    pub engine_threads: usize,
+    /// The CPU of each engine thread, in order (empty: not pinned).
+    pub engine_cpus: Vec<usize>,
     /// Path of the management socket (JSON API); `None`: none.
     pub mgmt_socket: Option<PathBuf>,
     /// Address of the Prometheus metrics HTTP listener; `None`: none.
@@ -437,7 +463,8 @@ impl DaemonConfig {
             device_features: ALL_DEVICE_FEATURES,
             ctrl_poll: DEFAULT_CTRL_POLL,
             qos_classes: Vec::new(),
-            engine_cpu: None,
+            engine_threads: 1,
+            engine_cpus: Vec::new(),
             mgmt_socket: None,
             metrics_listen: None,
         };
@@ -454,6 +481,7 @@ impl DaemonConfig {
             self.tenants.push(TenantConfig {
                 name: DEFAULT_TENANT.into(),
                 qos_class: None,
+                engine: None,
             });
         }
         self.vms.push(VmConfig {
@@ -497,10 +525,70 @@ impl DaemonConfig {
         }
     }
 
+    /// The engine thread of tenant `index`: its `engine`, or else the
+    /// tenants without one take the threads in turn, in their order.
+    pub fn tenant_engine(&self, index: usize) -> usize {
+        let threads = self.engine_threads.max(1);
+        match self.tenants.get(index).and_then(|t| t.engine) {
+            Some(e) => e,
+            None => {
+                let unplaced = self.tenants[..index.min(self.tenants.len())]
+                    .iter()
+                    .filter(|t| t.engine.is_none())
+                    .count();
+                unplaced % threads
+            }
+        }
+    }
+
+    /// The engine threads (their CPUs) and the thread of every VM: its
+    /// tenant's ([`DaemonConfig::tenant_engine`]).
+    pub fn engine_plan(&self) -> crate::engine::group::EnginePlan {
+        let threads = self.engine_threads.max(1);
+        let cpus = (0..threads)
+            .map(|i| self.engine_cpus.get(i).copied())
+            .collect();
+        let placement = self
+            .vms
+            .iter()
+            .map(|vm| {
+                self.tenants
+                    .iter()
+                    .position(|t| t.name == vm.tenant)
+                    .map_or(0, |t| self.tenant_engine(t))
+            })
+            .collect();
+        crate::engine::group::EnginePlan { cpus, placement }
+    }
+
     /// Checks the whole configuration.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.vms.is_empty() {
             return Err(ConfigError::NoSockets);
+        }
+        let threads = self.engine_threads;
+        if threads == 0 || threads > MAX_ENGINE_THREADS {
+            return Err(ConfigError::LimitOutOfRange {
+                name: "engine_threads",
+                value: threads as u64,
+                min: 1,
+                max: MAX_ENGINE_THREADS as u64,
+            });
+        }
+        if !self.engine_cpus.is_empty() && self.engine_cpus.len() != threads {
+            return Err(ConfigError::EngineCpus {
+                cpus: self.engine_cpus.len(),
+                threads,
+            });
+        }
+        for t in &self.tenants {
+            if let Some(engine) = t.engine.filter(|&e| e >= threads) {
+                return Err(ConfigError::TenantEngine {
+                    tenant: t.name.clone(),
+                    engine,
+                    threads,
+                });
+            }
         }
         for (i, t) in self.tenants.iter().enumerate() {
             if self.tenants[..i].iter().any(|o| o.name == t.name) {

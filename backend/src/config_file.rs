@@ -20,7 +20,7 @@ use virtio_rdma_abi::config::F_SHMEM_DOORBELL;
 
 use crate::config::{
     default_gid, gid_text, ConfigError, DaemonConfig, LimitOverrides, Limits, TenantConfig,
-    VmConfig, MAX_CTRL_POLL,
+    VmConfig, MAX_CTRL_POLL, MAX_ENGINE_THREADS,
 };
 use crate::qos::{QosClass, QosSpec};
 
@@ -152,6 +152,38 @@ pub enum FileError {
         /// What is wrong.
         source: Box<ConfigError>,
     },
+    /// `engine_threads` is 0 or too large.
+    #[error("{at}: engine_threads = {value} is out of range (1..={max})")]
+    EngineThreads {
+        /// The field.
+        at: Loc,
+        /// Its value.
+        value: usize,
+        /// Largest value.
+        max: usize,
+    },
+    /// `engine_cpus` does not list one CPU per engine thread.
+    #[error("{at}: engine_cpus lists {cpus} CPUs for {threads} engine threads (one each)")]
+    EngineCpus {
+        /// The field.
+        at: Loc,
+        /// CPUs listed.
+        cpus: usize,
+        /// `engine_threads`.
+        threads: usize,
+    },
+    /// A tenant's `engine` names a thread that does not exist.
+    #[error("{at}: tenant {tenant:?}: engine = {engine}, but there are {threads} engine threads (0..{threads})")]
+    TenantEngine {
+        /// The field.
+        at: Loc,
+        /// The tenant.
+        tenant: String,
+        /// Its `engine`.
+        engine: usize,
+        /// `engine_threads`.
+        threads: usize,
+    },
     /// `ctrl_poll_us` is too large.
     #[error("{at}: ctrl_poll_us = {value} is out of range (0..={max})")]
     CtrlPoll {
@@ -251,7 +283,8 @@ limits_table! {
 struct DaemonTable {
     ctrl_poll_us: Option<Spanned<u64>>,
     shmem_doorbell: Option<bool>,
-    engine_cpu: Option<usize>,
+    engine_threads: Option<Spanned<usize>>,
+    engine_cpus: Option<Spanned<Vec<usize>>>,
     mgmt_socket: Option<PathBuf>,
     metrics_listen: Option<Spanned<String>>,
     log_format: Option<crate::logging::LogFormat>,
@@ -278,6 +311,7 @@ struct DefaultsTable {
 struct TenantTable {
     name: Spanned<String>,
     qos_class: Option<Spanned<String>>,
+    engine: Option<Spanned<usize>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -360,7 +394,27 @@ pub fn parse(text: &str, file: &str, cli: &LimitOverrides) -> Result<LoadedConfi
     if tables.daemon.shmem_doorbell == Some(false) {
         config.device_features &= !F_SHMEM_DOORBELL;
     }
-    config.engine_cpu = tables.daemon.engine_cpu;
+    if let Some(n) = &tables.daemon.engine_threads {
+        let value = *n.get_ref();
+        if value == 0 || value > MAX_ENGINE_THREADS {
+            return Err(FileError::EngineThreads {
+                at: at(n.span()),
+                value,
+                max: MAX_ENGINE_THREADS,
+            });
+        }
+        config.engine_threads = value;
+    }
+    if let Some(cpus) = &tables.daemon.engine_cpus {
+        if cpus.get_ref().len() != config.engine_threads {
+            return Err(FileError::EngineCpus {
+                at: at(cpus.span()),
+                cpus: cpus.get_ref().len(),
+                threads: config.engine_threads,
+            });
+        }
+        config.engine_cpus = cpus.get_ref().clone();
+    }
     config.mgmt_socket = tables.daemon.mgmt_socket.clone();
     if let Some(l) = &tables.daemon.metrics_listen {
         let addr = l.get_ref().parse().map_err(|_| FileError::BadListen {
@@ -470,9 +524,22 @@ pub fn parse(text: &str, file: &str, cli: &LimitOverrides) -> Result<LoadedConfi
                 first: at(first.get_ref().name.span()).line,
             });
         }
+        if let Some(e) = tt
+            .engine
+            .as_ref()
+            .filter(|e| *e.get_ref() >= config.engine_threads)
+        {
+            return Err(FileError::TenantEngine {
+                at: at(e.span()),
+                tenant: name.clone(),
+                engine: *e.get_ref(),
+                threads: config.engine_threads,
+            });
+        }
         config.tenants.push(TenantConfig {
             name: name.clone(),
             qos_class: class_of(&tt.qos_class, format!("tenant {name:?}"))?,
+            engine: tt.engine.as_ref().map(|e| *e.get_ref()),
         });
     }
 
@@ -772,14 +839,51 @@ bytes_per_sec = 1000000000
     }
 
     #[test]
+    fn engine_threads_and_tenant_placement() {
+        // Tenants without `engine` take the threads in turn.
+        let two = good_with("shmem_doorbell = false", "engine_threads = 2");
+        let c = parse_str(&two).unwrap().config;
+        c.validate().unwrap();
+        let plan = c.engine_plan();
+        assert_eq!(plan.cpus, vec![None, None]);
+        assert_eq!(plan.placement, vec![0, 1], "blue on 0, red on 1");
+        // An explicit placement.
+        let c = parse_str(&two.replacen("name = \"red\"", "name = \"red\"\nengine = 0", 1))
+            .unwrap()
+            .config;
+        assert_eq!(c.engine_plan().placement, vec![0, 0]);
+        // Errors name the line.
+        let e = err(&two.replacen("name = \"red\"", "name = \"red\"\nengine = 2", 1));
+        assert_eq!(
+            e,
+            "config.toml:16: tenant \"red\": engine = 2, but there are 2 engine threads (0..2)"
+        );
+        let e = err(&good_with("shmem_doorbell = false", "engine_threads = 0"));
+        assert_eq!(
+            e,
+            "config.toml:4: engine_threads = 0 is out of range (1..=64)"
+        );
+        let e = err(&good_with(
+            "shmem_doorbell = false",
+            "engine_threads = 2\nengine_cpus = [1]",
+        ));
+        assert_eq!(
+            e,
+            "config.toml:5: engine_cpus lists 1 CPUs for 2 engine threads (one each)"
+        );
+        let e = err(&good_with("shmem_doorbell = false", "engine = 1"));
+        assert!(e.contains("unknown field `engine`"), "{e}");
+    }
+
+    #[test]
     fn qos_classes_and_daemon_settings() {
         let l = parse_str(&good_with(
             "shmem_doorbell = false",
-            "shmem_doorbell = false\nengine_cpu = 1\nmgmt_socket = \"/run/m.sock\"\nmetrics_listen = \"127.0.0.1:9842\"\nlog_format = \"json\"",
+            "shmem_doorbell = false\nengine_threads = 2\nengine_cpus = [1, 0]\nmgmt_socket = \"/run/m.sock\"\nmetrics_listen = \"127.0.0.1:9842\"\nlog_format = \"json\"",
         ))
         .unwrap();
         let c = &l.config;
-        assert_eq!(c.engine_cpu, Some(1));
+        assert_eq!((c.engine_threads, &c.engine_cpus[..]), (2, &[1, 0][..]));
         assert_eq!(c.mgmt_socket.as_deref(), Some(Path::new("/run/m.sock")));
         assert_eq!(c.metrics_listen.map(|a| a.port()), Some(9842));
         assert_eq!(l.log_format, Some(crate::logging::LogFormat::Json));

@@ -254,6 +254,11 @@ impl RdmaDevice {
         Some(f(ctrl, host))
     }
 
+    /// The engine thread serving this VM.
+    pub fn engine_index(&self) -> usize {
+        self.engine.index()
+    }
+
     /// The data-path generation: it changes (under the VM's lock, before
     /// the lock is released) whenever objects, memory or the connection of
     /// the VM may have changed. Read it under [`with_dataplane`] to pair it

@@ -146,6 +146,7 @@ mod tests {
         c.tenants.push(TenantConfig {
             name: "red".into(),
             qos_class: None,
+            engine: None,
         });
         c.vms[1].tenant = "red".into();
         c.vms[1].name = "web".into();

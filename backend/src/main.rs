@@ -80,9 +80,14 @@ struct Args {
     /// other VMs' control workers get to run (1..=1024).
     #[arg(long)]
     max_ctrl_outstanding: Option<u32>,
-    /// Pin the RNIC engine thread to this CPU.
+    /// Number of RNIC engine threads (1..=64); a tenant's VMs share one.
+    /// Replaces the file's [daemon] engine_threads.
     #[arg(long)]
-    engine_cpu: Option<usize>,
+    engine_threads: Option<usize>,
+    /// Pin the engine threads to these CPUs, one each, in order (e.g.
+    /// `2,3`). Replaces the file's [daemon] engine_cpus.
+    #[arg(long, value_delimiter = ',')]
+    engine_cpus: Option<Vec<usize>>,
     /// Microseconds a control-queue worker keeps polling for more requests
     /// after a batch before it sleeps (0 disables polling).
     #[arg(long)]
@@ -170,8 +175,11 @@ fn daemon_config(a: Args) -> Result<(DaemonConfig, Option<LogFormat>), ArgsError
     if let Some(us) = a.ctrl_poll_us {
         config.ctrl_poll = std::time::Duration::from_micros(us);
     }
-    if a.engine_cpu.is_some() {
-        config.engine_cpu = a.engine_cpu;
+    if let Some(n) = a.engine_threads {
+        config.engine_threads = n;
+    }
+    if let Some(cpus) = a.engine_cpus {
+        config.engine_cpus = cpus;
     }
     if a.mgmt_socket.is_some() {
         config.mgmt_socket = a.mgmt_socket;

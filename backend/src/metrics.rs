@@ -22,6 +22,7 @@ use log::{debug, warn};
 use thiserror::Error;
 
 use crate::conn_pool::ConnPool;
+use crate::engine::group::EngineStats;
 use crate::qos::QosSpec;
 use crate::server::DaemonView;
 use crate::snapshot::{self, Totals};
@@ -657,7 +658,42 @@ pub fn render(view: &DaemonView) -> String {
     for t in &tenants {
         f.sample(&t.labels(), t.t.vms);
     }
+    render_engines(&mut out, &view.engine_stats());
     out
+}
+
+/// `vhost_user_rdma_engine_*{engine}`: the engine threads' work.
+fn render_engines(out: &mut String, engines: &[EngineStats]) {
+    type Get = fn(&EngineStats) -> u64;
+    let families: [(&str, &str, &str, Get); 4] = [
+        ("vms", "gauge", "VMs served by the engine thread.", |e| {
+            e.vms as u64
+        }),
+        (
+            "wqes_total",
+            "counter",
+            "Send work requests the engine thread executed.",
+            |e| e.wqes,
+        ),
+        (
+            "bytes_total",
+            "counter",
+            "Payload bytes the engine thread moved.",
+            |e| e.bytes,
+        ),
+        (
+            "parks_total",
+            "counter",
+            "Times the engine thread went to sleep for want of work.",
+            |e| e.parks,
+        ),
+    ];
+    for (name, kind, help, get) in families {
+        let mut f = Family::new(out, format!("vhost_user_rdma_engine_{name}"), kind, help);
+        for e in engines {
+            f.sample(&[("engine", &e.index.to_string())], get(e));
+        }
+    }
 }
 
 #[cfg(test)]

@@ -108,8 +108,6 @@ pub struct QosTable {
     vms: RwLock<Vec<QosSpec>>,
     tenants: RwLock<Vec<QosSpec>>,
     generation: AtomicU64,
-    /// The newest generation the engine enforces ([`QosTable::mark_applied`]).
-    applied: AtomicU64,
 }
 
 fn read<T: Clone>(l: &RwLock<Vec<T>>, i: usize) -> Option<T> {
@@ -123,25 +121,12 @@ impl QosTable {
             vms: RwLock::new(vms),
             tenants: RwLock::new(tenants),
             generation: AtomicU64::new(0),
-            applied: AtomicU64::new(0),
         }
     }
 
     /// Changes with every update; readers cache until it moves.
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
-    }
-
-    /// The newest generation whose settings the engine enforces: a change
-    /// made at generation `g` is in force once this is at least `g`.
-    pub fn applied(&self) -> u64 {
-        self.applied.load(Ordering::Acquire)
-    }
-
-    /// Called by the engine once it enforces every setting of generation
-    /// `generation` (read before it read the settings).
-    pub fn mark_applied(&self, generation: u64) {
-        self.applied.fetch_max(generation, Ordering::AcqRel);
     }
 
     /// The settings of VM `vm`.
@@ -221,22 +206,5 @@ mod tests {
         ));
         assert_eq!(t.set_tenant(0, spec), Ok(()));
         assert_eq!(t.tenant(0), Some(spec));
-    }
-
-    #[test]
-    fn applied_only_moves_forward() {
-        let t = QosTable::new(vec![QosSpec::default()], vec![]);
-        assert_eq!(t.applied(), 0);
-        assert_eq!(t.set_vm(0, QosSpec::unlimited()), Ok(()));
-        let g = t.generation();
-        assert!(
-            t.applied() < g,
-            "a change is not in force before the engine says so"
-        );
-        t.mark_applied(g);
-        assert_eq!(t.applied(), g);
-        // A slower reader that read an older generation does not undo it.
-        t.mark_applied(g - 1);
-        assert_eq!(t.applied(), g);
     }
 }

@@ -1,5 +1,6 @@
 //! Serving vhost-user sockets: one listener thread per VM socket, all in one
-//! process and sharing one RNIC engine. When a VMM disconnects, everything
+//! process and sharing the RNIC engine threads (a tenant's VMs on one).
+//! When a VMM disconnects, everything
 //! its VM held is released and the socket accepts the next connection.
 
 use std::os::fd::AsRawFd;
@@ -20,7 +21,7 @@ use vmm_sys_util::epoll::EventSet;
 use crate::config::{ConfigError, DaemonConfig};
 use crate::ctrl::PortIdentity;
 use crate::device::{DeviceStats, RdmaDevice, Shared, EVENT_WAKE};
-use crate::engine::Engine;
+use crate::engine::group::{EngineStats, Engines};
 use crate::keys::KeySource;
 use crate::qos::QosTable;
 use crate::rnic::soft::SoftRnic;
@@ -80,7 +81,7 @@ pub struct Daemon {
     threads: Vec<JoinHandle<()>>,
     stop: Arc<AtomicBool>,
     rnic: Arc<dyn Rnic>,
-    engine: Arc<Engine>,
+    engines: Arc<Engines>,
     shared: Shared,
     mgmt: Option<crate::mgmt::MgmtServer>,
     metrics: Option<crate::metrics::MetricsServer>,
@@ -93,7 +94,7 @@ pub struct Daemon {
 pub struct DaemonView {
     slots: Vec<Arc<VmSlot>>,
     shared: Shared,
-    engine: Arc<Engine>,
+    engines: Arc<Engines>,
 }
 
 impl DaemonView {
@@ -122,10 +123,20 @@ impl DaemonView {
         &self.shared.qos
     }
 
-    /// Waits until the engine enforces every QoS change made so far
-    /// ([`Engine::sync_qos`]).
+    /// Waits until every engine thread enforces every QoS change made so
+    /// far ([`Engines::sync_qos`]).
     pub fn sync_qos(&self, timeout: std::time::Duration) -> bool {
-        self.engine.sync_qos(timeout)
+        self.engines.sync_qos(self.shared.qos.generation(), timeout)
+    }
+
+    /// The engine threads' counters.
+    pub fn engine_stats(&self) -> Vec<EngineStats> {
+        self.engines.stats()
+    }
+
+    /// The engine thread serving VM `vm`.
+    pub fn engine_of(&self, vm: usize) -> usize {
+        self.engines.for_vm(vm).index()
     }
 }
 
@@ -180,8 +191,10 @@ impl Daemon {
             )),
         );
         let rnic: Arc<dyn Rnic> = Arc::new(SoftRnic::new()?);
-        let engine = Engine::start(rnic.clone(), shared.clone(), config.engine_cpu)
-            .map_err(ServerError::Spawn)?;
+        let engines = Arc::new(
+            Engines::start(rnic.clone(), shared.clone(), config.engine_plan())
+                .map_err(ServerError::Spawn)?,
+        );
         let stop = Arc::new(AtomicBool::new(false));
         let mut keys = KeySource::new();
         let mut slots = Vec::new();
@@ -200,7 +213,7 @@ impl Daemon {
                         config.device_features,
                         config.ctrl_poll,
                         rnic.clone(),
-                        engine.clone(),
+                        engines.for_vm(index).clone(),
                         port_identity(index, config.gid(index), &mut keys)?,
                         &shared,
                     )
@@ -210,7 +223,7 @@ impl Daemon {
                 connected: AtomicBool::new(false),
                 connections: AtomicU64::new(0),
             });
-            engine.register(index, &slot.device);
+            engines.register(index, &slot.device);
             let ctx = ServeCtx {
                 slot: slot.clone(),
                 stop: stop.clone(),
@@ -222,10 +235,11 @@ impl Daemon {
                 .map_err(ServerError::Spawn)?;
             info!(
                 vm = vm.name.as_str(), tenant = vm.tenant.as_str();
-                "serving VM {index} ({}, tenant {}, GID {}) on {}",
+                "serving VM {index} ({}, tenant {}, GID {}, engine thread {}) on {}",
                 vm.name,
                 vm.tenant,
                 crate::config::gid_text(config.gid(index)),
+                engines.for_vm(index).index(),
                 path.display()
             );
             slots.push(slot);
@@ -236,7 +250,7 @@ impl Daemon {
             threads,
             stop,
             rnic,
-            engine,
+            engines,
             shared,
             mgmt: None,
             metrics: None,
@@ -267,7 +281,7 @@ impl Daemon {
         DaemonView {
             slots: self.slots.clone(),
             shared: self.shared.clone(),
-            engine: self.engine.clone(),
+            engines: self.engines.clone(),
         }
     }
 
@@ -297,9 +311,20 @@ impl Daemon {
         self.slots.len()
     }
 
-    /// The RNIC engine.
-    pub fn engine(&self) -> &Arc<Engine> {
-        &self.engine
+    /// The device of VM `index` (tests and tools: e.g. to hold its lock).
+    pub fn device(&self, index: usize) -> Option<&Arc<RdmaDevice>> {
+        self.slots.get(index).map(|s| &s.device)
+    }
+
+    /// The RNIC engine threads.
+    pub fn engines(&self) -> &Engines {
+        &self.engines
+    }
+
+    /// Waits until every engine thread enforces every QoS change made so
+    /// far ([`Engines::sync_qos`]).
+    pub fn sync_qos(&self, timeout: std::time::Duration) -> bool {
+        self.engines.sync_qos(self.shared.qos.generation(), timeout)
     }
 
     /// QP numbers allocated across all VMs.
@@ -334,7 +359,7 @@ impl Daemon {
         for t in self.threads {
             let _ = t.join();
         }
-        self.engine.stop();
+        self.engines.stop();
         for slot in &self.slots {
             let _ = std::fs::remove_file(&slot.path);
         }

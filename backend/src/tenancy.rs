@@ -205,6 +205,7 @@ mod tests {
         c.tenants.push(TenantConfig {
             name: "red".into(),
             qos_class: None,
+            engine: None,
         });
         c.vms[2].tenant = "red".into();
         let t = Tenancy::from_config(&c);

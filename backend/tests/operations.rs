@@ -42,7 +42,8 @@ fn unique_dir(tag: &str) -> PathBuf {
 
 impl Daemon {
     /// Starts the daemon with three VMs: web and db (tenant blue, class
-    /// gold) and batch (tenant red).
+    /// gold) and batch (tenant red), on two engine threads (blue on the
+    /// first, red on the second).
     fn start(tag: &str) -> Daemon {
         let dir = unique_dir(tag);
         let config = format!(
@@ -51,6 +52,7 @@ impl Daemon {
 mgmt_socket = "{d}/mgmt.sock"
 metrics_listen = "127.0.0.1:0"
 log_format = "json"
+engine_threads = 2
 
 [[qos_class]]
 name = "gold"
@@ -283,6 +285,7 @@ fn ctl_shows_live_objects_and_changes_qos() {
             "NAME",
             "TENANT",
             "GID",
+            "ENGINE",
             "CONNECTED",
             "CONNS",
             "QP",
@@ -300,6 +303,7 @@ fn ctl_shows_live_objects_and_changes_qos() {
             "web",
             "blue",
             "::ffff:10.42.0.1",
+            "0",
             "yes",
             "1",
             "3",
@@ -317,6 +321,7 @@ fn ctl_shows_live_objects_and_changes_qos() {
             "batch",
             "red",
             "::ffff:10.42.0.3",
+            "1",
             "no",
             "0",
             "0",
@@ -427,6 +432,26 @@ fn ctl_shows_live_objects_and_changes_qos() {
     let t = d.ctl_json(&["tenants"]);
     assert_eq!(t["tenants"][0]["resources"]["mr"], 1);
     assert_eq!(t["tenants"][0]["vms"], json!(["web", "db"]));
+    assert_eq!(
+        (&t["tenants"][0]["engine"], &t["tenants"][1]["engine"]),
+        (&json!(0), &json!(1))
+    );
+
+    // ctl engines: two threads, blue's two VMs on the first, red's one on
+    // the second; neither pinned.
+    let (code, out, err) = d.ctl(&["engines"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out.lines()
+            .next()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>()),
+        Some(vec!["ENGINE", "CPU", "VMS", "WQES", "BYTES", "PARKS"])
+    );
+    assert_eq!(row(&out, "0")[1..3], ["-", "2"]);
+    assert_eq!(row(&out, "1")[1..3], ["-", "1"]);
+    let e = d.ctl_json(&["engines"]);
+    assert_eq!(e["engines"].as_array().map(Vec::len), Some(2));
+    assert_eq!(e["engines"][1]["vms"], 1);
 
     // ctl raw, ping, version.
     let (code, out, _) = d.ctl(&["raw", r#"{"cmd":"ping","id":42}"#]);
@@ -826,6 +851,9 @@ fn metrics_endpoint() {
     );
     assert_eq!(val(r#"vhost_user_rdma_tenant_vms{tenant="blue"}"#), 2.0);
     assert_eq!(val(r#"vhost_user_rdma_tenant_vms{tenant="red"}"#), 1.0);
+    assert_eq!(val(r#"vhost_user_rdma_engine_vms{engine="0"}"#), 2.0);
+    assert_eq!(val(r#"vhost_user_rdma_engine_vms{engine="1"}"#), 1.0);
+    assert!(val(r#"vhost_user_rdma_engine_parks_total{engine="1"}"#) >= 0.0);
     // The latency histogram: cumulative buckets ending in +Inf = _count.
     let mut last = 0.0;
     for le in ["0.000005", "0.00001", "0.0001", "0.001", "0.1", "1", "+Inf"] {

@@ -120,7 +120,7 @@ impl TestDaemon {
     }
 
     fn sync_qos(&self) -> Result<()> {
-        if self.daemon().engine().sync_qos(Duration::from_secs(10)) {
+        if self.daemon().sync_qos(Duration::from_secs(10)) {
             Ok(())
         } else {
             Err(Error::Daemon(

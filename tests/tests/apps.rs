@@ -59,6 +59,7 @@ fn hostile_vm_is_refused_while_the_others_exchange() {
         c.tenants.push(TenantConfig {
             name: "red".into(),
             qos_class: None,
+            engine: None,
         });
         c.vms[2].tenant = "red".into();
     })

@@ -42,6 +42,7 @@ fn two_tenants_with(more: impl FnOnce(&mut vhost_user_rdma::DaemonConfig)) -> Te
         c.tenants.push(TenantConfig {
             name: "red".into(),
             qos_class: None,
+            engine: None,
         });
         c.vms[2].tenant = "red".into();
         c.vms[3].tenant = "red".into();

@@ -126,6 +126,7 @@ fn tenant_bytes_limit_applies_to_the_sum_of_its_vms() {
         c.tenants.push(TenantConfig {
             name: "red".into(),
             qos_class: Some("slow".into()),
+            engine: None,
         });
         c.vms[0].tenant = "red".into();
         c.vms[1].tenant = "red".into();

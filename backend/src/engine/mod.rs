@@ -1,6 +1,8 @@
 //! The data-path engine of the software RNIC.
 //!
-//! One engine thread serves the QPs of every VM the daemon serves. It polls
+//! An engine thread serves the QPs of the VMs placed on it: the VMs of
+//! some tenants ([`group`]: one thread by default, more with
+//! `engine_threads`; a tenant's VMs always share one). It polls
 //! the producer indices in the VMs' doorbell records while there is work
 //! (adaptive polling), and when it has been idle for a while it parks: it
 //! sets `DB_FLAG_KICK` in every doorbell record, re-checks once, and sleeps
@@ -28,15 +30,18 @@
 //! Locking: the engine locks a VM's device state while it works on that
 //! VM, and the peer VM's state inside that for VM-to-VM operations (once
 //! per burst of an RC QP). Control threads only ever hold their own VM's
-//! lock and there is one engine thread, so the nesting cannot deadlock.
+//! lock, and the peer is always served by the same engine thread (only a
+//! VM of the same tenant is reached, and a tenant's VMs share an engine;
+//! `deliver` refuses any other route), so the nesting cannot deadlock.
 
 pub mod completer;
 pub mod doorbell;
 pub mod exec;
+pub mod group;
 pub mod sched;
 pub mod wqe;
 
-use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -93,11 +98,72 @@ pub const PIECE: u64 = 8 << 10;
 /// many sweeps.
 const RECENT_SWEEPS: u64 = 256;
 
-/// The engine: a thread and the VMs it serves.
-pub struct Engine {
+/// The VMs of the daemon, shared by its engine threads, and which thread
+/// serves each.
+pub struct Registry {
     vms: Mutex<Vec<Weak<RdmaDevice>>>,
-    /// Bumped on every registration, so the thread refreshes its VM list.
+    /// Bumped on every registration, so the threads refresh their lists.
     generation: AtomicUsize,
+    /// The engine thread of each VM, by VM id.
+    placement: Vec<usize>,
+}
+
+impl Registry {
+    /// A registry of VMs placed on engine threads by `placement` (VM id →
+    /// thread index).
+    pub fn new(placement: Vec<usize>) -> Self {
+        Registry {
+            vms: Mutex::new(Vec::new()),
+            generation: AtomicUsize::new(0),
+            placement,
+        }
+    }
+
+    /// The engine thread serving VM `vm`.
+    pub fn engine_of(&self, vm: usize) -> Option<usize> {
+        self.placement.get(vm).copied()
+    }
+
+    /// Adds a VM; its id is its index.
+    pub fn register(&self, id: usize, vm: &Arc<RdmaDevice>) {
+        let mut vms = self.vms.lock().unwrap_or_else(|p| p.into_inner());
+        if vms.len() <= id {
+            vms.resize(id + 1, Weak::new());
+        }
+        vms[id] = Arc::downgrade(vm);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The live VMs, indexed by id.
+    fn all_vms(&self) -> Vec<Option<Arc<RdmaDevice>>> {
+        self.vms
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(Weak::upgrade)
+            .collect()
+    }
+}
+
+/// Work counters of one engine thread (written by it alone).
+#[derive(Debug, Default)]
+pub struct EngineCounters {
+    /// Send work requests executed to completion.
+    pub wqes: AtomicU64,
+    /// Payload bytes moved by them (and by pieces of large WRITEs).
+    pub bytes: AtomicU64,
+    /// Times the thread parked (went to sleep for want of work).
+    pub parks: AtomicU64,
+}
+
+/// An engine thread and the VMs it serves.
+pub struct Engine {
+    /// Its position among the daemon's engine threads.
+    index: usize,
+    registry: Arc<Registry>,
+    /// The QoS generation whose settings this thread enforces.
+    qos_applied: AtomicU64,
+    counters: EngineCounters,
     rnic: Arc<dyn Rnic>,
     wake: EventFd,
     stop: AtomicBool,
@@ -328,15 +394,20 @@ struct Held<'p> {
 }
 
 impl Engine {
-    /// Starts the engine thread, pinned to `cpu` if given.
+    /// Starts engine thread `index` for the VMs `registry` places on it,
+    /// pinned to `cpu` if given.
     pub fn start(
+        index: usize,
+        registry: Arc<Registry>,
         rnic: Arc<dyn Rnic>,
         shared: Shared,
         cpu: Option<usize>,
     ) -> std::io::Result<Arc<Engine>> {
         let engine = Arc::new(Engine {
-            vms: Mutex::new(Vec::new()),
-            generation: AtomicUsize::new(0),
+            index,
+            registry,
+            qos_applied: AtomicU64::new(0),
+            counters: EngineCounters::default(),
             rnic,
             wake: EventFd::new(libc::EFD_NONBLOCK)?,
             stop: AtomicBool::new(false),
@@ -345,7 +416,7 @@ impl Engine {
         });
         let e = engine.clone();
         let t = thread::Builder::new()
-            .name("rnic-engine".into())
+            .name(format!("rnic-engine{index}"))
             .spawn(move || {
                 if let Some(cpu) = cpu {
                     pin_to(cpu);
@@ -361,14 +432,19 @@ impl Engine {
         &self.shared
     }
 
-    /// Adds a VM; its id is its index.
-    pub fn register(&self, id: usize, vm: &Arc<RdmaDevice>) {
-        let mut vms = self.vms.lock().unwrap_or_else(|p| p.into_inner());
-        if vms.len() <= id {
-            vms.resize(id + 1, Weak::new());
-        }
-        vms[id] = Arc::downgrade(vm);
-        self.generation.fetch_add(1, Ordering::AcqRel);
+    /// Its position among the daemon's engine threads.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// Its work counters.
+    pub fn counters(&self) -> &EngineCounters {
+        &self.counters
+    }
+
+    /// Whether this thread serves VM `vm`.
+    fn serves(&self, vm: usize) -> bool {
+        self.registry.engine_of(vm) == Some(self.index)
     }
 
     /// The RC QPs `qpns` of VM `vm` (port GID `gid`) are gone with their
@@ -382,7 +458,8 @@ impl Engine {
         }
         qpns.sort_unstable();
         let mut failed = 0;
-        for (i, dev) in self.all_vms().iter().enumerate() {
+        // The peers are VMs of the same tenant: served by this thread.
+        for (i, dev) in self.registry.all_vms().iter().enumerate() {
             if i == vm {
                 continue;
             }
@@ -396,27 +473,11 @@ impl Engine {
         }
     }
 
-    /// Waits until the engine enforces every QoS change made so far
-    /// (through [`crate::qos::QosTable`]), waking it if it sleeps; false
-    /// if that took longer than `timeout` (the engine is stopped or
-    /// starved of CPU). Without this, a change applies at the engine's
-    /// next sweep: work posted right after it may still run under the
-    /// old settings.
-    pub fn sync_qos(&self, timeout: Duration) -> bool {
-        let qos = &self.shared.qos;
-        let target = qos.generation();
-        if qos.applied() >= target {
-            return true;
-        }
-        self.wake();
-        let deadline = Instant::now() + timeout;
-        while qos.applied() < target {
-            if Instant::now() >= deadline {
-                return false;
-            }
-            thread::sleep(Duration::from_micros(50));
-        }
-        true
+    /// The newest QoS generation whose settings this thread enforces: a
+    /// change made at generation `g` is in force once this is at least
+    /// `g` ([`group::Engines::sync_qos`]).
+    pub fn qos_applied(&self) -> u64 {
+        self.qos_applied.load(Ordering::Acquire)
     }
 
     /// Wakes the engine (a doorbell kick, or a control-path change).
@@ -435,16 +496,6 @@ impl Engine {
         }
     }
 
-    /// The live VMs, indexed by id.
-    fn all_vms(&self) -> Vec<Option<Arc<RdmaDevice>>> {
-        self.vms
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(Weak::upgrade)
-            .collect()
-    }
-
     fn run(&self) {
         let mut last_work = Instant::now();
         let mut idle_sweeps = 0u64;
@@ -457,10 +508,18 @@ impl Engine {
         let mut weights_seen = None;
         let mut active = Vec::new();
         while !self.stop.load(Ordering::Acquire) {
-            let generation = self.generation.load(Ordering::Acquire);
+            let generation = self.registry.generation.load(Ordering::Acquire);
             if generation != seen {
-                vms = self.all_vms();
-                lists = vms.iter().flatten().cloned().map(DbList::new).collect();
+                // Every VM (peers are looked up by id), but the polling
+                // lists only of the VMs this thread serves.
+                vms = self.registry.all_vms();
+                lists = vms
+                    .iter()
+                    .flatten()
+                    .filter(|d| self.serves(d.id()))
+                    .cloned()
+                    .map(DbList::new)
+                    .collect();
                 seen = generation;
             }
             // QoS changes apply at the next sweep (one atomic load each).
@@ -477,7 +536,7 @@ impl Engine {
                 }
                 // Both were read after `qos_gen` was: everything up to it
                 // is now enforced.
-                qos.mark_applied(qos_gen);
+                self.qos_applied.store(qos_gen, Ordering::Release);
             }
             if self.sweep(&vms, &mut lists, &mut scratch, &mut drr, &mut active) {
                 idle_sweeps = 0;
@@ -504,15 +563,16 @@ impl Engine {
             // Park: ask for kicks, then look once more — through the VMs'
             // own tables, not the polling lists — so that a doorbell rung
             // before the flag became visible is not missed.
-            set_kick(&vms, true);
+            set_kick(&lists, true);
             fence(Ordering::SeqCst);
-            if self.sweep_all(&vms, &mut scratch) {
-                set_kick(&vms, false);
+            if self.sweep_all(&vms, &lists, &mut scratch) {
+                set_kick(&lists, false);
                 idle_sweeps = 0;
                 continue;
             }
+            TrafficCounters::add_single_writer(&self.counters.parks, 1);
             self.park(scratch.next_timer);
-            set_kick(&vms, false);
+            set_kick(&lists, false);
             idle_sweeps = 0;
         }
     }
@@ -580,10 +640,10 @@ fn work_on(dev: &RdmaDevice, f: impl FnOnce(&mut Ctrl, &HostMem) -> bool) -> boo
 
 /// Sets or clears DB_FLAG_KICK in every QP and SRQ doorbell record of a
 /// queue without a doorbell slot, and in every doorbell page header.
-fn set_kick(vms: &[Option<Arc<RdmaDevice>>], on: bool) {
+fn set_kick(lists: &[DbList], on: bool) {
     let v = if on { DB_FLAG_KICK } else { 0 };
-    for vm in vms.iter().flatten() {
-        vm.with_dataplane(|ctrl, mem| {
+    for list in lists {
+        list.dev.with_dataplane(|ctrl, mem| {
             for (_, qp) in ctrl.res.qps.iter() {
                 if qp.db_slot.is_none() {
                     let _ = access::store_u32_release(mem, qp.db_gpa + FLAGS, v);
@@ -692,13 +752,18 @@ impl Engine {
     /// One pass over every QP of every VM through the VMs' tables (the
     /// re-check of the parking protocol); true if any work was done.
     /// Also finds the earliest retry deadline ([`Scratch::next_timer`]).
-    fn sweep_all(&self, vms: &[Option<Arc<RdmaDevice>>], scratch: &mut Scratch) -> bool {
+    fn sweep_all(
+        &self,
+        vms: &[Option<Arc<RdmaDevice>>],
+        lists: &[DbList],
+        scratch: &mut Scratch,
+    ) -> bool {
         scratch.next_timer = None;
         let mut busy = false;
-        // The polling lists hold the same VMs in the same order: position
-        // `k` here is position `k` there, so a WRITE posted just before the
-        // engine parks is split as it would be in a sweep.
-        for (k, vm) in vms.iter().flatten().enumerate() {
+        // The VMs of the polling lists, by their position there, so a WRITE
+        // posted just before the engine parks is split as in a sweep.
+        for (k, list) in lists.iter().enumerate() {
+            let vm = &list.dev;
             scratch.split = scratch.others_active(k);
             busy |= work_on(vm, |ctrl, mem| {
                 let mut handles = std::mem::take(&mut scratch.handles);
@@ -795,9 +860,9 @@ impl Engine {
         if qp.qp_type == QpType::RC {
             let tenancy = &self.shared.tenancy;
             let route = self.rc_route(ctrl, h);
-            if let Some((pvm, _)) =
-                route.filter(|&(v, _)| v != vm_id && tenancy.may_reach(vm_id, v))
-            {
+            if let Some((pvm, _)) = route.filter(|&(v, _)| {
+                v != vm_id && tenancy.may_reach(vm_id, v) && same_thread(vms, vm_id, v)
+            }) {
                 if let Some(dev) = vms.get(pvm).and_then(Option::as_ref) {
                     let done = dev.with_dataplane(|pctrl, pmem| {
                         let mut held = Held {
@@ -918,6 +983,7 @@ impl Engine {
                     if let Some(t) = traffic {
                         TrafficCounters::add_single_writer(&t.send_bytes, moved);
                     }
+                    TrafficCounters::add_single_writer(&self.counters.bytes, moved);
                     scratch.limits.charge_bytes(vm_id, moved);
                     bytes += moved;
                     scratch.executed.1 += moved;
@@ -933,6 +999,8 @@ impl Engine {
                         TrafficCounters::add_single_writer(&t.send_ops, 1);
                         TrafficCounters::add_single_writer(&t.send_bytes, moved);
                     }
+                    TrafficCounters::add_single_writer(&self.counters.wqes, 1);
+                    TrafficCounters::add_single_writer(&self.counters.bytes, moved);
                     scratch.limits.charge(vm_id, moved);
                     bytes += moved;
                     scratch.executed.0 += 1;
@@ -1334,6 +1402,11 @@ fn deliver(
             count(ctrl, Unreached::ForeignRc)
         };
     }
+    // Never lock a VM of another engine thread (see "Locking" above). A
+    // tenant's VMs share a thread, so this only guards that invariant.
+    if !same_thread(vms, vm_id, peer_vm) {
+        return count(ctrl, unknown);
+    }
     // The peer's GID, from the tenancy table: no need to lock the peer to
     // learn that the address is wrong.
     if ctrl.tenancy().vm(peer_vm).map(|v| v.gid) != Some(dgid) {
@@ -1363,6 +1436,16 @@ fn deliver(
         out
     })
     .unwrap_or(RespOutcome::Unreachable)
+}
+
+/// Whether VMs `a` and `b` are served by the same engine thread.
+fn same_thread(vms: &[Option<Arc<RdmaDevice>>], a: usize, b: usize) -> bool {
+    let thread = |v: usize| {
+        vms.get(v)
+            .and_then(Option::as_ref)
+            .map(|d| d.engine_index())
+    };
+    thread(a).is_some() && thread(a) == thread(b)
 }
 
 /// Updates a polling-list entry after its QP was serviced (under the VM's

@@ -661,6 +661,7 @@ mod tests {
         c.tenants.push(TenantConfig {
             name: "t1".into(),
             qos_class: None,
+            engine: None,
         });
         for (i, &t) in tenant_of.iter().enumerate() {
             c.vms[i].tenant = if t == 0 {

@@ -21,11 +21,12 @@ use crate::stats::{HistogramSnapshot, TrafficStats, LATENCY_BOUNDS_US};
 use crate::tenancy::IsolationStats;
 
 /// Commands of the API.
-pub const COMMANDS: [&str; 8] = [
+pub const COMMANDS: [&str; 9] = [
     "ping",
     "version",
     "list_vms",
     "list_tenants",
+    "list_engines",
     "vm_stats",
     "get_qos",
     "set_qos",
@@ -156,6 +157,24 @@ fn dispatch(view: &DaemonView, mut obj: Map<String, Value>) -> Reply {
                 .collect();
             Ok(one("tenants", Value::from(t)))
         }
+        "list_engines" => {
+            args::<NoArgs>(obj, &cmd)?;
+            let e: Vec<Value> = view
+                .engine_stats()
+                .iter()
+                .map(|e| {
+                    json!({
+                        "index": e.index,
+                        "cpu": e.cpu,
+                        "vms": e.vms,
+                        "wqes": e.wqes,
+                        "bytes": e.bytes,
+                        "parks": e.parks,
+                    })
+                })
+                .collect();
+            Ok(one("engines", Value::from(e)))
+        }
         "vm_stats" => {
             let a: VmArg = args(obj, &cmd)?;
             let i = resolve_vm(view, &a.vm)?;
@@ -269,6 +288,7 @@ fn vm_summary(view: &DaemonView, s: &VmSnapshot) -> Value {
         "tenant": s.tenant_name,
         "gid": view.tenancy().vm(s.index).map(|v| gid_text(v.gid)),
         "socket": view.vm_socket(s.index).map(|p| p.display().to_string()),
+        "engine": view.engine_of(s.index),
         "connected": s.stats.connected,
         "connections": s.stats.connections,
         "resources": resources_json(&s.stats.device.resources),
@@ -287,6 +307,8 @@ fn tenant_summary(view: &DaemonView, t: usize, vms: &[VmSnapshot], sums: &Totals
         "index": t,
         "name": entry.map(|e| e.name.clone()),
         "qos_class": entry.and_then(|e| e.qos_class.clone()),
+        // The engine thread of its VMs (all share one); none without VMs.
+        "engine": vms.iter().find(|v| v.tenant == t).map(|v| view.engine_of(v.index)),
         "vms": names,
         "connected_vms": sums.connected,
         "qos": view.qos().tenant(t).map(|q| qos_json(&q)),

@@ -46,6 +46,8 @@ pub enum CtlCommand {
     Vms,
     /// List the tenants: VMs, summed objects and traffic, QoS.
     Tenants,
+    /// List the engine threads: CPU, VMs, work done.
+    Engines,
     /// Show one VM's counters: objects, control path, traffic, isolation,
     /// control latency.
     Stats {
@@ -121,6 +123,7 @@ fn request_of(cmd: &CtlCommand) -> Result<String, String> {
     let v = match cmd {
         CtlCommand::Vms => json!({"cmd": "list_vms"}),
         CtlCommand::Tenants => json!({"cmd": "list_tenants"}),
+        CtlCommand::Engines => json!({"cmd": "list_engines"}),
         CtlCommand::Stats { vm } => json!({"cmd": "vm_stats", "vm": vm}),
         CtlCommand::Ping => json!({"cmd": "ping"}),
         CtlCommand::Version => json!({"cmd": "version"}),
@@ -296,6 +299,7 @@ fn human(cmd: &CtlCommand, a: &Value) -> String {
                         s(vm, "name"),
                         s(vm, "tenant"),
                         s(vm, "gid"),
+                        u(vm, &["engine"]).to_string(),
                         if vm["connected"] == Value::Bool(true) {
                             "yes"
                         } else {
@@ -318,6 +322,7 @@ fn human(cmd: &CtlCommand, a: &Value) -> String {
                     "NAME",
                     "TENANT",
                     "GID",
+                    "ENGINE",
                     "CONNECTED",
                     "CONNS",
                     "QP",
@@ -330,6 +335,25 @@ fn human(cmd: &CtlCommand, a: &Value) -> String {
                 ],
                 &rows,
             )
+        }
+        CtlCommand::Engines => {
+            let rows: Vec<Vec<String>> = a["engines"]
+                .as_array()
+                .map(|v| v.as_slice())
+                .unwrap_or(&[])
+                .iter()
+                .map(|e| {
+                    vec![
+                        u(e, &["index"]).to_string(),
+                        e["cpu"].as_u64().map_or("-".into(), |c| c.to_string()),
+                        u(e, &["vms"]).to_string(),
+                        u(e, &["wqes"]).to_string(),
+                        u(e, &["bytes"]).to_string(),
+                        u(e, &["parks"]).to_string(),
+                    ]
+                })
+                .collect();
+            table(&["ENGINE", "CPU", "VMS", "WQES", "BYTES", "PARKS"], &rows)
         }
         CtlCommand::Tenants => {
             let rows: Vec<Vec<String>> = a["tenants"]

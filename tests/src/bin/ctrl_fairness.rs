@@ -491,7 +491,7 @@ fn main() -> Res<()> {
             pin_current(worker_cpu)?;
             Ok(TestDaemon::with_config(4, |c| {
                 c.set_limits(limits);
-                c.engine_cpu = engine_cpu;
+                c.engine_cpus = engine_cpu.into_iter().collect();
                 // "A floods" is A without any limit; the limited phase
                 // sets one.
                 c.qos_classes.push(QosClass {

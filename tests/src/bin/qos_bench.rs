@@ -88,6 +88,14 @@ struct Args {
     /// CPU of the daemon (engine).
     #[arg(long, default_value_t = 1)]
     engine_cpu: usize,
+    /// Engine threads; the benchmark's tenants are placed on them in
+    /// turn (in `lat`: the latency tenant on thread 0, the hog's on 1).
+    #[arg(long, default_value_t = 1)]
+    engine_threads: usize,
+    /// CPUs of the engine threads, one each (default: all on
+    /// --engine-cpu).
+    #[arg(long, value_delimiter = ',')]
+    engine_cpus: Vec<usize>,
     /// Message size of the saturating senders (limits, shares, change).
     #[arg(long, default_value_t = 65536)]
     size: usize,
@@ -320,17 +328,27 @@ fn join(h: std::thread::ScopedJoinHandle<'_, Res<()>>) -> Res<()> {
 fn daemon(args: &Args, tenants: &[&str]) -> Res<TestDaemon> {
     let tenants: Vec<String> = tenants.iter().map(|t| t.to_string()).collect();
     let cpu = args.engine_cpu;
+    let threads = args.engine_threads.max(1);
+    let cpus = if args.engine_cpus.is_empty() {
+        vec![cpu; threads]
+    } else {
+        args.engine_cpus.clone()
+    };
     std::thread::scope(|s| {
         s.spawn(move || -> Res<TestDaemon> {
             pin_current(cpu)?;
             Ok(TestDaemon::with_config(tenants.len(), |c| {
-                c.engine_cpu = Some(cpu);
+                c.engine_threads = threads;
+                c.engine_cpus = cpus;
+                let mut placed = 0;
                 for (i, t) in tenants.iter().enumerate() {
                     if !c.tenants.iter().any(|x| &x.name == t) {
                         c.tenants.push(TenantConfig {
                             name: t.clone(),
                             qos_class: None,
+                            engine: Some(placed % threads),
                         });
+                        placed += 1;
                     }
                     c.vms[i].tenant = t.clone();
                 }
@@ -916,8 +934,17 @@ fn main() -> Res<()> {
     let secs = args.secs;
     print_header("qos_bench");
     println!(
-        "  placement: clients on CPU {}, daemon (engine, vhost-user threads) on CPU {}; {} runs of {} s each; MiB = 2^20 bytes",
-        args.client_cpu, args.engine_cpu, args.runs, secs
+        "  placement: clients on CPU {}, daemon (engine, vhost-user threads) on CPU {}; {} engine thread(s) on CPUs {:?}; {} runs of {} s each; MiB = 2^20 bytes",
+        args.client_cpu,
+        args.engine_cpu,
+        args.engine_threads,
+        if args.engine_cpus.is_empty() {
+            vec![args.engine_cpu; args.engine_threads.max(1)]
+        } else {
+            args.engine_cpus.clone()
+        },
+        args.runs,
+        secs
     );
     pin_current(args.client_cpu)?;
     let all = args.tests == "all";

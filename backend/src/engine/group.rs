@@ -1,0 +1,175 @@
+//! The daemon's engine threads and the placement of VMs on them.
+//!
+//! A tenant's VMs all run on one engine thread: a VM only ever reaches
+//! VMs of its own tenant, so every VM-to-VM operation stays inside one
+//! thread (no lock is ever taken across threads, see the engine's
+//! "Locking"), and the tenant's rate limits are one set of token buckets
+//! in that thread. Tenants on different threads share no engine time at
+//! all: a bandwidth hog on one thread cannot delay a latency-sensitive
+//! tenant on another, whatever the weights. Weighted sharing (DRR) is
+//! among the VMs of one thread.
+
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::{Engine, Registry};
+use crate::device::{RdmaDevice, Shared};
+use crate::rnic::Rnic;
+
+/// Where VMs run: the engine threads and each VM's thread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnginePlan {
+    /// One entry per engine thread: the CPU it is pinned to, if any.
+    pub cpus: Vec<Option<usize>>,
+    /// The engine thread of each VM, by VM index (each below
+    /// `cpus.len()`).
+    pub placement: Vec<usize>,
+}
+
+impl EnginePlan {
+    /// One unpinned thread for `vms` VMs.
+    pub fn single(vms: usize) -> Self {
+        EnginePlan {
+            cpus: vec![None],
+            placement: vec![0; vms],
+        }
+    }
+}
+
+/// A snapshot of one engine thread's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// The thread's index.
+    pub index: usize,
+    /// The CPU it is pinned to.
+    pub cpu: Option<usize>,
+    /// VMs placed on it.
+    pub vms: usize,
+    /// Send work requests it executed.
+    pub wqes: u64,
+    /// Payload bytes it moved.
+    pub bytes: u64,
+    /// Times it parked.
+    pub parks: u64,
+}
+
+/// The running engine threads.
+pub struct Engines {
+    registry: Arc<Registry>,
+    engines: Vec<Arc<Engine>>,
+    plan: EnginePlan,
+}
+
+impl Engines {
+    /// Starts the threads of `plan`. A placement naming a thread the plan
+    /// does not have is an `InvalidInput` error (configuration validation
+    /// rules it out first).
+    pub fn start(rnic: Arc<dyn Rnic>, shared: Shared, plan: EnginePlan) -> std::io::Result<Self> {
+        let threads = plan.cpus.len();
+        if threads == 0 || plan.placement.iter().any(|&e| e >= threads) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "engine placement {:?} for {threads} threads",
+                    plan.placement
+                ),
+            ));
+        }
+        let registry = Arc::new(Registry::new(plan.placement.clone()));
+        let mut engines: Vec<Arc<Engine>> = Vec::with_capacity(threads);
+        for (index, cpu) in plan.cpus.iter().enumerate() {
+            match Engine::start(index, registry.clone(), rnic.clone(), shared.clone(), *cpu) {
+                Ok(e) => engines.push(e),
+                Err(e) => {
+                    for started in &engines {
+                        started.stop();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Engines {
+            registry,
+            engines,
+            plan,
+        })
+    }
+
+    /// The engine thread of VM `vm` (the first thread for a VM outside
+    /// the plan, which never happens for VMs the daemon was started with).
+    pub fn for_vm(&self, vm: usize) -> &Arc<Engine> {
+        let i = self.registry.engine_of(vm).unwrap_or(0);
+        // `start` made sure there is at least one thread and every
+        // placement is in range.
+        &self.engines[i.min(self.engines.len() - 1)]
+    }
+
+    /// Adds VM `id` (served by its thread from now on).
+    pub fn register(&self, id: usize, vm: &Arc<RdmaDevice>) {
+        self.registry.register(id, vm);
+        self.for_vm(id).wake();
+    }
+
+    /// Number of threads.
+    pub fn len(&self) -> usize {
+        self.engines.len()
+    }
+
+    /// Whether there are no threads (never: a plan has at least one).
+    pub fn is_empty(&self) -> bool {
+        self.engines.is_empty()
+    }
+
+    /// The counters of every thread.
+    pub fn stats(&self) -> Vec<EngineStats> {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.engines
+            .iter()
+            .map(|e| {
+                let c = e.counters();
+                EngineStats {
+                    index: e.index(),
+                    cpu: self.plan.cpus.get(e.index()).copied().flatten(),
+                    vms: self
+                        .plan
+                        .placement
+                        .iter()
+                        .filter(|&&p| p == e.index())
+                        .count(),
+                    wqes: c.wqes.load(Relaxed),
+                    bytes: c.bytes.load(Relaxed),
+                    parks: c.parks.load(Relaxed),
+                }
+            })
+            .collect()
+    }
+
+    /// Waits until every engine thread enforces every QoS change made so
+    /// far (through [`crate::qos::QosTable`]), waking the sleeping ones;
+    /// false if that took longer than `timeout` (a thread is stopped or
+    /// starved of CPU). Without this a change applies at each thread's
+    /// next sweep: work posted right after it may still run under the old
+    /// settings.
+    pub fn sync_qos(&self, qos_generation: u64, timeout: Duration) -> bool {
+        let behind = |e: &&Arc<Engine>| e.qos_applied() < qos_generation;
+        for e in self.engines.iter().filter(behind) {
+            e.wake();
+        }
+        let deadline = Instant::now() + timeout;
+        while self.engines.iter().any(|e| behind(&e)) {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            thread::sleep(Duration::from_micros(50));
+        }
+        true
+    }
+
+    /// Stops every thread.
+    pub fn stop(&self) {
+        for e in &self.engines {
+            e.stop();
+        }
+    }
+}

@@ -1,0 +1,216 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! Several engine threads (`engine_threads`), through the real vhost-user
+//! socket: each tenant's VMs are served by their own thread, a thread that
+//! is stuck does not hold up the tenants of another, a QoS change is in
+//! force on every thread when `sync_qos` returns, and a departing VM fails
+//! its peers' QPs as with one thread.
+//!
+//! Two tenants: "default" (VMs 0 and 1) on thread 0, "red" (VMs 2 and 3)
+//! on thread 1.
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use vhost_user_rdma::config::TenantConfig;
+use vhost_user_rdma::qos::QosSpec;
+use vhost_user_rdma_tests::dp::{
+    ok, poll_n, poll_one, rc_pair, wr, write_and_send_back, Buf, Pair, Vm, WAIT,
+};
+use vhost_user_rdma_tests::harness::TestDaemon;
+use vhost_user_rdma_tests::vmm::VmmOptions;
+use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
+use virtio_rdma_abi::qp::QpState;
+use virtio_rdma_driver::{SendOp, SendWr};
+
+/// How long a VM's lock is held to stall its engine thread.
+const STALL: Duration = Duration::from_millis(800);
+/// Round trips of the other tenant during a stall.
+const TRIPS: u64 = 20;
+
+fn daemon(threads: usize) -> TestDaemon {
+    TestDaemon::with_config(4, |c| {
+        c.engine_threads = threads;
+        c.tenants.push(TenantConfig {
+            name: "red".into(),
+            qos_class: None,
+            engine: None,
+        });
+        c.vms[2].tenant = "red".into();
+        c.vms[3].tenant = "red".into();
+    })
+    .unwrap()
+}
+
+fn open(d: &TestDaemon, i: usize) -> Vm {
+    Vm::open(d, i, VmmOptions::default())
+}
+
+/// Posts one RDMA WRITE of `len` bytes from `src` into `dst` over `p.qa`.
+fn post_write(p: &Pair, src: &Buf, dst: &Buf, len: usize, id: u64) {
+    let sg = [src.sge(0, len)];
+    let op = SendOp::RdmaWrite {
+        remote_addr: dst.addr(0),
+        rkey: dst.mr.rkey(),
+    };
+    p.qa.post_send(&[wr(id, op, &sg)]).unwrap();
+}
+
+#[test]
+fn each_tenant_runs_on_its_own_thread() {
+    let d = daemon(2);
+    let view = d.daemon().view();
+    let placement: Vec<usize> = (0..4).map(|v| view.engine_of(v)).collect();
+    assert_eq!(placement, [0, 0, 1, 1]);
+    let names = engine_thread_names();
+    assert!(
+        names.iter().any(|n| n == "rnic-engine0") && names.iter().any(|n| n == "rnic-engine1"),
+        "{names:?}"
+    );
+
+    let vms: Vec<Vm> = (0..4).map(|i| open(&d, i)).collect();
+    let blue = rc_pair(&vms[0], &vms[1]);
+    let red = rc_pair(&vms[2], &vms[3]);
+    let (bs, bd) = (Buf::new(&vms[0], 8192), Buf::new(&vms[1], 8192));
+    let (rs, rd) = (Buf::new(&vms[2], 8192), Buf::new(&vms[3], 8192));
+    // Different amounts on each side, so the per-thread counters tell
+    // whose work each thread did.
+    for i in 0..3 {
+        write_and_send_back(&blue, &bs, &bd, &[i as u8; 100], 4096, i);
+    }
+    for i in 0..5 {
+        write_and_send_back(&red, &rs, &rd, &[i as u8; 300], 4096, i);
+    }
+    let e = d.daemon().engines().stats();
+    assert_eq!(e.len(), 2);
+    // Each round trip: one WRITE and one SEND.
+    assert_eq!((e[0].vms, e[0].wqes, e[0].bytes), (2, 6, 600));
+    assert_eq!((e[1].vms, e[1].wqes, e[1].bytes), (2, 10, 3000));
+}
+
+/// The names of this process's threads that belong to the engine.
+fn engine_thread_names() -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|n| n.trim().to_string())
+        .filter(|n| n.starts_with("rnic-engine"))
+        .collect()
+}
+
+/// Holds VM 0's lock for [`STALL`] while VM 0 has work, so the thread
+/// serving VM 0 blocks on it, and meanwhile runs [`TRIPS`] round trips
+/// between VMs 2 and 3. Returns (when the round trips finished, when the
+/// lock was released), both measured from the same start.
+fn stall_vm0_and_run_red(d: &TestDaemon) -> (Duration, Duration) {
+    let vms: Vec<Vm> = (0..4).map(|i| open(d, i)).collect();
+    let blue = rc_pair(&vms[0], &vms[1]);
+    let red = rc_pair(&vms[2], &vms[3]);
+    let (bs, bd) = (Buf::new(&vms[0], 4096), Buf::new(&vms[1], 4096));
+    let (rs, rd) = (Buf::new(&vms[2], 8192), Buf::new(&vms[3], 8192));
+    let dev0 = d.daemon().device(0).unwrap().clone();
+    let start = Instant::now();
+    let (locked_tx, locked_rx) = mpsc::channel();
+    let holder = std::thread::spawn(move || {
+        dev0.with_dataplane(|_, _| {
+            locked_tx.send(()).unwrap();
+            std::thread::sleep(STALL);
+            start.elapsed()
+        })
+        .unwrap()
+    });
+    locked_rx.recv().unwrap();
+    // VM 0 has work: its thread locks VM 0 and waits there.
+    post_write(&blue, &bs, &bd, 64, 1);
+    for i in 0..TRIPS {
+        write_and_send_back(&red, &rs, &rd, &[i as u8; 256], 4096, i);
+    }
+    let red_done = start.elapsed();
+    let released = holder.join().unwrap();
+    // VM 0's work runs once the lock is free.
+    ok(&poll_one(&blue.cqa), 1, WcOpcode::RDMA_WRITE);
+    (red_done, released)
+}
+
+#[test]
+fn a_stuck_thread_does_not_hold_up_another_threads_tenants() {
+    // Two threads: red's round trips all finish while blue's thread is
+    // stuck on VM 0's lock.
+    let (red_done, released) = stall_vm0_and_run_red(&daemon(2));
+    assert!(
+        red_done < released,
+        "red finished at {red_done:?}, VM 0's lock was released at {released:?}"
+    );
+    // One thread (the control): the same round trips wait for the lock.
+    let (red_done, released) = stall_vm0_and_run_red(&daemon(1));
+    assert!(
+        red_done >= released,
+        "with one thread red finished at {red_done:?}, before the lock was released at {released:?}"
+    );
+}
+
+/// `set_vm_qos` returns once both threads enforce the change: the limit on
+/// a VM of thread 1 paces its very next work requests, and lifting it
+/// releases the rest at once.
+#[test]
+fn qos_changes_are_in_force_on_every_thread() {
+    let d = daemon(2);
+    let vms: Vec<Vm> = (0..4).map(|i| open(&d, i)).collect();
+    let red = rc_pair(&vms[2], &vms[3]);
+    let (src, dst) = (Buf::new(&vms[2], 4096), Buf::new(&vms[3], 4096));
+    let limited = QosSpec {
+        ops_per_sec: 100,
+        ..QosSpec::default()
+    };
+    for round in 0..3u64 {
+        d.set_vm_qos(2, limited).unwrap();
+        const K: u64 = 20;
+        let t0 = Instant::now();
+        let sg = [src.sge(0, 64)];
+        let op = SendOp::RdmaWrite {
+            remote_addr: dst.addr(0),
+            rkey: dst.mr.rkey(),
+        };
+        let wrs: Vec<SendWr<'_>> = (0..K).map(|i| wr(round * 100 + i, op, &sg)).collect();
+        red.qa.post_send(&wrs).unwrap();
+        let wcs = poll_n(&red.cqa, K as usize);
+        let took = t0.elapsed().as_secs_f64();
+        for (i, wc) in wcs.iter().enumerate() {
+            ok(wc, round * 100 + i as u64, WcOpcode::RDMA_WRITE);
+        }
+        // A burst of at most 2, then 100/s (20 % slack for the clock).
+        let floor = (K - 2) as f64 / 100.0 * 0.8;
+        assert!(took >= floor, "round {round}: {K} WRITEs took {took} s");
+        d.set_vm_qos(2, QosSpec::default()).unwrap();
+    }
+}
+
+/// A VM that resets fails the connected QPs of its tenant's other VM (on
+/// the same thread), and the other thread's tenant is untouched.
+#[test]
+fn a_departing_vm_fails_its_peers_with_two_threads() {
+    let d = daemon(2);
+    let vms: Vec<Vm> = (0..4).map(|i| open(&d, i)).collect();
+    let blue = rc_pair(&vms[0], &vms[1]);
+    let red = rc_pair(&vms[2], &vms[3]);
+    vms[3].t.vmm().reset().unwrap();
+    let deadline = Instant::now() + WAIT;
+    while red.qa.query().unwrap().attr.qp_state != u32::from(QpState::ERR) {
+        assert!(Instant::now() < deadline, "VM 2's QP did not fail");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Work posted to the failed QP is flushed.
+    let src = Buf::new(&vms[2], 4096);
+    red.qa
+        .post_send(&[wr(9, SendOp::Send, &[src.sge(0, 8)])])
+        .unwrap();
+    let wc = poll_one(&red.cqa);
+    assert_eq!((wc.wr_id, wc.status()), (9, Some(WcStatus::WR_FLUSH_ERR)));
+    // Blue, on the other thread, carries on.
+    assert_eq!(
+        blue.qa.query().unwrap().attr.qp_state,
+        u32::from(QpState::RTS)
+    );
+    let (bs, bd) = (Buf::new(&vms[0], 8192), Buf::new(&vms[1], 8192));
+    write_and_send_back(&blue, &bs, &bd, b"still here", 4096, 1);
+    assert_eq!(d.stats(3).device.resources.qp, 0);
+}
