@@ -682,6 +682,44 @@ mod tests {
     }
 
     #[test]
+    fn tenants_without_an_engine_take_the_threads_in_turn() {
+        let mut c = DaemonConfig::new(Vec::new());
+        c.engine_threads = 3;
+        for (name, engine) in [
+            ("a", None),
+            ("b", Some(0)),
+            ("c", None),
+            ("d", None),
+            ("e", None),
+        ] {
+            c.tenants.push(TenantConfig {
+                name: name.into(),
+                qos_class: None,
+                engine,
+            });
+        }
+        let placed: Vec<usize> = (0..5).map(|t| c.tenant_engine(t)).collect();
+        // "b" is placed by hand and does not take a turn.
+        assert_eq!(placed, [0, 0, 1, 2, 0]);
+        for (i, t) in ["e", "b", "c"].iter().enumerate() {
+            c.add_default_vm(format!("/tmp/{i}.sock").into(), Limits::default());
+            c.vms[i].tenant = (*t).into();
+        }
+        assert_eq!(c.validate(), Ok(()));
+        let plan = c.engine_plan();
+        assert_eq!(plan.placement, [0, 0, 1]);
+        assert_eq!(plan.cpus, [None, None, None]);
+        c.engine_cpus = vec![3, 2];
+        assert_eq!(
+            c.validate(),
+            Err(ConfigError::EngineCpus {
+                cpus: 2,
+                threads: 3
+            })
+        );
+    }
+
+    #[test]
     fn rejects_bad_values() {
         let l = Limits {
             max_cqe: 1000,

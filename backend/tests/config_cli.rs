@@ -86,3 +86,51 @@ fn good_config_is_served() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(served, "sockets not created");
 }
+
+/// Engine threads: the command line replaces the file's settings, and the
+/// result is checked as a whole (a tenant placed on a thread the command
+/// line took away, CPUs that do not match the threads).
+#[test]
+fn engine_settings_from_the_command_line_are_checked() {
+    let dir = temp_dir("engines");
+    let path = dir.join("engines.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[daemon]\nengine_threads = 2\n[[tenant]]\nname = \"blue\"\nengine = 1\n[[vm]]\nname = \"a\"\nsocket = \"{}\"\ntenant = \"blue\"\n",
+            dir.join("a.sock").display()
+        ),
+    )
+    .unwrap();
+    let run = |extra: &[&str]| {
+        let out = Command::new(BIN)
+            .arg("--config")
+            .arg(&path)
+            .args(extra)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(&["--engine-threads", "1"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("tenant \"blue\": engine = 1, but there are 1 engine threads (0..1)"),
+        "{err}"
+    );
+    let (code, err) = run(&["--engine-cpus", "0"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("engine_cpus lists 1 CPUs for 2 engine threads"),
+        "{err}"
+    );
+    let (code, err) = run(&["--engine-threads", "65"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("engine_threads = 65 is out of range (1..=64)"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
