@@ -4,7 +4,9 @@
 //! the data lands intact and in order, the requester completes after the
 //! last piece only, an MR deregistered between pieces fails the WRITE with
 //! `REM_ACCESS_ERR` without touching anything outside the range, a QP moved
-//! to ERR mid-WRITE flushes it, and a VM alone runs its WRITEs whole.
+//! to ERR mid-WRITE flushes it, one moved to SQD finishes it before it
+//! reports the drain (as does a SEND waiting for RNR retries), and a VM
+//! alone runs its WRITEs whole.
 //!
 //! Pieces are made observable with a rate limit on the writer: its bytes
 //! bucket holds it back between two pieces, and its `send_bytes` counter
@@ -321,4 +323,131 @@ fn qp_reset_mid_write_abandons_it() {
     let s = traffic(&d, 0);
     assert_eq!((s.send_ops, s.send_bytes), (1, PIECE + 64));
     drop(mr);
+}
+
+/// The next asynchronous event of `vm` other than `PORT_ACTIVE`, if one
+/// comes within `within`.
+fn next_event(vm: &Vm, within: Duration) -> Option<virtio_rdma_abi::event::Event> {
+    use virtio_rdma_abi::event::EventKind;
+    let deadline = Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ev = vm.dev.next_async_event(Some(left)).unwrap()?;
+        if EventKind::from_u32(ev.kind) != Some(EventKind::PORT_ACTIVE) {
+            return Some(ev);
+        }
+    }
+}
+
+/// RTS → SQD with `en_sqd_async_notify`.
+fn to_sqd(qp: &Qp) {
+    qp.modify(&virtio_rdma_driver::QpAttrs {
+        state: Some(QpState::SQD),
+        en_sqd_async_notify: Some(true),
+        ..Default::default()
+    })
+    .unwrap();
+}
+
+/// A QP moved to SQD after the first piece of a WRITE (spec 13.3, 18.22):
+/// the started WRITE still completes, whole and successful; the WQE behind
+/// it is not started; `sq_draining` reads 1 until then, and
+/// `QP_SQ_DRAINED` comes only after the WRITE's completion. Back in RTS,
+/// the next WQE runs.
+#[test]
+fn sqd_mid_write_finishes_it_then_reports_drained() {
+    use virtio_rdma_abi::event::EventKind;
+    const LEN: usize = 256 << 10;
+    let d = TestDaemon::start(3).unwrap();
+    let (a, b, c) = (open(&d, 0), open(&d, 1), open(&d, 2));
+    let _busy = busy(&c, &b);
+    let p = rc_pair(&a, &b);
+    let src = Buf::new(&a, LEN);
+    let data = pattern(LEN, 12);
+    src.write(0, &data);
+    let (dst, mr) = guarded(&b, LEN);
+    d.set_vm_qos(0, slow(16 << 10)).unwrap();
+    post_write(&p, 1, &src, LEN, &mr);
+    post_write(&p, 2, &src, 64, &mr);
+    assert_eq!(wait_bytes(&d, 0, 1), PIECE, "one piece");
+
+    to_sqd(&p.qa);
+    let q = p.qa.query().unwrap();
+    assert_eq!(q.attr.qp_state, u32::from(QpState::SQD));
+    assert_eq!(q.attr.sq_draining, 1, "the WRITE is in flight");
+    assert!(
+        next_event(&a, Duration::from_millis(50)).is_none(),
+        "drained while a WRITE was in flight"
+    );
+
+    d.set_vm_qos(0, QosSpec::default()).unwrap();
+    ok(&poll_n(&p.cqa, 1)[0], 1, WcOpcode::RDMA_WRITE);
+    assert_eq!(dst.to_vec(PAGE, LEN).unwrap(), data);
+    let ev = next_event(&a, WAIT).expect("QP_SQ_DRAINED");
+    assert_eq!(EventKind::from_u32(ev.kind), Some(EventKind::QP_SQ_DRAINED));
+    assert_eq!(ev.handle, p.qa.handle());
+    assert_eq!(p.qa.query().unwrap().attr.sq_draining, 0);
+    // The second WRITE was not started in SQD.
+    let mut wc = [virtio_rdma_driver::WorkCompletion::default(); 2];
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(p.cqa.poll(&mut wc), 0, "a WQE was started in SQD");
+    assert_eq!(traffic(&d, 0).send_ops, 1);
+
+    p.qa.modify(&virtio_rdma_driver::QpAttrs::state(QpState::RTS))
+        .unwrap();
+    ok(&poll_n(&p.cqa, 1)[0], 2, WcOpcode::RDMA_WRITE);
+    assert!(next_event(&a, Duration::from_millis(20)).is_none());
+    drop(mr);
+}
+
+/// A SEND waiting for RNR retries when its QP moves to SQD is still
+/// retried: once the responder posts a receive it completes, and only then
+/// is `QP_SQ_DRAINED` reported. Moving to SQD with nothing in flight
+/// reports it at once.
+#[test]
+fn sqd_with_a_send_waiting_for_rnr_retries_drains_once_it_is_taken() {
+    use virtio_rdma_abi::event::EventKind;
+    use virtio_rdma_driver::RecvWr;
+    let d = TestDaemon::start(2).unwrap();
+    let (a, b) = (open(&d, 0), open(&d, 1));
+    let (cqa, cqb) = (
+        Cq::create(&a.dev, 16).unwrap(),
+        Cq::create(&b.dev, 16).unwrap(),
+    );
+    let (qa, qb) = (rc_qp(&a, &cqa), rc_qp(&b, &cqb));
+    let mut ca = conn(&qb, &b);
+    ca.rnr_retry = 7;
+    qa.rc_connect(QP_ACCESS, &ca).unwrap();
+    let mut cb = conn(&qa, &a);
+    cb.min_rnr_timer = 1; // 0.01 ms between tries
+    qb.rc_connect(QP_ACCESS, &cb).unwrap();
+    let (sbuf, rbuf) = (Buf::new(&a, 64), Buf::new(&b, 64));
+    sbuf.write(0, b"sent before SQD");
+    qa.post_send(&[wr(5, SendOp::Send, &[sbuf.sge(0, 15)])])
+        .unwrap();
+    // Let it meet the empty receive queue at least once.
+    std::thread::sleep(Duration::from_millis(20));
+
+    to_sqd(&qa);
+    assert_eq!(qa.query().unwrap().attr.sq_draining, 1);
+    assert!(next_event(&a, Duration::from_millis(50)).is_none());
+    qb.post_recv(&[RecvWr {
+        wr_id: 6,
+        sg_list: &[rbuf.sge(0, 64)],
+    }])
+    .unwrap();
+    ok(&poll_n(&cqa, 1)[0], 5, WcOpcode::SEND);
+    ok(&poll_n(&cqb, 1)[0], 6, WcOpcode::RECV);
+    assert_eq!(rbuf.read(0, 15), b"sent before SQD");
+    let ev = next_event(&a, WAIT).expect("QP_SQ_DRAINED");
+    assert_eq!(EventKind::from_u32(ev.kind), Some(EventKind::QP_SQ_DRAINED));
+    assert_eq!(qa.query().unwrap().attr.sq_draining, 0);
+
+    // Nothing in flight: SQD → RTS → SQD reports the drain at once.
+    qa.modify(&virtio_rdma_driver::QpAttrs::state(QpState::RTS))
+        .unwrap();
+    to_sqd(&qa);
+    let ev = next_event(&a, WAIT).expect("QP_SQ_DRAINED");
+    assert_eq!(EventKind::from_u32(ev.kind), Some(EventKind::QP_SQ_DRAINED));
+    assert_eq!(ev.handle, qa.handle());
 }

@@ -299,10 +299,17 @@ impl Ctrl {
         qp.state = target;
         qp.attr.qp_state = target.into();
         qp.attr.cur_qp_state = target.into();
-        if target == QpState::SQD && cur != QpState::SQD && qp.attr.en_sqd_async_notify == 1 {
-            // No send work can be in flight before the data path runs, so the
-            // drain completes at once.
-            self.events.push(EventKind::QP_SQ_DRAINED, req.qp_handle, 0);
+        if target != QpState::SQD {
+            // A drain still owed is void once the QP leaves SQD.
+            qp.rt.drain_owed = false;
+        } else if cur != QpState::SQD && qp.attr.en_sqd_async_notify == 1 {
+            // Work in flight completes first; the engine queues the event
+            // then (spec 13.3).
+            if qp.rt.in_flight() {
+                qp.rt.drain_owed = true;
+            } else {
+                self.events.push(EventKind::QP_SQ_DRAINED, req.qp_handle, 0);
+            }
         }
         if target == QpState::ERR && cur != QpState::ERR {
             self.last_wqe_reached(req.qp_handle);
@@ -349,7 +356,7 @@ impl Ctrl {
         let mut attr = qp.attr;
         attr.qp_state = qp.state.into();
         attr.cur_qp_state = qp.state.into();
-        attr.sq_draining = 0;
+        attr.sq_draining = u32::from(qp.state == QpState::SQD && qp.rt.in_flight());
         Ok(QueryQpResp {
             attr,
             qp_type: qp.qp_type.into(),

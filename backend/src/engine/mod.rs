@@ -812,7 +812,13 @@ impl Engine {
                 false
             }
             QpState::ERR => flush(ctrl, mem, h, sq_pi, &mut scratch.wqe),
+            // In SQD only the head WQE already started goes on (spec 13.3).
             QpState::RTS => self.run_sq(vms, vm_id, ctrl, mem, h, sq_pi, scratch),
+            QpState::SQD if qp.rt.in_flight() => {
+                let did = self.run_sq(vms, vm_id, ctrl, mem, h, sq_pi, scratch);
+                drained(ctrl, h);
+                did
+            }
             _ => false,
         }
     }
@@ -919,7 +925,9 @@ impl Engine {
             let Some(qp) = ctrl.res.qps.get(h) else {
                 break;
             };
-            if qp.state != QpState::RTS || qp.rt.sq_ci == sq_pi {
+            let startable =
+                qp.state == QpState::RTS || (qp.state == QpState::SQD && qp.rt.in_flight());
+            if !startable || qp.rt.sq_ci == sq_pi {
                 break;
             }
             if let Some(at) = waiting(qp) {
@@ -1438,6 +1446,18 @@ fn deliver(
     .unwrap_or(RespOutcome::Unreachable)
 }
 
+/// Queues `QP_SQ_DRAINED` for QP `h` if it entered SQD with the event
+/// enabled while work was in flight and that work has now completed.
+fn drained(ctrl: &mut Ctrl, h: u32) {
+    let Some(qp) = ctrl.res.qps.get_mut(h) else {
+        return;
+    };
+    if qp.state == QpState::SQD && qp.rt.drain_owed && !qp.rt.in_flight() {
+        qp.rt.drain_owed = false;
+        ctrl.events.push(EventKind::QP_SQ_DRAINED, h, 0);
+    }
+}
+
 /// Whether VMs `a` and `b` are served by the same engine thread.
 fn same_thread(vms: &[Option<Arc<RdmaDevice>>], a: usize, b: usize) -> bool {
     let thread = |v: usize| {
@@ -1462,6 +1482,8 @@ fn refresh(e: &mut DbEntry, ctrl: &Ctrl, mem: &HostMem) {
     let own_rq = qp.srq == 0;
     match qp.state {
         QpState::RTS | QpState::ERR | QpState::RESET => e.seen_sq = qp.rt.sq_ci,
+        // Draining: the started WQE is still work.
+        QpState::SQD if qp.rt.in_flight() => e.seen_sq = qp.rt.sq_ci,
         // States that take no send work: act again only on a new post.
         _ => {
             e.seen_sq =

@@ -72,6 +72,19 @@ pub struct QpRuntime {
     /// pieces and partly done (the engine interleaves other VMs' work
     /// between pieces).
     pub partial: Option<SendPartial>,
+    /// The QP entered `SQD` with `en_sqd_async_notify` while send work was
+    /// in flight: `QP_SQ_DRAINED` is owed once that work completes.
+    pub drain_owed: bool,
+}
+
+impl QpRuntime {
+    /// Whether the head send WQE has been started and not completed: an
+    /// RDMA WRITE partly executed in pieces, or a WQE waiting for a retry.
+    /// In `SQD` such a WQE still completes (spec 13.3, 18.22).
+    pub fn in_flight(&self) -> bool {
+        self.partial.is_some_and(|p| p.index == self.sq_ci)
+            || self.wait.is_some_and(|w| w.index == self.sq_ci)
+    }
 }
 
 /// A send WQE (a plain RDMA WRITE) that the engine executes in pieces and
