@@ -17,7 +17,14 @@
 //! ([`DbList`]). A sweep reads those without taking any lock and locks a VM
 //! only when one of its QPs shows work, so idle QPs cost a load each. The
 //! list is rebuilt whenever the VM's data-path generation changes (any
-//! control command, memory update, reset or disconnect). Parking does not
+//! control command, memory update, reset or disconnect), but a VM whose
+//! rebuild is expensive (thousands of QPs) is rebuilt at most so often
+//! that rebuilding takes a tenth of the time ([`REBUILD_FREE`]): a VM
+//! creating QPs one command after another would otherwise cost a rebuild
+//! of all its QPs per command, under its lock. A stale list is safe: it
+//! keeps the mappings it points into alive, and the engine looks every QP
+//! up afresh in the VM's tables before it acts; a QP it does not list yet
+//! is found at the next rebuild or by the parking re-check. Parking does not
 //! rely on the list: it sets `DB_FLAG_KICK` and re-checks through the VM's
 //! authoritative tables under its lock (spec section 18.6).
 //!
@@ -81,6 +88,13 @@ const MAX_PARK: Duration = Duration::from_millis(50);
 /// Interval of the transport retries of an RC QP with `timeout` 0, which
 /// retries without limit at an interval the device chooses (spec 18.20).
 const ENDLESS_RETRY_INTERVAL: Duration = Duration::from_millis(10);
+/// A polling-list rebuild that took at most this long is not rate-limited
+/// (a VM with up to some hundreds of QPs): changes show at the next sweep.
+const REBUILD_FREE: Duration = Duration::from_micros(20);
+/// After a longer rebuild, the next one waits this many times as long, so
+/// rebuilding takes at most a tenth of the engine's time (and of the VM's
+/// lock) however fast the VM's control commands come.
+const REBUILD_SPACING: u32 = 9;
 /// Offsets in a QP doorbell record.
 const SQ_CI: u64 = DB_DEVICE_OFFSET;
 const RQ_CI: u64 = DB_DEVICE_OFFSET + 4;
@@ -195,6 +209,8 @@ struct DbList {
     /// RAM, slots in the doorbell region).
     host: Option<Arc<HostMem>>,
     region: Option<Arc<DoorbellRegion>>,
+    /// No rebuild before this (see the module documentation).
+    rebuild_after: Option<Instant>,
     qps: Vec<DbEntry>,
     /// Indices into `qps` that showed work in the last scan.
     work: Vec<usize>,
@@ -218,10 +234,27 @@ impl DbList {
             gen: None,
             host: None,
             region: None,
+            rebuild_after: None,
             qps: Vec::new(),
             work: Vec::new(),
             next: 0,
         }
+    }
+
+    /// Rebuilds the list if the VM changed, unless the last rebuild was
+    /// expensive and recent (then `scratch` gets a timer for it).
+    fn refresh_if_changed(&mut self, scratch: &mut Scratch) {
+        if self.gen == Some(self.dev.dp_generation()) {
+            return;
+        }
+        let now = Instant::now();
+        if let Some(at) = self.rebuild_after.filter(|&at| now < at) {
+            scratch.timer(at);
+            return;
+        }
+        self.rebuild();
+        let took = now.elapsed();
+        self.rebuild_after = (took > REBUILD_FREE).then(|| now + took * REBUILD_SPACING);
     }
 
     /// Rebuilds the list from the VM's tables (under its lock).
@@ -507,6 +540,8 @@ impl Engine {
         // The QoS generation and VM list the weights in `drr` are from.
         let mut weights_seen = None;
         let mut active = Vec::new();
+        // Just back from parking, no work found since.
+        let mut woke = false;
         while !self.stop.load(Ordering::Acquire) {
             let generation = self.registry.generation.load(Ordering::Acquire);
             if generation != seen {
@@ -540,25 +575,32 @@ impl Engine {
             }
             if self.sweep(&vms, &mut lists, &mut scratch, &mut drr, &mut active) {
                 idle_sweeps = 0;
+                woke = false;
                 continue;
             }
-            if idle_sweeps == 0 {
-                last_work = Instant::now();
-            }
-            idle_sweeps += 1;
-            // Reading the clock costs as much as a sweep of a few QPs: only
-            // every so often while spinning.
-            if idle_sweeps % 32 != 0 {
-                std::hint::spin_loop();
-                continue;
-            }
-            let idle = last_work.elapsed();
-            if idle < SPIN_WINDOW {
-                continue;
-            }
-            if idle < POLL_WINDOW {
-                thread::yield_now();
-                continue;
+            // Polling pays off after work, when more tends to follow. A wake
+            // that found none (a control command, a QoS change, a timer)
+            // parks again at once: spinning then would only take the CPU
+            // from the control workers, O(QPs) per sweep.
+            if !std::mem::take(&mut woke) {
+                if idle_sweeps == 0 {
+                    last_work = Instant::now();
+                }
+                idle_sweeps += 1;
+                // Reading the clock costs as much as a sweep of a few QPs:
+                // only every so often while spinning.
+                if idle_sweeps % 32 != 0 {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                let idle = last_work.elapsed();
+                if idle < SPIN_WINDOW {
+                    continue;
+                }
+                if idle < POLL_WINDOW {
+                    thread::yield_now();
+                    continue;
+                }
             }
             // Park: ask for kicks, then look once more — through the VMs'
             // own tables, not the polling lists — so that a doorbell rung
@@ -574,6 +616,7 @@ impl Engine {
             self.park(scratch.next_timer);
             set_kick(&lists, false);
             idle_sweeps = 0;
+            woke = true;
         }
     }
 
@@ -679,9 +722,7 @@ impl Engine {
         // The clock is read only when some VM is held back.
         let mut now = None;
         for (k, list) in lists.iter_mut().enumerate() {
-            if list.gen != Some(list.dev.dp_generation()) {
-                list.rebuild();
-            }
+            list.refresh_if_changed(scratch);
             if !list.pending() && !list.scan() {
                 drr.idle(k);
                 continue;
