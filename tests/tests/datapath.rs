@@ -415,9 +415,17 @@ fn atomics_concurrent() {
     }
 }
 
-#[test]
-fn ud_send_through_ah() {
-    let (_d, a, b) = two_vms();
+/// Two active UD QPs (on `a` and `b`) with their CQs, and an AH on `a`
+/// for `b`'s GID.
+struct UdPair {
+    cqa: Arc<Cq>,
+    cqb: Arc<Cq>,
+    qa: Qp,
+    qb: Qp,
+    ah: Ah,
+}
+
+fn ud_pair(a: &Vm, b: &Vm) -> UdPair {
     let (cqa, cqb) = (
         Cq::create(&a.dev, 64).unwrap(),
         Cq::create(&b.dev, 64).unwrap(),
@@ -429,7 +437,7 @@ fn ud_send_through_ah() {
         q.ud_activate(QKEY, 0).unwrap();
         q
     };
-    let (qa, qb) = (mk(&a, &cqa), mk(&b, &cqb));
+    let (qa, qb) = (mk(a, &cqa), mk(b, &cqb));
     let ah = Ah::create(
         &a.pd,
         &AddressVector {
@@ -439,6 +447,25 @@ fn ud_send_through_ah() {
         },
     )
     .unwrap();
+    UdPair {
+        cqa,
+        cqb,
+        qa,
+        qb,
+        ah,
+    }
+}
+
+#[test]
+fn ud_send_through_ah() {
+    let (_d, a, b) = two_vms();
+    let UdPair {
+        cqa,
+        cqb,
+        qa,
+        qb,
+        ah,
+    } = ud_pair(&a, &b);
     let (ba, bb) = (Buf::new(&a, 4096), Buf::new(&b, 4096));
     for i in 0..3u64 {
         let len = 100 + i as usize * 500;
@@ -490,6 +517,58 @@ fn ud_send_through_ah() {
     qa.post_send(&[w]).unwrap();
     ok(&poll_one(&cqa), 20, WcOpcode::SEND);
     assert_quiet(&cqb);
+}
+
+/// A UD message may carry the port's `max_ud_payload` bytes (spec 18.11):
+/// that many arrive whole; one byte more fails at the requester with
+/// `LOC_LEN_ERR` and nothing reaches the responder.
+#[test]
+fn ud_message_longer_than_the_mtu_fails() {
+    let (_d, a, b) = two_vms();
+    let p = ud_pair(&a, &b);
+    let max = a.dev.query_port().unwrap().max_ud_payload as usize;
+    assert_eq!(max, 4096);
+    let (ba, bb) = (Buf::new(&a, 2 * max), Buf::new(&b, 2 * max));
+    let data = pattern(max + 1, 77);
+    ba.write(0, &data);
+    bb.write(0, &vec![0xEE; 2 * max]);
+    p.qb.post_recv(&[RecvWr {
+        wr_id: 1,
+        sg_list: &[bb.sge(0, 2 * max)],
+    }])
+    .unwrap();
+    let send = |id: u64, len: usize| {
+        let sg = [ba.sge(0, len)];
+        let mut w = wr(id, SendOp::Send, &sg);
+        w.ud = Some(UdDest {
+            ah: &p.ah,
+            remote_qpn: p.qb.qpn(),
+            remote_qkey: QKEY,
+        });
+        p.qa.post_send(&[w]).unwrap();
+    };
+    send(10, max);
+    ok(&poll_one(&p.cqa), 10, WcOpcode::SEND);
+    let r = poll_one(&p.cqb);
+    ok(&r, 1, WcOpcode::RECV);
+    assert_eq!(r.byte_len as usize, 40 + max);
+    assert_eq!(bb.read(40, max), data[..max]);
+
+    bb.write(0, &vec![0xEE; 2 * max]);
+    p.qb.post_recv(&[RecvWr {
+        wr_id: 2,
+        sg_list: &[bb.sge(0, 2 * max)],
+    }])
+    .unwrap();
+    send(11, max + 1);
+    let wc = poll_one(&p.cqa);
+    assert_eq!(
+        (wc.wr_id, wc.status()),
+        (11, Some(WcStatus::LOC_LEN_ERR)),
+        "{wc:?}"
+    );
+    assert_quiet(&p.cqb);
+    assert_eq!(bb.read(0, 2 * max), vec![0xEE; 2 * max]);
 }
 
 #[test]

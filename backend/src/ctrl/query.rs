@@ -75,7 +75,7 @@ impl Ctrl {
             pkey_tbl_len: 1,
             max_msg_size: 1 << 31,
             link_rate_mbps: caps.link_rate_mbps,
-            max_ud_payload: 128 << caps.max_mtu,
+            max_ud_payload: caps.max_ud_payload(),
         }
         .to_bytes())
     }

@@ -1160,6 +1160,10 @@ impl Engine {
         if matches!(op, WcOpcode::COMP_SWAP | WcOpcode::FETCH_ADD) && len != 8 {
             return failed(ctrl, WcStatus::LOC_QP_OP_ERR);
         }
+        // A UD message is one packet: at most the MTU (spec 18.11).
+        if ud && len > u64::from(self.rnic.caps().max_ud_payload()) {
+            return failed(ctrl, WcStatus::LOC_LEN_ERR);
+        }
         // Find the responder.
         let Some(qp) = ctrl.res.qps.get(h) else {
             return Step::Done { published: false };

@@ -33,6 +33,13 @@ pub struct RnicCaps {
     pub node_guid: u64,
 }
 
+impl RnicCaps {
+    /// The largest UD message payload: the MTU in bytes (`128 << mtu`).
+    pub fn max_ud_payload(&self) -> u32 {
+        128u32.checked_shl(self.max_mtu).unwrap_or(0)
+    }
+}
+
 /// A host RNIC engine shared by all VMs the daemon serves.
 pub trait Rnic: Send + Sync {
     /// Short engine name for logs.
