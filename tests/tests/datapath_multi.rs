@@ -2005,8 +2005,9 @@ fn bad_opcode_wqe(wr_id: u64) -> SendWqe {
 /// the page out of its memory table) is treated like an overflow (spec
 /// 18.17, 18.18): the completion is lost, the CQ gets `CQ_ERROR` and every
 /// QP using it — as send CQ or as receive CQ — `QP_FATAL`, and those QPs
-/// are in ERR. A QP's own unusable send ring fails that QP alone with
-/// `QP_FATAL`, without a completion. The VM's other queues keep working.
+/// are in ERR. A QP's own unusable send ring or doorbell record fails that
+/// QP alone with `QP_FATAL`, without a completion. The VM's other queues
+/// keep working.
 #[test]
 fn unusable_cq_memory_is_a_cq_error() {
     let (_d, vm) = vms(2);
@@ -2042,6 +2043,16 @@ fn unusable_cq_memory_is_a_cq_error() {
         assert_eq!(raw_state(a, &q2), u32::from(QpState::ERR), "{what}");
         assert_quiet(&other);
     }
+    // A QP's doorbell record: the device can no longer read its producer
+    // indices, so the QP fails with QP_FATAL without anything posted.
+    let q = raw_qp(a, QpType::RC, other.handle(), other.handle(), 0);
+    raw_connect(a, &q, q.qpn, a);
+    unmap_page(a, GuestAddress(q.ring.db.0 & !4095));
+    expect_event(&a.dev, EventKind::QP_FATAL, q.handle);
+    assert_eq!(raw_state(a, &q), u32::from(QpState::ERR));
+    assert_quiet(&other);
+    restore_mem(a);
+    assert_no_event(&a.dev, "after the doorbell record came back");
     // A QP's send ring.
     let q = raw_qp(a, QpType::RC, other.handle(), other.handle(), 0);
     raw_connect(a, &q, q.qpn, a);

@@ -834,6 +834,13 @@ impl Engine {
             return false;
         };
         let Some(sq_pi) = load_pi(mem, qp.db_gpa, qp.db_slot.as_ref(), doorbell::SQ) else {
+            // The record left guest RAM (spec 18.18): a QP whose send
+            // queue the device reads fails; in other states nothing reads
+            // it (and in ERR nothing of the queue can be trusted).
+            if matches!(qp.state, QpState::RTS | QpState::SQD) {
+                fail(ctrl, h, Some(EventKind::QP_FATAL));
+                return true;
+            }
             return false;
         };
         match qp.state {
