@@ -605,7 +605,7 @@ fn render_subjects(out: &mut String, prefix: &str, subjects: &[Subject]) {
     let qos: [(&str, &str, QosGetter); 4] = [
         (
             "qos_weight",
-            "QoS weight (share among active VMs; unused for tenants).",
+            "QoS weight (a tenant's share among tenants with work; a VM's share of its tenant's part).",
             |q| u64::from(q.weight),
         ),
         (

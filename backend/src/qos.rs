@@ -1,13 +1,13 @@
 //! Quality-of-service settings: per-VM and per-tenant rate limits and the
 //! weights of weighted fair sharing, changeable while the daemon runs.
 //!
-//! A [`QosSpec`] is what an operator sets: a weight (the VM's share of the
-//! engine's time among the VMs that have work) and rate limits (bytes per
-//! second, work requests per second, control commands per second; 0 means
-//! unlimited). Classes (`[[qos_class]]` in the configuration file) name
-//! specs; a VM's class sets its own limits and weight, a tenant's class
-//! sets limits on the sum of its VMs' traffic (a tenant's weight is not
-//! used: sharing is between VMs).
+//! A [`QosSpec`] is what an operator sets: a weight and rate limits (bytes
+//! per second, work requests per second, control commands per second; 0
+//! means unlimited). Classes (`[[qos_class]]` in the configuration file)
+//! name specs. A tenant's class sets its share of the engine among the
+//! tenants with work, and limits on the sum of its VMs' traffic; a VM's
+//! class sets its share of its tenant's part among the tenant's VMs with
+//! work, and its own limits.
 //!
 //! [`QosTable`] holds the live values. Readers (the engine, the control
 //! workers) poll its generation and re-read on change, so an update never

@@ -566,8 +566,13 @@ impl Engine {
                 drr = Drr::default();
                 drr.resize(lists.len());
                 for (k, list) in lists.iter().enumerate() {
-                    let w = qos.vm(list.dev.id()).map_or(DEFAULT_WEIGHT, |s| s.weight);
+                    let id = list.dev.id();
+                    let w = qos.vm(id).map_or(DEFAULT_WEIGHT, |s| s.weight);
                     drr.set_weight(k, w);
+                    if let Some(t) = self.shared.tenancy.tenant_of(id) {
+                        let tw = qos.tenant(t).map_or(DEFAULT_WEIGHT, |s| s.weight);
+                        drr.set_group(k, t, tw);
+                    }
                 }
                 // Both were read after `qos_gen` was: everything up to it
                 // is now enforced.

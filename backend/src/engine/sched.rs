@@ -274,7 +274,11 @@ impl Limits {
             };
             v.tenant = tenant;
             v.blocked_until = None;
-            v.grain = grain_of(spec.weight);
+            // A low weight of the VM or of its tenant: fine-grained service.
+            let tenant_weight = tenant
+                .and_then(|t| tenants.get(t))
+                .map_or(DEFAULT_WEIGHT, |t| t.weight);
+            v.grain = grain_of(spec.weight.min(tenant_weight));
             let tenant_limited = tenant
                 .and_then(|t| self.tenants.get(t))
                 .is_some_and(Limiter::limited);
@@ -367,9 +371,18 @@ impl Limits {
 
 /// Deficit round robin over the engine's VMs (see the module
 /// documentation), indexed by the VM's position in the engine's list.
+///
+/// The sharing is hierarchical: the tenants with work share the engine by
+/// their weights, and a tenant's share goes to its VMs with work by
+/// theirs. A VM's quantum in a round is therefore `tenant weight × VM
+/// weight / (sum of the weights of the tenant's VMs with work)` units, so
+/// a tenant gets no more engine time by running more VMs.
 #[derive(Debug, Default)]
 pub struct Drr {
     slots: Vec<DrrSlot>,
+    /// Scratch: per group, the sum of the weights of its VMs with work in
+    /// the current round.
+    group_sums: Vec<u64>,
     /// Scratch: VMs skipped in the current round for being in debt.
     skipped: Vec<usize>,
     /// Rounds so far: each round starts one VM further, so that VMs which
@@ -380,7 +393,13 @@ pub struct Drr {
 
 #[derive(Debug, Clone, Copy)]
 struct DrrSlot {
-    /// Nanoseconds of engine time per round.
+    /// The VM's own weight.
+    weight: u32,
+    /// Its group (tenant) and the group's weight.
+    group: usize,
+    group_weight: u32,
+    /// Nanoseconds of engine time per round (set at the start of each
+    /// round from the weights of the VMs with work).
     quantum: i64,
     /// Nanoseconds the VM may still use; negative: in debt.
     deficit: i64,
@@ -389,6 +408,9 @@ struct DrrSlot {
 impl Default for DrrSlot {
     fn default() -> Self {
         DrrSlot {
+            weight: DEFAULT_WEIGHT,
+            group: usize::MAX,
+            group_weight: DEFAULT_WEIGHT,
             quantum: quantum_of(DEFAULT_WEIGHT),
             deficit: 0,
         }
@@ -398,6 +420,18 @@ impl Default for DrrSlot {
 fn quantum_of(weight: u32) -> i64 {
     let q = i64::try_from(QUANTUM_PER_WEIGHT.as_nanos()).unwrap_or(i64::MAX);
     q.saturating_mul(i64::from(weight.max(1)))
+}
+
+/// The quantum of a VM of weight `weight` in a group of weight `group`
+/// whose VMs with work weigh `sum` together: the group's quantum, split by
+/// weight (at least 1 ns, so every VM makes progress).
+fn share_of(weight: u32, group: u32, sum: u64) -> i64 {
+    let q = u64::try_from(QUANTUM_PER_WEIGHT.as_nanos()).unwrap_or(u64::MAX);
+    let ns = q
+        .saturating_mul(u64::from(group.max(1)))
+        .saturating_mul(u64::from(weight.max(1)))
+        / sum.max(1);
+    i64::try_from(ns).unwrap_or(i64::MAX).max(1)
 }
 
 fn ns(d: Duration) -> i64 {
@@ -441,11 +475,56 @@ impl Drr {
         self.slots.resize(n, DrrSlot::default());
     }
 
-    /// Sets the weight of VM `vm`.
+    /// Sets the weight of VM `vm`. Until [`Drr::set_group`] it is a group
+    /// of its own: it shares with the other VMs by its weight alone.
     pub fn set_weight(&mut self, vm: usize, weight: u32) {
         if let Some(s) = self.slots.get_mut(vm) {
+            s.weight = weight.max(1);
+            if s.group == usize::MAX {
+                s.group_weight = s.weight;
+            }
             s.quantum = quantum_of(weight);
             s.deficit = s.deficit.min(s.quantum);
+        }
+    }
+
+    /// Puts VM `vm` into group `group` (its tenant) of weight `weight`:
+    /// the group's VMs with work share the group's part of the engine.
+    pub fn set_group(&mut self, vm: usize, group: usize, weight: u32) {
+        if let Some(s) = self.slots.get_mut(vm) {
+            s.group = group;
+            s.group_weight = weight.max(1);
+        }
+    }
+
+    /// Sets every active VM's quantum for this round from the weights of
+    /// the VMs with work (see the type's documentation).
+    fn set_quanta(&mut self, active: &[usize]) {
+        self.group_sums.clear();
+        for &vm in active {
+            let Some(s) = self.slots.get(vm) else {
+                continue;
+            };
+            // Ungrouped VMs (usize::MAX) are groups of their own.
+            if s.group == usize::MAX {
+                continue;
+            }
+            if self.group_sums.len() <= s.group {
+                self.group_sums.resize(s.group + 1, 0);
+            }
+            if let Some(sum) = self.group_sums.get_mut(s.group) {
+                *sum += u64::from(s.weight);
+            }
+        }
+        for &vm in active {
+            let Some(s) = self.slots.get_mut(vm) else {
+                continue;
+            };
+            let sum = match s.group {
+                usize::MAX => u64::from(s.weight),
+                g => self.group_sums.get(g).copied().unwrap_or(0),
+            };
+            s.quantum = share_of(s.weight, s.group_weight, sum);
         }
     }
 
@@ -499,6 +578,7 @@ impl Drr {
                 },
             );
         }
+        self.set_quanta(active);
         let mut skipped = std::mem::take(&mut self.skipped);
         skipped.clear();
         let mut did = false;
@@ -810,6 +890,58 @@ mod tests {
                 (share / ideal - 1.0).abs() < 0.02,
                 "VM {vm}: {share} vs {ideal}"
             );
+        }
+    }
+
+    /// Runs `rounds` rounds over `active`, each pass of VM `v` costing
+    /// `cost[v]` per burst (four bursts a pass); returns each VM's share of
+    /// the engine time.
+    fn shares(d: &mut Drr, active: &[usize], cost: &[Duration], rounds: usize) -> Vec<f64> {
+        let mut used = vec![Duration::ZERO; cost.len()];
+        for _ in 0..rounds {
+            d.round(active, |d, t| {
+                for _ in 0..4 {
+                    used[t.vm] += cost[t.vm];
+                    if !d.charge(t.vm, cost[t.vm]) {
+                        break;
+                    }
+                }
+                true
+            });
+        }
+        let total: f64 = used.iter().map(Duration::as_secs_f64).sum();
+        used.iter().map(|u| u.as_secs_f64() / total).collect()
+    }
+
+    /// Tenants share by their weights, and a tenant's share is split among
+    /// its VMs with work by theirs: a tenant gets nothing more by running
+    /// more VMs, and its idle VMs leave their part to its busy ones.
+    #[test]
+    fn drr_shares_tenants_first_then_their_vms() {
+        let mut d = Drr::default();
+        d.resize(4);
+        // Tenant 0: VM 0. Tenant 1: VMs 1, 2 and 3 (VM 3 twice as heavy).
+        for (vm, w, group) in [(0, 100, 0), (1, 100, 1), (2, 100, 1), (3, 200, 1)] {
+            d.set_weight(vm, w);
+            d.set_group(vm, group, 100);
+        }
+        let cost = [
+            Duration::from_micros(3),
+            Duration::from_micros(11),
+            Duration::from_nanos(900),
+            Duration::from_micros(2),
+        ];
+        let got = shares(&mut d, &[0, 1, 2, 3], &cost, 20_000);
+        for (vm, ideal) in [(0, 0.5), (1, 0.125), (2, 0.125), (3, 0.25)] {
+            assert!((got[vm] / ideal - 1.0).abs() < 0.02, "VM {vm}: {got:?}");
+        }
+        // Tenant weights 1:3; VM 2 idle: VMs 1 and 3 split tenant 1's part.
+        for vm in 0..4 {
+            d.set_group(vm, usize::from(vm > 0), if vm > 0 { 300 } else { 100 });
+        }
+        let got = shares(&mut d, &[0, 1, 3], &cost, 20_000);
+        for (vm, ideal) in [(0, 0.25), (1, 0.25), (3, 0.5)] {
+            assert!((got[vm] / ideal - 1.0).abs() < 0.02, "VM {vm}: {got:?}");
         }
     }
 

@@ -509,6 +509,7 @@ fn bench_lat(args: &Args, secs: f64, hog_size: usize) -> Res<Vec<String>> {
     let ldst = Buf::new(&vms[1], 4096)?;
     let qos = d.daemon().qos().clone();
     let bulk = d.daemon().tenancy().tenant_of(2).unwrap_or(0);
+    let lat_t = d.daemon().tenancy().tenant_of(0).unwrap_or(0);
     let scenarios: [(&str, &str); 5] = [
         ("alone", "no hog"),
         (
@@ -518,7 +519,7 @@ fn bench_lat(args: &Args, secs: f64, hog_size: usize) -> Res<Vec<String>> {
         ("no QoS", "hog, default weights, no limits"),
         (
             "weights",
-            "latency VM weight 1000, hog VM weight --hog-weight",
+            "latency tenant and VM weight 1000, the hog's --hog-weight",
         ),
         ("limited", "hog's tenant limited to --hog-limit-mib MiB/s"),
     ];
@@ -548,7 +549,9 @@ fn bench_lat(args: &Args, secs: f64, hog_size: usize) -> Res<Vec<String>> {
             } else {
                 0
             };
-            qos.set_tenant(bulk, spec(100, limit, 0))?;
+            // Different tenants share by their tenants' weights.
+            qos.set_tenant(lat_t, spec(lat_w, 0, 0))?;
+            qos.set_tenant(bulk, spec(hog_w, limit, 0))?;
             let hog = *name != "alone";
             let client = *name != "hog only";
             let (lat, hog_rate) = std::thread::scope(|s| -> Res<(LatResult, f64)> {
@@ -612,6 +615,7 @@ fn bench_lat(args: &Args, secs: f64, hog_size: usize) -> Res<Vec<String>> {
     qos.set_vm(0, QosSpec::default())?;
     qos.set_vm(2, QosSpec::default())?;
     qos.set_tenant(bulk, QosSpec::default())?;
+    qos.set_tenant(lat_t, QosSpec::default())?;
     let alone_p99 = median(&res[0][1]);
     let alone_ops = median(&res[0][2]);
     println!(
@@ -761,31 +765,95 @@ fn bench_limits(args: &Args, secs: f64) -> Res<Vec<String>> {
 // 3. Weighted shares
 
 fn bench_shares(args: &Args, secs: f64) -> Res<Vec<String>> {
-    println!("\n== 3. weighted shares among three saturating VMs ==");
+    println!("\n== 3. weighted shares among saturating VMs ==");
+    let mut summary = Vec::new();
+    // VM weights within one tenant: VM0, VM1, VM2 write into VM3.
     let weights = [100u32, 200, 400];
+    let wsum: f64 = weights.iter().map(|&w| f64::from(w)).sum();
+    summary.push(shares_case(
+        args,
+        secs,
+        &format!("one tenant, VM weights {weights:?}"),
+        "shares 1:2:4",
+        &["t", "t", "t", "t"],
+        &[(0, 3), (1, 3), (2, 3)],
+        &weights,
+        &[],
+        &weights.map(|w| f64::from(w) / wsum),
+    )?);
+    // Tenants first: tenant a (VM0 -> VM3) and tenant b (VM1, VM2 -> VM4),
+    // equal weights everywhere: a gets half, b's two VMs a quarter each.
+    summary.push(shares_case(
+        args,
+        secs,
+        "tenants a (1 VM) and b (2 VMs), equal weights",
+        "tenant shares 1:1",
+        &["a", "b", "b", "a", "b"],
+        &[(0, 3), (1, 4), (2, 4)],
+        &[100, 100, 100],
+        &[("a", 100), ("b", 100)],
+        &[0.5, 0.25, 0.25],
+    )?);
+    Ok(summary)
+}
+
+/// One weighted-shares measurement: `senders` (source VM, sink VM) stream
+/// saturating WRITEs; the sources have VM weights `weights` and the named
+/// tenants `tenant_weights`; every run's shares of the bytes moved are
+/// compared with `ideal` (±5 %).
+#[allow(clippy::too_many_arguments)]
+fn shares_case(
+    args: &Args,
+    secs: f64,
+    title: &str,
+    label: &str,
+    tenants: &[&str],
+    senders: &[(usize, usize)],
+    weights: &[u32],
+    tenant_weights: &[(&str, u32)],
+    ideal: &[f64],
+) -> Res<String> {
     println!(
-        "  VM0, VM1, VM2 (weights {:?}) each write {} B messages on 4 QPs x {} outstanding into VM3",
-        weights, args.size, args.depth
+        "  {title}: {} B messages on 4 QPs x {} outstanding per sender",
+        args.size, args.depth
     );
-    let d = daemon(args, &["t", "t", "t", "t"])?;
-    let socks = sockets(&d, 4);
+    let d = daemon(args, tenants)?;
+    let socks = sockets(&d, tenants.len());
     let vms: Vec<Vm> = socks.iter().map(open_vm).collect::<Res<_>>()?;
     let qos = d.daemon().qos().clone();
-    for (v, w) in weights.iter().enumerate() {
-        qos.set_vm(v, spec(*w, 0, 0))?;
+    let src: Vec<usize> = senders.iter().map(|&(s, _)| s).collect();
+    for (&v, &w) in src.iter().zip(weights) {
+        qos.set_vm(v, spec(w, 0, 0))?;
     }
-    let wsum: f64 = weights.iter().map(|&w| f64::from(w)).sum();
-    let mut shares: Vec<Vec<f64>> = vec![Vec::new(); 3];
+    for &(name, w) in tenant_weights {
+        let t = d
+            .daemon()
+            .tenancy()
+            .tenants()
+            .iter()
+            .position(|t| t.name == name)
+            .ok_or("no such tenant")?;
+        qos.set_tenant(
+            t,
+            QosSpec {
+                weight: w,
+                ..QosSpec::unlimited()
+            },
+        )?;
+    }
+    d.daemon().sync_qos(Duration::from_secs(5));
+    let mut shares: Vec<Vec<f64>> = vec![Vec::new(); senders.len()];
     let mut totals = Vec::new();
     for run in 0..args.runs {
-        let streams: Vec<Stream> = (0..3)
-            .map(|v| Stream::new(&vms[v], &vms[3], 4, args.depth, args.size))
+        let streams: Vec<Stream> = senders
+            .iter()
+            .map(|&(s, t)| Stream::new(&vms[s], &vms[t], 4, args.depth, args.size))
             .collect::<Res<_>>()?;
         let stop = AtomicBool::new(false);
         let r = std::thread::scope(|s| -> Res<Vec<(f64, f64)>> {
             let h = spawn_senders(s, args.client_cpu, streams, &stop, NAP, 0);
             std::thread::sleep(WARMUP);
-            let r = rates(&d, &[0, 1, 2], secs);
+            let r = rates(&d, &src, secs);
             stop.store(true, Ordering::Relaxed);
             join(h)?;
             Ok(r)
@@ -808,33 +876,27 @@ fn bench_shares(args: &Args, secs: f64) -> Res<Vec<String>> {
     }
     let mut all_ok = true;
     let mut parts = Vec::new();
-    for (v, w) in weights.iter().enumerate() {
-        let ideal = f64::from(*w) / wsum;
-        let m = median(&shares[v]);
-        let ok = (m / ideal - 1.0).abs() <= 0.05;
+    for (k, &v) in src.iter().enumerate() {
+        let m = median(&shares[k]);
+        let ok = (m / ideal[k] - 1.0).abs() <= 0.05;
         all_ok &= ok;
         println!(
-            "    VM{v} weight {w}: share {:.3} (ideal {:.3}, ratio {:.3}) {}",
+            "    VM{v} (tenant {}, weight {}): share {:.3} (ideal {:.3}, ratio {:.3}) {}",
+            tenants[v],
+            weights[k],
             m,
-            ideal,
-            m / ideal,
+            ideal[k],
+            m / ideal[k],
             verdict(ok)
         );
-        parts.push(format!("{:.3}/{:.3}", m, ideal));
+        parts.push(format!("{:.3}/{:.3}", m, ideal[k]));
     }
     println!(
         "  median total {:.1} MiB/s; verdict {}",
         median(&totals),
         verdict(all_ok)
     );
-    for v in 0..3 {
-        qos.set_vm(v, QosSpec::default())?;
-    }
-    Ok(vec![format!(
-        "shares 1:2:4: {} {}",
-        parts.join(" "),
-        verdict(all_ok)
-    )])
+    Ok(format!("{label}: {} {}", parts.join(" "), verdict(all_ok)))
 }
 
 // ---------------------------------------------------------------------------
