@@ -192,6 +192,7 @@ impl RdmaDevice {
     ) -> io::Result<Self> {
         let id = port.vm;
         let mut ctrl = Ctrl::new(limits, rnic, port, shared.tenancy.clone());
+        ctrl.set_kicks_flag(engine.kicks_flag());
         let shmem = if device_features & F_SHMEM_DOORBELL != 0 {
             let region = DoorbellRegion::new(limits.max_ctx).map_err(io::Error::other)?;
             let link = RegionLink::new(Arc::new(region));
@@ -515,6 +516,7 @@ impl RdmaDevice {
             } else {
                 empty_rounds = 0;
                 self.map_doorbells();
+                let mut engine_work = false;
                 for (chain, taken) in chains {
                     let head = chain.head_index();
                     // The state lock is held per command, not per pass: the
@@ -530,6 +532,7 @@ impl RdmaDevice {
                         }
                         let ok_before = st.ctrl.stats.ok;
                         let used = handle_chain(&mut st.ctrl, mem, chain);
+                        engine_work |= st.ctrl.take_engine_work();
                         // QPs may have come, gone or changed state.
                         self.bump_dp_gen();
                         (used, st.ctrl.stats.ok != ok_before)
@@ -547,8 +550,13 @@ impl RdmaDevice {
                     }
                 }
                 signal(vring)?;
-                // New or changed QPs may have work for the engine.
-                self.engine.wake();
+                if engine_work {
+                    // Posted work may have become startable, or need a
+                    // flush. Other commands need no wake-up: a sleeping
+                    // engine would look, find nothing and sleep again, at
+                    // a cost that grows with the VM's QPs.
+                    self.engine.wake();
+                }
                 // Commands may have raised events; deliver them now rather
                 // than when the worker stops polling.
                 self.deliver_events(eventq, mem)?;

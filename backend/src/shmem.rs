@@ -333,6 +333,12 @@ impl DoorbellPages {
         self.used.iter().filter(|p| p.is_some()).count()
     }
 
+    /// Sets the device flags in the header of page `page` (a page just
+    /// handed to a new context).
+    pub fn set_page_flags(&self, page: u32, flags: u32) {
+        self.region.set_flags(page, flags);
+    }
+
     /// Sets or clears `DB_FLAG_KICK` in the header of every page in use.
     pub fn set_kick(&self, on: bool) {
         let v = if on { DB_FLAG_KICK } else { 0 };

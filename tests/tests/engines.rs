@@ -214,3 +214,63 @@ fn a_departing_vm_fails_its_peers_with_two_threads() {
     write_and_send_back(&blue, &bs, &bd, b"still here", 4096, 1);
     assert_eq!(d.stats(3).device.resources.qp, 0);
 }
+
+/// The engine thread's park count.
+fn parks(d: &TestDaemon) -> u64 {
+    d.daemon().engines().stats()[0].parks
+}
+
+/// Waits until the engine thread has parked since `before`.
+fn wait_parked(d: &TestDaemon, before: u64) {
+    let deadline = Instant::now() + WAIT;
+    while parks(d) <= before {
+        assert!(Instant::now() < deadline, "the engine never parked");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Control commands wake a sleeping engine only when they may have made
+/// work startable (a QP state change), not for every object created: a
+/// VM creating QPs costs the engine nothing. A QP connected while the
+/// engine sleeps still has its first post served at once (the connect
+/// wakes the engine, which arms the new QP's kicks before it sleeps
+/// again).
+#[test]
+fn control_commands_wake_the_engine_only_for_state_changes() {
+    use virtio_rdma_driver::Cq;
+    let d = TestDaemon::start(2).unwrap();
+    let (a, b) = (open(&d, 0), open(&d, 1));
+    let p0 = parks(&d);
+    std::thread::sleep(Duration::from_millis(5));
+    wait_parked(&d, p0);
+    // 100 CQs and 100 QPs left in RESET: no wake-up each.
+    let p1 = parks(&d);
+    let cq = Cq::create(&a.dev, 16).unwrap();
+    let qps: Vec<_> = (0..100)
+        .map(|_| vhost_user_rdma_tests::dp::rc_qp(&a, &cq))
+        .collect();
+    let woke = parks(&d) - p1;
+    // Some parks come from the 50 ms park limit; a wake-up per command
+    // would be 100 or more.
+    assert!(woke < 50, "{woke} wake-ups for 100 QPs created");
+    drop(qps);
+
+    // Connect while the engine sleeps, then post: served at once.
+    let mut took = Vec::new();
+    for i in 0..5u64 {
+        let before = parks(&d);
+        wait_parked(&d, before);
+        let p = rc_pair(&a, &b);
+        let (src, dst) = (Buf::new(&a, 4096), Buf::new(&b, 4096));
+        let t0 = Instant::now();
+        post_write(&p, &src, &dst, 64, i);
+        ok(&poll_one(&p.cqa), i, WcOpcode::RDMA_WRITE);
+        took.push(t0.elapsed());
+    }
+    took.sort();
+    // A lost wake-up shows as the 50 ms park limit.
+    assert!(
+        took[2] < Duration::from_millis(25),
+        "first posts after a connect took {took:?}"
+    );
+}

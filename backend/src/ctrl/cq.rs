@@ -39,7 +39,7 @@ impl Ctrl {
                 rt: Default::default(),
             })
             .map_err(|_| CmdError::no_memory())?;
-        init_device_half(mem, req.db_gpa);
+        init_device_half(mem, req.db_gpa, 0);
         Ok(CqHandleResp { cq_handle }.to_bytes())
     }
 

@@ -50,6 +50,9 @@ impl Ctrl {
         } else {
             None
         };
+        if let (Some(page), Some(pages)) = (db_page, self.res.doorbells.as_ref()) {
+            pages.set_page_flags(page, self.new_doorbell_flags());
+        }
         if let Some(ctx) = self.res.ctxs.get_mut(ctx_handle) {
             ctx.db_page = db_page;
         }

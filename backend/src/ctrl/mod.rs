@@ -16,6 +16,7 @@ mod queue_mem;
 pub mod rate;
 mod srq;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use log::debug;
@@ -98,6 +99,12 @@ pub struct Ctrl {
     ram: RamMap,
     port: PortIdentity,
     tenancy: Arc<Tenancy>,
+    /// Set while the engine serving the VM sleeps and relies on kicks
+    /// (`DB_FLAG_KICK`): queues created meanwhile ask for kicks at once.
+    kicks: Arc<AtomicBool>,
+    /// A command changed something the engine must act on (see
+    /// [`Ctrl::take_engine_work`]).
+    engine_work: bool,
 }
 
 /// Most GIDs a port has: index 0, assigned by the operator.
@@ -122,7 +129,35 @@ impl Ctrl {
             ram: RamMap::default(),
             port,
             tenancy,
+            kicks: Arc::new(AtomicBool::new(false)),
+            engine_work: false,
         }
+    }
+
+    /// Shares the engine's "kicks armed" flag ([`crate::engine::Engine`]).
+    pub fn set_kicks_flag(&mut self, kicks: Arc<AtomicBool>) {
+        self.kicks = kicks;
+    }
+
+    /// The device flags a new doorbell record or page starts with: ask for
+    /// kicks while the engine sleeps, so a post to the new queue wakes it
+    /// (the engine sets the flag in the existing ones when it parks). Read
+    /// under the VM's lock, which orders it with the engine's updates.
+    pub(crate) fn new_doorbell_flags(&self) -> u32 {
+        if self.kicks.load(Ordering::Acquire) {
+            virtio_rdma_abi::datapath::DB_FLAG_KICK
+        } else {
+            0
+        }
+    }
+
+    /// Whether a command since the last call may have made posted work
+    /// startable or in need of a flush (a QP state change, a QP failed by
+    /// the control path): the engine must look even if no doorbell rings.
+    /// Creating objects needs no wake-up: new queues have no work yet, and
+    /// ask for kicks themselves ([`Ctrl::new_doorbell_flags`]).
+    pub fn take_engine_work(&mut self) -> bool {
+        std::mem::take(&mut self.engine_work)
     }
 
     /// Index of the VM in the daemon.

@@ -161,7 +161,7 @@ impl Ctrl {
         if let Some(srq) = self.res.srqs.get_mut(req.srq_handle) {
             srq.users += 1;
         }
-        init_device_half(mem, req.db_gpa);
+        init_device_half(mem, req.db_gpa, self.new_doorbell_flags());
         Ok(CreateQpResp {
             qp_handle,
             qpn,
@@ -296,6 +296,15 @@ impl Ctrl {
             // QP_COMM_EST again (spec 18.22).
             qp.rt.comm_est = false;
         }
+        if target != cur
+            && (matches!(
+                target,
+                QpState::RTS | QpState::ERR | QpState::RESET | QpState::SQD
+            ) || cur == QpState::SQD)
+        {
+            // Posted work may now start, be flushed or be discarded.
+            self.engine_work = true;
+        }
         qp.state = target;
         qp.attr.qp_state = target.into();
         qp.attr.cur_qp_state = target.into();
@@ -328,6 +337,8 @@ impl Ctrl {
             return;
         }
         qp.state = QpState::ERR;
+        // Its posted work is to be flushed.
+        self.engine_work = true;
         if let Some(e) = event {
             self.events.push(e, h, 0);
         }

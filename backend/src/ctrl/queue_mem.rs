@@ -48,8 +48,12 @@ impl Ctrl {
 /// parked: the engine resumes polling after every control command (as for
 /// a new doorbell page, spec 18.6, 18.7). Called only once the create
 /// command cannot fail any more: a failed create writes nothing.
-pub(super) fn init_device_half<M: Bytes<GuestAddress>>(mem: &M, db_gpa: u64) {
-    let half = [0u8; (DB_RECORD_SIZE - DB_DEVICE_OFFSET) as usize];
+pub(super) fn init_device_half<M: Bytes<GuestAddress>>(mem: &M, db_gpa: u64, flags: u32) {
+    let mut half = [0u8; (DB_RECORD_SIZE - DB_DEVICE_OFFSET) as usize];
+    // `sq_ci`, `rq_ci` (or the SRQ's `ci`), then the device flags.
+    if let Some(f) = half.get_mut(8..12) {
+        f.copy_from_slice(&flags.to_le_bytes());
+    }
     if mem
         .write_slice(&half, GuestAddress(db_gpa + DB_DEVICE_OFFSET))
         .is_err()

@@ -70,7 +70,7 @@ impl Ctrl {
         if let Some(srq) = self.res.srqs.get_mut(srq_handle) {
             srq.db_slot = db_slot.clone();
         }
-        init_device_half(mem, req.db_gpa);
+        init_device_half(mem, req.db_gpa, self.new_doorbell_flags());
         Ok(CreateSrqResp {
             srq_handle,
             wqe_shift,

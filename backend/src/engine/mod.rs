@@ -177,6 +177,10 @@ pub struct Engine {
     registry: Arc<Registry>,
     /// The QoS generation whose settings this thread enforces.
     qos_applied: AtomicU64,
+    /// True from just before the thread sets `DB_FLAG_KICK` in its VMs'
+    /// doorbells (to park) until just before it clears them: the control
+    /// path then creates queues with the flag set (`Ctrl::new_doorbell_flags`).
+    kicks_armed: Arc<AtomicBool>,
     counters: EngineCounters,
     rnic: Arc<dyn Rnic>,
     wake: EventFd,
@@ -440,6 +444,7 @@ impl Engine {
             index,
             registry,
             qos_applied: AtomicU64::new(0),
+            kicks_armed: Arc::new(AtomicBool::new(false)),
             counters: EngineCounters::default(),
             rnic,
             wake: EventFd::new(libc::EFD_NONBLOCK)?,
@@ -473,6 +478,21 @@ impl Engine {
     /// Its work counters.
     pub fn counters(&self) -> &EngineCounters {
         &self.counters
+    }
+
+    /// The flag that says the thread sleeps and relies on kicks (for the
+    /// control path of the VMs it serves).
+    pub fn kicks_flag(&self) -> Arc<AtomicBool> {
+        self.kicks_armed.clone()
+    }
+
+    /// Sets or clears `DB_FLAG_KICK` in every doorbell of the VMs of
+    /// `lists`. The armed flag changes first: a queue created under a VM's
+    /// lock either sees it, or is covered by the loop (which takes that
+    /// lock after).
+    fn arm_kicks(&self, lists: &[DbList], on: bool) {
+        self.kicks_armed.store(on, Ordering::SeqCst);
+        set_kick(lists, on);
     }
 
     /// Whether this thread serves VM `vm`.
@@ -610,16 +630,16 @@ impl Engine {
             // Park: ask for kicks, then look once more — through the VMs'
             // own tables, not the polling lists — so that a doorbell rung
             // before the flag became visible is not missed.
-            set_kick(&lists, true);
+            self.arm_kicks(&lists, true);
             fence(Ordering::SeqCst);
             if self.sweep_all(&vms, &lists, &mut scratch) {
-                set_kick(&lists, false);
+                self.arm_kicks(&lists, false);
                 idle_sweeps = 0;
                 continue;
             }
             TrafficCounters::add_single_writer(&self.counters.parks, 1);
             self.park(scratch.next_timer);
-            set_kick(&lists, false);
+            self.arm_kicks(&lists, false);
             idle_sweeps = 0;
             woke = true;
         }
