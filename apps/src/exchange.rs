@@ -171,7 +171,10 @@ impl PeerInfo {
 /// then sends once more with `seen=1`, which reaches a peer that is still
 /// waiting because the line is up by then. `id` tells our own messages
 /// apart: a serial port the peer has not yet put in raw mode echoes what
-/// it receives, and an echo must not pass for the peer's answer.
+/// it receives, and an echo must not pass for the peer's answer. Every
+/// message ends with ` ~checksum`: while one side's port still echoes,
+/// the two sides' lines can interleave on the wire, and a line that does
+/// not check out is ignored (the next repeat arrives whole).
 pub fn sync(oob: &mut dyn Oob, tag: &str, mine: &str, timeout: Duration) -> Result<String> {
     let id = sender_id();
     let deadline = Instant::now() + timeout;
@@ -180,7 +183,7 @@ pub fn sync(oob: &mut dyn Oob, tag: &str, mine: &str, timeout: Duration) -> Resu
     let mut next_send = Instant::now();
     loop {
         if peer.is_some() && peer_has_mine {
-            oob.send(&format!("SYNC {tag} {id:x} 1 {mine}"))?;
+            oob.send(&sync_line(&format!("{tag} {id:x} 1 {mine}")))?;
             return peer.ok_or_else(|| Error::Protocol("sync".into()));
         }
         let now = Instant::now();
@@ -189,7 +192,7 @@ pub fn sync(oob: &mut dyn Oob, tag: &str, mine: &str, timeout: Duration) -> Resu
         }
         if now >= next_send {
             let seen = u8::from(peer.is_some());
-            oob.send(&format!("SYNC {tag} {id:x} {seen} {mine}"))?;
+            oob.send(&sync_line(&format!("{tag} {id:x} {seen} {mine}")))?;
             next_send = now + RESEND;
         }
         let wait = next_send
@@ -198,8 +201,11 @@ pub fn sync(oob: &mut dyn Oob, tag: &str, mine: &str, timeout: Duration) -> Resu
         let Some(line) = oob.recv(wait)? else {
             continue;
         };
-        let mut parts = line.splitn(5, ' ');
-        if parts.next() != Some("SYNC") || parts.next() != Some(tag) {
+        let Some(body) = sync_body(&line) else {
+            continue; // not a SYNC line, or garbled on the wire
+        };
+        let mut parts = body.splitn(4, ' ');
+        if parts.next() != Some(tag) {
             continue;
         }
         if parts.next() == Some(format!("{id:x}").as_str()) {
@@ -214,6 +220,25 @@ pub fn sync(oob: &mut dyn Oob, tag: &str, mine: &str, timeout: Duration) -> Resu
             next_send = Instant::now();
         }
     }
+}
+
+/// FNV-1a of `text`: the checksum of a SYNC line.
+fn checksum(text: &str) -> u32 {
+    text.bytes().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
+}
+
+/// `SYNC <body> ~<checksum of body>`.
+fn sync_line(body: &str) -> String {
+    format!("SYNC {body} ~{:08x}", checksum(body))
+}
+
+/// The body of a well-formed SYNC line whose checksum matches.
+fn sync_body(line: &str) -> Option<&str> {
+    let rest = line.trim_end().strip_prefix("SYNC ")?;
+    let (body, sum) = rest.rsplit_once(" ~")?;
+    (u32::from_str_radix(sum, 16).ok()? == checksum(body)).then_some(body)
 }
 
 /// A number that differs between the two peers (and between runs): the
@@ -901,6 +926,29 @@ mod tests {
         let mut a = Echoing(a, Default::default());
         let t = std::thread::spawn(move || sync(&mut a, "x", "from-a", Duration::from_secs(5)));
         std::thread::sleep(Duration::from_millis(300));
+        let got_b = sync(&mut b, "x", "from-b", Duration::from_secs(5)).unwrap();
+        assert_eq!(got_b, "from-a");
+        assert_eq!(t.join().unwrap().unwrap(), "from-b");
+    }
+
+    /// Lines mangled on the wire (two messages run together, a cut line,
+    /// a flipped character) are ignored; the repeat gets through.
+    #[test]
+    fn sync_ignores_garbled_lines() {
+        use crate::oob::ChannelOob;
+        let (mut a, mut b) = ChannelOob::pair();
+        let good = sync_line("x 1234 0 ctl=1 dat=2");
+        for bad in [
+            format!("SYNC x 99 0 {}", good),
+            good.replace("ctl=1", "ctl=7"),
+            good[..good.len() - 3].to_string(),
+            "SYNC x 5 0 no checksum".to_string(),
+        ] {
+            assert_eq!(sync_body(&bad), None, "{bad:?}");
+            a.send(&bad).unwrap();
+        }
+        assert_eq!(sync_body(&good), Some("x 1234 0 ctl=1 dat=2"));
+        let t = std::thread::spawn(move || sync(&mut a, "x", "from-a", Duration::from_secs(5)));
         let got_b = sync(&mut b, "x", "from-b", Duration::from_secs(5)).unwrap();
         assert_eq!(got_b, "from-a");
         assert_eq!(t.join().unwrap().unwrap(), "from-b");
