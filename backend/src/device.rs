@@ -427,7 +427,7 @@ impl RdmaDevice {
         });
         let allowed = match tenant_guard.as_mut() {
             Some(guard) => match guard.1.take(want, now) {
-                0 if want > 0 => return Err(guard.1.wait(now)),
+                0 if want > 0 => return Err(guard.1.wait_batch(want, now)),
                 n => n,
             },
             None => want,
@@ -444,7 +444,7 @@ impl RdmaDevice {
             guard.1.give_back(allowed - n);
         }
         match n {
-            0 if want > 0 => Err(limiter.wait(now)),
+            0 if want > 0 => Err(limiter.wait_batch(allowed, now)),
             n => Ok(n),
         }
     }

@@ -96,11 +96,28 @@ impl CtrlLimiter {
 
     /// How long until one token is available (zero if one is now).
     pub fn wait(&mut self, now: Instant) -> Duration {
+        self.wait_for(1, now)
+    }
+
+    /// How long a worker that wants `want` commands waits: until a batch
+    /// of them is available — 1 ms of the rate, at most `want` and at
+    /// least one. A flooding VM's worker then wakes about a thousand times
+    /// a second instead of once per command (each wake-up costs whoever
+    /// shares its CPU, the engine included); a VM that wants one command
+    /// waits for one token, no longer.
+    pub fn wait_batch(&mut self, want: u64, now: Instant) -> Duration {
+        let batch = want.min(self.rate / 1000).min(burst(self.rate)).max(1);
+        self.wait_for(batch, now)
+    }
+
+    /// How long until `n` tokens are available (at most the burst).
+    fn wait_for(&mut self, n: u64, now: Instant) -> Duration {
         if self.rate == 0 {
             return Duration::ZERO;
         }
         self.refill(now);
-        let missing = NS_PER_SEC.saturating_sub(self.credit);
+        let need = (u128::from(n) * NS_PER_SEC).min(self.cap.max(NS_PER_SEC));
+        let missing = need.saturating_sub(self.credit);
         // Round up: waking early finds the bucket still empty.
         let ns = missing.div_ceil(u128::from(self.rate));
         Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX))
@@ -117,6 +134,22 @@ mod tests {
         let mut l = CtrlLimiter::new(0, now);
         assert_eq!(l.take(1000, now), 1000);
         assert_eq!(l.wait(now), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_flood_waits_for_a_batch_a_single_command_for_one_token() {
+        let t0 = Instant::now();
+        let mut l = CtrlLimiter::new(20_000, t0);
+        assert_eq!(l.take(1000, t0), 200, "the burst: 10 ms");
+        // 64 wanted: wait for 1 ms of tokens (20), not one (50 µs).
+        assert_eq!(l.wait_batch(64, t0), Duration::from_millis(1));
+        assert_eq!(l.wait_batch(5, t0), Duration::from_micros(250));
+        assert_eq!(l.wait_batch(1, t0), Duration::from_micros(50));
+        assert_eq!(l.take(64, t0 + Duration::from_millis(1)), 20);
+        // A slow rate: one token at a time, never more than the burst.
+        let mut slow = CtrlLimiter::new(100, t0);
+        assert_eq!(slow.take(5, t0), 1);
+        assert_eq!(slow.wait_batch(64, t0), Duration::from_millis(10));
     }
 
     #[test]
