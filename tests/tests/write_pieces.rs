@@ -211,31 +211,79 @@ fn large_write_alone_runs_whole() {
     assert_eq!(dst.to_vec(PAGE, LEN).unwrap(), data);
 }
 
+/// The first piece of a [`MidWrite`] landed in `dst`, and nothing after
+/// it in the range.
+fn assert_only_first_piece(dst: &DmaBuf, data: &[u8]) {
+    let piece = PIECE as usize;
+    assert_eq!(dst.to_vec(PAGE, piece).unwrap(), data[..piece]);
+    assert_untouched(dst, PAGE + piece, MID_LEN - piece, "after the first piece");
+}
+
+/// Length of the WRITE that [`MidWrite`] holds after its first piece.
+const MID_LEN: usize = 256 << 10;
+
+/// A `MID_LEN`-byte RDMA WRITE (id 1) from VM 0 into a guarded MR of VM 1,
+/// held after its first piece: VM 2 keeps the engine splitting, and VM 0's
+/// bytes limit (16 KiB/s) holds the writer for about a second.
+struct MidWrite {
+    p: Pair,
+    src: Buf,
+    data: Vec<u8>,
+    dst: Arc<DmaBuf>,
+    mr: Mr,
+    _busy: Busy,
+    a: Vm,
+    b: Vm,
+    _c: Vm,
+    d: TestDaemon,
+}
+
+impl MidWrite {
+    /// Sets it up with data pattern `seed`; `then_small` also posts a
+    /// 64-byte WRITE (id 2) behind it.
+    fn start(seed: u64, then_small: bool) -> MidWrite {
+        let d = TestDaemon::start(3).unwrap();
+        let (a, b, c) = (open(&d, 0), open(&d, 1), open(&d, 2));
+        let busy = busy(&c, &b);
+        let p = rc_pair(&a, &b);
+        let src = Buf::new(&a, MID_LEN);
+        let data = pattern(MID_LEN, seed);
+        src.write(0, &data);
+        let (dst, mr) = guarded(&b, MID_LEN);
+        d.set_vm_qos(0, slow(16 << 10)).unwrap();
+        post_write(&p, 1, &src, MID_LEN, &mr);
+        if then_small {
+            post_write(&p, 2, &src, 64, &mr);
+        }
+        assert_eq!(wait_bytes(&d, 0, 1), PIECE, "one piece");
+        MidWrite {
+            p,
+            src,
+            data,
+            dst,
+            mr,
+            _busy: busy,
+            a,
+            b,
+            _c: c,
+            d,
+        }
+    }
+}
+
 /// The responder deregisters the target MR after the first piece: the next
 /// piece finds no MR, the WRITE fails with `REM_ACCESS_ERR` (both QPs go to
 /// ERR), and only the first piece's bytes were written — nothing after it
 /// and nothing outside the range.
 #[test]
 fn mr_deregistered_between_pieces_fails_the_write() {
-    const LEN: usize = 256 << 10;
-    let d = TestDaemon::start(3).unwrap();
-    let (a, b, c) = (open(&d, 0), open(&d, 1), open(&d, 2));
-    let _busy = busy(&c, &b);
-    let p = rc_pair(&a, &b);
-    let src = Buf::new(&a, LEN);
-    let data = pattern(LEN, 9);
-    src.write(0, &data);
-    let (dst, mr) = guarded(&b, LEN);
-    // After one piece, the bucket holds the writer for about a second.
-    d.set_vm_qos(0, slow(16 << 10)).unwrap();
-    post_write(&p, 1, &src, LEN, &mr);
-    assert_eq!(wait_bytes(&d, 0, 1), PIECE, "one piece");
+    let w = MidWrite::start(9, false);
     let mut none = [virtio_rdma_driver::WorkCompletion::default(); 1];
-    assert_eq!(p.cqa.poll(&mut none), 0, "completed after one piece");
-    mr.destroy().unwrap();
-    d.set_vm_qos(0, QosSpec::default()).unwrap();
+    assert_eq!(w.p.cqa.poll(&mut none), 0, "completed after one piece");
+    w.mr.destroy().unwrap();
+    w.d.set_vm_qos(0, QosSpec::default()).unwrap();
 
-    let wc = poll_n(&p.cqa, 1);
+    let wc = poll_n(&w.p.cqa, 1);
     assert_eq!(wc[0].wr_id, 1);
     assert_eq!(
         wc[0].status(),
@@ -243,52 +291,38 @@ fn mr_deregistered_between_pieces_fails_the_write() {
         "{:?}",
         wc[0]
     );
-    wait_state(&p.qa, QpState::ERR);
-    wait_state(&p.qb, QpState::ERR);
-    let piece = PIECE as usize;
-    assert_eq!(dst.to_vec(PAGE, piece).unwrap(), data[..piece]);
-    assert_untouched(&dst, PAGE + piece, LEN - piece, "after the first piece");
-    assert_untouched(&dst, 0, PAGE, "guard before");
-    assert_untouched(&dst, PAGE + LEN, PAGE, "guard after");
-    let s = traffic(&d, 0);
+    wait_state(&w.p.qa, QpState::ERR);
+    wait_state(&w.p.qb, QpState::ERR);
+    assert_only_first_piece(&w.dst, &w.data);
+    assert_untouched(&w.dst, 0, PAGE, "guard before");
+    assert_untouched(&w.dst, PAGE + MID_LEN, PAGE, "guard after");
+    let s = traffic(&w.d, 0);
     assert_eq!((s.send_ops, s.send_bytes, s.error_cqes), (1, PIECE, 1));
-    assert_eq!(traffic(&d, 1).recv_ops, 0);
+    assert_eq!(traffic(&w.d, 1).recv_ops, 0);
 }
 
 /// The writer's QP is moved to ERR after the first piece: the WRITE and the
 /// one behind it complete with `WR_FLUSH_ERR`, and nothing more is written.
 #[test]
 fn qp_moved_to_err_mid_write_flushes_it() {
-    const LEN: usize = 256 << 10;
-    let d = TestDaemon::start(3).unwrap();
-    let (a, b, c) = (open(&d, 0), open(&d, 1), open(&d, 2));
-    let _busy = busy(&c, &b);
-    let p = rc_pair(&a, &b);
-    let src = Buf::new(&a, LEN);
-    let data = pattern(LEN, 10);
-    src.write(0, &data);
-    let (dst, mr) = guarded(&b, LEN);
-    d.set_vm_qos(0, slow(16 << 10)).unwrap();
-    post_write(&p, 1, &src, LEN, &mr);
-    post_write(&p, 2, &src, 64, &mr);
-    assert_eq!(wait_bytes(&d, 0, 1), PIECE, "one piece");
-    p.qa.to_error().unwrap();
-    d.set_vm_qos(0, QosSpec::default()).unwrap();
+    let w = MidWrite::start(10, true);
+    w.p.qa.to_error().unwrap();
+    w.d.set_vm_qos(0, QosSpec::default()).unwrap();
 
-    let wcs = poll_n(&p.cqa, 2);
+    let wcs = poll_n(&w.p.cqa, 2);
     for (wc, id) in wcs.iter().zip([1, 2]) {
         assert_eq!(wc.wr_id, id);
         assert_eq!(wc.status(), Some(WcStatus::WR_FLUSH_ERR), "{wc:?}");
     }
-    let piece = PIECE as usize;
-    assert_eq!(dst.to_vec(PAGE, piece).unwrap(), data[..piece]);
-    assert_untouched(&dst, PAGE + piece, LEN - piece, "after the first piece");
-    let s = traffic(&d, 0);
+    assert_only_first_piece(&w.dst, &w.data);
+    let s = traffic(&w.d, 0);
     assert_eq!((s.send_ops, s.send_bytes, s.flushed), (0, PIECE, 2));
     // The responder took no message and is still usable.
-    assert_eq!(traffic(&d, 1).recv_ops, 0);
-    assert_eq!(p.qb.query().unwrap().attr.qp_state, u32::from(QpState::RTS));
-    drop(mr);
+    assert_eq!(traffic(&w.d, 1).recv_ops, 0);
+    assert_eq!(
+        w.p.qb.query().unwrap().attr.qp_state,
+        u32::from(QpState::RTS)
+    );
 }
 
 /// The writer's QP is reset after the first piece and connected again: the
@@ -296,33 +330,19 @@ fn qp_moved_to_err_mid_write_flushes_it() {
 /// written and it never completes), and a new WRITE runs normally.
 #[test]
 fn qp_reset_mid_write_abandons_it() {
-    const LEN: usize = 256 << 10;
-    let d = TestDaemon::start(3).unwrap();
-    let (a, b, c) = (open(&d, 0), open(&d, 1), open(&d, 2));
-    let _busy = busy(&c, &b);
-    let p = rc_pair(&a, &b);
-    let src = Buf::new(&a, LEN);
-    let data = pattern(LEN, 11);
-    src.write(0, &data);
-    let (dst, mr) = guarded(&b, LEN);
-    let (small, small_mr) = guarded(&b, 64);
-    d.set_vm_qos(0, slow(16 << 10)).unwrap();
-    post_write(&p, 1, &src, LEN, &mr);
-    assert_eq!(wait_bytes(&d, 0, 1), PIECE, "one piece");
-    p.qa.to_reset().unwrap();
-    p.qa.rc_connect(QP_ACCESS, &conn(&p.qb, &b)).unwrap();
-    d.set_vm_qos(0, QosSpec::default()).unwrap();
-    post_write(&p, 2, &src, 64, &small_mr);
+    let w = MidWrite::start(11, false);
+    let (small, small_mr) = guarded(&w.b, 64);
+    w.p.qa.to_reset().unwrap();
+    w.p.qa.rc_connect(QP_ACCESS, &conn(&w.p.qb, &w.b)).unwrap();
+    w.d.set_vm_qos(0, QosSpec::default()).unwrap();
+    post_write(&w.p, 2, &w.src, 64, &small_mr);
 
-    let wc = poll_n(&p.cqa, 1);
+    let wc = poll_n(&w.p.cqa, 1);
     ok(&wc[0], 2, WcOpcode::RDMA_WRITE);
-    assert_eq!(small.to_vec(PAGE, 64).unwrap(), data[..64]);
-    let piece = PIECE as usize;
-    assert_eq!(dst.to_vec(PAGE, piece).unwrap(), data[..piece]);
-    assert_untouched(&dst, PAGE + piece, LEN - piece, "after the first piece");
-    let s = traffic(&d, 0);
+    assert_eq!(small.to_vec(PAGE, 64).unwrap(), w.data[..64]);
+    assert_only_first_piece(&w.dst, &w.data);
+    let s = traffic(&w.d, 0);
     assert_eq!((s.send_ops, s.send_bytes), (1, PIECE + 64));
-    drop(mr);
 }
 
 /// The next asynchronous event of `vm` other than `PORT_ACTIVE`, if one
@@ -357,33 +377,22 @@ fn to_sqd(qp: &Qp) {
 #[test]
 fn sqd_mid_write_finishes_it_then_reports_drained() {
     use virtio_rdma_abi::event::EventKind;
-    const LEN: usize = 256 << 10;
-    let d = TestDaemon::start(3).unwrap();
-    let (a, b, c) = (open(&d, 0), open(&d, 1), open(&d, 2));
-    let _busy = busy(&c, &b);
-    let p = rc_pair(&a, &b);
-    let src = Buf::new(&a, LEN);
-    let data = pattern(LEN, 12);
-    src.write(0, &data);
-    let (dst, mr) = guarded(&b, LEN);
-    d.set_vm_qos(0, slow(16 << 10)).unwrap();
-    post_write(&p, 1, &src, LEN, &mr);
-    post_write(&p, 2, &src, 64, &mr);
-    assert_eq!(wait_bytes(&d, 0, 1), PIECE, "one piece");
+    let w = MidWrite::start(12, true);
+    let (d, a, p) = (&w.d, &w.a, &w.p);
 
     to_sqd(&p.qa);
     let q = p.qa.query().unwrap();
     assert_eq!(q.attr.qp_state, u32::from(QpState::SQD));
     assert_eq!(q.attr.sq_draining, 1, "the WRITE is in flight");
     assert!(
-        next_event(&a, Duration::from_millis(50)).is_none(),
+        next_event(a, Duration::from_millis(50)).is_none(),
         "drained while a WRITE was in flight"
     );
 
     d.set_vm_qos(0, QosSpec::default()).unwrap();
     ok(&poll_n(&p.cqa, 1)[0], 1, WcOpcode::RDMA_WRITE);
-    assert_eq!(dst.to_vec(PAGE, LEN).unwrap(), data);
-    let ev = next_event(&a, WAIT).expect("QP_SQ_DRAINED");
+    assert_eq!(w.dst.to_vec(PAGE, MID_LEN).unwrap(), w.data);
+    let ev = next_event(a, WAIT).expect("QP_SQ_DRAINED");
     assert_eq!(EventKind::from_u32(ev.kind), Some(EventKind::QP_SQ_DRAINED));
     assert_eq!(ev.handle, p.qa.handle());
     assert_eq!(p.qa.query().unwrap().attr.sq_draining, 0);
@@ -391,13 +400,12 @@ fn sqd_mid_write_finishes_it_then_reports_drained() {
     let mut wc = [virtio_rdma_driver::WorkCompletion::default(); 2];
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(p.cqa.poll(&mut wc), 0, "a WQE was started in SQD");
-    assert_eq!(traffic(&d, 0).send_ops, 1);
+    assert_eq!(traffic(d, 0).send_ops, 1);
 
     p.qa.modify(&virtio_rdma_driver::QpAttrs::state(QpState::RTS))
         .unwrap();
     ok(&poll_n(&p.cqa, 1)[0], 2, WcOpcode::RDMA_WRITE);
-    assert!(next_event(&a, Duration::from_millis(20)).is_none());
-    drop(mr);
+    assert!(next_event(a, Duration::from_millis(20)).is_none());
 }
 
 /// A SEND waiting for RNR retries when its QP moves to SQD is still
