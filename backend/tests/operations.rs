@@ -134,8 +134,28 @@ tenant = "red"
         self.dir.join(format!("{vm}.sock"))
     }
 
+    /// Connects a test VMM to `vm` and waits until the daemon shows it
+    /// connected (it counts a connection right after the accept, while the
+    /// connection's thread may already be answering the VMM).
     fn connect(&self, vm: &str) -> TestVmm {
-        TestVmm::connect(self.socket(vm), VmmOptions::default()).unwrap()
+        let before = self.connections(vm);
+        let t = TestVmm::connect(self.socket(vm), VmmOptions::default()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.connections(vm) <= before {
+            assert!(Instant::now() < deadline, "{vm}: connection not counted");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        t
+    }
+
+    /// Connections of `vm` counted so far, from the management API.
+    fn connections(&self, vm: &str) -> u64 {
+        let v = self.ctl_json(&["vms"]);
+        v["vms"]
+            .as_array()
+            .and_then(|vms| vms.iter().find(|x| x["name"] == vm))
+            .and_then(|x| x["connections"].as_u64())
+            .unwrap_or(0)
     }
 
     /// Runs `vhost-user-rdma ctl --socket <mgmt> args...`.

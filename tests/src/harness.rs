@@ -152,6 +152,22 @@ impl TestDaemon {
             .unwrap_or_default()
     }
 
+    /// Statistics of VM `i` once the daemon shows it connected with at
+    /// least `n` connections counted (waits up to 5 s).
+    pub fn stats_connected(&self, i: usize, n: u64) -> VmStats {
+        // The daemon marks a VM connected and counts the connection right
+        // after its accept, while the connection's own thread may already
+        // be answering the VMM: a VMM can finish its handshake first.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let s = self.stats(i);
+            if (s.connected && s.connections >= n) || std::time::Instant::now() > deadline {
+                return s;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     /// Waits (up to 5 s) until VM `i` is disconnected and its resources are
     /// released; returns the final statistics.
     pub fn wait_released(&self, i: usize) -> VmStats {

@@ -1035,7 +1035,7 @@ fn vm_disconnect_mid_transfer() {
     assert!(!s.connected, "{s:?}");
     assert!(s.device.resources.is_empty(), "{s:?}");
     let fresh = open(&d, 4);
-    assert_eq!(d.stats(4).connections, 2);
+    assert_eq!(d.stats_connected(4, 2).connections, 2);
     for peer in [0, 2] {
         let p = rc_pair(&vm[peer], &fresh);
         let (bp, bf) = (Buf::new(&vm[peer], 8192), Buf::new(&fresh, 8192));

@@ -3498,7 +3498,7 @@ fn vmm_disconnects_mid_command() {
         b_qp_failed_with_a(w);
         // The socket accepts a new VMM, which starts from nothing and works.
         w.a = w.d.connect_with(0, opts()).unwrap();
-        let s = w.d.stats(0);
+        let s = w.d.stats_connected(0, 2);
         assert!(s.connected);
         assert_eq!(s.connections, 2);
         assert!(

@@ -49,7 +49,7 @@ fn disconnect_releases_everything_and_socket_is_reused() {
     for round in 1..=20u64 {
         let mut vm = d.connect(0).unwrap();
         populate(&mut vm);
-        let s = d.stats(0);
+        let s = d.stats_connected(0, round);
         assert!(s.connected);
         assert_eq!(s.connections, round);
         assert_eq!(s.device.resources.qp, 2);
