@@ -143,6 +143,42 @@ pub struct RdmaDevice {
     epoch: AtomicU64,
 }
 
+thread_local! {
+    /// The VMs whose state lock the current thread holds through
+    /// [`RdmaDevice::with_dataplane`] (at most a few: an engine thread holds
+    /// the VM it serves and the peer of an RC QP's burst).
+    static HELD_VMS: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Marks a VM's lock as held by the current thread while it lives.
+struct HeldLock(usize);
+
+impl HeldLock {
+    /// `None` if the current thread holds VM `vm`'s lock already: taking
+    /// it again would block the thread on itself for good.
+    fn enter(vm: usize) -> Option<HeldLock> {
+        HELD_VMS.with(|h| {
+            let mut h = h.borrow_mut();
+            if h.contains(&vm) {
+                return None;
+            }
+            h.push(vm);
+            Some(HeldLock(vm))
+        })
+    }
+}
+
+impl Drop for HeldLock {
+    fn drop(&mut self) {
+        HELD_VMS.with(|h| {
+            let mut h = h.borrow_mut();
+            if let Some(i) = h.iter().rposition(|&v| v == self.0) {
+                h.swap_remove(i);
+            }
+        });
+    }
+}
+
 /// Longest single sleep of a rate-limited control worker: it re-checks
 /// that its queue still runs this often, so a stop or reset is not held up
 /// by a long wait.
@@ -247,8 +283,18 @@ impl RdmaDevice {
     }
 
     /// Runs `f` on the VM's objects and mapped memory (the data-path
-    /// engine's access); `None` while no VMM is connected.
+    /// engine's access); `None` while no VMM is connected, and — rather
+    /// than deadlock — when the calling thread already holds this VM's
+    /// lock (an engine thread nests a peer VM's lock inside its own; the
+    /// held one must be passed down instead, see `engine::Held`).
     pub fn with_dataplane<R>(&self, f: impl FnOnce(&mut Ctrl, &Arc<HostMem>) -> R) -> Option<R> {
+        let Some(_held) = HeldLock::enter(self.id) else {
+            log::error!(
+                "VM {}: refusing to lock a VM this thread already holds (daemon bug)",
+                self.id
+            );
+            return None;
+        };
         let mut st = self.lock();
         let State { ctrl, host, .. } = &mut *st;
         let host = host.as_ref()?;
@@ -973,5 +1019,26 @@ impl RdmaDevice {
             other => return Err(DeviceError::UnknownQueue(other).into()),
         }
         self.deliver_events(eventq, &mem)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HeldLock;
+
+    /// A thread never takes a VM's lock it holds; other VMs' locks and
+    /// other threads are not affected, and the mark goes with the guard.
+    #[test]
+    fn held_lock_refuses_only_a_second_entry_on_the_same_thread() {
+        let a = HeldLock::enter(7);
+        assert!(a.is_some());
+        assert!(HeldLock::enter(7).is_none(), "same VM, same thread");
+        let b = HeldLock::enter(8);
+        assert!(b.is_some(), "another VM");
+        let other = std::thread::spawn(|| HeldLock::enter(7).is_some());
+        assert!(other.join().unwrap_or(false), "another thread");
+        drop(a);
+        assert!(HeldLock::enter(7).is_some(), "released");
+        drop(b);
     }
 }

@@ -170,8 +170,19 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Daemon {
-    /// Validates the configuration, binds every socket and starts serving.
+    /// Validates the configuration, binds every socket and starts serving
+    /// on the built-in software RNIC.
     pub fn start(config: DaemonConfig) -> Result<Daemon, ServerError> {
+        let rnic: Arc<dyn Rnic> = Arc::new(SoftRnic::new()?);
+        Self::start_with_rnic(config, rnic)
+    }
+
+    /// [`Daemon::start`] on the host RNIC engine `rnic` (for tests: an
+    /// engine that hands out QP numbers in an order they choose).
+    pub fn start_with_rnic(
+        config: DaemonConfig,
+        rnic: Arc<dyn Rnic>,
+    ) -> Result<Daemon, ServerError> {
         config.validate()?;
         let tenancy = Arc::new(Tenancy::from_config(&config));
         crate::logging::register_vms(&tenancy);
@@ -190,7 +201,6 @@ impl Daemon {
                     .collect(),
             )),
         );
-        let rnic: Arc<dyn Rnic> = Arc::new(SoftRnic::new()?);
         let engines = Arc::new(
             Engines::start(rnic.clone(), shared.clone(), config.engine_plan())
                 .map_err(ServerError::Spawn)?,

@@ -3,9 +3,11 @@
 //! to it over the real vhost-user protocol.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use vhost_user_rdma::qos::QosSpec;
+use vhost_user_rdma::rnic::Rnic;
 use vhost_user_rdma::stats::TrafficStats;
 use vhost_user_rdma::tenancy::IsolationStats;
 use vhost_user_rdma::Daemon;
@@ -46,6 +48,25 @@ impl TestDaemon {
     /// Starts a daemon with the configuration `make` returns; `make` gets
     /// the private directory to put sockets (and files) in.
     pub fn from_config(make: impl FnOnce(&Path) -> Result<DaemonConfig>) -> Result<Self> {
+        Self::from_config_on(make, None)
+    }
+
+    /// Starts a daemon serving `vms` sockets of one tenant on the host RNIC
+    /// engine `rnic` instead of the built-in one.
+    pub fn with_rnic(vms: usize, rnic: Arc<dyn Rnic>) -> Result<Self> {
+        Self::from_config_on(
+            |dir| {
+                let sockets = (0..vms).map(|i| dir.join(format!("vm{i}.sock"))).collect();
+                Ok(DaemonConfig::new(sockets))
+            },
+            Some(rnic),
+        )
+    }
+
+    fn from_config_on(
+        make: impl FnOnce(&Path) -> Result<DaemonConfig>,
+        rnic: Option<Arc<dyn Rnic>>,
+    ) -> Result<Self> {
         let dir = std::env::temp_dir().join(format!(
             "vhost-user-rdma-test-{}-{}",
             std::process::id(),
@@ -57,7 +78,11 @@ impl TestDaemon {
         })?;
         let started = make(&dir).and_then(|config| {
             let sockets: Vec<PathBuf> = config.vms.iter().map(|v| v.socket.clone()).collect();
-            let daemon = Daemon::start(config).map_err(|e| Error::Backend(e.to_string()))?;
+            let daemon = match rnic {
+                Some(rnic) => Daemon::start_with_rnic(config, rnic),
+                None => Daemon::start(config),
+            }
+            .map_err(|e| Error::Backend(e.to_string()))?;
             Ok((daemon, sockets))
         });
         match started {

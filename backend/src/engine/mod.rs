@@ -1114,7 +1114,7 @@ impl Engine {
         h: u32,
         index: u32,
         scratch: &mut Scratch,
-        held: Option<&mut Held<'_>>,
+        mut held: Option<&mut Held<'_>>,
     ) -> Step {
         let Some(qp) = ctrl.res.qps.get(h) else {
             return Step::Done { published: false };
@@ -1230,9 +1230,22 @@ impl Engine {
         } else {
             self.rc_route(ctrl, h)
         };
-        let mut outcome = deliver(vms, vm_id, ctrl, mem, route, dgid, &req, ud, resp, held);
+        let mut outcome = deliver(
+            vms,
+            vm_id,
+            ctrl,
+            mem,
+            route,
+            dgid,
+            &req,
+            ud,
+            resp,
+            held.as_deref_mut(),
+        );
         if matches!(outcome, RespOutcome::Stale) {
-            // The routing hint was stale: resolve the QPN afresh, once.
+            // The routing hint was stale: resolve the QPN afresh, once. The
+            // number may now belong to another QP of the VM held for this
+            // burst: `deliver` must use that lock, not take it again.
             if let Some(q) = ctrl.res.qps.get_mut(h) {
                 q.rt.peer = None;
             }
@@ -1242,7 +1255,7 @@ impl Engine {
                     q.rt.peer = Some((dest_qpn, vm, ph));
                 }
             }
-            outcome = deliver(vms, vm_id, ctrl, mem, route, dgid, &req, ud, resp, None);
+            outcome = deliver(vms, vm_id, ctrl, mem, route, dgid, &req, ud, resp, held);
         }
         // UD gives no delivery guarantee: a message nobody takes is dropped
         // (spec 18.11.5), yet the send succeeded.
