@@ -141,6 +141,9 @@ pub struct RdmaDevice {
     /// disconnect: control requests taken off the ring before it are not
     /// executed after it (they would create objects in the fresh state).
     epoch: AtomicU64,
+    /// The control queue's avail ring was found unusable and that was
+    /// logged; cleared when requests are taken again.
+    ctrlq_unusable: AtomicBool,
 }
 
 thread_local! {
@@ -264,6 +267,7 @@ impl RdmaDevice {
             // Generation u64::MAX: read the VM's setting on first use.
             ctrl_rate: Mutex::new((u64::MAX, CtrlLimiter::new(0, Instant::now()))),
             epoch: AtomicU64::new(0),
+            ctrlq_unusable: AtomicBool::new(false),
         })
     }
 
@@ -548,10 +552,21 @@ impl RdmaDevice {
                 Err(e) => {
                     // The guest corrupted its avail ring; nothing in it can be
                     // trusted. Leave the queue alone until the driver resets.
-                    warn!("control queue unusable: {e}");
+                    // Every kick finds it so: warn once per breakage (a guest
+                    // must not flood the log), count every time.
+                    if self.ctrlq_unusable.swap(true, Ordering::AcqRel) {
+                        debug!("control queue still unusable: {e}");
+                    } else {
+                        warn!("VM {}: control queue unusable: {e}", self.id);
+                    }
+                    self.lock().ctrl.count_malformed();
                     return Ok(());
                 }
             };
+            if !chains.is_empty() {
+                // Usable again (restarted or repaired): warn anew next time.
+                self.ctrlq_unusable.store(false, Ordering::Release);
+            }
             let full = chains.len() >= usize::from(per_pass);
             if chains.is_empty() {
                 empty_rounds += 1;

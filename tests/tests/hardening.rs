@@ -13,8 +13,9 @@ use vhost_user_rdma::rnic::{Rnic, RnicCaps, RnicError};
 use vhost_user_rdma_tests::dp::{conn, ok, poll_one, rc_pair, rc_qp, wr, Buf, Vm, QP_ACCESS};
 use vhost_user_rdma_tests::harness::TestDaemon;
 use vhost_user_rdma_tests::vmm::VmmOptions;
-use virtio_rdma_abi::datapath::WcOpcode;
-use virtio_rdma_driver::{Cq, RecvWr, SendOp};
+use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
+use virtio_rdma_abi::mem::access;
+use virtio_rdma_driver::{Cq, DmaBuf, Mr, MrPages, RecvWr, SendOp, WorkCompletion};
 
 /// Runs `f` on its own thread and fails the test if it has not finished
 /// within `limit` — a hung engine must fail the test, not hang it (the
@@ -155,4 +156,150 @@ fn qpn_reused_by_the_held_peer_vm_does_not_deadlock_the_engine() {
         drop(qb2);
         drop(p.qa);
     });
+}
+
+/// Registers `len` bytes at `iova` made of one guest page repeated: what a
+/// hostile guest can register for the price of a page (and a page list).
+fn repeated_page_mr(vm: &Vm, page: &DmaBuf, iova: u64, len: u64) -> Mr {
+    let gpa = page.gpa(0).expect("page address");
+    let pages = vec![gpa; usize::try_from(len.div_ceil(4096)).unwrap()];
+    let spec = MrPages {
+        iova,
+        length: len,
+        first_page_offset: 0,
+        page_shift: 12,
+        pages: &pages,
+    };
+    // SAFETY: `page` outlives the region (the test drops the region first)
+    // and the test reads it only through the driver's volatile accessors.
+    unsafe { Mr::register_pages(&vm.pd, &spec, access::ALL) }.expect("register repeated page")
+}
+
+/// Finding 3: the port's `max_msg_size` (2^31) is enforced from the SGE
+/// lengths before anything is translated: a SEND of 2.5 GiB (two SGEs
+/// over a 1.25 GiB region of one repeated page) fails at the requester
+/// with `LOC_LEN_ERR`, and the responder's receive WQE is left alone.
+/// (The engine translated all 655,360 pages and let the responder refuse
+/// it, `REM_INV_REQ_ERR`.)
+#[test]
+fn a_message_longer_than_max_msg_size_fails_before_translation() {
+    let d = TestDaemon::start(2).unwrap();
+    let a = Vm::open(&d, 0, VmmOptions::default());
+    let b = Vm::open(&d, 1, VmmOptions::default());
+    assert_eq!(a.dev.port_attr().max_msg_size, 1 << 31);
+    let p = rc_pair(&a, &b);
+    let page = a.dev.alloc_dma(4096, 4096).unwrap();
+    let half = 5u64 << 28; // 1.25 GiB
+    let big = repeated_page_mr(&a, &page, 0x10_0000_0000, half);
+    let dst = Buf::new(&b, 4096);
+    p.qb.post_recv(&[RecvWr {
+        wr_id: 7,
+        sg_list: &[dst.sge(0, 4096)],
+    }])
+    .unwrap();
+    let sges = [
+        big.sge(0, u32::try_from(half).unwrap()).unwrap(),
+        big.sge(0, u32::try_from(half).unwrap()).unwrap(),
+    ];
+    p.qa.post_send(&[wr(1, SendOp::Send, &sges)]).unwrap();
+    let wc = poll_one(&p.cqa);
+    assert_eq!(wc.wr_id, 1);
+    assert_eq!(wc.status(), Some(WcStatus::LOC_LEN_ERR), "{wc:?}");
+    // Nothing reached B: its receive is still posted and unconsumed.
+    assert_eq!(p.cqb.poll(&mut [WorkCompletion::default(); 4]), 0);
+    assert_eq!(
+        d.stats(1).device.queues.recv_wqes,
+        1,
+        "receive not consumed"
+    );
+    assert_eq!(p.qb.state(), virtio_rdma_abi::qp::QpState::RTS);
+    drop(big);
+}
+
+/// Finding 4: flushing a QP in ERR is work the guest causes by posting
+/// alone (no control command, so no control rate limit): every flushed
+/// WQE is charged as a work request, to the VM's rate limits and its
+/// share of the engine, and one service flushes at most a burst. With a
+/// limit of 100 work requests/s, 1,000 WQEs posted to a QP in ERR are not
+/// all flushed at once (they were: 1,000 in one service, charged as one).
+#[test]
+fn flushed_work_requests_are_charged_to_the_vms_rate_limit() {
+    use vhost_user_rdma::qos::QosSpec;
+    use virtio_rdma_driver::{Qp, QpCap, QpInit};
+    let d = TestDaemon::start(1).unwrap();
+    let a = Vm::open(&d, 0, VmmOptions::default());
+    let cq = Cq::create(&a.dev, 2048).unwrap();
+    let mut init = QpInit::rc(&cq);
+    init.cap = QpCap {
+        max_send_wr: 1024,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let qp = Qp::create(&a.pd, &init).unwrap();
+    qp.to_error().unwrap();
+    d.set_vm_qos(
+        0,
+        QosSpec {
+            ops_per_sec: 100,
+            ..QosSpec::default()
+        },
+    )
+    .unwrap();
+    let buf = Buf::new(&a, 4096);
+    let sge = [buf.sge(0, 8)];
+    let wrs: Vec<_> = (0..1000).map(|i| wr(i, SendOp::Send, &sge)).collect();
+    for chunk in wrs.chunks(100) {
+        qp.post_send(chunk).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let flushed = d.traffic(0).flushed;
+    // 100/s for half a second, plus the bucket's burst: far below 1,000
+    // however slow the machine is (a slower engine flushes fewer).
+    assert!(
+        flushed <= 200,
+        "{flushed} of 1000 flushed in 0.5 s at 100/s"
+    );
+    assert!(flushed > 0, "the flush makes progress");
+    // Lifting the limit lets the rest through.
+    d.set_vm_qos(0, QosSpec::default()).unwrap();
+    let mut seen = 0;
+    let mut wc = [WorkCompletion::default(); 64];
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while seen < 1000 && std::time::Instant::now() < deadline {
+        let n = cq.poll(&mut wc);
+        for c in &wc[..n] {
+            assert_eq!(c.status(), Some(WcStatus::WR_FLUSH_ERR), "{c:?}");
+        }
+        seen += n;
+    }
+    assert_eq!(seen, 1000, "every WQE flushed once the limit is lifted");
+}
+
+/// Finding 7: a guest that corrupts its control queue's avail index (more
+/// requests than the ring holds) makes every kick find the queue
+/// unusable. Each is counted as malformed (and logged once, not per
+/// kick); the daemon keeps serving the VM's other queues and other VMs.
+#[test]
+fn a_corrupt_control_avail_index_is_counted_per_kick() {
+    let d = TestDaemon::start(2).unwrap();
+    let mut vm = d.connect(0).unwrap();
+    let before = d.stats(0).device.ctrl.malformed;
+    let q = vm.ctrl().vring_mut();
+    let idx = q.avail_idx().wrapping_add(q.size().wrapping_mul(4));
+    let at = vm_memory::GuestAddress(q.avail_ring().0 + 2);
+    q.mem().write(at, &idx.to_le_bytes()).unwrap();
+    for _ in 0..5 {
+        vm.ctrl().vring_mut().kick().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while d.stats(0).device.ctrl.malformed < before + 5 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(d.stats(0).device.ctrl.malformed >= before + 5);
+    // Another VM is served as before.
+    let b = Vm::open(&d, 1, VmmOptions::default());
+    assert!(b.dev.port_attr().max_msg_size > 0);
 }

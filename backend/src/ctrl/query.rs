@@ -73,7 +73,7 @@ impl Ctrl {
             active_mtu: caps.max_mtu,
             gid_tbl_len: GID_TABLE_LEN,
             pkey_tbl_len: 1,
-            max_msg_size: 1 << 31,
+            max_msg_size: caps.max_msg_size,
             link_rate_mbps: caps.link_rate_mbps,
             max_ud_payload: caps.max_ud_payload(),
         }

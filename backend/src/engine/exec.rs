@@ -45,6 +45,29 @@ pub fn local_segments(
     local_range(ctrl, pd, sges, write, 0, limit, out)
 }
 
+/// Checks a local SGE list of a QP in PD `pd` of `ctrl` as
+/// [`local_range`] does — key, PD, rights (`write`: LOCAL_WRITE) and bounds
+/// of every SGE — without translating any of it: a cost in the number of
+/// SGEs, not of bytes or pages. Returns the total length of the list.
+pub fn check_local(ctrl: &Ctrl, pd: u32, sges: &[Sge], write: bool) -> Result<u64, WcStatus> {
+    let mut total = 0u64;
+    for sge in sges.iter().filter(|s| s.length != 0) {
+        let mr = ctrl
+            .res
+            .lkeys
+            .get(&sge.lkey)
+            .and_then(|h| ctrl.res.mrs.get(*h))
+            .ok_or(WcStatus::LOC_PROT_ERR)?;
+        if mr.pd != pd || (write && mr.access & acc::LOCAL_WRITE == 0) {
+            return Err(WcStatus::LOC_PROT_ERR);
+        }
+        let len = u64::from(sge.length);
+        mr.translate(sge.addr, len).ok_or(WcStatus::LOC_PROT_ERR)?;
+        total = total.saturating_add(len);
+    }
+    Ok(total)
+}
+
 /// [`local_segments`] for a piece of the list: every SGE is checked in full,
 /// but only the `limit` bytes after the first `skip` are resolved into `out`
 /// (a piece of an RDMA WRITE executed in pieces). Returns the total length

@@ -73,7 +73,7 @@ use crate::shmem::DoorbellRegion;
 use crate::stats::TrafficCounters;
 use crate::tenancy::IsolationCounters;
 use doorbell::load_pi;
-use exec::{local_range, respond, wc_opcode, Request, RespOutcome, RespScratch};
+use exec::{check_local, local_range, respond, wc_opcode, Request, RespOutcome, RespScratch};
 use sched::{cost_of, Drr, Limits, Turn};
 use wqe::{fetch_send, SendWr, WqeBuf, WqeError};
 
@@ -884,7 +884,23 @@ impl Engine {
                 }
                 false
             }
-            QpState::ERR => flush(ctrl, mem, h, sq_pi, &mut scratch.wqe),
+            QpState::ERR => {
+                // At most a burst's worth of WQEs per service, each charged
+                // as a work request: a guest re-arms the flush for free by
+                // bumping its producer index, without a control command.
+                if scratch.limits.limited(vm_id) {
+                    let traffic = self.shared.tenancy.traffic(vm_id);
+                    if let Some(at) = scratch.limits.admit(vm_id, Instant::now(), traffic) {
+                        scratch.timer(at);
+                        return false;
+                    }
+                }
+                let (max, _) = scratch.limits.grain(vm_id);
+                let n = flush(ctrl, mem, h, sq_pi, &mut scratch.wqe, max);
+                scratch.executed.0 = scratch.executed.0.saturating_add(n);
+                scratch.limits.charge_ops(vm_id, u64::from(n));
+                n > 0
+            }
             // In SQD only the head WQE already started goes on (spec 13.3).
             QpState::RTS => self.run_sq(vms, vm_id, ctrl, mem, h, sq_pi, scratch),
             QpState::SQD if qp.rt.in_flight() => {
@@ -909,6 +925,61 @@ impl Engine {
         let (vm, ph) = self.rnic.lookup_qpn(dest)?;
         qp.rt.peer = Some((dest, vm, ph));
         Some((vm, ph))
+    }
+
+    /// Looks destination `dest_qpn` of QP `h` up afresh (its routing hint
+    /// was stale); an RC QP (`hint`) keeps the result as its new hint.
+    fn relookup(&self, ctrl: &mut Ctrl, h: u32, dest_qpn: u32, hint: bool) -> Option<(usize, u32)> {
+        let route = self.rnic.lookup_qpn(dest_qpn);
+        if let Some(q) = ctrl.res.qps.get_mut(h) {
+            q.rt.peer = match route {
+                Some((vm, ph)) if hint => Some((dest_qpn, vm, ph)),
+                _ => None,
+            };
+        }
+        route
+    }
+
+    /// What an RC message of QP `h` finds before anything of it is
+    /// translated: `Some(outcome)` when it cannot be delivered — no QP
+    /// with that number at that GID in reach, or a responder QP that
+    /// takes no message in its state — else `None`, with `route` updated
+    /// if the hint was stale. Only what is known without locking the
+    /// peer is looked at: the same VM, or the VM held for the burst.
+    #[allow(clippy::too_many_arguments)]
+    fn precheck_rc(
+        &self,
+        vms: &[Option<Arc<RdmaDevice>>],
+        vm_id: usize,
+        ctrl: &mut Ctrl,
+        h: u32,
+        route: &mut Option<(usize, u32)>,
+        dgid: [u8; 16],
+        held: Option<&Held<'_>>,
+    ) -> Option<RespOutcome> {
+        let dest_qpn = ctrl.res.qps.get(h).map(|q| q.attr.dest_qpn)?;
+        for fresh in [false, true] {
+            let (pvm, pqp) = match admit(vms, vm_id, ctrl, *route, dgid, false) {
+                Ok(r) => r,
+                Err(outcome) => return Some(outcome),
+            };
+            let verdict = if pvm == vm_id {
+                responder_takes(ctrl, pqp, dest_qpn)
+            } else {
+                match held.filter(|p| p.vm == pvm) {
+                    Some(p) => responder_takes(p.ctrl, pqp, dest_qpn),
+                    None => None,
+                }
+            };
+            match verdict {
+                Some(RespOutcome::Stale) if !fresh => {
+                    *route = self.relookup(ctrl, h, dest_qpn, true);
+                }
+                Some(RespOutcome::Stale) => return Some(RespOutcome::Unreachable),
+                other => return other,
+            }
+        }
+        None
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1173,8 +1244,11 @@ impl Engine {
         }
         let start = partial.map_or(0, |p| p.done);
         let limit = if plain_write { *piece } else { u64::MAX };
-        // Every piece checks the whole SGE list and resolves its own part.
-        let total = match local_range(ctrl, pd, wr.sges, writes_local, start, limit, local) {
+        // Cheap checks first, in the number of SGEs: keys, rights, bounds
+        // and the message length, before a page of it is translated (a
+        // message over a huge MR of one repeated page costs its sender
+        // nothing; its translation would cost the engine).
+        let total = match check_local(ctrl, pd, wr.sges, writes_local) {
             Ok(t) => t,
             Err(status) => return failed(ctrl, status),
         };
@@ -1182,6 +1256,9 @@ impl Engine {
             return failed(ctrl, WcStatus::LOC_QP_OP_ERR);
         }
         let len = wr.inline.map_or(total, |d| d.len() as u64);
+        if len > u64::from(self.rnic.caps().max_msg_size) {
+            return failed(ctrl, WcStatus::LOC_LEN_ERR);
+        }
         // The part this execution moves: all of it but for a piece.
         let part = if plain_write {
             (start, limit.min(len - start))
@@ -1213,50 +1290,64 @@ impl Engine {
         } else {
             wr.hdr.remote_qkey
         };
-        let req = Request {
-            wr: &wr,
-            vm: vm_id,
-            src_qpn: qpn,
-            src_gid: ctrl.port_gid(),
-            local,
-            len,
-            part,
-            mem,
-            dest_qpn,
-            qkey,
-        };
-        let route = if ud {
+        let mut route = if ud {
             self.rnic.lookup_qpn(dest_qpn)
         } else {
             self.rc_route(ctrl, h)
         };
-        let mut outcome = deliver(
-            vms,
-            vm_id,
-            ctrl,
-            mem,
-            route,
-            dgid,
-            &req,
-            ud,
-            resp,
-            held.as_deref_mut(),
-        );
-        if matches!(outcome, RespOutcome::Stale) {
-            // The routing hint was stale: resolve the QPN afresh, once. The
-            // number may now belong to another QP of the VM held for this
-            // burst: `deliver` must use that lock, not take it again.
-            if let Some(q) = ctrl.res.qps.get_mut(h) {
-                q.rt.peer = None;
-            }
-            let route = self.rnic.lookup_qpn(dest_qpn);
-            if !ud {
-                if let (Some(q), Some((vm, ph))) = (ctrl.res.qps.get_mut(h), route) {
-                    q.rt.peer = Some((dest_qpn, vm, ph));
+        // An RC message finds its responder before a byte of it is
+        // translated: a message to nowhere (retried forever with `timeout`
+        // 0) then costs a lookup per try, not its length.
+        let unreached = if ud {
+            None
+        } else {
+            self.precheck_rc(vms, vm_id, ctrl, h, &mut route, dgid, held.as_deref())
+        };
+        let outcome = match unreached {
+            Some(outcome) => outcome,
+            None => {
+                // Every piece resolves only its own part.
+                if let Err(status) =
+                    local_range(ctrl, pd, wr.sges, writes_local, start, limit, local)
+                {
+                    return failed(ctrl, status);
                 }
+                let req = Request {
+                    wr: &wr,
+                    vm: vm_id,
+                    src_qpn: qpn,
+                    src_gid: ctrl.port_gid(),
+                    local,
+                    len,
+                    part,
+                    mem,
+                    dest_qpn,
+                    qkey,
+                };
+                let mut outcome = deliver(
+                    vms,
+                    vm_id,
+                    ctrl,
+                    mem,
+                    route,
+                    dgid,
+                    &req,
+                    ud,
+                    resp,
+                    held.as_deref_mut(),
+                );
+                if matches!(outcome, RespOutcome::Stale) {
+                    // The routing hint was stale: resolve the QPN afresh,
+                    // once. The number may now belong to another QP of the
+                    // VM held for this burst: `deliver` must use that lock,
+                    // not take it again.
+                    let route = self.relookup(ctrl, h, dest_qpn, !ud);
+                    outcome = deliver(vms, vm_id, ctrl, mem, route, dgid, &req, ud, resp, held);
+                }
+                outcome
             }
-            outcome = deliver(vms, vm_id, ctrl, mem, route, dgid, &req, ud, resp, held);
-        }
+        };
+        shrink_scratch(local, resp);
         // UD gives no delivery guarantee: a message nobody takes is dropped
         // (spec 18.11.5), yet the send succeeded.
         let dropped = matches!(outcome, RespOutcome::Dropped)
@@ -1473,42 +1564,12 @@ fn deliver(
     resp: &mut RespScratch,
     held: Option<&mut Held<'_>>,
 ) -> RespOutcome {
-    let count = |ctrl: &Ctrl, which: Unreached| {
-        if let Some(c) = ctrl.tenancy().counters(vm_id) {
-            IsolationCounters::bump(match which {
-                Unreached::Unknown => &c.unknown_qpn,
-                Unreached::ForeignUd => &c.foreign_drops,
-                Unreached::ForeignRc => &c.foreign_rc,
-            });
-        }
-        RespOutcome::Unreachable
-    };
-    let unknown = Unreached::Unknown;
-    let Some((peer_vm, peer_qp)) = route else {
-        return count(ctrl, unknown);
+    let (peer_vm, peer_qp) = match admit(vms, vm_id, ctrl, route, dgid, ud) {
+        Ok(r) => r,
+        Err(outcome) => return outcome,
     };
     if peer_vm == vm_id {
-        if ctrl.port_gid() != dgid {
-            return count(ctrl, unknown);
-        }
         return respond_ud_checked(ctrl, mem, peer_qp, req, ud, resp);
-    }
-    if !ctrl.tenancy().may_reach(vm_id, peer_vm) {
-        return if ud {
-            count(ctrl, Unreached::ForeignUd)
-        } else {
-            count(ctrl, Unreached::ForeignRc)
-        };
-    }
-    // Never lock a VM of another engine thread (see "Locking" above). A
-    // tenant's VMs share a thread, so this only guards that invariant.
-    if !same_thread(vms, vm_id, peer_vm) {
-        return count(ctrl, unknown);
-    }
-    // The peer's GID, from the tenancy table: no need to lock the peer to
-    // learn that the address is wrong.
-    if ctrl.tenancy().vm(peer_vm).map(|v| v.gid) != Some(dgid) {
-        return count(ctrl, unknown);
     }
     if let Some(p) = held.filter(|p| p.vm == peer_vm) {
         if p.ctrl.port_gid() != dgid {
@@ -1534,6 +1595,86 @@ fn deliver(
         out
     })
     .unwrap_or(RespOutcome::Unreachable)
+}
+
+/// The checks of [`deliver`] that need no lock of the other VM: the route
+/// (VM, QP handle) of a message to `dgid`, or the outcome (`Unreachable`,
+/// counted in the requester's isolation counters) when there is none in
+/// reach (see [`deliver`] for the tenant policy).
+fn admit(
+    vms: &[Option<Arc<RdmaDevice>>],
+    vm_id: usize,
+    ctrl: &Ctrl,
+    route: Option<(usize, u32)>,
+    dgid: [u8; 16],
+    ud: bool,
+) -> Result<(usize, u32), RespOutcome> {
+    let count = |which: Unreached| {
+        if let Some(c) = ctrl.tenancy().counters(vm_id) {
+            IsolationCounters::bump(match which {
+                Unreached::Unknown => &c.unknown_qpn,
+                Unreached::ForeignUd => &c.foreign_drops,
+                Unreached::ForeignRc => &c.foreign_rc,
+            });
+        }
+        Err(RespOutcome::Unreachable)
+    };
+    let unknown = Unreached::Unknown;
+    let Some((peer_vm, peer_qp)) = route else {
+        return count(unknown);
+    };
+    if peer_vm == vm_id {
+        if ctrl.port_gid() != dgid {
+            return count(unknown);
+        }
+        return Ok((peer_vm, peer_qp));
+    }
+    if !ctrl.tenancy().may_reach(vm_id, peer_vm) {
+        return count(if ud {
+            Unreached::ForeignUd
+        } else {
+            Unreached::ForeignRc
+        });
+    }
+    // Never lock a VM of another engine thread (see "Locking" above). A
+    // tenant's VMs share a thread, so this only guards that invariant.
+    if !same_thread(vms, vm_id, peer_vm) {
+        return count(unknown);
+    }
+    // The peer's GID, from the tenancy table: no need to lock the peer to
+    // learn that the address is wrong.
+    if ctrl.tenancy().vm(peer_vm).map(|v| v.gid) != Some(dgid) {
+        return count(unknown);
+    }
+    Ok((peer_vm, peer_qp))
+}
+
+/// Whether RC QP `qp` of `ctrl` takes a message addressed to `qpn` now:
+/// `None` if it does, else what the requester gets (`Stale`: the handle
+/// no longer has that number; `Unreachable`: a state that takes none).
+fn responder_takes(ctrl: &Ctrl, qp: u32, qpn: u32) -> Option<RespOutcome> {
+    let Some(q) = ctrl.res.qps.get(qp).filter(|q| q.qpn == qpn) else {
+        return Some(RespOutcome::Stale);
+    };
+    let takes =
+        q.qp_type == QpType::RC && matches!(q.state, QpState::RTR | QpState::RTS | QpState::SQD);
+    (!takes).then_some(RespOutcome::Unreachable)
+}
+
+/// Segment lists of this many entries and more are not kept between work
+/// requests: one huge message must not leave the engine holding its
+/// translation (16 bytes a page) for good.
+const SCRATCH_KEEP: usize = 4096;
+
+/// Gives back what one work request made the scratch lists grow past
+/// [`SCRATCH_KEEP`].
+fn shrink_scratch(local: &mut Vec<Segment>, resp: &mut RespScratch) {
+    for v in [local, &mut resp.segs] {
+        if v.capacity() > SCRATCH_KEEP {
+            v.clear();
+            v.shrink_to(SCRATCH_KEEP);
+        }
+    }
 }
 
 /// Queues `QP_SQ_DRAINED` for QP `h` if it entered SQD with the event
@@ -1700,9 +1841,15 @@ fn fail(ctrl: &mut Ctrl, qp: u32, event: Option<EventKind>) {
 /// WR_FLUSH_ERR. WQEs of a queue that is out of range or whose ring cannot
 /// be read are not flushed: they were never taken, and nothing of them can
 /// be trusted (spec 18.18, notes).
-fn flush(ctrl: &mut Ctrl, mem: &HostMem, h: u32, sq_pi: u32, buf: &mut WqeBuf) -> bool {
-    let mut did = false;
+///
+/// Flushes at most `max` WQEs (send and receive together) and returns how
+/// many; the rest waits for the next service.
+fn flush(ctrl: &mut Ctrl, mem: &HostMem, h: u32, sq_pi: u32, buf: &mut WqeBuf, max: u32) -> u32 {
+    let mut did = 0u32;
     loop {
+        if did >= max {
+            return did;
+        }
         let Some(qp) = ctrl.res.qps.get(h) else {
             return did;
         };
@@ -1727,10 +1874,13 @@ fn flush(ctrl: &mut Ctrl, mem: &HostMem, h: u32, sq_pi: u32, buf: &mut WqeBuf) -
             qp.rt.partial = None;
             let _ = access::store_u32_release(mem, qp.db_gpa + SQ_CI, qp.rt.sq_ci);
         }
-        did = true;
+        did += 1;
     }
     // Receives of a QP with its own receive queue.
     loop {
+        if did >= max {
+            return did;
+        }
         let Some(qp) = ctrl.res.qps.get(h) else {
             return did;
         };
@@ -1766,7 +1916,7 @@ fn flush(ctrl: &mut Ctrl, mem: &HostMem, h: u32, sq_pi: u32, buf: &mut WqeBuf) -
             qp.rt.rq_ci = index.wrapping_add(1);
             let _ = access::store_u32_release(mem, qp.db_gpa + RQ_CI, qp.rt.rq_ci);
         }
-        did = true;
+        did += 1;
     }
     did
 }

@@ -191,6 +191,11 @@ impl Limiter {
     pub fn charge_bytes(&mut self, bytes: u64) {
         self.bytes.charge(bytes);
     }
+
+    /// Charges `n` work requests that moved nothing (flushed ones).
+    pub fn charge_ops(&mut self, n: u64) {
+        self.ops.charge(n);
+    }
 }
 
 /// Rate-limit state of one VM.
@@ -347,6 +352,22 @@ impl Limits {
         v.own.charge(bytes);
         if let Some(t) = v.tenant.and_then(|t| self.tenants.get_mut(t)) {
             t.charge(bytes);
+        }
+    }
+
+    /// Charges `n` work requests of VM `vm` that moved no payload (WQEs
+    /// flushed with `WR_FLUSH_ERR`: work the guest causes by merely
+    /// posting to a QP in ERR) to the VM's and its tenant's buckets.
+    pub fn charge_ops(&mut self, vm: usize, n: u64) {
+        let Some(v) = self.vms.get_mut(vm) else {
+            return;
+        };
+        if !v.limited || n == 0 {
+            return;
+        }
+        v.own.charge_ops(n);
+        if let Some(t) = v.tenant.and_then(|t| self.tenants.get_mut(t)) {
+            t.charge_ops(n);
         }
     }
 

@@ -31,6 +31,9 @@ pub struct RnicCaps {
     pub atomics: bool,
     /// Node GUID.
     pub node_guid: u64,
+    /// Largest message in bytes (the port's `max_msg_size`); a longer one
+    /// fails with `LOC_LEN_ERR` before any of it is looked at.
+    pub max_msg_size: u32,
 }
 
 impl RnicCaps {

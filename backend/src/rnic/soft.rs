@@ -74,6 +74,7 @@ impl Rnic for SoftRnic {
             link_rate_mbps: 100_000,
             atomics: true,
             node_guid: self.node_guid,
+            max_msg_size: 1 << 31,
         }
     }
 
