@@ -40,11 +40,12 @@ use crate::engine::Engine;
 use crate::memory::{HostMem, RamMap};
 use crate::qos::QosTable;
 use crate::resources::ResourceCounts;
+use crate::restart::{RestartTracker, Verdict};
 use crate::rnic::Rnic;
 use crate::shmem::{DoorbellRegion, RegionLink};
 use crate::stats::TrafficCounters;
 use crate::tenancy::Tenancy;
-use crate::vring::Vring;
+use crate::vring::{QueueObserver, Vring};
 
 /// Largest virtqueue the device accepts.
 pub const MAX_QUEUE_SIZE: usize = 1024;
@@ -144,6 +145,12 @@ pub struct RdmaDevice {
     /// The control queue's avail ring was found unusable and that was
     /// logged; cleared when requests are taken again.
     ctrlq_unusable: AtomicBool,
+    /// Starts and stops of the queues since the last reset (a reset
+    /// without `RESET_DEVICE` is recognised from them, spec 15.1).
+    restart: Mutex<RestartTracker>,
+    /// The device is started ([`RestartTracker::running`]), for readers
+    /// without the VM's lock; `Ctrl::running` is the authoritative copy.
+    running: AtomicBool,
 }
 
 thread_local! {
@@ -268,6 +275,8 @@ impl RdmaDevice {
             ctrl_rate: Mutex::new((u64::MAX, CtrlLimiter::new(0, Instant::now()))),
             epoch: AtomicU64::new(0),
             ctrlq_unusable: AtomicBool::new(false),
+            restart: Mutex::new(RestartTracker::default()),
+            running: AtomicBool::new(false),
         })
     }
 
@@ -303,6 +312,14 @@ impl RdmaDevice {
         let State { ctrl, host, .. } = &mut *st;
         let host = host.as_ref()?;
         Some(f(ctrl, host))
+    }
+
+    /// Whether the device is started: stopped (a paused VM, or one being
+    /// reset), the engine executes none of its work and peers' messages
+    /// find no QP (spec 15.1). Read without the VM's lock, so only a hint:
+    /// under the lock, `Ctrl::running` decides.
+    pub fn running(&self) -> bool {
+        self.running.load(Ordering::Acquire)
     }
 
     /// The engine thread serving this VM.
@@ -365,7 +382,10 @@ impl RdmaDevice {
             link.set_channel(None);
         }
         self.shmem_acked.store(false, Ordering::Release);
+        self.restart_lock().clear();
         let mut st = self.lock();
+        self.running.store(false, Ordering::Release);
+        st.ctrl.set_running(false);
         self.epoch.fetch_add(1, Ordering::AcqRel);
         let gone = st.ctrl.reset();
         let gid = st.ctrl.port_gid();
@@ -920,18 +940,11 @@ impl VhostUserBackend for RdmaDevice {
     }
 
     fn reset_device(&self) {
-        // The VMM drops shared memory mappings on reset (spec 15.1).
-        if let Some(link) = &self.shmem {
-            link.forget();
-        }
-        let mut st = self.lock();
-        self.epoch.fetch_add(1, Ordering::AcqRel);
-        let gone = st.ctrl.reset();
-        let gid = st.ctrl.port_gid();
-        st.ctrl.events.push(EventKind::PORT_ACTIVE, 1, 0);
-        self.bump_dp_gen();
-        drop(st);
-        self.engine.peers_gone(self.id, gid, gone);
+        log::info!("VM {}: device reset (RESET_DEVICE)", self.id);
+        // The next start is a fresh one; whether the device runs meanwhile
+        // is up to the queues (a VMM stops them before it resets).
+        self.restart_lock().forget_history();
+        self.reset_objects();
     }
 
     fn set_event_idx(&self, enabled: bool) {
@@ -1004,6 +1017,37 @@ impl VhostUserBackend for RdmaDevice {
 }
 
 impl RdmaDevice {
+    fn restart_lock(&self) -> MutexGuard<'_, RestartTracker> {
+        self.restart.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The device reset (spec 15.1), however it was recognised: every
+    /// object goes, the RC QPs of other VMs connected to it fail, and the
+    /// doorbell region is mapped again at the next start (the VMM dropped
+    /// the mapping).
+    fn reset_objects(&self) {
+        if let Some(link) = &self.shmem {
+            link.forget();
+        }
+        let mut st = self.lock();
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        let gone = st.ctrl.reset();
+        let gid = st.ctrl.port_gid();
+        st.ctrl.events.push(EventKind::PORT_ACTIVE, 1, 0);
+        self.bump_dp_gen();
+        drop(st);
+        self.engine.peers_gone(self.id, gid, gone);
+    }
+
+    /// Marks the device started or stopped, under its lock: once this
+    /// returns, no engine pass that saw it running is still working on it.
+    fn set_running(&self, on: bool) {
+        let mut st = self.lock();
+        self.running.store(on, Ordering::Release);
+        st.ctrl.set_running(on);
+        self.bump_dp_gen();
+    }
+
     /// One event of the vring worker (a queue kick, or [`EVENT_WAKE`]).
     fn serve_event(&self, device_event: u16, evset: EventSet, vrings: &[Vring]) -> io::Result<()> {
         if evset != EventSet::IN {
@@ -1034,6 +1078,39 @@ impl RdmaDevice {
             other => return Err(DeviceError::UnknownQueue(other).into()),
         }
         self.deliver_events(eventq, &mem)
+    }
+}
+
+impl QueueObserver for RdmaDevice {
+    fn queue_started(&self, index: usize, base: u16) {
+        let verdict = self.restart_lock().started(index, base);
+        match verdict {
+            None => return,
+            Some(Verdict::Reset) => {
+                log::info!(
+                    "VM {}: the device restarted without RESET_DEVICE from a fresh \
+                     queue: reset",
+                    self.id
+                );
+                self.reset_objects();
+            }
+            Some(Verdict::Resume) => debug!("VM {}: resumed", self.id),
+            Some(Verdict::Fresh) => {}
+        }
+        self.set_running(true);
+        self.engine.wake();
+    }
+
+    fn queue_stopped(&self, index: usize, base: u16) {
+        let running = {
+            let mut t = self.restart_lock();
+            t.stopped(index, base);
+            t.running()
+        };
+        if !running && self.running() {
+            debug!("VM {}: stopped", self.id);
+            self.set_running(false);
+        }
     }
 }
 

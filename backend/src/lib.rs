@@ -9,6 +9,7 @@
 //! - [`resources`]: per-VM objects, handles and the QP state machine;
 //! - [`memory`]: guest RAM map and page-list translation;
 //! - [`events`]: the asynchronous event queue;
+//! - [`restart`]: telling a paused device from a reset one;
 //! - [`rnic`]: the host RNIC engines (built-in software RNIC);
 //! - [`tenancy`]: tenants, VMs' GIDs and the isolation policy;
 //! - [`qos`]: rate limits and weights, changeable at run time;
@@ -33,6 +34,7 @@ pub mod metrics;
 pub mod mgmt;
 pub mod qos;
 pub mod resources;
+pub mod restart;
 pub mod rnic;
 pub mod server;
 pub mod shmem;

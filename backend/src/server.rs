@@ -27,6 +27,7 @@ use crate::qos::QosTable;
 use crate::rnic::soft::SoftRnic;
 use crate::rnic::{Rnic, RnicError};
 use crate::tenancy::Tenancy;
+use crate::vring::{observe_new_vrings, QueueObserver};
 
 /// Errors starting the daemon.
 #[derive(Debug, Error)]
@@ -400,11 +401,16 @@ impl ServeCtx {
 
     fn serve_one(&self, listener: &mut Listener) -> Result<(), BackendError> {
         let device = self.slot.device.clone();
-        let mut daemon = VhostUserDaemon::new(
-            format!("vhost-user-rdma-vm{}", self.index),
-            device.clone(),
-            GuestMemoryAtomic::new(GuestMemoryMmap::new()),
-        )?;
+        // The device learns of its queues' starts and stops (spec 15.1).
+        let device_dyn: Arc<dyn QueueObserver> = device.clone();
+        let observer = Arc::downgrade(&device_dyn);
+        let mut daemon = observe_new_vrings(observer, || {
+            VhostUserDaemon::new(
+                format!("vhost-user-rdma-vm{}", self.index),
+                device.clone(),
+                GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+            )
+        })?;
         // The engine wakes this connection's worker to deliver its events.
         if let Some(h) = daemon.get_epoll_handlers().first() {
             if let Err(e) = h.register_listener(

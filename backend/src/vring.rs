@@ -17,20 +17,63 @@
 //! what it is, a stale readiness report, and lets the event through as a
 //! spurious wakeup (the device's handlers look at the rings and find
 //! whatever there is, possibly nothing).
+//!
+//! It also reports each start and stop of the queue, with the avail index
+//! it starts from or stopped at, to a [`QueueObserver`] (the device): the
+//! library tells a back-end about stops (`stop_vring`) but not about
+//! starts, and a VMM that never sends `RESET_DEVICE` shows a reset only
+//! as a restart from index 0 (spec 15.1). The library creates the queues
+//! inside `VhostUserDaemon::new`; [`observe_new_vrings`] hands the
+//! observer to the queues created by the closure it runs.
 
+use std::cell::RefCell;
 use std::fs::File;
 use std::io;
+use std::sync::{Arc, Weak};
 
 use vhost_user_backend::{VringRwLock, VringStateGuard, VringStateMutGuard, VringT};
-use virtio_queue::Error as VirtQueError;
+use virtio_queue::{Error as VirtQueError, QueueT};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
 /// The guest memory type of the device's queues.
 type Gm = GuestMemoryAtomic<GuestMemoryMmap<()>>;
 
+/// Learns when the device's queues start and stop (see the module
+/// documentation). Called on the vhost-user message thread.
+pub trait QueueObserver: Send + Sync {
+    /// Queue `index` started (its kick fd is set and it is ready) at avail
+    /// index `base`.
+    fn queue_started(&self, index: usize, base: u16);
+    /// Queue `index` stopped (`GET_VRING_BASE`) at avail index `base`.
+    fn queue_stopped(&self, index: usize, base: u16);
+}
+
+thread_local! {
+    /// The observer for queues created on this thread, and the index of
+    /// the next one (see [`observe_new_vrings`]).
+    static NEW_VRINGS: RefCell<Option<(Weak<dyn QueueObserver>, usize)>> =
+        const { RefCell::new(None) };
+}
+
+/// Runs `f`, handing `observer` to the queues created meanwhile on this
+/// thread, numbered from 0 in creation order (the library creates them in
+/// queue order).
+pub fn observe_new_vrings<R>(observer: Weak<dyn QueueObserver>, f: impl FnOnce() -> R) -> R {
+    NEW_VRINGS.with(|n| *n.borrow_mut() = Some((observer, 0)));
+    let r = f();
+    NEW_VRINGS.with(|n| *n.borrow_mut() = None);
+    r
+}
+
+/// Who to tell about this queue's starts and stops.
+struct Watch {
+    observer: Weak<dyn QueueObserver>,
+    index: usize,
+}
+
 /// A virtqueue of the device (see the module documentation).
 #[derive(Clone)]
-pub struct Vring(VringRwLock<Gm>);
+pub struct Vring(VringRwLock<Gm>, Option<Arc<Watch>>);
 
 impl<'a> VringStateGuard<'a, Gm> for Vring {
     type G = <VringRwLock<Gm> as VringStateGuard<'a, Gm>>::G;
@@ -42,7 +85,17 @@ impl<'a> VringStateMutGuard<'a, Gm> for Vring {
 
 impl VringT<Gm> for Vring {
     fn new(mem: Gm, max_queue_size: u16) -> Result<Self, VirtQueError> {
-        VringRwLock::new(mem, max_queue_size).map(Vring)
+        let watch = NEW_VRINGS.with(|n| {
+            let mut n = n.borrow_mut();
+            let (observer, next) = n.as_mut()?;
+            let index = *next;
+            *next += 1;
+            Some(Arc::new(Watch {
+                observer: observer.clone(),
+                index,
+            }))
+        });
+        VringRwLock::new(mem, max_queue_size).map(|v| Vring(v, watch))
     }
 
     fn get_ref(&self) -> <Self as VringStateGuard<'_, Gm>>::G {
@@ -111,7 +164,23 @@ impl VringT<Gm> for Vring {
     }
 
     fn set_queue_ready(&self, ready: bool) {
-        self.0.set_queue_ready(ready)
+        let was = self.0.get_ref().get_queue().ready();
+        self.0.set_queue_ready(ready);
+        if was == ready {
+            return;
+        }
+        let Some(w) = &self.1 else {
+            return;
+        };
+        let Some(observer) = w.observer.upgrade() else {
+            return;
+        };
+        let base = self.0.queue_next_avail();
+        if ready {
+            observer.queue_started(w.index, base);
+        } else {
+            observer.queue_stopped(w.index, base);
+        }
     }
 
     fn set_kick(&self, file: Option<File>) {

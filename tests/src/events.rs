@@ -69,6 +69,11 @@ impl EventQueue {
         &mut self.vring
     }
 
+    /// The underlying virtqueue.
+    pub fn vring(&self) -> &Vring {
+        &self.vring
+    }
+
     /// Whether consumed buffers are reposted automatically (default true).
     pub fn set_auto_repost(&mut self, on: bool) {
         self.auto_repost = on;

@@ -397,6 +397,46 @@ impl TestVmm {
             .collect()
     }
 
+    /// Resumes after [`TestVmm::stop_queues`] as a VMM does when a paused
+    /// VM continues: `SET_FEATURES`, `SET_MEM_TABLE`, then every queue
+    /// again with its rings where they were and its avail index at
+    /// `bases` (what `GET_VRING_BASE` reported). Nothing is reposted.
+    pub fn resume(&mut self, bases: &[u32]) -> Result<()> {
+        let features = self.features;
+        let regions = self.mem.region_infos()?;
+        let TestVmm {
+            conn,
+            ctrl,
+            events,
+            notify,
+            shmem,
+            ..
+        } = self;
+        let c = conn
+            .as_mut()
+            .ok_or_else(|| Error::Backend("disconnected".into()))?;
+        c.call("SET_FEATURES", |fe| fe.set_features(features))?;
+        c.call("SET_MEM_TABLE", |fe| fe.set_mem_table(&regions))?;
+        let vrings: [&Vring; 3] = [ctrl.vring(), events.vring(), notify];
+        for (q, v) in vrings.into_iter().enumerate() {
+            let base = *bases
+                .get(q)
+                .ok_or_else(|| Error::Backend("a base per queue".into()))?;
+            let addr = v.config_data()?;
+            c.call("SET_VRING_NUM", |fe| fe.set_vring_num(q, v.size()))?;
+            let base = u16::try_from(base).map_err(|_| Error::Backend("base".into()))?;
+            c.call("SET_VRING_BASE", |fe| fe.set_vring_base(q, base))?;
+            c.call("SET_VRING_ADDR", |fe| fe.set_vring_addr(q, &addr))?;
+            c.call("SET_VRING_CALL", |fe| fe.set_vring_call(q, v.call_fd()))?;
+            c.call("SET_VRING_KICK", |fe| fe.set_vring_kick(q, v.kick_fd()))?;
+            c.call("SET_VRING_ENABLE", |fe| fe.set_vring_enable(q, true))?;
+        }
+        if let Some(w) = shmem {
+            w.set_started(true);
+        }
+        Ok(())
+    }
+
     /// Resets the device: stops every queue (`GET_VRING_BASE`), sends
     /// `RESET_DEVICE` when that protocol feature was negotiated (the signal
     /// that the device state is to be discarded), then starts again with `SET_FEATURES`,

@@ -10,12 +10,14 @@ use std::time::Duration;
 
 use vhost_user_rdma::rnic::soft::SoftRnic;
 use vhost_user_rdma::rnic::{Rnic, RnicCaps, RnicError};
-use vhost_user_rdma_tests::dp::{conn, ok, poll_one, rc_pair, rc_qp, wr, Buf, Vm, QP_ACCESS};
+use vhost_user_rdma_tests::dp::{
+    conn, ok, pattern, poll_one, rc_pair, rc_qp, wr, write_and_send_back, Buf, Vm, QP_ACCESS,
+};
 use vhost_user_rdma_tests::harness::TestDaemon;
 use vhost_user_rdma_tests::vmm::VmmOptions;
 use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
 use virtio_rdma_abi::mem::access;
-use virtio_rdma_driver::{Cq, DmaBuf, Mr, MrPages, RecvWr, SendOp, WorkCompletion};
+use virtio_rdma_driver::{Cq, Device, DmaBuf, Mr, MrPages, Pd, RecvWr, SendOp, WorkCompletion};
 
 /// Runs `f` on its own thread and fails the test if it has not finished
 /// within `limit` — a hung engine must fail the test, not hang it (the
@@ -302,4 +304,145 @@ fn a_corrupt_control_avail_index_is_counted_per_kick() {
     // Another VM is served as before.
     let b = Vm::open(&d, 1, VmmOptions::default());
     assert!(b.dev.port_attr().max_msg_size > 0);
+}
+
+/// Both doorbell modes (the shared-memory one maps the doorbell region
+/// again after a reset).
+fn modes() -> [VmmOptions; 2] {
+    use vhost::vhost_user::message::VhostUserProtocolFeatures as P;
+    // A VMM that never sends RESET_DEVICE.
+    let base = VmmOptions {
+        protocol_features: P::CONFIG | P::MQ | P::REPLY_ACK,
+        ..VmmOptions::default()
+    };
+    [
+        base.clone(),
+        VmmOptions {
+            shmem: true,
+            ..base
+        },
+    ]
+}
+
+/// Finding 1, on the data path: VM B is stopped (its VMM sent
+/// `GET_VRING_BASE`) and A WRITEs into B's registered buffer. A stopped
+/// device takes no message, so nothing lands; B then restarts from fresh
+/// rings without `RESET_DEVICE` — a reset — and A's QP fails with
+/// `QP_FATAL`, its WRITE completing in error. B's memory is as it was,
+/// and B's next boot exchanges traffic with A as usual.
+#[test]
+fn a_stopped_then_reset_vm_receives_nothing_and_its_peers_fail() {
+    use virtio_rdma_abi::event::EventKind;
+    for opts in modes() {
+        let d = TestDaemon::start(2).unwrap();
+        let a = Vm::open(&d, 0, opts.clone());
+        let b = Vm::open(&d, 1, opts.clone());
+        let p = rc_pair(&a, &b);
+        let src = Buf::new(&a, 4096);
+        let dst = Buf::new(&b, 4096);
+        dst.write(0, &[0x5a; 4096]);
+        src.write(0, &[0xa5; 4096]);
+        // A WRITE while B runs lands.
+        let op = SendOp::RdmaWrite {
+            remote_addr: dst.addr(0),
+            rkey: dst.mr.rkey(),
+        };
+        p.qa.post_send(&[wr(1, op, &[src.sge(0, 16)])]).unwrap();
+        ok(&poll_one(&p.cqa), 1, WcOpcode::RDMA_WRITE);
+        assert_eq!(dst.read(0, 16), [0xa5; 16]);
+
+        let bases = b.t.vmm().stop_queues().unwrap();
+        assert!(!d.stats(1).device.resources.is_empty());
+        let op = SendOp::RdmaWrite {
+            remote_addr: dst.addr(1024),
+            rkey: dst.mr.rkey(),
+        };
+        p.qa.post_send(&[wr(2, op, &[src.sge(0, 1024)])]).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            dst.read(1024, 1024) == [0x5a; 1024],
+            "landed in a stopped VM"
+        );
+        assert_eq!(
+            p.cqa.poll(&mut [WorkCompletion::default(); 4]),
+            0,
+            "no completion yet"
+        );
+
+        // B restarts from fresh rings: its objects go, A's QP fails.
+        b.t.vmm().reset().unwrap();
+        assert!(d.stats(1).device.resources.is_empty(), "{:?}", d.stats(1));
+        let wc = poll_one(&p.cqa);
+        assert_eq!(wc.wr_id, 2);
+        assert!(!wc.is_success(), "{wc:?}");
+        let ev = loop {
+            let ev = a
+                .dev
+                .next_async_event(Some(Duration::from_secs(10)))
+                .unwrap()
+                .unwrap();
+            if EventKind::from_u32(ev.kind) != Some(EventKind::PORT_ACTIVE) {
+                break ev;
+            }
+        };
+        assert_eq!(EventKind::from_u32(ev.kind), Some(EventKind::QP_FATAL));
+        assert_eq!(ev.handle, p.qa.handle());
+        assert!(
+            dst.read(1024, 1024) == [0x5a; 1024],
+            "landed after the reset"
+        );
+        assert_ne!(bases[0], 0);
+        // The previous boot's driver objects: their destroys fail.
+        drop((p, dst));
+        let Vm { t, dev, pd } = b;
+        drop((pd, dev));
+
+        // B's next boot opens the device again and talks to A.
+        let dev = Device::open(t.clone()).unwrap();
+        assert_eq!(
+            dev.doorbell_page().is_some(),
+            opts.shmem,
+            "mode after reset"
+        );
+        let pd = Pd::alloc(&dev).unwrap();
+        let b2 = Vm { t, dev, pd };
+        let p2 = rc_pair(&a, &b2);
+        let dst2 = Buf::new(&b2, 4096);
+        write_and_send_back(&p2, &src, &dst2, &pattern(2000, 9), 2048, 9);
+    }
+}
+
+/// A pause is not a reset: while B's queues are stopped A's SEND is not
+/// delivered (the RC QP retries, as towards a halted host); when B resumes
+/// where it stopped, the SEND lands in the receive B had posted, and A's
+/// QP never failed.
+#[test]
+fn a_paused_vm_takes_its_messages_when_it_resumes() {
+    for opts in modes() {
+        let d = TestDaemon::start(2).unwrap();
+        let a = Vm::open(&d, 0, opts.clone());
+        let b = Vm::open(&d, 1, opts);
+        let p = rc_pair(&a, &b);
+        let src = Buf::new(&a, 4096);
+        let dst = Buf::new(&b, 4096);
+        src.write(0, b"after the pause");
+        p.qb.post_recv(&[RecvWr {
+            wr_id: 5,
+            sg_list: &[dst.sge(0, 64)],
+        }])
+        .unwrap();
+        let bases = b.t.vmm().stop_queues().unwrap();
+        p.qa.post_send(&[wr(1, SendOp::Send, &[src.sge(0, 15)])])
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(
+            dst.read(0, 15) != b"after the pause",
+            "delivered while paused"
+        );
+        b.t.vmm().resume(&bases).unwrap();
+        ok(&poll_one(&p.cqa), 1, WcOpcode::SEND);
+        ok(&poll_one(&p.cqb), 5, WcOpcode::RECV);
+        assert_eq!(dst.read(0, 15), b"after the pause");
+        assert!(!d.stats(1).device.resources.is_empty(), "objects kept");
+    }
 }

@@ -208,22 +208,55 @@ fn binary_rejects_bad_configuration() {
     );
 }
 
-#[test]
-fn stopping_queues_is_a_pause_not_a_reset() {
+/// Protocol features of a VMM that never sends `RESET_DEVICE` (QEMU's
+/// generic vhost-user device, for one).
+fn no_reset_device() -> VmmOptions {
     use vhost::vhost_user::message::VhostUserProtocolFeatures as P;
-    let d = TestDaemon::start(1).unwrap();
-    // Without RESET_DEVICE the VMM's restart is only a stop/start of the queues
-    // (what a VMM does around a VM pause): objects must survive it.
-    let opts = VmmOptions {
+    VmmOptions {
         protocol_features: P::CONFIG | P::MQ | P::REPLY_ACK,
         ..VmmOptions::default()
-    };
-    let mut vm = d.connect_with(0, opts).unwrap();
+    }
+}
+
+/// Stopping the queues and restarting them where they stopped is what a
+/// VMM does around a VM pause: objects survive it (spec 15.1).
+#[test]
+fn stopping_and_resuming_queues_is_a_pause_not_a_reset() {
+    let d = TestDaemon::start(1).unwrap();
+    let mut vm = d.connect_with(0, no_reset_device()).unwrap();
     let qp = populate(&mut vm);
-    vm.reset().unwrap();
+    let bases = vm.stop_queues().unwrap();
+    assert_ne!(bases[0], 0, "commands were taken");
+    vm.resume(&bases).unwrap();
     assert_eq!(d.stats(0).device.resources.qp, 2);
     let mut v = Verbs::new(&mut vm);
     assert_eq!(v.query_qp(qp).unwrap().attr.qp_state, 3);
+}
+
+/// Finding 1: a VMM that never sends `RESET_DEVICE` shows a guest reset
+/// only as a restart of the queues from index 0. The device recognises it
+/// and releases every object of the previous boot (it kept them all, and
+/// the reset guest's next boot found them alive).
+#[test]
+fn a_restart_from_fresh_rings_without_reset_device_is_a_reset() {
+    let d = TestDaemon::start(1).unwrap();
+    let mut vm = d.connect_with(0, no_reset_device()).unwrap();
+    let qp = populate(&mut vm);
+    let before = d.stats(0).device.resources;
+    assert_eq!(before.qp, 2);
+    vm.reset().unwrap();
+    let after = d.stats(0).device.resources;
+    assert_eq!(
+        (after.ctx, after.pd, after.cq, after.mr, after.qp, after.srq),
+        (0, 0, 0, 0, 0, 0),
+        "{after:?}"
+    );
+    assert_eq!(after.registered_bytes, 0);
+    let mut v = Verbs::new(&mut vm);
+    assert!(v.query_qp(qp).is_err(), "the old handle resolves no more");
+    // The new boot works as a fresh device.
+    populate(&mut vm);
+    assert_eq!(d.stats(0).device.resources.qp, 2);
 }
 
 /// A device reset while the vring worker is still busy with a batch of

@@ -105,6 +105,10 @@ pub struct Ctrl {
     /// A command changed something the engine must act on (see
     /// [`Ctrl::take_engine_work`]).
     engine_work: bool,
+    /// The device is started (spec 15.1): only then does the engine
+    /// execute the VM's work and do peers' messages reach it. Changed by
+    /// the device under the VM's lock.
+    running: bool,
 }
 
 /// Most GIDs a port has: index 0, assigned by the operator.
@@ -131,6 +135,7 @@ impl Ctrl {
             tenancy,
             kicks: Arc::new(AtomicBool::new(false)),
             engine_work: false,
+            running: false,
         }
     }
 
@@ -183,6 +188,16 @@ impl Ctrl {
     /// Replaces the view of guest RAM (after a memory table update).
     pub fn set_ram(&mut self, ram: RamMap) {
         self.ram = ram;
+    }
+
+    /// Whether the device is started (see `running`).
+    pub fn running(&self) -> bool {
+        self.running
+    }
+
+    /// Marks the device started or stopped.
+    pub fn set_running(&mut self, on: bool) {
+        self.running = on;
     }
 
     /// Destroys every object and drops pending events (device reset or

@@ -323,7 +323,9 @@ impl DbList {
     fn scan(&mut self) -> bool {
         self.work.clear();
         self.next = 0;
-        if self.host.is_none() {
+        // A stopped device's work waits for its start (spec 15.1), which
+        // changes the VM's generation and so rebuilds this list.
+        if self.host.is_none() || !self.dev.running() {
             return false;
         }
         for (i, e) in self.qps.iter().enumerate() {
@@ -794,6 +796,12 @@ impl Engine {
         scratch.split = scratch.others_active(turn.vm);
         work_on(&dev, |ctrl, mem| {
             let mut did = false;
+            if !ctrl.running() {
+                // Stopped since the scan (checked under the lock).
+                work.clear();
+                *next = 0;
+                return false;
+            }
             while let Some(&i) = work.get(*next) {
                 *next += 1;
                 let Some(e) = qps.get_mut(i) else {
@@ -832,6 +840,9 @@ impl Engine {
             let vm = &list.dev;
             scratch.split = scratch.others_active(k);
             busy |= work_on(vm, |ctrl, mem| {
+                if !ctrl.running() {
+                    return false;
+                }
                 let mut handles = std::mem::take(&mut scratch.handles);
                 ctrl.res.qps.fill_handles(&mut handles);
                 let mut did = false;
@@ -1646,6 +1657,15 @@ fn admit(
     if ctrl.tenancy().vm(peer_vm).map(|v| v.gid) != Some(dgid) {
         return count(unknown);
     }
+    // A stopped device takes no message (spec 15.1); checked again under
+    // its lock.
+    if !vms
+        .get(peer_vm)
+        .and_then(Option::as_ref)
+        .is_some_and(|d| d.running())
+    {
+        return Err(RespOutcome::Unreachable);
+    }
     Ok((peer_vm, peer_qp))
 }
 
@@ -1653,6 +1673,9 @@ fn admit(
 /// `None` if it does, else what the requester gets (`Stale`: the handle
 /// no longer has that number; `Unreachable`: a state that takes none).
 fn responder_takes(ctrl: &Ctrl, qp: u32, qpn: u32) -> Option<RespOutcome> {
+    if !ctrl.running() {
+        return Some(RespOutcome::Unreachable);
+    }
     let Some(q) = ctrl.res.qps.get(qp).filter(|q| q.qpn == qpn) else {
         return Some(RespOutcome::Stale);
     };
@@ -1740,6 +1763,14 @@ fn respond_ud_checked(
     ud: bool,
     resp: &mut RespScratch,
 ) -> RespOutcome {
+    if !ctrl.running() {
+        // Stopped: no QP answers, as on a wire to a halted host.
+        return if ud {
+            RespOutcome::Dropped
+        } else {
+            RespOutcome::Unreachable
+        };
+    }
     let Some(q) = ctrl.res.qps.get(peer_qp) else {
         return RespOutcome::Stale;
     };
