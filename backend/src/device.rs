@@ -153,6 +153,17 @@ pub struct RdmaDevice {
     running: AtomicBool,
 }
 
+/// What [`RdmaDevice::try_with_dataplane`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Locked<R> {
+    /// It ran the closure, which returned this.
+    Ran(R),
+    /// The VM's lock is held elsewhere: try again later.
+    Busy,
+    /// No VMM is connected (or the thread holds the lock already).
+    Gone,
+}
+
 thread_local! {
     /// The VMs whose state lock the current thread holds through
     /// [`RdmaDevice::with_dataplane`] (at most a few: an engine thread holds
@@ -312,6 +323,33 @@ impl RdmaDevice {
         let State { ctrl, host, .. } = &mut *st;
         let host = host.as_ref()?;
         Some(f(ctrl, host))
+    }
+
+    /// [`RdmaDevice::with_dataplane`] for the engine, which must never wait
+    /// for a VM's lock: a control command holding it (a large registration,
+    /// say) would stall every VM the engine serves. `Busy` if the lock is
+    /// taken; the engine comes back at its next sweep.
+    pub fn try_with_dataplane<R>(
+        &self,
+        f: impl FnOnce(&mut Ctrl, &Arc<HostMem>) -> R,
+    ) -> Locked<R> {
+        let Some(_held) = HeldLock::enter(self.id) else {
+            log::error!(
+                "VM {}: refusing to lock a VM this thread already holds (daemon bug)",
+                self.id
+            );
+            return Locked::Gone;
+        };
+        let mut st = match self.state.try_lock() {
+            Ok(st) => st,
+            Err(std::sync::TryLockError::WouldBlock) => return Locked::Busy,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        };
+        let State { ctrl, host, .. } = &mut *st;
+        match host.as_ref() {
+            Some(host) => Locked::Ran(f(ctrl, host)),
+            None => Locked::Gone,
+        }
     }
 
     /// Whether the device is started: stopped (a paused VM, or one being

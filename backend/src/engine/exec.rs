@@ -152,6 +152,10 @@ pub enum RespOutcome {
     /// The responder QP no longer has the addressed QPN (a stale routing
     /// hint); the requester resolves the QPN again.
     Stale,
+    /// The responder's VM is locked by its control path: nothing was done,
+    /// the requester tries again at its next service (not a retry in the
+    /// sense of spec 18.20; the engine never waits for a VM's lock).
+    Busy,
 }
 
 /// The requester's side of one message, ready for the responder.

@@ -63,7 +63,7 @@ use virtio_rdma_abi::qp::{QpState, QpType, QP_FLAG_SIG_ALL};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::ctrl::Ctrl;
-use crate::device::{RdmaDevice, Shared};
+use crate::device::{Locked, RdmaDevice, Shared};
 use crate::memory::access::{self, Segment};
 use crate::memory::HostMem;
 use crate::qos::DEFAULT_WEIGHT;
@@ -267,7 +267,7 @@ impl DbList {
         self.work.clear();
         self.next = 0;
         let dev = self.dev.clone();
-        let built = dev.with_dataplane(|ctrl, host| {
+        let built = dev.try_with_dataplane(|ctrl, host| {
             let gen = dev.dp_generation();
             self.qps.clear();
             self.region = ctrl.res.doorbells.as_ref().map(|d| d.region().clone());
@@ -306,11 +306,13 @@ impl DbList {
             (gen, host.clone())
         });
         match built {
-            Some((gen, host)) => {
+            Locked::Ran((gen, host)) => {
                 self.gen = Some(gen);
                 self.host = Some(host);
             }
-            None => {
+            // The control path holds the lock: the next sweep rebuilds.
+            Locked::Busy => {}
+            Locked::Gone => {
                 // No memory: nothing to poll until the next generation.
                 self.qps.clear();
                 self.host = None;
@@ -492,9 +494,9 @@ impl Engine {
     /// `lists`. The armed flag changes first: a queue created under a VM's
     /// lock either sees it, or is covered by the loop (which takes that
     /// lock after).
-    fn arm_kicks(&self, lists: &[DbList], on: bool) {
+    fn arm_kicks(&self, lists: &[DbList], on: bool) -> bool {
         self.kicks_armed.store(on, Ordering::SeqCst);
-        set_kick(lists, on);
+        set_kick(lists, on)
     }
 
     /// Whether this thread serves VM `vm`.
@@ -632,11 +634,16 @@ impl Engine {
             // Park: ask for kicks, then look once more — through the VMs'
             // own tables, not the polling lists — so that a doorbell rung
             // before the flag became visible is not missed.
-            self.arm_kicks(&lists, true);
+            let armed = self.arm_kicks(&lists, true);
             fence(Ordering::SeqCst);
-            if self.sweep_all(&vms, &lists, &mut scratch) {
+            if self.sweep_all(&vms, &lists, &mut scratch) || !armed {
+                // Work, or a VM whose lock was busy (its records may lack
+                // the flag, and the re-check skipped it): poll on.
                 self.arm_kicks(&lists, false);
                 idle_sweeps = 0;
+                if !armed {
+                    thread::yield_now();
+                }
                 continue;
             }
             TrafficCounters::add_single_writer(&self.counters.parks, 1);
@@ -694,14 +701,19 @@ fn pin_to(cpu: usize) {
 /// Runs `f` on a VM's objects and memory under its lock and hands the
 /// events it queued to the VM's event worker; returns what `f` returned
 /// (false while no VMM is connected).
+///
+/// The lock is only tried: while the VM's control path holds it, `f` does
+/// not run (false), and the VM's work waits for the next sweep rather
+/// than every VM of the thread waiting for its command.
 fn work_on(dev: &RdmaDevice, f: impl FnOnce(&mut Ctrl, &HostMem) -> bool) -> bool {
-    let (did, events) = dev
-        .with_dataplane(|ctrl, mem| {
-            let before = ctrl.events.len();
-            let did = f(ctrl, mem);
-            (did, ctrl.events.len() != before)
-        })
-        .unwrap_or((false, false));
+    let ran = dev.try_with_dataplane(|ctrl, mem| {
+        let before = ctrl.events.len();
+        let did = f(ctrl, mem);
+        (did, ctrl.events.len() != before)
+    });
+    let Locked::Ran((did, events)) = ran else {
+        return false;
+    };
     if events {
         dev.wake_events();
     }
@@ -710,10 +722,14 @@ fn work_on(dev: &RdmaDevice, f: impl FnOnce(&mut Ctrl, &HostMem) -> bool) -> boo
 
 /// Sets or clears DB_FLAG_KICK in every QP and SRQ doorbell record of a
 /// queue without a doorbell slot, and in every doorbell page header.
-fn set_kick(lists: &[DbList], on: bool) {
+///
+/// Returns false if a VM's lock was busy, so its records may lack the flag:
+/// the engine must not park then (it would sleep through that VM's posts).
+fn set_kick(lists: &[DbList], on: bool) -> bool {
     let v = if on { DB_FLAG_KICK } else { 0 };
+    let mut all = true;
     for list in lists {
-        list.dev.with_dataplane(|ctrl, mem| {
+        let ran = list.dev.try_with_dataplane(|ctrl, mem| {
             for (_, qp) in ctrl.res.qps.iter() {
                 if qp.db_slot.is_none() {
                     let _ = access::store_u32_release(mem, qp.db_gpa + FLAGS, v);
@@ -728,7 +744,9 @@ fn set_kick(lists: &[DbList], on: bool) {
                 pages.set_kick(on);
             }
         });
+        all &= ran != Locked::Busy;
     }
+    all
 }
 
 impl Engine {
@@ -1025,7 +1043,7 @@ impl Engine {
                 v != vm_id && tenancy.may_reach(vm_id, v) && same_thread(vms, vm_id, v)
             }) {
                 if let Some(dev) = vms.get(pvm).and_then(Option::as_ref) {
-                    let done = dev.with_dataplane(|pctrl, pmem| {
+                    let done = dev.try_with_dataplane(|pctrl, pmem| {
                         let mut held = Held {
                             vm: pvm,
                             dev,
@@ -1039,8 +1057,13 @@ impl Engine {
                         }
                         did
                     });
-                    if let Some(did) = done {
-                        return did;
+                    match done {
+                        Locked::Ran(did) => return did,
+                        // The peer's control path holds its lock: this QP
+                        // waits for the next sweep (its messages would only
+                        // find the lock busy).
+                        Locked::Busy => return false,
+                        Locked::Gone => {}
                     }
                 }
             }
@@ -1169,7 +1192,7 @@ impl Engine {
                     scratch.executed.0 += 1;
                     scratch.executed.1 += moved;
                 }
-                Step::Broken => break,
+                Step::Broken | Step::Busy => break,
             }
             if bytes >= max_bytes {
                 break;
@@ -1406,6 +1429,7 @@ impl Engine {
                 Step::Done { published: false }
             }
             RespOutcome::Nak(status) => failed(ctrl, status),
+            RespOutcome::Busy => Step::Busy,
             RespOutcome::Unreachable | RespOutcome::Stale => {
                 let Some(qp) = ctrl.res.qps.get(h) else {
                     return Step::Done { published: false };
@@ -1595,7 +1619,7 @@ fn deliver(
     let Some(peer) = vms.get(peer_vm).and_then(Option::as_ref) else {
         return RespOutcome::Unreachable;
     };
-    peer.with_dataplane(|pctrl, pmem| {
+    let ran = peer.try_with_dataplane(|pctrl, pmem| {
         if pctrl.port_gid() != dgid {
             return RespOutcome::Unreachable;
         }
@@ -1604,8 +1628,12 @@ fn deliver(
             peer.wake_events();
         }
         out
-    })
-    .unwrap_or(RespOutcome::Unreachable)
+    });
+    match ran {
+        Locked::Ran(out) => out,
+        Locked::Busy => RespOutcome::Busy,
+        Locked::Gone => RespOutcome::Unreachable,
+    }
 }
 
 /// The checks of [`deliver`] that need no lock of the other VM: the route
@@ -1812,6 +1840,9 @@ enum Step {
     Piece,
     /// The send queue is unusable and the QP failed; the WQE was not taken.
     Broken,
+    /// The responder's VM was locked by its control path: the WQE stays at
+    /// the head, untouched, for the next service.
+    Busy,
 }
 
 /// Writes the requester's completion (always for errors) and fails the QP
