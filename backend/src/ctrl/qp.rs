@@ -286,8 +286,10 @@ impl Ctrl {
         };
         if target == QpState::RESET {
             qp.attr = QpAttr::default();
-            // A WRITE executed in pieces is abandoned with the queue.
+            // A message executed in pieces is abandoned with the queues,
+            // as sender and as receiver.
             qp.rt.partial = None;
+            qp.rt.inbound = None;
         } else {
             apply(&mut qp.attr, mask, &a);
         }

@@ -12,6 +12,7 @@ use super::wqe::{fetch_recv, RecvWr, SendWr, WqeBuf, WqeError};
 use crate::ctrl::Ctrl;
 use crate::memory::access::{self, Segment};
 use crate::memory::{HostMem, PageList};
+use crate::resources::Inbound;
 use crate::stats::TrafficCounters;
 use crate::tenancy::IsolationCounters;
 use virtio_rdma_abi::datapath::{
@@ -70,7 +71,7 @@ pub fn check_local(ctrl: &Ctrl, pd: u32, sges: &[Sge], write: bool) -> Result<u6
 
 /// [`local_segments`] for a piece of the list: every SGE is checked in full,
 /// but only the `limit` bytes after the first `skip` are resolved into `out`
-/// (a piece of an RDMA WRITE executed in pieces). Returns the total length
+/// (a piece of a message executed in pieces). Returns the total length
 /// of the list.
 pub fn local_range(
     ctrl: &Ctrl,
@@ -174,7 +175,7 @@ pub struct Request<'a> {
     /// Message length.
     pub len: u64,
     /// The part of the message this execution moves: offset and length
-    /// (`(0, len)` unless a plain RDMA WRITE is executed in pieces; then
+    /// (`(0, len)` unless the message is executed in pieces; then
     /// `local` holds only this part). The first part of a WRITE checks the
     /// whole remote range, every later one its own.
     pub part: (u64, u64),
@@ -411,23 +412,38 @@ fn write_target(
     req: &Request<'_>,
     out: &mut Vec<Segment>,
 ) -> Result<(), WcStatus> {
-    let (wr, len) = (req.wr, req.len);
-    let (skip, take) = req.part;
-    if len > 0 && skip == 0 {
-        let range = (wr.hdr.rkey, wr.hdr.remote_addr, len);
-        return remote_part(ctrl, qp, req.vm, range, req.part, acc::REMOTE_WRITE, out);
-    }
-    if len > 0 {
-        let addr = wr.hdr.remote_addr.checked_add(skip);
-        let addr = addr.ok_or(WcStatus::REM_ACCESS_ERR)?;
-        let range = (wr.hdr.rkey, addr, take);
-        return remote_segments(ctrl, qp, req.vm, range, acc::REMOTE_WRITE, out);
+    if req.len > 0 {
+        return remote_range(ctrl, qp, req, acc::REMOTE_WRITE, out);
     }
     out.clear();
     match ctrl.res.qps.get(qp) {
         Some(q) if q.attr.access & acc::REMOTE_WRITE != 0 => Ok(()),
         _ => Err(WcStatus::REM_ACCESS_ERR),
     }
+}
+
+/// Checks the remote range of an RDMA WRITE or READ (`right`) of
+/// `req.len > 0` bytes at responder QP `qp` and resolves the part this
+/// execution moves (`req.part`) into `out`: the first part checks the
+/// whole range before any byte moves, every later one checks its own part
+/// again, so an MR deregistered meanwhile fails the operation
+/// (`REM_ACCESS_ERR`) as a mid-transfer invalidation does.
+fn remote_range(
+    ctrl: &Ctrl,
+    qp: u32,
+    req: &Request<'_>,
+    right: u32,
+    out: &mut Vec<Segment>,
+) -> Result<(), WcStatus> {
+    let (wr, len) = (req.wr, req.len);
+    let (skip, take) = req.part;
+    if skip == 0 {
+        let range = (wr.hdr.rkey, wr.hdr.remote_addr, len);
+        return remote_part(ctrl, qp, req.vm, range, req.part, right, out);
+    }
+    let addr = wr.hdr.remote_addr.checked_add(skip);
+    let addr = addr.ok_or(WcStatus::REM_ACCESS_ERR)?;
+    remote_segments(ctrl, qp, req.vm, (wr.hdr.rkey, addr, take), right, out)
 }
 
 /// Performs `req` at responder QP `qp` of `ctrl` (whose memory is `mem`).
@@ -521,9 +537,8 @@ fn perform(
                 // (spec 18.11.3): no rkey, address or access right.
                 return RespOutcome::Done;
             }
-            let range = (wr.hdr.rkey, wr.hdr.remote_addr, req.len);
-            return match remote_segments(ctrl, qp, req.vm, range, acc::REMOTE_READ, segs) {
-                Ok(()) => match access::copy(mem, segs, req.mem, req.local, req.len) {
+            return match remote_range(ctrl, qp, req, acc::REMOTE_READ, segs) {
+                Ok(()) => match access::copy(mem, segs, req.mem, req.local, req.part.1) {
                     Ok(()) => RespOutcome::Done,
                     Err(_) => nak(ctrl, qp, WcStatus::REM_ACCESS_ERR),
                 },
@@ -557,9 +572,21 @@ fn perform(
         WrOpcode::SEND | WrOpcode::SEND_WITH_IMM => {}
     }
     // SEND, SEND_WITH_IMM and RDMA_WRITE_WITH_IMM consume a receive WQE.
-    // It is copied and checked in full before any byte of the message is
-    // written, so that an RNR, a malformed WQE or a broken queue leaves the
-    // responder's memory as it was (spec 18.11.2, 18.13).
+    let (skip, take) = req.part;
+    let last = skip.saturating_add(take) >= req.len;
+    if skip > 0 {
+        return next_piece(ctrl, mem, qp, req, scratch, last);
+    }
+    // A first piece while another message is still arriving: its sender
+    // stopped mid-message. As a responder expecting the rest of a message,
+    // this one is an invalid request (its receive WQE fails with it).
+    if let Some(inb) = ctrl.res.qps.get_mut(qp).and_then(|q| q.rt.inbound.take()) {
+        abandon(ctrl, mem, qp, &inb);
+        return nak(ctrl, qp, WcStatus::REM_INV_REQ_ERR);
+    }
+    // The receive WQE is copied and checked in full before any byte of the
+    // message is written, so that an RNR, a malformed WQE or a broken queue
+    // leaves the responder's memory as it was (spec 18.11.2, 18.13).
     let Peeked { head, pi } = match peek_recv(ctrl, mem, qp, recv_buf) {
         Ok(p) => p,
         Err(Broken) => {
@@ -580,6 +607,29 @@ fn perform(
             return recv_failed(ctrl, mem, qp, pi, wr_id, WcStatus::LOC_QP_OP_ERR, ud)
         }
     };
+    if !last {
+        // The first of several pieces: the receive WQE must hold the whole
+        // message, and is consumed now and completed with the last piece.
+        let sges = if wr.opcode == WrOpcode::RDMA_WRITE_WITH_IMM {
+            Vec::new()
+        } else {
+            match check_local(ctrl, pd, recv.sges, true) {
+                Ok(room) if room >= req.len => recv.sges.to_vec(),
+                Ok(_) => {
+                    return recv_failed(ctrl, mem, qp, pi, recv.wr_id, WcStatus::LOC_LEN_ERR, ud)
+                }
+                Err(status) => return recv_failed(ctrl, mem, qp, pi, recv.wr_id, status, ud),
+            }
+        };
+        consume_recv(ctrl, mem, qp, pi);
+        let inb = Inbound {
+            wr_id: recv.wr_id,
+            sges,
+            len: req.len,
+            placed: 0,
+        };
+        return place_piece(ctrl, mem, qp, req, scratch, inb, false);
+    }
     let placed = if wr.opcode == WrOpcode::RDMA_WRITE_WITH_IMM {
         // The data goes to the RDMA target; the receive WQE's buffers are
         // not touched (spec 18.11.2).
@@ -602,6 +652,117 @@ fn perform(
         fail_qp(ctrl, qp, None);
     }
     RespOutcome::Done
+}
+
+/// A later piece of a message arriving in pieces at responder QP `qp`: it
+/// must continue the message the QP's receive WQE was taken for, exactly
+/// where the last piece ended; anything else is an invalid request.
+fn next_piece(
+    ctrl: &mut Ctrl,
+    mem: &HostMem,
+    qp: u32,
+    req: &Request<'_>,
+    scratch: &mut RespScratch,
+    last: bool,
+) -> RespOutcome {
+    let inb = ctrl.res.qps.get_mut(qp).and_then(|q| q.rt.inbound.take());
+    let Some(inb) = inb.filter(|i| i.len == req.len && i.placed == req.part.0) else {
+        return nak(ctrl, qp, WcStatus::REM_INV_REQ_ERR);
+    };
+    // (An RDMA WRITE with immediate has its piece of the target in
+    // `scratch.segs` already, resolved by `perform`.)
+    place_piece(ctrl, mem, qp, req, scratch, *inb, last)
+}
+
+/// Places piece `req.part` of a message arriving in pieces (receive WQE
+/// `inb`) and, with the last piece, writes the receive completion; else
+/// keeps `inb` on the QP for the next piece. For an RDMA WRITE with
+/// immediate `scratch.segs` holds the piece's part of the RDMA target.
+fn place_piece(
+    ctrl: &mut Ctrl,
+    mem: &HostMem,
+    qp: u32,
+    req: &Request<'_>,
+    scratch: &mut RespScratch,
+    mut inb: Inbound,
+    last: bool,
+) -> RespOutcome {
+    let Some((pd, cq, qpn)) = ctrl.res.qps.get(qp).map(|q| (q.pd, q.recv_cq, q.qpn)) else {
+        return RespOutcome::Unreachable;
+    };
+    let (skip, take) = req.part;
+    let segs = &mut scratch.segs;
+    if req.wr.opcode != WrOpcode::RDMA_WRITE_WITH_IMM {
+        // The receive buffers are checked again for every piece: an MR
+        // deregistered meanwhile fails the message.
+        if let Err(status) = local_range(ctrl, pd, &inb.sges, true, skip, take, segs) {
+            let wr_id = inb.wr_id;
+            return piece_failed(ctrl, mem, qp, wr_id, status);
+        }
+    }
+    if copy_in(req, mem, segs).is_err() {
+        return piece_failed(ctrl, mem, qp, inb.wr_id, WcStatus::LOC_PROT_ERR);
+    }
+    inb.placed = skip.saturating_add(take);
+    if !last {
+        if let Some(q) = ctrl.res.qps.get_mut(qp) {
+            q.rt.inbound = Some(Box::new(inb));
+        }
+        return RespOutcome::Done;
+    }
+    let cqe = recv_cqe(req, qpn, inb.wr_id, inb.len, false);
+    if !complete(ctrl, mem, cq, cqe) {
+        fail_qp(ctrl, qp, None);
+    }
+    RespOutcome::Done
+}
+
+/// The receive WQE of a message arriving in pieces (already consumed)
+/// cannot take the rest: it completes with `status`, the responder QP goes
+/// to ERR, and the requester gets `REM_OP_ERR` (spec 18.18).
+fn piece_failed(
+    ctrl: &mut Ctrl,
+    mem: &HostMem,
+    qp: u32,
+    wr_id: u64,
+    status: WcStatus,
+) -> RespOutcome {
+    if let Some(t) = ctrl.tenancy().traffic(ctrl.vm_index()) {
+        TrafficCounters::add_single_writer(&t.error_cqes, 1);
+    }
+    if let Some((cq, qpn)) = ctrl.res.qps.get(qp).map(|q| (q.recv_cq, q.qpn)) {
+        let _ = complete(ctrl, mem, cq, error_cqe(wr_id, WcOpcode::RECV, status, qpn));
+    }
+    fail_qp(ctrl, qp, None);
+    RespOutcome::Nak(WcStatus::REM_OP_ERR)
+}
+
+/// Completes the receive WQE of a message that stopped arriving midway
+/// (its sender went away, or sent something else) with `LOC_QP_OP_ERR`.
+fn abandon(ctrl: &mut Ctrl, mem: &HostMem, qp: u32, inb: &Inbound) {
+    if let Some((cq, qpn)) = ctrl.res.qps.get(qp).map(|q| (q.recv_cq, q.qpn)) {
+        let cqe = error_cqe(inb.wr_id, WcOpcode::RECV, WcStatus::LOC_QP_OP_ERR, qpn);
+        let _ = complete(ctrl, mem, cq, cqe);
+        if let Some(t) = ctrl.tenancy().traffic(ctrl.vm_index()) {
+            TrafficCounters::add_single_writer(&t.error_cqes, 1);
+        }
+    }
+}
+
+/// A responder QP in ERR whose message was arriving in pieces: its
+/// consumed receive WQE completes with `WR_FLUSH_ERR` (spec 18.19).
+/// Returns whether there was one.
+pub fn flush_inbound(ctrl: &mut Ctrl, mem: &HostMem, qp: u32) -> bool {
+    let Some(q) = ctrl.res.qps.get_mut(qp) else {
+        return false;
+    };
+    let Some(inb) = q.rt.inbound.take() else {
+        return false;
+    };
+    let (cq, qpn) = (q.recv_cq, q.qpn);
+    let cqe = error_cqe(inb.wr_id, WcOpcode::RECV, WcStatus::WR_FLUSH_ERR, qpn);
+    let _ = complete(ctrl, mem, cq, cqe);
+    true
 }
 
 /// Places a SEND's message — for UD behind the GRH — into the buffers of a

@@ -28,11 +28,13 @@
 //! rely on the list: it sets `DB_FLAG_KICK` and re-checks through the VM's
 //! authoritative tables under its lock (spec section 18.6).
 //!
-//! Large WRITEs: while another VM had work in a recent sweep, a plain RDMA
-//! WRITE larger than what is left of a burst is executed in pieces of at
-//! least [`PIECE`] bytes, so other VMs' work runs between them; the QP keeps
-//! the partly executed head WQE in `rt.partial` and completes it after its
-//! last piece (docs/isolation.md, "Large RDMA WRITEs in pieces").
+//! Large messages: while another VM had work in a recent sweep, an RC
+//! message from or into memory regions (WRITE, SEND, READ) larger than what
+//! is left of a burst is executed in pieces of at least [`PIECE`] bytes, so
+//! other VMs' work runs between them; the requester QP keeps the partly
+//! executed head WQE in `rt.partial`, a receiving QP the receive WQE it took
+//! in `rt.inbound`, and both complete after the last piece
+//! (docs/isolation.md, "Large messages in pieces").
 //!
 //! Locking: the engine locks a VM's device state while it works on that
 //! VM, and the peer VM's state inside that for VM-to-VM operations (once
@@ -202,6 +204,9 @@ struct DbEntry {
     seen_rq: u32,
     /// The QP's state makes `rq_pi` matter (RESET and ERR, own RQ).
     watch_rq: bool,
+    /// A QP in ERR owes the completion of a message it was receiving in
+    /// pieces: work, whatever the indices say.
+    owed: bool,
 }
 
 /// The engine's polling list of one VM (see the module documentation).
@@ -301,6 +306,7 @@ impl DbList {
                     seen_sq: qp.rt.sq_ci,
                     seen_rq: if watch_rq { qp.rt.rq_ci } else { 0 },
                     watch_rq,
+                    owed: owes_flush(qp),
                 });
             }
             (gen, host.clone())
@@ -348,7 +354,7 @@ impl DbList {
                 };
                 (u32::from_le(sq), u32::from_le(rq))
             };
-            if sq != e.seen_sq || rq != e.seen_rq {
+            if sq != e.seen_sq || rq != e.seen_rq || e.owed {
                 self.work.push(i);
             }
         }
@@ -1265,19 +1271,29 @@ impl Engine {
             op,
             WcOpcode::RDMA_READ | WcOpcode::COMP_SWAP | WcOpcode::FETCH_ADD
         );
-        // Only a plain RDMA WRITE from local buffers is executed in pieces;
-        // the burst says how much one execution may move (`piece`).
-        let plain_write = wr.opcode == WrOpcode::RDMA_WRITE && wr.inline.is_none();
+        // Every RC message from or into local buffers is executed in
+        // pieces (SEND, WRITE, READ; not inline data, atomics or UD, which
+        // are small); the burst says how much one execution may move.
+        let piecewise = qp_type == QpType::RC
+            && wr.inline.is_none()
+            && !matches!(
+                wr.opcode,
+                WrOpcode::ATOMIC_CMP_AND_SWP | WrOpcode::ATOMIC_FETCH_AND_ADD
+            );
         if let Some(p) = partial {
             // The guest rewrote a WQE the device had started: it fails
             // rather than resume with other checks than its first piece had.
-            let (hdr, same_op) = (&wr.hdr, plain_write);
-            if !same_op || hdr.rkey != p.rkey || hdr.remote_addr != p.remote_addr {
+            let hdr = &wr.hdr;
+            if !piecewise
+                || wr.opcode != p.opcode
+                || hdr.rkey != p.rkey
+                || hdr.remote_addr != p.remote_addr
+            {
                 return failed(ctrl, WcStatus::LOC_QP_OP_ERR);
             }
         }
         let start = partial.map_or(0, |p| p.done);
-        let limit = if plain_write { *piece } else { u64::MAX };
+        let limit = if piecewise { *piece } else { u64::MAX };
         // Cheap checks first, in the number of SGEs: keys, rights, bounds
         // and the message length, before a page of it is translated (a
         // message over a huge MR of one repeated page costs its sender
@@ -1294,7 +1310,7 @@ impl Engine {
             return failed(ctrl, WcStatus::LOC_LEN_ERR);
         }
         // The part this execution moves: all of it but for a piece.
-        let part = if plain_write {
+        let part = if piecewise {
             (start, limit.min(len - start))
         } else {
             (0, len)
@@ -1403,6 +1419,7 @@ impl Engine {
                     done: end,
                     wr_id,
                     len,
+                    opcode: wr.opcode,
                     rkey: wr.hdr.rkey,
                     remote_addr: wr.hdr.remote_addr,
                 });
@@ -1757,10 +1774,12 @@ fn refresh(e: &mut DbEntry, ctrl: &Ctrl, mem: &HostMem) {
         // Gone: never look again (the list is rebuilt with the next
         // generation anyway).
         e.watch_rq = false;
+        e.owed = false;
         e.seen_sq = sq_pi_now(e);
         e.seen_rq = 0;
         return;
     };
+    e.owed = owes_flush(qp);
     let own_rq = qp.srq == 0;
     match qp.state {
         QpState::RTS | QpState::ERR | QpState::RESET => e.seen_sq = qp.rt.sq_ci,
@@ -1774,6 +1793,12 @@ fn refresh(e: &mut DbEntry, ctrl: &Ctrl, mem: &HostMem) {
     }
     e.watch_rq = own_rq && matches!(qp.state, QpState::RESET | QpState::ERR);
     e.seen_rq = if e.watch_rq { qp.rt.rq_ci } else { 0 };
+}
+
+/// Whether QP `qp` is in ERR with a message it was receiving in pieces,
+/// whose receive WQE the flush completes.
+fn owes_flush(qp: &Qp) -> bool {
+    qp.state == QpState::ERR && qp.rt.inbound.is_some()
 }
 
 /// The current `sq_pi` of an entry's record.
@@ -1936,6 +1961,11 @@ fn flush(ctrl: &mut Ctrl, mem: &HostMem, h: u32, sq_pi: u32, buf: &mut WqeBuf, m
             qp.rt.partial = None;
             let _ = access::store_u32_release(mem, qp.db_gpa + SQ_CI, qp.rt.sq_ci);
         }
+        did += 1;
+    }
+    // A message that was arriving in pieces: its receive WQE was taken.
+    if did < max && exec::flush_inbound(ctrl, mem, h) {
+        count_flushed(ctrl);
         did += 1;
     }
     // Receives of a QP with its own receive queue.

@@ -13,7 +13,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use handle::HandleTable;
 pub use objects::{
-    Ah, Context, Cq, CqRuntime, Mr, Pd, Qp, QpRuntime, SendPartial, SendWait, Srq, SrqRuntime,
+    Ah, Context, Cq, CqRuntime, Inbound, Mr, Pd, Qp, QpRuntime, SendPartial, SendWait, Srq,
+    SrqRuntime,
 };
 
 use crate::rnic::Rnic;

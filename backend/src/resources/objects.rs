@@ -1,5 +1,6 @@
 //! The object types of the RDMA resource model.
 
+use virtio_rdma_abi::datapath::{Sge, WrOpcode};
 use virtio_rdma_abi::mem::QpBufferLayout;
 use virtio_rdma_abi::qp::{AddressVector, QpAttr, QpState, QpType};
 
@@ -75,6 +76,26 @@ pub struct QpRuntime {
     /// The QP entered `SQD` with `en_sqd_async_notify` while send work was
     /// in flight: `QP_SQ_DRAINED` is owed once that work completes.
     pub drain_owed: bool,
+    /// As a responder: the message that arrives in pieces into the
+    /// receive WQE it consumed with its first piece.
+    pub inbound: Option<Box<Inbound>>,
+}
+
+/// A message an RC responder QP is receiving in pieces (a SEND, or an RDMA
+/// WRITE with immediate): the receive WQE its first piece consumed, kept
+/// until the last piece completes it. The WQE's SGEs are a copy: the guest
+/// may rewrite its ring meanwhile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inbound {
+    /// The receive WQE's `wr_id`.
+    pub wr_id: u64,
+    /// Its scatter list (empty for an RDMA WRITE with immediate, whose
+    /// data goes to the RDMA target).
+    pub sges: Vec<Sge>,
+    /// The message length.
+    pub len: u64,
+    /// Bytes placed so far.
+    pub placed: u64,
 }
 
 impl QpRuntime {
@@ -102,6 +123,8 @@ pub struct SendPartial {
     pub wr_id: u64,
     /// The message length (the local SGE list's total).
     pub len: u64,
+    /// The WQE's opcode.
+    pub opcode: WrOpcode,
     /// The remote key of the whole range.
     pub rkey: u32,
     /// The remote address of the whole range.
