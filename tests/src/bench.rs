@@ -1,8 +1,12 @@
-//! Helpers shared by the benchmark binaries: thread placement and a
-//! description of the machine, printed with every result.
+//! Helpers shared by the benchmark binaries: thread placement, a
+//! description of the machine printed with every result, statistics and a
+//! closed-loop latency client.
 
 use std::collections::BTreeMap;
 use std::io;
+use std::time::{Duration, Instant};
+
+use virtio_rdma_driver::{Cq, Qp, SendOp, SendWr, Sge, WorkCompletion};
 
 /// Pins the calling thread to `cpu` (threads it creates inherit it).
 pub fn pin_current(cpu: usize) -> io::Result<()> {
@@ -111,4 +115,111 @@ pub fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()
+}
+
+/// The median of `v` (0 for none).
+pub fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s[s.len() / 2]
+}
+
+/// The `q` quantile (0..=1) of the sorted samples `sorted` (0 for none).
+pub fn pct(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// "PASS" or "MISS".
+pub fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "PASS"
+    } else {
+        "MISS"
+    }
+}
+
+/// What a closed-loop latency client measured.
+#[derive(Debug, Clone, Copy)]
+pub struct LatResult {
+    /// Median post-to-completion time, µs.
+    pub p50: f64,
+    /// 99th percentile, µs.
+    pub p99: f64,
+    /// 99.9th percentile, µs.
+    pub p999: f64,
+    /// Largest, µs.
+    pub max: f64,
+    /// Work requests per second: the median over [`LAT_WINDOW`] windows.
+    pub ops: f64,
+}
+
+/// The latency client's throughput is the median of its rates over
+/// windows of this length.
+pub const LAT_WINDOW: Duration = Duration::from_millis(100);
+
+/// A completion that takes longer than this is an error (no hang).
+const LAT_WAIT: Duration = Duration::from_secs(20);
+
+/// A closed-loop latency client: for `secs`, posts the signaled work
+/// request `op` over `sge` on `qp`, one at a time, and spins on `cq` for its
+/// completion. Returns p50/p99 (µs) and ops/s.
+pub fn lat_client(
+    cq: &Cq,
+    qp: &Qp,
+    sge: Sge,
+    op: SendOp,
+    secs: f64,
+) -> Result<LatResult, Box<dyn std::error::Error + Send + Sync>> {
+    let sge = [sge];
+    let mut wc = [WorkCompletion::default(); 1];
+    let mut samples = Vec::with_capacity(200_000);
+    let mut windows: Vec<f64> = Vec::new();
+    let end = Instant::now() + Duration::from_secs_f64(secs);
+    let t_start = Instant::now();
+    let mut i = 0u64;
+    loop {
+        let t0 = Instant::now();
+        if t0 >= end {
+            break;
+        }
+        qp.post_send(&[SendWr::signaled(i, op, &sge)])?;
+        let deadline = t0 + LAT_WAIT;
+        loop {
+            if cq.poll(&mut wc) == 1 {
+                if !wc[0].is_success() {
+                    return Err(format!("latency request failed: {:?}", wc[0]).into());
+                }
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err("latency request: no completion within 20 s".into());
+            }
+        }
+        samples.push(t0.elapsed().as_secs_f64() * 1e6);
+        let w = (t0.duration_since(t_start).as_nanos() / LAT_WINDOW.as_nanos()) as usize;
+        if windows.len() <= w {
+            windows.resize(w + 1, 0.0);
+        }
+        windows[w] += 1.0;
+        i += 1;
+    }
+    // The median window: a few milliseconds in which another process
+    // (not the engine) takes the client's CPU do not decide the rate.
+    windows.pop();
+    let ops = median(&windows) / LAT_WINDOW.as_secs_f64();
+    samples.sort_by(f64::total_cmp);
+    Ok(LatResult {
+        p50: pct(&samples, 0.5),
+        p99: pct(&samples, 0.99),
+        p999: pct(&samples, 0.999),
+        max: samples.last().copied().unwrap_or(0.0),
+        ops,
+    })
 }

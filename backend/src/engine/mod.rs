@@ -108,11 +108,16 @@ const QKEY_USE_OWN: u32 = 1 << 31;
 /// [`Scratch::split`]): another VM's work waits at most about one piece.
 /// Chosen by measurement (`qos_bench lat`, see docs/isolation.md).
 pub const PIECE: u64 = 8 << 10;
-/// A VM's large WRITEs are executed in pieces while another VM had work in
-/// one of the last this many sweeps. While pieces run, a sweep takes about
-/// a piece; an engine left with one VM returns to whole WRITEs after this
-/// many sweeps.
+/// A VM's large messages are executed in pieces of its burst while another
+/// VM had work in one of the last this many sweeps. While pieces run, a
+/// sweep takes about a piece; an engine left with one VM returns to pieces
+/// of [`ALONE_PIECE`] after this many sweeps.
 const RECENT_SWEEPS: u64 = 256;
+/// The piece of a VM that had the engine to itself lately: large, so that
+/// the per-piece checks cost nothing measurable, yet bounded — a guest
+/// must not be able to wait until the others pause for a moment and then
+/// occupy the engine with a whole 2 GiB message.
+pub const ALONE_PIECE: u64 = 256 << 10;
 
 /// The VMs of the daemon, shared by its engine threads, and which thread
 /// serves each.
@@ -1135,11 +1140,13 @@ impl Engine {
             did = true;
             scratch.moved = 0;
             // Split: the piece takes what is left of the burst's bytes, and
-            // at least `PIECE` (a WRITE that fits runs whole).
+            // at least `PIECE` (a message that fits runs whole). Alone, a
+            // message still runs in pieces of `ALONE_PIECE`: whoever starts
+            // work next waits for one piece, not for up to 2 GiB.
             scratch.piece = if scratch.split {
                 max_bytes.saturating_sub(bytes).max(PIECE)
             } else {
-                u64::MAX
+                ALONE_PIECE.max(max_bytes)
             };
             let index = qp.rt.sq_ci;
             let outcome = match exhausted(qp) {

@@ -35,7 +35,10 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use vhost_user_rdma::config::TenantConfig;
 use vhost_user_rdma::qos::QosSpec;
-use vhost_user_rdma_tests::bench::{loadavg, pin_current, print_header, thread_placement};
+use vhost_user_rdma_tests::bench::{
+    lat_client, loadavg, median, pin_current, print_header, thread_placement, verdict, LatResult,
+    LAT_WINDOW,
+};
 use vhost_user_rdma_tests::harness::TestDaemon;
 use vhost_user_rdma_tests::transport::VmmTransport;
 use vhost_user_rdma_tests::vmm::{TestVmm, VmmOptions};
@@ -50,8 +53,6 @@ type Res<T> = Result<T, BoxError>;
 
 const QP_ACCESS: u32 = access::REMOTE_READ | access::REMOTE_WRITE | access::REMOTE_ATOMIC;
 const MIB: f64 = 1_048_576.0;
-/// A wait for a completion longer than this is an error (no hang).
-const WAIT: Duration = Duration::from_secs(20);
 /// Buffers this aligned are guest-physically contiguous in the test VMM
 /// (as hugepages in a real guest).
 const CONTIGUOUS: usize = 2 << 20;
@@ -61,9 +62,6 @@ const NAP: Duration = Duration::from_millis(1);
 /// The same for the hog: rarer wake-ups disturb the latency client less
 /// (its queues hold tens of milliseconds of work).
 const HOG_NAP: Duration = Duration::from_millis(2);
-/// The latency client's throughput is the median of its rates over
-/// windows of this length.
-const WINDOW: Duration = Duration::from_millis(100);
 /// Warm-up before every measured window.
 const WARMUP: Duration = Duration::from_millis(300);
 
@@ -390,31 +388,6 @@ fn rates(d: &TestDaemon, vms: &[usize], secs: f64) -> Vec<(f64, f64)> {
         .collect()
 }
 
-fn median(v: &[f64]) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    s[s.len() / 2]
-}
-
-fn pct(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = (q * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-fn verdict(ok: bool) -> &'static str {
-    if ok {
-        "PASS"
-    } else {
-        "MISS"
-    }
-}
-
 fn spec(weight: u32, bytes_per_sec: u64, ops_per_sec: u64) -> QosSpec {
     QosSpec {
         weight,
@@ -427,73 +400,12 @@ fn spec(weight: u32, bytes_per_sec: u64, ops_per_sec: u64) -> QosSpec {
 // ---------------------------------------------------------------------------
 // 1. Latency next to a hog
 
-struct LatResult {
-    p50: f64,
-    p99: f64,
-    p999: f64,
-    max: f64,
-    ops: f64,
-}
-
-/// 64-byte WRITEs one at a time for `secs`: p50/p99 (µs) and ops/s.
-fn lat_client(cq: &Cq, qp: &Qp, src: &Buf, dst: &Buf, size: usize, secs: f64) -> Res<LatResult> {
-    let sge = [src.sge(size)?];
-    let op = SendOp::RdmaWrite {
-        remote_addr: dst.mr.iova(),
-        rkey: dst.mr.rkey(),
-    };
-    let mut wc = [WorkCompletion::default(); 1];
-    let mut samples = Vec::with_capacity(200_000);
-    let mut windows: Vec<f64> = Vec::new();
-    let end = Instant::now() + Duration::from_secs_f64(secs);
-    let t_start = Instant::now();
-    let mut i = 0u64;
-    loop {
-        let t0 = Instant::now();
-        if t0 >= end {
-            break;
-        }
-        qp.post_send(&[SendWr::signaled(i, op, &sge)])?;
-        let deadline = t0 + WAIT;
-        loop {
-            if cq.poll(&mut wc) == 1 {
-                if !wc[0].is_success() {
-                    return Err(format!("latency WRITE failed: {:?}", wc[0]).into());
-                }
-                break;
-            }
-            if Instant::now() > deadline {
-                return Err("latency WRITE: no completion within 20 s".into());
-            }
-        }
-        samples.push(t0.elapsed().as_secs_f64() * 1e6);
-        let w = (t0.duration_since(t_start).as_nanos() / WINDOW.as_nanos()) as usize;
-        if windows.len() <= w {
-            windows.resize(w + 1, 0.0);
-        }
-        windows[w] += 1.0;
-        i += 1;
-    }
-    // The median window: a few milliseconds in which another process
-    // (not the engine) takes the client's CPU do not decide the rate.
-    windows.pop();
-    let ops = median(&windows) / WINDOW.as_secs_f64();
-    samples.sort_by(f64::total_cmp);
-    Ok(LatResult {
-        p50: pct(&samples, 0.5),
-        p99: pct(&samples, 0.99),
-        p999: pct(&samples, 0.999),
-        max: samples.last().copied().unwrap_or(0.0),
-        ops,
-    })
-}
-
 fn bench_lat(args: &Args, secs: f64, hog_size: usize) -> Res<Vec<String>> {
     println!("\n== 1. latency-sensitive tenant next to a bandwidth hog ==");
     println!(
         "  latency: VM0 -> VM1 (tenant lat), one {} B RDMA WRITE at a time, post to completion, spinning on the CQ; ops/s = median of {} ms windows",
         64,
-        WINDOW.as_millis()
+        LAT_WINDOW.as_millis()
     );
     println!(
         "  hog: VM2 -> VM3 (tenant bulk), {} B RDMA WRITEs on {} QPs, {} outstanding each",
@@ -566,7 +478,11 @@ fn bench_lat(args: &Args, secs: f64, hog_size: usize) -> Res<Vec<String>> {
                 let b0 = sent(&d, 2).0;
                 let t0 = Instant::now();
                 let lat = if client {
-                    lat_client(&lcq, &lq, &lsrc, &ldst, 64, secs)
+                    let op = SendOp::RdmaWrite {
+                        remote_addr: ldst.mr.iova(),
+                        rkey: ldst.mr.rkey(),
+                    };
+                    lat_client(&lcq, &lq, lsrc.sge(64)?, op, secs)
                 } else {
                     std::thread::sleep(Duration::from_secs_f64(secs));
                     Ok(LatResult {

@@ -1,0 +1,556 @@
+//! The attack catalogue: a victim pair in one tenant measures its latency
+//! and throughput (one 64-byte RDMA WRITE at a time, post to completion)
+//! alone and while a hostile guest in another tenant runs one attack at a
+//! time on the same engine thread, under the QoS setting that
+//! docs/isolation.md guarantees against a heavy honest tenant (the
+//! victim's tenant and VMs at weight 1000, the attacker's at 1;
+//! `--default-qos` for equal weights). Target: victim p99 ≤ 2 × alone and
+//! throughput ≥ 0.9 × alone under every attack — the guarantee holds
+//! against an adversary too.
+//!
+//! The attacks, each what a guest can do with its own objects:
+//! - `huge-send`: SENDs of `--msg-mib` MiB (default 1 GiB) from a region of
+//!   one repeated page into another, to its own second VM, two in flight;
+//! - `huge-read`: the same with RDMA READs;
+//! - `retry-nowhere`: 8 RC QPs with `timeout` 0 (retry without end) to a
+//!   QP number that exists nowhere, each with such a SEND at its head;
+//! - `flush-storm`: a QP in ERR whose 16,384-deep send queue the guest
+//!   refills as fast as it is flushed (no control command involved);
+//! - `ctrl-heavy`: registering and deregistering a 16 GiB region of one
+//!   repeated page in a loop (the control path holds the VM's lock);
+//! - `hog`: not an attack but the reference of an honest heavy tenant,
+//!   64 KiB RDMA WRITEs on 8 QPs, 64 deep.
+//!
+//! Clients and attackers run on `--client-cpu` (the attacker at nice 19),
+//! the daemon on `--engine-cpu`. Nothing here asserts a timing: the
+//! verdicts are printed.
+//!
+//! Run: `cargo build --release -p vhost-user-rdma-tests --bin attack_bench &&
+//! target/release/attack_bench --runs 3`
+
+use std::error::Error as StdError;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use vhost_user_rdma::config::TenantConfig;
+use vhost_user_rdma::qos::QosSpec;
+use vhost_user_rdma_tests::bench::{
+    lat_client, loadavg, median, pin_current, print_header, thread_placement, verdict, LatResult,
+};
+use vhost_user_rdma_tests::dp::{rc_pair, Buf, Vm, QP_ACCESS};
+use vhost_user_rdma_tests::harness::TestDaemon;
+use vhost_user_rdma_tests::vmm::VmmOptions;
+use virtio_rdma_abi::mem::access;
+use virtio_rdma_driver::{
+    Cq, DmaBuf, Error as DriverError, Mr, MrPages, Payload, Qp, QpCap, QpInit, RcConnect, RecvWr,
+    SendFlags, SendOp, SendWr, WorkCompletion,
+};
+
+type BoxError = Box<dyn StdError + Send + Sync>;
+type Res<T> = Result<T, BoxError>;
+
+const PAGE: u64 = 4096;
+const WARMUP: Duration = Duration::from_millis(300);
+/// Sleep of an attacker with nothing to do for now.
+const NAP: Duration = Duration::from_millis(1);
+const ATTACKS: [&str; 6] = [
+    "huge-send",
+    "huge-read",
+    "retry-nowhere",
+    "flush-storm",
+    "ctrl-heavy",
+    "hog",
+];
+
+#[derive(Parser, Debug)]
+#[command(about = "Attack catalogue of vhost-user-rdma's engine (see docs/isolation.md)")]
+struct Args {
+    /// Comma-separated attacks (see the module documentation), or all.
+    #[arg(default_value = "all")]
+    attacks: String,
+    /// Runs of every measurement (medians are reported).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Seconds of every measured window.
+    #[arg(long, default_value_t = 2.0)]
+    secs: f64,
+    /// Size of the huge messages, MiB.
+    #[arg(long, default_value_t = 1024)]
+    msg_mib: u64,
+    /// CPU of the clients (victim and attacker).
+    #[arg(long, default_value_t = 0)]
+    client_cpu: usize,
+    /// CPU of the daemon (engine).
+    #[arg(long, default_value_t = 1)]
+    engine_cpu: usize,
+    /// Tiny version (smoke test).
+    #[arg(long)]
+    quick: bool,
+    /// Run with the daemon's default QoS (equal weights) instead of the
+    /// isolation setting of docs/isolation.md (the victim's tenant and VMs
+    /// at weight 1000, the attacker's at 1).
+    #[arg(long)]
+    default_qos: bool,
+}
+
+/// Registers `len` bytes at `iova` made of `page` repeated: a region of any
+/// size for the price of one page.
+fn repeated(vm: &Vm, page: &DmaBuf, iova: u64, len: u64) -> Res<Mr> {
+    let gpa = page.gpa(0).ok_or("page address")?;
+    let pages = vec![gpa; usize::try_from(len.div_ceil(PAGE))?];
+    let spec = MrPages {
+        iova,
+        length: len,
+        first_page_offset: 0,
+        page_shift: 12,
+        pages: &pages,
+    };
+    // SAFETY: the attack keeps `page` allocated for as long as the region
+    // (both live in the same attack object, the region dropped first) and
+    // never reads it through a Rust reference.
+    Ok(unsafe { Mr::register_pages(&vm.pd, &spec, access::ALL) }?)
+}
+
+fn qp(vm: &Vm, cq: &Arc<Cq>, send: u32, recv: u32) -> Res<Qp> {
+    let mut init = QpInit::rc(cq);
+    init.cap = QpCap {
+        max_send_wr: send,
+        max_recv_wr: recv,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    Ok(Qp::create(&vm.pd, &init)?)
+}
+
+fn connect(a: &Vm, qa: &Qp, b: &Vm, qb: &Qp) -> Res<()> {
+    qa.rc_connect(QP_ACCESS, &RcConnect::new(qb.qpn(), b.dev.gid()))?;
+    qb.rc_connect(QP_ACCESS, &RcConnect::new(qa.qpn(), a.dev.gid()))?;
+    Ok(())
+}
+
+/// One attack's objects, driven by [`Attack::step`] on the attacker's
+/// thread. Fields are dropped in order: regions before their pages.
+#[allow(clippy::large_enum_variant)] // One per run; never moved in a loop.
+enum Attack {
+    /// Huge SENDs or READs between two regions of a repeated page.
+    Huge {
+        read: bool,
+        qa: Qp,
+        qb: Qp,
+        cqa: Arc<Cq>,
+        cqb: Arc<Cq>,
+        src: Mr,
+        dst: Mr,
+        outstanding: usize,
+        _pages: (DmaBuf, DmaBuf),
+    },
+    /// QPs retrying without end; nothing to drive.
+    Nowhere {
+        _qps: Vec<Qp>,
+        _cq: Arc<Cq>,
+        _src: Mr,
+        _page: DmaBuf,
+    },
+    /// A QP in ERR refilled as fast as it is flushed.
+    Flush {
+        qp: Qp,
+        cq: Arc<Cq>,
+        buf: Buf,
+        depth: usize,
+        outstanding: usize,
+    },
+    /// Registering and deregistering a huge region.
+    Ctrl { vm: Arc<Vm>, page: DmaBuf },
+    /// 64 KiB WRITEs, deep.
+    Hog {
+        qps: Vec<Qp>,
+        _peers: Vec<Qp>,
+        cq: Arc<Cq>,
+        _cqb: Arc<Cq>,
+        src: Buf,
+        dst: Buf,
+        outstanding: Vec<usize>,
+    },
+}
+
+const HUGE_DEPTH: usize = 2;
+const HOG_DEPTH: usize = 64;
+const HOG_SIZE: usize = 64 << 10;
+
+impl Attack {
+    fn new(name: &str, a: &Arc<Vm>, b: &Vm, msg: u64) -> Res<Attack> {
+        Ok(match name {
+            "huge-send" | "huge-read" => {
+                let (cqa, cqb) = (Cq::create(&a.dev, 64)?, Cq::create(&b.dev, 64)?);
+                let (qa, qb) = (qp(a, &cqa, 16, 16)?, qp(b, &cqb, 16, 16)?);
+                connect(a, &qa, b, &qb)?;
+                let (pa, pb) = (a.dev.alloc_dma(4096, 4096)?, b.dev.alloc_dma(4096, 4096)?);
+                let src = repeated(a, &pa, 0x100_0000_0000, msg)?;
+                let dst = repeated(b, &pb, 0x200_0000_0000, msg)?;
+                Attack::Huge {
+                    read: name == "huge-read",
+                    qa,
+                    qb,
+                    cqa,
+                    cqb,
+                    src,
+                    dst,
+                    outstanding: 0,
+                    _pages: (pa, pb),
+                }
+            }
+            "retry-nowhere" => {
+                let cq = Cq::create(&a.dev, 64)?;
+                let page = a.dev.alloc_dma(4096, 4096)?;
+                let src = repeated(a, &page, 0x100_0000_0000, msg)?;
+                let len = u32::try_from(msg.min(u64::from(u32::MAX)))?;
+                let mut qps = Vec::new();
+                for i in 0..8u32 {
+                    let q = qp(a, &cq, 4, 4)?;
+                    // A QP number of the peer's GID that no QP has.
+                    let mut c = RcConnect::new(0x00ab_cd00 + i, b.dev.gid());
+                    c.timeout = 0;
+                    q.rc_connect(QP_ACCESS, &c)?;
+                    let sge = [src.sge(0, len)?];
+                    q.post_send(&[SendWr::signaled(1, SendOp::Send, &sge)])?;
+                    qps.push(q);
+                }
+                Attack::Nowhere {
+                    _qps: qps,
+                    _cq: cq,
+                    _src: src,
+                    _page: page,
+                }
+            }
+            "flush-storm" => {
+                let depth = 16_384;
+                let cq = Cq::create(&a.dev, 65_536)?;
+                let q = qp(a, &cq, u32::try_from(depth)?, 16)?;
+                q.to_error()?;
+                Attack::Flush {
+                    qp: q,
+                    cq,
+                    buf: Buf::new(a, 4096),
+                    depth,
+                    outstanding: 0,
+                }
+            }
+            "ctrl-heavy" => Attack::Ctrl {
+                vm: a.clone(),
+                page: a.dev.alloc_dma(4096, 4096)?,
+            },
+            "hog" => {
+                let cq = Cq::create(&a.dev, 4096)?;
+                let cqb = Cq::create(&b.dev, 64)?;
+                let (mut qps, mut peers) = (Vec::new(), Vec::new());
+                for _ in 0..8 {
+                    let (qa, qb) = (qp(a, &cq, 2 * HOG_DEPTH as u32, 4)?, qp(b, &cqb, 4, 4)?);
+                    connect(a, &qa, b, &qb)?;
+                    qps.push(qa);
+                    peers.push(qb);
+                }
+                Attack::Hog {
+                    outstanding: vec![0; qps.len()],
+                    qps,
+                    _peers: peers,
+                    cq,
+                    _cqb: cqb,
+                    src: Buf::new(a, HOG_SIZE),
+                    dst: Buf::new(b, HOG_SIZE),
+                }
+            }
+            other => return Err(format!("unknown attack {other}").into()),
+        })
+    }
+
+    /// Drives the attack a little; false if there was nothing to do.
+    fn step(&mut self, msg: u64) -> Res<bool> {
+        let mut wc = [WorkCompletion::default(); 64];
+        match self {
+            Attack::Huge {
+                read,
+                qa,
+                qb,
+                cqa,
+                cqb,
+                src,
+                dst,
+                outstanding,
+                ..
+            } => {
+                let done = cqa.poll(&mut wc);
+                *outstanding = outstanding.saturating_sub(done);
+                let _ = cqb.poll(&mut wc);
+                let len = u32::try_from(msg.min(u64::from(u32::MAX)))?;
+                let mut any = done > 0;
+                while *outstanding < HUGE_DEPTH {
+                    let op = if *read {
+                        SendOp::RdmaRead {
+                            remote_addr: dst.iova(),
+                            rkey: dst.rkey(),
+                        }
+                    } else {
+                        qb.post_recv(&[RecvWr {
+                            wr_id: 0,
+                            sg_list: &[dst.sge(0, len)?],
+                        }])?;
+                        SendOp::Send
+                    };
+                    qa.post_send(&[SendWr::signaled(0, op, &[src.sge(0, len)?])])?;
+                    *outstanding += 1;
+                    any = true;
+                }
+                Ok(any)
+            }
+            Attack::Nowhere { .. } => Ok(false),
+            Attack::Flush {
+                qp,
+                cq,
+                buf,
+                depth,
+                outstanding,
+            } => {
+                let mut any = false;
+                loop {
+                    let k = cq.poll(&mut wc);
+                    *outstanding = outstanding.saturating_sub(k);
+                    any |= k > 0;
+                    if k < wc.len() {
+                        break;
+                    }
+                }
+                let sge = [buf.sge(0, 8)];
+                let wrs: Vec<SendWr<'_>> = (0..(*depth - *outstanding).min(256))
+                    .map(|i| SendWr {
+                        wr_id: i as u64,
+                        op: SendOp::Send,
+                        payload: Payload::Sges(&sge),
+                        flags: SendFlags::NONE,
+                        ud: None,
+                    })
+                    .collect();
+                if !wrs.is_empty() {
+                    match qp.post_send(&wrs) {
+                        Ok(()) => {
+                            *outstanding += wrs.len();
+                            any = true;
+                        }
+                        // The device has not published its consumer index
+                        // past the flushed ones yet: refill next time.
+                        Err(DriverError::QueueFull { .. }) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                Ok(any)
+            }
+            Attack::Ctrl { vm, page } => {
+                let mr = repeated(vm, page, 0x100_0000_0000, 16 << 30)?;
+                drop(mr);
+                Ok(true)
+            }
+            Attack::Hog {
+                qps,
+                cq,
+                src,
+                dst,
+                outstanding,
+                ..
+            } => {
+                let k = cq.poll(&mut wc);
+                for w in &wc[..k] {
+                    if let Some(o) = outstanding.get_mut(usize::try_from(w.wr_id)?) {
+                        *o = o.saturating_sub(HOG_DEPTH / 4);
+                    }
+                }
+                let sge = [src.sge(0, HOG_SIZE)];
+                let op = SendOp::RdmaWrite {
+                    remote_addr: dst.addr(0),
+                    rkey: dst.mr.rkey(),
+                };
+                let mut any = k > 0;
+                for (i, q) in qps.iter().enumerate() {
+                    while outstanding[i] + HOG_DEPTH / 4 <= HOG_DEPTH {
+                        let wrs: Vec<SendWr<'_>> = (0..HOG_DEPTH / 4)
+                            .map(|j| SendWr {
+                                wr_id: i as u64,
+                                op,
+                                payload: Payload::Sges(&sge),
+                                flags: if j + 1 == HOG_DEPTH / 4 {
+                                    SendFlags::SIGNALED
+                                } else {
+                                    SendFlags::NONE
+                                },
+                                ud: None,
+                            })
+                            .collect();
+                        q.post_send(&wrs)?;
+                        outstanding[i] += HOG_DEPTH / 4;
+                        any = true;
+                    }
+                }
+                Ok(any)
+            }
+        }
+    }
+}
+
+/// A daemon with VMs 0 and 1 in tenant "lat", 2 and 3 in "evil", started
+/// from a thread pinned to the engine CPU (its threads inherit it).
+fn daemon(args: &Args) -> Res<TestDaemon> {
+    let cpu = args.engine_cpu;
+    std::thread::scope(|s| {
+        s.spawn(move || -> Res<TestDaemon> {
+            pin_current(cpu)?;
+            Ok(TestDaemon::with_config(4, |c| {
+                for (name, vms) in [("lat", [0, 1]), ("evil", [2, 3])] {
+                    c.tenants.push(TenantConfig {
+                        name: name.to_string(),
+                        qos_class: None,
+                        engine: None,
+                    });
+                    for v in vms {
+                        c.vms[v].tenant = name.to_string();
+                    }
+                }
+            })?)
+        })
+        .join()
+        .map_err(|_| BoxError::from("launcher panicked"))?
+    })
+}
+
+fn main() -> Res<()> {
+    let mut args = Args::parse();
+    if args.quick {
+        args.runs = 1;
+        args.secs = args.secs.min(0.3);
+        args.msg_mib = args.msg_mib.min(64);
+    }
+    let args = args;
+    print_header("attack_bench");
+    println!(
+        "  placement: clients on CPU {}, daemon on CPU {}; {} runs of {} s; huge messages {} MiB; {}",
+        args.client_cpu,
+        args.engine_cpu,
+        args.runs,
+        args.secs,
+        args.msg_mib,
+        if args.default_qos {
+            "default QoS (equal weights, no limits)"
+        } else {
+            "weights: victim tenant and VMs 1000, attacker's 1 (docs/isolation.md)"
+        }
+    );
+    let attacks: Vec<&str> = if args.attacks == "all" {
+        ATTACKS.to_vec()
+    } else {
+        args.attacks.split(',').map(str::trim).collect()
+    };
+    let msg = args.msg_mib << 20;
+    let d = daemon(&args)?;
+    if !args.default_qos {
+        let w = |weight| QosSpec {
+            weight,
+            ..QosSpec::default()
+        };
+        let tenancy = d.daemon().tenancy().clone();
+        for (vm, weight) in [(0, 1000), (1, 1000), (2, 1), (3, 1)] {
+            d.set_vm_qos(vm, w(weight))?;
+            if vm % 2 == 0 {
+                let t = tenancy.tenant_of(vm).ok_or("tenant")?;
+                d.set_tenant_qos(t, w(weight))?;
+            }
+        }
+    }
+    pin_current(args.client_cpu)?;
+    let vms: Vec<Arc<Vm>> = (0..4)
+        .map(|i| Arc::new(Vm::open(&d, i, VmmOptions::default())))
+        .collect();
+    let victim = rc_pair(&vms[0], &vms[1]);
+    let (vsrc, vdst) = (Buf::new(&vms[0], 4096), Buf::new(&vms[1], 4096));
+    let vop = SendOp::RdmaWrite {
+        remote_addr: vdst.addr(0),
+        rkey: vdst.mr.rkey(),
+    };
+    let scenarios: Vec<&str> = std::iter::once("alone").chain(attacks).collect();
+    let mut res: Vec<Vec<LatResult>> = vec![Vec::new(); scenarios.len()];
+    let stop = AtomicBool::new(false);
+    for run in 0..args.runs {
+        for (k, name) in scenarios.iter().enumerate() {
+            let attack = match *name {
+                "alone" => None,
+                n => Some(Attack::new(n, &vms[2], &vms[3], msg)?),
+            };
+            let lat = std::thread::scope(|s| -> Res<LatResult> {
+                stop.store(false, Ordering::Relaxed);
+                let h = attack.map(|mut at| {
+                    let (cpu, stop) = (args.client_cpu, &stop);
+                    s.spawn(move || -> Res<()> {
+                        pin_current(cpu)?;
+                        // SAFETY: plain system calls on the calling thread.
+                        unsafe {
+                            let tid = libc::gettid();
+                            libc::setpriority(libc::PRIO_PROCESS, u32::try_from(tid)?, 19);
+                        }
+                        while !stop.load(Ordering::Relaxed) {
+                            if !at.step(msg)? {
+                                std::thread::sleep(NAP);
+                            }
+                        }
+                        Ok(())
+                    })
+                });
+                std::thread::sleep(WARMUP);
+                let lat = lat_client(&victim.cqa, &victim.qa, vsrc.sge(0, 64), vop, args.secs);
+                stop.store(true, Ordering::Relaxed);
+                if let Some(h) = h {
+                    h.join()
+                        .map_err(|_| BoxError::from("attacker panicked"))??;
+                }
+                lat
+            })?;
+            println!(
+                "  run {}: {:<14} p50 {:>8.2} us  p99 {:>9.2} us  max {:>10.1} us  {:>9.0} ops/s",
+                run + 1,
+                name,
+                lat.p50,
+                lat.p99,
+                lat.max,
+                lat.ops
+            );
+            res[k].push(lat);
+        }
+    }
+    let m = |k: usize, f: fn(&LatResult) -> f64| median(&res[k].iter().map(f).collect::<Vec<_>>());
+    let (alone_p99, alone_ops) = (m(0, |r| r.p99), m(0, |r| r.ops));
+    println!(
+        "\n  medians over {} runs (target: victim p99 <= 2 x alone, ops >= 0.9 x alone):",
+        args.runs
+    );
+    let cmdline: Vec<String> = std::env::args().collect();
+    let mut summary = Vec::new();
+    for (k, name) in scenarios.iter().enumerate() {
+        let (p50, p99, ops) = (m(k, |r| r.p50), m(k, |r| r.p99), m(k, |r| r.ops));
+        let (rp, ro) = (p99 / alone_p99, ops / alone_ops);
+        let v = if k == 0 {
+            "-"
+        } else {
+            verdict(rp <= 2.0 && ro >= 0.9)
+        };
+        let line = format!(
+            "{name:<14} p50 {p50:>8.2} us  p99 {p99:>9.2} us ({rp:>6.2} x alone)  {ops:>9.0} ops/s ({ro:>4.2} x alone)  {v}"
+        );
+        println!("    {line}");
+        summary.push(line);
+    }
+    println!("\n  threads by CPU: {}", thread_placement());
+    println!("  load average at end: {}", loadavg());
+    println!("\nsummary ({}):", cmdline.join(" "));
+    for s in summary {
+        println!("  {s}");
+    }
+    Ok(())
+}
