@@ -27,18 +27,17 @@ impl Ctrl {
         depth::<CreateCqReq>(req.depth, self.limits.max_cqe, "depth")?;
         let bytes = u64::from(req.depth) * u64::from(CQE_SIZE);
         let ring = self.queue_memory::<CreateCqReq, M>(mem, &req.buf, list, bytes, req.db_gpa)?;
-        let cq_handle = self
-            .res
-            .cqs
-            .insert(Cq {
+        let cq_handle = self.insert_charged(
+            |r| &mut r.cqs,
+            Cq {
                 ctx: req.ctx_handle,
                 depth: req.depth,
                 db_gpa: req.db_gpa,
                 ring,
                 users: 0,
                 rt: Default::default(),
-            })
-            .map_err(|_| CmdError::no_memory())?;
+            },
+        )?;
         init_device_half(mem, req.db_gpa, 0);
         Ok(CqHandleResp { cq_handle }.to_bytes())
     }

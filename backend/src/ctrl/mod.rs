@@ -30,7 +30,8 @@ use crate::events::EventQueue;
 use crate::keys::KeySource;
 use crate::memory::pagelist::PageListLimits;
 use crate::memory::RamMap;
-use crate::resources::VmResources;
+use crate::resources::handle::HandleTable;
+use crate::resources::{HostCost, VmResources};
 use crate::rnic::Rnic;
 use crate::shmem::DbSlot;
 use crate::tenancy::Tenancy;
@@ -59,6 +60,7 @@ impl CmdError {
 /// Result of a command handler: the response payload.
 pub type CmdResult = Result<Vec<u8>, CmdError>;
 
+pub use mr::{Prepared, Preparer};
 pub use virtio_rdma_abi::ctrl::{quota, DETAIL_DB_RECORD, DETAIL_LIST_PAGE};
 
 /// Counters of control-path activity of one VM.
@@ -97,6 +99,9 @@ pub struct Ctrl {
     rnic: Arc<dyn Rnic>,
     keys: KeySource,
     ram: RamMap,
+    /// Advances with every [`Ctrl::set_ram`]: a translation prepared
+    /// against an older map is built again (see [`Prepared`]).
+    ram_gen: u64,
     port: PortIdentity,
     tenancy: Arc<Tenancy>,
     /// Set while the engine serving the VM sleeps and relies on kicks
@@ -127,6 +132,7 @@ impl Ctrl {
             rnic,
             keys: KeySource::new(),
             ram: RamMap::default(),
+            ram_gen: 0,
             port,
             tenancy,
             kicks: Arc::new(AtomicBool::new(false)),
@@ -183,6 +189,7 @@ impl Ctrl {
     /// Replaces the view of guest RAM (after a memory table update).
     pub fn set_ram(&mut self, ram: RamMap) {
         self.ram = ram;
+        self.ram_gen += 1;
     }
 
     /// Destroys every object and drops pending events (device reset or
@@ -264,7 +271,40 @@ impl Ctrl {
             max_pages: self.limits.max_mr_pages(),
             max_inline: self.limits.max_inline_pages,
             page_size_cap: self.limits.page_size_cap,
+            max_list_bytes: self.host_bytes_left(),
         }
+    }
+
+    /// What is left of the VM's host memory budget (`max_host_bytes`).
+    fn host_bytes_left(&self) -> u64 {
+        self.limits
+            .max_host_bytes
+            .saturating_sub(self.res.host_bytes)
+    }
+
+    /// `QUOTA` (detail `HOST_BYTES`) unless the budget can take `cost`.
+    fn host_room(&self, cost: u64) -> Result<(), CmdError> {
+        if cost > self.host_bytes_left() {
+            return Err(CmdError::new(Status::QUOTA, quota::HOST_BYTES));
+        }
+        Ok(())
+    }
+
+    /// Inserts `obj` into the table `table` picks and charges its host
+    /// memory: `QUOTA` when the budget cannot take it, `NO_MEMORY` when the
+    /// table has no free slot.
+    fn insert_charged<T: HostCost>(
+        &mut self,
+        table: fn(&mut VmResources) -> &mut HandleTable<T>,
+        obj: T,
+    ) -> Result<u32, CmdError> {
+        let cost = obj.host_cost();
+        self.host_room(cost)?;
+        let handle = table(&mut self.res)
+            .insert(obj)
+            .map_err(|_| CmdError::no_memory())?;
+        self.res.charge(cost);
+        Ok(handle)
     }
 
     /// Executes one request. `writable` is the size of the device-writable
@@ -276,7 +316,20 @@ impl Ctrl {
         request: &[u8],
         writable: usize,
     ) -> Vec<u8> {
-        let (request_id, result) = self.dispatch(mem, request, writable);
+        self.execute_prepared(mem, request, writable, None)
+    }
+
+    /// [`Ctrl::execute`] with the expensive part of the command done
+    /// beforehand, without the VM's lock ([`Preparer::prepare`] on the same
+    /// request bytes). The response is the one `execute` would give.
+    pub fn execute_prepared<M: Bytes<GuestAddress>>(
+        &mut self,
+        mem: &M,
+        request: &[u8],
+        writable: usize,
+        prepared: Option<Prepared>,
+    ) -> Vec<u8> {
+        let (request_id, result) = self.dispatch(mem, request, writable, prepared);
         let (status, detail, payload) = match result {
             Ok(p) => (Status::OK, 0, p),
             Err(e) => (e.status, e.detail, Vec::new()),
@@ -305,6 +358,7 @@ impl Ctrl {
         mem: &M,
         request: &[u8],
         writable: usize,
+        prepared: Option<Prepared>,
     ) -> (u64, CmdResult) {
         let Some(head) = request.get(..RequestHeader::SIZE) else {
             return (0, Err(CmdError::new(Status::INVALID, 0)));
@@ -336,7 +390,7 @@ impl Ctrl {
             Opcode::DEALLOC_PD => self.dealloc_pd(payload),
             Opcode::CREATE_CQ => self.create_cq(mem, payload),
             Opcode::DESTROY_CQ => self.destroy_cq(payload),
-            Opcode::REG_MR => self.reg_mr(mem, payload),
+            Opcode::REG_MR => self.reg_mr(mem, payload, prepared),
             Opcode::DEREG_MR => self.dereg_mr(payload),
             Opcode::CREATE_QP => self.create_qp(mem, payload),
             Opcode::MODIFY_QP => self.modify_qp(payload),

@@ -112,6 +112,10 @@ impl Ctrl {
         let rq_offset =
             u32::try_from(layout.rq_offset).map_err(|_| field::<R>(Status::RANGE, "sq_depth"))?;
         let ring = self.queue_memory::<R, Mem>(mem, &req.buf, list, layout.total, req.db_gpa)?;
+        // The budget before a QP number is taken (the object's cost does
+        // not depend on it).
+        let cost = Qp::cost_with_ring(&ring);
+        self.host_room(cost)?;
         let qpn = self.rnic.alloc_qpn().map_err(|e| match e {
             RnicError::QpnExhausted => CmdError::no_memory(),
             RnicError::Random => CmdError::new(Status::INTERNAL, u32::MAX),
@@ -145,6 +149,7 @@ impl Ctrl {
                 return Err(CmdError::no_memory());
             }
         };
+        self.res.charge(cost);
         self.rnic.bind_qpn(qpn, self.port.vm, qp_handle);
         let db_slot = self.alloc_db_slot(ctx);
         if let Some(qp) = self.res.qps.get_mut(qp_handle) {

@@ -381,6 +381,7 @@ mod tests {
             max_pages: 1024,
             max_inline: 1024,
             page_size_cap: 1 << 12,
+            max_list_bytes: u64::MAX,
         };
         Mr {
             pd: 1,

@@ -13,7 +13,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use handle::HandleTable;
 pub use objects::{
-    Ah, Context, Cq, CqRuntime, Mr, Pd, Qp, QpRuntime, SendPartial, SendWait, Srq, SrqRuntime,
+    Ah, Context, Cq, CqRuntime, HostCost, Mr, Pd, Qp, QpRuntime, SendPartial, SendWait, Srq,
+    SrqRuntime,
 };
 
 use crate::rnic::Rnic;
@@ -74,6 +75,8 @@ pub struct ResourceCounts {
     pub ah: usize,
     /// Bytes registered by all MRs.
     pub registered_bytes: u64,
+    /// Host memory held for the live objects ([`HostCost`]).
+    pub host_bytes: u64,
 }
 
 impl ResourceCounts {
@@ -115,6 +118,8 @@ pub struct VmResources {
     pub rkeys: KeyMap<u32>,
     /// Sum of the lengths of all live MRs.
     pub registered_bytes: u64,
+    /// Sum of the [`HostCost`] of all live objects.
+    pub host_bytes: u64,
     /// Doorbell pages and slots (shared-memory doorbell mode).
     pub doorbells: Option<DoorbellPages>,
 }
@@ -135,12 +140,24 @@ impl VmResources {
             srq: self.srqs.len(),
             ah: self.ahs.len(),
             registered_bytes: self.registered_bytes,
+            host_bytes: self.host_bytes,
         }
+    }
+
+    /// Charges the host memory of an object just inserted (its cost taken
+    /// before the insert, see [`HostCost`]).
+    pub fn charge(&mut self, bytes: u64) {
+        self.host_bytes = self.host_bytes.saturating_add(bytes);
+    }
+
+    fn refund(&mut self, obj: &impl HostCost) {
+        self.host_bytes = self.host_bytes.saturating_sub(obj.host_cost());
     }
 
     /// Destroys a QP and drops its references; its QPN returns to the engine.
     pub fn destroy_qp(&mut self, handle: u32, rnic: &dyn Rnic) -> Result<(), DestroyError> {
         let qp = self.qps.remove(handle).ok_or(DestroyError::BadHandle)?;
+        self.refund(&qp);
         if let Some(pd) = self.pds.get_mut(qp.pd) {
             dec(&mut pd.users);
         }
@@ -168,6 +185,7 @@ impl VmResources {
     /// Deregisters an MR.
     pub fn dereg_mr(&mut self, handle: u32) -> Result<(), DestroyError> {
         let mr = self.mrs.remove(handle).ok_or(DestroyError::BadHandle)?;
+        self.refund(&mr);
         self.lkeys.remove(&mr.lkey);
         if mr.rkey != 0 {
             self.rkeys.remove(&mr.rkey);
@@ -182,6 +200,7 @@ impl VmResources {
     /// Destroys an AH.
     pub fn destroy_ah(&mut self, handle: u32) -> Result<(), DestroyError> {
         let ah = self.ahs.remove(handle).ok_or(DestroyError::BadHandle)?;
+        self.refund(&ah);
         if let Some(pd) = self.pds.get_mut(ah.pd) {
             dec(&mut pd.users);
         }
@@ -196,6 +215,7 @@ impl VmResources {
         }
         let pd = srq.pd;
         if let Some(srq) = self.srqs.remove(handle) {
+            self.refund(&srq);
             self.free_slot(srq.db_slot.as_ref());
         }
         if let Some(pd) = self.pds.get_mut(pd) {
@@ -210,7 +230,9 @@ impl VmResources {
         if cq.users > 0 {
             return Err(DestroyError::Busy(cq.users));
         }
-        self.cqs.remove(handle);
+        if let Some(cq) = self.cqs.remove(handle) {
+            self.refund(&cq);
+        }
         Ok(())
     }
 
@@ -220,7 +242,9 @@ impl VmResources {
         if pd.users > 0 {
             return Err(DestroyError::Busy(pd.users));
         }
-        self.pds.remove(handle);
+        if let Some(pd) = self.pds.remove(handle) {
+            self.refund(&pd);
+        }
         Ok(())
     }
 
@@ -249,6 +273,7 @@ impl VmResources {
             let _ = self.dealloc_pd(h);
         }
         if let Some(ctx) = self.ctxs.remove(handle) {
+            self.refund(&ctx);
             if let (Some(db), Some(page)) = (self.doorbells.as_mut(), ctx.db_page) {
                 db.free_page(page);
             }
@@ -275,6 +300,7 @@ impl VmResources {
         self.lkeys.clear();
         self.rkeys.clear();
         self.registered_bytes = 0;
+        self.host_bytes = 0;
         if let Some(db) = self.doorbells.as_mut() {
             db.clear();
         }
