@@ -4,7 +4,7 @@ use virtio_rdma_abi::ctrl::Status;
 use virtio_rdma_abi::mem::CQE_SIZE;
 use virtio_rdma_abi::verbs::*;
 use virtio_rdma_abi::Wire;
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::GuestMemoryBackend;
 
 use super::parse::{depth, destroy_error, field, fixed, with_list};
 use super::queue_mem::init_device_half;
@@ -12,7 +12,7 @@ use super::{quota, CmdError, CmdResult, Ctrl};
 use crate::resources::Cq;
 
 impl Ctrl {
-    pub(super) fn create_cq<M: Bytes<GuestAddress>>(
+    pub(super) fn create_cq<M: GuestMemoryBackend>(
         &mut self,
         mem: &M,
         payload: &[u8],

@@ -23,7 +23,7 @@ use log::debug;
 use virtio_rdma_abi::ctrl::{Opcode, RequestHeader, ResponseHeader, Status, DETAIL_NONE};
 use virtio_rdma_abi::verbs::*;
 use virtio_rdma_abi::{Field, Wire};
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::GuestMemoryBackend;
 
 use crate::config::Limits;
 use crate::events::EventQueue;
@@ -310,7 +310,7 @@ impl Ctrl {
     /// Executes one request. `writable` is the size of the device-writable
     /// part of the chain; the returned bytes (header + payload) never
     /// exceed it when it is at least a header.
-    pub fn execute<M: Bytes<GuestAddress>>(
+    pub fn execute<M: GuestMemoryBackend>(
         &mut self,
         mem: &M,
         request: &[u8],
@@ -322,7 +322,7 @@ impl Ctrl {
     /// [`Ctrl::execute`] with the expensive part of the command done
     /// beforehand, without the VM's lock ([`Preparer::prepare`] on the same
     /// request bytes). The response is the one `execute` would give.
-    pub fn execute_prepared<M: Bytes<GuestAddress>>(
+    pub fn execute_prepared<M: GuestMemoryBackend>(
         &mut self,
         mem: &M,
         request: &[u8],
@@ -353,7 +353,7 @@ impl Ctrl {
         out
     }
 
-    fn dispatch<M: Bytes<GuestAddress>>(
+    fn dispatch<M: GuestMemoryBackend>(
         &mut self,
         mem: &M,
         request: &[u8],

@@ -5,7 +5,7 @@ use virtio_rdma_abi::ctrl::{Opcode, RequestHeader, Status};
 use virtio_rdma_abi::mem::access;
 use virtio_rdma_abi::verbs::*;
 use virtio_rdma_abi::{Field, Wire};
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::GuestMemoryBackend;
 
 use super::parse::{destroy_error, field, fixed, page_list_error, shift_plausible, with_list};
 use super::{quota, CmdError, CmdResult, Ctrl};
@@ -62,7 +62,7 @@ impl Preparer {
     /// Builds the translation of a `REG_MR` request. `None` when the
     /// request is not one, or fails a check that comes first anyway: the
     /// command then runs as without preparation.
-    pub fn prepare<M: Bytes<GuestAddress>>(&self, mem: &M, request: &[u8]) -> Option<Prepared> {
+    pub fn prepare<M: GuestMemoryBackend>(&self, mem: &M, request: &[u8]) -> Option<Prepared> {
         let head = request.get(..RequestHeader::SIZE)?;
         RequestHeader::parse(head).ok()?;
         if RequestHeader::read(head).opcode != u32::from(Opcode::REG_MR) {
@@ -112,7 +112,7 @@ impl Ctrl {
         Err(CmdError::new(Status::INTERNAL, u32::MAX))
     }
 
-    pub(super) fn reg_mr<M: Bytes<GuestAddress>>(
+    pub(super) fn reg_mr<M: GuestMemoryBackend>(
         &mut self,
         mem: &M,
         payload: &[u8],

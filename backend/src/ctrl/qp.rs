@@ -9,7 +9,7 @@ use virtio_rdma_abi::qp::attr::*;
 use virtio_rdma_abi::qp::{Mtu, QpAttr, QpState, QpType, QP_FLAG_SIG_ALL};
 use virtio_rdma_abi::verbs::*;
 use virtio_rdma_abi::Wire;
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::GuestMemoryBackend;
 
 use super::ctx::check_av;
 use super::mr::check_access;
@@ -26,7 +26,7 @@ const PSN_LIMIT: u32 = 1 << 24;
 type M = ModifyQpReq;
 
 impl Ctrl {
-    pub(super) fn create_qp<Mem: Bytes<GuestAddress>>(
+    pub(super) fn create_qp<Mem: GuestMemoryBackend>(
         &mut self,
         mem: &Mem,
         payload: &[u8],

@@ -6,7 +6,7 @@ use virtio_rdma_abi::datapath::DB_NONE;
 use virtio_rdma_abi::mem::recv_wqe_shift;
 use virtio_rdma_abi::verbs::*;
 use virtio_rdma_abi::Wire;
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::GuestMemoryBackend;
 
 use super::parse::{depth, destroy_error, field, fixed, with_list};
 use super::queue_mem::init_device_half;
@@ -22,7 +22,7 @@ impl Ctrl {
         }
     }
 
-    pub(super) fn create_srq<M: Bytes<GuestAddress>>(
+    pub(super) fn create_srq<M: GuestMemoryBackend>(
         &mut self,
         mem: &M,
         payload: &[u8],

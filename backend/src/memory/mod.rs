@@ -6,7 +6,7 @@ pub mod access;
 pub mod host;
 pub mod pagelist;
 pub mod ram;
-mod volatile;
+pub mod volatile;
 
 pub use host::HostMem;
 pub use pagelist::{PageList, PageListError};

@@ -10,8 +10,9 @@ use virtio_rdma_abi::mem::{
     indirect_list_pages, BufferDesc, PageListMode, LIST_PAGE_ENTRIES, LIST_PAGE_SIZE,
     MAX_PAGE_SHIFT, MIN_PAGE_SHIFT,
 };
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::{GuestAddress, GuestMemoryBackend};
 
+use super::volatile::read_guest;
 use super::RamMap;
 
 /// Why a page list was rejected.
@@ -92,7 +93,7 @@ pub struct PageListLimits {
 impl PageList {
     /// Validates `desc` and the list bytes that followed it in the request,
     /// reading indirect list pages from guest memory.
-    pub fn resolve<M: Bytes<GuestAddress>>(
+    pub fn resolve<M: GuestMemoryBackend>(
         desc: &BufferDesc,
         trailing: &[u8],
         limits: &PageListLimits,
@@ -167,7 +168,7 @@ impl PageList {
                     }
                     // Copy the list page out first: the guest may change it
                     // while we look at it.
-                    mem.read_slice(&mut buf, GuestAddress(lp))
+                    read_guest(mem, GuestAddress(lp), &mut buf)
                         .map_err(|_| PageListError::BadListPage { index: li })?;
                     let take = (npages - index).min(LIST_PAGE_ENTRIES as u32) as usize;
                     for raw in buf.chunks_exact(8).take(take) {
@@ -276,7 +277,7 @@ fn le64(raw: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vm_memory::GuestMemoryMmap;
+    use vm_memory::{Bytes, GuestMemoryMmap};
 
     const LIMITS: PageListLimits = PageListLimits {
         max_pages: 1 << 24,
