@@ -756,6 +756,25 @@ bytes_per_sec = 1000000000
         assert_eq!(l.config.vms.len(), 2);
         assert_eq!(l.config.vms[0].limits.max_qp, 128);
         assert_eq!(l.config.vms[1].limits.max_qp, 4096);
+        assert_eq!(l.default_limits.max_host_bytes, 128 << 20);
+        assert_eq!(l.config.vms[1].limits.max_host_bytes, 128 << 20);
+    }
+
+    #[test]
+    fn host_bytes_budget_is_read_and_checked() {
+        let l = parse_str("[defaults.limits]\nmax_host_bytes = 1048576\n").unwrap();
+        assert_eq!(l.default_limits.max_host_bytes, 1 << 20);
+        let bad = Limits {
+            max_host_bytes: 4096,
+            ..Limits::default()
+        };
+        assert!(matches!(
+            bad.validate(),
+            Err(crate::config::ConfigError::LimitOutOfRange {
+                name: "max-host-bytes",
+                ..
+            })
+        ));
     }
 
     #[test]
