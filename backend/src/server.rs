@@ -112,7 +112,7 @@ impl DaemonView {
     }
 
     /// Statistics of VM `index`, without waiting for its state lock: if
-    /// the lock stays busy for a millisecond, its last statistics, marked
+    /// the lock stays busy for 5 ms, its last statistics, marked
     /// with their age ([`VmStats::stale_ms`]).
     pub fn vm_stats(&self, index: usize) -> Option<VmStats> {
         self.slots.get(index).map(|s| slot_stats_nowait(s))
@@ -162,7 +162,7 @@ fn slot_stats(slot: &VmSlot) -> VmStats {
 /// How long the operator interfaces try for a VM's state lock before they
 /// report its last statistics instead. Commands and engine passes hold it
 /// for microseconds; a scrape of many VMs must not add up long waits.
-const STATS_LOCK_WAIT: Duration = Duration::from_millis(1);
+const STATS_LOCK_WAIT: Duration = Duration::from_millis(5);
 
 /// [`slot_stats`] without waiting for the VM's state lock (more than
 /// [`STATS_LOCK_WAIT`]): the operator interfaces' view.

@@ -46,15 +46,26 @@ fn metric(page: &str, name: &str, view: &DaemonView, vm: usize) -> u64 {
         .unwrap_or_else(|| panic!("no {name} for {vm_name} in:\n{page}"))
 }
 
-/// VM 0's host bytes, read three ways that must agree.
+/// VM 0's host bytes, read three ways that must agree (the operator
+/// interfaces' values fresh, see [`fresh_ctl_stats`]).
 fn host_bytes(d: &TestDaemon) -> u64 {
     let view = d.daemon().view();
     let exact = d.stats(0).device.resources.host_bytes;
-    let ctl = ctl_stats(&view, 0)["resources"]["host_bytes"]
-        .as_u64()
-        .unwrap();
-    let page = metrics::render(&view);
-    assert_eq!(ctl, exact, "ctl stats");
+    let s = fresh_ctl_stats(&view, 0);
+    assert_eq!(s["stale_ms"], Value::Null);
+    assert_eq!(
+        s["resources"]["host_bytes"].as_u64(),
+        Some(exact),
+        "ctl stats"
+    );
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let page = loop {
+        let page = metrics::render(&view);
+        let stale = metric(&page, "vhost_user_rdma_vm_stats_stale", &view, 0);
+        if stale == 0 || Instant::now() > deadline {
+            break page;
+        }
+    };
     assert_eq!(
         metric(&page, "vhost_user_rdma_vm_host_bytes", &view, 0),
         exact
@@ -141,9 +152,24 @@ fn host_memory_budget_bounds_rings_and_translations() {
     assert_eq!(host_bytes(&d), 0);
 }
 
+/// `ctl stats` of VM `vm` once it reads fresh values (the lock may be
+/// taken for a moment by the engine or a control worker, and a preempted
+/// holder on this loaded 2-CPU machine can keep it longer than the 5 ms
+/// the daemon waits): the first fresh answer within a second.
+fn fresh_ctl_stats(view: &DaemonView, vm: usize) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        let s = ctl_stats(view, vm);
+        if s["stale_ms"] == Value::Null || Instant::now() > deadline {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// A scrape and `ctl stats` answer within a fraction of a second while
 /// another thread holds VM 0's state lock, with VM 0's last values marked
-/// stale; VM 1 is reported fresh.
+/// stale; VM 1 is reported fresh meanwhile.
 #[test]
 fn scrapes_do_not_wait_for_a_vm_lock() {
     const HOLD: Duration = Duration::from_secs(3);
@@ -152,12 +178,10 @@ fn scrapes_do_not_wait_for_a_vm_lock() {
     let _vm1 = Vm::open(&d, 1, VmmOptions::default());
     let _cq = Cq::create(&vm0.dev, 64).unwrap();
     let view = d.daemon().view();
-    // A scrape with the lock free: fresh values, remembered.
-    let before = ctl_stats(&view, 0);
+    // With the lock free: fresh values, which the daemon remembers.
+    let before = fresh_ctl_stats(&view, 0);
     assert_eq!(before["stale_ms"], Value::Null);
     assert_eq!(before["resources"]["cq"], 1);
-    let page = metrics::render(&view);
-    assert_eq!(metric(&page, "vhost_user_rdma_vm_stats_stale", &view, 0), 0);
 
     let dev0 = d.daemon().device(0).unwrap().clone();
     let (locked_tx, locked_rx) = mpsc::channel();
@@ -172,23 +196,25 @@ fn scrapes_do_not_wait_for_a_vm_lock() {
     let start = Instant::now();
     let page = metrics::render(&view);
     let during = ctl_stats(&view, 0);
-    let other = ctl_stats(&view, 1);
     let took = start.elapsed();
+    // VM 1 is not held up (retried: see `fresh_ctl_stats`).
+    let other = fresh_ctl_stats(&view, 1);
+    let still_held = start.elapsed() < HOLD / 2;
     holder.join().unwrap();
     assert!(
         took < HOLD / 6,
-        "a scrape and two ctl stats took {took:?} while VM 0's lock was held"
+        "a scrape and a ctl stats took {took:?} while VM 0's lock was held"
     );
     assert_eq!(metric(&page, "vhost_user_rdma_vm_stats_stale", &view, 0), 1);
-    assert_eq!(metric(&page, "vhost_user_rdma_vm_stats_stale", &view, 1), 0);
     assert!(during["stale_ms"].as_u64().is_some(), "{during}");
     assert_eq!(
         during["resources"], before["resources"],
         "last-known values"
     );
-    assert_eq!(other["stale_ms"], Value::Null);
+    assert!(still_held);
+    assert_eq!(other["stale_ms"], Value::Null, "{other}");
     // Fresh again once the lock is free.
-    assert_eq!(ctl_stats(&view, 0)["stale_ms"], Value::Null);
+    assert_eq!(fresh_ctl_stats(&view, 0)["stale_ms"], Value::Null);
 }
 
 /// Registers 16 GiB (4,194,304 pages in 8,192 indirect list pages) while a
