@@ -539,7 +539,7 @@ impl RdmaDevice {
                     // engine locks this VM too (to rebuild its polling list
                     // after a change), and must never wait for a whole pass
                     // of one VM's commands while every VM's data waits.
-                    let (used, ok) = {
+                    let (used, ok, released) = {
                         let mut st = self.lock();
                         if self.epoch.load(Ordering::Acquire) != epoch {
                             // Reset or disconnected since these were taken:
@@ -551,8 +551,12 @@ impl RdmaDevice {
                         engine_work |= st.ctrl.take_engine_work();
                         // QPs may have come, gone or changed state.
                         self.bump_dp_gen();
-                        (used, st.ctrl.stats.ok != ok_before)
+                        // Translations of destroyed objects are freed below,
+                        // without the lock (milliseconds for a large MR).
+                        let released = st.ctrl.res.take_released();
+                        (used, st.ctrl.stats.ok != ok_before, released)
                     };
+                    drop(released);
                     if let Err(e) = vring.add_used(head, used) {
                         warn!("cannot return control buffer {head}: {e}");
                     }

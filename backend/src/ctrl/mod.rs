@@ -204,6 +204,9 @@ impl Ctrl {
             .map(|(_, q)| q.qpn)
             .collect();
         self.res.clear(self.rnic.as_ref());
+        // Freed here, under the lock, as before: reset and disconnect are
+        // rare, and nothing drains them afterwards.
+        drop(self.res.take_released());
         self.events.reset();
         rc
     }

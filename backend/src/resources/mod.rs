@@ -17,6 +17,7 @@ pub use objects::{
     SrqRuntime,
 };
 
+use crate::memory::PageList;
 use crate::rnic::Rnic;
 use crate::shmem::{DbSlot, DoorbellPages};
 
@@ -122,6 +123,10 @@ pub struct VmResources {
     pub host_bytes: u64,
     /// Doorbell pages and slots (shared-memory doorbell mode).
     pub doorbells: Option<DoorbellPages>,
+    /// Translations of destroyed objects, not yet freed: freeing the 32 MiB
+    /// of a 16 GiB MR takes milliseconds, which the control path spends
+    /// after it releases the VM's lock ([`VmResources::take_released`]).
+    released: Vec<PageList>,
 }
 
 fn dec(count: &mut u32) {
@@ -154,6 +159,20 @@ impl VmResources {
         self.host_bytes = self.host_bytes.saturating_sub(obj.host_cost());
     }
 
+    /// Keeps the translation of a destroyed object for the caller to free
+    /// (only one that holds heap memory).
+    fn release(&mut self, pages: PageList) {
+        if pages.host_bytes() > 0 {
+            self.released.push(pages);
+        }
+    }
+
+    /// The translations of objects destroyed since the last call: the
+    /// caller drops them once it no longer holds the VM's lock.
+    pub fn take_released(&mut self) -> Vec<PageList> {
+        std::mem::take(&mut self.released)
+    }
+
     /// Destroys a QP and drops its references; its QPN returns to the engine.
     pub fn destroy_qp(&mut self, handle: u32, rnic: &dyn Rnic) -> Result<(), DestroyError> {
         let qp = self.qps.remove(handle).ok_or(DestroyError::BadHandle)?;
@@ -173,6 +192,7 @@ impl VmResources {
         }
         rnic.free_qpn(qp.qpn);
         self.free_slot(qp.db_slot.as_ref());
+        self.release(qp.ring);
         Ok(())
     }
 
@@ -194,6 +214,7 @@ impl VmResources {
         if let Some(pd) = self.pds.get_mut(mr.pd) {
             dec(&mut pd.users);
         }
+        self.release(mr.pages);
         Ok(())
     }
 
@@ -217,6 +238,7 @@ impl VmResources {
         if let Some(srq) = self.srqs.remove(handle) {
             self.refund(&srq);
             self.free_slot(srq.db_slot.as_ref());
+            self.release(srq.ring);
         }
         if let Some(pd) = self.pds.get_mut(pd) {
             dec(&mut pd.users);
@@ -232,6 +254,7 @@ impl VmResources {
         }
         if let Some(cq) = self.cqs.remove(handle) {
             self.refund(&cq);
+            self.release(cq.ring);
         }
         Ok(())
     }
@@ -313,4 +336,71 @@ fn collect<T>(table: &HandleTable<T>, pred: impl Fn(&T) -> bool) -> Vec<u32> {
         .filter(|(_, o)| pred(o))
         .map(|(h, _)| h)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::pagelist::PageListLimits;
+    use crate::memory::RamMap;
+    use crate::rnic::soft::SoftRnic;
+    use virtio_rdma_abi::mem::{BufferDesc, PageListMode};
+    use vm_memory::{GuestAddress, GuestMemoryMmap};
+
+    fn mr(npages: u32) -> Mr {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
+        let ram = RamMap::from_guest_memory(&mem);
+        let desc = BufferDesc {
+            addr: 0,
+            npages,
+            first_page_offset: 0,
+            page_shift: 12,
+            mode: PageListMode::INLINE as u32,
+        };
+        let list: Vec<u8> = (0..u64::from(npages))
+            .flat_map(|i| ((i % 16) * 4096).to_le_bytes())
+            .collect();
+        let limits = PageListLimits {
+            max_pages: 1 << 20,
+            max_inline: 1 << 20,
+            page_size_cap: 1 << 12,
+            max_list_bytes: u64::MAX,
+        };
+        Mr {
+            pd: 0,
+            ctx: 0,
+            access: 0,
+            iova: 0,
+            length: u64::from(npages) * 4096,
+            first_page_offset: 0,
+            lkey: 7,
+            rkey: 0,
+            pages: PageList::resolve(&desc, &list, &limits, &ram, &mem).unwrap(),
+        }
+    }
+
+    #[test]
+    fn destroyed_translations_are_handed_out_for_freeing() {
+        let mut res = VmResources::default();
+        let m = mr(1000);
+        let cost = m.host_cost();
+        assert!(cost >= 8000);
+        let h = res.mrs.insert(m).unwrap_or(0);
+        res.lkeys.insert(7, h);
+        res.charge(cost);
+        assert_eq!(res.counts().host_bytes, cost);
+        res.dereg_mr(h).unwrap();
+        assert_eq!(res.counts().host_bytes, 0);
+        let released = res.take_released();
+        assert_eq!(released.len(), 1);
+        assert_eq!(released.first().map(PageList::host_bytes), Some(8000));
+        assert!(res.take_released().is_empty());
+        // A reset frees everything itself.
+        let h = res.mrs.insert(mr(10)).unwrap_or(0);
+        res.charge(1);
+        let rnic = SoftRnic::new().unwrap();
+        res.clear(&rnic);
+        assert!(res.mrs.get(h).is_none());
+        assert_eq!(res.counts().host_bytes, 0);
+    }
 }
