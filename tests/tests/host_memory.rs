@@ -18,7 +18,7 @@ use vhost_user_rdma_tests::verbs::{MrSpec, Verbs};
 use vhost_user_rdma_tests::vmm::VmmOptions;
 use virtio_rdma_abi::ctrl::{quota, Status};
 use virtio_rdma_abi::mem::{access, PageListMode};
-use virtio_rdma_driver::{Cq, Mr};
+use virtio_rdma_driver::{Cq, Mr, Qp, QpInit};
 use vm_memory::GuestAddress;
 
 /// The status of a failed driver call.
@@ -116,6 +116,20 @@ fn host_memory_budget_bounds_rings_and_translations() {
     assert!(cqs.len() >= 10, "only {} CQs fit 64 KiB", cqs.len());
     cqs.clear();
     assert_eq!(host_bytes(&d), base, "destroyed CQs give their bytes back");
+
+    // A QP: its object, its rings' translation and the engine's share.
+    let cq = Cq::create(&vm.dev, 64).unwrap();
+    let with_cq = host_bytes(&d);
+    let qp = Qp::create(&vm.pd, &QpInit::rc(&cq)).unwrap();
+    let with_qp = host_bytes(&d);
+    assert!(
+        with_qp >= with_cq + 512,
+        "a QP is charged: {with_cq} -> {with_qp}"
+    );
+    drop(qp);
+    assert_eq!(host_bytes(&d), with_cq);
+    drop(cq);
+    assert_eq!(host_bytes(&d), base);
 
     // MRs of 4 MiB: 1024 pages, 8 KiB of translation each.
     let mut mrs = Vec::new();
