@@ -302,12 +302,21 @@ impl Ctrl {
         obj: T,
     ) -> Result<u32, CmdError> {
         let cost = obj.host_cost();
-        self.host_room(cost)?;
-        let handle = table(&mut self.res)
-            .insert(obj)
-            .map_err(|_| CmdError::no_memory())?;
-        self.res.charge(cost);
-        Ok(handle)
+        let refused = match self.host_room(cost) {
+            Ok(()) => match table(&mut self.res).insert(obj) {
+                Ok(handle) => {
+                    self.res.charge(cost);
+                    return Ok(handle);
+                }
+                Err(obj) => (obj, CmdError::no_memory()),
+            },
+            Err(e) => (obj, e),
+        };
+        // Its translation is freed after the VM's lock is released.
+        if let Some(pages) = refused.0.into_pages() {
+            self.res.release(pages);
+        }
+        Err(refused.1)
     }
 
     /// Executes one request. `writable` is the size of the device-writable
@@ -393,7 +402,17 @@ impl Ctrl {
             Opcode::DEALLOC_PD => self.dealloc_pd(payload),
             Opcode::CREATE_CQ => self.create_cq(mem, payload),
             Opcode::DESTROY_CQ => self.destroy_cq(payload),
-            Opcode::REG_MR => self.reg_mr(mem, payload, prepared),
+            Opcode::REG_MR => {
+                let mut prepared = prepared;
+                let r = self.reg_mr(mem, payload, &mut prepared);
+                // Prepared but not used (an earlier check failed): freed
+                // after the VM's lock is released, like the translations
+                // of destroyed objects.
+                if let Some(Prepared { pages: Ok(p), .. }) = prepared {
+                    self.res.release(p);
+                }
+                r
+            }
             Opcode::DEREG_MR => self.dereg_mr(payload),
             Opcode::CREATE_QP => self.create_qp(mem, payload),
             Opcode::MODIFY_QP => self.modify_qp(payload),

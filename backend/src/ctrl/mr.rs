@@ -46,7 +46,7 @@ pub struct Preparer {
 /// lock: memory table updates are rare).
 pub struct Prepared {
     ram_gen: u64,
-    pages: Result<PageList, PageListError>,
+    pub(super) pages: Result<PageList, PageListError>,
 }
 
 impl Preparer {
@@ -116,7 +116,7 @@ impl Ctrl {
         &mut self,
         mem: &M,
         payload: &[u8],
-        prepared: Option<Prepared>,
+        prepared: &mut Option<Prepared>,
     ) -> CmdResult {
         let (req, list) = with_list::<RegMrReq>(payload)?;
         let ctx = self.pd_ctx::<RegMrReq>(req.pd_handle)?;
@@ -153,7 +153,7 @@ impl Ctrl {
         // The translation prepared without the lock, unless the RAM map
         // changed since, or the budget refused it (the refusal costs
         // nothing to repeat, and the budget is the current one here).
-        let pages = match prepared {
+        let pages = match prepared.take() {
             Some(p)
                 if p.ram_gen == self.ram_gen
                     && !matches!(p.pages, Err(PageListError::OverBudget(_))) =>

@@ -159,9 +159,10 @@ impl VmResources {
         self.host_bytes = self.host_bytes.saturating_sub(obj.host_cost());
     }
 
-    /// Keeps the translation of a destroyed object for the caller to free
+    /// Keeps a translation that is no longer used (of a destroyed object,
+    /// or of one that could not be created) for [`VmResources::take_released`]
     /// (only one that holds heap memory).
-    fn release(&mut self, pages: PageList) {
+    pub fn release(&mut self, pages: PageList) {
         if pages.host_bytes() > 0 {
             self.released.push(pages);
         }

@@ -268,6 +268,15 @@ pub struct Srq {
 pub trait HostCost {
     /// Bytes held.
     fn host_cost(&self) -> u64;
+
+    /// The object's translation, if it has one (for freeing it outside the
+    /// VM's lock when the object is dropped without being created).
+    fn into_pages(self) -> Option<PageList>
+    where
+        Self: Sized,
+    {
+        None
+    }
 }
 
 /// A handle-table slot's own bytes besides the object (its generation).
@@ -305,11 +314,19 @@ impl HostCost for Cq {
     fn host_cost(&self) -> u64 {
         own::<Self>() + self.ring.host_bytes()
     }
+
+    fn into_pages(self) -> Option<PageList> {
+        Some(self.ring)
+    }
 }
 
 impl HostCost for Srq {
     fn host_cost(&self) -> u64 {
         own::<Self>() + self.ring.host_bytes()
+    }
+
+    fn into_pages(self) -> Option<PageList> {
+        Some(self.ring)
     }
 }
 
@@ -325,11 +342,19 @@ impl HostCost for Qp {
     fn host_cost(&self) -> u64 {
         Qp::cost_with_ring(&self.ring)
     }
+
+    fn into_pages(self) -> Option<PageList> {
+        Some(self.ring)
+    }
 }
 
 impl HostCost for Mr {
     fn host_cost(&self) -> u64 {
         let keys = if self.rkey != 0 { 2 } else { 1 };
         own::<Self>() + self.pages.host_bytes() + keys * KEY_ENTRY_BYTES
+    }
+
+    fn into_pages(self) -> Option<PageList> {
+        Some(self.pages)
     }
 }
