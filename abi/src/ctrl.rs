@@ -169,6 +169,10 @@ pub mod quota {
     pub const AH: u32 = 7;
     /// Registered bytes.
     pub const MR_BYTES: u32 = 8;
+    /// Host memory the device holds for the instance's objects (page-list
+    /// translations, queue and object state): an operator-set budget that
+    /// `DeviceConfig` does not advertise.
+    pub const HOST_BYTES: u32 = 9;
 }
 
 /// `BAD_ADDRESS` detail: the doorbell record is misaligned or outside RAM.

@@ -164,6 +164,11 @@ pub struct Limits {
     pub max_mr_size: u64,
     /// Registered bytes of all MRs of the VM.
     pub max_mr_bytes: u64,
+    /// Host memory the daemon may hold for the VM's objects: page-list
+    /// translations of MRs and queue rings, and the objects themselves
+    /// (see [`crate::resources::host_cost`]). Not advertised to the driver;
+    /// a create command over it fails with `QUOTA`, detail 9.
+    pub max_host_bytes: u64,
     /// Allowed page sizes (bit n = 2^n bytes).
     pub page_size_cap: u64,
     /// Control requests the device takes from the VM's control queue in one
@@ -194,6 +199,12 @@ impl Default for Limits {
             // The daemon keeps 8 bytes of translation per registered 4 KiB
             // page: 64 GiB of registrations cost at most 128 MiB of host memory.
             max_mr_bytes: 64 << 30,
+            // The translation of max_mr_bytes in 4 KiB pages (128 MiB) and
+            // as much again for rings and objects. Every queue at its
+            // largest (max_qp QPs of max_qp_wr WQEs and so on) would need
+            // ~0.7 GiB; real workloads use a small fraction, and
+            // contiguous or huge-page memory descriptions cost nothing.
+            max_host_bytes: 256 << 20,
             // Every page size from 4 KiB to 1 GiB.
             page_size_cap: ((1u64 << (MAX_PAGE_SHIFT + 1)) - 1) & !((1u64 << MIN_PAGE_SHIFT) - 1),
             max_ctrl_outstanding: 64,
@@ -235,7 +246,8 @@ limit_overrides! {
     max_ctx: u32, max_pd: u32, max_cq: u32, max_qp: u32, max_mr: u32, max_srq: u32,
     max_ah: u32, max_cqe: u32, max_qp_wr: u32, max_srq_wr: u32, max_send_sge: u32,
     max_recv_sge: u32, max_inline_data: u32, max_inline_pages: u32, max_qp_rd_atom: u32,
-    max_mr_size: u64, max_mr_bytes: u64, page_size_cap: u64, max_ctrl_outstanding: u32,
+    max_mr_size: u64, max_mr_bytes: u64, max_host_bytes: u64, page_size_cap: u64,
+    max_ctrl_outstanding: u32,
 }
 
 impl ConfigError {
@@ -298,6 +310,7 @@ impl Limits {
         range("max-qp-rd-atom", u64::from(self.max_qp_rd_atom), 1, 255)?;
         range("max-mr-size", self.max_mr_size, 4096, 1 << 46)?;
         range("max-mr-bytes", self.max_mr_bytes, 4096, 1 << 50)?;
+        range("max-host-bytes", self.max_host_bytes, 1 << 16, 1 << 40)?;
         range(
             "max-ctrl-outstanding",
             u64::from(self.max_ctrl_outstanding),

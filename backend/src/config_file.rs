@@ -275,7 +275,8 @@ limits_table! {
     max_ctx: u32, max_pd: u32, max_cq: u32, max_qp: u32, max_mr: u32, max_srq: u32,
     max_ah: u32, max_cqe: u32, max_qp_wr: u32, max_srq_wr: u32, max_send_sge: u32,
     max_recv_sge: u32, max_inline_data: u32, max_inline_pages: u32, max_qp_rd_atom: u32,
-    max_mr_size: u64, max_mr_bytes: u64, page_size_cap: u64, max_ctrl_outstanding: u32,
+    max_mr_size: u64, max_mr_bytes: u64, max_host_bytes: u64, page_size_cap: u64,
+    max_ctrl_outstanding: u32,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -755,6 +756,25 @@ bytes_per_sec = 1000000000
         assert_eq!(l.config.vms.len(), 2);
         assert_eq!(l.config.vms[0].limits.max_qp, 128);
         assert_eq!(l.config.vms[1].limits.max_qp, 4096);
+        assert_eq!(l.default_limits.max_host_bytes, 128 << 20);
+        assert_eq!(l.config.vms[1].limits.max_host_bytes, 128 << 20);
+    }
+
+    #[test]
+    fn host_bytes_budget_is_read_and_checked() {
+        let l = parse_str("[defaults.limits]\nmax_host_bytes = 1048576\n").unwrap();
+        assert_eq!(l.default_limits.max_host_bytes, 1 << 20);
+        let bad = Limits {
+            max_host_bytes: 4096,
+            ..Limits::default()
+        };
+        assert!(matches!(
+            bad.validate(),
+            Err(crate::config::ConfigError::LimitOutOfRange {
+                name: "max-host-bytes",
+                ..
+            })
+        ));
     }
 
     #[test]

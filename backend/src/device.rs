@@ -35,7 +35,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::Limits;
 use crate::ctrl::rate::CtrlLimiter;
-use crate::ctrl::{Ctrl, CtrlStats, PortIdentity};
+use crate::ctrl::{Ctrl, CtrlStats, PortIdentity, Prepared, Preparer};
 use crate::engine::Engine;
 use crate::memory::{HostMem, RamMap};
 use crate::qos::QosTable;
@@ -401,12 +401,17 @@ impl RdmaDevice {
 
     /// Current statistics.
     pub fn stats(&self) -> DeviceStats {
-        let st = self.lock();
-        DeviceStats {
-            resources: st.ctrl.res.counts(),
-            ctrl: st.ctrl.stats,
-            events_lost: st.ctrl.events.lost_total,
-            queues: queue_depths(&st),
+        stats_of(&self.lock())
+    }
+
+    /// Current statistics if the VM's state lock is free; `None` while
+    /// another thread holds it. The operator interfaces use this, so that
+    /// one VM whose lock is stuck cannot hang every scrape.
+    pub fn try_stats(&self) -> Option<DeviceStats> {
+        match self.state.try_lock() {
+            Ok(st) => Some(stats_of(&st)),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(stats_of(&e.into_inner())),
+            Err(std::sync::TryLockError::WouldBlock) => None,
         }
     }
 
@@ -426,6 +431,10 @@ impl RdmaDevice {
         st.ctrl.set_running(false);
         self.epoch.fetch_add(1, Ordering::AcqRel);
         let gone = st.ctrl.reset();
+        // No producer index of this connection survives into the next.
+        if let Some(link) = &self.shmem {
+            link.clear_region();
+        }
         let gid = st.ctrl.port_gid();
         st.ctrl.set_features(0);
         st.ctrl.set_ram(RamMap::default());
@@ -638,11 +647,22 @@ impl RdmaDevice {
                 let mut engine_work = false;
                 for (chain, taken) in chains {
                     let head = chain.head_index();
+                    // Copy the request, and do the expensive part of the
+                    // command (an MR's translation), before taking the
+                    // state lock for it: the engine waits on that lock.
+                    let request = read_chain(mem, chain);
+                    let prepared = match &request {
+                        Some(r) if Preparer::wanted(&r.bytes) => {
+                            let preparer = self.lock().ctrl.preparer();
+                            preparer.prepare(&**mem, &r.bytes)
+                        }
+                        _ => None,
+                    };
                     // The state lock is held per command, not per pass: the
                     // engine locks this VM too (to rebuild its polling list
                     // after a change), and must never wait for a whole pass
                     // of one VM's commands while every VM's data waits.
-                    let (used, ok) = {
+                    let (used, ok, released) = {
                         let mut st = self.lock();
                         if self.epoch.load(Ordering::Acquire) != epoch {
                             // Reset or disconnected since these were taken:
@@ -650,12 +670,16 @@ impl RdmaDevice {
                             return Ok(());
                         }
                         let ok_before = st.ctrl.stats.ok;
-                        let used = handle_chain(&mut st.ctrl, mem, chain);
+                        let used = execute_chain(&mut st.ctrl, mem, request, prepared);
                         engine_work |= st.ctrl.take_engine_work();
                         // QPs may have come, gone or changed state.
                         self.bump_dp_gen();
-                        (used, st.ctrl.stats.ok != ok_before)
+                        // Translations of destroyed objects are freed below,
+                        // without the lock (milliseconds for a large MR).
+                        let released = st.ctrl.res.take_released();
+                        (used, st.ctrl.stats.ok != ok_before, released)
                     };
+                    drop(released);
                     if let Err(e) = vring.add_used(head, used) {
                         warn!("cannot return control buffer {head}: {e}");
                     }
@@ -773,6 +797,16 @@ impl RdmaDevice {
     }
 }
 
+/// The statistics of a VM (under its lock).
+fn stats_of(st: &State) -> DeviceStats {
+    DeviceStats {
+        resources: st.ctrl.res.counts(),
+        ctrl: st.ctrl.stats,
+        events_lost: st.ctrl.events.lost_total,
+        queues: queue_depths(st),
+    }
+}
+
 /// The work waiting in the queues of a VM (under its lock).
 fn queue_depths(st: &State) -> QueueDepths {
     use crate::engine::doorbell::{load_pi, RQ, SQ, SRQ};
@@ -831,9 +865,33 @@ fn signal(vring: &Vring) -> io::Result<()> {
     Ok(())
 }
 
-/// Copies a control request out of guest memory, executes it and writes
-/// the response. Returns the used length (0 when the chain is unusable).
-fn handle_chain(ctrl: &mut Ctrl, mem: &Mem, chain: DescriptorChain<Mem>) -> u32 {
+/// A control request copied out of its chain.
+struct ChainRequest {
+    bytes: Vec<u8>,
+    /// The device-writable descriptors, for the response.
+    writable: Vec<(GuestAddress, usize)>,
+    total_w: usize,
+}
+
+/// Executes a request read by [`read_chain`] and writes the response.
+/// Returns the used length (0 when the chain was unusable: `None`).
+fn execute_chain(
+    ctrl: &mut Ctrl,
+    mem: &Mem,
+    request: Option<ChainRequest>,
+    prepared: Option<Prepared>,
+) -> u32 {
+    let Some(r) = request else {
+        ctrl.count_malformed();
+        return 0;
+    };
+    let response = ctrl.execute_prepared(&**mem, &r.bytes, r.total_w, prepared);
+    scatter(mem, &r.writable, &response)
+}
+
+/// Copies a control request out of guest memory; `None` when the chain is
+/// unusable (it is then answered with used length 0).
+fn read_chain(mem: &Mem, chain: DescriptorChain<Mem>) -> Option<ChainRequest> {
     let mut readable = Vec::new();
     let mut writable = Vec::new();
     let mut total_r = 0usize;
@@ -851,37 +909,33 @@ fn handle_chain(ctrl: &mut Ctrl, mem: &Mem, chain: DescriptorChain<Mem>) -> u32 
         } else {
             if !writable.is_empty() {
                 debug!("readable descriptor after a writable one");
-                ctrl.count_malformed();
-                return 0;
+                return None;
             }
             total_r = total_r.saturating_add(len);
             readable.push((desc.addr(), len));
         }
     }
     if truncated || total_r > MAX_REQUEST_BYTES || total_w < ResponseHeader::SIZE {
-        ctrl.count_malformed();
-        return 0;
+        return None;
     }
     if writable.iter().any(|&(a, l)| !mem.check_range(a, l)) {
-        ctrl.count_malformed();
-        return 0;
+        return None;
     }
     // Copy the whole request first: the guest may rewrite it while we parse.
     let mut request = vec![0u8; total_r];
     let mut off = 0;
     for (addr, len) in readable {
-        let Some(dst) = request.get_mut(off..off + len) else {
-            ctrl.count_malformed();
-            return 0;
-        };
+        let dst = request.get_mut(off..off + len)?;
         if mem.read_slice(dst, addr).is_err() {
-            ctrl.count_malformed();
-            return 0;
+            return None;
         }
         off += len;
     }
-    let response = ctrl.execute(&**mem, &request, total_w);
-    scatter(mem, &writable, &response)
+    Some(ChainRequest {
+        bytes: request,
+        writable,
+        total_w,
+    })
 }
 
 /// Writes `data` across the writable descriptors; returns bytes written.
@@ -1070,6 +1124,10 @@ impl RdmaDevice {
         let mut st = self.lock();
         self.epoch.fetch_add(1, Ordering::AcqRel);
         let gone = st.ctrl.reset();
+        // Spec 15.1 item 6: nothing of before the reset survives in it.
+        if let Some(link) = &self.shmem {
+            link.clear_region();
+        }
         let gid = st.ctrl.port_gid();
         st.ctrl.events.push(EventKind::PORT_ACTIVE, 1, 0);
         self.bump_dp_gen();

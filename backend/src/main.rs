@@ -76,6 +76,10 @@ struct Args {
     /// Per-VM maximum of registered bytes over all memory regions.
     #[arg(long)]
     max_mr_bytes: Option<u64>,
+    /// Per-VM maximum of host memory held for the VM's objects (page-list
+    /// translations of MRs and queue rings, object state), in bytes.
+    #[arg(long)]
+    max_host_bytes: Option<u64>,
     /// Control requests taken from one VM's control queue per pass before
     /// other VMs' control workers get to run (1..=1024).
     #[arg(long)]
@@ -151,6 +155,7 @@ fn daemon_config(a: Args) -> Result<(DaemonConfig, Option<LogFormat>), ArgsError
         max_srq_wr: a.max_srq_wr,
         max_mr_size: a.max_mr_size,
         max_mr_bytes: a.max_mr_bytes,
+        max_host_bytes: a.max_host_bytes,
         max_ctrl_outstanding: a.max_ctrl_outstanding,
         ..LimitOverrides::default()
     };

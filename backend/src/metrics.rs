@@ -362,7 +362,7 @@ type Getter = fn(&Totals) -> u64;
 type QosGetter = fn(&QosSpec) -> u64;
 
 /// Scalar series: (name suffix, type, help, value).
-const SCALARS: [(&str, &str, &str, Getter); 19] = [
+const SCALARS: [(&str, &str, &str, Getter); 21] = [
     (
         "queued_send_wqes",
         "gauge",
@@ -394,6 +394,12 @@ const SCALARS: [(&str, &str, &str, Getter); 19] = [
         |t| t.connected,
     ),
     (
+        "stats_stale",
+        "gauge",
+        "1 when the VM's object and queue values are last-known ones (its state lock was busy for the scrape); per tenant: how many VMs.",
+        |t| t.stale,
+    ),
+    (
         "connections_total",
         "counter",
         "VMM connections accepted.",
@@ -404,6 +410,12 @@ const SCALARS: [(&str, &str, &str, Getter); 19] = [
         "gauge",
         "Bytes registered by live memory regions.",
         |t| t.resources.registered_bytes,
+    ),
+    (
+        "host_bytes",
+        "gauge",
+        "Host memory the daemon holds for live objects (translations, queue and object state); limit max_host_bytes.",
+        |t| t.resources.host_bytes,
     ),
     (
         "send_ops_total",

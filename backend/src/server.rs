@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use log::{error, info, warn};
 use thiserror::Error;
@@ -66,6 +66,12 @@ pub struct VmStats {
     pub connections: u64,
     /// The current (or last) device's state.
     pub device: DeviceStats,
+    /// `None` when `device` was read now. Otherwise the VM's state lock was
+    /// busy (a long command, or a stuck thread), and `device` holds the last
+    /// values read, this many milliseconds old (all zero if none were ever
+    /// read). Only the operator interfaces ([`DaemonView`]) report such
+    /// values; [`Daemon::vm_stats`] waits for the lock.
+    pub stale_ms: Option<u64>,
 }
 
 struct VmSlot {
@@ -74,6 +80,8 @@ struct VmSlot {
     shutdown: Mutex<Option<ShutdownHandle>>,
     connected: AtomicBool,
     connections: AtomicU64,
+    /// The last device statistics the operator interfaces read, and when.
+    last_stats: Mutex<Option<(DeviceStats, Instant)>>,
 }
 
 /// A running daemon.
@@ -104,9 +112,11 @@ impl DaemonView {
         self.slots.len()
     }
 
-    /// Statistics of VM `index`.
+    /// Statistics of VM `index`, without waiting for its state lock: if
+    /// the lock stays busy for 5 ms, its last statistics, marked
+    /// with their age ([`VmStats::stale_ms`]).
     pub fn vm_stats(&self, index: usize) -> Option<VmStats> {
-        self.slots.get(index).map(|s| slot_stats(s))
+        self.slots.get(index).map(|s| slot_stats_nowait(s))
     }
 
     /// The vhost-user socket of VM `index`.
@@ -146,6 +156,47 @@ fn slot_stats(slot: &VmSlot) -> VmStats {
         connected: slot.connected.load(Ordering::Acquire),
         connections: slot.connections.load(Ordering::Acquire),
         device: slot.device.stats(),
+        stale_ms: None,
+    }
+}
+
+/// How long the operator interfaces try for a VM's state lock before they
+/// report its last statistics instead. Commands and engine passes hold it
+/// for microseconds; a scrape of many VMs must not add up long waits.
+const STATS_LOCK_WAIT: Duration = Duration::from_millis(5);
+
+/// [`slot_stats`] without waiting for the VM's state lock (more than
+/// [`STATS_LOCK_WAIT`]): the operator interfaces' view.
+fn slot_stats_nowait(slot: &VmSlot) -> VmStats {
+    let start = Instant::now();
+    let fresh = loop {
+        if let Some(s) = slot.device.try_stats() {
+            break Some(s);
+        }
+        if start.elapsed() >= STATS_LOCK_WAIT {
+            break None;
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    };
+    let mut last = slot.last_stats.lock().unwrap_or_else(|e| e.into_inner());
+    let (device, stale_ms) = match fresh {
+        Some(s) => {
+            *last = Some((s, Instant::now()));
+            (s, None)
+        }
+        None => match *last {
+            Some((s, at)) => (
+                s,
+                Some(u64::try_from(at.elapsed().as_millis()).unwrap_or(u64::MAX)),
+            ),
+            None => (DeviceStats::default(), Some(u64::MAX)),
+        },
+    };
+    VmStats {
+        connected: slot.connected.load(Ordering::Acquire),
+        connections: slot.connections.load(Ordering::Acquire),
+        device,
+        stale_ms,
     }
 }
 
@@ -233,6 +284,7 @@ impl Daemon {
                 shutdown: Mutex::new(None),
                 connected: AtomicBool::new(false),
                 connections: AtomicU64::new(0),
+                last_stats: Mutex::new(None),
             });
             engines.register(index, &slot.device);
             let ctx = ServeCtx {

@@ -155,6 +155,22 @@ impl DoorbellRegion {
         }
     }
 
+    /// Zeroes the whole region: every page's header and slots. The device
+    /// calls it on VMM disconnect and on device reset, so that a new driver
+    /// (or the same one after a reset) does not start from the previous
+    /// one's producer indices and flags.
+    pub fn clear(&self) {
+        // The whole mapping, including the tail past `pages` (the length is
+        // rounded up to a power of two) that the guest maps too.
+        for off in (0..self.len as u64).step_by(4) {
+            if let Some(w) = self.word(off) {
+                w.store(0, Ordering::Relaxed);
+            }
+        }
+        // Release: a driver that maps the region afterwards sees zeroes.
+        std::sync::atomic::fence(Ordering::Release);
+    }
+
     /// Zeroes one slot.
     fn zero_slot(&self, page: u32, slot: u32) {
         if let Some(off) = db_slot_offset(slot) {
@@ -412,6 +428,12 @@ impl RegionLink {
         self.refused.store(false, Ordering::Release);
     }
 
+    /// Zeroes the doorbell region ([`DoorbellRegion::clear`]); for the
+    /// device's disconnect and reset handling.
+    pub fn clear_region(&self) {
+        self.region.clear();
+    }
+
     /// Whether the VMM maps the region.
     pub fn is_mapped(&self) -> bool {
         self.mapped.load(Ordering::Acquire)
@@ -472,6 +494,34 @@ mod tests {
         let r = DoorbellRegion::new(64).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(r.len(), 64 * DB_PAGE_SIZE);
         assert_eq!(r.pages(), 64);
+    }
+
+    #[test]
+    fn clear_zeroes_every_page() {
+        let region = Arc::new(DoorbellRegion::new(4).unwrap_or_else(|e| panic!("{e}")));
+        let mapped = Arc::new(AtomicBool::new(true));
+        let mut p = DoorbellPages::new(region.clone(), mapped);
+        let page = p.alloc_page().unwrap_or_else(|| panic!("no page"));
+        let slot = p.alloc_slot(page).unwrap_or_else(|| panic!("no slot"));
+        // The previous connection's driver left producer indices and flags.
+        region.store(slot.at(), 0, 17);
+        region.store(slot.at(), 1, 23);
+        p.set_page_flags(page, DB_FLAG_KICK);
+        let last = SlotRef {
+            page: region.pages() - 1,
+            slot: DB_PAGE_SLOTS - 1,
+        };
+        region.store(last, 1, 5);
+        region.clear();
+        assert_eq!(region.load(slot.at(), 0), 0);
+        assert_eq!(region.load(slot.at(), 1), 0);
+        assert_eq!(region.flags(page), 0);
+        assert_eq!(region.load(last, 1), 0);
+        // Every byte of the mapping, not only the slots handed out.
+        let words = region.len() / 4;
+        assert!((0..words).all(|i| region
+            .word(i * 4)
+            .is_some_and(|w| w.load(Ordering::Relaxed) == 0)));
     }
 
     #[test]

@@ -40,6 +40,9 @@ pub struct Totals {
     pub connected: u64,
     /// VMM connections accepted.
     pub connections: u64,
+    /// Of them, reported with last-known device values (their state lock
+    /// was busy: [`crate::server::VmStats::stale_ms`]).
+    pub stale: u64,
     /// Live objects and registered bytes.
     pub resources: ResourceCounts,
     /// Control commands completed by the devices.
@@ -68,6 +71,7 @@ impl Totals {
         self.vms += 1;
         self.connected += u64::from(s.stats.connected);
         self.connections += s.stats.connections;
+        self.stale += u64::from(s.stats.stale_ms.is_some());
         let d = &s.stats.device;
         let r = &mut self.resources;
         r.ctx += d.resources.ctx;
@@ -78,6 +82,7 @@ impl Totals {
         r.srq += d.resources.srq;
         r.ah += d.resources.ah;
         r.registered_bytes += d.resources.registered_bytes;
+        r.host_bytes += d.resources.host_bytes;
         self.ctrl.ok += d.ctrl.ok;
         self.ctrl.failed += d.ctrl.failed;
         self.ctrl.malformed += d.ctrl.malformed;
@@ -158,6 +163,7 @@ mod tests {
         s.stats.connections = 2;
         s.stats.device.resources.qp = 3;
         s.stats.device.resources.registered_bytes = 4096;
+        s.stats.device.resources.host_bytes = 300;
         s.stats.device.ctrl.failed = 1;
         s.traffic.send_bytes = 10;
         s.traffic.ctrl_latency.buckets[1] = 2;
@@ -169,6 +175,7 @@ mod tests {
         assert_eq!((t.vms, t.connected, t.connections), (2, 2, 4));
         assert_eq!(t.resources.qp, 6);
         assert_eq!(t.resources.registered_bytes, 8192);
+        assert_eq!(t.resources.host_bytes, 600);
         assert_eq!(t.ctrl.failed, 2);
         assert_eq!(t.traffic.send_bytes, 20);
         assert_eq!(t.traffic.ctrl_latency.buckets[1], 4);

@@ -336,3 +336,51 @@ fn scribbling_over_a_doorbell_page_stays_in_its_context() {
     assert_eq!(p.qa.query().unwrap().attr.qp_state, u32::from(QpState::RTS));
     assert_eq!(w.violations(), Vec::<String>::new());
 }
+
+/// Finding 7: the doorbell region outlives a connection, so the producer
+/// indices a guest wrote into its slots must not be there for the next
+/// connection (or the next boot after a reset) to find: the daemon zeroes
+/// the whole region on disconnect and on reset. (It kept them.)
+#[test]
+fn disconnect_and_reset_zero_the_doorbell_region() {
+    let d = TestDaemon::start(1).unwrap();
+    for reset in [false, true] {
+        let mut vmm: TestVmm = d.connect_with(0, shmem_opts()).unwrap();
+        let w = vmm.shmem_window().cloned().unwrap();
+        let mut v = Verbs::new(&mut vmm);
+        // Two contexts: the next connection's single one will not take
+        // (and zero) the second one's page.
+        let c0 = v.create_ctx_full().unwrap();
+        let c = v.create_ctx_full().unwrap();
+        assert_ne!(c.doorbell_page, c0.doorbell_page);
+        let pd = v.alloc_pd(c.ctx_handle).unwrap();
+        let cq = v.create_cq(c.ctx_handle, 64).unwrap();
+        let mut slots = Vec::new();
+        for _ in 0..3 {
+            let (req, tail) = v.qp_request(&RawQpInit::rc(pd, cq)).unwrap();
+            slots.push(v.create_qp_raw(&req, &tail).unwrap().db_slot);
+        }
+        // The guest posts: producer indices in its slots.
+        let at = |slot: u32| page_off(c.doorbell_page) + db_slot_offset(slot).unwrap() as usize;
+        for &s in &slots {
+            assert!(w.store_u32(at(s), 0x5eed_0000 + s));
+        }
+        if reset {
+            vmm.reset().unwrap();
+        } else {
+            drop(vmm);
+            d.wait_released(0);
+            vmm = d.connect_with(0, shmem_opts()).unwrap();
+        }
+        let w = vmm.shmem_window().cloned().unwrap();
+        let mut v = Verbs::new(&mut vmm);
+        let c2 = v.create_ctx_full().unwrap();
+        assert_ne!(c2.doorbell_page, DB_NONE);
+        assert_ne!(c2.doorbell_page, c.doorbell_page, "the page is not reused");
+        let left: Vec<u32> = slots
+            .iter()
+            .map(|&s| w.load_u32(at(s)).unwrap_or(u32::MAX))
+            .collect();
+        assert!(left.iter().all(|&x| x == 0), "reset {reset}: {left:x?}");
+    }
+}

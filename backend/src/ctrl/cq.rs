@@ -4,7 +4,7 @@ use virtio_rdma_abi::ctrl::Status;
 use virtio_rdma_abi::mem::CQE_SIZE;
 use virtio_rdma_abi::verbs::*;
 use virtio_rdma_abi::Wire;
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::GuestMemoryBackend;
 
 use super::parse::{depth, destroy_error, field, fixed, with_list};
 use super::queue_mem::init_device_half;
@@ -12,7 +12,7 @@ use super::{quota, CmdError, CmdResult, Ctrl};
 use crate::resources::Cq;
 
 impl Ctrl {
-    pub(super) fn create_cq<M: Bytes<GuestAddress>>(
+    pub(super) fn create_cq<M: GuestMemoryBackend>(
         &mut self,
         mem: &M,
         payload: &[u8],
@@ -27,18 +27,17 @@ impl Ctrl {
         depth::<CreateCqReq>(req.depth, self.limits.max_cqe, "depth")?;
         let bytes = u64::from(req.depth) * u64::from(CQE_SIZE);
         let ring = self.queue_memory::<CreateCqReq, M>(mem, &req.buf, list, bytes, req.db_gpa)?;
-        let cq_handle = self
-            .res
-            .cqs
-            .insert(Cq {
+        let cq_handle = self.insert_charged(
+            |r| &mut r.cqs,
+            Cq {
                 ctx: req.ctx_handle,
                 depth: req.depth,
                 db_gpa: req.db_gpa,
                 ring,
                 users: 0,
                 rt: Default::default(),
-            })
-            .map_err(|_| CmdError::no_memory())?;
+            },
+        )?;
         init_device_half(mem, req.db_gpa, 0);
         Ok(CqHandleResp { cq_handle }.to_bytes())
     }

@@ -38,11 +38,7 @@ impl Ctrl {
         if self.res.ctxs.len() >= self.limits.max_ctx as usize {
             return Err(CmdError::new(Status::QUOTA, quota::CTX));
         }
-        let ctx_handle = self
-            .res
-            .ctxs
-            .insert(Context::default())
-            .map_err(|_| CmdError::no_memory())?;
+        let ctx_handle = self.insert_charged(|r| &mut r.ctxs, Context::default())?;
         // Without a mapped doorbell region the context works in guest-RAM
         // mode (spec 18.7); that is not an error.
         let db_page = if self.has(F_SHMEM_DOORBELL) {
@@ -79,14 +75,13 @@ impl Ctrl {
         if self.res.pds.len() >= self.limits.max_pd as usize {
             return Err(CmdError::new(Status::QUOTA, quota::PD));
         }
-        let pd_handle = self
-            .res
-            .pds
-            .insert(Pd {
+        let pd_handle = self.insert_charged(
+            |r| &mut r.pds,
+            Pd {
                 ctx: req.ctx_handle,
                 users: 0,
-            })
-            .map_err(|_| CmdError::no_memory())?;
+            },
+        )?;
         Ok(PdHandleResp { pd_handle }.to_bytes())
     }
 
@@ -114,16 +109,15 @@ impl Ctrl {
         check_av::<CreateAhReq>(&req.av, "av")?;
         // The tenant policy, after every other check (spec 12.16).
         self.allowed_gid(&req.av.dgid)?;
-        let ah_handle = self
-            .res
-            .ahs
-            .insert(Ah {
+        let ah_handle = self.insert_charged(
+            |r| &mut r.ahs,
+            Ah {
                 pd: req.pd_handle,
                 ctx,
                 port: req.port,
                 av: req.av,
-            })
-            .map_err(|_| CmdError::no_memory())?;
+            },
+        )?;
         if let Some(pd) = self.res.pds.get_mut(req.pd_handle) {
             pd.users += 1;
         }

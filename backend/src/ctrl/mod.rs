@@ -23,14 +23,15 @@ use log::debug;
 use virtio_rdma_abi::ctrl::{Opcode, RequestHeader, ResponseHeader, Status, DETAIL_NONE};
 use virtio_rdma_abi::verbs::*;
 use virtio_rdma_abi::{Field, Wire};
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::GuestMemoryBackend;
 
 use crate::config::Limits;
 use crate::events::EventQueue;
 use crate::keys::KeySource;
 use crate::memory::pagelist::PageListLimits;
 use crate::memory::RamMap;
-use crate::resources::VmResources;
+use crate::resources::handle::HandleTable;
+use crate::resources::{HostCost, VmResources};
 use crate::rnic::Rnic;
 use crate::shmem::DbSlot;
 use crate::tenancy::Tenancy;
@@ -59,6 +60,7 @@ impl CmdError {
 /// Result of a command handler: the response payload.
 pub type CmdResult = Result<Vec<u8>, CmdError>;
 
+pub use mr::{Prepared, Preparer};
 pub use virtio_rdma_abi::ctrl::{quota, DETAIL_DB_RECORD, DETAIL_LIST_PAGE};
 
 /// Counters of control-path activity of one VM.
@@ -97,6 +99,9 @@ pub struct Ctrl {
     rnic: Arc<dyn Rnic>,
     keys: KeySource,
     ram: RamMap,
+    /// Advances with every [`Ctrl::set_ram`]: a translation prepared
+    /// against an older map is built again (see [`Prepared`]).
+    ram_gen: u64,
     port: PortIdentity,
     tenancy: Arc<Tenancy>,
     /// Set while the engine serving the VM sleeps and relies on kicks
@@ -131,6 +136,7 @@ impl Ctrl {
             rnic,
             keys: KeySource::new(),
             ram: RamMap::default(),
+            ram_gen: 0,
             port,
             tenancy,
             kicks: Arc::new(AtomicBool::new(false)),
@@ -188,6 +194,7 @@ impl Ctrl {
     /// Replaces the view of guest RAM (after a memory table update).
     pub fn set_ram(&mut self, ram: RamMap) {
         self.ram = ram;
+        self.ram_gen += 1;
     }
 
     /// Whether the device is started (see `running`).
@@ -212,6 +219,9 @@ impl Ctrl {
             .map(|(_, q)| q.qpn)
             .collect();
         self.res.clear(self.rnic.as_ref());
+        // Freed here, under the lock, as before: reset and disconnect are
+        // rare, and nothing drains them afterwards.
+        drop(self.res.take_released());
         self.events.reset();
         rc
     }
@@ -279,19 +289,74 @@ impl Ctrl {
             max_pages: self.limits.max_mr_pages(),
             max_inline: self.limits.max_inline_pages,
             page_size_cap: self.limits.page_size_cap,
+            max_list_bytes: self.host_bytes_left(),
         }
+    }
+
+    /// What is left of the VM's host memory budget (`max_host_bytes`).
+    fn host_bytes_left(&self) -> u64 {
+        self.limits
+            .max_host_bytes
+            .saturating_sub(self.res.host_bytes)
+    }
+
+    /// `QUOTA` (detail `HOST_BYTES`) unless the budget can take `cost`.
+    fn host_room(&self, cost: u64) -> Result<(), CmdError> {
+        if cost > self.host_bytes_left() {
+            return Err(CmdError::new(Status::QUOTA, quota::HOST_BYTES));
+        }
+        Ok(())
+    }
+
+    /// Inserts `obj` into the table `table` picks and charges its host
+    /// memory: `QUOTA` when the budget cannot take it, `NO_MEMORY` when the
+    /// table has no free slot.
+    fn insert_charged<T: HostCost>(
+        &mut self,
+        table: fn(&mut VmResources) -> &mut HandleTable<T>,
+        obj: T,
+    ) -> Result<u32, CmdError> {
+        let cost = obj.host_cost();
+        let refused = match self.host_room(cost) {
+            Ok(()) => match table(&mut self.res).insert(obj) {
+                Ok(handle) => {
+                    self.res.charge(cost);
+                    return Ok(handle);
+                }
+                Err(obj) => (obj, CmdError::no_memory()),
+            },
+            Err(e) => (obj, e),
+        };
+        // Its translation is freed after the VM's lock is released.
+        if let Some(pages) = refused.0.into_pages() {
+            self.res.release(pages);
+        }
+        Err(refused.1)
     }
 
     /// Executes one request. `writable` is the size of the device-writable
     /// part of the chain; the returned bytes (header + payload) never
     /// exceed it when it is at least a header.
-    pub fn execute<M: Bytes<GuestAddress>>(
+    pub fn execute<M: GuestMemoryBackend>(
         &mut self,
         mem: &M,
         request: &[u8],
         writable: usize,
     ) -> Vec<u8> {
-        let (request_id, result) = self.dispatch(mem, request, writable);
+        self.execute_prepared(mem, request, writable, None)
+    }
+
+    /// [`Ctrl::execute`] with the expensive part of the command done
+    /// beforehand, without the VM's lock ([`Preparer::prepare`] on the same
+    /// request bytes). The response is the one `execute` would give.
+    pub fn execute_prepared<M: GuestMemoryBackend>(
+        &mut self,
+        mem: &M,
+        request: &[u8],
+        writable: usize,
+        prepared: Option<Prepared>,
+    ) -> Vec<u8> {
+        let (request_id, result) = self.dispatch(mem, request, writable, prepared);
         let (status, detail, payload) = match result {
             Ok(p) => (Status::OK, 0, p),
             Err(e) => (e.status, e.detail, Vec::new()),
@@ -315,11 +380,12 @@ impl Ctrl {
         out
     }
 
-    fn dispatch<M: Bytes<GuestAddress>>(
+    fn dispatch<M: GuestMemoryBackend>(
         &mut self,
         mem: &M,
         request: &[u8],
         writable: usize,
+        prepared: Option<Prepared>,
     ) -> (u64, CmdResult) {
         let Some(head) = request.get(..RequestHeader::SIZE) else {
             return (0, Err(CmdError::new(Status::INVALID, 0)));
@@ -351,7 +417,17 @@ impl Ctrl {
             Opcode::DEALLOC_PD => self.dealloc_pd(payload),
             Opcode::CREATE_CQ => self.create_cq(mem, payload),
             Opcode::DESTROY_CQ => self.destroy_cq(payload),
-            Opcode::REG_MR => self.reg_mr(mem, payload),
+            Opcode::REG_MR => {
+                let mut prepared = prepared;
+                let r = self.reg_mr(mem, payload, &mut prepared);
+                // Prepared but not used (an earlier check failed): freed
+                // after the VM's lock is released, like the translations
+                // of destroyed objects.
+                if let Some(Prepared { pages: Ok(p), .. }) = prepared {
+                    self.res.release(p);
+                }
+                r
+            }
             Opcode::DEREG_MR => self.dereg_mr(payload),
             Opcode::CREATE_QP => self.create_qp(mem, payload),
             Opcode::MODIFY_QP => self.modify_qp(payload),

@@ -4,7 +4,7 @@ use virtio_rdma_abi::ctrl::Status;
 use virtio_rdma_abi::mem::{BufferDesc, MAX_PAGE_SHIFT, MIN_PAGE_SHIFT};
 use virtio_rdma_abi::{Wire, WireError};
 
-use super::{CmdError, DETAIL_LIST_PAGE};
+use super::{quota, CmdError, DETAIL_LIST_PAGE};
 use crate::memory::PageListError;
 use crate::resources::DestroyError;
 
@@ -81,6 +81,7 @@ pub fn page_list_error<T: Wire>(e: PageListError) -> CmdError {
         ),
         BadPage { index } => CmdError::new(Status::BAD_ADDRESS, index),
         BadListPage { .. } => CmdError::new(Status::BAD_ADDRESS, DETAIL_LIST_PAGE),
+        OverBudget(_) => CmdError::new(Status::QUOTA, quota::HOST_BYTES),
     }
 }
 

@@ -9,7 +9,7 @@ use virtio_rdma_abi::qp::attr::*;
 use virtio_rdma_abi::qp::{Mtu, QpAttr, QpState, QpType, QP_FLAG_SIG_ALL};
 use virtio_rdma_abi::verbs::*;
 use virtio_rdma_abi::Wire;
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::GuestMemoryBackend;
 
 use super::ctx::check_av;
 use super::mr::check_access;
@@ -26,7 +26,7 @@ const PSN_LIMIT: u32 = 1 << 24;
 type M = ModifyQpReq;
 
 impl Ctrl {
-    pub(super) fn create_qp<Mem: Bytes<GuestAddress>>(
+    pub(super) fn create_qp<Mem: GuestMemoryBackend>(
         &mut self,
         mem: &Mem,
         payload: &[u8],
@@ -112,6 +112,10 @@ impl Ctrl {
         let rq_offset =
             u32::try_from(layout.rq_offset).map_err(|_| field::<R>(Status::RANGE, "sq_depth"))?;
         let ring = self.queue_memory::<R, Mem>(mem, &req.buf, list, layout.total, req.db_gpa)?;
+        // The budget before a QP number is taken (the object's cost does
+        // not depend on it).
+        let cost = Qp::cost_with_ring(&ring);
+        self.host_room(cost)?;
         let qpn = self.rnic.alloc_qpn().map_err(|e| match e {
             RnicError::QpnExhausted => CmdError::no_memory(),
             RnicError::Random => CmdError::new(Status::INTERNAL, u32::MAX),
@@ -145,6 +149,7 @@ impl Ctrl {
                 return Err(CmdError::no_memory());
             }
         };
+        self.res.charge(cost);
         self.rnic.bind_qpn(qpn, self.port.vm, qp_handle);
         let db_slot = self.alloc_db_slot(ctx);
         if let Some(qp) = self.res.qps.get_mut(qp_handle) {

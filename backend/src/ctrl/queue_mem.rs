@@ -5,18 +5,19 @@ use virtio_rdma_abi::ctrl::Status;
 use virtio_rdma_abi::datapath::DB_DEVICE_OFFSET;
 use virtio_rdma_abi::mem::{BufferDesc, DB_RECORD_SIZE};
 use virtio_rdma_abi::Wire;
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::{GuestAddress, GuestMemoryBackend};
 
 use super::parse::{field, page_list_error, shift_plausible};
 use super::{CmdError, Ctrl, DETAIL_DB_RECORD};
 use crate::memory::pagelist::pages_for;
+use crate::memory::volatile::write_guest;
 use crate::memory::PageList;
 
 impl Ctrl {
     /// Validates a ring buffer of `required` bytes described by the `buf`
     /// field of `T` (with its page list in `trailing`) and the doorbell
     /// record at `db_gpa`.
-    pub(super) fn queue_memory<T: Wire, M: Bytes<GuestAddress>>(
+    pub(super) fn queue_memory<T: Wire, M: GuestMemoryBackend>(
         &mut self,
         mem: &M,
         buf: &BufferDesc,
@@ -48,16 +49,14 @@ impl Ctrl {
 /// parked: the engine resumes polling after every control command (as for
 /// a new doorbell page, spec 18.6, 18.7). Called only once the create
 /// command cannot fail any more: a failed create writes nothing.
-pub(super) fn init_device_half<M: Bytes<GuestAddress>>(mem: &M, db_gpa: u64, flags: u32) {
+pub(super) fn init_device_half<M: GuestMemoryBackend>(mem: &M, db_gpa: u64, flags: u32) {
     let mut half = [0u8; (DB_RECORD_SIZE - DB_DEVICE_OFFSET) as usize];
     // `sq_ci`, `rq_ci` (or the SRQ's `ci`), then the device flags.
     if let Some(f) = half.get_mut(8..12) {
         f.copy_from_slice(&flags.to_le_bytes());
     }
-    if mem
-        .write_slice(&half, GuestAddress(db_gpa + DB_DEVICE_OFFSET))
-        .is_err()
-    {
+    // Volatile: the driver may be looking at the record already.
+    if write_guest(mem, GuestAddress(db_gpa + DB_DEVICE_OFFSET), &half).is_err() {
         warn!("doorbell record {db_gpa:#x}: cannot initialize the device half");
     }
 }

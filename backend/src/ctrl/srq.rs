@@ -6,7 +6,7 @@ use virtio_rdma_abi::datapath::DB_NONE;
 use virtio_rdma_abi::mem::recv_wqe_shift;
 use virtio_rdma_abi::verbs::*;
 use virtio_rdma_abi::Wire;
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::GuestMemoryBackend;
 
 use super::parse::{depth, destroy_error, field, fixed, with_list};
 use super::queue_mem::init_device_half;
@@ -22,7 +22,7 @@ impl Ctrl {
         }
     }
 
-    pub(super) fn create_srq<M: Bytes<GuestAddress>>(
+    pub(super) fn create_srq<M: GuestMemoryBackend>(
         &mut self,
         mem: &M,
         payload: &[u8],
@@ -46,10 +46,9 @@ impl Ctrl {
         let wqe_shift = recv_wqe_shift(req.max_sge);
         let bytes = u64::from(req.depth) << wqe_shift;
         let ring = self.queue_memory::<CreateSrqReq, M>(mem, &req.buf, list, bytes, req.db_gpa)?;
-        let srq_handle = self
-            .res
-            .srqs
-            .insert(Srq {
+        let srq_handle = self.insert_charged(
+            |r| &mut r.srqs,
+            Srq {
                 pd: req.pd_handle,
                 ctx,
                 depth: req.depth,
@@ -61,8 +60,8 @@ impl Ctrl {
                 ring,
                 users: 0,
                 rt: Default::default(),
-            })
-            .map_err(|_| CmdError::no_memory())?;
+            },
+        )?;
         if let Some(pd) = self.res.pds.get_mut(req.pd_handle) {
             pd.users += 1;
         }

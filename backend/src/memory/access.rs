@@ -10,11 +10,15 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
+use super::volatile;
 use super::HostMem;
 use crate::resources::Mr;
 use thiserror::Error;
 
-/// A guest-physical range that lies inside one RAM region.
+/// A guest-physical range of RAM. It may span RAM regions that touch in
+/// guest-physical space (`resolve` merges by guest-physical adjacency and
+/// does not know the regions); the accessors here split it at region
+/// boundaries, where the host mappings are separate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Segment {
     /// Start address.
@@ -46,7 +50,8 @@ pub enum AccessError {
 }
 
 /// Resolves `[iova, iova + len)` of `mr` into guest-physical segments,
-/// appending them to `out` (merging physically adjacent pages).
+/// appending them to `out` (merging physically adjacent pages, also across
+/// the boundary of two RAM regions that touch: see [`Segment`]).
 pub fn resolve(mr: &Mr, iova: u64, len: u64, out: &mut Vec<Segment>) -> Result<(), AccessError> {
     if len == 0 {
         return Ok(());
@@ -73,38 +78,68 @@ pub fn total(segs: &[Segment]) -> u64 {
     segs.iter().map(|s| s.len).sum()
 }
 
-/// Walks a segment list as host address ranges, merging neighbours that
-/// are contiguous in the host's address space (pages of one RAM region that
-/// are adjacent, whatever their order in the MR's page list is not).
+/// Walks a segment list as host address ranges: pieces of a segment that
+/// lie in one RAM region, merged with the following pieces when they are
+/// contiguous in the host's address space (pages of one RAM region that
+/// are adjacent, whatever their order in the MR's page list).
 struct HostRuns<'a> {
     mem: &'a HostMem,
     segs: &'a [Segment],
     next: usize,
+    /// Bytes of `segs[next]` already handed out.
+    off: u64,
 }
 
 impl<'a> HostRuns<'a> {
     fn new(mem: &'a HostMem, segs: &'a [Segment]) -> Self {
-        HostRuns { mem, segs, next: 0 }
+        HostRuns {
+            mem,
+            segs,
+            next: 0,
+            off: 0,
+        }
+    }
+
+    /// The next piece: the rest of the current segment inside the RAM
+    /// region where it continues.
+    fn piece(&mut self) -> Result<Option<(*mut u8, u64)>, AccessError> {
+        loop {
+            let Some(s) = self.segs.get(self.next) else {
+                return Ok(None);
+            };
+            if self.off >= s.len {
+                self.next += 1;
+                self.off = 0;
+                continue;
+            }
+            let gpa = s
+                .gpa
+                .checked_add(self.off)
+                .ok_or(AccessError::OutOfRegion)?;
+            let (p, avail) = self.mem.range(gpa, 1).ok_or(AccessError::NotRam(gpa))?;
+            let n = avail.min(s.len - self.off);
+            self.off += n;
+            return Ok(Some((p, n)));
+        }
     }
 
     /// The next run: host address and length, `Ok(None)` at the end.
     fn next_run(&mut self) -> Result<Option<(*mut u8, u64)>, AccessError> {
-        let Some(first) = self.segs.get(self.next) else {
+        let Some((start, mut len)) = self.piece()? else {
             return Ok(None);
         };
-        let start = self
-            .mem
-            .ptr(first.gpa, first.len)
-            .ok_or(AccessError::NotRam(first.gpa))?;
-        let mut len = first.len;
-        self.next += 1;
-        while let Some(s) = self.segs.get(self.next) {
-            match self.mem.ptr(s.gpa, s.len) {
-                Some(p) if p as usize == (start as usize).wrapping_add(len as usize) => {
-                    len += s.len;
-                    self.next += 1;
+        loop {
+            let (next, off) = (self.next, self.off);
+            match self.piece() {
+                Ok(Some((p, n))) if p as usize == (start as usize).wrapping_add(len as usize) => {
+                    len += n;
                 }
-                _ => break,
+                _ => {
+                    // Not contiguous (or not RAM: reported when it is
+                    // reached): leave it for the next run.
+                    (self.next, self.off) = (next, off);
+                    break;
+                }
             }
         }
         Ok(Some((start, len)))
@@ -150,11 +185,10 @@ pub fn copy(
         let n = s.1.min(d.1).min(left);
         let chunk = usize::try_from(n).map_err(|_| AccessError::OutOfRegion)?;
         // SAFETY: `s` and `d` are host ranges of at least `n` bytes inside
-        // RAM regions of `src_mem` and `dst_mem` (checked by `HostMem::ptr`),
-        // whose mappings live while the borrows do. The guest may change the
-        // bytes concurrently, as with DMA; `copy` allows overlap (a guest may
-        // copy within its own memory).
-        unsafe { std::ptr::copy(s.0, d.0, chunk) };
+        // RAM regions of `src_mem` and `dst_mem` (checked by `HostMem::range`),
+        // whose mappings live while the borrows do. The ranges may overlap (a
+        // guest may copy within its own memory); `guest_to_guest` allows it.
+        unsafe { volatile::guest_to_guest(s.0, d.0, chunk) };
         left -= n;
         // SAFETY: advancing by `chunk <= s.1` (resp. `d.1`) bytes stays
         // inside the run or one past its end.
@@ -169,16 +203,24 @@ pub fn copy(
 /// Reads the bytes of `segs` (in order) into `buf`, which must be exactly
 /// as long as the segments.
 pub fn read(mem: &HostMem, segs: &[Segment], buf: &mut [u8]) -> Result<(), AccessError> {
-    let mismatch = AccessError::LengthMismatch {
-        src: total(segs),
-        dst: buf.len() as u64,
-    };
-    let mut off = 0usize;
-    for s in segs {
-        let n = usize::try_from(s.len).map_err(|_| AccessError::OutOfRegion)?;
-        let dst = buf.get_mut(off..off.saturating_add(n)).ok_or(mismatch)?;
-        read_bytes(mem, s.gpa, dst)?;
-        off += n;
+    if total(segs) != buf.len() as u64 {
+        return Err(AccessError::LengthMismatch {
+            src: total(segs),
+            dst: buf.len() as u64,
+        });
+    }
+    let mut runs = HostRuns::new(mem, segs);
+    let mut rest = buf;
+    while let Some((p, n)) = runs.next_run()? {
+        let n = usize::try_from(n).map_err(|_| AccessError::OutOfRegion)?;
+        let (dst, tail) = std::mem::take(&mut rest)
+            .split_at_mut_checked(n)
+            .ok_or(AccessError::OutOfRegion)?;
+        // SAFETY: `p` points to `n` bytes of mapped guest RAM (checked by
+        // `HostMem::range`) that stay mapped while `mem` is borrowed; `dst`
+        // is our own memory, so the ranges do not overlap.
+        unsafe { volatile::from_guest(p, dst) };
+        rest = tail;
     }
     Ok(())
 }
@@ -192,14 +234,17 @@ pub fn write(mem: &HostMem, segs: &[Segment], data: &[u8]) -> Result<(), AccessE
             dst: total(segs),
         });
     }
+    let mut runs = HostRuns::new(mem, segs);
     let mut rest = data;
-    for s in segs {
-        if rest.is_empty() {
+    while !rest.is_empty() {
+        let Some((p, n)) = runs.next_run()? else {
             break;
-        }
-        let n = usize::try_from(s.len).unwrap_or(usize::MAX).min(rest.len());
-        write_bytes(mem, s.gpa, &rest[..n])?;
-        rest = &rest[n..];
+        };
+        let n = usize::try_from(n).unwrap_or(usize::MAX).min(rest.len());
+        let (src, tail) = rest.split_at(n);
+        // SAFETY: as in `read`, in the other direction.
+        unsafe { volatile::to_guest(src, p) };
+        rest = tail;
     }
     Ok(())
 }
@@ -213,7 +258,7 @@ pub fn read_bytes(mem: &HostMem, gpa: u64, buf: &mut [u8]) -> Result<(), AccessE
     // SAFETY: `p` points to `buf.len()` bytes of a mapped RAM region
     // (checked above) that stays mapped while `mem` is borrowed; `buf` is
     // our own memory, so the ranges do not overlap.
-    unsafe { std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), buf.len()) };
+    unsafe { volatile::from_guest(p, buf) };
     Ok(())
 }
 
@@ -224,7 +269,7 @@ pub fn write_bytes(mem: &HostMem, gpa: u64, data: &[u8]) -> Result<(), AccessErr
         .ptr(gpa, data.len() as u64)
         .ok_or(AccessError::NotRam(gpa))?;
     // SAFETY: as in `read_bytes`, in the other direction.
-    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+    unsafe { volatile::to_guest(data, p) };
     Ok(())
 }
 
@@ -336,6 +381,7 @@ mod tests {
             max_pages: 1024,
             max_inline: 1024,
             page_size_cap: 1 << 12,
+            max_list_bytes: u64::MAX,
         };
         Mr {
             pd: 1,
@@ -464,6 +510,55 @@ mod tests {
         assert_eq!(
             load_u32_acquire(&m, 0x102),
             Err(AccessError::Misaligned(0x102))
+        );
+    }
+
+    #[test]
+    fn segments_across_adjacent_regions() {
+        // Two RAM regions that touch in guest-physical space: separate
+        // mappings, so the host addresses of 0xf_f000 and 0x10_0000 are
+        // not contiguous.
+        let gm = GuestMemoryMmap::<()>::from_ranges(&[
+            (GuestAddress(0), 0x10_0000),
+            (GuestAddress(0x10_0000), 0x10_0000),
+        ])
+        .unwrap();
+        let r = mr(&gm, &[0xf_f000, 0x10_0000], 0x9000, 0, 2 * 4096);
+        let a = HostMem::from_mmap(gm);
+        let b = mem();
+        let mut segs = Vec::new();
+        resolve(&r, 0x9000 + 100, 8000, &mut segs).unwrap();
+        let data: Vec<u8> = (0..8000u32).map(|i| (i % 253) as u8).collect();
+        write(&a, &segs, &data).unwrap();
+        let mut back = vec![0u8; 8000];
+        read(&a, &segs, &mut back).unwrap();
+        assert_eq!(back, data);
+        // The bytes landed on both sides of the region boundary.
+        let mut edge = [0u8; 2];
+        read_bytes(&a, 0xf_ffff, &mut edge[..1]).unwrap();
+        read_bytes(&a, 0x10_0000, &mut edge[1..]).unwrap();
+        assert_eq!(edge, [data[4096 - 100 - 1], data[4096 - 100]]);
+        // Copies from and to such a segment, in both directions.
+        let other = [Segment {
+            gpa: 0x5000,
+            len: 8000,
+        }];
+        copy(&a, &segs, &b, &other, 8000).unwrap();
+        let mut out = vec![0u8; 8000];
+        read(&b, &other, &mut out).unwrap();
+        assert_eq!(out, data);
+        write(&a, &segs, &[0u8; 8000]).unwrap();
+        copy(&b, &other, &a, &segs, 8000).unwrap();
+        read(&a, &segs, &mut back).unwrap();
+        assert_eq!(back, data);
+        // A segment that runs from RAM into a hole still fails.
+        let bad = [Segment {
+            gpa: 0x1f_f000,
+            len: 0x2000,
+        }];
+        assert_eq!(
+            read(&a, &bad, &mut [0u8; 0x2000]),
+            Err(AccessError::NotRam(0x20_0000))
         );
     }
 

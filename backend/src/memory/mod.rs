@@ -6,6 +6,7 @@ pub mod access;
 pub mod host;
 pub mod pagelist;
 pub mod ram;
+pub mod volatile;
 
 pub use host::HostMem;
 pub use pagelist::{PageList, PageListError};

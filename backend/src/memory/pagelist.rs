@@ -10,8 +10,9 @@ use virtio_rdma_abi::mem::{
     indirect_list_pages, BufferDesc, PageListMode, LIST_PAGE_ENTRIES, LIST_PAGE_SIZE,
     MAX_PAGE_SHIFT, MIN_PAGE_SHIFT,
 };
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::{GuestAddress, GuestMemoryBackend};
 
+use super::volatile::read_guest;
 use super::RamMap;
 
 /// Why a page list was rejected.
@@ -49,6 +50,10 @@ pub enum PageListError {
         /// Index of the page in the list.
         index: u32,
     },
+    /// The translation would take more host memory than the VM has left of
+    /// its budget (`max_host_bytes`).
+    #[error("a translation of {0} bytes exceeds the host memory budget")]
+    OverBudget(u64),
     /// An indirect list page is misaligned, outside RAM or unreadable.
     #[error("indirect list page {index} is misaligned or outside guest RAM")]
     BadListPage {
@@ -80,12 +85,15 @@ pub struct PageListLimits {
     pub max_inline: u32,
     /// Allowed page sizes (bit n = 2^n bytes).
     pub page_size_cap: u64,
+    /// Host bytes the translation may take (what is left of the VM's
+    /// budget): checked before anything is allocated.
+    pub max_list_bytes: u64,
 }
 
 impl PageList {
     /// Validates `desc` and the list bytes that followed it in the request,
     /// reading indirect list pages from guest memory.
-    pub fn resolve<M: Bytes<GuestAddress>>(
+    pub fn resolve<M: GuestMemoryBackend>(
         desc: &BufferDesc,
         trailing: &[u8],
         limits: &PageListLimits,
@@ -134,6 +142,7 @@ impl PageList {
                     return Err(PageListError::TooManyInline(npages));
                 }
                 expect_len(trailing, u64::from(npages) * 8)?;
+                budget(limits, desc.mode, npages)?;
                 let mut list = Vec::with_capacity(npages as usize);
                 for (index, raw) in (0u32..).zip(trailing.chunks_exact(8)) {
                     let gpa = le64(raw);
@@ -148,6 +157,7 @@ impl PageList {
                 }
                 let nlist = indirect_list_pages(npages);
                 expect_len(trailing, nlist * 8)?;
+                budget(limits, desc.mode, npages)?;
                 let mut list = Vec::with_capacity(npages as usize);
                 let mut buf = vec![0u8; LIST_PAGE_SIZE as usize];
                 let mut index = 0u32;
@@ -158,7 +168,7 @@ impl PageList {
                     }
                     // Copy the list page out first: the guest may change it
                     // while we look at it.
-                    mem.read_slice(&mut buf, GuestAddress(lp))
+                    read_guest(mem, GuestAddress(lp), &mut buf)
                         .map_err(|_| PageListError::BadListPage { index: li })?;
                     let take = (npages - index).min(LIST_PAGE_ENTRIES as u32) as usize;
                     for raw in buf.chunks_exact(8).take(take) {
@@ -213,11 +223,22 @@ impl PageList {
         Some((self.page(index)? + within, page - within))
     }
 
-    /// Host memory used by the translation, in bytes.
-    pub fn host_bytes(&self) -> usize {
+    /// Host memory used by the translation, in bytes (fixed once the list
+    /// is built).
+    pub fn host_bytes(&self) -> u64 {
         match &self.pages {
             Pages::Contiguous(_) => 0,
-            Pages::List(l) => l.capacity() * 8,
+            Pages::List(l) => l.capacity() as u64 * 8,
+        }
+    }
+
+    /// Host bytes the translation of a list of `npages` pages in `mode`
+    /// takes, before it is built.
+    pub fn host_bytes_for(mode: u32, npages: u32) -> u64 {
+        if mode == PageListMode::CONTIGUOUS as u32 {
+            0
+        } else {
+            u64::from(npages) * 8
         }
     }
 }
@@ -225,6 +246,15 @@ impl PageList {
 /// Pages needed to hold `bytes` bytes at the given page size.
 pub fn pages_for(bytes: u64, page_shift: u32) -> u64 {
     bytes.div_ceil(1u64 << page_shift.min(63))
+}
+
+/// Refuses a translation that would exceed the VM's host memory budget.
+fn budget(limits: &PageListLimits, mode: u32, npages: u32) -> Result<(), PageListError> {
+    let bytes = PageList::host_bytes_for(mode, npages);
+    if bytes > limits.max_list_bytes {
+        return Err(PageListError::OverBudget(bytes));
+    }
+    Ok(())
 }
 
 fn expect_len(trailing: &[u8], expected: u64) -> Result<(), PageListError> {
@@ -247,12 +277,13 @@ fn le64(raw: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vm_memory::GuestMemoryMmap;
+    use vm_memory::{Bytes, GuestMemoryMmap};
 
     const LIMITS: PageListLimits = PageListLimits {
         max_pages: 1 << 24,
         max_inline: 512,
         page_size_cap: 0x7fff_f000,
+        max_list_bytes: u64::MAX,
     };
 
     fn setup() -> (GuestMemoryMmap<()>, RamMap) {
@@ -393,6 +424,34 @@ mod tests {
             &mem,
         );
         assert_eq!(r, Err(PageListError::BadPage { index: 519 }));
+    }
+
+    #[test]
+    fn translation_over_budget_is_refused_before_allocating() {
+        let (mem, ram) = setup();
+        let limits = PageListLimits {
+            max_list_bytes: 2 * 8,
+            ..LIMITS
+        };
+        let d = desc(PageListMode::INLINE, 3, 0);
+        let pages = list(&[0x1000, 0x2000, 0x3000]);
+        assert_eq!(
+            PageList::resolve(&d, &pages, &limits, &ram, &mem),
+            Err(PageListError::OverBudget(24))
+        );
+        let d = desc(PageListMode::INLINE, 2, 0);
+        let pl = PageList::resolve(&d, &pages[..16], &limits, &ram, &mem);
+        assert_eq!(pl.map(|p| p.host_bytes()), Ok(16));
+        // Indirect: refused on the count, before any list page is read.
+        let d = desc(PageListMode::INDIRECT, 3, 0);
+        assert_eq!(
+            PageList::resolve(&d, &list(&[0x20_0000]), &limits, &ram, &mem),
+            Err(PageListError::OverBudget(24))
+        );
+        // Contiguous descriptions cost nothing.
+        let d = desc(PageListMode::CONTIGUOUS, 64, 0);
+        let pl = PageList::resolve(&d, &[], &limits, &ram, &mem);
+        assert_eq!(pl.map(|p| p.host_bytes()), Ok(0));
     }
 
     #[test]

@@ -18,7 +18,7 @@ struct Region {
 }
 
 /// Guest RAM as a sorted list of non-overlapping `[start, end)` ranges.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct RamMap {
     regions: Vec<Region>,
     last_hit: Cell<usize>,

@@ -253,6 +253,7 @@ fn resources_json(r: &ResourceCounts) -> Value {
     json!({
         "ctx": r.ctx, "pd": r.pd, "cq": r.cq, "qp": r.qp, "mr": r.mr,
         "srq": r.srq, "ah": r.ah, "registered_bytes": r.registered_bytes,
+        "host_bytes": r.host_bytes,
     })
 }
 
@@ -291,6 +292,7 @@ fn vm_summary(view: &DaemonView, s: &VmSnapshot) -> Value {
         "engine": view.engine_of(s.index),
         "connected": s.stats.connected,
         "connections": s.stats.connections,
+        "stale_ms": s.stats.stale_ms,
         "resources": resources_json(&s.stats.device.resources),
         "qos": s.qos.as_ref().map(qos_json),
     })
@@ -327,6 +329,7 @@ fn vm_stats(s: &VmSnapshot) -> Map<String, Value> {
         "tenant": s.tenant_name,
         "connected": s.stats.connected,
         "connections": s.stats.connections,
+        "stale_ms": s.stats.stale_ms,
         "resources": resources_json(&d.resources),
         "ctrl": {
             "ok": d.ctrl.ok,

@@ -445,6 +445,18 @@ fn stats_text(a: &Value) -> String {
         },
         u(a, &["connections"])
     );
+    if let Some(ms) = a["stale_ms"].as_u64() {
+        // The VM's state lock was busy: the objects, control and queue
+        // values below are the last ones read.
+        out.push_str(&format!(
+            "(state lock busy: objects, control and queue values are {} old)\n",
+            if ms == u64::MAX {
+                "unknown (never read)".to_string()
+            } else {
+                format!("{ms} ms")
+            }
+        ));
+    }
     section(
         &mut out,
         "objects",
@@ -458,6 +470,7 @@ fn stats_text(a: &Value) -> String {
             "srq",
             "ah",
             "registered_bytes",
+            "host_bytes",
         ],
     );
     section(

@@ -2,7 +2,9 @@
 //!
 //! A handle is `generation << 20 | slot`. The generation of a slot advances
 //! every time its object is destroyed, so a stale handle never names the
-//! object that later reuses the slot. Handle 0 is never issued.
+//! object that later reuses the slot. A slot whose generation is used up
+//! (4095 objects) is retired rather than wrapped: a wrap would make the
+//! handles of its first objects resolve again. Handle 0 is never issued.
 
 const SLOT_BITS: u32 = virtio_rdma_abi::ctrl::HANDLE_SLOT_BITS;
 const SLOT_MASK: u32 = (1 << SLOT_BITS) - 1;
@@ -15,6 +17,10 @@ struct Slot<T> {
     gen: u32,
     value: Option<T>,
 }
+
+/// Generation of a retired slot: never matches a handle (handles carry
+/// 1..=MAX_GEN), so nothing resolves through the slot again.
+const RETIRED: u32 = 0;
 
 /// A table of objects of one kind, addressed by generation-checked handles.
 pub struct HandleTable<T> {
@@ -96,8 +102,15 @@ impl<T> HandleTable<T> {
             return None;
         }
         let value = slot.value.take()?;
-        slot.gen = if slot.gen >= MAX_GEN { 1 } else { slot.gen + 1 };
-        self.free.push(index);
+        if slot.gen >= MAX_GEN {
+            // Every handle of this slot has been issued: retire it. This
+            // costs one slot per 4095 objects, so a table runs out only
+            // after some 4·10^9 creations (`insert` then fails).
+            slot.gen = RETIRED;
+        } else {
+            slot.gen += 1;
+            self.free.push(index);
+        }
         self.live -= 1;
         Some(value)
     }
@@ -156,15 +169,32 @@ mod tests {
     }
 
     #[test]
-    fn generation_wraps_but_never_zero() {
+    fn exhausted_slot_is_retired_not_wrapped() {
         let mut t = HandleTable::default();
-        let mut last = 0;
-        for _ in 0..(MAX_GEN as usize + 5) {
-            let h = t.insert(1u8).unwrap_or(0);
+        let mut issued = std::collections::HashSet::new();
+        let first = t.insert(0u32).unwrap_or(0);
+        assert_ne!(first, 0);
+        issued.insert(first);
+        t.remove(first);
+        // Reuse the slot past its last generation: every handle is new.
+        for i in 1..(MAX_GEN + 5) {
+            let h = t.insert(i).unwrap_or(0);
             assert_ne!(h, 0);
-            assert_ne!(h, last);
-            last = h;
-            t.remove(h);
+            assert!(issued.insert(h), "handle {h:#x} issued twice (round {i})");
+            assert_eq!(
+                t.get(first),
+                None,
+                "stale first handle resolves (round {i})"
+            );
+            assert_eq!(t.get(h), Some(&i));
+            assert_eq!(t.remove(h), Some(i));
         }
+        // Slot 0 was retired after its 4095th object; the table moved on.
+        assert_eq!(t.slots.len(), 2);
+        assert!(t.slots.first().is_some_and(|s| s.gen == RETIRED));
+        let h = t.insert(7).unwrap_or(0);
+        assert_eq!(h & SLOT_MASK, 1);
+        assert_eq!(t.get(first), None);
+        assert_eq!(t.len(), 1);
     }
 }

@@ -13,10 +13,11 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use handle::HandleTable;
 pub use objects::{
-    Ah, Context, Cq, CqRuntime, Inbound, Mr, Pd, Qp, QpRuntime, SendPartial, SendWait, Srq,
-    SrqRuntime,
+    Ah, Context, Cq, CqRuntime, HostCost, Inbound, Mr, Pd, Qp, QpRuntime, SendPartial, SendWait,
+    Srq, SrqRuntime,
 };
 
+use crate::memory::PageList;
 use crate::rnic::Rnic;
 use crate::shmem::{DbSlot, DoorbellPages};
 
@@ -75,6 +76,8 @@ pub struct ResourceCounts {
     pub ah: usize,
     /// Bytes registered by all MRs.
     pub registered_bytes: u64,
+    /// Host memory held for the live objects ([`HostCost`]).
+    pub host_bytes: u64,
 }
 
 impl ResourceCounts {
@@ -116,8 +119,14 @@ pub struct VmResources {
     pub rkeys: KeyMap<u32>,
     /// Sum of the lengths of all live MRs.
     pub registered_bytes: u64,
+    /// Sum of the [`HostCost`] of all live objects.
+    pub host_bytes: u64,
     /// Doorbell pages and slots (shared-memory doorbell mode).
     pub doorbells: Option<DoorbellPages>,
+    /// Translations of destroyed objects, not yet freed: freeing the 32 MiB
+    /// of a 16 GiB MR takes milliseconds, which the control path spends
+    /// after it releases the VM's lock ([`VmResources::take_released`]).
+    released: Vec<PageList>,
 }
 
 fn dec(count: &mut u32) {
@@ -136,12 +145,39 @@ impl VmResources {
             srq: self.srqs.len(),
             ah: self.ahs.len(),
             registered_bytes: self.registered_bytes,
+            host_bytes: self.host_bytes,
         }
+    }
+
+    /// Charges the host memory of an object just inserted (its cost taken
+    /// before the insert, see [`HostCost`]).
+    pub fn charge(&mut self, bytes: u64) {
+        self.host_bytes = self.host_bytes.saturating_add(bytes);
+    }
+
+    fn refund(&mut self, obj: &impl HostCost) {
+        self.host_bytes = self.host_bytes.saturating_sub(obj.host_cost());
+    }
+
+    /// Keeps a translation that is no longer used (of a destroyed object,
+    /// or of one that could not be created) for [`VmResources::take_released`]
+    /// (only one that holds heap memory).
+    pub fn release(&mut self, pages: PageList) {
+        if pages.host_bytes() > 0 {
+            self.released.push(pages);
+        }
+    }
+
+    /// The translations of objects destroyed since the last call: the
+    /// caller drops them once it no longer holds the VM's lock.
+    pub fn take_released(&mut self) -> Vec<PageList> {
+        std::mem::take(&mut self.released)
     }
 
     /// Destroys a QP and drops its references; its QPN returns to the engine.
     pub fn destroy_qp(&mut self, handle: u32, rnic: &dyn Rnic) -> Result<(), DestroyError> {
         let qp = self.qps.remove(handle).ok_or(DestroyError::BadHandle)?;
+        self.refund(&qp);
         if let Some(pd) = self.pds.get_mut(qp.pd) {
             dec(&mut pd.users);
         }
@@ -157,6 +193,7 @@ impl VmResources {
         }
         rnic.free_qpn(qp.qpn);
         self.free_slot(qp.db_slot.as_ref());
+        self.release(qp.ring);
         Ok(())
     }
 
@@ -169,6 +206,7 @@ impl VmResources {
     /// Deregisters an MR.
     pub fn dereg_mr(&mut self, handle: u32) -> Result<(), DestroyError> {
         let mr = self.mrs.remove(handle).ok_or(DestroyError::BadHandle)?;
+        self.refund(&mr);
         self.lkeys.remove(&mr.lkey);
         if mr.rkey != 0 {
             self.rkeys.remove(&mr.rkey);
@@ -177,12 +215,14 @@ impl VmResources {
         if let Some(pd) = self.pds.get_mut(mr.pd) {
             dec(&mut pd.users);
         }
+        self.release(mr.pages);
         Ok(())
     }
 
     /// Destroys an AH.
     pub fn destroy_ah(&mut self, handle: u32) -> Result<(), DestroyError> {
         let ah = self.ahs.remove(handle).ok_or(DestroyError::BadHandle)?;
+        self.refund(&ah);
         if let Some(pd) = self.pds.get_mut(ah.pd) {
             dec(&mut pd.users);
         }
@@ -197,7 +237,9 @@ impl VmResources {
         }
         let pd = srq.pd;
         if let Some(srq) = self.srqs.remove(handle) {
+            self.refund(&srq);
             self.free_slot(srq.db_slot.as_ref());
+            self.release(srq.ring);
         }
         if let Some(pd) = self.pds.get_mut(pd) {
             dec(&mut pd.users);
@@ -211,7 +253,10 @@ impl VmResources {
         if cq.users > 0 {
             return Err(DestroyError::Busy(cq.users));
         }
-        self.cqs.remove(handle);
+        if let Some(cq) = self.cqs.remove(handle) {
+            self.refund(&cq);
+            self.release(cq.ring);
+        }
         Ok(())
     }
 
@@ -221,7 +266,9 @@ impl VmResources {
         if pd.users > 0 {
             return Err(DestroyError::Busy(pd.users));
         }
-        self.pds.remove(handle);
+        if let Some(pd) = self.pds.remove(handle) {
+            self.refund(&pd);
+        }
         Ok(())
     }
 
@@ -250,6 +297,7 @@ impl VmResources {
             let _ = self.dealloc_pd(h);
         }
         if let Some(ctx) = self.ctxs.remove(handle) {
+            self.refund(&ctx);
             if let (Some(db), Some(page)) = (self.doorbells.as_mut(), ctx.db_page) {
                 db.free_page(page);
             }
@@ -276,6 +324,7 @@ impl VmResources {
         self.lkeys.clear();
         self.rkeys.clear();
         self.registered_bytes = 0;
+        self.host_bytes = 0;
         if let Some(db) = self.doorbells.as_mut() {
             db.clear();
         }
@@ -288,4 +337,71 @@ fn collect<T>(table: &HandleTable<T>, pred: impl Fn(&T) -> bool) -> Vec<u32> {
         .filter(|(_, o)| pred(o))
         .map(|(h, _)| h)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::pagelist::PageListLimits;
+    use crate::memory::RamMap;
+    use crate::rnic::soft::SoftRnic;
+    use virtio_rdma_abi::mem::{BufferDesc, PageListMode};
+    use vm_memory::{GuestAddress, GuestMemoryMmap};
+
+    fn mr(npages: u32) -> Mr {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
+        let ram = RamMap::from_guest_memory(&mem);
+        let desc = BufferDesc {
+            addr: 0,
+            npages,
+            first_page_offset: 0,
+            page_shift: 12,
+            mode: PageListMode::INLINE as u32,
+        };
+        let list: Vec<u8> = (0..u64::from(npages))
+            .flat_map(|i| ((i % 16) * 4096).to_le_bytes())
+            .collect();
+        let limits = PageListLimits {
+            max_pages: 1 << 20,
+            max_inline: 1 << 20,
+            page_size_cap: 1 << 12,
+            max_list_bytes: u64::MAX,
+        };
+        Mr {
+            pd: 0,
+            ctx: 0,
+            access: 0,
+            iova: 0,
+            length: u64::from(npages) * 4096,
+            first_page_offset: 0,
+            lkey: 7,
+            rkey: 0,
+            pages: PageList::resolve(&desc, &list, &limits, &ram, &mem).unwrap(),
+        }
+    }
+
+    #[test]
+    fn destroyed_translations_are_handed_out_for_freeing() {
+        let mut res = VmResources::default();
+        let m = mr(1000);
+        let cost = m.host_cost();
+        assert!(cost >= 8000);
+        let h = res.mrs.insert(m).unwrap_or(0);
+        res.lkeys.insert(7, h);
+        res.charge(cost);
+        assert_eq!(res.counts().host_bytes, cost);
+        res.dereg_mr(h).unwrap();
+        assert_eq!(res.counts().host_bytes, 0);
+        let released = res.take_released();
+        assert_eq!(released.len(), 1);
+        assert_eq!(released.first().map(PageList::host_bytes), Some(8000));
+        assert!(res.take_released().is_empty());
+        // A reset frees everything itself.
+        let h = res.mrs.insert(mr(10)).unwrap_or(0);
+        res.charge(1);
+        let rnic = SoftRnic::new().unwrap();
+        res.clear(&rnic);
+        assert!(res.mrs.get(h).is_none());
+        assert_eq!(res.counts().host_bytes, 0);
+    }
 }

@@ -280,3 +280,107 @@ pub struct Srq {
     /// Data-path state.
     pub rt: SrqRuntime,
 }
+
+/// Host memory an object holds for its VM while it lives, in bytes: the
+/// object itself (it lives in a handle-table slot) and what it owns on the
+/// heap — the page-list translation of an MR or a queue ring, an MR's key
+/// map entries, the engine's per-QP state. Charged against the VM's
+/// `max_host_bytes` when the object is created and given back when it is
+/// destroyed. A deterministic function of the object, so the charge and
+/// the refund are always equal.
+pub trait HostCost {
+    /// Bytes held.
+    fn host_cost(&self) -> u64;
+
+    /// The object's translation, if it has one (for freeing it outside the
+    /// VM's lock when the object is dropped without being created).
+    fn into_pages(self) -> Option<PageList>
+    where
+        Self: Sized,
+    {
+        None
+    }
+}
+
+/// A handle-table slot's own bytes besides the object (its generation).
+const SLOT_BYTES: u64 = 8;
+/// One entry of an lkey or rkey map (key, handle, control byte, rounded up
+/// for the table's spare capacity).
+const KEY_ENTRY_BYTES: u64 = 16;
+/// What the engine keeps per QP outside the object (its entry in the
+/// serving thread's polling list and scheduler), an upper estimate.
+const ENGINE_QP_BYTES: u64 = 128;
+/// The most a QP receiving a message in pieces holds ([`Inbound`] with the
+/// SGEs of a receive WQE, at most 30 by the `max_recv_sge` range).
+const INBOUND_BYTES: u64 = std::mem::size_of::<Inbound>() as u64 + 30 * 16;
+
+fn own<T>() -> u64 {
+    std::mem::size_of::<T>() as u64 + SLOT_BYTES
+}
+
+impl HostCost for Context {
+    fn host_cost(&self) -> u64 {
+        own::<Self>()
+    }
+}
+
+impl HostCost for Pd {
+    fn host_cost(&self) -> u64 {
+        own::<Self>()
+    }
+}
+
+impl HostCost for Ah {
+    fn host_cost(&self) -> u64 {
+        own::<Self>()
+    }
+}
+
+impl HostCost for Cq {
+    fn host_cost(&self) -> u64 {
+        own::<Self>() + self.ring.host_bytes()
+    }
+
+    fn into_pages(self) -> Option<PageList> {
+        Some(self.ring)
+    }
+}
+
+impl HostCost for Srq {
+    fn host_cost(&self) -> u64 {
+        own::<Self>() + self.ring.host_bytes()
+    }
+
+    fn into_pages(self) -> Option<PageList> {
+        Some(self.ring)
+    }
+}
+
+impl Qp {
+    /// The [`HostCost`] of a QP whose ring is `ring` (known before the QP
+    /// is built, to check the budget before a QP number is taken).
+    pub fn cost_with_ring(ring: &PageList) -> u64 {
+        own::<Self>() + ring.host_bytes() + ENGINE_QP_BYTES + INBOUND_BYTES
+    }
+}
+
+impl HostCost for Qp {
+    fn host_cost(&self) -> u64 {
+        Qp::cost_with_ring(&self.ring)
+    }
+
+    fn into_pages(self) -> Option<PageList> {
+        Some(self.ring)
+    }
+}
+
+impl HostCost for Mr {
+    fn host_cost(&self) -> u64 {
+        let keys = if self.rkey != 0 { 2 } else { 1 };
+        own::<Self>() + self.pages.host_bytes() + keys * KEY_ENTRY_BYTES
+    }
+
+    fn into_pages(self) -> Option<PageList> {
+        Some(self.pages)
+    }
+}

@@ -1,0 +1,311 @@
+//! Copies to and from guest memory that the guest may change while they run.
+//!
+//! A `memcpy` on memory another thread writes concurrently is a data race,
+//! undefined behaviour for the Rust abstract machine even though it works
+//! in practice; volatile accesses are what the language offers for memory
+//! shared with an outside agent. A byte-wise volatile loop would cost ~20x
+//! a `memcpy`, so the guest side is accessed in aligned 8-byte words (and,
+//! on x86_64, 16-byte SSE2 words): as fast as `memcpy` when both sides
+//! share their alignment modulo 8. Between two guest mappings that do not,
+//! x86_64 copies of 512 bytes or more are one `rep movsb` in inline
+//! assembly, which the compiler cannot look into either (as fast as
+//! `memcpy` on CPUs with ERMS); shorter ones splice aligned words at about
+//! a third of `memcpy`'s throughput (docs/benchmarks.md, "Volatile guest
+//! copies").
+//!
+//! Every function takes raw host pointers into guest mappings. The word
+//! loops rely on guest mappings being page aligned (mmap), so an aligned
+//! word that holds one byte of a mapped range is itself mapped.
+
+use vm_memory::bitmap::Bitmap;
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryError};
+
+/// Width of the guest-side words.
+const W: usize = 8;
+
+/// Shortest copy between guest mappings of different alignment done with
+/// `rep movsb` (its start-up cost beats the word splice from about here).
+#[cfg(target_arch = "x86_64")]
+const MOVSB_MIN: usize = 512;
+
+/// One byte, volatile on both sides.
+///
+/// # Safety
+/// `src` valid for a read and `dst` for a write of one byte.
+#[inline(always)]
+unsafe fn byte(src: *const u8, dst: *mut u8) {
+    // SAFETY: by the caller's contract.
+    unsafe { dst.write_volatile(src.read_volatile()) }
+}
+
+/// Copies `dst.len()` bytes from guest memory at `src` into our own buffer.
+///
+/// # Safety
+/// `src` must be valid for reads of `dst.len()` bytes, inside one guest
+/// mapping that stays mapped for the call.
+pub(crate) unsafe fn from_guest(src: *const u8, dst: &mut [u8]) {
+    let n = dst.len();
+    let d = dst.as_mut_ptr();
+    let head = src.align_offset(W).min(n);
+    let mut i = 0;
+    // SAFETY: every access below is at an offset `< n` of both ranges; the
+    // guest-side word reads are aligned (`src + head` is 8-byte aligned)
+    // and inside the range; our side is written unaligned (plain memory).
+    unsafe {
+        while i < head {
+            byte(src.add(i), d.add(i));
+            i += 1;
+        }
+        while i + W <= n {
+            let v = src.add(i).cast::<u64>().read_volatile();
+            d.add(i).cast::<u64>().write_unaligned(v);
+            i += W;
+        }
+        while i < n {
+            byte(src.add(i), d.add(i));
+            i += 1;
+        }
+    }
+}
+
+/// Copies `src` (our own buffer) to guest memory at `dst`.
+///
+/// # Safety
+/// `dst` must be valid for writes of `src.len()` bytes, inside one guest
+/// mapping that stays mapped for the call.
+pub(crate) unsafe fn to_guest(src: &[u8], dst: *mut u8) {
+    let n = src.len();
+    let s = src.as_ptr();
+    let head = dst.align_offset(W).min(n);
+    let mut i = 0;
+    // SAFETY: as in `from_guest`, with the guest on the writing side.
+    unsafe {
+        while i < head {
+            byte(s.add(i), dst.add(i));
+            i += 1;
+        }
+        while i + W <= n {
+            let v = s.add(i).cast::<u64>().read_unaligned();
+            dst.add(i).cast::<u64>().write_volatile(v);
+            i += W;
+        }
+        while i < n {
+            byte(s.add(i), dst.add(i));
+            i += 1;
+        }
+    }
+}
+
+/// Copies `n` bytes between guest mappings (of one guest or two); the
+/// ranges may overlap.
+///
+/// # Safety
+/// `src` valid for reads and `dst` for writes of `n` bytes, each inside
+/// one page-aligned guest mapping that stays mapped for the call.
+pub(crate) unsafe fn guest_to_guest(src: *const u8, dst: *mut u8, n: usize) {
+    let (s, d) = (src as usize, dst as usize);
+    if s < d.wrapping_add(n) && d < s.wrapping_add(n) {
+        // Overlap (a guest copying within its own memory, rare): byte by
+        // byte in the direction that reads every byte before it is
+        // overwritten.
+        // SAFETY: offsets `< n` of both ranges.
+        unsafe {
+            if d <= s {
+                for i in 0..n {
+                    byte(src.add(i), dst.add(i));
+                }
+            } else {
+                for i in (0..n).rev() {
+                    byte(src.add(i), dst.add(i));
+                }
+            }
+        }
+        return;
+    }
+    let head = dst.align_offset(W).min(n);
+    let mut i = 0;
+    // SAFETY: byte accesses are at offsets `< n`. Word writes are aligned
+    // (`dst + head` is) and inside the destination range. Word reads are
+    // aligned and each holds at least one byte of the source range, so
+    // they lie in the same page of the mapping (see the module comment).
+    unsafe {
+        while i < head {
+            byte(src.add(i), dst.add(i));
+            i += 1;
+        }
+        let words = (n - i) / W;
+        let (s0, d0) = (src.add(i), dst.add(i).cast::<u64>());
+        let shift = s0 as usize % W;
+        #[cfg(target_arch = "x86_64")]
+        if shift != 0 && n - i >= MOVSB_MIN {
+            // SAFETY: `rep movsb` copies `n - i` bytes forward from `s0`
+            // to `dst + i`, both inside their ranges, which do not overlap
+            // (checked above). The direction flag is clear on entry to an
+            // asm block (Rust's x86 asm rules); rcx, rsi and rdi are
+            // declared clobbered, no flags change.
+            std::arch::asm!(
+                "rep movsb",
+                inout("rcx") n - i => _,
+                inout("rsi") s0 => _,
+                inout("rdi") dst.add(i) => _,
+                options(nostack, preserves_flags)
+            );
+            return;
+        }
+        if shift == 0 {
+            aligned_words(s0.cast::<u64>(), d0, words);
+        } else {
+            // Source and destination disagree modulo 8: read aligned source
+            // words and splice neighbours (little-endian byte order).
+            let sw = s0.sub(shift).cast::<u64>();
+            let (lo_shift, hi_shift) = ((shift * 8) as u32, (64 - shift * 8) as u32);
+            let mut lo = sw.read_volatile();
+            for k in 0..words {
+                let hi = sw.add(k + 1).read_volatile();
+                d0.add(k)
+                    .write_volatile((lo >> lo_shift) | (hi << hi_shift));
+                lo = hi;
+            }
+        }
+        i += words * W;
+        while i < n {
+            byte(src.add(i), dst.add(i));
+            i += 1;
+        }
+    }
+}
+
+/// Copies `buf.len()` bytes of guest memory at `gpa`, which must lie in
+/// one region of `mem`, into `buf` (the control path's view of guest
+/// memory: vm-memory's own copies are `memcpy`s above 8 bytes).
+pub fn read_guest<M: GuestMemoryBackend + ?Sized>(
+    mem: &M,
+    gpa: GuestAddress,
+    buf: &mut [u8],
+) -> Result<(), GuestMemoryError> {
+    let slice = mem.get_slice(gpa, buf.len())?;
+    let guard = slice.ptr_guard();
+    // SAFETY: `get_slice` checked that `buf.len()` bytes at `gpa` lie in
+    // one mapped region; `guard` keeps the mapping alive for the copy.
+    unsafe { from_guest(guard.as_ptr(), buf) };
+    Ok(())
+}
+
+/// Copies `data` to guest memory at `gpa`, which must lie in one region of
+/// `mem`, and marks the bytes dirty for the VMM's dirty-page log.
+pub fn write_guest<M: GuestMemoryBackend + ?Sized>(
+    mem: &M,
+    gpa: GuestAddress,
+    data: &[u8],
+) -> Result<(), GuestMemoryError> {
+    let slice = mem.get_slice(gpa, data.len())?;
+    let guard = slice.ptr_guard_mut();
+    // SAFETY: as in `read_guest`, in the other direction.
+    unsafe { to_guest(data, guard.as_ptr()) };
+    slice.bitmap().mark_dirty(0, data.len());
+    Ok(())
+}
+
+/// `words` aligned 8-byte words from `s` to `d`, volatile on both sides.
+///
+/// # Safety
+/// Both 8-byte aligned, valid for `words` words.
+#[inline(always)]
+unsafe fn aligned_words(s: *const u64, d: *mut u64, words: usize) {
+    let mut k = 0;
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::__m128i;
+        // SAFETY: by the caller's contract. Taken only when `s` and `d`
+        // agree modulo 16; after at most one single word both are 16-byte
+        // aligned, as SSE2 words must be. SSE2 is part of the x86_64
+        // baseline.
+        unsafe {
+            if (s as usize) % 16 == (d as usize) % 16 {
+                if (d as usize) % 16 != 0 && words > 0 {
+                    d.write_volatile(s.read_volatile());
+                    k = 1;
+                }
+                let pairs = (words - k) / 2;
+                let (s2, d2) = (s.add(k).cast::<__m128i>(), d.add(k).cast::<__m128i>());
+                for j in 0..pairs {
+                    d2.add(j).write_volatile(s2.add(j).read_volatile());
+                }
+                k += pairs * 2;
+            }
+        }
+    }
+    // SAFETY: by the caller's contract.
+    unsafe {
+        while k < words {
+            d.add(k).write_volatile(s.add(k).read_volatile());
+            k += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every alignment pair and a range of lengths, against a plain copy.
+    #[test]
+    fn copies_match_plain_copies() {
+        let src: Vec<u8> = (0..600u32).map(|i| (i * 7 + 3) as u8).collect();
+        for so in 0..17 {
+            for d_off in 0..17 {
+                for n in [0, 1, 7, 8, 9, 15, 16, 17, 31, 33, 64, 100, 511, 513, 560] {
+                    let want = &src[so..so + n];
+                    let mut a = vec![0u8; 600];
+                    // SAFETY: in-bounds ranges of live vectors.
+                    unsafe { guest_to_guest(src.as_ptr().add(so), a.as_mut_ptr().add(d_off), n) };
+                    assert_eq!(&a[d_off..d_off + n], want, "g2g {so} {d_off} {n}");
+                    assert!(a[..d_off].iter().all(|&b| b == 0));
+                    assert!(a[d_off + n..].iter().all(|&b| b == 0));
+                    let mut b = vec![0u8; n];
+                    // SAFETY: as above.
+                    unsafe { from_guest(src.as_ptr().add(so), &mut b) };
+                    assert_eq!(&b[..], want);
+                    let mut c = vec![0u8; 600];
+                    // SAFETY: as above.
+                    unsafe { to_guest(want, c.as_mut_ptr().add(d_off)) };
+                    assert_eq!(&c[d_off..d_off + n], want);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn guest_reads_and_writes_stay_in_one_region() {
+        use vm_memory::{Bytes, GuestMemoryMmap};
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[
+            (GuestAddress(0), 0x10_0000),
+            (GuestAddress(0x10_0000), 0x10_0000),
+        ])
+        .unwrap();
+        let data: Vec<u8> = (0..300u32).map(|i| i as u8).collect();
+        write_guest(&mem, GuestAddress(0x1003), &data).unwrap();
+        let mut back = vec![0u8; 300];
+        mem.read_slice(&mut back, GuestAddress(0x1003)).unwrap();
+        assert_eq!(back, data);
+        let mut again = vec![0u8; 300];
+        read_guest(&mem, GuestAddress(0x1003), &mut again).unwrap();
+        assert_eq!(again, data);
+        // Across the boundary of two regions, or outside RAM: refused.
+        assert!(read_guest(&mem, GuestAddress(0xf_ff00), &mut again).is_err());
+        assert!(write_guest(&mem, GuestAddress(0x20_0000), &data).is_err());
+    }
+
+    #[test]
+    fn overlapping_copies_move_like_memmove() {
+        for (from, to) in [(0usize, 5usize), (5, 0), (3, 11), (11, 3)] {
+            let mut v: Vec<u8> = (0..64u8).collect();
+            let mut want = v.clone();
+            want.copy_within(from..from + 40, to);
+            let p = v.as_mut_ptr();
+            // SAFETY: both ranges inside `v`.
+            unsafe { guest_to_guest(p.add(from), p.add(to), 40) };
+            assert_eq!(v, want, "{from} -> {to}");
+        }
+    }
+}
