@@ -446,3 +446,44 @@ fn a_paused_vm_takes_its_messages_when_it_resumes() {
         assert!(!d.stats(1).device.resources.is_empty(), "objects kept");
     }
 }
+
+/// Retries are work the guest causes too: with `timeout` 0 an RC QP
+/// retries a message to nowhere every 10 ms without end, so 50 such QPs
+/// would make 5,000 tries a second. Each try is charged to the VM's rate
+/// limits: at 100 work requests/s, half a second sees about 50 tries (they
+/// were free: 2,500).
+#[test]
+fn retries_are_charged_to_the_vms_rate_limit() {
+    use vhost_user_rdma::qos::QosSpec;
+    use virtio_rdma_driver::RcConnect;
+    let d = TestDaemon::start(2).unwrap();
+    let a = Vm::open(&d, 0, VmmOptions::default());
+    let b = Vm::open(&d, 1, VmmOptions::default());
+    let cq = Cq::create(&a.dev, 256).unwrap();
+    let buf = Buf::new(&a, 4096);
+    d.set_vm_qos(
+        0,
+        QosSpec {
+            ops_per_sec: 100,
+            ..QosSpec::default()
+        },
+    )
+    .unwrap();
+    let qps: Vec<_> = (0..50u32)
+        .map(|i| {
+            let q = rc_qp(&a, &cq);
+            let mut c = RcConnect::new(0x00ab_cd00 + i, b.dev.gid());
+            c.timeout = 0;
+            q.rc_connect(QP_ACCESS, &c).unwrap();
+            q.post_send(&[wr(1, SendOp::Send, &[buf.sge(0, 64)])])
+                .unwrap();
+            q
+        })
+        .collect();
+    let before = d.isolation(0).unknown_qpn;
+    std::thread::sleep(Duration::from_millis(500));
+    let tries = d.isolation(0).unknown_qpn - before;
+    assert!(tries > 0, "the QPs retry");
+    assert!(tries <= 150, "{tries} tries in 0.5 s at 100/s");
+    drop(qps);
+}

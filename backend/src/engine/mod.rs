@@ -1171,8 +1171,12 @@ impl Engine {
             };
             match outcome {
                 Step::Wait(w) => {
+                    // Each try (an RNR or a transport retry) is work the
+                    // guest caused: a work request to its rate limits, as
+                    // to its share (the pass charges the service).
                     scratch.timer(w.at);
                     qp.rt.wait = Some(w);
+                    scratch.limits.charge_ops(vm_id, 1);
                     break;
                 }
                 Step::Piece => {
