@@ -266,13 +266,17 @@ impl DbList {
             scratch.timer(at);
             return;
         }
-        self.rebuild();
+        if !self.rebuild() {
+            scratch.contended = true;
+            return;
+        }
         let took = now.elapsed();
         self.rebuild_after = (took > REBUILD_FREE).then(|| now + took * REBUILD_SPACING);
     }
 
-    /// Rebuilds the list from the VM's tables (under its lock).
-    fn rebuild(&mut self) {
+    /// Rebuilds the list from the VM's tables (under its lock); false if
+    /// the lock was busy (the list stays as it was).
+    fn rebuild(&mut self) -> bool {
         // Indices into the old `qps` mean nothing now.
         self.work.clear();
         self.next = 0;
@@ -322,7 +326,7 @@ impl DbList {
                 self.host = Some(host);
             }
             // The control path holds the lock: the next sweep rebuilds.
-            Locked::Busy => {}
+            Locked::Busy => return false,
             Locked::Gone => {
                 // No memory: nothing to poll until the next generation.
                 self.qps.clear();
@@ -330,6 +334,7 @@ impl DbList {
                 self.gen = Some(self.dev.dp_generation());
             }
         }
+        true
     }
 
     /// Reads every doorbell and collects the QPs with something to do.
@@ -390,6 +395,9 @@ struct Scratch {
     /// The most bytes the next execution of a plain RDMA WRITE may move
     /// (`u64::MAX`: whole), set by the burst.
     piece: u64,
+    /// A VM's lock was busy since this was last cleared, so there may be
+    /// work the engine could not look at: it must not park on it.
+    contended: bool,
     /// Sweeps so far, and the last two VMs (list positions) that had work
     /// with the sweep they last had it in, most recent first.
     sweeps: u64,
@@ -409,6 +417,7 @@ impl Scratch {
             executed: (0, 0),
             split: false,
             piece: u64::MAX,
+            contended: false,
             sweeps: 0,
             recent: [(usize::MAX, 0); 2],
         }
@@ -647,12 +656,14 @@ impl Engine {
             // before the flag became visible is not missed.
             let armed = self.arm_kicks(&lists, true);
             fence(Ordering::SeqCst);
-            if self.sweep_all(&vms, &lists, &mut scratch) || !armed {
+            scratch.contended = false;
+            let found = self.sweep_all(&vms, &lists, &mut scratch);
+            if found || !armed || std::mem::take(&mut scratch.contended) {
                 // Work, or a VM whose lock was busy (its records may lack
                 // the flag, and the re-check skipped it): poll on.
                 self.arm_kicks(&lists, false);
                 idle_sweeps = 0;
-                if !armed {
+                if !found {
                     thread::yield_now();
                 }
                 continue;
@@ -716,19 +727,22 @@ fn pin_to(cpu: usize) {
 /// The lock is only tried: while the VM's control path holds it, `f` does
 /// not run (false), and the VM's work waits for the next sweep rather
 /// than every VM of the thread waiting for its command.
-fn work_on(dev: &RdmaDevice, f: impl FnOnce(&mut Ctrl, &HostMem) -> bool) -> bool {
+/// `None` if the lock was busy.
+fn work_on(dev: &RdmaDevice, f: impl FnOnce(&mut Ctrl, &HostMem) -> bool) -> Option<bool> {
     let ran = dev.try_with_dataplane(|ctrl, mem| {
         let before = ctrl.events.len();
         let did = f(ctrl, mem);
         (did, ctrl.events.len() != before)
     });
-    let Locked::Ran((did, events)) = ran else {
-        return false;
+    let (did, events) = match ran {
+        Locked::Ran(r) => r,
+        Locked::Busy => return None,
+        Locked::Gone => return Some(false),
     };
     if events {
         dev.wake_events();
     }
-    did
+    Some(did)
 }
 
 /// Sets or clears DB_FLAG_KICK in every QP and SRQ doorbell record of a
@@ -823,7 +837,7 @@ impl Engine {
             qps, work, next, ..
         } = list;
         scratch.split = scratch.others_active(turn.vm);
-        work_on(&dev, |ctrl, mem| {
+        let done = work_on(&dev, |ctrl, mem| {
             let mut did = false;
             if !ctrl.running() {
                 // Stopped since the scan (checked under the lock).
@@ -849,6 +863,10 @@ impl Engine {
                 }
             }
             did
+        });
+        done.unwrap_or_else(|| {
+            scratch.contended = true;
+            false
         })
     }
 
@@ -868,7 +886,7 @@ impl Engine {
         for (k, list) in lists.iter().enumerate() {
             let vm = &list.dev;
             scratch.split = scratch.others_active(k);
-            busy |= work_on(vm, |ctrl, mem| {
+            let done = work_on(vm, |ctrl, mem| {
                 if !ctrl.running() {
                     return false;
                 }
@@ -881,6 +899,10 @@ impl Engine {
                 scratch.handles = handles;
                 did
             });
+            match done {
+                Some(did) => busy |= did,
+                None => scratch.contended = true,
+            }
         }
         busy
     }
@@ -1073,7 +1095,10 @@ impl Engine {
                         // The peer's control path holds its lock: this QP
                         // waits for the next sweep (its messages would only
                         // find the lock busy).
-                        Locked::Busy => return false,
+                        Locked::Busy => {
+                            scratch.contended = true;
+                            return false;
+                        }
                         Locked::Gone => {}
                     }
                 }
