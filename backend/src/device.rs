@@ -160,7 +160,7 @@ pub enum Locked<R> {
     Ran(R),
     /// The VM's lock is held elsewhere: try again later.
     Busy,
-    /// No VMM is connected (or the thread holds the lock already).
+    /// No VMM is connected.
     Gone,
 }
 
@@ -329,17 +329,13 @@ impl RdmaDevice {
     /// for a VM's lock: a control command holding it (a large registration,
     /// say) would stall every VM the engine serves. `Busy` if the lock is
     /// taken; the engine comes back at its next sweep.
+    ///
+    /// A try never waits, so it needs no guard against the thread holding
+    /// the lock already: that, too, reads as `Busy`.
     pub fn try_with_dataplane<R>(
         &self,
         f: impl FnOnce(&mut Ctrl, &Arc<HostMem>) -> R,
     ) -> Locked<R> {
-        let Some(_held) = HeldLock::enter(self.id) else {
-            log::error!(
-                "VM {}: refusing to lock a VM this thread already holds (daemon bug)",
-                self.id
-            );
-            return Locked::Gone;
-        };
         let mut st = match self.state.try_lock() {
             Ok(st) => st,
             Err(std::sync::TryLockError::WouldBlock) => return Locked::Busy,

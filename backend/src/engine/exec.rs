@@ -161,6 +161,9 @@ pub enum RespOutcome {
 
 /// The requester's side of one message, ready for the responder.
 pub struct Request<'a> {
+    /// Its route passed the tenant policy's checks already (the engine's
+    /// pre-check of an RC message): delivery need not repeat them.
+    pub admitted: bool,
     /// The work request.
     pub wr: &'a SendWr<'a>,
     /// Index of the requester's VM (isolation counters are the

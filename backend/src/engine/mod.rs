@@ -1330,14 +1330,11 @@ impl Engine {
         }
         let start = partial.map_or(0, |p| p.done);
         let limit = if piecewise { *piece } else { u64::MAX };
-        // Cheap checks first, in the number of SGEs: keys, rights, bounds
-        // and the message length, before a page of it is translated (a
-        // message over a huge MR of one repeated page costs its sender
-        // nothing; its translation would cost the engine).
-        let total = match check_local(ctrl, pd, wr.sges, writes_local) {
-            Ok(t) => t,
-            Err(status) => return failed(ctrl, status),
-        };
+        // The message length first, from the SGE lengths alone, before any
+        // of it is looked up or translated (a message over a huge MR of one
+        // repeated page costs its sender nothing; its translation would
+        // cost the engine). At most 30 SGEs of 4 GiB: no overflow.
+        let total: u64 = wr.sges.iter().map(|s| u64::from(s.length)).sum();
         if partial.is_some_and(|p| p.len != total || p.wr_id != wr_id || p.done >= total) {
             return failed(ctrl, WcStatus::LOC_QP_OP_ERR);
         }
@@ -1390,7 +1387,15 @@ impl Engine {
             self.precheck_rc(vms, vm_id, ctrl, h, &mut route, dgid, held.as_deref())
         };
         let outcome = match unreached {
-            Some(outcome) => outcome,
+            Some(outcome) => {
+                // Nothing is moved, but a message that could not even be
+                // built still fails as such (keys, rights, bounds: a cost
+                // in SGEs, not pages).
+                if let Err(status) = check_local(ctrl, pd, wr.sges, writes_local) {
+                    return failed(ctrl, status);
+                }
+                outcome
+            }
             None => {
                 // Every piece resolves only its own part.
                 if let Err(status) =
@@ -1398,7 +1403,8 @@ impl Engine {
                 {
                     return failed(ctrl, status);
                 }
-                let req = Request {
+                let mut req = Request {
+                    admitted: !ud,
                     wr: &wr,
                     vm: vm_id,
                     src_qpn: qpn,
@@ -1428,6 +1434,7 @@ impl Engine {
                     // VM held for this burst: `deliver` must use that lock,
                     // not take it again.
                     let route = self.relookup(ctrl, h, dest_qpn, !ud);
+                    req.admitted = false;
                     outcome = deliver(vms, vm_id, ctrl, mem, route, dgid, &req, ud, resp, held);
                 }
                 outcome
@@ -1652,7 +1659,13 @@ fn deliver(
     resp: &mut RespScratch,
     held: Option<&mut Held<'_>>,
 ) -> RespOutcome {
-    let (peer_vm, peer_qp) = match admit(vms, vm_id, ctrl, route, dgid, ud) {
+    // An RC message's route was admitted by `Engine::precheck_rc` already.
+    let admitted = if req.admitted {
+        route.ok_or(RespOutcome::Unreachable)
+    } else {
+        admit(vms, vm_id, ctrl, route, dgid, ud)
+    };
+    let (peer_vm, peer_qp) = match admitted {
         Ok(r) => r,
         Err(outcome) => return outcome,
     };
