@@ -166,9 +166,9 @@ field_of() { sed -n "s/.*\b$1=\([0-9]*\).*/\1/p" <<<"$2"; }
 # Waits until file $1 has at least $3 (default 1) lines matching regex $2;
 # gives up after $4 s (default 300) or when process $5 (if given) is gone.
 wait_lines() {
-  local file=$1 re=$2 n=${3:-1} secs=${4:-300} pid=${5:-} i
-  for ((i = 0; i < secs * 10; i++)); do
-    [ "$(tr -d '\r' <"$file" 2>/dev/null | grep -cE "$re")" -ge "$n" ] && return 0
+  local file=$1 re=$2 n=${3:-1} end=$((SECONDS + ${4:-300})) pid=${5:-}
+  while [ "$SECONDS" -lt "$end" ]; do
+    [ -e "$file" ] && [ "$(tr -d '\r' <"$file" | grep -cE "$re")" -ge "$n" ] && return 0
     if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then return 1; fi
     sleep 0.1
   done
@@ -191,39 +191,46 @@ pid_b=${pids[-1]}
 # The reset of A in the middle of B's traffic. A is paused around its
 # reset (stop, system_reset, cont: the reset itself is the same) so that
 # the daemon's counts are read before A's next boot can create anything,
-# and B is paused once it has seen the failure so that its next exchange
-# cannot reach A before the byte count is read at A's next boot.
+# and B is paused once it has seen the failure and waits for A's next
+# boot, so that its next exchange cannot reach A before the byte count is
+# read there.
 # It runs in the background, next to VM C's part; its lines go to
 # $dir/reset.log and are shown once it is over.
 reset_scenario() {
-  local c r0 r1 line
+  local c r0 r1 line end
   wait_lines "$dir/B.console" '^client: streaming' 1 300 "$pid_b" ||
     { echo "FAILED: VM B never streamed RDMA WRITEs to VM A"; return 1; }
   # Traffic is flowing into A right now: its received bytes grow.
   c=$(vm_counts vm0) && r0=$(field_of recv_bytes "$c") || { echo "FAILED: ctl stats vm0 failed"; return 1; }
-  for _ in $(seq 300); do
+  end=$((SECONDS + 30))
+  while [ "$SECONDS" -lt "$end" ]; do
     c=$(vm_counts vm0) && r1=$(field_of recv_bytes "$c") && [ "$r1" -gt "$r0" ] && break
     sleep 0.1
   done
   [ "${r1:-0}" -gt "$r0" ] || { echo "FAILED: VM A receives no bytes from B's stream"; return 1; }
-  echo "VM B streams into VM A (A received $r0 -> $r1 bytes); system_reset of VM A ($(stamp "$t") s after boot)"
+  echo "$(stamp "$t") s after boot: VM B streams into VM A (A received $r0 -> $r1 bytes); system_reset of VM A"
   qmp "$dir/A.qmp" '{"execute":"stop"}' >/dev/null || { echo "FAILED: QMP stop of VM A failed"; return 1; }
   qmp "$dir/A.qmp" '{"execute":"system_reset"}' >/dev/null ||
     { echo "FAILED: QMP system_reset of VM A failed"; return 1; }
   # (a) The daemon got VHOST_USER_RESET_DEVICE and dropped A's objects.
-  for _ in $(seq 300); do
+  end=$((SECONDS + 30))
+  while [ "$SECONDS" -lt "$end" ]; do
     c=$(vm_counts vm0) && [ "$(field_of objects "$c")" = 0 ] && break
     sleep 0.1
   done
   [ "$(field_of objects "$c")" = 0 ] ||
     { echo "FAILED: (a) the daemon still holds VM A's objects after its reset: $c"; return 1; }
-  echo "(a) after the reset the daemon holds nothing of VM A: $c"
+  echo "(a) $(stamp "$t") s: after the reset the daemon holds nothing of VM A: $c"
   r0=$(field_of recv_bytes "$c")
   # (b) B's QPs failed and its outstanding work completed with errors.
   wait_lines "$dir/B.console" '^client: peer reset: QP_FATAL on both QPs' 1 120 "$pid_b" ||
     { echo "FAILED: (b) VM B did not report its QPs failed by A's reset"; return 1; }
   line=$(tr -d '\r' <"$dir/B.console" | grep -E '^client: peer reset' | head -n 1)
-  echo "(b) VM B: ${line#client: }"
+  echo "(b) $(stamp "$t") s: VM B: ${line#client: }"
+  # B has made its objects for the next exchange and waits for A's boot
+  # on the serial cable: pause it there.
+  wait_lines "$dir/B.console" '^client: RC QPs' 2 120 "$pid_b" ||
+    { echo "FAILED: VM B did not prepare its next exchange"; return 1; }
   qmp "$dir/B.qmp" '{"execute":"stop"}' >/dev/null || { echo "FAILED: QMP stop of VM B failed"; return 1; }
   qmp "$dir/A.qmp" '{"execute":"cont"}' >/dev/null || { echo "FAILED: QMP cont of VM A failed"; return 1; }
   # (c) A's next boot has its objects (its first program line is out) and
@@ -234,7 +241,7 @@ reset_scenario() {
   r1=$(field_of recv_bytes "$c")
   [ "$r1" = "$r0" ] ||
     { echo "FAILED: (c) $((r1 - r0)) bytes reached VM A between its reset and its next exchange"; return 1; }
-  echo "(c) VM A rebooted ($(stamp "$t") s after boot) and received nothing meanwhile: $r1 bytes before and after"
+  echo "(c) $(stamp "$t") s: VM A rebooted and received nothing meanwhile: $r1 bytes before and after"
   echo "$r1" >"$dir/reset.recv"
   qmp "$dir/B.qmp" '{"execute":"cont"}' >/dev/null || { echo "FAILED: QMP cont of VM B failed"; return 1; }
 }
