@@ -1,7 +1,9 @@
 //! `exchange::stream_until_peer_reset`, the client's part of the QEMU
 //! end-to-end test's reset scenario (`scripts/qemu-e2e.sh`), over the test
 //! VMM: the server's device is reset (`RESET_DEVICE`, as QEMU sends on a
-//! system reset) in the middle of the client's RDMA WRITE stream.
+//! system reset) in the middle of the client's RDMA WRITE stream. Both
+//! doorbell modes: the QEMU test can only use guest-RAM doorbells (QEMU
+//! 10.2 has no VIRTIO shared memory), the test VMM offers both.
 
 use std::io::Write;
 use std::sync::mpsc::{channel, Sender};
@@ -52,9 +54,27 @@ impl Write for Watch {
 
 #[test]
 fn the_client_sees_its_qps_fail_when_the_server_resets() {
+    server_reset_mid_stream(false);
+}
+
+#[test]
+fn the_client_sees_its_qps_fail_when_the_server_resets_shmem_doorbells() {
+    server_reset_mid_stream(true);
+}
+
+fn server_reset_mid_stream(shmem: bool) {
     let d = TestDaemon::start(2).unwrap();
-    let a = Vm::open(&d, 0, VmmOptions::default());
-    let b = Vm::open(&d, 1, VmmOptions::default());
+    let open = |i| {
+        if shmem {
+            Vm::open_shmem(&d, i)
+        } else {
+            Vm::open(&d, i, VmmOptions::default())
+        }
+    };
+    let (a, b) = (open(0), open(1));
+    for vm in [&a, &b] {
+        assert_eq!(vm.dev.doorbell_page().is_some(), shmem, "doorbell mode");
+    }
     let a_transport = a.t.clone();
     let (mut oa, mut ob) = ChannelOob::pair();
     // The server waits for a command that never comes; after the reset its
