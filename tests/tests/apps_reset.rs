@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! `exchange::stream_until_peer_reset`, the client's part of the QEMU
 //! end-to-end test's reset scenario (`scripts/qemu-e2e.sh`), over the test
 //! VMM: the server's device is reset (`RESET_DEVICE`, as QEMU sends on a
