@@ -26,9 +26,13 @@
 # its next boot's exchange (the daemon's count of bytes A received as
 # responder stands still over A's whole reboot); (d) A's next boot runs the
 # full exchange with B. Doorbells are the guest-RAM kind only: QEMU 10.2.2
-# has no VIRTIO shared memory (VHOST_USER_PROTOCOL_F_SHMEM and SHMEM_MAP
-# arrive in QEMU 11.1), so the device never offers a doorbell region and
-# the driver falls back to doorbell records in guest RAM.
+# has no VIRTIO shared memory for vhost-user devices (its vhost-user
+# protocol features end at F_DEVICE_STATE, 19; VHOST_USER_PROTOCOL_F_SHMEM
+# and the SHMEM_MAP back-end request arrive in QEMU 11.1, and only
+# virtio-gpu adds a shared memory capability), so the device shows no
+# doorbell region and the driver uses doorbell records in guest RAM. The
+# shared-memory doorbell mode of the same reset is covered over the test
+# VMM (tests/tests/apps_reset.rs).
 #
 # Usage: [QEMU=path] bash scripts/qemu-e2e.sh [--demo] [--keep]
 #   --demo  print the guests' output as the main job's demo (no hostile VM)
