@@ -16,6 +16,24 @@
 # program fails, if C's checks fail, or if the daemon dies; on failure it
 # prints the guest consoles and the daemon log.
 #
+# Before their exchange, A is reset in the middle of traffic: B first
+# streams RDMA WRITEs into A (rdma-guest exchange --stream-until-peer-reset)
+# and A's machine gets a QMP system_reset, which the patched QEMU passes to
+# the daemon as VHOST_USER_RESET_DEVICE. Checked: (a) the daemon holds no
+# object of A's first boot any more (ctl stats); (b) B's QPs fail with
+# QP_FATAL and all of B's outstanding work completes with errors (B's
+# program checks and prints it); (c) no byte reaches A between the reset and
+# its next boot's exchange (the daemon's count of bytes A received as
+# responder stands still over A's whole reboot); (d) A's next boot runs the
+# full exchange with B. Doorbells are the guest-RAM kind only: QEMU 10.2.2
+# has no VIRTIO shared memory for vhost-user devices (its vhost-user
+# protocol features end at F_DEVICE_STATE, 19; VHOST_USER_PROTOCOL_F_SHMEM
+# and the SHMEM_MAP back-end request arrive in QEMU 11.1, and only
+# virtio-gpu adds a shared memory capability), so the device shows no
+# doorbell region and the driver uses doorbell records in guest RAM. The
+# shared-memory doorbell mode of the same reset is covered over the test
+# VMM (tests/tests/apps_reset.rs).
+#
 # Usage: [QEMU=path] bash scripts/qemu-e2e.sh [--demo] [--keep]
 #   --demo  print the guests' output as the main job's demo (no hostile VM)
 #   --keep  keep the work directory (logs) after success
@@ -83,11 +101,14 @@ RUST_LOG=${RUST_LOG:-info} target/release/vhost-user-rdma --config "$dir/config.
 daemon_pid=$!
 for _ in $(seq 100); do [ -S "$dir/vm$((nvm - 1)).sock" ] && break; sleep 0.05; done
 
-# One guest: NAME SOCKET-INDEX CMD [QEMU ARGS...] (in the background).
+# One guest: [--reboot] NAME SOCKET-INDEX CMD [QEMU ARGS...] (in the
+# background); every guest has a QMP socket, $dir/NAME.qmp.
 guest() {
+  local run_opts=()
+  if [ "$1" = --reboot ]; then run_opts=(--reboot); shift; fi
   local name=$1 idx=$2 cmd=$3; shift 3
   bash scripts/run-guest.sh --image rdma-e2e --timeout 600 --log "$dir/$name.console" -q \
-    --cmd "$cmd" -- \
+    "${run_opts[@]}" --cmd "$cmd" -- -qmp "unix:$dir/$name.qmp,server=on,wait=off" \
     -chardev "socket,id=rdma,path=$dir/vm$idx.sock" -device vhost-user-rdma-pci,chardev=rdma \
     -pidfile "$dir/$name.pid" "$@" > "$dir/$name.out" 2>&1 &
   pids+=($!)
@@ -103,21 +124,148 @@ show() {
   sed 's/^/  /' "$dir/daemon.log"
 }
 
+# One QMP command (JSON) to the monitor socket $1; prints QEMU's answer.
+# Fails on an error answer or none within 30 s.
+qmp() {
+  python3 - "$1" "$2" <<'PY'
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(30)
+s.connect(sys.argv[1])
+f = s.makefile("rw")
+def answer():
+    while True:  # events come in between; skip them
+        line = f.readline()
+        if not line:
+            sys.exit("qmp: QEMU closed the monitor")
+        msg = json.loads(line)
+        if "return" in msg or "error" in msg:
+            return msg
+json.loads(f.readline())  # the greeting
+f.write('{"execute":"qmp_capabilities"}\n')
+f.flush()
+answer()
+f.write(sys.argv[2] + "\n")
+f.flush()
+msg = answer()
+print(json.dumps(msg))
+sys.exit(1 if "error" in msg else 0)
+PY
+}
+
+# VM $1's counters from the management socket: "objects=N recv_bytes=N
+# (ctx=.. pd=.. ...)", objects being every live object plus the bytes
+# of live MRs (0 only when the VM holds nothing).
+vm_counts() {
+  target/release/vhost-user-rdma ctl --socket "$dir/mgmt.sock" --json stats "$1" | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+r = d["resources"]
+detail = " ".join("%s=%s" % kv for kv in r.items())
+print("objects=%d recv_bytes=%d (%s)" % (sum(r.values()), d["traffic"]["recv_bytes"], detail))'
+}
+# One field (objects, recv_bytes) of vm_counts' line.
+field_of() { sed -n "s/.*\b$1=\([0-9]*\).*/\1/p" <<<"$2"; }
+
+# Waits until file $1 has at least $3 (default 1) lines matching regex $2;
+# gives up after $4 s (default 300) or when process $5 (if given) is gone.
+wait_lines() {
+  local file=$1 re=$2 n=${3:-1} end=$((SECONDS + ${4:-300})) pid=${5:-}
+  while [ "$SECONDS" -lt "$end" ]; do
+    [ -e "$file" ] && [ "$(tr -d '\r' <"$file" | grep -cE "$re")" -ge "$n" ] && return 0
+    if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then return 1; fi
+    sleep 0.1
+  done
+  return 1
+}
+
 t=$(date +%s%N)
 echo "== qemu-e2e: booting VM A (server) and VM B (client), serial cable between their ttyS1"
-guest A 0 'rdma-guest exchange --role server' \
+# Outside the demo, B first streams into A until A's reset (see the top).
+reset_opts=() client_opts=''
+[ "$demo" = 1 ] || { reset_opts=(--reboot); client_opts=' --stream-until-peer-reset'; }
+guest "${reset_opts[@]}" A 0 'rdma-guest exchange --role server' \
   -chardev "socket,id=oob,path=$dir/oob.sock,server=on,wait=off" -serial mon:stdio -serial chardev:oob
 pid_a=${pids[-1]}
 for _ in $(seq 200); do [ -S "$dir/oob.sock" ] && break; sleep 0.05; done
-guest B 1 'rdma-guest exchange --role client --rounds 2' \
+guest B 1 "rdma-guest exchange --role client --rounds 2$client_opts" \
   -chardev "socket,id=oob,path=$dir/oob.sock" -serial mon:stdio -serial chardev:oob
 pid_b=${pids[-1]}
 
-hostile_ok=1
+# The reset of A in the middle of B's traffic. A is paused around its
+# reset (stop, system_reset, cont: the reset itself is the same) so that
+# the daemon's counts are read before A's next boot can create anything,
+# and B is paused once it has seen the failure and waits for A's next
+# boot, so that its next exchange cannot reach A before the byte count is
+# read there.
+# It runs in the background, next to VM C's part; its lines go to
+# $dir/reset.log and are shown once it is over.
+reset_scenario() {
+  local c r0 r1 line end
+  wait_lines "$dir/B.console" '^client: streaming' 1 300 "$pid_b" ||
+    { echo "FAILED: VM B never streamed RDMA WRITEs to VM A"; return 1; }
+  # Traffic is flowing into A right now: its received bytes grow.
+  c=$(vm_counts vm0) && r0=$(field_of recv_bytes "$c") || { echo "FAILED: ctl stats vm0 failed"; return 1; }
+  end=$((SECONDS + 30))
+  while [ "$SECONDS" -lt "$end" ]; do
+    c=$(vm_counts vm0) && r1=$(field_of recv_bytes "$c") && [ "$r1" -gt "$r0" ] && break
+    sleep 0.1
+  done
+  [ "${r1:-0}" -gt "$r0" ] || { echo "FAILED: VM A receives no bytes from B's stream"; return 1; }
+  echo "$(stamp "$t") s after boot: VM B streams into VM A (A received $r0 -> $r1 bytes); system_reset of VM A"
+  qmp "$dir/A.qmp" '{"execute":"stop"}' >/dev/null || { echo "FAILED: QMP stop of VM A failed"; return 1; }
+  qmp "$dir/A.qmp" '{"execute":"system_reset"}' >/dev/null ||
+    { echo "FAILED: QMP system_reset of VM A failed"; return 1; }
+  # (a) The daemon got VHOST_USER_RESET_DEVICE and dropped A's objects.
+  end=$((SECONDS + 30))
+  while [ "$SECONDS" -lt "$end" ]; do
+    c=$(vm_counts vm0) && [ "$(field_of objects "$c")" = 0 ] && break
+    sleep 0.1
+  done
+  [ "$(field_of objects "$c")" = 0 ] ||
+    { echo "FAILED: (a) the daemon still holds VM A's objects after its reset: $c"; return 1; }
+  echo "(a) $(stamp "$t") s: after the reset the daemon holds nothing of VM A: $c"
+  r0=$(field_of recv_bytes "$c")
+  # (b) B's QPs failed and its outstanding work completed with errors.
+  wait_lines "$dir/B.console" '^client: peer reset: QP_FATAL on both QPs' 1 120 "$pid_b" ||
+    { echo "FAILED: (b) VM B did not report its QPs failed by A's reset"; return 1; }
+  line=$(tr -d '\r' <"$dir/B.console" | grep -E '^client: peer reset' | head -n 1)
+  echo "(b) $(stamp "$t") s: VM B: ${line#client: }"
+  # B has made its objects for the next exchange and waits for A's boot
+  # on the serial cable: pause it there.
+  wait_lines "$dir/B.console" '^client: RC QPs' 2 120 "$pid_b" ||
+    { echo "FAILED: VM B did not prepare its next exchange"; return 1; }
+  qmp "$dir/B.qmp" '{"execute":"stop"}' >/dev/null || { echo "FAILED: QMP stop of VM B failed"; return 1; }
+  qmp "$dir/A.qmp" '{"execute":"cont"}' >/dev/null || { echo "FAILED: QMP cont of VM A failed"; return 1; }
+  # (c) A's next boot has its objects (its first program line is out) and
+  # not one byte has reached it since the reset.
+  wait_lines "$dir/A.console" '^server: RC QPs' 2 300 "$pid_a" ||
+    { echo "FAILED: VM A's next boot did not open the device"; return 1; }
+  c=$(vm_counts vm0) || { echo "FAILED: ctl stats vm0 failed"; return 1; }
+  r1=$(field_of recv_bytes "$c")
+  [ "$r1" = "$r0" ] ||
+    { echo "FAILED: (c) $((r1 - r0)) bytes reached VM A between its reset and its next exchange"; return 1; }
+  echo "(c) $(stamp "$t") s: VM A rebooted and received nothing meanwhile: $r1 bytes before and after"
+  echo "$r1" >"$dir/reset.recv"
+  qmp "$dir/B.qmp" '{"execute":"cont"}' >/dev/null || { echo "FAILED: QMP cont of VM B failed"; return 1; }
+}
+hostile_ok=1 reset_ok=1 recv_after=''
 if [ "$demo" = 0 ]; then
   echo "== qemu-e2e: booting VM C (hostile)"
   guest C 2 'rdma-guest hostile --foreign-gid ::ffff:10.42.0.1 --foreign-gid ::ffff:10.42.0.2'
   pid_c=${pids[-1]}
+
+  echo "== qemu-e2e: resetting VM A (QMP system_reset) while VM B streams RDMA WRITEs into it (in the background)"
+  t_reset=$(date +%s%N)
+  (
+    reset_scenario && exit 0
+    # Do not let A and B wait out their time limits.
+    for g in A B; do [ -s "$dir/$g.pid" ] && kill "$(cat "$dir/$g.pid")" 2>/dev/null; done
+    exit 1
+  ) >"$dir/reset.log" 2>&1 &
+  reset_pid=$!
+  pids+=("$reset_pid")
+
   # Kill C's QEMU (SIGKILL, no goodbye to the daemon) once it streams.
   for _ in $(seq 1200); do
     grep -q HOSTILE-BUSY "$dir/C.console" 2>/dev/null && break
@@ -138,6 +286,12 @@ if [ "$demo" = 0 ]; then
   echo "== qemu-e2e: booting VM C again on the same socket"
   guest C2 2 'rdma-guest info'
   pid_c2=${pids[-1]}
+fi
+
+if [ "$demo" = 0 ]; then
+  wait "$reset_pid" || reset_ok=0
+  sed 's/^/   /' "$dir/reset.log"
+  recv_after=$(cat "$dir/reset.recv" 2>/dev/null || true)
 fi
 
 rc_a=0 rc_b=0 rc_c2=0
@@ -177,6 +331,25 @@ if [ "$demo" = 0 ]; then
   else
     failed=$((failed + 1)); echo "FAILED: VM C's reconnect (exit $rc_c2)"
   fi
+fi
+if [ "$demo" = 0 ]; then
+  # (d) A's next boot ran the exchange (A and B passed above) with bytes
+  # moving into A again; A booted exactly twice (a kernel panic would
+  # reboot it too and rerun the program).
+  if [ "$reset_ok" = 1 ]; then
+    boots=$(tr -d '\r' <"$dir/A.console" | grep -c '^GUEST-READY' || true)
+    c=$(vm_counts vm0 || true)
+    if [ "$boots" != 2 ]; then
+      reset_ok=0; echo "FAILED: VM A booted $boots times, not twice"
+    elif [ "$rc_a" != 0 ] || [ "$rc_b" != 0 ] || ! grep -q '^client: done' "$dir/B.console"; then
+      reset_ok=0; echo "FAILED: the exchange after VM A's reset"
+    elif [ "$(field_of recv_bytes "$c")" -le "${recv_after:-0}" ] 2>/dev/null; then
+      reset_ok=0; echo "FAILED: VM A received nothing in its exchange after the reset: $c"
+    else
+      echo "   (d) VM A's next boot passed the exchange with VM B (reset to done: $(stamp "$t_reset") s)"
+    fi
+  fi
+  if [ "$reset_ok" = 1 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAILED: VM A's reset in the middle of traffic"; fi
 fi
 if [ "$daemon_ok" = 1 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAILED: the daemon died"; fi
 

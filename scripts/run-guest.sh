@@ -30,6 +30,9 @@ Usage: scripts/run-guest.sh [OPTIONS] [-- QEMU ARGS...]
   --smp N            vCPUs (default 1)
   --hugepages N      2 MiB hugepages the kernel reserves at boot (default 64)
   --timeout SEC      stop QEMU after SEC seconds (default 300; 0: no limit)
+  --reboot           let the guest reboot: a reboot inside it or QMP system_reset restarts it
+                     (same kernel, command line and command) instead of ending QEMU; a kernel
+                     panic then reboots too (count the GUEST-READY lines)
   --log FILE         where the console goes (default CACHE/logs/console-DATE-PID.log)
   -v, --verbose      show the console while the guest runs
   -q, --quiet        on success print nothing (default: the command's output)
@@ -45,7 +48,7 @@ EOF
 }
 
 image=default kernel='' initrd='' cmd='' append='' mem=1G smp=1 hugepages=64 timeout_s=300
-log='' verbose=0 quiet=0 shell=0 bzimage=0 qemu_args=()
+log='' verbose=0 quiet=0 shell=0 bzimage=0 reboot=0 qemu_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
   --image) image=${2:?--image needs a name or directory}; shift 2 ;;
@@ -59,6 +62,7 @@ while [ $# -gt 0 ]; do
   --hugepages) hugepages=${2:?--hugepages needs a number}; shift 2 ;;
   --timeout) timeout_s=${2:?--timeout needs seconds}; shift 2 ;;
   --log) log=${2:?--log needs a file}; shift 2 ;;
+  --reboot) reboot=1; shift ;;
   -v | --verbose) verbose=1; shift ;;
   -q | --quiet) quiet=1; shift ;;
   --shell) shell=1; shift ;;
@@ -111,9 +115,12 @@ kcmd="console=ttyS0 quiet iomem=relaxed panic=-1 hugepages=$hugepages"
 # x86's COMMAND_LINE_SIZE.
 [ "${#kcmd}" -lt 2048 ] || guest_die "kernel command line too long (${#kcmd} bytes, limit 2047)"
 
+# -no-reboot turns every reset into an exit, QMP system_reset included.
+no_reboot=(-no-reboot)
+[ "$reboot" = 0 ] || no_reboot=()
 qemu=("$QEMU" -machine q35 -accel tcg -cpu max -smp "$smp" -m "$mem"
   -object "memory-backend-memfd,id=mem,size=$mem,share=on" -numa "node,memdev=mem"
-  -nographic -no-reboot -nic none "${fw_args[@]}"
+  -nographic "${no_reboot[@]}" -nic none "${fw_args[@]}"
   -kernel "$kernel" -initrd "$initrd" -append "$kcmd" "${qemu_args[@]}")
 
 if [ "$shell" = 1 ]; then

@@ -17,15 +17,24 @@
 //! 6. a pipelined RDMA WRITE stream (throughput, for the record).
 //!
 //! Every step prints one line; any mismatch is an error naming the step.
+//!
+//! [`stream_until_peer_reset`] is a prelude for the client of a test that
+//! resets the server's machine: it streams RDMA WRITEs into the server
+//! until the server's device is reset, and checks that its own QPs fail
+//! with `QP_FATAL` and that every outstanding work request completes
+//! with an error. The server side needs nothing special: it runs the
+//! ordinary exchange, is reset while it waits for a command, and its next
+//! boot runs the exchange again with the same client.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
 use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use virtio_rdma_abi::config::F_ATOMIC;
-use virtio_rdma_abi::datapath::WcOpcode;
+use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
+use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::mem::access;
 use virtio_rdma_driver::{
     Cq, Device, DmaBuf, Mr, Pd, Qp, QpCap, QpInit, RcConnect, RecvWr, SendOp, SendWr, Sge,
@@ -35,6 +44,14 @@ use virtio_rdma_driver::{
 use crate::oob::Oob;
 use crate::pattern;
 use crate::{Error, Result};
+
+/// Bytes of each RDMA WRITE of [`stream_until_peer_reset`].
+const RESET_STREAM_CHUNK: usize = 64 << 10;
+/// RDMA WRITEs [`stream_until_peer_reset`] keeps outstanding.
+const RESET_STREAM_DEPTH: u32 = 8;
+/// Successful WRITEs before [`stream_until_peer_reset`] announces that it
+/// streams (the line a test waits for before it resets the server).
+const RESET_STREAM_ANNOUNCE: u64 = 16;
 
 /// Bytes of a command message.
 pub const MSG: usize = 64;
@@ -487,6 +504,163 @@ pub fn run(
         Role::Server => serve(&mut p).map(|()| Summary::default()),
         Role::Client => drive(&mut p, &peer, opts),
     }
+}
+
+/// What [`stream_until_peer_reset`] saw when the server went away.
+#[derive(Debug, Clone, Default)]
+pub struct PeerReset {
+    /// RDMA WRITEs that completed successfully before the failure.
+    pub writes_ok: u64,
+    /// RDMA WRITEs that were outstanding when the QP failed (all of them
+    /// completed with an error).
+    pub writes_failed: u32,
+    /// Command receives flushed from the `ctl` QP.
+    pub recvs_flushed: u32,
+    /// Error statuses of the failed completions, by name, with counts.
+    pub statuses: BTreeMap<&'static str, u32>,
+}
+
+/// Connects to the server as the client of the exchange does, then
+/// streams RDMA WRITEs into the server's buffer until the server's device
+/// is reset (the test resets its machine once the `streaming` line is
+/// out). Checks that both QPs then fail with a `QP_FATAL` event and that
+/// every outstanding work request (the WRITEs, the posted command
+/// receives) completes with an error status; a successful completion
+/// after the first failure, or no failure within the timeout, is an
+/// error. Everything is destroyed on return, so [`run`] can follow with
+/// the server's next boot.
+pub fn stream_until_peer_reset(
+    dev: &Device,
+    oob: &mut dyn Oob,
+    opts: &Options,
+    out: &mut dyn Write,
+) -> Result<PeerReset> {
+    let mut p = Peer::new(dev, opts, out)?;
+    let me = p.info();
+    p.say(&format!(
+        "client: RC QPs ctl {:#x} dat {:#x} for a stream until the server resets",
+        me.ctl_qpn, me.dat_qpn
+    ));
+    let peer_text = sync(oob, "info", &me.encode(), opts.timeout)?;
+    let peer = PeerInfo::decode(&peer_text)
+        .ok_or_else(|| Error::Protocol(format!("bad peer info {peer_text:?}")))?;
+    p.connect(&peer)?;
+    p.post_ctl_recvs()?;
+    sync(oob, "up", "", opts.timeout)?;
+
+    let len = RESET_STREAM_CHUNK.min(p.data.len()).min(peer.len as usize);
+    check(len > 0, || "the server's buffer is empty".into())?;
+    let sge = [p.data_sge(0, len)?];
+    let (ctl_h, dat_h) = (p.ctl.handle(), p.dat.handle());
+    let mut r = PeerReset::default();
+    let mut outstanding = 0u32;
+    // An error completion on the send queue; completions are in order, so
+    // a success after it is a device bug.
+    let mut sq_error = false;
+    let (mut ctl_fatal, mut dat_fatal) = (false, false);
+    let deadline = Instant::now() + opts.timeout;
+    loop {
+        // Post until the QP is seen failing; WRs posted to a QP that has
+        // already failed unseen are flushed like the others.
+        while !sq_error && !dat_fatal && outstanding < RESET_STREAM_DEPTH {
+            let id = p.id(K_DAT_SEND);
+            let op = SendOp::RdmaWrite {
+                remote_addr: peer.addr,
+                rkey: peer.rkey,
+            };
+            p.dat.post_send(&[SendWr::signaled(id, op, &sge)])?;
+            outstanding += 1;
+        }
+        let mut wc = [WorkCompletion::default(); 16];
+        let n = p.cq.poll(&mut wc);
+        for w in &wc[..n] {
+            let kind = w.wr_id & KIND_MASK;
+            let name = || w.status().map(|s| s.name()).unwrap_or("unknown status");
+            match (kind, w.is_success()) {
+                (K_DAT_SEND, true) if !sq_error => {
+                    outstanding = outstanding.saturating_sub(1);
+                    r.writes_ok += 1;
+                    if r.writes_ok == RESET_STREAM_ANNOUNCE {
+                        p.say(&format!(
+                            "client: streaming {} KiB RDMA WRITEs to the server until its QPs go away",
+                            len >> 10
+                        ));
+                    }
+                }
+                (K_DAT_SEND, false) => {
+                    outstanding = outstanding.saturating_sub(1);
+                    sq_error = true;
+                    r.writes_failed += 1;
+                    *r.statuses.entry(name()).or_default() += 1;
+                }
+                (K_CTL_RECV, false) => {
+                    r.recvs_flushed += 1;
+                    *r.statuses.entry(name()).or_default() += 1;
+                }
+                _ => {
+                    return Err(Error::Check(format!(
+                        "unexpected completion while streaming to a server being reset: {w:?}"
+                    )))
+                }
+            }
+        }
+        while let Some(ev) = p.dev.next_async_event(Some(Duration::ZERO))? {
+            if EventKind::from_u32(ev.kind) == Some(EventKind::QP_FATAL) {
+                ctl_fatal |= ev.handle == ctl_h;
+                dat_fatal |= ev.handle == dat_h;
+            }
+        }
+        if outstanding == 0 && ctl_fatal && dat_fatal && r.recvs_flushed as usize == CTL_RECVS {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Timeout(format!(
+                "the server's reset to fail the stream ({} WRITEs done, {outstanding} outstanding, \
+                 QP_FATAL on ctl {ctl_fatal} dat {dat_fatal}, {} of {CTL_RECVS} receives flushed)",
+                r.writes_ok, r.recvs_flushed
+            )));
+        }
+        if n == 0 {
+            std::thread::yield_now();
+        }
+    }
+    // Work posted to a failed QP completes too, flushed: the stream may
+    // have had nothing outstanding at the moment of the reset.
+    let id = p.id(K_DAT_SEND);
+    let op = SendOp::RdmaWrite {
+        remote_addr: peer.addr,
+        rkey: peer.rkey,
+    };
+    p.dat.post_send(&[SendWr::signaled(id, op, &sge)])?;
+    let wc = loop {
+        let mut wc = [WorkCompletion::default(); 1];
+        if p.cq.poll(&mut wc) == 1 {
+            break wc[0];
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Timeout(
+                "a WRITE posted to the failed QP to complete".into(),
+            ));
+        }
+        std::thread::yield_now();
+    };
+    check(
+        wc.wr_id == id && wc.status() == Some(WcStatus::WR_FLUSH_ERR),
+        || format!("a WRITE posted to the failed QP completed as {wc:?}, not flushed"),
+    )?;
+    let statuses: Vec<String> = r
+        .statuses
+        .iter()
+        .map(|(k, v)| format!("{k} x{v}"))
+        .collect();
+    p.say(&format!(
+        "client: peer reset: QP_FATAL on both QPs; {} outstanding RDMA WRITEs and {} posted receives completed with errors ({}) after {} WRITEs succeeded; a WRITE posted afterwards was flushed",
+        r.writes_failed,
+        r.recvs_flushed,
+        statuses.join(", "),
+        r.writes_ok
+    ));
+    Ok(r)
 }
 
 /// Bytes `len` at `off` of the data buffer hold the pattern of `seed`, with

@@ -5,6 +5,7 @@
 //! rdma-guest info
 //! rdma-guest exchange --role server --oob /dev/ttyS1
 //! rdma-guest exchange --role client --oob /dev/ttyS1 --buf-mib 4
+//! rdma-guest exchange --role client --stream-until-peer-reset
 //! rdma-guest hostile [--busy-secs N] [--foreign-gid GID]...
 //! ```
 //!
@@ -65,6 +66,12 @@ enum Cmd {
         /// Longest wait for the peer or a completion, in seconds.
         #[arg(long, default_value_t = 120)]
         timeout_secs: u64,
+        /// Client only: first stream RDMA WRITEs to the server until its
+        /// machine is reset (the QPs must fail with QP_FATAL and all
+        /// outstanding work complete with errors), then run the exchange
+        /// with the server's next boot.
+        #[arg(long)]
+        stream_until_peer_reset: bool,
     },
     /// Misbehave, then stream WRITEs until killed.
     Hostile {
@@ -125,6 +132,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             rounds,
             stream_writes,
             timeout_secs,
+            stream_until_peer_reset,
         } => {
             let dev = open(args.pci)?;
             let mut oob = SerialOob::open(&oob)?;
@@ -139,6 +147,12 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 RoleArg::Server => Role::Server,
                 RoleArg::Client => Role::Client,
             };
+            if stream_until_peer_reset {
+                if role != Role::Client {
+                    return Err("--stream-until-peer-reset is for the client".into());
+                }
+                exchange::stream_until_peer_reset(&dev, &mut oob, &opts, &mut out)?;
+            }
             exchange::run(&dev, role, &mut oob, &opts, &mut out)?;
         }
         Cmd::Hostile {
