@@ -212,6 +212,8 @@ struct DbEntry {
     /// A QP in ERR owes the completion of a message it was receiving in
     /// pieces: work, whatever the indices say.
     owed: bool,
+    /// The QP's head WQE waits for a retry until then: no work before.
+    due: Option<Instant>,
 }
 
 /// The engine's polling list of one VM (see the module documentation).
@@ -316,6 +318,7 @@ impl DbList {
                     seen_rq: if watch_rq { qp.rt.rq_ci } else { 0 },
                     watch_rq,
                     owed: owes_flush(qp),
+                    due: None,
                 });
             }
             (gen, host.clone())
@@ -346,7 +349,20 @@ impl DbList {
         if self.host.is_none() || !self.dev.running() {
             return false;
         }
-        for (i, e) in self.qps.iter().enumerate() {
+        // Read once, and only if a QP waits for a retry.
+        let mut now = None;
+        for (i, e) in self.qps.iter_mut().enumerate() {
+            // A QP whose head WQE waits for a retry is not work before its
+            // time, whatever its indices say: a guest with thousands of
+            // QPs retrying without end must not make every sweep visit them.
+            if let Some(at) = e.due {
+                if *now.get_or_insert_with(Instant::now) < at {
+                    continue;
+                }
+                e.due = None;
+                self.work.push(i);
+                continue;
+            }
             // SAFETY: `e.db` is either the host address of a 64-byte,
             // 64-byte aligned doorbell record inside a RAM region of the
             // mapping `self.host` keeps alive (checked by `HostMem::ptr`
@@ -1824,11 +1840,18 @@ fn refresh(e: &mut DbEntry, ctrl: &Ctrl, mem: &HostMem) {
         // generation anyway).
         e.watch_rq = false;
         e.owed = false;
+        e.due = None;
         e.seen_sq = sq_pi_now(e);
         e.seen_rq = 0;
         return;
     };
     e.owed = owes_flush(qp);
+    // Its retry timer brings it back (the sweep that parks, or the first
+    // scan after it).
+    e.due = match qp.state {
+        QpState::RTS | QpState::SQD => qp.rt.wait.filter(|w| w.index == qp.rt.sq_ci).map(|w| w.at),
+        _ => None,
+    };
     let own_rq = qp.srq == 0;
     match qp.state {
         QpState::RTS | QpState::ERR | QpState::RESET => e.seen_sq = qp.rt.sq_ci,

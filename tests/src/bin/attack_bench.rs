@@ -495,9 +495,16 @@ fn main() -> Res<()> {
                             let tid = libc::gettid();
                             libc::setpriority(libc::PRIO_PROCESS, u32::try_from(tid)?, 19);
                         }
+                        // An attack with nothing to drive (its QPs retry
+                        // by themselves) must not cost the victim's CPU.
+                        let nap = if matches!(at, Attack::Nowhere { .. }) {
+                            Duration::from_millis(50)
+                        } else {
+                            NAP
+                        };
                         while !stop.load(Ordering::Relaxed) {
                             if !at.step(msg)? {
-                                std::thread::sleep(NAP);
+                                std::thread::sleep(nap);
                             }
                         }
                         Ok(())
