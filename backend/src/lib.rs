@@ -44,6 +44,11 @@ pub mod memory;
 pub mod metrics;
 pub mod mgmt;
 pub mod qos;
+#[deny(
+    clippy::arithmetic_side_effects,
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation
+)]
 pub mod resources;
 pub mod restart;
 pub mod rnic;
