@@ -29,6 +29,11 @@
 pub mod config;
 pub mod config_file;
 pub mod conn_pool;
+#[deny(
+    clippy::arithmetic_side_effects,
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation
+)]
 pub mod ctrl;
 pub mod device;
 pub mod engine;
