@@ -58,6 +58,11 @@ pub mod resources;
 pub mod restart;
 pub mod rnic;
 pub mod server;
+#[deny(
+    clippy::arithmetic_side_effects,
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation
+)]
 pub mod shmem;
 pub mod snapshot;
 pub mod stats;
