@@ -36,6 +36,11 @@ pub mod conn_pool;
 )]
 pub mod ctrl;
 pub mod device;
+#[deny(
+    clippy::arithmetic_side_effects,
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation
+)]
 pub mod engine;
 pub mod events;
 pub mod keys;
