@@ -23,7 +23,8 @@ use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::mem::access as acc;
 use virtio_rdma_abi::qp::{QpState, QpType};
 
-/// Offset of `rq_ci` in the device half of a QP doorbell record.
+/// Offset of `rq_ci` in the device half of a QP doorbell record (added
+/// with saturation, as in the engine's `SQ_CI`).
 const RQ_CI: u64 = DB_DEVICE_OFFSET + 4;
 /// Offset of the SRQ doorbell's `ci` in its device half.
 const SRQ_CI: u64 = DB_DEVICE_OFFSET;

@@ -100,9 +100,8 @@ impl Engines {
     /// the plan, which never happens for VMs the daemon was started with).
     pub fn for_vm(&self, vm: usize) -> &Arc<Engine> {
         let i = self.registry.engine_of(vm).unwrap_or(0);
-        // `start` made sure there is at least one thread and every
-        // placement is in range.
-        // Bounded: at least one engine, and the index is clamped to the last.
+        // Bounded: `start` made sure there is at least one thread and every
+        // placement is in range; the index is clamped to the last anyway.
         #[allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
         let engine = &self.engines[i.min(self.engines.len() - 1)];
         engine

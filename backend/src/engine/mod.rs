@@ -97,7 +97,9 @@ const REBUILD_FREE: Duration = Duration::from_micros(20);
 /// rebuilding takes at most a tenth of the engine's time (and of the VM's
 /// lock) however fast the VM's control commands come.
 const REBUILD_SPACING: u32 = 9;
-/// Offsets in a QP doorbell record.
+/// Offsets in a QP doorbell record. A record's address was checked to be
+/// RAM at creation, so adding these cannot overflow; the sums saturate
+/// anyway, and a saturated address is not RAM (the access fails).
 const SQ_CI: u64 = DB_DEVICE_OFFSET;
 const RQ_CI: u64 = DB_DEVICE_OFFSET + 4;
 const FLAGS: u64 = DB_DEVICE_OFFSET + 8;

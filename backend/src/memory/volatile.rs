@@ -229,8 +229,8 @@ unsafe fn aligned_words(s: *const u64, d: *mut u64, words: usize) {
         // agree modulo 16; after at most one single word both are 16-byte
         // aligned, as SSE2 words must be. SSE2 is part of the x86_64
         // baseline.
-        // Bounded: `k <= 1 <= words` when subtracted, and `pairs * 2 <=
-        // words - k`, a count of words of a mapped range.
+        // Bounded: `k` is 1 only when `words > 0`, so `words - k` does not
+        // wrap, and `k + pairs * 2 <= words`, a count of words of a range.
         #[allow(clippy::arithmetic_side_effects)]
         unsafe {
             if (s as usize) % 16 == (d as usize) % 16 {
