@@ -7,6 +7,12 @@
 //!
 //! Parsing never panics: requests from a guest are untrusted bytes.
 
+#![deny(
+    clippy::arithmetic_side_effects,
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation
+)]
+
 pub mod config;
 pub mod ctrl;
 pub mod datapath;

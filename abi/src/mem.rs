@@ -64,11 +64,9 @@ pub const fn indirect_list_pages(npages: u32) -> u64 {
 }
 
 fn ceil_log2(v: u64) -> u32 {
-    if v <= 1 {
-        0
-    } else {
-        64 - (v - 1).leading_zeros()
-    }
+    // Past 2^63 the next power of two is 2^64.
+    v.checked_next_power_of_two()
+        .map_or(u64::BITS, u64::trailing_zeros)
 }
 
 /// log2 of the send WQE stride for the given capabilities:
@@ -77,13 +75,19 @@ fn ceil_log2(v: u64) -> u32 {
 pub fn send_wqe_shift(max_send_sge: u32, max_inline_data: u32) -> u32 {
     let slots =
         u64::from(max_send_sge).max(u64::from(max_inline_data).div_ceil(u64::from(SGE_SIZE)));
-    ceil_log2(u64::from(SEND_WQE_HEADER) + slots * u64::from(SGE_SIZE)).max(6)
+    // Cannot saturate: slots < 2^32, so at most 64 + 2^36 bytes.
+    ceil_log2(u64::from(SEND_WQE_HEADER).saturating_add(slots.saturating_mul(u64::from(SGE_SIZE))))
+        .max(6)
 }
 
 /// log2 of the receive WQE stride: the smallest power of two, at least 32,
 /// that holds the 16-byte header and `max_recv_sge` 16-byte entries.
 pub fn recv_wqe_shift(max_recv_sge: u32) -> u32 {
-    ceil_log2(u64::from(RECV_WQE_HEADER) + u64::from(max_recv_sge) * u64::from(SGE_SIZE)).max(5)
+    ceil_log2(
+        u64::from(RECV_WQE_HEADER)
+            .saturating_add(u64::from(max_recv_sge).saturating_mul(u64::from(SGE_SIZE))),
+    )
+    .max(5)
 }
 
 /// Byte layout of a QP's queue buffer.
@@ -117,13 +121,15 @@ pub fn qp_buffer_layout(
     let rq_offset = if rq_depth == 0 {
         0
     } else {
-        sq_bytes.div_ceil(page) * page
+        sq_bytes.div_ceil(page).saturating_mul(page)
     };
     QpBufferLayout {
         sq_wqe_shift,
         rq_wqe_shift,
         rq_offset,
-        total: rq_offset.max(sq_bytes) + rq_bytes,
+        // Saturated: a total no page list can cover is refused by the
+        // caller's size check.
+        total: rq_offset.max(sq_bytes).saturating_add(rq_bytes),
     }
 }
 

@@ -85,14 +85,16 @@ macro_rules! scalar_field {
             const ALIGN: usize = std::mem::size_of::<$t>();
             fn read(b: &[u8]) -> Self {
                 let mut raw = [0u8; std::mem::size_of::<$t>()];
-                let n = b.len().min(raw.len());
-                raw[..n].copy_from_slice(&b[..n]);
+                // `zip` stops at the shorter of the two: no length to check.
+                for (d, s) in raw.iter_mut().zip(b) {
+                    *d = *s;
+                }
                 <$t>::from_le_bytes(raw)
             }
             fn write(&self, b: &mut [u8]) {
-                let raw = self.to_le_bytes();
-                let n = b.len().min(raw.len());
-                b[..n].copy_from_slice(&raw[..n]);
+                for (d, s) in b.iter_mut().zip(self.to_le_bytes()) {
+                    *d = s;
+                }
             }
             fn is_zero(&self) -> bool {
                 *self == 0
@@ -109,13 +111,15 @@ impl Field for [u8; 16] {
     const ALIGN: usize = 8;
     fn read(b: &[u8]) -> Self {
         let mut raw = [0u8; 16];
-        let n = b.len().min(16);
-        raw[..n].copy_from_slice(&b[..n]);
+        for (d, s) in raw.iter_mut().zip(b) {
+            *d = *s;
+        }
         raw
     }
     fn write(&self, b: &mut [u8]) {
-        let n = b.len().min(16);
-        b[..n].copy_from_slice(&self[..n]);
+        for (d, s) in b.iter_mut().zip(self) {
+            *d = *s;
+        }
     }
     fn is_zero(&self) -> bool {
         self.iter().all(|&x| x == 0)
@@ -156,6 +160,11 @@ pub trait Wire: Field {
 /// Computes field offsets from sizes and alignments; used by [`wire_struct!`]
 /// in constant context. Alignment violations are reported by
 /// [`layout_is_natural`], also at compile time.
+// Bounded: `i < N` indexes arrays of length N; `off` and `i` are at most
+// the sum of the field sizes and N (a structure's size), far from
+// usize::MAX. wire_struct! calls this in constant context only, where an
+// overflow would be a compile error anyway.
+#[allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 pub const fn compute_layout<const N: usize>(
     names: [&'static str; N],
     sizes: [usize; N],
@@ -186,28 +195,29 @@ pub const fn compute_layout<const N: usize>(
 /// size is a multiple of the largest alignment (no implicit padding anywhere).
 pub const fn layout_is_natural(layout: &[FieldLayout], size: usize) -> bool {
     let mut max_align = 1;
-    let mut i = 0;
-    while i < layout.len() {
-        if layout[i].offset % layout[i].align != 0 {
+    let mut rest = layout;
+    while let [f, tail @ ..] = rest {
+        // A zero alignment (`checked_rem` is None) is not natural either.
+        if !matches!(f.offset.checked_rem(f.align), Some(0)) {
             return false;
         }
-        if layout[i].align > max_align {
-            max_align = layout[i].align;
+        if f.align > max_align {
+            max_align = f.align;
         }
-        i += 1;
+        rest = tail;
     }
-    size % max_align == 0
+    matches!(size.checked_rem(max_align), Some(0))
 }
 
 /// Largest field alignment of a layout (1 for an empty structure).
 pub const fn max_align(layout: &[FieldLayout]) -> usize {
     let mut max_align = 1;
-    let mut i = 0;
-    while i < layout.len() {
-        if layout[i].align > max_align {
-            max_align = layout[i].align;
+    let mut rest = layout;
+    while let [f, tail @ ..] = rest {
+        if f.align > max_align {
+            max_align = f.align;
         }
-        i += 1;
+        rest = tail;
     }
     max_align
 }
@@ -256,7 +266,7 @@ macro_rules! wire_struct {
                 let mut off = 0usize;
                 $(
                     let $field = <$ty as $crate::wire::Field>::read(b.get(off..).unwrap_or(&[]));
-                    off += <$ty as $crate::wire::Field>::SIZE;
+                    off = off.saturating_add(<$ty as $crate::wire::Field>::SIZE);
                 )*
                 Self { $($field),* }
             }
@@ -267,7 +277,7 @@ macro_rules! wire_struct {
                     if let Some(dst) = b.get_mut(off..) {
                         $crate::wire::Field::write(&self.$field, dst);
                     }
-                    off += <$ty as $crate::wire::Field>::SIZE;
+                    off = off.saturating_add(<$ty as $crate::wire::Field>::SIZE);
                 )*
             }
             fn is_zero(&self) -> bool {
@@ -296,7 +306,7 @@ macro_rules! wire_struct {
                     {
                         return Err($crate::wire::WireError::ReservedNotZero { offset: off });
                     }
-                    off += <$ty as $crate::wire::Field>::SIZE;
+                    off = off.saturating_add(<$ty as $crate::wire::Field>::SIZE);
                 )*
                 Ok(v)
             }
@@ -305,6 +315,7 @@ macro_rules! wire_struct {
 }
 
 #[cfg(test)]
+#[allow(clippy::indexing_slicing)]
 mod tests {
     use super::*;
 

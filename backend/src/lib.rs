@@ -20,23 +20,54 @@
 //! - [`logging`]: text or JSON log lines;
 //! - [`vring`]: the virtqueue type (a kick read that survives queue restarts).
 
+// The guest-facing modules, `ctrl`, `engine`, `memory`, `resources` and
+// `shmem` (and the whole `virtio-rdma-abi` crate), each carry the `deny`
+// below: every handle, length, index and address they handle may come from a
+// hostile guest, so arithmetic that can overflow, indexing that can panic and
+// casts that can truncate are errors there. An exception is a narrow
+// `#[allow]` on the smallest item, with a comment saying why it is bounded.
 pub mod config;
 pub mod config_file;
 pub mod conn_pool;
+#[deny(
+    clippy::arithmetic_side_effects,
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation
+)]
 pub mod ctrl;
 pub mod device;
+#[deny(
+    clippy::arithmetic_side_effects,
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation
+)]
 pub mod engine;
 pub mod events;
 pub mod keys;
 pub mod logging;
+#[deny(
+    clippy::arithmetic_side_effects,
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation
+)]
 pub mod memory;
 pub mod metrics;
 pub mod mgmt;
 pub mod qos;
+#[deny(
+    clippy::arithmetic_side_effects,
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation
+)]
 pub mod resources;
 pub mod restart;
 pub mod rnic;
 pub mod server;
+#[deny(
+    clippy::arithmetic_side_effects,
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation
+)]
 pub mod shmem;
 pub mod snapshot;
 pub mod stats;

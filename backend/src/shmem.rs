@@ -142,14 +142,24 @@ impl DoorbellRegion {
     }
 
     fn page_off(page: u32) -> u64 {
-        u64::from(page) * DB_PAGE_SIZE
+        // Cannot saturate (u32 pages of 4 KiB); `word` refuses what is
+        // outside the region anyway.
+        u64::from(page).saturating_mul(DB_PAGE_SIZE)
+    }
+
+    /// Byte offset of word `half & 1` of a slot; `None` past the last slot.
+    fn slot_word(at: SlotRef, half: u32) -> Option<u64> {
+        let word = if half & 1 == 0 { 0 } else { 4 };
+        Self::page_off(at.page)
+            .checked_add(db_slot_offset(at.slot)?)?
+            .checked_add(word)
     }
 
     /// Zeroes a whole page.
     fn zero_page(&self, page: u32) {
         let base = Self::page_off(page);
         for i in (0..DB_PAGE_SIZE).step_by(4) {
-            if let Some(w) = self.word(base + i) {
+            if let Some(w) = self.word(base.saturating_add(i)) {
                 w.store(0, Ordering::Relaxed);
             }
         }
@@ -173,11 +183,10 @@ impl DoorbellRegion {
 
     /// Zeroes one slot.
     fn zero_slot(&self, page: u32, slot: u32) {
-        if let Some(off) = db_slot_offset(slot) {
-            for i in [0, 4] {
-                if let Some(w) = self.word(Self::page_off(page) + off + i) {
-                    w.store(0, Ordering::Release);
-                }
+        let at = SlotRef { page, slot };
+        for half in [0, 1] {
+            if let Some(w) = Self::slot_word(at, half).and_then(|off| self.word(off)) {
+                w.store(0, Ordering::Release);
             }
         }
     }
@@ -198,17 +207,15 @@ impl DoorbellRegion {
     /// Acquire load of word `half` (0 or 1) of a slot: `sq_pi`/`rq_pi` of a
     /// QP slot, `pi` of an SRQ slot.
     pub fn load(&self, slot: SlotRef, half: u32) -> u32 {
-        db_slot_offset(slot.slot)
-            .and_then(|off| self.word(Self::page_off(slot.page) + off + u64::from(half & 1) * 4))
+        Self::slot_word(slot, half)
+            .and_then(|off| self.word(off))
             .map_or(0, |w| w.load(Ordering::Acquire))
     }
 
     /// Stores word `half` of a slot; only tests, which play the driver,
     /// write slots.
     pub fn store(&self, slot: SlotRef, half: u32, value: u32) {
-        if let Some(w) = db_slot_offset(slot.slot)
-            .and_then(|off| self.word(Self::page_off(slot.page) + off + u64::from(half & 1) * 4))
-        {
+        if let Some(w) = Self::slot_word(slot, half).and_then(|off| self.word(off)) {
             w.store(value, Ordering::Release);
         }
     }
@@ -255,11 +262,8 @@ impl DbSlot {
     /// keep the region alive themselves (`region()`) and access the words
     /// atomically only.
     pub fn pi_ptr(&self) -> *const AtomicU32 {
-        db_slot_offset(self.at.slot)
-            .and_then(|off| {
-                self.region
-                    .word(DoorbellRegion::page_off(self.at.page) + off)
-            })
+        DoorbellRegion::slot_word(self.at, 0)
+            .and_then(|off| self.region.word(off))
             .map_or(std::ptr::null(), |w| w as *const AtomicU32)
     }
 
@@ -302,12 +306,12 @@ impl DoorbellPages {
         if !self.mapped.load(Ordering::Acquire) {
             return None;
         }
-        let page = self.used.iter().position(Option::is_none)?;
-        let page = u32::try_from(page).ok()?;
+        let index = self.used.iter().position(Option::is_none)?;
+        let page = u32::try_from(index).ok()?;
         self.region.zero_page(page);
         // The engine resumes polling after every control command, so a
         // new page starts without DB_FLAG_KICK (spec 18.7, parking).
-        self.used[page as usize] = Some([0; BITMAP_WORDS]);
+        *self.used.get_mut(index)? = Some([0; BITMAP_WORDS]);
         Some(page)
     }
 
@@ -321,8 +325,11 @@ impl DoorbellPages {
     /// Allocates and zeroes a slot in `page` for a new queue.
     pub fn alloc_slot(&mut self, page: u32) -> Option<DbSlot> {
         let bits = self.used.get_mut(page as usize)?.as_mut()?;
-        let slot = (0..DB_PAGE_SLOTS).find(|&s| bits[s as usize / 64] & (1 << (s % 64)) == 0)?;
-        bits[slot as usize / 64] |= 1 << (slot % 64);
+        let slot = (0..DB_PAGE_SLOTS).find(|&s| {
+            bits.get(s as usize / 64)
+                .is_some_and(|w| w & (1 << (s % 64)) == 0)
+        })?;
+        *bits.get_mut(slot as usize / 64)? |= 1 << (slot % 64);
         self.region.zero_slot(page, slot);
         Some(DbSlot {
             region: self.region.clone(),
@@ -334,7 +341,9 @@ impl DoorbellPages {
     pub fn free_slot(&mut self, s: SlotRef) {
         if let Some(Some(bits)) = self.used.get_mut(s.page as usize) {
             if s.slot < DB_PAGE_SLOTS {
-                bits[s.slot as usize / 64] &= !(1 << (s.slot % 64));
+                if let Some(w) = bits.get_mut(s.slot as usize / 64) {
+                    *w &= !(1 << (s.slot % 64));
+                }
             }
         }
     }
@@ -358,9 +367,10 @@ impl DoorbellPages {
     /// Sets or clears `DB_FLAG_KICK` in the header of every page in use.
     pub fn set_kick(&self, on: bool) {
         let v = if on { DB_FLAG_KICK } else { 0 };
-        for (i, p) in self.used.iter().enumerate() {
+        // At most `pages` (a u32) pages: the counter does not run out.
+        for (p, i) in self.used.iter().zip(0u32..) {
             if p.is_some() {
-                self.region.set_flags(i as u32, v);
+                self.region.set_flags(i, v);
             }
         }
     }
@@ -412,8 +422,13 @@ impl RegionLink {
     /// The `GET_SHMEM_CONFIG` answer: one region, the doorbell region.
     pub fn shmem_config(&self) -> VhostUserShMemConfig {
         let mut sizes = [0u64; SHMEM_ID_DOORBELL as usize + 1];
-        sizes[SHMEM_ID_DOORBELL as usize] = self.region.len();
-        VhostUserShMemConfig::new(sizes.len() as u32, &sizes)
+        if let Some(s) = sizes.get_mut(usize::from(SHMEM_ID_DOORBELL)) {
+            *s = self.region.len();
+        }
+        // Bounded: the array has SHMEM_ID_DOORBELL + 1 (= 1) entries.
+        #[allow(clippy::cast_possible_truncation)]
+        let n = sizes.len() as u32;
+        VhostUserShMemConfig::new(n, &sizes)
     }
 
     /// The VMM's back-end request channel (a new connection).
@@ -484,6 +499,11 @@ impl RegionLink {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::arithmetic_side_effects,
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation
+)]
 mod tests {
     use super::*;
 

@@ -25,7 +25,7 @@ impl Ctrl {
             return Err(CmdError::new(Status::QUOTA, quota::CQ));
         }
         depth::<CreateCqReq>(req.depth, self.limits.max_cqe, "depth")?;
-        let bytes = u64::from(req.depth) * u64::from(CQE_SIZE);
+        let bytes = u64::from(req.depth).saturating_mul(u64::from(CQE_SIZE));
         let ring = self.queue_memory::<CreateCqReq, M>(mem, &req.buf, list, bytes, req.db_gpa)?;
         let cq_handle = self.insert_charged(
             |r| &mut r.cqs,

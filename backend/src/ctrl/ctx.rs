@@ -119,7 +119,7 @@ impl Ctrl {
             },
         )?;
         if let Some(pd) = self.res.pds.get_mut(req.pd_handle) {
-            pd.users += 1;
+            pd.users = pd.users.saturating_add(1);
         }
         Ok(AhHandleResp { ah_handle }.to_bytes())
     }

@@ -194,7 +194,8 @@ impl Ctrl {
     /// Replaces the view of guest RAM (after a memory table update).
     pub fn set_ram(&mut self, ram: RamMap) {
         self.ram = ram;
-        self.ram_gen += 1;
+        // Only compared for equality: wrapping is harmless.
+        self.ram_gen = self.ram_gen.wrapping_add(1);
     }
 
     /// Whether the device is started (see `running`).
@@ -254,7 +255,7 @@ impl Ctrl {
 
     /// Notes a chain that could not be answered.
     pub fn count_malformed(&mut self) {
-        self.stats.malformed += 1;
+        self.stats.malformed = self.stats.malformed.saturating_add(1);
     }
 
     /// The context of PD `pd`, or `BAD_HANDLE` naming the `pd_handle`
@@ -362,9 +363,9 @@ impl Ctrl {
             Err(e) => (e.status, e.detail, Vec::new()),
         };
         if status == Status::OK {
-            self.stats.ok += 1;
+            self.stats.ok = self.stats.ok.saturating_add(1);
         } else {
-            self.stats.failed += 1;
+            self.stats.failed = self.stats.failed.saturating_add(1);
             debug!(
                 "request {request_id:#x}: {} (detail {detail:#x})",
                 status.name()
@@ -401,7 +402,7 @@ impl Ctrl {
                 Err(CmdError::new(Status::UNSUPPORTED, hdr.opcode)),
             );
         };
-        let need = ResponseHeader::SIZE + response_size(op);
+        let need = ResponseHeader::SIZE.saturating_add(response_size(op));
         if writable < need {
             // Not executed: the driver could not learn the outcome.
             let n = u32::try_from(need).unwrap_or(DETAIL_NONE);

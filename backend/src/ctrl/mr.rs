@@ -145,7 +145,8 @@ impl Ctrl {
             if u64::from(req.buf.first_page_offset) >= page {
                 return Err(field::<RegMrReq>(Status::INVALID, "buf.first_page_offset"));
             }
-            let span = u64::from(req.buf.first_page_offset) + req.length;
+            // `length <= max_mr_size` (checked above): cannot saturate.
+            let span = u64::from(req.buf.first_page_offset).saturating_add(req.length);
             if u64::from(req.buf.npages) != pages_for(span, req.buf.page_shift) {
                 return Err(field::<RegMrReq>(Status::INVALID, "buf.npages"));
             }
@@ -188,9 +189,10 @@ impl Ctrl {
         if rkey != 0 {
             self.res.rkeys.insert(rkey, mr_handle);
         }
-        self.res.registered_bytes += req.length;
+        // Within `max_mr_bytes` (checked above).
+        self.res.registered_bytes = self.res.registered_bytes.saturating_add(req.length);
         if let Some(pd) = self.res.pds.get_mut(req.pd_handle) {
-            pd.users += 1;
+            pd.users = pd.users.saturating_add(1);
         }
         Ok(RegMrResp {
             mr_handle,

@@ -1,6 +1,6 @@
 //! Payload parsing and the mapping of parse failures to statuses.
 
-use virtio_rdma_abi::ctrl::Status;
+use virtio_rdma_abi::ctrl::{Status, DETAIL_NONE};
 use virtio_rdma_abi::mem::{BufferDesc, MAX_PAGE_SHIFT, MIN_PAGE_SHIFT};
 use virtio_rdma_abi::{Wire, WireError};
 
@@ -12,10 +12,16 @@ use crate::resources::DestroyError;
 pub fn wire_error<T: Wire>(e: WireError) -> CmdError {
     match e {
         WireError::Truncated { .. } | WireError::Trailing { .. } => {
-            CmdError::new(Status::INVALID, T::SIZE as u32)
+            CmdError::new(Status::INVALID, detail(T::SIZE))
         }
-        WireError::ReservedNotZero { offset } => CmdError::new(Status::INVALID, offset as u32),
+        WireError::ReservedNotZero { offset } => CmdError::new(Status::INVALID, detail(offset)),
     }
+}
+
+/// A byte offset or size as a `detail` (structures are far smaller than
+/// 4 GiB; `DETAIL_NONE` if one were not).
+fn detail(v: usize) -> u32 {
+    u32::try_from(v).unwrap_or(DETAIL_NONE)
 }
 
 /// Parses a fixed-size payload.
@@ -43,7 +49,7 @@ pub fn off<T: Wire>(path: &str) -> u32 {
         ("av", i) => find::<virtio_rdma_abi::qp::AddressVector>(i),
         _ => 0,
     };
-    (base + nested) as u32
+    detail(base.saturating_add(nested))
 }
 
 fn find<T: Wire>(name: &str) -> usize {
@@ -56,7 +62,7 @@ fn find<T: Wire>(name: &str) -> usize {
 fn attr_off(path: &str) -> usize {
     use virtio_rdma_abi::qp::{AddressVector, QpAttr};
     match path.split_once('.') {
-        Some(("av", i)) => find::<QpAttr>("av") + find::<AddressVector>(i),
+        Some(("av", i)) => find::<QpAttr>("av").saturating_add(find::<AddressVector>(i)),
         _ => find::<QpAttr>(path),
     }
 }
@@ -77,7 +83,7 @@ pub fn page_list_error<T: Wire>(e: PageListError) -> CmdError {
         AddrNotZero => field::<T>(Status::INVALID, "buf.addr"),
         ListLength { expected, .. } => CmdError::new(
             Status::INVALID,
-            u32::try_from(T::SIZE as u64 + expected).unwrap_or(u32::MAX),
+            u32::try_from((T::SIZE as u64).saturating_add(expected)).unwrap_or(u32::MAX),
         ),
         BadPage { index } => CmdError::new(Status::BAD_ADDRESS, index),
         BadListPage { .. } => CmdError::new(Status::BAD_ADDRESS, DETAIL_LIST_PAGE),

@@ -156,15 +156,15 @@ impl Ctrl {
             qp.db_slot = db_slot.clone();
         }
         if let Some(pd) = self.res.pds.get_mut(req.pd_handle) {
-            pd.users += 1;
+            pd.users = pd.users.saturating_add(1);
         }
         for h in [req.send_cq, req.recv_cq] {
             if let Some(cq) = self.res.cqs.get_mut(h) {
-                cq.users += 1;
+                cq.users = cq.users.saturating_add(1);
             }
         }
         if let Some(srq) = self.res.srqs.get_mut(req.srq_handle) {
-            srq.users += 1;
+            srq.users = srq.users.saturating_add(1);
         }
         init_device_half(mem, req.db_gpa, self.new_doorbell_flags());
         Ok(CreateQpResp {

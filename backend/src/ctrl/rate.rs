@@ -59,7 +59,7 @@ impl CtrlLimiter {
         let tokens = self.credit / NS_PER_SEC;
         self.rate = rate;
         self.cap = u128::from(burst(rate)) * NS_PER_SEC;
-        self.credit = (tokens * NS_PER_SEC).min(self.cap);
+        self.credit = tokens.saturating_mul(NS_PER_SEC).min(self.cap);
     }
 
     fn refill(&mut self, now: Instant) {
@@ -80,7 +80,10 @@ impl CtrlLimiter {
         self.refill(now);
         let have = u64::try_from(self.credit / NS_PER_SEC).unwrap_or(u64::MAX);
         let n = have.min(want);
-        self.credit -= u128::from(n) * NS_PER_SEC;
+        // `n <= credit / NS_PER_SEC`: neither saturates.
+        self.credit = self
+            .credit
+            .saturating_sub(u128::from(n).saturating_mul(NS_PER_SEC));
         n
     }
 

@@ -63,7 +63,7 @@ impl Ctrl {
             },
         )?;
         if let Some(pd) = self.res.pds.get_mut(req.pd_handle) {
-            pd.users += 1;
+            pd.users = pd.users.saturating_add(1);
         }
         let db_slot = self.alloc_db_slot(ctx);
         if let Some(srq) = self.res.srqs.get_mut(srq_handle) {

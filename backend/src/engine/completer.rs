@@ -55,7 +55,9 @@ pub fn complete(ctrl: &mut Ctrl, mem: &HostMem, cq_handle: u32, mut cqe: Cqe) ->
         return cq_error(ctrl, cq_handle);
     }
     let index = cq.rt.pi;
-    let offset = u64::from(index & (cq.depth - 1)) * u64::from(CQE_SIZE);
+    // `depth` is a power of two (checked at creation); a ring index wraps.
+    let slot = index & cq.depth.wrapping_sub(1);
+    let offset = u64::from(slot).saturating_mul(u64::from(CQE_SIZE));
     let Some((gpa, _)) = cq.ring.translate(offset) else {
         return cq_error(ctrl, cq_handle);
     };
@@ -63,11 +65,20 @@ pub fn complete(ctrl: &mut Ctrl, mem: &HostMem, cq_handle: u32, mut cqe: Cqe) ->
     let mut bytes = [0u8; CQE_SIZE as usize];
     virtio_rdma_abi::Field::write(&cqe, &mut bytes);
     // Everything but the owner byte first; the owner last, with release.
-    let owner = CQE_OWNER_OFFSET as usize;
-    let ok = access::write_bytes(mem, gpa, &bytes[..owner]).is_ok()
-        && access::write_bytes(mem, gpa + CQE_OWNER_OFFSET + 1, &bytes[owner + 1..]).is_ok()
-        && access::store_u8_release(mem, gpa + CQE_OWNER_OFFSET, cqe_owner(index, cq.depth))
-            .is_ok();
+    // The entry lies in one page of RAM: its addresses do not overflow (and
+    // a saturated one is not RAM).
+    let owner_gpa = gpa.saturating_add(CQE_OWNER_OFFSET);
+    let split = usize::try_from(CQE_OWNER_OFFSET)
+        .ok()
+        .and_then(|at| bytes.split_at_checked(at));
+    let ok = match split {
+        Some((head, [_, tail @ ..])) => {
+            access::write_bytes(mem, gpa, head).is_ok()
+                && access::write_bytes(mem, owner_gpa.saturating_add(1), tail).is_ok()
+                && access::store_u8_release(mem, owner_gpa, cqe_owner(index, cq.depth)).is_ok()
+        }
+        _ => false,
+    };
     if !ok {
         // The owner byte is written last: a half-written entry never
         // looks valid to the driver.
@@ -75,18 +86,18 @@ pub fn complete(ctrl: &mut Ctrl, mem: &HostMem, cq_handle: u32, mut cqe: Cqe) ->
         return cq_error(ctrl, cq_handle);
     }
     cq.rt.pi = index.wrapping_add(1);
-    let _ = access::store_u32_release(mem, cq.db_gpa + DB_DEVICE_OFFSET, cq.rt.pi);
+    let _ = access::store_u32_release(mem, cq.db_gpa.saturating_add(DB_DEVICE_OFFSET), cq.rt.pi);
     // Publishing the CQE and reading the arm request must not be reordered
     // (the driver arms, fences, then polls: one of the two sees the other).
     fence(Ordering::SeqCst);
-    let arm = access::load_u32_acquire(mem, cq.db_gpa + ARM_OFFSET).unwrap_or(0);
+    let arm = access::load_u32_acquire(mem, cq.db_gpa.saturating_add(ARM_OFFSET)).unwrap_or(0);
     let seq = arm >> 2;
     if seq != cq.rt.armed_seq {
         let kind = arm & 3;
         let solicited = cqe.flags & CQE_SOLICITED != 0 || cqe.status != WcStatus::SUCCESS as u8;
         if kind == ARM_NEXT || (kind == ARM_SOLICITED && solicited) {
             cq.rt.armed_seq = seq;
-            let _ = access::store_u32_release(mem, cq.db_gpa + ARMED_SEQ_OFFSET, seq);
+            let _ = access::store_u32_release(mem, cq.db_gpa.saturating_add(ARMED_SEQ_OFFSET), seq);
             ctrl.events.push(EventKind::CQ_COMPLETION, cq_handle, 0);
         }
     }

@@ -19,6 +19,11 @@ pub const SRQ: u32 = 0;
 pub fn load_pi(mem: &HostMem, db_gpa: u64, slot: Option<&DbSlot>, which: u32) -> Option<u32> {
     match slot {
         Some(s) => Some(s.load(which)),
-        None => access::load_u32_acquire(mem, db_gpa + 4 * u64::from(which)).ok(),
+        // Saturated: an address past RAM fails the load.
+        None => access::load_u32_acquire(
+            mem,
+            db_gpa.saturating_add(u64::from(which).saturating_mul(4)),
+        )
+        .ok(),
     }
 }

@@ -23,7 +23,8 @@ use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::mem::access as acc;
 use virtio_rdma_abi::qp::{QpState, QpType};
 
-/// Offset of `rq_ci` in the device half of a QP doorbell record.
+/// Offset of `rq_ci` in the device half of a QP doorbell record (added
+/// with saturation, as in the engine's `SQ_CI`).
 const RQ_CI: u64 = DB_DEVICE_OFFSET + 4;
 /// Offset of the SRQ doorbell's `ci` in its device half.
 const SRQ_CI: u64 = DB_DEVICE_OFFSET;
@@ -104,7 +105,8 @@ pub fn local_range(
         let from = skip.saturating_sub(total).min(len);
         let to = end.saturating_sub(total).min(len);
         if to > from {
-            access::resolve(mr, sge.addr + from, to - from, out)
+            let addr = sge.addr.checked_add(from).ok_or(WcStatus::LOC_PROT_ERR)?;
+            access::resolve(mr, addr, to.saturating_sub(from), out)
                 .map_err(|_| WcStatus::LOC_PROT_ERR)?;
         }
         total = total.saturating_add(len);
@@ -298,7 +300,7 @@ fn consume_recv(ctrl: &mut Ctrl, mem: &HostMem, qp: u32, pi: u32) {
     };
     if q.srq == 0 {
         q.rt.rq_ci = q.rt.rq_ci.wrapping_add(1);
-        let _ = access::store_u32_release(mem, q.db_gpa + RQ_CI, q.rt.rq_ci);
+        let _ = access::store_u32_release(mem, q.db_gpa.saturating_add(RQ_CI), q.rt.rq_ci);
         return;
     }
     let srq_h = q.srq;
@@ -306,7 +308,7 @@ fn consume_recv(ctrl: &mut Ctrl, mem: &HostMem, qp: u32, pi: u32) {
         return;
     };
     srq.rt.ci = srq.rt.ci.wrapping_add(1);
-    let _ = access::store_u32_release(mem, srq.db_gpa + SRQ_CI, srq.rt.ci);
+    let _ = access::store_u32_release(mem, srq.db_gpa.saturating_add(SRQ_CI), srq.rt.ci);
     let posted = pi.wrapping_sub(srq.rt.ci);
     if srq.limit != 0 && posted < srq.limit {
         srq.limit = 0;
@@ -893,15 +895,17 @@ fn copy_in(req: &Request<'_>, mem: &HostMem, dst: &[Segment]) -> Result<(), acce
 
 /// Drops the first `n` bytes of `segs` (in place).
 fn skip(segs: &mut Vec<Segment>, mut n: u64) {
-    let mut whole = 0;
+    let mut whole = 0usize;
     for s in segs.iter_mut() {
-        if n >= s.len {
-            n -= s.len;
-            whole += 1;
+        if let Some(rest) = n.checked_sub(s.len) {
+            n = rest;
+            // At most `segs.len()`.
+            whole = whole.saturating_add(1);
             continue;
         }
-        s.gpa += n;
-        s.len -= n;
+        // `n < s.len`: the rest of a valid range.
+        s.gpa = s.gpa.saturating_add(n);
+        s.len = s.len.saturating_sub(n);
         break;
     }
     segs.drain(..whole);

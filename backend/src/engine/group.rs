@@ -100,9 +100,11 @@ impl Engines {
     /// the plan, which never happens for VMs the daemon was started with).
     pub fn for_vm(&self, vm: usize) -> &Arc<Engine> {
         let i = self.registry.engine_of(vm).unwrap_or(0);
-        // `start` made sure there is at least one thread and every
-        // placement is in range.
-        &self.engines[i.min(self.engines.len() - 1)]
+        // Bounded: `start` made sure there is at least one thread and every
+        // placement is in range; the index is clamped to the last anyway.
+        #[allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
+        let engine = &self.engines[i.min(self.engines.len() - 1)];
+        engine
     }
 
     /// Adds VM `id` (served by its thread from now on).
@@ -156,9 +158,10 @@ impl Engines {
         for e in self.engines.iter().filter(behind) {
             e.wake();
         }
-        let deadline = Instant::now() + timeout;
+        // No deadline if `timeout` is too long to represent.
+        let deadline = Instant::now().checked_add(timeout);
         while self.engines.iter().any(|e| behind(&e)) {
-            if Instant::now() >= deadline {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 return false;
             }
             thread::sleep(Duration::from_micros(50));

@@ -97,7 +97,9 @@ const REBUILD_FREE: Duration = Duration::from_micros(20);
 /// rebuilding takes at most a tenth of the engine's time (and of the VM's
 /// lock) however fast the VM's control commands come.
 const REBUILD_SPACING: u32 = 9;
-/// Offsets in a QP doorbell record.
+/// Offsets in a QP doorbell record. A record's address was checked to be
+/// RAM at creation, so adding these cannot overflow; the sums saturate
+/// anyway, and a saturated address is not RAM (the access fails).
 const SQ_CI: u64 = DB_DEVICE_OFFSET;
 const RQ_CI: u64 = DB_DEVICE_OFFSET + 4;
 const FLAGS: u64 = DB_DEVICE_OFFSET + 8;
@@ -149,9 +151,11 @@ impl Registry {
     pub fn register(&self, id: usize, vm: &Arc<RdmaDevice>) {
         let mut vms = self.vms.lock().unwrap_or_else(|p| p.into_inner());
         if vms.len() <= id {
-            vms.resize(id + 1, Weak::new());
+            vms.resize(id.saturating_add(1), Weak::new());
         }
-        vms[id] = Arc::downgrade(vm);
+        if let Some(slot) = vms.get_mut(id) {
+            *slot = Arc::downgrade(vm);
+        }
         self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
@@ -273,7 +277,9 @@ impl DbList {
             return;
         }
         let took = now.elapsed();
-        self.rebuild_after = (took > REBUILD_FREE).then(|| now + took * REBUILD_SPACING);
+        self.rebuild_after = (took > REBUILD_FREE)
+            .then(|| now.checked_add(took.saturating_mul(REBUILD_SPACING)))
+            .flatten();
     }
 
     /// Rebuilds the list from the VM's tables (under its lock); false if
@@ -550,14 +556,14 @@ impl Engine {
             return;
         }
         qpns.sort_unstable();
-        let mut failed = 0;
+        let mut failed = 0usize;
         // The peers are VMs of the same tenant: served by this thread.
         for (i, dev) in self.registry.all_vms().iter().enumerate() {
             if i == vm {
                 continue;
             }
             if let Some(dev) = dev {
-                failed += dev.fail_peers_of(gid, &qpns);
+                failed = failed.saturating_add(dev.fail_peers_of(gid, &qpns));
             }
         }
         if failed > 0 {
@@ -651,7 +657,9 @@ impl Engine {
                 if idle_sweeps == 0 {
                     last_work = Instant::now();
                 }
-                idle_sweeps += 1;
+                // Only looked at modulo 32 (and 0 restarts the idle
+                // clock): wrapping after 2^64 sweeps is harmless.
+                idle_sweeps = idle_sweeps.wrapping_add(1);
                 // Reading the clock costs as much as a sweep of a few QPs:
                 // only every so often while spinning.
                 if idle_sweeps % 32 != 0 {
@@ -773,12 +781,12 @@ fn set_kick(lists: &[DbList], on: bool) -> bool {
         let ran = list.dev.try_with_dataplane(|ctrl, mem| {
             for (_, qp) in ctrl.res.qps.iter() {
                 if qp.db_slot.is_none() {
-                    let _ = access::store_u32_release(mem, qp.db_gpa + FLAGS, v);
+                    let _ = access::store_u32_release(mem, qp.db_gpa.saturating_add(FLAGS), v);
                 }
             }
             for (_, srq) in ctrl.res.srqs.iter() {
                 if srq.db_slot.is_none() {
-                    let _ = access::store_u32_release(mem, srq.db_gpa + FLAGS, v);
+                    let _ = access::store_u32_release(mem, srq.db_gpa.saturating_add(FLAGS), v);
                 }
             }
             if let Some(pages) = &ctrl.res.doorbells {
@@ -862,7 +870,7 @@ impl Engine {
                 return false;
             }
             while let Some(&i) = work.get(*next) {
-                *next += 1;
+                *next = next.saturating_add(1);
                 let Some(e) = qps.get_mut(i) else {
                     continue;
                 };
@@ -957,8 +965,16 @@ impl Engine {
                 qp.rt.wait = None;
                 qp.rt.partial = None;
                 if changed {
-                    let _ = access::store_u32_release(mem, qp.db_gpa + SQ_CI, qp.rt.sq_ci);
-                    let _ = access::store_u32_release(mem, qp.db_gpa + RQ_CI, qp.rt.rq_ci);
+                    let _ = access::store_u32_release(
+                        mem,
+                        qp.db_gpa.saturating_add(SQ_CI),
+                        qp.rt.sq_ci,
+                    );
+                    let _ = access::store_u32_release(
+                        mem,
+                        qp.db_gpa.saturating_add(RQ_CI),
+                        qp.rt.rq_ci,
+                    );
                 }
                 false
             }
@@ -1229,11 +1245,11 @@ impl Engine {
                     }
                     TrafficCounters::add_single_writer(&self.counters.bytes, moved);
                     scratch.limits.charge_bytes(vm_id, moved);
-                    bytes += moved;
-                    scratch.executed.1 += moved;
+                    bytes = bytes.saturating_add(moved);
+                    scratch.executed.1 = scratch.executed.1.saturating_add(moved);
                 }
                 Step::Done { published: p } => {
-                    wqes += 1;
+                    wqes = wqes.saturating_add(1);
                     qp.rt.wait = None;
                     qp.rt.partial = None;
                     qp.rt.sq_ci = index.wrapping_add(1);
@@ -1246,9 +1262,9 @@ impl Engine {
                     TrafficCounters::add_single_writer(&self.counters.wqes, 1);
                     TrafficCounters::add_single_writer(&self.counters.bytes, moved);
                     scratch.limits.charge(vm_id, moved);
-                    bytes += moved;
-                    scratch.executed.0 += 1;
-                    scratch.executed.1 += moved;
+                    bytes = bytes.saturating_add(moved);
+                    scratch.executed.0 = scratch.executed.0.saturating_add(1);
+                    scratch.executed.1 = scratch.executed.1.saturating_add(moved);
                 }
                 Step::Broken | Step::Busy => break,
             }
@@ -1260,7 +1276,8 @@ impl Engine {
         // with a completion published it before writing it).
         if let Some(qp) = ctrl.res.qps.get(h) {
             if did && published != Some(qp.rt.sq_ci) {
-                let _ = access::store_u32_release(mem, qp.db_gpa + SQ_CI, qp.rt.sq_ci);
+                let _ =
+                    access::store_u32_release(mem, qp.db_gpa.saturating_add(SQ_CI), qp.rt.sq_ci);
             }
         }
         did
@@ -1360,7 +1377,11 @@ impl Engine {
         }
         // The part this execution moves: all of it but for a piece.
         let part = if piecewise {
-            (start, limit.min(len - start))
+            // `start < total` (checked above) but for a rewritten WQE.
+            let Some(left) = len.checked_sub(start) else {
+                return failed(ctrl, WcStatus::LOC_QP_OP_ERR);
+            };
+            (start, limit.min(left))
         } else {
             (0, len)
         };
@@ -1469,7 +1490,8 @@ impl Engine {
         if dropped || matches!(outcome, RespOutcome::Done) {
             *moved = part.1;
         }
-        let end = part.0 + part.1;
+        // `part.1 <= len - part.0`: at most `len`.
+        let end = part.0.saturating_add(part.1);
         if matches!(outcome, RespOutcome::Done) && end < len {
             // A piece: the WQE stays at the head until its last one.
             if let Some(q) = ctrl.res.qps.get_mut(h) {
@@ -1582,10 +1604,10 @@ fn rnr_retry(qp: &Qp, index: u32, code: u32) -> Option<SendWait> {
         return None;
     }
     if qp.attr.rnr_retry != 7 {
-        w.rnr_left -= 1;
+        w.rnr_left = w.rnr_left.saturating_sub(1);
     }
     debug!("QP {:#x}: RNR, {} retries left", qp.qpn, w.rnr_left);
-    w.at = Instant::now() + rnr_delay(code);
+    w.at = later(rnr_delay(code));
     Some(w)
 }
 
@@ -1605,12 +1627,19 @@ fn transport_retry(qp: &Qp, index: u32, wr_id: u64, op: WcOpcode) -> Step {
         if w.retry_left == 0 {
             w.exhausted = Some((wr_id, op));
         } else {
-            w.retry_left -= 1;
+            w.retry_left = w.retry_left.saturating_sub(1);
         }
         ack_timeout(timeout)
     };
-    w.at = Instant::now() + interval;
+    w.at = later(interval);
     Step::Wait(w)
+}
+
+/// `d` from now. The delays here are at most hours (`ack_timeout`), far
+/// from where an `Instant` overflows; if one did, the wait ends at once.
+fn later(d: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(d).unwrap_or(now)
 }
 
 /// The local ACK timeout `4.096 µs × 2^timeout` (spec 18.20).
@@ -1636,7 +1665,7 @@ fn complete_send(
     else {
         return Step::Done { published: false };
     };
-    let _ = access::store_u32_release(mem, db_gpa + SQ_CI, index.wrapping_add(1));
+    let _ = access::store_u32_release(mem, db_gpa.saturating_add(SQ_CI), index.wrapping_add(1));
     finish(ctrl, mem, h, send_cq, qpn, wr_id, op, status, len);
     Step::Done { published: true }
 }
@@ -2031,14 +2060,14 @@ fn flush(ctrl: &mut Ctrl, mem: &HostMem, h: u32, sq_pi: u32, buf: &mut WqeBuf, m
             qp.rt.sq_ci = index.wrapping_add(1);
             qp.rt.wait = None;
             qp.rt.partial = None;
-            let _ = access::store_u32_release(mem, qp.db_gpa + SQ_CI, qp.rt.sq_ci);
+            let _ = access::store_u32_release(mem, qp.db_gpa.saturating_add(SQ_CI), qp.rt.sq_ci);
         }
-        did += 1;
+        did = did.saturating_add(1);
     }
     // A message that was arriving in pieces: its receive WQE was taken.
     if did < max && exec::flush_inbound(ctrl, mem, h) {
         count_flushed(ctrl);
-        did += 1;
+        did = did.saturating_add(1);
     }
     // Receives of a QP with its own receive queue.
     loop {
@@ -2078,9 +2107,9 @@ fn flush(ctrl: &mut Ctrl, mem: &HostMem, h: u32, sq_pi: u32, buf: &mut WqeBuf, m
         count_flushed(ctrl);
         if let Some(qp) = ctrl.res.qps.get_mut(h) {
             qp.rt.rq_ci = index.wrapping_add(1);
-            let _ = access::store_u32_release(mem, qp.db_gpa + RQ_CI, qp.rt.rq_ci);
+            let _ = access::store_u32_release(mem, qp.db_gpa.saturating_add(RQ_CI), qp.rt.rq_ci);
         }
-        did += 1;
+        did = did.saturating_add(1);
     }
     did
 }

@@ -135,7 +135,9 @@ impl TokenBucket {
         // One nanosecond past the moment the level is back at zero, so the
         // level is above zero when the engine looks again.
         let wait = -self.level / self.rate as f64;
-        Some(now + Duration::from_secs_f64(wait.min(1e6)) + Duration::from_nanos(1))
+        let wait = Duration::from_secs_f64(wait.min(1e6)).saturating_add(Duration::from_nanos(1));
+        // At most about 11 days: an `Instant` does not overflow there.
+        Some(now.checked_add(wait).unwrap_or(now))
     }
 
     /// Takes `n` tokens (may go into debt).
@@ -223,8 +225,10 @@ struct VmLimits {
 /// sweeps per work request).
 pub fn grain_of(weight: u32) -> (u32, u64) {
     let w = weight.clamp(1, DEFAULT_WEIGHT);
-    let wqes = (BURST * w / DEFAULT_WEIGHT).max(1);
-    let bytes = (BURST_BYTES * u64::from(w) / u64::from(DEFAULT_WEIGHT)).max(1);
+    // `w <= DEFAULT_WEIGHT`: the products are small.
+    let wqes = (BURST.saturating_mul(w) / DEFAULT_WEIGHT).max(1);
+    const UNIT: u64 = DEFAULT_WEIGHT as u64;
+    let bytes = (BURST_BYTES.saturating_mul(u64::from(w)) / UNIT).max(1);
     (wqes, bytes)
 }
 
@@ -450,8 +454,9 @@ fn share_of(weight: u32, group: u32, sum: u64) -> i64 {
     let q = u64::try_from(QUANTUM_PER_WEIGHT.as_nanos()).unwrap_or(u64::MAX);
     let ns = q
         .saturating_mul(u64::from(group.max(1)))
-        .saturating_mul(u64::from(weight.max(1)))
-        / sum.max(1);
+        .saturating_mul(u64::from(weight.max(1)));
+    // A zero sum divides by 1.
+    let ns = ns.checked_div(sum).unwrap_or(ns);
     i64::try_from(ns).unwrap_or(i64::MAX).max(1)
 }
 
@@ -531,10 +536,10 @@ impl Drr {
                 continue;
             }
             if self.group_sums.len() <= s.group {
-                self.group_sums.resize(s.group + 1, 0);
+                self.group_sums.resize(s.group.saturating_add(1), 0);
             }
             if let Some(sum) = self.group_sums.get_mut(s.group) {
-                *sum += u64::from(s.weight);
+                *sum = sum.saturating_add(u64::from(s.weight));
             }
         }
         for &vm in active {
@@ -607,7 +612,9 @@ impl Drr {
         let n = active.len();
         self.rounds = self.rounds.wrapping_add(1);
         for k in 0..n {
-            let Some(&vm) = active.get((k + self.rounds) % n) else {
+            // A rotation: `rounds` wraps, and so may the sum.
+            let at = k.wrapping_add(self.rounds).checked_rem(n);
+            let Some(&vm) = at.and_then(|i| active.get(i)) else {
                 continue;
             };
             let Some(s) = self.slots.get_mut(vm) else {
@@ -627,7 +634,13 @@ impl Drr {
             let rounds = skipped
                 .iter()
                 .filter_map(|&vm| self.slots.get(vm))
-                .map(|s| (1 - s.deficit + s.quantum - 1) / s.quantum.max(1))
+                .map(|s| {
+                    // ceil((1 - deficit) / quantum), `deficit <= 0`.
+                    let need = 1i64
+                        .saturating_sub(s.deficit)
+                        .saturating_add(s.quantum.saturating_sub(1));
+                    need.checked_div(s.quantum.max(1)).unwrap_or(1)
+                })
                 .min()
                 .unwrap_or(1)
                 .max(1);
@@ -672,6 +685,11 @@ impl Drr {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::arithmetic_side_effects,
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation
+)]
 mod tests {
     use super::*;
 

@@ -96,7 +96,7 @@ fn slot_gpa(
     let (gpa, contiguous) = ring.translate(ring_offset.checked_add(slot)?)?;
     // Strides never exceed a page and slots are stride-aligned, so a slot
     // never crosses a page; checked anyway.
-    if (contiguous as usize) < stride {
+    if contiguous < stride as u64 {
         return None;
     }
     Some((gpa, stride))
@@ -115,20 +115,21 @@ fn copy_slot<'b>(
 ) -> Option<&'b [u8]> {
     access::read_bytes(mem, gpa, buf.get_mut(..header)?).ok()?;
     let extra = body(buf.get(..header)?).min(stride.saturating_sub(header));
+    let end = header.checked_add(extra)?;
     if extra > 0 {
-        let rest = buf.get_mut(header..header + extra)?;
-        access::read_bytes(mem, gpa + header as u64, rest).ok()?;
+        let rest = buf.get_mut(header..end)?;
+        access::read_bytes(mem, gpa.checked_add(header as u64)?, rest).ok()?;
     }
-    buf.get(..header + extra)
+    buf.get(..end)
 }
 
 /// Parses `n` SGEs that follow a `header`-byte header in `buf` into `out`.
 fn sges<'s>(buf: &[u8], header: u32, n: usize, out: &'s mut [Sge; MAX_SGES]) -> Option<&'s [Sge]> {
     let out = out.get_mut(..n)?;
     for (i, sge) in out.iter_mut().enumerate() {
-        let off = header as usize + i * SGE_SIZE as usize;
+        let off = (header as usize).checked_add(i.checked_mul(SGE_SIZE as usize)?)?;
         *sge = buf
-            .get(off..off + Sge::SIZE)
+            .get(off..off.checked_add(Sge::SIZE)?)
             .and_then(|b| Sge::parse(b).ok())?;
     }
     Some(out)
@@ -153,7 +154,7 @@ pub fn fetch_send<'a>(
         if hdr.flags & WQE_INLINE != 0 {
             hdr.inline_len as usize
         } else {
-            usize::from(hdr.num_sge) * SGE_SIZE as usize
+            usize::from(hdr.num_sge).saturating_mul(SGE_SIZE as usize)
         }
     })
     .ok_or(WqeError::Unusable)?;
@@ -175,7 +176,8 @@ pub fn fetch_send<'a>(
             return Err(bad);
         }
         let start = SEND_WQE_HEADER as usize;
-        let data = buf.get(start..start + hdr.inline_len as usize).ok_or(bad)?;
+        let end = start.checked_add(hdr.inline_len as usize).ok_or(bad)?;
+        let data = buf.get(start..end).ok_or(bad)?;
         return Ok(SendWr {
             hdr,
             opcode,

@@ -58,17 +58,19 @@ pub fn resolve(mr: &Mr, iova: u64, len: u64, out: &mut Vec<Segment>) -> Result<(
     }
     // Bounds of the whole range first; pieces are then inside by construction.
     mr.translate(iova, len).ok_or(AccessError::OutOfRegion)?;
-    let mut done = 0u64;
-    while done < len {
-        let (gpa, avail) = mr
-            .translate(iova + done, len - done)
-            .ok_or(AccessError::OutOfRegion)?;
-        let take = avail.min(len - done);
+    let (mut at, mut left) = (iova, len);
+    while left > 0 {
+        let (gpa, avail) = mr.translate(at, left).ok_or(AccessError::OutOfRegion)?;
+        let take = avail.min(left);
         match out.last_mut() {
-            Some(last) if last.gpa + last.len == gpa => last.len += take,
+            Some(last) if last.gpa.checked_add(last.len) == Some(gpa) => {
+                last.len = last.len.checked_add(take).ok_or(AccessError::OutOfRegion)?;
+            }
             _ => out.push(Segment { gpa, len: take }),
         }
-        done += take;
+        // `take <= left`, and `at + left` is inside the region (checked above).
+        left = left.saturating_sub(take);
+        at = at.checked_add(take).ok_or(AccessError::OutOfRegion)?;
     }
     Ok(())
 }
@@ -107,8 +109,10 @@ impl<'a> HostRuns<'a> {
             let Some(s) = self.segs.get(self.next) else {
                 return Ok(None);
             };
-            if self.off >= s.len {
-                self.next += 1;
+            let rest = s.len.saturating_sub(self.off);
+            if rest == 0 {
+                // `next` indexes `segs`: at most its length.
+                self.next = self.next.saturating_add(1);
                 self.off = 0;
                 continue;
             }
@@ -117,8 +121,9 @@ impl<'a> HostRuns<'a> {
                 .checked_add(self.off)
                 .ok_or(AccessError::OutOfRegion)?;
             let (p, avail) = self.mem.range(gpa, 1).ok_or(AccessError::NotRam(gpa))?;
-            let n = avail.min(s.len - self.off);
-            self.off += n;
+            let n = avail.min(rest);
+            // At most `s.len`.
+            self.off = self.off.saturating_add(n);
             return Ok(Some((p, n)));
         }
     }
@@ -131,8 +136,11 @@ impl<'a> HostRuns<'a> {
         loop {
             let (next, off) = (self.next, self.off);
             match self.piece() {
-                Ok(Some((p, n))) if p as usize == (start as usize).wrapping_add(len as usize) => {
-                    len += n;
+                Ok(Some((p, n)))
+                    if usize::try_from(len)
+                        .is_ok_and(|l| p as usize == (start as usize).wrapping_add(l)) =>
+                {
+                    len = len.checked_add(n).ok_or(AccessError::OutOfRegion)?;
                 }
                 _ => {
                     // Not contiguous (or not RAM: reported when it is
@@ -189,12 +197,13 @@ pub fn copy(
         // whose mappings live while the borrows do. The ranges may overlap (a
         // guest may copy within its own memory); `guest_to_guest` allows it.
         unsafe { volatile::guest_to_guest(s.0, d.0, chunk) };
-        left -= n;
+        // `n` is the minimum of the three: none of these saturates.
+        left = left.saturating_sub(n);
         // SAFETY: advancing by `chunk <= s.1` (resp. `d.1`) bytes stays
         // inside the run or one past its end.
         unsafe {
-            s = (s.0.add(chunk), s.1 - n);
-            d = (d.0.add(chunk), d.1 - n);
+            s = (s.0.add(chunk), s.1.saturating_sub(n));
+            d = (d.0.add(chunk), d.1.saturating_sub(n));
         }
     }
     Ok(())
@@ -276,7 +285,8 @@ pub fn write_bytes(mem: &HostMem, gpa: u64, data: &[u8]) -> Result<(), AccessErr
 /// Host pointer of a naturally aligned `size`-byte object at `gpa`.
 #[inline]
 fn host_ptr(mem: &HostMem, gpa: u64, size: usize) -> Result<*mut u8, AccessError> {
-    if gpa % size as u64 != 0 {
+    // A zero size (`checked_rem` is None) is refused too.
+    if gpa.checked_rem(size as u64) != Some(0) {
         return Err(AccessError::Misaligned(gpa));
     }
     // `ptr` checks that all `size` bytes are inside one mapped region.
@@ -348,6 +358,11 @@ pub fn store_u8_release(mem: &HostMem, gpa: u64, v: u8) -> Result<(), AccessErro
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::arithmetic_side_effects,
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation
+)]
 mod tests {
     use super::*;
     use crate::memory::pagelist::PageListLimits;

@@ -72,12 +72,13 @@ impl HostMem {
         let end = gpa.checked_add(len)?;
         for r in &self.regions {
             if gpa >= r.start && end <= r.end {
-                let off = gpa - r.start;
+                // Neither subtraction can fail (`r.start <= gpa <= r.end`).
+                let off = usize::try_from(gpa.checked_sub(r.start)?).ok()?;
                 // SAFETY: `off` is less than or equal to the region's length
                 // (`gpa + len <= end`), so the result is inside the region's
                 // mapping or one past its end; no memory is accessed here.
-                let p = unsafe { r.host.add(off as usize) };
-                return Some((p, r.end - gpa));
+                let p = unsafe { r.host.add(off) };
+                return Some((p, r.end.checked_sub(gpa)?));
             }
         }
         None

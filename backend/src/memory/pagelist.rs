@@ -116,7 +116,8 @@ impl PageList {
         }
         let page = 1u64 << shift;
         let check = |index: u32, gpa: u64| -> Result<(), PageListError> {
-            if gpa & (page - 1) != 0 || !ram.contains(gpa, page) {
+            // Aligned: the low `shift` bits are zero.
+            if gpa.trailing_zeros() < shift || !ram.contains(gpa, page) {
                 return Err(PageListError::BadPage { index });
             }
             Ok(())
@@ -141,7 +142,7 @@ impl PageList {
                 if npages > limits.max_inline {
                     return Err(PageListError::TooManyInline(npages));
                 }
-                expect_len(trailing, u64::from(npages) * 8)?;
+                expect_len(trailing, u64::from(npages).saturating_mul(8))?;
                 budget(limits, desc.mode, npages)?;
                 let mut list = Vec::with_capacity(npages as usize);
                 for (index, raw) in (0u32..).zip(trailing.chunks_exact(8)) {
@@ -156,9 +157,11 @@ impl PageList {
                     return Err(PageListError::AddrNotZero);
                 }
                 let nlist = indirect_list_pages(npages);
-                expect_len(trailing, nlist * 8)?;
+                expect_len(trailing, nlist.saturating_mul(8))?;
                 budget(limits, desc.mode, npages)?;
                 let mut list = Vec::with_capacity(npages as usize);
+                // Bounded: LIST_PAGE_SIZE is the constant 4096.
+                #[allow(clippy::cast_possible_truncation)]
                 let mut buf = vec![0u8; LIST_PAGE_SIZE as usize];
                 let mut index = 0u32;
                 for (li, raw) in (0u32..).zip(trailing.chunks_exact(8)) {
@@ -170,12 +173,15 @@ impl PageList {
                     // while we look at it.
                     read_guest(mem, GuestAddress(lp), &mut buf)
                         .map_err(|_| PageListError::BadListPage { index: li })?;
-                    let take = (npages - index).min(LIST_PAGE_ENTRIES as u32) as usize;
+                    // `index <= npages`: each list page takes at most the
+                    // pages still missing.
+                    let left = u64::from(npages.saturating_sub(index)).min(LIST_PAGE_ENTRIES);
+                    let take = usize::try_from(left).unwrap_or(usize::MAX);
                     for raw in buf.chunks_exact(8).take(take) {
                         let gpa = le64(raw);
                         check(index, gpa)?;
                         list.push(gpa);
-                        index += 1;
+                        index = index.saturating_add(1);
                     }
                 }
                 Pages::List(list)
@@ -209,7 +215,7 @@ impl PageList {
             return None;
         }
         match &self.pages {
-            Pages::Contiguous(base) => Some(base + (u64::from(index) << self.page_shift)),
+            Pages::Contiguous(base) => base.checked_add(u64::from(index) << self.page_shift),
             Pages::List(list) => list.get(index as usize).copied(),
         }
     }
@@ -219,8 +225,12 @@ impl PageList {
     pub fn translate(&self, offset: u64) -> Option<(u64, u64)> {
         let page = 1u64 << self.page_shift;
         let index = u32::try_from(offset >> self.page_shift).ok()?;
-        let within = offset & (page - 1);
-        Some((self.page(index)? + within, page - within))
+        // The low `page_shift` bits.
+        let within = offset & !(u64::MAX << self.page_shift);
+        Some((
+            self.page(index)?.checked_add(within)?,
+            page.checked_sub(within)?,
+        ))
     }
 
     /// Host memory used by the translation, in bytes (fixed once the list
@@ -228,7 +238,7 @@ impl PageList {
     pub fn host_bytes(&self) -> u64 {
         match &self.pages {
             Pages::Contiguous(_) => 0,
-            Pages::List(l) => l.capacity() as u64 * 8,
+            Pages::List(l) => (l.capacity() as u64).saturating_mul(8),
         }
     }
 
@@ -238,7 +248,7 @@ impl PageList {
         if mode == PageListMode::CONTIGUOUS as u32 {
             0
         } else {
-            u64::from(npages) * 8
+            u64::from(npages).saturating_mul(8)
         }
     }
 }
@@ -269,12 +279,18 @@ fn expect_len(trailing: &[u8], expected: u64) -> Result<(), PageListError> {
 
 fn le64(raw: &[u8]) -> u64 {
     let mut b = [0u8; 8];
-    let n = raw.len().min(8);
-    b[..n].copy_from_slice(&raw[..n]);
+    for (d, s) in b.iter_mut().zip(raw) {
+        *d = *s;
+    }
     u64::from_le_bytes(b)
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::arithmetic_side_effects,
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation
+)]
 mod tests {
     use super::*;
     use vm_memory::{Bytes, GuestMemoryMmap};

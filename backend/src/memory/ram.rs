@@ -50,7 +50,10 @@ impl RamMap {
 
     /// Total bytes of RAM.
     pub fn total_bytes(&self) -> u64 {
-        self.regions.iter().map(|r| r.end - r.start).sum()
+        self.regions
+            .iter()
+            .map(|r| r.end.saturating_sub(r.start))
+            .fold(0, u64::saturating_add)
     }
 
     /// Whether `[gpa, gpa + len)` lies entirely inside one RAM region.

@@ -51,6 +51,9 @@ pub(crate) unsafe fn from_guest(src: *const u8, dst: &mut [u8]) {
     // SAFETY: every access below is at an offset `< n` of both ranges; the
     // guest-side word reads are aligned (`src + head` is 8-byte aligned)
     // and inside the range; our side is written unaligned (plain memory).
+    // Bounded: `i <= n`, a slice length (at most isize::MAX), so `i + W`
+    // cannot overflow; checked arithmetic would slow the hottest copy loop.
+    #[allow(clippy::arithmetic_side_effects)]
     unsafe {
         while i < head {
             byte(src.add(i), d.add(i));
@@ -79,6 +82,8 @@ pub(crate) unsafe fn to_guest(src: &[u8], dst: *mut u8) {
     let head = dst.align_offset(W).min(n);
     let mut i = 0;
     // SAFETY: as in `from_guest`, with the guest on the writing side.
+    // Bounded: as in `from_guest`.
+    #[allow(clippy::arithmetic_side_effects)]
     unsafe {
         while i < head {
             byte(s.add(i), dst.add(i));
@@ -128,6 +133,10 @@ pub(crate) unsafe fn guest_to_guest(src: *const u8, dst: *mut u8, n: usize) {
     // (`dst + head` is) and inside the destination range. Word reads are
     // aligned and each holds at least one byte of the source range, so
     // they lie in the same page of the mapping (see the module comment).
+    // Bounded: `i <= n` and `words * W <= n - i`, where `n` is the length of
+    // a mapped range (at most isize::MAX); `shift < W`, so the shift amounts
+    // are in 8..=56 and fit a u32.
+    #[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
     unsafe {
         while i < head {
             byte(src.add(i), dst.add(i));
@@ -220,6 +229,9 @@ unsafe fn aligned_words(s: *const u64, d: *mut u64, words: usize) {
         // agree modulo 16; after at most one single word both are 16-byte
         // aligned, as SSE2 words must be. SSE2 is part of the x86_64
         // baseline.
+        // Bounded: `k` is 1 only when `words > 0`, so `words - k` does not
+        // wrap, and `k + pairs * 2 <= words`, a count of words of a range.
+        #[allow(clippy::arithmetic_side_effects)]
         unsafe {
             if (s as usize) % 16 == (d as usize) % 16 {
                 if (d as usize) % 16 != 0 && words > 0 {
@@ -236,6 +248,8 @@ unsafe fn aligned_words(s: *const u64, d: *mut u64, words: usize) {
         }
     }
     // SAFETY: by the caller's contract.
+    // Bounded: `k < words`.
+    #[allow(clippy::arithmetic_side_effects)]
     unsafe {
         while k < words {
             d.add(k).write_volatile(s.add(k).read_volatile());
@@ -245,6 +259,11 @@ unsafe fn aligned_words(s: *const u64, d: *mut u64, words: usize) {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::arithmetic_side_effects,
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation
+)]
 mod tests {
     use super::*;
 

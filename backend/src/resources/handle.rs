@@ -59,19 +59,23 @@ impl<T> HandleTable<T> {
                 if self.slots.len() >= MAX_SLOTS {
                     return Err(value);
                 }
+                // Fits: bounded by MAX_SLOTS above.
+                let Ok(i) = u32::try_from(self.slots.len()) else {
+                    return Err(value);
+                };
                 self.slots.push(Slot {
                     gen: 1,
                     value: None,
                 });
-                // Fits: bounded by MAX_SLOTS above.
-                (self.slots.len() - 1) as u32
+                i
             }
         };
         let Some(slot) = self.slots.get_mut(index as usize) else {
             return Err(value);
         };
         slot.value = Some(value);
-        self.live += 1;
+        // At most the number of slots.
+        self.live = self.live.saturating_add(1);
         Ok((slot.gen << SLOT_BITS) | index)
     }
 
@@ -108,10 +112,12 @@ impl<T> HandleTable<T> {
             // after some 4·10^9 creations (`insert` then fails).
             slot.gen = RETIRED;
         } else {
-            slot.gen += 1;
+            // Below MAX_GEN (checked above).
+            slot.gen = slot.gen.saturating_add(1);
             self.free.push(index);
         }
-        self.live -= 1;
+        // The slot held a value, so `live >= 1`.
+        self.live = self.live.saturating_sub(1);
         Some(value)
     }
 
@@ -129,11 +135,11 @@ impl<T> HandleTable<T> {
 
     /// Iterates over live objects with their handles.
     pub fn iter(&self) -> impl Iterator<Item = (u32, &T)> {
-        self.slots.iter().enumerate().filter_map(|(i, s)| {
-            s.value
-                .as_ref()
-                .map(|v| ((s.gen << SLOT_BITS) | i as u32, v))
-        })
+        // At most MAX_SLOTS slots: the u32 counter does not run out.
+        self.slots
+            .iter()
+            .zip(0u32..)
+            .filter_map(|(s, i)| s.value.as_ref().map(|v| ((s.gen << SLOT_BITS) | i, v)))
     }
 
     /// Removes every object; generations advance so old handles stay invalid.

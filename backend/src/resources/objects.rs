@@ -192,7 +192,7 @@ impl Mr {
             return None;
         }
         self.pages
-            .translate(off + u64::from(self.first_page_offset))
+            .translate(off.checked_add(u64::from(self.first_page_offset))?)
     }
 }
 
@@ -315,7 +315,7 @@ const ENGINE_QP_BYTES: u64 = 128;
 const INBOUND_BYTES: u64 = std::mem::size_of::<Inbound>() as u64 + 30 * 16;
 
 fn own<T>() -> u64 {
-    std::mem::size_of::<T>() as u64 + SLOT_BYTES
+    (std::mem::size_of::<T>() as u64).saturating_add(SLOT_BYTES)
 }
 
 impl HostCost for Context {
@@ -338,7 +338,7 @@ impl HostCost for Ah {
 
 impl HostCost for Cq {
     fn host_cost(&self) -> u64 {
-        own::<Self>() + self.ring.host_bytes()
+        own::<Self>().saturating_add(self.ring.host_bytes())
     }
 
     fn into_pages(self) -> Option<PageList> {
@@ -348,7 +348,7 @@ impl HostCost for Cq {
 
 impl HostCost for Srq {
     fn host_cost(&self) -> u64 {
-        own::<Self>() + self.ring.host_bytes()
+        own::<Self>().saturating_add(self.ring.host_bytes())
     }
 
     fn into_pages(self) -> Option<PageList> {
@@ -360,7 +360,9 @@ impl Qp {
     /// The [`HostCost`] of a QP whose ring is `ring` (known before the QP
     /// is built, to check the budget before a QP number is taken).
     pub fn cost_with_ring(ring: &PageList) -> u64 {
-        own::<Self>() + ring.host_bytes() + ENGINE_QP_BYTES + INBOUND_BYTES
+        own::<Self>()
+            .saturating_add(ring.host_bytes())
+            .saturating_add(ENGINE_QP_BYTES + INBOUND_BYTES)
     }
 }
 
@@ -376,8 +378,14 @@ impl HostCost for Qp {
 
 impl HostCost for Mr {
     fn host_cost(&self) -> u64 {
-        let keys = if self.rkey != 0 { 2 } else { 1 };
-        own::<Self>() + self.pages.host_bytes() + keys * KEY_ENTRY_BYTES
+        let keys = if self.rkey != 0 {
+            2 * KEY_ENTRY_BYTES
+        } else {
+            KEY_ENTRY_BYTES
+        };
+        own::<Self>()
+            .saturating_add(self.pages.host_bytes())
+            .saturating_add(keys)
     }
 
     fn into_pages(self) -> Option<PageList> {
