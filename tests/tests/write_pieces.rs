@@ -53,7 +53,8 @@ fn slow(bytes_per_sec: u64) -> QosSpec {
 }
 
 /// Keeps VM `c` busy for the engine: an RC SEND to a QP on `b` that never
-/// posts a receive, retried after RNR without end. Keep the result alive.
+/// posts a receive, retried after RNR without end, every 10 us. Keep the
+/// result alive.
 struct Busy {
     _cqs: (Arc<Cq>, Arc<Cq>),
     _qps: (Qp, Qp),
@@ -70,7 +71,10 @@ fn busy(c: &Vm, b: &Vm) -> Busy {
     cc.rnr_retry = 7;
     qc.rc_connect(QP_ACCESS, &cc).unwrap();
     let mut cb = conn(&qc, c);
-    cb.min_rnr_timer = 0; // 655 ms between tries
+    // 10 us between tries: a QP waiting for a retry is work only when the
+    // retry is due, and the engine must see VM `c` at work every few
+    // hundred sweeps to keep splitting.
+    cb.min_rnr_timer = 1;
     qb.rc_connect(QP_ACCESS, &cb).unwrap();
     let buf = Buf::new(c, 64);
     let sg = [buf.sge(0, 64)];
