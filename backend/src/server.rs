@@ -173,6 +173,17 @@ impl Daemon {
     /// Validates the configuration, binds every socket and starts serving.
     pub fn start(config: DaemonConfig) -> Result<Daemon, ServerError> {
         config.validate()?;
+        Self::start_with_rnic(config, Arc::new(SoftRnic::new()?))
+    }
+
+    /// [`Daemon::start`] with a given RNIC engine (the fuzzing harness uses
+    /// one that hands QP numbers out again at once).
+    #[doc(hidden)]
+    pub fn start_with_rnic(
+        config: DaemonConfig,
+        rnic: Arc<dyn Rnic>,
+    ) -> Result<Daemon, ServerError> {
+        config.validate()?;
         let tenancy = Arc::new(Tenancy::from_config(&config));
         crate::logging::register_vms(&tenancy);
         let shared = Shared::new(
@@ -190,7 +201,6 @@ impl Daemon {
                     .collect(),
             )),
         );
-        let rnic: Arc<dyn Rnic> = Arc::new(SoftRnic::new()?);
         let engines = Arc::new(
             Engines::start(rnic.clone(), shared.clone(), config.engine_plan())
                 .map_err(ServerError::Spawn)?,
