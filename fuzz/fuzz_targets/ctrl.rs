@@ -1,4 +1,10 @@
-//! cargo-fuzz target `ctrl`: see `vhost_user_rdma_fuzz::ctrl`.
+//! cargo-fuzz target `ctrl`: see `vhost_user_rdma_fuzz::ctrl`. The input is
+//! decoded exactly as `vhost_user_rdma_fuzz::ctrl::run` (which the replay test
+//! uses) decodes it, so `cargo fuzz fmt ctrl FILE` shows what a file does.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| vhost_user_rdma_fuzz::ctrl::run(data));
+use vhost_user_rdma_fuzz::ctrl::{run_input, Input};
+
+libfuzzer_sys::fuzz_target!(|input: Input| {
+    run_input(&input);
+});

@@ -49,8 +49,10 @@ use crate::guest::{self, Addr, PAGE};
 
 /// Most steps one input runs.
 const MAX_STEPS: usize = 96;
-/// GID of the fuzzed VM.
-pub const GID: [u8; 16] = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+/// GID of the fuzzed VM (VM 0 of a default configuration).
+fn gid() -> [u8; 16] {
+    vhost_user_rdma::config::default_gid(0)
+}
 
 /// Small limits, so that the fuzzer reaches every one of them.
 pub fn limits() -> Limits {
@@ -207,8 +209,8 @@ pub enum Op {
         step: u8,
         /// Destination QP (by QP, or a raw number).
         dest: H,
-        /// Bits flipped in the mask.
-        mask_xor: u32,
+        /// Bits flipped in the mask (rarely).
+        mask_xor: Option<u32>,
     },
     /// QUERY_QP.
     QueryQp(H),
@@ -218,8 +220,8 @@ pub enum Op {
     CreateAh {
         /// PD.
         pd: H,
-        /// Port.
-        port: u8,
+        /// Port (1 unless set).
+        port: Option<u8>,
         /// Own GID (else zero).
         own_gid: bool,
         /// sgid index, hop limit, traffic class, SL.
@@ -282,6 +284,8 @@ pub enum Writable {
     Exact,
     /// Plenty.
     Large,
+    /// Plenty (a second variant, so that most sizes are right).
+    Large2,
     /// Any size.
     Raw(u8),
 }
@@ -291,19 +295,21 @@ pub enum Writable {
 pub struct Step {
     /// The operation.
     pub op: Op,
-    /// `(offset, value)`: 4 bytes of the payload overwritten.
-    pub tweak: Option<(u8, u32)>,
+    /// `(when, offset, value)`: 4 bytes of the payload overwritten when
+    /// `when` is a multiple of 4.
+    pub tweak: Option<(u8, u8, u32)>,
     /// Writable size.
     pub writable: Writable,
-    /// Header: non-zero reserved word.
-    pub bad_reserved: bool,
+    /// Header: the reserved word (only 0xff makes it non-zero, 1).
+    pub reserved: u8,
 }
 
 /// The whole input.
 #[derive(Debug, Clone, Arbitrary)]
 pub struct Input {
-    /// Features negotiated (`None`: all).
-    pub features: Option<u8>,
+    /// Features negotiated: all, unless this is 0xf0 or above (then its
+    /// low bits).
+    pub features: u8,
     /// Finish with a device reset instead of destroy commands.
     pub finish_reset: bool,
     /// The steps.
@@ -436,7 +442,10 @@ fn page_list(
         Some(PageListMode::INDIRECT) => {
             let lists = indirect_list_pages(npages32).min(4);
             for k in 0..lists {
-                let at = l.list_at.aligned(LIST_PAGE_SIZE) + k * LIST_PAGE_SIZE;
+                let at = l
+                    .list_at
+                    .aligned(LIST_PAGE_SIZE)
+                    .wrapping_add(k * LIST_PAGE_SIZE);
                 let from = (k * LIST_PAGE_ENTRIES) as usize;
                 let entries: Vec<u8> = addrs
                     .iter()
@@ -479,7 +488,7 @@ impl Vm {
         let config = DaemonConfig::new(vec!["/nonexistent/fuzz.sock".into()]);
         let tenancy = Arc::new(Tenancy::from_config(&config));
         let port = PortIdentity {
-            gid: GID,
+            gid: gid(),
             guid: 0x0200_0000_0000_0001,
             vm: 0,
         };
@@ -520,13 +529,20 @@ impl Vm {
         let full = ResponseHeader::SIZE + op.map_or(0, response_size);
         let writable = match writable {
             Writable::Exact => full,
-            Writable::Large => 4096,
+            Writable::Large | Writable::Large2 => 4096,
             Writable::Raw(n) => usize::from(n),
         };
         let out = self.ctrl.execute(&self.mem, &request, writable);
         check_response(&out, request_id, op, writable);
         let hdr = ResponseHeader::read(&out);
         let status = Status::from_u32(hdr.status).expect("checked status");
+        if trace() {
+            eprintln!(
+                "ctrl: {} -> {}",
+                op.map_or("unknown", Opcode::name),
+                status.name()
+            );
+        }
         (status, out[ResponseHeader::SIZE..].to_vec())
     }
 
@@ -722,7 +738,7 @@ impl Vm {
                     H::Live(i) => u32::from(*i),
                     H::Raw(v) => *v,
                 };
-                let rc = rc_transitions(dest_qpn, GID);
+                let rc = rc_transitions(dest_qpn, gid());
                 let ud = ud_transitions(0x1111);
                 let (mask, a) = match step % 10 {
                     0..=2 => rc[usize::from(step % 10)],
@@ -744,7 +760,7 @@ impl Vm {
                     Opcode::MODIFY_QP,
                     ModifyQpReq {
                         qp_handle: pick(&m.qp, *qp),
-                        attr_mask: mask ^ (mask_xor & attr::ALL),
+                        attr_mask: mask ^ (mask_xor.unwrap_or(0) & attr::ALL),
                         attr: a,
                     }
                     .to_bytes(),
@@ -773,9 +789,9 @@ impl Vm {
                 Opcode::CREATE_AH,
                 CreateAhReq {
                     pd_handle: pick(&m.pd, *pd),
-                    port: u32::from(*port % 3),
+                    port: port.map_or(1, u32::from),
                     av: AddressVector {
-                        dgid: if *own_gid { GID } else { [0; 16] },
+                        dgid: if *own_gid { gid() } else { [0; 16] },
                         flow_label: 0,
                         sgid_index: av[0] % 2,
                         hop_limit: av[1],
@@ -864,15 +880,15 @@ impl Vm {
                 return;
             }
         };
-        if let Some((off, v)) = s.tweak {
-            if !payload.is_empty() {
+        if let Some((when, off, v)) = s.tweak {
+            if when % 4 == 0 && !payload.is_empty() {
                 let off = usize::from(off) % payload.len();
                 let end = (off + 4).min(payload.len());
                 payload[off..end].copy_from_slice(&v.to_le_bytes()[..end - off]);
             }
         }
         let req = payload.clone();
-        let (status, resp) = self.exec(opcode.into(), &payload, s.writable, s.bad_reserved);
+        let (status, resp) = self.exec(opcode.into(), &payload, s.writable, s.reserved == 0xff);
         if status == Status::OK {
             self.apply(opcode, &req, &resp);
         }
@@ -880,7 +896,7 @@ impl Vm {
     }
 
     fn raw(&mut self, opcode: u32, payload: &[u8], s: &Step) {
-        let (status, resp) = self.exec(opcode, payload, s.writable, s.bad_reserved);
+        let (status, resp) = self.exec(opcode, payload, s.writable, s.reserved == 0xff);
         if status == Status::OK {
             if let Some(op) = Opcode::from_u32(opcode) {
                 self.apply(op, payload, &resp);
@@ -1009,6 +1025,13 @@ impl Vm {
 /// Picks one kind of object out of the model.
 type Kind = fn(&Model) -> &Vec<Obj>;
 
+/// Whether `RDMA_FUZZ_TRACE` is set: every command and its status go to
+/// stderr (to see how deep a corpus gets).
+fn trace() -> bool {
+    static TRACE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TRACE.get_or_init(|| std::env::var_os("RDMA_FUZZ_TRACE").is_some())
+}
+
 /// Checks one response of [`Ctrl::execute`].
 fn check_response(out: &[u8], request_id: u64, op: Option<Opcode>, writable: usize) {
     assert!(
@@ -1049,9 +1072,10 @@ pub fn run(data: &[u8]) {
 
 /// Runs one decoded input of the `ctrl` target.
 pub fn run_input(input: &Input) {
-    let features = input
-        .features
-        .map_or(ALL_DEVICE_FEATURES, |f| u64::from(f) & ALL_DEVICE_FEATURES);
+    let features = match input.features {
+        f @ 0xf0.. => u64::from(f) & ALL_DEVICE_FEATURES,
+        _ => ALL_DEVICE_FEATURES,
+    };
     let mut vm = Vm::new(features);
     for s in input.steps.iter().take(MAX_STEPS) {
         vm.step(s);

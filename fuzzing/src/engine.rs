@@ -55,6 +55,10 @@ const MAX_OPS: usize = 48;
 const MAX_QPS: usize = 6;
 /// Bytes of each VM's registered buffer.
 const BUF: u64 = 16 << 10;
+/// Offsets in a buffer are taken modulo this (mostly inside it).
+const SPAN: u64 = BUF + BUF / 4;
+/// Lengths are taken modulo this (mostly fitting).
+const LEN_SPAN: u32 = 6 << 10;
 /// Remote rights of the harness's QPs.
 const QP_ACCESS: u32 = access::REMOTE_READ | access::REMOTE_WRITE | access::REMOTE_ATOMIC;
 /// wr_id of the final liveness probe's work requests.
@@ -258,6 +262,11 @@ pub enum Op {
     Disconnect(u8),
     /// Re-register a VM's buffer (new keys; the old ones go stale).
     Rereg(u8),
+    /// Destroy a QP and create a new one at once (it gets the same QP
+    /// number, and QPs connected to the old one now reach the new one).
+    Recreate(u8, u8),
+    /// Create a QP on each of two VMs and connect them to each other.
+    Pair(u8, u8),
 }
 
 /// The whole input.
@@ -564,8 +573,8 @@ impl Harness {
                 let vm = self.vms[a].as_ref().expect("open");
                 let lkey = self.key(key, vm.mr.lkey());
                 let sge = Sge {
-                    addr: vm.mr.iova() + u64::from(off),
-                    length: u32::from(len),
+                    addr: vm.mr.iova() + u64::from(off) % SPAN,
+                    length: u32::from(len) % LEN_SPAN,
                     lkey,
                 };
                 let wr = RecvWr {
@@ -592,7 +601,7 @@ impl Harness {
                     .peer
                     .and_then(|p| self.vms[p].as_ref())
                     .unwrap_or(vm);
-                let raddr = remote.mr.iova() + u64::from(roff);
+                let raddr = remote.mr.iova() + u64::from(roff) % SPAN;
                 let rkey = self.key(rkey, remote.mr.rkey());
                 let op = match kind % 7 {
                     0 => SendOp::Send,
@@ -622,9 +631,13 @@ impl Harness {
                         add: 1,
                     },
                 };
-                let len = if kind % 7 >= 5 { 8 } else { u32::from(len) };
+                let len = if kind % 7 >= 5 {
+                    8
+                } else {
+                    u32::from(len) % LEN_SPAN
+                };
                 let sge = [Sge {
-                    addr: vm.mr.iova() + u64::from(off),
+                    addr: vm.mr.iova() + u64::from(off) % SPAN,
                     length: len,
                     lkey: self.key(lkey, vm.mr.lkey()),
                 }];
@@ -653,6 +666,34 @@ impl Harness {
                 let i = self.vm_index(v);
                 let vm = self.vms[i].take().expect("open");
                 self.reconnect(i, vm);
+            }
+            Op::Recreate(v, q) => {
+                self.step(&Op::DestroyQp(v, q));
+                self.step(&Op::CreateQp(v));
+            }
+            Op::Pair(va, vb) => {
+                let (a, b) = (self.vm_index(va), self.vm_index(vb));
+                let before = |h: &Self, i: usize| h.vms[i].as_ref().map_or(0, |v| v.qps.len());
+                let (na, nb) = (before(self, a), before(self, b));
+                self.step(&Op::CreateQp(va));
+                self.step(&Op::CreateQp(vb));
+                let (ma, mb) = (before(self, a), before(self, b));
+                let created = if a == b {
+                    ma >= na + 2
+                } else {
+                    ma > na && mb > nb
+                };
+                if created {
+                    let (qa, qb) = if a == b {
+                        (ma - 2, ma - 1)
+                    } else {
+                        (ma - 1, mb - 1)
+                    };
+                    let (qpn_a, gid_a) = self.ident(a, qa);
+                    let (qpn_b, gid_b) = self.ident(b, qb);
+                    self.connect(a, qa, qpn_b, gid_b, Some(b));
+                    self.connect(b, qb, qpn_a, gid_a, Some(a));
+                }
             }
             Op::Rereg(v) => {
                 let (_, vm) = self.vm(v);
@@ -728,9 +769,16 @@ impl Harness {
             init.cap = cap();
             Qp::create(&vm.pd, &init).expect("probe: create QP")
         };
+        let qa = mk(self.vms[a].as_ref().expect("open"));
+        let qb = mk(self.vms[b].as_ref().expect("open"));
+        // Their numbers may be ones destroyed earlier: alive again.
+        for (i, q) in [(a, &qa), (b, &qb)] {
+            if let Some(vm) = self.vms[i].as_mut() {
+                vm.dead.remove(&q.qpn());
+            }
+        }
         let va = self.vms[a].as_ref().expect("open");
         let vb = self.vms[b].as_ref().expect("open");
-        let (qa, qb) = (mk(va), mk(vb));
         let conn = |dest: u32, gid| {
             let mut c = RcConnect::new(dest, gid);
             c.max_rd_atomic = 4;
