@@ -39,6 +39,11 @@ fi
 # engine harness has its own watchdog, which aborts with a message first).
 max_len() { case "$1" in engine) echo 768 ;; *) echo 4096 ;; esac; }
 per_input_timeout() { case "$1" in engine) echo 90 ;; *) echo 10 ;; esac; }
+# The engine target is slow (tens of executions per second): long inputs
+# from the start, and a corpus minimized on edges only (hit counts ignored),
+# so that its replay on every test run stays in seconds.
+run_args() { case "$1" in engine) echo -len_control=0 ;; *) echo ;; esac; }
+cmin_args() { case "$1" in engine) echo -use_counters=0 ;; *) echo ;; esac; }
 
 if [ ${#targets[@]} -eq 1 ]; then
   nice -n 10 "${fuzz[@]}" build -s "$sanitizer" "${targets[0]}"
@@ -57,10 +62,12 @@ for t in "${targets[@]}"; do
   start=$(date +%s)
   set +e
   # shellcheck disable=SC2086
-  nice -n 10 "${fuzz[@]}" run -s "$sanitizer" "$t" "corpus/$t" -- \
+  seeds=()
+  [ -d "seeds/$t" ] && seeds=("seeds/$t")
+  nice -n 10 "${fuzz[@]}" run -s "$sanitizer" "$t" "corpus/$t" "${seeds[@]}" -- \
     -max_total_time="$time_per" -print_final_stats=1 \
     -max_len="$(max_len "$t")" -timeout="$(per_input_timeout "$t")" \
-    ${FUZZ_ARGS:-} >"$log" 2>&1
+    $(run_args "$t") ${FUZZ_ARGS:-} >"$log" 2>&1
   rc=$?
   set -e
   secs=$(( $(date +%s) - start ))
@@ -74,7 +81,7 @@ for t in "${targets[@]}"; do
   if [ $cmin = 1 ]; then
     echo "== minimizing the $t corpus"
     nice -n 10 "${fuzz[@]}" cmin -s "$sanitizer" "$t" "corpus/$t" -- \
-      -timeout="$(per_input_timeout "$t")" >"logs/$t.cmin.log" 2>&1 ||
+      -timeout="$(per_input_timeout "$t")" $(cmin_args "$t") >"logs/$t.cmin.log" 2>&1 ||
       echo "!! $t: cmin failed, see fuzz/logs/$t.cmin.log"
   fi
   after=$(ls "corpus/$t" | wc -l)

@@ -1,5 +1,6 @@
-//! Replays the committed fuzzing corpus (`fuzz/corpus/<target>/`) and the
-//! regression inputs (`fuzz/regressions/<target>/`, crashes that were fixed)
+//! Replays the committed fuzzing corpus (`fuzz/corpus/<target>/`), the
+//! hand-written seeds (`fuzz/seeds/<target>/`) and the regression inputs
+//! (`fuzz/regressions/<target>/`, crashes that were fixed)
 //! through the harness functions the cargo-fuzz targets call, on stable, on
 //! every `cargo test`. `fuzz/artifacts-found/` (open findings) is not
 //! replayed.
@@ -11,7 +12,7 @@ use std::time::Instant;
 fn inputs(target: &str) -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
     let mut files = Vec::new();
-    for dir in ["corpus", "regressions"] {
+    for dir in ["corpus", "seeds", "regressions"] {
         let Ok(entries) = std::fs::read_dir(root.join(dir).join(target)) else {
             continue;
         };
@@ -212,6 +213,38 @@ fn engine_qpn_reuse_scenario() {
             send(2),
             Op::Sleep(5),
             Op::Poll(0),
+        ],
+    };
+    run_input(&input);
+}
+
+/// [`engine_qpn_reuse_scenario`] with the harness's macro operations, the
+/// shortest form the fuzzer finds: a connected pair, a WRITE, the peer QP
+/// re-created (same QP number), another WRITE.
+#[test]
+#[ignore]
+fn engine_qpn_reuse_scenario_short() {
+    use vhost_user_rdma_fuzz::engine::*;
+    let write = Op::PostSend {
+        vm: 0,
+        qp: 0,
+        kind: 2,
+        off: 0,
+        len: 16,
+        roff: 0,
+        lkey: Key::Good,
+        rkey: Key::Good,
+        count: 0,
+    };
+    let input = Input {
+        three: false,
+        ops: vec![
+            Op::Pair(0, 1),
+            write.clone(),
+            Op::Sleep(5),
+            Op::Recreate(1, 0),
+            write,
+            Op::Sleep(5),
         ],
     };
     run_input(&input);
