@@ -12,6 +12,9 @@
 //! [`arbitrary`] into a sequence of structured operations (well-formed
 //! commands with handles taken from earlier responses, so the fuzzer gets
 //! deep), with room for raw, malformed bytes as well.
+// A finding is a panic: the harnesses assert their invariants, and treat a
+// failure of their own set-up (mapping the guest's RAM, starting the daemon)
+// as fatal too, like tests do.
 #![allow(clippy::panic, clippy::expect_used)]
 
 pub mod ctrl;
