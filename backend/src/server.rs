@@ -236,6 +236,17 @@ impl Daemon {
         rnic: Arc<dyn Rnic>,
     ) -> Result<Daemon, ServerError> {
         config.validate()?;
+        Self::start_with_rnic(config, Arc::new(SoftRnic::new()?))
+    }
+
+    /// [`Daemon::start`] with a given RNIC engine (the fuzzing harness uses
+    /// one that hands QP numbers out again at once).
+    #[doc(hidden)]
+    pub fn start_with_rnic(
+        config: DaemonConfig,
+        rnic: Arc<dyn Rnic>,
+    ) -> Result<Daemon, ServerError> {
+        config.validate()?;
         let tenancy = Arc::new(Tenancy::from_config(&config));
         crate::logging::register_vms(&tenancy);
         let shared = Shared::new(

@@ -1,0 +1,29 @@
+# Writes the hand-written seeds of the engine target (fuzz/seeds/engine/):
+# the arbitrary encoding of `vhost_user_rdma_fuzz::engine::Input` (enum variant
+# = u32 scaled by the variant count, integers little-endian, a bool byte
+# before each element of the operation list). Usage: python3 THIS OUTDIR
+# Check a file with: cargo +nightly fuzz fmt -s none engine FILE
+import struct, sys, os
+def var(k, n):
+    v = -(-(k << 32) // n)  # ceil
+    assert (v * n) >> 32 == k
+    return struct.pack('<I', v)
+N = 13
+OPS = ['CreateQp','DestroyQp','Connect','ConnectTo','PostRecv','PostSend','Poll','Sleep','Reset','Disconnect','Rereg','Recreate','Pair']
+def op(name, *f): return var(OPS.index(name), N) + b''.join(f)
+u8 = lambda x: bytes([x]); u16 = lambda x: struct.pack('<H', x)
+good = var(0, 3)
+def send(vm, qp, kind, off=0, ln=64, roff=0, count=0):
+    return op('PostSend', u8(vm), u8(qp), u8(kind), u16(off), u16(ln), u16(roff), good, good, u8(count))
+def recv(vm, qp, off=0, ln=256):
+    return op('PostRecv', u8(vm), u8(qp), u16(off), u16(ln), good)
+seeds = {
+ 'pair-traffic': [op('Pair', u8(0), u8(1)), recv(1,0), send(0,0,0), send(0,0,2), send(0,0,4), send(0,0,5), send(0,0,6), op('Sleep', u8(5)), op('Poll', u8(0)), op('Poll', u8(1))],
+ 'pair-recreate': [op('Pair', u8(0), u8(1)), send(0,0,2), op('Sleep', u8(5)), op('Recreate', u8(1), u8(0))],
+ 'reset-mid-traffic': [op('Pair', u8(0), u8(1)), recv(1,0), send(0,0,0, count=3), op('Reset', u8(1)), op('Poll', u8(0))],
+ 'disconnect-mid-traffic': [op('Pair', u8(0), u8(1)), send(0,0,2, ln=4000, count=3), op('Disconnect', u8(0)), op('Poll', u8(1))],
+ 'destroy-mid-traffic': [op('Pair', u8(0), u8(1)), send(0,0,4, ln=4000, count=3), op('DestroyQp', u8(0), u8(0)), op('Poll', u8(0))],
+}
+out = sys.argv[1]
+for name, ops in seeds.items():
+    open(os.path.join(out, 'seed-' + name), 'wb').write(b'\x00' + b''.join(b'\x01' + o for o in ops))
