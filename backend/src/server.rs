@@ -229,19 +229,9 @@ impl Daemon {
         Self::start_with_rnic(config, rnic)
     }
 
-    /// [`Daemon::start`] on the host RNIC engine `rnic` (for tests: an
-    /// engine that hands out QP numbers in an order they choose).
-    pub fn start_with_rnic(
-        config: DaemonConfig,
-        rnic: Arc<dyn Rnic>,
-    ) -> Result<Daemon, ServerError> {
-        config.validate()?;
-        Self::start_with_rnic(config, Arc::new(SoftRnic::new()?))
-    }
-
-    /// [`Daemon::start`] with a given RNIC engine (the fuzzing harness uses
-    /// one that hands QP numbers out again at once).
-    #[doc(hidden)]
+    /// [`Daemon::start`] on the host RNIC engine `rnic` (tests and the
+    /// fuzzing harness use one that hands a freed QP number out again at
+    /// once).
     pub fn start_with_rnic(
         config: DaemonConfig,
         rnic: Arc<dyn Rnic>,

@@ -174,10 +174,9 @@ fn wqe_structured_input_gets_deep() {
 /// The QP-number-reuse scenario of the `engine` target: VM 0's QP sends to
 /// VM 1's QP, which is destroyed and re-created with the same QP number
 /// (the harness's allocator reuses numbers at once), and VM 0 sends again.
-/// Ignored: it hangs the daemon on a version with the engine self-deadlock
-/// (see fuzz/artifacts-found/); run it with `--ignored` after the fix.
+/// It hung the engine for good (a self-deadlock the fuzzer found; the
+/// inputs are in fuzz/regressions/engine/).
 #[test]
-#[ignore]
 fn engine_qpn_reuse_scenario() {
     use vhost_user_rdma_fuzz::engine::*;
     let send = |kind| Op::PostSend {
@@ -222,7 +221,6 @@ fn engine_qpn_reuse_scenario() {
 /// shortest form the fuzzer finds: a connected pair, a WRITE, the peer QP
 /// re-created (same QP number), another WRITE.
 #[test]
-#[ignore]
 fn engine_qpn_reuse_scenario_short() {
     use vhost_user_rdma_fuzz::engine::*;
     let write = Op::PostSend {
