@@ -532,16 +532,26 @@ fn main() -> Res<()> {
         }
     }
     let m = |k: usize, f: fn(&LatResult) -> f64| median(&res[k].iter().map(f).collect::<Vec<_>>());
-    let (alone_p99, alone_ops) = (m(0, |r| r.p99), m(0, |r| r.ops));
+    // Ratios to the victim alone *of the same run*: this machine's speed
+    // changes by 2x between minutes, so medians of absolute values across
+    // runs compare different machines.
+    let ratio = |k: usize, f: fn(&LatResult) -> f64| {
+        let r: Vec<f64> = res[k]
+            .iter()
+            .zip(&res[0])
+            .map(|(x, alone)| f(x) / f(alone))
+            .collect();
+        median(&r)
+    };
     println!(
-        "\n  medians over {} runs (target: victim p99 <= 2 x alone, ops >= 0.9 x alone):",
+        "\n  medians over {} runs; ratios are medians of each run's ratio to the victim alone in that run (target: p99 <= 2 x alone, ops >= 0.9 x alone):",
         args.runs
     );
     let cmdline: Vec<String> = std::env::args().collect();
     let mut summary = Vec::new();
     for (k, name) in scenarios.iter().enumerate() {
         let (p50, p99, ops) = (m(k, |r| r.p50), m(k, |r| r.p99), m(k, |r| r.ops));
-        let (rp, ro) = (p99 / alone_p99, ops / alone_ops);
+        let (rp, ro) = (ratio(k, |r| r.p99), ratio(k, |r| r.ops));
         let v = if k == 0 {
             "-"
         } else {
