@@ -1028,7 +1028,7 @@ impl VhostUserBackend for RdmaDevice {
     }
 
     fn reset_device(&self) {
-        log::info!("VM {}: device reset (RESET_DEVICE)", self.id);
+        debug!("VM {}: RESET_DEVICE", self.id);
         // The next start is a fresh one; whether the device runs meanwhile
         // is up to the queues (a VMM stops them before it resets).
         self.restart_lock().forget_history();
@@ -1119,7 +1119,25 @@ impl RdmaDevice {
         }
         let mut st = self.lock();
         self.epoch.fetch_add(1, Ordering::AcqRel);
+        let before = st.ctrl.res.counts();
         let gone = st.ctrl.reset();
+        // A VMM resets the device at every driver probe too: an empty
+        // device's reset is not news.
+        let level = if before.is_empty() {
+            log::Level::Debug
+        } else {
+            log::Level::Info
+        };
+        log::log!(
+            level,
+            "VM {}: device reset: released {} QPs, {} MRs ({} bytes), {} CQs, {} contexts",
+            self.id,
+            before.qp,
+            before.mr,
+            before.registered_bytes,
+            before.cq,
+            before.ctx
+        );
         // Spec 15.1 item 6: nothing of before the reset survives in it.
         if let Some(link) = &self.shmem {
             link.clear_region();

@@ -567,7 +567,7 @@ impl Engine {
             }
         }
         if failed > 0 {
-            debug!("VM {vm} went away: {failed} connected QPs of other VMs failed");
+            log::info!("VM {vm} went away: {failed} connected QPs of other VMs failed");
             self.wake();
         }
     }
