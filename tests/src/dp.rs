@@ -231,3 +231,32 @@ pub fn write_and_send_back(p: &Pair, src: &Buf, dst: &Buf, data: &[u8], back: us
     assert_eq!(r.byte_len as usize, data.len());
     assert_eq!(src.read(back, data.len()), data, "SEND data");
 }
+
+/// Registers `len` bytes at `iova` on `vm` made of the first page of
+/// `page` repeated: a region of any size for the price of one page (what a
+/// hostile guest can register).
+///
+/// # Safety
+///
+/// As [`Mr::register_pages`]: `page` stays allocated while the region is
+/// registered, and is not relied on through Rust references meanwhile.
+pub unsafe fn repeated_page_mr(
+    vm: &Vm,
+    page: &DmaBuf,
+    iova: u64,
+    len: u64,
+) -> virtio_rdma_driver::Result<Mr> {
+    let bad = |what: &str| virtio_rdma_driver::Error::InvalidArgument(what.into());
+    let gpa = page.gpa(0).ok_or_else(|| bad("page address"))?;
+    let count = usize::try_from(len.div_ceil(4096)).map_err(|_| bad("length"))?;
+    let pages = vec![gpa; count];
+    let spec = virtio_rdma_driver::MrPages {
+        iova,
+        length: len,
+        first_page_offset: 0,
+        page_shift: 12,
+        pages: &pages,
+    };
+    // SAFETY: the caller's contract is `register_pages`'s.
+    unsafe { Mr::register_pages(&vm.pd, &spec, access::ALL) }
+}

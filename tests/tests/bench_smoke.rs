@@ -37,3 +37,35 @@ fn ctrl_bench_quick_runs() {
         );
     }
 }
+
+/// Smoke test of the attack catalogue: `attack_bench --quick` runs every
+/// attack against the victim and prints a line for each (the attacks run
+/// for real — a daemon that hung or refused one would fail it).
+#[test]
+fn attack_bench_quick_runs() {
+    let out = Command::new(env!("CARGO_BIN_EXE_attack_bench"))
+        .args(["--quick", "--secs", "0.2"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "attack_bench --quick failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    for attack in [
+        "alone",
+        "huge-send",
+        "huge-read",
+        "retry-nowhere",
+        "flush-storm",
+        "ctrl-heavy",
+        "hog",
+    ] {
+        assert!(
+            stdout.contains(&format!("run 1: {attack}")),
+            "missing {attack:?} in:\n{stdout}"
+        );
+    }
+}

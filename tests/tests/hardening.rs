@@ -11,13 +11,14 @@ use std::time::Duration;
 use vhost_user_rdma::rnic::soft::SoftRnic;
 use vhost_user_rdma::rnic::{Rnic, RnicCaps, RnicError};
 use vhost_user_rdma_tests::dp::{
-    conn, ok, pattern, poll_one, rc_pair, rc_qp, wr, write_and_send_back, Buf, Vm, QP_ACCESS,
+    conn, ok, pattern, poll_one, rc_pair, rc_qp, repeated_page_mr, wr, write_and_send_back, Buf,
+    Vm, QP_ACCESS,
 };
 use vhost_user_rdma_tests::harness::TestDaemon;
 use vhost_user_rdma_tests::vmm::VmmOptions;
 use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
-use virtio_rdma_abi::mem::access;
-use virtio_rdma_driver::{Cq, Device, DmaBuf, Mr, MrPages, Pd, RecvWr, SendOp, WorkCompletion};
+
+use virtio_rdma_driver::{Cq, Device, Pd, RecvWr, SendOp, WorkCompletion};
 
 /// Runs `f` on its own thread and fails the test if it has not finished
 /// within `limit` — a hung engine must fail the test, not hang it (the
@@ -160,23 +161,6 @@ fn qpn_reused_by_the_held_peer_vm_does_not_deadlock_the_engine() {
     });
 }
 
-/// Registers `len` bytes at `iova` made of one guest page repeated: what a
-/// hostile guest can register for the price of a page (and a page list).
-fn repeated_page_mr(vm: &Vm, page: &DmaBuf, iova: u64, len: u64) -> Mr {
-    let gpa = page.gpa(0).expect("page address");
-    let pages = vec![gpa; usize::try_from(len.div_ceil(4096)).unwrap()];
-    let spec = MrPages {
-        iova,
-        length: len,
-        first_page_offset: 0,
-        page_shift: 12,
-        pages: &pages,
-    };
-    // SAFETY: `page` outlives the region (the test drops the region first)
-    // and the test reads it only through the driver's volatile accessors.
-    unsafe { Mr::register_pages(&vm.pd, &spec, access::ALL) }.expect("register repeated page")
-}
-
 /// Finding 3: the port's `max_msg_size` (2^31) is enforced from the SGE
 /// lengths before anything is translated: a SEND of 2.5 GiB (two SGEs
 /// over a 1.25 GiB region of one repeated page) fails at the requester
@@ -192,7 +176,8 @@ fn a_message_longer_than_max_msg_size_fails_before_translation() {
     let p = rc_pair(&a, &b);
     let page = a.dev.alloc_dma(4096, 4096).unwrap();
     let half = 5u64 << 28; // 1.25 GiB
-    let big = repeated_page_mr(&a, &page, 0x10_0000_0000, half);
+                           // SAFETY: `page` outlives the region (dropped first, below).
+    let big = unsafe { repeated_page_mr(&a, &page, 0x10_0000_0000, half) }.unwrap();
     let dst = Buf::new(&b, 4096);
     p.qb.post_recv(&[RecvWr {
         wr_id: 7,

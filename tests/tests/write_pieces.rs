@@ -472,19 +472,20 @@ fn sqd_with_a_send_waiting_for_rnr_retries_drains_once_it_is_taken() {
 }
 
 /// Polls `cq` until `n` completions arrived, noting whether VM `vm` was
-/// seen to have moved part of `len` bytes before the first one.
+/// seen to have moved part of `len` bytes (beyond the `base` it had moved
+/// before) before the first one.
 fn poll_seeing_pieces(
     d: &TestDaemon,
     vm: usize,
     cq: &Cq,
     n: usize,
-    len: u64,
+    (base, len): (u64, u64),
 ) -> (Vec<virtio_rdma_driver::WorkCompletion>, bool) {
     let mut seen_partial = false;
     let mut wcs = Vec::new();
     let deadline = Instant::now() + WAIT;
     while wcs.len() < n {
-        let moved = traffic(d, vm).send_bytes;
+        let moved = traffic(d, vm).send_bytes - base;
         let mut got = [virtio_rdma_driver::WorkCompletion::default(); 4];
         let k = cq.poll(&mut got);
         if moved > 0 && moved < len && wcs.is_empty() {
@@ -527,7 +528,7 @@ fn large_send_in_pieces_lands_intact() {
     d.set_vm_qos(0, slow(10 << 20)).unwrap();
     p.qa.post_send(&[wr(3, SendOp::Send, &[src.sge(0, LEN)])])
         .unwrap();
-    let (wcs, seen_partial) = poll_seeing_pieces(&d, 0, &p.cqa, 1, LEN as u64);
+    let (wcs, seen_partial) = poll_seeing_pieces(&d, 0, &p.cqa, 1, (0, LEN as u64));
     assert!(seen_partial, "the 1 MiB SEND was never seen in pieces");
     ok(&wcs[0], 3, WcOpcode::SEND);
     let r = poll_n(&p.cqb, 1)[0];
@@ -564,7 +565,7 @@ fn large_read_and_write_with_imm_in_pieces_land_intact() {
     };
     p.qa.post_send(&[wr(4, op, &[local_mr.sge(0, LEN as u32).unwrap()])])
         .unwrap();
-    let (wcs, seen_partial) = poll_seeing_pieces(&d, 0, &p.cqa, 1, LEN as u64);
+    let (wcs, seen_partial) = poll_seeing_pieces(&d, 0, &p.cqa, 1, (0, LEN as u64));
     assert!(seen_partial, "the 1 MiB READ was never seen in pieces");
     ok(&wcs[0], 4, WcOpcode::RDMA_READ);
     assert_eq!(local.to_vec(PAGE, LEN).unwrap(), data, "the READ's data");
@@ -589,19 +590,8 @@ fn large_read_and_write_with_imm_in_pieces_land_intact() {
         imm: 0x1234_5678,
     };
     p.qa.post_send(&[wr(5, op, &[src.sge(0, LEN)])]).unwrap();
-    let deadline = Instant::now() + WAIT;
-    let mut seen_partial = false;
-    loop {
-        let moved = traffic(&d, 0).send_bytes - before;
-        let mut got = [virtio_rdma_driver::WorkCompletion::default(); 1];
-        if p.cqa.poll(&mut got) == 1 {
-            ok(&got[0], 5, WcOpcode::RDMA_WRITE);
-            break;
-        }
-        seen_partial |= moved > 0 && moved < LEN as u64;
-        assert!(Instant::now() < deadline, "no completion");
-        std::thread::sleep(Duration::from_micros(200));
-    }
+    let (wcs, seen_partial) = poll_seeing_pieces(&d, 0, &p.cqa, 1, (before, LEN as u64));
+    ok(&wcs[0], 5, WcOpcode::RDMA_WRITE);
     assert!(
         seen_partial,
         "the WRITE with immediate was never seen in pieces"

@@ -732,12 +732,7 @@ fn piece_failed(
     wr_id: u64,
     status: WcStatus,
 ) -> RespOutcome {
-    if let Some(t) = ctrl.tenancy().traffic(ctrl.vm_index()) {
-        TrafficCounters::add_single_writer(&t.error_cqes, 1);
-    }
-    if let Some((cq, qpn)) = ctrl.res.qps.get(qp).map(|q| (q.recv_cq, q.qpn)) {
-        let _ = complete(ctrl, mem, cq, error_cqe(wr_id, WcOpcode::RECV, status, qpn));
-    }
+    recv_error(ctrl, mem, qp, wr_id, status);
     fail_qp(ctrl, qp, None);
     RespOutcome::Nak(WcStatus::REM_OP_ERR)
 }
@@ -745,12 +740,17 @@ fn piece_failed(
 /// Completes the receive WQE of a message that stopped arriving midway
 /// (its sender went away, or sent something else) with `LOC_QP_OP_ERR`.
 fn abandon(ctrl: &mut Ctrl, mem: &HostMem, qp: u32, inb: &Inbound) {
+    recv_error(ctrl, mem, qp, inb.wr_id, WcStatus::LOC_QP_OP_ERR);
+}
+
+/// Writes the error completion `status` of receive WQE `wr_id` of QP `qp`
+/// on its receive CQ, and counts it.
+fn recv_error(ctrl: &mut Ctrl, mem: &HostMem, qp: u32, wr_id: u64, status: WcStatus) {
+    if let Some(t) = ctrl.tenancy().traffic(ctrl.vm_index()) {
+        TrafficCounters::add_single_writer(&t.error_cqes, 1);
+    }
     if let Some((cq, qpn)) = ctrl.res.qps.get(qp).map(|q| (q.recv_cq, q.qpn)) {
-        let cqe = error_cqe(inb.wr_id, WcOpcode::RECV, WcStatus::LOC_QP_OP_ERR, qpn);
-        let _ = complete(ctrl, mem, cq, cqe);
-        if let Some(t) = ctrl.tenancy().traffic(ctrl.vm_index()) {
-            TrafficCounters::add_single_writer(&t.error_cqes, 1);
-        }
+        let _ = complete(ctrl, mem, cq, error_cqe(wr_id, WcOpcode::RECV, status, qpn));
     }
 }
 
@@ -854,12 +854,7 @@ fn recv_failed(
     ud: bool,
 ) -> RespOutcome {
     consume_recv(ctrl, mem, qp, pi);
-    if let Some(t) = ctrl.tenancy().traffic(ctrl.vm_index()) {
-        TrafficCounters::add_single_writer(&t.error_cqes, 1);
-    }
-    if let Some((cq, qpn)) = ctrl.res.qps.get(qp).map(|q| (q.recv_cq, q.qpn)) {
-        let _ = complete(ctrl, mem, cq, error_cqe(wr_id, WcOpcode::RECV, status, qpn));
-    }
+    recv_error(ctrl, mem, qp, wr_id, status);
     fail_qp(ctrl, qp, None);
     if ud {
         return RespOutcome::Dropped;

@@ -39,19 +39,18 @@ use vhost_user_rdma::qos::QosSpec;
 use vhost_user_rdma_tests::bench::{
     lat_client, loadavg, median, pin_current, print_header, thread_placement, verdict, LatResult,
 };
-use vhost_user_rdma_tests::dp::{rc_pair, Buf, Vm, QP_ACCESS};
+use vhost_user_rdma_tests::dp::{rc_pair, repeated_page_mr, Buf, Vm, QP_ACCESS};
 use vhost_user_rdma_tests::harness::TestDaemon;
 use vhost_user_rdma_tests::vmm::VmmOptions;
-use virtio_rdma_abi::mem::access;
+
 use virtio_rdma_driver::{
-    Cq, DmaBuf, Error as DriverError, Mr, MrPages, Payload, Qp, QpCap, QpInit, RcConnect, RecvWr,
-    SendFlags, SendOp, SendWr, WorkCompletion,
+    Cq, DmaBuf, Error as DriverError, Mr, Payload, Qp, QpCap, QpInit, RcConnect, RecvWr, SendFlags,
+    SendOp, SendWr, WorkCompletion,
 };
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 type Res<T> = Result<T, BoxError>;
 
-const PAGE: u64 = 4096;
 const WARMUP: Duration = Duration::from_millis(300);
 /// Sleep of an attacker with nothing to do for now.
 const NAP: Duration = Duration::from_millis(1);
@@ -95,22 +94,12 @@ struct Args {
     default_qos: bool,
 }
 
-/// Registers `len` bytes at `iova` made of `page` repeated: a region of any
-/// size for the price of one page.
+/// A region of `len` bytes at `iova` made of `page` repeated.
 fn repeated(vm: &Vm, page: &DmaBuf, iova: u64, len: u64) -> Res<Mr> {
-    let gpa = page.gpa(0).ok_or("page address")?;
-    let pages = vec![gpa; usize::try_from(len.div_ceil(PAGE))?];
-    let spec = MrPages {
-        iova,
-        length: len,
-        first_page_offset: 0,
-        page_shift: 12,
-        pages: &pages,
-    };
     // SAFETY: the attack keeps `page` allocated for as long as the region
     // (both live in the same attack object, the region dropped first) and
     // never reads it through a Rust reference.
-    Ok(unsafe { Mr::register_pages(&vm.pd, &spec, access::ALL) }?)
+    Ok(unsafe { repeated_page_mr(vm, page, iova, len) }?)
 }
 
 fn qp(vm: &Vm, cq: &Arc<Cq>, send: u32, recv: u32) -> Res<Qp> {
