@@ -86,6 +86,15 @@ fn busy(c: &Vm, b: &Vm) -> Busy {
     }
 }
 
+/// VMs 0, 1 and 2 of `d`, VM 2 kept busy ([`busy`]) and an RC pair between
+/// VMs 0 and 1: a large message between them runs in pieces.
+fn pair_next_to_busy(d: &TestDaemon) -> (Vm, Vm, Vm, Busy, Pair) {
+    let (a, b, c) = (open(d, 0), open(d, 1), open(d, 2));
+    let busy = busy(&c, &b);
+    let p = rc_pair(&a, &b);
+    (a, b, c, busy, p)
+}
+
 /// `len + 2 pages` bytes on `vm` filled with [`GUARD`], with an MR over the
 /// `len` bytes after the first page only.
 fn guarded(vm: &Vm, len: usize) -> (Arc<DmaBuf>, Mr) {
@@ -143,9 +152,7 @@ fn wait_state(q: &Qp, s: QpState) {
 fn large_write_in_pieces_lands_intact_and_in_order() {
     const LEN: usize = 1 << 20;
     let d = TestDaemon::start(3).unwrap();
-    let (a, b, c) = (open(&d, 0), open(&d, 1), open(&d, 2));
-    let _busy = busy(&c, &b);
-    let p = rc_pair(&a, &b);
+    let (a, b, _c, _busy, p) = pair_next_to_busy(&d);
     let src = Buf::new(&a, LEN);
     let data = pattern(LEN, 7);
     src.write(0, &data);
@@ -254,9 +261,7 @@ impl MidWrite {
     /// 64-byte WRITE (id 2) behind it.
     fn start(seed: u64, then_small: bool) -> MidWrite {
         let d = TestDaemon::start(3).unwrap();
-        let (a, b, c) = (open(&d, 0), open(&d, 1), open(&d, 2));
-        let busy = busy(&c, &b);
-        let p = rc_pair(&a, &b);
+        let (a, b, c, busy, p) = pair_next_to_busy(&d);
         let src = Buf::new(&a, MID_LEN);
         let data = pattern(MID_LEN, seed);
         src.write(0, &data);
@@ -508,9 +513,7 @@ fn large_send_in_pieces_lands_intact() {
     use virtio_rdma_driver::RecvWr;
     const LEN: usize = 1 << 20;
     let d = TestDaemon::start(3).unwrap();
-    let (a, b, c) = (open(&d, 0), open(&d, 1), open(&d, 2));
-    let _busy = busy(&c, &b);
-    let p = rc_pair(&a, &b);
+    let (a, b, _c, _busy, p) = pair_next_to_busy(&d);
     let src = Buf::new(&a, LEN);
     let data = pattern(LEN, 11);
     src.write(0, &data);
@@ -550,9 +553,7 @@ fn large_read_and_write_with_imm_in_pieces_land_intact() {
     use virtio_rdma_driver::RecvWr;
     const LEN: usize = 1 << 20;
     let d = TestDaemon::start(3).unwrap();
-    let (a, b, c) = (open(&d, 0), open(&d, 1), open(&d, 2));
-    let _busy = busy(&c, &b);
-    let p = rc_pair(&a, &b);
+    let (a, b, _c, _busy, p) = pair_next_to_busy(&d);
     // READ: A reads B's buffer into its own.
     let remote = Buf::new(&b, LEN);
     let data = pattern(LEN, 12);
@@ -614,9 +615,7 @@ fn receiver_moved_to_err_mid_send_flushes_the_taken_receive() {
     use virtio_rdma_driver::RecvWr;
     const LEN: usize = 1 << 20;
     let d = TestDaemon::start(3).unwrap();
-    let (a, b, c) = (open(&d, 0), open(&d, 1), open(&d, 2));
-    let _busy = busy(&c, &b);
-    let p = rc_pair(&a, &b);
+    let (a, b, _c, _busy, p) = pair_next_to_busy(&d);
     let src = Buf::new(&a, LEN);
     src.write(0, &pattern(LEN, 14));
     let (dst, mr) = guarded(&b, LEN);

@@ -650,10 +650,15 @@ fn perform(
     };
     consume_recv(ctrl, mem, qp, pi);
     let cqe = recv_cqe(req, my_qpn, recv.wr_id, placed, ud);
-    if !complete(ctrl, mem, recv_cq, cqe) {
-        // Only the receive completion is lost: the message was delivered,
-        // so the requester completes normally (spec 18.18, notes). A CQ in
-        // error has already failed this QP with QP_FATAL (spec 18.17).
+    received(ctrl, mem, qp, recv_cq, cqe)
+}
+
+/// Writes the successful receive completion `cqe` of QP `qp` on CQ `cq`.
+/// If only that completion is lost, the message was still delivered, so
+/// the requester completes normally (spec 18.18, notes); a CQ in error has
+/// already failed this QP with QP_FATAL (spec 18.17).
+fn received(ctrl: &mut Ctrl, mem: &HostMem, qp: u32, cq: u32, cqe: Cqe) -> RespOutcome {
+    if !complete(ctrl, mem, cq, cqe) {
         fail_qp(ctrl, qp, None);
     }
     RespOutcome::Done
@@ -716,10 +721,7 @@ fn place_piece(
         return RespOutcome::Done;
     }
     let cqe = recv_cqe(req, qpn, inb.wr_id, inb.len, false);
-    if !complete(ctrl, mem, cq, cqe) {
-        fail_qp(ctrl, qp, None);
-    }
-    RespOutcome::Done
+    received(ctrl, mem, qp, cq, cqe)
 }
 
 /// The receive WQE of a message arriving in pieces (already consumed)
