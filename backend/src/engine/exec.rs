@@ -12,7 +12,7 @@ use super::wqe::{fetch_recv, RecvWr, SendWr, WqeBuf, WqeError};
 use crate::ctrl::Ctrl;
 use crate::memory::access::{self, Segment};
 use crate::memory::{HostMem, PageList};
-use crate::resources::Inbound;
+use crate::resources::{Inbound, Mr};
 use crate::stats::TrafficCounters;
 use crate::tenancy::IsolationCounters;
 use virtio_rdma_abi::datapath::{
@@ -54,20 +54,27 @@ pub fn local_segments(
 pub fn check_local(ctrl: &Ctrl, pd: u32, sges: &[Sge], write: bool) -> Result<u64, WcStatus> {
     let mut total = 0u64;
     for sge in sges.iter().filter(|s| s.length != 0) {
-        let mr = ctrl
-            .res
-            .lkeys
-            .get(&sge.lkey)
-            .and_then(|h| ctrl.res.mrs.get(*h))
-            .ok_or(WcStatus::LOC_PROT_ERR)?;
-        if mr.pd != pd || (write && mr.access & acc::LOCAL_WRITE == 0) {
-            return Err(WcStatus::LOC_PROT_ERR);
-        }
-        let len = u64::from(sge.length);
-        mr.translate(sge.addr, len).ok_or(WcStatus::LOC_PROT_ERR)?;
-        total = total.saturating_add(len);
+        local_mr(ctrl, pd, sge, write)?;
+        total = total.saturating_add(u64::from(sge.length));
     }
     Ok(total)
+}
+
+/// The MR of local SGE `sge` (of non-zero length) of a QP in PD `pd`, once
+/// its key, PD, rights (`write`: LOCAL_WRITE) and bounds are checked.
+fn local_mr<'c>(ctrl: &'c Ctrl, pd: u32, sge: &Sge, write: bool) -> Result<&'c Mr, WcStatus> {
+    let mr = ctrl
+        .res
+        .lkeys
+        .get(&sge.lkey)
+        .and_then(|h| ctrl.res.mrs.get(*h))
+        .ok_or(WcStatus::LOC_PROT_ERR)?;
+    if mr.pd != pd || (write && mr.access & acc::LOCAL_WRITE == 0) {
+        return Err(WcStatus::LOC_PROT_ERR);
+    }
+    mr.translate(sge.addr, u64::from(sge.length))
+        .ok_or(WcStatus::LOC_PROT_ERR)?;
+    Ok(mr)
 }
 
 /// [`local_segments`] for a piece of the list: every SGE is checked in full,
@@ -90,17 +97,8 @@ pub fn local_range(
         if sge.length == 0 {
             continue;
         }
-        let mr = ctrl
-            .res
-            .lkeys
-            .get(&sge.lkey)
-            .and_then(|h| ctrl.res.mrs.get(*h))
-            .ok_or(WcStatus::LOC_PROT_ERR)?;
-        if mr.pd != pd || (write && mr.access & acc::LOCAL_WRITE == 0) {
-            return Err(WcStatus::LOC_PROT_ERR);
-        }
+        let mr = local_mr(ctrl, pd, sge, write)?;
         let len = u64::from(sge.length);
-        mr.translate(sge.addr, len).ok_or(WcStatus::LOC_PROT_ERR)?;
         // The part of this SGE inside [skip, end) of the list.
         let from = skip.saturating_sub(total).min(len);
         let to = end.saturating_sub(total).min(len);
