@@ -80,6 +80,10 @@ pub struct RecyclingRnic {
     soft: SoftRnic,
     qpns: Mutex<Qpns>,
     reuse: bool,
+    /// Hand out fresh numbers only for now (the liveness probe: a QP of
+    /// the fuzzed traffic still connected to a recycled number would talk
+    /// to the probe's QP, as a stale peer does on a real fabric).
+    fresh: std::sync::atomic::AtomicBool,
 }
 
 impl RecyclingRnic {
@@ -92,7 +96,13 @@ impl RecyclingRnic {
                 ..Qpns::default()
             }),
             reuse: std::env::var_os("RDMA_FUZZ_NO_QPN_REUSE").is_none(),
+            fresh: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// While `on`, every number handed out is one never used before.
+    pub fn fresh_only(&self, on: bool) {
+        self.fresh.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Qpns> {
@@ -115,9 +125,11 @@ impl Rnic for RecyclingRnic {
     }
     fn alloc_qpn(&self) -> Result<u32, RnicError> {
         let mut q = self.lock();
-        let qpn = match q.free.pop() {
-            Some(n) if self.reuse => n,
-            _ => {
+        let reuse = self.reuse && !self.fresh.load(std::sync::atomic::Ordering::Relaxed);
+        let recycled = if reuse { q.free.pop() } else { None };
+        let qpn = match recycled {
+            Some(n) => n,
+            None => {
                 q.next += 1;
                 q.next
             }
@@ -769,9 +781,12 @@ impl Harness {
             init.cap = cap();
             Qp::create(&vm.pd, &init).expect("probe: create QP")
         };
+        // Fresh numbers: no QP of the fuzzed traffic is connected to them.
+        self.rnic.fresh_only(true);
         let qa = mk(self.vms[a].as_ref().expect("open"));
         let qb = mk(self.vms[b].as_ref().expect("open"));
-        // Their numbers may be ones destroyed earlier: alive again.
+        self.rnic.fresh_only(false);
+        // (Fresh, so never in a VM's dead list; kept for safety.)
         for (i, q) in [(a, &qa), (b, &qb)] {
             if let Some(vm) = self.vms[i].as_mut() {
                 vm.dead.remove(&q.qpn());
