@@ -462,6 +462,60 @@ fn check_document(md: &str) -> Vec<String> {
     errors
 }
 
+/// Every "`Name (N)`" in the text — a structure of the crate followed by a
+/// size in parentheses, as the command summary of section 7.6 writes them —
+/// must give the structure's real size: a driver author trusts them.
+fn check_size_mentions(md: &str) -> Vec<String> {
+    let sizes: BTreeMap<&str, usize> = all_layouts()
+        .into_iter()
+        .map(|(name, _, size)| (name, size))
+        .collect();
+    let mut errors = Vec::new();
+    for (n, line) in md.lines().enumerate() {
+        for (name, size) in &sizes {
+            let mut rest = line;
+            while let Some(i) = rest.find(name) {
+                let after = &rest[i + name.len()..];
+                let before_ok = rest[..i]
+                    .chars()
+                    .next_back()
+                    .is_none_or(|c| !c.is_ascii_alphanumeric());
+                if before_ok {
+                    if let Some(num) = after
+                        .strip_prefix(" (")
+                        .and_then(|a| a.split(')').next())
+                        .and_then(|d| d.parse::<usize>().ok())
+                    {
+                        if num != *size {
+                            errors.push(format!(
+                                "line {}: {name} ({num}), but the structure is {size} bytes",
+                                n + 1
+                            ));
+                        }
+                    }
+                }
+                rest = after;
+            }
+        }
+    }
+    errors
+}
+
+#[test]
+fn sizes_mentioned_in_the_text_match_abi() {
+    let errors = check_size_mentions(&spec_text());
+    assert!(errors.is_empty(), "{}", report(&errors));
+}
+
+#[test]
+fn size_mentions_checker_reports_a_wrong_size() {
+    let (name, _, size) = all_layouts()[0];
+    let md = format!("| X | {name} ({}) |\n| Y | {name} ({size}) |\n", size + 4);
+    let errors = check_size_mentions(&md);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].starts_with("line 1:"), "{errors:?}");
+}
+
 fn spec_text() -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/virtio-rdma-spec.md");
     std::fs::read_to_string(path).expect("read docs/virtio-rdma-spec.md")
