@@ -431,7 +431,7 @@ impl Ctrl {
             }
             Opcode::DEREG_MR => self.dereg_mr(payload),
             Opcode::CREATE_QP => self.create_qp(mem, payload),
-            Opcode::MODIFY_QP => self.modify_qp(payload),
+            Opcode::MODIFY_QP => self.modify_qp(mem, payload),
             Opcode::QUERY_QP => self.query_qp(payload),
             Opcode::DESTROY_QP => self.destroy_qp(payload),
             Opcode::CREATE_AH => self.create_ah(payload),

@@ -2,20 +2,21 @@
 
 use virtio_rdma_abi::config::{F_ATOMIC, F_SRQ, F_UD};
 use virtio_rdma_abi::ctrl::Status;
-use virtio_rdma_abi::datapath::DB_NONE;
+use virtio_rdma_abi::datapath::{DB_DEVICE_OFFSET, DB_NONE};
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::mem::{access, qp_buffer_layout};
 use virtio_rdma_abi::qp::attr::*;
 use virtio_rdma_abi::qp::{Mtu, QpAttr, QpState, QpType, QP_FLAG_SIG_ALL};
 use virtio_rdma_abi::verbs::*;
 use virtio_rdma_abi::Wire;
-use vm_memory::GuestMemoryBackend;
+use vm_memory::{GuestAddress, GuestMemoryBackend};
 
 use super::ctx::check_av;
 use super::mr::check_access;
 use super::parse::{depth, destroy_error, field, fixed, shift_plausible, with_list};
 use super::queue_mem::init_device_half;
 use super::{quota, CmdError, CmdResult, Ctrl};
+use crate::memory::volatile::{read_guest, write_guest};
 use crate::resources::qp_state::rule;
 use crate::resources::Qp;
 use crate::rnic::RnicError;
@@ -231,7 +232,11 @@ impl Ctrl {
         Ok(())
     }
 
-    pub(super) fn modify_qp(&mut self, payload: &[u8]) -> CmdResult {
+    pub(super) fn modify_qp<G: GuestMemoryBackend>(
+        &mut self,
+        mem: &G,
+        payload: &[u8],
+    ) -> CmdResult {
         let req: M = fixed(payload)?;
         let mask = req.attr_mask;
         let a = req.attr;
@@ -289,6 +294,13 @@ impl Ctrl {
         let Some(qp) = self.res.qps.get_mut(req.qp_handle) else {
             return Err(field::<M>(Status::BAD_HANDLE, "qp_handle"));
         };
+        if (target == QpState::RESET) != (cur == QpState::RESET) {
+            // Entering and leaving RESET empty the rings at the driver's
+            // producer indices (spec 18.22): here, in the command, not
+            // whenever the engine next looks — work posted in RESET must
+            // never survive into INIT.
+            empty_rings(qp, mem);
+        }
         if target == QpState::RESET {
             qp.attr = QpAttr::default();
             // A message executed in pieces is abandoned with the queues,
@@ -449,4 +461,42 @@ fn apply(dst: &mut QpAttr, mask: u32, src: &QpAttr) {
     if has(EN_SQD_ASYNC_NOTIFY) {
         dst.en_sqd_async_notify = src.en_sqd_async_notify;
     }
+}
+
+/// Sets QP `qp`'s consumer indices to its producer indices (its own
+/// receive queue's too, not an SRQ's) and publishes them in the device
+/// half of its doorbell record (spec 18.22). A record out of RAM leaves
+/// the index as it was (the engine fails such a QP when it needs it).
+fn empty_rings<G: GuestMemoryBackend>(qp: &mut Qp, mem: &G) {
+    /// Producer index `which` (0: `sq_pi`, 1: `rq_pi`).
+    fn pi<G: GuestMemoryBackend>(qp: &Qp, mem: &G, which: u32) -> Option<u32> {
+        if let Some(slot) = &qp.db_slot {
+            return Some(slot.load(which));
+        }
+        let at = qp.db_gpa.checked_add(u64::from(which).checked_mul(4)?)?;
+        let mut b = [0u8; 4];
+        read_guest(mem, GuestAddress(at), &mut b).ok()?;
+        Some(u32::from_le_bytes(b))
+    }
+    /// Stores consumer index `which` (0: `sq_ci`, 1: `rq_ci`).
+    fn publish<G: GuestMemoryBackend>(qp: &Qp, mem: &G, which: u32, ci: u32) {
+        let at = u64::from(which)
+            .checked_mul(4)
+            .and_then(|o| o.checked_add(DB_DEVICE_OFFSET))
+            .and_then(|o| qp.db_gpa.checked_add(o));
+        if let Some(at) = at {
+            let _ = write_guest(mem, GuestAddress(at), &ci.to_le_bytes());
+        }
+    }
+    if let Some(p) = pi(qp, mem, 0) {
+        qp.rt.sq_ci = p;
+        publish(qp, mem, 0, p);
+    }
+    if qp.srq == 0 {
+        if let Some(p) = pi(qp, mem, 1) {
+            qp.rt.rq_ci = p;
+            publish(qp, mem, 1, p);
+        }
+    }
+    qp.rt.wait = None;
 }

@@ -123,6 +123,14 @@ impl Engines {
         self.engines.is_empty()
     }
 
+    /// Holds every engine thread (`on`) until released (see
+    /// [`Engine::hold`]); for tests.
+    pub fn hold(&self, on: bool) {
+        for e in &self.engines {
+            e.hold(on);
+        }
+    }
+
     /// The counters of every thread.
     pub fn stats(&self) -> Vec<EngineStats> {
         use std::sync::atomic::Ordering::Relaxed;

@@ -196,6 +196,10 @@ pub struct Engine {
     rnic: Arc<dyn Rnic>,
     wake: EventFd,
     stop: AtomicBool,
+    /// Held by a test (`Engines::hold`): the thread does nothing until it
+    /// is released; `held` acknowledges that it has stopped working.
+    hold: AtomicBool,
+    held: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Tenancy (who may reach whom) and QoS settings.
     shared: Shared,
@@ -495,6 +499,8 @@ impl Engine {
             rnic,
             wake: EventFd::new(libc::EFD_NONBLOCK)?,
             stop: AtomicBool::new(false),
+            hold: AtomicBool::new(false),
+            held: AtomicBool::new(false),
             thread: Mutex::new(None),
             shared,
         });
@@ -586,6 +592,17 @@ impl Engine {
         }
     }
 
+    /// Holds the thread (`on`), returning once it has stopped working, or
+    /// releases it: for tests that need the engine not to look at a VM for
+    /// a while (a race made deterministic). Nothing in the daemon holds it.
+    pub fn hold(&self, on: bool) {
+        self.hold.store(on, Ordering::Release);
+        self.wake();
+        while on && !self.held.load(Ordering::Acquire) && !self.stop.load(Ordering::Acquire) {
+            thread::sleep(Duration::from_micros(100));
+        }
+    }
+
     /// Stops the engine thread.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
@@ -609,6 +626,12 @@ impl Engine {
         // Just back from parking, no work found since.
         let mut woke = false;
         while !self.stop.load(Ordering::Acquire) {
+            if self.hold.load(Ordering::Acquire) {
+                self.held.store(true, Ordering::Release);
+                thread::sleep(Duration::from_micros(200));
+                continue;
+            }
+            self.held.store(false, Ordering::Release);
             let generation = self.registry.generation.load(Ordering::Acquire);
             if generation != seen {
                 // Every VM (peers are looked up by id), but the polling
