@@ -223,3 +223,25 @@ pub fn lat_client(
         ops,
     })
 }
+
+/// Runs benchmark binary `exe` with `args` for a smoke test and returns
+/// its standard output; panics, with both outputs, if it fails, and if
+/// any of `expected` is missing from its output.
+#[allow(clippy::panic)] // A test fixture: the panic is the test failing.
+pub fn smoke_run(exe: &str, args: &[&str], expected: &[&str]) -> String {
+    let out = match std::process::Command::new(exe).args(args).output() {
+        Ok(o) => o,
+        Err(e) => panic!("cannot run {exe}: {e}"),
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{exe} {args:?} failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    for e in expected {
+        assert!(stdout.contains(e), "missing {e:?} in:\n{stdout}");
+    }
+    stdout
+}

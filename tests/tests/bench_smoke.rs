@@ -2,40 +2,26 @@
 //! benchmark in a tiny version and exits successfully. Timings are printed,
 //! never asserted.
 
-#![allow(clippy::unwrap_used)]
-
-use std::process::Command;
+use vhost_user_rdma_tests::bench::smoke_run;
 
 #[test]
 fn ctrl_bench_quick_runs() {
-    let out = Command::new(env!("CARGO_BIN_EXE_ctrl_bench"))
-        .arg("--quick")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "ctrl_bench --quick failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
+    smoke_run(
+        env!("CARGO_BIN_EXE_ctrl_bench"),
+        &["--quick"],
+        &[
+            "== 1. control-verb round trip",
+            "== 2. QP setup rate",
+            "== 3. REG_MR round trip",
+            "ALLOC_PD",
+            "DEALLOC_PD",
+            "QUERY_PORT",
+            "daemon pipelined",
+            "4 KiB shuffled, INDIRECT",
+            "2 MiB shuffled, INLINE",
+            "baseline: plain loop",
+        ],
     );
-    for section in [
-        "== 1. control-verb round trip",
-        "== 2. QP setup rate",
-        "== 3. REG_MR round trip",
-        "ALLOC_PD",
-        "DEALLOC_PD",
-        "QUERY_PORT",
-        "daemon pipelined",
-        "4 KiB shuffled, INDIRECT",
-        "2 MiB shuffled, INLINE",
-        "baseline: plain loop",
-    ] {
-        assert!(
-            stdout.contains(section),
-            "missing {section:?} in:\n{stdout}"
-        );
-    }
 }
 
 /// Smoke test of the attack catalogue: `attack_bench --quick` runs every
@@ -43,18 +29,7 @@ fn ctrl_bench_quick_runs() {
 /// for real — a daemon that hung or refused one would fail it).
 #[test]
 fn attack_bench_quick_runs() {
-    let out = Command::new(env!("CARGO_BIN_EXE_attack_bench"))
-        .args(["--quick", "--secs", "0.2"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "attack_bench --quick failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
-    );
-    for attack in [
+    let lines: Vec<String> = [
         "alone",
         "huge-send",
         "huge-read",
@@ -62,10 +37,14 @@ fn attack_bench_quick_runs() {
         "flush-storm",
         "ctrl-heavy",
         "hog",
-    ] {
-        assert!(
-            stdout.contains(&format!("run 1: {attack}")),
-            "missing {attack:?} in:\n{stdout}"
-        );
-    }
+    ]
+    .iter()
+    .map(|a| format!("run 1: {a}"))
+    .collect();
+    let expected: Vec<&str> = lines.iter().map(String::as_str).collect();
+    smoke_run(
+        env!("CARGO_BIN_EXE_attack_bench"),
+        &["--quick", "--secs", "0.2"],
+        &expected,
+    );
 }

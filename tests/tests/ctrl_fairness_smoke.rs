@@ -3,35 +3,21 @@
 //! prints its command line, every scenario and the ratios. Timings are
 //! printed, never asserted.
 
-#![allow(clippy::unwrap_used)]
-
-use std::process::Command;
+use vhost_user_rdma_tests::bench::smoke_run;
 
 #[test]
 fn ctrl_fairness_quick_runs() {
-    let out = Command::new(env!("CARGO_BIN_EXE_ctrl_fairness"))
-        .arg("--quick")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "ctrl_fairness --quick failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
+    smoke_run(
+        env!("CARGO_BIN_EXE_ctrl_fairness"),
+        &["--quick"],
+        &[
+            "ctrl_fairness: ",
+            "alone ",
+            "A floods ",
+            "A limited ",
+            "ratios: PD p50",
+            "stream x",
+            "daemon counters: A ctrl_cmds",
+        ],
     );
-    for section in [
-        "ctrl_fairness: ",
-        "alone ",
-        "A floods ",
-        "A limited ",
-        "ratios: PD p50",
-        "stream x",
-        "daemon counters: A ctrl_cmds",
-    ] {
-        assert!(
-            stdout.contains(section),
-            "missing {section:?} in:\n{stdout}"
-        );
-    }
 }
