@@ -10,12 +10,14 @@ use crate::ctrl::code_enum;
 use crate::wire_struct;
 
 wire_struct! {
-    /// Doorbell record of a QP (64 bytes at `db_gpa`, 64-byte aligned).
+    /// Doorbell record of a QP (128 bytes at `db_gpa`, 128-byte aligned).
     ///
-    /// The driver owns `sq_pi` and `rq_pi`; the device owns the rest. The
-    /// driver writes WQEs, then stores the new producer index with release
-    /// semantics; the device reads it with acquire semantics and copies each
-    /// WQE out of guest memory before it parses it.
+    /// The driver owns the first 64 bytes (`sq_pi`, `rq_pi`), the device the
+    /// last 64: each half is a cache line of its own, so the line the
+    /// driver stores producer indices into is never written by the device.
+    /// The driver writes WQEs, then stores the new producer index with
+    /// release semantics; the device reads it with acquire semantics and
+    /// copies each WQE out of guest memory before it parses it.
     pub struct QpDoorbell {
         /// Send queue producer index (driver).
         sq_pi: u32,
@@ -27,23 +29,39 @@ wire_struct! {
         reserved1: u64,
         /// Must be zero.
         reserved2: u64,
-        /// Send queue consumer index (device): WQEs taken by the device.
-        sq_ci: u32,
-        /// Receive queue consumer index (device): WQEs consumed.
-        rq_ci: u32,
-        /// Device flags, [`DB_FLAG_KICK`].
-        flags: u32,
         /// Must be zero.
-        reserved3: u32,
+        reserved3: u64,
         /// Must be zero.
         reserved4: u64,
         /// Must be zero.
         reserved5: u64,
+        /// Must be zero.
+        reserved6: u64,
+        /// Send queue consumer index (device): WQEs taken by the device.
+        sq_ci: u32,
+        /// Receive queue consumer index (device): WQEs consumed.
+        rq_ci: u32,
+        /// Device flags, [`DB_FLAG_KICK`] or [`DB_FLAG_POLLING`].
+        flags: u32,
+        /// Must be zero.
+        reserved7: u32,
+        /// Must be zero.
+        reserved8: u64,
+        /// Must be zero.
+        reserved9: u64,
+        /// Must be zero.
+        reserved10: u64,
+        /// Must be zero.
+        reserved11: u64,
+        /// Must be zero.
+        reserved12: u64,
+        /// Must be zero.
+        reserved13: u64,
     }
 }
 
 wire_struct! {
-    /// Doorbell record of a CQ (64 bytes at `db_gpa`).
+    /// Doorbell record of a CQ (128 bytes at `db_gpa`, 128-byte aligned).
     pub struct CqDoorbell {
         /// Consumer index (driver): CQEs the driver has consumed.
         ci: u32,
@@ -56,6 +74,14 @@ wire_struct! {
         reserved1: u64,
         /// Must be zero.
         reserved2: u64,
+        /// Must be zero.
+        reserved3: u64,
+        /// Must be zero.
+        reserved4: u64,
+        /// Must be zero.
+        reserved5: u64,
+        /// Must be zero.
+        reserved6: u64,
         /// Producer index (device): CQEs written.
         pi: u32,
         /// `arm_seq` of the last arm request the device consumed (device).
@@ -63,16 +89,24 @@ wire_struct! {
         /// Device flags (unused for CQs, zero).
         flags: u32,
         /// Must be zero.
-        reserved3: u32,
+        reserved7: u32,
         /// Must be zero.
-        reserved4: u64,
+        reserved8: u64,
         /// Must be zero.
-        reserved5: u64,
+        reserved9: u64,
+        /// Must be zero.
+        reserved10: u64,
+        /// Must be zero.
+        reserved11: u64,
+        /// Must be zero.
+        reserved12: u64,
+        /// Must be zero.
+        reserved13: u64,
     }
 }
 
 wire_struct! {
-    /// Doorbell record of an SRQ (64 bytes at `db_gpa`).
+    /// Doorbell record of an SRQ (128 bytes at `db_gpa`, 128-byte aligned).
     pub struct SrqDoorbell {
         /// Producer index (driver).
         pi: u32,
@@ -84,30 +118,50 @@ wire_struct! {
         reserved2: u64,
         /// Must be zero.
         reserved3: u64,
-        /// Consumer index (device).
-        ci: u32,
         /// Must be zero.
-        reserved4: u32,
-        /// Device flags, [`DB_FLAG_KICK`].
-        flags: u32,
+        reserved4: u64,
         /// Must be zero.
-        reserved5: u32,
+        reserved5: u64,
         /// Must be zero.
         reserved6: u64,
         /// Must be zero.
         reserved7: u64,
+        /// Consumer index (device).
+        ci: u32,
+        /// Must be zero.
+        reserved8: u32,
+        /// Device flags, [`DB_FLAG_KICK`] or [`DB_FLAG_POLLING`].
+        flags: u32,
+        /// Must be zero.
+        reserved9: u32,
+        /// Must be zero.
+        reserved10: u64,
+        /// Must be zero.
+        reserved11: u64,
+        /// Must be zero.
+        reserved12: u64,
+        /// Must be zero.
+        reserved13: u64,
+        /// Must be zero.
+        reserved14: u64,
+        /// Must be zero.
+        reserved15: u64,
     }
 }
 
 /// Byte offset of the driver-owned part of every doorbell record.
 pub const DB_DRIVER_OFFSET: u64 = 0;
-/// Byte offset of the device-owned part of every doorbell record (its own
-/// half cache line, so the two sides do not write the same bytes).
-pub const DB_DEVICE_OFFSET: u64 = 32;
+/// Byte offset of the device-owned part of every doorbell record: a cache
+/// line of its own, so the two sides never write into the same line.
+pub const DB_DEVICE_OFFSET: u64 = 64;
 
 /// Doorbell `flags` bit: the engine is parked; after advancing a producer
 /// index the driver must notify the notification queue.
 pub const DB_FLAG_KICK: u32 = 1 << 0;
+/// Doorbell `flags` bit: the engine polls this queue's producer indices and
+/// will see a new value without a fence on the driver's side (spec 18.6):
+/// after storing a producer index a driver that reads this bit set is done.
+pub const DB_FLAG_POLLING: u32 = 1 << 1;
 
 /// Shared memory region id of the doorbell region (`F_SHMEM_DOORBELL`).
 pub const SHMEM_ID_DOORBELL: u8 = 0;
@@ -387,9 +441,9 @@ mod tests {
 
     #[test]
     fn sizes_and_offsets() {
-        assert_eq!(QpDoorbell::SIZE, 64);
-        assert_eq!(CqDoorbell::SIZE, 64);
-        assert_eq!(SrqDoorbell::SIZE, 64);
+        assert_eq!(QpDoorbell::SIZE, 128);
+        assert_eq!(CqDoorbell::SIZE, 128);
+        assert_eq!(SrqDoorbell::SIZE, 128);
         assert_eq!(SendWqe::SIZE, 64);
         assert_eq!(RecvWqe::SIZE, 16);
         assert_eq!(Sge::SIZE, 16);

@@ -48,7 +48,7 @@ pub const MIN_PAGE_SHIFT: u32 = 12;
 pub const MAX_PAGE_SHIFT: u32 = 30;
 
 /// Size in bytes of a doorbell record (its address must be aligned to it).
-pub const DB_RECORD_SIZE: u64 = 64;
+pub const DB_RECORD_SIZE: u64 = 128;
 /// Size in bytes of one completion queue entry.
 pub const CQE_SIZE: u32 = 32;
 /// Size of the fixed header of a send WQE.

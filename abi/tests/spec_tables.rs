@@ -14,19 +14,21 @@
 
 use std::collections::BTreeMap;
 
-use virtio_rdma_abi::config;
 use virtio_rdma_abi::ctrl::{Opcode, Status};
 use virtio_rdma_abi::datapath::{self, WcOpcode, WcStatus, WrOpcode};
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::{all_layouts, FieldLayout};
+use virtio_rdma_abi::{config, mem};
 
 /// Header a layout table must have.
 const LAYOUT_HEADER: [&str; 4] = ["Offset", "Size", "Field", "Description"];
 /// Header a constant table must have.
 const CONSTS_HEADER: [&str; 3] = ["Value", "Name", "Description"];
 /// The constant tables the spec must contain.
-const CONSTS_KINDS: [&str; 8] = [
+const CONSTS_KINDS: [&str; 10] = [
     "opcodes",
+    "sizes",
+    "doorbell_flags",
     "status",
     "events",
     "features",
@@ -421,6 +423,19 @@ fn expected_consts(kind: &str) -> Vec<(&'static str, u64)> {
             .map(|&e| (e.name(), u64::from(u32::from(e))))
             .collect(),
         "features" => feature_constants(),
+        "sizes" => vec![
+            ("CQE_SIZE", u64::from(mem::CQE_SIZE)),
+            ("SEND_WQE_HEADER", u64::from(mem::SEND_WQE_HEADER)),
+            ("RECV_WQE_HEADER", u64::from(mem::RECV_WQE_HEADER)),
+            ("SGE_SIZE", u64::from(mem::SGE_SIZE)),
+            ("DB_RECORD_SIZE", mem::DB_RECORD_SIZE),
+        ],
+        "doorbell_flags" => vec![
+            ("DB_DRIVER_OFFSET", datapath::DB_DRIVER_OFFSET),
+            ("DB_DEVICE_OFFSET", datapath::DB_DEVICE_OFFSET),
+            ("DB_FLAG_KICK", u64::from(datapath::DB_FLAG_KICK)),
+            ("DB_FLAG_POLLING", u64::from(datapath::DB_FLAG_POLLING)),
+        ],
         "doorbell_region" => vec![
             ("SHMEM_ID_DOORBELL", u64::from(datapath::SHMEM_ID_DOORBELL)),
             ("DB_PAGE_SIZE", datapath::DB_PAGE_SIZE),

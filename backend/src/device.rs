@@ -249,7 +249,7 @@ impl RdmaDevice {
     ) -> io::Result<Self> {
         let id = port.vm;
         let mut ctrl = Ctrl::new(limits, rnic, port, shared.tenancy.clone());
-        ctrl.set_kicks_flag(engine.kicks_flag());
+        ctrl.set_doorbell_flags(engine.doorbell_flags());
         let shmem = if device_features & F_SHMEM_DOORBELL != 0 {
             let region = DoorbellRegion::new(limits.max_ctx).map_err(io::Error::other)?;
             let link = RegionLink::new(Arc::new(region));

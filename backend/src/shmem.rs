@@ -17,9 +17,7 @@ use log::{info, warn};
 use thiserror::Error;
 use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags, VhostUserShMemConfig};
 use vhost::vhost_user::{Backend, VhostUserFrontendReqHandler};
-use virtio_rdma_abi::datapath::{
-    db_slot_offset, DB_FLAG_KICK, DB_PAGE_SIZE, DB_PAGE_SLOTS, SHMEM_ID_DOORBELL,
-};
+use virtio_rdma_abi::datapath::{db_slot_offset, DB_PAGE_SIZE, DB_PAGE_SLOTS, SHMEM_ID_DOORBELL};
 
 /// Errors setting up the doorbell region.
 #[derive(Debug, Error)]
@@ -364,9 +362,9 @@ impl DoorbellPages {
         self.region.set_flags(page, flags);
     }
 
-    /// Sets or clears `DB_FLAG_KICK` in the header of every page in use.
-    pub fn set_kick(&self, on: bool) {
-        let v = if on { DB_FLAG_KICK } else { 0 };
+    /// Sets the device flags (`DB_FLAG_KICK`, `DB_FLAG_POLLING` or none)
+    /// in the header of every page in use.
+    pub fn set_flags_all(&self, v: u32) {
         // At most `pages` (a u32) pages: the counter does not run out.
         for (p, i) in self.used.iter().zip(0u32..) {
             if p.is_some() {
@@ -506,6 +504,7 @@ impl RegionLink {
 )]
 mod tests {
     use super::*;
+    use virtio_rdma_abi::datapath::DB_FLAG_KICK;
 
     #[test]
     fn region_is_a_power_of_two() {
@@ -565,10 +564,10 @@ mod tests {
         let again = p.alloc_slot(1).map(|s| s.at());
         assert_eq!(again, Some(slots[7]));
         assert_eq!(region.load(slots[7], 0), 0);
-        p.set_kick(true);
+        p.set_flags_all(DB_FLAG_KICK);
         assert_eq!(region.flags(0), DB_FLAG_KICK);
         p.free_page(0);
-        p.set_kick(false);
+        p.set_flags_all(0);
         assert_eq!(region.flags(0), DB_FLAG_KICK, "free pages are left alone");
         assert_eq!(region.flags(1), 0);
         assert!(p.alloc_slot(0).is_none(), "free page has no slots");

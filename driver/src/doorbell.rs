@@ -1,21 +1,22 @@
-//! Doorbell records (64 bytes in guest RAM) and the kick protocol.
+//! Doorbell records (128 bytes in guest RAM) and the kick protocol.
 //!
-//! Bytes 0..32 of a record are written only by the driver, bytes 32..64
-//! only by the device. After storing a producer index (release) the driver
-//! issues a full fence, reads the device's `flags` and, if `DB_FLAG_KICK` is
+//! Bytes 0..64 of a record are written only by the driver, bytes 64..128
+//! only by the device: one cache line each. After storing a producer index
+//! (release) the driver reads the device's `flags`: `DB_FLAG_POLLING` means
+//! the engine polls and will see the store, and the post is done. Otherwise
+//! it issues a full fence, reads `flags` again and, if `DB_FLAG_KICK` is
 //! set, notifies the notification queue: the engine parked and asked to be
-//! woken up.
+//! woken up (spec 18.6).
 //!
 //! In the shared-memory doorbell mode (spec 18.7) a queue's producer
 //! indices live in a slot of its context's doorbell page instead, and the
-//! "kick me" flag in that page's header; the consumer indices stay in the
-//! record.
+//! flags in that page's header; the consumer indices stay in the record.
 
-use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::atomic::{compiler_fence, fence, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use virtio_rdma_abi::config::NOTIFYQ;
-use virtio_rdma_abi::datapath::{db_slot_offset, DB_FLAG_KICK, DB_PAGE_SIZE};
+use virtio_rdma_abi::datapath::{db_slot_offset, DB_FLAG_KICK, DB_FLAG_POLLING, DB_PAGE_SIZE};
 use virtio_rdma_abi::mem::DB_RECORD_SIZE;
 
 use crate::dma::DmaBuf;
@@ -30,26 +31,26 @@ pub(crate) mod off {
     /// `QpDoorbell::rq_pi`.
     pub const QP_RQ_PI: usize = 4;
     /// `QpDoorbell::sq_ci`.
-    pub const QP_SQ_CI: usize = 32;
+    pub const QP_SQ_CI: usize = 64;
     /// `QpDoorbell::rq_ci`.
-    pub const QP_RQ_CI: usize = 36;
+    pub const QP_RQ_CI: usize = 68;
     /// `QpDoorbell::flags`.
-    pub const QP_FLAGS: usize = 40;
+    pub const QP_FLAGS: usize = 72;
     /// `CqDoorbell::ci`.
     pub const CQ_CI: usize = 0;
     /// `CqDoorbell::arm`.
     pub const CQ_ARM: usize = 4;
     /// `CqDoorbell::pi`.
     #[cfg_attr(not(test), allow(dead_code))]
-    pub const CQ_PI: usize = 32;
+    pub const CQ_PI: usize = 64;
     /// `CqDoorbell::armed_seq`.
-    pub const CQ_ARMED_SEQ: usize = 36;
+    pub const CQ_ARMED_SEQ: usize = 68;
     /// `SrqDoorbell::pi`.
     pub const SRQ_PI: usize = 0;
     /// `SrqDoorbell::ci`.
-    pub const SRQ_CI: usize = 32;
+    pub const SRQ_CI: usize = 64;
     /// `SrqDoorbell::flags`.
-    pub const SRQ_FLAGS: usize = 40;
+    pub const SRQ_FLAGS: usize = 72;
 }
 
 /// One doorbell record in DMA memory.
@@ -89,9 +90,9 @@ impl DoorbellRecord {
         self.buf.atomic_u32(offset).store(value, Ordering::Release);
     }
 
-    /// Publishes a producer index: release-store `pi` at `pi_offset`, full
-    /// fence, read `flags` at `flags_offset`, and notify notifyq if the
-    /// device asked for a kick. Returns whether it kicked.
+    /// Publishes a producer index: release-store `pi` at `pi_offset`, then
+    /// the notification step of spec 18.6 on `flags` at `flags_offset`.
+    /// Returns whether it kicked.
     pub(crate) fn publish(
         &self,
         transport: &dyn Transport,
@@ -100,13 +101,7 @@ impl DoorbellRecord {
         pi: u32,
     ) -> Result<bool> {
         self.store(pi_offset, pi);
-        fence(Ordering::SeqCst);
-        let flags = self.buf.atomic_u32(flags_offset).load(Ordering::Relaxed);
-        if flags & DB_FLAG_KICK != 0 {
-            transport.notify(NOTIFYQ)?;
-            return Ok(true);
-        }
-        Ok(false)
+        notify_step(transport, self.buf.atomic_u32(flags_offset))
     }
 
     /// The underlying memory (tests inspect it).
@@ -114,6 +109,26 @@ impl DoorbellRecord {
     pub(crate) fn buf(&self) -> &DmaBuf {
         &self.buf
     }
+}
+
+/// The notification step after a producer index store (spec 18.6): done
+/// if the engine polls (`DB_FLAG_POLLING`: it guarantees to see the store
+/// without a fence here); otherwise a full fence, a second read, and a
+/// notification if the engine parked (`DB_FLAG_KICK`). Returns whether it
+/// notified.
+fn notify_step(transport: &dyn Transport, flags: &AtomicU32) -> Result<bool> {
+    // The CPU may still let this load pass the store (the device's
+    // system-wide barrier covers that); the compiler must not.
+    compiler_fence(Ordering::SeqCst);
+    if flags.load(Ordering::Relaxed) & DB_FLAG_POLLING != 0 {
+        return Ok(false);
+    }
+    fence(Ordering::SeqCst);
+    if flags.load(Ordering::Relaxed) & DB_FLAG_KICK != 0 {
+        transport.notify(NOTIFYQ)?;
+        return Ok(true);
+    }
+    Ok(false)
 }
 
 /// The context's doorbell page in the device's doorbell region
@@ -193,15 +208,10 @@ impl DoorbellSlot {
             .store(value, Ordering::Release);
     }
 
-    /// Publishes a producer index: release store into the slot, full fence,
-    /// read the page header's `flags`, notify notifyq if the engine asked.
+    /// Publishes a producer index: release store into the slot, then the
+    /// notification step of spec 18.6 on the page header's `flags`.
     pub(crate) fn publish(&self, transport: &dyn Transport, half: usize, pi: u32) -> Result<bool> {
         self.store(half, pi);
-        fence(Ordering::SeqCst);
-        if self.page.word(0).load(Ordering::Relaxed) & DB_FLAG_KICK != 0 {
-            transport.notify(NOTIFYQ)?;
-            return Ok(true);
-        }
-        Ok(false)
+        notify_step(transport, self.page.word(0))
     }
 }

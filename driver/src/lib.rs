@@ -7,8 +7,9 @@
 //! the data-path chapter (`virtio_rdma_abi::datapath`):
 //!
 //! - posting writes each WQE into its ring slot, then release-stores the
-//!   producer index in the doorbell record, issues a full fence, reads
-//!   `DB_FLAG_KICK` from the device half and notifies notifyq only if set;
+//!   producer index in the doorbell record and reads the device's `flags`:
+//!   with `DB_FLAG_POLLING` it is done; otherwise it issues a full fence,
+//!   reads `flags` again and notifies notifyq only if `DB_FLAG_KICK` is set;
 //! - polling reads a CQE's `owner` (acquire), copies the CQE out, and
 //!   release-stores the consumer index;
 //! - arming writes `arm = seq << 2 | kind` with a new `seq`; the device

@@ -13,9 +13,10 @@ use vhost_user_rdma_tests::transport::VmmTransport;
 use vhost_user_rdma_tests::verbs::{QpInit as RawQpInit, Verbs};
 use vhost_user_rdma_tests::vmm::VmmOptions;
 use virtio_rdma_abi::datapath::{
-    db_slot_offset, WcOpcode, WcStatus, DB_FLAG_KICK, DB_NONE, DB_PAGE_SIZE,
+    db_slot_offset, WcOpcode, WcStatus, DB_DEVICE_OFFSET, DB_FLAG_KICK, DB_FLAG_POLLING, DB_NONE,
+    DB_PAGE_SIZE,
 };
-use virtio_rdma_abi::mem::access;
+use virtio_rdma_abi::mem::{access, DB_RECORD_SIZE};
 use virtio_rdma_abi::qp::{AddressVector, QpState};
 use virtio_rdma_driver::{
     Ah, Cq, Device, DmaBuf, Mr, Payload, Pd, Qp, QpInit, RcConnect, RecvWr, SendFlags, SendOp,
@@ -874,11 +875,13 @@ fn scribbling_guest_does_not_hurt_others() {
 /// Creating a CQ, SRQ or QP writes the device half of its doorbell record
 /// (spec 18.4): whatever the driver left there, the command returns with
 /// consumer and producer indices, `armed_seq` and reserved fields 0 and
-/// `flags` 0 (a queue's `DB_FLAG_KICK` may be set again by the time the
-/// test looks, if the engine parked meanwhile). A failed create writes
-/// nothing.
+/// `flags` 0 (or the flags the engine's other records carry by the time the
+/// test looks: `DB_FLAG_KICK` if it parked, `DB_FLAG_POLLING` if it polls).
+/// A failed create writes nothing.
 #[test]
 fn create_writes_the_device_half_of_doorbell_records() {
+    const DEV: u64 = DB_DEVICE_OFFSET;
+    const HALF: usize = (DB_RECORD_SIZE - DB_DEVICE_OFFSET) as usize;
     let (_d, a, _b) = two_vms();
     let mut vmm = a.t.vmm();
     let mem = vmm.mem().clone();
@@ -888,25 +891,25 @@ fn create_writes_the_device_half_of_doorbell_records() {
     // The driver zeroes its half before the create command; the device
     // half holds leftovers.
     let leftovers = |db: u64| {
-        mem.write(GuestAddress(db), &[0; 32]).unwrap();
-        mem.write(GuestAddress(db + 32), &[0xA5; 32]).unwrap();
+        mem.write(GuestAddress(db), &[0; DEV as usize]).unwrap();
+        mem.write(GuestAddress(db + DEV), &[0xA5; HALF]).unwrap();
     };
-    let device_half = |db: u64| mem.read_vec(GuestAddress(db + 32), 32).unwrap();
+    let device_half = |db: u64| mem.read_vec(GuestAddress(db + DEV), HALF).unwrap();
     // Bytes 8 to 11 of the device half are `flags`.
     let initialized = |db: u64, what: &str| {
         let mut half = device_half(db);
         let flags = u32::from_le_bytes(half[8..12].try_into().unwrap());
         assert!(
-            flags == 0 || flags == DB_FLAG_KICK,
+            flags == 0 || flags == DB_FLAG_KICK || flags == DB_FLAG_POLLING,
             "{what}: flags {flags:#x}"
         );
         half[8..12].fill(0);
-        assert_eq!(half, [0; 32], "{what}: device half");
+        assert_eq!(half, [0; HALF], "{what}: device half");
     };
     let (req, tail) = v.cq_request(ctx, 16).unwrap();
     leftovers(req.db_gpa);
     let cq = v.create_cq_raw(&req, &tail).unwrap();
-    assert_eq!(device_half(req.db_gpa), [0; 32], "CQ: device half");
+    assert_eq!(device_half(req.db_gpa), [0; HALF], "CQ: device half");
     let (req, tail) = v.srq_request(pd, 16, 1, 0).unwrap();
     leftovers(req.db_gpa);
     v.create_srq_raw(&req, &tail).unwrap();
@@ -915,7 +918,7 @@ fn create_writes_the_device_half_of_doorbell_records() {
     leftovers(req.db_gpa);
     req.send_cq = 0xdead;
     assert!(v.create_qp_raw(&req, &tail).is_err());
-    assert_eq!(device_half(req.db_gpa), [0xA5; 32], "failed CREATE_QP");
+    assert_eq!(device_half(req.db_gpa), [0xA5; HALF], "failed CREATE_QP");
     req.send_cq = cq;
     v.create_qp_raw(&req, &tail).unwrap();
     initialized(req.db_gpa, "QP");

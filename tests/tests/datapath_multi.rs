@@ -1915,8 +1915,8 @@ fn load_index(vm: &Vm, gpa: GuestAddress) -> u32 {
 /// Doorbell offsets: `rq_pi`, the device half's first word (`sq_ci` of a QP,
 /// `ci` of an SRQ) and `rq_ci`.
 const RQ_PI: u64 = 4;
-const DEVICE_CI: u64 = 32;
-const RQ_CI: u64 = 36;
+const DEVICE_CI: u64 = virtio_rdma_abi::datapath::DB_DEVICE_OFFSET;
+const RQ_CI: u64 = DEVICE_CI + 4;
 
 /// Writes receive WQE `wqe` with `sges` into slot `index` of raw QP `q`'s
 /// receive queue and posts it (`rq_pi` = `index + 1`).

@@ -41,7 +41,7 @@ use vhost_user_rdma_tests::Result as VmmResult;
 use virtio_rdma_abi::ctrl::{
     Opcode, RequestHeader, Status, DETAIL_DB_RECORD, DETAIL_LIST_PAGE, MAX_REQUEST_BYTES,
 };
-use virtio_rdma_abi::mem::{access, BufferDesc, PageListMode};
+use virtio_rdma_abi::mem::{access, BufferDesc, PageListMode, DB_RECORD_SIZE};
 use virtio_rdma_abi::qp::{attr, AddressVector, QpAttr, QpState};
 use virtio_rdma_abi::verbs::*;
 use virtio_rdma_abi::{Field, Wire};
@@ -794,7 +794,10 @@ fn doorbell_record_bad() {
             ("doorbell misaligned", None),
             ("doorbell in the hole", Some(hole)),
             ("doorbell past the end of RAM", Some(end)),
-            ("doorbell overflowing", Some(TOP_PAGE + (PAGE_SIZE - 64))),
+            (
+                "doorbell overflowing",
+                Some(TOP_PAGE + (PAGE_SIZE - DB_RECORD_SIZE)),
+            ),
         ] {
             let (mut cq, tail) = cq_req(w, 64);
             cq.db_gpa = db.unwrap_or(cq.db_gpa + 8);
@@ -807,7 +810,7 @@ fn doorbell_record_bad() {
         }
         let b = w.base();
         let (mut qp, tail) = qp_req(w, &QpInit::rc(b.pd, b.cq));
-        qp.db_gpa = hole + 64;
+        qp.db_gpa = hole + DB_RECORD_SIZE;
         w.expect(
             "CREATE_QP, doorbell in the hole",
             Status::BAD_ADDRESS,

@@ -16,7 +16,7 @@ mod queue_mem;
 pub mod rate;
 mod srq;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use log::debug;
@@ -104,9 +104,10 @@ pub struct Ctrl {
     ram_gen: u64,
     port: PortIdentity,
     tenancy: Arc<Tenancy>,
-    /// Set while the engine serving the VM sleeps and relies on kicks
-    /// (`DB_FLAG_KICK`): queues created meanwhile ask for kicks at once.
-    kicks: Arc<AtomicBool>,
+    /// The doorbell flags of the engine serving the VM (`DB_FLAG_KICK`
+    /// while it sleeps, `DB_FLAG_POLLING` while it polls and lets drivers
+    /// skip the fence): queues created meanwhile start with them.
+    db_flags: Arc<AtomicU32>,
     /// A command changed something the engine must act on (see
     /// [`Ctrl::take_engine_work`]).
     engine_work: bool,
@@ -139,27 +140,23 @@ impl Ctrl {
             ram_gen: 0,
             port,
             tenancy,
-            kicks: Arc::new(AtomicBool::new(false)),
+            db_flags: Arc::new(AtomicU32::new(0)),
             engine_work: false,
             running: false,
         }
     }
 
-    /// Shares the engine's "kicks armed" flag ([`crate::engine::Engine`]).
-    pub fn set_kicks_flag(&mut self, kicks: Arc<AtomicBool>) {
-        self.kicks = kicks;
+    /// Shares the engine's doorbell flags ([`crate::engine::Engine`]).
+    pub fn set_doorbell_flags(&mut self, flags: Arc<AtomicU32>) {
+        self.db_flags = flags;
     }
 
-    /// The device flags a new doorbell record or page starts with: ask for
-    /// kicks while the engine sleeps, so a post to the new queue wakes it
-    /// (the engine sets the flag in the existing ones when it parks). Read
-    /// under the VM's lock, which orders it with the engine's updates.
+    /// The device flags a new doorbell record or page starts with: those
+    /// the engine gives the existing ones — kicks while it sleeps, so a
+    /// post to the new queue wakes it. Read under the VM's lock, which
+    /// orders it with the engine's updates.
     pub(crate) fn new_doorbell_flags(&self) -> u32 {
-        if self.kicks.load(Ordering::Acquire) {
-            virtio_rdma_abi::datapath::DB_FLAG_KICK
-        } else {
-            0
-        }
+        self.db_flags.load(Ordering::SeqCst)
     }
 
     /// Whether a command since the last call may have made posted work

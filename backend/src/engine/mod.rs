@@ -7,7 +7,10 @@
 //! (adaptive polling), and when it has been idle for a while it parks: it
 //! sets `DB_FLAG_KICK` in every doorbell record, re-checks once, and sleeps
 //! until a driver notifies the notification queue or the control path
-//! changes something (spec chapter 18).
+//! changes something (spec chapter 18). While it has been busy for a while
+//! it sets `DB_FLAG_POLLING` instead, so that drivers publish without a
+//! fence; before parking it then clears that flag and waits for a
+//! system-wide barrier ([`barrier`]) before it asks for kicks.
 //!
 //! Requester, responder and completer are separate modules ([`exec`],
 //! [`completer`]); [`wqe`] copies work requests out of guest rings.
@@ -43,6 +46,7 @@
 //! VM of the same tenant is reached, and a tenant's VMs share an engine;
 //! `deliver` refuses any other route), so the nesting cannot deadlock.
 
+pub mod barrier;
 pub mod completer;
 pub mod doorbell;
 pub mod exec;
@@ -57,7 +61,8 @@ use std::time::{Duration, Instant};
 
 use log::{debug, warn};
 use virtio_rdma_abi::datapath::{
-    Cqe, WcOpcode, WcStatus, WrOpcode, DB_DEVICE_OFFSET, DB_FLAG_KICK, WQE_FENCE, WQE_SIGNALED,
+    Cqe, WcOpcode, WcStatus, WrOpcode, DB_DEVICE_OFFSET, DB_FLAG_KICK, DB_FLAG_POLLING, WQE_FENCE,
+    WQE_SIGNALED,
 };
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::mem::DB_RECORD_SIZE;
@@ -87,6 +92,10 @@ const SPIN_WINDOW: Duration = Duration::from_micros(20);
 /// Longest sleep while parked. Retry timers (spec 18.20) shorten the
 /// sleep to their deadline, so parking never delays them.
 const MAX_PARK: Duration = Duration::from_millis(50);
+/// After this long awake with work the engine sets `DB_FLAG_POLLING`: a
+/// stream of work, not one request after a sleep. Short bursts do not pay
+/// for the barrier the flag costs at the next park.
+const PROMOTE_AFTER: Duration = Duration::from_millis(1);
 /// Interval of the transport retries of an RC QP with `timeout` 0, which
 /// retries without limit at an interval the device chooses (spec 18.20).
 const ENDLESS_RETRY_INTERVAL: Duration = Duration::from_millis(10);
@@ -188,10 +197,10 @@ pub struct Engine {
     registry: Arc<Registry>,
     /// The QoS generation whose settings this thread enforces.
     qos_applied: AtomicU64,
-    /// True from just before the thread sets `DB_FLAG_KICK` in its VMs'
-    /// doorbells (to park) until just before it clears them: the control
-    /// path then creates queues with the flag set (`Ctrl::new_doorbell_flags`).
-    kicks_armed: Arc<AtomicBool>,
+    /// The `flags` the thread's VMs' doorbells carry, set just before the
+    /// thread writes them into the existing ones: the control path gives
+    /// new queues and pages the same (`Ctrl::new_doorbell_flags`).
+    db_flags: Arc<AtomicU32>,
     counters: EngineCounters,
     rnic: Arc<dyn Rnic>,
     wake: EventFd,
@@ -494,7 +503,7 @@ impl Engine {
             index,
             registry,
             qos_applied: AtomicU64::new(0),
-            kicks_armed: Arc::new(AtomicBool::new(false)),
+            db_flags: Arc::new(AtomicU32::new(0)),
             counters: EngineCounters::default(),
             rnic,
             wake: EventFd::new(libc::EFD_NONBLOCK)?,
@@ -532,19 +541,20 @@ impl Engine {
         &self.counters
     }
 
-    /// The flag that says the thread sleeps and relies on kicks (for the
-    /// control path of the VMs it serves).
-    pub fn kicks_flag(&self) -> Arc<AtomicBool> {
-        self.kicks_armed.clone()
+    /// The doorbell flags of the thread's VMs (for their control path:
+    /// new queues start with them).
+    pub fn doorbell_flags(&self) -> Arc<AtomicU32> {
+        self.db_flags.clone()
     }
 
-    /// Sets or clears `DB_FLAG_KICK` in every doorbell of the VMs of
-    /// `lists`. The armed flag changes first: a queue created under a VM's
-    /// lock either sees it, or is covered by the loop (which takes that
-    /// lock after).
-    fn arm_kicks(&self, lists: &[DbList], on: bool) -> bool {
-        self.kicks_armed.store(on, Ordering::SeqCst);
-        set_kick(lists, on)
+    /// Writes `flags` (0, `DB_FLAG_POLLING` or `DB_FLAG_KICK`) into every
+    /// doorbell of the VMs of `lists`; false if a VM's lock was busy, so
+    /// its doorbells may keep the old value. The shared value changes
+    /// first: a queue created under a VM's lock either sees it, or is
+    /// covered by the loop (which takes that lock after).
+    fn publish_flags(&self, lists: &[DbList], flags: u32) -> bool {
+        self.db_flags.store(flags, Ordering::SeqCst);
+        set_flags(lists, flags)
     }
 
     /// Whether this thread serves VM `vm`.
@@ -625,6 +635,10 @@ impl Engine {
         let mut active = Vec::new();
         // Just back from parking, no work found since.
         let mut woke = false;
+        // Since when the thread has been awake (for `PROMOTE_AFTER`).
+        let mut awake_since = Instant::now();
+        let barrier = barrier::SystemBarrier::get();
+        let mut polling = Polling::Off;
         while !self.stop.load(Ordering::Acquire) {
             if self.hold.load(Ordering::Acquire) {
                 self.held.store(true, Ordering::Release);
@@ -670,6 +684,13 @@ impl Engine {
             if self.sweep(&vms, &mut lists, &mut scratch, &mut drr, &mut active) {
                 idle_sweeps = 0;
                 woke = false;
+                if polling != Polling::On
+                    && barrier.is_some()
+                    && awake_since.elapsed() >= PROMOTE_AFTER
+                {
+                    self.publish_flags(&lists, DB_FLAG_POLLING);
+                    polling = Polling::On;
+                }
                 continue;
             }
             // Polling pays off after work, when more tends to follow. A wake
@@ -698,17 +719,34 @@ impl Engine {
                     continue;
                 }
             }
+            // Drivers that saw DB_FLAG_POLLING did not fence: clear it, and
+            // poll on until a system-wide barrier has made their stores
+            // visible (spec 18.6).
+            match (polling, barrier) {
+                (Polling::On, Some(b)) => {
+                    if self.publish_flags(&lists, 0) {
+                        polling = Polling::Draining(b.request());
+                    }
+                    thread::yield_now();
+                    continue;
+                }
+                (Polling::Draining(ticket), Some(b)) if !b.passed(ticket) => {
+                    thread::yield_now();
+                    continue;
+                }
+                _ => polling = Polling::Off,
+            }
             // Park: ask for kicks, then look once more — through the VMs'
             // own tables, not the polling lists — so that a doorbell rung
             // before the flag became visible is not missed.
-            let armed = self.arm_kicks(&lists, true);
+            let armed = self.publish_flags(&lists, DB_FLAG_KICK);
             fence(Ordering::SeqCst);
             scratch.contended = false;
             let found = self.sweep_all(&vms, &lists, &mut scratch);
             if found || !armed || std::mem::take(&mut scratch.contended) {
                 // Work, or a VM whose lock was busy (its records may lack
                 // the flag, and the re-check skipped it): poll on.
-                self.arm_kicks(&lists, false);
+                self.publish_flags(&lists, 0);
                 idle_sweeps = 0;
                 if !found {
                     thread::yield_now();
@@ -717,9 +755,10 @@ impl Engine {
             }
             TrafficCounters::add_single_writer(&self.counters.parks, 1);
             self.park(scratch.next_timer);
-            self.arm_kicks(&lists, false);
+            self.publish_flags(&lists, 0);
             idle_sweeps = 0;
             woke = true;
+            awake_since = Instant::now();
         }
     }
 
@@ -792,13 +831,25 @@ fn work_on(dev: &RdmaDevice, f: impl FnOnce(&mut Ctrl, &HostMem) -> bool) -> Opt
     Some(did)
 }
 
-/// Sets or clears DB_FLAG_KICK in every QP and SRQ doorbell record of a
-/// queue without a doorbell slot, and in every doorbell page header.
+/// Whether the thread's doorbells may carry `DB_FLAG_POLLING`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Polling {
+    /// None does: drivers fence.
+    Off,
+    /// They may: drivers that saw it did not fence.
+    On,
+    /// Cleared everywhere; the barrier with this ticket makes the stores
+    /// of drivers that saw it before visible.
+    Draining(u64),
+}
+
+/// Writes `v` into `flags` of every QP and SRQ doorbell record of a queue
+/// without a doorbell slot, and of every doorbell page header.
 ///
-/// Returns false if a VM's lock was busy, so its records may lack the flag:
-/// the engine must not park then (it would sleep through that VM's posts).
-fn set_kick(lists: &[DbList], on: bool) -> bool {
-    let v = if on { DB_FLAG_KICK } else { 0 };
+/// Returns false if a VM's lock was busy, so its records may keep the old
+/// value: the engine must not park then (it would sleep through that VM's
+/// posts), nor count on a cleared `DB_FLAG_POLLING`.
+fn set_flags(lists: &[DbList], v: u32) -> bool {
     let mut all = true;
     for list in lists {
         let ran = list.dev.try_with_dataplane(|ctrl, mem| {
@@ -813,7 +864,7 @@ fn set_kick(lists: &[DbList], on: bool) -> bool {
                 }
             }
             if let Some(pages) = &ctrl.res.doorbells {
-                pages.set_kick(on);
+                pages.set_flags_all(v);
             }
         });
         all &= ran != Locked::Busy;

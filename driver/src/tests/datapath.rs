@@ -191,6 +191,11 @@ fn kick_only_when_the_device_asks() {
         .unwrap();
     assert_eq!(mock.notify_count(), 3);
     assert_eq!(qp.mem().db.load(off::QP_SQ_PI), 5);
+    // A polling engine needs no notification (and the driver no fence).
+    dev_store(&qp.mem().db, off::QP_FLAGS, DB_FLAG_POLLING);
+    qp.post_send(&[SendWr::send(7, &sge)]).unwrap();
+    assert_eq!(mock.notify_count(), 3);
+    assert_eq!(qp.mem().db.load(off::QP_SQ_PI), 6);
 }
 
 #[test]
