@@ -13,8 +13,9 @@ wire_struct! {
     /// Doorbell record of a QP (128 bytes at `db_gpa`, 128-byte aligned).
     ///
     /// The driver owns the first 64 bytes (`sq_pi`, `rq_pi`), the device the
-    /// last 64: each half is a cache line of its own, so the line the
-    /// driver stores producer indices into is never written by the device.
+    /// last 64 (`sq_ci`, `rq_ci`): each half is a cache line of its own, so
+    /// the line the driver stores producer indices into is never written by
+    /// the device. The device's flags are per context ([`CtxDoorbell`]).
     /// The driver writes WQEs, then stores the new producer index with
     /// release semantics; the device reads it with acquire semantics and
     /// copies each WQE out of guest memory before it parses it.
@@ -41,10 +42,9 @@ wire_struct! {
         sq_ci: u32,
         /// Receive queue consumer index (device): WQEs consumed.
         rq_ci: u32,
-        /// Device flags, [`DB_FLAG_KICK`] or [`DB_FLAG_POLLING`].
-        flags: u32,
-        /// Must be zero.
-        reserved7: u32,
+        /// Must be zero (ABI version 1 had the device flags here; they
+        /// moved to the context, [`CtxDoorbell`]).
+        reserved7: u64,
         /// Must be zero.
         reserved8: u64,
         /// Must be zero.
@@ -86,10 +86,8 @@ wire_struct! {
         pi: u32,
         /// `arm_seq` of the last arm request the device consumed (device).
         armed_seq: u32,
-        /// Device flags (unused for CQs, zero).
-        flags: u32,
         /// Must be zero.
-        reserved7: u32,
+        reserved7: u64,
         /// Must be zero.
         reserved8: u64,
         /// Must be zero.
@@ -130,10 +128,8 @@ wire_struct! {
         ci: u32,
         /// Must be zero.
         reserved8: u32,
-        /// Device flags, [`DB_FLAG_KICK`] or [`DB_FLAG_POLLING`].
-        flags: u32,
         /// Must be zero.
-        reserved9: u32,
+        reserved9: u64,
         /// Must be zero.
         reserved10: u64,
         /// Must be zero.
@@ -146,6 +142,34 @@ wire_struct! {
         reserved14: u64,
         /// Must be zero.
         reserved15: u64,
+    }
+}
+
+wire_struct! {
+    /// Doorbell header of a context in guest RAM (64 bytes at the
+    /// `CREATE_CTX` request's `db_gpa`, 64-byte aligned), written only by the
+    /// device: the flags the driver reads after every producer index store
+    /// of the context's queues (spec 18.6). A context with a doorbell page
+    /// uses the page's header ([`DbPageHeader`]) instead.
+    pub struct CtxDoorbell {
+        /// [`DB_FLAG_KICK`] or [`DB_FLAG_POLLING`] (or neither).
+        flags: u32,
+        /// Must be zero.
+        reserved0: u32,
+        /// Must be zero.
+        reserved1: u64,
+        /// Must be zero.
+        reserved2: u64,
+        /// Must be zero.
+        reserved3: u64,
+        /// Must be zero.
+        reserved4: u64,
+        /// Must be zero.
+        reserved5: u64,
+        /// Must be zero.
+        reserved6: u64,
+        /// Must be zero.
+        reserved7: u64,
     }
 }
 
@@ -444,6 +468,7 @@ mod tests {
         assert_eq!(QpDoorbell::SIZE, 128);
         assert_eq!(CqDoorbell::SIZE, 128);
         assert_eq!(SrqDoorbell::SIZE, 128);
+        assert_eq!(CtxDoorbell::SIZE, 64);
         assert_eq!(SendWqe::SIZE, 64);
         assert_eq!(RecvWqe::SIZE, 16);
         assert_eq!(Sge::SIZE, 16);

@@ -42,8 +42,8 @@ pub fn all_layouts() -> Vec<(&'static str, &'static [FieldLayout], usize)> {
     use config::DeviceConfig;
     use ctrl::{RequestHeader, ResponseHeader};
     use datapath::{
-        CqDoorbell, Cqe, DbPageHeader, QpDbSlot, QpDoorbell, RecvWqe, SendWqe, Sge, SrqDbSlot,
-        SrqDoorbell,
+        CqDoorbell, Cqe, CtxDoorbell, DbPageHeader, QpDbSlot, QpDoorbell, RecvWqe, SendWqe, Sge,
+        SrqDbSlot, SrqDoorbell,
     };
     use event::Event;
     use mem::BufferDesc;
@@ -62,6 +62,7 @@ pub fn all_layouts() -> Vec<(&'static str, &'static [FieldLayout], usize)> {
         PortAttr,
         QueryGidReq,
         QueryGidResp,
+        CreateCtxReq,
         CreateCtxResp,
         CtxHandleReq,
         PdHandleReq,
@@ -88,6 +89,7 @@ pub fn all_layouts() -> Vec<(&'static str, &'static [FieldLayout], usize)> {
         QpDoorbell,
         CqDoorbell,
         SrqDoorbell,
+        CtxDoorbell,
         DbPageHeader,
         QpDbSlot,
         SrqDbSlot,

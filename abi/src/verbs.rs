@@ -132,6 +132,15 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// CREATE_CTX request.
+    pub struct CreateCtxReq {
+        /// Guest-physical address of the context's doorbell header
+        /// ([`crate::datapath::CtxDoorbell`], 64 bytes, 64-byte aligned).
+        db_gpa: u64,
+    }
+}
+
+wire_struct! {
     /// CREATE_CTX response.
     pub struct CreateCtxResp {
         /// Handle of the new context.
@@ -453,7 +462,7 @@ impl Opcode {
             QUERY_DEVICE => ("none", false, "DeviceAttr"),
             QUERY_PORT => ("QueryPortReq", false, "PortAttr"),
             QUERY_GID => ("QueryGidReq", false, "QueryGidResp"),
-            CREATE_CTX => ("none", false, "CreateCtxResp"),
+            CREATE_CTX => ("CreateCtxReq", false, "CreateCtxResp"),
             DESTROY_CTX => ("CtxHandleReq", false, "none"),
             ALLOC_PD => ("CtxHandleReq", false, "PdHandleResp"),
             DEALLOC_PD => ("PdHandleReq", false, "none"),

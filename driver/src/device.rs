@@ -11,12 +11,13 @@ use virtio_rdma_abi::ctrl::{Opcode, RequestHeader, ResponseHeader, Status};
 use virtio_rdma_abi::datapath::{DB_NONE, SHMEM_ID_DOORBELL};
 use virtio_rdma_abi::event::Event;
 use virtio_rdma_abi::verbs::{
-    CreateCtxResp, CtxHandleReq, DeviceAttr, PortAttr, QueryGidReq, QueryGidResp, QueryPortReq,
+    CreateCtxReq, CreateCtxResp, CtxHandleReq, DeviceAttr, PortAttr, QueryGidReq, QueryGidResp,
+    QueryPortReq,
 };
 use virtio_rdma_abi::{Field, Wire, ABI_VERSION};
 
 use crate::dma::DmaBuf;
-use crate::doorbell::{DoorbellPage, DoorbellSlot};
+use crate::doorbell::{CtxFlags, DoorbellPage, DoorbellSlot};
 use crate::error::{Error, Result};
 use crate::event::EventDemux;
 use crate::transport::{Transport, TransportError};
@@ -63,6 +64,8 @@ pub(crate) struct DeviceInner {
     pub(crate) ctx: u32,
     /// The context's doorbell page (shared-memory doorbell mode).
     pub(crate) db_page: Option<Arc<DoorbellPage>>,
+    /// The context's doorbell header in DMA memory (`CREATE_CTX`).
+    pub(crate) ctx_header: Option<Arc<DmaBuf>>,
     pub(crate) events: EventDemux,
     next_id: AtomicU64,
     timeout: Option<Duration>,
@@ -100,6 +103,7 @@ impl Device {
             gid: QueryGidResp::default(),
             ctx: 0,
             db_page: None,
+            ctx_header: None,
             events: EventDemux::default(),
             next_id: AtomicU64::new(1),
             timeout: opts.command_timeout,
@@ -114,8 +118,22 @@ impl Device {
             },
             &[],
         )?;
-        let ctx: CreateCtxResp = inner.cmd_none(Opcode::CREATE_CTX)?;
+        let header = CtxFlags::alloc_header(&*inner.transport)?;
+        let db_gpa = header.gpa(0).ok_or_else(|| {
+            Error::InvalidArgument("context doorbell header without an address".into())
+        })?;
+        let ctx: CreateCtxResp = match inner.cmd(Opcode::CREATE_CTX, &CreateCtxReq { db_gpa }, &[])
+        {
+            Ok(r) => r,
+            Err(e) => {
+                if outcome_unknown(&e) {
+                    std::mem::forget(header);
+                }
+                return Err(e);
+            }
+        };
         inner.ctx = ctx.ctx_handle;
+        inner.ctx_header = Some(header);
         if ctx.doorbell_page != DB_NONE {
             // The device ignores the records' producer indices of queues
             // with slots, so a page the driver cannot reach is fatal.
@@ -191,6 +209,15 @@ impl Device {
     /// shared-memory doorbell mode (spec 18.7); `None`: guest-RAM mode.
     pub fn doorbell_page(&self) -> Option<u32> {
         self.inner.db_page.as_ref().map(|p| p.index())
+    }
+
+    /// The context's device flags as the device last wrote them (spec
+    /// 18.6): `DB_FLAG_POLLING` while the engine polls, `DB_FLAG_KICK`
+    /// while it is parked; for diagnostics.
+    pub fn doorbell_flags(&self) -> u32 {
+        self.inner
+            .ctx_flags()
+            .map_or(0, |f| f.word().load(std::sync::atomic::Ordering::Acquire))
     }
 
     /// Handle of this device's context.
@@ -325,6 +352,18 @@ impl DeviceInner {
         Ok(R::read(&payload))
     }
 
+    /// Where the context's device flags are: its doorbell page's header, or
+    /// its doorbell header in guest RAM (spec 18.4).
+    pub(crate) fn ctx_flags(&self) -> Result<CtxFlags> {
+        match (&self.db_page, &self.ctx_header) {
+            (Some(page), _) => Ok(CtxFlags::Page(page.clone())),
+            (None, Some(header)) => Ok(CtxFlags::Header(header.clone())),
+            (None, None) => Err(Error::InvalidArgument(
+                "context without a doorbell header".into(),
+            )),
+        }
+    }
+
     /// The doorbell slot a create command returned (`None` for `DB_NONE`:
     /// guest-RAM mode).
     pub(crate) fn doorbell_slot(&self, db_slot: u32) -> Result<Option<DoorbellSlot>> {
@@ -368,13 +407,18 @@ impl DeviceInner {
 impl Drop for DeviceInner {
     fn drop(&mut self) {
         if self.ctx != 0 {
-            self.destroy(
+            let done = self.destroy(
                 Opcode::DESTROY_CTX,
                 &CtxHandleReq {
                     ctx_handle: self.ctx,
                 },
                 "DESTROY_CTX",
             );
+            // The device may still write the header of a context it has
+            // not destroyed.
+            if !done {
+                std::mem::forget(self.ctx_header.take());
+            }
         }
     }
 }

@@ -1,23 +1,29 @@
-//! Doorbell records (128 bytes in guest RAM) and the kick protocol.
+//! Doorbell records (128 bytes in guest RAM), the context's doorbell
+//! header, and the kick protocol (spec 18.4 to 18.7).
 //!
 //! Bytes 0..64 of a record are written only by the driver, bytes 64..128
-//! only by the device: one cache line each. After storing a producer index
-//! (release) the driver reads the device's `flags`: `DB_FLAG_POLLING` means
-//! the engine polls and will see the store, and the post is done. Otherwise
-//! it issues a full fence, reads `flags` again and, if `DB_FLAG_KICK` is
-//! set, notifies the notification queue: the engine parked and asked to be
-//! woken up (spec 18.6).
+//! only by the device: one cache line each. The device's flags are once
+//! per context, in a header only the device writes ([`CtxFlags`]). After
+//! storing a producer index (release) the driver reads them:
+//! `DB_FLAG_POLLING` means the engine polls and will see the store, and the
+//! post is done. Otherwise it issues a full fence, reads them again and, if
+//! `DB_FLAG_KICK` is set, notifies the notification queue: the engine
+//! parked and asked to be woken up.
 //!
 //! In the shared-memory doorbell mode (spec 18.7) a queue's producer
 //! indices live in a slot of its context's doorbell page instead, and the
-//! flags in that page's header; the consumer indices stay in the record.
+//! context's flags in that page's header; the consumer indices stay in the
+//! record.
 
 use std::sync::atomic::{compiler_fence, fence, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use virtio_rdma_abi::config::NOTIFYQ;
-use virtio_rdma_abi::datapath::{db_slot_offset, DB_FLAG_KICK, DB_FLAG_POLLING, DB_PAGE_SIZE};
+use virtio_rdma_abi::datapath::{
+    db_slot_offset, CtxDoorbell, DB_FLAG_KICK, DB_FLAG_POLLING, DB_PAGE_SIZE,
+};
 use virtio_rdma_abi::mem::DB_RECORD_SIZE;
+use virtio_rdma_abi::Field;
 
 use crate::dma::DmaBuf;
 use crate::error::{Error, Result};
@@ -34,8 +40,6 @@ pub(crate) mod off {
     pub const QP_SQ_CI: usize = 64;
     /// `QpDoorbell::rq_ci`.
     pub const QP_RQ_CI: usize = 68;
-    /// `QpDoorbell::flags`.
-    pub const QP_FLAGS: usize = 72;
     /// `CqDoorbell::ci`.
     pub const CQ_CI: usize = 0;
     /// `CqDoorbell::arm`.
@@ -49,8 +53,6 @@ pub(crate) mod off {
     pub const SRQ_PI: usize = 0;
     /// `SrqDoorbell::ci`.
     pub const SRQ_CI: usize = 64;
-    /// `SrqDoorbell::flags`.
-    pub const SRQ_FLAGS: usize = 72;
 }
 
 /// One doorbell record in DMA memory.
@@ -90,20 +92,6 @@ impl DoorbellRecord {
         self.buf.atomic_u32(offset).store(value, Ordering::Release);
     }
 
-    /// Publishes a producer index: release-store `pi` at `pi_offset`, then
-    /// the notification step of spec 18.6 on `flags` at `flags_offset`.
-    /// Returns whether it kicked.
-    pub(crate) fn publish(
-        &self,
-        transport: &dyn Transport,
-        pi_offset: usize,
-        flags_offset: usize,
-        pi: u32,
-    ) -> Result<bool> {
-        self.store(pi_offset, pi);
-        notify_step(transport, self.buf.atomic_u32(flags_offset))
-    }
-
     /// The underlying memory (tests inspect it).
     #[cfg(test)]
     pub(crate) fn buf(&self) -> &DmaBuf {
@@ -116,7 +104,7 @@ impl DoorbellRecord {
 /// without a fence here); otherwise a full fence, a second read, and a
 /// notification if the engine parked (`DB_FLAG_KICK`). Returns whether it
 /// notified.
-fn notify_step(transport: &dyn Transport, flags: &AtomicU32) -> Result<bool> {
+pub(crate) fn notify_step(transport: &dyn Transport, flags: &AtomicU32) -> Result<bool> {
     // The CPU may still let this load pass the store (the device's
     // system-wide barrier covers that); the compiler must not.
     compiler_fence(Ordering::SeqCst);
@@ -129,6 +117,40 @@ fn notify_step(transport: &dyn Transport, flags: &AtomicU32) -> Result<bool> {
         return Ok(true);
     }
     Ok(false)
+}
+
+/// Where a context's device flags are (spec 18.4): its doorbell header in
+/// guest RAM (`CtxDoorbell`), or its doorbell page's header.
+#[derive(Debug, Clone)]
+pub(crate) enum CtxFlags {
+    /// The 64-byte header given to `CREATE_CTX`.
+    Header(Arc<DmaBuf>),
+    /// The header of the context's doorbell page.
+    Page(Arc<DoorbellPage>),
+}
+
+impl CtxFlags {
+    /// Allocates a context doorbell header: 64 bytes, 64-byte aligned.
+    pub(crate) fn alloc_header(transport: &dyn Transport) -> Result<Arc<DmaBuf>> {
+        let size = CtxDoorbell::SIZE;
+        let buf = DmaBuf::new(transport.alloc_dma(size, size)?)?;
+        let gpa = buf.gpa(0).unwrap_or(1);
+        if buf.len() < size || gpa % size as u64 != 0 || buf.as_ptr() as usize % size != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "transport returned a misaligned context doorbell header (gpa {gpa:#x})"
+            )));
+        }
+        buf.fill(0, size, 0)?;
+        Ok(Arc::new(buf))
+    }
+
+    /// The `flags` word.
+    pub(crate) fn word(&self) -> &AtomicU32 {
+        match self {
+            CtxFlags::Header(buf) => buf.atomic_u32(0),
+            CtxFlags::Page(page) => page.word(0),
+        }
+    }
 }
 
 /// The context's doorbell page in the device's doorbell region
@@ -206,12 +228,5 @@ impl DoorbellSlot {
         self.page
             .word(self.offset + 4 * (half & 1))
             .store(value, Ordering::Release);
-    }
-
-    /// Publishes a producer index: release store into the slot, then the
-    /// notification step of spec 18.6 on the page header's `flags`.
-    pub(crate) fn publish(&self, transport: &dyn Transport, half: usize, pi: u32) -> Result<bool> {
-        self.store(half, pi);
-        notify_step(transport, self.page.word(0))
     }
 }

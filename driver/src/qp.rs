@@ -24,13 +24,11 @@ use crate::wr::{encode_recv, encode_send_into, RecvWr, SendLimits, SendWr};
 const SQ_REGS: WqRegs = WqRegs {
     pi: off::QP_SQ_PI,
     ci: off::QP_SQ_CI,
-    flags: off::QP_FLAGS,
     slot_half: 0,
 };
 const RQ_REGS: WqRegs = WqRegs {
     pi: off::QP_RQ_PI,
     ci: off::QP_RQ_CI,
-    flags: off::QP_FLAGS,
     slot_half: 1,
 };
 
@@ -179,6 +177,7 @@ impl Qp {
         );
         let bytes = usize::try_from(layout.total)
             .map_err(|_| Error::InvalidArgument("QP buffer too large".into()))?;
+        let flags = inner.ctx_flags()?;
         let mem = QueueMem::alloc(t, bytes)?;
         let list = page_list::build(
             t,
@@ -238,6 +237,7 @@ impl Qp {
             rq,
             mem: ManuallyDrop::new({
                 mem.slot = slot.as_ref().ok().cloned().flatten();
+                mem.flags = Some(flags);
                 mem
             }),
             sq_prod: Mutex::new(Producer::default()),

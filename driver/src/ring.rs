@@ -8,7 +8,9 @@
 use std::sync::{Mutex, PoisonError};
 
 use crate::dma::{volatile_copy_to, DmaBuf};
-use crate::doorbell::{DoorbellRecord, DoorbellSlot};
+use virtio_rdma_abi::config::NOTIFYQ;
+
+use crate::doorbell::{notify_step, CtxFlags, DoorbellRecord, DoorbellSlot};
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 
@@ -111,6 +113,9 @@ pub(crate) struct QueueMem {
     /// The doorbell slot, when the device assigned one (shared-memory
     /// doorbell mode): the producer indices are stored there instead.
     pub slot: Option<DoorbellSlot>,
+    /// The context's device flags (work queues only: CQs need no
+    /// notification).
+    pub flags: Option<CtxFlags>,
     /// Pages the buffer description must name (`ceil(bytes / P)`).
     pub npages: usize,
 }
@@ -134,6 +139,7 @@ impl QueueMem {
             buf,
             db,
             slot: None,
+            flags: None,
             npages: bytes.div_ceil(page),
         })
     }
@@ -147,12 +153,17 @@ impl QueueMem {
         }
     }
 
-    /// Publishes a producer index with the kick protocol of its mode;
-    /// returns whether it notified.
+    /// Publishes a producer index: stores it, then the notification step
+    /// of spec 18.6 on the context's flags; returns whether it notified.
     pub(crate) fn publish(&self, transport: &dyn Transport, regs: WqRegs, pi: u32) -> Result<bool> {
-        match &self.slot {
-            Some(slot) => slot.publish(transport, regs.slot_half, pi),
-            None => self.db.publish(transport, regs.pi, regs.flags, pi),
+        self.store_pi(regs, pi);
+        match &self.flags {
+            Some(flags) => notify_step(transport, flags.word()),
+            // Not a work queue (never happens): notify to be safe.
+            None => {
+                transport.notify(NOTIFYQ)?;
+                Ok(true)
+            }
         }
     }
 
@@ -169,8 +180,6 @@ pub(crate) struct WqRegs {
     pub pi: usize,
     /// Consumer index (device).
     pub ci: usize,
-    /// Flags (device).
-    pub flags: usize,
     /// Word of the doorbell slot holding the producer index (0 or 1).
     pub slot_half: usize,
 }

@@ -22,7 +22,6 @@ use crate::wr::{encode_recv, RecvWr};
 const SRQ_REGS: WqRegs = WqRegs {
     pi: off::SRQ_PI,
     ci: off::SRQ_CI,
-    flags: off::SRQ_FLAGS,
     slot_half: 0,
 };
 
@@ -57,6 +56,7 @@ impl Srq {
             depth,
         };
         let t = &*inner.transport;
+        let flags = inner.ctx_flags()?;
         let mem = QueueMem::alloc(t, (depth as usize) << shift)?;
         let list = page_list::build(
             t,
@@ -86,6 +86,7 @@ impl Srq {
         let mut mem = mem;
         let slot = inner.doorbell_slot(r.db_slot);
         mem.slot = slot.as_ref().ok().cloned().flatten();
+        mem.flags = Some(flags);
         let srq = Srq {
             pd: pd.clone(),
             handle: r.srq_handle,

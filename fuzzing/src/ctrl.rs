@@ -36,6 +36,7 @@ use vhost_user_rdma::Limits;
 use vhost_user_rdma_tests::verbs::{rc_transitions, ud_transitions};
 use virtio_rdma_abi::config::ALL_DEVICE_FEATURES;
 use virtio_rdma_abi::ctrl::{Opcode, RequestHeader, ResponseHeader, Status};
+use virtio_rdma_abi::datapath::CtxDoorbell;
 use virtio_rdma_abi::mem::{
     indirect_list_pages, qp_buffer_layout, recv_wqe_shift, BufferDesc, PageListMode, CQE_SIZE,
     DB_RECORD_SIZE, LIST_PAGE_ENTRIES, LIST_PAGE_SIZE,
@@ -136,8 +137,8 @@ pub enum Op {
     QueryPort(u32),
     /// QUERY_GID.
     QueryGid(u32, u32),
-    /// CREATE_CTX.
-    CreateCtx,
+    /// CREATE_CTX, with its doorbell header.
+    CreateCtx(Addr),
     /// DESTROY_CTX.
     DestroyCtx(H),
     /// ALLOC_PD.
@@ -604,7 +605,13 @@ impl Vm {
                 }
                 .to_bytes(),
             ),
-            Op::CreateCtx => (Opcode::CREATE_CTX, Vec::new()),
+            Op::CreateCtx(db) => (
+                Opcode::CREATE_CTX,
+                CreateCtxReq {
+                    db_gpa: db.aligned(CtxDoorbell::SIZE as u64),
+                }
+                .to_bytes(),
+            ),
             Op::DestroyCtx(h) => (
                 Opcode::DESTROY_CTX,
                 CtxHandleReq {

@@ -242,7 +242,12 @@ struct Setup {
 }
 
 fn setup(vm: &mut Vm, input: &Input) -> Option<Setup> {
-    let ctx = CreateCtxResp::read(&create(vm, Opcode::CREATE_CTX, &[])?).ctx_handle;
+    // The context's doorbell header shares page 1 with the CQ's record.
+    let req = CreateCtxReq {
+        db_gpa: guest::page_gpa(1) + 2048,
+    }
+    .to_bytes();
+    let ctx = CreateCtxResp::read(&create(vm, Opcode::CREATE_CTX, &req)?).ctx_handle;
     let mut pds = [0u32; 2];
     for pd in &mut pds {
         let req = CtxHandleReq { ctx_handle: ctx }.to_bytes();

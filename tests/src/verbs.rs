@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use virtio_rdma_abi::ctrl::{Opcode, Status};
+use virtio_rdma_abi::datapath::CtxDoorbell;
 use virtio_rdma_abi::mem::{
     indirect_list_pages, qp_buffer_layout, recv_wqe_shift, BufferDesc, PageListMode, CQE_SIZE,
     DB_RECORD_SIZE, LIST_PAGE_ENTRIES, LIST_PAGE_SIZE,
@@ -252,12 +253,19 @@ impl<'a> Verbs<'a> {
         Ok(self.create_ctx_full()?.ctx_handle)
     }
 
-    /// CREATE_CTX, with the whole response (the doorbell page).
+    /// CREATE_CTX, with the whole response (the doorbell page); the
+    /// context's doorbell header is allocated in guest memory.
     pub fn create_ctx_full(&mut self) -> Result<CreateCtxResp> {
+        let header = CtxDoorbell::SIZE as u64;
+        let db_gpa = self.mem.alloc(header, header)?.0;
+        self.create_ctx_at(db_gpa)
+    }
+
+    /// CREATE_CTX with the doorbell header at `db_gpa` (any value: hostile
+    /// tests pass bad ones).
+    pub fn create_ctx_at(&mut self, db_gpa: u64) -> Result<CreateCtxResp> {
         self.ctrl
-            .call(Opcode::CREATE_CTX, &[], CreateCtxResp::SIZE)?
-            .ok()?
-            .parse()
+            .call_typed(Opcode::CREATE_CTX, &CreateCtxReq { db_gpa }, &[])
     }
 
     /// DESTROY_CTX.

@@ -872,6 +872,81 @@ fn scribbling_guest_does_not_hurt_others() {
     assert_eq!(q.state(), QpState::RESET);
 }
 
+/// A stream of work makes the engine set DB_FLAG_POLLING in the context's
+/// doorbell header (the driver then publishes without a fence and never
+/// notifies); when the stream stops it clears the flag, waits for the
+/// system-wide barrier and parks with DB_FLAG_KICK; work posted then still
+/// completes (spec 18.6). Where the host has no `membarrier`, the flag must
+/// never appear. In both doorbell modes (the header is in guest RAM or in
+/// the doorbell page).
+#[test]
+fn a_busy_engine_polls_without_fences_and_parks_after_the_barrier() {
+    let (_d, a, b) = two_vms();
+    let p = rc_pair(&a, &b);
+    let (ba, bb) = (Buf::new(&a, 4096), Buf::new(&b, 4096));
+    let supported = vhost_user_rdma::engine::barrier::SystemBarrier::get().is_some();
+    let sg = sges(&ba, 0, 64);
+    let mut seen = 0u32;
+    let start = Instant::now();
+    let mut n = 0u64;
+    // Busy for a while: well past the 1 ms after which the flag is set.
+    while start.elapsed() < Duration::from_millis(300) {
+        let w = wr(
+            n,
+            SendOp::RdmaWrite {
+                remote_addr: bb.addr(0),
+                rkey: bb.mr.rkey(),
+            },
+            &sg,
+        );
+        p.qa.post_send(&[w]).unwrap();
+        ok(&poll_one(&p.cqa), n, WcOpcode::RDMA_WRITE);
+        seen |= a.dev.doorbell_flags();
+        n += 1;
+    }
+    if supported {
+        assert_ne!(
+            seen & DB_FLAG_POLLING,
+            0,
+            "a busy engine never set DB_FLAG_POLLING"
+        );
+    } else {
+        assert_eq!(
+            seen & DB_FLAG_POLLING,
+            0,
+            "DB_FLAG_POLLING without a barrier"
+        );
+    }
+    // Idle: the flag goes, and the engine parks with DB_FLAG_KICK.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let flags = a.dev.doorbell_flags();
+        assert_ne!(flags, DB_FLAG_POLLING | DB_FLAG_KICK, "flags are exclusive");
+        if flags == DB_FLAG_KICK {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "engine never parked (flags {flags:#x})"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let data = pattern(100, n);
+    ba.write(0, &data);
+    let sg = sges(&ba, 0, data.len());
+    let w = wr(
+        n,
+        SendOp::RdmaWrite {
+            remote_addr: bb.addr(0),
+            rkey: bb.mr.rkey(),
+        },
+        &sg,
+    );
+    p.qa.post_send(&[w]).unwrap();
+    ok(&poll_one(&p.cqa), n, WcOpcode::RDMA_WRITE);
+    assert_eq!(bb.read(0, data.len()), data);
+}
+
 /// Creating a CQ, SRQ or QP writes the device half of its doorbell record
 /// (spec 18.4): whatever the driver left there, the command returns with
 /// consumer and producer indices, `armed_seq` and reserved fields 0 and
@@ -886,7 +961,19 @@ fn create_writes_the_device_half_of_doorbell_records() {
     let mut vmm = a.t.vmm();
     let mem = vmm.mem().clone();
     let mut v = Verbs::new(&mut vmm);
-    let ctx = v.create_ctx().unwrap();
+    // The context's doorbell header is the device's: CREATE_CTX writes all
+    // of it over whatever was there (spec 12.4, 18.4).
+    let header = mem.alloc(64, 64).unwrap();
+    mem.write(header, &[0xA5; 64]).unwrap();
+    let ctx = v.create_ctx_at(header.0).unwrap().ctx_handle;
+    let mut h = mem.read_vec(header, 64).unwrap();
+    let flags = u32::from_le_bytes(h[0..4].try_into().unwrap());
+    assert!(
+        flags == 0 || flags == DB_FLAG_KICK || flags == DB_FLAG_POLLING,
+        "context header: flags {flags:#x}"
+    );
+    h[0..4].fill(0);
+    assert_eq!(h, [0; 64], "context header");
     let pd = v.alloc_pd(ctx).unwrap();
     // The driver zeroes its half before the create command; the device
     // half holds leftovers.

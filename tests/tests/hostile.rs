@@ -808,6 +808,20 @@ fn doorbell_record_bad() {
                 |v| v.create_cq_raw(&cq, &tail),
             );
         }
+        // The context's doorbell header (spec 12.4): 64-byte aligned, in RAM.
+        for (what, db) in [
+            ("misaligned", 8),
+            ("in the hole", hole),
+            ("past the end of RAM", end),
+            ("overflowing", u64::MAX - 63),
+        ] {
+            w.expect(
+                &format!("CREATE_CTX, doorbell header {what}"),
+                Status::BAD_ADDRESS,
+                DETAIL_DB_RECORD,
+                |v| v.create_ctx_at(db),
+            );
+        }
         let b = w.base();
         let (mut qp, tail) = qp_req(w, &QpInit::rc(b.pd, b.cq));
         qp.db_gpa = hole + DB_RECORD_SIZE;
@@ -1665,7 +1679,7 @@ fn payload_too_long() {
         modify.extend_from_slice(&[0; 8]);
         let cases: [(Opcode, &[u8], usize, u32); 5] = [
             (Opcode::QUERY_DEVICE, &[0; 4], DeviceAttr::SIZE, 0),
-            (Opcode::CREATE_CTX, &[0; 8], CreateCtxResp::SIZE, 0),
+            (Opcode::CREATE_CTX, &[0; 12], CreateCtxResp::SIZE, 8),
             (Opcode::ALLOC_PD, &ctx, PdHandleResp::SIZE, 4),
             (Opcode::QUERY_QP, &qp, QueryQpResp::SIZE, 4),
             (Opcode::MODIFY_QP, &modify, 0, 104),
@@ -1697,9 +1711,11 @@ fn response_buffer_too_small() {
         let qp = qp.to_bytes();
         let (cq, cq_tail) = cq_req(w, 64);
         let cq = cq.to_bytes();
+        let header = w.a.mem().alloc(64, 64).unwrap().0;
+        let new_ctx = CreateCtxReq { db_gpa: header }.to_bytes();
         let cases: [(Opcode, Vec<&[u8]>, usize, usize); 7] = [
-            (Opcode::CREATE_CTX, vec![], 16 + 7, 24),
-            (Opcode::CREATE_CTX, vec![], 16, 24),
+            (Opcode::CREATE_CTX, vec![&new_ctx], 16 + 7, 24),
+            (Opcode::CREATE_CTX, vec![&new_ctx], 16, 24),
             (Opcode::ALLOC_PD, vec![&ctx], 16 + 3, 20),
             (Opcode::CREATE_CQ, vec![&cq, &cq_tail], 16, 20),
             (Opcode::REG_MR, vec![&mr, &mr_list], 16 + 11, 28),

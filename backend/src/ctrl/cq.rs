@@ -38,7 +38,7 @@ impl Ctrl {
                 rt: Default::default(),
             },
         )?;
-        init_device_half(mem, req.db_gpa, 0);
+        init_device_half(mem, req.db_gpa);
         Ok(CqHandleResp { cq_handle }.to_bytes())
     }
 

@@ -2,14 +2,19 @@
 
 use virtio_rdma_abi::config::{F_SHMEM_DOORBELL, F_UD};
 use virtio_rdma_abi::ctrl::{Opcode, Status};
-use virtio_rdma_abi::datapath::DB_NONE;
+use virtio_rdma_abi::datapath::{CtxDoorbell, DB_NONE};
 use virtio_rdma_abi::qp::AddressVector;
 use virtio_rdma_abi::verbs::*;
-use virtio_rdma_abi::Wire;
+use virtio_rdma_abi::{Field, Wire};
+use vm_memory::GuestMemoryBackend;
 
 use super::parse::{destroy_error, field, fixed};
-use super::{quota, CmdError, CmdResult, Ctrl, GID_TABLE_LEN};
+use super::queue_mem::init_ctx_header;
+use super::{quota, CmdError, CmdResult, Ctrl, DETAIL_DB_RECORD, GID_TABLE_LEN};
 use crate::resources::{Ah, Context, Pd};
+
+/// Bytes (and alignment) of a context's doorbell header.
+const CTX_DB_SIZE: u64 = CtxDoorbell::SIZE as u64;
 
 /// Largest service level.
 const MAX_SL: u8 = 15;
@@ -31,14 +36,25 @@ pub(super) fn check_av<T: Wire>(av: &AddressVector, prefix: &str) -> Result<(), 
 }
 
 impl Ctrl {
-    pub(super) fn create_ctx(&mut self, payload: &[u8]) -> CmdResult {
-        if !payload.is_empty() {
-            return Err(CmdError::new(Status::INVALID, 0));
+    pub(super) fn create_ctx<M: GuestMemoryBackend>(
+        &mut self,
+        mem: &M,
+        payload: &[u8],
+    ) -> CmdResult {
+        let req: CreateCtxReq = fixed(payload)?;
+        if req.db_gpa % CTX_DB_SIZE != 0 || !self.ram.contains(req.db_gpa, CTX_DB_SIZE) {
+            return Err(CmdError::new(Status::BAD_ADDRESS, DETAIL_DB_RECORD));
         }
         if self.res.ctxs.len() >= self.limits.max_ctx as usize {
             return Err(CmdError::new(Status::QUOTA, quota::CTX));
         }
-        let ctx_handle = self.insert_charged(|r| &mut r.ctxs, Context::default())?;
+        let ctx_handle = self.insert_charged(
+            |r| &mut r.ctxs,
+            Context {
+                db_page: None,
+                db_gpa: req.db_gpa,
+            },
+        )?;
         // Without a mapped doorbell region the context works in guest-RAM
         // mode (spec 18.7); that is not an error.
         let db_page = if self.has(F_SHMEM_DOORBELL) {
@@ -46,9 +62,12 @@ impl Ctrl {
         } else {
             None
         };
+        let flags = self.new_doorbell_flags();
         if let (Some(page), Some(pages)) = (db_page, self.res.doorbells.as_ref()) {
-            pages.set_page_flags(page, self.new_doorbell_flags());
+            pages.set_page_flags(page, flags);
         }
+        // Written either way (spec 12.4): the driver finds a defined header.
+        init_ctx_header(mem, req.db_gpa, if db_page.is_some() { 0 } else { flags });
         if let Some(ctx) = self.res.ctxs.get_mut(ctx_handle) {
             ctx.db_page = db_page;
         }

@@ -409,7 +409,7 @@ impl Ctrl {
             Opcode::QUERY_DEVICE => self.query_device(payload),
             Opcode::QUERY_PORT => self.query_port(payload),
             Opcode::QUERY_GID => self.query_gid(payload),
-            Opcode::CREATE_CTX => self.create_ctx(payload),
+            Opcode::CREATE_CTX => self.create_ctx(mem, payload),
             Opcode::DESTROY_CTX => self.destroy_ctx(payload),
             Opcode::ALLOC_PD => self.alloc_pd(payload),
             Opcode::DEALLOC_PD => self.dealloc_pd(payload),

@@ -167,7 +167,7 @@ impl Ctrl {
         if let Some(srq) = self.res.srqs.get_mut(req.srq_handle) {
             srq.users = srq.users.saturating_add(1);
         }
-        init_device_half(mem, req.db_gpa, self.new_doorbell_flags());
+        init_device_half(mem, req.db_gpa);
         Ok(CreateQpResp {
             qp_handle,
             qpn,

@@ -2,7 +2,7 @@
 
 use log::warn;
 use virtio_rdma_abi::ctrl::Status;
-use virtio_rdma_abi::datapath::DB_DEVICE_OFFSET;
+use virtio_rdma_abi::datapath::{CtxDoorbell, DB_DEVICE_OFFSET};
 use virtio_rdma_abi::mem::{BufferDesc, DB_RECORD_SIZE};
 use virtio_rdma_abi::Wire;
 use vm_memory::{GuestAddress, GuestMemoryBackend};
@@ -44,24 +44,31 @@ impl Ctrl {
 /// Initializes the device half of a new queue's doorbell record at `db_gpa`
 /// (validated by [`Ctrl::queue_memory`]): the driver may leave anything
 /// there, and the device writes consumer and producer indices 0,
-/// `armed_seq` 0, reserved fields 0 and `flags` 0 before the create command
-/// returns (spec 18.4). `flags` stays clear even while the engine is
-/// parked: the engine resumes polling after every control command (as for
-/// a new doorbell page, spec 18.6, 18.7). Called only once the create
-/// command cannot fail any more: a failed create writes nothing.
-pub(super) fn init_device_half<M: GuestMemoryBackend>(mem: &M, db_gpa: u64, flags: u32) {
-    // Bounded: constants, 64 - 32 bytes.
+/// `armed_seq` 0 and reserved fields 0 before the create command returns
+/// (spec 18.4). Called only once the create command cannot fail any more:
+/// a failed create writes nothing.
+pub(super) fn init_device_half<M: GuestMemoryBackend>(mem: &M, db_gpa: u64) {
+    // Bounded: constants, 128 - 64 bytes.
     #[allow(clippy::cast_possible_truncation)]
-    let mut half = [0u8; (DB_RECORD_SIZE - DB_DEVICE_OFFSET) as usize];
-    // `sq_ci`, `rq_ci` (or the SRQ's `ci`), then the device flags.
-    if let Some(f) = half.get_mut(8..12) {
-        f.copy_from_slice(&flags.to_le_bytes());
-    }
+    let half = [0u8; (DB_RECORD_SIZE - DB_DEVICE_OFFSET) as usize];
     // Volatile: the driver may be looking at the record already.
     let written = db_gpa
         .checked_add(DB_DEVICE_OFFSET)
         .is_some_and(|gpa| write_guest(mem, GuestAddress(gpa), &half).is_ok());
     if !written {
         warn!("doorbell record {db_gpa:#x}: cannot initialize the device half");
+    }
+}
+
+/// Writes a new context's doorbell header at `db_gpa` (validated by the
+/// caller): `flags`, reserved fields 0 (spec 18.4).
+pub(super) fn init_ctx_header<M: GuestMemoryBackend>(mem: &M, db_gpa: u64, flags: u32) {
+    let header = CtxDoorbell {
+        flags,
+        ..CtxDoorbell::default()
+    }
+    .to_bytes();
+    if write_guest(mem, GuestAddress(db_gpa), &header).is_err() {
+        warn!("context doorbell header {db_gpa:#x}: cannot initialize it");
     }
 }

@@ -69,7 +69,7 @@ impl Ctrl {
         if let Some(srq) = self.res.srqs.get_mut(srq_handle) {
             srq.db_slot = db_slot.clone();
         }
-        init_device_half(mem, req.db_gpa, self.new_doorbell_flags());
+        init_device_half(mem, req.db_gpa);
         Ok(CreateSrqResp {
             srq_handle,
             wqe_shift,

@@ -111,7 +111,6 @@ const REBUILD_SPACING: u32 = 9;
 /// anyway, and a saturated address is not RAM (the access fails).
 const SQ_CI: u64 = DB_DEVICE_OFFSET;
 const RQ_CI: u64 = DB_DEVICE_OFFSET + 4;
-const FLAGS: u64 = DB_DEVICE_OFFSET + 8;
 /// `remote_qkey` bit 31: the message carries the sending QP's own Q_Key
 /// instead (spec 18.8, 18.11.5).
 const QKEY_USE_OWN: u32 = 1 << 31;
@@ -843,24 +842,19 @@ enum Polling {
     Draining(u64),
 }
 
-/// Writes `v` into `flags` of every QP and SRQ doorbell record of a queue
-/// without a doorbell slot, and of every doorbell page header.
+/// Writes `v` into `flags` of the doorbell header of every context: in
+/// guest RAM, or its doorbell page's header (spec 18.4, 18.6).
 ///
-/// Returns false if a VM's lock was busy, so its records may keep the old
+/// Returns false if a VM's lock was busy, so its headers may keep the old
 /// value: the engine must not park then (it would sleep through that VM's
 /// posts), nor count on a cleared `DB_FLAG_POLLING`.
 fn set_flags(lists: &[DbList], v: u32) -> bool {
     let mut all = true;
     for list in lists {
         let ran = list.dev.try_with_dataplane(|ctrl, mem| {
-            for (_, qp) in ctrl.res.qps.iter() {
-                if qp.db_slot.is_none() {
-                    let _ = access::store_u32_release(mem, qp.db_gpa.saturating_add(FLAGS), v);
-                }
-            }
-            for (_, srq) in ctrl.res.srqs.iter() {
-                if srq.db_slot.is_none() {
-                    let _ = access::store_u32_release(mem, srq.db_gpa.saturating_add(FLAGS), v);
+            for (_, ctx) in ctrl.res.ctxs.iter() {
+                if ctx.db_page.is_none() {
+                    let _ = access::store_u32_release(mem, ctx.db_gpa, v);
                 }
             }
             if let Some(pages) = &ctrl.res.doorbells {

@@ -12,6 +12,9 @@ use crate::shmem::DbSlot;
 pub struct Context {
     /// Doorbell page (shared-memory doorbell mode), if it has one.
     pub db_page: Option<u32>,
+    /// Guest-physical address of its doorbell header in guest RAM (spec
+    /// 18.4), used while it has no doorbell page.
+    pub db_gpa: u64,
 }
 
 /// A protection domain.

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use virtio_rdma_abi::ctrl::{Opcode, Status};
-use virtio_rdma_abi::datapath::{CqDoorbell, QpDoorbell, SrqDoorbell};
+use virtio_rdma_abi::datapath::{CqDoorbell, CtxDoorbell, QpDoorbell, SrqDoorbell};
 use virtio_rdma_abi::mem::{access, BufferDesc, PageListMode};
 use virtio_rdma_abi::qp::{attr, QpAttr, QpState};
 use virtio_rdma_abi::verbs::*;
@@ -23,7 +23,6 @@ fn doorbell_offsets_match_the_abi() {
     assert_eq!(off::QP_RQ_PI, at(q, "rq_pi"));
     assert_eq!(off::QP_SQ_CI, at(q, "sq_ci"));
     assert_eq!(off::QP_RQ_CI, at(q, "rq_ci"));
-    assert_eq!(off::QP_FLAGS, at(q, "flags"));
     let c = CqDoorbell::LAYOUT;
     assert_eq!(off::CQ_CI, at(c, "ci"));
     assert_eq!(off::CQ_ARM, at(c, "arm"));
@@ -32,7 +31,8 @@ fn doorbell_offsets_match_the_abi() {
     let s = SrqDoorbell::LAYOUT;
     assert_eq!(off::SRQ_PI, at(s, "pi"));
     assert_eq!(off::SRQ_CI, at(s, "ci"));
-    assert_eq!(off::SRQ_FLAGS, at(s, "flags"));
+    // The device flags are per context (spec 18.4), at offset 0 of its header.
+    assert_eq!(at(CtxDoorbell::LAYOUT, "flags"), 0);
 }
 
 #[test]

@@ -43,6 +43,12 @@ fn small_cap() -> QpCap {
     }
 }
 
+/// The context's device flags, written as the device would.
+fn ctx_flags(dev: &Device, v: u32) {
+    let header = dev.inner.ctx_header.as_ref().unwrap();
+    header.atomic_u32(0).store(v, Ordering::Release);
+}
+
 /// The device half of a doorbell record, written as the device would.
 fn dev_store(db: &DoorbellRecord, offset: usize, v: u32) {
     db.buf().atomic_u32(offset).store(v, Ordering::Release);
@@ -173,7 +179,7 @@ fn kick_only_when_the_device_asks() {
     }];
     qp.post_send(&[SendWr::send(1, &sge)]).unwrap();
     assert_eq!(mock.notify_count(), 0);
-    dev_store(&qp.mem().db, off::QP_FLAGS, DB_FLAG_KICK);
+    ctx_flags(&dev, DB_FLAG_KICK);
     qp.post_send(&[SendWr::send(2, &sge)]).unwrap();
     qp.post_recv(&[RecvWr {
         wr_id: 3,
@@ -181,18 +187,18 @@ fn kick_only_when_the_device_asks() {
     }])
     .unwrap();
     assert_eq!(*mock.notifies.lock().unwrap(), [NOTIFYQ, NOTIFYQ]);
-    dev_store(&qp.mem().db, off::QP_FLAGS, 0);
+    ctx_flags(&dev, 0);
     qp.post_send(&[SendWr::send(4, &sge)]).unwrap();
     assert_eq!(mock.notify_count(), 2);
     // A batch is one producer update and at most one kick.
     dev_store(&qp.mem().db, off::QP_SQ_CI, 3);
-    dev_store(&qp.mem().db, off::QP_FLAGS, DB_FLAG_KICK);
+    ctx_flags(&dev, DB_FLAG_KICK);
     qp.post_send(&[SendWr::send(5, &sge), SendWr::send(6, &sge)])
         .unwrap();
     assert_eq!(mock.notify_count(), 3);
     assert_eq!(qp.mem().db.load(off::QP_SQ_PI), 5);
     // A polling engine needs no notification (and the driver no fence).
-    dev_store(&qp.mem().db, off::QP_FLAGS, DB_FLAG_POLLING);
+    ctx_flags(&dev, DB_FLAG_POLLING);
     qp.post_send(&[SendWr::send(7, &sge)]).unwrap();
     assert_eq!(mock.notify_count(), 3);
     assert_eq!(qp.mem().db.load(off::QP_SQ_PI), 6);
