@@ -102,6 +102,11 @@ wire_struct! {
     }
 }
 
+/// The number of the device's only port: the value of every `port` field,
+/// and the `handle` of the port events `PORT_ACTIVE`, `PORT_ERROR` and
+/// `GID_CHANGE` (spec 14.2), as Linux's `ib_event.element.port_num` needs.
+pub const PORT_NUM: u32 = 1;
+
 /// Port state value: down.
 pub const PORT_STATE_DOWN: u32 = 1;
 /// Port state value: active.

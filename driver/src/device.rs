@@ -22,7 +22,7 @@ use crate::event::EventDemux;
 use crate::transport::{Transport, TransportError};
 
 /// The device's only port.
-pub const PORT: u32 = 1;
+pub const PORT: u32 = virtio_rdma_abi::verbs::PORT_NUM;
 
 /// Options of [`Device::open_with`].
 #[derive(Debug, Clone, Copy)]

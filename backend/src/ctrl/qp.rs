@@ -190,7 +190,7 @@ impl Ctrl {
         if has(PKEY_INDEX) && a.pkey_index != 0 {
             return Err(bad(Status::RANGE, "pkey_index"));
         }
-        if has(PORT) && a.port != 1 {
+        if has(PORT) && a.port != PORT_NUM {
             return Err(bad(Status::RANGE, "port"));
         }
         if has(AV) {

@@ -63,7 +63,7 @@ impl Ctrl {
 
     pub(super) fn query_port(&mut self, payload: &[u8]) -> CmdResult {
         let req: QueryPortReq = fixed(payload)?;
-        if req.port != 1 {
+        if req.port != PORT_NUM {
             return Err(field::<QueryPortReq>(Status::RANGE, "port"));
         }
         let caps = self.rnic.caps();
@@ -82,7 +82,7 @@ impl Ctrl {
 
     pub(super) fn query_gid(&mut self, payload: &[u8]) -> CmdResult {
         let req: QueryGidReq = fixed(payload)?;
-        if req.port != 1 {
+        if req.port != PORT_NUM {
             return Err(field::<QueryGidReq>(Status::RANGE, "port"));
         }
         if req.index >= GID_TABLE_LEN {
