@@ -37,6 +37,9 @@ fn config_and_queries() {
     assert_eq!(dev.max_qp, cfg.max_qp);
     assert_eq!(dev.max_mr_bytes, cfg.max_mr_bytes);
     assert_eq!(dev.phys_port_cnt, 1);
+    // Spec 5: 4 KiB pages are always accepted.
+    assert_ne!(cfg.page_size_cap & 1 << 12, 0);
+    assert_eq!(dev.page_size_cap, cfg.page_size_cap);
     assert_eq!(dev.atomic_caps, 1);
     assert_ne!(dev.node_guid, 0);
     assert!(dev.max_mr_pages >= (16u64 << 30 >> 12) as u32);
