@@ -771,7 +771,10 @@ mod tests {
         };
         assert!(matches!(
             l.validate(),
-            Err(ConfigError::LimitOutOfRange { value: 0x20_0000, .. })
+            Err(ConfigError::LimitOutOfRange {
+                value: 0x20_0000,
+                ..
+            })
         ));
         let mut c = DaemonConfig::new(vec!["/a".into()]);
         c.device_features |= 1 << 4;

@@ -184,8 +184,11 @@ impl Ctrl {
         let bad = |status: Status, name: &str| field::<M>(status, &format!("attr.{name}"));
         let has = |bit: u32| mask & bit != 0;
         if has(ACCESS) {
-            let remote = access::REMOTE_READ | access::REMOTE_WRITE | access::REMOTE_ATOMIC;
-            check_access::<M>(a.access, remote, self.has(F_ATOMIC), "attr.access")?;
+            // LOCAL_WRITE is accepted (verbs software passes it, perftest
+            // among them) and means nothing for a QP: local writes are
+            // governed by the MRs. It is stored and reported back by
+            // QUERY_QP like the rest (spec 10.5).
+            check_access::<M>(a.access, access::ALL, self.has(F_ATOMIC), "attr.access")?;
         }
         if has(PKEY_INDEX) && a.pkey_index != 0 {
             return Err(bad(Status::RANGE, "pkey_index"));
