@@ -1370,20 +1370,28 @@ fn create_qp_values_out_of_domain() {
     });
 }
 
-/// Regression: the daemon accepted `max_send_sge` 0.
-/// Spec 12.12: INVALID, detail 32.
+/// Spec 12.12: `max_send_sge` 0 is accepted (a QP that posts only inline
+/// or zero-length work requests, ABI version 2); the send stride is the one
+/// of section 11.3 for 0 SGEs, and QUERY_QP reports the 0.
 #[test]
 fn create_qp_max_send_sge_zero() {
     hostile(|w| {
         let b = w.base();
-        let init = QpInit {
-            max_send_sge: 0,
-            ..QpInit::rc(b.pd, b.cq)
-        };
-        let (req, tail) = qp_req(w, &init);
-        w.expect("CREATE_QP, max_send_sge 0", Status::INVALID, 32, |v| {
-            v.create_qp_raw(&req, &tail)
-        });
+        for (inline, shift) in [(0, 6), (64, 7)] {
+            let init = QpInit {
+                max_send_sge: 0,
+                max_inline_data: inline,
+                ..QpInit::rc(b.pd, b.cq)
+            };
+            let (req, tail) = qp_req(w, &init);
+            let r = w.ok("CREATE_QP, max_send_sge 0", |v| {
+                v.create_qp_raw(&req, &tail)
+            });
+            assert_eq!(r.sq_wqe_shift, shift, "max_inline_data {inline}");
+            let q = w.ok("QUERY_QP", |v| v.query_qp(r.qp_handle));
+            assert_eq!(q.max_send_sge, 0);
+            w.ok("DESTROY_QP", |v| v.destroy_qp(r.qp_handle));
+        }
     });
 }
 

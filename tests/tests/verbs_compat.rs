@@ -10,7 +10,7 @@ use vhost_user_rdma_tests::harness::TestDaemon;
 use vhost_user_rdma_tests::vmm::VmmOptions;
 use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
 use virtio_rdma_abi::mem::access;
-use virtio_rdma_driver::{Cq, SendOp};
+use virtio_rdma_driver::{Cq, Payload, Qp, QpCap, QpInit, RecvWr, SendOp, SendWr};
 
 fn two_vms() -> (TestDaemon, Vm, Vm) {
     let d = TestDaemon::start(2).unwrap();
@@ -57,4 +57,92 @@ fn qp_access_accepts_local_write() {
     assert_eq!(wc.wr_id, 2);
     assert_eq!(wc.status(), Some(WcStatus::REM_ACCESS_ERR), "{wc:?}");
     assert_eq!(ba.read(2048, 16), vec![0; 16], "the refused WRITE landed");
+}
+
+/// Spec 12.12: a QP created with `max_send_sge` 0 posts inline and
+/// zero-length work requests (SEND, SEND_WITH_IMM, RDMA WRITE), which
+/// arrive; its send stride holds the inline data. A work request with an
+/// SGE does not fit it.
+#[test]
+fn qp_without_send_sges_posts_inline_and_empty_sends() {
+    let (_d, a, b) = two_vms();
+    let cqa = Cq::create(&a.dev, 64).unwrap();
+    let cqb = Cq::create(&b.dev, 64).unwrap();
+    for inline in [0u32, 64] {
+        let mut init = QpInit::rc(&cqa);
+        init.cap = QpCap {
+            max_send_sge: 0,
+            max_inline_data: inline,
+            ..cap()
+        };
+        let qa = Qp::create(&a.pd, &init).unwrap();
+        assert_eq!(qa.cap().max_send_sge, 0);
+        assert_eq!(qa.query().unwrap().max_send_sge, 0);
+        let qb = rc_qp(&b, &cqb);
+        connect(&a, &qa, &b, &qb);
+        let bb = Buf::new(&b, 4096);
+        bb.write(0, &[0xEE; 4096]);
+        let data = pattern(inline as usize, u64::from(inline));
+        let mut wrs = vec![
+            wr(1, SendOp::Send, &[]),
+            wr(2, SendOp::SendWithImm { imm: 0x1234 }, &[]),
+        ];
+        if inline > 0 {
+            wrs.push(SendWr {
+                payload: Payload::Inline(&data),
+                ..wr(3, SendOp::Send, &[])
+            });
+            wrs.push(SendWr {
+                payload: Payload::Inline(&data),
+                ..wr(
+                    4,
+                    SendOp::RdmaWrite {
+                        remote_addr: bb.addr(2048),
+                        rkey: bb.mr.rkey(),
+                    },
+                    &[],
+                )
+            });
+        }
+        let recvs = wrs.iter().filter(|w| w.wr_id != 4).count();
+        for i in 0..recvs {
+            qb.post_recv(&[RecvWr {
+                wr_id: 100 + i as u64,
+                sg_list: &[bb.sge(i * 128, 128)],
+            }])
+            .unwrap();
+        }
+        qa.post_send(&wrs).unwrap();
+        for (w, wc) in wrs.iter().zip(poll_n(&cqa, wrs.len())) {
+            let op = if w.wr_id == 4 {
+                WcOpcode::RDMA_WRITE
+            } else {
+                WcOpcode::SEND
+            };
+            ok(&wc, w.wr_id, op);
+        }
+        let got = poll_n(&cqb, recvs);
+        ok(&got[0], 100, WcOpcode::RECV);
+        assert_eq!(got[0].byte_len, 0);
+        ok(&got[1], 101, WcOpcode::RECV);
+        assert_eq!((got[1].byte_len, got[1].imm()), (0, Some(0x1234)));
+        assert_eq!(bb.read(0, 256), vec![0xEE; 256], "empty sends wrote");
+        if inline > 0 {
+            ok(&got[2], 102, WcOpcode::RECV);
+            assert_eq!(got[2].byte_len, inline);
+            assert_eq!(bb.read(256, data.len()), data, "inline SEND");
+            assert_eq!(bb.read(2048, data.len()), data, "inline WRITE");
+        }
+        // One SGE is more than the QP takes: the driver refuses it.
+        let sg = [bb.sge(0, 8)];
+        assert!(qa.post_send(&[wr(5, SendOp::Send, &sg)]).is_err());
+        assert_quiet(&cqa);
+    }
+}
+
+/// No completion arrives on `cq` for a moment.
+fn assert_quiet(cq: &Cq) {
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let mut wc = [virtio_rdma_driver::WorkCompletion::default(); 4];
+    assert_eq!(cq.poll(&mut wc), 0, "{:?}", &wc[..1]);
 }

@@ -83,9 +83,9 @@ impl Ctrl {
         } else {
             depth::<R>(req.rq_depth, l.max_qp_wr, "rq_depth")?;
         }
-        if req.max_send_sge == 0 {
-            return Err(field::<R>(Status::INVALID, "max_send_sge"));
-        }
+        // max_send_sge 0 is allowed: a QP that posts only inline or
+        // zero-SGE WQEs (spec 12.12); its stride holds the header and the
+        // inline slots (11.3).
         if req.max_recv_sge == 0 && req.srq_handle == 0 {
             return Err(field::<R>(Status::INVALID, "max_recv_sge"));
         }
