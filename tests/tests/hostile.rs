@@ -1712,7 +1712,12 @@ fn response_buffer_too_small() {
             (Opcode::CREATE_CQ, vec![&cq, &cq_tail], 16, 20),
             (Opcode::REG_MR, vec![&mr, &mr_list], 16 + 11, 28),
             (Opcode::CREATE_QP, vec![&qp, &qp_tail], 16 + 23, 40),
-            (Opcode::QUERY_DEVICE, vec![], 16 + 135, 152),
+            (
+                Opcode::QUERY_DEVICE,
+                vec![],
+                16 + DeviceAttr::SIZE - 1,
+                16 + DeviceAttr::SIZE,
+            ),
         ];
         for (op, parts, writable, need) in cases {
             let spec = RequestSpec {

@@ -5,11 +5,18 @@
 //! GRH) and arguments it passes (`LOCAL_WRITE` in a QP's access, QPs
 //! without send SGEs).
 
+use std::sync::Arc;
+
+use vhost_user_rdma::rnic::soft::SoftRnic;
+use vhost_user_rdma::rnic::{Rnic, RnicCaps, RnicError};
 use vhost_user_rdma_tests::dp::*;
 use vhost_user_rdma_tests::harness::TestDaemon;
 use vhost_user_rdma_tests::vmm::VmmOptions;
 use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
 use virtio_rdma_abi::mem::access;
+use virtio_rdma_abi::verbs::{
+    PHYS_STATE_LINK_UP, PORT_STATE_ACTIVE, SPEED_EDR, WIDTH_1X, WIDTH_4X,
+};
 use virtio_rdma_driver::{Cq, Payload, Qp, QpCap, QpInit, RecvWr, SendOp, SendWr};
 
 fn two_vms() -> (TestDaemon, Vm, Vm) {
@@ -145,4 +152,73 @@ fn assert_quiet(cq: &Cq) {
     std::thread::sleep(std::time::Duration::from_millis(50));
     let mut wc = [virtio_rdma_driver::WorkCompletion::default(); 4];
     assert_eq!(cq.poll(&mut wc), 0, "{:?}", &wc[..1]);
+}
+
+/// Spec 12.1, 12.2: QUERY_PORT reports the physical state, speed and width
+/// that verbs attributes need (the soft engine's 100 Gbit/s link is 4X EDR)
+/// and QUERY_DEVICE the ack delay; the reference driver reads them at open.
+#[test]
+fn port_and_device_attributes_for_verbs() {
+    let d = TestDaemon::start(1).unwrap();
+    let a = Vm::open(&d, 0, VmmOptions::default());
+    let port = *a.dev.port_attr();
+    assert_eq!(port.state, PORT_STATE_ACTIVE);
+    assert_eq!(port.phys_state, PHYS_STATE_LINK_UP);
+    assert_eq!(port.link_rate_mbps, 100_000);
+    assert_eq!(
+        (port.active_speed, port.active_width),
+        (SPEED_EDR, WIDTH_4X)
+    );
+    assert_eq!(a.dev.query_port().unwrap(), port);
+    let dev = a.dev.attr();
+    assert_eq!(dev.local_ca_ack_delay, 15);
+    assert_eq!(dev.reserved, 0);
+}
+
+/// The software engine with another link rate and an out-of-range ack
+/// delay: the port's speed and width follow the rate (spec 12.2's table),
+/// and the ack delay is reported within its 5 bits.
+struct OtherLink(SoftRnic);
+
+impl Rnic for OtherLink {
+    fn name(&self) -> &'static str {
+        "other-link"
+    }
+    fn caps(&self) -> RnicCaps {
+        RnicCaps {
+            link_rate_mbps: 25_000,
+            local_ca_ack_delay: 40,
+            ..self.0.caps()
+        }
+    }
+    fn alloc_qpn(&self) -> Result<u32, RnicError> {
+        self.0.alloc_qpn()
+    }
+    fn bind_qpn(&self, qpn: u32, vm: usize, handle: u32) {
+        self.0.bind_qpn(qpn, vm, handle)
+    }
+    fn lookup_qpn(&self, qpn: u32) -> Option<(usize, u32)> {
+        self.0.lookup_qpn(qpn)
+    }
+    fn free_qpn(&self, qpn: u32) {
+        self.0.free_qpn(qpn)
+    }
+    fn qpns_in_use(&self) -> usize {
+        self.0.qpns_in_use()
+    }
+}
+
+#[test]
+fn port_speed_and_ack_delay_follow_the_engine() {
+    let rnic = Arc::new(OtherLink(SoftRnic::new().unwrap()));
+    let d = TestDaemon::with_rnic(1, rnic).unwrap();
+    let a = Vm::open(&d, 0, VmmOptions::default());
+    let port = a.dev.port_attr();
+    assert_eq!(port.link_rate_mbps, 25_000);
+    assert_eq!(
+        (port.active_speed, port.active_width),
+        (SPEED_EDR, WIDTH_1X)
+    );
+    assert_eq!(port.phys_state, PHYS_STATE_LINK_UP);
+    assert_eq!(a.dev.attr().local_ca_ack_delay, 31);
 }
