@@ -9,10 +9,13 @@ use std::sync::Arc;
 
 use vhost_user_rdma::rnic::soft::SoftRnic;
 use vhost_user_rdma::rnic::{Rnic, RnicCaps, RnicError};
+use vhost_user_rdma::Limits;
 use vhost_user_rdma_tests::dp::*;
 use vhost_user_rdma_tests::harness::TestDaemon;
+use vhost_user_rdma_tests::verbs::{status_of, Verbs};
 use vhost_user_rdma_tests::vmm::VmmOptions;
-use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
+use virtio_rdma_abi::ctrl::Status;
+use virtio_rdma_abi::datapath::{WcOpcode, WcStatus, DB_PAGE_SIZE};
 use virtio_rdma_abi::mem::access;
 use virtio_rdma_abi::verbs::{
     PHYS_STATE_LINK_UP, PORT_STATE_ACTIVE, SPEED_EDR, WIDTH_1X, WIDTH_4X,
@@ -221,4 +224,68 @@ fn port_speed_and_ack_delay_follow_the_engine() {
     );
     assert_eq!(port.phys_state, PHYS_STATE_LINK_UP);
     assert_eq!(a.dev.attr().local_ca_ack_delay, 31);
+}
+
+/// Spec 12.4, 18.7: in the shared-memory doorbell mode every context gets a
+/// doorbell page below `max_ctx`, distinct from the other live ones, up to
+/// `max_ctx` contexts; pages the power-of-two region adds past `max_ctx`
+/// are never handed out, after frees, a reset or a reconnect either.
+#[test]
+fn doorbell_pages_are_below_max_ctx() {
+    // 5 contexts: the region is 8 pages long (a power of two).
+    const MAX_CTX: u32 = 5;
+    let d = TestDaemon::with_limits(
+        1,
+        Limits {
+            max_ctx: MAX_CTX,
+            ..Limits::default()
+        },
+    )
+    .unwrap();
+    let shmem = VmmOptions {
+        shmem: true,
+        ..VmmOptions::default()
+    };
+    let fill = |v: &mut Verbs<'_>, when: &str| -> Vec<(u32, u32)> {
+        let ctxs: Vec<(u32, u32)> = (0..MAX_CTX)
+            .map(|_| {
+                let c = v.create_ctx_full().unwrap();
+                (c.ctx_handle, c.doorbell_page)
+            })
+            .collect();
+        let mut pages: Vec<u32> = ctxs.iter().map(|c| c.1).collect();
+        assert!(
+            pages.iter().all(|&p| p < MAX_CTX),
+            "{when}: pages {pages:?}, max_ctx {MAX_CTX}"
+        );
+        pages.sort_unstable();
+        pages.dedup();
+        assert_eq!(pages.len(), MAX_CTX as usize, "{when}: pages not distinct");
+        assert_eq!(
+            status_of(&v.create_ctx_full()),
+            Some((Status::QUOTA, 1)),
+            "{when}: context max_ctx + 1"
+        );
+        ctxs
+    };
+    for round in ["first connection", "reconnect"] {
+        let mut vmm = d.connect_with(0, shmem.clone()).unwrap();
+        let w = vmm.shmem_window().cloned().unwrap();
+        assert!(w.len() as u64 > u64::from(MAX_CTX) * DB_PAGE_SIZE);
+        let mut v = Verbs::new(&mut vmm);
+        let ctxs = fill(&mut v, round);
+        // Free every other context and fill up again.
+        for c in ctxs.iter().step_by(2) {
+            v.destroy_ctx(c.0).unwrap();
+        }
+        for _ in ctxs.iter().step_by(2) {
+            let c = v.create_ctx_full().unwrap();
+            assert!(c.doorbell_page < MAX_CTX, "{round}, refill: {c:?}");
+        }
+        vmm.reset().unwrap();
+        let mut v = Verbs::new(&mut vmm);
+        fill(&mut v, &format!("{round}, after a reset"));
+        drop(vmm);
+        d.wait_released(0);
+    }
 }
