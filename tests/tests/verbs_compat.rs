@@ -15,12 +15,13 @@ use vhost_user_rdma_tests::harness::TestDaemon;
 use vhost_user_rdma_tests::verbs::{status_of, Verbs};
 use vhost_user_rdma_tests::vmm::VmmOptions;
 use virtio_rdma_abi::ctrl::Status;
-use virtio_rdma_abi::datapath::{WcOpcode, WcStatus, DB_PAGE_SIZE};
+use virtio_rdma_abi::datapath::{UdGrh, WcOpcode, WcStatus, DB_PAGE_SIZE, UD_GRH_SIZE};
 use virtio_rdma_abi::mem::access;
+use virtio_rdma_abi::qp::AddressVector;
 use virtio_rdma_abi::verbs::{
     PHYS_STATE_LINK_UP, PORT_STATE_ACTIVE, SPEED_EDR, WIDTH_1X, WIDTH_4X,
 };
-use virtio_rdma_driver::{Cq, Payload, Qp, QpCap, QpInit, RecvWr, SendOp, SendWr};
+use virtio_rdma_driver::{Ah, Cq, Payload, Qp, QpCap, QpInit, RecvWr, SendOp, SendWr, UdDest};
 
 fn two_vms() -> (TestDaemon, Vm, Vm) {
     let d = TestDaemon::start(2).unwrap();
@@ -288,4 +289,158 @@ fn doorbell_pages_are_below_max_ctx() {
         drop(vmm);
         d.wait_released(0);
     }
+}
+
+/// Spec 18.13: the GRH in front of a UD message is the IPv6 header RoCEv2
+/// would have had (version 6, the AH's traffic class, flow label and hop
+/// limit, the payload length, next header UDP, the GIDs), so that what
+/// `ibv_create_ah_from_wc()` does — an AH towards the GRH's source, from the
+/// GID table entry of its destination — answers the sender.
+#[test]
+fn ud_grh_is_an_ipv6_header() {
+    const QKEY: u32 = 0x1111_2222;
+    let (_d, a, b) = two_vms();
+    let (cqa, cqb) = (
+        Cq::create(&a.dev, 64).unwrap(),
+        Cq::create(&b.dev, 64).unwrap(),
+    );
+    let ud_qp = |vm: &Vm, cq: &Arc<Cq>| {
+        let mut init = QpInit::ud(cq);
+        init.cap = cap();
+        let q = Qp::create(&vm.pd, &init).unwrap();
+        q.ud_activate(QKEY, 0).unwrap();
+        q
+    };
+    let (qa, qb) = (ud_qp(&a, &cqa), ud_qp(&b, &cqb));
+    let (ba, bb) = (Buf::new(&a, 8192), Buf::new(&b, 8192));
+    let cases = [
+        // traffic class, flow label, hop limit, length, immediate
+        (0xa5u8, 0x1_2345u32, 7u8, 13usize, Some(0x55u32)),
+        (0, 0, 64, 100, None),
+        (0xff, 0xf_ffff, 255, 4096, None),
+    ];
+    for (i, &(tc, flow, hops, len, imm)) in cases.iter().enumerate() {
+        let ah = Ah::create(
+            &a.pd,
+            &AddressVector {
+                dgid: b.dev.gid(),
+                flow_label: flow,
+                hop_limit: hops,
+                traffic_class: tc,
+                ..AddressVector::default()
+            },
+        )
+        .unwrap();
+        bb.write(0, &[0xEE; 8192]);
+        // The GRH's first eight bytes straddle two SGEs.
+        qb.post_recv(&[RecvWr {
+            wr_id: i as u64,
+            sg_list: &[bb.sge(0, 3), bb.sge(3, 8189)],
+        }])
+        .unwrap();
+        let data = pattern(len, i as u64);
+        ba.write(0, &data);
+        let sg = [ba.sge(0, len)];
+        let op = match imm {
+            Some(imm) => SendOp::SendWithImm { imm },
+            None => SendOp::Send,
+        };
+        let mut w = wr(10 + i as u64, op, &sg);
+        w.ud = Some(UdDest {
+            ah: &ah,
+            remote_qpn: qb.qpn(),
+            remote_qkey: QKEY,
+        });
+        qa.post_send(&[w]).unwrap();
+        ok(&poll_one(&cqa), 10 + i as u64, WcOpcode::SEND);
+        let r = poll_one(&cqb);
+        ok(&r, i as u64, WcOpcode::RECV);
+        assert!(r.has_grh());
+        assert_eq!(r.byte_len as usize, UD_GRH_SIZE as usize + len);
+        let raw: [u8; UD_GRH_SIZE as usize] = bb.read(0, 40).try_into().unwrap();
+        // What libibverbs looks at first: the version nibble and next header.
+        assert_eq!(raw[0] >> 4, 6, "case {i}: {raw:02x?}");
+        assert_eq!(raw[6], 17, "case {i}: {raw:02x?}");
+        assert_eq!(guessed_ip_version(&raw), Some(6), "case {i}: {raw:02x?}");
+        let grh = UdGrh::parse(&raw).unwrap();
+        let padded = len.next_multiple_of(4) as u16;
+        let want = UdGrh {
+            traffic_class: tc,
+            flow_label: flow,
+            payload_length: 28 + if imm.is_some() { 4 } else { 0 } + padded + 4,
+            hop_limit: hops,
+            sgid: a.dev.gid(),
+            dgid: b.dev.gid(),
+        };
+        assert_eq!(grh, want, "case {i}");
+        assert_eq!(bb.read(40, len), data);
+
+        // The reply, as ibv_create_ah_from_wc() builds it: towards the
+        // GRH's source GID, from B's GID table entry equal to its
+        // destination GID, with its hop limit and traffic class.
+        let sgid_index = (0..b.dev.port_attr().gid_tbl_len)
+            .find(|&k| b.dev.query_gid(k).unwrap() == grh.dgid)
+            .expect("the GRH's destination GID is in the receiver's table");
+        let back = Ah::create(
+            &b.pd,
+            &AddressVector {
+                dgid: grh.sgid,
+                flow_label: grh.flow_label,
+                sgid_index: u8::try_from(sgid_index).unwrap(),
+                hop_limit: grh.hop_limit,
+                traffic_class: grh.traffic_class,
+                sl: 0,
+            },
+        )
+        .unwrap();
+        qa.post_recv(&[RecvWr {
+            wr_id: 100 + i as u64,
+            sg_list: &[ba.sge(4096, 4096)],
+        }])
+        .unwrap();
+        let sg = [bb.sge(40, 8)];
+        let mut w = wr(200 + i as u64, SendOp::Send, &sg);
+        w.ud = Some(UdDest {
+            ah: &back,
+            remote_qpn: r.src_qpn,
+            remote_qkey: QKEY,
+        });
+        qb.post_send(&[w]).unwrap();
+        ok(&poll_one(&cqb), 200 + i as u64, WcOpcode::SEND);
+        let r = poll_one(&cqa);
+        ok(&r, 100 + i as u64, WcOpcode::RECV);
+        assert_eq!(r.src_qpn, qb.qpn());
+        let raw: [u8; UD_GRH_SIZE as usize] = ba.read(4096, 40).try_into().unwrap();
+        let grh = UdGrh::parse(&raw).unwrap();
+        assert_eq!((grh.sgid, grh.dgid), (b.dev.gid(), a.dev.gid()));
+        assert_eq!((grh.traffic_class, grh.hop_limit), (tc, hops));
+        assert_eq!(ba.read(4096 + 40, 8), data[..8].to_vec());
+    }
+}
+
+/// How libibverbs (rdma-core's `ibv_init_ah_from_wc()`) decides which IP
+/// header a GRH holds: without the IPv6 version nibble, an IPv4 header at
+/// bytes 20..40 if its version nibble is 4; with it, still IPv4 if bytes
+/// 20..40 have an IPv4 header length of 5 and a valid IPv4 checksum, else
+/// IPv6. `None`: neither (the call fails).
+fn guessed_ip_version(grh: &[u8; 40]) -> Option<u8> {
+    let v4 = &grh[20..];
+    if grh[0] >> 4 != 6 {
+        return (v4[0] >> 4 == 4).then_some(4);
+    }
+    if v4[0] & 0x0f != 5 {
+        return Some(6);
+    }
+    // One's complement sum of the ten 16-bit words, checksum included: a
+    // valid header sums to 0xffff.
+    let sum: u32 = v4
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum();
+    let folded = (sum & 0xffff) + (sum >> 16);
+    Some(if (folded & 0xffff) + (folded >> 16) == 0xffff {
+        4
+    } else {
+        6
+    })
 }
