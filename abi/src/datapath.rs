@@ -416,6 +416,94 @@ pub const CQE_SOLICITED: u8 = 1 << 2;
 /// receive buffer (as with InfiniBand verbs).
 pub const UD_GRH_SIZE: u32 = 40;
 
+/// IP version in the first nibble of the UD GRH (an IPv6 header).
+pub const GRH_IP_VERSION: u8 = 6;
+/// `next header` of the UD GRH: UDP (17), as in RoCEv2.
+pub const GRH_NEXT_HEADER_UDP: u8 = 17;
+/// RoCEv2 bytes between the IPv6 header and a UD SEND's payload: the UDP
+/// header (8), the BTH (12) and the DETH (8).
+pub const GRH_UD_HEADERS: u32 = 28;
+/// RoCEv2 bytes of an immediate (ImmDt header of SEND_WITH_IMM).
+pub const GRH_IMM_BYTES: u32 = 4;
+/// RoCEv2 bytes after the payload: the invariant CRC.
+pub const GRH_ICRC_BYTES: u32 = 4;
+
+/// The `payload length` field of the GRH of a UD message of `msg_len`
+/// bytes (spec 18.13): what the IPv6 header of the RoCEv2 packet carrying
+/// it would say, that is UDP, BTH and DETH headers, the immediate if any,
+/// the payload padded to a multiple of 4, and the ICRC. A UD message is at
+/// most the MTU (4096), so this fits; larger inputs saturate.
+pub fn ud_grh_payload_length(msg_len: u64, with_imm: bool) -> u16 {
+    let imm = if with_imm { GRH_IMM_BYTES } else { 0 };
+    let padded = msg_len.checked_next_multiple_of(4).unwrap_or(u64::MAX);
+    let total = padded
+        .saturating_add(u64::from(GRH_UD_HEADERS))
+        .saturating_add(u64::from(imm))
+        .saturating_add(u64::from(GRH_ICRC_BYTES));
+    u16::try_from(total).unwrap_or(u16::MAX)
+}
+
+/// The global route header the device writes at the start of a UD receive
+/// buffer: an IPv6 header (spec 18.13), in network byte order on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct UdGrh {
+    /// IPv6 traffic class: the sender's address handle's `traffic_class`.
+    pub traffic_class: u8,
+    /// IPv6 flow label (20 bits): the address handle's `flow_label`.
+    pub flow_label: u32,
+    /// IPv6 payload length ([`ud_grh_payload_length`]).
+    pub payload_length: u16,
+    /// IPv6 hop limit: the address handle's `hop_limit`.
+    pub hop_limit: u8,
+    /// Source GID: the sender's.
+    pub sgid: [u8; 16],
+    /// Destination GID: the receiver's.
+    pub dgid: [u8; 16],
+}
+
+impl UdGrh {
+    /// The 40 bytes: version 6, traffic class, flow label (bits above 20
+    /// dropped), payload length, next header 17, hop limit, source and
+    /// destination GIDs.
+    pub fn to_bytes(&self) -> [u8; UD_GRH_SIZE as usize] {
+        let word = (u32::from(GRH_IP_VERSION) << 28)
+            | (u32::from(self.traffic_class) << 20)
+            | (self.flow_label & 0x000f_ffff);
+        let len = self.payload_length.to_be_bytes();
+        let mut out = [0u8; UD_GRH_SIZE as usize];
+        let head = word.to_be_bytes().into_iter().chain([
+            len[0],
+            len[1],
+            GRH_NEXT_HEADER_UDP,
+            self.hop_limit,
+        ]);
+        let gids = self.sgid.into_iter().chain(self.dgid);
+        for (d, s) in out.iter_mut().zip(head.chain(gids)) {
+            *d = s;
+        }
+        out
+    }
+
+    /// Parses a GRH; `None` unless it is an IPv6 header with next header
+    /// UDP, as the device writes it (a driver or test checking one).
+    pub fn parse(b: &[u8; UD_GRH_SIZE as usize]) -> Option<UdGrh> {
+        let [w0, w1, w2, w3, l0, l1, next, hop_limit, gids @ ..] = *b;
+        let word = u32::from_be_bytes([w0, w1, w2, w3]);
+        if word >> 28 != u32::from(GRH_IP_VERSION) || next != GRH_NEXT_HEADER_UDP {
+            return None;
+        }
+        let (sgid, dgid) = gids.split_at(16);
+        Some(UdGrh {
+            traffic_class: u8::try_from((word >> 20) & 0xff).unwrap_or(0),
+            flow_label: word & 0x000f_ffff,
+            payload_length: u16::from_be_bytes([l0, l1]),
+            hop_limit,
+            sgid: sgid.try_into().ok()?,
+            dgid: dgid.try_into().ok()?,
+        })
+    }
+}
+
 wire_struct! {
     /// A completion queue entry (32 bytes).
     ///
@@ -482,6 +570,40 @@ mod tests {
             let dev = l.iter().find(|f| f.offset as u64 == DB_DEVICE_OFFSET);
             assert!(dev.is_some_and(|f| !f.name.starts_with("reserved")));
         }
+    }
+
+    /// Spec 18.13: an IPv6 header as RoCEv2 would have it, as
+    /// libibverbs' `ibv_init_ah_from_wc()` reads it (version nibble in byte
+    /// 0, next header in byte 6).
+    #[test]
+    fn ud_grh_layout() {
+        let g = UdGrh {
+            traffic_class: 0xa5,
+            flow_label: 0x1_2345,
+            payload_length: ud_grh_payload_length(13, true),
+            hop_limit: 64,
+            sgid: [1; 16],
+            dgid: [2; 16],
+        };
+        let b = g.to_bytes();
+        assert_eq!(&b[..8], &[0x6a, 0x51, 0x23, 0x45, 0, 52, 17, 64]);
+        assert_eq!(&b[8..24], &[1; 16]);
+        assert_eq!(&b[24..], &[2; 16]);
+        assert_eq!(UdGrh::parse(&b), Some(g));
+        // 13 bytes pad to 16: 28 + 4 (immediate) + 16 + 4 (ICRC).
+        assert_eq!(g.payload_length, 52);
+        assert_eq!(ud_grh_payload_length(0, false), 32);
+        assert_eq!(ud_grh_payload_length(4096, false), 4128);
+        assert_eq!(ud_grh_payload_length(u64::MAX, true), u16::MAX);
+        // Flow label bits above 20 are not written.
+        let wide = UdGrh {
+            flow_label: 0xfff0_0001,
+            ..g
+        };
+        assert_eq!(&wide.to_bytes()[1..4], &[0x50, 0x00, 0x01]);
+        let mut zeros = b;
+        zeros[..8].fill(0);
+        assert_eq!(UdGrh::parse(&zeros), None, "the v1 GRH");
     }
 
     #[test]

@@ -69,6 +69,11 @@ wire_struct! {
         max_mr_pages: u32,
         /// 0: no atomics; 1: atomics are atomic with respect to this device.
         atomic_caps: u32,
+        /// Longest time the device takes to acknowledge a request as
+        /// responder, IB encoding: 4.096 µs × 2^value, 0 to 31.
+        local_ca_ack_delay: u32,
+        /// Must be zero.
+        reserved: u32,
     }
 }
 
@@ -99,13 +104,80 @@ wire_struct! {
         link_rate_mbps: u32,
         /// Maximum UD payload bytes (the active MTU in bytes).
         max_ud_payload: u32,
+        /// Physical port state, IB encoding: `PHYS_STATE_LINK_UP` when
+        /// `state` is active, `PHYS_STATE_DISABLED` when it is down.
+        phys_state: u32,
+        /// Link speed per lane, a `SPEED_*` value ([`port_speed_width`]).
+        active_speed: u32,
+        /// Link width, a `WIDTH_*` value ([`port_speed_width`]).
+        active_width: u32,
     }
 }
+
+/// The number of the device's only port: the value of every `port` field,
+/// and the `handle` of the port events `PORT_ACTIVE`, `PORT_ERROR` and
+/// `GID_CHANGE` (spec 14.2), as Linux's `ib_event.element.port_num` needs.
+pub const PORT_NUM: u32 = 1;
 
 /// Port state value: down.
 pub const PORT_STATE_DOWN: u32 = 1;
 /// Port state value: active.
 pub const PORT_STATE_ACTIVE: u32 = 4;
+/// Physical port state (IB `PortPhysicalState`, Linux `ib_port_phys_state`)
+/// reported with `PORT_STATE_DOWN`: disabled.
+pub const PHYS_STATE_DISABLED: u32 = 3;
+/// Physical port state reported with `PORT_STATE_ACTIVE`: link up.
+pub const PHYS_STATE_LINK_UP: u32 = 5;
+
+/// Link speed per lane (Linux `enum ib_port_speed`): 2.5 Gbit/s.
+pub const SPEED_SDR: u32 = 1;
+/// 5 Gbit/s per lane.
+pub const SPEED_DDR: u32 = 2;
+/// 10 Gbit/s per lane.
+pub const SPEED_QDR: u32 = 4;
+/// 10 Gbit/s per lane (64b/66b encoded).
+pub const SPEED_FDR10: u32 = 8;
+/// 14 Gbit/s per lane.
+pub const SPEED_FDR: u32 = 16;
+/// 25 Gbit/s per lane.
+pub const SPEED_EDR: u32 = 32;
+/// 50 Gbit/s per lane.
+pub const SPEED_HDR: u32 = 64;
+/// 100 Gbit/s per lane.
+pub const SPEED_NDR: u32 = 128;
+/// 200 Gbit/s per lane.
+pub const SPEED_XDR: u32 = 256;
+
+/// Link width (Linux `enum ib_port_width`): one lane.
+pub const WIDTH_1X: u32 = 1;
+/// Two lanes.
+pub const WIDTH_2X: u32 = 16;
+/// Four lanes.
+pub const WIDTH_4X: u32 = 2;
+/// Eight lanes.
+pub const WIDTH_8X: u32 = 4;
+/// Twelve lanes.
+pub const WIDTH_12X: u32 = 8;
+
+/// `PortAttr.active_speed` and `active_width` for a port of
+/// `link_rate_mbps` (spec 12.2): the pair Linux reports for an Ethernet
+/// port of that speed whose lane count is unknown, so that the rate a guest
+/// computes from them (speed × width) matches the link rate where one of
+/// the pairs does.
+pub const fn port_speed_width(link_rate_mbps: u32) -> (u32, u32) {
+    match link_rate_mbps {
+        0..=1_000 => (SPEED_SDR, WIDTH_1X),
+        1_001..=10_000 => (SPEED_FDR10, WIDTH_1X),
+        10_001..=20_000 => (SPEED_DDR, WIDTH_4X),
+        20_001..=25_000 => (SPEED_EDR, WIDTH_1X),
+        25_001..=40_000 => (SPEED_FDR10, WIDTH_4X),
+        40_001..=50_000 => (SPEED_EDR, WIDTH_2X),
+        50_001..=100_000 => (SPEED_EDR, WIDTH_4X),
+        100_001..=200_000 => (SPEED_HDR, WIDTH_4X),
+        _ => (SPEED_NDR, WIDTH_4X),
+    }
+}
+
 /// GID type value: RoCE v2 (IPv4-mapped or IPv6 GIDs over UDP).
 pub const GID_TYPE_ROCE_V2: u32 = 2;
 
@@ -506,6 +578,52 @@ mod tests {
         assert_eq!(ModifyQpReq::SIZE, 104);
         assert_eq!(crate::config::DeviceConfig::SIZE, 88);
         assert_eq!(crate::event::Event::SIZE, 16);
+    }
+
+    /// Spec 12.2: the table's rows, at both ends of each range, and the
+    /// rate they imply covers the link rate.
+    #[test]
+    fn port_speed_and_width_follow_the_link_rate() {
+        let per_lane_mbps = |speed| match speed {
+            SPEED_SDR => 2_500,
+            SPEED_DDR => 5_000,
+            SPEED_QDR | SPEED_FDR10 => 10_000,
+            SPEED_FDR => 14_000,
+            SPEED_EDR => 25_000,
+            SPEED_HDR => 50_000,
+            SPEED_NDR => 100_000,
+            SPEED_XDR => 200_000,
+            _ => 0,
+        };
+        let lanes = |width| match width {
+            WIDTH_1X => 1,
+            WIDTH_2X => 2,
+            WIDTH_4X => 4,
+            WIDTH_8X => 8,
+            WIDTH_12X => 12,
+            _ => 0,
+        };
+        let rows = [
+            (0, 1_000, SPEED_SDR, WIDTH_1X),
+            (1_001, 10_000, SPEED_FDR10, WIDTH_1X),
+            (10_001, 20_000, SPEED_DDR, WIDTH_4X),
+            (20_001, 25_000, SPEED_EDR, WIDTH_1X),
+            (25_001, 40_000, SPEED_FDR10, WIDTH_4X),
+            (40_001, 50_000, SPEED_EDR, WIDTH_2X),
+            (50_001, 100_000, SPEED_EDR, WIDTH_4X),
+            (100_001, 200_000, SPEED_HDR, WIDTH_4X),
+            (200_001, u32::MAX, SPEED_NDR, WIDTH_4X),
+        ];
+        for (lo, hi, speed, width) in rows {
+            for rate in [lo, hi] {
+                assert_eq!(port_speed_width(rate), (speed, width), "{rate} Mbit/s");
+            }
+            let implied: u64 = per_lane_mbps(speed) * lanes(width);
+            assert!(
+                implied >= u64::from(hi).min(400_000),
+                "{lo}..={hi}: {implied}"
+            );
+        }
     }
 
     #[test]

@@ -764,6 +764,18 @@ mod tests {
             ..Limits::default()
         };
         assert!(l.validate().is_err());
+        // Spec 5: 4 KiB pages are always accepted (drivers rely on it).
+        let l = Limits {
+            page_size_cap: 1 << 21,
+            ..Limits::default()
+        };
+        assert!(matches!(
+            l.validate(),
+            Err(ConfigError::LimitOutOfRange {
+                value: 0x20_0000,
+                ..
+            })
+        ));
         let mut c = DaemonConfig::new(vec!["/a".into()]);
         c.device_features |= 1 << 4;
         assert!(matches!(

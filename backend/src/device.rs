@@ -22,6 +22,7 @@ use virtio_queue::{DescriptorChain, QueueOwnedT, QueueT};
 use virtio_rdma_abi::config::{CONTROLQ, EVENTQ, F_SHMEM_DOORBELL, NOTIFYQ, NUM_QUEUES};
 use virtio_rdma_abi::ctrl::{ResponseHeader, MAX_REQUEST_BYTES};
 use virtio_rdma_abi::event::{Event, EventKind};
+use virtio_rdma_abi::verbs::PORT_NUM;
 use virtio_rdma_abi::{Field, Wire};
 use vm_memory::{
     Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend,
@@ -259,7 +260,7 @@ impl RdmaDevice {
             None
         };
         // The port is up from the start; the event waits for a buffer.
-        ctrl.events.push(EventKind::PORT_ACTIVE, 1, 0);
+        ctrl.events.push(EventKind::PORT_ACTIVE, PORT_NUM, 0);
         Ok(RdmaDevice {
             id,
             state: Mutex::new(State {
@@ -437,7 +438,7 @@ impl RdmaDevice {
         st.mem = None;
         st.host = None;
         self.bump_dp_gen();
-        st.ctrl.events.push(EventKind::PORT_ACTIVE, 1, 0);
+        st.ctrl.events.push(EventKind::PORT_ACTIVE, PORT_NUM, 0);
         self.event_idx.store(false, Ordering::Relaxed);
         // Not under our lock: the peers' locks are taken one at a time.
         drop(st);
@@ -1143,7 +1144,7 @@ impl RdmaDevice {
             link.clear_region();
         }
         let gid = st.ctrl.port_gid();
-        st.ctrl.events.push(EventKind::PORT_ACTIVE, 1, 0);
+        st.ctrl.events.push(EventKind::PORT_ACTIVE, PORT_NUM, 0);
         self.bump_dp_gen();
         drop(st);
         self.engine.peers_gone(self.id, gid, gone);

@@ -23,7 +23,7 @@ use crate::event::EventDemux;
 use crate::transport::{Transport, TransportError};
 
 /// The device's only port.
-pub const PORT: u32 = 1;
+pub const PORT: u32 = virtio_rdma_abi::verbs::PORT_NUM;
 
 /// Options of [`Device::open_with`].
 #[derive(Debug, Clone, Copy)]
@@ -136,17 +136,26 @@ impl Device {
         inner.ctx_header = Some(header);
         if ctx.doorbell_page != DB_NONE {
             // The device ignores the records' producer indices of queues
-            // with slots, so a page the driver cannot reach is fatal.
-            let page = inner
-                .transport
-                .shared_memory(SHMEM_ID_DOORBELL)
-                .ok_or_else(|| {
-                    Error::InvalidArgument(
-                        "device returned a doorbell page but the transport has no doorbell region"
-                            .into(),
-                    )
-                })
-                .and_then(|shm| DoorbellPage::new(shm, ctx.doorbell_page));
+            // with slots, so a page the driver cannot reach is fatal; so is
+            // an index the spec does not allow (12.4: below max_ctx).
+            let page = if ctx.doorbell_page >= inner.config.max_ctx {
+                Err(Error::InvalidArgument(format!(
+                    "device returned doorbell page {}, max_ctx is {}",
+                    ctx.doorbell_page, inner.config.max_ctx
+                )))
+            } else {
+                inner
+                    .transport
+                    .shared_memory(SHMEM_ID_DOORBELL)
+                    .ok_or_else(|| {
+                        Error::InvalidArgument(
+                            "device returned a doorbell page but the transport has no doorbell \
+                             region"
+                                .into(),
+                        )
+                    })
+            }
+            .and_then(|shm| DoorbellPage::new(shm, ctx.doorbell_page));
             match page {
                 Ok(p) => inner.db_page = Some(Arc::new(p)),
                 Err(e) => {

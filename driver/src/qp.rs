@@ -40,7 +40,8 @@ pub struct QpCap {
     pub max_send_wr: u32,
     /// Receive queue depth (ignored with an SRQ).
     pub max_recv_wr: u32,
-    /// SGEs per send WQE (at least 1).
+    /// SGEs per send WQE; 0 for a QP that posts only inline or zero-length
+    /// work requests (spec 12.12).
     pub max_send_sge: u32,
     /// SGEs per receive WQE (at least 1 without an SRQ).
     pub max_recv_sge: u32,
@@ -161,7 +162,7 @@ impl Qp {
         let cap = QpCap {
             max_send_wr: sq_depth,
             max_recv_wr: rq_depth,
-            max_send_sge: init.cap.max_send_sge.max(1),
+            max_send_sge: init.cap.max_send_sge,
             max_recv_sge,
             max_inline_data: init.cap.max_inline_data,
         };

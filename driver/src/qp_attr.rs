@@ -12,7 +12,9 @@ pub struct QpAttrs {
     pub state: Option<QpState>,
     /// The state the caller believes the QP is in.
     pub cur_state: Option<QpState>,
-    /// Remote access flags (`REMOTE_*` of [`virtio_rdma_abi::mem::access`]).
+    /// Access flags ([`virtio_rdma_abi::mem::access`]): the `REMOTE_*` bits
+    /// allow remote operations; `LOCAL_WRITE` is accepted and has no effect
+    /// on a QP (spec 10.5).
     pub access: Option<u32>,
     /// P_Key index (0).
     pub pkey_index: Option<u32>,

@@ -16,7 +16,7 @@ use virtio_rdma_abi::ctrl::Status;
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::mem::{access, PageListMode};
 use virtio_rdma_abi::qp::{attr, AddressVector, Mtu, QpAttr, QpState, QpType};
-use virtio_rdma_abi::verbs::{GID_TYPE_ROCE_V2, PORT_STATE_ACTIVE, SRQ_ATTR_LIMIT};
+use virtio_rdma_abi::verbs::{GID_TYPE_ROCE_V2, PORT_NUM, PORT_STATE_ACTIVE, SRQ_ATTR_LIMIT};
 use vm_memory::GuestAddress;
 
 #[test]
@@ -37,6 +37,9 @@ fn config_and_queries() {
     assert_eq!(dev.max_qp, cfg.max_qp);
     assert_eq!(dev.max_mr_bytes, cfg.max_mr_bytes);
     assert_eq!(dev.phys_port_cnt, 1);
+    // Spec 5: 4 KiB pages are always accepted.
+    assert_ne!(cfg.page_size_cap & 1 << 12, 0);
+    assert_eq!(dev.page_size_cap, cfg.page_size_cap);
     assert_eq!(dev.atomic_caps, 1);
     assert_ne!(dev.node_guid, 0);
     assert!(dev.max_mr_pages >= (16u64 << 30 >> 12) as u32);
@@ -60,17 +63,31 @@ fn config_and_queries() {
     assert_ne!(v1.query_device().unwrap().node_guid, dev.node_guid);
 }
 
+/// The first event after every start (`DRIVER_OK` of a new connection, or
+/// after a device reset) is `PORT_ACTIVE` with `seq` 1 and `handle` the port
+/// number (spec 6, 14.2).
 #[test]
 fn port_active_event_arrives() {
+    let first_event = |vm: &mut vhost_user_rdma_tests::vmm::TestVmm, when: &str| {
+        let ev = vm
+            .events()
+            .next_event(Duration::from_secs(5))
+            .unwrap()
+            .unwrap_or_else(|| panic!("{when}: no PORT_ACTIVE event"));
+        assert_eq!(ev.kind, EventKind::PORT_ACTIVE as u32, "{when}");
+        assert_eq!(ev.handle, PORT_NUM, "{when}: handle is the port number");
+        assert_eq!(ev.detail, 0, "{when}");
+        assert_eq!(ev.seq, 1, "{when}");
+    };
     let d = TestDaemon::start(1).unwrap();
     let mut vm = d.connect(0).unwrap();
-    let ev = vm
-        .events()
-        .next_event(Duration::from_secs(5))
-        .unwrap()
-        .expect("no PORT_ACTIVE event");
-    assert_eq!(ev.kind, EventKind::PORT_ACTIVE as u32);
-    assert_eq!(ev.seq, 1);
+    first_event(&mut vm, "first start");
+    vm.reset().unwrap();
+    first_event(&mut vm, "after a reset");
+    drop(vm);
+    d.wait_released(0);
+    let mut vm = d.connect(0).unwrap();
+    first_event(&mut vm, "after a reconnect");
 }
 
 #[test]

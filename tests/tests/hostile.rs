@@ -1384,20 +1384,28 @@ fn create_qp_values_out_of_domain() {
     });
 }
 
-/// Regression: the daemon accepted `max_send_sge` 0.
-/// Spec 12.12: INVALID, detail 32.
+/// Spec 12.12: `max_send_sge` 0 is accepted (a QP that posts only inline
+/// or zero-length work requests, ABI version 2); the send stride is the one
+/// of section 11.3 for 0 SGEs, and QUERY_QP reports the 0.
 #[test]
 fn create_qp_max_send_sge_zero() {
     hostile(|w| {
         let b = w.base();
-        let init = QpInit {
-            max_send_sge: 0,
-            ..QpInit::rc(b.pd, b.cq)
-        };
-        let (req, tail) = qp_req(w, &init);
-        w.expect("CREATE_QP, max_send_sge 0", Status::INVALID, 32, |v| {
-            v.create_qp_raw(&req, &tail)
-        });
+        for (inline, shift) in [(0, 6), (64, 7)] {
+            let init = QpInit {
+                max_send_sge: 0,
+                max_inline_data: inline,
+                ..QpInit::rc(b.pd, b.cq)
+            };
+            let (req, tail) = qp_req(w, &init);
+            let r = w.ok("CREATE_QP, max_send_sge 0", |v| {
+                v.create_qp_raw(&req, &tail)
+            });
+            assert_eq!(r.sq_wqe_shift, shift, "max_inline_data {inline}");
+            let q = w.ok("QUERY_QP", |v| v.query_qp(r.qp_handle));
+            assert_eq!(q.max_send_sge, 0);
+            w.ok("DESTROY_QP", |v| v.destroy_qp(r.qp_handle));
+        }
     });
 }
 
@@ -1720,7 +1728,12 @@ fn response_buffer_too_small() {
             (Opcode::CREATE_CQ, vec![&cq, &cq_tail], 16, 20),
             (Opcode::REG_MR, vec![&mr, &mr_list], 16 + 11, 28),
             (Opcode::CREATE_QP, vec![&qp, &qp_tail], 16 + 23, 40),
-            (Opcode::QUERY_DEVICE, vec![], 16 + 135, 152),
+            (
+                Opcode::QUERY_DEVICE,
+                vec![],
+                16 + DeviceAttr::SIZE - 1,
+                16 + DeviceAttr::SIZE,
+            ),
         ];
         for (op, parts, writable, need) in cases {
             let spec = RequestSpec {
@@ -2669,13 +2682,11 @@ fn qp_access_flag_violations() {
     hostile(|w| {
         let qp = fresh_qp(w);
         let (mask, init) = rc_steps(w)[0];
+        // LOCAL_WRITE is allowed on a QP (spec 10.5); unknown bits are not.
         for (what, flags) in [
-            ("LOCAL_WRITE", access::LOCAL_WRITE),
-            (
-                "LOCAL_WRITE | REMOTE_WRITE",
-                access::LOCAL_WRITE | access::REMOTE_WRITE,
-            ),
             ("unknown bit 0x10", access::REMOTE_READ | 0x10),
+            ("LOCAL_WRITE | unknown bit 0x10", access::LOCAL_WRITE | 0x10),
+            ("every bit", u32::MAX),
         ] {
             expect_modify(
                 w,

@@ -121,7 +121,7 @@ impl Ctrl {
         if self.res.ahs.len() >= self.limits.max_ah as usize {
             return Err(CmdError::new(Status::QUOTA, quota::AH));
         }
-        if req.port != 1 {
+        if req.port != PORT_NUM {
             return Err(field::<CreateAhReq>(Status::RANGE, "port"));
         }
         self.note_sgid(&req.av);

@@ -83,9 +83,9 @@ impl Ctrl {
         } else {
             depth::<R>(req.rq_depth, l.max_qp_wr, "rq_depth")?;
         }
-        if req.max_send_sge == 0 {
-            return Err(field::<R>(Status::INVALID, "max_send_sge"));
-        }
+        // max_send_sge 0 is allowed: a QP that posts only inline or
+        // zero-SGE WQEs (spec 12.12); its stride holds the header and the
+        // inline slots (11.3).
         if req.max_recv_sge == 0 && req.srq_handle == 0 {
             return Err(field::<R>(Status::INVALID, "max_recv_sge"));
         }
@@ -184,13 +184,16 @@ impl Ctrl {
         let bad = |status: Status, name: &str| field::<M>(status, &format!("attr.{name}"));
         let has = |bit: u32| mask & bit != 0;
         if has(ACCESS) {
-            let remote = access::REMOTE_READ | access::REMOTE_WRITE | access::REMOTE_ATOMIC;
-            check_access::<M>(a.access, remote, self.has(F_ATOMIC), "attr.access")?;
+            // LOCAL_WRITE is accepted (verbs software passes it, perftest
+            // among them) and means nothing for a QP: local writes are
+            // governed by the MRs. It is stored and reported back by
+            // QUERY_QP like the rest (spec 10.5).
+            check_access::<M>(a.access, access::ALL, self.has(F_ATOMIC), "attr.access")?;
         }
         if has(PKEY_INDEX) && a.pkey_index != 0 {
             return Err(bad(Status::RANGE, "pkey_index"));
         }
-        if has(PORT) && a.port != 1 {
+        if has(PORT) && a.port != PORT_NUM {
             return Err(bad(Status::RANGE, "port"));
         }
         if has(AV) {

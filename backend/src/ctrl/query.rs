@@ -20,6 +20,8 @@ fn fw_version() -> u64 {
 const VENDOR_ID: u32 = 0;
 /// Part number of the vhost-user-rdma software device.
 const VENDOR_PART_ID: u32 = 0x5244; // "RD"
+/// Largest `local_ca_ack_delay` (a 5-bit exponent).
+const MAX_ACK_DELAY: u32 = 31;
 
 impl Ctrl {
     pub(super) fn query_device(&mut self, payload: &[u8]) -> CmdResult {
@@ -57,16 +59,21 @@ impl Ctrl {
             max_qp_init_rd_atom: l.max_qp_rd_atom,
             max_mr_pages: l.max_mr_pages(),
             atomic_caps: u32::from(caps.atomics && self.has(virtio_rdma_abi::config::F_ATOMIC)),
+            local_ca_ack_delay: caps.local_ca_ack_delay.min(MAX_ACK_DELAY),
+            reserved: 0,
         }
         .to_bytes())
     }
 
     pub(super) fn query_port(&mut self, payload: &[u8]) -> CmdResult {
         let req: QueryPortReq = fixed(payload)?;
-        if req.port != 1 {
+        if req.port != PORT_NUM {
             return Err(field::<QueryPortReq>(Status::RANGE, "port"));
         }
         let caps = self.rnic.caps();
+        // The port is always up (appendix A); speed and width follow the
+        // link rate (spec 12.2).
+        let (active_speed, active_width) = port_speed_width(caps.link_rate_mbps);
         Ok(PortAttr {
             state: PORT_STATE_ACTIVE,
             max_mtu: caps.max_mtu,
@@ -76,13 +83,16 @@ impl Ctrl {
             max_msg_size: caps.max_msg_size,
             link_rate_mbps: caps.link_rate_mbps,
             max_ud_payload: caps.max_ud_payload(),
+            phys_state: PHYS_STATE_LINK_UP,
+            active_speed,
+            active_width,
         }
         .to_bytes())
     }
 
     pub(super) fn query_gid(&mut self, payload: &[u8]) -> CmdResult {
         let req: QueryGidReq = fixed(payload)?;
-        if req.port != 1 {
+        if req.port != PORT_NUM {
             return Err(field::<QueryGidReq>(Status::RANGE, "port"));
         }
         if req.index >= GID_TABLE_LEN {

@@ -16,12 +16,12 @@ use crate::resources::{Inbound, Mr};
 use crate::stats::TrafficCounters;
 use crate::tenancy::IsolationCounters;
 use virtio_rdma_abi::datapath::{
-    Cqe, Sge, WcOpcode, WcStatus, WrOpcode, CQE_GRH, CQE_SOLICITED, CQE_WITH_IMM, DB_DEVICE_OFFSET,
-    UD_GRH_SIZE, WQE_SOLICITED,
+    ud_grh_payload_length, Cqe, Sge, UdGrh, WcOpcode, WcStatus, WrOpcode, CQE_GRH, CQE_SOLICITED,
+    CQE_WITH_IMM, DB_DEVICE_OFFSET, UD_GRH_SIZE, WQE_SOLICITED,
 };
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::mem::access as acc;
-use virtio_rdma_abi::qp::{QpState, QpType};
+use virtio_rdma_abi::qp::{AddressVector, QpState, QpType};
 
 /// Offset of `rq_ci` in the device half of a QP doorbell record (added
 /// with saturation, as in the engine's `SQ_CI`).
@@ -173,6 +173,10 @@ pub struct Request<'a> {
     pub src_qpn: u32,
     /// Requester GID.
     pub src_gid: [u8; 16],
+    /// The address vector the message was sent with: a UD message's AH
+    /// (its traffic class, flow label and hop limit go into the receiver's
+    /// GRH, spec 18.13), an RC QP's `av`.
+    pub av: AddressVector,
     /// Local segments (source of SEND/WRITE, destination of READ/atomics).
     pub local: &'a [Segment],
     /// Message length.
@@ -789,9 +793,18 @@ fn place_send(
         return Err(WcStatus::LOC_LEN_ERR);
     }
     if ud {
-        let mut header = [0u8; UD_GRH_SIZE as usize];
-        header[8..24].copy_from_slice(&req.src_gid);
-        header[24..40].copy_from_slice(&ctrl.port_gid());
+        // An IPv6 header, as the RoCEv2 packet would have had (spec 18.13):
+        // what libibverbs' ibv_init_ah_from_wc() needs to answer.
+        let with_imm = req.wr.opcode == WrOpcode::SEND_WITH_IMM;
+        let header = UdGrh {
+            traffic_class: req.av.traffic_class,
+            flow_label: req.av.flow_label,
+            payload_length: ud_grh_payload_length(req.len, with_imm),
+            hop_limit: req.av.hop_limit,
+            sgid: req.src_gid,
+            dgid: ctrl.port_gid(),
+        }
+        .to_bytes();
         access::write(mem, segs, &header).map_err(|_| WcStatus::LOC_PROT_ERR)?;
         skip(segs, grh);
     }

@@ -1465,14 +1465,15 @@ impl Engine {
         let Some(qp) = ctrl.res.qps.get(h) else {
             return Step::Done { published: false };
         };
-        let (dest_qpn, dgid) = if ud {
+        let (dest_qpn, av) = if ud {
             let Some(ah) = ctrl.res.ahs.get(wr.hdr.ah_handle).filter(|a| a.pd == pd) else {
                 return failed(ctrl, WcStatus::LOC_QP_OP_ERR);
             };
-            (wr.hdr.remote_qpn, ah.av.dgid)
+            (wr.hdr.remote_qpn, ah.av)
         } else {
-            (qp.attr.dest_qpn, qp.attr.av.dgid)
+            (qp.attr.dest_qpn, qp.attr.av)
         };
+        let dgid = av.dgid;
         let qkey = if wr.hdr.remote_qkey & QKEY_USE_OWN != 0 {
             qp.attr.qkey
         } else {
@@ -1514,6 +1515,7 @@ impl Engine {
                     vm: vm_id,
                     src_qpn: qpn,
                     src_gid: ctrl.port_gid(),
+                    av,
                     local,
                     len,
                     part,

@@ -34,6 +34,9 @@ pub struct RnicCaps {
     /// Largest message in bytes (the port's `max_msg_size`); a longer one
     /// fails with `LOC_LEN_ERR` before any of it is looked at.
     pub max_msg_size: u32,
+    /// `DeviceAttr.local_ca_ack_delay`: the longest time the engine takes
+    /// to acknowledge a request, 4.096 µs × 2^value (0 to 31).
+    pub local_ca_ack_delay: u32,
 }
 
 impl RnicCaps {

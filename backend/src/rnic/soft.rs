@@ -17,6 +17,11 @@ const FIRST_QPN: u32 = 2;
 /// Give up finding a free random QPN after this many draws (the space is
 /// 16M; this only triggers when it is nearly full).
 const QPN_DRAWS: usize = 64;
+/// Reported ack delay, 4.096 µs × 2^15 ≈ 134 ms: the engine answers a
+/// request when it executes it, but its threads share the host with
+/// everything else and may be descheduled; 15 is also what Linux's soft
+/// RoCE reports, so timeouts derived from it are the familiar ones.
+const SOFT_ACK_DELAY: u32 = 15;
 
 struct Inner {
     /// Allocated QP numbers and, once bound, their (VM, handle).
@@ -75,6 +80,7 @@ impl Rnic for SoftRnic {
             atomics: true,
             node_guid: self.node_guid,
             max_msg_size: 1 << 31,
+            local_ca_ack_delay: SOFT_ACK_DELAY,
         }
     }
 

@@ -169,6 +169,7 @@ impl Mock {
                 max_recv_sge: c.max_recv_sge,
                 max_inline_data: c.max_inline_data,
                 phys_port_cnt: 1,
+                local_ca_ack_delay: 15,
                 ..DeviceAttr::default()
             }
             .to_bytes(),
@@ -178,6 +179,10 @@ impl Mock {
                 active_mtu: 3,
                 gid_tbl_len: 1,
                 pkey_tbl_len: 1,
+                link_rate_mbps: 100_000,
+                phys_state: PHYS_STATE_LINK_UP,
+                active_speed: SPEED_EDR,
+                active_width: WIDTH_4X,
                 ..PortAttr::default()
             }
             .to_bytes(),
