@@ -29,7 +29,7 @@ pub const VIRTIO_ID_RDMA: u32 = 42;
 
 /// Version of the device ABI described by this crate (device configuration
 /// field `abi_version`).
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 /// Every wire structure of the spec, by name, with its layout and size. The
 /// spec-consistency test walks this list.

@@ -59,10 +59,16 @@ fn open_queries_then_creates_a_context_and_drop_destroys_it() {
 
 #[test]
 fn abi_version_is_checked() {
-    let mut m = super::mock::Mock::new();
-    m.config.abi_version = 2;
-    let r = crate::Device::open(Arc::new(m));
-    assert!(matches!(r, Err(Error::AbiVersion(2))));
+    // Version 1 (the layout before the v2 doorbell changes) and any later
+    // one are refused before a single command is sent.
+    for v in [0, 1, 3, u32::MAX] {
+        let mut m = super::mock::Mock::new();
+        m.config.abi_version = v;
+        let m = Arc::new(m);
+        let r = crate::Device::open(m.clone());
+        assert!(matches!(r, Err(Error::AbiVersion(got)) if got == v), "{v}");
+        assert!(m.opcodes().is_empty(), "version {v}: commands sent");
+    }
 }
 
 #[test]
