@@ -426,6 +426,18 @@ impl RdmaDevice {
         self.running.store(false, Ordering::Release);
         st.ctrl.set_running(false);
         self.epoch.fetch_add(1, Ordering::AcqRel);
+        // The guest has not reset the device: its kernel may still map the
+        // doorbell pages of this connection's contexts into processes, so
+        // none of them goes to a new context before a reset (spec 15.2).
+        if let Some(pages) = st.ctrl.res.doorbells.as_mut() {
+            let n = pages.quarantine_in_use();
+            if n > 0 {
+                log::info!(
+                    "VM {}: {n} doorbell pages kept out of use until the driver resets the device",
+                    self.id
+                );
+            }
+        }
         let gone = st.ctrl.reset();
         // No producer index of this connection survives into the next.
         if let Some(link) = &self.shmem {
@@ -1139,6 +1151,17 @@ impl RdmaDevice {
             before.ctx
         );
         // Spec 15.1 item 6: nothing of before the reset survives in it.
+        // The driver resets only after every guest mapping of the pages is
+        // gone, so the pages of earlier connections are free again.
+        if let Some(pages) = st.ctrl.res.doorbells.as_mut() {
+            let n = pages.end_quarantine();
+            if n > 0 {
+                log::info!(
+                    "VM {}: device reset: {n} doorbell pages of earlier connections usable again",
+                    self.id
+                );
+            }
+        }
         if let Some(link) = &self.shmem {
             link.clear_region();
         }
