@@ -343,7 +343,8 @@ impl Limits {
         u32::try_from((self.max_mr_size >> MIN_PAGE_SHIFT) + 1).unwrap_or(u32::MAX)
     }
 
-    /// The device configuration advertised to the driver.
+    /// The device configuration advertised to the driver, without a paired
+    /// interface (`mac` zero).
     pub fn device_config(&self) -> DeviceConfig {
         DeviceConfig {
             abi_version: ABI_VERSION,
@@ -365,6 +366,9 @@ impl Limits {
             max_mr_size: self.max_mr_size,
             max_mr_bytes: self.max_mr_bytes,
             page_size_cap: self.page_size_cap,
+            // Not a limit: the VM's (`VmConfig::mac`), set by the device.
+            mac: [0; 6],
+            reserved: 0,
         }
     }
 }
