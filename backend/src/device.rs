@@ -19,7 +19,9 @@ use vhost_user_backend::{VhostUserBackend, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{DescriptorChain, QueueOwnedT, QueueT};
-use virtio_rdma_abi::config::{CONTROLQ, EVENTQ, F_SHMEM_DOORBELL, NOTIFYQ, NUM_QUEUES};
+use virtio_rdma_abi::config::{
+    DeviceConfig, CONTROLQ, EVENTQ, F_SHMEM_DOORBELL, NOTIFYQ, NUM_QUEUES,
+};
 use virtio_rdma_abi::ctrl::{ResponseHeader, MAX_REQUEST_BYTES};
 use virtio_rdma_abi::event::{Event, EventKind};
 use virtio_rdma_abi::{Field, Wire};
@@ -267,7 +269,7 @@ impl RdmaDevice {
                 mem: None,
                 host: None,
             }),
-            config: limits.device_config().to_bytes(),
+            config: device_config(&limits, shared.tenancy.vm(id).and_then(|v| v.mac)).to_bytes(),
             device_features,
             event_idx: AtomicBool::new(false),
             ctrl_poll,
@@ -806,6 +808,15 @@ impl RdmaDevice {
 }
 
 /// The statistics of a VM (under its lock).
+/// The configuration space of a VM with `limits` whose port is paired with
+/// the guest interface `mac` (spec chapter 5, appendix A).
+fn device_config(limits: &Limits, mac: Option<[u8; 6]>) -> DeviceConfig {
+    DeviceConfig {
+        mac: mac.unwrap_or_default(),
+        ..limits.device_config()
+    }
+}
+
 fn stats_of(st: &State) -> DeviceStats {
     DeviceStats {
         resources: st.ctrl.res.counts(),
