@@ -807,7 +807,6 @@ impl RdmaDevice {
     }
 }
 
-/// The statistics of a VM (under its lock).
 /// The configuration space of a VM with `limits` whose port is paired with
 /// the guest interface `mac` (spec chapter 5, appendix A).
 fn device_config(limits: &Limits, mac: Option<[u8; 6]>) -> DeviceConfig {
@@ -817,6 +816,7 @@ fn device_config(limits: &Limits, mac: Option<[u8; 6]>) -> DeviceConfig {
     }
 }
 
+/// The statistics of a VM (under its lock).
 fn stats_of(st: &State) -> DeviceStats {
     DeviceStats {
         resources: st.ctrl.res.counts(),
