@@ -68,5 +68,51 @@ wire_struct! {
         max_mr_bytes: u64,
         /// Supported page sizes: bit n set means 2^n-byte pages may be used.
         page_size_cap: u64,
+        /// MAC address of the guest network interface the port is paired
+        /// with (spec appendix A), in transmission order; all zero when the
+        /// operator configured none.
+        mac: [u8; 6],
+        /// Zero.
+        reserved: u16,
+    }
+}
+
+impl DeviceConfig {
+    /// The MAC address of the paired guest interface; `None` when the
+    /// device reports none (all zero).
+    pub fn paired_mac(&self) -> Option<[u8; 6]> {
+        (self.mac != [0; 6]).then_some(self.mac)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use crate::wire::Wire;
+
+    /// The MAC is appended at the end, byte 0 first, after every field of
+    /// ABI version 1, and the structure stays a multiple of 8 bytes.
+    #[test]
+    fn mac_is_stored_in_transmission_order_at_the_end() {
+        let mac = [0x52, 0x54, 0x00, 0x12, 0x34, 0x56];
+        let cfg = DeviceConfig {
+            page_size_cap: 1 << 12,
+            mac,
+            ..DeviceConfig::default()
+        };
+        let bytes = cfg.to_bytes();
+        assert_eq!(bytes.len(), 96);
+        assert_eq!(&bytes[80..88], &[0, 0x10, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(&bytes[88..94], &mac);
+        assert_eq!(&bytes[94..], &[0, 0]);
+        assert_eq!(
+            DeviceConfig::parse(&bytes).map(|c| c.paired_mac()),
+            Ok(Some(mac))
+        );
+        assert_eq!(DeviceConfig::default().paired_mac(), None);
+        let mut bad = bytes;
+        bad[95] = 1;
+        assert!(DeviceConfig::parse(&bad).is_err(), "reserved must be zero");
     }
 }

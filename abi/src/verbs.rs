@@ -576,7 +576,7 @@ mod tests {
         assert_eq!(QpAttr::SIZE, 96);
         assert_eq!(CreateQpReq::SIZE, 80);
         assert_eq!(ModifyQpReq::SIZE, 104);
-        assert_eq!(crate::config::DeviceConfig::SIZE, 88);
+        assert_eq!(crate::config::DeviceConfig::SIZE, 96);
         assert_eq!(crate::event::Event::SIZE, 16);
     }
 

@@ -126,6 +126,28 @@ impl Field for [u8; 16] {
     }
 }
 
+/// A MAC address (48-bit IEEE 802 address), in transmission order: byte 0
+/// is the first byte on the wire, the one printed first in `52:54:00:…`.
+impl Field for [u8; 6] {
+    const SIZE: usize = 6;
+    const ALIGN: usize = 1;
+    fn read(b: &[u8]) -> Self {
+        let mut raw = [0u8; 6];
+        for (d, s) in raw.iter_mut().zip(b) {
+            *d = *s;
+        }
+        raw
+    }
+    fn write(&self, b: &mut [u8]) {
+        for (d, s) in b.iter_mut().zip(self) {
+            *d = *s;
+        }
+    }
+    fn is_zero(&self) -> bool {
+        self.iter().all(|&x| x == 0)
+    }
+}
+
 /// A complete wire structure.
 pub trait Wire: Field {
     /// Name of the structure as used in the spec.

@@ -63,6 +63,32 @@ pub enum ConfigError {
         /// The VM that has it already.
         other: String,
     },
+    /// A VM's MAC address cannot pair its port with a guest interface.
+    #[error("VM {vm:?}: MAC address {mac} {source}")]
+    BadMac {
+        /// The VM.
+        vm: String,
+        /// The address, as text.
+        mac: String,
+        /// What is wrong with it.
+        source: MacError,
+    },
+    /// Two VMs of one tenant network would pair with the same MAC address.
+    #[error("VM {vm:?}: MAC address {mac} is already the MAC address of VM {other:?} in the same tenant")]
+    DuplicateMac {
+        /// The VM.
+        vm: String,
+        /// The address, as text.
+        mac: String,
+        /// The VM of the same tenant that has it already.
+        other: String,
+    },
+    /// `--mac` names a VM that is not configured.
+    #[error("--mac {0}=...: there is no VM named {0:?} (VMs of --socket-path are named vm<N>, N their position among all VMs)")]
+    MacForUnknownVm(String),
+    /// `--mac` is given twice for one VM.
+    #[error("--mac is given more than once for VM {0:?}")]
+    MacGivenTwice(String),
     /// A limit of one VM is invalid.
     #[error("VM {vm:?}: {source}")]
     VmLimits {
@@ -343,7 +369,8 @@ impl Limits {
         u32::try_from((self.max_mr_size >> MIN_PAGE_SHIFT) + 1).unwrap_or(u32::MAX)
     }
 
-    /// The device configuration advertised to the driver.
+    /// The device configuration advertised to the driver, without a paired
+    /// interface (`mac` zero).
     pub fn device_config(&self) -> DeviceConfig {
         DeviceConfig {
             abi_version: ABI_VERSION,
@@ -365,6 +392,9 @@ impl Limits {
             max_mr_size: self.max_mr_size,
             max_mr_bytes: self.max_mr_bytes,
             page_size_cap: self.page_size_cap,
+            // Not a limit: the VM's (`VmConfig::mac`), set by the device.
+            mac: [0; 6],
+            reserved: 0,
         }
     }
 }
@@ -405,6 +435,57 @@ pub fn gid_text(gid: [u8; 16]) -> String {
     }
 }
 
+/// Why a MAC address cannot be the address of the guest interface a port is
+/// paired with (spec appendix A).
+#[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
+pub enum MacError {
+    /// Not six two-digit hex bytes separated by colons.
+    #[error("is not a MAC address (six two-digit hexadecimal bytes separated by ':', e.g. 52:54:00:12:34:56)")]
+    Syntax,
+    /// All zero: the device reports that as "no interface configured".
+    #[error("is all zero; leave the MAC address out to pair no interface")]
+    Zero,
+    /// A group address, which no interface has as its own.
+    #[error("is a multicast address (bit 0 of the first byte is set); a network interface's own address is unicast")]
+    Multicast,
+}
+
+/// Checks that `mac` can name a guest interface: unicast and not all zero.
+pub fn check_mac(mac: [u8; 6]) -> Result<(), MacError> {
+    if mac == [0; 6] {
+        return Err(MacError::Zero);
+    }
+    if mac[0] & 1 != 0 {
+        return Err(MacError::Multicast);
+    }
+    Ok(())
+}
+
+/// A MAC address from text `52:54:00:12:34:56` (hex digits in either case),
+/// checked with [`check_mac`].
+pub fn parse_mac(text: &str) -> Result<[u8; 6], MacError> {
+    let mut mac = [0u8; 6];
+    let mut parts = text.trim().split(':');
+    for byte in &mut mac {
+        let part = parts.next().ok_or(MacError::Syntax)?;
+        if part.len() != 2 || !part.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(MacError::Syntax);
+        }
+        *byte = u8::from_str_radix(part, 16).map_err(|_| MacError::Syntax)?;
+    }
+    if parts.next().is_some() {
+        return Err(MacError::Syntax);
+    }
+    check_mac(mac)?;
+    Ok(mac)
+}
+
+/// A MAC address as text: `52:54:00:12:34:56`.
+pub fn mac_text(mac: [u8; 6]) -> String {
+    let [a, b, c, d, e, f] = mac;
+    format!("{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{f:02x}")
+}
+
 /// Name of the tenant that VMs given only on the command line belong to.
 pub const DEFAULT_TENANT: &str = "default";
 
@@ -432,6 +513,9 @@ pub struct VmConfig {
     pub tenant: String,
     /// Its port GID; `None`: [`default_gid`] of its index.
     pub gid: Option<[u8; 16]>,
+    /// MAC address of the guest network interface its port is paired with
+    /// (`DeviceConfig.mac`, spec appendix A); `None`: none (all zero).
+    pub mac: Option<[u8; 6]>,
     /// Its limits.
     pub limits: Limits,
     /// QoS class (one of [`DaemonConfig::qos_classes`]): the VM's weight
@@ -502,6 +586,7 @@ impl DaemonConfig {
             socket,
             tenant: DEFAULT_TENANT.into(),
             gid: None,
+            mac: None,
             limits,
             qos_class: None,
         });
@@ -657,6 +742,23 @@ impl DaemonConfig {
                     other: self.vms[j].name.clone(),
                 });
             }
+            if let Some(mac) = vm.mac {
+                check_mac(mac).map_err(|source| ConfigError::BadMac {
+                    vm: vm.name.clone(),
+                    mac: mac_text(mac),
+                    source,
+                })?;
+                if let Some(other) = before
+                    .iter()
+                    .find(|o| o.mac == Some(mac) && o.tenant == vm.tenant)
+                {
+                    return Err(ConfigError::DuplicateMac {
+                        vm: vm.name.clone(),
+                        mac: mac_text(mac),
+                        other: other.name.clone(),
+                    });
+                }
+            }
             vm.limits.validate().map_err(|e| ConfigError::VmLimits {
                 vm: vm.name.clone(),
                 source: Box::new(e),
@@ -804,5 +906,71 @@ mod tests {
             Err(ConfigError::UnknownTenant { .. })
         ));
         assert_eq!(gid_text(default_gid(0)), "::ffff:10.42.0.1");
+    }
+
+    #[test]
+    fn mac_text_round_trips_and_bad_addresses_are_refused() {
+        let mac = [0x52, 0x54, 0x00, 0xab, 0xcd, 0xef];
+        assert_eq!(parse_mac("52:54:00:AB:cd:ef"), Ok(mac));
+        assert_eq!(parse_mac(" 52:54:00:ab:cd:ef "), Ok(mac));
+        assert_eq!(mac_text(mac), "52:54:00:ab:cd:ef");
+        // Locally administered addresses (bit 1) are what VMMs generate.
+        assert_eq!(parse_mac("02:00:00:00:00:01"), Ok([2, 0, 0, 0, 0, 1]));
+        for bad in [
+            "",
+            "52:54:00:ab:cd",
+            "52:54:00:ab:cd:ef:01",
+            "52-54-00-ab-cd-ef",
+            "52:54:00:ab:cd:e",
+            "52:54:00:ab:cd:eff",
+            "52:54:00:ab:cd:+f",
+            "52:54:00:ab:cd:xy",
+            "525400abcdef",
+            "52:54::ab:cd:ef",
+        ] {
+            assert_eq!(parse_mac(bad), Err(MacError::Syntax), "{bad:?}");
+        }
+        assert_eq!(parse_mac("00:00:00:00:00:00"), Err(MacError::Zero));
+        assert_eq!(parse_mac("01:00:5e:00:00:01"), Err(MacError::Multicast));
+        assert_eq!(parse_mac("ff:ff:ff:ff:ff:ff"), Err(MacError::Multicast));
+        assert_eq!(parse_mac("33:33:00:00:00:01"), Err(MacError::Multicast));
+    }
+
+    #[test]
+    fn macs_are_validated_per_vm_and_unique_per_tenant() {
+        let mut c = DaemonConfig::new(vec!["/a".into(), "/b".into()]);
+        assert_eq!(c.validate(), Ok(()), "no MAC is fine");
+        c.vms[0].mac = Some([0x52, 0x54, 0, 0, 0, 1]);
+        c.vms[1].mac = Some([0x52, 0x54, 0, 0, 0, 2]);
+        assert_eq!(c.validate(), Ok(()));
+        c.vms[1].mac = Some([0; 6]);
+        let e = c.validate().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "VM \"vm1\": MAC address 00:00:00:00:00:00 is all zero; leave the MAC address out to pair no interface"
+        );
+        c.vms[1].mac = Some([0x01, 0, 0x5e, 0, 0, 1]);
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::BadMac {
+                source: MacError::Multicast,
+                ..
+            })
+        ));
+        // The same address twice in one tenant network is a mistake ...
+        c.vms[1].mac = c.vms[0].mac;
+        let e = c.validate().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "VM \"vm1\": MAC address 52:54:00:00:00:01 is already the MAC address of VM \"vm0\" in the same tenant"
+        );
+        // ... but separate networks may reuse addresses.
+        c.tenants.push(TenantConfig {
+            name: "red".into(),
+            qos_class: None,
+            engine: None,
+        });
+        c.vms[1].tenant = "red".into();
+        assert_eq!(c.validate(), Ok(()));
     }
 }

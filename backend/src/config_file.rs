@@ -19,8 +19,8 @@ use toml::Spanned;
 use virtio_rdma_abi::config::F_SHMEM_DOORBELL;
 
 use crate::config::{
-    default_gid, gid_text, ConfigError, DaemonConfig, LimitOverrides, Limits, TenantConfig,
-    VmConfig, MAX_CTRL_POLL, MAX_ENGINE_THREADS,
+    default_gid, gid_text, mac_text, parse_mac, ConfigError, DaemonConfig, LimitOverrides, Limits,
+    MacError, TenantConfig, VmConfig, MAX_CTRL_POLL, MAX_ENGINE_THREADS,
 };
 use crate::qos::{QosClass, QosSpec};
 
@@ -140,6 +140,30 @@ pub enum FileError {
         /// The GID.
         gid: String,
         /// The VM that has it already.
+        other: String,
+    },
+    /// A MAC address is not text of a unicast, non-zero address.
+    #[error("{at}: VM {vm:?}: mac {text:?} {source}")]
+    BadMac {
+        /// The `mac` field.
+        at: Loc,
+        /// The VM.
+        vm: String,
+        /// The text.
+        text: String,
+        /// What is wrong.
+        source: MacError,
+    },
+    /// Two VMs of one tenant have the same MAC address.
+    #[error("{at}: VM {vm:?}: MAC address {mac} is already the MAC address of VM {other:?} in the same tenant")]
+    DuplicateMac {
+        /// The second `mac` field.
+        at: Loc,
+        /// The VM.
+        vm: String,
+        /// The address.
+        mac: String,
+        /// The VM of the same tenant that has it already.
         other: String,
     },
     /// A limit is invalid.
@@ -322,6 +346,7 @@ struct VmTable {
     socket: Spanned<PathBuf>,
     tenant: Spanned<String>,
     gid: Option<Spanned<String>>,
+    mac: Option<Spanned<String>>,
     qos_class: Option<Spanned<String>>,
     limits: Option<Spanned<LimitsTable>>,
 }
@@ -604,6 +629,29 @@ pub fn parse(text: &str, file: &str, cli: &LimitOverrides) -> Result<LoadedConfi
                 other: config.vms[j].name.clone(),
             });
         }
+        let mac = match &vt.mac {
+            None => None,
+            Some(m) => Some(parse_mac(m.get_ref()).map_err(|source| FileError::BadMac {
+                at: at(m.span()),
+                vm: name.clone(),
+                text: m.get_ref().clone(),
+                source,
+            })?),
+        };
+        if let (Some(mac), Some(m)) = (mac, &vt.mac) {
+            if let Some(other) = config
+                .vms
+                .iter()
+                .find(|o| o.mac == Some(mac) && &o.tenant == tenant)
+            {
+                return Err(FileError::DuplicateMac {
+                    at: at(m.span()),
+                    vm: name.clone(),
+                    mac: mac_text(mac),
+                    other: other.name.clone(),
+                });
+            }
+        }
         let mut limits = defaults;
         if let Some(t) = &vt.limits {
             t.get_ref().apply(&mut limits);
@@ -628,6 +676,7 @@ pub fn parse(text: &str, file: &str, cli: &LimitOverrides) -> Result<LoadedConfi
             socket: vt.socket.get_ref().clone(),
             tenant: tenant.clone(),
             gid,
+            mac,
             limits,
             qos_class: class_of(&vt.qos_class, format!("VM {name:?}"))?,
         });
@@ -758,6 +807,8 @@ bytes_per_sec = 1000000000
         assert_eq!(l.config.vms[1].limits.max_qp, 4096);
         assert_eq!(l.default_limits.max_host_bytes, 128 << 20);
         assert_eq!(l.config.vms[1].limits.max_host_bytes, 128 << 20);
+        assert_eq!(l.config.vms[0].mac, Some([0x52, 0x54, 0, 0, 0, 1]));
+        assert_eq!(l.config.vms[1].mac, None);
     }
 
     #[test]
@@ -1002,6 +1053,59 @@ bytes_per_sec = 1000000000
             e,
             "config.toml:21: VM \"vm1\": GID ::ffff:10.42.0.2 is already the GID of VM \"vm0\""
         );
+    }
+
+    #[test]
+    fn mac_addresses() {
+        let l = parse_str(&good_with(
+            "gid = \"::ffff:10.99.0.7\"",
+            "gid = \"::ffff:10.99.0.7\"\nmac = \"52:54:00:0A:0b:07\"",
+        ))
+        .unwrap();
+        l.config.validate().unwrap();
+        assert_eq!(l.config.vms[0].mac, Some([0x52, 0x54, 0, 0x0a, 0x0b, 7]));
+        assert_eq!(l.config.vms[1].mac, None, "optional");
+        let with = |mac: &str| {
+            good_with(
+                "gid = \"::ffff:10.99.0.7\"",
+                &format!("gid = \"::ffff:10.99.0.7\"\nmac = \"{mac}\""),
+            )
+        };
+        assert_eq!(
+            err(&with("52:54:00:0a:0b")),
+            "config.toml:22: VM \"vm0\": mac \"52:54:00:0a:0b\" is not a MAC address \
+             (six two-digit hexadecimal bytes separated by ':', e.g. 52:54:00:12:34:56)"
+        );
+        assert_eq!(
+            err(&with("00:00:00:00:00:00")),
+            "config.toml:22: VM \"vm0\": mac \"00:00:00:00:00:00\" is all zero; \
+             leave the MAC address out to pair no interface"
+        );
+        assert!(err(&with("33:33:00:00:00:01")).starts_with(
+            "config.toml:22: VM \"vm0\": mac \"33:33:00:00:00:01\" is a multicast address"
+        ),);
+        // Not a string.
+        let e = err(&good_with(
+            "gid = \"::ffff:10.99.0.7\"",
+            "gid = \"::ffff:10.99.0.7\"\nmac = 5",
+        ));
+        assert!(e.starts_with("config.toml:22:7:"), "{e}");
+        // Twice in one tenant: the second VM's line. Other tenants may reuse it.
+        let twice = |tenant: &str| {
+            with("52:54:00:00:00:01").replacen(
+                "tenant = \"red\"",
+                &format!("tenant = \"{tenant}\"\nmac = \"52:54:00:00:00:01\""),
+                1,
+            )
+        };
+        assert_eq!(
+            err(&twice("blue")),
+            "config.toml:30: VM \"vm1\": MAC address 52:54:00:00:00:01 is already the MAC \
+             address of VM \"vm0\" in the same tenant"
+        );
+        let l = parse_str(&twice("red")).unwrap();
+        l.config.validate().unwrap();
+        assert_eq!(l.config.vms[1].mac, l.config.vms[0].mac);
     }
 
     #[test]

@@ -19,7 +19,9 @@ use vhost_user_backend::{VhostUserBackend, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{DescriptorChain, QueueOwnedT, QueueT};
-use virtio_rdma_abi::config::{CONTROLQ, EVENTQ, F_SHMEM_DOORBELL, NOTIFYQ, NUM_QUEUES};
+use virtio_rdma_abi::config::{
+    DeviceConfig, CONTROLQ, EVENTQ, F_SHMEM_DOORBELL, NOTIFYQ, NUM_QUEUES,
+};
 use virtio_rdma_abi::ctrl::{ResponseHeader, MAX_REQUEST_BYTES};
 use virtio_rdma_abi::event::{Event, EventKind};
 use virtio_rdma_abi::verbs::PORT_NUM;
@@ -268,7 +270,7 @@ impl RdmaDevice {
                 mem: None,
                 host: None,
             }),
-            config: limits.device_config().to_bytes(),
+            config: device_config(&limits, shared.tenancy.vm(id).and_then(|v| v.mac)).to_bytes(),
             device_features,
             event_idx: AtomicBool::new(false),
             ctrl_poll,
@@ -427,6 +429,18 @@ impl RdmaDevice {
         self.running.store(false, Ordering::Release);
         st.ctrl.set_running(false);
         self.epoch.fetch_add(1, Ordering::AcqRel);
+        // The guest has not reset the device: its kernel may still map the
+        // doorbell pages of this connection's contexts into processes, so
+        // none of them goes to a new context before a reset (spec 15.2).
+        if let Some(pages) = st.ctrl.res.doorbells.as_mut() {
+            let n = pages.quarantine_in_use();
+            if n > 0 {
+                log::info!(
+                    "VM {}: {n} doorbell pages kept out of use until the driver resets the device",
+                    self.id
+                );
+            }
+        }
         let gone = st.ctrl.reset();
         // No producer index of this connection survives into the next.
         if let Some(link) = &self.shmem {
@@ -794,6 +808,15 @@ impl RdmaDevice {
     }
 }
 
+/// The configuration space of a VM with `limits` whose port is paired with
+/// the guest interface `mac` (spec chapter 5, appendix A).
+fn device_config(limits: &Limits, mac: Option<[u8; 6]>) -> DeviceConfig {
+    DeviceConfig {
+        mac: mac.unwrap_or_default(),
+        ..limits.device_config()
+    }
+}
+
 /// The statistics of a VM (under its lock).
 fn stats_of(st: &State) -> DeviceStats {
     DeviceStats {
@@ -1140,6 +1163,17 @@ impl RdmaDevice {
             before.ctx
         );
         // Spec 15.1 item 6: nothing of before the reset survives in it.
+        // The driver resets only after every guest mapping of the pages is
+        // gone, so the pages of earlier connections are free again.
+        if let Some(pages) = st.ctrl.res.doorbells.as_mut() {
+            let n = pages.end_quarantine();
+            if n > 0 {
+                log::info!(
+                    "VM {}: device reset: {n} doorbell pages of earlier connections usable again",
+                    self.id
+                );
+            }
+        }
         if let Some(link) = &self.shmem {
             link.clear_region();
         }

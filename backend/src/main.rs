@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use log::{error, info};
-use vhost_user_rdma::config::LimitOverrides;
+use vhost_user_rdma::config::{ConfigError, LimitOverrides};
 use vhost_user_rdma::logging::{self, LogFormat};
 use vhost_user_rdma::mgmt::ctl::{self, CtlArgs};
 use vhost_user_rdma::{config_file, DaemonConfig, Limits};
@@ -112,6 +112,32 @@ struct Args {
     /// text). RUST_LOG filters either.
     #[arg(long, value_enum, value_name = "FORMAT")]
     log_format: Option<LogFormat>,
+    /// Pair VM's RDMA port with the guest network interface whose MAC
+    /// address is MAC (reported to the guest in the device configuration;
+    /// e.g. `vm0=52:54:00:12:34:56`). VM is a VM name: vm<N> for the
+    /// --socket-path VMs, or a [[vm]] of the file, whose `mac` it replaces.
+    /// Repeat for more VMs.
+    #[arg(long = "mac", value_name = "VM=MAC", value_parser = parse_vm_mac)]
+    macs: Vec<VmMac>,
+}
+
+/// A `--mac VM=MAC` option.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct VmMac {
+    vm: String,
+    mac: [u8; 6],
+}
+
+/// Parses `VM=MAC` (the address checked as in the configuration file).
+fn parse_vm_mac(text: &str) -> Result<VmMac, String> {
+    let (vm, mac) = text
+        .split_once('=')
+        .ok_or_else(|| "expected VM=MAC, e.g. vm0=52:54:00:12:34:56".to_string())?;
+    if vm.is_empty() {
+        return Err("the VM name before '=' is empty".into());
+    }
+    let mac = vhost_user_rdma::config::parse_mac(mac).map_err(|e| format!("{mac:?} {e}"))?;
+    Ok(VmMac { vm: vm.into(), mac })
 }
 
 /// Commands of the binary besides running the daemon.
@@ -127,7 +153,7 @@ enum ArgsError {
     #[error(transparent)]
     File(#[from] config_file::FileError),
     #[error(transparent)]
-    Config(#[from] vhost_user_rdma::config::ConfigError),
+    Config(#[from] ConfigError),
 }
 
 impl TryFrom<Args> for DaemonConfig {
@@ -173,6 +199,17 @@ fn daemon_config(a: Args) -> Result<(DaemonConfig, Option<LogFormat>), ArgsError
     };
     for socket in a.socket_path {
         config.add_default_vm(socket, limits);
+    }
+    for (i, m) in a.macs.iter().enumerate() {
+        if a.macs[..i].iter().any(|o| o.vm == m.vm) {
+            return Err(ConfigError::MacGivenTwice(m.vm.clone()).into());
+        }
+        let vm = config
+            .vms
+            .iter_mut()
+            .find(|v| v.name == m.vm)
+            .ok_or_else(|| ConfigError::MacForUnknownVm(m.vm.clone()))?;
+        vm.mac = Some(m.mac);
     }
     if a.no_shmem_doorbell {
         config.device_features &= !F_SHMEM_DOORBELL;
@@ -283,6 +320,79 @@ mod tests {
     }
 
     #[test]
+    fn mac_option_pairs_vms_by_name() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["x", "-s", "/tmp/a.sock", "-s", "/tmp/b.sock"];
+            argv.extend_from_slice(extra);
+            Args::try_parse_from(argv)
+        };
+        let c = DaemonConfig::try_from(
+            parse(&[
+                "--mac",
+                "vm1=52:54:00:12:34:56",
+                "--mac",
+                "vm0=02:00:00:00:00:01",
+            ])
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(c.vms[0].mac, Some([2, 0, 0, 0, 0, 1]));
+        assert_eq!(c.vms[1].mac, Some([0x52, 0x54, 0, 0x12, 0x34, 0x56]));
+        let c = DaemonConfig::try_from(parse(&[]).unwrap()).unwrap();
+        assert_eq!((c.vms[0].mac, c.vms[1].mac), (None, None));
+        // Malformed values are refused by the parser, with the reason.
+        for bad in [
+            "52:54:00:12:34:56",
+            "=52:54:00:12:34:56",
+            "vm0=52:54:00:12:34",
+            "vm0=00:00:00:00:00:00",
+            "vm0=01:00:5e:00:00:01",
+        ] {
+            assert!(parse(&["--mac", bad]).is_err(), "{bad}");
+        }
+        let e = parse(&["--mac", "vm0=ff:ff:ff:ff:ff:ff"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is a multicast address"), "{e}");
+        // Unknown VM, and one VM given twice.
+        let e = DaemonConfig::try_from(parse(&["--mac", "vm2=52:54:00:12:34:56"]).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("--mac vm2=...: there is no VM named \"vm2\""),
+            "{e}"
+        );
+        let e = DaemonConfig::try_from(
+            parse(&[
+                "--mac",
+                "vm0=52:54:00:12:34:56",
+                "--mac",
+                "vm0=52:54:00:12:34:57",
+            ])
+            .unwrap(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(e, "--mac is given more than once for VM \"vm0\"");
+        // Two VMs of one tenant with one address.
+        let e = DaemonConfig::try_from(
+            parse(&[
+                "--mac",
+                "vm0=52:54:00:12:34:56",
+                "--mac",
+                "vm1=52:54:00:12:34:56",
+            ])
+            .unwrap(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("is already the MAC address of VM \"vm0\""),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn ctl_subcommand_and_operations_flags() {
         // The daemon's flags are unchanged and take the new ones.
         let a = Args::try_parse_from([
@@ -349,6 +459,11 @@ mod tests {
         assert_eq!(c.vms.len(), 1);
         assert_eq!(c.vms[0].limits.max_qp, 100);
         assert_eq!(c.ctrl_poll, std::time::Duration::from_micros(5));
+        assert_eq!(c.vms[0].mac, None);
+        // --mac names a VM of the file too.
+        let a = Args::try_parse_from(["x", "-c", p, "--mac", "a=52:54:00:00:00:09"]).unwrap();
+        let c = DaemonConfig::try_from(a).unwrap();
+        assert_eq!(c.vms[0].mac, Some([0x52, 0x54, 0, 0, 0, 9]));
         // The command line overrides defaults and daemon settings and adds VMs.
         let a = Args::try_parse_from([
             "x",

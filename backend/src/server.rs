@@ -299,10 +299,11 @@ impl Daemon {
                 .map_err(ServerError::Spawn)?;
             info!(
                 vm = vm.name.as_str(), tenant = vm.tenant.as_str();
-                "serving VM {index} ({}, tenant {}, GID {}, engine thread {}) on {}",
+                "serving VM {index} ({}, tenant {}, GID {}, paired MAC {}, engine thread {}) on {}",
                 vm.name,
                 vm.tenant,
                 crate::config::gid_text(config.gid(index)),
+                vm.mac.map_or_else(|| "none".into(), crate::config::mac_text),
                 engines.for_vm(index).index(),
                 path.display()
             );

@@ -271,14 +271,27 @@ impl DbSlot {
     }
 }
 
+/// What a doorbell page is used for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Page {
+    /// Free: the next `CREATE_CTX` may take it.
+    Free,
+    /// The page of a live context, with the bitmap of its used slots.
+    InUse([u64; BITMAP_WORDS]),
+    /// It was the page of a context when the VMM's connection closed: a
+    /// guest process may still map it, so it is not handed out again
+    /// before the driver resets the device (spec 15.2, 18.7).
+    Quarantined,
+}
+
 /// Page and slot allocation of one device instance.
 #[derive(Debug)]
 pub struct DoorbellPages {
     region: Arc<DoorbellRegion>,
     /// Set by the device while the VMM has the region mapped.
     mapped: Arc<AtomicBool>,
-    /// Per page: `None` when free, else the bitmap of used slots.
-    used: Vec<Option<[u64; BITMAP_WORDS]>>,
+    /// State of every page.
+    used: Vec<Page>,
 }
 
 impl DoorbellPages {
@@ -289,7 +302,7 @@ impl DoorbellPages {
         DoorbellPages {
             region,
             mapped,
-            used: vec![None; n],
+            used: vec![Page::Free; n],
         }
     }
 
@@ -299,30 +312,34 @@ impl DoorbellPages {
     }
 
     /// Allocates and zeroes a page for a new context; `None` if the region
-    /// is not mapped into the guest or every page is taken.
+    /// is not mapped into the guest or every page is in use or quarantined.
     pub fn alloc_page(&mut self) -> Option<u32> {
         if !self.mapped.load(Ordering::Acquire) {
             return None;
         }
-        let index = self.used.iter().position(Option::is_none)?;
+        let index = self.used.iter().position(|p| *p == Page::Free)?;
         let page = u32::try_from(index).ok()?;
         self.region.zero_page(page);
         // The engine resumes polling after every control command, so a
         // new page starts without DB_FLAG_KICK (spec 18.7, parking).
-        *self.used.get_mut(index)? = Some([0; BITMAP_WORDS]);
+        *self.used.get_mut(index)? = Page::InUse([0; BITMAP_WORDS]);
         Some(page)
     }
 
-    /// Frees a context's page.
+    /// Frees a context's page (a quarantined page stays quarantined).
     pub fn free_page(&mut self, page: u32) {
         if let Some(p) = self.used.get_mut(page as usize) {
-            *p = None;
+            if matches!(p, Page::InUse(_)) {
+                *p = Page::Free;
+            }
         }
     }
 
     /// Allocates and zeroes a slot in `page` for a new queue.
     pub fn alloc_slot(&mut self, page: u32) -> Option<DbSlot> {
-        let bits = self.used.get_mut(page as usize)?.as_mut()?;
+        let Page::InUse(bits) = self.used.get_mut(page as usize)? else {
+            return None;
+        };
         let slot = (0..DB_PAGE_SLOTS).find(|&s| {
             bits.get(s as usize / 64)
                 .is_some_and(|w| w & (1 << (s % 64)) == 0)
@@ -337,7 +354,7 @@ impl DoorbellPages {
 
     /// Frees a queue's slot.
     pub fn free_slot(&mut self, s: SlotRef) {
-        if let Some(Some(bits)) = self.used.get_mut(s.page as usize) {
+        if let Some(Page::InUse(bits)) = self.used.get_mut(s.page as usize) {
             if s.slot < DB_PAGE_SLOTS {
                 if let Some(w) = bits.get_mut(s.slot as usize / 64) {
                     *w &= !(1 << (s.slot % 64));
@@ -346,14 +363,55 @@ impl DoorbellPages {
         }
     }
 
-    /// Frees every page (device reset or disconnect).
+    /// Frees every page in use (device reset or disconnect); quarantined
+    /// pages stay quarantined.
     pub fn clear(&mut self) {
-        self.used.iter_mut().for_each(|p| *p = None);
+        for p in &mut self.used {
+            if matches!(p, Page::InUse(_)) {
+                *p = Page::Free;
+            }
+        }
+    }
+
+    /// The VMM's connection closed: every page in use is quarantined (a
+    /// guest process may still map it) until [`DoorbellPages::end_quarantine`].
+    /// Returns how many pages are quarantined now.
+    pub fn quarantine_in_use(&mut self) -> usize {
+        for p in &mut self.used {
+            if matches!(p, Page::InUse(_)) {
+                *p = Page::Quarantined;
+            }
+        }
+        self.pages_quarantined()
+    }
+
+    /// The driver reset the device, which it does only after every guest
+    /// mapping of the pages is gone: quarantined pages are free again.
+    /// Returns how many were quarantined.
+    pub fn end_quarantine(&mut self) -> usize {
+        let n = self.pages_quarantined();
+        for p in &mut self.used {
+            if *p == Page::Quarantined {
+                *p = Page::Free;
+            }
+        }
+        n
     }
 
     /// Number of pages in use.
     pub fn pages_in_use(&self) -> usize {
-        self.used.iter().filter(|p| p.is_some()).count()
+        self.used
+            .iter()
+            .filter(|p| matches!(p, Page::InUse(_)))
+            .count()
+    }
+
+    /// Number of quarantined pages.
+    pub fn pages_quarantined(&self) -> usize {
+        self.used
+            .iter()
+            .filter(|p| **p == Page::Quarantined)
+            .count()
     }
 
     /// Sets the device flags in the header of page `page` (a page just
@@ -367,7 +425,7 @@ impl DoorbellPages {
     pub fn set_flags_all(&self, v: u32) {
         // At most `pages` (a u32) pages: the counter does not run out.
         for (p, i) in self.used.iter().zip(0u32..) {
-            if p.is_some() {
+            if matches!(p, Page::InUse(_)) {
                 self.region.set_flags(i, v);
             }
         }
@@ -576,5 +634,33 @@ mod tests {
         assert_eq!(region.flags(0), 0);
         p.clear();
         assert_eq!(p.pages_in_use(), 0);
+    }
+
+    #[test]
+    fn quarantined_pages_wait_for_the_reset() {
+        let region = Arc::new(DoorbellRegion::new(4).unwrap_or_else(|e| panic!("{e}")));
+        let mapped = Arc::new(AtomicBool::new(true));
+        let mut p = DoorbellPages::new(region, mapped);
+        assert_eq!((p.alloc_page(), p.alloc_page()), (Some(0), Some(1)));
+        // A disconnect: both pages quarantined, then everything freed.
+        assert_eq!(p.quarantine_in_use(), 2);
+        p.clear();
+        assert_eq!((p.pages_in_use(), p.pages_quarantined()), (0, 2));
+        assert!(p.alloc_slot(0).is_none(), "a quarantined page has no slots");
+        p.free_page(1);
+        assert_eq!(p.pages_quarantined(), 2, "freeing does not release it");
+        // The next connection gets the other pages only.
+        assert_eq!((p.alloc_page(), p.alloc_page()), (Some(2), Some(3)));
+        assert_eq!(p.alloc_page(), None);
+        // A second disconnect adds to the quarantine.
+        assert_eq!(p.quarantine_in_use(), 4);
+        p.clear();
+        assert_eq!(p.alloc_page(), None);
+        // A reset ends it.
+        assert_eq!(p.end_quarantine(), 4);
+        assert_eq!(p.pages_quarantined(), 0);
+        let mut got: Vec<u32> = std::iter::from_fn(|| p.alloc_page()).collect();
+        got.sort_unstable();
+        assert_eq!(got, [0, 1, 2, 3]);
     }
 }

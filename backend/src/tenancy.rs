@@ -80,6 +80,9 @@ pub struct VmEntry {
     pub tenant: usize,
     /// Its port GID.
     pub gid: [u8; 16],
+    /// MAC address of the guest interface its port is paired with
+    /// (`DeviceConfig.mac`); `None`: none configured.
+    pub mac: Option<[u8; 6]>,
     /// Its isolation counters.
     pub counters: IsolationCounters,
     /// Its traffic and control counters.
@@ -131,6 +134,7 @@ impl Tenancy {
                 name: vm.name.clone(),
                 tenant,
                 gid,
+                mac: vm.mac,
                 counters: IsolationCounters::default(),
                 traffic: TrafficCounters::default(),
             });

@@ -71,6 +71,7 @@ name = "web"
 socket = "{d}/web.sock"
 tenant = "blue"
 qos_class = "gold"
+mac = "52:54:00:00:00:01"
 
 [[vm]]
 name = "db"
@@ -305,6 +306,7 @@ fn ctl_shows_live_objects_and_changes_qos() {
             "NAME",
             "TENANT",
             "GID",
+            "MAC",
             "ENGINE",
             "CONNECTED",
             "CONNS",
@@ -323,6 +325,7 @@ fn ctl_shows_live_objects_and_changes_qos() {
             "web",
             "blue",
             "::ffff:10.42.0.1",
+            "52:54:00:00:00:01",
             "0",
             "yes",
             "1",
@@ -341,6 +344,7 @@ fn ctl_shows_live_objects_and_changes_qos() {
             "batch",
             "red",
             "::ffff:10.42.0.3",
+            "-",
             "1",
             "no",
             "0",
@@ -365,6 +369,8 @@ fn ctl_shows_live_objects_and_changes_qos() {
     assert_eq!(vms[0]["socket"], d.socket("web").display().to_string());
     assert_eq!(vms[1]["connected"], false);
     assert_eq!(vms[2]["tenant"], "red");
+    assert_eq!(vms[0]["mac"], "52:54:00:00:00:01");
+    assert_eq!(vms[2]["mac"], Value::Null);
 
     // ctl stats: human text and JSON (by name, by index).
     let (code, out, err) = d.ctl(&["stats", "web"]);

@@ -180,6 +180,15 @@ impl Device {
         &self.inner.config
     }
 
+    /// MAC address of the guest network interface the port is paired with
+    /// (`DeviceConfig.mac`, spec appendix A); `None` when the operator
+    /// configured none. The library needs no interface itself: an
+    /// application uses this to find the interface that carries the
+    /// port's GIDs as IP addresses.
+    pub fn paired_mac(&self) -> Option<[u8; 6]> {
+        self.inner.config.paired_mac()
+    }
+
     /// The QUERY_DEVICE response.
     pub fn attr(&self) -> &DeviceAttr {
         &self.inner.attr

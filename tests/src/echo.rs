@@ -104,6 +104,8 @@ pub fn echo_config() -> DeviceConfig {
         max_mr_size: 1 << 32,
         max_mr_bytes: 1 << 34,
         page_size_cap: (1 << 12) | (1 << 21) | (1 << 30),
+        mac: [0; 6],
+        reserved: 0,
     }
 }
 

@@ -384,3 +384,91 @@ fn disconnect_and_reset_zero_the_doorbell_region() {
         assert!(left.iter().all(|&x| x == 0), "reset {reset}: {left:x?}");
     }
 }
+
+/// Protocol features of a VMM that never sends `RESET_DEVICE`; the device
+/// then recognises a reset from the restart of the queues (spec 15.1).
+fn shmem_opts_without_reset_device() -> VmmOptions {
+    use vhost::vhost_user::message::VhostUserProtocolFeatures as P;
+    VmmOptions {
+        protocol_features: P::CONFIG | P::MQ | P::REPLY_ACK,
+        ..shmem_opts()
+    }
+}
+
+/// Doorbell pages of `n` new contexts (`DB_NONE` for those without one).
+fn new_ctx_pages(vmm: &mut TestVmm, n: usize) -> Vec<u32> {
+    let mut v = Verbs::new(vmm);
+    (0..n)
+        .map(|_| v.create_ctx_full().unwrap().doorbell_page)
+        .collect()
+}
+
+/// The pages that are not `DB_NONE`, sorted.
+fn pages_of(ctx_pages: &[u32]) -> Vec<u32> {
+    let mut p: Vec<u32> = ctx_pages
+        .iter()
+        .copied()
+        .filter(|&p| p != DB_NONE)
+        .collect();
+    p.sort_unstable();
+    p
+}
+
+/// Spec 15.2 and 18.7: a VMM reconnection without a device reset leaves
+/// guest processes mapping the doorbell pages of the previous connection
+/// (the guest kernel has not noticed yet). Those pages stay out of use
+/// until the driver resets the device, announced (`RESET_DEVICE`) or
+/// recognised from the queues; a reconnection alone never releases them,
+/// and a context that finds only such pages works in guest-RAM mode.
+#[test]
+fn pages_of_a_closed_connection_stay_unused_until_a_reset() {
+    for opts in [shmem_opts(), shmem_opts_without_reset_device()] {
+        let d = TestDaemon::with_limits(
+            1,
+            vhost_user_rdma::Limits {
+                max_ctx: 4,
+                ..vhost_user_rdma::Limits::default()
+            },
+        )
+        .unwrap();
+        // Connection 1: two contexts get two of the four pages.
+        let mut vmm = d.connect_with(0, opts.clone()).unwrap();
+        let first = pages_of(&new_ctx_pages(&mut vmm, 2));
+        assert_eq!(first.len(), 2, "{first:?}");
+        vmm.disconnect();
+        assert!(d.wait_released(0).device.resources.is_empty());
+
+        // Connection 2, the guest not reset: only the two other pages.
+        let mut vmm = d.connect_with(0, opts.clone()).unwrap();
+        let ctxs = new_ctx_pages(&mut vmm, 4);
+        let second = pages_of(&ctxs);
+        assert_eq!(second.len(), 2, "contexts got {ctxs:x?}");
+        assert!(
+            second.iter().all(|p| !first.contains(p)),
+            "a page of connection 1 was handed out again: {first:?} then {second:?}"
+        );
+        vmm.disconnect();
+        assert!(d.wait_released(0).device.resources.is_empty());
+
+        // Connection 3: every page was assigned when a connection closed.
+        let mut vmm = d.connect_with(0, opts.clone()).unwrap();
+        {
+            let mut v = Verbs::new(&mut vmm);
+            let ctxs: Vec<_> = (0..4).map(|_| v.create_ctx_full().unwrap()).collect();
+            let pages: Vec<u32> = ctxs.iter().map(|c| c.doorbell_page).collect();
+            assert_eq!(pages, vec![DB_NONE; 4], "a reconnection released pages");
+            // Such a context works in guest-RAM mode: its QPs get no slot.
+            let pd = v.alloc_pd(ctxs[0].ctx_handle).unwrap();
+            let cq = v.create_cq(ctxs[0].ctx_handle, 64).unwrap();
+            let (req, tail) = v.qp_request(&RawQpInit::rc(pd, cq)).unwrap();
+            assert_eq!(v.create_qp_raw(&req, &tail).unwrap().db_slot, DB_NONE);
+        }
+
+        // The driver resets the device: every page is usable again.
+        vmm.reset().unwrap();
+        let after = pages_of(&new_ctx_pages(&mut vmm, 4));
+        assert_eq!(after, vec![0, 1, 2, 3], "opts {:?}", opts.protocol_features);
+        let w = vmm.shmem_window().cloned().unwrap();
+        assert_eq!(w.violations(), Vec::<String>::new());
+    }
+}

@@ -157,7 +157,7 @@ fn binary_serves_two_vms() {
             .arg(&s0)
             .arg("--socket-path")
             .arg(&s1)
-            .args(["--max-qp", "3"])
+            .args(["--max-qp", "3", "--mac", "vm1=52:54:00:00:01:02"])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .spawn()
@@ -167,6 +167,9 @@ fn binary_serves_two_vms() {
     let mut b = TestVmm::connect(&s1, VmmOptions::default()).unwrap();
     assert_eq!(a.config().unwrap().max_qp, 3);
     assert_eq!(b.config().unwrap().max_qp, 3);
+    // The paired MAC of the command line (spec chapter 5), for vm1 only.
+    assert_eq!(a.config().unwrap().mac, [0; 6]);
+    assert_eq!(b.config().unwrap().mac, [0x52, 0x54, 0, 0, 1, 2]);
     let mut v = Verbs::new(&mut a);
     let ctx = v.create_ctx().unwrap();
     let pd = v.alloc_pd(ctx).unwrap();
@@ -193,6 +196,31 @@ fn binary_rejects_bad_configuration() {
         err.contains("max-cqe") && err.contains("power of two"),
         "{err}"
     );
+
+    let out = Command::new(daemon_binary())
+        .args([
+            "--socket-path",
+            "/tmp/x.sock",
+            "--mac",
+            "vm0=01:00:5e:00:00:01",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--mac") && err.contains("multicast"), "{err}");
+    let out = Command::new(daemon_binary())
+        .args([
+            "--socket-path",
+            "/tmp/x.sock",
+            "--mac",
+            "vm1=52:54:00:00:00:01",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no VM named \"vm1\""), "{err}");
 
     let out = Command::new(daemon_binary()).output().unwrap();
     assert_eq!(out.status.code(), Some(2));

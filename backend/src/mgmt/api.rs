@@ -12,7 +12,7 @@ use log::info;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use crate::config::gid_text;
+use crate::config::{gid_text, mac_text};
 use crate::qos::{QosSpec, MAX_WEIGHT};
 use crate::resources::ResourceCounts;
 use crate::server::DaemonView;
@@ -288,6 +288,8 @@ fn vm_summary(view: &DaemonView, s: &VmSnapshot) -> Value {
         "name": s.name,
         "tenant": s.tenant_name,
         "gid": view.tenancy().vm(s.index).map(|v| gid_text(v.gid)),
+        // The guest interface its port is paired with; null: none.
+        "mac": view.tenancy().vm(s.index).and_then(|v| v.mac).map(mac_text),
         "socket": view.vm_socket(s.index).map(|p| p.display().to_string()),
         "engine": view.engine_of(s.index),
         "connected": s.stats.connected,

@@ -299,6 +299,7 @@ fn human(cmd: &CtlCommand, a: &Value) -> String {
                         s(vm, "name"),
                         s(vm, "tenant"),
                         s(vm, "gid"),
+                        s(vm, "mac"),
                         u(vm, &["engine"]).to_string(),
                         if vm["connected"] == Value::Bool(true) {
                             "yes"
@@ -322,6 +323,7 @@ fn human(cmd: &CtlCommand, a: &Value) -> String {
                     "NAME",
                     "TENANT",
                     "GID",
+                    "MAC",
                     "ENGINE",
                     "CONNECTED",
                     "CONNS",
@@ -580,5 +582,24 @@ mod tests {
             limits_cell(&json!({"bytes_per_sec": 7, "ops_per_sec": 0})),
             "bytes/s=7"
         );
+    }
+
+    #[test]
+    fn vms_table_shows_the_paired_mac() {
+        let answer = json!({"vms": [
+            {"name": "web", "tenant": "blue", "gid": "::ffff:10.42.0.1",
+             "mac": "52:54:00:12:34:56", "engine": 0, "connected": true},
+            {"name": "db", "tenant": "blue", "gid": "::ffff:10.42.0.2",
+             "mac": null, "engine": 0, "connected": false},
+        ]});
+        let t = human(&CtlCommand::Vms, &answer);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(
+            lines[0].starts_with("NAME  TENANT  GID               MAC  "),
+            "{t}"
+        );
+        let cells = |l: &str| l.split_whitespace().map(String::from).collect::<Vec<_>>();
+        assert_eq!(cells(lines[1])[3], "52:54:00:12:34:56");
+        assert_eq!(cells(lines[2])[3], "-");
     }
 }

@@ -58,6 +58,17 @@ fn open_queries_then_creates_a_context_and_drop_destroys_it() {
 }
 
 #[test]
+fn the_paired_mac_is_exposed() {
+    let (_mock, dev) = setup();
+    assert_eq!(dev.paired_mac(), Some(super::mock::MOCK_MAC));
+    assert_eq!(dev.config().mac, super::mock::MOCK_MAC);
+    let mut m = super::mock::Mock::new();
+    m.config.mac = [0; 6];
+    let dev = crate::Device::open(Arc::new(m)).unwrap();
+    assert_eq!(dev.paired_mac(), None, "all zero: none configured");
+}
+
+#[test]
 fn abi_version_is_checked() {
     // Version 1 (the layout before the v2 doorbell changes) and any later
     // one are refused before a single command is sent.

@@ -18,6 +18,8 @@ use virtio_rdma_abi::{Field, Wire, ABI_VERSION};
 use crate::transport::{DmaRegion, Token, Transport, TransportError};
 
 pub const PAGE_SHIFT: u32 = 12;
+/// The MAC address the mock device reports (`DeviceConfig.mac`).
+pub const MOCK_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x00, 0x00, 0x07];
 const PAGE: usize = 1 << PAGE_SHIFT;
 
 /// Heap memory posing as DMA memory.
@@ -111,6 +113,8 @@ impl Mock {
                 max_mr_size: 1 << 30,
                 max_mr_bytes: 1 << 32,
                 page_size_cap: 1 << 12,
+                mac: MOCK_MAC,
+                reserved: 0,
             },
             requests: Mutex::new(Vec::new()),
             responses: Mutex::new(HashMap::new()),
