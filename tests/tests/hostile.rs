@@ -965,7 +965,8 @@ fn npages_absurd() {
         // npages = 2^32 - 1 with CONTIGUOUS (no list to send). This breaks
         // rule 4 (npages <= max_mr_pages: RANGE) and rule 9 (npages must
         // match the length: INVALID), both with detail B + 8; spec 7.5
-        // lets the device report either (the SHOULD order gives RANGE).
+        // lets the device report either (the SHOULD order of 10.3 checks
+        // rule 9 first and gives INVALID).
         let start = pages(w, 1)[0];
         let req = mr_req(
             w.base().pd,
@@ -2765,6 +2766,51 @@ fn limits_npages_and_page_size_cap() {
             "REG_MR, length max_mr_size + 4096",
             Status::RANGE,
             16,
+            |v| v.reg_mr_raw(&req, &list),
+        );
+    });
+}
+
+/// Spec 10.3: rule 9 (`npages` is the count the buffer needs, INVALID)
+/// comes before rule 4 (`npages` <= `max_mr_pages`, RANGE), so RANGE on
+/// `npages` means "this buffer needs more pages than one list may have".
+/// For a memory region that can only happen if `max_mr_pages` is too small
+/// for a region of `max_mr_size` bytes: the device advertises enough for
+/// one at any `first_page_offset`, so REG_MR never reports it, and a
+/// count the length does not call for is INVALID.
+///
+/// Regression: `max_mr_pages` was `max_mr_size / 4096 + 1`, one page
+/// short when `max_mr_size` is not a multiple of 4096; a region of the
+/// largest size starting late in its first page got RANGE on `npages`
+/// although its length was allowed.
+#[test]
+fn max_mr_pages_covers_the_largest_region_at_any_offset() {
+    let limits = Limits {
+        max_mr_size: MIB + 4095,
+        ..Limits::default()
+    };
+    hostile_in(World::build(limits, opts()), |w| {
+        let dev = w.ok("QUERY_DEVICE", |v| v.query_device());
+        assert_eq!(dev.max_mr_size, MIB + 4095);
+        // ceil((4095 + max_mr_size) / 4096)
+        assert_eq!(dev.max_mr_pages, 258);
+        let pd = w.base().pd;
+        let p = pages(w, 1);
+        let list = le64s(&vec![p[0]; 258]);
+        let mut req = mr_req(pd, MIB + 4095, inline(258));
+        req.buf.first_page_offset = 4095;
+        let mr = w.ok("REG_MR of max_mr_size at offset 4095", |v| {
+            v.reg_mr_raw(&req, &list)
+        });
+        w.ok("DEREG_MR", |v| v.dereg_mr(mr.mr_handle));
+        // More pages than max_mr_pages that the length does not need:
+        // rule 9 fires first.
+        let list = le64s(&vec![p[0]; 300]);
+        let req = mr_req(pd, PAGE_SIZE, inline(300));
+        w.expect(
+            "REG_MR, 300 pages for one page of data",
+            Status::INVALID,
+            MR_BUF + NPAGES,
             |v| v.reg_mr_raw(&req, &list),
         );
     });
