@@ -233,6 +233,48 @@ fn stopping_and_resuming_queues_is_a_pause_not_a_reset() {
     assert_eq!(v.query_qp(qp).unwrap().attr.qp_state, 3);
 }
 
+/// Spec 15.1, "While stopped": nothing is written into a stopped device's
+/// memory, not even the engine's `DB_FLAG_KICK` in the device half of a
+/// doorbell record. The engine parks and unparks every 50 ms at most and
+/// (re)wrote the flag of every record then, the stopped device's too: a
+/// value the test leaves in the field was overwritten within a park
+/// cycle. After the start the field is the engine's again.
+#[test]
+fn a_stopped_device_has_its_doorbell_records_left_alone() {
+    use std::sync::atomic::Ordering;
+    use vm_memory::GuestAddress;
+    let d = TestDaemon::start(1).unwrap();
+    let mut vm = d.connect_with(0, no_reset_device()).unwrap();
+    let mut v = Verbs::new(&mut vm);
+    let ctx = v.create_ctx().unwrap();
+    let pd = v.alloc_pd(ctx).unwrap();
+    let cq = v.create_cq(ctx, 64).unwrap();
+    let (req, tail) = v.qp_request(&QpInit::rc(pd, cq)).unwrap();
+    let qp = v.create_qp_raw(&req, &tail).unwrap();
+    // `flags` of the device half (section 18.4).
+    let flags = GuestAddress(req.db_gpa + 40);
+    let bases = vm.stop_queues().unwrap();
+    const MARK: u32 = 0x5a5a_0000;
+    vm.mem().store(flags, MARK, Ordering::Release).unwrap();
+    // Several park cycles of an idle engine.
+    let until = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < until {
+        let now: u32 = vm.mem().load(flags, Ordering::Acquire).unwrap();
+        assert_eq!(now, MARK, "the device wrote a stopped device's record");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    vm.resume(&bases).unwrap();
+    assert_eq!(
+        Verbs::new(&mut vm)
+            .query_qp(qp.qp_handle)
+            .unwrap()
+            .attr
+            .qp_state,
+        0,
+        "paused, not reset"
+    );
+}
+
 /// Finding 1: a VMM that never sends `RESET_DEVICE` shows a guest reset
 /// only as a restart of the queues from index 0. The device recognises it
 /// and releases every object of the previous boot (it kept them all, and

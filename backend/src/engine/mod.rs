@@ -797,11 +797,18 @@ fn work_on(dev: &RdmaDevice, f: impl FnOnce(&mut Ctrl, &HostMem) -> bool) -> Opt
 ///
 /// Returns false if a VM's lock was busy, so its records may lack the flag:
 /// the engine must not park then (it would sleep through that VM's posts).
+///
+/// A stopped VM is left alone: nothing is written into its memory while
+/// it is stopped (spec 15.1), and its start wakes the engine, which then
+/// looks at all of its queues whatever their flags said meanwhile.
 fn set_kick(lists: &[DbList], on: bool) -> bool {
     let v = if on { DB_FLAG_KICK } else { 0 };
     let mut all = true;
     for list in lists {
         let ran = list.dev.try_with_dataplane(|ctrl, mem| {
+            if !ctrl.running() {
+                return;
+            }
             for (_, qp) in ctrl.res.qps.iter() {
                 if qp.db_slot.is_none() {
                     let _ = access::store_u32_release(mem, qp.db_gpa.saturating_add(FLAGS), v);
