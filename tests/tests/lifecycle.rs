@@ -233,6 +233,62 @@ fn stopping_and_resuming_queues_is_a_pause_not_a_reset() {
     assert_eq!(v.query_qp(qp).unwrap().attr.qp_state, 3);
 }
 
+/// Spec chapter 19's feature tables, as the back-end offers them: the
+/// virtio bits (no ACCESS_PLATFORM, no packed ring, no indirect
+/// descriptors, no dirty logging), the protocol features with and without
+/// the doorbell region (the front-end acks every bit, so what it holds
+/// afterwards is exactly what was offered), three queues, and the 88-byte
+/// configuration space.
+#[test]
+fn vhost_user_features_are_those_of_chapter_19() {
+    use vhost::vhost_user::VhostUserProtocolFeatures as P;
+    use virtio_rdma_abi::config::{ALL_DEVICE_FEATURES, F_SHMEM_DOORBELL};
+    for shmem in [true, false] {
+        let d = TestDaemon::with_config(1, |c| {
+            if !shmem {
+                c.device_features &= !F_SHMEM_DOORBELL;
+            }
+        })
+        .unwrap();
+        let opts = VmmOptions {
+            protocol_features: P::all(),
+            shmem: true,
+            ..VmmOptions::default()
+        };
+        let mut vm = d.connect_with(0, opts).unwrap();
+        let device_bits = if shmem {
+            ALL_DEVICE_FEATURES
+        } else {
+            ALL_DEVICE_FEATURES & !F_SHMEM_DOORBELL
+        };
+        let want = (1u64 << 32) | (1 << 30) | (1 << 29) | device_bits;
+        assert_eq!(
+            vm.device_features(),
+            want,
+            "virtio features (shmem {shmem})"
+        );
+        assert_eq!(vm.device_features() & (1 << 33), 0, "ACCESS_PLATFORM");
+        let mut want = P::MQ | P::REPLY_ACK | P::CONFIG | P::RESET_DEVICE;
+        if shmem {
+            want |= P::BACKEND_REQ | P::SHMEM;
+        }
+        assert_eq!(
+            vm.protocol_features(),
+            want,
+            "protocol features (shmem {shmem})"
+        );
+        assert_eq!(P::SHMEM.bits(), 1 << 22);
+        assert_eq!(vm.backend_queues(), 3);
+        let all = vm.config_bytes(0, 88).unwrap();
+        assert_eq!(all.len(), 88);
+        let cfg = vm.config().unwrap();
+        assert_eq!(cfg.abi_version, virtio_rdma_abi::ABI_VERSION);
+        let tail = vm.config_bytes(80, 16).unwrap();
+        assert_eq!(&tail[..8], &all[80..88]);
+        assert_eq!(&tail[8..], &[0u8; 8], "past the structure reads as 0");
+    }
+}
+
 /// Spec 15.1, "While stopped": nothing is written into a stopped device's
 /// memory, not even the engine's `DB_FLAG_KICK` in the device half of a
 /// doorbell record. The engine parks and unparks every 50 ms at most and
