@@ -307,8 +307,8 @@ fn a_stopped_device_has_its_doorbell_records_left_alone() {
     let cq = v.create_cq(ctx, 64).unwrap();
     let (req, tail) = v.qp_request(&QpInit::rc(pd, cq)).unwrap();
     let qp = v.create_qp_raw(&req, &tail).unwrap();
-    // `flags` of the device half (section 18.4).
-    let flags = GuestAddress(req.db_gpa + 40);
+    // `flags` of the device half (section 18.4): its third word.
+    let flags = GuestAddress(req.db_gpa + virtio_rdma_abi::datapath::DB_DEVICE_OFFSET + 8);
     let bases = vm.stop_queues().unwrap();
     const MARK: u32 = 0x5a5a_0000;
     vm.mem().store(flags, MARK, Ordering::Release).unwrap();
