@@ -363,10 +363,15 @@ impl Limits {
         Ok(())
     }
 
-    /// Most pages one MR may have (its largest length in 4 KiB pages, plus
-    /// one for an unaligned start), capped to what a u32 count can hold.
+    /// Most pages one MR may have: the 4 KiB pages a region of
+    /// `max_mr_size` bytes spans when it starts on the last byte of its
+    /// first page, `ceil((4095 + max_mr_size) / 4096)`, capped to what a
+    /// u32 count can hold. Every allowed region fits (spec 10.3: `REG_MR`
+    /// never reports `RANGE` on `npages`).
     pub fn max_mr_pages(&self) -> u32 {
-        u32::try_from((self.max_mr_size >> MIN_PAGE_SHIFT) + 1).unwrap_or(u32::MAX)
+        const PAGE: u64 = 1 << MIN_PAGE_SHIFT;
+        let span = self.max_mr_size.saturating_add(PAGE - 1);
+        u32::try_from(span.div_ceil(PAGE)).unwrap_or(u32::MAX)
     }
 
     /// The device configuration advertised to the driver, without a paired

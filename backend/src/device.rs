@@ -656,12 +656,22 @@ impl RdmaDevice {
                 empty_rounds = 0;
                 self.map_doorbells();
                 let mut engine_work = false;
+                let queue_size = vring.get_ref().get_queue().size();
                 for (chain, taken) in chains {
                     let head = chain.head_index();
+                    // A head past the descriptor table names no chain, and
+                    // a used element cannot name it either (spec 7.4): the
+                    // entry is counted as malformed and returns nothing.
+                    let named = head < queue_size;
                     // Copy the request, and do the expensive part of the
                     // command (an MR's translation), before taking the
                     // state lock for it: the engine waits on that lock.
-                    let request = read_chain(mem, chain);
+                    let request = if named {
+                        read_chain(mem, chain)
+                    } else {
+                        debug!("control queue: available head {head} is not a descriptor");
+                        None
+                    };
                     let prepared = match &request {
                         Some(r) if Preparer::wanted(&r.bytes) => {
                             let preparer = self.lock().ctrl.preparer();
@@ -691,8 +701,10 @@ impl RdmaDevice {
                         (used, st.ctrl.stats.ok != ok_before, released)
                     };
                     drop(released);
-                    if let Err(e) = vring.add_used(head, used) {
-                        warn!("cannot return control buffer {head}: {e}");
+                    if named {
+                        if let Err(e) = vring.add_used(head, used) {
+                            warn!("cannot return control buffer {head}: {e}");
+                        }
                     }
                     if let Some(t) = self.traffic() {
                         TrafficCounters::add(&t.ctrl_cmds, 1);
@@ -787,6 +799,13 @@ impl RdmaDevice {
             };
             rechecked = false;
             let head = chain.head_index();
+            if head >= vring.get_ref().get_queue().size() {
+                // Names no buffer, and cannot be returned (spec 7.4, 14.1).
+                debug!("event queue: available head {head} is not a descriptor");
+                st.ctrl.count_malformed();
+                st.ctrl.events.unpop(ev);
+                continue;
+            }
             let used = if write_event(mem, chain, &ev) {
                 Event::SIZE as u32
             } else {
@@ -923,6 +942,11 @@ fn read_chain(mem: &Mem, chain: DescriptorChain<Mem>) -> Option<ChainRequest> {
         // descriptor still says NEXT was cut short that way.
         truncated = desc.has_next();
         let len = desc.len() as usize;
+        // No bytes: nothing is read or written through it, so neither its
+        // address nor its direction matters (spec 7.4).
+        if len == 0 {
+            continue;
+        }
         if desc.is_write_only() {
             total_w = total_w.saturating_add(len);
             writable.push((desc.addr(), len));
@@ -982,6 +1006,10 @@ fn write_event(mem: &Mem, chain: DescriptorChain<Mem>, ev: &Event) -> bool {
     let mut truncated = false;
     for desc in chain {
         truncated = desc.has_next();
+        // Ignored like an empty descriptor of a control request (spec 14.1).
+        if desc.len() == 0 {
+            continue;
+        }
         if !desc.is_write_only() {
             return false;
         }
@@ -1190,6 +1218,11 @@ impl RdmaDevice {
         let mut st = self.lock();
         self.running.store(on, Ordering::Release);
         st.ctrl.set_running(on);
+        if on {
+            if let Some(host) = st.host.as_ref() {
+                st.ctrl.refresh_doorbell_flags(host);
+            }
+        }
         self.bump_dp_gen();
     }
 

@@ -434,6 +434,49 @@ fn a_paused_vm_takes_its_messages_when_it_resumes() {
     }
 }
 
+/// Spec 15.1, "While stopped", as a driver author asks it (guest driver
+/// notes, section 7 item 9): while the VMM has B's queues stopped, the
+/// engine executes none of B's work requests (B's RDMA WRITE to A neither
+/// lands nor completes) and nothing enters B's memory (A's RDMA WRITE into
+/// B's region does not land; A's requester gets no answer and retries).
+/// When B resumes where it stopped, both complete, and no QP failed.
+#[test]
+fn a_paused_vm_neither_executes_work_nor_takes_rdma() {
+    for opts in modes() {
+        let d = TestDaemon::start(2).unwrap();
+        let a = Vm::open(&d, 0, opts.clone());
+        let b = Vm::open(&d, 1, opts);
+        let p = rc_pair(&a, &b);
+        let abuf = Buf::new(&a, 4096);
+        let bbuf = Buf::new(&b, 4096);
+        abuf.write(0, b"from A");
+        bbuf.write(2048, b"from B");
+        let bases = b.t.vmm().stop_queues().unwrap();
+        // B posts while stopped (its doorbell and kick reach nobody).
+        let to_a = SendOp::RdmaWrite {
+            remote_addr: abuf.addr(2048),
+            rkey: abuf.mr.rkey(),
+        };
+        p.qb.post_send(&[wr(2, to_a, &[bbuf.sge(2048, 6)])])
+            .unwrap();
+        let to_b = SendOp::RdmaWrite {
+            remote_addr: bbuf.addr(0),
+            rkey: bbuf.mr.rkey(),
+        };
+        p.qa.post_send(&[wr(1, to_b, &[abuf.sge(0, 6)])]).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_ne!(bbuf.read(0, 6), b"from A", "RDMA WRITE into a paused VM");
+        assert_ne!(abuf.read(2048, 6), b"from B", "a paused VM's WQE ran");
+        assert!(p.cqb.poll_one().is_none(), "completion in a paused VM");
+        assert!(p.cqa.poll_one().is_none(), "a paused VM acknowledged");
+        b.t.vmm().resume(&bases).unwrap();
+        ok(&poll_one(&p.cqa), 1, WcOpcode::RDMA_WRITE);
+        ok(&poll_one(&p.cqb), 2, WcOpcode::RDMA_WRITE);
+        assert_eq!(bbuf.read(0, 6), b"from A");
+        assert_eq!(abuf.read(2048, 6), b"from B");
+    }
+}
+
 /// Retries are work the guest causes too: with `timeout` 0 an RC QP
 /// retries a message to nowhere every 10 ms without end, so 50 such QPs
 /// would make 5,000 tries a second. Each try is charged to the VM's rate

@@ -982,7 +982,8 @@ fn npages_absurd() {
         // npages = 2^32 - 1 with CONTIGUOUS (no list to send). This breaks
         // rule 4 (npages <= max_mr_pages: RANGE) and rule 9 (npages must
         // match the length: INVALID), both with detail B + 8; spec 7.5
-        // lets the device report either (the SHOULD order gives RANGE).
+        // lets the device report either (the SHOULD order of 10.3 checks
+        // rule 9 first and gives INVALID).
         let start = pages(w, 1)[0];
         let req = mr_req(
             w.base().pd,
@@ -1927,6 +1928,167 @@ fn readable_part_over_max_request_bytes() {
     });
 }
 
+/// Spec 7.4: an available-ring entry whose head index is at or past the
+/// queue size names no chain. The device takes it, executes nothing,
+/// returns no used element for it (none could name it) and counts it; the
+/// requests around it are served. (The daemon used to try to return it,
+/// which failed and logged a warning and an error per entry: a log flood
+/// a guest could drive.)
+#[test]
+fn available_head_past_the_queue() {
+    hostile(|w| {
+        let before = w.a_stats();
+        let qpns = w.d.daemon().qpns_in_use();
+        let size = w.a.ctrl().vring().size();
+        let used_before = w.a.ctrl().vring().device_used_idx().unwrap();
+        let published_before = w.a.ctrl().vring().avail_idx();
+        {
+            let v = w.a.ctrl().vring_mut();
+            for head in [size, size + 1, u16::MAX] {
+                v.push_avail_raw(head).unwrap();
+            }
+        }
+        // A valid request behind them (its kick covers the three).
+        let ctx = w.ok("CREATE_CTX behind bad heads", |v| v.create_ctx());
+        let after = w.a_stats();
+        assert_eq!(after.ctrl.malformed, before.ctrl.malformed + 3, "counted");
+        assert_eq!(after.ctrl.ok, before.ctrl.ok + 1, "the valid request ran");
+        assert_eq!(after.resources.ctx, before.resources.ctx + 1);
+        let ctrl = w.a.ctrl();
+        assert_eq!(ctrl.vring().avail_idx(), published_before.wrapping_add(4));
+        assert_eq!(
+            ctrl.vring().device_used_idx().unwrap(),
+            used_before.wrapping_add(1),
+            "only the valid request is returned"
+        );
+        assert!(ctrl.untracked().is_empty(), "{:?}", ctrl.untracked());
+        w.ok("DESTROY_CTX", |v| v.destroy_ctx(ctx));
+        assert_eq!(w.d.daemon().qpns_in_use(), qpns);
+    });
+}
+
+/// Spec 7.4: a descriptor of length 0 is not malformed. It carries no
+/// bytes, so the device reads and writes nothing through it and looks at
+/// neither its address nor its direction. Before, a zero-length readable
+/// descriptor outside RAM, or one after the writable part, made the chain
+/// malformed, and a zero-length writable one outside RAM had the command
+/// executed but reported with used length 0 (its context leaked: the
+/// driver was told nothing ran).
+#[test]
+fn zero_length_descriptors_are_ignored() {
+    hostile(|w| {
+        let hole = GuestAddress(w.a.mem().hole_gpa());
+        let (req, len) = raw_request(w, Opcode::CREATE_CTX, &[]);
+        let resp_len = 16 + CreateCtxResp::SIZE;
+        let empty = |addr: GuestAddress, write: bool| RawDesc {
+            addr: addr.0,
+            len: 0,
+            flags: F_NEXT | if write { F_WRITE } else { 0 },
+            next: RawNext::Following,
+        };
+        let cases: Vec<(&str, Vec<RawDesc>, GuestAddress)> = {
+            let r1 = resp_buf(w);
+            let r2 = resp_buf(w);
+            let r3 = resp_buf(w);
+            let mut c1 =
+                RawDesc::chain(&[Seg::readable(req, len), Seg::writable(r1, resp_len as u32)]);
+            c1.insert(1, empty(hole, true));
+            let mut c2 =
+                RawDesc::chain(&[Seg::readable(req, len), Seg::writable(r2, resp_len as u32)]);
+            c2.insert(0, empty(hole, false));
+            let mut c3 =
+                RawDesc::chain(&[Seg::readable(req, len), Seg::writable(r3, resp_len as u32)]);
+            c3[1].flags |= F_NEXT;
+            c3[1].next = RawNext::Following;
+            let mut last = empty(hole, false);
+            last.flags &= !F_NEXT;
+            c3.push(last);
+            vec![
+                ("empty writable descriptor in the hole", c1, r1),
+                ("empty readable descriptor in the hole first", c2, r2),
+                ("empty readable descriptor after the writable part", c3, r3),
+            ]
+        };
+        for (what, chain, resp) in cases {
+            let before = w.a_stats();
+            let ctrl = w.a.ctrl();
+            let t = ctrl
+                .submit_raw_chain(&chain, Some((resp, resp_len)))
+                .unwrap();
+            let c = ctrl.wait(t).unwrap();
+            assert_eq!(
+                (c.status(), c.used_len as usize, c.resp_request_id),
+                (Some(Status::OK), resp_len, 0xABCD),
+                "{what}: {c:?}"
+            );
+            let ctx = CreateCtxResp::read(&c.payload).ctx_handle;
+            let after = w.a_stats();
+            assert_eq!(after.ctrl.malformed, before.ctrl.malformed, "{what}");
+            assert_eq!(after.resources.ctx, before.resources.ctx + 1, "{what}");
+            w.ok("DESTROY_CTX", |v| v.destroy_ctx(ctx));
+        }
+        // Only empty descriptors: no room for a response, so unanswered.
+        let resp = resp_buf(w);
+        let mut chain = vec![empty(req, false), empty(resp, true)];
+        chain[1].flags &= !F_NEXT;
+        w.expect_malformed("only empty descriptors", &chain, Some((resp, 16)));
+    });
+}
+
+/// The same two rules on the event queue (spec 14.1): heads past the
+/// queue are taken and counted, nothing is returned for them, and the
+/// event goes into the next buffer; a buffer with an empty readable
+/// descriptor (outside RAM, too) is an ordinary 16-byte buffer. Before,
+/// that buffer was refused with used length 0.
+#[test]
+fn event_queue_bad_heads_and_empty_descriptors() {
+    use virtio_rdma_abi::event::{Event, EventKind};
+    let d = TestDaemon::start(1).unwrap();
+    let mut vm = d
+        .connect_with(
+            0,
+            VmmOptions {
+                event_buffers: 0,
+                ..opts()
+            },
+        )
+        .unwrap();
+    let hole = vm.mem().hole_gpa();
+    let buf = vm.mem().alloc(PAGE_SIZE, PAGE_SIZE).unwrap();
+    vm.mem().fill(buf, 16, POISON).unwrap();
+    let ev = vm.events().vring_mut();
+    let size = ev.size();
+    ev.push_avail_raw(size).unwrap();
+    ev.push_avail_raw(u16::MAX).unwrap();
+    let head = ev
+        .add_raw(&[
+            RawDesc {
+                addr: hole,
+                len: 0,
+                flags: F_NEXT,
+                next: RawNext::Following,
+            },
+            RawDesc {
+                addr: buf.0,
+                len: 16,
+                flags: F_WRITE,
+                next: RawNext::Following,
+            },
+        ])
+        .unwrap();
+    ev.kick().unwrap();
+    let used = ev.wait_used(Duration::from_secs(10)).unwrap();
+    assert_eq!(used.len(), 1, "only the real buffer comes back: {used:?}");
+    assert_eq!((used[0].id, used[0].len), (u32::from(head), 16));
+    let raw = vm.mem().read_vec(buf, 16).unwrap();
+    let e = Event::read(&raw);
+    assert_eq!((e.kind, e.seq), (EventKind::PORT_ACTIVE as u32, 1));
+    assert_eq!(d.stats(0).device.ctrl.malformed, 2, "the two bad heads");
+    // Still served.
+    Verbs::new(&mut vm).query_device().unwrap();
+    assert!(d.stats(0).connected);
+}
+
 // ===========================================================================
 // Handles (spec 9.1).
 // ===========================================================================
@@ -2636,6 +2798,51 @@ fn limits_npages_and_page_size_cap() {
             "REG_MR, length max_mr_size + 4096",
             Status::RANGE,
             16,
+            |v| v.reg_mr_raw(&req, &list),
+        );
+    });
+}
+
+/// Spec 10.3: rule 9 (`npages` is the count the buffer needs, INVALID)
+/// comes before rule 4 (`npages` <= `max_mr_pages`, RANGE), so RANGE on
+/// `npages` means "this buffer needs more pages than one list may have".
+/// For a memory region that can only happen if `max_mr_pages` is too small
+/// for a region of `max_mr_size` bytes: the device advertises enough for
+/// one at any `first_page_offset`, so REG_MR never reports it, and a
+/// count the length does not call for is INVALID.
+///
+/// Regression: `max_mr_pages` was `max_mr_size / 4096 + 1`, one page
+/// short when `max_mr_size` is not a multiple of 4096; a region of the
+/// largest size starting late in its first page got RANGE on `npages`
+/// although its length was allowed.
+#[test]
+fn max_mr_pages_covers_the_largest_region_at_any_offset() {
+    let limits = Limits {
+        max_mr_size: MIB + 4095,
+        ..Limits::default()
+    };
+    hostile_in(World::build(limits, opts()), |w| {
+        let dev = w.ok("QUERY_DEVICE", |v| v.query_device());
+        assert_eq!(dev.max_mr_size, MIB + 4095);
+        // ceil((4095 + max_mr_size) / 4096)
+        assert_eq!(dev.max_mr_pages, 258);
+        let pd = w.base().pd;
+        let p = pages(w, 1);
+        let list = le64s(&vec![p[0]; 258]);
+        let mut req = mr_req(pd, MIB + 4095, inline(258));
+        req.buf.first_page_offset = 4095;
+        let mr = w.ok("REG_MR of max_mr_size at offset 4095", |v| {
+            v.reg_mr_raw(&req, &list)
+        });
+        w.ok("DEREG_MR", |v| v.dereg_mr(mr.mr_handle));
+        // More pages than max_mr_pages that the length does not need:
+        // rule 9 fires first.
+        let list = le64s(&vec![p[0]; 300]);
+        let req = mr_req(pd, PAGE_SIZE, inline(300));
+        w.expect(
+            "REG_MR, 300 pages for one page of data",
+            Status::INVALID,
+            MR_BUF + NPAGES,
             |v| v.reg_mr_raw(&req, &list),
         );
     });

@@ -261,6 +261,110 @@ fn stopping_and_resuming_queues_is_a_pause_not_a_reset() {
     assert_eq!(v.query_qp(qp).unwrap().attr.qp_state, 3);
 }
 
+/// Spec chapter 19's feature tables, as the back-end offers them: the
+/// virtio bits (no ACCESS_PLATFORM, no packed ring, no indirect
+/// descriptors, no dirty logging), the protocol features with and without
+/// the doorbell region (the front-end acks every bit, so what it holds
+/// afterwards is exactly what was offered), three queues, and the 88-byte
+/// configuration space.
+#[test]
+fn vhost_user_features_are_those_of_chapter_19() {
+    use vhost::vhost_user::VhostUserProtocolFeatures as P;
+    use virtio_rdma_abi::config::{ALL_DEVICE_FEATURES, F_SHMEM_DOORBELL};
+    for shmem in [true, false] {
+        let d = TestDaemon::with_config(1, |c| {
+            if !shmem {
+                c.device_features &= !F_SHMEM_DOORBELL;
+            }
+        })
+        .unwrap();
+        let opts = VmmOptions {
+            protocol_features: P::all(),
+            shmem: true,
+            ..VmmOptions::default()
+        };
+        let mut vm = d.connect_with(0, opts).unwrap();
+        let device_bits = if shmem {
+            ALL_DEVICE_FEATURES
+        } else {
+            ALL_DEVICE_FEATURES & !F_SHMEM_DOORBELL
+        };
+        let want = (1u64 << 32) | (1 << 30) | (1 << 29) | device_bits;
+        assert_eq!(
+            vm.device_features(),
+            want,
+            "virtio features (shmem {shmem})"
+        );
+        assert_eq!(vm.device_features() & (1 << 33), 0, "ACCESS_PLATFORM");
+        let mut want = P::MQ | P::REPLY_ACK | P::CONFIG | P::RESET_DEVICE;
+        if shmem {
+            want |= P::BACKEND_REQ | P::SHMEM;
+        }
+        assert_eq!(
+            vm.protocol_features(),
+            want,
+            "protocol features (shmem {shmem})"
+        );
+        assert_eq!(P::SHMEM.bits(), 1 << 22);
+        assert_eq!(vm.backend_queues(), 3);
+        let size = <virtio_rdma_abi::config::DeviceConfig as virtio_rdma_abi::Field>::SIZE;
+        let all = vm.config_bytes(0, size).unwrap();
+        assert_eq!(all.len(), size);
+        let cfg = vm.config().unwrap();
+        assert_eq!(cfg.abi_version, virtio_rdma_abi::ABI_VERSION);
+        let tail = vm.config_bytes(size as u32 - 8, 16).unwrap();
+        assert_eq!(&tail[..8], &all[size - 8..]);
+        assert_eq!(&tail[8..], &[0u8; 8], "past the structure reads as 0");
+    }
+}
+
+/// Spec 15.1, "While stopped": nothing is written into a stopped device's
+/// memory, not even the engine's doorbell flags in a context's doorbell
+/// header (spec 18.4). The engine parks and unparks every 50 ms at most and
+/// rewrites the flags of every header then: a value the test leaves in the
+/// field must survive several park cycles. At the start the device writes
+/// the engine's flags of the moment there (the stopped header may show a
+/// state the engine has left since).
+#[test]
+fn a_stopped_device_has_its_doorbell_headers_left_alone() {
+    use std::sync::atomic::Ordering;
+    use virtio_rdma_abi::datapath::{DB_FLAG_KICK, DB_FLAG_POLLING};
+    let d = TestDaemon::start(1).unwrap();
+    let mut vm = d.connect_with(0, no_reset_device()).unwrap();
+    let header = vm.mem().alloc(64, 64).unwrap();
+    let mut v = Verbs::new(&mut vm);
+    let ctx = v.create_ctx_at(header.0).unwrap().ctx_handle;
+    let pd = v.alloc_pd(ctx).unwrap();
+    let cq = v.create_cq(ctx, 64).unwrap();
+    let (req, tail) = v.qp_request(&QpInit::rc(pd, cq)).unwrap();
+    let qp = v.create_qp_raw(&req, &tail).unwrap();
+    let bases = vm.stop_queues().unwrap();
+    const MARK: u32 = 0x5a5a_0000;
+    vm.mem().store(header, MARK, Ordering::Release).unwrap();
+    // Several park cycles of an idle engine.
+    let until = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < until {
+        let now: u32 = vm.mem().load(header, Ordering::Acquire).unwrap();
+        assert_eq!(now, MARK, "the device wrote a stopped device's header");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    vm.resume(&bases).unwrap();
+    let now: u32 = vm.mem().load(header, Ordering::Acquire).unwrap();
+    assert!(
+        [0, DB_FLAG_KICK, DB_FLAG_POLLING].contains(&now),
+        "after the start the header holds the engine's flags, not {now:#x}"
+    );
+    assert_eq!(
+        Verbs::new(&mut vm)
+            .query_qp(qp.qp_handle)
+            .unwrap()
+            .attr
+            .qp_state,
+        0,
+        "paused, not reset"
+    );
+}
+
 /// Finding 1: a VMM that never sends `RESET_DEVICE` shows a guest reset
 /// only as a restart of the queues from index 0. The device recognises it
 /// and releases every object of the previous boot (it kept them all, and

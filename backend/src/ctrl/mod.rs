@@ -205,6 +205,21 @@ impl Ctrl {
         self.running = on;
     }
 
+    /// Writes the engine's current doorbell flags into the header of every
+    /// context (spec 18.4): at a start, since the engine leaves a stopped
+    /// device's memory alone and its headers may show a state it has left.
+    pub fn refresh_doorbell_flags(&self, mem: &crate::memory::HostMem) {
+        let v = self.new_doorbell_flags();
+        for (_, ctx) in self.res.ctxs.iter() {
+            if ctx.db_page.is_none() {
+                let _ = crate::memory::access::store_u32_release(mem, ctx.db_gpa, v);
+            }
+        }
+        if let Some(pages) = &self.res.doorbells {
+            pages.set_flags_all(v);
+        }
+    }
+
     /// Destroys every object and drops pending events (device reset or
     /// disconnect). Returns the QP numbers of the RC QPs it destroyed, so
     /// that the QPs of other VMs connected to them can be failed.

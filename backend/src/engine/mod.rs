@@ -848,10 +848,18 @@ enum Polling {
 /// Returns false if a VM's lock was busy, so its headers may keep the old
 /// value: the engine must not park then (it would sleep through that VM's
 /// posts), nor count on a cleared `DB_FLAG_POLLING`.
+///
+/// A stopped VM is left alone: nothing is written into its memory while
+/// it is stopped (spec 15.1). Its start writes the flags of the moment
+/// into its headers ([`crate::ctrl::Ctrl::refresh_doorbell_flags`]) and
+/// wakes the engine, which then looks at all of its queues.
 fn set_flags(lists: &[DbList], v: u32) -> bool {
     let mut all = true;
     for list in lists {
         let ran = list.dev.try_with_dataplane(|ctrl, mem| {
+            if !ctrl.running() {
+                return;
+            }
             for (_, ctx) in ctrl.res.ctxs.iter() {
                 if ctx.db_page.is_none() {
                     let _ = access::store_u32_release(mem, ctx.db_gpa, v);
