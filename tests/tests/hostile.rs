@@ -543,6 +543,12 @@ fn expect_modify(
     assert_eq!(after, before, "{what}: the failed MODIFY_QP changed the QP");
 }
 
+/// A valid CREATE_CTX payload: a fresh context doorbell header in VM A.
+fn new_ctx_req(w: &World) -> Vec<u8> {
+    let db_gpa = w.a.mem().alloc(64, 64).unwrap().0;
+    CreateCtxReq { db_gpa }.to_bytes()
+}
+
 /// Writes a request (header with request id 0xABCD, then `payload`) into a
 /// fresh page of A and returns its address and length.
 fn raw_request(w: &World, opcode: Opcode, payload: &[u8]) -> (GuestAddress, u32) {
@@ -1570,7 +1576,7 @@ fn request_shorter_than_header() {
     hostile(|w| {
         let resp = resp_buf(w);
         // 12 readable bytes: a request id and an opcode, no reserved field.
-        let (req, _) = raw_request(w, Opcode::CREATE_CTX, &[]);
+        let (req, _) = raw_request(w, Opcode::CREATE_CTX, &new_ctx_req(w));
         for len in [12u32, 8, 1] {
             let chain = RawDesc::chain(&[Seg::readable(req, len), Seg::writable(resp, 64)]);
             let before = w.a_stats();
@@ -1773,7 +1779,7 @@ fn readable_descriptor_outside_ram() {
     hostile(|w| {
         let resp = resp_buf(w);
         let hole = w.a.mem().hole_gpa();
-        let (req, len) = raw_request(w, Opcode::CREATE_CTX, &[]);
+        let (req, len) = raw_request(w, Opcode::CREATE_CTX, &new_ctx_req(w));
         // The header in the hole.
         let chain = RawDesc::chain(&[
             Seg::readable(GuestAddress(hole), len),
@@ -1807,7 +1813,7 @@ fn writable_descriptor_outside_ram() {
     hostile(|w| {
         let resp = resp_buf(w);
         let hole = w.a.mem().hole_gpa();
-        let (req, len) = raw_request(w, Opcode::CREATE_CTX, &[]);
+        let (req, len) = raw_request(w, Opcode::CREATE_CTX, &new_ctx_req(w));
         let chain = RawDesc::chain(&[
             Seg::readable(req, len),
             Seg::writable(GuestAddress(hole), 24),
@@ -1854,7 +1860,7 @@ fn readable_after_writable() {
 fn descriptor_loop() {
     hostile(|w| {
         let resp = resp_buf(w);
-        let (req, len) = raw_request(w, Opcode::CREATE_CTX, &[]);
+        let (req, len) = raw_request(w, Opcode::CREATE_CTX, &new_ctx_req(w));
         // The writable descriptor points back at the head.
         let mut chain = RawDesc::chain(&[Seg::readable(req, len), Seg::writable(resp, 24)]);
         chain[1].flags |= F_NEXT;
@@ -1879,7 +1885,7 @@ fn descriptor_loop() {
 fn descriptor_loop_in_writable_part() {
     hostile(|w| {
         let resp = resp_buf(w);
-        let (req, len) = raw_request(w, Opcode::CREATE_CTX, &[]);
+        let (req, len) = raw_request(w, Opcode::CREATE_CTX, &new_ctx_req(w));
         let chain = [
             RawDesc {
                 addr: req.0,
@@ -1902,7 +1908,7 @@ fn descriptor_loop_in_writable_part() {
 fn writable_part_shorter_than_header() {
     hostile(|w| {
         let resp = resp_buf(w);
-        let (req, len) = raw_request(w, Opcode::CREATE_CTX, &[]);
+        let (req, len) = raw_request(w, Opcode::CREATE_CTX, &new_ctx_req(w));
         let chain = RawDesc::chain(&[Seg::readable(req, len), Seg::writable(resp, 15)]);
         w.expect_malformed("15 writable bytes", &chain, Some((resp, 15)));
         let resp2 = resp_buf(w);
@@ -1978,7 +1984,7 @@ fn available_head_past_the_queue() {
 fn zero_length_descriptors_are_ignored() {
     hostile(|w| {
         let hole = GuestAddress(w.a.mem().hole_gpa());
-        let (req, len) = raw_request(w, Opcode::CREATE_CTX, &[]);
+        let (req, len) = raw_request(w, Opcode::CREATE_CTX, &new_ctx_req(w));
         let resp_len = 16 + CreateCtxResp::SIZE;
         let empty = |addr: GuestAddress, write: bool| RawDesc {
             addr: addr.0,
@@ -3514,7 +3520,7 @@ fn garbage_mixed_with_valid_requests_in_flight() {
             };
             cq_reqs.push((req.to_bytes(), list.tail));
         }
-        let (raw_req, raw_len) = raw_request(w, Opcode::CREATE_CTX, &[]);
+        let (raw_req, raw_len) = raw_request(w, Opcode::CREATE_CTX, &new_ctx_req(w));
 
         let mut tokens = Vec::new();
         {

@@ -271,6 +271,11 @@ fn doorbell_pages_are_below_max_ctx() {
     };
     for round in ["first connection", "reconnect"] {
         let mut vmm = d.connect_with(0, shmem.clone()).unwrap();
+        if round == "reconnect" {
+            // The pages of the closed connection are quarantined until the
+            // driver resets the device (spec 15.2).
+            vmm.reset().unwrap();
+        }
         let w = vmm.shmem_window().cloned().unwrap();
         assert!(w.len() as u64 > u64::from(MAX_CTX) * DB_PAGE_SIZE);
         let mut v = Verbs::new(&mut vmm);
