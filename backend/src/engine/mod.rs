@@ -683,7 +683,16 @@ impl Engine {
             if self.sweep(&vms, &mut lists, &mut scratch, &mut drr, &mut active) {
                 idle_sweeps = 0;
                 woke = false;
-                if polling != Polling::On
+                // Not while a drain is pending: work that comes and goes
+                // faster than a barrier would otherwise keep the engine
+                // from ever parking. A finished drain leaves every flag
+                // clear.
+                if let (Polling::Draining(t), Some(b)) = (polling, barrier) {
+                    if b.passed(t) {
+                        polling = Polling::Off;
+                    }
+                }
+                if polling == Polling::Off
                     && barrier.is_some()
                     && awake_since.elapsed() >= PROMOTE_AFTER
                 {
