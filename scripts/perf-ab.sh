@@ -5,17 +5,22 @@
 # Alternating on the same machine in the same minutes is what makes the
 # ratio meaningful on a noisy machine (docs/benchmarks.md).
 #
-# Usage: bash scripts/perf-ab.sh [-r ROUNDS] [-e VAR=VALUE (side B only)] REV_A REV_B -- RDMA_PERF_ARGS...
-# Example: bash scripts/perf-ab.sh -r 7 4cc07e1 HEAD -- write_lat -s 64 --shmem
+# Usage: bash scripts/perf-ab.sh [-r ROUNDS] [-e VAR=VALUE] [-x ARG] REV_A REV_B -- RDMA_PERF_ARGS...
+#   -e and -x (repeatable) add an environment variable or an rdma_perf
+#   argument to side B only (REV_A and REV_B may then be the same).
+# Examples: bash scripts/perf-ab.sh -r 7 4cc07e1 HEAD -- write_lat -s 64 --shmem
+#           bash scripts/perf-ab.sh -x --fence-elision HEAD HEAD -- write_bw -s 64
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ROUNDS=5
 ENV_B=()
-while getopts "r:e:" opt; do
+ARGS_B=()
+while getopts "r:e:x:" opt; do
   case $opt in
     r) ROUNDS=$OPTARG ;;
     e) ENV_B+=("$OPTARG") ;;
+    x) ARGS_B+=("$OPTARG") ;;
     *) echo "usage: $0 [-r ROUNDS] [-e VAR=VALUE] REV_A REV_B -- ARGS..." >&2; exit 2 ;;
   esac
 done
@@ -47,11 +52,11 @@ BIN_B=$(build "$REV_B")
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 echo "A = $REV_A ($BIN_A)"
-echo "B = $REV_B ($BIN_B) ${ENV_B[*]:-}"
+echo "B = $REV_B ($BIN_B) ${ENV_B[*]:-} ${ARGS_B[*]:-}"
 echo "rdma_perf $*, $ROUNDS rounds, alternating"
 for r in $(seq 1 "$ROUNDS"); do
   "$BIN_A" "$@" 2>&1 | awk 'f && NF == 2 { print } /^summary/ { f = 1 }' >>"$OUT/a"
-  env "${ENV_B[@]}" "$BIN_B" "$@" 2>&1 | awk 'f && NF == 2 { print } /^summary/ { f = 1 }' >>"$OUT/b"
+  env "${ENV_B[@]}" "$BIN_B" "$@" "${ARGS_B[@]}" 2>&1 | awk 'f && NF == 2 { print } /^summary/ { f = 1 }' >>"$OUT/b"
 done
 python3 - "$OUT/a" "$OUT/b" <<'EOF'
 import statistics, sys

@@ -21,8 +21,9 @@ echo "== cargo test"
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 cargo test --workspace --locked 2>&1 | tee "$out"
-echo "== data path again, shared-memory doorbell mode"
-RDMA_TEST_DOORBELL=shmem cargo test --locked -p vhost-user-rdma-tests --test datapath 2>&1 | tee -a "$out"
+echo "== data path again, shared-memory doorbell mode, drivers posting without fences (DB_FLAG_POLLING)"
+RDMA_TEST_DOORBELL=shmem RDMA_TEST_FENCE_ELISION=1 \
+  cargo test --locked -p vhost-user-rdma-tests --test datapath 2>&1 | tee -a "$out"
 if [ "${RDMA_SKIP_QEMU:-0}" != 1 ]; then
   echo "== end to end: two QEMU guests and a hostile one on one daemon"
   bash scripts/qemu-e2e.sh 2>&1 | tee -a "$out"

@@ -546,6 +546,9 @@ pub struct DaemonConfig {
     pub engine_threads: usize,
     /// The CPU of each engine thread, in order (empty: not pinned).
     pub engine_cpus: Vec<usize>,
+    /// Engine threads set `DB_FLAG_POLLING` while they poll, so that
+    /// drivers post without a fence (spec 18.6; needs `membarrier(2)`).
+    pub fence_elision: bool,
     /// Path of the management socket (JSON API); `None`: none.
     pub mgmt_socket: Option<PathBuf>,
     /// Address of the Prometheus metrics HTTP listener; `None`: none.
@@ -567,6 +570,7 @@ impl DaemonConfig {
             qos_classes: Vec::new(),
             engine_threads: 1,
             engine_cpus: Vec::new(),
+            fence_elision: false,
             mgmt_socket: None,
             metrics_listen: None,
         };
@@ -661,7 +665,11 @@ impl DaemonConfig {
                     .map_or(0, |t| self.tenant_engine(t))
             })
             .collect();
-        crate::engine::group::EnginePlan { cpus, placement }
+        crate::engine::group::EnginePlan {
+            cpus,
+            placement,
+            fence_elision: self.fence_elision,
+        }
     }
 
     /// Checks the whole configuration.

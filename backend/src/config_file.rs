@@ -308,6 +308,7 @@ limits_table! {
 struct DaemonTable {
     ctrl_poll_us: Option<Spanned<u64>>,
     shmem_doorbell: Option<bool>,
+    fence_elision: Option<bool>,
     engine_threads: Option<Spanned<usize>>,
     engine_cpus: Option<Spanned<Vec<usize>>>,
     mgmt_socket: Option<PathBuf>,
@@ -419,6 +420,9 @@ pub fn parse(text: &str, file: &str, cli: &LimitOverrides) -> Result<LoadedConfi
     }
     if tables.daemon.shmem_doorbell == Some(false) {
         config.device_features &= !F_SHMEM_DOORBELL;
+    }
+    if let Some(on) = tables.daemon.fence_elision {
+        config.fence_elision = on;
     }
     if let Some(n) = &tables.daemon.engine_threads {
         let value = *n.get_ref();
@@ -950,10 +954,12 @@ bytes_per_sec = 1000000000
     fn qos_classes_and_daemon_settings() {
         let l = parse_str(&good_with(
             "shmem_doorbell = false",
-            "shmem_doorbell = false\nengine_threads = 2\nengine_cpus = [1, 0]\nmgmt_socket = \"/run/m.sock\"\nmetrics_listen = \"127.0.0.1:9842\"\nlog_format = \"json\"",
+            "shmem_doorbell = false\nfence_elision = true\nengine_threads = 2\nengine_cpus = [1, 0]\nmgmt_socket = \"/run/m.sock\"\nmetrics_listen = \"127.0.0.1:9842\"\nlog_format = \"json\"",
         ))
         .unwrap();
         let c = &l.config;
+        assert!(c.fence_elision);
+        assert!(!parse_str(&good_with("", "")).unwrap().config.fence_elision);
         assert_eq!((c.engine_threads, &c.engine_cpus[..]), (2, &[1, 0][..]));
         assert_eq!(c.mgmt_socket.as_deref(), Some(Path::new("/run/m.sock")));
         assert_eq!(c.metrics_listen.map(|a| a.port()), Some(9842));

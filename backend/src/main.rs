@@ -100,6 +100,11 @@ struct Args {
     /// every queue then uses doorbell records in guest RAM.
     #[arg(long)]
     no_shmem_doorbell: bool,
+    /// Let drivers post without a memory fence while an engine thread polls
+    /// (DB_FLAG_POLLING, spec 18.6; needs membarrier(2)). Off by default:
+    /// it measured no gain here (docs/benchmarks.md).
+    #[arg(long)]
+    fence_elision: bool,
     /// Management socket (JSON API for `vhost-user-rdma ctl`); replaces
     /// the file's [daemon] mgmt_socket.
     #[arg(long, value_name = "PATH")]
@@ -213,6 +218,9 @@ fn daemon_config(a: Args) -> Result<(DaemonConfig, Option<LogFormat>), ArgsError
     }
     if a.no_shmem_doorbell {
         config.device_features &= !F_SHMEM_DOORBELL;
+    }
+    if a.fence_elision {
+        config.fence_elision = true;
     }
     if let Some(us) = a.ctrl_poll_us {
         config.ctrl_poll = std::time::Duration::from_micros(us);

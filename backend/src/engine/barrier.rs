@@ -19,16 +19,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::thread;
 
-use log::{info, warn};
+use log::warn;
 
 /// `membarrier(2)` commands (linux/membarrier.h).
 const MEMBARRIER_CMD_QUERY: libc::c_long = 0;
 const MEMBARRIER_CMD_GLOBAL: libc::c_long = 1;
-
-/// Environment variable that turns the fence elision off (the driver then
-/// always fences, as with a device that never sets `DB_FLAG_POLLING`):
-/// for measurements, and for hosts where a grace period is too costly.
-pub const DISABLE_ENV: &str = "RDMA_NO_FENCE_ELISION";
 
 /// Barrier requests and completions, as tickets.
 pub struct SystemBarrier {
@@ -42,17 +37,13 @@ pub struct SystemBarrier {
 impl SystemBarrier {
     /// The process's barrier thread, started on first use; `None` if the
     /// host cannot run the barrier (no `membarrier`, `nohz_full`, a seccomp
-    /// filter) or it is disabled by [`DISABLE_ENV`].
+    /// filter).
     pub fn get() -> Option<&'static SystemBarrier> {
         static BARRIER: OnceLock<Option<&'static SystemBarrier>> = OnceLock::new();
         *BARRIER.get_or_init(Self::start)
     }
 
     fn start() -> Option<&'static SystemBarrier> {
-        if std::env::var_os(DISABLE_ENV).is_some_and(|v| v != "0") {
-            info!("fence elision off ({DISABLE_ENV} is set): drivers fence every post");
-            return None;
-        }
         // SAFETY: membarrier with CMD_QUERY takes no pointers; it returns
         // the supported commands as a bit mask or -1.
         let mask = unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0) };

@@ -25,6 +25,8 @@ pub struct EnginePlan {
     /// The engine thread of each VM, by VM index (each below
     /// `cpus.len()`).
     pub placement: Vec<usize>,
+    /// The threads set `DB_FLAG_POLLING` while they poll (spec 18.6).
+    pub fence_elision: bool,
 }
 
 impl EnginePlan {
@@ -33,6 +35,7 @@ impl EnginePlan {
         EnginePlan {
             cpus: vec![None],
             placement: vec![0; vms],
+            fence_elision: false,
         }
     }
 }
@@ -79,7 +82,15 @@ impl Engines {
         let registry = Arc::new(Registry::new(plan.placement.clone()));
         let mut engines: Vec<Arc<Engine>> = Vec::with_capacity(threads);
         for (index, cpu) in plan.cpus.iter().enumerate() {
-            match Engine::start(index, registry.clone(), rnic.clone(), shared.clone(), *cpu) {
+            let started = Engine::start(
+                index,
+                registry.clone(),
+                rnic.clone(),
+                shared.clone(),
+                *cpu,
+                plan.fence_elision,
+            );
+            match started {
                 Ok(e) => engines.push(e),
                 Err(e) => {
                     for started in &engines {

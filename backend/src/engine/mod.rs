@@ -211,6 +211,8 @@ pub struct Engine {
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Tenancy (who may reach whom) and QoS settings.
     shared: Shared,
+    /// Whether to set `DB_FLAG_POLLING` while polling (spec 18.6).
+    fence_elision: bool,
 }
 
 /// One QP in a [`DbList`].
@@ -497,6 +499,7 @@ impl Engine {
         rnic: Arc<dyn Rnic>,
         shared: Shared,
         cpu: Option<usize>,
+        fence_elision: bool,
     ) -> std::io::Result<Arc<Engine>> {
         let engine = Arc::new(Engine {
             index,
@@ -511,6 +514,7 @@ impl Engine {
             held: AtomicBool::new(false),
             thread: Mutex::new(None),
             shared,
+            fence_elision,
         });
         let e = engine.clone();
         let t = thread::Builder::new()
@@ -636,7 +640,11 @@ impl Engine {
         let mut woke = false;
         // Since when the thread has been awake (for `PROMOTE_AFTER`).
         let mut awake_since = Instant::now();
-        let barrier = barrier::SystemBarrier::get();
+        let barrier = if self.fence_elision {
+            barrier::SystemBarrier::get()
+        } else {
+            None
+        };
         let mut polling = Polling::Off;
         while !self.stop.load(Ordering::Acquire) {
             if self.hold.load(Ordering::Acquire) {

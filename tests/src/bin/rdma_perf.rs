@@ -130,6 +130,11 @@ struct Args {
     /// in guest RAM).
     #[arg(long)]
     shmem: bool,
+    /// The daemon's engine sets DB_FLAG_POLLING while it polls, and the
+    /// driver then posts without a fence (spec 18.6; the daemon's
+    /// --fence-elision). Default: off, as in the daemon.
+    #[arg(long)]
+    fence_elision: bool,
 }
 
 /// Whether the VMs use shared-memory doorbells (`--shmem`).
@@ -1148,7 +1153,9 @@ fn scale_mode(args: &Args, sum: &mut Summary) -> Res<()> {
     // Reference, scaled, reference again (drift check).
     for (k, n) in [args.ref_qps, nqps, args.ref_qps].into_iter().enumerate() {
         let d = on_cpu(args.engine_cpu, "perf-launcher", || {
-            Ok(TestDaemon::with_config(vms, |_| {})?)
+            Ok(TestDaemon::with_config(vms, |c| {
+                c.fence_elision = args.fence_elision
+            })?)
         })?;
         let r = scale_run(&d, vms, n, args.scale_depth, secs)?;
         if k == 1 {
@@ -1311,7 +1318,9 @@ fn main() -> Res<()> {
             .unwrap_or(2)
             .max(4096);
         let daemon = on_cpu(ecpu, "perf-launcher", || {
-            Ok(TestDaemon::with_config(2, |_| {})?)
+            Ok(TestDaemon::with_config(2, |c| {
+                c.fence_elision = args.fence_elision
+            })?)
         })?;
         let bench = Bench::new(&daemon, max, args.scattered)?;
         println!("\n  threads: {}", thread_placement());
