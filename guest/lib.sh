@@ -113,3 +113,34 @@ guest_ensure_qemu() {
   fi
   command -v "$QEMU" >/dev/null || guest_die "installing qemu-system-x86 gave no $QEMU"
 }
+
+# fetch_deb PKG VERSION SHA256: prints the path of the verified .deb, downloading it with apt
+# (from the configured Debian mirror) if it is not in the cache ($GUEST_CACHE/downloads).
+fetch_deb() {
+  local pkg=$1 ver=$2 sum=$3 file tmp got
+  mkdir -p "$GUEST_CACHE/downloads" "$GUEST_CACHE/tmp"
+  file="$GUEST_CACHE/downloads/${pkg}_${ver#*:}_amd64.deb"
+  if [ ! -f "$file" ]; then
+    tmp=$(mktemp -d "$GUEST_CACHE/tmp/dl.XXXXXX")
+    guest_log "downloading $pkg=$ver"
+    if ! (cd "$tmp" && apt-get download -q "$pkg=$ver" >"$tmp/apt.log" 2>&1); then
+      # A fresh machine may have no package lists yet.
+      guest_apt_update
+      (cd "$tmp" && apt-get download -q "$pkg=$ver" >"$tmp/apt.log" 2>&1) || {
+        cat "$tmp/apt.log" >&2
+        rm -rf "$tmp"
+        guest_die "cannot download $pkg=$ver; if the mirror dropped it, pin a newer one in" \
+          "guest/versions.sh (apt-cache show $pkg | grep -E '^(Version|SHA256)')"
+      }
+    fi
+    mv "$tmp"/*.deb "$file.part"
+    rm -rf "$tmp"
+    got=$(sha256sum "$file.part" | cut -d' ' -f1)
+    if [ "$got" != "$sum" ]; then
+      rm -f "$file.part"
+      guest_die "$pkg=$ver: sha256 $got, expected $sum"
+    fi
+    mv "$file.part" "$file"
+  fi
+  printf '%s\n' "$file"
+}

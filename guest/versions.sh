@@ -7,6 +7,19 @@
 : "${GUEST_KERNEL_VERSION:=6.1.176-1}"
 : "${GUEST_KERNEL_SHA256:=7b5597492a0a65aee61985a492e6bcc3f2cde830072a0e3b3d8c7e1b90279bd3}"
 
+# What out-of-tree modules for that kernel build against (scripts/build-kmod.sh): pinned as one
+# set with the image. The headers of an ABI are only published for some (bookworm point
+# releases, not every security update), so never move one without the others.
+: "${GUEST_KHEADERS_PKG:=linux-headers-6.1.0-50-amd64}"
+: "${GUEST_KHEADERS_SHA256:=91a7929ce639f4199e9ff7f929236cdfdcb5511dba613af5094369e95ca241da}"
+: "${GUEST_KHEADERS_COMMON_PKG:=linux-headers-6.1.0-50-common}"
+: "${GUEST_KHEADERS_COMMON_SHA256:=7f6f7bee50efbc36dc02c976be5982b96cf36abe544f03f09368e98cfcc5ac3b}"
+: "${GUEST_KBUILD_PKG:=linux-kbuild-6.1}"
+: "${GUEST_KBUILD_SHA256:=667d2e1e94047031c3bcefa4bb67c2520bbc3cc1cce0aa592e67b108dbbead03}"
+# The kernel source of the same release, for scripts/checkpatch.sh only (139 MB, cached).
+: "${GUEST_KSOURCE_PKG:=linux-source-6.1}"
+: "${GUEST_KSOURCE_SHA256:=9305d1a151b8e83dcb88aa11361e7b9513f0c252bdf7f5647e4542762d99c094}"
+
 : "${GUEST_BUSYBOX_PKG:=busybox-static}"
 : "${GUEST_BUSYBOX_VERSION:=1:1.35.0-4+deb12u1+b1}"
 : "${GUEST_BUSYBOX_SHA256:=3d3fdbe91d4660c873e14b092c213fe81c1da6362daa236eb25d0171eb108744}"

@@ -72,36 +72,6 @@ guest_need_cmds apt-get:apt dpkg-deb:dpkg ldd:libc-bin sha256sum:coreutils flock
 mkdir -p "$GUEST_CACHE"/{downloads,kernel,busybox,tmp}
 t_start=$(guest_now)
 
-# fetch_deb PKG VERSION SHA256: prints the path of the verified .deb, downloading it with apt
-# (from the configured Debian mirror) if it is not in the cache.
-fetch_deb() {
-  local pkg=$1 ver=$2 sum=$3 file tmp got
-  file="$GUEST_CACHE/downloads/${pkg}_${ver#*:}_amd64.deb"
-  if [ ! -f "$file" ]; then
-    tmp=$(mktemp -d "$GUEST_CACHE/tmp/dl.XXXXXX")
-    guest_log "downloading $pkg=$ver"
-    if ! (cd "$tmp" && apt-get download -q "$pkg=$ver" >"$tmp/apt.log" 2>&1); then
-      # A fresh machine may have no package lists yet.
-      guest_apt_update
-      (cd "$tmp" && apt-get download -q "$pkg=$ver" >"$tmp/apt.log" 2>&1) || {
-        cat "$tmp/apt.log" >&2
-        rm -rf "$tmp"
-        guest_die "cannot download $pkg=$ver; if the mirror dropped it, pin a newer one in" \
-          "guest/versions.sh (apt-cache show $pkg | grep -E '^(Version|SHA256)')"
-      }
-    fi
-    mv "$tmp"/*.deb "$file.part"
-    rm -rf "$tmp"
-    got=$(sha256sum "$file.part" | cut -d' ' -f1)
-    if [ "$got" != "$sum" ]; then
-      rm -f "$file.part"
-      guest_die "$pkg=$ver: sha256 $got, expected $sum"
-    fi
-    mv "$file.part" "$file"
-  fi
-  printf '%s\n' "$file"
-}
-
 # extract_vmlinux BZIMAGE OUT: finds the compressed kernel inside a bzImage (xz or zstd) and
 # writes the ELF it holds to OUT.
 extract_vmlinux() {

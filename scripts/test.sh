@@ -17,6 +17,9 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+echo "== guest kernel driver: checkpatch.pl --no-tree --strict"
+bash scripts/checkpatch.sh
+
 echo "== cargo test"
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
@@ -27,8 +30,10 @@ RDMA_TEST_DOORBELL=shmem RDMA_TEST_FENCE_ELISION=1 \
 if [ "${RDMA_SKIP_QEMU:-0}" != 1 ]; then
   echo "== end to end: two QEMU guests and a hostile one on one daemon"
   bash scripts/qemu-e2e.sh 2>&1 | tee -a "$out"
+  echo "== the Linux guest driver (virtio_rdma.ko) in a QEMU guest"
+  bash scripts/qemu-kmod.sh 2>&1 | tee -a "$out"
 fi
 # One line of totals for humans and CI.
 awk '/^test result:/ { p += $4; f += $6 }
-     /^qemu-e2e: [0-9]+ passed, [0-9]+ failed$/ { p += $2; f += $4 }
+     /^qemu-(e2e|kmod): [0-9]+ passed, [0-9]+ failed$/ { p += $2; f += $4 }
      END { printf "%d passed, %d failed\n", p, f }' "$out"

@@ -31,12 +31,39 @@ pub const VIRTIO_ID_RDMA: u32 = 42;
 /// field `abi_version`).
 pub const ABI_VERSION: u32 = 2;
 
+/// One wire structure of the spec: its name, field layout, field types and
+/// size.
+#[derive(Debug, Clone, Copy)]
+pub struct WireInfo {
+    /// Name as used in the spec.
+    pub name: &'static str,
+    /// Every field, in order.
+    pub layout: &'static [FieldLayout],
+    /// The Rust type of every field, in order ([`Wire::FIELD_TYPES`]).
+    pub types: &'static [&'static str],
+    /// Size in bytes.
+    pub size: usize,
+}
+
 /// Every wire structure of the spec, by name, with its layout and size. The
-/// spec-consistency test walks this list.
+/// spec test checks each table of the document against this list.
 pub fn all_layouts() -> Vec<(&'static str, &'static [FieldLayout], usize)> {
+    all_structs()
+        .into_iter()
+        .map(|w| (w.name, w.layout, w.size))
+        .collect()
+}
+
+/// Every wire structure of the spec, in the order of the document.
+pub fn all_structs() -> Vec<WireInfo> {
     macro_rules! l {
         ($($t:ty),* $(,)?) => {
-            vec![$((<$t as Wire>::NAME, <$t as Wire>::LAYOUT, <$t as Field>::SIZE)),*]
+            vec![$(WireInfo {
+                name: <$t as Wire>::NAME,
+                layout: <$t as Wire>::LAYOUT,
+                types: <$t as Wire>::FIELD_TYPES,
+                size: <$t as Field>::SIZE,
+            }),*]
         };
     }
     use config::DeviceConfig;

@@ -154,6 +154,10 @@ pub trait Wire: Field {
     const NAME: &'static str;
     /// Layout of every field, in order.
     const LAYOUT: &'static [FieldLayout];
+    /// The Rust type of every field, in order, as written in the
+    /// declaration (`u32`, `[u8; 16]`, `BufferDesc`): for generating the C
+    /// header of the ABI.
+    const FIELD_TYPES: &'static [&'static str];
 
     /// Parses exactly `Self::SIZE` bytes. Shorter or longer input, or a
     /// non-zero reserved field, is an error.
@@ -310,6 +314,7 @@ macro_rules! wire_struct {
         impl $crate::wire::Wire for $name {
             const NAME: &'static str = stringify!($name);
             const LAYOUT: &'static [$crate::wire::FieldLayout] = &$name::FIELD_LAYOUT;
+            const FIELD_TYPES: &'static [&'static str] = &[$(stringify!($ty)),*];
 
             #[allow(unused_variables, unused_mut, unused_assignments)]
             fn parse(buf: &[u8]) -> Result<Self, $crate::wire::WireError> {

@@ -1,0 +1,201 @@
+//! The C header of the ABI, `guest-driver/linux/virtio_rdma_abi.h`, is
+//! generated from this crate: every wire structure and the constants the
+//! guest drivers use. This test fails when the committed header differs from
+//! what the crate says; `VIRTIO_RDMA_WRITE_HEADER=1 cargo test -p
+//! virtio-rdma-abi --test c_header` writes it again.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use virtio_rdma_abi::config::{self, ALL_DEVICE_FEATURES};
+use virtio_rdma_abi::ctrl::{Opcode, Status};
+use virtio_rdma_abi::datapath::{self, WcOpcode, WcStatus, WrOpcode};
+use virtio_rdma_abi::event::EventKind;
+use virtio_rdma_abi::{all_structs, mem, ABI_VERSION, VIRTIO_ID_RDMA};
+
+fn header_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../guest-driver/linux/virtio_rdma_abi.h")
+}
+
+/// `QpDoorbell` → `qp_doorbell`.
+fn snake(name: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in name.chars().enumerate() {
+        if c.is_ascii_uppercase() {
+            if i > 0 {
+                out.push('_');
+            }
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The C declaration of a field of Rust type `ty`.
+fn c_field(ty: &str, name: &str) -> String {
+    match ty {
+        "u8" => format!("__u8 {name}"),
+        "u16" => format!("__le16 {name}"),
+        "u32" => format!("__le32 {name}"),
+        "u64" => format!("__le64 {name}"),
+        t if t.starts_with("[u8;") => {
+            let n = t.trim_start_matches("[u8;").trim_end_matches(']').trim();
+            format!("__u8 {name}[{n}]")
+        }
+        t => format!("struct virtio_rdma_{} {name}", snake(t)),
+    }
+}
+
+fn enum_block(out: &mut String, name: &str, prefix: &str, items: &[(&str, u64)]) {
+    let _ = writeln!(out, "enum virtio_rdma_{name} {{");
+    for (n, v) in items {
+        let _ = writeln!(out, "\tVIRTIO_RDMA_{prefix}{n} = {v:#x},");
+    }
+    out.push_str("};\n\n");
+}
+
+fn render() -> String {
+    let mut out = String::new();
+    out.push_str(
+        "/* SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause) */\n\
+         /*\n \
+         * virtio-rdma device ABI: the wire structures and constants of\n \
+         * docs/virtio-rdma-spec.md. Generated from the virtio-rdma-abi crate by\n \
+         * abi/tests/c_header.rs; do not edit.\n \
+         */\n\
+         #ifndef _VIRTIO_RDMA_ABI_H\n\
+         #define _VIRTIO_RDMA_ABI_H\n\n\
+         #include <linux/build_bug.h>\n\
+         #include <linux/types.h>\n\n",
+    );
+    let _ = writeln!(out, "#define VIRTIO_RDMA_ABI_VERSION {ABI_VERSION}");
+    let _ = writeln!(out, "#define VIRTIO_RDMA_DEVICE_ID {VIRTIO_ID_RDMA}\n");
+    for (n, v) in [
+        ("CONTROLQ", u64::from(config::CONTROLQ)),
+        ("EVENTQ", u64::from(config::EVENTQ)),
+        ("NOTIFYQ", u64::from(config::NOTIFYQ)),
+        ("NUM_QUEUES", config::NUM_QUEUES as u64),
+    ] {
+        let _ = writeln!(out, "#define VIRTIO_RDMA_{n} {v}");
+    }
+    out.push_str("\n/* Device feature bit numbers (chapter 4). */\n");
+    for (n, mask) in [
+        ("F_UD", config::F_UD),
+        ("F_SRQ", config::F_SRQ),
+        ("F_ATOMIC", config::F_ATOMIC),
+        ("F_SHMEM_DOORBELL", config::F_SHMEM_DOORBELL),
+    ] {
+        assert_ne!(mask & ALL_DEVICE_FEATURES, 0);
+        let _ = writeln!(out, "#define VIRTIO_RDMA_{n} {}", mask.trailing_zeros());
+    }
+    out.push_str("\n/* Sizes and doorbell constants (sections 11.1, 18.4, 18.7). */\n");
+    for (n, v) in [
+        ("CQE_SIZE", u64::from(mem::CQE_SIZE)),
+        ("SEND_WQE_HEADER", u64::from(mem::SEND_WQE_HEADER)),
+        ("RECV_WQE_HEADER", u64::from(mem::RECV_WQE_HEADER)),
+        ("SGE_SIZE", u64::from(mem::SGE_SIZE)),
+        ("DB_RECORD_SIZE", mem::DB_RECORD_SIZE),
+        ("LIST_PAGE_SIZE", mem::LIST_PAGE_SIZE),
+        ("DB_DRIVER_OFFSET", datapath::DB_DRIVER_OFFSET),
+        ("DB_DEVICE_OFFSET", datapath::DB_DEVICE_OFFSET),
+        ("DB_FLAG_KICK", u64::from(datapath::DB_FLAG_KICK)),
+        ("DB_FLAG_POLLING", u64::from(datapath::DB_FLAG_POLLING)),
+        ("SHMEM_ID_DOORBELL", u64::from(datapath::SHMEM_ID_DOORBELL)),
+        ("DB_PAGE_SIZE", datapath::DB_PAGE_SIZE),
+        ("DB_SLOT_OFFSET", datapath::DB_SLOT_OFFSET),
+        ("DB_SLOT_SIZE", datapath::DB_SLOT_SIZE),
+        ("DB_PAGE_SLOTS", u64::from(datapath::DB_PAGE_SLOTS)),
+    ] {
+        let _ = writeln!(out, "#define VIRTIO_RDMA_{n} {v}");
+    }
+    let _ = writeln!(out, "#define VIRTIO_RDMA_DB_NONE 0xffffffffU\n");
+    let code = |v: u32| u64::from(v);
+    enum_block(
+        &mut out,
+        "opcode",
+        "OP_",
+        &Opcode::ALL
+            .iter()
+            .map(|&o| (o.name(), code(o.into())))
+            .collect::<Vec<_>>(),
+    );
+    enum_block(
+        &mut out,
+        "status",
+        "S_",
+        &Status::ALL
+            .iter()
+            .map(|&o| (o.name(), code(o.into())))
+            .collect::<Vec<_>>(),
+    );
+    enum_block(
+        &mut out,
+        "event_kind",
+        "EV_",
+        &EventKind::ALL
+            .iter()
+            .map(|&o| (o.name(), code(o.into())))
+            .collect::<Vec<_>>(),
+    );
+    enum_block(
+        &mut out,
+        "wr_opcode",
+        "WR_",
+        &WrOpcode::ALL
+            .iter()
+            .map(|&o| (o.name(), code(o.into())))
+            .collect::<Vec<_>>(),
+    );
+    enum_block(
+        &mut out,
+        "wc_opcode",
+        "WC_",
+        &WcOpcode::ALL
+            .iter()
+            .map(|&o| (o.name(), code(o.into())))
+            .collect::<Vec<_>>(),
+    );
+    enum_block(
+        &mut out,
+        "wc_status",
+        "WC_",
+        &WcStatus::ALL
+            .iter()
+            .map(|&o| (o.name(), code(o.into())))
+            .collect::<Vec<_>>(),
+    );
+    for w in all_structs() {
+        let name = snake(w.name);
+        let _ = writeln!(out, "struct virtio_rdma_{name} {{");
+        for (f, ty) in w.layout.iter().zip(w.types) {
+            let _ = writeln!(out, "\t{};", c_field(ty, f.name));
+        }
+        out.push_str("};\n\n");
+        let _ = writeln!(
+            out,
+            "static_assert(sizeof(struct virtio_rdma_{name}) == {});\n",
+            w.size
+        );
+    }
+    out.push_str("#endif /* _VIRTIO_RDMA_ABI_H */\n");
+    out
+}
+
+#[test]
+fn c_header_matches_the_crate() {
+    let want = render();
+    let path = header_path();
+    if std::env::var_os("VIRTIO_RDMA_WRITE_HEADER").is_some() {
+        std::fs::write(&path, &want).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        return;
+    }
+    let have = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        have == want,
+        "{} is not what the crate says; regenerate it with \
+         VIRTIO_RDMA_WRITE_HEADER=1 cargo test -p virtio-rdma-abi --test c_header",
+        path.display()
+    );
+}

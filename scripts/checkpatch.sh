@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs the kernel's checkpatch.pl (from Debian's linux-source-6.1 of the guest kernel's release,
+# pinned in guest/versions.sh, extracted once and cached) over the guest kernel driver's sources
+# (guest-driver/linux/). Fails on any error, warning or check it reports.
+#
+# Usage: scripts/checkpatch.sh [FILE...]
+set -euo pipefail
+guest_dir="$(cd "$(dirname "$0")/../guest" && pwd)"
+src="$(cd "$(dirname "$0")/../guest-driver/linux" && pwd)"
+# shellcheck source=guest/lib.sh
+. "$guest_dir/lib.sh"
+# shellcheck source=guest/versions.sh
+. "$guest_dir/versions.sh"
+guest_need_cmds apt-get:apt dpkg-deb:dpkg sha256sum:coreutils xz:xz-utils perl:perl
+
+tools="$GUEST_CACHE/checkpatch/$GUEST_KERNEL_VERSION"
+if [ ! -f "$tools/.done" ]; then
+  rm -rf "$tools"
+  mkdir -p "$tools"
+  deb=$(fetch_deb "$GUEST_KSOURCE_PKG" "$GUEST_KERNEL_VERSION" "$GUEST_KSOURCE_SHA256")
+  tmp=$(mktemp -d "$GUEST_CACHE/tmp/ksrc.XXXXXX")
+  dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$tmp" --wildcards './usr/src/linux-source-*.tar.xz'
+  tar -xJf "$tmp"/usr/src/linux-source-*.tar.xz -C "$tools" --strip-components=1 \
+    --wildcards '*/scripts/checkpatch.pl' '*/scripts/spelling.txt' \
+    '*/scripts/const_structs.checkpatch'
+  rm -rf "$tmp"
+  touch "$tools/.done"
+fi
+files=("$@")
+[ ${#files[@]} -gt 0 ] || files=("$src"/*.c "$src"/*.h)
+"$tools/scripts/checkpatch.pl" --no-tree --strict --show-types --terse -f "${files[@]}"
