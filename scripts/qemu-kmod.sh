@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The Linux guest driver in a real guest: builds virtio_rdma.ko (scripts/build-kmod.sh) for the
 # test guest's kernel, boots one QEMU guest with our vhost-user-rdma-pci device on a running
-# daemon, loads the module through the kernel's own virtio_pci, and checks that it bound the
-# device: ABI version accepted, control queue answering (QUERY_DEVICE, QUERY_PORT), the paired
-# MAC from the daemon's configuration. Prints "qemu-kmod: N passed, M failed".
+# daemon and a virtio-net interface with the MAC the daemon's configuration pairs the port with,
+# loads the module through the kernel's own virtio_pci, and checks that it bound the device (ABI
+# version accepted, control queue answering), registered a RoCE verbs device on that interface
+# (`rdma link`), and that ib_core's GID table holds the VM's GID, taken from the interface's IP
+# address. Prints "qemu-kmod: N passed, M failed".
 #
 # Usage: bash scripts/qemu-kmod.sh [--keep]
 set -euo pipefail
@@ -17,8 +19,8 @@ cargo build --release --locked -q -p vhost-user-rdma
 kmod=$(bash scripts/build-kmod.sh)
 echo "== qemu-kmod: $kmod"
 echo "   $(modinfo -F vermagic "$kmod" 2>/dev/null || strings "$kmod" | grep -m1 '^vermagic=')"
-bash scripts/build-guest.sh --name rdma-kmod --load virtio_pci \
-  --file "$kmod:/lib/virtio_rdma.ko" >/dev/null
+bash scripts/build-guest.sh --name rdma-kmod --load virtio_pci --load virtio_net \
+  --load ib_uverbs --bin "$(command -v rdma)" --file "$kmod:/lib/virtio_rdma.ko" >/dev/null
 
 dir=$(mktemp -d /tmp/vhost-user-rdma-kmod.XXXXXX)
 daemon_pid=""
@@ -50,8 +52,12 @@ t=$(date +%s)
 rc=0
 bash scripts/run-guest.sh --image rdma-kmod --timeout 300 --log "$dir/guest.console" -q \
   --append 'guest.uio=none' \
-  --cmd 'insmod /lib/virtio_rdma.ko && sleep 1 && dmesg | grep -i virtio' -- \
+  --cmd 'ip link set eth0 up && ip addr add 10.42.0.1/24 dev eth0 &&
+    insmod /lib/virtio_rdma.ko && sleep 1 && dmesg | grep -i virtio && rdma link &&
+    echo "GID1 $(cat /sys/class/infiniband/virtio_rdma0/ports/1/gids/1)"' -- \
   -chardev "socket,id=rdma,path=$dir/vm0.sock" -device vhost-user-rdma-pci,chardev=rdma \
+  -netdev "stream,id=n0,server=on,addr.type=unix,addr.path=$dir/net.sock" \
+  -device "virtio-net-pci,netdev=n0,mac=$mac" \
   >"$dir/guest.out" 2>&1 || rc=$?
 echo "== qemu-kmod: guest ran $(($(date +%s) - t)) s, exit $rc"
 [ "$rc" = 0 ] && { echo "   ok: insmod and the guest command succeeded"; pass=$((pass + 1)); } ||
@@ -59,6 +65,10 @@ echo "== qemu-kmod: guest ran $(($(date +%s) - t)) s, exit $rc"
 check "the driver bound device ID 42 with ABI version 2" "virtio-rdma ABI 2:"
 check "QUERY_PORT: the port is active" "port active"
 check "the paired MAC came from the daemon's configuration" "paired MAC $mac"
+check "a verbs device registered on the paired interface" "registered virtio_rdma0 on eth0"
+check "rdma link: a RoCE port, active, on eth0" "virtio_rdma0/1 state ACTIVE physical_state LINK_UP netdev eth0"
+check "GID index 1 is the VM's GID (::ffff:10.42.0.1) from the interface's address" \
+  "GID1 0000:0000:0000:0000:0000:ffff:0a2a:0001"
 if [ "$fail" != 0 ]; then
   echo "----- guest console"
   sed 's/^/  /' "$dir/guest.console"

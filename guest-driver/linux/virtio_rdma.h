@@ -8,11 +8,17 @@
 #include <linux/completion.h>
 #include <linux/spinlock.h>
 #include <linux/virtio.h>
+#include <rdma/ib_verbs.h>
 
 #include "virtio_rdma_abi.h"
 
 /* Event buffers kept on the event queue. */
 #define VRDMA_EVENT_BUFS 64
+/* Device GIDs the driver keeps (the reference device has one). */
+#define VRDMA_MAX_GIDS 16
+#define VRDMA_NO_GID 0xff
+
+struct vrdma_ib;
 
 struct vrdma_dev {
 	struct virtio_device *vdev;
@@ -29,7 +35,41 @@ struct vrdma_dev {
 	struct virtio_rdma_device_config config;
 	struct virtio_rdma_device_attr attr;
 	struct virtio_rdma_port_attr port;
+	/* The registered verbs device, once there is one. */
+	struct vrdma_ib *ib;
 };
+
+struct vrdma_ib {
+	struct ib_device ibdev;
+	struct vrdma_dev *dev;
+	/* The device's GID table (QUERY_GID at registration). */
+	union ib_gid gids[VRDMA_MAX_GIDS];
+	unsigned int num_gids;
+	/* ib_core's GID index to the device's, or VRDMA_NO_GID. */
+	u8 gid_map[VRDMA_MAX_GIDS + 1];
+};
+
+struct vrdma_ucontext {
+	struct ib_ucontext ibucontext;
+	u32 handle;
+	/* The context's doorbell header (CreateCtxReq.db_gpa). */
+	struct virtio_rdma_ctx_doorbell *db_header;
+};
+
+struct vrdma_pd {
+	struct ib_pd ibpd;
+	u32 handle;
+};
+
+static inline struct vrdma_ucontext *to_vuc(struct ib_ucontext *ibuc)
+{
+	return container_of(ibuc, struct vrdma_ucontext, ibucontext);
+}
+
+static inline struct vrdma_pd *to_vpd(struct ib_pd *ibpd)
+{
+	return container_of(ibpd, struct vrdma_pd, ibpd);
+}
 
 /* One control command in flight. */
 struct vrdma_cmd {
@@ -43,5 +83,7 @@ struct vrdma_cmd {
 
 int vrdma_cmd_exec(struct vrdma_dev *dev, u32 opcode, const void *req,
 		   size_t req_len, void *resp, size_t resp_len);
+int vrdma_register_ib(struct vrdma_dev *dev);
+void vrdma_unregister_ib(struct vrdma_dev *dev);
 
 #endif /* _VIRTIO_RDMA_H */

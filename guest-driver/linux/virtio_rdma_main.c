@@ -270,6 +270,9 @@ static int vrdma_probe(struct virtio_device *vdev)
 		 le32_to_cpu(dev->attr.max_mr),
 		 le32_to_cpu(dev->port.state) == 4 ? "active" : "down",
 		 le32_to_cpu(dev->port.link_rate_mbps), dev->config.mac);
+	ret = vrdma_register_ib(dev);
+	if (ret)
+		goto err_reset;
 	return 0;
 
 err_reset:
@@ -285,6 +288,7 @@ static void vrdma_remove(struct virtio_device *vdev)
 {
 	struct vrdma_dev *dev = vdev->priv;
 
+	vrdma_unregister_ib(dev);
 	virtio_reset_device(vdev);
 	vdev->config->del_vqs(vdev);
 	kfree(dev->events);

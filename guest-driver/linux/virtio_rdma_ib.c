@@ -1,0 +1,341 @@
+// SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
+/*
+ * virtio-rdma: the verbs device (ib_device) over the control queue.
+ *
+ * The port is a RoCEv2 port paired with the guest network interface whose
+ * permanent MAC address the device reports (spec appendix A). ib_core
+ * builds the GID table from that interface's IP addresses; the driver
+ * accepts only the GIDs the device's own table holds and remembers the
+ * device's index for each (add_gid).
+ */
+
+#include <linux/etherdevice.h>
+#include <linux/netdevice.h>
+#include <linux/rtnetlink.h>
+#include <linux/slab.h>
+#include <rdma/ib_mad.h>
+#include <rdma/ib_verbs.h>
+#include <rdma/uverbs_ioctl.h>
+
+#include "virtio_rdma.h"
+
+static struct vrdma_ib *to_vib(struct ib_device *ibdev)
+{
+	return container_of(ibdev, struct vrdma_ib, ibdev);
+}
+
+static int vrdma_query_device(struct ib_device *ibdev,
+			      struct ib_device_attr *props,
+			      struct ib_udata *uhw)
+{
+	struct virtio_rdma_device_attr *a = &to_vib(ibdev)->dev->attr;
+
+	if (uhw->inlen || uhw->outlen)
+		return -EINVAL;
+	memset(props, 0, sizeof(*props));
+	props->fw_ver = le64_to_cpu(a->fw_version);
+	props->sys_image_guid = a->sys_image_guid;
+	props->max_mr_size = le64_to_cpu(a->max_mr_size);
+	props->page_size_cap = le64_to_cpu(a->page_size_cap);
+	props->vendor_id = le32_to_cpu(a->vendor_id);
+	props->vendor_part_id = le32_to_cpu(a->vendor_part_id);
+	props->hw_ver = le32_to_cpu(a->hw_version);
+	props->max_qp = le32_to_cpu(a->max_qp);
+	props->max_qp_wr = le32_to_cpu(a->max_qp_wr);
+	props->max_send_sge = le32_to_cpu(a->max_send_sge);
+	props->max_recv_sge = le32_to_cpu(a->max_recv_sge);
+	props->max_sge_rd = le32_to_cpu(a->max_send_sge);
+	props->max_cq = le32_to_cpu(a->max_cq);
+	props->max_cqe = le32_to_cpu(a->max_cqe);
+	props->max_mr = le32_to_cpu(a->max_mr);
+	props->max_pd = le32_to_cpu(a->max_pd);
+	props->max_qp_rd_atom = le32_to_cpu(a->max_qp_rd_atom);
+	props->max_qp_init_rd_atom = le32_to_cpu(a->max_qp_init_rd_atom);
+	props->max_res_rd_atom = props->max_qp * props->max_qp_rd_atom;
+	props->max_srq = le32_to_cpu(a->max_srq);
+	props->max_srq_wr = le32_to_cpu(a->max_srq_wr);
+	props->max_srq_sge = le32_to_cpu(a->max_recv_sge);
+	props->max_ah = le32_to_cpu(a->max_ah);
+	props->max_pkeys = 1;
+	props->atomic_cap = le32_to_cpu(a->atomic_caps) ? IB_ATOMIC_HCA :
+							  IB_ATOMIC_NONE;
+	props->local_ca_ack_delay = le32_to_cpu(a->local_ca_ack_delay);
+	return 0;
+}
+
+static int vrdma_query_port(struct ib_device *ibdev, u32 port,
+			    struct ib_port_attr *props)
+{
+	struct virtio_rdma_port_attr *p = &to_vib(ibdev)->dev->port;
+
+	/* ib_core zeroes *props before calling. */
+	props->state = le32_to_cpu(p->state) == 4 ? IB_PORT_ACTIVE :
+						     IB_PORT_DOWN;
+	props->phys_state = le32_to_cpu(p->phys_state);
+	props->max_mtu = le32_to_cpu(p->max_mtu);
+	props->active_mtu = le32_to_cpu(p->active_mtu);
+	props->gid_tbl_len = le32_to_cpu(p->gid_tbl_len) + 1;
+	props->pkey_tbl_len = 1;
+	props->max_msg_sz = le32_to_cpu(p->max_msg_size);
+	props->active_speed = le32_to_cpu(p->active_speed);
+	props->active_width = le32_to_cpu(p->active_width);
+	props->ip_gids = true;
+	return 0;
+}
+
+static int vrdma_get_port_immutable(struct ib_device *ibdev, u32 port,
+				    struct ib_port_immutable *immutable)
+{
+	struct ib_port_attr attr;
+	int ret;
+
+	ret = ib_query_port(ibdev, port, &attr);
+	if (ret)
+		return ret;
+	immutable->core_cap_flags = RDMA_CORE_PORT_IBA_ROCE_UDP_ENCAP;
+	immutable->gid_tbl_len = attr.gid_tbl_len;
+	immutable->pkey_tbl_len = attr.pkey_tbl_len;
+	immutable->max_mad_size = IB_MGMT_MAD_SIZE;
+	return 0;
+}
+
+static enum rdma_link_layer vrdma_get_link_layer(struct ib_device *ibdev,
+						 u32 port)
+{
+	return IB_LINK_LAYER_ETHERNET;
+}
+
+static int vrdma_query_pkey(struct ib_device *ibdev, u32 port, u16 index,
+			    u16 *pkey)
+{
+	if (index)
+		return -EINVAL;
+	*pkey = 0xffff;
+	return 0;
+}
+
+/*
+ * ib_core offers every GID of the paired interface; only those the device
+ * assigned to this VM are usable (the device sends from no other address).
+ * The table has one slot more than the device's, so that the link-local
+ * default GID ib_core reserves slot 0 for leaves room for the others.
+ */
+static int vrdma_add_gid(const struct ib_gid_attr *attr, void **context)
+{
+	struct vrdma_ib *vib = to_vib(attr->device);
+	unsigned int i;
+
+	if (attr->gid_type != IB_GID_TYPE_ROCE_UDP_ENCAP)
+		return -EINVAL;
+	for (i = 0; i < vib->num_gids; i++) {
+		if (!memcmp(&vib->gids[i], &attr->gid, sizeof(attr->gid))) {
+			vib->gid_map[attr->index] = i;
+			return 0;
+		}
+	}
+	return -EINVAL;
+}
+
+static int vrdma_del_gid(const struct ib_gid_attr *attr, void **context)
+{
+	struct vrdma_ib *vib = to_vib(attr->device);
+
+	if (attr->index < ARRAY_SIZE(vib->gid_map))
+		vib->gid_map[attr->index] = VRDMA_NO_GID;
+	return 0;
+}
+
+static int vrdma_alloc_ucontext(struct ib_ucontext *ibuc,
+				struct ib_udata *udata)
+{
+	struct vrdma_ucontext *uc = to_vuc(ibuc);
+	struct vrdma_dev *dev = to_vib(ibuc->device)->dev;
+	struct virtio_rdma_create_ctx_req req = {};
+	struct virtio_rdma_create_ctx_resp resp;
+	int ret;
+
+	/* 64 bytes, so naturally 64-byte aligned (spec 12.4). */
+	uc->db_header = kzalloc(sizeof(*uc->db_header), GFP_KERNEL);
+	if (!uc->db_header)
+		return -ENOMEM;
+	req.db_gpa = cpu_to_le64(virt_to_phys(uc->db_header));
+	ret = vrdma_cmd_exec(dev, VIRTIO_RDMA_OP_CREATE_CTX, &req, sizeof(req),
+			     &resp, sizeof(resp));
+	if (ret) {
+		if (ret != -ETIMEDOUT)
+			kfree(uc->db_header);
+		return ret;
+	}
+	uc->handle = le32_to_cpu(resp.ctx_handle);
+	return 0;
+}
+
+static void vrdma_dealloc_ucontext(struct ib_ucontext *ibuc)
+{
+	struct vrdma_ucontext *uc = to_vuc(ibuc);
+	struct virtio_rdma_ctx_handle_req req = {
+		.ctx_handle = cpu_to_le32(uc->handle),
+	};
+
+	/* The device may still write a header it has not let go of. */
+	if (!vrdma_cmd_exec(to_vib(ibuc->device)->dev,
+			    VIRTIO_RDMA_OP_DESTROY_CTX, &req, sizeof(req),
+			    NULL, 0))
+		kfree(uc->db_header);
+}
+
+static int vrdma_alloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
+{
+	struct vrdma_ucontext *uc = rdma_udata_to_drv_context(udata,
+			struct vrdma_ucontext, ibucontext);
+	struct virtio_rdma_ctx_handle_req req;
+	struct virtio_rdma_pd_handle_resp resp;
+	int ret;
+
+	/* Kernel consumers have no context: ABI version 2 serves user space. */
+	if (!uc)
+		return -EOPNOTSUPP;
+	req.ctx_handle = cpu_to_le32(uc->handle);
+	ret = vrdma_cmd_exec(to_vib(ibpd->device)->dev, VIRTIO_RDMA_OP_ALLOC_PD,
+			     &req, sizeof(req), &resp, sizeof(resp));
+	if (ret)
+		return ret;
+	to_vpd(ibpd)->handle = le32_to_cpu(resp.pd_handle);
+	return 0;
+}
+
+static int vrdma_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
+{
+	struct virtio_rdma_pd_handle_req req = {
+		.pd_handle = cpu_to_le32(to_vpd(ibpd)->handle),
+	};
+
+	return vrdma_cmd_exec(to_vib(ibpd->device)->dev,
+			      VIRTIO_RDMA_OP_DEALLOC_PD, &req, sizeof(req),
+			      NULL, 0);
+}
+
+static const struct ib_device_ops vrdma_dev_ops = {
+	.owner = THIS_MODULE,
+	.driver_id = RDMA_DRIVER_UNKNOWN,
+	.uverbs_abi_ver = VIRTIO_RDMA_ABI_VERSION,
+
+	.add_gid = vrdma_add_gid,
+	.alloc_pd = vrdma_alloc_pd,
+	.alloc_ucontext = vrdma_alloc_ucontext,
+	.dealloc_pd = vrdma_dealloc_pd,
+	.dealloc_ucontext = vrdma_dealloc_ucontext,
+	.del_gid = vrdma_del_gid,
+	.get_link_layer = vrdma_get_link_layer,
+	.get_port_immutable = vrdma_get_port_immutable,
+	.query_device = vrdma_query_device,
+	.query_pkey = vrdma_query_pkey,
+	.query_port = vrdma_query_port,
+
+	INIT_RDMA_OBJ_SIZE(ib_pd, vrdma_pd, ibpd),
+	INIT_RDMA_OBJ_SIZE(ib_ucontext, vrdma_ucontext, ibucontext),
+};
+
+/* The interface whose permanent address is the device's `mac`, held. */
+static struct net_device *vrdma_find_netdev(const u8 *mac)
+{
+	struct net_device *ndev, *found = NULL;
+
+	rtnl_lock();
+	for_each_netdev(&init_net, ndev) {
+		if (ether_addr_equal(ndev->perm_addr, mac)) {
+			found = ndev;
+			dev_hold(found);
+			break;
+		}
+	}
+	rtnl_unlock();
+	return found;
+}
+
+static int vrdma_query_gids(struct vrdma_ib *vib)
+{
+	struct vrdma_dev *dev = vib->dev;
+	struct virtio_rdma_query_gid_req req = { .port = cpu_to_le32(1) };
+	struct virtio_rdma_query_gid_resp resp;
+	unsigned int i, n;
+	int ret;
+
+	n = min_t(u32, le32_to_cpu(dev->port.gid_tbl_len), VRDMA_MAX_GIDS);
+	for (i = 0; i < n; i++) {
+		req.index = cpu_to_le32(i);
+		ret = vrdma_cmd_exec(dev, VIRTIO_RDMA_OP_QUERY_GID, &req,
+				     sizeof(req), &resp, sizeof(resp));
+		if (ret)
+			return ret;
+		memcpy(&vib->gids[i], resp.gid, sizeof(vib->gids[i]));
+	}
+	vib->num_gids = n;
+	for (i = 0; i < ARRAY_SIZE(vib->gid_map); i++)
+		vib->gid_map[i] = VRDMA_NO_GID;
+	return 0;
+}
+
+int vrdma_register_ib(struct vrdma_dev *dev)
+{
+	struct net_device *ndev;
+	struct vrdma_ib *vib;
+	int ret;
+
+	if (is_zero_ether_addr(dev->config.mac)) {
+		dev_err(&dev->vdev->dev,
+			"no paired network interface configured (DeviceConfig.mac is zero): not registering a RoCE port\n");
+		return -ENODEV;
+	}
+	ndev = vrdma_find_netdev(dev->config.mac);
+	if (!ndev) {
+		dev_err(&dev->vdev->dev,
+			"no network interface with permanent address %pM\n",
+			dev->config.mac);
+		return -ENODEV;
+	}
+
+	vib = ib_alloc_device(vrdma_ib, ibdev);
+	if (!vib) {
+		ret = -ENOMEM;
+		goto out_put;
+	}
+	vib->dev = dev;
+	ret = vrdma_query_gids(vib);
+	if (ret)
+		goto err_dealloc;
+
+	vib->ibdev.node_type = RDMA_NODE_IB_CA;
+	vib->ibdev.phys_port_cnt = 1;
+	vib->ibdev.num_comp_vectors = 1;
+	vib->ibdev.dev.parent = &dev->vdev->dev;
+	vib->ibdev.node_guid = dev->attr.node_guid;
+	ib_set_device_ops(&vib->ibdev, &vrdma_dev_ops);
+	ret = ib_device_set_netdev(&vib->ibdev, ndev, 1);
+	if (ret)
+		goto err_dealloc;
+	/* No DMA device: ib_core hands out kernel virtual addresses. */
+	ret = ib_register_device(&vib->ibdev, "virtio_rdma%d", NULL);
+	if (ret)
+		goto err_dealloc;
+	dev->ib = vib;
+	dev_info(&dev->vdev->dev, "registered %s on %s\n",
+		 dev_name(&vib->ibdev.dev), netdev_name(ndev));
+	dev_put(ndev);
+	return 0;
+
+err_dealloc:
+	ib_dealloc_device(&vib->ibdev);
+out_put:
+	dev_put(ndev);
+	return ret;
+}
+
+void vrdma_unregister_ib(struct vrdma_dev *dev)
+{
+	if (!dev->ib)
+		return;
+	ib_unregister_device(&dev->ib->ibdev);
+	ib_dealloc_device(&dev->ib->ibdev);
+	dev->ib = NULL;
+}
