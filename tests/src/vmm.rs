@@ -25,7 +25,7 @@ use crate::conn::Conn;
 use crate::ctrl::CtrlQueue;
 use crate::error::{Error, Result};
 use crate::events::EventQueue;
-use crate::guest_mem::{GuestMem, MemLayout};
+use crate::guest_mem::{GuestMem, MemLayout, PAGE_SIZE};
 use crate::shmem::{BackendChannel, ShmemWindow};
 use crate::vring::Vring;
 
@@ -70,6 +70,59 @@ pub struct VmmOptions {
     pub shmem: bool,
     /// With `shmem`: refuse every `SHMEM_MAP` (a VMM that cannot map).
     pub shmem_refuse_map: bool,
+    /// Offer the guest only the transport feature bits, never the device's
+    /// bits 0 to 23, as a generic vhost-user front-end does that does not
+    /// know the device type (cloud-hypervisor's `--generic-vhost-user`,
+    /// `qemu-configs/cloud-hypervisor.md`): the driver then negotiates
+    /// device features 0, whatever `driver_features` says.
+    pub transport_features_only: bool,
+    /// Start every queue (`SET_VRING_BASE`) at the avail index its ring
+    /// holds when the driver sets `DRIVER_OK`, as cloud-hypervisor does,
+    /// instead of at 0. The same for fresh rings, unless buffers were made
+    /// available before the start (`events_before_start`).
+    pub base_from_avail_idx: bool,
+    /// Make the event buffers available before the queues are started
+    /// (before `DRIVER_OK`, spec chapter 6 step 5) instead of after.
+    pub events_before_start: bool,
+    /// Stop a queue with `SET_VRING_ENABLE` 0 before its `GET_VRING_BASE`
+    /// (cloud-hypervisor's `reset_vhost_user`).
+    pub disable_before_stop: bool,
+    /// With `BACKEND_REQ` negotiated but not `SHMEM`: open the back-end
+    /// channel anyway (`SET_BACKEND_REQ_FD`) and refuse whatever the
+    /// back-end asks on it, counting the requests
+    /// ([`TestVmm::backend_map_requests`]); cloud-hypervisor opens it for
+    /// configuration change notifications.
+    pub backend_channel_without_shmem: bool,
+}
+
+impl VmmOptions {
+    /// A front-end that behaves towards the back-end as cloud-hypervisor's
+    /// generic vhost-user device (v52, v53; see
+    /// `qemu-configs/cloud-hypervisor.md` for the source lines): it asks for
+    /// the protocol features `CONFIG`, `MQ`, `REPLY_ACK`, `BACKEND_REQ`,
+    /// `CONFIGURE_MEM_SLOTS`, `INFLIGHT_SHMFD`, `LOG_SHMFD` and
+    /// `DEVICE_STATE` (never `RESET_DEVICE` or `SHMEM`), offers the guest
+    /// `VERSION_1` and `EVENT_IDX` but no device feature, starts queues at
+    /// the ring's avail index, and stops them with `SET_VRING_ENABLE` 0
+    /// and `GET_VRING_BASE` without `RESET_DEVICE`.
+    pub fn cloud_hypervisor() -> Self {
+        VmmOptions {
+            event_idx: true,
+            protocol_features: VhostUserProtocolFeatures::CONFIG
+                | VhostUserProtocolFeatures::MQ
+                | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+                | VhostUserProtocolFeatures::REPLY_ACK
+                | VhostUserProtocolFeatures::INFLIGHT_SHMFD
+                | VhostUserProtocolFeatures::LOG_SHMFD
+                | VhostUserProtocolFeatures::DEVICE_STATE
+                | VhostUserProtocolFeatures::BACKEND_REQ,
+            transport_features_only: true,
+            base_from_avail_idx: true,
+            disable_before_stop: true,
+            backend_channel_without_shmem: true,
+            ..VmmOptions::default()
+        }
+    }
 }
 
 impl Default for VmmOptions {
@@ -89,6 +142,11 @@ impl Default for VmmOptions {
             message_timeout: Some(Duration::from_secs(10)),
             shmem: false,
             shmem_refuse_map: false,
+            transport_features_only: false,
+            base_from_avail_idx: false,
+            events_before_start: false,
+            disable_before_stop: false,
+            backend_channel_without_shmem: false,
         }
     }
 }
@@ -108,6 +166,7 @@ pub struct TestVmm {
     notify: Vring,
     shmem: Option<Arc<ShmemWindow>>,
     backend_channel: Option<BackendChannel>,
+    refusing_window: Option<Arc<ShmemWindow>>,
 }
 
 impl std::fmt::Debug for TestVmm {
@@ -142,40 +201,75 @@ fn connect_retry(path: &Path, timeout: Duration) -> Result<Frontend> {
 }
 
 /// Sends the memory table and sets up every virtqueue with fresh rings;
-/// returns the three queue clients (event buffers not yet posted).
+/// returns the three queue clients (event buffers posted only with
+/// `events_before_start`).
 fn start_queues(
     c: &mut Conn,
     mem: &Arc<GuestMem>,
     opts: &VmmOptions,
     features: u64,
 ) -> Result<(CtrlQueue, EventQueue, Vring)> {
-    c.call("SET_FEATURES", |fe| fe.set_features(features))?;
-    let regions = mem.region_infos()?;
-    c.call("SET_MEM_TABLE", |fe| fe.set_mem_table(&regions))?;
     let event_idx = features & F_EVENT_IDX != 0;
     let mut vrings = Vec::with_capacity(config::NUM_QUEUES);
     for q in 0..config::NUM_QUEUES {
         let index = u16::try_from(q).map_err(|_| Error::Backend("queue index".into()))?;
         let mut v = Vring::new(mem.clone(), index, opts.queue_size)?;
         v.set_event_idx(event_idx);
-        let addr = v.config_data()?;
-        c.call("SET_VRING_NUM", |fe| fe.set_vring_num(q, v.size()))?;
-        c.call("SET_VRING_BASE", |fe| fe.set_vring_base(q, 0))?;
-        c.call("SET_VRING_ADDR", |fe| fe.set_vring_addr(q, &addr))?;
-        c.call("SET_VRING_CALL", |fe| fe.set_vring_call(q, v.call_fd()))?;
-        c.call("SET_VRING_KICK", |fe| fe.set_vring_kick(q, v.kick_fd()))?;
-        c.call("SET_VRING_ENABLE", |fe| fe.set_vring_enable(q, true))?;
         vrings.push(v);
     }
     let mut it = vrings.into_iter();
     let (Some(ctrl), Some(events), Some(notify)) = (it.next(), it.next(), it.next()) else {
         return Err(Error::Backend("queue setup".into()));
     };
-    Ok((
-        CtrlQueue::new(ctrl, opts.timeout),
-        EventQueue::new(events, opts.timeout),
-        notify,
-    ))
+    let ctrl = CtrlQueue::new(ctrl, opts.timeout);
+    let mut events = EventQueue::new(events, opts.timeout);
+    if opts.events_before_start && opts.event_buffers > 0 {
+        // The driver's buffers are in the ring before DRIVER_OK; the
+        // device holds no kick descriptor yet, so the notification only
+        // becomes pending on it.
+        events.post_buffers(usize::from(opts.event_buffers))?;
+    }
+
+    c.call("SET_FEATURES", |fe| fe.set_features(features))?;
+    let regions = mem.region_infos()?;
+    c.call("SET_MEM_TABLE", |fe| fe.set_mem_table(&regions))?;
+    let queues: [&Vring; 3] = [ctrl.vring(), events.vring(), &notify];
+    for (q, v) in queues.into_iter().enumerate() {
+        let base = if opts.base_from_avail_idx {
+            v.avail_idx()
+        } else {
+            0
+        };
+        let addr = v.config_data()?;
+        c.call("SET_VRING_NUM", |fe| fe.set_vring_num(q, v.size()))?;
+        c.call("SET_VRING_BASE", |fe| fe.set_vring_base(q, base))?;
+        c.call("SET_VRING_ADDR", |fe| fe.set_vring_addr(q, &addr))?;
+        c.call("SET_VRING_CALL", |fe| fe.set_vring_call(q, v.call_fd()))?;
+        c.call("SET_VRING_KICK", |fe| fe.set_vring_kick(q, v.kick_fd()))?;
+        c.call("SET_VRING_ENABLE", |fe| fe.set_vring_enable(q, true))?;
+    }
+    Ok((ctrl, events, notify))
+}
+
+/// Posts the event buffers after the start (the default; with
+/// `events_before_start` they were posted by [`start_queues`]).
+fn post_events_after_start(events: &mut EventQueue, opts: &VmmOptions) -> Result<()> {
+    if opts.event_buffers > 0 && !opts.events_before_start {
+        events.post_buffers(usize::from(opts.event_buffers))?;
+    }
+    Ok(())
+}
+
+/// What [`setup_shmem`] set up.
+#[derive(Default)]
+struct Shmem {
+    /// The doorbell region as the guest sees it.
+    window: Option<Arc<ShmemWindow>>,
+    /// The back-end request channel.
+    channel: Option<BackendChannel>,
+    /// The window of a channel opened without `SHMEM`, which refuses every
+    /// map (`backend_channel_without_shmem`).
+    refusing: Option<Arc<ShmemWindow>>,
 }
 
 /// With `SHMEM` and `BACKEND_REQ` negotiated: reads the back-end's regions
@@ -184,16 +278,33 @@ fn setup_shmem(
     c: &mut Conn,
     protocol: VhostUserProtocolFeatures,
     opts: &VmmOptions,
-) -> Result<(Option<Arc<ShmemWindow>>, Option<BackendChannel>)> {
+) -> Result<Shmem> {
     let need = VhostUserProtocolFeatures::BACKEND_REQ | VhostUserProtocolFeatures::SHMEM;
     if !protocol.contains(need) {
-        return Ok((None, None));
+        if opts.backend_channel_without_shmem
+            && protocol.contains(VhostUserProtocolFeatures::BACKEND_REQ)
+        {
+            // No region to map into: a window that refuses every map and
+            // counts the requests.
+            let window = ShmemWindow::new(PAGE_SIZE, true)?;
+            let reply_ack = protocol.contains(VhostUserProtocolFeatures::REPLY_ACK);
+            let channel = BackendChannel::spawn(window.clone(), reply_ack)?;
+            c.call("SET_BACKEND_REQ_FD", |fe| {
+                fe.set_backend_request_fd(&channel.peer_fd())
+            })?;
+            return Ok(Shmem {
+                window: None,
+                channel: Some(channel),
+                refusing: Some(window),
+            });
+        }
+        return Ok(Shmem::default());
     }
     let cfg = c.call("GET_SHMEM_CONFIG", |fe| fe.get_shmem_config())?;
     let nregions = cfg.nregions;
     let sizes = cfg.memory_sizes;
     if nregions == 0 || sizes[0] == 0 {
-        return Ok((None, None));
+        return Ok(Shmem::default());
     }
     let window = ShmemWindow::new(sizes[0], opts.shmem_refuse_map)?;
     let reply_ack = protocol.contains(VhostUserProtocolFeatures::REPLY_ACK);
@@ -201,7 +312,11 @@ fn setup_shmem(
     c.call("SET_BACKEND_REQ_FD", |fe| {
         fe.set_backend_request_fd(&channel.peer_fd())
     })?;
-    Ok((Some(window), Some(channel)))
+    Ok(Shmem {
+        window: Some(window),
+        channel: Some(channel),
+        refusing: None,
+    })
 }
 
 impl TestVmm {
@@ -251,9 +366,18 @@ impl TestVmm {
             )));
         }
 
-        let (shmem, backend_channel) = setup_shmem(&mut c, protocol, &opts)?;
+        let Shmem {
+            window: shmem,
+            channel: backend_channel,
+            refusing: refusing_window,
+        } = setup_shmem(&mut c, protocol, &opts)?;
 
-        let mut wanted = F_VERSION_1 | proto_bit | opts.driver_features;
+        let guest_device_features = if opts.transport_features_only {
+            0
+        } else {
+            opts.driver_features
+        };
+        let mut wanted = F_VERSION_1 | proto_bit | guest_device_features;
         if shmem.is_none() {
             // The guest sees no doorbell region, so its driver does not
             // accept the mode (spec chapter 4).
@@ -282,11 +406,9 @@ impl TestVmm {
             notify,
             shmem,
             backend_channel,
+            refusing_window,
         };
-        if vmm.opts.event_buffers > 0 {
-            vmm.events
-                .post_buffers(usize::from(vmm.opts.event_buffers))?;
-        }
+        post_events_after_start(&mut vmm.events, &vmm.opts)?;
         Ok(vmm)
     }
 
@@ -391,9 +513,15 @@ impl TestVmm {
         if let Some(w) = &self.shmem {
             w.set_started(false);
         }
+        let disable = self.opts.disable_before_stop;
         let c = self.conn()?;
         (0..config::NUM_QUEUES)
-            .map(|q| c.call("GET_VRING_BASE", |fe| fe.get_vring_base(q)))
+            .map(|q| {
+                if disable {
+                    c.call("SET_VRING_ENABLE", |fe| fe.set_vring_enable(q, false))?;
+                }
+                c.call("GET_VRING_BASE", |fe| fe.get_vring_base(q))
+            })
             .collect()
     }
 
@@ -463,9 +591,7 @@ impl TestVmm {
         self.ctrl = ctrl;
         self.events = events;
         self.notify = notify;
-        if opts.event_buffers > 0 {
-            self.events.post_buffers(usize::from(opts.event_buffers))?;
-        }
+        post_events_after_start(&mut self.events, &opts)?;
         Ok(bases)
     }
 
@@ -485,6 +611,12 @@ impl TestVmm {
             c.shutdown();
         }
         self.backend_channel = None;
+    }
+
+    /// `SHMEM_MAP` requests the back-end sent on a channel opened without
+    /// `SHMEM` (`backend_channel_without_shmem`; None: no such channel).
+    pub fn backend_map_requests(&self) -> Option<u64> {
+        self.refusing_window.as_ref().map(|w| w.map_requests())
     }
 
     /// The device's doorbell shared memory region as the guest sees it
