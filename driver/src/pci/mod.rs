@@ -301,6 +301,14 @@ impl PciTransport {
             )));
         }
 
+        // The ABI version decides the layout of the rest (spec chapter 6).
+        let cfg = Self::read_device_config(&common, &device_cfg);
+        if cfg.abi_version != ABI_VERSION {
+            return Err(fail(format!(
+                "device ABI version {}, driver implements {ABI_VERSION}",
+                cfg.abi_version
+            )));
+        }
         let pool = HugePool::new(opts.initial_hugepages)?;
         let mut queues = Vec::new();
         let mut notify = Vec::new();
@@ -341,20 +349,15 @@ impl PciTransport {
             q: eq,
             posted: HashMap::new(),
         };
-        for slot in 0..nbuf {
-            events.post(slot)?;
-        }
-        let cfg = Self::read_device_config(&common, &device_cfg);
-        if cfg.abi_version != ABI_VERSION {
-            return Err(fail(format!(
-                "device ABI version {}, driver implements {ABI_VERSION}",
-                cfg.abi_version
-            )));
-        }
         func.unmask_intx()?;
         common.set_status(
             status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK,
         );
+        // After DRIVER_OK: front-ends that start the queue at the index they
+        // find then would never show earlier buffers (spec chapter 6).
+        for slot in 0..nbuf {
+            events.post(slot)?;
+        }
         notify[usize::from(EVENTQ)].write16(0, EVENTQ);
         log::info!(
             "virtio-rdma at {addr}: features {features:#x}, shared memory {}",
