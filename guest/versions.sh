@@ -23,3 +23,10 @@
 : "${GUEST_BUSYBOX_PKG:=busybox-static}"
 : "${GUEST_BUSYBOX_VERSION:=1:1.35.0-4+deb12u1+b1}"
 : "${GUEST_BUSYBOX_SHA256:=3d3fdbe91d4660c873e14b092c213fe81c1da6362daa236eb25d0171eb108744}"
+
+# rdma-core for the guest (scripts/build-rdma-core.sh): libibverbs, our provider and the example
+# tools are built from one tree, since the provider ABI of libibverbs is private. The Debian
+# archive serves the upstream tarball (the .dsc is gone); the digest is that of trixie's Sources.
+: "${GUEST_RDMA_CORE_VERSION:=56.1}"
+: "${GUEST_RDMA_CORE_URL:=http://deb.debian.org/debian/pool/main/r/rdma-core/rdma-core_56.1.orig.tar.gz}"
+: "${GUEST_RDMA_CORE_SHA256:=63ce7f2baa7242c2dbc76375dac957c420187dd27f8c5e148efc07971ee522a8}"

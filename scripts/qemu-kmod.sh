@@ -17,10 +17,13 @@ keep=0
 export QEMU
 cargo build --release --locked -q -p vhost-user-rdma
 kmod=$(bash scripts/build-kmod.sh)
+rdma_core=$(bash scripts/build-rdma-core.sh)
 echo "== qemu-kmod: $kmod"
 echo "   $(modinfo -F vermagic "$kmod" 2>/dev/null || strings "$kmod" | grep -m1 '^vermagic=')"
 bash scripts/build-guest.sh --name rdma-kmod --load virtio_pci --load virtio_net \
-  --load ib_uverbs --bin "$(command -v rdma)" --file "$kmod:/lib/virtio_rdma.ko" >/dev/null
+  --load ib_uverbs --bin "$(command -v rdma)" --file "$kmod:/lib/virtio_rdma.ko" \
+  --bin "$rdma_core/bin/ibv_devinfo" \
+  --lib "$rdma_core/lib/libvirtio_rdma-rdmav34.so:/lib/libvirtio_rdma-rdmav34.so" >/dev/null
 
 dir=$(mktemp -d /tmp/vhost-user-rdma-kmod.XXXXXX)
 daemon_pid=""
@@ -54,7 +57,8 @@ bash scripts/run-guest.sh --image rdma-kmod --timeout 300 --log "$dir/guest.cons
   --append 'guest.uio=none' \
   --cmd 'ip link set eth0 up && ip addr add 10.42.0.1/24 dev eth0 &&
     insmod /lib/virtio_rdma.ko && sleep 1 && dmesg | grep -i virtio && rdma link &&
-    echo "GID1 $(cat /sys/class/infiniband/virtio_rdma0/ports/1/gids/1)"' -- \
+    echo "GID1 $(cat /sys/class/infiniband/virtio_rdma0/ports/1/gids/1)" &&
+    RDMAV_DRIVERS=/lib/libvirtio_rdma ibv_devinfo' -- \
   -chardev "socket,id=rdma,path=$dir/vm0.sock" -device vhost-user-rdma-pci,chardev=rdma \
   -netdev "stream,id=n0,server=on,addr.type=unix,addr.path=$dir/net.sock" \
   -device "virtio-net-pci,netdev=n0,mac=$mac" \
@@ -69,6 +73,10 @@ check "a verbs device registered on the paired interface" "registered virtio_rdm
 check "rdma link: a RoCE port, active, on eth0" "virtio_rdma0/1 state ACTIVE physical_state LINK_UP netdev eth0"
 check "GID index 1 is the VM's GID (::ffff:10.42.0.1) from the interface's address" \
   "GID1 0000:0000:0000:0000:0000:ffff:0a2a:0001"
+check "unmodified ibv_devinfo (rdma-core $(basename "$(dirname "$rdma_core")")) finds the device" \
+  "hca_id:.*virtio_rdma0"
+check "ibv_devinfo: port 1 active" "state:.*PORT_ACTIVE (4)"
+check "ibv_devinfo: RoCE (link layer Ethernet)" "link_layer:.*Ethernet"
 if [ "$fail" != 0 ]; then
   echo "----- guest console"
   sed 's/^/  /' "$dir/guest.console"

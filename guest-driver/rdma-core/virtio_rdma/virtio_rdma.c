@@ -1,0 +1,130 @@
+// SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
+/*
+ * rdma-core provider for the virtio RDMA device: device matching, contexts,
+ * queries and protection domains, all through the kernel's common uverbs
+ * commands.
+ */
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "virtio_rdma.h"
+
+static int vrdma_query_device_ex(struct ibv_context *context,
+				 const struct ibv_query_device_ex_input *input,
+				 struct ibv_device_attr_ex *attr, size_t attr_size)
+{
+	struct ib_uverbs_ex_query_device_resp resp;
+	size_t resp_size = sizeof(resp);
+
+	return ibv_cmd_query_device_any(context, input, attr, attr_size, &resp,
+					&resp_size);
+}
+
+static int vrdma_query_port(struct ibv_context *context, uint8_t port,
+			    struct ibv_port_attr *attr)
+{
+	struct ibv_query_port cmd;
+
+	return ibv_cmd_query_port(context, port, attr, &cmd, sizeof(cmd));
+}
+
+static struct ibv_pd *vrdma_alloc_pd(struct ibv_context *context)
+{
+	struct ib_uverbs_alloc_pd_resp resp;
+	struct ibv_alloc_pd cmd;
+	struct ibv_pd *pd;
+
+	pd = calloc(1, sizeof(*pd));
+	if (!pd)
+		return NULL;
+	if (ibv_cmd_alloc_pd(context, pd, &cmd, sizeof(cmd), &resp,
+			     sizeof(resp))) {
+		free(pd);
+		return NULL;
+	}
+	return pd;
+}
+
+static int vrdma_dealloc_pd(struct ibv_pd *pd)
+{
+	int ret;
+
+	ret = ibv_cmd_dealloc_pd(pd);
+	if (ret)
+		return ret;
+	free(pd);
+	return 0;
+}
+
+static void vrdma_free_context(struct ibv_context *ibctx)
+{
+	struct vrdma_context *ctx = to_vctx(ibctx);
+
+	verbs_uninit_context(&ctx->ibv_ctx);
+	free(ctx);
+}
+
+static const struct verbs_context_ops vrdma_context_ops = {
+	.alloc_pd = vrdma_alloc_pd,
+	.dealloc_pd = vrdma_dealloc_pd,
+	.free_context = vrdma_free_context,
+	.query_device_ex = vrdma_query_device_ex,
+	.query_port = vrdma_query_port,
+};
+
+static struct verbs_context *vrdma_alloc_context(struct ibv_device *ibdev,
+						 int cmd_fd, void *private_data)
+{
+	struct ib_uverbs_get_context_resp resp;
+	struct ibv_get_context cmd;
+	struct vrdma_context *ctx;
+
+	ctx = verbs_init_and_alloc_context(ibdev, cmd_fd, ctx, ibv_ctx,
+					   RDMA_DRIVER_UNKNOWN);
+	if (!ctx)
+		return NULL;
+	if (ibv_cmd_get_context(&ctx->ibv_ctx, &cmd, sizeof(cmd), &resp,
+				sizeof(resp))) {
+		verbs_uninit_context(&ctx->ibv_ctx);
+		free(ctx);
+		return NULL;
+	}
+	verbs_set_ops(&ctx->ibv_ctx, &vrdma_context_ops);
+	return &ctx->ibv_ctx;
+}
+
+static struct verbs_device *vrdma_device_alloc(struct verbs_sysfs_dev *sysfs_dev)
+{
+	struct vrdma_device *dev;
+
+	dev = calloc(1, sizeof(*dev));
+	if (!dev)
+		return NULL;
+	return &dev->ibv_dev;
+}
+
+static void vrdma_device_free(struct verbs_device *vdev)
+{
+	free(container_of(vdev, struct vrdma_device, ibv_dev));
+}
+
+/* The kernel driver has no driver id of its own: match by name and bus. */
+static const struct verbs_match_ent vrdma_match_table[] = {
+	VERBS_NAME_MATCH("virtio_rdma", NULL),
+	VERBS_MODALIAS_MATCH("virtio:d0000002Av*", NULL),
+	{}
+};
+
+static const struct verbs_device_ops vrdma_dev_ops = {
+	.name = "virtio_rdma",
+	.match_min_abi_version = VIRTIO_RDMA_UVERBS_ABI_VERSION,
+	.match_max_abi_version = VIRTIO_RDMA_UVERBS_ABI_VERSION,
+	.match_table = vrdma_match_table,
+	.alloc_device = vrdma_device_alloc,
+	.uninit_device = vrdma_device_free,
+	.alloc_context = vrdma_alloc_context,
+};
+
+PROVIDER_DRIVER(virtio_rdma, vrdma_dev_ops);
