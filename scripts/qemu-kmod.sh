@@ -22,7 +22,7 @@ echo "== qemu-kmod: $kmod"
 echo "   $(modinfo -F vermagic "$kmod" 2>/dev/null || strings "$kmod" | grep -m1 '^vermagic=')"
 bash scripts/build-guest.sh --name rdma-kmod --load virtio_pci --load virtio_net \
   --load ib_uverbs --bin "$(command -v rdma)" --file "$kmod:/lib/virtio_rdma.ko" \
-  --bin "$rdma_core/bin/ibv_devinfo" \
+  --bin "$rdma_core/bin/ibv_devinfo" --bin "$rdma_core/bin/ibv_devices" \
   --lib "$rdma_core/lib/libvirtio_rdma-rdmav34.so:/lib/libvirtio_rdma-rdmav34.so" >/dev/null
 
 dir=$(mktemp -d /tmp/vhost-user-rdma-kmod.XXXXXX)
@@ -58,7 +58,9 @@ bash scripts/run-guest.sh --image rdma-kmod --timeout 300 --log "$dir/guest.cons
   --cmd 'ip link set eth0 up && ip addr add 10.42.0.1/24 dev eth0 &&
     insmod /lib/virtio_rdma.ko && sleep 1 && dmesg | grep -i virtio && rdma link &&
     echo "GID1 $(cat /sys/class/infiniband/virtio_rdma0/ports/1/gids/1)" &&
-    RDMAV_DRIVERS=/lib/libvirtio_rdma ibv_devinfo' -- \
+    RDMAV_DRIVERS=/lib/libvirtio_rdma ibv_devinfo &&
+    rmmod virtio_rdma && insmod /lib/virtio_rdma.ko && sleep 1 &&
+    RDMAV_DRIVERS=/lib/libvirtio_rdma ibv_devices | sed "s/^/AGAIN /"' -- \
   -chardev "socket,id=rdma,path=$dir/vm0.sock" -device vhost-user-rdma-pci,chardev=rdma \
   -netdev "stream,id=n0,server=on,addr.type=unix,addr.path=$dir/net.sock" \
   -device "virtio-net-pci,netdev=n0,mac=$mac" \
@@ -77,6 +79,7 @@ check "unmodified ibv_devinfo (rdma-core $(basename "$(dirname "$rdma_core")")) 
   "hca_id:.*virtio_rdma0"
 check "ibv_devinfo: port 1 active" "state:.*PORT_ACTIVE (4)"
 check "ibv_devinfo: RoCE (link layer Ethernet)" "link_layer:.*Ethernet"
+check "rmmod (device reset) and insmod again: the device is back" "AGAIN .*virtio_rdma0"
 if [ "$fail" != 0 ]; then
   echo "----- guest console"
   sed 's/^/  /' "$dir/guest.console"
