@@ -3,7 +3,7 @@
 # verified by sha256, cached): libibverbs, our provider (guest-driver/rdma-core/virtio_rdma, copied
 # into providers/) and the example tools. Prints the build directory; the guest needs
 # lib/libibverbs.so.1, lib/libvirtio_rdma-rdmav34.so (RDMAV_DRIVERS=<dir>/libvirtio_rdma) and
-# bin/ibv_*.
+# bin/ibv_* (and our own test programs from guest-driver/tests/, in bin/ too).
 #
 # Usage: scripts/build-rdma-core.sh
 set -euo pipefail
@@ -62,4 +62,10 @@ fi
 if grep -n 'virtio_rdma.*warning:' "$build/ninja.log" >&2; then
   guest_die "the provider has compiler warnings (above)"
 fi
+# Our own test programs, against this tree's libibverbs.
+tests="$(cd "$(dirname "$0")/../guest-driver/tests" && pwd)"
+for t in "$tests"/*.c; do
+  gcc -O2 -Wall -Wextra -Werror -I"$build/include" -L"$build/lib" -Wl,-rpath,"$build/lib" \
+    -o "$build/bin/$(basename "$t" .c)" "$t" -libverbs || guest_die "$t: build failed"
+done
 printf '%s\n' "$build"

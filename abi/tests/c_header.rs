@@ -98,6 +98,16 @@ fn render() -> String {
         ("SGE_SIZE", u64::from(mem::SGE_SIZE)),
         ("DB_RECORD_SIZE", mem::DB_RECORD_SIZE),
         ("LIST_PAGE_SIZE", mem::LIST_PAGE_SIZE),
+        ("LIST_PAGE_ENTRIES", mem::LIST_PAGE_ENTRIES),
+        ("MIN_PAGE_SHIFT", u64::from(mem::MIN_PAGE_SHIFT)),
+        ("MAX_PAGE_SHIFT", u64::from(mem::MAX_PAGE_SHIFT)),
+        ("ACCESS_LOCAL_WRITE", u64::from(mem::access::LOCAL_WRITE)),
+        ("ACCESS_REMOTE_READ", u64::from(mem::access::REMOTE_READ)),
+        ("ACCESS_REMOTE_WRITE", u64::from(mem::access::REMOTE_WRITE)),
+        (
+            "ACCESS_REMOTE_ATOMIC",
+            u64::from(mem::access::REMOTE_ATOMIC),
+        ),
         ("DB_DRIVER_OFFSET", datapath::DB_DRIVER_OFFSET),
         ("DB_DEVICE_OFFSET", datapath::DB_DEVICE_OFFSET),
         ("DB_FLAG_KICK", u64::from(datapath::DB_FLAG_KICK)),
@@ -117,6 +127,15 @@ fn render() -> String {
         "opcode",
         "OP_",
         &Opcode::ALL
+            .iter()
+            .map(|&o| (o.name(), code(o.into())))
+            .collect::<Vec<_>>(),
+    );
+    enum_block(
+        &mut out,
+        "page_list_mode",
+        "PAGES_",
+        &mem::PageListMode::ALL
             .iter()
             .map(|&o| (o.name(), code(o.into())))
             .collect::<Vec<_>>(),

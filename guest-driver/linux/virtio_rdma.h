@@ -61,6 +61,11 @@ struct vrdma_pd {
 	u32 handle;
 };
 
+static inline struct vrdma_ib *to_vib(struct ib_device *ibdev)
+{
+	return container_of(ibdev, struct vrdma_ib, ibdev);
+}
+
 static inline struct vrdma_ucontext *to_vuc(struct ib_ucontext *ibuc)
 {
 	return container_of(ibuc, struct vrdma_ucontext, ibucontext);
@@ -84,6 +89,10 @@ struct vrdma_cmd {
 int vrdma_cmd_exec(struct vrdma_dev *dev, u32 opcode, const void *req,
 		   size_t req_len, void *resp, size_t resp_len);
 int vrdma_register_ib(struct vrdma_dev *dev);
+struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
+				u64 virt_addr, int ib_access,
+				struct ib_udata *udata);
+int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata);
 void vrdma_unregister_ib(struct vrdma_dev *dev);
 
 #endif /* _VIRTIO_RDMA_H */

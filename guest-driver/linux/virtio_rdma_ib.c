@@ -19,11 +19,6 @@
 
 #include "virtio_rdma.h"
 
-static struct vrdma_ib *to_vib(struct ib_device *ibdev)
-{
-	return container_of(ibdev, struct vrdma_ib, ibdev);
-}
-
 static int vrdma_query_device(struct ib_device *ibdev,
 			      struct ib_device_attr *props,
 			      struct ib_udata *uhw)
@@ -226,11 +221,13 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.dealloc_pd = vrdma_dealloc_pd,
 	.dealloc_ucontext = vrdma_dealloc_ucontext,
 	.del_gid = vrdma_del_gid,
+	.dereg_mr = vrdma_dereg_mr,
 	.get_link_layer = vrdma_get_link_layer,
 	.get_port_immutable = vrdma_get_port_immutable,
 	.query_device = vrdma_query_device,
 	.query_pkey = vrdma_query_pkey,
 	.query_port = vrdma_query_port,
+	.reg_user_mr = vrdma_reg_user_mr,
 
 	INIT_RDMA_OBJ_SIZE(ib_pd, vrdma_pd, ibpd),
 	INIT_RDMA_OBJ_SIZE(ib_ucontext, vrdma_ucontext, ibucontext),

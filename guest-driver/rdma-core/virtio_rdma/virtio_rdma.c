@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
 /*
  * rdma-core provider for the virtio RDMA device: device matching, contexts,
- * queries and protection domains, all through the kernel's common uverbs
- * commands.
+ * queries, protection domains and memory regions, all through the kernel's
+ * common uverbs commands.
  */
 
 #include <errno.h>
@@ -58,6 +58,35 @@ static int vrdma_dealloc_pd(struct ibv_pd *pd)
 	return 0;
 }
 
+static struct ibv_mr *vrdma_reg_mr(struct ibv_pd *pd, void *addr,
+				   size_t length, uint64_t hca_va, int access)
+{
+	struct ib_uverbs_reg_mr_resp resp;
+	struct ibv_reg_mr cmd;
+	struct verbs_mr *vmr;
+
+	vmr = calloc(1, sizeof(*vmr));
+	if (!vmr)
+		return NULL;
+	if (ibv_cmd_reg_mr(pd, addr, length, hca_va, access, vmr, &cmd,
+			   sizeof(cmd), &resp, sizeof(resp))) {
+		free(vmr);
+		return NULL;
+	}
+	return &vmr->ibv_mr;
+}
+
+static int vrdma_dereg_mr(struct verbs_mr *vmr)
+{
+	int ret;
+
+	ret = ibv_cmd_dereg_mr(vmr);
+	if (ret)
+		return ret;
+	free(vmr);
+	return 0;
+}
+
 static void vrdma_free_context(struct ibv_context *ibctx)
 {
 	struct vrdma_context *ctx = to_vctx(ibctx);
@@ -69,9 +98,11 @@ static void vrdma_free_context(struct ibv_context *ibctx)
 static const struct verbs_context_ops vrdma_context_ops = {
 	.alloc_pd = vrdma_alloc_pd,
 	.dealloc_pd = vrdma_dealloc_pd,
+	.dereg_mr = vrdma_dereg_mr,
 	.free_context = vrdma_free_context,
 	.query_device_ex = vrdma_query_device_ex,
 	.query_port = vrdma_query_port,
+	.reg_mr = vrdma_reg_mr,
 };
 
 static struct verbs_context *vrdma_alloc_context(struct ibv_device *ibdev,

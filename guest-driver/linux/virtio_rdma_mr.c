@@ -1,0 +1,190 @@
+// SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
+/*
+ * virtio-rdma: memory regions of user memory (REG_MR, DEREG_MR).
+ *
+ * The pages are pinned with ib_umem and described to the device in the
+ * largest block size both the umem and the device's page_size_cap allow,
+ * with an INLINE page list when it fits in the request and an INDIRECT one
+ * (list pages of 512 addresses) otherwise (spec 10.1, 10.2).
+ */
+
+#include <linux/slab.h>
+#include <rdma/ib_umem.h>
+#include <rdma/ib_verbs.h>
+#include <rdma/iter.h>
+
+#include "virtio_rdma.h"
+
+/* Page sizes the spec allows: 4 KiB to 1 GiB. */
+#define VRDMA_PAGE_SIZES GENMASK_ULL(VIRTIO_RDMA_MAX_PAGE_SHIFT, \
+				     VIRTIO_RDMA_MIN_PAGE_SHIFT)
+
+struct vrdma_mr {
+	struct ib_mr ibmr;
+	struct ib_umem *umem;
+	u32 handle;
+};
+
+static struct vrdma_mr *to_vmr(struct ib_mr *ibmr)
+{
+	return container_of(ibmr, struct vrdma_mr, ibmr);
+}
+
+static int vrdma_access(int ib_access, u32 *access)
+{
+	if (ib_access & ~(IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_WRITE |
+			  IB_ACCESS_REMOTE_READ | IB_ACCESS_REMOTE_ATOMIC |
+			  IB_ACCESS_RELAXED_ORDERING))
+		return -EOPNOTSUPP;
+	*access = 0;
+	if (ib_access & IB_ACCESS_LOCAL_WRITE)
+		*access |= VIRTIO_RDMA_ACCESS_LOCAL_WRITE;
+	if (ib_access & IB_ACCESS_REMOTE_WRITE)
+		*access |= VIRTIO_RDMA_ACCESS_REMOTE_WRITE;
+	if (ib_access & IB_ACCESS_REMOTE_READ)
+		*access |= VIRTIO_RDMA_ACCESS_REMOTE_READ;
+	if (ib_access & IB_ACCESS_REMOTE_ATOMIC)
+		*access |= VIRTIO_RDMA_ACCESS_REMOTE_ATOMIC;
+	return 0;
+}
+
+static void vrdma_free_list_pages(__le64 *tail, size_t nlist)
+{
+	size_t i;
+
+	for (i = 0; i < nlist; i++)
+		free_page((unsigned long)phys_to_virt(le64_to_cpu(tail[i])));
+}
+
+struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
+				u64 virt_addr, int ib_access,
+				struct ib_udata *udata)
+{
+	struct vrdma_dev *dev = to_vib(ibpd->device)->dev;
+	struct virtio_rdma_reg_mr_resp resp;
+	struct virtio_rdma_reg_mr_req *req;
+	struct ib_block_iter biter;
+	size_t npages, nlist = 0, tail_len, i = 0;
+	unsigned long pgsz;
+	struct vrdma_mr *mr;
+	__le64 *tail, *list = NULL;
+	u32 access;
+	int ret;
+
+	ret = vrdma_access(ib_access, &access);
+	if (ret)
+		return ERR_PTR(ret);
+	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
+	if (!mr)
+		return ERR_PTR(-ENOMEM);
+	mr->umem = ib_umem_get(ibpd->device, start, length, ib_access);
+	if (IS_ERR(mr->umem)) {
+		ret = PTR_ERR(mr->umem);
+		goto err_free;
+	}
+	pgsz = ib_umem_find_best_pgsz(mr->umem,
+				      le64_to_cpu(dev->attr.page_size_cap) &
+				      VRDMA_PAGE_SIZES, virt_addr);
+	npages = ib_umem_num_dma_blocks(mr->umem, pgsz);
+	if (!pgsz || !npages || npages > le32_to_cpu(dev->attr.max_mr_pages)) {
+		ret = -EINVAL;
+		goto err_umem;
+	}
+	if (npages <= le32_to_cpu(dev->config.max_inline_pages)) {
+		tail_len = npages * sizeof(__le64);
+	} else {
+		nlist = DIV_ROUND_UP(npages, VIRTIO_RDMA_LIST_PAGE_ENTRIES);
+		tail_len = nlist * sizeof(__le64);
+	}
+	req = kvzalloc(sizeof(*req) + tail_len, GFP_KERNEL);
+	if (!req) {
+		ret = -ENOMEM;
+		goto err_umem;
+	}
+	tail = (__le64 *)(req + 1);
+	for (i = 0; i < nlist; i++) {
+		unsigned long page = get_zeroed_page(GFP_KERNEL);
+
+		if (!page) {
+			vrdma_free_list_pages(tail, i);
+			ret = -ENOMEM;
+			goto err_req;
+		}
+		tail[i] = cpu_to_le64(virt_to_phys((void *)page));
+	}
+	i = 0;
+	/*
+	 * No DMA device: the umem's DMA addresses are kernel virtual
+	 * addresses of the pinned pages (ib_uses_virt_dma()).
+	 */
+	rdma_umem_for_each_dma_block(mr->umem, &biter, pgsz) {
+		u64 gpa = virt_to_phys((void *)(uintptr_t)
+				       rdma_block_iter_dma_address(&biter));
+
+		if (nlist) {
+			size_t k = i / VIRTIO_RDMA_LIST_PAGE_ENTRIES;
+
+			if (i % VIRTIO_RDMA_LIST_PAGE_ENTRIES == 0)
+				list = phys_to_virt(le64_to_cpu(tail[k]));
+			list[i % VIRTIO_RDMA_LIST_PAGE_ENTRIES] = cpu_to_le64(gpa);
+		} else {
+			tail[i] = cpu_to_le64(gpa);
+		}
+		i++;
+	}
+
+	req->pd_handle = cpu_to_le32(to_vpd(ibpd)->handle);
+	req->access = cpu_to_le32(access);
+	req->iova = cpu_to_le64(virt_addr);
+	req->length = cpu_to_le64(length);
+	req->buf.npages = cpu_to_le32(npages);
+	req->buf.first_page_offset =
+		cpu_to_le32(ib_umem_dma_offset(mr->umem, pgsz));
+	req->buf.page_shift = cpu_to_le32(__ffs(pgsz));
+	req->buf.mode = cpu_to_le32(nlist ? VIRTIO_RDMA_PAGES_INDIRECT :
+					    VIRTIO_RDMA_PAGES_INLINE);
+	ret = vrdma_cmd_exec(dev, VIRTIO_RDMA_OP_REG_MR, req,
+			     sizeof(*req) + tail_len, &resp, sizeof(resp));
+	/* The device copied the list while it executed the command. */
+	if (ret != -ETIMEDOUT)
+		vrdma_free_list_pages(tail, nlist);
+	kvfree(req);
+	if (ret)
+		goto err_umem_keep;
+	mr->handle = le32_to_cpu(resp.mr_handle);
+	mr->ibmr.lkey = le32_to_cpu(resp.lkey);
+	mr->ibmr.rkey = le32_to_cpu(resp.rkey);
+	mr->ibmr.page_size = pgsz;
+	return &mr->ibmr;
+
+err_req:
+	kvfree(req);
+err_umem:
+	ib_umem_release(mr->umem);
+err_free:
+	kfree(mr);
+	return ERR_PTR(ret);
+err_umem_keep:
+	/* The device may have registered the pages after all: keep them. */
+	if (ret != -ETIMEDOUT)
+		ib_umem_release(mr->umem);
+	kfree(mr);
+	return ERR_PTR(ret);
+}
+
+int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
+{
+	struct vrdma_mr *mr = to_vmr(ibmr);
+	struct virtio_rdma_mr_handle_req req = {
+		.mr_handle = cpu_to_le32(mr->handle),
+	};
+	int ret;
+
+	ret = vrdma_cmd_exec(to_vib(ibmr->device)->dev, VIRTIO_RDMA_OP_DEREG_MR,
+			     &req, sizeof(req), NULL, 0);
+	if (ret)
+		return ret;
+	ib_umem_release(mr->umem);
+	kfree(mr);
+	return 0;
+}

@@ -1,0 +1,101 @@
+// SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
+/*
+ * Registers memory regions through libibverbs on the first RDMA device and
+ * checks what the driver stack (virtio_rdma.ko, the provider, the device)
+ * returns: sizes that take an INLINE and an INDIRECT page list, an
+ * unaligned start, and requests the device or the kernel must refuse.
+ * Prints "MR-CHECK: N passed, M failed"; exits non-zero on a failure.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <infiniband/verbs.h>
+
+static int passed, failed;
+
+static void result(int ok, const char *what)
+{
+	printf("MR-CHECK %s: %s\n", ok ? "ok" : "FAILED", what);
+	if (ok)
+		passed++;
+	else
+		failed++;
+}
+
+static void reg(struct ibv_pd *pd, size_t len, size_t offset, int access,
+		const char *what)
+{
+	char msg[160];
+	struct ibv_mr *mr;
+	char *buf;
+
+	buf = mmap(NULL, len + offset, PROT_READ | PROT_WRITE,
+		   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (buf == MAP_FAILED) {
+		result(0, "mmap");
+		return;
+	}
+	/* 4 KiB pages, so that the page counts (and list modes) are known. */
+	madvise(buf, len + offset, MADV_NOHUGEPAGE);
+	memset(buf, 0x5a, len + offset);
+	mr = ibv_reg_mr(pd, buf + offset, len, access);
+	snprintf(msg, sizeof(msg), "%s: %zu bytes at +%zu -> %s lkey %#x rkey %#x",
+		 what, len, offset, mr ? "registered" : strerror(errno),
+		 mr ? mr->lkey : 0, mr ? mr->rkey : 0);
+	result(mr && mr->lkey != 0 &&
+	       (!!mr->rkey == !!(access & (IBV_ACCESS_REMOTE_READ |
+					   IBV_ACCESS_REMOTE_WRITE))), msg);
+	if (mr)
+		result(ibv_dereg_mr(mr) == 0, "  deregistered");
+	munmap(buf, len + offset);
+}
+
+static void refused(struct ibv_pd *pd, int access, const char *what)
+{
+	static char buf[4096] __attribute__((aligned(4096)));
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, sizeof(buf), access);
+	char msg[160];
+
+	snprintf(msg, sizeof(msg), "%s: %s", what,
+		 mr ? "registered (should not be)" : strerror(errno));
+	result(!mr, msg);
+	if (mr)
+		ibv_dereg_mr(mr);
+}
+
+int main(void)
+{
+	const int local = IBV_ACCESS_LOCAL_WRITE;
+	const int remote = local | IBV_ACCESS_REMOTE_READ |
+			   IBV_ACCESS_REMOTE_WRITE;
+	struct ibv_device **list;
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	int n;
+
+	list = ibv_get_device_list(&n);
+	if (!list || n < 1) {
+		printf("MR-CHECK FAILED: no RDMA device\n");
+		return 1;
+	}
+	ctx = ibv_open_device(list[0]);
+	pd = ctx ? ibv_alloc_pd(ctx) : NULL;
+	if (!pd) {
+		printf("MR-CHECK FAILED: open %s / alloc_pd: %s\n",
+		       ibv_get_device_name(list[0]), strerror(errno));
+		return 1;
+	}
+	reg(pd, 4096, 0, local, "one page, local only");
+	reg(pd, 65536, 100, remote, "unaligned start, remote access");
+	reg(pd, 2 << 20, 0, remote, "2 MiB (512 pages: inline list)");
+	reg(pd, 8 << 20, 0, remote, "8 MiB (2048 pages: indirect list)");
+	refused(pd, IBV_ACCESS_REMOTE_WRITE, "remote write without local write");
+	refused(pd, local | IBV_ACCESS_MW_BIND, "memory-window binding");
+	ibv_dealloc_pd(pd);
+	ibv_close_device(ctx);
+	ibv_free_device_list(list);
+	printf("MR-CHECK: %d passed, %d failed\n", passed, failed);
+	return failed != 0;
+}
