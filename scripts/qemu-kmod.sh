@@ -10,6 +10,9 @@
 # Usage: bash scripts/qemu-kmod.sh [--keep]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=guest/lib.sh
+. guest/lib.sh
+guest_need_cmds rdma:iproute2
 keep=0
 [ "${1:-}" = --keep ] && keep=1
 
