@@ -52,7 +52,7 @@ kdir="$root/usr/src/$GUEST_KHEADERS_PKG"
 build="$GUEST_CACHE/tmp/kmod-build"
 rm -rf "$build"
 mkdir -p "$build" "$out"
-cp "$src"/*.c "$src"/*.h "$src"/Kbuild "$build"/
+cp -r "$src"/*.c "$src"/*.h "$src"/Kbuild "$src"/uapi "$build"/
 log="$build/make.log"
 if ! make -C "$kdir" M="$build" W=1 modules >"$log" 2>&1; then
   cat "$log" >&2

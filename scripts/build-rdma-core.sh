@@ -32,7 +32,7 @@ fi
 
 top="$GUEST_CACHE/rdma-core/$ver"
 src="$top/src"
-if [ ! -f "$src/.done" ]; then
+if [ ! -f "$src/.prepared-2" ]; then
   rm -rf "$src"
   mkdir -p "$src"
   tar -xzf "$tarball" -C "$src" --strip-components=1
@@ -40,10 +40,15 @@ if [ ! -f "$src/.done" ]; then
   sed -i 's|^add_subdirectory(providers/siw)$|&\nadd_subdirectory(providers/virtio_rdma)|' \
     "$src/CMakeLists.txt"
   grep -q 'providers/virtio_rdma' "$src/CMakeLists.txt" || guest_die "cannot add the provider"
-  touch "$src/.done"
+  # ... and one its kernel driver-data header (uapi of virtio_rdma.ko).
+  sed -i 's|^  rdma/siw-abi.h$|&\n  rdma/virtio_rdma-abi.h|' "$src/kernel-headers/CMakeLists.txt"
+  grep -q 'virtio_rdma-abi.h' "$src/kernel-headers/CMakeLists.txt" ||
+    guest_die "cannot add the provider's kernel ABI header"
+  touch "$src/.prepared-2"
 fi
 rm -rf "$src/providers/virtio_rdma"
 cp -r "$provider" "$src/providers/virtio_rdma"
+cp "$provider/../../linux/uapi/virtio_rdma-abi.h" "$src/kernel-headers/rdma/virtio_rdma-abi.h"
 
 build="$top/build"
 if [ ! -f "$build/build.ninja" ]; then

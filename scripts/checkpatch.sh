@@ -29,5 +29,5 @@ if [ ! -f "$tools/.done" ]; then
   touch "$tools/.done"
 fi
 files=("$@")
-[ ${#files[@]} -gt 0 ] || files=("$src"/*.c "$src"/*.h)
+[ ${#files[@]} -gt 0 ] || files=("$src"/*.c "$src"/*.h "$src"/uapi/*.h)
 "$tools/scripts/checkpatch.pl" --no-tree --strict --show-types --terse -f "${files[@]}"

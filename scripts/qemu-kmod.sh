@@ -26,7 +26,7 @@ echo "   $(modinfo -F vermagic "$kmod" 2>/dev/null || strings "$kmod" | grep -m1
 bash scripts/build-guest.sh --name rdma-kmod --load virtio_pci --load virtio_net \
   --load ib_uverbs --bin "$(command -v rdma)" --file "$kmod:/lib/virtio_rdma.ko" \
   --bin "$rdma_core/bin/ibv_devinfo" --bin "$rdma_core/bin/ibv_devices" \
-  --bin "$rdma_core/bin/vrdma-mr-check" \
+  --bin "$rdma_core/bin/vrdma-check" \
   --lib "$rdma_core/lib/libvirtio_rdma-rdmav34.so:/lib/libvirtio_rdma-rdmav34.so" >/dev/null
 
 dir=$(mktemp -d /tmp/vhost-user-rdma-kmod.XXXXXX)
@@ -63,7 +63,7 @@ bash scripts/run-guest.sh --image rdma-kmod --timeout 300 --log "$dir/guest.cons
     insmod /lib/virtio_rdma.ko && sleep 1 && dmesg | grep -i virtio && rdma link &&
     echo "GID1 $(cat /sys/class/infiniband/virtio_rdma0/ports/1/gids/1)" &&
     RDMAV_DRIVERS=/lib/libvirtio_rdma ibv_devinfo &&
-    RDMAV_DRIVERS=/lib/libvirtio_rdma vrdma-mr-check &&
+    RDMAV_DRIVERS=/lib/libvirtio_rdma vrdma-check &&
     rmmod virtio_rdma && insmod /lib/virtio_rdma.ko && sleep 1 &&
     RDMAV_DRIVERS=/lib/libvirtio_rdma ibv_devices | sed "s/^/AGAIN /"' -- \
   -chardev "socket,id=rdma,path=$dir/vm0.sock" -device vhost-user-rdma-pci,chardev=rdma \
@@ -84,8 +84,8 @@ check "unmodified ibv_devinfo (rdma-core $(basename "$(dirname "$rdma_core")")) 
   "hca_id:.*virtio_rdma0"
 check "ibv_devinfo: port 1 active" "state:.*PORT_ACTIVE (4)"
 check "ibv_devinfo: RoCE (link layer Ethernet)" "link_layer:.*Ethernet"
-check "memory regions: inline and indirect page lists, refusals (vrdma-mr-check)" \
-  "MR-CHECK: [0-9]* passed, 0 failed"
+check "memory regions (inline and indirect page lists, refusals) and CQs (vrdma-check)" \
+  "VRDMA-CHECK: [0-9]* passed, 0 failed"
 check "rmmod (device reset) and insmod again: the device is back" "AGAIN .*virtio_rdma0"
 if [ "$fail" != 0 ]; then
   echo "----- guest console"

@@ -61,6 +61,19 @@ struct vrdma_pd {
 	u32 handle;
 };
 
+struct vrdma_cq {
+	struct ib_cq ibcq;
+	u32 handle;
+	/* The ring and the doorbell record, pinned in the owner's memory. */
+	struct ib_umem *ring;
+	struct ib_umem *db;
+};
+
+static inline struct vrdma_cq *to_vcq(struct ib_cq *ibcq)
+{
+	return container_of(ibcq, struct vrdma_cq, ibcq);
+}
+
 static inline struct vrdma_ib *to_vib(struct ib_device *ibdev)
 {
 	return container_of(ibdev, struct vrdma_ib, ibdev);
@@ -93,6 +106,15 @@ struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 				u64 virt_addr, int ib_access,
 				struct ib_udata *udata);
 int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata);
+struct ib_umem;
+void *vrdma_page_list(struct vrdma_dev *dev, struct ib_umem *umem,
+		      unsigned long pgsz, size_t fixed_len,
+		      struct virtio_rdma_buffer_desc *buf, size_t *req_len,
+		      size_t *nlist_out);
+void vrdma_free_list_pages(__le64 *tail, size_t nlist);
+int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
+		    struct ib_udata *udata);
+int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata);
 void vrdma_unregister_ib(struct vrdma_dev *dev);
 
 #endif /* _VIRTIO_RDMA_H */

@@ -18,6 +18,7 @@
 #include <rdma/uverbs_ioctl.h>
 
 #include "virtio_rdma.h"
+#include "uapi/virtio_rdma-abi.h"
 
 static int vrdma_query_device(struct ib_device *ibdev,
 			      struct ib_device_attr *props,
@@ -213,14 +214,16 @@ static int vrdma_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
 static const struct ib_device_ops vrdma_dev_ops = {
 	.owner = THIS_MODULE,
 	.driver_id = RDMA_DRIVER_UNKNOWN,
-	.uverbs_abi_ver = VIRTIO_RDMA_ABI_VERSION,
+	.uverbs_abi_ver = VIRTIO_RDMA_UVERBS_ABI_VERSION,
 
 	.add_gid = vrdma_add_gid,
+	.create_cq = vrdma_create_cq,
 	.alloc_pd = vrdma_alloc_pd,
 	.alloc_ucontext = vrdma_alloc_ucontext,
 	.dealloc_pd = vrdma_dealloc_pd,
 	.dealloc_ucontext = vrdma_dealloc_ucontext,
 	.del_gid = vrdma_del_gid,
+	.destroy_cq = vrdma_destroy_cq,
 	.dereg_mr = vrdma_dereg_mr,
 	.get_link_layer = vrdma_get_link_layer,
 	.get_port_immutable = vrdma_get_port_immutable,
@@ -229,6 +232,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.query_port = vrdma_query_port,
 	.reg_user_mr = vrdma_reg_user_mr,
 
+	INIT_RDMA_OBJ_SIZE(ib_cq, vrdma_cq, ibcq),
 	INIT_RDMA_OBJ_SIZE(ib_pd, vrdma_pd, ibpd),
 	INIT_RDMA_OBJ_SIZE(ib_ucontext, vrdma_ucontext, ibucontext),
 };

@@ -48,7 +48,7 @@ static int vrdma_access(int ib_access, u32 *access)
 	return 0;
 }
 
-static void vrdma_free_list_pages(__le64 *tail, size_t nlist)
+void vrdma_free_list_pages(__le64 *tail, size_t nlist)
 {
 	size_t i;
 
@@ -56,18 +56,88 @@ static void vrdma_free_list_pages(__le64 *tail, size_t nlist)
 		free_page((unsigned long)phys_to_virt(le64_to_cpu(tail[i])));
 }
 
+/*
+ * Builds the page list of @umem in blocks of @pgsz: a request of
+ * @fixed_len bytes (zeroed, for the caller to fill) followed by the list,
+ * INLINE when it has at most max_inline_pages entries, INDIRECT otherwise.
+ * Fills @buf except `addr`. The caller frees the list pages with
+ * vrdma_free_list_pages() once the device has answered, then the request
+ * with kvfree().
+ */
+void *vrdma_page_list(struct vrdma_dev *dev, struct ib_umem *umem,
+		      unsigned long pgsz, size_t fixed_len,
+		      struct virtio_rdma_buffer_desc *buf, size_t *req_len,
+		      size_t *nlist_out)
+{
+	size_t npages, nlist = 0, tail_len, i;
+	struct ib_block_iter biter;
+	__le64 *tail, *list = NULL;
+	void *req;
+
+	npages = ib_umem_num_dma_blocks(umem, pgsz);
+	if (!npages || npages > le32_to_cpu(dev->attr.max_mr_pages))
+		return ERR_PTR(-EINVAL);
+	if (npages <= le32_to_cpu(dev->config.max_inline_pages)) {
+		tail_len = npages * sizeof(__le64);
+	} else {
+		nlist = DIV_ROUND_UP(npages, VIRTIO_RDMA_LIST_PAGE_ENTRIES);
+		tail_len = nlist * sizeof(__le64);
+	}
+	req = kvzalloc(fixed_len + tail_len, GFP_KERNEL);
+	if (!req)
+		return ERR_PTR(-ENOMEM);
+	tail = req + fixed_len;
+	for (i = 0; i < nlist; i++) {
+		unsigned long page = get_zeroed_page(GFP_KERNEL);
+
+		if (!page) {
+			vrdma_free_list_pages(tail, i);
+			kvfree(req);
+			return ERR_PTR(-ENOMEM);
+		}
+		tail[i] = cpu_to_le64(virt_to_phys((void *)page));
+	}
+	i = 0;
+	/*
+	 * No DMA device: the umem's DMA addresses are kernel virtual
+	 * addresses of the pinned pages (ib_uses_virt_dma()).
+	 */
+	rdma_umem_for_each_dma_block(umem, &biter, pgsz) {
+		u64 gpa = virt_to_phys((void *)(uintptr_t)
+				       rdma_block_iter_dma_address(&biter));
+
+		if (nlist) {
+			size_t k = i / VIRTIO_RDMA_LIST_PAGE_ENTRIES;
+
+			if (i % VIRTIO_RDMA_LIST_PAGE_ENTRIES == 0)
+				list = phys_to_virt(le64_to_cpu(tail[k]));
+			list[i % VIRTIO_RDMA_LIST_PAGE_ENTRIES] = cpu_to_le64(gpa);
+		} else {
+			tail[i] = cpu_to_le64(gpa);
+		}
+		i++;
+	}
+	buf->npages = cpu_to_le32(npages);
+	buf->first_page_offset = cpu_to_le32(ib_umem_dma_offset(umem, pgsz));
+	buf->page_shift = cpu_to_le32(__ffs(pgsz));
+	buf->mode = cpu_to_le32(nlist ? VIRTIO_RDMA_PAGES_INDIRECT :
+					VIRTIO_RDMA_PAGES_INLINE);
+	*req_len = fixed_len + tail_len;
+	*nlist_out = nlist;
+	return req;
+}
+
 struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 				u64 virt_addr, int ib_access,
 				struct ib_udata *udata)
 {
 	struct vrdma_dev *dev = to_vib(ibpd->device)->dev;
+	struct virtio_rdma_buffer_desc buf = {};
 	struct virtio_rdma_reg_mr_resp resp;
 	struct virtio_rdma_reg_mr_req *req;
-	struct ib_block_iter biter;
-	size_t npages, nlist = 0, tail_len, i = 0;
+	size_t req_len, nlist;
 	unsigned long pgsz;
 	struct vrdma_mr *mr;
-	__le64 *tail, *list = NULL;
 	u32 access;
 	int ret;
 
@@ -85,69 +155,22 @@ struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 	pgsz = ib_umem_find_best_pgsz(mr->umem,
 				      le64_to_cpu(dev->attr.page_size_cap) &
 				      VRDMA_PAGE_SIZES, virt_addr);
-	npages = ib_umem_num_dma_blocks(mr->umem, pgsz);
-	if (!pgsz || !npages || npages > le32_to_cpu(dev->attr.max_mr_pages)) {
-		ret = -EINVAL;
+	req = pgsz ? vrdma_page_list(dev, mr->umem, pgsz, sizeof(*req), &buf,
+				     &req_len, &nlist) : ERR_PTR(-EINVAL);
+	if (IS_ERR(req)) {
+		ret = PTR_ERR(req);
 		goto err_umem;
 	}
-	if (npages <= le32_to_cpu(dev->config.max_inline_pages)) {
-		tail_len = npages * sizeof(__le64);
-	} else {
-		nlist = DIV_ROUND_UP(npages, VIRTIO_RDMA_LIST_PAGE_ENTRIES);
-		tail_len = nlist * sizeof(__le64);
-	}
-	req = kvzalloc(sizeof(*req) + tail_len, GFP_KERNEL);
-	if (!req) {
-		ret = -ENOMEM;
-		goto err_umem;
-	}
-	tail = (__le64 *)(req + 1);
-	for (i = 0; i < nlist; i++) {
-		unsigned long page = get_zeroed_page(GFP_KERNEL);
-
-		if (!page) {
-			vrdma_free_list_pages(tail, i);
-			ret = -ENOMEM;
-			goto err_req;
-		}
-		tail[i] = cpu_to_le64(virt_to_phys((void *)page));
-	}
-	i = 0;
-	/*
-	 * No DMA device: the umem's DMA addresses are kernel virtual
-	 * addresses of the pinned pages (ib_uses_virt_dma()).
-	 */
-	rdma_umem_for_each_dma_block(mr->umem, &biter, pgsz) {
-		u64 gpa = virt_to_phys((void *)(uintptr_t)
-				       rdma_block_iter_dma_address(&biter));
-
-		if (nlist) {
-			size_t k = i / VIRTIO_RDMA_LIST_PAGE_ENTRIES;
-
-			if (i % VIRTIO_RDMA_LIST_PAGE_ENTRIES == 0)
-				list = phys_to_virt(le64_to_cpu(tail[k]));
-			list[i % VIRTIO_RDMA_LIST_PAGE_ENTRIES] = cpu_to_le64(gpa);
-		} else {
-			tail[i] = cpu_to_le64(gpa);
-		}
-		i++;
-	}
-
 	req->pd_handle = cpu_to_le32(to_vpd(ibpd)->handle);
 	req->access = cpu_to_le32(access);
 	req->iova = cpu_to_le64(virt_addr);
 	req->length = cpu_to_le64(length);
-	req->buf.npages = cpu_to_le32(npages);
-	req->buf.first_page_offset =
-		cpu_to_le32(ib_umem_dma_offset(mr->umem, pgsz));
-	req->buf.page_shift = cpu_to_le32(__ffs(pgsz));
-	req->buf.mode = cpu_to_le32(nlist ? VIRTIO_RDMA_PAGES_INDIRECT :
-					    VIRTIO_RDMA_PAGES_INLINE);
-	ret = vrdma_cmd_exec(dev, VIRTIO_RDMA_OP_REG_MR, req,
-			     sizeof(*req) + tail_len, &resp, sizeof(resp));
+	req->buf = buf;
+	ret = vrdma_cmd_exec(dev, VIRTIO_RDMA_OP_REG_MR, req, req_len, &resp,
+			     sizeof(resp));
 	/* The device copied the list while it executed the command. */
 	if (ret != -ETIMEDOUT)
-		vrdma_free_list_pages(tail, nlist);
+		vrdma_free_list_pages((void *)req + sizeof(*req), nlist);
 	kvfree(req);
 	if (ret)
 		goto err_umem_keep;
@@ -157,8 +180,6 @@ struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 	mr->ibmr.page_size = pgsz;
 	return &mr->ibmr;
 
-err_req:
-	kvfree(req);
 err_umem:
 	ib_umem_release(mr->umem);
 err_free:

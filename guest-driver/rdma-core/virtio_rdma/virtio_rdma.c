@@ -8,6 +8,8 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <util/util.h>
 
 #include "virtio_rdma.h"
 
@@ -87,6 +89,64 @@ static int vrdma_dereg_mr(struct verbs_mr *vmr)
 	return 0;
 }
 
+static struct ibv_cq *vrdma_create_cq(struct ibv_context *context, int cqe,
+				      struct ibv_comp_channel *channel,
+				      int comp_vector)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	struct vrdma_create_cq_cmd cmd = {};
+	struct vrdma_create_cq_cmd_resp resp = {};
+	struct vrdma_cq *cq;
+	uint32_t depth = 1;
+
+	if (cqe < 1) {
+		errno = EINVAL;
+		return NULL;
+	}
+	while (depth < (uint32_t)cqe && depth < (1U << 31))
+		depth <<= 1;
+	cq = calloc(1, sizeof(*cq));
+	if (!cq)
+		return NULL;
+	cq->depth = depth;
+	cq->ring = aligned_alloc(page, align((size_t)depth * 32, page));
+	cq->db = aligned_alloc(128, 128);
+	if (!cq->ring || !cq->db) {
+		errno = ENOMEM;
+		goto err;
+	}
+	memset(cq->ring, 0, (size_t)depth * 32);
+	memset(cq->db, 0, 128);
+	cmd.ring_va = (uintptr_t)cq->ring;
+	cmd.db_va = (uintptr_t)cq->db;
+	cmd.depth = depth;
+	if (ibv_cmd_create_cq(context, cqe, channel, comp_vector, &cq->ibv_cq,
+			      &cmd.ibv_cmd, sizeof(cmd), &resp.ibv_resp,
+			      sizeof(resp)))
+		goto err;
+	cq->handle = resp.cq_handle;
+	return &cq->ibv_cq;
+err:
+	free(cq->ring);
+	free(cq->db);
+	free(cq);
+	return NULL;
+}
+
+static int vrdma_destroy_cq(struct ibv_cq *ibcq)
+{
+	struct vrdma_cq *cq = to_vcq(ibcq);
+	int ret;
+
+	ret = ibv_cmd_destroy_cq(ibcq);
+	if (ret)
+		return ret;
+	free(cq->ring);
+	free(cq->db);
+	free(cq);
+	return 0;
+}
+
 static void vrdma_free_context(struct ibv_context *ibctx)
 {
 	struct vrdma_context *ctx = to_vctx(ibctx);
@@ -97,8 +157,10 @@ static void vrdma_free_context(struct ibv_context *ibctx)
 
 static const struct verbs_context_ops vrdma_context_ops = {
 	.alloc_pd = vrdma_alloc_pd,
+	.create_cq = vrdma_create_cq,
 	.dealloc_pd = vrdma_dealloc_pd,
 	.dereg_mr = vrdma_dereg_mr,
+	.destroy_cq = vrdma_destroy_cq,
 	.free_context = vrdma_free_context,
 	.query_device_ex = vrdma_query_device_ex,
 	.query_port = vrdma_query_port,

@@ -6,9 +6,11 @@
 #define __VIRTIO_RDMA_H__
 
 #include <infiniband/driver.h>
+#include <rdma/virtio_rdma-abi.h>
+#include <kernel-abi/virtio_rdma-abi.h>
 
-/* uverbs ABI version of virtio_rdma.ko: the device ABI version. */
-#define VIRTIO_RDMA_UVERBS_ABI_VERSION 2
+DECLARE_DRV_CMD(vrdma_create_cq_cmd, IB_USER_VERBS_CMD_CREATE_CQ,
+		virtio_rdma_create_cq_ureq, virtio_rdma_create_cq_uresp);
 
 struct vrdma_device {
 	struct verbs_device ibv_dev;
@@ -17,6 +19,20 @@ struct vrdma_device {
 struct vrdma_context {
 	struct verbs_context ibv_ctx;
 };
+
+struct vrdma_cq {
+	struct ibv_cq ibv_cq;
+	/* depth * 32 bytes, page aligned, and the 128-byte doorbell record. */
+	void *ring;
+	void *db;
+	uint32_t depth;
+	uint32_t handle;
+};
+
+static inline struct vrdma_cq *to_vcq(struct ibv_cq *ibcq)
+{
+	return container_of(ibcq, struct vrdma_cq, ibv_cq);
+}
 
 static inline struct vrdma_context *to_vctx(struct ibv_context *ibctx)
 {

@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
 /*
- * Registers memory regions through libibverbs on the first RDMA device and
- * checks what the driver stack (virtio_rdma.ko, the provider, the device)
- * returns: sizes that take an INLINE and an INDIRECT page list, an
- * unaligned start, and requests the device or the kernel must refuse.
- * Prints "MR-CHECK: N passed, M failed"; exits non-zero on a failure.
+ * Creates objects through libibverbs on the first RDMA device and checks
+ * what the driver stack (virtio_rdma.ko, the provider, the device) returns:
+ * memory regions whose sizes take an INLINE and an INDIRECT page list, an
+ * unaligned start, requests the device or the kernel must refuse, and
+ * completion queues of several depths up to the device's largest.
+ * Prints "VRDMA-CHECK: N passed, M failed"; exits non-zero on a failure.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -17,7 +18,7 @@ static int passed, failed;
 
 static void result(int ok, const char *what)
 {
-	printf("MR-CHECK %s: %s\n", ok ? "ok" : "FAILED", what);
+	printf("VRDMA-CHECK %s: %s\n", ok ? "ok" : "FAILED", what);
 	if (ok)
 		passed++;
 	else
@@ -65,8 +66,21 @@ static void refused(struct ibv_pd *pd, int access, const char *what)
 		ibv_dereg_mr(mr);
 }
 
+static void cq(struct ibv_context *ctx, int cqe, int expect_ok)
+{
+	struct ibv_cq *c = ibv_create_cq(ctx, cqe, NULL, NULL, 0);
+	char msg[160];
+
+	snprintf(msg, sizeof(msg), "CQ of %d entries: %s (%d)", cqe,
+		 c ? "created" : strerror(errno), c ? c->cqe : 0);
+	result(expect_ok ? c && c->cqe >= cqe : !c, msg);
+	if (c)
+		result(ibv_destroy_cq(c) == 0, "  destroyed");
+}
+
 int main(void)
 {
+	struct ibv_device_attr attr;
 	const int local = IBV_ACCESS_LOCAL_WRITE;
 	const int remote = local | IBV_ACCESS_REMOTE_READ |
 			   IBV_ACCESS_REMOTE_WRITE;
@@ -77,13 +91,13 @@ int main(void)
 
 	list = ibv_get_device_list(&n);
 	if (!list || n < 1) {
-		printf("MR-CHECK FAILED: no RDMA device\n");
+		printf("VRDMA-CHECK FAILED: no RDMA device\n");
 		return 1;
 	}
 	ctx = ibv_open_device(list[0]);
 	pd = ctx ? ibv_alloc_pd(ctx) : NULL;
 	if (!pd) {
-		printf("MR-CHECK FAILED: open %s / alloc_pd: %s\n",
+		printf("VRDMA-CHECK FAILED: open %s / alloc_pd: %s\n",
 		       ibv_get_device_name(list[0]), strerror(errno));
 		return 1;
 	}
@@ -93,9 +107,18 @@ int main(void)
 	reg(pd, 8 << 20, 0, remote, "8 MiB (2048 pages: indirect list)");
 	refused(pd, IBV_ACCESS_REMOTE_WRITE, "remote write without local write");
 	refused(pd, local | IBV_ACCESS_MW_BIND, "memory-window binding");
+	if (ibv_query_device(ctx, &attr)) {
+		result(0, "query_device");
+	} else {
+		cq(ctx, 1, 1);
+		cq(ctx, 100, 1);
+		cq(ctx, 65536, 1);
+		cq(ctx, attr.max_cqe, 1);
+		cq(ctx, attr.max_cqe + 1, 0);
+	}
 	ibv_dealloc_pd(pd);
 	ibv_close_device(ctx);
 	ibv_free_device_list(list);
-	printf("MR-CHECK: %d passed, %d failed\n", passed, failed);
+	printf("VRDMA-CHECK: %d passed, %d failed\n", passed, failed);
 	return failed != 0;
 }

@@ -1,0 +1,33 @@
+/* SPDX-License-Identifier: ((GPL-2.0 WITH Linux-syscall-note) OR BSD-2-Clause) */
+/*
+ * The uverbs driver data of virtio_rdma.ko: what the rdma-core provider and
+ * the kernel driver exchange beside the common uverbs commands. User space
+ * passes virtual addresses only; the kernel pins and translates them and
+ * never returns a guest-physical address.
+ */
+#ifndef VIRTIO_RDMA_ABI_USER_H
+#define VIRTIO_RDMA_ABI_USER_H
+
+#include <linux/types.h>
+
+/* The uverbs ABI version: the device ABI version it passes through. */
+#define VIRTIO_RDMA_UVERBS_ABI_VERSION 2
+
+/*
+ * CREATE_CQ: the ring (depth * 32 bytes, page aligned) and the 128-byte
+ * doorbell record (128-byte aligned) in the caller's memory; the depth is
+ * the requested number of entries rounded up to a power of two.
+ */
+struct virtio_rdma_create_cq_ureq {
+	__aligned_u64 ring_va;
+	__aligned_u64 db_va;
+	__u32 depth;
+	__u32 reserved;
+};
+
+struct virtio_rdma_create_cq_uresp {
+	__u32 cq_handle;
+	__u32 depth;
+};
+
+#endif /* VIRTIO_RDMA_ABI_USER_H */

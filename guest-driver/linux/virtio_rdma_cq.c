@@ -1,0 +1,137 @@
+// SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
+/*
+ * virtio-rdma: completion queues of user space (CREATE_CQ, DESTROY_CQ).
+ *
+ * The provider allocates the ring and the doorbell record in its own memory
+ * and passes their virtual addresses; the kernel pins both for the CQ's
+ * lifetime and hands the device their guest-physical pages (spec 10.4,
+ * 11.2). Nothing physical goes back to user space.
+ */
+
+#include <linux/log2.h>
+#include <linux/slab.h>
+#include <rdma/ib_umem.h>
+#include <rdma/ib_verbs.h>
+#include <rdma/iter.h>
+#include <rdma/uverbs_ioctl.h>
+
+#include "virtio_rdma.h"
+#include "uapi/virtio_rdma-abi.h"
+
+/* Pins the doorbell record at @va and returns its guest-physical address. */
+static int vrdma_pin_db(struct ib_device *ibdev, u64 va, struct ib_umem **umem,
+			u64 *gpa)
+{
+	struct ib_block_iter biter;
+
+	if (va % VIRTIO_RDMA_DB_RECORD_SIZE)
+		return -EINVAL;
+	*umem = ib_umem_get(ibdev, va, VIRTIO_RDMA_DB_RECORD_SIZE,
+			    IB_ACCESS_LOCAL_WRITE);
+	if (IS_ERR(*umem))
+		return PTR_ERR(*umem);
+	/* 128 bytes at a 128-byte boundary: inside one page. */
+	rdma_umem_for_each_dma_block(*umem, &biter, PAGE_SIZE) {
+		*gpa = virt_to_phys((void *)(uintptr_t)
+				    rdma_block_iter_dma_address(&biter)) +
+		       offset_in_page(va);
+		return 0;
+	}
+	ib_umem_release(*umem);
+	return -EINVAL;
+}
+
+int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
+		    struct ib_udata *udata)
+{
+	struct vrdma_ucontext *uc = rdma_udata_to_drv_context(udata,
+			struct vrdma_ucontext, ibucontext);
+	struct vrdma_dev *dev = to_vib(ibcq->device)->dev;
+	struct virtio_rdma_buffer_desc buf = {};
+	struct virtio_rdma_create_cq_uresp uresp = {};
+	struct virtio_rdma_create_cq_ureq ureq = {};
+	struct virtio_rdma_cq_handle_resp resp;
+	struct virtio_rdma_create_cq_req *req;
+	struct vrdma_cq *cq = to_vcq(ibcq);
+	size_t req_len, nlist;
+	u32 depth;
+	u64 db_gpa;
+	int ret;
+
+	/* Kernel consumers have no context: ABI version 2 serves user space. */
+	if (!uc)
+		return -EOPNOTSUPP;
+	if (attr->flags || attr->comp_vector)
+		return -EOPNOTSUPP;
+	if (udata->inlen < sizeof(ureq) ||
+	    ib_copy_from_udata(&ureq, udata, sizeof(ureq)) || ureq.reserved)
+		return -EINVAL;
+	depth = ureq.depth;
+	if (!depth || !is_power_of_2(depth) || depth < attr->cqe ||
+	    depth > le32_to_cpu(dev->attr.max_cqe) ||
+	    !PAGE_ALIGNED(ureq.ring_va))
+		return -EINVAL;
+
+	cq->ring = ib_umem_get(ibcq->device, ureq.ring_va,
+			       (size_t)depth * VIRTIO_RDMA_CQE_SIZE,
+			       IB_ACCESS_LOCAL_WRITE);
+	if (IS_ERR(cq->ring))
+		return PTR_ERR(cq->ring);
+	ret = vrdma_pin_db(ibcq->device, ureq.db_va, &cq->db, &db_gpa);
+	if (ret)
+		goto err_ring;
+	/* Queue buffers are described in base pages, starting a page. */
+	req = vrdma_page_list(dev, cq->ring, PAGE_SIZE, sizeof(*req), &buf,
+			      &req_len, &nlist);
+	if (IS_ERR(req)) {
+		ret = PTR_ERR(req);
+		goto err_db;
+	}
+	req->ctx_handle = cpu_to_le32(uc->handle);
+	req->depth = cpu_to_le32(depth);
+	req->db_gpa = cpu_to_le64(db_gpa);
+	req->buf = buf;
+	ret = vrdma_cmd_exec(dev, VIRTIO_RDMA_OP_CREATE_CQ, req, req_len,
+			     &resp, sizeof(resp));
+	if (ret != -ETIMEDOUT)
+		vrdma_free_list_pages((void *)req + sizeof(*req), nlist);
+	kvfree(req);
+	if (ret == -ETIMEDOUT)
+		return ret; /* the device may use the pages: keep them pinned */
+	if (ret)
+		goto err_db;
+	cq->handle = le32_to_cpu(resp.cq_handle);
+	ibcq->cqe = depth;
+	uresp.cq_handle = cq->handle;
+	uresp.depth = depth;
+	ret = ib_copy_to_udata(udata, &uresp, min(udata->outlen, sizeof(uresp)));
+	if (ret) {
+		vrdma_destroy_cq(ibcq, udata);
+		return ret;
+	}
+	return 0;
+
+err_db:
+	ib_umem_release(cq->db);
+err_ring:
+	ib_umem_release(cq->ring);
+	return ret;
+}
+
+int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
+{
+	struct vrdma_cq *cq = to_vcq(ibcq);
+	struct virtio_rdma_cq_handle_req req = {
+		.cq_handle = cpu_to_le32(cq->handle),
+	};
+	int ret;
+
+	ret = vrdma_cmd_exec(to_vib(ibcq->device)->dev,
+			     VIRTIO_RDMA_OP_DESTROY_CQ, &req, sizeof(req),
+			     NULL, 0);
+	if (ret)
+		return ret;
+	ib_umem_release(cq->db);
+	ib_umem_release(cq->ring);
+	return 0;
+}
