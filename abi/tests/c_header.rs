@@ -11,6 +11,7 @@ use virtio_rdma_abi::config::{self, ALL_DEVICE_FEATURES};
 use virtio_rdma_abi::ctrl::{Opcode, Status};
 use virtio_rdma_abi::datapath::{self, WcOpcode, WcStatus, WrOpcode};
 use virtio_rdma_abi::event::EventKind;
+use virtio_rdma_abi::qp::{attr, Mtu, QpState, QpType};
 use virtio_rdma_abi::{all_structs, mem, ABI_VERSION, VIRTIO_ID_RDMA};
 
 fn header_path() -> PathBuf {
@@ -121,6 +122,30 @@ fn render() -> String {
         let _ = writeln!(out, "#define VIRTIO_RDMA_{n} {v}");
     }
     let _ = writeln!(out, "#define VIRTIO_RDMA_DB_NONE 0xffffffffU\n");
+    out.push_str("/* MODIFY_QP attribute mask bits (section 12.13). */\n");
+    for (n, v) in [
+        ("STATE", attr::STATE),
+        ("CUR_STATE", attr::CUR_STATE),
+        ("ACCESS", attr::ACCESS),
+        ("PKEY_INDEX", attr::PKEY_INDEX),
+        ("PORT", attr::PORT),
+        ("QKEY", attr::QKEY),
+        ("AV", attr::AV),
+        ("PATH_MTU", attr::PATH_MTU),
+        ("TIMEOUT", attr::TIMEOUT),
+        ("RETRY_CNT", attr::RETRY_CNT),
+        ("RNR_RETRY", attr::RNR_RETRY),
+        ("RQ_PSN", attr::RQ_PSN),
+        ("MAX_RD_ATOMIC", attr::MAX_RD_ATOMIC),
+        ("MIN_RNR_TIMER", attr::MIN_RNR_TIMER),
+        ("SQ_PSN", attr::SQ_PSN),
+        ("MAX_DEST_RD_ATOMIC", attr::MAX_DEST_RD_ATOMIC),
+        ("DEST_QPN", attr::DEST_QPN),
+        ("EN_SQD_ASYNC_NOTIFY", attr::EN_SQD_ASYNC_NOTIFY),
+    ] {
+        let _ = writeln!(out, "#define VIRTIO_RDMA_ATTR_{n} {v:#x}");
+    }
+    out.push('\n');
     let code = |v: u32| u64::from(v);
     enum_block(
         &mut out,
@@ -136,6 +161,33 @@ fn render() -> String {
         "page_list_mode",
         "PAGES_",
         &mem::PageListMode::ALL
+            .iter()
+            .map(|&o| (o.name(), code(o.into())))
+            .collect::<Vec<_>>(),
+    );
+    enum_block(
+        &mut out,
+        "qp_state",
+        "QPS_",
+        &QpState::ALL
+            .iter()
+            .map(|&o| (o.name(), code(o.into())))
+            .collect::<Vec<_>>(),
+    );
+    enum_block(
+        &mut out,
+        "qp_type",
+        "QPT_",
+        &QpType::ALL
+            .iter()
+            .map(|&o| (o.name(), code(o.into())))
+            .collect::<Vec<_>>(),
+    );
+    enum_block(
+        &mut out,
+        "mtu",
+        "",
+        &Mtu::ALL
             .iter()
             .map(|&o| (o.name(), code(o.into())))
             .collect::<Vec<_>>(),

@@ -74,6 +74,19 @@ static inline struct vrdma_cq *to_vcq(struct ib_cq *ibcq)
 	return container_of(ibcq, struct vrdma_cq, ibcq);
 }
 
+struct vrdma_qp {
+	struct ib_qp ibqp;
+	u32 handle;
+	/* The queue buffer and the doorbell record, pinned. */
+	struct ib_umem *buf;
+	struct ib_umem *db;
+};
+
+static inline struct vrdma_qp *to_vqp(struct ib_qp *ibqp)
+{
+	return container_of(ibqp, struct vrdma_qp, ibqp);
+}
+
 static inline struct vrdma_ib *to_vib(struct ib_device *ibdev)
 {
 	return container_of(ibdev, struct vrdma_ib, ibdev);
@@ -115,6 +128,16 @@ void vrdma_free_list_pages(__le64 *tail, size_t nlist);
 int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
 		    struct ib_udata *udata);
 int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata);
+int vrdma_pin_db(struct ib_device *ibdev, u64 va, struct ib_umem **umem,
+		 u64 *gpa);
+int vrdma_access(int ib_access, u32 *access);
+int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
+		    struct ib_udata *udata);
+int vrdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata);
+int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
+		    struct ib_udata *udata);
+int vrdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
+		   struct ib_qp_init_attr *init);
 void vrdma_unregister_ib(struct vrdma_dev *dev);
 
 #endif /* _VIRTIO_RDMA_H */

@@ -19,8 +19,8 @@
 #include "uapi/virtio_rdma-abi.h"
 
 /* Pins the doorbell record at @va and returns its guest-physical address. */
-static int vrdma_pin_db(struct ib_device *ibdev, u64 va, struct ib_umem **umem,
-			u64 *gpa)
+int vrdma_pin_db(struct ib_device *ibdev, u64 va, struct ib_umem **umem,
+		 u64 *gpa)
 {
 	struct ib_block_iter biter;
 

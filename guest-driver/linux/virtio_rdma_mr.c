@@ -30,7 +30,7 @@ static struct vrdma_mr *to_vmr(struct ib_mr *ibmr)
 	return container_of(ibmr, struct vrdma_mr, ibmr);
 }
 
-static int vrdma_access(int ib_access, u32 *access)
+int vrdma_access(int ib_access, u32 *access)
 {
 	if (ib_access & ~(IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_WRITE |
 			  IB_ACCESS_REMOTE_READ | IB_ACCESS_REMOTE_ATOMIC |

@@ -3,8 +3,10 @@
  * Creates objects through libibverbs on the first RDMA device and checks
  * what the driver stack (virtio_rdma.ko, the provider, the device) returns:
  * memory regions whose sizes take an INLINE and an INDIRECT page list, an
- * unaligned start, requests the device or the kernel must refuse, and
- * completion queues of several depths up to the device's largest.
+ * unaligned start, requests the device or the kernel must refuse,
+ * completion queues of several depths up to the device's largest, and RC
+ * and UD queue pairs taken through their states (an RC QP connected to
+ * itself through GID index 1, the VM's GID).
  * Prints "VRDMA-CHECK: N passed, M failed"; exits non-zero on a failure.
  */
 #include <errno.h>
@@ -78,6 +80,102 @@ static void cq(struct ibv_context *ctx, int cqe, int expect_ok)
 		result(ibv_destroy_cq(c) == 0, "  destroyed");
 }
 
+static int state_of(struct ibv_qp *qp)
+{
+	struct ibv_qp_init_attr init;
+	struct ibv_qp_attr a;
+
+	if (ibv_query_qp(qp, &a, IBV_QP_STATE, &init))
+		return -1;
+	return a.qp_state;
+}
+
+static void qp_states(struct ibv_context *ctx, struct ibv_pd *pd,
+		      enum ibv_qp_type type)
+{
+	const char *name = type == IBV_QPT_RC ? "RC" : "UD";
+	struct ibv_qp_init_attr init = {
+		.qp_type = type,
+		.cap = { .max_send_wr = 16, .max_recv_wr = 16,
+			 .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	struct ibv_qp_attr a;
+	struct ibv_qp *qp;
+	union ibv_gid gid;
+	char msg[160];
+	struct ibv_cq *c;
+	int ret;
+
+	c = ibv_create_cq(ctx, 32, NULL, NULL, 0);
+	init.send_cq = c;
+	init.recv_cq = c;
+	qp = c ? ibv_create_qp(pd, &init) : NULL;
+	snprintf(msg, sizeof(msg), "%s QP: %s, QPN %#x, state %d", name,
+		 qp ? "created" : strerror(errno), qp ? qp->qp_num : 0,
+		 qp ? state_of(qp) : -1);
+	result(qp && qp->qp_num > 1 && state_of(qp) == IBV_QPS_RESET, msg);
+	if (!qp)
+		goto out;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_INIT;
+	a.port_num = 1;
+	if (type == IBV_QPT_RC) {
+		a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE |
+				    IBV_ACCESS_REMOTE_WRITE;
+		ret = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX |
+				    IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+	} else {
+		a.qkey = 0x11111111;
+		ret = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX |
+				    IBV_QP_PORT | IBV_QP_QKEY);
+	}
+	result(!ret && state_of(qp) == IBV_QPS_INIT, "  to INIT");
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	if (type == IBV_QPT_RC) {
+		if (ibv_query_gid(ctx, 1, 1, &gid))
+			memset(&gid, 0, sizeof(gid));
+		a.path_mtu = IBV_MTU_1024;
+		a.dest_qp_num = qp->qp_num;
+		a.rq_psn = 1;
+		a.max_dest_rd_atomic = 1;
+		a.min_rnr_timer = 12;
+		a.ah_attr.is_global = 1;
+		a.ah_attr.grh.dgid = gid;
+		a.ah_attr.grh.sgid_index = 1;
+		a.ah_attr.grh.hop_limit = 1;
+		a.ah_attr.port_num = 1;
+		ret = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV |
+				    IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+				    IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+				    IBV_QP_MIN_RNR_TIMER);
+	} else {
+		ret = ibv_modify_qp(qp, &a, IBV_QP_STATE);
+	}
+	snprintf(msg, sizeof(msg), "  to RTR: %s", ret ? strerror(ret) : "ok");
+	result(!ret && state_of(qp) == IBV_QPS_RTR, msg);
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.sq_psn = 1;
+	if (type == IBV_QPT_RC) {
+		a.timeout = 14;
+		a.retry_cnt = 7;
+		a.rnr_retry = 7;
+		a.max_rd_atomic = 1;
+		ret = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT |
+				    IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+				    IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+	} else {
+		ret = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN);
+	}
+	snprintf(msg, sizeof(msg), "  to RTS: %s", ret ? strerror(ret) : "ok");
+	result(!ret && state_of(qp) == IBV_QPS_RTS, msg);
+	result(ibv_destroy_qp(qp) == 0, "  destroyed");
+out:
+	if (c)
+		ibv_destroy_cq(c);
+}
+
 int main(void)
 {
 	struct ibv_device_attr attr;
@@ -116,6 +214,8 @@ int main(void)
 		cq(ctx, attr.max_cqe, 1);
 		cq(ctx, attr.max_cqe + 1, 0);
 	}
+	qp_states(ctx, pd, IBV_QPT_RC);
+	qp_states(ctx, pd, IBV_QPT_UD);
 	ibv_dealloc_pd(pd);
 	ibv_close_device(ctx);
 	ibv_free_device_list(list);

@@ -30,4 +30,26 @@ struct virtio_rdma_create_cq_uresp {
 	__u32 depth;
 };
 
+/*
+ * CREATE_QP: the queue buffer (send ring at 0, receive ring at rq_offset, as
+ * spec 11.4 lays them out for these depths and capabilities; page aligned,
+ * buf_len bytes) and the 128-byte doorbell record. Depths are powers of two.
+ */
+struct virtio_rdma_create_qp_ureq {
+	__aligned_u64 buf_va;
+	__aligned_u64 buf_len;
+	__aligned_u64 db_va;
+	__u32 sq_depth;
+	__u32 rq_depth;
+};
+
+struct virtio_rdma_create_qp_uresp {
+	__u32 qp_handle;
+	__u32 sq_wqe_shift;
+	__u32 rq_wqe_shift;
+	__u32 rq_offset;
+	__u32 db_slot;
+	__u32 reserved;
+};
+
 #endif /* VIRTIO_RDMA_ABI_USER_H */

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <ccan/minmax.h>
 #include <util/util.h>
 
 #include "virtio_rdma.h"
@@ -147,6 +148,131 @@ static int vrdma_destroy_cq(struct ibv_cq *ibcq)
 	return 0;
 }
 
+static uint32_t pow2_at_least(uint32_t v)
+{
+	uint32_t p = 1;
+
+	while (p < v && p < (1U << 31))
+		p <<= 1;
+	return p;
+}
+
+static uint32_t ceil_log2(uint64_t v)
+{
+	uint32_t s = 0;
+
+	while (s < 63 && (1ULL << s) < v)
+		s++;
+	return s;
+}
+
+/* Spec 11.3: the strides of the send and receive rings. */
+static uint32_t send_wqe_shift(uint32_t max_sge, uint32_t max_inline)
+{
+	uint64_t slots = max_sge;
+
+	if ((max_inline + 15) / 16 > slots)
+		slots = (max_inline + 15) / 16;
+	return max(6U, ceil_log2(64 + slots * 16));
+}
+
+static uint32_t recv_wqe_shift(uint32_t max_sge)
+{
+	return max(5U, ceil_log2(16 + (uint64_t)max_sge * 16));
+}
+
+static struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
+				      struct ibv_qp_init_attr *attr)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	struct vrdma_create_qp_cmd cmd = {};
+	struct vrdma_create_qp_cmd_resp resp = {};
+	uint64_t sq_bytes, rq_bytes, rq_offset;
+	struct vrdma_qp *qp;
+
+	if (attr->srq) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	qp = calloc(1, sizeof(*qp));
+	if (!qp)
+		return NULL;
+	qp->sq_depth = pow2_at_least(max(attr->cap.max_send_wr, 1U));
+	qp->rq_depth = pow2_at_least(max(attr->cap.max_recv_wr, 1U));
+	qp->sq_wqe_shift = send_wqe_shift(attr->cap.max_send_sge,
+					  attr->cap.max_inline_data);
+	qp->rq_wqe_shift = recv_wqe_shift(attr->cap.max_recv_sge);
+	sq_bytes = (uint64_t)qp->sq_depth << qp->sq_wqe_shift;
+	rq_bytes = (uint64_t)qp->rq_depth << qp->rq_wqe_shift;
+	rq_offset = align(sq_bytes, page);
+	qp->rq_offset = rq_offset;
+	qp->buf_len = align(rq_offset + rq_bytes, page);
+	qp->buf = aligned_alloc(page, qp->buf_len);
+	qp->db = aligned_alloc(128, 128);
+	if (!qp->buf || !qp->db) {
+		errno = ENOMEM;
+		goto err;
+	}
+	memset(qp->buf, 0, qp->buf_len);
+	memset(qp->db, 0, 128);
+	cmd.buf_va = (uintptr_t)qp->buf;
+	cmd.buf_len = rq_offset + rq_bytes;
+	cmd.db_va = (uintptr_t)qp->db;
+	cmd.sq_depth = qp->sq_depth;
+	cmd.rq_depth = qp->rq_depth;
+	if (ibv_cmd_create_qp(pd, &qp->ibv_qp, attr, &cmd.ibv_cmd, sizeof(cmd),
+			      &resp.ibv_resp, sizeof(resp)))
+		goto err;
+	/* The device's layout must be the one the buffer was sized for. */
+	if (resp.sq_wqe_shift != qp->sq_wqe_shift ||
+	    resp.rq_wqe_shift != qp->rq_wqe_shift ||
+	    resp.rq_offset != qp->rq_offset) {
+		ibv_cmd_destroy_qp(&qp->ibv_qp);
+		errno = EPROTO;
+		goto err;
+	}
+	qp->handle = resp.qp_handle;
+	attr->cap.max_send_wr = qp->sq_depth;
+	attr->cap.max_recv_wr = qp->rq_depth;
+	return &qp->ibv_qp;
+err:
+	free(qp->buf);
+	free(qp->db);
+	free(qp);
+	return NULL;
+}
+
+static int vrdma_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
+			   int attr_mask)
+{
+	struct ibv_modify_qp cmd;
+
+	return ibv_cmd_modify_qp(qp, attr, attr_mask, &cmd, sizeof(cmd));
+}
+
+static int vrdma_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
+			  int attr_mask, struct ibv_qp_init_attr *init_attr)
+{
+	struct ibv_query_qp cmd;
+
+	return ibv_cmd_query_qp(qp, attr, attr_mask, init_attr, &cmd,
+				sizeof(cmd));
+}
+
+static int vrdma_destroy_qp(struct ibv_qp *ibqp)
+{
+	struct vrdma_qp *qp = to_vqp(ibqp);
+	int ret;
+
+	ret = ibv_cmd_destroy_qp(ibqp);
+	if (ret)
+		return ret;
+	free(qp->buf);
+	free(qp->db);
+	free(qp);
+	return 0;
+}
+
 static void vrdma_free_context(struct ibv_context *ibctx)
 {
 	struct vrdma_context *ctx = to_vctx(ibctx);
@@ -158,12 +284,16 @@ static void vrdma_free_context(struct ibv_context *ibctx)
 static const struct verbs_context_ops vrdma_context_ops = {
 	.alloc_pd = vrdma_alloc_pd,
 	.create_cq = vrdma_create_cq,
+	.create_qp = vrdma_create_qp,
 	.dealloc_pd = vrdma_dealloc_pd,
 	.dereg_mr = vrdma_dereg_mr,
 	.destroy_cq = vrdma_destroy_cq,
+	.destroy_qp = vrdma_destroy_qp,
 	.free_context = vrdma_free_context,
+	.modify_qp = vrdma_modify_qp,
 	.query_device_ex = vrdma_query_device_ex,
 	.query_port = vrdma_query_port,
+	.query_qp = vrdma_query_qp,
 	.reg_mr = vrdma_reg_mr,
 };
 

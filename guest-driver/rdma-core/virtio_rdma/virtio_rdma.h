@@ -11,6 +11,8 @@
 
 DECLARE_DRV_CMD(vrdma_create_cq_cmd, IB_USER_VERBS_CMD_CREATE_CQ,
 		virtio_rdma_create_cq_ureq, virtio_rdma_create_cq_uresp);
+DECLARE_DRV_CMD(vrdma_create_qp_cmd, IB_USER_VERBS_CMD_CREATE_QP,
+		virtio_rdma_create_qp_ureq, virtio_rdma_create_qp_uresp);
 
 struct vrdma_device {
 	struct verbs_device ibv_dev;
@@ -32,6 +34,25 @@ struct vrdma_cq {
 static inline struct vrdma_cq *to_vcq(struct ibv_cq *ibcq)
 {
 	return container_of(ibcq, struct vrdma_cq, ibv_cq);
+}
+
+struct vrdma_qp {
+	struct ibv_qp ibv_qp;
+	/* Send ring at 0, receive ring at rq_offset (spec 11.4). */
+	void *buf;
+	size_t buf_len;
+	void *db;
+	uint32_t sq_depth;
+	uint32_t rq_depth;
+	uint32_t sq_wqe_shift;
+	uint32_t rq_wqe_shift;
+	uint32_t rq_offset;
+	uint32_t handle;
+};
+
+static inline struct vrdma_qp *to_vqp(struct ibv_qp *ibqp)
+{
+	return container_of(ibqp, struct vrdma_qp, ibv_qp);
 }
 
 static inline struct vrdma_context *to_vctx(struct ibv_context *ibctx)

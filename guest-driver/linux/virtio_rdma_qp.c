@@ -1,0 +1,268 @@
+// SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
+/*
+ * virtio-rdma: queue pairs of user space (CREATE_QP, MODIFY_QP, QUERY_QP,
+ * DESTROY_QP). As for CQs the provider allocates the queue buffer and the
+ * doorbell record; the kernel pins them and translates verbs attributes to
+ * the device's (spec 12.12 to 12.15).
+ */
+
+#include <linux/log2.h>
+#include <linux/slab.h>
+#include <rdma/ib_umem.h>
+#include <rdma/ib_verbs.h>
+#include <rdma/uverbs_ioctl.h>
+
+#include "virtio_rdma.h"
+#include "uapi/virtio_rdma-abi.h"
+
+/* The QP_FLAG_SIG_ALL flag of CREATE_QP. */
+#define VRDMA_QP_FLAG_SIG_ALL 0x1
+
+int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
+		    struct ib_udata *udata)
+{
+	struct vrdma_ucontext *uc = rdma_udata_to_drv_context(udata,
+			struct vrdma_ucontext, ibucontext);
+	struct vrdma_dev *dev = to_vib(ibqp->device)->dev;
+	struct virtio_rdma_create_qp_uresp uresp = {};
+	struct virtio_rdma_create_qp_ureq ureq = {};
+	struct virtio_rdma_buffer_desc buf = {};
+	struct virtio_rdma_create_qp_resp resp;
+	struct virtio_rdma_create_qp_req *req;
+	struct vrdma_qp *qp = to_vqp(ibqp);
+	size_t req_len, nlist;
+	u32 type;
+	u64 db_gpa;
+	int ret;
+
+	if (!uc)
+		return -EOPNOTSUPP;
+	switch (init->qp_type) {
+	case IB_QPT_RC:
+		type = VIRTIO_RDMA_QPT_RC;
+		break;
+	case IB_QPT_UD:
+		type = VIRTIO_RDMA_QPT_UD;
+		break;
+	default:
+		return -EOPNOTSUPP;
+	}
+	if (init->srq || init->create_flags)
+		return -EOPNOTSUPP;
+	if (udata->inlen < sizeof(ureq) ||
+	    ib_copy_from_udata(&ureq, udata, sizeof(ureq)))
+		return -EINVAL;
+	if (!is_power_of_2(ureq.sq_depth) || !is_power_of_2(ureq.rq_depth) ||
+	    ureq.sq_depth < init->cap.max_send_wr ||
+	    ureq.rq_depth < init->cap.max_recv_wr ||
+	    !PAGE_ALIGNED(ureq.buf_va) || !ureq.buf_len)
+		return -EINVAL;
+
+	qp->buf = ib_umem_get(ibqp->device, ureq.buf_va, ureq.buf_len,
+			      IB_ACCESS_LOCAL_WRITE);
+	if (IS_ERR(qp->buf))
+		return PTR_ERR(qp->buf);
+	ret = vrdma_pin_db(ibqp->device, ureq.db_va, &qp->db, &db_gpa);
+	if (ret)
+		goto err_buf;
+	req = vrdma_page_list(dev, qp->buf, PAGE_SIZE, sizeof(*req), &buf,
+			      &req_len, &nlist);
+	if (IS_ERR(req)) {
+		ret = PTR_ERR(req);
+		goto err_db;
+	}
+	req->pd_handle = cpu_to_le32(to_vpd(ibqp->pd)->handle);
+	req->qp_type = cpu_to_le32(type);
+	req->send_cq = cpu_to_le32(to_vcq(init->send_cq)->handle);
+	req->recv_cq = cpu_to_le32(to_vcq(init->recv_cq)->handle);
+	req->flags = cpu_to_le32(init->sq_sig_type == IB_SIGNAL_ALL_WR ?
+				 VRDMA_QP_FLAG_SIG_ALL : 0);
+	req->sq_depth = cpu_to_le32(ureq.sq_depth);
+	req->rq_depth = cpu_to_le32(ureq.rq_depth);
+	req->max_send_sge = cpu_to_le32(init->cap.max_send_sge);
+	req->max_recv_sge = cpu_to_le32(init->cap.max_recv_sge);
+	req->max_inline_data = cpu_to_le32(init->cap.max_inline_data);
+	req->db_gpa = cpu_to_le64(db_gpa);
+	req->buf = buf;
+	ret = vrdma_cmd_exec(dev, VIRTIO_RDMA_OP_CREATE_QP, req, req_len,
+			     &resp, sizeof(resp));
+	if (ret != -ETIMEDOUT)
+		vrdma_free_list_pages((void *)req + sizeof(*req), nlist);
+	kvfree(req);
+	if (ret == -ETIMEDOUT)
+		return ret; /* the device may use the pages: keep them pinned */
+	if (ret)
+		goto err_db;
+	qp->handle = le32_to_cpu(resp.qp_handle);
+	ibqp->qp_num = le32_to_cpu(resp.qpn);
+	uresp.qp_handle = qp->handle;
+	uresp.sq_wqe_shift = le32_to_cpu(resp.sq_wqe_shift);
+	uresp.rq_wqe_shift = le32_to_cpu(resp.rq_wqe_shift);
+	uresp.rq_offset = le32_to_cpu(resp.rq_offset);
+	uresp.db_slot = le32_to_cpu(resp.db_slot);
+	ret = ib_copy_to_udata(udata, &uresp, min(udata->outlen, sizeof(uresp)));
+	if (ret) {
+		vrdma_destroy_qp(ibqp, udata);
+		return ret;
+	}
+	return 0;
+
+err_db:
+	ib_umem_release(qp->db);
+err_buf:
+	ib_umem_release(qp->buf);
+	return ret;
+}
+
+int vrdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
+{
+	struct vrdma_qp *qp = to_vqp(ibqp);
+	struct virtio_rdma_qp_handle_req req = {
+		.qp_handle = cpu_to_le32(qp->handle),
+	};
+	int ret;
+
+	ret = vrdma_cmd_exec(to_vib(ibqp->device)->dev,
+			     VIRTIO_RDMA_OP_DESTROY_QP, &req, sizeof(req),
+			     NULL, 0);
+	if (ret)
+		return ret;
+	ib_umem_release(qp->db);
+	ib_umem_release(qp->buf);
+	return 0;
+}
+
+/* verbs attribute mask bit -> device attribute mask bit */
+static const struct {
+	int ib;
+	u32 dev;
+} vrdma_attr_bits[] = {
+	{ IB_QP_STATE, VIRTIO_RDMA_ATTR_STATE },
+	{ IB_QP_CUR_STATE, VIRTIO_RDMA_ATTR_CUR_STATE },
+	{ IB_QP_EN_SQD_ASYNC_NOTIFY, VIRTIO_RDMA_ATTR_EN_SQD_ASYNC_NOTIFY },
+	{ IB_QP_ACCESS_FLAGS, VIRTIO_RDMA_ATTR_ACCESS },
+	{ IB_QP_PKEY_INDEX, VIRTIO_RDMA_ATTR_PKEY_INDEX },
+	{ IB_QP_PORT, VIRTIO_RDMA_ATTR_PORT },
+	{ IB_QP_QKEY, VIRTIO_RDMA_ATTR_QKEY },
+	{ IB_QP_AV, VIRTIO_RDMA_ATTR_AV },
+	{ IB_QP_PATH_MTU, VIRTIO_RDMA_ATTR_PATH_MTU },
+	{ IB_QP_TIMEOUT, VIRTIO_RDMA_ATTR_TIMEOUT },
+	{ IB_QP_RETRY_CNT, VIRTIO_RDMA_ATTR_RETRY_CNT },
+	{ IB_QP_RNR_RETRY, VIRTIO_RDMA_ATTR_RNR_RETRY },
+	{ IB_QP_RQ_PSN, VIRTIO_RDMA_ATTR_RQ_PSN },
+	{ IB_QP_MAX_QP_RD_ATOMIC, VIRTIO_RDMA_ATTR_MAX_RD_ATOMIC },
+	{ IB_QP_MIN_RNR_TIMER, VIRTIO_RDMA_ATTR_MIN_RNR_TIMER },
+	{ IB_QP_SQ_PSN, VIRTIO_RDMA_ATTR_SQ_PSN },
+	{ IB_QP_MAX_DEST_RD_ATOMIC, VIRTIO_RDMA_ATTR_MAX_DEST_RD_ATOMIC },
+	{ IB_QP_DEST_QPN, VIRTIO_RDMA_ATTR_DEST_QPN },
+};
+
+int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
+		    struct ib_udata *udata)
+{
+	struct vrdma_ib *vib = to_vib(ibqp->device);
+	struct virtio_rdma_modify_qp_req req = {};
+	struct virtio_rdma_qp_attr *a = &req.attr;
+	int known = 0;
+	u32 dev_mask = 0;
+	unsigned int i;
+	int ret;
+
+	for (i = 0; i < ARRAY_SIZE(vrdma_attr_bits); i++) {
+		known |= vrdma_attr_bits[i].ib;
+		if (mask & vrdma_attr_bits[i].ib)
+			dev_mask |= vrdma_attr_bits[i].dev;
+	}
+	if (mask & ~known)
+		return -EOPNOTSUPP;
+	if (mask & IB_QP_ACCESS_FLAGS) {
+		u32 access;
+
+		ret = vrdma_access(attr->qp_access_flags, &access);
+		if (ret)
+			return ret;
+		a->access = cpu_to_le32(access);
+	}
+	if (mask & IB_QP_AV) {
+		const struct ib_global_route *grh = rdma_ah_read_grh(&attr->ah_attr);
+		u8 index;
+
+		if (!(rdma_ah_get_ah_flags(&attr->ah_attr) & IB_AH_GRH) ||
+		    grh->sgid_index >= ARRAY_SIZE(vib->gid_map))
+			return -EINVAL;
+		index = vib->gid_map[grh->sgid_index];
+		if (index == VRDMA_NO_GID)
+			return -EINVAL;
+		memcpy(a->av.dgid, grh->dgid.raw, sizeof(a->av.dgid));
+		a->av.flow_label = cpu_to_le32(grh->flow_label);
+		a->av.sgid_index = index;
+		a->av.hop_limit = grh->hop_limit;
+		a->av.traffic_class = grh->traffic_class;
+		a->av.sl = rdma_ah_get_sl(&attr->ah_attr);
+	}
+	req.qp_handle = cpu_to_le32(to_vqp(ibqp)->handle);
+	req.attr_mask = cpu_to_le32(dev_mask);
+	a->qp_state = cpu_to_le32(attr->qp_state);
+	a->cur_qp_state = cpu_to_le32(attr->cur_qp_state);
+	a->pkey_index = cpu_to_le32(attr->pkey_index);
+	a->port = cpu_to_le32(attr->port_num);
+	a->qkey = cpu_to_le32(attr->qkey);
+	a->path_mtu = cpu_to_le32(attr->path_mtu);
+	a->timeout = cpu_to_le32(attr->timeout);
+	a->retry_cnt = cpu_to_le32(attr->retry_cnt);
+	a->rnr_retry = cpu_to_le32(attr->rnr_retry);
+	a->min_rnr_timer = cpu_to_le32(attr->min_rnr_timer);
+	a->rq_psn = cpu_to_le32(attr->rq_psn);
+	a->sq_psn = cpu_to_le32(attr->sq_psn);
+	a->dest_qpn = cpu_to_le32(attr->dest_qp_num);
+	a->max_rd_atomic = cpu_to_le32(attr->max_rd_atomic);
+	a->max_dest_rd_atomic = cpu_to_le32(attr->max_dest_rd_atomic);
+	a->en_sqd_async_notify = cpu_to_le32(attr->en_sqd_async_notify);
+	return vrdma_cmd_exec(vib->dev, VIRTIO_RDMA_OP_MODIFY_QP, &req,
+			      sizeof(req), NULL, 0);
+}
+
+int vrdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
+		   struct ib_qp_init_attr *init)
+{
+	struct virtio_rdma_qp_handle_req req = {
+		.qp_handle = cpu_to_le32(to_vqp(ibqp)->handle),
+	};
+	struct virtio_rdma_query_qp_resp resp;
+	struct virtio_rdma_qp_attr *a = &resp.attr;
+	int ret;
+
+	ret = vrdma_cmd_exec(to_vib(ibqp->device)->dev,
+			     VIRTIO_RDMA_OP_QUERY_QP, &req, sizeof(req), &resp,
+			     sizeof(resp));
+	if (ret)
+		return ret;
+	memset(attr, 0, sizeof(*attr));
+	memset(init, 0, sizeof(*init));
+	attr->qp_state = le32_to_cpu(a->qp_state);
+	attr->cur_qp_state = attr->qp_state;
+	attr->path_mtu = le32_to_cpu(a->path_mtu);
+	attr->qkey = le32_to_cpu(a->qkey);
+	attr->rq_psn = le32_to_cpu(a->rq_psn);
+	attr->sq_psn = le32_to_cpu(a->sq_psn);
+	attr->dest_qp_num = le32_to_cpu(a->dest_qpn);
+	attr->pkey_index = le32_to_cpu(a->pkey_index);
+	attr->port_num = le32_to_cpu(a->port);
+	attr->timeout = le32_to_cpu(a->timeout);
+	attr->retry_cnt = le32_to_cpu(a->retry_cnt);
+	attr->rnr_retry = le32_to_cpu(a->rnr_retry);
+	attr->min_rnr_timer = le32_to_cpu(a->min_rnr_timer);
+	attr->max_rd_atomic = le32_to_cpu(a->max_rd_atomic);
+	attr->max_dest_rd_atomic = le32_to_cpu(a->max_dest_rd_atomic);
+	attr->sq_draining = le32_to_cpu(a->sq_draining);
+	attr->cap.max_send_wr = le32_to_cpu(resp.sq_depth);
+	attr->cap.max_recv_wr = le32_to_cpu(resp.rq_depth);
+	attr->cap.max_send_sge = le32_to_cpu(resp.max_send_sge);
+	attr->cap.max_recv_sge = le32_to_cpu(resp.max_recv_sge);
+	attr->cap.max_inline_data = le32_to_cpu(resp.max_inline_data);
+	init->cap = attr->cap;
+	init->qp_type = ibqp->qp_type;
+	init->send_cq = ibqp->send_cq;
+	init->recv_cq = ibqp->recv_cq;
+	return 0;
+}
