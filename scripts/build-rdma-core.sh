@@ -49,6 +49,8 @@ fi
 rm -rf "$src/providers/virtio_rdma"
 cp -r "$provider" "$src/providers/virtio_rdma"
 cp "$provider/../../linux/uapi/virtio_rdma-abi.h" "$src/kernel-headers/rdma/virtio_rdma-abi.h"
+# The device ABI (generated from the abi crate), shared with the kernel driver.
+cp "$provider/../../linux/virtio_rdma_abi.h" "$src/providers/virtio_rdma/virtio_rdma_abi.h"
 
 build="$top/build"
 if [ ! -f "$build/build.ninja" ]; then

@@ -84,7 +84,7 @@ check "unmodified ibv_devinfo (rdma-core $(basename "$(dirname "$rdma_core")")) 
   "hca_id:.*virtio_rdma0"
 check "ibv_devinfo: port 1 active" "state:.*PORT_ACTIVE (4)"
 check "ibv_devinfo: RoCE (link layer Ethernet)" "link_layer:.*Ethernet"
-check "MRs (inline and indirect page lists, refusals), CQs, RC and UD QPs to RTS (vrdma-check)" \
+check "MRs, CQs, RC and UD QPs to RTS, SEND/RECV and RDMA WRITE through the rings (vrdma-check)" \
   "VRDMA-CHECK: [0-9]* passed, 0 failed"
 check "rmmod (device reset) and insmod again: the device is back" "AGAIN .*virtio_rdma0"
 if [ "$fail" != 0 ]; then

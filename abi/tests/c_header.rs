@@ -64,11 +64,16 @@ fn render() -> String {
          /*\n \
          * virtio-rdma device ABI: the wire structures and constants of\n \
          * docs/virtio-rdma-spec.md. Generated from the virtio-rdma-abi crate by\n \
-         * abi/tests/c_header.rs; do not edit.\n \
+         * abi/tests/c_header.rs; do not edit. Used by the kernel driver and the\n \
+         * rdma-core provider alike.\n \
          */\n\
          #ifndef _VIRTIO_RDMA_ABI_H\n\
          #define _VIRTIO_RDMA_ABI_H\n\n\
+         #ifdef __KERNEL__\n\
          #include <linux/build_bug.h>\n\
+         #else\n\
+         #include <assert.h>\n\
+         #endif\n\
          #include <linux/types.h>\n\n",
     );
     let _ = writeln!(out, "#define VIRTIO_RDMA_ABI_VERSION {ABI_VERSION}");

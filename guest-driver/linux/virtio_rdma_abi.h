@@ -2,12 +2,17 @@
 /*
  * virtio-rdma device ABI: the wire structures and constants of
  * docs/virtio-rdma-spec.md. Generated from the virtio-rdma-abi crate by
- * abi/tests/c_header.rs; do not edit.
+ * abi/tests/c_header.rs; do not edit. Used by the kernel driver and the
+ * rdma-core provider alike.
  */
 #ifndef _VIRTIO_RDMA_ABI_H
 #define _VIRTIO_RDMA_ABI_H
 
+#ifdef __KERNEL__
 #include <linux/build_bug.h>
+#else
+#include <assert.h>
+#endif
 #include <linux/types.h>
 
 #define VIRTIO_RDMA_ABI_VERSION 2

@@ -230,6 +230,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.get_link_layer = vrdma_get_link_layer,
 	.get_port_immutable = vrdma_get_port_immutable,
 	.modify_qp = vrdma_modify_qp,
+	.post_send = vrdma_post_send,
 	.query_device = vrdma_query_device,
 	.query_pkey = vrdma_query_pkey,
 	.query_port = vrdma_query_port,
@@ -317,6 +318,8 @@ int vrdma_register_ib(struct vrdma_dev *dev)
 	vib->ibdev.dev.parent = &dev->vdev->dev;
 	vib->ibdev.node_guid = dev->attr.node_guid;
 	ib_set_device_ops(&vib->ibdev, &vrdma_dev_ops);
+	/* Not in ib_core's default set: the kick (vrdma_post_send). */
+	vib->ibdev.uverbs_cmd_mask |= BIT_ULL(IB_USER_VERBS_CMD_POST_SEND);
 	ret = ib_device_set_netdev(&vib->ibdev, ndev, 1);
 	if (ret)
 		goto err_dealloc;

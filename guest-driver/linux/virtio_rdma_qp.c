@@ -114,6 +114,22 @@ err_buf:
 	return ret;
 }
 
+/*
+ * The kick of spec 18.6 for user space, which cannot reach the notify
+ * queue itself: a post of no work request notifies it. The data path of
+ * ABI version 2 is user space only, so real work requests are refused.
+ */
+int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
+		    const struct ib_send_wr **bad_wr)
+{
+	if (wr) {
+		*bad_wr = wr;
+		return -EOPNOTSUPP;
+	}
+	virtqueue_notify(to_vib(ibqp->device)->dev->notifyq);
+	return 0;
+}
+
 int vrdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
 {
 	struct vrdma_qp *qp = to_vqp(ibqp);

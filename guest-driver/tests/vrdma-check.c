@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <infiniband/verbs.h>
 
 static int passed, failed;
@@ -78,6 +79,91 @@ static void cq(struct ibv_context *ctx, int cqe, int expect_ok)
 	result(expect_ok ? c && c->cqe >= cqe : !c, msg);
 	if (c)
 		result(ibv_destroy_cq(c) == 0, "  destroyed");
+}
+
+/* Polls @cq until @n completions arrived or 10 s passed; returns how many. */
+static int poll_n(struct ibv_cq *cq, struct ibv_wc *wc, int n)
+{
+	time_t end = time(NULL) + 10;
+	int got = 0, r;
+
+	while (got < n && time(NULL) < end) {
+		r = ibv_poll_cq(cq, n - got, wc + got);
+		if (r < 0)
+			return got;
+		got += r;
+	}
+	return got;
+}
+
+/*
+ * Data through an RC QP connected to itself: a SEND into a posted receive,
+ * then an RDMA WRITE, each checked by its completions and the bytes.
+ */
+static void rc_loopback(struct ibv_pd *pd, struct ibv_qp *qp,
+			struct ibv_cq *cq)
+{
+	static char buf[8192] __attribute__((aligned(4096)));
+	struct ibv_sge sge, rsge;
+	struct ibv_recv_wr rwr = { .wr_id = 7, .sg_list = &rsge, .num_sge = 1 };
+	struct ibv_send_wr swr = { .wr_id = 8, .sg_list = &sge, .num_sge = 1,
+				   .opcode = IBV_WR_SEND,
+				   .send_flags = IBV_SEND_SIGNALED };
+	struct ibv_recv_wr *rbad;
+	struct ibv_send_wr *sbad;
+	struct ibv_wc wc[2];
+	struct ibv_mr *mr;
+	char msg[200];
+	int n, i;
+
+	mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE |
+			IBV_ACCESS_REMOTE_WRITE);
+	if (!mr) {
+		result(0, "  data: reg_mr");
+		return;
+	}
+	for (i = 0; i < 64; i++)
+		buf[i] = (char)(i * 7 + 1);
+	sge = (struct ibv_sge){ (uintptr_t)buf, 64, mr->lkey };
+	rsge = (struct ibv_sge){ (uintptr_t)buf + 4096, 64, mr->lkey };
+	n = ibv_post_recv(qp, &rwr, &rbad);
+	if (n) {
+		snprintf(msg, sizeof(msg), "  post_recv: %s", strerror(n));
+		result(0, msg);
+		goto out;
+	}
+	n = ibv_post_send(qp, &swr, &sbad);
+	if (n) {
+		snprintf(msg, sizeof(msg), "  post_send: %s", strerror(n));
+		result(0, msg);
+		goto out;
+	}
+	n = poll_n(qp->send_cq, wc, 2);
+	snprintf(msg, sizeof(msg),
+		 "  SEND to itself: %d completions (%s/%s, %s/%s), %u bytes, data %s",
+		 n, n > 0 ? ibv_wc_status_str(wc[0].status) : "-",
+		 n > 0 ? (wc[0].opcode == IBV_WC_RECV ? "RECV" : "SEND") : "-",
+		 n > 1 ? ibv_wc_status_str(wc[1].status) : "-",
+		 n > 1 ? (wc[1].opcode == IBV_WC_RECV ? "RECV" : "SEND") : "-",
+		 n > 1 ? (wc[0].opcode == IBV_WC_RECV ? wc[0].byte_len :
+			  wc[1].byte_len) : 0,
+		 memcmp(buf, buf + 4096, 64) ? "differs" : "equal");
+	result(n == 2 && wc[0].status == IBV_WC_SUCCESS &&
+	       wc[1].status == IBV_WC_SUCCESS &&
+	       !memcmp(buf, buf + 4096, 64), msg);
+	swr.opcode = IBV_WR_RDMA_WRITE;
+	swr.wr_id = 9;
+	swr.wr.rdma.remote_addr = (uintptr_t)buf + 6000;
+	swr.wr.rdma.rkey = mr->rkey;
+	sge.length = 100;
+	n = ibv_post_send(qp, &swr, &sbad) ? -1 : poll_n(cq, wc, 1);
+	snprintf(msg, sizeof(msg), "  RDMA WRITE to itself: %s, data %s",
+		 n == 1 ? ibv_wc_status_str(wc[0].status) : "no completion",
+		 memcmp(buf, buf + 6000, 100) ? "differs" : "equal");
+	result(n == 1 && wc[0].status == IBV_WC_SUCCESS && wc[0].wr_id == 9 &&
+	       !memcmp(buf, buf + 6000, 100), msg);
+out:
+	ibv_dereg_mr(mr);
 }
 
 static int state_of(struct ibv_qp *qp)
@@ -170,6 +256,8 @@ static void qp_states(struct ibv_context *ctx, struct ibv_pd *pd,
 	}
 	snprintf(msg, sizeof(msg), "  to RTS: %s", ret ? strerror(ret) : "ok");
 	result(!ret && state_of(qp) == IBV_QPS_RTS, msg);
+	if (type == IBV_QPT_RC && !ret)
+		rc_loopback(pd, qp, c);
 	result(ibv_destroy_qp(qp) == 0, "  destroyed");
 out:
 	if (c)

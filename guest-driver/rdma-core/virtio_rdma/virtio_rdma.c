@@ -1,14 +1,18 @@
 // SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
 /*
- * rdma-core provider for the virtio RDMA device: device matching, contexts,
- * queries, protection domains and memory regions, all through the kernel's
- * common uverbs commands.
+ * rdma-core provider for the virtio RDMA device: device matching and the
+ * control verbs through the kernel's uverbs commands, and the data path
+ * (posting, polling) straight on the rings in this process's memory
+ * (spec chapter 18).
  */
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <ccan/array_size.h>
 #include <ccan/minmax.h>
 #include <util/util.h>
 
@@ -90,6 +94,286 @@ static int vrdma_dereg_mr(struct verbs_mr *vmr)
 	return 0;
 }
 
+
+/* Doorbell record fields (spec 18.4). */
+#define DB_SQ_PI 0
+#define DB_RQ_PI 4
+#define DB_SQ_CI VIRTIO_RDMA_DB_DEVICE_OFFSET
+#define DB_RQ_CI (VIRTIO_RDMA_DB_DEVICE_OFFSET + 4)
+#define DB_CQ_CI 0
+
+static _Atomic uint32_t *db_word(void *db, size_t off)
+{
+	return (_Atomic uint32_t *)((char *)db + off);
+}
+
+/*
+ * The notification step of spec 18.6. The context's doorbell header is
+ * not mapped into this process yet, so the engine's flags are unknown:
+ * always kick (allowed; it costs a system call per post).
+ */
+static int vrdma_kick(struct ibv_qp *qp)
+{
+	struct ibv_send_wr *bad;
+
+	atomic_thread_fence(memory_order_seq_cst);
+	return ibv_cmd_post_send(qp, NULL, &bad);
+}
+
+static int wr_opcode(enum ibv_wr_opcode op, uint8_t *out)
+{
+	switch (op) {
+	case IBV_WR_RDMA_WRITE:
+		*out = VIRTIO_RDMA_WR_RDMA_WRITE;
+		return 0;
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+		*out = VIRTIO_RDMA_WR_RDMA_WRITE_WITH_IMM;
+		return 0;
+	case IBV_WR_SEND:
+		*out = VIRTIO_RDMA_WR_SEND;
+		return 0;
+	case IBV_WR_SEND_WITH_IMM:
+		*out = VIRTIO_RDMA_WR_SEND_WITH_IMM;
+		return 0;
+	case IBV_WR_RDMA_READ:
+		*out = VIRTIO_RDMA_WR_RDMA_READ;
+		return 0;
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+		*out = VIRTIO_RDMA_WR_ATOMIC_CMP_AND_SWP;
+		return 0;
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		*out = VIRTIO_RDMA_WR_ATOMIC_FETCH_AND_ADD;
+		return 0;
+	default:
+		return EINVAL;
+	}
+}
+
+/* Encodes one send work request into slot @slot (spec 18.8 to 18.10). */
+static int encode_send(struct vrdma_qp *qp, struct ibv_send_wr *wr,
+		       uint8_t *slot)
+{
+	size_t room = ((size_t)1 << qp->sq_wqe_shift) -
+		      sizeof(struct virtio_rdma_send_wqe);
+	struct virtio_rdma_send_wqe w = {};
+	uint8_t *data = slot + sizeof(w);
+	size_t len = 0;
+	int i;
+
+	if (wr_opcode(wr->opcode, &w.opcode))
+		return EINVAL;
+	if (qp->ibv_qp.qp_type != IBV_QPT_RC)
+		return EOPNOTSUPP; /* UD needs address handles: not yet */
+	w.wr_id = htole64(wr->wr_id);
+	if (wr->send_flags & IBV_SEND_SIGNALED)
+		w.flags |= 0x1;
+	if (wr->send_flags & IBV_SEND_SOLICITED)
+		w.flags |= 0x2;
+	if (wr->send_flags & IBV_SEND_FENCE)
+		w.flags |= 0x8;
+	w.imm_data = htole32(be32toh(wr->imm_data));
+	w.remote_addr = htole64(wr->wr.rdma.remote_addr);
+	w.rkey = htole32(wr->wr.rdma.rkey);
+	if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+	    wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+		w.remote_addr = htole64(wr->wr.atomic.remote_addr);
+		w.rkey = htole32(wr->wr.atomic.rkey);
+		w.compare_add = htole64(wr->wr.atomic.compare_add);
+		w.swap = htole64(wr->wr.atomic.swap);
+	}
+	if (wr->send_flags & IBV_SEND_INLINE) {
+		w.flags |= 0x4;
+		for (i = 0; i < wr->num_sge; i++) {
+			if (wr->sg_list[i].length > room - len)
+				return ENOMEM;
+			memcpy(data + len, (void *)(uintptr_t)wr->sg_list[i].addr,
+			       wr->sg_list[i].length);
+			len += wr->sg_list[i].length;
+		}
+		w.inline_len = htole32(len);
+	} else {
+		if ((size_t)wr->num_sge * sizeof(struct virtio_rdma_sge) > room)
+			return EINVAL;
+		w.num_sge = htole16(wr->num_sge);
+		for (i = 0; i < wr->num_sge; i++) {
+			struct virtio_rdma_sge sge = {
+				.addr = htole64(wr->sg_list[i].addr),
+				.length = htole32(wr->sg_list[i].length),
+				.lkey = htole32(wr->sg_list[i].lkey),
+			};
+
+			memcpy(data + i * sizeof(sge), &sge, sizeof(sge));
+		}
+	}
+	memcpy(slot, &w, sizeof(w));
+	return 0;
+}
+
+static int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
+			   struct ibv_send_wr **bad_wr)
+{
+	struct vrdma_qp *qp = to_vqp(ibqp);
+	uint32_t ci, posted = 0;
+	int ret = 0;
+
+	pthread_spin_lock(&qp->sq_lock);
+	ci = atomic_load_explicit(db_word(qp->db, DB_SQ_CI),
+				  memory_order_acquire);
+	for (; wr; wr = wr->next) {
+		uint32_t i = qp->sq_pi + posted;
+		uint8_t *slot = (uint8_t *)qp->buf +
+				((size_t)(i & (qp->sq_depth - 1)) << qp->sq_wqe_shift);
+
+		if (i - ci >= qp->sq_depth) {
+			ret = ENOMEM;
+			break;
+		}
+		ret = encode_send(qp, wr, slot);
+		if (ret)
+			break;
+		posted++;
+	}
+	if (posted) {
+		qp->sq_pi += posted;
+		atomic_store_explicit(db_word(qp->db, DB_SQ_PI), qp->sq_pi,
+				      memory_order_release);
+	}
+	pthread_spin_unlock(&qp->sq_lock);
+	if (ret)
+		*bad_wr = wr;
+	if (posted) {
+		int kick = vrdma_kick(ibqp);
+
+		if (kick && !ret)
+			ret = kick;
+	}
+	return ret;
+}
+
+static int vrdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
+			   struct ibv_recv_wr **bad_wr)
+{
+	struct vrdma_qp *qp = to_vqp(ibqp);
+	size_t room = ((size_t)1 << qp->rq_wqe_shift) -
+		      sizeof(struct virtio_rdma_recv_wqe);
+	uint32_t ci, posted = 0;
+	int ret = 0, k;
+
+	pthread_spin_lock(&qp->rq_lock);
+	ci = atomic_load_explicit(db_word(qp->db, DB_RQ_CI),
+				  memory_order_acquire);
+	for (; wr; wr = wr->next) {
+		uint32_t i = qp->rq_pi + posted;
+		uint8_t *slot = (uint8_t *)qp->buf + qp->rq_offset +
+				((size_t)(i & (qp->rq_depth - 1)) << qp->rq_wqe_shift);
+		struct virtio_rdma_recv_wqe w = {
+			.wr_id = htole64(wr->wr_id),
+			.num_sge = htole32(wr->num_sge),
+		};
+
+		if (i - ci >= qp->rq_depth) {
+			ret = ENOMEM;
+			break;
+		}
+		if ((size_t)wr->num_sge * sizeof(struct virtio_rdma_sge) > room) {
+			ret = EINVAL;
+			break;
+		}
+		memcpy(slot, &w, sizeof(w));
+		for (k = 0; k < wr->num_sge; k++) {
+			struct virtio_rdma_sge sge = {
+				.addr = htole64(wr->sg_list[k].addr),
+				.length = htole32(wr->sg_list[k].length),
+				.lkey = htole32(wr->sg_list[k].lkey),
+			};
+
+			memcpy(slot + sizeof(w) + k * sizeof(sge), &sge,
+			       sizeof(sge));
+		}
+		posted++;
+	}
+	if (posted) {
+		qp->rq_pi += posted;
+		atomic_store_explicit(db_word(qp->db, DB_RQ_PI), qp->rq_pi,
+				      memory_order_release);
+	}
+	pthread_spin_unlock(&qp->rq_lock);
+	if (ret)
+		*bad_wr = wr;
+	if (posted) {
+		int kick = vrdma_kick(ibqp);
+
+		if (kick && !ret)
+			ret = kick;
+	}
+	return ret;
+}
+
+/* Device completion status -> verbs (spec 18.18). */
+static const enum ibv_wc_status wc_status[] = {
+	[VIRTIO_RDMA_WC_SUCCESS] = IBV_WC_SUCCESS,
+	[VIRTIO_RDMA_WC_LOC_LEN_ERR] = IBV_WC_LOC_LEN_ERR,
+	[VIRTIO_RDMA_WC_LOC_QP_OP_ERR] = IBV_WC_LOC_QP_OP_ERR,
+	[VIRTIO_RDMA_WC_LOC_PROT_ERR] = IBV_WC_LOC_PROT_ERR,
+	[VIRTIO_RDMA_WC_WR_FLUSH_ERR] = IBV_WC_WR_FLUSH_ERR,
+	[VIRTIO_RDMA_WC_BAD_RESP_ERR] = IBV_WC_BAD_RESP_ERR,
+	[VIRTIO_RDMA_WC_LOC_ACCESS_ERR] = IBV_WC_LOC_ACCESS_ERR,
+	[VIRTIO_RDMA_WC_REM_INV_REQ_ERR] = IBV_WC_REM_INV_REQ_ERR,
+	[VIRTIO_RDMA_WC_REM_ACCESS_ERR] = IBV_WC_REM_ACCESS_ERR,
+	[VIRTIO_RDMA_WC_REM_OP_ERR] = IBV_WC_REM_OP_ERR,
+	[VIRTIO_RDMA_WC_RETRY_EXC_ERR] = IBV_WC_RETRY_EXC_ERR,
+	[VIRTIO_RDMA_WC_RNR_RETRY_EXC_ERR] = IBV_WC_RNR_RETRY_EXC_ERR,
+	[VIRTIO_RDMA_WC_FATAL_ERR] = IBV_WC_FATAL_ERR,
+};
+
+/* Spec 18.15: valid entries have owner 1 on even passes, 0 on odd ones. */
+static uint8_t cqe_owner(uint32_t i, uint32_t depth)
+{
+	return ((i / depth) & 1) ? 0 : 1;
+}
+
+static int vrdma_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
+{
+	struct vrdma_cq *cq = to_vcq(ibcq);
+	int got = 0;
+
+	pthread_spin_lock(&cq->lock);
+	while (got < n) {
+		struct virtio_rdma_cqe *slot = (struct virtio_rdma_cqe *)cq->ring +
+					       (cq->ci & (cq->depth - 1));
+		struct virtio_rdma_cqe e;
+		uint8_t owner;
+
+		owner = atomic_load_explicit((_Atomic uint8_t *)&slot->owner,
+					     memory_order_acquire);
+		if (owner != cqe_owner(cq->ci, cq->depth))
+			break;
+		memcpy(&e, slot, sizeof(e));
+		memset(&wc[got], 0, sizeof(wc[got]));
+		wc[got].wr_id = le64toh(e.wr_id);
+		wc[got].status = e.status < ARRAY_SIZE(wc_status) ?
+				 wc_status[e.status] : IBV_WC_GENERAL_ERR;
+		wc[got].opcode = e.opcode;
+		wc[got].vendor_err = le32toh(e.vendor_err);
+		wc[got].byte_len = le32toh(e.byte_len);
+		wc[got].qp_num = le32toh(e.qpn);
+		wc[got].src_qp = le32toh(e.src_qpn);
+		if (e.flags & 0x1) {
+			wc[got].wc_flags |= IBV_WC_WITH_IMM;
+			wc[got].imm_data = htobe32(le32toh(e.imm_data));
+		}
+		if (e.flags & 0x2)
+			wc[got].wc_flags |= IBV_WC_GRH;
+		cq->ci++;
+		got++;
+	}
+	if (got)
+		atomic_store_explicit(db_word(cq->db, DB_CQ_CI), cq->ci,
+				      memory_order_release);
+	pthread_spin_unlock(&cq->lock);
+	return got;
+}
+
 static struct ibv_cq *vrdma_create_cq(struct ibv_context *context, int cqe,
 				      struct ibv_comp_channel *channel,
 				      int comp_vector)
@@ -110,6 +394,7 @@ static struct ibv_cq *vrdma_create_cq(struct ibv_context *context, int cqe,
 	if (!cq)
 		return NULL;
 	cq->depth = depth;
+	pthread_spin_init(&cq->lock, PTHREAD_PROCESS_PRIVATE);
 	cq->ring = aligned_alloc(page, align((size_t)depth * 32, page));
 	cq->db = aligned_alloc(128, 128);
 	if (!cq->ring || !cq->db) {
@@ -197,6 +482,8 @@ static struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
 	qp = calloc(1, sizeof(*qp));
 	if (!qp)
 		return NULL;
+	pthread_spin_init(&qp->sq_lock, PTHREAD_PROCESS_PRIVATE);
+	pthread_spin_init(&qp->rq_lock, PTHREAD_PROCESS_PRIVATE);
 	qp->sq_depth = pow2_at_least(max(attr->cap.max_send_wr, 1U));
 	qp->rq_depth = pow2_at_least(max(attr->cap.max_recv_wr, 1U));
 	qp->sq_wqe_shift = send_wqe_shift(attr->cap.max_send_sge,
@@ -291,6 +578,9 @@ static const struct verbs_context_ops vrdma_context_ops = {
 	.destroy_qp = vrdma_destroy_qp,
 	.free_context = vrdma_free_context,
 	.modify_qp = vrdma_modify_qp,
+	.poll_cq = vrdma_poll_cq,
+	.post_recv = vrdma_post_recv,
+	.post_send = vrdma_post_send,
 	.query_device_ex = vrdma_query_device_ex,
 	.query_port = vrdma_query_port,
 	.query_qp = vrdma_query_qp,

@@ -9,6 +9,8 @@
 #include <rdma/virtio_rdma-abi.h>
 #include <kernel-abi/virtio_rdma-abi.h>
 
+#include "virtio_rdma_abi.h"
+
 DECLARE_DRV_CMD(vrdma_create_cq_cmd, IB_USER_VERBS_CMD_CREATE_CQ,
 		virtio_rdma_create_cq_ureq, virtio_rdma_create_cq_uresp);
 DECLARE_DRV_CMD(vrdma_create_qp_cmd, IB_USER_VERBS_CMD_CREATE_QP,
@@ -29,6 +31,9 @@ struct vrdma_cq {
 	void *db;
 	uint32_t depth;
 	uint32_t handle;
+	/* Consumer index (spec 18.15), under the lock. */
+	uint32_t ci;
+	pthread_spinlock_t lock;
 };
 
 static inline struct vrdma_cq *to_vcq(struct ibv_cq *ibcq)
@@ -48,6 +53,11 @@ struct vrdma_qp {
 	uint32_t rq_wqe_shift;
 	uint32_t rq_offset;
 	uint32_t handle;
+	/* Producer indices and the last consumer indices seen, under the locks. */
+	uint32_t sq_pi;
+	uint32_t rq_pi;
+	pthread_spinlock_t sq_lock;
+	pthread_spinlock_t rq_lock;
 };
 
 static inline struct vrdma_qp *to_vqp(struct ibv_qp *ibqp)
