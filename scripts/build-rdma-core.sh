@@ -61,7 +61,8 @@ if [ ! -f "$build/build.ninja" ]; then
     guest_die "rdma-core: cmake failed"
   }
 fi
-targets=(lib/libibverbs.so.1 lib/libvirtio_rdma-rdmav34.so bin/ibv_devinfo bin/ibv_devices)
+targets=(lib/libibverbs.so.1 lib/libvirtio_rdma-rdmav34.so bin/ibv_devinfo bin/ibv_devices
+  bin/ibv_rc_pingpong bin/ibv_ud_pingpong bin/ibv_srq_pingpong)
 if ! ninja -C "$build" "${targets[@]}" >"$build/ninja.log" 2>&1; then
   cat "$build/ninja.log" >&2
   guest_die "rdma-core: build failed"

@@ -32,8 +32,10 @@ if [ "${RDMA_SKIP_QEMU:-0}" != 1 ]; then
   bash scripts/qemu-e2e.sh 2>&1 | tee -a "$out"
   echo "== the Linux guest driver (virtio_rdma.ko) in a QEMU guest"
   bash scripts/qemu-kmod.sh 2>&1 | tee -a "$out"
+  echo "== unmodified ibv_rc_pingpong between two QEMU guests (virtio_rdma.ko + provider)"
+  bash scripts/qemu-pingpong.sh 2>&1 | tee -a "$out"
 fi
 # One line of totals for humans and CI.
 awk '/^test result:/ { p += $4; f += $6 }
-     /^qemu-(e2e|kmod): [0-9]+ passed, [0-9]+ failed$/ { p += $2; f += $4 }
+     /^qemu-(e2e|kmod|pingpong): [0-9]+ passed, [0-9]+ failed$/ { p += $2; f += $4 }
      END { printf "%d passed, %d failed\n", p, f }' "$out"
