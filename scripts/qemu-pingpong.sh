@@ -58,12 +58,16 @@ guest() {
   pids+=($!)
 }
 t=$(date +%s)
+# Polling first, then sleeping on completion events (-e: CQ arming, CQ_COMPLETION events,
+# ibv_get_cq_event).
 guest server 0 "server=on,addr.type=unix,addr.path=$dir/net.sock" \
-  'ibv_rc_pingpong -d virtio_rdma0 -g 1 -n 50'
+  'ibv_rc_pingpong -d virtio_rdma0 -g 1 -n 50 && echo EVENTS &&
+   ibv_rc_pingpong -d virtio_rdma0 -g 1 -n 20 -e'
 for _ in $(seq 100); do [ -S "$dir/net.sock" ] && break; sleep 0.1; done
 guest client 1 "server=off,addr.type=unix,addr.path=$dir/net.sock,reconnect-ms=1000" \
   'until ping -c 1 -W 1 10.42.0.1 >/dev/null; do sleep 1; done; sleep 3;
-   ibv_rc_pingpong -d virtio_rdma0 -g 1 -n 50 10.42.0.1'
+   ibv_rc_pingpong -d virtio_rdma0 -g 1 -n 50 10.42.0.1 && echo EVENTS && sleep 3 &&
+   ibv_rc_pingpong -d virtio_rdma0 -g 1 -n 20 -e 10.42.0.1'
 rcs=()
 for p in "${pids[@]}"; do
   r=0
@@ -82,8 +86,10 @@ check() {
     fail=$((fail + 1))
   fi
 }
-check "ibv_rc_pingpong server" "iters in .* seconds" server
-check "ibv_rc_pingpong client" "iters in .* seconds" client
+check "ibv_rc_pingpong server" "^50 iters in .* seconds" server
+check "ibv_rc_pingpong client" "^50 iters in .* seconds" client
+check "ibv_rc_pingpong -e (completion events) server" "^20 iters in .* seconds" server
+check "ibv_rc_pingpong -e (completion events) client" "^20 iters in .* seconds" client
 if [ "$fail" != 0 ]; then
   for n in server client; do
     echo "----- $n console"

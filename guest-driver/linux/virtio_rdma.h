@@ -47,6 +47,8 @@ struct vrdma_ib {
 	unsigned int num_gids;
 	/* ib_core's GID index to the device's, or VRDMA_NO_GID. */
 	u8 gid_map[VRDMA_MAX_GIDS + 1];
+	/* CQs by device handle, for CQ_COMPLETION events (dev->event_lock). */
+	struct xarray cqs;
 };
 
 struct vrdma_ucontext {
@@ -115,6 +117,7 @@ struct vrdma_cmd {
 int vrdma_cmd_exec(struct vrdma_dev *dev, u32 opcode, const void *req,
 		   size_t req_len, void *resp, size_t resp_len);
 int vrdma_register_ib(struct vrdma_dev *dev);
+void vrdma_cq_event(struct vrdma_dev *dev, u32 handle);
 struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 				u64 virt_addr, int ib_access,
 				struct ib_udata *udata);

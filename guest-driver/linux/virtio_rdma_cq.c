@@ -102,6 +102,12 @@ int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
 		goto err_db;
 	cq->handle = le32_to_cpu(resp.cq_handle);
 	ibcq->cqe = depth;
+	ret = xa_insert_irq(&to_vib(ibcq->device)->cqs, cq->handle, cq,
+			    GFP_KERNEL);
+	if (ret) {
+		vrdma_destroy_cq(ibcq, udata);
+		return ret;
+	}
 	uresp.cq_handle = cq->handle;
 	uresp.depth = depth;
 	ret = ib_copy_to_udata(udata, &uresp, min(udata->outlen, sizeof(uresp)));
@@ -118,13 +124,35 @@ err_ring:
 	return ret;
 }
 
+/*
+ * A CQ_COMPLETION event (spec 18.16), in the event queue's interrupt: the
+ * CQ's completion handler runs under the event lock, which its destruction
+ * takes too, so it never runs for a CQ being destroyed.
+ */
+void vrdma_cq_event(struct vrdma_dev *dev, u32 handle)
+{
+	struct vrdma_cq *cq;
+
+	if (!dev->ib)
+		return;
+	cq = xa_load(&dev->ib->cqs, handle);
+	if (cq && cq->ibcq.comp_handler)
+		cq->ibcq.comp_handler(&cq->ibcq, cq->ibcq.cq_context);
+}
+
 int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
 {
 	struct vrdma_cq *cq = to_vcq(ibcq);
+	struct vrdma_dev *dev = to_vib(ibcq->device)->dev;
 	struct virtio_rdma_cq_handle_req req = {
 		.cq_handle = cpu_to_le32(cq->handle),
 	};
+	unsigned long flags;
 	int ret;
+
+	spin_lock_irqsave(&dev->event_lock, flags);
+	xa_erase(&dev->ib->cqs, cq->handle);
+	spin_unlock_irqrestore(&dev->event_lock, flags);
 
 	ret = vrdma_cmd_exec(to_vib(ibcq->device)->dev,
 			     VIRTIO_RDMA_OP_DESTROY_CQ, &req, sizeof(req),

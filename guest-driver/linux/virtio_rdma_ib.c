@@ -308,6 +308,7 @@ int vrdma_register_ib(struct vrdma_dev *dev)
 		goto out_put;
 	}
 	vib->dev = dev;
+	xa_init_flags(&vib->cqs, XA_FLAGS_LOCK_IRQ);
 	ret = vrdma_query_gids(vib);
 	if (ret)
 		goto err_dealloc;

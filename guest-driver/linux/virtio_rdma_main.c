@@ -158,11 +158,14 @@ static void vrdma_event_done(struct virtqueue *vq)
 
 	spin_lock_irqsave(&dev->event_lock, flags);
 	while ((ev = virtqueue_get_buf(vq, &len))) {
-		if (len >= sizeof(*ev))
+		if (len >= sizeof(*ev)) {
 			dev_dbg(&dev->vdev->dev,
 				"event %u handle %#x detail %#x seq %u\n",
 				le32_to_cpu(ev->kind), le32_to_cpu(ev->handle),
 				le32_to_cpu(ev->detail), le32_to_cpu(ev->seq));
+			if (le32_to_cpu(ev->kind) == VIRTIO_RDMA_EV_CQ_COMPLETION)
+				vrdma_cq_event(dev, le32_to_cpu(ev->handle));
+		}
 		vrdma_post_event(dev, ev - dev->events);
 	}
 	virtqueue_kick(vq);

@@ -101,6 +101,8 @@ static int vrdma_dereg_mr(struct verbs_mr *vmr)
 #define DB_SQ_CI VIRTIO_RDMA_DB_DEVICE_OFFSET
 #define DB_RQ_CI (VIRTIO_RDMA_DB_DEVICE_OFFSET + 4)
 #define DB_CQ_CI 0
+#define DB_CQ_ARM 4
+#define DB_CQ_ARMED_SEQ (VIRTIO_RDMA_DB_DEVICE_OFFSET + 4)
 
 static _Atomic uint32_t *db_word(void *db, size_t off)
 {
@@ -374,6 +376,26 @@ static int vrdma_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
 	return got;
 }
 
+/*
+ * Arms the CQ (spec 18.16): a new arm_seq with the kind, then a full fence
+ * so that a completion written meanwhile is either seen by the caller's
+ * next poll or raises the event.
+ */
+static int vrdma_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
+{
+	struct vrdma_cq *cq = to_vcq(ibcq);
+	uint32_t armed, seq;
+
+	armed = atomic_load_explicit(db_word(cq->db, DB_CQ_ARMED_SEQ),
+				     memory_order_acquire);
+	seq = (armed + 1) & 0x3fffffff;
+	atomic_store_explicit(db_word(cq->db, DB_CQ_ARM),
+			      seq << 2 | (solicited_only ? 2 : 1),
+			      memory_order_release);
+	atomic_thread_fence(memory_order_seq_cst);
+	return 0;
+}
+
 static struct ibv_cq *vrdma_create_cq(struct ibv_context *context, int cqe,
 				      struct ibv_comp_channel *channel,
 				      int comp_vector)
@@ -581,6 +603,7 @@ static const struct verbs_context_ops vrdma_context_ops = {
 	.poll_cq = vrdma_poll_cq,
 	.post_recv = vrdma_post_recv,
 	.post_send = vrdma_post_send,
+	.req_notify_cq = vrdma_req_notify_cq,
 	.query_device_ex = vrdma_query_device_ex,
 	.query_port = vrdma_query_port,
 	.query_qp = vrdma_query_qp,
