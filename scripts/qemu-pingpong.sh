@@ -20,7 +20,7 @@ kmod=$(bash scripts/build-kmod.sh)
 rc=$(bash scripts/build-rdma-core.sh)
 bash scripts/build-guest.sh --name rdma-pingpong --load virtio_pci --load virtio_net \
   --load ib_uverbs --file "$kmod:/lib/virtio_rdma.ko" \
-  --bin "$rc/bin/ibv_rc_pingpong" --bin "$rc/bin/ibv_devinfo" \
+  --bin "$rc/bin/ibv_rc_pingpong" --bin "$rc/bin/ibv_ud_pingpong" --bin "$rc/bin/ibv_devinfo" \
   --lib "$rc/lib/libvirtio_rdma-rdmav34.so:/lib/libvirtio_rdma-rdmav34.so" >/dev/null
 
 dir=$(mktemp -d /tmp/vhost-user-rdma-pingpong.XXXXXX)
@@ -62,12 +62,14 @@ t=$(date +%s)
 # ibv_get_cq_event).
 guest server 0 "server=on,addr.type=unix,addr.path=$dir/net.sock" \
   'ibv_rc_pingpong -d virtio_rdma0 -g 1 -n 50 && echo EVENTS &&
-   ibv_rc_pingpong -d virtio_rdma0 -g 1 -n 20 -e'
+   ibv_rc_pingpong -d virtio_rdma0 -g 1 -n 20 -e && echo UD &&
+   ibv_ud_pingpong -d virtio_rdma0 -g 1 -n 20'
 for _ in $(seq 100); do [ -S "$dir/net.sock" ] && break; sleep 0.1; done
 guest client 1 "server=off,addr.type=unix,addr.path=$dir/net.sock,reconnect-ms=1000" \
   'until ping -c 1 -W 1 10.42.0.1 >/dev/null; do sleep 1; done; sleep 3;
    ibv_rc_pingpong -d virtio_rdma0 -g 1 -n 50 10.42.0.1 && echo EVENTS && sleep 3 &&
-   ibv_rc_pingpong -d virtio_rdma0 -g 1 -n 20 -e 10.42.0.1'
+   ibv_rc_pingpong -d virtio_rdma0 -g 1 -n 20 -e 10.42.0.1 && echo UD && sleep 3 &&
+   ibv_ud_pingpong -d virtio_rdma0 -g 1 -n 20 10.42.0.1'
 rcs=()
 for p in "${pids[@]}"; do
   r=0
@@ -86,10 +88,25 @@ check() {
     fail=$((fail + 1))
   fi
 }
+# check_after MARKER DESCRIPTION PATTERN GUEST: PATTERN on a line after the line MARKER.
+check_after() {
+  local line
+  line=$(awk -v m="$1" -v p="$3" '$0 == m || $0 == m "\r" { f = 1; next } f && $0 ~ p { print; exit }' \
+    "$dir/$4.console" | tr -d '\r')
+  if [ -n "$line" ]; then
+    echo "   ok: $2: $line"
+    pass=$((pass + 1))
+  else
+    echo "   FAILED: $2 (no '$3' after '$1' on the $4 console)"
+    fail=$((fail + 1))
+  fi
+}
 check "ibv_rc_pingpong server" "^50 iters in .* seconds" server
 check "ibv_rc_pingpong client" "^50 iters in .* seconds" client
-check "ibv_rc_pingpong -e (completion events) server" "^20 iters in .* seconds" server
-check "ibv_rc_pingpong -e (completion events) client" "^20 iters in .* seconds" client
+check_after EVENTS "ibv_rc_pingpong -e (completion events) server" "^20 iters in .* seconds" server
+check_after EVENTS "ibv_rc_pingpong -e (completion events) client" "^20 iters in .* seconds" client
+check_after UD "ibv_ud_pingpong server (UD, address handles, GRH)" "^20 iters in .* seconds" server
+check_after UD "ibv_ud_pingpong client" "^20 iters in .* seconds" client
 if [ "$fail" != 0 ]; then
   for n in server client; do
     echo "----- $n console"

@@ -89,6 +89,16 @@ static inline struct vrdma_qp *to_vqp(struct ib_qp *ibqp)
 	return container_of(ibqp, struct vrdma_qp, ibqp);
 }
 
+struct vrdma_ah {
+	struct ib_ah ibah;
+	u32 handle;
+};
+
+static inline struct vrdma_ah *to_vah(struct ib_ah *ibah)
+{
+	return container_of(ibah, struct vrdma_ah, ibah);
+}
+
 static inline struct vrdma_ib *to_vib(struct ib_device *ibdev)
 {
 	return container_of(ibdev, struct vrdma_ib, ibdev);
@@ -139,6 +149,11 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 int vrdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata);
 int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 		    const struct ib_send_wr **bad_wr);
+int vrdma_av(struct vrdma_ib *vib, const struct rdma_ah_attr *ah,
+	     struct virtio_rdma_address_vector *av);
+int vrdma_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init,
+		    struct ib_udata *udata);
+int vrdma_destroy_ah(struct ib_ah *ibah, u32 flags);
 int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 		    struct ib_udata *udata);
 int vrdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,

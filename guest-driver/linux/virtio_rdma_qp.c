@@ -148,6 +148,71 @@ int vrdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
 	return 0;
 }
 
+/*
+ * A verbs address to the device's (spec 12.13): RoCE needs the GRH, and the
+ * source GID index is ib_core's, mapped to the device's own table.
+ */
+int vrdma_av(struct vrdma_ib *vib, const struct rdma_ah_attr *ah,
+	     struct virtio_rdma_address_vector *av)
+{
+	const struct ib_global_route *grh = rdma_ah_read_grh(ah);
+	u8 index;
+
+	if (!(rdma_ah_get_ah_flags(ah) & IB_AH_GRH) ||
+	    grh->sgid_index >= ARRAY_SIZE(vib->gid_map))
+		return -EINVAL;
+	index = vib->gid_map[grh->sgid_index];
+	if (index == VRDMA_NO_GID)
+		return -EINVAL;
+	memcpy(av->dgid, grh->dgid.raw, sizeof(av->dgid));
+	av->flow_label = cpu_to_le32(grh->flow_label);
+	av->sgid_index = index;
+	av->hop_limit = grh->hop_limit;
+	av->traffic_class = grh->traffic_class;
+	av->sl = rdma_ah_get_sl(ah);
+	return 0;
+}
+
+int vrdma_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init,
+		    struct ib_udata *udata)
+{
+	struct vrdma_ib *vib = to_vib(ibah->device);
+	struct virtio_rdma_create_ah_uresp uresp = {};
+	struct virtio_rdma_create_ah_req req = {};
+	struct virtio_rdma_ah_handle_resp resp;
+	int ret;
+
+	/* Kernel consumers have no data path in ABI version 2. */
+	if (!udata)
+		return -EOPNOTSUPP;
+	ret = vrdma_av(vib, init->ah_attr, &req.av);
+	if (ret)
+		return ret;
+	req.pd_handle = cpu_to_le32(to_vpd(ibah->pd)->handle);
+	req.port = cpu_to_le32(1);
+	ret = vrdma_cmd_exec(vib->dev, VIRTIO_RDMA_OP_CREATE_AH, &req,
+			     sizeof(req), &resp, sizeof(resp));
+	if (ret)
+		return ret;
+	to_vah(ibah)->handle = le32_to_cpu(resp.ah_handle);
+	uresp.ah_handle = to_vah(ibah)->handle;
+	ret = ib_copy_to_udata(udata, &uresp, min(udata->outlen, sizeof(uresp)));
+	if (ret)
+		vrdma_destroy_ah(ibah, 0);
+	return ret;
+}
+
+int vrdma_destroy_ah(struct ib_ah *ibah, u32 flags)
+{
+	struct virtio_rdma_ah_handle_req req = {
+		.ah_handle = cpu_to_le32(to_vah(ibah)->handle),
+	};
+
+	return vrdma_cmd_exec(to_vib(ibah->device)->dev,
+			      VIRTIO_RDMA_OP_DESTROY_AH, &req, sizeof(req),
+			      NULL, 0);
+}
+
 /* verbs attribute mask bit -> device attribute mask bit */
 static const struct {
 	int ib;
@@ -200,21 +265,9 @@ int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 		a->access = cpu_to_le32(access);
 	}
 	if (mask & IB_QP_AV) {
-		const struct ib_global_route *grh = rdma_ah_read_grh(&attr->ah_attr);
-		u8 index;
-
-		if (!(rdma_ah_get_ah_flags(&attr->ah_attr) & IB_AH_GRH) ||
-		    grh->sgid_index >= ARRAY_SIZE(vib->gid_map))
-			return -EINVAL;
-		index = vib->gid_map[grh->sgid_index];
-		if (index == VRDMA_NO_GID)
-			return -EINVAL;
-		memcpy(a->av.dgid, grh->dgid.raw, sizeof(a->av.dgid));
-		a->av.flow_label = cpu_to_le32(grh->flow_label);
-		a->av.sgid_index = index;
-		a->av.hop_limit = grh->hop_limit;
-		a->av.traffic_class = grh->traffic_class;
-		a->av.sl = rdma_ah_get_sl(&attr->ah_attr);
+		ret = vrdma_av(vib, &attr->ah_attr, &a->av);
+		if (ret)
+			return ret;
 	}
 	req.qp_handle = cpu_to_le32(to_vqp(ibqp)->handle);
 	req.attr_mask = cpu_to_le32(dev_mask);

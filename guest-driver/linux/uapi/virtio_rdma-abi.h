@@ -52,4 +52,10 @@ struct virtio_rdma_create_qp_uresp {
 	__u32 reserved;
 };
 
+/* CREATE_AH: the device's handle, which UD send WQEs name (spec 18.11.5). */
+struct virtio_rdma_create_ah_uresp {
+	__u32 ah_handle;
+	__u32 reserved;
+};
+
 #endif /* VIRTIO_RDMA_ABI_USER_H */

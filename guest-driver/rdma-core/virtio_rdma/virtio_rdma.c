@@ -164,8 +164,13 @@ static int encode_send(struct vrdma_qp *qp, struct ibv_send_wr *wr,
 
 	if (wr_opcode(wr->opcode, &w.opcode))
 		return EINVAL;
-	if (qp->ibv_qp.qp_type != IBV_QPT_RC)
-		return EOPNOTSUPP; /* UD needs address handles: not yet */
+	if (qp->ibv_qp.qp_type == IBV_QPT_UD) {
+		if (!wr->wr.ud.ah)
+			return EINVAL;
+		w.ah_handle = htole32(to_vah(wr->wr.ud.ah)->handle);
+		w.remote_qpn = htole32(wr->wr.ud.remote_qpn);
+		w.remote_qkey = htole32(wr->wr.ud.remote_qkey);
+	}
 	w.wr_id = htole64(wr->wr_id);
 	if (wr->send_flags & IBV_SEND_SIGNALED)
 		w.flags |= 0x1;
@@ -396,6 +401,35 @@ static int vrdma_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
 	return 0;
 }
 
+static struct ibv_ah *vrdma_create_ah(struct ibv_pd *pd,
+				      struct ibv_ah_attr *attr)
+{
+	struct vrdma_create_ah_cmd_resp resp = {};
+	struct vrdma_ah *ah;
+
+	ah = calloc(1, sizeof(*ah));
+	if (!ah)
+		return NULL;
+	if (ibv_cmd_create_ah(pd, &ah->ibv_ah, attr, &resp.ibv_resp,
+			      sizeof(resp))) {
+		free(ah);
+		return NULL;
+	}
+	ah->handle = resp.ah_handle;
+	return &ah->ibv_ah;
+}
+
+static int vrdma_destroy_ah(struct ibv_ah *ibah)
+{
+	int ret;
+
+	ret = ibv_cmd_destroy_ah(ibah);
+	if (ret)
+		return ret;
+	free(to_vah(ibah));
+	return 0;
+}
+
 static struct ibv_cq *vrdma_create_cq(struct ibv_context *context, int cqe,
 				      struct ibv_comp_channel *channel,
 				      int comp_vector)
@@ -592,10 +626,12 @@ static void vrdma_free_context(struct ibv_context *ibctx)
 
 static const struct verbs_context_ops vrdma_context_ops = {
 	.alloc_pd = vrdma_alloc_pd,
+	.create_ah = vrdma_create_ah,
 	.create_cq = vrdma_create_cq,
 	.create_qp = vrdma_create_qp,
 	.dealloc_pd = vrdma_dealloc_pd,
 	.dereg_mr = vrdma_dereg_mr,
+	.destroy_ah = vrdma_destroy_ah,
 	.destroy_cq = vrdma_destroy_cq,
 	.destroy_qp = vrdma_destroy_qp,
 	.free_context = vrdma_free_context,

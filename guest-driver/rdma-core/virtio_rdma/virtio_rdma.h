@@ -15,6 +15,19 @@ DECLARE_DRV_CMD(vrdma_create_cq_cmd, IB_USER_VERBS_CMD_CREATE_CQ,
 		virtio_rdma_create_cq_ureq, virtio_rdma_create_cq_uresp);
 DECLARE_DRV_CMD(vrdma_create_qp_cmd, IB_USER_VERBS_CMD_CREATE_QP,
 		virtio_rdma_create_qp_ureq, virtio_rdma_create_qp_uresp);
+DECLARE_DRV_CMD(vrdma_create_ah_cmd, IB_USER_VERBS_CMD_CREATE_AH, empty,
+		virtio_rdma_create_ah_uresp);
+
+struct vrdma_ah {
+	struct ibv_ah ibv_ah;
+	/* The device's handle, named by UD send WQEs. */
+	uint32_t handle;
+};
+
+static inline struct vrdma_ah *to_vah(struct ibv_ah *ibah)
+{
+	return container_of(ibah, struct vrdma_ah, ibv_ah);
+}
 
 struct vrdma_device {
 	struct verbs_device ibv_dev;
