@@ -3,7 +3,8 @@
 # (scripts/build-kmod.sh) and the provider set (scripts/build-rdma-core.sh), the guests are
 # networked with -netdev stream for the tools' TCP exchange, and their IP addresses are their
 # device GIDs (::ffff:10.42.0.1 and .2, the daemon's defaults), so GID index 1 is usable
-# (spec appendix A). Runs ibv_rc_pingpong. Prints "qemu-pingpong: N passed, M failed".
+# (spec appendix A). Runs ibv_rc_pingpong (polling and -e), ibv_ud_pingpong and ibv_srq_pingpong.
+# Prints "qemu-pingpong: N passed, M failed".
 #
 # Usage: bash scripts/qemu-pingpong.sh [--keep]
 set -euo pipefail
@@ -20,7 +21,8 @@ kmod=$(bash scripts/build-kmod.sh)
 rc=$(bash scripts/build-rdma-core.sh)
 bash scripts/build-guest.sh --name rdma-pingpong --load virtio_pci --load virtio_net \
   --load ib_uverbs --file "$kmod:/lib/virtio_rdma.ko" \
-  --bin "$rc/bin/ibv_rc_pingpong" --bin "$rc/bin/ibv_ud_pingpong" --bin "$rc/bin/ibv_devinfo" \
+  --bin "$rc/bin/ibv_rc_pingpong" --bin "$rc/bin/ibv_ud_pingpong" --bin "$rc/bin/ibv_srq_pingpong" \
+  --bin "$rc/bin/ibv_devinfo" \
   --lib "$rc/lib/libvirtio_rdma-rdmav34.so:/lib/libvirtio_rdma-rdmav34.so" >/dev/null
 
 dir=$(mktemp -d /tmp/vhost-user-rdma-pingpong.XXXXXX)
@@ -63,13 +65,15 @@ t=$(date +%s)
 guest server 0 "server=on,addr.type=unix,addr.path=$dir/net.sock" \
   'ibv_rc_pingpong -d virtio_rdma0 -g 1 -n 50 && echo EVENTS &&
    ibv_rc_pingpong -d virtio_rdma0 -g 1 -n 20 -e && echo UD &&
-   ibv_ud_pingpong -d virtio_rdma0 -g 1 -n 20'
+   ibv_ud_pingpong -d virtio_rdma0 -g 1 -n 20 && echo SRQ &&
+   ibv_srq_pingpong -d virtio_rdma0 -g 1 -n 20 -q 4'
 for _ in $(seq 100); do [ -S "$dir/net.sock" ] && break; sleep 0.1; done
 guest client 1 "server=off,addr.type=unix,addr.path=$dir/net.sock,reconnect-ms=1000" \
   'until ping -c 1 -W 1 10.42.0.1 >/dev/null; do sleep 1; done; sleep 3;
    ibv_rc_pingpong -d virtio_rdma0 -g 1 -n 50 10.42.0.1 && echo EVENTS && sleep 3 &&
    ibv_rc_pingpong -d virtio_rdma0 -g 1 -n 20 -e 10.42.0.1 && echo UD && sleep 3 &&
-   ibv_ud_pingpong -d virtio_rdma0 -g 1 -n 20 10.42.0.1'
+   ibv_ud_pingpong -d virtio_rdma0 -g 1 -n 20 10.42.0.1 && echo SRQ && sleep 3 &&
+   ibv_srq_pingpong -d virtio_rdma0 -g 1 -n 20 -q 4 10.42.0.1'
 rcs=()
 for p in "${pids[@]}"; do
   r=0
@@ -107,6 +111,8 @@ check_after EVENTS "ibv_rc_pingpong -e (completion events) server" "^20 iters in
 check_after EVENTS "ibv_rc_pingpong -e (completion events) client" "^20 iters in .* seconds" client
 check_after UD "ibv_ud_pingpong server (UD, address handles, GRH)" "^20 iters in .* seconds" server
 check_after UD "ibv_ud_pingpong client" "^20 iters in .* seconds" client
+check_after SRQ "ibv_srq_pingpong server (4 QPs sharing an SRQ)" "^20 iters in .* seconds" server
+check_after SRQ "ibv_srq_pingpong client" "^20 iters in .* seconds" client
 if [ "$fail" != 0 ]; then
   for n in server client; do
     echo "----- $n console"

@@ -89,6 +89,18 @@ static inline struct vrdma_qp *to_vqp(struct ib_qp *ibqp)
 	return container_of(ibqp, struct vrdma_qp, ibqp);
 }
 
+struct vrdma_srq {
+	struct ib_srq ibsrq;
+	u32 handle;
+	struct ib_umem *buf;
+	struct ib_umem *db;
+};
+
+static inline struct vrdma_srq *to_vsrq(struct ib_srq *ibsrq)
+{
+	return container_of(ibsrq, struct vrdma_srq, ibsrq);
+}
+
 struct vrdma_ah {
 	struct ib_ah ibah;
 	u32 handle;
@@ -154,6 +166,14 @@ int vrdma_av(struct vrdma_ib *vib, const struct rdma_ah_attr *ah,
 int vrdma_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init,
 		    struct ib_udata *udata);
 int vrdma_destroy_ah(struct ib_ah *ibah, u32 flags);
+int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
+		     struct ib_udata *udata);
+int vrdma_modify_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr,
+		     enum ib_srq_attr_mask mask, struct ib_udata *udata);
+int vrdma_query_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr);
+int vrdma_destroy_srq(struct ib_srq *ibsrq, struct ib_udata *udata);
+int vrdma_post_srq_recv(struct ib_srq *ibsrq, const struct ib_recv_wr *wr,
+			const struct ib_recv_wr **bad_wr);
 int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 		    struct ib_udata *udata);
 int vrdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,

@@ -218,6 +218,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 
 	.add_gid = vrdma_add_gid,
 	.create_cq = vrdma_create_cq,
+	.create_srq = vrdma_create_srq,
 	.create_user_ah = vrdma_create_ah,
 	.create_qp = vrdma_create_qp,
 	.alloc_pd = vrdma_alloc_pd,
@@ -227,22 +228,27 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.del_gid = vrdma_del_gid,
 	.destroy_cq = vrdma_destroy_cq,
 	.destroy_qp = vrdma_destroy_qp,
+	.destroy_srq = vrdma_destroy_srq,
 	.dereg_mr = vrdma_dereg_mr,
 	.destroy_ah = vrdma_destroy_ah,
 	.get_link_layer = vrdma_get_link_layer,
 	.get_port_immutable = vrdma_get_port_immutable,
 	.modify_qp = vrdma_modify_qp,
+	.modify_srq = vrdma_modify_srq,
 	.post_send = vrdma_post_send,
+	.post_srq_recv = vrdma_post_srq_recv,
 	.query_device = vrdma_query_device,
 	.query_pkey = vrdma_query_pkey,
 	.query_port = vrdma_query_port,
 	.query_qp = vrdma_query_qp,
+	.query_srq = vrdma_query_srq,
 	.reg_user_mr = vrdma_reg_user_mr,
 
 	INIT_RDMA_OBJ_SIZE(ib_ah, vrdma_ah, ibah),
 	INIT_RDMA_OBJ_SIZE(ib_cq, vrdma_cq, ibcq),
 	INIT_RDMA_OBJ_SIZE(ib_pd, vrdma_pd, ibpd),
 	INIT_RDMA_OBJ_SIZE(ib_qp, vrdma_qp, ibqp),
+	INIT_RDMA_OBJ_SIZE(ib_srq, vrdma_srq, ibsrq),
 	INIT_RDMA_OBJ_SIZE(ib_ucontext, vrdma_ucontext, ibucontext),
 };
 
@@ -322,8 +328,9 @@ int vrdma_register_ib(struct vrdma_dev *dev)
 	vib->ibdev.dev.parent = &dev->vdev->dev;
 	vib->ibdev.node_guid = dev->attr.node_guid;
 	ib_set_device_ops(&vib->ibdev, &vrdma_dev_ops);
-	/* Not in ib_core's default set: the kick (vrdma_post_send). */
-	vib->ibdev.uverbs_cmd_mask |= BIT_ULL(IB_USER_VERBS_CMD_POST_SEND);
+	/* Not in ib_core's default set: the kicks (vrdma_post_send, ...). */
+	vib->ibdev.uverbs_cmd_mask |= BIT_ULL(IB_USER_VERBS_CMD_POST_SEND) |
+				      BIT_ULL(IB_USER_VERBS_CMD_POST_SRQ_RECV);
 	ret = ib_device_set_netdev(&vib->ibdev, ndev, 1);
 	if (ret)
 		goto err_dealloc;

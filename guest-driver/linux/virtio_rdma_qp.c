@@ -47,14 +47,17 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	default:
 		return -EOPNOTSUPP;
 	}
-	if (init->srq || init->create_flags)
+	if (init->create_flags)
 		return -EOPNOTSUPP;
 	if (udata->inlen < sizeof(ureq) ||
 	    ib_copy_from_udata(&ureq, udata, sizeof(ureq)))
 		return -EINVAL;
-	if (!is_power_of_2(ureq.sq_depth) || !is_power_of_2(ureq.rq_depth) ||
+	/* With an SRQ the QP has no receive ring of its own. */
+	if (!is_power_of_2(ureq.sq_depth) ||
+	    (init->srq ? ureq.rq_depth != 0 :
+			 !is_power_of_2(ureq.rq_depth) ||
+			 ureq.rq_depth < init->cap.max_recv_wr) ||
 	    ureq.sq_depth < init->cap.max_send_wr ||
-	    ureq.rq_depth < init->cap.max_recv_wr ||
 	    !PAGE_ALIGNED(ureq.buf_va) || !ureq.buf_len)
 		return -EINVAL;
 
@@ -75,6 +78,8 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	req->qp_type = cpu_to_le32(type);
 	req->send_cq = cpu_to_le32(to_vcq(init->send_cq)->handle);
 	req->recv_cq = cpu_to_le32(to_vcq(init->recv_cq)->handle);
+	if (init->srq)
+		req->srq_handle = cpu_to_le32(to_vsrq(init->srq)->handle);
 	req->flags = cpu_to_le32(init->sq_sig_type == IB_SIGNAL_ALL_WR ?
 				 VRDMA_QP_FLAG_SIG_ALL : 0);
 	req->sq_depth = cpu_to_le32(ureq.sq_depth);

@@ -52,6 +52,20 @@ struct virtio_rdma_create_qp_uresp {
 	__u32 reserved;
 };
 
+/* CREATE_SRQ: the ring (depth WQEs, page aligned) and the doorbell record. */
+struct virtio_rdma_create_srq_ureq {
+	__aligned_u64 buf_va;
+	__aligned_u64 buf_len;
+	__aligned_u64 db_va;
+	__u32 depth;
+	__u32 reserved;
+};
+
+struct virtio_rdma_create_srq_uresp {
+	__u32 srq_handle;
+	__u32 wqe_shift;
+};
+
 /* CREATE_AH: the device's handle, which UD send WQEs name (spec 18.11.5). */
 struct virtio_rdma_create_ah_uresp {
 	__u32 ah_handle;

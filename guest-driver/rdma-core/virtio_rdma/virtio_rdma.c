@@ -109,6 +109,39 @@ static _Atomic uint32_t *db_word(void *db, size_t off)
 	return (_Atomic uint32_t *)((char *)db + off);
 }
 
+static uint32_t pow2_at_least(uint32_t v)
+{
+	uint32_t p = 1;
+
+	while (p < v && p < (1U << 31))
+		p <<= 1;
+	return p;
+}
+
+static uint32_t ceil_log2(uint64_t v)
+{
+	uint32_t s = 0;
+
+	while (s < 63 && (1ULL << s) < v)
+		s++;
+	return s;
+}
+
+/* Spec 11.3: the strides of the send and receive rings. */
+static uint32_t send_wqe_shift(uint32_t max_sge, uint32_t max_inline)
+{
+	uint64_t slots = max_sge;
+
+	if ((max_inline + 15) / 16 > slots)
+		slots = (max_inline + 15) / 16;
+	return max(6U, ceil_log2(64 + slots * 16));
+}
+
+static uint32_t recv_wqe_shift(uint32_t max_sge)
+{
+	return max(5U, ceil_log2(16 + (uint64_t)max_sge * 16));
+}
+
 /*
  * The notification step of spec 18.6. The context's doorbell header is
  * not mapped into this process yet, so the engine's flags are unknown:
@@ -316,6 +349,148 @@ static int vrdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 	return ret;
 }
 
+
+#define DB_SRQ_PI 0
+#define DB_SRQ_CI VIRTIO_RDMA_DB_DEVICE_OFFSET
+
+static struct ibv_srq *vrdma_create_srq(struct ibv_pd *pd,
+					struct ibv_srq_init_attr *attr)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	struct vrdma_create_srq_cmd cmd = {};
+	struct vrdma_create_srq_cmd_resp resp = {};
+	struct vrdma_srq *srq;
+	size_t len;
+
+	srq = calloc(1, sizeof(*srq));
+	if (!srq)
+		return NULL;
+	pthread_spin_init(&srq->lock, PTHREAD_PROCESS_PRIVATE);
+	srq->depth = pow2_at_least(max(attr->attr.max_wr, 1U));
+	srq->wqe_shift = recv_wqe_shift(attr->attr.max_sge);
+	len = (size_t)srq->depth << srq->wqe_shift;
+	srq->buf = aligned_alloc(page, align(len, page));
+	srq->db = aligned_alloc(128, 128);
+	if (!srq->buf || !srq->db) {
+		errno = ENOMEM;
+		goto err;
+	}
+	memset(srq->buf, 0, align(len, page));
+	memset(srq->db, 0, 128);
+	cmd.buf_va = (uintptr_t)srq->buf;
+	cmd.buf_len = len;
+	cmd.db_va = (uintptr_t)srq->db;
+	cmd.depth = srq->depth;
+	if (ibv_cmd_create_srq(pd, &srq->ibv_srq, attr, &cmd.ibv_cmd,
+			       sizeof(cmd), &resp.ibv_resp, sizeof(resp)))
+		goto err;
+	if (resp.wqe_shift != srq->wqe_shift) {
+		ibv_cmd_destroy_srq(&srq->ibv_srq);
+		errno = EPROTO;
+		goto err;
+	}
+	srq->handle = resp.srq_handle;
+	attr->attr.max_wr = srq->depth;
+	return &srq->ibv_srq;
+err:
+	free(srq->buf);
+	free(srq->db);
+	free(srq);
+	return NULL;
+}
+
+static int vrdma_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr,
+			    int mask)
+{
+	struct ibv_modify_srq cmd;
+
+	return ibv_cmd_modify_srq(srq, attr, mask, &cmd, sizeof(cmd));
+}
+
+static int vrdma_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr)
+{
+	struct ibv_query_srq cmd;
+
+	return ibv_cmd_query_srq(srq, attr, &cmd, sizeof(cmd));
+}
+
+static int vrdma_destroy_srq(struct ibv_srq *ibsrq)
+{
+	struct vrdma_srq *srq = to_vsrq(ibsrq);
+	int ret;
+
+	ret = ibv_cmd_destroy_srq(ibsrq);
+	if (ret)
+		return ret;
+	free(srq->buf);
+	free(srq->db);
+	free(srq);
+	return 0;
+}
+
+static int vrdma_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
+			       struct ibv_recv_wr **bad_wr)
+{
+	struct vrdma_srq *srq = to_vsrq(ibsrq);
+	size_t room = ((size_t)1 << srq->wqe_shift) -
+		      sizeof(struct virtio_rdma_recv_wqe);
+	struct ibv_recv_wr *bad;
+	uint32_t ci, posted = 0;
+	int ret = 0, k;
+
+	pthread_spin_lock(&srq->lock);
+	ci = atomic_load_explicit(db_word(srq->db, DB_SRQ_CI),
+				  memory_order_acquire);
+	for (; wr; wr = wr->next) {
+		uint32_t i = srq->pi + posted;
+		uint8_t *slot = (uint8_t *)srq->buf +
+				((size_t)(i & (srq->depth - 1)) << srq->wqe_shift);
+		struct virtio_rdma_recv_wqe w = {
+			.wr_id = htole64(wr->wr_id),
+			.num_sge = htole32(wr->num_sge),
+		};
+
+		if (i - ci >= srq->depth) {
+			ret = ENOMEM;
+			break;
+		}
+		if ((size_t)wr->num_sge * sizeof(struct virtio_rdma_sge) > room) {
+			ret = EINVAL;
+			break;
+		}
+		memcpy(slot, &w, sizeof(w));
+		for (k = 0; k < wr->num_sge; k++) {
+			struct virtio_rdma_sge sge = {
+				.addr = htole64(wr->sg_list[k].addr),
+				.length = htole32(wr->sg_list[k].length),
+				.lkey = htole32(wr->sg_list[k].lkey),
+			};
+
+			memcpy(slot + sizeof(w) + k * sizeof(sge), &sge,
+			       sizeof(sge));
+		}
+		posted++;
+	}
+	if (posted) {
+		srq->pi += posted;
+		atomic_store_explicit(db_word(srq->db, DB_SRQ_PI), srq->pi,
+				      memory_order_release);
+	}
+	pthread_spin_unlock(&srq->lock);
+	if (ret)
+		*bad_wr = wr;
+	if (posted) {
+		int kick;
+
+		/* The kick (spec 18.6): a post of no receive. */
+		atomic_thread_fence(memory_order_seq_cst);
+		kick = ibv_cmd_post_srq_recv(ibsrq, NULL, &bad);
+		if (kick && !ret)
+			ret = kick;
+	}
+	return ret;
+}
+
 /* Device completion status -> verbs (spec 18.18). */
 static const enum ibv_wc_status wc_status[] = {
 	[VIRTIO_RDMA_WC_SUCCESS] = IBV_WC_SUCCESS,
@@ -489,39 +664,6 @@ static int vrdma_destroy_cq(struct ibv_cq *ibcq)
 	return 0;
 }
 
-static uint32_t pow2_at_least(uint32_t v)
-{
-	uint32_t p = 1;
-
-	while (p < v && p < (1U << 31))
-		p <<= 1;
-	return p;
-}
-
-static uint32_t ceil_log2(uint64_t v)
-{
-	uint32_t s = 0;
-
-	while (s < 63 && (1ULL << s) < v)
-		s++;
-	return s;
-}
-
-/* Spec 11.3: the strides of the send and receive rings. */
-static uint32_t send_wqe_shift(uint32_t max_sge, uint32_t max_inline)
-{
-	uint64_t slots = max_sge;
-
-	if ((max_inline + 15) / 16 > slots)
-		slots = (max_inline + 15) / 16;
-	return max(6U, ceil_log2(64 + slots * 16));
-}
-
-static uint32_t recv_wqe_shift(uint32_t max_sge)
-{
-	return max(5U, ceil_log2(16 + (uint64_t)max_sge * 16));
-}
-
 static struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
 				      struct ibv_qp_init_attr *attr)
 {
@@ -531,25 +673,23 @@ static struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
 	uint64_t sq_bytes, rq_bytes, rq_offset;
 	struct vrdma_qp *qp;
 
-	if (attr->srq) {
-		errno = EOPNOTSUPP;
-		return NULL;
-	}
 	qp = calloc(1, sizeof(*qp));
 	if (!qp)
 		return NULL;
 	pthread_spin_init(&qp->sq_lock, PTHREAD_PROCESS_PRIVATE);
 	pthread_spin_init(&qp->rq_lock, PTHREAD_PROCESS_PRIVATE);
 	qp->sq_depth = pow2_at_least(max(attr->cap.max_send_wr, 1U));
-	qp->rq_depth = pow2_at_least(max(attr->cap.max_recv_wr, 1U));
+	/* With an SRQ the QP has no receive ring of its own (spec 11.4). */
+	qp->rq_depth = attr->srq ? 0 :
+		       pow2_at_least(max(attr->cap.max_recv_wr, 1U));
 	qp->sq_wqe_shift = send_wqe_shift(attr->cap.max_send_sge,
 					  attr->cap.max_inline_data);
 	qp->rq_wqe_shift = recv_wqe_shift(attr->cap.max_recv_sge);
 	sq_bytes = (uint64_t)qp->sq_depth << qp->sq_wqe_shift;
 	rq_bytes = (uint64_t)qp->rq_depth << qp->rq_wqe_shift;
-	rq_offset = align(sq_bytes, page);
+	rq_offset = qp->rq_depth ? align(sq_bytes, page) : 0;
 	qp->rq_offset = rq_offset;
-	qp->buf_len = align(rq_offset + rq_bytes, page);
+	qp->buf_len = align(max(rq_offset, sq_bytes) + rq_bytes, page);
 	qp->buf = aligned_alloc(page, qp->buf_len);
 	qp->db = aligned_alloc(128, 128);
 	if (!qp->buf || !qp->db) {
@@ -559,7 +699,7 @@ static struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
 	memset(qp->buf, 0, qp->buf_len);
 	memset(qp->db, 0, 128);
 	cmd.buf_va = (uintptr_t)qp->buf;
-	cmd.buf_len = rq_offset + rq_bytes;
+	cmd.buf_len = max(rq_offset, sq_bytes) + rq_bytes;
 	cmd.db_va = (uintptr_t)qp->db;
 	cmd.sq_depth = qp->sq_depth;
 	cmd.rq_depth = qp->rq_depth;
@@ -576,7 +716,8 @@ static struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
 	}
 	qp->handle = resp.qp_handle;
 	attr->cap.max_send_wr = qp->sq_depth;
-	attr->cap.max_recv_wr = qp->rq_depth;
+	if (!attr->srq)
+		attr->cap.max_recv_wr = qp->rq_depth;
 	return &qp->ibv_qp;
 err:
 	free(qp->buf);
@@ -628,21 +769,26 @@ static const struct verbs_context_ops vrdma_context_ops = {
 	.alloc_pd = vrdma_alloc_pd,
 	.create_ah = vrdma_create_ah,
 	.create_cq = vrdma_create_cq,
+	.create_srq = vrdma_create_srq,
 	.create_qp = vrdma_create_qp,
 	.dealloc_pd = vrdma_dealloc_pd,
 	.dereg_mr = vrdma_dereg_mr,
 	.destroy_ah = vrdma_destroy_ah,
 	.destroy_cq = vrdma_destroy_cq,
 	.destroy_qp = vrdma_destroy_qp,
+	.destroy_srq = vrdma_destroy_srq,
 	.free_context = vrdma_free_context,
 	.modify_qp = vrdma_modify_qp,
+	.modify_srq = vrdma_modify_srq,
 	.poll_cq = vrdma_poll_cq,
 	.post_recv = vrdma_post_recv,
 	.post_send = vrdma_post_send,
+	.post_srq_recv = vrdma_post_srq_recv,
 	.req_notify_cq = vrdma_req_notify_cq,
 	.query_device_ex = vrdma_query_device_ex,
 	.query_port = vrdma_query_port,
 	.query_qp = vrdma_query_qp,
+	.query_srq = vrdma_query_srq,
 	.reg_mr = vrdma_reg_mr,
 };
 

@@ -17,6 +17,24 @@ DECLARE_DRV_CMD(vrdma_create_qp_cmd, IB_USER_VERBS_CMD_CREATE_QP,
 		virtio_rdma_create_qp_ureq, virtio_rdma_create_qp_uresp);
 DECLARE_DRV_CMD(vrdma_create_ah_cmd, IB_USER_VERBS_CMD_CREATE_AH, empty,
 		virtio_rdma_create_ah_uresp);
+DECLARE_DRV_CMD(vrdma_create_srq_cmd, IB_USER_VERBS_CMD_CREATE_SRQ,
+		virtio_rdma_create_srq_ureq, virtio_rdma_create_srq_uresp);
+
+struct vrdma_srq {
+	struct ibv_srq ibv_srq;
+	void *buf;
+	void *db;
+	uint32_t depth;
+	uint32_t wqe_shift;
+	uint32_t pi;
+	uint32_t handle;
+	pthread_spinlock_t lock;
+};
+
+static inline struct vrdma_srq *to_vsrq(struct ibv_srq *ibsrq)
+{
+	return container_of(ibsrq, struct vrdma_srq, ibv_srq);
+}
 
 struct vrdma_ah {
 	struct ibv_ah ibv_ah;
