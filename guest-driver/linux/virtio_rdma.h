@@ -63,12 +63,16 @@ struct vrdma_pd {
 	u32 handle;
 };
 
+/* A queue's ring buffer and doorbell record, pinned in the owner's memory. */
+struct vrdma_queue {
+	struct ib_umem *buf;
+	struct ib_umem *db;
+};
+
 struct vrdma_cq {
 	struct ib_cq ibcq;
 	u32 handle;
-	/* The ring and the doorbell record, pinned in the owner's memory. */
-	struct ib_umem *ring;
-	struct ib_umem *db;
+	struct vrdma_queue q;
 };
 
 static inline struct vrdma_cq *to_vcq(struct ib_cq *ibcq)
@@ -79,9 +83,7 @@ static inline struct vrdma_cq *to_vcq(struct ib_cq *ibcq)
 struct vrdma_qp {
 	struct ib_qp ibqp;
 	u32 handle;
-	/* The queue buffer and the doorbell record, pinned. */
-	struct ib_umem *buf;
-	struct ib_umem *db;
+	struct vrdma_queue q;
 };
 
 static inline struct vrdma_qp *to_vqp(struct ib_qp *ibqp)
@@ -92,8 +94,7 @@ static inline struct vrdma_qp *to_vqp(struct ib_qp *ibqp)
 struct vrdma_srq {
 	struct ib_srq ibsrq;
 	u32 handle;
-	struct ib_umem *buf;
-	struct ib_umem *db;
+	struct vrdma_queue q;
 };
 
 static inline struct vrdma_srq *to_vsrq(struct ib_srq *ibsrq)
@@ -153,8 +154,12 @@ void vrdma_free_list_pages(__le64 *tail, size_t nlist);
 int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
 		    struct ib_udata *udata);
 int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata);
-int vrdma_pin_db(struct ib_device *ibdev, u64 va, struct ib_umem **umem,
-		 u64 *gpa);
+int vrdma_pin_queue(struct ib_device *ibdev, u64 buf_va, size_t buf_len,
+		    u64 db_va, struct vrdma_queue *q, u64 *db_gpa);
+void vrdma_release_queue(struct vrdma_queue *q);
+int vrdma_exec_list(struct vrdma_dev *dev, u32 opcode, void *req,
+		    size_t fixed_len, size_t req_len, size_t nlist, void *resp,
+		    size_t resp_len);
 int vrdma_access(int ib_access, u32 *access);
 int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 		    struct ib_udata *udata);

@@ -19,8 +19,8 @@
 #include "uapi/virtio_rdma-abi.h"
 
 /* Pins the doorbell record at @va and returns its guest-physical address. */
-int vrdma_pin_db(struct ib_device *ibdev, u64 va, struct ib_umem **umem,
-		 u64 *gpa)
+static int vrdma_pin_db(struct ib_device *ibdev, u64 va, struct ib_umem **umem,
+			u64 *gpa)
 {
 	struct ib_block_iter biter;
 
@@ -39,6 +39,32 @@ int vrdma_pin_db(struct ib_device *ibdev, u64 va, struct ib_umem **umem,
 	}
 	ib_umem_release(*umem);
 	return -EINVAL;
+}
+
+/*
+ * Pins a queue's ring buffer (@buf_len bytes at the page-aligned @buf_va)
+ * and its doorbell record at @db_va (spec 10.4, 11).
+ */
+int vrdma_pin_queue(struct ib_device *ibdev, u64 buf_va, size_t buf_len,
+		    u64 db_va, struct vrdma_queue *q, u64 *db_gpa)
+{
+	int ret;
+
+	if (!PAGE_ALIGNED(buf_va) || !buf_len)
+		return -EINVAL;
+	q->buf = ib_umem_get(ibdev, buf_va, buf_len, IB_ACCESS_LOCAL_WRITE);
+	if (IS_ERR(q->buf))
+		return PTR_ERR(q->buf);
+	ret = vrdma_pin_db(ibdev, db_va, &q->db, db_gpa);
+	if (ret)
+		ib_umem_release(q->buf);
+	return ret;
+}
+
+void vrdma_release_queue(struct vrdma_queue *q)
+{
+	ib_umem_release(q->db);
+	ib_umem_release(q->buf);
 }
 
 int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
@@ -68,38 +94,31 @@ int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
 		return -EINVAL;
 	depth = ureq.depth;
 	if (!depth || !is_power_of_2(depth) || depth < attr->cqe ||
-	    depth > le32_to_cpu(dev->attr.max_cqe) ||
-	    !PAGE_ALIGNED(ureq.ring_va))
+	    depth > le32_to_cpu(dev->attr.max_cqe))
 		return -EINVAL;
 
-	cq->ring = ib_umem_get(ibcq->device, ureq.ring_va,
-			       (size_t)depth * VIRTIO_RDMA_CQE_SIZE,
-			       IB_ACCESS_LOCAL_WRITE);
-	if (IS_ERR(cq->ring))
-		return PTR_ERR(cq->ring);
-	ret = vrdma_pin_db(ibcq->device, ureq.db_va, &cq->db, &db_gpa);
+	ret = vrdma_pin_queue(ibcq->device, ureq.ring_va,
+			      (size_t)depth * VIRTIO_RDMA_CQE_SIZE, ureq.db_va,
+			      &cq->q, &db_gpa);
 	if (ret)
-		goto err_ring;
+		return ret;
 	/* Queue buffers are described in base pages, starting a page. */
-	req = vrdma_page_list(dev, cq->ring, PAGE_SIZE, sizeof(*req), &buf,
+	req = vrdma_page_list(dev, cq->q.buf, PAGE_SIZE, sizeof(*req), &buf,
 			      &req_len, &nlist);
 	if (IS_ERR(req)) {
 		ret = PTR_ERR(req);
-		goto err_db;
+		goto err_queue;
 	}
 	req->ctx_handle = cpu_to_le32(uc->handle);
 	req->depth = cpu_to_le32(depth);
 	req->db_gpa = cpu_to_le64(db_gpa);
 	req->buf = buf;
-	ret = vrdma_cmd_exec(dev, VIRTIO_RDMA_OP_CREATE_CQ, req, req_len,
-			     &resp, sizeof(resp));
-	if (ret != -ETIMEDOUT)
-		vrdma_free_list_pages((void *)req + sizeof(*req), nlist);
-	kvfree(req);
+	ret = vrdma_exec_list(dev, VIRTIO_RDMA_OP_CREATE_CQ, req, sizeof(*req),
+			      req_len, nlist, &resp, sizeof(resp));
 	if (ret == -ETIMEDOUT)
 		return ret; /* the device may use the pages: keep them pinned */
 	if (ret)
-		goto err_db;
+		goto err_queue;
 	cq->handle = le32_to_cpu(resp.cq_handle);
 	ibcq->cqe = depth;
 	ret = xa_insert_irq(&to_vib(ibcq->device)->cqs, cq->handle, cq,
@@ -117,10 +136,8 @@ int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
 	}
 	return 0;
 
-err_db:
-	ib_umem_release(cq->db);
-err_ring:
-	ib_umem_release(cq->ring);
+err_queue:
+	vrdma_release_queue(&cq->q);
 	return ret;
 }
 
@@ -159,7 +176,6 @@ int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
 			     NULL, 0);
 	if (ret)
 		return ret;
-	ib_umem_release(cq->db);
-	ib_umem_release(cq->ring);
+	vrdma_release_queue(&cq->q);
 	return 0;
 }

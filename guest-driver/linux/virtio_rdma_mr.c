@@ -127,6 +127,25 @@ void *vrdma_page_list(struct vrdma_dev *dev, struct ib_umem *umem,
 	return req;
 }
 
+/*
+ * Executes a command whose request vrdma_page_list() built, then frees its
+ * list pages (the device copied them while it executed the command) and
+ * the request. After a timeout the device may still read the list pages:
+ * they are leaked rather than freed.
+ */
+int vrdma_exec_list(struct vrdma_dev *dev, u32 opcode, void *req,
+		    size_t fixed_len, size_t req_len, size_t nlist, void *resp,
+		    size_t resp_len)
+{
+	int ret;
+
+	ret = vrdma_cmd_exec(dev, opcode, req, req_len, resp, resp_len);
+	if (ret != -ETIMEDOUT)
+		vrdma_free_list_pages(req + fixed_len, nlist);
+	kvfree(req);
+	return ret;
+}
+
 struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 				u64 virt_addr, int ib_access,
 				struct ib_udata *udata)
@@ -166,12 +185,8 @@ struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 	req->iova = cpu_to_le64(virt_addr);
 	req->length = cpu_to_le64(length);
 	req->buf = buf;
-	ret = vrdma_cmd_exec(dev, VIRTIO_RDMA_OP_REG_MR, req, req_len, &resp,
-			     sizeof(resp));
-	/* The device copied the list while it executed the command. */
-	if (ret != -ETIMEDOUT)
-		vrdma_free_list_pages((void *)req + sizeof(*req), nlist);
-	kvfree(req);
+	ret = vrdma_exec_list(dev, VIRTIO_RDMA_OP_REG_MR, req, sizeof(*req),
+			      req_len, nlist, &resp, sizeof(resp));
 	if (ret)
 		goto err_umem_keep;
 	mr->handle = le32_to_cpu(resp.mr_handle);

@@ -57,22 +57,18 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	    (init->srq ? ureq.rq_depth != 0 :
 			 !is_power_of_2(ureq.rq_depth) ||
 			 ureq.rq_depth < init->cap.max_recv_wr) ||
-	    ureq.sq_depth < init->cap.max_send_wr ||
-	    !PAGE_ALIGNED(ureq.buf_va) || !ureq.buf_len)
+	    ureq.sq_depth < init->cap.max_send_wr)
 		return -EINVAL;
 
-	qp->buf = ib_umem_get(ibqp->device, ureq.buf_va, ureq.buf_len,
-			      IB_ACCESS_LOCAL_WRITE);
-	if (IS_ERR(qp->buf))
-		return PTR_ERR(qp->buf);
-	ret = vrdma_pin_db(ibqp->device, ureq.db_va, &qp->db, &db_gpa);
+	ret = vrdma_pin_queue(ibqp->device, ureq.buf_va, ureq.buf_len,
+			      ureq.db_va, &qp->q, &db_gpa);
 	if (ret)
-		goto err_buf;
-	req = vrdma_page_list(dev, qp->buf, PAGE_SIZE, sizeof(*req), &buf,
+		return ret;
+	req = vrdma_page_list(dev, qp->q.buf, PAGE_SIZE, sizeof(*req), &buf,
 			      &req_len, &nlist);
 	if (IS_ERR(req)) {
 		ret = PTR_ERR(req);
-		goto err_db;
+		goto err_queue;
 	}
 	req->pd_handle = cpu_to_le32(to_vpd(ibqp->pd)->handle);
 	req->qp_type = cpu_to_le32(type);
@@ -89,15 +85,12 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	req->max_inline_data = cpu_to_le32(init->cap.max_inline_data);
 	req->db_gpa = cpu_to_le64(db_gpa);
 	req->buf = buf;
-	ret = vrdma_cmd_exec(dev, VIRTIO_RDMA_OP_CREATE_QP, req, req_len,
-			     &resp, sizeof(resp));
-	if (ret != -ETIMEDOUT)
-		vrdma_free_list_pages((void *)req + sizeof(*req), nlist);
-	kvfree(req);
+	ret = vrdma_exec_list(dev, VIRTIO_RDMA_OP_CREATE_QP, req, sizeof(*req),
+			      req_len, nlist, &resp, sizeof(resp));
 	if (ret == -ETIMEDOUT)
 		return ret; /* the device may use the pages: keep them pinned */
 	if (ret)
-		goto err_db;
+		goto err_queue;
 	qp->handle = le32_to_cpu(resp.qp_handle);
 	ibqp->qp_num = le32_to_cpu(resp.qpn);
 	uresp.qp_handle = qp->handle;
@@ -112,10 +105,8 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	}
 	return 0;
 
-err_db:
-	ib_umem_release(qp->db);
-err_buf:
-	ib_umem_release(qp->buf);
+err_queue:
+	vrdma_release_queue(&qp->q);
 	return ret;
 }
 
@@ -148,8 +139,7 @@ int vrdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
 			     NULL, 0);
 	if (ret)
 		return ret;
-	ib_umem_release(qp->db);
-	ib_umem_release(qp->buf);
+	vrdma_release_queue(&qp->q);
 	return 0;
 }
 

@@ -34,21 +34,17 @@ int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 		return -EOPNOTSUPP;
 	if (udata->inlen < sizeof(ureq) ||
 	    ib_copy_from_udata(&ureq, udata, sizeof(ureq)) || ureq.reserved ||
-	    !is_power_of_2(ureq.depth) || ureq.depth < init->attr.max_wr ||
-	    !PAGE_ALIGNED(ureq.buf_va) || !ureq.buf_len)
+	    !is_power_of_2(ureq.depth) || ureq.depth < init->attr.max_wr)
 		return -EINVAL;
-	srq->buf = ib_umem_get(ibsrq->device, ureq.buf_va, ureq.buf_len,
-			       IB_ACCESS_LOCAL_WRITE);
-	if (IS_ERR(srq->buf))
-		return PTR_ERR(srq->buf);
-	ret = vrdma_pin_db(ibsrq->device, ureq.db_va, &srq->db, &db_gpa);
+	ret = vrdma_pin_queue(ibsrq->device, ureq.buf_va, ureq.buf_len,
+			      ureq.db_va, &srq->q, &db_gpa);
 	if (ret)
-		goto err_buf;
-	req = vrdma_page_list(dev, srq->buf, PAGE_SIZE, sizeof(*req), &buf,
+		return ret;
+	req = vrdma_page_list(dev, srq->q.buf, PAGE_SIZE, sizeof(*req), &buf,
 			      &req_len, &nlist);
 	if (IS_ERR(req)) {
 		ret = PTR_ERR(req);
-		goto err_db;
+		goto err_queue;
 	}
 	req->pd_handle = cpu_to_le32(to_vpd(ibsrq->pd)->handle);
 	req->depth = cpu_to_le32(ureq.depth);
@@ -56,15 +52,12 @@ int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 	req->limit = cpu_to_le32(init->attr.srq_limit);
 	req->db_gpa = cpu_to_le64(db_gpa);
 	req->buf = buf;
-	ret = vrdma_cmd_exec(dev, VIRTIO_RDMA_OP_CREATE_SRQ, req, req_len,
-			     &resp, sizeof(resp));
-	if (ret != -ETIMEDOUT)
-		vrdma_free_list_pages((void *)req + sizeof(*req), nlist);
-	kvfree(req);
+	ret = vrdma_exec_list(dev, VIRTIO_RDMA_OP_CREATE_SRQ, req, sizeof(*req),
+			      req_len, nlist, &resp, sizeof(resp));
 	if (ret == -ETIMEDOUT)
 		return ret; /* the device may use the pages: keep them pinned */
 	if (ret)
-		goto err_db;
+		goto err_queue;
 	srq->handle = le32_to_cpu(resp.srq_handle);
 	uresp.srq_handle = srq->handle;
 	uresp.wqe_shift = le32_to_cpu(resp.wqe_shift);
@@ -75,10 +68,8 @@ int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 	}
 	return 0;
 
-err_db:
-	ib_umem_release(srq->db);
-err_buf:
-	ib_umem_release(srq->buf);
+err_queue:
+	vrdma_release_queue(&srq->q);
 	return ret;
 }
 
@@ -136,8 +127,7 @@ int vrdma_destroy_srq(struct ib_srq *ibsrq, struct ib_udata *udata)
 			     NULL, 0);
 	if (ret)
 		return ret;
-	ib_umem_release(srq->db);
-	ib_umem_release(srq->buf);
+	vrdma_release_queue(&srq->q);
 	return 0;
 }
 

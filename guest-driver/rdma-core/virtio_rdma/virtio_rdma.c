@@ -290,14 +290,37 @@ static int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 	return ret;
 }
 
+/* Encodes one receive work request into a slot of @stride bytes (18.13). */
+static int encode_recv(struct ibv_recv_wr *wr, uint8_t *slot, size_t stride)
+{
+	struct virtio_rdma_recv_wqe w = {
+		.wr_id = htole64(wr->wr_id),
+		.num_sge = htole32(wr->num_sge),
+	};
+	int k;
+
+	if (sizeof(w) + (size_t)wr->num_sge * sizeof(struct virtio_rdma_sge) >
+	    stride)
+		return EINVAL;
+	memcpy(slot, &w, sizeof(w));
+	for (k = 0; k < wr->num_sge; k++) {
+		struct virtio_rdma_sge sge = {
+			.addr = htole64(wr->sg_list[k].addr),
+			.length = htole32(wr->sg_list[k].length),
+			.lkey = htole32(wr->sg_list[k].lkey),
+		};
+
+		memcpy(slot + sizeof(w) + k * sizeof(sge), &sge, sizeof(sge));
+	}
+	return 0;
+}
+
 static int vrdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 			   struct ibv_recv_wr **bad_wr)
 {
 	struct vrdma_qp *qp = to_vqp(ibqp);
-	size_t room = ((size_t)1 << qp->rq_wqe_shift) -
-		      sizeof(struct virtio_rdma_recv_wqe);
 	uint32_t ci, posted = 0;
-	int ret = 0, k;
+	int ret = 0;
 
 	pthread_spin_lock(&qp->rq_lock);
 	ci = atomic_load_explicit(db_word(qp->db, DB_RQ_CI),
@@ -306,30 +329,14 @@ static int vrdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 		uint32_t i = qp->rq_pi + posted;
 		uint8_t *slot = (uint8_t *)qp->buf + qp->rq_offset +
 				((size_t)(i & (qp->rq_depth - 1)) << qp->rq_wqe_shift);
-		struct virtio_rdma_recv_wqe w = {
-			.wr_id = htole64(wr->wr_id),
-			.num_sge = htole32(wr->num_sge),
-		};
 
 		if (i - ci >= qp->rq_depth) {
 			ret = ENOMEM;
 			break;
 		}
-		if ((size_t)wr->num_sge * sizeof(struct virtio_rdma_sge) > room) {
-			ret = EINVAL;
+		ret = encode_recv(wr, slot, (size_t)1 << qp->rq_wqe_shift);
+		if (ret)
 			break;
-		}
-		memcpy(slot, &w, sizeof(w));
-		for (k = 0; k < wr->num_sge; k++) {
-			struct virtio_rdma_sge sge = {
-				.addr = htole64(wr->sg_list[k].addr),
-				.length = htole32(wr->sg_list[k].length),
-				.lkey = htole32(wr->sg_list[k].lkey),
-			};
-
-			memcpy(slot + sizeof(w) + k * sizeof(sge), &sge,
-			       sizeof(sge));
-		}
 		posted++;
 	}
 	if (posted) {
@@ -432,11 +439,9 @@ static int vrdma_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
 			       struct ibv_recv_wr **bad_wr)
 {
 	struct vrdma_srq *srq = to_vsrq(ibsrq);
-	size_t room = ((size_t)1 << srq->wqe_shift) -
-		      sizeof(struct virtio_rdma_recv_wqe);
 	struct ibv_recv_wr *bad;
 	uint32_t ci, posted = 0;
-	int ret = 0, k;
+	int ret = 0;
 
 	pthread_spin_lock(&srq->lock);
 	ci = atomic_load_explicit(db_word(srq->db, DB_SRQ_CI),
@@ -445,30 +450,14 @@ static int vrdma_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
 		uint32_t i = srq->pi + posted;
 		uint8_t *slot = (uint8_t *)srq->buf +
 				((size_t)(i & (srq->depth - 1)) << srq->wqe_shift);
-		struct virtio_rdma_recv_wqe w = {
-			.wr_id = htole64(wr->wr_id),
-			.num_sge = htole32(wr->num_sge),
-		};
 
 		if (i - ci >= srq->depth) {
 			ret = ENOMEM;
 			break;
 		}
-		if ((size_t)wr->num_sge * sizeof(struct virtio_rdma_sge) > room) {
-			ret = EINVAL;
+		ret = encode_recv(wr, slot, (size_t)1 << srq->wqe_shift);
+		if (ret)
 			break;
-		}
-		memcpy(slot, &w, sizeof(w));
-		for (k = 0; k < wr->num_sge; k++) {
-			struct virtio_rdma_sge sge = {
-				.addr = htole64(wr->sg_list[k].addr),
-				.length = htole32(wr->sg_list[k].length),
-				.lkey = htole32(wr->sg_list[k].lkey),
-			};
-
-			memcpy(slot + sizeof(w) + k * sizeof(sge), &sge,
-			       sizeof(sge));
-		}
 		posted++;
 	}
 	if (posted) {
