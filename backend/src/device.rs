@@ -1246,6 +1246,9 @@ impl RdmaDevice {
             EVENTQ => {}
             // A doorbell kick: wake the engine.
             NOTIFYQ => {
+                if let Some(t) = self.traffic() {
+                    TrafficCounters::add(&t.notifications, 1);
+                }
                 self.engine.wake();
                 return Ok(());
             }

@@ -362,7 +362,7 @@ type Getter = fn(&Totals) -> u64;
 type QosGetter = fn(&QosSpec) -> u64;
 
 /// Scalar series: (name suffix, type, help, value).
-const SCALARS: [(&str, &str, &str, Getter); 21] = [
+const SCALARS: [(&str, &str, &str, Getter); 22] = [
     (
         "queued_send_wqes",
         "gauge",
@@ -464,6 +464,12 @@ const SCALARS: [(&str, &str, &str, Getter); 21] = [
         "counter",
         "Times the engine postponed work for a rate limit.",
         |t| t.traffic.throttled,
+    ),
+    (
+        "notifications_total",
+        "counter",
+        "Notifications of notifyq (doorbell kicks, each a VM exit) to wake the engine.",
+        |t| t.traffic.notifications,
     ),
     (
         "ctrl_commands_total",

@@ -101,6 +101,7 @@ impl Totals {
         t.flushed += u.flushed;
         t.drops += u.drops;
         t.throttled += u.throttled;
+        t.notifications += u.notifications;
         t.ctrl_cmds += u.ctrl_cmds;
         t.ctrl_errors += u.ctrl_errors;
         add_histogram(&mut t.ctrl_latency, &u.ctrl_latency);

@@ -81,6 +81,10 @@ pub struct TrafficCounters {
     pub drops: AtomicU64,
     /// Times the engine postponed the VM's work for a rate limit.
     pub throttled: AtomicU64,
+    /// Notifications (kicks) of notifyq the VM sent to wake the engine;
+    /// each is a VM exit, so a driver should kick only when the engine is
+    /// parked (spec 18.6).
+    pub notifications: AtomicU64,
     /// Control commands executed.
     pub ctrl_cmds: AtomicU64,
     /// Control commands that failed.
@@ -101,6 +105,7 @@ pub struct TrafficStats {
     pub flushed: u64,
     pub drops: u64,
     pub throttled: u64,
+    pub notifications: u64,
     pub ctrl_cmds: u64,
     pub ctrl_errors: u64,
     pub ctrl_latency: HistogramSnapshot,
@@ -137,6 +142,7 @@ impl TrafficCounters {
             flushed: r(&self.flushed),
             drops: r(&self.drops),
             throttled: r(&self.throttled),
+            notifications: r(&self.notifications),
             ctrl_cmds: r(&self.ctrl_cmds),
             ctrl_errors: r(&self.ctrl_errors),
             ctrl_latency: self.ctrl_latency.snapshot(),

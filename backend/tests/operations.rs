@@ -855,6 +855,7 @@ fn metrics_endpoint() {
         "flushed_completions_total",
         "drops_total",
         "throttled_total",
+        "notifications_total",
         "ctrl_commands_total",
         "ctrl_errors_total",
         "events_lost_total",

@@ -54,8 +54,16 @@ struct vrdma_ib {
 struct vrdma_ucontext {
 	struct ib_ucontext ibucontext;
 	u32 handle;
-	/* The context's doorbell header (CreateCtxReq.db_gpa). */
-	struct virtio_rdma_ctx_doorbell *db_header;
+	/* The page of the context's doorbell header (CreateCtxReq.db_gpa). */
+	struct vrdma_mmap_entry *db_header;
+};
+
+/* A page of kernel memory that user space may map (vrdma_mmap). */
+struct vrdma_mmap_entry {
+	struct rdma_user_mmap_entry rdma_entry;
+	struct page *page;
+	/* Still named by the device (a destroy command failed): never free. */
+	bool device_owned;
 };
 
 struct vrdma_pd {

@@ -141,43 +141,115 @@ static int vrdma_del_gid(const struct ib_gid_attr *attr, void **context)
 	return 0;
 }
 
+static void vrdma_mmap_free(struct rdma_user_mmap_entry *rentry)
+{
+	struct vrdma_mmap_entry *entry =
+		container_of(rentry, struct vrdma_mmap_entry, rdma_entry);
+
+	if (!entry->device_owned)
+		__free_page(entry->page);
+	kfree(entry);
+}
+
+static int vrdma_mmap(struct ib_ucontext *ibuc, struct vm_area_struct *vma)
+{
+	struct rdma_user_mmap_entry *rentry;
+	struct vrdma_mmap_entry *entry;
+	int ret;
+
+	/*
+	 * Only the device writes these pages. Without VM_MAYWRITE ib_core
+	 * also maps the zero page in their place after a disassociation.
+	 */
+	if (vma->vm_flags & VM_WRITE)
+		return -EPERM;
+	vma->vm_flags &= ~VM_MAYWRITE;
+	rentry = rdma_user_mmap_entry_get(ibuc, vma);
+	if (!rentry)
+		return -EINVAL;
+	entry = container_of(rentry, struct vrdma_mmap_entry, rdma_entry);
+	ret = rdma_user_mmap_io(ibuc, vma, page_to_pfn(entry->page), PAGE_SIZE,
+				vma->vm_page_prot, rentry);
+	rdma_user_mmap_entry_put(rentry);
+	return ret;
+}
+
+/* DESTROY_CTX; on a timeout the device may still write the header page. */
+static void vrdma_destroy_ctx(struct vrdma_dev *dev, u32 handle,
+			      struct vrdma_mmap_entry *header)
+{
+	struct virtio_rdma_ctx_handle_req req = {
+		.ctx_handle = cpu_to_le32(handle),
+	};
+
+	if (vrdma_cmd_exec(dev, VIRTIO_RDMA_OP_DESTROY_CTX, &req, sizeof(req),
+			   NULL, 0) == -ETIMEDOUT)
+		header->device_owned = true;
+}
+
+/*
+ * The context's doorbell header lives in a page of its own, which the
+ * provider maps read-only to learn whether a post needs the kick (spec
+ * 18.6): one page per context, and no guest-physical address leaves the
+ * kernel.
+ */
 static int vrdma_alloc_ucontext(struct ib_ucontext *ibuc,
 				struct ib_udata *udata)
 {
 	struct vrdma_ucontext *uc = to_vuc(ibuc);
 	struct vrdma_dev *dev = to_vib(ibuc->device)->dev;
+	struct virtio_rdma_alloc_ucontext_uresp uresp = {};
 	struct virtio_rdma_create_ctx_req req = {};
 	struct virtio_rdma_create_ctx_resp resp;
+	struct vrdma_mmap_entry *header;
 	int ret;
 
-	/* 64 bytes, so naturally 64-byte aligned (spec 12.4). */
-	uc->db_header = kzalloc(sizeof(*uc->db_header), GFP_KERNEL);
-	if (!uc->db_header)
+	header = kzalloc(sizeof(*header), GFP_KERNEL);
+	if (!header)
 		return -ENOMEM;
-	req.db_gpa = cpu_to_le64(virt_to_phys(uc->db_header));
+	header->page = alloc_page(GFP_KERNEL | __GFP_ZERO);
+	if (!header->page) {
+		kfree(header);
+		return -ENOMEM;
+	}
+	req.db_gpa = cpu_to_le64(page_to_phys(header->page));
 	ret = vrdma_cmd_exec(dev, VIRTIO_RDMA_OP_CREATE_CTX, &req, sizeof(req),
 			     &resp, sizeof(resp));
 	if (ret) {
-		if (ret != -ETIMEDOUT)
-			kfree(uc->db_header);
+		header->device_owned = ret == -ETIMEDOUT;
+		vrdma_mmap_free(&header->rdma_entry);
 		return ret;
 	}
 	uc->handle = le32_to_cpu(resp.ctx_handle);
+
+	ret = rdma_user_mmap_entry_insert(ibuc, &header->rdma_entry,
+					  PAGE_SIZE);
+	if (ret) {
+		vrdma_destroy_ctx(dev, uc->handle, header);
+		vrdma_mmap_free(&header->rdma_entry);
+		return ret;
+	}
+	uresp.db_mmap_key = rdma_user_mmap_get_offset(&header->rdma_entry);
+	uresp.db_mmap_len = PAGE_SIZE;
+	uresp.flags = VIRTIO_RDMA_UCTX_DB_HEADER;
+	ret = ib_copy_to_udata(udata, &uresp,
+			       min_t(size_t, sizeof(uresp), udata->outlen));
+	if (ret) {
+		vrdma_destroy_ctx(dev, uc->handle, header);
+		rdma_user_mmap_entry_remove(&header->rdma_entry);
+		return ret;
+	}
+	uc->db_header = header;
 	return 0;
 }
 
 static void vrdma_dealloc_ucontext(struct ib_ucontext *ibuc)
 {
 	struct vrdma_ucontext *uc = to_vuc(ibuc);
-	struct virtio_rdma_ctx_handle_req req = {
-		.ctx_handle = cpu_to_le32(uc->handle),
-	};
 
-	/* The device may still write a header it has not let go of. */
-	if (!vrdma_cmd_exec(to_vib(ibuc->device)->dev,
-			    VIRTIO_RDMA_OP_DESTROY_CTX, &req, sizeof(req),
-			    NULL, 0))
-		kfree(uc->db_header);
+	vrdma_destroy_ctx(to_vib(ibuc->device)->dev, uc->handle, uc->db_header);
+	/* The page goes when the last mapping of it does (vrdma_mmap_free). */
+	rdma_user_mmap_entry_remove(&uc->db_header->rdma_entry);
 }
 
 static int vrdma_alloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
@@ -233,6 +305,8 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.destroy_ah = vrdma_destroy_ah,
 	.get_link_layer = vrdma_get_link_layer,
 	.get_port_immutable = vrdma_get_port_immutable,
+	.mmap = vrdma_mmap,
+	.mmap_free = vrdma_mmap_free,
 	.modify_qp = vrdma_modify_qp,
 	.modify_srq = vrdma_modify_srq,
 	.post_send = vrdma_post_send,

@@ -262,7 +262,8 @@ fn traffic_json(t: &TrafficStats) -> Value {
         "send_ops": t.send_ops, "send_bytes": t.send_bytes,
         "recv_ops": t.recv_ops, "recv_bytes": t.recv_bytes,
         "error_cqes": t.error_cqes, "flushed": t.flushed, "drops": t.drops,
-        "throttled": t.throttled, "ctrl_cmds": t.ctrl_cmds, "ctrl_errors": t.ctrl_errors,
+        "throttled": t.throttled, "notifications": t.notifications,
+        "ctrl_cmds": t.ctrl_cmds, "ctrl_errors": t.ctrl_errors,
     })
 }
 

@@ -505,6 +505,7 @@ fn stats_text(a: &Value) -> String {
             "flushed",
             "drops",
             "throttled",
+            "notifications",
             "ctrl_cmds",
             "ctrl_errors",
         ],

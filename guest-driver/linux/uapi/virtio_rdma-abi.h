@@ -14,6 +14,22 @@
 #define VIRTIO_RDMA_UVERBS_ABI_VERSION 2
 
 /*
+ * GET_CONTEXT: the context's doorbell header (spec 18.4), a page that only
+ * the device writes, for the provider to map read-only with mmap() at
+ * db_mmap_key on the uverbs file when flags has
+ * VIRTIO_RDMA_UCTX_DB_HEADER. Its first word is the engine's flags
+ * (VIRTIO_RDMA_DB_FLAG_KICK, VIRTIO_RDMA_DB_FLAG_POLLING of the device ABI),
+ * which say whether a post needs the kick (spec 18.6).
+ */
+#define VIRTIO_RDMA_UCTX_DB_HEADER 1
+
+struct virtio_rdma_alloc_ucontext_uresp {
+	__aligned_u64 db_mmap_key;
+	__u32 db_mmap_len;
+	__u32 flags;
+};
+
+/*
  * CREATE_CQ: the ring (depth * 32 bytes, page aligned) and the 128-byte
  * doorbell record (128-byte aligned) in the caller's memory; the depth is
  * the requested number of entries rounded up to a power of two.

@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #include <ccan/array_size.h>
 #include <ccan/minmax.h>
@@ -143,16 +144,47 @@ static uint32_t recv_wqe_shift(uint32_t max_sge)
 }
 
 /*
- * The notification step of spec 18.6. The context's doorbell header is
- * not mapped into this process yet, so the engine's flags are unknown:
- * always kick (allowed; it costs a system call per post).
+ * The notification step of spec 18.6, after a producer index store: no
+ * fence while the engine polls with DB_FLAG_POLLING; otherwise a full
+ * fence, then the kick only if the engine is parked (DB_FLAG_KICK). The
+ * kick is a system call (@kick), since only the kernel reaches notifyq.
+ * Without the header mapped the engine's flags are unknown: always kick,
+ * which the spec allows.
  */
-static int vrdma_kick(struct ibv_qp *qp)
+static int vrdma_notify(struct vrdma_context *ctx, int (*kick)(void *),
+			void *obj)
+{
+	_Atomic uint32_t *flags = ctx->db_header;
+
+	if (flags) {
+		/* The load must not move above the store (compiler only). */
+		atomic_signal_fence(memory_order_seq_cst);
+		if (le32toh(atomic_load_explicit(flags, memory_order_relaxed)) &
+		    VIRTIO_RDMA_DB_FLAG_POLLING)
+			return 0;
+	}
+	atomic_thread_fence(memory_order_seq_cst);
+	if (flags &&
+	    !(le32toh(atomic_load_explicit(flags, memory_order_relaxed)) &
+	      VIRTIO_RDMA_DB_FLAG_KICK))
+		return 0;
+	return kick(obj);
+}
+
+/* The kick for a QP's queues: a post_send of no work request. */
+static int vrdma_kick_qp(void *qp)
 {
 	struct ibv_send_wr *bad;
 
-	atomic_thread_fence(memory_order_seq_cst);
 	return ibv_cmd_post_send(qp, NULL, &bad);
+}
+
+/* The kick for an SRQ: a post_srq_recv of no work request. */
+static int vrdma_kick_srq(void *srq)
+{
+	struct ibv_recv_wr *bad;
+
+	return ibv_cmd_post_srq_recv(srq, NULL, &bad);
 }
 
 static int wr_opcode(enum ibv_wr_opcode op, uint8_t *out)
@@ -282,7 +314,8 @@ static int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 	if (ret)
 		*bad_wr = wr;
 	if (posted) {
-		int kick = vrdma_kick(ibqp);
+		int kick = vrdma_notify(to_vctx(ibqp->context), vrdma_kick_qp,
+					ibqp);
 
 		if (kick && !ret)
 			ret = kick;
@@ -348,7 +381,8 @@ static int vrdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 	if (ret)
 		*bad_wr = wr;
 	if (posted) {
-		int kick = vrdma_kick(ibqp);
+		int kick = vrdma_notify(to_vctx(ibqp->context), vrdma_kick_qp,
+					ibqp);
 
 		if (kick && !ret)
 			ret = kick;
@@ -439,7 +473,6 @@ static int vrdma_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
 			       struct ibv_recv_wr **bad_wr)
 {
 	struct vrdma_srq *srq = to_vsrq(ibsrq);
-	struct ibv_recv_wr *bad;
 	uint32_t ci, posted = 0;
 	int ret = 0;
 
@@ -469,11 +502,9 @@ static int vrdma_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
 	if (ret)
 		*bad_wr = wr;
 	if (posted) {
-		int kick;
+		int kick = vrdma_notify(to_vctx(ibsrq->context),
+					vrdma_kick_srq, ibsrq);
 
-		/* The kick (spec 18.6): a post of no receive. */
-		atomic_thread_fence(memory_order_seq_cst);
-		kick = ibv_cmd_post_srq_recv(ibsrq, NULL, &bad);
 		if (kick && !ret)
 			ret = kick;
 	}
@@ -750,6 +781,8 @@ static void vrdma_free_context(struct ibv_context *ibctx)
 {
 	struct vrdma_context *ctx = to_vctx(ibctx);
 
+	if (ctx->db_header)
+		munmap(ctx->db_header, ctx->db_header_len);
 	verbs_uninit_context(&ctx->ibv_ctx);
 	free(ctx);
 }
@@ -784,7 +817,7 @@ static const struct verbs_context_ops vrdma_context_ops = {
 static struct verbs_context *vrdma_alloc_context(struct ibv_device *ibdev,
 						 int cmd_fd, void *private_data)
 {
-	struct ib_uverbs_get_context_resp resp;
+	struct vrdma_get_context_cmd_resp resp = {};
 	struct ibv_get_context cmd;
 	struct vrdma_context *ctx;
 
@@ -792,14 +825,27 @@ static struct verbs_context *vrdma_alloc_context(struct ibv_device *ibdev,
 					   RDMA_DRIVER_UNKNOWN);
 	if (!ctx)
 		return NULL;
-	if (ibv_cmd_get_context(&ctx->ibv_ctx, &cmd, sizeof(cmd), &resp,
-				sizeof(resp))) {
-		verbs_uninit_context(&ctx->ibv_ctx);
-		free(ctx);
-		return NULL;
+	if (ibv_cmd_get_context(&ctx->ibv_ctx, &cmd, sizeof(cmd),
+				&resp.ibv_resp, sizeof(resp)))
+		goto err;
+	if (resp.flags & VIRTIO_RDMA_UCTX_DB_HEADER) {
+		ctx->db_header_len = resp.db_mmap_len;
+		ctx->db_header = mmap(NULL, ctx->db_header_len, PROT_READ,
+				      MAP_SHARED, cmd_fd, resp.db_mmap_key);
+		if (ctx->db_header == MAP_FAILED) {
+			verbs_err(&ctx->ibv_ctx,
+				  "virtio_rdma: mapping the doorbell header failed: %s\n",
+				  strerror(errno));
+			goto err;
+		}
 	}
 	verbs_set_ops(&ctx->ibv_ctx, &vrdma_context_ops);
 	return &ctx->ibv_ctx;
+
+err:
+	verbs_uninit_context(&ctx->ibv_ctx);
+	free(ctx);
+	return NULL;
 }
 
 static struct verbs_device *vrdma_device_alloc(struct verbs_sysfs_dev *sysfs_dev)

@@ -11,6 +11,8 @@
 
 #include "virtio_rdma_abi.h"
 
+DECLARE_DRV_CMD(vrdma_get_context_cmd, IB_USER_VERBS_CMD_GET_CONTEXT, empty,
+		virtio_rdma_alloc_ucontext_uresp);
 DECLARE_DRV_CMD(vrdma_create_cq_cmd, IB_USER_VERBS_CMD_CREATE_CQ,
 		virtio_rdma_create_cq_ureq, virtio_rdma_create_cq_uresp);
 DECLARE_DRV_CMD(vrdma_create_qp_cmd, IB_USER_VERBS_CMD_CREATE_QP,
@@ -53,6 +55,12 @@ struct vrdma_device {
 
 struct vrdma_context {
 	struct verbs_context ibv_ctx;
+	/*
+	 * The context's doorbell header (spec 18.4), mapped read-only; its
+	 * flags say whether a post needs the kick. NULL: always kick.
+	 */
+	void *db_header;
+	size_t db_header_len;
 };
 
 struct vrdma_cq {
