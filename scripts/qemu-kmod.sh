@@ -5,7 +5,10 @@
 # loads the module through the kernel's own virtio_pci, and checks that it bound the device (ABI
 # version accepted, control queue answering), registered a RoCE verbs device on that interface
 # (`rdma link`), and that ib_core's GID table holds the VM's GID, taken from the interface's IP
-# address. Prints "qemu-kmod: N passed, M failed".
+# address; runs guest-driver/tests/vrdma-check.c (objects, data and the device's async events
+# through ibv_get_async_event) and guest-driver/tests/vrdma-reset.sh (device resets under a
+# process holding objects: IBV_EVENT_DEVICE_FATAL, errors not hangs, the device back).
+# Prints "qemu-kmod: N passed, M failed".
 #
 # Usage: bash scripts/qemu-kmod.sh [--keep]
 set -euo pipefail
@@ -26,7 +29,7 @@ echo "   $(modinfo -F vermagic "$kmod" 2>/dev/null || strings "$kmod" | grep -m1
 bash scripts/build-guest.sh --name rdma-kmod --load virtio_pci --load virtio_net \
   --load ib_uverbs --bin "$(command -v rdma)" --file "$kmod:/lib/virtio_rdma.ko" \
   --bin "$rdma_core/bin/ibv_devinfo" --bin "$rdma_core/bin/ibv_devices" \
-  --bin "$rdma_core/bin/vrdma-check" \
+  --bin "$rdma_core/bin/vrdma-check" --file "guest-driver/tests/vrdma-reset.sh:/lib/vrdma-reset.sh" \
   --lib "$rdma_core/lib/libvirtio_rdma-rdmav34.so:/lib/libvirtio_rdma-rdmav34.so" >/dev/null
 
 dir=$(mktemp -d /tmp/vhost-user-rdma-kmod.XXXXXX)
@@ -64,6 +67,7 @@ bash scripts/run-guest.sh --image rdma-kmod --timeout 300 --log "$dir/guest.cons
     echo "GID1 $(cat /sys/class/infiniband/virtio_rdma0/ports/1/gids/1)" &&
     RDMAV_DRIVERS=/lib/libvirtio_rdma ibv_devinfo &&
     RDMAV_DRIVERS=/lib/libvirtio_rdma vrdma-check &&
+    RDMAV_DRIVERS=/lib/libvirtio_rdma sh /lib/vrdma-reset.sh &&
     rmmod virtio_rdma && insmod /lib/virtio_rdma.ko && sleep 1 &&
     RDMAV_DRIVERS=/lib/libvirtio_rdma ibv_devices | sed "s/^/AGAIN /"' -- \
   -chardev "socket,id=rdma,path=$dir/vm0.sock" -device vhost-user-rdma-pci,chardev=rdma \
@@ -84,8 +88,28 @@ check "unmodified ibv_devinfo (rdma-core $(basename "$(dirname "$rdma_core")")) 
   "hca_id:.*virtio_rdma0"
 check "ibv_devinfo: port 1 active" "state:.*PORT_ACTIVE (4)"
 check "ibv_devinfo: RoCE (link layer Ethernet)" "link_layer:.*Ethernet"
-check "MRs, CQs, RC and UD QPs to RTS, SEND/RECV and RDMA WRITE through the rings (vrdma-check)" \
-  "VRDMA-CHECK: [0-9]* passed, 0 failed"
+check "MRs, CQs, RC and UD QPs to RTS, SEND/RECV, RDMA WRITE and async events (vrdma-check)" \
+  "^VRDMA-CHECK: [0-9]* passed, 0 failed"
+check "RDMA WRITE to a bad rkey: REM_ACCESS_ERR, and IBV_EVENT_QP_ACCESS_ERR in user space" \
+  "^VRDMA-CHECK ok: .*access error: async event local access violation work queue error"
+check "a SEND to a QP in RTR: IBV_EVENT_COMM_EST" "^VRDMA-CHECK ok: .*async event communication established"
+check "a CQ overflow: IBV_EVENT_CQ_ERR" "^VRDMA-CHECK ok: .*CQ overflowed: async event CQ error"
+check "... and IBV_EVENT_QP_FATAL for its QP" \
+  "^VRDMA-CHECK ok: .*its QP failed: async event local work queue catastrophic error"
+check "an SRQ below its limit: IBV_EVENT_SRQ_LIMIT_REACHED" "^VRDMA-CHECK ok: .*SRQ limit reached"
+check "a QP with an SRQ to ERR: IBV_EVENT_QP_LAST_WQE_REACHED" "^VRDMA-CHECK ok: .*last WQE reached"
+for how in SYSFS UNBIND; do
+  what=$([ $how = SYSFS ] && echo "reset through the driver's reset attribute" ||
+    echo "driver unbound")
+  check "device $what: a process holding objects gets IBV_EVENT_DEVICE_FATAL" \
+    "^RESET-$how-HOLDER VRDMA-CHECK ok: .*device was reset: async event local catastrophic error"
+  check "device $what: its later verbs fail with EIO, its objects are destroyed" \
+    "^RESET-$how-HOLDER VRDMA-CHECK: [0-9]* passed, 0 failed"
+  check "device $what: virtio_rdma0 back, port active, an RC QP works" \
+    "^RESET-$how-AFTER VRDMA-CHECK: [0-9]* passed, 0 failed"
+done
+check "the driver reset and re-registered the device" "the device is back after its reset"
+check "unbound: no verbs device left" "^RESET-UNBIND: 0 verbs devices while unbound"
 check "rmmod (device reset) and insmod again: the device is back" "AGAIN .*virtio_rdma0"
 if [ "$fail" != 0 ]; then
   echo "----- guest console"

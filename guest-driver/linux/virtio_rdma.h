@@ -8,6 +8,7 @@
 #include <linux/completion.h>
 #include <linux/spinlock.h>
 #include <linux/virtio.h>
+#include <linux/workqueue.h>
 #include <rdma/ib_verbs.h>
 
 #include "virtio_rdma_abi.h"
@@ -17,6 +18,9 @@
 /* Device GIDs the driver keeps (the reference device has one). */
 #define VRDMA_MAX_GIDS 16
 #define VRDMA_NO_GID 0xff
+/* The device's one port (PORT_NUM), and its state "active" (spec 12.2). */
+#define VRDMA_PORT_NUM 1
+#define VRDMA_PORT_STATE_ACTIVE 4
 
 struct vrdma_ib;
 
@@ -25,17 +29,48 @@ struct vrdma_dev {
 	struct virtqueue *ctrlq;
 	struct virtqueue *eventq;
 	struct virtqueue *notifyq;
-	/* Serialises adding to and kicking the control queue. */
+	/* The queues exist (between find_vqs and del_vqs). */
+	bool vqs_ready;
+	/* Serialises adding to, kicking and taking back the control queue. */
 	spinlock_t ctrl_lock;
 	u64 next_request_id;
+	/* ctrl_lock: no command is sent (the device is being reset). */
+	bool broken;
+	/*
+	 * The driver reset the device and it has not been started again: the
+	 * device destroyed every object and accesses no guest memory any more
+	 * (spec 15.1), so objects may release their memory without a command.
+	 */
+	bool stopped;
 	/* Event buffers, device-writable. */
 	struct virtio_rdma_event *events;
-	/* Serialises taking and re-posting event buffers. */
+	/*
+	 * Serialises taking and re-posting event buffers with the handling of
+	 * events and the destruction of the objects they name.
+	 */
 	spinlock_t event_lock;
+	/* event_lock: events are dropped (a reset is coming or under way). */
+	bool ev_ignore;
+	/* event_lock: an event arrived since the start; the next seq. */
+	bool ev_seen;
+	u32 ev_next;
+	/* event_lock: the device is going away: no work is queued any more. */
+	bool removing;
+	/* event_lock: probe has finished; a reset asked for before waits. */
+	bool probed;
+	bool reset_deferred;
+	/* Why the device is reset (for the log). */
+	const char *reset_reason;
+	/* Resets the device and registers the verbs device again. */
+	struct work_struct reset_work;
+	/* Re-reads the state whose events were lost (EVENTS_LOST). */
+	struct work_struct requery_work;
 	struct virtio_rdma_device_config config;
 	struct virtio_rdma_device_attr attr;
 	struct virtio_rdma_port_attr port;
-	/* The registered verbs device, once there is one. */
+	/* event_lock: the port's state, IB_PORT_ACTIVE or IB_PORT_DOWN. */
+	enum ib_port_state port_state;
+	/* The registered verbs device, once there is one (event_lock). */
 	struct vrdma_ib *ib;
 };
 
@@ -47,8 +82,13 @@ struct vrdma_ib {
 	unsigned int num_gids;
 	/* ib_core's GID index to the device's, or VRDMA_NO_GID. */
 	u8 gid_map[VRDMA_MAX_GIDS + 1];
-	/* CQs by device handle, for CQ_COMPLETION events (dev->event_lock). */
+	/*
+	 * CQs, QPs and SRQs by device handle, for the events that name them:
+	 * removed under dev->event_lock before they are destroyed.
+	 */
 	struct xarray cqs;
+	struct xarray qps;
+	struct xarray srqs;
 };
 
 struct vrdma_ucontext {
@@ -92,6 +132,10 @@ struct vrdma_qp {
 	struct ib_qp ibqp;
 	u32 handle;
 	struct vrdma_queue q;
+	/* The state modify_qp last moved the QP to. */
+	enum ib_qp_state state;
+	/* An error event was reported since the QP left RESET. */
+	bool err_reported;
 };
 
 static inline struct vrdma_qp *to_vqp(struct ib_qp *ibqp)
@@ -103,6 +147,8 @@ struct vrdma_srq {
 	struct ib_srq ibsrq;
 	u32 handle;
 	struct vrdma_queue q;
+	/* The limit is armed and its event not reported yet. */
+	bool limit_armed;
 };
 
 static inline struct vrdma_srq *to_vsrq(struct ib_srq *ibsrq)
@@ -138,6 +184,11 @@ static inline struct vrdma_pd *to_vpd(struct ib_pd *ibpd)
 /* One control command in flight. */
 struct vrdma_cmd {
 	struct completion done;
+	/*
+	 * ctrl_lock: the caller gave up waiting; whoever takes the buffers
+	 * back from the device frees them.
+	 */
+	bool abandoned;
 	struct virtio_rdma_request_header req;
 	struct virtio_rdma_response_header resp;
 	unsigned int used_len;
@@ -148,7 +199,11 @@ struct vrdma_cmd {
 int vrdma_cmd_exec(struct vrdma_dev *dev, u32 opcode, const void *req,
 		   size_t req_len, void *resp, size_t resp_len);
 int vrdma_register_ib(struct vrdma_dev *dev);
-void vrdma_cq_event(struct vrdma_dev *dev, u32 handle);
+bool vrdma_dev_stopped(struct vrdma_dev *dev);
+void vrdma_event(struct vrdma_dev *dev, const struct virtio_rdma_event *ev);
+void vrdma_requery_work(struct work_struct *work);
+void vrdma_lost_locked(struct vrdma_dev *dev, const char *why);
+void vrdma_queue_reset_locked(struct vrdma_dev *dev, const char *why);
 struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 				u64 virt_addr, int ib_access,
 				struct ib_udata *udata);

@@ -141,40 +141,25 @@ err_queue:
 	return ret;
 }
 
-/*
- * A CQ_COMPLETION event (spec 18.16), in the event queue's interrupt: the
- * CQ's completion handler runs under the event lock, which its destruction
- * takes too, so it never runs for a CQ being destroyed.
- */
-void vrdma_cq_event(struct vrdma_dev *dev, u32 handle)
-{
-	struct vrdma_cq *cq;
-
-	if (!dev->ib)
-		return;
-	cq = xa_load(&dev->ib->cqs, handle);
-	if (cq && cq->ibcq.comp_handler)
-		cq->ibcq.comp_handler(&cq->ibcq, cq->ibcq.cq_context);
-}
-
 int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
 {
 	struct vrdma_cq *cq = to_vcq(ibcq);
-	struct vrdma_dev *dev = to_vib(ibcq->device)->dev;
+	struct vrdma_ib *vib = to_vib(ibcq->device);
+	struct vrdma_dev *dev = vib->dev;
 	struct virtio_rdma_cq_handle_req req = {
 		.cq_handle = cpu_to_le32(cq->handle),
 	};
 	unsigned long flags;
 	int ret;
 
+	/* Its events (virtio_rdma_event.c) no longer find it. */
 	spin_lock_irqsave(&dev->event_lock, flags);
-	xa_erase(&dev->ib->cqs, cq->handle);
+	xa_cmpxchg(&vib->cqs, cq->handle, cq, NULL, 0);
 	spin_unlock_irqrestore(&dev->event_lock, flags);
 
-	ret = vrdma_cmd_exec(to_vib(ibcq->device)->dev,
-			     VIRTIO_RDMA_OP_DESTROY_CQ, &req, sizeof(req),
+	ret = vrdma_cmd_exec(dev, VIRTIO_RDMA_OP_DESTROY_CQ, &req, sizeof(req),
 			     NULL, 0);
-	if (ret)
+	if (ret && !vrdma_dev_stopped(dev))
 		return ret;
 	vrdma_release_queue(&cq->q);
 	return 0;

@@ -62,11 +62,11 @@ static int vrdma_query_device(struct ib_device *ibdev,
 static int vrdma_query_port(struct ib_device *ibdev, u32 port,
 			    struct ib_port_attr *props)
 {
-	struct virtio_rdma_port_attr *p = &to_vib(ibdev)->dev->port;
+	struct vrdma_dev *dev = to_vib(ibdev)->dev;
+	struct virtio_rdma_port_attr *p = &dev->port;
 
 	/* ib_core zeroes *props before calling. */
-	props->state = le32_to_cpu(p->state) == 4 ? IB_PORT_ACTIVE :
-						     IB_PORT_DOWN;
+	props->state = READ_ONCE(dev->port_state);
 	props->phys_state = le32_to_cpu(p->phys_state);
 	props->max_mtu = le32_to_cpu(p->max_mtu);
 	props->active_mtu = le32_to_cpu(p->active_mtu);
@@ -252,6 +252,17 @@ static void vrdma_dealloc_ucontext(struct ib_ucontext *ibuc)
 	rdma_user_mmap_entry_remove(&uc->db_header->rdma_entry);
 }
 
+/*
+ * Processes map only the doorbell header page, which ib_core itself
+ * replaces by the zero page at disassociation (vrdma_mmap): once it has
+ * destroyed a disassociated context's objects, nothing of the process
+ * reaches the device. Having this lets unregistration (at remove or
+ * reset) proceed while processes keep their files open.
+ */
+static void vrdma_disassociate_ucontext(struct ib_ucontext *ibuc)
+{
+}
+
 static int vrdma_alloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
 {
 	struct vrdma_ucontext *uc = rdma_udata_to_drv_context(udata,
@@ -277,10 +288,12 @@ static int vrdma_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
 	struct virtio_rdma_pd_handle_req req = {
 		.pd_handle = cpu_to_le32(to_vpd(ibpd)->handle),
 	};
+	struct vrdma_dev *dev = to_vib(ibpd->device)->dev;
+	int ret;
 
-	return vrdma_cmd_exec(to_vib(ibpd->device)->dev,
-			      VIRTIO_RDMA_OP_DEALLOC_PD, &req, sizeof(req),
-			      NULL, 0);
+	ret = vrdma_cmd_exec(dev, VIRTIO_RDMA_OP_DEALLOC_PD, &req, sizeof(req),
+			     NULL, 0);
+	return vrdma_dev_stopped(dev) ? 0 : ret;
 }
 
 static const struct ib_device_ops vrdma_dev_ops = {
@@ -303,6 +316,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.destroy_srq = vrdma_destroy_srq,
 	.dereg_mr = vrdma_dereg_mr,
 	.destroy_ah = vrdma_destroy_ah,
+	.disassociate_ucontext = vrdma_disassociate_ucontext,
 	.get_link_layer = vrdma_get_link_layer,
 	.get_port_immutable = vrdma_get_port_immutable,
 	.mmap = vrdma_mmap,
@@ -392,6 +406,8 @@ int vrdma_register_ib(struct vrdma_dev *dev)
 	}
 	vib->dev = dev;
 	xa_init_flags(&vib->cqs, XA_FLAGS_LOCK_IRQ);
+	xa_init_flags(&vib->qps, XA_FLAGS_LOCK_IRQ);
+	xa_init_flags(&vib->srqs, XA_FLAGS_LOCK_IRQ);
 	ret = vrdma_query_gids(vib);
 	if (ret)
 		goto err_dealloc;
@@ -412,7 +428,9 @@ int vrdma_register_ib(struct vrdma_dev *dev)
 	ret = ib_register_device(&vib->ibdev, "virtio_rdma%d", NULL);
 	if (ret)
 		goto err_dealloc;
+	spin_lock_irq(&dev->event_lock);
 	dev->ib = vib;
+	spin_unlock_irq(&dev->event_lock);
 	dev_info(&dev->vdev->dev, "registered %s on %s\n",
 		 dev_name(&vib->ibdev.dev), netdev_name(ndev));
 	dev_put(ndev);
@@ -425,11 +443,20 @@ out_put:
 	return ret;
 }
 
+/*
+ * Unregisters the verbs device: ib_core disassociates the user contexts
+ * (IB_EVENT_DEVICE_FATAL to each, their objects destroyed) and waits for
+ * no process.
+ */
 void vrdma_unregister_ib(struct vrdma_dev *dev)
 {
-	if (!dev->ib)
+	struct vrdma_ib *vib = dev->ib;
+
+	if (!vib)
 		return;
-	ib_unregister_device(&dev->ib->ibdev);
-	ib_dealloc_device(&dev->ib->ibdev);
+	spin_lock_irq(&dev->event_lock);
 	dev->ib = NULL;
+	spin_unlock_irq(&dev->event_lock);
+	ib_unregister_device(&vib->ibdev);
+	ib_dealloc_device(&vib->ibdev);
 }

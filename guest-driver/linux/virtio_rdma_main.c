@@ -2,8 +2,23 @@
 /*
  * virtio-rdma: Linux guest driver for the virtio RDMA device (ID 42).
  *
- * Device discovery and the control and event queues (spec chapters 6, 7
- * and 14). The verbs device is registered on top of this.
+ * Device discovery, the control and event queues (spec chapters 6, 7 and
+ * 14), and device resets (chapter 15). The verbs device is registered on
+ * top of this.
+ *
+ * Reset. When the device reports DEVICE_FATAL, when it lost the driver's
+ * objects without a reset of the driver's (its event numbering restarted:
+ * a VMM reconnection, spec 15.2), when it sets DEVICE_NEEDS_RESET, or when
+ * root writes 1 to the device's `reset` attribute, the reset work resets
+ * it: commands in flight fail with -EIO and no new one is sent, the
+ * virtio reset stops every access of the device to guest memory and
+ * destroys its objects (spec 15.1), then the verbs device is unregistered
+ * (ib_core disassociates every user context: each process gets
+ * IB_EVENT_DEVICE_FATAL, its objects are destroyed without commands, and
+ * its later verbs fail with EIO), and the device is initialised and
+ * registered again as at probe. Linux 6.1's virtio core has no reset
+ * callbacks for drivers, so the driver re-negotiates the features itself,
+ * as virtio_device_restore() does.
  */
 
 #include <linux/module.h>
@@ -16,6 +31,17 @@
 /* How long a control command may take before the driver gives up on it. */
 #define VRDMA_CMD_TIMEOUT (10 * HZ)
 
+/* A command's buffers are back from the device (ctrl_lock held). */
+static void vrdma_cmd_returned(struct vrdma_cmd *cmd, unsigned int len)
+{
+	if (cmd->abandoned) {
+		kfree(cmd);
+		return;
+	}
+	cmd->used_len = len;
+	complete(&cmd->done);
+}
+
 static void vrdma_ctrl_done(struct virtqueue *vq)
 {
 	struct vrdma_dev *dev = vq->vdev->priv;
@@ -26,18 +52,29 @@ static void vrdma_ctrl_done(struct virtqueue *vq)
 	spin_lock_irqsave(&dev->ctrl_lock, flags);
 	do {
 		virtqueue_disable_cb(vq);
-		while ((cmd = virtqueue_get_buf(vq, &len))) {
-			cmd->used_len = len;
-			complete(&cmd->done);
-		}
+		while ((cmd = virtqueue_get_buf(vq, &len)))
+			vrdma_cmd_returned(cmd, len);
 	} while (!virtqueue_enable_cb(vq));
 	spin_unlock_irqrestore(&dev->ctrl_lock, flags);
+}
+
+/*
+ * Whether the driver reset the device and has not started it again: the
+ * device then holds no object and touches no guest memory (spec 15.1), so
+ * a destroy whose command failed may release the object's memory anyway.
+ */
+bool vrdma_dev_stopped(struct vrdma_dev *dev)
+{
+	return READ_ONCE(dev->stopped);
 }
 
 /*
  * Executes one control command: header and request out, response header
  * and response in. Returns 0, or a negative errno; a device status other
  * than OK becomes an errno (the device's detail is logged at debug level).
+ * While the device is being reset, or once it failed to start again, no
+ * command is sent: -EIO; a command in flight at a reset fails with -EIO
+ * too (used length 0: not executed, spec 7.3).
  */
 int vrdma_cmd_exec(struct vrdma_dev *dev, u32 opcode, const void *req,
 		   size_t req_len, void *resp, size_t resp_len)
@@ -77,7 +114,11 @@ int vrdma_cmd_exec(struct vrdma_dev *dev, u32 opcode, const void *req,
 
 	spin_lock_irqsave(&dev->ctrl_lock, flags);
 	cmd->req.request_id = cpu_to_le64(++dev->next_request_id);
-	ret = virtqueue_add_sgs(dev->ctrlq, sgs, n_out, n_in, cmd, GFP_ATOMIC);
+	if (dev->broken)
+		ret = -EIO;
+	else
+		ret = virtqueue_add_sgs(dev->ctrlq, sgs, n_out, n_in, cmd,
+					GFP_ATOMIC);
 	if (!ret)
 		virtqueue_kick(dev->ctrlq);
 	spin_unlock_irqrestore(&dev->ctrl_lock, flags);
@@ -85,12 +126,19 @@ int vrdma_cmd_exec(struct vrdma_dev *dev, u32 opcode, const void *req,
 		goto out;
 
 	if (!wait_for_completion_timeout(&cmd->done, VRDMA_CMD_TIMEOUT)) {
-		/*
-		 * The device still owns the buffers: leak them rather than
-		 * let it write into freed memory.
-		 */
-		dev_err(&dev->vdev->dev, "command %#x timed out\n", opcode);
-		return -ETIMEDOUT;
+		spin_lock_irqsave(&dev->ctrl_lock, flags);
+		if (!completion_done(&cmd->done)) {
+			/*
+			 * The device still owns the buffers: they are freed
+			 * when it returns them, or at its reset, not now.
+			 */
+			cmd->abandoned = true;
+			spin_unlock_irqrestore(&dev->ctrl_lock, flags);
+			dev_err(&dev->vdev->dev, "command %#x timed out\n",
+				opcode);
+			return -ETIMEDOUT;
+		}
+		spin_unlock_irqrestore(&dev->ctrl_lock, flags);
 	}
 	if (cmd->used_len < sizeof(cmd->resp) ||
 	    le64_to_cpu(cmd->resp.request_id) != le64_to_cpu(cmd->req.request_id)) {
@@ -126,8 +174,14 @@ int vrdma_cmd_exec(struct vrdma_dev *dev, u32 opcode, const void *req,
 	case VIRTIO_RDMA_S_RANGE:
 		ret = -ERANGE;
 		break;
-	default:
+	case VIRTIO_RDMA_S_INVALID:
+	case VIRTIO_RDMA_S_BAD_STATE:
+	case VIRTIO_RDMA_S_MISMATCH:
 		ret = -EINVAL;
+		break;
+	default:
+		/* INTERNAL, and any status this driver does not know. */
+		ret = -EIO;
 		break;
 	}
 	if (ret)
@@ -158,17 +212,15 @@ static void vrdma_event_done(struct virtqueue *vq)
 
 	spin_lock_irqsave(&dev->event_lock, flags);
 	while ((ev = virtqueue_get_buf(vq, &len))) {
-		if (len >= sizeof(*ev)) {
-			dev_dbg(&dev->vdev->dev,
-				"event %u handle %#x detail %#x seq %u\n",
-				le32_to_cpu(ev->kind), le32_to_cpu(ev->handle),
-				le32_to_cpu(ev->detail), le32_to_cpu(ev->seq));
-			if (le32_to_cpu(ev->kind) == VIRTIO_RDMA_EV_CQ_COMPLETION)
-				vrdma_cq_event(dev, le32_to_cpu(ev->handle));
-		}
-		vrdma_post_event(dev, ev - dev->events);
+		/* A used length of 0: no event (spec 14.1). */
+		if (len >= sizeof(*ev))
+			vrdma_event(dev, ev);
+		/* A reset is coming: the queue is set up anew. */
+		if (!dev->ev_ignore)
+			vrdma_post_event(dev, ev - dev->events);
 	}
-	virtqueue_kick(vq);
+	if (!dev->ev_ignore)
+		virtqueue_kick(vq);
 	spin_unlock_irqrestore(&dev->event_lock, flags);
 }
 
@@ -204,49 +256,92 @@ static int vrdma_find_vqs(struct vrdma_dev *dev)
 	return 0;
 }
 
-static int vrdma_probe(struct virtio_device *vdev)
+static bool vrdma_abi_ok(struct virtio_device *vdev)
 {
-	struct virtio_rdma_query_port_req port_req = {
-		.port = cpu_to_le32(1),
-	};
-	struct vrdma_dev *dev;
-	unsigned int i;
-	u32 abi;
-	int ret;
+	u32 abi = virtio_cread32(vdev, 0);
 
 	/*
 	 * The ABI version decides how the rest of the configuration space is
 	 * laid out: check it before reading anything else (spec chapter 6).
 	 */
-	abi = virtio_cread32(vdev, 0);
-	if (abi != VIRTIO_RDMA_ABI_VERSION) {
-		dev_err(&vdev->dev,
-			"device ABI version %u, this driver implements %u\n",
-			abi, VIRTIO_RDMA_ABI_VERSION);
+	if (abi == VIRTIO_RDMA_ABI_VERSION)
+		return true;
+	dev_err(&vdev->dev, "device ABI version %u, this driver implements %u\n",
+		abi, VIRTIO_RDMA_ABI_VERSION);
+	return false;
+}
+
+/*
+ * Stops the device: no command is sent any more, the device is reset (it
+ * stops every access to guest memory and destroys its objects, spec 15.1)
+ * and the commands in flight fail with -EIO. The queues stay until
+ * vrdma_del_vqs().
+ */
+static void vrdma_stop(struct vrdma_dev *dev)
+{
+	struct vrdma_cmd *cmd;
+
+	spin_lock_irq(&dev->event_lock);
+	dev->ev_ignore = true;
+	spin_unlock_irq(&dev->event_lock);
+	spin_lock_irq(&dev->ctrl_lock);
+	dev->broken = true;
+	spin_unlock_irq(&dev->ctrl_lock);
+	if (dev->vqs_ready) {
+		virtio_reset_device(dev->vdev);
+		/* An event callback still running finishes under its lock. */
+		spin_lock_irq(&dev->event_lock);
+		spin_unlock_irq(&dev->event_lock);
+		spin_lock_irq(&dev->ctrl_lock);
+		WRITE_ONCE(dev->stopped, true);
+		while ((cmd = virtqueue_detach_unused_buf(dev->ctrlq)))
+			vrdma_cmd_returned(cmd, 0);
+		spin_unlock_irq(&dev->ctrl_lock);
+	} else {
+		WRITE_ONCE(dev->stopped, true);
+	}
+	/* Its commands fail now; no new one is queued (ev_ignore). */
+	cancel_work_sync(&dev->requery_work);
+}
+
+static void vrdma_del_vqs(struct vrdma_dev *dev)
+{
+	if (!dev->vqs_ready)
+		return;
+	dev->vdev->config->del_vqs(dev->vdev);
+	dev->vqs_ready = false;
+}
+
+/*
+ * Brings the device up from FEATURES_OK: queues, DRIVER_OK, event buffers,
+ * the device's and port's attributes, and the verbs device (spec chapter
+ * 6). On failure the device is stopped and its queues deleted.
+ */
+static int vrdma_start(struct vrdma_dev *dev)
+{
+	struct virtio_rdma_query_port_req port_req = {
+		.port = cpu_to_le32(VRDMA_PORT_NUM),
+	};
+	struct virtio_device *vdev = dev->vdev;
+	unsigned int i;
+	int ret;
+
+	if (!vrdma_abi_ok(vdev))
 		return -ENODEV;
-	}
-
-	dev = kzalloc(sizeof(*dev), GFP_KERNEL);
-	if (!dev)
-		return -ENOMEM;
-	dev->vdev = vdev;
-	vdev->priv = dev;
-	spin_lock_init(&dev->ctrl_lock);
-	spin_lock_init(&dev->event_lock);
 	vrdma_read_config(dev);
-
-	dev->events = kcalloc(VRDMA_EVENT_BUFS, sizeof(*dev->events),
-			      GFP_KERNEL);
-	if (!dev->events) {
-		ret = -ENOMEM;
-		goto err_free;
-	}
 	ret = vrdma_find_vqs(dev);
 	if (ret)
-		goto err_free;
+		return ret;
+	dev->vqs_ready = true;
+	spin_lock_irq(&dev->ctrl_lock);
+	dev->broken = false;
+	WRITE_ONCE(dev->stopped, false);
+	spin_unlock_irq(&dev->ctrl_lock);
 	virtio_device_ready(vdev);
 
 	spin_lock_irq(&dev->event_lock);
+	dev->ev_ignore = false;
+	dev->ev_seen = false;
 	for (i = 0; i < VRDMA_EVENT_BUFS; i++) {
 		ret = vrdma_post_event(dev, i);
 		if (ret)
@@ -255,7 +350,7 @@ static int vrdma_probe(struct virtio_device *vdev)
 	virtqueue_kick(dev->eventq);
 	spin_unlock_irq(&dev->event_lock);
 	if (ret)
-		goto err_reset;
+		goto err;
 
 	ret = vrdma_cmd_exec(dev, VIRTIO_RDMA_OP_QUERY_DEVICE, NULL, 0,
 			     &dev->attr, sizeof(dev->attr));
@@ -265,22 +360,172 @@ static int vrdma_probe(struct virtio_device *vdev)
 				     sizeof(dev->port));
 	if (ret) {
 		dev_err(&vdev->dev, "cannot query the device: %d\n", ret);
-		goto err_reset;
+		goto err;
 	}
+	spin_lock_irq(&dev->event_lock);
+	dev->port_state = le32_to_cpu(dev->port.state) ==
+			  VRDMA_PORT_STATE_ACTIVE ? IB_PORT_ACTIVE :
+						    IB_PORT_DOWN;
+	spin_unlock_irq(&dev->event_lock);
 	dev_info(&vdev->dev,
 		 "virtio-rdma ABI %u: %u QPs, %u CQs, %u MRs, port %s, %u Mbit/s, paired MAC %pM\n",
-		 abi, le32_to_cpu(dev->attr.max_qp), le32_to_cpu(dev->attr.max_cq),
-		 le32_to_cpu(dev->attr.max_mr),
-		 le32_to_cpu(dev->port.state) == 4 ? "active" : "down",
+		 VIRTIO_RDMA_ABI_VERSION, le32_to_cpu(dev->attr.max_qp),
+		 le32_to_cpu(dev->attr.max_cq), le32_to_cpu(dev->attr.max_mr),
+		 dev->port_state == IB_PORT_ACTIVE ? "active" : "down",
 		 le32_to_cpu(dev->port.link_rate_mbps), dev->config.mac);
 	ret = vrdma_register_ib(dev);
 	if (ret)
-		goto err_reset;
+		goto err;
 	return 0;
 
-err_reset:
+err:
+	vrdma_stop(dev);
+	vrdma_del_vqs(dev);
+	return ret;
+}
+
+/*
+ * Starts the reset device again: the status and feature negotiation that
+ * virtio_dev_probe() does before calling probe (and virtio_device_restore()
+ * after a resume), with the features negotiated at probe, then
+ * vrdma_start().
+ */
+static int vrdma_restart(struct vrdma_dev *dev)
+{
+	struct virtio_device *vdev = dev->vdev;
+	int ret;
+
+	/* Clears a FAILED status of an earlier attempt. */
 	virtio_reset_device(vdev);
-	vdev->config->del_vqs(vdev);
+	virtio_add_status(vdev, VIRTIO_CONFIG_S_ACKNOWLEDGE);
+	virtio_add_status(vdev, VIRTIO_CONFIG_S_DRIVER);
+	ret = vdev->config->finalize_features(vdev);
+	if (ret)
+		return ret;
+	virtio_add_status(vdev, VIRTIO_CONFIG_S_FEATURES_OK);
+	if (!(vdev->config->get_status(vdev) & VIRTIO_CONFIG_S_FEATURES_OK))
+		return -ENODEV;
+	return vrdma_start(dev);
+}
+
+static void vrdma_reset_work(struct work_struct *work)
+{
+	struct vrdma_dev *dev = container_of(work, struct vrdma_dev,
+					     reset_work);
+	int ret;
+
+	dev_warn(&dev->vdev->dev, "resetting the device: %s\n",
+		 dev->reset_reason);
+	vrdma_stop(dev);
+	/* User contexts see IB_EVENT_DEVICE_FATAL; their objects go. */
+	vrdma_unregister_ib(dev);
+	vrdma_del_vqs(dev);
+	ret = vrdma_restart(dev);
+	if (ret) {
+		dev_err(&dev->vdev->dev,
+			"the device did not come back after its reset: %d\n",
+			ret);
+		virtio_add_status(dev->vdev, VIRTIO_CONFIG_S_FAILED);
+		return;
+	}
+	dev_info(&dev->vdev->dev, "the device is back after its reset\n");
+}
+
+/*
+ * Drops events from now on and queues the reset work, unless the device is
+ * going away; during probe, once probe has finished. Called under the
+ * event lock.
+ */
+void vrdma_queue_reset_locked(struct vrdma_dev *dev, const char *why)
+{
+	if (dev->removing)
+		return;
+	dev->ev_ignore = true;
+	dev->reset_reason = why;
+	if (dev->probed)
+		queue_work(system_long_wq, &dev->reset_work);
+	else
+		dev->reset_deferred = true;
+}
+
+static void vrdma_schedule_reset(struct vrdma_dev *dev, const char *why)
+{
+	unsigned long flags;
+
+	spin_lock_irqsave(&dev->event_lock, flags);
+	vrdma_queue_reset_locked(dev, why);
+	spin_unlock_irqrestore(&dev->event_lock, flags);
+}
+
+/*
+ * A configuration change: the device may have set DEVICE_NEEDS_RESET
+ * (virtio 1.x, 2.1.2). Run-time changes of the quotas (spec chapter 5)
+ * apply to the device's later commands; the driver keeps reporting the
+ * values it read at start.
+ */
+static void vrdma_config_changed(struct virtio_device *vdev)
+{
+	struct vrdma_dev *dev = vdev->priv;
+
+	if (vdev->config->get_status(vdev) & VIRTIO_CONFIG_S_NEEDS_RESET)
+		vrdma_schedule_reset(dev, "the device needs a reset");
+}
+
+/* Writing 1 resets the device, as a DEVICE_FATAL event would. */
+static ssize_t reset_store(struct device *d, struct device_attribute *attr,
+			   const char *buf, size_t count)
+{
+	struct vrdma_dev *dev = dev_to_virtio(d)->priv;
+	bool reset;
+	int ret;
+
+	ret = kstrtobool(buf, &reset);
+	if (ret)
+		return ret;
+	if (reset)
+		vrdma_schedule_reset(dev, "requested through sysfs");
+	return count;
+}
+static DEVICE_ATTR_WO(reset);
+
+static struct attribute *vrdma_attrs[] = {
+	&dev_attr_reset.attr,
+	NULL,
+};
+ATTRIBUTE_GROUPS(vrdma);
+
+static int vrdma_probe(struct virtio_device *vdev)
+{
+	struct vrdma_dev *dev;
+	int ret;
+
+	if (!vrdma_abi_ok(vdev))
+		return -ENODEV;
+	dev = kzalloc(sizeof(*dev), GFP_KERNEL);
+	if (!dev)
+		return -ENOMEM;
+	dev->vdev = vdev;
+	vdev->priv = dev;
+	spin_lock_init(&dev->ctrl_lock);
+	spin_lock_init(&dev->event_lock);
+	INIT_WORK(&dev->reset_work, vrdma_reset_work);
+	INIT_WORK(&dev->requery_work, vrdma_requery_work);
+	dev->events = kcalloc(VRDMA_EVENT_BUFS, sizeof(*dev->events),
+			      GFP_KERNEL);
+	if (!dev->events) {
+		ret = -ENOMEM;
+		goto err_free;
+	}
+	ret = vrdma_start(dev);
+	if (ret)
+		goto err_free;
+	spin_lock_irq(&dev->event_lock);
+	dev->probed = true;
+	if (dev->reset_deferred)
+		queue_work(system_long_wq, &dev->reset_work);
+	spin_unlock_irq(&dev->event_lock);
+	return 0;
+
 err_free:
 	kfree(dev->events);
 	kfree(dev);
@@ -291,9 +536,17 @@ static void vrdma_remove(struct virtio_device *vdev)
 {
 	struct vrdma_dev *dev = vdev->priv;
 
+	spin_lock_irq(&dev->event_lock);
+	dev->removing = true;
+	spin_unlock_irq(&dev->event_lock);
+	cancel_work_sync(&dev->reset_work);
+	/*
+	 * The reset destroys every object of the device (spec 15.1): the
+	 * verbs objects that ib_core destroys next need no command.
+	 */
+	vrdma_stop(dev);
 	vrdma_unregister_ib(dev);
-	virtio_reset_device(vdev);
-	vdev->config->del_vqs(vdev);
+	vrdma_del_vqs(dev);
 	kfree(dev->events);
 	kfree(dev);
 }
@@ -316,8 +569,10 @@ static struct virtio_driver vrdma_driver = {
 	.id_table = vrdma_id_table,
 	.feature_table = vrdma_features,
 	.feature_table_size = ARRAY_SIZE(vrdma_features),
+	.driver.dev_groups = vrdma_groups,
 	.probe = vrdma_probe,
 	.remove = vrdma_remove,
+	.config_changed = vrdma_config_changed,
 };
 module_virtio_driver(vrdma_driver);
 

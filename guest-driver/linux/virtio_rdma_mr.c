@@ -211,14 +211,15 @@ err_umem_keep:
 int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
 {
 	struct vrdma_mr *mr = to_vmr(ibmr);
+	struct vrdma_dev *dev = to_vib(ibmr->device)->dev;
 	struct virtio_rdma_mr_handle_req req = {
 		.mr_handle = cpu_to_le32(mr->handle),
 	};
 	int ret;
 
-	ret = vrdma_cmd_exec(to_vib(ibmr->device)->dev, VIRTIO_RDMA_OP_DEREG_MR,
-			     &req, sizeof(req), NULL, 0);
-	if (ret)
+	ret = vrdma_cmd_exec(dev, VIRTIO_RDMA_OP_DEREG_MR, &req, sizeof(req),
+			     NULL, 0);
+	if (ret && !vrdma_dev_stopped(dev))
 		return ret;
 	ib_umem_release(mr->umem);
 	kfree(mr);

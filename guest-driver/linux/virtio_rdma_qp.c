@@ -93,6 +93,13 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 		goto err_queue;
 	qp->handle = le32_to_cpu(resp.qp_handle);
 	ibqp->qp_num = le32_to_cpu(resp.qpn);
+	qp->state = IB_QPS_RESET;
+	ret = xa_insert_irq(&to_vib(ibqp->device)->qps, qp->handle, qp,
+			    GFP_KERNEL);
+	if (ret) {
+		vrdma_destroy_qp(ibqp, udata);
+		return ret;
+	}
 	uresp.qp_handle = qp->handle;
 	uresp.sq_wqe_shift = le32_to_cpu(resp.sq_wqe_shift);
 	uresp.rq_wqe_shift = le32_to_cpu(resp.rq_wqe_shift);
@@ -129,15 +136,22 @@ int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 int vrdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
 {
 	struct vrdma_qp *qp = to_vqp(ibqp);
+	struct vrdma_ib *vib = to_vib(ibqp->device);
+	struct vrdma_dev *dev = vib->dev;
 	struct virtio_rdma_qp_handle_req req = {
 		.qp_handle = cpu_to_le32(qp->handle),
 	};
+	unsigned long flags;
 	int ret;
 
-	ret = vrdma_cmd_exec(to_vib(ibqp->device)->dev,
-			     VIRTIO_RDMA_OP_DESTROY_QP, &req, sizeof(req),
+	/* Its events (virtio_rdma_event.c) no longer find it. */
+	spin_lock_irqsave(&dev->event_lock, flags);
+	xa_cmpxchg(&vib->qps, qp->handle, qp, NULL, 0);
+	spin_unlock_irqrestore(&dev->event_lock, flags);
+
+	ret = vrdma_cmd_exec(dev, VIRTIO_RDMA_OP_DESTROY_QP, &req, sizeof(req),
 			     NULL, 0);
-	if (ret)
+	if (ret && !vrdma_dev_stopped(dev))
 		return ret;
 	vrdma_release_queue(&qp->q);
 	return 0;
@@ -202,10 +216,12 @@ int vrdma_destroy_ah(struct ib_ah *ibah, u32 flags)
 	struct virtio_rdma_ah_handle_req req = {
 		.ah_handle = cpu_to_le32(to_vah(ibah)->handle),
 	};
+	struct vrdma_dev *dev = to_vib(ibah->device)->dev;
+	int ret;
 
-	return vrdma_cmd_exec(to_vib(ibah->device)->dev,
-			      VIRTIO_RDMA_OP_DESTROY_AH, &req, sizeof(req),
-			      NULL, 0);
+	ret = vrdma_cmd_exec(dev, VIRTIO_RDMA_OP_DESTROY_AH, &req, sizeof(req),
+			     NULL, 0);
+	return vrdma_dev_stopped(dev) ? 0 : ret;
 }
 
 /* verbs attribute mask bit -> device attribute mask bit */
@@ -282,8 +298,15 @@ int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 	a->max_rd_atomic = cpu_to_le32(attr->max_rd_atomic);
 	a->max_dest_rd_atomic = cpu_to_le32(attr->max_dest_rd_atomic);
 	a->en_sqd_async_notify = cpu_to_le32(attr->en_sqd_async_notify);
-	return vrdma_cmd_exec(vib->dev, VIRTIO_RDMA_OP_MODIFY_QP, &req,
-			      sizeof(req), NULL, 0);
+	ret = vrdma_cmd_exec(vib->dev, VIRTIO_RDMA_OP_MODIFY_QP, &req,
+			     sizeof(req), NULL, 0);
+	if (!ret && (mask & IB_QP_STATE)) {
+		/* What the EVENTS_LOST re-query compares with. */
+		WRITE_ONCE(to_vqp(ibqp)->state, attr->qp_state);
+		if (attr->qp_state == IB_QPS_RESET)
+			WRITE_ONCE(to_vqp(ibqp)->err_reported, false);
+	}
+	return ret;
 }
 
 int vrdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,

@@ -59,6 +59,13 @@ int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 	if (ret)
 		goto err_queue;
 	srq->handle = le32_to_cpu(resp.srq_handle);
+	srq->limit_armed = init->attr.srq_limit != 0;
+	ret = xa_insert_irq(&to_vib(ibsrq->device)->srqs, srq->handle, srq,
+			    GFP_KERNEL);
+	if (ret) {
+		vrdma_destroy_srq(ibsrq, udata);
+		return ret;
+	}
 	uresp.srq_handle = srq->handle;
 	uresp.wqe_shift = le32_to_cpu(resp.wqe_shift);
 	ret = ib_copy_to_udata(udata, &uresp, min(udata->outlen, sizeof(uresp)));
@@ -82,6 +89,7 @@ int vrdma_modify_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr,
 		.limit = cpu_to_le32(attr->srq_limit),
 	};
 	u32 dev_mask = 0;
+	int ret;
 
 	if (mask & ~(IB_SRQ_MAX_WR | IB_SRQ_LIMIT))
 		return -EOPNOTSUPP;
@@ -90,9 +98,13 @@ int vrdma_modify_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr,
 	if (mask & IB_SRQ_LIMIT)
 		dev_mask |= VRDMA_SRQ_ATTR_LIMIT;
 	req.attr_mask = cpu_to_le32(dev_mask);
-	return vrdma_cmd_exec(to_vib(ibsrq->device)->dev,
-			      VIRTIO_RDMA_OP_MODIFY_SRQ, &req, sizeof(req),
-			      NULL, 0);
+	ret = vrdma_cmd_exec(to_vib(ibsrq->device)->dev,
+			     VIRTIO_RDMA_OP_MODIFY_SRQ, &req, sizeof(req),
+			     NULL, 0);
+	/* What the EVENTS_LOST re-query compares with. */
+	if (!ret && (mask & IB_SRQ_LIMIT))
+		WRITE_ONCE(to_vsrq(ibsrq)->limit_armed, attr->srq_limit != 0);
+	return ret;
 }
 
 int vrdma_query_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr)
@@ -117,15 +129,22 @@ int vrdma_query_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr)
 int vrdma_destroy_srq(struct ib_srq *ibsrq, struct ib_udata *udata)
 {
 	struct vrdma_srq *srq = to_vsrq(ibsrq);
+	struct vrdma_ib *vib = to_vib(ibsrq->device);
+	struct vrdma_dev *dev = vib->dev;
 	struct virtio_rdma_srq_handle_req req = {
 		.srq_handle = cpu_to_le32(srq->handle),
 	};
+	unsigned long flags;
 	int ret;
 
-	ret = vrdma_cmd_exec(to_vib(ibsrq->device)->dev,
-			     VIRTIO_RDMA_OP_DESTROY_SRQ, &req, sizeof(req),
+	/* Its events (virtio_rdma_event.c) no longer find it. */
+	spin_lock_irqsave(&dev->event_lock, flags);
+	xa_cmpxchg(&vib->srqs, srq->handle, srq, NULL, 0);
+	spin_unlock_irqrestore(&dev->event_lock, flags);
+
+	ret = vrdma_cmd_exec(dev, VIRTIO_RDMA_OP_DESTROY_SRQ, &req, sizeof(req),
 			     NULL, 0);
-	if (ret)
+	if (ret && !vrdma_dev_stopped(dev))
 		return ret;
 	vrdma_release_queue(&srq->q);
 	return 0;

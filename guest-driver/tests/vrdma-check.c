@@ -6,10 +6,18 @@
  * unaligned start, requests the device or the kernel must refuse,
  * completion queues of several depths up to the device's largest, and RC
  * and UD queue pairs taken through their states (an RC QP connected to
- * itself through GID index 1, the VM's GID).
+ * itself through GID index 1, the VM's GID), and the device's async events
+ * through ibv_get_async_event.
  * Prints "VRDMA-CHECK: N passed, M failed"; exits non-zero on a failure.
+ *
+ *   vrdma-check         everything
+ *   vrdma-check rc      the RC QP only (a quick check of a device)
+ *   vrdma-check fatal   objects, "READY", then waits for the device's reset
+ *                       (IBV_EVENT_DEVICE_FATAL) and checks what follows
  */
 #include <errno.h>
+#include <poll.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,9 +104,148 @@ static int poll_n(struct ibv_cq *cq, struct ibv_wc *wc, int n)
 	return got;
 }
 
+static int state_of(struct ibv_qp *qp)
+{
+	struct ibv_qp_init_attr init;
+	struct ibv_qp_attr a;
+
+	if (ibv_query_qp(qp, &a, IBV_QP_STATE, &init))
+		return -1;
+	return a.qp_state;
+}
+
+static int to_init(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1 };
+
+	if (qp->qp_type == IBV_QPT_RC) {
+		a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE |
+				    IBV_ACCESS_REMOTE_WRITE;
+		return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX |
+				     IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+	}
+	a.qkey = 0x11111111;
+	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX |
+			     IBV_QP_PORT | IBV_QP_QKEY);
+}
+
+/* RC: towards QP @dest of this VM's GID (index 1). */
+static int to_rtr(struct ibv_context *ctx, struct ibv_qp *qp, uint32_t dest)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_RTR };
+	union ibv_gid gid;
+
+	if (qp->qp_type != IBV_QPT_RC)
+		return ibv_modify_qp(qp, &a, IBV_QP_STATE);
+	if (ibv_query_gid(ctx, 1, 1, &gid))
+		memset(&gid, 0, sizeof(gid));
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = dest;
+	a.rq_psn = 1;
+	a.max_dest_rd_atomic = 1;
+	a.min_rnr_timer = 12;
+	a.ah_attr.is_global = 1;
+	a.ah_attr.grh.dgid = gid;
+	a.ah_attr.grh.sgid_index = 1;
+	a.ah_attr.grh.hop_limit = 1;
+	a.ah_attr.port_num = 1;
+	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV |
+			     IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+			     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+			     IBV_QP_MIN_RNR_TIMER);
+}
+
+static int to_rts(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_RTS, .sq_psn = 1 };
+
+	if (qp->qp_type != IBV_QPT_RC)
+		return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN);
+	a.timeout = 14;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.max_rd_atomic = 1;
+	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT |
+			     IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+			     IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+/* An RC QP on @cq (and @srq, if any), in INIT. */
+static struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq,
+			    struct ibv_srq *srq)
+{
+	struct ibv_qp_init_attr init = {
+		.qp_type = IBV_QPT_RC, .send_cq = cq, .recv_cq = cq, .srq = srq,
+		.cap = { .max_send_wr = 16, .max_recv_wr = srq ? 0 : 16,
+			 .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	struct ibv_qp *qp = ibv_create_qp(pd, &init);
+
+	if (qp && to_init(qp)) {
+		ibv_destroy_qp(qp);
+		return NULL;
+	}
+	return qp;
+}
+
+/* The object an async event names, or NULL for port and device events. */
+static void *event_object(const struct ibv_async_event *ev)
+{
+	switch (ev->event_type) {
+	case IBV_EVENT_CQ_ERR:
+		return ev->element.cq;
+	case IBV_EVENT_SRQ_ERR:
+	case IBV_EVENT_SRQ_LIMIT_REACHED:
+		return ev->element.srq;
+	case IBV_EVENT_PORT_ACTIVE:
+	case IBV_EVENT_PORT_ERR:
+	case IBV_EVENT_LID_CHANGE:
+	case IBV_EVENT_PKEY_CHANGE:
+	case IBV_EVENT_SM_CHANGE:
+	case IBV_EVENT_CLIENT_REREGISTER:
+	case IBV_EVENT_GID_CHANGE:
+	case IBV_EVENT_DEVICE_FATAL:
+		return NULL;
+	default:
+		return ev->element.qp;
+	}
+}
+
+/*
+ * Reads async events (ibv_get_async_event, acking each) until one of
+ * @type naming @obj (NULL: a device event) came, or @ms milliseconds
+ * passed; any other event is a failure.
+ */
+static int expect_event(struct ibv_context *ctx, enum ibv_event_type type,
+			void *obj, int ms, const char *what)
+{
+	struct pollfd p = { .fd = ctx->async_fd, .events = POLLIN };
+	struct ibv_async_event ev;
+	char msg[200];
+	int got = 0;
+
+	while (!got && poll(&p, 1, ms) == 1 && !ibv_get_async_event(ctx, &ev)) {
+		got = ev.event_type == type && event_object(&ev) == obj;
+		snprintf(msg, sizeof(msg), "  %s: async event %s%s", what,
+			 ibv_event_type_str(ev.event_type),
+			 got ? "" : " (not the one expected)");
+		ibv_ack_async_event(&ev);
+		result(got, msg);
+	}
+	if (!got) {
+		snprintf(msg, sizeof(msg), "  %s: no async event %s", what,
+			 ibv_event_type_str(type));
+		result(0, msg);
+	}
+	return got;
+}
+
 /*
  * Data through an RC QP connected to itself: a SEND into a posted receive,
- * then an RDMA WRITE, each checked by its completions and the bytes.
+ * then an RDMA WRITE, each checked by its completions and the bytes; then
+ * an RDMA WRITE with an rkey that names no region, which fails with
+ * REM_ACCESS_ERR, moves the QP to ERR and makes the device report
+ * QP_ACCESS_ERROR for the responder, the QP itself (spec 18.18).
  */
 static void rc_loopback(struct ibv_pd *pd, struct ibv_qp *qp,
 			struct ibv_cq *cq)
@@ -162,18 +309,20 @@ static void rc_loopback(struct ibv_pd *pd, struct ibv_qp *qp,
 		 memcmp(buf, buf + 6000, 100) ? "differs" : "equal");
 	result(n == 1 && wc[0].status == IBV_WC_SUCCESS && wc[0].wr_id == 9 &&
 	       !memcmp(buf, buf + 6000, 100), msg);
+
+	swr.wr_id = 10;
+	swr.wr.rdma.rkey = mr->rkey ^ 0x5a5a00;
+	n = ibv_post_send(qp, &swr, &sbad) ? -1 : poll_n(cq, wc, 1);
+	snprintf(msg, sizeof(msg),
+		 "  RDMA WRITE with an rkey of no region: %s, QP state %d",
+		 n == 1 ? ibv_wc_status_str(wc[0].status) : "no completion",
+		 state_of(qp));
+	result(n == 1 && wc[0].status == IBV_WC_REM_ACCESS_ERR &&
+	       wc[0].wr_id == 10 && state_of(qp) == IBV_QPS_ERR, msg);
+	expect_event(qp->context, IBV_EVENT_QP_ACCESS_ERR, qp, 10000,
+		     "the responder's access error");
 out:
 	ibv_dereg_mr(mr);
-}
-
-static int state_of(struct ibv_qp *qp)
-{
-	struct ibv_qp_init_attr init;
-	struct ibv_qp_attr a;
-
-	if (ibv_query_qp(qp, &a, IBV_QP_STATE, &init))
-		return -1;
-	return a.qp_state;
 }
 
 static void qp_states(struct ibv_context *ctx, struct ibv_pd *pd,
@@ -185,9 +334,7 @@ static void qp_states(struct ibv_context *ctx, struct ibv_pd *pd,
 		.cap = { .max_send_wr = 16, .max_recv_wr = 16,
 			 .max_send_sge = 1, .max_recv_sge = 1 },
 	};
-	struct ibv_qp_attr a;
 	struct ibv_qp *qp;
-	union ibv_gid gid;
 	char msg[160];
 	struct ibv_cq *c;
 	int ret;
@@ -202,58 +349,12 @@ static void qp_states(struct ibv_context *ctx, struct ibv_pd *pd,
 	result(qp && qp->qp_num > 1 && state_of(qp) == IBV_QPS_RESET, msg);
 	if (!qp)
 		goto out;
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_INIT;
-	a.port_num = 1;
-	if (type == IBV_QPT_RC) {
-		a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE |
-				    IBV_ACCESS_REMOTE_WRITE;
-		ret = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX |
-				    IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
-	} else {
-		a.qkey = 0x11111111;
-		ret = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX |
-				    IBV_QP_PORT | IBV_QP_QKEY);
-	}
+	ret = to_init(qp);
 	result(!ret && state_of(qp) == IBV_QPS_INIT, "  to INIT");
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTR;
-	if (type == IBV_QPT_RC) {
-		if (ibv_query_gid(ctx, 1, 1, &gid))
-			memset(&gid, 0, sizeof(gid));
-		a.path_mtu = IBV_MTU_1024;
-		a.dest_qp_num = qp->qp_num;
-		a.rq_psn = 1;
-		a.max_dest_rd_atomic = 1;
-		a.min_rnr_timer = 12;
-		a.ah_attr.is_global = 1;
-		a.ah_attr.grh.dgid = gid;
-		a.ah_attr.grh.sgid_index = 1;
-		a.ah_attr.grh.hop_limit = 1;
-		a.ah_attr.port_num = 1;
-		ret = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV |
-				    IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-				    IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-				    IBV_QP_MIN_RNR_TIMER);
-	} else {
-		ret = ibv_modify_qp(qp, &a, IBV_QP_STATE);
-	}
+	ret = to_rtr(ctx, qp, qp->qp_num);
 	snprintf(msg, sizeof(msg), "  to RTR: %s", ret ? strerror(ret) : "ok");
 	result(!ret && state_of(qp) == IBV_QPS_RTR, msg);
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTS;
-	a.sq_psn = 1;
-	if (type == IBV_QPT_RC) {
-		a.timeout = 14;
-		a.retry_cnt = 7;
-		a.rnr_retry = 7;
-		a.max_rd_atomic = 1;
-		ret = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT |
-				    IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-				    IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
-	} else {
-		ret = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN);
-	}
+	ret = to_rts(qp);
 	snprintf(msg, sizeof(msg), "  to RTS: %s", ret ? strerror(ret) : "ok");
 	result(!ret && state_of(qp) == IBV_QPS_RTS, msg);
 	if (type == IBV_QPT_RC && !ret)
@@ -264,7 +365,185 @@ out:
 		ibv_destroy_cq(c);
 }
 
-int main(void)
+/* @n signaled SENDs (@imm 0) or RDMA WRITEs of 8 bytes to itself. */
+static int post_n(struct ibv_qp *qp, struct ibv_mr *mr, int n, int write)
+{
+	struct ibv_sge sge = { (uintptr_t)mr->addr, 8, mr->lkey };
+	struct ibv_send_wr wr = {
+		.sg_list = &sge, .num_sge = 1,
+		.opcode = write ? IBV_WR_RDMA_WRITE : IBV_WR_SEND,
+		.send_flags = IBV_SEND_SIGNALED,
+	}, *bad;
+	int i, ret = 0;
+
+	wr.wr.rdma.remote_addr = (uintptr_t)mr->addr + 2048;
+	wr.wr.rdma.rkey = mr->rkey;
+	for (i = 0; i < n && !ret; i++) {
+		wr.wr_id = 100 + i;
+		ret = ibv_post_send(qp, &wr, &bad);
+	}
+	return ret;
+}
+
+/* @n receives of 64 bytes on @srq, or on @qp's receive queue. */
+static int recv_n(struct ibv_qp *qp, struct ibv_srq *srq, struct ibv_mr *mr,
+		  int n)
+{
+	struct ibv_sge sge = { (uintptr_t)mr->addr + 1024, 64, mr->lkey };
+	struct ibv_recv_wr wr = { .sg_list = &sge, .num_sge = 1 }, *bad;
+	int i, ret = 0;
+
+	for (i = 0; i < n && !ret; i++) {
+		wr.wr_id = 200 + i;
+		ret = srq ? ibv_post_srq_recv(srq, &wr, &bad) :
+			    ibv_post_recv(qp, &wr, &bad);
+	}
+	return ret;
+}
+
+/*
+ * Async events of the device's data path, each as spec 18.18 to 18.22
+ * says the device generates them, through ibv_get_async_event:
+ * - COMM_EST: a SEND reaches a QP in RTR;
+ * - CQ_ERR and QP_FATAL: a CQ of 2 entries gets a third completion;
+ * - SRQ_LIMIT_REACHED: the posted receives of an SRQ fall below its limit;
+ * - QP_LAST_WQE_REACHED: a QP with an SRQ moves to ERR.
+ */
+static void async_events(struct ibv_context *ctx, struct ibv_pd *pd)
+{
+	static char buf[4096] __attribute__((aligned(4096)));
+	struct ibv_srq_init_attr sinit = { .attr = { .max_wr = 8,
+						     .max_sge = 1 } };
+	struct ibv_qp *a = NULL, *b = NULL, *c = NULL;
+	struct ibv_cq *cq, *small = NULL;
+	struct ibv_srq *srq = NULL;
+	struct ibv_srq_attr sattr;
+	struct ibv_qp_attr attr;
+	struct ibv_wc wc[4];
+	struct ibv_mr *mr;
+	char msg[200];
+	int n;
+
+	mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE |
+			IBV_ACCESS_REMOTE_WRITE);
+	cq = ibv_create_cq(ctx, 32, NULL, NULL, 0);
+	if (!mr || !cq) {
+		result(0, "async events: MR and CQ");
+		goto out;
+	}
+
+	/* COMM_EST: a SEND from A (RTS) to B (RTR). */
+	a = rc_qp(pd, cq, NULL);
+	b = rc_qp(pd, cq, NULL);
+	n = !a || !b || to_rtr(ctx, b, a->qp_num) ||
+	    to_rtr(ctx, a, b->qp_num) || to_rts(a) || recv_n(b, NULL, mr, 1) ||
+	    post_n(a, mr, 1, 0) ? -1 : poll_n(cq, wc, 2);
+	snprintf(msg, sizeof(msg),
+		 "async events: SEND to a QP in RTR: %d completions (%s, %s)",
+		 n, n > 0 ? ibv_wc_status_str(wc[0].status) : "-",
+		 n > 1 ? ibv_wc_status_str(wc[1].status) : "-");
+	result(n == 2 && wc[0].status == IBV_WC_SUCCESS &&
+	       wc[1].status == IBV_WC_SUCCESS, msg);
+	if (b)
+		expect_event(ctx, IBV_EVENT_COMM_EST, b, 10000,
+			     "the first message in RTR");
+
+	/* CQ_ERR and QP_FATAL: a third completion into a CQ of 2. */
+	small = ibv_create_cq(ctx, 2, NULL, NULL, 0);
+	c = small ? rc_qp(pd, small, NULL) : NULL;
+	n = !c || small->cqe != 2 || to_rtr(ctx, c, c->qp_num) || to_rts(c) ||
+	    post_n(c, mr, 3, 1);
+	result(!n, "async events: 3 RDMA WRITEs into a CQ of 2 entries");
+	if (!n) {
+		expect_event(ctx, IBV_EVENT_CQ_ERR, small, 10000,
+			     "the CQ overflowed");
+		expect_event(ctx, IBV_EVENT_QP_FATAL, c, 10000,
+			     "its QP failed");
+	}
+	if (c)
+		ibv_destroy_qp(c);
+	c = NULL;
+
+	/* SRQ_LIMIT_REACHED: 4 receives, limit 3, two SENDs. */
+	srq = ibv_create_srq(pd, &sinit);
+	c = srq ? rc_qp(pd, cq, srq) : NULL;
+	sattr.srq_limit = 3;
+	n = !c || recv_n(NULL, srq, mr, 4) ||
+	    ibv_modify_srq(srq, &sattr, IBV_SRQ_LIMIT) ||
+	    to_rtr(ctx, c, c->qp_num) || to_rts(c) || post_n(c, mr, 2, 0) ?
+	    -1 : poll_n(cq, wc, 4);
+	snprintf(msg, sizeof(msg),
+		 "async events: 2 SENDs into an SRQ of 4 receives, limit 3: %d completions",
+		 n);
+	result(n == 4, msg);
+	if (n == 4)
+		expect_event(ctx, IBV_EVENT_SRQ_LIMIT_REACHED, srq, 10000,
+			     "the SRQ fell below its limit");
+	/* QP_LAST_WQE_REACHED: the QP with the SRQ moves to ERR. */
+	memset(&attr, 0, sizeof(attr));
+	attr.qp_state = IBV_QPS_ERR;
+	if (c && !ibv_modify_qp(c, &attr, IBV_QP_STATE))
+		expect_event(ctx, IBV_EVENT_QP_LAST_WQE_REACHED, c, 10000,
+			     "the QP with an SRQ moved to ERR");
+	else
+		result(0, "async events: QP with an SRQ to ERR");
+out:
+	if (c)
+		ibv_destroy_qp(c);
+	if (srq)
+		ibv_destroy_srq(srq);
+	if (small)
+		ibv_destroy_cq(small);
+	if (a)
+		ibv_destroy_qp(a);
+	if (b)
+		ibv_destroy_qp(b);
+	if (cq)
+		ibv_destroy_cq(cq);
+	if (mr)
+		ibv_dereg_mr(mr);
+}
+
+/*
+ * "fatal": objects are created and used, "READY" is printed, and then the
+ * device is reset (by the caller): the process must get
+ * IBV_EVENT_DEVICE_FATAL, its later verbs must fail (EIO) rather than
+ * hang, and its objects must still be destroyable.
+ */
+static int fatal(struct ibv_context *ctx, struct ibv_pd *pd)
+{
+	static char buf[4096] __attribute__((aligned(4096)));
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, sizeof(buf),
+				       IBV_ACCESS_LOCAL_WRITE |
+				       IBV_ACCESS_REMOTE_WRITE);
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	struct ibv_qp *qp = cq ? rc_qp(pd, cq, NULL) : NULL;
+	struct ibv_pd *pd2;
+	struct ibv_wc wc;
+	char msg[200];
+	int ok;
+
+	result(mr && qp && !to_rtr(ctx, qp, qp->qp_num) && !to_rts(qp) &&
+	       !post_n(qp, mr, 1, 1) && poll_n(cq, &wc, 1) == 1 &&
+	       wc.status == IBV_WC_SUCCESS,
+	       "fatal: MR, CQ and an RC QP that works");
+	printf("READY\n");
+	fflush(stdout);
+	expect_event(ctx, IBV_EVENT_DEVICE_FATAL, NULL, 120000,
+		     "the device was reset");
+	pd2 = ibv_alloc_pd(ctx);
+	snprintf(msg, sizeof(msg), "fatal: alloc_pd afterwards: %s",
+		 pd2 ? "succeeded" : strerror(errno));
+	result(!pd2 && errno == EIO, msg);
+	ok = qp ? state_of(qp) : 0;
+	result(ok < 0, "fatal: query_qp afterwards fails");
+	ok = (!qp || !ibv_destroy_qp(qp)) && (!cq || !ibv_destroy_cq(cq)) &&
+	     (!mr || !ibv_dereg_mr(mr)) && !ibv_dealloc_pd(pd);
+	result(ok, "fatal: the objects are destroyed");
+	return 0;
+}
+
+int main(int argc, char **argv)
 {
 	struct ibv_device_attr attr;
 	const int local = IBV_ACCESS_LOCAL_WRITE;
@@ -287,6 +566,14 @@ int main(void)
 		       ibv_get_device_name(list[0]), strerror(errno));
 		return 1;
 	}
+	if (argc > 1 && !strcmp(argv[1], "fatal")) {
+		fatal(ctx, pd);
+		goto done;
+	}
+	if (argc > 1 && !strcmp(argv[1], "rc")) {
+		qp_states(ctx, pd, IBV_QPT_RC);
+		goto close;
+	}
 	reg(pd, 4096, 0, local, "one page, local only");
 	reg(pd, 65536, 100, remote, "unaligned start, remote access");
 	reg(pd, 2 << 20, 0, remote, "2 MiB (512 pages: inline list)");
@@ -304,7 +591,10 @@ int main(void)
 	}
 	qp_states(ctx, pd, IBV_QPT_RC);
 	qp_states(ctx, pd, IBV_QPT_UD);
+	async_events(ctx, pd);
+close:
 	ibv_dealloc_pd(pd);
+done:
 	ibv_close_device(ctx);
 	ibv_free_device_list(list);
 	printf("VRDMA-CHECK: %d passed, %d failed\n", passed, failed);
