@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use vhost_user_rdma::{metrics, mgmt, DaemonView, Limits};
-use vhost_user_rdma_tests::dp::Vm;
+use vhost_user_rdma_tests::dp::{status, Vm};
 use vhost_user_rdma_tests::guest_mem::PAGE_SIZE;
 use vhost_user_rdma_tests::harness::TestDaemon;
 use vhost_user_rdma_tests::verbs::{MrSpec, Verbs};
@@ -20,14 +20,6 @@ use virtio_rdma_abi::ctrl::{quota, Status};
 use virtio_rdma_abi::mem::{access, PageListMode};
 use virtio_rdma_driver::{Cq, Mr, Qp, QpInit};
 use vm_memory::GuestAddress;
-
-/// The status of a failed driver call.
-fn status<T: std::fmt::Debug>(r: virtio_rdma_driver::Result<T>) -> (Status, u32) {
-    match r {
-        Err(e) => e.status().unwrap_or_else(|| panic!("not a status: {e}")),
-        Ok(v) => panic!("succeeded: {v:?}"),
-    }
-}
 
 /// `ctl stats VM` as the management socket answers it.
 fn ctl_stats(view: &DaemonView, vm: usize) -> Value {
