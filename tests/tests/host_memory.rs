@@ -233,8 +233,7 @@ fn sixteen_gib_reg_mr_does_not_hold_the_vm_lock() {
     let d = TestDaemon::start(1).unwrap();
     let mut vmm = d.connect(0).unwrap();
     let mut v = Verbs::new(&mut vmm);
-    let ctx = v.create_ctx().unwrap();
-    let pd = v.alloc_pd(ctx).unwrap();
+    let (_, pd) = v.ctx_pd().unwrap();
     let data = v.mem().alloc_pages(512, PAGE_SIZE).unwrap();
     let npages: usize = (16usize << 30) >> 12;
     let pages: Vec<GuestAddress> = (0..npages).map(|i| data[i % data.len()]).collect();

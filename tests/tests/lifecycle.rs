@@ -15,9 +15,7 @@ use virtio_rdma_abi::mem::access;
 /// Creates a little of everything; returns the QP handle.
 fn populate(vm: &mut TestVmm) -> u32 {
     let mut v = Verbs::new(vm);
-    let ctx = v.create_ctx().unwrap();
-    let pd = v.alloc_pd(ctx).unwrap();
-    let cq = v.create_cq(ctx, 64).unwrap();
+    let (_, pd, cq) = v.ctx_pd_cq(64).unwrap();
     let pages = v.mem().alloc_pages(16, PAGE_SIZE).unwrap();
     v.reg_mr(&MrSpec::new(
         pd,
@@ -171,9 +169,7 @@ fn binary_serves_two_vms() {
     assert_eq!(a.config().unwrap().mac, [0; 6]);
     assert_eq!(b.config().unwrap().mac, [0x52, 0x54, 0, 0, 1, 2]);
     let mut v = Verbs::new(&mut a);
-    let ctx = v.create_ctx().unwrap();
-    let pd = v.alloc_pd(ctx).unwrap();
-    let cq = v.create_cq(ctx, 16).unwrap();
+    let (_, pd, cq) = v.ctx_pd_cq(16).unwrap();
     for _ in 0..3 {
         v.create_qp(&QpInit::rc(pd, cq)).unwrap();
     }

@@ -62,9 +62,7 @@ pub type BaseParts = (u32, u32, u32, QpInfo, u32);
 /// Creates a context, a PD, a CQ, an RC QP (in RESET) and a one-page MR.
 pub fn create_base(vm: &mut TestVmm) -> BaseParts {
     let mut v = Verbs::new(vm);
-    let ctx = v.create_ctx().unwrap();
-    let pd = v.alloc_pd(ctx).unwrap();
-    let cq = v.create_cq(ctx, 16).unwrap();
+    let (ctx, pd, cq) = v.ctx_pd_cq(16).unwrap();
     let qp = v.create_qp(&QpInit::rc(pd, cq)).unwrap();
     let pages = v.mem().alloc_pages(1, PAGE_SIZE).unwrap();
     let mr = v.reg_mr(&MrSpec::new(pd, RW, IOVA, &pages)).unwrap();
