@@ -1,6 +1,6 @@
 //! Helpers for data-path integration tests: a VM opened through the
 //! reference driver over [`VmmTransport`], registered buffers, connected RC
-//! pairs and completion polling.
+//! pairs and UD QPs, completion polling, QP states and asynchronous events.
 //!
 //! These are test fixtures: they panic on any failure, with a message that
 //! says what failed, so a test reads as the scenario it checks.
@@ -9,10 +9,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use virtio_rdma_abi::datapath::WcOpcode;
+use virtio_rdma_abi::ctrl::Status;
+use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
+use virtio_rdma_abi::event::{Event, EventKind};
 use virtio_rdma_abi::mem::access;
+use virtio_rdma_abi::qp::{AddressVector, QpState};
 use virtio_rdma_driver::{
-    Cq, Device, DmaBuf, Mr, Pd, Qp, QpCap, QpInit, RcConnect, SendOp, SendWr, Sge, WorkCompletion,
+    Ah, Cq, Device, DmaBuf, Mr, Pd, Qp, QpCap, QpInit, RcConnect, RecvWr, SendOp, SendWr, Sge, Srq,
+    WorkCompletion,
 };
 
 use crate::harness::TestDaemon;
@@ -24,6 +28,13 @@ use crate::vmm::VmmOptions;
 pub const WAIT: Duration = Duration::from_secs(10);
 /// Remote rights the helpers grant on RC QPs.
 pub const QP_ACCESS: u32 = access::REMOTE_READ | access::REMOTE_WRITE | access::REMOTE_ATOMIC;
+/// How long "nothing happens" is watched for by [`assert_quiet`] and
+/// [`assert_no_event`].
+pub const QUIET: Duration = Duration::from_millis(50);
+/// Q_Key of the UD QPs the helpers make.
+pub const QKEY: u32 = 0x1111_2222;
+/// Fill byte of memory nothing may write ([`Buf::guarded`]).
+pub const GUARD: u8 = 0xEE;
 
 /// A VM with an open device (one context) and a PD.
 pub struct Vm {
@@ -63,6 +74,26 @@ impl Vm {
     }
 }
 
+/// Connects to socket `i` of `d` with default options and opens the device.
+pub fn open(d: &TestDaemon, i: usize) -> Vm {
+    Vm::open(d, i, VmmOptions::default())
+}
+
+/// A daemon of its own serving `n` VMs, each opened with default options.
+pub fn vms(n: usize) -> (TestDaemon, Vec<Vm>) {
+    let d = TestDaemon::start(n).expect("start daemon");
+    let v = (0..n).map(|i| open(&d, i)).collect();
+    (d, v)
+}
+
+/// A daemon of its own serving two VMs, both opened with default options.
+pub fn two_vms() -> (TestDaemon, Vm, Vm) {
+    let d = TestDaemon::start(2).expect("start daemon");
+    let a = open(&d, 0);
+    let b = open(&d, 1);
+    (d, a, b)
+}
+
 /// A registered buffer of scattered guest pages.
 pub struct Buf {
     /// The memory.
@@ -76,6 +107,19 @@ impl Buf {
     pub fn new(vm: &Vm, len: usize) -> Buf {
         let buf = Arc::new(vm.dev.alloc_dma(len, 8).expect("alloc DMA"));
         let mr = Mr::register(&vm.pd, buf.clone(), access::ALL).expect("register MR");
+        Buf { buf, mr }
+    }
+    /// Allocates `len` bytes on `vm` filled with [`GUARD`] and registers
+    /// them with all access rights.
+    pub fn guarded(vm: &Vm, len: usize) -> Buf {
+        Self::with_access(vm, &vm.pd, len, access::ALL)
+    }
+    /// Allocates `len` bytes on `vm` filled with [`GUARD`] and registers
+    /// them in `pd` with `acc`.
+    pub fn with_access(vm: &Vm, pd: &Arc<Pd>, len: usize, acc: u32) -> Buf {
+        let buf = Arc::new(vm.dev.alloc_dma(len, 8).expect("alloc DMA"));
+        buf.fill(0, len, GUARD).expect("fill buffer");
+        let mr = Mr::register(pd, buf.clone(), acc).expect("register MR");
         Buf { buf, mr }
     }
     /// iova of byte `off`.
@@ -95,6 +139,40 @@ impl Buf {
     /// Writes `data` at `off`.
     pub fn write(&self, off: usize, data: &[u8]) {
         self.buf.write(off, data).expect("write buffer");
+    }
+    /// The little-endian 64-bit value at `off`.
+    pub fn u64_at(&self, off: usize) -> u64 {
+        let b = self.read(off, 8);
+        u64::from_le_bytes(b.try_into().expect("8 bytes"))
+    }
+    /// Asserts that `[off, off + len)` still holds only [`GUARD`].
+    pub fn assert_untouched(&self, off: usize, len: usize, what: &str) {
+        assert_untouched(&self.buf, off, len, what);
+    }
+}
+
+/// Asserts that `[off, off + len)` of `buf` still holds only [`GUARD`].
+pub fn assert_untouched(buf: &DmaBuf, off: usize, len: usize, what: &str) {
+    let got = buf.to_vec(off, len).expect("read buffer");
+    if let Some(p) = got.iter().position(|&b| b != GUARD) {
+        panic!("{what}: byte {} was written ({:#x})", off + p, got[p]);
+    }
+}
+
+/// Splits `len` bytes at `off` of `b` into up to three SGEs (uneven sizes).
+pub fn sges(b: &Buf, off: usize, len: usize) -> Vec<Sge> {
+    match len {
+        0 => Vec::new(),
+        1..=2 => vec![b.sge(off, len)],
+        _ => {
+            let x = len / 3 + 1;
+            let y = len / 5 + 2;
+            vec![
+                b.sge(off, x),
+                b.sge(off + x, y),
+                b.sge(off + x + y, len - x - y),
+            ]
+        }
     }
 }
 
@@ -124,24 +202,118 @@ pub fn cap() -> QpCap {
 
 /// An RC QP on `vm` with both queues on `cq`.
 pub fn rc_qp(vm: &Vm, cq: &Arc<Cq>) -> Qp {
-    let mut init = QpInit::rc(cq);
+    rc_qp_on(vm, cq, cq)
+}
+
+/// An RC QP on `vm` sending into `send_cq` and receiving into `recv_cq`.
+pub fn rc_qp_on(vm: &Vm, send_cq: &Arc<Cq>, recv_cq: &Arc<Cq>) -> Qp {
+    let mut init = QpInit::rc(send_cq);
+    init.recv_cq = recv_cq.clone();
     init.cap = cap();
     Qp::create(&vm.pd, &init).expect("create RC QP")
 }
 
+/// An RC QP on `vm` with both queues on `cq`, receiving through `srq`.
+pub fn srq_qp(vm: &Vm, cq: &Arc<Cq>, srq: &Arc<Srq>) -> Qp {
+    let mut init = QpInit::rc(cq);
+    init.cap = cap();
+    init.srq = Some(srq.clone());
+    Qp::create(&vm.pd, &init).expect("create RC QP on an SRQ")
+}
+
+/// A UD QP on `vm` with both queues on `cq` and `rq_depth` receive WQEs,
+/// moved to RTS with [`QKEY`].
+pub fn ud_qp(vm: &Vm, cq: &Arc<Cq>, rq_depth: u32) -> Qp {
+    let mut init = QpInit::ud(cq);
+    init.cap = cap();
+    init.cap.max_recv_wr = rq_depth;
+    let q = Qp::create(&vm.pd, &init).expect("create UD QP");
+    q.ud_activate(QKEY, 0).expect("activate UD QP");
+    q
+}
+
+/// An address handle on `vm` for `dgid` (hop limit 64).
+pub fn ah(vm: &Vm, dgid: [u8; 16]) -> virtio_rdma_driver::Result<Ah> {
+    Ah::create(
+        &vm.pd,
+        &AddressVector {
+            dgid,
+            hop_limit: 64,
+            ..AddressVector::default()
+        },
+    )
+}
+
+/// An address handle on `vm` for the GID of `dst`.
+pub fn ah_to(vm: &Vm, dst: &Vm) -> Ah {
+    ah(vm, dst.dev.gid()).expect("create AH")
+}
+
+/// Two UD QPs (on `a` and `b`, [`ud_qp`]) with their CQs, and an AH on
+/// `a` for `b`'s GID.
+pub struct UdPair {
+    /// CQ of `qa`.
+    pub cqa: Arc<Cq>,
+    /// CQ of `qb`.
+    pub cqb: Arc<Cq>,
+    /// QP on the first VM.
+    pub qa: Qp,
+    /// QP on the second VM.
+    pub qb: Qp,
+    /// AH on the first VM for the second.
+    pub ah: Ah,
+}
+
+/// Creates a [`UdPair`] between `a` and `b` (CQs of 64 entries).
+pub fn ud_pair(a: &Vm, b: &Vm) -> UdPair {
+    let cqa = Cq::create(&a.dev, 64).expect("CQ A");
+    let cqb = Cq::create(&b.dev, 64).expect("CQ B");
+    let qa = ud_qp(a, &cqa, cap().max_recv_wr);
+    let qb = ud_qp(b, &cqb, cap().max_recv_wr);
+    let ah = ah_to(a, b);
+    UdPair {
+        cqa,
+        cqb,
+        qa,
+        qb,
+        ah,
+    }
+}
+
 /// Connection attributes to reach `peer` on `peer_vm`.
 pub fn conn(peer: &Qp, peer_vm: &Vm) -> RcConnect {
-    let mut c = RcConnect::new(peer.qpn(), peer_vm.dev.gid());
+    conn_qpn(peer.qpn(), peer_vm)
+}
+
+/// Connection attributes to reach QP number `qpn` on `peer_vm`.
+pub fn conn_qpn(qpn: u32, peer_vm: &Vm) -> RcConnect {
+    let mut c = RcConnect::new(qpn, peer_vm.dev.gid());
     let attr = peer_vm.dev.attr();
     c.max_rd_atomic = attr.max_qp_init_rd_atom.min(16);
     c.max_dest_rd_atomic = attr.max_qp_rd_atom.min(16);
     c
 }
 
+/// `c` with fast transport retries: an unreachable peer is reported after
+/// 3 tries of 4.096 us * 2^8 (about 3 ms).
+pub fn fast(mut c: RcConnect) -> RcConnect {
+    c.timeout = 8;
+    c.retry_cnt = 2;
+    c
+}
+
 /// Connects `qa` (on `a`) and `qb` (on `b`) to each other.
 pub fn connect(a: &Vm, qa: &Qp, b: &Vm, qb: &Qp) {
-    qa.rc_connect(QP_ACCESS, &conn(qb, b)).expect("connect A");
-    qb.rc_connect(QP_ACCESS, &conn(qa, a)).expect("connect B");
+    connect_with(a, qa, b, qb, |c| c);
+}
+
+/// Connects `qa` (on `a`) and `qb` (on `b`) to each other with the
+/// attributes of [`conn`] changed by `f`.
+pub fn connect_with(a: &Vm, qa: &Qp, b: &Vm, qb: &Qp, f: impl Fn(RcConnect) -> RcConnect) {
+    qa.rc_connect(QP_ACCESS, &f(conn(qb, b)))
+        .expect("connect A");
+    qb.rc_connect(QP_ACCESS, &f(conn(qa, a)))
+        .expect("connect B");
 }
 
 /// Two connected RC QPs, each with its own CQ.
@@ -158,12 +330,42 @@ pub struct Pair {
 
 /// Creates and connects an RC pair between `a` and `b`.
 pub fn rc_pair(a: &Vm, b: &Vm) -> Pair {
+    rc_pair_with(a, b, |c| c)
+}
+
+/// Creates an RC pair between `a` and `b` and connects it with the
+/// attributes of [`conn`] changed by `f`.
+pub fn rc_pair_with(a: &Vm, b: &Vm, f: impl Fn(RcConnect) -> RcConnect) -> Pair {
     let cqa = Cq::create(&a.dev, 256).expect("CQ A");
     let cqb = Cq::create(&b.dev, 256).expect("CQ B");
     let qa = rc_qp(a, &cqa);
     let qb = rc_qp(b, &cqb);
-    connect(a, &qa, b, &qb);
+    connect_with(a, &qa, b, &qb, f);
     Pair { cqa, cqb, qa, qb }
+}
+
+/// Posts one receive of `sg` with `wr_id` on `q`.
+pub fn recv(q: &Qp, wr_id: u64, sg: &[Sge]) {
+    q.post_recv(&[RecvWr { wr_id, sg_list: sg }])
+        .expect("post receive");
+}
+
+/// An RDMA WRITE to byte `off` of `dst`.
+pub fn write_op(dst: &Buf, off: usize) -> SendOp {
+    SendOp::RdmaWrite {
+        remote_addr: dst.addr(off),
+        rkey: dst.mr.rkey(),
+    }
+}
+
+/// Posts `n` signaled `len`-byte RDMA WRITEs from `src` into `dst` (both at
+/// offset 0) over `p.qa`, with ids from `first`; `n` must fit the send
+/// queue (64).
+pub fn post_writes(p: &Pair, src: &Buf, dst: &Buf, len: usize, first: u64, n: usize) {
+    let sg = [src.sge(0, len)];
+    let op = write_op(dst, 0);
+    let wrs: Vec<SendWr<'_>> = (0..n as u64).map(|i| wr(first + i, op, &sg)).collect();
+    p.qa.post_send(&wrs).expect("post WRITEs");
 }
 
 /// Polls exactly `n` completions within [`WAIT`].
@@ -198,6 +400,117 @@ pub fn ok(wc: &WorkCompletion, wr_id: u64, op: WcOpcode) {
     assert_eq!(wc.opcode(), Some(op), "{wc:?}");
 }
 
+/// Asserts a completion of `wr_id` with `status`.
+pub fn failed(wc: &WorkCompletion, wr_id: u64, status: WcStatus) {
+    assert_eq!(wc.wr_id, wr_id, "{wc:?}");
+    assert_eq!(wc.status(), Some(status), "{wc:?}");
+}
+
+/// Asserts that no completion arrives on `cq` for [`QUIET`].
+pub fn assert_quiet(cq: &Cq) {
+    assert_quiet_for(cq, QUIET);
+}
+
+/// Asserts that no completion arrives on `cq` for `quiet`.
+pub fn assert_quiet_for(cq: &Cq, quiet: Duration) {
+    std::thread::sleep(quiet);
+    assert_eq!(cq.poll_one(), None, "a completion arrived");
+}
+
+/// The status and detail of a driver call that must have failed.
+pub fn status<T: std::fmt::Debug>(r: virtio_rdma_driver::Result<T>) -> (Status, u32) {
+    match r {
+        Err(e) => e.status().unwrap_or_else(|| panic!("not a status: {e}")),
+        Ok(v) => panic!("succeeded: {v:?}"),
+    }
+}
+
+/// The state of `q` (QUERY_QP).
+pub fn qp_state(q: &Qp) -> u32 {
+    q.query().expect("query QP").attr.qp_state
+}
+
+/// Waits (up to [`WAIT`]) until `q` is in state `s`.
+pub fn wait_state(q: &Qp, s: QpState) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let now = qp_state(q);
+        if now == u32::from(s) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "QP {:#x} in state {now}, never reached {s:?}",
+            q.qpn()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Asserts that `q` is in state `s`.
+pub fn assert_state(q: &Qp, s: QpState) {
+    assert_eq!(qp_state(q), u32::from(s), "QP {:#x}", q.qpn());
+}
+
+/// The next asynchronous event of `dev` other than `PORT_ACTIVE` (which
+/// every device start generates), within `timeout`.
+pub fn next_event(dev: &Device, timeout: Duration) -> Option<Event> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ev = dev.next_async_event(Some(left)).expect("read event")?;
+        if EventKind::from_u32(ev.kind) != Some(EventKind::PORT_ACTIVE) {
+            return Some(ev);
+        }
+    }
+}
+
+/// The kind of `ev`, if it is one the ABI knows.
+pub fn kind_of(ev: &Event) -> Option<EventKind> {
+    EventKind::from_u32(ev.kind)
+}
+
+/// Waits (up to [`WAIT`]) for the next event of `dev` and asserts it is
+/// `kind` for `handle`.
+pub fn expect_event(dev: &Device, kind: EventKind, handle: u32) {
+    let ev = next_event(dev, WAIT).unwrap_or_else(|| panic!("no {kind:?} event for {handle:#x}"));
+    assert_eq!(
+        (kind_of(&ev), ev.handle, ev.detail),
+        (Some(kind), handle, 0),
+        "{ev:?}"
+    );
+}
+
+/// Asserts that no asynchronous event arrives on `dev` for [`QUIET`].
+pub fn assert_no_event(dev: &Device, what: &str) {
+    if let Some(ev) = next_event(dev, QUIET) {
+        panic!("{what}: unexpected event {:?} {ev:?}", kind_of(&ev));
+    }
+}
+
+/// Every event (kind, handle) of `dev` until none arrives for a while, or
+/// until `want` of them have arrived and then none for a while; sorted.
+pub fn collect_events(dev: &Device, want: usize) -> Vec<(Option<EventKind>, u32)> {
+    let mut out = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    while out.len() < want && Instant::now() < deadline {
+        if let Some(ev) = next_event(dev, deadline.saturating_duration_since(Instant::now())) {
+            assert_eq!(ev.detail, 0, "{ev:?}");
+            out.push((kind_of(&ev), ev.handle));
+        }
+    }
+    while let Some(ev) = next_event(dev, QUIET * 2) {
+        out.push((kind_of(&ev), ev.handle));
+    }
+    sorted(out)
+}
+
+/// `v` sorted as [`collect_events`] sorts.
+pub fn sorted(mut v: Vec<(Option<EventKind>, u32)>) -> Vec<(Option<EventKind>, u32)> {
+    v.sort_by_key(|&(k, h)| (k.map(u32::from), h));
+    v
+}
+
 /// A signaled send work request over `sges`.
 pub fn wr<'a>(wr_id: u64, op: SendOp, sges: &'a [Sge]) -> SendWr<'a> {
     SendWr::signaled(wr_id, op, sges)
@@ -207,14 +520,10 @@ pub fn wr<'a>(wr_id: u64, op: SendOp, sges: &'a [Sge]) -> SendWr<'a> {
 /// `p.qa`, then SEND of the same bytes back over `p.qb` into `src` at
 /// offset `back`; checks both land. `seq` makes the work request ids.
 pub fn write_and_send_back(p: &Pair, src: &Buf, dst: &Buf, data: &[u8], back: usize, seq: u64) {
-    use virtio_rdma_driver::RecvWr;
     src.write(0, data);
     let sg = [src.sge(0, data.len())];
-    let op = SendOp::RdmaWrite {
-        remote_addr: dst.addr(0),
-        rkey: dst.mr.rkey(),
-    };
-    p.qa.post_send(&[wr(seq, op, &sg)]).expect("post WRITE");
+    p.qa.post_send(&[wr(seq, write_op(dst, 0), &sg)])
+        .expect("post WRITE");
     ok(&poll_one(&p.cqa), seq, WcOpcode::RDMA_WRITE);
     assert_eq!(dst.read(0, data.len()), data, "WRITE data");
     p.qa.post_recv(&[RecvWr {

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use vhost_user_rdma::config::TenantConfig;
 use vhost_user_rdma::qos::QosSpec;
 use vhost_user_rdma::rnic::Rnic;
 use vhost_user_rdma::stats::TrafficStats;
@@ -216,6 +217,26 @@ impl Drop for TestDaemon {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Adds tenant `name` to `config` (no QoS class, engine thread chosen by
+/// the daemon) and moves VMs `vms` into it; returns the tenant, for settings
+/// beyond those.
+pub fn add_tenant<'c>(
+    config: &'c mut DaemonConfig,
+    name: &str,
+    vms: &[usize],
+) -> &'c mut TenantConfig {
+    for &i in vms {
+        config.vms[i].tenant = name.into();
+    }
+    config.tenants.push(TenantConfig {
+        name: name.into(),
+        qos_class: None,
+        engine: None,
+    });
+    let last = config.tenants.len() - 1;
+    &mut config.tenants[last]
 }
 
 fn unique() -> u64 {

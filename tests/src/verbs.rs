@@ -283,6 +283,22 @@ impl<'a> Verbs<'a> {
         Ok(r.pd_handle)
     }
 
+    /// CREATE_CTX, then ALLOC_PD in the new context: (context, PD), what
+    /// most command sequences start from.
+    pub fn ctx_pd(&mut self) -> Result<(u32, u32)> {
+        let ctx = self.create_ctx()?;
+        let pd = self.alloc_pd(ctx)?;
+        Ok((ctx, pd))
+    }
+
+    /// [`Verbs::ctx_pd`], then CREATE_CQ of `depth` in the new context:
+    /// (context, PD, CQ).
+    pub fn ctx_pd_cq(&mut self, depth: u32) -> Result<(u32, u32, u32)> {
+        let (ctx, pd) = self.ctx_pd()?;
+        let cq = self.create_cq(ctx, depth)?;
+        Ok((ctx, pd, cq))
+    }
+
     /// DEALLOC_PD.
     pub fn dealloc_pd(&mut self, pd_handle: u32) -> Result<()> {
         self.ctrl

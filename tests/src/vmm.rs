@@ -96,6 +96,19 @@ pub struct VmmOptions {
 }
 
 impl VmmOptions {
+    /// A front-end that never sends `RESET_DEVICE` (QEMU's generic
+    /// vhost-user device, for one): it asks for the protocol features
+    /// `CONFIG`, `MQ` and `REPLY_ACK` only, so the device recognises a reset
+    /// from the restart of the queues (spec 15.1).
+    pub fn without_reset_device() -> Self {
+        VmmOptions {
+            protocol_features: VhostUserProtocolFeatures::CONFIG
+                | VhostUserProtocolFeatures::MQ
+                | VhostUserProtocolFeatures::REPLY_ACK,
+            ..VmmOptions::default()
+        }
+    }
+
     /// A front-end that behaves towards the back-end as cloud-hypervisor's
     /// generic vhost-user device (v52, v53; see
     /// `qemu-configs/cloud-hypervisor.md` for the source lines): it asks for

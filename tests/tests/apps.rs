@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
-use vhost_user_rdma::config::{default_gid, TenantConfig};
+use vhost_user_rdma::config::default_gid;
 use vhost_user_rdma_tests::dp::Vm;
-use vhost_user_rdma_tests::harness::TestDaemon;
+use vhost_user_rdma_tests::harness::{add_tenant, TestDaemon};
 use vhost_user_rdma_tests::vmm::VmmOptions;
 use virtio_rdma_apps::exchange::{self, Options, Role};
 use virtio_rdma_apps::hostile;
@@ -56,12 +56,7 @@ fn hostile_vm_is_refused_while_the_others_exchange() {
     // The hostile VM is alone in its tenant and also tries to reach the
     // other two.
     let d = TestDaemon::with_config(3, |c| {
-        c.tenants.push(TenantConfig {
-            name: "red".into(),
-            qos_class: None,
-            engine: None,
-        });
-        c.vms[2].tenant = "red".into();
+        add_tenant(c, "red", &[2]);
     })
     .unwrap();
     let foreign = [default_gid(0), default_gid(1)];

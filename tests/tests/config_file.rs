@@ -69,9 +69,7 @@ max_qp = 256
     let gid: std::net::Ipv6Addr = "fd00::42:1".parse().unwrap();
     assert_eq!(v.query_gid(1, 0).unwrap().gid, gid.octets());
     // The limit is enforced: a third QP is refused.
-    let ctx = v.create_ctx().unwrap();
-    let pd = v.alloc_pd(ctx).unwrap();
-    let cq = v.create_cq(ctx, 64).unwrap();
+    let (_, pd, cq) = v.ctx_pd_cq(64).unwrap();
     v.create_qp(&QpInit::rc(pd, cq)).unwrap();
     v.create_qp(&QpInit::rc(pd, cq)).unwrap();
     assert!(v.create_qp(&QpInit::rc(pd, cq)).is_err());

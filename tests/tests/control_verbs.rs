@@ -95,9 +95,7 @@ fn object_lifecycle_and_dependencies() {
     let d = TestDaemon::start(1).unwrap();
     let mut vm = d.connect(0).unwrap();
     let mut v = Verbs::new(&mut vm);
-    let ctx = v.create_ctx().unwrap();
-    let pd = v.alloc_pd(ctx).unwrap();
-    let cq = v.create_cq(ctx, 256).unwrap();
+    let (ctx, pd, cq) = v.ctx_pd_cq(256).unwrap();
     let pages = v.mem().alloc_pages(4, PAGE_SIZE).unwrap();
     let mr = v
         .reg_mr(&MrSpec::new(
@@ -199,8 +197,7 @@ fn page_list_modes() {
     let d = TestDaemon::start(1).unwrap();
     let mut vm = d.connect(0).unwrap();
     let mut v = Verbs::new(&mut vm);
-    let ctx = v.create_ctx().unwrap();
-    let pd = v.alloc_pd(ctx).unwrap();
+    let (_, pd) = v.ctx_pd().unwrap();
     let la = access::LOCAL_WRITE;
 
     // INLINE, scattered pages over both regions, unaligned start.
@@ -264,8 +261,7 @@ fn sixteen_gib_memory_region() {
     let d = TestDaemon::start(1).unwrap();
     let mut vm = d.connect(0).unwrap();
     let mut v = Verbs::new(&mut vm);
-    let ctx = v.create_ctx().unwrap();
-    let pd = v.alloc_pd(ctx).unwrap();
+    let (_, pd) = v.ctx_pd().unwrap();
     let data = v.mem().alloc_pages(512, PAGE_SIZE).unwrap();
     let npages: usize = (16usize << 30) >> 12;
     let pages: Vec<GuestAddress> = (0..npages).map(|i| data[i % data.len()]).collect();
@@ -286,8 +282,7 @@ fn keys_are_random_and_unique() {
     let d = TestDaemon::start(1).unwrap();
     let mut vm = d.connect(0).unwrap();
     let mut v = Verbs::new(&mut vm);
-    let ctx = v.create_ctx().unwrap();
-    let pd = v.alloc_pd(ctx).unwrap();
+    let (_, pd) = v.ctx_pd().unwrap();
     let pages = v.mem().alloc_pages(1, PAGE_SIZE).unwrap();
     let mut keys = Vec::new();
     for _ in 0..200 {
@@ -341,9 +336,7 @@ fn rc_state_machine() {
     let d = TestDaemon::start(1).unwrap();
     let mut vm = d.connect(0).unwrap();
     let mut v = Verbs::new(&mut vm);
-    let ctx = v.create_ctx().unwrap();
-    let pd = v.alloc_pd(ctx).unwrap();
-    let cq = v.create_cq(ctx, 64).unwrap();
+    let (_, pd, cq) = v.ctx_pd_cq(64).unwrap();
     let qp = v.create_qp(&QpInit::rc(pd, cq)).unwrap();
     let q = v.query_qp(qp.handle).unwrap();
     assert_eq!(q.attr.qp_state, QpState::RESET as u32);
@@ -494,9 +487,7 @@ fn sqd_drained_event() {
     assert_eq!(first.kind, EventKind::PORT_ACTIVE as u32);
     let (qp, mask) = {
         let mut v = Verbs::new(&mut vm);
-        let ctx = v.create_ctx().unwrap();
-        let pd = v.alloc_pd(ctx).unwrap();
-        let cq = v.create_cq(ctx, 64).unwrap();
+        let (_, pd, cq) = v.ctx_pd_cq(64).unwrap();
         let qp = v.create_qp(&QpInit::rc(pd, cq)).unwrap();
         v.connect_rc(qp.handle, 9, vhost_user_rdma::config::default_gid(0))
             .unwrap();
@@ -528,9 +519,7 @@ fn ud_state_machine_and_ah() {
     let d = TestDaemon::start(1).unwrap();
     let mut vm = d.connect(0).unwrap();
     let mut v = Verbs::new(&mut vm);
-    let ctx = v.create_ctx().unwrap();
-    let pd = v.alloc_pd(ctx).unwrap();
-    let cq = v.create_cq(ctx, 64).unwrap();
+    let (_, pd, cq) = v.ctx_pd_cq(64).unwrap();
     let qp = v.create_qp(&QpInit::ud(pd, cq)).unwrap();
     let [(m_init, a_init), (m_rtr, a_rtr), (m_rts, a_rts)] = ud_transitions(0x1111_1111);
     // QKEY is required for UD RESET->INIT; ACCESS is RC-only.
@@ -579,8 +568,7 @@ fn srq_modify_and_query() {
     let d = TestDaemon::start(1).unwrap();
     let mut vm = d.connect(0).unwrap();
     let mut v = Verbs::new(&mut vm);
-    let ctx = v.create_ctx().unwrap();
-    let pd = v.alloc_pd(ctx).unwrap();
+    let (_, pd) = v.ctx_pd().unwrap();
     let srq = v.create_srq(pd, 128, 3, 10).unwrap();
     assert_eq!(srq.wqe_shift, 6, "16 + 3 * 16 = 64");
     let q = v.query_srq(srq.srq_handle).unwrap();
@@ -606,9 +594,7 @@ fn qpns_are_unique_across_vms() {
     let mut vms: Vec<_> = (0..3).map(|i| d.connect(i).unwrap()).collect();
     for vm in &mut vms {
         let mut v = Verbs::new(vm);
-        let ctx = v.create_ctx().unwrap();
-        let pd = v.alloc_pd(ctx).unwrap();
-        let cq = v.create_cq(ctx, 16).unwrap();
+        let (_, pd, cq) = v.ctx_pd_cq(16).unwrap();
         for _ in 0..50 {
             qpns.push(v.create_qp(&QpInit::rc(pd, cq)).unwrap().qpn);
         }
@@ -629,9 +615,7 @@ fn connect_two_vms_rc() {
     let setup = |vm: &mut vhost_user_rdma_tests::vmm::TestVmm| {
         let mut v = Verbs::new(vm);
         let gid = v.query_gid(1, 0).unwrap().gid;
-        let ctx = v.create_ctx().unwrap();
-        let pd = v.alloc_pd(ctx).unwrap();
-        let cq = v.create_cq(ctx, 64).unwrap();
+        let (_, pd, cq) = v.ctx_pd_cq(64).unwrap();
         (gid, v.create_qp(&QpInit::rc(pd, cq)).unwrap())
     };
     let (gid_a, qa) = setup(&mut a);
@@ -717,9 +701,7 @@ fn held_events_reach_an_event_idx_driver() {
     assert_eq!(first.kind, EventKind::PORT_ACTIVE as u32);
     let qp = {
         let mut v = Verbs::new(&mut vm);
-        let ctx = v.create_ctx().unwrap();
-        let pd = v.alloc_pd(ctx).unwrap();
-        let cq = v.create_cq(ctx, 64).unwrap();
+        let (_, pd, cq) = v.ctx_pd_cq(64).unwrap();
         let qp = v.create_qp(&QpInit::rc(pd, cq)).unwrap();
         v.connect_rc(qp.handle, 9, vhost_user_rdma::config::default_gid(0))
             .unwrap();

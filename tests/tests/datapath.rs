@@ -1,38 +1,29 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! End-to-end data path through the real daemon: the reference guest driver
-//! (`virtio-rdma-driver`) on two test VMs, over [`VmmTransport`] (DMA memory
+//! (`virtio-rdma-driver`) on two test VMs, over
+//! [`VmmTransport`](vhost_user_rdma_tests::transport::VmmTransport) (DMA memory
 //! made of scattered guest pages).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vhost_user_rdma_tests::dp::{cap, ok, pattern, poll_n, poll_one, wr};
+use vhost_user_rdma_tests::dp::{
+    assert_quiet, cap, conn, connect, ok, pattern, poll_n, poll_one, qp_state, rc_pair, rc_qp,
+    sges, ud_pair, wait_state, wr, write_op, Buf, Pair, UdPair, Vm, QKEY, QP_ACCESS, WAIT,
+};
 use vhost_user_rdma_tests::harness::TestDaemon;
-use vhost_user_rdma_tests::transport::VmmTransport;
 use vhost_user_rdma_tests::verbs::{QpInit as RawQpInit, Verbs};
 use vhost_user_rdma_tests::vmm::VmmOptions;
 use virtio_rdma_abi::datapath::{
     db_slot_offset, WcOpcode, WcStatus, DB_DEVICE_OFFSET, DB_FLAG_KICK, DB_FLAG_POLLING, DB_NONE,
     DB_PAGE_SIZE,
 };
-use virtio_rdma_abi::mem::{access, DB_RECORD_SIZE};
-use virtio_rdma_abi::qp::{AddressVector, QpState};
+use virtio_rdma_abi::mem::DB_RECORD_SIZE;
+use virtio_rdma_abi::qp::QpState;
 use virtio_rdma_driver::{
-    Ah, Cq, Device, DmaBuf, Mr, Payload, Pd, Qp, QpInit, RcConnect, RecvWr, SendFlags, SendOp,
-    SendWr, Sge, Srq, UdDest,
+    Cq, Payload, Qp, QpInit, RecvWr, SendFlags, SendOp, SendWr, Sge, Srq, UdDest,
 };
 use vm_memory::GuestAddress;
-
-const WAIT: Duration = Duration::from_secs(10);
-const QKEY: u32 = 0x1111_2222;
-const QP_ACCESS: u32 = access::REMOTE_READ | access::REMOTE_WRITE | access::REMOTE_ATOMIC;
-
-struct Vm {
-    t: Arc<VmmTransport>,
-    dev: Device,
-    pd: Arc<Pd>,
-}
 
 /// `RDMA_TEST_DOORBELL=shmem` runs every test in the shared-memory
 /// doorbell mode (VMM with VIRTIO shared memory, spec 18.7); the default is
@@ -41,23 +32,20 @@ fn shmem_mode() -> bool {
     std::env::var("RDMA_TEST_DOORBELL").is_ok_and(|v| v == "shmem")
 }
 
+/// Opens VM `i` of `d` in the doorbell mode [`shmem_mode`] asks for.
 fn open(d: &TestDaemon, i: usize) -> Vm {
     let shmem = shmem_mode();
-    let vmm = d
-        .connect_with(
-            i,
-            VmmOptions {
-                shmem,
-                ..VmmOptions::default()
-            },
-        )
-        .unwrap();
-    let t = VmmTransport::new(vmm).unwrap();
-    let dev = Device::open(t.clone()).unwrap();
+    let vm = Vm::open(
+        d,
+        i,
+        VmmOptions {
+            shmem,
+            ..VmmOptions::default()
+        },
+    );
     // The mode really is the one asked for.
-    assert_eq!(dev.doorbell_page().is_some(), shmem);
-    let pd = Pd::alloc(&dev).unwrap();
-    Vm { t, dev, pd }
+    assert_eq!(vm.dev.doorbell_page().is_some(), shmem);
+    vm
 }
 
 /// `RDMA_TEST_FENCE_ELISION=1`: the daemon sets DB_FLAG_POLLING while it
@@ -66,101 +54,13 @@ fn fence_elision() -> bool {
     std::env::var("RDMA_TEST_FENCE_ELISION").is_ok_and(|v| v == "1")
 }
 
+/// Two VMs ([`open`]) on a daemon of their own, fence elision as
+/// [`fence_elision`] says.
 fn two_vms() -> (TestDaemon, Vm, Vm) {
     let d = TestDaemon::with_config(2, |c| c.fence_elision = fence_elision()).unwrap();
     let a = open(&d, 0);
     let b = open(&d, 1);
     (d, a, b)
-}
-
-/// A registered buffer (scattered guest pages).
-struct Buf {
-    buf: Arc<DmaBuf>,
-    mr: Mr,
-}
-
-impl Buf {
-    fn new(vm: &Vm, len: usize) -> Buf {
-        let buf = Arc::new(vm.dev.alloc_dma(len, 8).unwrap());
-        let mr = Mr::register(&vm.pd, buf.clone(), access::ALL).unwrap();
-        Buf { buf, mr }
-    }
-    fn addr(&self, off: usize) -> u64 {
-        self.mr.iova() + off as u64
-    }
-    fn sge(&self, off: usize, len: usize) -> Sge {
-        self.mr
-            .sge(off as u64, u32::try_from(len).unwrap())
-            .unwrap()
-    }
-    fn read(&self, off: usize, len: usize) -> Vec<u8> {
-        self.buf.to_vec(off, len).unwrap()
-    }
-    fn write(&self, off: usize, data: &[u8]) {
-        self.buf.write(off, data).unwrap();
-    }
-    fn u64_at(&self, off: usize) -> u64 {
-        u64::from_le_bytes(self.read(off, 8).try_into().unwrap())
-    }
-}
-
-fn rc_qp(vm: &Vm, cq: &Arc<Cq>) -> Qp {
-    let mut init = QpInit::rc(cq);
-    init.cap = cap();
-    Qp::create(&vm.pd, &init).unwrap()
-}
-
-fn conn(peer: &Qp, peer_vm: &Vm) -> RcConnect {
-    let mut c = RcConnect::new(peer.qpn(), peer_vm.dev.gid());
-    let attr = peer_vm.dev.attr();
-    c.max_rd_atomic = attr.max_qp_init_rd_atom.min(16);
-    c.max_dest_rd_atomic = attr.max_qp_rd_atom.min(16);
-    c
-}
-
-/// Connects `qa` (on `a`) and `qb` (on `b`) to each other.
-fn connect(a: &Vm, qa: &Qp, b: &Vm, qb: &Qp) {
-    qa.rc_connect(QP_ACCESS, &conn(qb, b)).unwrap();
-    qb.rc_connect(QP_ACCESS, &conn(qa, a)).unwrap();
-}
-
-struct Pair {
-    cqa: Arc<Cq>,
-    cqb: Arc<Cq>,
-    qa: Qp,
-    qb: Qp,
-}
-
-fn rc_pair(a: &Vm, b: &Vm) -> Pair {
-    let cqa = Cq::create(&a.dev, 256).unwrap();
-    let cqb = Cq::create(&b.dev, 256).unwrap();
-    let qa = rc_qp(a, &cqa);
-    let qb = rc_qp(b, &cqb);
-    connect(a, &qa, b, &qb);
-    Pair { cqa, cqb, qa, qb }
-}
-
-/// Asserts that no completion arrives for a little while.
-fn assert_quiet(cq: &Cq) {
-    std::thread::sleep(Duration::from_millis(20));
-    assert_eq!(cq.poll_one(), None);
-}
-
-/// Splits `len` bytes at `off` of `b` into up to three SGEs (uneven sizes).
-fn sges(b: &Buf, off: usize, len: usize) -> Vec<Sge> {
-    match len {
-        0 => Vec::new(),
-        1..=2 => vec![b.sge(off, len)],
-        _ => {
-            let x = len / 3 + 1;
-            let y = len / 5 + 2;
-            vec![
-                b.sge(off, x),
-                b.sge(off + x, y),
-                b.sge(off + x + y, len - x - y),
-            ]
-        }
-    }
 }
 
 const SIZES: [usize; 4] = [0, 1, 4096, (1 << 20) + 3];
@@ -182,10 +82,7 @@ fn rdma_write_sizes() {
         src.write(so, &data);
         dst.write(0, &vec![0xEE; BIG]);
         let sg = sges(&src, so, len);
-        let op = SendOp::RdmaWrite {
-            remote_addr: dst.addr(dof),
-            rkey: dst.mr.rkey(),
-        };
+        let op = write_op(&dst, dof);
         p.qa.post_send(&[wr(i as u64, op, &sg)]).unwrap();
         let wc = poll_one(&p.cqa);
         ok(&wc, i as u64, WcOpcode::RDMA_WRITE);
@@ -324,10 +221,7 @@ fn inline_send() {
     let data = pattern(40, 99);
     p.qa.post_send(&[SendWr {
         wr_id: 9,
-        op: SendOp::RdmaWrite {
-            remote_addr: bb.addr(1000),
-            rkey: bb.mr.rkey(),
-        },
+        op: write_op(&bb, 1000),
         payload: Payload::Inline(&data),
         flags: SendFlags::SIGNALED,
         ud: None,
@@ -419,47 +313,6 @@ fn atomics_concurrent() {
     // Nothing completes at the responder.
     for p in &pairs {
         assert_eq!(p.cqb.poll_one(), None);
-    }
-}
-
-/// Two active UD QPs (on `a` and `b`) with their CQs, and an AH on `a`
-/// for `b`'s GID.
-struct UdPair {
-    cqa: Arc<Cq>,
-    cqb: Arc<Cq>,
-    qa: Qp,
-    qb: Qp,
-    ah: Ah,
-}
-
-fn ud_pair(a: &Vm, b: &Vm) -> UdPair {
-    let (cqa, cqb) = (
-        Cq::create(&a.dev, 64).unwrap(),
-        Cq::create(&b.dev, 64).unwrap(),
-    );
-    let mk = |vm: &Vm, cq: &Arc<Cq>| {
-        let mut init = QpInit::ud(cq);
-        init.cap = cap();
-        let q = Qp::create(&vm.pd, &init).unwrap();
-        q.ud_activate(QKEY, 0).unwrap();
-        q
-    };
-    let (qa, qb) = (mk(a, &cqa), mk(b, &cqb));
-    let ah = Ah::create(
-        &a.pd,
-        &AddressVector {
-            dgid: b.dev.gid(),
-            hop_limit: 64,
-            ..AddressVector::default()
-        },
-    )
-    .unwrap();
-    UdPair {
-        cqa,
-        cqb,
-        qa,
-        qb,
-        ah,
     }
 }
 
@@ -649,18 +502,6 @@ fn cq_arming_raises_an_event() {
     }
 }
 
-fn qp_state(q: &Qp) -> u32 {
-    q.query().unwrap().attr.qp_state
-}
-
-fn wait_state(q: &Qp, s: QpState) {
-    let deadline = Instant::now() + WAIT;
-    while qp_state(q) != u32::from(s) {
-        assert!(Instant::now() < deadline, "QP state {}", qp_state(q));
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
 #[test]
 fn error_bad_lkey_flushes() {
     let (_d, a, b) = two_vms();
@@ -669,10 +510,7 @@ fn error_bad_lkey_flushes() {
     let mut bad = ba.sge(0, 16);
     bad.lkey ^= 0x00ab_cd00;
     let good = [ba.sge(0, 16)];
-    let op = SendOp::RdmaWrite {
-        remote_addr: bb.addr(0),
-        rkey: bb.mr.rkey(),
-    };
+    let op = write_op(&bb, 0);
     let bad = [bad];
     let mut unsignaled = wr(3, op, &good);
     unsignaled.flags = SendFlags::NONE;
@@ -848,10 +686,7 @@ fn scribbling_guest_does_not_hurt_others() {
             let data = pattern(len, 1000 + i);
             ba.write(0, &data);
             let sg = sges(&ba, 0, len);
-            let op = SendOp::RdmaWrite {
-                remote_addr: bb.addr(0),
-                rkey: bb.mr.rkey(),
-            };
+            let op = write_op(&bb, 0);
             p.qa.post_send(&[wr(i, op, &sg)]).unwrap();
             ok(&poll_one(&p.cqa), i, WcOpcode::RDMA_WRITE);
             assert_eq!(bb.read(0, len), data);
@@ -910,14 +745,7 @@ fn busy_then_idle(fence_elision: bool) {
     let mut n = 0u64;
     // Busy for a while: well past the 1 ms after which the flag is set.
     while start.elapsed() < Duration::from_millis(300) {
-        let w = wr(
-            n,
-            SendOp::RdmaWrite {
-                remote_addr: bb.addr(0),
-                rkey: bb.mr.rkey(),
-            },
-            &sg,
-        );
+        let w = wr(n, write_op(&bb, 0), &sg);
         p.qa.post_send(&[w]).unwrap();
         ok(&poll_one(&p.cqa), n, WcOpcode::RDMA_WRITE);
         seen |= a.dev.doorbell_flags();
@@ -960,14 +788,7 @@ fn busy_then_idle(fence_elision: bool) {
     let data = pattern(100, n);
     ba.write(0, &data);
     let sg = sges(&ba, 0, data.len());
-    let w = wr(
-        n,
-        SendOp::RdmaWrite {
-            remote_addr: bb.addr(0),
-            rkey: bb.mr.rkey(),
-        },
-        &sg,
-    );
+    let w = wr(n, write_op(&bb, 0), &sg);
     let before = d.traffic(0).notifications;
     p.qa.post_send(&[w]).unwrap();
     ok(&poll_one(&p.cqa), n, WcOpcode::RDMA_WRITE);

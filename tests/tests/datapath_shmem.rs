@@ -388,10 +388,9 @@ fn disconnect_and_reset_zero_the_doorbell_region() {
 /// Protocol features of a VMM that never sends `RESET_DEVICE`; the device
 /// then recognises a reset from the restart of the queues (spec 15.1).
 fn shmem_opts_without_reset_device() -> VmmOptions {
-    use vhost::vhost_user::message::VhostUserProtocolFeatures as P;
     VmmOptions {
-        protocol_features: P::CONFIG | P::MQ | P::REPLY_ACK,
-        ..shmem_opts()
+        shmem: true,
+        ..VmmOptions::without_reset_device()
     }
 }
 

@@ -11,13 +11,12 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use vhost_user_rdma::config::TenantConfig;
 use vhost_user_rdma::qos::QosSpec;
 use vhost_user_rdma_tests::dp::{
-    ok, poll_n, poll_one, rc_pair, wr, write_and_send_back, Buf, Pair, Vm, WAIT,
+    ok, open, poll_n, poll_one, post_writes, rc_pair, wr, write_and_send_back, write_op, Buf, Vm,
+    WAIT,
 };
-use vhost_user_rdma_tests::harness::TestDaemon;
-use vhost_user_rdma_tests::vmm::VmmOptions;
+use vhost_user_rdma_tests::harness::{add_tenant, TestDaemon};
 use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
 use virtio_rdma_abi::qp::QpState;
 use virtio_rdma_driver::{SendOp, SendWr};
@@ -30,29 +29,9 @@ const TRIPS: u64 = 20;
 fn daemon(threads: usize) -> TestDaemon {
     TestDaemon::with_config(4, |c| {
         c.engine_threads = threads;
-        c.tenants.push(TenantConfig {
-            name: "red".into(),
-            qos_class: None,
-            engine: None,
-        });
-        c.vms[2].tenant = "red".into();
-        c.vms[3].tenant = "red".into();
+        add_tenant(c, "red", &[2, 3]);
     })
     .unwrap()
-}
-
-fn open(d: &TestDaemon, i: usize) -> Vm {
-    Vm::open(d, i, VmmOptions::default())
-}
-
-/// Posts one RDMA WRITE of `len` bytes from `src` into `dst` over `p.qa`.
-fn post_write(p: &Pair, src: &Buf, dst: &Buf, len: usize, id: u64) {
-    let sg = [src.sge(0, len)];
-    let op = SendOp::RdmaWrite {
-        remote_addr: dst.addr(0),
-        rkey: dst.mr.rkey(),
-    };
-    p.qa.post_send(&[wr(id, op, &sg)]).unwrap();
 }
 
 #[test]
@@ -120,7 +99,7 @@ fn stall_vm0_and_run_red(d: &TestDaemon) -> (Duration, Duration) {
     });
     locked_rx.recv().unwrap();
     // VM 0 has work: its thread locks VM 0 and waits there.
-    post_write(&blue, &bs, &bd, 64, 1);
+    post_writes(&blue, &bs, &bd, 64, 1, 1);
     for i in 0..TRIPS {
         write_and_send_back(&red, &rs, &rd, &[i as u8; 256], 4096, i);
     }
@@ -165,10 +144,7 @@ fn qos_changes_are_in_force_on_every_thread() {
         const K: u64 = 20;
         let t0 = Instant::now();
         let sg = [src.sge(0, 64)];
-        let op = SendOp::RdmaWrite {
-            remote_addr: dst.addr(0),
-            rkey: dst.mr.rkey(),
-        };
+        let op = write_op(&dst, 0);
         let wrs: Vec<SendWr<'_>> = (0..K).map(|i| wr(round * 100 + i, op, &sg)).collect();
         red.qa.post_send(&wrs).unwrap();
         let wcs = poll_n(&red.cqa, K as usize);
@@ -262,7 +238,7 @@ fn control_commands_wake_the_engine_only_for_state_changes() {
         let p = rc_pair(&a, &b);
         let (src, dst) = (Buf::new(&a, 4096), Buf::new(&b, 4096));
         let t0 = Instant::now();
-        post_write(&p, &src, &dst, 64, i);
+        post_writes(&p, &src, &dst, 64, i, 1);
         ok(&poll_one(&p.cqa), i, WcOpcode::RDMA_WRITE);
         took.push(t0.elapsed());
     }

@@ -256,8 +256,7 @@ fn reset_without_reset_device_is_recognised() {
 
     let pd = {
         let mut v = Verbs::new(&mut vm);
-        let ctx = v.create_ctx().unwrap();
-        let pd = v.alloc_pd(ctx).unwrap();
+        let (ctx, pd) = v.ctx_pd().unwrap();
         v.create_cq(ctx, 64).unwrap();
         pd
     };

@@ -11,8 +11,8 @@ use std::time::Duration;
 use vhost_user_rdma::rnic::soft::SoftRnic;
 use vhost_user_rdma::rnic::{Rnic, RnicCaps, RnicError};
 use vhost_user_rdma_tests::dp::{
-    conn, ok, pattern, poll_one, rc_pair, rc_qp, repeated_page_mr, wr, write_and_send_back, Buf,
-    Vm, QP_ACCESS,
+    conn, ok, pattern, poll_one, rc_pair, rc_qp, repeated_page_mr, wr, write_and_send_back,
+    write_op, Buf, Vm, QP_ACCESS,
 };
 use vhost_user_rdma_tests::harness::TestDaemon;
 use vhost_user_rdma_tests::verbs::Verbs;
@@ -296,12 +296,8 @@ fn a_corrupt_control_avail_index_is_counted_per_kick() {
 /// Both doorbell modes (the shared-memory one maps the doorbell region
 /// again after a reset).
 fn modes() -> [VmmOptions; 2] {
-    use vhost::vhost_user::message::VhostUserProtocolFeatures as P;
     // A VMM that never sends RESET_DEVICE.
-    let base = VmmOptions {
-        protocol_features: P::CONFIG | P::MQ | P::REPLY_ACK,
-        ..VmmOptions::default()
-    };
+    let base = VmmOptions::without_reset_device();
     [
         base.clone(),
         VmmOptions {
@@ -330,20 +326,14 @@ fn a_stopped_then_reset_vm_receives_nothing_and_its_peers_fail() {
         dst.write(0, &[0x5a; 4096]);
         src.write(0, &[0xa5; 4096]);
         // A WRITE while B runs lands.
-        let op = SendOp::RdmaWrite {
-            remote_addr: dst.addr(0),
-            rkey: dst.mr.rkey(),
-        };
+        let op = write_op(&dst, 0);
         p.qa.post_send(&[wr(1, op, &[src.sge(0, 16)])]).unwrap();
         ok(&poll_one(&p.cqa), 1, WcOpcode::RDMA_WRITE);
         assert_eq!(dst.read(0, 16), [0xa5; 16]);
 
         let bases = b.t.vmm().stop_queues().unwrap();
         assert!(!d.stats(1).device.resources.is_empty());
-        let op = SendOp::RdmaWrite {
-            remote_addr: dst.addr(1024),
-            rkey: dst.mr.rkey(),
-        };
+        let op = write_op(&dst, 1024);
         p.qa.post_send(&[wr(2, op, &[src.sge(0, 1024)])]).unwrap();
         std::thread::sleep(Duration::from_millis(100));
         assert!(
@@ -453,16 +443,10 @@ fn a_paused_vm_neither_executes_work_nor_takes_rdma() {
         bbuf.write(2048, b"from B");
         let bases = b.t.vmm().stop_queues().unwrap();
         // B posts while stopped (its doorbell and kick reach nobody).
-        let to_a = SendOp::RdmaWrite {
-            remote_addr: abuf.addr(2048),
-            rkey: abuf.mr.rkey(),
-        };
+        let to_a = write_op(&abuf, 2048);
         p.qb.post_send(&[wr(2, to_a, &[bbuf.sge(2048, 6)])])
             .unwrap();
-        let to_b = SendOp::RdmaWrite {
-            remote_addr: bbuf.addr(0),
-            rkey: bbuf.mr.rkey(),
-        };
+        let to_b = write_op(&bbuf, 0);
         p.qa.post_send(&[wr(1, to_b, &[abuf.sge(0, 6)])]).unwrap();
         std::thread::sleep(Duration::from_millis(50));
         assert_ne!(bbuf.read(0, 6), b"from A", "RDMA WRITE into a paused VM");

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use vhost_user_rdma::{metrics, mgmt, DaemonView, Limits};
-use vhost_user_rdma_tests::dp::Vm;
+use vhost_user_rdma_tests::dp::{status, Vm};
 use vhost_user_rdma_tests::guest_mem::PAGE_SIZE;
 use vhost_user_rdma_tests::harness::TestDaemon;
 use vhost_user_rdma_tests::verbs::{MrSpec, Verbs};
@@ -20,14 +20,6 @@ use virtio_rdma_abi::ctrl::{quota, Status};
 use virtio_rdma_abi::mem::{access, PageListMode};
 use virtio_rdma_driver::{Cq, Mr, Qp, QpInit};
 use vm_memory::GuestAddress;
-
-/// The status of a failed driver call.
-fn status<T: std::fmt::Debug>(r: virtio_rdma_driver::Result<T>) -> (Status, u32) {
-    match r {
-        Err(e) => e.status().unwrap_or_else(|| panic!("not a status: {e}")),
-        Ok(v) => panic!("succeeded: {v:?}"),
-    }
-}
 
 /// `ctl stats VM` as the management socket answers it.
 fn ctl_stats(view: &DaemonView, vm: usize) -> Value {
@@ -241,8 +233,7 @@ fn sixteen_gib_reg_mr_does_not_hold_the_vm_lock() {
     let d = TestDaemon::start(1).unwrap();
     let mut vmm = d.connect(0).unwrap();
     let mut v = Verbs::new(&mut vmm);
-    let ctx = v.create_ctx().unwrap();
-    let pd = v.alloc_pd(ctx).unwrap();
+    let (_, pd) = v.ctx_pd().unwrap();
     let data = v.mem().alloc_pages(512, PAGE_SIZE).unwrap();
     let npages: usize = (16usize << 30) >> 12;
     let pages: Vec<GuestAddress> = (0..npages).map(|i| data[i % data.len()]).collect();

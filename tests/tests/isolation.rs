@@ -10,27 +10,25 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vhost_user_rdma::config::TenantConfig;
 use vhost_user_rdma::qos::QosSpec;
 use vhost_user_rdma::tenancy::IsolationStats;
 use vhost_user_rdma::Limits;
-use vhost_user_rdma_tests::dp::{cap, conn, ok, pattern, poll_one, rc_qp, wr, Buf, Vm, QP_ACCESS};
-use vhost_user_rdma_tests::harness::TestDaemon;
+use vhost_user_rdma_tests::dp::{
+    ah, assert_quiet_for, conn, fast, ok, open, pattern, poll_one, rc_qp, status, ud_qp, wr,
+    write_op, Buf, GUARD, QKEY, QP_ACCESS,
+};
+use vhost_user_rdma_tests::harness::{add_tenant, TestDaemon};
 use vhost_user_rdma_tests::verbs::Verbs;
-use vhost_user_rdma_tests::vmm::VmmOptions;
 use virtio_rdma_abi::ctrl::{quota, Opcode, Status, DETAIL_NONE};
 use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
 use virtio_rdma_abi::mem::access;
 use virtio_rdma_abi::qp::{AddressVector, QpState};
 use virtio_rdma_abi::verbs::DeviceAttr;
 use virtio_rdma_abi::Field;
-use virtio_rdma_driver::{Ah, Cq, Mr, Qp, QpInit, RcConnect, RecvWr, SendOp, SendWr, UdDest};
+use virtio_rdma_driver::{Ah, Cq, Mr, RcConnect, RecvWr, SendOp, SendWr, UdDest};
 
-const QKEY: u32 = 0x0bad_cafe;
 /// How long "nothing arrives" is watched for.
 const QUIET: Duration = Duration::from_millis(100);
-/// Fill byte of memory nothing may write.
-const GUARD: u8 = 0xEE;
 
 /// VMs 0, 1 in tenant "default"; VMs 2, 3 in tenant "red".
 fn two_tenants() -> TestDaemon {
@@ -39,70 +37,14 @@ fn two_tenants() -> TestDaemon {
 
 fn two_tenants_with(more: impl FnOnce(&mut vhost_user_rdma::DaemonConfig)) -> TestDaemon {
     TestDaemon::with_config(4, |c| {
-        c.tenants.push(TenantConfig {
-            name: "red".into(),
-            qos_class: None,
-            engine: None,
-        });
-        c.vms[2].tenant = "red".into();
-        c.vms[3].tenant = "red".into();
+        add_tenant(c, "red", &[2, 3]);
         more(c);
     })
     .unwrap()
 }
 
-fn open(d: &TestDaemon, i: usize) -> Vm {
-    Vm::open(d, i, VmmOptions::default())
-}
-
-/// The status of a failed driver call.
-fn status<T: std::fmt::Debug>(r: virtio_rdma_driver::Result<T>) -> (Status, u32) {
-    match r {
-        Err(e) => e.status().unwrap_or_else(|| panic!("not a status: {e}")),
-        Ok(v) => panic!("succeeded: {v:?}"),
-    }
-}
-
 fn iso(d: &TestDaemon, i: usize) -> IsolationStats {
     d.isolation(i)
-}
-
-/// A buffer filled with [`GUARD`].
-fn guarded(vm: &Vm, len: usize) -> Buf {
-    let b = Buf::new(vm, len);
-    b.write(0, &vec![GUARD; len]);
-    b
-}
-
-fn ud_qp(vm: &Vm, cq: &Arc<Cq>) -> Qp {
-    let mut init = QpInit::ud(cq);
-    init.cap = cap();
-    let q = Qp::create(&vm.pd, &init).unwrap();
-    q.ud_activate(QKEY, 0).unwrap();
-    q
-}
-
-fn ah(vm: &Vm, dgid: [u8; 16]) -> virtio_rdma_driver::Result<Ah> {
-    Ah::create(
-        &vm.pd,
-        &AddressVector {
-            dgid,
-            hop_limit: 64,
-            ..AddressVector::default()
-        },
-    )
-}
-
-/// Fast transport retries: an unreachable destination fails in ~3 ms.
-fn fast(mut c: RcConnect) -> RcConnect {
-    c.timeout = 8;
-    c.retry_cnt = 2;
-    c
-}
-
-fn assert_quiet(cq: &Cq) {
-    std::thread::sleep(QUIET);
-    assert_eq!(cq.poll_one(), None, "a completion arrived");
 }
 
 // ---------------------------------------------------------------------------
@@ -148,14 +90,11 @@ fn rc_connect_to_another_tenant_is_denied_and_same_tenant_works() {
     qa.rc_to_rtr(&conn(&qb, &b)).unwrap();
     qa.rc_to_rts(&conn(&qb, &b)).unwrap();
     qb.rc_connect(QP_ACCESS, &conn(&qa, &a)).unwrap();
-    let (src, dst) = (Buf::new(&a, 4096), guarded(&b, 4096));
+    let (src, dst) = (Buf::new(&a, 4096), Buf::guarded(&b, 4096));
     let data = pattern(4096, 1);
     src.write(0, &data);
     let sg = [src.sge(0, 4096)];
-    let op = SendOp::RdmaWrite {
-        remote_addr: dst.addr(0),
-        rkey: dst.mr.rkey(),
-    };
+    let op = write_op(&dst, 0);
     qa.post_send(&[wr(1, op, &sg)]).unwrap();
     ok(&poll_one(&cqa), 1, WcOpcode::RDMA_WRITE);
     assert_eq!(dst.read(0, 4096), data);
@@ -189,7 +128,7 @@ fn rc_to_another_tenants_qpn_at_an_own_gid_is_unreachable() {
     let mut c = conn(&qa, &a);
     c.av.dgid = red.dev.gid();
     qr.rc_connect(QP_ACCESS, &c).unwrap();
-    let target = guarded(&red, 4096);
+    let target = Buf::guarded(&red, 4096);
     qr.post_recv(&[RecvWr {
         wr_id: 9,
         sg_list: &[target.sge(0, 4096)],
@@ -203,10 +142,7 @@ fn rc_to_another_tenants_qpn_at_an_own_gid_is_unreachable() {
     let src = Buf::new(&a, 4096);
     src.write(0, &pattern(4096, 2));
     let sg = [src.sge(0, 4096)];
-    let op = SendOp::RdmaWrite {
-        remote_addr: target.addr(0),
-        rkey: target.mr.rkey(),
-    };
+    let op = write_op(&target, 0);
     qa.post_send(&[wr(1, op, &sg), wr(2, SendOp::Send, &sg)])
         .unwrap();
     // ... and is never reached: transport retries, then RETRY_EXC_ERR.
@@ -214,7 +150,7 @@ fn rc_to_another_tenants_qpn_at_an_own_gid_is_unreachable() {
     assert_eq!((wc.wr_id, wc.status()), (1, Some(WcStatus::RETRY_EXC_ERR)));
     let wc = poll_one(&cqa);
     assert_eq!((wc.wr_id, wc.status()), (2, Some(WcStatus::WR_FLUSH_ERR)));
-    assert_quiet(&cqr);
+    assert_quiet_for(&cqr, QUIET);
     assert_eq!(target.read(0, 4096), vec![GUARD; 4096]);
     assert_eq!(qr.query().unwrap().attr.qp_state, u32::from(QpState::RTS));
     let s = iso(&d, 0);
@@ -276,8 +212,12 @@ fn ud_to_another_tenants_qpn_is_dropped_and_counted() {
         Cq::create(&b.dev, 64).unwrap(),
         Cq::create(&red.dev, 64).unwrap(),
     );
-    let (ua, ub, ur) = (ud_qp(&a, &cqa), ud_qp(&b, &cqb), ud_qp(&red, &cqr));
-    let (rbuf, bbuf) = (guarded(&red, 4096), guarded(&b, 4096));
+    let (ua, ub, ur) = (
+        ud_qp(&a, &cqa, 64),
+        ud_qp(&b, &cqb, 64),
+        ud_qp(&red, &cqr, 64),
+    );
+    let (rbuf, bbuf) = (Buf::guarded(&red, 4096), Buf::guarded(&b, 4096));
     ur.post_recv(&[RecvWr {
         wr_id: 7,
         sg_list: &[rbuf.sge(0, 4096)],
@@ -303,14 +243,14 @@ fn ud_to_another_tenants_qpn_is_dropped_and_counted() {
     send(1, &to_b, ur.qpn());
     send(2, &to_a, ur.qpn());
     // A QPN that exists nowhere (a destroyed QP's).
-    let gone = ud_qp(&a, &cqa);
+    let gone = ud_qp(&a, &cqa, 64);
     let gone_qpn = gone.qpn();
     gone.destroy().unwrap();
     send(3, &to_b, gone_qpn);
     // B's QPN at A's GID: no such QP at that address.
     send(4, &to_a, ub.qpn());
-    assert_quiet(&cqr);
-    assert_quiet(&cqb);
+    assert_quiet_for(&cqr, QUIET);
+    assert_quiet_for(&cqb, QUIET);
     assert_eq!(rbuf.read(0, 4096), vec![GUARD; 4096]);
     assert_eq!(bbuf.read(0, 4096), vec![GUARD; 4096]);
     let s = iso(&d, 0);
@@ -332,7 +272,7 @@ fn ud_to_another_tenants_qpn_is_dropped_and_counted() {
     // use it.
     let red2 = open(&d, 3);
     let cq2 = Cq::create(&red2.dev, 16).unwrap();
-    let u2 = ud_qp(&red2, &cq2);
+    let u2 = ud_qp(&red2, &cq2, 64);
     let to_red = ah(&red2, red.dev.gid()).unwrap();
     let s2 = Buf::new(&red2, 16);
     s2.write(0, b"same tenant ok!!");
@@ -360,7 +300,7 @@ fn rkey_brute_force_fails_every_guess_and_is_counted() {
     );
     let (qa, qb) = (rc_qp(&a, &cqa), rc_qp(&b, &cqb));
     // The victim: 4 MRs with remote rights (one rkey each), all guarded.
-    let victims: Vec<Buf> = (0..4).map(|_| guarded(&b, 4096)).collect();
+    let victims: Vec<Buf> = (0..4).map(|_| Buf::guarded(&b, 4096)).collect();
     let real: Vec<u32> = victims.iter().map(|v| v.mr.rkey()).collect();
     let src = Buf::new(&a, 64);
     src.write(0, &[0x42; 64]);
@@ -415,10 +355,7 @@ fn rkey_brute_force_fails_every_guess_and_is_counted() {
         buf: victims[1].buf.clone(),
         mr: Mr::register(&b.pd, victims[1].buf.clone(), access::LOCAL_WRITE).unwrap(),
     };
-    let op = SendOp::RdmaWrite {
-        remote_addr: local.addr(0),
-        rkey: local.mr.rkey(),
-    };
+    let op = write_op(&local, 0);
     qa.post_send(&[wr(GUESSES + 1, op, &sg)]).unwrap();
     let wc = poll_one(&cqa);
     assert_eq!(wc.status(), Some(WcStatus::REM_ACCESS_ERR));

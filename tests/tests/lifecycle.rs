@@ -15,9 +15,7 @@ use virtio_rdma_abi::mem::access;
 /// Creates a little of everything; returns the QP handle.
 fn populate(vm: &mut TestVmm) -> u32 {
     let mut v = Verbs::new(vm);
-    let ctx = v.create_ctx().unwrap();
-    let pd = v.alloc_pd(ctx).unwrap();
-    let cq = v.create_cq(ctx, 64).unwrap();
+    let (_, pd, cq) = v.ctx_pd_cq(64).unwrap();
     let pages = v.mem().alloc_pages(16, PAGE_SIZE).unwrap();
     v.reg_mr(&MrSpec::new(
         pd,
@@ -171,9 +169,7 @@ fn binary_serves_two_vms() {
     assert_eq!(a.config().unwrap().mac, [0; 6]);
     assert_eq!(b.config().unwrap().mac, [0x52, 0x54, 0, 0, 1, 2]);
     let mut v = Verbs::new(&mut a);
-    let ctx = v.create_ctx().unwrap();
-    let pd = v.alloc_pd(ctx).unwrap();
-    let cq = v.create_cq(ctx, 16).unwrap();
+    let (_, pd, cq) = v.ctx_pd_cq(16).unwrap();
     for _ in 0..3 {
         v.create_qp(&QpInit::rc(pd, cq)).unwrap();
     }
@@ -236,22 +232,14 @@ fn binary_rejects_bad_configuration() {
     );
 }
 
-/// Protocol features of a VMM that never sends `RESET_DEVICE` (QEMU's
-/// generic vhost-user device, for one).
-fn no_reset_device() -> VmmOptions {
-    use vhost::vhost_user::message::VhostUserProtocolFeatures as P;
-    VmmOptions {
-        protocol_features: P::CONFIG | P::MQ | P::REPLY_ACK,
-        ..VmmOptions::default()
-    }
-}
-
 /// Stopping the queues and restarting them where they stopped is what a
 /// VMM does around a VM pause: objects survive it (spec 15.1).
 #[test]
 fn stopping_and_resuming_queues_is_a_pause_not_a_reset() {
     let d = TestDaemon::start(1).unwrap();
-    let mut vm = d.connect_with(0, no_reset_device()).unwrap();
+    let mut vm = d
+        .connect_with(0, VmmOptions::without_reset_device())
+        .unwrap();
     let qp = populate(&mut vm);
     let bases = vm.stop_queues().unwrap();
     assert_ne!(bases[0], 0, "commands were taken");
@@ -330,7 +318,9 @@ fn a_stopped_device_has_its_doorbell_headers_left_alone() {
     use std::sync::atomic::Ordering;
     use virtio_rdma_abi::datapath::{DB_FLAG_KICK, DB_FLAG_POLLING};
     let d = TestDaemon::start(1).unwrap();
-    let mut vm = d.connect_with(0, no_reset_device()).unwrap();
+    let mut vm = d
+        .connect_with(0, VmmOptions::without_reset_device())
+        .unwrap();
     let header = vm.mem().alloc(64, 64).unwrap();
     let mut v = Verbs::new(&mut vm);
     let ctx = v.create_ctx_at(header.0).unwrap().ctx_handle;
@@ -372,7 +362,9 @@ fn a_stopped_device_has_its_doorbell_headers_left_alone() {
 #[test]
 fn a_restart_from_fresh_rings_without_reset_device_is_a_reset() {
     let d = TestDaemon::start(1).unwrap();
-    let mut vm = d.connect_with(0, no_reset_device()).unwrap();
+    let mut vm = d
+        .connect_with(0, VmmOptions::without_reset_device())
+        .unwrap();
     let qp = populate(&mut vm);
     let before = d.stats(0).device.resources;
     assert_eq!(before.qp, 2);

@@ -12,7 +12,9 @@
 
 use std::time::{Duration, Instant};
 
-use vhost_user_rdma_tests::dp::{connect, ok, pattern, poll_one, rc_qp, wr, Buf, Vm, WAIT};
+use vhost_user_rdma_tests::dp::{
+    connect, ok, pattern, poll_one, rc_qp, wait_state, wr, write_op, Buf, Vm, WAIT,
+};
 use vhost_user_rdma_tests::harness::TestDaemon;
 use vhost_user_rdma_tests::vmm::VmmOptions;
 use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
@@ -79,14 +81,6 @@ fn settled() -> Usage {
     usage()
 }
 
-fn wait_state(q: &virtio_rdma_driver::Qp, s: QpState) {
-    let deadline = Instant::now() + WAIT;
-    while q.query().unwrap().attr.qp_state != u32::from(s) {
-        assert!(Instant::now() < deadline, "QP never reached {s:?}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
 #[test]
 fn thousand_connect_work_disconnect_cycles_do_not_grow() {
     let d = TestDaemon::start(3).unwrap();
@@ -126,10 +120,7 @@ fn thousand_connect_work_disconnect_cycles_do_not_grow() {
         let len = 1 + (cycle * 7919) % MSG;
         let data = pattern(len, cycle as u64);
         src.write(0, &data);
-        let op = SendOp::RdmaWrite {
-            remote_addr: sink.addr(0),
-            rkey: sink.mr.rkey(),
-        };
+        let op = write_op(&sink, 0);
         let sg = [src.sge(0, len)];
         q1.post_send(&[wr(1, op, &sg)]).unwrap();
         ok(&poll_one(&cq1), 1, WcOpcode::RDMA_WRITE);
@@ -151,10 +142,7 @@ fn thousand_connect_work_disconnect_cycles_do_not_grow() {
             let sg = [src.sge(0, MSG)];
             let burst: Vec<_> = (0..16u64)
                 .map(|k| {
-                    let op = SendOp::RdmaWrite {
-                        remote_addr: sink.addr(k as usize * MSG),
-                        rkey: sink.mr.rkey(),
-                    };
+                    let op = write_op(&sink, k as usize * MSG);
                     wr(10 + k, op, &sg)
                 })
                 .collect();
@@ -192,10 +180,7 @@ fn thousand_connect_work_disconnect_cycles_do_not_grow() {
         // The bystander pair works on, undisturbed.
         let data = pattern(4096, 1_000_000 + cycle as u64);
         src2.write(0, &data);
-        let op = SendOp::RdmaWrite {
-            remote_addr: dst2.addr(0),
-            rkey: dst2.mr.rkey(),
-        };
+        let op = write_op(&dst2, 0);
         q2.post_send(&[wr(cycle as u64, op, &[src2.sge(0, 4096)])])
             .unwrap();
         ok(&poll_one(&cq2), cycle as u64, WcOpcode::RDMA_WRITE);

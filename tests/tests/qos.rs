@@ -11,33 +11,15 @@
 
 use std::time::{Duration, Instant};
 
-use vhost_user_rdma::config::TenantConfig;
 use vhost_user_rdma::qos::{QosClass, QosSpec};
 use vhost_user_rdma::stats::TrafficStats;
-use vhost_user_rdma_tests::dp::{ok, poll_n, rc_pair, wr, Buf, Pair, Vm};
-use vhost_user_rdma_tests::harness::TestDaemon;
-use vhost_user_rdma_tests::vmm::VmmOptions;
+use vhost_user_rdma_tests::dp::{ok, open, poll_n, post_writes, rc_pair, wr, Buf, Vm};
+use vhost_user_rdma_tests::harness::{add_tenant, TestDaemon};
 use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
 use virtio_rdma_driver::{SendOp, SendWr};
 
 fn traffic(d: &TestDaemon, vm: usize) -> TrafficStats {
     d.daemon().tenancy().traffic(vm).unwrap().snapshot()
-}
-
-fn open(d: &TestDaemon, i: usize) -> Vm {
-    Vm::open(d, i, VmmOptions::default())
-}
-
-/// Posts `n` signaled `len`-byte RDMA WRITEs from `src` into `dst` over
-/// `p.qa` (ids from `first`); `n` must fit the send queue (64).
-fn post_writes(p: &Pair, src: &Buf, dst: &Buf, len: usize, first: u64, n: usize) {
-    let sg = [src.sge(0, len)];
-    let op = SendOp::RdmaWrite {
-        remote_addr: dst.addr(0),
-        rkey: dst.mr.rkey(),
-    };
-    let wrs: Vec<SendWr<'_>> = (0..n as u64).map(|i| wr(first + i, op, &sg)).collect();
-    p.qa.post_send(&wrs).unwrap();
 }
 
 fn check_writes(wcs: &[virtio_rdma_driver::WorkCompletion], first: u64) {
@@ -123,14 +105,7 @@ fn tenant_bytes_limit_applies_to_the_sum_of_its_vms() {
                 ..QosSpec::default()
             },
         });
-        c.tenants.push(TenantConfig {
-            name: "red".into(),
-            qos_class: Some("slow".into()),
-            engine: None,
-        });
-        c.vms[0].tenant = "red".into();
-        c.vms[1].tenant = "red".into();
-        c.vms[2].tenant = "red".into();
+        add_tenant(c, "red", &[0, 1, 2]).qos_class = Some("slow".into());
     })
     .unwrap();
     let vms: Vec<Vm> = (0..3).map(|i| open(&d, i)).collect();

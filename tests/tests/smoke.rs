@@ -13,9 +13,7 @@ fn daemon_answers() {
     let mut v = Verbs::new(&mut vm);
     let dev = v.query_device().unwrap();
     assert_eq!(dev.max_qp, cfg.max_qp);
-    let ctx = v.create_ctx().unwrap();
-    let pd = v.alloc_pd(ctx).unwrap();
-    let cq = v.create_cq(ctx, 64).unwrap();
+    let (_, pd, cq) = v.ctx_pd_cq(64).unwrap();
     let qp = v.create_qp(&QpInit::rc(pd, cq)).unwrap();
     let gid = v.query_gid(1, 0).unwrap().gid;
     v.connect_rc(qp.handle, qp.qpn, gid).unwrap();

@@ -23,13 +23,6 @@ use virtio_rdma_abi::verbs::{
 };
 use virtio_rdma_driver::{Ah, Cq, Payload, Qp, QpCap, QpInit, RecvWr, SendOp, SendWr, UdDest};
 
-fn two_vms() -> (TestDaemon, Vm, Vm) {
-    let d = TestDaemon::start(2).unwrap();
-    let a = Vm::open(&d, 0, VmmOptions::default());
-    let b = Vm::open(&d, 1, VmmOptions::default());
-    (d, a, b)
-}
-
 /// Spec 10.5: `LOCAL_WRITE` in a QP's access is accepted (perftest's
 /// `ib_send_bw` passes it), stored and reported back by QUERY_QP, and grants
 /// nothing: remote rights still come from the `REMOTE_*` bits alone.
@@ -49,20 +42,14 @@ fn qp_access_accepts_local_write() {
     let data = pattern(1000, 1);
     ba.write(0, &data);
     let sg = [ba.sge(0, data.len())];
-    let op = SendOp::RdmaWrite {
-        remote_addr: bb.addr(0),
-        rkey: bb.mr.rkey(),
-    };
+    let op = write_op(&bb, 0);
     qa.post_send(&[wr(1, op, &sg)]).unwrap();
     ok(&poll_one(&cqa), 1, WcOpcode::RDMA_WRITE);
     assert_eq!(bb.read(0, data.len()), data);
 
     // qa allows LOCAL_WRITE only: a WRITE from qb into it is refused.
     let sg = [bb.sge(0, 16)];
-    let op = SendOp::RdmaWrite {
-        remote_addr: ba.addr(2048),
-        rkey: ba.mr.rkey(),
-    };
+    let op = write_op(&ba, 2048);
     qb.post_send(&[wr(2, op, &sg)]).unwrap();
     let wc = poll_one(&cqb);
     assert_eq!(wc.wr_id, 2);
@@ -105,14 +92,7 @@ fn qp_without_send_sges_posts_inline_and_empty_sends() {
             });
             wrs.push(SendWr {
                 payload: Payload::Inline(&data),
-                ..wr(
-                    4,
-                    SendOp::RdmaWrite {
-                        remote_addr: bb.addr(2048),
-                        rkey: bb.mr.rkey(),
-                    },
-                    &[],
-                )
+                ..wr(4, write_op(&bb, 2048), &[])
             });
         }
         let recvs = wrs.iter().filter(|w| w.wr_id != 4).count();
@@ -149,13 +129,6 @@ fn qp_without_send_sges_posts_inline_and_empty_sends() {
         assert!(qa.post_send(&[wr(5, SendOp::Send, &sg)]).is_err());
         assert_quiet(&cqa);
     }
-}
-
-/// No completion arrives on `cq` for a moment.
-fn assert_quiet(cq: &Cq) {
-    std::thread::sleep(std::time::Duration::from_millis(50));
-    let mut wc = [virtio_rdma_driver::WorkCompletion::default(); 4];
-    assert_eq!(cq.poll(&mut wc), 0, "{:?}", &wc[..1]);
 }
 
 /// Spec 12.1, 12.2: QUERY_PORT reports the physical state, speed and width
@@ -303,20 +276,12 @@ fn doorbell_pages_are_below_max_ctx() {
 /// GID table entry of its destination — answers the sender.
 #[test]
 fn ud_grh_is_an_ipv6_header() {
-    const QKEY: u32 = 0x1111_2222;
     let (_d, a, b) = two_vms();
     let (cqa, cqb) = (
         Cq::create(&a.dev, 64).unwrap(),
         Cq::create(&b.dev, 64).unwrap(),
     );
-    let ud_qp = |vm: &Vm, cq: &Arc<Cq>| {
-        let mut init = QpInit::ud(cq);
-        init.cap = cap();
-        let q = Qp::create(&vm.pd, &init).unwrap();
-        q.ud_activate(QKEY, 0).unwrap();
-        q
-    };
-    let (qa, qb) = (ud_qp(&a, &cqa), ud_qp(&b, &cqb));
+    let (qa, qb) = (ud_qp(&a, &cqa, 64), ud_qp(&b, &cqb, 64));
     let (ba, bb) = (Buf::new(&a, 8192), Buf::new(&b, 8192));
     let cases = [
         // traffic class, flow label, hop limit, length, immediate

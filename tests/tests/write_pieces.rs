@@ -22,25 +22,19 @@ use vhost_user_rdma::engine::{ALONE_PIECE, PIECE};
 use vhost_user_rdma::qos::QosSpec;
 use vhost_user_rdma::stats::TrafficStats;
 use vhost_user_rdma_tests::dp::{
-    conn, ok, pattern, poll_n, rc_pair, rc_qp, wr, Buf, Pair, Vm, QP_ACCESS,
+    assert_untouched, conn, next_event, ok, open, pattern, poll_n, rc_pair, rc_qp, wait_state, wr,
+    Buf, Pair, Vm, GUARD, QP_ACCESS, WAIT,
 };
 use vhost_user_rdma_tests::harness::TestDaemon;
-use vhost_user_rdma_tests::vmm::VmmOptions;
 use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
 use virtio_rdma_abi::mem::access;
 use virtio_rdma_abi::qp::QpState;
 use virtio_rdma_driver::{Cq, DmaBuf, Mr, Qp, SendOp};
 
-const GUARD: u8 = 0xEE;
 const PAGE: usize = 4096;
-const WAIT: Duration = Duration::from_secs(10);
 
 fn traffic(d: &TestDaemon, vm: usize) -> TrafficStats {
     d.daemon().tenancy().traffic(vm).unwrap().snapshot()
-}
-
-fn open(d: &TestDaemon, i: usize) -> Vm {
-    Vm::open(d, i, VmmOptions::default())
 }
 
 /// Weight 1 (pieces of `PIECE` bytes) and a bytes limit.
@@ -104,13 +98,6 @@ fn guarded(vm: &Vm, len: usize) -> (Arc<DmaBuf>, Mr) {
     (buf, mr)
 }
 
-fn assert_untouched(buf: &DmaBuf, off: usize, len: usize, what: &str) {
-    let got = buf.to_vec(off, len).unwrap();
-    if let Some(p) = got.iter().position(|&b| b != GUARD) {
-        panic!("{what}: byte {} was written ({:#x})", off + p, got[p]);
-    }
-}
-
 fn post_write(p: &Pair, id: u64, src: &Buf, len: usize, mr: &Mr) {
     let sg = [src.sge(0, len)];
     let op = SendOp::RdmaWrite {
@@ -133,14 +120,6 @@ fn wait_bytes(d: &TestDaemon, vm: usize, bytes: u64) -> u64 {
             "VM {vm} moved {s} of {bytes} bytes"
         );
         std::thread::sleep(Duration::from_micros(200));
-    }
-}
-
-fn wait_state(q: &Qp, s: QpState) {
-    let deadline = Instant::now() + WAIT;
-    while q.query().unwrap().attr.qp_state != u32::from(s) {
-        assert!(Instant::now() < deadline, "QP {:#x} not in {s:?}", q.qpn());
-        std::thread::sleep(Duration::from_millis(2));
     }
 }
 
@@ -361,20 +340,6 @@ fn qp_reset_mid_write_abandons_it() {
     assert_eq!((s.send_ops, s.send_bytes), (1, PIECE + 64));
 }
 
-/// The next asynchronous event of `vm` other than `PORT_ACTIVE`, if one
-/// comes within `within`.
-fn next_event(vm: &Vm, within: Duration) -> Option<virtio_rdma_abi::event::Event> {
-    use virtio_rdma_abi::event::EventKind;
-    let deadline = Instant::now() + within;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let ev = vm.dev.next_async_event(Some(left)).unwrap()?;
-        if EventKind::from_u32(ev.kind) != Some(EventKind::PORT_ACTIVE) {
-            return Some(ev);
-        }
-    }
-}
-
 /// RTS → SQD with `en_sqd_async_notify`.
 fn to_sqd(qp: &Qp) {
     qp.modify(&virtio_rdma_driver::QpAttrs {
@@ -401,14 +366,14 @@ fn sqd_mid_write_finishes_it_then_reports_drained() {
     assert_eq!(q.attr.qp_state, u32::from(QpState::SQD));
     assert_eq!(q.attr.sq_draining, 1, "the WRITE is in flight");
     assert!(
-        next_event(a, Duration::from_millis(50)).is_none(),
+        next_event(&a.dev, Duration::from_millis(50)).is_none(),
         "drained while a WRITE was in flight"
     );
 
     d.set_vm_qos(0, QosSpec::default()).unwrap();
     ok(&poll_n(&p.cqa, 1)[0], 1, WcOpcode::RDMA_WRITE);
     assert_eq!(w.dst.to_vec(PAGE, MID_LEN).unwrap(), w.data);
-    let ev = next_event(a, WAIT).expect("QP_SQ_DRAINED");
+    let ev = next_event(&a.dev, WAIT).expect("QP_SQ_DRAINED");
     assert_eq!(EventKind::from_u32(ev.kind), Some(EventKind::QP_SQ_DRAINED));
     assert_eq!(ev.handle, p.qa.handle());
     assert_eq!(p.qa.query().unwrap().attr.sq_draining, 0);
@@ -421,7 +386,7 @@ fn sqd_mid_write_finishes_it_then_reports_drained() {
     p.qa.modify(&virtio_rdma_driver::QpAttrs::state(QpState::RTS))
         .unwrap();
     ok(&poll_n(&p.cqa, 1)[0], 2, WcOpcode::RDMA_WRITE);
-    assert!(next_event(a, Duration::from_millis(20)).is_none());
+    assert!(next_event(&a.dev, Duration::from_millis(20)).is_none());
 }
 
 /// A SEND waiting for RNR retries when its QP moves to SQD is still
@@ -454,7 +419,7 @@ fn sqd_with_a_send_waiting_for_rnr_retries_drains_once_it_is_taken() {
 
     to_sqd(&qa);
     assert_eq!(qa.query().unwrap().attr.sq_draining, 1);
-    assert!(next_event(&a, Duration::from_millis(50)).is_none());
+    assert!(next_event(&a.dev, Duration::from_millis(50)).is_none());
     qb.post_recv(&[RecvWr {
         wr_id: 6,
         sg_list: &[rbuf.sge(0, 64)],
@@ -463,7 +428,7 @@ fn sqd_with_a_send_waiting_for_rnr_retries_drains_once_it_is_taken() {
     ok(&poll_n(&cqa, 1)[0], 5, WcOpcode::SEND);
     ok(&poll_n(&cqb, 1)[0], 6, WcOpcode::RECV);
     assert_eq!(rbuf.read(0, 15), b"sent before SQD");
-    let ev = next_event(&a, WAIT).expect("QP_SQ_DRAINED");
+    let ev = next_event(&a.dev, WAIT).expect("QP_SQ_DRAINED");
     assert_eq!(EventKind::from_u32(ev.kind), Some(EventKind::QP_SQ_DRAINED));
     assert_eq!(qa.query().unwrap().attr.sq_draining, 0);
 
@@ -471,7 +436,7 @@ fn sqd_with_a_send_waiting_for_rnr_retries_drains_once_it_is_taken() {
     qa.modify(&virtio_rdma_driver::QpAttrs::state(QpState::RTS))
         .unwrap();
     to_sqd(&qa);
-    let ev = next_event(&a, WAIT).expect("QP_SQ_DRAINED");
+    let ev = next_event(&a.dev, WAIT).expect("QP_SQ_DRAINED");
     assert_eq!(EventKind::from_u32(ev.kind), Some(EventKind::QP_SQ_DRAINED));
     assert_eq!(ev.handle, qa.handle());
 }
