@@ -30,3 +30,15 @@
 : "${GUEST_RDMA_CORE_VERSION:=56.1}"
 : "${GUEST_RDMA_CORE_URL:=http://deb.debian.org/debian/pool/main/r/rdma-core/rdma-core_56.1.orig.tar.gz}"
 : "${GUEST_RDMA_CORE_SHA256:=63ce7f2baa7242c2dbc76375dac957c420187dd27f8c5e148efc07971ee522a8}"
+
+# perftest (scripts/qemu-pingpong.sh): Debian's unmodified binaries, run against the libibverbs,
+# librdmacm and libibumad of the rdma-core tree above, and libpci3 with the libraries it needs
+# (its pci.ids dependency is data for names only, which perftest does not print).
+: "${GUEST_PERFTEST_VERSION:=4.5+0.17-1}"
+: "${GUEST_PERFTEST_SHA256:=d5bb8f968762295021e89548b983953787047676a406cc38f98559cc5332fcdb}"
+: "${GUEST_LIBPCI_VERSION:=1:3.9.0-4}"
+: "${GUEST_LIBPCI_SHA256:=75519023eb1f0cdc556709b109765e2ea36f6e5c66b8ca94cec45843b3e3bee7}"
+: "${GUEST_LIBUDEV_VERSION:=252.39-1~deb12u2}"
+: "${GUEST_LIBUDEV_SHA256:=6f7e08f11c4809d2e5998c775f7b423ab5ec2ce0309494b4a2615037052245e2}"
+: "${GUEST_ZLIB_VERSION:=1:1.2.13.dfsg-1}"
+: "${GUEST_ZLIB_SHA256:=d7dd1d1411fedf27f5e27650a6eff20ef294077b568f4c8c5e51466dc7c08ce4}"

@@ -21,6 +21,9 @@ Usage: scripts/build-guest.sh [OPTIONS]
   --bin PATH[:DEST]   add a host binary (default DEST /bin/NAME) with the shared libraries it
                       needs (from ldd, the dynamic loader included); repeatable
   --lib PATH[:DEST]   add a shared library (e.g. one loaded with dlopen) and its own libraries
+  --lib-path DIRS     colon-separated directories where the libraries of --bin and --lib files
+                      are looked up first (LD_LIBRARY_PATH of ldd); they go to the same paths in
+                      the image, so the guest's command sets LD_LIBRARY_PATH=DIRS as well
   --file SRC:DEST     add a file or directory as it is
   --module NAME       add a kernel module (and what it depends on); load it with guest.modules=
   --load NAME         add a kernel module and load it at boot
@@ -29,7 +32,7 @@ Usage: scripts/build-guest.sh [OPTIONS]
   --name NAME         image name (default: default): the image goes to CACHE/images/NAME
   --out DIR           write the image to DIR instead
   --compress KIND     gzip (default), zstd or none
-  --no-strip          keep the debug information of --bin binaries (stripped by default)
+  --no-strip          keep the debug information of binaries and libraries (stripped by default)
   --print-dir         print only the image directory on stdout at the end
   -h, --help          this text
 
@@ -38,12 +41,13 @@ Always in the image: busybox, uio + uio_pci_generic (loaded), virtio_pci and vfi
 EOF
 }
 
-bins=() libs=() files=() extra_modules=() load_modules=(uio_pci_generic)
+bins=() libs=() files=() extra_modules=() load_modules=(uio_pci_generic) lib_path=''
 run_cmd='' name=default out='' compress=gzip print_dir=0 strip=1
 while [ $# -gt 0 ]; do
   case "$1" in
   --bin) bins+=("${2:?--bin needs a path}"); shift 2 ;;
   --lib) libs+=("${2:?--lib needs a path}"); shift 2 ;;
+  --lib-path) lib_path=${2:?--lib-path needs directories}; shift 2 ;;
   --file) files+=("${2:?--file needs SRC:DEST}"); shift 2 ;;
   --module) extra_modules+=("${2:?--module needs a name}"); shift 2 ;;
   --load) extra_modules+=("${2:?--load needs a name}"); load_modules+=("$2"); shift 2 ;;
@@ -188,10 +192,12 @@ cp "$moddir/modules.builtin" "$moddir/modules.order" "$root/lib/modules/$krel/"
 "$busybox" depmod -b "$root" "$krel"
 printf '%s\n' "${load_modules[@]}" >"$root/etc/guest/modules"
 
-# add_libs FILE: copies the shared libraries FILE needs (ldd's answer) to the same paths.
+# add_libs FILE: copies the shared libraries FILE needs (ldd's answer) to the same paths, without
+# their debug information unless --no-strip.
 add_libs() {
-  local out lib
-  if ! out=$(ldd "$1" 2>&1); then
+  local out lib ldenv=()
+  [ -z "$lib_path" ] || ldenv=(LD_LIBRARY_PATH="$lib_path")
+  if ! out=$(env "${ldenv[@]}" ldd "$1" 2>&1); then
     case "$out" in
     *"not a dynamic executable"* | *"statically linked"*) return 0 ;;
     *) guest_die "ldd $1: $out" ;;
@@ -201,7 +207,9 @@ add_libs() {
     guest_die "$1 needs libraries this host lacks: $(grep 'not found' <<<"$out" | tr -s ' \t' ' ')"
   fi
   while read -r lib; do
-    [ -e "$root$lib" ] || install -D -m 0755 "$lib" "$root$lib"
+    [ ! -e "$root$lib" ] || continue
+    install -D -m 0755 "$lib" "$root$lib"
+    [ "$strip" = 0 ] || strip --strip-debug "$root$lib"
   done < <(awk '$2 == "=>" && $3 ~ /^\// { print $3; next } $1 ~ /^\// { print $1 }' <<<"$out")
 }
 
@@ -227,7 +235,10 @@ for spec in "${bins[@]}"; do
 done
 for spec in "${libs[@]}"; do
   split_spec "$spec" /usr/lib
-  [ -e "$root$dest" ] || install -D -m 0755 "$src" "$root$dest"
+  if [ ! -e "$root$dest" ]; then
+    install -D -m 0755 "$src" "$root$dest"
+    if [ "$strip" = 1 ] && is_elf "$src"; then strip --strip-debug "$root$dest"; fi
+  fi
   add_libs "$src"
 done
 for spec in "${files[@]}"; do

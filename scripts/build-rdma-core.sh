@@ -3,7 +3,8 @@
 # verified by sha256, cached): libibverbs, our provider (guest-driver/rdma-core/virtio_rdma, copied
 # into providers/) and the example tools. Prints the build directory; the guest needs
 # lib/libibverbs.so.1, lib/libvirtio_rdma-rdmav34.so (RDMAV_DRIVERS=<dir>/libvirtio_rdma) and
-# bin/ibv_* (and our own test programs from guest-driver/tests/, in bin/ too).
+# bin/ibv_* (and our own test programs from guest-driver/tests/, in bin/ too); perftest also
+# librdmacm.so.1, libibumad.so.3, libmlx5.so.1 and libefa.so.1 from lib/.
 #
 # Usage: scripts/build-rdma-core.sh
 set -euo pipefail
@@ -61,8 +62,11 @@ if [ ! -f "$build/build.ninja" ]; then
     guest_die "rdma-core: cmake failed"
   }
 fi
+# librdmacm, libibumad and the direct-verbs libraries of mlx5 and efa are what Debian's perftest
+# binaries link against (scripts/qemu-pingpong.sh runs them on this tree's libibverbs).
 targets=(lib/libibverbs.so.1 lib/libvirtio_rdma-rdmav34.so bin/ibv_devinfo bin/ibv_devices
-  bin/ibv_rc_pingpong bin/ibv_ud_pingpong bin/ibv_srq_pingpong)
+  bin/ibv_rc_pingpong bin/ibv_ud_pingpong bin/ibv_srq_pingpong
+  lib/librdmacm.so.1 lib/libibumad.so.3 lib/libmlx5.so.1 lib/libefa.so.1)
 if ! ninja -C "$build" "${targets[@]}" >"$build/ninja.log" 2>&1; then
   cat "$build/ninja.log" >&2
   guest_die "rdma-core: build failed"

@@ -1,9 +1,23 @@
 #!/usr/bin/env bash
-# Unmodified rdma-core tools between two QEMU guests on one daemon: each guest loads virtio_rdma.ko
+# Unmodified RDMA tools between two QEMU guests on one daemon: each guest loads virtio_rdma.ko
 # (scripts/build-kmod.sh) and the provider set (scripts/build-rdma-core.sh), the guests are
 # networked with -netdev stream for the tools' TCP exchange, and their IP addresses are their
 # device GIDs (::ffff:10.42.0.1 and .2, the daemon's defaults), so GID index 1 is usable
-# (spec appendix A). Runs ibv_rc_pingpong (polling and -e), ibv_ud_pingpong and ibv_srq_pingpong.
+# (spec appendix A). They run, server and client:
+#   - rdma-core's ibv_rc_pingpong (polling, then -e: completion events), ibv_ud_pingpong (UD,
+#     address handles) and ibv_srq_pingpong (4 QPs on an SRQ);
+#   - Debian bookworm's perftest binaries as they are (pinned in guest/versions.sh) on that
+#     tree's libibverbs, librdmacm and libibumad (libpci3 and what it needs from Debian too),
+#     all with -x 1 and the TCP exchange: ib_write_bw for 4 s, then ib_write_lat, ib_read_bw,
+#     ib_send_bw and ib_atomic_bw with 100 iterations each.
+# Meanwhile a third guest, alone in another tenant, runs the Rust userspace driver's hostile
+# program (rdma-guest hostile, through uio: bad addresses, keys and bounds, connects to the
+# first tenant's GIDs, then an endless RDMA WRITE stream). The client waits at a gate (a line on
+# its second serial port) before perftest until that guest streams, and the hostile guest's
+# QEMU is killed with SIGKILL in the middle of ib_write_bw's transfer. Checked: every tool's
+# result line on both sides, no kernel warnings in the two guests, the hostile guest's checks
+# passed before it was killed, the daemon released all of its objects (its log, ctl stats)
+# and is still alive.
 # Prints "qemu-pingpong: N passed, M failed".
 #
 # Usage: bash scripts/qemu-pingpong.sh [--keep]
@@ -11,19 +25,37 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=guest/lib.sh
 . guest/lib.sh
+# shellcheck source=guest/versions.sh
+. guest/versions.sh
 keep=0
 [ "${1:-}" = --keep ] && keep=1
+t_start=$(date +%s)
 
 [ -n "${QEMU:-}" ] || QEMU=$(bash scripts/build-qemu.sh | tail -n 1)
 export QEMU
-cargo build --release --locked -q -p vhost-user-rdma
+cargo build --release --locked -q -p vhost-user-rdma -p virtio-rdma-apps
 kmod=$(bash scripts/build-kmod.sh)
 rc=$(bash scripts/build-rdma-core.sh)
-bash scripts/build-guest.sh --name rdma-pingpong --load virtio_pci --load virtio_net \
-  --load ib_uverbs --file "$kmod:/lib/virtio_rdma.ko" \
-  --bin "$rc/bin/ibv_rc_pingpong" --bin "$rc/bin/ibv_ud_pingpong" --bin "$rc/bin/ibv_srq_pingpong" \
-  --bin "$rc/bin/ibv_devinfo" \
-  --lib "$rc/lib/libvirtio_rdma-rdmav34.so:/lib/libvirtio_rdma-rdmav34.so" >/dev/null
+
+# Debian's perftest and libpci3 with the libraries it needs, verified and extracted once.
+pt_debs=("perftest $GUEST_PERFTEST_VERSION $GUEST_PERFTEST_SHA256"
+  "libpci3 $GUEST_LIBPCI_VERSION $GUEST_LIBPCI_SHA256"
+  "libudev1 $GUEST_LIBUDEV_VERSION $GUEST_LIBUDEV_SHA256"
+  "zlib1g $GUEST_ZLIB_VERSION $GUEST_ZLIB_SHA256")
+pt="$GUEST_CACHE/perftest/$(printf '%s\n' "${pt_debs[@]}" | sha256sum | cut -c1-12)"
+if [ ! -f "$pt/.done" ]; then
+  rm -rf "$pt"
+  mkdir -p "$pt"
+  for d in "${pt_debs[@]}"; do
+    # shellcheck disable=SC2086 # PKG VERSION SHA256
+    deb=$(fetch_deb $d)
+    dpkg-deb -x "$deb" "$pt"
+  done
+  touch "$pt/.done"
+fi
+perftest=(ib_write_bw ib_write_lat ib_read_bw ib_send_bw ib_atomic_bw)
+# Where the guests' loader finds the tree's libraries and Debian's (same paths as here).
+libs="$rc/lib:$pt/usr/lib/x86_64-linux-gnu:$pt/lib/x86_64-linux-gnu"
 
 dir=$(mktemp -d /tmp/vhost-user-rdma-pingpong.XXXXXX)
 daemon_pid="" pids=()
@@ -36,44 +68,163 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# What both guests' commands source first. wait_gid: until ib_core has taken the interface's
+# address as GID 1. run LABEL TOOL ARGS...: prints LABEL on a line of its own, then runs TOOL on
+# virtio_rdma0 (with the server's address $peer on the client), its standard output straight to
+# the console (line-buffered there) and its errors after it; the client tries again while the
+# server's tool is not listening yet (the tools do not retry). gate: prints GATE and waits for a
+# line from the host on the second serial port. klog: the kernel's warnings (the console shows
+# only its errors) and how many there are.
 {
-  printf '[[tenant]]\nname = "t"\n\n'
+  printf 'export RDMAV_DRIVERS=/lib/libvirtio_rdma LD_LIBRARY_PATH=%s\n' "$libs"
+  cat <<'EOF'
+# The tree's libibverbs also looks into its configuration directory (nothing there to read).
+mkdir -p /usr/local/etc/libibverbs.d
+wait_gid() {
+  local i=0
+  until grep -q ffff /sys/class/infiniband/virtio_rdma0/ports/1/gids/1 2>/dev/null; do
+    [ $i -lt 100 ] || return 1
+    i=$((i + 1))
+    sleep 0.1
+  done
+}
+run() {
+  echo "$1"
+  shift
+  local i=0
+  until "$@" -d virtio_rdma0 $peer 2>/tmp/err; do
+    grep -q "Couldn't connect to" /tmp/err && [ $i -lt 150 ] || { cat /tmp/err; return 1; }
+    i=$((i + 1))
+    sleep 0.2
+  done
+  cat /tmp/err
+}
+klog() {
+  dmesg | grep -E 'WARNING:|BUG:|Oops|Call Trace' >/tmp/klog
+  echo "KERNEL-WARNINGS: $(wc -l </tmp/klog)"
+  cat /tmp/klog
+}
+gate() {
+  exec 3</dev/ttyS1
+  echo GATE
+  read -r _ <&3
+  exec 3<&-
+}
+EOF
+} >"$dir/tools.sh"
+pt_bins=()
+for b in "${perftest[@]}"; do pt_bins+=(--bin "$pt/usr/bin/$b"); done
+bash scripts/build-guest.sh --name rdma-pingpong --load virtio_pci --load virtio_net \
+  --load ib_uverbs --file "$kmod:/lib/virtio_rdma.ko" --file "$dir/tools.sh:/etc/tools.sh" \
+  --bin "$rc/bin/ibv_rc_pingpong" --bin "$rc/bin/ibv_ud_pingpong" --bin "$rc/bin/ibv_srq_pingpong" \
+  --bin "$rc/bin/ibv_devinfo" "${pt_bins[@]}" --lib-path "$libs" \
+  --lib "$rc/lib/libvirtio_rdma-rdmav34.so:/lib/libvirtio_rdma-rdmav34.so" \
+  --bin target/release/rdma-guest >/dev/null
+
+# vm0 and vm1 are tenant "t", the hostile vm2 is alone in tenant "other".
+{
+  printf '[daemon]\nmgmt_socket = "%s"\n\n' "$dir/mgmt.sock"
+  printf '[[tenant]]\nname = "t"\n\n[[tenant]]\nname = "other"\n\n'
   for i in 0 1; do
     printf '[[vm]]\nname = "vm%d"\nsocket = "%s"\ntenant = "t"\nmac = "52:54:00:00:00:0%d"\n\n' \
       "$i" "$dir/vm$i.sock" "$((i + 1))"
   done
+  printf '[[vm]]\nname = "vm2"\nsocket = "%s"\ntenant = "other"\n' "$dir/vm2.sock"
 } >"$dir/config.toml"
 RUST_LOG=${RUST_LOG:-info} target/release/vhost-user-rdma --config "$dir/config.toml" 2>"$dir/daemon.log" &
 daemon_pid=$!
-for _ in $(seq 100); do [ -S "$dir/vm1.sock" ] && break; sleep 0.05; done
+for _ in $(seq 100); do [ -S "$dir/vm2.sock" ] && break; sleep 0.05; done
 
-# guest NAME INDEX NETDEV-OPTS CMD
+# guest NAME INDEX NETDEV-OPTS CMD [QEMU ARGS...]
 guest() {
   local name=$1 i=$2 net=$3 cmd=$4
-  bash scripts/run-guest.sh --image rdma-pingpong --timeout 300 --log "$dir/$name.console" -q \
+  shift 4
+  bash scripts/run-guest.sh --image rdma-pingpong --timeout 600 --log "$dir/$name.console" -q \
     --append 'guest.uio=none' \
-    --cmd "ip link set eth0 up && ip addr add 10.42.0.$((i + 1))/24 dev eth0 &&
-      insmod /lib/virtio_rdma.ko && sleep 1 && export RDMAV_DRIVERS=/lib/libvirtio_rdma && $cmd" -- \
+    --cmd ". /etc/tools.sh && ip link set eth0 up && ip addr add 10.42.0.$((i + 1))/24 dev eth0 &&
+      insmod /lib/virtio_rdma.ko && wait_gid && { $cmd; }; r=\$?; klog; exit \$r" -- \
     -chardev "socket,id=rdma,path=$dir/vm$i.sock" -device vhost-user-rdma-pci,chardev=rdma \
     -netdev "stream,id=n0,$net" -device "virtio-net-pci,netdev=n0,mac=52:54:00:00:00:0$((i + 1))" \
-    >"$dir/$name.out" 2>&1 &
+    "$@" >"$dir/$name.out" 2>&1 &
   pids+=($!)
 }
+# after MARKER PATTERN GUEST: the first line matching PATTERN after the line MARKER on GUEST's
+# console.
+after() {
+  awk -v m="$1" -v p="$2" '$0 == m || $0 == m "\r" { f = 1; next } f && $0 ~ p { print; exit }' \
+    "$dir/$3.console" 2>/dev/null | tr -d '\r'
+}
+# wait_for GUEST PATTERN [MARKER]: until GUEST's console has a line matching PATTERN (after
+# the line MARKER); fails after 300 s or when the guest is gone.
+wait_for() {
+  local end=$((SECONDS + 300)) pid
+  pid=$(cat "$dir/$1.qpid")
+  while [ "$SECONDS" -lt "$end" ]; do
+    if [ -n "${3:-}" ]; then
+      [ -z "$(after "$3" "$2" "$1")" ] || return 0
+    else
+      [ ! -e "$dir/$1.console" ] || ! tr -d '\r' <"$dir/$1.console" | grep -qE "$2" || return 0
+    fi
+    kill -0 "$pid" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
+
+# The tools, in order, for both sides: rdma-core's pingpongs polling and then sleeping on
+# completion events (-e: CQ arming, CQ_COMPLETION events, ibv_get_cq_event), UD with address
+# handles, 4 QPs on an SRQ; then perftest (GID index 1, the TCP exchange): RDMA WRITEs for 4 s,
+# the hostile guest being killed meanwhile (below), then the others with few iterations.
+pingpongs='run RC ibv_rc_pingpong -g 1 -n 50 && run EVENTS ibv_rc_pingpong -g 1 -n 20 -e &&
+  run UD ibv_ud_pingpong -g 1 -n 20 && run SRQ ibv_srq_pingpong -g 1 -n 20 -q 4'
+perftests='run WRITE_BW ib_write_bw -x 1 -D 4 && run WRITE_LAT ib_write_lat -x 1 -n 100 &&
+  run READ_BW ib_read_bw -x 1 -n 100 && run SEND_BW ib_send_bw -x 1 -n 100 &&
+  run ATOMIC_BW ib_atomic_bw -x 1 -n 100'
 t=$(date +%s)
-# Polling first, then sleeping on completion events (-e: CQ arming, CQ_COMPLETION events,
-# ibv_get_cq_event).
 guest server 0 "server=on,addr.type=unix,addr.path=$dir/net.sock" \
-  'ibv_rc_pingpong -d virtio_rdma0 -g 1 -n 50 && echo EVENTS &&
-   ibv_rc_pingpong -d virtio_rdma0 -g 1 -n 20 -e && echo UD &&
-   ibv_ud_pingpong -d virtio_rdma0 -g 1 -n 20 && echo SRQ &&
-   ibv_srq_pingpong -d virtio_rdma0 -g 1 -n 20 -q 4'
+  "peer=; $pingpongs && $perftests"
+echo "${pids[-1]}" >"$dir/server.qpid"
 for _ in $(seq 100); do [ -S "$dir/net.sock" ] && break; sleep 0.1; done
+# The client waits at its gate before perftest until the hostile guest streams.
 guest client 1 "server=off,addr.type=unix,addr.path=$dir/net.sock,reconnect-ms=1000" \
-  'until ping -c 1 -W 1 10.42.0.1 >/dev/null; do sleep 1; done; sleep 3;
-   ibv_rc_pingpong -d virtio_rdma0 -g 1 -n 50 10.42.0.1 && echo EVENTS && sleep 3 &&
-   ibv_rc_pingpong -d virtio_rdma0 -g 1 -n 20 -e 10.42.0.1 && echo UD && sleep 3 &&
-   ibv_ud_pingpong -d virtio_rdma0 -g 1 -n 20 10.42.0.1 && echo SRQ && sleep 3 &&
-   ibv_srq_pingpong -d virtio_rdma0 -g 1 -n 20 -q 4 10.42.0.1'
+  "peer=10.42.0.1; until ping -c 1 -W 1 \$peer >/dev/null; do sleep 1; done;
+   $pingpongs && gate && $perftests" \
+  -chardev "socket,id=gate,path=$dir/gate.sock,server=on,wait=off" \
+  -serial mon:stdio -serial chardev:gate
+echo "${pids[-1]}" >"$dir/client.qpid"
+# The hostile guest: the Rust userspace driver through uio (the image's default binding).
+bash scripts/run-guest.sh --image rdma-pingpong --timeout 600 --log "$dir/hostile.console" -q \
+  --cmd 'rdma-guest hostile --foreign-gid ::ffff:10.42.0.1 --foreign-gid ::ffff:10.42.0.2' -- \
+  -chardev "socket,id=rdma,path=$dir/vm2.sock" -device vhost-user-rdma-pci,chardev=rdma \
+  -pidfile "$dir/hostile.pid" >"$dir/hostile.out" 2>&1 &
+pids+=($!)
+echo "${pids[-1]}" >"$dir/hostile.qpid"
+
+# Once the hostile guest streams and the client is at its gate, the client goes on, and the
+# hostile guest's QEMU is killed (SIGKILL: no goodbye to the daemon) in the middle of
+# ib_write_bw's transfer, 1 s after the client printed its result header.
+n='[0-9]+[.][0-9]+' s='[ \t]+'
+bw_row="^ *65536$s[0-9]+$s$n$s$n$s$n"
+hostile_busy='' hostile_killed=''
+wait_for hostile 'HOSTILE-BUSY' && hostile_busy="$(($(date +%s) - t)) s"
+if wait_for client '^GATE$'; then
+  echo "   hostile guest streaming: ${hostile_busy:-no}; client at its gate: $(($(date +%s) - t)) s"
+  python3 -c 'import socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.sendall(b"go\n")
+time.sleep(1)' "$dir/gate.sock" || echo "   could not open the client's gate"
+fi
+if [ -n "$hostile_busy" ] && wait_for client '^ *#bytes' WRITE_BW; then
+  sleep 1
+  kill -9 "$(cat "$dir/hostile.pid")"
+  if [ -z "$(after WRITE_BW "$bw_row" client)" ]; then
+    hostile_killed="$(($(date +%s) - t)) s"
+    echo "   killed the hostile guest's QEMU during ib_write_bw's transfer ($hostile_killed)"
+  fi
+fi
+# (Not killed above: something failed. Do not wait for its time limit.)
+[ -n "$hostile_killed" ] || [ ! -s "$dir/hostile.pid" ] || kill -9 "$(cat "$dir/hostile.pid")" 2>/dev/null || true
 rcs=()
 for p in "${pids[@]}"; do
   r=0
@@ -81,45 +232,84 @@ for p in "${pids[@]}"; do
   rcs+=("$r")
 done
 pids=()
-echo "== qemu-pingpong: guests ran $(($(date +%s) - t)) s, exit ${rcs[*]}"
+rc_server=${rcs[0]} rc_client=${rcs[1]}
+echo "== qemu-pingpong: guests ran $(($(date +%s) - t)) s, exit $rc_server $rc_client"
 pass=0 fail=0
-check() {
-  if grep -q -- "$2" "$dir/$3.console"; then
-    echo "   ok: $1: $(grep -m1 -- "$2" "$dir/$3.console" | tr -d '\r')"
-    pass=$((pass + 1))
-  else
-    echo "   FAILED: $1 (no '$2' on the $3 console)"
-    fail=$((fail + 1))
-  fi
+ok() {
+  echo "   ok: $*"
+  pass=$((pass + 1))
+}
+failed() {
+  echo "   FAILED: $*"
+  fail=$((fail + 1))
 }
 # check_after MARKER DESCRIPTION PATTERN GUEST: PATTERN on a line after the line MARKER.
 check_after() {
   local line
-  line=$(awk -v m="$1" -v p="$3" '$0 == m || $0 == m "\r" { f = 1; next } f && $0 ~ p { print; exit }' \
-    "$dir/$4.console" | tr -d '\r')
-  if [ -n "$line" ]; then
-    echo "   ok: $2: $line"
-    pass=$((pass + 1))
-  else
-    echo "   FAILED: $2 (no '$3' after '$1' on the $4 console)"
-    fail=$((fail + 1))
-  fi
+  line=$(after "$1" "$3" "$4")
+  if [ -n "$line" ]; then ok "$2: $line"; else failed "$2 (no '$3' after '$1' on the $4 console)"; fi
 }
-check "ibv_rc_pingpong server" "^50 iters in .* seconds" server
-check "ibv_rc_pingpong client" "^50 iters in .* seconds" client
-check_after EVENTS "ibv_rc_pingpong -e (completion events) server" "^20 iters in .* seconds" server
-check_after EVENTS "ibv_rc_pingpong -e (completion events) client" "^20 iters in .* seconds" client
-check_after UD "ibv_ud_pingpong server (UD, address handles, GRH)" "^20 iters in .* seconds" server
-check_after UD "ibv_ud_pingpong client" "^20 iters in .* seconds" client
-check_after SRQ "ibv_srq_pingpong server (4 QPs sharing an SRQ)" "^20 iters in .* seconds" server
-check_after SRQ "ibv_srq_pingpong client" "^20 iters in .* seconds" client
+for g in server client; do
+  check_after RC "ibv_rc_pingpong $g" "^50 iters in .* seconds" $g
+  check_after EVENTS "ibv_rc_pingpong -e (completion events) $g" "^20 iters in .* seconds" $g
+  check_after UD "ibv_ud_pingpong $g (UD, address handles, GRH)" "^20 iters in .* seconds" $g
+  check_after SRQ "ibv_srq_pingpong $g (4 QPs sharing an SRQ)" "^20 iters in .* seconds" $g
+done
+# perftest's result rows (both sides print them): "#bytes #iterations BW-peak BW-average
+# MsgRate" and "#bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%", in MB/s and
+# microseconds.
+for g in server client; do
+  check_after WRITE_BW "ib_write_bw $g (4 s)" "$bw_row" $g
+  check_after WRITE_LAT "ib_write_lat $g" "^ *2${s}100$s$n$s$n$s$n$s$n$s$n" $g
+  check_after READ_BW "ib_read_bw $g" "^ *65536${s}100$s$n$s$n$s$n" $g
+  check_after SEND_BW "ib_send_bw $g" "^ *65536${s}100$s$n$s$n$s$n" $g
+  check_after ATOMIC_BW "ib_atomic_bw $g (fetch and add)" "^ *8${s}100$s$n$s$n$s$n" $g
+done
+for g in server client; do
+  if grep -q '^KERNEL-WARNINGS: 0' "$dir/$g.console"; then
+    ok "$g: no kernel warnings"
+  else
+    failed "$g: kernel warnings (or no kernel log)"
+  fi
+done
+if [ "$rc_server" = 0 ] && [ "$rc_client" = 0 ]; then
+  ok "both guests ran all their tools (exit 0)"
+else
+  failed "the guests' tools: exit $rc_server (server) and $rc_client (client)"
+fi
+
+# The hostile guest passed its checks and was killed during ib_write_bw ...
+line=$(tr -d '\r' <"$dir/hostile.console" | grep -m1 'HOSTILE-BUSY' || true)
+if [ -n "$hostile_killed" ] && [ -n "$line" ]; then
+  ok "hostile guest (tenant other): ${line#hostile: } ($hostile_busy after boot);" \
+    "killed with SIGKILL during ib_write_bw's transfer ($hostile_killed)"
+else
+  failed "the hostile guest did not pass its checks and stream, or was not killed during ib_write_bw"
+fi
+# ... the daemon released everything it had ...
+if grep -q 'VM 2: VMM disconnected, resources released' "$dir/daemon.log" &&
+  stats=$(target/release/vhost-user-rdma ctl --socket "$dir/mgmt.sock" --json stats vm2); then
+  held=$(python3 -c 'import json, sys; r = json.load(sys.stdin)["resources"]; print(sum(r.values()))' <<<"$stats")
+  if [ "$held" = 0 ] && grep -q '"denied":34' <<<"$stats"; then
+    ok "the daemon released the hostile guest's resources (ctl stats vm2: nothing held;" \
+      "34 commands DENIED by the tenant policy, as attempted)"
+  else
+    failed "ctl stats vm2 after the kill: $stats"
+  fi
+else
+  failed "the daemon did not report the hostile guest's resources released"
+fi
+# ... and lived on.
+if kill -0 "$daemon_pid" 2>/dev/null; then ok "the daemon is alive"; else failed "the daemon died"; fi
+
 if [ "$fail" != 0 ]; then
-  for n in server client; do
+  for n in server client hostile; do
     echo "----- $n console"
     sed 's/^/  /' "$dir/$n.console"
   done
   echo "----- daemon log"
   sed 's/^/  /' "$dir/daemon.log"
 fi
+echo "== qemu-pingpong: whole run $(($(date +%s) - t_start)) s"
 echo "qemu-pingpong: $pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -32,7 +32,7 @@ if [ "${RDMA_SKIP_QEMU:-0}" != 1 ]; then
   bash scripts/qemu-e2e.sh 2>&1 | tee -a "$out"
   echo "== the Linux guest driver (virtio_rdma.ko) in a QEMU guest"
   bash scripts/qemu-kmod.sh 2>&1 | tee -a "$out"
-  echo "== unmodified ibv_rc_pingpong between two QEMU guests (virtio_rdma.ko + provider)"
+  echo "== unmodified pingpongs and perftest between two QEMU guests, a hostile third one killed"
   bash scripts/qemu-pingpong.sh 2>&1 | tee -a "$out"
 fi
 # One line of totals for humans and CI.
