@@ -25,6 +25,9 @@ Usage: scripts/build-guest.sh [OPTIONS]
                       are looked up first (LD_LIBRARY_PATH of ldd); they go to the same paths in
                       the image, so the guest's command sets LD_LIBRARY_PATH=DIRS as well
   --file SRC:DEST     add a file or directory as it is
+  --sysroot DIR       add the tree DIR at / (an install staged with DESTDIR, extracted packages),
+                      with the shared libraries its programs and libraries need; libraries are
+                      looked up in DIR first and go to their place relative to DIR; repeatable
   --module NAME       add a kernel module (and what it depends on); load it with guest.modules=
   --load NAME         add a kernel module and load it at boot
   --run 'CMD ARGS'    the command the guest runs when the kernel command line names none
@@ -41,7 +44,7 @@ Always in the image: busybox, uio + uio_pci_generic (loaded), virtio_pci and vfi
 EOF
 }
 
-bins=() libs=() files=() extra_modules=() load_modules=(uio_pci_generic) lib_path=''
+bins=() libs=() files=() sysroots=() extra_modules=() load_modules=(uio_pci_generic) lib_path=''
 run_cmd='' name=default out='' compress=gzip print_dir=0 strip=1
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -49,6 +52,7 @@ while [ $# -gt 0 ]; do
   --lib) libs+=("${2:?--lib needs a path}"); shift 2 ;;
   --lib-path) lib_path=${2:?--lib-path needs directories}; shift 2 ;;
   --file) files+=("${2:?--file needs SRC:DEST}"); shift 2 ;;
+  --sysroot) sysroots+=("$(cd "${2:?--sysroot needs a directory}" && pwd)"); shift 2 ;;
   --module) extra_modules+=("${2:?--module needs a name}"); shift 2 ;;
   --load) extra_modules+=("${2:?--load needs a name}"); load_modules+=("$2"); shift 2 ;;
   --run) run_cmd=${2?--run needs a command}; shift 2 ;;
@@ -192,11 +196,29 @@ cp "$moddir/modules.builtin" "$moddir/modules.order" "$root/lib/modules/$krel/"
 "$busybox" depmod -b "$root" "$krel"
 printf '%s\n' "${load_modules[@]}" >"$root/etc/guest/modules"
 
-# add_libs FILE: copies the shared libraries FILE needs (ldd's answer) to the same paths, without
-# their debug information unless --no-strip.
+# The library directories of the sysroots, searched before --lib-path and the host's.
+sysroot_path=''
+for d in "${sysroots[@]}"; do
+  for l in usr/lib/x86_64-linux-gnu lib/x86_64-linux-gnu usr/lib lib; do
+    [ ! -d "$d/$l" ] || sysroot_path="$sysroot_path${sysroot_path:+:}$d/$l"
+  done
+done
+search_path="$sysroot_path${sysroot_path:+${lib_path:+:}}$lib_path"
+
+# image_path FILE: where a host file goes in the image: relative to its sysroot, or the same path.
+image_path() {
+  local d
+  for d in "${sysroots[@]}"; do
+    case "$1" in "$d"/*) printf '%s\n' "${1#"$d"}"; return ;; esac
+  done
+  printf '%s\n' "$1"
+}
+
+# add_libs FILE: copies the shared libraries FILE needs (ldd's answer) to the same paths (or their
+# place in a sysroot), without their debug information unless --no-strip.
 add_libs() {
-  local out lib ldenv=()
-  [ -z "$lib_path" ] || ldenv=(LD_LIBRARY_PATH="$lib_path")
+  local out lib dest ldenv=()
+  [ -z "$search_path" ] || ldenv=(LD_LIBRARY_PATH="$search_path")
   if ! out=$(env "${ldenv[@]}" ldd "$1" 2>&1); then
     case "$out" in
     *"not a dynamic executable"* | *"statically linked"*) return 0 ;;
@@ -207,9 +229,10 @@ add_libs() {
     guest_die "$1 needs libraries this host lacks: $(grep 'not found' <<<"$out" | tr -s ' \t' ' ')"
   fi
   while read -r lib; do
-    [ ! -e "$root$lib" ] || continue
-    install -D -m 0755 "$lib" "$root$lib"
-    [ "$strip" = 0 ] || strip --strip-debug "$root$lib"
+    dest=$(image_path "$lib")
+    [ ! -e "$root$dest" ] || continue
+    install -D -m 0755 "$lib" "$root$dest"
+    [ "$strip" = 0 ] || strip --strip-debug "$root$dest"
   done < <(awk '$2 == "=>" && $3 ~ /^\// { print $3; next } $1 ~ /^\// { print $1 }' <<<"$out")
 }
 
@@ -240,6 +263,22 @@ for spec in "${libs[@]}"; do
     if [ "$strip" = 1 ] && is_elf "$src"; then strip --strip-debug "$root$dest"; fi
   fi
   add_libs "$src"
+done
+for d in "${sysroots[@]}"; do
+  while IFS= read -r -d '' f; do
+    rel=${f#"$d"}
+    install -D -m "$(stat -c %a "$f")" "$f" "$root$rel"
+    if is_elf "$f"; then
+      [ "$strip" = 0 ] || strip --strip-debug "$root$rel"
+      add_libs "$f"
+    fi
+  done < <(find "$d" -type f -print0)
+  # Symbolic links as they are (e.g. libfoo.so.1 -> libfoo.so.1.2.3 in extracted packages).
+  while IFS= read -r -d '' f; do
+    rel=${f#"$d"}
+    mkdir -p "$(dirname "$root$rel")"
+    [ -e "$root$rel" ] || [ -L "$root$rel" ] || cp -P "$f" "$root$rel"
+  done < <(find "$d" -type l -print0)
 done
 for spec in "${files[@]}"; do
   split_spec "$spec" /root

@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # Builds the guest's user-space RDMA stack from one rdma-core tree (pinned in guest/versions.sh,
 # verified by sha256, cached): libibverbs, our provider (guest-driver/rdma-core/virtio_rdma, copied
-# into providers/) and the example tools. Prints the build directory; the guest needs
-# lib/libibverbs.so.1, lib/libvirtio_rdma-rdmav34.so (RDMAV_DRIVERS=<dir>/libvirtio_rdma) and
-# bin/ibv_* (and our own test programs from guest-driver/tests/, in bin/ too); perftest also
-# librdmacm.so.1, libibumad.so.3, libmlx5.so.1 and libefa.so.1 from lib/.
+# into providers/) and the example tools, configured for /usr as a distribution would, and stages
+# them as installed (a sysroot for scripts/build-guest.sh --sysroot):
+#   usr/lib/x86_64-linux-gnu/libibverbs.so.1, librdmacm.so.1, libibumad.so.3, and libmlx5.so.1,
+#     libefa.so.1 (Debian's perftest binaries link against those four too);
+#   usr/lib/x86_64-linux-gnu/libibverbs/libvirtio_rdma-rdmav34.so, the provider, and
+#   etc/libibverbs.d/virtio_rdma.driver, which names it to libibverbs;
+#   usr/bin/ibv_devinfo, ibv_devices, ibv_rc_pingpong, ibv_ud_pingpong, ibv_srq_pingpong;
+#   usr/local/bin/: our own test programs (guest-driver/tests/*.c, *.sh).
+# libibverbs' provider ABI is private to a release, so the guest gets exactly this set. Prints
+# the staged directory.
 #
 # Usage: scripts/build-rdma-core.sh
 set -euo pipefail
@@ -53,11 +59,16 @@ cp "$provider/../../linux/uapi/virtio_rdma-abi.h" "$src/kernel-headers/rdma/virt
 # The device ABI (generated from the abi crate), shared with the kernel driver.
 cp "$provider/../../linux/virtio_rdma_abi.h" "$src/providers/virtio_rdma/virtio_rdma_abi.h"
 
-build="$top/build"
+# Configured for /usr, so that libibverbs looks for providers in /usr/lib/x86_64-linux-gnu/libibverbs
+# and for their .driver files in /etc/libibverbs.d, where the guest has them.
+libdir=lib/x86_64-linux-gnu
+build="$top/build-usr"
 if [ ! -f "$build/build.ninja" ]; then
   mkdir -p "$build"
   (cd "$build" && cmake -GNinja -DNO_PYVERBS=1 -DNO_MAN_PAGES=1 -DENABLE_STATIC=0 \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo "$src" >"$build/cmake.log" 2>&1) || {
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr \
+    -DCMAKE_INSTALL_LIBDIR="$libdir" -DCMAKE_INSTALL_SYSCONFDIR=/etc \
+    "$src" >"$build/cmake.log" 2>&1) || {
     cat "$build/cmake.log" >&2
     guest_die "rdma-core: cmake failed"
   }
@@ -74,10 +85,27 @@ fi
 if grep -n 'virtio_rdma.*warning:' "$build/ninja.log" >&2; then
   guest_die "the provider has compiler warnings (above)"
 fi
+
+# The install tree, staged afresh (a few files).
+stage="$top/stage"
+rm -rf "$stage"
+mkdir -p "$stage/usr/$libdir/libibverbs" "$stage/etc/libibverbs.d" "$stage/usr/bin" \
+  "$stage/usr/local/bin"
+for l in libibverbs.so.1 librdmacm.so.1 libibumad.so.3 libmlx5.so.1 libefa.so.1; do
+  cp -L "$build/lib/$l" "$stage/usr/$libdir/$l"
+done
+cp "$build/lib/libvirtio_rdma-rdmav34.so" "$stage/usr/$libdir/libibverbs/"
+printf 'driver virtio_rdma\n' >"$stage/etc/libibverbs.d/virtio_rdma.driver"
+for b in ibv_devinfo ibv_devices ibv_rc_pingpong ibv_ud_pingpong ibv_srq_pingpong; do
+  cp "$build/bin/$b" "$stage/usr/bin/"
+done
 # Our own test programs, against this tree's libibverbs.
 tests="$(cd "$(dirname "$0")/../guest-driver/tests" && pwd)"
 for t in "$tests"/*.c; do
-  gcc -O2 -Wall -Wextra -Werror -I"$build/include" -L"$build/lib" -Wl,-rpath,"$build/lib" \
-    -o "$build/bin/$(basename "$t" .c)" "$t" -libverbs || guest_die "$t: build failed"
+  gcc -O2 -Wall -Wextra -Werror -I"$build/include" -L"$build/lib" \
+    -o "$stage/usr/local/bin/$(basename "$t" .c)" "$t" -libverbs || guest_die "$t: build failed"
 done
-printf '%s\n' "$build"
+for t in "$tests"/*.sh; do
+  install -m 0755 "$t" "$stage/usr/local/bin/"
+done
+printf '%s\n' "$stage"

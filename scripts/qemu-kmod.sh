@@ -23,14 +23,12 @@ keep=0
 export QEMU
 cargo build --release --locked -q -p vhost-user-rdma
 kmod=$(bash scripts/build-kmod.sh)
-rdma_core=$(bash scripts/build-rdma-core.sh)
+rdma_core=$(bash scripts/build-rdma-core.sh) # a sysroot: installed as a distribution would
 echo "== qemu-kmod: $kmod"
 echo "   $(modinfo -F vermagic "$kmod" 2>/dev/null || strings "$kmod" | grep -m1 '^vermagic=')"
 bash scripts/build-guest.sh --name rdma-kmod --load virtio_pci --load virtio_net \
   --load ib_uverbs --bin "$(command -v rdma)" --file "$kmod:/lib/virtio_rdma.ko" \
-  --bin "$rdma_core/bin/ibv_devinfo" --bin "$rdma_core/bin/ibv_devices" \
-  --bin "$rdma_core/bin/vrdma-check" --file "guest-driver/tests/vrdma-reset.sh:/lib/vrdma-reset.sh" \
-  --lib "$rdma_core/lib/libvirtio_rdma-rdmav34.so:/lib/libvirtio_rdma-rdmav34.so" >/dev/null
+  --sysroot "$rdma_core" >/dev/null
 
 dir=$(mktemp -d /tmp/vhost-user-rdma-kmod.XXXXXX)
 daemon_pid=""
@@ -65,11 +63,9 @@ bash scripts/run-guest.sh --image rdma-kmod --timeout 300 --log "$dir/guest.cons
   --cmd 'ip link set eth0 up && ip addr add 10.42.0.1/24 dev eth0 &&
     insmod /lib/virtio_rdma.ko && sleep 1 && dmesg | grep -i virtio && rdma link &&
     echo "GID1 $(cat /sys/class/infiniband/virtio_rdma0/ports/1/gids/1)" &&
-    RDMAV_DRIVERS=/lib/libvirtio_rdma ibv_devinfo &&
-    RDMAV_DRIVERS=/lib/libvirtio_rdma vrdma-check &&
-    RDMAV_DRIVERS=/lib/libvirtio_rdma sh /lib/vrdma-reset.sh &&
+    cat /etc/libibverbs.d/virtio_rdma.driver && ibv_devinfo && vrdma-check && vrdma-reset.sh &&
     rmmod virtio_rdma && insmod /lib/virtio_rdma.ko && sleep 1 &&
-    RDMAV_DRIVERS=/lib/libvirtio_rdma ibv_devices | sed "s/^/AGAIN /"' -- \
+    ibv_devices | sed "s/^/AGAIN /"' -- \
   -chardev "socket,id=rdma,path=$dir/vm0.sock" -device vhost-user-rdma-pci,chardev=rdma \
   -netdev "stream,id=n0,server=on,addr.type=unix,addr.path=$dir/net.sock" \
   -device "virtio-net-pci,netdev=n0,mac=$mac" \

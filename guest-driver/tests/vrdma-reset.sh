@@ -4,7 +4,7 @@
 # reconnection takes: the driver resets the device and registers it again) and by unbinding the
 # driver (then binding it again). Each time the process must get IBV_EVENT_DEVICE_FATAL and
 # errors rather than hang, and afterwards the device must work (`vrdma-check rc`). Run in the CI
-# guest by scripts/qemu-kmod.sh, with RDMAV_DRIVERS set; its lines start with RESET-.
+# guest by scripts/qemu-kmod.sh; its lines start with RESET-.
 # Exit status: 0 if every step passed.
 fails=0
 ibdev=/sys/class/infiniband/virtio_rdma0
