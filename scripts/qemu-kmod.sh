@@ -86,6 +86,12 @@ check "ibv_devinfo: port 1 active" "state:.*PORT_ACTIVE (4)"
 check "ibv_devinfo: RoCE (link layer Ethernet)" "link_layer:.*Ethernet"
 check "MRs, CQs, RC and UD QPs to RTS, SEND/RECV, RDMA WRITE and async events (vrdma-check)" \
   "^VRDMA-CHECK: [0-9]* passed, 0 failed"
+check "inline data (spec 18.10): an RDMA WRITE from memory of no region, copied at post" \
+  "^VRDMA-CHECK ok: .*inline RDMA WRITE (48 bytes) to itself: success, data equal"
+check "immediate data: received as sent" \
+  "^VRDMA-CHECK ok: .*SEND with immediate 0x12345678 to itself: 2 completions, immediate flagged 0x12345678"
+check "work requests beyond the QP's capabilities refused at post (EINVAL), the QP unharmed" \
+  "^VRDMA-CHECK ok: .*refused at post: 2 send SGEs EINVAL, 2 receive SGEs EINVAL, 65 inline bytes EINVAL, an inline READ EINVAL; QP state 3"
 check "RDMA WRITE to a bad rkey: REM_ACCESS_ERR, and IBV_EVENT_QP_ACCESS_ERR in user space" \
   "^VRDMA-CHECK ok: .*access error: async event local access violation work queue error"
 check "a SEND to a QP in RTR: IBV_EVENT_COMM_EST" "^VRDMA-CHECK ok: .*async event communication established"

@@ -96,7 +96,9 @@ fn render() -> String {
         assert_ne!(mask & ALL_DEVICE_FEATURES, 0);
         let _ = writeln!(out, "#define VIRTIO_RDMA_{n} {}", mask.trailing_zeros());
     }
-    out.push_str("\n/* Sizes and doorbell constants (sections 11.1, 18.4, 18.7). */\n");
+    out.push_str(
+        "\n/* Sizes, doorbell constants and WQE/CQE flags (sections 11.1, 18.4, 18.7, 18.8, 18.14). */\n",
+    );
     for (n, v) in [
         ("CQE_SIZE", u64::from(mem::CQE_SIZE)),
         ("SEND_WQE_HEADER", u64::from(mem::SEND_WQE_HEADER)),
@@ -123,6 +125,13 @@ fn render() -> String {
         ("DB_SLOT_OFFSET", datapath::DB_SLOT_OFFSET),
         ("DB_SLOT_SIZE", datapath::DB_SLOT_SIZE),
         ("DB_PAGE_SLOTS", u64::from(datapath::DB_PAGE_SLOTS)),
+        ("WQE_SIGNALED", u64::from(datapath::WQE_SIGNALED)),
+        ("WQE_SOLICITED", u64::from(datapath::WQE_SOLICITED)),
+        ("WQE_INLINE", u64::from(datapath::WQE_INLINE)),
+        ("WQE_FENCE", u64::from(datapath::WQE_FENCE)),
+        ("CQE_WITH_IMM", u64::from(datapath::CQE_WITH_IMM)),
+        ("CQE_GRH", u64::from(datapath::CQE_GRH)),
+        ("CQE_SOLICITED", u64::from(datapath::CQE_SOLICITED)),
     ] {
         let _ = writeln!(out, "#define VIRTIO_RDMA_{n} {v}");
     }

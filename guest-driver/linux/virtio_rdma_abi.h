@@ -29,7 +29,7 @@
 #define VIRTIO_RDMA_F_ATOMIC 2
 #define VIRTIO_RDMA_F_SHMEM_DOORBELL 3
 
-/* Sizes and doorbell constants (sections 11.1, 18.4, 18.7). */
+/* Sizes, doorbell constants and WQE/CQE flags (sections 11.1, 18.4, 18.7, 18.8, 18.14). */
 #define VIRTIO_RDMA_CQE_SIZE 32
 #define VIRTIO_RDMA_SEND_WQE_HEADER 64
 #define VIRTIO_RDMA_RECV_WQE_HEADER 16
@@ -52,6 +52,13 @@
 #define VIRTIO_RDMA_DB_SLOT_OFFSET 64
 #define VIRTIO_RDMA_DB_SLOT_SIZE 8
 #define VIRTIO_RDMA_DB_PAGE_SLOTS 504
+#define VIRTIO_RDMA_WQE_SIGNALED 1
+#define VIRTIO_RDMA_WQE_SOLICITED 2
+#define VIRTIO_RDMA_WQE_INLINE 4
+#define VIRTIO_RDMA_WQE_FENCE 8
+#define VIRTIO_RDMA_CQE_WITH_IMM 1
+#define VIRTIO_RDMA_CQE_GRH 2
+#define VIRTIO_RDMA_CQE_SOLICITED 4
 #define VIRTIO_RDMA_DB_NONE 0xffffffffU
 
 /* MODIFY_QP attribute mask bits (section 12.13). */

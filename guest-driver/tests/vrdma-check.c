@@ -15,6 +15,7 @@
  *   vrdma-check fatal   objects, "READY", then waits for the device's reset
  *                       (IBV_EVENT_DEVICE_FATAL) and checks what follows
  */
+#include <endian.h>
 #include <errno.h>
 #include <poll.h>
 #include <stdint.h>
@@ -177,7 +178,8 @@ static struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq,
 	struct ibv_qp_init_attr init = {
 		.qp_type = IBV_QPT_RC, .send_cq = cq, .recv_cq = cq, .srq = srq,
 		.cap = { .max_send_wr = 16, .max_recv_wr = srq ? 0 : 16,
-			 .max_send_sge = 1, .max_recv_sge = 1 },
+			 .max_send_sge = 1, .max_recv_sge = 1,
+			 .max_inline_data = 64 },
 	};
 	struct ibv_qp *qp = ibv_create_qp(pd, &init);
 
@@ -247,6 +249,52 @@ static int expect_event(struct ibv_context *ctx, enum ibv_event_type type,
  * REM_ACCESS_ERR, moves the QP to ERR and makes the device report
  * QP_ACCESS_ERROR for the responder, the QP itself (spec 18.18).
  */
+/*
+ * Work requests beyond what the QP was created with (1 SGE each way, 64
+ * bytes inline) are refused at post with EINVAL and bad_wr, and post
+ * nothing: the device would fail them and the QP with them.
+ */
+static void refused_posts(struct ibv_qp *qp, struct ibv_mr *mr, char *buf)
+{
+	struct ibv_sge two[2] = {
+		{ (uintptr_t)buf, 8, mr->lkey },
+		{ (uintptr_t)buf + 8, 8, mr->lkey },
+	};
+	struct ibv_send_wr swr = { .wr_id = 20, .sg_list = two, .num_sge = 2,
+				   .opcode = IBV_WR_RDMA_WRITE,
+				   .send_flags = IBV_SEND_SIGNALED };
+	struct ibv_recv_wr rwr = { .wr_id = 21, .sg_list = two, .num_sge = 2 };
+	struct ibv_send_wr *sbad = NULL;
+	struct ibv_recv_wr *rbad = NULL;
+	struct ibv_sge big = { (uintptr_t)buf, 65, 0 };
+	char msg[200];
+	int a, b, c, d;
+
+	swr.wr.rdma.remote_addr = (uintptr_t)buf + 5000;
+	swr.wr.rdma.rkey = mr->rkey;
+	a = ibv_post_send(qp, &swr, &sbad);
+	a = a == EINVAL && sbad == &swr;
+	b = ibv_post_recv(qp, &rwr, &rbad);
+	b = b == EINVAL && rbad == &rwr;
+	swr.sg_list = &big;
+	swr.num_sge = 1;
+	swr.send_flags |= IBV_SEND_INLINE;
+	sbad = NULL;
+	c = ibv_post_send(qp, &swr, &sbad);
+	c = c == EINVAL && sbad == &swr;
+	big.length = 8;
+	swr.opcode = IBV_WR_RDMA_READ;
+	sbad = NULL;
+	d = ibv_post_send(qp, &swr, &sbad);
+	d = d == EINVAL && sbad == &swr;
+	snprintf(msg, sizeof(msg),
+		 "  refused at post: 2 send SGEs %s, 2 receive SGEs %s, 65 inline bytes %s, an inline READ %s; QP state %d",
+		 a ? "EINVAL" : "not refused", b ? "EINVAL" : "not refused",
+		 c ? "EINVAL" : "not refused", d ? "EINVAL" : "not refused",
+		 state_of(qp));
+	result(a && b && c && d && state_of(qp) == IBV_QPS_RTS, msg);
+}
+
 static void rc_loopback(struct ibv_pd *pd, struct ibv_qp *qp,
 			struct ibv_cq *cq)
 {
@@ -310,7 +358,58 @@ static void rc_loopback(struct ibv_pd *pd, struct ibv_qp *qp,
 	result(n == 1 && wc[0].status == IBV_WC_SUCCESS && wc[0].wr_id == 9 &&
 	       !memcmp(buf, buf + 6000, 100), msg);
 
+	/* Inline data (spec 18.10): from memory of no region, copied at post. */
+	{
+		char src[48];
+
+		for (i = 0; i < (int)sizeof(src); i++)
+			src[i] = (char)(i * 13 + 5);
+		sge = (struct ibv_sge){ (uintptr_t)src, sizeof(src), 0 };
+		swr.wr_id = 11;
+		swr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+		swr.wr.rdma.remote_addr = (uintptr_t)buf + 7000;
+		n = ibv_post_send(qp, &swr, &sbad);
+		memset(src, 0, sizeof(src));
+		n = n ? -1 : poll_n(cq, wc, 1);
+		for (i = 0; i < (int)sizeof(src); i++)
+			src[i] = (char)(i * 13 + 5);
+		snprintf(msg, sizeof(msg),
+			 "  inline RDMA WRITE (48 bytes) to itself: %s, data %s",
+			 n == 1 ? ibv_wc_status_str(wc[0].status) :
+				  "no completion",
+			 memcmp(src, buf + 7000, sizeof(src)) ? "differs" :
+								"equal");
+		result(n == 1 && wc[0].status == IBV_WC_SUCCESS &&
+		       wc[0].wr_id == 11 &&
+		       !memcmp(src, buf + 7000, sizeof(src)), msg);
+		sge = (struct ibv_sge){ (uintptr_t)buf, 100, mr->lkey };
+		swr.send_flags = IBV_SEND_SIGNALED;
+	}
+
+	/* Immediate data: four opaque bytes, received as sent (18.8). */
+	rwr.wr_id = 12;
+	swr.wr_id = 13;
+	swr.opcode = IBV_WR_SEND_WITH_IMM;
+	swr.imm_data = htobe32(0x12345678);
+	sge.length = 16;
+	n = ibv_post_recv(qp, &rwr, &rbad) || ibv_post_send(qp, &swr, &sbad) ?
+	    -1 : poll_n(cq, wc, 2);
+	i = n == 2 && wc[1].opcode == IBV_WC_RECV;
+	snprintf(msg, sizeof(msg),
+		 "  SEND with immediate 0x12345678 to itself: %d completions, immediate %s 0x%08x",
+		 n, n == 2 && (wc[i].wc_flags & IBV_WC_WITH_IMM) ? "flagged" :
+								  "missing",
+		 n == 2 ? be32toh(wc[i].imm_data) : 0);
+	result(n == 2 && wc[i].opcode == IBV_WC_RECV &&
+	       wc[i].status == IBV_WC_SUCCESS && wc[i].wr_id == 12 &&
+	       (wc[i].wc_flags & IBV_WC_WITH_IMM) &&
+	       be32toh(wc[i].imm_data) == 0x12345678, msg);
+	swr.opcode = IBV_WR_RDMA_WRITE;
+
+	refused_posts(qp, mr, buf);
+
 	swr.wr_id = 10;
+	swr.wr.rdma.remote_addr = (uintptr_t)buf + 6000;
 	swr.wr.rdma.rkey = mr->rkey ^ 0x5a5a00;
 	n = ibv_post_send(qp, &swr, &sbad) ? -1 : poll_n(cq, wc, 1);
 	snprintf(msg, sizeof(msg),
@@ -332,7 +431,8 @@ static void qp_states(struct ibv_context *ctx, struct ibv_pd *pd,
 	struct ibv_qp_init_attr init = {
 		.qp_type = type,
 		.cap = { .max_send_wr = 16, .max_recv_wr = 16,
-			 .max_send_sge = 1, .max_recv_sge = 1 },
+			 .max_send_sge = 1, .max_recv_sge = 1,
+			 .max_inline_data = 64 },
 	};
 	struct ibv_qp *qp;
 	char msg[160];

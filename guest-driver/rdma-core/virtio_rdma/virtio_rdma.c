@@ -187,6 +187,22 @@ static int vrdma_kick_srq(void *srq)
 	return ibv_cmd_post_srq_recv(srq, NULL, &bad);
 }
 
+/*
+ * After a post of @posted work requests that ended with @ret: the
+ * notification step (spec 18.6) if anything was posted. The post's own
+ * error comes first.
+ */
+static int post_done(struct ibv_context *ibctx, uint32_t posted, int ret,
+		     int (*kick)(void *), void *obj)
+{
+	int notify;
+
+	if (!posted)
+		return ret;
+	notify = vrdma_notify(to_vctx(ibctx), kick, obj);
+	return ret ? ret : notify;
+}
+
 static int wr_opcode(enum ibv_wr_opcode op, uint8_t *out)
 {
 	switch (op) {
@@ -229,6 +245,12 @@ static int encode_send(struct vrdma_qp *qp, struct ibv_send_wr *wr,
 
 	if (wr_opcode(wr->opcode, &w.opcode))
 		return EINVAL;
+	if (wr->send_flags & ~(IBV_SEND_SIGNALED | IBV_SEND_SOLICITED |
+			       IBV_SEND_INLINE | IBV_SEND_FENCE))
+		return EINVAL;
+	if (qp->ibv_qp.qp_type == IBV_QPT_UD &&
+	    wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM)
+		return EINVAL;
 	if (qp->ibv_qp.qp_type == IBV_QPT_UD) {
 		if (!wr->wr.ud.ah)
 			return EINVAL;
@@ -238,12 +260,13 @@ static int encode_send(struct vrdma_qp *qp, struct ibv_send_wr *wr,
 	}
 	w.wr_id = htole64(wr->wr_id);
 	if (wr->send_flags & IBV_SEND_SIGNALED)
-		w.flags |= 0x1;
+		w.flags |= VIRTIO_RDMA_WQE_SIGNALED;
 	if (wr->send_flags & IBV_SEND_SOLICITED)
-		w.flags |= 0x2;
+		w.flags |= VIRTIO_RDMA_WQE_SOLICITED;
 	if (wr->send_flags & IBV_SEND_FENCE)
-		w.flags |= 0x8;
-	w.imm_data = htole32(be32toh(wr->imm_data));
+		w.flags |= VIRTIO_RDMA_WQE_FENCE;
+	/* Four opaque bytes, as the application keeps them (spec 18.8). */
+	memcpy(&w.imm_data, &wr->imm_data, sizeof(w.imm_data));
 	w.remote_addr = htole64(wr->wr.rdma.remote_addr);
 	w.rkey = htole32(wr->wr.rdma.rkey);
 	if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
@@ -254,17 +277,25 @@ static int encode_send(struct vrdma_qp *qp, struct ibv_send_wr *wr,
 		w.swap = htole64(wr->wr.atomic.swap);
 	}
 	if (wr->send_flags & IBV_SEND_INLINE) {
-		w.flags |= 0x4;
+		/* Only SENDs and WRITEs carry inline data (spec 18.10). */
+		if (wr->opcode == IBV_WR_RDMA_READ ||
+		    wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+		    wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
+			return EINVAL;
+		w.flags |= VIRTIO_RDMA_WQE_INLINE;
 		for (i = 0; i < wr->num_sge; i++) {
-			if (wr->sg_list[i].length > room - len)
-				return ENOMEM;
+			if (wr->sg_list[i].length > room - len ||
+			    wr->sg_list[i].length > qp->max_inline_data - len)
+				return EINVAL;
 			memcpy(data + len, (void *)(uintptr_t)wr->sg_list[i].addr,
 			       wr->sg_list[i].length);
 			len += wr->sg_list[i].length;
 		}
 		w.inline_len = htole32(len);
 	} else {
-		if ((size_t)wr->num_sge * sizeof(struct virtio_rdma_sge) > room)
+		if (wr->num_sge < 0 ||
+		    (uint32_t)wr->num_sge > qp->max_send_sge ||
+		    (size_t)wr->num_sge * sizeof(struct virtio_rdma_sge) > room)
 			return EINVAL;
 		w.num_sge = htole16(wr->num_sge);
 		for (i = 0; i < wr->num_sge; i++) {
@@ -313,18 +344,15 @@ static int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 	pthread_spin_unlock(&qp->sq_lock);
 	if (ret)
 		*bad_wr = wr;
-	if (posted) {
-		int kick = vrdma_notify(to_vctx(ibqp->context), vrdma_kick_qp,
-					ibqp);
-
-		if (kick && !ret)
-			ret = kick;
-	}
-	return ret;
+	return post_done(ibqp->context, posted, ret, vrdma_kick_qp, ibqp);
 }
 
-/* Encodes one receive work request into a slot of @stride bytes (18.13). */
-static int encode_recv(struct ibv_recv_wr *wr, uint8_t *slot, size_t stride)
+/*
+ * Encodes one receive work request into a slot of @stride bytes (18.13),
+ * if it has at most @max_sge entries.
+ */
+static int encode_recv(struct ibv_recv_wr *wr, uint8_t *slot, size_t stride,
+		       uint32_t max_sge)
 {
 	struct virtio_rdma_recv_wqe w = {
 		.wr_id = htole64(wr->wr_id),
@@ -332,7 +360,8 @@ static int encode_recv(struct ibv_recv_wr *wr, uint8_t *slot, size_t stride)
 	};
 	int k;
 
-	if (sizeof(w) + (size_t)wr->num_sge * sizeof(struct virtio_rdma_sge) >
+	if (wr->num_sge < 0 || (uint32_t)wr->num_sge > max_sge ||
+	    sizeof(w) + (size_t)wr->num_sge * sizeof(struct virtio_rdma_sge) >
 	    stride)
 		return EINVAL;
 	memcpy(slot, &w, sizeof(w));
@@ -348,46 +377,74 @@ static int encode_recv(struct ibv_recv_wr *wr, uint8_t *slot, size_t stride)
 	return 0;
 }
 
+/* A receive ring: a QP's own or an SRQ's (spec 18.5, 18.13). */
+struct recv_ring {
+	uint8_t *base;
+	_Atomic uint32_t *pi_word;
+	_Atomic uint32_t *ci_word;
+	uint32_t depth;
+	uint32_t wqe_shift;
+	uint32_t max_sge;
+	/* The producer index, under the ring's lock. */
+	uint32_t *pi;
+};
+
+/*
+ * Posts @wr onto @r, whose lock the caller holds: as many work requests as
+ * fit and are valid (their number in @posted), then publishes the new
+ * producer index. On an error, *@bad_wr is the first one not posted.
+ */
+static int post_recvs(const struct recv_ring *r, struct ibv_recv_wr *wr,
+		      struct ibv_recv_wr **bad_wr, uint32_t *posted)
+{
+	uint32_t ci = atomic_load_explicit(r->ci_word, memory_order_acquire);
+	int ret = 0;
+
+	*posted = 0;
+	for (; wr; wr = wr->next) {
+		uint32_t i = *r->pi + *posted;
+		uint8_t *slot = r->base +
+				((size_t)(i & (r->depth - 1)) << r->wqe_shift);
+
+		if (i - ci >= r->depth) {
+			ret = ENOMEM;
+			break;
+		}
+		ret = encode_recv(wr, slot, (size_t)1 << r->wqe_shift,
+				  r->max_sge);
+		if (ret)
+			break;
+		(*posted)++;
+	}
+	if (*posted) {
+		*r->pi += *posted;
+		atomic_store_explicit(r->pi_word, *r->pi, memory_order_release);
+	}
+	if (ret)
+		*bad_wr = wr;
+	return ret;
+}
+
 static int vrdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 			   struct ibv_recv_wr **bad_wr)
 {
 	struct vrdma_qp *qp = to_vqp(ibqp);
-	uint32_t ci, posted = 0;
-	int ret = 0;
+	const struct recv_ring r = {
+		.base = (uint8_t *)qp->buf + qp->rq_offset,
+		.pi_word = db_word(qp->db, DB_RQ_PI),
+		.ci_word = db_word(qp->db, DB_RQ_CI),
+		.depth = qp->rq_depth,
+		.wqe_shift = qp->rq_wqe_shift,
+		.max_sge = qp->max_recv_sge,
+		.pi = &qp->rq_pi,
+	};
+	uint32_t posted;
+	int ret;
 
 	pthread_spin_lock(&qp->rq_lock);
-	ci = atomic_load_explicit(db_word(qp->db, DB_RQ_CI),
-				  memory_order_acquire);
-	for (; wr; wr = wr->next) {
-		uint32_t i = qp->rq_pi + posted;
-		uint8_t *slot = (uint8_t *)qp->buf + qp->rq_offset +
-				((size_t)(i & (qp->rq_depth - 1)) << qp->rq_wqe_shift);
-
-		if (i - ci >= qp->rq_depth) {
-			ret = ENOMEM;
-			break;
-		}
-		ret = encode_recv(wr, slot, (size_t)1 << qp->rq_wqe_shift);
-		if (ret)
-			break;
-		posted++;
-	}
-	if (posted) {
-		qp->rq_pi += posted;
-		atomic_store_explicit(db_word(qp->db, DB_RQ_PI), qp->rq_pi,
-				      memory_order_release);
-	}
+	ret = post_recvs(&r, wr, bad_wr, &posted);
 	pthread_spin_unlock(&qp->rq_lock);
-	if (ret)
-		*bad_wr = wr;
-	if (posted) {
-		int kick = vrdma_notify(to_vctx(ibqp->context), vrdma_kick_qp,
-					ibqp);
-
-		if (kick && !ret)
-			ret = kick;
-	}
-	return ret;
+	return post_done(ibqp->context, posted, ret, vrdma_kick_qp, ibqp);
 }
 
 
@@ -409,6 +466,7 @@ static struct ibv_srq *vrdma_create_srq(struct ibv_pd *pd,
 	pthread_spin_init(&srq->lock, PTHREAD_PROCESS_PRIVATE);
 	srq->depth = pow2_at_least(max(attr->attr.max_wr, 1U));
 	srq->wqe_shift = recv_wqe_shift(attr->attr.max_sge);
+	srq->max_sge = attr->attr.max_sge;
 	len = (size_t)srq->depth << srq->wqe_shift;
 	srq->buf = aligned_alloc(page, align(len, page));
 	srq->db = aligned_alloc(128, 128);
@@ -473,42 +531,22 @@ static int vrdma_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
 			       struct ibv_recv_wr **bad_wr)
 {
 	struct vrdma_srq *srq = to_vsrq(ibsrq);
-	uint32_t ci, posted = 0;
-	int ret = 0;
+	const struct recv_ring r = {
+		.base = srq->buf,
+		.pi_word = db_word(srq->db, DB_SRQ_PI),
+		.ci_word = db_word(srq->db, DB_SRQ_CI),
+		.depth = srq->depth,
+		.wqe_shift = srq->wqe_shift,
+		.max_sge = srq->max_sge,
+		.pi = &srq->pi,
+	};
+	uint32_t posted;
+	int ret;
 
 	pthread_spin_lock(&srq->lock);
-	ci = atomic_load_explicit(db_word(srq->db, DB_SRQ_CI),
-				  memory_order_acquire);
-	for (; wr; wr = wr->next) {
-		uint32_t i = srq->pi + posted;
-		uint8_t *slot = (uint8_t *)srq->buf +
-				((size_t)(i & (srq->depth - 1)) << srq->wqe_shift);
-
-		if (i - ci >= srq->depth) {
-			ret = ENOMEM;
-			break;
-		}
-		ret = encode_recv(wr, slot, (size_t)1 << srq->wqe_shift);
-		if (ret)
-			break;
-		posted++;
-	}
-	if (posted) {
-		srq->pi += posted;
-		atomic_store_explicit(db_word(srq->db, DB_SRQ_PI), srq->pi,
-				      memory_order_release);
-	}
+	ret = post_recvs(&r, wr, bad_wr, &posted);
 	pthread_spin_unlock(&srq->lock);
-	if (ret)
-		*bad_wr = wr;
-	if (posted) {
-		int kick = vrdma_notify(to_vctx(ibsrq->context),
-					vrdma_kick_srq, ibsrq);
-
-		if (kick && !ret)
-			ret = kick;
-	}
-	return ret;
+	return post_done(ibsrq->context, posted, ret, vrdma_kick_srq, ibsrq);
 }
 
 /* Device completion status -> verbs (spec 18.18). */
@@ -560,11 +598,13 @@ static int vrdma_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
 		wc[got].byte_len = le32toh(e.byte_len);
 		wc[got].qp_num = le32toh(e.qpn);
 		wc[got].src_qp = le32toh(e.src_qpn);
-		if (e.flags & 0x1) {
+		if (e.flags & VIRTIO_RDMA_CQE_WITH_IMM) {
 			wc[got].wc_flags |= IBV_WC_WITH_IMM;
-			wc[got].imm_data = htobe32(le32toh(e.imm_data));
+			/* The sender's four bytes, as they are (18.14). */
+			memcpy(&wc[got].imm_data, &e.imm_data,
+			       sizeof(wc[got].imm_data));
 		}
-		if (e.flags & 0x2)
+		if (e.flags & VIRTIO_RDMA_CQE_GRH)
 			wc[got].wc_flags |= IBV_WC_GRH;
 		cq->ci++;
 		got++;
@@ -735,6 +775,9 @@ static struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
 		goto err;
 	}
 	qp->handle = resp.qp_handle;
+	qp->max_send_sge = attr->cap.max_send_sge;
+	qp->max_recv_sge = attr->cap.max_recv_sge;
+	qp->max_inline_data = attr->cap.max_inline_data;
 	attr->cap.max_send_wr = qp->sq_depth;
 	if (!attr->srq)
 		attr->cap.max_recv_wr = qp->rq_depth;

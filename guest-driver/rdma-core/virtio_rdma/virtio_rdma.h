@@ -28,6 +28,8 @@ struct vrdma_srq {
 	void *db;
 	uint32_t depth;
 	uint32_t wqe_shift;
+	/* What the SRQ was created with: receives beyond it are refused. */
+	uint32_t max_sge;
 	uint32_t pi;
 	uint32_t handle;
 	pthread_spinlock_t lock;
@@ -91,6 +93,13 @@ struct vrdma_qp {
 	uint32_t sq_wqe_shift;
 	uint32_t rq_wqe_shift;
 	uint32_t rq_offset;
+	/*
+	 * What the QP was created with: the device fails a WQE beyond them
+	 * (and the QP with it), so posts beyond them are refused.
+	 */
+	uint32_t max_send_sge;
+	uint32_t max_recv_sge;
+	uint32_t max_inline_data;
 	uint32_t handle;
 	/* Producer indices and the last consumer indices seen, under the locks. */
 	uint32_t sq_pi;
