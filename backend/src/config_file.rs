@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use thiserror::Error;
 use toml::Spanned;
-use virtio_rdma_abi::config::F_SHMEM_DOORBELL;
+use virtio_rdma_abi::config::{F_ATOMIC, F_SHMEM_DOORBELL, F_SRQ, F_UD};
 
 use crate::config::{
     default_gid, gid_text, mac_text, parse_mac, ConfigError, DaemonConfig, LimitOverrides, Limits,
@@ -308,6 +308,9 @@ limits_table! {
 struct DaemonTable {
     ctrl_poll_us: Option<Spanned<u64>>,
     shmem_doorbell: Option<bool>,
+    ud: Option<bool>,
+    srq: Option<bool>,
+    atomics: Option<bool>,
     fence_elision: Option<bool>,
     engine_threads: Option<Spanned<usize>>,
     engine_cpus: Option<Spanned<Vec<usize>>>,
@@ -418,8 +421,15 @@ pub fn parse(text: &str, file: &str, cli: &LimitOverrides) -> Result<LoadedConfi
         }
         config.ctrl_poll = poll;
     }
-    if tables.daemon.shmem_doorbell == Some(false) {
-        config.device_features &= !F_SHMEM_DOORBELL;
+    for (on, bit) in [
+        (tables.daemon.shmem_doorbell, F_SHMEM_DOORBELL),
+        (tables.daemon.ud, F_UD),
+        (tables.daemon.srq, F_SRQ),
+        (tables.daemon.atomics, F_ATOMIC),
+    ] {
+        if on == Some(false) {
+            config.device_features &= !bit;
+        }
     }
     if let Some(on) = tables.daemon.fence_elision {
         config.fence_elision = on;
@@ -784,6 +794,10 @@ bytes_per_sec = 1000000000
         c.validate().unwrap();
         assert_eq!(c.ctrl_poll, std::time::Duration::from_micros(20));
         assert_eq!(c.device_features & F_SHMEM_DOORBELL, 0);
+        assert_eq!(
+            c.device_features & (F_UD | F_SRQ | F_ATOMIC),
+            F_UD | F_SRQ | F_ATOMIC
+        );
         assert_eq!(l.default_limits.max_qp, 4096);
         assert_eq!(l.default_limits.max_mr_bytes, 1 << 30);
         assert_eq!(c.tenants.len(), 2);
@@ -999,6 +1013,21 @@ bytes_per_sec = 1000000000
             e,
             "config.toml:4: metrics_listen = \"localhost\" is not an address:port"
         );
+    }
+
+    /// `ud`, `srq` and `atomics` take their feature bit out of the offer;
+    /// absent, they keep it.
+    #[test]
+    fn device_feature_switches() {
+        for (set, bit) in [("ud", F_UD), ("srq", F_SRQ), ("atomics", F_ATOMIC)] {
+            let text = good_with(
+                "shmem_doorbell = false",
+                &format!("shmem_doorbell = true\n{set} = false"),
+            );
+            let c = parse_str(&text).unwrap().config;
+            let all = F_SHMEM_DOORBELL | F_UD | F_SRQ | F_ATOMIC;
+            assert_eq!(c.device_features & all, all & !bit, "{set}");
+        }
     }
 
     #[test]

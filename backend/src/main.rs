@@ -9,7 +9,7 @@ use vhost_user_rdma::config::{ConfigError, LimitOverrides};
 use vhost_user_rdma::logging::{self, LogFormat};
 use vhost_user_rdma::mgmt::ctl::{self, CtlArgs};
 use vhost_user_rdma::{config_file, DaemonConfig, Limits};
-use virtio_rdma_abi::config::F_SHMEM_DOORBELL;
+use virtio_rdma_abi::config::{F_ATOMIC, F_SHMEM_DOORBELL, F_SRQ, F_UD};
 
 /// vhost-user daemon giving VMs an RDMA device (virtio-rdma, device ID 42),
 /// backed by the built-in software RNIC.
@@ -100,6 +100,15 @@ struct Args {
     /// every queue then uses doorbell records in guest RAM.
     #[arg(long)]
     no_shmem_doorbell: bool,
+    /// Do not offer UD queue pairs (F_UD): drivers see RC only.
+    #[arg(long)]
+    no_ud: bool,
+    /// Do not offer shared receive queues (F_SRQ).
+    #[arg(long)]
+    no_srq: bool,
+    /// Do not offer atomic operations (F_ATOMIC).
+    #[arg(long)]
+    no_atomics: bool,
     /// Let drivers post without a memory fence while an engine thread polls
     /// (DB_FLAG_POLLING, spec 18.6; needs membarrier(2)). Off by default:
     /// it measured no gain here (docs/benchmarks.md).
@@ -216,8 +225,15 @@ fn daemon_config(a: Args) -> Result<(DaemonConfig, Option<LogFormat>), ArgsError
             .ok_or_else(|| ConfigError::MacForUnknownVm(m.vm.clone()))?;
         vm.mac = Some(m.mac);
     }
-    if a.no_shmem_doorbell {
-        config.device_features &= !F_SHMEM_DOORBELL;
+    for (off, bit) in [
+        (a.no_shmem_doorbell, F_SHMEM_DOORBELL),
+        (a.no_ud, F_UD),
+        (a.no_srq, F_SRQ),
+        (a.no_atomics, F_ATOMIC),
+    ] {
+        if off {
+            config.device_features &= !bit;
+        }
     }
     if a.fence_elision {
         config.fence_elision = true;
@@ -455,7 +471,7 @@ mod tests {
         let path = dir.join("c.toml");
         std::fs::write(
             &path,
-            "[daemon]\nctrl_poll_us = 5\n[defaults.limits]\nmax_qp = 100\nmax_cq = 50\n\
+            "[daemon]\nctrl_poll_us = 5\natomics = false\n[defaults.limits]\nmax_qp = 100\nmax_cq = 50\n\
              [[tenant]]\nname = \"blue\"\n\
              [[vm]]\nname = \"a\"\nsocket = \"/tmp/a.sock\"\ntenant = \"blue\"\n\
              [vm.limits]\nmax_cq = 7\n",
@@ -486,6 +502,8 @@ mod tests {
             "--ctrl-poll-us",
             "0",
             "--no-shmem-doorbell",
+            "--no-ud",
+            "--no-srq",
         ])
         .unwrap();
         let c = DaemonConfig::try_from(a).unwrap();
@@ -497,7 +515,11 @@ mod tests {
         assert_eq!(c.vms[1].limits.max_qp, 8);
         assert_eq!(c.vms[1].limits.max_cq, 9);
         assert_eq!(c.ctrl_poll, std::time::Duration::ZERO);
-        assert_eq!(c.device_features & F_SHMEM_DOORBELL, 0);
+        // Off from the file (atomics) and from the command line.
+        assert_eq!(
+            c.device_features & (F_SHMEM_DOORBELL | F_UD | F_SRQ | F_ATOMIC),
+            0
+        );
         // A socket given twice, once in the file and once on the command line.
         let a = Args::try_parse_from(["x", "-c", p, "-s", "/tmp/a.sock"]).unwrap();
         assert!(matches!(

@@ -13,6 +13,7 @@
 #include <linux/netdevice.h>
 #include <linux/rtnetlink.h>
 #include <linux/slab.h>
+#include <linux/virtio_config.h>
 #include <rdma/ib_mad.h>
 #include <rdma/ib_verbs.h>
 #include <rdma/uverbs_ioctl.h>
@@ -24,6 +25,7 @@ static int vrdma_query_device(struct ib_device *ibdev,
 			      struct ib_device_attr *props,
 			      struct ib_udata *uhw)
 {
+	struct virtio_device *vdev = to_vib(ibdev)->dev->vdev;
 	struct virtio_rdma_device_attr *a = &to_vib(ibdev)->dev->attr;
 
 	if (uhw->inlen || uhw->outlen)
@@ -56,6 +58,17 @@ static int vrdma_query_device(struct ib_device *ibdev,
 	props->atomic_cap = le32_to_cpu(a->atomic_caps) ? IB_ATOMIC_HCA :
 							  IB_ATOMIC_NONE;
 	props->local_ca_ack_delay = le32_to_cpu(a->local_ca_ack_delay);
+	/*
+	 * Without their feature (spec 4; a VMM may offer the guest no device
+	 * feature bits at all) SRQs and address handles cannot be created.
+	 */
+	if (!virtio_has_feature(vdev, VIRTIO_RDMA_F_SRQ)) {
+		props->max_srq = 0;
+		props->max_srq_wr = 0;
+		props->max_srq_sge = 0;
+	}
+	if (!virtio_has_feature(vdev, VIRTIO_RDMA_F_UD))
+		props->max_ah = 0;
 	return 0;
 }
 

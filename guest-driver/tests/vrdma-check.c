@@ -12,6 +12,8 @@
  *
  *   vrdma-check         everything
  *   vrdma-check rc      the RC QP only (a quick check of a device)
+ *   vrdma-check transport-only   on a device without UD, SRQs and atomics
+ *                       (no device feature bits): those refused, RC works
  *   vrdma-check fatal   objects, "READY", then waits for the device's reset
  *                       (IBV_EVENT_DEVICE_FATAL) and checks what follows
  */
@@ -643,6 +645,63 @@ static int fatal(struct ibv_context *ctx, struct ibv_pd *pd)
 	return 0;
 }
 
+/*
+ * A device whose VMM offers the guest no device feature bits (as
+ * cloud-hypervisor's generic vhost-user device does): no UD, SRQs or
+ * atomics, and the driver says so; RC QPs and their data path work.
+ */
+static void transport_only(struct ibv_context *ctx, struct ibv_pd *pd)
+{
+	struct ibv_srq_init_attr sattr = { .attr = { .max_wr = 4, .max_sge = 1 } };
+	struct ibv_qp_init_attr init = {
+		.qp_type = IBV_QPT_UD,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4,
+			 .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	static char buf[4096] __attribute__((aligned(4096)));
+	struct ibv_device_attr attr;
+	struct ibv_srq *srq;
+	struct ibv_qp *qp;
+	struct ibv_mr *mr;
+	struct ibv_cq *c;
+	char msg[200];
+	int ud_err, srq_err, mr_err;
+
+	if (ibv_query_device(ctx, &attr)) {
+		result(0, "query_device");
+		return;
+	}
+	snprintf(msg, sizeof(msg),
+		 "transport features only: atomic_cap %d, max_srq %d",
+		 attr.atomic_cap, attr.max_srq);
+	result(attr.atomic_cap == IBV_ATOMIC_NONE && attr.max_srq == 0, msg);
+
+	c = ibv_create_cq(ctx, 8, NULL, NULL, 0);
+	init.send_cq = c;
+	init.recv_cq = c;
+	qp = c ? ibv_create_qp(pd, &init) : NULL;
+	ud_err = qp ? 0 : errno;
+	if (qp)
+		ibv_destroy_qp(qp);
+	srq = ibv_create_srq(pd, &sattr);
+	srq_err = srq ? 0 : errno;
+	if (srq)
+		ibv_destroy_srq(srq);
+	mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE |
+			IBV_ACCESS_REMOTE_ATOMIC);
+	mr_err = mr ? 0 : errno;
+	if (mr)
+		ibv_dereg_mr(mr);
+	snprintf(msg, sizeof(msg),
+		 "  refused: a UD QP (%s), an SRQ (%s), a region with remote atomic access (%s)",
+		 strerror(ud_err), strerror(srq_err), strerror(mr_err));
+	result(ud_err == EOPNOTSUPP && srq_err == EOPNOTSUPP &&
+	       mr_err == EOPNOTSUPP, msg);
+	if (c)
+		ibv_destroy_cq(c);
+	qp_states(ctx, pd, IBV_QPT_RC);
+}
+
 int main(int argc, char **argv)
 {
 	struct ibv_device_attr attr;
@@ -669,6 +728,10 @@ int main(int argc, char **argv)
 	if (argc > 1 && !strcmp(argv[1], "fatal")) {
 		fatal(ctx, pd);
 		goto done;
+	}
+	if (argc > 1 && !strcmp(argv[1], "transport-only")) {
+		transport_only(ctx, pd);
+		goto close;
 	}
 	if (argc > 1 && !strcmp(argv[1], "rc")) {
 		qp_states(ctx, pd, IBV_QPT_RC);
