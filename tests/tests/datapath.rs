@@ -751,13 +751,6 @@ fn busy_then_idle(fence_elision: bool) {
         seen |= a.dev.doorbell_flags();
         n += 1;
     }
-    // The driver notified only when the engine had parked: a few times at
-    // most (a descheduled test thread lets it park), never once per post.
-    let kicks = d.traffic(0).notifications;
-    assert!(
-        kicks * 10 <= n,
-        "{kicks} notifications for {n} posts to a busy engine"
-    );
     if supported {
         assert_ne!(
             seen & DB_FLAG_POLLING,
