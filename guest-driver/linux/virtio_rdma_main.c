@@ -71,10 +71,11 @@ bool vrdma_dev_stopped(struct vrdma_dev *dev)
 /*
  * Executes one control command: header and request out, response header
  * and response in. Returns 0, or a negative errno; a device status other
- * than OK becomes an errno (the device's detail is logged at debug level).
- * While the device is being reset, or once it failed to start again, no
- * command is sent: -EIO; a command in flight at a reset fails with -EIO
- * too (used length 0: not executed, spec 7.3).
+ * than OK becomes an errno (the device's detail is logged at debug level),
+ * and so does an OK whose used length is not that of the whole response
+ * (-EIO: device input). While the device is being reset, or once it failed
+ * to start again, no command is sent: -EIO; a command in flight at a reset
+ * fails with -EIO too (used length 0: not executed, spec 7.3).
  */
 int vrdma_cmd_exec(struct vrdma_dev *dev, u32 opcode, const void *req,
 		   size_t req_len, void *resp, size_t resp_len)
@@ -148,13 +149,24 @@ int vrdma_cmd_exec(struct vrdma_dev *dev, u32 opcode, const void *req,
 	status = le32_to_cpu(cmd->resp.status);
 	switch (status) {
 	case VIRTIO_RDMA_S_OK:
+		/*
+		 * The whole response or nothing (spec 7.3): a shorter one
+		 * would leave the caller's structure partly unwritten.
+		 */
+		if (cmd->used_len != sizeof(cmd->resp) + resp_len) {
+			dev_err_ratelimited(&dev->vdev->dev,
+					    "command %#x: used length %u, expected %zu\n",
+					    opcode, cmd->used_len,
+					    sizeof(cmd->resp) + resp_len);
+			ret = -EIO;
+			goto out;
+		}
 		ret = 0;
 		break;
 	case VIRTIO_RDMA_S_NO_MEMORY:
-		ret = -ENOMEM;
-		break;
 	case VIRTIO_RDMA_S_QUOTA:
-		ret = -EDQUOT;
+		/* Verbs users expect ENOMEM when objects run out. */
+		ret = -ENOMEM;
 		break;
 	case VIRTIO_RDMA_S_UNSUPPORTED:
 		ret = -EOPNOTSUPP;
@@ -171,10 +183,8 @@ int vrdma_cmd_exec(struct vrdma_dev *dev, u32 opcode, const void *req,
 	case VIRTIO_RDMA_S_BAD_ADDRESS:
 		ret = -EFAULT;
 		break;
-	case VIRTIO_RDMA_S_RANGE:
-		ret = -ERANGE;
-		break;
 	case VIRTIO_RDMA_S_INVALID:
+	case VIRTIO_RDMA_S_RANGE: /* beyond a limit the device advertised */
 	case VIRTIO_RDMA_S_BAD_STATE:
 	case VIRTIO_RDMA_S_MISMATCH:
 		ret = -EINVAL;
