@@ -136,6 +136,8 @@ struct vrdma_qp {
 	enum ib_qp_state state;
 	/* An error event was reported since the QP left RESET. */
 	bool err_reported;
+	/* Created with IB_SIGNAL_ALL_WR (CREATE_QP's QP_FLAG_SIG_ALL). */
+	bool sig_all;
 };
 
 static inline struct vrdma_qp *to_vqp(struct ib_qp *ibqp)
