@@ -21,6 +21,21 @@
 #include "virtio_rdma.h"
 #include "uapi/virtio_rdma-abi.h"
 
+/*
+ * A GUID of the device (spec 12.1) as ib_core keeps it: the 64-bit value,
+ * an EUI-64 whose first octet is the most significant byte, big-endian.
+ */
+static __be64 vrdma_guid(__le64 guid)
+{
+	return cpu_to_be64(le64_to_cpu(guid));
+}
+
+/* The number of device GIDs the driver reads and maps (vrdma_query_gids). */
+static unsigned int vrdma_num_gids(struct vrdma_dev *dev)
+{
+	return min_t(u32, le32_to_cpu(dev->port.gid_tbl_len), VRDMA_MAX_GIDS);
+}
+
 static int vrdma_query_device(struct ib_device *ibdev,
 			      struct ib_device_attr *props,
 			      struct ib_udata *uhw)
@@ -32,7 +47,7 @@ static int vrdma_query_device(struct ib_device *ibdev,
 		return -EINVAL;
 	memset(props, 0, sizeof(*props));
 	props->fw_ver = le64_to_cpu(a->fw_version);
-	props->sys_image_guid = a->sys_image_guid;
+	props->sys_image_guid = vrdma_guid(a->sys_image_guid);
 	props->max_mr_size = le64_to_cpu(a->max_mr_size);
 	props->page_size_cap = le64_to_cpu(a->page_size_cap);
 	props->vendor_id = le32_to_cpu(a->vendor_id);
@@ -69,6 +84,16 @@ static int vrdma_query_device(struct ib_device *ibdev,
 	}
 	if (!virtio_has_feature(vdev, VIRTIO_RDMA_F_UD))
 		props->max_ah = 0;
+	/*
+	 * What the device does: RNR NAKs for RC (spec 18.20), CUR_STATE in
+	 * MODIFY_QP checked against the QP's state (12.13), PORT_ACTIVE
+	 * events (14.2), and a system image GUID when it reports one.
+	 */
+	props->device_cap_flags = IB_DEVICE_RC_RNR_NAK_GEN |
+				  IB_DEVICE_CURR_QP_STATE_MOD |
+				  IB_DEVICE_PORT_ACTIVE_EVENT;
+	if (props->sys_image_guid)
+		props->device_cap_flags |= IB_DEVICE_SYS_IMAGE_GUID;
 	return 0;
 }
 
@@ -80,10 +105,14 @@ static int vrdma_query_port(struct ib_device *ibdev, u32 port,
 
 	/* ib_core zeroes *props before calling. */
 	props->state = READ_ONCE(dev->port_state);
-	props->phys_state = le32_to_cpu(p->phys_state);
+	/* As QUERY_PORT pairs them (spec 12.2), also after port events. */
+	props->phys_state = props->state == IB_PORT_ACTIVE ?
+			    IB_PORT_PHYS_STATE_LINK_UP :
+			    IB_PORT_PHYS_STATE_DISABLED;
 	props->max_mtu = le32_to_cpu(p->max_mtu);
 	props->active_mtu = le32_to_cpu(p->active_mtu);
-	props->gid_tbl_len = le32_to_cpu(p->gid_tbl_len) + 1;
+	/* ib_core's default GID in slot 0, then the device's (add_gid). */
+	props->gid_tbl_len = vrdma_num_gids(dev) + 1;
 	props->pkey_tbl_len = 1;
 	props->max_msg_sz = le32_to_cpu(p->max_msg_size);
 	props->active_speed = le32_to_cpu(p->active_speed);
@@ -134,7 +163,8 @@ static int vrdma_add_gid(const struct ib_gid_attr *attr, void **context)
 	struct vrdma_ib *vib = to_vib(attr->device);
 	unsigned int i;
 
-	if (attr->gid_type != IB_GID_TYPE_ROCE_UDP_ENCAP)
+	if (attr->gid_type != IB_GID_TYPE_ROCE_UDP_ENCAP ||
+	    attr->index >= ARRAY_SIZE(vib->gid_map))
 		return -EINVAL;
 	for (i = 0; i < vib->num_gids; i++) {
 		if (!memcmp(&vib->gids[i], &attr->gid, sizeof(attr->gid))) {
@@ -378,7 +408,7 @@ static int vrdma_query_gids(struct vrdma_ib *vib)
 	unsigned int i, n;
 	int ret;
 
-	n = min_t(u32, le32_to_cpu(dev->port.gid_tbl_len), VRDMA_MAX_GIDS);
+	n = vrdma_num_gids(dev);
 	for (i = 0; i < n; i++) {
 		req.index = cpu_to_le32(i);
 		ret = vrdma_cmd_exec(dev, VIRTIO_RDMA_OP_QUERY_GID, &req,
@@ -429,7 +459,7 @@ int vrdma_register_ib(struct vrdma_dev *dev)
 	vib->ibdev.phys_port_cnt = 1;
 	vib->ibdev.num_comp_vectors = 1;
 	vib->ibdev.dev.parent = &dev->vdev->dev;
-	vib->ibdev.node_guid = dev->attr.node_guid;
+	vib->ibdev.node_guid = vrdma_guid(dev->attr.node_guid);
 	ib_set_device_ops(&vib->ibdev, &vrdma_dev_ops);
 	/* Not in ib_core's default set: the kicks (vrdma_post_send, ...). */
 	vib->ibdev.uverbs_cmd_mask |= BIT_ULL(IB_USER_VERBS_CMD_POST_SEND) |
