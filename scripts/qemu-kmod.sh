@@ -122,6 +122,24 @@ check "work requests beyond the QP's capabilities refused at post (EINVAL), the 
 check "RDMA WRITE to a bad rkey: REM_ACCESS_ERR, and IBV_EVENT_QP_ACCESS_ERR in user space" \
   "^VRDMA-CHECK ok: .*access error: async event local access violation work queue error"
 check "a SEND to a QP in RTR: IBV_EVENT_COMM_EST" "^VRDMA-CHECK ok: .*async event communication established"
+check "the GUIDs in ib_core's byte order (a locally administered EUI-64)" \
+  "^VRDMA-CHECK ok: attributes: node GUID"
+check "device_cap_flags: what the device does, nothing more" \
+  "^VRDMA-CHECK ok: attributes: device_cap_flags"
+check "the port: active, LINK_UP, GID table within what the driver reads" \
+  "^VRDMA-CHECK ok: attributes: port state"
+check "the device's QUOTA: ENOMEM" "^VRDMA-CHECK ok: attributes: PDs beyond the quota.*Cannot allocate memory"
+check "ibv_query_qp: access flags, the address with its GRH, sq_sig_all 0" \
+  "^VRDMA-CHECK ok: QP attributes in RTR"
+check "the device's RANGE (max_rd_atomic above its limit): EINVAL" \
+  "^VRDMA-CHECK ok: .*above the device's.*Invalid argument"
+check "the device's BAD_STATE (cur_state not the QP's): EINVAL" \
+  "^VRDMA-CHECK ok: .*cur_state INIT (it is RTR): Invalid argument"
+check "... and the right cur_state is taken (CURR_QP_STATE_MOD)" \
+  "^VRDMA-CHECK ok: .*to RTS with cur_state RTR: ok"
+check "to SQD with en_sqd_async_notify: IBV_EVENT_SQ_DRAINED" \
+  "^VRDMA-CHECK ok: .*SQD with nothing in flight: async event send queue drained"
+check "ibv_query_qp: sq_sig_all 1 and no address in RESET" "^VRDMA-CHECK ok: QP attributes in RESET"
 check "a CQ overflow: IBV_EVENT_CQ_ERR" "^VRDMA-CHECK ok: .*CQ overflowed: async event CQ error"
 check "... and IBV_EVENT_QP_FATAL for its QP" \
   "^VRDMA-CHECK ok: .*its QP failed: async event local work queue catastrophic error"
