@@ -319,15 +319,20 @@ static void vrdma_requery_srqs(struct vrdma_dev *dev, struct vrdma_ib *vib)
  * their events would have. A lost CQ_ERROR shows as the QP_FATAL of the
  * CQ's QPs, a lost COMM_EST or SQ_DRAINED is not recovered (neither
  * changes what the consumer may do), and CQ waiters were woken in the
- * interrupt. The reset and remove paths cancel this work before the
- * verbs device goes away.
+ * interrupt. The reset and remove paths cancel this work, and
+ * unregistering the verbs device waits for it, before the verbs device
+ * goes away.
  */
 void vrdma_requery_work(struct work_struct *work)
 {
 	struct vrdma_dev *dev = container_of(work, struct vrdma_dev,
 					     requery_work);
-	struct vrdma_ib *vib = dev->ib;
+	struct vrdma_ib *vib;
 
+	/* Unregistering the verbs device waits for this work to finish. */
+	spin_lock_irq(&dev->event_lock);
+	vib = dev->ib;
+	spin_unlock_irq(&dev->event_lock);
 	vrdma_requery_port(dev);
 	if (!vib)
 		return;
