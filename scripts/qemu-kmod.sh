@@ -2,12 +2,16 @@
 # The Linux guest driver in a real guest: builds virtio_rdma.ko (scripts/build-kmod.sh) for the
 # test guest's kernel, boots one QEMU guest with our vhost-user-rdma-pci device on a running
 # daemon and a virtio-net interface with the MAC the daemon's configuration pairs the port with,
-# loads the module through the kernel's own virtio_pci, and checks that it bound the device (ABI
-# version accepted, control queue answering), registered a RoCE verbs device on that interface
-# (`rdma link`), and that ib_core's GID table holds the VM's GID, taken from the interface's IP
-# address; runs guest-driver/tests/vrdma-check.c (objects, data and the device's async events
-# through ibv_get_async_event) and guest-driver/tests/vrdma-reset.sh (device resets under a
-# process holding objects: IBV_EVENT_DEVICE_FATAL, errors not hangs, the device back).
+# loads the module through the kernel's own virtio_pci before virtio_net (the driver waits for
+# the interface: no verbs device until virtio_net is loaded), and checks that it bound the device
+# (ABI version accepted, control queue answering), registered a RoCE verbs device on that
+# interface once it appeared (`rdma link`), and that ib_core's GID table holds the VM's GID, taken
+# from the interface's IP address; runs guest-driver/tests/vrdma-check.c (objects, data, the
+# attributes the driver reports and the device's async events through ibv_get_async_event) and
+# guest-driver/tests/vrdma-reset.sh (device resets under a process holding objects:
+# IBV_EVENT_DEVICE_FATAL, errors not hangs, the device back); then removes virtio_net (the verbs
+# device goes with its interface, and the removal does not hang on the interface's reference)
+# and loads it again (the verbs device comes back on the new interface).
 # Meanwhile a second guest runs on a device without device feature bits (a second daemon with
 # ud/srq/atomics off: what cloud-hypervisor's generic vhost-user device gives a guest):
 # vrdma-check transport-only.
@@ -29,7 +33,7 @@ kmod=$(bash scripts/build-kmod.sh)
 rdma_core=$(bash scripts/build-rdma-core.sh) # a sysroot: installed as a distribution would
 echo "== qemu-kmod: $kmod"
 echo "   $(modinfo -F vermagic "$kmod" 2>/dev/null || strings "$kmod" | grep -m1 '^vermagic=')"
-bash scripts/build-guest.sh --name rdma-kmod --load virtio_pci --load virtio_net \
+bash scripts/build-guest.sh --name rdma-kmod --load virtio_pci --module virtio_net \
   --load ib_uverbs --bin "$(command -v rdma)" --file "$kmod:/lib/virtio_rdma.ko" \
   --sysroot "$rdma_core" >/dev/null
 
@@ -55,7 +59,8 @@ for _ in $(seq 100); do [ -S "$dir/vm0.sock" ] && break; sleep 0.05; done
 # Meanwhile a second guest on a device that offers no device feature bits, as cloud-hypervisor's
 # generic vhost-user device shows it (transport bits only: qemu-configs/cloud-hypervisor.md): a
 # second daemon offering no UD, SRQs or atomics. Checked: the driver reports none, refuses them,
-# and RC QPs with their data path work.
+# and RC QPs with their data path work. This guest loads virtio_net before virtio_rdma (the
+# interface is there at probe).
 bare_mac=52:54:00:12:34:57
 printf '[daemon]\nud = false\nsrq = false\natomics = false\n\n[[tenant]]\nname = "t"\n\n[[vm]]\nname = "bare"\nsocket = "%s"\ntenant = "t"\nmac = "%s"\n' \
   "$dir/bare.sock" "$bare_mac" >"$dir/bare.toml"
@@ -64,8 +69,8 @@ bare_daemon_pid=$!
 for _ in $(seq 100); do [ -S "$dir/bare.sock" ] && break; sleep 0.05; done
 bash scripts/run-guest.sh --image rdma-kmod --timeout 300 --log "$dir/bare.console" -q \
   --append 'guest.uio=none' \
-  --cmd 'ip link set eth0 up && ip addr add 10.42.0.1/24 dev eth0 && insmod /lib/virtio_rdma.ko &&
-    i=0; until grep -q ffff /sys/class/infiniband/virtio_rdma0/ports/1/gids/1 2>/dev/null; do
+  --cmd 'modprobe virtio_net && ip link set eth0 up && ip addr add 10.42.0.1/24 dev eth0 &&
+    insmod /lib/virtio_rdma.ko && i=0; until grep -q ffff /sys/class/infiniband/virtio_rdma0/ports/1/gids/1 2>/dev/null; do
       [ $i -lt 100 ] || exit 1; i=$((i + 1)); sleep 0.1; done; vrdma-check transport-only' -- \
   -chardev "socket,id=rdma,path=$dir/bare.sock" -device vhost-user-rdma-pci,chardev=rdma \
   -netdev "stream,id=n0,server=on,addr.type=unix,addr.path=$dir/bare-net.sock" \
@@ -87,12 +92,16 @@ t=$(date +%s)
 rc=0
 bash scripts/run-guest.sh --image rdma-kmod --timeout 300 --log "$dir/guest.console" -q \
   --append 'guest.uio=none' \
-  --cmd 'ip link set eth0 up && ip addr add 10.42.0.1/24 dev eth0 &&
-    insmod /lib/virtio_rdma.ko && sleep 1 && dmesg | grep -i virtio && rdma link &&
-    echo "GID1 $(cat /sys/class/infiniband/virtio_rdma0/ports/1/gids/1)" &&
+  --cmd 'ib=/sys/class/infiniband; net() { modprobe virtio_net && ip link set eth0 up &&
+    ip addr add 10.42.0.1/24 dev eth0 && i=0 && until grep -qs 0a2a $ib/virtio_rdma0/ports/1/gids/1 ||
+    [ $i -ge 100 ]; do sleep 0.1; i=$((i + 1)); done; }
+    insmod /lib/virtio_rdma.ko && sleep 1 && echo "EARLY $(ls $ib | wc -l) verbs devices" && net &&
+    dmesg | grep -i virtio && rdma link && echo "GID1 $(cat $ib/virtio_rdma0/ports/1/gids/1)" &&
     cat /etc/libibverbs.d/virtio_rdma.driver && ibv_devinfo && vrdma-check && vrdma-reset.sh &&
-    rmmod virtio_rdma && insmod /lib/virtio_rdma.ko && sleep 1 &&
-    ibv_devices | sed "s/^/AGAIN /"' -- \
+    rmmod virtio_net && echo "GONE $(ls $ib | wc -l) verbs devices" && net &&
+    echo "BACK $(ls $ib) GID1 $(cat $ib/virtio_rdma0/ports/1/gids/1)" &&
+    dmesg | grep "went away" && rmmod virtio_rdma && insmod /lib/virtio_rdma.ko &&
+    sleep 1 && ibv_devices | sed "s/^/AGAIN /"' -- \
   -chardev "socket,id=rdma,path=$dir/vm0.sock" -device vhost-user-rdma-pci,chardev=rdma \
   -netdev "stream,id=n0,server=on,addr.type=unix,addr.path=$dir/net.sock" \
   -device "virtio-net-pci,netdev=n0,mac=$mac" \
@@ -101,9 +110,13 @@ echo "== qemu-kmod: guest ran $(($(date +%s) - t)) s, exit $rc"
 [ "$rc" = 0 ] && { echo "   ok: insmod and the guest command succeeded"; pass=$((pass + 1)); } ||
   { echo "   FAILED: guest exit $rc"; fail=$((fail + 1)); }
 check "the driver bound device ID 42 with ABI version 2" "virtio-rdma ABI 2:"
+check "loaded before virtio_net: it waits for the interface with the paired MAC" \
+  "no network interface with permanent address $mac yet"
+check "... and registers no verbs device meanwhile" "^EARLY 0 verbs devices"
 check "QUERY_PORT: the port is active" "port active"
 check "the paired MAC came from the daemon's configuration" "paired MAC $mac"
-check "a verbs device registered on the paired interface" "registered virtio_rdma0 on eth0"
+check "a verbs device registered on the paired interface once virtio_net created it" \
+  "registered virtio_rdma0 on eth0"
 check "rdma link: a RoCE port, active, on eth0" "virtio_rdma0/1 state ACTIVE physical_state LINK_UP netdev eth0"
 check "GID index 1 is the VM's GID (::ffff:10.42.0.1) from the interface's address" \
   "GID1 0000:0000:0000:0000:0000:ffff:0a2a:0001"
@@ -122,6 +135,24 @@ check "work requests beyond the QP's capabilities refused at post (EINVAL), the 
 check "RDMA WRITE to a bad rkey: REM_ACCESS_ERR, and IBV_EVENT_QP_ACCESS_ERR in user space" \
   "^VRDMA-CHECK ok: .*access error: async event local access violation work queue error"
 check "a SEND to a QP in RTR: IBV_EVENT_COMM_EST" "^VRDMA-CHECK ok: .*async event communication established"
+check "the GUIDs in ib_core's byte order (a locally administered EUI-64)" \
+  "^VRDMA-CHECK ok: attributes: node GUID"
+check "device_cap_flags: what the device does, nothing more" \
+  "^VRDMA-CHECK ok: attributes: device_cap_flags"
+check "the port: active, LINK_UP, GID table within what the driver reads" \
+  "^VRDMA-CHECK ok: attributes: port state"
+check "the device's QUOTA: ENOMEM" "^VRDMA-CHECK ok: attributes: PDs beyond the quota.*Cannot allocate memory"
+check "ibv_query_qp: access flags, the address with its GRH, sq_sig_all 0" \
+  "^VRDMA-CHECK ok: QP attributes in RTR"
+check "the device's RANGE (max_rd_atomic above its limit): EINVAL" \
+  "^VRDMA-CHECK ok: .*above the device's.*Invalid argument"
+check "the device's BAD_STATE (cur_state not the QP's): EINVAL" \
+  "^VRDMA-CHECK ok: .*cur_state INIT (it is RTR): Invalid argument"
+check "... and the right cur_state is taken (CURR_QP_STATE_MOD)" \
+  "^VRDMA-CHECK ok: .*to RTS with cur_state RTR: ok"
+check "to SQD with en_sqd_async_notify: IBV_EVENT_SQ_DRAINED" \
+  "^VRDMA-CHECK ok: .*SQD with nothing in flight: async event send queue drained"
+check "ibv_query_qp: sq_sig_all 1 and no address in RESET" "^VRDMA-CHECK ok: QP attributes in RESET"
 check "a CQ overflow: IBV_EVENT_CQ_ERR" "^VRDMA-CHECK ok: .*CQ overflowed: async event CQ error"
 check "... and IBV_EVENT_QP_FATAL for its QP" \
   "^VRDMA-CHECK ok: .*its QP failed: async event local work queue catastrophic error"
@@ -139,6 +170,11 @@ for how in SYSFS UNBIND; do
 done
 check "the driver reset and re-registered the device" "the device is back after its reset"
 check "unbound: no verbs device left" "^RESET-UNBIND: 0 verbs devices while unbound"
+check "virtio_net removed: the verbs device went with its interface, nothing hung" \
+  "^GONE 0 verbs devices"
+check "... the driver said why" "network interface eth0 went away: unregistering virtio_rdma0"
+check "virtio_net loaded again: virtio_rdma0 back on the new eth0, GID 1 from its address" \
+  "^BACK virtio_rdma0 GID1 0000:0000:0000:0000:0000:ffff:0a2a:0001"
 check "rmmod (device reset) and insmod again: the device is back" "AGAIN .*virtio_rdma0"
 bare_rc=0
 wait "$bare_pid" || bare_rc=$?

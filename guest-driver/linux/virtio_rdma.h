@@ -6,6 +6,9 @@
 #define _VIRTIO_RDMA_H
 
 #include <linux/completion.h>
+#include <linux/if_ether.h>
+#include <linux/mutex.h>
+#include <linux/notifier.h>
 #include <linux/spinlock.h>
 #include <linux/virtio.h>
 #include <linux/workqueue.h>
@@ -70,8 +73,26 @@ struct vrdma_dev {
 	struct virtio_rdma_port_attr port;
 	/* event_lock: the port's state, IB_PORT_ACTIVE or IB_PORT_DOWN. */
 	enum ib_port_state port_state;
-	/* The registered verbs device, once there is one (event_lock). */
+	/*
+	 * The registered verbs device, once there is one: set under ib_lock
+	 * and event_lock.
+	 */
 	struct vrdma_ib *ib;
+	/*
+	 * Serialises registering and unregistering the verbs device (probe,
+	 * the reset work, the pairing work, remove).
+	 */
+	struct mutex ib_lock;
+	/* ib_lock: the device is started; a verbs device may be registered. */
+	bool running;
+	/* RTNL: the paired interface's permanent address (DeviceConfig.mac). */
+	u8 mac[ETH_ALEN];
+	/* RTNL and ib_lock to change: the paired interface, held. */
+	struct net_device *ndev;
+	/* Interfaces appearing and going (vrdma_netdev_event). */
+	struct notifier_block netdev_nb;
+	/* Pairs the port with its interface again (vrdma_pair). */
+	struct work_struct pair_work;
 };
 
 struct vrdma_ib {
@@ -136,6 +157,8 @@ struct vrdma_qp {
 	enum ib_qp_state state;
 	/* An error event was reported since the QP left RESET. */
 	bool err_reported;
+	/* Created with IB_SIGNAL_ALL_WR (CREATE_QP's QP_FLAG_SIG_ALL). */
+	bool sig_all;
 };
 
 static inline struct vrdma_qp *to_vqp(struct ib_qp *ibqp)
@@ -198,7 +221,11 @@ struct vrdma_cmd {
 
 int vrdma_cmd_exec(struct vrdma_dev *dev, u32 opcode, const void *req,
 		   size_t req_len, void *resp, size_t resp_len);
-int vrdma_register_ib(struct vrdma_dev *dev);
+void vrdma_pair(struct vrdma_dev *dev, bool start);
+void vrdma_pair_work(struct work_struct *work);
+int vrdma_netdev_event(struct notifier_block *nb, unsigned long event,
+		       void *ptr);
+void vrdma_ib_down(struct vrdma_dev *dev);
 bool vrdma_dev_stopped(struct vrdma_dev *dev);
 void vrdma_event(struct vrdma_dev *dev, const struct virtio_rdma_event *ev);
 void vrdma_requery_work(struct work_struct *work);
@@ -246,6 +273,5 @@ int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 		    struct ib_udata *udata);
 int vrdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 		   struct ib_qp_init_attr *init);
-void vrdma_unregister_ib(struct vrdma_dev *dev);
 
 #endif /* _VIRTIO_RDMA_H */

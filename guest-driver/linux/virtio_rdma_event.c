@@ -13,7 +13,8 @@
  *
  * The sequence numbers tell the driver when the device lost its state
  * without a reset of the driver's (a VMM reconnection, spec 15.2): an
- * event with seq 1 after other events. That, and DEVICE_FATAL, make the
+ * event with seq 1 after other events, or an EVENTS_LOST whose lost range
+ * starts at 1 (spec 14.3). That, and DEVICE_FATAL, make the
  * driver reset the device (virtio_rdma_main.c). EVENTS_LOST makes it
  * re-read what the lost events could have said (vrdma_requery_work).
  */
@@ -108,22 +109,24 @@ static const enum ib_event_type vrdma_qp_events[] = {
 	[VIRTIO_RDMA_EV_QP_LAST_WQE_REACHED] = IB_EVENT_QP_LAST_WQE_REACHED,
 };
 
-/* Whether the sequence numbers say the device restarted (spec 15.2). */
+/*
+ * Whether the sequence numbers say the device restarted (spec 15.2): seq 1
+ * after other events, unless 1 is the number that follows (the numbering
+ * wrapped through 0). The first event of a new numbering may be an
+ * EVENTS_LOST whose range starts at 1 (the first events of the new
+ * connection were dropped, spec 14.3): its seq counts as well.
+ */
 static bool vrdma_seq_restarted(struct vrdma_dev *dev, u32 kind, u32 seq,
 				u32 detail)
 {
-	if (kind == VIRTIO_RDMA_EV_EVENTS_LOST) {
-		/* The lost ones are [seq, seq + detail). */
-		dev->ev_next = seq + detail;
-		dev->ev_seen = true;
-		return false;
-	}
 	if (seq == 1 && dev->ev_seen && dev->ev_next != 1)
 		return true;
 	if (dev->ev_seen && seq != dev->ev_next)
 		dev_dbg(&dev->vdev->dev, "event seq %u, expected %u\n", seq,
 			dev->ev_next);
-	dev->ev_next = seq + 1;
+	/* EVENTS_LOST takes no number: the lost ones are [seq, seq + detail). */
+	dev->ev_next = kind == VIRTIO_RDMA_EV_EVENTS_LOST ? seq + detail :
+							    seq + 1;
 	dev->ev_seen = true;
 	return false;
 }
@@ -316,15 +319,20 @@ static void vrdma_requery_srqs(struct vrdma_dev *dev, struct vrdma_ib *vib)
  * their events would have. A lost CQ_ERROR shows as the QP_FATAL of the
  * CQ's QPs, a lost COMM_EST or SQ_DRAINED is not recovered (neither
  * changes what the consumer may do), and CQ waiters were woken in the
- * interrupt. The reset and remove paths cancel this work before the
- * verbs device goes away.
+ * interrupt. The reset and remove paths cancel this work, and
+ * unregistering the verbs device waits for it, before the verbs device
+ * goes away.
  */
 void vrdma_requery_work(struct work_struct *work)
 {
 	struct vrdma_dev *dev = container_of(work, struct vrdma_dev,
 					     requery_work);
-	struct vrdma_ib *vib = dev->ib;
+	struct vrdma_ib *vib;
 
+	/* Unregistering the verbs device waits for this work to finish. */
+	spin_lock_irq(&dev->event_lock);
+	vib = dev->ib;
+	spin_unlock_irq(&dev->event_lock);
 	vrdma_requery_port(dev);
 	if (!vib)
 		return;

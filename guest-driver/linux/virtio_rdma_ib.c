@@ -3,23 +3,43 @@
  * virtio-rdma: the verbs device (ib_device) over the control queue.
  *
  * The port is a RoCEv2 port paired with the guest network interface whose
- * permanent MAC address the device reports (spec appendix A). ib_core
- * builds the GID table from that interface's IP addresses; the driver
- * accepts only the GIDs the device's own table holds and remembers the
- * device's index for each (add_gid).
+ * permanent MAC address the device reports (spec appendix A). The verbs
+ * device is registered while that interface exists: at the start, or when
+ * the interface appears later (a netdev notifier), and it is unregistered
+ * when the interface goes away (vrdma_pair). ib_core builds the GID table
+ * from that interface's IP addresses; the driver accepts only the GIDs the
+ * device's own table holds and remembers the device's index for each
+ * (add_gid).
  */
 
 #include <linux/etherdevice.h>
+#include <linux/if_arp.h>
 #include <linux/netdevice.h>
 #include <linux/rtnetlink.h>
 #include <linux/slab.h>
 #include <linux/virtio_config.h>
+#include <net/net_namespace.h>
 #include <rdma/ib_mad.h>
 #include <rdma/ib_verbs.h>
 #include <rdma/uverbs_ioctl.h>
 
 #include "virtio_rdma.h"
 #include "uapi/virtio_rdma-abi.h"
+
+/*
+ * A GUID of the device (spec 12.1) as ib_core keeps it: the 64-bit value,
+ * an EUI-64 whose first octet is the most significant byte, big-endian.
+ */
+static __be64 vrdma_guid(__le64 guid)
+{
+	return cpu_to_be64(le64_to_cpu(guid));
+}
+
+/* The number of device GIDs the driver reads and maps (vrdma_query_gids). */
+static unsigned int vrdma_num_gids(struct vrdma_dev *dev)
+{
+	return min_t(u32, le32_to_cpu(dev->port.gid_tbl_len), VRDMA_MAX_GIDS);
+}
 
 static int vrdma_query_device(struct ib_device *ibdev,
 			      struct ib_device_attr *props,
@@ -32,7 +52,7 @@ static int vrdma_query_device(struct ib_device *ibdev,
 		return -EINVAL;
 	memset(props, 0, sizeof(*props));
 	props->fw_ver = le64_to_cpu(a->fw_version);
-	props->sys_image_guid = a->sys_image_guid;
+	props->sys_image_guid = vrdma_guid(a->sys_image_guid);
 	props->max_mr_size = le64_to_cpu(a->max_mr_size);
 	props->page_size_cap = le64_to_cpu(a->page_size_cap);
 	props->vendor_id = le32_to_cpu(a->vendor_id);
@@ -69,6 +89,16 @@ static int vrdma_query_device(struct ib_device *ibdev,
 	}
 	if (!virtio_has_feature(vdev, VIRTIO_RDMA_F_UD))
 		props->max_ah = 0;
+	/*
+	 * What the device does: RNR NAKs for RC (spec 18.20), CUR_STATE in
+	 * MODIFY_QP checked against the QP's state (12.13), PORT_ACTIVE
+	 * events (14.2), and a system image GUID when it reports one.
+	 */
+	props->device_cap_flags = IB_DEVICE_RC_RNR_NAK_GEN |
+				  IB_DEVICE_CURR_QP_STATE_MOD |
+				  IB_DEVICE_PORT_ACTIVE_EVENT;
+	if (props->sys_image_guid)
+		props->device_cap_flags |= IB_DEVICE_SYS_IMAGE_GUID;
 	return 0;
 }
 
@@ -80,10 +110,14 @@ static int vrdma_query_port(struct ib_device *ibdev, u32 port,
 
 	/* ib_core zeroes *props before calling. */
 	props->state = READ_ONCE(dev->port_state);
-	props->phys_state = le32_to_cpu(p->phys_state);
+	/* As QUERY_PORT pairs them (spec 12.2), also after port events. */
+	props->phys_state = props->state == IB_PORT_ACTIVE ?
+			    IB_PORT_PHYS_STATE_LINK_UP :
+			    IB_PORT_PHYS_STATE_DISABLED;
 	props->max_mtu = le32_to_cpu(p->max_mtu);
 	props->active_mtu = le32_to_cpu(p->active_mtu);
-	props->gid_tbl_len = le32_to_cpu(p->gid_tbl_len) + 1;
+	/* ib_core's default GID in slot 0, then the device's (add_gid). */
+	props->gid_tbl_len = vrdma_num_gids(dev) + 1;
 	props->pkey_tbl_len = 1;
 	props->max_msg_sz = le32_to_cpu(p->max_msg_size);
 	props->active_speed = le32_to_cpu(p->active_speed);
@@ -134,7 +168,8 @@ static int vrdma_add_gid(const struct ib_gid_attr *attr, void **context)
 	struct vrdma_ib *vib = to_vib(attr->device);
 	unsigned int i;
 
-	if (attr->gid_type != IB_GID_TYPE_ROCE_UDP_ENCAP)
+	if (attr->gid_type != IB_GID_TYPE_ROCE_UDP_ENCAP ||
+	    attr->index >= ARRAY_SIZE(vib->gid_map))
 		return -EINVAL;
 	for (i = 0; i < vib->num_gids; i++) {
 		if (!memcmp(&vib->gids[i], &attr->gid, sizeof(attr->gid))) {
@@ -353,23 +388,6 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	INIT_RDMA_OBJ_SIZE(ib_ucontext, vrdma_ucontext, ibucontext),
 };
 
-/* The interface whose permanent address is the device's `mac`, held. */
-static struct net_device *vrdma_find_netdev(const u8 *mac)
-{
-	struct net_device *ndev, *found = NULL;
-
-	rtnl_lock();
-	for_each_netdev(&init_net, ndev) {
-		if (ether_addr_equal(ndev->perm_addr, mac)) {
-			found = ndev;
-			dev_hold(found);
-			break;
-		}
-	}
-	rtnl_unlock();
-	return found;
-}
-
 static int vrdma_query_gids(struct vrdma_ib *vib)
 {
 	struct vrdma_dev *dev = vib->dev;
@@ -378,7 +396,7 @@ static int vrdma_query_gids(struct vrdma_ib *vib)
 	unsigned int i, n;
 	int ret;
 
-	n = min_t(u32, le32_to_cpu(dev->port.gid_tbl_len), VRDMA_MAX_GIDS);
+	n = vrdma_num_gids(dev);
 	for (i = 0; i < n; i++) {
 		req.index = cpu_to_le32(i);
 		ret = vrdma_cmd_exec(dev, VIRTIO_RDMA_OP_QUERY_GID, &req,
@@ -393,30 +411,19 @@ static int vrdma_query_gids(struct vrdma_ib *vib)
 	return 0;
 }
 
-int vrdma_register_ib(struct vrdma_dev *dev)
+/*
+ * Registers the verbs device on the paired interface, dev->ndev (ib_lock
+ * held).
+ */
+static int vrdma_register_ib(struct vrdma_dev *dev)
 {
-	struct net_device *ndev;
+	struct net_device *ndev = dev->ndev;
 	struct vrdma_ib *vib;
 	int ret;
 
-	if (is_zero_ether_addr(dev->config.mac)) {
-		dev_err(&dev->vdev->dev,
-			"no paired network interface configured (DeviceConfig.mac is zero): not registering a RoCE port\n");
-		return -ENODEV;
-	}
-	ndev = vrdma_find_netdev(dev->config.mac);
-	if (!ndev) {
-		dev_err(&dev->vdev->dev,
-			"no network interface with permanent address %pM\n",
-			dev->config.mac);
-		return -ENODEV;
-	}
-
 	vib = ib_alloc_device(vrdma_ib, ibdev);
-	if (!vib) {
-		ret = -ENOMEM;
-		goto out_put;
-	}
+	if (!vib)
+		return -ENOMEM;
 	vib->dev = dev;
 	xa_init_flags(&vib->cqs, XA_FLAGS_LOCK_IRQ);
 	xa_init_flags(&vib->qps, XA_FLAGS_LOCK_IRQ);
@@ -429,12 +436,17 @@ int vrdma_register_ib(struct vrdma_dev *dev)
 	vib->ibdev.phys_port_cnt = 1;
 	vib->ibdev.num_comp_vectors = 1;
 	vib->ibdev.dev.parent = &dev->vdev->dev;
-	vib->ibdev.node_guid = dev->attr.node_guid;
+	vib->ibdev.node_guid = vrdma_guid(dev->attr.node_guid);
 	ib_set_device_ops(&vib->ibdev, &vrdma_dev_ops);
 	/* Not in ib_core's default set: the kicks (vrdma_post_send, ...). */
 	vib->ibdev.uverbs_cmd_mask |= BIT_ULL(IB_USER_VERBS_CMD_POST_SEND) |
 				      BIT_ULL(IB_USER_VERBS_CMD_POST_SRQ_RECV);
-	ret = ib_device_set_netdev(&vib->ibdev, ndev, 1);
+	/*
+	 * ib_core takes its own reference to the interface and keeps it
+	 * until the verbs device is unregistered, which vrdma_pair() does
+	 * when the interface is unregistered.
+	 */
+	ret = ib_device_set_netdev(&vib->ibdev, ndev, VRDMA_PORT_NUM);
 	if (ret)
 		goto err_dealloc;
 	/* No DMA device: ib_core hands out kernel virtual addresses. */
@@ -446,30 +458,172 @@ int vrdma_register_ib(struct vrdma_dev *dev)
 	spin_unlock_irq(&dev->event_lock);
 	dev_info(&dev->vdev->dev, "registered %s on %s\n",
 		 dev_name(&vib->ibdev.dev), netdev_name(ndev));
-	dev_put(ndev);
 	return 0;
 
 err_dealloc:
 	ib_dealloc_device(&vib->ibdev);
-out_put:
-	dev_put(ndev);
 	return ret;
 }
 
 /*
- * Unregisters the verbs device: ib_core disassociates the user contexts
- * (IB_EVENT_DEVICE_FATAL to each, their objects destroyed) and waits for
- * no process.
+ * Unregisters the verbs device (ib_lock held): ib_core disassociates the
+ * user contexts (IB_EVENT_DEVICE_FATAL to each, their objects destroyed),
+ * waits for no process, and drops its reference to the interface.
  */
-void vrdma_unregister_ib(struct vrdma_dev *dev)
+static void vrdma_unregister_ib(struct vrdma_dev *dev)
 {
 	struct vrdma_ib *vib = dev->ib;
 
+	lockdep_assert_held(&dev->ib_lock);
 	if (!vib)
 		return;
 	spin_lock_irq(&dev->event_lock);
 	dev->ib = NULL;
 	spin_unlock_irq(&dev->event_lock);
+	/* An EVENTS_LOST re-query that still uses it finishes first. */
+	flush_work(&dev->requery_work);
 	ib_unregister_device(&vib->ibdev);
 	ib_dealloc_device(&vib->ibdev);
+}
+
+/* Whether @ndev may be the paired interface (spec appendix A); RTNL held. */
+static bool vrdma_netdev_matches(struct vrdma_dev *dev,
+				 struct net_device *ndev)
+{
+	return ndev->type == ARPHRD_ETHER && !is_zero_ether_addr(dev->mac) &&
+	       ether_addr_equal(ndev->perm_addr, dev->mac);
+}
+
+/*
+ * The paired interface, held, or NULL: in any network namespace, the
+ * registered Ethernet interface whose permanent address is the device's
+ * `mac` and that is stacked on no other (VLAN, macvlan or ipvlan
+ * interfaces on top of it can carry the same permanent address). RTNL
+ * held, as ib_core's RoCE GID code walks the namespaces.
+ */
+static struct net_device *vrdma_find_netdev(struct vrdma_dev *dev)
+{
+	struct net_device *ndev, *found = NULL;
+	struct net *net;
+
+	ASSERT_RTNL();
+	down_read(&net_rwsem);
+	for_each_net(net) {
+		for_each_netdev(net, ndev) {
+			if (ndev->reg_state == NETREG_REGISTERED &&
+			    vrdma_netdev_matches(dev, ndev) &&
+			    list_empty(&ndev->adj_list.lower)) {
+				found = ndev;
+				dev_hold(found);
+				goto out;
+			}
+		}
+	}
+out:
+	up_read(&net_rwsem);
+	return found;
+}
+
+/*
+ * Pairs the port with its interface and keeps the verbs device registered
+ * on that interface while the device runs (spec appendix A): registers it
+ * once the interface exists (at start, or when it appears later: the
+ * netdev notifier), unregisters it when the interface goes away (ib_core
+ * holds the interface until then, and its unregistration waits for that)
+ * or when another interface becomes the paired one. @start: called when
+ * the device started, to say that it waits for the interface.
+ */
+void vrdma_pair(struct vrdma_dev *dev, bool start)
+{
+	struct net_device *ndev, *old;
+	int ret;
+
+	mutex_lock(&dev->ib_lock);
+	rtnl_lock();
+	ndev = vrdma_find_netdev(dev);
+	old = dev->ndev;
+	dev->ndev = ndev;
+	rtnl_unlock();
+	if (old != ndev && dev->ib) {
+		if (ndev)
+			dev_info(&dev->vdev->dev,
+				 "network interface %s is the paired one now, not %s: unregistering %s\n",
+				 netdev_name(ndev), netdev_name(old),
+				 dev_name(&dev->ib->ibdev.dev));
+		else
+			dev_info(&dev->vdev->dev,
+				 "network interface %s went away: unregistering %s\n",
+				 netdev_name(old), dev_name(&dev->ib->ibdev.dev));
+		vrdma_unregister_ib(dev);
+	}
+	if (old)
+		dev_put(old);
+	if (!ndev) {
+		if (start)
+			dev_info(&dev->vdev->dev,
+				 "no network interface with permanent address %pM yet: the verbs device is registered when it appears\n",
+				 dev->mac);
+	} else if (!dev->ib && dev->running && !vrdma_dev_stopped(dev)) {
+		ret = vrdma_register_ib(dev);
+		if (ret)
+			dev_err(&dev->vdev->dev,
+				"cannot register the verbs device on %s: %d\n",
+				netdev_name(ndev), ret);
+	}
+	mutex_unlock(&dev->ib_lock);
+}
+
+void vrdma_pair_work(struct work_struct *work)
+{
+	vrdma_pair(container_of(work, struct vrdma_dev, pair_work), false);
+}
+
+/*
+ * Interfaces appearing and going, in any namespace (RTNL held): a
+ * candidate that registers while the port has none, or the paired one
+ * unregistering, makes the pairing work look again once RTNL is released
+ * (by then the interface's stacking is known, and the verbs device can be
+ * registered or unregistered without RTNL). A move to another namespace
+ * unregisters and registers the interface again: it stays paired.
+ */
+int vrdma_netdev_event(struct notifier_block *nb, unsigned long event,
+		       void *ptr)
+{
+	struct vrdma_dev *dev = container_of(nb, struct vrdma_dev, netdev_nb);
+	struct net_device *ndev = netdev_notifier_info_to_dev(ptr);
+
+	switch (event) {
+	case NETDEV_REGISTER:
+		if (!dev->ndev && vrdma_netdev_matches(dev, ndev))
+			queue_work(system_long_wq, &dev->pair_work);
+		break;
+	case NETDEV_UNREGISTER:
+		if (ndev == dev->ndev)
+			queue_work(system_long_wq, &dev->pair_work);
+		break;
+	default:
+		break;
+	}
+	return NOTIFY_DONE;
+}
+
+/*
+ * The device stops (reset, remove): no verbs device is registered until
+ * vrdma_start() and vrdma_pair() again, the current one is unregistered,
+ * and the interface is let go.
+ */
+void vrdma_ib_down(struct vrdma_dev *dev)
+{
+	struct net_device *ndev;
+
+	mutex_lock(&dev->ib_lock);
+	dev->running = false;
+	vrdma_unregister_ib(dev);
+	rtnl_lock();
+	ndev = dev->ndev;
+	dev->ndev = NULL;
+	rtnl_unlock();
+	if (ndev)
+		dev_put(ndev);
+	mutex_unlock(&dev->ib_lock);
 }

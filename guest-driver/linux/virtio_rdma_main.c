@@ -21,7 +21,9 @@
  * as virtio_device_restore() does.
  */
 
+#include <linux/etherdevice.h>
 #include <linux/module.h>
+#include <linux/rtnetlink.h>
 #include <linux/slab.h>
 #include <linux/virtio_config.h>
 #include <linux/virtio_ids.h>
@@ -71,10 +73,11 @@ bool vrdma_dev_stopped(struct vrdma_dev *dev)
 /*
  * Executes one control command: header and request out, response header
  * and response in. Returns 0, or a negative errno; a device status other
- * than OK becomes an errno (the device's detail is logged at debug level).
- * While the device is being reset, or once it failed to start again, no
- * command is sent: -EIO; a command in flight at a reset fails with -EIO
- * too (used length 0: not executed, spec 7.3).
+ * than OK becomes an errno (the device's detail is logged at debug level),
+ * and so does an OK whose used length is not that of the whole response
+ * (-EIO: device input). While the device is being reset, or once it failed
+ * to start again, no command is sent: -EIO; a command in flight at a reset
+ * fails with -EIO too (used length 0: not executed, spec 7.3).
  */
 int vrdma_cmd_exec(struct vrdma_dev *dev, u32 opcode, const void *req,
 		   size_t req_len, void *resp, size_t resp_len)
@@ -148,13 +151,24 @@ int vrdma_cmd_exec(struct vrdma_dev *dev, u32 opcode, const void *req,
 	status = le32_to_cpu(cmd->resp.status);
 	switch (status) {
 	case VIRTIO_RDMA_S_OK:
+		/*
+		 * The whole response or nothing (spec 7.3): a shorter one
+		 * would leave the caller's structure partly unwritten.
+		 */
+		if (cmd->used_len != sizeof(cmd->resp) + resp_len) {
+			dev_err_ratelimited(&dev->vdev->dev,
+					    "command %#x: used length %u, expected %zu\n",
+					    opcode, cmd->used_len,
+					    sizeof(cmd->resp) + resp_len);
+			ret = -EIO;
+			goto out;
+		}
 		ret = 0;
 		break;
 	case VIRTIO_RDMA_S_NO_MEMORY:
-		ret = -ENOMEM;
-		break;
 	case VIRTIO_RDMA_S_QUOTA:
-		ret = -EDQUOT;
+		/* Verbs users expect ENOMEM when objects run out. */
+		ret = -ENOMEM;
 		break;
 	case VIRTIO_RDMA_S_UNSUPPORTED:
 		ret = -EOPNOTSUPP;
@@ -171,10 +185,8 @@ int vrdma_cmd_exec(struct vrdma_dev *dev, u32 opcode, const void *req,
 	case VIRTIO_RDMA_S_BAD_ADDRESS:
 		ret = -EFAULT;
 		break;
-	case VIRTIO_RDMA_S_RANGE:
-		ret = -ERANGE;
-		break;
 	case VIRTIO_RDMA_S_INVALID:
+	case VIRTIO_RDMA_S_RANGE: /* beyond a limit the device advertised */
 	case VIRTIO_RDMA_S_BAD_STATE:
 	case VIRTIO_RDMA_S_MISMATCH:
 		ret = -EINVAL;
@@ -314,8 +326,9 @@ static void vrdma_del_vqs(struct vrdma_dev *dev)
 
 /*
  * Brings the device up from FEATURES_OK: queues, DRIVER_OK, event buffers,
- * the device's and port's attributes, and the verbs device (spec chapter
- * 6). On failure the device is stopped and its queues deleted.
+ * the device's and port's attributes (spec chapter 6); vrdma_pair() then
+ * registers the verbs device. On failure the device is stopped and its
+ * queues deleted.
  */
 static int vrdma_start(struct vrdma_dev *dev)
 {
@@ -329,6 +342,17 @@ static int vrdma_start(struct vrdma_dev *dev)
 	if (!vrdma_abi_ok(vdev))
 		return -ENODEV;
 	vrdma_read_config(dev);
+	/* Spec appendix A: no address, no guess. */
+	if (is_zero_ether_addr(dev->config.mac)) {
+		dev_err(&vdev->dev,
+			"no paired network interface configured (DeviceConfig.mac is zero): not registering a RoCE port\n");
+		return -ENODEV;
+	}
+	if (!ether_addr_equal(dev->mac, dev->config.mac)) {
+		rtnl_lock();
+		ether_addr_copy(dev->mac, dev->config.mac);
+		rtnl_unlock();
+	}
 	ret = vrdma_find_vqs(dev);
 	if (ret)
 		return ret;
@@ -373,9 +397,10 @@ static int vrdma_start(struct vrdma_dev *dev)
 		 le32_to_cpu(dev->attr.max_cq), le32_to_cpu(dev->attr.max_mr),
 		 dev->port_state == IB_PORT_ACTIVE ? "active" : "down",
 		 le32_to_cpu(dev->port.link_rate_mbps), dev->config.mac);
-	ret = vrdma_register_ib(dev);
-	if (ret)
-		goto err;
+	/* The caller registers the verbs device: vrdma_pair(). */
+	mutex_lock(&dev->ib_lock);
+	dev->running = true;
+	mutex_unlock(&dev->ib_lock);
 	return 0;
 
 err:
@@ -418,7 +443,7 @@ static void vrdma_reset_work(struct work_struct *work)
 		 dev->reset_reason);
 	vrdma_stop(dev);
 	/* User contexts see IB_EVENT_DEVICE_FATAL; their objects go. */
-	vrdma_unregister_ib(dev);
+	vrdma_ib_down(dev);
 	vrdma_del_vqs(dev);
 	ret = vrdma_restart(dev);
 	if (ret) {
@@ -428,6 +453,7 @@ static void vrdma_reset_work(struct work_struct *work)
 		virtio_add_status(dev->vdev, VIRTIO_CONFIG_S_FAILED);
 		return;
 	}
+	vrdma_pair(dev, true);
 	dev_info(&dev->vdev->dev, "the device is back after its reset\n");
 }
 
@@ -508,8 +534,11 @@ static int vrdma_probe(struct virtio_device *vdev)
 	vdev->priv = dev;
 	spin_lock_init(&dev->ctrl_lock);
 	spin_lock_init(&dev->event_lock);
+	mutex_init(&dev->ib_lock);
 	INIT_WORK(&dev->reset_work, vrdma_reset_work);
 	INIT_WORK(&dev->requery_work, vrdma_requery_work);
+	INIT_WORK(&dev->pair_work, vrdma_pair_work);
+	dev->netdev_nb.notifier_call = vrdma_netdev_event;
 	dev->events = kcalloc(VRDMA_EVENT_BUFS, sizeof(*dev->events),
 			      GFP_KERNEL);
 	if (!dev->events) {
@@ -519,6 +548,14 @@ static int vrdma_probe(struct virtio_device *vdev)
 	ret = vrdma_start(dev);
 	if (ret)
 		goto err_free;
+	/*
+	 * Before the first look for the interface, so that one going away
+	 * after it is seen (the notifier and the look both run under RTNL).
+	 */
+	ret = register_netdevice_notifier(&dev->netdev_nb);
+	if (ret)
+		goto err_stop;
+	vrdma_pair(dev, true);
 	spin_lock_irq(&dev->event_lock);
 	dev->probed = true;
 	if (dev->reset_deferred)
@@ -526,7 +563,13 @@ static int vrdma_probe(struct virtio_device *vdev)
 	spin_unlock_irq(&dev->event_lock);
 	return 0;
 
+err_stop:
+	cancel_work_sync(&dev->pair_work);
+	vrdma_stop(dev);
+	vrdma_ib_down(dev);
+	vrdma_del_vqs(dev);
 err_free:
+	mutex_destroy(&dev->ib_lock);
 	kfree(dev->events);
 	kfree(dev);
 	return ret;
@@ -540,13 +583,16 @@ static void vrdma_remove(struct virtio_device *vdev)
 	dev->removing = true;
 	spin_unlock_irq(&dev->event_lock);
 	cancel_work_sync(&dev->reset_work);
+	unregister_netdevice_notifier(&dev->netdev_nb);
+	cancel_work_sync(&dev->pair_work);
 	/*
 	 * The reset destroys every object of the device (spec 15.1): the
 	 * verbs objects that ib_core destroys next need no command.
 	 */
 	vrdma_stop(dev);
-	vrdma_unregister_ib(dev);
+	vrdma_ib_down(dev);
 	vrdma_del_vqs(dev);
+	mutex_destroy(&dev->ib_lock);
 	kfree(dev->events);
 	kfree(dev);
 }

@@ -94,6 +94,7 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	qp->handle = le32_to_cpu(resp.qp_handle);
 	ibqp->qp_num = le32_to_cpu(resp.qpn);
 	qp->state = IB_QPS_RESET;
+	qp->sig_all = init->sq_sig_type == IB_SIGNAL_ALL_WR;
 	ret = xa_insert_irq(&to_vib(ibqp->device)->qps, qp->handle, qp,
 			    GFP_KERNEL);
 	if (ret) {
@@ -282,22 +283,39 @@ int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 	}
 	req.qp_handle = cpu_to_le32(to_vqp(ibqp)->handle);
 	req.attr_mask = cpu_to_le32(dev_mask);
-	a->qp_state = cpu_to_le32(attr->qp_state);
-	a->cur_qp_state = cpu_to_le32(attr->cur_qp_state);
-	a->pkey_index = cpu_to_le32(attr->pkey_index);
-	a->port = cpu_to_le32(attr->port_num);
-	a->qkey = cpu_to_le32(attr->qkey);
-	a->path_mtu = cpu_to_le32(attr->path_mtu);
-	a->timeout = cpu_to_le32(attr->timeout);
-	a->retry_cnt = cpu_to_le32(attr->retry_cnt);
-	a->rnr_retry = cpu_to_le32(attr->rnr_retry);
-	a->min_rnr_timer = cpu_to_le32(attr->min_rnr_timer);
-	a->rq_psn = cpu_to_le32(attr->rq_psn);
-	a->sq_psn = cpu_to_le32(attr->sq_psn);
-	a->dest_qpn = cpu_to_le32(attr->dest_qp_num);
-	a->max_rd_atomic = cpu_to_le32(attr->max_rd_atomic);
-	a->max_dest_rd_atomic = cpu_to_le32(attr->max_dest_rd_atomic);
-	a->en_sqd_async_notify = cpu_to_le32(attr->en_sqd_async_notify);
+	/* Only the selected fields; the others stay 0 (spec 12.13). */
+	if (mask & IB_QP_STATE)
+		a->qp_state = cpu_to_le32(attr->qp_state);
+	if (mask & IB_QP_CUR_STATE)
+		a->cur_qp_state = cpu_to_le32(attr->cur_qp_state);
+	if (mask & IB_QP_PKEY_INDEX)
+		a->pkey_index = cpu_to_le32(attr->pkey_index);
+	if (mask & IB_QP_PORT)
+		a->port = cpu_to_le32(attr->port_num);
+	if (mask & IB_QP_QKEY)
+		a->qkey = cpu_to_le32(attr->qkey);
+	if (mask & IB_QP_PATH_MTU)
+		a->path_mtu = cpu_to_le32(attr->path_mtu);
+	if (mask & IB_QP_TIMEOUT)
+		a->timeout = cpu_to_le32(attr->timeout);
+	if (mask & IB_QP_RETRY_CNT)
+		a->retry_cnt = cpu_to_le32(attr->retry_cnt);
+	if (mask & IB_QP_RNR_RETRY)
+		a->rnr_retry = cpu_to_le32(attr->rnr_retry);
+	if (mask & IB_QP_MIN_RNR_TIMER)
+		a->min_rnr_timer = cpu_to_le32(attr->min_rnr_timer);
+	if (mask & IB_QP_RQ_PSN)
+		a->rq_psn = cpu_to_le32(attr->rq_psn);
+	if (mask & IB_QP_SQ_PSN)
+		a->sq_psn = cpu_to_le32(attr->sq_psn);
+	if (mask & IB_QP_DEST_QPN)
+		a->dest_qpn = cpu_to_le32(attr->dest_qp_num);
+	if (mask & IB_QP_MAX_QP_RD_ATOMIC)
+		a->max_rd_atomic = cpu_to_le32(attr->max_rd_atomic);
+	if (mask & IB_QP_MAX_DEST_RD_ATOMIC)
+		a->max_dest_rd_atomic = cpu_to_le32(attr->max_dest_rd_atomic);
+	if (mask & IB_QP_EN_SQD_ASYNC_NOTIFY)
+		a->en_sqd_async_notify = cpu_to_le32(attr->en_sqd_async_notify);
 	ret = vrdma_cmd_exec(vib->dev, VIRTIO_RDMA_OP_MODIFY_QP, &req,
 			     sizeof(req), NULL, 0);
 	if (!ret && (mask & IB_QP_STATE)) {
@@ -309,19 +327,68 @@ int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 	return ret;
 }
 
+/* The device's access flags (spec 10.5) to ib_core's; unknown bits go. */
+static int vrdma_ib_access(u32 access)
+{
+	int ib_access = 0;
+
+	if (access & VIRTIO_RDMA_ACCESS_LOCAL_WRITE)
+		ib_access |= IB_ACCESS_LOCAL_WRITE;
+	if (access & VIRTIO_RDMA_ACCESS_REMOTE_WRITE)
+		ib_access |= IB_ACCESS_REMOTE_WRITE;
+	if (access & VIRTIO_RDMA_ACCESS_REMOTE_READ)
+		ib_access |= IB_ACCESS_REMOTE_READ;
+	if (access & VIRTIO_RDMA_ACCESS_REMOTE_ATOMIC)
+		ib_access |= IB_ACCESS_REMOTE_ATOMIC;
+	return ib_access;
+}
+
+/*
+ * The device's address vector to a verbs one (the reverse of vrdma_av).
+ * An all-zero destination GID is the address of a QP that has none (never
+ * set, or reset: spec 12.14): the attribute stays empty. The source GID
+ * index goes back to ib_core's: the lowest entry of ib_core's table that
+ * add_gid mapped to the device's index, or 0 when ib_core holds none any
+ * more (its default GID, never a usable source here).
+ */
+static void vrdma_ah_attr(struct vrdma_ib *vib,
+			  const struct virtio_rdma_address_vector *av,
+			  struct rdma_ah_attr *ah)
+{
+	union ib_gid dgid;
+	u8 index = 0;
+	unsigned int i;
+
+	if (!memchr_inv(av->dgid, 0, sizeof(av->dgid)))
+		return;
+	memcpy(dgid.raw, av->dgid, sizeof(dgid.raw));
+	for (i = 0; i < ARRAY_SIZE(vib->gid_map); i++) {
+		if (vib->gid_map[i] == av->sgid_index) {
+			index = i;
+			break;
+		}
+	}
+	ah->type = rdma_ah_find_type(&vib->ibdev, VRDMA_PORT_NUM);
+	rdma_ah_set_port_num(ah, VRDMA_PORT_NUM);
+	rdma_ah_set_sl(ah, av->sl & 0xf);
+	rdma_ah_set_grh(ah, &dgid, le32_to_cpu(av->flow_label) & 0xfffff,
+			index, av->hop_limit, av->traffic_class);
+}
+
 int vrdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 		   struct ib_qp_init_attr *init)
 {
+	struct vrdma_ib *vib = to_vib(ibqp->device);
+	struct vrdma_qp *qp = to_vqp(ibqp);
 	struct virtio_rdma_qp_handle_req req = {
-		.qp_handle = cpu_to_le32(to_vqp(ibqp)->handle),
+		.qp_handle = cpu_to_le32(qp->handle),
 	};
 	struct virtio_rdma_query_qp_resp resp;
 	struct virtio_rdma_qp_attr *a = &resp.attr;
 	int ret;
 
-	ret = vrdma_cmd_exec(to_vib(ibqp->device)->dev,
-			     VIRTIO_RDMA_OP_QUERY_QP, &req, sizeof(req), &resp,
-			     sizeof(resp));
+	ret = vrdma_cmd_exec(vib->dev, VIRTIO_RDMA_OP_QUERY_QP, &req,
+			     sizeof(req), &resp, sizeof(resp));
 	if (ret)
 		return ret;
 	memset(attr, 0, sizeof(*attr));
@@ -333,7 +400,11 @@ int vrdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 	attr->rq_psn = le32_to_cpu(a->rq_psn);
 	attr->sq_psn = le32_to_cpu(a->sq_psn);
 	attr->dest_qp_num = le32_to_cpu(a->dest_qpn);
+	attr->qp_access_flags = vrdma_ib_access(le32_to_cpu(a->access));
+	vrdma_ah_attr(vib, &a->av, &attr->ah_attr);
 	attr->pkey_index = le32_to_cpu(a->pkey_index);
+	attr->en_sqd_async_notify = !!le32_to_cpu(a->en_sqd_async_notify);
+	attr->sq_draining = le32_to_cpu(a->sq_draining);
 	attr->port_num = le32_to_cpu(a->port);
 	attr->timeout = le32_to_cpu(a->timeout);
 	attr->retry_cnt = le32_to_cpu(a->retry_cnt);
@@ -341,7 +412,6 @@ int vrdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 	attr->min_rnr_timer = le32_to_cpu(a->min_rnr_timer);
 	attr->max_rd_atomic = le32_to_cpu(a->max_rd_atomic);
 	attr->max_dest_rd_atomic = le32_to_cpu(a->max_dest_rd_atomic);
-	attr->sq_draining = le32_to_cpu(a->sq_draining);
 	attr->cap.max_send_wr = le32_to_cpu(resp.sq_depth);
 	attr->cap.max_recv_wr = le32_to_cpu(resp.rq_depth);
 	attr->cap.max_send_sge = le32_to_cpu(resp.max_send_sge);
@@ -351,5 +421,8 @@ int vrdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 	init->qp_type = ibqp->qp_type;
 	init->send_cq = ibqp->send_cq;
 	init->recv_cq = ibqp->recv_cq;
+	init->srq = ibqp->srq;
+	/* CREATE_QP's QP_FLAG_SIG_ALL, which the device does not report. */
+	init->sq_sig_type = qp->sig_all ? IB_SIGNAL_ALL_WR : IB_SIGNAL_REQ_WR;
 	return 0;
 }

@@ -606,6 +606,244 @@ out:
 		ibv_dereg_mr(mr);
 }
 
+/* A GUID as ibv_devinfo prints it (network order, first octet first). */
+static void guid_str(__be64 guid, char *out, size_t len)
+{
+	const uint8_t *b = (const uint8_t *)&guid;
+
+	snprintf(out, len, "%02x%02x:%02x%02x:%02x%02x:%02x%02x", b[0], b[1],
+		 b[2], b[3], b[4], b[5], b[6], b[7]);
+}
+
+/*
+ * What the kernel driver reports of the device and its port:
+ * - the GUIDs in ib_core's byte order: the reference device's node GUID is
+ *   a locally administered unicast EUI-64 (first octet: U/L bit set, I/G
+ *   bit clear) and its system image GUID the same value;
+ * - device_cap_flags: exactly what the device does (RNR NAKs for RC,
+ *   CUR_STATE checked, port active events, a system image GUID);
+ * - the port: active with the physical state LINK_UP, and a GID table of
+ *   ib_core's default entry plus at most the 16 device GIDs the driver
+ *   reads;
+ * - a device quota as ENOMEM: PDs beyond max_pd (the device's QUOTA).
+ */
+static void device_attrs(struct ibv_context *ctx)
+{
+	const unsigned int want = IBV_DEVICE_RC_RNR_NAK_GEN |
+				  IBV_DEVICE_CURR_QP_STATE_MOD |
+				  IBV_DEVICE_PORT_ACTIVE_EVENT |
+				  IBV_DEVICE_SYS_IMAGE_GUID;
+	struct ibv_device_attr attr;
+	struct ibv_port_attr port;
+	char node[24], sys[24], msg[200];
+	struct ibv_pd **pds;
+	int n, err = 0, i;
+
+	if (ibv_query_device(ctx, &attr) || ibv_query_port(ctx, 1, &port)) {
+		result(0, "attributes: query_device, query_port");
+		return;
+	}
+	guid_str(attr.node_guid, node, sizeof(node));
+	guid_str(attr.sys_image_guid, sys, sizeof(sys));
+	snprintf(msg, sizeof(msg),
+		 "attributes: node GUID %s (locally administered unicast), system image GUID %s",
+		 node, sys);
+	result((((const uint8_t *)&attr.node_guid)[0] & 3) == 2 &&
+	       attr.sys_image_guid == attr.node_guid &&
+	       ibv_get_device_guid(ctx->device) == attr.node_guid, msg);
+	snprintf(msg, sizeof(msg),
+		 "attributes: device_cap_flags %#x (RC_RNR_NAK_GEN, CURR_QP_STATE_MOD, PORT_ACTIVE_EVENT, SYS_IMAGE_GUID: %#x)",
+		 attr.device_cap_flags, want);
+	result(attr.device_cap_flags == want, msg);
+	snprintf(msg, sizeof(msg),
+		 "attributes: port state %d, physical state %u, GID table %d",
+		 port.state, port.phys_state, port.gid_tbl_len);
+	result(port.state == IBV_PORT_ACTIVE && port.phys_state == 5 &&
+	       port.gid_tbl_len >= 2 && port.gid_tbl_len <= 17, msg);
+
+	/* The PD quota; this process holds one PD already. */
+	if (attr.max_pd < 1 || attr.max_pd > 65536) {
+		result(0, "attributes: max_pd out of the range tried");
+		return;
+	}
+	pds = calloc(attr.max_pd + 1, sizeof(*pds));
+	for (n = 0; pds && n <= attr.max_pd; n++) {
+		pds[n] = ibv_alloc_pd(ctx);
+		if (!pds[n]) {
+			err = errno;
+			break;
+		}
+	}
+	snprintf(msg, sizeof(msg),
+		 "attributes: PDs beyond the quota of %d: %d more allocated, then %s",
+		 attr.max_pd, n, err ? strerror(err) : "no failure");
+	result(pds && n < attr.max_pd && err == ENOMEM, msg);
+	for (i = 0; pds && i < n; i++)
+		ibv_dealloc_pd(pds[i]);
+	free(pds);
+}
+
+/*
+ * ibv_query_qp of RC QPs as the kernel driver fills it from QUERY_QP, and
+ * device statuses seen through ibv_modify_qp: a QP with an SRQ and
+ * sq_sig_all 0 taken to RTR with an address of GID index 1 (traffic
+ * class, flow label and SL of their own) reads back its access flags, the
+ * address with the GRH, and sq_sig_all 0; to RTS, a max_rd_atomic above
+ * the device's limit (RANGE) and a cur_state that is not the QP's
+ * (BAD_STATE) fail with EINVAL, the right cur_state is taken; to SQD with
+ * en_sqd_async_notify, which brings IBV_EVENT_SQ_DRAINED. A QP in RESET
+ * created with sq_sig_all 1 reads it back, and no address.
+ */
+static void qp_attrs(struct ibv_context *ctx, struct ibv_pd *pd)
+{
+	const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+			   IBV_ACCESS_REMOTE_READ;
+	struct ibv_srq_init_attr sinit = { .attr = { .max_wr = 8,
+						     .max_sge = 1 } };
+	struct ibv_qp_init_attr init = {
+		.qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 16, .max_send_sge = 1,
+			 .max_recv_sge = 1 },
+	}, qinit;
+	struct ibv_qp *qp = NULL, *sig = NULL;
+	struct ibv_device_attr dattr;
+	struct ibv_srq *srq = NULL;
+	struct ibv_qp_attr a, q;
+	struct ibv_cq *cq;
+	union ibv_gid gid;
+	char msg[240];
+	int ret;
+
+	cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	srq = ibv_create_srq(pd, &sinit);
+	init.send_cq = cq;
+	init.recv_cq = cq;
+	init.srq = srq;
+	qp = cq && srq ? ibv_create_qp(pd, &init) : NULL;
+	if (!qp || ibv_query_gid(ctx, 1, 1, &gid) ||
+	    ibv_query_device(ctx, &dattr)) {
+		result(0, "QP attributes: CQ, SRQ, RC QP, GID 1");
+		goto out;
+	}
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_INIT;
+	a.port_num = 1;
+	a.qp_access_flags = access;
+	ret = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX |
+			    IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = qp->qp_num;
+	a.rq_psn = 1;
+	a.max_dest_rd_atomic = 1;
+	a.min_rnr_timer = 12;
+	a.ah_attr.is_global = 1;
+	a.ah_attr.grh.dgid = gid;
+	a.ah_attr.grh.sgid_index = 1;
+	a.ah_attr.grh.hop_limit = 1;
+	a.ah_attr.grh.traffic_class = 0x48;
+	a.ah_attr.grh.flow_label = 0x12345;
+	a.ah_attr.sl = 3;
+	a.ah_attr.port_num = 1;
+	ret = ret ? ret : ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV |
+					IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+					IBV_QP_RQ_PSN |
+					IBV_QP_MAX_DEST_RD_ATOMIC |
+					IBV_QP_MIN_RNR_TIMER);
+	memset(&q, 0, sizeof(q));
+	memset(&qinit, 0, sizeof(qinit));
+	ret = ret ? ret : ibv_query_qp(qp, &q, IBV_QP_STATE, &qinit);
+	snprintf(msg, sizeof(msg),
+		 "QP attributes in RTR: %s, access %#x, GRH %d, GID index %u, dgid %s, hop limit %u, traffic class %#x, flow label %#x, SL %u, port %u, sq_sig_all %d",
+		 ret ? strerror(ret) : "ok", q.qp_access_flags,
+		 q.ah_attr.is_global, q.ah_attr.grh.sgid_index,
+		 memcmp(&q.ah_attr.grh.dgid, &gid, sizeof(gid)) ? "differs" :
+								  "GID 1",
+		 q.ah_attr.grh.hop_limit, q.ah_attr.grh.traffic_class,
+		 q.ah_attr.grh.flow_label, q.ah_attr.sl, q.ah_attr.port_num,
+		 qinit.sq_sig_all);
+	result(!ret && q.qp_state == IBV_QPS_RTR && q.qp_access_flags == access &&
+	       q.ah_attr.is_global && q.ah_attr.grh.sgid_index == 1 &&
+	       !memcmp(&q.ah_attr.grh.dgid, &gid, sizeof(gid)) &&
+	       q.ah_attr.grh.hop_limit && q.ah_attr.grh.traffic_class == 0x48 &&
+	       q.ah_attr.grh.flow_label == 0x12345 && q.ah_attr.sl == 3 &&
+	       q.ah_attr.port_num == 1 && !qinit.sq_sig_all &&
+	       qinit.srq == srq, msg);
+	if (ret)
+		goto out;
+
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.sq_psn = 1;
+	a.timeout = 14;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.max_rd_atomic = dattr.max_qp_init_rd_atom + 1;
+	ret = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT |
+			    IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+			    IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+	snprintf(msg, sizeof(msg),
+		 "  to RTS with max_rd_atomic %u, above the device's %d: %s",
+		 a.max_rd_atomic, dattr.max_qp_init_rd_atom,
+		 ret ? strerror(ret) : "succeeded");
+	result(ret == EINVAL, msg);
+	a.max_rd_atomic = 1;
+	a.cur_qp_state = IBV_QPS_INIT;
+	ret = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_CUR_STATE |
+			    IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+			    IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+			    IBV_QP_MAX_QP_RD_ATOMIC);
+	snprintf(msg, sizeof(msg), "  to RTS with cur_state INIT (it is RTR): %s",
+		 ret ? strerror(ret) : "succeeded");
+	result(ret == EINVAL, msg);
+	a.cur_qp_state = IBV_QPS_RTR;
+	ret = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_CUR_STATE |
+			    IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+			    IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+			    IBV_QP_MAX_QP_RD_ATOMIC);
+	snprintf(msg, sizeof(msg), "  to RTS with cur_state RTR: %s",
+		 ret ? strerror(ret) : "ok");
+	result(!ret, msg);
+
+	/* uverbs' query_qp response has no en_sqd_async_notify: the event. */
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_SQD;
+	a.en_sqd_async_notify = 1;
+	ret = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_EN_SQD_ASYNC_NOTIFY);
+	memset(&q, 0, sizeof(q));
+	ret = ret ? ret : ibv_query_qp(qp, &q, IBV_QP_STATE, &qinit);
+	snprintf(msg, sizeof(msg),
+		 "  to SQD with en_sqd_async_notify: %s, state %d",
+		 ret ? strerror(ret) : "ok", q.qp_state);
+	result(!ret && q.qp_state == IBV_QPS_SQD, msg);
+	if (!ret)
+		expect_event(ctx, IBV_EVENT_SQ_DRAINED, qp, 10000,
+			     "SQD with nothing in flight");
+
+	init.srq = NULL;
+	init.cap.max_recv_wr = 16;
+	init.sq_sig_all = 1;
+	sig = ibv_create_qp(pd, &init);
+	memset(&q, 0, sizeof(q));
+	ret = sig ? ibv_query_qp(sig, &q, IBV_QP_STATE, &qinit) : errno;
+	snprintf(msg, sizeof(msg),
+		 "QP attributes in RESET: %s, sq_sig_all %d, GRH %d, access %#x",
+		 ret ? strerror(ret) : "ok", qinit.sq_sig_all,
+		 q.ah_attr.is_global, q.qp_access_flags);
+	result(!ret && qinit.sq_sig_all == 1 && !q.ah_attr.is_global &&
+	       !q.qp_access_flags, msg);
+out:
+	if (sig)
+		ibv_destroy_qp(sig);
+	if (qp)
+		ibv_destroy_qp(qp);
+	if (srq)
+		ibv_destroy_srq(srq);
+	if (cq)
+		ibv_destroy_cq(cq);
+}
+
 /*
  * "fatal": objects are created and used, "READY" is printed, and then the
  * device is reset (by the caller): the process must get
@@ -743,6 +981,8 @@ int main(int argc, char **argv)
 	reg(pd, 8 << 20, 0, remote, "8 MiB (2048 pages: indirect list)");
 	refused(pd, IBV_ACCESS_REMOTE_WRITE, "remote write without local write");
 	refused(pd, local | IBV_ACCESS_MW_BIND, "memory-window binding");
+	device_attrs(ctx);
+	qp_attrs(ctx, pd);
 	if (ibv_query_device(ctx, &attr)) {
 		result(0, "query_device");
 	} else {
