@@ -9,6 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+t_start=$SECONDS
 bash scripts/setup.sh
 
 echo "== cargo fmt --check"
@@ -27,6 +28,7 @@ cargo test --workspace --locked 2>&1 | tee "$out"
 echo "== data path again, shared-memory doorbell mode, drivers posting without fences (DB_FLAG_POLLING)"
 RDMA_TEST_DOORBELL=shmem RDMA_TEST_FENCE_ELISION=1 \
   cargo test --locked -p vhost-user-rdma-tests --test datapath 2>&1 | tee -a "$out"
+t_qemu=$SECONDS
 if [ "${RDMA_SKIP_QEMU:-0}" != 1 ]; then
   echo "== end to end: two QEMU guests and a hostile one on one daemon"
   bash scripts/qemu-e2e.sh 2>&1 | tee -a "$out"
@@ -35,6 +37,7 @@ if [ "${RDMA_SKIP_QEMU:-0}" != 1 ]; then
   echo "== unmodified pingpongs and perftest between two QEMU guests, a hostile third one killed"
   bash scripts/qemu-pingpong.sh 2>&1 | tee -a "$out"
 fi
+echo "== times: everything $((SECONDS - t_start)) s, of which the QEMU part $((SECONDS - t_qemu)) s"
 # One line of totals for humans and CI.
 awk '/^test result:/ { p += $4; f += $6 }
      /^qemu-(e2e|kmod|pingpong): [0-9]+ passed, [0-9]+ failed$/ { p += $2; f += $4 }
