@@ -248,6 +248,39 @@ pub const fn max_align(layout: &[FieldLayout]) -> usize {
     max_align
 }
 
+/// Byte offset of field `name` in `layout`, for constants that name a
+/// field's place (`QpDoorbell::SQ_CI`) instead of writing its offset by
+/// hand. Meant for constant context, where a name the layout lacks fails
+/// the build.
+// The panic is reached only for a misspelt field name, and in constant
+// context that is a compile error, never a run-time panic.
+#[allow(clippy::panic)]
+pub const fn field_offset(layout: &[FieldLayout], name: &str) -> u64 {
+    let mut rest = layout;
+    while let [f, tail @ ..] = rest {
+        if str_eq(f.name, name) {
+            return f.offset as u64;
+        }
+        rest = tail;
+    }
+    panic!("no field of that name in the layout")
+}
+
+/// `a == b`, in constant context.
+const fn str_eq(a: &str, b: &str) -> bool {
+    let (mut a, mut b) = (a.as_bytes(), b.as_bytes());
+    loop {
+        match (a, b) {
+            ([], []) => return true,
+            ([x, xs @ ..], [y, ys @ ..]) if *x == *y => {
+                a = xs;
+                b = ys;
+            }
+            _ => return false,
+        }
+    }
+}
+
 /// Declares a wire structure. Fields are laid out in declaration order with no
 /// implicit padding; a compile-time check rejects any misaligned field. Fields
 /// whose name starts with `reserved` must be zero when parsed.
@@ -360,6 +393,15 @@ mod tests {
             /// gid
             gid: [u8; 16],
         }
+    }
+
+    #[test]
+    fn field_offsets_come_from_the_layout() {
+        const B: u64 = field_offset(Sample::LAYOUT, "b");
+        const GID: u64 = field_offset(Sample::LAYOUT, "gid");
+        assert_eq!((B, GID), (8, 16));
+        // A name is matched whole, not as a prefix.
+        assert!(!str_eq("reserved", "reserved0") && !str_eq("a", "") && str_eq("", ""));
     }
 
     #[test]

@@ -16,18 +16,12 @@ use crate::resources::{Inbound, Mr};
 use crate::stats::TrafficCounters;
 use crate::tenancy::IsolationCounters;
 use virtio_rdma_abi::datapath::{
-    ud_grh_payload_length, Cqe, Sge, UdGrh, WcOpcode, WcStatus, WrOpcode, CQE_GRH, CQE_SOLICITED,
-    CQE_WITH_IMM, DB_DEVICE_OFFSET, UD_GRH_SIZE, WQE_SOLICITED,
+    ud_grh_payload_length, Cqe, QpDoorbell, Sge, SrqDoorbell, UdGrh, WcOpcode, WcStatus, WrOpcode,
+    CQE_GRH, CQE_SOLICITED, CQE_WITH_IMM, UD_GRH_SIZE, WQE_SOLICITED,
 };
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::mem::access as acc;
 use virtio_rdma_abi::qp::{AddressVector, QpState, QpType};
-
-/// Offset of `rq_ci` in the device half of a QP doorbell record (added
-/// with saturation, as in the engine's `SQ_CI`).
-const RQ_CI: u64 = DB_DEVICE_OFFSET + 4;
-/// Offset of the SRQ doorbell's `ci` in its device half.
-const SRQ_CI: u64 = DB_DEVICE_OFFSET;
 
 /// Checks a local SGE list of a QP in PD `pd` of `ctrl` (`write` requires
 /// LOCAL_WRITE) and resolves its first `limit` bytes into `out` (which is
@@ -302,7 +296,7 @@ fn consume_recv(ctrl: &mut Ctrl, mem: &HostMem, qp: u32, pi: u32) {
     };
     if q.srq == 0 {
         q.rt.rq_ci = q.rt.rq_ci.wrapping_add(1);
-        let _ = access::store_u32_release(mem, q.db_gpa.saturating_add(RQ_CI), q.rt.rq_ci);
+        let _ = doorbell::store(mem, q.db_gpa, QpDoorbell::RQ_CI, q.rt.rq_ci);
         return;
     }
     let srq_h = q.srq;
@@ -310,7 +304,7 @@ fn consume_recv(ctrl: &mut Ctrl, mem: &HostMem, qp: u32, pi: u32) {
         return;
     };
     srq.rt.ci = srq.rt.ci.wrapping_add(1);
-    let _ = access::store_u32_release(mem, srq.db_gpa.saturating_add(SRQ_CI), srq.rt.ci);
+    let _ = doorbell::store(mem, srq.db_gpa, SrqDoorbell::CI, srq.rt.ci);
     let posted = pi.wrapping_sub(srq.rt.ci);
     if srq.limit != 0 && posted < srq.limit {
         srq.limit = 0;

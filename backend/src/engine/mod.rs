@@ -61,8 +61,8 @@ use std::time::{Duration, Instant};
 
 use log::{debug, warn};
 use virtio_rdma_abi::datapath::{
-    Cqe, WcOpcode, WcStatus, WrOpcode, DB_DEVICE_OFFSET, DB_FLAG_KICK, DB_FLAG_POLLING, WQE_FENCE,
-    WQE_SIGNALED,
+    Cqe, CtxDoorbell, QpDoorbell, WcOpcode, WcStatus, WrOpcode, DB_FLAG_KICK, DB_FLAG_POLLING,
+    WQE_FENCE, WQE_SIGNALED,
 };
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::mem::DB_RECORD_SIZE;
@@ -71,7 +71,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::ctrl::Ctrl;
 use crate::device::{Locked, RdmaDevice, Shared};
-use crate::memory::access::{self, Segment};
+use crate::memory::access::Segment;
 use crate::memory::HostMem;
 use crate::qos::DEFAULT_WEIGHT;
 use crate::resources::{Qp, SendPartial, SendWait};
@@ -106,11 +106,6 @@ const REBUILD_FREE: Duration = Duration::from_micros(20);
 /// rebuilding takes at most a tenth of the engine's time (and of the VM's
 /// lock) however fast the VM's control commands come.
 const REBUILD_SPACING: u32 = 9;
-/// Offsets in a QP doorbell record. A record's address was checked to be
-/// RAM at creation, so adding these cannot overflow; the sums saturate
-/// anyway, and a saturated address is not RAM (the access fails).
-const SQ_CI: u64 = DB_DEVICE_OFFSET;
-const RQ_CI: u64 = DB_DEVICE_OFFSET + 4;
 /// `remote_qkey` bit 31: the message carries the sending QP's own Q_Key
 /// instead (spec 18.8, 18.11.5).
 const QKEY_USE_OWN: u32 = 1 << 31;
@@ -879,7 +874,7 @@ fn set_flags(lists: &[DbList], v: u32) -> bool {
             }
             for (_, ctx) in ctrl.res.ctxs.iter() {
                 if ctx.db_page.is_none() {
-                    let _ = access::store_u32_release(mem, ctx.db_gpa, v);
+                    let _ = doorbell::store(mem, ctx.db_gpa, CtxDoorbell::FLAGS, v);
                 }
             }
             if let Some(pages) = &ctrl.res.doorbells {
@@ -1058,16 +1053,8 @@ impl Engine {
                 qp.rt.wait = None;
                 qp.rt.partial = None;
                 if changed {
-                    let _ = access::store_u32_release(
-                        mem,
-                        qp.db_gpa.saturating_add(SQ_CI),
-                        qp.rt.sq_ci,
-                    );
-                    let _ = access::store_u32_release(
-                        mem,
-                        qp.db_gpa.saturating_add(RQ_CI),
-                        qp.rt.rq_ci,
-                    );
+                    let _ = doorbell::store(mem, qp.db_gpa, QpDoorbell::SQ_CI, qp.rt.sq_ci);
+                    let _ = doorbell::store(mem, qp.db_gpa, QpDoorbell::RQ_CI, qp.rt.rq_ci);
                 }
                 false
             }
@@ -1369,8 +1356,7 @@ impl Engine {
         // with a completion published it before writing it).
         if let Some(qp) = ctrl.res.qps.get(h) {
             if did && published != Some(qp.rt.sq_ci) {
-                let _ =
-                    access::store_u32_release(mem, qp.db_gpa.saturating_add(SQ_CI), qp.rt.sq_ci);
+                let _ = doorbell::store(mem, qp.db_gpa, QpDoorbell::SQ_CI, qp.rt.sq_ci);
             }
         }
         did
@@ -1760,7 +1746,7 @@ fn complete_send(
     else {
         return Step::Done { published: false };
     };
-    let _ = access::store_u32_release(mem, db_gpa.saturating_add(SQ_CI), index.wrapping_add(1));
+    let _ = doorbell::store(mem, db_gpa, QpDoorbell::SQ_CI, index.wrapping_add(1));
     finish(ctrl, mem, h, send_cq, qpn, wr_id, op, status, len);
     Step::Done { published: true }
 }
@@ -2155,7 +2141,7 @@ fn flush(ctrl: &mut Ctrl, mem: &HostMem, h: u32, sq_pi: u32, buf: &mut WqeBuf, m
             qp.rt.sq_ci = index.wrapping_add(1);
             qp.rt.wait = None;
             qp.rt.partial = None;
-            let _ = access::store_u32_release(mem, qp.db_gpa.saturating_add(SQ_CI), qp.rt.sq_ci);
+            let _ = doorbell::store(mem, qp.db_gpa, QpDoorbell::SQ_CI, qp.rt.sq_ci);
         }
         did = did.saturating_add(1);
     }
@@ -2202,7 +2188,7 @@ fn flush(ctrl: &mut Ctrl, mem: &HostMem, h: u32, sq_pi: u32, buf: &mut WqeBuf, m
         count_flushed(ctrl);
         if let Some(qp) = ctrl.res.qps.get_mut(h) {
             qp.rt.rq_ci = index.wrapping_add(1);
-            let _ = access::store_u32_release(mem, qp.db_gpa.saturating_add(RQ_CI), qp.rt.rq_ci);
+            let _ = doorbell::store(mem, qp.db_gpa, QpDoorbell::RQ_CI, qp.rt.rq_ci);
         }
         did = did.saturating_add(1);
     }
