@@ -23,7 +23,7 @@
 //!   segments of the model, and fails for one outside it.
 
 use arbitrary::{Arbitrary, Unstructured};
-use vhost_user_rdma::engine::exec::local_range;
+use vhost_user_rdma::engine::sge::local_range;
 use vhost_user_rdma::engine::wqe::{fetch_recv, fetch_send, WqeBuf, WqeError};
 use vhost_user_rdma::memory::access::{self, Segment};
 use vhost_user_rdma::memory::HostMem;

@@ -7,6 +7,7 @@ use super::doorbell;
 use crate::ctrl::Ctrl;
 use crate::memory::access;
 use crate::memory::HostMem;
+use crate::stats::TrafficCounters;
 use log::debug;
 use virtio_rdma_abi::datapath::{
     cqe_owner, CqDoorbell, Cqe, WcOpcode, WcStatus, ARM_NEXT, ARM_SOLICITED, CQE_OWNER_OFFSET,
@@ -121,4 +122,9 @@ fn cq_error(ctrl: &mut Ctrl, cq_handle: u32) -> bool {
         ctrl.qp_enter_err(h, Some(EventKind::QP_FATAL));
     }
     false
+}
+
+/// The traffic counters of the VM `ctrl` belongs to.
+pub(super) fn traffic(ctrl: &Ctrl) -> Option<&TrafficCounters> {
+    ctrl.tenancy().traffic(ctrl.vm_index())
 }
