@@ -10,7 +10,7 @@ use super::completer::{self, traffic};
 use super::doorbell::{self, load_pi};
 use super::requester::wc_opcode;
 use super::soft::receive::flush_inbound;
-use super::wqe::{self, fetch_send, WqeBuf, WqeError};
+use super::wqe::{fetch_recv, fetch_send, RecvRing, WqeBuf, WqeError};
 use crate::ctrl::Ctrl;
 use crate::memory::HostMem;
 use crate::stats::TrafficCounters;
@@ -85,16 +85,7 @@ pub(super) fn flush(
         }
         let index = qp.rt.rq_ci;
         let (cq, qpn) = (qp.recv_cq, qp.qpn);
-        let wr_id = match wqe::fetch_recv(
-            mem,
-            &qp.ring,
-            qp.layout.rq_offset,
-            qp.rq_depth,
-            qp.layout.rq_wqe_shift,
-            qp.max_recv_sge,
-            index,
-            buf,
-        ) {
+        let wr_id = match fetch_recv(mem, &RecvRing::of_qp(qp), index, buf) {
             Ok(w) => w.wr_id,
             Err(WqeError::Malformed { wr_id, .. }) => wr_id,
             Err(WqeError::Unusable) => break,

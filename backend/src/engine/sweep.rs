@@ -9,17 +9,32 @@ use std::time::Instant;
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::qp::QpState;
 
+use virtio_rdma_abi::datapath::QpDoorbell;
+
 use super::doorbell::{self, load_pi};
 use super::flush::{drained, flush};
 use super::poll::{refresh, DbList};
-use super::requester::fail;
 use super::sched::{cost_of, Drr, Turn};
+use super::soft::route::Held;
 use super::thread::Scratch;
 use super::Engine;
 use crate::ctrl::Ctrl;
 use crate::device::{Locked, RdmaDevice};
 use crate::memory::HostMem;
-use virtio_rdma_abi::datapath::QpDoorbell;
+
+/// A VM a sweep is serving, under its lock: what serving its QPs needs.
+pub(super) struct Serving<'a> {
+    /// Every VM of the daemon, by id (a message's peer is looked up here).
+    pub(super) vms: &'a [Option<Arc<RdmaDevice>>],
+    /// The VM's id.
+    pub(super) vm: usize,
+    /// Its objects.
+    pub(super) ctrl: &'a mut Ctrl,
+    /// Its memory.
+    pub(super) mem: &'a HostMem,
+    /// The peer VM an RC QP's burst holds locked with it (`soft::route`).
+    pub(super) held: Option<Held<'a>>,
+}
 
 impl Engine {
     /// One sweep: reads every VM's doorbells, then serves the VMs with
@@ -35,7 +50,7 @@ impl Engine {
         active: &mut Vec<usize>,
     ) -> bool {
         active.clear();
-        scratch.sweeps = scratch.sweeps.wrapping_add(1);
+        scratch.pieces.next_sweep();
         // The clock is read only when some VM is held back.
         let mut now = None;
         for (k, list) in lists.iter_mut().enumerate() {
@@ -51,7 +66,7 @@ impl Engine {
                 }
             }
             active.push(k);
-            scratch.note_active(k);
+            scratch.pieces.note_active(k);
         }
         drr.round(active, |drr, turn| {
             let Some(list) = lists.get_mut(turn.vm) else {
@@ -83,7 +98,7 @@ impl Engine {
         let DbList {
             qps, work, next, ..
         } = list;
-        scratch.split = scratch.others_active(turn.vm);
+        scratch.pieces.serve(turn.vm);
         let done = work_on(&dev, |ctrl, mem| {
             let mut did = false;
             if !ctrl.running() {
@@ -92,15 +107,22 @@ impl Engine {
                 *next = 0;
                 return false;
             }
+            let mut cx = Serving {
+                vms,
+                vm: vm_id,
+                ctrl,
+                mem,
+                held: None,
+            };
             while let Some(&i) = work.get(*next) {
                 *next = next.saturating_add(1);
                 let Some(e) = qps.get_mut(i) else {
                     continue;
                 };
                 scratch.executed = (0, 0);
-                let busy = self.service_qp(vms, vm_id, ctrl, mem, e.handle, scratch);
+                let busy = self.service_qp(&mut cx, e.handle, scratch);
                 did |= busy;
-                refresh(e, ctrl, mem);
+                refresh(e, cx.ctrl, cx.mem);
                 // Work that executed no WQE (a flush, a failed QP) still
                 // costs one work request, so every turn ends.
                 let (wqes, bytes) = scratch.executed;
@@ -132,7 +154,7 @@ impl Engine {
         // posted just before the engine parks is split as in a sweep.
         for (k, list) in lists.iter().enumerate() {
             let vm = &list.dev;
-            scratch.split = scratch.others_active(k);
+            scratch.pieces.serve(k);
             let done = work_on(vm, |ctrl, mem| {
                 if !ctrl.running() {
                     return false;
@@ -140,8 +162,15 @@ impl Engine {
                 let mut handles = std::mem::take(&mut scratch.handles);
                 ctrl.res.qps.fill_handles(&mut handles);
                 let mut did = false;
+                let mut cx = Serving {
+                    vms,
+                    vm: vm.id(),
+                    ctrl,
+                    mem,
+                    held: None,
+                };
                 for &h in handles.iter() {
-                    did |= self.service_qp(vms, vm.id(), ctrl, mem, h, scratch);
+                    did |= self.service_qp(&mut cx, h, scratch);
                 }
                 scratch.handles = handles;
                 did
@@ -155,16 +184,9 @@ impl Engine {
     }
 
     /// Takes send work of one QP, or flushes it in the error state.
-    fn service_qp(
-        &self,
-        vms: &[Option<Arc<RdmaDevice>>],
-        vm_id: usize,
-        ctrl: &mut Ctrl,
-        mem: &HostMem,
-        h: u32,
-        scratch: &mut Scratch,
-    ) -> bool {
-        let Some(qp) = ctrl.res.qps.get_mut(h) else {
+    fn service_qp(&self, cx: &mut Serving<'_>, h: u32, scratch: &mut Scratch) -> bool {
+        let (vm_id, mem) = (cx.vm, cx.mem);
+        let Some(qp) = cx.ctrl.res.qps.get_mut(h) else {
             return false;
         };
         let Some(sq_pi) = load_pi(mem, qp.db_gpa, qp.db_slot.as_ref(), doorbell::SQ) else {
@@ -172,7 +194,7 @@ impl Engine {
             // queue the device reads fails; in other states nothing reads
             // it (and in ERR nothing of the queue can be trusted).
             if matches!(qp.state, QpState::RTS | QpState::SQD) {
-                fail(ctrl, h, Some(EventKind::QP_FATAL));
+                cx.ctrl.qp_enter_err(h, Some(EventKind::QP_FATAL));
                 return true;
             }
             return false;
@@ -205,16 +227,16 @@ impl Engine {
                     }
                 }
                 let (max, _) = scratch.limits.grain(vm_id);
-                let n = flush(ctrl, mem, h, sq_pi, &mut scratch.wqe, max);
+                let n = flush(cx.ctrl, mem, h, sq_pi, &mut scratch.wqe, max);
                 scratch.executed.0 = scratch.executed.0.saturating_add(n);
                 scratch.limits.charge_ops(vm_id, u64::from(n));
                 n > 0
             }
             // In SQD only the head WQE already started goes on (spec 13.3).
-            QpState::RTS => self.run_sq(vms, vm_id, ctrl, mem, h, sq_pi, scratch),
+            QpState::RTS => self.run_sq(cx, h, sq_pi, scratch),
             QpState::SQD if qp.rt.in_flight() => {
-                let did = self.run_sq(vms, vm_id, ctrl, mem, h, sq_pi, scratch);
-                drained(ctrl, h);
+                let did = self.run_sq(cx, h, sq_pi, scratch);
+                drained(cx.ctrl, h);
                 did
             }
             _ => false,

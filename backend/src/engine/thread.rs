@@ -20,7 +20,7 @@ use virtio_rdma_abi::datapath::{DB_FLAG_KICK, DB_FLAG_POLLING};
 use super::barrier;
 use super::poll::{set_flags, DbList};
 use super::sched::{Drr, Limits};
-use super::soft::pieces::RECENT_SWEEPS;
+use super::soft::pieces::Pieces;
 use super::soft::RespScratch;
 use super::wqe::WqeBuf;
 use super::Engine;
@@ -61,20 +61,11 @@ pub(super) struct Scratch {
     pub(super) moved: u64,
     /// Work requests and bytes the current burst executed.
     pub(super) executed: (u32, u64),
-    /// Large plain RDMA WRITEs of the VM being served are executed in
-    /// pieces, so that other VMs' work runs between them: another VM had
-    /// work in a recent sweep. Alone, a VM runs its WRITEs whole.
-    pub(super) split: bool,
-    /// The most bytes the next execution of a plain RDMA WRITE may move
-    /// (`u64::MAX`: whole), set by the burst.
-    pub(super) piece: u64,
+    /// How large the pieces of the VM being served are.
+    pub(super) pieces: Pieces,
     /// A VM's lock was busy since this was last cleared, so there may be
     /// work the engine could not look at: it must not park on it.
     pub(super) contended: bool,
-    /// Sweeps so far, and the last two VMs (list positions) that had work
-    /// with the sweep they last had it in, most recent first.
-    pub(super) sweeps: u64,
-    pub(super) recent: [(usize, u64); 2],
 }
 
 impl Scratch {
@@ -88,29 +79,9 @@ impl Scratch {
             limits: Limits::default(),
             moved: 0,
             executed: (0, 0),
-            split: false,
-            piece: u64::MAX,
+            pieces: Pieces::new(),
             contended: false,
-            sweeps: 0,
-            recent: [(usize::MAX, 0); 2],
         }
-    }
-
-    /// VM `vm` (a list position) has work in the current sweep.
-    pub(super) fn note_active(&mut self, vm: usize) {
-        let now = (vm, self.sweeps);
-        match self.recent {
-            [(v, _), _] if v == vm => self.recent[0] = now,
-            [first, _] => self.recent = [now, first],
-        }
-    }
-
-    /// Whether a VM other than `vm` had work in one of the last
-    /// [`RECENT_SWEEPS`] sweeps.
-    pub(super) fn others_active(&self, vm: usize) -> bool {
-        let [a, b] = self.recent;
-        let (v, at) = if a.0 != vm { a } else { b };
-        v != usize::MAX && self.sweeps.wrapping_sub(at) <= RECENT_SWEEPS
     }
 
     /// Notes a retry deadline.
@@ -336,37 +307,5 @@ pub(super) fn pin_to(cpu: usize) {
         );
     } else {
         log::info!("engine pinned to CPU {cpu}");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// WRITEs are split while another VM had work in one of the last
-    /// `RECENT_SWEEPS` sweeps, never for a VM alone.
-    #[test]
-    fn split_only_while_another_vm_was_recently_active() {
-        let mut s = Scratch::new();
-        let sweep = |s: &mut Scratch, active: &[usize]| {
-            s.sweeps += 1;
-            for &k in active {
-                s.note_active(k);
-            }
-        };
-        sweep(&mut s, &[0]);
-        assert!(!s.others_active(0), "alone");
-        sweep(&mut s, &[0, 1]);
-        assert!(s.others_active(0) && s.others_active(1));
-        assert!(s.others_active(2), "two others");
-        for _ in 0..=RECENT_SWEEPS {
-            sweep(&mut s, &[0]);
-        }
-        assert!(!s.others_active(0), "VM 1 idle for RECENT_SWEEPS sweeps");
-        assert!(s.others_active(1), "VM 0 is active");
-        // Alternating VMs that never share a sweep still see each other.
-        sweep(&mut s, &[2]);
-        sweep(&mut s, &[0]);
-        assert!(s.others_active(0) && s.others_active(2));
     }
 }

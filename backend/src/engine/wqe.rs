@@ -12,7 +12,7 @@ use virtio_rdma_abi::{Field, Wire};
 
 use crate::memory::access;
 use crate::memory::{HostMem, PageList};
-use crate::resources::Qp;
+use crate::resources::{Qp, Srq};
 
 /// Largest WQE stride (64-byte header + 30 SGEs, or 480 inline bytes, rounded up).
 pub const MAX_STRIDE: usize = 1024;
@@ -197,20 +197,55 @@ pub fn fetch_send<'a>(
     })
 }
 
-/// Copies and parses receive WQE `index` of a ring at `ring_offset`.
-#[allow(clippy::too_many_arguments)]
+/// A ring of receive WQEs: a QP's receive queue or an SRQ.
+#[derive(Debug, Clone, Copy)]
+pub struct RecvRing<'a> {
+    /// The queue buffer.
+    pub ring: &'a PageList,
+    /// Offset of the ring in the buffer.
+    pub offset: u64,
+    /// Number of slots (a power of two).
+    pub depth: u32,
+    /// log2 of the WQE stride.
+    pub shift: u32,
+    /// Most SGEs a WQE may carry.
+    pub max_sge: u32,
+}
+
+impl<'a> RecvRing<'a> {
+    /// The receive queue of `qp` (one not attached to an SRQ).
+    pub fn of_qp(qp: &'a Qp) -> Self {
+        RecvRing {
+            ring: &qp.ring,
+            offset: qp.layout.rq_offset,
+            depth: qp.rq_depth,
+            shift: qp.layout.rq_wqe_shift,
+            max_sge: qp.max_recv_sge,
+        }
+    }
+
+    /// The ring of `srq`.
+    pub fn of_srq(srq: &'a Srq) -> Self {
+        RecvRing {
+            ring: &srq.ring,
+            offset: 0,
+            depth: srq.depth,
+            shift: srq.wqe_shift,
+            max_sge: srq.max_sge,
+        }
+    }
+}
+
+/// Copies and parses receive WQE `index` of `ring`.
 pub fn fetch_recv<'a>(
     mem: &HostMem,
-    ring: &PageList,
-    ring_offset: u64,
-    depth: u32,
-    shift: u32,
-    max_sge: u32,
+    ring: &RecvRing<'_>,
     index: u32,
     scratch: &'a mut WqeBuf,
 ) -> Result<RecvWr<'a>, WqeError> {
-    let (gpa, stride) =
-        slot_gpa(ring, ring_offset, depth, shift, index).ok_or(WqeError::Unusable)?;
+    let max_sge = ring.max_sge;
+    let (gpa, stride) = slot_gpa(ring.ring, ring.offset, ring.depth, ring.shift, index)
+        .ok_or(WqeError::Unusable)?;
     let WqeBuf {
         slot,
         sges: sge_buf,

@@ -8,15 +8,15 @@ use virtio_rdma_abi::datapath::{
 };
 use virtio_rdma_abi::event::EventKind;
 
-use super::responder::{copy_in, fail_qp, nak};
+use super::responder::{copy_in, nak};
 use super::{Request, RespOutcome, RespScratch};
 use crate::ctrl::Ctrl;
 use crate::engine::completer::{complete, error_cqe};
 use crate::engine::doorbell::{self, load_pi};
 use crate::engine::sge::{local_range, local_segments};
-use crate::engine::wqe::{fetch_recv, RecvWr, WqeBuf, WqeError};
+use crate::engine::wqe::{fetch_recv, RecvRing, RecvWr, WqeBuf, WqeError};
 use crate::memory::access::{self, Segment};
-use crate::memory::{HostMem, PageList};
+use crate::memory::HostMem;
 use crate::resources::Inbound;
 use crate::stats::TrafficCounters;
 
@@ -53,64 +53,33 @@ pub(super) fn peek_recv<'s>(
     scratch: &'s mut WqeBuf,
 ) -> Result<Peeked<'s>, Broken> {
     let q = ctrl.res.qps.get(qp).ok_or(Broken)?;
-    let (pi, r) = if q.srq != 0 {
+    let (pi, r, ci) = if q.srq != 0 {
         let srq = ctrl.res.srqs.get(q.srq).ok_or(Broken)?;
         if srq.rt.broken {
             return Err(Broken);
         }
         let pi = load_pi(mem, srq.db_gpa, srq.db_slot.as_ref(), doorbell::SRQ).ok_or(Broken)?;
-        let ring = RecvRing {
-            ring: &srq.ring,
-            offset: 0,
-            depth: srq.depth,
-            shift: srq.wqe_shift,
-            max_sge: srq.max_sge,
-            ci: srq.rt.ci,
-        };
-        (pi, ring)
+        (pi, RecvRing::of_srq(srq), srq.rt.ci)
     } else {
         let pi = load_pi(mem, q.db_gpa, q.db_slot.as_ref(), doorbell::RQ).ok_or(Broken)?;
-        let ring = RecvRing {
-            ring: &q.ring,
-            offset: q.layout.rq_offset,
-            depth: q.rq_depth,
-            shift: q.layout.rq_wqe_shift,
-            max_sge: q.max_recv_sge,
-            ci: q.rt.rq_ci,
-        };
-        (pi, ring)
+        (pi, RecvRing::of_qp(q), q.rt.rq_ci)
     };
-    if pi.wrapping_sub(r.ci) > r.depth {
+    if pi.wrapping_sub(ci) > r.depth {
         return Err(Broken);
     }
-    if pi == r.ci {
+    if pi == ci {
         return Ok(Peeked {
             head: Head::Empty,
             pi,
         });
     }
-    let fetched = fetch_recv(
-        mem, r.ring, r.offset, r.depth, r.shift, r.max_sge, r.ci, scratch,
-    );
+    let fetched = fetch_recv(mem, &r, ci, scratch);
     let head = match fetched {
         Ok(wr) => Head::Wqe(wr),
         Err(WqeError::Malformed { wr_id, .. }) => Head::Malformed(wr_id),
         Err(WqeError::Unusable) => return Err(Broken),
     };
     Ok(Peeked { head, pi })
-}
-
-/// A receive ring as [`peek_recv`] reads it.
-struct RecvRing<'a> {
-    ring: &'a PageList,
-    /// Offset of the ring in `ring`'s buffer.
-    offset: u64,
-    depth: u32,
-    /// log2 of the WQE stride.
-    shift: u32,
-    max_sge: u32,
-    /// The next WQE to consume.
-    ci: u32,
 }
 
 /// Consumes the receive WQE [`peek_recv`] returned for responder QP `qp`
@@ -147,7 +116,7 @@ pub(super) fn recv_queue_failed(ctrl: &mut Ctrl, qp: u32) {
         return;
     };
     if srq_h == 0 {
-        fail_qp(ctrl, qp, Some(EventKind::QP_FATAL));
+        ctrl.qp_enter_err(qp, Some(EventKind::QP_FATAL));
         return;
     }
     if let Some(srq) = ctrl.res.srqs.get_mut(srq_h) {
@@ -164,7 +133,7 @@ pub(super) fn recv_queue_failed(ctrl: &mut Ctrl, qp: u32) {
         .map(|(h, _)| h)
         .collect();
     for h in attached {
-        fail_qp(ctrl, h, Some(EventKind::QP_FATAL));
+        ctrl.qp_enter_err(h, Some(EventKind::QP_FATAL));
     }
 }
 
@@ -174,7 +143,7 @@ pub(super) fn recv_queue_failed(ctrl: &mut Ctrl, qp: u32) {
 /// already failed this QP with QP_FATAL (spec 18.17).
 pub(super) fn received(ctrl: &mut Ctrl, mem: &HostMem, qp: u32, cq: u32, cqe: Cqe) -> RespOutcome {
     if !complete(ctrl, mem, cq, cqe) {
-        fail_qp(ctrl, qp, None);
+        ctrl.qp_enter_err(qp, None);
     }
     RespOutcome::Done
 }
@@ -250,7 +219,7 @@ fn piece_failed(
     status: WcStatus,
 ) -> RespOutcome {
     recv_error(ctrl, mem, qp, wr_id, status);
-    fail_qp(ctrl, qp, None);
+    ctrl.qp_enter_err(qp, None);
     RespOutcome::Nak(WcStatus::REM_OP_ERR)
 }
 
@@ -381,7 +350,7 @@ pub(super) fn recv_failed(
 ) -> RespOutcome {
     consume_recv(ctrl, mem, qp, pi);
     recv_error(ctrl, mem, qp, wr_id, status);
-    fail_qp(ctrl, qp, None);
+    ctrl.qp_enter_err(qp, None);
     if ud {
         return RespOutcome::Dropped;
     }

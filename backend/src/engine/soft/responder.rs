@@ -20,11 +20,6 @@ use crate::resources::Inbound;
 use crate::stats::TrafficCounters;
 use crate::tenancy::IsolationCounters;
 
-/// Moves QP `qp` into ERR with `event` (see [`Ctrl::qp_enter_err`]).
-pub(super) fn fail_qp(ctrl: &mut Ctrl, qp: u32, event: Option<EventKind>) {
-    ctrl.qp_enter_err(qp, event);
-}
-
 /// Resolves a remote range of responder QP `qp` through `rkey`, checking
 /// the MR's and the QP's rights for `right`. An rkey that names no MR of
 /// the responder, or one of another PD or without `right`, is counted in
@@ -340,7 +335,7 @@ pub(super) fn nak(ctrl: &mut Ctrl, qp: u32, status: WcStatus) -> RespOutcome {
     } else {
         EventKind::QP_REQ_ERROR
     };
-    fail_qp(ctrl, qp, Some(event));
+    ctrl.qp_enter_err(qp, Some(event));
     RespOutcome::Nak(status)
 }
 
