@@ -83,7 +83,7 @@ impl Engine {
 
     /// One pass over the QPs of a VM that showed work in the last scan, a
     /// burst each, starting where the last pass stopped. Each burst's cost
-    /// ([`sched::cost_of`] its work requests and bytes) is charged to the
+    /// ([`super::sched::cost_of`] its work requests and bytes) is charged to the
     /// VM's deficit; the pass ends when the deficit runs out.
     fn pass(
         &self,

@@ -2,8 +2,9 @@
 //! wire, so the requester performs the responder's part directly on the
 //! peer's objects and memory, and each RC operation completes in one step.
 //! Routing ([`route`]), the responder ([`responder`], [`receive`]), retry
-//! emulation ([`retry`]) and large messages in pieces ([`pieces`]) exist
-//! only for that; the rest of the engine is the device model.
+//! emulation ([`retry`]) and large messages in pieces ([`pieces`]) are the
+//! software RNIC's alone; the rest of the engine is the device model that
+//! any RNIC engine needs.
 
 pub mod pieces;
 pub mod receive;
