@@ -10,7 +10,7 @@ use super::completer::{self, traffic};
 use super::doorbell::{self, load_pi};
 use super::requester::wc_opcode;
 use super::soft::receive::flush_inbound;
-use super::wqe::{fetch_recv, fetch_send, RecvRing, WqeBuf, WqeError};
+use super::wqe::{fetch_recv, fetch_send, posted, RecvRing, WqeBuf, WqeError};
 use crate::ctrl::Ctrl;
 use crate::memory::HostMem;
 use crate::stats::TrafficCounters;
@@ -38,9 +38,9 @@ pub(super) fn flush(
         let Some(qp) = ctrl.res.qps.get(h) else {
             return did;
         };
-        if qp.rt.sq_ci == sq_pi || sq_pi.wrapping_sub(qp.rt.sq_ci) > qp.sq_depth {
+        let Some(1..) = posted(sq_pi, qp.rt.sq_ci, qp.sq_depth) else {
             break;
-        }
+        };
         let index = qp.rt.sq_ci;
         let (cq, qpn) = (qp.send_cq, qp.qpn);
         let (wr_id, op) = match fetch_send(mem, qp, index, buf) {
@@ -80,9 +80,9 @@ pub(super) fn flush(
         let Some(rq_pi) = load_pi(mem, qp.db_gpa, qp.db_slot.as_ref(), doorbell::RQ) else {
             break;
         };
-        if qp.rt.rq_ci == rq_pi || rq_pi.wrapping_sub(qp.rt.rq_ci) > qp.rq_depth {
+        let Some(1..) = posted(rq_pi, qp.rt.rq_ci, qp.rq_depth) else {
             break;
-        }
+        };
         let index = qp.rt.rq_ci;
         let (cq, qpn) = (qp.recv_cq, qp.qpn);
         let wr_id = match fetch_recv(mem, &RecvRing::of_qp(qp), index, buf) {

@@ -26,6 +26,8 @@ pub mod sched;
 pub mod sge;
 mod soft;
 mod sweep;
+#[cfg(test)]
+mod testing;
 mod thread;
 pub mod wqe;
 

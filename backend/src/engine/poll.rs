@@ -30,21 +30,67 @@ const REBUILD_SPACING: u32 = 9;
 
 /// One QP in a [`DbList`].
 pub(super) struct DbEntry {
-    /// Host address of the QP's doorbell record (`sq_pi`, then `rq_pi`).
-    pub(super) db: *const AtomicU32,
+    /// Host address of the QP's doorbell record (`sq_pi`, then `rq_pi`),
+    /// or of its doorbell slot (the same two words): valid as long as the
+    /// entry, because the list holding it keeps the memory mapped.
+    db: *const AtomicU32,
     /// The QP's handle.
     pub(super) handle: u32,
     /// `sq_pi` up to which the engine has acted.
-    pub(super) seen_sq: u32,
+    seen_sq: u32,
     /// `rq_pi` up to which the engine has acted (when `watch_rq`).
-    pub(super) seen_rq: u32,
+    seen_rq: u32,
     /// The QP's state makes `rq_pi` matter (RESET and ERR, own RQ).
-    pub(super) watch_rq: bool,
+    watch_rq: bool,
     /// A QP in ERR owes the completion of a message it was receiving in
     /// pieces: work, whatever the indices say.
-    pub(super) owed: bool,
+    owed: bool,
     /// The QP's head WQE waits for a retry until then: no work before.
-    pub(super) due: Option<Instant>,
+    due: Option<Instant>,
+}
+
+impl DbEntry {
+    /// Whether the QP has something to do: a producer index the engine has
+    /// not acted on, or a flush it owes; and once its retry is due, whatever
+    /// the indices say. `now` is the time, read at most once per scan and
+    /// only if a QP waits for a retry.
+    fn has_work(&mut self, now: &mut Option<Instant>) -> bool {
+        // A QP whose head WQE waits for a retry is not work before its
+        // time, whatever its indices say: a guest with thousands of QPs
+        // retrying without end must not make every sweep visit them.
+        if let Some(at) = self.due {
+            if *now.get_or_insert_with(Instant::now) < at {
+                return false;
+            }
+            self.due = None;
+            return true;
+        }
+        // SAFETY: `self.db` is either the host address of a 64-byte,
+        // 64-byte aligned doorbell record inside a RAM region of the
+        // mapping the list's `host` keeps alive (checked by `HostMem::ptr`
+        // when the list was built), or of an 8-byte slot inside the
+        // doorbell region the list's `region` keeps alive; in both cases the
+        // 4-byte atomics at offsets 0 and 4 are valid and aligned. The
+        // guest writes them concurrently; they are only ever accessed
+        // atomically by the device.
+        let (sq, rq) = unsafe {
+            let sq = (*self.db).load(Ordering::Acquire);
+            let rq = if self.watch_rq {
+                (*self.db.add(1)).load(Ordering::Acquire)
+            } else {
+                self.seen_rq
+            };
+            (u32::from_le(sq), u32::from_le(rq))
+        };
+        sq != self.seen_sq || rq != self.seen_rq || self.owed
+    }
+
+    /// The current `sq_pi` of the entry's record.
+    fn sq_pi_now(&self) -> u32 {
+        // SAFETY: as in `has_work`: `self.db` points into a mapping the
+        // list keeps alive, aligned for a 4-byte atomic.
+        u32::from_le(unsafe { (*self.db).load(Ordering::Acquire) })
+    }
 }
 
 /// The engine's polling list of one VM: the host addresses of its QPs'
@@ -200,35 +246,7 @@ impl DbList {
         // Read once, and only if a QP waits for a retry.
         let mut now = None;
         for (i, e) in self.qps.iter_mut().enumerate() {
-            // A QP whose head WQE waits for a retry is not work before its
-            // time, whatever its indices say: a guest with thousands of
-            // QPs retrying without end must not make every sweep visit them.
-            if let Some(at) = e.due {
-                if *now.get_or_insert_with(Instant::now) < at {
-                    continue;
-                }
-                e.due = None;
-                self.work.push(i);
-                continue;
-            }
-            // SAFETY: `e.db` is either the host address of a 64-byte,
-            // 64-byte aligned doorbell record inside a RAM region of the
-            // mapping `self.host` keeps alive (checked by `HostMem::ptr`
-            // when the list was built), or of an 8-byte slot inside the
-            // doorbell region `self.region` keeps alive; in both cases the
-            // 4-byte atomics at offsets 0 and 4 are valid and aligned. The
-            // guest writes them concurrently; they are only ever accessed
-            // atomically by the device.
-            let (sq, rq) = unsafe {
-                let sq = (*e.db).load(Ordering::Acquire);
-                let rq = if e.watch_rq {
-                    (*e.db.add(1)).load(Ordering::Acquire)
-                } else {
-                    e.seen_rq
-                };
-                (u32::from_le(sq), u32::from_le(rq))
-            };
-            if sq != e.seen_sq || rq != e.seen_rq || e.owed {
+            if e.has_work(&mut now) {
                 self.work.push(i);
             }
         }
@@ -277,7 +295,7 @@ pub(super) fn refresh(e: &mut DbEntry, ctrl: &Ctrl, mem: &HostMem) {
         e.watch_rq = false;
         e.owed = false;
         e.due = None;
-        e.seen_sq = sq_pi_now(e);
+        e.seen_sq = e.sq_pi_now();
         e.seen_rq = 0;
         return;
     };
@@ -309,9 +327,68 @@ fn owes_flush(qp: &Qp) -> bool {
     qp.state == QpState::ERR && qp.rt.inbound.is_some()
 }
 
-/// The current `sq_pi` of an entry's record.
-fn sq_pi_now(e: &DbEntry) -> u32 {
-    // SAFETY: as in `DbList::scan`: `e.db` points into a mapping the list
-    // keeps alive, aligned for a 4-byte atomic.
-    u32::from_le(unsafe { (*e.db).load(Ordering::Acquire) })
+#[cfg(test)]
+#[allow(clippy::arithmetic_side_effects)]
+mod tests {
+    use super::*;
+
+    /// An entry over `words` (`sq_pi`, `rq_pi`) that has acted on both
+    /// indices at 0.
+    fn entry(words: &[AtomicU32; 2]) -> DbEntry {
+        DbEntry {
+            db: words.as_ptr(),
+            handle: 1,
+            seen_sq: 0,
+            seen_rq: 0,
+            watch_rq: false,
+            owed: false,
+            due: None,
+        }
+    }
+
+    /// A QP is work when a producer index moved past what the engine acted
+    /// on — `rq_pi` only while it is watched — or when it owes a flush.
+    #[test]
+    fn work_is_a_new_producer_index_or_an_owed_flush() {
+        let words = [AtomicU32::new(0), AtomicU32::new(0)];
+        let mut now = None;
+        let mut e = entry(&words);
+        assert!(!e.has_work(&mut now));
+        words[1].store(3, Ordering::Release);
+        assert!(!e.has_work(&mut now), "rq_pi is not watched");
+        e.watch_rq = true;
+        assert!(e.has_work(&mut now), "rq_pi watched");
+        e.seen_rq = 3;
+        assert!(!e.has_work(&mut now));
+        words[0].store(1u32.to_le(), Ordering::Release);
+        assert!(e.has_work(&mut now), "a new sq_pi");
+        assert_eq!(e.sq_pi_now(), 1);
+        e.seen_sq = 1;
+        assert!(!e.has_work(&mut now));
+        e.owed = true;
+        assert!(e.has_work(&mut now), "an owed flush");
+        assert!(now.is_none(), "no clock read without a retry");
+    }
+
+    /// A QP whose head WQE waits for a retry is not work before its time,
+    /// whatever its indices say; at its time it is, once.
+    #[test]
+    fn a_retry_wait_hides_the_qp_until_due() {
+        let words = [AtomicU32::new(5), AtomicU32::new(0)];
+        let mut e = entry(&words);
+        let t = Instant::now();
+        e.due = Some(t + Duration::from_secs(60));
+        let mut now = Some(t);
+        assert!(!e.has_work(&mut now), "not due, sq_pi moved");
+        assert!(e.due.is_some());
+        let mut now = Some(t + Duration::from_secs(61));
+        assert!(e.has_work(&mut now), "due");
+        assert!(e.due.is_none());
+        e.seen_sq = 5;
+        assert!(!e.has_work(&mut now), "no more work once the retry ran");
+        e.due = Some(t);
+        let mut now = None;
+        assert!(e.has_work(&mut now), "due now");
+        assert!(now.is_some(), "the clock was read for it");
+    }
 }

@@ -16,7 +16,7 @@ use super::soft::retry::{exhausted, rnr_retry, transport_retry, waiting};
 use super::soft::{RespOutcome, RespScratch};
 use super::sweep::Serving;
 use super::thread::Scratch;
-use super::wqe::{fetch_send, SendWr, WqeError};
+use super::wqe::{fetch_send, posted, SendWr, WqeError};
 use super::Engine;
 use crate::ctrl::Ctrl;
 use crate::memory::access::Segment;
@@ -97,7 +97,7 @@ impl Engine {
                 scratch.timer(at);
                 break;
             }
-            if sq_pi.wrapping_sub(qp.rt.sq_ci) > qp.sq_depth {
+            if posted(sq_pi, qp.rt.sq_ci, qp.sq_depth).is_none() {
                 // The driver claims more WQEs than the ring holds.
                 cx.ctrl.qp_enter_err(h, Some(EventKind::QP_FATAL));
                 did = true;
@@ -524,5 +524,81 @@ pub(super) fn wc_opcode(op: WrOpcode) -> WcOpcode {
         WrOpcode::RDMA_READ => WcOpcode::RDMA_READ,
         WrOpcode::ATOMIC_CMP_AND_SWP => WcOpcode::COMP_SWAP,
         WrOpcode::ATOMIC_FETCH_AND_ADD => WcOpcode::FETCH_ADD,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::testing;
+    use virtio_rdma_abi::datapath::SendWqe;
+
+    fn wr(opcode: WrOpcode, inline: Option<&[u8]>) -> SendWr<'_> {
+        SendWr {
+            hdr: SendWqe::default(),
+            opcode,
+            sges: &[],
+            inline,
+        }
+    }
+
+    /// Spec 18.8: what a send WQE's opcode rules out on its QP.
+    #[test]
+    fn malformed_ops() {
+        use WrOpcode::*;
+        let mut rc = testing::qp(QpType::RC);
+        rc.attr.max_rd_atomic = 1;
+        for op in [
+            RDMA_WRITE,
+            RDMA_WRITE_WITH_IMM,
+            SEND,
+            SEND_WITH_IMM,
+            RDMA_READ,
+        ] {
+            assert!(!malformed_op(&rc, &wr(op, None), false), "{op:?} on RC");
+        }
+        for op in [ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD] {
+            assert!(!malformed_op(&rc, &wr(op, None), true), "{op:?}, F_ATOMIC");
+            assert!(
+                malformed_op(&rc, &wr(op, None), false),
+                "{op:?} without F_ATOMIC"
+            );
+            assert!(
+                malformed_op(&rc, &wr(op, Some(&[0; 8])), true),
+                "inline {op:?}"
+            );
+        }
+        assert!(
+            malformed_op(&rc, &wr(RDMA_READ, Some(&[0; 8])), true),
+            "inline READ"
+        );
+        assert!(
+            !malformed_op(&rc, &wr(RDMA_WRITE, Some(&[0; 8])), true),
+            "inline WRITE"
+        );
+        rc.attr.max_rd_atomic = 0;
+        for op in [RDMA_READ, ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD] {
+            assert!(
+                malformed_op(&rc, &wr(op, None), true),
+                "{op:?}, max_rd_atomic 0"
+            );
+        }
+        assert!(!malformed_op(&rc, &wr(SEND, None), true));
+        let mut ud = testing::qp(QpType::UD);
+        ud.attr.max_rd_atomic = 1;
+        for op in [SEND, SEND_WITH_IMM] {
+            assert!(
+                !malformed_op(&ud, &wr(op, Some(&[1])), true),
+                "{op:?} on UD"
+            );
+        }
+        for op in [
+            RDMA_WRITE,
+            RDMA_WRITE_WITH_IMM,
+            RDMA_READ,
+            ATOMIC_FETCH_AND_ADD,
+        ] {
+            assert!(malformed_op(&ud, &wr(op, None), true), "{op:?} on UD");
+        }
     }
 }

@@ -79,6 +79,15 @@ pub struct RecvWr<'a> {
     pub sges: &'a [Sge],
 }
 
+/// How many WQEs a ring of `depth` slots holds between consumer index `ci`
+/// and the driver's producer index `pi` (free-running counters, so the
+/// difference wraps); `None` when the driver claims more than the ring
+/// holds (spec 18.18: the queue is broken).
+pub fn posted(pi: u32, ci: u32, depth: u32) -> Option<u32> {
+    let n = pi.wrapping_sub(ci);
+    (n <= depth).then_some(n)
+}
+
 /// Guest-physical address of the `stride`-byte slot `index` of a ring at
 /// `ring_offset` in `ring`, and the stride.
 fn slot_gpa(
@@ -263,4 +272,23 @@ pub fn fetch_recv<'a>(
     }
     let sges = sges(buf, RECV_WQE_HEADER, hdr.num_sge as usize, sge_buf).ok_or(bad)?;
     Ok(RecvWr { wr_id, sges })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Indices are free-running: the count wraps with them, and a driver
+    /// claiming more than the ring holds (or a producer index behind the
+    /// consumer's) is refused.
+    #[test]
+    fn posted_wqes_between_free_running_indices() {
+        assert_eq!(posted(5, 3, 4), Some(2));
+        assert_eq!(posted(3, 3, 4), Some(0));
+        assert_eq!(posted(7, 3, 4), Some(4), "full");
+        assert_eq!(posted(8, 3, 4), None, "more than the ring holds");
+        assert_eq!(posted(1, u32::MAX, 4), Some(2), "across the wrap");
+        assert_eq!(posted(2, 3, 4), None, "behind the consumer");
+        assert_eq!(posted(0, 0, 0), Some(0));
+    }
 }

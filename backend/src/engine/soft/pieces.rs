@@ -173,6 +173,101 @@ pub(in crate::engine) fn started(index: u32, wr: &SendWr<'_>, len: u64, done: u6
 #[cfg(test)]
 mod tests {
     use super::*;
+    use virtio_rdma_abi::datapath::SendWqe;
+
+    fn wr(opcode: WrOpcode, inline: Option<&[u8]>) -> SendWr<'_> {
+        let hdr = SendWqe {
+            wr_id: 9,
+            rkey: 0x55,
+            remote_addr: 0x1000,
+            ..SendWqe::default()
+        };
+        SendWr {
+            hdr,
+            opcode,
+            sges: &[],
+            inline,
+        }
+    }
+
+    /// RC messages from or into memory regions run in pieces; atomics,
+    /// inline data and UD messages run whole.
+    #[test]
+    fn which_messages_run_in_pieces() {
+        use WrOpcode::*;
+        for op in [
+            RDMA_WRITE,
+            RDMA_WRITE_WITH_IMM,
+            SEND,
+            SEND_WITH_IMM,
+            RDMA_READ,
+        ] {
+            assert!(piecewise(QpType::RC, &wr(op, None)), "{op:?}");
+            assert!(!piecewise(QpType::RC, &wr(op, Some(&[1]))), "inline {op:?}");
+            assert!(!piecewise(QpType::UD, &wr(op, None)), "UD {op:?}");
+        }
+        for op in [ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD] {
+            assert!(!piecewise(QpType::RC, &wr(op, None)), "{op:?}");
+        }
+    }
+
+    /// Each execution moves at most its limit from where the last ended;
+    /// a start past the end is a rewritten WQE.
+    #[test]
+    fn parts_of_a_message() {
+        assert_eq!(part(true, 100, 0, 40), Some((0, 40)));
+        assert_eq!(part(true, 100, 80, 40), Some((80, 20)));
+        assert_eq!(part(true, 100, 100, 40), Some((100, 0)));
+        assert_eq!(part(true, 100, 101, 40), None);
+        assert_eq!(part(true, 100, 0, u64::MAX), Some((0, 100)));
+        assert_eq!(part(false, 100, 60, 40), Some((0, 100)), "whole");
+    }
+
+    /// A started WQE resumes only while it is the message its first piece
+    /// checked.
+    #[test]
+    fn a_rewritten_wqe_does_not_resume() {
+        let w = wr(WrOpcode::RDMA_WRITE, None);
+        let p = started(3, &w, 1 << 20, 8 << 10);
+        assert_eq!((p.index, p.done, p.wr_id, p.len), (3, 8 << 10, 9, 1 << 20));
+        assert!(resumes(&p, &w, true, 1 << 20));
+        assert!(!resumes(&p, &w, false, 1 << 20), "no longer piecewise");
+        assert!(!resumes(&p, &w, true, 1 << 19), "other length");
+        let mut other = w;
+        other.opcode = WrOpcode::SEND;
+        assert!(!resumes(&p, &other, true, 1 << 20), "other opcode");
+        for change in [
+            |h: &mut SendWqe| h.rkey = 0x56,
+            |h: &mut SendWqe| h.remote_addr = 0x2000,
+            |h: &mut SendWqe| h.wr_id = 10,
+        ] {
+            let mut other = w;
+            change(&mut other.hdr);
+            assert!(!resumes(&p, &other, true, 1 << 20), "{:?}", other.hdr);
+        }
+        let done = SendPartial { done: 1 << 20, ..p };
+        assert!(!resumes(&done, &w, true, 1 << 20), "nothing left to move");
+    }
+
+    /// Split, a piece is what is left of the burst but at least `PIECE`;
+    /// alone, `ALONE_PIECE` or the burst, whichever is larger.
+    #[test]
+    fn piece_sizes() {
+        let mut s = Pieces::new();
+        assert_eq!(s.limit(false), u64::MAX);
+        s.size_next(256 << 10, 0);
+        assert_eq!(s.limit(true), ALONE_PIECE, "alone");
+        s.size_next(1 << 20, 0);
+        assert_eq!(s.limit(true), 1 << 20, "alone, a larger burst");
+        s.next_sweep();
+        s.note_active(1);
+        s.serve(0);
+        s.size_next(256 << 10, 100 << 10);
+        assert_eq!(s.limit(true), 156 << 10, "what is left of the burst");
+        s.size_next(256 << 10, 252 << 10);
+        assert_eq!(s.limit(true), PIECE, "at least a piece");
+        assert_eq!(s.limit(false), u64::MAX, "a message that is not piecewise");
+    }
 
     /// Messages are split while another VM had work in one of the last
     /// `RECENT_SWEEPS` sweeps, never for a VM alone.

@@ -14,7 +14,7 @@ use crate::ctrl::Ctrl;
 use crate::engine::completer::{complete, error_cqe};
 use crate::engine::doorbell::{self, load_pi};
 use crate::engine::sge::{local_range, local_segments};
-use crate::engine::wqe::{fetch_recv, RecvRing, RecvWr, WqeBuf, WqeError};
+use crate::engine::wqe::{fetch_recv, posted, RecvRing, RecvWr, WqeBuf, WqeError};
 use crate::memory::access::{self, Segment};
 use crate::memory::HostMem;
 use crate::resources::Inbound;
@@ -64,10 +64,7 @@ pub(super) fn peek_recv<'s>(
         let pi = load_pi(mem, q.db_gpa, q.db_slot.as_ref(), doorbell::RQ).ok_or(Broken)?;
         (pi, RecvRing::of_qp(q), q.rt.rq_ci)
     };
-    if pi.wrapping_sub(ci) > r.depth {
-        return Err(Broken);
-    }
-    if pi == ci {
+    if posted(pi, ci, r.depth).ok_or(Broken)? == 0 {
         return Ok(Peeked {
             head: Head::Empty,
             pi,

@@ -107,3 +107,96 @@ fn rnr_delay(code: u32) -> Duration {
     ];
     Duration::from_micros(US.get(code as usize).copied().unwrap_or(10))
 }
+
+#[cfg(test)]
+#[allow(clippy::arithmetic_side_effects)]
+mod tests {
+    use super::*;
+    use crate::engine::testing;
+    use virtio_rdma_abi::qp::QpType;
+
+    /// The IB RNR NAK timer encodings (spec 18.20): code 0 is the longest
+    /// wait, codes 1 to 31 grow from 10 µs to 491.52 ms; codes past the
+    /// 5-bit field wait the shortest interval.
+    #[test]
+    fn rnr_timer_codes_follow_the_ib_table() {
+        let us = |c| rnr_delay(c).as_micros();
+        assert_eq!(us(0), 655_360);
+        assert_eq!((us(1), us(2), us(5), us(14)), (10, 20, 60, 1280));
+        assert_eq!((us(20), us(31)), (10_240, 491_520));
+        for c in 2..=31 {
+            assert!(us(c) > us(c - 1), "code {c} waits less than code {}", c - 1);
+        }
+        assert!(us(0) > us(31));
+        assert_eq!((us(32), us(u32::MAX)), (10, 10));
+    }
+
+    /// The local ACK timeout is 4.096 µs × 2^timeout; the 5-bit field caps
+    /// the exponent at 31.
+    #[test]
+    fn ack_timeout_doubles_per_step() {
+        assert_eq!(ack_timeout(0), Duration::from_nanos(4096));
+        assert_eq!(ack_timeout(14), Duration::from_nanos(4096 << 14));
+        assert_eq!(ack_timeout(31), Duration::from_nanos(4096 << 31));
+        assert_eq!(ack_timeout(32), ack_timeout(31));
+    }
+
+    /// `rnr_retry` tries follow a first one, then the WQE fails; 7 retries
+    /// without limit; a new WQE starts with full counters.
+    #[test]
+    fn rnr_retries_are_counted_per_wqe() {
+        let mut qp = testing::qp(QpType::RC);
+        qp.attr.rnr_retry = 2;
+        let start = Instant::now();
+        let w = rnr_retry(&qp, 0, 14).expect("first retry");
+        assert_eq!((w.index, w.rnr_left), (0, 1));
+        assert!(w.at >= start + Duration::from_micros(1280));
+        qp.rt.wait = Some(w);
+        let w = rnr_retry(&qp, 0, 14).expect("second retry");
+        assert_eq!(w.rnr_left, 0);
+        qp.rt.wait = Some(w);
+        assert!(rnr_retry(&qp, 0, 14).is_none(), "rnr_retry used up");
+        assert_eq!(rnr_retry(&qp, 1, 14).map(|w| w.rnr_left), Some(1));
+        qp.attr.rnr_retry = 7;
+        qp.rt.wait = None;
+        for _ in 0..10 {
+            let w = rnr_retry(&qp, 0, 1).expect("without limit");
+            assert_eq!(w.rnr_left, 7);
+            qp.rt.wait = Some(w);
+        }
+    }
+
+    /// After `retry_cnt` retries the next wait ends in `RETRY_EXC_ERR`;
+    /// `timeout` 0 retries without limit.
+    #[test]
+    fn transport_retries_run_out_unless_timeout_is_zero() {
+        let mut qp = testing::qp(QpType::RC);
+        qp.attr.retry_cnt = 1;
+        qp.attr.timeout = 14;
+        let wait = |qp: &Qp| match transport_retry(qp, 0, 77, WcOpcode::RDMA_WRITE) {
+            Step::Wait(w) => w,
+            _ => panic!("a transport retry waits"),
+        };
+        let start = Instant::now();
+        let w = wait(&qp);
+        assert_eq!((w.retry_left, w.exhausted), (0, None));
+        assert!(w.at >= start + ack_timeout(14));
+        qp.rt.wait = Some(w);
+        let w = wait(&qp);
+        assert_eq!(w.exhausted, Some((77, WcOpcode::RDMA_WRITE)));
+        qp.rt.wait = Some(w);
+        assert_eq!(exhausted(&qp), Some((77, WcOpcode::RDMA_WRITE)));
+        assert!(waiting(&qp).is_some(), "the last timeout has not passed");
+        qp.rt.sq_ci = 1;
+        assert_eq!((exhausted(&qp), waiting(&qp)), (None, None), "another WQE");
+        qp.rt.sq_ci = 0;
+        qp.attr.timeout = 0;
+        qp.rt.wait = None;
+        for _ in 0..10 {
+            let w = wait(&qp);
+            assert_eq!((w.retry_left, w.exhausted), (1, None));
+            assert!(w.at >= start + ENDLESS_RETRY_INTERVAL);
+            qp.rt.wait = Some(w);
+        }
+    }
+}
