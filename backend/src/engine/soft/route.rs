@@ -1,5 +1,6 @@
-//! Routing a message to its responder: the QPN lookup with its per-QP hint,
-//! the tenant policy's checks, and the peer VM's lock.
+//! Getting a message to its responder (`Engine::transmit`): the QPN lookup
+//! with its per-QP hint, the tenant policy's checks, and the peer VM's lock
+//! (`Engine::burst_with_peer`).
 //!
 //! The engine locks a VM's device state while it works on that VM, and the
 //! peer VM's state inside that for VM-to-VM operations (once per burst of
