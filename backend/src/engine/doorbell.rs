@@ -36,9 +36,13 @@ pub const SRQ: Pi = Pi {
     word: 0,
 };
 
+// The accessors below are a sum and an atomic access: `#[inline]`, so that
+// naming a field costs what writing its offset did.
+
 /// Acquire load of producer index `which` ([`SQ`], [`RQ`] or [`SRQ`]) of
 /// the queue with doorbell record `db_gpa` and slot `slot`; `None` if the
 /// record is not in guest RAM.
+#[inline]
 pub fn load_pi(mem: &HostMem, db_gpa: u64, slot: Option<&DbSlot>, which: Pi) -> Option<u32> {
     match slot {
         Some(s) => Some(s.load(which.word)),
@@ -48,6 +52,7 @@ pub fn load_pi(mem: &HostMem, db_gpa: u64, slot: Option<&DbSlot>, which: Pi) -> 
 
 /// Acquire load of the field at byte `field` (e.g. [`QpDoorbell::SQ_PI`])
 /// of the doorbell record at `db_gpa`.
+#[inline]
 pub fn load(mem: &HostMem, db_gpa: u64, field: u64) -> Result<u32, AccessError> {
     // A record's address was checked to be RAM at creation, so the sum
     // cannot overflow; it saturates anyway, and a saturated address is not
@@ -57,6 +62,7 @@ pub fn load(mem: &HostMem, db_gpa: u64, field: u64) -> Result<u32, AccessError> 
 
 /// Release store of `value` into the field at byte `field` (e.g.
 /// [`QpDoorbell::SQ_CI`]) of the doorbell record at `db_gpa`.
+#[inline]
 pub fn store(mem: &HostMem, db_gpa: u64, field: u64, value: u32) -> Result<(), AccessError> {
     // Saturated as in `load`.
     access::store_u32_release(mem, db_gpa.saturating_add(field), value)

@@ -54,6 +54,7 @@ impl DbEntry {
     /// not acted on, or a flush it owes; and once its retry is due, whatever
     /// the indices say. `now` is the time, read at most once per scan and
     /// only if a QP waits for a retry.
+    #[inline]
     fn has_work(&mut self, now: &mut Option<Instant>) -> bool {
         // A QP whose head WQE waits for a retry is not work before its
         // time, whatever its indices say: a guest with thousands of QPs
@@ -130,8 +131,13 @@ pub(super) struct DbList {
     pub(super) next: usize,
 }
 
+// The sweep calls `refresh_if_changed`, `pending` and `scan` (and this
+// `has_work` per QP) for every VM on every turn of the engine's loop, idle
+// or not: `#[inline]` keeps them in the loop, as they were before they had
+// a file of their own (a call each cost 20-30 ns of write latency).
 impl DbList {
     /// Whether QPs of the last scan are still waiting for their burst.
+    #[inline]
     pub(super) fn pending(&self) -> bool {
         self.next < self.work.len()
     }
@@ -151,6 +157,7 @@ impl DbList {
 
     /// Rebuilds the list if the VM changed, unless the last rebuild was
     /// expensive and recent (then `scratch` gets a timer for it).
+    #[inline]
     pub(super) fn refresh_if_changed(&mut self, scratch: &mut Scratch) {
         if self.gen == Some(self.dev.dp_generation()) {
             return;
@@ -235,6 +242,7 @@ impl DbList {
     }
 
     /// Reads every doorbell and collects the QPs with something to do.
+    #[inline]
     pub(super) fn scan(&mut self) -> bool {
         self.work.clear();
         self.next = 0;
