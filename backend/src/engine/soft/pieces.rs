@@ -1,10 +1,11 @@
 //! Large messages in pieces: an RC message from or into memory regions
-//! (WRITE, SEND, READ) larger than what is left of a burst is executed in
-//! pieces while another VM had work in a recent sweep, so that other VMs'
-//! work runs between them. The requester QP keeps the partly executed head
-//! WQE in `rt.partial`, a receiving QP the receive WQE it took in
-//! `rt.inbound`, and both complete after the last piece (docs/isolation.md,
-//! "Large messages in pieces").
+//! (WRITE, SEND, READ) is executed in pieces — of what is left of the
+//! burst (at least [`PIECE`]) while another VM had work in a recent sweep,
+//! of [`ALONE_PIECE`] otherwise — so that other VMs' work runs between
+//! them. The requester QP keeps the partly executed head WQE in
+//! `rt.partial`, a receiving QP the receive WQE it took in `rt.inbound`,
+//! and both complete after the last piece (docs/isolation.md, "Large
+//! messages in pieces").
 
 use virtio_rdma_abi::datapath::WrOpcode;
 use virtio_rdma_abi::qp::QpType;
