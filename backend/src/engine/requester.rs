@@ -530,17 +530,7 @@ pub(super) fn wc_opcode(op: WrOpcode) -> WcOpcode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::testing;
-    use virtio_rdma_abi::datapath::SendWqe;
-
-    fn wr(opcode: WrOpcode, inline: Option<&[u8]>) -> SendWr<'_> {
-        SendWr {
-            hdr: SendWqe::default(),
-            opcode,
-            sges: &[],
-            inline,
-        }
-    }
+    use crate::engine::testing::{self, send_wr as wr};
 
     /// Spec 18.8: what a send WQE's opcode rules out on its QP.
     #[test]

@@ -1,5 +1,6 @@
 //! Fixtures of the engine's unit tests.
 
+use virtio_rdma_abi::datapath::{SendWqe, WrOpcode};
 use virtio_rdma_abi::mem::{qp_buffer_layout, BufferDesc, PageListMode};
 use virtio_rdma_abi::qp::{QpAttr, QpState, QpType};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
@@ -7,6 +8,8 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 use crate::memory::pagelist::PageListLimits;
 use crate::memory::{PageList, RamMap};
 use crate::resources::{Qp, QpRuntime};
+
+use super::wqe::SendWr;
 
 /// A QP of type `qp_type` in RTS with default attributes, its one-page
 /// ring at guest address 0 of a 64 KiB guest (nothing here reads it).
@@ -50,5 +53,22 @@ pub(super) fn qp(qp_type: QpType) -> Qp {
         state: QpState::RTS,
         attr: QpAttr::default(),
         rt: QpRuntime::default(),
+    }
+}
+
+/// A send work request `opcode` with `inline` data or no SGE, `wr_id` 9,
+/// `rkey` 0x55 and `remote_addr` 0x1000.
+pub(super) fn send_wr(opcode: WrOpcode, inline: Option<&[u8]>) -> SendWr<'_> {
+    let hdr = SendWqe {
+        wr_id: 9,
+        rkey: 0x55,
+        remote_addr: 0x1000,
+        ..SendWqe::default()
+    };
+    SendWr {
+        hdr,
+        opcode,
+        sges: &[],
+        inline,
     }
 }

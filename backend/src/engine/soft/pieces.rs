@@ -174,22 +174,8 @@ pub(in crate::engine) fn started(index: u32, wr: &SendWr<'_>, len: u64, done: u6
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::testing::send_wr as wr;
     use virtio_rdma_abi::datapath::SendWqe;
-
-    fn wr(opcode: WrOpcode, inline: Option<&[u8]>) -> SendWr<'_> {
-        let hdr = SendWqe {
-            wr_id: 9,
-            rkey: 0x55,
-            remote_addr: 0x1000,
-            ..SendWqe::default()
-        };
-        SendWr {
-            hdr,
-            opcode,
-            sges: &[],
-            inline,
-        }
-    }
 
     /// RC messages from or into memory regions run in pieces; atomics,
     /// inline data and UD messages run whole.
