@@ -7,6 +7,7 @@
 //! of index `i` is `i & (depth - 1)`.
 
 use crate::ctrl::code_enum;
+use crate::wire::{field_offset, Wire};
 use crate::wire_struct;
 
 wire_struct! {
@@ -171,6 +172,56 @@ wire_struct! {
         /// Must be zero.
         reserved7: u64,
     }
+}
+
+// Where the indices and flags lie in the doorbell records, headers and
+// slots: offsets taken from the structures' layouts, so that the device
+// names a field instead of writing its offset by hand.
+
+impl QpDoorbell {
+    /// Byte offset of `sq_pi` (driver half).
+    pub const SQ_PI: u64 = field_offset(Self::LAYOUT, "sq_pi");
+    /// Byte offset of `rq_pi` (driver half).
+    pub const RQ_PI: u64 = field_offset(Self::LAYOUT, "rq_pi");
+    /// Byte offset of `sq_ci` (device half).
+    pub const SQ_CI: u64 = field_offset(Self::LAYOUT, "sq_ci");
+    /// Byte offset of `rq_ci` (device half).
+    pub const RQ_CI: u64 = field_offset(Self::LAYOUT, "rq_ci");
+}
+
+impl CqDoorbell {
+    /// Byte offset of `ci` (driver half).
+    pub const CI: u64 = field_offset(Self::LAYOUT, "ci");
+    /// Byte offset of `arm` (driver half).
+    pub const ARM: u64 = field_offset(Self::LAYOUT, "arm");
+    /// Byte offset of `pi` (device half).
+    pub const PI: u64 = field_offset(Self::LAYOUT, "pi");
+    /// Byte offset of `armed_seq` (device half).
+    pub const ARMED_SEQ: u64 = field_offset(Self::LAYOUT, "armed_seq");
+}
+
+impl SrqDoorbell {
+    /// Byte offset of `pi` (driver half).
+    pub const PI: u64 = field_offset(Self::LAYOUT, "pi");
+    /// Byte offset of `ci` (device half).
+    pub const CI: u64 = field_offset(Self::LAYOUT, "ci");
+}
+
+impl CtxDoorbell {
+    /// Byte offset of `flags`.
+    pub const FLAGS: u64 = field_offset(Self::LAYOUT, "flags");
+}
+
+impl QpDbSlot {
+    /// Byte offset of `sq_pi` in the slot.
+    pub const SQ_PI: u64 = field_offset(Self::LAYOUT, "sq_pi");
+    /// Byte offset of `rq_pi` in the slot.
+    pub const RQ_PI: u64 = field_offset(Self::LAYOUT, "rq_pi");
+}
+
+impl SrqDbSlot {
+    /// Byte offset of `pi` in the slot.
+    pub const PI: u64 = field_offset(Self::LAYOUT, "pi");
 }
 
 /// Byte offset of the driver-owned part of every doorbell record.
@@ -535,7 +586,7 @@ wire_struct! {
 }
 
 /// Byte offset of `owner` within a CQE.
-pub const CQE_OWNER_OFFSET: u64 = 11;
+pub const CQE_OWNER_OFFSET: u64 = field_offset(Cqe::LAYOUT, "owner");
 
 /// The owner value marking a valid CQE at index `index` of a CQ of `depth`
 /// entries: 1 on the first pass over the ring, 0 on the second, and so on.
@@ -561,15 +612,22 @@ mod tests {
         assert_eq!(RecvWqe::SIZE, 16);
         assert_eq!(Sge::SIZE, 16);
         assert_eq!(Cqe::SIZE, 32);
-        let owner = Cqe::LAYOUT
-            .iter()
-            .find(|f| f.name == "owner")
-            .map(|f| f.offset);
-        assert_eq!(owner, Some(CQE_OWNER_OFFSET as usize));
+        assert_eq!(CQE_OWNER_OFFSET, 11);
         for l in [QpDoorbell::LAYOUT, CqDoorbell::LAYOUT, SrqDoorbell::LAYOUT] {
             let dev = l.iter().find(|f| f.offset as u64 == DB_DEVICE_OFFSET);
             assert!(dev.is_some_and(|f| !f.name.starts_with("reserved")));
         }
+        // The driver's indices open the record, the device's open its half
+        // (spec 18.4); slots have the layout of a record's driver half.
+        let d = DB_DEVICE_OFFSET;
+        assert_eq!((QpDoorbell::SQ_PI, QpDoorbell::RQ_PI), (0, 4));
+        assert_eq!((QpDoorbell::SQ_CI, QpDoorbell::RQ_CI), (d, d + 4));
+        assert_eq!((CqDoorbell::CI, CqDoorbell::ARM), (0, 4));
+        assert_eq!((CqDoorbell::PI, CqDoorbell::ARMED_SEQ), (d, d + 4));
+        assert_eq!((SrqDoorbell::PI, SrqDoorbell::CI), (0, d));
+        assert_eq!(CtxDoorbell::FLAGS, DB_DRIVER_OFFSET);
+        assert_eq!((QpDbSlot::SQ_PI, QpDbSlot::RQ_PI), (0, 4));
+        assert_eq!(SrqDbSlot::PI, 0);
     }
 
     /// Spec 18.13: an IPv6 header as RoCEv2 would have it, as

@@ -84,6 +84,12 @@ macro_rules! scalar_field {
             const SIZE: usize = std::mem::size_of::<$t>();
             const ALIGN: usize = std::mem::size_of::<$t>();
             fn read(b: &[u8]) -> Self {
+                // A whole value is one load; a copy of unknown length
+                // would be a call to `memcpy` per field (the data path
+                // reads every WQE this way).
+                if let Some(raw) = b.first_chunk() {
+                    return <$t>::from_le_bytes(*raw);
+                }
                 let mut raw = [0u8; std::mem::size_of::<$t>()];
                 // `zip` stops at the shorter of the two: no length to check.
                 for (d, s) in raw.iter_mut().zip(b) {
@@ -92,6 +98,11 @@ macro_rules! scalar_field {
                 <$t>::from_le_bytes(raw)
             }
             fn write(&self, b: &mut [u8]) {
+                // One store, as `read` is one load.
+                if let Some(raw) = b.first_chunk_mut() {
+                    *raw = self.to_le_bytes();
+                    return;
+                }
                 for (d, s) in b.iter_mut().zip(self.to_le_bytes()) {
                     *d = s;
                 }
@@ -248,6 +259,39 @@ pub const fn max_align(layout: &[FieldLayout]) -> usize {
     max_align
 }
 
+/// Byte offset of field `name` in `layout`, for constants that name a
+/// field's place (`QpDoorbell::SQ_CI`) instead of writing its offset by
+/// hand. Meant for constant context, where a name the layout lacks fails
+/// the build.
+// The panic is reached only for a misspelt field name, and in constant
+// context that is a compile error, never a run-time panic.
+#[allow(clippy::panic)]
+pub const fn field_offset(layout: &[FieldLayout], name: &str) -> u64 {
+    let mut rest = layout;
+    while let [f, tail @ ..] = rest {
+        if str_eq(f.name, name) {
+            return f.offset as u64;
+        }
+        rest = tail;
+    }
+    panic!("no field of that name in the layout")
+}
+
+/// `a == b`, in constant context.
+const fn str_eq(a: &str, b: &str) -> bool {
+    let (mut a, mut b) = (a.as_bytes(), b.as_bytes());
+    loop {
+        match (a, b) {
+            ([], []) => return true,
+            ([x, xs @ ..], [y, ys @ ..]) if *x == *y => {
+                a = xs;
+                b = ys;
+            }
+            _ => return false,
+        }
+    }
+}
+
 /// Declares a wire structure. Fields are laid out in declaration order with no
 /// implicit padding; a compile-time check rejects any misaligned field. Fields
 /// whose name starts with `reserved` must be zero when parsed.
@@ -360,6 +404,32 @@ mod tests {
             /// gid
             gid: [u8; 16],
         }
+    }
+
+    /// A scalar reads its bytes when there are enough, the bytes there are
+    /// (the rest zero) when not; writes likewise.
+    #[test]
+    fn scalars_of_whole_and_short_buffers() {
+        let b = [1u8, 2, 3, 4, 5];
+        assert_eq!(u32::read(&b), 0x0403_0201);
+        assert_eq!(u32::read(&b[..3]), 0x03_0201);
+        assert_eq!(u64::read(&b), 0x05_0403_0201);
+        assert_eq!(u16::read(&[]), 0);
+        let mut out = [0xffu8; 5];
+        0x0403_0201u32.write(&mut out);
+        assert_eq!(out, [1, 2, 3, 4, 0xff]);
+        let mut short = [0xffu8; 2];
+        0x0403_0201u32.write(&mut short);
+        assert_eq!(short, [1, 2]);
+    }
+
+    #[test]
+    fn field_offsets_come_from_the_layout() {
+        const B: u64 = field_offset(Sample::LAYOUT, "b");
+        const GID: u64 = field_offset(Sample::LAYOUT, "gid");
+        assert_eq!((B, GID), (8, 16));
+        // A name is matched whole, not as a prefix.
+        assert!(!str_eq("reserved", "reserved0") && !str_eq("a", "") && str_eq("", ""));
     }
 
     #[test]

@@ -650,7 +650,7 @@ impl DaemonConfig {
 
     /// The engine threads (their CPUs) and the thread of every VM: its
     /// tenant's ([`DaemonConfig::tenant_engine`]).
-    pub fn engine_plan(&self) -> crate::engine::group::EnginePlan {
+    pub fn engine_plan(&self) -> crate::engine::EnginePlan {
         let threads = self.engine_threads.max(1);
         let cpus = (0..threads)
             .map(|i| self.engine_cpus.get(i).copied())
@@ -665,7 +665,7 @@ impl DaemonConfig {
                     .map_or(0, |t| self.tenant_engine(t))
             })
             .collect();
-        crate::engine::group::EnginePlan {
+        crate::engine::EnginePlan {
             cpus,
             placement,
             fence_elision: self.fence_elision,

@@ -6,6 +6,8 @@
 //! - [`server`]: one listener thread per vhost-user socket (one VM each);
 //! - [`device`]: the `VhostUserBackend` implementation (queues, config space);
 //! - [`ctrl`]: the control-verb dispatcher;
+//! - [`engine`]: the data path: engine threads, doorbell polling, the
+//!   requester, completions, QoS, and the software RNIC's transport;
 //! - [`resources`]: per-VM objects, handles and the QP state machine;
 //! - [`memory`]: guest RAM map and page-list translation;
 //! - [`events`]: the asynchronous event queue;

@@ -22,7 +22,7 @@ use log::{debug, warn};
 use thiserror::Error;
 
 use crate::conn_pool::ConnPool;
-use crate::engine::group::EngineStats;
+use crate::engine::EngineStats;
 use crate::qos::QosSpec;
 use crate::server::DaemonView;
 use crate::snapshot::{self, Totals};

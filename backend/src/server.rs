@@ -21,7 +21,7 @@ use vmm_sys_util::epoll::EventSet;
 use crate::config::{ConfigError, DaemonConfig};
 use crate::ctrl::PortIdentity;
 use crate::device::{DeviceStats, RdmaDevice, Shared, EVENT_WAKE};
-use crate::engine::group::{EngineStats, Engines};
+use crate::engine::{EngineStats, Engines};
 use crate::keys::KeySource;
 use crate::qos::QosTable;
 use crate::rnic::soft::SoftRnic;

@@ -23,8 +23,8 @@
 //!   segments of the model, and fails for one outside it.
 
 use arbitrary::{Arbitrary, Unstructured};
-use vhost_user_rdma::engine::exec::local_range;
-use vhost_user_rdma::engine::wqe::{fetch_recv, fetch_send, WqeBuf, WqeError};
+use vhost_user_rdma::engine::sge::local_range;
+use vhost_user_rdma::engine::wqe::{fetch_recv, fetch_send, RecvRing, WqeBuf, WqeError};
 use vhost_user_rdma::memory::access::{self, Segment};
 use vhost_user_rdma::memory::HostMem;
 use virtio_rdma_abi::config::ALL_DEVICE_FEATURES;
@@ -604,16 +604,14 @@ pub fn run_input(input: &Input) -> usize {
                 Some(srq) => &srq.ring,
                 None => &qp.ring,
             };
-            match fetch_recv(
-                &host,
+            let ring = RecvRing {
                 ring,
-                base,
+                offset: base,
                 depth,
                 shift,
                 max_sge,
-                index,
-                &mut scratch,
-            ) {
+            };
+            match fetch_recv(&host, &ring, index, &mut scratch) {
                 Ok(wr) => {
                     let hdr = RecvWqe::read(&b);
                     assert_eq!(wr.wr_id, hdr.wr_id);

@@ -2,7 +2,7 @@
 
 use virtio_rdma_abi::config::{F_ATOMIC, F_SRQ, F_UD};
 use virtio_rdma_abi::ctrl::Status;
-use virtio_rdma_abi::datapath::{DB_DEVICE_OFFSET, DB_NONE};
+use virtio_rdma_abi::datapath::{QpDoorbell, DB_NONE};
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::mem::{access, qp_buffer_layout};
 use virtio_rdma_abi::qp::attr::*;
@@ -471,34 +471,31 @@ fn apply(dst: &mut QpAttr, mask: u32, src: &QpAttr) {
 /// half of its doorbell record (spec 18.22). A record out of RAM leaves
 /// the index as it was (the engine fails such a QP when it needs it).
 fn empty_rings<G: GuestMemoryBackend>(qp: &mut Qp, mem: &G) {
-    /// Producer index `which` (0: `sq_pi`, 1: `rq_pi`).
-    fn pi<G: GuestMemoryBackend>(qp: &Qp, mem: &G, which: u32) -> Option<u32> {
+    /// The producer index in word `word` of the QP's doorbell slot, or at
+    /// byte `field` of its record.
+    fn pi<G: GuestMemoryBackend>(qp: &Qp, mem: &G, word: u32, field: u64) -> Option<u32> {
         if let Some(slot) = &qp.db_slot {
-            return Some(slot.load(which));
+            return Some(slot.load(word));
         }
-        let at = qp.db_gpa.checked_add(u64::from(which).checked_mul(4)?)?;
+        let at = qp.db_gpa.checked_add(field)?;
         let mut b = [0u8; 4];
         read_guest(mem, GuestAddress(at), &mut b).ok()?;
         Some(u32::from_le_bytes(b))
     }
-    /// Stores consumer index `which` (0: `sq_ci`, 1: `rq_ci`).
-    fn publish<G: GuestMemoryBackend>(qp: &Qp, mem: &G, which: u32, ci: u32) {
-        let at = u64::from(which)
-            .checked_mul(4)
-            .and_then(|o| o.checked_add(DB_DEVICE_OFFSET))
-            .and_then(|o| qp.db_gpa.checked_add(o));
-        if let Some(at) = at {
+    /// Stores consumer index `ci` at byte `field` of the QP's record.
+    fn publish<G: GuestMemoryBackend>(qp: &Qp, mem: &G, field: u64, ci: u32) {
+        if let Some(at) = qp.db_gpa.checked_add(field) {
             let _ = write_guest(mem, GuestAddress(at), &ci.to_le_bytes());
         }
     }
-    if let Some(p) = pi(qp, mem, 0) {
+    if let Some(p) = pi(qp, mem, 0, QpDoorbell::SQ_PI) {
         qp.rt.sq_ci = p;
-        publish(qp, mem, 0, p);
+        publish(qp, mem, QpDoorbell::SQ_CI, p);
     }
     if qp.srq == 0 {
-        if let Some(p) = pi(qp, mem, 1) {
+        if let Some(p) = pi(qp, mem, 1, QpDoorbell::RQ_PI) {
             qp.rt.rq_ci = p;
-            publish(qp, mem, 1, p);
+            publish(qp, mem, QpDoorbell::RQ_CI, p);
         }
     }
     qp.rt.wait = None;

@@ -1,19 +1,10 @@
-//! A system-wide memory barrier, run off the engine threads.
-//!
-//! `DB_FLAG_POLLING` (spec 18.6) lets a driver publish a producer index
-//! without a full fence while the engine polls. Before the engine stops
-//! polling it must make sure that every store a driver made before it could
-//! see the flag cleared is visible: it clears the flag, then waits for every
-//! CPU of the host to execute a full barrier — `membarrier(2)` with
-//! `MEMBARRIER_CMD_GLOBAL`, which reaches the VMM's vCPU threads too — and
-//! only then sets `DB_FLAG_KICK` and re-reads the producer indices. A driver
-//! whose read of the flag came before the clear has its store drained by
-//! that barrier; one whose read came after sees the flag cleared and fences
-//! itself. This is the asymmetric-fence technique of user-space RCU.
-//!
-//! The call takes a grace period (8–30 ms measured here), far too long to
-//! block an engine thread serving other VMs, so one thread of the process
-//! runs it on request and the engine keeps polling until it has passed.
+//! A system-wide memory barrier, run off the engine threads, behind
+//! `DB_FLAG_POLLING` (spec 18.6): before an engine thread stops polling it
+//! clears the flag and waits for every CPU of the host to execute a full
+//! barrier before it asks for kicks. The barrier takes a grace period, far
+//! too long to block an engine thread serving other VMs, so one thread of
+//! the process runs it on request and the engine keeps polling until it
+//! has passed.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock};
@@ -26,6 +17,18 @@ const MEMBARRIER_CMD_QUERY: libc::c_long = 0;
 const MEMBARRIER_CMD_GLOBAL: libc::c_long = 1;
 
 /// Barrier requests and completions, as tickets.
+///
+/// `DB_FLAG_POLLING` lets a driver publish a producer index without a full
+/// fence while the engine polls. Before the engine stops polling it must
+/// make sure that every store a driver made before it could see the flag
+/// cleared is visible: it clears the flag, then waits for every CPU of the
+/// host to execute a full barrier — `membarrier(2)` with
+/// `MEMBARRIER_CMD_GLOBAL`, which reaches the VMM's vCPU threads too — and
+/// only then sets `DB_FLAG_KICK` and re-reads the producer indices. A
+/// driver whose read of the flag came before the clear has its store
+/// drained by that barrier; one whose read came after sees the flag
+/// cleared and fences itself. This is the asymmetric-fence technique of
+/// user-space RCU.
 pub struct SystemBarrier {
     /// The last ticket handed out.
     requested: Mutex<u64>,

@@ -3,21 +3,18 @@
 
 use std::sync::atomic::{fence, Ordering};
 
+use super::doorbell;
 use crate::ctrl::Ctrl;
 use crate::memory::access;
 use crate::memory::HostMem;
+use crate::stats::TrafficCounters;
 use log::debug;
 use virtio_rdma_abi::datapath::{
-    cqe_owner, Cqe, WcOpcode, WcStatus, ARM_NEXT, ARM_SOLICITED, CQE_OWNER_OFFSET, CQE_SOLICITED,
-    DB_DEVICE_OFFSET,
+    cqe_owner, CqDoorbell, Cqe, WcOpcode, WcStatus, ARM_NEXT, ARM_SOLICITED, CQE_OWNER_OFFSET,
+    CQE_SOLICITED,
 };
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::mem::CQE_SIZE;
-
-/// Offset of the CQ doorbell's `arm` field.
-const ARM_OFFSET: u64 = 4;
-/// Offset of `armed_seq` in the device half of a CQ doorbell.
-const ARMED_SEQ_OFFSET: u64 = DB_DEVICE_OFFSET + 4;
 
 /// A completion with a status other than `SUCCESS`: it carries `wr_id`,
 /// `opcode`, `status` and `qpn` only; `byte_len`, `flags`, `imm_data` and
@@ -45,7 +42,7 @@ pub fn complete(ctrl: &mut Ctrl, mem: &HostMem, cq_handle: u32, mut cqe: Cqe) ->
     if cq.rt.overflowed {
         return false;
     }
-    let Ok(ci) = access::load_u32_acquire(mem, cq.db_gpa) else {
+    let Ok(ci) = doorbell::load(mem, cq.db_gpa, CqDoorbell::CI) else {
         debug!("CQ {cq_handle:#x}: doorbell record unusable");
         return cq_error(ctrl, cq_handle);
     };
@@ -86,18 +83,18 @@ pub fn complete(ctrl: &mut Ctrl, mem: &HostMem, cq_handle: u32, mut cqe: Cqe) ->
         return cq_error(ctrl, cq_handle);
     }
     cq.rt.pi = index.wrapping_add(1);
-    let _ = access::store_u32_release(mem, cq.db_gpa.saturating_add(DB_DEVICE_OFFSET), cq.rt.pi);
+    let _ = doorbell::store(mem, cq.db_gpa, CqDoorbell::PI, cq.rt.pi);
     // Publishing the CQE and reading the arm request must not be reordered
     // (the driver arms, fences, then polls: one of the two sees the other).
     fence(Ordering::SeqCst);
-    let arm = access::load_u32_acquire(mem, cq.db_gpa.saturating_add(ARM_OFFSET)).unwrap_or(0);
+    let arm = doorbell::load(mem, cq.db_gpa, CqDoorbell::ARM).unwrap_or(0);
     let seq = arm >> 2;
     if seq != cq.rt.armed_seq {
         let kind = arm & 3;
         let solicited = cqe.flags & CQE_SOLICITED != 0 || cqe.status != WcStatus::SUCCESS as u8;
         if kind == ARM_NEXT || (kind == ARM_SOLICITED && solicited) {
             cq.rt.armed_seq = seq;
-            let _ = access::store_u32_release(mem, cq.db_gpa.saturating_add(ARMED_SEQ_OFFSET), seq);
+            let _ = doorbell::store(mem, cq.db_gpa, CqDoorbell::ARMED_SEQ, seq);
             ctrl.events.push(EventKind::CQ_COMPLETION, cq_handle, 0);
         }
     }
@@ -125,4 +122,9 @@ fn cq_error(ctrl: &mut Ctrl, cq_handle: u32) -> bool {
         ctrl.qp_enter_err(h, Some(EventKind::QP_FATAL));
     }
     false
+}
+
+/// The traffic counters of the VM `ctrl` belongs to.
+pub(super) fn traffic(ctrl: &Ctrl) -> Option<&TrafficCounters> {
+    ctrl.tenancy().traffic(ctrl.vm_index())
 }

@@ -1,42 +1,14 @@
 //! Quality of service in the engine: rate limits (token buckets per VM and
 //! per tenant) and weighted fair sharing of the engine's time between the
-//! VMs that have work (deficit round robin).
+//! VMs that have work (hierarchical deficit round robin, [`Drr`]).
 //!
 //! Both are plain state of the single engine thread: no locks and no
 //! atomics, and every function takes the time as an argument, so the unit
 //! tests drive them with an injected clock. The engine re-reads the live
 //! [`QosTable`] whenever its generation moves ([`Limits::refresh`],
 //! [`Drr::set_weight`]), so an operator's change applies at the next sweep.
-//!
-//! **Token buckets.** A bucket holds up to `rate × BURST_TIME` tokens
-//! (at least one) and refills continuously. A work request may start
-//! while the bucket is not empty (level above 0), and is charged after it
-//! ran, with what it actually moved. The level may therefore go into debt
-//! by at most one message: a 4 MiB WRITE under a 1 MiB/s limit runs, and
-//! the VM then waits four seconds. This keeps the burst small (±5 % over
-//! one second needs a burst of at most 50 ms of the rate: it is 5 ms) and
-//! still lets messages larger than the burst through, with no need to
-//! know a message's length before it is parsed.
-//!
-//! **Deficit round robin.** Every sweep of the engine is one round. A VM
-//! with work gets its quantum (`weight × QUANTUM_PER_WEIGHT`) added to its
-//! deficit and is served — pass after pass over its QPs with work, each QP
-//! a burst — while the deficit is positive; the cost of each QP's burst is
-//! subtracted. The cost is modelled, [`cost_of`]: a constant per work
-//! request plus the bytes at the engine's copy rate. Measured time was
-//! tried first: a clock read costs some 80 ns on these VMs (as much as a
-//! small WRITE), and wall time charges the VM that happens to run when the
-//! engine thread is preempted, which skewed the shares by up to 25 % on a
-//! busy host. A deficit left in debt by the last burst carries over, so
-//! over time each VM gets engine work in proportion to its weight. Each
-//! round starts one VM further, so VMs competing for one tenant bucket take
-//! turns at being first. A VM without work forgets its deficit (no hoarding), and a
-//! positive deficit never exceeds one quantum. When no VM with work could
-//! be served in a round (all in debt), the fewest whole rounds that make
-//! one of them positive are added at once, so the engine never idles while
-//! there is work. A VM in debt `D` waits at most `D / quantum` rounds, and a
-//! round lasts at most the sum of the quanta plus one burst per VM: nobody
-//! starves.
+//! docs/isolation.md ("QoS: rate limits and weighted fair sharing") gives
+//! the reasons and the measurements behind the design.
 
 use std::time::{Duration, Instant};
 
@@ -63,7 +35,14 @@ pub const BURST_BYTES: u64 = 256 << 10;
 /// round is not mostly switching between VMs.
 pub const QUANTUM_PER_WEIGHT: Duration = Duration::from_nanos(100);
 
-/// A token bucket (see the module documentation).
+/// A token bucket: it holds up to `rate × BURST_TIME` tokens (at least
+/// one) and refills continuously. A work request may start while the
+/// bucket is not empty (level above 0), and is charged after it ran, with
+/// what it actually moved. The level may therefore go into debt by at most
+/// one message: a 4 MiB WRITE under a 1 MiB/s limit runs, and the VM then
+/// waits four seconds. This keeps the burst small and still lets messages
+/// larger than the burst through, with no need to know a message's length
+/// before it is parsed.
 #[derive(Debug, Clone)]
 pub struct TokenBucket {
     /// Tokens per second; 0: unlimited.
@@ -394,8 +373,22 @@ impl Limits {
     }
 }
 
-/// Deficit round robin over the engine's VMs (see the module
-/// documentation), indexed by the VM's position in the engine's list.
+/// Deficit round robin over the engine's VMs, indexed by the VM's position
+/// in the engine's list.
+///
+/// Every sweep of the engine is one round. A VM with work gets its quantum
+/// added to its deficit and is served — pass after pass over its QPs with
+/// work, each QP a burst — while the deficit is positive; the cost of each
+/// burst ([`cost_of`]) is subtracted. A deficit left in debt by the last
+/// burst carries over, so over time each VM gets engine work in proportion
+/// to its weight. Each round starts one VM further, so VMs competing for
+/// one tenant bucket take turns at being first. A VM without work forgets
+/// its deficit (no hoarding), and a positive deficit never exceeds one
+/// quantum. When no VM with work could be served in a round (all in debt),
+/// the fewest whole rounds that make one of them positive are added at
+/// once, so the engine never idles while there is work. A VM in debt `D`
+/// waits at most `D / quantum` rounds, and a round lasts at most the sum of
+/// the quanta plus one burst per VM: nobody starves.
 ///
 /// The sharing is hierarchical: the tenants with work share the engine by
 /// their weights, and a tenant's share goes to its VMs with work by
@@ -486,8 +479,10 @@ pub const OP_COST: Duration = Duration::from_nanos(300);
 /// `rdma_perf write_bw --size 65536` on the same quiet run (22 GB/s).
 pub const BYTES_PER_US: u64 = 20 << 10;
 
-/// The engine time charged for `wqes` work requests that moved `bytes`
-/// (the cost model of the weighted sharing; see the module documentation).
+/// The engine time charged for `wqes` work requests that moved `bytes`:
+/// the cost model of the weighted sharing, a constant per work request
+/// plus the bytes at the engine's copy rate (a model, not a clock: see
+/// docs/isolation.md, "Cost model").
 pub fn cost_of(wqes: u64, bytes: u64) -> Duration {
     let ns = wqes
         .saturating_mul(u64::try_from(OP_COST.as_nanos()).unwrap_or(u64::MAX))

@@ -12,7 +12,7 @@ use virtio_rdma_abi::{Field, Wire};
 
 use crate::memory::access;
 use crate::memory::{HostMem, PageList};
-use crate::resources::Qp;
+use crate::resources::{Qp, Srq};
 
 /// Largest WQE stride (64-byte header + 30 SGEs, or 480 inline bytes, rounded up).
 pub const MAX_STRIDE: usize = 1024;
@@ -77,6 +77,15 @@ pub struct RecvWr<'a> {
     pub wr_id: u64,
     /// Scatter list.
     pub sges: &'a [Sge],
+}
+
+/// How many WQEs a ring of `depth` slots holds between consumer index `ci`
+/// and the driver's producer index `pi` (free-running counters, so the
+/// difference wraps); `None` when the driver claims more than the ring
+/// holds (spec 18.18: the queue is broken).
+pub fn posted(pi: u32, ci: u32, depth: u32) -> Option<u32> {
+    let n = pi.wrapping_sub(ci);
+    (n <= depth).then_some(n)
 }
 
 /// Guest-physical address of the `stride`-byte slot `index` of a ring at
@@ -197,20 +206,55 @@ pub fn fetch_send<'a>(
     })
 }
 
-/// Copies and parses receive WQE `index` of a ring at `ring_offset`.
-#[allow(clippy::too_many_arguments)]
+/// A ring of receive WQEs: a QP's receive queue or an SRQ.
+#[derive(Debug, Clone, Copy)]
+pub struct RecvRing<'a> {
+    /// The queue buffer.
+    pub ring: &'a PageList,
+    /// Offset of the ring in the buffer.
+    pub offset: u64,
+    /// Number of slots (a power of two).
+    pub depth: u32,
+    /// log2 of the WQE stride.
+    pub shift: u32,
+    /// Most SGEs a WQE may carry.
+    pub max_sge: u32,
+}
+
+impl<'a> RecvRing<'a> {
+    /// The receive queue of `qp` (one not attached to an SRQ).
+    pub fn of_qp(qp: &'a Qp) -> Self {
+        RecvRing {
+            ring: &qp.ring,
+            offset: qp.layout.rq_offset,
+            depth: qp.rq_depth,
+            shift: qp.layout.rq_wqe_shift,
+            max_sge: qp.max_recv_sge,
+        }
+    }
+
+    /// The ring of `srq`.
+    pub fn of_srq(srq: &'a Srq) -> Self {
+        RecvRing {
+            ring: &srq.ring,
+            offset: 0,
+            depth: srq.depth,
+            shift: srq.wqe_shift,
+            max_sge: srq.max_sge,
+        }
+    }
+}
+
+/// Copies and parses receive WQE `index` of `ring`.
 pub fn fetch_recv<'a>(
     mem: &HostMem,
-    ring: &PageList,
-    ring_offset: u64,
-    depth: u32,
-    shift: u32,
-    max_sge: u32,
+    ring: &RecvRing<'_>,
     index: u32,
     scratch: &'a mut WqeBuf,
 ) -> Result<RecvWr<'a>, WqeError> {
-    let (gpa, stride) =
-        slot_gpa(ring, ring_offset, depth, shift, index).ok_or(WqeError::Unusable)?;
+    let max_sge = ring.max_sge;
+    let (gpa, stride) = slot_gpa(ring.ring, ring.offset, ring.depth, ring.shift, index)
+        .ok_or(WqeError::Unusable)?;
     let WqeBuf {
         slot,
         sges: sge_buf,
@@ -228,4 +272,23 @@ pub fn fetch_recv<'a>(
     }
     let sges = sges(buf, RECV_WQE_HEADER, hdr.num_sge as usize, sge_buf).ok_or(bad)?;
     Ok(RecvWr { wr_id, sges })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Indices are free-running: the count wraps with them, and a driver
+    /// claiming more than the ring holds (or a producer index behind the
+    /// consumer's) is refused.
+    #[test]
+    fn posted_wqes_between_free_running_indices() {
+        assert_eq!(posted(5, 3, 4), Some(2));
+        assert_eq!(posted(3, 3, 4), Some(0));
+        assert_eq!(posted(7, 3, 4), Some(4), "full");
+        assert_eq!(posted(8, 3, 4), None, "more than the ring holds");
+        assert_eq!(posted(1, u32::MAX, 4), Some(2), "across the wrap");
+        assert_eq!(posted(2, 3, 4), None, "behind the consumer");
+        assert_eq!(posted(0, 0, 0), Some(0));
+    }
 }

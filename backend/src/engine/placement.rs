@@ -2,20 +2,70 @@
 //!
 //! A tenant's VMs all run on one engine thread: a VM only ever reaches
 //! VMs of its own tenant, so every VM-to-VM operation stays inside one
-//! thread (no lock is ever taken across threads, see the engine's
-//! "Locking"), and the tenant's rate limits are one set of token buckets
-//! in that thread. Tenants on different threads share no engine time at
-//! all: a bandwidth hog on one thread cannot delay a latency-sensitive
-//! tenant on another, whatever the weights. Weighted sharing (DRR) is
-//! among the VMs of one thread.
+//! thread (no lock is ever taken across threads, see `soft::route`), and
+//! the tenant's rate limits are one set of token buckets in that thread.
+//! Tenants on different threads share no engine time at all: a bandwidth
+//! hog on one thread cannot delay a latency-sensitive tenant on another,
+//! whatever the weights. Weighted sharing (DRR) is among the VMs of one
+//! thread.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::{Engine, Registry};
+use super::Engine;
 use crate::device::{RdmaDevice, Shared};
 use crate::rnic::Rnic;
+
+/// The VMs of the daemon, shared by its engine threads, and which thread
+/// serves each.
+pub struct Registry {
+    vms: Mutex<Vec<Weak<RdmaDevice>>>,
+    /// Bumped on every registration, so the threads refresh their lists.
+    pub(super) generation: AtomicUsize,
+    /// The engine thread of each VM, by VM id.
+    placement: Vec<usize>,
+}
+
+impl Registry {
+    /// A registry of VMs placed on engine threads by `placement` (VM id →
+    /// thread index).
+    pub fn new(placement: Vec<usize>) -> Self {
+        Registry {
+            vms: Mutex::new(Vec::new()),
+            generation: AtomicUsize::new(0),
+            placement,
+        }
+    }
+
+    /// The engine thread serving VM `vm`.
+    pub fn engine_of(&self, vm: usize) -> Option<usize> {
+        self.placement.get(vm).copied()
+    }
+
+    /// Adds a VM; its id is its index.
+    pub fn register(&self, id: usize, vm: &Arc<RdmaDevice>) {
+        let mut vms = self.vms.lock().unwrap_or_else(|p| p.into_inner());
+        if vms.len() <= id {
+            vms.resize(id.saturating_add(1), Weak::new());
+        }
+        if let Some(slot) = vms.get_mut(id) {
+            *slot = Arc::downgrade(vm);
+        }
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The live VMs, indexed by id.
+    pub(super) fn all_vms(&self) -> Vec<Option<Arc<RdmaDevice>>> {
+        self.vms
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(Weak::upgrade)
+            .collect()
+    }
+}
 
 /// Where VMs run: the engine threads and each VM's thread.
 #[derive(Debug, Clone, PartialEq, Eq)]

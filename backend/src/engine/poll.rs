@@ -1,0 +1,402 @@
+//! The engine's polling lists: per VM, the host addresses of its QPs'
+//! doorbell records (or slots) with the producer indices the engine last
+//! acted on, read without any lock ([`DbList`]); and the doorbell flags the
+//! engine writes into every context's doorbell header.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use virtio_rdma_abi::datapath::CtxDoorbell;
+use virtio_rdma_abi::mem::DB_RECORD_SIZE;
+use virtio_rdma_abi::qp::QpState;
+
+use super::doorbell::{self, load_pi};
+use super::thread::Scratch;
+use crate::ctrl::Ctrl;
+use crate::device::{Locked, RdmaDevice};
+use crate::memory::HostMem;
+use crate::resources::Qp;
+use crate::shmem::DoorbellRegion;
+
+/// A polling-list rebuild that took at most this long is not rate-limited
+/// (a VM with up to some hundreds of QPs): changes show at the next sweep.
+const REBUILD_FREE: Duration = Duration::from_micros(20);
+
+/// After a longer rebuild, the next one waits this many times as long, so
+/// rebuilding takes at most a tenth of the engine's time (and of the VM's
+/// lock) however fast the VM's control commands come.
+const REBUILD_SPACING: u32 = 9;
+
+/// One QP in a [`DbList`].
+pub(super) struct DbEntry {
+    /// Host address of the QP's doorbell record (`sq_pi`, then `rq_pi`),
+    /// or of its doorbell slot (the same two words): valid as long as the
+    /// entry, because the list holding it keeps the memory mapped.
+    db: *const AtomicU32,
+    /// The QP's handle.
+    pub(super) handle: u32,
+    /// `sq_pi` up to which the engine has acted.
+    seen_sq: u32,
+    /// `rq_pi` up to which the engine has acted (when `watch_rq`).
+    seen_rq: u32,
+    /// The QP's state makes `rq_pi` matter (RESET and ERR, own RQ).
+    watch_rq: bool,
+    /// A QP in ERR owes the completion of a message it was receiving in
+    /// pieces: work, whatever the indices say.
+    owed: bool,
+    /// The QP's head WQE waits for a retry until then: no work before.
+    due: Option<Instant>,
+}
+
+impl DbEntry {
+    /// Whether the QP has something to do: a producer index the engine has
+    /// not acted on, or a flush it owes; and once its retry is due, whatever
+    /// the indices say. `now` is the time, read at most once per scan and
+    /// only if a QP waits for a retry.
+    #[inline]
+    fn has_work(&mut self, now: &mut Option<Instant>) -> bool {
+        // A QP whose head WQE waits for a retry is not work before its
+        // time, whatever its indices say: a guest with thousands of QPs
+        // retrying without end must not make every sweep visit them.
+        if let Some(at) = self.due {
+            if *now.get_or_insert_with(Instant::now) < at {
+                return false;
+            }
+            self.due = None;
+            return true;
+        }
+        // SAFETY: `self.db` is either the host address of a 64-byte,
+        // 64-byte aligned doorbell record inside a RAM region of the
+        // mapping the list's `host` keeps alive (checked by `HostMem::ptr`
+        // when the list was built), or of an 8-byte slot inside the
+        // doorbell region the list's `region` keeps alive; in both cases the
+        // 4-byte atomics at offsets 0 and 4 are valid and aligned. The
+        // guest writes them concurrently; they are only ever accessed
+        // atomically by the device.
+        let (sq, rq) = unsafe {
+            let sq = (*self.db).load(Ordering::Acquire);
+            let rq = if self.watch_rq {
+                (*self.db.add(1)).load(Ordering::Acquire)
+            } else {
+                self.seen_rq
+            };
+            (u32::from_le(sq), u32::from_le(rq))
+        };
+        sq != self.seen_sq || rq != self.seen_rq || self.owed
+    }
+
+    /// The current `sq_pi` of the entry's record.
+    fn sq_pi_now(&self) -> u32 {
+        // SAFETY: as in `has_work`: `self.db` points into a mapping the
+        // list keeps alive, aligned for a 4-byte atomic.
+        u32::from_le(unsafe { (*self.db).load(Ordering::Acquire) })
+    }
+}
+
+/// The engine's polling list of one VM: the host addresses of its QPs'
+/// doorbell records with the last producer indices the engine acted on.
+///
+/// A sweep reads those without taking any lock and locks the VM only when
+/// one of its QPs shows work, so idle QPs cost a load each. The list is
+/// rebuilt whenever the VM's data-path generation changes (any control
+/// command, memory update, reset or disconnect), but a VM whose rebuild is
+/// expensive (thousands of QPs) is rebuilt at most so often that rebuilding
+/// takes a tenth of the time ([`REBUILD_FREE`]): a VM creating QPs one
+/// command after another would otherwise cost a rebuild of all its QPs per
+/// command, under its lock. A stale list is safe: it keeps the mappings it
+/// points into alive, and the engine looks every QP up afresh in the VM's
+/// tables before it acts; a QP it does not list yet is found at the next
+/// rebuild or by the parking re-check. Parking does not rely on the list:
+/// it sets `DB_FLAG_KICK` and re-checks through the VM's authoritative
+/// tables under its lock (spec section 18.6).
+pub(super) struct DbList {
+    pub(super) dev: Arc<RdmaDevice>,
+    /// The VM's data-path generation the list was built for.
+    pub(super) gen: Option<u64>,
+    /// Keeps the memory behind the `db` pointers mapped (records in guest
+    /// RAM, slots in the doorbell region).
+    pub(super) host: Option<Arc<HostMem>>,
+    pub(super) region: Option<Arc<DoorbellRegion>>,
+    /// No rebuild before this (see [`REBUILD_SPACING`]).
+    pub(super) rebuild_after: Option<Instant>,
+    pub(super) qps: Vec<DbEntry>,
+    /// Indices into `qps` that showed work in the last scan.
+    pub(super) work: Vec<usize>,
+    /// Index into `work` of the next QP to serve: a pass that ends early
+    /// (the VM's deficit ran out) leaves the rest for the next one, and the
+    /// doorbells are read again only when `work` is used up (a read costs
+    /// a load per QP: with thousands of QPs, rescanning after every short
+    /// pass would cost more than the work).
+    pub(super) next: usize,
+}
+
+// The sweep calls `refresh_if_changed`, `pending` and `scan` (and this
+// `has_work` per QP) for every VM on every turn of the engine's loop, idle
+// or not: `#[inline]` keeps them in the loop, as they were before they had
+// a file of their own (a call each cost 20-30 ns of write latency).
+impl DbList {
+    /// Whether QPs of the last scan are still waiting for their burst.
+    #[inline]
+    pub(super) fn pending(&self) -> bool {
+        self.next < self.work.len()
+    }
+
+    pub(super) fn new(dev: Arc<RdmaDevice>) -> Self {
+        DbList {
+            dev,
+            gen: None,
+            host: None,
+            region: None,
+            rebuild_after: None,
+            qps: Vec::new(),
+            work: Vec::new(),
+            next: 0,
+        }
+    }
+
+    /// Rebuilds the list if the VM changed, unless the last rebuild was
+    /// expensive and recent (then `scratch` gets a timer for it).
+    #[inline]
+    pub(super) fn refresh_if_changed(&mut self, scratch: &mut Scratch) {
+        if self.gen == Some(self.dev.dp_generation()) {
+            return;
+        }
+        let now = Instant::now();
+        if let Some(at) = self.rebuild_after.filter(|&at| now < at) {
+            scratch.timer(at);
+            return;
+        }
+        if !self.rebuild() {
+            scratch.contended = true;
+            return;
+        }
+        let took = now.elapsed();
+        self.rebuild_after = (took > REBUILD_FREE)
+            .then(|| now.checked_add(took.saturating_mul(REBUILD_SPACING)))
+            .flatten();
+    }
+
+    /// Rebuilds the list from the VM's tables (under its lock); false if
+    /// the lock was busy (the list stays as it was).
+    fn rebuild(&mut self) -> bool {
+        // Indices into the old `qps` mean nothing now.
+        self.work.clear();
+        self.next = 0;
+        let dev = self.dev.clone();
+        let built = dev.try_with_dataplane(|ctrl, host| {
+            let gen = dev.dp_generation();
+            self.qps.clear();
+            self.region = ctrl.res.doorbells.as_ref().map(|d| d.region().clone());
+            for (handle, qp) in ctrl.res.qps.iter() {
+                // A slot has the layout of a record's driver half: `sq_pi`,
+                // then `rq_pi` (spec 18.7).
+                let db = match &qp.db_slot {
+                    Some(slot) => {
+                        let p = slot.pi_ptr();
+                        if p.is_null() {
+                            continue;
+                        }
+                        p
+                    }
+                    None => {
+                        if qp.db_gpa % DB_RECORD_SIZE != 0 {
+                            continue;
+                        }
+                        let Some(db) = host.ptr(qp.db_gpa, DB_RECORD_SIZE) else {
+                            continue;
+                        };
+                        db.cast_const().cast()
+                    }
+                };
+                // Whatever was posted beyond what the engine has acted on
+                // shows up as work in the next scan.
+                let watch_rq = qp.srq == 0 && matches!(qp.state, QpState::RESET | QpState::ERR);
+                self.qps.push(DbEntry {
+                    db,
+                    handle,
+                    seen_sq: qp.rt.sq_ci,
+                    seen_rq: if watch_rq { qp.rt.rq_ci } else { 0 },
+                    watch_rq,
+                    owed: owes_flush(qp),
+                    due: None,
+                });
+            }
+            (gen, host.clone())
+        });
+        match built {
+            Locked::Ran((gen, host)) => {
+                self.gen = Some(gen);
+                self.host = Some(host);
+            }
+            // The control path holds the lock: the next sweep rebuilds.
+            Locked::Busy => return false,
+            Locked::Gone => {
+                // No memory: nothing to poll until the next generation.
+                self.qps.clear();
+                self.host = None;
+                self.gen = Some(self.dev.dp_generation());
+            }
+        }
+        true
+    }
+
+    /// Reads every doorbell and collects the QPs with something to do.
+    #[inline]
+    pub(super) fn scan(&mut self) -> bool {
+        self.work.clear();
+        self.next = 0;
+        // A stopped device's work waits for its start (spec 15.1), which
+        // changes the VM's generation and so rebuilds this list.
+        if self.host.is_none() || !self.dev.running() {
+            return false;
+        }
+        // Read once, and only if a QP waits for a retry.
+        let mut now = None;
+        for (i, e) in self.qps.iter_mut().enumerate() {
+            if e.has_work(&mut now) {
+                self.work.push(i);
+            }
+        }
+        !self.work.is_empty()
+    }
+}
+
+/// Writes `v` into `flags` of the doorbell header of every context: in
+/// guest RAM, or its doorbell page's header (spec 18.4, 18.6).
+///
+/// Returns false if a VM's lock was busy, so its headers may keep the old
+/// value: the engine must not park then (it would sleep through that VM's
+/// posts), nor count on a cleared `DB_FLAG_POLLING`.
+///
+/// A stopped VM is left alone: nothing is written into its memory while
+/// it is stopped (spec 15.1). Its start writes the flags of the moment
+/// into its headers ([`crate::ctrl::Ctrl::refresh_doorbell_flags`]) and
+/// wakes the engine, which then looks at all of its queues.
+pub(super) fn set_flags(lists: &[DbList], v: u32) -> bool {
+    let mut all = true;
+    for list in lists {
+        let ran = list.dev.try_with_dataplane(|ctrl, mem| {
+            if !ctrl.running() {
+                return;
+            }
+            for (_, ctx) in ctrl.res.ctxs.iter() {
+                if ctx.db_page.is_none() {
+                    let _ = doorbell::store(mem, ctx.db_gpa, CtxDoorbell::FLAGS, v);
+                }
+            }
+            if let Some(pages) = &ctrl.res.doorbells {
+                pages.set_flags_all(v);
+            }
+        });
+        all &= ran != Locked::Busy;
+    }
+    all
+}
+
+/// Updates a polling-list entry after its QP was serviced (under the VM's
+/// lock): the indices up to which the engine has acted.
+pub(super) fn refresh(e: &mut DbEntry, ctrl: &Ctrl, mem: &HostMem) {
+    let Some(qp) = ctrl.res.qps.get(e.handle) else {
+        // Gone: never look again (the list is rebuilt with the next
+        // generation anyway).
+        e.watch_rq = false;
+        e.owed = false;
+        e.due = None;
+        e.seen_sq = e.sq_pi_now();
+        e.seen_rq = 0;
+        return;
+    };
+    e.owed = owes_flush(qp);
+    // Its retry timer brings it back (the sweep that parks, or the first
+    // scan after it).
+    e.due = match qp.state {
+        QpState::RTS | QpState::SQD => qp.rt.wait.filter(|w| w.index == qp.rt.sq_ci).map(|w| w.at),
+        _ => None,
+    };
+    let own_rq = qp.srq == 0;
+    match qp.state {
+        QpState::RTS | QpState::ERR | QpState::RESET => e.seen_sq = qp.rt.sq_ci,
+        // Draining: the started WQE is still work.
+        QpState::SQD if qp.rt.in_flight() => e.seen_sq = qp.rt.sq_ci,
+        // States that take no send work: act again only on a new post.
+        _ => {
+            e.seen_sq =
+                load_pi(mem, qp.db_gpa, qp.db_slot.as_ref(), doorbell::SQ).unwrap_or(qp.rt.sq_ci)
+        }
+    }
+    e.watch_rq = own_rq && matches!(qp.state, QpState::RESET | QpState::ERR);
+    e.seen_rq = if e.watch_rq { qp.rt.rq_ci } else { 0 };
+}
+
+/// Whether QP `qp` is in ERR with a message it was receiving in pieces,
+/// whose receive WQE the flush completes.
+fn owes_flush(qp: &Qp) -> bool {
+    qp.state == QpState::ERR && qp.rt.inbound.is_some()
+}
+
+#[cfg(test)]
+#[allow(clippy::arithmetic_side_effects)]
+mod tests {
+    use super::*;
+
+    /// An entry over `words` (`sq_pi`, `rq_pi`) that has acted on both
+    /// indices at 0.
+    fn entry(words: &[AtomicU32; 2]) -> DbEntry {
+        DbEntry {
+            db: words.as_ptr(),
+            handle: 1,
+            seen_sq: 0,
+            seen_rq: 0,
+            watch_rq: false,
+            owed: false,
+            due: None,
+        }
+    }
+
+    /// A QP is work when a producer index moved past what the engine acted
+    /// on — `rq_pi` only while it is watched — or when it owes a flush.
+    #[test]
+    fn work_is_a_new_producer_index_or_an_owed_flush() {
+        let words = [AtomicU32::new(0), AtomicU32::new(0)];
+        let mut now = None;
+        let mut e = entry(&words);
+        assert!(!e.has_work(&mut now));
+        words[1].store(3, Ordering::Release);
+        assert!(!e.has_work(&mut now), "rq_pi is not watched");
+        e.watch_rq = true;
+        assert!(e.has_work(&mut now), "rq_pi watched");
+        e.seen_rq = 3;
+        assert!(!e.has_work(&mut now));
+        words[0].store(1u32.to_le(), Ordering::Release);
+        assert!(e.has_work(&mut now), "a new sq_pi");
+        assert_eq!(e.sq_pi_now(), 1);
+        e.seen_sq = 1;
+        assert!(!e.has_work(&mut now));
+        e.owed = true;
+        assert!(e.has_work(&mut now), "an owed flush");
+        assert!(now.is_none(), "no clock read without a retry");
+    }
+
+    /// A QP whose head WQE waits for a retry is not work before its time,
+    /// whatever its indices say; at its time it is, once.
+    #[test]
+    fn a_retry_wait_hides_the_qp_until_due() {
+        let words = [AtomicU32::new(5), AtomicU32::new(0)];
+        let mut e = entry(&words);
+        let t = Instant::now();
+        e.due = Some(t + Duration::from_secs(60));
+        let mut now = Some(t);
+        assert!(!e.has_work(&mut now), "not due, sq_pi moved");
+        assert!(e.due.is_some());
+        let mut now = Some(t + Duration::from_secs(61));
+        assert!(e.has_work(&mut now), "due");
+        assert!(e.due.is_none());
+        e.seen_sq = 5;
+        assert!(!e.has_work(&mut now), "no more work once the retry ran");
+        e.due = Some(t);
+        let mut now = None;
+        assert!(e.has_work(&mut now), "due now");
+        assert!(now.is_some(), "the clock was read for it");
+    }
+}

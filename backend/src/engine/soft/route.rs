@@ -1,0 +1,427 @@
+//! Getting a message to its responder (`Engine::transmit`): the QPN lookup
+//! with its per-QP hint, the tenant policy's checks, and the peer VM's lock
+//! (`Engine::burst_with_peer`).
+//!
+//! The engine locks a VM's device state while it works on that VM, and the
+//! peer VM's state inside that for VM-to-VM operations (once per burst of
+//! an RC QP). Control threads only ever hold their own VM's lock, and the
+//! peer is always served by the same engine thread (only a VM of the same
+//! tenant is reached, and a tenant's VMs share an engine; [`deliver`]
+//! refuses any other route), so the nesting cannot deadlock.
+
+use std::sync::Arc;
+
+use virtio_rdma_abi::datapath::WcStatus;
+use virtio_rdma_abi::qp::{QpState, QpType};
+
+use super::responder::respond;
+use super::{Request, RespOutcome, RespScratch};
+use crate::ctrl::Ctrl;
+use crate::device::{Locked, RdmaDevice};
+use crate::engine::requester::Outgoing;
+use crate::engine::sge::{check_local, local_range};
+use crate::engine::sweep::Serving;
+use crate::engine::thread::Scratch;
+use crate::engine::Engine;
+use crate::memory::access::Segment;
+use crate::memory::HostMem;
+use crate::tenancy::IsolationCounters;
+
+/// The other VM of an RC QP's burst, locked once for the whole burst.
+pub(in crate::engine) struct Held<'p> {
+    vm: usize,
+    dev: &'p RdmaDevice,
+    ctrl: &'p mut Ctrl,
+    mem: &'p HostMem,
+}
+
+impl Engine {
+    /// Runs a burst of RC QP `h` ([`Engine::burst`]) with the VM of the QP
+    /// it talks to locked for the whole burst; `None` if there is no such
+    /// VM to lock — the same VM, a VM out of reach (never one of another
+    /// tenant: [`deliver`] refuses that route untouched), or a VM gone —
+    /// and the burst runs without.
+    pub(in crate::engine) fn burst_with_peer(
+        &self,
+        cx: &mut Serving<'_>,
+        h: u32,
+        sq_pi: u32,
+        scratch: &mut Scratch,
+    ) -> Option<bool> {
+        let vm_id = cx.vm;
+        let tenancy = &self.shared.tenancy;
+        let (pvm, _) = self.rc_route(cx.ctrl, h).filter(|&(v, _)| {
+            v != vm_id && tenancy.may_reach(vm_id, v) && same_thread(cx.vms, vm_id, v)
+        })?;
+        let dev = cx.vms.get(pvm).and_then(Option::as_ref)?;
+        let done = dev.try_with_dataplane(|pctrl, pmem| {
+            let mut with_peer = Serving {
+                vms: cx.vms,
+                vm: vm_id,
+                ctrl: &mut *cx.ctrl,
+                mem: cx.mem,
+                held: Some(Held {
+                    vm: pvm,
+                    dev,
+                    ctrl: pctrl,
+                    mem: pmem,
+                }),
+            };
+            let did = self.burst(&mut with_peer, h, sq_pi, scratch);
+            if with_peer
+                .held
+                .is_some_and(|held| !held.ctrl.events.is_empty())
+            {
+                dev.wake_events();
+            }
+            did
+        });
+        match done {
+            Locked::Ran(did) => Some(did),
+            // The peer's control path holds its lock: this QP waits for
+            // the next sweep (its messages would only find the lock busy).
+            Locked::Busy => {
+                scratch.contended = true;
+                Some(false)
+            }
+            Locked::Gone => None,
+        }
+    }
+
+    /// Sends message `msg` of QP `h` to its responder and returns the
+    /// outcome, or the requester's error status when the message's local
+    /// buffers fail their checks (keys, rights, bounds).
+    ///
+    /// An RC message finds its responder before a byte of it is
+    /// translated: a message to nowhere (retried forever with `timeout` 0)
+    /// then costs a lookup per try, not its length. Only the part of the
+    /// message this execution moves is translated, into `local`.
+    pub(in crate::engine) fn transmit(
+        &self,
+        cx: &mut Serving<'_>,
+        h: u32,
+        msg: &Outgoing<'_>,
+        local: &mut Vec<Segment>,
+        resp: &mut RespScratch,
+    ) -> Result<RespOutcome, WcStatus> {
+        let (ud, dgid) = (msg.ud, msg.av.dgid);
+        let mut route = if ud {
+            self.rnic.lookup_qpn(msg.dest_qpn)
+        } else {
+            self.rc_route(cx.ctrl, h)
+        };
+        let unreached = if ud {
+            None
+        } else {
+            self.precheck_rc(cx, h, &mut route, dgid)
+        };
+        if let Some(outcome) = unreached {
+            // Nothing is moved, but a message that could not even be
+            // built still fails as such (keys, rights, bounds: a cost in
+            // SGEs, not pages).
+            check_local(cx.ctrl, msg.pd, msg.wr.sges, msg.writes_local)?;
+            return Ok(outcome);
+        }
+        // Every piece resolves only its own part.
+        let sges = msg.wr.sges;
+        local_range(
+            cx.ctrl,
+            msg.pd,
+            sges,
+            msg.writes_local,
+            msg.start,
+            msg.limit,
+            local,
+        )?;
+        let mut req = Request {
+            admitted: !ud,
+            wr: msg.wr,
+            vm: cx.vm,
+            src_qpn: msg.src_qpn,
+            src_gid: cx.ctrl.port_gid(),
+            av: msg.av,
+            local,
+            len: msg.len,
+            part: msg.part,
+            mem: cx.mem,
+            dest_qpn: msg.dest_qpn,
+            qkey: msg.qkey,
+        };
+        let mut outcome = deliver(cx, route, dgid, &req, ud, resp);
+        if matches!(outcome, RespOutcome::Stale) {
+            // The routing hint was stale: resolve the QPN afresh, once.
+            // The number may now belong to another QP of the VM held for
+            // this burst: `deliver` must use that lock, not take it again.
+            let route = self.relookup(cx.ctrl, h, msg.dest_qpn, !ud);
+            req.admitted = false;
+            outcome = deliver(cx, route, dgid, &req, ud, resp);
+        }
+        Ok(outcome)
+    }
+
+    /// Where an RC QP's messages go: (VM, QP handle), from the QP's hint
+    /// when it names the current destination QPN.
+    pub(in crate::engine) fn rc_route(&self, ctrl: &mut Ctrl, h: u32) -> Option<(usize, u32)> {
+        let qp = ctrl.res.qps.get_mut(h)?;
+        let dest = qp.attr.dest_qpn;
+        if let Some((qpn, vm, ph)) = qp.rt.peer {
+            if qpn == dest {
+                return Some((vm, ph));
+            }
+        }
+        let (vm, ph) = self.rnic.lookup_qpn(dest)?;
+        qp.rt.peer = Some((dest, vm, ph));
+        Some((vm, ph))
+    }
+
+    /// Looks destination `dest_qpn` of QP `h` up afresh (its routing hint
+    /// was stale); an RC QP (`hint`) keeps the result as its new hint.
+    pub(in crate::engine) fn relookup(
+        &self,
+        ctrl: &mut Ctrl,
+        h: u32,
+        dest_qpn: u32,
+        hint: bool,
+    ) -> Option<(usize, u32)> {
+        let route = self.rnic.lookup_qpn(dest_qpn);
+        if let Some(q) = ctrl.res.qps.get_mut(h) {
+            q.rt.peer = match route {
+                Some((vm, ph)) if hint => Some((dest_qpn, vm, ph)),
+                _ => None,
+            };
+        }
+        route
+    }
+
+    /// What an RC message of QP `h` finds before anything of it is
+    /// translated: `Some(outcome)` when it cannot be delivered — no QP
+    /// with that number at that GID in reach, or a responder QP that
+    /// takes no message in its state — else `None`, with `route` updated
+    /// if the hint was stale. Only what is known without locking the
+    /// peer is looked at: the same VM, or the VM held for the burst.
+    fn precheck_rc(
+        &self,
+        cx: &mut Serving<'_>,
+        h: u32,
+        route: &mut Option<(usize, u32)>,
+        dgid: [u8; 16],
+    ) -> Option<RespOutcome> {
+        let dest_qpn = cx.ctrl.res.qps.get(h).map(|q| q.attr.dest_qpn)?;
+        for fresh in [false, true] {
+            let (pvm, pqp) = match admit(cx, *route, dgid, false) {
+                Ok(r) => r,
+                Err(outcome) => return Some(outcome),
+            };
+            let verdict = if pvm == cx.vm {
+                responder_takes(cx.ctrl, pqp, dest_qpn)
+            } else {
+                match cx.held.as_ref().filter(|p| p.vm == pvm) {
+                    Some(p) => responder_takes(p.ctrl, pqp, dest_qpn),
+                    None => None,
+                }
+            };
+            match verdict {
+                Some(RespOutcome::Stale) if !fresh => {
+                    *route = self.relookup(cx.ctrl, h, dest_qpn, true);
+                }
+                Some(RespOutcome::Stale) => return Some(RespOutcome::Unreachable),
+                other => return other,
+            }
+        }
+        None
+    }
+}
+
+/// Why [`deliver`] found no responder (which isolation counter moves).
+#[derive(Clone, Copy)]
+enum Unreached {
+    /// No such QPN (at the GID addressed).
+    Unknown,
+    /// A UD message to another tenant.
+    ForeignUd,
+    /// An RC message to another tenant.
+    ForeignRc,
+}
+
+/// Hands `req` to the responder at `route` (VM, QP handle): in the same VM,
+/// in the VM held for the burst, or in another VM locked for this message.
+///
+/// The tenant policy (spec 18.23): QP numbers are a per-tenant namespace.
+/// A route to a VM of another tenant ends here exactly as a QPN that does
+/// not exist — `Unreachable` (UD drops, RC retries) — before anything of
+/// the other VM is looked at; it is counted in the requester's
+/// `foreign_drops` (UD) or `foreign_rc` (RC). A QPN that exists nowhere, or
+/// not at the GID addressed, counts `unknown_qpn`. Counts are per attempt
+/// (each RC retry counts again, as each would be a packet on a wire).
+fn deliver(
+    cx: &mut Serving<'_>,
+    route: Option<(usize, u32)>,
+    dgid: [u8; 16],
+    req: &Request<'_>,
+    ud: bool,
+    resp: &mut RespScratch,
+) -> RespOutcome {
+    // An RC message's route was admitted by `Engine::precheck_rc` already.
+    let admitted = if req.admitted {
+        route.ok_or(RespOutcome::Unreachable)
+    } else {
+        admit(cx, route, dgid, ud)
+    };
+    let (peer_vm, peer_qp) = match admitted {
+        Ok(r) => r,
+        Err(outcome) => return outcome,
+    };
+    if peer_vm == cx.vm {
+        return respond_checked(cx.ctrl, cx.mem, peer_qp, req, ud, resp);
+    }
+    if let Some(p) = cx.held.as_mut().filter(|p| p.vm == peer_vm) {
+        if p.ctrl.port_gid() != dgid {
+            return RespOutcome::Unreachable;
+        }
+        let out = respond_checked(p.ctrl, p.mem, peer_qp, req, ud, resp);
+        if !p.ctrl.events.is_empty() {
+            p.dev.wake_events();
+        }
+        return out;
+    }
+    let Some(peer) = cx.vms.get(peer_vm).and_then(Option::as_ref) else {
+        return RespOutcome::Unreachable;
+    };
+    let ran = peer.try_with_dataplane(|pctrl, pmem| {
+        if pctrl.port_gid() != dgid {
+            return RespOutcome::Unreachable;
+        }
+        let out = respond_checked(pctrl, pmem, peer_qp, req, ud, resp);
+        if !pctrl.events.is_empty() {
+            peer.wake_events();
+        }
+        out
+    });
+    match ran {
+        Locked::Ran(out) => out,
+        Locked::Busy => RespOutcome::Busy,
+        Locked::Gone => RespOutcome::Unreachable,
+    }
+}
+
+/// The checks of [`deliver`] that need no lock of the other VM: the route
+/// (VM, QP handle) of a message to `dgid`, or the outcome (`Unreachable`,
+/// counted in the requester's isolation counters) when there is none in
+/// reach (see [`deliver`] for the tenant policy).
+fn admit(
+    cx: &Serving<'_>,
+    route: Option<(usize, u32)>,
+    dgid: [u8; 16],
+    ud: bool,
+) -> Result<(usize, u32), RespOutcome> {
+    let (vms, vm_id, ctrl) = (cx.vms, cx.vm, &*cx.ctrl);
+    let count = |which: Unreached| {
+        if let Some(c) = ctrl.tenancy().counters(vm_id) {
+            IsolationCounters::bump(match which {
+                Unreached::Unknown => &c.unknown_qpn,
+                Unreached::ForeignUd => &c.foreign_drops,
+                Unreached::ForeignRc => &c.foreign_rc,
+            });
+        }
+        Err(RespOutcome::Unreachable)
+    };
+    let unknown = Unreached::Unknown;
+    let Some((peer_vm, peer_qp)) = route else {
+        return count(unknown);
+    };
+    if peer_vm == vm_id {
+        if ctrl.port_gid() != dgid {
+            return count(unknown);
+        }
+        return Ok((peer_vm, peer_qp));
+    }
+    if !ctrl.tenancy().may_reach(vm_id, peer_vm) {
+        return count(if ud {
+            Unreached::ForeignUd
+        } else {
+            Unreached::ForeignRc
+        });
+    }
+    // Never lock a VM of another engine thread (see the module
+    // documentation). A tenant's VMs share a thread, so this only guards
+    // that invariant.
+    if !same_thread(vms, vm_id, peer_vm) {
+        return count(unknown);
+    }
+    // The peer's GID, from the tenancy table: no need to lock the peer to
+    // learn that the address is wrong.
+    if ctrl.tenancy().vm(peer_vm).map(|v| v.gid) != Some(dgid) {
+        return count(unknown);
+    }
+    // A stopped device takes no message (spec 15.1); checked again under
+    // its lock.
+    if !vms
+        .get(peer_vm)
+        .and_then(Option::as_ref)
+        .is_some_and(|d| d.running())
+    {
+        return Err(RespOutcome::Unreachable);
+    }
+    Ok((peer_vm, peer_qp))
+}
+
+/// Whether RC QP `qp` of `ctrl` takes a message addressed to `qpn` now:
+/// `None` if it does, else what the requester gets (`Stale`: the handle
+/// no longer has that number; `Unreachable`: a state that takes none).
+fn responder_takes(ctrl: &Ctrl, qp: u32, qpn: u32) -> Option<RespOutcome> {
+    if !ctrl.running() {
+        return Some(RespOutcome::Unreachable);
+    }
+    let Some(q) = ctrl.res.qps.get(qp).filter(|q| q.qpn == qpn) else {
+        return Some(RespOutcome::Stale);
+    };
+    let takes =
+        q.qp_type == QpType::RC && matches!(q.state, QpState::RTR | QpState::RTS | QpState::SQD);
+    (!takes).then_some(RespOutcome::Unreachable)
+}
+
+/// Whether VMs `a` and `b` are served by the same engine thread.
+fn same_thread(vms: &[Option<Arc<RdmaDevice>>], a: usize, b: usize) -> bool {
+    let thread = |v: usize| {
+        vms.get(v)
+            .and_then(Option::as_ref)
+            .map(|d| d.engine_index())
+    };
+    thread(a).is_some() && thread(a) == thread(b)
+}
+
+/// Hands `req` to responder QP `peer_qp` of `ctrl` if that QP takes it:
+/// its VM running, the QP still numbered `req.dest_qpn` (else `Stale`),
+/// and of the message's type — for UD with the message's Q_Key, else the
+/// message is dropped.
+fn respond_checked(
+    ctrl: &mut Ctrl,
+    mem: &HostMem,
+    peer_qp: u32,
+    req: &Request<'_>,
+    ud: bool,
+    resp: &mut RespScratch,
+) -> RespOutcome {
+    if !ctrl.running() {
+        // Stopped: no QP answers, as on a wire to a halted host.
+        return if ud {
+            RespOutcome::Dropped
+        } else {
+            RespOutcome::Unreachable
+        };
+    }
+    let Some(q) = ctrl.res.qps.get(peer_qp) else {
+        return RespOutcome::Stale;
+    };
+    if q.qpn != req.dest_qpn {
+        return RespOutcome::Stale;
+    }
+    if ud {
+        if q.qp_type != QpType::UD || q.attr.qkey != req.qkey {
+            return RespOutcome::Dropped;
+        }
+    } else if q.qp_type != QpType::RC {
+        return RespOutcome::Unreachable;
+    }
+    respond(ctrl, mem, peer_qp, req, resp)
+}

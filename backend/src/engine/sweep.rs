@@ -1,0 +1,270 @@
+//! One sweep of an engine thread: it reads every VM's doorbells, then
+//! serves the VMs with work in one round of deficit round robin, a burst
+//! per QP with work; and the parking re-check, which visits every QP of
+//! every VM through the VMs' own tables.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use virtio_rdma_abi::event::EventKind;
+use virtio_rdma_abi::qp::QpState;
+
+use virtio_rdma_abi::datapath::QpDoorbell;
+
+use super::doorbell::{self, load_pi};
+use super::flush::{drained, flush};
+use super::poll::{refresh, DbList};
+use super::sched::{cost_of, Drr, Turn};
+use super::soft::route::Held;
+use super::thread::Scratch;
+use super::Engine;
+use crate::ctrl::Ctrl;
+use crate::device::{Locked, RdmaDevice};
+use crate::memory::HostMem;
+
+/// A VM a sweep is serving, under its lock: what serving its QPs needs.
+pub(super) struct Serving<'a> {
+    /// Every VM of the daemon, by id (a message's peer is looked up here).
+    pub(super) vms: &'a [Option<Arc<RdmaDevice>>],
+    /// The VM's id.
+    pub(super) vm: usize,
+    /// Its objects.
+    pub(super) ctrl: &'a mut Ctrl,
+    /// Its memory.
+    pub(super) mem: &'a HostMem,
+    /// The peer VM an RC QP's burst holds locked with it (`soft::route`).
+    pub(super) held: Option<Held<'a>>,
+}
+
+impl Engine {
+    /// One sweep: reads every VM's doorbells, then serves the VMs with
+    /// work in one round of deficit round robin (a VM that a rate limit
+    /// holds back is skipped without being locked until its tokens are
+    /// due); true if any work was done.
+    pub(super) fn sweep(
+        &self,
+        vms: &[Option<Arc<RdmaDevice>>],
+        lists: &mut [DbList],
+        scratch: &mut Scratch,
+        drr: &mut Drr,
+        active: &mut Vec<usize>,
+    ) -> bool {
+        active.clear();
+        scratch.pieces.next_sweep();
+        // The clock is read only when some VM is held back.
+        let mut now = None;
+        for (k, list) in lists.iter_mut().enumerate() {
+            list.refresh_if_changed(scratch);
+            if !list.pending() && !list.scan() {
+                drr.idle(k);
+                continue;
+            }
+            if let Some(until) = scratch.limits.blocked_until(list.dev.id()) {
+                if *now.get_or_insert_with(Instant::now) < until {
+                    scratch.timer(until);
+                    continue;
+                }
+            }
+            active.push(k);
+            scratch.pieces.note_active(k);
+        }
+        drr.round(active, |drr, turn| {
+            let Some(list) = lists.get_mut(turn.vm) else {
+                return false;
+            };
+            // Later passes of a turn look at the doorbells again once the
+            // last scan's QPs are served.
+            if !turn.first && !list.pending() && !list.scan() {
+                return false;
+            }
+            self.pass(vms, list, scratch, drr, turn)
+        })
+    }
+
+    /// One pass over the QPs of a VM that showed work in the last scan, a
+    /// burst each, starting where the last pass stopped. Each burst's cost
+    /// ([`super::sched::cost_of`] its work requests and bytes) is charged to the
+    /// VM's deficit; the pass ends when the deficit runs out.
+    fn pass(
+        &self,
+        vms: &[Option<Arc<RdmaDevice>>],
+        list: &mut DbList,
+        scratch: &mut Scratch,
+        drr: &mut Drr,
+        turn: Turn,
+    ) -> bool {
+        let dev = list.dev.clone();
+        let vm_id = dev.id();
+        let DbList {
+            qps, work, next, ..
+        } = list;
+        scratch.pieces.serve(turn.vm);
+        let done = work_on(&dev, |ctrl, mem| {
+            let mut did = false;
+            if !ctrl.running() {
+                // Stopped since the scan (checked under the lock).
+                work.clear();
+                *next = 0;
+                return false;
+            }
+            let mut cx = Serving {
+                vms,
+                vm: vm_id,
+                ctrl,
+                mem,
+                held: None,
+            };
+            while let Some(&i) = work.get(*next) {
+                *next = next.saturating_add(1);
+                let Some(e) = qps.get_mut(i) else {
+                    continue;
+                };
+                scratch.executed = (0, 0);
+                let busy = self.service_qp(&mut cx, e.handle, scratch);
+                did |= busy;
+                refresh(e, cx.ctrl, cx.mem);
+                // Work that executed no WQE (a flush, a failed QP) still
+                // costs one work request, so every turn ends.
+                let (wqes, bytes) = scratch.executed;
+                let wqes = if busy { u64::from(wqes.max(1)) } else { 0 };
+                if !drr.charge(turn.vm, cost_of(wqes, bytes)) {
+                    break;
+                }
+            }
+            did
+        });
+        done.unwrap_or_else(|| {
+            scratch.contended = true;
+            false
+        })
+    }
+
+    /// One pass over every QP of every VM through the VMs' tables (the
+    /// re-check of the parking protocol); true if any work was done.
+    /// Also finds the earliest retry deadline ([`Scratch::next_timer`]).
+    pub(super) fn sweep_all(
+        &self,
+        vms: &[Option<Arc<RdmaDevice>>],
+        lists: &[DbList],
+        scratch: &mut Scratch,
+    ) -> bool {
+        scratch.next_timer = None;
+        let mut busy = false;
+        // The VMs of the polling lists, by their position there, so a WRITE
+        // posted just before the engine parks is split as in a sweep.
+        for (k, list) in lists.iter().enumerate() {
+            let vm = &list.dev;
+            scratch.pieces.serve(k);
+            let done = work_on(vm, |ctrl, mem| {
+                if !ctrl.running() {
+                    return false;
+                }
+                let mut handles = std::mem::take(&mut scratch.handles);
+                ctrl.res.qps.fill_handles(&mut handles);
+                let mut did = false;
+                let mut cx = Serving {
+                    vms,
+                    vm: vm.id(),
+                    ctrl,
+                    mem,
+                    held: None,
+                };
+                for &h in handles.iter() {
+                    did |= self.service_qp(&mut cx, h, scratch);
+                }
+                scratch.handles = handles;
+                did
+            });
+            match done {
+                Some(did) => busy |= did,
+                None => scratch.contended = true,
+            }
+        }
+        busy
+    }
+
+    /// Takes send work of one QP, or flushes it in the error state.
+    fn service_qp(&self, cx: &mut Serving<'_>, h: u32, scratch: &mut Scratch) -> bool {
+        let (vm_id, mem) = (cx.vm, cx.mem);
+        let Some(qp) = cx.ctrl.res.qps.get_mut(h) else {
+            return false;
+        };
+        let Some(sq_pi) = load_pi(mem, qp.db_gpa, qp.db_slot.as_ref(), doorbell::SQ) else {
+            // The record left guest RAM (spec 18.18): a QP whose send
+            // queue the device reads fails; in other states nothing reads
+            // it (and in ERR nothing of the queue can be trusted).
+            if matches!(qp.state, QpState::RTS | QpState::SQD) {
+                cx.ctrl.qp_enter_err(h, Some(EventKind::QP_FATAL));
+                return true;
+            }
+            return false;
+        };
+        match qp.state {
+            QpState::RESET => {
+                // Nothing posted in RESET is ever executed.
+                let rq_pi = load_pi(mem, qp.db_gpa, qp.db_slot.as_ref(), doorbell::RQ)
+                    .unwrap_or(qp.rt.rq_ci);
+                let changed = qp.rt.sq_ci != sq_pi || qp.rt.rq_ci != rq_pi;
+                qp.rt.sq_ci = sq_pi;
+                qp.rt.rq_ci = if qp.srq == 0 { rq_pi } else { qp.rt.rq_ci };
+                qp.rt.wait = None;
+                qp.rt.partial = None;
+                if changed {
+                    let _ = doorbell::store(mem, qp.db_gpa, QpDoorbell::SQ_CI, qp.rt.sq_ci);
+                    let _ = doorbell::store(mem, qp.db_gpa, QpDoorbell::RQ_CI, qp.rt.rq_ci);
+                }
+                false
+            }
+            QpState::ERR => {
+                // At most a burst's worth of WQEs per service, each charged
+                // as a work request: a guest re-arms the flush for free by
+                // bumping its producer index, without a control command.
+                if scratch.limits.limited(vm_id) {
+                    let traffic = self.shared.tenancy.traffic(vm_id);
+                    if let Some(at) = scratch.limits.admit(vm_id, Instant::now(), traffic) {
+                        scratch.timer(at);
+                        return false;
+                    }
+                }
+                let (max, _) = scratch.limits.grain(vm_id);
+                let n = flush(cx.ctrl, mem, h, sq_pi, &mut scratch.wqe, max);
+                scratch.executed.0 = scratch.executed.0.saturating_add(n);
+                scratch.limits.charge_ops(vm_id, u64::from(n));
+                n > 0
+            }
+            // In SQD only the head WQE already started goes on (spec 13.3).
+            QpState::RTS => self.run_sq(cx, h, sq_pi, scratch),
+            QpState::SQD if qp.rt.in_flight() => {
+                let did = self.run_sq(cx, h, sq_pi, scratch);
+                drained(cx.ctrl, h);
+                did
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Runs `f` on a VM's objects and memory under its lock and hands the
+/// events it queued to the VM's event worker; returns what `f` returned
+/// (false while no VMM is connected).
+///
+/// The lock is only tried: while the VM's control path holds it, `f` does
+/// not run (false), and the VM's work waits for the next sweep rather
+/// than every VM of the thread waiting for its command.
+/// `None` if the lock was busy.
+fn work_on(dev: &RdmaDevice, f: impl FnOnce(&mut Ctrl, &HostMem) -> bool) -> Option<bool> {
+    let ran = dev.try_with_dataplane(|ctrl, mem| {
+        let before = ctrl.events.len();
+        let did = f(ctrl, mem);
+        (did, ctrl.events.len() != before)
+    });
+    let (did, events) = match ran {
+        Locked::Ran(r) => r,
+        Locked::Busy => return None,
+        Locked::Gone => return Some(false),
+    };
+    if events {
+        dev.wake_events();
+    }
+    Some(did)
+}

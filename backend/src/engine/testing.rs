@@ -1,0 +1,74 @@
+//! Fixtures of the engine's unit tests.
+
+use virtio_rdma_abi::datapath::{SendWqe, WrOpcode};
+use virtio_rdma_abi::mem::{qp_buffer_layout, BufferDesc, PageListMode};
+use virtio_rdma_abi::qp::{QpAttr, QpState, QpType};
+use vm_memory::{GuestAddress, GuestMemoryMmap};
+
+use crate::memory::pagelist::PageListLimits;
+use crate::memory::{PageList, RamMap};
+use crate::resources::{Qp, QpRuntime};
+
+use super::wqe::SendWr;
+
+/// A QP of type `qp_type` in RTS with default attributes, its one-page
+/// ring at guest address 0 of a 64 KiB guest (nothing here reads it).
+pub(super) fn qp(qp_type: QpType) -> Qp {
+    let mem =
+        GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x1_0000)]).expect("guest memory");
+    let ram = RamMap::from_guest_memory(&mem);
+    let desc = BufferDesc {
+        addr: 0,
+        npages: 1,
+        first_page_offset: 0,
+        page_shift: 12,
+        mode: PageListMode::INLINE as u32,
+    };
+    let limits = PageListLimits {
+        max_pages: 1,
+        max_inline: 1,
+        page_size_cap: 1 << 12,
+        max_list_bytes: u64::MAX,
+    };
+    let ring = PageList::resolve(&desc, &0u64.to_le_bytes(), &limits, &ram, &mem)
+        .expect("a one-page ring");
+    Qp {
+        pd: 1,
+        ctx: 1,
+        qp_type,
+        send_cq: 1,
+        recv_cq: 1,
+        srq: 0,
+        flags: 0,
+        qpn: 0x11,
+        sq_depth: 16,
+        rq_depth: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+        layout: qp_buffer_layout(16, 16, 1, 1, 0, 12),
+        db_gpa: 0x1000,
+        db_slot: None,
+        ring,
+        state: QpState::RTS,
+        attr: QpAttr::default(),
+        rt: QpRuntime::default(),
+    }
+}
+
+/// A send work request `opcode` with `inline` data or no SGE, `wr_id` 9,
+/// `rkey` 0x55 and `remote_addr` 0x1000.
+pub(super) fn send_wr(opcode: WrOpcode, inline: Option<&[u8]>) -> SendWr<'_> {
+    let hdr = SendWqe {
+        wr_id: 9,
+        rkey: 0x55,
+        remote_addr: 0x1000,
+        ..SendWqe::default()
+    };
+    SendWr {
+        hdr,
+        opcode,
+        sges: &[],
+        inline,
+    }
+}

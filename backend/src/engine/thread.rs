@@ -1,0 +1,311 @@
+//! An engine thread: its loop, its parking and its scratch memory.
+//!
+//! A thread polls the producer indices of its VMs' doorbells while there is
+//! work, and once it has been idle for a while it parks: it sets
+//! `DB_FLAG_KICK` in every doorbell, re-checks once, and sleeps until a
+//! driver notifies the notification queue or the control path changes
+//! something (spec chapter 18). While it has been busy for a while it sets
+//! `DB_FLAG_POLLING` instead, so that drivers publish without a fence;
+//! before parking it then clears that flag and waits for a system-wide
+//! barrier ([`super::barrier`]) before it asks for kicks.
+
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use log::warn;
+use virtio_rdma_abi::datapath::{DB_FLAG_KICK, DB_FLAG_POLLING};
+
+use super::barrier;
+use super::poll::{set_flags, DbList};
+use super::sched::{Drr, Limits};
+use super::soft::pieces::Pieces;
+use super::soft::RespScratch;
+use super::wqe::WqeBuf;
+use super::Engine;
+use crate::device::RdmaDevice;
+use crate::memory::access::Segment;
+use crate::qos::DEFAULT_WEIGHT;
+use crate::stats::TrafficCounters;
+
+/// How long the engine keeps polling after its last piece of work.
+pub const POLL_WINDOW: Duration = Duration::from_micros(200);
+
+/// For this long after its last piece of work the engine spins without
+/// yielding its CPU (a `sched_yield` costs more than a whole work request).
+const SPIN_WINDOW: Duration = Duration::from_micros(20);
+
+/// Longest sleep while parked. Retry timers (spec 18.20) shorten the
+/// sleep to their deadline, so parking never delays them.
+const MAX_PARK: Duration = Duration::from_millis(50);
+
+/// After this long awake with work the engine sets `DB_FLAG_POLLING`: a
+/// stream of work, not one request after a sleep. Short bursts do not pay
+/// for the barrier the flag costs at the next park.
+const PROMOTE_AFTER: Duration = Duration::from_millis(1);
+
+/// Reusable memory of the engine thread (no allocation per work request).
+pub(super) struct Scratch {
+    pub(super) wqe: Box<WqeBuf>,
+    pub(super) local: Vec<Segment>,
+    pub(super) resp: RespScratch,
+    pub(super) handles: Vec<u32>,
+    /// The earliest end of a send WQE's retry wait or of a rate limit's
+    /// hold seen since it was last cleared (the parking re-check clears it
+    /// and visits every QP).
+    pub(super) next_timer: Option<Instant>,
+    /// Rate limits (token buckets) of every VM and tenant.
+    pub(super) limits: Limits,
+    /// Payload bytes the last executed WQE moved (0 if it failed).
+    pub(super) moved: u64,
+    /// Work requests and bytes the current burst executed.
+    pub(super) executed: (u32, u64),
+    /// How large the pieces of the VM being served are.
+    pub(super) pieces: Pieces,
+    /// A VM's lock was busy since this was last cleared, so there may be
+    /// work the engine could not look at: it must not park on it.
+    pub(super) contended: bool,
+}
+
+impl Scratch {
+    pub(super) fn new() -> Self {
+        Scratch {
+            wqe: WqeBuf::new(),
+            local: Vec::with_capacity(64),
+            resp: RespScratch::new(),
+            handles: Vec::new(),
+            next_timer: None,
+            limits: Limits::default(),
+            moved: 0,
+            executed: (0, 0),
+            pieces: Pieces::new(),
+            contended: false,
+        }
+    }
+
+    /// Notes a retry deadline.
+    pub(super) fn timer(&mut self, at: Instant) {
+        self.next_timer = Some(self.next_timer.map_or(at, |t| t.min(at)));
+    }
+}
+
+/// Whether the thread's doorbells may carry `DB_FLAG_POLLING`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Polling {
+    /// None does: drivers fence.
+    Off,
+    /// They may: drivers that saw it did not fence.
+    On,
+    /// Cleared everywhere; the barrier with this ticket makes the stores
+    /// of drivers that saw it before visible.
+    Draining(u64),
+}
+
+impl Engine {
+    /// Writes `flags` (0, `DB_FLAG_POLLING` or `DB_FLAG_KICK`) into every
+    /// doorbell of the VMs of `lists`; false if a VM's lock was busy, so
+    /// its doorbells may keep the old value. The shared value changes
+    /// first: a queue created under a VM's lock either sees it, or is
+    /// covered by the loop (which takes that lock after).
+    pub(super) fn publish_flags(&self, lists: &[DbList], flags: u32) -> bool {
+        self.db_flags.store(flags, Ordering::SeqCst);
+        set_flags(lists, flags)
+    }
+
+    pub(super) fn run(&self) {
+        let mut last_work = Instant::now();
+        let mut idle_sweeps = 0u64;
+        let mut seen = usize::MAX;
+        let mut vms: Vec<Option<Arc<RdmaDevice>>> = Vec::new();
+        let mut lists: Vec<DbList> = Vec::new();
+        let mut scratch = Scratch::new();
+        let mut drr = Drr::default();
+        // The QoS generation and VM list the weights in `drr` are from.
+        let mut weights_seen = None;
+        let mut active = Vec::new();
+        // Just back from parking, no work found since.
+        let mut woke = false;
+        // Since when the thread has been awake (for `PROMOTE_AFTER`).
+        let mut awake_since = Instant::now();
+        let barrier = if self.fence_elision {
+            barrier::SystemBarrier::get()
+        } else {
+            None
+        };
+        let mut polling = Polling::Off;
+        while !self.stop.load(Ordering::Acquire) {
+            if self.hold.load(Ordering::Acquire) {
+                self.held.store(true, Ordering::Release);
+                thread::sleep(Duration::from_micros(200));
+                continue;
+            }
+            self.held.store(false, Ordering::Release);
+            let generation = self.registry.generation.load(Ordering::Acquire);
+            if generation != seen {
+                // Every VM (peers are looked up by id), but the polling
+                // lists only of the VMs this thread serves.
+                vms = self.registry.all_vms();
+                lists = vms
+                    .iter()
+                    .flatten()
+                    .filter(|d| self.serves(d.id()))
+                    .cloned()
+                    .map(DbList::new)
+                    .collect();
+                seen = generation;
+            }
+            // QoS changes apply at the next sweep (one atomic load each).
+            let qos = &self.shared.qos;
+            let qos_gen = qos.generation();
+            scratch.limits.refresh(qos, &self.shared.tenancy);
+            if weights_seen != Some((qos_gen, seen)) {
+                weights_seen = Some((qos_gen, seen));
+                drr = Drr::default();
+                drr.resize(lists.len());
+                for (k, list) in lists.iter().enumerate() {
+                    let id = list.dev.id();
+                    let w = qos.vm(id).map_or(DEFAULT_WEIGHT, |s| s.weight);
+                    drr.set_weight(k, w);
+                    if let Some(t) = self.shared.tenancy.tenant_of(id) {
+                        let tw = qos.tenant(t).map_or(DEFAULT_WEIGHT, |s| s.weight);
+                        drr.set_group(k, t, tw);
+                    }
+                }
+                // Both were read after `qos_gen` was: everything up to it
+                // is now enforced.
+                self.qos_applied.store(qos_gen, Ordering::Release);
+            }
+            if self.sweep(&vms, &mut lists, &mut scratch, &mut drr, &mut active) {
+                idle_sweeps = 0;
+                woke = false;
+                // Not while a drain is pending: work that comes and goes
+                // faster than a barrier would otherwise keep the engine
+                // from ever parking. A finished drain leaves every flag
+                // clear.
+                if let (Polling::Draining(t), Some(b)) = (polling, barrier) {
+                    if b.passed(t) {
+                        polling = Polling::Off;
+                    }
+                }
+                if polling == Polling::Off
+                    && barrier.is_some()
+                    && awake_since.elapsed() >= PROMOTE_AFTER
+                {
+                    self.publish_flags(&lists, DB_FLAG_POLLING);
+                    polling = Polling::On;
+                }
+                continue;
+            }
+            // Polling pays off after work, when more tends to follow. A wake
+            // that found none (a control command, a QoS change, a timer)
+            // parks again at once: spinning then would only take the CPU
+            // from the control workers, O(QPs) per sweep.
+            if !std::mem::take(&mut woke) {
+                if idle_sweeps == 0 {
+                    last_work = Instant::now();
+                }
+                // Only looked at modulo 32 (and 0 restarts the idle
+                // clock): wrapping after 2^64 sweeps is harmless.
+                idle_sweeps = idle_sweeps.wrapping_add(1);
+                // Reading the clock costs as much as a sweep of a few QPs:
+                // only every so often while spinning.
+                if idle_sweeps % 32 != 0 {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                let idle = last_work.elapsed();
+                if idle < SPIN_WINDOW {
+                    continue;
+                }
+                if idle < POLL_WINDOW {
+                    thread::yield_now();
+                    continue;
+                }
+            }
+            // Drivers that saw DB_FLAG_POLLING did not fence: clear it, and
+            // poll on until a system-wide barrier has made their stores
+            // visible (spec 18.6).
+            match (polling, barrier) {
+                (Polling::On, Some(b)) => {
+                    if self.publish_flags(&lists, 0) {
+                        polling = Polling::Draining(b.request());
+                    }
+                    thread::yield_now();
+                    continue;
+                }
+                (Polling::Draining(ticket), Some(b)) if !b.passed(ticket) => {
+                    thread::yield_now();
+                    continue;
+                }
+                _ => polling = Polling::Off,
+            }
+            // Park: ask for kicks, then look once more — through the VMs'
+            // own tables, not the polling lists — so that a doorbell rung
+            // before the flag became visible is not missed.
+            let armed = self.publish_flags(&lists, DB_FLAG_KICK);
+            fence(Ordering::SeqCst);
+            scratch.contended = false;
+            let found = self.sweep_all(&vms, &lists, &mut scratch);
+            if found || !armed || std::mem::take(&mut scratch.contended) {
+                // Work, or a VM whose lock was busy (its records may lack
+                // the flag, and the re-check skipped it): poll on.
+                self.publish_flags(&lists, 0);
+                idle_sweeps = 0;
+                if !found {
+                    thread::yield_now();
+                }
+                continue;
+            }
+            TrafficCounters::add_single_writer(&self.counters.parks, 1);
+            self.park(scratch.next_timer);
+            self.publish_flags(&lists, 0);
+            idle_sweeps = 0;
+            woke = true;
+            awake_since = Instant::now();
+        }
+    }
+
+    /// Sleeps until woken, [`MAX_PARK`] passes, or `timer` (the earliest
+    /// retry deadline) arrives.
+    fn park(&self, timer: Option<Instant>) {
+        let mut sleep = MAX_PARK;
+        if let Some(at) = timer {
+            sleep = sleep.min(at.saturating_duration_since(Instant::now()));
+        }
+        let mut pfd = libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(&self.wake),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // Nanosecond resolution: retry waits can be a few microseconds.
+        let ts = libc::timespec {
+            tv_sec: libc::time_t::try_from(sleep.as_secs()).unwrap_or(libc::time_t::MAX),
+            tv_nsec: libc::c_long::from(sleep.subsec_nanos()),
+        };
+        // SAFETY: `pfd` and `ts` are valid for the duration of the call, the
+        // count is 1 and a null signal mask leaves the mask unchanged.
+        let _ = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+        let _ = self.wake.read();
+    }
+}
+
+/// Pins the calling thread to `cpu` (logs and carries on if it cannot).
+pub(super) fn pin_to(cpu: usize) {
+    // SAFETY: `cpu_set_t` is plain data for which all-zero is a valid
+    // (empty) set; CPU_SET writes inside it (it ignores indices past its
+    // size) and sched_setaffinity only reads `size_of` bytes of it.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc != 0 {
+        warn!(
+            "cannot pin the engine to CPU {cpu}: {}",
+            std::io::Error::last_os_error()
+        );
+    } else {
+        log::info!("engine pinned to CPU {cpu}");
+    }
+}
