@@ -3,8 +3,7 @@
 //! When a VMM disconnects, everything
 //! its VM held is released and the socket accepts the next connection.
 
-use std::os::fd::AsRawFd;
-use std::os::unix::net::UnixStream;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -76,6 +75,10 @@ pub struct VmStats {
 
 struct VmSlot {
     path: PathBuf,
+    /// A second descriptor of the listening socket: `shutdown(2)` on it
+    /// wakes the serving thread's `accept()` at shutdown, also when the
+    /// socket's path is gone (connecting to it would then fail).
+    listen_wake: OwnedFd,
     device: Arc<RdmaDevice>,
     shutdown: Mutex<Option<ShutdownHandle>>,
     connected: AtomicBool,
@@ -268,8 +271,14 @@ impl Daemon {
                 path: path.clone(),
                 source,
             })?;
+            // SAFETY: `listener` owns this descriptor and outlives the call,
+            // which duplicates it.
+            let listen_wake = unsafe { BorrowedFd::borrow_raw(listener.as_raw_fd()) }
+                .try_clone_to_owned()
+                .map_err(ServerError::Spawn)?;
             let slot = Arc::new(VmSlot {
                 path: path.clone(),
+                listen_wake,
                 device: Arc::new(
                     RdmaDevice::new(
                         vm.limits,
@@ -418,8 +427,11 @@ impl Daemon {
             if let Some(h) = lock(&slot.shutdown).take() {
                 h.shutdown();
             }
-            // Wake a thread blocked in accept(); it then sees the stop flag.
-            let _ = UnixStream::connect(&slot.path);
+            // Wake a thread blocked in accept() (Linux fails it with
+            // EINVAL); it then sees the stop flag.
+            // SAFETY: a valid descriptor the slot owns; shutdown(2) changes
+            // no memory.
+            let _ = unsafe { libc::shutdown(slot.listen_wake.as_raw_fd(), libc::SHUT_RDWR) };
         }
         for t in self.threads {
             let _ = t.join();
@@ -441,6 +453,10 @@ impl ServeCtx {
     fn serve(self, mut listener: Listener) {
         while !self.stop.load(Ordering::Acquire) {
             if let Err(e) = self.serve_one(&mut listener) {
+                if self.stop.load(Ordering::Acquire) {
+                    // accept() woken for the shutdown.
+                    break;
+                }
                 error!("VM {}: {e}", self.index);
                 // Avoid a hot loop if accept keeps failing.
                 thread::sleep(Duration::from_millis(100));

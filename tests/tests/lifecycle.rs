@@ -514,3 +514,22 @@ fn queue_depths_are_reported() {
     assert_eq!((q.recv_wqes, q.send_wqes, q.srq_wqes), (5, 0, 0), "{q:?}");
     assert_eq!(d.stats(0).device.queues.recv_wqes, 0);
 }
+
+/// Shutdown ends even when the socket's path was removed under the daemon:
+/// the serving threads' `accept()` is woken through the listening socket
+/// itself, not by connecting to its path (which then fails). It used to
+/// hang, and the daemon with it after SIGTERM.
+#[test]
+fn shutdown_after_the_socket_path_was_removed() {
+    let d = TestDaemon::start(2).unwrap();
+    std::fs::remove_file(d.socket(0)).unwrap();
+    std::fs::remove_file(d.socket(1)).unwrap();
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(d);
+        let _ = done.send(());
+    });
+    finished
+        .recv_timeout(Duration::from_secs(10))
+        .expect("shutdown still running after 10 s");
+}
