@@ -74,7 +74,9 @@ pub mod shmem;
 pub mod snapshot;
 pub mod stats;
 pub mod tenancy;
+pub mod view;
 pub mod vring;
 
 pub use config::{DaemonConfig, Limits};
-pub use server::{Daemon, DaemonView, VmStats};
+pub use server::Daemon;
+pub use view::{DaemonView, VmStats};
