@@ -1,26 +1,46 @@
 //! vhost-user-rdma: a vhost-user daemon that gives virtual machines an RDMA
 //! device (virtio-rdma, device ID 42).
 //!
-//! Layout:
-//! - [`config`]: limits and daemon configuration;
-//! - [`server`]: one listener thread per vhost-user socket (one VM each);
-//! - [`device`]: the `VhostUserBackend` implementation (queues, config space);
-//! - [`ctrl`]: the control-verb dispatcher;
-//! - [`engine`]: the data path: engine threads, doorbell polling, the
-//!   requester, completions, QoS, and the software RNIC's transport;
-//! - [`resources`]: per-VM objects, handles and the QP state machine;
-//! - [`memory`]: guest RAM map and page-list translation;
-//! - [`events`]: the asynchronous event queue;
+//! Layout, one line per module (what it owns), by layer:
+//!
+//! Daemon and configuration
+//! - [`config`]: the daemon configuration and per-VM [`Limits`];
+//! - [`config_file`]: the TOML configuration file, errors with file:line;
+//! - [`server`]: [`Daemon`], one listener thread per VM socket;
+//! - [`view`]: [`DaemonView`] and [`VmStats`], what the operator interfaces
+//!   see of a running daemon.
+//!
+//! vhost-user shell
+//! - [`device`]: the `VhostUserBackend` (queues, config space, features),
+//!   the control-queue worker and event delivery;
+//! - [`vring`]: the virtqueue type (a kick read that survives restarts);
 //! - [`restart`]: telling a paused device from a reset one;
-//! - [`rnic`]: the host RNIC engines (built-in software RNIC);
-//! - [`tenancy`]: tenants, VMs' GIDs and the isolation policy;
-//! - [`qos`]: rate limits and weights, changeable at run time;
+//! - [`shmem`]: the shared-memory doorbell region (one page per context).
+//!
+//! VM model and control path
+//! - [`ctrl`]: the control-verb dispatcher, one file per object family;
+//! - [`resources`]: per-VM objects, handle tables, the QP state machine;
+//! - [`memory`]: the guest RAM map, page-list translation, guest access;
+//! - [`events`]: the asynchronous event queue;
+//! - [`keys`]: unpredictable lkeys, rkeys, QP numbers and GUIDs.
+//!
+//! Data path
+//! - [`engine`]: engine threads, doorbell polling, the requester, the
+//!   completer, flush, QoS scheduling, and (`engine/soft`) the software
+//!   RNIC's transport; its `mod.rs` lists its files;
+//! - [`rnic`]: the host RNIC behind the engine (QP number directory, caps).
+//!
+//! Policy
+//! - [`tenancy`]: tenants, VMs' GIDs and the isolation counters;
+//! - [`qos`]: the live table of weights and rate limits.
+//!
+//! Operations
 //! - [`stats`]: per-VM traffic counters and latency histograms;
 //! - [`snapshot`]: per-VM snapshots and per-tenant sums for reporting;
-//! - [`mgmt`]: the management socket (JSON API) and its client;
+//! - [`mgmt`]: the management socket (JSON API) and its `ctl` client;
 //! - [`metrics`]: Prometheus metrics over HTTP;
-//! - [`logging`]: text or JSON log lines;
-//! - [`vring`]: the virtqueue type (a kick read that survives queue restarts).
+//! - [`conn_pool`]: the capped thread-per-connection pool of both;
+//! - [`logging`]: text or JSON log lines naming the VM and tenant.
 
 // The guest-facing modules, `ctrl`, `engine`, `memory`, `resources` and
 // `shmem` (and the whole `virtio-rdma-abi` crate), each carry the `deny`
@@ -74,7 +94,9 @@ pub mod shmem;
 pub mod snapshot;
 pub mod stats;
 pub mod tenancy;
+pub mod view;
 pub mod vring;
 
 pub use config::{DaemonConfig, Limits};
-pub use server::{Daemon, DaemonView, VmStats};
+pub use server::Daemon;
+pub use view::{DaemonView, VmStats};

@@ -24,9 +24,9 @@ use thiserror::Error;
 use crate::conn_pool::ConnPool;
 use crate::engine::EngineStats;
 use crate::qos::QosSpec;
-use crate::server::DaemonView;
 use crate::snapshot::{self, Totals};
 use crate::stats::{HistogramSnapshot, LATENCY_BOUNDS_US};
+use crate::view::DaemonView;
 
 /// Largest request head (request line and headers) in bytes.
 pub const MAX_HEADER: usize = 8 * 1024;

@@ -3,29 +3,30 @@
 //! When a VMM disconnects, everything
 //! its VM held is released and the socket accepts the next connection.
 
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use log::{error, info, warn};
 use thiserror::Error;
 use vhost::vhost_user::{Error as VhostUserError, Listener};
-use vhost_user_backend::{Error as BackendError, ShutdownHandle, VhostUserDaemon};
+use vhost_user_backend::{Error as BackendError, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 
 use crate::config::{ConfigError, DaemonConfig};
 use crate::ctrl::PortIdentity;
-use crate::device::{DeviceStats, RdmaDevice, Shared, EVENT_WAKE};
-use crate::engine::{EngineStats, Engines};
+use crate::device::{RdmaDevice, Shared, EVENT_WAKE};
+use crate::engine::Engines;
 use crate::keys::KeySource;
 use crate::qos::QosTable;
 use crate::rnic::soft::SoftRnic;
 use crate::rnic::{Rnic, RnicError};
 use crate::tenancy::Tenancy;
+use crate::view::{DaemonView, VmSlot, VmStats};
 use crate::vring::{observe_new_vrings, QueueObserver};
 
 /// Errors starting the daemon.
@@ -56,37 +57,6 @@ pub enum ServerError {
     Metrics(#[from] crate::metrics::MetricsError),
 }
 
-/// Statistics of one VM socket.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct VmStats {
-    /// Whether a VMM is connected now.
-    pub connected: bool,
-    /// Connections accepted so far.
-    pub connections: u64,
-    /// The current (or last) device's state.
-    pub device: DeviceStats,
-    /// `None` when `device` was read now. Otherwise the VM's state lock was
-    /// busy (a long command, or a stuck thread), and `device` holds the last
-    /// values read, this many milliseconds old (all zero if none were ever
-    /// read). Only the operator interfaces ([`DaemonView`]) report such
-    /// values; [`Daemon::vm_stats`] waits for the lock.
-    pub stale_ms: Option<u64>,
-}
-
-struct VmSlot {
-    path: PathBuf,
-    /// A second descriptor of the listening socket: `shutdown(2)` on it
-    /// wakes the serving thread's `accept()` at shutdown, also when the
-    /// socket's path is gone (connecting to it would then fail).
-    listen_wake: OwnedFd,
-    device: Arc<RdmaDevice>,
-    shutdown: Mutex<Option<ShutdownHandle>>,
-    connected: AtomicBool,
-    connections: AtomicU64,
-    /// The last device statistics the operator interfaces read, and when.
-    last_stats: Mutex<Option<(DeviceStats, Instant)>>,
-}
-
 /// A running daemon.
 pub struct Daemon {
     slots: Vec<Arc<VmSlot>>,
@@ -97,110 +67,6 @@ pub struct Daemon {
     shared: Shared,
     mgmt: Option<crate::mgmt::MgmtServer>,
     metrics: Option<crate::metrics::MetricsServer>,
-}
-
-/// What the operator interfaces (management socket, metrics) see of a
-/// running daemon: every VM's socket, connection state and device counters,
-/// the tenancy table and the live QoS settings. Cheap to clone.
-#[derive(Clone)]
-pub struct DaemonView {
-    slots: Vec<Arc<VmSlot>>,
-    shared: Shared,
-    engines: Arc<Engines>,
-}
-
-impl DaemonView {
-    /// Number of VMs.
-    pub fn vm_count(&self) -> usize {
-        self.slots.len()
-    }
-
-    /// Statistics of VM `index`, without waiting for its state lock: if
-    /// the lock stays busy for 5 ms, its last statistics, marked
-    /// with their age ([`VmStats::stale_ms`]).
-    pub fn vm_stats(&self, index: usize) -> Option<VmStats> {
-        self.slots.get(index).map(|s| slot_stats_nowait(s))
-    }
-
-    /// The vhost-user socket of VM `index`.
-    pub fn vm_socket(&self, index: usize) -> Option<&std::path::Path> {
-        self.slots.get(index).map(|s| s.path.as_path())
-    }
-
-    /// Tenants, VMs and their counters.
-    pub fn tenancy(&self) -> &Arc<Tenancy> {
-        &self.shared.tenancy
-    }
-
-    /// The live QoS settings.
-    pub fn qos(&self) -> &Arc<QosTable> {
-        &self.shared.qos
-    }
-
-    /// Waits until every engine thread enforces every QoS change made so
-    /// far ([`Engines::sync_qos`]).
-    pub fn sync_qos(&self, timeout: std::time::Duration) -> bool {
-        self.engines.sync_qos(self.shared.qos.generation(), timeout)
-    }
-
-    /// The engine threads' counters.
-    pub fn engine_stats(&self) -> Vec<EngineStats> {
-        self.engines.stats()
-    }
-
-    /// The engine thread serving VM `vm`.
-    pub fn engine_of(&self, vm: usize) -> usize {
-        self.engines.for_vm(vm).index()
-    }
-}
-
-fn slot_stats(slot: &VmSlot) -> VmStats {
-    VmStats {
-        connected: slot.connected.load(Ordering::Acquire),
-        connections: slot.connections.load(Ordering::Acquire),
-        device: slot.device.stats(),
-        stale_ms: None,
-    }
-}
-
-/// How long the operator interfaces try for a VM's state lock before they
-/// report its last statistics instead. Commands and engine passes hold it
-/// for microseconds; a scrape of many VMs must not add up long waits.
-const STATS_LOCK_WAIT: Duration = Duration::from_millis(5);
-
-/// [`slot_stats`] without waiting for the VM's state lock (more than
-/// [`STATS_LOCK_WAIT`]): the operator interfaces' view.
-fn slot_stats_nowait(slot: &VmSlot) -> VmStats {
-    let start = Instant::now();
-    let fresh = loop {
-        if let Some(s) = slot.device.try_stats() {
-            break Some(s);
-        }
-        if start.elapsed() >= STATS_LOCK_WAIT {
-            break None;
-        }
-        std::thread::sleep(Duration::from_micros(50));
-    };
-    let mut last = slot.last_stats.lock().unwrap_or_else(|e| e.into_inner());
-    let (device, stale_ms) = match fresh {
-        Some(s) => {
-            *last = Some((s, Instant::now()));
-            (s, None)
-        }
-        None => match *last {
-            Some((s, at)) => (
-                s,
-                Some(u64::try_from(at.elapsed().as_millis()).unwrap_or(u64::MAX)),
-            ),
-            None => (DeviceStats::default(), Some(u64::MAX)),
-        },
-    };
-    VmStats {
-        connected: slot.connected.load(Ordering::Acquire),
-        connections: slot.connections.load(Ordering::Acquire),
-        device,
-        stale_ms,
-    }
 }
 
 /// The port identity of VM `index`: its GID and a random GUID.
@@ -271,31 +137,22 @@ impl Daemon {
                 path: path.clone(),
                 source,
             })?;
+            let device = RdmaDevice::new(
+                vm.limits,
+                config.device_features,
+                config.ctrl_poll,
+                rnic.clone(),
+                engines.for_vm(index).clone(),
+                port_identity(index, config.gid(index), &mut keys)?,
+                &shared,
+            )
+            .map_err(ServerError::Spawn)?;
             // SAFETY: `listener` owns this descriptor and outlives the call,
             // which duplicates it.
             let listen_wake = unsafe { BorrowedFd::borrow_raw(listener.as_raw_fd()) }
                 .try_clone_to_owned()
                 .map_err(ServerError::Spawn)?;
-            let slot = Arc::new(VmSlot {
-                path: path.clone(),
-                listen_wake,
-                device: Arc::new(
-                    RdmaDevice::new(
-                        vm.limits,
-                        config.device_features,
-                        config.ctrl_poll,
-                        rnic.clone(),
-                        engines.for_vm(index).clone(),
-                        port_identity(index, config.gid(index), &mut keys)?,
-                        &shared,
-                    )
-                    .map_err(ServerError::Spawn)?,
-                ),
-                shutdown: Mutex::new(None),
-                connected: AtomicBool::new(false),
-                connections: AtomicU64::new(0),
-                last_stats: Mutex::new(None),
-            });
+            let slot = Arc::new(VmSlot::new(path.clone(), Arc::new(device), listen_wake));
             engines.register(index, &slot.device);
             let ctx = ServeCtx {
                 slot: slot.clone(),
@@ -352,22 +209,16 @@ impl Daemon {
 
     /// What the operator interfaces see of the daemon.
     pub fn view(&self) -> DaemonView {
-        DaemonView {
-            slots: self.slots.clone(),
-            shared: self.shared.clone(),
-            engines: self.engines.clone(),
-        }
-    }
-
-    /// Address the metrics listener is bound to (its port when the
-    /// configuration asked for port 0), if it runs.
-    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
-        self.metrics.as_ref().map(|m| m.local_addr())
+        DaemonView::new(
+            self.slots.clone(),
+            self.shared.clone(),
+            self.engines.clone(),
+        )
     }
 
     /// Statistics of the VM on socket `index`.
     pub fn vm_stats(&self, index: usize) -> Option<VmStats> {
-        self.slots.get(index).map(|s| slot_stats(s))
+        self.slots.get(index).map(|s| s.stats())
     }
 
     /// Tenants, VMs and their isolation counters.

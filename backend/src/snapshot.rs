@@ -6,9 +6,9 @@ use crate::ctrl::CtrlStats;
 use crate::device::QueueDepths;
 use crate::qos::QosSpec;
 use crate::resources::ResourceCounts;
-use crate::server::{DaemonView, VmStats};
 use crate::stats::{HistogramSnapshot, TrafficStats};
 use crate::tenancy::IsolationStats;
+use crate::view::{DaemonView, VmStats};
 
 /// Everything reported about one VM.
 #[derive(Debug, Clone, Default)]
@@ -41,7 +41,7 @@ pub struct Totals {
     /// VMM connections accepted.
     pub connections: u64,
     /// Of them, reported with last-known device values (their state lock
-    /// was busy: [`crate::server::VmStats::stale_ms`]).
+    /// was busy: [`crate::view::VmStats::stale_ms`]).
     pub stale: u64,
     /// Live objects and registered bytes.
     pub resources: ResourceCounts,

@@ -117,9 +117,6 @@ impl Default for RecyclingRnic {
 }
 
 impl Rnic for RecyclingRnic {
-    fn name(&self) -> &'static str {
-        "fuzz-recycling"
-    }
     fn caps(&self) -> RnicCaps {
         self.soft.caps()
     }

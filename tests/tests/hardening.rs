@@ -71,9 +71,6 @@ impl ReuseRnic {
 }
 
 impl Rnic for ReuseRnic {
-    fn name(&self) -> &'static str {
-        "reuse"
-    }
     fn caps(&self) -> RnicCaps {
         self.caps
     }

@@ -158,9 +158,6 @@ fn port_and_device_attributes_for_verbs() {
 struct OtherLink(SoftRnic);
 
 impl Rnic for OtherLink {
-    fn name(&self) -> &'static str {
-        "other-link"
-    }
     fn caps(&self) -> RnicCaps {
         RnicCaps {
             link_rate_mbps: 25_000,

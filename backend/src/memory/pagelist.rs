@@ -204,11 +204,6 @@ impl PageList {
         self.page_shift
     }
 
-    /// Bytes covered by the pages.
-    pub fn len_bytes(&self) -> u64 {
-        u64::from(self.npages) << self.page_shift
-    }
-
     /// Guest-physical address of page `index`.
     pub fn page(&self, index: u32) -> Option<u64> {
         if index >= self.npages {

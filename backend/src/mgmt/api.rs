@@ -15,10 +15,10 @@ use serde_json::{json, Map, Value};
 use crate::config::{gid_text, mac_text};
 use crate::qos::{QosSpec, MAX_WEIGHT};
 use crate::resources::ResourceCounts;
-use crate::server::DaemonView;
 use crate::snapshot::{self, Totals, VmSnapshot};
 use crate::stats::{HistogramSnapshot, TrafficStats, LATENCY_BOUNDS_US};
 use crate::tenancy::IsolationStats;
+use crate::view::DaemonView;
 
 /// Commands of the API.
 pub const COMMANDS: [&str; 9] = [

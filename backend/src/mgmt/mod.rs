@@ -29,7 +29,7 @@ use log::{debug, warn};
 use thiserror::Error;
 
 use crate::conn_pool::ConnPool;
-use crate::server::DaemonView;
+use crate::view::DaemonView;
 
 /// Longest request line in bytes (without the newline).
 pub const MAX_REQUEST: usize = 64 * 1024;

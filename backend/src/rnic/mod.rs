@@ -29,8 +29,6 @@ pub struct RnicCaps {
     pub link_rate_mbps: u32,
     /// Whether atomics are supported.
     pub atomics: bool,
-    /// Node GUID.
-    pub node_guid: u64,
     /// Largest message in bytes (the port's `max_msg_size`); a longer one
     /// fails with `LOC_LEN_ERR` before any of it is looked at.
     pub max_msg_size: u32,
@@ -48,8 +46,6 @@ impl RnicCaps {
 
 /// A host RNIC engine shared by all VMs the daemon serves.
 pub trait Rnic: Send + Sync {
-    /// Short engine name for logs.
-    fn name(&self) -> &'static str;
     /// Engine capabilities.
     fn caps(&self) -> RnicCaps;
     /// Allocates a QP number, unique among all VMs of this engine.

@@ -1,7 +1,7 @@
 //! The built-in software RNIC.
 //!
 //! It owns the namespace that must be unique across VMs (QP numbers, so one
-//! VM's QP can address another's). The data-path engine arrives on top of it.
+//! VM's QP can address another's); the engine routes messages through it.
 
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -37,23 +37,16 @@ struct Inner {
 /// release take it exclusively.
 pub struct SoftRnic {
     inner: RwLock<Inner>,
-    node_guid: u64,
 }
 
 impl SoftRnic {
     /// Creates the engine.
     pub fn new() -> Result<Self, RnicError> {
-        let mut keys = KeySource::new();
-        let hi = keys.next_u32().map_err(|_| RnicError::Random)?;
-        let lo = keys.next_u32().map_err(|_| RnicError::Random)?;
         Ok(SoftRnic {
             inner: RwLock::new(Inner {
                 used: KeyMap::default(),
-                keys,
+                keys: KeySource::new(),
             }),
-            // Locally administered EUI-64.
-            node_guid: ((u64::from(hi) << 32 | u64::from(lo)) | 0x0200_0000_0000_0000)
-                & !0x0100_0000_0000_0000,
         })
     }
 
@@ -69,16 +62,11 @@ impl SoftRnic {
 }
 
 impl Rnic for SoftRnic {
-    fn name(&self) -> &'static str {
-        "soft"
-    }
-
     fn caps(&self) -> RnicCaps {
         RnicCaps {
             max_mtu: Mtu::MTU_4096 as u32,
             link_rate_mbps: 100_000,
             atomics: true,
-            node_guid: self.node_guid,
             max_msg_size: 1 << 31,
             local_ca_ack_delay: SOFT_ACK_DELAY,
         }

@@ -119,8 +119,6 @@ struct PoolState {
     chunks: Vec<Arc<Chunk>>,
     /// Free ranges `(offset, len)` of each chunk, sorted and coalesced.
     free: Vec<Vec<(usize, usize)>>,
-    /// Bytes handed out.
-    in_use: usize,
 }
 
 /// Hugepage DMA memory (see the module documentation).
@@ -151,11 +149,6 @@ impl HugePool {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Bytes currently allocated.
-    pub fn in_use(&self) -> usize {
-        self.lock().in_use
-    }
-
     /// Allocates `len` bytes aligned to `align` (a power of two, at most the
     /// hugepage size).
     pub fn alloc(self: &Arc<Self>, len: usize, align: usize) -> Result<HugeDma, TransportError> {
@@ -176,7 +169,6 @@ impl HugePool {
                 st.take(size, align).ok_or_else(oom)?
             }
         };
-        st.in_use += size;
         let c = st.chunks[chunk].clone();
         drop(st);
         let first = offset / HUGE_SIZE;
@@ -195,7 +187,6 @@ impl HugePool {
 
     fn free(&self, chunk: usize, offset: usize, size: usize) {
         let mut st = self.lock();
-        st.in_use -= size;
         st.give(chunk, offset, size);
     }
 }

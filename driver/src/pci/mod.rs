@@ -23,7 +23,6 @@ pub mod split;
 pub mod sysfs;
 
 use std::collections::HashMap;
-use std::io;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -388,11 +387,6 @@ impl PciTransport {
         self.func.addr()
     }
 
-    /// Bytes of hugepage DMA memory in use.
-    pub fn dma_in_use(&self) -> usize {
-        self.pool.in_use()
-    }
-
     fn read_device_config(common: &CommonCfg, cfg: &Mmio) -> DeviceConfig {
         // Retry while the generation changes under the read (virtio 4.1.4.3).
         loop {
@@ -585,10 +579,4 @@ impl Transport for PciTransport {
             .then(|| self.shm.clone().map(|s| s as Arc<dyn SharedMemory>))
             .flatten()
     }
-}
-
-/// Whether this looks like a guest with a virtio-rdma function (for tools
-/// that want to pick a transport automatically).
-pub fn device_present() -> io::Result<bool> {
-    Ok(!sysfs::find_functions(VIRTIO_VENDOR, VIRTIO_RDMA_DEVICE)?.is_empty())
 }

@@ -11,8 +11,6 @@ use crate::transport::{DmaRegion, TransportError};
 /// Descriptor flags.
 const DESC_F_NEXT: u16 = 1;
 const DESC_F_WRITE: u16 = 2;
-/// `avail.flags`: do not interrupt when using buffers.
-const AVAIL_F_NO_INTERRUPT: u16 = 1;
 /// Largest queue size virtio allows.
 pub const MAX_QUEUE_SIZE: u16 = 32768;
 
@@ -201,18 +199,6 @@ impl SplitQueue {
     /// Whether used elements are waiting.
     pub fn has_used(&self) -> bool {
         u16::from_le(self.used_idx_atomic().load(Ordering::Acquire)) != self.last_used
-    }
-
-    /// Asks the device not to interrupt (`true`) or to interrupt again.
-    /// After enabling, callers re-check [`has_used`](Self::has_used) to close
-    /// the race with an element used just before.
-    pub fn suppress_interrupts(&self, suppress: bool) {
-        let (a, _, _) = layout(usize::from(self.size));
-        let flags = if suppress { AVAIL_F_NO_INTERRUPT } else { 0 };
-        // SAFETY: the avail flags field at offset `a` is a 2-aligned u16 of
-        // the region, read by the device concurrently.
-        let f = unsafe { &*self.at::<AtomicU16>(a) };
-        f.store(flags.to_le(), Ordering::SeqCst);
     }
 }
 

@@ -1,0 +1,181 @@
+//! What the operator interfaces see of a running daemon: [`DaemonView`]
+//! (every VM's socket, connection state and counters, the tenancy table,
+//! the live QoS settings, the engine threads) and [`VmStats`], one VM's
+//! statistics. [`crate::server`] builds the view; [`crate::mgmt`],
+//! [`crate::metrics`] and [`crate::snapshot`] read it without depending on
+//! the server that starts them.
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use vhost_user_backend::ShutdownHandle;
+
+use crate::device::{DeviceStats, RdmaDevice, Shared};
+use crate::engine::{EngineStats, Engines};
+use crate::qos::QosTable;
+use crate::tenancy::Tenancy;
+
+/// Statistics of one VM socket.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct VmStats {
+    /// Whether a VMM is connected now.
+    pub connected: bool,
+    /// Connections accepted so far.
+    pub connections: u64,
+    /// The current (or last) device's state.
+    pub device: DeviceStats,
+    /// `None` when `device` was read now. Otherwise the VM's state lock was
+    /// busy (a long command, or a stuck thread), and `device` holds the last
+    /// values read, this many milliseconds old (all zero if none were ever
+    /// read). Only the operator interfaces ([`DaemonView`]) report such
+    /// values; [`crate::Daemon::vm_stats`] waits for the lock.
+    pub stale_ms: Option<u64>,
+}
+
+/// One VM socket: its device and connection state, shared by the socket's
+/// serving thread ([`crate::server`]) and the operator interfaces.
+pub(crate) struct VmSlot {
+    pub(crate) path: PathBuf,
+    /// A second descriptor of the listening socket: `shutdown(2)` on it
+    /// wakes the serving thread's `accept()` at shutdown, also when the
+    /// socket's path is gone (connecting to it would then fail).
+    pub(crate) listen_wake: OwnedFd,
+    pub(crate) device: Arc<RdmaDevice>,
+    pub(crate) shutdown: Mutex<Option<ShutdownHandle>>,
+    pub(crate) connected: AtomicBool,
+    pub(crate) connections: AtomicU64,
+    /// The last device statistics the operator interfaces read, and when.
+    pub(crate) last_stats: Mutex<Option<(DeviceStats, Instant)>>,
+}
+
+/// How long the operator interfaces try for a VM's state lock before they
+/// report its last statistics instead. Commands and engine passes hold it
+/// for microseconds; a scrape of many VMs must not add up long waits.
+const STATS_LOCK_WAIT: Duration = Duration::from_millis(5);
+
+impl VmSlot {
+    /// A socket at `path` serving `device`, never connected yet.
+    pub(crate) fn new(path: PathBuf, device: Arc<RdmaDevice>, listen_wake: OwnedFd) -> VmSlot {
+        VmSlot {
+            path,
+            listen_wake,
+            device,
+            shutdown: Mutex::new(None),
+            connected: AtomicBool::new(false),
+            connections: AtomicU64::new(0),
+            last_stats: Mutex::new(None),
+        }
+    }
+
+    /// The VM's statistics, waiting for its state lock.
+    pub(crate) fn stats(&self) -> VmStats {
+        VmStats {
+            connected: self.connected.load(Ordering::Acquire),
+            connections: self.connections.load(Ordering::Acquire),
+            device: self.device.stats(),
+            stale_ms: None,
+        }
+    }
+
+    /// [`VmSlot::stats`] without waiting for the VM's state lock (more than
+    /// [`STATS_LOCK_WAIT`]): the operator interfaces' view.
+    fn stats_nowait(&self) -> VmStats {
+        let start = Instant::now();
+        let fresh = loop {
+            if let Some(s) = self.device.try_stats() {
+                break Some(s);
+            }
+            if start.elapsed() >= STATS_LOCK_WAIT {
+                break None;
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        };
+        let mut last = self.last_stats.lock().unwrap_or_else(|e| e.into_inner());
+        let (device, stale_ms) = match fresh {
+            Some(s) => {
+                *last = Some((s, Instant::now()));
+                (s, None)
+            }
+            None => match *last {
+                Some((s, at)) => (
+                    s,
+                    Some(u64::try_from(at.elapsed().as_millis()).unwrap_or(u64::MAX)),
+                ),
+                None => (DeviceStats::default(), Some(u64::MAX)),
+            },
+        };
+        VmStats {
+            connected: self.connected.load(Ordering::Acquire),
+            connections: self.connections.load(Ordering::Acquire),
+            device,
+            stale_ms,
+        }
+    }
+}
+
+/// What the operator interfaces (management socket, metrics) see of a
+/// running daemon: every VM's socket, connection state and device counters,
+/// the tenancy table and the live QoS settings. Cheap to clone.
+#[derive(Clone)]
+pub struct DaemonView {
+    slots: Vec<Arc<VmSlot>>,
+    shared: Shared,
+    engines: Arc<Engines>,
+}
+
+impl DaemonView {
+    /// The view of the daemon serving `slots` ([`crate::Daemon::view`]).
+    pub(crate) fn new(slots: Vec<Arc<VmSlot>>, shared: Shared, engines: Arc<Engines>) -> Self {
+        DaemonView {
+            slots,
+            shared,
+            engines,
+        }
+    }
+
+    /// Number of VMs.
+    pub fn vm_count(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Statistics of VM `index`, without waiting for its state lock: if
+    /// the lock stays busy for 5 ms, its last statistics, marked
+    /// with their age ([`VmStats::stale_ms`]).
+    pub fn vm_stats(&self, index: usize) -> Option<VmStats> {
+        self.slots.get(index).map(|s| s.stats_nowait())
+    }
+
+    /// The vhost-user socket of VM `index`.
+    pub fn vm_socket(&self, index: usize) -> Option<&Path> {
+        self.slots.get(index).map(|s| s.path.as_path())
+    }
+
+    /// Tenants, VMs and their counters.
+    pub fn tenancy(&self) -> &Arc<Tenancy> {
+        &self.shared.tenancy
+    }
+
+    /// The live QoS settings.
+    pub fn qos(&self) -> &Arc<QosTable> {
+        &self.shared.qos
+    }
+
+    /// Waits until every engine thread enforces every QoS change made so
+    /// far ([`Engines::sync_qos`]).
+    pub fn sync_qos(&self, timeout: Duration) -> bool {
+        self.engines.sync_qos(self.shared.qos.generation(), timeout)
+    }
+
+    /// The engine threads' counters.
+    pub fn engine_stats(&self) -> Vec<EngineStats> {
+        self.engines.stats()
+    }
+
+    /// The engine thread serving VM `vm`.
+    pub fn engine_of(&self, vm: usize) -> usize {
+        self.engines.for_vm(vm).index()
+    }
+}
