@@ -33,13 +33,13 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use log::{debug, warn};
+use log::debug;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{self, LabelPair, Metric, MetricFamily, MetricType};
 use prometheus::{Registry, TextEncoder};
 use thiserror::Error;
 
-use crate::conn_pool::ConnPool;
+use crate::conn_pool::{self, linger_close};
 use crate::engine::EngineStats;
 use crate::qos::QosSpec;
 use crate::server::DaemonView;
@@ -120,39 +120,40 @@ impl MetricsServer {
 }
 
 fn accept_loop(listener: TcpListener, registry: Registry, stop: Arc<AtomicBool>) {
-    let mut pool = ConnPool::new("metrics-conn", MAX_CONNECTIONS);
-    for stream in listener.incoming() {
-        if stop.load(Ordering::Acquire) {
-            break;
-        }
-        let mut stream = match stream {
-            Ok(s) => s,
-            Err(e) => {
-                warn!("metrics: accept failed: {e}");
-                thread::sleep(Duration::from_millis(100));
-                continue;
-            }
-        };
-        if pool.full() {
-            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-            let _ = respond(
-                &mut stream,
-                503,
-                "Service Unavailable",
-                "text/plain",
-                b"busy\n",
-                &[],
-            );
-            continue;
-        }
-        let r = registry.clone();
-        pool.spawn(move || {
-            if let Err(e) = serve_conn(stream, &r) {
+    let busy = response(503, "Service Unavailable", "text/plain", b"busy\n", &[]);
+    conn_pool::accept_loop(
+        ("metrics", "metrics-conn", MAX_CONNECTIONS),
+        listener.incoming(),
+        &stop,
+        |_| true,
+        &busy,
+        move |stream| {
+            if let Err(e) = serve_conn(stream, &registry) {
                 debug!("metrics connection: {e}");
             }
-        });
+        },
+    );
+}
+
+/// An HTTP response, whole.
+fn response(
+    code: u16,
+    reason: &str,
+    content_type: &str,
+    body: &[u8],
+    extra: &[(&str, &str)],
+) -> Vec<u8> {
+    let mut head = format!(
+        "HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (k, v) in extra {
+        let _ = write!(head, "{k}: {v}\r\n");
     }
-    pool.join();
+    head.push_str("\r\n");
+    let mut r = head.into_bytes();
+    r.extend_from_slice(body);
+    r
 }
 
 fn respond(
@@ -163,16 +164,7 @@ fn respond(
     body: &[u8],
     extra: &[(&str, &str)],
 ) -> std::io::Result<()> {
-    let mut head = format!(
-        "HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n",
-        body.len()
-    );
-    for (k, v) in extra {
-        let _ = write!(head, "{k}: {v}\r\n");
-    }
-    head.push_str("\r\n");
-    stream.write_all(head.as_bytes())?;
-    stream.write_all(body)?;
+    stream.write_all(&response(code, reason, content_type, body, extra))?;
     stream.flush()
 }
 
@@ -199,22 +191,6 @@ fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<Vec<u8>>> {
             Ok(n) => buf.extend_from_slice(chunk.get(..n).unwrap_or(&[])),
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
-        }
-    }
-}
-
-/// Closes a connection whose peer may still be sending: stops writing,
-/// then reads and drops what arrives for a moment, so that the peer gets
-/// the answer and an orderly end instead of a reset.
-fn linger_close(stream: &mut TcpStream) {
-    let _ = stream.shutdown(std::net::Shutdown::Write);
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
-    let deadline = Instant::now() + Duration::from_millis(500);
-    let mut sink = [0u8; 4096];
-    while Instant::now() < deadline {
-        match stream.read(&mut sink) {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
         }
     }
 }
