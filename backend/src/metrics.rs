@@ -1,11 +1,26 @@
 //! Prometheus metrics over HTTP: `GET /metrics` answers in the text
 //! exposition format 0.0.4, `GET /healthz` with `ok`.
 //!
-//! The HTTP server is deliberately minimal: one request per connection
-//! (`Connection: close`), request headers of at most [`MAX_HEADER`] bytes
-//! read within [`READ_TIMEOUT`], a thread per connection and at most
-//! [`MAX_CONNECTIONS`] of them (more get `503`), so a slow client delays
-//! nobody else. Other paths get `404`, other methods `405`.
+//! The page is the `prometheus` crate's: a [`Collector`] builds the
+//! families from the daemon's view at every scrape (the counters live in
+//! the daemon; none are kept twice) and its `TextEncoder` writes them.
+//! Not `prometheus-client` (0.25.2, measured): it writes only OpenMetrics
+//! 1.0, which would change what scrapers see: the content type, counter
+//! families named without `_total` in `# HELP`/`# TYPE`, a closing
+//! `# EOF`, and histogram buckets as `le="1.0"` placed before the other
+//! labels (for Prometheus 2 a new series, so dashboards selecting `le`
+//! break). docs/operations.md promises 0.0.4 with the names as they are.
+//!
+//! The HTTP server is deliberately minimal and hand-written: one request
+//! per connection (`Connection: close`), request headers of at most
+//! [`MAX_HEADER`] bytes read within [`READ_TIMEOUT`], a thread per
+//! connection and at most [`MAX_CONNECTIONS`] of them (more get `503`), so
+//! a slow client delays nobody else. Other paths get `404`, other methods
+//! `405`. `tiny_http` (0.12.0, read) keeps none of these limits: it reads a
+//! header line without a length cap, sets no socket timeout and offers no
+//! way to, and starts a thread for every connection without a cap, so a
+//! few silent clients would hold threads and memory for ever; a crate on
+//! an async runtime (hyper, axum) would bring the runtime for one page.
 //!
 //! Every series has the label `vm` and `tenant` (per VM) or `tenant` (per
 //! tenant, the sum over its VMs); [`render`] lists them.
@@ -18,10 +33,13 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use log::{debug, warn};
+use log::debug;
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::{self, LabelPair, Metric, MetricFamily, MetricType};
+use prometheus::{Registry, TextEncoder};
 use thiserror::Error;
 
-use crate::conn_pool::ConnPool;
+use crate::conn_pool::{self, linger_close};
 use crate::engine::EngineStats;
 use crate::qos::QosSpec;
 use crate::snapshot::{self, Totals};
@@ -68,7 +86,7 @@ impl MetricsServer {
         let s = stop.clone();
         let thread = thread::Builder::new()
             .name("metrics".into())
-            .spawn(move || accept_loop(listener, view, s))
+            .spawn(move || accept_loop(listener, registry(&view), s))
             .map_err(MetricsError::Spawn)?;
         Ok(MetricsServer {
             addr,
@@ -101,40 +119,41 @@ impl MetricsServer {
     }
 }
 
-fn accept_loop(listener: TcpListener, view: DaemonView, stop: Arc<AtomicBool>) {
-    let mut pool = ConnPool::new("metrics-conn", MAX_CONNECTIONS);
-    for stream in listener.incoming() {
-        if stop.load(Ordering::Acquire) {
-            break;
-        }
-        let mut stream = match stream {
-            Ok(s) => s,
-            Err(e) => {
-                warn!("metrics: accept failed: {e}");
-                thread::sleep(Duration::from_millis(100));
-                continue;
-            }
-        };
-        if pool.full() {
-            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-            let _ = respond(
-                &mut stream,
-                503,
-                "Service Unavailable",
-                "text/plain",
-                b"busy\n",
-                &[],
-            );
-            continue;
-        }
-        let v = view.clone();
-        pool.spawn(move || {
-            if let Err(e) = serve_conn(stream, &v) {
+fn accept_loop(listener: TcpListener, registry: Registry, stop: Arc<AtomicBool>) {
+    let busy = response(503, "Service Unavailable", "text/plain", b"busy\n", &[]);
+    conn_pool::accept_loop(
+        ("metrics", "metrics-conn", MAX_CONNECTIONS),
+        listener.incoming(),
+        &stop,
+        |_| true,
+        &busy,
+        move |stream| {
+            if let Err(e) = serve_conn(stream, &registry) {
                 debug!("metrics connection: {e}");
             }
-        });
+        },
+    );
+}
+
+/// An HTTP response, whole.
+fn response(
+    code: u16,
+    reason: &str,
+    content_type: &str,
+    body: &[u8],
+    extra: &[(&str, &str)],
+) -> Vec<u8> {
+    let mut head = format!(
+        "HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (k, v) in extra {
+        let _ = write!(head, "{k}: {v}\r\n");
     }
-    pool.join();
+    head.push_str("\r\n");
+    let mut r = head.into_bytes();
+    r.extend_from_slice(body);
+    r
 }
 
 fn respond(
@@ -145,16 +164,7 @@ fn respond(
     body: &[u8],
     extra: &[(&str, &str)],
 ) -> std::io::Result<()> {
-    let mut head = format!(
-        "HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n",
-        body.len()
-    );
-    for (k, v) in extra {
-        let _ = write!(head, "{k}: {v}\r\n");
-    }
-    head.push_str("\r\n");
-    stream.write_all(head.as_bytes())?;
-    stream.write_all(body)?;
+    stream.write_all(&response(code, reason, content_type, body, extra))?;
     stream.flush()
 }
 
@@ -185,32 +195,16 @@ fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<Vec<u8>>> {
     }
 }
 
-/// Closes a connection whose peer may still be sending: stops writing,
-/// then reads and drops what arrives for a moment, so that the peer gets
-/// the answer and an orderly end instead of a reset.
-fn linger_close(stream: &mut TcpStream) {
-    let _ = stream.shutdown(std::net::Shutdown::Write);
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
-    let deadline = Instant::now() + Duration::from_millis(500);
-    let mut sink = [0u8; 4096];
-    while Instant::now() < deadline {
-        match stream.read(&mut sink) {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
-        }
-    }
-}
-
-fn serve_conn(mut stream: TcpStream, view: &DaemonView) -> std::io::Result<()> {
+fn serve_conn(mut stream: TcpStream, registry: &Registry) -> std::io::Result<()> {
     stream.set_write_timeout(Some(Duration::from_secs(10)))?;
-    let r = answer(&mut stream, view);
+    let r = answer(&mut stream, registry);
     if r.is_ok() {
         linger_close(&mut stream);
     }
     r
 }
 
-fn answer(stream: &mut TcpStream, view: &DaemonView) -> std::io::Result<()> {
+fn answer(stream: &mut TcpStream, registry: &Registry) -> std::io::Result<()> {
     let Some(head) = read_head(stream)? else {
         return respond(
             stream,
@@ -259,7 +253,7 @@ fn answer(stream: &mut TcpStream, view: &DaemonView) -> std::io::Result<()> {
     }
     match path {
         "/metrics" => {
-            let body = render(view);
+            let body = encode(registry);
             respond(
                 stream,
                 200,
@@ -274,72 +268,79 @@ fn answer(stream: &mut TcpStream, view: &DaemonView) -> std::io::Result<()> {
     }
 }
 
-/// Escapes a label value (backslash, double quote, newline).
-fn escape(v: &str) -> String {
-    let mut s = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '\\' => s.push_str("\\\\"),
-            '"' => s.push_str("\\\""),
-            '\n' => s.push_str("\\n"),
-            c => s.push(c),
-        }
-    }
-    s
-}
-
-/// A metric family being written: `# HELP`, `# TYPE`, then its samples.
-struct Family<'a> {
-    out: &'a mut String,
-    name: String,
-}
+/// A metric family of the page, being given its samples.
+struct Family<'a>(&'a mut MetricFamily);
 
 impl<'a> Family<'a> {
-    fn new(out: &'a mut String, name: impl Into<String>, kind: &str, help: &str) -> Self {
-        let name = name.into();
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        Family { out, name }
+    fn new(
+        out: &'a mut Vec<MetricFamily>,
+        name: impl Into<String>,
+        kind: MetricType,
+        help: &str,
+    ) -> Self {
+        let mut f = MetricFamily::default();
+        f.set_name(name.into());
+        f.set_help(help.into());
+        f.set_field_type(kind);
+        let i = out.len();
+        out.push(f);
+        Family(&mut out[i])
     }
 
-    fn sample_suffix(
-        &mut self,
-        suffix: &str,
-        labels: &[(&str, &str)],
-        value: impl std::fmt::Display,
-    ) {
-        let _ = write!(self.out, "{}{suffix}", self.name);
-        if !labels.is_empty() {
-            self.out.push('{');
-            for (i, (k, v)) in labels.iter().enumerate() {
-                if i > 0 {
-                    self.out.push(',');
-                }
-                let _ = write!(self.out, "{k}=\"{}\"", escape(v));
-            }
-            self.out.push('}');
+    fn metric(labels: &[(&str, &str)]) -> Metric {
+        let mut m = Metric::default();
+        m.set_label(
+            labels
+                .iter()
+                .map(|(k, v)| {
+                    let mut l = LabelPair::default();
+                    l.set_name((*k).into());
+                    l.set_value((*v).into());
+                    l
+                })
+                .collect(),
+        );
+        m
+    }
+
+    /// A counter's or gauge's sample (the family's type decides).
+    fn sample(&mut self, labels: &[(&str, &str)], value: u64) {
+        let mut m = Self::metric(labels);
+        let value = value as f64;
+        if self.0.get_field_type() == MetricType::COUNTER {
+            let mut c = proto::Counter::default();
+            c.set_value(value);
+            m.set_counter(c);
+        } else {
+            let mut g = proto::Gauge::default();
+            g.set_value(value);
+            m.set_gauge(g);
         }
-        let _ = writeln!(self.out, " {value}");
+        self.0.mut_metric().push(m);
     }
 
-    fn sample(&mut self, labels: &[(&str, &str)], value: impl std::fmt::Display) {
-        self.sample_suffix("", labels, value);
-    }
-
+    /// A histogram's samples: cumulative buckets at [`LATENCY_BOUNDS_US`]
+    /// in seconds (the encoder adds `+Inf`, the count), the sum in seconds.
     fn histogram(&mut self, labels: &[(&str, &str)], h: &HistogramSnapshot) {
         let mut cumulative = 0u64;
-        for (i, n) in h.buckets.iter().enumerate() {
-            cumulative += n;
-            let le = match LATENCY_BOUNDS_US.get(i) {
-                Some(us) => format!("{}", *us as f64 / 1e6),
-                None => "+Inf".to_string(),
-            };
-            let mut l: Vec<(&str, &str)> = labels.to_vec();
-            l.push(("le", &le));
-            self.sample_suffix("_bucket", &l, cumulative);
-        }
-        self.sample_suffix("_sum", labels, h.sum_ns as f64 / 1e9);
-        self.sample_suffix("_count", labels, h.count);
+        let buckets = LATENCY_BOUNDS_US
+            .iter()
+            .zip(&h.buckets)
+            .map(|(us, n)| {
+                cumulative += n;
+                let mut b = proto::Bucket::default();
+                b.set_upper_bound(*us as f64 / 1e6);
+                b.set_cumulative_count(cumulative);
+                b
+            })
+            .collect();
+        let mut p = proto::Histogram::default();
+        p.set_bucket(buckets);
+        p.set_sample_count(h.count);
+        p.set_sample_sum(h.sum_ns as f64 / 1e9);
+        let mut m = Self::metric(labels);
+        m.set_histogram(p);
+        self.0.mut_metric().push(m);
     }
 }
 
@@ -362,136 +363,136 @@ type Getter = fn(&Totals) -> u64;
 type QosGetter = fn(&QosSpec) -> u64;
 
 /// Scalar series: (name suffix, type, help, value).
-const SCALARS: [(&str, &str, &str, Getter); 22] = [
+const SCALARS: [(&str, MetricType, &str, Getter); 22] = [
     (
         "queued_send_wqes",
-        "gauge",
+        MetricType::GAUGE,
         "Send work requests posted and not yet completed by the device.",
         |t| t.queues.send_wqes,
     ),
     (
         "queued_recv_wqes",
-        "gauge",
+        MetricType::GAUGE,
         "Receive work requests posted to QPs' own receive queues, not yet consumed.",
         |t| t.queues.recv_wqes,
     ),
     (
         "queued_srq_wqes",
-        "gauge",
+        MetricType::GAUGE,
         "Receive work requests posted to shared receive queues, not yet consumed.",
         |t| t.queues.srq_wqes,
     ),
     (
         "events_pending",
-        "gauge",
+        MetricType::GAUGE,
         "Asynchronous events waiting for an event buffer.",
         |t| t.queues.events_pending,
     ),
     (
         "connected",
-        "gauge",
+        MetricType::GAUGE,
         "Whether a VMM is connected (per tenant: connected VMs).",
         |t| t.connected,
     ),
     (
         "stats_stale",
-        "gauge",
+        MetricType::GAUGE,
         "1 when the VM's object and queue values are last-known ones (its state lock was busy for the scrape); per tenant: how many VMs.",
         |t| t.stale,
     ),
     (
         "connections_total",
-        "counter",
+        MetricType::COUNTER,
         "VMM connections accepted.",
         |t| t.connections,
     ),
     (
         "registered_bytes",
-        "gauge",
+        MetricType::GAUGE,
         "Bytes registered by live memory regions.",
         |t| t.resources.registered_bytes,
     ),
     (
         "host_bytes",
-        "gauge",
+        MetricType::GAUGE,
         "Host memory the daemon holds for live objects (translations, queue and object state); limit max_host_bytes.",
         |t| t.resources.host_bytes,
     ),
     (
         "send_ops_total",
-        "counter",
+        MetricType::COUNTER,
         "Send work requests executed.",
         |t| t.traffic.send_ops,
     ),
     (
         "send_bytes_total",
-        "counter",
+        MetricType::COUNTER,
         "Payload bytes of successful send work requests.",
         |t| t.traffic.send_bytes,
     ),
     (
         "recv_ops_total",
-        "counter",
+        MetricType::COUNTER,
         "Messages delivered to the VM's QPs as responder.",
         |t| t.traffic.recv_ops,
     ),
     (
         "recv_bytes_total",
-        "counter",
+        MetricType::COUNTER,
         "Payload bytes of messages delivered to the VM's QPs.",
         |t| t.traffic.recv_bytes,
     ),
     (
         "error_completions_total",
-        "counter",
+        MetricType::COUNTER,
         "Completions with an error status other than flush.",
         |t| t.traffic.error_cqes,
     ),
     (
         "flushed_completions_total",
-        "counter",
+        MetricType::COUNTER,
         "Completions with WR_FLUSH_ERR.",
         |t| t.traffic.flushed,
     ),
     (
         "drops_total",
-        "counter",
+        MetricType::COUNTER,
         "Messages dropped (UD without taker, wrong Q_Key, foreign tenant).",
         |t| t.traffic.drops,
     ),
     (
         "throttled_total",
-        "counter",
+        MetricType::COUNTER,
         "Times the engine postponed work for a rate limit.",
         |t| t.traffic.throttled,
     ),
     (
         "notifications_total",
-        "counter",
+        MetricType::COUNTER,
         "Notifications of notifyq (doorbell kicks, each a VM exit) to wake the engine.",
         |t| t.traffic.notifications,
     ),
     (
         "ctrl_commands_total",
-        "counter",
+        MetricType::COUNTER,
         "Control commands executed (engine accounting).",
         |t| t.traffic.ctrl_cmds,
     ),
     (
         "ctrl_errors_total",
-        "counter",
+        MetricType::COUNTER,
         "Control commands that failed (engine accounting).",
         |t| t.traffic.ctrl_errors,
     ),
     (
         "events_lost_total",
-        "counter",
+        MetricType::COUNTER,
         "Asynchronous events dropped for lack of event buffers.",
         |t| t.events_lost,
     ),
     (
         "ctrl_malformed_total",
-        "counter",
+        MetricType::COUNTER,
         "Control requests that could not be answered at all.",
         |t| t.ctrl.malformed,
     ),
@@ -533,9 +534,9 @@ fn subjects(view: &DaemonView) -> (Vec<Subject>, Vec<Subject>) {
 /// A family whose samples split one subject's value by an extra label
 /// `label` (its values and counts from `values`).
 fn labeled(
-    out: &mut String,
+    out: &mut Vec<MetricFamily>,
     name: &str,
-    (kind, help): (&str, &str),
+    (kind, help): (MetricType, &str),
     (label, subjects): (&'static str, &[Subject]),
     values: impl Fn(&Totals) -> Vec<(&'static str, u64)>,
 ) {
@@ -551,7 +552,7 @@ fn labeled(
 
 /// Writes the families of `subjects` with the name prefix `prefix`
 /// (`vhost_user_rdma_vm_` or `vhost_user_rdma_tenant_`).
-fn render_subjects(out: &mut String, prefix: &str, subjects: &[Subject]) {
+fn render_subjects(out: &mut Vec<MetricFamily>, prefix: &str, subjects: &[Subject]) {
     for (name, kind, help, get) in SCALARS {
         let mut f = Family::new(out, format!("{prefix}{name}"), kind, help);
         for s in subjects {
@@ -562,7 +563,7 @@ fn render_subjects(out: &mut String, prefix: &str, subjects: &[Subject]) {
         out,
         &format!("{prefix}objects"),
         (
-            "gauge",
+            MetricType::GAUGE,
             "Live objects by kind (ctx, pd, cq, qp, mr, srq, ah).",
         ),
         ("kind", subjects),
@@ -585,7 +586,7 @@ fn render_subjects(out: &mut String, prefix: &str, subjects: &[Subject]) {
         out,
         &format!("{prefix}ctrl_completed_total"),
         (
-            "counter",
+            MetricType::COUNTER,
             "Control commands completed by the device, by result (ok, failed).",
         ),
         ("result", subjects),
@@ -595,7 +596,7 @@ fn render_subjects(out: &mut String, prefix: &str, subjects: &[Subject]) {
         out,
         &format!("{prefix}isolation_events_total"),
         (
-            "counter",
+            MetricType::COUNTER,
             "Isolation events caused, by kind (denied, foreign_drops, foreign_rc, unknown_qpn, bad_rkey, gid_spoof).",
         ),
         ("kind", subjects),
@@ -614,7 +615,7 @@ fn render_subjects(out: &mut String, prefix: &str, subjects: &[Subject]) {
     let mut f = Family::new(
         out,
         format!("{prefix}ctrl_latency_seconds"),
-        "histogram",
+        MetricType::HISTOGRAM,
         "Time from taking a control request to its response, in seconds.",
     );
     for s in subjects {
@@ -643,7 +644,7 @@ fn render_subjects(out: &mut String, prefix: &str, subjects: &[Subject]) {
         ),
     ];
     for (name, help, get) in qos {
-        let mut f = Family::new(out, format!("{prefix}{name}"), "gauge", help);
+        let mut f = Family::new(out, format!("{prefix}{name}"), MetricType::GAUGE, help);
         for s in subjects {
             if let Some(q) = &s.qos {
                 f.sample(&s.labels(), get(q));
@@ -652,56 +653,94 @@ fn render_subjects(out: &mut String, prefix: &str, subjects: &[Subject]) {
     }
 }
 
-/// The metrics page: `vhost_user_rdma_info`, then every VM's series
-/// (`vhost_user_rdma_vm_*{vm,tenant}`) and every tenant's sums
-/// (`vhost_user_rdma_tenant_*{tenant}`, plus `vhost_user_rdma_tenant_vms`).
-pub fn render(view: &DaemonView) -> String {
-    let mut out = String::with_capacity(16 * 1024);
-    let mut f = Family::new(
-        &mut out,
-        "vhost_user_rdma_info",
-        "gauge",
-        "Daemon version (always 1).",
-    );
-    f.sample(&[("version", env!("CARGO_PKG_VERSION"))], 1);
-    let (vms, tenants) = subjects(view);
-    render_subjects(&mut out, "vhost_user_rdma_vm_", &vms);
-    render_subjects(&mut out, "vhost_user_rdma_tenant_", &tenants);
-    let mut f = Family::new(
-        &mut out,
-        "vhost_user_rdma_tenant_vms",
-        "gauge",
-        "VMs configured in the tenant.",
-    );
-    for t in &tenants {
-        f.sample(&t.labels(), t.t.vms);
+/// The daemon's metrics, collected anew from its view at every scrape
+/// (the counters live in the daemon, not here): `vhost_user_rdma_info`,
+/// every VM's series (`vhost_user_rdma_vm_*{vm,tenant}`), every tenant's
+/// sums (`vhost_user_rdma_tenant_*{tenant}`, plus
+/// `vhost_user_rdma_tenant_vms`) and the engine threads'.
+struct Snapshot(DaemonView);
+
+impl Collector for Snapshot {
+    fn desc(&self) -> Vec<&Desc> {
+        // Families come and go with the configuration (no engine, no QoS):
+        // nothing to declare up front.
+        Vec::new()
     }
-    render_engines(&mut out, &view.engine_stats());
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let view = &self.0;
+        let mut out = Vec::with_capacity(128);
+        let mut f = Family::new(
+            &mut out,
+            "vhost_user_rdma_info",
+            MetricType::GAUGE,
+            "Daemon version (always 1).",
+        );
+        f.sample(&[("version", env!("CARGO_PKG_VERSION"))], 1);
+        let (vms, tenants) = subjects(view);
+        render_subjects(&mut out, "vhost_user_rdma_vm_", &vms);
+        render_subjects(&mut out, "vhost_user_rdma_tenant_", &tenants);
+        let mut f = Family::new(
+            &mut out,
+            "vhost_user_rdma_tenant_vms",
+            MetricType::GAUGE,
+            "VMs configured in the tenant.",
+        );
+        for t in &tenants {
+            f.sample(&t.labels(), t.t.vms);
+        }
+        render_engines(&mut out, &view.engine_stats());
+        out
+    }
+}
+
+/// A registry holding the daemon's metrics (collected at each gather).
+pub fn registry(view: &DaemonView) -> Registry {
+    let r = Registry::new();
+    // A collector without descriptors cannot clash with another.
+    let _ = r.register(Box::new(Snapshot(view.clone())));
+    r
+}
+
+/// The metrics page of `registry` in the text format 0.0.4.
+fn encode(registry: &Registry) -> String {
+    let mut out = String::with_capacity(16 * 1024);
+    // Encoding fails only for a family without samples or name, which
+    // gathering prunes.
+    let _ = TextEncoder::new().encode_utf8(&registry.gather(), &mut out);
     out
 }
 
+/// The metrics page of `view` (what `GET /metrics` answers).
+pub fn render(view: &DaemonView) -> String {
+    encode(&registry(view))
+}
+
 /// `vhost_user_rdma_engine_*{engine}`: the engine threads' work.
-fn render_engines(out: &mut String, engines: &[EngineStats]) {
+fn render_engines(out: &mut Vec<MetricFamily>, engines: &[EngineStats]) {
     type Get = fn(&EngineStats) -> u64;
-    let families: [(&str, &str, &str, Get); 4] = [
-        ("vms", "gauge", "VMs served by the engine thread.", |e| {
-            e.vms as u64
-        }),
+    let families: [(&str, MetricType, &str, Get); 4] = [
+        (
+            "vms",
+            MetricType::GAUGE,
+            "VMs served by the engine thread.",
+            |e| e.vms as u64,
+        ),
         (
             "wqes_total",
-            "counter",
+            MetricType::COUNTER,
             "Send work requests the engine thread executed.",
             |e| e.wqes,
         ),
         (
             "bytes_total",
-            "counter",
+            MetricType::COUNTER,
             "Payload bytes the engine thread moved.",
             |e| e.bytes,
         ),
         (
             "parks_total",
-            "counter",
+            MetricType::COUNTER,
             "Times the engine thread went to sleep for want of work.",
             |e| e.parks,
         ),
@@ -719,42 +758,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn escapes_label_values() {
-        assert_eq!(escape(r#"a"b\c"#), r#"a\"b\\c"#);
-        assert_eq!(escape("x\ny"), "x\\ny");
-    }
-
-    #[test]
-    fn histogram_is_cumulative_in_seconds() {
-        let mut out = String::new();
+    fn escapes_label_values_and_writes_cumulative_seconds() {
+        let mut out = Vec::new();
         let mut h = HistogramSnapshot::default();
         h.buckets[0] = 2;
         h.buckets[2] = 1;
         h.buckets[LATENCY_BOUNDS_US.len()] = 1;
         h.count = 4;
         h.sum_ns = 1_500_000_000;
-        Family::new(&mut out, "x_seconds", "histogram", "h").histogram(&[("vm", "a")], &h);
+        Family::new(&mut out, "x_seconds", MetricType::HISTOGRAM, "h")
+            .histogram(&[("vm", "a\"b\\c\nd")], &h);
+        let mut page = String::new();
+        TextEncoder::new().encode_utf8(&out, &mut page).unwrap();
+        let vm = r#"vm="a\"b\\c\nd""#;
+        for (le, n) in [
+            ("0.000005", 2),
+            ("0.00001", 2),
+            ("0.00002", 3),
+            ("1", 3),
+            ("+Inf", 4),
+        ] {
+            let line = format!("x_seconds_bucket{{{vm},le=\"{le}\"}} {n}\n");
+            assert!(page.contains(&line), "{line} in {page}");
+        }
         assert!(
-            out.contains("x_seconds_bucket{vm=\"a\",le=\"0.000005\"} 2\n"),
-            "{out}"
+            page.contains(&format!("x_seconds_sum{{{vm}}} 1.5\n")),
+            "{page}"
         );
         assert!(
-            out.contains("x_seconds_bucket{vm=\"a\",le=\"0.00001\"} 2\n"),
-            "{out}"
+            page.contains(&format!("x_seconds_count{{{vm}}} 4\n")),
+            "{page}"
         );
-        assert!(
-            out.contains("x_seconds_bucket{vm=\"a\",le=\"0.00002\"} 3\n"),
-            "{out}"
-        );
-        assert!(
-            out.contains("x_seconds_bucket{vm=\"a\",le=\"1\"} 3\n"),
-            "{out}"
-        );
-        assert!(
-            out.contains("x_seconds_bucket{vm=\"a\",le=\"+Inf\"} 4\n"),
-            "{out}"
-        );
-        assert!(out.contains("x_seconds_sum{vm=\"a\"} 1.5\n"), "{out}");
-        assert!(out.contains("x_seconds_count{vm=\"a\"} 4\n"), "{out}");
+        assert!(page.starts_with("# HELP x_seconds h\n# TYPE x_seconds histogram\n"));
     }
 }

@@ -5,7 +5,7 @@
 //! commands, at least one. A short burst passes at once; a sustained
 //! stream gets `rate` commands per second. The arithmetic is exact (credit
 //! in "nanoseconds × rate", 128 bits), so small and large rates alike
-//! neither drift nor overflow.
+//! neither drift nor overflow. (Why not a crate: `engine/sched.rs`.)
 
 use std::time::{Duration, Instant};
 

@@ -9,6 +9,17 @@
 //! [`Drr::set_weight`]), so an operator's change applies at the next sweep.
 //! docs/isolation.md ("QoS: rate limits and weighted fair sharing") gives
 //! the reasons and the measurements behind the design.
+//!
+//! The token buckets are our own, not a crate's (`governor` 0.10.4, the
+//! maintained one, read): its GCRA refuses a request larger than the
+//! burst outright, where [`TokenBucket`] lets a work request run and then
+//! owes what it moved (a 1 MiB message under a 5 ms burst must pass);
+//! its `Quota` holds at most `u32::MAX` cells per second or one per
+//! nanosecond, short of byte rates above 4 GB/s; a rate change means a new
+//! limiter, losing the debt; and it reads its own clock, while the
+//! engine passes one `now` to everything (and the tests inject it). It
+//! would also bring a dozen crates (dashmap, quanta, futures-util...). The
+//! control-command bucket (`ctrl/rate.rs`) is ours for the same reasons.
 
 use std::time::{Duration, Instant};
 

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use log::{debug, warn};
 use thiserror::Error;
 
-use crate::conn_pool::ConnPool;
+use crate::conn_pool::{self, linger_close};
 use crate::view::DaemonView;
 
 /// Longest request line in bytes (without the newline).
@@ -157,54 +157,27 @@ fn peer_allowed(stream: &UnixStream) -> bool {
 }
 
 fn accept_loop(listener: UnixListener, view: DaemonView, stop: Arc<AtomicBool>) {
-    let mut pool = ConnPool::new("mgmt-conn", MAX_CONNECTIONS);
-    for stream in listener.incoming() {
-        if stop.load(Ordering::Acquire) {
-            break;
-        }
-        let mut stream = match stream {
-            Ok(s) => s,
-            Err(e) => {
-                warn!("management socket: accept failed: {e}");
-                thread::sleep(Duration::from_millis(100));
-                continue;
+    let s = stop.clone();
+    conn_pool::accept_loop(
+        ("management socket", "mgmt-conn", MAX_CONNECTIONS),
+        listener.incoming(),
+        &stop,
+        |stream| {
+            if peer_allowed(stream) {
+                return true;
             }
-        };
-        if !peer_allowed(&stream) {
             warn!("management socket: refused a connection from another user");
             let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
             let _ = stream.write_all(b"{\"ok\":false,\"error\":\"permission denied\"}\n");
-            continue;
-        }
-        if pool.full() {
-            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-            let _ = stream.write_all(b"{\"ok\":false,\"error\":\"too many connections\"}\n");
-            continue;
-        }
-        let (v, s) = (view.clone(), stop.clone());
-        pool.spawn(move || {
-            if let Err(e) = serve_conn(stream, &v, &s) {
+            false
+        },
+        b"{\"ok\":false,\"error\":\"too many connections\"}\n",
+        move |stream| {
+            if let Err(e) = serve_conn(stream, &view, &s) {
                 debug!("management connection ended: {e}");
             }
-        });
-    }
-    pool.join();
-}
-
-/// Closes a connection whose peer may still be sending: stops writing,
-/// then reads and drops what arrives for a moment, so that the peer gets
-/// the answer and an orderly end instead of a reset.
-fn linger_close(stream: &mut UnixStream) {
-    let _ = stream.shutdown(std::net::Shutdown::Write);
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
-    let deadline = Instant::now() + Duration::from_millis(500);
-    let mut sink = [0u8; 4096];
-    while Instant::now() < deadline {
-        match stream.read(&mut sink) {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
-        }
-    }
+        },
+    );
 }
 
 /// Answers an oversized request with an error and closes the connection
