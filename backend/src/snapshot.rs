@@ -7,7 +7,7 @@ use crate::device::QueueDepths;
 use crate::qos::QosSpec;
 use crate::resources::ResourceCounts;
 use crate::server::{DaemonView, VmStats};
-use crate::stats::{HistogramSnapshot, TrafficStats};
+use crate::stats::TrafficStats;
 use crate::tenancy::IsolationStats;
 
 /// Everything reported about one VM.
@@ -57,14 +57,6 @@ pub struct Totals {
     pub isolation: IsolationStats,
 }
 
-fn add_histogram(a: &mut HistogramSnapshot, b: &HistogramSnapshot) {
-    for (x, y) in a.buckets.iter_mut().zip(b.buckets) {
-        *x += y;
-    }
-    a.count += b.count;
-    a.sum_ns += b.sum_ns;
-}
-
 impl Totals {
     /// Adds one VM.
     pub fn add(&mut self, s: &VmSnapshot) {
@@ -92,26 +84,8 @@ impl Totals {
         q.recv_wqes += w.recv_wqes;
         q.srq_wqes += w.srq_wqes;
         q.events_pending += w.events_pending;
-        let (t, u) = (&mut self.traffic, &s.traffic);
-        t.send_ops += u.send_ops;
-        t.send_bytes += u.send_bytes;
-        t.recv_ops += u.recv_ops;
-        t.recv_bytes += u.recv_bytes;
-        t.error_cqes += u.error_cqes;
-        t.flushed += u.flushed;
-        t.drops += u.drops;
-        t.throttled += u.throttled;
-        t.notifications += u.notifications;
-        t.ctrl_cmds += u.ctrl_cmds;
-        t.ctrl_errors += u.ctrl_errors;
-        add_histogram(&mut t.ctrl_latency, &u.ctrl_latency);
-        let (i, j) = (&mut self.isolation, &s.isolation);
-        i.denied += j.denied;
-        i.foreign_drops += j.foreign_drops;
-        i.foreign_rc += j.foreign_rc;
-        i.unknown_qpn += j.unknown_qpn;
-        i.bad_rkey += j.bad_rkey;
-        i.gid_spoof += j.gid_spoof;
+        self.traffic.add(&s.traffic);
+        self.isolation.add(&s.isolation);
     }
 }
 

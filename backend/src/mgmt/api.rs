@@ -17,8 +17,7 @@ use crate::qos::{QosSpec, MAX_WEIGHT};
 use crate::resources::ResourceCounts;
 use crate::server::DaemonView;
 use crate::snapshot::{self, Totals, VmSnapshot};
-use crate::stats::{HistogramSnapshot, TrafficStats, LATENCY_BOUNDS_US};
-use crate::tenancy::IsolationStats;
+use crate::stats::{HistogramSnapshot, LATENCY_BOUNDS_US};
 
 /// Commands of the API.
 pub const COMMANDS: [&str; 9] = [
@@ -257,21 +256,14 @@ fn resources_json(r: &ResourceCounts) -> Value {
     })
 }
 
-fn traffic_json(t: &TrafficStats) -> Value {
-    json!({
-        "send_ops": t.send_ops, "send_bytes": t.send_bytes,
-        "recv_ops": t.recv_ops, "recv_bytes": t.recv_bytes,
-        "error_cqes": t.error_cqes, "flushed": t.flushed, "drops": t.drops,
-        "throttled": t.throttled, "notifications": t.notifications,
-        "ctrl_cmds": t.ctrl_cmds, "ctrl_errors": t.ctrl_errors,
-    })
-}
-
-fn isolation_json(s: &IsolationStats) -> Value {
-    json!({
-        "denied": s.denied, "foreign_drops": s.foreign_drops, "foreign_rc": s.foreign_rc,
-        "unknown_qpn": s.unknown_qpn, "bad_rkey": s.bad_rkey, "gid_spoof": s.gid_spoof,
-    })
+/// Counters as a JSON object, by their names.
+fn counters_json<const N: usize>(fields: [(&'static str, u64); N]) -> Value {
+    Value::Object(
+        fields
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), Value::from(v)))
+            .collect(),
+    )
 }
 
 fn histogram_json(h: &HistogramSnapshot) -> Value {
@@ -318,8 +310,8 @@ fn tenant_summary(view: &DaemonView, t: usize, vms: &[VmSnapshot], sums: &Totals
         "connected_vms": sums.connected,
         "qos": view.qos().tenant(t).map(|q| qos_json(&q)),
         "resources": resources_json(&sums.resources),
-        "traffic": traffic_json(&sums.traffic),
-        "isolation": isolation_json(&sums.isolation),
+        "traffic": counters_json(sums.traffic.fields()),
+        "isolation": counters_json(sums.isolation.fields()),
         "ctrl_latency": histogram_json(&sums.traffic.ctrl_latency),
     })
 }
@@ -346,8 +338,8 @@ fn vm_stats(s: &VmSnapshot) -> Map<String, Value> {
             "srq_wqes": d.queues.srq_wqes,
             "events_pending": d.queues.events_pending,
         },
-        "traffic": traffic_json(&s.traffic),
-        "isolation": isolation_json(&s.isolation),
+        "traffic": counters_json(s.traffic.fields()),
+        "isolation": counters_json(s.isolation.fields()),
         "ctrl_latency": histogram_json(&s.traffic.ctrl_latency),
         "qos": s.qos.as_ref().map(qos_json),
     });

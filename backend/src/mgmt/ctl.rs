@@ -12,6 +12,8 @@ use clap::{ArgGroup, Args, Subcommand};
 use serde_json::{json, Map, Value};
 
 use super::client::Client;
+use crate::stats::TrafficStats;
+use crate::tenancy::IsolationStats;
 
 /// Default path of the management socket (the systemd unit's).
 pub const DEFAULT_SOCKET: &str = "/run/vhost-user-rdma/mgmt.sock";
@@ -492,36 +494,12 @@ fn stats_text(a: &Value) -> String {
         &a["queues"],
         &["send_wqes", "recv_wqes", "srq_wqes", "events_pending"],
     );
-    section(
-        &mut out,
-        "traffic",
-        &a["traffic"],
-        &[
-            "send_ops",
-            "send_bytes",
-            "recv_ops",
-            "recv_bytes",
-            "error_cqes",
-            "flushed",
-            "drops",
-            "throttled",
-            "notifications",
-            "ctrl_cmds",
-            "ctrl_errors",
-        ],
-    );
+    section(&mut out, "traffic", &a["traffic"], &TrafficStats::NAMES);
     section(
         &mut out,
         "isolation",
         &a["isolation"],
-        &[
-            "denied",
-            "foreign_drops",
-            "foreign_rc",
-            "unknown_qpn",
-            "bad_rkey",
-            "gid_spoof",
-        ],
+        &IsolationStats::NAMES,
     );
     let h = &a["ctrl_latency"];
     let count = u(h, &["count"]);
