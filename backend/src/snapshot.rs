@@ -65,25 +65,10 @@ impl Totals {
         self.connections += s.stats.connections;
         self.stale += u64::from(s.stats.stale_ms.is_some());
         let d = &s.stats.device;
-        let r = &mut self.resources;
-        r.ctx += d.resources.ctx;
-        r.pd += d.resources.pd;
-        r.cq += d.resources.cq;
-        r.qp += d.resources.qp;
-        r.mr += d.resources.mr;
-        r.srq += d.resources.srq;
-        r.ah += d.resources.ah;
-        r.registered_bytes += d.resources.registered_bytes;
-        r.host_bytes += d.resources.host_bytes;
-        self.ctrl.ok += d.ctrl.ok;
-        self.ctrl.failed += d.ctrl.failed;
-        self.ctrl.malformed += d.ctrl.malformed;
+        self.resources.add(&d.resources);
+        self.ctrl.add(&d.ctrl);
         self.events_lost += d.events_lost;
-        let (q, w) = (&mut self.queues, &d.queues);
-        q.send_wqes += w.send_wqes;
-        q.recv_wqes += w.recv_wqes;
-        q.srq_wqes += w.srq_wqes;
-        q.events_pending += w.events_pending;
+        self.queues.add(&d.queues);
         self.traffic.add(&s.traffic);
         self.isolation.add(&s.isolation);
     }
@@ -156,5 +141,20 @@ mod tests {
         assert_eq!(t.traffic.ctrl_latency.buckets[1], 4);
         assert_eq!(t.traffic.ctrl_latency.count, 4);
         assert_eq!(t.isolation.gid_spoof, 2);
+        assert_eq!(
+            t.resources.fields()[3..],
+            [
+                ("qp", 6),
+                ("mr", 0),
+                ("srq", 0),
+                ("ah", 0),
+                ("registered_bytes", 8192),
+                ("host_bytes", 600)
+            ]
+        );
+        assert_eq!(
+            t.ctrl.fields(),
+            [("ok", 0), ("failed", 2), ("malformed", 0)]
+        );
     }
 }

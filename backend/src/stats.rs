@@ -152,6 +152,46 @@ macro_rules! counters {
 }
 pub(crate) use counters;
 
+/// Generates, for a struct of plain values (`usize` or `u64`) that are
+/// summed over VMs, `add` (the sums), `NAMES` and `fields()` (name and
+/// value of every field, in order: the JSON keys of the management API and
+/// the rows of `ctl stats`). The struct is written as usual inside.
+macro_rules! sums {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            $( $(#[doc = $doc:literal])+ pub $field:ident: $ty:ty, )*
+        }
+    ) => {
+        $(#[$meta])*
+        pub struct $name {
+            $( $(#[doc = $doc])+ pub $field: $ty, )*
+        }
+
+        impl $name {
+            /// Names of the fields, in order.
+            pub const NAMES: [&'static str; [$(stringify!($field)),*].len()] =
+                [$(stringify!($field)),*];
+
+            /// Name and value of every field, in order.
+            pub fn fields(&self) -> [(&'static str, u64); Self::NAMES.len()] {
+                [$((stringify!($field), $crate::stats::as_u64(self.$field))),*]
+            }
+
+            /// Adds `other` (another VM's) to these sums.
+            pub fn add(&mut self, other: &Self) {
+                $(self.$field += other.$field;)*
+            }
+        }
+    };
+}
+pub(crate) use sums;
+
+/// A count as `u64` (saturating), for [`sums!`]'s `fields()`.
+pub fn as_u64(v: impl TryInto<u64>) -> u64 {
+    v.try_into().unwrap_or(u64::MAX)
+}
+
 counters! {
     /// Data-path and control-path counters of one VM.
     pub struct TrafficCounters;

@@ -14,7 +14,6 @@ use serde_json::{json, Map, Value};
 
 use crate::config::{gid_text, mac_text};
 use crate::qos::{QosSpec, MAX_WEIGHT};
-use crate::resources::ResourceCounts;
 use crate::server::DaemonView;
 use crate::snapshot::{self, Totals, VmSnapshot};
 use crate::stats::{HistogramSnapshot, LATENCY_BOUNDS_US};
@@ -248,14 +247,6 @@ pub fn qos_json(q: &QosSpec) -> Value {
     })
 }
 
-fn resources_json(r: &ResourceCounts) -> Value {
-    json!({
-        "ctx": r.ctx, "pd": r.pd, "cq": r.cq, "qp": r.qp, "mr": r.mr,
-        "srq": r.srq, "ah": r.ah, "registered_bytes": r.registered_bytes,
-        "host_bytes": r.host_bytes,
-    })
-}
-
 /// Counters as a JSON object, by their names.
 fn counters_json<const N: usize>(fields: [(&'static str, u64); N]) -> Value {
     Value::Object(
@@ -288,7 +279,7 @@ fn vm_summary(view: &DaemonView, s: &VmSnapshot) -> Value {
         "connected": s.stats.connected,
         "connections": s.stats.connections,
         "stale_ms": s.stats.stale_ms,
-        "resources": resources_json(&s.stats.device.resources),
+        "resources": counters_json(s.stats.device.resources.fields()),
         "qos": s.qos.as_ref().map(qos_json),
     })
 }
@@ -309,7 +300,7 @@ fn tenant_summary(view: &DaemonView, t: usize, vms: &[VmSnapshot], sums: &Totals
         "vms": names,
         "connected_vms": sums.connected,
         "qos": view.qos().tenant(t).map(|q| qos_json(&q)),
-        "resources": resources_json(&sums.resources),
+        "resources": counters_json(sums.resources.fields()),
         "traffic": counters_json(sums.traffic.fields()),
         "isolation": counters_json(sums.isolation.fields()),
         "ctrl_latency": histogram_json(&sums.traffic.ctrl_latency),
@@ -325,19 +316,10 @@ fn vm_stats(s: &VmSnapshot) -> Map<String, Value> {
         "connected": s.stats.connected,
         "connections": s.stats.connections,
         "stale_ms": s.stats.stale_ms,
-        "resources": resources_json(&d.resources),
-        "ctrl": {
-            "ok": d.ctrl.ok,
-            "failed": d.ctrl.failed,
-            "malformed": d.ctrl.malformed,
-        },
+        "resources": counters_json(d.resources.fields()),
+        "ctrl": counters_json(d.ctrl.fields()),
         "events_lost": d.events_lost,
-        "queues": {
-            "send_wqes": d.queues.send_wqes,
-            "recv_wqes": d.queues.recv_wqes,
-            "srq_wqes": d.queues.srq_wqes,
-            "events_pending": d.queues.events_pending,
-        },
+        "queues": counters_json(d.queues.fields()),
         "traffic": counters_json(s.traffic.fields()),
         "isolation": counters_json(s.isolation.fields()),
         "ctrl_latency": histogram_json(&s.traffic.ctrl_latency),
