@@ -187,7 +187,7 @@ macro_rules! sums {
 }
 pub(crate) use sums;
 
-/// A count as `u64` (saturating), for [`sums!`]'s `fields()`.
+/// A count as `u64` (saturating), for the `fields()` of `sums!`.
 pub fn as_u64(v: impl TryInto<u64>) -> u64 {
     v.try_into().unwrap_or(u64::MAX)
 }
