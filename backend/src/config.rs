@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use thiserror::Error;
 use virtio_rdma_abi::config::{DeviceConfig, ALL_DEVICE_FEATURES};
 use virtio_rdma_abi::mem::{send_wqe_shift, MAX_PAGE_SHIFT, MIN_PAGE_SHIFT};
+use virtio_rdma_abi::verbs::DeviceAttr;
 use virtio_rdma_abi::ABI_VERSION;
 
 use crate::resources::handle::MAX_SLOTS;
@@ -152,128 +153,240 @@ pub enum ConfigError {
 /// Most engine threads.
 pub const MAX_ENGINE_THREADS: usize = 64;
 
-/// Per-VM limits, advertised in the device configuration and enforced on
-/// every create command.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// Live contexts.
-    pub max_ctx: u32,
-    /// Live protection domains.
-    pub max_pd: u32,
-    /// Live completion queues.
-    pub max_cq: u32,
-    /// Live queue pairs.
-    pub max_qp: u32,
-    /// Live memory regions.
-    pub max_mr: u32,
-    /// Live shared receive queues.
-    pub max_srq: u32,
-    /// Live address handles.
-    pub max_ah: u32,
-    /// CQ depth.
-    pub max_cqe: u32,
-    /// Send/receive queue depth.
-    pub max_qp_wr: u32,
-    /// SRQ depth.
-    pub max_srq_wr: u32,
-    /// SGEs per send WQE.
-    pub max_send_sge: u32,
-    /// SGEs per receive WQE.
-    pub max_recv_sge: u32,
-    /// Inline bytes per send WQE.
-    pub max_inline_data: u32,
-    /// Entries of an inline page list.
-    pub max_inline_pages: u32,
-    /// Outstanding RDMA READ/atomic per QP.
-    pub max_qp_rd_atom: u32,
-    /// Bytes of one MR.
-    pub max_mr_size: u64,
-    /// Registered bytes of all MRs of the VM.
-    pub max_mr_bytes: u64,
-    /// Host memory the daemon may hold for the VM's objects: page-list
-    /// translations of MRs and queue rings, and the objects themselves
-    /// (see [`crate::resources::host_cost`]). Not advertised to the driver;
-    /// a create command over it fails with `QUOTA`, detail 9.
-    pub max_host_bytes: u64,
-    /// Allowed page sizes (bit n = 2^n bytes).
-    pub page_size_cap: u64,
-    /// Control requests the device takes from the VM's control queue in one
-    /// pass before it lets other VMs' control workers run (the requests
-    /// beyond it wait in the ring, they are not failed).
-    pub max_ctrl_outstanding: u32,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            max_ctx: 64,
-            max_pd: 1024,
-            max_cq: 16384,
-            max_qp: 16384,
-            max_mr: 16384,
-            max_srq: 1024,
-            max_ah: 16384,
-            max_cqe: 65536,
-            max_qp_wr: 16384,
-            max_srq_wr: 16384,
-            max_send_sge: 16,
-            max_recv_sge: 16,
-            max_inline_data: 256,
-            max_inline_pages: 512,
-            max_qp_rd_atom: 16,
-            max_mr_size: 16 << 30,
-            // The daemon keeps 8 bytes of translation per registered 4 KiB
-            // page: 64 GiB of registrations cost at most 128 MiB of host memory.
-            max_mr_bytes: 64 << 30,
-            // The translation of max_mr_bytes in 4 KiB pages (128 MiB) and
-            // as much again for rings and objects. Every queue at its
-            // largest (max_qp QPs of max_qp_wr WQEs and so on) would need
-            // ~0.7 GiB; real workloads use a small fraction, and
-            // contiguous or huge-page memory descriptions cost nothing.
-            max_host_bytes: 256 << 20,
-            // Every page size from 4 KiB to 1 GiB.
-            page_size_cap: ((1u64 << (MAX_PAGE_SHIFT + 1)) - 1) & !((1u64 << MIN_PAGE_SHIFT) - 1),
-            max_ctrl_outstanding: 64,
+/// Generates, from the one list of limits below: [`Limits`] and its
+/// `Default`, [`LimitOverrides`] (the `--max-*` options, `clap` arguments
+/// flattened into the daemon's command line, and their merge), each limit's
+/// own bounds check, the copy of the advertised limits into the wire
+/// structures ([`Limits::device_config`], [`Limits::device_attr`]), and
+/// `limit_fields!`, which hands `name: type` of every limit to another
+/// generator (the TOML `limits` tables of [`crate::config_file`]).
+///
+/// An entry is `doc; name: type = default, "option", [min, max(, check)]`:
+/// the doc is the field's and the option's help; `"option"` is the command
+/// line's `--option` and the name errors give; `check` is a function
+/// `fn(&'static str, u64) -> Result<(), ConfigError>` run after the range.
+/// The entries of `advertised` are fields of `DeviceConfig` and
+/// `DeviceAttr` (the abi's wire structures, of the same names); those of
+/// `host` are the daemon's alone.
+macro_rules! limits {
+    (
+        advertised {
+            $(
+                $(#[doc = $adoc:literal])+
+                $afield:ident: $aty:ty = $adefault:expr, $aflag:literal,
+                    [$amin:expr, $amax:expr $(, $acheck:ident)?];
+            )*
         }
-    }
-}
+        host {
+            $(
+                $(#[doc = $hdoc:literal])+
+                $hfield:ident: $hty:ty = $hdefault:expr, $hflag:literal,
+                    [$hmin:expr, $hmax:expr $(, $hcheck:ident)?];
+            )*
+        }
+    ) => {
+        /// Per-VM limits, advertised in the device configuration (all but
+        /// the host-side ones) and enforced on every create command.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub struct Limits {
+            $($(#[doc = $adoc])+ pub $afield: $aty,)*
+            $($(#[doc = $hdoc])+ pub $hfield: $hty,)*
+        }
 
-/// Generates [`LimitOverrides`] from the list of [`Limits`] fields.
-macro_rules! limit_overrides {
-    ($($field:ident: $ty:ty),* $(,)?) => {
-        /// Limits given explicitly (on the command line): each `Some` replaces
-        /// the field of the same name of a [`Limits`].
-        #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-        #[allow(missing_docs)]
+        impl Default for Limits {
+            fn default() -> Self {
+                Limits {
+                    $($afield: $adefault,)*
+                    $($hfield: $hdefault,)*
+                }
+            }
+        }
+
+        /// Limits given explicitly: the `--max-*` options of the command
+        /// line (flattened into its arguments). Each `Some` replaces the
+        /// field of the same name of a [`Limits`].
+        #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, clap::Args)]
         pub struct LimitOverrides {
-            $(pub $field: Option<$ty>,)*
+            $($(#[doc = $adoc])+ #[arg(long = $aflag)] pub $afield: Option<$aty>,)*
+            $($(#[doc = $hdoc])+ #[arg(long = $hflag)] pub $hfield: Option<$hty>,)*
         }
 
         impl LimitOverrides {
             /// Replaces the fields of `limits` that are given here.
             pub fn apply(&self, limits: &mut Limits) {
-                $(if let Some(v) = self.$field {
-                    limits.$field = v;
+                $(if let Some(v) = self.$afield {
+                    limits.$afield = v;
+                })*
+                $(if let Some(v) = self.$hfield {
+                    limits.$hfield = v;
                 })*
             }
 
             /// Whether the field named `name` (`max_qp`) is given here.
             pub fn is_set(&self, name: &str) -> bool {
                 match name {
-                    $(stringify!($field) => self.$field.is_some(),)*
+                    $(stringify!($afield) => self.$afield.is_some(),)*
+                    $(stringify!($hfield) => self.$hfield.is_some(),)*
                     _ => false,
                 }
             }
         }
+
+        impl Limits {
+            /// Checks every limit against its own bounds, in list order.
+            fn check_each(&self) -> Result<(), ConfigError> {
+                $(
+                    range($aflag, wide(self.$afield), $amin, $amax)?;
+                    $($acheck($aflag, wide(self.$afield))?;)?
+                )*
+                $(
+                    range($hflag, wide(self.$hfield), $hmin, $hmax)?;
+                    $($hcheck($hflag, wide(self.$hfield))?;)?
+                )*
+                Ok(())
+            }
+
+            /// The device configuration advertised to the driver, without
+            /// a paired interface (`mac` zero).
+            pub fn device_config(&self) -> DeviceConfig {
+                DeviceConfig {
+                    abi_version: ABI_VERSION,
+                    $($afield: self.$afield,)*
+                    // `mac` is not a limit: the VM's (`VmConfig::mac`),
+                    // set by the device.
+                    ..DeviceConfig::default()
+                }
+            }
+
+            /// The QUERY_DEVICE attributes these limits determine; the
+            /// others (identity, versions, capabilities of the RNIC) are
+            /// zero, for the caller to fill.
+            pub fn device_attr(&self) -> DeviceAttr {
+                DeviceAttr {
+                    $($afield: self.$afield,)*
+                    max_qp_init_rd_atom: self.max_qp_rd_atom,
+                    max_mr_pages: self.max_mr_pages(),
+                    ..DeviceAttr::default()
+                }
+            }
+        }
+
+        #[cfg(test)]
+        impl Limits {
+            /// `(field, option)` of every limit.
+            const OPTIONS: &'static [(&'static str, &'static str)] = &[
+                $((stringify!($afield), $aflag),)*
+                $((stringify!($hfield), $hflag),)*
+            ];
+        }
+
+        /// Calls the generator `$gen` with `name: type,` of every limit.
+        macro_rules! limit_fields {
+            ($gen:ident) => {
+                $gen! { $($afield: $aty,)* $($hfield: $hty,)* }
+            };
+        }
+        pub(crate) use limit_fields;
     };
 }
 
-limit_overrides! {
-    max_ctx: u32, max_pd: u32, max_cq: u32, max_qp: u32, max_mr: u32, max_srq: u32,
-    max_ah: u32, max_cqe: u32, max_qp_wr: u32, max_srq_wr: u32, max_send_sge: u32,
-    max_recv_sge: u32, max_inline_data: u32, max_inline_pages: u32, max_qp_rd_atom: u32,
-    max_mr_size: u64, max_mr_bytes: u64, max_host_bytes: u64, page_size_cap: u64,
-    max_ctrl_outstanding: u32,
+/// Largest depth of any queue: the ring index arithmetic uses 32 bits and
+/// we want headroom.
+const MAX_DEPTH: u64 = 1 << 22;
+
+/// Every page size from 4 KiB to 1 GiB (bit n: 2^n-byte pages).
+const ALL_PAGE_SIZES: u64 = ((1u64 << (MAX_PAGE_SHIFT + 1)) - 1) & !((1u64 << MIN_PAGE_SHIFT) - 1);
+
+/// Most live objects of one kind.
+const MAX_OBJECTS: u64 = MAX_SLOTS as u64;
+
+// The limits: to add one, add its line here (and, if advertised, its field
+// to `DeviceConfig` and `DeviceAttr` in the abi and the spec).
+limits! {
+    advertised {
+        /// Per-VM maximum number of contexts.
+        max_ctx: u32 = 64, "max-ctx", [1, MAX_OBJECTS];
+        /// Per-VM maximum number of protection domains.
+        max_pd: u32 = 1024, "max-pd", [1, MAX_OBJECTS];
+        /// Per-VM maximum number of completion queues.
+        max_cq: u32 = 16384, "max-cq", [1, MAX_OBJECTS];
+        /// Per-VM maximum number of queue pairs.
+        max_qp: u32 = 16384, "max-qp", [1, MAX_OBJECTS];
+        /// Per-VM maximum number of memory regions.
+        max_mr: u32 = 16384, "max-mr", [1, MAX_OBJECTS];
+        /// Per-VM maximum number of shared receive queues.
+        max_srq: u32 = 1024, "max-srq", [1, MAX_OBJECTS];
+        /// Per-VM maximum number of address handles.
+        max_ah: u32 = 16384, "max-ah", [1, MAX_OBJECTS];
+        /// Maximum CQ depth (power of two).
+        max_cqe: u32 = 65536, "max-cqe", [1, MAX_DEPTH, power_of_two];
+        /// Maximum send/receive queue depth (power of two).
+        max_qp_wr: u32 = 16384, "max-qp-wr", [1, MAX_DEPTH, power_of_two];
+        /// Maximum SRQ depth (power of two).
+        max_srq_wr: u32 = 16384, "max-srq-wr", [1, MAX_DEPTH, power_of_two];
+        /// Maximum scatter/gather entries per send work request (1..=30).
+        max_send_sge: u32 = 16, "max-send-sge", [1, 30];
+        /// Maximum scatter/gather entries per receive work request (1..=30).
+        max_recv_sge: u32 = 16, "max-recv-sge", [1, 30];
+        /// Maximum inline data bytes per send work request (0..=480).
+        max_inline_data: u32 = 256, "max-inline-data", [0, 480];
+        /// Maximum entries of an inline page list.
+        max_inline_pages: u32 = 512, "max-inline-pages", [1, 65536];
+        /// Maximum outstanding RDMA READ/atomic operations per QP (1..=255).
+        max_qp_rd_atom: u32 = 16, "max-qp-rd-atom", [1, 255];
+        /// Maximum bytes of one memory region.
+        max_mr_size: u64 = 16 << 30, "max-mr-size", [4096, 1 << 46];
+        /// Per-VM maximum of registered bytes over all memory regions.
+        // The daemon keeps 8 bytes of translation per registered 4 KiB
+        // page: 64 GiB of registrations cost at most 128 MiB of host memory.
+        max_mr_bytes: u64 = 64 << 30, "max-mr-bytes", [4096, 1 << 50];
+        /// Allowed page sizes, bit n for 2^n-byte pages: 4 KiB to 1 GiB,
+        /// 4 KiB always included (default: all of them).
+        page_size_cap: u64 = ALL_PAGE_SIZES, "page-size-cap", [0, u64::MAX, page_sizes];
+    }
+    host {
+        /// Per-VM maximum of host memory held for the VM's objects (page-list
+        /// translations of MRs and queue rings, object state), in bytes. Not
+        /// advertised to the driver; a create command over it fails with
+        /// QUOTA, detail 9 (see resources::host_cost).
+        // The translation of max_mr_bytes in 4 KiB pages (128 MiB) and as
+        // much again for rings and objects. Every queue at its largest
+        // (max_qp QPs of max_qp_wr WQEs and so on) would need ~0.7 GiB;
+        // real workloads use a small fraction, and contiguous or huge-page
+        // memory descriptions cost nothing.
+        max_host_bytes: u64 = 256 << 20, "max-host-bytes", [1 << 16, 1 << 40];
+        /// Control requests taken from one VM's control queue per pass before
+        /// other VMs' control workers get to run (1..=1024; the requests
+        /// beyond it wait in the ring, they are not failed).
+        max_ctrl_outstanding: u32 = 64, "max-ctrl-outstanding", [1, 1024];
+    }
+}
+
+/// A limit as `u64`, for its bounds check.
+fn wide(v: impl Into<u64>) -> u64 {
+    v.into()
+}
+
+/// Checks that depth limit `name` is a power of two.
+fn power_of_two(name: &'static str, value: u64) -> Result<(), ConfigError> {
+    if !value.is_power_of_two() {
+        return Err(ConfigError::NotPowerOfTwo { name, value });
+    }
+    Ok(())
+}
+
+/// Checks that `page_size_cap` allows only 4 KiB to 1 GiB pages, 4 KiB
+/// among them (spec 5: drivers rely on it).
+fn page_sizes(_name: &'static str, value: u64) -> Result<(), ConfigError> {
+    if value & !ALL_PAGE_SIZES != 0 || value & (1 << MIN_PAGE_SHIFT) == 0 {
+        return Err(ConfigError::LimitOutOfRange {
+            name: "page-size-cap (only 4 KiB to 1 GiB pages, 4 KiB included)",
+            value,
+            min: 1 << MIN_PAGE_SHIFT,
+            max: u64::MAX,
+        });
+    }
+    Ok(())
 }
 
 impl ConfigError {
@@ -292,72 +405,16 @@ impl ConfigError {
     }
 }
 
-/// Largest depth of any queue: the ring index arithmetic uses 32 bits and
-/// we want headroom.
-const MAX_DEPTH: u64 = 1 << 22;
-
 impl Limits {
-    /// Checks every limit against what the implementation can support.
+    /// Checks every limit against what the implementation can support:
+    /// each against its bounds, then the combinations.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let counts = [
-            ("max-ctx", self.max_ctx),
-            ("max-pd", self.max_pd),
-            ("max-cq", self.max_cq),
-            ("max-qp", self.max_qp),
-            ("max-mr", self.max_mr),
-            ("max-srq", self.max_srq),
-            ("max-ah", self.max_ah),
-        ];
-        for (name, v) in counts {
-            range(name, u64::from(v), 1, MAX_SLOTS as u64)?;
-        }
-        for (name, v) in [
-            ("max-cqe", self.max_cqe),
-            ("max-qp-wr", self.max_qp_wr),
-            ("max-srq-wr", self.max_srq_wr),
-        ] {
-            range(name, u64::from(v), 1, MAX_DEPTH)?;
-            if !v.is_power_of_two() {
-                return Err(ConfigError::NotPowerOfTwo {
-                    name,
-                    value: u64::from(v),
-                });
-            }
-        }
-        range("max-send-sge", u64::from(self.max_send_sge), 1, 30)?;
-        range("max-recv-sge", u64::from(self.max_recv_sge), 1, 30)?;
-        range("max-inline-data", u64::from(self.max_inline_data), 0, 480)?;
-        range(
-            "max-inline-pages",
-            u64::from(self.max_inline_pages),
-            1,
-            65536,
-        )?;
-        range("max-qp-rd-atom", u64::from(self.max_qp_rd_atom), 1, 255)?;
-        range("max-mr-size", self.max_mr_size, 4096, 1 << 46)?;
-        range("max-mr-bytes", self.max_mr_bytes, 4096, 1 << 50)?;
-        range("max-host-bytes", self.max_host_bytes, 1 << 16, 1 << 40)?;
-        range(
-            "max-ctrl-outstanding",
-            u64::from(self.max_ctrl_outstanding),
-            1,
-            1024,
-        )?;
+        self.check_each()?;
         let stride = 1u64 << send_wqe_shift(self.max_send_sge, self.max_inline_data);
         if u64::from(self.max_qp_wr) * stride > 1 << 31 {
             return Err(ConfigError::RingTooLarge {
                 depth: self.max_qp_wr,
                 stride,
-            });
-        }
-        let valid_pages = ((1u64 << (MAX_PAGE_SHIFT + 1)) - 1) & !((1u64 << MIN_PAGE_SHIFT) - 1);
-        if self.page_size_cap & !valid_pages != 0 || self.page_size_cap & (1 << MIN_PAGE_SHIFT) == 0
-        {
-            return Err(ConfigError::LimitOutOfRange {
-                name: "page-size-cap (only 4 KiB to 1 GiB pages, 4 KiB included)",
-                value: self.page_size_cap,
-                min: 1 << MIN_PAGE_SHIFT,
-                max: u64::MAX,
             });
         }
         Ok(())
@@ -372,35 +429,6 @@ impl Limits {
         const PAGE: u64 = 1 << MIN_PAGE_SHIFT;
         let span = self.max_mr_size.saturating_add(PAGE - 1);
         u32::try_from(span.div_ceil(PAGE)).unwrap_or(u32::MAX)
-    }
-
-    /// The device configuration advertised to the driver, without a paired
-    /// interface (`mac` zero).
-    pub fn device_config(&self) -> DeviceConfig {
-        DeviceConfig {
-            abi_version: ABI_VERSION,
-            max_ctx: self.max_ctx,
-            max_pd: self.max_pd,
-            max_cq: self.max_cq,
-            max_qp: self.max_qp,
-            max_mr: self.max_mr,
-            max_srq: self.max_srq,
-            max_ah: self.max_ah,
-            max_cqe: self.max_cqe,
-            max_qp_wr: self.max_qp_wr,
-            max_srq_wr: self.max_srq_wr,
-            max_send_sge: self.max_send_sge,
-            max_recv_sge: self.max_recv_sge,
-            max_inline_data: self.max_inline_data,
-            max_inline_pages: self.max_inline_pages,
-            max_qp_rd_atom: self.max_qp_rd_atom,
-            max_mr_size: self.max_mr_size,
-            max_mr_bytes: self.max_mr_bytes,
-            page_size_cap: self.page_size_cap,
-            // Not a limit: the VM's (`VmConfig::mac`), set by the device.
-            mac: [0; 6],
-            reserved: 0,
-        }
     }
 }
 
@@ -807,6 +835,33 @@ mod tests {
         assert_eq!(Limits::default().page_size_cap & 0xfff, 0);
         assert_ne!(Limits::default().page_size_cap & (1 << 30), 0);
         assert_eq!(Limits::default().page_size_cap >> 31, 0);
+    }
+
+    /// [`ConfigError::limit_field`] finds a limit's field from its option
+    /// name, and the advertised limits reach both wire structures.
+    #[test]
+    fn options_are_the_field_names_and_limits_are_advertised() {
+        for (field, option) in Limits::OPTIONS {
+            assert_eq!(option.replace('-', "_"), *field);
+        }
+        assert_eq!(Limits::OPTIONS.len(), 20);
+        let l = Limits {
+            max_qp: 7,
+            max_qp_rd_atom: 3,
+            max_mr_size: 1 << 20,
+            ..Limits::default()
+        };
+        let (c, a) = (l.device_config(), l.device_attr());
+        assert_eq!((c.abi_version, c.max_qp, c.mac), (ABI_VERSION, 7, [0; 6]));
+        assert_eq!(
+            (a.max_qp, a.max_qp_rd_atom, a.max_qp_init_rd_atom),
+            (7, 3, 3)
+        );
+        assert_eq!(
+            (c.max_mr_size, a.max_mr_size, a.max_mr_pages),
+            (1 << 20, 1 << 20, 257)
+        );
+        assert_eq!(c.page_size_cap, a.page_size_cap);
     }
 
     #[test]

@@ -269,7 +269,8 @@ pub enum FileError {
     Cli(Box<ConfigError>),
 }
 
-/// Generates the `limits` tables: every [`Limits`] field by its name.
+/// Generates the `limits` tables: every [`Limits`] field by its name (from
+/// the list of limits in [`crate::config`]).
 macro_rules! limits_table {
     ($($field:ident: $ty:ty),* $(,)?) => {
         #[derive(Debug, Default, Deserialize)]
@@ -295,13 +296,7 @@ macro_rules! limits_table {
     };
 }
 
-limits_table! {
-    max_ctx: u32, max_pd: u32, max_cq: u32, max_qp: u32, max_mr: u32, max_srq: u32,
-    max_ah: u32, max_cqe: u32, max_qp_wr: u32, max_srq_wr: u32, max_send_sge: u32,
-    max_recv_sge: u32, max_inline_data: u32, max_inline_pages: u32, max_qp_rd_atom: u32,
-    max_mr_size: u64, max_mr_bytes: u64, max_host_bytes: u64, page_size_cap: u64,
-    max_ctrl_outstanding: u32,
-}
+crate::config::limit_fields!(limits_table);
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -93,6 +93,7 @@ pub struct DeviceStats {
     pub queues: QueueDepths,
 }
 
+crate::stats::sums! {
 /// Work waiting in a VM's queues (a snapshot; producer indices are read
 /// from the doorbells, so a queue the driver claims to have overfilled
 /// counts as full).
@@ -106,6 +107,7 @@ pub struct QueueDepths {
     pub srq_wqes: u64,
     /// Asynchronous events waiting for an event buffer.
     pub events_pending: u64,
+}
 }
 
 /// The virtio-rdma device of one VM.

@@ -40,50 +40,9 @@ struct Args {
     /// vhost-user socket to serve; repeat for more VMs (one socket per VM).
     #[arg(short, long = "socket-path", required_unless_present = "config")]
     socket_path: Vec<PathBuf>,
-    /// Per-VM maximum number of contexts.
-    #[arg(long)]
-    max_ctx: Option<u32>,
-    /// Per-VM maximum number of protection domains.
-    #[arg(long)]
-    max_pd: Option<u32>,
-    /// Per-VM maximum number of completion queues.
-    #[arg(long)]
-    max_cq: Option<u32>,
-    /// Per-VM maximum number of queue pairs.
-    #[arg(long)]
-    max_qp: Option<u32>,
-    /// Per-VM maximum number of memory regions.
-    #[arg(long)]
-    max_mr: Option<u32>,
-    /// Per-VM maximum number of shared receive queues.
-    #[arg(long)]
-    max_srq: Option<u32>,
-    /// Per-VM maximum number of address handles.
-    #[arg(long)]
-    max_ah: Option<u32>,
-    /// Maximum CQ depth (power of two).
-    #[arg(long)]
-    max_cqe: Option<u32>,
-    /// Maximum send/receive queue depth (power of two).
-    #[arg(long)]
-    max_qp_wr: Option<u32>,
-    /// Maximum SRQ depth (power of two).
-    #[arg(long)]
-    max_srq_wr: Option<u32>,
-    /// Maximum bytes of one memory region.
-    #[arg(long)]
-    max_mr_size: Option<u64>,
-    /// Per-VM maximum of registered bytes over all memory regions.
-    #[arg(long)]
-    max_mr_bytes: Option<u64>,
-    /// Per-VM maximum of host memory held for the VM's objects (page-list
-    /// translations of MRs and queue rings, object state), in bytes.
-    #[arg(long)]
-    max_host_bytes: Option<u64>,
-    /// Control requests taken from one VM's control queue per pass before
-    /// other VMs' control workers get to run (1..=1024).
-    #[arg(long)]
-    max_ctrl_outstanding: Option<u32>,
+    /// The per-VM limits (--max-qp and so on), from the list of limits.
+    #[command(flatten)]
+    limits: LimitOverrides,
     /// Number of RNIC engine threads (1..=64); a tenant's VMs share one.
     /// Replaces the file's [daemon] engine_threads.
     #[arg(long)]
@@ -182,23 +141,7 @@ impl TryFrom<Args> for DaemonConfig {
 /// and the log format they ask for (`None`: not given).
 fn daemon_config(a: Args) -> Result<(DaemonConfig, Option<LogFormat>), ArgsError> {
     let mut log_format = a.log_format;
-    let cli = LimitOverrides {
-        max_ctx: a.max_ctx,
-        max_pd: a.max_pd,
-        max_cq: a.max_cq,
-        max_qp: a.max_qp,
-        max_mr: a.max_mr,
-        max_srq: a.max_srq,
-        max_ah: a.max_ah,
-        max_cqe: a.max_cqe,
-        max_qp_wr: a.max_qp_wr,
-        max_srq_wr: a.max_srq_wr,
-        max_mr_size: a.max_mr_size,
-        max_mr_bytes: a.max_mr_bytes,
-        max_host_bytes: a.max_host_bytes,
-        max_ctrl_outstanding: a.max_ctrl_outstanding,
-        ..LimitOverrides::default()
-    };
+    let cli = a.limits;
     let (mut config, limits) = match &a.config {
         Some(path) => {
             let loaded = config_file::load(path, &cli)?;
@@ -338,6 +281,26 @@ mod tests {
         assert_eq!(c.vms[1].tenant, "default");
         assert_eq!(c.vms[0].limits.max_qp, 8);
         assert_eq!(c.vms[1].limits.max_qp, 8);
+        // Every limit has its option.
+        let a = Args::try_parse_from([
+            "x",
+            "-s",
+            "/tmp/a.sock",
+            "--max-send-sge",
+            "4",
+            "--page-size-cap",
+            "2101248",
+            "--max-ctrl-outstanding",
+            "5",
+        ])
+        .unwrap();
+        let c = DaemonConfig::try_from(a).unwrap();
+        let l = c.vms[0].limits;
+        assert_eq!((l.max_send_sge, l.page_size_cap), (4, 0x20_1000));
+        assert_eq!(
+            (l.max_ctrl_outstanding, l.max_qp),
+            (5, Limits::default().max_qp)
+        );
         let a = Args::try_parse_from(["x", "-s", "/tmp/a.sock", "--max-cqe", "1000"]).unwrap();
         assert!(DaemonConfig::try_from(a).is_err());
         assert!(Args::try_parse_from(["x"]).is_err());

@@ -6,7 +6,7 @@ use crate::ctrl::CtrlStats;
 use crate::device::QueueDepths;
 use crate::qos::QosSpec;
 use crate::resources::ResourceCounts;
-use crate::stats::{HistogramSnapshot, TrafficStats};
+use crate::stats::TrafficStats;
 use crate::tenancy::IsolationStats;
 use crate::view::{DaemonView, VmStats};
 
@@ -57,14 +57,6 @@ pub struct Totals {
     pub isolation: IsolationStats,
 }
 
-fn add_histogram(a: &mut HistogramSnapshot, b: &HistogramSnapshot) {
-    for (x, y) in a.buckets.iter_mut().zip(b.buckets) {
-        *x += y;
-    }
-    a.count += b.count;
-    a.sum_ns += b.sum_ns;
-}
-
 impl Totals {
     /// Adds one VM.
     pub fn add(&mut self, s: &VmSnapshot) {
@@ -73,45 +65,12 @@ impl Totals {
         self.connections += s.stats.connections;
         self.stale += u64::from(s.stats.stale_ms.is_some());
         let d = &s.stats.device;
-        let r = &mut self.resources;
-        r.ctx += d.resources.ctx;
-        r.pd += d.resources.pd;
-        r.cq += d.resources.cq;
-        r.qp += d.resources.qp;
-        r.mr += d.resources.mr;
-        r.srq += d.resources.srq;
-        r.ah += d.resources.ah;
-        r.registered_bytes += d.resources.registered_bytes;
-        r.host_bytes += d.resources.host_bytes;
-        self.ctrl.ok += d.ctrl.ok;
-        self.ctrl.failed += d.ctrl.failed;
-        self.ctrl.malformed += d.ctrl.malformed;
+        self.resources.add(&d.resources);
+        self.ctrl.add(&d.ctrl);
         self.events_lost += d.events_lost;
-        let (q, w) = (&mut self.queues, &d.queues);
-        q.send_wqes += w.send_wqes;
-        q.recv_wqes += w.recv_wqes;
-        q.srq_wqes += w.srq_wqes;
-        q.events_pending += w.events_pending;
-        let (t, u) = (&mut self.traffic, &s.traffic);
-        t.send_ops += u.send_ops;
-        t.send_bytes += u.send_bytes;
-        t.recv_ops += u.recv_ops;
-        t.recv_bytes += u.recv_bytes;
-        t.error_cqes += u.error_cqes;
-        t.flushed += u.flushed;
-        t.drops += u.drops;
-        t.throttled += u.throttled;
-        t.notifications += u.notifications;
-        t.ctrl_cmds += u.ctrl_cmds;
-        t.ctrl_errors += u.ctrl_errors;
-        add_histogram(&mut t.ctrl_latency, &u.ctrl_latency);
-        let (i, j) = (&mut self.isolation, &s.isolation);
-        i.denied += j.denied;
-        i.foreign_drops += j.foreign_drops;
-        i.foreign_rc += j.foreign_rc;
-        i.unknown_qpn += j.unknown_qpn;
-        i.bad_rkey += j.bad_rkey;
-        i.gid_spoof += j.gid_spoof;
+        self.queues.add(&d.queues);
+        self.traffic.add(&s.traffic);
+        self.isolation.add(&s.isolation);
     }
 }
 
@@ -182,5 +141,20 @@ mod tests {
         assert_eq!(t.traffic.ctrl_latency.buckets[1], 4);
         assert_eq!(t.traffic.ctrl_latency.count, 4);
         assert_eq!(t.isolation.gid_spoof, 2);
+        assert_eq!(
+            t.resources.fields()[3..],
+            [
+                ("qp", 6),
+                ("mr", 0),
+                ("srq", 0),
+                ("ah", 0),
+                ("registered_bytes", 8192),
+                ("host_bytes", 600)
+            ]
+        );
+        assert_eq!(
+            t.ctrl.fields(),
+            [("ok", 0), ("failed", 2), ("malformed", 0)]
+        );
     }
 }

@@ -31,6 +31,17 @@ pub struct HistogramSnapshot {
     pub sum_ns: u64,
 }
 
+impl HistogramSnapshot {
+    /// Adds the observations of `other`.
+    pub fn add(&mut self, other: &Self) {
+        for (x, y) in self.buckets.iter_mut().zip(other.buckets) {
+            *x += y;
+        }
+        self.count += other.count;
+        self.sum_ns += other.sum_ns;
+    }
+}
+
 impl Histogram {
     /// Records one observation.
     pub fn observe(&self, d: Duration) {
@@ -61,54 +72,165 @@ impl Histogram {
     }
 }
 
-/// Data-path and control-path counters of one VM.
-#[derive(Debug, Default)]
-pub struct TrafficCounters {
-    /// Send work requests the VM's QPs executed (successfully or not).
-    pub send_ops: AtomicU64,
-    /// Payload bytes of the VM's successful send work requests.
-    pub send_bytes: AtomicU64,
-    /// Messages delivered to the VM's QPs (SEND, WRITE, READ, atomic as
-    /// responder).
-    pub recv_ops: AtomicU64,
-    /// Payload bytes of those messages.
-    pub recv_bytes: AtomicU64,
-    /// Completions with an error status other than a flush.
-    pub error_cqes: AtomicU64,
-    /// Completions with `WR_FLUSH_ERR`.
-    pub flushed: AtomicU64,
-    /// Messages dropped (UD with no taker, wrong Q_Key, foreign tenant).
-    pub drops: AtomicU64,
-    /// Times the engine postponed the VM's work for a rate limit.
-    pub throttled: AtomicU64,
-    /// Notifications (kicks) of notifyq the VM sent to wake the engine;
-    /// each is a VM exit, so a driver should kick only when the engine is
-    /// parked (spec 18.6).
-    pub notifications: AtomicU64,
-    /// Control commands executed.
-    pub ctrl_cmds: AtomicU64,
-    /// Control commands that failed.
-    pub ctrl_errors: AtomicU64,
-    /// Time from a control request being taken to its response.
-    pub ctrl_latency: Histogram,
+/// Generates, from one list of counters, a struct of `AtomicU64`s (the
+/// counters), its snapshot struct of `u64`s, `snapshot()`, the snapshot's
+/// `add` (sums over VMs), `NAMES` and `fields()` (name and value of every
+/// counter, in list order: the JSON keys of the management API and the
+/// rows of `ctl stats`), and `METRICS` (the Prometheus name and help of
+/// those that have one, by position).
+///
+/// An entry is `doc name,` or `doc name => "metric_total": "help",`.
+/// Fields of other types (`others`) follow with the type of their
+/// snapshot, which has `add` too; they are not in `fields()`.
+macro_rules! counters {
+    (
+        $(#[doc = $cdoc:literal])+
+        pub struct $counters:ident;
+        $(#[doc = $sdoc:literal])+
+        pub struct $stats:ident;
+        counters {
+            $(
+                $(#[doc = $doc:literal])+
+                $field:ident $(=> $metric:literal: $help:literal)?,
+            )*
+        }
+        $(others {
+            $(
+                $(#[doc = $odoc:literal])+
+                $ofield:ident: $oty:ty => $osty:ty,
+            )*
+        })?
+    ) => {
+        $(#[doc = $cdoc])+
+        #[derive(Debug, Default)]
+        pub struct $counters {
+            $($(#[doc = $doc])+ pub $field: std::sync::atomic::AtomicU64,)*
+            $($($(#[doc = $odoc])+ pub $ofield: $oty,)*)?
+        }
+
+        $(#[doc = $sdoc])+
+        #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+        pub struct $stats {
+            $($(#[doc = $doc])+ pub $field: u64,)*
+            $($($(#[doc = $odoc])+ pub $ofield: $osty,)*)?
+        }
+
+        impl $counters {
+            /// Current values.
+            pub fn snapshot(&self) -> $stats {
+                $stats {
+                    $($field: self.$field.load(std::sync::atomic::Ordering::Relaxed),)*
+                    $($($ofield: self.$ofield.snapshot(),)*)?
+                }
+            }
+        }
+
+        impl $stats {
+            /// Names of the counters, in list order.
+            pub const NAMES: [&'static str; [$(stringify!($field)),*].len()] =
+                [$(stringify!($field)),*];
+
+            /// Prometheus name and help of each counter that has them,
+            /// in the order of [`Self::NAMES`].
+            pub const METRICS: [Option<(&'static str, &'static str)>; Self::NAMES.len()] =
+                [$($crate::stats::counters!(@metric $($metric: $help)?)),*];
+
+            /// Name and value of every counter, in list order.
+            pub fn fields(&self) -> [(&'static str, u64); Self::NAMES.len()] {
+                [$((stringify!($field), self.$field)),*]
+            }
+
+            /// Adds `other` (another VM's) to these sums.
+            pub fn add(&mut self, other: &Self) {
+                $(self.$field += other.$field;)*
+                $($(self.$ofield.add(&other.$ofield);)*)?
+            }
+        }
+    };
+    (@metric) => { None };
+    (@metric $metric:literal: $help:literal) => { Some(($metric, $help)) };
+}
+pub(crate) use counters;
+
+/// Generates, for a struct of plain values (`usize` or `u64`) that are
+/// summed over VMs, `add` (the sums), `NAMES` and `fields()` (name and
+/// value of every field, in order: the JSON keys of the management API and
+/// the rows of `ctl stats`). The struct is written as usual inside.
+macro_rules! sums {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            $( $(#[doc = $doc:literal])+ pub $field:ident: $ty:ty, )*
+        }
+    ) => {
+        $(#[$meta])*
+        pub struct $name {
+            $( $(#[doc = $doc])+ pub $field: $ty, )*
+        }
+
+        impl $name {
+            /// Names of the fields, in order.
+            pub const NAMES: [&'static str; [$(stringify!($field)),*].len()] =
+                [$(stringify!($field)),*];
+
+            /// Name and value of every field, in order.
+            pub fn fields(&self) -> [(&'static str, u64); Self::NAMES.len()] {
+                [$((stringify!($field), $crate::stats::as_u64(self.$field))),*]
+            }
+
+            /// Adds `other` (another VM's) to these sums.
+            pub fn add(&mut self, other: &Self) {
+                $(self.$field += other.$field;)*
+            }
+        }
+    };
+}
+pub(crate) use sums;
+
+/// A count as `u64` (saturating), for the `fields()` of `sums!`.
+pub fn as_u64(v: impl TryInto<u64>) -> u64 {
+    v.try_into().unwrap_or(u64::MAX)
 }
 
-/// A snapshot of [`TrafficCounters`].
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-#[allow(missing_docs)]
-pub struct TrafficStats {
-    pub send_ops: u64,
-    pub send_bytes: u64,
-    pub recv_ops: u64,
-    pub recv_bytes: u64,
-    pub error_cqes: u64,
-    pub flushed: u64,
-    pub drops: u64,
-    pub throttled: u64,
-    pub notifications: u64,
-    pub ctrl_cmds: u64,
-    pub ctrl_errors: u64,
-    pub ctrl_latency: HistogramSnapshot,
+counters! {
+    /// Data-path and control-path counters of one VM.
+    pub struct TrafficCounters;
+    /// A snapshot of [`TrafficCounters`].
+    pub struct TrafficStats;
+    counters {
+        /// Send work requests the VM's QPs executed (successfully or not).
+        send_ops => "send_ops_total": "Send work requests executed.",
+        /// Payload bytes of the VM's successful send work requests.
+        send_bytes => "send_bytes_total": "Payload bytes of successful send work requests.",
+        /// Messages delivered to the VM's QPs (SEND, WRITE, READ, atomic as
+        /// responder).
+        recv_ops => "recv_ops_total": "Messages delivered to the VM's QPs as responder.",
+        /// Payload bytes of those messages.
+        recv_bytes => "recv_bytes_total": "Payload bytes of messages delivered to the VM's QPs.",
+        /// Completions with an error status other than a flush.
+        error_cqes => "error_completions_total":
+            "Completions with an error status other than flush.",
+        /// Completions with `WR_FLUSH_ERR`.
+        flushed => "flushed_completions_total": "Completions with WR_FLUSH_ERR.",
+        /// Messages dropped (UD with no taker, wrong Q_Key, foreign tenant).
+        drops => "drops_total":
+            "Messages dropped (UD without taker, wrong Q_Key, foreign tenant).",
+        /// Times the engine postponed the VM's work for a rate limit.
+        throttled => "throttled_total": "Times the engine postponed work for a rate limit.",
+        /// Notifications (kicks) of notifyq the VM sent to wake the engine;
+        /// each is a VM exit, so a driver should kick only when the engine is
+        /// parked (spec 18.6).
+        notifications => "notifications_total":
+            "Notifications of notifyq (doorbell kicks, each a VM exit) to wake the engine.",
+        /// Control commands executed.
+        ctrl_cmds => "ctrl_commands_total": "Control commands executed (engine accounting).",
+        /// Control commands that failed.
+        ctrl_errors => "ctrl_errors_total": "Control commands that failed (engine accounting).",
+    }
+    others {
+        /// Time from a control request being taken to its response.
+        ctrl_latency: Histogram => HistogramSnapshot,
+    }
 }
 
 impl TrafficCounters {
@@ -129,30 +251,33 @@ impl TrafficCounters {
             Ordering::Relaxed,
         );
     }
-
-    /// Current values.
-    pub fn snapshot(&self) -> TrafficStats {
-        let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        TrafficStats {
-            send_ops: r(&self.send_ops),
-            send_bytes: r(&self.send_bytes),
-            recv_ops: r(&self.recv_ops),
-            recv_bytes: r(&self.recv_bytes),
-            error_cqes: r(&self.error_cqes),
-            flushed: r(&self.flushed),
-            drops: r(&self.drops),
-            throttled: r(&self.throttled),
-            notifications: r(&self.notifications),
-            ctrl_cmds: r(&self.ctrl_cmds),
-            ctrl_errors: r(&self.ctrl_errors),
-            ctrl_latency: self.ctrl_latency.snapshot(),
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counters_snapshot_sum_and_list_their_fields() {
+        let c = TrafficCounters::default();
+        TrafficCounters::add(&c.send_ops, 2);
+        TrafficCounters::add_single_writer(&c.ctrl_errors, 5);
+        c.ctrl_latency.observe(Duration::from_micros(7));
+        let mut s = c.snapshot();
+        s.add(&c.snapshot());
+        assert_eq!((s.send_ops, s.ctrl_errors), (4, 10));
+        assert_eq!((s.ctrl_latency.count, s.ctrl_latency.buckets[1]), (2, 2));
+        let f = s.fields();
+        assert_eq!(f.len(), 11);
+        assert_eq!(f[0], ("send_ops", 4));
+        assert_eq!(f[10], ("ctrl_errors", 10));
+        assert_eq!(f.map(|(name, _)| name), TrafficStats::NAMES);
+        assert_eq!(
+            TrafficStats::METRICS[4].map(|(name, _)| name),
+            Some("error_completions_total")
+        );
+        assert!(TrafficStats::METRICS.iter().all(Option::is_some));
+    }
 
     #[test]
     fn histogram_buckets() {

@@ -17,57 +17,36 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::config::DaemonConfig;
 use crate::stats::TrafficCounters;
 
-/// Counters of isolation-relevant events of one VM (the VM is the one that
-/// caused them).
-#[derive(Debug, Default)]
-pub struct IsolationCounters {
-    /// Control commands refused with `DENIED` (a destination outside the
-    /// tenant).
-    pub denied: AtomicU64,
-    /// UD messages to a destination outside the tenant, dropped.
-    pub foreign_drops: AtomicU64,
-    /// RC messages to a destination outside the tenant, not delivered.
-    pub foreign_rc: AtomicU64,
-    /// Messages to a QP number that does not exist in the tenant (QPN
-    /// probing).
-    pub unknown_qpn: AtomicU64,
-    /// Remote accesses refused for an rkey that names no MR of the
-    /// responder, or one of another PD (rkey probing).
-    pub bad_rkey: AtomicU64,
-    /// Attempts to send from a GID other than the VM's own (a source GID
-    /// index other than 0).
-    pub gid_spoof: AtomicU64,
-}
-
-/// A snapshot of [`IsolationCounters`].
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-#[allow(missing_docs)]
-pub struct IsolationStats {
-    pub denied: u64,
-    pub foreign_drops: u64,
-    pub foreign_rc: u64,
-    pub unknown_qpn: u64,
-    pub bad_rkey: u64,
-    pub gid_spoof: u64,
+crate::stats::counters! {
+    /// Counters of isolation-relevant events of one VM (the VM is the one
+    /// that caused them).
+    pub struct IsolationCounters;
+    /// A snapshot of [`IsolationCounters`].
+    pub struct IsolationStats;
+    counters {
+        /// Control commands refused with `DENIED` (a destination outside the
+        /// tenant).
+        denied,
+        /// UD messages to a destination outside the tenant, dropped.
+        foreign_drops,
+        /// RC messages to a destination outside the tenant, not delivered.
+        foreign_rc,
+        /// Messages to a QP number that does not exist in the tenant (QPN
+        /// probing).
+        unknown_qpn,
+        /// Remote accesses refused for an rkey that names no MR of the
+        /// responder, or one of another PD (rkey probing).
+        bad_rkey,
+        /// Attempts to send from a GID other than the VM's own (a source GID
+        /// index other than 0).
+        gid_spoof,
+    }
 }
 
 impl IsolationCounters {
     /// Adds one to `counter` (a field of `self`).
     pub fn bump(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Current values.
-    pub fn snapshot(&self) -> IsolationStats {
-        let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        IsolationStats {
-            denied: r(&self.denied),
-            foreign_drops: r(&self.foreign_drops),
-            foreign_rc: r(&self.foreign_rc),
-            unknown_qpn: r(&self.unknown_qpn),
-            bad_rkey: r(&self.bad_rkey),
-            gid_spoof: r(&self.gid_spoof),
-        }
     }
 }
 

@@ -63,6 +63,7 @@ pub type CmdResult = Result<Vec<u8>, CmdError>;
 pub use mr::{Prepared, Preparer};
 pub use virtio_rdma_abi::ctrl::{quota, DETAIL_DB_RECORD, DETAIL_LIST_PAGE};
 
+crate::stats::sums! {
 /// Counters of control-path activity of one VM.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct CtrlStats {
@@ -72,6 +73,7 @@ pub struct CtrlStats {
     pub failed: u64,
     /// Chains that could not be answered at all (used length 0).
     pub malformed: u64,
+}
 }
 
 /// Identity of the VM's port (its GID).

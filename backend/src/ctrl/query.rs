@@ -28,39 +28,19 @@ impl Ctrl {
         if !payload.is_empty() {
             return Err(super::CmdError::new(Status::INVALID, 0));
         }
-        let l = &self.limits;
         let caps = self.rnic.caps();
         Ok(DeviceAttr {
             fw_version: fw_version(),
             node_guid: self.port.guid,
             sys_image_guid: self.port.guid,
-            max_mr_size: l.max_mr_size,
-            max_mr_bytes: l.max_mr_bytes,
-            page_size_cap: l.page_size_cap,
             vendor_id: VENDOR_ID,
             vendor_part_id: VENDOR_PART_ID,
             hw_version: 1,
             phys_port_cnt: 1,
-            max_ctx: l.max_ctx,
-            max_pd: l.max_pd,
-            max_cq: l.max_cq,
-            max_qp: l.max_qp,
-            max_mr: l.max_mr,
-            max_srq: l.max_srq,
-            max_ah: l.max_ah,
-            max_cqe: l.max_cqe,
-            max_qp_wr: l.max_qp_wr,
-            max_srq_wr: l.max_srq_wr,
-            max_send_sge: l.max_send_sge,
-            max_recv_sge: l.max_recv_sge,
-            max_inline_data: l.max_inline_data,
-            max_inline_pages: l.max_inline_pages,
-            max_qp_rd_atom: l.max_qp_rd_atom,
-            max_qp_init_rd_atom: l.max_qp_rd_atom,
-            max_mr_pages: l.max_mr_pages(),
             atomic_caps: u32::from(caps.atomics && self.has(virtio_rdma_abi::config::F_ATOMIC)),
             local_ca_ack_delay: caps.local_ca_ack_delay.min(MAX_ACK_DELAY),
-            reserved: 0,
+            // The limits, as in the device configuration.
+            ..self.limits.device_attr()
         }
         .to_bytes())
     }

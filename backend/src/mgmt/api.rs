@@ -14,10 +14,8 @@ use serde_json::{json, Map, Value};
 
 use crate::config::{gid_text, mac_text};
 use crate::qos::{QosSpec, MAX_WEIGHT};
-use crate::resources::ResourceCounts;
 use crate::snapshot::{self, Totals, VmSnapshot};
-use crate::stats::{HistogramSnapshot, TrafficStats, LATENCY_BOUNDS_US};
-use crate::tenancy::IsolationStats;
+use crate::stats::{HistogramSnapshot, LATENCY_BOUNDS_US};
 use crate::view::DaemonView;
 
 /// Commands of the API.
@@ -249,29 +247,14 @@ pub fn qos_json(q: &QosSpec) -> Value {
     })
 }
 
-fn resources_json(r: &ResourceCounts) -> Value {
-    json!({
-        "ctx": r.ctx, "pd": r.pd, "cq": r.cq, "qp": r.qp, "mr": r.mr,
-        "srq": r.srq, "ah": r.ah, "registered_bytes": r.registered_bytes,
-        "host_bytes": r.host_bytes,
-    })
-}
-
-fn traffic_json(t: &TrafficStats) -> Value {
-    json!({
-        "send_ops": t.send_ops, "send_bytes": t.send_bytes,
-        "recv_ops": t.recv_ops, "recv_bytes": t.recv_bytes,
-        "error_cqes": t.error_cqes, "flushed": t.flushed, "drops": t.drops,
-        "throttled": t.throttled, "notifications": t.notifications,
-        "ctrl_cmds": t.ctrl_cmds, "ctrl_errors": t.ctrl_errors,
-    })
-}
-
-fn isolation_json(s: &IsolationStats) -> Value {
-    json!({
-        "denied": s.denied, "foreign_drops": s.foreign_drops, "foreign_rc": s.foreign_rc,
-        "unknown_qpn": s.unknown_qpn, "bad_rkey": s.bad_rkey, "gid_spoof": s.gid_spoof,
-    })
+/// Counters as a JSON object, by their names.
+fn counters_json<const N: usize>(fields: [(&'static str, u64); N]) -> Value {
+    Value::Object(
+        fields
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), Value::from(v)))
+            .collect(),
+    )
 }
 
 fn histogram_json(h: &HistogramSnapshot) -> Value {
@@ -296,7 +279,7 @@ fn vm_summary(view: &DaemonView, s: &VmSnapshot) -> Value {
         "connected": s.stats.connected,
         "connections": s.stats.connections,
         "stale_ms": s.stats.stale_ms,
-        "resources": resources_json(&s.stats.device.resources),
+        "resources": counters_json(s.stats.device.resources.fields()),
         "qos": s.qos.as_ref().map(qos_json),
     })
 }
@@ -317,9 +300,9 @@ fn tenant_summary(view: &DaemonView, t: usize, vms: &[VmSnapshot], sums: &Totals
         "vms": names,
         "connected_vms": sums.connected,
         "qos": view.qos().tenant(t).map(|q| qos_json(&q)),
-        "resources": resources_json(&sums.resources),
-        "traffic": traffic_json(&sums.traffic),
-        "isolation": isolation_json(&sums.isolation),
+        "resources": counters_json(sums.resources.fields()),
+        "traffic": counters_json(sums.traffic.fields()),
+        "isolation": counters_json(sums.isolation.fields()),
         "ctrl_latency": histogram_json(&sums.traffic.ctrl_latency),
     })
 }
@@ -333,21 +316,12 @@ fn vm_stats(s: &VmSnapshot) -> Map<String, Value> {
         "connected": s.stats.connected,
         "connections": s.stats.connections,
         "stale_ms": s.stats.stale_ms,
-        "resources": resources_json(&d.resources),
-        "ctrl": {
-            "ok": d.ctrl.ok,
-            "failed": d.ctrl.failed,
-            "malformed": d.ctrl.malformed,
-        },
+        "resources": counters_json(d.resources.fields()),
+        "ctrl": counters_json(d.ctrl.fields()),
         "events_lost": d.events_lost,
-        "queues": {
-            "send_wqes": d.queues.send_wqes,
-            "recv_wqes": d.queues.recv_wqes,
-            "srq_wqes": d.queues.srq_wqes,
-            "events_pending": d.queues.events_pending,
-        },
-        "traffic": traffic_json(&s.traffic),
-        "isolation": isolation_json(&s.isolation),
+        "queues": counters_json(d.queues.fields()),
+        "traffic": counters_json(s.traffic.fields()),
+        "isolation": counters_json(s.isolation.fields()),
         "ctrl_latency": histogram_json(&s.traffic.ctrl_latency),
         "qos": s.qos.as_ref().map(qos_json),
     });

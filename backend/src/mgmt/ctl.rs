@@ -12,6 +12,11 @@ use clap::{ArgGroup, Args, Subcommand};
 use serde_json::{json, Map, Value};
 
 use super::client::Client;
+use crate::ctrl::CtrlStats;
+use crate::device::QueueDepths;
+use crate::resources::ResourceCounts;
+use crate::stats::TrafficStats;
+use crate::tenancy::IsolationStats;
 
 /// Default path of the management socket (the systemd unit's).
 pub const DEFAULT_SOCKET: &str = "/run/vhost-user-rdma/mgmt.sock";
@@ -459,69 +464,20 @@ fn stats_text(a: &Value) -> String {
             }
         ));
     }
-    section(
-        &mut out,
-        "objects",
-        &a["resources"],
-        &[
-            "ctx",
-            "pd",
-            "cq",
-            "qp",
-            "mr",
-            "srq",
-            "ah",
-            "registered_bytes",
-            "host_bytes",
-        ],
-    );
-    section(
-        &mut out,
-        "control path",
-        &a["ctrl"],
-        &["ok", "failed", "malformed"],
-    );
+    section(&mut out, "objects", &a["resources"], &ResourceCounts::NAMES);
+    section(&mut out, "control path", &a["ctrl"], &CtrlStats::NAMES);
     out.push_str(&format!(
         "  {:<17} {}\n",
         "events_lost",
         u(a, &["events_lost"])
     ));
-    section(
-        &mut out,
-        "queued",
-        &a["queues"],
-        &["send_wqes", "recv_wqes", "srq_wqes", "events_pending"],
-    );
-    section(
-        &mut out,
-        "traffic",
-        &a["traffic"],
-        &[
-            "send_ops",
-            "send_bytes",
-            "recv_ops",
-            "recv_bytes",
-            "error_cqes",
-            "flushed",
-            "drops",
-            "throttled",
-            "notifications",
-            "ctrl_cmds",
-            "ctrl_errors",
-        ],
-    );
+    section(&mut out, "queued", &a["queues"], &QueueDepths::NAMES);
+    section(&mut out, "traffic", &a["traffic"], &TrafficStats::NAMES);
     section(
         &mut out,
         "isolation",
         &a["isolation"],
-        &[
-            "denied",
-            "foreign_drops",
-            "foreign_rc",
-            "unknown_qpn",
-            "bad_rkey",
-            "gid_spoof",
-        ],
+        &IsolationStats::NAMES,
     );
     let h = &a["ctrl_latency"];
     let count = u(h, &["count"]);

@@ -57,6 +57,7 @@ impl Hasher for KeyHasher {
 /// A map keyed by device-drawn 32-bit keys, hashed with [`KeyHasher`].
 pub type KeyMap<V> = HashMap<u32, V, BuildHasherDefault<KeyHasher>>;
 
+crate::stats::sums! {
 /// Counts of live objects of one VM.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct ResourceCounts {
@@ -78,6 +79,7 @@ pub struct ResourceCounts {
     pub registered_bytes: u64,
     /// Host memory held for the live objects ([`HostCost`]).
     pub host_bytes: u64,
+}
 }
 
 impl ResourceCounts {
