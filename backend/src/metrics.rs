@@ -43,7 +43,7 @@ use crate::conn_pool::{self, linger_close};
 use crate::engine::EngineStats;
 use crate::qos::QosSpec;
 use crate::snapshot::{self, Totals};
-use crate::stats::{HistogramSnapshot, LATENCY_BOUNDS_US};
+use crate::stats::{HistogramSnapshot, TrafficStats, LATENCY_BOUNDS_US};
 use crate::view::DaemonView;
 
 /// Largest request head (request line and headers) in bytes.
@@ -363,7 +363,7 @@ type Getter = fn(&Totals) -> u64;
 type QosGetter = fn(&QosSpec) -> u64;
 
 /// Scalar series: (name suffix, type, help, value).
-const SCALARS: [(&str, MetricType, &str, Getter); 22] = [
+const SCALARS: [(&str, MetricType, &str, Getter); 11] = [
     (
         "queued_send_wqes",
         MetricType::GAUGE,
@@ -417,72 +417,6 @@ const SCALARS: [(&str, MetricType, &str, Getter); 22] = [
         MetricType::GAUGE,
         "Host memory the daemon holds for live objects (translations, queue and object state); limit max_host_bytes.",
         |t| t.resources.host_bytes,
-    ),
-    (
-        "send_ops_total",
-        MetricType::COUNTER,
-        "Send work requests executed.",
-        |t| t.traffic.send_ops,
-    ),
-    (
-        "send_bytes_total",
-        MetricType::COUNTER,
-        "Payload bytes of successful send work requests.",
-        |t| t.traffic.send_bytes,
-    ),
-    (
-        "recv_ops_total",
-        MetricType::COUNTER,
-        "Messages delivered to the VM's QPs as responder.",
-        |t| t.traffic.recv_ops,
-    ),
-    (
-        "recv_bytes_total",
-        MetricType::COUNTER,
-        "Payload bytes of messages delivered to the VM's QPs.",
-        |t| t.traffic.recv_bytes,
-    ),
-    (
-        "error_completions_total",
-        MetricType::COUNTER,
-        "Completions with an error status other than flush.",
-        |t| t.traffic.error_cqes,
-    ),
-    (
-        "flushed_completions_total",
-        MetricType::COUNTER,
-        "Completions with WR_FLUSH_ERR.",
-        |t| t.traffic.flushed,
-    ),
-    (
-        "drops_total",
-        MetricType::COUNTER,
-        "Messages dropped (UD without taker, wrong Q_Key, foreign tenant).",
-        |t| t.traffic.drops,
-    ),
-    (
-        "throttled_total",
-        MetricType::COUNTER,
-        "Times the engine postponed work for a rate limit.",
-        |t| t.traffic.throttled,
-    ),
-    (
-        "notifications_total",
-        MetricType::COUNTER,
-        "Notifications of notifyq (doorbell kicks, each a VM exit) to wake the engine.",
-        |t| t.traffic.notifications,
-    ),
-    (
-        "ctrl_commands_total",
-        MetricType::COUNTER,
-        "Control commands executed (engine accounting).",
-        |t| t.traffic.ctrl_cmds,
-    ),
-    (
-        "ctrl_errors_total",
-        MetricType::COUNTER,
-        "Control commands that failed (engine accounting).",
-        |t| t.traffic.ctrl_errors,
     ),
     (
         "events_lost_total",
@@ -557,6 +491,18 @@ fn render_subjects(out: &mut Vec<MetricFamily>, prefix: &str, subjects: &[Subjec
         let mut f = Family::new(out, format!("{prefix}{name}"), kind, help);
         for s in subjects {
             f.sample(&s.labels(), get(&s.t));
+        }
+    }
+    // The traffic counters, named in their one list (stats.rs).
+    for (i, metric) in TrafficStats::METRICS.iter().enumerate() {
+        let Some((name, help)) = metric else {
+            continue;
+        };
+        let mut f = Family::new(out, format!("{prefix}{name}"), MetricType::COUNTER, help);
+        for s in subjects {
+            if let Some((_, v)) = s.t.traffic.fields().get(i) {
+                f.sample(&s.labels(), *v);
+            }
         }
     }
     labeled(
