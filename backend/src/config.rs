@@ -531,7 +531,7 @@ pub struct TenantConfig {
     /// sum of the tenant's VMs' traffic.
     pub qos_class: Option<String>,
     /// The engine thread that serves the tenant's VMs; `None`: tenants
-    /// are spread over the threads in turn ([`DaemonConfig::engine_plan`]).
+    /// are spread over the threads in turn ([`DaemonConfig::vm_engines`]).
     pub engine: Option<usize>,
 }
 
@@ -676,15 +676,17 @@ impl DaemonConfig {
         }
     }
 
-    /// The engine threads (their CPUs) and the thread of every VM: its
-    /// tenant's ([`DaemonConfig::tenant_engine`]).
-    pub fn engine_plan(&self) -> crate::engine::EnginePlan {
-        let threads = self.engine_threads.max(1);
-        let cpus = (0..threads)
+    /// One entry per engine thread: the CPU it is pinned to, if any.
+    pub fn engine_thread_cpus(&self) -> Vec<Option<usize>> {
+        (0..self.engine_threads.max(1))
             .map(|i| self.engine_cpus.get(i).copied())
-            .collect();
-        let placement = self
-            .vms
+            .collect()
+    }
+
+    /// The engine thread of every VM, by VM index: its tenant's
+    /// ([`DaemonConfig::tenant_engine`]).
+    pub fn vm_engines(&self) -> Vec<usize> {
+        self.vms
             .iter()
             .map(|vm| {
                 self.tenants
@@ -692,12 +694,7 @@ impl DaemonConfig {
                     .position(|t| t.name == vm.tenant)
                     .map_or(0, |t| self.tenant_engine(t))
             })
-            .collect();
-        crate::engine::EnginePlan {
-            cpus,
-            placement,
-            fence_elision: self.fence_elision,
-        }
+            .collect()
     }
 
     /// Checks the whole configuration.
@@ -889,9 +886,8 @@ mod tests {
             c.vms[i].tenant = (*t).into();
         }
         assert_eq!(c.validate(), Ok(()));
-        let plan = c.engine_plan();
-        assert_eq!(plan.placement, [0, 0, 1]);
-        assert_eq!(plan.cpus, [None, None, None]);
+        assert_eq!(c.vm_engines(), [0, 0, 1]);
+        assert_eq!(c.engine_thread_cpus(), [None, None, None]);
         c.engine_cpus = vec![3, 2];
         assert_eq!(
             c.validate(),

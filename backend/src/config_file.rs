@@ -928,14 +928,13 @@ bytes_per_sec = 1000000000
         let two = good_with("shmem_doorbell = false", "engine_threads = 2");
         let c = parse_str(&two).unwrap().config;
         c.validate().unwrap();
-        let plan = c.engine_plan();
-        assert_eq!(plan.cpus, vec![None, None]);
-        assert_eq!(plan.placement, vec![0, 1], "blue on 0, red on 1");
+        assert_eq!(c.engine_thread_cpus(), vec![None, None]);
+        assert_eq!(c.vm_engines(), vec![0, 1], "blue on 0, red on 1");
         // An explicit placement.
         let c = parse_str(&two.replacen("name = \"red\"", "name = \"red\"\nengine = 0", 1))
             .unwrap()
             .config;
-        assert_eq!(c.engine_plan().placement, vec![0, 0]);
+        assert_eq!(c.vm_engines(), vec![0, 0]);
         // Errors name the line.
         let e = err(&two.replacen("name = \"red\"", "name = \"red\"\nengine = 2", 1));
         assert_eq!(

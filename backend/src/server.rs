@@ -20,7 +20,7 @@ use vmm_sys_util::epoll::EventSet;
 use crate::config::{ConfigError, DaemonConfig};
 use crate::ctrl::PortIdentity;
 use crate::device::{RdmaDevice, Shared, EVENT_WAKE};
-use crate::engine::Engines;
+use crate::engine::{EnginePlan, Engines};
 use crate::keys::KeySource;
 use crate::qos::QosTable;
 use crate::rnic::soft::SoftRnic;
@@ -124,8 +124,12 @@ impl Daemon {
             )),
         );
         let engines = Arc::new(
-            Engines::start(rnic.clone(), shared.clone(), config.engine_plan())
-                .map_err(ServerError::Spawn)?,
+            Engines::start(
+                rnic.clone(),
+                shared.clone(),
+                EnginePlan::from_config(&config),
+            )
+            .map_err(ServerError::Spawn)?,
         );
         let stop = Arc::new(AtomicBool::new(false));
         let mut keys = KeySource::new();

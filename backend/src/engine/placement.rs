@@ -15,6 +15,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::Engine;
+use crate::config::DaemonConfig;
 use crate::device::{RdmaDevice, Shared};
 use crate::rnic::Rnic;
 
@@ -80,6 +81,16 @@ pub struct EnginePlan {
 }
 
 impl EnginePlan {
+    /// The plan a configuration asks for: its threads and their CPUs, and
+    /// every VM on its tenant's thread.
+    pub fn from_config(c: &DaemonConfig) -> Self {
+        EnginePlan {
+            cpus: c.engine_thread_cpus(),
+            placement: c.vm_engines(),
+            fence_elision: c.fence_elision,
+        }
+    }
+
     /// One unpinned thread for `vms` VMs.
     pub fn single(vms: usize) -> Self {
         EnginePlan {
