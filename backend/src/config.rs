@@ -563,6 +563,8 @@ pub struct DaemonConfig {
     pub vms: Vec<VmConfig>,
     /// The tenants the VMs belong to.
     pub tenants: Vec<TenantConfig>,
+    /// The RNIC behind the devices (the transport).
+    pub rnic: crate::transport::TransportKind,
     /// Device feature bits offered to drivers.
     pub device_features: u64,
     /// How long a control-queue worker keeps polling for more requests
@@ -593,6 +595,7 @@ impl DaemonConfig {
         let mut c = DaemonConfig {
             vms: Vec::new(),
             tenants: Vec::new(),
+            rnic: crate::transport::TransportKind::Soft,
             device_features: ALL_DEVICE_FEATURES,
             ctrl_poll: DEFAULT_CTRL_POLL,
             qos_classes: Vec::new(),

@@ -301,6 +301,7 @@ crate::config::limit_fields!(limits_table);
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DaemonTable {
+    rnic: Option<crate::transport::TransportKind>,
     ctrl_poll_us: Option<Spanned<u64>>,
     shmem_doorbell: Option<bool>,
     ud: Option<bool>,
@@ -428,6 +429,9 @@ pub fn parse(text: &str, file: &str, cli: &LimitOverrides) -> Result<LoadedConfi
     }
     if let Some(on) = tables.daemon.fence_elision {
         config.fence_elision = on;
+    }
+    if let Some(kind) = tables.daemon.rnic {
+        config.rnic = kind;
     }
     if let Some(n) = &tables.daemon.engine_threads {
         let value = *n.get_ref();
@@ -962,7 +966,7 @@ bytes_per_sec = 1000000000
     fn qos_classes_and_daemon_settings() {
         let l = parse_str(&good_with(
             "shmem_doorbell = false",
-            "shmem_doorbell = false\nfence_elision = true\nengine_threads = 2\nengine_cpus = [1, 0]\nmgmt_socket = \"/run/m.sock\"\nmetrics_listen = \"127.0.0.1:9842\"\nlog_format = \"json\"",
+            "rnic = \"soft\"\nshmem_doorbell = false\nfence_elision = true\nengine_threads = 2\nengine_cpus = [1, 0]\nmgmt_socket = \"/run/m.sock\"\nmetrics_listen = \"127.0.0.1:9842\"\nlog_format = \"json\"",
         ))
         .unwrap();
         let c = &l.config;

@@ -38,16 +38,18 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::Limits;
 use crate::ctrl::rate::CtrlLimiter;
-use crate::ctrl::{Ctrl, CtrlStats, PortIdentity, Prepared, Preparer};
+use crate::ctrl::{Prepared, Preparer};
 use crate::engine::Engine;
 use crate::memory::{HostMem, RamMap};
 use crate::qos::QosTable;
 use crate::resources::ResourceCounts;
 use crate::restart::{RestartTracker, Verdict};
-use crate::rnic::Rnic;
 use crate::shmem::{DoorbellRegion, RegionLink};
 use crate::stats::TrafficCounters;
 use crate::tenancy::Tenancy;
+use crate::transport::Transport;
+use crate::vm::cell::{Guarded, VmCell};
+use crate::vm::{CtrlStats, PortIdentity, VmState};
 use crate::vring::{QueueObserver, Vring};
 
 /// Largest virtqueue the device accepts.
@@ -71,14 +73,6 @@ impl From<DeviceError> for io::Error {
 }
 
 type Mem = GuestMemoryLoadGuard<GuestMemoryMmap<()>>;
-
-struct State {
-    ctrl: Ctrl,
-    mem: Option<GuestMemoryAtomic<GuestMemoryMmap<()>>>,
-    /// The data path's view of the same memory (built with every memory
-    /// table update).
-    host: Option<Arc<HostMem>>,
-}
 
 /// A snapshot of one device's state, for statistics and leak checks.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -113,7 +107,8 @@ pub struct QueueDepths {
 /// The virtio-rdma device of one VM.
 pub struct RdmaDevice {
     id: usize,
-    state: Mutex<State>,
+    /// The VM's state and lock, shared with the engine thread serving it.
+    cell: Arc<VmCell>,
     config: Vec<u8>,
     device_features: u64,
     event_idx: AtomicBool,
@@ -123,16 +118,11 @@ pub struct RdmaDevice {
     /// connection's workers (see [`RdmaDevice::close_exit_consumers`]).
     exit_consumers: Mutex<Vec<std::os::fd::RawFd>>,
     engine: Arc<Engine>,
-    event_wake: EventFd,
     /// The doorbell region and its mapping into the guest
     /// (`F_SHMEM_DOORBELL` offered).
     shmem: Option<RegionLink>,
     /// The driver negotiated `F_SHMEM_DOORBELL`.
     shmem_acked: AtomicBool,
-    /// Advances whenever the data path's view of the VM may have changed
-    /// (a control command ran, memory was remapped, a reset or disconnect),
-    /// so the engine rebuilds what it caches about the VM.
-    dp_gen: AtomicU64,
     /// The daemon's live QoS settings (control-command rate limit).
     qos: Arc<QosTable>,
     limits: Limits,
@@ -153,56 +143,6 @@ pub struct RdmaDevice {
     /// Starts and stops of the queues since the last reset (a reset
     /// without `RESET_DEVICE` is recognised from them, spec 15.1).
     restart: Mutex<RestartTracker>,
-    /// The device is started ([`RestartTracker::running`]), for readers
-    /// without the VM's lock; `Ctrl::running` is the authoritative copy.
-    running: AtomicBool,
-}
-
-/// What [`RdmaDevice::try_with_dataplane`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Locked<R> {
-    /// It ran the closure, which returned this.
-    Ran(R),
-    /// The VM's lock is held elsewhere: try again later.
-    Busy,
-    /// No VMM is connected.
-    Gone,
-}
-
-thread_local! {
-    /// The VMs whose state lock the current thread holds through
-    /// [`RdmaDevice::with_dataplane`] (at most a few: an engine thread holds
-    /// the VM it serves and the peer of an RC QP's burst).
-    static HELD_VMS: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Marks a VM's lock as held by the current thread while it lives.
-struct HeldLock(usize);
-
-impl HeldLock {
-    /// `None` if the current thread holds VM `vm`'s lock already: taking
-    /// it again would block the thread on itself for good.
-    fn enter(vm: usize) -> Option<HeldLock> {
-        HELD_VMS.with(|h| {
-            let mut h = h.borrow_mut();
-            if h.contains(&vm) {
-                return None;
-            }
-            h.push(vm);
-            Some(HeldLock(vm))
-        })
-    }
-}
-
-impl Drop for HeldLock {
-    fn drop(&mut self) {
-        HELD_VMS.with(|h| {
-            let mut h = h.borrow_mut();
-            if let Some(i) = h.iter().rposition(|&v| v == self.0) {
-                h.swap_remove(i);
-            }
-        });
-    }
 }
 
 /// Longest single sleep of a rate-limited control worker: it re-checks
@@ -247,13 +187,13 @@ impl RdmaDevice {
         limits: Limits,
         device_features: u64,
         ctrl_poll: Duration,
-        rnic: Arc<dyn Rnic>,
+        transport: Arc<dyn Transport>,
         engine: Arc<Engine>,
         port: PortIdentity,
         shared: &Shared,
     ) -> io::Result<Self> {
         let id = port.vm;
-        let mut ctrl = Ctrl::new(limits, rnic, port, shared.tenancy.clone());
+        let mut ctrl = VmState::new(limits, transport, port, shared.tenancy.clone());
         ctrl.set_doorbell_flags(engine.doorbell_flags());
         let shmem = if device_features & F_SHMEM_DOORBELL != 0 {
             let region = DoorbellRegion::new(limits.max_ctx).map_err(io::Error::other)?;
@@ -267,11 +207,7 @@ impl RdmaDevice {
         ctrl.events.push(EventKind::PORT_ACTIVE, PORT_NUM, 0);
         Ok(RdmaDevice {
             id,
-            state: Mutex::new(State {
-                ctrl,
-                mem: None,
-                host: None,
-            }),
+            cell: Arc::new(VmCell::new(ctrl, engine.index())?),
             config: device_config(&limits, shared.tenancy.vm(id).and_then(|v| v.mac)).to_bytes(),
             device_features,
             event_idx: AtomicBool::new(false),
@@ -279,10 +215,8 @@ impl RdmaDevice {
             exit_notifiers: Mutex::new(Vec::new()),
             exit_consumers: Mutex::new(Vec::new()),
             engine,
-            event_wake: EventFd::new(libc::EFD_NONBLOCK)?,
             shmem,
             shmem_acked: AtomicBool::new(false),
-            dp_gen: AtomicU64::new(0),
             qos: shared.qos.clone(),
             limits,
             tenancy: shared.tenancy.clone(),
@@ -292,7 +226,6 @@ impl RdmaDevice {
             epoch: AtomicU64::new(0),
             ctrlq_unusable: AtomicBool::new(false),
             restart: Mutex::new(RestartTracker::default()),
-            running: AtomicBool::new(false),
         })
     }
 
@@ -311,54 +244,14 @@ impl RdmaDevice {
         self.id
     }
 
-    /// Runs `f` on the VM's objects and mapped memory (the data-path
-    /// engine's access); `None` while no VMM is connected, and — rather
-    /// than deadlock — when the calling thread already holds this VM's
-    /// lock (an engine thread nests a peer VM's lock inside its own; the
-    /// held one must be passed down instead, see `engine::soft::route::Held`).
-    pub fn with_dataplane<R>(&self, f: impl FnOnce(&mut Ctrl, &Arc<HostMem>) -> R) -> Option<R> {
-        let Some(_held) = HeldLock::enter(self.id) else {
-            log::error!(
-                "VM {}: refusing to lock a VM this thread already holds (daemon bug)",
-                self.id
-            );
-            return None;
-        };
-        let mut st = self.lock();
-        let State { ctrl, host, .. } = &mut *st;
-        let host = host.as_ref()?;
-        Some(f(ctrl, host))
+    /// The VM's state and lock (shared with the engine thread).
+    pub fn cell(&self) -> &Arc<VmCell> {
+        &self.cell
     }
 
-    /// [`RdmaDevice::with_dataplane`] for the engine, which must never wait
-    /// for a VM's lock: a control command holding it (a large registration,
-    /// say) would stall every VM the engine serves. `Busy` if the lock is
-    /// taken; the engine comes back at its next sweep.
-    ///
-    /// A try never waits, so it needs no guard against the thread holding
-    /// the lock already: that, too, reads as `Busy`.
-    pub fn try_with_dataplane<R>(
-        &self,
-        f: impl FnOnce(&mut Ctrl, &Arc<HostMem>) -> R,
-    ) -> Locked<R> {
-        let mut st = match self.state.try_lock() {
-            Ok(st) => st,
-            Err(std::sync::TryLockError::WouldBlock) => return Locked::Busy,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-        };
-        let State { ctrl, host, .. } = &mut *st;
-        match host.as_ref() {
-            Some(host) => Locked::Ran(f(ctrl, host)),
-            None => Locked::Gone,
-        }
-    }
-
-    /// Whether the device is started: stopped (a paused VM, or one being
-    /// reset), the engine executes none of its work and peers' messages
-    /// find no QP (spec 15.1). Read without the VM's lock, so only a hint:
-    /// under the lock, `Ctrl::running` decides.
+    /// Whether the device is started (see [`VmCell::running`]).
     pub fn running(&self) -> bool {
-        self.running.load(Ordering::Acquire)
+        self.cell.running()
     }
 
     /// The engine thread serving this VM.
@@ -366,38 +259,23 @@ impl RdmaDevice {
         self.engine.index()
     }
 
-    /// The data-path generation: it changes (under the VM's lock, before
-    /// the lock is released) whenever objects, memory or the connection of
-    /// the VM may have changed. Read it under [`with_dataplane`] to pair it
-    /// with the state it describes.
-    ///
-    /// [`with_dataplane`]: RdmaDevice::with_dataplane
-    pub fn dp_generation(&self) -> u64 {
-        self.dp_gen.load(Ordering::Acquire)
-    }
-
     fn bump_dp_gen(&self) {
-        self.dp_gen.fetch_add(1, Ordering::AcqRel);
+        self.cell.bump_dp_gen();
     }
 
-    /// Asks the vhost-user worker to deliver pending events (the engine
-    /// queued some).
+    /// Asks the vhost-user worker to deliver pending events.
     pub fn wake_events(&self) {
-        if let Err(e) = self.event_wake.write(1) {
-            warn!("cannot wake the event worker: {e}");
-        }
+        self.cell.wake_events();
     }
 
     /// The eventfd that wakes the worker for event delivery; registered as
     /// [`EVENT_WAKE`] with the vhost-user epoll loop.
     pub fn event_wake_fd(&self) -> &EventFd {
-        &self.event_wake
+        self.cell.event_wake_fd()
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock would be a daemon bug; the state
-        // stays structurally valid, so keep serving rather than cascade.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Guarded> {
+        self.cell.lock()
     }
 
     /// Current statistics.
@@ -409,11 +287,7 @@ impl RdmaDevice {
     /// another thread holds it. The operator interfaces use this, so that
     /// one VM whose lock is stuck cannot hang every scrape.
     pub fn try_stats(&self) -> Option<DeviceStats> {
-        match self.state.try_lock() {
-            Ok(st) => Some(stats_of(&st)),
-            Err(std::sync::TryLockError::Poisoned(e)) => Some(stats_of(&e.into_inner())),
-            Err(std::sync::TryLockError::WouldBlock) => None,
-        }
+        self.cell.try_lock().map(|st| stats_of(&st))
     }
 
     /// The VMM went away: releases every resource of the VM and the
@@ -428,13 +302,12 @@ impl RdmaDevice {
         self.shmem_acked.store(false, Ordering::Release);
         self.restart_lock().clear();
         let mut st = self.lock();
-        self.running.store(false, Ordering::Release);
-        st.ctrl.set_running(false);
+        self.cell.set_running(&mut st, false);
         self.epoch.fetch_add(1, Ordering::AcqRel);
         // The guest has not reset the device: its kernel may still map the
         // doorbell pages of this connection's contexts into processes, so
         // none of them goes to a new context before a reset (spec 15.2).
-        if let Some(pages) = st.ctrl.res.doorbells.as_mut() {
+        if let Some(pages) = st.vm.res.doorbells.as_mut() {
             let n = pages.quarantine_in_use();
             if n > 0 {
                 log::info!(
@@ -443,35 +316,22 @@ impl RdmaDevice {
                 );
             }
         }
-        let gone = st.ctrl.reset();
+        let gone = st.vm.reset();
         // No producer index of this connection survives into the next.
         if let Some(link) = &self.shmem {
             link.clear_region();
         }
-        let gid = st.ctrl.port_gid();
-        st.ctrl.set_features(0);
-        st.ctrl.set_ram(RamMap::default());
+        let gid = st.vm.port_gid();
+        st.vm.set_features(0);
+        st.vm.set_ram(RamMap::default());
         st.mem = None;
         st.host = None;
         self.bump_dp_gen();
-        st.ctrl.events.push(EventKind::PORT_ACTIVE, PORT_NUM, 0);
+        st.vm.events.push(EventKind::PORT_ACTIVE, PORT_NUM, 0);
         self.event_idx.store(false, Ordering::Relaxed);
         // Not under our lock: the peers' locks are taken one at a time.
         drop(st);
         self.engine.peers_gone(self.id, gid, gone);
-    }
-
-    /// RC QPs of this VM whose destination was one of `qpns` at `gid` (a
-    /// VM that disconnected or was reset) move to `ERR`; returns how many.
-    pub fn fail_peers_of(&self, gid: [u8; 16], qpns: &[u32]) -> usize {
-        let mut st = self.lock();
-        let n = st.ctrl.fail_peers_of(gid, qpns);
-        if n > 0 {
-            self.bump_dp_gen();
-            drop(st);
-            self.wake_events();
-        }
-        n
     }
 
     /// Closes the exit-event consumers handed to the vring workers of a
@@ -639,7 +499,7 @@ impl RdmaDevice {
                     } else {
                         warn!("VM {}: control queue unusable: {e}", self.id);
                     }
-                    self.lock().ctrl.count_malformed();
+                    self.lock().vm.count_malformed();
                     return Ok(());
                 }
             };
@@ -676,7 +536,7 @@ impl RdmaDevice {
                     };
                     let prepared = match &request {
                         Some(r) if Preparer::wanted(&r.bytes) => {
-                            let preparer = self.lock().ctrl.preparer();
+                            let preparer = self.lock().vm.preparer();
                             preparer.prepare(&**mem, &r.bytes)
                         }
                         _ => None,
@@ -692,15 +552,15 @@ impl RdmaDevice {
                             // the ring they came from is gone.
                             return Ok(());
                         }
-                        let ok_before = st.ctrl.stats.ok;
-                        let used = execute_chain(&mut st.ctrl, mem, request, prepared);
-                        engine_work |= st.ctrl.take_engine_work();
+                        let ok_before = st.vm.stats.ok;
+                        let used = execute_chain(&mut st.vm, mem, request, prepared);
+                        engine_work |= st.vm.take_engine_work();
                         // QPs may have come, gone or changed state.
                         self.bump_dp_gen();
                         // Translations of destroyed objects are freed below,
                         // without the lock (milliseconds for a large MR).
-                        let released = st.ctrl.res.take_released();
-                        (used, st.ctrl.stats.ok != ok_before, released)
+                        let released = st.vm.res.take_released();
+                        (used, st.vm.stats.ok != ok_before, released)
                     };
                     drop(released);
                     if named {
@@ -774,7 +634,7 @@ impl RdmaDevice {
         let mut st = self.lock();
         let mut delivered = false;
         let mut rechecked = false;
-        while let Some(ev) = st.ctrl.events.pop() {
+        while let Some(ev) = st.vm.events.pop() {
             // Bind first: the queue guard must be gone before the arms
             // below touch the vring again.
             let next = vring
@@ -784,7 +644,7 @@ impl RdmaDevice {
             let chain = match next {
                 Some(c) => c,
                 None => {
-                    st.ctrl.events.unpop(ev);
+                    st.vm.events.unpop(ev);
                     // Out of buffers with events waiting: ask to be kicked
                     // when the driver posts more (with EVENT_IDX the driver
                     // only kicks past the index we publish here). If some
@@ -804,16 +664,16 @@ impl RdmaDevice {
             if head >= vring.get_ref().get_queue().size() {
                 // Names no buffer, and cannot be returned (spec 7.4, 14.1).
                 debug!("event queue: available head {head} is not a descriptor");
-                st.ctrl.count_malformed();
-                st.ctrl.events.unpop(ev);
+                st.vm.count_malformed();
+                st.vm.events.unpop(ev);
                 continue;
             }
             let used = if write_event(mem, chain, &ev) {
                 Event::SIZE as u32
             } else {
                 // Unusable buffer: give it back empty and keep the event.
-                st.ctrl.count_malformed();
-                st.ctrl.events.unpop(ev);
+                st.vm.count_malformed();
+                st.vm.events.unpop(ev);
                 0
             };
             if let Err(e) = vring.add_used(head, used) {
@@ -839,21 +699,21 @@ fn device_config(limits: &Limits, mac: Option<[u8; 6]>) -> DeviceConfig {
 }
 
 /// The statistics of a VM (under its lock).
-fn stats_of(st: &State) -> DeviceStats {
+fn stats_of(st: &Guarded) -> DeviceStats {
     DeviceStats {
-        resources: st.ctrl.res.counts(),
-        ctrl: st.ctrl.stats,
-        events_lost: st.ctrl.events.lost_total,
+        resources: st.vm.res.counts(),
+        ctrl: st.vm.stats,
+        events_lost: st.vm.events.lost_total,
         queues: queue_depths(st),
     }
 }
 
 /// The work waiting in the queues of a VM (under its lock).
-fn queue_depths(st: &State) -> QueueDepths {
+fn queue_depths(st: &Guarded) -> QueueDepths {
     use crate::engine::doorbell::{load_pi, RQ, SQ, SRQ};
-    let res = &st.ctrl.res;
+    let res = &st.vm.res;
     let mut q = QueueDepths {
-        events_pending: st.ctrl.events.len() as u64,
+        events_pending: st.vm.events.len() as u64,
         ..QueueDepths::default()
     };
     let Some(mem) = st.host.as_deref() else {
@@ -917,7 +777,7 @@ struct ChainRequest {
 /// Executes a request read by [`read_chain`] and writes the response.
 /// Returns the used length (0 when the chain was unusable: `None`).
 fn execute_chain(
-    ctrl: &mut Ctrl,
+    ctrl: &mut VmState,
     mem: &Mem,
     request: Option<ChainRequest>,
     prepared: Option<Prepared>,
@@ -1048,9 +908,7 @@ impl VhostUserBackend for RdmaDevice {
             features & self.device_features & F_SHMEM_DOORBELL != 0,
             Ordering::Release,
         );
-        self.lock()
-            .ctrl
-            .set_features(features & self.device_features);
+        self.lock().vm.set_features(features & self.device_features);
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
@@ -1114,7 +972,7 @@ impl VhostUserBackend for RdmaDevice {
         let ram = RamMap::from_guest_memory(&*snapshot);
         let host = Arc::new(HostMem::new(snapshot));
         let mut st = self.lock();
-        st.ctrl.set_ram(ram);
+        st.vm.set_ram(ram);
         st.mem = Some(mem);
         st.host = Some(host);
         self.bump_dp_gen();
@@ -1173,8 +1031,8 @@ impl RdmaDevice {
         }
         let mut st = self.lock();
         self.epoch.fetch_add(1, Ordering::AcqRel);
-        let before = st.ctrl.res.counts();
-        let gone = st.ctrl.reset();
+        let before = st.vm.res.counts();
+        let gone = st.vm.reset();
         // A VMM resets the device at every driver probe too: an empty
         // device's reset is not news.
         let level = if before.is_empty() {
@@ -1195,7 +1053,7 @@ impl RdmaDevice {
         // Spec 15.1 item 6: nothing of before the reset survives in it.
         // The driver resets only after every guest mapping of the pages is
         // gone, so the pages of earlier connections are free again.
-        if let Some(pages) = st.ctrl.res.doorbells.as_mut() {
+        if let Some(pages) = st.vm.res.doorbells.as_mut() {
             let n = pages.end_quarantine();
             if n > 0 {
                 log::info!(
@@ -1207,8 +1065,8 @@ impl RdmaDevice {
         if let Some(link) = &self.shmem {
             link.clear_region();
         }
-        let gid = st.ctrl.port_gid();
-        st.ctrl.events.push(EventKind::PORT_ACTIVE, PORT_NUM, 0);
+        let gid = st.vm.port_gid();
+        st.vm.events.push(EventKind::PORT_ACTIVE, PORT_NUM, 0);
         self.bump_dp_gen();
         drop(st);
         self.engine.peers_gone(self.id, gid, gone);
@@ -1218,11 +1076,10 @@ impl RdmaDevice {
     /// returns, no engine pass that saw it running is still working on it.
     fn set_running(&self, on: bool) {
         let mut st = self.lock();
-        self.running.store(on, Ordering::Release);
-        st.ctrl.set_running(on);
+        self.cell.set_running(&mut st, on);
         if on {
             if let Some(host) = st.host.as_ref() {
-                st.ctrl.refresh_doorbell_flags(host);
+                st.vm.refresh_doorbell_flags(host);
             }
         }
         self.bump_dp_gen();
@@ -1256,7 +1113,7 @@ impl RdmaDevice {
             }
             // The engine queued events.
             EVENT_WAKE => {
-                let _ = self.event_wake.read();
+                let _ = self.cell.event_wake_fd().read();
             }
             other => return Err(DeviceError::UnknownQueue(other).into()),
         }
@@ -1294,26 +1151,5 @@ impl QueueObserver for RdmaDevice {
             debug!("VM {}: stopped", self.id);
             self.set_running(false);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::HeldLock;
-
-    /// A thread never takes a VM's lock it holds; other VMs' locks and
-    /// other threads are not affected, and the mark goes with the guard.
-    #[test]
-    fn held_lock_refuses_only_a_second_entry_on_the_same_thread() {
-        let a = HeldLock::enter(7);
-        assert!(a.is_some());
-        assert!(HeldLock::enter(7).is_none(), "same VM, same thread");
-        let b = HeldLock::enter(8);
-        assert!(b.is_some(), "another VM");
-        let other = std::thread::spawn(|| HeldLock::enter(7).is_some());
-        assert!(other.join().unwrap_or(false), "another thread");
-        drop(a);
-        assert!(HeldLock::enter(7).is_some(), "released");
-        drop(b);
     }
 }

@@ -18,17 +18,21 @@
 //! - [`shmem`]: the shared-memory doorbell region (one page per context).
 //!
 //! VM model and control path
+//! - [`vm`]: [`vm::VmState`], one VM's state (objects, events, memory map,
+//!   port), and [`vm::cell::VmCell`], that state behind the VM's lock;
 //! - [`ctrl`]: the control-verb dispatcher, one file per object family;
-//! - [`resources`]: per-VM objects, handle tables, the QP state machine;
+//! - [`resources`]: per-VM objects, handle tables with `insert_*`/
+//!   `destroy_*`, the QP state machine;
 //! - [`memory`]: the guest RAM map, page-list translation, guest access;
 //! - [`events`]: the asynchronous event queue;
-//! - [`keys`]: unpredictable lkeys, rkeys, QP numbers and GUIDs.
+//! - [`keys`]: the random source of keys, QP numbers and GUIDs.
 //!
 //! Data path
 //! - [`engine`]: engine threads, doorbell polling, the requester, the
 //!   completer, flush, QoS scheduling, and (`engine/soft`) the software
 //!   RNIC's transport; its `mod.rs` lists its files;
-//! - [`rnic`]: the host RNIC behind the engine (QP number directory, caps).
+//! - [`transport`]: the host half of the objects (the [`transport::Transport`]
+//!   trait: QPs, CQs, SRQs, AHs, MRs, QP numbers and keys, caps).
 //!
 //! Policy
 //! - [`tenancy`]: tenants, VMs' GIDs and the isolation counters;
@@ -83,7 +87,6 @@ pub mod qos;
 )]
 pub mod resources;
 pub mod restart;
-pub mod rnic;
 pub mod server;
 #[deny(
     clippy::arithmetic_side_effects,
@@ -94,7 +97,14 @@ pub mod shmem;
 pub mod snapshot;
 pub mod stats;
 pub mod tenancy;
+pub mod transport;
 pub mod view;
+#[deny(
+    clippy::arithmetic_side_effects,
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation
+)]
+pub mod vm;
 pub mod vring;
 
 pub use config::{DaemonConfig, Limits};

@@ -59,6 +59,11 @@ struct Args {
     /// every queue then uses doorbell records in guest RAM.
     #[arg(long)]
     no_shmem_doorbell: bool,
+    /// The RNIC behind the devices: `soft`, the built-in software RNIC
+    /// (RDMA between the VMs of this daemon); replaces the file's
+    /// [daemon] rnic.
+    #[arg(long, value_name = "KIND")]
+    rnic: Option<vhost_user_rdma::transport::TransportKind>,
     /// Do not offer UD queue pairs (F_UD): drivers see RC only.
     #[arg(long)]
     no_ud: bool,
@@ -180,6 +185,9 @@ fn daemon_config(a: Args) -> Result<(DaemonConfig, Option<LogFormat>), ArgsError
     }
     if a.fence_elision {
         config.fence_elision = true;
+    }
+    if let Some(kind) = a.rnic {
+        config.rnic = kind;
     }
     if let Some(us) = a.ctrl_poll_us {
         config.ctrl_poll = std::time::Duration::from_micros(us);

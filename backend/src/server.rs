@@ -18,15 +18,15 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 
 use crate::config::{ConfigError, DaemonConfig};
-use crate::ctrl::PortIdentity;
 use crate::device::{RdmaDevice, Shared, EVENT_WAKE};
+use crate::engine::SoftRnic;
 use crate::engine::{EnginePlan, Engines};
 use crate::keys::KeySource;
 use crate::qos::QosTable;
-use crate::rnic::soft::SoftRnic;
-use crate::rnic::{Rnic, RnicError};
 use crate::tenancy::Tenancy;
+use crate::transport::{Transport, TransportError, TransportKind};
 use crate::view::{DaemonView, VmSlot, VmStats};
+use crate::vm::PortIdentity;
 use crate::vring::{observe_new_vrings, QueueObserver};
 
 /// Errors starting the daemon.
@@ -35,9 +35,9 @@ pub enum ServerError {
     /// The configuration is invalid.
     #[error("invalid configuration: {0}")]
     Config(#[from] ConfigError),
-    /// The RNIC engine could not start.
-    #[error("cannot start the RNIC engine: {0}")]
-    Rnic(#[from] RnicError),
+    /// The transport (the RNIC behind the devices) could not start.
+    #[error("cannot start the transport: {0}")]
+    Transport(#[from] TransportError),
     /// A socket could not be created.
     #[error("cannot listen on {path}: {source}")]
     Listen {
@@ -62,7 +62,7 @@ pub struct Daemon {
     slots: Vec<Arc<VmSlot>>,
     threads: Vec<JoinHandle<()>>,
     stop: Arc<AtomicBool>,
-    rnic: Arc<dyn Rnic>,
+    transport: Arc<dyn Transport>,
     engines: Arc<Engines>,
     shared: Shared,
     mgmt: Option<crate::mgmt::MgmtServer>,
@@ -74,9 +74,9 @@ fn port_identity(
     index: usize,
     gid: [u8; 16],
     keys: &mut KeySource,
-) -> Result<PortIdentity, RnicError> {
-    let hi = keys.next_u32().map_err(|_| RnicError::Random)?;
-    let lo = keys.next_u32().map_err(|_| RnicError::Random)?;
+) -> Result<PortIdentity, TransportError> {
+    let hi = keys.next_u32().map_err(|_| TransportError::Random)?;
+    let lo = keys.next_u32().map_err(|_| TransportError::Random)?;
     // A locally administered, unicast EUI-64.
     let guid = ((u64::from(hi) << 32) | u64::from(lo)) & !(1 << 56) | (1 << 57);
     Ok(PortIdentity {
@@ -92,18 +92,21 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Daemon {
     /// Validates the configuration, binds every socket and starts serving
-    /// on the built-in software RNIC.
+    /// on the transport the configuration names (`rnic`).
     pub fn start(config: DaemonConfig) -> Result<Daemon, ServerError> {
-        let rnic: Arc<dyn Rnic> = Arc::new(SoftRnic::new()?);
-        Self::start_with_rnic(config, rnic)
+        let transport: Arc<dyn Transport> = match config.rnic {
+            TransportKind::Soft => Arc::new(SoftRnic::new()),
+        };
+        Self::start_with_transport(config, transport)
     }
 
-    /// [`Daemon::start`] on the host RNIC engine `rnic` (tests and the
-    /// fuzzing harness use one that hands a freed QP number out again at
-    /// once).
-    pub fn start_with_rnic(
+    /// [`Daemon::start`] on `transport`, whose [`Transport::kind`] selects
+    /// the engine's data path (tests and the fuzzing harness wrap the
+    /// software RNIC's object half, e.g. to hand a freed QP number out
+    /// again at once).
+    pub fn start_with_transport(
         config: DaemonConfig,
-        rnic: Arc<dyn Rnic>,
+        transport: Arc<dyn Transport>,
     ) -> Result<Daemon, ServerError> {
         config.validate()?;
         let tenancy = Arc::new(Tenancy::from_config(&config));
@@ -125,8 +128,9 @@ impl Daemon {
         );
         let engines = Arc::new(
             Engines::start(
-                rnic.clone(),
-                shared.clone(),
+                transport.clone(),
+                shared.tenancy.clone(),
+                shared.qos.clone(),
                 EnginePlan::from_config(&config),
             )
             .map_err(ServerError::Spawn)?,
@@ -145,7 +149,7 @@ impl Daemon {
                 vm.limits,
                 config.device_features,
                 config.ctrl_poll,
-                rnic.clone(),
+                transport.clone(),
                 engines.for_vm(index).clone(),
                 port_identity(index, config.gid(index), &mut keys)?,
                 &shared,
@@ -157,7 +161,7 @@ impl Daemon {
                 .try_clone_to_owned()
                 .map_err(ServerError::Spawn)?;
             let slot = Arc::new(VmSlot::new(path.clone(), Arc::new(device), listen_wake));
-            engines.register(index, &slot.device);
+            engines.register(index, slot.device.cell());
             let ctx = ServeCtx {
                 slot: slot.clone(),
                 stop: stop.clone(),
@@ -184,7 +188,7 @@ impl Daemon {
             slots,
             threads,
             stop,
-            rnic,
+            transport,
             engines,
             shared,
             mgmt: None,
@@ -258,7 +262,12 @@ impl Daemon {
 
     /// QP numbers allocated across all VMs.
     pub fn qpns_in_use(&self) -> usize {
-        self.rnic.qpns_in_use()
+        self.transport.qpns_in_use()
+    }
+
+    /// Memory keys (lkeys and rkeys) in use across all VMs.
+    pub fn keys_in_use(&self) -> usize {
+        self.transport.keys_in_use()
     }
 
     /// Waits until every serving thread ends (they end only on shutdown).

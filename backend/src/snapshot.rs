@@ -2,13 +2,13 @@
 //! per tenant: what the operator interfaces ([`crate::mgmt`],
 //! [`crate::metrics`]) report.
 
-use crate::ctrl::CtrlStats;
 use crate::device::QueueDepths;
 use crate::qos::QosSpec;
 use crate::resources::ResourceCounts;
 use crate::stats::TrafficStats;
 use crate::tenancy::IsolationStats;
 use crate::view::{DaemonView, VmStats};
+use crate::vm::CtrlStats;
 
 /// Everything reported about one VM.
 #[derive(Debug, Clone, Default)]

@@ -1,6 +1,6 @@
 //! Target `ctrl`: control-command sequences through the real dispatcher.
 //!
-//! Drives [`Ctrl::execute`] exactly as `device.rs::handle_chain` calls it
+//! Drives [`VmState::execute`] exactly as `device.rs::handle_chain` calls it
 //! (the request bytes copied out of the chain, the size of the writable
 //! part) against a real `GuestMemoryMmap` of three RAM regions with holes.
 //! The input is a sequence of [`Step`]s: mostly well-formed commands whose
@@ -20,18 +20,19 @@
 //! - registered bytes equal the sum of the lengths of the live MRs.
 //!
 //! At the end everything is destroyed with commands (each destroy of a
-//! live object must succeed) or with [`Ctrl::reset`]; then no object, no
+//! live object must succeed) or with [`VmState::reset`]; then no object, no
 //! registered byte and no QP number remain.
 
 use std::sync::Arc;
 
 use arbitrary::{Arbitrary, Unstructured};
 use vhost_user_rdma::config::DaemonConfig;
-use vhost_user_rdma::ctrl::{response_size, Ctrl, PortIdentity};
+use vhost_user_rdma::ctrl::response_size;
+use vhost_user_rdma::engine::SoftRnic;
 use vhost_user_rdma::memory::RamMap;
-use vhost_user_rdma::rnic::soft::SoftRnic;
-use vhost_user_rdma::rnic::Rnic;
 use vhost_user_rdma::tenancy::Tenancy;
+use vhost_user_rdma::transport::Transport;
+use vhost_user_rdma::vm::{PortIdentity, VmState};
 use vhost_user_rdma::Limits;
 use vhost_user_rdma_tests::verbs::{rc_transitions, ud_transitions};
 use virtio_rdma_abi::config::ALL_DEVICE_FEATURES;
@@ -474,7 +475,7 @@ fn depth(log: u8) -> u32 {
 
 /// The fuzzed VM: its dispatcher, memory and the model.
 pub(crate) struct Vm {
-    pub(crate) ctrl: Ctrl,
+    pub(crate) ctrl: VmState,
     pub(crate) mem: GuestMemoryMmap<()>,
     rnic: Arc<SoftRnic>,
     model: Model,
@@ -485,7 +486,7 @@ pub(crate) struct Vm {
 impl Vm {
     pub(crate) fn new(features: u64) -> Vm {
         let mem = guest::memory();
-        let rnic = Arc::new(SoftRnic::new().expect("software RNIC"));
+        let rnic = Arc::new(SoftRnic::new());
         let config = DaemonConfig::new(vec!["/nonexistent/fuzz.sock".into()]);
         let tenancy = Arc::new(Tenancy::from_config(&config));
         let port = PortIdentity {
@@ -494,8 +495,8 @@ impl Vm {
             vm: 0,
         };
         let limits = limits();
-        let dyn_rnic: Arc<dyn Rnic> = rnic.clone();
-        let mut ctrl = Ctrl::new(limits, dyn_rnic, port, tenancy);
+        let dyn_rnic: Arc<dyn Transport> = rnic.clone();
+        let mut ctrl = VmState::new(limits, dyn_rnic, port, tenancy);
         ctrl.set_ram(RamMap::from_guest_memory(&mem));
         ctrl.set_features(features);
         Vm {
@@ -1039,7 +1040,7 @@ fn trace() -> bool {
     *TRACE.get_or_init(|| std::env::var_os("RDMA_FUZZ_TRACE").is_some())
 }
 
-/// Checks one response of [`Ctrl::execute`].
+/// Checks one response of [`VmState::execute`].
 fn check_response(out: &[u8], request_id: u64, op: Option<Opcode>, writable: usize) {
     assert!(
         out.len() >= ResponseHeader::SIZE,
@@ -1100,4 +1101,5 @@ pub fn run_input(input: &Input) {
         "objects left after destroying everything: {c:?}"
     );
     assert_eq!(vm.rnic.qpns_in_use(), 0, "QP numbers leaked");
+    assert_eq!(vm.rnic.keys_in_use(), 0, "memory keys leaked");
 }

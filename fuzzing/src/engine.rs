@@ -2,7 +2,7 @@
 //!
 //! Every execution starts a daemon (the real [`Daemon`], one engine thread,
 //! every VM in the default tenant) with a QP-number allocator that hands a
-//! freed number out again at once ([`RecyclingRnic`]: QP numbers come back,
+//! freed number out again at once ([`RecyclingQpns`]: QP numbers come back,
 //! which a random 24-bit allocator almost never does), connects two or three
 //! test VMMs (the in-process vhost-user frontend of the `tests` crate) and
 //! opens the reference driver on each. The fuzzer then picks a sequence of
@@ -28,16 +28,16 @@
 //! Setting `RDMA_FUZZ_NO_QPN_REUSE=1` makes the allocator never reuse a
 //! number (to fuzz past a known QP-number-reuse bug).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use arbitrary::{Arbitrary, Unstructured};
-use vhost_user_rdma::rnic::soft::SoftRnic;
-use vhost_user_rdma::rnic::{Rnic, RnicCaps, RnicError};
+use vhost_user_rdma::transport::Transport;
 use vhost_user_rdma::{Daemon, DaemonConfig};
 use vhost_user_rdma_tests::guest_mem::{MemLayout, MIB};
+use vhost_user_rdma_tests::rnics::RecyclingQpns;
 use vhost_user_rdma_tests::transport::VmmTransport;
 use vhost_user_rdma_tests::vmm::{TestVmm, VmmOptions};
 use virtio_rdma_abi::datapath::WcStatus;
@@ -66,92 +66,6 @@ const PROBE: u64 = 0xdead_beef_0000;
 
 // ---------------------------------------------------------------------------
 // QP numbers that come back
-
-#[derive(Default)]
-struct Qpns {
-    used: HashMap<u32, Option<(usize, u32)>>,
-    free: Vec<u32>,
-    next: u32,
-}
-
-/// An RNIC engine whose QP numbers are reused as soon as they are freed
-/// (last freed, first reused), unless `RDMA_FUZZ_NO_QPN_REUSE` is set.
-pub struct RecyclingRnic {
-    soft: SoftRnic,
-    qpns: Mutex<Qpns>,
-    reuse: bool,
-    /// Hand out fresh numbers only for now (the liveness probe: a QP of
-    /// the fuzzed traffic still connected to a recycled number would talk
-    /// to the probe's QP, as a stale peer does on a real fabric).
-    fresh: std::sync::atomic::AtomicBool,
-}
-
-impl RecyclingRnic {
-    /// A new engine.
-    pub fn new() -> Self {
-        RecyclingRnic {
-            soft: SoftRnic::new().expect("software RNIC"),
-            qpns: Mutex::new(Qpns {
-                next: 0x100,
-                ..Qpns::default()
-            }),
-            reuse: std::env::var_os("RDMA_FUZZ_NO_QPN_REUSE").is_none(),
-            fresh: std::sync::atomic::AtomicBool::new(false),
-        }
-    }
-
-    /// While `on`, every number handed out is one never used before.
-    pub fn fresh_only(&self, on: bool) {
-        self.fresh.store(on, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Qpns> {
-        self.qpns.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-impl Default for RecyclingRnic {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Rnic for RecyclingRnic {
-    fn caps(&self) -> RnicCaps {
-        self.soft.caps()
-    }
-    fn alloc_qpn(&self) -> Result<u32, RnicError> {
-        let mut q = self.lock();
-        let reuse = self.reuse && !self.fresh.load(std::sync::atomic::Ordering::Relaxed);
-        let recycled = if reuse { q.free.pop() } else { None };
-        let qpn = match recycled {
-            Some(n) => n,
-            None => {
-                q.next += 1;
-                q.next
-            }
-        };
-        q.used.insert(qpn, None);
-        Ok(qpn)
-    }
-    fn bind_qpn(&self, qpn: u32, vm: usize, handle: u32) {
-        if let Some(slot) = self.lock().used.get_mut(&qpn) {
-            *slot = Some((vm, handle));
-        }
-    }
-    fn lookup_qpn(&self, qpn: u32) -> Option<(usize, u32)> {
-        self.lock().used.get(&qpn).copied().flatten()
-    }
-    fn free_qpn(&self, qpn: u32) {
-        let mut q = self.lock();
-        if q.used.remove(&qpn).is_some() {
-            q.free.push(qpn);
-        }
-    }
-    fn qpns_in_use(&self) -> usize {
-        self.lock().used.len()
-    }
-}
 
 // ---------------------------------------------------------------------------
 // Watchdog
@@ -312,7 +226,7 @@ struct VmS {
 struct Harness {
     daemon: Option<Daemon>,
     dir: PathBuf,
-    rnic: Arc<RecyclingRnic>,
+    rnic: Arc<RecyclingQpns>,
     vms: Vec<Option<VmS>>,
     /// Keys of earlier registrations (lkey, rkey).
     old_keys: Vec<(u32, u32)>,
@@ -397,9 +311,12 @@ impl Harness {
         std::fs::create_dir_all(&dir).expect("create the socket directory");
         let sockets: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("vm{i}.sock"))).collect();
         let config = DaemonConfig::new(sockets.clone());
-        let rnic = Arc::new(RecyclingRnic::new());
-        let dyn_rnic: Arc<dyn Rnic> = rnic.clone();
-        let daemon = Daemon::start_with_rnic(config, dyn_rnic).expect("start the daemon");
+        // QP numbers are reused as soon as they are freed, unless
+        // `RDMA_FUZZ_NO_QPN_REUSE` is set.
+        let reuse = std::env::var_os("RDMA_FUZZ_NO_QPN_REUSE").is_none();
+        let rnic = Arc::new(RecyclingQpns::new(reuse));
+        let dyn_rnic: Arc<dyn Transport> = rnic.clone();
+        let daemon = Daemon::start_with_transport(config, dyn_rnic).expect("start the daemon");
         let vms = sockets.iter().map(|s| Some(open_vm(s))).collect();
         Harness {
             daemon: Some(daemon),

@@ -4,7 +4,7 @@
 //! A VM gets a context, two PDs, a CQ, up to four MRs (fuzzer-chosen pages,
 //! offsets, lengths and access) and a QP (fuzzer-chosen depths, SGE and
 //! inline capacities, ring pages), optionally on an SRQ, all created with
-//! real commands through [`vhost_user_rdma::ctrl::Ctrl::execute`]. The
+//! real commands through [`vhost_user_rdma::vm::VmState::execute`]. The
 //! fuzzer then writes WQEs into the rings (structured, with SGEs that name
 //! the MRs' keys, or raw bytes) and the harness runs the engine's
 //! [`fetch_send`] / [`fetch_recv`] on them, [`local_range`] on the SGEs they

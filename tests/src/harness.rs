@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use vhost_user_rdma::config::TenantConfig;
 use vhost_user_rdma::qos::QosSpec;
-use vhost_user_rdma::rnic::Rnic;
 use vhost_user_rdma::stats::TrafficStats;
 use vhost_user_rdma::tenancy::IsolationStats;
+use vhost_user_rdma::transport::Transport;
 use vhost_user_rdma::Daemon;
 use vhost_user_rdma::{DaemonConfig, Limits, VmStats};
 
@@ -52,21 +52,21 @@ impl TestDaemon {
         Self::from_config_on(make, None)
     }
 
-    /// Starts a daemon serving `vms` sockets of one tenant on the host RNIC
-    /// engine `rnic` instead of the built-in one.
-    pub fn with_rnic(vms: usize, rnic: Arc<dyn Rnic>) -> Result<Self> {
+    /// Starts a daemon serving `vms` sockets of one tenant on `transport`
+    /// instead of the one its configuration names.
+    pub fn with_transport(vms: usize, transport: Arc<dyn Transport>) -> Result<Self> {
         Self::from_config_on(
             |dir| {
                 let sockets = (0..vms).map(|i| dir.join(format!("vm{i}.sock"))).collect();
                 Ok(DaemonConfig::new(sockets))
             },
-            Some(rnic),
+            Some(transport),
         )
     }
 
     fn from_config_on(
         make: impl FnOnce(&Path) -> Result<DaemonConfig>,
-        rnic: Option<Arc<dyn Rnic>>,
+        transport: Option<Arc<dyn Transport>>,
     ) -> Result<Self> {
         let dir = std::env::temp_dir().join(format!(
             "vhost-user-rdma-test-{}-{}",
@@ -79,8 +79,8 @@ impl TestDaemon {
         })?;
         let started = make(&dir).and_then(|config| {
             let sockets: Vec<PathBuf> = config.vms.iter().map(|v| v.socket.clone()).collect();
-            let daemon = match rnic {
-                Some(rnic) => Daemon::start_with_rnic(config, rnic),
+            let daemon = match transport {
+                Some(t) => Daemon::start_with_transport(config, t),
                 None => Daemon::start(config),
             }
             .map_err(|e| Error::Backend(e.to_string()))?;

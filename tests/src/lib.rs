@@ -22,6 +22,7 @@ pub mod error;
 pub mod events;
 pub mod guest_mem;
 pub mod harness;
+pub mod rnics;
 pub mod shmem;
 pub mod transport;
 pub mod verbs;

@@ -147,6 +147,7 @@ fn object_lifecycle_and_dependencies() {
     v.destroy_ctx(ctx).unwrap();
     assert!(d.stats(0).device.resources.is_empty());
     assert_eq!(d.daemon().qpns_in_use(), 0);
+    assert_eq!(d.daemon().keys_in_use(), 0, "memory keys leaked");
 
     // Everything is gone: the old handles no longer resolve.
     assert_eq!(
@@ -187,6 +188,7 @@ fn destroy_ctx_releases_everything_it_owns() {
     );
     assert_eq!(after.registered_bytes, 0);
     assert_eq!(d.daemon().qpns_in_use(), 0);
+    assert_eq!(d.daemon().keys_in_use(), 0, "memory keys leaked");
     // The other context is untouched.
     let cq = v.create_cq(keep, 16).unwrap();
     v.create_qp(&QpInit::rc(keep_pd, cq)).unwrap();

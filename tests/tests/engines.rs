@@ -90,12 +90,13 @@ fn stall_vm0_and_run_red(d: &TestDaemon) -> (Duration, Duration) {
     let start = Instant::now();
     let (locked_tx, locked_rx) = mpsc::channel();
     let holder = std::thread::spawn(move || {
-        dev0.with_dataplane(|_, _| {
-            locked_tx.send(()).unwrap();
-            std::thread::sleep(STALL);
-            start.elapsed()
-        })
-        .unwrap()
+        dev0.cell()
+            .with_dataplane(|_, _| {
+                locked_tx.send(()).unwrap();
+                std::thread::sleep(STALL);
+                start.elapsed()
+            })
+            .unwrap()
     });
     locked_rx.recv().unwrap();
     // VM 0 has work: its thread locks VM 0 and waits there.

@@ -3,18 +3,16 @@
 //! 11): each scenario is one an attacker could drive, and each test fails
 //! on the daemon as it was before its fix.
 
-use std::collections::HashMap;
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use vhost_user_rdma::rnic::soft::SoftRnic;
-use vhost_user_rdma::rnic::{Rnic, RnicCaps, RnicError};
 use vhost_user_rdma_tests::dp::{
     conn, ok, pattern, poll_one, rc_pair, rc_qp, repeated_page_mr, wr, write_and_send_back,
     write_op, Buf, Vm, QP_ACCESS,
 };
 use vhost_user_rdma_tests::harness::TestDaemon;
+use vhost_user_rdma_tests::rnics::RecyclingQpns;
 use vhost_user_rdma_tests::verbs::Verbs;
 use vhost_user_rdma_tests::vmm::VmmOptions;
 use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
@@ -43,68 +41,6 @@ fn bounded(limit: Duration, what: &str, f: impl FnOnce() + Send + 'static) {
     }
 }
 
-/// A host RNIC engine that hands back the QP number freed last, so that a
-/// test can make a QP number come back at once (the software RNIC draws
-/// them at random: an attacker needs thousands of creates for the same).
-struct ReuseRnic {
-    caps: RnicCaps,
-    inner: Mutex<ReuseInner>,
-}
-
-#[derive(Default)]
-struct ReuseInner {
-    used: HashMap<u32, Option<(usize, u32)>>,
-    freed: Vec<u32>,
-    next: u32,
-}
-
-impl ReuseRnic {
-    fn new() -> Self {
-        ReuseRnic {
-            caps: SoftRnic::new().expect("soft RNIC").caps(),
-            inner: Mutex::new(ReuseInner {
-                next: 0x100,
-                ..ReuseInner::default()
-            }),
-        }
-    }
-}
-
-impl Rnic for ReuseRnic {
-    fn caps(&self) -> RnicCaps {
-        self.caps
-    }
-    fn alloc_qpn(&self) -> Result<u32, RnicError> {
-        let mut i = self.inner.lock().unwrap();
-        let qpn = match i.freed.pop() {
-            Some(q) => q,
-            None => {
-                i.next += 1;
-                i.next
-            }
-        };
-        i.used.insert(qpn, None);
-        Ok(qpn)
-    }
-    fn bind_qpn(&self, qpn: u32, vm: usize, handle: u32) {
-        if let Some(s) = self.inner.lock().unwrap().used.get_mut(&qpn) {
-            *s = Some((vm, handle));
-        }
-    }
-    fn lookup_qpn(&self, qpn: u32) -> Option<(usize, u32)> {
-        self.inner.lock().unwrap().used.get(&qpn).copied().flatten()
-    }
-    fn free_qpn(&self, qpn: u32) {
-        let mut i = self.inner.lock().unwrap();
-        if i.used.remove(&qpn).is_some() {
-            i.freed.push(qpn);
-        }
-    }
-    fn qpns_in_use(&self) -> usize {
-        self.inner.lock().unwrap().used.len()
-    }
-}
-
 /// Finding 2: A's RC QP has sent to B's QP, so the engine routes its next
 /// message to that QP of VM B and locks B for the burst. B destroys the QP
 /// and its number comes back on a new QP of B. The route is stale, the
@@ -115,7 +51,7 @@ impl Rnic for ReuseRnic {
 #[test]
 fn qpn_reused_by_the_held_peer_vm_does_not_deadlock_the_engine() {
     bounded(Duration::from_secs(60), "engine", || {
-        let d = TestDaemon::with_rnic(2, Arc::new(ReuseRnic::new())).unwrap();
+        let d = TestDaemon::with_transport(2, Arc::new(RecyclingQpns::new(true))).unwrap();
         let a = Vm::open(&d, 0, VmmOptions::default());
         let b = Vm::open(&d, 1, VmmOptions::default());
         let p = rc_pair(&a, &b);

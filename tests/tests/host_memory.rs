@@ -192,11 +192,12 @@ fn scrapes_do_not_wait_for_a_vm_lock() {
     let dev0 = d.daemon().device(0).unwrap().clone();
     let (locked_tx, locked_rx) = mpsc::channel();
     let holder = std::thread::spawn(move || {
-        dev0.with_dataplane(|_, _| {
-            locked_tx.send(()).unwrap();
-            std::thread::sleep(HOLD);
-        })
-        .unwrap();
+        dev0.cell()
+            .with_dataplane(|_, _| {
+                locked_tx.send(()).unwrap();
+                std::thread::sleep(HOLD);
+            })
+            .unwrap();
     });
     locked_rx.recv().unwrap();
     let start = Instant::now();
@@ -245,7 +246,7 @@ fn sixteen_gib_reg_mr_does_not_hold_the_vm_lock() {
             let mut longest = Duration::ZERO;
             while !stop.load(Ordering::Acquire) {
                 let t = Instant::now();
-                dev.with_dataplane(|_, _| ());
+                dev.cell().with_dataplane(|_, _| ());
                 longest = longest.max(t.elapsed());
                 std::thread::sleep(Duration::from_micros(200));
             }

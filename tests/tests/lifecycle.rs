@@ -89,6 +89,7 @@ fn disconnect_with_commands_in_flight() {
         let s = d.wait_released(0);
         assert!(s.device.resources.is_empty(), "{s:?}");
         assert_eq!(d.daemon().qpns_in_use(), 0);
+        assert_eq!(d.daemon().keys_in_use(), 0, "memory keys leaked");
     }
     // Still serving.
     let mut vm = d.connect(0).unwrap();

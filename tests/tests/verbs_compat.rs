@@ -7,8 +7,10 @@
 
 use std::sync::Arc;
 
-use vhost_user_rdma::rnic::soft::SoftRnic;
-use vhost_user_rdma::rnic::{Rnic, RnicCaps, RnicError};
+use vhost_user_rdma::engine::SoftRnic;
+use vhost_user_rdma::transport::{
+    Caps, MrKeys, MrSpec, Owner, QpChange, Transport, TransportError, TransportKind,
+};
 use vhost_user_rdma::Limits;
 use vhost_user_rdma_tests::dp::*;
 use vhost_user_rdma_tests::harness::TestDaemon;
@@ -17,7 +19,7 @@ use vhost_user_rdma_tests::vmm::VmmOptions;
 use virtio_rdma_abi::ctrl::Status;
 use virtio_rdma_abi::datapath::{UdGrh, WcOpcode, WcStatus, DB_PAGE_SIZE, UD_GRH_SIZE};
 use virtio_rdma_abi::mem::access;
-use virtio_rdma_abi::qp::AddressVector;
+use virtio_rdma_abi::qp::{AddressVector, QpType};
 use virtio_rdma_abi::verbs::{
     PHYS_STATE_LINK_UP, PORT_STATE_ACTIVE, SPEED_EDR, WIDTH_1X, WIDTH_4X,
 };
@@ -157,35 +159,65 @@ fn port_and_device_attributes_for_verbs() {
 /// and the ack delay is reported within its 5 bits.
 struct OtherLink(SoftRnic);
 
-impl Rnic for OtherLink {
-    fn caps(&self) -> RnicCaps {
-        RnicCaps {
+impl Transport for OtherLink {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Soft
+    }
+    fn caps(&self) -> Caps {
+        Caps {
             link_rate_mbps: 25_000,
             local_ca_ack_delay: 40,
             ..self.0.caps()
         }
     }
-    fn alloc_qpn(&self) -> Result<u32, RnicError> {
-        self.0.alloc_qpn()
+    fn create_qp(&self, owner: Owner, qp_type: QpType) -> Result<u32, TransportError> {
+        self.0.create_qp(owner, qp_type)
     }
-    fn bind_qpn(&self, qpn: u32, vm: usize, handle: u32) {
-        self.0.bind_qpn(qpn, vm, handle)
+    fn modify_qp(&self, change: &QpChange<'_>) -> Result<(), TransportError> {
+        self.0.modify_qp(change)
     }
-    fn lookup_qpn(&self, qpn: u32) -> Option<(usize, u32)> {
+    fn destroy_qp(&self, qpn: u32) {
+        self.0.destroy_qp(qpn)
+    }
+    fn lookup_qpn(&self, qpn: u32) -> Option<Owner> {
         self.0.lookup_qpn(qpn)
-    }
-    fn free_qpn(&self, qpn: u32) {
-        self.0.free_qpn(qpn)
     }
     fn qpns_in_use(&self) -> usize {
         self.0.qpns_in_use()
+    }
+    fn create_cq(&self, owner: Owner, depth: u32) -> Result<(), TransportError> {
+        self.0.create_cq(owner, depth)
+    }
+    fn destroy_cq(&self, owner: Owner) {
+        self.0.destroy_cq(owner)
+    }
+    fn create_srq(&self, owner: Owner, depth: u32) -> Result<(), TransportError> {
+        self.0.create_srq(owner, depth)
+    }
+    fn destroy_srq(&self, owner: Owner) {
+        self.0.destroy_srq(owner)
+    }
+    fn create_ah(&self, owner: Owner, av: &AddressVector) -> Result<(), TransportError> {
+        self.0.create_ah(owner, av)
+    }
+    fn destroy_ah(&self, owner: Owner) {
+        self.0.destroy_ah(owner)
+    }
+    fn reg_mr(&self, owner: Owner, mr: &MrSpec) -> Result<MrKeys, TransportError> {
+        self.0.reg_mr(owner, mr)
+    }
+    fn dereg_mr(&self, keys: MrKeys) {
+        self.0.dereg_mr(keys)
+    }
+    fn keys_in_use(&self) -> usize {
+        self.0.keys_in_use()
     }
 }
 
 #[test]
 fn port_speed_and_ack_delay_follow_the_engine() {
-    let rnic = Arc::new(OtherLink(SoftRnic::new().unwrap()));
-    let d = TestDaemon::with_rnic(1, rnic).unwrap();
+    let rnic = Arc::new(OtherLink(SoftRnic::new()));
+    let d = TestDaemon::with_transport(1, rnic).unwrap();
     let a = Vm::open(&d, 0, VmmOptions::default());
     let port = a.dev.port_attr();
     assert_eq!(port.link_rate_mbps, 25_000);

@@ -8,10 +8,11 @@ use vm_memory::GuestMemoryBackend;
 
 use super::parse::{depth, destroy_error, field, fixed, with_list};
 use super::queue_mem::init_device_half;
-use super::{quota, CmdError, CmdResult, Ctrl};
+use super::{quota, CmdError, CmdResult};
 use crate::resources::Cq;
+use crate::vm::VmState;
 
-impl Ctrl {
+impl VmState {
     pub(super) fn create_cq<M: GuestMemoryBackend>(
         &mut self,
         mem: &M,
@@ -27,8 +28,7 @@ impl Ctrl {
         depth::<CreateCqReq>(req.depth, self.limits.max_cqe, "depth")?;
         let bytes = u64::from(req.depth).saturating_mul(u64::from(CQE_SIZE));
         let ring = self.queue_memory::<CreateCqReq, M>(mem, &req.buf, list, bytes, req.db_gpa)?;
-        let cq_handle = self.insert_charged(
-            |r| &mut r.cqs,
+        let cq_handle = self.res.insert_cq(
             Cq {
                 ctx: req.ctx_handle,
                 depth: req.depth,
@@ -37,6 +37,7 @@ impl Ctrl {
                 users: 0,
                 rt: Default::default(),
             },
+            self.transport.as_ref(),
         )?;
         init_device_half(mem, req.db_gpa);
         Ok(CqHandleResp { cq_handle }.to_bytes())
@@ -45,7 +46,7 @@ impl Ctrl {
     pub(super) fn destroy_cq(&mut self, payload: &[u8]) -> CmdResult {
         let req: CqHandleReq = fixed(payload)?;
         self.res
-            .destroy_cq(req.cq_handle)
+            .destroy_cq(req.cq_handle, self.transport.as_ref())
             .map_err(|e| destroy_error::<CqHandleReq>(e, "cq_handle"))?;
         Ok(Vec::new())
     }

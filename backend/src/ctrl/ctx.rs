@@ -10,8 +10,9 @@ use vm_memory::GuestMemoryBackend;
 
 use super::parse::{destroy_error, field, fixed};
 use super::queue_mem::init_ctx_header;
-use super::{quota, CmdError, CmdResult, Ctrl, DETAIL_DB_RECORD, GID_TABLE_LEN};
+use super::{quota, CmdError, CmdResult, DETAIL_DB_RECORD, GID_TABLE_LEN};
 use crate::resources::{Ah, Context, Pd};
+use crate::vm::VmState;
 
 /// Bytes (and alignment) of a context's doorbell header.
 const CTX_DB_SIZE: u64 = CtxDoorbell::SIZE as u64;
@@ -35,7 +36,7 @@ pub(super) fn check_av<T: Wire>(av: &AddressVector, prefix: &str) -> Result<(), 
     Ok(())
 }
 
-impl Ctrl {
+impl VmState {
     pub(super) fn create_ctx<M: GuestMemoryBackend>(
         &mut self,
         mem: &M,
@@ -48,13 +49,10 @@ impl Ctrl {
         if self.res.ctxs.len() >= self.limits.max_ctx as usize {
             return Err(CmdError::new(Status::QUOTA, quota::CTX));
         }
-        let ctx_handle = self.insert_charged(
-            |r| &mut r.ctxs,
-            Context {
-                db_page: None,
-                db_gpa: req.db_gpa,
-            },
-        )?;
+        let ctx_handle = self.res.insert_ctx(Context {
+            db_page: None,
+            db_gpa: req.db_gpa,
+        })?;
         // Without a mapped doorbell region the context works in guest-RAM
         // mode (spec 18.7); that is not an error.
         let db_page = if self.has(F_SHMEM_DOORBELL) {
@@ -81,7 +79,7 @@ impl Ctrl {
     pub(super) fn destroy_ctx(&mut self, payload: &[u8]) -> CmdResult {
         let req: CtxHandleReq = fixed(payload)?;
         self.res
-            .destroy_ctx(req.ctx_handle, self.rnic.as_ref())
+            .destroy_ctx(req.ctx_handle, self.transport.as_ref())
             .map_err(|e| destroy_error::<CtxHandleReq>(e, "ctx_handle"))?;
         Ok(Vec::new())
     }
@@ -94,13 +92,10 @@ impl Ctrl {
         if self.res.pds.len() >= self.limits.max_pd as usize {
             return Err(CmdError::new(Status::QUOTA, quota::PD));
         }
-        let pd_handle = self.insert_charged(
-            |r| &mut r.pds,
-            Pd {
-                ctx: req.ctx_handle,
-                users: 0,
-            },
-        )?;
+        let pd_handle = self.res.insert_pd(Pd {
+            ctx: req.ctx_handle,
+            users: 0,
+        })?;
         Ok(PdHandleResp { pd_handle }.to_bytes())
     }
 
@@ -128,18 +123,15 @@ impl Ctrl {
         check_av::<CreateAhReq>(&req.av, "av")?;
         // The tenant policy, after every other check (spec 12.16).
         self.allowed_gid(&req.av.dgid)?;
-        let ah_handle = self.insert_charged(
-            |r| &mut r.ahs,
+        let ah_handle = self.res.insert_ah(
             Ah {
                 pd: req.pd_handle,
                 ctx,
                 port: req.port,
                 av: req.av,
             },
+            self.transport.as_ref(),
         )?;
-        if let Some(pd) = self.res.pds.get_mut(req.pd_handle) {
-            pd.users = pd.users.saturating_add(1);
-        }
         Ok(AhHandleResp { ah_handle }.to_bytes())
     }
 
@@ -152,7 +144,7 @@ impl Ctrl {
         }
         let req: AhHandleReq = fixed(payload)?;
         self.res
-            .destroy_ah(req.ah_handle)
+            .destroy_ah(req.ah_handle, self.transport.as_ref())
             .map_err(|e| destroy_error::<AhHandleReq>(e, "ah_handle"))?;
         Ok(Vec::new())
     }

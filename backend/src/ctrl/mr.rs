@@ -8,10 +8,12 @@ use virtio_rdma_abi::{Field, Wire};
 use vm_memory::GuestMemoryBackend;
 
 use super::parse::{destroy_error, field, fixed, page_list_error, shift_plausible, with_list};
-use super::{quota, CmdError, CmdResult, Ctrl};
+use super::{quota, CmdError, CmdResult};
 use crate::memory::pagelist::{pages_for, PageListLimits};
 use crate::memory::{PageList, PageListError, RamMap};
 use crate::resources::Mr;
+use crate::transport::MrKeys;
+use crate::vm::VmState;
 
 /// Checks memory access flags (for MRs; QPs use only the remote bits).
 pub(super) fn check_access<T: Wire>(
@@ -31,7 +33,7 @@ pub(super) fn check_access<T: Wire>(
 
 /// What `REG_MR` needs to build its translation without the VM's lock: a
 /// copy of the RAM map and limits, taken under the lock just before
-/// ([`Ctrl::preparer`]). A 16 GiB region has 4·10^6 pages to check (tens of
+/// ([`VmState::preparer`]). A 16 GiB region has 4·10^6 pages to check (tens of
 /// milliseconds); the engine locks the VM to serve its data path, and must
 /// not wait for that.
 pub struct Preparer {
@@ -80,7 +82,7 @@ impl Preparer {
     }
 }
 
-impl Ctrl {
+impl VmState {
     /// A [`Preparer`] for the next command (take it under the VM's lock,
     /// use it without).
     pub fn preparer(&self) -> Preparer {
@@ -90,26 +92,6 @@ impl Ctrl {
             limits: self.page_list_limits(),
             max_mr_size: self.limits.max_mr_size,
         }
-    }
-
-    fn unique_key(&mut self, rkey: bool) -> Result<u32, CmdError> {
-        // Collisions are rare (the VM holds at most max_mr of 2^32 keys);
-        // bound the retries anyway.
-        for _ in 0..64 {
-            let k = self
-                .keys
-                .next_u32()
-                .map_err(|_| CmdError::new(Status::INTERNAL, u32::MAX))?;
-            let map = if rkey {
-                &self.res.rkeys
-            } else {
-                &self.res.lkeys
-            };
-            if k != 0 && !map.contains_key(&k) {
-                return Ok(k);
-            }
-        }
-        Err(CmdError::new(Status::INTERNAL, u32::MAX))
     }
 
     pub(super) fn reg_mr<M: GuestMemoryBackend>(
@@ -164,15 +146,8 @@ impl Ctrl {
             _ => PageList::resolve(&req.buf, list, &self.page_list_limits(), &self.ram, mem),
         }
         .map_err(page_list_error::<RegMrReq>)?;
-        let lkey = self.unique_key(false)?;
-        let remote_any = access::REMOTE_READ | access::REMOTE_WRITE | access::REMOTE_ATOMIC;
-        let rkey = if req.access & remote_any != 0 {
-            self.unique_key(true)?
-        } else {
-            0
-        };
-        let mr_handle = self.insert_charged(
-            |r| &mut r.mrs,
+        // The transport chooses the keys (an rkey if any remote access).
+        let (mr_handle, MrKeys { lkey, rkey }) = self.res.insert_mr(
             Mr {
                 pd: req.pd_handle,
                 ctx,
@@ -180,20 +155,12 @@ impl Ctrl {
                 iova: req.iova,
                 length: req.length,
                 first_page_offset: req.buf.first_page_offset,
-                lkey,
-                rkey,
+                lkey: 0,
+                rkey: 0,
                 pages,
             },
+            self.transport.as_ref(),
         )?;
-        self.res.lkeys.insert(lkey, mr_handle);
-        if rkey != 0 {
-            self.res.rkeys.insert(rkey, mr_handle);
-        }
-        // Within `max_mr_bytes` (checked above).
-        self.res.registered_bytes = self.res.registered_bytes.saturating_add(req.length);
-        if let Some(pd) = self.res.pds.get_mut(req.pd_handle) {
-            pd.users = pd.users.saturating_add(1);
-        }
         Ok(RegMrResp {
             mr_handle,
             lkey,
@@ -205,7 +172,7 @@ impl Ctrl {
     pub(super) fn dereg_mr(&mut self, payload: &[u8]) -> CmdResult {
         let req: MrHandleReq = fixed(payload)?;
         self.res
-            .dereg_mr(req.mr_handle)
+            .dereg_mr(req.mr_handle, self.transport.as_ref())
             .map_err(|e| destroy_error::<MrHandleReq>(e, "mr_handle"))?;
         Ok(Vec::new())
     }

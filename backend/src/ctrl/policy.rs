@@ -14,10 +14,12 @@
 use virtio_rdma_abi::ctrl::{Status, DETAIL_NONE};
 use virtio_rdma_abi::qp::AddressVector;
 
-use super::{CmdError, Ctrl, GID_TABLE_LEN};
+use super::{CmdError, GID_TABLE_LEN};
 use crate::tenancy::IsolationCounters;
+use crate::transport::Owner;
+use crate::vm::VmState;
 
-impl Ctrl {
+impl VmState {
     /// Counts a source GID index other than 0 (the only GID a VM has) as a
     /// spoofing attempt. Called where the address vector is checked, which
     /// refuses it with `RANGE`.
@@ -51,7 +53,7 @@ impl Ctrl {
     /// GID. One hash lookup in the RNIC's QPN table (a shared read lock).
     pub(super) fn allowed_route(&self, dgid: &[u8; 16], dest_qpn: u32) -> Result<(), CmdError> {
         let peer = self.allowed_gid(dgid)?;
-        if let Some((owner, _)) = self.rnic.lookup_qpn(dest_qpn) {
+        if let Some(Owner { vm: owner, .. }) = self.transport.lookup_qpn(dest_qpn) {
             if owner != peer && self.tenancy.may_reach(self.port.vm, owner) {
                 return Err(self.denied());
             }

@@ -15,18 +15,18 @@ use super::ctx::check_av;
 use super::mr::check_access;
 use super::parse::{depth, destroy_error, field, fixed, shift_plausible, with_list};
 use super::queue_mem::init_device_half;
-use super::{quota, CmdError, CmdResult, Ctrl};
+use super::{quota, CmdError, CmdResult};
 use crate::memory::volatile::{read_guest, write_guest};
 use crate::resources::qp_state::rule;
 use crate::resources::Qp;
-use crate::rnic::RnicError;
+use crate::vm::VmState;
 
 /// Packet sequence numbers and QP numbers are 24 bits.
 const PSN_LIMIT: u32 = 1 << 24;
 
 type M = ModifyQpReq;
 
-impl Ctrl {
+impl VmState {
     pub(super) fn create_qp<Mem: GuestMemoryBackend>(
         &mut self,
         mem: &Mem,
@@ -113,14 +113,6 @@ impl Ctrl {
         let rq_offset =
             u32::try_from(layout.rq_offset).map_err(|_| field::<R>(Status::RANGE, "sq_depth"))?;
         let ring = self.queue_memory::<R, Mem>(mem, &req.buf, list, layout.total, req.db_gpa)?;
-        // The budget before a QP number is taken (the object's cost does
-        // not depend on it).
-        let cost = Qp::cost_with_ring(&ring);
-        self.host_room(cost)?;
-        let qpn = self.rnic.alloc_qpn().map_err(|e| match e {
-            RnicError::QpnExhausted => CmdError::no_memory(),
-            RnicError::Random => CmdError::new(Status::INTERNAL, u32::MAX),
-        })?;
         let qp = Qp {
             pd: req.pd_handle,
             ctx,
@@ -129,7 +121,7 @@ impl Ctrl {
             recv_cq: req.recv_cq,
             srq: req.srq_handle,
             flags: req.flags,
-            qpn,
+            qpn: 0,
             sq_depth: req.sq_depth,
             rq_depth: req.rq_depth,
             max_send_sge: req.max_send_sge,
@@ -143,29 +135,11 @@ impl Ctrl {
             attr: QpAttr::default(),
             rt: Default::default(),
         };
-        let qp_handle = match self.res.qps.insert(qp) {
-            Ok(h) => h,
-            Err(_) => {
-                self.rnic.free_qpn(qpn);
-                return Err(CmdError::no_memory());
-            }
-        };
-        self.res.charge(cost);
-        self.rnic.bind_qpn(qpn, self.port.vm, qp_handle);
+        // The transport gives it its number.
+        let (qp_handle, qpn) = self.res.insert_qp(qp, self.transport.as_ref())?;
         let db_slot = self.alloc_db_slot(ctx);
         if let Some(qp) = self.res.qps.get_mut(qp_handle) {
             qp.db_slot = db_slot.clone();
-        }
-        if let Some(pd) = self.res.pds.get_mut(req.pd_handle) {
-            pd.users = pd.users.saturating_add(1);
-        }
-        for h in [req.send_cq, req.recv_cq] {
-            if let Some(cq) = self.res.cqs.get_mut(h) {
-                cq.users = cq.users.saturating_add(1);
-            }
-        }
-        if let Some(srq) = self.res.srqs.get_mut(req.srq_handle) {
-            srq.users = srq.users.saturating_add(1);
         }
         init_device_half(mem, req.db_gpa);
         Ok(CreateQpResp {
@@ -202,7 +176,7 @@ impl Ctrl {
         }
         if has(PATH_MTU) {
             let mtu = Mtu::from_u32(a.path_mtu).ok_or_else(|| bad(Status::INVALID, "path_mtu"))?;
-            if mtu as u32 > self.rnic.caps().max_mtu {
+            if mtu as u32 > self.transport.caps().max_mtu {
                 return Err(bad(Status::RANGE, "path_mtu"));
             }
         }
@@ -348,37 +322,6 @@ impl Ctrl {
         Ok(Vec::new())
     }
 
-    /// Moves QP `h` into ERR for a data-path error, unless it is there
-    /// already, and queues its events: `event` (if any), then
-    /// `QP_LAST_WQE_REACHED` for a QP attached to an SRQ.
-    pub fn qp_enter_err(&mut self, h: u32, event: Option<EventKind>) {
-        let Some(qp) = self.res.qps.get_mut(h) else {
-            return;
-        };
-        if qp.state == QpState::ERR {
-            return;
-        }
-        qp.state = QpState::ERR;
-        // Its posted work is to be flushed.
-        self.engine_work = true;
-        if let Some(e) = event {
-            self.events.push(e, h, 0);
-        }
-        self.last_wqe_reached(h);
-    }
-
-    /// Queues `QP_LAST_WQE_REACHED` for QP `h`, which has just entered ERR,
-    /// if it is attached to an SRQ (spec 18.19 item 5, 18.21). In ERR it
-    /// consumes no more SRQ WQEs, and the engine completes each SRQ WQE in
-    /// the step that consumes it, under the VM's lock, so every SRQ WQE the
-    /// QP took has completed by now: the event can be queued at once. The
-    /// SRQ's WQEs stay for the other QPs (the flush leaves them alone).
-    fn last_wqe_reached(&mut self, h: u32) {
-        if self.res.qps.get(h).is_some_and(|q| q.srq != 0) {
-            self.events.push(EventKind::QP_LAST_WQE_REACHED, h, 0);
-        }
-    }
-
     pub(super) fn query_qp(&mut self, payload: &[u8]) -> CmdResult {
         let req: QpHandleReq = fixed(payload)?;
         let qp = self
@@ -407,7 +350,7 @@ impl Ctrl {
     pub(super) fn destroy_qp(&mut self, payload: &[u8]) -> CmdResult {
         let req: QpHandleReq = fixed(payload)?;
         self.res
-            .destroy_qp(req.qp_handle, self.rnic.as_ref())
+            .destroy_qp(req.qp_handle, self.transport.as_ref())
             .map_err(|e| destroy_error::<QpHandleReq>(e, "qp_handle"))?;
         Ok(Vec::new())
     }

@@ -5,7 +5,8 @@ use virtio_rdma_abi::verbs::*;
 use virtio_rdma_abi::Wire;
 
 use super::parse::{field, fixed};
-use super::{CmdResult, Ctrl, GID_TABLE_LEN};
+use super::{CmdResult, GID_TABLE_LEN};
+use crate::vm::VmState;
 
 /// Firmware version reported: the crate version, major.minor.patch in
 /// 16-bit fields.
@@ -23,12 +24,12 @@ const VENDOR_PART_ID: u32 = 0x5244; // "RD"
 /// Largest `local_ca_ack_delay` (a 5-bit exponent).
 const MAX_ACK_DELAY: u32 = 31;
 
-impl Ctrl {
+impl VmState {
     pub(super) fn query_device(&mut self, payload: &[u8]) -> CmdResult {
         if !payload.is_empty() {
             return Err(super::CmdError::new(Status::INVALID, 0));
         }
-        let caps = self.rnic.caps();
+        let caps = self.transport.caps();
         Ok(DeviceAttr {
             fw_version: fw_version(),
             node_guid: self.port.guid,
@@ -50,7 +51,7 @@ impl Ctrl {
         if req.port != PORT_NUM {
             return Err(field::<QueryPortReq>(Status::RANGE, "port"));
         }
-        let caps = self.rnic.caps();
+        let caps = self.transport.caps();
         // The port is always up (appendix A); speed and width follow the
         // link rate (spec 12.2).
         let (active_speed, active_width) = port_speed_width(caps.link_rate_mbps);

@@ -8,12 +8,13 @@ use virtio_rdma_abi::Wire;
 use vm_memory::{GuestAddress, GuestMemoryBackend};
 
 use super::parse::{field, page_list_error, shift_plausible};
-use super::{CmdError, Ctrl, DETAIL_DB_RECORD};
+use super::{CmdError, DETAIL_DB_RECORD};
 use crate::memory::pagelist::pages_for;
 use crate::memory::volatile::write_guest;
 use crate::memory::PageList;
+use crate::vm::VmState;
 
-impl Ctrl {
+impl VmState {
     /// Validates a ring buffer of `required` bytes described by the `buf`
     /// field of `T` (with its page list in `trailing`) and the doorbell
     /// record at `db_gpa`.
@@ -42,7 +43,7 @@ impl Ctrl {
 }
 
 /// Initializes the device half of a new queue's doorbell record at `db_gpa`
-/// (validated by [`Ctrl::queue_memory`]): the driver may leave anything
+/// (validated by [`VmState::queue_memory`]): the driver may leave anything
 /// there, and the device writes consumer and producer indices 0,
 /// `armed_seq` 0 and reserved fields 0 before the create command returns
 /// (spec 18.4). Called only once the create command cannot fail any more:

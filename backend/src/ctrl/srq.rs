@@ -10,10 +10,11 @@ use vm_memory::GuestMemoryBackend;
 
 use super::parse::{depth, destroy_error, field, fixed, with_list};
 use super::queue_mem::init_device_half;
-use super::{quota, CmdError, CmdResult, Ctrl};
+use super::{quota, CmdError, CmdResult};
 use crate::resources::Srq;
+use crate::vm::VmState;
 
-impl Ctrl {
+impl VmState {
     fn need_srq(&self, op: Opcode) -> Result<(), CmdError> {
         if self.has(F_SRQ) {
             Ok(())
@@ -46,8 +47,7 @@ impl Ctrl {
         let wqe_shift = recv_wqe_shift(req.max_sge);
         let bytes = u64::from(req.depth) << wqe_shift;
         let ring = self.queue_memory::<CreateSrqReq, M>(mem, &req.buf, list, bytes, req.db_gpa)?;
-        let srq_handle = self.insert_charged(
-            |r| &mut r.srqs,
+        let srq_handle = self.res.insert_srq(
             Srq {
                 pd: req.pd_handle,
                 ctx,
@@ -61,10 +61,8 @@ impl Ctrl {
                 users: 0,
                 rt: Default::default(),
             },
+            self.transport.as_ref(),
         )?;
-        if let Some(pd) = self.res.pds.get_mut(req.pd_handle) {
-            pd.users = pd.users.saturating_add(1);
-        }
         let db_slot = self.alloc_db_slot(ctx);
         if let Some(srq) = self.res.srqs.get_mut(srq_handle) {
             srq.db_slot = db_slot.clone();
@@ -121,7 +119,7 @@ impl Ctrl {
         self.need_srq(Opcode::DESTROY_SRQ)?;
         let req: SrqHandleReq = fixed(payload)?;
         self.res
-            .destroy_srq(req.srq_handle)
+            .destroy_srq(req.srq_handle, self.transport.as_ref())
             .map_err(|e| destroy_error::<SrqHandleReq>(e, "srq_handle"))?;
         Ok(Vec::new())
     }

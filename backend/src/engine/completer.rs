@@ -4,10 +4,10 @@
 use std::sync::atomic::{fence, Ordering};
 
 use super::doorbell;
-use crate::ctrl::Ctrl;
 use crate::memory::access;
 use crate::memory::HostMem;
 use crate::stats::TrafficCounters;
+use crate::vm::VmState;
 use log::debug;
 use virtio_rdma_abi::datapath::{
     cqe_owner, CqDoorbell, Cqe, WcOpcode, WcStatus, ARM_NEXT, ARM_SOLICITED, CQE_OWNER_OFFSET,
@@ -35,7 +35,7 @@ pub fn error_cqe(wr_id: u64, opcode: WcOpcode, status: WcStatus, qpn: u32) -> Cq
 /// record is no longer in guest RAM (spec 18.17). A CQ entering the error
 /// state fails the QPs that use it; the caller treats its own QP as
 /// failed.
-pub fn complete(ctrl: &mut Ctrl, mem: &HostMem, cq_handle: u32, mut cqe: Cqe) -> bool {
+pub fn complete(ctrl: &mut VmState, mem: &HostMem, cq_handle: u32, mut cqe: Cqe) -> bool {
     let Some(cq) = ctrl.res.cqs.get_mut(cq_handle) else {
         return false;
     };
@@ -106,7 +106,7 @@ pub fn complete(ctrl: &mut Ctrl, mem: &HostMem, cq_handle: u32, mut cqe: Cqe) ->
 /// CQEs, `CQ_ERROR` is queued for it, and every QP that completes into it
 /// and is not in ERR yet moves to ERR with `QP_FATAL`. Returns false (the
 /// CQE was not written).
-fn cq_error(ctrl: &mut Ctrl, cq_handle: u32) -> bool {
+fn cq_error(ctrl: &mut VmState, cq_handle: u32) -> bool {
     if let Some(cq) = ctrl.res.cqs.get_mut(cq_handle) {
         cq.rt.overflowed = true;
     }
@@ -125,6 +125,6 @@ fn cq_error(ctrl: &mut Ctrl, cq_handle: u32) -> bool {
 }
 
 /// The traffic counters of the VM `ctrl` belongs to.
-pub(super) fn traffic(ctrl: &Ctrl) -> Option<&TrafficCounters> {
+pub(super) fn traffic(ctrl: &VmState) -> Option<&TrafficCounters> {
     ctrl.tenancy().traffic(ctrl.vm_index())
 }

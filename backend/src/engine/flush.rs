@@ -11,9 +11,9 @@ use super::doorbell::{self, load_pi};
 use super::requester::wc_opcode;
 use super::soft::receive::flush_inbound;
 use super::wqe::{fetch_recv, fetch_send, posted, RecvRing, WqeBuf, WqeError};
-use crate::ctrl::Ctrl;
 use crate::memory::HostMem;
 use crate::stats::TrafficCounters;
+use crate::vm::VmState;
 
 /// Completes every outstanding WQE of a QP in the error state with
 /// WR_FLUSH_ERR. WQEs of a queue that is out of range or whose ring cannot
@@ -23,7 +23,7 @@ use crate::stats::TrafficCounters;
 /// Flushes at most `max` WQEs (send and receive together) and returns how
 /// many; the rest waits for the next service.
 pub(super) fn flush(
-    ctrl: &mut Ctrl,
+    ctrl: &mut VmState,
     mem: &HostMem,
     h: u32,
     sq_pi: u32,
@@ -103,7 +103,7 @@ pub(super) fn flush(
 }
 
 /// Counts one `WR_FLUSH_ERR` completion of the VM `ctrl` belongs to.
-fn count_flushed(ctrl: &Ctrl) {
+fn count_flushed(ctrl: &VmState) {
     if let Some(t) = traffic(ctrl) {
         TrafficCounters::add_single_writer(&t.flushed, 1);
     }
@@ -111,7 +111,7 @@ fn count_flushed(ctrl: &Ctrl) {
 
 /// Queues `QP_SQ_DRAINED` for QP `h` if it entered SQD with the event
 /// enabled while work was in flight and that work has now completed.
-pub(super) fn drained(ctrl: &mut Ctrl, h: u32) {
+pub(super) fn drained(ctrl: &mut VmState, h: u32) {
     let Some(qp) = ctrl.res.qps.get_mut(h) else {
         return;
     };

@@ -39,13 +39,15 @@ use std::time::Duration;
 use log::warn;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::device::Shared;
-use crate::rnic::Rnic;
+use crate::qos::QosTable;
+use crate::tenancy::Tenancy;
+use crate::transport::Transport;
 use placement::Registry;
 use thread::pin_to;
 
 pub use placement::{EnginePlan, EngineStats, Engines};
 pub use soft::pieces::{ALONE_PIECE, PIECE};
+pub use soft::rnic::SoftRnic;
 pub use thread::POLL_WINDOW;
 
 /// Work counters of one engine thread (written by it alone).
@@ -68,10 +70,10 @@ pub struct Engine {
     qos_applied: AtomicU64,
     /// The `flags` the thread's VMs' doorbells carry, set just before the
     /// thread writes them into the existing ones: the control path gives
-    /// new queues and pages the same (`Ctrl::new_doorbell_flags`).
+    /// new queues and pages the same (`VmState::new_doorbell_flags`).
     db_flags: Arc<AtomicU32>,
     counters: EngineCounters,
-    rnic: Arc<dyn Rnic>,
+    transport: Arc<dyn Transport>,
     wake: EventFd,
     stop: AtomicBool,
     /// Held by a test (`Engines::hold`): the thread does nothing until it
@@ -79,8 +81,10 @@ pub struct Engine {
     hold: AtomicBool,
     held: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
-    /// Tenancy (who may reach whom) and QoS settings.
-    shared: Shared,
+    /// Who may reach whom, and the isolation and traffic counters.
+    tenancy: Arc<Tenancy>,
+    /// The live QoS settings.
+    qos: Arc<QosTable>,
     /// Whether to set `DB_FLAG_POLLING` while polling (spec 18.6).
     fence_elision: bool,
 }
@@ -91,8 +95,9 @@ impl Engine {
     pub fn start(
         index: usize,
         registry: Arc<Registry>,
-        rnic: Arc<dyn Rnic>,
-        shared: Shared,
+        transport: Arc<dyn Transport>,
+        tenancy: Arc<Tenancy>,
+        qos: Arc<QosTable>,
         cpu: Option<usize>,
         fence_elision: bool,
     ) -> std::io::Result<Arc<Engine>> {
@@ -102,13 +107,14 @@ impl Engine {
             qos_applied: AtomicU64::new(0),
             db_flags: Arc::new(AtomicU32::new(0)),
             counters: EngineCounters::default(),
-            rnic,
+            transport,
             wake: EventFd::new(libc::EFD_NONBLOCK)?,
             stop: AtomicBool::new(false),
             hold: AtomicBool::new(false),
             held: AtomicBool::new(false),
             thread: Mutex::new(None),
-            shared,
+            tenancy,
+            qos,
             fence_elision,
         });
         let e = engine.clone();
@@ -122,11 +128,6 @@ impl Engine {
             })?;
         *engine.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
         Ok(engine)
-    }
-
-    /// Tenancy and QoS state the engine enforces.
-    pub fn shared(&self) -> &Shared {
-        &self.shared
     }
 
     /// Its position among the daemon's engine threads.

@@ -16,13 +16,15 @@ use std::time::{Duration, Instant};
 
 use super::Engine;
 use crate::config::DaemonConfig;
-use crate::device::{RdmaDevice, Shared};
-use crate::rnic::Rnic;
+use crate::qos::QosTable;
+use crate::tenancy::Tenancy;
+use crate::transport::Transport;
+use crate::vm::cell::VmCell;
 
 /// The VMs of the daemon, shared by its engine threads, and which thread
 /// serves each.
 pub struct Registry {
-    vms: Mutex<Vec<Weak<RdmaDevice>>>,
+    vms: Mutex<Vec<Weak<VmCell>>>,
     /// Bumped on every registration, so the threads refresh their lists.
     pub(super) generation: AtomicUsize,
     /// The engine thread of each VM, by VM id.
@@ -46,7 +48,7 @@ impl Registry {
     }
 
     /// Adds a VM; its id is its index.
-    pub fn register(&self, id: usize, vm: &Arc<RdmaDevice>) {
+    pub fn register(&self, id: usize, vm: &Arc<VmCell>) {
         let mut vms = self.vms.lock().unwrap_or_else(|p| p.into_inner());
         if vms.len() <= id {
             vms.resize(id.saturating_add(1), Weak::new());
@@ -58,7 +60,7 @@ impl Registry {
     }
 
     /// The live VMs, indexed by id.
-    pub(super) fn all_vms(&self) -> Vec<Option<Arc<RdmaDevice>>> {
+    pub(super) fn all_vms(&self) -> Vec<Option<Arc<VmCell>>> {
         self.vms
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -129,7 +131,12 @@ impl Engines {
     /// Starts the threads of `plan`. A placement naming a thread the plan
     /// does not have is an `InvalidInput` error (configuration validation
     /// rules it out first).
-    pub fn start(rnic: Arc<dyn Rnic>, shared: Shared, plan: EnginePlan) -> std::io::Result<Self> {
+    pub fn start(
+        transport: Arc<dyn Transport>,
+        tenancy: Arc<Tenancy>,
+        qos: Arc<QosTable>,
+        plan: EnginePlan,
+    ) -> std::io::Result<Self> {
         let threads = plan.cpus.len();
         if threads == 0 || plan.placement.iter().any(|&e| e >= threads) {
             return Err(std::io::Error::new(
@@ -146,8 +153,9 @@ impl Engines {
             let started = Engine::start(
                 index,
                 registry.clone(),
-                rnic.clone(),
-                shared.clone(),
+                transport.clone(),
+                tenancy.clone(),
+                qos.clone(),
                 *cpu,
                 plan.fence_elision,
             );
@@ -180,7 +188,7 @@ impl Engines {
     }
 
     /// Adds VM `id` (served by its thread from now on).
-    pub fn register(&self, id: usize, vm: &Arc<RdmaDevice>) {
+    pub fn register(&self, id: usize, vm: &Arc<VmCell>) {
         self.registry.register(id, vm);
         self.for_vm(id).wake();
     }

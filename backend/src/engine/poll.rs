@@ -13,11 +13,11 @@ use virtio_rdma_abi::qp::QpState;
 
 use super::doorbell::{self, load_pi};
 use super::thread::Scratch;
-use crate::ctrl::Ctrl;
-use crate::device::{Locked, RdmaDevice};
 use crate::memory::HostMem;
 use crate::resources::Qp;
 use crate::shmem::DoorbellRegion;
+use crate::vm::cell::{Locked, VmCell};
+use crate::vm::VmState;
 
 /// A polling-list rebuild that took at most this long is not rate-limited
 /// (a VM with up to some hundreds of QPs): changes show at the next sweep.
@@ -111,7 +111,7 @@ impl DbEntry {
 /// it sets `DB_FLAG_KICK` and re-checks through the VM's authoritative
 /// tables under its lock (spec section 18.6).
 pub(super) struct DbList {
-    pub(super) dev: Arc<RdmaDevice>,
+    pub(super) dev: Arc<VmCell>,
     /// The VM's data-path generation the list was built for.
     pub(super) gen: Option<u64>,
     /// Keeps the memory behind the `db` pointers mapped (records in guest
@@ -142,7 +142,7 @@ impl DbList {
         self.next < self.work.len()
     }
 
-    pub(super) fn new(dev: Arc<RdmaDevice>) -> Self {
+    pub(super) fn new(dev: Arc<VmCell>) -> Self {
         DbList {
             dev,
             gen: None,
@@ -271,7 +271,7 @@ impl DbList {
 ///
 /// A stopped VM is left alone: nothing is written into its memory while
 /// it is stopped (spec 15.1). Its start writes the flags of the moment
-/// into its headers ([`crate::ctrl::Ctrl::refresh_doorbell_flags`]) and
+/// into its headers ([`crate::vm::VmState::refresh_doorbell_flags`]) and
 /// wakes the engine, which then looks at all of its queues.
 pub(super) fn set_flags(lists: &[DbList], v: u32) -> bool {
     let mut all = true;
@@ -296,7 +296,7 @@ pub(super) fn set_flags(lists: &[DbList], v: u32) -> bool {
 
 /// Updates a polling-list entry after its QP was serviced (under the VM's
 /// lock): the indices up to which the engine has acted.
-pub(super) fn refresh(e: &mut DbEntry, ctrl: &Ctrl, mem: &HostMem) {
+pub(super) fn refresh(e: &mut DbEntry, ctrl: &VmState, mem: &HostMem) {
     let Some(qp) = ctrl.res.qps.get(e.handle) else {
         // Gone: never look again (the list is rebuilt with the next
         // generation anyway).

@@ -18,11 +18,11 @@ use super::sweep::Serving;
 use super::thread::Scratch;
 use super::wqe::{fetch_send, posted, SendWr, WqeError};
 use super::Engine;
-use crate::ctrl::Ctrl;
 use crate::memory::access::Segment;
 use crate::memory::HostMem;
 use crate::resources::{Qp, SendWait};
 use crate::stats::TrafficCounters;
+use crate::vm::VmState;
 
 /// `remote_qkey` bit 31: the message carries the sending QP's own Q_Key
 /// instead (spec 18.8, 18.11.5).
@@ -72,7 +72,7 @@ impl Engine {
         let (vm_id, mem) = (cx.vm, cx.mem);
         let mut did = false;
         let mut published = None;
-        let traffic = self.shared.tenancy.traffic(vm_id);
+        let traffic = self.tenancy.traffic(vm_id);
         // Rate limits: one clock read per burst, and only for a VM that
         // (or whose tenant) has a limit.
         let now = scratch.limits.limited(vm_id).then(Instant::now);
@@ -219,7 +219,7 @@ impl Engine {
         let malformed = malformed_op(qp, &wr, cx.ctrl.atomics_negotiated());
         let (wr_id, op) = (wr.hdr.wr_id, wc_opcode(wr.opcode));
         // The requester's error completion for this WQE.
-        let failed = |ctrl: &mut Ctrl, status| {
+        let failed = |ctrl: &mut VmState, status| {
             complete_send(ctrl, mem, h, index, Completion::failed(wr_id, op, status))
         };
         if malformed {
@@ -243,7 +243,7 @@ impl Engine {
             return failed(cx.ctrl, WcStatus::LOC_QP_OP_ERR);
         }
         let len = wr.inline.map_or(total, |d| d.len() as u64);
-        if len > u64::from(self.rnic.caps().max_msg_size) {
+        if len > u64::from(self.transport.caps().max_msg_size) {
             return failed(cx.ctrl, WcStatus::LOC_LEN_ERR);
         }
         // The part this execution moves: all of it but for a piece.
@@ -255,7 +255,7 @@ impl Engine {
             return failed(cx.ctrl, WcStatus::LOC_QP_OP_ERR);
         }
         // A UD message is one packet: at most the MTU (spec 18.11).
-        if ud && len > u64::from(self.rnic.caps().max_ud_payload()) {
+        if ud && len > u64::from(self.transport.caps().max_ud_payload()) {
             return failed(cx.ctrl, WcStatus::LOC_LEN_ERR);
         }
         // Its destination.
@@ -299,7 +299,7 @@ impl Engine {
         let dropped = matches!(outcome, RespOutcome::Dropped)
             || (ud && matches!(outcome, RespOutcome::Unreachable | RespOutcome::Stale));
         if dropped {
-            if let Some(t) = self.shared.tenancy.traffic(cx.vm) {
+            if let Some(t) = self.tenancy.traffic(cx.vm) {
                 TrafficCounters::add_single_writer(&t.drops, 1);
             }
         }
@@ -439,7 +439,7 @@ fn malformed_op(qp: &Qp, wr: &SendWr<'_>, atomics: bool) -> bool {
 /// The WQE's slot is released first (spec 18.5: no later than its
 /// completion).
 pub(super) fn complete_send(
-    ctrl: &mut Ctrl,
+    ctrl: &mut VmState,
     mem: &HostMem,
     h: u32,
     index: u32,

@@ -2,9 +2,9 @@
 //! (key, PD, rights, bounds) and resolved into segments of guest RAM, for
 //! the requester's buffers and the responder's receive buffers alike.
 
-use crate::ctrl::Ctrl;
 use crate::memory::access::{self, Segment};
 use crate::resources::Mr;
+use crate::vm::VmState;
 use virtio_rdma_abi::datapath::{Sge, WcStatus};
 use virtio_rdma_abi::mem::access as acc;
 
@@ -16,7 +16,7 @@ use virtio_rdma_abi::mem::access as acc;
 /// Returns the total length of the list. Any failure is a local protection
 /// error.
 pub fn local_segments(
-    ctrl: &Ctrl,
+    ctrl: &VmState,
     pd: u32,
     sges: &[Sge],
     write: bool,
@@ -30,7 +30,7 @@ pub fn local_segments(
 /// [`local_range`] does — key, PD, rights (`write`: LOCAL_WRITE) and bounds
 /// of every SGE — without translating any of it: a cost in the number of
 /// SGEs, not of bytes or pages. Returns the total length of the list.
-pub fn check_local(ctrl: &Ctrl, pd: u32, sges: &[Sge], write: bool) -> Result<u64, WcStatus> {
+pub fn check_local(ctrl: &VmState, pd: u32, sges: &[Sge], write: bool) -> Result<u64, WcStatus> {
     let mut total = 0u64;
     for sge in sges.iter().filter(|s| s.length != 0) {
         local_mr(ctrl, pd, sge, write)?;
@@ -41,7 +41,7 @@ pub fn check_local(ctrl: &Ctrl, pd: u32, sges: &[Sge], write: bool) -> Result<u6
 
 /// The MR of local SGE `sge` (of non-zero length) of a QP in PD `pd`, once
 /// its key, PD, rights (`write`: LOCAL_WRITE) and bounds are checked.
-fn local_mr<'c>(ctrl: &'c Ctrl, pd: u32, sge: &Sge, write: bool) -> Result<&'c Mr, WcStatus> {
+fn local_mr<'c>(ctrl: &'c VmState, pd: u32, sge: &Sge, write: bool) -> Result<&'c Mr, WcStatus> {
     let mr = ctrl
         .res
         .lkeys
@@ -61,7 +61,7 @@ fn local_mr<'c>(ctrl: &'c Ctrl, pd: u32, sge: &Sge, write: bool) -> Result<&'c M
 /// (a piece of a message executed in pieces). Returns the total length
 /// of the list.
 pub fn local_range(
-    ctrl: &Ctrl,
+    ctrl: &VmState,
     pd: u32,
     sges: &[Sge],
     write: bool,

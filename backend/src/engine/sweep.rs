@@ -18,18 +18,18 @@ use super::sched::{cost_of, Drr, Turn};
 use super::soft::route::Held;
 use super::thread::Scratch;
 use super::Engine;
-use crate::ctrl::Ctrl;
-use crate::device::{Locked, RdmaDevice};
 use crate::memory::HostMem;
+use crate::vm::cell::{Locked, VmCell};
+use crate::vm::VmState;
 
 /// A VM a sweep is serving, under its lock: what serving its QPs needs.
 pub(super) struct Serving<'a> {
     /// Every VM of the daemon, by id (a message's peer is looked up here).
-    pub(super) vms: &'a [Option<Arc<RdmaDevice>>],
+    pub(super) vms: &'a [Option<Arc<VmCell>>],
     /// The VM's id.
     pub(super) vm: usize,
     /// Its objects.
-    pub(super) ctrl: &'a mut Ctrl,
+    pub(super) ctrl: &'a mut VmState,
     /// Its memory.
     pub(super) mem: &'a HostMem,
     /// The peer VM an RC QP's burst holds locked with it (`soft::route`).
@@ -43,7 +43,7 @@ impl Engine {
     /// due); true if any work was done.
     pub(super) fn sweep(
         &self,
-        vms: &[Option<Arc<RdmaDevice>>],
+        vms: &[Option<Arc<VmCell>>],
         lists: &mut [DbList],
         scratch: &mut Scratch,
         drr: &mut Drr,
@@ -87,7 +87,7 @@ impl Engine {
     /// VM's deficit; the pass ends when the deficit runs out.
     fn pass(
         &self,
-        vms: &[Option<Arc<RdmaDevice>>],
+        vms: &[Option<Arc<VmCell>>],
         list: &mut DbList,
         scratch: &mut Scratch,
         drr: &mut Drr,
@@ -144,7 +144,7 @@ impl Engine {
     /// Also finds the earliest retry deadline ([`Scratch::next_timer`]).
     pub(super) fn sweep_all(
         &self,
-        vms: &[Option<Arc<RdmaDevice>>],
+        vms: &[Option<Arc<VmCell>>],
         lists: &[DbList],
         scratch: &mut Scratch,
     ) -> bool {
@@ -220,7 +220,7 @@ impl Engine {
                 // as a work request: a guest re-arms the flush for free by
                 // bumping its producer index, without a control command.
                 if scratch.limits.limited(vm_id) {
-                    let traffic = self.shared.tenancy.traffic(vm_id);
+                    let traffic = self.tenancy.traffic(vm_id);
                     if let Some(at) = scratch.limits.admit(vm_id, Instant::now(), traffic) {
                         scratch.timer(at);
                         return false;
@@ -252,7 +252,7 @@ impl Engine {
 /// not run (false), and the VM's work waits for the next sweep rather
 /// than every VM of the thread waiting for its command.
 /// `None` if the lock was busy.
-fn work_on(dev: &RdmaDevice, f: impl FnOnce(&mut Ctrl, &HostMem) -> bool) -> Option<bool> {
+fn work_on(dev: &VmCell, f: impl FnOnce(&mut VmState, &HostMem) -> bool) -> Option<bool> {
     let ran = dev.try_with_dataplane(|ctrl, mem| {
         let before = ctrl.events.len();
         let did = f(ctrl, mem);

@@ -24,10 +24,10 @@ use super::soft::pieces::Pieces;
 use super::soft::RespScratch;
 use super::wqe::WqeBuf;
 use super::Engine;
-use crate::device::RdmaDevice;
 use crate::memory::access::Segment;
 use crate::qos::DEFAULT_WEIGHT;
 use crate::stats::TrafficCounters;
+use crate::vm::cell::VmCell;
 
 /// How long the engine keeps polling after its last piece of work.
 pub const POLL_WINDOW: Duration = Duration::from_micros(200);
@@ -117,7 +117,7 @@ impl Engine {
         let mut last_work = Instant::now();
         let mut idle_sweeps = 0u64;
         let mut seen = usize::MAX;
-        let mut vms: Vec<Option<Arc<RdmaDevice>>> = Vec::new();
+        let mut vms: Vec<Option<Arc<VmCell>>> = Vec::new();
         let mut lists: Vec<DbList> = Vec::new();
         let mut scratch = Scratch::new();
         let mut drr = Drr::default();
@@ -156,9 +156,9 @@ impl Engine {
                 seen = generation;
             }
             // QoS changes apply at the next sweep (one atomic load each).
-            let qos = &self.shared.qos;
+            let qos = &self.qos;
             let qos_gen = qos.generation();
-            scratch.limits.refresh(qos, &self.shared.tenancy);
+            scratch.limits.refresh(qos, &self.tenancy);
             if weights_seen != Some((qos_gen, seen)) {
                 weights_seen = Some((qos_gen, seen));
                 drr = Drr::default();
@@ -167,7 +167,7 @@ impl Engine {
                     let id = list.dev.id();
                     let w = qos.vm(id).map_or(DEFAULT_WEIGHT, |s| s.weight);
                     drr.set_weight(k, w);
-                    if let Some(t) = self.shared.tenancy.tenant_of(id) {
+                    if let Some(t) = self.tenancy.tenant_of(id) {
                         let tw = qos.tenant(t).map_or(DEFAULT_WEIGHT, |s| s.weight);
                         drr.set_group(k, t, tw);
                     }

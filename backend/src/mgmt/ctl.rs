@@ -12,11 +12,11 @@ use clap::{ArgGroup, Args, Subcommand};
 use serde_json::{json, Map, Value};
 
 use super::client::Client;
-use crate::ctrl::CtrlStats;
 use crate::device::QueueDepths;
 use crate::resources::ResourceCounts;
 use crate::stats::TrafficStats;
 use crate::tenancy::IsolationStats;
+use crate::vm::CtrlStats;
 
 /// Default path of the management socket (the systemd unit's).
 pub const DEFAULT_SOCKET: &str = "/run/vhost-user-rdma/mgmt.sock";

@@ -18,8 +18,8 @@ pub use objects::{
 };
 
 use crate::memory::PageList;
-use crate::rnic::Rnic;
 use crate::shmem::{DbSlot, DoorbellPages};
+use crate::transport::{MrKeys, MrSpec, Owner, Transport, TransportError};
 
 /// A hasher for the 32-bit keys the data path looks up per work request
 /// (lkeys, rkeys, QP numbers): one multiply instead of SipHash.
@@ -98,8 +98,24 @@ pub enum DestroyError {
     Busy(u32),
 }
 
+/// Why an object could not be inserted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InsertError {
+    /// The VM's host memory budget (`max_host_bytes`) cannot take it.
+    OverBudget,
+    /// Its table has no free handle.
+    Full,
+    /// The transport refused to create its host half.
+    Transport(TransportError),
+}
+
 /// All objects of one VM.
-#[derive(Default)]
+///
+/// Objects enter through `insert_*` and leave through `destroy_*`
+/// (`dereg_mr`, `dealloc_pd`), which keep the invariants together: the
+/// reference counts of the objects each one uses, the key maps, the
+/// registered bytes, the host memory charged to the VM's budget, and the
+/// host half of each object in the transport.
 pub struct VmResources {
     /// Contexts.
     pub ctxs: HandleTable<Context>,
@@ -129,13 +145,42 @@ pub struct VmResources {
     /// of a 16 GiB MR takes milliseconds, which the control path spends
     /// after it releases the VM's lock ([`VmResources::take_released`]).
     released: Vec<PageList>,
+    /// Index of the VM in the daemon (the owner of its host objects).
+    vm: usize,
+    /// The most host memory the objects may hold (`max_host_bytes`).
+    budget: u64,
 }
 
 fn dec(count: &mut u32) {
     *count = count.saturating_sub(1);
 }
 
+fn inc(count: &mut u32) {
+    *count = count.saturating_add(1);
+}
+
 impl VmResources {
+    /// No objects, for VM `vm` with a host memory budget of `budget` bytes.
+    pub fn new(vm: usize, budget: u64) -> Self {
+        VmResources {
+            ctxs: HandleTable::default(),
+            pds: HandleTable::default(),
+            cqs: HandleTable::default(),
+            mrs: HandleTable::default(),
+            qps: HandleTable::default(),
+            ahs: HandleTable::default(),
+            srqs: HandleTable::default(),
+            lkeys: KeyMap::default(),
+            rkeys: KeyMap::default(),
+            registered_bytes: 0,
+            host_bytes: 0,
+            doorbells: None,
+            released: Vec::new(),
+            vm,
+            budget,
+        }
+    }
+
     /// Live object counts.
     pub fn counts(&self) -> ResourceCounts {
         ResourceCounts {
@@ -151,14 +196,185 @@ impl VmResources {
         }
     }
 
-    /// Charges the host memory of an object just inserted (its cost taken
-    /// before the insert, see [`HostCost`]).
-    pub fn charge(&mut self, bytes: u64) {
-        self.host_bytes = self.host_bytes.saturating_add(bytes);
+    fn owner(&self, handle: u32) -> Owner {
+        Owner {
+            vm: self.vm,
+            handle,
+        }
+    }
+
+    /// What is left of the host memory budget.
+    pub fn host_bytes_left(&self) -> u64 {
+        self.budget.saturating_sub(self.host_bytes)
+    }
+
+    /// `OverBudget` unless the budget can take `cost` more bytes.
+    pub fn host_room(&self, cost: u64) -> Result<(), InsertError> {
+        if cost > self.host_bytes_left() {
+            return Err(InsertError::OverBudget);
+        }
+        Ok(())
     }
 
     fn refund(&mut self, obj: &impl HostCost) {
         self.host_bytes = self.host_bytes.saturating_sub(obj.host_cost());
+    }
+
+    /// Inserts `obj` into the table `table` picks and charges its host
+    /// memory. An object refused keeps no translation: it is released.
+    fn insert_charged<T: HostCost>(
+        &mut self,
+        table: fn(&mut Self) -> &mut HandleTable<T>,
+        obj: T,
+    ) -> Result<u32, InsertError> {
+        let cost = obj.host_cost();
+        let refused = match self.host_room(cost) {
+            Ok(()) => match table(self).insert(obj) {
+                Ok(handle) => {
+                    self.host_bytes = self.host_bytes.saturating_add(cost);
+                    return Ok(handle);
+                }
+                Err(obj) => (obj, InsertError::Full),
+            },
+            Err(e) => (obj, e),
+        };
+        if let Some(pages) = refused.0.into_pages() {
+            self.release(pages);
+        }
+        Err(refused.1)
+    }
+
+    /// Inserts a context.
+    pub fn insert_ctx(&mut self, ctx: Context) -> Result<u32, InsertError> {
+        self.insert_charged(|r| &mut r.ctxs, ctx)
+    }
+
+    /// Inserts a PD.
+    pub fn insert_pd(&mut self, pd: Pd) -> Result<u32, InsertError> {
+        self.insert_charged(|r| &mut r.pds, pd)
+    }
+
+    /// Inserts a CQ and creates its host half.
+    pub fn insert_cq(&mut self, cq: Cq, t: &dyn Transport) -> Result<u32, InsertError> {
+        let depth = cq.depth;
+        let h = self.insert_charged(|r| &mut r.cqs, cq)?;
+        if let Err(e) = t.create_cq(self.owner(h), depth) {
+            self.unmake(h, |r| &mut r.cqs);
+            return Err(InsertError::Transport(e));
+        }
+        Ok(h)
+    }
+
+    /// Inserts an AH (a user of its PD) and creates its host half.
+    pub fn insert_ah(&mut self, ah: Ah, t: &dyn Transport) -> Result<u32, InsertError> {
+        let (pd, av) = (ah.pd, ah.av);
+        let h = self.insert_charged(|r| &mut r.ahs, ah)?;
+        if let Err(e) = t.create_ah(self.owner(h), &av) {
+            self.unmake(h, |r| &mut r.ahs);
+            return Err(InsertError::Transport(e));
+        }
+        if let Some(pd) = self.pds.get_mut(pd) {
+            inc(&mut pd.users);
+        }
+        Ok(h)
+    }
+
+    /// Inserts an SRQ (a user of its PD) and creates its host half.
+    pub fn insert_srq(&mut self, srq: Srq, t: &dyn Transport) -> Result<u32, InsertError> {
+        let (pd, depth) = (srq.pd, srq.depth);
+        let h = self.insert_charged(|r| &mut r.srqs, srq)?;
+        if let Err(e) = t.create_srq(self.owner(h), depth) {
+            self.unmake(h, |r| &mut r.srqs);
+            return Err(InsertError::Transport(e));
+        }
+        if let Some(pd) = self.pds.get_mut(pd) {
+            inc(&mut pd.users);
+        }
+        Ok(h)
+    }
+
+    /// Inserts an MR (a user of its PD), registers it with the transport,
+    /// which chooses its keys (`mr.lkey`/`rkey` are ignored; an rkey if
+    /// [`Mr::remote`]), and makes them resolve. Returns its handle and keys.
+    pub fn insert_mr(
+        &mut self,
+        mut mr: Mr,
+        t: &dyn Transport,
+    ) -> Result<(u32, MrKeys), InsertError> {
+        mr.lkey = 0;
+        mr.rkey = 0;
+        let spec = MrSpec {
+            pd: mr.pd,
+            access: mr.access,
+            iova: mr.iova,
+            length: mr.length,
+            remote: mr.remote(),
+        };
+        let h = self.insert_charged(|r| &mut r.mrs, mr)?;
+        let keys = match t.reg_mr(self.owner(h), &spec) {
+            Ok(k) => k,
+            Err(e) => {
+                self.unmake(h, |r| &mut r.mrs);
+                return Err(InsertError::Transport(e));
+            }
+        };
+        if let Some(mr) = self.mrs.get_mut(h) {
+            mr.lkey = keys.lkey;
+            mr.rkey = keys.rkey;
+        }
+        self.lkeys.insert(keys.lkey, h);
+        if keys.rkey != 0 {
+            self.rkeys.insert(keys.rkey, h);
+        }
+        self.registered_bytes = self.registered_bytes.saturating_add(spec.length);
+        if let Some(pd) = self.pds.get_mut(spec.pd) {
+            inc(&mut pd.users);
+        }
+        Ok((h, keys))
+    }
+
+    /// Inserts a QP (a user of its PD, CQs and SRQ) and creates its host
+    /// half, which gives it its number (`qp.qpn` is ignored). Returns its
+    /// handle and number.
+    pub fn insert_qp(&mut self, mut qp: Qp, t: &dyn Transport) -> Result<(u32, u32), InsertError> {
+        qp.qpn = 0;
+        let (pd, cqs, srq, qp_type) = (qp.pd, [qp.send_cq, qp.recv_cq], qp.srq, qp.qp_type);
+        let h = self.insert_charged(|r| &mut r.qps, qp)?;
+        let qpn = match t.create_qp(self.owner(h), qp_type) {
+            Ok(n) => n,
+            Err(e) => {
+                self.unmake(h, |r| &mut r.qps);
+                return Err(InsertError::Transport(e));
+            }
+        };
+        if let Some(qp) = self.qps.get_mut(h) {
+            qp.qpn = qpn;
+        }
+        if let Some(pd) = self.pds.get_mut(pd) {
+            inc(&mut pd.users);
+        }
+        for cq in cqs {
+            if let Some(cq) = self.cqs.get_mut(cq) {
+                inc(&mut cq.users);
+            }
+        }
+        if srq != 0 {
+            if let Some(srq) = self.srqs.get_mut(srq) {
+                inc(&mut srq.users);
+            }
+        }
+        Ok((h, qpn))
+    }
+
+    /// Takes back an object just inserted whose host half could not be
+    /// created: nothing else refers to it yet.
+    fn unmake<T: HostCost>(&mut self, h: u32, table: fn(&mut Self) -> &mut HandleTable<T>) {
+        if let Some(obj) = table(self).remove(h) {
+            self.refund(&obj);
+            if let Some(pages) = obj.into_pages() {
+                self.release(pages);
+            }
+        }
     }
 
     /// Keeps a translation that is no longer used (of a destroyed object,
@@ -176,8 +392,9 @@ impl VmResources {
         std::mem::take(&mut self.released)
     }
 
-    /// Destroys a QP and drops its references; its QPN returns to the engine.
-    pub fn destroy_qp(&mut self, handle: u32, rnic: &dyn Rnic) -> Result<(), DestroyError> {
+    /// Destroys a QP and drops its references; its QPN returns to the
+    /// transport.
+    pub fn destroy_qp(&mut self, handle: u32, t: &dyn Transport) -> Result<(), DestroyError> {
         let qp = self.qps.remove(handle).ok_or(DestroyError::BadHandle)?;
         self.refund(&qp);
         if let Some(pd) = self.pds.get_mut(qp.pd) {
@@ -193,7 +410,7 @@ impl VmResources {
                 dec(&mut srq.users);
             }
         }
-        rnic.free_qpn(qp.qpn);
+        t.destroy_qp(qp.qpn);
         self.free_slot(qp.db_slot.as_ref());
         self.release(qp.ring);
         Ok(())
@@ -205,14 +422,18 @@ impl VmResources {
         }
     }
 
-    /// Deregisters an MR.
-    pub fn dereg_mr(&mut self, handle: u32) -> Result<(), DestroyError> {
+    /// Deregisters an MR; its keys return to the transport.
+    pub fn dereg_mr(&mut self, handle: u32, t: &dyn Transport) -> Result<(), DestroyError> {
         let mr = self.mrs.remove(handle).ok_or(DestroyError::BadHandle)?;
         self.refund(&mr);
         self.lkeys.remove(&mr.lkey);
         if mr.rkey != 0 {
             self.rkeys.remove(&mr.rkey);
         }
+        t.dereg_mr(MrKeys {
+            lkey: mr.lkey,
+            rkey: mr.rkey,
+        });
         self.registered_bytes = self.registered_bytes.saturating_sub(mr.length);
         if let Some(pd) = self.pds.get_mut(mr.pd) {
             dec(&mut pd.users);
@@ -222,9 +443,10 @@ impl VmResources {
     }
 
     /// Destroys an AH.
-    pub fn destroy_ah(&mut self, handle: u32) -> Result<(), DestroyError> {
+    pub fn destroy_ah(&mut self, handle: u32, t: &dyn Transport) -> Result<(), DestroyError> {
         let ah = self.ahs.remove(handle).ok_or(DestroyError::BadHandle)?;
         self.refund(&ah);
+        t.destroy_ah(self.owner(handle));
         if let Some(pd) = self.pds.get_mut(ah.pd) {
             dec(&mut pd.users);
         }
@@ -232,7 +454,7 @@ impl VmResources {
     }
 
     /// Destroys an SRQ unless QPs use it.
-    pub fn destroy_srq(&mut self, handle: u32) -> Result<(), DestroyError> {
+    pub fn destroy_srq(&mut self, handle: u32, t: &dyn Transport) -> Result<(), DestroyError> {
         let srq = self.srqs.get(handle).ok_or(DestroyError::BadHandle)?;
         if srq.users > 0 {
             return Err(DestroyError::Busy(srq.users));
@@ -240,6 +462,7 @@ impl VmResources {
         let pd = srq.pd;
         if let Some(srq) = self.srqs.remove(handle) {
             self.refund(&srq);
+            t.destroy_srq(self.owner(handle));
             self.free_slot(srq.db_slot.as_ref());
             self.release(srq.ring);
         }
@@ -250,13 +473,14 @@ impl VmResources {
     }
 
     /// Destroys a CQ unless QPs use it.
-    pub fn destroy_cq(&mut self, handle: u32) -> Result<(), DestroyError> {
+    pub fn destroy_cq(&mut self, handle: u32, t: &dyn Transport) -> Result<(), DestroyError> {
         let cq = self.cqs.get(handle).ok_or(DestroyError::BadHandle)?;
         if cq.users > 0 {
             return Err(DestroyError::Busy(cq.users));
         }
         if let Some(cq) = self.cqs.remove(handle) {
             self.refund(&cq);
+            t.destroy_cq(self.owner(handle));
             self.release(cq.ring);
         }
         Ok(())
@@ -275,25 +499,25 @@ impl VmResources {
     }
 
     /// Destroys a context and everything it owns, dependents first.
-    pub fn destroy_ctx(&mut self, handle: u32, rnic: &dyn Rnic) -> Result<(), DestroyError> {
+    pub fn destroy_ctx(&mut self, handle: u32, t: &dyn Transport) -> Result<(), DestroyError> {
         if self.ctxs.get(handle).is_none() {
             return Err(DestroyError::BadHandle);
         }
         let owned = |ctx: u32| ctx == handle;
         for h in collect(&self.qps, |o| owned(o.ctx)) {
-            let _ = self.destroy_qp(h, rnic);
+            let _ = self.destroy_qp(h, t);
         }
         for h in collect(&self.srqs, |o| owned(o.ctx)) {
-            let _ = self.destroy_srq(h);
+            let _ = self.destroy_srq(h, t);
         }
         for h in collect(&self.ahs, |o| owned(o.ctx)) {
-            let _ = self.destroy_ah(h);
+            let _ = self.destroy_ah(h, t);
         }
         for h in collect(&self.mrs, |o| owned(o.ctx)) {
-            let _ = self.dereg_mr(h);
+            let _ = self.dereg_mr(h, t);
         }
         for h in collect(&self.cqs, |o| owned(o.ctx)) {
-            let _ = self.destroy_cq(h);
+            let _ = self.destroy_cq(h, t);
         }
         for h in collect(&self.pds, |o| owned(o.ctx)) {
             let _ = self.dealloc_pd(h);
@@ -308,14 +532,26 @@ impl VmResources {
     }
 
     /// Releases everything (device reset or VMM disconnect).
-    pub fn clear(&mut self, rnic: &dyn Rnic) {
+    pub fn clear(&mut self, t: &dyn Transport) {
         for h in self.ctxs.handles() {
-            let _ = self.destroy_ctx(h, rnic);
+            let _ = self.destroy_ctx(h, t);
         }
-        // Nothing can exist outside a context; clear defensively anyway so a
-        // bookkeeping slip cannot leak QPNs into the shared engine.
-        for (_, qp) in self.qps.iter() {
-            rnic.free_qpn(qp.qpn);
+        // Nothing can exist outside a context; release defensively anyway
+        // so a bookkeeping slip cannot leak numbers into the transport.
+        for h in self.qps.handles() {
+            let _ = self.destroy_qp(h, t);
+        }
+        for h in self.mrs.handles() {
+            let _ = self.dereg_mr(h, t);
+        }
+        for h in self.srqs.handles() {
+            t.destroy_srq(self.owner(h));
+        }
+        for h in self.ahs.handles() {
+            t.destroy_ah(self.owner(h));
+        }
+        for h in self.cqs.handles() {
+            t.destroy_cq(self.owner(h));
         }
         self.qps.clear();
         self.srqs.clear();
@@ -349,9 +585,9 @@ fn collect<T>(table: &HandleTable<T>, pred: impl Fn(&T) -> bool) -> Vec<u32> {
 )]
 mod tests {
     use super::*;
+    use crate::engine::SoftRnic;
     use crate::memory::pagelist::PageListLimits;
     use crate::memory::RamMap;
-    use crate::rnic::soft::SoftRnic;
     use virtio_rdma_abi::mem::{BufferDesc, PageListMode};
     use vm_memory::{GuestAddress, GuestMemoryMmap};
 
@@ -389,25 +625,26 @@ mod tests {
 
     #[test]
     fn destroyed_translations_are_handed_out_for_freeing() {
-        let mut res = VmResources::default();
+        let rnic = SoftRnic::new();
+        let mut res = VmResources::new(0, u64::MAX);
         let m = mr(1000);
         let cost = m.host_cost();
         assert!(cost >= 8000);
-        let h = res.mrs.insert(m).unwrap_or(0);
-        res.lkeys.insert(7, h);
-        res.charge(cost);
+        let (h, keys) = res.insert_mr(m, &rnic).unwrap();
+        assert_eq!(res.lkeys.get(&keys.lkey), Some(&h));
         assert_eq!(res.counts().host_bytes, cost);
-        res.dereg_mr(h).unwrap();
+        assert_eq!(rnic.keys_in_use(), 1);
+        res.dereg_mr(h, &rnic).unwrap();
+        assert_eq!(rnic.keys_in_use(), 0);
         assert_eq!(res.counts().host_bytes, 0);
         let released = res.take_released();
         assert_eq!(released.len(), 1);
         assert_eq!(released.first().map(PageList::host_bytes), Some(8000));
         assert!(res.take_released().is_empty());
         // A reset frees everything itself.
-        let h = res.mrs.insert(mr(10)).unwrap_or(0);
-        res.charge(1);
-        let rnic = SoftRnic::new().unwrap();
+        let (h, _) = res.insert_mr(mr(10), &rnic).unwrap();
         res.clear(&rnic);
+        assert_eq!(rnic.keys_in_use(), 0);
         assert!(res.mrs.get(h).is_none());
         assert_eq!(res.counts().host_bytes, 0);
     }

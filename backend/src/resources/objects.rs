@@ -379,9 +379,17 @@ impl HostCost for Qp {
     }
 }
 
+impl Mr {
+    /// Whether the region grants any remote access (and so has an rkey).
+    pub fn remote(&self) -> bool {
+        use virtio_rdma_abi::mem::access;
+        self.access & (access::REMOTE_READ | access::REMOTE_WRITE | access::REMOTE_ATOMIC) != 0
+    }
+}
+
 impl HostCost for Mr {
     fn host_cost(&self) -> u64 {
-        let keys = if self.rkey != 0 {
+        let keys = if self.remote() {
             2 * KEY_ENTRY_BYTES
         } else {
             KEY_ENTRY_BYTES

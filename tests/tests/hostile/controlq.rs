@@ -5,7 +5,7 @@
 
 use std::fmt::Debug;
 
-use vhost_user_rdma::ctrl::CtrlStats;
+use vhost_user_rdma::vm::CtrlStats;
 use vhost_user_rdma::Limits;
 use vhost_user_rdma_tests::ctrl::RequestSpec;
 use vhost_user_rdma_tests::guest_mem::PAGE_SIZE;

@@ -6,9 +6,9 @@
 use std::fmt::Debug;
 use std::time::Duration;
 
-use vhost_user_rdma::ctrl::CtrlStats;
 use vhost_user_rdma::device::DeviceStats;
 use vhost_user_rdma::resources::ResourceCounts;
+use vhost_user_rdma::vm::CtrlStats;
 use vhost_user_rdma::Limits;
 use vhost_user_rdma_tests::ctrl::{Completion, RequestSpec, POISON};
 use vhost_user_rdma_tests::guest_mem::PAGE_SIZE;

@@ -10,6 +10,7 @@ pub mod pieces;
 pub mod receive;
 pub mod responder;
 pub mod retry;
+pub mod rnic;
 pub mod route;
 
 use super::wqe::{SendWr, WqeBuf};

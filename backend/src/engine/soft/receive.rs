@@ -10,7 +10,6 @@ use virtio_rdma_abi::event::EventKind;
 
 use super::responder::{copy_in, nak};
 use super::{Request, RespOutcome, RespScratch};
-use crate::ctrl::Ctrl;
 use crate::engine::completer::{complete, error_cqe};
 use crate::engine::doorbell::{self, load_pi};
 use crate::engine::sge::{local_range, local_segments};
@@ -19,6 +18,7 @@ use crate::memory::access::{self, Segment};
 use crate::memory::HostMem;
 use crate::resources::Inbound;
 use crate::stats::TrafficCounters;
+use crate::vm::VmState;
 
 /// The receive WQE at the head of a responder QP's receive queue or SRQ,
 /// copied out of the ring but not consumed yet.
@@ -47,7 +47,7 @@ pub(super) struct Broken;
 /// the caller consumes it with [`consume_recv`] once it knows the message
 /// is accepted, so that a refused message leaves the queue as it was.
 pub(super) fn peek_recv<'s>(
-    ctrl: &Ctrl,
+    ctrl: &VmState,
     mem: &HostMem,
     qp: u32,
     scratch: &'s mut WqeBuf,
@@ -82,7 +82,7 @@ pub(super) fn peek_recv<'s>(
 /// Consumes the receive WQE [`peek_recv`] returned for responder QP `qp`
 /// (read against producer index `pi`): advances and publishes the consumer
 /// index, and for an SRQ checks its limit (spec 18.21).
-pub(super) fn consume_recv(ctrl: &mut Ctrl, mem: &HostMem, qp: u32, pi: u32) {
+pub(super) fn consume_recv(ctrl: &mut VmState, mem: &HostMem, qp: u32, pi: u32) {
     let Some(q) = ctrl.res.qps.get_mut(qp) else {
         return;
     };
@@ -108,7 +108,7 @@ pub(super) fn consume_recv(ctrl: &mut Ctrl, mem: &HostMem, qp: u32, pi: u32) {
 /// its own receive queue fails the QP with `QP_FATAL`; a broken SRQ fails
 /// for good with `SRQ_ERROR`, and every QP attached to it goes to ERR with
 /// `QP_FATAL`. No completion is written: no WQE of the queue is trusted.
-pub(super) fn recv_queue_failed(ctrl: &mut Ctrl, qp: u32) {
+pub(super) fn recv_queue_failed(ctrl: &mut VmState, qp: u32) {
     let Some(srq_h) = ctrl.res.qps.get(qp).map(|q| q.srq) else {
         return;
     };
@@ -138,7 +138,13 @@ pub(super) fn recv_queue_failed(ctrl: &mut Ctrl, qp: u32) {
 /// If only that completion is lost, the message was still delivered, so
 /// the requester completes normally (spec 18.18, notes); a CQ in error has
 /// already failed this QP with QP_FATAL (spec 18.17).
-pub(super) fn received(ctrl: &mut Ctrl, mem: &HostMem, qp: u32, cq: u32, cqe: Cqe) -> RespOutcome {
+pub(super) fn received(
+    ctrl: &mut VmState,
+    mem: &HostMem,
+    qp: u32,
+    cq: u32,
+    cqe: Cqe,
+) -> RespOutcome {
     if !complete(ctrl, mem, cq, cqe) {
         ctrl.qp_enter_err(qp, None);
     }
@@ -149,7 +155,7 @@ pub(super) fn received(ctrl: &mut Ctrl, mem: &HostMem, qp: u32, cq: u32, cqe: Cq
 /// must continue the message the QP's receive WQE was taken for, exactly
 /// where the last piece ended; anything else is an invalid request.
 pub(super) fn next_piece(
-    ctrl: &mut Ctrl,
+    ctrl: &mut VmState,
     mem: &HostMem,
     qp: u32,
     req: &Request<'_>,
@@ -170,7 +176,7 @@ pub(super) fn next_piece(
 /// keeps `inb` on the QP for the next piece. For an RDMA WRITE with
 /// immediate `scratch.segs` holds the piece's part of the RDMA target.
 pub(super) fn place_piece(
-    ctrl: &mut Ctrl,
+    ctrl: &mut VmState,
     mem: &HostMem,
     qp: u32,
     req: &Request<'_>,
@@ -209,7 +215,7 @@ pub(super) fn place_piece(
 /// cannot take the rest: it completes with `status`, the responder QP goes
 /// to ERR, and the requester gets `REM_OP_ERR` (spec 18.18).
 fn piece_failed(
-    ctrl: &mut Ctrl,
+    ctrl: &mut VmState,
     mem: &HostMem,
     qp: u32,
     wr_id: u64,
@@ -222,13 +228,13 @@ fn piece_failed(
 
 /// Completes the receive WQE of a message that stopped arriving midway
 /// (its sender went away, or sent something else) with `LOC_QP_OP_ERR`.
-pub(super) fn abandon(ctrl: &mut Ctrl, mem: &HostMem, qp: u32, inb: &Inbound) {
+pub(super) fn abandon(ctrl: &mut VmState, mem: &HostMem, qp: u32, inb: &Inbound) {
     recv_error(ctrl, mem, qp, inb.wr_id, WcStatus::LOC_QP_OP_ERR);
 }
 
 /// Writes the error completion `status` of receive WQE `wr_id` of QP `qp`
 /// on its receive CQ, and counts it.
-fn recv_error(ctrl: &mut Ctrl, mem: &HostMem, qp: u32, wr_id: u64, status: WcStatus) {
+fn recv_error(ctrl: &mut VmState, mem: &HostMem, qp: u32, wr_id: u64, status: WcStatus) {
     if let Some(t) = ctrl.tenancy().traffic(ctrl.vm_index()) {
         TrafficCounters::add_single_writer(&t.error_cqes, 1);
     }
@@ -240,7 +246,7 @@ fn recv_error(ctrl: &mut Ctrl, mem: &HostMem, qp: u32, wr_id: u64, status: WcSta
 /// A responder QP in ERR whose message was arriving in pieces: its
 /// consumed receive WQE completes with `WR_FLUSH_ERR` (spec 18.19).
 /// Returns whether there was one.
-pub(in crate::engine) fn flush_inbound(ctrl: &mut Ctrl, mem: &HostMem, qp: u32) -> bool {
+pub(in crate::engine) fn flush_inbound(ctrl: &mut VmState, mem: &HostMem, qp: u32) -> bool {
     let Some(q) = ctrl.res.qps.get_mut(qp) else {
         return false;
     };
@@ -257,7 +263,7 @@ pub(in crate::engine) fn flush_inbound(ctrl: &mut Ctrl, mem: &HostMem, qp: u32) 
 /// receive WQE (`sges`) of a QP in PD `pd`, after checking every SGE and
 /// the room (spec 18.9, 18.13). Returns the bytes placed.
 pub(super) fn place_send(
-    ctrl: &Ctrl,
+    ctrl: &VmState,
     mem: &HostMem,
     req: &Request<'_>,
     pd: u32,
@@ -337,7 +343,7 @@ pub(super) fn recv_cqe(req: &Request<'_>, qpn: u32, wr_id: u64, placed: u64, ud:
 /// requester fails with `REM_INV_REQ_ERR` for a length error and
 /// `REM_OP_ERR` otherwise; a UD message counts as delivered.
 pub(super) fn recv_failed(
-    ctrl: &mut Ctrl,
+    ctrl: &mut VmState,
     mem: &HostMem,
     qp: u32,
     pi: u32,

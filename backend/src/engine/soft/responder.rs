@@ -12,13 +12,13 @@ use super::receive::{
     recv_failed, recv_queue_failed, Broken, Head, Peeked,
 };
 use super::{Request, RespOutcome, RespScratch};
-use crate::ctrl::Ctrl;
 use crate::engine::sge::check_local;
 use crate::memory::access::{self, Segment};
 use crate::memory::HostMem;
 use crate::resources::Inbound;
 use crate::stats::TrafficCounters;
 use crate::tenancy::IsolationCounters;
+use crate::vm::VmState;
 
 /// Resolves a remote range of responder QP `qp` through `rkey`, checking
 /// the MR's and the QP's rights for `right`. An rkey that names no MR of
@@ -26,7 +26,7 @@ use crate::tenancy::IsolationCounters;
 /// the requester's (`requester`) `bad_rkey`: that is what guessing keys
 /// looks like.
 fn remote_segments(
-    ctrl: &Ctrl,
+    ctrl: &VmState,
     qp: u32,
     requester: usize,
     range: (u32, u64, u64),
@@ -39,7 +39,7 @@ fn remote_segments(
 /// [`remote_segments`] that checks the whole range `(rkey, addr, len)` but
 /// resolves only the part `(skip, take)` of it (a piece of an RDMA WRITE).
 fn remote_part(
-    ctrl: &Ctrl,
+    ctrl: &VmState,
     qp: u32,
     requester: usize,
     (rkey, addr, len): (u32, u64, u64),
@@ -86,7 +86,7 @@ fn remote_part(
 /// deregistered meanwhile fails the WRITE (`REM_ACCESS_ERR`) as a
 /// mid-transfer invalidation does.
 fn write_target(
-    ctrl: &Ctrl,
+    ctrl: &VmState,
     qp: u32,
     req: &Request<'_>,
     out: &mut Vec<Segment>,
@@ -108,7 +108,7 @@ fn write_target(
 /// again, so an MR deregistered meanwhile fails the operation
 /// (`REM_ACCESS_ERR`) as a mid-transfer invalidation does.
 fn remote_range(
-    ctrl: &Ctrl,
+    ctrl: &VmState,
     qp: u32,
     req: &Request<'_>,
     right: u32,
@@ -127,7 +127,7 @@ fn remote_range(
 
 /// Performs `req` at responder QP `qp` of `ctrl` (whose memory is `mem`).
 pub fn respond(
-    ctrl: &mut Ctrl,
+    ctrl: &mut VmState,
     mem: &HostMem,
     qp: u32,
     req: &Request<'_>,
@@ -151,7 +151,7 @@ pub fn respond(
 
 /// The first message a QP accepts in RTR queues `QP_COMM_EST`, once per
 /// entry into RTR and only while the QP is still in RTR (spec 18.22).
-fn comm_established(ctrl: &mut Ctrl, qp: u32) {
+fn comm_established(ctrl: &mut VmState, qp: u32) {
     let Some(q) = ctrl.res.qps.get_mut(qp) else {
         return;
     };
@@ -164,7 +164,7 @@ fn comm_established(ctrl: &mut Ctrl, qp: u32) {
 /// The work of [`respond`]: checks, receive consumption, data movement and
 /// the responder's completion.
 fn perform(
-    ctrl: &mut Ctrl,
+    ctrl: &mut VmState,
     mem: &HostMem,
     qp: u32,
     req: &Request<'_>,
@@ -329,7 +329,7 @@ fn perform(
 
 /// The responder refuses: its QP fails with an async event, the requester
 /// gets `status`.
-pub(super) fn nak(ctrl: &mut Ctrl, qp: u32, status: WcStatus) -> RespOutcome {
+pub(super) fn nak(ctrl: &mut VmState, qp: u32, status: WcStatus) -> RespOutcome {
     let event = if status == WcStatus::REM_ACCESS_ERR {
         EventKind::QP_ACCESS_ERROR
     } else {

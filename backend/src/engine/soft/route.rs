@@ -16,8 +16,6 @@ use virtio_rdma_abi::qp::{QpState, QpType};
 
 use super::responder::respond;
 use super::{Request, RespOutcome, RespScratch};
-use crate::ctrl::Ctrl;
-use crate::device::{Locked, RdmaDevice};
 use crate::engine::requester::Outgoing;
 use crate::engine::sge::{check_local, local_range};
 use crate::engine::sweep::Serving;
@@ -26,12 +24,14 @@ use crate::engine::Engine;
 use crate::memory::access::Segment;
 use crate::memory::HostMem;
 use crate::tenancy::IsolationCounters;
+use crate::vm::cell::{Locked, VmCell};
+use crate::vm::VmState;
 
 /// The other VM of an RC QP's burst, locked once for the whole burst.
 pub(in crate::engine) struct Held<'p> {
     vm: usize,
-    dev: &'p RdmaDevice,
-    ctrl: &'p mut Ctrl,
+    dev: &'p VmCell,
+    ctrl: &'p mut VmState,
     mem: &'p HostMem,
 }
 
@@ -49,7 +49,7 @@ impl Engine {
         scratch: &mut Scratch,
     ) -> Option<bool> {
         let vm_id = cx.vm;
-        let tenancy = &self.shared.tenancy;
+        let tenancy = &self.tenancy;
         let (pvm, _) = self.rc_route(cx.ctrl, h).filter(|&(v, _)| {
             v != vm_id && tenancy.may_reach(vm_id, v) && same_thread(cx.vms, vm_id, v)
         })?;
@@ -106,7 +106,7 @@ impl Engine {
     ) -> Result<RespOutcome, WcStatus> {
         let (ud, dgid) = (msg.ud, msg.av.dgid);
         let mut route = if ud {
-            self.rnic.lookup_qpn(msg.dest_qpn)
+            self.route_of(msg.dest_qpn)
         } else {
             self.rc_route(cx.ctrl, h)
         };
@@ -161,7 +161,7 @@ impl Engine {
 
     /// Where an RC QP's messages go: (VM, QP handle), from the QP's hint
     /// when it names the current destination QPN.
-    pub(in crate::engine) fn rc_route(&self, ctrl: &mut Ctrl, h: u32) -> Option<(usize, u32)> {
+    pub(in crate::engine) fn rc_route(&self, ctrl: &mut VmState, h: u32) -> Option<(usize, u32)> {
         let qp = ctrl.res.qps.get_mut(h)?;
         let dest = qp.attr.dest_qpn;
         if let Some((qpn, vm, ph)) = qp.rt.peer {
@@ -169,21 +169,26 @@ impl Engine {
                 return Some((vm, ph));
             }
         }
-        let (vm, ph) = self.rnic.lookup_qpn(dest)?;
+        let (vm, ph) = self.route_of(dest)?;
         qp.rt.peer = Some((dest, vm, ph));
         Some((vm, ph))
+    }
+
+    /// The (VM, QP handle) that has QP number `qpn`.
+    fn route_of(&self, qpn: u32) -> Option<(usize, u32)> {
+        self.transport.lookup_qpn(qpn).map(|o| (o.vm, o.handle))
     }
 
     /// Looks destination `dest_qpn` of QP `h` up afresh (its routing hint
     /// was stale); an RC QP (`hint`) keeps the result as its new hint.
     pub(in crate::engine) fn relookup(
         &self,
-        ctrl: &mut Ctrl,
+        ctrl: &mut VmState,
         h: u32,
         dest_qpn: u32,
         hint: bool,
     ) -> Option<(usize, u32)> {
-        let route = self.rnic.lookup_qpn(dest_qpn);
+        let route = self.route_of(dest_qpn);
         if let Some(q) = ctrl.res.qps.get_mut(h) {
             q.rt.peer = match route {
                 Some((vm, ph)) if hint => Some((dest_qpn, vm, ph)),
@@ -368,7 +373,7 @@ fn admit(
 /// Whether RC QP `qp` of `ctrl` takes a message addressed to `qpn` now:
 /// `None` if it does, else what the requester gets (`Stale`: the handle
 /// no longer has that number; `Unreachable`: a state that takes none).
-fn responder_takes(ctrl: &Ctrl, qp: u32, qpn: u32) -> Option<RespOutcome> {
+fn responder_takes(ctrl: &VmState, qp: u32, qpn: u32) -> Option<RespOutcome> {
     if !ctrl.running() {
         return Some(RespOutcome::Unreachable);
     }
@@ -381,7 +386,7 @@ fn responder_takes(ctrl: &Ctrl, qp: u32, qpn: u32) -> Option<RespOutcome> {
 }
 
 /// Whether VMs `a` and `b` are served by the same engine thread.
-fn same_thread(vms: &[Option<Arc<RdmaDevice>>], a: usize, b: usize) -> bool {
+fn same_thread(vms: &[Option<Arc<VmCell>>], a: usize, b: usize) -> bool {
     let thread = |v: usize| {
         vms.get(v)
             .and_then(Option::as_ref)
@@ -395,7 +400,7 @@ fn same_thread(vms: &[Option<Arc<RdmaDevice>>], a: usize, b: usize) -> bool {
 /// and of the message's type — for UD with the message's Q_Key, else the
 /// message is dropped.
 fn respond_checked(
-    ctrl: &mut Ctrl,
+    ctrl: &mut VmState,
     mem: &HostMem,
     peer_qp: u32,
     req: &Request<'_>,

@@ -1,0 +1,192 @@
+//! The software RNIC's object half: the number spaces that must be unique
+//! across the VMs of the daemon (QP numbers, so that one VM's QP can
+//! address another's, and memory keys). It has no host objects behind CQs,
+//! SRQs, AHs and MRs: the engine works on the device's own.
+
+use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use virtio_rdma_abi::qp::{AddressVector, Mtu, QpType};
+
+use crate::transport::directory::Directory;
+use crate::transport::{
+    Caps, MrKeys, MrSpec, Owner, QpChange, Transport, TransportError, TransportKind,
+};
+
+/// QPNs are 24 bits; 0 and 1 are the special management QPs of InfiniBand.
+const QPN_MASK: u32 = 0x00ff_ffff;
+const FIRST_QPN: u32 = 2;
+/// Reported ack delay, 4.096 µs × 2^15 ≈ 134 ms: the engine answers a
+/// request when it executes it, but its threads share the host with
+/// everything else and may be descheduled; 15 is also what Linux's soft
+/// RoCE reports, so timeouts derived from it are the familiar ones.
+const SOFT_ACK_DELAY: u32 = 15;
+
+/// The software RNIC: RDMA between the VMs of one daemon.
+///
+/// The QPN directory is behind a read-write lock: lookups (the engine
+/// routing a UD message, the control path checking a destination against
+/// the tenant policy) share it and never wait for each other; only
+/// creation and destruction take it exclusively.
+pub struct SoftRnic {
+    qpns: RwLock<Directory<Owner>>,
+    /// lkeys and rkeys, one space (a key is never both).
+    keys: Mutex<Directory<()>>,
+}
+
+impl Default for SoftRnic {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SoftRnic {
+    /// A software RNIC with no objects.
+    pub fn new() -> Self {
+        SoftRnic {
+            qpns: RwLock::new(Directory::new(QPN_MASK, FIRST_QPN)),
+            keys: Mutex::new(Directory::new(u32::MAX, 1)),
+        }
+    }
+
+    // A poisoned lock only means another thread panicked mid-update of a
+    // set of integers; the set itself is still consistent.
+    fn qpns(&self) -> RwLockWriteGuard<'_, Directory<Owner>> {
+        self.qpns.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn qpns_read(&self) -> RwLockReadGuard<'_, Directory<Owner>> {
+        self.qpns.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn keys(&self) -> MutexGuard<'_, Directory<()>> {
+        self.keys.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Transport for SoftRnic {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Soft
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            max_mtu: Mtu::MTU_4096 as u32,
+            link_rate_mbps: 100_000,
+            atomics: true,
+            max_msg_size: 1 << 31,
+            local_ca_ack_delay: SOFT_ACK_DELAY,
+        }
+    }
+
+    fn create_qp(&self, owner: Owner, _qp_type: QpType) -> Result<u32, TransportError> {
+        self.qpns().alloc(owner)
+    }
+
+    fn modify_qp(&self, _change: &QpChange<'_>) -> Result<(), TransportError> {
+        // The engine reads the device's QP state itself.
+        Ok(())
+    }
+
+    fn destroy_qp(&self, qpn: u32) {
+        self.qpns().free(qpn);
+    }
+
+    fn lookup_qpn(&self, qpn: u32) -> Option<Owner> {
+        self.qpns_read().get(qpn).copied()
+    }
+
+    fn qpns_in_use(&self) -> usize {
+        self.qpns_read().len()
+    }
+
+    fn create_cq(&self, _owner: Owner, _depth: u32) -> Result<(), TransportError> {
+        Ok(())
+    }
+
+    fn destroy_cq(&self, _owner: Owner) {}
+
+    fn create_srq(&self, _owner: Owner, _depth: u32) -> Result<(), TransportError> {
+        Ok(())
+    }
+
+    fn destroy_srq(&self, _owner: Owner) {}
+
+    fn create_ah(&self, _owner: Owner, _av: &AddressVector) -> Result<(), TransportError> {
+        Ok(())
+    }
+
+    fn destroy_ah(&self, _owner: Owner) {}
+
+    fn reg_mr(&self, _owner: Owner, mr: &MrSpec) -> Result<MrKeys, TransportError> {
+        let mut keys = self.keys();
+        let lkey = keys.alloc(())?;
+        let rkey = if mr.remote {
+            match keys.alloc(()) {
+                Ok(k) => k,
+                Err(e) => {
+                    keys.free(lkey);
+                    return Err(e);
+                }
+            }
+        } else {
+            0
+        };
+        Ok(MrKeys { lkey, rkey })
+    }
+
+    fn dereg_mr(&self, keys: MrKeys) {
+        let mut d = self.keys();
+        d.free(keys.lkey);
+        if keys.rkey != 0 {
+            d.free(keys.rkey);
+        }
+    }
+
+    fn keys_in_use(&self) -> usize {
+        self.keys().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qpns_are_24_bit_and_owned() {
+        let r = SoftRnic::new();
+        let owner = Owner {
+            vm: 3,
+            handle: 0x100005,
+        };
+        let q = r.create_qp(owner, QpType::RC).unwrap();
+        assert!((FIRST_QPN..=QPN_MASK).contains(&q));
+        assert_eq!(r.lookup_qpn(q), Some(owner));
+        assert_eq!(r.qpns_in_use(), 1);
+        r.destroy_qp(q);
+        assert_eq!(r.lookup_qpn(q), None);
+        assert_eq!(r.qpns_in_use(), 0);
+    }
+
+    #[test]
+    fn keys_are_distinct_nonzero_and_returned() {
+        let r = SoftRnic::new();
+        let owner = Owner { vm: 0, handle: 1 };
+        let spec = |remote| MrSpec {
+            pd: 1,
+            access: 0,
+            iova: 0,
+            length: 4096,
+            remote,
+        };
+        let local = r.reg_mr(owner, &spec(false)).unwrap();
+        assert_ne!(local.lkey, 0);
+        assert_eq!(local.rkey, 0);
+        let both = r.reg_mr(owner, &spec(true)).unwrap();
+        assert!(both.lkey != 0 && both.rkey != 0 && both.lkey != both.rkey);
+        assert_ne!(both.lkey, local.lkey);
+        assert_eq!(r.keys_in_use(), 3);
+        r.dereg_mr(local);
+        r.dereg_mr(both);
+        assert_eq!(r.keys_in_use(), 0);
+    }
+}

@@ -1,0 +1,97 @@
+//! A directory of randomly drawn numbers and their owners: QP numbers and
+//! memory keys, which must be unique across the VMs of a transport and
+//! unpredictable (a peer that could guess an rkey could reach memory it was
+//! never given).
+
+use crate::keys::KeySource;
+use crate::resources::KeyMap;
+
+use super::TransportError;
+
+/// Give up finding a free random number after this many draws (only when
+/// the space is nearly full).
+const DRAWS: usize = 64;
+
+/// Numbers drawn from `mask`'s bits, at least `first`, with an owner each.
+pub struct Directory<V> {
+    used: KeyMap<V>,
+    keys: KeySource,
+    mask: u32,
+    first: u32,
+}
+
+impl<V> Directory<V> {
+    /// An empty directory of numbers `first..=mask` (`mask` all ones in
+    /// its low bits).
+    pub fn new(mask: u32, first: u32) -> Self {
+        Directory {
+            used: KeyMap::default(),
+            keys: KeySource::new(),
+            mask,
+            first,
+        }
+    }
+
+    /// Draws a free number and records `owner` for it.
+    pub fn alloc(&mut self, owner: V) -> Result<u32, TransportError> {
+        for _ in 0..DRAWS {
+            let n = self.keys.next_u32().map_err(|_| TransportError::Random)? & self.mask;
+            if n >= self.first && !self.used.contains_key(&n) {
+                self.used.insert(n, owner);
+                return Ok(n);
+            }
+        }
+        Err(TransportError::Exhausted)
+    }
+
+    /// The owner of `n`.
+    pub fn get(&self, n: u32) -> Option<&V> {
+        self.used.get(&n)
+    }
+
+    /// Releases `n`.
+    pub fn free(&mut self, n: u32) {
+        self.used.remove(&n);
+    }
+
+    /// Numbers in use.
+    pub fn len(&self) -> usize {
+        self.used.len()
+    }
+
+    /// Whether no number is in use.
+    pub fn is_empty(&self) -> bool {
+        self.used.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_are_unique_and_in_range() {
+        let mut d = Directory::new(0x00ff_ffff, 2);
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..10_000u32 {
+            let n = d.alloc(i).unwrap();
+            assert!((2..=0x00ff_ffff).contains(&n));
+            assert!(seen.insert(n));
+            assert_eq!(d.get(n), Some(&i));
+        }
+        assert_eq!(d.len(), 10_000);
+        for n in seen {
+            d.free(n);
+        }
+        assert!(d.is_empty());
+    }
+
+    #[test]
+    fn a_full_space_is_reported() {
+        // Two usable numbers: 2 and 3.
+        let mut d = Directory::new(3, 2);
+        assert!(d.alloc(()).is_ok());
+        assert!(d.alloc(()).is_ok());
+        assert_eq!(d.alloc(()), Err(TransportError::Exhausted));
+    }
+}

@@ -1,0 +1,185 @@
+//! The host side of the device: what a transport (an RNIC engine) provides
+//! for the objects a VM creates.
+//!
+//! The device model (handles, validation, the tenant policy, the rings in
+//! guest memory) is the same whatever moves the bytes. A [`Transport`]
+//! creates the host half of each object: QP numbers and memory keys, which
+//! travel on the wire and so are the transport's to choose, and whatever a
+//! host NIC needs behind a QP, CQ, SRQ, AH or MR. The control path calls it
+//! under the VM's lock; the data-path half of a transport, which moves work
+//! requests, is `engine::TransportPath`.
+//!
+//! Transports: the software RNIC (`engine::soft`, VMs of one daemon, the
+//! default). Which one a daemon runs is [`TransportKind`], from the
+//! configuration.
+
+pub mod directory;
+
+use thiserror::Error;
+use virtio_rdma_abi::qp::{AddressVector, QpState, QpType};
+
+/// Errors of a transport's object operations.
+#[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
+pub enum TransportError {
+    /// A number space (QP numbers, memory keys) or a host table is full.
+    #[error("host resources exhausted")]
+    Exhausted,
+    /// The system random source failed.
+    #[error("random source failed")]
+    Random,
+    /// The host NIC refused the operation (an errno).
+    #[error("host RNIC refused: errno {0}")]
+    Host(i32),
+}
+
+/// The transports a daemon can run (`[daemon] transport`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportKind {
+    /// The built-in software RNIC: RDMA between the VMs of this daemon.
+    #[default]
+    Soft,
+}
+
+impl TransportKind {
+    /// The name used in the configuration and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::Soft => "soft",
+        }
+    }
+}
+
+/// Port and device properties the transport dictates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caps {
+    /// Largest path MTU (an `Mtu` value).
+    pub max_mtu: u32,
+    /// Link rate in Mbit/s.
+    pub link_rate_mbps: u32,
+    /// Whether atomics are supported.
+    pub atomics: bool,
+    /// Largest message in bytes (the port's `max_msg_size`); a longer one
+    /// fails with `LOC_LEN_ERR` before any of it is looked at.
+    pub max_msg_size: u32,
+    /// `DeviceAttr.local_ca_ack_delay`: the longest time the transport
+    /// takes to acknowledge a request, 4.096 µs × 2^value (0 to 31).
+    pub local_ca_ack_delay: u32,
+}
+
+impl Caps {
+    /// The largest UD message payload: the MTU in bytes (`128 << mtu`).
+    pub fn max_ud_payload(&self) -> u32 {
+        128u32.checked_shl(self.max_mtu).unwrap_or(0)
+    }
+}
+
+/// The VM object a host object belongs to: the VM's index in the daemon
+/// and the object's handle there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Owner {
+    /// Index of the VM in the daemon.
+    pub vm: usize,
+    /// The object's handle in the VM's table.
+    pub handle: u32,
+}
+
+/// The keys of a registered memory region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MrKeys {
+    /// Local key.
+    pub lkey: u32,
+    /// Remote key; 0 when the region grants no remote access.
+    pub rkey: u32,
+}
+
+/// A memory region to register, as the control path validated it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MrSpec {
+    /// Its PD's handle.
+    pub pd: u32,
+    /// `access` flags of the spec.
+    pub access: u32,
+    /// The I/O virtual address the guest gave it.
+    pub iova: u64,
+    /// Length in bytes.
+    pub length: u64,
+    /// Whether it needs an rkey (any remote access).
+    pub remote: bool,
+}
+
+/// A QP state change the control path has validated (spec 13.3) and is
+/// about to apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpChange<'a> {
+    /// The QP's number.
+    pub qpn: u32,
+    /// Its state now.
+    pub from: QpState,
+    /// Its state after the change.
+    pub to: QpState,
+    /// Its attributes after the change.
+    pub attr: &'a virtio_rdma_abi::qp::QpAttr,
+    /// The attribute mask of the command.
+    pub mask: u32,
+}
+
+/// The host half of a VM's objects.
+///
+/// Object operations are called by the control path under the VM's lock,
+/// after the command was validated; a refusal becomes the command's status
+/// (`NO_MEMORY` for [`TransportError::Exhausted`], `INTERNAL` otherwise).
+/// A destroy cannot fail: the device model has released the object already.
+pub trait Transport: Send + Sync {
+    /// Which transport this is.
+    fn kind(&self) -> TransportKind;
+
+    /// Port and device properties.
+    fn caps(&self) -> Caps;
+
+    /// Creates the host half of QP `owner` and returns its number, unique
+    /// among all VMs of this transport; peers address the QP by it.
+    fn create_qp(&self, owner: Owner, qp_type: QpType) -> Result<u32, TransportError>;
+
+    /// Applies a state change to QP `change.qpn` (a host NIC's QP follows
+    /// the device's state machine).
+    fn modify_qp(&self, change: &QpChange<'_>) -> Result<(), TransportError>;
+
+    /// Destroys QP `qpn`; its number may be handed out again.
+    fn destroy_qp(&self, qpn: u32);
+
+    /// The owner of QP number `qpn`, if it is live.
+    fn lookup_qpn(&self, qpn: u32) -> Option<Owner>;
+
+    /// QP numbers in use (for leak checks and statistics).
+    fn qpns_in_use(&self) -> usize;
+
+    /// Creates the host half of CQ `owner` of `depth` entries.
+    fn create_cq(&self, owner: Owner, depth: u32) -> Result<(), TransportError>;
+
+    /// Destroys the host half of CQ `owner`.
+    fn destroy_cq(&self, owner: Owner);
+
+    /// Creates the host half of SRQ `owner` of `depth` entries.
+    fn create_srq(&self, owner: Owner, depth: u32) -> Result<(), TransportError>;
+
+    /// Destroys the host half of SRQ `owner`.
+    fn destroy_srq(&self, owner: Owner);
+
+    /// Creates the host half of AH `owner` for `av`.
+    fn create_ah(&self, owner: Owner, av: &AddressVector) -> Result<(), TransportError>;
+
+    /// Destroys the host half of AH `owner`.
+    fn destroy_ah(&self, owner: Owner);
+
+    /// Registers MR `owner` and returns its keys: unpredictable (a peer
+    /// that could guess an rkey could reach memory it was never given),
+    /// non-zero, and not in use by another live region of the transport.
+    fn reg_mr(&self, owner: Owner, mr: &MrSpec) -> Result<MrKeys, TransportError>;
+
+    /// Deregisters the region with `keys`; they may be handed out again.
+    fn dereg_mr(&self, keys: MrKeys);
+
+    /// Memory keys in use (lkeys and rkeys; for leak checks).
+    fn keys_in_use(&self) -> usize;
+}

@@ -1,0 +1,253 @@
+//! One VM's state behind its lock, shared by the VM's vhost-user device
+//! (control queue, events, memory updates) and the engine thread serving
+//! it, with the hints the engine reads without the lock.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use log::warn;
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::VmState;
+use crate::memory::HostMem;
+
+/// What the VM's lock guards.
+pub struct Guarded {
+    /// The VM's state.
+    pub vm: VmState,
+    /// Guest memory as the VMM mapped it (the control path's view); `None`
+    /// while no VMM is connected.
+    pub mem: Option<GuestMemoryAtomic<GuestMemoryMmap<()>>>,
+    /// The data path's view of the same memory (built with every memory
+    /// table update).
+    pub host: Option<Arc<HostMem>>,
+}
+
+/// What [`VmCell::try_with_dataplane`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Locked<R> {
+    /// It ran the closure, which returned this.
+    Ran(R),
+    /// The VM's lock is held elsewhere: try again later.
+    Busy,
+    /// No VMM is connected.
+    Gone,
+}
+
+thread_local! {
+    /// The VMs whose lock the current thread holds through
+    /// [`VmCell::with_dataplane`] (at most a few: an engine thread holds
+    /// the VM it serves and the peer of an RC QP's burst).
+    static HELD_VMS: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Marks a VM's lock as held by the current thread while it lives.
+struct HeldLock(usize);
+
+impl HeldLock {
+    /// `None` if the current thread holds VM `vm`'s lock already: taking
+    /// it again would block the thread on itself for good.
+    fn enter(vm: usize) -> Option<HeldLock> {
+        HELD_VMS.with(|h| {
+            let mut h = h.borrow_mut();
+            if h.contains(&vm) {
+                return None;
+            }
+            h.push(vm);
+            Some(HeldLock(vm))
+        })
+    }
+}
+
+impl Drop for HeldLock {
+    fn drop(&mut self) {
+        HELD_VMS.with(|h| {
+            let mut h = h.borrow_mut();
+            if let Some(i) = h.iter().rposition(|&v| v == self.0) {
+                h.swap_remove(i);
+            }
+        });
+    }
+}
+
+/// One VM's state and lock.
+pub struct VmCell {
+    id: usize,
+    /// The engine thread serving the VM.
+    engine: usize,
+    state: Mutex<Guarded>,
+    /// Advances whenever the data path's view of the VM may have changed
+    /// (a control command ran, memory was remapped, a reset or disconnect),
+    /// so the engine rebuilds what it caches about the VM.
+    dp_gen: AtomicU64,
+    /// The device is started, for readers without the lock;
+    /// [`VmState::running`] is the authoritative copy.
+    running: AtomicBool,
+    /// Wakes the VM's vhost-user worker to deliver queued events.
+    event_wake: EventFd,
+}
+
+impl VmCell {
+    /// The cell of VM `vm.vm_index()`, served by engine thread `engine`,
+    /// with no memory mapped.
+    pub fn new(vm: VmState, engine: usize) -> std::io::Result<Self> {
+        Ok(VmCell {
+            id: vm.vm_index(),
+            engine,
+            state: Mutex::new(Guarded {
+                vm,
+                mem: None,
+                host: None,
+            }),
+            dp_gen: AtomicU64::new(0),
+            running: AtomicBool::new(false),
+            event_wake: EventFd::new(libc::EFD_NONBLOCK)?,
+        })
+    }
+
+    /// Index of the VM in the daemon.
+    pub fn id(&self) -> usize {
+        self.id
+    }
+
+    /// The engine thread serving the VM.
+    pub fn engine_index(&self) -> usize {
+        self.engine
+    }
+
+    /// Takes the VM's lock (the control path's access).
+    pub fn lock(&self) -> MutexGuard<'_, Guarded> {
+        // A panic while holding the lock would be a daemon bug; the state
+        // stays structurally valid, so keep serving rather than cascade.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The VM's lock if it is free; `None` while another thread holds it
+    /// (the operator interfaces use this, so that one VM whose lock is
+    /// stuck cannot hang every scrape).
+    pub fn try_lock(&self) -> Option<MutexGuard<'_, Guarded>> {
+        match self.state.try_lock() {
+            Ok(st) => Some(st),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// Runs `f` on the VM's state and mapped memory (the data-path
+    /// engine's access); `None` while no VMM is connected, and — rather
+    /// than deadlock — when the calling thread already holds this VM's
+    /// lock (an engine thread nests a peer VM's lock inside its own; the
+    /// held one must be passed down instead, see `engine::soft::route`).
+    pub fn with_dataplane<R>(&self, f: impl FnOnce(&mut VmState, &Arc<HostMem>) -> R) -> Option<R> {
+        let Some(_held) = HeldLock::enter(self.id) else {
+            log::error!(
+                "VM {}: refusing to lock a VM this thread already holds (daemon bug)",
+                self.id
+            );
+            return None;
+        };
+        let mut st = self.lock();
+        let Guarded { vm, host, .. } = &mut *st;
+        let host = host.as_ref()?;
+        Some(f(vm, host))
+    }
+
+    /// [`VmCell::with_dataplane`] for the engine, which must never wait
+    /// for a VM's lock: a control command holding it (a large registration,
+    /// say) would stall every VM the engine serves. `Busy` if the lock is
+    /// taken; the engine comes back at its next sweep.
+    ///
+    /// A try never waits, so it needs no guard against the thread holding
+    /// the lock already: that, too, reads as `Busy`.
+    pub fn try_with_dataplane<R>(
+        &self,
+        f: impl FnOnce(&mut VmState, &Arc<HostMem>) -> R,
+    ) -> Locked<R> {
+        let mut st = match self.state.try_lock() {
+            Ok(st) => st,
+            Err(std::sync::TryLockError::WouldBlock) => return Locked::Busy,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        };
+        let Guarded { vm, host, .. } = &mut *st;
+        match host.as_ref() {
+            Some(host) => Locked::Ran(f(vm, host)),
+            None => Locked::Gone,
+        }
+    }
+
+    /// Whether the device is started: stopped (a paused VM, or one being
+    /// reset), the engine executes none of its work and peers' messages
+    /// find no QP (spec 15.1). Read without the VM's lock, so only a hint:
+    /// under the lock, [`VmState::running`] decides.
+    pub fn running(&self) -> bool {
+        self.running.load(Ordering::Acquire)
+    }
+
+    /// Starts or stops the device; call with the lock held (`st`), which
+    /// orders the hint with the authoritative copy.
+    pub fn set_running(&self, st: &mut Guarded, on: bool) {
+        self.running.store(on, Ordering::Release);
+        st.vm.set_running(on);
+    }
+
+    /// The data-path generation: it changes (under the VM's lock, before
+    /// the lock is released) whenever objects, memory or the connection of
+    /// the VM may have changed. Read it under [`VmCell::with_dataplane`] to
+    /// pair it with the state it describes.
+    pub fn dp_generation(&self) -> u64 {
+        self.dp_gen.load(Ordering::Acquire)
+    }
+
+    /// Advances the data-path generation (with the lock held).
+    pub fn bump_dp_gen(&self) {
+        self.dp_gen.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Asks the VM's vhost-user worker to deliver pending events.
+    pub fn wake_events(&self) {
+        if let Err(e) = self.event_wake.write(1) {
+            warn!("cannot wake the event worker: {e}");
+        }
+    }
+
+    /// The eventfd behind [`VmCell::wake_events`].
+    pub fn event_wake_fd(&self) -> &EventFd {
+        &self.event_wake
+    }
+
+    /// RC QPs of this VM whose destination was one of `qpns` at `gid` (a
+    /// VM that disconnected or was reset) move to `ERR`; returns how many.
+    pub fn fail_peers_of(&self, gid: [u8; 16], qpns: &[u32]) -> usize {
+        let mut st = self.lock();
+        let n = st.vm.fail_peers_of(gid, qpns);
+        if n > 0 {
+            self.bump_dp_gen();
+            drop(st);
+            self.wake_events();
+        }
+        n
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::arithmetic_side_effects, clippy::indexing_slicing)]
+mod tests {
+    use super::HeldLock;
+
+    /// A thread never takes a VM's lock it holds; other VMs' locks and
+    /// other threads are not affected, and the mark goes with the guard.
+    #[test]
+    fn held_lock_refuses_only_a_second_entry_on_the_same_thread() {
+        let a = HeldLock::enter(7);
+        assert!(a.is_some());
+        assert!(HeldLock::enter(7).is_none(), "same VM, same thread");
+        let b = HeldLock::enter(8);
+        assert!(b.is_some(), "another VM");
+        let other = std::thread::spawn(|| HeldLock::enter(7).is_some());
+        assert!(other.join().unwrap_or(false), "another thread");
+        drop(a);
+        assert!(HeldLock::enter(7).is_some(), "released");
+        drop(b);
+    }
+}

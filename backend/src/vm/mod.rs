@@ -1,0 +1,274 @@
+//! The state of one VM: the type the control dispatcher executes commands
+//! on and the engine serves, and the lock both take it under.
+//!
+//! - [`VmState`] (here): the VM's objects ([`crate::resources`]), pending
+//!   events, memory map, port identity, negotiated features, and the state
+//!   changes both the control path and the engine make (a QP failing, a
+//!   reset, peers gone);
+//! - [`cell`]: [`cell::VmCell`], the VM's state behind its lock, with what
+//!   the engine reads without it.
+
+pub mod cell;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use virtio_rdma_abi::event::EventKind;
+use virtio_rdma_abi::qp::QpState;
+
+use crate::config::Limits;
+use crate::events::EventQueue;
+use crate::memory::RamMap;
+use crate::resources::VmResources;
+use crate::tenancy::Tenancy;
+use crate::transport::Transport;
+
+crate::stats::sums! {
+/// Counters of control-path activity of one VM.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CtrlStats {
+    /// Commands that completed with OK.
+    pub ok: u64,
+    /// Commands that completed with an error status.
+    pub failed: u64,
+    /// Chains that could not be answered at all (used length 0).
+    pub malformed: u64,
+}
+}
+
+/// Identity of the VM's port (its GID).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortIdentity {
+    /// The VM's GID (table index 0).
+    pub gid: [u8; 16],
+    /// GUID of this device instance (node and system image GUID): one per
+    /// VM, so guests cannot tell that they share a host.
+    pub guid: u64,
+    /// Index of the VM in the daemon (its socket's position).
+    pub vm: usize,
+}
+
+/// The state of one VM's device: its objects, pending events, memory map,
+/// port identity and negotiated features. The control dispatcher
+/// (`ctrl`) executes commands on it; the engine works on its objects under
+/// the same lock ([`cell::VmCell`]).
+pub struct VmState {
+    /// The VM's objects.
+    pub res: VmResources,
+    /// Pending asynchronous events.
+    pub events: EventQueue,
+    /// Activity counters.
+    pub stats: CtrlStats,
+    pub(crate) limits: Limits,
+    pub(crate) features: u64,
+    /// The host half of the VM's objects.
+    pub(crate) transport: Arc<dyn Transport>,
+    pub(crate) ram: RamMap,
+    /// Advances with every [`VmState::set_ram`]: a translation prepared
+    /// against an older map is built again (see [`Prepared`]).
+    pub(crate) ram_gen: u64,
+    pub(crate) port: PortIdentity,
+    pub(crate) tenancy: Arc<Tenancy>,
+    /// The doorbell flags of the engine serving the VM (`DB_FLAG_KICK`
+    /// while it sleeps, `DB_FLAG_POLLING` while it polls and lets drivers
+    /// skip the fence): queues created meanwhile start with them.
+    pub(crate) db_flags: Arc<AtomicU32>,
+    /// A command changed something the engine must act on (see
+    /// [`VmState::take_engine_work`]).
+    pub(crate) engine_work: bool,
+    /// The device is started (spec 15.1): only then does the engine
+    /// execute the VM's work and do peers' messages reach it. Changed by
+    /// the device under the VM's lock.
+    pub(crate) running: bool,
+}
+
+impl VmState {
+    /// The state of VM `port.vm` before its driver has done anything.
+    pub fn new(
+        limits: Limits,
+        transport: Arc<dyn Transport>,
+        port: PortIdentity,
+        tenancy: Arc<Tenancy>,
+    ) -> Self {
+        VmState {
+            res: VmResources::new(port.vm, limits.max_host_bytes),
+            events: EventQueue::default(),
+            stats: CtrlStats::default(),
+            limits,
+            features: 0,
+            transport,
+            ram: RamMap::default(),
+            ram_gen: 0,
+            port,
+            tenancy,
+            db_flags: Arc::new(AtomicU32::new(0)),
+            engine_work: false,
+            running: false,
+        }
+    }
+
+    /// Shares the engine's doorbell flags ([`crate::engine::Engine`]).
+    pub fn set_doorbell_flags(&mut self, flags: Arc<AtomicU32>) {
+        self.db_flags = flags;
+    }
+
+    /// The device flags a new doorbell record or page starts with: those
+    /// the engine gives the existing ones — kicks while it sleeps, so a
+    /// post to the new queue wakes it. Read under the VM's lock, which
+    /// orders it with the engine's updates.
+    pub(crate) fn new_doorbell_flags(&self) -> u32 {
+        self.db_flags.load(Ordering::SeqCst)
+    }
+
+    /// Whether a command since the last call may have made posted work
+    /// startable or in need of a flush (a QP state change, a QP failed by
+    /// the control path): the engine must look even if no doorbell rings.
+    /// Creating objects needs no wake-up: new queues have no work yet, and
+    /// ask for kicks themselves ([`VmState::new_doorbell_flags`]).
+    pub fn take_engine_work(&mut self) -> bool {
+        std::mem::take(&mut self.engine_work)
+    }
+
+    /// Index of the VM in the daemon.
+    pub fn vm_index(&self) -> usize {
+        self.port.vm
+    }
+
+    /// The daemon's tenancy table (isolation policy and counters).
+    pub fn tenancy(&self) -> &Tenancy {
+        &self.tenancy
+    }
+
+    /// The VM's GID.
+    pub fn port_gid(&self) -> [u8; 16] {
+        self.port.gid
+    }
+
+    /// Sets the device features the driver negotiated.
+    pub fn set_features(&mut self, features: u64) {
+        self.features = features;
+    }
+
+    /// Replaces the view of guest RAM (after a memory table update).
+    pub fn set_ram(&mut self, ram: RamMap) {
+        self.ram = ram;
+        // Only compared for equality: wrapping is harmless.
+        self.ram_gen = self.ram_gen.wrapping_add(1);
+    }
+
+    /// Whether the device is started (see `running`).
+    pub fn running(&self) -> bool {
+        self.running
+    }
+
+    /// Marks the device started or stopped.
+    pub fn set_running(&mut self, on: bool) {
+        self.running = on;
+    }
+
+    /// Writes the engine's current doorbell flags into the header of every
+    /// context (spec 18.4): at a start, since the engine leaves a stopped
+    /// device's memory alone and its headers may show a state it has left.
+    pub fn refresh_doorbell_flags(&self, mem: &crate::memory::HostMem) {
+        let v = self.new_doorbell_flags();
+        for (_, ctx) in self.res.ctxs.iter() {
+            if ctx.db_page.is_none() {
+                let _ = crate::memory::access::store_u32_release(mem, ctx.db_gpa, v);
+            }
+        }
+        if let Some(pages) = &self.res.doorbells {
+            pages.set_flags_all(v);
+        }
+    }
+
+    /// Destroys every object and drops pending events (device reset or
+    /// disconnect). Returns the QP numbers of the RC QPs it destroyed, so
+    /// that the QPs of other VMs connected to them can be failed.
+    pub fn reset(&mut self) -> Vec<u32> {
+        let rc: Vec<u32> = self
+            .res
+            .qps
+            .iter()
+            .filter(|(_, q)| q.qp_type == virtio_rdma_abi::qp::QpType::RC)
+            .map(|(_, q)| q.qpn)
+            .collect();
+        self.res.clear(self.transport.as_ref());
+        // Freed here, under the lock, as before: reset and disconnect are
+        // rare, and nothing drains them afterwards.
+        drop(self.res.take_released());
+        self.events.reset();
+        rc
+    }
+
+    /// The RC QPs of this VM connected to one of `qpns` at `gid` (QPs of a
+    /// device instance that went away) move to `ERR` with `QP_FATAL`; the
+    /// engine then flushes their work (spec 18.23). Returns how many.
+    pub fn fail_peers_of(&mut self, gid: [u8; 16], qpns: &[u32]) -> usize {
+        use virtio_rdma_abi::qp::{QpState, QpType};
+        let hit: Vec<u32> = self
+            .res
+            .qps
+            .iter()
+            .filter(|(_, q)| {
+                q.qp_type == QpType::RC
+                    && matches!(
+                        q.state,
+                        QpState::RTR | QpState::RTS | QpState::SQD | QpState::SQE
+                    )
+                    && q.attr.av.dgid == gid
+                    && qpns.binary_search(&q.attr.dest_qpn).is_ok()
+            })
+            .map(|(h, _)| h)
+            .collect();
+        for &h in &hit {
+            self.qp_enter_err(h, Some(virtio_rdma_abi::event::EventKind::QP_FATAL));
+        }
+        hit.len()
+    }
+
+    /// Notes a chain that could not be answered.
+    pub fn count_malformed(&mut self) {
+        self.stats.malformed = self.stats.malformed.saturating_add(1);
+    }
+
+    pub(crate) fn has(&self, feature: u64) -> bool {
+        self.features & feature != 0
+    }
+
+    /// Whether the driver negotiated `F_ATOMIC`: without it an atomic send
+    /// WQE is malformed (spec 18.8).
+    pub fn atomics_negotiated(&self) -> bool {
+        self.has(virtio_rdma_abi::config::F_ATOMIC)
+    }
+
+    /// Moves QP `h` into ERR for a data-path error, unless it is there
+    /// already, and queues its events: `event` (if any), then
+    /// `QP_LAST_WQE_REACHED` for a QP attached to an SRQ.
+    pub fn qp_enter_err(&mut self, h: u32, event: Option<EventKind>) {
+        let Some(qp) = self.res.qps.get_mut(h) else {
+            return;
+        };
+        if qp.state == QpState::ERR {
+            return;
+        }
+        qp.state = QpState::ERR;
+        // Its posted work is to be flushed.
+        self.engine_work = true;
+        if let Some(e) = event {
+            self.events.push(e, h, 0);
+        }
+        self.last_wqe_reached(h);
+    }
+
+    /// Queues `QP_LAST_WQE_REACHED` for QP `h`, which has just entered ERR,
+    /// if it is attached to an SRQ (spec 18.19 item 5, 18.21). In ERR it
+    /// consumes no more SRQ WQEs, and the engine completes each SRQ WQE in
+    /// the step that consumes it, under the VM's lock, so every SRQ WQE the
+    /// QP took has completed by now: the event can be queued at once. The
+    /// SRQ's WQEs stay for the other QPs (the flush leaves them alone).
+    pub(crate) fn last_wqe_reached(&mut self, h: u32) {
+        if self.res.qps.get(h).is_some_and(|q| q.srq != 0) {
+            self.events.push(EventKind::QP_LAST_WQE_REACHED, h, 0);
+        }
+    }
+}

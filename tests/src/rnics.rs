@@ -1,0 +1,119 @@
+//! Transports for tests: the software RNIC with a different QP number
+//! policy, to make races that take an attacker thousands of tries happen
+//! at once.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use vhost_user_rdma::engine::SoftRnic;
+use vhost_user_rdma::transport::{
+    Caps, MrKeys, MrSpec, Owner, QpChange, Transport, TransportError, TransportKind,
+};
+use virtio_rdma_abi::qp::{AddressVector, QpType};
+
+#[derive(Default)]
+struct Qpns {
+    used: HashMap<u32, Owner>,
+    free: Vec<u32>,
+    next: u32,
+}
+
+/// The software RNIC, except that a freed QP number is handed out again
+/// at once (last freed, first reused) while reuse is on; otherwise numbers
+/// count up from 0x101. The data path is the software RNIC's.
+pub struct RecyclingQpns {
+    soft: SoftRnic,
+    qpns: Mutex<Qpns>,
+    reuse: bool,
+    /// Hand out fresh numbers only for now.
+    fresh: AtomicBool,
+}
+
+impl RecyclingQpns {
+    /// Reusing freed numbers if `reuse`.
+    pub fn new(reuse: bool) -> Self {
+        RecyclingQpns {
+            soft: SoftRnic::new(),
+            qpns: Mutex::new(Qpns {
+                next: 0x100,
+                ..Qpns::default()
+            }),
+            reuse,
+            fresh: AtomicBool::new(false),
+        }
+    }
+
+    /// While `on`, every number handed out is one never used before.
+    pub fn fresh_only(&self, on: bool) {
+        self.fresh.store(on, Ordering::Relaxed);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Qpns> {
+        self.qpns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Transport for RecyclingQpns {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Soft
+    }
+    fn caps(&self) -> Caps {
+        self.soft.caps()
+    }
+    fn create_qp(&self, owner: Owner, _qp_type: QpType) -> Result<u32, TransportError> {
+        let mut q = self.lock();
+        let reuse = self.reuse && !self.fresh.load(Ordering::Relaxed);
+        let qpn = match reuse.then(|| q.free.pop()).flatten() {
+            Some(n) => n,
+            None => {
+                q.next += 1;
+                q.next
+            }
+        };
+        q.used.insert(qpn, owner);
+        Ok(qpn)
+    }
+    fn modify_qp(&self, change: &QpChange<'_>) -> Result<(), TransportError> {
+        self.soft.modify_qp(change)
+    }
+    fn destroy_qp(&self, qpn: u32) {
+        let mut q = self.lock();
+        if q.used.remove(&qpn).is_some() {
+            q.free.push(qpn);
+        }
+    }
+    fn lookup_qpn(&self, qpn: u32) -> Option<Owner> {
+        self.lock().used.get(&qpn).copied()
+    }
+    fn qpns_in_use(&self) -> usize {
+        self.lock().used.len()
+    }
+    fn create_cq(&self, owner: Owner, depth: u32) -> Result<(), TransportError> {
+        self.soft.create_cq(owner, depth)
+    }
+    fn destroy_cq(&self, owner: Owner) {
+        self.soft.destroy_cq(owner)
+    }
+    fn create_srq(&self, owner: Owner, depth: u32) -> Result<(), TransportError> {
+        self.soft.create_srq(owner, depth)
+    }
+    fn destroy_srq(&self, owner: Owner) {
+        self.soft.destroy_srq(owner)
+    }
+    fn create_ah(&self, owner: Owner, av: &AddressVector) -> Result<(), TransportError> {
+        self.soft.create_ah(owner, av)
+    }
+    fn destroy_ah(&self, owner: Owner) {
+        self.soft.destroy_ah(owner)
+    }
+    fn reg_mr(&self, owner: Owner, mr: &MrSpec) -> Result<MrKeys, TransportError> {
+        self.soft.reg_mr(owner, mr)
+    }
+    fn dereg_mr(&self, keys: MrKeys) {
+        self.soft.dereg_mr(keys)
+    }
+    fn keys_in_use(&self) -> usize {
+        self.soft.keys_in_use()
+    }
+}
