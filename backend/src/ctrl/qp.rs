@@ -19,6 +19,7 @@ use super::{quota, CmdError, CmdResult};
 use crate::memory::volatile::{read_guest, write_guest};
 use crate::resources::qp_state::rule;
 use crate::resources::Qp;
+use crate::transport::QpChange;
 use crate::vm::VmState;
 
 /// Packet sequence numbers and QP numbers are 24 bits.
@@ -267,7 +268,27 @@ impl VmState {
             self.allowed_route(&dgid, dest)?;
         }
 
-        // All checks passed: apply atomically.
+        // All checks passed. The attributes after the command; the host
+        // half of the QP follows first, so that a refusal leaves the QP as
+        // it was.
+        let Some(qp) = self.res.qps.get(req.qp_handle) else {
+            return Err(field::<M>(Status::BAD_HANDLE, "qp_handle"));
+        };
+        let mut attr = qp.attr;
+        if target == QpState::RESET {
+            attr = QpAttr::default();
+        } else {
+            apply(&mut attr, mask, &a);
+        }
+        self.transport.modify_qp(&QpChange {
+            qpn: qp.qpn,
+            from: cur,
+            to: target,
+            attr: &attr,
+            mask,
+        })?;
+
+        // Apply atomically.
         let Some(qp) = self.res.qps.get_mut(req.qp_handle) else {
             return Err(field::<M>(Status::BAD_HANDLE, "qp_handle"));
         };
@@ -278,14 +299,12 @@ impl VmState {
             // never survive into INIT.
             empty_rings(qp, mem);
         }
+        qp.attr = attr;
         if target == QpState::RESET {
-            qp.attr = QpAttr::default();
             // A message executed in pieces is abandoned with the queues,
             // as sender and as receiver.
             qp.rt.partial = None;
             qp.rt.inbound = None;
-        } else {
-            apply(&mut qp.attr, mask, &a);
         }
         if target == QpState::RTR && cur != QpState::RTR {
             // A new stay in RTR: its first accepted message queues

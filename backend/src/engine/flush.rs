@@ -9,7 +9,7 @@ use virtio_rdma_abi::qp::QpState;
 use super::completer::{self, traffic};
 use super::doorbell::{self, load_pi};
 use super::requester::wc_opcode;
-use super::soft::receive::flush_inbound;
+use super::transport::TransportPath;
 use super::wqe::{fetch_recv, fetch_send, posted, RecvRing, WqeBuf, WqeError};
 use crate::memory::HostMem;
 use crate::stats::TrafficCounters;
@@ -22,7 +22,8 @@ use crate::vm::VmState;
 ///
 /// Flushes at most `max` WQEs (send and receive together) and returns how
 /// many; the rest waits for the next service.
-pub(super) fn flush(
+pub(super) fn flush<P: TransportPath>(
+    path: &P,
     ctrl: &mut VmState,
     mem: &HostMem,
     h: u32,
@@ -61,8 +62,8 @@ pub(super) fn flush(
         }
         did = did.saturating_add(1);
     }
-    // A message that was arriving in pieces: its receive WQE was taken.
-    if did < max && flush_inbound(ctrl, mem, h) {
+    // A receive WQE the transport took (a message arriving in pieces).
+    if did < max && path.flush_taken(ctrl, mem, h) {
         count_flushed(ctrl);
         did = did.saturating_add(1);
     }

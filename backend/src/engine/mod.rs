@@ -29,6 +29,7 @@ mod sweep;
 #[cfg(test)]
 mod testing;
 mod thread;
+pub(crate) mod transport;
 pub mod wqe;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -41,7 +42,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::qos::QosTable;
 use crate::tenancy::Tenancy;
-use crate::transport::Transport;
+use crate::transport::{Transport, TransportKind};
 use placement::Registry;
 use thread::pin_to;
 
@@ -124,10 +125,18 @@ impl Engine {
                 if let Some(cpu) = cpu {
                     pin_to(cpu);
                 }
-                e.run()
+                // The data path of the transport the objects were made by.
+                match e.transport.kind() {
+                    TransportKind::Soft => e.run(&soft::path::SoftPath),
+                }
             })?;
         *engine.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
         Ok(engine)
+    }
+
+    /// Who may reach whom, and the traffic counters.
+    pub(crate) fn tenancy(&self) -> &Tenancy {
+        &self.tenancy
     }
 
     /// Its position among the daemon's engine threads.

@@ -158,7 +158,7 @@ impl DbList {
     /// Rebuilds the list if the VM changed, unless the last rebuild was
     /// expensive and recent (then `scratch` gets a timer for it).
     #[inline]
-    pub(super) fn refresh_if_changed(&mut self, scratch: &mut Scratch) {
+    pub(super) fn refresh_if_changed<T>(&mut self, scratch: &mut Scratch<T>) {
         if self.gen == Some(self.dev.dp_generation()) {
             return;
         }

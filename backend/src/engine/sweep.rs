@@ -17,23 +17,25 @@ use super::poll::{refresh, DbList};
 use super::sched::{cost_of, Drr, Turn};
 use super::soft::route::Held;
 use super::thread::Scratch;
+use super::transport::TransportPath;
 use super::Engine;
 use crate::memory::HostMem;
 use crate::vm::cell::{Locked, VmCell};
 use crate::vm::VmState;
 
 /// A VM a sweep is serving, under its lock: what serving its QPs needs.
-pub(super) struct Serving<'a> {
+pub(crate) struct Serving<'a> {
     /// Every VM of the daemon, by id (a message's peer is looked up here).
-    pub(super) vms: &'a [Option<Arc<VmCell>>],
+    pub(crate) vms: &'a [Option<Arc<VmCell>>],
     /// The VM's id.
-    pub(super) vm: usize,
-    /// Its objects.
-    pub(super) ctrl: &'a mut VmState,
+    pub(crate) vm: usize,
+    /// Its state.
+    pub(crate) ctrl: &'a mut VmState,
     /// Its memory.
-    pub(super) mem: &'a HostMem,
-    /// The peer VM an RC QP's burst holds locked with it (`soft::route`).
-    pub(super) held: Option<Held<'a>>,
+    pub(crate) mem: &'a HostMem,
+    /// Another VM the transport holds locked for a burst (the software
+    /// RNIC: the peer of an RC QP, `soft::route`).
+    pub(crate) held: Option<Held<'a>>,
 }
 
 impl Engine {
@@ -41,16 +43,17 @@ impl Engine {
     /// work in one round of deficit round robin (a VM that a rate limit
     /// holds back is skipped without being locked until its tokens are
     /// due); true if any work was done.
-    pub(super) fn sweep(
+    pub(super) fn sweep<P: TransportPath>(
         &self,
+        path: &P,
         vms: &[Option<Arc<VmCell>>],
         lists: &mut [DbList],
-        scratch: &mut Scratch,
+        scratch: &mut Scratch<P::Scratch>,
         drr: &mut Drr,
         active: &mut Vec<usize>,
     ) -> bool {
         active.clear();
-        scratch.pieces.next_sweep();
+        path.sweep_started(&mut scratch.transport);
         // The clock is read only when some VM is held back.
         let mut now = None;
         for (k, list) in lists.iter_mut().enumerate() {
@@ -66,7 +69,7 @@ impl Engine {
                 }
             }
             active.push(k);
-            scratch.pieces.note_active(k);
+            path.vm_active(&mut scratch.transport, k);
         }
         drr.round(active, |drr, turn| {
             let Some(list) = lists.get_mut(turn.vm) else {
@@ -77,7 +80,7 @@ impl Engine {
             if !turn.first && !list.pending() && !list.scan() {
                 return false;
             }
-            self.pass(vms, list, scratch, drr, turn)
+            self.pass(path, vms, list, scratch, drr, turn)
         })
     }
 
@@ -85,11 +88,12 @@ impl Engine {
     /// burst each, starting where the last pass stopped. Each burst's cost
     /// ([`super::sched::cost_of`] its work requests and bytes) is charged to the
     /// VM's deficit; the pass ends when the deficit runs out.
-    fn pass(
+    fn pass<P: TransportPath>(
         &self,
+        path: &P,
         vms: &[Option<Arc<VmCell>>],
         list: &mut DbList,
-        scratch: &mut Scratch,
+        scratch: &mut Scratch<P::Scratch>,
         drr: &mut Drr,
         turn: Turn,
     ) -> bool {
@@ -98,7 +102,7 @@ impl Engine {
         let DbList {
             qps, work, next, ..
         } = list;
-        scratch.pieces.serve(turn.vm);
+        path.serving(&mut scratch.transport, turn.vm);
         let done = work_on(&dev, |ctrl, mem| {
             let mut did = false;
             if !ctrl.running() {
@@ -114,13 +118,15 @@ impl Engine {
                 mem,
                 held: None,
             };
+            // Completions of work the transport took earlier.
+            did |= path.poll(self, &mut cx, &mut scratch.transport);
             while let Some(&i) = work.get(*next) {
                 *next = next.saturating_add(1);
                 let Some(e) = qps.get_mut(i) else {
                     continue;
                 };
                 scratch.executed = (0, 0);
-                let busy = self.service_qp(&mut cx, e.handle, scratch);
+                let busy = self.service_qp(path, &mut cx, e.handle, scratch);
                 did |= busy;
                 refresh(e, cx.ctrl, cx.mem);
                 // Work that executed no WQE (a flush, a failed QP) still
@@ -142,11 +148,12 @@ impl Engine {
     /// One pass over every QP of every VM through the VMs' tables (the
     /// re-check of the parking protocol); true if any work was done.
     /// Also finds the earliest retry deadline ([`Scratch::next_timer`]).
-    pub(super) fn sweep_all(
+    pub(super) fn sweep_all<P: TransportPath>(
         &self,
+        path: &P,
         vms: &[Option<Arc<VmCell>>],
         lists: &[DbList],
-        scratch: &mut Scratch,
+        scratch: &mut Scratch<P::Scratch>,
     ) -> bool {
         scratch.next_timer = None;
         let mut busy = false;
@@ -154,7 +161,7 @@ impl Engine {
         // posted just before the engine parks is split as in a sweep.
         for (k, list) in lists.iter().enumerate() {
             let vm = &list.dev;
-            scratch.pieces.serve(k);
+            path.serving(&mut scratch.transport, k);
             let done = work_on(vm, |ctrl, mem| {
                 if !ctrl.running() {
                     return false;
@@ -169,8 +176,9 @@ impl Engine {
                     mem,
                     held: None,
                 };
+                did |= path.poll(self, &mut cx, &mut scratch.transport);
                 for &h in handles.iter() {
-                    did |= self.service_qp(&mut cx, h, scratch);
+                    did |= self.service_qp(path, &mut cx, h, scratch);
                 }
                 scratch.handles = handles;
                 did
@@ -184,7 +192,13 @@ impl Engine {
     }
 
     /// Takes send work of one QP, or flushes it in the error state.
-    fn service_qp(&self, cx: &mut Serving<'_>, h: u32, scratch: &mut Scratch) -> bool {
+    fn service_qp<P: TransportPath>(
+        &self,
+        path: &P,
+        cx: &mut Serving<'_>,
+        h: u32,
+        scratch: &mut Scratch<P::Scratch>,
+    ) -> bool {
         let (vm_id, mem) = (cx.vm, cx.mem);
         let Some(qp) = cx.ctrl.res.qps.get_mut(h) else {
             return false;
@@ -209,6 +223,8 @@ impl Engine {
                 qp.rt.rq_ci = if qp.srq == 0 { rq_pi } else { qp.rt.rq_ci };
                 qp.rt.wait = None;
                 qp.rt.partial = None;
+                // The transport dropped what it had taken with the reset.
+                qp.rt.outstanding = 0;
                 if changed {
                     let _ = doorbell::store(mem, qp.db_gpa, QpDoorbell::SQ_CI, qp.rt.sq_ci);
                     let _ = doorbell::store(mem, qp.db_gpa, QpDoorbell::RQ_CI, qp.rt.rq_ci);
@@ -227,15 +243,15 @@ impl Engine {
                     }
                 }
                 let (max, _) = scratch.limits.grain(vm_id);
-                let n = flush(cx.ctrl, mem, h, sq_pi, &mut scratch.wqe, max);
+                let n = flush(path, cx.ctrl, mem, h, sq_pi, &mut scratch.wqe, max);
                 scratch.executed.0 = scratch.executed.0.saturating_add(n);
                 scratch.limits.charge_ops(vm_id, u64::from(n));
                 n > 0
             }
             // In SQD only the head WQE already started goes on (spec 13.3).
-            QpState::RTS => self.run_sq(cx, h, sq_pi, scratch),
+            QpState::RTS => self.run_sq(path, cx, h, sq_pi, scratch),
             QpState::SQD if qp.rt.in_flight() => {
-                let did = self.run_sq(cx, h, sq_pi, scratch);
+                let did = self.run_sq(path, cx, h, sq_pi, scratch);
                 drained(cx.ctrl, h);
                 did
             }

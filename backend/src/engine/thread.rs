@@ -20,11 +20,9 @@ use virtio_rdma_abi::datapath::{DB_FLAG_KICK, DB_FLAG_POLLING};
 use super::barrier;
 use super::poll::{set_flags, DbList};
 use super::sched::{Drr, Limits};
-use super::soft::pieces::Pieces;
-use super::soft::RespScratch;
+use super::transport::TransportPath;
 use super::wqe::WqeBuf;
 use super::Engine;
-use crate::memory::access::Segment;
 use crate::qos::DEFAULT_WEIGHT;
 use crate::stats::TrafficCounters;
 use crate::vm::cell::VmCell;
@@ -45,11 +43,10 @@ const MAX_PARK: Duration = Duration::from_millis(50);
 /// for the barrier the flag costs at the next park.
 const PROMOTE_AFTER: Duration = Duration::from_millis(1);
 
-/// Reusable memory of the engine thread (no allocation per work request).
-pub(super) struct Scratch {
+/// Reusable memory of the engine thread (no allocation per work request),
+/// with the transport's own (`T`).
+pub struct Scratch<T> {
     pub(super) wqe: Box<WqeBuf>,
-    pub(super) local: Vec<Segment>,
-    pub(super) resp: RespScratch,
     pub(super) handles: Vec<u32>,
     /// The earliest end of a send WQE's retry wait or of a rate limit's
     /// hold seen since it was last cleared (the parking re-check clears it
@@ -58,34 +55,34 @@ pub(super) struct Scratch {
     /// Rate limits (token buckets) of every VM and tenant.
     pub(super) limits: Limits,
     /// Payload bytes the last executed WQE moved (0 if it failed).
-    pub(super) moved: u64,
+    pub(crate) moved: u64,
     /// Work requests and bytes the current burst executed.
     pub(super) executed: (u32, u64),
-    /// How large the pieces of the VM being served are.
-    pub(super) pieces: Pieces,
     /// A VM's lock was busy since this was last cleared, so there may be
     /// work the engine could not look at: it must not park on it.
-    pub(super) contended: bool,
+    pub(crate) contended: bool,
+    /// The transport's reusable memory.
+    pub(crate) transport: T,
 }
 
-impl Scratch {
+impl<T: Default> Scratch<T> {
     pub(super) fn new() -> Self {
         Scratch {
             wqe: WqeBuf::new(),
-            local: Vec::with_capacity(64),
-            resp: RespScratch::new(),
             handles: Vec::new(),
             next_timer: None,
             limits: Limits::default(),
             moved: 0,
             executed: (0, 0),
-            pieces: Pieces::new(),
             contended: false,
+            transport: T::default(),
         }
     }
+}
 
+impl<T> Scratch<T> {
     /// Notes a retry deadline.
-    pub(super) fn timer(&mut self, at: Instant) {
+    pub(crate) fn timer(&mut self, at: Instant) {
         self.next_timer = Some(self.next_timer.map_or(at, |t| t.min(at)));
     }
 }
@@ -113,13 +110,13 @@ impl Engine {
         set_flags(lists, flags)
     }
 
-    pub(super) fn run(&self) {
+    pub(super) fn run<P: TransportPath>(&self, path: &P) {
         let mut last_work = Instant::now();
         let mut idle_sweeps = 0u64;
         let mut seen = usize::MAX;
         let mut vms: Vec<Option<Arc<VmCell>>> = Vec::new();
         let mut lists: Vec<DbList> = Vec::new();
-        let mut scratch = Scratch::new();
+        let mut scratch = Scratch::<P::Scratch>::new();
         let mut drr = Drr::default();
         // The QoS generation and VM list the weights in `drr` are from.
         let mut weights_seen = None;
@@ -176,7 +173,7 @@ impl Engine {
                 // is now enforced.
                 self.qos_applied.store(qos_gen, Ordering::Release);
             }
-            if self.sweep(&vms, &mut lists, &mut scratch, &mut drr, &mut active) {
+            if self.sweep(path, &vms, &mut lists, &mut scratch, &mut drr, &mut active) {
                 idle_sweeps = 0;
                 woke = false;
                 // Not while a drain is pending: work that comes and goes
@@ -246,7 +243,7 @@ impl Engine {
             let armed = self.publish_flags(&lists, DB_FLAG_KICK);
             fence(Ordering::SeqCst);
             scratch.contended = false;
-            let found = self.sweep_all(&vms, &lists, &mut scratch);
+            let found = self.sweep_all(path, &vms, &lists, &mut scratch);
             if found || !armed || std::mem::take(&mut scratch.contended) {
                 // Work, or a VM whose lock was busy (its records may lack
                 // the flag, and the re-check skipped it): poll on.

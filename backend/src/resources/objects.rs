@@ -65,6 +65,9 @@ pub struct QpRuntime {
     /// The send WQE at the head of the queue waits for a retry (spec
     /// 18.20).
     pub wait: Option<SendWait>,
+    /// Send WQEs the transport has taken and not yet completed (a host
+    /// NIC's; the software RNIC completes each as it takes it).
+    pub outstanding: u32,
     /// The last resolution of an RC destination QPN: (QPN, VM, QP handle).
     /// A hint only: the engine checks that the QP behind the handle still
     /// has that QPN before it uses it.
@@ -102,11 +105,13 @@ pub struct Inbound {
 }
 
 impl QpRuntime {
-    /// Whether the head send WQE has been started and not completed: an
-    /// RDMA WRITE partly executed in pieces, or a WQE waiting for a retry.
+    /// Whether send work has been started and not completed: WQEs the
+    /// transport took and completes later, an RDMA WRITE partly executed
+    /// in pieces, or a WQE waiting for a retry.
     /// In `SQD` such a WQE still completes (spec 13.3, 18.22).
     pub fn in_flight(&self) -> bool {
-        self.partial.is_some_and(|p| p.index == self.sq_ci)
+        self.outstanding > 0
+            || self.partial.is_some_and(|p| p.index == self.sq_ci)
             || self.wait.is_some_and(|w| w.index == self.sq_ci)
     }
 }

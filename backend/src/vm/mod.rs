@@ -116,7 +116,7 @@ impl VmState {
     /// the engine gives the existing ones — kicks while it sleeps, so a
     /// post to the new queue wakes it. Read under the VM's lock, which
     /// orders it with the engine's updates.
-    pub(crate) fn new_doorbell_flags(&self) -> u32 {
+    pub fn new_doorbell_flags(&self) -> u32 {
         self.db_flags.load(Ordering::SeqCst)
     }
 

@@ -6,6 +6,7 @@
 //! software RNIC's alone; the rest of the engine is the device model that
 //! any RNIC engine needs.
 
+pub mod path;
 pub mod pieces;
 pub mod receive;
 pub mod responder;

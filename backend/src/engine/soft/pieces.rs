@@ -108,6 +108,17 @@ impl Pieces {
     }
 }
 
+/// The part of a message one execution moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::engine) struct Span {
+    /// The bytes of the message moved before this execution.
+    pub(in crate::engine) start: u64,
+    /// The most bytes this execution may move (`u64::MAX`: all).
+    pub(in crate::engine) limit: u64,
+    /// The part it moves: offset and length.
+    pub(in crate::engine) part: (u64, u64),
+}
+
 /// Whether send WQE `wr` of a QP of type `qp_type` is executed in pieces:
 /// every RC message from or into local buffers (SEND, WRITE, READ; not
 /// inline data, atomics or UD, which are small).

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use log::debug;
 use virtio_rdma_abi::datapath::WcOpcode;
 
-use crate::engine::requester::Step;
 use crate::resources::{Qp, SendWait};
 
 /// Interval of the transport retries of an RC QP with `timeout` 0, which
@@ -69,7 +68,12 @@ pub(in crate::engine) fn rnr_retry(qp: &Qp, index: u32, code: u32) -> Option<Sen
 /// answer. It then tries again, at most `retry_cnt` times; when the timeout
 /// after the last retry expires, the WQE fails with `RETRY_EXC_ERR`
 /// untried. `timeout` 0 retries without limit.
-pub(in crate::engine) fn transport_retry(qp: &Qp, index: u32, wr_id: u64, op: WcOpcode) -> Step {
+pub(in crate::engine) fn transport_retry(
+    qp: &Qp,
+    index: u32,
+    wr_id: u64,
+    op: WcOpcode,
+) -> SendWait {
     let mut w = retry_state(qp, index);
     let timeout = qp.attr.timeout;
     let interval = if timeout == 0 {
@@ -83,7 +87,7 @@ pub(in crate::engine) fn transport_retry(qp: &Qp, index: u32, wr_id: u64, op: Wc
         ack_timeout(timeout)
     };
     w.at = later(interval);
-    Step::Wait(w)
+    w
 }
 
 /// `d` from now. The delays here are at most hours (`ack_timeout`), far
@@ -173,10 +177,7 @@ mod tests {
         let mut qp = testing::qp(QpType::RC);
         qp.attr.retry_cnt = 1;
         qp.attr.timeout = 14;
-        let wait = |qp: &Qp| match transport_retry(qp, 0, 77, WcOpcode::RDMA_WRITE) {
-            Step::Wait(w) => w,
-            _ => panic!("a transport retry waits"),
-        };
+        let wait = |qp: &Qp| transport_retry(qp, 0, 77, WcOpcode::RDMA_WRITE);
         let start = Instant::now();
         let w = wait(&qp);
         assert_eq!((w.retry_left, w.exhausted), (0, None));

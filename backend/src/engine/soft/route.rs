@@ -1,6 +1,6 @@
 //! Getting a message to its responder (`Engine::transmit`): the QPN lookup
 //! with its per-QP hint, the tenant policy's checks, and the peer VM's lock
-//! (`Engine::burst_with_peer`).
+//! (`Engine::with_peer`).
 //!
 //! The engine locks a VM's device state while it works on that VM, and the
 //! peer VM's state inside that for VM-to-VM operations (once per burst of
@@ -14,6 +14,8 @@ use std::sync::Arc;
 use virtio_rdma_abi::datapath::WcStatus;
 use virtio_rdma_abi::qp::{QpState, QpType};
 
+use super::path::SoftScratch;
+use super::pieces::Span;
 use super::responder::respond;
 use super::{Request, RespOutcome, RespScratch};
 use crate::engine::requester::Outgoing;
@@ -28,7 +30,7 @@ use crate::vm::cell::{Locked, VmCell};
 use crate::vm::VmState;
 
 /// The other VM of an RC QP's burst, locked once for the whole burst.
-pub(in crate::engine) struct Held<'p> {
+pub(crate) struct Held<'p> {
     vm: usize,
     dev: &'p VmCell,
     ctrl: &'p mut VmState,
@@ -36,24 +38,42 @@ pub(in crate::engine) struct Held<'p> {
 }
 
 impl Engine {
-    /// Runs a burst of RC QP `h` ([`Engine::burst`]) with the VM of the QP
-    /// it talks to locked for the whole burst; `None` if there is no such
-    /// VM to lock — the same VM, a VM out of reach (never one of another
-    /// tenant: [`deliver`] refuses that route untouched), or a VM gone —
-    /// and the burst runs without.
-    pub(in crate::engine) fn burst_with_peer(
+    /// Runs `burst`, a burst of QP `h`; for an RC QP with the VM of the QP
+    /// it talks to locked for the whole burst, unless there is no such VM
+    /// to lock — the same VM, a VM out of reach (never one of another
+    /// tenant: [`deliver`] refuses that route untouched), or a VM gone.
+    pub(in crate::engine) fn with_peer<F>(
         &self,
         cx: &mut Serving<'_>,
         h: u32,
-        sq_pi: u32,
-        scratch: &mut Scratch,
-    ) -> Option<bool> {
+        scratch: &mut Scratch<SoftScratch>,
+        burst: F,
+    ) -> bool
+    where
+        F: for<'s> FnOnce(&mut Serving<'s>, &mut Scratch<SoftScratch>) -> bool,
+    {
         let vm_id = cx.vm;
         let tenancy = &self.tenancy;
-        let (pvm, _) = self.rc_route(cx.ctrl, h).filter(|&(v, _)| {
-            v != vm_id && tenancy.may_reach(vm_id, v) && same_thread(cx.vms, vm_id, v)
-        })?;
-        let dev = cx.vms.get(pvm).and_then(Option::as_ref)?;
+        let rc = cx
+            .ctrl
+            .res
+            .qps
+            .get(h)
+            .is_some_and(|q| q.qp_type == QpType::RC);
+        let peer = if rc {
+            self.rc_route(cx.ctrl, h).filter(|&(v, _)| {
+                v != vm_id && tenancy.may_reach(vm_id, v) && same_thread(cx.vms, vm_id, v)
+            })
+        } else {
+            None
+        };
+        let Some(dev) = peer.and_then(|(pvm, _)| cx.vms.get(pvm).and_then(Option::as_ref)) else {
+            return burst(cx, scratch);
+        };
+        let pvm = dev.id();
+        // `burst` runs at most once: in the closure, or after it if the
+        // peer's VM is gone.
+        let mut burst = Some(burst);
         let done = dev.try_with_dataplane(|pctrl, pmem| {
             let mut with_peer = Serving {
                 vms: cx.vms,
@@ -67,7 +87,7 @@ impl Engine {
                     mem: pmem,
                 }),
             };
-            let did = self.burst(&mut with_peer, h, sq_pi, scratch);
+            let did = burst.take().is_some_and(|b| b(&mut with_peer, scratch));
             if with_peer
                 .held
                 .is_some_and(|held| !held.ctrl.events.is_empty())
@@ -77,14 +97,14 @@ impl Engine {
             did
         });
         match done {
-            Locked::Ran(did) => Some(did),
+            Locked::Ran(did) => did,
             // The peer's control path holds its lock: this QP waits for
             // the next sweep (its messages would only find the lock busy).
             Locked::Busy => {
                 scratch.contended = true;
-                Some(false)
+                false
             }
-            Locked::Gone => None,
+            Locked::Gone => burst.take().is_some_and(|b| b(cx, scratch)),
         }
     }
 
@@ -99,12 +119,12 @@ impl Engine {
     pub(in crate::engine) fn transmit(
         &self,
         cx: &mut Serving<'_>,
-        h: u32,
         msg: &Outgoing<'_>,
+        span: Span,
         local: &mut Vec<Segment>,
         resp: &mut RespScratch,
     ) -> Result<RespOutcome, WcStatus> {
-        let (ud, dgid) = (msg.ud, msg.av.dgid);
+        let (h, ud, dgid) = (msg.qp, msg.ud(), msg.av.dgid);
         let mut route = if ud {
             self.route_of(msg.dest_qpn)
         } else {
@@ -129,8 +149,8 @@ impl Engine {
             msg.pd,
             sges,
             msg.writes_local,
-            msg.start,
-            msg.limit,
+            span.start,
+            span.limit,
             local,
         )?;
         let mut req = Request {
@@ -142,7 +162,7 @@ impl Engine {
             av: msg.av,
             local,
             len: msg.len,
-            part: msg.part,
+            part: span.part,
             mem: cx.mem,
             dest_qpn: msg.dest_qpn,
             qkey: msg.qkey,

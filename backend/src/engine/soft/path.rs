@@ -1,0 +1,214 @@
+//! The software RNIC's data path ([`SoftPath`]): each send work request is
+//! executed at once against the responder's objects and memory
+//! ([`super::route`], [`super::responder`]); an RC message that finds no
+//! receive WQE or no responder waits and is tried again as on a wire
+//! ([`super::retry`]); a large message runs in pieces ([`super::pieces`]).
+
+use log::debug;
+use virtio_rdma_abi::datapath::WcStatus;
+
+use super::pieces::{self, Pieces, Span};
+use super::retry::{exhausted, rnr_retry, transport_retry, waiting};
+use super::{RespOutcome, RespScratch};
+use crate::engine::requester::{complete_send, Completion, Outgoing};
+use crate::engine::sweep::Serving;
+use crate::engine::thread::Scratch;
+use crate::engine::transport::{Head, Step, TransportPath};
+use crate::engine::Engine;
+use crate::memory::access::Segment;
+use crate::memory::HostMem;
+use crate::resources::Qp;
+use crate::stats::TrafficCounters;
+use crate::vm::VmState;
+
+/// The software RNIC's data path.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SoftPath;
+
+/// Reusable memory of the software RNIC on one engine thread.
+pub struct SoftScratch {
+    /// Segments of the local buffers of the message being sent.
+    local: Vec<Segment>,
+    /// The responder's side.
+    resp: RespScratch,
+    /// How large the pieces of the VM being served are.
+    pieces: Pieces,
+}
+
+impl Default for SoftScratch {
+    fn default() -> Self {
+        SoftScratch {
+            local: Vec::with_capacity(64),
+            resp: RespScratch::new(),
+            pieces: Pieces::new(),
+        }
+    }
+}
+
+/// Segment lists of this many entries and more are not kept between work
+/// requests: one huge message must not leave the engine holding its
+/// translation (16 bytes a page) for good.
+const SCRATCH_KEEP: usize = 4096;
+
+/// Gives back what one work request made the scratch lists grow past
+/// [`SCRATCH_KEEP`].
+fn shrink_scratch(local: &mut Vec<Segment>, resp: &mut RespScratch) {
+    for v in [local, &mut resp.segs] {
+        if v.capacity() > SCRATCH_KEEP {
+            v.clear();
+            v.shrink_to(SCRATCH_KEEP);
+        }
+    }
+}
+
+impl TransportPath for SoftPath {
+    type Scratch = SoftScratch;
+
+    fn sweep_started(&self, ts: &mut SoftScratch) {
+        ts.pieces.next_sweep();
+    }
+
+    fn vm_active(&self, ts: &mut SoftScratch, k: usize) {
+        ts.pieces.note_active(k);
+    }
+
+    fn serving(&self, ts: &mut SoftScratch, k: usize) {
+        ts.pieces.serve(k);
+    }
+
+    fn head(&self, qp: &Qp) -> Head {
+        if let Some(at) = waiting(qp) {
+            return Head::WaitUntil(at);
+        }
+        // The last transport retry found the destination unreachable, and
+        // its timeout has passed (spec 18.20).
+        match exhausted(qp) {
+            Some((wr_id, op)) => Head::Failed(wr_id, op, WcStatus::RETRY_EXC_ERR),
+            None => Head::Ready,
+        }
+    }
+
+    fn with_burst<F>(
+        &self,
+        engine: &Engine,
+        cx: &mut Serving<'_>,
+        h: u32,
+        scratch: &mut Scratch<SoftScratch>,
+        burst: F,
+    ) -> bool
+    where
+        F: for<'s> FnOnce(&mut Serving<'s>, &mut Scratch<SoftScratch>) -> bool,
+    {
+        // An RC QP talks to one QP: its VM is locked once for the burst.
+        engine.with_peer(cx, h, scratch, burst)
+    }
+
+    fn post_send(
+        &self,
+        engine: &Engine,
+        cx: &mut Serving<'_>,
+        ts: &mut SoftScratch,
+        moved: &mut u64,
+        msg: &Outgoing<'_>,
+    ) -> Step {
+        let (h, index, mem) = (msg.qp, msg.index, cx.mem);
+        let Some(qp) = cx.ctrl.res.qps.get(h) else {
+            return Step::Done { published: false };
+        };
+        let (wr_id, op) = (msg.wr.hdr.wr_id, msg.op());
+        // The requester's error completion for this WQE.
+        let failed = |ctrl: &mut VmState, status| {
+            complete_send(ctrl, mem, h, index, Completion::failed(wr_id, op, status))
+        };
+        let SoftScratch {
+            local,
+            resp,
+            pieces,
+        } = ts;
+        pieces.size_next(msg.room.max_bytes, msg.room.moved);
+        // A message this QP has partly executed (`pieces`).
+        let partial = qp.rt.partial.filter(|p| p.index == index);
+        let piecewise = pieces::piecewise(qp.qp_type, msg.wr);
+        if partial.is_some_and(|p| !pieces::resumes(&p, msg.wr, piecewise, msg.len)) {
+            return failed(cx.ctrl, WcStatus::LOC_QP_OP_ERR);
+        }
+        let start = partial.map_or(0, |p| p.done);
+        let limit = pieces.limit(piecewise);
+        // The part this execution moves: all of it but for a piece.
+        let Some(part) = pieces::part(piecewise, msg.len, start, limit) else {
+            return failed(cx.ctrl, WcStatus::LOC_QP_OP_ERR);
+        };
+        let span = Span { start, limit, part };
+        let outcome = match engine.transmit(cx, msg, span, local, resp) {
+            Ok(outcome) => outcome,
+            Err(status) => return failed(cx.ctrl, status),
+        };
+        shrink_scratch(local, resp);
+        let ud = msg.ud();
+        // UD gives no delivery guarantee: a message nobody takes is dropped
+        // (spec 18.11.5), yet the send succeeded.
+        let dropped = matches!(outcome, RespOutcome::Dropped)
+            || (ud && matches!(outcome, RespOutcome::Unreachable | RespOutcome::Stale));
+        if dropped {
+            if let Some(t) = engine.tenancy().traffic(cx.vm) {
+                TrafficCounters::add_single_writer(&t.drops, 1);
+            }
+        }
+        if dropped || matches!(outcome, RespOutcome::Done) {
+            *moved = part.1;
+        }
+        // `part.1 <= len - part.0`: at most `len`.
+        let end = part.0.saturating_add(part.1);
+        if matches!(outcome, RespOutcome::Done) && end < msg.len {
+            // A piece: the WQE stays at the head until its last one.
+            if let Some(q) = cx.ctrl.res.qps.get_mut(h) {
+                q.rt.partial = Some(pieces::started(index, msg.wr, msg.len, end));
+            }
+            return Step::Piece;
+        }
+        let ok = |ctrl: &mut VmState| {
+            if msg.signaled {
+                let byte_len = u32::try_from(msg.len).unwrap_or(u32::MAX);
+                let c = Completion::ok(wr_id, op, byte_len);
+                return complete_send(ctrl, mem, h, index, c);
+            }
+            Step::Done { published: false }
+        };
+        match outcome {
+            RespOutcome::Done | RespOutcome::Dropped => ok(cx.ctrl),
+            // UD gives no delivery guarantee: a message nobody takes is
+            // dropped (spec 18.11.5).
+            RespOutcome::Unreachable | RespOutcome::Stale if ud => ok(cx.ctrl),
+            RespOutcome::Nak(status) => failed(cx.ctrl, status),
+            RespOutcome::Busy => Step::Busy,
+            RespOutcome::Unreachable | RespOutcome::Stale => {
+                let Some(qp) = cx.ctrl.res.qps.get_mut(h) else {
+                    return Step::Done { published: false };
+                };
+                debug!(
+                    "QP {:#x}: destination {:#x} unreachable",
+                    qp.qpn, msg.dest_qpn
+                );
+                let w = transport_retry(qp, index, wr_id, op);
+                qp.rt.wait = Some(w);
+                Step::Wait(w.at)
+            }
+            RespOutcome::Rnr(code) => {
+                let Some(qp) = cx.ctrl.res.qps.get_mut(h) else {
+                    return Step::Done { published: false };
+                };
+                match rnr_retry(qp, index, code) {
+                    Some(w) => {
+                        qp.rt.wait = Some(w);
+                        Step::Wait(w.at)
+                    }
+                    None => failed(cx.ctrl, WcStatus::RNR_RETRY_EXC_ERR),
+                }
+            }
+        }
+    }
+
+    fn flush_taken(&self, vm: &mut VmState, mem: &HostMem, h: u32) -> bool {
+        super::receive::flush_inbound(vm, mem, h)
+    }
+}

@@ -1,0 +1,326 @@
+//! The data-path half of a transport: what the device model hands a
+//! checked send work request to, and the hooks it calls while serving.
+//!
+//! The engine is the device model every transport shares: it polls the
+//! doorbells, schedules VMs, takes send WQEs from the guest rings and
+//! checks them (format, opcode, lengths, address handle), writes CQEs and
+//! flushes QPs in error. A [`TransportPath`] moves each checked work
+//! request and reports what became of it: done now (the software RNIC,
+//! which performs the responder's part itself), or taken and completed
+//! later ([`Step::InFlight`], then [`TransportPath::poll`]), as a host NIC
+//! does. The engine thread is generic over it, so the hooks cost no call
+//! through a pointer.
+//!
+//! Which one a thread runs follows the transport's object half
+//! ([`crate::transport::Transport::kind`]); the software RNIC's is
+//! `soft::SoftPath`.
+
+use std::time::Instant;
+
+use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
+
+use super::requester::Outgoing;
+use super::sweep::Serving;
+use super::thread::Scratch;
+use super::Engine;
+use crate::memory::HostMem;
+use crate::resources::Qp;
+use crate::vm::VmState;
+
+/// What became of the send WQE at the head of a send queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Completed (successfully or not); move on.
+    Done {
+        /// Whether `sq_ci` past this WQE has been stored already (before
+        /// its completion).
+        published: bool,
+    },
+    // No transport of the daemon's yet completes asynchronously (a host
+    // NIC's will); the unit test below drives this path.
+    #[cfg_attr(not(test), allow(dead_code))]
+    /// Taken by the transport, which completes it later
+    /// ([`TransportPath::poll`], [`super::requester::complete_posted`]);
+    /// move on. Until then it counts as in flight
+    /// (`QpRuntime::outstanding`).
+    InFlight,
+    /// Not yet: the WQE stays at the head until then (a retry wait, spec
+    /// 18.20).
+    Wait(Instant),
+    /// A piece of a message was moved; the WQE stays at the head until its
+    /// last piece.
+    Piece,
+    /// The send queue is unusable and the QP failed; the WQE was not taken.
+    Broken,
+    /// Another VM's lock was busy: the WQE stays at the head, untouched,
+    /// for the next service.
+    Busy,
+}
+
+/// The head send WQE of a QP, as its transport sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Head {
+    /// It may be taken.
+    Ready,
+    /// It waits until then (a retry).
+    WaitUntil(Instant),
+    /// It has failed without being tried again (retries used up, spec
+    /// 18.20): its `wr_id`, completion opcode and status.
+    Failed(u64, WcOpcode, WcStatus),
+}
+
+/// How much of its burst a QP's service has left: the most bytes of the
+/// burst and the bytes moved so far (a transport sizes a piece of a large
+/// message from it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Room {
+    /// Bytes the burst may move.
+    pub max_bytes: u64,
+    /// Bytes moved so far.
+    pub moved: u64,
+}
+
+/// The data-path half of a transport (see the module documentation).
+pub trait TransportPath: Send + Sync + 'static {
+    /// The transport's reusable memory, one per engine thread.
+    type Scratch: Default + Send;
+
+    /// A sweep over the thread's VMs starts.
+    fn sweep_started(&self, _ts: &mut Self::Scratch) {}
+
+    /// VM `k` (a position in the thread's polling lists) has work in this
+    /// sweep.
+    fn vm_active(&self, _ts: &mut Self::Scratch, _k: usize) {}
+
+    /// The engine starts serving VM `k`'s QPs.
+    fn serving(&self, _ts: &mut Self::Scratch, _k: usize) {}
+
+    /// What the transport says of the head send WQE of `qp` before it is
+    /// taken again.
+    fn head(&self, _qp: &Qp) -> Head {
+        Head::Ready
+    }
+
+    /// Runs `burst`, one burst of send work of QP `h`, in whatever context
+    /// the transport needs for it (the software RNIC locks the VM an RC
+    /// QP talks to once for the burst).
+    fn with_burst<F>(
+        &self,
+        _engine: &Engine,
+        cx: &mut Serving<'_>,
+        _h: u32,
+        scratch: &mut Scratch<Self::Scratch>,
+        burst: F,
+    ) -> bool
+    where
+        F: for<'s> FnOnce(&mut Serving<'s>, &mut Scratch<Self::Scratch>) -> bool,
+    {
+        burst(cx, scratch)
+    }
+
+    /// Moves a send WQE, checked and addressed (`msg`), and completes it
+    /// ([`super::requester::complete_send`]) or reports why not yet. Sets
+    /// `moved` to the payload bytes it moved.
+    fn post_send(
+        &self,
+        engine: &Engine,
+        cx: &mut Serving<'_>,
+        ts: &mut Self::Scratch,
+        moved: &mut u64,
+        msg: &Outgoing<'_>,
+    ) -> Step;
+
+    /// Completions of work taken earlier ([`Step::InFlight`]) of the VM
+    /// being served; true if there were any.
+    fn poll(&self, _engine: &Engine, _cx: &mut Serving<'_>, _ts: &mut Self::Scratch) -> bool {
+        false
+    }
+
+    /// QP `h` is in ERR: completes with `WR_FLUSH_ERR` a receive WQE the
+    /// transport took and has not completed; true if there was one.
+    fn flush_taken(&self, _vm: &mut VmState, _mem: &HostMem, _h: u32) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::arithmetic_side_effects,
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation
+)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+    use std::sync::{Arc, Mutex};
+
+    use virtio_rdma_abi::datapath::{
+        Cqe, QpDoorbell, SendWqe, WcOpcode, WcStatus, WrOpcode, WQE_SIGNALED,
+    };
+    use virtio_rdma_abi::mem::{BufferDesc, PageListMode, CQE_SIZE};
+    use virtio_rdma_abi::qp::{QpState, QpType};
+    use virtio_rdma_abi::{Field, Wire};
+    use vm_memory::{GuestAddress, GuestMemoryMmap};
+    use vmm_sys_util::eventfd::EventFd;
+
+    use super::*;
+    use crate::config::{DaemonConfig, Limits};
+    use crate::engine::placement::Registry;
+    use crate::engine::requester::{complete_posted, Completion};
+    use crate::engine::{doorbell, testing, EngineCounters, SoftRnic};
+    use crate::memory::pagelist::PageListLimits;
+    use crate::memory::volatile::{read_guest, write_guest};
+    use crate::memory::{PageList, RamMap};
+    use crate::qos::QosTable;
+    use crate::resources::Cq;
+    use crate::tenancy::Tenancy;
+    use crate::vm::PortIdentity;
+
+    /// A transport that takes every work request and completes it only
+    /// when polled, as a host NIC does.
+    struct Deferred;
+
+    impl TransportPath for Deferred {
+        type Scratch = Vec<(u32, u64, WcOpcode)>;
+
+        fn post_send(
+            &self,
+            _engine: &Engine,
+            _cx: &mut Serving<'_>,
+            ts: &mut Self::Scratch,
+            moved: &mut u64,
+            msg: &Outgoing<'_>,
+        ) -> Step {
+            ts.push((msg.qp, msg.wr.hdr.wr_id, msg.op()));
+            *moved = msg.len;
+            Step::InFlight
+        }
+
+        fn poll(&self, _engine: &Engine, cx: &mut Serving<'_>, ts: &mut Self::Scratch) -> bool {
+            let any = !ts.is_empty();
+            for (h, wr_id, op) in ts.drain(..) {
+                complete_posted(cx.ctrl, cx.mem, h, Completion::ok(wr_id, op, 0));
+            }
+            any
+        }
+    }
+
+    const CQ_RING: u64 = 0x4000;
+    const CQ_DB: u64 = 0x8000;
+
+    fn page(gpa: u64, mem: &GuestMemoryMmap) -> PageList {
+        let desc = BufferDesc {
+            addr: 0,
+            npages: 1,
+            first_page_offset: 0,
+            page_shift: 12,
+            mode: PageListMode::INLINE as u32,
+        };
+        let limits = PageListLimits {
+            max_pages: 1,
+            max_inline: 1,
+            page_size_cap: 1 << 12,
+            max_list_bytes: u64::MAX,
+        };
+        let ram = RamMap::from_guest_memory(mem);
+        PageList::resolve(&desc, &gpa.to_le_bytes(), &limits, &ram, mem).unwrap()
+    }
+
+    /// Work a transport takes and completes later: the send queue moves
+    /// on at once (`sq_ci`, the slots released), the WQEs count as in
+    /// flight (SQD waits for them), and their CQEs appear, in order, when
+    /// the transport reports them.
+    #[test]
+    fn work_taken_now_completes_when_the_transport_reports_it() {
+        let gm = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x1_0000)]).unwrap();
+        let host = Arc::new(HostMem::new(Arc::new(gm.clone())));
+        let config = DaemonConfig::new(vec!["/nonexistent/vm0.sock".into()]);
+        let tenancy = Arc::new(Tenancy::from_config(&config));
+        let transport: Arc<dyn crate::transport::Transport> = Arc::new(SoftRnic::new());
+        let port = PortIdentity {
+            gid: [0; 16],
+            guid: 1,
+            vm: 0,
+        };
+        let mut vm = VmState::new(Limits::default(), transport.clone(), port, tenancy.clone());
+        let cq = vm
+            .res
+            .insert_cq(
+                Cq {
+                    ctx: 1,
+                    depth: 16,
+                    db_gpa: CQ_DB,
+                    ring: page(CQ_RING, &gm),
+                    users: 0,
+                    rt: Default::default(),
+                },
+                transport.as_ref(),
+            )
+            .unwrap();
+        let mut qp = testing::qp(QpType::RC);
+        (qp.send_cq, qp.recv_cq) = (cq, cq);
+        let (h, _) = vm.res.insert_qp(qp, transport.as_ref()).unwrap();
+        // Three signaled SENDs of no bytes; the SQ starts the ring (page 0).
+        let qp = vm.res.qps.get(h).unwrap();
+        let stride = 1u64 << qp.layout.sq_wqe_shift;
+        for i in 0..3u64 {
+            let wqe = SendWqe {
+                wr_id: 100 + i,
+                opcode: WrOpcode::SEND as u8,
+                flags: WQE_SIGNALED,
+                ..SendWqe::default()
+            };
+            write_guest(&gm, GuestAddress(i * stride), &wqe.to_bytes()).unwrap();
+        }
+        let db = qp.db_gpa;
+        doorbell::store(&host, db, QpDoorbell::SQ_PI, 3).unwrap();
+
+        let engine = Engine {
+            index: 0,
+            registry: Arc::new(Registry::new(vec![0])),
+            qos_applied: AtomicU64::new(0),
+            db_flags: Arc::new(AtomicU32::new(0)),
+            counters: EngineCounters::default(),
+            transport,
+            wake: EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+            stop: AtomicBool::new(false),
+            hold: AtomicBool::new(false),
+            held: AtomicBool::new(false),
+            thread: Mutex::new(None),
+            tenancy,
+            qos: Arc::new(QosTable::new(Vec::new(), Vec::new())),
+            fence_elision: false,
+        };
+        let path = Deferred;
+        let mut scratch = Scratch::<Vec<(u32, u64, WcOpcode)>>::new();
+        let mut cx = Serving {
+            vms: &[],
+            vm: 0,
+            ctrl: &mut vm,
+            mem: &host,
+            held: None,
+        };
+        assert!(engine.run_sq(&path, &mut cx, h, 3, &mut scratch));
+        let qp = cx.ctrl.res.qps.get(h).unwrap();
+        assert_eq!((qp.rt.sq_ci, qp.rt.outstanding), (3, 3));
+        assert_eq!(doorbell::load(&host, db, QpDoorbell::SQ_CI), Ok(3));
+        assert_eq!(cx.ctrl.res.cqs.get(cq).unwrap().rt.pi, 0, "no CQE yet");
+        // Taken and not completed: a QP moved to SQD is still draining.
+        cx.ctrl.res.qps.get_mut(h).unwrap().state = QpState::SQD;
+        assert!(cx.ctrl.res.qps.get(h).unwrap().rt.in_flight());
+
+        assert!(path.poll(&engine, &mut cx, &mut scratch.transport));
+        let qp = cx.ctrl.res.qps.get(h).unwrap();
+        assert_eq!(qp.rt.outstanding, 0);
+        assert!(!qp.rt.in_flight(), "drained");
+        assert_eq!(cx.ctrl.res.cqs.get(cq).unwrap().rt.pi, 3);
+        for i in 0..3u64 {
+            let mut b = [0u8; CQE_SIZE as usize];
+            read_guest(&gm, GuestAddress(CQ_RING + i * u64::from(CQE_SIZE)), &mut b).unwrap();
+            let cqe = Cqe::read(&b);
+            assert_eq!(cqe.wr_id, 100 + i, "CQE {i} in order");
+            assert_eq!(cqe.status, WcStatus::SUCCESS as u8);
+            assert_eq!(cqe.opcode, WcOpcode::SEND as u8);
+        }
+        assert!(!path.poll(&engine, &mut cx, &mut scratch.transport));
+    }
+}
