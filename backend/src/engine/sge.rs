@@ -2,7 +2,7 @@
 //! (key, PD, rights, bounds) and resolved into segments of guest RAM, for
 //! the requester's buffers and the responder's receive buffers alike.
 
-use crate::memory::access::{self, Segment};
+use crate::memory::access::{self, Segment, Translate};
 use crate::resources::Mr;
 use crate::vm::VmState;
 use virtio_rdma_abi::datapath::{Sge, WcStatus};

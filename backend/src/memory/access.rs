@@ -12,7 +12,6 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 use super::volatile;
 use super::HostMem;
-use crate::resources::Mr;
 use thiserror::Error;
 
 /// A guest-physical range of RAM. It may span RAM regions that touch in
@@ -49,10 +48,23 @@ pub enum AccessError {
     },
 }
 
+/// A region of I/O virtual addresses backed by guest pages (a memory
+/// region).
+pub trait Translate {
+    /// Guest-physical address of `iova`, with the bytes contiguous from
+    /// there; `None` when `[iova, iova + len)` is not inside the region.
+    fn translate(&self, iova: u64, len: u64) -> Option<(u64, u64)>;
+}
+
 /// Resolves `[iova, iova + len)` of `mr` into guest-physical segments,
 /// appending them to `out` (merging physically adjacent pages, also across
 /// the boundary of two RAM regions that touch: see [`Segment`]).
-pub fn resolve(mr: &Mr, iova: u64, len: u64, out: &mut Vec<Segment>) -> Result<(), AccessError> {
+pub fn resolve(
+    mr: &impl Translate,
+    iova: u64,
+    len: u64,
+    out: &mut Vec<Segment>,
+) -> Result<(), AccessError> {
     if len == 0 {
         return Ok(());
     }
@@ -367,6 +379,7 @@ mod tests {
     use super::*;
     use crate::memory::pagelist::PageListLimits;
     use crate::memory::{PageList, RamMap};
+    use crate::resources::Mr;
     use virtio_rdma_abi::mem::{BufferDesc, PageListMode};
     use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 

@@ -8,54 +8,16 @@ pub mod handle;
 pub mod objects;
 pub mod qp_state;
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
 use handle::HandleTable;
 pub use objects::{
     Ah, Context, Cq, CqRuntime, HostCost, Inbound, Mr, Pd, Qp, QpRuntime, SendPartial, SendWait,
     Srq, SrqRuntime,
 };
 
+use crate::keys::KeyMap;
 use crate::memory::PageList;
 use crate::shmem::{DbSlot, DoorbellPages};
 use crate::transport::{MrKeys, MrSpec, Owner, Transport, TransportError};
-
-/// A hasher for the 32-bit keys the data path looks up per work request
-/// (lkeys, rkeys, QP numbers): one multiply instead of SipHash.
-///
-/// The keys are drawn by the device from a random source, never chosen by
-/// a guest, so a guest cannot aim many keys at one bucket; a keyed hash that
-/// resists such flooding is not needed here.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct KeyHasher(u64);
-
-const KEY_MUL: u64 = 0x9e37_79b9_7f4a_7c15;
-
-impl Hasher for KeyHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(KEY_MUL);
-        }
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.0 = (self.0.rotate_left(5) ^ u64::from(n)).wrapping_mul(KEY_MUL);
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.0 = (self.0.rotate_left(5) ^ n as u64).wrapping_mul(KEY_MUL);
-    }
-
-    fn finish(&self) -> u64 {
-        // The table indexes buckets with the low bits: fold the well-mixed
-        // high half of the product into them.
-        self.0 ^ (self.0 >> 29)
-    }
-}
-
-/// A map keyed by device-drawn 32-bit keys, hashed with [`KeyHasher`].
-pub type KeyMap<V> = HashMap<u32, V, BuildHasherDefault<KeyHasher>>;
 
 crate::stats::sums! {
 /// Counts of live objects of one VM.

@@ -4,6 +4,7 @@ use virtio_rdma_abi::datapath::{Sge, WrOpcode};
 use virtio_rdma_abi::mem::QpBufferLayout;
 use virtio_rdma_abi::qp::{AddressVector, QpAttr, QpState, QpType};
 
+use crate::memory::access::Translate;
 use crate::memory::PageList;
 use crate::shmem::DbSlot;
 
@@ -191,10 +192,8 @@ pub struct Mr {
     pub pages: PageList,
 }
 
-impl Mr {
-    /// Guest-physical address of `iova`, with the bytes contiguous from
-    /// there; `None` when `[iova, iova + len)` is not inside the region.
-    pub fn translate(&self, iova: u64, len: u64) -> Option<(u64, u64)> {
+impl Translate for Mr {
+    fn translate(&self, iova: u64, len: u64) -> Option<(u64, u64)> {
         let off = iova.checked_sub(self.iova)?;
         if off.checked_add(len)? > self.length {
             return None;

@@ -3,8 +3,7 @@
 //! unpredictable (a peer that could guess an rkey could reach memory it was
 //! never given).
 
-use crate::keys::KeySource;
-use crate::resources::KeyMap;
+use crate::keys::{KeyMap, KeySource};
 
 use super::TransportError;
 

@@ -13,7 +13,7 @@ use super::receive::{
 };
 use super::{Request, RespOutcome, RespScratch};
 use crate::engine::sge::check_local;
-use crate::memory::access::{self, Segment};
+use crate::memory::access::{self, Segment, Translate};
 use crate::memory::HostMem;
 use crate::resources::Inbound;
 use crate::stats::TrafficCounters;
