@@ -16,22 +16,7 @@ use super::wqe::SendWr;
 pub(super) fn qp(qp_type: QpType) -> Qp {
     let mem =
         GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x1_0000)]).expect("guest memory");
-    let ram = RamMap::from_guest_memory(&mem);
-    let desc = BufferDesc {
-        addr: 0,
-        npages: 1,
-        first_page_offset: 0,
-        page_shift: 12,
-        mode: PageListMode::INLINE as u32,
-    };
-    let limits = PageListLimits {
-        max_pages: 1,
-        max_inline: 1,
-        page_size_cap: 1 << 12,
-        max_list_bytes: u64::MAX,
-    };
-    let ring = PageList::resolve(&desc, &0u64.to_le_bytes(), &limits, &ram, &mem)
-        .expect("a one-page ring");
+    let ring = one_page(0, &mem);
     Qp {
         pd: 1,
         ctx: 1,
@@ -54,6 +39,25 @@ pub(super) fn qp(qp_type: QpType) -> Qp {
         attr: QpAttr::default(),
         rt: QpRuntime::default(),
     }
+}
+
+/// The translation of the one page at `gpa` of `mem` (a ring).
+pub(super) fn one_page(gpa: u64, mem: &GuestMemoryMmap) -> PageList {
+    let desc = BufferDesc {
+        addr: 0,
+        npages: 1,
+        first_page_offset: 0,
+        page_shift: 12,
+        mode: PageListMode::INLINE as u32,
+    };
+    let limits = PageListLimits {
+        max_pages: 1,
+        max_inline: 1,
+        page_size_cap: 1 << 12,
+        max_list_bytes: u64::MAX,
+    };
+    let ram = RamMap::from_guest_memory(mem);
+    PageList::resolve(&desc, &gpa.to_le_bytes(), &limits, &ram, mem).expect("a one-page ring")
 }
 
 /// A send work request `opcode` with `inline` data or no SGE, `wr_id` 9,

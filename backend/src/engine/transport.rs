@@ -144,11 +144,7 @@ pub trait TransportPath: Send + Sync + 'static {
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::arithmetic_side_effects,
-    clippy::indexing_slicing,
-    clippy::cast_possible_truncation
-)]
+#[allow(clippy::arithmetic_side_effects)]
 mod tests {
     use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
     use std::sync::{Arc, Mutex};
@@ -156,7 +152,7 @@ mod tests {
     use virtio_rdma_abi::datapath::{
         Cqe, QpDoorbell, SendWqe, WcOpcode, WcStatus, WrOpcode, WQE_SIGNALED,
     };
-    use virtio_rdma_abi::mem::{BufferDesc, PageListMode, CQE_SIZE};
+    use virtio_rdma_abi::mem::CQE_SIZE;
     use virtio_rdma_abi::qp::{QpState, QpType};
     use virtio_rdma_abi::{Field, Wire};
     use vm_memory::{GuestAddress, GuestMemoryMmap};
@@ -167,9 +163,7 @@ mod tests {
     use crate::engine::placement::Registry;
     use crate::engine::requester::{complete_posted, Completion};
     use crate::engine::{doorbell, testing, EngineCounters, SoftRnic};
-    use crate::memory::pagelist::PageListLimits;
     use crate::memory::volatile::{read_guest, write_guest};
-    use crate::memory::{PageList, RamMap};
     use crate::qos::QosTable;
     use crate::resources::Cq;
     use crate::tenancy::Tenancy;
@@ -207,24 +201,6 @@ mod tests {
     const CQ_RING: u64 = 0x4000;
     const CQ_DB: u64 = 0x8000;
 
-    fn page(gpa: u64, mem: &GuestMemoryMmap) -> PageList {
-        let desc = BufferDesc {
-            addr: 0,
-            npages: 1,
-            first_page_offset: 0,
-            page_shift: 12,
-            mode: PageListMode::INLINE as u32,
-        };
-        let limits = PageListLimits {
-            max_pages: 1,
-            max_inline: 1,
-            page_size_cap: 1 << 12,
-            max_list_bytes: u64::MAX,
-        };
-        let ram = RamMap::from_guest_memory(mem);
-        PageList::resolve(&desc, &gpa.to_le_bytes(), &limits, &ram, mem).unwrap()
-    }
-
     /// Work a transport takes and completes later: the send queue moves
     /// on at once (`sq_ci`, the slots released), the WQEs count as in
     /// flight (SQD waits for them), and their CQEs appear, in order, when
@@ -249,7 +225,7 @@ mod tests {
                     ctx: 1,
                     depth: 16,
                     db_gpa: CQ_DB,
-                    ring: page(CQ_RING, &gm),
+                    ring: testing::one_page(CQ_RING, &gm),
                     users: 0,
                     rt: Default::default(),
                 },

@@ -6,9 +6,11 @@
 
 use log::debug;
 use virtio_rdma_abi::datapath::WcStatus;
+use virtio_rdma_abi::qp::QpType;
 
 use super::pieces::{self, Pieces, Span};
 use super::retry::{exhausted, rnr_retry, transport_retry, waiting};
+use super::route::{same_thread, Held};
 use super::{RespOutcome, RespScratch};
 use crate::engine::requester::{complete_send, Completion, Outgoing};
 use crate::engine::sweep::Serving;
@@ -19,6 +21,7 @@ use crate::memory::access::Segment;
 use crate::memory::HostMem;
 use crate::resources::Qp;
 use crate::stats::TrafficCounters;
+use crate::vm::cell::Locked;
 use crate::vm::VmState;
 
 /// The software RNIC's data path.
@@ -99,8 +102,62 @@ impl TransportPath for SoftPath {
     where
         F: for<'s> FnOnce(&mut Serving<'s>, &mut Scratch<SoftScratch>) -> bool,
     {
-        // An RC QP talks to one QP: its VM is locked once for the burst.
-        engine.with_peer(cx, h, scratch, burst)
+        // An RC QP talks to one QP: its VM is locked once for the burst
+        // (unless it is the same VM, one out of reach, or one gone).
+        let vm_id = cx.vm;
+        let tenancy = engine.tenancy();
+        let rc = cx
+            .ctrl
+            .res
+            .qps
+            .get(h)
+            .is_some_and(|q| q.qp_type == QpType::RC);
+        let peer = if rc {
+            engine.rc_route(cx.ctrl, h).filter(|&(v, _)| {
+                v != vm_id && tenancy.may_reach(vm_id, v) && same_thread(cx.vms, vm_id, v)
+            })
+        } else {
+            None
+        };
+        let Some(dev) = peer.and_then(|(pvm, _)| cx.vms.get(pvm).and_then(Option::as_ref)) else {
+            return burst(cx, scratch);
+        };
+        let pvm = dev.id();
+        // `burst` runs at most once: in the closure, or after it if the
+        // peer's VM is gone.
+        let mut burst = Some(burst);
+        let done = dev.try_with_dataplane(|pctrl, pmem| {
+            let mut with_peer = Serving {
+                vms: cx.vms,
+                vm: vm_id,
+                ctrl: &mut *cx.ctrl,
+                mem: cx.mem,
+                held: Some(Held {
+                    vm: pvm,
+                    dev,
+                    ctrl: pctrl,
+                    mem: pmem,
+                }),
+            };
+            let did = burst.take().is_some_and(|b| b(&mut with_peer, scratch));
+            if with_peer
+                .held
+                .is_some_and(|held| !held.ctrl.events.is_empty())
+            {
+                dev.wake_events();
+            }
+            did
+        });
+        match done {
+            Locked::Ran(did) => did,
+            // The peer's control path holds its lock: this QP waits for
+            // the next sweep (its messages would only find the lock busy).
+            Locked::Busy => {
+                scratch.contended = true;
+                false
+            }
+            Locked::Gone => burst.take().is_some_and(|b| b(cx, scratch)),
+        }
     }
 
     fn post_send(

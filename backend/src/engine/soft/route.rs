@@ -1,6 +1,6 @@
 //! Getting a message to its responder (`Engine::transmit`): the QPN lookup
 //! with its per-QP hint, the tenant policy's checks, and the peer VM's lock
-//! (`Engine::with_peer`).
+//! (`SoftPath::with_burst`).
 //!
 //! The engine locks a VM's device state while it works on that VM, and the
 //! peer VM's state inside that for VM-to-VM operations (once per burst of
@@ -14,14 +14,12 @@ use std::sync::Arc;
 use virtio_rdma_abi::datapath::WcStatus;
 use virtio_rdma_abi::qp::{QpState, QpType};
 
-use super::path::SoftScratch;
 use super::pieces::Span;
 use super::responder::respond;
 use super::{Request, RespOutcome, RespScratch};
 use crate::engine::requester::Outgoing;
 use crate::engine::sge::{check_local, local_range};
 use crate::engine::sweep::Serving;
-use crate::engine::thread::Scratch;
 use crate::engine::Engine;
 use crate::memory::access::Segment;
 use crate::memory::HostMem;
@@ -31,83 +29,13 @@ use crate::vm::VmState;
 
 /// The other VM of an RC QP's burst, locked once for the whole burst.
 pub(crate) struct Held<'p> {
-    vm: usize,
-    dev: &'p VmCell,
-    ctrl: &'p mut VmState,
-    mem: &'p HostMem,
+    pub(super) vm: usize,
+    pub(super) dev: &'p VmCell,
+    pub(super) ctrl: &'p mut VmState,
+    pub(super) mem: &'p HostMem,
 }
 
 impl Engine {
-    /// Runs `burst`, a burst of QP `h`; for an RC QP with the VM of the QP
-    /// it talks to locked for the whole burst, unless there is no such VM
-    /// to lock — the same VM, a VM out of reach (never one of another
-    /// tenant: [`deliver`] refuses that route untouched), or a VM gone.
-    pub(in crate::engine) fn with_peer<F>(
-        &self,
-        cx: &mut Serving<'_>,
-        h: u32,
-        scratch: &mut Scratch<SoftScratch>,
-        burst: F,
-    ) -> bool
-    where
-        F: for<'s> FnOnce(&mut Serving<'s>, &mut Scratch<SoftScratch>) -> bool,
-    {
-        let vm_id = cx.vm;
-        let tenancy = &self.tenancy;
-        let rc = cx
-            .ctrl
-            .res
-            .qps
-            .get(h)
-            .is_some_and(|q| q.qp_type == QpType::RC);
-        let peer = if rc {
-            self.rc_route(cx.ctrl, h).filter(|&(v, _)| {
-                v != vm_id && tenancy.may_reach(vm_id, v) && same_thread(cx.vms, vm_id, v)
-            })
-        } else {
-            None
-        };
-        let Some(dev) = peer.and_then(|(pvm, _)| cx.vms.get(pvm).and_then(Option::as_ref)) else {
-            return burst(cx, scratch);
-        };
-        let pvm = dev.id();
-        // `burst` runs at most once: in the closure, or after it if the
-        // peer's VM is gone.
-        let mut burst = Some(burst);
-        let done = dev.try_with_dataplane(|pctrl, pmem| {
-            let mut with_peer = Serving {
-                vms: cx.vms,
-                vm: vm_id,
-                ctrl: &mut *cx.ctrl,
-                mem: cx.mem,
-                held: Some(Held {
-                    vm: pvm,
-                    dev,
-                    ctrl: pctrl,
-                    mem: pmem,
-                }),
-            };
-            let did = burst.take().is_some_and(|b| b(&mut with_peer, scratch));
-            if with_peer
-                .held
-                .is_some_and(|held| !held.ctrl.events.is_empty())
-            {
-                dev.wake_events();
-            }
-            did
-        });
-        match done {
-            Locked::Ran(did) => did,
-            // The peer's control path holds its lock: this QP waits for
-            // the next sweep (its messages would only find the lock busy).
-            Locked::Busy => {
-                scratch.contended = true;
-                false
-            }
-            Locked::Gone => burst.take().is_some_and(|b| b(cx, scratch)),
-        }
-    }
-
     /// Sends message `msg` of QP `h` to its responder and returns the
     /// outcome, or the requester's error status when the message's local
     /// buffers fail their checks (keys, rights, bounds).
@@ -406,7 +334,7 @@ fn responder_takes(ctrl: &VmState, qp: u32, qpn: u32) -> Option<RespOutcome> {
 }
 
 /// Whether VMs `a` and `b` are served by the same engine thread.
-fn same_thread(vms: &[Option<Arc<VmCell>>], a: usize, b: usize) -> bool {
+pub(super) fn same_thread(vms: &[Option<Arc<VmCell>>], a: usize, b: usize) -> bool {
     let thread = |v: usize| {
         vms.get(v)
             .and_then(Option::as_ref)
