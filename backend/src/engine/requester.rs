@@ -60,8 +60,8 @@ impl Engine {
         self.burst(cx, h, sq_pi, scratch)
     }
 
-    /// Executes up to a burst ([`super::sched::grain_of`] the VM's weight)
-    /// of send WQEs of QP `h`.
+    /// Executes up to a burst ([`crate::qos::rate_limits::grain_of`] the
+    /// VM's weight) of send WQEs of QP `h`.
     pub(super) fn burst(
         &self,
         cx: &mut Serving<'_>,

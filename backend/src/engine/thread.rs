@@ -19,13 +19,14 @@ use virtio_rdma_abi::datapath::{DB_FLAG_KICK, DB_FLAG_POLLING};
 
 use super::barrier;
 use super::poll::{set_flags, DbList};
-use super::sched::{Drr, Limits};
 use super::soft::pieces::Pieces;
 use super::soft::RespScratch;
 use super::wqe::WqeBuf;
 use super::Engine;
 use crate::device::RdmaDevice;
 use crate::memory::access::Segment;
+use crate::qos::drr::Drr;
+use crate::qos::rate_limits::RateLimits;
 use crate::qos::DEFAULT_WEIGHT;
 use crate::stats::TrafficCounters;
 
@@ -56,7 +57,7 @@ pub(super) struct Scratch {
     /// and visits every QP).
     pub(super) next_timer: Option<Instant>,
     /// Rate limits (token buckets) of every VM and tenant.
-    pub(super) limits: Limits,
+    pub(super) limits: RateLimits,
     /// Payload bytes the last executed WQE moved (0 if it failed).
     pub(super) moved: u64,
     /// Work requests and bytes the current burst executed.
@@ -76,7 +77,7 @@ impl Scratch {
             resp: RespScratch::new(),
             handles: Vec::new(),
             next_timer: None,
-            limits: Limits::default(),
+            limits: RateLimits::default(),
             moved: 0,
             executed: (0, 0),
             pieces: Pieces::new(),

@@ -12,6 +12,17 @@
 //! [`QosTable`] holds the live values. Readers (the engine, the control
 //! workers) poll its generation and re-read on change, so an update never
 //! blocks the data path.
+//!
+//! - this file: the settings ([`QosSpec`], [`QosClass`], [`QosTable`]);
+//! - [`bucket`]: the token bucket of every rate limit;
+//! - [`drr`]: weighted fair sharing of an engine thread's time
+//!   (hierarchical deficit round robin) and its cost model;
+//! - [`rate_limits`]: the data-path rate limits of VMs and tenants, as an
+//!   engine thread enforces them, and the size of a VM's bursts.
+
+pub mod bucket;
+pub mod drr;
+pub mod rate_limits;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
