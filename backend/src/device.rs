@@ -37,10 +37,10 @@ use vmm_sys_util::event::{
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::Limits;
-use crate::ctrl::rate::CtrlLimiter;
 use crate::ctrl::{Ctrl, CtrlStats, PortIdentity, Prepared, Preparer};
 use crate::engine::Engine;
 use crate::memory::{HostMem, RamMap};
+use crate::qos::bucket::TokenBucket;
 use crate::qos::QosTable;
 use crate::resources::ResourceCounts;
 use crate::restart::{RestartTracker, Verdict};
@@ -140,9 +140,9 @@ pub struct RdmaDevice {
     tenancy: Arc<Tenancy>,
     /// The VM's control-command rate limit and the QoS generation it was
     /// read at; used by the VM's vring worker only.
-    ctrl_rate: Mutex<(u64, CtrlLimiter)>,
+    ctrl_rate: Mutex<(u64, TokenBucket)>,
     /// The tenants' control-command rate limits (see [`Shared`]).
-    tenant_ctrl: Arc<Vec<Mutex<(u64, CtrlLimiter)>>>,
+    tenant_ctrl: Arc<Vec<Mutex<(u64, TokenBucket)>>>,
     /// Advances, under the state lock, on every device reset and VMM
     /// disconnect: control requests taken off the ring before it are not
     /// executed after it (they would create objects in the fresh state).
@@ -220,7 +220,7 @@ pub struct Shared {
     /// Each tenant's control-command rate limit (`ctrl_per_sec` of its QoS
     /// class), shared by the control workers of its VMs, with the QoS
     /// generation it was last set from.
-    pub tenant_ctrl: Arc<Vec<Mutex<(u64, CtrlLimiter)>>>,
+    pub tenant_ctrl: Arc<Vec<Mutex<(u64, TokenBucket)>>>,
 }
 
 impl Shared {
@@ -228,7 +228,7 @@ impl Shared {
     pub fn new(tenancy: Arc<Tenancy>, qos: Arc<QosTable>) -> Self {
         let now = Instant::now();
         let tenant_ctrl = (0..tenancy.tenants().len())
-            .map(|_| Mutex::new((u64::MAX, CtrlLimiter::new(0, now))))
+            .map(|_| Mutex::new((u64::MAX, TokenBucket::ctrl(0, now))))
             .collect();
         Shared {
             tenancy,
@@ -288,7 +288,7 @@ impl RdmaDevice {
             tenancy: shared.tenancy.clone(),
             tenant_ctrl: shared.tenant_ctrl.clone(),
             // Generation u64::MAX: read the VM's setting on first use.
-            ctrl_rate: Mutex::new((u64::MAX, CtrlLimiter::new(0, Instant::now()))),
+            ctrl_rate: Mutex::new((u64::MAX, TokenBucket::ctrl(0, Instant::now()))),
             epoch: AtomicU64::new(0),
             ctrlq_unusable: AtomicBool::new(false),
             restart: Mutex::new(RestartTracker::default()),
@@ -551,7 +551,7 @@ impl RdmaDevice {
             if guard.0 != g {
                 guard.0 = g;
                 let rate = self.qos.tenant(t).map_or(0, |q| q.ctrl_per_sec);
-                guard.1.set_rate(rate, now);
+                guard.1.set_rate_at(rate, now);
             }
             guard
         });
@@ -567,7 +567,7 @@ impl RdmaDevice {
         if *gen != g {
             *gen = g;
             let rate = self.qos.vm(self.id).map_or(0, |q| q.ctrl_per_sec);
-            limiter.set_rate(rate, now);
+            limiter.set_rate_at(rate, now);
         }
         let n = limiter.take(allowed, now);
         if let Some(guard) = tenant_guard.as_mut() {

@@ -13,7 +13,6 @@ mod policy;
 mod qp;
 mod query;
 mod queue_mem;
-pub mod rate;
 mod srq;
 
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -14,13 +14,16 @@
 //! blocks the data path.
 //!
 //! - this file: the settings ([`QosSpec`], [`QosClass`], [`QosTable`]);
-//! - [`bucket`]: the token bucket of every rate limit;
+//! - [`bucket`]: the token bucket of every rate limit, data path and
+//!   control commands alike;
+//! - [`ctrl_limit`]: the control-command rate limits of VMs and tenants;
 //! - [`drr`]: weighted fair sharing of an engine thread's time
 //!   (hierarchical deficit round robin) and its cost model;
 //! - [`rate_limits`]: the data-path rate limits of VMs and tenants, as an
 //!   engine thread enforces them, and the size of a VM's bursts.
 
 pub mod bucket;
+pub mod ctrl_limit;
 pub mod drr;
 pub mod rate_limits;
 

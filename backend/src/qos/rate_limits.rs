@@ -17,7 +17,7 @@ use super::{QosSpec, QosTable, DEFAULT_WEIGHT};
 use crate::stats::TrafficCounters;
 use crate::tenancy::Tenancy;
 
-/// How much of its rate a token bucket may save up: 5 ms (so a 1-second
+/// How much of its rate a data-path token bucket may save up: 5 ms (so a 1-second
 /// measurement sees at most 0.5 % more than the rate from the burst).
 pub const BURST_TIME: Duration = Duration::from_millis(5);
 /// Work requests taken from one QP before moving on, at the default weight
@@ -41,8 +41,8 @@ impl Limiter {
     /// The buckets of `spec`.
     pub fn new(spec: &QosSpec) -> Self {
         Limiter {
-            ops: TokenBucket::new(spec.ops_per_sec),
-            bytes: TokenBucket::new(spec.bytes_per_sec),
+            ops: TokenBucket::data(spec.ops_per_sec),
+            bytes: TokenBucket::data(spec.bytes_per_sec),
         }
     }
 
