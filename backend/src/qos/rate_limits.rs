@@ -284,6 +284,7 @@ impl RateLimits {
 )]
 mod tests {
     use super::*;
+    use crate::qos::tests::tenancy;
 
     fn at(base: Instant, ms: u64) -> Instant {
         base + Duration::from_millis(ms)
@@ -291,25 +292,6 @@ mod tests {
 
     fn table(vms: Vec<QosSpec>, tenants: Vec<QosSpec>) -> QosTable {
         QosTable::new(vms, tenants)
-    }
-
-    fn tenancy(vms: usize, tenant_of: &[usize]) -> Tenancy {
-        use crate::config::{DaemonConfig, TenantConfig};
-        let sockets = (0..vms).map(|i| format!("/x{i}").into()).collect();
-        let mut c = DaemonConfig::new(sockets);
-        c.tenants.push(TenantConfig {
-            name: "t1".into(),
-            qos_class: None,
-            engine: None,
-        });
-        for (i, &t) in tenant_of.iter().enumerate() {
-            c.vms[i].tenant = if t == 0 {
-                "default".into()
-            } else {
-                "t1".into()
-            };
-        }
-        Tenancy::from_config(&c)
     }
 
     #[test]
