@@ -37,10 +37,10 @@ use vmm_sys_util::event::{
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::Limits;
-use crate::ctrl::rate::CtrlLimiter;
 use crate::ctrl::{Prepared, Preparer};
 use crate::engine::Engine;
 use crate::memory::{HostMem, RamMap};
+use crate::qos::ctrl_limit::{CtrlLimits, TenantCtrlLimits};
 use crate::qos::QosTable;
 use crate::resources::ResourceCounts;
 use crate::restart::{RestartTracker, Verdict};
@@ -128,11 +128,9 @@ pub struct RdmaDevice {
     limits: Limits,
     /// The daemon's tenancy table (the VM's control counters).
     tenancy: Arc<Tenancy>,
-    /// The VM's control-command rate limit and the QoS generation it was
-    /// read at; used by the VM's vring worker only.
-    ctrl_rate: Mutex<(u64, CtrlLimiter)>,
-    /// The tenants' control-command rate limits (see [`Shared`]).
-    tenant_ctrl: Arc<Vec<Mutex<(u64, CtrlLimiter)>>>,
+    /// The VM's control-command rate limit and its tenant's; used by the
+    /// VM's vring worker only.
+    ctrl_limits: CtrlLimits,
     /// Advances, under the state lock, on every device reset and VMM
     /// disconnect: control requests taken off the ring before it are not
     /// executed after it (they would create objects in the fresh state).
@@ -158,18 +156,14 @@ pub struct Shared {
     /// Live QoS settings.
     pub qos: Arc<QosTable>,
     /// Each tenant's control-command rate limit (`ctrl_per_sec` of its QoS
-    /// class), shared by the control workers of its VMs, with the QoS
-    /// generation it was last set from.
-    pub tenant_ctrl: Arc<Vec<Mutex<(u64, CtrlLimiter)>>>,
+    /// class), shared by the control workers of its VMs.
+    pub tenant_ctrl: Arc<TenantCtrlLimits>,
 }
 
 impl Shared {
     /// The shared state of a daemon with `tenants` tenants.
     pub fn new(tenancy: Arc<Tenancy>, qos: Arc<QosTable>) -> Self {
-        let now = Instant::now();
-        let tenant_ctrl = (0..tenancy.tenants().len())
-            .map(|_| Mutex::new((u64::MAX, CtrlLimiter::new(0, now))))
-            .collect();
+        let tenant_ctrl = TenantCtrlLimits::new(tenancy.tenants().len(), Instant::now());
         Shared {
             tenancy,
             qos,
@@ -220,9 +214,7 @@ impl RdmaDevice {
             qos: shared.qos.clone(),
             limits,
             tenancy: shared.tenancy.clone(),
-            tenant_ctrl: shared.tenant_ctrl.clone(),
-            // Generation u64::MAX: read the VM's setting on first use.
-            ctrl_rate: Mutex::new((u64::MAX, CtrlLimiter::new(0, Instant::now()))),
+            ctrl_limits: CtrlLimits::new(id, shared.tenant_ctrl.clone(), Instant::now()),
             epoch: AtomicU64::new(0),
             ctrlq_unusable: AtomicBool::new(false),
             restart: Mutex::new(RestartTracker::default()),
@@ -394,49 +386,12 @@ impl RdmaDevice {
         self.tenancy.traffic(self.id)
     }
 
-    /// Takes up to `want` control-command tokens from the VM's rate limit
-    /// (re-reading its setting when the QoS table changed). Returns the
-    /// number taken, or how long to wait for the next one.
+    /// Takes up to `want` control-command tokens from the VM's and its
+    /// tenant's rate limits. Returns the number taken, or how long to wait
+    /// for the next batch.
     fn ctrl_tokens(&self, want: u64) -> Result<u64, Duration> {
-        let now = Instant::now();
-        let g = self.qos.generation();
-        // The tenant's bucket first (shared with its other VMs), then the
-        // VM's own; tokens the VM's bucket refuses go back to the tenant.
-        let tenant = self
-            .tenancy
-            .tenant_of(self.id)
-            .and_then(|t| Some((t, self.tenant_ctrl.get(t)?)));
-        let mut tenant_guard = tenant.map(|(t, m)| {
-            let mut guard = m.lock().unwrap_or_else(|e| e.into_inner());
-            if guard.0 != g {
-                guard.0 = g;
-                let rate = self.qos.tenant(t).map_or(0, |q| q.ctrl_per_sec);
-                guard.1.set_rate(rate, now);
-            }
-            guard
-        });
-        let allowed = match tenant_guard.as_mut() {
-            Some(guard) => match guard.1.take(want, now) {
-                0 if want > 0 => return Err(guard.1.wait_batch(want, now)),
-                n => n,
-            },
-            None => want,
-        };
-        let mut guard = self.ctrl_rate.lock().unwrap_or_else(|e| e.into_inner());
-        let (gen, limiter) = &mut *guard;
-        if *gen != g {
-            *gen = g;
-            let rate = self.qos.vm(self.id).map_or(0, |q| q.ctrl_per_sec);
-            limiter.set_rate(rate, now);
-        }
-        let n = limiter.take(allowed, now);
-        if let Some(guard) = tenant_guard.as_mut() {
-            guard.1.give_back(allowed - n);
-        }
-        match n {
-            0 if want > 0 => Err(limiter.wait_batch(allowed, now)),
-            n => Ok(n),
-        }
+        self.ctrl_limits
+            .take(want, Instant::now(), &self.qos, &self.tenancy)
     }
 
     /// Sleeps `wait` (the VM's control rate limit), in slices, without any

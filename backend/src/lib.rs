@@ -29,14 +29,15 @@
 //!
 //! Data path
 //! - [`engine`]: engine threads, doorbell polling, the requester, the
-//!   completer, flush, QoS scheduling, and (`engine/soft`) the software
-//!   RNIC's transport; its `mod.rs` lists its files;
+//!   completer, flush, and (`engine/soft`) the software RNIC's transport;
+//!   its `mod.rs` lists its files;
 //! - [`transport`]: the host half of the objects (the [`transport::Transport`]
 //!   trait: QPs, CQs, SRQs, AHs, MRs, QP numbers and keys, caps).
 //!
 //! Policy
 //! - [`tenancy`]: tenants, VMs' GIDs and the isolation counters;
-//! - [`qos`]: the live table of weights and rate limits.
+//! - [`qos`]: settings, token bucket, DRR, rate limits, control-command
+//!   limiter; its `mod.rs` lists its files.
 //!
 //! Operations
 //! - [`stats`]: per-VM traffic counters and latency histograms;
@@ -46,8 +47,8 @@
 //! - [`conn_pool`]: the capped thread-per-connection pool of both;
 //! - [`logging`]: text or JSON log lines naming the VM and tenant.
 
-// The guest-facing modules, `ctrl`, `engine`, `memory`, `resources` and
-// `shmem` (and the whole `virtio-rdma-abi` crate), each carry the `deny`
+// The guest-facing modules, `ctrl`, `engine`, `memory`, `qos`, `resources`
+// and `shmem` (and the whole `virtio-rdma-abi` crate), each carry the `deny`
 // below: every handle, length, index and address they handle may come from a
 // hostile guest, so arithmetic that can overflow, indexing that can panic and
 // casts that can truncate are errors there. An exception is a narrow
@@ -79,6 +80,11 @@ pub mod logging;
 pub mod memory;
 pub mod metrics;
 pub mod mgmt;
+#[deny(
+    clippy::arithmetic_side_effects,
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation
+)]
 pub mod qos;
 #[deny(
     clippy::arithmetic_side_effects,

@@ -15,7 +15,6 @@ mod policy;
 mod qp;
 mod query;
 mod queue_mem;
-pub mod rate;
 mod srq;
 
 use log::debug;

@@ -6,9 +6,9 @@
 //! - `thread`: the thread's loop, parking and scratch memory; `sweep`: one
 //!   round over the VMs with work, a burst per QP; `poll`: the polling
 //!   lists of doorbell records and the doorbell flags; [`doorbell`]: the
-//!   fields of doorbell records and slots; [`sched`]: rate limits and
-//!   weighted sharing (DRR); [`barrier`]: the system-wide barrier behind
-//!   `DB_FLAG_POLLING`;
+//!   fields of doorbell records and slots; [`barrier`]: the system-wide
+//!   barrier behind `DB_FLAG_POLLING` (rate limits and weighted sharing
+//!   are in [`crate::qos`]);
 //! - `requester`: taking and executing send WQEs; [`wqe`]: copying WQEs out
 //!   of guest rings; [`sge`]: a QP's own scatter/gather lists;
 //!   [`completer`]: CQEs and completion events; `flush`: QPs in error;
@@ -22,7 +22,6 @@ mod flush;
 pub mod placement;
 mod poll;
 mod requester;
-pub mod sched;
 pub mod sge;
 mod soft;
 mod sweep;

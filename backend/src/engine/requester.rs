@@ -53,8 +53,8 @@ impl Engine {
         })
     }
 
-    /// Executes up to a burst ([`crate::engine::sched::grain_of`] the VM's
-    /// weight) of send WQEs of QP `h`.
+    /// Executes up to a burst ([`crate::qos::rate_limits::grain_of`] the
+    /// VM's weight) of send WQEs of QP `h`.
     pub(super) fn burst<P: TransportPath>(
         &self,
         path: &P,

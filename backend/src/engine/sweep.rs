@@ -14,12 +14,12 @@ use virtio_rdma_abi::datapath::QpDoorbell;
 use super::doorbell::{self, load_pi};
 use super::flush::{drained, flush};
 use super::poll::{refresh, DbList};
-use super::sched::{cost_of, Drr, Turn};
 use super::soft::route::Held;
 use super::thread::Scratch;
 use super::transport::TransportPath;
 use super::Engine;
 use crate::memory::HostMem;
+use crate::qos::drr::{cost_of, Drr, Turn};
 use crate::vm::cell::{Locked, VmCell};
 use crate::vm::VmState;
 
@@ -86,7 +86,7 @@ impl Engine {
 
     /// One pass over the QPs of a VM that showed work in the last scan, a
     /// burst each, starting where the last pass stopped. Each burst's cost
-    /// ([`super::sched::cost_of`] its work requests and bytes) is charged to the
+    /// ([`cost_of`] its work requests and bytes) is charged to the
     /// VM's deficit; the pass ends when the deficit runs out.
     fn pass<P: TransportPath>(
         &self,

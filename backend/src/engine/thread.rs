@@ -19,10 +19,11 @@ use virtio_rdma_abi::datapath::{DB_FLAG_KICK, DB_FLAG_POLLING};
 
 use super::barrier;
 use super::poll::{set_flags, DbList};
-use super::sched::{Drr, Limits};
 use super::transport::TransportPath;
 use super::wqe::WqeBuf;
 use super::Engine;
+use crate::qos::drr::Drr;
+use crate::qos::rate_limits::RateLimits;
 use crate::qos::DEFAULT_WEIGHT;
 use crate::stats::TrafficCounters;
 use crate::vm::cell::VmCell;
@@ -53,7 +54,7 @@ pub struct Scratch<T> {
     /// and visits every QP).
     pub(super) next_timer: Option<Instant>,
     /// Rate limits (token buckets) of every VM and tenant.
-    pub(super) limits: Limits,
+    pub(super) limits: RateLimits,
     /// Payload bytes the last executed WQE moved (0 if it failed).
     pub(crate) moved: u64,
     /// Work requests and bytes the current burst executed.
@@ -71,7 +72,7 @@ impl<T: Default> Scratch<T> {
             wqe: WqeBuf::new(),
             handles: Vec::new(),
             next_timer: None,
-            limits: Limits::default(),
+            limits: RateLimits::default(),
             moved: 0,
             executed: (0, 0),
             contended: false,

@@ -1,5 +1,6 @@
-//! Quality-of-service settings: per-VM and per-tenant rate limits and the
-//! weights of weighted fair sharing, changeable while the daemon runs.
+//! Quality of service: per-VM and per-tenant rate limits and the weights of
+//! weighted fair sharing — the settings, changeable while the daemon runs,
+//! and the code that enforces them.
 //!
 //! A [`QosSpec`] is what an operator sets: a weight and rate limits (bytes
 //! per second, work requests per second, control commands per second; 0
@@ -12,6 +13,22 @@
 //! [`QosTable`] holds the live values. Readers (the engine, the control
 //! workers) poll its generation and re-read on change, so an update never
 //! blocks the data path.
+//!
+//! Files:
+//! - this one: the settings ([`QosSpec`], [`QosClass`], [`QosTable`]);
+//! - [`bucket`]: the token bucket of every rate limit, data path and
+//!   control commands alike;
+//! - [`ctrl_limit`]: the control-command rate limits of VMs and tenants,
+//!   as their control workers enforce them;
+//! - [`drr`]: weighted fair sharing of an engine thread's time
+//!   (hierarchical deficit round robin) and its cost model;
+//! - [`rate_limits`]: the data-path rate limits of VMs and tenants, as an
+//!   engine thread enforces them, and the size of a VM's bursts.
+
+pub mod bucket;
+pub mod ctrl_limit;
+pub mod drr;
+pub mod rate_limits;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
@@ -178,8 +195,35 @@ impl QosTable {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::arithmetic_side_effects,
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation
+)]
 mod tests {
     use super::*;
+    use crate::tenancy::Tenancy;
+
+    /// A tenancy of `vms` VMs, VM `i` in tenant `tenant_of[i]`: 0 (the
+    /// default tenant) or 1.
+    pub(super) fn tenancy(vms: usize, tenant_of: &[usize]) -> Tenancy {
+        use crate::config::{DaemonConfig, TenantConfig};
+        let sockets = (0..vms).map(|i| format!("/x{i}").into()).collect();
+        let mut c = DaemonConfig::new(sockets);
+        c.tenants.push(TenantConfig {
+            name: "t1".into(),
+            qos_class: None,
+            engine: None,
+        });
+        for (i, &t) in tenant_of.iter().enumerate() {
+            c.vms[i].tenant = if t == 0 {
+                "default".into()
+            } else {
+                "t1".into()
+            };
+        }
+        Tenancy::from_config(&c)
+    }
 
     #[test]
     fn updates_bump_generation_and_are_checked() {
