@@ -11,8 +11,9 @@
 //!   see of a running daemon.
 //!
 //! vhost-user shell
-//! - [`device`]: the `VhostUserBackend` (queues, config space, features),
-//!   the control-queue worker and event delivery;
+//! - [`device`]: [`device::RdmaDevice`], one VM's device: the
+//!   `VhostUserBackend` (queues, config space, features), the control-queue
+//!   worker and event delivery; its `mod.rs` lists its files;
 //! - [`vring`]: the virtqueue type (a kick read that survives restarts);
 //! - [`restart`]: telling a paused device from a reset one;
 //! - [`shmem`]: the shared-memory doorbell region (one page per context).
@@ -28,9 +29,10 @@
 //! - [`keys`]: the random source of keys, QP numbers and GUIDs.
 //!
 //! Data path
-//! - [`engine`]: engine threads, doorbell polling, the requester, the
-//!   completer, flush, and (`engine/soft`) the software RNIC's transport;
-//!   its `mod.rs` lists its files;
+//! - [`engine`]: the device model's data path (engine threads, doorbell
+//!   polling, the requester, the completer, flush), the seam where a
+//!   transport's data path plugs in, and the software RNIC
+//!   (`engine/soft`); its `mod.rs` lists its files;
 //! - [`transport`]: the host half of the objects (the [`transport::Transport`]
 //!   trait: QPs, CQs, SRQs, AHs, MRs, QP numbers and keys, caps).
 //!
@@ -47,8 +49,8 @@
 //! - [`conn_pool`]: the capped thread-per-connection pool of both;
 //! - [`logging`]: text or JSON log lines naming the VM and tenant.
 
-// The guest-facing modules, `ctrl`, `engine`, `memory`, `qos`, `resources`
-// and `shmem` (and the whole `virtio-rdma-abi` crate), each carry the `deny`
+// The guest-facing modules, `ctrl`, `engine`, `memory`, `qos`, `resources`,
+// `shmem` and `vm` (and the whole `virtio-rdma-abi` crate), each carry the `deny`
 // below: every handle, length, index and address they handle may come from a
 // hostile guest, so arithmetic that can overflow, indexing that can panic and
 // casts that can truncate are errors there. An exception is a narrow

@@ -177,6 +177,16 @@ impl Tenancy {
     }
 }
 
+impl crate::qos::Membership for Tenancy {
+    fn vm_count(&self) -> usize {
+        self.vms.len()
+    }
+
+    fn tenant_of(&self, vm: usize) -> Option<usize> {
+        Tenancy::tenant_of(self, vm)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -29,14 +29,14 @@ pub fn error_cqe(wr_id: u64, opcode: WcOpcode, status: WcStatus, qpn: u32) -> Cq
     }
 }
 
-/// Writes `cqe` (its `owner` is set here) to CQ `cq_handle` of `ctrl`.
+/// Writes `cqe` (its `owner` is set here) to CQ `cq_handle` of `state`.
 /// Returns false when the CQ could not take it: missing, or in error —
 /// because it overflowed now or earlier, or because its ring or doorbell
 /// record is no longer in guest RAM (spec 18.17). A CQ entering the error
 /// state fails the QPs that use it; the caller treats its own QP as
 /// failed.
-pub fn complete(ctrl: &mut VmState, mem: &HostMem, cq_handle: u32, mut cqe: Cqe) -> bool {
-    let Some(cq) = ctrl.res.cqs.get_mut(cq_handle) else {
+pub fn complete(state: &mut VmState, mem: &HostMem, cq_handle: u32, mut cqe: Cqe) -> bool {
+    let Some(cq) = state.res.cqs.get_mut(cq_handle) else {
         return false;
     };
     if cq.rt.overflowed {
@@ -44,19 +44,19 @@ pub fn complete(ctrl: &mut VmState, mem: &HostMem, cq_handle: u32, mut cqe: Cqe)
     }
     let Ok(ci) = doorbell::load(mem, cq.db_gpa, CqDoorbell::CI) else {
         debug!("CQ {cq_handle:#x}: doorbell record unusable");
-        return cq_error(ctrl, cq_handle);
+        return cq_error(state, cq_handle);
     };
     let used = cq.rt.pi.wrapping_sub(ci);
     if used >= cq.depth {
         debug!("CQ {cq_handle:#x} overflowed");
-        return cq_error(ctrl, cq_handle);
+        return cq_error(state, cq_handle);
     }
     let index = cq.rt.pi;
     // `depth` is a power of two (checked at creation); a ring index wraps.
     let slot = index & cq.depth.wrapping_sub(1);
     let offset = u64::from(slot).saturating_mul(u64::from(CQE_SIZE));
     let Some((gpa, _)) = cq.ring.translate(offset) else {
-        return cq_error(ctrl, cq_handle);
+        return cq_error(state, cq_handle);
     };
     cqe.owner = 0;
     let mut bytes = [0u8; CQE_SIZE as usize];
@@ -80,7 +80,7 @@ pub fn complete(ctrl: &mut VmState, mem: &HostMem, cq_handle: u32, mut cqe: Cqe)
         // The owner byte is written last: a half-written entry never
         // looks valid to the driver.
         debug!("CQ {cq_handle:#x}: ring unusable");
-        return cq_error(ctrl, cq_handle);
+        return cq_error(state, cq_handle);
     }
     cq.rt.pi = index.wrapping_add(1);
     let _ = doorbell::store(mem, cq.db_gpa, CqDoorbell::PI, cq.rt.pi);
@@ -95,7 +95,7 @@ pub fn complete(ctrl: &mut VmState, mem: &HostMem, cq_handle: u32, mut cqe: Cqe)
         if kind == ARM_NEXT || (kind == ARM_SOLICITED && solicited) {
             cq.rt.armed_seq = seq;
             let _ = doorbell::store(mem, cq.db_gpa, CqDoorbell::ARMED_SEQ, seq);
-            ctrl.events.push(EventKind::CQ_COMPLETION, cq_handle, 0);
+            state.events.push(EventKind::CQ_COMPLETION, cq_handle, 0);
         }
     }
     true
@@ -106,12 +106,12 @@ pub fn complete(ctrl: &mut VmState, mem: &HostMem, cq_handle: u32, mut cqe: Cqe)
 /// CQEs, `CQ_ERROR` is queued for it, and every QP that completes into it
 /// and is not in ERR yet moves to ERR with `QP_FATAL`. Returns false (the
 /// CQE was not written).
-fn cq_error(ctrl: &mut VmState, cq_handle: u32) -> bool {
-    if let Some(cq) = ctrl.res.cqs.get_mut(cq_handle) {
+fn cq_error(state: &mut VmState, cq_handle: u32) -> bool {
+    if let Some(cq) = state.res.cqs.get_mut(cq_handle) {
         cq.rt.overflowed = true;
     }
-    ctrl.events.push(EventKind::CQ_ERROR, cq_handle, 0);
-    let victims: Vec<u32> = ctrl
+    state.events.push(EventKind::CQ_ERROR, cq_handle, 0);
+    let victims: Vec<u32> = state
         .res
         .qps
         .iter()
@@ -119,12 +119,12 @@ fn cq_error(ctrl: &mut VmState, cq_handle: u32) -> bool {
         .map(|(h, _)| h)
         .collect();
     for h in victims {
-        ctrl.qp_enter_err(h, Some(EventKind::QP_FATAL));
+        state.qp_enter_err(h, Some(EventKind::QP_FATAL));
     }
     false
 }
 
-/// The traffic counters of the VM `ctrl` belongs to.
-pub(super) fn traffic(ctrl: &VmState) -> Option<&TrafficCounters> {
-    ctrl.tenancy().traffic(ctrl.vm_index())
+/// The traffic counters of the VM `state` belongs to.
+pub(super) fn traffic(state: &VmState) -> Option<&TrafficCounters> {
+    state.tenancy().traffic(state.vm_index())
 }

@@ -24,7 +24,7 @@ use crate::vm::VmState;
 /// many; the rest waits for the next service.
 pub(super) fn flush<P: TransportPath>(
     path: &P,
-    ctrl: &mut VmState,
+    state: &mut VmState,
     mem: &HostMem,
     h: u32,
     sq_pi: u32,
@@ -36,7 +36,7 @@ pub(super) fn flush<P: TransportPath>(
         if did >= max {
             return did;
         }
-        let Some(qp) = ctrl.res.qps.get(h) else {
+        let Some(qp) = state.res.qps.get(h) else {
             return did;
         };
         let Some(1..) = posted(sq_pi, qp.rt.sq_ci, qp.sq_depth) else {
@@ -52,9 +52,9 @@ pub(super) fn flush<P: TransportPath>(
             Err(WqeError::Unusable) => break,
         };
         let cqe = completer::error_cqe(wr_id, op, WcStatus::WR_FLUSH_ERR, qpn);
-        let _ = completer::complete(ctrl, mem, cq, cqe);
-        count_flushed(ctrl);
-        if let Some(qp) = ctrl.res.qps.get_mut(h) {
+        let _ = completer::complete(state, mem, cq, cqe);
+        count_flushed(state);
+        if let Some(qp) = state.res.qps.get_mut(h) {
             qp.rt.sq_ci = index.wrapping_add(1);
             qp.rt.wait = None;
             qp.rt.partial = None;
@@ -63,8 +63,8 @@ pub(super) fn flush<P: TransportPath>(
         did = did.saturating_add(1);
     }
     // A receive WQE the transport took (a message arriving in pieces).
-    if did < max && path.flush_taken(ctrl, mem, h) {
-        count_flushed(ctrl);
+    if did < max && path.flush_taken(state, mem, h) {
+        count_flushed(state);
         did = did.saturating_add(1);
     }
     // Receives of a QP with its own receive queue.
@@ -72,7 +72,7 @@ pub(super) fn flush<P: TransportPath>(
         if did >= max {
             return did;
         }
-        let Some(qp) = ctrl.res.qps.get(h) else {
+        let Some(qp) = state.res.qps.get(h) else {
             return did;
         };
         if qp.srq != 0 {
@@ -92,9 +92,9 @@ pub(super) fn flush<P: TransportPath>(
             Err(WqeError::Unusable) => break,
         };
         let cqe = completer::error_cqe(wr_id, WcOpcode::RECV, WcStatus::WR_FLUSH_ERR, qpn);
-        let _ = completer::complete(ctrl, mem, cq, cqe);
-        count_flushed(ctrl);
-        if let Some(qp) = ctrl.res.qps.get_mut(h) {
+        let _ = completer::complete(state, mem, cq, cqe);
+        count_flushed(state);
+        if let Some(qp) = state.res.qps.get_mut(h) {
             qp.rt.rq_ci = index.wrapping_add(1);
             let _ = doorbell::store(mem, qp.db_gpa, QpDoorbell::RQ_CI, qp.rt.rq_ci);
         }
@@ -103,21 +103,21 @@ pub(super) fn flush<P: TransportPath>(
     did
 }
 
-/// Counts one `WR_FLUSH_ERR` completion of the VM `ctrl` belongs to.
-fn count_flushed(ctrl: &VmState) {
-    if let Some(t) = traffic(ctrl) {
+/// Counts one `WR_FLUSH_ERR` completion of the VM `state` belongs to.
+fn count_flushed(state: &VmState) {
+    if let Some(t) = traffic(state) {
         TrafficCounters::add_single_writer(&t.flushed, 1);
     }
 }
 
 /// Queues `QP_SQ_DRAINED` for QP `h` if it entered SQD with the event
 /// enabled while work was in flight and that work has now completed.
-pub(super) fn drained(ctrl: &mut VmState, h: u32) {
-    let Some(qp) = ctrl.res.qps.get_mut(h) else {
+pub(super) fn drained(state: &mut VmState, h: u32) {
+    let Some(qp) = state.res.qps.get_mut(h) else {
         return;
     };
     if qp.state == QpState::SQD && qp.rt.drain_owed && !qp.rt.in_flight() {
         qp.rt.drain_owed = false;
-        ctrl.events.push(EventKind::QP_SQ_DRAINED, h, 0);
+        state.events.push(EventKind::QP_SQ_DRAINED, h, 0);
     }
 }

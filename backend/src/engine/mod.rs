@@ -1,5 +1,5 @@
-//! The data-path engine: the device model that any RNIC engine needs, and
-//! the built-in software RNIC's transport (`soft`).
+//! The data-path engine: the device model every transport shares, and the
+//! built-in software RNIC (`soft`), one transport behind its seam.
 //!
 //! - [`Engine`] (here): one engine thread, as the daemon holds it;
 //!   [`placement`] starts the threads and places tenants' VMs on them;
@@ -9,11 +9,16 @@
 //!   fields of doorbell records and slots; [`barrier`]: the system-wide
 //!   barrier behind `DB_FLAG_POLLING` (rate limits and weighted sharing
 //!   are in [`crate::qos`]);
-//! - `requester`: taking and executing send WQEs; [`wqe`]: copying WQEs out
-//!   of guest rings; [`sge`]: a QP's own scatter/gather lists;
-//!   [`completer`]: CQEs and completion events; `flush`: QPs in error;
-//! - `soft`: the software RNIC's transport between VMs of this daemon
-//!   (routing, the responder, retry emulation, large messages in pieces).
+//! - `requester`: taking send WQEs and checking and addressing them;
+//!   [`wqe`]: copying WQEs out of guest rings; [`sge`]: a QP's own
+//!   scatter/gather lists; [`completer`]: CQEs and completion events;
+//!   `flush`: QPs in error;
+//! - `transport`: the seam, `TransportPath`: what moves a checked work
+//!   request and completes it now or later; the object half is
+//!   [`crate::transport::Transport`];
+//! - `soft`: the software RNIC, both halves: [`SoftRnic`] (QP numbers and
+//!   keys) and its data path (routing, the responder, retry emulation,
+//!   large messages in pieces).
 
 pub mod barrier;
 pub mod completer;

@@ -184,11 +184,11 @@ impl DbList {
         self.work.clear();
         self.next = 0;
         let dev = self.dev.clone();
-        let built = dev.try_with_dataplane(|ctrl, host| {
+        let built = dev.try_with_dataplane(|state, host| {
             let gen = dev.dp_generation();
             self.qps.clear();
-            self.region = ctrl.res.doorbells.as_ref().map(|d| d.region().clone());
-            for (handle, qp) in ctrl.res.qps.iter() {
+            self.region = state.res.doorbells.as_ref().map(|d| d.region().clone());
+            for (handle, qp) in state.res.qps.iter() {
                 // A slot has the layout of a record's driver half: `sq_pi`,
                 // then `rq_pi` (spec 18.7).
                 let db = match &qp.db_slot {
@@ -276,16 +276,16 @@ impl DbList {
 pub(super) fn set_flags(lists: &[DbList], v: u32) -> bool {
     let mut all = true;
     for list in lists {
-        let ran = list.dev.try_with_dataplane(|ctrl, mem| {
-            if !ctrl.running() {
+        let ran = list.dev.try_with_dataplane(|state, mem| {
+            if !state.running() {
                 return;
             }
-            for (_, ctx) in ctrl.res.ctxs.iter() {
+            for (_, ctx) in state.res.ctxs.iter() {
                 if ctx.db_page.is_none() {
                     let _ = doorbell::store(mem, ctx.db_gpa, CtxDoorbell::FLAGS, v);
                 }
             }
-            if let Some(pages) = &ctrl.res.doorbells {
+            if let Some(pages) = &state.res.doorbells {
                 pages.set_flags_all(v);
             }
         });
@@ -296,8 +296,8 @@ pub(super) fn set_flags(lists: &[DbList], v: u32) -> bool {
 
 /// Updates a polling-list entry after its QP was serviced (under the VM's
 /// lock): the indices up to which the engine has acted.
-pub(super) fn refresh(e: &mut DbEntry, ctrl: &VmState, mem: &HostMem) {
-    let Some(qp) = ctrl.res.qps.get(e.handle) else {
+pub(super) fn refresh(e: &mut DbEntry, state: &VmState, mem: &HostMem) {
+    let Some(qp) = state.res.qps.get(e.handle) else {
         // Gone: never look again (the list is rebuilt with the next
         // generation anyway).
         e.watch_rq = false;

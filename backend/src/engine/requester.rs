@@ -36,7 +36,7 @@ impl Engine {
         sq_pi: u32,
         scratch: &mut Scratch<P::Scratch>,
     ) -> bool {
-        let Some(qp) = cx.ctrl.res.qps.get(h) else {
+        let Some(qp) = cx.state.res.qps.get(h) else {
             return false;
         };
         if qp.rt.sq_ci == sq_pi {
@@ -79,7 +79,7 @@ impl Engine {
         // burst's bytes, not its work requests: every piece moves at least
         // `PIECE` bytes, so the burst ends.
         while wqes < max_wqes {
-            let Some(qp) = cx.ctrl.res.qps.get(h) else {
+            let Some(qp) = cx.state.res.qps.get(h) else {
                 break;
             };
             let startable =
@@ -94,7 +94,7 @@ impl Engine {
             }
             if posted(sq_pi, qp.rt.sq_ci, qp.sq_depth).is_none() {
                 // The driver claims more WQEs than the ring holds.
-                cx.ctrl.qp_enter_err(h, Some(EventKind::QP_FATAL));
+                cx.state.qp_enter_err(h, Some(EventKind::QP_FATAL));
                 did = true;
                 break;
             }
@@ -116,11 +116,11 @@ impl Engine {
             let outcome = match head {
                 Head::Failed(wr_id, op, status) => {
                     let c = Completion::failed(wr_id, op, status);
-                    complete_send(cx.ctrl, mem, h, index, c)
+                    complete_send(cx.state, mem, h, index, c)
                 }
                 _ => self.execute(path, cx, h, index, room, scratch),
             };
-            let Some(qp) = cx.ctrl.res.qps.get_mut(h) else {
+            let Some(qp) = cx.state.res.qps.get_mut(h) else {
                 break;
             };
             match outcome {
@@ -176,7 +176,7 @@ impl Engine {
         }
         // The consumer index of the WQEs taken in this burst, once (those
         // with a completion published it before writing it).
-        if let Some(qp) = cx.ctrl.res.qps.get(h) {
+        if let Some(qp) = cx.state.res.qps.get(h) {
             if did && published != Some(qp.rt.sq_ci) {
                 let _ = doorbell::store(mem, qp.db_gpa, QpDoorbell::SQ_CI, qp.rt.sq_ci);
             }
@@ -197,7 +197,7 @@ impl Engine {
         scratch: &mut Scratch<P::Scratch>,
     ) -> Step {
         let mem = cx.mem;
-        let Some(qp) = cx.ctrl.res.qps.get(h) else {
+        let Some(qp) = cx.state.res.qps.get(h) else {
             return Step::Done { published: false };
         };
         let (pd, qpn, qp_type, sig_all) =
@@ -210,7 +210,7 @@ impl Engine {
         } = scratch;
         match fetch_send(mem, qp, index, wqe) {
             Ok(wr) => {
-                let malformed = malformed_op(qp, &wr, cx.ctrl.atomics_negotiated());
+                let malformed = malformed_op(qp, &wr, cx.state.atomics_negotiated());
                 match self.address(cx, h, &wr, malformed) {
                     Ok((dest_qpn, av, qkey, len)) => {
                         let op = wc_opcode(wr.opcode);
@@ -236,7 +236,7 @@ impl Engine {
                     }
                     Err(status) => {
                         let c = Completion::failed(wr.hdr.wr_id, wc_opcode(wr.opcode), status);
-                        complete_send(cx.ctrl, mem, h, index, c)
+                        complete_send(cx.state, mem, h, index, c)
                     }
                 }
             }
@@ -244,13 +244,13 @@ impl Engine {
                 // The ring is not in guest RAM: the queue is unusable, the
                 // QP fails with QP_FATAL and the WQE is not taken (spec
                 // 18.18).
-                cx.ctrl.qp_enter_err(h, Some(EventKind::QP_FATAL));
+                cx.state.qp_enter_err(h, Some(EventKind::QP_FATAL));
                 Step::Broken
             }
             Err(WqeError::Malformed { wr_id, opcode }) => {
                 let op = opcode.map_or(WcOpcode::SEND, wc_opcode);
                 let c = Completion::failed(wr_id, op, WcStatus::LOC_QP_OP_ERR);
-                complete_send(cx.ctrl, mem, h, index, c)
+                complete_send(cx.state, mem, h, index, c)
             }
         }
     }
@@ -269,7 +269,7 @@ impl Engine {
         if malformed {
             return Err(WcStatus::LOC_QP_OP_ERR);
         }
-        let qp = cx.ctrl.res.qps.get(h).ok_or(WcStatus::LOC_QP_OP_ERR)?;
+        let qp = cx.state.res.qps.get(h).ok_or(WcStatus::LOC_QP_OP_ERR)?;
         let op = wc_opcode(wr.opcode);
         // The message length first, from the SGE lengths alone, before any
         // of it is looked up or translated (a message over a huge MR of one
@@ -291,7 +291,7 @@ impl Engine {
         }
         let (dest_qpn, av) = if ud {
             let ah = cx
-                .ctrl
+                .state
                 .res
                 .ahs
                 .get(wr.hdr.ah_handle)
@@ -406,12 +406,18 @@ fn malformed_op(qp: &Qp, wr: &SendWr<'_>, atomics: bool) -> bool {
 /// for errors); an error, or a CQ that cannot take the CQE, fails the QP.
 /// The WQE's slot is released first (spec 18.5: no later than its
 /// completion).
-pub fn complete_send(ctrl: &mut VmState, mem: &HostMem, h: u32, index: u32, c: Completion) -> Step {
-    let Some(db_gpa) = ctrl.res.qps.get(h).map(|q| q.db_gpa) else {
+pub fn complete_send(
+    state: &mut VmState,
+    mem: &HostMem,
+    h: u32,
+    index: u32,
+    c: Completion,
+) -> Step {
+    let Some(db_gpa) = state.res.qps.get(h).map(|q| q.db_gpa) else {
         return Step::Done { published: false };
     };
     let _ = doorbell::store(mem, db_gpa, QpDoorbell::SQ_CI, index.wrapping_add(1));
-    write_send_cqe(ctrl, mem, h, c);
+    write_send_cqe(state, mem, h, c);
     Step::Done { published: true }
 }
 
@@ -423,18 +429,18 @@ pub fn complete_send(ctrl: &mut VmState, mem: &HostMem, h: u32, index: u32, c: C
 // No transport of the daemon's yet completes asynchronously (a host NIC's
 // will); `transport`'s unit test drives this path.
 #[cfg_attr(not(test), allow(dead_code))]
-pub fn complete_posted(ctrl: &mut VmState, mem: &HostMem, h: u32, c: Completion) {
-    let Some(qp) = ctrl.res.qps.get_mut(h) else {
+pub fn complete_posted(state: &mut VmState, mem: &HostMem, h: u32, c: Completion) {
+    let Some(qp) = state.res.qps.get_mut(h) else {
         return;
     };
     qp.rt.outstanding = qp.rt.outstanding.saturating_sub(1);
-    write_send_cqe(ctrl, mem, h, c);
+    write_send_cqe(state, mem, h, c);
 }
 
 /// Writes the CQE of `c` for QP `h` on its send CQ; fails the QP on an
 /// error or when the CQ cannot take it.
-fn write_send_cqe(ctrl: &mut VmState, mem: &HostMem, h: u32, c: Completion) {
-    let Some((send_cq, qpn)) = ctrl.res.qps.get(h).map(|q| (q.send_cq, q.qpn)) else {
+fn write_send_cqe(state: &mut VmState, mem: &HostMem, h: u32, c: Completion) {
+    let Some((send_cq, qpn)) = state.res.qps.get(h).map(|q| (q.send_cq, q.qpn)) else {
         return;
     };
     let Completion {
@@ -456,13 +462,13 @@ fn write_send_cqe(ctrl: &mut VmState, mem: &HostMem, h: u32, c: Completion) {
         completer::error_cqe(wr_id, op, status, qpn)
     };
     if status != WcStatus::SUCCESS {
-        if let Some(t) = traffic(ctrl) {
+        if let Some(t) = traffic(state) {
             TrafficCounters::add_single_writer(&t.error_cqes, 1);
         }
     }
-    let ok = completer::complete(ctrl, mem, send_cq, cqe);
+    let ok = completer::complete(state, mem, send_cq, cqe);
     if status != WcStatus::SUCCESS || !ok {
-        ctrl.qp_enter_err(h, None);
+        state.qp_enter_err(h, None);
     }
 }
 

@@ -8,7 +8,7 @@ use crate::vm::VmState;
 use virtio_rdma_abi::datapath::{Sge, WcStatus};
 use virtio_rdma_abi::mem::access as acc;
 
-/// Checks a local SGE list of a QP in PD `pd` of `ctrl` (`write` requires
+/// Checks a local SGE list of a QP in PD `pd` of `state` (`write` requires
 /// LOCAL_WRITE) and resolves its first `limit` bytes into `out` (which is
 /// cleared first). Every SGE is checked in full — key, PD, rights and
 /// bounds — but only the bytes that will be accessed are translated page by
@@ -16,24 +16,24 @@ use virtio_rdma_abi::mem::access as acc;
 /// Returns the total length of the list. Any failure is a local protection
 /// error.
 pub fn local_segments(
-    ctrl: &VmState,
+    state: &VmState,
     pd: u32,
     sges: &[Sge],
     write: bool,
     limit: u64,
     out: &mut Vec<Segment>,
 ) -> Result<u64, WcStatus> {
-    local_range(ctrl, pd, sges, write, 0, limit, out)
+    local_range(state, pd, sges, write, 0, limit, out)
 }
 
-/// Checks a local SGE list of a QP in PD `pd` of `ctrl` as
+/// Checks a local SGE list of a QP in PD `pd` of `state` as
 /// [`local_range`] does — key, PD, rights (`write`: LOCAL_WRITE) and bounds
 /// of every SGE — without translating any of it: a cost in the number of
 /// SGEs, not of bytes or pages. Returns the total length of the list.
-pub fn check_local(ctrl: &VmState, pd: u32, sges: &[Sge], write: bool) -> Result<u64, WcStatus> {
+pub fn check_local(state: &VmState, pd: u32, sges: &[Sge], write: bool) -> Result<u64, WcStatus> {
     let mut total = 0u64;
     for sge in sges.iter().filter(|s| s.length != 0) {
-        local_mr(ctrl, pd, sge, write)?;
+        local_mr(state, pd, sge, write)?;
         total = total.saturating_add(u64::from(sge.length));
     }
     Ok(total)
@@ -41,12 +41,12 @@ pub fn check_local(ctrl: &VmState, pd: u32, sges: &[Sge], write: bool) -> Result
 
 /// The MR of local SGE `sge` (of non-zero length) of a QP in PD `pd`, once
 /// its key, PD, rights (`write`: LOCAL_WRITE) and bounds are checked.
-fn local_mr<'c>(ctrl: &'c VmState, pd: u32, sge: &Sge, write: bool) -> Result<&'c Mr, WcStatus> {
-    let mr = ctrl
+fn local_mr<'c>(state: &'c VmState, pd: u32, sge: &Sge, write: bool) -> Result<&'c Mr, WcStatus> {
+    let mr = state
         .res
         .lkeys
         .get(&sge.lkey)
-        .and_then(|h| ctrl.res.mrs.get(*h))
+        .and_then(|h| state.res.mrs.get(*h))
         .ok_or(WcStatus::LOC_PROT_ERR)?;
     if mr.pd != pd || (write && mr.access & acc::LOCAL_WRITE == 0) {
         return Err(WcStatus::LOC_PROT_ERR);
@@ -61,7 +61,7 @@ fn local_mr<'c>(ctrl: &'c VmState, pd: u32, sge: &Sge, write: bool) -> Result<&'
 /// (a piece of a message executed in pieces). Returns the total length
 /// of the list.
 pub fn local_range(
-    ctrl: &VmState,
+    state: &VmState,
     pd: u32,
     sges: &[Sge],
     write: bool,
@@ -76,7 +76,7 @@ pub fn local_range(
         if sge.length == 0 {
             continue;
         }
-        let mr = local_mr(ctrl, pd, sge, write)?;
+        let mr = local_mr(state, pd, sge, write)?;
         let len = u64::from(sge.length);
         // The part of this SGE inside [skip, end) of the list.
         let from = skip.saturating_sub(total).min(len);

@@ -30,7 +30,7 @@ pub(crate) struct Serving<'a> {
     /// The VM's id.
     pub(crate) vm: usize,
     /// Its state.
-    pub(crate) ctrl: &'a mut VmState,
+    pub(crate) state: &'a mut VmState,
     /// Its memory.
     pub(crate) mem: &'a HostMem,
     /// Another VM the transport holds locked for a burst (the software
@@ -103,9 +103,9 @@ impl Engine {
             qps, work, next, ..
         } = list;
         path.serving(&mut scratch.transport, turn.vm);
-        let done = work_on(&dev, |ctrl, mem| {
+        let done = work_on(&dev, |state, mem| {
             let mut did = false;
-            if !ctrl.running() {
+            if !state.running() {
                 // Stopped since the scan (checked under the lock).
                 work.clear();
                 *next = 0;
@@ -114,7 +114,7 @@ impl Engine {
             let mut cx = Serving {
                 vms,
                 vm: vm_id,
-                ctrl,
+                state,
                 mem,
                 held: None,
             };
@@ -128,7 +128,7 @@ impl Engine {
                 scratch.executed = (0, 0);
                 let busy = self.service_qp(path, &mut cx, e.handle, scratch);
                 did |= busy;
-                refresh(e, cx.ctrl, cx.mem);
+                refresh(e, cx.state, cx.mem);
                 // Work that executed no WQE (a flush, a failed QP) still
                 // costs one work request, so every turn ends.
                 let (wqes, bytes) = scratch.executed;
@@ -162,17 +162,17 @@ impl Engine {
         for (k, list) in lists.iter().enumerate() {
             let vm = &list.dev;
             path.serving(&mut scratch.transport, k);
-            let done = work_on(vm, |ctrl, mem| {
-                if !ctrl.running() {
+            let done = work_on(vm, |state, mem| {
+                if !state.running() {
                     return false;
                 }
                 let mut handles = std::mem::take(&mut scratch.handles);
-                ctrl.res.qps.fill_handles(&mut handles);
+                state.res.qps.fill_handles(&mut handles);
                 let mut did = false;
                 let mut cx = Serving {
                     vms,
                     vm: vm.id(),
-                    ctrl,
+                    state,
                     mem,
                     held: None,
                 };
@@ -200,7 +200,7 @@ impl Engine {
         scratch: &mut Scratch<P::Scratch>,
     ) -> bool {
         let (vm_id, mem) = (cx.vm, cx.mem);
-        let Some(qp) = cx.ctrl.res.qps.get_mut(h) else {
+        let Some(qp) = cx.state.res.qps.get_mut(h) else {
             return false;
         };
         let Some(sq_pi) = load_pi(mem, qp.db_gpa, qp.db_slot.as_ref(), doorbell::SQ) else {
@@ -208,7 +208,7 @@ impl Engine {
             // queue the device reads fails; in other states nothing reads
             // it (and in ERR nothing of the queue can be trusted).
             if matches!(qp.state, QpState::RTS | QpState::SQD) {
-                cx.ctrl.qp_enter_err(h, Some(EventKind::QP_FATAL));
+                cx.state.qp_enter_err(h, Some(EventKind::QP_FATAL));
                 return true;
             }
             return false;
@@ -243,7 +243,7 @@ impl Engine {
                     }
                 }
                 let (max, _) = scratch.limits.grain(vm_id);
-                let n = flush(path, cx.ctrl, mem, h, sq_pi, &mut scratch.wqe, max);
+                let n = flush(path, cx.state, mem, h, sq_pi, &mut scratch.wqe, max);
                 scratch.executed.0 = scratch.executed.0.saturating_add(n);
                 scratch.limits.charge_ops(vm_id, u64::from(n));
                 n > 0
@@ -252,7 +252,7 @@ impl Engine {
             QpState::RTS => self.run_sq(path, cx, h, sq_pi, scratch),
             QpState::SQD if qp.rt.in_flight() => {
                 let did = self.run_sq(path, cx, h, sq_pi, scratch);
-                drained(cx.ctrl, h);
+                drained(cx.state, h);
                 did
             }
             _ => false,
@@ -269,10 +269,10 @@ impl Engine {
 /// than every VM of the thread waiting for its command.
 /// `None` if the lock was busy.
 fn work_on(dev: &VmCell, f: impl FnOnce(&mut VmState, &HostMem) -> bool) -> Option<bool> {
-    let ran = dev.try_with_dataplane(|ctrl, mem| {
-        let before = ctrl.events.len();
-        let did = f(ctrl, mem);
-        (did, ctrl.events.len() != before)
+    let ran = dev.try_with_dataplane(|state, mem| {
+        let before = state.events.len();
+        let did = f(state, mem);
+        (did, state.events.len() != before)
     });
     let (did, events) = match ran {
         Locked::Ran(r) => r,

@@ -156,7 +156,7 @@ impl Engine {
             // QoS changes apply at the next sweep (one atomic load each).
             let qos = &self.qos;
             let qos_gen = qos.generation();
-            scratch.limits.refresh(qos, &self.tenancy);
+            scratch.limits.refresh(qos, self.tenancy.as_ref());
             if weights_seen != Some((qos_gen, seen)) {
                 weights_seen = Some((qos_gen, seen));
                 drr = Drr::default();

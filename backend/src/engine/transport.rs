@@ -192,7 +192,7 @@ mod tests {
         fn poll(&self, _engine: &Engine, cx: &mut Serving<'_>, ts: &mut Self::Scratch) -> bool {
             let any = !ts.is_empty();
             for (h, wr_id, op) in ts.drain(..) {
-                complete_posted(cx.ctrl, cx.mem, h, Completion::ok(wr_id, op, 0));
+                complete_posted(cx.state, cx.mem, h, Completion::ok(wr_id, op, 0));
             }
             any
         }
@@ -271,24 +271,24 @@ mod tests {
         let mut cx = Serving {
             vms: &[],
             vm: 0,
-            ctrl: &mut vm,
+            state: &mut vm,
             mem: &host,
             held: None,
         };
         assert!(engine.run_sq(&path, &mut cx, h, 3, &mut scratch));
-        let qp = cx.ctrl.res.qps.get(h).unwrap();
+        let qp = cx.state.res.qps.get(h).unwrap();
         assert_eq!((qp.rt.sq_ci, qp.rt.outstanding), (3, 3));
         assert_eq!(doorbell::load(&host, db, QpDoorbell::SQ_CI), Ok(3));
-        assert_eq!(cx.ctrl.res.cqs.get(cq).unwrap().rt.pi, 0, "no CQE yet");
+        assert_eq!(cx.state.res.cqs.get(cq).unwrap().rt.pi, 0, "no CQE yet");
         // Taken and not completed: a QP moved to SQD is still draining.
-        cx.ctrl.res.qps.get_mut(h).unwrap().state = QpState::SQD;
-        assert!(cx.ctrl.res.qps.get(h).unwrap().rt.in_flight());
+        cx.state.res.qps.get_mut(h).unwrap().state = QpState::SQD;
+        assert!(cx.state.res.qps.get(h).unwrap().rt.in_flight());
 
         assert!(path.poll(&engine, &mut cx, &mut scratch.transport));
-        let qp = cx.ctrl.res.qps.get(h).unwrap();
+        let qp = cx.state.res.qps.get(h).unwrap();
         assert_eq!(qp.rt.outstanding, 0);
         assert!(!qp.rt.in_flight(), "drained");
-        assert_eq!(cx.ctrl.res.cqs.get(cq).unwrap().rt.pi, 3);
+        assert_eq!(cx.state.res.cqs.get(cq).unwrap().rt.pi, 3);
         for i in 0..3u64 {
             let mut b = [0u8; CQE_SIZE as usize];
             read_guest(&gm, GuestAddress(CQ_RING + i * u64::from(CQE_SIZE)), &mut b).unwrap();

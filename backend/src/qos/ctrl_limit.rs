@@ -13,8 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::bucket::TokenBucket;
-use super::QosTable;
-use crate::tenancy::Tenancy;
+use super::{Membership, QosTable};
 
 /// Tokens a control-command bucket holds at most for `rate` commands per
 /// second: 10 ms worth, at least 1. Small, so that a limited VM's rate
@@ -106,7 +105,7 @@ impl CtrlLimits {
         want: u64,
         now: Instant,
         qos: &QosTable,
-        tenancy: &Tenancy,
+        tenancy: &impl Membership,
     ) -> Result<u64, Duration> {
         let generation = qos.generation();
         let tenant = tenancy
@@ -150,6 +149,7 @@ mod tests {
     use super::*;
     use crate::qos::tests::tenancy;
     use crate::qos::QosSpec;
+    use crate::tenancy::Tenancy;
 
     const MS: Duration = Duration::from_millis(1);
 

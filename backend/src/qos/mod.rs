@@ -194,6 +194,14 @@ impl QosTable {
     }
 }
 
+/// What QoS needs of the tenancy table: which tenant each VM belongs to.
+pub trait Membership {
+    /// Number of VMs (indices `0..vm_count()`).
+    fn vm_count(&self) -> usize;
+    /// The tenant of VM `vm`.
+    fn tenant_of(&self, vm: usize) -> Option<usize>;
+}
+
 #[cfg(test)]
 #[allow(
     clippy::arithmetic_side_effects,

@@ -13,9 +13,8 @@
 use std::time::{Duration, Instant};
 
 use super::bucket::TokenBucket;
-use super::{QosSpec, QosTable, DEFAULT_WEIGHT};
+use super::{Membership, QosSpec, QosTable, DEFAULT_WEIGHT};
 use crate::stats::TrafficCounters;
-use crate::tenancy::Tenancy;
 
 /// How much of its rate a data-path token bucket may save up: 5 ms (so a 1-second
 /// measurement sees at most 0.5 % more than the rate from the burst).
@@ -125,9 +124,9 @@ pub struct RateLimits {
 impl RateLimits {
     /// Re-reads the QoS table if it changed since the last call. A change
     /// also clears every cached block, so a raised limit applies at once.
-    pub fn refresh(&mut self, table: &QosTable, tenancy: &Tenancy) {
+    pub fn refresh(&mut self, table: &QosTable, tenancy: &impl Membership) {
         let gen = table.generation();
-        if self.seen == Some(gen) && self.vms.len() == tenancy.vms().len() {
+        if self.seen == Some(gen) && self.vms.len() == tenancy.vm_count() {
             return;
         }
         self.seen = Some(gen);
@@ -140,7 +139,7 @@ impl RateLimits {
         }
         self.tenants.truncate(tenants.len());
         let vms = table.all_vms();
-        for i in 0..tenancy.vms().len() {
+        for i in 0..tenancy.vm_count() {
             let spec = vms.get(i).copied().unwrap_or_default();
             let tenant = tenancy.tenant_of(i).filter(|&t| t < self.tenants.len());
             let v = match self.vms.get_mut(i) {
@@ -175,7 +174,7 @@ impl RateLimits {
                 .is_some_and(Limiter::limited);
             v.limited = v.own.limited() || tenant_limited;
         }
-        self.vms.truncate(tenancy.vms().len());
+        self.vms.truncate(tenancy.vm_count());
     }
 
     /// Most work requests and bytes of one burst of VM `vm`.

@@ -1,10 +1,13 @@
-//! The software RNIC's transport: between VMs of one daemon there is no
-//! wire, so the requester performs the responder's part directly on the
-//! peer's objects and memory, and each RC operation completes in one step.
-//! Routing ([`route`]), the responder ([`responder`], [`receive`]), retry
-//! emulation ([`retry`]) and large messages in pieces ([`pieces`]) are the
-//! software RNIC's alone; the rest of the engine is the device model that
-//! any RNIC engine needs.
+//! The software RNIC: RDMA between the VMs of one daemon. With no wire
+//! between them, the requester performs the responder's part directly on
+//! the peer's objects and memory, and each operation completes in one step.
+//!
+//! - [`rnic`]: [`rnic::SoftRnic`], the object half (QP numbers, keys);
+//! - [`path`]: `SoftPath`, the data path behind the engine's seam;
+//! - [`route`]: getting a message to its responder (QPN lookup, tenant
+//!   policy, the peer VM's lock); [`responder`] and [`receive`]: the
+//!   responder's side; [`retry`]: retry emulation; [`pieces`]: large
+//!   messages in pieces.
 
 pub mod path;
 pub mod pieces;

@@ -107,13 +107,13 @@ impl TransportPath for SoftPath {
         let vm_id = cx.vm;
         let tenancy = engine.tenancy();
         let rc = cx
-            .ctrl
+            .state
             .res
             .qps
             .get(h)
             .is_some_and(|q| q.qp_type == QpType::RC);
         let peer = if rc {
-            engine.rc_route(cx.ctrl, h).filter(|&(v, _)| {
+            engine.rc_route(cx.state, h).filter(|&(v, _)| {
                 v != vm_id && tenancy.may_reach(vm_id, v) && same_thread(cx.vms, vm_id, v)
             })
         } else {
@@ -126,23 +126,23 @@ impl TransportPath for SoftPath {
         // `burst` runs at most once: in the closure, or after it if the
         // peer's VM is gone.
         let mut burst = Some(burst);
-        let done = dev.try_with_dataplane(|pctrl, pmem| {
+        let done = dev.try_with_dataplane(|pstate, pmem| {
             let mut with_peer = Serving {
                 vms: cx.vms,
                 vm: vm_id,
-                ctrl: &mut *cx.ctrl,
+                state: &mut *cx.state,
                 mem: cx.mem,
                 held: Some(Held {
                     vm: pvm,
                     dev,
-                    ctrl: pctrl,
+                    state: pstate,
                     mem: pmem,
                 }),
             };
             let did = burst.take().is_some_and(|b| b(&mut with_peer, scratch));
             if with_peer
                 .held
-                .is_some_and(|held| !held.ctrl.events.is_empty())
+                .is_some_and(|held| !held.state.events.is_empty())
             {
                 dev.wake_events();
             }
@@ -169,13 +169,13 @@ impl TransportPath for SoftPath {
         msg: &Outgoing<'_>,
     ) -> Step {
         let (h, index, mem) = (msg.qp, msg.index, cx.mem);
-        let Some(qp) = cx.ctrl.res.qps.get(h) else {
+        let Some(qp) = cx.state.res.qps.get(h) else {
             return Step::Done { published: false };
         };
         let (wr_id, op) = (msg.wr.hdr.wr_id, msg.op());
         // The requester's error completion for this WQE.
-        let failed = |ctrl: &mut VmState, status| {
-            complete_send(ctrl, mem, h, index, Completion::failed(wr_id, op, status))
+        let failed = |state: &mut VmState, status| {
+            complete_send(state, mem, h, index, Completion::failed(wr_id, op, status))
         };
         let SoftScratch {
             local,
@@ -187,18 +187,18 @@ impl TransportPath for SoftPath {
         let partial = qp.rt.partial.filter(|p| p.index == index);
         let piecewise = pieces::piecewise(qp.qp_type, msg.wr);
         if partial.is_some_and(|p| !pieces::resumes(&p, msg.wr, piecewise, msg.len)) {
-            return failed(cx.ctrl, WcStatus::LOC_QP_OP_ERR);
+            return failed(cx.state, WcStatus::LOC_QP_OP_ERR);
         }
         let start = partial.map_or(0, |p| p.done);
         let limit = pieces.limit(piecewise);
         // The part this execution moves: all of it but for a piece.
         let Some(part) = pieces::part(piecewise, msg.len, start, limit) else {
-            return failed(cx.ctrl, WcStatus::LOC_QP_OP_ERR);
+            return failed(cx.state, WcStatus::LOC_QP_OP_ERR);
         };
         let span = Span { start, limit, part };
         let outcome = match engine.transmit(cx, msg, span, local, resp) {
             Ok(outcome) => outcome,
-            Err(status) => return failed(cx.ctrl, status),
+            Err(status) => return failed(cx.state, status),
         };
         shrink_scratch(local, resp);
         let ud = msg.ud();
@@ -218,28 +218,28 @@ impl TransportPath for SoftPath {
         let end = part.0.saturating_add(part.1);
         if matches!(outcome, RespOutcome::Done) && end < msg.len {
             // A piece: the WQE stays at the head until its last one.
-            if let Some(q) = cx.ctrl.res.qps.get_mut(h) {
+            if let Some(q) = cx.state.res.qps.get_mut(h) {
                 q.rt.partial = Some(pieces::started(index, msg.wr, msg.len, end));
             }
             return Step::Piece;
         }
-        let ok = |ctrl: &mut VmState| {
+        let ok = |state: &mut VmState| {
             if msg.signaled {
                 let byte_len = u32::try_from(msg.len).unwrap_or(u32::MAX);
                 let c = Completion::ok(wr_id, op, byte_len);
-                return complete_send(ctrl, mem, h, index, c);
+                return complete_send(state, mem, h, index, c);
             }
             Step::Done { published: false }
         };
         match outcome {
-            RespOutcome::Done | RespOutcome::Dropped => ok(cx.ctrl),
+            RespOutcome::Done | RespOutcome::Dropped => ok(cx.state),
             // UD gives no delivery guarantee: a message nobody takes is
             // dropped (spec 18.11.5).
-            RespOutcome::Unreachable | RespOutcome::Stale if ud => ok(cx.ctrl),
-            RespOutcome::Nak(status) => failed(cx.ctrl, status),
+            RespOutcome::Unreachable | RespOutcome::Stale if ud => ok(cx.state),
+            RespOutcome::Nak(status) => failed(cx.state, status),
             RespOutcome::Busy => Step::Busy,
             RespOutcome::Unreachable | RespOutcome::Stale => {
-                let Some(qp) = cx.ctrl.res.qps.get_mut(h) else {
+                let Some(qp) = cx.state.res.qps.get_mut(h) else {
                     return Step::Done { published: false };
                 };
                 debug!(
@@ -251,7 +251,7 @@ impl TransportPath for SoftPath {
                 Step::Wait(w.at)
             }
             RespOutcome::Rnr(code) => {
-                let Some(qp) = cx.ctrl.res.qps.get_mut(h) else {
+                let Some(qp) = cx.state.res.qps.get_mut(h) else {
                     return Step::Done { published: false };
                 };
                 match rnr_retry(qp, index, code) {
@@ -259,7 +259,7 @@ impl TransportPath for SoftPath {
                         qp.rt.wait = Some(w);
                         Step::Wait(w.at)
                     }
-                    None => failed(cx.ctrl, WcStatus::RNR_RETRY_EXC_ERR),
+                    None => failed(cx.state, WcStatus::RNR_RETRY_EXC_ERR),
                 }
             }
         }

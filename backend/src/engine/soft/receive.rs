@@ -47,14 +47,14 @@ pub(super) struct Broken;
 /// the caller consumes it with [`consume_recv`] once it knows the message
 /// is accepted, so that a refused message leaves the queue as it was.
 pub(super) fn peek_recv<'s>(
-    ctrl: &VmState,
+    state: &VmState,
     mem: &HostMem,
     qp: u32,
     scratch: &'s mut WqeBuf,
 ) -> Result<Peeked<'s>, Broken> {
-    let q = ctrl.res.qps.get(qp).ok_or(Broken)?;
+    let q = state.res.qps.get(qp).ok_or(Broken)?;
     let (pi, r, ci) = if q.srq != 0 {
-        let srq = ctrl.res.srqs.get(q.srq).ok_or(Broken)?;
+        let srq = state.res.srqs.get(q.srq).ok_or(Broken)?;
         if srq.rt.broken {
             return Err(Broken);
         }
@@ -82,8 +82,8 @@ pub(super) fn peek_recv<'s>(
 /// Consumes the receive WQE [`peek_recv`] returned for responder QP `qp`
 /// (read against producer index `pi`): advances and publishes the consumer
 /// index, and for an SRQ checks its limit (spec 18.21).
-pub(super) fn consume_recv(ctrl: &mut VmState, mem: &HostMem, qp: u32, pi: u32) {
-    let Some(q) = ctrl.res.qps.get_mut(qp) else {
+pub(super) fn consume_recv(state: &mut VmState, mem: &HostMem, qp: u32, pi: u32) {
+    let Some(q) = state.res.qps.get_mut(qp) else {
         return;
     };
     if q.srq == 0 {
@@ -92,7 +92,7 @@ pub(super) fn consume_recv(ctrl: &mut VmState, mem: &HostMem, qp: u32, pi: u32) 
         return;
     }
     let srq_h = q.srq;
-    let Some(srq) = ctrl.res.srqs.get_mut(srq_h) else {
+    let Some(srq) = state.res.srqs.get_mut(srq_h) else {
         return;
     };
     srq.rt.ci = srq.rt.ci.wrapping_add(1);
@@ -100,7 +100,7 @@ pub(super) fn consume_recv(ctrl: &mut VmState, mem: &HostMem, qp: u32, pi: u32) 
     let posted = pi.wrapping_sub(srq.rt.ci);
     if srq.limit != 0 && posted < srq.limit {
         srq.limit = 0;
-        ctrl.events.push(EventKind::SRQ_LIMIT_REACHED, srq_h, 0);
+        state.events.push(EventKind::SRQ_LIMIT_REACHED, srq_h, 0);
     }
 }
 
@@ -108,21 +108,21 @@ pub(super) fn consume_recv(ctrl: &mut VmState, mem: &HostMem, qp: u32, pi: u32) 
 /// its own receive queue fails the QP with `QP_FATAL`; a broken SRQ fails
 /// for good with `SRQ_ERROR`, and every QP attached to it goes to ERR with
 /// `QP_FATAL`. No completion is written: no WQE of the queue is trusted.
-pub(super) fn recv_queue_failed(ctrl: &mut VmState, qp: u32) {
-    let Some(srq_h) = ctrl.res.qps.get(qp).map(|q| q.srq) else {
+pub(super) fn recv_queue_failed(state: &mut VmState, qp: u32) {
+    let Some(srq_h) = state.res.qps.get(qp).map(|q| q.srq) else {
         return;
     };
     if srq_h == 0 {
-        ctrl.qp_enter_err(qp, Some(EventKind::QP_FATAL));
+        state.qp_enter_err(qp, Some(EventKind::QP_FATAL));
         return;
     }
-    if let Some(srq) = ctrl.res.srqs.get_mut(srq_h) {
+    if let Some(srq) = state.res.srqs.get_mut(srq_h) {
         if !srq.rt.broken {
             srq.rt.broken = true;
-            ctrl.events.push(EventKind::SRQ_ERROR, srq_h, 0);
+            state.events.push(EventKind::SRQ_ERROR, srq_h, 0);
         }
     }
-    let attached: Vec<u32> = ctrl
+    let attached: Vec<u32> = state
         .res
         .qps
         .iter()
@@ -130,7 +130,7 @@ pub(super) fn recv_queue_failed(ctrl: &mut VmState, qp: u32) {
         .map(|(h, _)| h)
         .collect();
     for h in attached {
-        ctrl.qp_enter_err(h, Some(EventKind::QP_FATAL));
+        state.qp_enter_err(h, Some(EventKind::QP_FATAL));
     }
 }
 
@@ -139,14 +139,14 @@ pub(super) fn recv_queue_failed(ctrl: &mut VmState, qp: u32) {
 /// the requester completes normally (spec 18.18, notes); a CQ in error has
 /// already failed this QP with QP_FATAL (spec 18.17).
 pub(super) fn received(
-    ctrl: &mut VmState,
+    state: &mut VmState,
     mem: &HostMem,
     qp: u32,
     cq: u32,
     cqe: Cqe,
 ) -> RespOutcome {
-    if !complete(ctrl, mem, cq, cqe) {
-        ctrl.qp_enter_err(qp, None);
+    if !complete(state, mem, cq, cqe) {
+        state.qp_enter_err(qp, None);
     }
     RespOutcome::Done
 }
@@ -155,20 +155,20 @@ pub(super) fn received(
 /// must continue the message the QP's receive WQE was taken for, exactly
 /// where the last piece ended; anything else is an invalid request.
 pub(super) fn next_piece(
-    ctrl: &mut VmState,
+    state: &mut VmState,
     mem: &HostMem,
     qp: u32,
     req: &Request<'_>,
     scratch: &mut RespScratch,
     last: bool,
 ) -> RespOutcome {
-    let inb = ctrl.res.qps.get_mut(qp).and_then(|q| q.rt.inbound.take());
+    let inb = state.res.qps.get_mut(qp).and_then(|q| q.rt.inbound.take());
     let Some(inb) = inb.filter(|i| i.len == req.len && i.placed == req.part.0) else {
-        return nak(ctrl, qp, WcStatus::REM_INV_REQ_ERR);
+        return nak(state, qp, WcStatus::REM_INV_REQ_ERR);
     };
     // (An RDMA WRITE with immediate has its piece of the target in
     // `scratch.segs` already, resolved by `perform`.)
-    place_piece(ctrl, mem, qp, req, scratch, *inb, last)
+    place_piece(state, mem, qp, req, scratch, *inb, last)
 }
 
 /// Places piece `req.part` of a message arriving in pieces (receive WQE
@@ -176,7 +176,7 @@ pub(super) fn next_piece(
 /// keeps `inb` on the QP for the next piece. For an RDMA WRITE with
 /// immediate `scratch.segs` holds the piece's part of the RDMA target.
 pub(super) fn place_piece(
-    ctrl: &mut VmState,
+    state: &mut VmState,
     mem: &HostMem,
     qp: u32,
     req: &Request<'_>,
@@ -184,7 +184,7 @@ pub(super) fn place_piece(
     mut inb: Inbound,
     last: bool,
 ) -> RespOutcome {
-    let Some((pd, cq, qpn)) = ctrl.res.qps.get(qp).map(|q| (q.pd, q.recv_cq, q.qpn)) else {
+    let Some((pd, cq, qpn)) = state.res.qps.get(qp).map(|q| (q.pd, q.recv_cq, q.qpn)) else {
         return RespOutcome::Unreachable;
     };
     let (skip, take) = req.part;
@@ -192,62 +192,67 @@ pub(super) fn place_piece(
     if req.wr.opcode != WrOpcode::RDMA_WRITE_WITH_IMM {
         // The receive buffers are checked again for every piece: an MR
         // deregistered meanwhile fails the message.
-        if let Err(status) = local_range(ctrl, pd, &inb.sges, true, skip, take, segs) {
+        if let Err(status) = local_range(state, pd, &inb.sges, true, skip, take, segs) {
             let wr_id = inb.wr_id;
-            return piece_failed(ctrl, mem, qp, wr_id, status);
+            return piece_failed(state, mem, qp, wr_id, status);
         }
     }
     if copy_in(req, mem, segs).is_err() {
-        return piece_failed(ctrl, mem, qp, inb.wr_id, WcStatus::LOC_PROT_ERR);
+        return piece_failed(state, mem, qp, inb.wr_id, WcStatus::LOC_PROT_ERR);
     }
     inb.placed = skip.saturating_add(take);
     if !last {
-        if let Some(q) = ctrl.res.qps.get_mut(qp) {
+        if let Some(q) = state.res.qps.get_mut(qp) {
             q.rt.inbound = Some(Box::new(inb));
         }
         return RespOutcome::Done;
     }
     let cqe = recv_cqe(req, qpn, inb.wr_id, inb.len, false);
-    received(ctrl, mem, qp, cq, cqe)
+    received(state, mem, qp, cq, cqe)
 }
 
 /// The receive WQE of a message arriving in pieces (already consumed)
 /// cannot take the rest: it completes with `status`, the responder QP goes
 /// to ERR, and the requester gets `REM_OP_ERR` (spec 18.18).
 fn piece_failed(
-    ctrl: &mut VmState,
+    state: &mut VmState,
     mem: &HostMem,
     qp: u32,
     wr_id: u64,
     status: WcStatus,
 ) -> RespOutcome {
-    recv_error(ctrl, mem, qp, wr_id, status);
-    ctrl.qp_enter_err(qp, None);
+    recv_error(state, mem, qp, wr_id, status);
+    state.qp_enter_err(qp, None);
     RespOutcome::Nak(WcStatus::REM_OP_ERR)
 }
 
 /// Completes the receive WQE of a message that stopped arriving midway
 /// (its sender went away, or sent something else) with `LOC_QP_OP_ERR`.
-pub(super) fn abandon(ctrl: &mut VmState, mem: &HostMem, qp: u32, inb: &Inbound) {
-    recv_error(ctrl, mem, qp, inb.wr_id, WcStatus::LOC_QP_OP_ERR);
+pub(super) fn abandon(state: &mut VmState, mem: &HostMem, qp: u32, inb: &Inbound) {
+    recv_error(state, mem, qp, inb.wr_id, WcStatus::LOC_QP_OP_ERR);
 }
 
 /// Writes the error completion `status` of receive WQE `wr_id` of QP `qp`
 /// on its receive CQ, and counts it.
-fn recv_error(ctrl: &mut VmState, mem: &HostMem, qp: u32, wr_id: u64, status: WcStatus) {
-    if let Some(t) = ctrl.tenancy().traffic(ctrl.vm_index()) {
+fn recv_error(state: &mut VmState, mem: &HostMem, qp: u32, wr_id: u64, status: WcStatus) {
+    if let Some(t) = state.tenancy().traffic(state.vm_index()) {
         TrafficCounters::add_single_writer(&t.error_cqes, 1);
     }
-    if let Some((cq, qpn)) = ctrl.res.qps.get(qp).map(|q| (q.recv_cq, q.qpn)) {
-        let _ = complete(ctrl, mem, cq, error_cqe(wr_id, WcOpcode::RECV, status, qpn));
+    if let Some((cq, qpn)) = state.res.qps.get(qp).map(|q| (q.recv_cq, q.qpn)) {
+        let _ = complete(
+            state,
+            mem,
+            cq,
+            error_cqe(wr_id, WcOpcode::RECV, status, qpn),
+        );
     }
 }
 
 /// A responder QP in ERR whose message was arriving in pieces: its
 /// consumed receive WQE completes with `WR_FLUSH_ERR` (spec 18.19).
 /// Returns whether there was one.
-pub(in crate::engine) fn flush_inbound(ctrl: &mut VmState, mem: &HostMem, qp: u32) -> bool {
-    let Some(q) = ctrl.res.qps.get_mut(qp) else {
+pub(in crate::engine) fn flush_inbound(state: &mut VmState, mem: &HostMem, qp: u32) -> bool {
+    let Some(q) = state.res.qps.get_mut(qp) else {
         return false;
     };
     let Some(inb) = q.rt.inbound.take() else {
@@ -255,7 +260,7 @@ pub(in crate::engine) fn flush_inbound(ctrl: &mut VmState, mem: &HostMem, qp: u3
     };
     let (cq, qpn) = (q.recv_cq, q.qpn);
     let cqe = error_cqe(inb.wr_id, WcOpcode::RECV, WcStatus::WR_FLUSH_ERR, qpn);
-    let _ = complete(ctrl, mem, cq, cqe);
+    let _ = complete(state, mem, cq, cqe);
     true
 }
 
@@ -263,7 +268,7 @@ pub(in crate::engine) fn flush_inbound(ctrl: &mut VmState, mem: &HostMem, qp: u3
 /// receive WQE (`sges`) of a QP in PD `pd`, after checking every SGE and
 /// the room (spec 18.9, 18.13). Returns the bytes placed.
 pub(super) fn place_send(
-    ctrl: &VmState,
+    state: &VmState,
     mem: &HostMem,
     req: &Request<'_>,
     pd: u32,
@@ -273,7 +278,7 @@ pub(super) fn place_send(
 ) -> Result<u64, WcStatus> {
     let grh = if ud { u64::from(UD_GRH_SIZE) } else { 0 };
     let needed = grh.saturating_add(req.len);
-    let capacity = local_segments(ctrl, pd, sges, true, needed, segs)?;
+    let capacity = local_segments(state, pd, sges, true, needed, segs)?;
     if capacity < needed {
         return Err(WcStatus::LOC_LEN_ERR);
     }
@@ -287,7 +292,7 @@ pub(super) fn place_send(
             payload_length: ud_grh_payload_length(req.len, with_imm),
             hop_limit: req.av.hop_limit,
             sgid: req.src_gid,
-            dgid: ctrl.port_gid(),
+            dgid: state.port_gid(),
         }
         .to_bytes();
         access::write(mem, segs, &header).map_err(|_| WcStatus::LOC_PROT_ERR)?;
@@ -343,7 +348,7 @@ pub(super) fn recv_cqe(req: &Request<'_>, qpn: u32, wr_id: u64, placed: u64, ud:
 /// requester fails with `REM_INV_REQ_ERR` for a length error and
 /// `REM_OP_ERR` otherwise; a UD message counts as delivered.
 pub(super) fn recv_failed(
-    ctrl: &mut VmState,
+    state: &mut VmState,
     mem: &HostMem,
     qp: u32,
     pi: u32,
@@ -351,9 +356,9 @@ pub(super) fn recv_failed(
     status: WcStatus,
     ud: bool,
 ) -> RespOutcome {
-    consume_recv(ctrl, mem, qp, pi);
-    recv_error(ctrl, mem, qp, wr_id, status);
-    ctrl.qp_enter_err(qp, None);
+    consume_recv(state, mem, qp, pi);
+    recv_error(state, mem, qp, wr_id, status);
+    state.qp_enter_err(qp, None);
     if ud {
         return RespOutcome::Dropped;
     }

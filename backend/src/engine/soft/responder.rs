@@ -26,20 +26,20 @@ use crate::vm::VmState;
 /// the requester's (`requester`) `bad_rkey`: that is what guessing keys
 /// looks like.
 fn remote_segments(
-    ctrl: &VmState,
+    state: &VmState,
     qp: u32,
     requester: usize,
     range: (u32, u64, u64),
     right: u32,
     out: &mut Vec<Segment>,
 ) -> Result<(), WcStatus> {
-    remote_part(ctrl, qp, requester, range, (0, range.2), right, out)
+    remote_part(state, qp, requester, range, (0, range.2), right, out)
 }
 
 /// [`remote_segments`] that checks the whole range `(rkey, addr, len)` but
 /// resolves only the part `(skip, take)` of it (a piece of an RDMA WRITE).
 fn remote_part(
-    ctrl: &VmState,
+    state: &VmState,
     qp: u32,
     requester: usize,
     (rkey, addr, len): (u32, u64, u64),
@@ -47,15 +47,15 @@ fn remote_part(
     right: u32,
     out: &mut Vec<Segment>,
 ) -> Result<(), WcStatus> {
-    let q = ctrl.res.qps.get(qp).ok_or(WcStatus::REM_ACCESS_ERR)?;
-    let mr = ctrl
+    let q = state.res.qps.get(qp).ok_or(WcStatus::REM_ACCESS_ERR)?;
+    let mr = state
         .res
         .rkeys
         .get(&rkey)
-        .and_then(|h| ctrl.res.mrs.get(*h))
+        .and_then(|h| state.res.mrs.get(*h))
         .filter(|mr| mr.pd == q.pd && mr.access & right != 0);
     let Some(mr) = mr else {
-        if let Some(c) = ctrl.tenancy().counters(requester) {
+        if let Some(c) = state.tenancy().counters(requester) {
             IsolationCounters::bump(&c.bad_rkey);
         }
         return Err(WcStatus::REM_ACCESS_ERR);
@@ -86,16 +86,16 @@ fn remote_part(
 /// deregistered meanwhile fails the WRITE (`REM_ACCESS_ERR`) as a
 /// mid-transfer invalidation does.
 fn write_target(
-    ctrl: &VmState,
+    state: &VmState,
     qp: u32,
     req: &Request<'_>,
     out: &mut Vec<Segment>,
 ) -> Result<(), WcStatus> {
     if req.len > 0 {
-        return remote_range(ctrl, qp, req, acc::REMOTE_WRITE, out);
+        return remote_range(state, qp, req, acc::REMOTE_WRITE, out);
     }
     out.clear();
-    match ctrl.res.qps.get(qp) {
+    match state.res.qps.get(qp) {
         Some(q) if q.attr.access & acc::REMOTE_WRITE != 0 => Ok(()),
         _ => Err(WcStatus::REM_ACCESS_ERR),
     }
@@ -108,7 +108,7 @@ fn write_target(
 /// again, so an MR deregistered meanwhile fails the operation
 /// (`REM_ACCESS_ERR`) as a mid-transfer invalidation does.
 fn remote_range(
-    ctrl: &VmState,
+    state: &VmState,
     qp: u32,
     req: &Request<'_>,
     right: u32,
@@ -118,30 +118,30 @@ fn remote_range(
     let (skip, take) = req.part;
     if skip == 0 {
         let range = (wr.hdr.rkey, wr.hdr.remote_addr, len);
-        return remote_part(ctrl, qp, req.vm, range, req.part, right, out);
+        return remote_part(state, qp, req.vm, range, req.part, right, out);
     }
     let addr = wr.hdr.remote_addr.checked_add(skip);
     let addr = addr.ok_or(WcStatus::REM_ACCESS_ERR)?;
-    remote_segments(ctrl, qp, req.vm, (wr.hdr.rkey, addr, take), right, out)
+    remote_segments(state, qp, req.vm, (wr.hdr.rkey, addr, take), right, out)
 }
 
-/// Performs `req` at responder QP `qp` of `ctrl` (whose memory is `mem`).
+/// Performs `req` at responder QP `qp` of `state` (whose memory is `mem`).
 pub fn respond(
-    ctrl: &mut VmState,
+    state: &mut VmState,
     mem: &HostMem,
     qp: u32,
     req: &Request<'_>,
     scratch: &mut RespScratch,
 ) -> RespOutcome {
-    let out = perform(ctrl, mem, qp, req, scratch);
+    let out = perform(state, mem, qp, req, scratch);
     // A message executed in pieces counts once, with its last piece.
     let last = req.part.0.saturating_add(req.part.1) >= req.len;
     if matches!(out, RespOutcome::Done) {
-        comm_established(ctrl, qp);
+        comm_established(state, qp);
         if !last {
             return out;
         }
-        if let Some(t) = ctrl.tenancy().traffic(ctrl.vm_index()) {
+        if let Some(t) = state.tenancy().traffic(state.vm_index()) {
             TrafficCounters::add_single_writer(&t.recv_ops, 1);
             TrafficCounters::add_single_writer(&t.recv_bytes, req.len);
         }
@@ -151,26 +151,26 @@ pub fn respond(
 
 /// The first message a QP accepts in RTR queues `QP_COMM_EST`, once per
 /// entry into RTR and only while the QP is still in RTR (spec 18.22).
-fn comm_established(ctrl: &mut VmState, qp: u32) {
-    let Some(q) = ctrl.res.qps.get_mut(qp) else {
+fn comm_established(state: &mut VmState, qp: u32) {
+    let Some(q) = state.res.qps.get_mut(qp) else {
         return;
     };
     if q.state == QpState::RTR && !q.rt.comm_est {
         q.rt.comm_est = true;
-        ctrl.events.push(EventKind::QP_COMM_EST, qp, 0);
+        state.events.push(EventKind::QP_COMM_EST, qp, 0);
     }
 }
 
 /// The work of [`respond`]: checks, receive consumption, data movement and
 /// the responder's completion.
 fn perform(
-    ctrl: &mut VmState,
+    state: &mut VmState,
     mem: &HostMem,
     qp: u32,
     req: &Request<'_>,
     scratch: &mut RespScratch,
 ) -> RespOutcome {
-    let Some(q) = ctrl.res.qps.get(qp) else {
+    let Some(q) = state.res.qps.get(qp) else {
         return RespOutcome::Unreachable;
     };
     if q.qpn != req.dest_qpn {
@@ -197,43 +197,43 @@ fn perform(
     } = scratch;
     match wr.opcode {
         WrOpcode::RDMA_WRITE | WrOpcode::RDMA_WRITE_WITH_IMM => {
-            if let Err(s) = write_target(ctrl, qp, req, segs) {
-                return nak(ctrl, qp, s);
+            if let Err(s) = write_target(state, qp, req, segs) {
+                return nak(state, qp, s);
             }
             if wr.opcode == WrOpcode::RDMA_WRITE {
                 return match copy_in(req, mem, segs) {
                     Ok(()) => RespOutcome::Done,
-                    Err(_) => nak(ctrl, qp, WcStatus::REM_ACCESS_ERR),
+                    Err(_) => nak(state, qp, WcStatus::REM_ACCESS_ERR),
                 };
             }
         }
         WrOpcode::RDMA_READ => {
             if !takes_rd_atomic {
-                return nak(ctrl, qp, WcStatus::REM_INV_REQ_ERR);
+                return nak(state, qp, WcStatus::REM_INV_REQ_ERR);
             }
             if req.len == 0 {
                 // A zero-length READ accesses no memory and is not checked
                 // (spec 18.11.3): no rkey, address or access right.
                 return RespOutcome::Done;
             }
-            return match remote_range(ctrl, qp, req, acc::REMOTE_READ, segs) {
+            return match remote_range(state, qp, req, acc::REMOTE_READ, segs) {
                 Ok(()) => match access::copy(mem, segs, req.mem, req.local, req.part.1) {
                     Ok(()) => RespOutcome::Done,
-                    Err(_) => nak(ctrl, qp, WcStatus::REM_ACCESS_ERR),
+                    Err(_) => nak(state, qp, WcStatus::REM_ACCESS_ERR),
                 },
-                Err(s) => nak(ctrl, qp, s),
+                Err(s) => nak(state, qp, s),
             };
         }
         WrOpcode::ATOMIC_CMP_AND_SWP | WrOpcode::ATOMIC_FETCH_AND_ADD => {
             if !takes_rd_atomic || wr.hdr.remote_addr % 8 != 0 {
-                return nak(ctrl, qp, WcStatus::REM_INV_REQ_ERR);
+                return nak(state, qp, WcStatus::REM_INV_REQ_ERR);
             }
             let range = (wr.hdr.rkey, wr.hdr.remote_addr, 8);
-            if let Err(s) = remote_segments(ctrl, qp, req.vm, range, acc::REMOTE_ATOMIC, segs) {
-                return nak(ctrl, qp, s);
+            if let Err(s) = remote_segments(state, qp, req.vm, range, acc::REMOTE_ATOMIC, segs) {
+                return nak(state, qp, s);
             }
             let Some(target) = segs.first().filter(|s| s.len == 8).copied() else {
-                return nak(ctrl, qp, WcStatus::REM_INV_REQ_ERR);
+                return nak(state, qp, WcStatus::REM_INV_REQ_ERR);
             };
             let old = if wr.opcode == WrOpcode::ATOMIC_CMP_AND_SWP {
                 access::compare_swap(mem, target.gpa, wr.hdr.compare_add, wr.hdr.swap)
@@ -245,7 +245,7 @@ fn perform(
                     Ok(()) => RespOutcome::Done,
                     Err(_) => RespOutcome::Nak(WcStatus::LOC_PROT_ERR),
                 },
-                Err(_) => nak(ctrl, qp, WcStatus::REM_ACCESS_ERR),
+                Err(_) => nak(state, qp, WcStatus::REM_ACCESS_ERR),
             };
         }
         WrOpcode::SEND | WrOpcode::SEND_WITH_IMM => {}
@@ -254,22 +254,22 @@ fn perform(
     let (skip, take) = req.part;
     let last = skip.saturating_add(take) >= req.len;
     if skip > 0 {
-        return next_piece(ctrl, mem, qp, req, scratch, last);
+        return next_piece(state, mem, qp, req, scratch, last);
     }
     // A first piece while another message is still arriving: its sender
     // stopped mid-message. As a responder expecting the rest of a message,
     // this one is an invalid request (its receive WQE fails with it).
-    if let Some(inb) = ctrl.res.qps.get_mut(qp).and_then(|q| q.rt.inbound.take()) {
-        abandon(ctrl, mem, qp, &inb);
-        return nak(ctrl, qp, WcStatus::REM_INV_REQ_ERR);
+    if let Some(inb) = state.res.qps.get_mut(qp).and_then(|q| q.rt.inbound.take()) {
+        abandon(state, mem, qp, &inb);
+        return nak(state, qp, WcStatus::REM_INV_REQ_ERR);
     }
     // The receive WQE is copied and checked in full before any byte of the
     // message is written, so that an RNR, a malformed WQE or a broken queue
     // leaves the responder's memory as it was (spec 18.11.2, 18.13).
-    let Peeked { head, pi } = match peek_recv(ctrl, mem, qp, recv_buf) {
+    let Peeked { head, pi } = match peek_recv(state, mem, qp, recv_buf) {
         Ok(p) => p,
         Err(Broken) => {
-            recv_queue_failed(ctrl, qp);
+            recv_queue_failed(state, qp);
             // The responder is in ERR now: unreachable (RC retries).
             return if ud {
                 RespOutcome::Dropped
@@ -283,7 +283,7 @@ fn perform(
         Head::Empty if ud => return RespOutcome::Dropped,
         Head::Empty => return RespOutcome::Rnr(min_rnr),
         Head::Malformed(wr_id) => {
-            return recv_failed(ctrl, mem, qp, pi, wr_id, WcStatus::LOC_QP_OP_ERR, ud)
+            return recv_failed(state, mem, qp, pi, wr_id, WcStatus::LOC_QP_OP_ERR, ud)
         }
     };
     if !last {
@@ -292,50 +292,50 @@ fn perform(
         let sges = if wr.opcode == WrOpcode::RDMA_WRITE_WITH_IMM {
             Vec::new()
         } else {
-            match check_local(ctrl, pd, recv.sges, true) {
+            match check_local(state, pd, recv.sges, true) {
                 Ok(room) if room >= req.len => recv.sges.to_vec(),
                 Ok(_) => {
-                    return recv_failed(ctrl, mem, qp, pi, recv.wr_id, WcStatus::LOC_LEN_ERR, ud)
+                    return recv_failed(state, mem, qp, pi, recv.wr_id, WcStatus::LOC_LEN_ERR, ud)
                 }
-                Err(status) => return recv_failed(ctrl, mem, qp, pi, recv.wr_id, status, ud),
+                Err(status) => return recv_failed(state, mem, qp, pi, recv.wr_id, status, ud),
             }
         };
-        consume_recv(ctrl, mem, qp, pi);
+        consume_recv(state, mem, qp, pi);
         let inb = Inbound {
             wr_id: recv.wr_id,
             sges,
             len: req.len,
             placed: 0,
         };
-        return place_piece(ctrl, mem, qp, req, scratch, inb, false);
+        return place_piece(state, mem, qp, req, scratch, inb, false);
     }
     let placed = if wr.opcode == WrOpcode::RDMA_WRITE_WITH_IMM {
         // The data goes to the RDMA target; the receive WQE's buffers are
         // not touched (spec 18.11.2).
         if copy_in(req, mem, segs).is_err() {
-            return nak(ctrl, qp, WcStatus::REM_ACCESS_ERR);
+            return nak(state, qp, WcStatus::REM_ACCESS_ERR);
         }
         req.len
     } else {
-        match place_send(ctrl, mem, req, pd, ud, recv.sges, segs) {
+        match place_send(state, mem, req, pd, ud, recv.sges, segs) {
             Ok(n) => n,
-            Err(status) => return recv_failed(ctrl, mem, qp, pi, recv.wr_id, status, ud),
+            Err(status) => return recv_failed(state, mem, qp, pi, recv.wr_id, status, ud),
         }
     };
-    consume_recv(ctrl, mem, qp, pi);
+    consume_recv(state, mem, qp, pi);
     let cqe = recv_cqe(req, my_qpn, recv.wr_id, placed, ud);
-    received(ctrl, mem, qp, recv_cq, cqe)
+    received(state, mem, qp, recv_cq, cqe)
 }
 
 /// The responder refuses: its QP fails with an async event, the requester
 /// gets `status`.
-pub(super) fn nak(ctrl: &mut VmState, qp: u32, status: WcStatus) -> RespOutcome {
+pub(super) fn nak(state: &mut VmState, qp: u32, status: WcStatus) -> RespOutcome {
     let event = if status == WcStatus::REM_ACCESS_ERR {
         EventKind::QP_ACCESS_ERROR
     } else {
         EventKind::QP_REQ_ERROR
     };
-    ctrl.qp_enter_err(qp, Some(event));
+    state.qp_enter_err(qp, Some(event));
     RespOutcome::Nak(status)
 }
 

@@ -31,7 +31,7 @@ use crate::vm::VmState;
 pub(crate) struct Held<'p> {
     pub(super) vm: usize,
     pub(super) dev: &'p VmCell,
-    pub(super) ctrl: &'p mut VmState,
+    pub(super) state: &'p mut VmState,
     pub(super) mem: &'p HostMem,
 }
 
@@ -56,7 +56,7 @@ impl Engine {
         let mut route = if ud {
             self.route_of(msg.dest_qpn)
         } else {
-            self.rc_route(cx.ctrl, h)
+            self.rc_route(cx.state, h)
         };
         let unreached = if ud {
             None
@@ -67,13 +67,13 @@ impl Engine {
             // Nothing is moved, but a message that could not even be
             // built still fails as such (keys, rights, bounds: a cost in
             // SGEs, not pages).
-            check_local(cx.ctrl, msg.pd, msg.wr.sges, msg.writes_local)?;
+            check_local(cx.state, msg.pd, msg.wr.sges, msg.writes_local)?;
             return Ok(outcome);
         }
         // Every piece resolves only its own part.
         let sges = msg.wr.sges;
         local_range(
-            cx.ctrl,
+            cx.state,
             msg.pd,
             sges,
             msg.writes_local,
@@ -86,7 +86,7 @@ impl Engine {
             wr: msg.wr,
             vm: cx.vm,
             src_qpn: msg.src_qpn,
-            src_gid: cx.ctrl.port_gid(),
+            src_gid: cx.state.port_gid(),
             av: msg.av,
             local,
             len: msg.len,
@@ -100,7 +100,7 @@ impl Engine {
             // The routing hint was stale: resolve the QPN afresh, once.
             // The number may now belong to another QP of the VM held for
             // this burst: `deliver` must use that lock, not take it again.
-            let route = self.relookup(cx.ctrl, h, msg.dest_qpn, !ud);
+            let route = self.relookup(cx.state, h, msg.dest_qpn, !ud);
             req.admitted = false;
             outcome = deliver(cx, route, dgid, &req, ud, resp);
         }
@@ -109,8 +109,8 @@ impl Engine {
 
     /// Where an RC QP's messages go: (VM, QP handle), from the QP's hint
     /// when it names the current destination QPN.
-    pub(in crate::engine) fn rc_route(&self, ctrl: &mut VmState, h: u32) -> Option<(usize, u32)> {
-        let qp = ctrl.res.qps.get_mut(h)?;
+    pub(in crate::engine) fn rc_route(&self, state: &mut VmState, h: u32) -> Option<(usize, u32)> {
+        let qp = state.res.qps.get_mut(h)?;
         let dest = qp.attr.dest_qpn;
         if let Some((qpn, vm, ph)) = qp.rt.peer {
             if qpn == dest {
@@ -131,13 +131,13 @@ impl Engine {
     /// was stale); an RC QP (`hint`) keeps the result as its new hint.
     pub(in crate::engine) fn relookup(
         &self,
-        ctrl: &mut VmState,
+        state: &mut VmState,
         h: u32,
         dest_qpn: u32,
         hint: bool,
     ) -> Option<(usize, u32)> {
         let route = self.route_of(dest_qpn);
-        if let Some(q) = ctrl.res.qps.get_mut(h) {
+        if let Some(q) = state.res.qps.get_mut(h) {
             q.rt.peer = match route {
                 Some((vm, ph)) if hint => Some((dest_qpn, vm, ph)),
                 _ => None,
@@ -159,23 +159,23 @@ impl Engine {
         route: &mut Option<(usize, u32)>,
         dgid: [u8; 16],
     ) -> Option<RespOutcome> {
-        let dest_qpn = cx.ctrl.res.qps.get(h).map(|q| q.attr.dest_qpn)?;
+        let dest_qpn = cx.state.res.qps.get(h).map(|q| q.attr.dest_qpn)?;
         for fresh in [false, true] {
             let (pvm, pqp) = match admit(cx, *route, dgid, false) {
                 Ok(r) => r,
                 Err(outcome) => return Some(outcome),
             };
             let verdict = if pvm == cx.vm {
-                responder_takes(cx.ctrl, pqp, dest_qpn)
+                responder_takes(cx.state, pqp, dest_qpn)
             } else {
                 match cx.held.as_ref().filter(|p| p.vm == pvm) {
-                    Some(p) => responder_takes(p.ctrl, pqp, dest_qpn),
+                    Some(p) => responder_takes(p.state, pqp, dest_qpn),
                     None => None,
                 }
             };
             match verdict {
                 Some(RespOutcome::Stale) if !fresh => {
-                    *route = self.relookup(cx.ctrl, h, dest_qpn, true);
+                    *route = self.relookup(cx.state, h, dest_qpn, true);
                 }
                 Some(RespOutcome::Stale) => return Some(RespOutcome::Unreachable),
                 other => return other,
@@ -225,14 +225,14 @@ fn deliver(
         Err(outcome) => return outcome,
     };
     if peer_vm == cx.vm {
-        return respond_checked(cx.ctrl, cx.mem, peer_qp, req, ud, resp);
+        return respond_checked(cx.state, cx.mem, peer_qp, req, ud, resp);
     }
     if let Some(p) = cx.held.as_mut().filter(|p| p.vm == peer_vm) {
-        if p.ctrl.port_gid() != dgid {
+        if p.state.port_gid() != dgid {
             return RespOutcome::Unreachable;
         }
-        let out = respond_checked(p.ctrl, p.mem, peer_qp, req, ud, resp);
-        if !p.ctrl.events.is_empty() {
+        let out = respond_checked(p.state, p.mem, peer_qp, req, ud, resp);
+        if !p.state.events.is_empty() {
             p.dev.wake_events();
         }
         return out;
@@ -240,12 +240,12 @@ fn deliver(
     let Some(peer) = cx.vms.get(peer_vm).and_then(Option::as_ref) else {
         return RespOutcome::Unreachable;
     };
-    let ran = peer.try_with_dataplane(|pctrl, pmem| {
-        if pctrl.port_gid() != dgid {
+    let ran = peer.try_with_dataplane(|pstate, pmem| {
+        if pstate.port_gid() != dgid {
             return RespOutcome::Unreachable;
         }
-        let out = respond_checked(pctrl, pmem, peer_qp, req, ud, resp);
-        if !pctrl.events.is_empty() {
+        let out = respond_checked(pstate, pmem, peer_qp, req, ud, resp);
+        if !pstate.events.is_empty() {
             peer.wake_events();
         }
         out
@@ -267,9 +267,9 @@ fn admit(
     dgid: [u8; 16],
     ud: bool,
 ) -> Result<(usize, u32), RespOutcome> {
-    let (vms, vm_id, ctrl) = (cx.vms, cx.vm, &*cx.ctrl);
+    let (vms, vm_id, state) = (cx.vms, cx.vm, &*cx.state);
     let count = |which: Unreached| {
-        if let Some(c) = ctrl.tenancy().counters(vm_id) {
+        if let Some(c) = state.tenancy().counters(vm_id) {
             IsolationCounters::bump(match which {
                 Unreached::Unknown => &c.unknown_qpn,
                 Unreached::ForeignUd => &c.foreign_drops,
@@ -283,12 +283,12 @@ fn admit(
         return count(unknown);
     };
     if peer_vm == vm_id {
-        if ctrl.port_gid() != dgid {
+        if state.port_gid() != dgid {
             return count(unknown);
         }
         return Ok((peer_vm, peer_qp));
     }
-    if !ctrl.tenancy().may_reach(vm_id, peer_vm) {
+    if !state.tenancy().may_reach(vm_id, peer_vm) {
         return count(if ud {
             Unreached::ForeignUd
         } else {
@@ -303,7 +303,7 @@ fn admit(
     }
     // The peer's GID, from the tenancy table: no need to lock the peer to
     // learn that the address is wrong.
-    if ctrl.tenancy().vm(peer_vm).map(|v| v.gid) != Some(dgid) {
+    if state.tenancy().vm(peer_vm).map(|v| v.gid) != Some(dgid) {
         return count(unknown);
     }
     // A stopped device takes no message (spec 15.1); checked again under
@@ -318,14 +318,14 @@ fn admit(
     Ok((peer_vm, peer_qp))
 }
 
-/// Whether RC QP `qp` of `ctrl` takes a message addressed to `qpn` now:
+/// Whether RC QP `qp` of `state` takes a message addressed to `qpn` now:
 /// `None` if it does, else what the requester gets (`Stale`: the handle
 /// no longer has that number; `Unreachable`: a state that takes none).
-fn responder_takes(ctrl: &VmState, qp: u32, qpn: u32) -> Option<RespOutcome> {
-    if !ctrl.running() {
+fn responder_takes(state: &VmState, qp: u32, qpn: u32) -> Option<RespOutcome> {
+    if !state.running() {
         return Some(RespOutcome::Unreachable);
     }
-    let Some(q) = ctrl.res.qps.get(qp).filter(|q| q.qpn == qpn) else {
+    let Some(q) = state.res.qps.get(qp).filter(|q| q.qpn == qpn) else {
         return Some(RespOutcome::Stale);
     };
     let takes =
@@ -343,19 +343,19 @@ pub(super) fn same_thread(vms: &[Option<Arc<VmCell>>], a: usize, b: usize) -> bo
     thread(a).is_some() && thread(a) == thread(b)
 }
 
-/// Hands `req` to responder QP `peer_qp` of `ctrl` if that QP takes it:
+/// Hands `req` to responder QP `peer_qp` of `state` if that QP takes it:
 /// its VM running, the QP still numbered `req.dest_qpn` (else `Stale`),
 /// and of the message's type — for UD with the message's Q_Key, else the
 /// message is dropped.
 fn respond_checked(
-    ctrl: &mut VmState,
+    state: &mut VmState,
     mem: &HostMem,
     peer_qp: u32,
     req: &Request<'_>,
     ud: bool,
     resp: &mut RespScratch,
 ) -> RespOutcome {
-    if !ctrl.running() {
+    if !state.running() {
         // Stopped: no QP answers, as on a wire to a halted host.
         return if ud {
             RespOutcome::Dropped
@@ -363,7 +363,7 @@ fn respond_checked(
             RespOutcome::Unreachable
         };
     }
-    let Some(q) = ctrl.res.qps.get(peer_qp) else {
+    let Some(q) = state.res.qps.get(peer_qp) else {
         return RespOutcome::Stale;
     };
     if q.qpn != req.dest_qpn {
@@ -376,5 +376,5 @@ fn respond_checked(
     } else if q.qp_type != QpType::RC {
         return RespOutcome::Unreachable;
     }
-    respond(ctrl, mem, peer_qp, req, resp)
+    respond(state, mem, peer_qp, req, resp)
 }

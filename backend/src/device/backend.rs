@@ -1,0 +1,302 @@
+//! The `VhostUserBackend` implementation: features, configuration space,
+//! memory table updates, the device reset and queue starts and stops.
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, MutexGuard};
+
+use log::{debug, warn};
+use vhost::vhost_user::message::{
+    VhostUserProtocolFeatures, VhostUserShMemConfig, VhostUserVirtioFeatures,
+};
+use vhost::vhost_user::Backend;
+use vhost_user_backend::VhostUserBackend;
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+
+use virtio_rdma_abi::config::{CONTROLQ, EVENTQ, F_SHMEM_DOORBELL, NOTIFYQ, NUM_QUEUES};
+use virtio_rdma_abi::event::EventKind;
+use virtio_rdma_abi::verbs::PORT_NUM;
+
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
+
+use super::{DeviceError, RdmaDevice, EVENT_WAKE, MAX_QUEUE_SIZE};
+use crate::memory::{HostMem, RamMap};
+use crate::restart::{RestartTracker, Verdict};
+use crate::stats::TrafficCounters;
+use crate::vring::{QueueObserver, Vring};
+
+impl VhostUserBackend for RdmaDevice {
+    type Bitmap = ();
+    type Vring = Vring;
+
+    fn num_queues(&self) -> usize {
+        NUM_QUEUES
+    }
+
+    fn max_queue_size(&self) -> usize {
+        MAX_QUEUE_SIZE
+    }
+
+    fn features(&self) -> u64 {
+        (1 << VIRTIO_F_VERSION_1)
+            | (1 << VIRTIO_RING_F_EVENT_IDX)
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | self.device_features
+    }
+
+    fn acked_features(&self, features: u64) {
+        self.shmem_acked.store(
+            features & self.device_features & F_SHMEM_DOORBELL != 0,
+            Ordering::Release,
+        );
+        self.lock().vm.set_features(features & self.device_features);
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        let base = VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::RESET_DEVICE;
+        if self.shmem.is_some() {
+            base | VhostUserProtocolFeatures::BACKEND_REQ | VhostUserProtocolFeatures::SHMEM
+        } else {
+            base
+        }
+    }
+
+    fn set_backend_req_fd(&self, backend: Backend) {
+        if let Some(link) = &self.shmem {
+            link.set_channel(Some(backend));
+        }
+    }
+
+    fn get_shmem_config(&self) -> io::Result<VhostUserShMemConfig> {
+        match &self.shmem {
+            Some(link) => Ok(link.shmem_config()),
+            None => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "no shared memory regions without F_SHMEM_DOORBELL",
+            )),
+        }
+    }
+
+    fn reset_device(&self) {
+        debug!("VM {}: RESET_DEVICE", self.id);
+        // The next start is a fresh one; whether the device runs meanwhile
+        // is up to the queues (a VMM stops them before it resets).
+        self.restart_lock().forget_history();
+        self.reset_objects();
+    }
+
+    fn set_event_idx(&self, enabled: bool) {
+        self.event_idx.store(enabled, Ordering::Relaxed);
+    }
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        let start = offset as usize;
+        // vhost-user carries at most a page of configuration space.
+        let size = size.min(4096);
+        if start >= self.config.len() {
+            return Vec::new();
+        }
+        let mut out: Vec<u8> = self.config[start..]
+            .iter()
+            .take(size as usize)
+            .copied()
+            .collect();
+        out.resize(size as usize, 0);
+        out
+    }
+
+    fn update_memory(&self, mem: GuestMemoryAtomic<GuestMemoryMmap<()>>) -> io::Result<()> {
+        let snapshot = mem.memory().into_inner();
+        let ram = RamMap::from_guest_memory(&*snapshot);
+        let host = Arc::new(HostMem::new(snapshot));
+        let mut st = self.lock();
+        st.vm.set_ram(ram);
+        st.mem = Some(mem);
+        st.host = Some(host);
+        self.bump_dp_gen();
+        Ok(())
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        let (consumer, notifier) = match new_event_consumer_and_notifier(EventFlag::NONBLOCK) {
+            Ok(p) => p,
+            Err(e) => {
+                warn!("{}", DeviceError::ExitEvent(e));
+                return None;
+            }
+        };
+        let keep = notifier.try_clone().ok()?;
+        self.exit_notifiers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(keep);
+        self.exit_consumers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(consumer.as_raw_fd());
+        Some((consumer, notifier))
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        evset: EventSet,
+        vrings: &[Vring],
+        _thread_id: usize,
+    ) -> io::Result<()> {
+        // vhost-user-backend ends the worker thread on an error, and with
+        // it the service of every queue of the VM until the VMM reconnects:
+        // report, and keep serving.
+        if let Err(e) = self.serve_event(device_event, evset, vrings) {
+            warn!("VM {}: event {device_event}: {e}", self.id);
+        }
+        Ok(())
+    }
+}
+
+impl RdmaDevice {
+    pub(super) fn restart_lock(&self) -> MutexGuard<'_, RestartTracker> {
+        self.restart.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The device reset (spec 15.1), however it was recognised: every
+    /// object goes, the RC QPs of other VMs connected to it fail, and the
+    /// doorbell region is mapped again at the next start (the VMM dropped
+    /// the mapping).
+    fn reset_objects(&self) {
+        if let Some(link) = &self.shmem {
+            link.forget();
+        }
+        let mut st = self.lock();
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        let before = st.vm.res.counts();
+        let gone = st.vm.reset();
+        // A VMM resets the device at every driver probe too: an empty
+        // device's reset is not news.
+        let level = if before.is_empty() {
+            log::Level::Debug
+        } else {
+            log::Level::Info
+        };
+        log::log!(
+            level,
+            "VM {}: device reset: released {} QPs, {} MRs ({} bytes), {} CQs, {} contexts",
+            self.id,
+            before.qp,
+            before.mr,
+            before.registered_bytes,
+            before.cq,
+            before.ctx
+        );
+        // Spec 15.1 item 6: nothing of before the reset survives in it.
+        // The driver resets only after every guest mapping of the pages is
+        // gone, so the pages of earlier connections are free again.
+        if let Some(pages) = st.vm.res.doorbells.as_mut() {
+            let n = pages.end_quarantine();
+            if n > 0 {
+                log::info!(
+                    "VM {}: device reset: {n} doorbell pages of earlier connections usable again",
+                    self.id
+                );
+            }
+        }
+        if let Some(link) = &self.shmem {
+            link.clear_region();
+        }
+        let gid = st.vm.port_gid();
+        st.vm.events.push(EventKind::PORT_ACTIVE, PORT_NUM, 0);
+        self.bump_dp_gen();
+        drop(st);
+        self.engine.peers_gone(self.id, gid, gone);
+    }
+
+    /// Marks the device started or stopped, under its lock: once this
+    /// returns, no engine pass that saw it running is still working on it.
+    fn set_running(&self, on: bool) {
+        let mut st = self.lock();
+        self.cell.set_running(&mut st, on);
+        if on {
+            if let Some(host) = st.host.as_ref() {
+                st.vm.refresh_doorbell_flags(host);
+            }
+        }
+        self.bump_dp_gen();
+    }
+
+    /// One event of the vring worker (a queue kick, or [`EVENT_WAKE`]).
+    fn serve_event(&self, device_event: u16, evset: EventSet, vrings: &[Vring]) -> io::Result<()> {
+        if evset != EventSet::IN {
+            return Ok(());
+        }
+        let Some(mem) = self.lock().mem.as_ref().map(|m| m.memory()) else {
+            return Ok(());
+        };
+        let (Some(ctrlq), Some(eventq)) = (
+            vrings.get(usize::from(CONTROLQ)),
+            vrings.get(usize::from(EVENTQ)),
+        ) else {
+            return Ok(());
+        };
+        match device_event {
+            CONTROLQ => self.process_controlq(ctrlq, eventq, &mem)?,
+            // New event buffers: delivery below.
+            EVENTQ => {}
+            // A doorbell kick: wake the engine.
+            NOTIFYQ => {
+                if let Some(t) = self.traffic() {
+                    TrafficCounters::add(&t.notifications, 1);
+                }
+                self.engine.wake();
+                return Ok(());
+            }
+            // The engine queued events.
+            EVENT_WAKE => {
+                let _ = self.cell.event_wake_fd().read();
+            }
+            other => return Err(DeviceError::UnknownQueue(other).into()),
+        }
+        self.deliver_events(eventq, &mem)
+    }
+}
+
+impl QueueObserver for RdmaDevice {
+    fn queue_started(&self, index: usize, base: u16) {
+        let verdict = self.restart_lock().started(index, base);
+        match verdict {
+            None => return,
+            Some(Verdict::Reset) => {
+                log::info!(
+                    "VM {}: the device restarted without RESET_DEVICE from a fresh \
+                     queue: reset",
+                    self.id
+                );
+                self.reset_objects();
+            }
+            Some(Verdict::Resume) => debug!("VM {}: resumed", self.id),
+            Some(Verdict::Fresh) => {}
+        }
+        self.set_running(true);
+        self.engine.wake();
+    }
+
+    fn queue_stopped(&self, index: usize, base: u16) {
+        let running = {
+            let mut t = self.restart_lock();
+            t.stopped(index, base);
+            t.running()
+        };
+        if !running && self.running() {
+            debug!("VM {}: stopped", self.id);
+            self.set_running(false);
+        }
+    }
+}
