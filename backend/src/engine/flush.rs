@@ -21,7 +21,8 @@ use crate::vm::VmState;
 /// be trusted (spec 18.18, notes).
 ///
 /// Flushes at most `max` WQEs (send and receive together) and returns how
-/// many; the rest waits for the next service.
+/// many; the rest waits for the next service. Send WQEs wait while the
+/// transport still has some of the QP's taken.
 pub(super) fn flush<P: TransportPath>(
     path: &P,
     state: &mut VmState,
@@ -39,6 +40,11 @@ pub(super) fn flush<P: TransportPath>(
         let Some(qp) = state.res.qps.get(h) else {
             return did;
         };
+        // WQEs the transport took complete first (it flushes them itself):
+        // completions keep the order of the queue.
+        if qp.rt.outstanding > 0 {
+            break;
+        }
         let Some(1..) = posted(sq_pi, qp.rt.sq_ci, qp.sq_depth) else {
             break;
         };

@@ -329,10 +329,11 @@ pub(super) fn refresh(e: &mut DbEntry, state: &VmState, mem: &HostMem) {
     e.seen_rq = if e.watch_rq { qp.rt.rq_ci } else { 0 };
 }
 
-/// Whether QP `qp` is in ERR with a message it was receiving in pieces,
-/// whose receive WQE the flush completes.
-fn owes_flush(qp: &Qp) -> bool {
-    qp.state == QpState::ERR && qp.rt.inbound.is_some()
+/// Whether QP `qp` is in ERR with work the flush still owes: a message it
+/// was receiving in pieces, whose receive WQE the flush completes, or send
+/// WQEs the transport has taken, behind which the rest waits.
+pub(super) fn owes_flush(qp: &Qp) -> bool {
+    qp.state == QpState::ERR && (qp.rt.inbound.is_some() || qp.rt.outstanding > 0)
 }
 
 #[cfg(test)]

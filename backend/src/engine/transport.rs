@@ -14,6 +14,13 @@
 //! Which one a thread runs follows the transport's object half
 //! ([`crate::transport::Transport::kind`]); the software RNIC's is
 //! `soft::SoftPath`.
+//!
+//! A transport that completes later keeps the device's rules: each QP's
+//! completions arrive in the order its WQEs were taken; a success only for
+//! a signaled WQE; once a QP has failed, what it had taken completes with
+//! `WR_FLUSH_ERR` (a host NIC flushes its own queue, and `poll` reports
+//! those too); a QP moved to RESET has dropped what it had taken (the
+//! engine forgets the count).
 
 use std::time::Instant;
 
@@ -160,8 +167,11 @@ mod tests {
 
     use super::*;
     use crate::config::{DaemonConfig, Limits};
+    use crate::engine::flush::flush;
     use crate::engine::placement::Registry;
+    use crate::engine::poll::owes_flush;
     use crate::engine::requester::{complete_posted, Completion};
+    use crate::engine::wqe::WqeBuf;
     use crate::engine::{doorbell, testing, EngineCounters, SoftRnic};
     use crate::memory::volatile::{read_guest, write_guest};
     use crate::qos::QosTable;
@@ -201,71 +211,97 @@ mod tests {
     const CQ_RING: u64 = 0x4000;
     const CQ_DB: u64 = 0x8000;
 
+    /// A VM with an RC QP in RTS whose send CQ is `cq`, three signaled
+    /// SENDs of no bytes (`wr_id` 100 to 102) written into its send queue
+    /// (none posted yet), and an engine to serve it.
+    struct World {
+        gm: GuestMemoryMmap,
+        host: Arc<HostMem>,
+        vm: VmState,
+        engine: Engine,
+        qp: u32,
+        cq: u32,
+    }
+
+    impl World {
+        fn new() -> World {
+            let gm = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x1_0000)]).unwrap();
+            let host = Arc::new(HostMem::new(Arc::new(gm.clone())));
+            let config = DaemonConfig::new(vec!["/nonexistent/vm0.sock".into()]);
+            let tenancy = Arc::new(Tenancy::from_config(&config));
+            let transport: Arc<dyn crate::transport::Transport> = Arc::new(SoftRnic::new());
+            let port = PortIdentity {
+                gid: [0; 16],
+                guid: 1,
+                vm: 0,
+            };
+            let mut vm = VmState::new(Limits::default(), transport.clone(), port, tenancy.clone());
+            let cq = vm
+                .res
+                .insert_cq(
+                    Cq {
+                        ctx: 1,
+                        depth: 16,
+                        db_gpa: CQ_DB,
+                        ring: testing::one_page(CQ_RING, &gm),
+                        users: 0,
+                        rt: Default::default(),
+                    },
+                    transport.as_ref(),
+                )
+                .unwrap();
+            let mut qp = testing::qp(QpType::RC);
+            (qp.send_cq, qp.recv_cq) = (cq, cq);
+            let (h, _) = vm.res.insert_qp(qp, transport.as_ref()).unwrap();
+            // The send queue starts the ring (page 0).
+            let stride = 1u64 << vm.res.qps.get(h).unwrap().layout.sq_wqe_shift;
+            for i in 0..3u64 {
+                let wqe = SendWqe {
+                    wr_id: 100 + i,
+                    opcode: WrOpcode::SEND as u8,
+                    flags: WQE_SIGNALED,
+                    ..SendWqe::default()
+                };
+                write_guest(&gm, GuestAddress(i * stride), &wqe.to_bytes()).unwrap();
+            }
+            let engine = Engine {
+                index: 0,
+                registry: Arc::new(Registry::new(vec![0])),
+                qos_applied: AtomicU64::new(0),
+                db_flags: Arc::new(AtomicU32::new(0)),
+                counters: EngineCounters::default(),
+                transport,
+                wake: EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+                stop: AtomicBool::new(false),
+                hold: AtomicBool::new(false),
+                held: AtomicBool::new(false),
+                thread: Mutex::new(None),
+                tenancy,
+                qos: Arc::new(QosTable::new(Vec::new(), Vec::new())),
+                fence_elision: false,
+            };
+            World {
+                gm,
+                host,
+                vm,
+                engine,
+                qp: h,
+                cq,
+            }
+        }
+    }
+
     /// Work a transport takes and completes later: the send queue moves
     /// on at once (`sq_ci`, the slots released), the WQEs count as in
     /// flight (SQD waits for them), and their CQEs appear, in order, when
     /// the transport reports them.
     #[test]
     fn work_taken_now_completes_when_the_transport_reports_it() {
-        let gm = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x1_0000)]).unwrap();
-        let host = Arc::new(HostMem::new(Arc::new(gm.clone())));
-        let config = DaemonConfig::new(vec!["/nonexistent/vm0.sock".into()]);
-        let tenancy = Arc::new(Tenancy::from_config(&config));
-        let transport: Arc<dyn crate::transport::Transport> = Arc::new(SoftRnic::new());
-        let port = PortIdentity {
-            gid: [0; 16],
-            guid: 1,
-            vm: 0,
-        };
-        let mut vm = VmState::new(Limits::default(), transport.clone(), port, tenancy.clone());
-        let cq = vm
-            .res
-            .insert_cq(
-                Cq {
-                    ctx: 1,
-                    depth: 16,
-                    db_gpa: CQ_DB,
-                    ring: testing::one_page(CQ_RING, &gm),
-                    users: 0,
-                    rt: Default::default(),
-                },
-                transport.as_ref(),
-            )
-            .unwrap();
-        let mut qp = testing::qp(QpType::RC);
-        (qp.send_cq, qp.recv_cq) = (cq, cq);
-        let (h, _) = vm.res.insert_qp(qp, transport.as_ref()).unwrap();
-        // Three signaled SENDs of no bytes; the SQ starts the ring (page 0).
-        let qp = vm.res.qps.get(h).unwrap();
-        let stride = 1u64 << qp.layout.sq_wqe_shift;
-        for i in 0..3u64 {
-            let wqe = SendWqe {
-                wr_id: 100 + i,
-                opcode: WrOpcode::SEND as u8,
-                flags: WQE_SIGNALED,
-                ..SendWqe::default()
-            };
-            write_guest(&gm, GuestAddress(i * stride), &wqe.to_bytes()).unwrap();
-        }
-        let db = qp.db_gpa;
+        let w = World::new();
+        let (gm, host, mut vm, engine) = (w.gm, w.host, w.vm, w.engine);
+        let (h, cq) = (w.qp, w.cq);
+        let db = vm.res.qps.get(h).unwrap().db_gpa;
         doorbell::store(&host, db, QpDoorbell::SQ_PI, 3).unwrap();
-
-        let engine = Engine {
-            index: 0,
-            registry: Arc::new(Registry::new(vec![0])),
-            qos_applied: AtomicU64::new(0),
-            db_flags: Arc::new(AtomicU32::new(0)),
-            counters: EngineCounters::default(),
-            transport,
-            wake: EventFd::new(libc::EFD_NONBLOCK).unwrap(),
-            stop: AtomicBool::new(false),
-            hold: AtomicBool::new(false),
-            held: AtomicBool::new(false),
-            thread: Mutex::new(None),
-            tenancy,
-            qos: Arc::new(QosTable::new(Vec::new(), Vec::new())),
-            fence_elision: false,
-        };
         let path = Deferred;
         let mut scratch = Scratch::<Vec<(u32, u64, WcOpcode)>>::new();
         let mut cx = Serving {
@@ -298,5 +334,48 @@ mod tests {
             assert_eq!(cqe.opcode, WcOpcode::SEND as u8);
         }
         assert!(!path.poll(&engine, &mut cx, &mut scratch.transport));
+    }
+
+    /// A QP that fails with work taken by the transport: the WQEs behind
+    /// it are flushed only after the transport has completed (or flushed)
+    /// those, so the CQ sees the queue's order.
+    #[test]
+    fn the_flush_waits_for_work_the_transport_has_taken() {
+        let w = World::new();
+        let (gm, host, mut vm, engine) = (w.gm, w.host, w.vm, w.engine);
+        let (h, cq) = (w.qp, w.cq);
+        let db = vm.res.qps.get(h).unwrap().db_gpa;
+        doorbell::store(&host, db, QpDoorbell::SQ_PI, 2).unwrap();
+        let path = Deferred;
+        let mut scratch = Scratch::<Vec<(u32, u64, WcOpcode)>>::new();
+        let mut cx = Serving {
+            vms: &[],
+            vm: 0,
+            state: &mut vm,
+            mem: &host,
+            held: None,
+        };
+        assert!(engine.run_sq(&path, &mut cx, h, 2, &mut scratch));
+        // The QP fails; a third WQE was posted meanwhile.
+        cx.state.qp_enter_err(h, None);
+        doorbell::store(&host, db, QpDoorbell::SQ_PI, 3).unwrap();
+        let qp = cx.state.res.qps.get(h).unwrap();
+        assert!(owes_flush(qp), "the QP stays on the polling list");
+        let mut buf = WqeBuf::new();
+        assert_eq!(flush(&path, cx.state, &host, h, 3, &mut buf, 32), 0);
+        assert_eq!(cx.state.res.cqs.get(cq).unwrap().rt.pi, 0);
+        // The transport reports the two it took; then the third flushes.
+        assert!(path.poll(&engine, &mut cx, &mut scratch.transport));
+        assert_eq!(flush(&path, cx.state, &host, h, 3, &mut buf, 32), 1);
+        let got: Vec<(u64, u8)> = (0..3u64)
+            .map(|i| {
+                let mut b = [0u8; CQE_SIZE as usize];
+                read_guest(&gm, GuestAddress(CQ_RING + i * u64::from(CQE_SIZE)), &mut b).unwrap();
+                let c = Cqe::read(&b);
+                (c.wr_id, c.status)
+            })
+            .collect();
+        let (ok, flushed) = (WcStatus::SUCCESS as u8, WcStatus::WR_FLUSH_ERR as u8);
+        assert_eq!(got, [(100, ok), (101, ok), (102, flushed)]);
     }
 }
