@@ -46,7 +46,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::qos::QosTable;
 use crate::tenancy::Tenancy;
-use crate::transport::{Transport, TransportKind};
+use crate::transport::{Caps, Transport, TransportKind};
 use placement::Registry;
 use thread::pin_to;
 
@@ -79,6 +79,9 @@ pub struct Engine {
     db_flags: Arc<AtomicU32>,
     counters: EngineCounters,
     transport: Arc<dyn Transport>,
+    /// The transport's caps, read once (the requester checks every work
+    /// request against them).
+    caps: Caps,
     wake: EventFd,
     stop: AtomicBool,
     /// Held by a test (`Engines::hold`): the thread does nothing until it
@@ -112,6 +115,7 @@ impl Engine {
             qos_applied: AtomicU64::new(0),
             db_flags: Arc::new(AtomicU32::new(0)),
             counters: EngineCounters::default(),
+            caps: transport.caps(),
             transport,
             wake: EventFd::new(libc::EFD_NONBLOCK)?,
             stop: AtomicBool::new(false),

@@ -211,10 +211,11 @@ impl Engine {
         match fetch_send(mem, qp, index, wqe) {
             Ok(wr) => {
                 let malformed = malformed_op(qp, &wr, cx.state.atomics_negotiated());
-                match self.address(cx, h, &wr, malformed) {
+                match self.address(cx.state, qp, &wr, malformed) {
                     Ok((dest_qpn, av, qkey, len)) => {
                         let op = wc_opcode(wr.opcode);
                         let msg = Outgoing {
+                            op,
                             qp: h,
                             index,
                             wr: &wr,
@@ -255,21 +256,20 @@ impl Engine {
         }
     }
 
-    /// The destination of send work request `wr` of QP `h`, after the
+    /// The destination of send work request `wr` of QP `qp`, after the
     /// checks of its lengths and address handle: the destination QPN, the
     /// address vector, the Q_Key and the message length; or the
     /// requester's error status (a `malformed` WQE fails here).
     fn address(
         &self,
-        cx: &Serving<'_>,
-        h: u32,
+        state: &VmState,
+        qp: &Qp,
         wr: &SendWr<'_>,
         malformed: bool,
     ) -> Result<(u32, AddressVector, u32, u64), WcStatus> {
         if malformed {
             return Err(WcStatus::LOC_QP_OP_ERR);
         }
-        let qp = cx.state.res.qps.get(h).ok_or(WcStatus::LOC_QP_OP_ERR)?;
         let op = wc_opcode(wr.opcode);
         // The message length first, from the SGE lengths alone, before any
         // of it is looked up or translated (a message over a huge MR of one
@@ -277,7 +277,7 @@ impl Engine {
         // cost the engine). At most 30 SGEs of 4 GiB: no overflow.
         let total: u64 = wr.sges.iter().map(|s| u64::from(s.length)).sum();
         let len = wr.inline.map_or(total, |d| d.len() as u64);
-        let caps = self.transport.caps();
+        let caps = &self.caps;
         if len > u64::from(caps.max_msg_size) {
             return Err(WcStatus::LOC_LEN_ERR);
         }
@@ -290,8 +290,7 @@ impl Engine {
             return Err(WcStatus::LOC_LEN_ERR);
         }
         let (dest_qpn, av) = if ud {
-            let ah = cx
-                .state
+            let ah = state
                 .res
                 .ahs
                 .get(wr.hdr.ah_handle)
@@ -313,6 +312,8 @@ impl Engine {
 /// A send work request the requester has checked and addressed, ready for
 /// the transport.
 pub struct Outgoing<'a> {
+    /// Its completion opcode.
+    pub op: WcOpcode,
     /// The sending QP's handle.
     pub qp: u32,
     /// The WQE's index in its send queue.
@@ -346,11 +347,6 @@ impl Outgoing<'_> {
     /// Sent on a UD QP.
     pub fn ud(&self) -> bool {
         self.qp_type == QpType::UD
-    }
-
-    /// The completion opcode.
-    pub fn op(&self) -> WcOpcode {
-        wc_opcode(self.wr.opcode)
     }
 }
 

@@ -194,7 +194,7 @@ mod tests {
             moved: &mut u64,
             msg: &Outgoing<'_>,
         ) -> Step {
-            ts.push((msg.qp, msg.wr.hdr.wr_id, msg.op()));
+            ts.push((msg.qp, msg.wr.hdr.wr_id, msg.op));
             *moved = msg.len;
             Step::InFlight
         }
@@ -270,6 +270,7 @@ mod tests {
                 qos_applied: AtomicU64::new(0),
                 db_flags: Arc::new(AtomicU32::new(0)),
                 counters: EngineCounters::default(),
+                caps: transport.caps(),
                 transport,
                 wake: EventFd::new(libc::EFD_NONBLOCK).unwrap(),
                 stop: AtomicBool::new(false),

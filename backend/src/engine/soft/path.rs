@@ -160,6 +160,9 @@ impl TransportPath for SoftPath {
         }
     }
 
+    // Inlined into the requester's burst, as the code it replaced was: a
+    // call per work request measured 5 % of the 64 B message rate.
+    #[inline]
     fn post_send(
         &self,
         engine: &Engine,
@@ -172,7 +175,7 @@ impl TransportPath for SoftPath {
         let Some(qp) = cx.state.res.qps.get(h) else {
             return Step::Done { published: false };
         };
-        let (wr_id, op) = (msg.wr.hdr.wr_id, msg.op());
+        let (wr_id, op) = (msg.wr.hdr.wr_id, msg.op);
         // The requester's error completion for this WQE.
         let failed = |state: &mut VmState, status| {
             complete_send(state, mem, h, index, Completion::failed(wr_id, op, status))
