@@ -49,71 +49,47 @@
 //! - [`conn_pool`]: the capped thread-per-connection pool of both;
 //! - [`logging`]: text or JSON log lines naming the VM and tenant.
 
-// The guest-facing modules, `ctrl`, `engine`, `memory`, `qos`, `resources`,
-// `shmem` and `vm` (and the whole `virtio-rdma-abi` crate), each carry the `deny`
-// below: every handle, length, index and address they handle may come from a
-// hostile guest, so arithmetic that can overflow, indexing that can panic and
-// casts that can truncate are errors there. An exception is a narrow
-// `#[allow]` on the smallest item, with a comment saying why it is bounded.
 pub mod config;
 pub mod config_file;
 pub mod conn_pool;
-#[deny(
-    clippy::arithmetic_side_effects,
-    clippy::indexing_slicing,
-    clippy::cast_possible_truncation
-)]
-pub mod ctrl;
 pub mod device;
-#[deny(
-    clippy::arithmetic_side_effects,
-    clippy::indexing_slicing,
-    clippy::cast_possible_truncation
-)]
-pub mod engine;
 pub mod events;
 pub mod keys;
 pub mod logging;
-#[deny(
-    clippy::arithmetic_side_effects,
-    clippy::indexing_slicing,
-    clippy::cast_possible_truncation
-)]
-pub mod memory;
 pub mod metrics;
 pub mod mgmt;
-#[deny(
-    clippy::arithmetic_side_effects,
-    clippy::indexing_slicing,
-    clippy::cast_possible_truncation
-)]
-pub mod qos;
-#[deny(
-    clippy::arithmetic_side_effects,
-    clippy::indexing_slicing,
-    clippy::cast_possible_truncation
-)]
-pub mod resources;
 pub mod restart;
 pub mod server;
-#[deny(
-    clippy::arithmetic_side_effects,
-    clippy::indexing_slicing,
-    clippy::cast_possible_truncation
-)]
-pub mod shmem;
 pub mod snapshot;
 pub mod stats;
 pub mod tenancy;
 pub mod transport;
 pub mod view;
-#[deny(
-    clippy::arithmetic_side_effects,
-    clippy::indexing_slicing,
-    clippy::cast_possible_truncation
-)]
-pub mod vm;
 pub mod vring;
+
+// The guest-facing modules (`guest_facing!` below, and the whole
+// `virtio-rdma-abi` crate) carry a `deny`: every handle, length, index and
+// address they handle may come from a hostile guest, so arithmetic that can
+// overflow, indexing that can panic and casts that can truncate are errors
+// there. An exception is a narrow `#[allow]` on the smallest item, with a
+// comment saying why it is bounded. Unit tests (`cfg(test)`) are exempt.
+macro_rules! guest_facing {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[cfg_attr(
+                not(test),
+                deny(
+                    clippy::arithmetic_side_effects,
+                    clippy::indexing_slicing,
+                    clippy::cast_possible_truncation
+                )
+            )]
+            pub mod $name;
+        )*
+    };
+}
+
+guest_facing!(ctrl, engine, memory, qos, resources, shmem, vm);
 
 pub use config::{DaemonConfig, Limits};
 pub use server::Daemon;

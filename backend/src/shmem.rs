@@ -555,11 +555,6 @@ impl RegionLink {
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::arithmetic_side_effects,
-    clippy::indexing_slicing,
-    clippy::cast_possible_truncation
-)]
 mod tests {
     use super::*;
     use virtio_rdma_abi::datapath::DB_FLAG_KICK;

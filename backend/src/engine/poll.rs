@@ -337,7 +337,6 @@ pub(super) fn owes_flush(qp: &Qp) -> bool {
 }
 
 #[cfg(test)]
-#[allow(clippy::arithmetic_side_effects)]
 mod tests {
     use super::*;
 

@@ -151,7 +151,6 @@ pub trait TransportPath: Send + Sync + 'static {
 }
 
 #[cfg(test)]
-#[allow(clippy::arithmetic_side_effects)]
 mod tests {
     use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
     use std::sync::{Arc, Mutex};
@@ -212,8 +211,8 @@ mod tests {
     const CQ_DB: u64 = 0x8000;
 
     /// A VM with an RC QP in RTS whose send CQ is `cq`, three signaled
-    /// SENDs of no bytes (`wr_id` 100 to 102) written into its send queue
-    /// (none posted yet), and an engine to serve it.
+    /// SENDs of no bytes (`wr_id` 100 to 102) written into its send queue,
+    /// the first `posted` of them posted, and an engine to serve it.
     struct World {
         gm: GuestMemoryMmap,
         host: Arc<HostMem>,
@@ -224,7 +223,7 @@ mod tests {
     }
 
     impl World {
-        fn new() -> World {
+        fn new(posted: u32) -> World {
             let gm = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x1_0000)]).unwrap();
             let host = Arc::new(HostMem::new(Arc::new(gm.clone())));
             let config = DaemonConfig::new(vec!["/nonexistent/vm0.sock".into()]);
@@ -264,6 +263,8 @@ mod tests {
                 };
                 write_guest(&gm, GuestAddress(i * stride), &wqe.to_bytes()).unwrap();
             }
+            let db = vm.res.qps.get(h).unwrap().db_gpa;
+            doorbell::store(&host, db, QpDoorbell::SQ_PI, posted).unwrap();
             let engine = Engine {
                 index: 0,
                 registry: Arc::new(Registry::new(vec![0])),
@@ -292,49 +293,57 @@ mod tests {
         }
     }
 
+    /// The VM being served, as a sweep hands it to the transport.
+    fn serving<'a>(vm: &'a mut VmState, host: &'a HostMem) -> Serving<'a> {
+        Serving {
+            vms: &[],
+            vm: 0,
+            state: vm,
+            mem: host,
+            held: None,
+        }
+    }
+
+    /// The first `n` CQEs of the CQ: `wr_id` and status.
+    fn cqes(gm: &GuestMemoryMmap, n: u64) -> Vec<(u64, u8)> {
+        (0..n)
+            .map(|i| {
+                let mut b = [0u8; CQE_SIZE as usize];
+                read_guest(gm, GuestAddress(CQ_RING + i * u64::from(CQE_SIZE)), &mut b).unwrap();
+                let c = Cqe::read(&b);
+                (c.wr_id, c.status)
+            })
+            .collect()
+    }
+
     /// Work a transport takes and completes later: the send queue moves
     /// on at once (`sq_ci`, the slots released), the WQEs count as in
     /// flight (SQD waits for them), and their CQEs appear, in order, when
     /// the transport reports them.
     #[test]
     fn work_taken_now_completes_when_the_transport_reports_it() {
-        let w = World::new();
-        let (gm, host, mut vm, engine) = (w.gm, w.host, w.vm, w.engine);
-        let (h, cq) = (w.qp, w.cq);
-        let db = vm.res.qps.get(h).unwrap().db_gpa;
-        doorbell::store(&host, db, QpDoorbell::SQ_PI, 3).unwrap();
-        let path = Deferred;
-        let mut scratch = Scratch::<Vec<(u32, u64, WcOpcode)>>::new();
-        let mut cx = Serving {
-            vms: &[],
-            vm: 0,
-            state: &mut vm,
-            mem: &host,
-            held: None,
-        };
+        let mut w = World::new(3);
+        let (h, cq, engine, host) = (w.qp, w.cq, &w.engine, &w.host);
+        let db = w.vm.res.qps.get(h).unwrap().db_gpa;
+        let (path, mut scratch) = (Deferred, Scratch::new());
+        let mut cx = serving(&mut w.vm, host);
         assert!(engine.run_sq(&path, &mut cx, h, 3, &mut scratch));
         let qp = cx.state.res.qps.get(h).unwrap();
         assert_eq!((qp.rt.sq_ci, qp.rt.outstanding), (3, 3));
-        assert_eq!(doorbell::load(&host, db, QpDoorbell::SQ_CI), Ok(3));
+        assert_eq!(doorbell::load(host, db, QpDoorbell::SQ_CI), Ok(3));
         assert_eq!(cx.state.res.cqs.get(cq).unwrap().rt.pi, 0, "no CQE yet");
         // Taken and not completed: a QP moved to SQD is still draining.
         cx.state.res.qps.get_mut(h).unwrap().state = QpState::SQD;
         assert!(cx.state.res.qps.get(h).unwrap().rt.in_flight());
 
-        assert!(path.poll(&engine, &mut cx, &mut scratch.transport));
+        assert!(path.poll(engine, &mut cx, &mut scratch.transport));
         let qp = cx.state.res.qps.get(h).unwrap();
         assert_eq!(qp.rt.outstanding, 0);
         assert!(!qp.rt.in_flight(), "drained");
         assert_eq!(cx.state.res.cqs.get(cq).unwrap().rt.pi, 3);
-        for i in 0..3u64 {
-            let mut b = [0u8; CQE_SIZE as usize];
-            read_guest(&gm, GuestAddress(CQ_RING + i * u64::from(CQE_SIZE)), &mut b).unwrap();
-            let cqe = Cqe::read(&b);
-            assert_eq!(cqe.wr_id, 100 + i, "CQE {i} in order");
-            assert_eq!(cqe.status, WcStatus::SUCCESS as u8);
-            assert_eq!(cqe.opcode, WcOpcode::SEND as u8);
-        }
-        assert!(!path.poll(&engine, &mut cx, &mut scratch.transport));
+        let ok = WcStatus::SUCCESS as u8;
+        assert_eq!(cqes(&w.gm, 3), [(100, ok), (101, ok), (102, ok)], "in order");
+        assert!(!path.poll(engine, &mut cx, &mut scratch.transport));
     }
 
     /// A QP that fails with work taken by the transport: the WQEs behind
@@ -342,41 +351,24 @@ mod tests {
     /// those, so the CQ sees the queue's order.
     #[test]
     fn the_flush_waits_for_work_the_transport_has_taken() {
-        let w = World::new();
-        let (gm, host, mut vm, engine) = (w.gm, w.host, w.vm, w.engine);
-        let (h, cq) = (w.qp, w.cq);
-        let db = vm.res.qps.get(h).unwrap().db_gpa;
-        doorbell::store(&host, db, QpDoorbell::SQ_PI, 2).unwrap();
-        let path = Deferred;
-        let mut scratch = Scratch::<Vec<(u32, u64, WcOpcode)>>::new();
-        let mut cx = Serving {
-            vms: &[],
-            vm: 0,
-            state: &mut vm,
-            mem: &host,
-            held: None,
-        };
+        let mut w = World::new(2);
+        let (h, cq, engine, host) = (w.qp, w.cq, &w.engine, &w.host);
+        let db = w.vm.res.qps.get(h).unwrap().db_gpa;
+        let (path, mut scratch) = (Deferred, Scratch::new());
+        let mut cx = serving(&mut w.vm, host);
         assert!(engine.run_sq(&path, &mut cx, h, 2, &mut scratch));
         // The QP fails; a third WQE was posted meanwhile.
         cx.state.qp_enter_err(h, None);
-        doorbell::store(&host, db, QpDoorbell::SQ_PI, 3).unwrap();
+        doorbell::store(host, db, QpDoorbell::SQ_PI, 3).unwrap();
         let qp = cx.state.res.qps.get(h).unwrap();
         assert!(owes_flush(qp), "the QP stays on the polling list");
         let mut buf = WqeBuf::new();
-        assert_eq!(flush(&path, cx.state, &host, h, 3, &mut buf, 32), 0);
+        assert_eq!(flush(&path, cx.state, host, h, 3, &mut buf, 32), 0);
         assert_eq!(cx.state.res.cqs.get(cq).unwrap().rt.pi, 0);
         // The transport reports the two it took; then the third flushes.
-        assert!(path.poll(&engine, &mut cx, &mut scratch.transport));
-        assert_eq!(flush(&path, cx.state, &host, h, 3, &mut buf, 32), 1);
-        let got: Vec<(u64, u8)> = (0..3u64)
-            .map(|i| {
-                let mut b = [0u8; CQE_SIZE as usize];
-                read_guest(&gm, GuestAddress(CQ_RING + i * u64::from(CQE_SIZE)), &mut b).unwrap();
-                let c = Cqe::read(&b);
-                (c.wr_id, c.status)
-            })
-            .collect();
+        assert!(path.poll(engine, &mut cx, &mut scratch.transport));
+        assert_eq!(flush(&path, cx.state, host, h, 3, &mut buf, 32), 1);
         let (ok, flushed) = (WcStatus::SUCCESS as u8, WcStatus::WR_FLUSH_ERR as u8);
-        assert_eq!(got, [(100, ok), (101, ok), (102, flushed)]);
+        assert_eq!(cqes(&w.gm, 3), [(100, ok), (101, ok), (102, flushed)]);
     }
 }

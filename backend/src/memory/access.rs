@@ -370,11 +370,6 @@ pub fn store_u8_release(mem: &HostMem, gpa: u64, v: u8) -> Result<(), AccessErro
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::arithmetic_side_effects,
-    clippy::indexing_slicing,
-    clippy::cast_possible_truncation
-)]
 mod tests {
     use super::*;
     use crate::memory::pagelist::PageListLimits;

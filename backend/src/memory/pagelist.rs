@@ -281,11 +281,6 @@ fn le64(raw: &[u8]) -> u64 {
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::arithmetic_side_effects,
-    clippy::indexing_slicing,
-    clippy::cast_possible_truncation
-)]
 mod tests {
     use super::*;
     use vm_memory::{Bytes, GuestMemoryMmap};

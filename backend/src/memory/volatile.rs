@@ -262,11 +262,6 @@ unsafe fn aligned_words(s: *const u64, d: *mut u64, words: usize) {
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::arithmetic_side_effects,
-    clippy::indexing_slicing,
-    clippy::cast_possible_truncation
-)]
 mod tests {
     use super::*;
 

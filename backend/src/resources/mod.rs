@@ -540,11 +540,6 @@ fn collect<T>(table: &HandleTable<T>, pred: impl Fn(&T) -> bool) -> Vec<u32> {
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::arithmetic_side_effects,
-    clippy::indexing_slicing,
-    clippy::cast_possible_truncation
-)]
 mod tests {
     use super::*;
     use crate::engine::SoftRnic;

@@ -231,7 +231,6 @@ impl VmCell {
 }
 
 #[cfg(test)]
-#[allow(clippy::arithmetic_side_effects, clippy::indexing_slicing)]
 mod tests {
     use super::HeldLock;
 

@@ -113,7 +113,6 @@ fn rnr_delay(code: u32) -> Duration {
 }
 
 #[cfg(test)]
-#[allow(clippy::arithmetic_side_effects)]
 mod tests {
     use super::*;
     use crate::engine::testing;
