@@ -77,7 +77,8 @@ fi
 # binaries link against (scripts/qemu-pingpong.sh runs them on this tree's libibverbs).
 targets=(lib/libibverbs.so.1 lib/libvirtio_rdma-rdmav34.so bin/ibv_devinfo bin/ibv_devices
   bin/ibv_rc_pingpong bin/ibv_ud_pingpong bin/ibv_srq_pingpong
-  lib/librdmacm.so.1 lib/libibumad.so.3 lib/libmlx5.so.1 lib/libefa.so.1)
+  lib/librdmacm.so.1 lib/libibumad.so.3 lib/libmlx5.so.1 lib/libefa.so.1
+  lib/librxe-rdmav34.so)
 if ! ninja -C "$build" "${targets[@]}" >"$build/ninja.log" 2>&1; then
   cat "$build/ninja.log" >&2
   guest_die "rdma-core: build failed"
@@ -108,4 +109,10 @@ done
 for t in "$tests"/*.sh; do
   install -m 0755 "$t" "$stage/usr/local/bin/"
 done
+# Linux soft-RoCE's provider, staged apart (the guests that play RDMA hosts add it:
+# scripts/qemu-rxe.sh): STAGE-rxe beside STAGE.
+rm -rf "$stage-rxe"
+mkdir -p "$stage-rxe/usr/$libdir/libibverbs" "$stage-rxe/etc/libibverbs.d"
+cp "$build/lib/librxe-rdmav34.so" "$stage-rxe/usr/$libdir/libibverbs/"
+printf 'driver rxe\n' >"$stage-rxe/etc/libibverbs.d/rxe.driver"
 printf '%s\n' "$stage"

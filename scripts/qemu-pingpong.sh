@@ -37,22 +37,7 @@ cargo build --release --locked -q -p vhost-user-rdma -p virtio-rdma-apps
 kmod=$(bash scripts/build-kmod.sh)
 rc=$(bash scripts/build-rdma-core.sh)
 
-# Debian's perftest and libpci3 with the libraries it needs, verified and extracted once.
-pt_debs=("perftest $GUEST_PERFTEST_VERSION $GUEST_PERFTEST_SHA256"
-  "libpci3 $GUEST_LIBPCI_VERSION $GUEST_LIBPCI_SHA256"
-  "libudev1 $GUEST_LIBUDEV_VERSION $GUEST_LIBUDEV_SHA256"
-  "zlib1g $GUEST_ZLIB_VERSION $GUEST_ZLIB_SHA256")
-pt="$GUEST_CACHE/perftest/$(printf '%s\n' "${pt_debs[@]}" | sha256sum | cut -c1-12)"
-if [ ! -f "$pt/.done" ]; then
-  rm -rf "$pt"
-  mkdir -p "$pt"
-  for d in "${pt_debs[@]}"; do
-    # shellcheck disable=SC2086 # PKG VERSION SHA256
-    deb=$(fetch_deb $d)
-    dpkg-deb -x "$deb" "$pt"
-  done
-  touch "$pt/.done"
-fi
+pt=$(bash scripts/fetch-perftest.sh)
 perftest=(ib_write_bw ib_write_lat ib_read_bw ib_send_bw ib_atomic_bw)
 
 dir=$(mktemp -d /tmp/vhost-user-rdma-pingpong.XXXXXX)

@@ -36,9 +36,11 @@ if [ "${RDMA_SKIP_QEMU:-0}" != 1 ]; then
   bash scripts/qemu-kmod.sh 2>&1 | tee -a "$out"
   echo "== unmodified pingpongs and perftest between two QEMU guests, a hostile third one killed"
   bash scripts/qemu-pingpong.sh 2>&1 | tee -a "$out"
+  echo "== two QEMU guests as RDMA hosts: Linux soft-RoCE (rxe) between them, natively"
+  bash scripts/qemu-rxe.sh 2>&1 | tee -a "$out"
 fi
 echo "== times: everything $((SECONDS - t_start)) s, of which the QEMU part $((SECONDS - t_qemu)) s"
 # One line of totals for humans and CI.
 awk '/^test result:/ { p += $4; f += $6 }
-     /^qemu-(e2e|kmod|pingpong): [0-9]+ passed, [0-9]+ failed$/ { p += $2; f += $4 }
+     /^qemu-(e2e|kmod|pingpong|rxe): [0-9]+ passed, [0-9]+ failed$/ { p += $2; f += $4 }
      END { printf "%d passed, %d failed\n", p, f }' "$out"
