@@ -7,6 +7,7 @@ pub mod host;
 pub mod pagelist;
 pub mod ram;
 pub mod volatile;
+pub mod window;
 
 pub use host::HostMem;
 pub use pagelist::{PageList, PageListError};
