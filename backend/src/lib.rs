@@ -34,7 +34,8 @@
 //!   transport's data path plugs in, and the software RNIC
 //!   (`engine/soft`); its `mod.rs` lists its files;
 //! - [`transport`]: the host half of the objects (the [`transport::Transport`]
-//!   trait: QPs, CQs, SRQs, AHs, MRs, QP numbers and keys, caps).
+//!   trait: QPs, CQs, SRQs, AHs, MRs, QP numbers and keys, caps), and
+//!   (`transport/verbs`) host RDMA devices through libibverbs.
 //!
 //! Policy
 //! - [`tenancy`]: tenants, VMs' GIDs and the isolation counters;

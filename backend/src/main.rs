@@ -123,6 +123,62 @@ fn parse_vm_mac(text: &str) -> Result<VmMac, String> {
 enum Command {
     /// Query or control a running daemon through its management socket.
     Ctl(CtlArgs),
+    /// Show a host RDMA device as the libibverbs transport would use it:
+    /// its port, the GID it sends from, and what guests would be offered.
+    RnicInfo(RnicInfoArgs),
+}
+
+/// Arguments of `rnic-info`.
+#[derive(Debug, clap::Args)]
+struct RnicInfoArgs {
+    /// The RDMA device (default: the first one).
+    #[arg(long, value_name = "NAME")]
+    device: Option<String>,
+    /// Its port.
+    #[arg(long, default_value_t = 1)]
+    port: u8,
+    /// The index of the GID to send from (RoCEv2 over IPv4: usually 1).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    gid_index: u32,
+}
+
+/// `rnic-info`: prints the device, or why it cannot be used (exit status 1).
+fn rnic_info(a: &RnicInfoArgs) -> ExitCode {
+    use vhost_user_rdma::transport::verbs::device::VerbsDevice;
+    match VerbsDevice::open(a.device.as_deref(), a.port, a.gid_index) {
+        Ok(d) => {
+            let caps = d.caps();
+            let (gid, index) = d.gid();
+            println!("device: {} (firmware {})", d.name(), d.fw_ver());
+            println!(
+                "port: {} ({})",
+                d.port(),
+                if d.port_active() {
+                    "active"
+                } else {
+                    "not active"
+                }
+            );
+            println!(
+                "gid: {} (index {index})",
+                vhost_user_rdma::config::gid_text(gid)
+            );
+            println!(
+                "offered: max_mtu {} ({} bytes), link {} Mbit/s, atomics {}, max_msg_size {}, local_ca_ack_delay {}",
+                caps.max_mtu,
+                128u64 << caps.max_mtu.min(5),
+                caps.link_rate_mbps,
+                if caps.atomics { "yes" } else { "no" },
+                caps.max_msg_size,
+                caps.local_ca_ack_delay
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("rnic-info: {e}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 /// Why the command line and configuration file cannot be used.
@@ -238,9 +294,13 @@ fn wait_for_signal(set: &libc::sigset_t) -> i32 {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    if let Some(Command::Ctl(c)) = &args.command {
-        let code = ctl::run(c, &mut std::io::stdout(), &mut std::io::stderr());
-        return ExitCode::from(code);
+    match &args.command {
+        Some(Command::Ctl(c)) => {
+            let code = ctl::run(c, &mut std::io::stdout(), &mut std::io::stderr());
+            return ExitCode::from(code);
+        }
+        Some(Command::RnicInfo(a)) => return rnic_info(a),
+        None => {}
     }
     let cli_format = args.log_format;
     let (config, format) = match daemon_config(args) {
@@ -423,7 +483,18 @@ mod tests {
                 assert!(c.json);
                 assert!(matches!(c.command, ctl::CtlCommand::Stats { ref vm } if vm == "web"));
             }
-            None => panic!("no ctl command"),
+            other => panic!("not a ctl command: {other:?}"),
+        }
+        let a = Args::try_parse_from(["x", "rnic-info", "--device", "rxe0", "--gid-index", "1"])
+            .unwrap();
+        match a.command {
+            Some(Command::RnicInfo(r)) => {
+                assert_eq!(
+                    (r.device.as_deref(), r.port, r.gid_index),
+                    (Some("rxe0"), 1, 1)
+                );
+            }
+            other => panic!("not rnic-info: {other:?}"),
         }
         assert!(Args::try_parse_from(["x", "-s", "/a", "ctl", "vms"]).is_err());
         assert!(Args::try_parse_from(["x", "ctl"]).is_err());

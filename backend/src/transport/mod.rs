@@ -14,6 +14,7 @@
 //! configuration.
 
 pub mod directory;
+pub mod verbs;
 
 use thiserror::Error;
 use virtio_rdma_abi::qp::{AddressVector, QpState, QpType};
