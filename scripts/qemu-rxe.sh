@@ -7,7 +7,9 @@
 #   - `rdma link add rxe0 type rxe netdev eth0` and `ibv_devinfo` (port active, RoCE);
 #   - ibv_rc_pingpong -g 1 (GID 1: the interface's IPv4 address), server and client;
 #   - ib_write_lat and ib_write_bw -x 1, the native figures the daemon's are compared with;
-#   - the daemon's view of the device (`vhost-user-rdma rnic-info`: libibverbs through rdma-sys).
+#   - the daemon's view of the device (`vhost-user-rdma rnic-info`: libibverbs through rdma-sys);
+#   - the daemon and test-VMM guests inside a host guest (`rdma_perf --quick write_lat`: RDMA
+#     WRITEs between two VMs on the software RNIC), as the transport's tests will run there.
 # (On 6.1, rxe works neither across a veth pair between namespaces nor between two rxe devices
 # of one guest: two guests it is.)
 # Prints "qemu-rxe: N passed, M failed".
@@ -25,7 +27,7 @@ t_start=$(date +%s)
 
 [ -n "${QEMU:-}" ] || QEMU=$(bash scripts/build-qemu.sh | tail -n 1)
 export QEMU
-cargo build --release --locked -q -p vhost-user-rdma
+cargo build --release --locked -q -p vhost-user-rdma -p vhost-user-rdma-tests --bin rdma_perf
 rc=$(bash scripts/build-rdma-core.sh)
 pt=$(bash scripts/fetch-perftest.sh)
 guest_need_cmds rdma:iproute2
@@ -79,7 +81,8 @@ EOF
 bash scripts/build-guest.sh --name rxe-host --load crc32_generic --load virtio_pci \
   --load virtio_net --load ib_uverbs --load rdma_rxe --file "$dir/tools.sh:/etc/tools.sh" \
   --sysroot "$rc" --sysroot "$rc-rxe" --sysroot "$pt" \
-  --bin "$(command -v rdma):/usr/local/bin/rdma" --bin target/release/vhost-user-rdma >/dev/null
+  --bin "$(command -v rdma):/usr/local/bin/rdma" --bin target/release/vhost-user-rdma \
+  --bin target/release/rdma_perf >/dev/null
 
 # Two free UDP ports on the loopback for -netdev dgram.
 read -r port0 port1 < <(python3 -c 'import socket
@@ -104,7 +107,8 @@ tools='run RC ibv_rc_pingpong -g 1 -n 50 && run WRITE_LAT ib_write_lat -x 1 -n 2
   run WRITE_BW ib_write_bw -x 1 -n 200'
 t=$(date +%s)
 guest server 0 "ibv_devinfo -d rxe0 && echo RNIC-INFO &&
-  vhost-user-rdma rnic-info --device rxe0 --gid-index 1 && peer=; $tools"
+  vhost-user-rdma rnic-info --device rxe0 --gid-index 1 && echo IN-GUEST &&
+  rdma_perf --quick --no-baselines --client-cpu 0 --engine-cpu 0 write_lat && peer=; $tools"
 guest client 1 "peer=10.43.0.1; until ping -c 1 -W 1 \$peer >/dev/null; do sleep 1; done; $tools"
 rcs=()
 for p in "${pids[@]}"; do
@@ -144,6 +148,8 @@ check_after RNIC-INFO "rnic-info: the device" '^device: rxe0' server
 check_after RNIC-INFO "rnic-info: port 1 active" '^port: 1 [(]active[)]' server
 check_after RNIC-INFO "rnic-info: GID 1 is the interface's address" '^gid: ::ffff:10[.]43[.]0[.]1 [(]index 1[)]' server
 check_after RNIC-INFO "rnic-info: what guests would be offered" '^offered: max_mtu [1-5] ' server
+check_after IN-GUEST "the daemon and two test-VMM VMs inside the host guest (rdma_perf, µs)" \
+  '^ *write_lat[.]2[.]t_typical_us [0-9]' server
 n='[0-9]+[.][0-9]+' s='[ \t]+'
 for g in server client; do
   check_after RC "ibv_rc_pingpong $g" "^50 iters in .* seconds" $g
