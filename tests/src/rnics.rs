@@ -8,9 +8,9 @@ use std::sync::{Mutex, MutexGuard};
 
 use vhost_user_rdma::engine::SoftRnic;
 use vhost_user_rdma::transport::{
-    Caps, MrKeys, MrSpec, Owner, QpChange, Transport, TransportError, TransportKind,
+    Caps, MrKeys, MrSpec, Owner, QpChange, QpSpec, Transport, TransportError, TransportKind,
 };
-use virtio_rdma_abi::qp::{AddressVector, QpType};
+use virtio_rdma_abi::qp::AddressVector;
 
 #[derive(Default)]
 struct Qpns {
@@ -61,7 +61,13 @@ impl Transport for RecyclingQpns {
     fn caps(&self) -> Caps {
         self.soft.caps()
     }
-    fn create_qp(&self, owner: Owner, _qp_type: QpType) -> Result<u32, TransportError> {
+    fn create_pd(&self, owner: Owner) -> Result<(), TransportError> {
+        self.soft.create_pd(owner)
+    }
+    fn destroy_pd(&self, owner: Owner) {
+        self.soft.destroy_pd(owner)
+    }
+    fn create_qp(&self, owner: Owner, _spec: &QpSpec) -> Result<u32, TransportError> {
         let mut q = self.lock();
         let reuse = self.reuse && !self.fresh.load(Ordering::Relaxed);
         let qpn = match reuse.then(|| q.free.pop()).flatten() {
@@ -107,11 +113,123 @@ impl Transport for RecyclingQpns {
     fn destroy_ah(&self, owner: Owner) {
         self.soft.destroy_ah(owner)
     }
-    fn reg_mr(&self, owner: Owner, mr: &MrSpec) -> Result<MrKeys, TransportError> {
+    fn reg_mr(&self, owner: Owner, mr: &MrSpec<'_>) -> Result<MrKeys, TransportError> {
         self.soft.reg_mr(owner, mr)
     }
     fn dereg_mr(&self, keys: MrKeys) {
         self.soft.dereg_mr(keys)
+    }
+    fn keys_in_use(&self) -> usize {
+        self.soft.keys_in_use()
+    }
+}
+
+/// The host halves a [`CountingRnic`] holds, by kind.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct HostHalves {
+    /// PDs.
+    pub pds: i64,
+    /// CQs.
+    pub cqs: i64,
+    /// QPs.
+    pub qps: i64,
+    /// SRQs.
+    pub srqs: i64,
+    /// AHs.
+    pub ahs: i64,
+    /// Registered MRs.
+    pub mrs: i64,
+}
+
+/// The software RNIC, counting the host halves of objects it holds: what a
+/// host NIC would hold (a PD, CQ or MR of the NIC's per guest object), so
+/// that a test can check that none outlives its object.
+#[derive(Default)]
+pub struct CountingRnic {
+    soft: SoftRnic,
+    live: Mutex<HostHalves>,
+}
+
+impl CountingRnic {
+    /// The host halves held now.
+    pub fn live(&self) -> HostHalves {
+        *self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn count(&self, f: impl FnOnce(&mut HostHalves)) {
+        f(&mut self.live.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    /// Counts one more of a kind if `r` is a success, passing `r` on.
+    fn made<T>(
+        &self,
+        r: Result<T, TransportError>,
+        f: impl FnOnce(&mut HostHalves),
+    ) -> Result<T, TransportError> {
+        if r.is_ok() {
+            self.count(f);
+        }
+        r
+    }
+}
+
+impl Transport for CountingRnic {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Soft
+    }
+    fn caps(&self) -> Caps {
+        self.soft.caps()
+    }
+    fn create_pd(&self, owner: Owner) -> Result<(), TransportError> {
+        self.made(self.soft.create_pd(owner), |h| h.pds += 1)
+    }
+    fn destroy_pd(&self, owner: Owner) {
+        self.soft.destroy_pd(owner);
+        self.count(|h| h.pds -= 1);
+    }
+    fn create_qp(&self, owner: Owner, spec: &QpSpec) -> Result<u32, TransportError> {
+        self.made(self.soft.create_qp(owner, spec), |h| h.qps += 1)
+    }
+    fn modify_qp(&self, change: &QpChange<'_>) -> Result<(), TransportError> {
+        self.soft.modify_qp(change)
+    }
+    fn destroy_qp(&self, qpn: u32) {
+        self.soft.destroy_qp(qpn);
+        self.count(|h| h.qps -= 1);
+    }
+    fn lookup_qpn(&self, qpn: u32) -> Option<Owner> {
+        self.soft.lookup_qpn(qpn)
+    }
+    fn qpns_in_use(&self) -> usize {
+        self.soft.qpns_in_use()
+    }
+    fn create_cq(&self, owner: Owner, depth: u32) -> Result<(), TransportError> {
+        self.made(self.soft.create_cq(owner, depth), |h| h.cqs += 1)
+    }
+    fn destroy_cq(&self, owner: Owner) {
+        self.soft.destroy_cq(owner);
+        self.count(|h| h.cqs -= 1);
+    }
+    fn create_srq(&self, owner: Owner, depth: u32) -> Result<(), TransportError> {
+        self.made(self.soft.create_srq(owner, depth), |h| h.srqs += 1)
+    }
+    fn destroy_srq(&self, owner: Owner) {
+        self.soft.destroy_srq(owner);
+        self.count(|h| h.srqs -= 1);
+    }
+    fn create_ah(&self, owner: Owner, av: &AddressVector) -> Result<(), TransportError> {
+        self.made(self.soft.create_ah(owner, av), |h| h.ahs += 1)
+    }
+    fn destroy_ah(&self, owner: Owner) {
+        self.soft.destroy_ah(owner);
+        self.count(|h| h.ahs -= 1);
+    }
+    fn reg_mr(&self, owner: Owner, mr: &MrSpec<'_>) -> Result<MrKeys, TransportError> {
+        self.made(self.soft.reg_mr(owner, mr), |h| h.mrs += 1)
+    }
+    fn dereg_mr(&self, keys: MrKeys) {
+        self.soft.dereg_mr(keys);
+        self.count(|h| h.mrs -= 1);
     }
     fn keys_in_use(&self) -> usize {
         self.soft.keys_in_use()

@@ -743,3 +743,77 @@ fn held_events_reach_an_event_idx_driver() {
         );
     }
 }
+
+/// Every object's host half (what a host NIC holds for it: a PD, CQ, QP,
+/// SRQ, AH or registered MR of its own) is created with the object and
+/// destroyed with it: by its destroy command, with its context, and when
+/// the VMM goes away.
+#[test]
+fn host_halves_go_with_their_objects() {
+    use vhost_user_rdma_tests::rnics::{CountingRnic, HostHalves};
+    let rnic = std::sync::Arc::new(CountingRnic::default());
+    let d = TestDaemon::with_transport(1, rnic.clone()).unwrap();
+    // Makes one of each in a new context: returns it and its PD and CQ.
+    let populate = |v: &mut Verbs<'_>| {
+        let (ctx, pd, cq) = v.ctx_pd_cq(64).unwrap();
+        let pages = v.mem().alloc_pages(2, PAGE_SIZE).unwrap();
+        v.reg_mr(&MrSpec::new(
+            pd,
+            access::LOCAL_WRITE | access::REMOTE_WRITE,
+            0,
+            &pages,
+        ))
+        .unwrap();
+        let srq = v.create_srq(pd, 64, 2, 0).unwrap();
+        v.create_qp(&QpInit {
+            srq: srq.srq_handle,
+            rq_depth: 0,
+            ..QpInit::rc(pd, cq)
+        })
+        .unwrap();
+        v.create_qp(&QpInit::ud(pd, cq)).unwrap();
+        let av = AddressVector {
+            dgid: vhost_user_rdma::config::default_gid(0),
+            hop_limit: 64,
+            ..AddressVector::default()
+        };
+        v.create_ah(pd, av).unwrap();
+        (ctx, pd, cq)
+    };
+    let one_of_each = HostHalves {
+        pds: 1,
+        cqs: 1,
+        qps: 2,
+        srqs: 1,
+        ahs: 1,
+        mrs: 1,
+    };
+    let mut vm = d.connect(0).unwrap();
+    let mut v = Verbs::new(&mut vm);
+    let (ctx, _, _) = populate(&mut v);
+    assert_eq!(rnic.live(), one_of_each);
+    // Its context takes everything with it.
+    v.destroy_ctx(ctx).unwrap();
+    assert_eq!(rnic.live(), HostHalves::default());
+    // One by one, by their own commands.
+    let ctx = v.create_ctx().unwrap();
+    let pd = v.alloc_pd(ctx).unwrap();
+    let cq = v.create_cq(ctx, 16).unwrap();
+    let qp = v.create_qp(&QpInit::rc(pd, cq)).unwrap();
+    assert_eq!(
+        (rnic.live().pds, rnic.live().cqs, rnic.live().qps),
+        (1, 1, 1)
+    );
+    v.destroy_qp(qp.handle).unwrap();
+    v.destroy_cq(cq).unwrap();
+    v.dealloc_pd(pd).unwrap();
+    assert_eq!(rnic.live(), HostHalves::default());
+    // And when the VMM goes away.
+    populate(&mut v);
+    assert_eq!(rnic.live(), one_of_each);
+    drop(v);
+    vm.disconnect();
+    let s = d.wait_released(0);
+    assert!(s.device.resources.is_empty(), "{s:?}");
+    assert_eq!(rnic.live(), HostHalves::default());
+}

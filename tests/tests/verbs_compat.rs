@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use vhost_user_rdma::engine::SoftRnic;
 use vhost_user_rdma::transport::{
-    Caps, MrKeys, MrSpec, Owner, QpChange, Transport, TransportError, TransportKind,
+    Caps, MrKeys, MrSpec, Owner, QpChange, QpSpec, Transport, TransportError, TransportKind,
 };
 use vhost_user_rdma::Limits;
 use vhost_user_rdma_tests::dp::*;
@@ -19,7 +19,7 @@ use vhost_user_rdma_tests::vmm::VmmOptions;
 use virtio_rdma_abi::ctrl::Status;
 use virtio_rdma_abi::datapath::{UdGrh, WcOpcode, WcStatus, DB_PAGE_SIZE, UD_GRH_SIZE};
 use virtio_rdma_abi::mem::access;
-use virtio_rdma_abi::qp::{AddressVector, QpType};
+use virtio_rdma_abi::qp::AddressVector;
 use virtio_rdma_abi::verbs::{
     PHYS_STATE_LINK_UP, PORT_STATE_ACTIVE, SPEED_EDR, WIDTH_1X, WIDTH_4X,
 };
@@ -170,8 +170,14 @@ impl Transport for OtherLink {
             ..self.0.caps()
         }
     }
-    fn create_qp(&self, owner: Owner, qp_type: QpType) -> Result<u32, TransportError> {
-        self.0.create_qp(owner, qp_type)
+    fn create_pd(&self, owner: Owner) -> Result<(), TransportError> {
+        self.0.create_pd(owner)
+    }
+    fn destroy_pd(&self, owner: Owner) {
+        self.0.destroy_pd(owner)
+    }
+    fn create_qp(&self, owner: Owner, spec: &QpSpec) -> Result<u32, TransportError> {
+        self.0.create_qp(owner, spec)
     }
     fn modify_qp(&self, change: &QpChange<'_>) -> Result<(), TransportError> {
         self.0.modify_qp(change)
@@ -203,7 +209,7 @@ impl Transport for OtherLink {
     fn destroy_ah(&self, owner: Owner) {
         self.0.destroy_ah(owner)
     }
-    fn reg_mr(&self, owner: Owner, mr: &MrSpec) -> Result<MrKeys, TransportError> {
+    fn reg_mr(&self, owner: Owner, mr: &MrSpec<'_>) -> Result<MrKeys, TransportError> {
         self.0.reg_mr(owner, mr)
     }
     fn dereg_mr(&self, keys: MrKeys) {

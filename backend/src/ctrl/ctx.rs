@@ -92,17 +92,20 @@ impl VmState {
         if self.res.pds.len() >= self.limits.max_pd as usize {
             return Err(CmdError::new(Status::QUOTA, quota::PD));
         }
-        let pd_handle = self.res.insert_pd(Pd {
-            ctx: req.ctx_handle,
-            users: 0,
-        })?;
+        let pd_handle = self.res.insert_pd(
+            Pd {
+                ctx: req.ctx_handle,
+                users: 0,
+            },
+            self.transport.as_ref(),
+        )?;
         Ok(PdHandleResp { pd_handle }.to_bytes())
     }
 
     pub(super) fn dealloc_pd(&mut self, payload: &[u8]) -> CmdResult {
         let req: PdHandleReq = fixed(payload)?;
         self.res
-            .dealloc_pd(req.pd_handle)
+            .dealloc_pd(req.pd_handle, self.transport.as_ref())
             .map_err(|e| destroy_error::<PdHandleReq>(e, "pd_handle"))?;
         Ok(Vec::new())
     }

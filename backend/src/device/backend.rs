@@ -117,8 +117,9 @@ impl VhostUserBackend for RdmaDevice {
     fn update_memory(&self, mem: GuestMemoryAtomic<GuestMemoryMmap<()>>) -> io::Result<()> {
         let snapshot = mem.memory().into_inner();
         let ram = RamMap::from_guest_memory(&*snapshot);
-        let host = Arc::new(HostMem::new(snapshot));
+        let host = Arc::new(HostMem::new(snapshot.clone()));
         let mut st = self.lock();
+        st.vm.memory_changed(Some(&snapshot));
         st.vm.set_ram(ram);
         st.mem = Some(mem);
         st.host = Some(host);

@@ -305,6 +305,7 @@ impl RdmaDevice {
         }
         let gid = st.vm.port_gid();
         st.vm.set_features(0);
+        st.vm.memory_changed(None);
         st.vm.set_ram(RamMap::default());
         st.mem = None;
         st.host = None;

@@ -17,7 +17,7 @@ pub use objects::{
 use crate::keys::KeyMap;
 use crate::memory::PageList;
 use crate::shmem::{DbSlot, DoorbellPages};
-use crate::transport::{MrKeys, MrSpec, Owner, Transport, TransportError};
+use crate::transport::{MrKeys, MrSpec, Owner, QpSpec, Transport, TransportError};
 
 crate::stats::sums! {
 /// Counts of live objects of one VM.
@@ -211,9 +211,14 @@ impl VmResources {
         self.insert_charged(|r| &mut r.ctxs, ctx)
     }
 
-    /// Inserts a PD.
-    pub fn insert_pd(&mut self, pd: Pd) -> Result<u32, InsertError> {
-        self.insert_charged(|r| &mut r.pds, pd)
+    /// Inserts a PD and creates its host half.
+    pub fn insert_pd(&mut self, pd: Pd, t: &dyn Transport) -> Result<u32, InsertError> {
+        let h = self.insert_charged(|r| &mut r.pds, pd)?;
+        if let Err(e) = t.create_pd(self.owner(h)) {
+            self.unmake(h, |r| &mut r.pds);
+            return Err(InsertError::Transport(e));
+        }
+        Ok(h)
     }
 
     /// Inserts a CQ and creates its host half.
@@ -265,15 +270,25 @@ impl VmResources {
     ) -> Result<(u32, MrKeys), InsertError> {
         mr.lkey = 0;
         mr.rkey = 0;
-        let spec = MrSpec {
-            pd: mr.pd,
-            access: mr.access,
-            iova: mr.iova,
-            length: mr.length,
-            remote: mr.remote(),
-        };
+        let (pd, length) = (mr.pd, mr.length);
         let h = self.insert_charged(|r| &mut r.mrs, mr)?;
-        let keys = match t.reg_mr(self.owner(h), &spec) {
+        let owner = self.owner(h);
+        let registered = match self.mrs.get(h) {
+            Some(mr) => t.reg_mr(
+                owner,
+                &MrSpec {
+                    pd: mr.pd,
+                    access: mr.access,
+                    iova: mr.iova,
+                    length: mr.length,
+                    remote: mr.remote(),
+                    first_page_offset: mr.first_page_offset,
+                    pages: &mr.pages,
+                },
+            ),
+            None => Err(TransportError::Exhausted),
+        };
+        let keys = match registered {
             Ok(k) => k,
             Err(e) => {
                 self.unmake(h, |r| &mut r.mrs);
@@ -288,8 +303,8 @@ impl VmResources {
         if keys.rkey != 0 {
             self.rkeys.insert(keys.rkey, h);
         }
-        self.registered_bytes = self.registered_bytes.saturating_add(spec.length);
-        if let Some(pd) = self.pds.get_mut(spec.pd) {
+        self.registered_bytes = self.registered_bytes.saturating_add(length);
+        if let Some(pd) = self.pds.get_mut(pd) {
             inc(&mut pd.users);
         }
         Ok((h, keys))
@@ -300,9 +315,21 @@ impl VmResources {
     /// handle and number.
     pub fn insert_qp(&mut self, mut qp: Qp, t: &dyn Transport) -> Result<(u32, u32), InsertError> {
         qp.qpn = 0;
-        let (pd, cqs, srq, qp_type) = (qp.pd, [qp.send_cq, qp.recv_cq], qp.srq, qp.qp_type);
+        let spec = QpSpec {
+            qp_type: qp.qp_type,
+            pd: qp.pd,
+            send_cq: qp.send_cq,
+            recv_cq: qp.recv_cq,
+            srq: qp.srq,
+            sq_depth: qp.sq_depth,
+            rq_depth: qp.rq_depth,
+            max_send_sge: qp.max_send_sge,
+            max_recv_sge: qp.max_recv_sge,
+            max_inline_data: qp.max_inline_data,
+        };
+        let (pd, cqs, srq) = (spec.pd, [spec.send_cq, spec.recv_cq], spec.srq);
         let h = self.insert_charged(|r| &mut r.qps, qp)?;
-        let qpn = match t.create_qp(self.owner(h), qp_type) {
+        let qpn = match t.create_qp(self.owner(h), &spec) {
             Ok(n) => n,
             Err(e) => {
                 self.unmake(h, |r| &mut r.qps);
@@ -449,13 +476,14 @@ impl VmResources {
     }
 
     /// Frees a PD unless MRs, QPs, AHs or SRQs use it.
-    pub fn dealloc_pd(&mut self, handle: u32) -> Result<(), DestroyError> {
+    pub fn dealloc_pd(&mut self, handle: u32, t: &dyn Transport) -> Result<(), DestroyError> {
         let pd = self.pds.get(handle).ok_or(DestroyError::BadHandle)?;
         if pd.users > 0 {
             return Err(DestroyError::Busy(pd.users));
         }
         if let Some(pd) = self.pds.remove(handle) {
             self.refund(&pd);
+            t.destroy_pd(self.owner(handle));
         }
         Ok(())
     }
@@ -482,7 +510,7 @@ impl VmResources {
             let _ = self.destroy_cq(h, t);
         }
         for h in collect(&self.pds, |o| owned(o.ctx)) {
-            let _ = self.dealloc_pd(h);
+            let _ = self.dealloc_pd(h, t);
         }
         if let Some(ctx) = self.ctxs.remove(handle) {
             self.refund(&ctx);
@@ -514,6 +542,9 @@ impl VmResources {
         }
         for h in self.cqs.handles() {
             t.destroy_cq(self.owner(h));
+        }
+        for h in self.pds.handles() {
+            t.destroy_pd(self.owner(h));
         }
         self.qps.clear();
         self.srqs.clear();

@@ -18,6 +18,9 @@ pub mod verbs;
 
 use thiserror::Error;
 use virtio_rdma_abi::qp::{AddressVector, QpState, QpType};
+use vm_memory::GuestMemoryMmap;
+
+use crate::memory::PageList;
 
 /// Errors of a transport's object operations.
 #[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
@@ -95,8 +98,8 @@ pub struct MrKeys {
 }
 
 /// A memory region to register, as the control path validated it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MrSpec {
+#[derive(Debug, Clone, Copy)]
+pub struct MrSpec<'a> {
     /// Its PD's handle.
     pub pd: u32,
     /// `access` flags of the spec.
@@ -107,6 +110,36 @@ pub struct MrSpec {
     pub length: u64,
     /// Whether it needs an rkey (any remote access).
     pub remote: bool,
+    /// Where its first byte is in its first page.
+    pub first_page_offset: u32,
+    /// Its guest pages (a host NIC registers a window over them:
+    /// `memory::window`).
+    pub pages: &'a PageList,
+}
+
+/// A QP to create, as the control path validated it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpSpec {
+    /// RC or UD.
+    pub qp_type: QpType,
+    /// Its PD's handle.
+    pub pd: u32,
+    /// The handles of its send and receive CQs.
+    pub send_cq: u32,
+    /// See `send_cq`.
+    pub recv_cq: u32,
+    /// Its SRQ's handle, 0 for none.
+    pub srq: u32,
+    /// Send queue depth (WQEs).
+    pub sq_depth: u32,
+    /// Receive queue depth (WQEs; 0 with an SRQ).
+    pub rq_depth: u32,
+    /// Most SGEs of a send WQE.
+    pub max_send_sge: u32,
+    /// Most SGEs of a receive WQE.
+    pub max_recv_sge: u32,
+    /// Most inline bytes of a send WQE.
+    pub max_inline_data: u32,
 }
 
 /// A QP state change the control path has validated (spec 13.3) and is
@@ -138,9 +171,17 @@ pub trait Transport: Send + Sync {
     /// Port and device properties.
     fn caps(&self) -> Caps;
 
-    /// Creates the host half of QP `owner` and returns its number, unique
-    /// among all VMs of this transport; peers address the QP by it.
-    fn create_qp(&self, owner: Owner, qp_type: QpType) -> Result<u32, TransportError>;
+    /// Creates the host half of PD `owner` (a host NIC checks that a QP and
+    /// the regions it uses share a PD).
+    fn create_pd(&self, owner: Owner) -> Result<(), TransportError>;
+
+    /// Destroys the host half of PD `owner` (nothing uses it any more).
+    fn destroy_pd(&self, owner: Owner);
+
+    /// Creates the host half of QP `owner` (its PD, CQs and SRQ are `spec`'s
+    /// handles in the same VM, created before) and returns its number,
+    /// unique among all VMs of this transport; peers address the QP by it.
+    fn create_qp(&self, owner: Owner, spec: &QpSpec) -> Result<u32, TransportError>;
 
     /// Applies a state change to QP `change.qpn` (a host NIC's QP follows
     /// the device's state machine).
@@ -173,14 +214,22 @@ pub trait Transport: Send + Sync {
     /// Destroys the host half of AH `owner`.
     fn destroy_ah(&self, owner: Owner);
 
-    /// Registers MR `owner` and returns its keys: unpredictable (a peer
-    /// that could guess an rkey could reach memory it was never given),
-    /// non-zero, and not in use by another live region of the transport.
-    fn reg_mr(&self, owner: Owner, mr: &MrSpec) -> Result<MrKeys, TransportError>;
+    /// Registers MR `owner` and returns its keys: non-zero, not in use by
+    /// another live region of the transport, and as hard to guess as the
+    /// transport can make them (a peer that could guess an rkey could
+    /// reach memory it was never given).
+    fn reg_mr(&self, owner: Owner, mr: &MrSpec<'_>) -> Result<MrKeys, TransportError>;
 
     /// Deregisters the region with `keys`; they may be handed out again.
     fn dereg_mr(&self, keys: MrKeys);
 
     /// Memory keys in use (lkeys and rkeys; for leak checks).
     fn keys_in_use(&self) -> usize;
+
+    /// VM `vm`'s guest RAM is now `mem` (`None`: unmapped, its VMM gone),
+    /// after a memory table update; called with the VM's lock held, before
+    /// any of its objects is created over the new map. A transport whose
+    /// regions are windows over guest pages makes them again. The software
+    /// RNIC reads guest RAM through the VM's own map and ignores it.
+    fn set_memory(&self, _vm: usize, _mem: Option<&GuestMemoryMmap<()>>) {}
 }

@@ -149,6 +149,12 @@ impl VmState {
         self.features = features;
     }
 
+    /// Tells the transport that the VM's guest RAM is now `mem` (`None`:
+    /// unmapped), before the new map is used (`Transport::set_memory`).
+    pub fn memory_changed(&self, mem: Option<&vm_memory::GuestMemoryMmap<()>>) {
+        self.transport.set_memory(self.port.vm, mem);
+    }
+
     /// Replaces the view of guest RAM (after a memory table update).
     pub fn set_ram(&mut self, ram: RamMap) {
         self.ram = ram;

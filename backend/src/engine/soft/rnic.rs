@@ -5,11 +5,11 @@
 
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use virtio_rdma_abi::qp::{AddressVector, Mtu, QpType};
+use virtio_rdma_abi::qp::{AddressVector, Mtu};
 
 use crate::transport::directory::Directory;
 use crate::transport::{
-    Caps, MrKeys, MrSpec, Owner, QpChange, Transport, TransportError, TransportKind,
+    Caps, MrKeys, MrSpec, Owner, QpChange, QpSpec, Transport, TransportError, TransportKind,
 };
 
 /// QPNs are 24 bits; 0 and 1 are the special management QPs of InfiniBand.
@@ -78,7 +78,13 @@ impl Transport for SoftRnic {
         }
     }
 
-    fn create_qp(&self, owner: Owner, _qp_type: QpType) -> Result<u32, TransportError> {
+    fn create_pd(&self, _owner: Owner) -> Result<(), TransportError> {
+        Ok(())
+    }
+
+    fn destroy_pd(&self, _owner: Owner) {}
+
+    fn create_qp(&self, owner: Owner, _spec: &QpSpec) -> Result<u32, TransportError> {
         self.qpns().alloc(owner)
     }
 
@@ -117,7 +123,7 @@ impl Transport for SoftRnic {
 
     fn destroy_ah(&self, _owner: Owner) {}
 
-    fn reg_mr(&self, _owner: Owner, mr: &MrSpec) -> Result<MrKeys, TransportError> {
+    fn reg_mr(&self, _owner: Owner, mr: &MrSpec<'_>) -> Result<MrKeys, TransportError> {
         let mut keys = self.keys();
         let lkey = keys.alloc(())?;
         let rkey = if mr.remote {
@@ -150,6 +156,9 @@ impl Transport for SoftRnic {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::testing;
+    use virtio_rdma_abi::qp::QpType;
+    use vm_memory::{GuestAddress, GuestMemoryMmap};
 
     #[test]
     fn qpns_are_24_bit_and_owned() {
@@ -158,7 +167,19 @@ mod tests {
             vm: 3,
             handle: 0x100005,
         };
-        let q = r.create_qp(owner, QpType::RC).unwrap();
+        let spec = QpSpec {
+            qp_type: QpType::RC,
+            pd: 1,
+            send_cq: 1,
+            recv_cq: 1,
+            srq: 0,
+            sq_depth: 16,
+            rq_depth: 16,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let q = r.create_qp(owner, &spec).unwrap();
         assert!((FIRST_QPN..=QPN_MASK).contains(&q));
         assert_eq!(r.lookup_qpn(q), Some(owner));
         assert_eq!(r.qpns_in_use(), 1);
@@ -171,12 +192,16 @@ mod tests {
     fn keys_are_distinct_nonzero_and_returned() {
         let r = SoftRnic::new();
         let owner = Owner { vm: 0, handle: 1 };
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x1_0000)]).unwrap();
+        let pages = testing::one_page(0, &mem);
         let spec = |remote| MrSpec {
             pd: 1,
             access: 0,
             iova: 0,
             length: 4096,
             remote,
+            first_page_offset: 0,
+            pages: &pages,
         };
         let local = r.reg_mr(owner, &spec(false)).unwrap();
         assert_ne!(local.lkey, 0);
