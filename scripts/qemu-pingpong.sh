@@ -27,6 +27,8 @@ cd "$(dirname "$0")/.."
 . guest/lib.sh
 # shellcheck source=guest/versions.sh
 . guest/versions.sh
+# shellcheck source=guest/checks.sh
+. guest/checks.sh
 keep=0
 [ "${1:-}" = --keep ] && keep=1
 t_start=$(date +%s)
@@ -52,13 +54,10 @@ cleanup() {
 trap cleanup EXIT
 
 # What both guests' commands source first. wait_gid: until ib_core has taken the interface's
-# address as GID 1. run LABEL TOOL ARGS...: prints LABEL on a line of its own, then runs TOOL on
-# virtio_rdma0 (with the server's address $peer on the client), its standard output straight to
-# the console (line-buffered there) and its errors after it; the client tries again while the
-# server's tool is not listening yet (the tools do not retry). gate: prints GATE and waits for a
-# line from the host on the second serial port. klog: the kernel's warnings (the console shows
-# only its errors) and how many there are.
+# address as GID 1. run and klog: guest/checks.sh, on virtio_rdma0. gate: prints GATE and
+# waits for a line from the host on the second serial port.
 {
+  guest_tools virtio_rdma0
   cat <<'EOF'
 wait_gid() {
   local i=0
@@ -67,22 +66,6 @@ wait_gid() {
     i=$((i + 1))
     sleep 0.1
   done
-}
-run() {
-  echo "$1"
-  shift
-  local i=0
-  until "$@" -d virtio_rdma0 $peer 2>/tmp/err; do
-    grep -q "Couldn't connect to" /tmp/err && [ $i -lt 150 ] || { cat /tmp/err; return 1; }
-    i=$((i + 1))
-    sleep 0.2
-  done
-  cat /tmp/err
-}
-klog() {
-  dmesg | grep -E 'WARNING:|BUG:|Oops|Call Trace' >/tmp/klog
-  echo "KERNEL-WARNINGS: $(wc -l </tmp/klog)"
-  cat /tmp/klog
 }
 gate() {
   exec 3</dev/ttyS1
@@ -123,12 +106,6 @@ guest() {
     -netdev "stream,id=n0,$net" -device "virtio-net-pci,netdev=n0,mac=52:54:00:00:00:0$((i + 1))" \
     "$@" >"$dir/$name.out" 2>&1 &
   pids+=($!)
-}
-# after MARKER PATTERN GUEST: the first line matching PATTERN after the line MARKER on GUEST's
-# console.
-after() {
-  awk -v m="$1" -v p="$2" '$0 == m || $0 == m "\r" { f = 1; next } f && $0 ~ p { print; exit }' \
-    "$dir/$3.console" 2>/dev/null | tr -d '\r'
 }
 # wait_for GUEST PATTERN [MARKER]: until GUEST's console has a line matching PATTERN (after
 # the line MARKER); fails after 300 s or when the guest is gone.
@@ -210,21 +187,6 @@ done
 pids=()
 rc_server=${rcs[0]} rc_client=${rcs[1]}
 echo "== qemu-pingpong: guests ran $(($(date +%s) - t)) s, exit $rc_server $rc_client"
-pass=0 fail=0
-ok() {
-  echo "   ok: $*"
-  pass=$((pass + 1))
-}
-failed() {
-  echo "   FAILED: $*"
-  fail=$((fail + 1))
-}
-# check_after MARKER DESCRIPTION PATTERN GUEST: PATTERN on a line after the line MARKER.
-check_after() {
-  local line
-  line=$(after "$1" "$3" "$4")
-  if [ -n "$line" ]; then ok "$2: $line"; else failed "$2 (no '$3' after '$1' on the $4 console)"; fi
-}
 for g in server client; do
   check_after RC "ibv_rc_pingpong $g" "^50 iters in .* seconds" $g
   check_after EVENTS "ibv_rc_pingpong -e (completion events) $g" "^20 iters in .* seconds" $g

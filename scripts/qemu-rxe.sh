@@ -21,6 +21,8 @@ cd "$(dirname "$0")/.."
 . guest/lib.sh
 # shellcheck source=guest/versions.sh
 . guest/versions.sh
+# shellcheck source=guest/checks.sh
+. guest/checks.sh
 keep=0
 [ "${1:-}" = --keep ] && keep=1
 t_start=$(date +%s)
@@ -42,12 +44,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# What both guests' commands source first. up ADDR: the interface up with ADDR, an rxe device
-# on it, and its GID 1 (the IPv4-mapped address) in place. run LABEL TOOL ARGS...: prints LABEL
-# on a line of its own, then runs TOOL on rxe0 (with the server's address $peer on the
-# client); the client tries again while the server's tool is not listening yet. klog: the
-# kernel's warnings and how many there are.
-cat >"$dir/tools.sh" <<'EOF'
+# What both guests' commands source first: up ADDR brings the interface up with ADDR, puts an
+# rxe device on it and waits for its GID 1 (the IPv4-mapped address); run and klog as in
+# guest/checks.sh, on rxe0.
+{
+  cat <<'EOF'
 up() {
   ip link set eth0 up && ip addr add "$1/24" dev eth0 &&
     /usr/local/bin/rdma link add rxe0 type rxe netdev eth0 || return 1
@@ -59,23 +60,9 @@ up() {
   done
   ulimit -l unlimited
 }
-run() {
-  echo "$1"
-  shift
-  local i=0
-  until "$@" -d rxe0 $peer 2>/tmp/err; do
-    grep -q "Couldn't connect to" /tmp/err && [ $i -lt 150 ] || { cat /tmp/err; return 1; }
-    i=$((i + 1))
-    sleep 0.2
-  done
-  cat /tmp/err
-}
-klog() {
-  dmesg | grep -E 'WARNING:|BUG:|Oops|Call Trace' >/tmp/klog
-  echo "KERNEL-WARNINGS: $(wc -l </tmp/klog)"
-  cat /tmp/klog
-}
 EOF
+  guest_tools rxe0
+} >"$dir/tools.sh"
 # The rxe provider and its .driver file come from STAGE-rxe (scripts/build-rdma-core.sh);
 # `ip` stays busybox's, `rdma` is the host's iproute2 (busybox has none).
 bash scripts/build-guest.sh --name rxe-host --load crc32_generic --load virtio_pci \
@@ -119,25 +106,6 @@ done
 pids=()
 echo "== qemu-rxe: guests ran $(($(date +%s) - t)) s, exit ${rcs[0]} ${rcs[1]}"
 
-pass=0 fail=0
-ok() {
-  echo "   ok: $*"
-  pass=$((pass + 1))
-}
-failed() {
-  echo "   FAILED: $*"
-  fail=$((fail + 1))
-}
-# after MARKER PATTERN GUEST: the first line matching PATTERN after the line MARKER.
-after() {
-  awk -v m="$1" -v p="$2" '$0 == m || $0 == m "\r" { f = 1; next } f && $0 ~ p { print; exit }' \
-    "$dir/$3.console" 2>/dev/null | tr -d '\r'
-}
-check_after() {
-  local line
-  line=$(after "$1" "$3" "$4")
-  if [ -n "$line" ]; then ok "$2: $line"; else failed "$2 (no '$3' after '$1' on the $4 console)"; fi
-}
 if tr -d '\r' <"$dir/server.console" | grep -q 'state:.*PORT_ACTIVE' &&
   tr -d '\r' <"$dir/server.console" | grep -q 'link_layer:.*Ethernet'; then
   ok "ibv_devinfo: rxe0 $(tr -d '\r' <"$dir/server.console" | grep -m1 -o 'state:.*PORT_ACTIVE.*'), Ethernet"
