@@ -194,6 +194,21 @@ impl TestDaemon {
         }
     }
 
+    /// Waits (up to 5 s) until the daemon counts VM `i` as connected: its
+    /// serving thread records the connection after the connection's
+    /// workers started, so a VMM may already be talking to the device
+    /// before. Returns the statistics then.
+    pub fn wait_connected(&self, i: usize) -> VmStats {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let s = self.stats(i);
+            if s.connected || std::time::Instant::now() > deadline {
+                return s;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     /// Waits (up to 5 s) until VM `i` is disconnected and its resources are
     /// released; returns the final statistics.
     pub fn wait_released(&self, i: usize) -> VmStats {

@@ -125,6 +125,13 @@ impl World {
         let a_base = finish_base(&mut a, pa, Some((pb.3.qpn, gid(1))));
         let b_base = finish_base(&mut b, pb, Some((pa.3.qpn, gid(0))));
         assert_eq!(a_base.qp_attrs.attr.qp_state, u32::from(QpState::RTS));
+        // The checks after an attack compare with A and B connected once.
+        for vm in [0, 1] {
+            assert!(
+                d.wait_connected(vm).connected,
+                "VM {vm} never counted as connected"
+            );
+        }
         let b_counts = d.stats(1).device.resources;
         let dev = Verbs::new(&mut a).query_device().unwrap();
         World {
