@@ -328,6 +328,14 @@ pub struct Pair {
     pub qb: Qp,
 }
 
+/// A 16-entry CQ on each of `a` and `b`.
+pub fn cq_pair(a: &Vm, b: &Vm) -> (Arc<Cq>, Arc<Cq>) {
+    (
+        Cq::create(&a.dev, 16).expect("CQ A"),
+        Cq::create(&b.dev, 16).expect("CQ B"),
+    )
+}
+
 /// Creates and connects an RC pair between `a` and `b`.
 pub fn rc_pair(a: &Vm, b: &Vm) -> Pair {
     rc_pair_with(a, b, |c| c)

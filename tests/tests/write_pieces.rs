@@ -22,8 +22,8 @@ use vhost_user_rdma::engine::{ALONE_PIECE, PIECE};
 use vhost_user_rdma::qos::QosSpec;
 use vhost_user_rdma::stats::TrafficStats;
 use vhost_user_rdma_tests::dp::{
-    assert_untouched, conn, next_event, ok, open, pattern, poll_n, rc_pair, rc_qp, wait_state, wr,
-    Buf, Pair, Vm, GUARD, QP_ACCESS, WAIT,
+    assert_untouched, conn, cq_pair, next_event, ok, open, pattern, poll_n, rc_pair, rc_qp,
+    wait_state, wr, Buf, Pair, Vm, GUARD, QP_ACCESS, WAIT,
 };
 use vhost_user_rdma_tests::harness::TestDaemon;
 use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
@@ -56,10 +56,7 @@ struct Busy {
 }
 
 fn busy(c: &Vm, b: &Vm) -> Busy {
-    let (cqc, cqb) = (
-        Cq::create(&c.dev, 16).unwrap(),
-        Cq::create(&b.dev, 16).unwrap(),
-    );
+    let (cqc, cqb) = cq_pair(c, b);
     let (qc, qb) = (rc_qp(c, &cqc), rc_qp(b, &cqb));
     let mut cc = conn(&qb, b);
     cc.rnr_retry = 7;
@@ -399,10 +396,7 @@ fn sqd_with_a_send_waiting_for_rnr_retries_drains_once_it_is_taken() {
     use virtio_rdma_driver::RecvWr;
     let d = TestDaemon::start(2).unwrap();
     let (a, b) = (open(&d, 0), open(&d, 1));
-    let (cqa, cqb) = (
-        Cq::create(&a.dev, 16).unwrap(),
-        Cq::create(&b.dev, 16).unwrap(),
-    );
+    let (cqa, cqb) = cq_pair(&a, &b);
     let (qa, qb) = (rc_qp(&a, &cqa), rc_qp(&b, &cqb));
     let mut ca = conn(&qb, &b);
     ca.rnr_retry = 7;

@@ -3,8 +3,9 @@
 //! SRQs whose producer index is out of range.
 
 use vhost_user_rdma_tests::dp::{
-    ah_to, assert_no_event, assert_quiet, assert_state, collect_events, expect_event, failed, ok,
-    pattern, poll_one, rc_qp, sorted, ud_qp, vms, wait_state, wr, write_op, Buf, QKEY, QP_ACCESS,
+    ah_to, assert_no_event, assert_quiet, assert_state, collect_events, cq_pair, expect_event,
+    failed, ok, pattern, poll_one, rc_qp, sorted, ud_qp, vms, wait_state, wr, write_op, Buf, QKEY,
+    QP_ACCESS,
 };
 use virtio_rdma_abi::datapath::{RecvWqe, SendWqe, Sge as WireSge, WcOpcode, WcStatus, WrOpcode};
 use virtio_rdma_abi::event::EventKind;
@@ -139,10 +140,7 @@ fn malformed_receive_wqe_completes_with_loc_qp_op_err() {
             imm: 5,
         };
         for op in [SendOp::Send, write_with_imm] {
-            let (cqa, cqb) = (
-                Cq::create(&a.dev, 16).unwrap(),
-                Cq::create(&b.dev, 16).unwrap(),
-            );
+            let (cqa, cqb) = cq_pair(a, b);
             let qa = rc_qp(a, &cqa);
             let qb = raw_qp(b, QpType::RC, cqb.handle(), cqb.handle(), 0);
             qa.rc_connect(QP_ACCESS, &conn_qpn(qb.qpn, b)).unwrap();
@@ -163,10 +161,7 @@ fn malformed_receive_wqe_completes_with_loc_qp_op_err() {
         }
     }
     // UD.
-    let (cqa, cqb) = (
-        Cq::create(&a.dev, 16).unwrap(),
-        Cq::create(&b.dev, 16).unwrap(),
-    );
+    let (cqa, cqb) = cq_pair(a, b);
     let ua = ud_qp(a, &cqa, 4);
     let ub = raw_qp(b, QpType::UD, cqb.handle(), cqb.handle(), 0);
     raw_ud_activate(b, &ub);
@@ -202,10 +197,7 @@ fn receive_queue_out_of_range_is_fatal() {
     let ba = Buf::guarded(a, 4096);
     let sg = [ba.sge(0, 64)];
     // RC.
-    let (cqa, cqb) = (
-        Cq::create(&a.dev, 16).unwrap(),
-        Cq::create(&b.dev, 16).unwrap(),
-    );
+    let (cqa, cqb) = cq_pair(a, b);
     let qa = rc_qp(a, &cqa);
     let qb = raw_qp(b, QpType::RC, cqb.handle(), cqb.handle(), 0);
     qa.rc_connect(QP_ACCESS, &conn_qpn(qb.qpn, b)).unwrap();
@@ -219,10 +211,7 @@ fn receive_queue_out_of_range_is_fatal() {
     assert_quiet(&cqb);
     assert_no_event(&a.dev, "RC requester");
     // UD.
-    let (cqa, cqb) = (
-        Cq::create(&a.dev, 16).unwrap(),
-        Cq::create(&b.dev, 16).unwrap(),
-    );
+    let (cqa, cqb) = cq_pair(a, b);
     let ua = ud_qp(a, &cqa, 4);
     let ub = raw_qp(b, QpType::UD, cqb.handle(), cqb.handle(), 0);
     raw_ud_activate(b, &ub);
@@ -252,10 +241,7 @@ fn srq_out_of_range_fails_every_attached_qp() {
     let (_d, vm) = vms(2);
     let (a, b) = (&vm[0], &vm[1]);
     let (srq, srq_ring) = raw_srq(b);
-    let (cqa, cqb) = (
-        Cq::create(&a.dev, 16).unwrap(),
-        Cq::create(&b.dev, 16).unwrap(),
-    );
+    let (cqa, cqb) = cq_pair(a, b);
     let (qa1, qa2) = (rc_qp(a, &cqa), rc_qp(a, &cqa));
     let qb1 = raw_qp(b, QpType::RC, cqb.handle(), cqb.handle(), srq);
     let qb2 = raw_qp(b, QpType::RC, cqb.handle(), cqb.handle(), srq);

@@ -3,13 +3,13 @@
 //! READs and atomics on a QP without `max_rd_atomic` (spec 18.8).
 
 use vhost_user_rdma_tests::dp::{
-    ah_to, assert_no_event, assert_state, expect_event, failed, ok, pattern, poll_one, rc_qp, recv,
-    ud_qp, vms, wait_state, wr, Buf, QKEY, QP_ACCESS,
+    ah_to, assert_no_event, assert_state, cq_pair, expect_event, failed, ok, pattern, poll_one,
+    rc_qp, recv, ud_qp, vms, wait_state, wr, Buf, QKEY, QP_ACCESS,
 };
 use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::qp::QpState;
-use virtio_rdma_driver::{Cq, SendFlags, SendOp, SendWr, Sge, UdDest};
+use virtio_rdma_driver::{SendFlags, SendOp, SendWr, Sge, UdDest};
 
 use crate::fixtures::{assert_no_message_fields, conn, rc_pair, GRH};
 
@@ -19,10 +19,7 @@ use crate::fixtures::{assert_no_message_fields, conn, rc_pair, GRH};
 fn comm_est_on_first_message_in_rtr() {
     let (_d, vm) = vms(2);
     let (a, b) = (&vm[0], &vm[1]);
-    let (cqa, cqb) = (
-        Cq::create(&a.dev, 16).unwrap(),
-        Cq::create(&b.dev, 16).unwrap(),
-    );
+    let (cqa, cqb) = cq_pair(a, b);
     let (qa, qb) = (rc_qp(a, &cqa), rc_qp(b, &cqb));
     qa.rc_connect(QP_ACCESS, &conn(&qb, b)).unwrap();
     let cb = conn(&qa, a);
@@ -132,10 +129,7 @@ fn error_completions_carry_no_message_fields() {
     );
     assert_no_message_fields(&r, "RC responder");
     // UD: room for the GRH, not for the message.
-    let (cqa, cqb) = (
-        Cq::create(&a.dev, 16).unwrap(),
-        Cq::create(&b.dev, 16).unwrap(),
-    );
+    let (cqa, cqb) = cq_pair(a, b);
     let (ua, ub) = (ud_qp(a, &cqa, 4), ud_qp(b, &cqb, 4));
     let ah = ah_to(a, b);
     recv(&ub, 3, &[bb.sge(1024, GRH + 64)]);
@@ -196,10 +190,7 @@ fn rd_atomic_without_max_rd_atomic_is_malformed() {
         ),
     ];
     for (op, len, wop) in ops {
-        let (cqa, cqb) = (
-            Cq::create(&a.dev, 16).unwrap(),
-            Cq::create(&b.dev, 16).unwrap(),
-        );
+        let (cqa, cqb) = cq_pair(a, b);
         let (qa, qb) = (rc_qp(a, &cqa), rc_qp(b, &cqb));
         let mut ca = conn(&qb, b);
         ca.max_rd_atomic = 0;

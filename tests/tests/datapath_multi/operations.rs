@@ -4,8 +4,9 @@
 //! `max_dest_rd_atomic` is 0.
 
 use vhost_user_rdma_tests::dp::{
-    ah_to, assert_no_event, assert_quiet, assert_state, expect_event, failed, ok, pattern, poll_n,
-    poll_one, rc_qp, recv, sges, ud_qp, vms, wait_state, wr, write_op, Buf, QKEY, QP_ACCESS,
+    ah_to, assert_no_event, assert_quiet, assert_state, cq_pair, expect_event, failed, ok, pattern,
+    poll_n, poll_one, rc_qp, recv, sges, ud_qp, vms, wait_state, wr, write_op, Buf, QKEY,
+    QP_ACCESS,
 };
 use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
 use virtio_rdma_abi::event::EventKind;
@@ -152,10 +153,7 @@ fn length_errors() {
     assert_no_event(&a.dev, "RC length error (requester)");
     assert_no_event(&b.dev, "RC length error (responder)");
     // UD.
-    let (cqa, cqb) = (
-        Cq::create(&a.dev, 16).unwrap(),
-        Cq::create(&b.dev, 16).unwrap(),
-    );
+    let (cqa, cqb) = cq_pair(a, b);
     let (ua, ub) = (ud_qp(a, &cqa, 4), ud_qp(b, &cqb, 4));
     let ah = ah_to(a, b);
     let ub_buf = Buf::guarded(b, 4096);
@@ -228,10 +226,7 @@ fn zero_length_send() {
     assert_state(&p.qa, QpState::RTS);
     assert_state(&p.qb, QpState::RTS);
     // UD: the GRH alone.
-    let (cqa, cqb) = (
-        Cq::create(&a.dev, 16).unwrap(),
-        Cq::create(&b.dev, 16).unwrap(),
-    );
+    let (cqa, cqb) = cq_pair(a, b);
     let (ua, ub) = (ud_qp(a, &cqa, 4), ud_qp(b, &cqb, 4));
     let ah = ah_to(a, b);
     let ubuf = Buf::guarded(b, 4096);
@@ -300,10 +295,7 @@ fn zero_length_rdma_ignores_rkey() {
 fn write_with_imm_rnr_writes_nothing() {
     let (_d, vm) = vms(2);
     let (a, b) = (&vm[0], &vm[1]);
-    let (cqa, cqb) = (
-        Cq::create(&a.dev, 16).unwrap(),
-        Cq::create(&b.dev, 16).unwrap(),
-    );
+    let (cqa, cqb) = cq_pair(a, b);
     let (qa, qb) = (rc_qp(a, &cqa), rc_qp(b, &cqb));
     let mut ca = conn(&qb, b);
     ca.rnr_retry = 0;
@@ -347,10 +339,7 @@ fn read_to_responder_without_rd_atomic() {
         },
     ];
     for (op, len) in ops.into_iter().zip([64, 8]) {
-        let (cqa, cqb) = (
-            Cq::create(&a.dev, 16).unwrap(),
-            Cq::create(&b.dev, 16).unwrap(),
-        );
+        let (cqa, cqb) = cq_pair(a, b);
         let (qa, qb) = (rc_qp(a, &cqa), rc_qp(b, &cqb));
         qa.rc_connect(QP_ACCESS, &conn(&qb, b)).unwrap();
         let mut cb = conn(&qa, a);

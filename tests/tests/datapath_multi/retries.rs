@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use vhost_user_rdma_tests::dp::{
-    assert_no_event, assert_quiet, assert_state, failed, ok, pattern, poll_n, poll_one, rc_qp,
-    recv, vms, wr, write_op, Buf, QP_ACCESS,
+    assert_no_event, assert_quiet, assert_state, cq_pair, failed, ok, pattern, poll_n, poll_one,
+    rc_qp, recv, vms, wr, write_op, Buf, QP_ACCESS,
 };
 use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
 use virtio_rdma_abi::qp::QpState;
@@ -92,10 +92,7 @@ fn rc_retry_delivers_once_the_peer_is_ready() {
     let (ba, bb) = (Buf::guarded(a, 4096), Buf::guarded(b, 4096));
     // (timeout, retry_cnt, how long the peer stays unreachable)
     for (timeout, retry_cnt, unready) in [(16, 7, 150), (0, 0, 400)] {
-        let (cqa, cqb) = (
-            Cq::create(&a.dev, 16).unwrap(),
-            Cq::create(&b.dev, 16).unwrap(),
-        );
+        let (cqa, cqb) = cq_pair(a, b);
         let (qa, qb) = (rc_qp(a, &cqa), rc_qp(b, &cqb));
         let mut c = conn(&qb, b);
         c.timeout = timeout;
@@ -153,10 +150,7 @@ fn rnr_wait_uses_the_responders_min_rnr_timer() {
     // three of the requester's own waits would take 1966 ms and 0.03 ms)
     let cases = [(0, 1, 0, 1000), (1, 18, 15, 1000)];
     for (mine, theirs, least, most) in cases {
-        let (cqa, cqb) = (
-            Cq::create(&a.dev, 16).unwrap(),
-            Cq::create(&b.dev, 16).unwrap(),
-        );
+        let (cqa, cqb) = cq_pair(a, b);
         let (qa, qb) = (rc_qp(a, &cqa), rc_qp(b, &cqb));
         let mut ca = conn(&qb, b);
         ca.min_rnr_timer = mine;
