@@ -249,6 +249,7 @@ pub fn add_tenant<'c>(
         name: name.into(),
         qos_class: None,
         engine: None,
+        remote_gids: Vec::new(),
     });
     let last = config.tenants.len() - 1;
     &mut config.tenants[last]

@@ -34,6 +34,7 @@ mod sweep;
 mod testing;
 mod thread;
 pub(crate) mod transport;
+mod verbs;
 pub mod wqe;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -136,6 +137,13 @@ impl Engine {
                 // The data path of the transport the objects were made by.
                 match e.transport.kind() {
                     TransportKind::Soft => e.run(&soft::path::SoftPath),
+                    TransportKind::Verbs => {
+                        let any = e.transport.as_any();
+                        match any.downcast_ref::<crate::transport::verbs::VerbsRnic>() {
+                            Some(rnic) => e.run(&verbs::VerbsPath::new(rnic)),
+                            None => log::error!("a verbs transport that is not a VerbsRnic"),
+                        }
+                    }
                 }
             })?;
         *engine.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);

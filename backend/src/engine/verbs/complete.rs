@@ -1,0 +1,212 @@
+//! Host completions and host events, applied to the VM being served.
+//!
+//! A send completion takes the oldest send its QP posted (a host QP
+//! completes its sends in order); a receive of a QP's own queue the oldest
+//! receive, one of an SRQ the slot its `wr_id` names. The guest's consumer
+//! indices move on as each receive completes, as on the software RNIC.
+
+use std::sync::atomic::Ordering;
+
+use log::debug;
+use rdma_sys::{ibv_poll_cq, ibv_wc, ibv_wc_flags, ibv_wc_status};
+use virtio_rdma_abi::datapath::{
+    Cqe, QpDoorbell, SrqDoorbell, WcOpcode, WcStatus, CQE_GRH, CQE_WITH_IMM,
+};
+use virtio_rdma_abi::event::EventKind;
+use virtio_rdma_abi::qp::{QpState, QpType};
+
+use crate::engine::completer::{complete, cq_error, error_cqe};
+use crate::engine::doorbell;
+use crate::engine::requester::{complete_posted, posted_done, Completion};
+use crate::memory::HostMem;
+use crate::transport::verbs::attr::{wc_opcode, wc_status};
+use crate::transport::verbs::rnic::{lock_tables, HostEvent, Tables, VmHost, RECV_SRQ, RECV_WR};
+use crate::vm::VmState;
+
+/// Applies the host events queued for the VM; true if there were any.
+pub(super) fn host_events(host: &VmHost, state: &mut VmState) -> bool {
+    let events = {
+        let mut q = host.events.lock().unwrap_or_else(|e| e.into_inner());
+        if q.is_empty() {
+            return false;
+        }
+        std::mem::take(&mut *q)
+    };
+    for ev in events {
+        match ev {
+            HostEvent::Qp(h, EventKind::QP_COMM_EST) => {
+                if state.res.qps.get(h).is_some_and(|q| q.state == QpState::RTR) {
+                    state.events.push(EventKind::QP_COMM_EST, h, 0);
+                }
+            }
+            HostEvent::Qp(h, EventKind::QP_LAST_WQE_REACHED) => {
+                state.events.push(EventKind::QP_LAST_WQE_REACHED, h, 0);
+            }
+            HostEvent::Qp(h, kind) => {
+                if state.res.qps.get(h).is_some_and(|q| q.state != QpState::ERR) {
+                    state.qp_enter_err(h, Some(kind));
+                }
+            }
+            HostEvent::CqError(h) => {
+                if state.res.cqs.get(h).is_some_and(|c| !c.rt.overflowed) {
+                    let _ = cq_error(state, h);
+                }
+            }
+            HostEvent::SrqError(h) => {
+                if let Some(s) = state.res.srqs.get_mut(h).filter(|s| !s.rt.broken) {
+                    s.rt.broken = true;
+                    state.events.push(EventKind::SRQ_ERROR, h, 0);
+                }
+            }
+            HostEvent::Port(down) => {
+                let kind = if down {
+                    EventKind::PORT_ERROR
+                } else {
+                    EventKind::PORT_ACTIVE
+                };
+                state.events.push(kind, virtio_rdma_abi::verbs::PORT_NUM, 0);
+            }
+        }
+    }
+    true
+}
+
+/// Reads up to `batch` completions of each of the VM's host CQs and
+/// applies them; true if there were any.
+pub(super) fn poll_cqs(host: &VmHost, state: &mut VmState, mem: &HostMem, batch: usize) -> bool {
+    let mut t = lock_tables(host);
+    let mut did = false;
+    // SAFETY: all-zero is a valid completion structure.
+    let mut wcs: Vec<ibv_wc> = (0..batch).map(|_| unsafe { std::mem::zeroed() }).collect();
+    let cqs: Vec<*mut rdma_sys::ibv_cq> = t.cqs.values().map(|c| c.cq.as_ptr()).collect();
+    for cq in cqs {
+        let n = i32::try_from(wcs.len()).unwrap_or(0);
+        // SAFETY: a live CQ of the VM's table (locked: nobody destroys it
+        // meanwhile) and room for `n` completions.
+        let got = unsafe { ibv_poll_cq(cq, n, wcs.as_mut_ptr()) };
+        let got = usize::try_from(got).unwrap_or(0);
+        for wc in wcs.iter().take(got) {
+            host.posted
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| {
+                    Some(p.saturating_sub(1))
+                })
+                .ok();
+            apply(&mut t, state, mem, wc);
+            did = true;
+        }
+    }
+    did
+}
+
+/// Applies one host completion.
+fn apply(t: &mut Tables, state: &mut VmState, mem: &HostMem, wc: &ibv_wc) {
+    let Some(hq) = t.qps.get_mut(&wc.qp_num) else {
+        // Its QP was destroyed meanwhile.
+        return;
+    };
+    let h = hq.handle;
+    let status = wc_status(wc.status);
+    if wc.wr_id & RECV_WR == 0 {
+        let Some(s) = hq.sent.pop_front() else {
+            debug!("QPN {:#x}: a send completion without a send", wc.qp_num);
+            return;
+        };
+        if status == WcStatus::SUCCESS && !s.signaled {
+            posted_done(state, h);
+        } else if status == WcStatus::SUCCESS {
+            complete_posted(state, mem, h, Completion::ok(s.wr_id, s.op, s.len));
+        } else {
+            complete_posted(state, mem, h, Completion::failed(s.wr_id, s.op, status));
+        }
+        return;
+    }
+    let srq = hq.srq;
+    let wr_id = if wc.wr_id & RECV_SRQ != 0 {
+        let slot = (wc.wr_id & 0xffff_ffff) as u32;
+        let Some(hs) = t.srqs.get_mut(&srq) else {
+            return;
+        };
+        let Some(&w) = hs.wr_ids.get(slot as usize) else {
+            return;
+        };
+        hs.free.push(slot);
+        srq_consumed(state, mem, srq);
+        w
+    } else {
+        let Some(w) = hq.recvd.pop_front() else {
+            debug!("QPN {:#x}: a receive completion without a receive", wc.qp_num);
+            return;
+        };
+        let Some(qp) = state.res.qps.get_mut(h) else {
+            return;
+        };
+        if qp.state == QpState::RESET {
+            return;
+        }
+        qp.rt.recv_outstanding = qp.rt.recv_outstanding.saturating_sub(1);
+        qp.rt.rq_ci = qp.rt.rq_ci.wrapping_add(1);
+        let _ = doorbell::store(mem, qp.db_gpa, QpDoorbell::RQ_CI, qp.rt.rq_ci);
+        w
+    };
+    let Some((qpn, recv_cq, ud)) = state
+        .res
+        .qps
+        .get(h)
+        .map(|q| (q.qpn, q.recv_cq, q.qp_type == QpType::UD))
+    else {
+        return;
+    };
+    let cqe = if status == WcStatus::SUCCESS {
+        let with_imm = wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+        let mut flags = 0u8;
+        if with_imm {
+            flags |= CQE_WITH_IMM;
+        }
+        if ud && wc.wc_flags & ibv_wc_flags::IBV_WC_GRH.0 != 0 {
+            flags |= CQE_GRH;
+        }
+        Cqe {
+            wr_id,
+            opcode: wc_opcode(wc.opcode).unwrap_or(WcOpcode::RECV) as u8,
+            status: WcStatus::SUCCESS as u8,
+            flags,
+            owner: 0,
+            byte_len: wc.byte_len,
+            imm_data: if with_imm {
+                // SAFETY: the union's immediate-data view, a plain integer.
+                unsafe { wc.imm_data_invalidated_rkey_union.imm_data }
+            } else {
+                0
+            },
+            qpn,
+            src_qpn: if ud { wc.src_qp } else { 0 },
+            vendor_err: 0,
+        }
+    } else {
+        let mut c = error_cqe(wr_id, WcOpcode::RECV, status, qpn);
+        c.vendor_err = wc.vendor_err;
+        c
+    };
+    let ok = complete(state, mem, recv_cq, cqe);
+    if !ok || (status != WcStatus::SUCCESS && wc.status != ibv_wc_status::IBV_WC_WR_FLUSH_ERR) {
+        state.qp_enter_err(h, None);
+    }
+}
+
+/// One receive of SRQ `h` completed: its consumer index moves on, and the
+/// limit event fires when the posted receives fall below it (spec 18.21).
+fn srq_consumed(state: &mut VmState, mem: &HostMem, h: u32) {
+    let Some(srq) = state.res.srqs.get_mut(h) else {
+        return;
+    };
+    srq.rt.outstanding = srq.rt.outstanding.saturating_sub(1);
+    srq.rt.ci = srq.rt.ci.wrapping_add(1);
+    let _ = doorbell::store(mem, srq.db_gpa, SrqDoorbell::CI, srq.rt.ci);
+    let pi = doorbell::load_pi(mem, srq.db_gpa, srq.db_slot.as_ref(), doorbell::SRQ)
+        .unwrap_or(srq.rt.ci);
+    let posted = pi.wrapping_sub(srq.rt.ci);
+    if srq.limit != 0 && posted < srq.limit {
+        srq.limit = 0;
+        state.events.push(EventKind::SRQ_LIMIT_REACHED, h, 0);
+    }
+}
