@@ -168,19 +168,16 @@ impl Daemon {
                 path: path.clone(),
                 source,
             })?;
+            let gid = transport
+                .port_gid(index)
+                .unwrap_or_else(|| config.gid(index));
             let device = RdmaDevice::new(
                 vm.limits,
                 config.device_features,
                 config.ctrl_poll,
                 transport.clone(),
                 engines.for_vm(index).clone(),
-                port_identity(
-                    index,
-                    transport
-                        .port_gid(index)
-                        .unwrap_or_else(|| config.gid(index)),
-                    &mut keys,
-                )?,
+                port_identity(index, gid, &mut keys)?,
                 &shared,
             )
             .map_err(ServerError::Spawn)?;
@@ -205,7 +202,7 @@ impl Daemon {
                 "serving VM {index} ({}, tenant {}, GID {}, paired MAC {}, engine thread {}) on {}",
                 vm.name,
                 vm.tenant,
-                crate::config::gid_text(config.gid(index)),
+                crate::config::gid_text(gid),
                 vm.mac.map_or_else(|| "none".into(), crate::config::mac_text),
                 engines.for_vm(index).index(),
                 path.display()
