@@ -259,6 +259,11 @@ pub trait Transport: Send + Sync {
         true
     }
 
+    /// Whether the port is up (a host RNIC's follows its host port).
+    fn port_active(&self) -> bool {
+        true
+    }
+
     /// The GID VM `vm`'s port must have, if the transport dictates it (a
     /// host RNIC sends from its own address); `None`: the configured one.
     fn port_gid(&self, _vm: usize) -> Option<[u8; 16]> {

@@ -161,6 +161,9 @@ fn handle(rnic: &VerbsRnic, ev: &ibv_async_event) {
             return;
         }
     };
+    if let HostEvent::Port(down) = event {
+        rnic.set_port_up(!down);
+    }
     match targets {
         Some(vm) => rnic.post_event(vm, event),
         None => {

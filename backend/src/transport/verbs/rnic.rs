@@ -167,6 +167,8 @@ pub struct VerbsRnic {
     qpns: RwLock<HashMap<u32, Owner>>,
     mrs: Mutex<HashMap<u32, HostMr>>,
     keys: AtomicU32,
+    /// The host port is up (`PORT_ACTIVE`/`PORT_ERR` events keep it).
+    port_up: std::sync::atomic::AtomicBool,
 }
 
 impl VmHost {
@@ -207,6 +209,7 @@ impl VerbsRnic {
         budget: Arc<MapBudget>,
     ) -> Result<VerbsRnic, VerbsError> {
         let (_, gid_index) = dev.gid();
+        let up = dev.port_active();
         let src = Source {
             port: dev.port(),
             gid_index: u8::try_from(gid_index).unwrap_or(u8::MAX),
@@ -242,6 +245,7 @@ impl VerbsRnic {
             qpns: RwLock::new(HashMap::new()),
             mrs: Mutex::new(HashMap::new()),
             keys: AtomicU32::new(0),
+            port_up: std::sync::atomic::AtomicBool::new(up),
         })
     }
 
@@ -259,6 +263,11 @@ impl VerbsRnic {
     pub fn async_fd(&self) -> std::os::fd::RawFd {
         // SAFETY: a live context; `async_fd` is set when it is opened.
         unsafe { (*self.dev.context()).async_fd }
+    }
+
+    /// Records the host port's state.
+    pub(crate) fn set_port_up(&self, up: bool) {
+        self.port_up.store(up, Ordering::Relaxed);
     }
 
     /// Queues host event `ev` for VM `vm` and wakes its engine.
@@ -378,6 +387,10 @@ impl Transport for VerbsRnic {
 
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+
+    fn port_active(&self) -> bool {
+        self.port_up.load(Ordering::Relaxed)
     }
 
     fn port_gid(&self, _vm: usize) -> Option<[u8; 16]> {
