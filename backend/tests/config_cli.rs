@@ -148,16 +148,29 @@ fn verbs_without_rdma_says_why() {
     }
     let dir = temp_dir("verbs");
     let out = Command::new(BIN)
-        .args(["--rnic", "verbs", "--rnic-device", "rxe0", "--gid-index", "1"])
+        .args([
+            "--rnic",
+            "verbs",
+            "--rnic-device",
+            "rxe0",
+            "--gid-index",
+            "1",
+        ])
         .arg("--socket-path")
         .arg(dir.join("vm.sock"))
         .output()
         .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("--rnic verbs: this host has no RDMA"), "{stderr}");
+    assert!(
+        stderr.contains("--rnic verbs: this host has no RDMA"),
+        "{stderr}"
+    );
     assert!(stderr.contains("--rnic soft"), "{stderr}");
-    assert!(!dir.join("vm.sock").exists(), "no socket without a transport");
+    assert!(
+        !dir.join("vm.sock").exists(),
+        "no socket without a transport"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -178,6 +191,9 @@ fn bad_remote_gid_is_refused_with_the_line() {
         stderr.contains("tenant \"blue\": remote GID \"nope\" is not an IPv6 or IPv4 address"),
         "{stderr}"
     );
-    assert!(stderr.contains(&format!("{}:3:", path.display())), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}:3:", path.display())),
+        "{stderr}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

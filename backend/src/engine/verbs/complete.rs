@@ -58,6 +58,19 @@ pub(super) fn host_events(host: &VmHost, state: &mut VmState) -> bool {
                     state.events.push(EventKind::SRQ_ERROR, h, 0);
                 }
             }
+            HostEvent::DeviceFatal => {
+                state.events.push(EventKind::DEVICE_FATAL, 0, 0);
+                let live: Vec<u32> = state
+                    .res
+                    .qps
+                    .iter()
+                    .filter(|(_, q)| q.state != QpState::ERR && q.state != QpState::RESET)
+                    .map(|(h, _)| h)
+                    .collect();
+                for h in live {
+                    state.qp_enter_err(h, Some(EventKind::QP_FATAL));
+                }
+            }
             HostEvent::Port(down) => {
                 let kind = if down {
                     EventKind::PORT_ERROR

@@ -154,7 +154,8 @@ fn handle(rnic: &VerbsRnic, ev: &ibv_async_event) {
         }
         kind::DEVICE_FATAL => {
             error!("{}: device fatal error", rnic.device().name());
-            (None, HostEvent::Port(true))
+            rnic.set_port_up(false);
+            (None, HostEvent::DeviceFatal)
         }
         other => {
             debug!("{}: host event {other} ignored", rnic.device().name());

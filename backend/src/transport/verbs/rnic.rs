@@ -121,6 +121,8 @@ pub(crate) enum HostEvent {
     SrqError(u32),
     /// The port went down (true) or came back.
     Port(bool),
+    /// The host device failed for good: every QP fails.
+    DeviceFatal,
 }
 
 /// What the transport keeps for one VM.
