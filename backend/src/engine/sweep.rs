@@ -224,7 +224,7 @@ impl Engine {
                 let taken = qp.rt.rq_ci.wrapping_add(qp.rt.recv_outstanding);
                 if let Some(rq_pi) = rq_pi.filter(|&pi| pi != taken) {
                     let (max, _) = scratch.limits.grain(vm_id);
-                    let did = path.post_recv(cx, h, rq_pi, max);
+                    let did = path.post_recv(cx, &mut scratch.transport, h, rq_pi, max);
                     scratch.limits.charge_ops(vm_id, u64::from(did));
                     // Send work of the same service follows.
                     return self.service_send(path, cx, h, sq_pi, scratch) || did;

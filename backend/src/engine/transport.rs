@@ -98,7 +98,14 @@ pub trait TransportPath: Send + Sync {
     /// Takes the receive WQEs of QP `h`'s own receive queue posted up to
     /// producer index `rq_pi` that it has not taken yet (at most `max`);
     /// true if it did anything.
-    fn post_recv(&self, _cx: &mut Serving<'_>, _h: u32, _rq_pi: u32, _max: u32) -> bool {
+    fn post_recv(
+        &self,
+        _cx: &mut Serving<'_>,
+        _ts: &mut Self::Scratch,
+        _h: u32,
+        _rq_pi: u32,
+        _max: u32,
+    ) -> bool {
         false
     }
 

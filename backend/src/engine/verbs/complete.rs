@@ -5,12 +5,12 @@
 //! receive, one of an SRQ the slot its `wr_id` names. The guest's consumer
 //! indices move on as each receive completes, as on the software RNIC.
 
-use std::sync::atomic::Ordering;
 
 use log::debug;
 use rdma_sys::{ibv_poll_cq, ibv_wc, ibv_wc_flags, ibv_wc_status};
 use virtio_rdma_abi::datapath::{
-    Cqe, QpDoorbell, SrqDoorbell, WcOpcode, WcStatus, CQE_GRH, CQE_WITH_IMM,
+    Cqe, QpDoorbell, SrqDoorbell, UdGrh, WcOpcode, WcStatus, CQE_GRH, CQE_WITH_IMM,
+    GRH_NEXT_HEADER_UDP, UD_GRH_SIZE,
 };
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::qp::{QpState, QpType};
@@ -18,6 +18,9 @@ use virtio_rdma_abi::qp::{QpState, QpType};
 use crate::engine::completer::{complete, cq_error, error_cqe};
 use crate::engine::doorbell;
 use crate::engine::requester::{complete_posted, posted_done, Completion};
+use crate::engine::sge::local_segments;
+use crate::engine::wqe::{fetch_recv, RecvRing, WqeBuf};
+use crate::memory::access::{self, Segment};
 use crate::memory::HostMem;
 use crate::transport::verbs::attr::{wc_opcode, wc_status};
 use crate::transport::verbs::rnic::{lock_tables, HostEvent, Tables, VmHost, RECV_SRQ, RECV_WR};
@@ -86,33 +89,42 @@ pub(super) fn host_events(host: &VmHost, state: &mut VmState) -> bool {
 
 /// Reads up to `batch` completions of each of the VM's host CQs and
 /// applies them; true if there were any.
-pub(super) fn poll_cqs(host: &VmHost, state: &mut VmState, mem: &HostMem, batch: usize) -> bool {
+pub(super) fn poll_cqs(
+    host: &VmHost,
+    state: &mut VmState,
+    mem: &HostMem,
+    ts: &mut super::Scratch,
+) -> bool {
     let mut t = lock_tables(host);
     let mut did = false;
-    // SAFETY: all-zero is a valid completion structure.
-    let mut wcs: Vec<ibv_wc> = (0..batch).map(|_| unsafe { std::mem::zeroed() }).collect();
-    let cqs: Vec<*mut rdma_sys::ibv_cq> = t.cqs.values().map(|c| c.cq.as_ptr()).collect();
-    for cq in cqs {
+    let super::Scratch {
+        wcs, cqs, wqe, segs, ..
+    } = ts;
+    cqs.clear();
+    cqs.extend(t.cqs.values().map(|c| c.cq.as_ptr() as usize));
+    for &cq in cqs.iter() {
+        let cq = cq as *mut rdma_sys::ibv_cq;
         let n = i32::try_from(wcs.len()).unwrap_or(0);
         // SAFETY: a live CQ of the VM's table (locked: nobody destroys it
         // meanwhile) and room for `n` completions.
         let got = unsafe { ibv_poll_cq(cq, n, wcs.as_mut_ptr()) };
         let got = usize::try_from(got).unwrap_or(0);
         for wc in wcs.iter().take(got) {
-            host.posted
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| {
-                    Some(p.saturating_sub(1))
-                })
-                .ok();
-            apply(&mut t, state, mem, wc);
+            apply(&mut t, state, mem, wc, (wqe, segs));
             did = true;
         }
     }
     did
 }
 
-/// Applies one host completion.
-fn apply(t: &mut Tables, state: &mut VmState, mem: &HostMem, wc: &ibv_wc) {
+/// Applies one host completion (`scratch`: for the GRH of a UD receive).
+fn apply(
+    t: &mut Tables,
+    state: &mut VmState,
+    mem: &HostMem,
+    wc: &ibv_wc,
+    scratch: (&mut WqeBuf, &mut Vec<Segment>),
+) {
     let Some(hq) = t.qps.get_mut(&wc.qp_num) else {
         // Its QP was destroyed meanwhile.
         return;
@@ -134,7 +146,8 @@ fn apply(t: &mut Tables, state: &mut VmState, mem: &HostMem, wc: &ibv_wc) {
         return;
     }
     let srq = hq.srq;
-    let wr_id = if wc.wr_id & RECV_SRQ != 0 {
+    // The receive WQE's `wr_id` and its place in its ring.
+    let (wr_id, index) = if wc.wr_id & RECV_SRQ != 0 {
         let slot = (wc.wr_id & 0xffff_ffff) as u32;
         let Some(hs) = t.srqs.get_mut(&srq) else {
             return;
@@ -156,10 +169,11 @@ fn apply(t: &mut Tables, state: &mut VmState, mem: &HostMem, wc: &ibv_wc) {
         if qp.state == QpState::RESET {
             return;
         }
+        let index = qp.rt.rq_ci;
         qp.rt.recv_outstanding = qp.rt.recv_outstanding.saturating_sub(1);
         qp.rt.rq_ci = qp.rt.rq_ci.wrapping_add(1);
         let _ = doorbell::store(mem, qp.db_gpa, QpDoorbell::RQ_CI, qp.rt.rq_ci);
-        w
+        (w, index)
     };
     let Some((qpn, recv_cq, ud)) = state
         .res
@@ -177,6 +191,7 @@ fn apply(t: &mut Tables, state: &mut VmState, mem: &HostMem, wc: &ibv_wc) {
         }
         if ud && wc.wc_flags & ibv_wc_flags::IBV_WC_GRH.0 != 0 {
             flags |= CQE_GRH;
+            grh_to_ipv6(state, mem, h, index, scratch);
         }
         Cqe {
             wr_id,
@@ -206,6 +221,72 @@ fn apply(t: &mut Tables, state: &mut VmState, mem: &HostMem, wc: &ibv_wc) {
     }
 }
 
+/// The first 40 bytes of a UD receive as the device defines them (spec
+/// 18.13: an IPv6 header for every pair of GIDs) from what a RoCEv2 NIC
+/// wrote for an IPv4 packet: 20 bytes of zeros, then the IPv4 header.
+/// `None` if it is not that.
+pub(crate) fn ipv6_grh_of_ipv4(b: &[u8; UD_GRH_SIZE as usize]) -> Option<[u8; UD_GRH_SIZE as usize]> {
+    let (zeros, ip) = b.split_at(20);
+    let [vihl, tos, l0, l1, _, _, _, _, ttl, proto, _, _, s0, s1, s2, s3, d0, d1, d2, d3] =
+        *ip
+    else {
+        return None;
+    };
+    if zeros.iter().any(|&z| z != 0) || vihl != 0x45 || proto != GRH_NEXT_HEADER_UDP {
+        return None;
+    }
+    let v4 = |a, b, c, d| std::net::Ipv4Addr::new(a, b, c, d).to_ipv6_mapped().octets();
+    Some(
+        UdGrh {
+            traffic_class: tos,
+            flow_label: 0,
+            // IPv4 counts its own 20-byte header, IPv6 does not.
+            payload_length: u16::from_be_bytes([l0, l1]).saturating_sub(20),
+            hop_limit: ttl,
+            sgid: v4(s0, s1, s2, s3),
+            dgid: v4(d0, d1, d2, d3),
+        }
+        .to_bytes(),
+    )
+}
+
+/// Rewrites the GRH the host NIC placed at the start of UD receive `index`
+/// of QP `h`'s queue (its own or its SRQ's) into the device's form. The WQE
+/// is read again from the ring, where it stays until its completion, and
+/// checked again (a guest that rewrote it only misplaces its own header).
+fn grh_to_ipv6(
+    state: &VmState,
+    mem: &HostMem,
+    h: u32,
+    index: u32,
+    (buf, segs): (&mut WqeBuf, &mut Vec<Segment>),
+) {
+    let Some(qp) = state.res.qps.get(h) else {
+        return;
+    };
+    let ring = match qp.srq {
+        0 => RecvRing::of_qp(qp),
+        s => match state.res.srqs.get(s) {
+            Some(srq) => RecvRing::of_srq(srq),
+            None => return,
+        },
+    };
+    let Ok(wr) = fetch_recv(mem, &ring, index, buf) else {
+        return;
+    };
+    let mut grh = [0u8; UD_GRH_SIZE as usize];
+    let got = local_segments(state, qp.pd, wr.sges, true, u64::from(UD_GRH_SIZE), segs);
+    if got.is_err() || access::total(segs) != u64::from(UD_GRH_SIZE) {
+        return;
+    }
+    if access::read(mem, segs, &mut grh).is_err() {
+        return;
+    }
+    if let Some(v6) = ipv6_grh_of_ipv4(&grh) {
+        let _ = access::write(mem, segs, &v6);
+    }
+}
+
 /// One receive of SRQ `h` completed: its consumer index moves on, and the
 /// limit event fires when the posted receives fall below it (spec 18.21).
 fn srq_consumed(state: &mut VmState, mem: &HostMem, h: u32) {
@@ -221,5 +302,38 @@ fn srq_consumed(state: &mut VmState, mem: &HostMem, h: u32) {
     if srq.limit != 0 && posted < srq.limit {
         srq.limit = 0;
         state.events.push(EventKind::SRQ_LIMIT_REACHED, h, 0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What rxe writes for a UD message from 10.43.0.2 to 10.43.0.1 (TOS
+    /// 0x20, TTL 64, IPv4 total length 80) becomes the IPv6 form with
+    /// IPv4-mapped GIDs; anything else is left alone.
+    #[test]
+    fn an_ipv4_header_becomes_the_devices_grh() {
+        let mut b = [0u8; 40];
+        b[20..40].copy_from_slice(&[
+            0x45, 0x20, 0, 80, 0x12, 0x34, 0x40, 0, 64, 17, 0xab, 0xcd, 10, 43, 0, 2, 10, 43, 0,
+            1,
+        ]);
+        let v6 = ipv6_grh_of_ipv4(&b).unwrap();
+        let g = UdGrh::parse(&v6).unwrap();
+        assert_eq!(g.traffic_class, 0x20);
+        assert_eq!(g.hop_limit, 64);
+        assert_eq!(g.payload_length, 60);
+        assert_eq!(g.sgid[10..], [0xff, 0xff, 10, 43, 0, 2]);
+        assert_eq!(g.dgid[10..], [0xff, 0xff, 10, 43, 0, 1]);
+        assert_eq!(g.sgid[..10], [0; 10]);
+        // Not IPv4-in-GRH: an IPv6 GRH, a non-zero first half, not UDP.
+        assert_eq!(ipv6_grh_of_ipv4(&v6), None);
+        let mut odd = b;
+        odd[3] = 1;
+        assert_eq!(ipv6_grh_of_ipv4(&odd), None);
+        let mut tcp = b;
+        tcp[29] = 6;
+        assert_eq!(ipv6_grh_of_ipv4(&tcp), None);
     }
 }

@@ -21,11 +21,14 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
 
 use log::debug;
-use rdma_sys::{ibv_modify_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_state, ibv_req_notify_cq};
+use rdma_sys::{
+    ibv_modify_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_state, ibv_req_notify_cq, ibv_wc,
+};
 
 use super::requester::{complete_send, Completion, Outgoing};
 use super::sweep::Serving;
 use super::transport::{Step, TransportPath};
+use super::wqe::WqeBuf;
 use super::Engine;
 use crate::memory::HostMem;
 use crate::transport::verbs::rnic::{lock_tables, VmHost};
@@ -33,8 +36,33 @@ use crate::transport::verbs::VerbsRnic;
 use crate::vm::VmState;
 use virtio_rdma_abi::datapath::WcStatus;
 
+
 /// Host completions read per `ibv_poll_cq` call.
 const POLL_BATCH: usize = 32;
+
+/// Reusable memory of the verbs data path on one engine thread.
+pub struct Scratch {
+    /// A receive WQE copied out of its ring.
+    wqe: Box<WqeBuf>,
+    /// Completions read from a host CQ.
+    wcs: Vec<ibv_wc>,
+    /// The host CQs of the VM being polled (addresses).
+    cqs: Vec<usize>,
+    /// The first bytes of a UD receive buffer (its GRH).
+    segs: Vec<crate::memory::access::Segment>,
+}
+
+impl Default for Scratch {
+    fn default() -> Self {
+        Scratch {
+            wqe: WqeBuf::new(),
+            // SAFETY: all-zero is a valid completion structure.
+            wcs: (0..POLL_BATCH).map(|_| unsafe { std::mem::zeroed() }).collect(),
+            cqs: Vec::new(),
+            segs: Vec::new(),
+        }
+    }
+}
 
 /// The libibverbs transport's data path.
 pub struct VerbsPath<'a> {
@@ -53,7 +81,7 @@ impl<'a> VerbsPath<'a> {
 }
 
 impl TransportPath for VerbsPath<'_> {
-    type Scratch = post::PostScratch;
+    type Scratch = Scratch;
 
     const TAKES_RECEIVES: bool = true;
 
@@ -72,21 +100,28 @@ impl TransportPath for VerbsPath<'_> {
         post::send(self.rnic, host, engine, cx, moved, msg)
     }
 
-    fn post_recv(&self, cx: &mut Serving<'_>, h: u32, rq_pi: u32, max: u32) -> bool {
+    fn post_recv(
+        &self,
+        cx: &mut Serving<'_>,
+        ts: &mut Self::Scratch,
+        h: u32,
+        rq_pi: u32,
+        max: u32,
+    ) -> bool {
         match self.host(cx.vm) {
-            Some(host) => post::recvs(host, cx.state, cx.mem, h, rq_pi, max),
+            Some(host) => post::recvs(host, cx.state, cx.mem, &mut ts.wqe, h, rq_pi, max),
             None => false,
         }
     }
 
-    fn poll(&self, _engine: &Engine, cx: &mut Serving<'_>, _ts: &mut Self::Scratch) -> bool {
+    fn poll(&self, _engine: &Engine, cx: &mut Serving<'_>, ts: &mut Self::Scratch) -> bool {
         let Some(host) = self.host(cx.vm) else {
             return false;
         };
         let mut did = complete::host_events(host, cx.state);
-        did |= complete::poll_cqs(host, cx.state, cx.mem, POLL_BATCH);
+        did |= complete::poll_cqs(host, cx.state, cx.mem, ts);
         if host.srqs.load(Ordering::Relaxed) > 0 {
-            did |= post::srq_recvs(host, cx.state, cx.mem);
+            did |= post::srq_recvs(host, cx.state, cx.mem, &mut ts.wqe);
         }
         did
     }
@@ -119,7 +154,7 @@ impl TransportPath for VerbsPath<'_> {
 
     fn wants_poll(&self, vm: usize) -> bool {
         self.host(vm).is_some_and(|h| {
-            h.posted.load(Ordering::Relaxed) > 0
+            h.qps.load(Ordering::Relaxed) > 0
                 || h.srqs.load(Ordering::Relaxed) > 0
                 || !lock_events_empty(h)
         })

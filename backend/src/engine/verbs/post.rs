@@ -6,7 +6,6 @@
 //! posts them, so that a message finds them; their `wr_id`s wait in the
 //! transport's tables for the completion.
 
-use std::sync::atomic::Ordering;
 
 use log::debug;
 use rdma_sys::{
@@ -22,6 +21,7 @@ use virtio_rdma_abi::qp::QpState;
 use crate::engine::completer::{complete, error_cqe};
 use crate::engine::doorbell::{self, load_pi};
 use crate::engine::requester::{complete_send, Completion, Outgoing};
+use crate::engine::sge::check_local;
 use crate::engine::sweep::Serving;
 use crate::engine::transport::Step;
 use crate::engine::wqe::{fetch_recv, posted, RecvRing, WqeBuf, WqeError};
@@ -32,10 +32,6 @@ use crate::transport::verbs::rnic::{lock_tables, Sent, VmHost, RECV_SRQ, RECV_WR
 use crate::transport::verbs::VerbsRnic;
 use crate::transport::Transport;
 use crate::vm::VmState;
-
-/// Reusable memory of the verbs data path on one engine thread.
-#[derive(Default)]
-pub struct PostScratch;
 
 /// Most SGEs of one work request (the WQE format's).
 const MAX_SGE: usize = 32;
@@ -78,11 +74,27 @@ pub(super) fn send(
 ) -> Step {
     let (state, mem) = (&mut *cx.state, cx.mem);
     let wr = msg.wr;
+    let mut t = lock_tables(host);
+    // A WQE completed here must not overtake those the host still has: it
+    // waits at the head until they completed (the CQ keeps the queue's
+    // order).
+    let in_flight = t.qps.get(&msg.src_qpn).is_some_and(|q| !q.sent.is_empty());
     let failed = |state: &mut VmState, status| {
+        if in_flight {
+            return Step::Busy;
+        }
         let c = Completion::failed(wr.hdr.wr_id, msg.op, status);
         complete_send(state, mem, msg.qp, msg.index, c)
     };
-    let mut t = lock_tables(host);
+    // The local buffers are checked as on the software RNIC (key, PD,
+    // rights, bounds), so that the status does not depend on the NIC; the
+    // NIC checks them again.
+    if wr.inline.is_none() {
+        if let Err(status) = check_local(state, msg.pd, wr.sges, msg.writes_local) {
+            drop(t);
+            return failed(state, status);
+        }
+    }
     let ah = if msg.ud() {
         // Another tenant's QP on this host is out of reach as on the
         // software RNIC: the message is dropped, as UD may be.
@@ -95,6 +107,9 @@ pub(super) fn send(
                     TrafficCounters::add_single_writer(&tr.drops, 1);
                 }
                 drop(t);
+                if in_flight {
+                    return Step::Busy;
+                }
                 return if msg.signaled {
                     let c = Completion::ok(wr.hdr.wr_id, msg.op, len32(msg.len));
                     complete_send(state, mem, msg.qp, msg.index, c)
@@ -204,7 +219,6 @@ pub(super) fn send(
         signaled: msg.signaled,
         len: len32(msg.len),
     });
-    host.posted.fetch_add(1, Ordering::Relaxed);
     *moved = msg.len;
     Step::InFlight
 }
@@ -249,11 +263,11 @@ pub(super) fn recvs(
     host: &VmHost,
     state: &mut VmState,
     mem: &HostMem,
+    buf: &mut WqeBuf,
     h: u32,
     rq_pi: u32,
     max: u32,
 ) -> bool {
-    let mut buf = WqeBuf::new();
     let mut t = lock_tables(host);
     let mut did = false;
     for _ in 0..max {
@@ -275,15 +289,14 @@ pub(super) fn recvs(
         let Some(hq) = t.qps.get_mut(&qpn) else {
             return did;
         };
-        match fetch_recv(mem, &RecvRing::of_qp(qp), next, &mut buf) {
+        match fetch_recv(mem, &RecvRing::of_qp(qp), next, buf) {
             Ok(wr) => {
                 if let Err(rc) = post_one(hq.qp.as_ptr().cast(), false, RECV_WR, wr.sges) {
                     debug!("QPN {qpn:#x}: ibv_post_recv: errno {rc}");
                     return did;
                 }
                 hq.recvd.push_back(wr.wr_id);
-                host.posted.fetch_add(1, Ordering::Relaxed);
-                if let Some(q) = state.res.qps.get_mut(h) {
+                            if let Some(q) = state.res.qps.get_mut(h) {
                     q.rt.recv_outstanding = q.rt.recv_outstanding.saturating_add(1);
                 }
             }
@@ -314,8 +327,12 @@ pub(super) fn recvs(
 }
 
 /// Posts the new receive WQEs of the VM's SRQs; true if any was.
-pub(super) fn srq_recvs(host: &VmHost, state: &mut VmState, mem: &HostMem) -> bool {
-    let mut buf = WqeBuf::new();
+pub(super) fn srq_recvs(
+    host: &VmHost,
+    state: &mut VmState,
+    mem: &HostMem,
+    buf: &mut WqeBuf,
+) -> bool {
     let mut t = lock_tables(host);
     let mut did = false;
     let handles: Vec<u32> = t.srqs.keys().copied().collect();
@@ -337,7 +354,7 @@ pub(super) fn srq_recvs(host: &VmHost, state: &mut VmState, mem: &HostMem) -> bo
             let Some(slot) = hs.free.pop() else {
                 break;
             };
-            let wr = match fetch_recv(mem, &RecvRing::of_srq(srq), next, &mut buf) {
+            let wr = match fetch_recv(mem, &RecvRing::of_srq(srq), next, buf) {
                 Ok(wr) => wr,
                 Err(_) => {
                     // A broken SRQ fails for good (spec 18.21); its QPs
@@ -368,10 +385,9 @@ pub(super) fn srq_recvs(host: &VmHost, state: &mut VmState, mem: &HostMem) -> bo
                 break;
             }
             if let Some(w) = hs.wr_ids.get_mut(slot as usize) {
-                *w = wr.wr_id;
+                *w = (wr.wr_id, next);
             }
-            host.posted.fetch_add(1, Ordering::Relaxed);
-            if let Some(s) = state.res.srqs.get_mut(h) {
+                    if let Some(s) = state.res.srqs.get_mut(h) {
                 s.rt.outstanding = s.rt.outstanding.saturating_add(1);
             }
             did = true;

@@ -69,8 +69,8 @@ pub(crate) struct HostSrq {
     pub srq: Srq,
     /// Its depth.
     pub depth: u32,
-    /// The guest `wr_id` of the receive posted in each slot.
-    pub wr_ids: Vec<u64>,
+    /// The guest `wr_id` and ring index of the receive posted in each slot.
+    pub wr_ids: Vec<(u64, u32)>,
     /// Slots free.
     pub free: Vec<u32>,
 }
@@ -134,9 +134,10 @@ pub(crate) struct VmHost {
     /// writes it; the engine waits on it while parked).
     pub notify: EventFd,
     pub events: Mutex<Vec<HostEvent>>,
-    /// Work posted to the host and not completed, sends and receives: the
-    /// engine polls the VM's host CQs while there is any.
-    pub posted: AtomicU32,
+    /// Host QPs of the VM: the engine polls its host CQs on every sweep
+    /// while it has any (completions come without a doorbell), and parks
+    /// on its completion channel.
+    pub qps: AtomicU32,
     /// The VM's SRQs (the engine looks for new receives in them).
     pub srqs: AtomicU32,
     /// Guest RAM now (`None`: unmapped); windows are made over it.
@@ -171,19 +172,6 @@ pub struct VerbsRnic {
     keys: AtomicU32,
     /// The host port is up (`PORT_ACTIVE`/`PORT_ERR` events keep it).
     port_up: std::sync::atomic::AtomicBool,
-}
-
-impl VmHost {
-    /// `n` posted work requests will never complete (their host queue was
-    /// destroyed or reset).
-    fn forget(&self, n: usize) {
-        let n = u32::try_from(n).unwrap_or(u32::MAX);
-        let _ = self
-            .posted
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| {
-                Some(p.saturating_sub(n))
-            });
-    }
 }
 
 /// The tables of `host`, locked (by the engine while it serves the VM, by
@@ -232,7 +220,7 @@ impl VerbsRnic {
                 channel,
                 notify,
                 events: Mutex::new(Vec::new()),
-                posted: AtomicU32::new(0),
+                qps: AtomicU32::new(0),
                 srqs: AtomicU32::new(0),
                 mem: Mutex::new(None),
             });
@@ -488,6 +476,7 @@ impl Transport for VerbsRnic {
             }
         };
         let qpn = qp.qpn();
+        vm.qps.fetch_add(1, Ordering::Relaxed);
         t.qps.insert(
             qpn,
             HostQp {
@@ -542,13 +531,9 @@ impl Transport for VerbsRnic {
         }
         if change.to == QpState::RESET {
             // The host dropped what it had taken; the engine forgets it too.
-            let dropped = q.sent.len().saturating_add(q.recvd.len());
             q.sent.clear();
             q.recvd.clear();
             q.failed = false;
-            if let Some(v) = self.vms.get(owner.vm) {
-                v.forget(dropped);
-            }
         }
         Ok(())
     }
@@ -567,7 +552,7 @@ impl Transport for VerbsRnic {
         };
         let mut t = lock(&vm.tables);
         if let Some(q) = t.qps.remove(&qpn) {
-            vm.forget(q.sent.len().saturating_add(q.recvd.len()));
+            vm.qps.fetch_sub(1, Ordering::Relaxed);
             let (s, r) = (q.sq_depth, q.rq_depth);
             let (send_cq, recv_cq) = (q.send_cq, q.recv_cq);
             drop(q);
@@ -647,7 +632,7 @@ impl Transport for VerbsRnic {
             HostSrq {
                 srq,
                 depth: spec.depth,
-                wr_ids: vec![0; spec.depth as usize],
+                wr_ids: vec![(0, 0); spec.depth as usize],
                 free: (0..spec.depth).rev().collect(),
             },
         );
@@ -657,9 +642,8 @@ impl Transport for VerbsRnic {
 
     fn destroy_srq(&self, owner: Owner) {
         if let Some(vm) = self.vms.get(owner.vm) {
-            if let Some(s) = lock(&vm.tables).srqs.remove(&owner.handle) {
+            if lock(&vm.tables).srqs.remove(&owner.handle).is_some() {
                 vm.srqs.fetch_sub(1, Ordering::Relaxed);
-                vm.forget((s.depth as usize).saturating_sub(s.free.len()));
             }
         }
     }
