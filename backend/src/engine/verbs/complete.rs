@@ -9,7 +9,7 @@
 use log::debug;
 use rdma_sys::{ibv_poll_cq, ibv_wc, ibv_wc_flags, ibv_wc_status};
 use virtio_rdma_abi::datapath::{
-    Cqe, QpDoorbell, SrqDoorbell, UdGrh, WcOpcode, WcStatus, CQE_GRH, CQE_WITH_IMM,
+    Cqe, QpDoorbell, SrqDoorbell, UdGrh, WcOpcode, WcStatus, CQE_GRH, CQE_SOLICITED, CQE_WITH_IMM,
     GRH_NEXT_HEADER_UDP, UD_GRH_SIZE,
 };
 use virtio_rdma_abi::event::EventKind;
@@ -19,6 +19,7 @@ use crate::engine::completer::{complete, cq_error, error_cqe};
 use crate::engine::doorbell;
 use crate::engine::requester::{complete_posted, posted_done, Completion};
 use crate::engine::sge::local_segments;
+use crate::engine::soft::responder::comm_established;
 use crate::engine::wqe::{fetch_recv, RecvRing, WqeBuf};
 use crate::memory::access::{self, Segment};
 use crate::memory::HostMem;
@@ -37,11 +38,7 @@ pub(super) fn host_events(host: &VmHost, state: &mut VmState) -> bool {
     };
     for ev in events {
         match ev {
-            HostEvent::Qp(h, EventKind::QP_COMM_EST) => {
-                if state.res.qps.get(h).is_some_and(|q| q.state == QpState::RTR) {
-                    state.events.push(EventKind::QP_COMM_EST, h, 0);
-                }
-            }
+            HostEvent::Qp(h, EventKind::QP_COMM_EST) => comm_established(state, h),
             HostEvent::Qp(h, EventKind::QP_LAST_WQE_REACHED) => {
                 state.events.push(EventKind::QP_LAST_WQE_REACHED, h, 0);
             }
@@ -184,8 +181,14 @@ fn apply(
         return;
     };
     let cqe = if status == WcStatus::SUCCESS {
+        // The first message received in RTR establishes the connection
+        // (spec 13.3), whether or not the NIC reports it.
+        comm_established(state, h);
         let with_imm = wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
-        let mut flags = 0u8;
+        // libibverbs does not say whether a message was solicited: every
+        // receive counts as one, so that a CQ armed for solicited
+        // completions is never left asleep (spec appendix D).
+        let mut flags = CQE_SOLICITED;
         if with_imm {
             flags |= CQE_WITH_IMM;
         }

@@ -326,6 +326,26 @@ pub(super) fn recvs(
     did
 }
 
+/// SRQ `h` is broken: it fails for good with `SRQ_ERROR` and its QPs with
+/// it (`QP_FATAL`), as on the software RNIC (spec 18.21). What the host SRQ
+/// took completes as the host reports it.
+fn srq_failed(state: &mut VmState, h: u32) {
+    if let Some(s) = state.res.srqs.get_mut(h) {
+        s.rt.broken = true;
+    }
+    state.events.push(EventKind::SRQ_ERROR, h, 0);
+    let attached: Vec<u32> = state
+        .res
+        .qps
+        .iter()
+        .filter(|(_, q)| q.srq == h && q.state != QpState::ERR)
+        .map(|(qh, _)| qh)
+        .collect();
+    for qh in attached {
+        state.qp_enter_err(qh, Some(EventKind::QP_FATAL));
+    }
+}
+
 /// Posts the new receive WQEs of the VM's SRQs; true if any was.
 pub(super) fn srq_recvs(
     host: &VmHost,
@@ -341,7 +361,12 @@ pub(super) fn srq_recvs(
             if srq.rt.broken {
                 break;
             }
-            let Some(pi) = load_pi(mem, srq.db_gpa, srq.db_slot.as_ref(), doorbell::SRQ) else {
+            let pi = load_pi(mem, srq.db_gpa, srq.db_slot.as_ref(), doorbell::SRQ);
+            // Its record left RAM, or the driver claims more than the ring
+            // holds: the SRQ is broken (spec 18.21).
+            let Some(pi) = pi.filter(|&pi| posted(pi, srq.rt.ci, srq.depth).is_some()) else {
+                srq_failed(state, h);
+                did = true;
                 break;
             };
             let next = srq.rt.ci.wrapping_add(srq.rt.outstanding);
@@ -357,23 +382,8 @@ pub(super) fn srq_recvs(
             let wr = match fetch_recv(mem, &RecvRing::of_srq(srq), next, buf) {
                 Ok(wr) => wr,
                 Err(_) => {
-                    // A broken SRQ fails for good (spec 18.21); its QPs
-                    // with it.
                     hs.free.push(slot);
-                    if let Some(s) = state.res.srqs.get_mut(h) {
-                        s.rt.broken = true;
-                    }
-                    state.events.push(EventKind::SRQ_ERROR, h, 0);
-                    let attached: Vec<u32> = state
-                        .res
-                        .qps
-                        .iter()
-                        .filter(|(_, q)| q.srq == h && q.state != QpState::ERR)
-                        .map(|(qh, _)| qh)
-                        .collect();
-                    for qh in attached {
-                        state.qp_enter_err(qh, Some(EventKind::QP_FATAL));
-                    }
+                    srq_failed(state, h);
                     did = true;
                     break;
                 }

@@ -539,12 +539,14 @@ impl Transport for VerbsRnic {
     }
 
     fn destroy_qp(&self, qpn: u32) {
-        let Some(owner) = self
+        // The directory's lock is released before the tables' is taken (the
+        // engine takes them in the other order).
+        let removed = self
             .qpns
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&qpn)
-        else {
+            .remove(&qpn);
+        let Some(owner) = removed else {
             return;
         };
         let Some(vm) = self.vms.get(owner.vm) else {
