@@ -1,5 +1,6 @@
 //! The data-path engine: the device model every transport shares, and the
-//! built-in software RNIC (`soft`), one transport behind its seam.
+//! data paths of the transports behind its seam: the built-in software
+//! RNIC (`soft`) and a host RNIC through libibverbs (`verbs`).
 //!
 //! - [`Engine`] (here): one engine thread, as the daemon holds it;
 //!   [`placement`] starts the threads and places tenants' VMs on them;
@@ -18,7 +19,10 @@
 //!   [`crate::transport::Transport`];
 //! - `soft`: the software RNIC, both halves: [`SoftRnic`] (QP numbers and
 //!   keys) and its data path (routing, the responder, retry emulation,
-//!   large messages in pieces).
+//!   large messages in pieces);
+//! - `verbs`: the libibverbs transport's data path: WQEs posted to host
+//!   queues, host completions and events applied to the VM (its object half
+//!   is [`crate::transport::verbs`]).
 
 pub mod barrier;
 pub mod completer;
