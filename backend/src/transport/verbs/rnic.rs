@@ -186,8 +186,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The error of a verb that failed with `rc`: the host out of memory (or
+/// of locked memory, for a region) is `Exhausted` (`NO_MEMORY` to the
+/// guest), anything else the host's errno (`INTERNAL`).
 fn host(rc: libc::c_int) -> TransportError {
-    TransportError::Host(errno_of(rc))
+    match errno_of(rc) {
+        libc::ENOMEM | libc::EAGAIN | libc::ENOSPC => TransportError::Exhausted,
+        e => TransportError::Host(e),
+    }
 }
 
 impl VerbsRnic {
