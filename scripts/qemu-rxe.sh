@@ -87,6 +87,49 @@ skips=(
 skip_args=""
 for s in "${skips[@]}"; do skip_args="$skip_args --skip $s"; done
 
+# Each host's steps, a file in the image (the kernel command line is too short for them). They
+# run in the same order on both hosts; each pairs with the other host's step of the same label
+# (the client side of a native tool retries until the server listens, rdma-peer's clients retry
+# by themselves).
+native='run RC ibv_rc_pingpong -g 1 -n 50 && run PP64 ibv_rc_pingpong -g 1 -n 200 -s 64 &&
+  run WRITE_LAT ib_write_lat -x 1 -n 200 && run WRITE_BW ib_write_bw -x 1 -n 200'
+peer() { echo "rdma-peer $1 --socket /tmp/vm$2.sock"; }
+srv_steps="ibv_devinfo -d rxe0 && echo RNIC-INFO &&
+  vhost-user-rdma rnic-info --device rxe0 --gid-index 1 && peer= && $native &&
+  daemon 10.43.0.2 && before=\$(res) && echo VM-EXCHANGE &&
+  $(peer exchange 0) --role server --tcp 0.0.0.0:7471 && echo VM-UD &&
+  $(peer ud 0) --role server --tcp 0.0.0.0:7472 -n 50 && echo INTEROP-VM-SERVER &&
+  $(peer pingpong 1) --server -n 200 && run INTEROP-NATIVE-SERVER ibv_rc_pingpong -g 1 -n 200 &&
+  echo VM-PP64 && $(peer pingpong 0) --server -n 200 -s 64 && echo VM-WRITE-LAT &&
+  $(peer write-lat 0) --role server --tcp 0.0.0.0:7473 -s 2 -n 200 && echo VM-WRITE-BW &&
+  $(peer write-bw 0) --role server --tcp 0.0.0.0:7474 -s 65536 -n 200 && echo FAULT &&
+  { $(peer write-bw 1) --role client --tcp 10.43.0.2:7475 -s 65536 -n 1000000 --timeout-secs 60;
+    echo FAULT-WRITER-EXIT \$?; } && echo AFTER-FAULT &&
+  $(peer exchange 0) --role server --tcp 0.0.0.0:7476 && echo CONFORMANCE &&
+  VUR_TEST_RNIC=verbs:rxe0:1 datapath --test-threads 1 2>&1 | grep -v '^test .* ok\$' &&
+  VUR_TEST_RNIC=verbs:rxe0:1 datapath_multi --test-threads 1 $skip_args 2>&1 |
+    grep -v '^test .* ok\$' && echo LEAKS && leaks \"\$before\""
+cli_steps="peer=10.43.0.1; until ping -c 1 -W 1 \$peer >/dev/null; do sleep 1; done;
+  $native && daemon 10.43.0.1 && before=\$(res) && echo VM-EXCHANGE &&
+  $(peer exchange 0) --role client --tcp 10.43.0.1:7471 && echo VM-UD &&
+  $(peer ud 0) --role client --tcp 10.43.0.1:7472 -n 50 &&
+  run INTEROP-VM-SERVER ibv_rc_pingpong -g 1 -n 200 && echo INTEROP-NATIVE-SERVER &&
+  $(peer pingpong 1) --client 10.43.0.1 -n 200 && echo VM-PP64 &&
+  $(peer pingpong 0) --client 10.43.0.1 -n 200 -s 64 && echo VM-WRITE-LAT &&
+  $(peer write-lat 0) --role client --tcp 10.43.0.1:7473 -s 2 -n 200 && echo VM-WRITE-BW &&
+  cpu0=\$(awk '{ print \$14 + \$15 }' /proc/\$(pidof vhost-user-rdma)/stat) &&
+  wqe0=\$(vhost-user-rdma ctl --socket /tmp/mgmt.sock engines | awk 'NR == 2 { print \$4 }') &&
+  $(peer write-bw 0) --role client --tcp 10.43.0.1:7474 -s 65536 -n 200 &&
+  cpu1=\$(awk '{ print \$14 + \$15 }' /proc/\$(pidof vhost-user-rdma)/stat) &&
+  wqe1=\$(vhost-user-rdma ctl --socket /tmp/mgmt.sock engines | awk 'NR == 2 { print \$4 }') &&
+  echo \"DAEMON-CPU ticks \$((cpu1 - cpu0)) wqes \$((wqe1 - wqe0))\" && echo FAULT &&
+  { $(peer write-bw 1) --role server --tcp 0.0.0.0:7475 -s 65536 -n 1000000 --timeout-secs 20 &
+    sleep 3; ip link set eth0 down; sleep 4; ip link set eth0 up; wait_gid; wait; } &&
+  echo AFTER-FAULT && sleep 1 && $(peer exchange 0) --role client --tcp 10.43.0.1:7476 &&
+  echo PORT-EVENTS && grep 'rxe0: port' /tmp/daemon.log && echo LEAKS && leaks \"\$before\""
+echo "$srv_steps" >"$dir/server.sh"
+echo "$cli_steps" >"$dir/client.sh"
+
 # What both guests' commands source first: up ADDR brings the interface up with ADDR, puts an
 # rxe device on it and waits for its GID 1 (the IPv4-mapped address); daemon PEER starts the
 # daemon on rxe0 with VM sockets /tmp/vm0.sock and /tmp/vm1.sock, allowed to reach host PEER;
@@ -143,6 +186,7 @@ EOF
 # `ip` stays busybox's, `rdma` is the host's iproute2 (busybox has none).
 bash scripts/build-guest.sh --name rxe-host --load crc32_generic --load virtio_pci \
   --load virtio_net --load ib_uverbs --load rdma_rxe --file "$dir/tools.sh:/etc/tools.sh" \
+  --file "$dir/server.sh:/etc/server.sh" --file "$dir/client.sh:/etc/client.sh" \
   --sysroot "$rc" --sysroot "$rc-rxe" --sysroot "$pt" \
   --bin "$(command -v rdma):/usr/local/bin/rdma" --bin target/release/vhost-user-rdma \
   --bin target/release/rdma-peer --bin "$dir/datapath:/usr/local/bin/datapath" \
@@ -167,46 +211,9 @@ guest() {
     >"$dir/$name.out" 2>&1 &
   pids+=($!)
 }
-# The steps run in the same order on both hosts; each pairs with the other host's step of the
-# same label (the client side of a native tool retries until the server listens, rdma-peer's
-# clients retry by themselves).
-native='run RC ibv_rc_pingpong -g 1 -n 50 && run PP64 ibv_rc_pingpong -g 1 -n 200 -s 64 &&
-  run WRITE_LAT ib_write_lat -x 1 -n 200 && run WRITE_BW ib_write_bw -x 1 -n 200'
-peer() { echo "rdma-peer $1 --socket /tmp/vm$2.sock"; }
 t=$(date +%s)
-guest server 0 "ibv_devinfo -d rxe0 && echo RNIC-INFO &&
-  vhost-user-rdma rnic-info --device rxe0 --gid-index 1 && peer= && $native &&
-  daemon 10.43.0.2 && before=\$(res) && echo VM-EXCHANGE &&
-  $(peer exchange 0) --role server --tcp 0.0.0.0:7471 && echo VM-UD &&
-  $(peer ud 0) --role server --tcp 0.0.0.0:7472 -n 50 && echo INTEROP-VM-SERVER &&
-  $(peer pingpong 1) --server -n 200 && run INTEROP-NATIVE-SERVER ibv_rc_pingpong -g 1 -n 200 &&
-  echo VM-PP64 && $(peer pingpong 0) --server -n 200 -s 64 && echo VM-WRITE-LAT &&
-  $(peer write-lat 0) --role server --tcp 0.0.0.0:7473 -s 2 -n 200 && echo VM-WRITE-BW &&
-  $(peer write-bw 0) --role server --tcp 0.0.0.0:7474 -s 65536 -n 200 && echo FAULT &&
-  { $(peer write-bw 1) --role client --tcp 10.43.0.2:7475 -s 65536 -n 1000000 --timeout-secs 60;
-    echo FAULT-WRITER-EXIT \$?; } && echo AFTER-FAULT &&
-  $(peer exchange 0) --role server --tcp 0.0.0.0:7476 && echo CONFORMANCE &&
-  VUR_TEST_RNIC=verbs:rxe0:1 datapath --test-threads 1 2>&1 | grep -v '^test .* ok\$' &&
-  VUR_TEST_RNIC=verbs:rxe0:1 datapath_multi --test-threads 1 $skip_args 2>&1 |
-    grep -v '^test .* ok\$' && echo LEAKS && leaks \"\$before\""
-guest client 1 "peer=10.43.0.1; until ping -c 1 -W 1 \$peer >/dev/null; do sleep 1; done;
-  $native && daemon 10.43.0.1 && before=\$(res) && echo VM-EXCHANGE &&
-  $(peer exchange 0) --role client --tcp 10.43.0.1:7471 && echo VM-UD &&
-  $(peer ud 0) --role client --tcp 10.43.0.1:7472 -n 50 &&
-  run INTEROP-VM-SERVER ibv_rc_pingpong -g 1 -n 200 && echo INTEROP-NATIVE-SERVER &&
-  $(peer pingpong 1) --client 10.43.0.1 -n 200 && echo VM-PP64 &&
-  $(peer pingpong 0) --client 10.43.0.1 -n 200 -s 64 && echo VM-WRITE-LAT &&
-  $(peer write-lat 0) --role client --tcp 10.43.0.1:7473 -s 2 -n 200 && echo VM-WRITE-BW &&
-  cpu0=\$(awk '{ print \$14 + \$15 }' /proc/\$(pidof vhost-user-rdma)/stat) &&
-  wqe0=\$(vhost-user-rdma ctl --socket /tmp/mgmt.sock engines | awk 'NR == 2 { print \$4 }') &&
-  $(peer write-bw 0) --role client --tcp 10.43.0.1:7474 -s 65536 -n 200 &&
-  cpu1=\$(awk '{ print \$14 + \$15 }' /proc/\$(pidof vhost-user-rdma)/stat) &&
-  wqe1=\$(vhost-user-rdma ctl --socket /tmp/mgmt.sock engines | awk 'NR == 2 { print \$4 }') &&
-  echo \"DAEMON-CPU ticks \$((cpu1 - cpu0)) wqes \$((wqe1 - wqe0))\" && echo FAULT &&
-  { $(peer write-bw 1) --role server --tcp 0.0.0.0:7475 -s 65536 -n 1000000 --timeout-secs 20 &
-    sleep 3; ip link set eth0 down; sleep 4; ip link set eth0 up; wait_gid; wait; } &&
-  echo AFTER-FAULT && sleep 1 && $(peer exchange 0) --role client --tcp 10.43.0.1:7476 &&
-  echo PORT-EVENTS && grep 'rxe0: port' /tmp/daemon.log && echo LEAKS && leaks \"\$before\""
+guest server 0 ". /etc/server.sh"
+guest client 1 ". /etc/client.sh"
 rcs=()
 for p in "${pids[@]}"; do
   r=0
