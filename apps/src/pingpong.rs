@@ -406,7 +406,7 @@ pub fn server_exchange(
 /// A PSN for our side: 24 random bits. Not for security (the tool uses
 /// `lrand48()` seeded from pid and time); `RandomState` is seeded from
 /// the operating system's randomness.
-fn random_psn() -> u32 {
+pub(crate) fn random_psn() -> u32 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(
         std::time::SystemTime::now()
@@ -577,7 +577,7 @@ fn listen_any(port: u16) -> Result<TcpListener> {
     }
 }
 
-fn say(out: &mut dyn Write, line: &str) {
+pub(crate) fn say(out: &mut dyn Write, line: &str) {
     // Output is best effort: a closed console must not fail the run.
     let _ = writeln!(out, "{line}");
     let _ = out.flush();

@@ -3,7 +3,9 @@
 //! one in-process daemon (its software RNIC): the checked exchange with
 //! its addresses swapped over TCP, the `ibv_rc_pingpong`-compatible
 //! ping-pong as server and client, and a pingpong server fed garbage
-//! instead of an address message.
+//! instead of an address message; UD messages both ways, `ib_write_lat`'s
+//! and `ib_write_bw`'s measurements, and the errors of a UD receiver whose
+//! messages never come and of a peer that sends a malformed address.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -16,6 +18,8 @@ use std::time::{Duration, Instant};
 
 use vhost_user_rdma::config::default_gid;
 use vhost_user_rdma_tests::harness::TestDaemon;
+use virtio_rdma_apps::exchange::sync;
+use virtio_rdma_apps::oob::{Oob, TcpOob};
 
 /// Longest a run may take before it is killed and the test fails (the runs
 /// take well under a second each here).
@@ -361,5 +365,287 @@ fn pingpong_server_refuses_garbage() {
         assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
         // The server did not start the ping-pong.
         assert!(!r.stdout.contains("remote address"), "{}", r.stdout);
+    }
+}
+
+/// Runs `rdma-peer CMD` as server on VM 0 and client on VM 1 of one
+/// daemon, connected over TCP, with `args` on both; both must succeed.
+/// Returns (client, server).
+fn pair(cmd: &str, args: &[&str]) -> (Done, Done) {
+    let d = TestDaemon::start(2).unwrap();
+    let tcp = format!("127.0.0.1:{}", free_port());
+    let common = [&["--tcp", &tcp, "--timeout-secs", "10"][..], args].concat();
+    let (s0, s1) = (sock(&d, 0), sock(&d, 1));
+    let server = Peer::spawn(
+        &d,
+        "server",
+        &[&[cmd, "--socket", &s0, "--role", "server"][..], &common].concat(),
+    );
+    let client = Peer::spawn(
+        &d,
+        "client",
+        &[&[cmd, "--socket", &s1, "--role", "client"][..], &common].concat(),
+    );
+    let (c, s) = (client.finish(), server.finish());
+    c.expect_ok("client", &s);
+    s.expect_ok("server", &c);
+    (c, s)
+}
+
+#[test]
+fn ud_both_ways_between_two_processes() {
+    let (c, s) = pair("ud", &["-n", "20"]);
+    for (name, r, dir) in [
+        ("client", &c, "server -> client"),
+        ("server", &s, "client -> server"),
+    ] {
+        assert_eq!(
+            r.stdout.lines().last(),
+            Some("rdma-peer: ud ok (20 messages each way)"),
+            "{name}:\n{}",
+            r.stdout
+        );
+        // Each side checked what it received; on the software RNIC the
+        // largest UD payload is above 1024, so -s (1024) caps the sizes.
+        let want = format!(
+            "ud: {dir}: 20 messages received, each checked (status, length, source QPN, GRH, bytes)"
+        );
+        assert!(r.stdout.contains(&want), "{name}:\n{}", r.stdout);
+        assert!(
+            r.stdout.contains("20 messages of 1..=1024 bytes each way"),
+            "{name}:\n{}",
+            r.stdout
+        );
+    }
+}
+
+/// The numbers of a `write_lat: size S iters N t_min X t_typical Y t_avg Z
+/// t_p99 W usec` line: (S, N, [X, Y, Z, W]).
+fn lat_line(stdout: &str) -> (u64, u64, [f64; 4]) {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("write_lat: size "))
+        .unwrap_or_else(|| panic!("no write_lat line in:\n{stdout}"));
+    let w: Vec<&str> = line.split(' ').collect();
+    let keys = [
+        (0, "write_lat:"),
+        (1, "size"),
+        (3, "iters"),
+        (5, "t_min"),
+        (7, "t_typical"),
+        (9, "t_avg"),
+        (11, "t_p99"),
+        (13, "usec"),
+    ];
+    assert_eq!(w.len(), 14, "{line:?}");
+    for (i, k) in keys {
+        assert_eq!(w[i], k, "{line:?}");
+    }
+    let t = |i: usize| {
+        let v: f64 = w[i].parse().unwrap_or_else(|_| panic!("{line:?}"));
+        // perftest's two decimals.
+        assert_eq!(
+            w[i].split_once('.').map(|(_, f)| f.len()),
+            Some(2),
+            "{line:?}"
+        );
+        v
+    };
+    (
+        w[2].parse().unwrap(),
+        w[4].parse().unwrap(),
+        [t(6), t(8), t(10), t(12)],
+    )
+}
+
+#[test]
+fn write_lat_between_two_processes() {
+    let (c, s) = pair("write-lat", &["-n", "200"]);
+    for (name, r) in [("client", &c), ("server", &s)] {
+        let (size, iters, [min, typical, avg, p99]) = lat_line(&r.stdout);
+        assert_eq!((size, iters), (64, 200), "{name}");
+        assert!(typical > 0.0, "{name}:\n{}", r.stdout);
+        assert!(min <= typical && typical <= p99, "{name}:\n{}", r.stdout);
+        assert!(min <= avg, "{name}:\n{}", r.stdout);
+        assert_eq!(
+            r.stdout.lines().last(),
+            Some("rdma-peer: write-lat ok"),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn write_bw_between_two_processes() {
+    let (c, s) = pair("write-bw", &["-n", "200", "-s", "65536"]);
+    for (name, r) in [("client", &c), ("server", &s)] {
+        let line = r
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("write_bw: size "))
+            .unwrap_or_else(|| panic!("{name}: no write_bw line in:\n{}", r.stdout));
+        let w: Vec<&str> = line.split(' ').collect();
+        assert_eq!(
+            (w.len(), w[0], w[1], w[2], w[3], w[4], w[5], w[7]),
+            (
+                9,
+                "write_bw:",
+                "size",
+                "65536",
+                "iters",
+                "200",
+                "MB/s",
+                "Mmsg/s"
+            ),
+            "{line:?}"
+        );
+        let mbps: f64 = w[6].parse().unwrap();
+        let mmsgs: f64 = w[8].parse().unwrap();
+        assert!(mbps > 0.0 && mmsgs > 0.0, "{line:?}");
+        // 65536 bytes a message: MB/s = Mmsg/s × 65536 (up to rounding).
+        assert!(
+            (mbps - mmsgs * 65536.0).abs() <= 0.01 + mbps * 1e-4,
+            "{line:?}"
+        );
+        assert_eq!(
+            r.stdout.lines().last(),
+            Some("rdma-peer: write-bw ok"),
+            "{name}"
+        );
+    }
+    // The server prints the client's measurement.
+    let bw = |r: &Done| {
+        r.stdout
+            .lines()
+            .find(|l| l.starts_with("write_bw: size "))
+            .map(str::to_string)
+    };
+    assert_eq!(bw(&c), bw(&s));
+}
+
+/// Connects to an `rdma-peer` server's TCP port as a client would.
+fn fake_client(port: u16) -> TcpOob {
+    TcpOob::connect(("127.0.0.1", port), LIMIT).unwrap()
+}
+
+/// The server's next line that is not a repeat of the address swap.
+fn next_line(oob: &mut TcpOob) -> String {
+    loop {
+        let l = oob.recv(LIMIT).unwrap().expect("a line from the server");
+        if !l.starts_with("SYNC ") {
+            return l;
+        }
+    }
+}
+
+/// A UD server whose client says it sent messages that never come fails
+/// after its grace period with an error naming every missing index, and
+/// tells the client why.
+#[test]
+fn ud_names_the_messages_that_never_arrived() {
+    let d = TestDaemon::start(1).unwrap();
+    let port = free_port();
+    let tcp = format!("127.0.0.1:{port}");
+    let server = Peer::spawn(
+        &d,
+        "server",
+        &[
+            "ud",
+            "--socket",
+            &sock(&d, 0),
+            "--role",
+            "server",
+            "--tcp",
+            &tcp,
+            "-n",
+            "3",
+            // The grace for missing messages is at most the timeout.
+            "--timeout-secs",
+            "1",
+        ],
+    );
+    let mut oob = fake_client(port);
+    let t = Duration::from_secs(10);
+    let gid = default_gid(1)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<String>();
+    let info = format!("qpn=abcdef gid={gid} qkey=11111111 payload=1024 n=3 size=1024");
+    sync(&mut oob, "ud", &info, t).unwrap();
+    assert_eq!(next_line(&mut oob), "UD READY 0 3");
+    // Claim to have sent them, sending nothing.
+    oob.send("UD SENT 0 3").unwrap();
+    let fail = next_line(&mut oob);
+    let r = server.finish();
+    assert_eq!(r.code, Some(1), "{}\n{}", r.stdout, r.stderr);
+    let want =
+        "UD client -> server: messages 0, 1, 2 of 3 never arrived (0 of the 3 sent as 0..3 did";
+    assert!(r.stderr.contains(want), "{}", r.stderr);
+    assert!(fail.starts_with("FAIL ") && fail.contains(want), "{fail}");
+    assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+}
+
+/// A write-lat server sent a malformed address (a well-formed SYNC line
+/// whose fields are not) fails saying what is wrong with it, to the
+/// client too, without panicking; likewise for a peer that runs another
+/// test or another size.
+#[test]
+fn perf_server_refuses_a_bad_peer() {
+    let d = TestDaemon::start(1).unwrap();
+    let gid = default_gid(1)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<String>();
+    let good = format!(
+        "test=write_lat qpn=abcdef psn=1 gid={gid} mtu=3 addr=1000 rkey=1 len=40 size=64 iters=1000"
+    );
+    for (i, (msg, want)) in [
+        (
+            good.replace("qpn=abcdef", "qpn=1"),
+            "malformed the peer's address message: qpn 0x1 is not the number of an ordinary QP",
+        ),
+        (
+            good.replace("rkey=1 ", ""),
+            "malformed the peer's address message: no rkey=",
+        ),
+        (good.replace("gid=", "gid=zz"), "is not 32 hex digits"),
+        (
+            good.replace("write_lat", "write_bw"),
+            "the peer runs the test write_bw, we run write_lat",
+        ),
+        (
+            good.replace("size=64", "size=65"),
+            "the peer runs -s 65, we run 64",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let port = free_port();
+        let server = Peer::spawn(
+            &d,
+            &format!("server{i}"),
+            &[
+                "write-lat",
+                "--socket",
+                &sock(&d, 0),
+                "--role",
+                "server",
+                "--tcp",
+                &format!("127.0.0.1:{port}"),
+                "--timeout-secs",
+                "10",
+            ],
+        );
+        let mut oob = fake_client(port);
+        sync(&mut oob, "perf", &msg, Duration::from_secs(10)).unwrap();
+        // The server says why it stops, so a real client would not wait.
+        let fail = next_line(&mut oob);
+        assert!(fail.starts_with("FAIL ") && fail.contains(want), "{fail}");
+        let r = server.finish();
+        assert_eq!(r.code, Some(1), "{msg}: {}\n{}", r.stdout, r.stderr);
+        assert!(r.stderr.contains(want), "want {want:?}:\n{}", r.stderr);
+        assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+        assert!(!r.stdout.contains("connected to"), "{}", r.stdout);
     }
 }

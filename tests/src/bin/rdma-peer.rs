@@ -12,6 +12,12 @@
 //! rdma-peer pingpong --socket PATH (--server | --client HOST) [-p PORT]
 //!           [-s SIZE] [-n ITERS] [-m MTU] [-r RX_DEPTH] [-c] [--timeout-secs N]
 //!           [--no-verify]
+//! rdma-peer ud --socket PATH --role server|client --tcp ADDR:PORT [-n N]
+//!           [-s SIZE] [--qkey Q] [--timeout-secs N]
+//! rdma-peer write-lat --socket PATH --role server|client --tcp ADDR:PORT
+//!           [-s SIZE] [-n ITERS] [--timeout-secs N]
+//! rdma-peer write-bw --socket PATH --role server|client --tcp ADDR:PORT
+//!           [-s SIZE] [-n ITERS] [--tx-depth D] [--timeout-secs N]
 //! ```
 //!
 //! - `exchange`: the checked two-peer exchange of
@@ -24,6 +30,19 @@
 //!   rdma-core's `ibv_rc_pingpong`, so the other side may be that tool
 //!   (with `-g`, a GID index: RoCE). Prints the tool's lines, then
 //!   `rdma-peer: pingpong ok`.
+//! - `ud`: `virtio_rdma_apps::ud`, N UD messages each way (sizes cycling
+//!   up to SIZE or the ports' largest UD payload), every one checked at its
+//!   receiver (status, length, source QPN, GRH, bytes). Ends with
+//!   `rdma-peer: ud ok (N messages each way)`.
+//! - `write-lat`, `write-bw`: `virtio_rdma_apps::perf`, `ib_write_lat`'s
+//!   and `ib_write_bw`'s measurements over one RC connection. Print
+//!   `write_lat: size S iters N t_min X t_typical Y t_avg Z t_p99 W usec`
+//!   and `write_bw: size S iters N MB/s X Mmsg/s Y` on both sides, then
+//!   `rdma-peer: write-lat ok` / `rdma-peer: write-bw ok`.
+//!
+//! `exchange`, `ud`, `write-lat` and `write-bw` share the TCP set-up: the
+//! server listens on ADDR:PORT and takes one connection, the client
+//! connects to it (retrying until the server listens).
 //!
 //! Exit status 0 when everything passed; 1 with `rdma-peer: error: ...` on
 //! standard error otherwise (2 for a bad command line).
@@ -38,7 +57,9 @@ use vhost_user_rdma_tests::transport::VmmTransport;
 use vhost_user_rdma_tests::vmm::{TestVmm, VmmOptions};
 use virtio_rdma_apps::exchange::{self, Options, Role};
 use virtio_rdma_apps::oob::TcpOob;
+use virtio_rdma_apps::perf;
 use virtio_rdma_apps::pingpong::{self, Side};
+use virtio_rdma_apps::ud;
 use virtio_rdma_driver::Device;
 
 type BoxError = Box<dyn std::error::Error>;
@@ -68,6 +89,39 @@ struct Vm {
 enum RoleArg {
     Server,
     Client,
+}
+
+/// The side to play and the TCP connection to the peer.
+#[derive(Debug, ClapArgs)]
+struct Peer {
+    /// Which side to play.
+    #[arg(long, value_enum)]
+    role: RoleArg,
+    /// Server: the address to listen on; client: the server's address
+    /// (host:port).
+    #[arg(long)]
+    tcp: String,
+}
+
+impl Peer {
+    /// Listens (server) or connects (client), each for at most `timeout`.
+    fn connect(&self, timeout: Duration) -> Result<(Role, TcpOob), BoxError> {
+        let tcp = self.tcp.as_str();
+        let r = match self.role {
+            RoleArg::Server => (
+                Role::Server,
+                TcpOob::listen(tcp, timeout).map_err(|e| format!("listening on {tcp}: {e}"))?,
+            ),
+            RoleArg::Client => (
+                Role::Client,
+                TcpOob::connect(tcp, timeout).map_err(|e| format!("connecting to {tcp}: {e}"))?,
+            ),
+        };
+        if let Ok(a) = r.1.peer_addr() {
+            println!("rdma-peer: TCP peer {a}");
+        }
+        Ok(r)
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -131,6 +185,56 @@ enum Cmd {
         #[arg(short = 'c', long)]
         chk: bool,
     },
+    /// UD messages both ways, every one checked; addresses swapped over TCP.
+    Ud {
+        #[command(flatten)]
+        vm: Vm,
+        #[command(flatten)]
+        peer: Peer,
+        /// Messages each way.
+        #[arg(short = 'n', long, default_value_t = 100,
+              value_parser = clap::value_parser!(u32).range(1..))]
+        count: u32,
+        /// The largest message (sizes cycle from 1 up to this or the ports'
+        /// largest UD payload, whichever is smaller).
+        #[arg(short = 's', long, default_value_t = 1024, value_parser = at_least_one)]
+        size: usize,
+        /// Our QP's Q_Key (decimal or 0x hex; bit 31 clear).
+        #[arg(long, default_value = "0x11111111", value_parser = qkey)]
+        qkey: u32,
+    },
+    /// ib_write_lat's RDMA WRITE latency; addresses swapped over TCP.
+    WriteLat {
+        #[command(flatten)]
+        vm: Vm,
+        #[command(flatten)]
+        peer: Peer,
+        /// Bytes of each WRITE.
+        #[arg(short = 's', long, default_value_t = 64, value_parser = at_least_one)]
+        size: usize,
+        /// Measured round trips (after a few unmeasured ones).
+        #[arg(short = 'n', long, default_value_t = 1000,
+              value_parser = clap::value_parser!(u32).range(1..))]
+        iters: u32,
+    },
+    /// ib_write_bw's RDMA WRITE bandwidth; addresses swapped over TCP.
+    WriteBw {
+        #[command(flatten)]
+        vm: Vm,
+        #[command(flatten)]
+        peer: Peer,
+        /// Bytes of each WRITE.
+        #[arg(short = 's', long, default_value_t = 65536, value_parser = at_least_one)]
+        size: usize,
+        /// WRITEs in all.
+        #[arg(short = 'n', long, default_value_t = 1000,
+              value_parser = clap::value_parser!(u32).range(1..))]
+        iters: u32,
+        /// Client: WRITEs kept outstanding.
+        #[arg(long, default_value_t = 128,
+              value_parser = clap::value_parser!(u32).range(1..))]
+        tx_depth: u32,
+    },
 }
 
 /// A size of at least one byte.
@@ -148,6 +252,20 @@ fn mtu(text: &str) -> Result<u32, String> {
         .ok()
         .filter(|&m| pingpong::mtu_from_bytes(m).is_some())
         .ok_or_else(|| "must be 256, 512, 1024, 2048 or 4096".into())
+}
+
+/// A Q_Key: decimal or `0x` hex, bit 31 clear (a controlled Q_Key would
+/// make the peer's sends use its own QP's Q_Key instead).
+fn qkey(text: &str) -> Result<u32, String> {
+    let v = match text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => text.parse(),
+    }
+    .map_err(|e| e.to_string())?;
+    if v & (1 << 31) != 0 {
+        return Err("bit 31 is set (a controlled Q_Key)".into());
+    }
+    Ok(v)
 }
 
 /// Connects to the daemon as one VM and opens its RDMA device.
@@ -183,21 +301,7 @@ fn run(args: Args) -> Result<(), BoxError> {
         } => {
             let timeout = Duration::from_secs(vm.timeout_secs);
             let dev = open(&vm.socket, timeout)?;
-            let (role, mut oob) = match role {
-                RoleArg::Server => (
-                    Role::Server,
-                    TcpOob::listen(tcp.as_str(), timeout)
-                        .map_err(|e| format!("listening on {tcp}: {e}"))?,
-                ),
-                RoleArg::Client => (
-                    Role::Client,
-                    TcpOob::connect(tcp.as_str(), timeout)
-                        .map_err(|e| format!("connecting to {tcp}: {e}"))?,
-                ),
-            };
-            if let Ok(a) = oob.peer_addr() {
-                println!("rdma-peer: TCP peer {a}");
-            }
+            let (role, mut oob) = Peer { role, tcp }.connect(timeout)?;
             let opts = Options {
                 buf_len,
                 pingpongs,
@@ -240,6 +344,62 @@ fn run(args: Args) -> Result<(), BoxError> {
             };
             pingpong::run(&dev, &opts, &mut out)?;
             println!("rdma-peer: pingpong ok");
+        }
+        Cmd::Ud {
+            vm,
+            peer,
+            count,
+            size,
+            qkey,
+        } => {
+            let timeout = Duration::from_secs(vm.timeout_secs);
+            let dev = open(&vm.socket, timeout)?;
+            let (role, mut oob) = peer.connect(timeout)?;
+            let opts = ud::Options {
+                count,
+                size,
+                qkey,
+                timeout,
+            };
+            ud::run(&dev, role, &mut oob, &opts, &mut out)?;
+            println!("rdma-peer: ud ok ({count} messages each way)");
+        }
+        Cmd::WriteLat {
+            vm,
+            peer,
+            size,
+            iters,
+        } => {
+            let timeout = Duration::from_secs(vm.timeout_secs);
+            let dev = open(&vm.socket, timeout)?;
+            let (role, mut oob) = peer.connect(timeout)?;
+            let opts = perf::Options {
+                size,
+                iters,
+                tx_depth: 1,
+                timeout,
+            };
+            perf::write_lat(&dev, role, &mut oob, &opts, &mut out)?;
+            println!("rdma-peer: write-lat ok");
+        }
+        Cmd::WriteBw {
+            vm,
+            peer,
+            size,
+            iters,
+            tx_depth,
+        } => {
+            let timeout = Duration::from_secs(vm.timeout_secs);
+            let dev = open(&vm.socket, timeout)?;
+            let (role, mut oob) = peer.connect(timeout)?;
+            let opts = perf::Options {
+                size,
+                iters,
+                tx_depth,
+                timeout,
+            };
+            perf::write_bw(&dev, role, &mut oob, &opts, &mut out)?;
+            println!("rdma-peer: write-bw ok");
         }
     }
     let _ = out.flush();
