@@ -6,7 +6,9 @@
 //! indices move on as each receive completes, as on the software RNIC.
 
 
-use log::debug;
+use std::time::{Duration, Instant};
+
+use log::{debug, info};
 use rdma_sys::{ibv_poll_cq, ibv_wc, ibv_wc_flags, ibv_wc_status};
 use virtio_rdma_abi::datapath::{
     Cqe, QpDoorbell, SrqDoorbell, UdGrh, WcOpcode, WcStatus, CQE_GRH, CQE_SOLICITED, CQE_WITH_IMM,
@@ -78,10 +80,88 @@ pub(super) fn host_events(host: &VmHost, state: &mut VmState) -> bool {
                     EventKind::PORT_ACTIVE
                 };
                 state.events.push(kind, virtio_rdma_abi::verbs::PORT_NUM, 0);
+                if down {
+                    // Whether, and when, a NIC fails the connections of a
+                    // port that went down varies (Linux soft-RoCE never
+                    // does): the device fails them now, so that no guest
+                    // waits for ever (spec appendix D).
+                    let rc: Vec<u32> = state
+                        .res
+                        .qps
+                        .iter()
+                        .filter(|(_, q)| {
+                            q.qp_type == QpType::RC
+                                && !matches!(q.state, QpState::ERR | QpState::RESET)
+                        })
+                        .map(|(h, _)| h)
+                        .collect();
+                    if !rc.is_empty() {
+                        info!("port down: {} RC QPs of VM {} fail", rc.len(), state.vm_index());
+                    }
+                    for h in rc {
+                        state.qp_enter_err(h, Some(EventKind::QP_FATAL));
+                    }
+                }
             }
         }
     }
     true
+}
+
+/// Fails the RC QPs of the VM whose oldest outstanding send has seen no
+/// completion for much longer than the NIC's own retries should take
+/// ([`stalled_after`]): a NIC that never gives up (Linux soft-RoCE after a
+/// link flap) must not leave the guest waiting for ever. The host QP moves
+/// to ERR and flushes; the first send reports `RETRY_EXC_ERR`.
+/// It looks at most once per `every` for a VM.
+pub(super) fn watchdog(host: &VmHost, state: &mut VmState, now: Instant, every: Duration) -> bool {
+    let mut t = lock_tables(host);
+    if t.watched.is_some_and(|at| now.saturating_duration_since(at) < every) {
+        return false;
+    }
+    t.watched = Some(now);
+    let mut hit = Vec::new();
+    for (qpn, q) in t.qps.iter_mut() {
+        let Some(since) = q.progress else {
+            continue;
+        };
+        let Some(limit) = stalled_after(q.timeout, q.retry_cnt) else {
+            continue;
+        };
+        if q.failed || q.qp_type != QpType::RC || now.saturating_duration_since(since) < limit {
+            continue;
+        }
+        info!(
+            "QPN {qpn:#x}: no completion for {:?} (timeout {}, retry_cnt {}): the QP fails",
+            now.saturating_duration_since(since),
+            q.timeout,
+            q.retry_cnt
+        );
+        q.timed_out = true;
+        q.progress = None;
+        hit.push(q.handle);
+    }
+    drop(t);
+    let any = !hit.is_empty();
+    for h in hit {
+        // The flush moves the host QP to ERR (`VerbsPath::flush_taken`).
+        state.qp_enter_err(h, None);
+    }
+    any
+}
+
+/// How long an RC QP with `timeout` and `retry_cnt` may go without any send
+/// completing before the watchdog fails it: four times the time the IB
+/// transport's retries may take (4.096 µs × 2^timeout, retry_cnt + 1
+/// times), and at least 2 s; `None` for timeout 0 (the guest asked to
+/// wait for ever).
+pub(crate) fn stalled_after(timeout: u32, retry_cnt: u32) -> Option<Duration> {
+    if timeout == 0 {
+        return None;
+    }
+    let one = Duration::from_nanos(4096u64.checked_shl(timeout.min(31))?);
+    let all = one.saturating_mul(retry_cnt.min(7).saturating_add(1)).saturating_mul(4);
+    Some(all.max(Duration::from_secs(2)))
 }
 
 /// Reads up to `batch` completions of each of the VM's host CQs and
@@ -128,10 +208,24 @@ fn apply(
     };
     let h = hq.handle;
     let status = wc_status(wc.status);
+    if status != WcStatus::SUCCESS {
+        debug!(
+            "QPN {:#x}: host completion {:#x}: status {} ({status:?}), vendor error {:#x}",
+            wc.qp_num, wc.wr_id, wc.status, wc.vendor_err
+        );
+    }
     if wc.wr_id & RECV_WR == 0 {
         let Some(s) = hq.sent.pop_front() else {
             debug!("QPN {:#x}: a send completion without a send", wc.qp_num);
             return;
+        };
+        hq.progress = (!hq.sent.is_empty()).then(Instant::now);
+        // The send the watchdog gave up on reports what the NIC's retries
+        // running out would have.
+        let status = if std::mem::take(&mut hq.timed_out) && status == WcStatus::WR_FLUSH_ERR {
+            WcStatus::RETRY_EXC_ERR
+        } else {
+            status
         };
         if status == WcStatus::SUCCESS && !s.signaled {
             posted_done(state, h);
@@ -315,6 +409,16 @@ mod tests {
     /// What rxe writes for a UD message from 10.43.0.2 to 10.43.0.1 (TOS
     /// 0x20, TTL 64, IPv4 total length 80) becomes the IPv6 form with
     /// IPv4-mapped GIDs; anything else is left alone.
+    #[test]
+    fn the_watchdog_waits_for_the_nics_own_retries() {
+        assert_eq!(stalled_after(0, 7), None, "timeout 0: for ever");
+        assert_eq!(stalled_after(14, 7), Some(Duration::from_secs(2)));
+        // 4.096 µs × 2^20 ≈ 4.3 s, 8 tries, four times over.
+        let long = stalled_after(20, 7).unwrap();
+        assert!(long > Duration::from_secs(130) && long < Duration::from_secs(140));
+        assert!(stalled_after(31, 7).is_some(), "no overflow");
+    }
+
     #[test]
     fn an_ipv4_header_becomes_the_devices_grh() {
         let mut b = [0u8; 40];

@@ -18,6 +18,7 @@ mod complete;
 mod post;
 
 use std::os::fd::{AsRawFd, RawFd};
+use std::time::Instant;
 use std::sync::atomic::Ordering;
 
 use log::debug;
@@ -51,6 +52,9 @@ pub struct Scratch {
     /// The first bytes of a UD receive buffer (its GRH).
     segs: Vec<crate::memory::access::Segment>,
 }
+
+/// How often the watchdog looks for stalled QPs.
+const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl Default for Scratch {
     fn default() -> Self {
@@ -120,6 +124,7 @@ impl TransportPath for VerbsPath<'_> {
         };
         let mut did = complete::host_events(host, cx.state);
         did |= complete::poll_cqs(host, cx.state, cx.mem, ts);
+        did |= complete::watchdog(host, cx.state, Instant::now(), WATCH_EVERY);
         if host.srqs.load(Ordering::Relaxed) > 0 {
             did |= post::srq_recvs(host, cx.state, cx.mem, &mut ts.wqe);
         }

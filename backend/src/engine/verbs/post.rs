@@ -213,6 +213,9 @@ pub(super) fn send(
         drop(t);
         return failed(state, WcStatus::LOC_QP_OP_ERR);
     }
+    if q.sent.is_empty() {
+        q.progress = Some(std::time::Instant::now());
+    }
     q.sent.push_back(Sent {
         wr_id: wr.hdr.wr_id,
         op: msg.op,

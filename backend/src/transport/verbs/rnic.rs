@@ -97,6 +97,15 @@ pub(crate) struct HostQp {
     /// The daemon moved the host QP to ERR itself (the device's QP failed
     /// for a reason the host NIC did not see).
     pub failed: bool,
+    /// The QP's `timeout` and `retry_cnt` (the watchdog's budget).
+    pub timeout: u32,
+    pub retry_cnt: u32,
+    /// When the oldest send now outstanding was posted, or the last send
+    /// completed since: the watchdog's clock.
+    pub progress: Option<std::time::Instant>,
+    /// The watchdog failed the QP: its first flushed send completes with
+    /// `RETRY_EXC_ERR`, as the NIC's retries running out would have.
+    pub timed_out: bool,
 }
 
 /// A VM's host objects, by the device's handles (QPs by number).
@@ -107,6 +116,8 @@ pub(crate) struct Tables {
     pub srqs: HashMap<u32, HostSrq>,
     pub ahs: HashMap<u32, Ah>,
     pub qps: HashMap<u32, HostQp>,
+    /// When the engine's watchdog last looked at the QPs.
+    pub watched: Option<std::time::Instant>,
 }
 
 /// A host event for a VM, delivered by the engine under the VM's lock.
@@ -501,6 +512,10 @@ impl Transport for VerbsRnic {
                 sent: VecDeque::new(),
                 recvd: VecDeque::new(),
                 failed: false,
+                timeout: 0,
+                retry_cnt: 0,
+                progress: None,
+                timed_out: false,
             },
         );
         self.qpns
@@ -535,11 +550,15 @@ impl Transport for VerbsRnic {
             );
             return Err(host(rc));
         }
+        q.timeout = change.attr.timeout;
+        q.retry_cnt = change.attr.retry_cnt;
         if change.to == QpState::RESET {
             // The host dropped what it had taken; the engine forgets it too.
             q.sent.clear();
             q.recvd.clear();
             q.failed = false;
+            q.progress = None;
+            q.timed_out = false;
         }
         Ok(())
     }
