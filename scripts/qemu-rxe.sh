@@ -126,7 +126,8 @@ cli_steps="peer=10.43.0.1; until ping -c 1 -W 1 \$peer >/dev/null; do sleep 1; d
   wqe1=\$(vhost-user-rdma ctl --socket /tmp/mgmt.sock engines | awk 'NR == 2 { print \$4 }') &&
   echo \"DAEMON-CPU ticks \$((cpu1 - cpu0)) wqes \$((wqe1 - wqe0))\" && echo FAULT &&
   { $(peer write-bw 1) --role server --tcp 0.0.0.0:7475 -s 65536 -n 1000000 --timeout-secs 20 &
-    sleep 3; ip link set eth0 down; sleep 6; ip link set eth0 up; wait_gid; wait; } &&
+    reader=\$!; sleep 3; ip link set eth0 down; sleep 6; ip link set eth0 up; wait_gid;
+    wait \$reader; echo FAULT-READER-EXIT \$?; } &&
   echo AFTER-FAULT && sleep 1 && $(peer exchange 0) --role client --tcp 10.43.0.1:7476 &&
   echo PORT-EVENTS && grep -e 'rxe0: port' -e 'port down:' /tmp/daemon.log && echo LEAKS &&
   leaks \"\$before\""
@@ -265,6 +266,7 @@ check_after VM-WRITE-BW "the daemon's CPU time and work requests during it" '^DA
 check_after FAULT "host 2's link down mid-stream: the writer's WRITE fails (RETRY_EXC_ERR)" \
   'RETRY_EXC_ERR' server
 check_after FAULT "... and the writer exits with that error" '^FAULT-WRITER-EXIT [1-9]' server
+check_after FAULT "... and the reader on host 2 exits with an error too" '^FAULT-READER-EXIT [1-9]' client
 check_after PORT-EVENTS "host 2's daemon saw its port go down" 'rxe0: port down' client
 check_after PORT-EVENTS "... and failed the RC QP of its VM with QP_FATAL" 'port down: 1 RC QPs of VM 1 fail' client
 check_after PORT-EVENTS "... and come back" 'rxe0: port active' client
