@@ -93,7 +93,7 @@ impl TransportPath for VerbsPath<'_> {
         &self,
         engine: &Engine,
         cx: &mut Serving<'_>,
-        _ts: &mut Self::Scratch,
+        ts: &mut Self::Scratch,
         moved: &mut u64,
         msg: &Outgoing<'_>,
     ) -> Step {
@@ -101,7 +101,7 @@ impl TransportPath for VerbsPath<'_> {
             let c = Completion::failed(msg.wr.hdr.wr_id, msg.op, WcStatus::LOC_QP_OP_ERR);
             return complete_send(cx.state, cx.mem, msg.qp, msg.index, c);
         };
-        post::send(self.rnic, host, engine, cx, moved, msg)
+        post::send(self.rnic, host, engine, cx, &mut ts.wqe, moved, msg)
     }
 
     fn post_recv(

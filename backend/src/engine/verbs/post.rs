@@ -31,6 +31,7 @@ use crate::stats::TrafficCounters;
 use crate::transport::verbs::rnic::{lock_tables, Sent, VmHost, RECV_SRQ, RECV_WR};
 use crate::transport::verbs::VerbsRnic;
 use crate::transport::Transport;
+use crate::vm::cell::Locked;
 use crate::vm::VmState;
 
 /// Most SGEs of one work request (the WQE format's).
@@ -69,11 +70,16 @@ pub(super) fn send(
     host: &VmHost,
     engine: &Engine,
     cx: &mut Serving<'_>,
+    buf: &mut WqeBuf,
     moved: &mut u64,
     msg: &Outgoing<'_>,
 ) -> Step {
-    let (state, mem) = (&mut *cx.state, cx.mem);
     let wr = msg.wr;
+    let local = msg.av.dgid == rnic.device().gid().0;
+    if local && consumes_receive(wr.opcode) {
+        take_peer_recvs(rnic, engine, cx, buf, msg.dest_qpn);
+    }
+    let (state, mem) = (&mut *cx.state, cx.mem);
     let mut t = lock_tables(host);
     // A WQE completed here must not overtake those the host still has: it
     // waits at the head until they completed (the CQ keeps the queue's
@@ -98,7 +104,7 @@ pub(super) fn send(
     let ah = if msg.ud() {
         // Another tenant's QP on this host is out of reach as on the
         // software RNIC: the message is dropped, as UD may be.
-        if msg.av.dgid == rnic.device().gid().0 {
+        if local {
             let reachable = rnic
                 .lookup_qpn(msg.dest_qpn)
                 .is_some_and(|o| engine.tenancy().may_reach(cx.vm, o.vm));
@@ -224,6 +230,79 @@ pub(super) fn send(
     });
     *moved = msg.len;
     Step::InFlight
+}
+
+fn consumes_receive(op: WrOpcode) -> bool {
+    matches!(
+        op,
+        WrOpcode::SEND | WrOpcode::SEND_WITH_IMM | WrOpcode::RDMA_WRITE_WITH_IMM
+    )
+}
+
+/// A message to a QP on this host consumes a receive its guest may have
+/// posted before this send was, but that the engine has not taken yet
+/// (another VM's, served later in the sweep or by another engine thread):
+/// those receives are posted to the host first, so the message finds them
+/// as it would on the software RNIC — a UD message without a receive is
+/// dropped, and an RC one would wait out an RNR timer. Only a reachable
+/// destination, at most its ring's worth, and only if its VM's lock is
+/// free (otherwise the engine serving it is about to post them).
+fn take_peer_recvs(
+    rnic: &VerbsRnic,
+    engine: &Engine,
+    cx: &mut Serving<'_>,
+    buf: &mut WqeBuf,
+    dest_qpn: u32,
+) {
+    let Some(o) = rnic.lookup_qpn(dest_qpn) else {
+        return;
+    };
+    let Some(host) = rnic.vm(o.vm) else {
+        return;
+    };
+    if o.vm == cx.vm {
+        take_recvs(host, cx.state, cx.mem, buf, o.handle);
+        return;
+    }
+    if !engine.tenancy().may_reach(cx.vm, o.vm) {
+        return;
+    }
+    let Some(cell) = cx.vms.get(o.vm).and_then(Option::as_ref) else {
+        return;
+    };
+    let ran = cell.try_with_dataplane(|state, mem| {
+        let before = state.events.len();
+        take_recvs(host, state, mem, buf, o.handle);
+        state.events.len() != before
+    });
+    if let Locked::Ran(true) = ran {
+        cell.wake_events();
+    }
+}
+
+/// Posts the receives QP `h` of a VM has in its ring and the host has not
+/// (those of its SRQs if it has one).
+fn take_recvs(host: &VmHost, state: &mut VmState, mem: &HostMem, buf: &mut WqeBuf, h: u32) {
+    let Some(qp) = state.res.qps.get(h) else {
+        return;
+    };
+    if qp.srq != 0 {
+        srq_recvs(host, state, mem, buf);
+        return;
+    }
+    if !matches!(
+        qp.state,
+        QpState::INIT | QpState::RTR | QpState::RTS | QpState::SQD
+    ) {
+        return;
+    }
+    let Some(pi) = load_pi(mem, qp.db_gpa, qp.db_slot.as_ref(), doorbell::RQ) else {
+        return;
+    };
+    if pi != qp.rt.rq_ci.wrapping_add(qp.rt.recv_outstanding) {
+        let depth = qp.rq_depth;
+        recvs(host, state, mem, buf, h, pi, depth);
+    }
 }
 
 fn len32(n: u64) -> u32 {
