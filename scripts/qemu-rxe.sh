@@ -12,8 +12,9 @@
 #         immediate, READ, atomics, every byte checked) and UD both ways;
 #       * interop with unmodified rdma-core: a VM against `ibv_rc_pingpong` running natively on
 #         the other host, the VM as server and as client;
-#       * latency and bandwidth through the daemon (rdma-peer write-lat/write-bw, pingpong)
-#         next to the native tools' (docs/benchmarks.md);
+#       * latency, bandwidth and 64-byte message rate through the daemon (rdma-peer
+#         write-lat/write-bw, pingpong) next to the native tools', and the daemon's CPU time
+#         per work request (docs/benchmarks.md);
 #       * the data-path conformance tests (tests/tests/datapath*.rs) on host 1, their daemon on
 #         rxe0 (VUR_TEST_RNIC); those whose behaviour the spec leaves to the NIC (appendix D)
 #         are skipped, each named below;
@@ -94,7 +95,9 @@ for s in "${skips[@]}"; do skip_args="$skip_args --skip $s"; done
 # (the client side of a native tool retries until the server listens, rdma-peer's clients retry
 # by themselves).
 native='run RC ibv_rc_pingpong -g 1 -n 50 && run PP64 ibv_rc_pingpong -g 1 -n 200 -s 64 &&
-  run WRITE_LAT ib_write_lat -x 1 -n 200 && run WRITE_BW ib_write_bw -x 1 -n 200'
+  run WRITE_LAT ib_write_lat -x 1 -n 200 && run WRITE_BW ib_write_bw -x 1 -n 200 &&
+  c0=$(child_ticks) &&
+  run WRITE_RATE ib_write_bw -x 1 -n 5000 -s 64 && echo "NATIVE-CPU ticks $(($(child_ticks) - c0))"'
 peer() { echo "rdma-peer $1 --socket /tmp/vm$2.sock"; }
 srv_steps="ibv_devinfo -d rxe0 && echo RNIC-INFO &&
   vhost-user-rdma rnic-info --device rxe0 --gid-index 1 && peer= && $native &&
@@ -104,7 +107,8 @@ srv_steps="ibv_devinfo -d rxe0 && echo RNIC-INFO &&
   $(peer pingpong 1) --server -n 200 && run INTEROP-NATIVE-SERVER ibv_rc_pingpong -g 1 -n 200 &&
   echo VM-PP64 && $(peer pingpong 0) --server -n 200 -s 64 && echo VM-WRITE-LAT &&
   $(peer write-lat 0) --role server --tcp 0.0.0.0:7473 -s 2 -n 200 && echo VM-WRITE-BW &&
-  $(peer write-bw 0) --role server --tcp 0.0.0.0:7474 -s 65536 -n 200 && echo FAULT &&
+  $(peer write-bw 0) --role server --tcp 0.0.0.0:7474 -s 65536 -n 200 && echo VM-WRITE-RATE &&
+  $(peer write-bw 0) --role server --tcp 0.0.0.0:7477 -s 64 -n 5000 && echo FAULT &&
   { $(peer write-bw 1) --role client --tcp 10.43.0.2:7475 -s 65536 -n 1000000 --timeout-secs 60;
     echo FAULT-WRITER-EXIT \$?; } && echo AFTER-FAULT &&
   $(peer exchange 0) --role server --tcp 0.0.0.0:7476 && echo CONFORMANCE &&
@@ -119,12 +123,9 @@ cli_steps="peer=10.43.0.1; until ping -c 1 -W 1 \$peer >/dev/null; do sleep 1; d
   $(peer pingpong 1) --client 10.43.0.1 -n 200 && echo VM-PP64 &&
   $(peer pingpong 0) --client 10.43.0.1 -n 200 -s 64 && echo VM-WRITE-LAT &&
   $(peer write-lat 0) --role client --tcp 10.43.0.1:7473 -s 2 -n 200 && echo VM-WRITE-BW &&
-  cpu0=\$(awk '{ print \$14 + \$15 }' /proc/\$(pidof vhost-user-rdma)/stat) &&
-  wqe0=\$(vhost-user-rdma ctl --socket /tmp/mgmt.sock engines | awk 'NR == 2 { print \$4 }') &&
-  $(peer write-bw 0) --role client --tcp 10.43.0.1:7474 -s 65536 -n 200 &&
-  cpu1=\$(awk '{ print \$14 + \$15 }' /proc/\$(pidof vhost-user-rdma)/stat) &&
-  wqe1=\$(vhost-user-rdma ctl --socket /tmp/mgmt.sock engines | awk 'NR == 2 { print \$4 }') &&
-  echo \"DAEMON-CPU ticks \$((cpu1 - cpu0)) wqes \$((wqe1 - wqe0))\" && echo FAULT &&
+  cpu_during $(peer write-bw 0) --role client --tcp 10.43.0.1:7474 -s 65536 -n 200 &&
+  echo VM-WRITE-RATE &&
+  cpu_during $(peer write-bw 0) --role client --tcp 10.43.0.1:7477 -s 64 -n 5000 && echo FAULT &&
   { $(peer write-bw 1) --role server --tcp 0.0.0.0:7475 -s 65536 -n 1000000 --timeout-secs 20 &
     reader=\$!; sleep 3; ip link set eth0 down; sleep 6; ip link set eth0 up; wait_gid;
     wait \$reader; echo FAULT-READER-EXIT \$?; } &&
@@ -165,6 +166,23 @@ daemon() {
     i=$((i + 1))
     sleep 0.1
   done
+}
+# cpu_during CMD...: runs CMD, then prints the daemon's CPU time during it (clock ticks, user
+# and system) and the work requests its engine took.
+cpu_during() {
+  local c0 w0 c1 w1
+  c0=$(daemon_ticks) && w0=$(engine_wqes) && "$@" && c1=$(daemon_ticks) && w1=$(engine_wqes) &&
+    echo "DAEMON-CPU ticks $((c1 - c0)) wqes $((w1 - w0))"
+}
+# The CPU time of the shell's finished children (clock ticks, user and system).
+child_ticks() {
+  awk '{ print $16 + $17 }' "/proc/$$/stat"
+}
+daemon_ticks() {
+  awk '{ print $14 + $15 }' "/proc/$(pidof vhost-user-rdma)/stat"
+}
+engine_wqes() {
+  vhost-user-rdma ctl --socket /tmp/mgmt.sock engines | awk 'NR == 2 { print $4 }'
 }
 res() {
   /usr/local/bin/rdma resource show rxe0 | grep -o 'pd [0-9]* cq [0-9]* qp [0-9]* .*mr [0-9]* .*'
@@ -243,6 +261,8 @@ for g in server client; do
   check_after PP64 "native ibv_rc_pingpong $g (64 B)" "^200 iters in .* usec/iter" $g
   check_after WRITE_LAT "native ib_write_lat $g (2 B, 200 iterations, µs)" "^ *2${s}200$s$n$s$n$s$n" $g
   check_after WRITE_BW "native ib_write_bw $g (65536 B, 200 iterations, MB/s)" "^ *65536${s}200$s$n$s$n$s$n" $g
+  check_after WRITE_RATE "native ib_write_bw $g (64 B, 5000 iterations, MB/s, Mmsg/s)" "^ *64${s}5000$s$n$s$n$s$n" $g
+  check_after WRITE_RATE "... and its CPU time ($g)" '^NATIVE-CPU ticks [1-9]' $g
   check_after VM-EXCHANGE "VM on host $g <-> VM on the other host: the checked exchange" \
     '^rdma-peer: exchange ok' $g
   check_after VM-UD "VM <-> VM across hosts over UD ($g)" '^rdma-peer: ud ok' $g
@@ -263,6 +283,8 @@ done
 check_after VM-WRITE-LAT "write latency through the daemons (2 B, µs)" '^write_lat: size 2 ' client
 check_after VM-WRITE-BW "write bandwidth through the daemons (65536 B)" '^write_bw: size 65536 ' client
 check_after VM-WRITE-BW "the daemon's CPU time and work requests during it" '^DAEMON-CPU ticks [0-9]+ wqes [1-9]' client
+check_after VM-WRITE-RATE "write message rate through the daemons (64 B)" '^write_bw: size 64 ' client
+check_after VM-WRITE-RATE "the daemon's CPU time and work requests during it" '^DAEMON-CPU ticks [0-9]+ wqes [1-9]' client
 check_after FAULT "host 2's link down mid-stream: the writer's WRITE fails (RETRY_EXC_ERR)" \
   'RETRY_EXC_ERR' server
 check_after FAULT "... and the writer exits with that error" '^FAULT-WRITER-EXIT [1-9]' server
