@@ -406,19 +406,24 @@ fn srq_consumed(state: &mut VmState, mem: &HostMem, h: u32) {
 mod tests {
     use super::*;
 
-    /// What rxe writes for a UD message from 10.43.0.2 to 10.43.0.1 (TOS
-    /// 0x20, TTL 64, IPv4 total length 80) becomes the IPv6 form with
-    /// IPv4-mapped GIDs; anything else is left alone.
+    /// Four times the NIC's budget of `retry_cnt` + 1 tries of 4.096 µs ×
+    /// 2^`timeout` each, at least 2 s, none for timeout 0.
     #[test]
     fn the_watchdog_waits_for_the_nics_own_retries() {
         assert_eq!(stalled_after(0, 7), None, "timeout 0: for ever");
-        assert_eq!(stalled_after(14, 7), Some(Duration::from_secs(2)));
+        // 16.8 ms × 8 × 4 = 0.54 s: the floor.
+        assert_eq!(stalled_after(12, 7), Some(Duration::from_secs(2)));
+        // 67.1 ms × 8 × 4 = 2.147 s.
+        assert_eq!(stalled_after(14, 7), Some(Duration::from_nanos(4096 << 14) * 32));
         // 4.096 µs × 2^20 ≈ 4.3 s, 8 tries, four times over.
         let long = stalled_after(20, 7).unwrap();
         assert!(long > Duration::from_secs(130) && long < Duration::from_secs(140));
         assert!(stalled_after(31, 7).is_some(), "no overflow");
     }
 
+    /// What rxe writes for a UD message from 10.43.0.2 to 10.43.0.1 (TOS
+    /// 0x20, TTL 64, IPv4 total length 80) becomes the IPv6 form with
+    /// IPv4-mapped GIDs; anything else is left alone.
     #[test]
     fn an_ipv4_header_becomes_the_devices_grh() {
         let mut b = [0u8; 40];
