@@ -8,15 +8,27 @@
 //!   bounds, expects each to be refused, then keeps a transfer running
 //!   until it is killed;
 //! - [`oob`]: the out-of-band channel the peers exchange their addresses
-//!   over (a serial cable between two QEMU guests, or an in-process channel).
+//!   over (a serial cable between two QEMU guests, a TCP connection between
+//!   machines, or an in-process channel);
+//! - [`perf`]: perftest's RDMA WRITE latency (`ib_write_lat`) and
+//!   bandwidth (`ib_write_bw`) measurements between two peers;
+//! - [`pingpong`]: an RC ping-pong of SENDs that interoperates with
+//!   rdma-core's unmodified `ibv_rc_pingpong` on the other side;
+//! - [`ud`]: UD datagrams both ways between two peers, every one checked
+//!   (GRH, source QP, length, bytes) at its receiver.
 //!
 //! The `rdma-guest` binary runs them in a real guest over the virtio-pci
-//! transport; the tests crate runs the same functions over the test VMM.
+//! transport; the tests crate runs the same functions over the test VMM
+//! (its `rdma-peer` binary plays one VM of a daemon against a peer on
+//! another machine).
 
 pub mod exchange;
 pub mod hostile;
 pub mod oob;
 pub mod pattern;
+pub mod perf;
+pub mod pingpong;
+pub mod ud;
 
 /// Errors of the programs.
 #[derive(Debug, thiserror::Error)]

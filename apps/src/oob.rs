@@ -2,13 +2,15 @@
 //! before a connection exists: QP numbers, GIDs, rkeys and addresses.
 //!
 //! Real guests use a serial port cabled to the other guest's (two QEMU
-//! `-chardev socket` ends, one server and one client: a null modem); tests
-//! use an in-process channel. Messages are text lines `VRDMA <body>`; other
-//! lines (console noise) are ignored.
+//! `-chardev socket` ends, one server and one client: a null modem); peers
+//! on different machines use a TCP connection ([`TcpOob`]); tests use an
+//! in-process channel. Messages are text lines `VRDMA <body>`; other lines
+//! (console noise) are ignored.
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
@@ -33,8 +35,37 @@ pub trait Oob: Send {
 #[derive(Debug)]
 pub struct SerialOob {
     file: File,
+    lines: Lines,
+}
+
+/// Splits received bytes into message lines: keeps the bodies of the lines
+/// that carry [`PREFIX`] (anywhere in the line: console noise may precede
+/// it), drops the rest, and a partial line that grows past [`MAX_LINE`].
+#[derive(Debug, Default)]
+struct Lines {
     buf: Vec<u8>,
-    lines: VecDeque<String>,
+    bodies: VecDeque<String>,
+}
+
+impl Lines {
+    fn push(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+        while let Some(i) = self.buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.buf.drain(..=i).collect();
+            let text = String::from_utf8_lossy(&line);
+            let text = text.trim_end_matches(['\r', '\n']);
+            if let Some(body) = text.find(PREFIX).map(|p| &text[p + PREFIX.len()..]) {
+                self.bodies.push_back(body.to_string());
+            }
+        }
+        if self.buf.len() > MAX_LINE {
+            self.buf.clear();
+        }
+    }
+
+    fn pop(&mut self) -> Option<String> {
+        self.bodies.pop_front()
+    }
 }
 
 impl SerialOob {
@@ -62,23 +93,8 @@ impl SerialOob {
         // Not a tty (a FIFO or socket in tests): raw already.
         Ok(SerialOob {
             file,
-            buf: Vec::new(),
-            lines: VecDeque::new(),
+            lines: Lines::default(),
         })
-    }
-
-    fn split_lines(&mut self) {
-        while let Some(i) = self.buf.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = self.buf.drain(..=i).collect();
-            let text = String::from_utf8_lossy(&line);
-            let text = text.trim_end_matches(['\r', '\n']);
-            if let Some(body) = text.find(PREFIX).map(|p| &text[p + PREFIX.len()..]) {
-                self.lines.push_back(body.to_string());
-            }
-        }
-        if self.buf.len() > MAX_LINE {
-            self.buf.clear();
-        }
     }
 }
 
@@ -102,7 +118,7 @@ impl Oob for SerialOob {
     fn recv(&mut self, timeout: Duration) -> io::Result<Option<String>> {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(l) = self.lines.pop_front() {
+            if let Some(l) = self.lines.pop() {
                 return Ok(Some(l));
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -125,10 +141,7 @@ impl Oob for SerialOob {
             let mut chunk = [0u8; 512];
             match self.file.read(&mut chunk) {
                 Ok(0) => std::thread::sleep(Duration::from_millis(5)),
-                Ok(n) => {
-                    self.buf.extend_from_slice(&chunk[..n]);
-                    self.split_lines();
-                }
+                Ok(n) => self.lines.push(&chunk[..n]),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
@@ -169,6 +182,165 @@ impl Oob for ChannelOob {
                 io::ErrorKind::BrokenPipe,
                 "the peer closed the channel",
             )),
+        }
+    }
+}
+
+/// How long [`TcpOob::connect`] waits between attempts while the server is
+/// not listening yet, and [`TcpOob::listen`] between looks for a
+/// connection.
+const TCP_RETRY: Duration = Duration::from_millis(50);
+
+/// A TCP connection to the peer on another machine: the server side
+/// listens and takes the first connection, the client side connects.
+///
+/// TCP delivers what the peer sent, in order and only once, so the
+/// repeats of [`sync`](crate::exchange::sync) are merely redundant; the
+/// peer closing the connection is an error of [`Oob::recv`] (a serial
+/// line cannot tell, a socket can).
+#[derive(Debug)]
+pub struct TcpOob {
+    stream: TcpStream,
+    lines: Lines,
+}
+
+impl TcpOob {
+    /// Listens on `addr` and accepts one connection, waiting at most
+    /// `timeout` for it. The listening socket is closed once the peer is
+    /// connected (nobody else may join).
+    pub fn listen(addr: impl ToSocketAddrs, timeout: Duration) -> io::Result<TcpOob> {
+        let listener = TcpListener::bind(addr)?;
+        Self::from_stream(accept_one(&listener, timeout)?)
+    }
+
+    /// Connects to the server at `addr`, retrying for at most `timeout`
+    /// while it is not listening yet (the two sides start in any order).
+    pub fn connect(addr: impl ToSocketAddrs, timeout: Duration) -> io::Result<TcpOob> {
+        Self::from_stream(connect_retry(addr, timeout)?)
+    }
+
+    /// Wraps a connected stream.
+    pub fn from_stream(stream: TcpStream) -> io::Result<TcpOob> {
+        // An accepted socket must block (with the timeouts `recv` sets),
+        // whatever the listener was.
+        stream.set_nonblocking(false)?;
+        // Messages are single short lines, each awaited by the peer.
+        stream.set_nodelay(true)?;
+        // A peer that stops reading fails a send instead of blocking it
+        // forever (as the serial port's send gives up).
+        stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+        Ok(TcpOob {
+            stream,
+            lines: Lines::default(),
+        })
+    }
+
+    /// The address of the peer.
+    pub fn peer_addr(&self) -> io::Result<std::net::SocketAddr> {
+        self.stream.peer_addr()
+    }
+}
+
+/// Accepts one connection on `listener`, waiting at most `timeout` for it
+/// (a peer that never comes is a timeout, not a hang). The stream returned
+/// blocks.
+pub fn accept_one(listener: &TcpListener, timeout: Duration) -> io::Result<TcpStream> {
+    listener.set_nonblocking(true)?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                stream.set_nonblocking(false)?;
+                return Ok(stream);
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) =>
+            {
+                if Instant::now() >= deadline {
+                    let at = listener
+                        .local_addr()
+                        .map_or_else(|_| "?".to_string(), |a| a.to_string());
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("no peer connected to {at} within {timeout:?}"),
+                    ));
+                }
+                std::thread::sleep(TCP_RETRY);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Connects a TCP stream to `addr`, retrying for at most `timeout` while
+/// nobody listens there yet (connection refused, host unreachable while an
+/// interface comes up). Every address `addr` resolves to is tried in turn.
+pub fn connect_retry(addr: impl ToSocketAddrs, timeout: Duration) -> io::Result<TcpStream> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let mut last = io::Error::new(io::ErrorKind::NotFound, "the address resolved to nothing");
+        match addr.to_socket_addrs() {
+            Ok(addrs) => {
+                for a in addrs {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    match TcpStream::connect_timeout(&a, left.max(TCP_RETRY)) {
+                        Ok(s) => return Ok(s),
+                        Err(e) => last = io::Error::new(e.kind(), format!("{a}: {e}")),
+                    }
+                }
+            }
+            // Name resolution may fail while the network comes up.
+            Err(e) => last = e,
+        }
+        if Instant::now() >= deadline {
+            return Err(io::Error::new(
+                last.kind(),
+                format!("could not connect within {timeout:?}: {last}"),
+            ));
+        }
+        std::thread::sleep(TCP_RETRY);
+    }
+}
+
+impl Oob for TcpOob {
+    fn send(&mut self, msg: &str) -> io::Result<()> {
+        self.stream.write_all(format!("{PREFIX}{msg}\n").as_bytes())
+    }
+
+    fn recv(&mut self, timeout: Duration) -> io::Result<Option<String>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(l) = self.lines.pop() {
+                return Ok(Some(l));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            // A zero read timeout would mean "block forever".
+            self.stream
+                .set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
+            let mut chunk = [0u8; 512];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the peer closed the connection",
+                    ))
+                }
+                Ok(n) => self.lines.push(&chunk[..n]),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock
+                            | io::ErrorKind::TimedOut
+                            | io::ErrorKind::Interrupted
+                    ) => {}
+                Err(e) => return Err(e),
+            }
         }
     }
 }
@@ -223,5 +395,46 @@ mod tests {
         );
         drop(b);
         assert!(a.recv(Duration::from_millis(10)).is_err());
+    }
+    #[test]
+    fn tcp_pair_delivers_both_ways_and_reports_a_closed_peer() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        // The client starts first: it must retry until the server listens.
+        let client = std::thread::spawn(move || {
+            let mut c = TcpOob::connect(addr, Duration::from_secs(10)).unwrap();
+            c.send("from client").unwrap();
+            let got = c.recv(Duration::from_secs(5)).unwrap();
+            (c, got)
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let mut s = TcpOob::listen(addr, Duration::from_secs(10)).unwrap();
+        assert_eq!(
+            s.recv(Duration::from_secs(5)).unwrap().as_deref(),
+            Some("from client")
+        );
+        // Noise and a message split over two writes.
+        s.stream.write_all(b"noise\nVRDMA from ").unwrap();
+        s.stream.write_all(b"server\n").unwrap();
+        let (c, got) = client.join().unwrap();
+        assert_eq!(got.as_deref(), Some("from server"));
+        assert_eq!(s.recv(Duration::from_millis(50)).unwrap(), None);
+        drop(c);
+        let e = s.recv(Duration::from_secs(5)).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    #[test]
+    fn tcp_listen_and_connect_time_out() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        let t = Instant::now();
+        let e = TcpOob::connect(addr, Duration::from_millis(300)).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused, "{e}");
+        assert!(t.elapsed() >= Duration::from_millis(300));
+        let e = TcpOob::listen(addr, Duration::from_millis(200)).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
     }
 }

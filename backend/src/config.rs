@@ -533,6 +533,12 @@ pub struct TenantConfig {
     /// The engine thread that serves the tenant's VMs; `None`: tenants
     /// are spread over the threads in turn ([`DaemonConfig::vm_engines`]).
     pub engine: Option<usize>,
+    /// GIDs of remote hosts (other daemons' VMs, native RDMA peers) the
+    /// tenant's VMs may name with the `verbs` transport; a VM may always
+    /// name its own host's GID (then the QP number decides, as on one
+    /// daemon). On a fabric, keeping other traffic away from these
+    /// addresses is the network's part (docs/operations.md).
+    pub remote_gids: Vec<[u8; 16]>,
 }
 
 /// One VM: the socket its VMM connects to and what its device offers.
@@ -556,6 +562,29 @@ pub struct VmConfig {
     pub qos_class: Option<String>,
 }
 
+/// The host RDMA device the `verbs` transport uses (`[daemon] rnic_device`,
+/// `rnic_port`, `gid_index`; `--rnic-device`, `--rnic-port`, `--gid-index`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerbsConfig {
+    /// The device (`rxe0`, `mlx5_0`); `None`: the first one.
+    pub device: Option<String>,
+    /// The port (from 1).
+    pub port: u8,
+    /// The index of the GID everything is sent from (for RoCEv2 over IPv4
+    /// on rxe: 1, the interface's address).
+    pub gid_index: u32,
+}
+
+impl Default for VerbsConfig {
+    fn default() -> Self {
+        VerbsConfig {
+            device: None,
+            port: 1,
+            gid_index: 0,
+        }
+    }
+}
+
 /// Everything the daemon needs to run.
 #[derive(Debug, Clone)]
 pub struct DaemonConfig {
@@ -565,6 +594,8 @@ pub struct DaemonConfig {
     pub tenants: Vec<TenantConfig>,
     /// The RNIC behind the devices (the transport).
     pub rnic: crate::transport::TransportKind,
+    /// The host RDMA device of the `verbs` transport.
+    pub verbs: VerbsConfig,
     /// Device feature bits offered to drivers.
     pub device_features: u64,
     /// How long a control-queue worker keeps polling for more requests
@@ -596,6 +627,7 @@ impl DaemonConfig {
             vms: Vec::new(),
             tenants: Vec::new(),
             rnic: crate::transport::TransportKind::Soft,
+            verbs: VerbsConfig::default(),
             device_features: ALL_DEVICE_FEATURES,
             ctrl_poll: DEFAULT_CTRL_POLL,
             qos_classes: Vec::new(),
@@ -619,6 +651,7 @@ impl DaemonConfig {
                 name: DEFAULT_TENANT.into(),
                 qos_class: None,
                 engine: None,
+                remote_gids: Vec::new(),
             });
         }
         self.vms.push(VmConfig {
@@ -879,6 +912,7 @@ mod tests {
                 name: name.into(),
                 qos_class: None,
                 engine,
+                remote_gids: Vec::new(),
             });
         }
         let placed: Vec<usize> = (0..5).map(|t| c.tenant_engine(t)).collect();
@@ -1036,6 +1070,7 @@ mod tests {
             name: "red".into(),
             qos_class: None,
             engine: None,
+            remote_gids: Vec::new(),
         });
         c.vms[1].tenant = "red".into();
         assert_eq!(c.validate(), Ok(()));

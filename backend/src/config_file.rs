@@ -130,6 +130,16 @@ pub enum FileError {
         /// The text.
         text: String,
     },
+    /// A tenant's remote GID is not IPv6 (or IPv4) address text.
+    #[error("{at}: tenant {tenant:?}: remote GID {text:?} is not an IPv6 or IPv4 address")]
+    BadRemoteGid {
+        /// The entry.
+        at: Loc,
+        /// The tenant.
+        tenant: String,
+        /// The text.
+        text: String,
+    },
     /// Two VMs would have the same GID.
     #[error("{at}: VM {vm:?}: GID {gid} is already the GID of VM {other:?}")]
     DuplicateGid {
@@ -302,6 +312,9 @@ crate::config::limit_fields!(limits_table);
 #[serde(deny_unknown_fields)]
 struct DaemonTable {
     rnic: Option<crate::transport::TransportKind>,
+    rnic_device: Option<String>,
+    rnic_port: Option<u8>,
+    gid_index: Option<u32>,
     ctrl_poll_us: Option<Spanned<u64>>,
     shmem_doorbell: Option<bool>,
     ud: Option<bool>,
@@ -337,6 +350,8 @@ struct TenantTable {
     name: Spanned<String>,
     qos_class: Option<Spanned<String>>,
     engine: Option<Spanned<usize>>,
+    #[serde(default)]
+    remote_gids: Vec<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -432,6 +447,15 @@ pub fn parse(text: &str, file: &str, cli: &LimitOverrides) -> Result<LoadedConfi
     }
     if let Some(kind) = tables.daemon.rnic {
         config.rnic = kind;
+    }
+    if let Some(d) = &tables.daemon.rnic_device {
+        config.verbs.device = Some(d.clone());
+    }
+    if let Some(p) = tables.daemon.rnic_port {
+        config.verbs.port = p;
+    }
+    if let Some(g) = tables.daemon.gid_index {
+        config.verbs.gid_index = g;
     }
     if let Some(n) = &tables.daemon.engine_threads {
         let value = *n.get_ref();
@@ -579,6 +603,17 @@ pub fn parse(text: &str, file: &str, cli: &LimitOverrides) -> Result<LoadedConfi
             name: name.clone(),
             qos_class: class_of(&tt.qos_class, format!("tenant {name:?}"))?,
             engine: tt.engine.as_ref().map(|e| *e.get_ref()),
+            remote_gids: tt
+                .remote_gids
+                .iter()
+                .map(|g| {
+                    parse_gid(g.get_ref()).ok_or_else(|| FileError::BadRemoteGid {
+                        at: at(g.span()),
+                        tenant: name.clone(),
+                        text: g.get_ref().clone(),
+                    })
+                })
+                .collect::<Result<_, _>>()?,
         });
     }
 
@@ -710,7 +745,7 @@ fn valid_name(name: &str) -> bool {
 }
 
 /// A GID from IPv6 text; IPv4 text gives the IPv4-mapped GID.
-fn parse_gid(text: &str) -> Option<[u8; 16]> {
+pub fn parse_gid(text: &str) -> Option<[u8; 16]> {
     match text.trim().parse::<IpAddr>().ok()? {
         IpAddr::V6(a) => Some(a.octets()),
         IpAddr::V4(a) => Some(a.to_ipv6_mapped().octets()),

@@ -31,11 +31,13 @@
 //! Data path
 //! - [`engine`]: the device model's data path (engine threads, doorbell
 //!   polling, the requester, the completer, flush), the seam where a
-//!   transport's data path plugs in, and the software RNIC
-//!   (`engine/soft`); its `mod.rs` lists its files;
+//!   transport's data path plugs in, and the transports' data paths: the
+//!   software RNIC (`engine/soft`) and the libibverbs one (`engine/verbs`);
+//!   its `mod.rs` lists its files;
 //! - [`transport`]: the host half of the objects (the [`transport::Transport`]
 //!   trait: QPs, CQs, SRQs, AHs, MRs, QP numbers and keys, caps), and
-//!   (`transport/verbs`) host RDMA devices through libibverbs.
+//!   (`transport/verbs`) the libibverbs transport's: host devices, host
+//!   objects, regions over windows of guest pages, host events.
 //!
 //! Policy
 //! - [`tenancy`]: tenants, VMs' GIDs and the isolation counters;

@@ -155,6 +155,7 @@ mod tests {
             name: "red".into(),
             qos_class: None,
             engine: None,
+            remote_gids: Vec::new(),
         });
         c.vms[1].tenant = "red".into();
         c.vms[1].name = "web".into();

@@ -60,10 +60,25 @@ struct Args {
     #[arg(long)]
     no_shmem_doorbell: bool,
     /// The RNIC behind the devices: `soft`, the built-in software RNIC
-    /// (RDMA between the VMs of this daemon); replaces the file's
+    /// (RDMA between the VMs of this daemon), or `verbs`, a host RDMA
+    /// device through libibverbs (RDMA across hosts); replaces the file's
     /// [daemon] rnic.
     #[arg(long, value_name = "KIND")]
     rnic: Option<vhost_user_rdma::transport::TransportKind>,
+    /// `verbs`: the host RDMA device (default: the first one).
+    #[arg(long, value_name = "NAME")]
+    rnic_device: Option<String>,
+    /// `verbs`: the device's port.
+    #[arg(long, value_name = "PORT")]
+    rnic_port: Option<u8>,
+    /// `verbs`: a remote host's GID the VMs may name (repeat for more;
+    /// added to every tenant's `remote_gids`).
+    #[arg(long = "remote-gid", value_name = "GID", value_parser = parse_remote_gid)]
+    remote_gids: Vec<[u8; 16]>,
+    /// `verbs`: the index of the port's GID everything is sent from (on
+    /// Linux soft-RoCE over IPv4: 1, the interface's address).
+    #[arg(long, value_name = "INDEX")]
+    gid_index: Option<u32>,
     /// Do not offer UD queue pairs (F_UD): drivers see RC only.
     #[arg(long)]
     no_ud: bool,
@@ -107,6 +122,10 @@ struct VmMac {
 }
 
 /// Parses `VM=MAC` (the address checked as in the configuration file).
+fn parse_remote_gid(text: &str) -> Result<[u8; 16], String> {
+    config_file::parse_gid(text).ok_or_else(|| format!("{text:?} is not an IPv6 or IPv4 address"))
+}
+
 fn parse_vm_mac(text: &str) -> Result<VmMac, String> {
     let (vm, mac) = text
         .split_once('=')
@@ -245,6 +264,15 @@ fn daemon_config(a: Args) -> Result<(DaemonConfig, Option<LogFormat>), ArgsError
     if let Some(kind) = a.rnic {
         config.rnic = kind;
     }
+    if let Some(d) = &a.rnic_device {
+        config.verbs.device = Some(d.clone());
+    }
+    if let Some(p) = a.rnic_port {
+        config.verbs.port = p;
+    }
+    if let Some(g) = a.gid_index {
+        config.verbs.gid_index = g;
+    }
     if let Some(us) = a.ctrl_poll_us {
         config.ctrl_poll = std::time::Duration::from_micros(us);
     }
@@ -259,6 +287,13 @@ fn daemon_config(a: Args) -> Result<(DaemonConfig, Option<LogFormat>), ArgsError
     }
     if a.metrics_listen.is_some() {
         config.metrics_listen = a.metrics_listen;
+    }
+    for t in &mut config.tenants {
+        for g in &a.remote_gids {
+            if !t.remote_gids.contains(g) {
+                t.remote_gids.push(*g);
+            }
+        }
     }
     config.validate()?;
     Ok((config, log_format))

@@ -38,6 +38,9 @@ pub enum ServerError {
     /// The transport (the RNIC behind the devices) could not start.
     #[error("cannot start the transport: {0}")]
     Transport(#[from] TransportError),
+    /// The host RDMA device of the `verbs` transport cannot be used.
+    #[error("--rnic verbs: {0}")]
+    Verbs(#[from] crate::transport::verbs::device::VerbsError),
     /// A socket could not be created.
     #[error("cannot listen on {path}: {source}")]
     Listen {
@@ -96,6 +99,26 @@ impl Daemon {
     pub fn start(config: DaemonConfig) -> Result<Daemon, ServerError> {
         let transport: Arc<dyn Transport> = match config.rnic {
             TransportKind::Soft => Arc::new(SoftRnic::new()),
+            TransportKind::Verbs => {
+                use crate::transport::verbs::{device::VerbsDevice, events, VerbsRnic};
+                let v = &config.verbs;
+                let dev = VerbsDevice::open(v.device.as_deref(), v.port, v.gid_index)?;
+                if !dev.port_active() {
+                    warn!("{} port {}: not active (yet)", dev.name(), dev.port());
+                }
+                let budget =
+                    crate::memory::window::MapBudget::from_system().map_err(ServerError::Spawn)?;
+                let rnic = Arc::new(VerbsRnic::new(dev, config.vms.len(), budget)?);
+                events::start(&rnic).map_err(ServerError::Spawn)?;
+                let (gid, index) = rnic.device().gid();
+                info!(
+                    "transport: libibverbs on {} port {}, GID {} (index {index})",
+                    rnic.device().name(),
+                    rnic.device().port(),
+                    crate::config::gid_text(gid)
+                );
+                rnic
+            }
         };
         Self::start_with_transport(config, transport)
     }
@@ -145,13 +168,16 @@ impl Daemon {
                 path: path.clone(),
                 source,
             })?;
+            let gid = transport
+                .port_gid(index)
+                .unwrap_or_else(|| config.gid(index));
             let device = RdmaDevice::new(
                 vm.limits,
                 config.device_features,
                 config.ctrl_poll,
                 transport.clone(),
                 engines.for_vm(index).clone(),
-                port_identity(index, config.gid(index), &mut keys)?,
+                port_identity(index, gid, &mut keys)?,
                 &shared,
             )
             .map_err(ServerError::Spawn)?;
@@ -176,7 +202,7 @@ impl Daemon {
                 "serving VM {index} ({}, tenant {}, GID {}, paired MAC {}, engine thread {}) on {}",
                 vm.name,
                 vm.tenant,
-                crate::config::gid_text(config.gid(index)),
+                crate::config::gid_text(gid),
                 vm.mac.map_or_else(|| "none".into(), crate::config::mac_text),
                 engines.for_vm(index).index(),
                 path.display()

@@ -75,6 +75,8 @@ pub struct TenantEntry {
     pub name: String,
     /// Its QoS class, if any.
     pub qos_class: Option<String>,
+    /// Remote GIDs its VMs may name (`verbs` transport).
+    pub remote_gids: Vec<[u8; 16]>,
 }
 
 /// The tenancy table of the daemon.
@@ -94,6 +96,7 @@ impl Tenancy {
             .map(|t| TenantEntry {
                 name: t.name.clone(),
                 qos_class: t.qos_class.clone(),
+                remote_gids: t.remote_gids.clone(),
             })
             .collect();
         let mut t = Tenancy {
@@ -156,6 +159,14 @@ impl Tenancy {
             )
     }
 
+    /// Whether VM `vm` may name `gid` of a remote host (its tenant lists
+    /// it).
+    pub fn may_reach_remote(&self, vm: usize, gid: &[u8; 16]) -> bool {
+        self.tenant_of(vm)
+            .and_then(|t| self.tenants.get(t))
+            .is_some_and(|t| t.remote_gids.contains(gid))
+    }
+
     /// The counters of VM `vm`; a VM outside the table counts nowhere.
     pub fn counters(&self, vm: usize) -> Option<&IsolationCounters> {
         self.vms.get(vm).map(|v| &v.counters)
@@ -199,6 +210,7 @@ mod tests {
             name: "red".into(),
             qos_class: None,
             engine: None,
+            remote_gids: Vec::new(),
         });
         c.vms[2].tenant = "red".into();
         let t = Tenancy::from_config(&c);

@@ -134,3 +134,66 @@ fn engine_settings_from_the_command_line_are_checked() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--rnic verbs` on a host without RDMA (this machine, CI's) does not
+/// start, and says why and what to do instead.
+#[test]
+fn verbs_without_rdma_says_why() {
+    let has_rdma = std::fs::read_dir("/sys/class/infiniband")
+        .map(|mut d| d.next().is_some())
+        .unwrap_or(false);
+    if has_rdma {
+        eprintln!("this host has RDMA devices: nothing to check");
+        return;
+    }
+    let dir = temp_dir("verbs");
+    let out = Command::new(BIN)
+        .args([
+            "--rnic",
+            "verbs",
+            "--rnic-device",
+            "rxe0",
+            "--gid-index",
+            "1",
+        ])
+        .arg("--socket-path")
+        .arg(dir.join("vm.sock"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--rnic verbs: this host has no RDMA"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--rnic soft"), "{stderr}");
+    assert!(
+        !dir.join("vm.sock").exists(),
+        "no socket without a transport"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A tenant's remote GID that is not an address is refused with its line.
+#[test]
+fn bad_remote_gid_is_refused_with_the_line() {
+    let dir = temp_dir("rgid");
+    let path = dir.join("rgid.toml");
+    std::fs::write(
+        &path,
+        "[[tenant]]\nname = \"blue\"\nremote_gids = [\"10.43.0.2\", \"nope\"]\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN).arg("-c").arg(&path).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("tenant \"blue\": remote GID \"nope\" is not an IPv6 or IPv4 address"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("{}:3:", path.display())),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -17,6 +17,37 @@ use vhost_user_rdma::{DaemonConfig, Limits, VmStats};
 use crate::error::{Error, Result};
 use crate::vmm::{TestVmm, VmmOptions};
 
+/// The environment variable that runs the tests' daemons on a host RDMA
+/// device instead of the software RNIC: `verbs:DEVICE:GID_INDEX`
+/// (`scripts/qemu-rxe.sh` runs the data-path tests so, on Linux
+/// soft-RoCE in a guest).
+pub const RNIC_ENV: &str = "VUR_TEST_RNIC";
+
+/// Whether the tests' daemons run on a host RDMA device ([`RNIC_ENV`]):
+/// where the spec lets behaviour depend on the transport (appendix D), a
+/// test checks the software RNIC's only there.
+pub fn on_host_rnic() -> bool {
+    std::env::var_os(RNIC_ENV).is_some()
+}
+
+/// Applies [`RNIC_ENV`] to `config`.
+fn rnic_from_env(config: &mut DaemonConfig) -> Result<()> {
+    let Ok(spec) = std::env::var(RNIC_ENV) else {
+        return Ok(());
+    };
+    let bad = || Error::Backend(format!("{RNIC_ENV}={spec:?}: want verbs:DEVICE:GID_INDEX"));
+    let mut parts = spec.split(':');
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some("verbs"), Some(device), Some(index), None) => {
+            config.rnic = vhost_user_rdma::transport::TransportKind::Verbs;
+            config.verbs.device = Some(device.to_string());
+            config.verbs.gid_index = index.parse().map_err(|_| bad())?;
+            Ok(())
+        }
+        _ => Err(bad()),
+    }
+}
+
 /// A running daemon with its sockets.
 pub struct TestDaemon {
     daemon: Option<Daemon>,
@@ -77,7 +108,10 @@ impl TestDaemon {
             what: "create socket directory",
             source,
         })?;
-        let started = make(&dir).and_then(|config| {
+        let started = make(&dir).and_then(|mut config| {
+            if transport.is_none() {
+                rnic_from_env(&mut config)?;
+            }
             let sockets: Vec<PathBuf> = config.vms.iter().map(|v| v.socket.clone()).collect();
             let daemon = match transport {
                 Some(t) => Daemon::start_with_transport(config, t),
@@ -249,6 +283,7 @@ pub fn add_tenant<'c>(
         name: name.into(),
         qos_class: None,
         engine: None,
+        remote_gids: Vec::new(),
     });
     let last = config.tenants.len() - 1;
     &mut config.tenants[last]

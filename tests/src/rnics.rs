@@ -8,7 +8,8 @@ use std::sync::{Mutex, MutexGuard};
 
 use vhost_user_rdma::engine::SoftRnic;
 use vhost_user_rdma::transport::{
-    Caps, MrKeys, MrSpec, Owner, QpChange, QpSpec, Transport, TransportError, TransportKind,
+    Caps, MrKeys, MrSpec, Owner, QpChange, QpSpec, SrqSpec, Transport, TransportError,
+    TransportKind,
 };
 use virtio_rdma_abi::qp::AddressVector;
 
@@ -101,14 +102,17 @@ impl Transport for RecyclingQpns {
     fn destroy_cq(&self, owner: Owner) {
         self.soft.destroy_cq(owner)
     }
-    fn create_srq(&self, owner: Owner, depth: u32) -> Result<(), TransportError> {
-        self.soft.create_srq(owner, depth)
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+    fn create_srq(&self, owner: Owner, spec: &SrqSpec) -> Result<(), TransportError> {
+        self.soft.create_srq(owner, spec)
     }
     fn destroy_srq(&self, owner: Owner) {
         self.soft.destroy_srq(owner)
     }
-    fn create_ah(&self, owner: Owner, av: &AddressVector) -> Result<(), TransportError> {
-        self.soft.create_ah(owner, av)
+    fn create_ah(&self, owner: Owner, pd: u32, av: &AddressVector) -> Result<(), TransportError> {
+        self.soft.create_ah(owner, pd, av)
     }
     fn destroy_ah(&self, owner: Owner) {
         self.soft.destroy_ah(owner)
@@ -210,15 +214,18 @@ impl Transport for CountingRnic {
         self.soft.destroy_cq(owner);
         self.count(|h| h.cqs -= 1);
     }
-    fn create_srq(&self, owner: Owner, depth: u32) -> Result<(), TransportError> {
-        self.made(self.soft.create_srq(owner, depth), |h| h.srqs += 1)
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+    fn create_srq(&self, owner: Owner, spec: &SrqSpec) -> Result<(), TransportError> {
+        self.made(self.soft.create_srq(owner, spec), |h| h.srqs += 1)
     }
     fn destroy_srq(&self, owner: Owner) {
         self.soft.destroy_srq(owner);
         self.count(|h| h.srqs -= 1);
     }
-    fn create_ah(&self, owner: Owner, av: &AddressVector) -> Result<(), TransportError> {
-        self.made(self.soft.create_ah(owner, av), |h| h.ahs += 1)
+    fn create_ah(&self, owner: Owner, pd: u32, av: &AddressVector) -> Result<(), TransportError> {
+        self.made(self.soft.create_ah(owner, pd, av), |h| h.ahs += 1)
     }
     fn destroy_ah(&self, owner: Owner) {
         self.soft.destroy_ah(owner);

@@ -447,7 +447,13 @@ impl<'a> Verbs<'a> {
 
     /// Moves an RC QP RESET -> INIT -> RTR -> RTS towards `dest_qpn` at `dgid`.
     pub fn connect_rc(&mut self, qp: u32, dest_qpn: u32, dgid: [u8; 16]) -> Result<()> {
-        for (mask, a) in rc_transitions(dest_qpn, dgid) {
+        // The path MTU is at most what the link carries now (a host RNIC's
+        // port reports its netdev's).
+        let active = self.query_port(1)?.active_mtu;
+        for (mask, mut a) in rc_transitions(dest_qpn, dgid) {
+            if mask & attr::PATH_MTU != 0 {
+                a.path_mtu = a.path_mtu.min(active);
+            }
             self.modify_qp(qp, mask, &a)?;
         }
         Ok(())

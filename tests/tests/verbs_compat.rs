@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use vhost_user_rdma::engine::SoftRnic;
 use vhost_user_rdma::transport::{
-    Caps, MrKeys, MrSpec, Owner, QpChange, QpSpec, Transport, TransportError, TransportKind,
+    Caps, MrKeys, MrSpec, Owner, QpChange, QpSpec, SrqSpec, Transport, TransportError,
+    TransportKind,
 };
 use vhost_user_rdma::Limits;
 use vhost_user_rdma_tests::dp::*;
@@ -197,14 +198,17 @@ impl Transport for OtherLink {
     fn destroy_cq(&self, owner: Owner) {
         self.0.destroy_cq(owner)
     }
-    fn create_srq(&self, owner: Owner, depth: u32) -> Result<(), TransportError> {
-        self.0.create_srq(owner, depth)
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+    fn create_srq(&self, owner: Owner, spec: &SrqSpec) -> Result<(), TransportError> {
+        self.0.create_srq(owner, spec)
     }
     fn destroy_srq(&self, owner: Owner) {
         self.0.destroy_srq(owner)
     }
-    fn create_ah(&self, owner: Owner, av: &AddressVector) -> Result<(), TransportError> {
-        self.0.create_ah(owner, av)
+    fn create_ah(&self, owner: Owner, pd: u32, av: &AddressVector) -> Result<(), TransportError> {
+        self.0.create_ah(owner, pd, av)
     }
     fn destroy_ah(&self, owner: Owner) {
         self.0.destroy_ah(owner)

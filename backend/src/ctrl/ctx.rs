@@ -125,7 +125,7 @@ impl VmState {
         self.note_sgid(&req.av);
         check_av::<CreateAhReq>(&req.av, "av")?;
         // The tenant policy, after every other check (spec 12.16).
-        self.allowed_gid(&req.av.dgid)?;
+        self.allowed_ah_gid(&req.av.dgid)?;
         let ah_handle = self.res.insert_ah(
             Ah {
                 pd: req.pd_handle,

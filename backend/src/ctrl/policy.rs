@@ -16,7 +16,7 @@ use virtio_rdma_abi::qp::AddressVector;
 
 use super::{CmdError, GID_TABLE_LEN};
 use crate::tenancy::IsolationCounters;
-use crate::transport::Owner;
+use crate::transport::{Owner, TransportKind};
 use crate::vm::VmState;
 
 impl VmState {
@@ -39,6 +39,20 @@ impl VmState {
         CmdError::new(Status::DENIED, DETAIL_NONE)
     }
 
+    /// Whether this VM may name `dgid` in an address handle, else `DENIED`.
+    /// With a host RNIC (whose VMs all have the host's GID) that is the
+    /// host's own GID, where the QP number decides on the data path, or a
+    /// remote GID the VM's tenant lists.
+    pub(super) fn allowed_ah_gid(&self, dgid: &[u8; 16]) -> Result<(), CmdError> {
+        if self.transport.kind() == TransportKind::Verbs {
+            if *dgid == self.port.gid || self.tenancy.may_reach_remote(self.port.vm, dgid) {
+                return Ok(());
+            }
+            return Err(self.denied());
+        }
+        self.allowed_gid(dgid).map(|_| ())
+    }
+
     /// The VM with GID `dgid` if this VM may reach it, else `DENIED`.
     pub(super) fn allowed_gid(&self, dgid: &[u8; 16]) -> Result<usize, CmdError> {
         let me = self.port.vm;
@@ -51,7 +65,21 @@ impl VmState {
     /// Checks an RC destination: GID `dgid` must be reachable, and QPN
     /// `dest_qpn`, if a reachable VM owns it, must belong to the VM with that
     /// GID. One hash lookup in the RNIC's QPN table (a shared read lock).
+    ///
+    /// With a host RNIC: a destination on this host (its GID) must be a
+    /// live QP of a VM this VM may reach (the host NIC would deliver to any
+    /// QP, of any tenant); a remote one, a GID the tenant lists.
     pub(super) fn allowed_route(&self, dgid: &[u8; 16], dest_qpn: u32) -> Result<(), CmdError> {
+        if self.transport.kind() == TransportKind::Verbs {
+            let ok = if *dgid == self.port.gid {
+                self.transport
+                    .lookup_qpn(dest_qpn)
+                    .is_some_and(|o| self.tenancy.may_reach(self.port.vm, o.vm))
+            } else {
+                self.tenancy.may_reach_remote(self.port.vm, dgid)
+            };
+            return if ok { Ok(()) } else { Err(self.denied()) };
+        }
         let peer = self.allowed_gid(dgid)?;
         if let Some(Owner { vm: owner, .. }) = self.transport.lookup_qpn(dest_qpn) {
             if owner != peer && self.tenancy.may_reach(self.port.vm, owner) {

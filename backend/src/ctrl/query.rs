@@ -52,11 +52,17 @@ impl VmState {
             return Err(field::<QueryPortReq>(Status::RANGE, "port"));
         }
         let caps = self.transport.caps();
-        // The port is always up (appendix A); speed and width follow the
-        // link rate (spec 12.2).
+        // The software RNIC's port is always up, a host RNIC's follows the
+        // host port (appendix A); speed and width follow the link rate
+        // (spec 12.2).
         let (active_speed, active_width) = port_speed_width(caps.link_rate_mbps);
+        let up = self.transport.port_active();
         Ok(PortAttr {
-            state: PORT_STATE_ACTIVE,
+            state: if up {
+                PORT_STATE_ACTIVE
+            } else {
+                PORT_STATE_DOWN
+            },
             max_mtu: caps.max_mtu,
             active_mtu: caps.max_mtu,
             gid_tbl_len: GID_TABLE_LEN,
@@ -64,7 +70,11 @@ impl VmState {
             max_msg_size: caps.max_msg_size,
             link_rate_mbps: caps.link_rate_mbps,
             max_ud_payload: caps.max_ud_payload(),
-            phys_state: PHYS_STATE_LINK_UP,
+            phys_state: if up {
+                PHYS_STATE_LINK_UP
+            } else {
+                PHYS_STATE_DISABLED
+            },
             active_speed,
             active_width,
         }

@@ -106,7 +106,7 @@ pub fn complete(state: &mut VmState, mem: &HostMem, cq_handle: u32, mut cqe: Cqe
 /// CQEs, `CQ_ERROR` is queued for it, and every QP that completes into it
 /// and is not in ERR yet moves to ERR with `QP_FATAL`. Returns false (the
 /// CQE was not written).
-fn cq_error(state: &mut VmState, cq_handle: u32) -> bool {
+pub(crate) fn cq_error(state: &mut VmState, cq_handle: u32) -> bool {
     if let Some(cq) = state.res.cqs.get_mut(cq_handle) {
         cq.rt.overflowed = true;
     }

@@ -81,7 +81,8 @@ pub(super) fn flush<P: TransportPath>(
         let Some(qp) = state.res.qps.get(h) else {
             return did;
         };
-        if qp.srq != 0 {
+        // Receives the transport took complete first (it flushes them).
+        if qp.srq != 0 || qp.rt.recv_outstanding > 0 {
             break;
         }
         let Some(rq_pi) = load_pi(mem, qp.db_gpa, qp.db_slot.as_ref(), doorbell::RQ) else {

@@ -1,5 +1,6 @@
 //! The data-path engine: the device model every transport shares, and the
-//! built-in software RNIC (`soft`), one transport behind its seam.
+//! data paths of the transports behind its seam: the built-in software
+//! RNIC (`soft`) and a host RNIC through libibverbs (`verbs`).
 //!
 //! - [`Engine`] (here): one engine thread, as the daemon holds it;
 //!   [`placement`] starts the threads and places tenants' VMs on them;
@@ -18,7 +19,10 @@
 //!   [`crate::transport::Transport`];
 //! - `soft`: the software RNIC, both halves: [`SoftRnic`] (QP numbers and
 //!   keys) and its data path (routing, the responder, retry emulation,
-//!   large messages in pieces).
+//!   large messages in pieces);
+//! - `verbs`: the libibverbs transport's data path: WQEs posted to host
+//!   queues, host completions and events applied to the VM (its object half
+//!   is [`crate::transport::verbs`]).
 
 pub mod barrier;
 pub mod completer;
@@ -34,6 +38,7 @@ mod sweep;
 mod testing;
 mod thread;
 pub(crate) mod transport;
+mod verbs;
 pub mod wqe;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -136,6 +141,13 @@ impl Engine {
                 // The data path of the transport the objects were made by.
                 match e.transport.kind() {
                     TransportKind::Soft => e.run(&soft::path::SoftPath),
+                    TransportKind::Verbs => {
+                        let any = e.transport.as_any();
+                        match any.downcast_ref::<crate::transport::verbs::VerbsRnic>() {
+                            Some(rnic) => e.run(&verbs::VerbsPath::new(rnic)),
+                            None => log::error!("a verbs transport that is not a VerbsRnic"),
+                        }
+                    }
                 }
             })?;
         *engine.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);

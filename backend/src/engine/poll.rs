@@ -40,7 +40,8 @@ pub(super) struct DbEntry {
     seen_sq: u32,
     /// `rq_pi` up to which the engine has acted (when `watch_rq`).
     seen_rq: u32,
-    /// The QP's state makes `rq_pi` matter (RESET and ERR, own RQ).
+    /// The QP's state makes `rq_pi` matter (RESET and ERR, own RQ; and
+    /// INIT to SQD when the transport takes receives as they are posted).
     watch_rq: bool,
     /// A QP in ERR owes the completion of a message it was receiving in
     /// pieces: work, whatever the indices say.
@@ -118,6 +119,9 @@ pub(super) struct DbList {
     /// RAM, slots in the doorbell region).
     pub(super) host: Option<Arc<HostMem>>,
     pub(super) region: Option<Arc<DoorbellRegion>>,
+    /// The transport takes receive WQEs as they are posted
+    /// (`TransportPath::TAKES_RECEIVES`).
+    pub(super) takes_receives: bool,
     /// No rebuild before this (see [`REBUILD_SPACING`]).
     pub(super) rebuild_after: Option<Instant>,
     pub(super) qps: Vec<DbEntry>,
@@ -142,12 +146,13 @@ impl DbList {
         self.next < self.work.len()
     }
 
-    pub(super) fn new(dev: Arc<VmCell>) -> Self {
+    pub(super) fn new(dev: Arc<VmCell>, takes_receives: bool) -> Self {
         DbList {
             dev,
             gen: None,
             host: None,
             region: None,
+            takes_receives,
             rebuild_after: None,
             qps: Vec::new(),
             work: Vec::new(),
@@ -184,6 +189,7 @@ impl DbList {
         self.work.clear();
         self.next = 0;
         let dev = self.dev.clone();
+        let takes_receives = self.takes_receives;
         let built = dev.try_with_dataplane(|state, host| {
             let gen = dev.dp_generation();
             self.qps.clear();
@@ -211,12 +217,12 @@ impl DbList {
                 };
                 // Whatever was posted beyond what the engine has acted on
                 // shows up as work in the next scan.
-                let watch_rq = qp.srq == 0 && matches!(qp.state, QpState::RESET | QpState::ERR);
+                let (watch_rq, seen_rq) = rq_watch(qp, takes_receives);
                 self.qps.push(DbEntry {
                     db,
                     handle,
                     seen_sq: qp.rt.sq_ci,
-                    seen_rq: if watch_rq { qp.rt.rq_ci } else { 0 },
+                    seen_rq,
                     watch_rq,
                     owed: owes_flush(qp),
                     due: None,
@@ -296,7 +302,7 @@ pub(super) fn set_flags(lists: &[DbList], v: u32) -> bool {
 
 /// Updates a polling-list entry after its QP was serviced (under the VM's
 /// lock): the indices up to which the engine has acted.
-pub(super) fn refresh(e: &mut DbEntry, state: &VmState, mem: &HostMem) {
+pub(super) fn refresh(e: &mut DbEntry, state: &VmState, mem: &HostMem, takes_receives: bool) {
     let Some(qp) = state.res.qps.get(e.handle) else {
         // Gone: never look again (the list is rebuilt with the next
         // generation anyway).
@@ -325,15 +331,35 @@ pub(super) fn refresh(e: &mut DbEntry, state: &VmState, mem: &HostMem) {
                 load_pi(mem, qp.db_gpa, qp.db_slot.as_ref(), doorbell::SQ).unwrap_or(qp.rt.sq_ci)
         }
     }
-    e.watch_rq = own_rq && matches!(qp.state, QpState::RESET | QpState::ERR);
-    e.seen_rq = if e.watch_rq { qp.rt.rq_ci } else { 0 };
+    let _ = own_rq;
+    (e.watch_rq, e.seen_rq) = rq_watch(qp, takes_receives);
+}
+
+/// Whether a QP's `rq_pi` is work, and the index up to which the engine
+/// has acted on it: in RESET and ERR (posts are dropped or flushed), and,
+/// for a transport that takes receives as they are posted, in the states
+/// a host QP accepts them (INIT to SQD). Only a QP's own receive queue.
+fn rq_watch(qp: &Qp, takes_receives: bool) -> (bool, u32) {
+    let watch = qp.srq == 0
+        && match qp.state {
+            QpState::RESET | QpState::ERR => true,
+            QpState::INIT | QpState::RTR | QpState::RTS | QpState::SQD => takes_receives,
+            _ => false,
+        };
+    let seen = match qp.state {
+        _ if !watch => 0,
+        QpState::RESET | QpState::ERR => qp.rt.rq_ci,
+        _ => qp.rt.rq_ci.wrapping_add(qp.rt.recv_outstanding),
+    };
+    (watch, seen)
 }
 
 /// Whether QP `qp` is in ERR with work the flush still owes: a message it
 /// was receiving in pieces, whose receive WQE the flush completes, or send
 /// WQEs the transport has taken, behind which the rest waits.
 pub(super) fn owes_flush(qp: &Qp) -> bool {
-    qp.state == QpState::ERR && (qp.rt.inbound.is_some() || qp.rt.outstanding > 0)
+    qp.state == QpState::ERR
+        && (qp.rt.inbound.is_some() || qp.rt.outstanding > 0 || qp.rt.recv_outstanding > 0)
 }
 
 #[cfg(test)]

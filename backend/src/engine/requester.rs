@@ -422,15 +422,20 @@ pub fn complete_send(
 /// its CQE on the send CQ (a transport reports a success only for a
 /// signaled WQE); an error, or a CQ that cannot take the CQE, fails the
 /// QP. Its slot was released when it was taken.
-// No transport of the daemon's yet completes asynchronously (a host NIC's
-// will); `transport`'s unit test drives this path.
-#[cfg_attr(not(test), allow(dead_code))]
 pub fn complete_posted(state: &mut VmState, mem: &HostMem, h: u32, c: Completion) {
     let Some(qp) = state.res.qps.get_mut(h) else {
         return;
     };
     qp.rt.outstanding = qp.rt.outstanding.saturating_sub(1);
     write_send_cqe(state, mem, h, c);
+}
+
+/// An unsignaled send WQE of QP `h` that the transport took earlier
+/// completed successfully: no CQE, it is no longer in flight.
+pub fn posted_done(state: &mut VmState, h: u32) {
+    if let Some(qp) = state.res.qps.get_mut(h) {
+        qp.rt.outstanding = qp.rt.outstanding.saturating_sub(1);
+    }
 }
 
 /// Writes the CQE of `c` for QP `h` on its send CQ; fails the QP on an

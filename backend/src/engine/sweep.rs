@@ -58,7 +58,7 @@ impl Engine {
         let mut now = None;
         for (k, list) in lists.iter_mut().enumerate() {
             list.refresh_if_changed(scratch);
-            if !list.pending() && !list.scan() {
+            if !list.pending() && !list.scan() && !path.wants_poll(list.dev.id()) {
                 drr.idle(k);
                 continue;
             }
@@ -100,8 +100,13 @@ impl Engine {
         let dev = list.dev.clone();
         let vm_id = dev.id();
         let DbList {
-            qps, work, next, ..
+            qps,
+            work,
+            next,
+            takes_receives,
+            ..
         } = list;
+        let takes_receives = *takes_receives;
         path.serving(&mut scratch.transport, turn.vm);
         let done = work_on(&dev, |state, mem| {
             let mut did = false;
@@ -128,7 +133,7 @@ impl Engine {
                 scratch.executed = (0, 0);
                 let busy = self.service_qp(path, &mut cx, e.handle, scratch);
                 did |= busy;
-                refresh(e, cx.state, cx.mem);
+                refresh(e, cx.state, cx.mem, takes_receives);
                 // Work that executed no WQE (a flush, a failed QP) still
                 // costs one work request, so every turn ends.
                 let (wqes, bytes) = scratch.executed;
@@ -213,6 +218,36 @@ impl Engine {
             }
             return false;
         };
+        if P::TAKES_RECEIVES && qp.srq == 0 {
+            if let QpState::INIT | QpState::RTR | QpState::RTS | QpState::SQD = qp.state {
+                let rq_pi = load_pi(mem, qp.db_gpa, qp.db_slot.as_ref(), doorbell::RQ);
+                let taken = qp.rt.rq_ci.wrapping_add(qp.rt.recv_outstanding);
+                if let Some(rq_pi) = rq_pi.filter(|&pi| pi != taken) {
+                    let (max, _) = scratch.limits.grain(vm_id);
+                    let did = path.post_recv(cx, &mut scratch.transport, h, rq_pi, max);
+                    scratch.limits.charge_ops(vm_id, u64::from(did));
+                    // Send work of the same service follows.
+                    return self.service_send(path, cx, h, sq_pi, scratch) || did;
+                }
+            }
+        }
+        self.service_send(path, cx, h, sq_pi, scratch)
+    }
+
+    /// Takes send work of QP `h` (whose `sq_pi` is `sq_pi`), or flushes it
+    /// in the error state.
+    fn service_send<P: TransportPath>(
+        &self,
+        path: &P,
+        cx: &mut Serving<'_>,
+        h: u32,
+        sq_pi: u32,
+        scratch: &mut Scratch<P::Scratch>,
+    ) -> bool {
+        let (vm_id, mem) = (cx.vm, cx.mem);
+        let Some(qp) = cx.state.res.qps.get_mut(h) else {
+            return false;
+        };
         match qp.state {
             QpState::RESET => {
                 // Nothing posted in RESET is ever executed.
@@ -225,6 +260,7 @@ impl Engine {
                 qp.rt.partial = None;
                 // The transport dropped what it had taken with the reset.
                 qp.rt.outstanding = 0;
+                qp.rt.recv_outstanding = 0;
                 if changed {
                     let _ = doorbell::store(mem, qp.db_gpa, QpDoorbell::SQ_CI, qp.rt.sq_ci);
                     let _ = doorbell::store(mem, qp.db_gpa, QpDoorbell::RQ_CI, qp.rt.rq_ci);

@@ -132,6 +132,8 @@ impl Engine {
             None
         };
         let mut polling = Polling::Off;
+        // The transport's descriptors the parked thread also waits on.
+        let mut park_fds = Vec::new();
         while !self.stop.load(Ordering::Acquire) {
             if self.hold.load(Ordering::Acquire) {
                 self.held.store(true, Ordering::Release);
@@ -149,7 +151,7 @@ impl Engine {
                     .flatten()
                     .filter(|d| self.serves(d.id()))
                     .cloned()
-                    .map(DbList::new)
+                    .map(|d| DbList::new(d, P::TAKES_RECEIVES))
                     .collect();
                 seen = generation;
             }
@@ -241,6 +243,9 @@ impl Engine {
             // Park: ask for kicks, then look once more — through the VMs'
             // own tables, not the polling lists — so that a doorbell rung
             // before the flag became visible is not missed.
+            for list in &lists {
+                path.arm(list.dev.id());
+            }
             let armed = self.publish_flags(&lists, DB_FLAG_KICK);
             fence(Ordering::SeqCst);
             scratch.contended = false;
@@ -256,7 +261,11 @@ impl Engine {
                 continue;
             }
             TrafficCounters::add_single_writer(&self.counters.parks, 1);
-            self.park(scratch.next_timer);
+            park_fds.clear();
+            for list in &lists {
+                path.park_fds(list.dev.id(), &mut park_fds);
+            }
+            self.park(scratch.next_timer, &park_fds);
             self.publish_flags(&lists, 0);
             idle_sweeps = 0;
             woke = true;
@@ -264,26 +273,39 @@ impl Engine {
         }
     }
 
-    /// Sleeps until woken, [`MAX_PARK`] passes, or `timer` (the earliest
-    /// retry deadline) arrives.
-    fn park(&self, timer: Option<Instant>) {
+    /// Sleeps until woken (or one of the transport's `fds` is readable),
+    /// [`MAX_PARK`] passes, or `timer` (the earliest retry deadline)
+    /// arrives.
+    fn park(&self, timer: Option<Instant>, fds: &[std::os::fd::RawFd]) {
         let mut sleep = MAX_PARK;
         if let Some(at) = timer {
             sleep = sleep.min(at.saturating_duration_since(Instant::now()));
         }
-        let mut pfd = libc::pollfd {
-            fd: std::os::fd::AsRawFd::as_raw_fd(&self.wake),
+        let pfd = |fd| libc::pollfd {
+            fd,
             events: libc::POLLIN,
             revents: 0,
         };
+        let mut pfds: Vec<libc::pollfd> = std::iter::once(std::os::fd::AsRawFd::as_raw_fd(&self.wake))
+            .chain(fds.iter().copied())
+            .map(pfd)
+            .collect();
         // Nanosecond resolution: retry waits can be a few microseconds.
         let ts = libc::timespec {
             tv_sec: libc::time_t::try_from(sleep.as_secs()).unwrap_or(libc::time_t::MAX),
             tv_nsec: libc::c_long::from(sleep.subsec_nanos()),
         };
-        // SAFETY: `pfd` and `ts` are valid for the duration of the call, the
-        // count is 1 and a null signal mask leaves the mask unchanged.
-        let _ = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+        // SAFETY: `pfds` and `ts` are valid for the duration of the call,
+        // the count is their number and a null signal mask leaves the mask
+        // unchanged.
+        let _ = unsafe {
+            libc::ppoll(
+                pfds.as_mut_ptr(),
+                pfds.len() as libc::nfds_t,
+                &ts,
+                std::ptr::null(),
+            )
+        };
         let _ = self.wake.read();
     }
 }

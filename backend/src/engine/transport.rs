@@ -43,9 +43,6 @@ pub enum Step {
         /// its completion).
         published: bool,
     },
-    // No transport of the daemon's yet completes asynchronously (a host
-    // NIC's will); the unit test below drives this path.
-    #[cfg_attr(not(test), allow(dead_code))]
     /// Taken by the transport, which completes it later
     /// ([`TransportPath::poll`], [`super::requester::complete_posted`]);
     /// move on. Until then it counts as in flight
@@ -88,9 +85,43 @@ pub struct Room {
 }
 
 /// The data-path half of a transport (see the module documentation).
-pub trait TransportPath: Send + Sync + 'static {
+pub trait TransportPath: Send + Sync {
     /// The transport's reusable memory, one per engine thread.
     type Scratch: Default + Send;
+
+    /// The transport takes receive WQEs as the guest posts them (a host NIC
+    /// needs them posted before a message arrives; the software RNIC reads
+    /// them when one does): the engine then watches receive queues in INIT
+    /// to SQD and hands new WQEs to [`TransportPath::post_recv`].
+    const TAKES_RECEIVES: bool = false;
+
+    /// Takes the receive WQEs of QP `h`'s own receive queue posted up to
+    /// producer index `rq_pi` that it has not taken yet (at most `max`);
+    /// true if it did anything.
+    fn post_recv(
+        &self,
+        _cx: &mut Serving<'_>,
+        _ts: &mut Self::Scratch,
+        _h: u32,
+        _rq_pi: u32,
+        _max: u32,
+    ) -> bool {
+        false
+    }
+
+    /// Whether VM `vm` has work in the transport that no doorbell shows
+    /// (completions that may arrive): the sweep then serves it each time.
+    fn wants_poll(&self, _vm: usize) -> bool {
+        false
+    }
+
+    /// The engine is about to park: the transport arms whatever makes the
+    /// descriptors of [`TransportPath::park_fds`] readable when VM `vm` gets
+    /// work (the re-check that follows polls once more).
+    fn arm(&self, _vm: usize) {}
+
+    /// Descriptors that wake the parked engine for VM `vm`.
+    fn park_fds(&self, _vm: usize, _out: &mut Vec<std::os::fd::RawFd>) {}
 
     /// A sweep over the thread's VMs starts.
     fn sweep_started(&self, _ts: &mut Self::Scratch) {}

@@ -12,3 +12,8 @@ pub mod window;
 pub use host::HostMem;
 pub use pagelist::{PageList, PageListError};
 pub use ram::RamMap;
+
+/// The host page size windows and host memory regions are made of
+/// (`memory::window`); guest page lists are made of the guest's, which a
+/// window maps whole host pages of.
+pub const HOST_PAGE_SIZE: u64 = 4096;

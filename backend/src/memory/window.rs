@@ -26,7 +26,7 @@ use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRe
 use super::PageList;
 
 /// The host page size the windows' mappings are made of.
-const HOST_PAGE: u64 = 4096;
+const HOST_PAGE: u64 = super::HOST_PAGE_SIZE;
 
 /// Why a window could not be made.
 #[derive(Debug, Error)]
@@ -200,6 +200,46 @@ pub struct Window {
     base: *mut u8,
     len: usize,
     maps: Taken,
+    /// What each run maps: its place in the window, the file (device and
+    /// inode) and the offset there.
+    backing: Vec<Backing>,
+}
+
+/// One run of a window by file identity (a descriptor number may be
+/// reused for another file after a memory table update).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Backing {
+    offset: u64,
+    len: u64,
+    dev: u64,
+    ino: u64,
+    file_offset: u64,
+}
+
+/// The identity (device, inode) of open file `fd`.
+fn file_id(fd: i32) -> Option<(u64, u64)> {
+    // SAFETY: all-zero is a valid `stat`, which fstat fills.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat on a descriptor guest RAM keeps open, into `st`.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return None;
+    }
+    Some((st.st_dev, st.st_ino))
+}
+
+fn backing_of(runs: &[Run]) -> Option<Vec<Backing>> {
+    runs.iter()
+        .map(|r| {
+            let (dev, ino) = file_id(r.fd)?;
+            Some(Backing {
+                offset: r.offset,
+                len: r.len,
+                dev,
+                ino,
+                file_offset: r.file_offset,
+            })
+        })
+        .collect()
 }
 
 // SAFETY: the window is a shared mapping of guest RAM that only this value
@@ -226,6 +266,7 @@ impl Window {
         }
         let len = usize::try_from(span).map_err(|_| WindowError::Size(span))?;
         let runs = runs(mem, pages, span)?;
+        let backing = backing_of(&runs).ok_or_else(|| WindowError::Mmap(io::Error::last_os_error()))?;
         let maps = budget.take(runs.len())?;
         // A range of addresses nobody else gets, then each run over its part.
         // SAFETY: a new anonymous mapping at an address the kernel chooses;
@@ -247,6 +288,7 @@ impl Window {
             base: base.cast(),
             len,
             maps,
+            backing,
         };
         for run in &runs {
             let (Ok(offset), Ok(run_len), Ok(file_offset)) = (
@@ -294,6 +336,19 @@ impl Window {
     /// Whether it is empty (never: a window has at least one page).
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Whether the first `span` bytes of `pages` are, in `mem`, exactly the
+    /// file pages this window maps (after a memory table update: a region
+    /// whose RAM was left in place keeps its window and registration).
+    pub fn same_backing(&self, mem: &GuestMemoryMmap<()>, pages: &PageList, span: u64) -> bool {
+        if usize::try_from(span).ok() != Some(self.len) {
+            return false;
+        }
+        runs(mem, pages, span)
+            .ok()
+            .and_then(|r| backing_of(&r))
+            .is_some_and(|b| b == self.backing)
     }
 
     /// The mappings it holds.

@@ -217,6 +217,7 @@ mod tests {
             name: "t1".into(),
             qos_class: None,
             engine: None,
+            remote_gids: Vec::new(),
         });
         for (i, &t) in tenant_of.iter().enumerate() {
             c.vms[i].tenant = if t == 0 {

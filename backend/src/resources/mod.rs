@@ -17,7 +17,7 @@ pub use objects::{
 use crate::keys::KeyMap;
 use crate::memory::PageList;
 use crate::shmem::{DbSlot, DoorbellPages};
-use crate::transport::{MrKeys, MrSpec, Owner, QpSpec, Transport, TransportError};
+use crate::transport::{MrKeys, MrSpec, Owner, QpSpec, SrqSpec, Transport, TransportError};
 
 crate::stats::sums! {
 /// Counts of live objects of one VM.
@@ -236,7 +236,7 @@ impl VmResources {
     pub fn insert_ah(&mut self, ah: Ah, t: &dyn Transport) -> Result<u32, InsertError> {
         let (pd, av) = (ah.pd, ah.av);
         let h = self.insert_charged(|r| &mut r.ahs, ah)?;
-        if let Err(e) = t.create_ah(self.owner(h), &av) {
+        if let Err(e) = t.create_ah(self.owner(h), pd, &av) {
             self.unmake(h, |r| &mut r.ahs);
             return Err(InsertError::Transport(e));
         }
@@ -248,9 +248,14 @@ impl VmResources {
 
     /// Inserts an SRQ (a user of its PD) and creates its host half.
     pub fn insert_srq(&mut self, srq: Srq, t: &dyn Transport) -> Result<u32, InsertError> {
-        let (pd, depth) = (srq.pd, srq.depth);
+        let spec = SrqSpec {
+            pd: srq.pd,
+            depth: srq.depth,
+            max_sge: srq.max_sge,
+        };
+        let pd = spec.pd;
         let h = self.insert_charged(|r| &mut r.srqs, srq)?;
-        if let Err(e) = t.create_srq(self.owner(h), depth) {
+        if let Err(e) = t.create_srq(self.owner(h), &spec) {
             self.unmake(h, |r| &mut r.srqs);
             return Err(InsertError::Transport(e));
         }

@@ -69,6 +69,10 @@ pub struct QpRuntime {
     /// Send WQEs the transport has taken and not yet completed (a host
     /// NIC's; the software RNIC completes each as it takes it).
     pub outstanding: u32,
+    /// Receive WQEs of its own receive queue the transport has taken (a
+    /// host NIC's, posted ahead of any message) and not yet completed: the
+    /// next one to take is `rq_ci + recv_outstanding`.
+    pub recv_outstanding: u32,
     /// The last resolution of an RC destination QPN: (QPN, VM, QP handle).
     /// A hint only: the engine checks that the QP behind the handle still
     /// has that QPN before it uses it.
@@ -164,6 +168,9 @@ pub struct SendWait {
 pub struct SrqRuntime {
     /// Next WQE index to consume.
     pub ci: u32,
+    /// WQEs the transport has taken and not yet completed (the next one to
+    /// take is `ci + outstanding`).
+    pub outstanding: u32,
     /// The SRQ failed (ring or doorbell record unusable, producer index out
     /// of range): the device consumes no more of its WQEs (spec 18.21).
     pub broken: bool,

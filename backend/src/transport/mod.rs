@@ -10,7 +10,8 @@
 //! requests, is `engine::TransportPath`.
 //!
 //! Transports: the software RNIC (`engine::soft`, VMs of one daemon, the
-//! default). Which one a daemon runs is [`TransportKind`], from the
+//! default) and a host RNIC through libibverbs ([`verbs`], VMs on any host
+//! of the fabric). Which one a daemon runs is [`TransportKind`], from the
 //! configuration.
 
 pub mod directory;
@@ -43,6 +44,9 @@ pub enum TransportKind {
     /// The built-in software RNIC: RDMA between the VMs of this daemon.
     #[default]
     Soft,
+    /// A host RNIC through libibverbs: a real one, or Linux soft-RoCE
+    /// (`rdma_rxe`); RDMA with VMs and hosts anywhere on the fabric.
+    Verbs,
 }
 
 impl TransportKind {
@@ -50,6 +54,7 @@ impl TransportKind {
     pub fn name(self) -> &'static str {
         match self {
             TransportKind::Soft => "soft",
+            TransportKind::Verbs => "verbs",
         }
     }
 }
@@ -142,6 +147,17 @@ pub struct QpSpec {
     pub max_inline_data: u32,
 }
 
+/// An SRQ to create, as the control path validated it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SrqSpec {
+    /// Its PD's handle.
+    pub pd: u32,
+    /// Depth (WQEs).
+    pub depth: u32,
+    /// Most SGEs of a receive WQE.
+    pub max_sge: u32,
+}
+
 /// A QP state change the control path has validated (spec 13.3) and is
 /// about to apply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,14 +218,14 @@ pub trait Transport: Send + Sync {
     /// Destroys the host half of CQ `owner`.
     fn destroy_cq(&self, owner: Owner);
 
-    /// Creates the host half of SRQ `owner` of `depth` entries.
-    fn create_srq(&self, owner: Owner, depth: u32) -> Result<(), TransportError>;
+    /// Creates the host half of SRQ `owner`.
+    fn create_srq(&self, owner: Owner, spec: &SrqSpec) -> Result<(), TransportError>;
 
     /// Destroys the host half of SRQ `owner`.
     fn destroy_srq(&self, owner: Owner);
 
-    /// Creates the host half of AH `owner` for `av`.
-    fn create_ah(&self, owner: Owner, av: &AddressVector) -> Result<(), TransportError>;
+    /// Creates the host half of AH `owner` of PD `pd` for `av`.
+    fn create_ah(&self, owner: Owner, pd: u32, av: &AddressVector) -> Result<(), TransportError>;
 
     /// Destroys the host half of AH `owner`.
     fn destroy_ah(&self, owner: Owner);
@@ -232,4 +248,29 @@ pub trait Transport: Send + Sync {
     /// regions are windows over guest pages makes them again. The software
     /// RNIC reads guest RAM through the VM's own map and ignores it.
     fn set_memory(&self, _vm: usize, _mem: Option<&GuestMemoryMmap<()>>) {}
+
+    /// After [`Transport::set_memory`], for each of the VM's regions: the
+    /// region with `keys` is `mr` over the new map. A transport whose
+    /// regions hold guest pages keeps a region whose pages are still the
+    /// same and drops the host registration of one whose pages moved or
+    /// left guest RAM (it must not keep them); false then, and accesses
+    /// with its keys fail from now on.
+    fn remap_mr(&self, _keys: MrKeys, _mr: &MrSpec<'_>) -> bool {
+        true
+    }
+
+    /// Whether the port is up (a host RNIC's follows its host port).
+    fn port_active(&self) -> bool {
+        true
+    }
+
+    /// The GID VM `vm`'s port must have, if the transport dictates it (a
+    /// host RNIC sends from its own address); `None`: the configured one.
+    fn port_gid(&self, _vm: usize) -> Option<[u8; 16]> {
+        None
+    }
+
+    /// The transport as `Any`, for the engine to find its data path's
+    /// half (`engine::Engine::start`).
+    fn as_any(&self) -> &dyn std::any::Any;
 }

@@ -151,8 +151,26 @@ impl VmState {
 
     /// Tells the transport that the VM's guest RAM is now `mem` (`None`:
     /// unmapped), before the new map is used (`Transport::set_memory`).
+    /// Each region's host registration is then checked against the new
+    /// map (`Transport::remap_mr`): one whose pages moved loses it.
     pub fn memory_changed(&self, mem: Option<&vm_memory::GuestMemoryMmap<()>>) {
         self.transport.set_memory(self.port.vm, mem);
+        for (_, mr) in self.res.mrs.iter() {
+            let keys = crate::transport::MrKeys {
+                lkey: mr.lkey,
+                rkey: mr.rkey,
+            };
+            let spec = crate::transport::MrSpec {
+                pd: mr.pd,
+                access: mr.access,
+                iova: mr.iova,
+                length: mr.length,
+                remote: mr.remote(),
+                first_page_offset: mr.first_page_offset,
+                pages: &mr.pages,
+            };
+            self.transport.remap_mr(keys, &spec);
+        }
     }
 
     /// Replaces the view of guest RAM (after a memory table update).

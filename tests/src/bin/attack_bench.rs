@@ -399,6 +399,7 @@ fn daemon(args: &Args) -> Res<TestDaemon> {
                         name: name.to_string(),
                         qos_class: None,
                         engine: None,
+                        remote_gids: Vec::new(),
                     });
                     for v in vms {
                         c.vms[v].tenant = name.to_string();

@@ -345,6 +345,7 @@ fn daemon(args: &Args, tenants: &[&str]) -> Res<TestDaemon> {
                             name: t.clone(),
                             qos_class: None,
                             engine: Some(placed % threads),
+                            remote_gids: Vec::new(),
                         });
                         placed += 1;
                     }

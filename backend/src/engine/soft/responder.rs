@@ -151,7 +151,7 @@ pub fn respond(
 
 /// The first message a QP accepts in RTR queues `QP_COMM_EST`, once per
 /// entry into RTR and only while the QP is still in RTR (spec 18.22).
-fn comm_established(state: &mut VmState, qp: u32) {
+pub(in crate::engine) fn comm_established(state: &mut VmState, qp: u32) {
     let Some(q) = state.res.qps.get_mut(qp) else {
         return;
     };

@@ -9,7 +9,8 @@ use virtio_rdma_abi::qp::{AddressVector, Mtu};
 
 use crate::transport::directory::Directory;
 use crate::transport::{
-    Caps, MrKeys, MrSpec, Owner, QpChange, QpSpec, Transport, TransportError, TransportKind,
+    Caps, MrKeys, MrSpec, Owner, QpChange, QpSpec, SrqSpec, Transport, TransportError,
+    TransportKind,
 };
 
 /// QPNs are 24 bits; 0 and 1 are the special management QPs of InfiniBand.
@@ -111,13 +112,17 @@ impl Transport for SoftRnic {
 
     fn destroy_cq(&self, _owner: Owner) {}
 
-    fn create_srq(&self, _owner: Owner, _depth: u32) -> Result<(), TransportError> {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn create_srq(&self, _owner: Owner, _spec: &SrqSpec) -> Result<(), TransportError> {
         Ok(())
     }
 
     fn destroy_srq(&self, _owner: Owner) {}
 
-    fn create_ah(&self, _owner: Owner, _av: &AddressVector) -> Result<(), TransportError> {
+    fn create_ah(&self, _owner: Owner, _pd: u32, _av: &AddressVector) -> Result<(), TransportError> {
         Ok(())
     }
 

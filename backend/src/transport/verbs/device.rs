@@ -248,6 +248,25 @@ impl VerbsDevice {
         Ok(device)
     }
 
+    /// The open context, for verbs.
+    pub fn context(&self) -> *mut ibv_context {
+        self.ctx.as_ptr()
+    }
+
+    /// The error of a step of setting the device up (`what` failed).
+    pub fn error(&self, what: &'static str, source: io::Error) -> VerbsError {
+        VerbsError::Query {
+            name: self.name.clone(),
+            what,
+            source,
+        }
+    }
+
+    /// The most entries of one CQ.
+    pub fn max_cqe(&self) -> u32 {
+        u32::try_from(self.attr.max_cqe).unwrap_or(0)
+    }
+
     /// The device's name (`rxe0`, `mlx5_0`, ...).
     pub fn name(&self) -> &str {
         &self.name
@@ -283,7 +302,9 @@ impl VerbsDevice {
     /// What the device offers, as the daemon advertises it to guests.
     pub fn caps(&self) -> Caps {
         Caps {
-            max_mtu: self.port_attr.max_mtu,
+            // What the link carries now (the netdev's MTU for RoCE), not
+            // what the port could: a guest's path MTU is checked against it.
+            max_mtu: self.port_attr.active_mtu,
             link_rate_mbps: link_rate_mbps(
                 self.port_attr.active_speed,
                 self.port_attr.active_width,

@@ -3,6 +3,19 @@
 //! different hosts.
 //!
 //! - [`device`]: opening a device, one of its ports and one GID, and what
-//!   it offers ([`device::VerbsDevice::caps`]).
+//!   it offers ([`device::VerbsDevice::caps`]);
+//! - [`rnic`]: [`rnic::VerbsRnic`], the object half: one host object per
+//!   device object, memory regions over windows of guest pages;
+//! - [`attr`]: the device's values in libibverbs' terms and back;
+//! - [`objects`]: owned host objects, destroyed when dropped;
+//! - [`events`]: the host's asynchronous events, handed to the VMs.
+//!
+//! The data path is `engine::verbs`.
 
+pub mod attr;
 pub mod device;
+pub mod events;
+pub mod objects;
+pub mod rnic;
+
+pub use rnic::VerbsRnic;

@@ -1,0 +1,489 @@
+//! Posting the guest's work requests to host queues.
+//!
+//! A send WQE becomes one `ibv_send_wr` whose scatter list is the guest's
+//! own (addresses are iovas of guest regions, keys the host's); inline data
+//! is copied by the host at the post. Receive WQEs are posted as the guest
+//! posts them, so that a message finds them; their `wr_id`s wait in the
+//! transport's tables for the completion.
+
+
+use log::debug;
+use rdma_sys::{
+    ibv_post_recv, ibv_post_send, ibv_post_srq_recv, ibv_recv_wr, ibv_send_flags, ibv_send_wr,
+    ibv_sge, ibv_wr_opcode, imm_data_invalidated_rkey_union_t, wr_t,
+};
+use virtio_rdma_abi::datapath::{
+    QpDoorbell, Sge, WcOpcode, WcStatus, WrOpcode, WQE_FENCE, WQE_SOLICITED,
+};
+use virtio_rdma_abi::event::EventKind;
+use virtio_rdma_abi::qp::QpState;
+
+use crate::engine::completer::{complete, error_cqe};
+use crate::engine::doorbell::{self, load_pi};
+use crate::engine::requester::{complete_send, Completion, Outgoing};
+use crate::engine::sge::check_local;
+use crate::engine::sweep::Serving;
+use crate::engine::transport::Step;
+use crate::engine::wqe::{fetch_recv, posted, RecvRing, WqeBuf, WqeError};
+use crate::engine::Engine;
+use crate::memory::HostMem;
+use crate::stats::TrafficCounters;
+use crate::transport::verbs::rnic::{lock_tables, Sent, VmHost, RECV_SRQ, RECV_WR};
+use crate::transport::verbs::VerbsRnic;
+use crate::transport::Transport;
+use crate::vm::cell::Locked;
+use crate::vm::VmState;
+
+/// Most SGEs of one work request (the WQE format's).
+const MAX_SGE: usize = 32;
+
+fn host_sges(sges: &[Sge], out: &mut [ibv_sge; MAX_SGE]) -> Option<usize> {
+    if sges.len() > MAX_SGE {
+        return None;
+    }
+    for (o, s) in out.iter_mut().zip(sges) {
+        *o = ibv_sge {
+            addr: s.addr,
+            length: s.length,
+            lkey: s.lkey,
+        };
+    }
+    Some(sges.len())
+}
+
+fn opcode(op: WrOpcode) -> u32 {
+    match op {
+        WrOpcode::RDMA_WRITE => ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+        WrOpcode::RDMA_WRITE_WITH_IMM => ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
+        WrOpcode::SEND => ibv_wr_opcode::IBV_WR_SEND,
+        WrOpcode::SEND_WITH_IMM => ibv_wr_opcode::IBV_WR_SEND_WITH_IMM,
+        WrOpcode::RDMA_READ => ibv_wr_opcode::IBV_WR_RDMA_READ,
+        WrOpcode::ATOMIC_CMP_AND_SWP => ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP,
+        WrOpcode::ATOMIC_FETCH_AND_ADD => ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD,
+    }
+}
+
+/// Posts send WQE `msg` to its host QP: taken ([`Step::InFlight`]), or
+/// completed now with the requester's error.
+pub(super) fn send(
+    rnic: &VerbsRnic,
+    host: &VmHost,
+    engine: &Engine,
+    cx: &mut Serving<'_>,
+    buf: &mut WqeBuf,
+    moved: &mut u64,
+    msg: &Outgoing<'_>,
+) -> Step {
+    let wr = msg.wr;
+    let local = msg.av.dgid == rnic.device().gid().0;
+    if local && consumes_receive(wr.opcode) {
+        take_peer_recvs(rnic, engine, cx, buf, msg.dest_qpn);
+    }
+    let (state, mem) = (&mut *cx.state, cx.mem);
+    let mut t = lock_tables(host);
+    // A WQE completed here must not overtake those the host still has: it
+    // waits at the head until they completed (the CQ keeps the queue's
+    // order).
+    let in_flight = t.qps.get(&msg.src_qpn).is_some_and(|q| !q.sent.is_empty());
+    let failed = |state: &mut VmState, status| {
+        if in_flight {
+            return Step::Busy;
+        }
+        let c = Completion::failed(wr.hdr.wr_id, msg.op, status);
+        complete_send(state, mem, msg.qp, msg.index, c)
+    };
+    // The local buffers are checked as on the software RNIC (key, PD,
+    // rights, bounds), so that the status does not depend on the NIC; the
+    // NIC checks them again.
+    if wr.inline.is_none() {
+        if let Err(status) = check_local(state, msg.pd, wr.sges, msg.writes_local) {
+            drop(t);
+            return failed(state, status);
+        }
+    }
+    let ah = if msg.ud() {
+        // Another tenant's QP on this host is out of reach as on the
+        // software RNIC: the message is dropped, as UD may be.
+        if local {
+            let reachable = rnic
+                .lookup_qpn(msg.dest_qpn)
+                .is_some_and(|o| engine.tenancy().may_reach(cx.vm, o.vm));
+            if !reachable {
+                if let Some(tr) = engine.tenancy().traffic(cx.vm) {
+                    TrafficCounters::add_single_writer(&tr.drops, 1);
+                }
+                drop(t);
+                if in_flight {
+                    return Step::Busy;
+                }
+                return if msg.signaled {
+                    let c = Completion::ok(wr.hdr.wr_id, msg.op, len32(msg.len));
+                    complete_send(state, mem, msg.qp, msg.index, c)
+                } else {
+                    Step::Done { published: false }
+                };
+            }
+        }
+        match t.ahs.get(&wr.hdr.ah_handle) {
+            Some(a) => a.as_ptr(),
+            None => {
+                drop(t);
+                return failed(state, WcStatus::LOC_QP_OP_ERR);
+            }
+        }
+    } else {
+        std::ptr::null_mut()
+    };
+    let Some(q) = t.qps.get_mut(&msg.src_qpn) else {
+        drop(t);
+        return failed(state, WcStatus::LOC_QP_OP_ERR);
+    };
+    // At most a send queue's depth on the host: the rest waits at the head
+    // of the guest's ring for completions.
+    if q.sent.len() >= q.sq_depth.max(1) as usize {
+        return Step::Busy;
+    }
+    let mut sges = [ibv_sge {
+        addr: 0,
+        length: 0,
+        lkey: 0,
+    }; MAX_SGE];
+    let mut flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+    if wr.hdr.flags & WQE_SOLICITED != 0 {
+        flags |= ibv_send_flags::IBV_SEND_SOLICITED.0;
+    }
+    if wr.hdr.flags & WQE_FENCE != 0 {
+        flags |= ibv_send_flags::IBV_SEND_FENCE.0;
+    }
+    let nsge = match wr.inline {
+        Some(data) => {
+            // The host copies inline data at the post: the engine's copy
+            // of the WQE is the source.
+            flags |= ibv_send_flags::IBV_SEND_INLINE.0;
+            sges[0] = ibv_sge {
+                addr: data.as_ptr() as u64,
+                length: len32(data.len() as u64),
+                lkey: 0,
+            };
+            usize::from(!data.is_empty())
+        }
+        None => match host_sges(wr.sges, &mut sges) {
+            Some(n) => n,
+            None => {
+                drop(t);
+                return failed(state, WcStatus::LOC_QP_OP_ERR);
+            }
+        },
+    };
+    let remote = match wr.opcode {
+        WrOpcode::ATOMIC_CMP_AND_SWP | WrOpcode::ATOMIC_FETCH_AND_ADD => wr_t {
+            atomic: rdma_sys::atomic_t {
+                remote_addr: wr.hdr.remote_addr,
+                compare_add: wr.hdr.compare_add,
+                swap: wr.hdr.swap,
+                rkey: wr.hdr.rkey,
+            },
+        },
+        _ if msg.ud() => wr_t {
+            ud: rdma_sys::ud_t {
+                ah,
+                remote_qpn: msg.dest_qpn,
+                remote_qkey: msg.qkey,
+            },
+        },
+        _ => wr_t {
+            rdma: rdma_sys::rdma_t {
+                remote_addr: wr.hdr.remote_addr,
+                rkey: wr.hdr.rkey,
+            },
+        },
+    };
+    // SAFETY: all-zero is a valid work request; every field used is set.
+    let mut w: ibv_send_wr = unsafe { std::mem::zeroed() };
+    w.wr_id = 0;
+    w.sg_list = sges.as_mut_ptr();
+    w.num_sge = i32::try_from(nsge).unwrap_or(0);
+    w.opcode = opcode(wr.opcode);
+    w.send_flags = flags;
+    // Immediate data is the guest's 32 bits, passed as they are.
+    w.imm_data_invalidated_rkey_union = imm_data_invalidated_rkey_union_t {
+        imm_data: wr.hdr.imm_data,
+    };
+    w.wr = remote;
+    let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+    // SAFETY: a live QP of the VM; `w` and the SGEs (and inline bytes)
+    // it points to live across the call, which copies what it keeps.
+    let rc = unsafe { ibv_post_send(q.qp.as_ptr(), &mut w, &mut bad) };
+    if rc != 0 {
+        debug!("QPN {:#x}: ibv_post_send: errno {rc}", msg.src_qpn);
+        drop(t);
+        return failed(state, WcStatus::LOC_QP_OP_ERR);
+    }
+    if q.sent.is_empty() {
+        q.progress = Some(std::time::Instant::now());
+    }
+    q.sent.push_back(Sent {
+        wr_id: wr.hdr.wr_id,
+        op: msg.op,
+        signaled: msg.signaled,
+        len: len32(msg.len),
+    });
+    *moved = msg.len;
+    Step::InFlight
+}
+
+fn consumes_receive(op: WrOpcode) -> bool {
+    matches!(
+        op,
+        WrOpcode::SEND | WrOpcode::SEND_WITH_IMM | WrOpcode::RDMA_WRITE_WITH_IMM
+    )
+}
+
+/// A message to a QP on this host consumes a receive its guest may have
+/// posted before this send was, but that the engine has not taken yet
+/// (another VM's, served later in the sweep or by another engine thread):
+/// those receives are posted to the host first, so the message finds them
+/// as it would on the software RNIC — a UD message without a receive is
+/// dropped, and an RC one would wait out an RNR timer. Only a reachable
+/// destination, at most its ring's worth, and only if its VM's lock is
+/// free (otherwise the engine serving it is about to post them).
+fn take_peer_recvs(
+    rnic: &VerbsRnic,
+    engine: &Engine,
+    cx: &mut Serving<'_>,
+    buf: &mut WqeBuf,
+    dest_qpn: u32,
+) {
+    let Some(o) = rnic.lookup_qpn(dest_qpn) else {
+        return;
+    };
+    let Some(host) = rnic.vm(o.vm) else {
+        return;
+    };
+    if o.vm == cx.vm {
+        take_recvs(host, cx.state, cx.mem, buf, o.handle);
+        return;
+    }
+    if !engine.tenancy().may_reach(cx.vm, o.vm) {
+        return;
+    }
+    let Some(cell) = cx.vms.get(o.vm).and_then(Option::as_ref) else {
+        return;
+    };
+    let ran = cell.try_with_dataplane(|state, mem| {
+        let before = state.events.len();
+        take_recvs(host, state, mem, buf, o.handle);
+        state.events.len() != before
+    });
+    if let Locked::Ran(true) = ran {
+        cell.wake_events();
+    }
+}
+
+/// Posts the receives QP `h` of a VM has in its ring and the host has not
+/// (those of its SRQs if it has one).
+fn take_recvs(host: &VmHost, state: &mut VmState, mem: &HostMem, buf: &mut WqeBuf, h: u32) {
+    let Some(qp) = state.res.qps.get(h) else {
+        return;
+    };
+    if qp.srq != 0 {
+        srq_recvs(host, state, mem, buf);
+        return;
+    }
+    if !matches!(
+        qp.state,
+        QpState::INIT | QpState::RTR | QpState::RTS | QpState::SQD
+    ) {
+        return;
+    }
+    let Some(pi) = load_pi(mem, qp.db_gpa, qp.db_slot.as_ref(), doorbell::RQ) else {
+        return;
+    };
+    if pi != qp.rt.rq_ci.wrapping_add(qp.rt.recv_outstanding) {
+        let depth = qp.rq_depth;
+        recvs(host, state, mem, buf, h, pi, depth);
+    }
+}
+
+fn len32(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// Posts one receive to a host QP (`srq` false) or SRQ.
+fn post_one(target: *mut libc::c_void, srq: bool, wr_id: u64, sges: &[Sge]) -> Result<(), i32> {
+    let mut list = [ibv_sge {
+        addr: 0,
+        length: 0,
+        lkey: 0,
+    }; MAX_SGE];
+    let n = host_sges(sges, &mut list).ok_or(libc::EINVAL)?;
+    let mut w = ibv_recv_wr {
+        wr_id,
+        next: std::ptr::null_mut(),
+        sg_list: list.as_mut_ptr(),
+        num_sge: i32::try_from(n).unwrap_or(0),
+    };
+    let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+    // SAFETY: `target` is a live QP or SRQ (as `srq` says) of the VM's
+    // table, locked by the caller; `w` and its SGEs live across the call.
+    let rc = unsafe {
+        if srq {
+            ibv_post_srq_recv(target.cast(), &mut w, &mut bad)
+        } else {
+            ibv_post_recv(target.cast(), &mut w, &mut bad)
+        }
+    };
+    if rc != 0 {
+        return Err(rc);
+    }
+    Ok(())
+}
+
+/// Posts the receive WQEs of QP `h`'s own receive queue from the first
+/// not yet posted up to `rq_pi` (at most `max`); true if any was.
+pub(super) fn recvs(
+    host: &VmHost,
+    state: &mut VmState,
+    mem: &HostMem,
+    buf: &mut WqeBuf,
+    h: u32,
+    rq_pi: u32,
+    max: u32,
+) -> bool {
+    let mut t = lock_tables(host);
+    let mut did = false;
+    for _ in 0..max {
+        let Some(qp) = state.res.qps.get(h) else {
+            return did;
+        };
+        let next = qp.rt.rq_ci.wrapping_add(qp.rt.recv_outstanding);
+        let Some(1..) = posted(rq_pi, next, qp.rq_depth) else {
+            // Nothing more, or more than the ring holds past what the
+            // host has (the driver's indices are wrong).
+            if posted(rq_pi, qp.rt.rq_ci, qp.rq_depth).is_none() {
+                drop(t);
+                state.qp_enter_err(h, Some(EventKind::QP_FATAL));
+                return true;
+            }
+            return did;
+        };
+        let (qpn, recv_cq) = (qp.qpn, qp.recv_cq);
+        let Some(hq) = t.qps.get_mut(&qpn) else {
+            return did;
+        };
+        match fetch_recv(mem, &RecvRing::of_qp(qp), next, buf) {
+            Ok(wr) => {
+                if let Err(rc) = post_one(hq.qp.as_ptr().cast(), false, RECV_WR, wr.sges) {
+                    debug!("QPN {qpn:#x}: ibv_post_recv: errno {rc}");
+                    return did;
+                }
+                hq.recvd.push_back(wr.wr_id);
+                            if let Some(q) = state.res.qps.get_mut(h) {
+                    q.rt.recv_outstanding = q.rt.recv_outstanding.saturating_add(1);
+                }
+            }
+            Err(WqeError::Malformed { wr_id, .. }) => {
+                // It completes in its turn, after those the host has.
+                if qp.rt.recv_outstanding > 0 {
+                    return did;
+                }
+                let cqe = error_cqe(wr_id, WcOpcode::RECV, WcStatus::LOC_QP_OP_ERR, qpn);
+                if let Some(q) = state.res.qps.get_mut(h) {
+                    q.rt.rq_ci = q.rt.rq_ci.wrapping_add(1);
+                    let _ = doorbell::store(mem, q.db_gpa, QpDoorbell::RQ_CI, q.rt.rq_ci);
+                }
+                drop(t);
+                let _ = complete(state, mem, recv_cq, cqe);
+                state.qp_enter_err(h, None);
+                return true;
+            }
+            Err(WqeError::Unusable) => {
+                drop(t);
+                state.qp_enter_err(h, Some(EventKind::QP_FATAL));
+                return true;
+            }
+        }
+        did = true;
+    }
+    did
+}
+
+/// SRQ `h` is broken: it fails for good with `SRQ_ERROR` and its QPs with
+/// it (`QP_FATAL`), as on the software RNIC (spec 18.21). What the host SRQ
+/// took completes as the host reports it.
+fn srq_failed(state: &mut VmState, h: u32) {
+    if let Some(s) = state.res.srqs.get_mut(h) {
+        s.rt.broken = true;
+    }
+    state.events.push(EventKind::SRQ_ERROR, h, 0);
+    let attached: Vec<u32> = state
+        .res
+        .qps
+        .iter()
+        .filter(|(_, q)| q.srq == h && q.state != QpState::ERR)
+        .map(|(qh, _)| qh)
+        .collect();
+    for qh in attached {
+        state.qp_enter_err(qh, Some(EventKind::QP_FATAL));
+    }
+}
+
+/// Posts the new receive WQEs of the VM's SRQs; true if any was.
+pub(super) fn srq_recvs(
+    host: &VmHost,
+    state: &mut VmState,
+    mem: &HostMem,
+    buf: &mut WqeBuf,
+) -> bool {
+    let mut t = lock_tables(host);
+    let mut did = false;
+    let handles: Vec<u32> = t.srqs.keys().copied().collect();
+    for h in handles {
+        while let Some(srq) = state.res.srqs.get(h) {
+            if srq.rt.broken {
+                break;
+            }
+            let pi = load_pi(mem, srq.db_gpa, srq.db_slot.as_ref(), doorbell::SRQ);
+            // Its record left RAM, or the driver claims more than the ring
+            // holds: the SRQ is broken (spec 18.21).
+            let Some(pi) = pi.filter(|&pi| posted(pi, srq.rt.ci, srq.depth).is_some()) else {
+                srq_failed(state, h);
+                did = true;
+                break;
+            };
+            let next = srq.rt.ci.wrapping_add(srq.rt.outstanding);
+            if posted(pi, next, srq.depth).unwrap_or(0) == 0 {
+                break;
+            }
+            let Some(hs) = t.srqs.get_mut(&h) else {
+                break;
+            };
+            let Some(slot) = hs.free.pop() else {
+                break;
+            };
+            let wr = match fetch_recv(mem, &RecvRing::of_srq(srq), next, buf) {
+                Ok(wr) => wr,
+                Err(_) => {
+                    hs.free.push(slot);
+                    srq_failed(state, h);
+                    did = true;
+                    break;
+                }
+            };
+            let host_id = RECV_WR | RECV_SRQ | u64::from(slot);
+            if let Err(rc) = post_one(hs.srq.as_ptr().cast(), true, host_id, wr.sges) {
+                debug!("SRQ {h:#x}: ibv_post_srq_recv: errno {rc}");
+                hs.free.push(slot);
+                break;
+            }
+            if let Some(w) = hs.wr_ids.get_mut(slot as usize) {
+                *w = (wr.wr_id, next);
+            }
+                    if let Some(s) = state.res.srqs.get_mut(h) {
+                s.rt.outstanding = s.rt.outstanding.saturating_add(1);
+            }
+            did = true;
+        }
+    }
+    did
+}

@@ -1,0 +1,769 @@
+//! The libibverbs transport's object half ([`VerbsRnic`]): one host object
+//! per device object (PD, CQ, QP, SRQ, AH), one host memory region per
+//! guest memory region (registered over a window of the guest's pages at
+//! the guest's iova), and the per-VM state the data path shares with it
+//! ([`VmHost`]).
+//!
+//! QP numbers and memory keys are the host NIC's: they travel on the wire.
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use log::{debug, warn};
+use rdma_sys::{
+    ibv_alloc_pd, ibv_create_ah, ibv_create_comp_channel, ibv_create_cq, ibv_create_qp,
+    ibv_create_srq, ibv_modify_qp, ibv_qp_init_attr, ibv_qp_type, ibv_reg_mr_iova2, ibv_resize_cq,
+    ibv_srq_attr, ibv_srq_init_attr,
+};
+use virtio_rdma_abi::datapath::WcOpcode;
+use virtio_rdma_abi::qp::{AddressVector, QpState, QpType};
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::EventFd;
+
+use super::attr::{self, Source};
+use super::device::{VerbsDevice, VerbsError};
+use super::objects::{errno_of, Ah, Channel, Cq, Mr, MrHandle, Pd, Qp, Srq};
+use crate::memory::window::{MapBudget, Window};
+use crate::memory::HOST_PAGE_SIZE;
+use crate::transport::{
+    Caps, MrKeys, MrSpec, Owner, QpChange, QpSpec, SrqSpec, Transport, TransportError,
+    TransportKind,
+};
+
+/// A send work request posted to a host QP, in posting order: what its
+/// completion needs (the host reports a success only with the `wr_id`, an
+/// error without a valid opcode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Sent {
+    /// The guest's `wr_id`.
+    pub wr_id: u64,
+    /// Its completion opcode.
+    pub op: WcOpcode,
+    /// Whether the guest asked for a completion on success.
+    pub signaled: bool,
+    /// The message length (the CQE's `byte_len` of a READ or atomic).
+    pub len: u32,
+}
+
+/// The host half of a CQ.
+pub(crate) struct HostCq {
+    pub cq: Cq,
+    /// Entries the host CQ has.
+    size: u32,
+    /// Entries the work that may complete into it needs: the guest's depth
+    /// and the depths of the queues that complete into it.
+    need: u32,
+}
+
+/// Host `wr_id` bit 63: a receive (sends carry 0: their completions come
+/// in posting order, [`HostQp::sent`]).
+pub(crate) const RECV_WR: u64 = 1 << 63;
+/// Host `wr_id` bit 62: a receive of an SRQ; the low 32 bits are its slot
+/// in [`HostSrq::wr_ids`] (an SRQ's receives may complete in any order).
+pub(crate) const RECV_SRQ: u64 = 1 << 62;
+
+/// The host half of an SRQ.
+pub(crate) struct HostSrq {
+    pub srq: Srq,
+    /// Its depth.
+    pub depth: u32,
+    /// The guest `wr_id` and ring index of the receive posted in each slot.
+    pub wr_ids: Vec<(u64, u32)>,
+    /// Slots free.
+    pub free: Vec<u32>,
+}
+
+/// The host half of a QP.
+pub(crate) struct HostQp {
+    pub qp: Qp,
+    /// The device's handle.
+    pub handle: u32,
+    pub qp_type: QpType,
+    /// The device handles of its CQs and SRQ (0: none).
+    pub send_cq: u32,
+    pub recv_cq: u32,
+    pub srq: u32,
+    /// Send WQE ring depth: the most sends posted and not completed.
+    pub sq_depth: u32,
+    /// Receive ring depth.
+    pub rq_depth: u32,
+    /// Sends posted and not completed, oldest first.
+    pub sent: VecDeque<Sent>,
+    /// The guest `wr_id`s of the receives posted to its own receive queue
+    /// and not completed, oldest first.
+    pub recvd: VecDeque<u64>,
+    /// The daemon moved the host QP to ERR itself (the device's QP failed
+    /// for a reason the host NIC did not see).
+    pub failed: bool,
+    /// The QP's `timeout` and `retry_cnt` (the watchdog's budget).
+    pub timeout: u32,
+    pub retry_cnt: u32,
+    /// When the oldest send now outstanding was posted, or the last send
+    /// completed since: the watchdog's clock.
+    pub progress: Option<std::time::Instant>,
+    /// The watchdog failed the QP: its first flushed send completes with
+    /// `RETRY_EXC_ERR`, as the NIC's retries running out would have.
+    pub timed_out: bool,
+}
+
+/// A VM's host objects, by the device's handles (QPs by number).
+#[derive(Default)]
+pub(crate) struct Tables {
+    pub pds: HashMap<u32, Pd>,
+    pub cqs: HashMap<u32, HostCq>,
+    pub srqs: HashMap<u32, HostSrq>,
+    pub ahs: HashMap<u32, Ah>,
+    pub qps: HashMap<u32, HostQp>,
+    /// When the engine's watchdog last looked at the QPs.
+    pub watched: Option<std::time::Instant>,
+}
+
+/// A host event for a VM, delivered by the engine under the VM's lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HostEvent {
+    /// A QP's host half failed (`QP_FATAL`, `QP_REQ_ERROR`,
+    /// `QP_ACCESS_ERROR`) or was established (`QP_COMM_EST`).
+    Qp(u32, virtio_rdma_abi::event::EventKind),
+    /// A CQ's host half overflowed or failed.
+    CqError(u32),
+    /// An SRQ's host half failed.
+    SrqError(u32),
+    /// The port went down (true) or came back.
+    Port(bool),
+    /// The host device failed for good: every QP fails.
+    DeviceFatal,
+}
+
+/// What the transport keeps for one VM.
+pub(crate) struct VmHost {
+    pub tables: Mutex<Tables>,
+    /// The completion channel of all the VM's CQs.
+    pub channel: Channel,
+    /// Readable when host events wait in `events` (the async-event thread
+    /// writes it; the engine waits on it while parked).
+    pub notify: EventFd,
+    pub events: Mutex<Vec<HostEvent>>,
+    /// Host QPs of the VM: the engine polls its host CQs on every sweep
+    /// while it has any (completions come without a doorbell), and parks
+    /// on its completion channel.
+    pub qps: AtomicU32,
+    /// The VM's SRQs (the engine looks for new receives in them).
+    pub srqs: AtomicU32,
+    /// Guest RAM now (`None`: unmapped); windows are made over it.
+    mem: Mutex<Option<GuestMemoryMmap<()>>>,
+}
+
+/// A registered region.
+struct HostMr {
+    vm: usize,
+    /// `None` once its window no longer maps the guest's pages (a memory
+    /// table update moved them): the keys stay reserved until the guest
+    /// deregisters the region, but the host knows them no more.
+    mr: Option<Mr>,
+    /// Its span (whole host pages from the first page).
+    span: u64,
+}
+
+/// The most entries a host CQ is given (rxe allows 32767 by default; the
+/// device attribute says what the host allows).
+const MIN_CQE: u32 = 1;
+
+/// The libibverbs transport.
+pub struct VerbsRnic {
+    dev: VerbsDevice,
+    src: Source,
+    caps: Caps,
+    max_cqe: u32,
+    budget: Arc<MapBudget>,
+    vms: Vec<VmHost>,
+    qpns: RwLock<HashMap<u32, Owner>>,
+    mrs: Mutex<HashMap<u32, HostMr>>,
+    keys: AtomicU32,
+    /// The host port is up (`PORT_ACTIVE`/`PORT_ERR` events keep it).
+    port_up: std::sync::atomic::AtomicBool,
+}
+
+/// The tables of `host`, locked (by the engine while it serves the VM, by
+/// the control path under the VM's lock: never contended).
+pub(crate) fn lock_tables(host: &VmHost) -> MutexGuard<'_, Tables> {
+    lock(&host.tables)
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned lock means a thread panicked mid-update of a table of
+    // owned host objects; the table itself is still consistent.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The error of a verb that failed with `rc`: the host out of memory (or
+/// of locked memory, for a region) is `Exhausted` (`NO_MEMORY` to the
+/// guest), anything else the host's errno (`INTERNAL`).
+fn host(rc: libc::c_int) -> TransportError {
+    match errno_of(rc) {
+        libc::ENOMEM | libc::EAGAIN | libc::ENOSPC => TransportError::Exhausted,
+        e => TransportError::Host(e),
+    }
+}
+
+impl VerbsRnic {
+    /// Opens the transport on `dev` for a daemon of `vms` VMs, with
+    /// windows taking at most `budget`'s mappings.
+    pub fn new(
+        dev: VerbsDevice,
+        vms: usize,
+        budget: Arc<MapBudget>,
+    ) -> Result<VerbsRnic, VerbsError> {
+        let (_, gid_index) = dev.gid();
+        let up = dev.port_active();
+        let src = Source {
+            port: dev.port(),
+            gid_index: u8::try_from(gid_index).unwrap_or(u8::MAX),
+        };
+        let mut hosts = Vec::with_capacity(vms);
+        for _ in 0..vms {
+            // SAFETY: a live context.
+            let channel = Channel::from_raw(unsafe { ibv_create_comp_channel(dev.context()) })
+                .ok_or_else(|| {
+                    dev.error("ibv_create_comp_channel", std::io::Error::last_os_error())
+                })?;
+            channel
+                .nonblocking()
+                .map_err(|e| dev.error("completion channel", e))?;
+            let notify = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| dev.error("eventfd", e))?;
+            hosts.push(VmHost {
+                tables: Mutex::new(Tables::default()),
+                channel,
+                notify,
+                events: Mutex::new(Vec::new()),
+                qps: AtomicU32::new(0),
+                srqs: AtomicU32::new(0),
+                mem: Mutex::new(None),
+            });
+        }
+        Ok(VerbsRnic {
+            caps: dev.caps(),
+            max_cqe: dev.max_cqe(),
+            src,
+            dev,
+            budget,
+            vms: hosts,
+            qpns: RwLock::new(HashMap::new()),
+            mrs: Mutex::new(HashMap::new()),
+            keys: AtomicU32::new(0),
+            port_up: std::sync::atomic::AtomicBool::new(up),
+        })
+    }
+
+    /// The host device.
+    pub fn device(&self) -> &VerbsDevice {
+        &self.dev
+    }
+
+    /// The port and GID index everything is sent from.
+    pub fn source(&self) -> Source {
+        self.src
+    }
+
+    /// The descriptor of the device's asynchronous events.
+    pub fn async_fd(&self) -> std::os::fd::RawFd {
+        // SAFETY: a live context; `async_fd` is set when it is opened.
+        unsafe { (*self.dev.context()).async_fd }
+    }
+
+    /// Records the host port's state.
+    pub(crate) fn set_port_up(&self, up: bool) {
+        self.port_up.store(up, Ordering::Relaxed);
+    }
+
+    /// Queues host event `ev` for VM `vm` and wakes its engine.
+    pub(crate) fn post_event(&self, vm: usize, ev: HostEvent) {
+        if let Some(v) = self.vms.get(vm) {
+            lock(&v.events).push(ev);
+            let _ = v.notify.write(1);
+        }
+    }
+
+    /// VM `vm`'s share of the transport.
+    pub(crate) fn vm(&self, vm: usize) -> Option<&VmHost> {
+        self.vms.get(vm)
+    }
+
+    /// The VMs' shares.
+    pub(crate) fn vms(&self) -> &[VmHost] {
+        &self.vms
+    }
+
+    fn tables(&self, vm: usize) -> Result<MutexGuard<'_, Tables>, TransportError> {
+        self.vms
+            .get(vm)
+            .map(|v| lock(&v.tables))
+            .ok_or(TransportError::Exhausted)
+    }
+
+    /// Grows host CQ `h` of `t` so that `more` more entries fit.
+    fn reserve_cqes(&self, t: &mut Tables, h: u32, more: u32) -> Result<(), TransportError> {
+        let cq = t
+            .cqs
+            .get_mut(&h)
+            .ok_or(TransportError::Host(libc::EINVAL))?;
+        let need = cq.need.saturating_add(more);
+        if need > self.max_cqe {
+            return Err(TransportError::Exhausted);
+        }
+        if need > cq.size {
+            let want = libc::c_int::try_from(need).map_err(|_| TransportError::Exhausted)?;
+            // SAFETY: a live CQ of this table.
+            let rc = unsafe { ibv_resize_cq(cq.cq.as_ptr(), want) };
+            if rc != 0 {
+                return Err(host(rc));
+            }
+            cq.size = need;
+        }
+        cq.need = need;
+        Ok(())
+    }
+
+    fn release_cqes(t: &mut Tables, h: u32, n: u32) {
+        if let Some(cq) = t.cqs.get_mut(&h) {
+            cq.need = cq.need.saturating_sub(n);
+        }
+    }
+
+    /// The entries a QP may complete into its CQs: its send queue into the
+    /// send CQ; its receive queue (or, with an SRQ, the SRQ's depth) into
+    /// the receive CQ.
+    fn qp_cqes(spec: &QpSpec, srq_depth: u32) -> (u32, u32) {
+        let recv = if spec.srq != 0 {
+            srq_depth
+        } else {
+            spec.rq_depth
+        };
+        (spec.sq_depth, recv)
+    }
+
+    /// Makes the window and the host region of `mr` over `mem`.
+    fn register(
+        &self,
+        pd: &Pd,
+        mem: &GuestMemoryMmap<()>,
+        mr: &MrSpec<'_>,
+        span: u64,
+    ) -> Result<Mr, TransportError> {
+        let window = Window::map(mem, mr.pages, span, &self.budget).map_err(|e| {
+            warn!("cannot map a window for a memory region: {e}");
+            TransportError::Exhausted
+        })?;
+        let offset =
+            usize::try_from(mr.first_page_offset).map_err(|_| TransportError::Exhausted)?;
+        let len = usize::try_from(mr.length).map_err(|_| TransportError::Exhausted)?;
+        let access = attr::mr_access(mr.access);
+        // SAFETY: `[window + offset, + len)` lies inside the window (`span`
+        // covers the first-page offset and the length), which stays mapped
+        // for as long as the region (`Mr` deregisters before it unmaps).
+        let raw = unsafe {
+            ibv_reg_mr_iova2(
+                pd.as_ptr(),
+                window.as_ptr().wrapping_add(offset).cast::<c_void>(),
+                len,
+                mr.iova,
+                access,
+            )
+        };
+        let handle = MrHandle::from_raw(raw).ok_or_else(|| host(-1))?;
+        Ok(Mr::new(handle, window))
+    }
+}
+
+/// The span of a region: its first-page offset and length rounded up to
+/// whole host pages.
+fn span_of(mr: &MrSpec<'_>) -> Option<u64> {
+    let end = u64::from(mr.first_page_offset).checked_add(mr.length)?;
+    end.checked_next_multiple_of(HOST_PAGE_SIZE)
+}
+
+impl Transport for VerbsRnic {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Verbs
+    }
+
+    fn caps(&self) -> Caps {
+        self.caps
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn port_active(&self) -> bool {
+        self.port_up.load(Ordering::Relaxed)
+    }
+
+    fn port_gid(&self, _vm: usize) -> Option<[u8; 16]> {
+        Some(self.dev.gid().0)
+    }
+
+    fn create_pd(&self, owner: Owner) -> Result<(), TransportError> {
+        let mut t = self.tables(owner.vm)?;
+        // SAFETY: a live context.
+        let pd =
+            Pd::from_raw(unsafe { ibv_alloc_pd(self.dev.context()) }).ok_or_else(|| host(-1))?;
+        t.pds.insert(owner.handle, pd);
+        Ok(())
+    }
+
+    fn destroy_pd(&self, owner: Owner) {
+        if let Ok(mut t) = self.tables(owner.vm) {
+            t.pds.remove(&owner.handle);
+        }
+    }
+
+    fn create_qp(&self, owner: Owner, spec: &QpSpec) -> Result<u32, TransportError> {
+        let vm = self.vms.get(owner.vm).ok_or(TransportError::Exhausted)?;
+        let mut t = lock(&vm.tables);
+        let srq_depth = match spec.srq {
+            0 => 0,
+            h => t
+                .srqs
+                .get(&h)
+                .map(|s| s.depth)
+                .ok_or(TransportError::Host(libc::EINVAL))?,
+        };
+        let (send_more, recv_more) = Self::qp_cqes(spec, srq_depth);
+        self.reserve_cqes(&mut t, spec.send_cq, send_more)?;
+        if let Err(e) = self.reserve_cqes(&mut t, spec.recv_cq, recv_more) {
+            Self::release_cqes(&mut t, spec.send_cq, send_more);
+            return Err(e);
+        }
+        let made = (|| {
+            let pd = t
+                .pds
+                .get(&spec.pd)
+                .ok_or(TransportError::Host(libc::EINVAL))?;
+            let cq = |h: u32| {
+                t.cqs
+                    .get(&h)
+                    .map(|c| c.cq.as_ptr())
+                    .ok_or(TransportError::Host(libc::EINVAL))
+            };
+            let srq = match spec.srq {
+                0 => std::ptr::null_mut(),
+                h => t
+                    .srqs
+                    .get(&h)
+                    .map(|s| s.srq.as_ptr())
+                    .ok_or(TransportError::Host(libc::EINVAL))?,
+            };
+            let mut init = ibv_qp_init_attr {
+                qp_context: std::ptr::null_mut(),
+                send_cq: cq(spec.send_cq)?,
+                recv_cq: cq(spec.recv_cq)?,
+                srq,
+                cap: rdma_sys::ibv_qp_cap {
+                    max_send_wr: spec.sq_depth.max(1),
+                    max_recv_wr: if spec.srq != 0 {
+                        0
+                    } else {
+                        spec.rq_depth.max(1)
+                    },
+                    max_send_sge: spec.max_send_sge.max(1),
+                    max_recv_sge: spec.max_recv_sge.max(1),
+                    max_inline_data: spec.max_inline_data,
+                },
+                qp_type: match spec.qp_type {
+                    QpType::UD => ibv_qp_type::IBV_QPT_UD,
+                    _ => ibv_qp_type::IBV_QPT_RC,
+                },
+                // Every work request is signaled on the host: the engine
+                // learns of each one's end (`Sent::signaled` says whether
+                // the guest sees it).
+                sq_sig_all: 1,
+            };
+            // SAFETY: a live PD, CQs and SRQ of this VM, and a filled
+            // attribute structure.
+            Qp::from_raw(unsafe { ibv_create_qp(pd.as_ptr(), &mut init) }).ok_or_else(|| host(-1))
+        })();
+        let qp = match made {
+            Ok(qp) => qp,
+            Err(e) => {
+                Self::release_cqes(&mut t, spec.send_cq, send_more);
+                Self::release_cqes(&mut t, spec.recv_cq, recv_more);
+                return Err(e);
+            }
+        };
+        let qpn = qp.qpn();
+        vm.qps.fetch_add(1, Ordering::Relaxed);
+        t.qps.insert(
+            qpn,
+            HostQp {
+                qp,
+                handle: owner.handle,
+                qp_type: spec.qp_type,
+                send_cq: spec.send_cq,
+                recv_cq: spec.recv_cq,
+                srq: spec.srq,
+                sq_depth: spec.sq_depth,
+                rq_depth: if spec.srq != 0 {
+                    srq_depth
+                } else {
+                    spec.rq_depth
+                },
+                sent: VecDeque::new(),
+                recvd: VecDeque::new(),
+                failed: false,
+                timeout: 0,
+                retry_cnt: 0,
+                progress: None,
+                timed_out: false,
+            },
+        );
+        self.qpns
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(qpn, owner);
+        Ok(qpn)
+    }
+
+    fn modify_qp(&self, change: &QpChange<'_>) -> Result<(), TransportError> {
+        let Some(owner) = self.lookup_qpn(change.qpn) else {
+            return Err(TransportError::Host(libc::EINVAL));
+        };
+        let mut t = self.tables(owner.vm)?;
+        let q = t
+            .qps
+            .get_mut(&change.qpn)
+            .ok_or(TransportError::Host(libc::EINVAL))?;
+        if q.failed && change.to == QpState::ERR {
+            return Ok(());
+        }
+        let (mut a, mask) = attr::modify(change, q.qp_type, self.src);
+        // SAFETY: a live QP and a filled attribute structure.
+        let rc = unsafe { ibv_modify_qp(q.qp.as_ptr(), &mut a, mask) };
+        if rc != 0 {
+            debug!(
+                "QPN {:#x}: host modify {:?} -> {:?} (mask {mask:#x}) refused: errno {}",
+                change.qpn,
+                change.from,
+                change.to,
+                errno_of(rc)
+            );
+            return Err(host(rc));
+        }
+        q.timeout = change.attr.timeout;
+        q.retry_cnt = change.attr.retry_cnt;
+        if change.to == QpState::RESET {
+            // The host dropped what it had taken; the engine forgets it too.
+            q.sent.clear();
+            q.recvd.clear();
+            q.failed = false;
+            q.progress = None;
+            q.timed_out = false;
+        }
+        Ok(())
+    }
+
+    fn destroy_qp(&self, qpn: u32) {
+        // The directory's lock is released before the tables' is taken (the
+        // engine takes them in the other order).
+        let removed = self
+            .qpns
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&qpn);
+        let Some(owner) = removed else {
+            return;
+        };
+        let Some(vm) = self.vms.get(owner.vm) else {
+            return;
+        };
+        let mut t = lock(&vm.tables);
+        if let Some(q) = t.qps.remove(&qpn) {
+            vm.qps.fetch_sub(1, Ordering::Relaxed);
+            let (s, r) = (q.sq_depth, q.rq_depth);
+            let (send_cq, recv_cq) = (q.send_cq, q.recv_cq);
+            drop(q);
+            Self::release_cqes(&mut t, send_cq, s);
+            Self::release_cqes(&mut t, recv_cq, r);
+        }
+    }
+
+    fn lookup_qpn(&self, qpn: u32) -> Option<Owner> {
+        self.qpns
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&qpn)
+            .copied()
+    }
+
+    fn qpns_in_use(&self) -> usize {
+        self.qpns.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    fn create_cq(&self, owner: Owner, depth: u32) -> Result<(), TransportError> {
+        let vm = self.vms.get(owner.vm).ok_or(TransportError::Exhausted)?;
+        let size = depth.clamp(MIN_CQE, self.max_cqe.max(MIN_CQE));
+        let cqe = libc::c_int::try_from(size).map_err(|_| TransportError::Exhausted)?;
+        let context = super::events::context_of(owner.vm, owner.handle);
+        // SAFETY: a live context and channel; the context value is an
+        // integer the daemon reads back, never dereferenced.
+        let cq = Cq::from_raw(unsafe {
+            ibv_create_cq(
+                self.dev.context(),
+                cqe,
+                context as *mut c_void,
+                vm.channel.as_ptr(),
+                0,
+            )
+        })
+        .ok_or_else(|| host(-1))?;
+        lock(&vm.tables).cqs.insert(
+            owner.handle,
+            HostCq {
+                cq,
+                size,
+                need: size,
+            },
+        );
+        Ok(())
+    }
+
+    fn destroy_cq(&self, owner: Owner) {
+        if let Ok(mut t) = self.tables(owner.vm) {
+            t.cqs.remove(&owner.handle);
+        }
+    }
+
+    fn create_srq(&self, owner: Owner, spec: &SrqSpec) -> Result<(), TransportError> {
+        let vm = self.vms.get(owner.vm).ok_or(TransportError::Exhausted)?;
+        let mut t = lock(&vm.tables);
+        let pd = t
+            .pds
+            .get(&spec.pd)
+            .ok_or(TransportError::Host(libc::EINVAL))?;
+        let mut init = ibv_srq_init_attr {
+            // An integer the async-event thread reads back.
+            srq_context: super::events::context_of(owner.vm, owner.handle) as *mut c_void,
+            attr: ibv_srq_attr {
+                max_wr: spec.depth.max(1),
+                max_sge: spec.max_sge.max(1),
+                // The device's limit event is the engine's (spec 18.21).
+                srq_limit: 0,
+            },
+        };
+        // SAFETY: a live PD and a filled attribute structure.
+        let srq = Srq::from_raw(unsafe { ibv_create_srq(pd.as_ptr(), &mut init) })
+            .ok_or_else(|| host(-1))?;
+        t.srqs.insert(
+            owner.handle,
+            HostSrq {
+                srq,
+                depth: spec.depth,
+                wr_ids: vec![(0, 0); spec.depth as usize],
+                free: (0..spec.depth).rev().collect(),
+            },
+        );
+        vm.srqs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn destroy_srq(&self, owner: Owner) {
+        if let Some(vm) = self.vms.get(owner.vm) {
+            if lock(&vm.tables).srqs.remove(&owner.handle).is_some() {
+                vm.srqs.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn create_ah(&self, owner: Owner, pd: u32, av: &AddressVector) -> Result<(), TransportError> {
+        let mut t = self.tables(owner.vm)?;
+        let pd = t.pds.get(&pd).ok_or(TransportError::Host(libc::EINVAL))?;
+        let mut a = attr::ah_attr(av, self.src);
+        // SAFETY: a live PD and a filled attribute structure. Resolving the
+        // destination's MAC may take a moment: this is the control path.
+        let ah =
+            Ah::from_raw(unsafe { ibv_create_ah(pd.as_ptr(), &mut a) }).ok_or_else(|| host(-1))?;
+        t.ahs.insert(owner.handle, ah);
+        Ok(())
+    }
+
+    fn destroy_ah(&self, owner: Owner) {
+        if let Ok(mut t) = self.tables(owner.vm) {
+            t.ahs.remove(&owner.handle);
+        }
+    }
+
+    fn reg_mr(&self, owner: Owner, mr: &MrSpec<'_>) -> Result<MrKeys, TransportError> {
+        let vm = self.vms.get(owner.vm).ok_or(TransportError::Exhausted)?;
+        let span = span_of(mr).ok_or(TransportError::Exhausted)?;
+        let mem = lock(&vm.mem)
+            .clone()
+            .ok_or(TransportError::Host(libc::EFAULT))?;
+        let region = {
+            let t = lock(&vm.tables);
+            let pd = t
+                .pds
+                .get(&mr.pd)
+                .ok_or(TransportError::Host(libc::EINVAL))?;
+            self.register(pd, &mem, mr, span)?
+        };
+        let (lkey, rkey) = region.keys();
+        let keys = MrKeys {
+            lkey,
+            rkey: if mr.remote { rkey } else { 0 },
+        };
+        lock(&self.mrs).insert(
+            lkey,
+            HostMr {
+                vm: owner.vm,
+                mr: Some(region),
+                span,
+            },
+        );
+        self.keys
+            .fetch_add(1 + u32::from(keys.rkey != 0), Ordering::Relaxed);
+        Ok(keys)
+    }
+
+    fn dereg_mr(&self, keys: MrKeys) {
+        if lock(&self.mrs).remove(&keys.lkey).is_some() {
+            self.keys
+                .fetch_sub(1 + u32::from(keys.rkey != 0), Ordering::Relaxed);
+        }
+    }
+
+    fn keys_in_use(&self) -> usize {
+        self.keys.load(Ordering::Relaxed) as usize
+    }
+
+    fn set_memory(&self, vm: usize, mem: Option<&GuestMemoryMmap<()>>) {
+        if let Some(v) = self.vms.get(vm) {
+            *lock(&v.mem) = mem.cloned();
+        }
+    }
+
+    fn remap_mr(&self, keys: MrKeys, mr: &MrSpec<'_>) -> bool {
+        let mut mrs = lock(&self.mrs);
+        let Some(host) = mrs.get_mut(&keys.lkey) else {
+            return false;
+        };
+        let Some(vm) = self.vms.get(host.vm) else {
+            return false;
+        };
+        let mem = lock(&vm.mem).clone();
+        let still = match (&host.mr, &mem) {
+            (Some(r), Some(mem)) => r.window().same_backing(mem, mr.pages, host.span),
+            _ => false,
+        };
+        if !still && host.mr.is_some() {
+            // The pages the host region pinned are not the guest's any
+            // more: it must not keep them (nor let a peer reach them).
+            warn!(
+                "memory region {:#x}: guest RAM under it changed; the host region is dropped",
+                keys.lkey
+            );
+            host.mr = None;
+        }
+        still
+    }
+}

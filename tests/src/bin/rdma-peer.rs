@@ -1,0 +1,418 @@
+//! One VM of a running `vhost-user-rdma` daemon (through the test VMM)
+//! against a peer on another machine, reached over TCP: the counterpart of
+//! `rdma-guest` for a VM that is not a QEMU guest. Run one on each side,
+//! each on its own daemon (daemons that move RDMA traffic between
+//! machines), or both against two sockets of one daemon (its software
+//! RNIC) to test the programs locally.
+//!
+//! ```text
+//! rdma-peer exchange --socket PATH --role server|client --tcp ADDR:PORT
+//!           [--buf-len BYTES] [--pingpongs N] [--stream-writes N] [--rounds N]
+//!           [--timeout-secs N]
+//! rdma-peer pingpong --socket PATH (--server | --client HOST) [-p PORT]
+//!           [-s SIZE] [-n ITERS] [-m MTU] [-r RX_DEPTH] [-c] [--timeout-secs N]
+//!           [--no-verify]
+//! rdma-peer ud --socket PATH --role server|client --tcp ADDR:PORT [-n N]
+//!           [-s SIZE] [--qkey Q] [--timeout-secs N]
+//! rdma-peer write-lat --socket PATH --role server|client --tcp ADDR:PORT
+//!           [-s SIZE] [-n ITERS] [--timeout-secs N]
+//! rdma-peer write-bw --socket PATH --role server|client --tcp ADDR:PORT
+//!           [-s SIZE] [-n ITERS] [--tx-depth D] [--timeout-secs N]
+//! ```
+//!
+//! - `exchange`: the checked two-peer exchange of
+//!   `virtio_rdma_apps::exchange` (SEND/RECV, WRITE, WRITE with immediate,
+//!   READ, atomics, every byte checked), its addresses swapped over a TCP
+//!   connection (`TcpOob`): the server listens on ADDR:PORT and takes one
+//!   connection, the client connects to it (retrying until the server
+//!   listens). Ends with `rdma-peer: exchange ok`.
+//! - `pingpong`: `virtio_rdma_apps::pingpong`, which speaks the protocol of
+//!   rdma-core's `ibv_rc_pingpong`, so the other side may be that tool
+//!   (with `-g`, a GID index: RoCE). Prints the tool's lines, then
+//!   `rdma-peer: pingpong ok`.
+//! - `ud`: `virtio_rdma_apps::ud`, N UD messages each way (sizes cycling
+//!   up to SIZE or the ports' largest UD payload), every one checked at its
+//!   receiver (status, length, source QPN, GRH, bytes). Ends with
+//!   `rdma-peer: ud ok (N messages each way)`.
+//! - `write-lat`, `write-bw`: `virtio_rdma_apps::perf`, `ib_write_lat`'s
+//!   and `ib_write_bw`'s measurements over one RC connection. Print
+//!   `write_lat: size S iters N t_min X t_typical Y t_avg Z t_p99 W usec`
+//!   and `write_bw: size S iters N MB/s X Mmsg/s Y` on both sides, then
+//!   `rdma-peer: write-lat ok` / `rdma-peer: write-bw ok`.
+//!
+//! `exchange`, `ud`, `write-lat` and `write-bw` share the TCP set-up: the
+//! server listens on ADDR:PORT and takes one connection, the client
+//! connects to it (retrying until the server listens).
+//!
+//! Exit status 0 when everything passed; 1 with `rdma-peer: error: ...` on
+//! standard error otherwise (2 for a bad command line).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args as ClapArgs, Parser, Subcommand, ValueEnum};
+use vhost_user_rdma_tests::transport::VmmTransport;
+use vhost_user_rdma_tests::vmm::{TestVmm, VmmOptions};
+use virtio_rdma_apps::exchange::{self, Options, Role};
+use virtio_rdma_apps::oob::TcpOob;
+use virtio_rdma_apps::perf;
+use virtio_rdma_apps::pingpong::{self, Side};
+use virtio_rdma_apps::ud;
+use virtio_rdma_driver::Device;
+
+type BoxError = Box<dyn std::error::Error>;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "rdma-peer",
+    about = "One VM of a vhost-user-rdma daemon against a peer on another machine (over TCP)"
+)]
+struct Args {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, ClapArgs)]
+struct Vm {
+    /// The daemon's vhost-user socket of the VM to play.
+    #[arg(long)]
+    socket: PathBuf,
+    /// Longest wait for the daemon's socket, the peer (TCP) and each RDMA
+    /// step, in seconds.
+    #[arg(long, default_value_t = 120)]
+    timeout_secs: u64,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum RoleArg {
+    Server,
+    Client,
+}
+
+/// The side to play and the TCP connection to the peer.
+#[derive(Debug, ClapArgs)]
+struct Peer {
+    /// Which side to play.
+    #[arg(long, value_enum)]
+    role: RoleArg,
+    /// Server: the address to listen on; client: the server's address
+    /// (host:port).
+    #[arg(long)]
+    tcp: String,
+}
+
+impl Peer {
+    /// Listens (server) or connects (client), each for at most `timeout`.
+    fn connect(&self, timeout: Duration) -> Result<(Role, TcpOob), BoxError> {
+        let tcp = self.tcp.as_str();
+        let r = match self.role {
+            RoleArg::Server => (
+                Role::Server,
+                TcpOob::listen(tcp, timeout).map_err(|e| format!("listening on {tcp}: {e}"))?,
+            ),
+            RoleArg::Client => (
+                Role::Client,
+                TcpOob::connect(tcp, timeout).map_err(|e| format!("connecting to {tcp}: {e}"))?,
+            ),
+        };
+        if let Ok(a) = r.1.peer_addr() {
+            println!("rdma-peer: TCP peer {a}");
+        }
+        Ok(r)
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// The checked two-peer exchange, addresses swapped over TCP.
+    Exchange {
+        #[command(flatten)]
+        vm: Vm,
+        /// Which side to play (the client drives the steps).
+        #[arg(long, value_enum)]
+        role: RoleArg,
+        /// Server: the address to listen on; client: the server's address
+        /// (host:port).
+        #[arg(long)]
+        tcp: String,
+        /// Bytes of the data buffer (the largest transfer).
+        #[arg(long, default_value_t = 1 << 20)]
+        buf_len: usize,
+        /// SEND/RECV ping-pong round trips.
+        #[arg(long, default_value_t = 200)]
+        pingpongs: u32,
+        /// RDMA WRITEs of the whole buffer in the throughput step.
+        #[arg(long, default_value_t = 16)]
+        stream_writes: u32,
+        /// Repetitions of the checked transfers.
+        #[arg(long, default_value_t = 1)]
+        rounds: u32,
+    },
+    /// A ping-pong compatible with rdma-core's ibv_rc_pingpong.
+    Pingpong {
+        #[command(flatten)]
+        vm: Vm,
+        /// Listen for the client (as the tool without a host name).
+        #[arg(long, conflicts_with = "client", required_unless_present = "client")]
+        server: bool,
+        /// Connect to the server on this host.
+        #[arg(long, value_name = "HOST")]
+        client: Option<String>,
+        /// TCP port.
+        #[arg(short = 'p', long, default_value_t = pingpong::DEFAULT_PORT)]
+        port: u16,
+        /// Bytes of each message (at least 1).
+        #[arg(short = 's', long, default_value_t = 4096, value_parser = at_least_one)]
+        size: usize,
+        /// Messages each way.
+        #[arg(short = 'n', long, default_value_t = 1000,
+              value_parser = clap::value_parser!(u32).range(1..))]
+        iters: u32,
+        /// Path MTU: 256, 512, 1024, 2048 or 4096.
+        #[arg(short = 'm', long, default_value_t = 1024, value_parser = mtu)]
+        mtu: u32,
+        /// Receives kept posted.
+        #[arg(short = 'r', long, default_value_t = 500,
+              value_parser = clap::value_parser!(u32).range(1..))]
+        rx_depth: u32,
+        /// Check only the length of received messages, not their bytes.
+        #[arg(long)]
+        no_verify: bool,
+        /// Client: zero the first byte of each 4 KiB page sent, for a server
+        /// running ibv_rc_pingpong -c (which checks those bytes).
+        #[arg(short = 'c', long)]
+        chk: bool,
+    },
+    /// UD messages both ways, every one checked; addresses swapped over TCP.
+    Ud {
+        #[command(flatten)]
+        vm: Vm,
+        #[command(flatten)]
+        peer: Peer,
+        /// Messages each way.
+        #[arg(short = 'n', long, default_value_t = 100,
+              value_parser = clap::value_parser!(u32).range(1..))]
+        count: u32,
+        /// The largest message (sizes cycle from 1 up to this or the ports'
+        /// largest UD payload, whichever is smaller).
+        #[arg(short = 's', long, default_value_t = 1024, value_parser = at_least_one)]
+        size: usize,
+        /// Our QP's Q_Key (decimal or 0x hex; bit 31 clear).
+        #[arg(long, default_value = "0x11111111", value_parser = qkey)]
+        qkey: u32,
+    },
+    /// ib_write_lat's RDMA WRITE latency; addresses swapped over TCP.
+    WriteLat {
+        #[command(flatten)]
+        vm: Vm,
+        #[command(flatten)]
+        peer: Peer,
+        /// Bytes of each WRITE.
+        #[arg(short = 's', long, default_value_t = 64, value_parser = at_least_one)]
+        size: usize,
+        /// Measured round trips (after a few unmeasured ones).
+        #[arg(short = 'n', long, default_value_t = 1000,
+              value_parser = clap::value_parser!(u32).range(1..))]
+        iters: u32,
+    },
+    /// ib_write_bw's RDMA WRITE bandwidth; addresses swapped over TCP.
+    WriteBw {
+        #[command(flatten)]
+        vm: Vm,
+        #[command(flatten)]
+        peer: Peer,
+        /// Bytes of each WRITE.
+        #[arg(short = 's', long, default_value_t = 65536, value_parser = at_least_one)]
+        size: usize,
+        /// WRITEs in all.
+        #[arg(short = 'n', long, default_value_t = 1000,
+              value_parser = clap::value_parser!(u32).range(1..))]
+        iters: u32,
+        /// Client: WRITEs kept outstanding.
+        #[arg(long, default_value_t = 128,
+              value_parser = clap::value_parser!(u32).range(1..))]
+        tx_depth: u32,
+    },
+}
+
+/// A size of at least one byte.
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A path MTU ibv_rc_pingpong accepts for `-m`.
+fn mtu(text: &str) -> Result<u32, String> {
+    text.parse::<u32>()
+        .ok()
+        .filter(|&m| pingpong::mtu_from_bytes(m).is_some())
+        .ok_or_else(|| "must be 256, 512, 1024, 2048 or 4096".into())
+}
+
+/// A Q_Key: decimal or `0x` hex, bit 31 clear (a controlled Q_Key would
+/// make the peer's sends use its own QP's Q_Key instead).
+fn qkey(text: &str) -> Result<u32, String> {
+    let v = match text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => text.parse(),
+    }
+    .map_err(|e| e.to_string())?;
+    if v & (1 << 31) != 0 {
+        return Err("bit 31 is set (a controlled Q_Key)".into());
+    }
+    Ok(v)
+}
+
+/// Connects to the daemon as one VM and opens its RDMA device.
+fn open(socket: &Path, timeout: Duration) -> Result<Device, BoxError> {
+    let vmm = TestVmm::connect(
+        socket,
+        VmmOptions {
+            connect_timeout: timeout,
+            ..VmmOptions::default()
+        },
+    )
+    .map_err(|e| format!("connecting to {}: {e}", socket.display()))?;
+    let dev = Device::open(VmmTransport::new(vmm)?)?;
+    println!(
+        "rdma-peer: VM on {}: GID {}",
+        socket.display(),
+        std::net::Ipv6Addr::from(dev.gid())
+    );
+    Ok(dev)
+}
+
+fn run(args: Args) -> Result<(), BoxError> {
+    let mut out = std::io::stdout();
+    match args.cmd {
+        Cmd::Exchange {
+            vm,
+            role,
+            tcp,
+            buf_len,
+            pingpongs,
+            stream_writes,
+            rounds,
+        } => {
+            let timeout = Duration::from_secs(vm.timeout_secs);
+            let dev = open(&vm.socket, timeout)?;
+            let (role, mut oob) = Peer { role, tcp }.connect(timeout)?;
+            let opts = Options {
+                buf_len,
+                pingpongs,
+                stream_writes,
+                rounds,
+                timeout,
+            };
+            exchange::run(&dev, role, &mut oob, &opts, &mut out)?;
+            println!("rdma-peer: exchange ok");
+        }
+        Cmd::Pingpong {
+            vm,
+            server,
+            client,
+            port,
+            size,
+            iters,
+            mtu,
+            rx_depth,
+            no_verify,
+            chk,
+        } => {
+            let side = match (server, client) {
+                (_, Some(host)) => Side::Client(host),
+                (true, None) => Side::Server,
+                (false, None) => return Err("give --server or --client HOST".into()),
+            };
+            let timeout = Duration::from_secs(vm.timeout_secs);
+            let dev = open(&vm.socket, timeout)?;
+            let opts = pingpong::Options {
+                side,
+                port,
+                size,
+                iters,
+                mtu,
+                rx_depth,
+                timeout,
+                verify: !no_verify,
+                chk,
+            };
+            pingpong::run(&dev, &opts, &mut out)?;
+            println!("rdma-peer: pingpong ok");
+        }
+        Cmd::Ud {
+            vm,
+            peer,
+            count,
+            size,
+            qkey,
+        } => {
+            let timeout = Duration::from_secs(vm.timeout_secs);
+            let dev = open(&vm.socket, timeout)?;
+            let (role, mut oob) = peer.connect(timeout)?;
+            let opts = ud::Options {
+                count,
+                size,
+                qkey,
+                timeout,
+            };
+            ud::run(&dev, role, &mut oob, &opts, &mut out)?;
+            println!("rdma-peer: ud ok ({count} messages each way)");
+        }
+        Cmd::WriteLat {
+            vm,
+            peer,
+            size,
+            iters,
+        } => {
+            let timeout = Duration::from_secs(vm.timeout_secs);
+            let dev = open(&vm.socket, timeout)?;
+            let (role, mut oob) = peer.connect(timeout)?;
+            let opts = perf::Options {
+                size,
+                iters,
+                tx_depth: 1,
+                timeout,
+            };
+            perf::write_lat(&dev, role, &mut oob, &opts, &mut out)?;
+            println!("rdma-peer: write-lat ok");
+        }
+        Cmd::WriteBw {
+            vm,
+            peer,
+            size,
+            iters,
+            tx_depth,
+        } => {
+            let timeout = Duration::from_secs(vm.timeout_secs);
+            let dev = open(&vm.socket, timeout)?;
+            let (role, mut oob) = peer.connect(timeout)?;
+            let opts = perf::Options {
+                size,
+                iters,
+                tx_depth,
+                timeout,
+            };
+            perf::write_bw(&dev, role, &mut oob, &opts, &mut out)?;
+            println!("rdma-peer: write-bw ok");
+        }
+    }
+    let _ = out.flush();
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let _ = std::io::stdout().flush();
+            eprintln!("rdma-peer: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
