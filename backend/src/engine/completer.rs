@@ -111,16 +111,7 @@ pub(crate) fn cq_error(state: &mut VmState, cq_handle: u32) -> bool {
         cq.rt.overflowed = true;
     }
     state.events.push(EventKind::CQ_ERROR, cq_handle, 0);
-    let victims: Vec<u32> = state
-        .res
-        .qps
-        .iter()
-        .filter(|(_, q)| q.send_cq == cq_handle || q.recv_cq == cq_handle)
-        .map(|(h, _)| h)
-        .collect();
-    for h in victims {
-        state.qp_enter_err(h, Some(EventKind::QP_FATAL));
-    }
+    state.fail_qps(|q| q.send_cq == cq_handle || q.recv_cq == cq_handle);
     false
 }
 

@@ -19,7 +19,7 @@ use virtio_rdma_abi::qp::QpState;
 use crate::config::Limits;
 use crate::events::EventQueue;
 use crate::memory::RamMap;
-use crate::resources::VmResources;
+use crate::resources::{Qp, VmResources};
 use crate::tenancy::Tenancy;
 use crate::transport::Transport;
 
@@ -228,24 +228,30 @@ impl VmState {
     /// device instance that went away) move to `ERR` with `QP_FATAL`; the
     /// engine then flushes their work (spec 18.23). Returns how many.
     pub fn fail_peers_of(&mut self, gid: [u8; 16], qpns: &[u32]) -> usize {
-        use virtio_rdma_abi::qp::{QpState, QpType};
+        use virtio_rdma_abi::qp::QpType;
+        self.fail_qps(|q| {
+            q.qp_type == QpType::RC
+                && matches!(
+                    q.state,
+                    QpState::RTR | QpState::RTS | QpState::SQD | QpState::SQE
+                )
+                && q.attr.av.dgid == gid
+                && qpns.binary_search(&q.attr.dest_qpn).is_ok()
+        })
+    }
+
+    /// Moves every QP that `which` picks and that is not in ERR yet into
+    /// ERR with `QP_FATAL` ([`VmState::qp_enter_err`]); returns how many.
+    pub fn fail_qps(&mut self, which: impl Fn(&Qp) -> bool) -> usize {
         let hit: Vec<u32> = self
             .res
             .qps
             .iter()
-            .filter(|(_, q)| {
-                q.qp_type == QpType::RC
-                    && matches!(
-                        q.state,
-                        QpState::RTR | QpState::RTS | QpState::SQD | QpState::SQE
-                    )
-                    && q.attr.av.dgid == gid
-                    && qpns.binary_search(&q.attr.dest_qpn).is_ok()
-            })
+            .filter(|(_, q)| q.state != QpState::ERR && which(q))
             .map(|(h, _)| h)
             .collect();
         for &h in &hit {
-            self.qp_enter_err(h, Some(virtio_rdma_abi::event::EventKind::QP_FATAL));
+            self.qp_enter_err(h, Some(EventKind::QP_FATAL));
         }
         hit.len()
     }

@@ -287,6 +287,26 @@ fn open(socket: &Path, timeout: Duration) -> Result<Device, BoxError> {
     Ok(dev)
 }
 
+/// A VM's device and the TCP connection its peer's parameters come over.
+struct Session {
+    timeout: Duration,
+    dev: Device,
+    role: Role,
+    oob: TcpOob,
+}
+
+fn session(vm: &Vm, peer: &Peer) -> Result<Session, BoxError> {
+    let timeout = Duration::from_secs(vm.timeout_secs);
+    let dev = open(&vm.socket, timeout)?;
+    let (role, oob) = peer.connect(timeout)?;
+    Ok(Session {
+        timeout,
+        dev,
+        role,
+        oob,
+    })
+}
+
 fn run(args: Args) -> Result<(), BoxError> {
     let mut out = std::io::stdout();
     match args.cmd {
@@ -299,17 +319,15 @@ fn run(args: Args) -> Result<(), BoxError> {
             stream_writes,
             rounds,
         } => {
-            let timeout = Duration::from_secs(vm.timeout_secs);
-            let dev = open(&vm.socket, timeout)?;
-            let (role, mut oob) = Peer { role, tcp }.connect(timeout)?;
+            let mut s = session(&vm, &Peer { role, tcp })?;
             let opts = Options {
                 buf_len,
                 pingpongs,
                 stream_writes,
                 rounds,
-                timeout,
+                timeout: s.timeout,
             };
-            exchange::run(&dev, role, &mut oob, &opts, &mut out)?;
+            exchange::run(&s.dev, s.role, &mut s.oob, &opts, &mut out)?;
             println!("rdma-peer: exchange ok");
         }
         Cmd::Pingpong {
@@ -352,16 +370,14 @@ fn run(args: Args) -> Result<(), BoxError> {
             size,
             qkey,
         } => {
-            let timeout = Duration::from_secs(vm.timeout_secs);
-            let dev = open(&vm.socket, timeout)?;
-            let (role, mut oob) = peer.connect(timeout)?;
+            let mut s = session(&vm, &peer)?;
             let opts = ud::Options {
                 count,
                 size,
                 qkey,
-                timeout,
+                timeout: s.timeout,
             };
-            ud::run(&dev, role, &mut oob, &opts, &mut out)?;
+            ud::run(&s.dev, s.role, &mut s.oob, &opts, &mut out)?;
             println!("rdma-peer: ud ok ({count} messages each way)");
         }
         Cmd::WriteLat {
@@ -370,16 +386,14 @@ fn run(args: Args) -> Result<(), BoxError> {
             size,
             iters,
         } => {
-            let timeout = Duration::from_secs(vm.timeout_secs);
-            let dev = open(&vm.socket, timeout)?;
-            let (role, mut oob) = peer.connect(timeout)?;
+            let mut s = session(&vm, &peer)?;
             let opts = perf::Options {
                 size,
                 iters,
                 tx_depth: 1,
-                timeout,
+                timeout: s.timeout,
             };
-            perf::write_lat(&dev, role, &mut oob, &opts, &mut out)?;
+            perf::write_lat(&s.dev, s.role, &mut s.oob, &opts, &mut out)?;
             println!("rdma-peer: write-lat ok");
         }
         Cmd::WriteBw {
@@ -389,16 +403,14 @@ fn run(args: Args) -> Result<(), BoxError> {
             iters,
             tx_depth,
         } => {
-            let timeout = Duration::from_secs(vm.timeout_secs);
-            let dev = open(&vm.socket, timeout)?;
-            let (role, mut oob) = peer.connect(timeout)?;
+            let mut s = session(&vm, &peer)?;
             let opts = perf::Options {
                 size,
                 iters,
                 tx_depth,
-                timeout,
+                timeout: s.timeout,
             };
-            perf::write_bw(&dev, role, &mut oob, &opts, &mut out)?;
+            perf::write_bw(&s.dev, s.role, &mut s.oob, &opts, &mut out)?;
             println!("rdma-peer: write-bw ok");
         }
     }

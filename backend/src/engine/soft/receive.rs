@@ -122,16 +122,7 @@ pub(super) fn recv_queue_failed(state: &mut VmState, qp: u32) {
             state.events.push(EventKind::SRQ_ERROR, srq_h, 0);
         }
     }
-    let attached: Vec<u32> = state
-        .res
-        .qps
-        .iter()
-        .filter(|(_, q)| q.srq == srq_h)
-        .map(|(h, _)| h)
-        .collect();
-    for h in attached {
-        state.qp_enter_err(h, Some(EventKind::QP_FATAL));
-    }
+    state.fail_qps(|q| q.srq == srq_h);
 }
 
 /// Writes the successful receive completion `cqe` of QP `qp` on CQ `cq`.

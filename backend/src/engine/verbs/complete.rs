@@ -62,16 +62,7 @@ pub(super) fn host_events(host: &VmHost, state: &mut VmState) -> bool {
             }
             HostEvent::DeviceFatal => {
                 state.events.push(EventKind::DEVICE_FATAL, 0, 0);
-                let live: Vec<u32> = state
-                    .res
-                    .qps
-                    .iter()
-                    .filter(|(_, q)| q.state != QpState::ERR && q.state != QpState::RESET)
-                    .map(|(h, _)| h)
-                    .collect();
-                for h in live {
-                    state.qp_enter_err(h, Some(EventKind::QP_FATAL));
-                }
+                state.fail_qps(|q| q.state != QpState::RESET);
             }
             HostEvent::Port(down) => {
                 let kind = if down {
@@ -85,21 +76,10 @@ pub(super) fn host_events(host: &VmHost, state: &mut VmState) -> bool {
                     // port that went down varies (Linux soft-RoCE never
                     // does): the device fails them now, so that no guest
                     // waits for ever (spec appendix D).
-                    let rc: Vec<u32> = state
-                        .res
-                        .qps
-                        .iter()
-                        .filter(|(_, q)| {
-                            q.qp_type == QpType::RC
-                                && !matches!(q.state, QpState::ERR | QpState::RESET)
-                        })
-                        .map(|(h, _)| h)
-                        .collect();
-                    if !rc.is_empty() {
-                        info!("port down: {} RC QPs of VM {} fail", rc.len(), state.vm_index());
-                    }
-                    for h in rc {
-                        state.qp_enter_err(h, Some(EventKind::QP_FATAL));
+                    let n = state
+                        .fail_qps(|q| q.qp_type == QpType::RC && q.state != QpState::RESET);
+                    if n > 0 {
+                        info!("port down: {n} RC QPs of VM {} fail", state.vm_index());
                     }
                 }
             }

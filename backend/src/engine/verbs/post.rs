@@ -416,16 +416,7 @@ fn srq_failed(state: &mut VmState, h: u32) {
         s.rt.broken = true;
     }
     state.events.push(EventKind::SRQ_ERROR, h, 0);
-    let attached: Vec<u32> = state
-        .res
-        .qps
-        .iter()
-        .filter(|(_, q)| q.srq == h && q.state != QpState::ERR)
-        .map(|(qh, _)| qh)
-        .collect();
-    for qh in attached {
-        state.qp_enter_err(qh, Some(EventKind::QP_FATAL));
-    }
+    state.fail_qps(|q| q.srq == h);
 }
 
 /// Posts the new receive WQEs of the VM's SRQs; true if any was.
