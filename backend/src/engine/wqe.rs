@@ -144,6 +144,9 @@ fn sges<'s>(buf: &[u8], header: u32, n: usize, out: &'s mut [Sge; MAX_SGES]) -> 
     Some(out)
 }
 
+// `fetch_send` decodes the header from the first SEND_WQE_HEADER bytes.
+const _: () = assert!(SEND_WQE_HEADER as usize == SendWqe::SIZE);
+
 /// Copies and parses send WQE `index`.
 pub fn fetch_send<'a>(
     mem: &HostMem,
@@ -158,8 +161,11 @@ pub fn fetch_send<'a>(
         slot,
         sges: sge_buf,
     } = scratch;
+    // The header is decoded once, from the engine's copy (the guest cannot
+    // change it under us); the body's length follows from it.
+    let mut hdr = SendWqe::default();
     let buf = copy_slot(mem, gpa, stride, SEND_WQE_HEADER as usize, slot, |h| {
-        let hdr = SendWqe::read(h);
+        hdr = SendWqe::read(h);
         if hdr.flags & WQE_INLINE != 0 {
             hdr.inline_len as usize
         } else {
@@ -167,11 +173,13 @@ pub fn fetch_send<'a>(
         }
     })
     .ok_or(WqeError::Unusable)?;
-    let raw = buf.get(..SendWqe::SIZE).ok_or(WqeError::Unusable)?;
-    let loose = SendWqe::read(raw);
-    let opcode = WrOpcode::from_u32(u32::from(loose.opcode));
-    let bad = WqeError::malformed(loose.wr_id, opcode);
-    let hdr = SendWqe::parse(raw).map_err(|_| bad)?;
+    let opcode = WrOpcode::from_u32(u32::from(hdr.opcode));
+    let bad = WqeError::malformed(hdr.wr_id, opcode);
+    // What `SendWqe::parse` checks beyond the size, which `copy_slot`
+    // guaranteed: the reserved field is zero.
+    if hdr.reserved != 0 {
+        return Err(bad);
+    }
     let opcode = opcode.ok_or(bad)?;
     let known = virtio_rdma_abi::datapath::WQE_SIGNALED
         | virtio_rdma_abi::datapath::WQE_SOLICITED
