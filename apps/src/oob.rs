@@ -66,6 +66,28 @@ impl Lines {
     fn pop(&mut self) -> Option<String> {
         self.bodies.pop_front()
     }
+
+    /// The next line, reading chunks with `read` (given the time left;
+    /// `Ok(0)` for nothing yet) until one is complete or `timeout` passes.
+    fn next_within(
+        &mut self,
+        timeout: Duration,
+        mut read: impl FnMut(Duration, &mut [u8]) -> io::Result<usize>,
+    ) -> io::Result<Option<String>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(l) = self.pop() {
+                return Ok(Some(l));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            let mut chunk = [0u8; 512];
+            let n = read(left, &mut chunk)?;
+            self.push(chunk.get(..n).unwrap_or(&[]));
+        }
+    }
 }
 
 impl SerialOob {
@@ -116,17 +138,10 @@ impl Oob for SerialOob {
     }
 
     fn recv(&mut self, timeout: Duration) -> io::Result<Option<String>> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(l) = self.lines.pop() {
-                return Ok(Some(l));
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Ok(None);
-            }
+        let file = &mut self.file;
+        self.lines.next_within(timeout, |left, chunk| {
             let mut pfd = libc::pollfd {
-                fd: self.file.as_raw_fd(),
+                fd: file.as_raw_fd(),
                 events: libc::POLLIN,
                 revents: 0,
             };
@@ -138,15 +153,25 @@ impl Oob for SerialOob {
                     return Err(e);
                 }
             }
-            let mut chunk = [0u8; 512];
-            match self.file.read(&mut chunk) {
-                Ok(0) => std::thread::sleep(Duration::from_millis(5)),
-                Ok(n) => self.lines.push(&chunk[..n]),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
+            match file.read(chunk) {
+                // End of file on a serial line or FIFO: the writer may
+                // come back.
+                Ok(0) => {
+                    std::thread::sleep(Duration::from_millis(5));
+                    Ok(0)
+                }
+                Ok(n) => Ok(n),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    Ok(0)
+                }
+                Err(e) => Err(e),
             }
-        }
+        })
     }
 }
 
@@ -311,37 +336,29 @@ impl Oob for TcpOob {
     }
 
     fn recv(&mut self, timeout: Duration) -> io::Result<Option<String>> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(l) = self.lines.pop() {
-                return Ok(Some(l));
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Ok(None);
-            }
+        let stream = &mut self.stream;
+        self.lines.next_within(timeout, |left, chunk| {
             // A zero read timeout would mean "block forever".
-            self.stream
-                .set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
-            let mut chunk = [0u8; 512];
-            match self.stream.read(&mut chunk) {
-                Ok(0) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "the peer closed the connection",
-                    ))
-                }
-                Ok(n) => self.lines.push(&chunk[..n]),
+            stream.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
+            match stream.read(chunk) {
+                Ok(0) => Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the peer closed the connection",
+                )),
+                Ok(n) => Ok(n),
                 Err(e)
                     if matches!(
                         e.kind(),
                         io::ErrorKind::WouldBlock
                             | io::ErrorKind::TimedOut
                             | io::ErrorKind::Interrupted
-                    ) => {}
-                Err(e) => return Err(e),
+                    ) =>
+                {
+                    Ok(0)
+                }
+                Err(e) => Err(e),
             }
-        }
+        })
     }
 }
 
