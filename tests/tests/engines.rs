@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use vhost_user_rdma::qos::QosSpec;
 use vhost_user_rdma_tests::dp::{
-    ok, open, poll_n, poll_one, post_writes, rc_pair, wr, write_and_send_back, write_op, Buf, Vm,
-    WAIT,
+    conn, ok, open, poll_n, poll_one, post_writes, rc_pair, wr, write_and_send_back, write_op, Buf,
+    Pair, Vm, QP_ACCESS, WAIT,
 };
 use vhost_user_rdma_tests::harness::{add_tenant, TestDaemon};
 use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
@@ -230,6 +230,46 @@ fn control_commands_wake_the_engine_only_for_state_changes() {
     // would be 100 or more.
     assert!(woke < 50, "{woke} wake-ups for 100 QPs created");
     drop(qps);
+    // 100 QPs connected up to RTS with nothing posted: no wake-up each
+    // either.
+    let p2 = parks(&d);
+    let pairs: Vec<_> = (0..50).map(|_| rc_pair(&a, &b)).collect();
+    let woke = parks(&d) - p2;
+    assert!(woke < 50, "{woke} wake-ups for 100 QPs connected");
+    drop(pairs);
+
+    // A WRITE posted in RTR, while the engine sleeps, starts when its QP
+    // enters RTS (spec 18.22): that transition wakes the engine.
+    let mut took = Vec::new();
+    for i in 0..5u64 {
+        let (cqa, cqb) = (
+            Cq::create(&a.dev, 16).unwrap(),
+            Cq::create(&b.dev, 16).unwrap(),
+        );
+        let qa = vhost_user_rdma_tests::dp::rc_qp(&a, &cqa);
+        let qb = vhost_user_rdma_tests::dp::rc_qp(&b, &cqb);
+        qb.rc_connect(QP_ACCESS, &conn(&qa, &a)).unwrap();
+        let c = conn(&qb, &b);
+        qa.rc_to_init(QP_ACCESS).unwrap();
+        qa.rc_to_rtr(&c).unwrap();
+        let p = Pair { cqa, cqb, qa, qb };
+        let (src, dst) = (Buf::new(&a, 4096), Buf::new(&b, 4096));
+        post_writes(&p, &src, &dst, 64, i, 1);
+        let before = parks(&d);
+        wait_parked(&d, before);
+        let mut wc = [virtio_rdma_driver::WorkCompletion::default()];
+        assert_eq!(p.cqa.poll(&mut wc), 0, "a WRITE ran in RTR");
+        let t0 = Instant::now();
+        p.qa.rc_to_rts(&c).unwrap();
+        ok(&poll_one(&p.cqa), i, WcOpcode::RDMA_WRITE);
+        took.push(t0.elapsed());
+    }
+    took.sort();
+    // A lost wake-up shows as the 50 ms park limit.
+    assert!(
+        took[2] < Duration::from_millis(25),
+        "WRITEs posted in RTR took {took:?} after RTS"
+    );
 
     // Connect while the engine sleeps, then post: served at once.
     let mut took = Vec::new();

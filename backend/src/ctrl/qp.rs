@@ -311,14 +311,21 @@ impl VmState {
             // QP_COMM_EST again (spec 18.22).
             qp.rt.comm_est = false;
         }
-        if target != cur
-            && (matches!(
-                target,
-                QpState::RTS | QpState::ERR | QpState::RESET | QpState::SQD
-            ) || cur == QpState::SQD)
-        {
-            // Posted work may now start, be flushed or be discarded.
-            self.engine_work = true;
+        if target != cur {
+            // Posted work may now start, be flushed or be discarded. A QP
+            // entering RTS with nothing posted needs no engine: a later
+            // post kicks a sleeping engine or is seen by a polling one
+            // (waking it for every QP a driver connects would cost a look
+            // at every QP each time).
+            let wake = match target {
+                QpState::RTS => {
+                    cur == QpState::SQD
+                        || ring_pi(qp, mem, 0, QpDoorbell::SQ_PI) != Some(qp.rt.sq_ci)
+                }
+                QpState::ERR | QpState::RESET | QpState::SQD => true,
+                _ => cur == QpState::SQD,
+            };
+            self.engine_work |= wake;
         }
         qp.state = target;
         qp.attr.qp_state = target.into();
@@ -432,30 +439,31 @@ fn apply(dst: &mut QpAttr, mask: u32, src: &QpAttr) {
 /// receive queue's too, not an SRQ's) and publishes them in the device
 /// half of its doorbell record (spec 18.22). A record out of RAM leaves
 /// the index as it was (the engine fails such a QP when it needs it).
-fn empty_rings<G: GuestMemoryBackend>(qp: &mut Qp, mem: &G) {
-    /// The producer index in word `word` of the QP's doorbell slot, or at
-    /// byte `field` of its record.
-    fn pi<G: GuestMemoryBackend>(qp: &Qp, mem: &G, word: u32, field: u64) -> Option<u32> {
-        if let Some(slot) = &qp.db_slot {
-            return Some(slot.load(word));
-        }
-        let at = qp.db_gpa.checked_add(field)?;
-        let mut b = [0u8; 4];
-        read_guest(mem, GuestAddress(at), &mut b).ok()?;
-        Some(u32::from_le_bytes(b))
+/// The producer index in word `word` of the QP's doorbell slot, or at byte
+/// `field` of its record.
+fn ring_pi<G: GuestMemoryBackend>(qp: &Qp, mem: &G, word: u32, field: u64) -> Option<u32> {
+    if let Some(slot) = &qp.db_slot {
+        return Some(slot.load(word));
     }
+    let at = qp.db_gpa.checked_add(field)?;
+    let mut b = [0u8; 4];
+    read_guest(mem, GuestAddress(at), &mut b).ok()?;
+    Some(u32::from_le_bytes(b))
+}
+
+fn empty_rings<G: GuestMemoryBackend>(qp: &mut Qp, mem: &G) {
     /// Stores consumer index `ci` at byte `field` of the QP's record.
     fn publish<G: GuestMemoryBackend>(qp: &Qp, mem: &G, field: u64, ci: u32) {
         if let Some(at) = qp.db_gpa.checked_add(field) {
             let _ = write_guest(mem, GuestAddress(at), &ci.to_le_bytes());
         }
     }
-    if let Some(p) = pi(qp, mem, 0, QpDoorbell::SQ_PI) {
+    if let Some(p) = ring_pi(qp, mem, 0, QpDoorbell::SQ_PI) {
         qp.rt.sq_ci = p;
         publish(qp, mem, QpDoorbell::SQ_CI, p);
     }
     if qp.srq == 0 {
-        if let Some(p) = pi(qp, mem, 1, QpDoorbell::RQ_PI) {
+        if let Some(p) = ring_pi(qp, mem, 1, QpDoorbell::RQ_PI) {
             qp.rt.rq_ci = p;
             publish(qp, mem, QpDoorbell::RQ_CI, p);
         }

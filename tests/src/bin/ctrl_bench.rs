@@ -78,15 +78,21 @@ struct Args {
     /// sleeps between requests exactly like the echo backend).
     #[arg(long)]
     ctrl_poll_us: Option<u64>,
+    /// QP benchmark under load: two more VMs of the daemon stream 64-byte
+    /// RDMA WRITEs through its engine for the whole run, and only the
+    /// daemon's pipelined setup is measured (the engine then sees every
+    /// new QP while it polls).
+    #[arg(long)]
+    traffic: bool,
 }
 
 /// The daemon polling window chosen on the command line.
 static CTRL_POLL: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
 
 /// Starts the daemon under test with the chosen polling window.
-fn start_daemon(limits: Limits) -> vhost_user_rdma_tests::Result<TestDaemon> {
+fn start_daemon(limits: Limits, vms: usize) -> vhost_user_rdma_tests::Result<TestDaemon> {
     let poll = CTRL_POLL.get().copied().flatten();
-    TestDaemon::with_config(1, |c| {
+    TestDaemon::with_config(vms, |c| {
         c.set_limits(limits);
         if let Some(p) = poll {
             c.ctrl_poll = p;
@@ -116,6 +122,7 @@ struct Config {
     latency: bool,
     qp: bool,
     mr: bool,
+    traffic: bool,
 }
 
 impl Config {
@@ -147,6 +154,7 @@ impl Config {
             latency: want("latency"),
             qp: want("qp"),
             mr: want("mr"),
+            traffic: a.traffic,
         })
     }
 }
@@ -369,7 +377,7 @@ fn echo_socket() -> PathBuf {
 fn latency_bench(cfg: &Config, p: Placement, sum: &mut Summary) -> Res<Vec<LatencyRow>> {
     let path = echo_socket();
     let (daemon, echo): (TestDaemon, EchoHandle) = p.launch(|| {
-        let d = start_daemon(Limits::default())?;
+        let d = start_daemon(Limits::default(), 1)?;
         let e = echo::spawn(&path)?;
         Ok((d, e))
     })?;
@@ -488,6 +496,56 @@ struct QpRun {
     setup: Duration,
     create: Duration,
     destroy: Duration,
+    /// The other VMs' WRITEs per second during the setup (`--traffic`).
+    traffic: Option<f64>,
+}
+
+/// Two VMs of the daemon streaming 64-byte RDMA WRITEs (16 signaled ones
+/// at a time) until dropped.
+struct Traffic {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    wqes: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Traffic {
+    fn start(d: &TestDaemon, a: usize, b: usize) -> Traffic {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        use vhost_user_rdma_tests::dp;
+        let (va, vb) = (dp::open(d, a), dp::open(d, b));
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let wqes = std::sync::Arc::new(AtomicU64::new(0));
+        let (stop2, wqes2) = (stop.clone(), wqes.clone());
+        let thread = std::thread::spawn(move || {
+            let p = dp::rc_pair(&va, &vb);
+            let (src, dst) = (dp::Buf::new(&va, 4096), dp::Buf::new(&vb, 4096));
+            let mut i = 0u64;
+            while !stop2.load(Ordering::Relaxed) {
+                dp::post_writes(&p, &src, &dst, 64, i, 16);
+                dp::poll_n(&p.cqa, 16);
+                i += 16;
+                wqes2.fetch_add(16, Ordering::Relaxed);
+            }
+        });
+        Traffic {
+            stop,
+            wqes,
+            thread: Some(thread),
+        }
+    }
+
+    fn wqes(&self) -> u64 {
+        self.wqes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for Traffic {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 fn modify_bytes(qp_handle: u32, tr: &[(u32, QpAttr); 3]) -> [Vec<u8>; 3] {
@@ -548,6 +606,7 @@ fn qp_sequential(
         setup,
         create,
         destroy,
+        traffic: None,
     })
 }
 
@@ -616,6 +675,7 @@ fn qp_pipelined(
         setup,
         create,
         destroy,
+        traffic: None,
     })
 }
 
@@ -628,8 +688,9 @@ fn qp_bench(cfg: &Config, p: Placement, sum: &mut Summary) -> Res<Vec<QpRun>> {
         ..Limits::default()
     };
     let path = echo_socket();
+    let vms = if cfg.traffic { 3 } else { 1 };
     let (daemon, echo): (TestDaemon, EchoHandle) = p.launch(|| {
-        let d = start_daemon(limits)?;
+        let d = start_daemon(limits, vms)?;
         let e = echo::spawn(&path)?;
         Ok((d, e))
     })?;
@@ -670,8 +731,20 @@ fn qp_bench(cfg: &Config, p: Placement, sum: &mut Summary) -> Res<Vec<QpRun>> {
     // The same request bytes go to the echo backend: the transport bound.
     let split = matches!(p, Placement::Split { .. });
     let mut all: Vec<QpRun> = Vec::new();
+    if cfg.traffic {
+        let traffic = Traffic::start(&daemon, 1, 2);
+        qp_pipelined(v.ctrl(), &reqs[..reqs.len().min(64)], &tr, cfg.batch, false)?;
+        for _ in 0..cfg.qp_reps {
+            let (w0, t0) = (traffic.wqes(), Instant::now());
+            let mut r = qp_pipelined(v.ctrl(), &reqs, &tr, cfg.batch, false)?;
+            // Setup and teardown both ran under the traffic.
+            r.traffic = Some((traffic.wqes() - w0) as f64 / t0.elapsed().as_secs_f64());
+            r.mode = "pipelined+traffic";
+            all.push(r);
+        }
+    }
     // Warm-up: a few QPs through both paths of both backends.
-    let warm = reqs.len().min(64);
+    let warm = if cfg.traffic { 0 } else { reqs.len().min(64) };
     for (ctrl, is_echo) in [(echo_vm.ctrl(), true), (v.ctrl(), false)] {
         qp_sequential(ctrl, &reqs[..warm], &tr, is_echo)?;
         qp_pipelined(ctrl, &reqs[..warm], &tr, cfg.batch, is_echo)?;
@@ -679,7 +752,7 @@ fn qp_bench(cfg: &Config, p: Placement, sum: &mut Summary) -> Res<Vec<QpRun>> {
     // Repetitions alternate the two backends (and which goes first), so a
     // burst of noise on the machine does not hit only one of them; the
     // median of the repetitions is reported.
-    for rep in 0..cfg.qp_reps {
+    for rep in 0..if cfg.traffic { 0 } else { cfg.qp_reps } {
         let mut order = [(echo_vm.ctrl(), true), (v.ctrl(), false)];
         if rep % 2 == 1 {
             order.reverse();
@@ -703,7 +776,12 @@ fn qp_bench(cfg: &Config, p: Placement, sum: &mut Summary) -> Res<Vec<QpRun>> {
     }
     let mut runs = Vec::new();
     for echo in [true, false] {
-        for mode in ["sequential", "pipelined", "seq+busy-poll"] {
+        for mode in [
+            "sequential",
+            "pipelined",
+            "seq+busy-poll",
+            "pipelined+traffic",
+        ] {
             let same: Vec<&QpRun> = all
                 .iter()
                 .filter(|r| r.echo == echo && r.mode == mode)
@@ -722,6 +800,11 @@ fn qp_bench(cfg: &Config, p: Placement, sum: &mut Summary) -> Res<Vec<QpRun>> {
                 setup: med(|r| r.setup),
                 create: med(|r| r.create),
                 destroy: med(|r| r.destroy),
+                traffic: {
+                    let mut t: Vec<f64> = same.iter().filter_map(|r| r.traffic).collect();
+                    t.sort_by(f64::total_cmp);
+                    t.get(t.len() / 2).copied()
+                },
             });
         }
     }
@@ -741,6 +824,9 @@ fn qp_bench(cfg: &Config, p: Placement, sum: &mut Summary) -> Res<Vec<QpRun>> {
             format!("{key}.destroy_per_s"),
             n as f64 / r.destroy.as_secs_f64(),
         );
+        if let Some(t) = r.traffic {
+            sum.add(format!("{key}.traffic_mpps"), t / 1e6);
+        }
     }
     drop(v);
     drop(vm);
@@ -774,6 +860,13 @@ fn print_qp(cfg: &Config, p: Placement, runs: &[QpRun]) {
             n / r.destroy.as_secs_f64(),
             r.destroy.as_secs_f64() * 1e6 / n,
         );
+        if let Some(t) = r.traffic {
+            println!(
+                "  {:<20} | meanwhile two other VMs' 64 B RDMA WRITEs: {:.2} M/s",
+                "",
+                t / 1e6
+            );
+        }
     }
     println!(
         "  (setup = CREATE_QP + INIT + RTR + RTS, 4 commands per QP; \"echo\" = the same request bytes answered by the echo backend, the transport bound; seq+busy-poll = sequential with the client spinning on the used ring up to 200 us; target >= 20000 QPs/s) [{}]",
@@ -899,7 +992,7 @@ fn time_n<T>(n: usize, mut f: impl FnMut() -> Res<T>) -> Res<Vec<u64>> {
 }
 
 fn mr_bench(cfg: &Config, p: Placement, sum: &mut Summary) -> Res<Vec<MrRow>> {
-    let daemon = p.launch(|| Ok(start_daemon(Limits::default())?))?;
+    let daemon = p.launch(|| Ok(start_daemon(Limits::default(), 1)?))?;
     let region0 = (2 * GIB).max(cfg.mr_bytes + 512 * MIB);
     let opts = VmmOptions {
         mem: MemLayout::two_regions(region0, (cfg.mr_bytes / 2).max(64 * MIB)),
