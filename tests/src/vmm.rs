@@ -213,7 +213,8 @@ fn connect_retry(path: &Path, timeout: Duration) -> Result<Frontend> {
     }
 }
 
-/// Sends the memory table and sets up every virtqueue with fresh rings;
+/// Sends the memory table and sets up every virtqueue with fresh rings
+/// (with the eventfds of `prev`'s queues, if given: a restart keeps them);
 /// returns the three queue clients (event buffers posted only with
 /// `events_before_start`).
 fn start_queues(
@@ -221,6 +222,7 @@ fn start_queues(
     mem: &Arc<GuestMem>,
     opts: &VmmOptions,
     features: u64,
+    prev: Option<[&Vring; 3]>,
 ) -> Result<(CtrlQueue, EventQueue, Vring)> {
     let event_idx = features & F_EVENT_IDX != 0;
     let mut vrings = Vec::with_capacity(config::NUM_QUEUES);
@@ -228,6 +230,9 @@ fn start_queues(
         let index = u16::try_from(q).map_err(|_| Error::Backend("queue index".into()))?;
         let mut v = Vring::new(mem.clone(), index, opts.queue_size)?;
         v.set_event_idx(event_idx);
+        if let Some(old) = prev.as_ref().and_then(|p| p.get(q)) {
+            v.share_fds(old)?;
+        }
         vrings.push(v);
     }
     let mut it = vrings.into_iter();
@@ -400,7 +405,7 @@ impl TestVmm {
             wanted |= F_EVENT_IDX;
         }
         let features = device_features & wanted;
-        let (ctrl, events, notify) = start_queues(&mut c, &mem, &opts, features)?;
+        let (ctrl, events, notify) = start_queues(&mut c, &mem, &opts, features, None)?;
         if let Some(w) = &shmem {
             w.set_started(true);
         }
@@ -596,8 +601,12 @@ impl TestVmm {
             w.reset();
         }
         let (features, opts, mem) = (self.features, self.opts.clone(), self.mem.clone());
-        let c = self.conn()?;
-        let (ctrl, events, notify) = start_queues(c, &mem, &opts, features)?;
+        let prev = [self.ctrl.vring(), self.events.vring(), &self.notify];
+        let c = self
+            .conn
+            .as_mut()
+            .ok_or(Error::Backend("not connected".into()))?;
+        let (ctrl, events, notify) = start_queues(c, &mem, &opts, features, Some(prev))?;
         if let Some(w) = &self.shmem {
             w.set_started(true);
         }

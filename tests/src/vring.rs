@@ -249,6 +249,21 @@ impl Vring {
         self.used
     }
 
+    /// Uses the eventfds of `other` (duplicates) instead of its own: a VMM
+    /// that restarts a queue keeps its notifier and interrupt, so whoever
+    /// holds them keeps working.
+    pub fn share_fds(&mut self, other: &Vring) -> Result<()> {
+        self.kick = other
+            .kick
+            .try_clone()
+            .map_err(|e| Error::io("eventfd (kick)", e))?;
+        self.call = other
+            .call
+            .try_clone()
+            .map_err(|e| Error::io("eventfd (call)", e))?;
+        Ok(())
+    }
+
     /// The eventfd the driver writes to notify the device.
     pub fn kick_fd(&self) -> &EventFd {
         &self.kick

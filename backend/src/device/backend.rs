@@ -124,6 +124,11 @@ impl VhostUserBackend for RdmaDevice {
         st.mem = Some(mem);
         st.host = Some(host);
         self.bump_dp_gen();
+        drop(st);
+        // Records and rings may have moved or left RAM: the engine must
+        // look at the VM's QPs even if it does not poll it now.
+        self.cell.kick();
+        self.engine.wake();
         Ok(())
     }
 
@@ -256,6 +261,7 @@ impl RdmaDevice {
                 if let Some(t) = self.traffic() {
                     TrafficCounters::add(&t.notifications, 1);
                 }
+                self.cell.kick();
                 self.engine.wake();
                 return Ok(());
             }
@@ -286,6 +292,7 @@ impl QueueObserver for RdmaDevice {
             Some(Verdict::Fresh) => {}
         }
         self.set_running(true);
+        self.cell.kick();
         self.engine.wake();
     }
 

@@ -183,6 +183,7 @@ impl RdmaDevice {
                     // flush. Other commands need no wake-up: a sleeping
                     // engine would look, find nothing and sleep again, at
                     // a cost that grows with the VM's QPs.
+                    self.cell.kick();
                     self.engine.wake();
                 }
                 // Commands may have raised events; deliver them now rather

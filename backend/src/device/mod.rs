@@ -178,7 +178,6 @@ impl RdmaDevice {
     ) -> io::Result<Self> {
         let id = port.vm;
         let mut ctrl = VmState::new(limits, transport, port, shared.tenancy.clone());
-        ctrl.set_doorbell_flags(engine.doorbell_flags());
         let shmem = if device_features & F_SHMEM_DOORBELL != 0 {
             let region = DoorbellRegion::new(limits.max_ctx).map_err(io::Error::other)?;
             let link = RegionLink::new(Arc::new(region));

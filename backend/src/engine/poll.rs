@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use virtio_rdma_abi::datapath::CtxDoorbell;
 use virtio_rdma_abi::mem::DB_RECORD_SIZE;
 use virtio_rdma_abi::qp::QpState;
 
@@ -133,6 +132,18 @@ pub(super) struct DbList {
     /// a load per QP: with thousands of QPs, rescanning after every short
     /// pass would cost more than the work).
     pub(super) next: usize,
+    /// The VM is parked: its contexts carry `DB_FLAG_KICK` and a look at
+    /// every QP after that found no work, so the engine neither reads its
+    /// doorbells nor takes its lock until it is kicked ([`VmCell::kick`])
+    /// or `timer` is due. An engine thread with many VMs polls only those
+    /// with work: the cost of a sweep does not grow with idle QPs.
+    pub(super) parked: bool,
+    /// The earliest retry deadline of the parked VM's QPs.
+    pub(super) timer: Option<Instant>,
+    /// Consecutive scans that found no work.
+    pub(super) idle_scans: u32,
+    /// Since when the VM has had no work (read every so many idle scans).
+    pub(super) idle_since: Option<Instant>,
 }
 
 // The sweep calls `refresh_if_changed`, `pending` and `scan` (and this
@@ -157,6 +168,10 @@ impl DbList {
             qps: Vec::new(),
             work: Vec::new(),
             next: 0,
+            parked: false,
+            timer: None,
+            idle_scans: 0,
+            idle_since: None,
         }
     }
 
@@ -264,40 +279,32 @@ impl DbList {
                 self.work.push(i);
             }
         }
-        !self.work.is_empty()
+        if self.work.is_empty() {
+            self.idle_scans = self.idle_scans.saturating_add(1);
+            false
+        } else {
+            self.idle_scans = 0;
+            self.idle_since = None;
+            true
+        }
     }
 }
 
-/// Writes `v` into `flags` of the doorbell header of every context: in
-/// guest RAM, or its doorbell page's header (spec 18.4, 18.6).
+/// Writes `v` into `flags` of the doorbell header of every context of the
+/// list's VM: in guest RAM, or its doorbell page's header (spec 18.4,
+/// 18.6); new contexts start with it.
 ///
-/// Returns false if a VM's lock was busy, so its headers may keep the old
-/// value: the engine must not park then (it would sleep through that VM's
-/// posts), nor count on a cleared `DB_FLAG_POLLING`.
+/// Returns false if the VM's lock was busy, so its headers may keep the
+/// old value: the engine must not park the VM then (it would sleep through
+/// its posts), nor count on a cleared `DB_FLAG_POLLING`.
 ///
-/// A stopped VM is left alone: nothing is written into its memory while
-/// it is stopped (spec 15.1). Its start writes the flags of the moment
-/// into its headers ([`crate::vm::VmState::refresh_doorbell_flags`]) and
-/// wakes the engine, which then looks at all of its queues.
-pub(super) fn set_flags(lists: &[DbList], v: u32) -> bool {
-    let mut all = true;
-    for list in lists {
-        let ran = list.dev.try_with_dataplane(|state, mem| {
-            if !state.running() {
-                return;
-            }
-            for (_, ctx) in state.res.ctxs.iter() {
-                if ctx.db_page.is_none() {
-                    let _ = doorbell::store(mem, ctx.db_gpa, CtxDoorbell::FLAGS, v);
-                }
-            }
-            if let Some(pages) = &state.res.doorbells {
-                pages.set_flags_all(v);
-            }
-        });
-        all &= ran != Locked::Busy;
-    }
-    all
+/// A stopped VM's memory is left alone (spec 15.1): its start writes the
+/// flags of the moment into its headers and kicks the engine.
+pub(super) fn set_flags(list: &DbList, v: u32) -> bool {
+    let ran = list
+        .dev
+        .try_with_dataplane(|state, mem| state.set_doorbell_flags(mem, v));
+    ran != Locked::Busy
 }
 
 /// Updates a polling-list entry after its QP was serviced (under the VM's

@@ -57,6 +57,19 @@ impl Engine {
         // The clock is read only when some VM is held back.
         let mut now = None;
         for (k, list) in lists.iter_mut().enumerate() {
+            if list.parked {
+                // Looked at only once kicked, at its retry deadline, or
+                // when the transport has completions for it.
+                let due = list
+                    .timer
+                    .is_some_and(|t| *now.get_or_insert_with(Instant::now) >= t);
+                let wake = list.dev.take_kick() || due || path.wants_poll(list.dev.id());
+                if !wake || !self.unpark(list) {
+                    scratch.contended |= wake;
+                    drr.idle(k);
+                    continue;
+                }
+            }
             list.refresh_if_changed(scratch);
             if !list.pending() && !list.scan() && !path.wants_poll(list.dev.id()) {
                 drr.idle(k);
@@ -150,21 +163,22 @@ impl Engine {
         })
     }
 
-    /// One pass over every QP of every VM through the VMs' tables (the
-    /// re-check of the parking protocol); true if any work was done.
-    /// Also finds the earliest retry deadline ([`Scratch::next_timer`]).
-    pub(super) fn sweep_all<P: TransportPath>(
+    /// One pass over every QP of the VM of list `k` through the VM's
+    /// tables (the re-check of the parking protocol); true if any work was
+    /// done. Also notes the earliest retry deadline
+    /// ([`Scratch::next_timer`]).
+    pub(super) fn recheck<P: TransportPath>(
         &self,
         path: &P,
         vms: &[Option<Arc<VmCell>>],
-        lists: &[DbList],
+        list: &DbList,
+        k: usize,
         scratch: &mut Scratch<P::Scratch>,
     ) -> bool {
-        scratch.next_timer = None;
         let mut busy = false;
-        // The VMs of the polling lists, by their position there, so a WRITE
-        // posted just before the engine parks is split as in a sweep.
-        for (k, list) in lists.iter().enumerate() {
+        // By the list's position, so a WRITE posted just before the engine
+        // parks is split as in a sweep.
+        {
             let vm = &list.dev;
             path.serving(&mut scratch.transport, k);
             let done = work_on(vm, |state, mem| {

@@ -39,6 +39,10 @@ const SPIN_WINDOW: Duration = Duration::from_micros(20);
 /// sleep to their deadline, so parking never delays them.
 const MAX_PARK: Duration = Duration::from_millis(50);
 
+/// A VM's polling list is looked at for parking every this many scans
+/// that found no work.
+const IDLE_SCANS: u32 = 64;
+
 /// After this long awake with work the engine sets `DB_FLAG_POLLING`: a
 /// stream of work, not one request after a sleep. Short bursts do not pay
 /// for the barrier the flag costs at the next park.
@@ -101,14 +105,110 @@ enum Polling {
 }
 
 impl Engine {
-    /// Writes `flags` (0, `DB_FLAG_POLLING` or `DB_FLAG_KICK`) into every
-    /// doorbell of the VMs of `lists`; false if a VM's lock was busy, so
-    /// its doorbells may keep the old value. The shared value changes
-    /// first: a queue created under a VM's lock either sees it, or is
-    /// covered by the loop (which takes that lock after).
+    /// Makes `flags` (0 or `DB_FLAG_POLLING`) the doorbell flags of the
+    /// VMs the thread polls, and writes them into every doorbell of those
+    /// of `lists` that are not parked (parked ones keep `DB_FLAG_KICK`
+    /// and get `flags` when they are woken); false if a VM's lock was
+    /// busy, so its doorbells may keep the old value.
     pub(super) fn publish_flags(&self, lists: &[DbList], flags: u32) -> bool {
         self.db_flags.store(flags, Ordering::SeqCst);
-        set_flags(lists, flags)
+        let mut all = true;
+        for list in lists.iter().filter(|l| !l.parked) {
+            all &= set_flags(list, flags);
+        }
+        all
+    }
+
+    /// Wakes parked list `list`: its VM gets the flags of polled VMs again
+    /// (no more kicks); false if its lock was busy (the kick is kept for
+    /// the next sweep).
+    pub(super) fn unpark(&self, list: &mut DbList) -> bool {
+        if !set_flags(list, self.db_flags.load(Ordering::SeqCst)) {
+            list.dev.kick();
+            return false;
+        }
+        list.parked = false;
+        list.timer = None;
+        list.idle_scans = 0;
+        list.idle_since = None;
+        true
+    }
+
+    /// Parks list `k` (spec 18.6, for one VM): asks its VM for kicks, then
+    /// looks at every QP of the VM once more through its tables, so that a
+    /// doorbell rung before the flag was visible is not missed. False if
+    /// that found work, or the VM's lock was busy: the VM stays polled.
+    fn park_list<P: TransportPath>(
+        &self,
+        path: &P,
+        vms: &[Option<Arc<VmCell>>],
+        lists: &mut [DbList],
+        k: usize,
+        scratch: &mut Scratch<P::Scratch>,
+    ) -> bool {
+        let Some(list) = lists.get(k) else {
+            return false;
+        };
+        path.arm(list.dev.id());
+        if !set_flags(list, DB_FLAG_KICK) {
+            scratch.contended = true;
+            return false;
+        }
+        fence(Ordering::SeqCst);
+        let timers = scratch.next_timer.take();
+        let contended = std::mem::take(&mut scratch.contended);
+        let found = self.recheck(path, vms, list, k, scratch);
+        let busy = std::mem::replace(&mut scratch.contended, contended);
+        let timer = std::mem::replace(&mut scratch.next_timer, timers);
+        let Some(list) = lists.get_mut(k) else {
+            return false;
+        };
+        if found || busy {
+            // Polled on: back to the polled VMs' flags (if the lock is busy
+            // now, the VM kicks for a while, which costs only time).
+            set_flags(list, self.db_flags.load(Ordering::SeqCst));
+            scratch.contended |= busy;
+            list.idle_scans = 0;
+            list.idle_since = None;
+            return false;
+        }
+        list.parked = true;
+        list.timer = timer;
+        list.work.clear();
+        list.next = 0;
+        true
+    }
+
+    /// Parks the lists that have been idle for [`POLL_WINDOW`] while the
+    /// thread polls others (not while drivers may skip their fence: their
+    /// stores need the barrier of a whole-thread park).
+    fn park_idle_lists<P: TransportPath>(
+        &self,
+        path: &P,
+        vms: &[Option<Arc<VmCell>>],
+        lists: &mut [DbList],
+        scratch: &mut Scratch<P::Scratch>,
+    ) {
+        let mut now = None;
+        for k in 0..lists.len() {
+            let Some(list) = lists.get_mut(k) else {
+                break;
+            };
+            // The clock is read every so many idle scans.
+            if list.parked
+                || list.pending()
+                || list.idle_scans < IDLE_SCANS
+                || list.idle_scans % IDLE_SCANS != 0
+                || path.wants_poll(list.dev.id())
+            {
+                continue;
+            }
+            let now = *now.get_or_insert_with(Instant::now);
+            let since = *list.idle_since.get_or_insert(now);
+            if now.saturating_duration_since(since) >= POLL_WINDOW {
+                self.park_list(path, vms, lists, k, scratch);
+            }
+        }
     }
 
     pub(super) fn run<P: TransportPath>(&self, path: &P) {
@@ -146,12 +246,24 @@ impl Engine {
                 // Every VM (peers are looked up by id), but the polling
                 // lists only of the VMs this thread serves.
                 vms = self.registry.all_vms();
+                // A VM's list survives (parked or not); a new one starts
+                // parked and kicked, so the first sweep gives its VM the
+                // polled VMs' flags and looks at it.
+                let mut old = std::mem::take(&mut lists);
                 lists = vms
                     .iter()
                     .flatten()
                     .filter(|d| self.serves(d.id()))
                     .cloned()
-                    .map(|d| DbList::new(d, P::TAKES_RECEIVES))
+                    .map(|d| match old.iter().position(|l| Arc::ptr_eq(&l.dev, &d)) {
+                        Some(i) => old.swap_remove(i),
+                        None => {
+                            let mut l = DbList::new(d, P::TAKES_RECEIVES);
+                            l.parked = true;
+                            l.dev.kick();
+                            l
+                        }
+                    })
                     .collect();
                 seen = generation;
             }
@@ -161,6 +273,11 @@ impl Engine {
             scratch.limits.refresh(qos, self.tenancy.as_ref());
             if weights_seen != Some((qos_gen, seen)) {
                 weights_seen = Some((qos_gen, seen));
+                // Parked VMs held back by a rate limit wait for a deadline
+                // of the old settings: look at them under the new ones.
+                for list in lists.iter().filter(|l| l.parked) {
+                    list.dev.kick();
+                }
                 drr = Drr::default();
                 drr.resize(lists.len());
                 for (k, list) in lists.iter().enumerate() {
@@ -176,7 +293,12 @@ impl Engine {
                 // is now enforced.
                 self.qos_applied.store(qos_gen, Ordering::Release);
             }
-            if self.sweep(path, &vms, &mut lists, &mut scratch, &mut drr, &mut active) {
+            let did = self.sweep(path, &vms, &mut lists, &mut scratch, &mut drr, &mut active);
+            // VMs idle for a while stop being polled while others are.
+            if polling == Polling::Off {
+                self.park_idle_lists(path, &vms, &mut lists, &mut scratch);
+            }
+            if did {
                 idle_sweeps = 0;
                 woke = false;
                 // Not while a drain is pending: work that comes and goes
@@ -240,24 +362,22 @@ impl Engine {
                 }
                 _ => polling = Polling::Off,
             }
-            // Park: ask for kicks, then look once more — through the VMs'
-            // own tables, not the polling lists — so that a doorbell rung
-            // before the flag became visible is not missed.
-            for list in &lists {
-                path.arm(list.dev.id());
-            }
-            let armed = self.publish_flags(&lists, DB_FLAG_KICK);
-            fence(Ordering::SeqCst);
+            // Park every VM still polled (each asks for kicks, then is
+            // looked at once more through its own tables, so that a
+            // doorbell rung before the flag became visible is not missed);
+            // the thread sleeps once all are parked.
+            scratch.next_timer = None;
             scratch.contended = false;
-            let found = self.sweep_all(path, &vms, &lists, &mut scratch);
-            if found || !armed || std::mem::take(&mut scratch.contended) {
-                // Work, or a VM whose lock was busy (its records may lack
-                // the flag, and the re-check skipped it): poll on.
-                self.publish_flags(&lists, 0);
-                idle_sweeps = 0;
-                if !found {
-                    thread::yield_now();
+            let mut all = true;
+            for k in 0..lists.len() {
+                if lists.get(k).is_some_and(|l| !l.parked) {
+                    all &= self.park_list(path, &vms, &mut lists, k, &mut scratch);
                 }
+            }
+            if !all || std::mem::take(&mut scratch.contended) {
+                // Work, or a VM whose lock was busy: poll on.
+                idle_sweeps = 0;
+                thread::yield_now();
                 continue;
             }
             TrafficCounters::add_single_writer(&self.counters.parks, 1);
@@ -265,8 +385,12 @@ impl Engine {
             for list in &lists {
                 path.park_fds(list.dev.id(), &mut park_fds);
             }
-            self.park(scratch.next_timer, &park_fds);
-            self.publish_flags(&lists, 0);
+            let timer = lists
+                .iter()
+                .filter_map(|l| l.timer)
+                .chain(scratch.next_timer)
+                .min();
+            self.park(timer, &park_fds);
             idle_sweeps = 0;
             woke = true;
             awake_since = Instant::now();

@@ -86,6 +86,11 @@ pub struct VmCell {
     running: AtomicBool,
     /// Wakes the VM's vhost-user worker to deliver queued events.
     event_wake: EventFd,
+    /// The VM has work for its engine that the engine may not see by
+    /// itself: a doorbell kick, or a control command that made posted
+    /// work startable. A polling list the engine parked is looked at
+    /// again only once this is set ([`VmCell::kick`]).
+    kicked: AtomicBool,
 }
 
 impl VmCell {
@@ -103,7 +108,20 @@ impl VmCell {
             dp_gen: AtomicU64::new(0),
             running: AtomicBool::new(false),
             event_wake: EventFd::new(libc::EFD_NONBLOCK)?,
+            kicked: AtomicBool::new(false),
         })
+    }
+
+    /// Notes that the VM has work its engine must look at (then wake the
+    /// engine): a doorbell kick, or a control command that made posted
+    /// work startable or in need of a flush.
+    pub fn kick(&self) {
+        self.kicked.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether [`VmCell::kick`] was called since the last call.
+    pub(crate) fn take_kick(&self) -> bool {
+        self.kicked.swap(false, Ordering::SeqCst)
     }
 
     /// Index of the VM in the daemon.
@@ -224,6 +242,7 @@ impl VmCell {
         if n > 0 {
             self.bump_dp_gen();
             drop(st);
+            self.kick();
             self.wake_events();
         }
         n

@@ -10,7 +10,6 @@
 
 pub mod cell;
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use virtio_rdma_abi::event::EventKind;
@@ -69,10 +68,11 @@ pub struct VmState {
     pub(crate) ram_gen: u64,
     pub(crate) port: PortIdentity,
     pub(crate) tenancy: Arc<Tenancy>,
-    /// The doorbell flags of the engine serving the VM (`DB_FLAG_KICK`
-    /// while it sleeps, `DB_FLAG_POLLING` while it polls and lets drivers
-    /// skip the fence): queues created meanwhile start with them.
-    pub(crate) db_flags: Arc<AtomicU32>,
+    /// The doorbell flags the engine serving the VM gives its contexts
+    /// (`DB_FLAG_KICK` while it does not poll the VM, `DB_FLAG_POLLING`
+    /// while it polls and lets drivers skip the fence): queues created
+    /// meanwhile start with them.
+    db_flags: u32,
     /// A command changed something the engine must act on (see
     /// [`VmState::take_engine_work`]).
     pub(crate) engine_work: bool,
@@ -101,23 +101,32 @@ impl VmState {
             ram_gen: 0,
             port,
             tenancy,
-            db_flags: Arc::new(AtomicU32::new(0)),
+            // Kicks until its engine looks at it for the first time.
+            db_flags: virtio_rdma_abi::datapath::DB_FLAG_KICK,
             engine_work: false,
             running: false,
         }
     }
 
-    /// Shares the engine's doorbell flags ([`crate::engine::Engine`]).
-    pub fn set_doorbell_flags(&mut self, flags: Arc<AtomicU32>) {
-        self.db_flags = flags;
+    /// The device flags a new doorbell record or page starts with: those
+    /// the engine gives the VM's existing ones — kicks while the engine
+    /// does not poll the VM, so a post to the new queue wakes it. Read
+    /// under the VM's lock, which orders it with the engine's updates
+    /// ([`VmState::set_doorbell_flags`]).
+    pub fn new_doorbell_flags(&self) -> u32 {
+        self.db_flags
     }
 
-    /// The device flags a new doorbell record or page starts with: those
-    /// the engine gives the existing ones — kicks while it sleeps, so a
-    /// post to the new queue wakes it. Read under the VM's lock, which
-    /// orders it with the engine's updates.
-    pub fn new_doorbell_flags(&self) -> u32 {
-        self.db_flags.load(Ordering::SeqCst)
+    /// Gives every context of the VM the doorbell flags `v` (the engine,
+    /// under the VM's lock): the value new contexts start with, then
+    /// every header in guest RAM or doorbell page (spec 18.4, 18.6). A
+    /// stopped VM's memory is left alone (spec 15.1): its start writes the
+    /// value then in force ([`VmState::refresh_doorbell_flags`]).
+    pub fn set_doorbell_flags(&mut self, mem: &crate::memory::HostMem, v: u32) {
+        self.db_flags = v;
+        if self.running {
+            self.refresh_doorbell_flags(mem);
+        }
     }
 
     /// Whether a command since the last call may have made posted work
