@@ -1,12 +1,15 @@
 //! An engine thread: its loop, its parking and its scratch memory.
 //!
-//! A thread polls the producer indices of its VMs' doorbells while there is
-//! work, and once it has been idle for a while it parks: it sets
-//! `DB_FLAG_KICK` in every doorbell, re-checks once, and sleeps until a
-//! driver notifies the notification queue or the control path changes
-//! something (spec chapter 18). While it has been busy for a while it sets
-//! `DB_FLAG_POLLING` instead, so that drivers publish without a fence;
-//! before parking it then clears that flag and waits for a system-wide
+//! A thread polls the producer indices of its VMs' doorbells while they
+//! have work. A VM idle for a while is parked on its own (spec 18.6, per
+//! device instance): `DB_FLAG_KICK` in its doorbell headers, one look at
+//! its QPs, and from then on the thread neither reads its doorbells nor
+//! takes its lock until the VM is kicked ([`VmCell::kick`]: a notification,
+//! a control command that made work startable, a memory change) or a retry
+//! deadline of its QPs comes. Once every VM is parked the thread sleeps.
+//! While it has been busy for a while it sets `DB_FLAG_POLLING` instead, so
+//! that drivers publish without a fence; VMs then park only with the whole
+//! thread, which first clears that flag and waits for a system-wide
 //! barrier ([`super::barrier`]) before it asks for kicks.
 
 use std::sync::atomic::{fence, Ordering};
