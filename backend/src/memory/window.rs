@@ -80,7 +80,7 @@ impl MapBudget {
     }
 
     /// The budget this system allows: `vm.max_map_count` less
-    /// [`RESERVED_MAPPINGS`] for everything else (65530 − 4096 by default).
+    /// `RESERVED_MAPPINGS` for everything else (65530 − 4096 by default).
     pub fn from_system() -> io::Result<Arc<Self>> {
         let text = std::fs::read_to_string("/proc/sys/vm/max_map_count")?;
         let max: usize = text

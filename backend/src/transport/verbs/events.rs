@@ -1,6 +1,6 @@
 //! The host device's asynchronous events (a QP or CQ failed, the port went
 //! down or came back), read by one thread per transport and handed to the
-//! VM they concern: queued in its [`VmHost`](super::rnic::VmHost) and
+//! VM they concern: queued in its `VmHost` and
 //! signalled on its `notify` descriptor, which wakes the engine; the engine
 //! applies them under the VM's lock (`engine::verbs`).
 

@@ -2,7 +2,7 @@
 //! per device object (PD, CQ, QP, SRQ, AH), one host memory region per
 //! guest memory region (registered over a window of the guest's pages at
 //! the guest's iova), and the per-VM state the data path shares with it
-//! ([`VmHost`]).
+//! (`VmHost`).
 //!
 //! QP numbers and memory keys are the host NIC's: they travel on the wire.
 
