@@ -6,7 +6,9 @@
 //! 2. the rate of QP setup (CREATE_QP + INIT/RTR/RTS), sequential and
 //!    pipelined, and of QP destruction;
 //! 3. REG_MR of 1 GiB in shuffled 4 KiB pages (INDIRECT page list) and in
-//!    2 MiB pages (INLINE), against in-process translation baselines.
+//!    2 MiB pages (INLINE), against in-process translation baselines;
+//! 4. 100,000 connected QPs and 100,000 MRs on one VM, and the host memory
+//!    each takes (measured, and as the daemon accounts it).
 //!
 //! Each benchmark runs with two thread placements: "same CPU" (every thread
 //! of the process on one CPU) and "split" (daemon or echo threads on a
@@ -25,7 +27,7 @@ use vhost_user_rdma_tests::ctrl::CtrlQueue;
 use vhost_user_rdma_tests::echo::{self, EchoHandle};
 use vhost_user_rdma_tests::guest_mem::{GuestMem, MemLayout, GIB, MIB, PAGE_SIZE};
 use vhost_user_rdma_tests::harness::TestDaemon;
-use vhost_user_rdma_tests::verbs::{rc_transitions, QpInit, Verbs};
+use vhost_user_rdma_tests::verbs::{rc_transitions, MrSpec, QpInit, Verbs};
 use vhost_user_rdma_tests::vmm::{TestVmm, VmmOptions};
 use virtio_rdma_abi::ctrl::Opcode;
 use virtio_rdma_abi::mem::{access, PageListMode, LIST_PAGE_ENTRIES, LIST_PAGE_SIZE};
@@ -67,7 +69,12 @@ struct Args {
     /// A tiny version of every benchmark (smoke test).
     #[arg(long)]
     quick: bool,
-    /// Benchmarks to run, comma separated: latency, qp, mr (default: all).
+    /// Objects the `objects` benchmark creates of each kind (default
+    /// 100000; 2000 with --quick).
+    #[arg(long)]
+    objects: Option<usize>,
+    /// Benchmarks to run, comma separated: latency, qp, mr, objects
+    /// (default: all).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Placements to run, comma separated: same, split (default: both).
@@ -123,6 +130,7 @@ struct Config {
     qp: bool,
     mr: bool,
     traffic: bool,
+    objects: Option<usize>,
 }
 
 impl Config {
@@ -135,8 +143,8 @@ impl Config {
         }
         let want = |name: &str| a.only.is_empty() || a.only.iter().any(|o| o == name);
         for o in &a.only {
-            if !["latency", "qp", "mr"].contains(&o.as_str()) {
-                return Err(format!("unknown benchmark {o:?} (latency, qp, mr)").into());
+            if !["latency", "qp", "mr", "objects"].contains(&o.as_str()) {
+                return Err(format!("unknown benchmark {o:?} (latency, qp, mr, objects)").into());
             }
         }
         if a.batch == 0 || a.batch > 160 {
@@ -155,6 +163,11 @@ impl Config {
             qp: want("qp"),
             mr: want("mr"),
             traffic: a.traffic,
+            objects: want("objects").then(|| {
+                a.objects
+                    .unwrap_or(if a.quick { 2000 } else { 100_000 })
+                    .max(1)
+            }),
         })
     }
 }
@@ -617,10 +630,50 @@ fn qp_pipelined(
     batch: usize,
     echo: bool,
 ) -> Res<QpRun> {
+    let t0 = Instant::now();
+    let (handles, create) = create_pipelined(ctrl, reqs, tr, batch, echo)?;
+    let setup = t0.elapsed();
+    ctrl.set_auto_kick(false);
+    let t0 = Instant::now();
+    for chunk in handles.chunks(batch * 3) {
+        let mut tokens = Vec::with_capacity(chunk.len());
+        for &h in chunk {
+            tokens.push(ctrl.submit(
+                Opcode::DESTROY_QP,
+                &QpHandleReq { qp_handle: h }.to_bytes(),
+                0,
+            )?);
+        }
+        ctrl.kick()?;
+        for t in tokens {
+            ctrl.wait(t)?.ok()?;
+        }
+    }
+    let destroy = t0.elapsed();
+    ctrl.set_auto_kick(true);
+    Ok(QpRun {
+        mode: "pipelined",
+        echo,
+        setup,
+        create,
+        destroy,
+        traffic: None,
+    })
+}
+
+/// Creates and connects a QP per request, `batch` CREATE_QPs in flight,
+/// then their 3 × `batch` MODIFY_QPs; returns the handles and the time the
+/// CREATE_QPs took.
+fn create_pipelined(
+    ctrl: &mut CtrlQueue,
+    reqs: &[(Vec<u8>, Vec<u8>)],
+    tr: &[(u32, QpAttr); 3],
+    batch: usize,
+    echo: bool,
+) -> Res<(Vec<u32>, Duration)> {
     ctrl.set_auto_kick(false);
     let mut handles = Vec::with_capacity(reqs.len());
     let mut create = Duration::ZERO;
-    let t0 = Instant::now();
     for chunk in reqs.chunks(batch) {
         let tc = Instant::now();
         let mut tokens = Vec::with_capacity(chunk.len());
@@ -651,32 +704,119 @@ fn qp_pipelined(
         }
         handles.extend(created);
     }
-    let setup = t0.elapsed();
+    ctrl.set_auto_kick(true);
+    Ok((handles, create))
+}
+
+// ---------------------------------------------------------------------------
+// Benchmark 4: many objects, and the memory each takes
+
+/// The process's anonymous resident memory in bytes (`RssAnon`): the heap
+/// of the daemon and of the client, not guest memory (a shared memfd).
+fn rss_anon() -> Res<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .ok_or("no RssAnon in /proc/self/status")?;
+    Ok(kib * 1024)
+}
+
+/// `n` connected RC QPs (pipelined), then `n` one-page MRs, on one VM of
+/// the in-process daemon: that it works, and what each costs in host
+/// memory — measured (the growth of `RssAnon`, which the client adds next
+/// to nothing to: its requests are built before) and as the daemon
+/// accounts it against `max_host_bytes`.
+fn objects_bench(n: usize, batch: usize, p: Placement, sum: &mut Summary) -> Res<()> {
+    let big = u32::try_from(n + 16).unwrap_or(u32::MAX);
+    let limits = Limits {
+        max_qp: big,
+        max_mr: big,
+        max_host_bytes: 1 << 40,
+        ..Limits::default()
+    };
+    let daemon = p.launch(|| Ok(start_daemon(limits, 1)?))?;
+    let per_region = (n as u64 * 3 * PAGE_SIZE / 2 + 128 * MIB).next_multiple_of(MIB);
+    let opts = VmmOptions {
+        mem: MemLayout::two_regions(per_region.max(256 * MIB), per_region.max(256 * MIB)),
+        queue_size: 1024,
+        ..VmmOptions::default()
+    };
+    let mut vm = daemon.connect_with(0, opts)?;
+    let page = vm.mem().allocator().alloc(PAGE_SIZE, PAGE_SIZE)?;
+    let mut v = Verbs::new(&mut vm);
+    let ctx = v.create_ctx()?;
+    let pd = v.alloc_pd(ctx)?;
+    let cq = v.create_cq(ctx, 16)?;
+    let init = QpInit {
+        sq_depth: 4,
+        rq_depth: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+        ..QpInit::rc(pd, cq)
+    };
+    let mut reqs = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (req, tail): (CreateQpReq, Vec<u8>) = v.qp_request(&init)?;
+        reqs.push((req.to_bytes(), tail));
+    }
+    let gid = v.query_gid(1, 0)?.gid;
+    let tr = rc_transitions(0x00_1234, gid);
+    let host = |d: &TestDaemon| d.stats(0).device.resources.host_bytes;
+    let (rss0, host0) = (rss_anon()?, host(&daemon));
     let t0 = Instant::now();
-    for chunk in handles.chunks(batch * 3) {
-        let mut tokens = Vec::with_capacity(chunk.len());
-        for &h in chunk {
-            tokens.push(ctrl.submit(
+    let (qps, _) = create_pipelined(v.ctrl(), &reqs, &tr, batch, false)?;
+    let qp_time = t0.elapsed();
+    let (rss1, host1) = (rss_anon()?, host(&daemon));
+    let pages = [page];
+    let t0 = Instant::now();
+    let mut mrs = Vec::with_capacity(n);
+    for i in 0..n as u64 {
+        let spec = MrSpec::new(pd, access::LOCAL_WRITE, i << 12, &pages);
+        mrs.push(v.reg_mr(&spec)?.mr_handle);
+    }
+    let mr_time = t0.elapsed();
+    let (rss2, host2) = (rss_anon()?, host(&daemon));
+    let per = |a: u64, b: u64| b.saturating_sub(a) as f64 / n as f64;
+    println!("  threads: {}", thread_placement());
+    println!(
+        "  {n} connected RC QPs (SQ/RQ depth 4, pipelined) in {:.2} s: {:.0} bytes each measured (RssAnon), {:.0} accounted",
+        qp_time.as_secs_f64(),
+        per(rss0, rss1),
+        per(host0, host1)
+    );
+    println!(
+        "  {n} one-page MRs (one REG_MR at a time) in {:.2} s: {:.0} bytes each measured, {:.0} accounted [{}]",
+        mr_time.as_secs_f64(),
+        per(rss1, rss2),
+        per(host1, host2),
+        p.key()
+    );
+    let key = format!("objects.{}", p.key());
+    sum.add(format!("{key}.qps"), n as f64);
+    sum.add(format!("{key}.qp_rss_bytes"), per(rss0, rss1));
+    sum.add(format!("{key}.qp_host_bytes"), per(host0, host1));
+    sum.add(format!("{key}.mr_rss_bytes"), per(rss1, rss2));
+    sum.add(format!("{key}.mr_host_bytes"), per(host1, host2));
+    sum.add(format!("{key}.mrs_per_s"), n as f64 / mr_time.as_secs_f64());
+    for h in mrs {
+        v.dereg_mr(h)?;
+    }
+    for h in qps {
+        v.ctrl()
+            .call(
                 Opcode::DESTROY_QP,
                 &QpHandleReq { qp_handle: h }.to_bytes(),
                 0,
-            )?);
-        }
-        ctrl.kick()?;
-        for t in tokens {
-            ctrl.wait(t)?.ok()?;
-        }
+            )?
+            .ok()?;
     }
-    let destroy = t0.elapsed();
-    ctrl.set_auto_kick(true);
-    Ok(QpRun {
-        mode: "pipelined",
-        echo,
-        setup,
-        create,
-        destroy,
-        traffic: None,
-    })
+    drop(v);
+    drop(vm);
+    drop(daemon);
+    Ok(())
 }
 
 fn qp_bench(cfg: &Config, p: Placement, sum: &mut Summary) -> Res<Vec<QpRun>> {
@@ -1258,6 +1398,13 @@ fn main() -> Res<()> {
             println!("\n [{}]", p.describe());
             let rows = mr_bench(&cfg, p, &mut sum)?;
             print_mr(&cfg, p, &rows);
+        }
+    }
+    if let Some(n) = cfg.objects {
+        println!("\n== 4. Many objects on one VM, and the host memory each takes ==");
+        for &p in &placements {
+            println!("\n [{}]", p.describe());
+            objects_bench(n, cfg.batch, p, &mut sum)?;
         }
     }
     println!("\n  load average at end: {}", loadavg());
