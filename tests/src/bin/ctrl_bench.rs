@@ -737,33 +737,10 @@ fn objects_bench(n: usize, batch: usize, p: Placement, sum: &mut Summary) -> Res
         ..Limits::default()
     };
     let daemon = p.launch(|| Ok(start_daemon(limits, 1)?))?;
-    let per_region = (n as u64 * 3 * PAGE_SIZE / 2 + 128 * MIB).next_multiple_of(MIB);
-    let opts = VmmOptions {
-        mem: MemLayout::two_regions(per_region.max(256 * MIB), per_region.max(256 * MIB)),
-        queue_size: 1024,
-        ..VmmOptions::default()
-    };
-    let mut vm = daemon.connect_with(0, opts)?;
+    let mut vm = daemon.connect_with(0, qp_vm_options(n))?;
     let page = vm.mem().allocator().alloc(PAGE_SIZE, PAGE_SIZE)?;
     let mut v = Verbs::new(&mut vm);
-    let ctx = v.create_ctx()?;
-    let pd = v.alloc_pd(ctx)?;
-    let cq = v.create_cq(ctx, 16)?;
-    let init = QpInit {
-        sq_depth: 4,
-        rq_depth: 4,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-        ..QpInit::rc(pd, cq)
-    };
-    let mut reqs = Vec::with_capacity(n);
-    for _ in 0..n {
-        let (req, tail): (CreateQpReq, Vec<u8>) = v.qp_request(&init)?;
-        reqs.push((req.to_bytes(), tail));
-    }
-    let gid = v.query_gid(1, 0)?.gid;
-    let tr = rc_transitions(0x00_1234, gid);
+    let QpRequests { pd, reqs, tr } = qp_requests(&mut v, n)?;
     let host = |d: &TestDaemon| d.stats(0).device.resources.host_bytes;
     let (rss0, host0) = (rss_anon()?, host(&daemon));
     let t0 = Instant::now();
@@ -819,6 +796,55 @@ fn objects_bench(n: usize, batch: usize, p: Placement, sum: &mut Summary) -> Res
     Ok(())
 }
 
+/// Guest memory for `n` QPs: 3 guest pages each (2 ring pages and the
+/// doorbell page), split over the two regions, plus the request buffers.
+fn qp_vm_options(n: usize) -> VmmOptions {
+    let per_region = (n as u64 * 3 * PAGE_SIZE / 2 + 128 * MIB).next_multiple_of(MIB);
+    VmmOptions {
+        mem: MemLayout::two_regions(per_region.max(256 * MIB), per_region.max(256 * MIB)),
+        queue_size: 1024,
+        ..VmmOptions::default()
+    }
+}
+
+/// What [`qp_requests`] prepares.
+struct QpRequests {
+    pd: u32,
+    /// Encoded CREATE_QP requests (fixed part, page-list tail).
+    reqs: Vec<(Vec<u8>, Vec<u8>)>,
+    /// INIT, RTR and RTS towards the device's own GID (the tenant policy
+    /// refuses GIDs of no VM).
+    tr: [(u32, QpAttr); 3],
+}
+
+/// A context, PD and CQ on `v`, and `n` RC QP requests (SQ/RQ depth 4, one
+/// SGE, no inline data) with their rings allocated and encoded: guest-side
+/// work kept out of the timed regions.
+fn qp_requests(v: &mut Verbs<'_>, n: usize) -> Res<QpRequests> {
+    let ctx = v.create_ctx()?;
+    let pd = v.alloc_pd(ctx)?;
+    let cq = v.create_cq(ctx, 16)?;
+    let init = QpInit {
+        sq_depth: 4,
+        rq_depth: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+        ..QpInit::rc(pd, cq)
+    };
+    let mut reqs = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (req, tail): (CreateQpReq, Vec<u8>) = v.qp_request(&init)?;
+        reqs.push((req.to_bytes(), tail));
+    }
+    let gid = v.query_gid(1, 0)?.gid;
+    Ok(QpRequests {
+        pd,
+        reqs,
+        tr: rc_transitions(0x00_1234, gid),
+    })
+}
+
 fn qp_bench(cfg: &Config, p: Placement, sum: &mut Summary) -> Res<Vec<QpRun>> {
     let n = cfg.qps;
     let limits = Limits {
@@ -834,38 +860,12 @@ fn qp_bench(cfg: &Config, p: Placement, sum: &mut Summary) -> Res<Vec<QpRun>> {
         let e = echo::spawn(&path)?;
         Ok((d, e))
     })?;
-    // 3 guest pages per QP (2 ring pages + the doorbell page), split over
-    // the two regions, plus the request buffers.
-    let per_region = (n as u64 * 3 * PAGE_SIZE / 2 + 128 * MIB).next_multiple_of(MIB);
-    let opts = VmmOptions {
-        mem: MemLayout::two_regions(per_region.max(256 * MIB), per_region.max(256 * MIB)),
-        queue_size: 1024,
-        ..VmmOptions::default()
-    };
+    let opts = qp_vm_options(n);
     let mut echo_vm = TestVmm::connect(echo.socket_path(), opts.clone())?;
     let mut vm = daemon.connect_with(0, opts)?;
     let mut v = Verbs::new(&mut vm);
-    let ctx = v.create_ctx()?;
-    let pd = v.alloc_pd(ctx)?;
-    let cq = v.create_cq(ctx, 16)?;
-    let init = QpInit {
-        sq_depth: 4,
-        rq_depth: 4,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-        ..QpInit::rc(pd, cq)
-    };
-    // Guest-side ring allocation and request encoding happen here, outside
-    // the timed region; the same rings are reused by every run.
-    let mut reqs = Vec::with_capacity(n);
-    for _ in 0..n {
-        let (req, tail): (CreateQpReq, Vec<u8>) = v.qp_request(&init)?;
-        reqs.push((req.to_bytes(), tail));
-    }
-    // The device's own GID: the tenant policy refuses GIDs of no VM.
-    let gid = v.query_gid(1, 0)?.gid;
-    let tr = rc_transitions(0x00_1234, gid);
+    // The same rings are reused by every run.
+    let QpRequests { reqs, tr, .. } = qp_requests(&mut v, n)?;
     println!("  threads: {}", thread_placement());
 
     // The same request bytes go to the echo backend: the transport bound.
