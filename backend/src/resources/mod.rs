@@ -17,7 +17,7 @@ pub use objects::{
 use crate::keys::KeyMap;
 use crate::memory::PageList;
 use crate::shmem::{DbSlot, DoorbellPages};
-use crate::transport::{MrKeys, MrSpec, Owner, QpSpec, SrqSpec, Transport, TransportError};
+use crate::transport::{MrKeys, Owner, QpSpec, SrqSpec, Transport, TransportError};
 
 crate::stats::sums! {
 /// Counts of live objects of one VM.
@@ -279,18 +279,7 @@ impl VmResources {
         let h = self.insert_charged(|r| &mut r.mrs, mr)?;
         let owner = self.owner(h);
         let registered = match self.mrs.get(h) {
-            Some(mr) => t.reg_mr(
-                owner,
-                &MrSpec {
-                    pd: mr.pd,
-                    access: mr.access,
-                    iova: mr.iova,
-                    length: mr.length,
-                    remote: mr.remote(),
-                    first_page_offset: mr.first_page_offset,
-                    pages: &mr.pages,
-                },
-            ),
+            Some(mr) => t.reg_mr(owner, &mr.spec()),
             None => Err(TransportError::Exhausted),
         };
         let keys = match registered {

@@ -396,6 +396,19 @@ impl Mr {
         use virtio_rdma_abi::mem::access;
         self.access & (access::REMOTE_READ | access::REMOTE_WRITE | access::REMOTE_ATOMIC) != 0
     }
+
+    /// The region as a transport registers it.
+    pub fn spec(&self) -> crate::transport::MrSpec<'_> {
+        crate::transport::MrSpec {
+            pd: self.pd,
+            access: self.access,
+            iova: self.iova,
+            length: self.length,
+            remote: self.remote(),
+            first_page_offset: self.first_page_offset,
+            pages: &self.pages,
+        }
+    }
 }
 
 impl HostCost for Mr {

@@ -169,16 +169,7 @@ impl VmState {
                 lkey: mr.lkey,
                 rkey: mr.rkey,
             };
-            let spec = crate::transport::MrSpec {
-                pd: mr.pd,
-                access: mr.access,
-                iova: mr.iova,
-                length: mr.length,
-                remote: mr.remote(),
-                first_page_offset: mr.first_page_offset,
-                pages: &mr.pages,
-            };
-            self.transport.remap_mr(keys, &spec);
+            self.transport.remap_mr(keys, &mr.spec());
         }
     }
 
