@@ -114,22 +114,35 @@ fn slot_gpa(
 /// Copies the header (`header` bytes) of the slot at `gpa`, then the
 /// `body(header)` bytes after it that the copied header announces (bounded
 /// by the stride). Returns the copied bytes.
+///
+/// The first copy takes `first` bytes (at least the header, at most the
+/// stride): with `first` the size of the queue's usual WQE, one copy takes
+/// the whole WQE, and only a longer body (inline data) needs a second.
 fn copy_slot<'b>(
     mem: &HostMem,
     gpa: u64,
     stride: usize,
-    header: usize,
+    (header, first): (usize, usize),
     buf: &'b mut [u8; MAX_STRIDE],
     body: impl FnOnce(&[u8]) -> usize,
 ) -> Option<&'b [u8]> {
-    access::read_bytes(mem, gpa, buf.get_mut(..header)?).ok()?;
+    let first = first.clamp(header, stride.max(header));
+    access::read_bytes(mem, gpa, buf.get_mut(..first)?).ok()?;
     let extra = body(buf.get(..header)?).min(stride.saturating_sub(header));
     let end = header.checked_add(extra)?;
-    if extra > 0 {
-        let rest = buf.get_mut(header..end)?;
-        access::read_bytes(mem, gpa.checked_add(header as u64)?, rest).ok()?;
+    if end > first {
+        let rest = buf.get_mut(first..end)?;
+        access::read_bytes(mem, gpa.checked_add(first as u64)?, rest).ok()?;
     }
     buf.get(..end)
+}
+
+/// Bytes of a WQE with a `header`-byte header and `max_sge` SGEs: what
+/// [`copy_slot`] copies first.
+fn usual_wqe(header: u32, max_sge: u32) -> usize {
+    (max_sge as usize)
+        .saturating_mul(SGE_SIZE as usize)
+        .saturating_add(header as usize)
 }
 
 /// Parses `n` SGEs that follow a `header`-byte header in `buf` into `out`.
@@ -164,7 +177,8 @@ pub fn fetch_send<'a>(
     // The header is decoded once, from the engine's copy (the guest cannot
     // change it under us); the body's length follows from it.
     let mut hdr = SendWqe::default();
-    let buf = copy_slot(mem, gpa, stride, SEND_WQE_HEADER as usize, slot, |h| {
+    let first = usual_wqe(SEND_WQE_HEADER, max_sge);
+    let buf = copy_slot(mem, gpa, stride, (SEND_WQE_HEADER as usize, first), slot, |h| {
         hdr = SendWqe::read(h);
         if hdr.flags & WQE_INLINE != 0 {
             hdr.inline_len as usize
@@ -267,7 +281,8 @@ pub fn fetch_recv<'a>(
         slot,
         sges: sge_buf,
     } = scratch;
-    let buf = copy_slot(mem, gpa, stride, RECV_WQE_HEADER as usize, slot, |h| {
+    let first = usual_wqe(RECV_WQE_HEADER, max_sge);
+    let buf = copy_slot(mem, gpa, stride, (RECV_WQE_HEADER as usize, first), slot, |h| {
         (RecvWqe::read(h).num_sge as usize).saturating_mul(SGE_SIZE as usize)
     })
     .ok_or(WqeError::Unusable)?;

@@ -68,21 +68,34 @@ pub fn resolve(
     if len == 0 {
         return Ok(());
     }
-    // Bounds of the whole range first; pieces are then inside by construction.
-    mr.translate(iova, len).ok_or(AccessError::OutOfRegion)?;
+    // Bounds of the whole range first; pieces are then inside by
+    // construction. A range inside one page (most small messages) is done.
+    let (gpa, avail) = mr.translate(iova, len).ok_or(AccessError::OutOfRegion)?;
+    if avail >= len {
+        push_merged(out, gpa, len)?;
+        return Ok(());
+    }
     let (mut at, mut left) = (iova, len);
     while left > 0 {
         let (gpa, avail) = mr.translate(at, left).ok_or(AccessError::OutOfRegion)?;
         let take = avail.min(left);
-        match out.last_mut() {
-            Some(last) if last.gpa.checked_add(last.len) == Some(gpa) => {
-                last.len = last.len.checked_add(take).ok_or(AccessError::OutOfRegion)?;
-            }
-            _ => out.push(Segment { gpa, len: take }),
-        }
+        push_merged(out, gpa, take)?;
         // `take <= left`, and `at + left` is inside the region (checked above).
         left = left.saturating_sub(take);
         at = at.checked_add(take).ok_or(AccessError::OutOfRegion)?;
+    }
+    Ok(())
+}
+
+/// Appends `[gpa, gpa + len)` to `out`, merged into the last segment when
+/// it continues it.
+#[inline]
+fn push_merged(out: &mut Vec<Segment>, gpa: u64, len: u64) -> Result<(), AccessError> {
+    match out.last_mut() {
+        Some(last) if last.gpa.checked_add(last.len) == Some(gpa) => {
+            last.len = last.len.checked_add(len).ok_or(AccessError::OutOfRegion)?;
+        }
+        _ => out.push(Segment { gpa, len }),
     }
     Ok(())
 }
@@ -181,6 +194,18 @@ pub fn copy(
             src: total(src),
             dst: total(dst),
         });
+    }
+    // One segment on each side, each inside one RAM region (small
+    // messages): one copy, without walking runs.
+    if let ([s], [d]) = (src, dst) {
+        if let (Some(sp), Some(dp)) = (src_mem.ptr(s.gpa, len), dst_mem.ptr(d.gpa, len)) {
+            let n = usize::try_from(len).map_err(|_| AccessError::OutOfRegion)?;
+            // SAFETY: `sp` and `dp` are host ranges of `len` bytes inside RAM
+            // regions of `src_mem` and `dst_mem` (checked by `HostMem::ptr`),
+            // mapped while the borrows live; `guest_to_guest` allows overlap.
+            unsafe { volatile::guest_to_guest(sp, dp, n) };
+            return Ok(());
+        }
     }
     let mut from = HostRuns::new(src_mem, src);
     let mut to = HostRuns::new(dst_mem, dst);
