@@ -331,14 +331,24 @@ macro_rules! wire_struct {
         impl $crate::wire::Field for $name {
             const SIZE: usize = 0 $(+ <$ty as $crate::wire::Field>::SIZE)*;
             const ALIGN: usize = $crate::wire::max_align(&$name::FIELD_LAYOUT);
-            #[allow(unused_variables, unused_mut, unused_assignments)]
             fn read(b: &[u8]) -> Self {
-                let mut off = 0usize;
-                $(
-                    let $field = <$ty as $crate::wire::Field>::read(b.get(off..).unwrap_or(&[]));
-                    off = off.saturating_add(<$ty as $crate::wire::Field>::SIZE);
-                )*
-                Self { $($field),* }
+                #[inline(always)]
+                #[allow(unused_variables, unused_mut, unused_assignments)]
+                fn fields(b: &[u8]) -> $name {
+                    let mut off = 0usize;
+                    $(
+                        let $field = <$ty as $crate::wire::Field>::read(b.get(off..).unwrap_or(&[]));
+                        off = off.saturating_add(<$ty as $crate::wire::Field>::SIZE);
+                    )*
+                    $name { $($field),* }
+                }
+                // A whole structure's bytes: with the length known, every
+                // field is one load at a constant offset (the data path
+                // reads every WQE this way).
+                match b.first_chunk::<{ <$name as $crate::wire::Field>::SIZE }>() {
+                    Some(whole) => fields(whole),
+                    None => fields(b),
+                }
             }
             #[allow(unused_variables, unused_mut, unused_assignments)]
             fn write(&self, b: &mut [u8]) {

@@ -73,6 +73,9 @@ impl Engine {
         // The grain of the VM's service: how long other VMs may have to
         // wait behind this burst.
         let (max_wqes, max_bytes) = scratch.limits.grain(vm_id);
+        // A route checked in an earlier burst may have changed since (the
+        // peer's lock was not held in between).
+        cx.reached = None;
         let mut bytes = 0u64;
         let mut wqes = 0u32;
         // A piece of a message executed in pieces counts towards the
@@ -174,6 +177,7 @@ impl Engine {
                 break;
             }
         }
+        cx.reached = None;
         // The consumer index of the WQEs taken in this burst, once (those
         // with a completion published it before writing it).
         if let Some(qp) = cx.state.res.qps.get(h) {

@@ -36,6 +36,11 @@ pub(crate) struct Serving<'a> {
     /// Another VM the transport holds locked for a burst (the software
     /// RNIC: the peer of an RC QP, `soft::route`).
     pub(crate) held: Option<Held<'a>>,
+    /// An RC QP of the current burst whose route (VM, QP handle) was
+    /// checked and took its last message: its next messages in the burst
+    /// skip the check (the locks held for the burst keep it valid). Any
+    /// other outcome, and the end of the burst, forget it.
+    pub(crate) reached: Option<(u32, (usize, u32))>,
 }
 
 impl Engine {
@@ -135,6 +140,7 @@ impl Engine {
                 state,
                 mem,
                 held: None,
+                reached: None,
             };
             // Completions of work the transport took earlier.
             did |= path.poll(self, &mut cx, &mut scratch.transport);
@@ -194,6 +200,7 @@ impl Engine {
                     state,
                     mem,
                     held: None,
+                    reached: None,
                 };
                 did |= path.poll(self, &mut cx, &mut scratch.transport);
                 for &h in handles.iter() {

@@ -332,6 +332,7 @@ mod tests {
             state: vm,
             mem: host,
             held: None,
+            reached: None,
         }
     }
 

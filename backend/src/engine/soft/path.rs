@@ -138,6 +138,7 @@ impl TransportPath for SoftPath {
                     state: pstate,
                     mem: pmem,
                 }),
+                reached: None,
             };
             let did = burst.take().is_some_and(|b| b(&mut with_peer, scratch));
             if with_peer

@@ -53,15 +53,15 @@ impl Engine {
         resp: &mut RespScratch,
     ) -> Result<RespOutcome, WcStatus> {
         let (h, ud, dgid) = (msg.qp, msg.ud(), msg.av.dgid);
-        let mut route = if ud {
-            self.route_of(msg.dest_qpn)
-        } else {
-            self.rc_route(cx.state, h)
-        };
-        let unreached = if ud {
-            None
-        } else {
-            self.precheck_rc(cx, h, &mut route, dgid)
+        let reached = cx.reached.take().filter(|&(q, _)| q == h && !ud);
+        let (route, unreached) = match reached {
+            Some((_, route)) => (Some(route), None),
+            None if ud => (self.route_of(msg.dest_qpn), None),
+            None => {
+                let mut route = self.rc_route(cx.state, h);
+                let unreached = self.precheck_rc(cx, h, &mut route, dgid);
+                (route, unreached)
+            }
         };
         if let Some(outcome) = unreached {
             // Nothing is moved, but a message that could not even be
@@ -96,6 +96,9 @@ impl Engine {
             qkey: msg.qkey,
         };
         let mut outcome = deliver(cx, route, dgid, &req, ud, resp);
+        if !ud && matches!(outcome, RespOutcome::Done) {
+            cx.reached = route.map(|r| (h, r));
+        }
         if matches!(outcome, RespOutcome::Stale) {
             // The routing hint was stale: resolve the QPN afresh, once.
             // The number may now belong to another QP of the VM held for
