@@ -128,8 +128,11 @@ impl<'a> HostRuns<'a> {
     }
 
     /// The next piece: the rest of the current segment inside the RAM
-    /// region where it continues.
-    fn piece(&mut self) -> Result<Option<(*mut u8, u64)>, AccessError> {
+    /// region where it continues; and whether it ends at that region's end
+    /// (only then can the next piece continue it in the host: within a
+    /// region, host order is guest-physical order, and `resolve` merged
+    /// what is adjacent there).
+    fn piece(&mut self) -> Result<Option<(*mut u8, u64, bool)>, AccessError> {
         loop {
             let Some(s) = self.segs.get(self.next) else {
                 return Ok(None);
@@ -149,23 +152,26 @@ impl<'a> HostRuns<'a> {
             let n = avail.min(rest);
             // At most `s.len`.
             self.off = self.off.saturating_add(n);
-            return Ok(Some((p, n)));
+            return Ok(Some((p, n, n == avail)));
         }
     }
 
     /// The next run: host address and length, `Ok(None)` at the end.
     fn next_run(&mut self) -> Result<Option<(*mut u8, u64)>, AccessError> {
-        let Some((start, mut len)) = self.piece()? else {
+        let Some((start, mut len, mut at_end)) = self.piece()? else {
             return Ok(None);
         };
-        loop {
+        // Pieces of scattered pages never continue each other: looking
+        // at the next one would cost a lookup per page for nothing.
+        while at_end {
             let (next, off) = (self.next, self.off);
             match self.piece() {
-                Ok(Some((p, n)))
+                Ok(Some((p, n, end)))
                     if usize::try_from(len)
                         .is_ok_and(|l| p as usize == (start as usize).wrapping_add(l)) =>
                 {
                     len = len.checked_add(n).ok_or(AccessError::OutOfRegion)?;
+                    at_end = end;
                 }
                 _ => {
                     // Not contiguous (or not RAM: reported when it is
