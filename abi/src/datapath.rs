@@ -591,6 +591,7 @@ pub const CQE_OWNER_OFFSET: u64 = field_offset(Cqe::LAYOUT, "owner");
 /// The owner value marking a valid CQE at index `index` of a CQ of `depth`
 /// entries: 1 on the first pass over the ring, 0 on the second, and so on.
 /// Zero-filled CQ memory is therefore empty.
+#[inline]
 pub fn cqe_owner(index: u32, depth: u32) -> u8 {
     let shift = depth.max(1).trailing_zeros();
     u8::from((index >> shift) & 1 == 0)

@@ -71,7 +71,8 @@ pub type Token = u64;
 /// # Safety
 ///
 /// An implementation guarantees that, for as long as the region is alive:
-/// `as_ptr()` is valid for reads and writes of `len()` bytes, is not
+/// `as_ptr()` and `len()` do not change, `as_ptr()` is valid for reads and
+/// writes of `len()` bytes, is not
 /// referenced by any Rust reference elsewhere (the driver accesses it only
 /// through raw pointers, volatile and atomic operations), and is aligned to
 /// the alignment requested at allocation (at least 8); `pages()` holds
