@@ -70,9 +70,9 @@ fi
 for i in $(seq "$RUNS"); do
   for mode in "" --shmem; do
     for s in 64 512; do
-      run "lat-$s${mode}-$i" "$PERF" write_lat -s "$s" -n 20000 $mode "${Q[@]}"
+      run "lat-$s${mode:+-shmem}-$i" "$PERF" write_lat -s "$s" -n 20000 $mode "${Q[@]}"
     done
-    run "rate${mode}-$i" "$PERF" write_bw -s 64 --reps 3 $mode "${Q[@]}"
+    run "rate${mode:+-shmem}-$i" "$PERF" write_bw -s 64 --reps 3 $mode "${Q[@]}"
   done
   [ "$i" -le 3 ] || continue
   for s in 65536 1048576; do
