@@ -292,7 +292,7 @@ check_after FAULT "... and the reader on host 2 exits with an error too" '^FAULT
 check_after PORT-EVENTS "host 2's daemon saw its port go down" 'rxe0: port down' client
 check_after PORT-EVENTS "... and failed the RC QP of its VM with QP_FATAL" 'port down: 1 RC QPs of VM 1 fail' client
 check_after PORT-EVENTS "... and come back" 'rxe0: port active' client
-check_after CONFORMANCE "conformance tests on rxe: tests/datapath.rs" '^test result: ok[.] 16 passed' server
+check_after CONFORMANCE "conformance tests on rxe: tests/datapath.rs" '^test result: ok[.] 17 passed' server
 check_after CONFORMANCE "conformance tests on rxe: tests/datapath_multi (those that apply)" \
   "^test result: ok[.] [0-9]+ passed; 0 failed; 0 ignored; 0 measured; ${#skips[@]} filtered out" server
 if [ "${rcs[0]}" = 0 ] && [ "${rcs[1]}" = 0 ]; then

@@ -577,6 +577,76 @@ fn error_bad_rkey() {
     assert_eq!(wc.status(), Some(WcStatus::WR_FLUSH_ERR), "{wc:?}");
 }
 
+/// Small WRITEs posted together take the engine's one-pass lane after the
+/// first of the burst: they land like any other, and a bad one among them
+/// (remote key, remote bounds, local key, each after good ones in the
+/// same post) fails with the status the general path gives it, the WRITEs
+/// after it flushed.
+#[test]
+fn small_writes_in_one_post_are_checked_like_any_other() {
+    // (size, source offset, destination offset): in a page, across a page
+    // boundary of the scattered buffers (the general path), a whole page.
+    const GOOD: [(usize, usize, usize); 6] = [
+        (1, 0, 0),
+        (64, 100, 200),
+        (512, 1000, 1100),
+        (300, 4000, 4090),
+        (4096, 4096, 8192),
+        (17, 2, 3),
+    ];
+    for bad in ["rkey", "remote bounds", "lkey"] {
+        let (_d, a, b) = two_vms();
+        let p = rc_pair(&a, &b);
+        let (src, dst) = (Buf::new(&a, 3 * 4096), Buf::new(&b, 4 * 4096));
+        let data = pattern(3 * 4096, 7);
+        src.write(0, &data);
+        dst.write(0, &vec![0xEE; 4 * 4096]);
+        let good: Vec<[Sge; 1]> = GOOD.iter().map(|&(n, so, _)| [src.sge(so, n)]).collect();
+        let mut wrs: Vec<SendWr<'_>> = GOOD
+            .iter()
+            .zip(&good)
+            .enumerate()
+            .map(|(i, (&(_, _, dof), sg))| wr(i as u64, write_op(&dst, dof), sg))
+            .collect();
+        let mut bad_sge = [src.sge(0, 64)];
+        let mut op = write_op(&dst, 0);
+        let want = match bad {
+            "rkey" => {
+                op = SendOp::RdmaWrite {
+                    remote_addr: dst.addr(0),
+                    rkey: dst.mr.rkey() ^ 0x0001_0000,
+                };
+                WcStatus::REM_ACCESS_ERR
+            }
+            "remote bounds" => {
+                op = write_op(&dst, 4 * 4096 - 32);
+                WcStatus::REM_ACCESS_ERR
+            }
+            _ => {
+                bad_sge[0].lkey ^= 0x0001_0000;
+                WcStatus::LOC_PROT_ERR
+            }
+        };
+        wrs.push(wr(100, op, &bad_sge));
+        let after = [src.sge(0, 8)];
+        wrs.push(wr(101, write_op(&dst, 0), &after));
+        p.qa.post_send(&wrs).unwrap();
+        let wcs = poll_n(&p.cqa, GOOD.len() + 2);
+        for (i, (wc, &(n, so, dof))) in wcs.iter().zip(&GOOD).enumerate() {
+            ok(wc, i as u64, WcOpcode::RDMA_WRITE);
+            assert_eq!(dst.read(dof, n), data[so..so + n], "{bad}: WRITE {i}");
+        }
+        let (failed, flushed) = (&wcs[GOOD.len()], &wcs[GOOD.len() + 1]);
+        assert_eq!(failed.wr_id, 100);
+        assert_eq!(failed.status(), Some(want), "{bad}: {failed:?}");
+        assert_eq!(flushed.wr_id, 101);
+        assert_eq!(flushed.status(), Some(WcStatus::WR_FLUSH_ERR), "{bad}");
+        wait_state(&p.qa, QpState::ERR);
+        // Nothing beyond the good WRITEs was written.
+        assert_eq!(dst.read(4 * 4096 - 32, 32), vec![0xEE; 32], "{bad}");
+    }
+}
+
 #[test]
 fn error_rnr_retry_exceeded() {
     let (_d, a, b) = two_vms();

@@ -4,11 +4,13 @@
 //!
 //! - [`rnic`]: [`rnic::SoftRnic`], the object half (QP numbers, keys);
 //! - [`path`]: `SoftPath`, the data path behind the engine's seam;
+//!   [`lane`]: small WRITEs in one pass;
 //! - [`route`]: getting a message to its responder (QPN lookup, tenant
 //!   policy, the peer VM's lock); [`responder`] and [`receive`]: the
 //!   responder's side; [`retry`]: retry emulation; [`pieces`]: large
 //!   messages in pieces.
 
+pub mod lane;
 pub mod path;
 pub mod pieces;
 pub mod receive;

@@ -8,6 +8,7 @@ use log::debug;
 use virtio_rdma_abi::datapath::WcStatus;
 use virtio_rdma_abi::qp::QpType;
 
+use super::lane;
 use super::pieces::{self, Pieces, Span};
 use super::retry::{exhausted, rnr_retry, transport_retry, waiting};
 use super::route::{same_thread, Held};
@@ -173,10 +174,20 @@ impl TransportPath for SoftPath {
         msg: &Outgoing<'_>,
     ) -> Step {
         let (h, index, mem) = (msg.qp, msg.index, cx.mem);
+        let (wr_id, op) = (msg.wr.hdr.wr_id, msg.op);
+        // A small WRITE in one pass (`lane`); the rest, and any failure,
+        // below.
+        if let Some(n) = lane::small_write(cx, msg) {
+            *moved = n;
+            if !msg.signaled {
+                return Step::Done { published: false };
+            }
+            let c = Completion::ok(wr_id, op, u32::try_from(n).unwrap_or(u32::MAX));
+            return complete_send(cx.state, mem, h, index, c);
+        }
         let Some(qp) = cx.state.res.qps.get(h) else {
             return Step::Done { published: false };
         };
-        let (wr_id, op) = (msg.wr.hdr.wr_id, msg.op);
         // The requester's error completion for this WQE.
         let failed = |state: &mut VmState, status| {
             complete_send(state, mem, h, index, Completion::failed(wr_id, op, status))

@@ -1,0 +1,119 @@
+//! The small-WRITE lane: an RDMA WRITE of at most [`LANE_MAX`] bytes from
+//! one SGE, on an RC QP whose route the current burst has already checked
+//! and delivered to (`Serving::reached`), into a QP of the VM held for the
+//! burst, is checked and copied in one pass. The checks are those of the
+//! general path ([`super::route`], [`super::responder`]); what the lane
+//! leaves out is its machinery: segment lists, pieces, the outcome
+//! plumbing of retries and NAKs.
+//!
+//! Nothing is changed before the copy: a message the lane does not take,
+//! or one that fails any check, goes down the general path, which then
+//! executes it or reports its failure exactly as without the lane.
+
+use virtio_rdma_abi::datapath::{WcOpcode, WrOpcode};
+use virtio_rdma_abi::mem::access as acc;
+use virtio_rdma_abi::qp::{QpState, QpType};
+
+use super::pieces::PIECE;
+use super::responder::comm_established;
+use crate::engine::requester::Outgoing;
+use crate::engine::sweep::Serving;
+use crate::memory::access::Translate;
+use crate::memory::volatile;
+use crate::stats::TrafficCounters;
+
+/// The largest WRITE the lane takes: a page (larger ones cross pages on
+/// one side or the other; the general path merges their runs).
+pub(super) const LANE_MAX: u64 = 4096;
+
+// A lane message is never one the general path would run in pieces.
+const _: () = assert!(LANE_MAX <= PIECE);
+
+/// Executes `msg` in the lane if it qualifies and passes every check;
+/// returns the bytes moved, or `None` for the general path.
+#[inline]
+pub(super) fn small_write(cx: &mut Serving<'_>, msg: &Outgoing<'_>) -> Option<u64> {
+    let wr = msg.wr;
+    if msg.op != WcOpcode::RDMA_WRITE
+        || wr.opcode != WrOpcode::RDMA_WRITE
+        || msg.qp_type != QpType::RC
+        || wr.inline.is_some()
+    {
+        return None;
+    }
+    let [sge] = wr.sges else {
+        return None;
+    };
+    let len = u64::from(sge.length);
+    if len == 0 || len > LANE_MAX || len != msg.len {
+        return None;
+    }
+    // The route this burst checked for this QP, into the held VM.
+    let (_, (peer_vm, peer_qp)) = cx.reached.filter(|&(q, _)| q == msg.qp)?;
+    let held = cx.held.as_ref().filter(|p| p.vm == peer_vm)?;
+    let (state, mem) = (&*cx.state, cx.mem);
+    // A message this QP has partly executed is resumed by the general path.
+    if state.res.qps.get(msg.qp)?.rt.partial.is_some() {
+        return None;
+    }
+    // The local buffer: key, PD and bounds (`sge::local_range`), inside one
+    // page and one RAM region.
+    let mr = state
+        .res
+        .lkeys
+        .get(&sge.lkey)
+        .and_then(|h| state.res.mrs.get(*h))?;
+    if mr.pd != msg.pd {
+        return None;
+    }
+    let (src_gpa, src_room) = mr.translate(sge.addr, len)?;
+    if src_room < len {
+        return None;
+    }
+    let src = mem.ptr(src_gpa, len)?;
+    // The responder (`route::deliver`, `route::respond_checked`,
+    // `responder::perform`): running, at the GID addressed, still that
+    // QPN, an RC QP that takes messages, REMOTE_WRITE on the QP and on an
+    // MR of its PD whose bounds hold the range.
+    let peer = &*held.state;
+    if !peer.running() || peer.port_gid() != msg.av.dgid {
+        return None;
+    }
+    let q = peer.res.qps.get(peer_qp)?;
+    if q.qpn != msg.dest_qpn
+        || q.qp_type != QpType::RC
+        || !matches!(q.state, QpState::RTR | QpState::RTS | QpState::SQD)
+        || q.attr.access & acc::REMOTE_WRITE == 0
+    {
+        return None;
+    }
+    let rmr = peer
+        .res
+        .rkeys
+        .get(&wr.hdr.rkey)
+        .and_then(|h| peer.res.mrs.get(*h))?;
+    if rmr.pd != q.pd || rmr.access & acc::REMOTE_WRITE == 0 {
+        return None;
+    }
+    let (dst_gpa, dst_room) = rmr.translate(wr.hdr.remote_addr, len)?;
+    if dst_room < len {
+        return None;
+    }
+    let dst = held.mem.ptr(dst_gpa, len)?;
+    let n = usize::try_from(len).ok()?;
+    // SAFETY: `src` and `dst` are host ranges of `len` bytes inside RAM
+    // regions of the two VMs' memories (checked by `HostMem::ptr`), mapped
+    // while `cx` borrows them; `guest_to_guest` allows overlap.
+    unsafe { volatile::guest_to_guest(src, dst, n) };
+    // What the responder does after a WRITE (`responder::respond`).
+    let held = cx.held.as_mut()?;
+    comm_established(held.state, peer_qp);
+    if let Some(t) = held.state.tenancy().traffic(held.state.vm_index()) {
+        TrafficCounters::add_single_writer(&t.recv_ops, 1);
+        TrafficCounters::add_single_writer(&t.recv_bytes, len);
+    }
+    if !held.state.events.is_empty() {
+        held.dev.wake_events();
+    }
+    Some(len)
+}
