@@ -1,10 +1,11 @@
 //! The small-WRITE lane: an RDMA WRITE of at most [`LANE_MAX`] bytes from
-//! one SGE, on an RC QP whose route the current burst has already checked
-//! and delivered to (`Serving::reached`), into a QP of the VM held for the
-//! burst, is checked and copied in one pass. The checks are those of the
-//! general path ([`super::route`], [`super::responder`]); what the lane
-//! leaves out is its machinery: segment lists, pieces, the outcome
-//! plumbing of retries and NAKs.
+//! one SGE, on an RC QP whose route passed the requester's checks (earlier
+//! in the burst, or just now in `Engine::transmit`), into a QP of the VM
+//! held for the burst, is checked
+//! and copied in one pass. The checks are those of the general path
+//! ([`super::route`], [`super::responder`]); what the lane leaves out is
+//! its machinery: segment lists and the outcome plumbing of retries and
+//! NAKs.
 //!
 //! Nothing is changed before the copy: a message the lane does not take,
 //! or one that fails any check, goes down the general path, which then
@@ -29,10 +30,15 @@ pub(super) const LANE_MAX: u64 = 4096;
 // A lane message is never one the general path would run in pieces.
 const _: () = assert!(LANE_MAX <= PIECE);
 
-/// Executes `msg` in the lane if it qualifies and passes every check;
+/// Executes `msg`, whose route (VM, QP handle) `route` passed the
+/// requester's checks, in the lane if it qualifies and passes every check;
 /// returns the bytes moved, or `None` for the general path.
 #[inline]
-pub(super) fn small_write(cx: &mut Serving<'_>, msg: &Outgoing<'_>) -> Option<u64> {
+pub(super) fn small_write(
+    cx: &mut Serving<'_>,
+    msg: &Outgoing<'_>,
+    (peer_vm, peer_qp): (usize, u32),
+) -> Option<u64> {
     let wr = msg.wr;
     if msg.op != WcOpcode::RDMA_WRITE
         || wr.opcode != WrOpcode::RDMA_WRITE
@@ -48,8 +54,6 @@ pub(super) fn small_write(cx: &mut Serving<'_>, msg: &Outgoing<'_>) -> Option<u6
     if len == 0 || len > LANE_MAX || len != msg.len {
         return None;
     }
-    // The route this burst checked for this QP, into the held VM.
-    let (_, (peer_vm, peer_qp)) = cx.reached.filter(|&(q, _)| q == msg.qp)?;
     let held = cx.held.as_ref().filter(|p| p.vm == peer_vm)?;
     let (state, mem) = (&*cx.state, cx.mem);
     // A message this QP has partly executed is resumed by the general path.

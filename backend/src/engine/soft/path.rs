@@ -175,9 +175,11 @@ impl TransportPath for SoftPath {
     ) -> Step {
         let (h, index, mem) = (msg.qp, msg.index, cx.mem);
         let (wr_id, op) = (msg.wr.hdr.wr_id, msg.op);
-        // A small WRITE in one pass (`lane`); the rest, and any failure,
-        // below.
-        if let Some(n) = lane::small_write(cx, msg) {
+        // A small WRITE on the route the burst already checked, in one pass
+        // (`lane`); a burst's first one takes it in `transmit`, after the
+        // route's checks.
+        let checked = cx.reached.filter(|&(q, _)| q == h).map(|(_, r)| r);
+        if let Some(n) = checked.and_then(|r| lane::small_write(cx, msg, r)) {
             *moved = n;
             if !msg.signaled {
                 return Step::Done { published: false };

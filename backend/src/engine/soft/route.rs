@@ -14,6 +14,7 @@ use std::sync::Arc;
 use virtio_rdma_abi::datapath::WcStatus;
 use virtio_rdma_abi::qp::{QpState, QpType};
 
+use super::lane;
 use super::pieces::Span;
 use super::responder::respond;
 use super::{Request, RespOutcome, RespScratch};
@@ -69,6 +70,13 @@ impl Engine {
             // SGEs, not pages).
             check_local(cx.state, msg.pd, msg.wr.sges, msg.writes_local)?;
             return Ok(outcome);
+        }
+        // A small WRITE into the VM held for the burst, in one pass.
+        if let Some(r) = route.filter(|_| !ud && span.start == 0) {
+            if lane::small_write(cx, msg, r).is_some() {
+                cx.reached = Some((h, r));
+                return Ok(RespOutcome::Done);
+            }
         }
         // Every piece resolves only its own part.
         let sges = msg.wr.sges;
