@@ -54,6 +54,11 @@ pub trait Translate {
     /// Guest-physical address of `iova`, with the bytes contiguous from
     /// there; `None` when `[iova, iova + len)` is not inside the region.
     fn translate(&self, iova: u64, len: u64) -> Option<(u64, u64)>;
+
+    /// Calls `f(gpa, len)` for the guest-physical pieces of
+    /// `[iova, iova + len)` in order (a page or more each); `None`, having
+    /// called nothing, when the range is not inside the region.
+    fn walk(&self, iova: u64, len: u64, f: impl FnMut(u64, u64)) -> Option<()>;
 }
 
 /// Resolves `[iova, iova + len)` of `mr` into guest-physical segments,
@@ -68,36 +73,23 @@ pub fn resolve(
     if len == 0 {
         return Ok(());
     }
-    // Bounds of the whole range first; pieces are then inside by
-    // construction. A range inside one page (most small messages) is done.
-    let (gpa, avail) = mr.translate(iova, len).ok_or(AccessError::OutOfRegion)?;
-    if avail >= len {
-        push_merged(out, gpa, len)?;
-        return Ok(());
-    }
-    let (mut at, mut left) = (iova, len);
-    while left > 0 {
-        let (gpa, avail) = mr.translate(at, left).ok_or(AccessError::OutOfRegion)?;
-        let take = avail.min(left);
-        push_merged(out, gpa, take)?;
-        // `take <= left`, and `at + left` is inside the region (checked above).
-        left = left.saturating_sub(take);
-        at = at.checked_add(take).ok_or(AccessError::OutOfRegion)?;
-    }
-    Ok(())
+    mr.walk(iova, len, |gpa, n| push_merged(out, gpa, n))
+        .ok_or(AccessError::OutOfRegion)
 }
 
 /// Appends `[gpa, gpa + len)` to `out`, merged into the last segment when
 /// it continues it.
 #[inline]
-fn push_merged(out: &mut Vec<Segment>, gpa: u64, len: u64) -> Result<(), AccessError> {
-    match out.last_mut() {
-        Some(last) if last.gpa.checked_add(last.len) == Some(gpa) => {
-            last.len = last.len.checked_add(len).ok_or(AccessError::OutOfRegion)?;
+fn push_merged(out: &mut Vec<Segment>, gpa: u64, len: u64) {
+    if let Some(last) = out.last_mut() {
+        if last.gpa.checked_add(last.len) == Some(gpa) {
+            if let Some(sum) = last.len.checked_add(len) {
+                last.len = sum;
+                return;
+            }
         }
-        _ => out.push(Segment { gpa, len }),
     }
-    Ok(())
+    out.push(Segment { gpa, len });
 }
 
 /// Total bytes of a segment list.
@@ -111,19 +103,19 @@ pub fn total(segs: &[Segment]) -> u64 {
 /// are adjacent, whatever their order in the MR's page list).
 struct HostRuns<'a> {
     mem: &'a HostMem,
-    segs: &'a [Segment],
-    next: usize,
-    /// Bytes of `segs[next]` already handed out.
-    off: u64,
+    segs: std::slice::Iter<'a, Segment>,
+    /// The part of the current segment not handed out yet.
+    gpa: u64,
+    left: u64,
 }
 
 impl<'a> HostRuns<'a> {
     fn new(mem: &'a HostMem, segs: &'a [Segment]) -> Self {
         HostRuns {
             mem,
-            segs,
-            next: 0,
-            off: 0,
+            segs: segs.iter(),
+            gpa: 0,
+            left: 0,
         }
     }
 
@@ -132,56 +124,61 @@ impl<'a> HostRuns<'a> {
     /// (only then can the next piece continue it in the host: within a
     /// region, host order is guest-physical order, and `resolve` merged
     /// what is adjacent there).
+    #[inline]
     fn piece(&mut self) -> Result<Option<(*mut u8, u64, bool)>, AccessError> {
-        loop {
-            let Some(s) = self.segs.get(self.next) else {
+        while self.left == 0 {
+            let Some(s) = self.segs.next() else {
                 return Ok(None);
             };
-            let rest = s.len.saturating_sub(self.off);
-            if rest == 0 {
-                // `next` indexes `segs`: at most its length.
-                self.next = self.next.saturating_add(1);
-                self.off = 0;
-                continue;
-            }
-            let gpa = s
-                .gpa
-                .checked_add(self.off)
-                .ok_or(AccessError::OutOfRegion)?;
-            let (p, avail) = self.mem.range(gpa, 1).ok_or(AccessError::NotRam(gpa))?;
-            let n = avail.min(rest);
-            // At most `s.len`.
-            self.off = self.off.saturating_add(n);
-            return Ok(Some((p, n, n == avail)));
+            (self.gpa, self.left) = (s.gpa, s.len);
         }
+        let gpa = self.gpa;
+        let (p, avail) = self.mem.range(gpa, 1).ok_or(AccessError::NotRam(gpa))?;
+        let n = avail.min(self.left);
+        // `n <= left`, and `gpa + n` is at most the region's end.
+        self.left = self.left.saturating_sub(n);
+        self.gpa = gpa.wrapping_add(n);
+        Ok(Some((p, n, n == avail)))
     }
 
     /// The next run: host address and length, `Ok(None)` at the end.
+    #[inline]
     fn next_run(&mut self) -> Result<Option<(*mut u8, u64)>, AccessError> {
-        let Some((start, mut len, mut at_end)) = self.piece()? else {
+        let Some((start, len, at_end)) = self.piece()? else {
             return Ok(None);
         };
         // Pieces of scattered pages never continue each other: looking
         // at the next one would cost a lookup per page for nothing.
-        while at_end {
-            let (next, off) = (self.next, self.off);
+        if !at_end {
+            return Ok(Some((start, len)));
+        }
+        self.merge_next(start, len).map(Some)
+    }
+
+    /// A run that ends at the end of a RAM region, extended by the pieces
+    /// that continue it in the host (the next region mapped right after).
+    #[cold]
+    fn merge_next(&mut self, start: *mut u8, mut len: u64) -> Result<(*mut u8, u64), AccessError> {
+        loop {
+            let saved = (self.segs.clone(), self.gpa, self.left);
             match self.piece() {
                 Ok(Some((p, n, end)))
                     if usize::try_from(len)
                         .is_ok_and(|l| p as usize == (start as usize).wrapping_add(l)) =>
                 {
                     len = len.checked_add(n).ok_or(AccessError::OutOfRegion)?;
-                    at_end = end;
+                    if !end {
+                        return Ok((start, len));
+                    }
                 }
                 _ => {
                     // Not contiguous (or not RAM: reported when it is
                     // reached): leave it for the next run.
-                    (self.next, self.off) = (next, off);
-                    break;
+                    (self.segs, self.gpa, self.left) = saved;
+                    return Ok((start, len));
                 }
             }
         }
-        Ok(Some((start, len)))
     }
 }
 

@@ -228,6 +228,42 @@ impl PageList {
         ))
     }
 
+    /// Calls `f(gpa, len)` for the pieces of `[offset, offset + len)` of
+    /// the described memory in order: a piece per page, or one piece for
+    /// a contiguous description. `None` when the range is not inside the
+    /// pages (nothing is called then). A walk over the list itself: the
+    /// data path resolves a large message's pages with it.
+    #[inline]
+    pub fn walk(&self, offset: u64, len: u64, mut f: impl FnMut(u64, u64)) -> Option<()> {
+        let end = offset.checked_add(len)?;
+        let size = u64::from(self.npages) << self.page_shift;
+        if end > size || len == 0 {
+            return (end <= size).then_some(());
+        }
+        match &self.pages {
+            Pages::Contiguous(base) => f(base.checked_add(offset)?, len),
+            Pages::List(list) => {
+                let first = usize::try_from(offset >> self.page_shift).ok()?;
+                let page = 1u64 << self.page_shift;
+                // The low `page_shift` bits.
+                let mut within = offset & !(u64::MAX << self.page_shift);
+                let mut left = len;
+                for &gpa in list.get(first..)? {
+                    // `within < page`, and every page lies inside RAM
+                    // (validated): neither operation wraps or saturates.
+                    let take = page.saturating_sub(within).min(left);
+                    f(gpa.wrapping_add(within), take);
+                    left = left.saturating_sub(take);
+                    if left == 0 {
+                        break;
+                    }
+                    within = 0;
+                }
+            }
+        }
+        Some(())
+    }
+
     /// Host memory used by the translation, in bytes (fixed once the list
     /// is built).
     pub fn host_bytes(&self) -> u64 {
@@ -330,6 +366,47 @@ mod tests {
         let pl = pl.unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(pl.translate(0x1004), Some((0x100_0004, 4092)));
         assert_eq!(pl.translate(3 * 4096), None);
+    }
+
+    #[test]
+    fn walk_visits_the_pages_of_a_range() {
+        let (mem, ram) = setup();
+        let bytes = list(&[0x3000, 0x100_0000, 0x1000]);
+        let pl = PageList::resolve(
+            &desc(PageListMode::INLINE, 3, 0),
+            &bytes,
+            &LIMITS,
+            &ram,
+            &mem,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let walk = |off, len| {
+            let mut seen = Vec::new();
+            pl.walk(off, len, |g, n| seen.push((g, n))).map(|()| seen)
+        };
+        assert_eq!(
+            walk(0xff0, 0x1020),
+            Some(vec![(0x3ff0, 0x10), (0x100_0000, 0x1000), (0x1000, 0x10)])
+        );
+        assert_eq!(walk(0x1004, 8), Some(vec![(0x100_0004, 8)]));
+        assert_eq!(walk(0x2000, 0x1000), Some(vec![(0x1000, 0x1000)]));
+        assert_eq!(walk(0x3000, 0), Some(vec![]));
+        // Past the end, or wrapping: nothing is visited.
+        assert_eq!(walk(0x2001, 0x1000), None);
+        assert_eq!(walk(0x3001, 0), None);
+        assert_eq!(walk(u64::MAX, 2), None);
+        let pl = PageList::resolve(
+            &desc(PageListMode::CONTIGUOUS, 4, 0x8000),
+            &[],
+            &LIMITS,
+            &ram,
+            &mem,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let mut seen = Vec::new();
+        assert_eq!(pl.walk(0x10, 0x3000, |g, n| seen.push((g, n))), Some(()));
+        assert_eq!(seen, vec![(0x8010, 0x3000)]);
+        assert_eq!(pl.walk(0x10, 0x4000, |_, _| {}), None);
     }
 
     #[test]

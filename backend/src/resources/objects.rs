@@ -208,6 +208,16 @@ impl Translate for Mr {
         self.pages
             .translate(off.checked_add(u64::from(self.first_page_offset))?)
     }
+
+    #[inline]
+    fn walk(&self, iova: u64, len: u64, f: impl FnMut(u64, u64)) -> Option<()> {
+        let off = iova.checked_sub(self.iova)?;
+        if off.checked_add(len)? > self.length {
+            return None;
+        }
+        self.pages
+            .walk(off.checked_add(u64::from(self.first_page_offset))?, len, f)
+    }
 }
 
 /// A queue pair.
