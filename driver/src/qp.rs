@@ -17,9 +17,9 @@ use crate::error::{Error, Result};
 use crate::page_list;
 use crate::pd::Pd;
 use crate::qp_attr::{QpAttrs, RcConnect};
-use crate::ring::{post_encoded, post_wqes, Producer, QueueMem, RingGeometry, WqRegs};
+use crate::ring::{post_encoded, Producer, QueueMem, RingGeometry, WqRegs};
 use crate::srq::Srq;
-use crate::wr::{encode_recv, encode_send_into, RecvWr, SendLimits, SendWr};
+use crate::wr::{encode_recv_at, encode_send_into, RecvWr, SendLimits, SendWr};
 
 const SQ_REGS: WqRegs = WqRegs {
     pi: off::QP_SQ_PI,
@@ -473,7 +473,8 @@ impl Qp {
             &self.sq_prod,
             wrs.len(),
             |index, out| {
-                let wr = wrs.get(index).ok_or(Error::InvalidWr {
+                // Built only on failure: a post allocates nothing.
+                let wr = wrs.get(index).ok_or_else(|| Error::InvalidWr {
                     index,
                     reason: "no such work request".into(),
                 })?;
@@ -489,22 +490,16 @@ impl Qp {
         self.refuse_in_reset("post_recv")?;
         let rq = self
             .rq
-            .ok_or(Error::InvalidArgument("the QP receives from an SRQ".into()))?;
-        let wqes = wrs
-            .iter()
-            .enumerate()
-            .map(|(index, wr)| {
-                encode_recv(wr, self.cap.max_recv_sge, rq.stride())
-                    .map_err(|reason| Error::InvalidWr { index, reason })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        post_wqes(
+            .ok_or_else(|| Error::InvalidArgument("the QP receives from an SRQ".into()))?;
+        let max_sge = self.cap.max_recv_sge;
+        post_encoded(
             &*self.pd.dev.inner.transport,
             &self.mem,
             &rq,
             RQ_REGS,
             &self.rq_prod,
-            &wqes,
+            wrs.len(),
+            |index, out| encode_recv_at(wrs, index, max_sge, rq.stride(), out),
         )
         .map(drop)
     }

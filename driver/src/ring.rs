@@ -184,29 +184,6 @@ pub(crate) struct WqRegs {
     pub slot_half: usize,
 }
 
-/// Posts already encoded WQEs: checks room for all of them (nothing is
-/// posted otherwise), writes each into its slot, then publishes the new
-/// producer index with the kick protocol. Returns whether it kicked.
-pub(crate) fn post_wqes(
-    transport: &dyn Transport,
-    mem: &QueueMem,
-    ring: &RingGeometry,
-    regs: WqRegs,
-    producer: &Mutex<Producer>,
-    wqes: &[Vec<u8>],
-) -> Result<bool> {
-    if wqes.is_empty() {
-        return Ok(false);
-    }
-    let mut p = producer.lock().unwrap_or_else(PoisonError::into_inner);
-    p.reserve(wqes.len(), ring.depth, || mem.db.load(regs.ci))?;
-    for w in wqes {
-        write_slot(&mem.buf, ring, p.pi, w);
-        p.pi = p.pi.wrapping_add(1);
-    }
-    mem.publish(transport, regs, p.pi)
-}
-
 /// Posts `n` WQEs that `encode(i, out)` appends to `out`: all of them are
 /// encoded first (nothing is posted if one fails), then room is checked,
 /// each is written into its slot and the new producer index is published

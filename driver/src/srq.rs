@@ -16,8 +16,8 @@ use crate::doorbell::off;
 use crate::error::{Error, Result};
 use crate::page_list;
 use crate::pd::Pd;
-use crate::ring::{post_wqes, Producer, QueueMem, RingGeometry, WqRegs};
-use crate::wr::{encode_recv, RecvWr};
+use crate::ring::{post_encoded, Producer, QueueMem, RingGeometry, WqRegs};
+use crate::wr::{encode_recv_at, RecvWr};
 
 const SRQ_REGS: WqRegs = WqRegs {
     pi: off::SRQ_PI,
@@ -135,21 +135,15 @@ impl Srq {
 
     /// Posts receive work requests (all or none).
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
-        let wqes = wrs
-            .iter()
-            .enumerate()
-            .map(|(index, wr)| {
-                encode_recv(wr, self.max_sge, self.ring.stride())
-                    .map_err(|reason| Error::InvalidWr { index, reason })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        post_wqes(
+        let (max_sge, stride) = (self.max_sge, self.ring.stride());
+        post_encoded(
             &*self.pd.dev.inner.transport,
             &self.mem,
             &self.ring,
             SRQ_REGS,
             &self.prod,
-            &wqes,
+            wrs.len(),
+            |index, out| encode_recv_at(wrs, index, max_sge, stride, out),
         )
         .map(drop)
     }

@@ -8,7 +8,7 @@ use virtio_rdma_abi::datapath::{
 };
 use virtio_rdma_abi::mem::{RECV_WQE_HEADER, SEND_WQE_HEADER, SGE_SIZE};
 use virtio_rdma_abi::qp::QpType;
-use virtio_rdma_abi::{Field, Wire};
+use virtio_rdma_abi::Field;
 
 use crate::ah::Ah;
 
@@ -346,28 +346,50 @@ fn encode_send_at(
     Ok(())
 }
 
-/// Checks `wr` against `max_sge` and encodes its receive WQE.
-pub(crate) fn encode_recv(wr: &RecvWr<'_>, max_sge: u32, stride: usize) -> Result<Vec<u8>, String> {
+/// Checks `wr` against `max_sge` and the ring's `stride` and appends its
+/// receive WQE to `out` (nothing is appended when it fails).
+pub(crate) fn encode_recv_into(
+    wr: &RecvWr<'_>,
+    max_sge: u32,
+    stride: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), String> {
     if wr.sg_list.len() > max_sge as usize {
         return Err(format!(
             "{} SGEs, the queue takes {max_sge}",
             wr.sg_list.len()
         ));
     }
-    let mut out = RecvWqe {
-        wr_id: wr.wr_id,
-        num_sge: wr.sg_list.len() as u32,
-        reserved: 0,
-    }
-    .to_bytes();
-    for s in wr.sg_list {
-        out.extend_from_slice(&s.to_bytes());
-    }
     let len = RECV_WQE_HEADER as usize + wr.sg_list.len() * SGE_SIZE as usize;
     if len > stride {
         return Err(format!("WQE of {len} bytes in a {stride}-byte stride"));
     }
-    Ok(out)
+    RecvWqe {
+        wr_id: wr.wr_id,
+        num_sge: wr.sg_list.len() as u32,
+        reserved: 0,
+    }
+    .write(grow(out, RecvWqe::SIZE));
+    for s in wr.sg_list {
+        s.write(grow(out, Sge::SIZE));
+    }
+    Ok(())
+}
+
+/// Encodes receive work request `index` of `wrs` into `out` (see
+/// [`encode_recv_into`]), for [`crate::ring::post_encoded`].
+pub(crate) fn encode_recv_at(
+    wrs: &[RecvWr<'_>],
+    index: usize,
+    max_sge: u32,
+    stride: usize,
+    out: &mut Vec<u8>,
+) -> crate::error::Result<()> {
+    let invalid = |reason| crate::error::Error::InvalidWr { index, reason };
+    let wr = wrs
+        .get(index)
+        .ok_or_else(|| invalid("no such work request".into()))?;
+    encode_recv_into(wr, max_sge, stride, out).map_err(invalid)
 }
 
 /// A work completion (a decoded CQE).

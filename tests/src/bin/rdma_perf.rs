@@ -1062,7 +1062,7 @@ fn scale_run(d: &TestDaemon, vms: usize, nqps: usize, depth: usize, secs: f64) -
     let t_start = Instant::now();
     let mut t_measure: Option<(Instant, u64)> = None;
     let mut completed = 0u64;
-    let mut last_progress = Instant::now();
+    let mut progress = (Instant::now(), 0u64);
     let mut rounds = 0u32;
     let end = loop {
         // The clock every 16 rounds (a read costs as much as a post): the
@@ -1074,6 +1074,12 @@ fn scale_run(d: &TestDaemon, vms: usize, nqps: usize, depth: usize, secs: f64) -
                 None if now - t_start >= warm => t_measure = Some((now, completed)),
                 Some((t0, _)) if (now - t0).as_secs_f64() >= secs => break now,
                 _ => {}
+            }
+            // Progress is judged on the same clock reads.
+            if completed != progress.1 {
+                progress = (now, completed);
+            } else if now - progress.0 > WAIT {
+                return Err("scaling run: no completion for 20 s".into());
             }
         }
         // Only QPs with room are visited (a completion queues its QP
@@ -1117,14 +1123,12 @@ fn scale_run(d: &TestDaemon, vms: usize, nqps: usize, depth: usize, secs: f64) -
                 q.queued = false;
             }
         }
-        let mut any = false;
         for cq in &cqs {
             loop {
                 let k = cq.poll(&mut wc);
                 if k == 0 {
                     break;
                 }
-                any = true;
                 for w in &wc[..k] {
                     if !w.is_success() {
                         return Err(format!("completion with error: {w:?}").into());
@@ -1139,11 +1143,6 @@ fn scale_run(d: &TestDaemon, vms: usize, nqps: usize, depth: usize, secs: f64) -
                     }
                 }
             }
-        }
-        if any {
-            last_progress = Instant::now();
-        } else if last_progress.elapsed() > WAIT {
-            return Err("scaling run: no completion for 20 s".into());
         }
     };
     let (t0, c0) = t_measure.ok_or("no measurement window")?;
