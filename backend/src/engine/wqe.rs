@@ -111,6 +111,27 @@ fn slot_gpa(
     Some((gpa, stride))
 }
 
+/// Asks the CPU to bring the head send WQE of `qp` (the slot at its
+/// consumer index) into its caches, without reading it: the engine does
+/// this for the next QP it will serve.
+#[inline]
+pub fn prefetch_send_head(mem: &HostMem, qp: &Qp) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(p) = slot_gpa(&qp.ring, 0, qp.sq_depth, qp.layout.sq_wqe_shift, qp.rt.sq_ci)
+        .and_then(|(gpa, _)| mem.ptr(gpa, 1))
+    {
+        // One line: the header (asking for the SGEs' line too measured no
+        // different at 10,000 QPs).
+        // SAFETY: SSE is part of the x86_64 baseline; a prefetch only hints
+        // the cache (it never faults and reads nothing into the program).
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                p.cast_const().cast::<i8>(),
+            );
+        }
+    }
+}
+
 /// Copies the header (`header` bytes) of the slot at `gpa`, then the
 /// `body(header)` bytes after it that the copied header announces (bounded
 /// by the stride). Returns the copied bytes.
