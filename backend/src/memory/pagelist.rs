@@ -352,34 +352,30 @@ mod tests {
         pages.iter().flat_map(|p| p.to_le_bytes()).collect()
     }
 
-    #[test]
-    fn inline_ok_and_translate() {
+    /// An inline list of three scattered pages, over both regions.
+    fn three_pages() -> PageList {
         let (mem, ram) = setup();
         let bytes = list(&[0x3000, 0x100_0000, 0x1000]);
-        let pl = PageList::resolve(
-            &desc(PageListMode::INLINE, 3, 0),
-            &bytes,
-            &LIMITS,
-            &ram,
-            &mem,
-        );
-        let pl = pl.unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(pl.translate(0x1004), Some((0x100_0004, 4092)));
-        assert_eq!(pl.translate(3 * 4096), None);
-    }
-
-    #[test]
-    fn walk_visits_the_pages_of_a_range() {
-        let (mem, ram) = setup();
-        let bytes = list(&[0x3000, 0x100_0000, 0x1000]);
-        let pl = PageList::resolve(
+        PageList::resolve(
             &desc(PageListMode::INLINE, 3, 0),
             &bytes,
             &LIMITS,
             &ram,
             &mem,
         )
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn inline_ok_and_translate() {
+        let pl = three_pages();
+        assert_eq!(pl.translate(0x1004), Some((0x100_0004, 4092)));
+        assert_eq!(pl.translate(3 * 4096), None);
+    }
+
+    #[test]
+    fn walk_visits_the_pages_of_a_range() {
+        let pl = three_pages();
         let walk = |off, len| {
             let mut seen = Vec::new();
             pl.walk(off, len, |g, n| seen.push((g, n))).map(|()| seen)
@@ -395,6 +391,7 @@ mod tests {
         assert_eq!(walk(0x2001, 0x1000), None);
         assert_eq!(walk(0x3001, 0), None);
         assert_eq!(walk(u64::MAX, 2), None);
+        let (mem, ram) = setup();
         let pl = PageList::resolve(
             &desc(PageListMode::CONTIGUOUS, 4, 0x8000),
             &[],
