@@ -46,12 +46,37 @@ guest_apt_install() {
     apt-get install -y -q --no-install-recommends "${target[@]}" "$@" >&2
 }
 
-# guest_need_cmds CMD:PKG...: installs PKG for every CMD that is not on PATH.
-guest_need_cmds() {
-  local spec pkgs=()
-  for spec in "$@"; do
-    command -v "${spec%%:*}" >/dev/null || pkgs+=("${spec#*:}")
+# Every prerequisite is decided by its Debian package name, never by a file glob or a command
+# that another package may also provide (a glob for libclang once matched libclang-cpp14, which a
+# fresh machine ships, and the build failed there while it passed on machines with history).
+#
+# Two knobs let scripts/check-prereqs.sh ask a script what it would install on a fresh machine:
+#   RDMA_PKG_STATE=FILE  decide "installed" from FILE (name<TAB>version lines, e.g.
+#                        ../shared/design/fresh-image-packages.txt) instead of dpkg's database;
+#   RDMA_PKG_PLAN=FILE   append each package that would be installed to FILE, install nothing,
+#                        and stop the script there (exit 0): the dependency step comes first.
+
+# guest_pkg_installed PKG: true if Debian package PKG is installed.
+guest_pkg_installed() {
+  if [ -n "${RDMA_PKG_STATE:-}" ]; then
+    awk -F'\t' -v p="$1" '{ sub(/:.*/, "", $1) } $1 == p { found = 1 } END { exit !found }' \
+      "$RDMA_PKG_STATE"
+  else
+    [ "$(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null)" = installed ]
+  fi
+}
+
+# guest_need_pkgs PKG...: installs every PKG that is not installed. In a script, call it once,
+# before any other work (see RDMA_PKG_PLAN above).
+guest_need_pkgs() {
+  local p pkgs=()
+  for p in "$@"; do
+    guest_pkg_installed "$p" || pkgs+=("$p")
   done
+  if [ -n "${RDMA_PKG_PLAN:-}" ]; then
+    [ ${#pkgs[@]} -eq 0 ] || printf '%s\n' "${pkgs[@]}" >>"$RDMA_PKG_PLAN"
+    exit 0
+  fi
   if [ ${#pkgs[@]} -gt 0 ]; then
     guest_log "installing ${pkgs[*]}"
     guest_apt_install "${pkgs[@]}"
@@ -94,24 +119,24 @@ guest_ensure_backports() {
   guest_apt_update
 }
 
-# Sets QEMU to a usable qemu-system-x86_64. An explicit $QEMU must exist; otherwise the one on
-# PATH is used, and if there is none Debian's is installed (bookworm-backports' 10.0, else
-# bookworm's own).
+# Sets QEMU to a usable qemu-system-x86_64. An explicit $QEMU must exist; otherwise Debian's
+# (package qemu-system-x86) is used, installed if missing: bookworm-backports' 10.0, else
+# bookworm's own.
 guest_ensure_qemu() {
   if [ -n "${QEMU:-}" ]; then
     command -v "$QEMU" >/dev/null || guest_die "QEMU=$QEMU: not found or not executable"
     return 0
   fi
-  QEMU=qemu-system-x86_64
-  command -v "$QEMU" >/dev/null && return 0
-  guest_log "no $QEMU on PATH: installing Debian's qemu-system-x86"
+  QEMU=/usr/bin/qemu-system-x86_64
+  guest_pkg_installed qemu-system-x86 && [ -x "$QEMU" ] && return 0
+  guest_log "package qemu-system-x86 is not installed: installing Debian's"
   if guest_ensure_backports && guest_apt_install -t bookworm-backports qemu-system-x86; then
     :
   else
     guest_log "bookworm-backports' QEMU failed to install; trying bookworm's"
     guest_apt_install qemu-system-x86
   fi
-  command -v "$QEMU" >/dev/null || guest_die "installing qemu-system-x86 gave no $QEMU"
+  [ -x "$QEMU" ] || guest_die "installing qemu-system-x86 gave no $QEMU"
 }
 
 # fetch_deb PKG VERSION SHA256: prints the path of the verified .deb, downloading it with apt

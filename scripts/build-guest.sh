@@ -72,10 +72,10 @@ case "$compress" in gzip | zstd | none) ;; *) guest_die "--compress: gzip, zstd 
 # virtio devices, or to look at ours from the kernel's side), vfio_pci (works with a vIOMMU only).
 image_modules=(uio_pci_generic virtio_pci vfio_pci vfio_iommu_type1 "${extra_modules[@]}")
 
-guest_need_cmds apt-get:apt dpkg-deb:dpkg ldd:libc-bin sha256sum:coreutils flock:util-linux \
-  gzip:gzip xz:xz-utils
-[ "$compress" != zstd ] || guest_need_cmds zstd:zstd
-[ "$strip" = 0 ] || guest_need_cmds strip:binutils
+need=(apt dpkg libc-bin coreutils util-linux gzip xz-utils)
+[ "$compress" != zstd ] || need+=(zstd)
+[ "$strip" = 0 ] || need+=(binutils)
+guest_need_pkgs "${need[@]}"
 
 mkdir -p "$GUEST_CACHE"/{downloads,kernel,busybox,tmp}
 t_start=$(guest_now)

@@ -24,8 +24,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -n "$out" ] || out="$GUEST_CACHE/kmod"
-guest_need_cmds apt-get:apt dpkg-deb:dpkg sha256sum:coreutils make:make gcc-12:gcc-12 \
-  flex:flex bison:bison
+guest_need_pkgs apt dpkg coreutils make gcc-12 flex bison
 
 # One extracted tree per pinned set.
 set_id=$(printf '%s\n' "$GUEST_KHEADERS_SHA256" "$GUEST_KHEADERS_COMMON_SHA256" \

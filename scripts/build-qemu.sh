@@ -71,6 +71,7 @@ APT_PACKAGES=(
   libglib2.0-dev libpixman-1-dev libfdt-dev zlib1g-dev
   python3 python3-venv
   seabios ipxe-qemu
+  curl util-linux
 )
 
 # ---------------------------------------------------------------------------
@@ -98,6 +99,8 @@ PATCH_DIR=$REPO/qemu-configs/patches
 MIRROR=${DEBIAN_MIRROR:-https://deb.debian.org/debian}
 CACHE_ROOT=${VHOST_USER_RDMA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vhost-user-rdma}
 
+# shellcheck source=guest/lib.sh
+. "$REPO/guest/lib.sh" # guest_pkg_installed
 log() { printf '[build-qemu] %s\n' "$*" >&2; }
 die() { printf '[build-qemu] error: %s\n' "$*" >&2; exit 1; }
 
@@ -144,6 +147,12 @@ if [ $PRINT_PREFIX -eq 1 ]; then
   echo "$PREFIX"
   exit 0
 fi
+if [ -n "${RDMA_PKG_PLAN:-}" ]; then # scripts/check-prereqs.sh: what would be installed
+  for p in "${APT_PACKAGES[@]}"; do
+    guest_pkg_installed "$p" || echo "$p" >>"$RDMA_PKG_PLAN"
+  done
+  exit 0
+fi
 
 if [ $FORCE -eq 0 ] && [ -f "$PREFIX/BUILD-INFO" ] && [ -x "$QEMU_BIN" ]; then
   log "cache hit: $PREFIX"
@@ -176,9 +185,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
-  dpkg-query -W -f='${db:Status-Status}\n' "$p" 2>/dev/null | grep -qx installed || missing+=("$p")
+  guest_pkg_installed "$p" || missing+=("$p")
 done
-command -v curl >/dev/null || command -v wget >/dev/null || missing+=(curl)
 if [ ${#missing[@]} -gt 0 ]; then
   [ $INSTALL_DEPS -eq 1 ] || die "missing packages (run without --no-deps): ${missing[*]}"
   [ -z "${SUDO_MISSING:-}" ] || die "not root and no sudo; install: ${missing[*]}"
@@ -203,11 +211,7 @@ step_end
 # ---------------------------------------------------------------------------
 step_start fetch
 fetch() { # url dest
-  if command -v curl >/dev/null; then
-    curl -fsSL --retry 3 -o "$2.part" "$1"
-  else
-    wget -q -O "$2.part" "$1"
-  fi
+  curl -fsSL --retry 3 -o "$2.part" "$1"
   mv "$2.part" "$2"
 }
 verify() { # file sha256

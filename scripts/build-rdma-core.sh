@@ -20,8 +20,8 @@ provider="$(cd "$(dirname "$0")/../guest-driver/rdma-core/virtio_rdma" && pwd)"
 . "$guest_dir/lib.sh"
 # shellcheck source=guest/versions.sh
 . "$guest_dir/versions.sh"
-guest_need_cmds curl:curl cmake:cmake ninja:ninja-build gcc:gcc pkg-config:pkg-config python3:python3
-pkg-config --exists libnl-3.0 libnl-route-3.0 || guest_apt_install libnl-3-dev libnl-route-3-dev
+guest_need_pkgs curl ca-certificates cmake ninja-build gcc libc6-dev pkg-config python3 \
+  libnl-3-dev libnl-route-3-dev
 
 ver=$GUEST_RDMA_CORE_VERSION
 tarball="$GUEST_CACHE/downloads/rdma-core_$ver.orig.tar.gz"

@@ -11,9 +11,8 @@ src="$(cd "$(dirname "$0")/../guest-driver/linux" && pwd)"
 . "$guest_dir/lib.sh"
 # shellcheck source=guest/versions.sh
 . "$guest_dir/versions.sh"
-guest_need_cmds apt-get:apt dpkg-deb:dpkg sha256sum:coreutils xz:xz-utils perl:perl
-# perl-base alone lacks modules checkpatch.pl uses.
-perl -MTerm::ANSIColor -MEncode -e 1 2>/dev/null || guest_apt_install perl
+# perl, not perl-base alone: checkpatch.pl uses modules perl-base lacks.
+guest_need_pkgs apt dpkg coreutils xz-utils perl
 
 tools="$GUEST_CACHE/checkpatch/$GUEST_KERNEL_VERSION"
 if [ ! -f "$tools/.done" ]; then

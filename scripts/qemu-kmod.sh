@@ -22,7 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=guest/lib.sh
 . guest/lib.sh
-guest_need_cmds rdma:iproute2
+guest_need_pkgs iproute2
 keep=0
 [ "${1:-}" = --keep ] && keep=1
 

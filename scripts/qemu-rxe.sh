@@ -41,6 +41,7 @@ cd "$(dirname "$0")/.."
 keep=0
 [ "${1:-}" = --keep ] && keep=1
 t_start=$(date +%s)
+guest_need_pkgs iproute2 binutils
 
 [ -n "${QEMU:-}" ] || QEMU=$(bash scripts/build-qemu.sh | tail -n 1)
 export QEMU
@@ -48,7 +49,6 @@ cargo build --release --locked -q -p vhost-user-rdma -p vhost-user-rdma-tests \
   --bin vhost-user-rdma --bin rdma-peer
 rc=$(bash scripts/build-rdma-core.sh)
 pt=$(bash scripts/fetch-perftest.sh)
-guest_need_cmds rdma:iproute2 strip:binutils
 
 dir=$(mktemp -d /tmp/vhost-user-rdma-rxe.XXXXXX)
 pids=()

@@ -98,8 +98,7 @@ while read -r d; do
   if [ -f "$d/pvh.bin" ] && [ -f "$d/linuxboot_dma.bin" ]; then have_rom=1; fi
 done < <("$QEMU" -L help 2>/dev/null || true)
 if [ "$have_bios" = 0 ] || [ "$have_rom" = 0 ]; then
-  if [ ! -f /usr/share/seabios/bios-256k.bin ] || [ ! -f /usr/share/qemu/linuxboot_dma.bin ] ||
-    [ ! -f /usr/share/qemu/pvh.bin ]; then
+  if ! guest_pkg_installed seabios || ! guest_pkg_installed qemu-system-data; then
     guest_log "$QEMU has no firmware: installing Debian's seabios and qemu-system-data"
     guest_apt_install seabios qemu-system-data
   fi

@@ -19,7 +19,7 @@ guest_dir=$(cd "$here/../guest" && pwd)
 # shellcheck source=guest/lib.sh
 . "$guest_dir/lib.sh"
 
-guest_need_cmds gcc:gcc
+guest_need_pkgs gcc libc6-dev
 guest_ensure_qemu
 export QEMU
 

@@ -10,7 +10,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 t_start=$SECONDS
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
 bash scripts/setup.sh
+echo "== prerequisites: what a fresh machine has or gets installed covers what the build uses"
+bash scripts/check-prereqs.sh | tee -a "$out"
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
@@ -22,9 +26,7 @@ echo "== guest kernel driver: checkpatch.pl --no-tree --strict"
 bash scripts/checkpatch.sh
 
 echo "== cargo test"
-out=$(mktemp)
-trap 'rm -f "$out"' EXIT
-cargo test --workspace --locked 2>&1 | tee "$out"
+cargo test --workspace --locked 2>&1 | tee -a "$out"
 echo "== data path again, shared-memory doorbell mode, drivers posting without fences (DB_FLAG_POLLING)"
 RDMA_TEST_DOORBELL=shmem RDMA_TEST_FENCE_ELISION=1 \
   cargo test --locked -p vhost-user-rdma-tests --test datapath 2>&1 | tee -a "$out"
@@ -42,5 +44,5 @@ fi
 echo "== times: everything $((SECONDS - t_start)) s, of which the QEMU part $((SECONDS - t_qemu)) s"
 # One line of totals for humans and CI.
 awk '/^test result:/ { p += $4; f += $6 }
-     /^qemu-(e2e|kmod|pingpong|rxe): [0-9]+ passed, [0-9]+ failed$/ { p += $2; f += $4 }
+     /^(qemu-(e2e|kmod|pingpong|rxe)|check-prereqs): [0-9]+ passed, [0-9]+ failed$/ { p += $2; f += $4 }
      END { printf "%d passed, %d failed\n", p, f }' "$out"
