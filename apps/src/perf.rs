@@ -191,6 +191,17 @@ pub(crate) fn expect_line(
     what: &str,
     timeout: Duration,
 ) -> Result<String> {
+    expect_one_of(oob, &[head], what, timeout).map(|(_, rest)| rest)
+}
+
+/// [`expect_line`] for a line that may begin with any of `heads`: returns
+/// the head it began with and the rest of it.
+pub(crate) fn expect_one_of<'h>(
+    oob: &mut dyn Oob,
+    heads: &[&'h str],
+    what: &str,
+    timeout: Duration,
+) -> Result<(&'h str, String)> {
     let deadline = Instant::now() + timeout;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -214,12 +225,16 @@ pub(crate) fn expect_line(
                 quote(&reason)
             )));
         }
-        return after(head).ok_or_else(|| {
-            Error::Protocol(format!(
-                "expected {what} (\"{head} ...\"), the peer sent \"{}\"",
-                quote(&line)
-            ))
-        });
+        return heads
+            .iter()
+            .find_map(|&h| after(h).map(|rest| (h, rest)))
+            .ok_or_else(|| {
+                Error::Protocol(format!(
+                    "expected {what} (\"{} ...\"), the peer sent \"{}\"",
+                    heads.join(" ...\" or \""),
+                    quote(&line)
+                ))
+            });
     }
 }
 

@@ -28,9 +28,21 @@
 //! receiver: UD RECEIVED <total>         (every message arrived and checked)
 //! ```
 //!
-//! UD may drop messages; on the quiet point-to-point links this runs on
-//! it should not, so a message that has not arrived within [`GRACE`] of
-//! the sender's `UD SENT` is a failure naming the missing indices. A side
+//! UD may drop messages (soft-RoCE does on a loaded host), so a window
+//! whose messages have not all arrived once none has come for [`GRACE`]
+//! is completed by asking the sender for the missing ones again, at most
+//! `resend_rounds` times; the receives for them are still posted:
+//!
+//! ```text
+//! receiver: UD RESEND <i> <j> ...       (these never arrived)
+//! sender:   UD RESENT <n>               (sent again: their send completions came)
+//! ```
+//!
+//! Every message that arrives is checked in full, a repeat of one asked
+//! for again (the first copy was late, not lost) included; a message still
+//! missing after the last round is a failure naming the missing indices.
+//! The summary counts the messages asked for again, so that a caller on a
+//! link that must not drop (the software RNIC) can require none. A side
 //! that fails tells the other (`FAIL <reason>`), which stops with that
 //! reason instead of waiting for its timeout.
 
@@ -49,7 +61,7 @@ use virtio_rdma_driver::{
 use crate::exchange::{sync, Role};
 use crate::oob::Oob;
 use crate::pattern;
-use crate::perf::{expect_line, quote, send_line, telling_peer, Fields};
+use crate::perf::{expect_line, expect_one_of, quote, send_line, telling_peer, Fields};
 use crate::pingpong::{gid_to_wire, say};
 use crate::{Error, Result};
 
@@ -58,9 +70,12 @@ use crate::{Error, Result};
 pub const WINDOW: u32 = 32;
 /// The Q_Key `rdma-peer ud` uses unless told otherwise.
 pub const DEFAULT_QKEY: u32 = 0x1111_1111;
-/// How long after the sender's `UD SENT` the receiver waits for messages
-/// still missing before it declares them lost.
+/// How long the receiver waits without any message arriving before it
+/// takes the ones still missing as lost (and asks for them again).
 pub const GRACE: Duration = Duration::from_secs(5);
+/// Rounds of asking for lost messages again that `rdma-peer ud` allows
+/// unless told otherwise.
+pub const DEFAULT_RESEND_ROUNDS: u32 = 3;
 /// Bytes of the GRH in front of each received message.
 const GRH: usize = UD_GRH_SIZE as usize;
 /// Q_Keys with this bit set are controlled Q_Keys: a send with one uses the
@@ -83,6 +98,12 @@ pub struct Options {
     pub qkey: u32,
     /// Longest wait for the peer's messages and for a completion.
     pub timeout: Duration,
+    /// Rounds of asking for lost messages again, per window (0: a lost
+    /// message fails the run at once).
+    pub resend_rounds: u32,
+    /// For tests of the loss handling: message numbers the sender leaves
+    /// out the first time it sends them, as if the link had lost them.
+    pub drop_first: Vec<u32>,
 }
 
 /// What a run did.
@@ -92,6 +113,10 @@ pub struct Summary {
     pub count: u32,
     /// The largest message, in bytes.
     pub max_len: usize,
+    /// Messages this side received only after asking for them again.
+    pub asked_again: u32,
+    /// Messages this side sent again because the peer asked.
+    pub sent_again: u32,
 }
 
 /// Which way messages go.
@@ -197,6 +222,8 @@ struct Ud<'a> {
     /// Bytes of a receive slot (the GRH and `max`).
     slot: usize,
     timeout: Duration,
+    resend_rounds: u32,
+    drop_first: Vec<u32>,
 }
 
 /// Which run a message belongs to, for errors: its direction and the
@@ -218,7 +245,7 @@ impl At {
 }
 
 impl<'a> Ud<'a> {
-    fn new(dev: &'a Device, max: usize, qkey: u32, timeout: Duration) -> Result<Ud<'a>> {
+    fn new(dev: &'a Device, max: usize, opts: &Options) -> Result<Ud<'a>> {
         let pd = Pd::alloc(dev)?;
         // Both directions of a window and one to spare.
         let cq = Cq::create(dev, 2 * WINDOW + 1)?;
@@ -231,7 +258,7 @@ impl<'a> Ud<'a> {
             max_inline_data: 0,
         };
         let qp = Qp::create(&pd, &init)?;
-        qp.ud_activate(qkey, 0)?;
+        qp.ud_activate(opts.qkey, 0)?;
         let slot = (GRH + max).next_multiple_of(64);
         let window = WINDOW as usize;
         let send = Arc::new(dev.alloc_dma(window * max, 4096)?);
@@ -249,13 +276,16 @@ impl<'a> Ud<'a> {
             recv_mr,
             max,
             slot,
-            timeout,
+            timeout: opts.timeout,
+            resend_rounds: opts.resend_rounds,
+            drop_first: opts.drop_first.clone(),
         })
     }
 
     /// Sends `count` messages going `dir` to `peer`, window by window as
-    /// the peer asks for them.
-    fn send_all(&self, oob: &mut dyn Oob, peer: &UdInfo, dir: Dir, count: u32) -> Result<()> {
+    /// the peer asks for them, and again those it asks for again; returns
+    /// how many it sent again.
+    fn send_all(&self, oob: &mut dyn Oob, peer: &UdInfo, dir: Dir, count: u32) -> Result<u32> {
         let ah = Ah::create(
             &self.pd,
             &AddressVector {
@@ -270,105 +300,120 @@ impl<'a> Ud<'a> {
             remote_qkey: peer.qkey,
         };
         let mut next = 0u32;
-        while next < count {
-            let msg = expect_line(oob, "UD READY", "the peer's receives", self.timeout)?;
-            let (first, k) = window_of(&msg, "UD READY")?;
-            if first != next || k == 0 || k > WINDOW.min(count - next) {
-                return Err(Error::Protocol(format!(
-                    "the peer is ready for messages {first}..{} of {count}; the next are {next}..{}",
-                    u64::from(first) + u64::from(k),
-                    next + WINDOW.min(count - next)
-                )));
-            }
-            let mut sges = Vec::with_capacity(k as usize);
-            for j in 0..k {
-                let i = next + j;
-                let len = msg_len(i, self.max);
-                let off = j as usize * self.max;
-                self.send.write(off, &pattern::make(len, seed(dir, i)))?;
-                sges.push(self.send_mr.sge(off as u64, len as u32)?);
-            }
-            let wrs: Vec<SendWr<'_>> = sges
-                .iter()
-                .zip(next..)
-                .map(|(sge, i)| SendWr {
-                    wr_id: K_SEND | u64::from(i),
-                    op: SendOp::SendWithImm { imm: i },
-                    payload: Payload::Sges(std::slice::from_ref(sge)),
-                    flags: SendFlags::SIGNALED,
-                    ud: Some(dest),
-                })
-                .collect();
-            self.qp.post_send(&wrs)?;
-            // A UD send completes once the message has left: then the
-            // receiver may look for it.
-            let mut done = 0;
-            let deadline = Instant::now() + self.timeout;
-            let mut wcs = [WorkCompletion::default(); 16];
-            while done < k {
-                let n = self.cq.poll(&mut wcs);
-                for wc in &wcs[..n] {
-                    let i = wc.wr_id & !KIND_MASK;
-                    if wc.wr_id & KIND_MASK != K_SEND || !wc.is_success() {
-                        return Err(Error::Check(format!(
-                            "UD {}: the send of message {i} completed with status {} (wr_id {:#x}, vendor error {:#x})",
-                            dir.name(),
-                            wc.status().map_or("unknown", |s| s.name()),
-                            wc.wr_id,
-                            wc.vendor_err
+        // The window last sent, which a `UD RESEND` may name messages of.
+        let mut window = 0..0u32;
+        let mut sent_again = 0u32;
+        loop {
+            let (head, msg) = expect_one_of(
+                oob,
+                &["UD READY", "UD RESEND", "UD RECEIVED"],
+                "the peer's receives",
+                self.timeout,
+            )?;
+            match head {
+                "UD READY" => {
+                    let (first, k) = window_of(&msg, "UD READY")?;
+                    if first != next || k == 0 || k > WINDOW.min(count - next) {
+                        return Err(Error::Protocol(format!(
+                            "the peer is ready for messages {first}..{} of {count}; the next are {next}..{}",
+                            u64::from(first) + u64::from(k),
+                            next + WINDOW.min(count - next)
                         )));
                     }
-                    done += 1;
+                    let all: Vec<u32> = (next..next + k)
+                        .filter(|i| !self.drop_first.contains(i))
+                        .collect();
+                    self.send_some(dest, dir, next, &all)?;
+                    send_line(oob, &format!("UD SENT {next} {k}"))?;
+                    window = next..next + k;
+                    next += k;
                 }
-                if n == 0 {
-                    if Instant::now() > deadline {
-                        return Err(Error::Timeout(format!(
-                            "the send completions of UD messages {next}..{} ({done} came)",
-                            next + k
+                "UD RESEND" => {
+                    let again = resend_list(&msg, &window)?;
+                    self.send_some(dest, dir, window.start, &again)?;
+                    sent_again += again.len() as u32;
+                    send_line(oob, &format!("UD RESENT {}", again.len()))?;
+                }
+                _ => {
+                    if next != count || msg != count.to_string() {
+                        return Err(Error::Protocol(format!(
+                            "the peer received \"{}\" messages, we sent {next} of {count}",
+                            quote(&msg)
                         )));
                     }
-                    std::thread::yield_now();
+                    return Ok(sent_again);
                 }
             }
-            send_line(oob, &format!("UD SENT {next} {k}"))?;
-            next += k;
         }
-        let msg = expect_line(
-            oob,
-            "UD RECEIVED",
-            "the peer's receipt of all messages",
-            self.timeout,
-        )?;
-        if msg != count.to_string() {
-            return Err(Error::Protocol(format!(
-                "the peer received \"{}\" messages, we sent {count}",
-                quote(&msg)
-            )));
+    }
+
+    /// Sends messages `which` (numbers in the window from `first`) and
+    /// waits for their send completions: a UD send completes once the
+    /// message has left, and then the receiver may look for it.
+    fn send_some(&self, dest: UdDest<'_>, dir: Dir, first: u32, which: &[u32]) -> Result<()> {
+        let mut sges = Vec::with_capacity(which.len());
+        for &i in which {
+            let len = msg_len(i, self.max);
+            let off = (i - first) as usize * self.max;
+            self.send.write(off, &pattern::make(len, seed(dir, i)))?;
+            sges.push(self.send_mr.sge(off as u64, len as u32)?);
+        }
+        let wrs: Vec<SendWr<'_>> = sges
+            .iter()
+            .zip(which)
+            .map(|(sge, &i)| SendWr {
+                wr_id: K_SEND | u64::from(i),
+                op: SendOp::SendWithImm { imm: i },
+                payload: Payload::Sges(std::slice::from_ref(sge)),
+                flags: SendFlags::SIGNALED,
+                ud: Some(dest),
+            })
+            .collect();
+        self.qp.post_send(&wrs)?;
+        let mut done = 0;
+        let mut deadline = Instant::now() + self.timeout;
+        let mut wcs = [WorkCompletion::default(); 16];
+        while done < which.len() {
+            let n = self.cq.poll(&mut wcs);
+            for wc in &wcs[..n] {
+                let i = wc.wr_id & !KIND_MASK;
+                if wc.wr_id & KIND_MASK != K_SEND || !wc.is_success() {
+                    return Err(Error::Check(format!(
+                        "UD {}: the send of message {i} completed with status {} (wr_id {:#x}, vendor error {:#x})",
+                        dir.name(),
+                        wc.status().map_or("unknown", |s| s.name()),
+                        wc.wr_id,
+                        wc.vendor_err
+                    )));
+                }
+                done += 1;
+            }
+            if n > 0 {
+                // The limit is on a stall, not on the whole window.
+                deadline = Instant::now() + self.timeout;
+            } else if Instant::now() > deadline {
+                return Err(Error::Timeout(format!(
+                    "the send completions of UD messages {which:?} ({done} came)"
+                )));
+            } else {
+                std::thread::yield_now();
+            }
         }
         Ok(())
     }
 
-    /// Receives and checks `count` messages going `dir` from `peer`.
-    fn receive_all(&self, oob: &mut dyn Oob, peer: &UdInfo, dir: Dir, count: u32) -> Result<()> {
+    /// Receives and checks `count` messages going `dir` from `peer`;
+    /// returns how many it had to ask for again.
+    fn receive_all(&self, oob: &mut dyn Oob, peer: &UdInfo, dir: Dir, count: u32) -> Result<u32> {
         let at = At { dir, count };
         let mut next = 0u32;
+        let mut asked_again = 0u32;
         while next < count {
             let k = WINDOW.min(count - next);
             // Zeroed, so that a GRH or bytes left from an earlier window
             // cannot pass for this one's.
             self.recv.fill(0, k as usize * self.slot, 0)?;
-            let sges = (0..k as usize)
-                .map(|s| self.recv_mr.sge((s * self.slot) as u64, self.slot as u32))
-                .collect::<std::result::Result<Vec<_>, _>>()?;
-            let wrs: Vec<RecvWr<'_>> = sges
-                .iter()
-                .zip(0u64..)
-                .map(|(sge, s)| RecvWr {
-                    wr_id: K_RECV | s,
-                    sg_list: std::slice::from_ref(sge),
-                })
-                .collect();
-            self.qp.post_recv(&wrs)?;
+            self.post_recvs(0..k as usize)?;
             send_line(oob, &format!("UD READY {next} {k}"))?;
             let msg = expect_line(oob, "UD SENT", "the peer's sends", self.timeout)?;
             if window_of(&msg, "UD SENT")? != (next, k) {
@@ -377,65 +422,107 @@ impl<'a> Ud<'a> {
                     quote(&msg)
                 )));
             }
-            self.collect(peer, at, next, k)?;
-            next += k;
-        }
-        send_line(oob, &format!("UD RECEIVED {count}"))
-    }
-
-    /// Takes the receive completions of messages `first..first + k`,
-    /// checking each; those that do not come within [`GRACE`] are lost.
-    fn collect(&self, peer: &UdInfo, at: At, first: u32, k: u32) -> Result<()> {
-        let mut got = vec![false; k as usize];
-        let mut n = 0u32;
-        let deadline = Instant::now() + GRACE.min(self.timeout);
-        let mut wcs = [WorkCompletion::default(); 16];
-        while n < k {
-            let c = self.cq.poll(&mut wcs);
-            for wc in &wcs[..c] {
-                self.check(wc, peer, at, first, &mut got)?;
-                n += 1;
-            }
-            if c == 0 {
-                if Instant::now() > deadline {
-                    let missing: Vec<String> = got
-                        .iter()
-                        .zip(first..)
-                        .filter(|(g, _)| !**g)
-                        .map(|(_, i)| i.to_string())
-                        .collect();
-                    let shown = missing.iter().take(20).cloned().collect::<Vec<_>>();
-                    return Err(Error::Check(format!(
-                        "UD {}: message{} {}{} of {} never arrived ({n} of the {k} sent as {first}..{} did, \
-                         within {:?} of the sender's last send completion); \
-                         UD may drop, but this point-to-point link should not",
-                        at.dir.name(),
-                        if missing.len() == 1 { "" } else { "s" },
-                        shown.join(", "),
-                        if missing.len() > shown.len() { ", ..." } else { "" },
-                        at.count,
-                        first + k,
-                        GRACE.min(self.timeout)
+            let mut got = Got {
+                seen: vec![false; k as usize],
+                asked: vec![false; k as usize],
+            };
+            let mut round = 0;
+            loop {
+                let missing = self.collect(peer, at, next, &mut got)?;
+                if missing.is_empty() {
+                    break;
+                }
+                if round == self.resend_rounds {
+                    return Err(lost(at, next, k, &missing, round));
+                }
+                round += 1;
+                asked_again += missing.len() as u32;
+                for &i in &missing {
+                    got.asked[(i - next) as usize] = true;
+                }
+                let list: Vec<String> = missing.iter().map(u32::to_string).collect();
+                send_line(oob, &format!("UD RESEND {}", list.join(" ")))?;
+                let msg = expect_line(oob, "UD RESENT", "the peer's sends again", self.timeout)?;
+                if msg != missing.len().to_string() {
+                    return Err(Error::Protocol(format!(
+                        "the peer sent \"{}\" messages again, we asked for {}",
+                        quote(&msg),
+                        missing.len()
                     )));
                 }
-                std::thread::yield_now();
             }
+            next += k;
         }
+        send_line(oob, &format!("UD RECEIVED {count}"))?;
+        Ok(asked_again)
+    }
+
+    /// Posts a receive into each of `slots`.
+    fn post_recvs(&self, slots: std::ops::Range<usize>) -> Result<()> {
+        let sges = slots
+            .clone()
+            .map(|s| self.recv_mr.sge((s * self.slot) as u64, self.slot as u32))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let wrs: Vec<RecvWr<'_>> = sges
+            .iter()
+            .zip(slots)
+            .map(|(sge, s)| RecvWr {
+                wr_id: K_RECV | s as u64,
+                sg_list: std::slice::from_ref(sge),
+            })
+            .collect();
+        self.qp.post_recv(&wrs)?;
         Ok(())
     }
 
+    /// Takes the receive completions of the window of messages from
+    /// `first`, checking each, until every message has come or none has
+    /// for [`GRACE`]; returns the numbers of those still missing.
+    fn collect(&self, peer: &UdInfo, at: At, first: u32, got: &mut Got) -> Result<Vec<u32>> {
+        let grace = GRACE.min(self.timeout);
+        let mut deadline = Instant::now() + grace;
+        let mut wcs = [WorkCompletion::default(); 16];
+        while got.seen.iter().any(|s| !s) {
+            let c = self.cq.poll(&mut wcs);
+            for wc in &wcs[..c] {
+                if let Some(slot) = self.check(wc, peer, at, first, got)? {
+                    // A late first copy and its repeat both came: the
+                    // repeat took the receive of a message still missing.
+                    self.recv.fill(slot * self.slot, self.slot, 0)?;
+                    self.post_recvs(slot..slot + 1)?;
+                }
+            }
+            if c > 0 {
+                deadline = Instant::now() + grace;
+            } else if Instant::now() > deadline {
+                break;
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        Ok(got
+            .seen
+            .iter()
+            .zip(first..)
+            .filter(|(s, _)| !**s)
+            .map(|(_, i)| i)
+            .collect())
+    }
+
     /// Checks one receive completion of the window starting at `first`
-    /// and marks its message in `got`.
+    /// and marks its message in `got`. Returns the receive slot when the
+    /// message was a second copy of one asked for again (checked all the
+    /// same), whose receive the caller posts anew.
     fn check(
         &self,
         wc: &WorkCompletion,
         peer: &UdInfo,
         at: At,
         first: u32,
-        got: &mut [bool],
-    ) -> Result<()> {
+        got: &mut Got,
+    ) -> Result<Option<usize>> {
         let slot = usize::try_from(wc.wr_id & !KIND_MASK).unwrap_or(usize::MAX);
-        if wc.wr_id & KIND_MASK != K_RECV || slot >= got.len() {
+        if wc.wr_id & KIND_MASK != K_RECV || slot >= got.seen.len() {
             return Err(Error::Check(format!(
                 "UD {}: completion for an unknown work request (wr_id {:#x})",
                 at.dir.name(),
@@ -457,19 +544,20 @@ impl<'a> Ud<'a> {
             )));
         };
         let j = i.wrapping_sub(first) as usize;
-        match got.get_mut(j) {
-            None => {
+        let again = match (got.seen.get(j), got.asked.get(j)) {
+            (None, _) | (_, None) => {
                 return Err(at.err(
                     i,
                     format!(
                         "arrived in the window of messages {first}..{}",
-                        u64::from(first) + got.len() as u64
+                        u64::from(first) + got.seen.len() as u64
                     ),
                 ))
             }
-            Some(true) => return Err(at.err(i, "arrived twice".into())),
-            Some(seen) => *seen = true,
-        }
+            (Some(true), Some(false)) => return Err(at.err(i, "arrived twice".into())),
+            (Some(seen), Some(_)) => *seen,
+        };
+        got.seen[j] = true;
         if wc.opcode() != Some(WcOpcode::RECV) {
             return Err(at.err(
                 i,
@@ -532,8 +620,69 @@ impl<'a> Ud<'a> {
         if let Some(b) = pattern::first_mismatch(&bytes[GRH..], seed(at.dir, i)) {
             return Err(at.err(i, format!("byte {b} of {len} differs from what was sent")));
         }
-        Ok(())
+        Ok(again.then_some(slot))
     }
+}
+
+/// The messages of a window seen so far, and those asked for again (of
+/// which a second copy may come).
+struct Got {
+    seen: Vec<bool>,
+    asked: Vec<bool>,
+}
+
+/// The error for messages `missing` of the window `first..first + k` that
+/// never came, after `rounds` rounds of asking for them again.
+fn lost(at: At, first: u32, k: u32, missing: &[u32], rounds: u32) -> Error {
+    let shown: Vec<String> = missing.iter().take(20).map(u32::to_string).collect();
+    Error::Check(format!(
+        "UD {}: message{} {}{} of {} never arrived ({} of the {k} sent as {first}..{} did, \
+         none came for {GRACE:?} at the end, {rounds} time{} asked for again); \
+         UD may drop, but not this often",
+        at.dir.name(),
+        if missing.len() == 1 { "" } else { "s" },
+        shown.join(", "),
+        if missing.len() > shown.len() {
+            ", ..."
+        } else {
+            ""
+        },
+        at.count,
+        k as usize - missing.len(),
+        first + k,
+        if rounds == 1 { "" } else { "s" },
+    ))
+}
+
+/// The message numbers of a `UD RESEND` line: each in `window`, none twice,
+/// at least one.
+fn resend_list(msg: &str, window: &std::ops::Range<u32>) -> Result<Vec<u32>> {
+    let bad = |why: &str| {
+        Error::Protocol(format!(
+            "malformed \"UD RESEND\" message from the peer: \"{}\" ({why}; the last window was {}..{})",
+            quote(msg),
+            window.start,
+            window.end
+        ))
+    };
+    let mut out: Vec<u32> = Vec::new();
+    for v in msg.split(' ') {
+        if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad("not a list of numbers"));
+        }
+        let i: u32 = v.parse().map_err(|_| bad("a number too large"))?;
+        if !window.contains(&i) {
+            return Err(bad("a message outside the last window"));
+        }
+        if out.contains(&i) {
+            return Err(bad("a message named twice"));
+        }
+        out.push(i);
+    }
+    if out.is_empty() {
+        return Err(bad("no message"));
+    }
+    Ok(out)
 }
 
 /// Hex of `bytes`, for an error message.
@@ -603,7 +752,7 @@ fn ud(
     // The buffers are sized for the largest message our port takes; the
     // messages are cut to what the peer's takes too once it has said.
     let own_max = opts.size.min(payload as usize);
-    let u = Ud::new(dev, own_max, opts.qkey, opts.timeout)?;
+    let u = Ud::new(dev, own_max, opts)?;
     let mine = UdInfo {
         qpn: u.qp.qpn(),
         gid: dev.gid(),
@@ -628,37 +777,52 @@ fn ud(
             opts.count
         ),
     );
-    let checked = |dir: Dir| {
+    // The loss, if any, ends each line: a caller that allows none looks
+    // for the lines without it.
+    let again = |n: u32, what: &str| {
+        if n == 0 {
+            String::new()
+        } else {
+            format!("; {n} lost, {what} again")
+        }
+    };
+    let checked = |dir: Dir, n: u32| {
         format!(
-            "ud: {}: {} messages received, each checked (status, length, source QPN, GRH, bytes)",
+            "ud: {}: {} messages received, each checked (status, length, source QPN, GRH, bytes){}",
             dir.name(),
-            opts.count
+            opts.count,
+            again(n, "asked for")
         )
     };
-    let sent = |dir: Dir| {
+    let sent = |dir: Dir, n: u32| {
         format!(
-            "ud: {}: {} messages sent, all received",
+            "ud: {}: {} messages sent, all received{}",
             dir.name(),
-            opts.count
+            opts.count,
+            again(n, "sent")
         )
     };
-    match role {
+    let (sent_again, asked_again) = match role {
         Role::Client => {
-            u.send_all(oob, &peer, Dir::ToServer, opts.count)?;
-            say(out, &sent(Dir::ToServer));
-            u.receive_all(oob, &peer, Dir::ToClient, opts.count)?;
-            say(out, &checked(Dir::ToClient));
+            let a = u.send_all(oob, &peer, Dir::ToServer, opts.count)?;
+            say(out, &sent(Dir::ToServer, a));
+            let b = u.receive_all(oob, &peer, Dir::ToClient, opts.count)?;
+            say(out, &checked(Dir::ToClient, b));
+            (a, b)
         }
         Role::Server => {
-            u.receive_all(oob, &peer, Dir::ToServer, opts.count)?;
-            say(out, &checked(Dir::ToServer));
-            u.send_all(oob, &peer, Dir::ToClient, opts.count)?;
-            say(out, &sent(Dir::ToClient));
+            let b = u.receive_all(oob, &peer, Dir::ToServer, opts.count)?;
+            say(out, &checked(Dir::ToServer, b));
+            let a = u.send_all(oob, &peer, Dir::ToClient, opts.count)?;
+            say(out, &sent(Dir::ToClient, a));
+            (a, b)
         }
-    }
+    };
     Ok(Summary {
         count: opts.count,
         max_len: max,
+        asked_again,
+        sent_again,
     })
 }
 
@@ -726,6 +890,25 @@ mod tests {
         for bad in ["", "1", "1 2 3", "-1 2", "1  2", "x y", "1 99999999999"] {
             let e = window_of(bad, "UD READY").unwrap_err().to_string();
             assert!(e.contains("malformed \"UD READY\""), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn resend_lists_name_messages_of_the_last_window_once() {
+        let w = 32..64;
+        assert_eq!(resend_list("32", &w).unwrap(), vec![32]);
+        assert_eq!(resend_list("40 33 63", &w).unwrap(), vec![40, 33, 63]);
+        for (bad, why) in [
+            ("", "not a list of numbers"),
+            ("31", "outside the last window"),
+            ("64", "outside the last window"),
+            ("33 33", "named twice"),
+            ("33  34", "not a list of numbers"),
+            ("-1", "not a list of numbers"),
+            ("99999999999", "too large"),
+        ] {
+            let e = resend_list(bad, &w).unwrap_err().to_string();
+            assert!(e.contains(why), "{bad:?}: {e}");
         }
     }
 }

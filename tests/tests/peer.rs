@@ -528,6 +528,29 @@ fn fake_client(port: u16) -> TcpOob {
     TcpOob::connect(("127.0.0.1", port), LIMIT).unwrap()
 }
 
+/// UD messages lost on the way (left out by the sender the first time, in
+/// both directions, in two windows) are asked for again and arrive, each
+/// checked like the rest; both receivers say how many they lost.
+#[test]
+fn ud_asks_for_lost_messages_again() {
+    let (c, s) = pair("ud", &["-n", "40", "--drop-first", "3,33,39"]);
+    for (name, r, dir) in [
+        ("client", &c, "server -> client"),
+        ("server", &s, "client -> server"),
+    ] {
+        assert_eq!(
+            r.stdout.lines().last(),
+            Some("rdma-peer: ud ok (40 messages each way; 3 lost and sent again)"),
+            "{name}:\n{}",
+            r.stdout
+        );
+        let want = format!(
+            "ud: {dir}: 40 messages received, each checked (status, length, source QPN, GRH, bytes); 3 lost, asked for again"
+        );
+        assert!(r.stdout.contains(&want), "{name}:\n{}", r.stdout);
+    }
+}
+
 /// The server's next line that is not a repeat of the address swap.
 fn next_line(oob: &mut TcpOob) -> String {
     loop {
@@ -562,6 +585,8 @@ fn ud_names_the_messages_that_never_arrived() {
             // The grace for missing messages is at most the timeout.
             "--timeout-secs",
             "1",
+            "--resend-rounds",
+            "1",
         ],
     );
     let mut oob = fake_client(port);
@@ -573,13 +598,17 @@ fn ud_names_the_messages_that_never_arrived() {
     let info = format!("qpn=abcdef gid={gid} qkey=11111111 payload=1024 n=3 size=1024");
     sync(&mut oob, "ud", &info, t).unwrap();
     assert_eq!(next_line(&mut oob), "UD READY 0 3");
-    // Claim to have sent them, sending nothing.
+    // Claim to have sent them, sending nothing: the server asks for all
+    // three again, once; claim to have sent them again, sending nothing.
     oob.send("UD SENT 0 3").unwrap();
+    assert_eq!(next_line(&mut oob), "UD RESEND 0 1 2");
+    oob.send("UD RESENT 3").unwrap();
     let fail = next_line(&mut oob);
     let r = server.finish();
     assert_eq!(r.code, Some(1), "{}\n{}", r.stdout, r.stderr);
     let want =
         "UD client -> server: messages 0, 1, 2 of 3 never arrived (0 of the 3 sent as 0..3 did";
+    assert!(r.stderr.contains("1 time asked for again"), "{}", r.stderr);
     assert!(r.stderr.contains(want), "{}", r.stderr);
     assert!(fail.starts_with("FAIL ") && fail.contains(want), "{fail}");
     assert!(!r.stderr.contains("panicked"), "{}", r.stderr);

@@ -202,6 +202,14 @@ enum Cmd {
         /// Our QP's Q_Key (decimal or 0x hex; bit 31 clear).
         #[arg(long, default_value = "0x11111111", value_parser = qkey)]
         qkey: u32,
+        /// Rounds of asking the sender again for messages that never came,
+        /// per window (UD may drop; 0: a lost message fails the run).
+        #[arg(long, default_value_t = ud::DEFAULT_RESEND_ROUNDS)]
+        resend_rounds: u32,
+        /// Message numbers to leave out the first time they are sent, as if
+        /// lost (tests the loss handling).
+        #[arg(long, value_delimiter = ',', hide = true)]
+        drop_first: Vec<u32>,
     },
     /// ib_write_lat's RDMA WRITE latency; addresses swapped over TCP.
     WriteLat {
@@ -369,6 +377,8 @@ fn run(args: Args) -> Result<(), BoxError> {
             count,
             size,
             qkey,
+            resend_rounds,
+            drop_first,
         } => {
             let mut s = session(&vm, &peer)?;
             let opts = ud::Options {
@@ -376,9 +386,19 @@ fn run(args: Args) -> Result<(), BoxError> {
                 size,
                 qkey,
                 timeout: s.timeout,
+                resend_rounds,
+                drop_first,
             };
-            ud::run(&s.dev, s.role, &mut s.oob, &opts, &mut out)?;
-            println!("rdma-peer: ud ok ({count} messages each way)");
+            let sum = ud::run(&s.dev, s.role, &mut s.oob, &opts, &mut out)?;
+            if sum.asked_again == 0 {
+                println!("rdma-peer: ud ok ({count} messages each way)");
+            } else {
+                // Said by the receiver, which alone knows what was lost.
+                println!(
+                    "rdma-peer: ud ok ({count} messages each way; {} lost and sent again)",
+                    sum.asked_again
+                );
+            }
         }
         Cmd::WriteLat {
             vm,
