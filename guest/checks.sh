@@ -3,23 +3,98 @@
 # source first.
 # shellcheck shell=bash
 
-# guest_tools DEVICE: the guest-side helpers, for RDMA device DEVICE. run LABEL TOOL ARGS...:
-# prints LABEL on a line of its own, then runs TOOL on DEVICE (with the server's address $peer
-# on the client), its standard output straight to the console and its errors after it; the
-# client tries again while the server's tool is not listening yet (the tools do not retry).
+# guest_tools DEVICE: the guest-side helpers, for RDMA device DEVICE.
+# step LABEL CMD...: prints LABEL on a line of its own, runs CMD (a command or a function), its
+# output after the label, and prints "STEP LABEL exit N". A step that prints nothing for $STALL
+# seconds (default 120) is stopped, with its children, and exits 124: a step waiting for a peer
+# whose own step failed ends instead of holding up the rest. A step never fails the script:
+# each is judged on its own, and the next one runs whatever this one did ($steps_failed lists
+# the labels of those that failed).
+# run LABEL TOOL ARGS...: a step running TOOL (line-buffered) on DEVICE (with the server's address $peer on the
+# client); the client tries again while the server's tool is not listening yet (the tools do
+# not retry).
 # klog: the kernel's warnings (the console shows only its errors) and how many there are.
 guest_tools() {
   cat <<EOF2
-run() {
-  echo "\$1"
+steps_failed=
+kill_tree() {
+  local c
+  for c in \$(pgrep -P "\$1"); do kill_tree "\$c"; done
+  kill "\$1" 2>/dev/null
+}
+# step_watch PID: while PID runs, once a second, shows the step's new output (the host's
+# watchdog sees progress) and stops PID with its children once it has printed nothing for
+# \$STALL seconds. What it has shown goes to /tmp/step.shown.
+step_watch() {
+  local shown=0 idle=0 now
+  while kill -0 "\$1" 2>/dev/null; do
+    sleep 1
+    now=\$(wc -c </tmp/step.out)
+    if [ "\$now" -gt "\$shown" ]; then
+      tail -c +\$((shown + 1)) /tmp/step.out | head -c \$((now - shown))
+      shown=\$now idle=0
+      echo \$shown >/tmp/step.shown
+    else
+      idle=\$((idle + 1))
+    fi
+    if [ \$idle -ge \${STALL:-120} ]; then
+      echo stalled >/tmp/step.stalled
+      echo "STEP: no output for \${STALL:-120} s, stopped"
+      kill_tree "\$1"
+      return
+    fi
+  done
+}
+step() {
+  local label=\$1 pid watch r shown
   shift
+  echo "\$label"
+  # Emptied here, not by the command's redirection: that happens in the child, after the
+  # watcher may have looked at the last step's output.
+  : >/tmp/step.out
+  echo 0 >/tmp/step.shown
+  rm -f /tmp/step.stalled
+  "\$@" >>/tmp/step.out 2>&1 &
+  pid=\$!
+  step_watch \$pid &
+  watch=\$!
+  wait \$pid
+  r=\$?
+  kill \$watch 2>/dev/null
+  wait \$watch 2>/dev/null
+  shown=\$(cat /tmp/step.shown)
+  tail -c +\$((shown + 1)) /tmp/step.out
+  [ ! -f /tmp/step.stalled ] || r=124
+  echo "STEP \$label exit \$r"
+  [ \$r = 0 ] || steps_failed="\$steps_failed \$label"
+  return 0
+}
+# The C tools' stdout goes to a file in a step: line-buffered through coreutils' libstdbuf
+# (the images carry it as /lib/libstdbuf.so), so that their progress shows as it happens.
+linebuf() {
+  if [ -f /lib/libstdbuf.so ]; then
+    LD_PRELOAD=/lib/libstdbuf.so _STDBUF_O=L "\$@"
+  else
+    "\$@"
+  fi
+}
+connect() {
   local i=0
-  until "\$@" -d $1 \$peer 2>/tmp/err; do
+  until linebuf "\$@" -d $1 \$peer 2>/tmp/err; do
     grep -q "Couldn't connect to" /tmp/err && [ \$i -lt 150 ] || { cat /tmp/err; return 1; }
     i=\$((i + 1))
     sleep 0.2
   done
   cat /tmp/err
+}
+run() {
+  local label=\$1
+  shift
+  step "\$label" connect "\$@"
+}
+# steps_verdict: one line naming the failed steps; fails if there are any.
+steps_verdict() {
+  if [ -z "\$steps_failed" ]; then echo "STEPS: all passed"; else echo "STEPS-FAILED:\$steps_failed"; return 1; fi
 }
 klog() {
   dmesg | grep -E 'WARNING:|BUG:|Oops|Call Trace' >/tmp/klog
@@ -28,6 +103,9 @@ klog() {
 }
 EOF2
 }
+
+# For build-guest.sh --file: coreutils' libstdbuf.so, which `linebuf` (below) preloads.
+GUEST_STDBUF_FILE=/usr/libexec/coreutils/libstdbuf.so:/lib/libstdbuf.so
 
 pass=0 fail=0
 ok() {

@@ -107,7 +107,7 @@ guest() {
   local run_opts=()
   if [ "$1" = --reboot ]; then run_opts=(--reboot); shift; fi
   local name=$1 idx=$2 cmd=$3; shift 3
-  bash scripts/run-guest.sh --image rdma-e2e --timeout 600 --log "$dir/$name.console" -q \
+  bash scripts/run-guest.sh --image rdma-e2e --log "$dir/$name.console" -q \
     "${run_opts[@]}" --cmd "$cmd" -- -qmp "unix:$dir/$name.qmp,server=on,wait=off" \
     -chardev "socket,id=rdma,path=$dir/vm$idx.sock" -device vhost-user-rdma-pci,chardev=rdma \
     -pidfile "$dir/$name.pid" "$@" > "$dir/$name.out" 2>&1 &
@@ -168,12 +168,15 @@ print("objects=%d recv_bytes=%d (%s)" % (sum(r.values()), d["traffic"]["recv_byt
 field_of() { sed -n "s/.*\b$1=\([0-9]*\).*/\1/p" <<<"$2"; }
 
 # Waits until file $1 has at least $3 (default 1) lines matching regex $2;
-# gives up after $4 s (default 300) or when process $5 (if given) is gone.
+# gives up once the file has not grown for $4 s (default 300: a stall, not a
+# time limit) or when process $5 (if given) is gone.
 wait_lines() {
-  local file=$1 re=$2 n=${3:-1} end=$((SECONDS + ${4:-300})) pid=${5:-}
-  while [ "$SECONDS" -lt "$end" ]; do
+  local file=$1 re=$2 n=${3:-1} stall=${4:-300} pid=${5:-} size=-1 now since=$SECONDS
+  while [ $((SECONDS - since)) -lt "$stall" ]; do
     [ -e "$file" ] && [ "$(tr -d '\r' <"$file" | grep -cE "$re")" -ge "$n" ] && return 0
     if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then return 1; fi
+    now=$(stat -c %s "$file" 2>/dev/null || echo 0)
+    [ "$now" = "$size" ] || { size=$now since=$SECONDS; }
     sleep 0.1
   done
   return 1
@@ -227,13 +230,13 @@ reset_scenario() {
   echo "(a) $(stamp "$t") s: after the reset the daemon holds nothing of VM A: $c"
   r0=$(field_of recv_bytes "$c")
   # (b) B's QPs failed and its outstanding work completed with errors.
-  wait_lines "$dir/B.console" '^client: peer reset: QP_FATAL on both QPs' 1 120 "$pid_b" ||
+  wait_lines "$dir/B.console" '^client: peer reset: QP_FATAL on both QPs' 1 300 "$pid_b" ||
     { echo "FAILED: (b) VM B did not report its QPs failed by A's reset"; return 1; }
   line=$(tr -d '\r' <"$dir/B.console" | grep -E '^client: peer reset' | head -n 1)
   echo "(b) $(stamp "$t") s: VM B: ${line#client: }"
   # B has made its objects for the next exchange and waits for A's boot
   # on the serial cable: pause it there.
-  wait_lines "$dir/B.console" '^client: RC QPs' 2 120 "$pid_b" ||
+  wait_lines "$dir/B.console" '^client: RC QPs' 2 300 "$pid_b" ||
     { echo "FAILED: VM B did not prepare its next exchange"; return 1; }
   qmp "$dir/B.qmp" '{"execute":"stop"}' >/dev/null || { echo "FAILED: QMP stop of VM B failed"; return 1; }
   qmp "$dir/A.qmp" '{"execute":"cont"}' >/dev/null || { echo "FAILED: QMP cont of VM A failed"; return 1; }
@@ -267,11 +270,7 @@ if [ "$demo" = 0 ]; then
   pids+=("$reset_pid")
 
   # Kill C's QEMU (SIGKILL, no goodbye to the daemon) once it streams.
-  for _ in $(seq 1200); do
-    grep -q HOSTILE-BUSY "$dir/C.console" 2>/dev/null && break
-    kill -0 "$pid_c" 2>/dev/null || break
-    sleep 0.1
-  done
+  wait_lines "$dir/C.console" HOSTILE-BUSY 1 300 "$pid_c" || true
   if grep -q HOSTILE-BUSY "$dir/C.console" 2>/dev/null && [ -s "$dir/C.pid" ]; then
     sleep 1
     kill -9 "$(cat "$dir/C.pid")"

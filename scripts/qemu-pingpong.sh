@@ -78,7 +78,7 @@ EOF
 # The guests get the rdma-core set and Debian's packages installed (--sysroot).
 bash scripts/build-guest.sh --name rdma-pingpong --load virtio_pci --load virtio_net \
   --load ib_uverbs --file "$kmod:/lib/virtio_rdma.ko" --file "$dir/tools.sh:/etc/tools.sh" \
-  --sysroot "$rc" --sysroot "$pt" --bin target/release/rdma-guest >/dev/null
+  --file "$GUEST_STDBUF_FILE" --sysroot "$rc" --sysroot "$pt" --bin target/release/rdma-guest >/dev/null
 
 # vm0 and vm1 are tenant "t", the hostile vm2 is alone in tenant "other".
 {
@@ -98,21 +98,24 @@ for _ in $(seq 100); do [ -S "$dir/vm2.sock" ] && break; sleep 0.05; done
 guest() {
   local name=$1 i=$2 net=$3 cmd=$4
   shift 4
-  bash scripts/run-guest.sh --image rdma-pingpong --timeout 600 --log "$dir/$name.console" -q \
+  bash scripts/run-guest.sh --image rdma-pingpong --log "$dir/$name.console" -q \
     --append 'guest.uio=none' \
     --cmd ". /etc/tools.sh && ip link set eth0 up && ip addr add 10.42.0.$((i + 1))/24 dev eth0 &&
-      insmod /lib/virtio_rdma.ko && wait_gid && { $cmd; }; r=\$?; klog; exit \$r" -- \
+      insmod /lib/virtio_rdma.ko && wait_gid && { $cmd; steps_verdict; }; r=\$?; klog; exit \$r" -- \
     -chardev "socket,id=rdma,path=$dir/vm$i.sock" -device vhost-user-rdma-pci,chardev=rdma \
     -netdev "stream,id=n0,$net" -device "virtio-net-pci,netdev=n0,mac=52:54:00:00:00:0$((i + 1))" \
     "$@" >"$dir/$name.out" 2>&1 &
   pids+=($!)
 }
 # wait_for GUEST PATTERN [MARKER]: until GUEST's console has a line matching PATTERN (after
-# the line MARKER); fails after 300 s or when the guest is gone.
+# the line MARKER); fails once the console has not grown for 300 s (a stall, not a time
+# limit) or when the guest is gone.
 wait_for() {
-  local end=$((SECONDS + 300)) pid
+  local pid size=-1 now since=$SECONDS
   pid=$(cat "$dir/$1.qpid")
-  while [ "$SECONDS" -lt "$end" ]; do
+  while [ $((SECONDS - since)) -lt 300 ]; do
+    now=$(stat -c %s "$dir/$1.console" 2>/dev/null || echo 0)
+    [ "$now" = "$size" ] || { size=$now since=$SECONDS; }
     if [ -n "${3:-}" ]; then
       [ -z "$(after "$3" "$2" "$1")" ] || return 0
     else
@@ -146,7 +149,7 @@ guest client 1 "server=off,addr.type=unix,addr.path=$dir/net.sock,reconnect-ms=1
   -serial mon:stdio -serial chardev:gate
 echo "${pids[-1]}" >"$dir/client.qpid"
 # The hostile guest: the Rust userspace driver through uio (the image's default binding).
-bash scripts/run-guest.sh --image rdma-pingpong --timeout 600 --log "$dir/hostile.console" -q \
+bash scripts/run-guest.sh --image rdma-pingpong --log "$dir/hostile.console" -q \
   --cmd 'rdma-guest hostile --foreign-gid ::ffff:10.42.0.1 --foreign-gid ::ffff:10.42.0.2' -- \
   -chardev "socket,id=rdma,path=$dir/vm2.sock" -device vhost-user-rdma-pci,chardev=rdma \
   -pidfile "$dir/hostile.pid" >"$dir/hostile.out" 2>&1 &

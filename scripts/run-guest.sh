@@ -29,7 +29,9 @@ Usage: scripts/run-guest.sh [OPTIONS] [-- QEMU ARGS...]
   --mem SIZE         guest RAM (default 1G), a shared memfd so vhost-user daemons can map it
   --smp N            vCPUs (default 1)
   --hugepages N      2 MiB hugepages the kernel reserves at boot (default 64)
-  --timeout SEC      stop QEMU after SEC seconds (default 300; 0: no limit)
+  --stall SEC        stop QEMU once the console has printed nothing for SEC seconds (default
+                     300; 0: never): a guest that makes progress runs as long as it needs
+  --timeout SEC      stop QEMU after SEC seconds whatever it does (default 0: no limit)
   --reboot           let the guest reboot: a reboot inside it or QMP system_reset restarts it
                      (same kernel, command line and command) instead of ending QEMU; a kernel
                      panic then reboots too (count the GUEST-READY lines)
@@ -42,12 +44,12 @@ Usage: scripts/run-guest.sh [OPTIONS] [-- QEMU ARGS...]
 
 QEMU ARGS after -- are passed to QEMU as they are (e.g. -chardev ... -device ...).
 QEMU is $QEMU, or qemu-system-x86_64 on PATH (installed from Debian if there is none).
-Exit status: the guest command's; 124 on time-out; 125 if the guest gave no exit code;
+Exit status: the guest command's; 124 on time-out or stall; 125 if the guest gave no exit code;
 130 if interrupted.
 EOF
 }
 
-image=default kernel='' initrd='' cmd='' append='' mem=1G smp=1 hugepages=64 timeout_s=300
+image=default kernel='' initrd='' cmd='' append='' mem=1G smp=1 hugepages=64 timeout_s=0 stall_s=300
 log='' verbose=0 quiet=0 shell=0 bzimage=0 reboot=0 qemu_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -61,6 +63,7 @@ while [ $# -gt 0 ]; do
   --smp) smp=${2:?--smp needs a number}; shift 2 ;;
   --hugepages) hugepages=${2:?--hugepages needs a number}; shift 2 ;;
   --timeout) timeout_s=${2:?--timeout needs seconds}; shift 2 ;;
+  --stall) stall_s=${2:?--stall needs seconds}; shift 2 ;;
   --log) log=${2:?--log needs a file}; shift 2 ;;
   --reboot) reboot=1; shift ;;
   -v | --verbose) verbose=1; shift ;;
@@ -86,6 +89,7 @@ for f in "$kernel" "$initrd"; do
   [ -f "$f" ] || guest_die "$f: not found (build the image with scripts/build-guest.sh)"
 done
 [[ "$timeout_s" =~ ^[0-9]+$ ]] || guest_die "--timeout: seconds expected"
+[[ "$stall_s" =~ ^[0-9]+$ ]] || guest_die "--stall: seconds expected"
 
 guest_ensure_qemu
 
@@ -147,11 +151,37 @@ if [ "$verbose" = 1 ]; then
   tail -n +1 -f --pid="$qpid" "$log" &
   tail_pid=$!
 fi
+# The stall watchdog: the console's size, once a second.
+stalled=''
+if [ "$stall_s" != 0 ]; then
+  (
+    size=-1 idle=0
+    while kill -0 "$qpid" 2>/dev/null; do
+      now=$(stat -c %s "$log" 2>/dev/null || echo 0)
+      if [ "$now" != "$size" ]; then size=$now idle=0; else idle=$((idle + 1)); fi
+      if [ "$idle" -ge "$stall_s" ]; then
+        echo stalled >"$log.stalled"
+        kill -TERM "$qpid" 2>/dev/null
+        sleep 10
+        kill -KILL "$qpid" 2>/dev/null
+        break
+      fi
+      sleep 1
+    done
+  ) &
+  watch_pid=$!
+fi
 while :; do
   qrc=0
   wait "$qpid" || qrc=$?
   kill -0 "$qpid" 2>/dev/null || break
 done
+if [ "$stall_s" != 0 ]; then
+  kill "$watch_pid" 2>/dev/null || true
+  wait "$watch_pid" 2>/dev/null || true
+  [ ! -f "$log.stalled" ] || stalled=1
+  rm -f "$log.stalled"
+fi
 [ -z "$tail_pid" ] || wait "$tail_pid" || true
 trap - INT TERM
 t1=$(guest_now)
@@ -173,6 +203,10 @@ show_log() {
 
 if [ -z "$code" ]; then
   show_log
+  if [ -n "$stalled" ]; then
+    guest_log "error: the console printed nothing for $stall_s s: stopped (a stall, not a time limit)"
+    exit 124
+  fi
   if [ "$timeout_s" != 0 ] && { [ "$qrc" = 124 ] || [ "$qrc" = 137 ]; }; then
     guest_log "error: time limit of $timeout_s s reached, the guest printed no exit code"
     exit 124

@@ -103,6 +103,16 @@ rc=$?
 set -e
 check "time-out gives 124 (got $rc)" "$([ "$rc" = 124 ]; echo $?)"
 set +e
+run -q --stall 20 --cmd 'sleep 600' >/dev/null 2>&1
+rc=$?
+set -e
+check "a silent guest is stopped as stalled: 124 (got $rc)" "$([ "$rc" = 124 ]; echo $?)"
+set +e
+run -q --stall 8 --cmd 'for i in 1 2 3 4 5 6 7 8 9 10; do echo tick; sleep 3; done; exit 7' >/dev/null 2>&1
+rc=$?
+set -e
+check "a guest that keeps printing runs past the stall limit (exit 7; got $rc)" "$([ "$rc" = 7 ]; echo $?)"
+set +e
 run -q -- -device no-such-device >/dev/null 2>&1
 rc=$?
 set -e
