@@ -16,6 +16,7 @@ mod async_events;
 mod broken_queues;
 mod completions;
 mod disconnect;
+mod error_flush;
 mod fences_and_arming;
 mod fixtures;
 mod many_vms;

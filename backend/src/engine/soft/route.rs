@@ -259,6 +259,8 @@ fn deliver(
         if !pstate.events.is_empty() {
             peer.wake_events();
         }
+        // A QP the responder failed is flushed even if its VM is parked.
+        peer.engine_changed(pstate);
         out
     });
     match ran {

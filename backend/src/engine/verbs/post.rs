@@ -273,6 +273,8 @@ fn take_peer_recvs(
     let ran = cell.try_with_dataplane(|state, mem| {
         let before = state.events.len();
         take_recvs(host, state, mem, buf, o.handle);
+        // A QP that failed there is flushed even if its VM is parked.
+        cell.engine_changed(state);
         state.events.len() != before
     });
     if let Locked::Ran(true) = ran {
