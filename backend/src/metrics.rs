@@ -543,7 +543,7 @@ fn render_subjects(out: &mut Vec<MetricFamily>, prefix: &str, subjects: &[Subjec
         &format!("{prefix}isolation_events_total"),
         (
             MetricType::COUNTER,
-            "Isolation events caused, by kind (denied, foreign_drops, foreign_rc, unknown_qpn, bad_rkey, gid_spoof).",
+            "Isolation events caused, by kind (denied, foreign_drops, foreign_rc, unknown_qpn, bad_rkey, gid_spoof, privileged).",
         ),
         ("kind", subjects),
         |t| {
@@ -555,6 +555,7 @@ fn render_subjects(out: &mut Vec<MetricFamily>, prefix: &str, subjects: &[Subjec
                 ("unknown_qpn", c.unknown_qpn),
                 ("bad_rkey", c.bad_rkey),
                 ("gid_spoof", c.gid_spoof),
+                ("privileged", c.privileged),
             ]
         },
     );

@@ -40,6 +40,10 @@ crate::stats::counters! {
         /// Attempts to send from a GID other than the VM's own (a source GID
         /// index other than 0).
         gid_spoof,
+        /// Attempts at what only a privileged consumer of a fabric may use:
+        /// a privileged Q_Key (bit 31) refused by `MODIFY_QP`, a UD send to
+        /// QP 0 or 1 (the ports' management QPs) refused on the data path.
+        privileged,
     }
 }
 

@@ -838,6 +838,7 @@ fn metrics_endpoint() {
         "unknown_qpn",
         "bad_rkey",
         "gid_spoof",
+        "privileged",
     ] {
         val(&format!(
             "vhost_user_rdma_vm_isolation_events_total{{{web_l},kind=\"{kind}\"}}"

@@ -25,7 +25,9 @@ use virtio_rdma_abi::mem::access;
 use virtio_rdma_abi::qp::{AddressVector, QpState};
 use virtio_rdma_abi::verbs::DeviceAttr;
 use virtio_rdma_abi::Field;
-use virtio_rdma_driver::{Ah, Cq, Mr, RcConnect, RecvWr, SendOp, SendWr, UdDest};
+use virtio_rdma_driver::{
+    Ah, Cq, Mr, Qp, QpAttrs, QpInit, RcConnect, RecvWr, SendOp, SendWr, UdDest,
+};
 
 /// How long "nothing arrives" is watched for.
 const QUIET: Duration = Duration::from_millis(100);
@@ -523,4 +525,92 @@ fn max_ctrl_outstanding_takes_requests_in_passes_and_completes_all() {
     let t = d.traffic(0);
     assert!(t.ctrl_cmds >= N as u64, "{t:?}");
     assert_eq!(t.ctrl_errors, 0);
+}
+
+// ---------------------------------------------------------------------------
+// Privileged Q_Keys and the management QPs
+
+/// `MODIFY_QP` refuses a privileged Q_Key (bit 31; the GSI's is
+/// 0x8001_0000) with `DENIED`, whatever the transition, and leaves the QP
+/// as it was; the refusals are counted in `privileged`. Bit 31 clear is
+/// fine. Spec 12.13.
+#[test]
+fn a_privileged_qkey_is_refused_by_modify_qp_and_counted() {
+    let d = two_tenants();
+    let a = open(&d, 0);
+    let cq = Cq::create(&a.dev, 64).unwrap();
+    let mut init = QpInit::ud(&cq);
+    init.cap = vhost_user_rdma_tests::dp::cap();
+    let q = Qp::create(&a.pd, &init).unwrap();
+    assert_eq!(
+        status(q.ud_to_init(0x8001_0000)),
+        (Status::DENIED, DETAIL_NONE)
+    );
+    assert_eq!(q.query().unwrap().attr.qp_state, u32::from(QpState::RESET));
+    q.ud_activate(0x7fff_ffff, 0).unwrap();
+    let r = q.modify(&QpAttrs {
+        qkey: Some(0x8000_0000),
+        ..QpAttrs::default()
+    });
+    assert_eq!(status(r), (Status::DENIED, DETAIL_NONE));
+    let now = q.query().unwrap();
+    assert_eq!(
+        (now.attr.qp_state, now.attr.qkey),
+        (u32::from(QpState::RTS), 0x7fff_ffff)
+    );
+    let s = iso(&d, 0);
+    assert_eq!((s.privileged, s.denied), (2, 0), "{s:?}");
+}
+
+/// A UD send to QP 0 or 1 — the management QPs of a port, never handed
+/// out — fails with `LOC_QP_OP_ERR` (the WQE is malformed, spec 18.11.5)
+/// and moves the QP to ERR; a send WQE asking for its QP's own Q_Key (bit
+/// 31 of `remote_qkey`) sends that Q_Key, which is never privileged.
+/// Counted in `privileged`; nothing reaches any other VM.
+#[test]
+fn ud_sends_to_the_management_qps_fail_and_are_counted() {
+    let d = two_tenants();
+    let (a, b) = (open(&d, 0), open(&d, 1));
+    let (cqa, cqb) = (
+        Cq::create(&a.dev, 64).unwrap(),
+        Cq::create(&b.dev, 64).unwrap(),
+    );
+    let ub = ud_qp(&b, &cqb, 64);
+    let bbuf = Buf::guarded(&b, 4096);
+    let src = Buf::new(&a, 256);
+    let sg = [src.sge(0, 64)];
+    let to_b = ah(&a, b.dev.gid()).unwrap();
+    let send = |ua: &virtio_rdma_driver::Qp, wr_id: u64, qpn: u32, qkey: u32| {
+        let mut w = SendWr::send(wr_id, &sg);
+        w.ud = Some(UdDest {
+            ah: &to_b,
+            remote_qpn: qpn,
+            remote_qkey: qkey,
+        });
+        ua.post_send(&[w]).unwrap();
+        poll_one(&cqa)
+    };
+    // Own Q_Key through bit 31: delivered with QKEY.
+    let ua = ud_qp(&a, &cqa, 64);
+    ub.post_recv(&[RecvWr {
+        wr_id: 5,
+        sg_list: &[bbuf.sge(0, 4096)],
+    }])
+    .unwrap();
+    ok(&send(&ua, 1, ub.qpn(), 0x8000_0000), 1, WcOpcode::SEND);
+    ok(&poll_one(&cqb), 5, WcOpcode::RECV);
+    for (i, qpn) in [0u32, 1].into_iter().enumerate() {
+        let ua = ud_qp(&a, &cqa, 64);
+        let wr_id = 10 + i as u64;
+        let wc = send(&ua, wr_id, qpn, QKEY);
+        assert_eq!(
+            (wc.wr_id, wc.status()),
+            (wr_id, Some(WcStatus::LOC_QP_OP_ERR))
+        );
+        assert_eq!(ua.query().unwrap().attr.qp_state, u32::from(QpState::ERR));
+    }
+    assert_quiet_for(&cqb, QUIET);
+    let s = iso(&d, 0);
+    assert_eq!((s.privileged, s.unknown_qpn), (2, 0), "{s:?}");
+    assert_eq!(iso(&d, 1), IsolationStats::default());
 }

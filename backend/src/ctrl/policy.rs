@@ -14,6 +14,11 @@
 use virtio_rdma_abi::ctrl::{Status, DETAIL_NONE};
 use virtio_rdma_abi::qp::AddressVector;
 
+/// Bit 31 of a Q_Key: a privileged Q_Key, which only privileged consumers
+/// of a fabric may use (InfiniBand Architecture, 10.2.4; Linux refuses it
+/// to unprivileged users in `ibv_modify_qp`).
+pub(crate) const PRIVILEGED_QKEY: u32 = 1 << 31;
+
 use super::{CmdError, GID_TABLE_LEN};
 use crate::tenancy::IsolationCounters;
 use crate::transport::{Owner, TransportKind};
@@ -29,6 +34,20 @@ impl VmState {
                 IsolationCounters::bump(&c.gid_spoof);
             }
         }
+    }
+
+    /// `DENIED` (detail `DETAIL_NONE`) for a privileged Q_Key (bit 31),
+    /// counted in the VM's `privileged`: such a key would let the guest
+    /// address the management QPs of the fabric (the GSI's Q_Key is
+    /// 0x8001_0000), and a host RNIC would send it as the daemon's.
+    pub(super) fn privileged_qkey(&self, qkey: u32) -> Result<(), CmdError> {
+        if qkey & PRIVILEGED_QKEY == 0 {
+            return Ok(());
+        }
+        if let Some(c) = self.tenancy.counters(self.port.vm) {
+            IsolationCounters::bump(&c.privileged);
+        }
+        Err(CmdError::new(Status::DENIED, DETAIL_NONE))
     }
 
     /// `DENIED` (detail `DETAIL_NONE`), counted in the VM's `denied`.

@@ -249,6 +249,10 @@ impl VmState {
             return Err(CmdError::new(Status::INVALID, missing | extra));
         }
         self.check_attr_values(mask, &a)?;
+        if mask & QKEY != 0 {
+            // A policy, after the other checks (spec 12.13).
+            self.privileged_qkey(a.qkey)?;
+        }
         if qp_type != QpType::UD && mask & (AV | DEST_QPN) != 0 {
             // The tenant policy, after every other check (spec 12.13): the
             // destination the QP will have once the command is applied.

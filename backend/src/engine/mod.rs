@@ -60,6 +60,21 @@ pub use soft::pieces::{ALONE_PIECE, PIECE};
 pub use soft::rnic::SoftRnic;
 pub use thread::POLL_WINDOW;
 
+/// Whether `qpn` is QP 0 or 1, the management QPs (SMI, GSI) of an
+/// InfiniBand or RoCE port: the device never hands those numbers out, and a
+/// guest's UD send to them is refused (spec 18.11.5) rather than let reach
+/// a fabric's management through a host RNIC.
+pub(crate) fn management_qp(qpn: u32) -> bool {
+    qpn <= 1
+}
+
+/// Counts a refused attempt at a management QP in VM `vm`'s `privileged`.
+pub(crate) fn count_privileged(tenancy: &Tenancy, vm: usize) {
+    if let Some(c) = tenancy.counters(vm) {
+        crate::tenancy::IsolationCounters::bump(&c.privileged);
+    }
+}
+
 /// Work counters of one engine thread (written by it alone).
 #[derive(Debug, Default)]
 pub struct EngineCounters {
@@ -180,10 +195,12 @@ impl Engine {
         self.registry.engine_of(vm) == Some(self.index)
     }
 
-    /// The RC QPs `qpns` of VM `vm` (port GID `gid`) are gone with their
-    /// VM's connection or reset: every RC QP of another VM connected to
-    /// one of them moves to `ERR` with `QP_FATAL`, and the engine flushes
-    /// its work (spec 18.23), rather than letting it retry into nothing.
+    /// The RC QPs `qpns` of VM `vm` (port GID `gid`) are gone — destroyed,
+    /// or with their VM's connection or reset: every RC QP of another VM
+    /// of the tenant connected to one of them moves to `ERR` with
+    /// `QP_FATAL`, and the engine flushes its work (spec 18.23), rather
+    /// than letting it retry into nothing. QPs of other tenants are left
+    /// alone: for them the QP never existed (their retries run out).
     /// Takes one VM's lock at a time (the caller holds none).
     pub fn peers_gone(&self, vm: usize, gid: [u8; 16], mut qpns: Vec<u32>) {
         if qpns.is_empty() {
@@ -193,7 +210,7 @@ impl Engine {
         let mut failed = 0usize;
         // The peers are VMs of the same tenant: served by this thread.
         for (i, dev) in self.registry.all_vms().iter().enumerate() {
-            if i == vm {
+            if i == vm || !self.tenancy.may_reach(i, vm) {
                 continue;
             }
             if let Some(dev) = dev {
@@ -238,5 +255,21 @@ impl Engine {
         if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::management_qp;
+
+    /// QPs 0 and 1 (SMI, GSI) are the management QPs a UD send may not
+    /// name, on either transport; every other number may be named.
+    #[test]
+    fn only_qps_0_and_1_are_management_qps() {
+        assert!(management_qp(0));
+        assert!(management_qp(1));
+        assert!(!management_qp(2));
+        assert!(!management_qp(0x11));
+        assert!(!management_qp(0x00ff_ffff));
     }
 }

@@ -342,6 +342,9 @@ fn work_on(dev: &VmCell, f: impl FnOnce(&mut VmState, &HostMem) -> bool) -> Opti
     let ran = dev.try_with_dataplane(|state, mem| {
         let before = state.events.len();
         let did = f(state, mem);
+        // QPs that failed meanwhile (their own errors, or a responder's in
+        // this VM) are flushed at the next scan (once per pass).
+        dev.engine_changed(state);
         (did, state.events.len() != before)
     });
     let (did, events) = match ran {

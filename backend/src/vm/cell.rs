@@ -222,6 +222,22 @@ impl VmCell {
         self.dp_gen.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// Called by the engine with the VM's lock held (`state` being the
+    /// VM's state) after it worked on the VM: if that moved one of its QPs
+    /// to ERR — the VM's own work, or a message of another VM that its
+    /// responder refused — the engine's polling list of the VM is rebuilt
+    /// (a QP in ERR watches its receive queue, so the flush is work) and
+    /// the list is woken if it was parked. Without this a QP failed while
+    /// its VM was parked was never flushed (spec 18.19 item 2): nothing
+    /// else would wake its list, and nothing in its doorbells changed.
+    /// Costs a flag test when nothing failed.
+    pub(crate) fn engine_changed(&self, state: &mut VmState) {
+        if state.take_engine_work() {
+            self.bump_dp_gen();
+            self.kick();
+        }
+    }
+
     /// Asks the VM's vhost-user worker to deliver pending events.
     pub fn wake_events(&self) {
         if let Err(e) = self.event_wake.write(1) {

@@ -15,7 +15,9 @@
 mod async_events;
 mod broken_queues;
 mod completions;
+mod destroyed_peer;
 mod disconnect;
+mod error_flush;
 mod fences_and_arming;
 mod fixtures;
 mod many_vms;

@@ -142,11 +142,14 @@ impl TransportPath for SoftPath {
                 reached: None,
             };
             let did = burst.take().is_some_and(|b| b(&mut with_peer, scratch));
-            if with_peer
-                .held
-                .is_some_and(|held| !held.state.events.is_empty())
-            {
-                dev.wake_events();
+            if let Some(held) = with_peer.held {
+                if !held.state.events.is_empty() {
+                    dev.wake_events();
+                }
+                // A QP of the peer that its responder failed during the
+                // burst is flushed even if the peer's VM is parked (once
+                // per burst, not per message).
+                dev.engine_changed(held.state);
             }
             did
         });

@@ -21,7 +21,7 @@ use super::{Request, RespOutcome, RespScratch};
 use crate::engine::requester::Outgoing;
 use crate::engine::sge::{check_local, local_range};
 use crate::engine::sweep::Serving;
-use crate::engine::Engine;
+use crate::engine::{count_privileged, management_qp, Engine};
 use crate::memory::access::Segment;
 use crate::memory::HostMem;
 use crate::tenancy::IsolationCounters;
@@ -57,7 +57,16 @@ impl Engine {
         let reached = cx.reached.take().filter(|&(q, _)| q == h && !ud);
         let (route, unreached) = match reached {
             Some((_, route)) => (Some(route), None),
-            None if ud => (self.route_of(msg.dest_qpn), None),
+            None if ud => {
+                let route = self.route_of(msg.dest_qpn);
+                // QPs 0 and 1 have no route (never handed out): checked
+                // only when the lookup failed, free for every delivery.
+                if route.is_none() && management_qp(msg.dest_qpn) {
+                    count_privileged(self.tenancy(), cx.vm);
+                    return Ok(RespOutcome::Nak(WcStatus::LOC_QP_OP_ERR));
+                }
+                (route, None)
+            }
             None => {
                 let mut route = self.rc_route(cx.state, h);
                 let unreached = self.precheck_rc(cx, h, &mut route, dgid);
@@ -259,6 +268,8 @@ fn deliver(
         if !pstate.events.is_empty() {
             peer.wake_events();
         }
+        // A QP the responder failed is flushed even if its VM is parked.
+        peer.engine_changed(pstate);
         out
     });
     match ran {

@@ -25,7 +25,7 @@ use crate::engine::sge::check_local;
 use crate::engine::sweep::Serving;
 use crate::engine::transport::Step;
 use crate::engine::wqe::{fetch_recv, posted, RecvRing, WqeBuf, WqeError};
-use crate::engine::Engine;
+use crate::engine::{count_privileged, management_qp, Engine};
 use crate::memory::HostMem;
 use crate::stats::TrafficCounters;
 use crate::transport::verbs::rnic::{lock_tables, Sent, VmHost, RECV_SRQ, RECV_WR};
@@ -102,6 +102,13 @@ pub(super) fn send(
         }
     }
     let ah = if msg.ud() {
+        // The management QPs of the host's port or of a remote one: never
+        // the guest's to reach (spec 18.11.5).
+        if management_qp(msg.dest_qpn) {
+            drop(t);
+            count_privileged(engine.tenancy(), cx.vm);
+            return failed(state, WcStatus::LOC_QP_OP_ERR);
+        }
         // Another tenant's QP on this host is out of reach as on the
         // software RNIC: the message is dropped, as UD may be.
         if local {
@@ -273,6 +280,8 @@ fn take_peer_recvs(
     let ran = cell.try_with_dataplane(|state, mem| {
         let before = state.events.len();
         take_recvs(host, state, mem, buf, o.handle);
+        // A QP that failed there is flushed even if its VM is parked.
+        cell.engine_changed(state);
         state.events.len() != before
     });
     if let Locked::Ran(true) = ran {
