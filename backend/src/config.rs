@@ -539,6 +539,69 @@ pub struct TenantConfig {
     /// daemon). On a fabric, keeping other traffic away from these
     /// addresses is the network's part (docs/operations.md).
     pub remote_gids: Vec<[u8; 16]>,
+    /// What the tenant's VMs may put in the address vector fields that
+    /// reach the fabric (traffic class, service level, flow label).
+    pub fabric: FabricPolicy,
+}
+
+/// What a tenant's VMs may put in one field of an address vector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FieldRule {
+    /// The guest's value, unfiltered.
+    Any,
+    /// Only these values; an address vector with another is refused
+    /// (`DENIED`).
+    Allow(Vec<u32>),
+    /// This value, whatever the guest asked for.
+    Force(u32),
+}
+
+impl FieldRule {
+    /// The value a guest's `asked` becomes under this rule, or `None` if
+    /// the rule refuses it.
+    pub fn apply(&self, asked: u32) -> Option<u32> {
+        match self {
+            FieldRule::Any => Some(asked),
+            FieldRule::Allow(list) => list.contains(&asked).then_some(asked),
+            FieldRule::Force(v) => Some(*v),
+        }
+    }
+}
+
+/// A tenant's rules for the address vector fields a host RNIC puts on the
+/// fabric: the traffic class selects a priority (lossless or ECN-marked
+/// classes on a converged network), the service level likewise, the flow
+/// label steers ECMP. `None`: the transport's default ([`FabricPolicy::rules`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FabricPolicy {
+    /// The GRH traffic class (0..=255).
+    pub traffic_class: Option<FieldRule>,
+    /// The service level (0..=15).
+    pub service_level: Option<FieldRule>,
+    /// The GRH flow label (0..2^20).
+    pub flow_label: Option<FieldRule>,
+}
+
+impl FabricPolicy {
+    /// The rules in force, traffic class, service level and flow label,
+    /// with the defaults filled in: on a host RNIC (`fabric`) a guest gets
+    /// traffic class and service level 0 unless the operator allows more —
+    /// a shared fabric's priorities are the operator's; on the software
+    /// RNIC the values reach only a VM of the same tenant, unfiltered.
+    pub fn rules(&self, fabric: bool) -> [FieldRule; 3] {
+        let default = || {
+            if fabric {
+                FieldRule::Force(0)
+            } else {
+                FieldRule::Any
+            }
+        };
+        [
+            self.traffic_class.clone().unwrap_or_else(default),
+            self.service_level.clone().unwrap_or_else(default),
+            self.flow_label.clone().unwrap_or(FieldRule::Any),
+        ]
+    }
 }
 
 /// One VM: the socket its VMM connects to and what its device offers.
@@ -652,6 +715,7 @@ impl DaemonConfig {
                 qos_class: None,
                 engine: None,
                 remote_gids: Vec::new(),
+                fabric: FabricPolicy::default(),
             });
         }
         self.vms.push(VmConfig {
@@ -860,6 +924,28 @@ pub const MAX_CTRL_POLL: std::time::Duration = std::time::Duration::from_millis(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn fabric_defaults_force_priorities_on_a_host_rnic_only() {
+        let p = FabricPolicy::default();
+        assert_eq!(
+            p.rules(true),
+            [FieldRule::Force(0), FieldRule::Force(0), FieldRule::Any]
+        );
+        assert_eq!(
+            p.rules(false),
+            [FieldRule::Any, FieldRule::Any, FieldRule::Any]
+        );
+        let p = FabricPolicy {
+            service_level: Some(FieldRule::Allow(vec![2])),
+            ..FabricPolicy::default()
+        };
+        let [tc, sl, flow] = p.rules(true);
+        assert_eq!(
+            (tc.apply(7), sl.apply(2), sl.apply(3), flow.apply(9)),
+            (Some(0), Some(2), None, Some(9))
+        );
+    }
     use super::*;
 
     #[test]
@@ -913,6 +999,7 @@ mod tests {
                 qos_class: None,
                 engine,
                 remote_gids: Vec::new(),
+                fabric: FabricPolicy::default(),
             });
         }
         let placed: Vec<usize> = (0..5).map(|t| c.tenant_engine(t)).collect();
@@ -1071,6 +1158,7 @@ mod tests {
             qos_class: None,
             engine: None,
             remote_gids: Vec::new(),
+            fabric: FabricPolicy::default(),
         });
         c.vms[1].tenant = "red".into();
         assert_eq!(c.validate(), Ok(()));

@@ -19,8 +19,8 @@ use toml::Spanned;
 use virtio_rdma_abi::config::{F_ATOMIC, F_SHMEM_DOORBELL, F_SRQ, F_UD};
 
 use crate::config::{
-    default_gid, gid_text, mac_text, parse_mac, ConfigError, DaemonConfig, LimitOverrides, Limits,
-    MacError, TenantConfig, VmConfig, MAX_CTRL_POLL, MAX_ENGINE_THREADS,
+    default_gid, gid_text, mac_text, parse_mac, ConfigError, DaemonConfig, FabricPolicy, FieldRule,
+    LimitOverrides, Limits, MacError, TenantConfig, VmConfig, MAX_CTRL_POLL, MAX_ENGINE_THREADS,
 };
 use crate::qos::{QosClass, QosSpec};
 
@@ -129,6 +129,21 @@ pub enum FileError {
         vm: String,
         /// The text.
         text: String,
+    },
+    /// A tenant's rule for an address vector field is not a value, a list
+    /// of values or "any", or names a value out of the field's range.
+    #[error("{at}: tenant {tenant:?}: {key} = {text}: expected \"any\", a value or a list of values in 0..={max}")]
+    BadFieldRule {
+        /// The entry.
+        at: Loc,
+        /// The tenant.
+        tenant: String,
+        /// The key (`traffic_class`, `service_level`, `flow_label`).
+        key: &'static str,
+        /// What the file says.
+        text: String,
+        /// The field's largest value.
+        max: u32,
     },
     /// A tenant's remote GID is not IPv6 (or IPv4) address text.
     #[error("{at}: tenant {tenant:?}: remote GID {text:?} is not an IPv6 or IPv4 address")]
@@ -352,6 +367,19 @@ struct TenantTable {
     engine: Option<Spanned<usize>>,
     #[serde(default)]
     remote_gids: Vec<Spanned<String>>,
+    traffic_class: Option<Spanned<RuleValue>>,
+    service_level: Option<Spanned<RuleValue>>,
+    flow_label: Option<Spanned<RuleValue>>,
+}
+
+/// A tenant's rule for an address vector field as written: a value
+/// (forced), a list (allowed) or "any".
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RuleValue {
+    Value(i64),
+    List(Vec<i64>),
+    Word(String),
 }
 
 #[derive(Debug, Deserialize)]
@@ -614,6 +642,11 @@ pub fn parse(text: &str, file: &str, cli: &LimitOverrides) -> Result<LoadedConfi
                     })
                 })
                 .collect::<Result<_, _>>()?,
+            fabric: FabricPolicy {
+                traffic_class: field_rule(&tt.traffic_class, "traffic_class", 0xff, name, &at)?,
+                service_level: field_rule(&tt.service_level, "service_level", 15, name, &at)?,
+                flow_label: field_rule(&tt.flow_label, "flow_label", 0xf_ffff, name, &at)?,
+            },
         });
     }
 
@@ -764,6 +797,42 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
     (line, before[start..].chars().count() + 1)
 }
 
+/// A tenant's rule for address vector field `key` (values 0..=`max`) as
+/// the file writes it, checked.
+fn field_rule(
+    v: &Option<Spanned<RuleValue>>,
+    key: &'static str,
+    max: u32,
+    tenant: &str,
+    at: &impl Fn(Range<usize>) -> Loc,
+) -> Result<Option<FieldRule>, FileError> {
+    let Some(v) = v else {
+        return Ok(None);
+    };
+    let bad = |text: String| FileError::BadFieldRule {
+        at: at(v.span()),
+        tenant: tenant.to_string(),
+        key,
+        text,
+        max,
+    };
+    let value = |n: i64| {
+        u32::try_from(n)
+            .ok()
+            .filter(|&n| n <= max)
+            .ok_or_else(|| bad(n.to_string()))
+    };
+    Ok(Some(match v.get_ref() {
+        RuleValue::Value(n) => FieldRule::Force(value(*n)?),
+        RuleValue::List(list) if !list.is_empty() => {
+            FieldRule::Allow(list.iter().map(|&n| value(n)).collect::<Result<_, _>>()?)
+        }
+        RuleValue::List(_) => return Err(bad("[]".into())),
+        RuleValue::Word(w) if w == "any" => FieldRule::Any,
+        RuleValue::Word(w) => return Err(bad(format!("{w:?}"))),
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -878,6 +947,35 @@ bytes_per_sec = 1000000000
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn fabric_rules_are_read_and_checked() {
+        let l = parse_str(
+            "[[tenant]]\nname = \"blue\"\ntraffic_class = 96\nservice_level = [0, 3]\nflow_label = \"any\"\n\n[[tenant]]\nname = \"red\"\n",
+        )
+        .unwrap();
+        let blue = &l.config.tenants[0].fabric;
+        assert_eq!(blue.traffic_class, Some(FieldRule::Force(96)));
+        assert_eq!(blue.service_level, Some(FieldRule::Allow(vec![0, 3])));
+        assert_eq!(blue.flow_label, Some(FieldRule::Any));
+        assert_eq!(l.config.tenants[1].fabric, FabricPolicy::default());
+        for (line, want) in [
+            ("traffic_class = 256", "traffic_class = 256"),
+            ("service_level = 16", "service_level = 16"),
+            ("service_level = [0, -1]", "service_level = -1"),
+            ("flow_label = 1048576", "flow_label = 1048576"),
+            ("flow_label = []", "flow_label = []"),
+            ("traffic_class = \"all\"", "traffic_class = \"all\""),
+        ] {
+            let e = parse_str(&format!("[[tenant]]\nname = \"blue\"\n{line}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(want) && e.contains("tenant \"blue\""),
+                "{line}: {e}"
+            );
+        }
     }
 
     #[test]

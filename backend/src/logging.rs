@@ -156,6 +156,7 @@ mod tests {
             qos_class: None,
             engine: None,
             remote_gids: Vec::new(),
+            fabric: Default::default(),
         });
         c.vms[1].tenant = "red".into();
         c.vms[1].name = "web".into();

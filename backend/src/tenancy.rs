@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::config::DaemonConfig;
+use crate::config::{DaemonConfig, FabricPolicy};
 use crate::stats::TrafficCounters;
 
 crate::stats::counters! {
@@ -25,7 +25,8 @@ crate::stats::counters! {
     pub struct IsolationStats;
     counters {
         /// Control commands refused with `DENIED` (a destination outside the
-        /// tenant).
+        /// tenant, an address vector field the tenant's fabric rules do not
+        /// allow).
         denied,
         /// UD messages to a destination outside the tenant, dropped.
         foreign_drops,
@@ -81,6 +82,8 @@ pub struct TenantEntry {
     pub qos_class: Option<String>,
     /// Remote GIDs its VMs may name (`verbs` transport).
     pub remote_gids: Vec<[u8; 16]>,
+    /// Its rules for address vector fields that reach the fabric.
+    pub fabric: FabricPolicy,
 }
 
 /// The tenancy table of the daemon.
@@ -101,6 +104,7 @@ impl Tenancy {
                 name: t.name.clone(),
                 qos_class: t.qos_class.clone(),
                 remote_gids: t.remote_gids.clone(),
+                fabric: t.fabric.clone(),
             })
             .collect();
         let mut t = Tenancy {
@@ -171,6 +175,13 @@ impl Tenancy {
             .is_some_and(|t| t.remote_gids.contains(gid))
     }
 
+    /// The fabric rules of VM `vm`'s tenant.
+    pub fn fabric_of(&self, vm: usize) -> Option<&FabricPolicy> {
+        self.tenant_of(vm)
+            .and_then(|t| self.tenants.get(t))
+            .map(|t| &t.fabric)
+    }
+
     /// The counters of VM `vm`; a VM outside the table counts nowhere.
     pub fn counters(&self, vm: usize) -> Option<&IsolationCounters> {
         self.vms.get(vm).map(|v| &v.counters)
@@ -215,6 +226,7 @@ mod tests {
             qos_class: None,
             engine: None,
             remote_gids: Vec::new(),
+            fabric: Default::default(),
         });
         c.vms[2].tenant = "red".into();
         let t = Tenancy::from_config(&c);

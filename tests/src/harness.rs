@@ -284,6 +284,7 @@ pub fn add_tenant<'c>(
         qos_class: None,
         engine: None,
         remote_gids: Vec::new(),
+        fabric: Default::default(),
     });
     let last = config.tenants.len() - 1;
     &mut config.tenants[last]

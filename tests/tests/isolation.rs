@@ -614,3 +614,81 @@ fn ud_sends_to_the_management_qps_fail_and_are_counted() {
     assert_eq!((s.privileged, s.unknown_qpn), (2, 0), "{s:?}");
     assert_eq!(iso(&d, 1), IsolationStats::default());
 }
+
+/// The tenant's fabric rules (spec 12.16): a forced traffic class replaces
+/// the guest's in the address handle, seen in the GRH the receiver gets;
+/// a service level or flow label outside the allowed values is `DENIED` in
+/// `CREATE_AH` and in `MODIFY_QP`, counted in `denied`; another tenant
+/// without rules passes the guest's values through (software RNIC default).
+#[test]
+fn fabric_rules_force_and_refuse_address_vector_fields() {
+    use vhost_user_rdma::config::FieldRule;
+    use virtio_rdma_abi::datapath::{UdGrh, UD_GRH_SIZE};
+    let d = two_tenants_with(|c| {
+        let t = c.tenants.iter_mut().find(|t| t.name == "default").unwrap();
+        t.fabric.traffic_class = Some(FieldRule::Force(96));
+        t.fabric.service_level = Some(FieldRule::Allow(vec![0, 3]));
+        t.fabric.flow_label = Some(FieldRule::Allow(vec![0]));
+    });
+    let (a, b, red, red2) = (open(&d, 0), open(&d, 1), open(&d, 2), open(&d, 3));
+    let av = |dgid, tc, sl, flow_label| AddressVector {
+        dgid,
+        traffic_class: tc,
+        sl,
+        flow_label,
+        hop_limit: 64,
+        ..AddressVector::default()
+    };
+    // Refused: SL 5, flow label 7; allowed SL 3 with any traffic class.
+    assert_eq!(
+        status(Ah::create(&a.pd, &av(b.dev.gid(), 0, 5, 0))),
+        (Status::DENIED, DETAIL_NONE)
+    );
+    assert_eq!(
+        status(Ah::create(&a.pd, &av(b.dev.gid(), 0, 0, 7))),
+        (Status::DENIED, DETAIL_NONE)
+    );
+    let to_b = Ah::create(&a.pd, &av(b.dev.gid(), 0xa5, 3, 0)).unwrap();
+    // An RC QP's path takes the same rules.
+    let cqa = Cq::create(&a.dev, 64).unwrap();
+    let (qa, qb) = (rc_qp(&a, &cqa), rc_qp(&b, &Cq::create(&b.dev, 16).unwrap()));
+    qa.rc_to_init(QP_ACCESS).unwrap();
+    let mut c = conn(&qb, &b);
+    c.av.sl = 5;
+    assert_eq!(status(qa.rc_to_rtr(&c)), (Status::DENIED, DETAIL_NONE));
+    c.av.sl = 3;
+    c.av.traffic_class = 0x10;
+    qa.rc_to_rtr(&c).unwrap();
+    let q = qa.query().unwrap();
+    assert_eq!((q.attr.av.traffic_class, q.attr.av.sl), (96, 3));
+    assert_eq!(iso(&d, 0).denied, 3);
+
+    // The forced traffic class is what the receiver's GRH shows.
+    let cqb = Cq::create(&b.dev, 64).unwrap();
+    let (ua, ub) = (ud_qp(&a, &cqa, 64), ud_qp(&b, &cqb, 64));
+    let bbuf = Buf::new(&b, 4096);
+    ub.post_recv(&[RecvWr {
+        wr_id: 1,
+        sg_list: &[bbuf.sge(0, 4096)],
+    }])
+    .unwrap();
+    let src = Buf::new(&a, 256);
+    let sg = [src.sge(0, 64)];
+    let mut w = SendWr::send(2, &sg);
+    w.ud = Some(UdDest {
+        ah: &to_b,
+        remote_qpn: ub.qpn(),
+        remote_qkey: QKEY,
+    });
+    ua.post_send(&[w]).unwrap();
+    ok(&poll_one(&cqa), 2, WcOpcode::SEND);
+    ok(&poll_one(&cqb), 1, WcOpcode::RECV);
+    let raw: [u8; UD_GRH_SIZE as usize] = bbuf.read(0, 40).try_into().unwrap();
+    assert_eq!(UdGrh::parse(&raw).unwrap().traffic_class, 96);
+
+    // Tenant "red" has no rules: on the software RNIC the guest's values
+    // pass.
+    let r = Ah::create(&red.pd, &av(red2.dev.gid(), 0xa5, 5, 7)).unwrap();
+    drop(r);
+    assert_eq!(iso(&d, 2), IsolationStats::default());
+}

@@ -126,12 +126,14 @@ impl VmState {
         check_av::<CreateAhReq>(&req.av, "av")?;
         // The tenant policy, after every other check (spec 12.16).
         self.allowed_ah_gid(&req.av.dgid)?;
+        let mut av = req.av;
+        self.fabric_av(&mut av)?;
         let ah_handle = self.res.insert_ah(
             Ah {
                 pd: req.pd_handle,
                 ctx,
                 port: req.port,
-                av: req.av,
+                av,
             },
             self.transport.as_ref(),
         )?;

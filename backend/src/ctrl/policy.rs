@@ -20,6 +20,7 @@ use virtio_rdma_abi::qp::AddressVector;
 pub(crate) const PRIVILEGED_QKEY: u32 = 1 << 31;
 
 use super::{CmdError, GID_TABLE_LEN};
+use crate::config::FabricPolicy;
 use crate::tenancy::IsolationCounters;
 use crate::transport::{Owner, TransportKind};
 use crate::vm::VmState;
@@ -56,6 +57,30 @@ impl VmState {
             IsolationCounters::bump(&c.denied);
         }
         CmdError::new(Status::DENIED, DETAIL_NONE)
+    }
+
+    /// Applies the tenant's fabric rules to an address vector (spec
+    /// 12.16): a forced value replaces the guest's, a value the rules do
+    /// not allow is `DENIED` (counted in `denied`). On a host RNIC the
+    /// defaults force traffic class and service level 0.
+    pub(super) fn fabric_av(&self, av: &mut AddressVector) -> Result<(), CmdError> {
+        let fabric = self.transport.kind() == TransportKind::Verbs;
+        let [tc, sl, flow] = self
+            .tenancy
+            .fabric_of(self.port.vm)
+            .map_or_else(|| FabricPolicy::default().rules(fabric), |p| p.rules(fabric));
+        let (Some(tc), Some(sl), Some(flow)) = (
+            tc.apply(av.traffic_class.into())
+                .and_then(|v| u8::try_from(v).ok()),
+            sl.apply(av.sl.into()).and_then(|v| u8::try_from(v).ok()),
+            flow.apply(av.flow_label),
+        ) else {
+            return Err(self.denied());
+        };
+        av.traffic_class = tc;
+        av.sl = sl;
+        av.flow_label = flow;
+        Ok(())
     }
 
     /// Whether this VM may name `dgid` in an address handle, else `DENIED`.

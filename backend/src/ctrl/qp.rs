@@ -217,7 +217,7 @@ impl VmState {
     ) -> CmdResult {
         let req: M = fixed(payload)?;
         let mask = req.attr_mask;
-        let a = req.attr;
+        let mut a = req.attr;
         let (cur, qp_type) = self
             .res
             .qps
@@ -270,6 +270,9 @@ impl VmState {
                 qp.attr.dest_qpn
             };
             self.allowed_route(&dgid, dest)?;
+        }
+        if mask & AV != 0 {
+            self.fabric_av(&mut a.av)?;
         }
 
         // All checks passed. The attributes after the command; the host

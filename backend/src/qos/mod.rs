@@ -218,6 +218,7 @@ mod tests {
             qos_class: None,
             engine: None,
             remote_gids: Vec::new(),
+            fabric: Default::default(),
         });
         for (i, &t) in tenant_of.iter().enumerate() {
             c.vms[i].tenant = if t == 0 {

@@ -400,6 +400,7 @@ fn daemon(args: &Args) -> Res<TestDaemon> {
                         qos_class: None,
                         engine: None,
                         remote_gids: Vec::new(),
+                        fabric: Default::default(),
                     });
                     for v in vms {
                         c.vms[v].tenant = name.to_string();

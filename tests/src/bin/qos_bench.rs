@@ -346,6 +346,7 @@ fn daemon(args: &Args, tenants: &[&str]) -> Res<TestDaemon> {
                             qos_class: None,
                             engine: Some(placed % threads),
                             remote_gids: Vec::new(),
+                            fabric: Default::default(),
                         });
                         placed += 1;
                     }
