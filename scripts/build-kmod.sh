@@ -52,6 +52,12 @@ set_id=$(printf '%s\n' "$GUEST_KHEADERS_SHA256" "$GUEST_KHEADERS_COMMON_SHA256" 
   set_id=$(printf '%s\n' "$set_id" "$broot_pkgs" | sha256sum | cut -c1-12)
 root="$GUEST_CACHE/kheaders/$set_id"
 
+# in_root CMD...: runs CMD on the extracted tree: as root for trixie's build root (debootstrap
+# makes it root's), as the user otherwise.
+in_root() {
+  if [ "$GUEST_KERNEL_SUITE" = trixie ]; then guest_as_root "$@"; else "$@"; fi
+}
+
 # unmount_under DIR: unmounts what a failed debootstrap may have left mounted in DIR.
 unmount_under() {
   local m
@@ -63,7 +69,7 @@ unmount_under() {
 if [ ! -f "$root/.done" ]; then
   if [ -d "$root" ]; then
     unmount_under "$root"
-    guest_as_root rm -rf "$root"
+    in_root rm -rf "$root"
   fi
   mkdir -p "$root" "$GUEST_CACHE/tmp"
   if [ "$GUEST_KERNEL_SUITE" = trixie ]; then
@@ -82,14 +88,14 @@ if [ ! -f "$root/.done" ]; then
     pkg_var="GUEST_${p}_PKG"
     sum_var="GUEST_${p}_SHA256"
     deb=$(fetch_deb "${!pkg_var}" "$GUEST_KERNEL_VERSION" "${!sum_var}" "$GUEST_KERNEL_SUITE")
-    guest_as_root dpkg-deb -x "$deb" "$root"
+    in_root dpkg-deb -x "$deb" "$root"
   done
   if [ "$GUEST_KERNEL_SUITE" != trixie ]; then
     # The arch Makefile includes the -common tree by absolute path (in the build root, as is).
     mk="$root/usr/src/$GUEST_KHEADERS_PKG/Makefile"
     sed -i "s|^include /usr/src/|include $root/usr/src/|" "$mk"
   fi
-  guest_as_root touch "$root/.done"
+  in_root touch "$root/.done"
   guest_log "kernel headers extracted into $root"
 fi
 
