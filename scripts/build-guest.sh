@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds the test-guest image: Debian's 6.1 kernel (or trixie's 6.12, --kernel) + a busybox
 # initramfs holding the modules a userspace virtio-pci driver needs, our /init, and the given host
-# binaries with their shared libraries. See guest/README.md. Output: vmlinuz + initramfs.img in the cache (outside the
-# checkout); the kernel download and its extraction are cached, the initramfs is rebuilt each
-# time (a few seconds).
+# binaries with their shared libraries. See guest/README.md. Output: vmlinuz + initramfs.img in
+# the cache (outside the checkout); the kernel download and its extraction are cached, the
+# initramfs is rebuilt each time (a few seconds).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
