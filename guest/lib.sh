@@ -139,23 +139,61 @@ guest_ensure_qemu() {
   [ -x "$QEMU" ] || guest_die "installing qemu-system-x86 gave no $QEMU"
 }
 
-# fetch_deb PKG VERSION SHA256: prints the path of the verified .deb, downloading it with apt
-# (from the configured Debian mirror) if it is not in the cache ($GUEST_CACHE/downloads).
+# Debian trixie's packages (the 6.12 guest kernel of guest/versions.sh) come through an apt of
+# their own: its source list (the configured mirror, suite trixie), package lists and cache are in
+# $GUEST_CACHE/apt-trixie, with no package database. The host's apt sources stay as they are: a
+# trixie source there would let the host's own installs take trixie's packages.
+# guest_trixie_apt apt-get|apt-cache ARGS...: runs that tool on trixie's lists.
+guest_trixie_apt() {
+  local d="$GUEST_CACHE/apt-trixie" tool=$1
+  shift
+  "$tool" -o "Dir::Etc::SourceList=$d/trixie.list" -o "Dir::Etc::SourceParts=$d/none" \
+    -o Dir::Etc::Preferences=/dev/null -o "Dir::Etc::PreferencesParts=$d/none" \
+    -o "Dir::State::Lists=$d/lists" -o "Dir::State::status=$d/status" -o "Dir::Cache=$d/cache" \
+    -o "APT::Sandbox::User=$(id -un)" "$@"
+}
+
+# guest_trixie_update: writes the source list and fetches trixie's package lists (once a run).
+_guest_trixie_updated=0
+guest_trixie_update() {
+  [ "$_guest_trixie_updated" -eq 0 ] || return 0
+  local d="$GUEST_CACHE/apt-trixie" uri
+  uri=$(_guest_bookworm_uri) || guest_die "no apt source for Debian found; cannot reach trixie"
+  mkdir -p "$d/lists/partial" "$d/cache/archives/partial" "$d/none"
+  : >"$d/status"
+  printf 'deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] %s trixie main\n' \
+    "$uri" >"$d/trixie.list"
+  guest_log "fetching Debian trixie's package lists ($uri) into $d"
+  guest_trixie_apt apt-get update -q >&2
+  _guest_trixie_updated=1
+}
+
+# fetch_deb PKG VERSION SHA256 [SUITE]: prints the path of the verified .deb, downloading it with
+# apt (from the configured Debian mirror; SUITE trixie: through guest_trixie_apt) if it is not in
+# the cache ($GUEST_CACHE/downloads).
 fetch_deb() {
-  local pkg=$1 ver=$2 sum=$3 file tmp got
+  local pkg=$1 ver=$2 sum=$3 suite=${4:-bookworm} file tmp got apt=(apt-get) update=guest_apt_update
+  if [ "$suite" = trixie ]; then
+    apt=(guest_trixie_apt apt-get)
+    update=guest_trixie_update
+  fi
   mkdir -p "$GUEST_CACHE/downloads" "$GUEST_CACHE/tmp"
   file="$GUEST_CACHE/downloads/${pkg}_${ver#*:}_amd64.deb"
   if [ ! -f "$file" ]; then
     tmp=$(mktemp -d "$GUEST_CACHE/tmp/dl.XXXXXX")
     guest_log "downloading $pkg=$ver"
-    if ! (cd "$tmp" && apt-get download -q "$pkg=$ver" >"$tmp/apt.log" 2>&1); then
-      # A fresh machine may have no package lists yet.
-      guest_apt_update
-      (cd "$tmp" && apt-get download -q "$pkg=$ver" >"$tmp/apt.log" 2>&1) || {
+    if [ "$suite" = trixie ] && [ ! -f "$GUEST_CACHE/apt-trixie/trixie.list" ]; then
+      guest_trixie_update
+    fi
+    if ! (cd "$tmp" && "${apt[@]}" download -q "$pkg=$ver" >"$tmp/apt.log" 2>&1); then
+      # A fresh machine may have no package lists yet, or old ones.
+      "$update"
+      (cd "$tmp" && "${apt[@]}" download -q "$pkg=$ver" >"$tmp/apt.log" 2>&1) || {
         cat "$tmp/apt.log" >&2
         rm -rf "$tmp"
         guest_die "cannot download $pkg=$ver; if the mirror dropped it, pin a newer one in" \
-          "guest/versions.sh (apt-cache show $pkg | grep -E '^(Version|SHA256)')"
+          "guest/versions.sh (apt-cache show $pkg | grep -E '^(Version|SHA256)';" \
+          "for trixie's: guest_trixie_apt apt-cache show ...)"
       }
     fi
     mv "$tmp"/*.deb "$file.part"

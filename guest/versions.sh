@@ -20,6 +20,48 @@
 : "${GUEST_KSOURCE_PKG:=linux-source-6.1}"
 : "${GUEST_KSOURCE_SHA256:=9305d1a151b8e83dcb88aa11361e7b9513f0c252bdf7f5647e4542762d99c094}"
 
+# Debian 13 (trixie)'s kernel, for the driver on the kernel trixie users run
+# (scripts/build-kmod.sh --kernel 6.12, scripts/build-guest.sh --kernel 6.12): the image, its
+# headers, -common and linux-kbuild of trixie's point release, pinned as one set like the 6.1
+# ones above. They come from the Debian archive through an apt of their own (guest_trixie_apt in
+# guest/lib.sh; the host's apt sources stay as they are): `guest_trixie_apt show PKG`. Trixie's
+# kbuild tools and gcc-14 need trixie's C library, so the module is built in a trixie build root
+# (debootstrap, cached; see build-kmod.sh). guest_select_kernel 6.12 makes these the GUEST_K*
+# variables the scripts use.
+: "${GUEST612_KERNEL_PKG:=linux-image-6.12.117+deb13-amd64}"
+: "${GUEST612_KERNEL_VERSION:=6.12.117-1}"
+: "${GUEST612_KERNEL_SHA256:=ca712d36790184f6ac125ce2b20ea4e2202ae6bb7817b7de268f1f0115ccda73}"
+: "${GUEST612_KHEADERS_PKG:=linux-headers-6.12.117+deb13-amd64}"
+: "${GUEST612_KHEADERS_SHA256:=e6b8a30d6c834fad8e5bd83d7bbe319279ed45f01d663926f886e353e004871a}"
+: "${GUEST612_KHEADERS_COMMON_PKG:=linux-headers-6.12.117+deb13-common}"
+: "${GUEST612_KHEADERS_COMMON_SHA256:=ac1203a8778a01e09c0ef94d87a3607672c0fc3d5369540c3f1580269b277611}"
+: "${GUEST612_KBUILD_PKG:=linux-kbuild-6.12.117+deb13}"
+: "${GUEST612_KBUILD_SHA256:=821ae105a5e2d04c68ddc1a446b8b3554cb4e4581bf009c4165f94612047e3eb}"
+
+# guest_select_kernel 6.1|6.12: the guest kernel the sourcing script builds for. 6.1 (the
+# default) leaves the variables above as they are; 6.12 sets GUEST_KERNEL_*, GUEST_KHEADERS_*
+# and GUEST_KBUILD_* to the GUEST612_* set. GUEST_KERNEL_SUITE is the suite the packages come
+# from (bookworm: the host's own apt; trixie: guest_trixie_apt).
+GUEST_KERNEL_SUITE=bookworm
+guest_select_kernel() {
+  case "$1" in
+  6.1) GUEST_KERNEL_SUITE=bookworm ;;
+  6.12)
+    GUEST_KERNEL_SUITE=trixie
+    GUEST_KERNEL_PKG=$GUEST612_KERNEL_PKG
+    GUEST_KERNEL_VERSION=$GUEST612_KERNEL_VERSION
+    GUEST_KERNEL_SHA256=$GUEST612_KERNEL_SHA256
+    GUEST_KHEADERS_PKG=$GUEST612_KHEADERS_PKG
+    GUEST_KHEADERS_SHA256=$GUEST612_KHEADERS_SHA256
+    GUEST_KHEADERS_COMMON_PKG=$GUEST612_KHEADERS_COMMON_PKG
+    GUEST_KHEADERS_COMMON_SHA256=$GUEST612_KHEADERS_COMMON_SHA256
+    GUEST_KBUILD_PKG=$GUEST612_KBUILD_PKG
+    GUEST_KBUILD_SHA256=$GUEST612_KBUILD_SHA256
+    ;;
+  *) return 1 ;;
+  esac
+}
+
 : "${GUEST_BUSYBOX_PKG:=busybox-static}"
 : "${GUEST_BUSYBOX_VERSION:=1:1.35.0-4+deb12u1+b1}"
 : "${GUEST_BUSYBOX_SHA256:=3d3fdbe91d4660c873e14b092c213fe81c1da6362daa236eb25d0171eb108744}"

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Builds the test-guest image: Debian's 6.1 kernel + a busybox initramfs holding the modules a
-# userspace virtio-pci driver needs, our /init, and the given host binaries with their shared
-# libraries. See guest/README.md. Output: vmlinuz + initramfs.img in the cache (outside the
-# checkout); the kernel download and its extraction are cached, the initramfs is rebuilt each
-# time (a few seconds).
+# Builds the test-guest image: Debian's 6.1 kernel (or trixie's 6.12, --kernel) + a busybox
+# initramfs holding the modules a userspace virtio-pci driver needs, our /init, and the given host
+# binaries with their shared libraries. See guest/README.md. Output: vmlinuz + initramfs.img in
+# the cache (outside the checkout); the kernel download and its extraction are cached, the
+# initramfs is rebuilt each time (a few seconds).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -35,6 +35,10 @@ Usage: scripts/build-guest.sh [OPTIONS]
   --name NAME         image name (default: default): the image goes to CACHE/images/NAME
   --out DIR           write the image to DIR instead
   --compress KIND     gzip (default), zstd or none
+  --kernel K          the guest kernel: 6.1 (Debian 12's, default) or 6.12 (Debian 13's);
+                      both pinned in guest/versions.sh. 6.12's modules are xz-compressed in
+                      the package: the image gets them decompressed (busybox loads plain .ko);
+                      its virtio_pci is built in
   --no-strip          keep the debug information of binaries and libraries (stripped by default)
   --print-dir         print only the image directory on stdout at the end
   -h, --help          this text
@@ -45,7 +49,7 @@ EOF
 }
 
 bins=() libs=() files=() sysroots=() extra_modules=() load_modules=(uio_pci_generic) lib_path=''
-run_cmd='' name=default out='' compress=gzip print_dir=0 strip=1
+run_cmd='' name=default out='' compress=gzip print_dir=0 strip=1 kernel=6.1
 while [ $# -gt 0 ]; do
   case "$1" in
   --bin) bins+=("${2:?--bin needs a path}"); shift 2 ;;
@@ -59,6 +63,7 @@ while [ $# -gt 0 ]; do
   --name) name=${2:?--name needs a name}; shift 2 ;;
   --out) out=${2:?--out needs a directory}; shift 2 ;;
   --compress) compress=${2:?--compress needs gzip, zstd or none}; shift 2 ;;
+  --kernel) kernel=${2:?--kernel needs 6.1 or 6.12}; shift 2 ;;
   --print-dir) print_dir=1; shift ;;
   --no-strip) strip=0; shift ;;
   -h | --help) usage; exit 0 ;;
@@ -66,6 +71,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "$compress" in gzip | zstd | none) ;; *) guest_die "--compress: gzip, zstd or none" ;; esac
+guest_select_kernel "$kernel" || guest_die "--kernel: 6.1 or 6.12, not $kernel"
 [ -n "$out" ] || out="$GUEST_CACHE/images/$name"
 
 # Modules in every image: uio_pci_generic (the userspace driver's binding), virtio_pci (for other
@@ -105,12 +111,15 @@ flock 9
 
 kdir="$GUEST_CACHE/kernel/${GUEST_KERNEL_PKG}_${GUEST_KERNEL_VERSION}"
 if [ "$(cat "$kdir/.sha256" 2>/dev/null)" != "$GUEST_KERNEL_SHA256" ]; then
-  deb=$(fetch_deb "$GUEST_KERNEL_PKG" "$GUEST_KERNEL_VERSION" "$GUEST_KERNEL_SHA256")
+  deb=$(fetch_deb "$GUEST_KERNEL_PKG" "$GUEST_KERNEL_VERSION" "$GUEST_KERNEL_SHA256" \
+    "$GUEST_KERNEL_SUITE")
   t_dl=$(guest_now)
   guest_log "extracting $GUEST_KERNEL_PKG (download $(guest_elapsed "$t_start" "$t_dl") s)"
   rm -rf "$kdir"
   mkdir -p "$kdir"
   nice dpkg-deb -x "$deb" "$kdir"
+  # Trixie's packages are laid out for a merged /usr: the modules are in usr/lib/modules.
+  [ -e "$kdir/lib" ] || [ ! -d "$kdir/usr/lib/modules" ] || ln -s usr/lib "$kdir/lib"
 fi
 krel=$(basename "$(find "$kdir/lib/modules" -mindepth 1 -maxdepth 1 -type d | head -n1)")
 if [ -z "$krel" ] || [ ! -f "$kdir/boot/vmlinuz-$krel" ]; then
@@ -190,7 +199,13 @@ printf 'root:x:0:\n' >"$root/etc/group"
 
 mods=$(resolve_modules "${image_modules[@]}") || guest_die "see the module names above (kernel $krel)"
 for m in $mods; do
-  install -D -m 0644 "$moddir/$m" "$root/lib/modules/$krel/$m"
+  case "$m" in
+  *.ko.xz)
+    mkdir -p "$(dirname "$root/lib/modules/$krel/$m")"
+    xz -dc "$moddir/$m" >"$root/lib/modules/$krel/${m%.xz}"
+    ;;
+  *) install -D -m 0644 "$moddir/$m" "$root/lib/modules/$krel/$m" ;;
+  esac
 done
 cp "$moddir/modules.builtin" "$moddir/modules.order" "$root/lib/modules/$krel/"
 "$busybox" depmod -b "$root" "$krel"
@@ -299,7 +314,7 @@ esac
 {
   echo "kernel: $GUEST_KERNEL_PKG $GUEST_KERNEL_VERSION sha256 $GUEST_KERNEL_SHA256 (release $krel)"
   echo "busybox: $GUEST_BUSYBOX_PKG $GUEST_BUSYBOX_VERSION sha256 $GUEST_BUSYBOX_SHA256"
-  echo "modules: $(for m in $mods; do basename "$m" .ko; done | tr '\n' ' ')"
+  echo "modules: $(for m in $mods; do m=${m%.xz}; basename "$m" .ko; done | tr '\n' ' ')"
   echo "loaded at boot: ${load_modules[*]}"
   echo "compression: $compress"
   echo "kernel files: vmlinuz$([ -f "$kdir/vmlinux" ] && echo ' vmlinux (uncompressed, PVH entry; run-guest.sh boots this one)')"

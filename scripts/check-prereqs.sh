@@ -41,10 +41,12 @@ done < <(grep -nE 'guest_need_cmds|compgen -G|command -v [a-z0-9_.+-]+ *(>/dev/n
 # 2. What each installing script would install on a fresh machine.
 plan=$(mktemp)
 trap 'rm -f "$plan"' EXIT
-for s in setup.sh build-qemu.sh build-guest.sh build-kmod.sh build-rdma-core.sh checkpatch.sh \
-  qemu-kmod.sh qemu-rxe.sh test-guest.sh; do
+for s in setup.sh build-qemu.sh build-guest.sh build-kmod.sh "build-kmod.sh --kernel 6.12" \
+  build-rdma-core.sh checkpatch.sh qemu-kmod.sh qemu-rxe.sh test-guest.sh; do
   before=$(wc -l <"$plan")
-  if ! RDMA_PKG_STATE=$fresh RDMA_PKG_PLAN=$plan bash "scripts/$s" >/dev/null 2>&1 </dev/null; then
+  read -ra cmd <<<"$s"
+  if ! RDMA_PKG_STATE=$fresh RDMA_PKG_PLAN=$plan bash "scripts/${cmd[0]}" "${cmd[@]:1}" \
+    >/dev/null 2>&1 </dev/null; then
     fail "scripts/$s: asking it for its install plan failed"
   fi
   echo "check-prereqs: $s would install on a fresh machine: $(tail -n +"$((before + 1))" "$plan" | tr '\n' ' ')"

@@ -15,25 +15,38 @@
 # Meanwhile a second guest runs on a device without device feature bits (a second daemon with
 # ud/srq/atomics off: what cloud-hypervisor's generic vhost-user device gives a guest):
 # vrdma-check transport-only.
-# Prints "qemu-kmod: N passed, M failed".
+# With --kernel 6.12 the same checks run on Debian 13's 6.12 kernel (the module built for it,
+# a guest image with that kernel).
+# Prints "qemu-kmod: N passed, M failed" (6.1), "qemu-kmod-6.12: N passed, M failed" (6.12).
 #
-# Usage: bash scripts/qemu-kmod.sh [--keep]
+# Usage: bash scripts/qemu-kmod.sh [--kernel 6.1|6.12] [--keep]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=guest/lib.sh
 . guest/lib.sh
 guest_need_pkgs iproute2
-keep=0
-[ "${1:-}" = --keep ] && keep=1
+keep=0 kernel=6.1
+while [ $# -gt 0 ]; do
+  case "$1" in
+  --keep) keep=1; shift ;;
+  --kernel) kernel=${2:?--kernel needs 6.1 or 6.12}; shift 2 ;;
+  *) guest_die "unknown argument: $1" ;;
+  esac
+done
+case "$kernel" in
+6.1) name=qemu-kmod image=rdma-kmod ;;
+6.12) name=qemu-kmod-6.12 image=rdma-kmod-6.12 ;;
+*) guest_die "--kernel: 6.1 or 6.12, not $kernel" ;;
+esac
 
 [ -n "${QEMU:-}" ] || QEMU=$(bash scripts/build-qemu.sh | tail -n 1)
 export QEMU
 cargo build --release --locked -q -p vhost-user-rdma
-kmod=$(bash scripts/build-kmod.sh)
+kmod=$(bash scripts/build-kmod.sh --kernel "$kernel")
 rdma_core=$(bash scripts/build-rdma-core.sh) # a sysroot: installed as a distribution would
-echo "== qemu-kmod: $kmod"
+echo "== $name: $kmod"
 echo "   $(modinfo -F vermagic "$kmod" 2>/dev/null || strings "$kmod" | grep -m1 '^vermagic=')"
-bash scripts/build-guest.sh --name rdma-kmod --load virtio_pci --module virtio_net \
+bash scripts/build-guest.sh --kernel "$kernel" --name "$image" --load virtio_pci --module virtio_net \
   --load ib_uverbs --bin "$(command -v rdma)" --file "$kmod:/lib/virtio_rdma.ko" \
   --sysroot "$rdma_core" >/dev/null
 
@@ -67,7 +80,7 @@ printf '[daemon]\nud = false\nsrq = false\natomics = false\n\n[[tenant]]\nname =
 RUST_LOG=${RUST_LOG:-info} target/release/vhost-user-rdma --config "$dir/bare.toml" 2>"$dir/bare-daemon.log" &
 bare_daemon_pid=$!
 for _ in $(seq 100); do [ -S "$dir/bare.sock" ] && break; sleep 0.05; done
-bash scripts/run-guest.sh --image rdma-kmod --timeout 300 --log "$dir/bare.console" -q \
+bash scripts/run-guest.sh --image "$image" --log "$dir/bare.console" -q \
   --append 'guest.uio=none' \
   --cmd 'modprobe virtio_net && ip link set eth0 up && ip addr add 10.42.0.1/24 dev eth0 &&
     insmod /lib/virtio_rdma.ko && i=0; until grep -q ffff /sys/class/infiniband/virtio_rdma0/ports/1/gids/1 2>/dev/null; do
@@ -90,7 +103,7 @@ check() {
 }
 t=$(date +%s)
 rc=0
-bash scripts/run-guest.sh --image rdma-kmod --timeout 300 --log "$dir/guest.console" -q \
+bash scripts/run-guest.sh --image "$image" --log "$dir/guest.console" -q \
   --append 'guest.uio=none' \
   --cmd 'ib=/sys/class/infiniband; net() { modprobe virtio_net && ip link set eth0 up &&
     ip addr add 10.42.0.1/24 dev eth0 && i=0 && until grep -qs 0a2a $ib/virtio_rdma0/ports/1/gids/1 ||
@@ -106,7 +119,7 @@ bash scripts/run-guest.sh --image rdma-kmod --timeout 300 --log "$dir/guest.cons
   -netdev "stream,id=n0,server=on,addr.type=unix,addr.path=$dir/net.sock" \
   -device "virtio-net-pci,netdev=n0,mac=$mac" \
   >"$dir/guest.out" 2>&1 || rc=$?
-echo "== qemu-kmod: guest ran $(($(date +%s) - t)) s, exit $rc"
+echo "== $name: guest ran $(($(date +%s) - t)) s, exit $rc"
 [ "$rc" = 0 ] && { echo "   ok: insmod and the guest command succeeded"; pass=$((pass + 1)); } ||
   { echo "   FAILED: guest exit $rc"; fail=$((fail + 1)); }
 check "the driver bound device ID 42 with ABI version 2" "virtio-rdma ABI 2:"
@@ -192,5 +205,5 @@ if [ "$fail" != 0 ]; then
     sed 's/^/  /' "$dir/$f"
   done
 fi
-echo "qemu-kmod: $pass passed, $fail failed"
+echo "$name: $pass passed, $fail failed"
 [ "$fail" = 0 ]

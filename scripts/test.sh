@@ -40,9 +40,12 @@ if [ "${RDMA_SKIP_QEMU:-0}" != 1 ]; then
   bash scripts/qemu-pingpong.sh 2>&1 | tee -a "$out"
   echo "== two QEMU guests as RDMA hosts: Linux soft-RoCE (rxe) between them, natively"
   bash scripts/qemu-rxe.sh 2>&1 | tee -a "$out"
+  echo "== the Linux guest driver on Debian 13's 6.12 kernel: the kmod checks, an RC pingpong"
+  bash scripts/qemu-kmod.sh --kernel 6.12 2>&1 | tee -a "$out"
+  bash scripts/qemu-pingpong.sh --kernel 6.12 2>&1 | tee -a "$out"
 fi
 echo "== times: everything $((SECONDS - t_start)) s, of which the QEMU part $((SECONDS - t_qemu)) s"
 # One line of totals for humans and CI.
 awk '/^test result:/ { p += $4; f += $6 }
-     /^(qemu-(e2e|kmod|pingpong|rxe)|check-prereqs): [0-9]+ passed, [0-9]+ failed$/ { p += $2; f += $4 }
+     /^(qemu-(e2e|kmod|pingpong|rxe)(-6\.12)?|check-prereqs): [0-9]+ passed, [0-9]+ failed$/ { p += $2; f += $4 }
      END { printf "%d passed, %d failed\n", p, f }' "$out"

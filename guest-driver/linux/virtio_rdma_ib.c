@@ -24,6 +24,7 @@
 #include <rdma/uverbs_ioctl.h>
 
 #include "virtio_rdma.h"
+#include "compat.h"
 #include "uapi/virtio_rdma-abi.h"
 
 /*
@@ -211,7 +212,7 @@ static int vrdma_mmap(struct ib_ucontext *ibuc, struct vm_area_struct *vma)
 	 */
 	if (vma->vm_flags & VM_WRITE)
 		return -EPERM;
-	vma->vm_flags &= ~VM_MAYWRITE;
+	vrdma_vm_flags_clear(vma, VM_MAYWRITE);
 	rentry = rdma_user_mmap_entry_get(ibuc, vma);
 	if (!rentry)
 		return -EINVAL;
@@ -350,7 +351,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.uverbs_abi_ver = VIRTIO_RDMA_UVERBS_ABI_VERSION,
 
 	.add_gid = vrdma_add_gid,
-	.create_cq = vrdma_create_cq,
+	.create_cq = vrdma_ops_create_cq,
 	.create_srq = vrdma_create_srq,
 	.create_user_ah = vrdma_create_ah,
 	.create_qp = vrdma_create_qp,

@@ -16,9 +16,9 @@
  * (ib_core disassociates every user context: each process gets
  * IB_EVENT_DEVICE_FATAL, its objects are destroyed without commands, and
  * its later verbs fail with EIO), and the device is initialised and
- * registered again as at probe. Linux 6.1's virtio core has no reset
- * callbacks for drivers, so the driver re-negotiates the features itself,
- * as virtio_device_restore() does.
+ * registered again as at probe. The virtio core (of 6.1 and of 6.12) has
+ * no reset callbacks for drivers, so the driver re-negotiates the features
+ * itself, as virtio_device_restore() does.
  */
 
 #include <linux/etherdevice.h>
@@ -29,6 +29,7 @@
 #include <linux/virtio_ids.h>
 
 #include "virtio_rdma.h"
+#include "compat.h"
 
 /* How long a control command may take before the driver gives up on it. */
 #define VRDMA_CMD_TIMEOUT (10 * HZ)
@@ -258,8 +259,8 @@ static int vrdma_find_vqs(struct vrdma_dev *dev)
 	struct virtqueue *vqs[VIRTIO_RDMA_NUM_QUEUES];
 	int ret;
 
-	ret = virtio_find_vqs(dev->vdev, VIRTIO_RDMA_NUM_QUEUES, vqs, callbacks,
-			      names, NULL);
+	ret = vrdma_virtio_find_vqs(dev->vdev, VIRTIO_RDMA_NUM_QUEUES, vqs,
+				    callbacks, names);
 	if (ret)
 		return ret;
 	dev->ctrlq = vqs[VIRTIO_RDMA_CONTROLQ];
