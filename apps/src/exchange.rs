@@ -403,17 +403,14 @@ impl<'a> Peer<'a> {
     ) -> Result<WorkCompletion> {
         let deadline = Instant::now() + self.timeout;
         loop {
-            // In CQ order: an error completion before the one waited for
-            // fails the wait; one after it is for later (the peer may tear
-            // its QPs down once it has our last message, which flushes our
-            // receives after that message's completion).
-            for (i, w) in self.stash.iter().enumerate() {
-                if pred(w) {
-                    if let Some(wc) = self.stash.remove(i) {
-                        return Ok(wc);
-                    }
-                    break;
+            if let Some(i) = self.stash.iter().position(&pred) {
+                if let Some(wc) = self.stash.remove(i) {
+                    return Ok(wc);
                 }
+            }
+            let mut wc = [WorkCompletion::default(); 16];
+            let n = self.cq.poll(&mut wc);
+            for w in &wc[..n] {
                 if !w.is_success() {
                     return Err(Error::Check(format!(
                         "completion with status {:?} (wr_id {:#x}) while waiting for {what}",
@@ -422,8 +419,6 @@ impl<'a> Peer<'a> {
                     )));
                 }
             }
-            let mut wc = [WorkCompletion::default(); 16];
-            let n = self.cq.poll(&mut wc);
             self.stash.extend(&wc[..n]);
             if n == 0 {
                 if Instant::now() > deadline {

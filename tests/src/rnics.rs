@@ -152,20 +152,9 @@ pub struct HostHalves {
 pub struct CountingRnic {
     soft: SoftRnic,
     live: Mutex<HostHalves>,
-    /// QP numbers whose host half the device failed
-    /// ([`Transport::fail_qp`]), in order.
-    failed: Mutex<Vec<u32>>,
 }
 
 impl CountingRnic {
-    /// The QP numbers whose host half the device failed, in order.
-    pub fn failed(&self) -> Vec<u32> {
-        self.failed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
     /// The host halves held now.
     pub fn live(&self) -> HostHalves {
         *self.live.lock().unwrap_or_else(|p| p.into_inner())
@@ -211,13 +200,6 @@ impl Transport for CountingRnic {
     fn destroy_qp(&self, qpn: u32) {
         self.soft.destroy_qp(qpn);
         self.count(|h| h.qps -= 1);
-    }
-    fn fail_qp(&self, qpn: u32) {
-        self.soft.fail_qp(qpn);
-        self.failed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(qpn);
     }
     fn lookup_qpn(&self, qpn: u32) -> Option<Owner> {
         self.soft.lookup_qpn(qpn)

@@ -145,7 +145,7 @@ impl RdmaDevice {
                     // engine locks this VM too (to rebuild its polling list
                     // after a change), and must never wait for a whole pass
                     // of one VM's commands while every VM's data waits.
-                    let (used, ok, released, gone) = {
+                    let (used, ok, released) = {
                         let mut st = self.lock();
                         if self.epoch.load(Ordering::Acquire) != epoch {
                             // Reset or disconnected since these were taken:
@@ -154,27 +154,15 @@ impl RdmaDevice {
                         }
                         let ok_before = st.vm.stats.ok;
                         let used = execute_chain(&mut st.vm, mem, request, prepared);
-                        // RC QPs connected to a QP the command destroyed
-                        // fail (spec 18.23): this VM's now, under its lock.
-                        let gone = st.vm.res.take_gone_rc();
-                        let gid = st.vm.port_gid();
-                        if !gone.is_empty() {
-                            // Their events go out with the pass's.
-                            st.vm.fail_peers_of(gid, &gone);
-                        }
                         engine_work |= st.vm.take_engine_work();
                         // QPs may have come, gone or changed state.
                         self.bump_dp_gen();
                         // Translations of destroyed objects are freed below,
                         // without the lock (milliseconds for a large MR).
                         let released = st.vm.res.take_released();
-                        (used, st.vm.stats.ok != ok_before, released, (gid, gone))
+                        (used, st.vm.stats.ok != ok_before, released)
                     };
                     drop(released);
-                    // Other VMs' connected QPs, one lock at a time, before
-                    // the driver learns that the destroy is done.
-                    let (gid, gone) = gone;
-                    self.engine.peers_gone(self.id, gid, gone);
                     if named {
                         if let Err(e) = vring.add_used(head, used) {
                             warn!("cannot return control buffer {head}: {e}");

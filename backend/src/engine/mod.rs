@@ -195,12 +195,10 @@ impl Engine {
         self.registry.engine_of(vm) == Some(self.index)
     }
 
-    /// The RC QPs `qpns` of VM `vm` (port GID `gid`) are gone — destroyed,
-    /// or with their VM's connection or reset: every RC QP of another VM
-    /// of the tenant connected to one of them moves to `ERR` with
-    /// `QP_FATAL`, and the engine flushes its work (spec 18.23), rather
-    /// than letting it retry into nothing. QPs of other tenants are left
-    /// alone: for them the QP never existed (their retries run out).
+    /// The RC QPs `qpns` of VM `vm` (port GID `gid`) are gone with their
+    /// VM's connection or reset: every RC QP of another VM connected to
+    /// one of them moves to `ERR` with `QP_FATAL`, and the engine flushes
+    /// its work (spec 18.23), rather than letting it retry into nothing.
     /// Takes one VM's lock at a time (the caller holds none).
     pub fn peers_gone(&self, vm: usize, gid: [u8; 16], mut qpns: Vec<u32>) {
         if qpns.is_empty() {
@@ -210,7 +208,7 @@ impl Engine {
         let mut failed = 0usize;
         // The peers are VMs of the same tenant: served by this thread.
         for (i, dev) in self.registry.all_vms().iter().enumerate() {
-            if i == vm || !self.tenancy.may_reach(i, vm) {
+            if i == vm {
                 continue;
             }
             if let Some(dev) = dev {

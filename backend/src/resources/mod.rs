@@ -14,8 +14,6 @@ pub use objects::{
     Srq, SrqRuntime,
 };
 
-use virtio_rdma_abi::qp::QpType;
-
 use crate::keys::KeyMap;
 use crate::memory::PageList;
 use crate::shmem::{DbSlot, DoorbellPages};
@@ -109,10 +107,6 @@ pub struct VmResources {
     /// of a 16 GiB MR takes milliseconds, which the control path spends
     /// after it releases the VM's lock ([`VmResources::take_released`]).
     released: Vec<PageList>,
-    /// QP numbers of the RC QPs destroyed since the last call of
-    /// [`VmResources::take_gone_rc`]: the RC QPs connected to them fail
-    /// (spec 18.23).
-    gone_rc: Vec<u32>,
     /// Index of the VM in the daemon (the owner of its host objects).
     vm: usize,
     /// The most host memory the objects may hold (`max_host_bytes`).
@@ -144,7 +138,6 @@ impl VmResources {
             host_bytes: 0,
             doorbells: None,
             released: Vec::new(),
-            gone_rc: Vec::new(),
             vm,
             budget,
         }
@@ -382,23 +375,11 @@ impl VmResources {
         std::mem::take(&mut self.released)
     }
 
-    /// The QP numbers of the RC QPs destroyed since the last call, sorted:
-    /// the RC QPs connected to them are to fail (spec 18.23).
-    pub fn take_gone_rc(&mut self) -> Vec<u32> {
-        let mut gone = std::mem::take(&mut self.gone_rc);
-        gone.sort_unstable();
-        gone
-    }
-
     /// Destroys a QP and drops its references; its QPN returns to the
-    /// transport. An RC QP's number is noted for
-    /// [`VmResources::take_gone_rc`].
+    /// transport.
     pub fn destroy_qp(&mut self, handle: u32, t: &dyn Transport) -> Result<(), DestroyError> {
         let qp = self.qps.remove(handle).ok_or(DestroyError::BadHandle)?;
         self.refund(&qp);
-        if qp.qp_type == QpType::RC {
-            self.gone_rc.push(qp.qpn);
-        }
         if let Some(pd) = self.pds.get_mut(qp.pd) {
             dec(&mut pd.users);
         }

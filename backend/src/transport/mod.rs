@@ -206,12 +206,6 @@ pub trait Transport: Send + Sync {
     /// Destroys QP `qpn`; its number may be handed out again.
     fn destroy_qp(&self, qpn: u32);
 
-    /// The device failed QP `qpn` for a reason of its own (the QP it is
-    /// connected to was destroyed): its host half stops sending at once and
-    /// flushes what it took. Nothing to do for a transport whose QPs are
-    /// the device model's alone.
-    fn fail_qp(&self, _qpn: u32) {}
-
     /// The owner of QP number `qpn`, if it is live.
     fn lookup_qpn(&self, qpn: u32) -> Option<Owner>;
 

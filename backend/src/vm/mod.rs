@@ -209,9 +209,14 @@ impl VmState {
     /// disconnect). Returns the QP numbers of the RC QPs it destroyed, so
     /// that the QPs of other VMs connected to them can be failed.
     pub fn reset(&mut self) -> Vec<u32> {
+        let rc: Vec<u32> = self
+            .res
+            .qps
+            .iter()
+            .filter(|(_, q)| q.qp_type == virtio_rdma_abi::qp::QpType::RC)
+            .map(|(_, q)| q.qpn)
+            .collect();
         self.res.clear(self.transport.as_ref());
-        // With those of QPs destroyed before, not yet acted on.
-        let rc = self.res.take_gone_rc();
         // Freed here, under the lock, as before: reset and disconnect are
         // rare, and nothing drains them afterwards.
         drop(self.res.take_released());
@@ -237,19 +242,15 @@ impl VmState {
 
     /// Moves every QP that `which` picks and that is not in ERR yet into
     /// ERR with `QP_FATAL` ([`VmState::qp_enter_err`]); returns how many.
-    /// The transport fails each one's host half at once
-    /// ([`Transport::fail_qp`]): a host QP must not send on to a QP number
-    /// that is gone, not even until the engine gets to the flush.
     pub fn fail_qps(&mut self, which: impl Fn(&Qp) -> bool) -> usize {
-        let hit: Vec<(u32, u32)> = self
+        let hit: Vec<u32> = self
             .res
             .qps
             .iter()
             .filter(|(_, q)| q.state != QpState::ERR && which(q))
-            .map(|(h, q)| (h, q.qpn))
+            .map(|(h, _)| h)
             .collect();
-        for &(h, qpn) in &hit {
-            self.transport.fail_qp(qpn);
+        for &h in &hit {
             self.qp_enter_err(h, Some(EventKind::QP_FATAL));
         }
         hit.len()

@@ -22,7 +22,9 @@ use std::time::Instant;
 use std::sync::atomic::Ordering;
 
 use log::debug;
-use rdma_sys::{ibv_req_notify_cq, ibv_wc};
+use rdma_sys::{
+    ibv_modify_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_state, ibv_req_notify_cq, ibv_wc,
+};
 
 use super::requester::{complete_send, Completion, Outgoing};
 use super::sweep::Serving;
@@ -30,7 +32,7 @@ use super::transport::{Step, TransportPath};
 use super::wqe::WqeBuf;
 use super::Engine;
 use crate::memory::HostMem;
-use crate::transport::verbs::rnic::{fail_host_qp, lock_tables, VmHost};
+use crate::transport::verbs::rnic::{lock_tables, VmHost};
 use crate::transport::verbs::VerbsRnic;
 use crate::vm::VmState;
 use virtio_rdma_abi::datapath::WcStatus;
@@ -140,8 +142,17 @@ impl TransportPath for VerbsPath<'_> {
             return false;
         };
         let mut t = lock_tables(host);
-        if let Some(q) = t.qps.get_mut(&qpn) {
-            fail_host_qp(q, qpn);
+        if let Some(q) = t.qps.get_mut(&qpn).filter(|q| !q.failed) {
+            // SAFETY: all-zero is a valid attribute structure.
+            let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+            a.qp_state = ibv_qp_state::IBV_QPS_ERR;
+            let mask = i32::try_from(ibv_qp_attr_mask::IBV_QP_STATE.0).unwrap_or(1);
+            // SAFETY: a live QP of the VM and a filled attribute structure.
+            let rc = unsafe { ibv_modify_qp(q.qp.as_ptr(), &mut a, mask) };
+            if rc != 0 {
+                debug!("QPN {qpn:#x}: host QP to ERR refused: {rc}");
+            }
+            q.failed = true;
         }
         false
     }

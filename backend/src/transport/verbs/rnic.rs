@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use log::{debug, warn};
 use rdma_sys::{
     ibv_alloc_pd, ibv_create_ah, ibv_create_comp_channel, ibv_create_cq, ibv_create_qp,
-    ibv_create_srq, ibv_modify_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr, ibv_qp_state,
-    ibv_qp_type, ibv_reg_mr_iova2, ibv_resize_cq, ibv_srq_attr, ibv_srq_init_attr,
+    ibv_create_srq, ibv_modify_qp, ibv_qp_init_attr, ibv_qp_type, ibv_reg_mr_iova2, ibv_resize_cq,
+    ibv_srq_attr, ibv_srq_init_attr,
 };
 use virtio_rdma_abi::datapath::WcOpcode;
 use virtio_rdma_abi::qp::{AddressVector, QpState, QpType};
@@ -183,25 +183,6 @@ pub struct VerbsRnic {
     keys: AtomicU32,
     /// The host port is up (`PORT_ACTIVE`/`PORT_ERR` events keep it).
     port_up: std::sync::atomic::AtomicBool,
-}
-
-/// Moves host QP `q` (number `qpn`) to ERR for a failure the host NIC did
-/// not see, once: it sends nothing more and flushes what it took (its
-/// flushed work completes through its CQs as usual).
-pub(crate) fn fail_host_qp(q: &mut HostQp, qpn: u32) {
-    if q.failed {
-        return;
-    }
-    // SAFETY: all-zero is a valid attribute structure.
-    let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
-    a.qp_state = ibv_qp_state::IBV_QPS_ERR;
-    let mask = i32::try_from(ibv_qp_attr_mask::IBV_QP_STATE.0).unwrap_or(1);
-    // SAFETY: a live QP of a VM's table and a filled attribute structure.
-    let rc = unsafe { ibv_modify_qp(q.qp.as_ptr(), &mut a, mask) };
-    if rc != 0 {
-        debug!("QPN {qpn:#x}: host QP to ERR refused: {rc}");
-    }
-    q.failed = true;
 }
 
 /// The tables of `host`, locked (by the engine while it serves the VM, by
@@ -604,18 +585,6 @@ impl Transport for VerbsRnic {
             drop(q);
             Self::release_cqes(&mut t, send_cq, s);
             Self::release_cqes(&mut t, recv_cq, r);
-        }
-    }
-
-    fn fail_qp(&self, qpn: u32) {
-        // The directory's lock is released before the tables' is taken.
-        let Some(owner) = self.lookup_qpn(qpn) else {
-            return;
-        };
-        if let Ok(mut t) = self.tables(owner.vm) {
-            if let Some(q) = t.qps.get_mut(&qpn) {
-                fail_host_qp(q, qpn);
-            }
         }
     }
 
