@@ -3,7 +3,8 @@
 # (the integration tests start the real daemon and talk to it over real
 # vhost-user sockets through the test VMM), and the end-to-end test in real
 # QEMU guests (patched QEMU built and cached on first use; see
-# scripts/qemu-e2e.sh). RDMA_SKIP_QEMU=1 skips the QEMU part.
+# scripts/qemu-e2e.sh). RDMA_SKIP_QEMU=1 skips the QEMU part. Every part runs
+# whatever the others did; the script fails at the end naming those that failed.
 #
 # Usage: bash scripts/test.sh
 set -euo pipefail
@@ -12,40 +13,47 @@ cd "$(dirname "$0")/.."
 t_start=$SECONDS
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
+# Every part runs whatever the ones before it did, so that one failure hides
+# no other verdict; the script fails at the end, naming the parts that did.
+failed_parts=()
+part() { # part TITLE CMD...: runs CMD, its output also into $out
+  local title=$1
+  shift
+  echo "== $title"
+  if ! "$@" 2>&1 | tee -a "$out"; then
+    failed_parts+=("$title")
+  fi
+}
+# Setup and the static checks come first: without them nothing else means much.
 bash scripts/setup.sh
-echo "== prerequisites: what a fresh machine has or gets installed covers what the build uses"
-bash scripts/check-prereqs.sh | tee -a "$out"
-
-echo "== cargo fmt --check"
-cargo fmt --all -- --check
-
-echo "== cargo clippy"
-cargo clippy --workspace --all-targets --locked -- -D warnings
-
-echo "== guest kernel driver: checkpatch.pl --no-tree --strict"
-bash scripts/checkpatch.sh
-
-echo "== cargo test"
-cargo test --workspace --locked 2>&1 | tee -a "$out"
-echo "== data path again, shared-memory doorbell mode, drivers posting without fences (DB_FLAG_POLLING)"
-RDMA_TEST_DOORBELL=shmem RDMA_TEST_FENCE_ELISION=1 \
-  cargo test --locked -p vhost-user-rdma-tests --test datapath 2>&1 | tee -a "$out"
+part "prerequisites: what a fresh machine has or gets installed covers what the build uses" \
+  bash scripts/check-prereqs.sh
+part "cargo fmt --check" cargo fmt --all -- --check
+part "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
+part "guest kernel driver: checkpatch.pl --no-tree --strict" bash scripts/checkpatch.sh
+part "cargo test" cargo test --workspace --locked
+part "data path again, shared-memory doorbell mode, drivers posting without fences (DB_FLAG_POLLING)" \
+  env RDMA_TEST_DOORBELL=shmem RDMA_TEST_FENCE_ELISION=1 \
+  cargo test --locked -p vhost-user-rdma-tests --test datapath
 t_qemu=$SECONDS
 if [ "${RDMA_SKIP_QEMU:-0}" != 1 ]; then
-  echo "== end to end: two QEMU guests and a hostile one on one daemon"
-  bash scripts/qemu-e2e.sh 2>&1 | tee -a "$out"
-  echo "== the Linux guest driver (virtio_rdma.ko) in a QEMU guest"
-  bash scripts/qemu-kmod.sh 2>&1 | tee -a "$out"
-  echo "== unmodified pingpongs and perftest between two QEMU guests, a hostile third one killed"
-  bash scripts/qemu-pingpong.sh 2>&1 | tee -a "$out"
-  echo "== two QEMU guests as RDMA hosts: Linux soft-RoCE (rxe) between them, natively"
-  bash scripts/qemu-rxe.sh 2>&1 | tee -a "$out"
-  echo "== the Linux guest driver on Debian 13's 6.12 kernel: the kmod checks, an RC pingpong"
-  bash scripts/qemu-kmod.sh --kernel 6.12 2>&1 | tee -a "$out"
-  bash scripts/qemu-pingpong.sh --kernel 6.12 2>&1 | tee -a "$out"
+  part "end to end: two QEMU guests and a hostile one on one daemon" bash scripts/qemu-e2e.sh
+  part "the Linux guest driver (virtio_rdma.ko) in a QEMU guest" bash scripts/qemu-kmod.sh
+  part "unmodified pingpongs and perftest between two QEMU guests, a hostile third one killed" \
+    bash scripts/qemu-pingpong.sh
+  part "two QEMU guests as RDMA hosts: Linux soft-RoCE (rxe) between them, natively" \
+    bash scripts/qemu-rxe.sh
+  part "the Linux guest driver on Debian 13's 6.12 kernel: the kmod checks" \
+    bash scripts/qemu-kmod.sh --kernel 6.12
+  part "the Linux guest driver on Debian 13's 6.12 kernel: an RC pingpong" \
+    bash scripts/qemu-pingpong.sh --kernel 6.12
 fi
 echo "== times: everything $((SECONDS - t_start)) s, of which the QEMU part $((SECONDS - t_qemu)) s"
 # One line of totals for humans and CI.
 awk '/^test result:/ { p += $4; f += $6 }
      /^(qemu-(e2e|kmod|pingpong|rxe)(-6\.12)?|check-prereqs): [0-9]+ passed, [0-9]+ failed$/ { p += $2; f += $4 }
      END { printf "%d passed, %d failed\n", p, f }' "$out"
+if [ ${#failed_parts[@]} -gt 0 ]; then
+  printf 'FAILED: %s\n' "${failed_parts[@]}"
+  exit 1
+fi
