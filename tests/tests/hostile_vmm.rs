@@ -246,3 +246,74 @@ fn a_sealed_file_cannot_shrink_under_the_daemon() {
     });
     assert!(vm.is_some());
 }
+
+/// The inode of `file`.
+fn inode(file: &File) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    file.metadata().unwrap().ino()
+}
+
+/// Lines of `/proc/self/maps` that map a memfd with inode `ino`.
+fn memfd_mappings(ino: u64) -> Vec<String> {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.get(4).and_then(|i| i.parse::<u64>().ok()) == Some(ino)
+                && f.get(5).is_some_and(|p| p.starts_with("/memfd:"))
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Open descriptors of this process on a memfd with inode `ino`.
+fn memfd_descriptors(ino: u64) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            let target = std::fs::read_link(e.path()).unwrap_or_default();
+            target.to_string_lossy().starts_with("/memfd:")
+                && std::fs::metadata(e.path()).is_ok_and(|m| m.ino() == ino)
+        })
+        .map(|e| e.path().display().to_string())
+        .collect()
+}
+
+/// Regression: after a VMM disconnected, the daemon kept its guest RAM
+/// mapped and the memfds open until the next VMM connected to that socket
+/// (the memory stayed allocated for a VM that was gone). At the disconnect
+/// the daemon must release every mapping and descriptor of that memory.
+#[test]
+fn a_disconnect_releases_the_guest_ram() {
+    let d = TestDaemon::start(3).unwrap();
+    with_bystanders(&d, || {
+        let mut vm = d.connect(HOSTILE).unwrap();
+        Verbs::new(&mut vm).query_port(1).expect("QUERY_PORT");
+        let ino = inode(vm.mem().file());
+        // The test VMM's mapping and the daemon's.
+        assert!(memfd_mappings(ino).len() >= 2, "{:?}", memfd_mappings(ino));
+        // An idle VM, as most are when their VMM goes: the engine parks it.
+        std::thread::sleep(Duration::from_millis(500));
+        vm.disconnect();
+        d.wait_released(HOSTILE);
+        // The test VMM lets go of its own mapping and descriptor: what is
+        // left is the daemon's.
+        drop(vm);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let (maps, fds) = (memfd_mappings(ino), memfd_descriptors(ino));
+            if maps.is_empty() && fds.is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the daemon still holds the guest RAM of a gone VMM: maps {maps:?}, fds {fds:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    });
+    hostile_socket_still_serves(&d);
+}

@@ -329,6 +329,11 @@ impl RdmaDevice {
         // Not under our lock: the peers' locks are taken one at a time.
         drop(st);
         self.engine.peers_gone(self.id, gid, gone);
+        // The engine's doorbell list of the VM holds the old mapping until
+        // it is rebuilt, and a parked VM's list is looked at only when
+        // kicked: have it let go now.
+        self.cell.kick();
+        self.engine.wake();
     }
 
     /// Drops the device's view of guest memory (the vrings of the ended
