@@ -6,7 +6,7 @@
 #
 # Usage: scripts/fuzz.sh [--time SECONDS] [--target NAME] [--no-cmin]
 #   --time SECONDS  fuzzing time per target (default 60)
-#   --target NAME   one target (ctrl, wqe or engine; default: all)
+#   --target NAME   one target (ctrl, wqe, engine or vhost; default: all)
 #   --no-cmin       skip the minimization
 # Environment: FUZZ_SANITIZER (default none: guest RAM is mmap(2)ed, which
 #   AddressSanitizer does not watch; "address" is ~2x slower),
@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 
 time_per=60
-targets=(ctrl wqe engine)
+targets=(ctrl wqe engine vhost)
 cmin=1
 while [ $# -gt 0 ]; do
   case "$1" in

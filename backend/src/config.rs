@@ -673,6 +673,9 @@ pub struct DaemonConfig {
     /// Engine threads set `DB_FLAG_POLLING` while they poll, so that
     /// drivers post without a fence (spec 18.6; needs `membarrier(2)`).
     pub fence_elision: bool,
+    /// Accept guest RAM files without `F_SEAL_SHRINK` (spec 19.6.1). Off by
+    /// default: a VMM that truncates such a file crashes the daemon.
+    pub allow_unsealed_memory: bool,
     /// Path of the management socket (JSON API); `None`: none.
     pub mgmt_socket: Option<PathBuf>,
     /// Address of the Prometheus metrics HTTP listener; `None`: none.
@@ -697,6 +700,7 @@ impl DaemonConfig {
             engine_threads: 1,
             engine_cpus: Vec::new(),
             fence_elision: false,
+            allow_unsealed_memory: false,
             mgmt_socket: None,
             metrics_listen: None,
         };

@@ -336,6 +336,7 @@ struct DaemonTable {
     srq: Option<bool>,
     atomics: Option<bool>,
     fence_elision: Option<bool>,
+    allow_unsealed_memory: Option<bool>,
     engine_threads: Option<Spanned<usize>>,
     engine_cpus: Option<Spanned<Vec<usize>>>,
     mgmt_socket: Option<PathBuf>,
@@ -472,6 +473,9 @@ pub fn parse(text: &str, file: &str, cli: &LimitOverrides) -> Result<LoadedConfi
     }
     if let Some(on) = tables.daemon.fence_elision {
         config.fence_elision = on;
+    }
+    if let Some(on) = tables.daemon.allow_unsealed_memory {
+        config.allow_unsealed_memory = on;
     }
     if let Some(kind) = tables.daemon.rnic {
         config.rnic = kind;

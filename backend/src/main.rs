@@ -93,6 +93,12 @@ struct Args {
     /// it measured no gain here (docs/benchmarks.md).
     #[arg(long)]
     fence_elision: bool,
+    /// Accept guest RAM whose file is not sealed against shrinking
+    /// (hugetlbfs or tmpfs files of QEMU's memory-backend-file). RISK: a
+    /// VMM that truncates such a file crashes the daemon and every VM it
+    /// serves (SIGBUS); use only when every VMM is trusted (spec 19.6.1).
+    #[arg(long)]
+    allow_unsealed_memory: bool,
     /// Management socket (JSON API for `vhost-user-rdma ctl`); replaces
     /// the file's [daemon] mgmt_socket.
     #[arg(long, value_name = "PATH")]
@@ -260,6 +266,9 @@ fn daemon_config(a: Args) -> Result<(DaemonConfig, Option<LogFormat>), ArgsError
     }
     if a.fence_elision {
         config.fence_elision = true;
+    }
+    if a.allow_unsealed_memory {
+        config.allow_unsealed_memory = true;
     }
     if let Some(kind) = a.rnic {
         config.rnic = kind;

@@ -134,7 +134,7 @@ impl Daemon {
         config.validate()?;
         let tenancy = Arc::new(Tenancy::from_config(&config));
         crate::logging::register_vms(&tenancy);
-        let shared = Shared::new(
+        let mut shared = Shared::new(
             tenancy,
             Arc::new(QosTable::new(
                 config
@@ -149,6 +149,7 @@ impl Daemon {
                     .collect(),
             )),
         );
+        shared.allow_unsealed_memory = config.allow_unsealed_memory;
         let engines = Arc::new(
             Engines::start(
                 transport.clone(),

@@ -36,7 +36,7 @@ use virtio_queue::{Error as VirtQueError, QueueT};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
 /// The guest memory type of the device's queues.
-type Gm = GuestMemoryAtomic<GuestMemoryMmap<()>>;
+pub type Gm = GuestMemoryAtomic<GuestMemoryMmap<()>>;
 
 /// Learns when the device's queues start and stop (see the module
 /// documentation). Called on the vhost-user message thread.
@@ -46,6 +46,13 @@ pub trait QueueObserver: Send + Sync {
     fn queue_started(&self, index: usize, base: u16);
     /// Queue `index` stopped (`GET_VRING_BASE`) at avail index `base`.
     fn queue_stopped(&self, index: usize, base: u16);
+    /// The guest memory the device's queues use instead of the library's:
+    /// the library installs a VMM's memory table before the device has
+    /// checked it, and a queue must never touch a table the device refused
+    /// (spec 19.6.1). `None`: the library's.
+    fn queue_memory(&self) -> Option<Gm> {
+        None
+    }
 }
 
 thread_local! {
@@ -95,6 +102,11 @@ impl VringT<Gm> for Vring {
                 index,
             }))
         });
+        let mem = watch
+            .as_ref()
+            .and_then(|w| w.observer.upgrade())
+            .and_then(|o| o.queue_memory())
+            .unwrap_or(mem);
         VringRwLock::new(mem, max_queue_size).map(|v| Vring(v, watch))
     }
 

@@ -3,7 +3,7 @@
 //! The harness logic lives in this stable crate so that two users share it:
 //! the cargo-fuzz targets in `fuzz/` (nightly, libFuzzer) are one-line
 //! `fuzz_target!`s that call [`ctrl::run`], [`wqe::run`] and
-//! [`engine::run`], and the integration test `tests/replay.rs` runs every
+//! [`engine::run`] and [`vhost::run`], and the integration test `tests/replay.rs` runs every
 //! file of the committed corpus through the same functions on stable, on
 //! every `cargo test`. A finding of a target is a panic (or, for a hang of
 //! the engine harness, an abort by its watchdog).
@@ -20,4 +20,5 @@
 pub mod ctrl;
 pub mod engine;
 pub mod guest;
+pub mod vhost;
 pub mod wqe;

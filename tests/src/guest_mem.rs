@@ -326,7 +326,8 @@ pub struct GuestMem {
 fn memfd(name: &std::ffi::CStr, size: u64) -> Result<File> {
     // SAFETY: `name` is a valid NUL-terminated string; memfd_create does not
     // retain the pointer. The returned fd is checked before use.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    let fd =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if fd < 0 {
         return Err(Error::last_os("memfd_create"));
     }
@@ -334,7 +335,27 @@ fn memfd(name: &std::ffi::CStr, size: u64) -> Result<File> {
     let file = unsafe { File::from_raw_fd(fd) };
     file.set_len(size)
         .map_err(|e| Error::io("ftruncate guest memory file", e))?;
+    // The daemon maps only RAM that cannot shrink under it (spec 19.6.1),
+    // as QEMU's memory-backend-memfd seals its files.
+    seal_shrink(&file)?;
     Ok(file)
+}
+
+/// Adds `F_SEAL_SHRINK` (and `F_SEAL_GROW`, as QEMU does) to a memfd.
+pub fn seal_shrink(file: &File) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: F_ADD_SEALS on a descriptor we own; no memory is passed.
+    let r = unsafe {
+        libc::fcntl(
+            file.as_raw_fd(),
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW,
+        )
+    };
+    if r < 0 {
+        return Err(Error::last_os("F_ADD_SEALS"));
+    }
+    Ok(())
 }
 
 impl GuestMem {

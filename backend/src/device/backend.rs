@@ -26,6 +26,7 @@ use vmm_sys_util::event::{
 };
 
 use super::{DeviceError, RdmaDevice, EVENT_WAKE, MAX_QUEUE_SIZE};
+use crate::memory::table::check_table;
 use crate::memory::{HostMem, RamMap};
 use crate::restart::{RestartTracker, Verdict};
 use crate::stats::TrafficCounters;
@@ -116,6 +117,21 @@ impl VhostUserBackend for RdmaDevice {
 
     fn update_memory(&self, mem: GuestMemoryAtomic<GuestMemoryMmap<()>>) -> io::Result<()> {
         let snapshot = mem.memory().into_inner();
+        // A region past the end of its file, or over a file that may
+        // shrink, would raise SIGBUS in the daemon at the first access
+        // (spec 19.6.1): refuse the table; the library then fails the
+        // request and closes the connection. The queues and the control
+        // path never saw it: they use `guest_mem`, still the last table
+        // accepted.
+        if let Err(e) = check_table(&snapshot, self.allow_unsealed_memory) {
+            warn!("VM {}: SET_MEM_TABLE refused: {e}", self.id);
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, e));
+        }
+        match self.guest_mem.lock() {
+            Ok(g) => g.replace((*snapshot).clone()),
+            Err(e) => e.into_inner().replace((*snapshot).clone()),
+        }
+        let mem = self.guest_mem.clone();
         let ram = RamMap::from_guest_memory(&*snapshot);
         let host = Arc::new(HostMem::new(snapshot.clone()));
         let mut st = self.lock();
@@ -294,6 +310,10 @@ impl QueueObserver for RdmaDevice {
         self.set_running(true);
         self.cell.kick();
         self.engine.wake();
+    }
+
+    fn queue_memory(&self) -> Option<crate::vring::Gm> {
+        Some(self.guest_mem.clone())
     }
 
     fn queue_stopped(&self, index: usize, base: u16) {

@@ -28,7 +28,7 @@ use virtio_rdma_abi::config::{DeviceConfig, F_SHMEM_DOORBELL, NUM_QUEUES};
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::verbs::PORT_NUM;
 use virtio_rdma_abi::Wire;
-use vm_memory::{GuestMemoryLoadGuard, GuestMemoryMmap};
+use vm_memory::{GuestMemoryAtomic, GuestMemoryLoadGuard, GuestMemoryMmap};
 use vmm_sys_util::event::EventNotifier;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -136,6 +136,12 @@ pub struct RdmaDevice {
     /// Starts and stops of the queues since the last reset (a reset
     /// without `RESET_DEVICE` is recognised from them, spec 15.1).
     restart: Mutex<RestartTracker>,
+    /// The guest memory the device uses (queues, control path): the last
+    /// memory table it accepted, empty while none is. The library's own
+    /// copy also holds tables the device refused (spec 19.6.1).
+    guest_mem: GuestMemoryAtomic<GuestMemoryMmap<()>>,
+    /// Accept guest RAM files without `F_SEAL_SHRINK` (spec 19.6.1).
+    allow_unsealed_memory: bool,
 }
 
 /// Daemon-wide state every device shares.
@@ -148,6 +154,9 @@ pub struct Shared {
     /// Each tenant's control-command rate limit (`ctrl_per_sec` of its QoS
     /// class), shared by the control workers of its VMs.
     pub tenant_ctrl: Arc<TenantCtrlLimits>,
+    /// Accept guest RAM files that can shrink (spec 19.6.1; a VMM that
+    /// truncates one crashes the daemon).
+    pub allow_unsealed_memory: bool,
 }
 
 impl Shared {
@@ -158,6 +167,7 @@ impl Shared {
             tenancy,
             qos,
             tenant_ctrl: Arc::new(tenant_ctrl),
+            allow_unsealed_memory: false,
         }
     }
 }
@@ -207,6 +217,8 @@ impl RdmaDevice {
             epoch: AtomicU64::new(0),
             ctrlq_unusable: AtomicBool::new(false),
             restart: Mutex::new(RestartTracker::default()),
+            guest_mem: GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+            allow_unsealed_memory: shared.allow_unsealed_memory,
         })
     }
 
@@ -308,12 +320,30 @@ impl RdmaDevice {
         st.vm.set_ram(RamMap::default());
         st.mem = None;
         st.host = None;
+        // Unmap the guest's RAM now, not when the next VMM connects: the
+        // mapping and its files are this VM's memory (spec 19.8).
+        self.forget_memory();
         self.bump_dp_gen();
         st.vm.events.push(EventKind::PORT_ACTIVE, PORT_NUM, 0);
         self.event_idx.store(false, Ordering::Relaxed);
         // Not under our lock: the peers' locks are taken one at a time.
         drop(st);
         self.engine.peers_gone(self.id, gid, gone);
+        // The engine's doorbell list of the VM holds the old mapping until
+        // it is rebuilt, and a parked VM's list is looked at only when
+        // kicked: have it let go now.
+        self.cell.kick();
+        self.engine.wake();
+    }
+
+    /// Drops the device's view of guest memory (the vrings of the ended
+    /// connection share it), so that nothing of the daemon maps the VM's
+    /// RAM or holds its files any more.
+    fn forget_memory(&self) {
+        match self.guest_mem.lock() {
+            Ok(g) => g.replace(GuestMemoryMmap::new()),
+            Err(e) => e.into_inner().replace(GuestMemoryMmap::new()),
+        }
     }
 
     /// Closes the exit-event consumers handed to the vring workers of a

@@ -6,6 +6,7 @@ pub mod access;
 pub mod host;
 pub mod pagelist;
 pub mod ram;
+pub mod table;
 pub mod volatile;
 pub mod window;
 

@@ -1,0 +1,319 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! A hostile VMM (issue 26): the front-end of a vhost-user socket is not
+//! trusted. Whatever one VMM sends on its socket, the daemon must survive
+//! and every other VM must keep working. Each attack runs on VM 0 while
+//! VMs 1 and 2 exchange RDMA traffic through the same daemon the whole
+//! time; the traffic is checked to go on during and after the attack.
+//!
+//! Each test failed against the daemon as it was before its fix (see the
+//! comment on each).
+
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use vhost::vhost_user::message::VhostUserHeaderFlag;
+use vhost::vhost_user::{
+    Frontend, VhostUserFrontend, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
+};
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use vhost_user_rdma_tests::dp::{pattern, rc_pair, write_and_send_back, Buf, Vm};
+use vhost_user_rdma_tests::harness::TestDaemon;
+use vhost_user_rdma_tests::verbs::Verbs;
+use vhost_user_rdma_tests::vmm::{TestVmm, VmmOptions, F_VERSION_1};
+
+/// The VM whose VMM attacks.
+const HOSTILE: usize = 0;
+
+/// A fake VMM address space base for the hostile tables (the daemon only
+/// translates ring addresses through it).
+const VMM_VA: u64 = 0x7f00_0000_0000;
+
+/// Sets the flag when dropped (also when unwinding).
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// Runs `attack` while VMs 1 and 2 exchange RDMA WRITEs and SENDs
+/// through the daemon; fails unless their traffic went on during the
+/// attack and still works after it.
+fn with_bystanders(d: &TestDaemon, attack: impl FnOnce()) {
+    let stop = AtomicBool::new(false);
+    let rounds = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let (stop, rounds) = (&stop, &rounds);
+        let t = s.spawn(move || {
+            let a = Vm::open(d, 1, VmmOptions::default());
+            let b = Vm::open(d, 2, VmmOptions::default());
+            let p = rc_pair(&a, &b);
+            let src = Buf::new(&a, 4096);
+            let dst = Buf::new(&b, 4096);
+            ready_tx.send(()).unwrap();
+            let mut seq = 0;
+            while !stop.load(Ordering::Acquire) {
+                seq += 1;
+                write_and_send_back(&p, &src, &dst, &pattern(256, seq), 2048, seq);
+                rounds.fetch_add(1, Ordering::AcqRel);
+            }
+        });
+        // A failing attack must stop the traffic too, or the scope never
+        // ends.
+        let guard = StopOnDrop(stop);
+        ready_rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the bystander VMs start");
+        attack();
+        // The bystanders' traffic still flows after the attack.
+        let after = rounds.load(Ordering::Acquire);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while rounds.load(Ordering::Acquire) < after + 20 {
+            assert!(
+                Instant::now() < deadline,
+                "the other VMs' traffic stopped after the attack"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        drop(guard);
+        t.join().expect("the other VMs' traffic");
+    });
+}
+
+/// After the attack: the hostile VM's socket serves a well-behaved VMM.
+fn hostile_socket_still_serves(d: &TestDaemon) {
+    d.wait_released(HOSTILE);
+    let mut vm = d
+        .connect(HOSTILE)
+        .expect("a new VMM on the attacked socket");
+    Verbs::new(&mut vm).query_port(1).expect("QUERY_PORT");
+}
+
+/// A memfd of `size` bytes, sealed against shrinking if `sealed`.
+fn memfd(size: u64, sealed: bool) -> File {
+    // SAFETY: a valid NUL-terminated name; the call retains nothing.
+    let fd = unsafe {
+        libc::memfd_create(
+            c"hostile-ram".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
+    assert!(fd >= 0, "memfd_create");
+    // SAFETY: a new descriptor nothing else owns.
+    let f = unsafe { File::from_raw_fd(fd) };
+    f.set_len(size).unwrap();
+    if sealed {
+        // SAFETY: F_ADD_SEALS on our descriptor; no memory passed.
+        let r = unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) };
+        assert_eq!(r, 0, "F_ADD_SEALS");
+    }
+    f
+}
+
+/// A VMM that did the handshake (owner, features, protocol features with
+/// `REPLY_ACK`, so that every request is acknowledged) and nothing else.
+fn hostile_frontend(path: &Path) -> Frontend {
+    let mut fe = Frontend::connect(path, 3).unwrap();
+    fe.set_owner().unwrap();
+    let f = fe.get_features().unwrap();
+    let proto = VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+    assert_ne!(f & proto, 0);
+    let pf = fe.get_protocol_features().unwrap();
+    fe.set_protocol_features(
+        pf & (VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::REPLY_ACK),
+    )
+    .unwrap();
+    fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+    fe.set_features(F_VERSION_1 | proto).unwrap();
+    fe
+}
+
+/// One region of `size` bytes at guest address 0 over `file` from offset
+/// `offset`.
+fn region(file: &File, offset: u64, size: u64) -> VhostUserMemoryRegionInfo {
+    VhostUserMemoryRegionInfo {
+        guest_phys_addr: 0,
+        memory_size: size,
+        userspace_addr: VMM_VA,
+        mmap_offset: offset,
+        mmap_handle: file.as_raw_fd(),
+    }
+}
+
+/// Sets queue 0 up with its rings at guest address `gpa` (what makes the
+/// back-end read the used ring there, spec 19.6).
+fn place_ring(fe: &mut Frontend, gpa: u64) -> vhost::Result<()> {
+    fe.set_vring_num(0, 256)?;
+    let va = VMM_VA + gpa;
+    let cfg = VringConfigData {
+        queue_max_size: 256,
+        queue_size: 256,
+        flags: 0,
+        desc_table_addr: va,
+        used_ring_addr: va + 0x2000,
+        avail_ring_addr: va + 0x1000,
+        log_addr: None,
+    };
+    fe.set_vring_addr(0, &cfg)
+}
+
+/// Regression: a 1 GiB region over a 4 MiB memfd was accepted, and
+/// `SET_VRING_ADDR` with a ring past the end of the file killed the daemon
+/// (and every VM) with SIGBUS when the library read the used index. The
+/// table must be refused at `SET_MEM_TABLE`.
+#[test]
+fn a_region_larger_than_its_file_is_refused() {
+    let d = TestDaemon::start(3).unwrap();
+    with_bystanders(&d, || {
+        let file = memfd(4 << 20, true);
+        let mut fe = hostile_frontend(d.socket(HOSTILE));
+        let refused = fe.set_mem_table(&[region(&file, 0, 1 << 30)]);
+        assert!(refused.is_err(), "SET_MEM_TABLE of a region past its file");
+        // The ring past the end of the file: the connection is gone, or at
+        // worst the request fails; the daemon lives.
+        assert!(place_ring(&mut fe, 512 << 20).is_err());
+        // Also with the offset: 4 MiB at offset 4 KiB ends past the file.
+        let mut fe = hostile_frontend(d.socket(HOSTILE));
+        let off = fe.set_mem_table(&[region(&file, 4096, 4 << 20)]);
+        assert!(
+            off.is_err(),
+            "SET_MEM_TABLE of a region ending past its file"
+        );
+        assert!(place_ring(&mut fe, (4 << 20) - 0x2000).is_err());
+    });
+    hostile_socket_still_serves(&d);
+}
+
+/// Regression: a memfd without `F_SEAL_SHRINK` was accepted; its VMM could
+/// truncate it later, and the daemon's next access to guest RAM raised
+/// SIGBUS. It must be refused (unless the operator allows it).
+#[test]
+fn an_unsealed_memfd_is_refused() {
+    let d = TestDaemon::start(3).unwrap();
+    with_bystanders(&d, || {
+        let file = memfd(4 << 20, false);
+        let mut fe = hostile_frontend(d.socket(HOSTILE));
+        let r = fe.set_mem_table(&[region(&file, 0, 4 << 20)]);
+        assert!(r.is_err(), "SET_MEM_TABLE over an unsealed memfd");
+        // What the refusal prevents: the VMM truncates its file, then
+        // has the back-end touch a ring in it.
+        file.set_len(0).unwrap();
+        assert!(place_ring(&mut fe, 0x10_0000).is_err());
+    });
+    hostile_socket_still_serves(&d);
+}
+
+/// The operator's opt-in: unsealed files are accepted.
+#[test]
+fn unsealed_memory_is_accepted_when_allowed() {
+    let d = TestDaemon::with_config(1, |c| c.allow_unsealed_memory = true).unwrap();
+    let file = memfd(4 << 20, false);
+    let mut fe = hostile_frontend(d.socket(HOSTILE));
+    fe.set_mem_table(&[region(&file, 0, 4 << 20)]).unwrap();
+    place_ring(&mut fe, 0x10_0000).unwrap();
+}
+
+/// A sealed guest RAM file cannot shrink under the daemon's mapping, so
+/// its VMM cannot make the daemon fault on it: the truncation fails and
+/// the VM keeps working. (Before the fix the test VMM's memfd was not
+/// sealed: the truncation succeeded, and the VM's next command killed the
+/// daemon with SIGBUS.)
+#[test]
+fn a_sealed_file_cannot_shrink_under_the_daemon() {
+    let d = TestDaemon::start(3).unwrap();
+    let mut vm: Option<TestVmm> = None;
+    with_bystanders(&d, || {
+        let mut v = d.connect(HOSTILE).unwrap();
+        Verbs::new(&mut v).query_port(1).expect("QUERY_PORT before");
+        let file = v.mem().file();
+        let size = file.metadata().unwrap().len();
+        let e = file.set_len(4096).expect_err("shrinking sealed guest RAM");
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
+        assert_eq!(file.metadata().unwrap().len(), size);
+        // The daemon reads and writes the rings all over guest RAM.
+        for _ in 0..50 {
+            Verbs::new(&mut v).query_port(1).expect("QUERY_PORT after");
+        }
+        vm = Some(v);
+    });
+    assert!(vm.is_some());
+}
+
+/// The inode of `file`.
+fn inode(file: &File) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    file.metadata().unwrap().ino()
+}
+
+/// Lines of `/proc/self/maps` that map a memfd with inode `ino`.
+fn memfd_mappings(ino: u64) -> Vec<String> {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.get(4).and_then(|i| i.parse::<u64>().ok()) == Some(ino)
+                && f.get(5).is_some_and(|p| p.starts_with("/memfd:"))
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Open descriptors of this process on a memfd with inode `ino`.
+fn memfd_descriptors(ino: u64) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            let target = std::fs::read_link(e.path()).unwrap_or_default();
+            target.to_string_lossy().starts_with("/memfd:")
+                && std::fs::metadata(e.path()).is_ok_and(|m| m.ino() == ino)
+        })
+        .map(|e| e.path().display().to_string())
+        .collect()
+}
+
+/// Regression: after a VMM disconnected, the daemon kept its guest RAM
+/// mapped and the memfds open until the next VMM connected to that socket
+/// (the memory stayed allocated for a VM that was gone). At the disconnect
+/// the daemon must release every mapping and descriptor of that memory.
+#[test]
+fn a_disconnect_releases_the_guest_ram() {
+    let d = TestDaemon::start(3).unwrap();
+    with_bystanders(&d, || {
+        let mut vm = d.connect(HOSTILE).unwrap();
+        Verbs::new(&mut vm).query_port(1).expect("QUERY_PORT");
+        let ino = inode(vm.mem().file());
+        // The test VMM's mapping and the daemon's.
+        assert!(memfd_mappings(ino).len() >= 2, "{:?}", memfd_mappings(ino));
+        // An idle VM, as most are when their VMM goes: the engine parks it.
+        std::thread::sleep(Duration::from_millis(500));
+        vm.disconnect();
+        d.wait_released(HOSTILE);
+        // The test VMM lets go of its own mapping and descriptor: what is
+        // left is the daemon's.
+        drop(vm);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let (maps, fds) = (memfd_mappings(ino), memfd_descriptors(ino));
+            if maps.is_empty() && fds.is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the daemon still holds the guest RAM of a gone VMM: maps {maps:?}, fds {fds:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    });
+    hostile_socket_still_serves(&d);
+}
