@@ -317,3 +317,120 @@ fn a_disconnect_releases_the_guest_ram() {
     });
     hostile_socket_still_serves(&d);
 }
+
+/// The most a `GET_CONFIG` may read: a message body is at most 4096 bytes,
+/// 12 of them the request's own fields.
+const MAX_CONFIG_READ: u32 = 4096 - 12;
+
+/// A raw vhost-user connection, for messages the front-end library will
+/// not send.
+struct RawVmm(std::os::unix::net::UnixStream);
+
+impl RawVmm {
+    /// Connects and negotiates `CONFIG` (no `REPLY_ACK`).
+    fn open(path: &Path) -> RawVmm {
+        let s = std::os::unix::net::UnixStream::connect(path).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut c = RawVmm(s);
+        c.send(3, &[]); // SET_OWNER
+        let features = c.get_u64(1); // GET_FEATURES
+        let protocol = c.get_u64(15); // GET_PROTOCOL_FEATURES
+        assert_ne!(protocol & VhostUserProtocolFeatures::CONFIG.bits(), 0);
+        let acked = protocol & !VhostUserProtocolFeatures::REPLY_ACK.bits();
+        c.send(16, &acked.to_le_bytes()); // SET_PROTOCOL_FEATURES
+        c.send(2, &features.to_le_bytes()); // SET_FEATURES
+        c
+    }
+
+    fn send(&mut self, request: u32, body: &[u8]) {
+        use std::io::Write;
+        let mut m = Vec::with_capacity(12 + body.len());
+        for v in [request, 1, u32::try_from(body.len()).unwrap()] {
+            m.extend_from_slice(&v.to_le_bytes());
+        }
+        m.extend_from_slice(body);
+        self.0.write_all(&m).unwrap();
+    }
+
+    /// The reply's body, or `None` once the back-end closed the connection.
+    fn reply(&mut self) -> Option<Vec<u8>> {
+        use std::io::Read;
+        let mut hdr = [0u8; 12];
+        self.0.read_exact(&mut hdr).ok()?;
+        let len = u32::from_le_bytes(hdr[8..].try_into().unwrap());
+        let mut body = vec![0u8; len as usize];
+        self.0.read_exact(&mut body).ok()?;
+        Some(body)
+    }
+
+    fn get_u64(&mut self, request: u32) -> u64 {
+        self.send(request, &[]);
+        let r = self.reply().expect("a reply");
+        u64::from_le_bytes(r[..8].try_into().unwrap())
+    }
+
+    /// `GET_CONFIG` of `size` bytes at `offset` with a payload of
+    /// `payload` bytes (the protocol wants `size`).
+    fn get_config(&mut self, offset: u32, size: u32, payload: usize) -> Option<(u32, Vec<u8>)> {
+        let mut b = Vec::new();
+        for v in [offset, size, 0] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b.resize(12 + payload, 0);
+        self.send(24, &b);
+        let r = self.reply()?;
+        let got = u32::from_le_bytes(r[4..8].try_into().unwrap());
+        Some((got, r[12..].to_vec()))
+    }
+}
+
+/// Spec 19.5, the whole range of `GET_CONFIG`: a read within the 96-byte
+/// structure gets its bytes (zeros past byte 96); a read starting at or
+/// past 96 and ending within 4096 gets a reply of `size` 0; a malformed
+/// request — `size` 0 or over 4084 (a message body is at most 4096 bytes),
+/// `offset + size` past 4096 or overflowing, a payload whose length is not
+/// `size` — closes that
+/// front-end's connection, and the daemon goes on serving every VM, that
+/// socket included.
+#[test]
+fn get_config_over_the_whole_offset_and_size_range() {
+    let d = TestDaemon::start(3).unwrap();
+    let want = d.connect(1).unwrap().config_bytes(0, 96).unwrap();
+    let path = d.socket(HOSTILE);
+    with_bystanders(&d, || {
+        let mut cases = Vec::new();
+        for offset in [0u32, 1, 50, 95, 96, 97, 4000, 4095, 4096, u32::MAX] {
+            for size in [0u32, 1, 46, 96, 4000, 4084, 4085, 4096, u32::MAX] {
+                cases.push((offset, size, size.min(4096) as usize));
+            }
+        }
+        // A payload that is not `size` bytes long.
+        cases.push((0, 8, 4));
+        cases.push((0, 8, 16));
+        for (offset, size, payload) in cases {
+            let mut c = RawVmm::open(&path);
+            let got = c.get_config(offset, size, payload);
+            let well_formed = size != 0
+                && size <= MAX_CONFIG_READ
+                && offset.checked_add(size).is_some_and(|end| end <= 4096)
+                && payload == size as usize;
+            let case = format!("offset {offset}, size {size}, payload {payload}");
+            match got {
+                None => assert!(!well_formed, "{case}: connection closed"),
+                Some((n, bytes)) => {
+                    assert!(well_formed, "{case}: answered ({n} bytes)");
+                    if offset < 96 {
+                        let mut expect = want[offset as usize..].to_vec();
+                        expect.resize(size as usize, 0);
+                        assert_eq!((n, bytes), (size, expect), "{case}");
+                    } else {
+                        assert_eq!((n, bytes.len()), (0, 0), "{case}");
+                    }
+                }
+            }
+            drop(c);
+            d.wait_released(HOSTILE);
+        }
+    });
+    hostile_socket_still_serves(&d);
+}
