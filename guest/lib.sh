@@ -12,6 +12,23 @@ guest_die() {
   exit "${GUEST_DIE_CODE:-1}"
 }
 
+# guest_script_args ARGS...: the options of the QEMU test scripts that run on either guest
+# kernel: --keep (sets keep=1: keep the logs) and --kernel 6.1|6.12 (sets kernel; default 6.1).
+guest_script_args() {
+  keep=0 kernel=6.1
+  while [ $# -gt 0 ]; do
+    case "$1" in
+    --keep) keep=1; shift ;;
+    --kernel) kernel=${2:?--kernel needs 6.1 or 6.12}; shift 2 ;;
+    *) guest_die "unknown argument: $1" ;;
+    esac
+  done
+  case "$kernel" in
+  6.1 | 6.12) ;;
+  *) guest_die "--kernel: 6.1 or 6.12, not $kernel" ;;
+  esac
+}
+
 # Seconds since the epoch with milliseconds, and the difference of two such stamps.
 guest_now() { date +%s.%N | cut -c1-14; }
 guest_elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }

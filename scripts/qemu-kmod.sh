@@ -25,18 +25,10 @@ cd "$(dirname "$0")/.."
 # shellcheck source=guest/lib.sh
 . guest/lib.sh
 guest_need_pkgs iproute2
-keep=0 kernel=6.1
-while [ $# -gt 0 ]; do
-  case "$1" in
-  --keep) keep=1; shift ;;
-  --kernel) kernel=${2:?--kernel needs 6.1 or 6.12}; shift 2 ;;
-  *) guest_die "unknown argument: $1" ;;
-  esac
-done
+guest_script_args "$@"
 case "$kernel" in
 6.1) name=qemu-kmod image=rdma-kmod ;;
 6.12) name=qemu-kmod-6.12 image=rdma-kmod-6.12 ;;
-*) guest_die "--kernel: 6.1 or 6.12, not $kernel" ;;
 esac
 
 [ -n "${QEMU:-}" ] || QEMU=$(bash scripts/build-qemu.sh | tail -n 1)

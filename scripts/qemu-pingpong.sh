@@ -35,19 +35,11 @@ cd "$(dirname "$0")/.."
 . guest/versions.sh
 # shellcheck source=guest/checks.sh
 . guest/checks.sh
-keep=0 kernel=6.1
-while [ $# -gt 0 ]; do
-  case "$1" in
-  --keep) keep=1; shift ;;
-  --kernel) kernel=${2:?--kernel needs 6.1 or 6.12}; shift 2 ;;
-  *) guest_die "unknown argument: $1" ;;
-  esac
-done
+guest_script_args "$@"
 # full: the whole run (6.1); otherwise the short pass.
 case "$kernel" in
 6.1) full=1 name=qemu-pingpong image=rdma-pingpong ;;
 6.12) full=0 name=qemu-pingpong-6.12 image=rdma-pingpong-6.12 ;;
-*) guest_die "--kernel: 6.1 or 6.12, not $kernel" ;;
 esac
 t_start=$(date +%s)
 

@@ -86,6 +86,8 @@ skips=(
   retries::rc_unreachable_destination_retries_then_fails
   retries::rnr_wait_uses_the_responders_min_rnr_timer
   disconnect::vm_disconnect_mid_transfer
+  error_flush::a_parked_responder_flushes_its_receive_after_an_access_error
+  error_flush::every_receive_of_a_failed_responder_is_flushed
 )
 skip_args=""
 for s in "${skips[@]}"; do skip_args="$skip_args --skip $s"; done

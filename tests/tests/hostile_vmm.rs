@@ -408,7 +408,7 @@ fn get_config_over_the_whole_offset_and_size_range() {
         cases.push((0, 8, 4));
         cases.push((0, 8, 16));
         for (offset, size, payload) in cases {
-            let mut c = RawVmm::open(&path);
+            let mut c = RawVmm::open(path);
             let got = c.get_config(offset, size, payload);
             let well_formed = size != 0
                 && size <= MAX_CONFIG_READ
