@@ -356,10 +356,17 @@ impl<'a> Peer<'a> {
         }
     }
 
-    fn connect(&self, peer: &PeerInfo) -> Result<()> {
+    /// Connects both QPs to the peer's; with `retry_forever` their local
+    /// ACK timeout is 0 (retries without end, spec 18.20): a peer that is
+    /// paused for a while — around its reset, however long a loaded host
+    /// takes for it — does not fail them; only its reset does.
+    fn connect(&self, peer: &PeerInfo, retry_forever: bool) -> Result<()> {
         let attr = self.dev.attr();
         for (qp, dest) in [(&self.ctl, peer.ctl_qpn), (&self.dat, peer.dat_qpn)] {
             let mut c = RcConnect::new(dest, peer.gid);
+            if retry_forever {
+                c.timeout = 0;
+            }
             c.max_rd_atomic = attr.max_qp_init_rd_atom.clamp(1, 16);
             c.max_dest_rd_atomic = attr.max_qp_rd_atom.clamp(1, 16);
             qp.rc_connect(
@@ -492,7 +499,7 @@ pub fn run(
     let peer_text = sync(oob, "info", &me.encode(), opts.timeout)?;
     let peer = PeerInfo::decode(&peer_text)
         .ok_or_else(|| Error::Protocol(format!("bad peer info {peer_text:?}")))?;
-    p.connect(&peer)?;
+    p.connect(&peer, false)?;
     p.post_ctl_recvs()?;
     // Both sides must be ready to receive before the client sends.
     sync(oob, "up", "", opts.timeout)?;
@@ -544,7 +551,7 @@ pub fn stream_until_peer_reset(
     let peer_text = sync(oob, "info", &me.encode(), opts.timeout)?;
     let peer = PeerInfo::decode(&peer_text)
         .ok_or_else(|| Error::Protocol(format!("bad peer info {peer_text:?}")))?;
-    p.connect(&peer)?;
+    p.connect(&peer, true)?;
     p.post_ctl_recvs()?;
     sync(oob, "up", "", opts.timeout)?;
 
