@@ -365,6 +365,7 @@ struct TenantTable {
     name: Spanned<String>,
     qos_class: Option<Spanned<String>>,
     engine: Option<Spanned<usize>>,
+    nic_share: Option<Spanned<u32>>,
     #[serde(default)]
     remote_gids: Vec<Spanned<String>>,
     traffic_class: Option<Spanned<RuleValue>>,
@@ -628,6 +629,7 @@ pub fn parse(text: &str, file: &str, cli: &LimitOverrides) -> Result<LoadedConfi
             });
         }
         config.tenants.push(TenantConfig {
+            nic_share: tt.nic_share.as_ref().map_or(1, |s| *s.get_ref()),
             name: name.clone(),
             qos_class: class_of(&tt.qos_class, format!("tenant {name:?}"))?,
             engine: tt.engine.as_ref().map(|e| *e.get_ref()),

@@ -108,7 +108,8 @@ impl Daemon {
                 }
                 let budget =
                     crate::memory::window::MapBudget::from_system().map_err(ServerError::Spawn)?;
-                let rnic = Arc::new(VerbsRnic::new(dev, config.vms.len(), budget)?);
+                let plan = crate::transport::verbs::quota::Plan::of(&config);
+                let rnic = Arc::new(VerbsRnic::new(dev, &plan, budget)?);
                 events::start(&rnic).map_err(ServerError::Spawn)?;
                 let (gid, index) = rnic.device().gid();
                 info!(
@@ -247,6 +248,7 @@ impl Daemon {
             self.slots.clone(),
             self.shared.clone(),
             self.engines.clone(),
+            self.transport.clone(),
         )
     }
 

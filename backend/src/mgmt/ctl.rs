@@ -472,6 +472,22 @@ fn stats_text(a: &Value) -> String {
         u(a, &["events_lost"])
     ));
     section(&mut out, "queued", &a["queues"], &QueueDepths::NAMES);
+    if let Some(h) = a["host_quota"].as_object() {
+        // The host NIC's objects and the daemon's mappings (verbs).
+        out.push_str(&format!(
+            "host share:\n  {:<17} {:>12} {:>12} {:>12} {:>12}\n",
+            "", "configured", "share", "effective", "used"
+        ));
+        for (k, v) in h {
+            out.push_str(&format!(
+                "  {k:<17} {:>12} {:>12} {:>12} {:>12}\n",
+                u(v, &["configured"]),
+                u(v, &["share"]),
+                u(v, &["effective"]),
+                u(v, &["used"])
+            ));
+        }
+    }
     section(&mut out, "traffic", &a["traffic"], &TrafficStats::NAMES);
     section(
         &mut out,
