@@ -25,7 +25,7 @@
 #         exchange once the link is back;
 #       * no leak: once every VM has gone, the daemons hold no VM object and the host device
 #         has the objects it had before the first VM came (`rdma resource show`);
-#       * the mapping budget (spec D.9): host 2's daemon restarted under a lowered
+#       * the mapping budget (spec 9.5, appendix D): host 2's daemon restarted under a lowered
 #         vm.max_map_count (64 mappings above the daemon's reserve: 32 per VM); VM 0 creates
 #         CQs until refused (QUOTA, detail 10: each rxe CQ maps its queue) and holds them while
 #         VM 1 creates 8 CQs; the daemon still answers, and vm.max_map_count is restored.

@@ -359,7 +359,7 @@ limits! {
         /// held for the VM's host objects with the `verbs` transport: its
         /// memory regions' windows and what the libibverbs provider maps for
         /// its QPs, CQs and SRQs. The effective limit is the smaller of this
-        /// and the VM's share of the daemon's budget (spec D.9); beyond it a
+        /// and the VM's share of the daemon's budget (spec 9.5, appendix D); beyond it a
         /// create command fails with QUOTA, detail 10.
         max_host_mappings: u64 = 16384, "max-host-mappings", [16, 1 << 24];
         /// Control requests taken from one VM's control queue per pass before
@@ -550,7 +550,7 @@ pub struct TenantConfig {
     /// reach the fabric (traffic class, service level, flow label).
     pub fabric: FabricPolicy,
     /// Its weight in the split of a host NIC's objects and of the daemon's
-    /// mappings among tenants (`nic_share`, default 1; spec D.9).
+    /// mappings among tenants (`nic_share`, default 1; spec appendix D).
     pub nic_share: u32,
 }
 

@@ -934,6 +934,18 @@ bytes_per_sec = 1000000000
         assert_eq!(l.config.vms[1].mac, None);
     }
 
+    /// The mapping limit and a tenant's share of the host NIC are read.
+    #[test]
+    fn host_mappings_and_nic_share_are_read() {
+        let l = parse_str(
+            "[defaults.limits]\nmax_host_mappings = 512\n[[tenant]]\nname = \"a\"\nnic_share = 3\n[[tenant]]\nname = \"b\"\n",
+        )
+        .unwrap();
+        assert_eq!(l.default_limits.max_host_mappings, 512);
+        let shares: Vec<u32> = l.config.tenants.iter().map(|t| t.nic_share).collect();
+        assert_eq!(shares, [3, 1]);
+    }
+
     #[test]
     fn host_bytes_budget_is_read_and_checked() {
         let l = parse_str("[defaults.limits]\nmax_host_bytes = 1048576\n").unwrap();

@@ -16,7 +16,6 @@ use std::sync::Arc;
 
 use virtio_rdma_abi::ctrl::quota;
 
-use crate::config::Limits;
 use crate::memory::window::{MapBudget, MapCharge, WindowError};
 use crate::transport::{HostQuota, HostUsage, TransportError};
 
@@ -83,11 +82,6 @@ impl Kind {
 
 /// A count per [`Kind`], in the order of [`Kind::ALL`].
 pub type PerKind = [u64; 6];
-
-/// A VM's configured object limits, per kind.
-pub fn configured(l: &Limits) -> PerKind {
-    [l.max_qp, l.max_cq, l.max_mr, l.max_pd, l.max_ah, l.max_srq].map(u64::from)
-}
 
 /// Splits `capacity`: `reserve_percent` % (rounded up) is kept back, the
 /// rest goes to the tenants that have VMs in proportion to `weights`
@@ -171,41 +165,22 @@ impl MapCosts {
 /// The capacities of a host NIC, per kind (`ibv_query_device`).
 pub type Capacity = PerKind;
 
-/// What the transport needs to know of each VM to give it its part.
+/// What the transport needs to know of each VM to give it its part (the
+/// server makes it from the configuration).
 #[derive(Debug, Clone, Default)]
 pub struct Plan {
     /// Each VM's tenant (index).
     pub vm_tenant: Vec<usize>,
     /// Each tenant's weight.
     pub tenant_weights: Vec<u32>,
-    /// Each VM's configured object limits.
+    /// Each VM's configured object limits (`max_qp`, `max_cq`, `max_mr`,
+    /// `max_pd`, `max_ah`, `max_srq`).
     pub configured: Vec<PerKind>,
     /// Each VM's configured mapping limit (`max_host_mappings`).
     pub max_mappings: Vec<u64>,
 }
 
 impl Plan {
-    /// The plan of a (validated) configuration.
-    pub fn of(config: &crate::config::DaemonConfig) -> Plan {
-        let tenant = |name: &str| {
-            config
-                .tenants
-                .iter()
-                .position(|t| t.name == name)
-                .unwrap_or(0)
-        };
-        Plan {
-            vm_tenant: config.vms.iter().map(|v| tenant(&v.tenant)).collect(),
-            tenant_weights: config.tenants.iter().map(|t| t.nic_share).collect(),
-            configured: config.vms.iter().map(|v| configured(&v.limits)).collect(),
-            max_mappings: config
-                .vms
-                .iter()
-                .map(|v| v.limits.max_host_mappings)
-                .collect(),
-        }
-    }
-
     /// Each VM's quota over a NIC of `capacity` and the daemon's mapping
     /// budget `maps`.
     pub fn quotas(&self, capacity: &Capacity, maps: &Arc<MapBudget>) -> Vec<Arc<VmQuota>> {
