@@ -621,10 +621,13 @@ impl Transport for VerbsRnic {
         let mut t = lock(&vm.tables);
         if let Some(q) = t.qps.remove(&qpn) {
             vm.qps.fetch_sub(1, Ordering::Relaxed);
-            t.charges.remove(&(Kind::Qp, q.handle));
+            let charge = t.charges.remove(&(Kind::Qp, q.handle));
             let (s, r) = (q.sq_depth, q.rq_depth);
             let (send_cq, recv_cq) = (q.send_cq, q.recv_cq);
+            // The host QP's mappings are gone once it is: only then are
+            // they given back.
             drop(q);
+            drop(charge);
             Self::release_cqes(&mut t, send_cq, s);
             Self::release_cqes(&mut t, recv_cq, r);
         }
