@@ -557,6 +557,35 @@ mod tests {
         );
     }
 
+    /// `ctl stats` shows a VM's part of the host (verbs) as a table of
+    /// configured, share, effective and used values; nothing without it.
+    #[test]
+    fn stats_show_the_host_share() {
+        let mut answer = json!({"vm": "web", "index": 0, "tenant": "blue",
+        "host_quota": {
+            "maps": {"configured": 16384, "share": 32, "effective": 32, "used": 32},
+            "qp": {"configured": 16384, "share": 29491, "effective": 16384, "used": 2},
+        }});
+        let t = stats_text(&answer);
+        let rows: Vec<Vec<&str>> = t
+            .lines()
+            .skip_while(|l| *l != "host share:")
+            .skip(2)
+            .take(2)
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ["maps", "16384", "32", "32", "32"],
+                ["qp", "16384", "29491", "16384", "2"]
+            ],
+            "{t}"
+        );
+        answer["host_quota"] = Value::Null;
+        assert!(!stats_text(&answer).contains("host share"));
+    }
+
     #[test]
     fn vms_table_shows_the_paired_mac() {
         let answer = json!({"vms": [
