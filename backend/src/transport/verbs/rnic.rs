@@ -386,8 +386,15 @@ impl VerbsRnic {
         maps: &Arc<MapBudget>,
     ) -> Result<Mr, TransportError> {
         let window = Window::map(mem, mr.pages, span, maps).map_err(|e| {
-            warn!("cannot map a window for a memory region: {e}");
-            map_error(&e)
+            let status = map_error(&e);
+            // A VM past its own budget is a quota like any other (the guest
+            // may repeat it at will); the daemon's spent is the operator's.
+            if matches!(status, TransportError::Quota(_)) {
+                debug!("cannot map a window for a memory region: {e}");
+            } else {
+                warn!("cannot map a window for a memory region: {e}");
+            }
+            status
         })?;
         let offset =
             usize::try_from(mr.first_page_offset).map_err(|_| TransportError::Exhausted)?;
