@@ -24,7 +24,11 @@
 #         a link flap: the daemon's watchdog does); both daemons go on serving: a second
 #         exchange once the link is back;
 #       * no leak: once every VM has gone, the daemons hold no VM object and the host device
-#         has the objects it had before the first VM came (`rdma resource show`).
+#         has the objects it had before the first VM came (`rdma resource show`);
+#       * the mapping budget (spec 9.5, appendix D): host 2's daemon restarted under a lowered
+#         vm.max_map_count (64 mappings above the daemon's reserve: 32 per VM); VM 0 creates
+#         CQs until refused (QUOTA, detail 10: each rxe CQ maps its queue) and holds them while
+#         VM 1 creates 8 CQs; the daemon still answers, and vm.max_map_count is restored.
 # (On 6.1, rxe works neither across a veth pair between namespaces nor between two rxe devices
 # of one guest: two guests it is.)
 # Prints "qemu-rxe: N passed, M failed".
@@ -142,6 +146,7 @@ cli_steps="peer=10.43.0.1; until ping -c 1 -W 1 \$peer >/dev/null; do sleep 1; d
   step AFTER-FAULT $(peer exchange 0) --role client --tcp 10.43.0.1:7476
   step PORT-EVENTS grep -e 'rxe0: port' -e 'port down:' /tmp/daemon.log
   step LEAKS leaks \"\$before\"
+  step MAP-LIMIT map_limit 10.43.0.1
   steps_verdict"
 echo "$srv_steps" >"$dir/server.sh"
 echo "$cli_steps" >"$dir/client.sh"
@@ -216,6 +221,27 @@ fault_reader() {
   wait_gid
   wait $reader
   echo "FAULT-READER-EXIT $?"
+}
+# map_limit PEER: the daemon again, under vm.max_map_count lowered to 64 mappings above its
+# reserve (4096): 32 per VM. VM 0 takes its share in CQs and keeps them while VM 1 makes 8.
+map_limit() {
+  local old pid fill i=0
+  old=$(cat /proc/sys/vm/max_map_count)
+  pid=$(pidof vhost-user-rdma) && kill "$pid"
+  while [ -n "$pid" ] && [ -d "/proc/$pid" ] && [ $i -lt 50 ]; do i=$((i + 1)); sleep 0.1; done
+  rm -f /tmp/mgmt.sock /tmp/vm0.sock /tmp/vm1.sock
+  echo $((4096 + 64)) >/proc/sys/vm/max_map_count
+  daemon "$1" || { echo "$old" >/proc/sys/vm/max_map_count; return 1; }
+  rdma-peer fill --socket /tmp/vm0.sock --hold-secs 30 >/tmp/fill0.out 2>&1 &
+  fill=$!
+  i=0
+  until grep -q 'fill:' /tmp/fill0.out; do [ $i -lt 100 ] || break; i=$((i + 1)); sleep 0.1; done
+  cat /tmp/fill0.out
+  rdma-peer fill --socket /tmp/vm1.sock --max 8
+  vhost-user-rdma ctl --socket /tmp/mgmt.sock stats 0 | grep -E 'host share|configured|^  (maps|cq) '
+  kill "$fill" 2>/dev/null
+  echo "$old" >/proc/sys/vm/max_map_count
+  echo "max_map_count back to $(cat /proc/sys/vm/max_map_count)"
 }
 # The data-path conformance tests on rxe0 (tests/tests/datapath*.rs); SKIPS names those whose
 # behaviour is the NIC's.
@@ -330,6 +356,10 @@ check_after FAULT "... and the reader on host 2 exits with an error too" '^FAULT
 check_after PORT-EVENTS "host 2's daemon saw its port go down" 'rxe0: port down' client
 check_after PORT-EVENTS "... and failed the RC QP of its VM with QP_FATAL" 'port down: 1 RC QPs of VM 1 fail' client
 check_after PORT-EVENTS "... and come back" 'rxe0: port active' client
+check_after MAP-LIMIT "lowered vm.max_map_count: a VM's CQs are refused at its mapping share (QUOTA, detail 10)" \
+  '^rdma-peer: fill: 32 CQs, then QUOTA detail 10' client
+check_after MAP-LIMIT "... while the other VM still creates its own" '^rdma-peer: fill: 8 CQs[^,]*$' client
+check_after MAP-LIMIT "... the daemon shows the first VM's mappings at its share" '^  maps +[0-9]+ +32 +32 +32' client
 check_after CONFORMANCE "conformance tests on rxe: tests/datapath.rs" '^test result: ok[.] 17 passed' server
 check_after CONFORMANCE "conformance tests on rxe: tests/datapath_multi (those that apply)" \
   "^test result: ok[.] [0-9]+ passed; 0 failed; 0 ignored; 0 measured; ${#skips[@]} filtered out" server

@@ -173,6 +173,10 @@ pub mod quota {
     /// translations, queue and object state): an operator-set budget that
     /// `DeviceConfig` does not advertise.
     pub const HOST_BYTES: u32 = 9;
+    /// Host memory mappings the device holds for the instance's objects
+    /// (a host RNIC's memory region windows and queues): an operator-set
+    /// budget that `DeviceConfig` does not advertise.
+    pub const HOST_MAPPINGS: u32 = 10;
 }
 
 /// `BAD_ADDRESS` detail: the doorbell record is misaligned or outside RAM.

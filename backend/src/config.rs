@@ -355,6 +355,13 @@ limits! {
         // real workloads use a small fraction, and contiguous or huge-page
         // memory descriptions cost nothing.
         max_host_bytes: u64 = 256 << 20, "max-host-bytes", [1 << 16, 1 << 40];
+        /// Per-VM maximum of the daemon's memory mappings (`vm.max_map_count`)
+        /// held for the VM's host objects with the `verbs` transport: its
+        /// memory regions' windows and what the libibverbs provider maps for
+        /// its QPs, CQs and SRQs. The effective limit is the smaller of this
+        /// and the VM's share of the daemon's budget (spec 9.5, appendix D); beyond it a
+        /// create command fails with QUOTA, detail 10.
+        max_host_mappings: u64 = 16384, "max-host-mappings", [16, 1 << 24];
         /// Control requests taken from one VM's control queue per pass before
         /// other VMs' control workers get to run (1..=1024; the requests
         /// beyond it wait in the ring, they are not failed).
@@ -542,6 +549,9 @@ pub struct TenantConfig {
     /// What the tenant's VMs may put in the address vector fields that
     /// reach the fabric (traffic class, service level, flow label).
     pub fabric: FabricPolicy,
+    /// Its weight in the split of a host NIC's objects and of the daemon's
+    /// mappings among tenants (`nic_share`, default 1; spec appendix D).
+    pub nic_share: u32,
 }
 
 /// What a tenant's VMs may put in one field of an address vector.
@@ -715,6 +725,7 @@ impl DaemonConfig {
     pub fn add_default_vm(&mut self, socket: PathBuf, limits: Limits) {
         if !self.tenants.iter().any(|t| t.name == DEFAULT_TENANT) {
             self.tenants.push(TenantConfig {
+                nic_share: 1,
                 name: DEFAULT_TENANT.into(),
                 qos_class: None,
                 engine: None,
@@ -967,7 +978,7 @@ mod tests {
         for (field, option) in Limits::OPTIONS {
             assert_eq!(option.replace('-', "_"), *field);
         }
-        assert_eq!(Limits::OPTIONS.len(), 20);
+        assert_eq!(Limits::OPTIONS.len(), 21);
         let l = Limits {
             max_qp: 7,
             max_qp_rd_atom: 3,
@@ -999,6 +1010,7 @@ mod tests {
             ("e", None),
         ] {
             c.tenants.push(TenantConfig {
+                nic_share: 1,
                 name: name.into(),
                 qos_class: None,
                 engine,
@@ -1158,6 +1170,7 @@ mod tests {
         );
         // ... but separate networks may reuse addresses.
         c.tenants.push(TenantConfig {
+            nic_share: 1,
             name: "red".into(),
             qos_class: None,
             engine: None,

@@ -366,6 +366,7 @@ struct TenantTable {
     name: Spanned<String>,
     qos_class: Option<Spanned<String>>,
     engine: Option<Spanned<usize>>,
+    nic_share: Option<Spanned<u32>>,
     #[serde(default)]
     remote_gids: Vec<Spanned<String>>,
     traffic_class: Option<Spanned<RuleValue>>,
@@ -632,6 +633,7 @@ pub fn parse(text: &str, file: &str, cli: &LimitOverrides) -> Result<LoadedConfi
             });
         }
         config.tenants.push(TenantConfig {
+            nic_share: tt.nic_share.as_ref().map_or(1, |s| *s.get_ref()),
             name: name.clone(),
             qos_class: class_of(&tt.qos_class, format!("tenant {name:?}"))?,
             engine: tt.engine.as_ref().map(|e| *e.get_ref()),
@@ -934,6 +936,18 @@ bytes_per_sec = 1000000000
         assert_eq!(l.config.vms[1].limits.max_host_bytes, 128 << 20);
         assert_eq!(l.config.vms[0].mac, Some([0x52, 0x54, 0, 0, 0, 1]));
         assert_eq!(l.config.vms[1].mac, None);
+    }
+
+    /// The mapping limit and a tenant's share of the host NIC are read.
+    #[test]
+    fn host_mappings_and_nic_share_are_read() {
+        let l = parse_str(
+            "[defaults.limits]\nmax_host_mappings = 512\n[[tenant]]\nname = \"a\"\nnic_share = 3\n[[tenant]]\nname = \"b\"\n",
+        )
+        .unwrap();
+        assert_eq!(l.default_limits.max_host_mappings, 512);
+        let shares: Vec<u32> = l.config.tenants.iter().map(|t| t.nic_share).collect();
+        assert_eq!(shares, [3, 1]);
     }
 
     #[test]

@@ -152,6 +152,7 @@ mod tests {
     fn json_fields_from_key_values_and_prefix() {
         let mut c = DaemonConfig::new(vec!["/a".into(), "/b".into()]);
         c.tenants.push(TenantConfig {
+            nic_share: 1,
             name: "red".into(),
             qos_class: None,
             engine: None,

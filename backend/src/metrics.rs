@@ -528,6 +528,30 @@ fn render_subjects(out: &mut Vec<MetricFamily>, prefix: &str, subjects: &[Subjec
             .to_vec()
         },
     );
+    // A host RNIC's objects and the daemon's mappings (verbs transport).
+    if subjects.iter().any(|s| s.t.host.is_some()) {
+        let mut f = Family::new(
+            out,
+            format!("{prefix}host_quota"),
+            MetricType::GAUGE,
+            "Part of the host RNIC and of the daemon's memory mappings, by kind (maps, qp, cq, mr, pd, ah, srq) and value (configured limit, share of the host, effective limit, used).",
+        );
+        for s in subjects {
+            for r in s.t.host.iter().flat_map(|h| h.rows.iter()) {
+                for (v, n) in [
+                    ("configured", r.configured),
+                    ("share", r.share),
+                    ("effective", r.effective),
+                    ("used", r.used),
+                ] {
+                    let mut l = s.labels();
+                    l.push(("kind", r.kind));
+                    l.push(("value", v));
+                    f.sample(&l, n);
+                }
+            }
+        }
+    }
     labeled(
         out,
         &format!("{prefix}ctrl_completed_total"),

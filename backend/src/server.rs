@@ -89,6 +89,35 @@ fn port_identity(
     })
 }
 
+/// What the `verbs` transport needs of the configuration to give each VM
+/// its share of the host: tenants and their `nic_share`, the VMs' limits.
+fn quota_plan(config: &DaemonConfig) -> crate::transport::verbs::quota::Plan {
+    let tenant = |name: &str| {
+        config
+            .tenants
+            .iter()
+            .position(|t| t.name == name)
+            .unwrap_or(0)
+    };
+    crate::transport::verbs::quota::Plan {
+        vm_tenant: config.vms.iter().map(|v| tenant(&v.tenant)).collect(),
+        tenant_weights: config.tenants.iter().map(|t| t.nic_share).collect(),
+        configured: config
+            .vms
+            .iter()
+            .map(|v| {
+                let l = &v.limits;
+                [l.max_qp, l.max_cq, l.max_mr, l.max_pd, l.max_ah, l.max_srq].map(u64::from)
+            })
+            .collect(),
+        max_mappings: config
+            .vms
+            .iter()
+            .map(|v| v.limits.max_host_mappings)
+            .collect(),
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -108,7 +137,8 @@ impl Daemon {
                 }
                 let budget =
                     crate::memory::window::MapBudget::from_system().map_err(ServerError::Spawn)?;
-                let rnic = Arc::new(VerbsRnic::new(dev, config.vms.len(), budget)?);
+                let plan = quota_plan(&config);
+                let rnic = Arc::new(VerbsRnic::new(dev, &plan, budget)?);
                 events::start(&rnic).map_err(ServerError::Spawn)?;
                 let (gid, index) = rnic.device().gid();
                 info!(
@@ -248,6 +278,7 @@ impl Daemon {
             self.slots.clone(),
             self.shared.clone(),
             self.engines.clone(),
+            self.transport.clone(),
         )
     }
 

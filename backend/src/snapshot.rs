@@ -7,6 +7,7 @@ use crate::qos::QosSpec;
 use crate::resources::ResourceCounts;
 use crate::stats::TrafficStats;
 use crate::tenancy::IsolationStats;
+use crate::transport::HostUsage;
 use crate::view::{DaemonView, VmStats};
 use crate::vm::CtrlStats;
 
@@ -29,6 +30,8 @@ pub struct VmSnapshot {
     pub isolation: IsolationStats,
     /// Current QoS settings.
     pub qos: Option<QosSpec>,
+    /// Its part of the host NIC and of the daemon's mappings (`verbs`).
+    pub host: Option<HostUsage>,
 }
 
 /// Sums over a group of VMs (a tenant).
@@ -55,6 +58,8 @@ pub struct Totals {
     pub traffic: TrafficStats,
     /// Isolation counters.
     pub isolation: IsolationStats,
+    /// Parts of the host NIC and of the daemon's mappings (`verbs`).
+    pub host: Option<HostUsage>,
 }
 
 impl Totals {
@@ -71,6 +76,9 @@ impl Totals {
         self.queues.add(&d.queues);
         self.traffic.add(&s.traffic);
         self.isolation.add(&s.isolation);
+        if let Some(h) = &s.host {
+            self.host.get_or_insert_with(HostUsage::default).add(h);
+        }
     }
 }
 
@@ -91,6 +99,7 @@ pub fn vm(view: &DaemonView, index: usize) -> Option<VmSnapshot> {
         traffic: vm.traffic.snapshot(),
         isolation: vm.counters.snapshot(),
         qos: view.qos().vm(index),
+        host: view.host_usage(index),
     })
 }
 

@@ -222,6 +222,7 @@ mod tests {
     fn reach_follows_tenants() {
         let mut c = DaemonConfig::new(vec!["/a".into(), "/b".into(), "/c".into()]);
         c.tenants.push(TenantConfig {
+            nic_share: 1,
             name: "red".into(),
             qos_class: None,
             engine: None,

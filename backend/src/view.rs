@@ -124,16 +124,29 @@ pub struct DaemonView {
     slots: Vec<Arc<VmSlot>>,
     shared: Shared,
     engines: Arc<Engines>,
+    transport: Arc<dyn crate::transport::Transport>,
 }
 
 impl DaemonView {
     /// The view of the daemon serving `slots` ([`crate::Daemon::view`]).
-    pub(crate) fn new(slots: Vec<Arc<VmSlot>>, shared: Shared, engines: Arc<Engines>) -> Self {
+    pub(crate) fn new(
+        slots: Vec<Arc<VmSlot>>,
+        shared: Shared,
+        engines: Arc<Engines>,
+        transport: Arc<dyn crate::transport::Transport>,
+    ) -> Self {
         DaemonView {
             slots,
             shared,
             engines,
+            transport,
         }
+    }
+
+    /// VM `index`'s part of the host the transport gives it (`None`: the
+    /// software RNIC, which has no such limits).
+    pub fn host_usage(&self, index: usize) -> Option<crate::transport::HostUsage> {
+        self.transport.host_usage(index)
     }
 
     /// Number of VMs.

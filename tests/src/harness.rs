@@ -280,6 +280,7 @@ pub fn add_tenant<'c>(
         config.vms[i].tenant = name.into();
     }
     config.tenants.push(TenantConfig {
+        nic_share: 1,
         name: name.into(),
         qos_class: None,
         engine: None,

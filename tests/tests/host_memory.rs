@@ -10,6 +10,12 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use vhost_user_rdma::memory::window::MapBudget;
+use vhost_user_rdma::transport::verbs::quota::{Charge, Kind, Plan, VmQuota};
+use vhost_user_rdma::transport::{
+    Caps, HostUsage, MrKeys, MrSpec as TMrSpec, Owner, QpChange, QpSpec, SrqSpec, Transport,
+    TransportError, TransportKind,
+};
 use vhost_user_rdma::{metrics, mgmt, DaemonView, Limits};
 use vhost_user_rdma_tests::dp::{status, Vm};
 use vhost_user_rdma_tests::guest_mem::PAGE_SIZE;
@@ -18,6 +24,7 @@ use vhost_user_rdma_tests::verbs::{MrSpec, Verbs};
 use vhost_user_rdma_tests::vmm::VmmOptions;
 use virtio_rdma_abi::ctrl::{quota, Status};
 use virtio_rdma_abi::mem::{access, PageListMode};
+use virtio_rdma_abi::qp::AddressVector;
 use virtio_rdma_driver::{Cq, Mr, Qp, QpInit};
 use vm_memory::GuestAddress;
 
@@ -284,4 +291,193 @@ fn sixteen_gib_reg_mr_does_not_hold_the_vm_lock() {
     let longest = prober.join().unwrap();
     eprintln!("16 GiB DEREG_MR: {took:?}; longest wait for the VM's lock meanwhile: {longest:?}");
     assert!(d.stats(0).device.resources.host_bytes < 4096);
+}
+
+/// The software RNIC behind the per-VM host quotas of the `verbs`
+/// transport (`transport::verbs::quota`) over a NIC of a made-up capacity:
+/// the seam where the daemon meets the host NIC, without one.
+struct SharedNic {
+    soft: vhost_user_rdma::engine::SoftRnic,
+    quotas: Vec<Arc<VmQuota>>,
+    charges: std::sync::Mutex<std::collections::HashMap<(usize, Kind, u32), Charge>>,
+}
+
+impl SharedNic {
+    /// A NIC of 20 QPs and 100 of everything else (90 % shared: 9 QPs per
+    /// VM of two), and a daemon budget of 10 mappings (5 per VM), each CQ
+    /// charged 1.
+    fn new(vms: usize) -> SharedNic {
+        let plan = Plan {
+            vm_tenant: (0..vms).collect(),
+            tenant_weights: vec![1; vms],
+            configured: vec![[16384; 6]; vms],
+            max_mappings: vec![16384; vms],
+        };
+        SharedNic {
+            soft: vhost_user_rdma::engine::SoftRnic::new(),
+            quotas: plan.quotas(&[20, 100, 100, 100, 100, 100], &MapBudget::new(10)),
+            charges: Default::default(),
+        }
+    }
+
+    fn take(&self, owner: Owner, kind: Kind, maps: usize) -> Result<(), TransportError> {
+        let c = self.quotas[owner.vm].take(kind, maps)?;
+        self.charges
+            .lock()
+            .unwrap()
+            .insert((owner.vm, kind, owner.handle), c);
+        Ok(())
+    }
+
+    fn give(&self, owner: Owner, kind: Kind) {
+        self.charges
+            .lock()
+            .unwrap()
+            .remove(&(owner.vm, kind, owner.handle));
+    }
+
+    fn made<T>(
+        &self,
+        owner: Owner,
+        kind: Kind,
+        r: Result<T, TransportError>,
+    ) -> Result<T, TransportError> {
+        if r.is_err() {
+            self.give(owner, kind);
+        }
+        r
+    }
+}
+
+impl Transport for SharedNic {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Soft
+    }
+    fn caps(&self) -> Caps {
+        self.soft.caps()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+    fn host_usage(&self, vm: usize) -> Option<HostUsage> {
+        self.quotas.get(vm).map(|q| q.usage())
+    }
+    fn create_pd(&self, owner: Owner) -> Result<(), TransportError> {
+        self.soft.create_pd(owner)
+    }
+    fn destroy_pd(&self, owner: Owner) {
+        self.soft.destroy_pd(owner)
+    }
+    fn create_qp(&self, owner: Owner, spec: &QpSpec) -> Result<u32, TransportError> {
+        self.take(owner, Kind::Qp, 0)?;
+        self.made(owner, Kind::Qp, self.soft.create_qp(owner, spec))
+    }
+    fn modify_qp(&self, change: &QpChange<'_>) -> Result<(), TransportError> {
+        self.soft.modify_qp(change)
+    }
+    fn destroy_qp(&self, qpn: u32) {
+        if let Some(owner) = self.soft.lookup_qpn(qpn) {
+            self.give(owner, Kind::Qp);
+        }
+        self.soft.destroy_qp(qpn)
+    }
+    fn lookup_qpn(&self, qpn: u32) -> Option<Owner> {
+        self.soft.lookup_qpn(qpn)
+    }
+    fn qpns_in_use(&self) -> usize {
+        self.soft.qpns_in_use()
+    }
+    fn create_cq(&self, owner: Owner, depth: u32) -> Result<(), TransportError> {
+        self.take(owner, Kind::Cq, 1)?;
+        self.made(owner, Kind::Cq, self.soft.create_cq(owner, depth))
+    }
+    fn destroy_cq(&self, owner: Owner) {
+        self.give(owner, Kind::Cq);
+        self.soft.destroy_cq(owner)
+    }
+    fn create_srq(&self, owner: Owner, spec: &SrqSpec) -> Result<(), TransportError> {
+        self.soft.create_srq(owner, spec)
+    }
+    fn destroy_srq(&self, owner: Owner) {
+        self.soft.destroy_srq(owner)
+    }
+    fn create_ah(&self, owner: Owner, pd: u32, av: &AddressVector) -> Result<(), TransportError> {
+        self.soft.create_ah(owner, pd, av)
+    }
+    fn destroy_ah(&self, owner: Owner) {
+        self.soft.destroy_ah(owner)
+    }
+    fn reg_mr(&self, owner: Owner, mr: &TMrSpec<'_>) -> Result<MrKeys, TransportError> {
+        self.soft.reg_mr(owner, mr)
+    }
+    fn dereg_mr(&self, keys: MrKeys) {
+        self.soft.dereg_mr(keys)
+    }
+    fn keys_in_use(&self) -> usize {
+        self.soft.keys_in_use()
+    }
+}
+
+/// Issue 26, V3/V4 through the real vhost-user socket: a VM's QPs beyond
+/// its share of the host NIC are refused with `QUOTA` and the QP code, its
+/// CQs beyond its share of the mappings with `QUOTA` detail 10; the other
+/// VM's shares are untouched; `ctl stats` and the metrics show configured,
+/// share, effective and used values; everything is given back.
+#[test]
+fn a_vm_gets_its_share_of_the_host_nic() {
+    let d = TestDaemon::with_transport(2, Arc::new(SharedNic::new(2))).unwrap();
+    let (a, b) = (
+        Vm::open(&d, 0, VmmOptions::default()),
+        Vm::open(&d, 1, VmmOptions::default()),
+    );
+    let cq = Cq::create(&a.dev, 64).unwrap();
+    let mut qps = Vec::new();
+    let refused = loop {
+        match Qp::create(&a.pd, &QpInit::rc(&cq)) {
+            Ok(qp) => qps.push(qp),
+            Err(e) => break status::<()>(Err(e)),
+        }
+        assert!(qps.len() <= 9, "the share never refused a QP");
+    };
+    assert_eq!((refused, qps.len()), ((Status::QUOTA, quota::QP), 9));
+    let mut cqs = Vec::new();
+    let refused = loop {
+        match Cq::create(&a.dev, 64) {
+            Ok(c) => cqs.push(c),
+            Err(e) => break status::<()>(Err(e)),
+        }
+        assert!(cqs.len() <= 4, "the mapping share never refused a CQ");
+    };
+    assert_eq!(
+        (refused, cqs.len()),
+        ((Status::QUOTA, quota::HOST_MAPPINGS), 4)
+    );
+    // The other VM still has all of its own.
+    let cq_b = Cq::create(&b.dev, 64).unwrap();
+    let qps_b: Vec<Qp> = (0..9)
+        .map(|_| Qp::create(&b.pd, &QpInit::rc(&cq_b)).unwrap())
+        .collect();
+
+    let view = d.daemon().view();
+    let s = fresh_ctl_stats(&view, 0);
+    let h = &s["host_quota"];
+    let row =
+        |k: &str| ["configured", "share", "effective", "used"].map(|v| h[k][v].as_u64().unwrap());
+    assert_eq!(row("qp"), [16384, 9, 9, 9], "{s}");
+    assert_eq!(row("maps"), [16384, 5, 5, 5], "{s}");
+    let page = metrics::render(&view);
+    assert!(
+        page.lines()
+            .any(|l| l.starts_with("vhost_user_rdma_vm_host_quota{")
+                && l.contains("vm=\"vm0\"")
+                && l.contains("kind=\"qp\"")
+                && l.contains("value=\"used\"")
+                && l.ends_with(" 9")),
+        "{page}"
+    );
+    drop((qps, cqs, cq, qps_b));
+    let s = fresh_ctl_stats(&view, 0);
+    assert_eq!(s["host_quota"]["qp"]["used"].as_u64(), Some(0), "{s}");
+    assert_eq!(s["host_quota"]["maps"]["used"].as_u64(), Some(0), "{s}");
+    drop(cq_b);
 }

@@ -54,6 +54,7 @@ impl From<TransportError> for CmdError {
     fn from(e: TransportError) -> Self {
         match e {
             TransportError::Exhausted => CmdError::no_memory(),
+            TransportError::Quota(detail) => CmdError::new(Status::QUOTA, detail),
             TransportError::Random | TransportError::Host(_) => {
                 CmdError::new(Status::INTERNAL, u32::MAX)
             }

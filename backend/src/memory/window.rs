@@ -9,8 +9,17 @@
 //!
 //! Every mapping counts against `vm.max_map_count` for the whole process
 //! (guest RAM, libraries and thread stacks too); a [`MapBudget`] hands out
-//! what is left to windows, so that a guest registering fragmented memory
-//! gets an error instead of taking the daemon's last mappings.
+//! what is left to windows (and to what libibverbs providers map for host
+//! queues), so that a guest registering fragmented memory gets an error
+//! instead of taking the daemon's last mappings. Each VM draws from a
+//! budget of its own ([`MapBudget::child`]), a share of the daemon's: one
+//! VM cannot take what another needs.
+//!
+//! A page list may name one page many times, so a region's mappings are
+//! not bounded by anything but its page count (a 16 GiB region over one
+//! page repeated needs 4·10^6). They are counted first, in one pass that
+//! allocates nothing and stops as soon as the budget is exceeded: a refusal
+//! costs no more than the mappings the VM has left.
 //!
 //! A window holds the pages the guest RAM map had when it was made: after a
 //! memory table update it must be made again.
@@ -43,15 +52,17 @@ pub enum WindowError {
     /// A page's place in its file is not host-page aligned.
     #[error("guest address {0:#x} is not host-page aligned in its file")]
     Misaligned(u64),
-    /// The window needs more mappings than the budget has left.
-    #[error("the window needs {needed} mappings, {left} of the daemon's budget of {limit} are left (vm.max_map_count)")]
+    /// More mappings are needed than a budget has left.
+    #[error("{needed} mappings needed (at least), {left} of {} budget of {limit} are left (vm.max_map_count)", if *.daemon { "the daemon's" } else { "the VM's" })]
     MapCount {
-        /// Mappings the window needs.
+        /// Mappings needed (a window's count stops at `left + 1`).
         needed: usize,
         /// What is left of the budget.
         left: usize,
         /// The budget.
         limit: usize,
+        /// The daemon's budget refused (false: the VM's own).
+        daemon: bool,
     },
     /// `mmap(2)` failed.
     #[error("mmap: {0}")]
@@ -63,19 +74,60 @@ pub enum WindowError {
 /// windows' budget.
 const RESERVED_MAPPINGS: usize = 4096;
 
-/// What is left of the process's mappings for windows.
+/// What is left of the process's mappings for windows and host queues:
+/// the daemon's, or a VM's share of it.
 #[derive(Debug)]
 pub struct MapBudget {
     limit: usize,
     used: AtomicUsize,
+    /// The daemon's budget, for a VM's: every mapping taken here is taken
+    /// there too.
+    parent: Option<Arc<MapBudget>>,
 }
 
 impl MapBudget {
-    /// A budget of `limit` mappings.
+    /// A budget of `limit` mappings (the daemon's).
     pub fn new(limit: usize) -> Arc<Self> {
         Arc::new(MapBudget {
             limit,
             used: AtomicUsize::new(0),
+            parent: None,
+        })
+    }
+
+    /// A VM's budget of `limit` mappings, each also taken from `parent`.
+    pub fn child(parent: &Arc<MapBudget>, limit: usize) -> Arc<Self> {
+        Arc::new(MapBudget {
+            limit,
+            used: AtomicUsize::new(0),
+            parent: Some(parent.clone()),
+        })
+    }
+
+    /// Its limit.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// What can be taken now: what is left of it and of its parent.
+    pub fn left(&self) -> usize {
+        let own = self.limit.saturating_sub(self.used());
+        self.parent.as_ref().map_or(own, |p| own.min(p.left()))
+    }
+
+    /// Takes `n` mappings (from the parent too), given back when the
+    /// charge is dropped.
+    pub fn charge(self: &Arc<Self>, n: usize) -> Result<MapCharge, WindowError> {
+        self.reserve(n)?;
+        if let Some(p) = &self.parent {
+            if let Err(e) = p.reserve(n) {
+                self.used.fetch_sub(n, Ordering::Relaxed);
+                return Err(e);
+            }
+        }
+        Ok(MapCharge {
+            budget: self.clone(),
+            n,
         })
     }
 
@@ -95,7 +147,8 @@ impl MapBudget {
         self.used.load(Ordering::Relaxed)
     }
 
-    fn take(self: &Arc<Self>, n: usize) -> Result<Taken, WindowError> {
+    /// Takes `n` mappings of this budget alone.
+    fn reserve(&self, n: usize) -> Result<(), WindowError> {
         let mut cur = self.used.load(Ordering::Relaxed);
         loop {
             let left = self.limit.saturating_sub(cur);
@@ -104,6 +157,7 @@ impl MapBudget {
                     needed: n,
                     left,
                     limit: self.limit,
+                    daemon: self.parent.is_none(),
                 });
             }
             match self.used.compare_exchange_weak(
@@ -112,28 +166,33 @@ impl MapBudget {
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => {
-                    return Ok(Taken {
-                        budget: self.clone(),
-                        n,
-                    })
-                }
+                Ok(_) => return Ok(()),
                 Err(now) => cur = now,
             }
         }
     }
 }
 
-/// Mappings taken from a budget, returned when dropped.
+/// Mappings taken from a budget (and its parent), returned when dropped.
 #[derive(Debug)]
-struct Taken {
+pub struct MapCharge {
     budget: Arc<MapBudget>,
     n: usize,
 }
 
-impl Drop for Taken {
+impl MapCharge {
+    /// The mappings it holds.
+    pub fn mappings(&self) -> usize {
+        self.n
+    }
+}
+
+impl Drop for MapCharge {
     fn drop(&mut self) {
         self.budget.used.fetch_sub(self.n, Ordering::Relaxed);
+        if let Some(p) = &self.budget.parent {
+            p.used.fetch_sub(self.n, Ordering::Relaxed);
+        }
     }
 }
 
@@ -147,10 +206,17 @@ struct Run {
     file_offset: u64,
 }
 
-/// The runs of the first `span` bytes of `pages` (a multiple of the host
-/// page size), merged where they follow each other in one file.
-fn runs(mem: &GuestMemoryMmap<()>, pages: &PageList, span: u64) -> Result<Vec<Run>, WindowError> {
-    let mut out: Vec<Run> = Vec::new();
+/// Calls `each(run)` for the runs of the first `span` bytes of `pages` (a
+/// multiple of the host page size), merged where they follow each other in
+/// one file, in order; a run is passed once it can grow no more. Stops
+/// with `Ok(false)` when `each` returns false. Allocates nothing.
+fn walk_runs(
+    mem: &GuestMemoryMmap<()>,
+    pages: &PageList,
+    span: u64,
+    mut each: impl FnMut(Run) -> bool,
+) -> Result<bool, WindowError> {
+    let mut cur: Option<Run> = None;
     let mut at = 0u64;
     while at < span {
         let (gpa, in_page) = pages.translate(at).ok_or(WindowError::Size(span))?;
@@ -175,21 +241,61 @@ fn runs(mem: &GuestMemoryMmap<()>, pages: &PageList, span: u64) -> Result<Vec<Ru
             return Err(WindowError::NotRam(gpa));
         }
         let fd = file.file().as_raw_fd();
-        match out.last_mut() {
+        match cur.as_mut() {
             Some(last)
                 if last.fd == fd && last.file_offset.checked_add(last.len) == Some(file_offset) =>
             {
                 last.len = last.len.saturating_add(len);
             }
-            _ => out.push(Run {
-                offset: at,
-                len,
-                fd,
-                file_offset,
-            }),
+            _ => {
+                let next = Run {
+                    offset: at,
+                    len,
+                    fd,
+                    file_offset,
+                };
+                if let Some(done) = cur.replace(next) {
+                    if !each(done) {
+                        return Ok(false);
+                    }
+                }
+            }
         }
         at = at.saturating_add(len);
     }
+    Ok(cur.is_none_or(each))
+}
+
+/// The number of runs of the first `span` bytes of `pages`, counted up to
+/// `most + 1` (where the count stops: more than `most` is all a refusal
+/// needs to know).
+fn count_runs(
+    mem: &GuestMemoryMmap<()>,
+    pages: &PageList,
+    span: u64,
+    most: usize,
+) -> Result<usize, WindowError> {
+    let mut n = 0usize;
+    walk_runs(mem, pages, span, |_| {
+        n = n.saturating_add(1);
+        n <= most
+    })?;
+    Ok(n)
+}
+
+/// The runs of the first `span` bytes of `pages` (`n` of them, counted
+/// before).
+fn runs(
+    mem: &GuestMemoryMmap<()>,
+    pages: &PageList,
+    span: u64,
+    n: usize,
+) -> Result<Vec<Run>, WindowError> {
+    let mut out = Vec::with_capacity(n);
+    walk_runs(mem, pages, span, |r| {
+        out.push(r);
+        true
+    })?;
     Ok(out)
 }
 
@@ -199,7 +305,7 @@ fn runs(mem: &GuestMemoryMmap<()>, pages: &PageList, span: u64) -> Result<Vec<Ru
 pub struct Window {
     base: *mut u8,
     len: usize,
-    maps: Taken,
+    maps: MapCharge,
     /// What each run maps: its place in the window, the file (device and
     /// inode) and the offset there.
     backing: Vec<Backing>,
@@ -228,9 +334,18 @@ fn file_id(fd: i32) -> Option<(u64, u64)> {
 }
 
 fn backing_of(runs: &[Run]) -> Option<Vec<Backing>> {
+    // Most runs are of one file or a few: one fstat per change of file.
+    let mut last: Option<(i32, (u64, u64))> = None;
     runs.iter()
         .map(|r| {
-            let (dev, ino) = file_id(r.fd)?;
+            let (dev, ino) = match last {
+                Some((fd, id)) if fd == r.fd => id,
+                _ => {
+                    let id = file_id(r.fd)?;
+                    last = Some((r.fd, id));
+                    id
+                }
+            };
             Some(Backing {
                 offset: r.offset,
                 len: r.len,
@@ -254,7 +369,8 @@ impl Window {
     /// Maps the first `span` bytes of the region whose pages are `pages`
     /// (`span`: its first-page offset plus its length, rounded up to
     /// whole pages) from the files behind `mem`, taking its mappings from
-    /// `budget`.
+    /// `budget`. The mappings are counted first: a window over more than
+    /// the budget has left is refused before anything is built.
     pub fn map(
         mem: &GuestMemoryMmap<()>,
         pages: &PageList,
@@ -265,9 +381,10 @@ impl Window {
             return Err(WindowError::Size(span));
         }
         let len = usize::try_from(span).map_err(|_| WindowError::Size(span))?;
-        let runs = runs(mem, pages, span)?;
+        let needed = count_runs(mem, pages, span, budget.left())?;
+        let maps = budget.charge(needed)?;
+        let runs = runs(mem, pages, span, needed)?;
         let backing = backing_of(&runs).ok_or_else(|| WindowError::Mmap(io::Error::last_os_error()))?;
-        let maps = budget.take(runs.len())?;
         // A range of addresses nobody else gets, then each run over its part.
         // SAFETY: a new anonymous mapping at an address the kernel chooses;
         // it touches no existing memory.
@@ -345,10 +462,14 @@ impl Window {
         if usize::try_from(span).ok() != Some(self.len) {
             return false;
         }
-        runs(mem, pages, span)
-            .ok()
-            .and_then(|r| backing_of(&r))
-            .is_some_and(|b| b == self.backing)
+        // More runs than this window has cannot be the same backing.
+        match count_runs(mem, pages, span, self.backing.len()) {
+            Ok(n) if n == self.backing.len() => runs(mem, pages, span, n)
+                .ok()
+                .and_then(|r| backing_of(&r))
+                .is_some_and(|b| b == self.backing),
+            _ => false,
+        }
     }
 
     /// The mappings it holds.
@@ -479,14 +600,100 @@ mod tests {
         let w = Window::map(&mem, &scattered, 4 * PAGE, &budget).unwrap();
         match Window::map(&mem, &scattered, 4 * PAGE, &budget) {
             Err(WindowError::MapCount {
-                needed: 4,
+                needed: 2,
                 left: 1,
                 limit: 5,
+                daemon: true,
             }) => {}
             other => panic!("{other:?}"),
         }
         drop(w);
         assert!(Window::map(&mem, &scattered, 4 * PAGE, &budget).is_ok());
+    }
+
+    /// Each VM draws from a budget of its own: one VM out of mappings
+    /// leaves another's untouched, and both draw from the daemon's.
+    #[test]
+    fn each_vm_draws_from_its_own_share() {
+        let mem = guest();
+        let daemon = MapBudget::new(10);
+        let (a, b) = (MapBudget::child(&daemon, 5), MapBudget::child(&daemon, 5));
+        let scattered = list(&mem, &[9 * PAGE, PAGE, 20 * PAGE, 2 * PAGE]);
+        let wa = Window::map(&mem, &scattered, 4 * PAGE, &a).unwrap();
+        match Window::map(&mem, &scattered, 4 * PAGE, &a) {
+            Err(WindowError::MapCount {
+                left: 1,
+                limit: 5,
+                daemon: false,
+                ..
+            }) => {}
+            other => panic!("{other:?}"),
+        }
+        let wb = Window::map(&mem, &scattered, 4 * PAGE, &b).unwrap();
+        assert_eq!((a.used(), b.used(), daemon.used()), (4, 4, 8));
+        // A daemon budget smaller than the VMs' together refuses itself.
+        let c = MapBudget::child(&daemon, 5);
+        match c.charge(3) {
+            Err(WindowError::MapCount {
+                left: 2,
+                limit: 10,
+                daemon: true,
+                ..
+            }) => {}
+            other => panic!("{other:?}"),
+        }
+        assert_eq!((c.used(), daemon.used()), (0, 8), "nothing kept of a refusal");
+        drop((wa, wb));
+        assert_eq!((a.used(), b.used(), daemon.used()), (0, 0, 0));
+    }
+
+    /// A maximum-size region (16 GiB) over two guest pages repeated needs
+    /// a mapping per page; with a budget of 1000 it is refused after
+    /// looking at about 1000 pages, not 4·10^6: no allocation, no system
+    /// call per page (it took seconds and ~300 MB of host memory).
+    #[test]
+    fn a_window_over_a_repeated_page_is_refused_cheaply() {
+        let mem = guest();
+        let npages: u32 = 4 << 20;
+        let desc = BufferDesc {
+            addr: 0,
+            npages,
+            first_page_offset: 0,
+            page_shift: 12,
+            mode: PageListMode::INLINE as u32,
+        };
+        let bytes: Vec<u8> = (0..u64::from(npages))
+            .flat_map(|i| ((i % 2) * PAGE).to_le_bytes())
+            .collect();
+        let limits = PageListLimits {
+            max_pages: npages,
+            max_inline: npages,
+            page_size_cap: 1 << 12,
+            max_list_bytes: u64::MAX,
+        };
+        let pages =
+            PageList::resolve(&desc, &bytes, &limits, &RamMap::from_guest_memory(&mem), &mem)
+                .unwrap();
+        drop(bytes);
+        let budget = MapBudget::new(1000);
+        let rss = max_rss_kib();
+        let t = std::time::Instant::now();
+        let r = Window::map(&mem, &pages, u64::from(npages) * PAGE, &budget);
+        let took = t.elapsed();
+        let grew = max_rss_kib().saturating_sub(rss);
+        println!("refused in {took:?}, peak RSS +{grew} KiB");
+        assert!(matches!(r, Err(WindowError::MapCount { .. })), "{r:?}");
+        assert_eq!(budget.used(), 0);
+        assert!(took < std::time::Duration::from_millis(200), "{took:?}");
+    }
+
+    /// The process's peak resident set, KiB.
+    fn max_rss_kib() -> u64 {
+        // SAFETY: all-zero is a valid `rusage`, which getrusage fills.
+        let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: RUSAGE_SELF into `u`.
+        unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+        u64::try_from(u.ru_maxrss).unwrap_or(0)
     }
 
     /// RAM without a file behind it cannot be mapped twice.

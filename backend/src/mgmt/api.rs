@@ -257,6 +257,27 @@ fn counters_json<const N: usize>(fields: [(&'static str, u64); N]) -> Value {
     )
 }
 
+/// A VM's part of the host: per line (`maps`, `qp`, ...) its configured,
+/// share, effective and used values.
+fn host_json(h: &crate::transport::HostUsage) -> Value {
+    Value::Object(
+        h.rows
+            .iter()
+            .map(|r| {
+                (
+                    r.kind.to_string(),
+                    json!({
+                        "configured": r.configured,
+                        "share": r.share,
+                        "effective": r.effective,
+                        "used": r.used,
+                    }),
+                )
+            })
+            .collect(),
+    )
+}
+
 fn histogram_json(h: &HistogramSnapshot) -> Value {
     json!({
         "bounds_us": LATENCY_BOUNDS_US.to_vec(),
@@ -324,6 +345,7 @@ fn vm_stats(s: &VmSnapshot) -> Map<String, Value> {
         "isolation": counters_json(s.isolation.fields()),
         "ctrl_latency": histogram_json(&s.traffic.ctrl_latency),
         "qos": s.qos.as_ref().map(qos_json),
+        "host_quota": s.host.as_ref().map(host_json),
     });
     match v {
         Value::Object(m) => m,

@@ -472,6 +472,22 @@ fn stats_text(a: &Value) -> String {
         u(a, &["events_lost"])
     ));
     section(&mut out, "queued", &a["queues"], &QueueDepths::NAMES);
+    if let Some(h) = a["host_quota"].as_object() {
+        // The host NIC's objects and the daemon's mappings (verbs).
+        out.push_str(&format!(
+            "host share:\n  {:<17} {:>12} {:>12} {:>12} {:>12}\n",
+            "", "configured", "share", "effective", "used"
+        ));
+        for (k, v) in h {
+            out.push_str(&format!(
+                "  {k:<17} {:>12} {:>12} {:>12} {:>12}\n",
+                u(v, &["configured"]),
+                u(v, &["share"]),
+                u(v, &["effective"]),
+                u(v, &["used"])
+            ));
+        }
+    }
     section(&mut out, "traffic", &a["traffic"], &TrafficStats::NAMES);
     section(
         &mut out,
@@ -539,6 +555,35 @@ mod tests {
             limits_cell(&json!({"bytes_per_sec": 7, "ops_per_sec": 0})),
             "bytes/s=7"
         );
+    }
+
+    /// `ctl stats` shows a VM's part of the host (verbs) as a table of
+    /// configured, share, effective and used values; nothing without it.
+    #[test]
+    fn stats_show_the_host_share() {
+        let mut answer = json!({"vm": "web", "index": 0, "tenant": "blue",
+        "host_quota": {
+            "maps": {"configured": 16384, "share": 32, "effective": 32, "used": 32},
+            "qp": {"configured": 16384, "share": 29491, "effective": 16384, "used": 2},
+        }});
+        let t = stats_text(&answer);
+        let rows: Vec<Vec<&str>> = t
+            .lines()
+            .skip_while(|l| *l != "host share:")
+            .skip(2)
+            .take(2)
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ["maps", "16384", "32", "32", "32"],
+                ["qp", "16384", "29491", "16384", "2"]
+            ],
+            "{t}"
+        );
+        answer["host_quota"] = Value::Null;
+        assert!(!stats_text(&answer).contains("host share"));
     }
 
     #[test]

@@ -214,6 +214,7 @@ mod tests {
         let sockets = (0..vms).map(|i| format!("/x{i}").into()).collect();
         let mut c = DaemonConfig::new(sockets);
         c.tenants.push(TenantConfig {
+            nic_share: 1,
             name: "t1".into(),
             qos_class: None,
             engine: None,

@@ -35,6 +35,51 @@ pub enum TransportError {
     /// The host NIC refused the operation (an errno).
     #[error("host RNIC refused: errno {0}")]
     Host(i32),
+    /// The VM's part of the host is spent: its share of the host NIC's
+    /// objects or of the daemon's mappings (`QUOTA` with this detail).
+    #[error("the VM's host quota {0} is spent")]
+    Quota(u32),
+}
+
+/// One line of a VM's part of the host ([`HostUsage`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostQuota {
+    /// What it counts: `maps` (memory mappings) or an object kind (`qp`,
+    /// `cq`, `mr`, `pd`, `ah`, `srq`).
+    pub kind: &'static str,
+    /// The VM's configured limit (`max_host_mappings`, `max_qp`, ...).
+    pub configured: u64,
+    /// Its share of what the host has.
+    pub share: u64,
+    /// The limit in force: the smaller of the two.
+    pub effective: u64,
+    /// Held now.
+    pub used: u64,
+}
+
+/// A VM's part of the host a transport gives it (a host RNIC's objects
+/// and the daemon's mappings), for the operator.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostUsage {
+    /// One line per thing counted.
+    pub rows: Vec<HostQuota>,
+}
+
+impl HostUsage {
+    /// Adds `other` (another VM's) line by line.
+    pub fn add(&mut self, other: &HostUsage) {
+        for r in &other.rows {
+            match self.rows.iter_mut().find(|x| x.kind == r.kind) {
+                Some(x) => {
+                    x.configured = x.configured.saturating_add(r.configured);
+                    x.share = x.share.saturating_add(r.share);
+                    x.effective = x.effective.saturating_add(r.effective);
+                    x.used = x.used.saturating_add(r.used);
+                }
+                None => self.rows.push(*r),
+            }
+        }
+    }
 }
 
 /// The transports a daemon can run (`[daemon] transport`).
@@ -178,7 +223,8 @@ pub struct QpChange<'a> {
 ///
 /// Object operations are called by the control path under the VM's lock,
 /// after the command was validated; a refusal becomes the command's status
-/// (`NO_MEMORY` for [`TransportError::Exhausted`], `INTERNAL` otherwise).
+/// (`NO_MEMORY` for [`TransportError::Exhausted`], `QUOTA` for
+/// [`TransportError::Quota`], `INTERNAL` otherwise).
 /// A destroy cannot fail: the device model has released the object already.
 pub trait Transport: Send + Sync {
     /// Which transport this is.
@@ -267,6 +313,12 @@ pub trait Transport: Send + Sync {
     /// The GID VM `vm`'s port must have, if the transport dictates it (a
     /// host RNIC sends from its own address); `None`: the configured one.
     fn port_gid(&self, _vm: usize) -> Option<[u8; 16]> {
+        None
+    }
+
+    /// VM `vm`'s part of the host (a host RNIC's object shares and the
+    /// mapping budget); `None` for a transport that has no such limits.
+    fn host_usage(&self, _vm: usize) -> Option<HostUsage> {
         None
     }
 

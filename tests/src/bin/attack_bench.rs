@@ -396,6 +396,7 @@ fn daemon(args: &Args) -> Res<TestDaemon> {
             Ok(TestDaemon::with_config(4, |c| {
                 for (name, vms) in [("lat", [0, 1]), ("evil", [2, 3])] {
                     c.tenants.push(TenantConfig {
+                        nic_share: 1,
                         name: name.to_string(),
                         qos_class: None,
                         engine: None,

@@ -342,6 +342,7 @@ fn daemon(args: &Args, tenants: &[&str]) -> Res<TestDaemon> {
                 for (i, t) in tenants.iter().enumerate() {
                     if !c.tenants.iter().any(|x| &x.name == t) {
                         c.tenants.push(TenantConfig {
+                            nic_share: 1,
                             name: t.clone(),
                             qos_class: None,
                             engine: Some(placed % threads),

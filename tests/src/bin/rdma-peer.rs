@@ -18,6 +18,7 @@
 //!           [-s SIZE] [-n ITERS] [--timeout-secs N]
 //! rdma-peer write-bw --socket PATH --role server|client --tcp ADDR:PORT
 //!           [-s SIZE] [-n ITERS] [--tx-depth D] [--timeout-secs N]
+//! rdma-peer fill --socket PATH [--max N] [--hold-secs S]
 //! ```
 //!
 //! - `exchange`: the checked two-peer exchange of
@@ -39,6 +40,12 @@
 //!   `write_lat: size S iters N t_min X t_typical Y t_avg Z t_p99 W usec`
 //!   and `write_bw: size S iters N MB/s X Mmsg/s Y` on both sides, then
 //!   `rdma-peer: write-lat ok` / `rdma-peer: write-bw ok`.
+//!
+//! - `fill`: creates CQs (one entry each) until the device refuses one or
+//!   N exist, prints `rdma-peer: fill: N CQs` and, if refused, `, then
+//!   STATUS detail D`; keeps them S seconds, then `rdma-peer: fill ok`.
+//!   A VM taking its whole share of the host (`max_host_mappings`, the
+//!   NIC's CQs) while another goes on working.
 //!
 //! `exchange`, `ud`, `write-lat` and `write-bw` share the TCP set-up: the
 //! server listens on ADDR:PORT and takes one connection, the client
@@ -243,6 +250,17 @@ enum Cmd {
               value_parser = clap::value_parser!(u32).range(1..))]
         tx_depth: u32,
     },
+    /// CQs until the device refuses one: a VM taking its share.
+    Fill {
+        #[command(flatten)]
+        vm: Vm,
+        /// Stop at this many CQs.
+        #[arg(long, default_value_t = 100_000)]
+        max: u32,
+        /// Seconds to keep them before exiting.
+        #[arg(long, default_value_t = 0)]
+        hold_secs: u64,
+    },
 }
 
 /// A size of at least one byte.
@@ -432,6 +450,31 @@ fn run(args: Args) -> Result<(), BoxError> {
             };
             perf::write_bw(&s.dev, s.role, &mut s.oob, &opts, &mut out)?;
             println!("rdma-peer: write-bw ok");
+        }
+        Cmd::Fill { vm, max, hold_secs } => {
+            let dev = open(&vm.socket, Duration::from_secs(vm.timeout_secs))?;
+            let mut cqs = Vec::new();
+            let mut refused = None;
+            while cqs.len() < max as usize {
+                match virtio_rdma_driver::cq::Cq::create(&dev, 1) {
+                    Ok(cq) => cqs.push(cq),
+                    Err(e) => {
+                        refused = Some(e.status().ok_or(e)?);
+                        break;
+                    }
+                }
+            }
+            match refused {
+                Some((status, detail)) => println!(
+                    "rdma-peer: fill: {} CQs, then {status:?} detail {detail}",
+                    cqs.len()
+                ),
+                None => println!("rdma-peer: fill: {} CQs", cqs.len()),
+            }
+            let _ = out.flush();
+            std::thread::sleep(Duration::from_secs(hold_secs));
+            drop(cqs);
+            println!("rdma-peer: fill ok");
         }
     }
     let _ = out.flush();

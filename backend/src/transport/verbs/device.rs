@@ -267,6 +267,14 @@ impl VerbsDevice {
         u32::try_from(self.attr.max_cqe).unwrap_or(0)
     }
 
+    /// What the device can hold at most of each kind of object
+    /// ([`super::quota::Kind::ALL`] order; `ibv_query_device`).
+    pub fn capacity(&self) -> super::quota::Capacity {
+        let a = &self.attr;
+        [a.max_qp, a.max_cq, a.max_mr, a.max_pd, a.max_ah, a.max_srq]
+            .map(|n| u64::try_from(n).unwrap_or(0))
+    }
+
     /// The device's name (`rxe0`, `mlx5_0`, ...).
     pub fn name(&self) -> &str {
         &self.name

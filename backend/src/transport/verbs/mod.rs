@@ -8,7 +8,9 @@
 //!   device object, memory regions over windows of guest pages;
 //! - [`attr`]: the device's values in libibverbs' terms and back;
 //! - [`objects`]: owned host objects, destroyed when dropped;
-//! - [`events`]: the host's asynchronous events, handed to the VMs.
+//! - [`events`]: the host's asynchronous events, handed to the VMs;
+//! - [`quota`]: each VM's share of the host NIC's objects and of the
+//!   daemon's mappings.
 //!
 //! The data path is `engine::verbs`.
 
@@ -16,6 +18,7 @@ pub mod attr;
 pub mod device;
 pub mod events;
 pub mod objects;
+pub mod quota;
 pub mod rnic;
 
 pub use rnic::VerbsRnic;

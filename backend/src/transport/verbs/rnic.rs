@@ -25,10 +25,11 @@ use vmm_sys_util::eventfd::EventFd;
 use super::attr::{self, Source};
 use super::device::{VerbsDevice, VerbsError};
 use super::objects::{errno_of, Ah, Channel, Cq, Mr, MrHandle, Pd, Qp, Srq};
+use super::quota::{map_error, Charge, Kind, MapCosts, Plan, VmQuota};
 use crate::memory::window::{MapBudget, Window};
 use crate::memory::HOST_PAGE_SIZE;
 use crate::transport::{
-    Caps, MrKeys, MrSpec, Owner, QpChange, QpSpec, SrqSpec, Transport, TransportError,
+    Caps, HostUsage, MrKeys, MrSpec, Owner, QpChange, QpSpec, SrqSpec, Transport, TransportError,
     TransportKind,
 };
 
@@ -118,6 +119,9 @@ pub(crate) struct Tables {
     pub qps: HashMap<u32, HostQp>,
     /// When the engine's watchdog last looked at the QPs.
     pub watched: Option<std::time::Instant>,
+    /// What each host object (but MRs: [`HostMr`]) holds of the VM's
+    /// quota, by kind and device handle.
+    charges: HashMap<(Kind, u32), Charge>,
 }
 
 /// A host event for a VM, delivered by the engine under the VM's lock.
@@ -153,6 +157,8 @@ pub(crate) struct VmHost {
     pub srqs: AtomicU32,
     /// Guest RAM now (`None`: unmapped); windows are made over it.
     mem: Mutex<Option<GuestMemoryMmap<()>>>,
+    /// Its part of the host NIC and of the daemon's mappings.
+    quota: Arc<VmQuota>,
 }
 
 /// A registered region.
@@ -164,6 +170,9 @@ struct HostMr {
     mr: Option<Mr>,
     /// Its span (whole host pages from the first page).
     span: u64,
+    /// What it holds of the VM's quota (its window's mappings are the
+    /// window's).
+    _charge: Charge,
 }
 
 /// The most entries a host CQ is given (rxe allows 32767 by default; the
@@ -176,7 +185,8 @@ pub struct VerbsRnic {
     src: Source,
     caps: Caps,
     max_cqe: u32,
-    budget: Arc<MapBudget>,
+    /// The mappings the provider makes for each host queue.
+    costs: MapCosts,
     vms: Vec<VmHost>,
     qpns: RwLock<HashMap<u32, Owner>>,
     mrs: Mutex<HashMap<u32, HostMr>>,
@@ -208,21 +218,23 @@ fn host(rc: libc::c_int) -> TransportError {
 }
 
 impl VerbsRnic {
-    /// Opens the transport on `dev` for a daemon of `vms` VMs, with
-    /// windows taking at most `budget`'s mappings.
+    /// Opens the transport on `dev` for the VMs of `plan`, each given its
+    /// share of the device's objects and of `budget`, the daemon's
+    /// mappings (windows and host queues).
     pub fn new(
         dev: VerbsDevice,
-        vms: usize,
+        plan: &Plan,
         budget: Arc<MapBudget>,
     ) -> Result<VerbsRnic, VerbsError> {
+        let quotas = plan.quotas(&dev.capacity(), &budget);
         let (_, gid_index) = dev.gid();
         let up = dev.port_active();
         let src = Source {
             port: dev.port(),
             gid_index: u8::try_from(gid_index).unwrap_or(u8::MAX),
         };
-        let mut hosts = Vec::with_capacity(vms);
-        for _ in 0..vms {
+        let mut hosts = Vec::with_capacity(quotas.len());
+        for quota in quotas {
             // SAFETY: a live context.
             let channel = Channel::from_raw(unsafe { ibv_create_comp_channel(dev.context()) })
                 .ok_or_else(|| {
@@ -240,14 +252,15 @@ impl VerbsRnic {
                 qps: AtomicU32::new(0),
                 srqs: AtomicU32::new(0),
                 mem: Mutex::new(None),
+                quota,
             });
         }
         Ok(VerbsRnic {
             caps: dev.caps(),
             max_cqe: dev.max_cqe(),
+            costs: MapCosts::of_device(dev.name()),
             src,
             dev,
-            budget,
             vms: hosts,
             qpns: RwLock::new(HashMap::new()),
             mrs: Mutex::new(HashMap::new()),
@@ -343,17 +356,26 @@ impl VerbsRnic {
         (spec.sq_depth, recv)
     }
 
-    /// Makes the window and the host region of `mr` over `mem`.
+    /// Makes the window (its mappings from `maps`, the VM's budget) and
+    /// the host region of `mr` over `mem`.
     fn register(
         &self,
         pd: &Pd,
         mem: &GuestMemoryMmap<()>,
         mr: &MrSpec<'_>,
         span: u64,
+        maps: &Arc<MapBudget>,
     ) -> Result<Mr, TransportError> {
-        let window = Window::map(mem, mr.pages, span, &self.budget).map_err(|e| {
-            warn!("cannot map a window for a memory region: {e}");
-            TransportError::Exhausted
+        let window = Window::map(mem, mr.pages, span, maps).map_err(|e| {
+            let status = map_error(&e);
+            // A VM past its own budget is a quota like any other (the guest
+            // may repeat it at will); the daemon's spent is the operator's.
+            if matches!(status, TransportError::Quota(_)) {
+                debug!("cannot map a window for a memory region: {e}");
+            } else {
+                warn!("cannot map a window for a memory region: {e}");
+            }
+            status
         })?;
         let offset =
             usize::try_from(mr.first_page_offset).map_err(|_| TransportError::Exhausted)?;
@@ -405,17 +427,21 @@ impl Transport for VerbsRnic {
     }
 
     fn create_pd(&self, owner: Owner) -> Result<(), TransportError> {
-        let mut t = self.tables(owner.vm)?;
+        let vm = self.vms.get(owner.vm).ok_or(TransportError::Exhausted)?;
+        let charge = vm.quota.take(Kind::Pd, 0)?;
+        let mut t = lock(&vm.tables);
         // SAFETY: a live context.
         let pd =
             Pd::from_raw(unsafe { ibv_alloc_pd(self.dev.context()) }).ok_or_else(|| host(-1))?;
         t.pds.insert(owner.handle, pd);
+        t.charges.insert((Kind::Pd, owner.handle), charge);
         Ok(())
     }
 
     fn destroy_pd(&self, owner: Owner) {
         if let Ok(mut t) = self.tables(owner.vm) {
             t.pds.remove(&owner.handle);
+            t.charges.remove(&(Kind::Pd, owner.handle));
         }
     }
 
@@ -430,6 +456,8 @@ impl Transport for VerbsRnic {
                 .map(|s| s.depth)
                 .ok_or(TransportError::Host(libc::EINVAL))?,
         };
+        // Refused before anything is reserved; given back with the QP.
+        let charge = vm.quota.take(Kind::Qp, self.costs.qp)?;
         let (send_more, recv_more) = Self::qp_cqes(spec, srq_depth);
         self.reserve_cqes(&mut t, spec.send_cq, send_more)?;
         if let Err(e) = self.reserve_cqes(&mut t, spec.recv_cq, recv_more) {
@@ -494,6 +522,7 @@ impl Transport for VerbsRnic {
         };
         let qpn = qp.qpn();
         vm.qps.fetch_add(1, Ordering::Relaxed);
+        t.charges.insert((Kind::Qp, owner.handle), charge);
         t.qps.insert(
             qpn,
             HostQp {
@@ -580,9 +609,13 @@ impl Transport for VerbsRnic {
         let mut t = lock(&vm.tables);
         if let Some(q) = t.qps.remove(&qpn) {
             vm.qps.fetch_sub(1, Ordering::Relaxed);
+            let charge = t.charges.remove(&(Kind::Qp, q.handle));
             let (s, r) = (q.sq_depth, q.rq_depth);
             let (send_cq, recv_cq) = (q.send_cq, q.recv_cq);
+            // The host QP's mappings are gone once it is: only then are
+            // they given back.
             drop(q);
+            drop(charge);
             Self::release_cqes(&mut t, send_cq, s);
             Self::release_cqes(&mut t, recv_cq, r);
         }
@@ -602,6 +635,7 @@ impl Transport for VerbsRnic {
 
     fn create_cq(&self, owner: Owner, depth: u32) -> Result<(), TransportError> {
         let vm = self.vms.get(owner.vm).ok_or(TransportError::Exhausted)?;
+        let charge = vm.quota.take(Kind::Cq, self.costs.cq)?;
         let size = depth.clamp(MIN_CQE, self.max_cqe.max(MIN_CQE));
         let cqe = libc::c_int::try_from(size).map_err(|_| TransportError::Exhausted)?;
         let context = super::events::context_of(owner.vm, owner.handle);
@@ -617,7 +651,8 @@ impl Transport for VerbsRnic {
             )
         })
         .ok_or_else(|| host(-1))?;
-        lock(&vm.tables).cqs.insert(
+        let mut t = lock(&vm.tables);
+        t.cqs.insert(
             owner.handle,
             HostCq {
                 cq,
@@ -625,17 +660,20 @@ impl Transport for VerbsRnic {
                 need: size,
             },
         );
+        t.charges.insert((Kind::Cq, owner.handle), charge);
         Ok(())
     }
 
     fn destroy_cq(&self, owner: Owner) {
         if let Ok(mut t) = self.tables(owner.vm) {
             t.cqs.remove(&owner.handle);
+            t.charges.remove(&(Kind::Cq, owner.handle));
         }
     }
 
     fn create_srq(&self, owner: Owner, spec: &SrqSpec) -> Result<(), TransportError> {
         let vm = self.vms.get(owner.vm).ok_or(TransportError::Exhausted)?;
+        let charge = vm.quota.take(Kind::Srq, self.costs.srq)?;
         let mut t = lock(&vm.tables);
         let pd = t
             .pds
@@ -663,20 +701,25 @@ impl Transport for VerbsRnic {
                 free: (0..spec.depth).rev().collect(),
             },
         );
+        t.charges.insert((Kind::Srq, owner.handle), charge);
         vm.srqs.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
     fn destroy_srq(&self, owner: Owner) {
         if let Some(vm) = self.vms.get(owner.vm) {
-            if lock(&vm.tables).srqs.remove(&owner.handle).is_some() {
+            let mut t = lock(&vm.tables);
+            if t.srqs.remove(&owner.handle).is_some() {
                 vm.srqs.fetch_sub(1, Ordering::Relaxed);
             }
+            t.charges.remove(&(Kind::Srq, owner.handle));
         }
     }
 
     fn create_ah(&self, owner: Owner, pd: u32, av: &AddressVector) -> Result<(), TransportError> {
-        let mut t = self.tables(owner.vm)?;
+        let vm = self.vms.get(owner.vm).ok_or(TransportError::Exhausted)?;
+        let charge = vm.quota.take(Kind::Ah, 0)?;
+        let mut t = lock(&vm.tables);
         let pd = t.pds.get(&pd).ok_or(TransportError::Host(libc::EINVAL))?;
         let mut a = attr::ah_attr(av, self.src);
         // SAFETY: a live PD and a filled attribute structure. Resolving the
@@ -684,18 +727,21 @@ impl Transport for VerbsRnic {
         let ah =
             Ah::from_raw(unsafe { ibv_create_ah(pd.as_ptr(), &mut a) }).ok_or_else(|| host(-1))?;
         t.ahs.insert(owner.handle, ah);
+        t.charges.insert((Kind::Ah, owner.handle), charge);
         Ok(())
     }
 
     fn destroy_ah(&self, owner: Owner) {
         if let Ok(mut t) = self.tables(owner.vm) {
             t.ahs.remove(&owner.handle);
+            t.charges.remove(&(Kind::Ah, owner.handle));
         }
     }
 
     fn reg_mr(&self, owner: Owner, mr: &MrSpec<'_>) -> Result<MrKeys, TransportError> {
         let vm = self.vms.get(owner.vm).ok_or(TransportError::Exhausted)?;
         let span = span_of(mr).ok_or(TransportError::Exhausted)?;
+        let charge = vm.quota.take(Kind::Mr, 0)?;
         let mem = lock(&vm.mem)
             .clone()
             .ok_or(TransportError::Host(libc::EFAULT))?;
@@ -705,7 +751,7 @@ impl Transport for VerbsRnic {
                 .pds
                 .get(&mr.pd)
                 .ok_or(TransportError::Host(libc::EINVAL))?;
-            self.register(pd, &mem, mr, span)?
+            self.register(pd, &mem, mr, span, vm.quota.maps())?
         };
         let (lkey, rkey) = region.keys();
         let keys = MrKeys {
@@ -718,6 +764,7 @@ impl Transport for VerbsRnic {
                 vm: owner.vm,
                 mr: Some(region),
                 span,
+                _charge: charge,
             },
         );
         self.keys
@@ -734,6 +781,10 @@ impl Transport for VerbsRnic {
 
     fn keys_in_use(&self) -> usize {
         self.keys.load(Ordering::Relaxed) as usize
+    }
+
+    fn host_usage(&self, vm: usize) -> Option<HostUsage> {
+        self.vms.get(vm).map(|v| v.quota.usage())
     }
 
     fn set_memory(&self, vm: usize, mem: Option<&GuestMemoryMmap<()>>) {
