@@ -690,7 +690,7 @@ pub fn render(view: &DaemonView) -> String {
 /// `vhost_user_rdma_engine_*{engine}`: the engine threads' work.
 fn render_engines(out: &mut Vec<MetricFamily>, engines: &[EngineStats]) {
     type Get = fn(&EngineStats) -> u64;
-    let families: [(&str, MetricType, &str, Get); 4] = [
+    let families: [(&str, MetricType, &str, Get); 6] = [
         (
             "vms",
             MetricType::GAUGE,
@@ -714,6 +714,18 @@ fn render_engines(out: &mut Vec<MetricFamily>, engines: &[EngineStats]) {
             MetricType::COUNTER,
             "Times the engine thread went to sleep for want of work.",
             |e| e.parks,
+        ),
+        (
+            "vm_parks_total",
+            MetricType::COUNTER,
+            "Times the engine thread parked a VM on its own while it polled others.",
+            |e| e.vm_parks,
+        ),
+        (
+            "peeked_total",
+            MetricType::COUNTER,
+            "Times the busy engine thread found a parked VM's work by peeking at its doorbells.",
+            |e| e.peeked,
         ),
     ];
     for (name, kind, help, get) in families {

@@ -18,6 +18,7 @@
 
 use std::os::fd::AsRawFd;
 use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -52,6 +53,10 @@ pub struct VmmTransport {
     event_call: EventFd,
     /// Duplicate of the notification queue's kick eventfd.
     notify_kick: EventFd,
+    /// Notifications of notifyq are held back ([`VmmTransport::hold_notifications`]).
+    notify_held: AtomicBool,
+    /// Notifications held back so far.
+    held: AtomicU64,
     /// The doorbell shared memory region, if the VMM negotiated it.
     shmem: Option<Arc<ShmemWindow>>,
 }
@@ -99,7 +104,26 @@ impl VmmTransport {
             ctrl_call,
             event_call,
             notify_kick,
+            notify_held: AtomicBool::new(false),
+            held: AtomicU64::new(0),
         }))
+    }
+
+    /// Holds back (`on`) the driver's notifications of notifyq, as a VMM
+    /// whose notification reaches the device arbitrarily late would (its
+    /// thread gets no CPU): they are counted, not delivered. Releasing
+    /// delivers one if any was held (notifications coalesce, spec 18.6).
+    pub fn hold_notifications(&self, on: bool) -> std::io::Result<()> {
+        self.notify_held.store(on, Ordering::SeqCst);
+        if !on && self.held.load(Ordering::SeqCst) > 0 {
+            self.notify_kick.write(1)?;
+        }
+        Ok(())
+    }
+
+    /// Notifications of notifyq held back so far.
+    pub fn held_notifications(&self) -> u64 {
+        self.held.load(Ordering::SeqCst)
     }
 
     /// The VMM (for tests that go around the driver). Do not sleep while
@@ -408,6 +432,10 @@ impl Transport for VmmTransport {
 
     fn notify(&self, queue: u16) -> Result<(), TransportError> {
         if queue == NOTIFYQ {
+            if self.notify_held.load(Ordering::SeqCst) {
+                self.held.fetch_add(1, Ordering::SeqCst);
+                return Ok(());
+            }
             // Unconditionally: the driver decided from DB_FLAG_KICK.
             return self.notify_kick.write(1).map_err(io_err);
         }

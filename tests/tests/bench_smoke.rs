@@ -25,8 +25,9 @@ fn ctrl_bench_quick_runs() {
 }
 
 /// Smoke test of the attack catalogue: `attack_bench --quick` runs every
-/// attack against the victim and prints a line for each (the attacks run
-/// for real — a daemon that hung or refused one would fail it).
+/// attack against the victims (closed loop and paced) and prints a line
+/// for each (the attacks run for real — a daemon that hung or refused one
+/// would fail it).
 #[test]
 fn attack_bench_quick_runs() {
     let lines: Vec<String> = [
@@ -36,6 +37,8 @@ fn attack_bench_quick_runs() {
         "retry-nowhere",
         "flush-storm",
         "ctrl-heavy",
+        "self-send",
+        "self-send-2vm",
         "hog",
     ]
     .iter()

@@ -84,6 +84,11 @@ pub struct EngineCounters {
     pub bytes: AtomicU64,
     /// Times the thread parked (went to sleep for want of work).
     pub parks: AtomicU64,
+    /// Times a VM was parked on its own while the thread polled others.
+    pub vm_parks: AtomicU64,
+    /// Times a peek found work of a parked VM while the thread was busy
+    /// (before, or without, the VM's notification).
+    pub peeked: AtomicU64,
 }
 
 /// An engine thread and the VMs it serves.

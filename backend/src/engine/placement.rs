@@ -118,6 +118,10 @@ pub struct EngineStats {
     pub bytes: u64,
     /// Times it parked.
     pub parks: u64,
+    /// Times it parked a VM on its own while it polled others.
+    pub vm_parks: u64,
+    /// Times a peek found work of a parked VM while it was busy.
+    pub peeked: u64,
 }
 
 /// The running engine threads.
@@ -230,6 +234,8 @@ impl Engines {
                     wqes: c.wqes.load(Relaxed),
                     bytes: c.bytes.load(Relaxed),
                     parks: c.parks.load(Relaxed),
+                    vm_parks: c.vm_parks.load(Relaxed),
+                    peeked: c.peeked.load(Relaxed),
                 }
             })
             .collect()

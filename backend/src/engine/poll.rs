@@ -66,6 +66,13 @@ impl DbEntry {
             self.due = None;
             return true;
         }
+        self.moved()
+    }
+
+    /// Whether a producer index moved past what the engine acted on, or
+    /// the QP owes a flush (`has_work` without the retry wait).
+    #[inline]
+    fn moved(&self) -> bool {
         // SAFETY: `self.db` is either the host address of a 64-byte,
         // 64-byte aligned doorbell record inside a RAM region of the
         // mapping the list's `host` keeps alive (checked by `HostMem::ptr`
@@ -144,6 +151,9 @@ pub(super) struct DbList {
     pub(super) idle_scans: u32,
     /// Since when the VM has had no work (read every so many idle scans).
     pub(super) idle_since: Option<Instant>,
+    /// While parked: the thread's work clock (`Scratch::worked`) at which
+    /// the list is peeked next ([`DbList::peek`]).
+    pub(super) peek_at: u64,
 }
 
 // The sweep calls `refresh_if_changed`, `pending` and `scan` (and this
@@ -172,6 +182,7 @@ impl DbList {
             timer: None,
             idle_scans: 0,
             idle_since: None,
+            peek_at: 0,
         }
     }
 
@@ -260,6 +271,18 @@ impl DbList {
             }
         }
         true
+    }
+
+    /// Whether a QP of the parked list shows new work: a scan that changes
+    /// nothing, so that a busy thread finds a parked VM's posts without
+    /// waiting for its notification ([`super::thread`], "peeks"). QPs that
+    /// wait for a retry are left to the list's timer. The caller rebuilds
+    /// a stale list first: a QP created or connected while its VM was
+    /// parked is not in it.
+    pub(super) fn peek(&self) -> bool {
+        self.host.is_some()
+            && self.dev.running()
+            && self.qps.iter().any(|e| e.due.is_none() && e.moved())
     }
 
     /// Reads every doorbell and collects the QPs with something to do.
@@ -409,6 +432,25 @@ mod tests {
         e.owed = true;
         assert!(e.has_work(&mut now), "an owed flush");
         assert!(now.is_none(), "no clock read without a retry");
+    }
+
+    /// A peek sees what a scan would see — a new producer index, an owed
+    /// flush — but not a QP waiting for a retry (its timer brings it
+    /// back), and it changes nothing.
+    #[test]
+    fn a_peek_sees_posts_and_leaves_retry_waits_to_their_timer() {
+        let words = [AtomicU32::new(0), AtomicU32::new(0)];
+        let mut e = entry(&words);
+        assert!(!e.moved());
+        words[0].store(1u32.to_le(), Ordering::Release);
+        assert!(e.moved(), "a new sq_pi");
+        assert!(e.moved(), "still: a peek changes nothing");
+        assert_eq!(e.seen_sq, 0);
+        let mut now = None;
+        assert!(e.has_work(&mut now), "the scan after the peek sees it too");
+        e.seen_sq = 1;
+        e.owed = true;
+        assert!(e.moved(), "an owed flush");
     }
 
     /// A QP whose head WQE waits for a retry is not work before its time,

@@ -20,7 +20,7 @@ use super::thread::Scratch;
 use super::transport::TransportPath;
 use super::Engine;
 use crate::memory::HostMem;
-use crate::qos::drr::{cost_of, Drr, Turn};
+use crate::qos::drr::{cost_ns, Drr, Turn};
 use crate::vm::cell::{Locked, VmCell};
 use crate::vm::VmState;
 
@@ -105,8 +105,9 @@ impl Engine {
 
     /// One pass over the QPs of a VM that showed work in the last scan, a
     /// burst each, starting where the last pass stopped. Each burst's cost
-    /// ([`cost_of`] its work requests and bytes) is charged to the
-    /// VM's deficit; the pass ends when the deficit runs out.
+    /// ([`cost_ns`] of its work requests and bytes) is charged to the
+    /// VM's deficit, and counted in the thread's work clock
+    /// ([`Scratch::worked`]); the pass ends when the deficit runs out.
     fn pass<P: TransportPath>(
         &self,
         path: &P,
@@ -170,7 +171,9 @@ impl Engine {
                 // costs one work request, so every turn ends.
                 let (wqes, bytes) = scratch.executed;
                 let wqes = if busy { u64::from(wqes.max(1)) } else { 0 };
-                if !drr.charge(turn.vm, cost_of(wqes, bytes)) {
+                let cost = cost_ns(wqes, bytes);
+                scratch.worked = scratch.worked.saturating_add(cost);
+                if !drr.charge_ns(turn.vm, cost) {
                     break;
                 }
             }

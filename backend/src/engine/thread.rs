@@ -11,6 +11,18 @@
 //! that drivers publish without a fence; VMs then park only with the whole
 //! thread, which first clears that flag and waits for a system-wide
 //! barrier ([`super::barrier`]) before it asks for kicks.
+//!
+//! **Peeks.** A VM parked while the thread stays busy with others is not
+//! left to its kick alone: the kick reaches the engine through the VM's
+//! vhost-user worker, a thread that needs a CPU — on the engine's CPU,
+//! the scheduler let a busy engine run on for a whole time slice (ms)
+//! before it, so an idle tenant's request waited milliseconds behind
+//! another tenant's work (issue 26, N1). So every [`PEEK_WORK`] of work
+//! (the DRR's cost model, no clock), plus [`PEEK_PER_QP`] per QP of the
+//! VM so that peeking stays a small part of the work, the thread reads a
+//! parked VM's producer indices without changing anything
+//! ([`DbList::peek`]) and treats new work as a kick. A kick still wakes a
+//! sleeping thread; peeks only bound the wait while it is busy.
 
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
@@ -51,6 +63,29 @@ const IDLE_SCANS: u32 = 64;
 /// for the barrier the flag costs at the next park.
 const PROMOTE_AFTER: Duration = Duration::from_millis(1);
 
+/// A parked VM is peeked after at least this much work of the thread
+/// (modelled engine time, [`crate::qos::drr::cost_ns`]): an idle VM's new
+/// request waits about this long behind others' work, not a scheduler
+/// slice of its kick's thread (docs/isolation.md, "Parked VMs next to a
+/// busy tenant").
+pub(super) const PEEK_WORK: u64 = 20_000;
+
+/// ... plus this much per QP of the VM: a peek reads a doorbell per QP
+/// (at worst a cache miss, ~0.1 µs), so peeking costs at most about a
+/// tenth of the thread's time however many QPs parked VMs have.
+pub(super) const PEEK_PER_QP: u64 = 1_000;
+
+/// Work a sweep that did any is counted as at least (ns), so that peeks
+/// also come while the work is of a kind the cost model does not charge.
+const SWEEP_WORK: u64 = 100;
+
+/// The work between two peeks of a parked VM with `qps` QPs (ns of
+/// modelled engine time).
+pub(super) fn peek_spacing(qps: usize) -> u64 {
+    let qps = u64::try_from(qps).unwrap_or(u64::MAX);
+    PEEK_WORK.saturating_add(qps.saturating_mul(PEEK_PER_QP))
+}
+
 /// Reusable memory of the engine thread (no allocation per work request),
 /// with the transport's own (`T`).
 pub struct Scratch<T> {
@@ -69,6 +104,10 @@ pub struct Scratch<T> {
     /// A VM's lock was busy since this was last cleared, so there may be
     /// work the engine could not look at: it must not park on it.
     pub(crate) contended: bool,
+    /// The thread's work clock: the modelled engine time
+    /// ([`crate::qos::drr::cost_ns`]) of all the work it did, plus
+    /// [`SWEEP_WORK`] per busy sweep; parked VMs are peeked by it.
+    pub(super) worked: u64,
     /// The transport's reusable memory.
     pub(crate) transport: T,
 }
@@ -83,6 +122,7 @@ impl<T: Default> Scratch<T> {
             moved: 0,
             executed: (0, 0),
             contended: false,
+            worked: 0,
             transport: T::default(),
         }
     }
@@ -179,7 +219,31 @@ impl Engine {
         list.timer = timer;
         list.work.clear();
         list.next = 0;
+        list.peek_at = scratch.worked.saturating_add(peek_spacing(list.qps.len()));
         true
+    }
+
+    /// Peeks the parked lists whose turn has come by the thread's work
+    /// clock (see the module documentation): a list whose doorbells show
+    /// work is kicked, so the next sweep wakes it as if its VM had
+    /// notified. A list the VM changed since it was built (QPs created or
+    /// connected while it was parked) is rebuilt first, as a sweep would.
+    /// Returns the clock of the next peek due.
+    fn peek_parked<T>(&self, lists: &mut [DbList], scratch: &mut Scratch<T>) -> u64 {
+        let worked = scratch.worked;
+        let mut next = worked.saturating_add(PEEK_WORK);
+        for list in lists.iter_mut().filter(|l| l.parked) {
+            if list.peek_at <= worked {
+                list.refresh_if_changed(scratch);
+                if list.peek() {
+                    list.dev.kick();
+                    TrafficCounters::add_single_writer(&self.counters.peeked, 1);
+                }
+                list.peek_at = worked.saturating_add(peek_spacing(list.qps.len()));
+            }
+            next = next.min(list.peek_at);
+        }
+        next
     }
 
     /// Parks the lists that have been idle for [`POLL_WINDOW`] while the
@@ -208,8 +272,10 @@ impl Engine {
             }
             let now = *now.get_or_insert_with(Instant::now);
             let since = *list.idle_since.get_or_insert(now);
-            if now.saturating_duration_since(since) >= POLL_WINDOW {
-                self.park_list(path, vms, lists, k, scratch);
+            if now.saturating_duration_since(since) >= POLL_WINDOW
+                && self.park_list(path, vms, lists, k, scratch)
+            {
+                TrafficCounters::add_single_writer(&self.counters.vm_parks, 1);
             }
         }
     }
@@ -237,6 +303,8 @@ impl Engine {
         let mut polling = Polling::Off;
         // The transport's descriptors the parked thread also waits on.
         let mut park_fds = Vec::new();
+        // The work clock at which parked lists are peeked next.
+        let mut next_peek = 0u64;
         while !self.stop.load(Ordering::Acquire) {
             if self.hold.load(Ordering::Acquire) {
                 self.held.store(true, Ordering::Release);
@@ -304,6 +372,12 @@ impl Engine {
             if did {
                 idle_sweeps = 0;
                 woke = false;
+                // Busy: parked VMs are peeked by the work clock, not left
+                // to kicks that may wait for this CPU (module docs).
+                scratch.worked = scratch.worked.saturating_add(SWEEP_WORK);
+                if scratch.worked >= next_peek {
+                    next_peek = self.peek_parked(&mut lists, &mut scratch);
+                }
                 // Not while a drain is pending: work that comes and goes
                 // faster than a barrier would otherwise keep the engine
                 // from ever parking. A finished drain leaves every flag
@@ -454,5 +528,27 @@ pub(super) fn pin_to(cpu: usize) {
         );
     } else {
         log::info!("engine pinned to CPU {cpu}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A parked VM is peeked after `PEEK_WORK` of work, later the more QPs
+    /// it has: reading its doorbells (at worst ~0.1 µs each, a cache miss)
+    /// stays within about a tenth of the work in between.
+    #[test]
+    fn peeks_are_spaced_by_the_qps_they_read() {
+        assert_eq!(peek_spacing(0), PEEK_WORK);
+        assert_eq!(peek_spacing(1), PEEK_WORK + PEEK_PER_QP);
+        for qps in [1usize, 64, 2_500, 1 << 20] {
+            let reads_ns = qps as u64 * 100;
+            assert!(reads_ns * 10 <= peek_spacing(qps), "{qps} QPs");
+        }
+        assert!(peek_spacing(usize::MAX) >= PEEK_WORK, "saturates, never wraps");
+        // An idle VM with a QP or two is looked at within tens of µs of
+        // work: far below a scheduler time slice (ms).
+        assert!(peek_spacing(2) <= 25_000);
     }
 }

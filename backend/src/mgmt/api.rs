@@ -168,6 +168,8 @@ fn dispatch(view: &DaemonView, mut obj: Map<String, Value>) -> Reply {
                         "wqes": e.wqes,
                         "bytes": e.bytes,
                         "parks": e.parks,
+                        "vm_parks": e.vm_parks,
+                        "peeked": e.peeked,
                     })
                 })
                 .collect();

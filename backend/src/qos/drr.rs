@@ -98,10 +98,6 @@ fn share_of(weight: u32, group: u32, sum: u64) -> i64 {
     i64::try_from(ns).unwrap_or(i64::MAX).max(1)
 }
 
-fn ns(d: Duration) -> i64 {
-    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
-}
-
 /// How [`Drr::round`] asks for a VM to be served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Turn {
@@ -129,10 +125,13 @@ pub const BYTES_PER_US: u64 = 20 << 10;
 /// plus the bytes at the engine's copy rate (a model, not a clock: see
 /// docs/isolation.md, "Cost model").
 pub fn cost_of(wqes: u64, bytes: u64) -> Duration {
-    let ns = wqes
-        .saturating_mul(u64::try_from(OP_COST.as_nanos()).unwrap_or(u64::MAX))
-        .saturating_add(bytes.saturating_mul(1000) / BYTES_PER_US);
-    Duration::from_nanos(ns)
+    Duration::from_nanos(cost_ns(wqes, bytes))
+}
+
+/// [`cost_of`] in nanoseconds.
+pub fn cost_ns(wqes: u64, bytes: u64) -> u64 {
+    wqes.saturating_mul(u64::try_from(OP_COST.as_nanos()).unwrap_or(u64::MAX))
+        .saturating_add(bytes.saturating_mul(1000) / BYTES_PER_US)
 }
 
 impl Drr {
@@ -204,9 +203,16 @@ impl Drr {
     /// Charges `cost` of engine time to VM `vm`; returns whether it may go
     /// on in this round.
     pub fn charge(&mut self, vm: usize, cost: Duration) -> bool {
+        self.charge_ns(vm, u64::try_from(cost.as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    /// [`Drr::charge`] with the cost in nanoseconds.
+    pub fn charge_ns(&mut self, vm: usize, cost: u64) -> bool {
         match self.slots.get_mut(vm) {
             Some(s) => {
-                s.deficit = s.deficit.saturating_sub(ns(cost));
+                s.deficit = s
+                    .deficit
+                    .saturating_sub(i64::try_from(cost).unwrap_or(i64::MAX));
                 s.deficit > 0
             }
             None => true,

@@ -1,7 +1,11 @@
 //! The attack catalogue: a victim pair in one tenant measures its latency
 //! and throughput (one 64-byte RDMA WRITE at a time, post to completion)
 //! alone and while a hostile guest in another tenant runs one attack at a
-//! time on the same engine thread, under the QoS setting that
+//! time on the same engine thread, as three kinds of victim (`--victims`):
+//! `closed` posts its next WRITE as soon as the last completes; `1ms` and
+//! `10ms` post one WRITE per millisecond or per 10 ms and sleep between
+//! them, so that their VM is idle (and parked by the engine) when each
+//! WRITE is posted; under the QoS setting that
 //! docs/isolation.md guarantees against a heavy honest tenant (the
 //! victim's tenant and VMs at weight 1000, the attacker's at 1;
 //! `--default-qos` for equal weights). Target: victim p99 ≤ 2 × alone and
@@ -18,6 +22,10 @@
 //!   refills as fast as it is flushed (no control command involved);
 //! - `ctrl-heavy`: registering and deregistering a 16 GiB region of one
 //!   repeated page in a loop (the control path holds the VM's lock);
+//! - `self-send`: 8 RC QP pairs inside one VM, each keeping a SEND of
+//!   `--msg-mib` or twice that (at most 2 GiB) going between two regions
+//!   of one repeated page each (two pages of RAM in all);
+//! - `self-send-2vm`: the same in each of the attacker's two VMs;
 //! - `hog`: not an attack but the reference of an honest heavy tenant,
 //!   64 KiB RDMA WRITEs on 8 QPs, 64 deep.
 //!
@@ -37,7 +45,8 @@ use clap::Parser;
 use vhost_user_rdma::config::TenantConfig;
 use vhost_user_rdma::qos::QosSpec;
 use vhost_user_rdma_tests::bench::{
-    lat_client, loadavg, median, pin_current, print_header, thread_placement, verdict, LatResult,
+    lat_client, lat_client_paced, loadavg, median, pin_current, print_header, thread_placement,
+    verdict, LatResult,
 };
 use vhost_user_rdma_tests::dp::{rc_pair, repeated_page_mr, Buf, Vm, QP_ACCESS};
 use vhost_user_rdma_tests::harness::TestDaemon;
@@ -54,14 +63,20 @@ type Res<T> = Result<T, BoxError>;
 const WARMUP: Duration = Duration::from_millis(300);
 /// Sleep of an attacker with nothing to do for now.
 const NAP: Duration = Duration::from_millis(1);
-const ATTACKS: [&str; 6] = [
+const ATTACKS: [&str; 8] = [
     "huge-send",
     "huge-read",
     "retry-nowhere",
     "flush-storm",
     "ctrl-heavy",
+    "self-send",
+    "self-send-2vm",
     "hog",
 ];
+/// QP pairs of a `self-send` attacker VM.
+const SELF_PAIRS: usize = 8;
+/// The largest message (the port's `max_msg_size`).
+const MAX_MSG: u64 = 1 << 31;
 
 #[derive(Parser, Debug)]
 #[command(about = "Attack catalogue of vhost-user-rdma's engine (see docs/isolation.md)")]
@@ -84,6 +99,11 @@ struct Args {
     /// CPU of the daemon (engine).
     #[arg(long, default_value_t = 1)]
     engine_cpu: usize,
+    /// Comma-separated victims: `closed` (the next WRITE as soon as the
+    /// last completes), `1ms` and `10ms` (one WRITE per interval, idle
+    /// between them).
+    #[arg(long, default_value = "closed,1ms,10ms")]
+    victims: String,
     /// Tiny version (smoke test).
     #[arg(long)]
     quick: bool,
@@ -153,6 +173,8 @@ enum Attack {
     },
     /// Registering and deregistering a huge region.
     Ctrl { vm: Arc<Vm>, page: DmaBuf },
+    /// Huge SENDs between QP pairs inside the attacker's VMs.
+    SelfSend(Vec<SelfSender>),
     /// 64 KiB WRITEs, deep.
     Hog {
         qps: Vec<Qp>,
@@ -163,6 +185,85 @@ enum Attack {
         dst: Buf,
         outstanding: Vec<usize>,
     },
+}
+
+/// One attacker VM sending huge messages to itself: [`SELF_PAIRS`] RC QP
+/// pairs, each with one SEND of `msg` or `2 msg` (at most [`MAX_MSG`])
+/// bytes in flight, from a region of one repeated page into another.
+/// Fields are dropped in order: regions before their pages.
+struct SelfSender {
+    pairs: Vec<(Qp, Qp)>,
+    busy: Vec<bool>,
+    scq: Arc<Cq>,
+    rcq: Arc<Cq>,
+    posted: u64,
+    src: Mr,
+    dst: Mr,
+    _pages: (DmaBuf, DmaBuf),
+}
+
+impl SelfSender {
+    fn new(vm: &Vm, msg: u64) -> Res<SelfSender> {
+        let (scq, rcq) = (Cq::create(&vm.dev, 64)?, Cq::create(&vm.dev, 64)?);
+        let mut pairs = Vec::new();
+        for _ in 0..SELF_PAIRS {
+            let (qa, qb) = (qp(vm, &scq, 4, 4)?, qp(vm, &rcq, 4, 4)?);
+            connect(vm, &qa, vm, &qb)?;
+            pairs.push((qa, qb));
+        }
+        let (ps, pd) = (vm.dev.alloc_dma(4096, 4096)?, vm.dev.alloc_dma(4096, 4096)?);
+        let big = msg.saturating_mul(2).min(MAX_MSG);
+        let src = repeated(vm, &ps, 0x100_0000_0000, big)?;
+        let dst = repeated(vm, &pd, 0x200_0000_0000, big)?;
+        Ok(SelfSender {
+            busy: vec![false; pairs.len()],
+            pairs,
+            scq,
+            rcq,
+            posted: 0,
+            src,
+            dst,
+            _pages: (ps, pd),
+        })
+    }
+
+    /// Reaps completions and gives every idle pair its next SEND; false if
+    /// there was nothing to do.
+    fn step(&mut self, msg: u64) -> Res<bool> {
+        let mut wc = [WorkCompletion::default(); 64];
+        let done = self.scq.poll(&mut wc);
+        for w in &wc[..done] {
+            if !w.is_success() {
+                return Err(format!("self-send: {w:?}").into());
+            }
+            if let Some(b) = self.busy.get_mut(usize::try_from(w.wr_id)?) {
+                *b = false;
+            }
+        }
+        let _ = self.rcq.poll(&mut wc);
+        let big = msg.saturating_mul(2).min(MAX_MSG);
+        let mut any = done > 0;
+        for (i, (qa, qb)) in self.pairs.iter().enumerate() {
+            if self.busy[i] {
+                continue;
+            }
+            let len = if self.posted % 2 == 0 { msg } else { big };
+            let len = u32::try_from(len)?;
+            qb.post_recv(&[RecvWr {
+                wr_id: 0,
+                sg_list: &[self.dst.sge(0, len)?],
+            }])?;
+            qa.post_send(&[SendWr::signaled(
+                i as u64,
+                SendOp::Send,
+                &[self.src.sge(0, len)?],
+            )])?;
+            self.busy[i] = true;
+            self.posted += 1;
+            any = true;
+        }
+        Ok(any)
+    }
 }
 
 const HUGE_DEPTH: usize = 2;
@@ -226,6 +327,10 @@ impl Attack {
                     depth,
                     outstanding: 0,
                 }
+            }
+            "self-send" => Attack::SelfSend(vec![SelfSender::new(a, msg)?]),
+            "self-send-2vm" => {
+                Attack::SelfSend(vec![SelfSender::new(a, msg)?, SelfSender::new(b, msg)?])
             }
             "ctrl-heavy" => Attack::Ctrl {
                 vm: a.clone(),
@@ -339,6 +444,13 @@ impl Attack {
                 let mr = repeated(vm, page, 0x100_0000_0000, 16 << 30)?;
                 drop(mr);
                 Ok(true)
+            }
+            Attack::SelfSend(senders) => {
+                let mut any = false;
+                for s in senders {
+                    any |= s.step(msg)?;
+                }
+                Ok(any)
             }
             Attack::Hog {
                 qps,
@@ -467,16 +579,30 @@ fn main() -> Res<()> {
         remote_addr: vdst.addr(0),
         rkey: vdst.mr.rkey(),
     };
+    let victims: Vec<Victim> = args
+        .victims
+        .split(',')
+        .map(|v| Victim::parse(v.trim()))
+        .collect::<Res<_>>()?;
     let scenarios: Vec<&str> = std::iter::once("alone").chain(attacks).collect();
-    let mut res: Vec<Vec<LatResult>> = vec![Vec::new(); scenarios.len()];
+    // res[scenario][victim]: one result per run.
+    let mut res: Vec<Vec<Vec<LatResult>>> = vec![vec![Vec::new(); victims.len()]; scenarios.len()];
+    // The victim VM's notifications (kicks) per WRITE, same indices.
+    let mut kicks: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); victims.len()]; scenarios.len()];
     let stop = AtomicBool::new(false);
+    let notifications = || {
+        d.daemon()
+            .tenancy()
+            .traffic(0)
+            .map_or(0, |t| t.snapshot().notifications)
+    };
     for run in 0..args.runs {
         for (k, name) in scenarios.iter().enumerate() {
             let attack = match *name {
                 "alone" => None,
                 n => Some(Attack::new(n, &vms[2], &vms[3], msg)?),
             };
-            let lat = std::thread::scope(|s| -> Res<LatResult> {
+            let lats = std::thread::scope(|s| -> Res<Vec<(LatResult, f64)>> {
                 stop.store(false, Ordering::Relaxed);
                 let h = attack.map(|mut at| {
                     let (cpu, stop) = (args.client_cpu, &stop);
@@ -503,57 +629,96 @@ fn main() -> Res<()> {
                     })
                 });
                 std::thread::sleep(WARMUP);
-                let lat = lat_client(&victim.cqa, &victim.qa, vsrc.sge(0, 64), vop, args.secs);
+                let mut out = Vec::new();
+                for v in &victims {
+                    let n0 = notifications();
+                    let sge = vsrc.sge(0, 64);
+                    let lat = match v.interval {
+                        None => lat_client(&victim.cqa, &victim.qa, sge, vop, args.secs),
+                        Some(i) => {
+                            lat_client_paced(&victim.cqa, &victim.qa, sge, vop, args.secs, i)
+                        }
+                    };
+                    let lat = match lat {
+                        Ok(l) => l,
+                        Err(e) => {
+                            stop.store(true, Ordering::Relaxed);
+                            return Err(e);
+                        }
+                    };
+                    let ops = (lat.ops * args.secs).max(1.0);
+                    out.push((lat, notifications().saturating_sub(n0) as f64 / ops));
+                }
                 stop.store(true, Ordering::Relaxed);
                 if let Some(h) = h {
                     h.join()
                         .map_err(|_| BoxError::from("attacker panicked"))??;
                 }
-                lat
+                Ok(out)
             })?;
-            println!(
-                "  run {}: {:<14} p50 {:>8.2} us  p99 {:>9.2} us  max {:>10.1} us  {:>9.0} ops/s",
-                run + 1,
-                name,
-                lat.p50,
-                lat.p99,
-                lat.max,
-                lat.ops
-            );
-            res[k].push(lat);
+            for (j, (lat, kpo)) in lats.into_iter().enumerate() {
+                println!(
+                    "  run {}: {:<14} {:<6} p50 {:>8.2} us  p90 {:>8.2} us  p99 {:>9.2} us  max {:>10.1} us  {:>9.0} ops/s  {:.2} kicks/op",
+                    run + 1,
+                    name,
+                    victims[j].name,
+                    lat.p50,
+                    lat.p90,
+                    lat.p99,
+                    lat.max,
+                    lat.ops,
+                    kpo
+                );
+                res[k][j].push(lat);
+                kicks[k][j].push(kpo);
+            }
         }
     }
-    let m = |k: usize, f: fn(&LatResult) -> f64| median(&res[k].iter().map(f).collect::<Vec<_>>());
-    // Ratios to the victim alone *of the same run*: this machine's speed
-    // changes by 2x between minutes, so medians of absolute values across
-    // runs compare different machines.
-    let ratio = |k: usize, f: fn(&LatResult) -> f64| {
-        let r: Vec<f64> = res[k]
-            .iter()
-            .zip(&res[0])
-            .map(|(x, alone)| f(x) / f(alone))
-            .collect();
-        median(&r)
-    };
     println!(
-        "\n  medians over {} runs; ratios are medians of each run's ratio to the victim alone in that run (target: p99 <= 2 x alone, ops >= 0.9 x alone):",
+        "\n  medians over {} runs; ratios are medians of each run's ratio to the same victim alone in that run (target: p99 <= 2 x alone, ops >= 0.9 x alone):",
         args.runs
     );
     let cmdline: Vec<String> = std::env::args().collect();
     let mut summary = Vec::new();
-    for (k, name) in scenarios.iter().enumerate() {
-        let (p50, p99, ops) = (m(k, |r| r.p50), m(k, |r| r.p99), m(k, |r| r.ops));
-        let (rp, ro) = (ratio(k, |r| r.p99), ratio(k, |r| r.ops));
-        let v = if k == 0 {
-            "-"
-        } else {
-            verdict(rp <= 2.0 && ro >= 0.9)
+    let mut misses = 0;
+    for (j, v) in victims.iter().enumerate() {
+        let m = |k: usize, f: fn(&LatResult) -> f64| {
+            median(&res[k][j].iter().map(f).collect::<Vec<_>>())
         };
-        let line = format!(
-            "{name:<14} p50 {p50:>8.2} us  p99 {p99:>9.2} us ({rp:>6.2} x alone)  {ops:>9.0} ops/s ({ro:>4.2} x alone)  {v}"
-        );
-        println!("    {line}");
-        summary.push(line);
+        // Ratios to the victim alone *of the same run*: this machine's
+        // speed changes by 2x between minutes, so medians of absolute
+        // values across runs compare different machines.
+        let ratio = |k: usize, f: fn(&LatResult) -> f64| {
+            let r: Vec<f64> = res[k][j]
+                .iter()
+                .zip(&res[0][j])
+                .map(|(x, alone)| f(x) / f(alone))
+                .collect();
+            median(&r)
+        };
+        for (k, name) in scenarios.iter().enumerate() {
+            let (p50, p90, p99, ops) = (
+                m(k, |r| r.p50),
+                m(k, |r| r.p90),
+                m(k, |r| r.p99),
+                m(k, |r| r.ops),
+            );
+            let (rp, ro) = (ratio(k, |r| r.p99), ratio(k, |r| r.ops));
+            let kpo = median(&kicks[k][j]);
+            let v_ = if k == 0 {
+                "-"
+            } else {
+                let ok = rp <= 2.0 && ro >= 0.9;
+                misses += usize::from(!ok);
+                verdict(ok)
+            };
+            let line = format!(
+                "{name:<14} {:<6} p50 {p50:>8.2} us  p90 {p90:>8.2} us  p99 {p99:>9.2} us ({rp:>6.2} x alone)  {ops:>9.0} ops/s ({ro:>4.2} x alone)  {kpo:>4.2} kicks/op  {v_}",
+                v.name
+            );
+            println!("    {line}");
+            summary.push(line);
+        }
     }
     println!("\n  threads by CPU: {}", thread_placement());
     println!("  load average at end: {}", loadavg());
@@ -561,5 +726,33 @@ fn main() -> Res<()> {
     for s in summary {
         println!("  {s}");
     }
+    println!("  misses: {misses}");
     Ok(())
+}
+
+/// A kind of victim client.
+struct Victim {
+    /// As given on the command line.
+    name: String,
+    /// One WRITE per this (None: closed loop).
+    interval: Option<Duration>,
+}
+
+impl Victim {
+    fn parse(v: &str) -> Res<Victim> {
+        let interval = match v {
+            "closed" => None,
+            _ => {
+                let ms: u64 = v
+                    .strip_suffix("ms")
+                    .and_then(|n| n.parse().ok())
+                    .ok_or_else(|| format!("victim {v}: closed or <n>ms"))?;
+                Some(Duration::from_millis(ms.max(1)))
+            }
+        };
+        Ok(Victim {
+            name: v.to_string(),
+            interval,
+        })
+    }
 }

@@ -490,6 +490,7 @@ fn bench_lat(args: &Args, secs: f64, hog_size: usize) -> Res<Vec<String>> {
                     std::thread::sleep(Duration::from_secs_f64(secs));
                     Ok(LatResult {
                         p50: f64::NAN,
+                        p90: f64::NAN,
                         p99: f64::NAN,
                         p999: f64::NAN,
                         max: f64::NAN,
