@@ -169,6 +169,32 @@ pub const LAT_WINDOW: Duration = Duration::from_millis(100);
 /// A completion that takes longer than this is an error (no hang).
 const LAT_WAIT: Duration = Duration::from_secs(20);
 
+/// Posts signaled work request `i` (`op` over `sge`) on `qp`, spins on
+/// `cq` for its completion and returns the µs since `t0`.
+fn one_request(
+    cq: &Cq,
+    qp: &Qp,
+    sge: &[Sge; 1],
+    op: SendOp,
+    i: u64,
+    t0: Instant,
+) -> Result<f64, Box<dyn std::error::Error + Send + Sync>> {
+    let mut wc = [WorkCompletion::default(); 1];
+    qp.post_send(&[SendWr::signaled(i, op, sge)])?;
+    let deadline = t0 + LAT_WAIT;
+    loop {
+        if cq.poll(&mut wc) == 1 {
+            if !wc[0].is_success() {
+                return Err(format!("latency request failed: {:?}", wc[0]).into());
+            }
+            return Ok(t0.elapsed().as_secs_f64() * 1e6);
+        }
+        if Instant::now() > deadline {
+            return Err("latency request: no completion within 20 s".into());
+        }
+    }
+}
+
 /// A closed-loop latency client: for `secs`, posts the signaled work
 /// request `op` over `sge` on `qp`, one at a time, and spins on `cq` for its
 /// completion. Returns p50/p99 (µs) and ops/s.
@@ -180,7 +206,6 @@ pub fn lat_client(
     secs: f64,
 ) -> Result<LatResult, Box<dyn std::error::Error + Send + Sync>> {
     let sge = [sge];
-    let mut wc = [WorkCompletion::default(); 1];
     let mut samples = Vec::with_capacity(200_000);
     let mut windows: Vec<f64> = Vec::new();
     let end = Instant::now() + Duration::from_secs_f64(secs);
@@ -191,20 +216,7 @@ pub fn lat_client(
         if t0 >= end {
             break;
         }
-        qp.post_send(&[SendWr::signaled(i, op, &sge)])?;
-        let deadline = t0 + LAT_WAIT;
-        loop {
-            if cq.poll(&mut wc) == 1 {
-                if !wc[0].is_success() {
-                    return Err(format!("latency request failed: {:?}", wc[0]).into());
-                }
-                break;
-            }
-            if Instant::now() > deadline {
-                return Err("latency request: no completion within 20 s".into());
-            }
-        }
-        samples.push(t0.elapsed().as_secs_f64() * 1e6);
+        samples.push(one_request(cq, qp, &sge, op, i, t0)?);
         let w = (t0.duration_since(t_start).as_nanos() / LAT_WINDOW.as_nanos()) as usize;
         if windows.len() <= w {
             windows.resize(w + 1, 0.0);
@@ -237,7 +249,6 @@ pub fn lat_client_paced(
     interval: Duration,
 ) -> Result<LatResult, Box<dyn std::error::Error + Send + Sync>> {
     let sge = [sge];
-    let mut wc = [WorkCompletion::default(); 1];
     let mut samples = Vec::new();
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(secs);
@@ -260,20 +271,7 @@ pub fn lat_client_paced(
         if t0 >= end {
             break;
         }
-        qp.post_send(&[SendWr::signaled(i, op, &sge)])?;
-        let deadline = t0 + LAT_WAIT;
-        loop {
-            if cq.poll(&mut wc) == 1 {
-                if !wc[0].is_success() {
-                    return Err(format!("latency request failed: {:?}", wc[0]).into());
-                }
-                break;
-            }
-            if Instant::now() > deadline {
-                return Err("latency request: no completion within 20 s".into());
-            }
-        }
-        samples.push(t0.elapsed().as_secs_f64() * 1e6);
+        samples.push(one_request(cq, qp, &sge, op, i, t0)?);
         i += 1;
         due += interval;
     }
