@@ -84,10 +84,58 @@ impl HostMem {
         None
     }
 
+    /// Whether every byte of `[gpa, gpa + len)` is guest RAM (it may span
+    /// RAM regions that touch). Regions are sorted and do not overlap.
+    pub fn covers(&self, gpa: u64, len: u64) -> bool {
+        let Some(end) = gpa.checked_add(len) else {
+            return false;
+        };
+        let mut at = gpa;
+        for r in &self.regions {
+            if at >= end {
+                break;
+            }
+            if r.end <= at {
+                continue;
+            }
+            if r.start > at {
+                return false;
+            }
+            at = r.end;
+        }
+        at >= end
+    }
+
     /// Host address of `[gpa, gpa + len)`, which must lie inside one RAM
     /// region.
     #[inline]
     pub fn ptr(&self, gpa: u64, len: u64) -> Option<*mut u8> {
         self.range(gpa, len).map(|(p, _)| p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use vm_memory::GuestAddress;
+
+    use super::*;
+
+    #[test]
+    fn covers_ranges_across_touching_regions_only() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[
+            (GuestAddress(0x1000), 0x1000),
+            (GuestAddress(0x2000), 0x1000),
+            (GuestAddress(0x5000), 0x1000),
+        ])
+        .unwrap();
+        let host = HostMem::from_mmap(mem);
+        assert!(host.covers(0x1000, 0x2000), "two regions that touch");
+        assert!(host.covers(0x1800, 0x1000));
+        assert!(host.covers(0x5000, 0x1000));
+        assert!(host.covers(0x5fff, 0));
+        assert!(!host.covers(0x2800, 0x1000), "runs into a hole");
+        assert!(!host.covers(0x0, 0x1001), "starts in a hole");
+        assert!(!host.covers(0x5800, 0x1000), "past the end");
+        assert!(!host.covers(u64::MAX, 2), "overflow");
     }
 }

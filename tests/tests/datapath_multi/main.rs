@@ -20,6 +20,7 @@ mod error_flush;
 mod fences_and_arming;
 mod fixtures;
 mod many_vms;
+mod memory_table;
 mod operations;
 mod raw;
 mod retries;

@@ -98,6 +98,12 @@ impl Engine {
             span.limit,
             local,
         )?;
+        // The key still allows the range, but the VMM may have taken the
+        // pages out of the memory table since (spec 19.6.2): a local
+        // protection error, not a fault of the responder.
+        if !local.iter().all(|s| cx.mem.covers(s.gpa, s.len)) {
+            return Err(WcStatus::LOC_PROT_ERR);
+        }
         let mut req = Request {
             admitted: !ud,
             wr: msg.wr,
