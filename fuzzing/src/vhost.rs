@@ -193,6 +193,21 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
 }
 
+/// The process's descriptors with what each refers to (`/proc/self/fd`),
+/// to name the ones an input left behind.
+fn fd_targets() -> std::collections::BTreeMap<u32, String> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return Default::default();
+    };
+    dir.filter_map(|e| {
+        let e = e.ok()?;
+        let fd = e.file_name().to_str()?.parse().ok()?;
+        let target = std::fs::read_link(e.path()).ok()?;
+        Some((fd, target.display().to_string()))
+    })
+    .collect()
+}
+
 /// One input's state.
 struct Session<'w> {
     w: &'w World,
@@ -450,6 +465,7 @@ pub fn run_input(input: &Input) {
     let w = world();
     let before = w.daemon.stats(0).connections;
     let fds_before = open_fds();
+    let targets_before = fd_targets();
     {
         let mut s = Session {
             w,
@@ -483,13 +499,19 @@ pub fn run_input(input: &Input) {
     // The daemon holds no descriptor of the gone VMM (memfds, eventfds,
     // sockets); the engine lets go of its view of the memory at its next
     // pass.
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(10);
     while open_fds() > fds_before {
-        assert!(
-            Instant::now() < deadline,
-            "{} descriptors left behind by the VMM's connections",
-            open_fds() - fds_before
-        );
+        if Instant::now() >= deadline {
+            let now = fd_targets();
+            let new: Vec<_> = now
+                .iter()
+                .filter(|(fd, t)| targets_before.get(fd) != Some(t))
+                .collect();
+            panic!(
+                "{} descriptors left behind by the VMM's connections; new or changed: {new:?}",
+                open_fds() - fds_before
+            );
+        }
         std::thread::sleep(Duration::from_micros(200));
     }
     // The other VM is unaffected.
