@@ -445,179 +445,242 @@ pub fn parse(text: &str, file: &str, cli: &LimitOverrides) -> Result<LoadedConfi
             message: e.message().trim_end().to_string(),
         }
     })?;
-    let at = |span: Range<usize>| Loc {
-        file: file.into(),
-        line: line_col(text, span.start).0,
+    let src = Source {
+        text,
+        file,
+        tables: &tables,
     };
-
+    // In this order: tenants name QoS classes and engine threads, VMs
+    // tenants, and VM limits start from the defaults.
     let mut config = DaemonConfig::new(Vec::new());
-    if let Some(us) = &tables.daemon.ctrl_poll_us {
-        let poll = std::time::Duration::from_micros(*us.get_ref());
-        if poll > MAX_CTRL_POLL {
-            return Err(FileError::CtrlPoll {
-                at: at(us.span()),
-                value: *us.get_ref(),
-                max: u64::try_from(MAX_CTRL_POLL.as_micros()).unwrap_or(u64::MAX),
-            });
+    src.daemon(&mut config)?;
+    src.qos_classes(&mut config)?;
+    let defaults = src.default_limits(cli)?;
+    for (i, t) in tables.tenant.iter().enumerate() {
+        let tenant = src.tenant(i, t, &config)?;
+        config.tenants.push(tenant);
+    }
+    for (i, v) in tables.vm.iter().enumerate() {
+        let vm = src.vm(i, v, &config, &defaults)?;
+        config.vms.push(vm);
+    }
+    Ok(LoadedConfig {
+        config,
+        default_limits: defaults,
+        log_format: tables.daemon.log_format,
+    })
+}
+
+/// The parsed tables with the text they came from, to name lines in errors.
+struct Source<'a> {
+    text: &'a str,
+    file: &'a str,
+    tables: &'a FileTables,
+}
+
+impl Source<'_> {
+    /// Where the text at `span` is.
+    fn at(&self, span: Range<usize>) -> Loc {
+        Loc {
+            file: self.file.into(),
+            line: line_col(self.text, span.start).0,
         }
-        config.ctrl_poll = poll;
-    }
-    for (on, bit) in [
-        (tables.daemon.shmem_doorbell, F_SHMEM_DOORBELL),
-        (tables.daemon.ud, F_UD),
-        (tables.daemon.srq, F_SRQ),
-        (tables.daemon.atomics, F_ATOMIC),
-    ] {
-        if on == Some(false) {
-            config.device_features &= !bit;
-        }
-    }
-    if let Some(on) = tables.daemon.fence_elision {
-        config.fence_elision = on;
-    }
-    if let Some(on) = tables.daemon.allow_unsealed_memory {
-        config.allow_unsealed_memory = on;
-    }
-    if let Some(kind) = tables.daemon.rnic {
-        config.rnic = kind;
-    }
-    if let Some(d) = &tables.daemon.rnic_device {
-        config.verbs.device = Some(d.clone());
-    }
-    if let Some(p) = tables.daemon.rnic_port {
-        config.verbs.port = p;
-    }
-    if let Some(g) = tables.daemon.gid_index {
-        config.verbs.gid_index = g;
-    }
-    if let Some(n) = &tables.daemon.engine_threads {
-        let value = *n.get_ref();
-        if value == 0 || value > MAX_ENGINE_THREADS {
-            return Err(FileError::EngineThreads {
-                at: at(n.span()),
-                value,
-                max: MAX_ENGINE_THREADS,
-            });
-        }
-        config.engine_threads = value;
-    }
-    if let Some(cpus) = &tables.daemon.engine_cpus {
-        if cpus.get_ref().len() != config.engine_threads {
-            return Err(FileError::EngineCpus {
-                at: at(cpus.span()),
-                cpus: cpus.get_ref().len(),
-                threads: config.engine_threads,
-            });
-        }
-        config.engine_cpus = cpus.get_ref().clone();
-    }
-    config.mgmt_socket = tables.daemon.mgmt_socket.clone();
-    if let Some(l) = &tables.daemon.metrics_listen {
-        let addr = l.get_ref().parse().map_err(|_| FileError::BadListen {
-            at: at(l.span()),
-            text: l.get_ref().clone(),
-        })?;
-        config.metrics_listen = Some(addr);
     }
 
-    for (i, c) in tables.qos_class.iter().enumerate() {
-        let ct = c.get_ref();
-        let name = ct.name.get_ref();
-        if !valid_name(name) {
-            return Err(FileError::BadQosClassName {
-                at: at(ct.name.span()),
-                name: name.clone(),
-            });
-        }
-        if let Some(first) = tables.qos_class[..i]
-            .iter()
-            .find(|o| o.get_ref().name.get_ref() == name)
-        {
-            return Err(FileError::DuplicateQosClass {
-                at: at(ct.name.span()),
-                name: name.clone(),
-                first: at(first.get_ref().name.span()).line,
-            });
-        }
-        let d = QosSpec::default();
-        let spec = QosSpec {
-            weight: ct.weight.as_ref().map_or(d.weight, |w| *w.get_ref()),
-            bytes_per_sec: ct.bytes_per_sec.unwrap_or(0),
-            ops_per_sec: ct.ops_per_sec.unwrap_or(0),
-            ctrl_per_sec: ct.ctrl_per_sec.unwrap_or(d.ctrl_per_sec),
-        };
-        if let Err(source) = spec.validate() {
-            let span = ct.weight.as_ref().map_or_else(|| c.span(), Spanned::span);
-            return Err(FileError::QosClass {
-                at: at(span),
-                name: name.clone(),
-                source,
-            });
-        }
-        config.qos_classes.push(QosClass {
-            name: name.clone(),
-            spec,
-        });
-    }
-    let class_of =
-        |c: &Option<Spanned<String>>, owner: String| -> Result<Option<String>, FileError> {
-            let Some(c) = c else {
-                return Ok(None);
-            };
-            let name = c.get_ref();
-            if !tables
-                .qos_class
-                .iter()
-                .any(|q| q.get_ref().name.get_ref() == name)
-            {
-                return Err(FileError::UnknownQosClass {
-                    at: at(c.span()),
-                    owner,
-                    class: name.clone(),
+    /// `[daemon]`: device features, the RNIC, engine threads, interfaces.
+    fn daemon(&self, config: &mut DaemonConfig) -> Result<(), FileError> {
+        let d = &self.tables.daemon;
+        if let Some(us) = &d.ctrl_poll_us {
+            let poll = std::time::Duration::from_micros(*us.get_ref());
+            if poll > MAX_CTRL_POLL {
+                return Err(FileError::CtrlPoll {
+                    at: self.at(us.span()),
+                    value: *us.get_ref(),
+                    max: u64::try_from(MAX_CTRL_POLL.as_micros()).unwrap_or(u64::MAX),
                 });
             }
-            Ok(Some(name.clone()))
-        };
-
-    // Defaults: built-in, then the file, then the command line.
-    let mut defaults = Limits::default();
-    let defaults_table = tables.defaults.limits.as_ref();
-    if let Some(t) = defaults_table {
-        t.get_ref().apply(&mut defaults);
-    }
-    cli.apply(&mut defaults);
-    if let Err(e) = defaults.validate() {
-        let field = e.limit_field().unwrap_or_default();
-        if cli.is_set(&field) {
-            return Err(FileError::Cli(Box::new(e)));
+            config.ctrl_poll = poll;
         }
-        let span = defaults_table
-            .and_then(|t| t.get_ref().span_of(&field).or(Some(t.span())))
-            .unwrap_or(0..0);
-        return Err(FileError::Limit {
-            at: at(span),
-            context: "[defaults.limits]".into(),
-            source: Box::new(e),
-        });
+        for (on, bit) in [
+            (d.shmem_doorbell, F_SHMEM_DOORBELL),
+            (d.ud, F_UD),
+            (d.srq, F_SRQ),
+            (d.atomics, F_ATOMIC),
+        ] {
+            if on == Some(false) {
+                config.device_features &= !bit;
+            }
+        }
+        if let Some(on) = d.fence_elision {
+            config.fence_elision = on;
+        }
+        if let Some(on) = d.allow_unsealed_memory {
+            config.allow_unsealed_memory = on;
+        }
+        if let Some(kind) = d.rnic {
+            config.rnic = kind;
+        }
+        if let Some(dev) = &d.rnic_device {
+            config.verbs.device = Some(dev.clone());
+        }
+        if let Some(p) = d.rnic_port {
+            config.verbs.port = p;
+        }
+        if let Some(g) = d.gid_index {
+            config.verbs.gid_index = g;
+        }
+        if let Some(n) = &d.engine_threads {
+            let value = *n.get_ref();
+            if value == 0 || value > MAX_ENGINE_THREADS {
+                return Err(FileError::EngineThreads {
+                    at: self.at(n.span()),
+                    value,
+                    max: MAX_ENGINE_THREADS,
+                });
+            }
+            config.engine_threads = value;
+        }
+        if let Some(cpus) = &d.engine_cpus {
+            if cpus.get_ref().len() != config.engine_threads {
+                return Err(FileError::EngineCpus {
+                    at: self.at(cpus.span()),
+                    cpus: cpus.get_ref().len(),
+                    threads: config.engine_threads,
+                });
+            }
+            config.engine_cpus = cpus.get_ref().clone();
+        }
+        config.mgmt_socket = d.mgmt_socket.clone();
+        if let Some(l) = &d.metrics_listen {
+            let addr = l.get_ref().parse().map_err(|_| FileError::BadListen {
+                at: self.at(l.span()),
+                text: l.get_ref().clone(),
+            })?;
+            config.metrics_listen = Some(addr);
+        }
+        Ok(())
     }
 
-    for (i, t) in tables.tenant.iter().enumerate() {
+    /// `[[qos_class]]`: unique valid names, valid specifications.
+    fn qos_classes(&self, config: &mut DaemonConfig) -> Result<(), FileError> {
+        let classes = &self.tables.qos_class;
+        for (i, c) in classes.iter().enumerate() {
+            let ct = c.get_ref();
+            let name = ct.name.get_ref();
+            if !valid_name(name) {
+                return Err(FileError::BadQosClassName {
+                    at: self.at(ct.name.span()),
+                    name: name.clone(),
+                });
+            }
+            if let Some(first) = classes[..i]
+                .iter()
+                .find(|o| o.get_ref().name.get_ref() == name)
+            {
+                return Err(FileError::DuplicateQosClass {
+                    at: self.at(ct.name.span()),
+                    name: name.clone(),
+                    first: self.at(first.get_ref().name.span()).line,
+                });
+            }
+            let d = QosSpec::default();
+            let spec = QosSpec {
+                weight: ct.weight.as_ref().map_or(d.weight, |w| *w.get_ref()),
+                bytes_per_sec: ct.bytes_per_sec.unwrap_or(0),
+                ops_per_sec: ct.ops_per_sec.unwrap_or(0),
+                ctrl_per_sec: ct.ctrl_per_sec.unwrap_or(d.ctrl_per_sec),
+            };
+            if let Err(source) = spec.validate() {
+                let span = ct.weight.as_ref().map_or_else(|| c.span(), Spanned::span);
+                return Err(FileError::QosClass {
+                    at: self.at(span),
+                    name: name.clone(),
+                    source,
+                });
+            }
+            config.qos_classes.push(QosClass {
+                name: name.clone(),
+                spec,
+            });
+        }
+        Ok(())
+    }
+
+    /// The QoS class `c` that `owner` names, which the file must define.
+    fn class_of(
+        &self,
+        c: &Option<Spanned<String>>,
+        owner: String,
+    ) -> Result<Option<String>, FileError> {
+        let Some(c) = c else {
+            return Ok(None);
+        };
+        let name = c.get_ref();
+        if !self
+            .tables
+            .qos_class
+            .iter()
+            .any(|q| q.get_ref().name.get_ref() == name)
+        {
+            return Err(FileError::UnknownQosClass {
+                at: self.at(c.span()),
+                owner,
+                class: name.clone(),
+            });
+        }
+        Ok(Some(name.clone()))
+    }
+
+    /// The default limits: built-in, then `[defaults.limits]`, then the
+    /// command line's `cli`; an invalid value names its origin.
+    fn default_limits(&self, cli: &LimitOverrides) -> Result<Limits, FileError> {
+        let mut defaults = Limits::default();
+        let table = self.tables.defaults.limits.as_ref();
+        if let Some(t) = table {
+            t.get_ref().apply(&mut defaults);
+        }
+        cli.apply(&mut defaults);
+        if let Err(e) = defaults.validate() {
+            let field = e.limit_field().unwrap_or_default();
+            if cli.is_set(&field) {
+                return Err(FileError::Cli(Box::new(e)));
+            }
+            let span = table
+                .and_then(|t| t.get_ref().span_of(&field).or(Some(t.span())))
+                .unwrap_or(0..0);
+            return Err(FileError::Limit {
+                at: self.at(span),
+                context: "[defaults.limits]".into(),
+                source: Box::new(e),
+            });
+        }
+        Ok(defaults)
+    }
+
+    /// `[[tenant]]` number `i`, checked against the tenants before it and
+    /// the daemon settings of `config`.
+    fn tenant(
+        &self,
+        i: usize,
+        t: &Spanned<TenantTable>,
+        config: &DaemonConfig,
+    ) -> Result<TenantConfig, FileError> {
         let tt = t.get_ref();
         let name = tt.name.get_ref();
         if !valid_name(name) {
             return Err(FileError::BadTenantName {
-                at: at(tt.name.span()),
+                at: self.at(tt.name.span()),
                 name: name.clone(),
             });
         }
-        if let Some(first) = tables.tenant[..i]
+        if let Some(first) = self.tables.tenant[..i]
             .iter()
             .find(|o| o.get_ref().name.get_ref() == name)
         {
             return Err(FileError::DuplicateTenant {
-                at: at(tt.name.span()),
+                at: self.at(tt.name.span()),
                 name: name.clone(),
-                first: at(first.get_ref().name.span()).line,
+                first: self.at(first.get_ref().name.span()).line,
             });
         }
         if let Some(e) = tt
@@ -626,23 +689,24 @@ pub fn parse(text: &str, file: &str, cli: &LimitOverrides) -> Result<LoadedConfi
             .filter(|e| *e.get_ref() >= config.engine_threads)
         {
             return Err(FileError::TenantEngine {
-                at: at(e.span()),
+                at: self.at(e.span()),
                 tenant: name.clone(),
                 engine: *e.get_ref(),
                 threads: config.engine_threads,
             });
         }
-        config.tenants.push(TenantConfig {
+        let at = |span| self.at(span);
+        Ok(TenantConfig {
             nic_share: tt.nic_share.as_ref().map_or(1, |s| *s.get_ref()),
             name: name.clone(),
-            qos_class: class_of(&tt.qos_class, format!("tenant {name:?}"))?,
+            qos_class: self.class_of(&tt.qos_class, format!("tenant {name:?}"))?,
             engine: tt.engine.as_ref().map(|e| *e.get_ref()),
             remote_gids: tt
                 .remote_gids
                 .iter()
                 .map(|g| {
                     parse_gid(g.get_ref()).ok_or_else(|| FileError::BadRemoteGid {
-                        at: at(g.span()),
+                        at: self.at(g.span()),
                         tenant: name.clone(),
                         text: g.get_ref().clone(),
                     })
@@ -653,24 +717,33 @@ pub fn parse(text: &str, file: &str, cli: &LimitOverrides) -> Result<LoadedConfi
                 service_level: field_rule(&tt.service_level, "service_level", 15, name, &at)?,
                 flow_label: field_rule(&tt.flow_label, "flow_label", 0xf_ffff, name, &at)?,
             },
-        });
+        })
     }
 
-    for (i, v) in tables.vm.iter().enumerate() {
+    /// `[[vm]]` number `i`, checked against the VMs before it (names,
+    /// sockets, GIDs, MACs within a tenant) and the tenants of `config`;
+    /// its limits start from `defaults`.
+    fn vm(
+        &self,
+        i: usize,
+        v: &Spanned<VmTable>,
+        config: &DaemonConfig,
+        defaults: &Limits,
+    ) -> Result<VmConfig, FileError> {
         let vt = v.get_ref();
         let name = vt.name.get_ref();
-        let before = &tables.vm[..i];
+        let before = &self.tables.vm[..i];
         if !valid_name(name) {
             return Err(FileError::BadVmName {
-                at: at(vt.name.span()),
+                at: self.at(vt.name.span()),
                 name: name.clone(),
             });
         }
         if let Some(first) = before.iter().find(|o| o.get_ref().name.get_ref() == name) {
             return Err(FileError::DuplicateVm {
-                at: at(vt.name.span()),
+                at: self.at(vt.name.span()),
                 name: name.clone(),
-                first: at(first.get_ref().name.span()).line,
+                first: self.at(first.get_ref().name.span()).line,
             });
         }
         if let Some(other) = before
@@ -678,7 +751,7 @@ pub fn parse(text: &str, file: &str, cli: &LimitOverrides) -> Result<LoadedConfi
             .find(|o| o.get_ref().socket.get_ref() == vt.socket.get_ref())
         {
             return Err(FileError::DuplicateSocket {
-                at: at(vt.socket.span()),
+                at: self.at(vt.socket.span()),
                 vm: name.clone(),
                 socket: vt.socket.get_ref().display().to_string(),
                 other: other.get_ref().name.get_ref().clone(),
@@ -687,15 +760,58 @@ pub fn parse(text: &str, file: &str, cli: &LimitOverrides) -> Result<LoadedConfi
         let tenant = vt.tenant.get_ref();
         if !config.tenants.iter().any(|t| &t.name == tenant) {
             return Err(FileError::UnknownTenant {
-                at: at(vt.tenant.span()),
+                at: self.at(vt.tenant.span()),
                 vm: name.clone(),
                 tenant: tenant.clone(),
             });
         }
+        let gid = self.vm_gid(i, v, config)?;
+        let mac = self.vm_mac(vt, config)?;
+        let mut limits = *defaults;
+        if let Some(t) = &vt.limits {
+            t.get_ref().apply(&mut limits);
+        }
+        if let Err(e) = limits.validate() {
+            let field = e.limit_field().unwrap_or_default();
+            let defaults_table = self.tables.defaults.limits.as_ref();
+            let span = vt
+                .limits
+                .as_ref()
+                .and_then(|t| t.get_ref().span_of(&field))
+                .or_else(|| defaults_table.and_then(|t| t.get_ref().span_of(&field)))
+                .or_else(|| vt.limits.as_ref().map(Spanned::span))
+                .unwrap_or_else(|| v.span());
+            return Err(FileError::Limit {
+                at: self.at(span),
+                context: format!("VM {name:?}"),
+                source: Box::new(e),
+            });
+        }
+        Ok(VmConfig {
+            name: name.clone(),
+            socket: vt.socket.get_ref().clone(),
+            tenant: tenant.clone(),
+            gid,
+            mac,
+            limits,
+            qos_class: self.class_of(&vt.qos_class, format!("VM {name:?}"))?,
+        })
+    }
+
+    /// VM `i`'s `gid`, if given; its effective GID (given or default) is
+    /// unique among the VMs before it.
+    fn vm_gid(
+        &self,
+        i: usize,
+        v: &Spanned<VmTable>,
+        config: &DaemonConfig,
+    ) -> Result<Option<[u8; 16]>, FileError> {
+        let vt = v.get_ref();
+        let name = vt.name.get_ref();
         let gid = match &vt.gid {
             None => None,
             Some(g) => Some(parse_gid(g.get_ref()).ok_or_else(|| FileError::BadGid {
-                at: at(g.span()),
+                at: self.at(g.span()),
                 vm: name.clone(),
                 text: g.get_ref().clone(),
             })?),
@@ -707,72 +823,45 @@ pub fn parse(text: &str, file: &str, cli: &LimitOverrides) -> Result<LoadedConfi
                 .gid
                 .as_ref()
                 .map(Spanned::span)
-                .or_else(|| before[j].get_ref().gid.as_ref().map(Spanned::span))
+                .or_else(|| self.tables.vm[j].get_ref().gid.as_ref().map(Spanned::span))
                 .unwrap_or_else(|| v.span());
             return Err(FileError::DuplicateGid {
-                at: at(span),
+                at: self.at(span),
                 vm: name.clone(),
                 gid: gid_text(effective),
                 other: config.vms[j].name.clone(),
             });
         }
-        let mac = match &vt.mac {
-            None => None,
-            Some(m) => Some(parse_mac(m.get_ref()).map_err(|source| FileError::BadMac {
-                at: at(m.span()),
-                vm: name.clone(),
-                text: m.get_ref().clone(),
-                source,
-            })?),
+        Ok(gid)
+    }
+
+    /// A VM's `mac`, if given: valid, and unique within its tenant.
+    fn vm_mac(&self, vt: &VmTable, config: &DaemonConfig) -> Result<Option<[u8; 6]>, FileError> {
+        let Some(m) = &vt.mac else {
+            return Ok(None);
         };
-        if let (Some(mac), Some(m)) = (mac, &vt.mac) {
-            if let Some(other) = config
-                .vms
-                .iter()
-                .find(|o| o.mac == Some(mac) && &o.tenant == tenant)
-            {
-                return Err(FileError::DuplicateMac {
-                    at: at(m.span()),
-                    vm: name.clone(),
-                    mac: mac_text(mac),
-                    other: other.name.clone(),
-                });
-            }
-        }
-        let mut limits = defaults;
-        if let Some(t) = &vt.limits {
-            t.get_ref().apply(&mut limits);
-        }
-        if let Err(e) = limits.validate() {
-            let field = e.limit_field().unwrap_or_default();
-            let span = vt
-                .limits
-                .as_ref()
-                .and_then(|t| t.get_ref().span_of(&field))
-                .or_else(|| defaults_table.and_then(|t| t.get_ref().span_of(&field)))
-                .or_else(|| vt.limits.as_ref().map(Spanned::span))
-                .unwrap_or_else(|| v.span());
-            return Err(FileError::Limit {
-                at: at(span),
-                context: format!("VM {name:?}"),
-                source: Box::new(e),
+        let name = vt.name.get_ref();
+        let mac = parse_mac(m.get_ref()).map_err(|source| FileError::BadMac {
+            at: self.at(m.span()),
+            vm: name.clone(),
+            text: m.get_ref().clone(),
+            source,
+        })?;
+        let tenant = vt.tenant.get_ref();
+        if let Some(other) = config
+            .vms
+            .iter()
+            .find(|o| o.mac == Some(mac) && &o.tenant == tenant)
+        {
+            return Err(FileError::DuplicateMac {
+                at: self.at(m.span()),
+                vm: name.clone(),
+                mac: mac_text(mac),
+                other: other.name.clone(),
             });
         }
-        config.vms.push(VmConfig {
-            name: name.clone(),
-            socket: vt.socket.get_ref().clone(),
-            tenant: tenant.clone(),
-            gid,
-            mac,
-            limits,
-            qos_class: class_of(&vt.qos_class, format!("VM {name:?}"))?,
-        });
+        Ok(Some(mac))
     }
-    Ok(LoadedConfig {
-        config,
-        default_limits: defaults,
-        log_format: tables.daemon.log_format,
-    })
 }
 
 /// Tenant and VM names: 1 to 32 of `a-z`, `0-9`, `_`, `-`.
