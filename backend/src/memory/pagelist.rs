@@ -127,7 +127,9 @@ impl PageList {
                 expect_len(trailing, 0)?;
                 // Check page by page: consecutive GPAs may span adjacent regions.
                 let mut gpa = desc.addr;
+                let mut pace = Pace::default();
                 for index in 0..npages {
+                    pace.page();
                     check(index, gpa)?;
                     gpa = gpa
                         .checked_add(page)
@@ -164,6 +166,7 @@ impl PageList {
                 #[allow(clippy::cast_possible_truncation)]
                 let mut buf = vec![0u8; LIST_PAGE_SIZE as usize];
                 let mut index = 0u32;
+                let mut pace = Pace::default();
                 for (li, raw) in (0u32..).zip(trailing.chunks_exact(8)) {
                     let lp = le64(raw);
                     if lp % LIST_PAGE_SIZE != 0 || !ram.contains(lp, LIST_PAGE_SIZE) {
@@ -178,6 +181,7 @@ impl PageList {
                     let left = u64::from(npages.saturating_sub(index)).min(LIST_PAGE_ENTRIES);
                     let take = usize::try_from(left).unwrap_or(usize::MAX);
                     for raw in buf.chunks_exact(8).take(take) {
+                        pace.page();
                         let gpa = le64(raw);
                         check(index, gpa)?;
                         list.push(gpa);
@@ -290,6 +294,34 @@ pub fn pages_for(bytes: u64, page_shift: u32) -> u64 {
 }
 
 /// Refuses a translation that would exceed the VM's host memory budget.
+/// Pages a translation checks between two offers of the CPU.
+const PAGES_PER_YIELD: u32 = 2048;
+
+/// Paces a long translation: a guest may register up to `max_mr_pages`
+/// pages in one command (16 GiB of 4 KiB pages take the control path
+/// 100 ms and more), and a thread of the daemon's data path that wakes
+/// meanwhile on the same CPU — the engine, another VM's notification —
+/// should not wait for the scheduler's time slice to run out. Every
+/// [`PAGES_PER_YIELD`] pages (tens of microseconds) the thread yields; no
+/// lock is held while a page list is resolved. A yield with nothing else
+/// to run returns at once.
+#[derive(Default)]
+struct Pace {
+    pages: u32,
+}
+
+impl Pace {
+    #[inline]
+    fn page(&mut self) {
+        // Wraps back to 0 at PAGES_PER_YIELD: never overflows.
+        self.pages = self.pages.wrapping_add(1);
+        if self.pages >= PAGES_PER_YIELD {
+            self.pages = 0;
+            std::thread::yield_now();
+        }
+    }
+}
+
 fn budget(limits: &PageListLimits, mode: u32, npages: u32) -> Result<(), PageListError> {
     let bytes = PageList::host_bytes_for(mode, npages);
     if bytes > limits.max_list_bytes {
