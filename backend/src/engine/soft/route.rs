@@ -68,12 +68,12 @@ impl Engine {
                 (route, None)
             }
             None => {
-                let mut route = match self.rc_route(cx.state, h) {
-                    RcRoute::To(r) => Some(r),
-                    RcRoute::Nowhere => None,
-                    RcRoute::Gone => return Ok(RespOutcome::Gone),
+                let (mut route, gone) = match self.rc_route(cx.state, h) {
+                    RcRoute::To(r) => (Some(r), None),
+                    RcRoute::Nowhere => (None, None),
+                    RcRoute::Gone => (None, Some(RespOutcome::Gone)),
                 };
-                let unreached = self.precheck_rc(cx, h, &mut route, dgid);
+                let unreached = gone.or_else(|| self.precheck_rc(cx, h, &mut route, dgid));
                 (route, unreached)
             }
         };

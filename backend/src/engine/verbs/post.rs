@@ -93,6 +93,15 @@ pub(super) fn send(
         let c = Completion::failed(wr.hdr.wr_id, msg.op, status);
         complete_send(state, mem, msg.qp, msg.index, c)
     };
+    // The local buffers are checked as on the software RNIC (key, PD,
+    // rights, bounds), so that the status does not depend on the NIC; the
+    // NIC checks them again.
+    if wr.inline.is_none() {
+        if let Err(status) = check_local(state, msg.pd, wr.sges, msg.writes_local) {
+            drop(t);
+            return failed(state, status);
+        }
+    }
     if gone {
         // The QP it is connected to on this host was destroyed (spec
         // 18.23): nothing more goes to its host QP number, which the host
@@ -113,15 +122,6 @@ pub(super) fn send(
         drop(t);
         state.qp_enter_err(msg.qp, None);
         return Step::Broken;
-    }
-    // The local buffers are checked as on the software RNIC (key, PD,
-    // rights, bounds), so that the status does not depend on the NIC; the
-    // NIC checks them again.
-    if wr.inline.is_none() {
-        if let Err(status) = check_local(state, msg.pd, wr.sges, msg.writes_local) {
-            drop(t);
-            return failed(state, status);
-        }
     }
     let ah = if msg.ud() {
         // The management QPs of the host's port or of a remote one: never
