@@ -321,6 +321,7 @@ impl VmState {
             qp.rt.inbound = None;
             // So is the connection.
             qp.rt.dest_incarnation = None;
+            qp.rt.dest_gone = false;
             qp.rt.peer = None;
         }
         if let Some(bound) = bound {

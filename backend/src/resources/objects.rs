@@ -84,6 +84,11 @@ pub struct QpRuntime {
     /// fails at once with `RETRY_EXC_ERR` (spec 18.23): that QP was
     /// destroyed, and a QP that got its number since is another one.
     pub dest_incarnation: Option<u64>,
+    /// The QP failed at a send because that QP was destroyed. Should that
+    /// QP have gone with its device instance, the `QP_FATAL` its peers get
+    /// is still owed: a send may find it gone between the instance's reset
+    /// and the failure of its peers (`VmState::fail_peers_of`).
+    pub dest_gone: bool,
     /// `QP_COMM_EST` has been queued since the QP last entered RTR
     /// (cleared by `MODIFY_QP` into RTR).
     pub comm_est: bool,

@@ -261,6 +261,9 @@ impl TransportPath for SoftPath {
             // nobody to retry to (spec 18.23).
             RespOutcome::Gone => {
                 debug!("QP {:#x}: destination {:#x} destroyed", msg.src_qpn, msg.dest_qpn);
+                if let Some(q) = cx.state.res.qps.get_mut(h) {
+                    q.rt.dest_gone = true;
+                }
                 failed(cx.state, WcStatus::RETRY_EXC_ERR)
             }
             RespOutcome::Busy => Step::Busy,

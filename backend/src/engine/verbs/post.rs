@@ -110,6 +110,9 @@ pub(super) fn send(
             "QPN {:#x}: destination {:#x} destroyed",
             msg.src_qpn, msg.dest_qpn
         );
+        if let Some(q) = state.res.qps.get_mut(msg.qp) {
+            q.rt.dest_gone = true;
+        }
         let Some(q) = t.qps.get_mut(&msg.src_qpn).filter(|_| in_flight) else {
             drop(t);
             return failed(state, WcStatus::RETRY_EXC_ERR);
