@@ -45,9 +45,12 @@ fn bounded(limit: Duration, what: &str, f: impl FnOnce() + Send + 'static) {
 /// message to that QP of VM B and locks B for the burst. B destroys the QP
 /// and its number comes back on a new QP of B. The route is stale, the
 /// number is looked up afresh — and belongs to VM B again, whose lock the
-/// engine already holds. It must deliver through that lock (the engine
-/// locked B a second time and hung for good, with every VM's data path,
-/// the control paths that wait on it, metrics and shutdown).
+/// engine already holds. It must go on under that lock (the engine locked
+/// B a second time and hung for good, with every VM's data path, the
+/// control paths that wait on it, metrics and shutdown). Since A's QP is
+/// connected to the destroyed QP, not to its number, that SEND fails
+/// (spec 18.23); connected again, A reaches the new QP through the held
+/// lock.
 #[test]
 fn qpn_reused_by_the_held_peer_vm_does_not_deadlock_the_engine() {
     bounded(Duration::from_secs(60), "engine", || {
@@ -82,8 +85,17 @@ fn qpn_reused_by_the_held_peer_vm_does_not_deadlock_the_engine() {
         }])
         .unwrap();
 
-        // A's next SEND goes to the QP that has the number now.
+        // A's next SEND is to the destroyed QP: it fails (spec 18.23),
+        // the engine having looked the number up in the held VM B.
         src.write(0, b"second");
+        p.qa.post_send(&[wr(2, SendOp::Send, &[src.sge(0, 6)])])
+            .unwrap();
+        let wc = poll_one(&p.cqa);
+        assert_eq!(wc.status(), Some(WcStatus::RETRY_EXC_ERR), "{wc:?}");
+        // Connected again, to the QP that has the number now, A reaches
+        // it through the same engine paths.
+        p.qa.to_reset().unwrap();
+        p.qa.rc_connect(QP_ACCESS, &conn(&qb2, &b)).unwrap();
         p.qa.post_send(&[wr(2, SendOp::Send, &[src.sge(0, 6)])])
             .unwrap();
         ok(&poll_one(&p.cqa), 2, WcOpcode::SEND);

@@ -106,6 +106,26 @@ impl VmState {
             .ok_or_else(|| self.denied())
     }
 
+    /// The incarnation of the QP an RC QP of this VM addresses with
+    /// `dest_qpn` at `dgid`, if that QP is live and in reach (of a VM this
+    /// VM may reach, with that GID): what the QP is connected to (spec
+    /// 18.23). Nothing is learnt of a QP out of reach: for the requester
+    /// it does not exist.
+    pub(super) fn dest_incarnation(&self, dgid: &[u8; 16], dest_qpn: u32) -> Option<u64> {
+        let me = self.port.vm;
+        let o = self.transport.lookup_qpn(dest_qpn)?;
+        if !self.tenancy.may_reach(me, o.vm) {
+            return None;
+        }
+        // A host RNIC gives every VM of the daemon the host's GID.
+        let at_gid = if o.vm == me || self.transport.kind() == TransportKind::Verbs {
+            *dgid == self.port.gid
+        } else {
+            self.tenancy.vm(o.vm).map(|v| v.gid) == Some(*dgid)
+        };
+        at_gid.then_some(o.incarnation)
+    }
+
     /// Checks an RC destination: GID `dgid` must be reachable, and QPN
     /// `dest_qpn`, if a reachable VM owns it, must belong to the VM with that
     /// GID. One hash lookup in the RNIC's QPN table (a shared read lock).

@@ -123,6 +123,7 @@ impl VmState {
             srq: req.srq_handle,
             flags: req.flags,
             qpn: 0,
+            incarnation: 0,
             sq_depth: req.sq_depth,
             rq_depth: req.rq_depth,
             max_send_sge: req.max_send_sge,
@@ -287,6 +288,12 @@ impl VmState {
         } else {
             apply(&mut attr, mask, &a);
         }
+        // A new RC destination (another QPN or GID) is bound to the QP
+        // that has that number now, if any (spec 18.23).
+        let new_dest = qp_type == QpType::RC
+            && target != QpState::RESET
+            && (mask & DEST_QPN != 0 || (mask & AV != 0 && attr.av.dgid != qp.attr.av.dgid));
+        let bound = new_dest.then(|| self.dest_incarnation(&attr.av.dgid, attr.dest_qpn));
         self.transport.modify_qp(&QpChange {
             qpn: qp.qpn,
             from: cur,
@@ -312,6 +319,14 @@ impl VmState {
             // as sender and as receiver.
             qp.rt.partial = None;
             qp.rt.inbound = None;
+            // So is the connection.
+            qp.rt.dest_incarnation = None;
+            qp.rt.dest_gone = false;
+            qp.rt.peer = None;
+        }
+        if let Some(bound) = bound {
+            qp.rt.dest_incarnation = bound;
+            qp.rt.peer = None;
         }
         if target == QpState::RTR && cur != QpState::RTR {
             // A new stay in RTR: its first accepted message queues

@@ -200,12 +200,13 @@ impl Engine {
         self.registry.engine_of(vm) == Some(self.index)
     }
 
-    /// The RC QPs `qpns` of VM `vm` (port GID `gid`) are gone with their
-    /// VM's connection or reset: every RC QP of another VM connected to
-    /// one of them moves to `ERR` with `QP_FATAL`, and the engine flushes
-    /// its work (spec 18.23), rather than letting it retry into nothing.
+    /// The RC QPs `qpns` (number, incarnation) of VM `vm` (port GID `gid`)
+    /// are gone with their VM's connection or reset: every RC QP of another
+    /// VM connected to one of them moves to `ERR` with `QP_FATAL`, and the
+    /// engine flushes its work (spec 18.23), rather than letting it retry
+    /// into nothing.
     /// Takes one VM's lock at a time (the caller holds none).
-    pub fn peers_gone(&self, vm: usize, gid: [u8; 16], mut qpns: Vec<u32>) {
+    pub fn peers_gone(&self, vm: usize, gid: [u8; 16], mut qpns: Vec<(u32, u64)>) {
         if qpns.is_empty() {
             return;
         }

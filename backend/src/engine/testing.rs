@@ -26,6 +26,7 @@ pub(super) fn qp(qp_type: QpType) -> Qp {
         srq: 0,
         flags: 0,
         qpn: 0x11,
+        incarnation: 0,
         sq_depth: 16,
         rq_depth: 16,
         max_send_sge: 1,

@@ -14,6 +14,8 @@ pub use objects::{
     Srq, SrqRuntime,
 };
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::keys::KeyMap;
 use crate::memory::PageList;
 use crate::shmem::{DbSlot, DoorbellPages};
@@ -121,6 +123,16 @@ fn inc(count: &mut u32) {
     *count = count.saturating_add(1);
 }
 
+/// The last QP incarnation handed out (see [`Qp::incarnation`]). One
+/// counter for the process: 64 bits do not wrap in its lifetime, so no two
+/// QPs of any daemon ever share one.
+static INCARNATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// A QP incarnation never handed out before (never 0).
+fn next_incarnation() -> u64 {
+    INCARNATIONS.fetch_add(1, Ordering::Relaxed).wrapping_add(1)
+}
+
 impl VmResources {
     /// No objects, for VM `vm` with a host memory budget of `budget` bytes.
     pub fn new(vm: usize, budget: u64) -> Self {
@@ -162,6 +174,7 @@ impl VmResources {
         Owner {
             vm: self.vm,
             handle,
+            incarnation: 0,
         }
     }
 
@@ -323,7 +336,12 @@ impl VmResources {
         };
         let (pd, cqs, srq) = (spec.pd, [spec.send_cq, spec.recv_cq], spec.srq);
         let h = self.insert_charged(|r| &mut r.qps, qp)?;
-        let qpn = match t.create_qp(self.owner(h), &spec) {
+        let incarnation = next_incarnation();
+        let owner = Owner {
+            incarnation,
+            ..self.owner(h)
+        };
+        let qpn = match t.create_qp(owner, &spec) {
             Ok(n) => n,
             Err(e) => {
                 self.unmake(h, |r| &mut r.qps);
@@ -332,6 +350,7 @@ impl VmResources {
         };
         if let Some(qp) = self.qps.get_mut(h) {
             qp.qpn = qpn;
+            qp.incarnation = incarnation;
         }
         if let Some(pd) = self.pds.get_mut(pd) {
             inc(&mut pd.users);

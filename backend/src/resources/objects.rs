@@ -73,10 +73,22 @@ pub struct QpRuntime {
     /// host NIC's, posted ahead of any message) and not yet completed: the
     /// next one to take is `rq_ci + recv_outstanding`.
     pub recv_outstanding: u32,
-    /// The last resolution of an RC destination QPN: (QPN, VM, QP handle).
-    /// A hint only: the engine checks that the QP behind the handle still
-    /// has that QPN before it uses it.
-    pub peer: Option<(u32, usize, u32)>,
+    /// The last resolution of an RC destination QPN: (QPN, VM, QP handle,
+    /// incarnation). A hint only: the engine checks that the QP behind the
+    /// handle still has that QPN and incarnation before it uses it.
+    pub peer: Option<(u32, usize, u32, u64)>,
+    /// RC: the incarnation of the QP this QP is connected to (its
+    /// `dest_qpn` at `av.dgid`), once known — from `MODIFY_QP` if that QP
+    /// was live and in reach then, else from the first message that found
+    /// it. A send to a destination whose incarnation is no longer live
+    /// fails at once with `RETRY_EXC_ERR` (spec 18.23): that QP was
+    /// destroyed, and a QP that got its number since is another one.
+    pub dest_incarnation: Option<u64>,
+    /// The QP failed at a send because that QP was destroyed. Should that
+    /// QP have gone with its device instance, the `QP_FATAL` its peers get
+    /// is still owed: a send may find it gone between the instance's reset
+    /// and the failure of its peers (`VmState::fail_peers_of`).
+    pub dest_gone: bool,
     /// `QP_COMM_EST` has been queued since the QP last entered RTR
     /// (cleared by `MODIFY_QP` into RTR).
     pub comm_est: bool,
@@ -239,6 +251,10 @@ pub struct Qp {
     pub flags: u32,
     /// QP number.
     pub qpn: u32,
+    /// Its incarnation: unique among all QPs the process ever had, unlike
+    /// its number, which the transport may give to a later QP (spec
+    /// 18.23). Set with the number.
+    pub incarnation: u64,
     /// Send queue depth.
     pub sq_depth: u32,
     /// Receive queue depth.

@@ -136,6 +136,11 @@ pub struct Owner {
     pub vm: usize,
     /// The object's handle in the VM's table.
     pub handle: u32,
+    /// For a QP: its incarnation, a number the daemon never gives to
+    /// another QP (a QP number may be, once its QP is destroyed), so that
+    /// a peer connected to the QP tells it from a later one with the same
+    /// number (spec 18.23). 0 for other objects.
+    pub incarnation: u64,
 }
 
 /// The keys of a registered memory region.
@@ -252,7 +257,8 @@ pub trait Transport: Send + Sync {
     /// Destroys QP `qpn`; its number may be handed out again.
     fn destroy_qp(&self, qpn: u32);
 
-    /// The owner of QP number `qpn`, if it is live.
+    /// The owner of QP number `qpn`, if it is live, as given to
+    /// [`Transport::create_qp`] (its incarnation included).
     fn lookup_qpn(&self, qpn: u32) -> Option<Owner>;
 
     /// QP numbers in use (for leak checks and statistics).

@@ -250,11 +250,12 @@ impl VmCell {
         &self.event_wake
     }
 
-    /// RC QPs of this VM whose destination was one of `qpns` at `gid` (a
-    /// VM that disconnected or was reset) move to `ERR`; returns how many.
-    pub fn fail_peers_of(&self, gid: [u8; 16], qpns: &[u32]) -> usize {
+    /// RC QPs of this VM whose destination was one of `gone` (number and
+    /// incarnation, sorted by number) at `gid` (a VM that disconnected or
+    /// was reset) move to `ERR`; returns how many.
+    pub fn fail_peers_of(&self, gid: [u8; 16], gone: &[(u32, u64)]) -> usize {
         let mut st = self.lock();
-        let n = st.vm.fail_peers_of(gid, qpns);
+        let n = st.vm.fail_peers_of(gid, gone);
         if n > 0 {
             self.bump_dp_gen();
             drop(st);

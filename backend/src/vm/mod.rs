@@ -206,15 +206,16 @@ impl VmState {
     }
 
     /// Destroys every object and drops pending events (device reset or
-    /// disconnect). Returns the QP numbers of the RC QPs it destroyed, so
-    /// that the QPs of other VMs connected to them can be failed.
-    pub fn reset(&mut self) -> Vec<u32> {
-        let rc: Vec<u32> = self
+    /// disconnect). Returns the numbers and incarnations of the RC QPs it
+    /// destroyed, so that the QPs of other VMs connected to them can be
+    /// failed.
+    pub fn reset(&mut self) -> Vec<(u32, u64)> {
+        let rc: Vec<(u32, u64)> = self
             .res
             .qps
             .iter()
             .filter(|(_, q)| q.qp_type == virtio_rdma_abi::qp::QpType::RC)
-            .map(|(_, q)| q.qpn)
+            .map(|(_, q)| (q.qpn, q.incarnation))
             .collect();
         self.res.clear(self.transport.as_ref());
         // Freed here, under the lock, as before: reset and disconnect are
@@ -224,20 +225,49 @@ impl VmState {
         rc
     }
 
-    /// The RC QPs of this VM connected to one of `qpns` at `gid` (QPs of a
-    /// device instance that went away) move to `ERR` with `QP_FATAL`; the
-    /// engine then flushes their work (spec 18.23). Returns how many.
-    pub fn fail_peers_of(&mut self, gid: [u8; 16], qpns: &[u32]) -> usize {
+    /// The RC QPs of this VM connected to one of `gone` (number and
+    /// incarnation, sorted by number) at `gid` (QPs of a device instance
+    /// that went away) move to `ERR` with `QP_FATAL`; the engine then
+    /// flushes their work (spec 18.23). Returns how many.
+    pub fn fail_peers_of(&mut self, gid: [u8; 16], gone: &[(u32, u64)]) -> usize {
         use virtio_rdma_abi::qp::QpType;
-        self.fail_qps(|q| {
-            q.qp_type == QpType::RC
-                && matches!(
-                    q.state,
-                    QpState::RTR | QpState::RTS | QpState::SQD | QpState::SQE
-                )
-                && q.attr.av.dgid == gid
-                && qpns.binary_search(&q.attr.dest_qpn).is_ok()
-        })
+        // The incarnation of the gone QP with `q`'s destination number.
+        let hit = |q: &Qp| {
+            if q.qp_type != QpType::RC || q.attr.av.dgid != gid {
+                return None;
+            }
+            let i = gone
+                .binary_search_by_key(&q.attr.dest_qpn, |&(n, _)| n)
+                .ok()?;
+            gone.get(i).map(|&(_, inc)| inc)
+        };
+        let failed = self.fail_qps(|q| {
+            matches!(
+                q.state,
+                QpState::RTR | QpState::RTS | QpState::SQD | QpState::SQE
+            ) && hit(q).is_some()
+        });
+        // A QP whose send found one of them gone after the reset and
+        // before this call failed then, without the event.
+        let owed: Vec<u32> = self
+            .res
+            .qps
+            .iter()
+            .filter(|(_, q)| {
+                q.state == QpState::ERR
+                    && q.rt.dest_gone
+                    && q.rt.dest_incarnation.is_some()
+                    && hit(q) == q.rt.dest_incarnation
+            })
+            .map(|(h, _)| h)
+            .collect();
+        for &h in &owed {
+            if let Some(q) = self.res.qps.get_mut(h) {
+                q.rt.dest_gone = false;
+            }
+            self.events.push(EventKind::QP_FATAL, h, 0);
+        }
+        failed.saturating_add(owed.len())
     }
 
     /// Moves every QP that `which` picks and that is not in ERR yet into

@@ -15,6 +15,7 @@
 mod async_events;
 mod broken_queues;
 mod completions;
+mod destroyed_peer;
 mod disconnect;
 mod error_flush;
 mod fences_and_arming;

@@ -59,6 +59,9 @@ pub enum RespOutcome {
     Rnr(u32),
     /// The destination is unreachable (spec 18.23): RC retries, UD drops.
     Unreachable,
+    /// RC: the QP the requester is connected to was destroyed (spec
+    /// 18.23): the requester fails at once with `RETRY_EXC_ERR`.
+    Gone,
     /// The responder refused: the requester's CQE status.
     Nak(WcStatus),
     /// Silently dropped (UD only).

@@ -114,7 +114,7 @@ impl TransportPath for SoftPath {
             .get(h)
             .is_some_and(|q| q.qp_type == QpType::RC);
         let peer = if rc {
-            engine.rc_route(cx.state, h).filter(|&(v, _)| {
+            engine.rc_route(cx.state, h).to().filter(|&(v, _)| {
                 v != vm_id && tenancy.may_reach(vm_id, v) && same_thread(cx.vms, vm_id, v)
             })
         } else {
@@ -257,6 +257,15 @@ impl TransportPath for SoftPath {
             // dropped (spec 18.11.5).
             RespOutcome::Unreachable | RespOutcome::Stale if ud => ok(cx.state),
             RespOutcome::Nak(status) => failed(cx.state, status),
+            // The destination was destroyed: the requester knows it has
+            // nobody to retry to (spec 18.23).
+            RespOutcome::Gone => {
+                debug!("QP {:#x}: destination {:#x} destroyed", msg.src_qpn, msg.dest_qpn);
+                if let Some(q) = cx.state.res.qps.get_mut(h) {
+                    q.rt.dest_gone = true;
+                }
+                failed(cx.state, WcStatus::RETRY_EXC_ERR)
+            }
             RespOutcome::Busy => Step::Busy,
             RespOutcome::Unreachable | RespOutcome::Stale => {
                 let Some(qp) = cx.state.res.qps.get_mut(h) else {

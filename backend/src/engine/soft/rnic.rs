@@ -171,6 +171,7 @@ mod tests {
         let owner = Owner {
             vm: 3,
             handle: 0x100005,
+            incarnation: 7,
         };
         let spec = QpSpec {
             qp_type: QpType::RC,
@@ -196,7 +197,11 @@ mod tests {
     #[test]
     fn keys_are_distinct_nonzero_and_returned() {
         let r = SoftRnic::new();
-        let owner = Owner { vm: 0, handle: 1 };
+        let owner = Owner {
+            vm: 0,
+            handle: 1,
+            incarnation: 0,
+        };
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x1_0000)]).unwrap();
         let pages = testing::one_page(0, &mem);
         let spec = |remote| MrSpec {

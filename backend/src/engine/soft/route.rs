@@ -68,8 +68,12 @@ impl Engine {
                 (route, None)
             }
             None => {
-                let mut route = self.rc_route(cx.state, h);
-                let unreached = self.precheck_rc(cx, h, &mut route, dgid);
+                let (mut route, gone) = match self.rc_route(cx.state, h) {
+                    RcRoute::To(r) => (Some(r), None),
+                    RcRoute::Nowhere => (None, None),
+                    RcRoute::Gone => (None, Some(RespOutcome::Gone)),
+                };
+                let unreached = gone.or_else(|| self.precheck_rc(cx, h, &mut route, dgid));
                 (route, unreached)
             }
         };
@@ -126,50 +130,60 @@ impl Engine {
             // The routing hint was stale: resolve the QPN afresh, once.
             // The number may now belong to another QP of the VM held for
             // this burst: `deliver` must use that lock, not take it again.
-            let route = self.relookup(cx.state, h, msg.dest_qpn, !ud);
+            let route = if ud {
+                self.route_of(msg.dest_qpn)
+            } else {
+                match self.relookup(cx.state, h) {
+                    RcRoute::To(r) => Some(r),
+                    RcRoute::Nowhere => None,
+                    RcRoute::Gone => return Ok(RespOutcome::Gone),
+                }
+            };
             req.admitted = false;
             outcome = deliver(cx, route, dgid, &req, ud, resp);
         }
         Ok(outcome)
     }
 
-    /// Where an RC QP's messages go: (VM, QP handle), from the QP's hint
-    /// when it names the current destination QPN.
-    pub(in crate::engine) fn rc_route(&self, state: &mut VmState, h: u32) -> Option<(usize, u32)> {
-        let qp = state.res.qps.get_mut(h)?;
-        let dest = qp.attr.dest_qpn;
-        if let Some((qpn, vm, ph)) = qp.rt.peer {
-            if qpn == dest {
-                return Some((vm, ph));
+    /// Where RC QP `h`'s messages go, from the QP's hint when it names
+    /// the current destination QPN and the incarnation the QP is bound to
+    /// (spec 18.23), else looked up.
+    pub(in crate::engine) fn rc_route(&self, state: &mut VmState, h: u32) -> RcRoute {
+        let Some(qp) = state.res.qps.get(h) else {
+            return RcRoute::Nowhere;
+        };
+        // An unbound QP looks its destination up every time: a hint
+        // could name a QP destroyed before the QP ever reached it.
+        if let (Some((qpn, vm, ph, inc)), Some(bound)) = (qp.rt.peer, qp.rt.dest_incarnation) {
+            if qpn == qp.attr.dest_qpn && inc == bound {
+                return RcRoute::To((vm, ph));
             }
         }
-        let (vm, ph) = self.route_of(dest)?;
-        qp.rt.peer = Some((dest, vm, ph));
-        Some((vm, ph))
+        self.relookup(state, h)
+    }
+
+    /// Looks RC QP `h`'s destination up afresh (no hint, or a stale one)
+    /// and keeps the result as its new hint.
+    pub(in crate::engine) fn relookup(&self, state: &mut VmState, h: u32) -> RcRoute {
+        let Some(qp) = state.res.qps.get_mut(h) else {
+            return RcRoute::Nowhere;
+        };
+        let dest = qp.attr.dest_qpn;
+        let found = self.transport.lookup_qpn(dest);
+        qp.rt.peer = found.map(|o| (dest, o.vm, o.handle, o.incarnation));
+        match (found, qp.rt.dest_incarnation) {
+            // The QP it was connected to is destroyed; the number is free
+            // or another QP's.
+            (None, Some(_)) => RcRoute::Gone,
+            (Some(o), Some(bound)) if o.incarnation != bound => RcRoute::Gone,
+            (Some(o), _) => RcRoute::To((o.vm, o.handle)),
+            (None, None) => RcRoute::Nowhere,
+        }
     }
 
     /// The (VM, QP handle) that has QP number `qpn`.
     fn route_of(&self, qpn: u32) -> Option<(usize, u32)> {
         self.transport.lookup_qpn(qpn).map(|o| (o.vm, o.handle))
-    }
-
-    /// Looks destination `dest_qpn` of QP `h` up afresh (its routing hint
-    /// was stale); an RC QP (`hint`) keeps the result as its new hint.
-    pub(in crate::engine) fn relookup(
-        &self,
-        state: &mut VmState,
-        h: u32,
-        dest_qpn: u32,
-        hint: bool,
-    ) -> Option<(usize, u32)> {
-        let route = self.route_of(dest_qpn);
-        if let Some(q) = state.res.qps.get_mut(h) {
-            q.rt.peer = match route {
-                Some((vm, ph)) if hint => Some((dest_qpn, vm, ph)),
-                _ => None,
-            };
-        }
-        route
     }
 
     /// What an RC message of QP `h` finds before anything of it is
@@ -185,29 +199,63 @@ impl Engine {
         route: &mut Option<(usize, u32)>,
         dgid: [u8; 16],
     ) -> Option<RespOutcome> {
-        let dest_qpn = cx.state.res.qps.get(h).map(|q| q.attr.dest_qpn)?;
         for fresh in [false, true] {
             let (pvm, pqp) = match admit(cx, *route, dgid, false) {
                 Ok(r) => r,
                 Err(outcome) => return Some(outcome),
             };
+            let qp = cx.state.res.qps.get_mut(h)?;
+            let dest_qpn = qp.attr.dest_qpn;
+            // The route's hint holds the incarnation of the QP found.
+            let Some((_, _, _, inc)) = qp.rt.peer else {
+                return Some(RespOutcome::Unreachable);
+            };
+            // The first message that finds its destination in reach binds
+            // a QP connected while it was not live (spec 18.23).
+            qp.rt.dest_incarnation.get_or_insert(inc);
             let verdict = if pvm == cx.vm {
-                responder_takes(cx.state, pqp, dest_qpn)
+                responder_takes(cx.state, pqp, dest_qpn, inc)
             } else {
                 match cx.held.as_ref().filter(|p| p.vm == pvm) {
-                    Some(p) => responder_takes(p.state, pqp, dest_qpn),
+                    Some(p) => responder_takes(p.state, pqp, dest_qpn, inc),
                     None => None,
                 }
             };
             match verdict {
                 Some(RespOutcome::Stale) if !fresh => {
-                    *route = self.relookup(cx.state, h, dest_qpn, true);
+                    *route = match self.relookup(cx.state, h) {
+                        RcRoute::To(r) => Some(r),
+                        RcRoute::Nowhere => None,
+                        RcRoute::Gone => return Some(RespOutcome::Gone),
+                    };
                 }
                 Some(RespOutcome::Stale) => return Some(RespOutcome::Unreachable),
                 other => return other,
             }
         }
         None
+    }
+}
+
+/// Where an RC QP's messages go ([`Engine::rc_route`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::engine) enum RcRoute {
+    /// To this (VM, QP handle), if the tenant policy lets them.
+    To((usize, u32)),
+    /// No QP has the destination QPN, and the QP was never bound to one:
+    /// unreachable (retried).
+    Nowhere,
+    /// The QP it is connected to was destroyed (spec 18.23).
+    Gone,
+}
+
+impl RcRoute {
+    /// The (VM, QP handle), if there is one.
+    pub(in crate::engine) fn to(self) -> Option<(usize, u32)> {
+        match self {
+            RcRoute::To(r) => Some(r),
+            RcRoute::Nowhere | RcRoute::Gone => None,
+        }
     }
 }
 
@@ -346,14 +394,16 @@ fn admit(
     Ok((peer_vm, peer_qp))
 }
 
-/// Whether RC QP `qp` of `state` takes a message addressed to `qpn` now:
-/// `None` if it does, else what the requester gets (`Stale`: the handle
-/// no longer has that number; `Unreachable`: a state that takes none).
-fn responder_takes(state: &VmState, qp: u32, qpn: u32) -> Option<RespOutcome> {
+/// Whether RC QP `qp` of `state` takes a message addressed to `qpn` now
+/// (a QP of incarnation `inc`): `None` if it does, else what the requester
+/// gets (`Stale`: the handle no longer names that QP; `Unreachable`: a
+/// state that takes none).
+fn responder_takes(state: &VmState, qp: u32, qpn: u32, inc: u64) -> Option<RespOutcome> {
     if !state.running() {
         return Some(RespOutcome::Unreachable);
     }
-    let Some(q) = state.res.qps.get(qp).filter(|q| q.qpn == qpn) else {
+    let found = state.res.qps.get(qp);
+    let Some(q) = found.filter(|q| q.qpn == qpn && q.incarnation == inc) else {
         return Some(RespOutcome::Stale);
     };
     let takes =

@@ -76,7 +76,8 @@ pub(super) fn send(
 ) -> Step {
     let wr = msg.wr;
     let local = msg.av.dgid == rnic.device().gid().0;
-    if local && consumes_receive(wr.opcode) {
+    let gone = local && !msg.ud() && dest_gone(rnic, cx.state, msg);
+    if local && !gone && consumes_receive(wr.opcode) {
         take_peer_recvs(rnic, engine, cx, buf, msg.dest_qpn);
     }
     let (state, mem) = (&mut *cx.state, cx.mem);
@@ -100,6 +101,30 @@ pub(super) fn send(
             drop(t);
             return failed(state, status);
         }
+    }
+    if gone {
+        // The QP it is connected to on this host was destroyed (spec
+        // 18.23): nothing more goes to its host QP number, which the host
+        // NIC may give to any QP. The WQE fails with RETRY_EXC_ERR.
+        debug!(
+            "QPN {:#x}: destination {:#x} destroyed",
+            msg.src_qpn, msg.dest_qpn
+        );
+        if let Some(q) = state.res.qps.get_mut(msg.qp) {
+            q.rt.dest_gone = true;
+        }
+        let Some(q) = t.qps.get_mut(&msg.src_qpn).filter(|_| in_flight) else {
+            drop(t);
+            return failed(state, WcStatus::RETRY_EXC_ERR);
+        };
+        // Sends the host took first may wait for ever for the NIC's
+        // retries: the QP fails now, as the watchdog fails it, and the
+        // oldest of them reports RETRY_EXC_ERR; this one is flushed.
+        q.timed_out = true;
+        q.progress = None;
+        drop(t);
+        state.qp_enter_err(msg.qp, None);
+        return Step::Broken;
     }
     let ah = if msg.ud() {
         // The management QPs of the host's port or of a remote one: never
@@ -237,6 +262,14 @@ pub(super) fn send(
     });
     *moved = msg.len;
     Step::InFlight
+}
+
+/// Whether RC message `msg` is addressed to a QP of this host that was
+/// destroyed since its QP was connected to it: the QP number is free or
+/// another QP's (spec 18.23).
+fn dest_gone(rnic: &VerbsRnic, state: &VmState, msg: &Outgoing<'_>) -> bool {
+    let bound = state.res.qps.get(msg.qp).and_then(|q| q.rt.dest_incarnation);
+    bound.is_some_and(|b| rnic.lookup_qpn(msg.dest_qpn).map(|o| o.incarnation) != Some(b))
 }
 
 fn consumes_receive(op: WrOpcode) -> bool {
