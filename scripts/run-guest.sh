@@ -121,6 +121,7 @@ kcmd="console=ttyS0 quiet iomem=relaxed panic=-1 hugepages=$hugepages"
 # -no-reboot turns every reset into an exit, QMP system_reset included.
 no_reboot=(-no-reboot)
 [ "$reboot" = 0 ] || no_reboot=()
+# shellcheck disable=SC2054 # the commas belong to QEMU's option syntax
 # sata=off: SeaBIOS probes q35's AHCI ports, which takes some 30 s under TCG (7 s to the kernel
 # without it); the guests have no disks.
 qemu=("$QEMU" -machine q35,sata=off -accel tcg -cpu max -smp "$smp" -m "$mem"
