@@ -1,5 +1,6 @@
 # Shared by the QEMU scripts that run RDMA tools in two guests (scripts/qemu-pingpong.sh,
-# scripts/qemu-rxe.sh). Sourced on the host; guest_tools prints what the guests' commands
+# scripts/qemu-rxe.sh). Sourced on the host, after scripts/lib/launch.sh (its ok and failed
+# count the checks, its $dir holds the consoles); guest_tools prints what the guests' commands
 # source first.
 # shellcheck shell=bash
 
@@ -104,21 +105,14 @@ klog() {
 EOF2
 }
 
-# For build-guest.sh --file: coreutils' libstdbuf.so, which `linebuf` (below) preloads.
+# For build-guest.sh --file: coreutils' libstdbuf.so, which `linebuf` (above) preloads.
+# shellcheck disable=SC2034 # used by the scripts that source this file
 GUEST_STDBUF_FILE=/usr/libexec/coreutils/libstdbuf.so:/lib/libstdbuf.so
 
-pass=0 fail=0
-ok() {
-  echo "   ok: $*"
-  pass=$((pass + 1))
-}
-failed() {
-  echo "   FAILED: $*"
-  fail=$((fail + 1))
-}
 # after MARKER PATTERN GUEST: the first line matching PATTERN after the line MARKER on the
 # console of GUEST ($dir/GUEST.console).
 after() {
+  # shellcheck disable=SC2154 # dir: scripts/lib/launch.sh's launch_workdir
   awk -v m="$1" -v p="$2" '$0 == m || $0 == m "\r" { f = 1; next } f && $0 ~ p { print; exit }' \
     "$dir/$3.console" 2>/dev/null | tr -d '\r'
 }

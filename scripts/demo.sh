@@ -8,6 +8,8 @@
 # Usage: bash scripts/demo.sh [--qemu]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib/launch.sh
+. scripts/lib/launch.sh
 
 if [ "${1:-}" = "--qemu" ]; then
   bash scripts/setup.sh
@@ -18,32 +20,20 @@ bash scripts/setup.sh
 echo "== building (release)"
 cargo build --release --locked -p vhost-user-rdma -p vhost-user-rdma-tests --bins
 
-dir=$(mktemp -d /tmp/vhost-user-rdma-demo.XXXXXX)
-daemon_pid=""
-cleanup() {
-  # Keep the script's own exit status: a failing command in here (under
-  # set -e) would otherwise replace it.
-  local rc=$?
-  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && { wait "$daemon_pid" 2>/dev/null || true; }
-  rm -rf "$dir"
-  exit "$rc"
-}
-trap cleanup EXIT
-
+launch_workdir demo
 echo "== starting the daemon: one process, one socket per VM"
-RUST_LOG=${RUST_LOG:-info} target/release/vhost-user-rdma \
-  --socket-path "$dir/vm0.sock" --socket-path "$dir/vm1.sock" \
-  --mgmt-socket "$dir/mgmt.sock" 2> "$dir/daemon.log" &
-daemon_pid=$!
-for _ in $(seq 100); do
-  [ -S "$dir/vm0.sock" ] && [ -S "$dir/vm1.sock" ] && break
-  sleep 0.05
-done
+launch_daemon --wait "$dir/vm0.sock" --wait "$dir/vm1.sock" --wait "$dir/mgmt.sock" \
+  --socket-path "$dir/vm0.sock" --socket-path "$dir/vm1.sock" --mgmt-socket "$dir/mgmt.sock"
+daemon_pid=$launch_pid
 
 echo "== two VMs (test VMM: in-process vhost-user frontends with memfd guest RAM)"
 target/release/rdma-demo --socket "$dir/vm0.sock" --socket "$dir/vm1.sock"
 
-sleep 0.2
+# Every VMM connection's goodbye in the daemon's log, so that the view below shows the VMs gone.
+all_gone() {
+  [ "$(grep -c 'VMM connected' "$dir/daemon.log")" = "$(grep -c 'VMM disconnected' "$dir/daemon.log")" ]
+}
+wait_until "$daemon_pid" "$dir/daemon.log" all_gone || true
 echo "== the operator's view: vhost-user-rdma ctl (management socket)"
 target/release/vhost-user-rdma ctl --socket "$dir/mgmt.sock" vms | sed 's/^/  /'
 target/release/vhost-user-rdma ctl --socket "$dir/mgmt.sock" stats vm1 | sed 's/^/  /'

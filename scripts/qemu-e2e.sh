@@ -39,6 +39,8 @@
 #   --keep  keep the work directory (logs) after success
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib/launch.sh
+. scripts/lib/launch.sh
 
 demo=0 keep=0
 for a in "$@"; do
@@ -59,8 +61,7 @@ stamp() {
 echo "== qemu-e2e: building the patched QEMU (cached after the first run)"
 t=$(date +%s%N)
 # $QEMU overrides (a QEMU with vhost-user-rdma-pci built elsewhere).
-[ -n "${QEMU:-}" ] || QEMU=$(bash scripts/build-qemu.sh | tail -n 1)
-export QEMU
+launch_need_qemu
 echo "   $QEMU ($(stamp "$t") s)"
 
 echo "== qemu-e2e: building the daemon and rdma-guest (release)"
@@ -73,18 +74,7 @@ t=$(date +%s%N)
 bash scripts/build-guest.sh --name rdma-e2e --bin target/release/rdma-guest >/dev/null
 echo "   done ($(stamp "$t") s)"
 
-dir=$(mktemp -d /tmp/vhost-user-rdma-e2e.XXXXXX)
-daemon_pid="" pids=()
-cleanup() {
-  # Keep the script's own exit status: a failing command in here (under
-  # set -e) would otherwise replace it.
-  local rc=$?
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && { wait "$daemon_pid" 2>/dev/null || true; }
-  if [ "$keep" = 1 ]; then echo "logs kept in $dir"; else rm -rf "$dir"; fi
-  exit "$rc"
-}
-trap cleanup EXIT
+launch_workdir e2e
 
 # A and B are tenant "blue"; C is alone in tenant "red" and tries to reach
 # A and B (their GIDs are the defaults, ::ffff:10.42.0.1 and .2).
@@ -97,31 +87,29 @@ nvm=3; [ "$demo" = 1 ] && nvm=2
     printf '[[vm]]\nname = "vm%d"\nsocket = "%s"\ntenant = "%s"\n\n' "$i" "$dir/vm$i.sock" "$tenant"
   done
 } > "$dir/config.toml"
-RUST_LOG=${RUST_LOG:-info} target/release/vhost-user-rdma --config "$dir/config.toml" 2> "$dir/daemon.log" &
-daemon_pid=$!
-for _ in $(seq 100); do [ -S "$dir/vm$((nvm - 1)).sock" ] && break; sleep 0.05; done
+waits=()
+for i in $(seq 0 $((nvm - 1))); do waits+=(--wait "$dir/vm$i.sock"); done
+launch_daemon "${waits[@]}" --wait "$dir/mgmt.sock" --config "$dir/config.toml"
+daemon_pid=$launch_pid
 
 # One guest: [--reboot] NAME SOCKET-INDEX CMD [QEMU ARGS...] (in the
-# background); every guest has a QMP socket, $dir/NAME.qmp.
+# background, launch_pid); every guest has a QMP socket, $dir/NAME.qmp, and
+# its QEMU's PID in $dir/NAME.pid.
 guest() {
   local run_opts=()
   if [ "$1" = --reboot ]; then run_opts=(--reboot); shift; fi
   local name=$1 idx=$2 cmd=$3; shift 3
-  bash scripts/run-guest.sh --image rdma-e2e --log "$dir/$name.console" -q \
-    "${run_opts[@]}" --cmd "$cmd" -- -qmp "unix:$dir/$name.qmp,server=on,wait=off" \
-    -chardev "socket,id=rdma,path=$dir/vm$idx.sock" -device vhost-user-rdma-pci,chardev=rdma \
-    -pidfile "$dir/$name.pid" "$@" > "$dir/$name.out" 2>&1 &
-  pids+=($!)
+  launch_guest "$name" --image rdma-e2e "${run_opts[@]}" --cmd "$cmd" -- \
+    -qmp "unix:$dir/$name.qmp,server=on,wait=off" \
+    -chardev "socket,id=rdma,path=$dir/vm$idx.sock" -device vhost-user-rdma-pci,chardev=rdma "$@"
 }
 
 show() {
   for f in "$dir"/*.console; do
     [ -e "$f" ] || continue
-    echo "----- $(basename "$f" .console) console"
-    sed 's/^/  /' "$f"
+    show_log "$(basename "$f" .console) console" "$f"
   done
-  echo "----- daemon log"
-  sed 's/^/  /' "$dir/daemon.log"
+  show_log "daemon log" "$dir/daemon.log"
 }
 
 # One QMP command (JSON) to the monitor socket $1; prints QEMU's answer.
@@ -167,21 +155,6 @@ print("objects=%d recv_bytes=%d (%s)" % (sum(r.values()), d["traffic"]["recv_byt
 # One field (objects, recv_bytes) of vm_counts' line.
 field_of() { sed -n "s/.*\b$1=\([0-9]*\).*/\1/p" <<<"$2"; }
 
-# Waits until file $1 has at least $3 (default 1) lines matching regex $2;
-# gives up once the file has not grown for $4 s (default 300: a stall, not a
-# time limit) or when process $5 (if given) is gone.
-wait_lines() {
-  local file=$1 re=$2 n=${3:-1} stall=${4:-300} pid=${5:-} size=-1 now since=$SECONDS
-  while [ $((SECONDS - since)) -lt "$stall" ]; do
-    [ -e "$file" ] && [ "$(tr -d '\r' <"$file" | grep -cE "$re")" -ge "$n" ] && return 0
-    if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then return 1; fi
-    now=$(stat -c %s "$file" 2>/dev/null || echo 0)
-    [ "$now" = "$size" ] || { size=$now since=$SECONDS; }
-    sleep 0.1
-  done
-  return 1
-}
-
 t=$(date +%s%N)
 echo "== qemu-e2e: booting VM A (server) and VM B (client), serial cable between their ttyS1"
 # Outside the demo, B first streams into A until A's reset (see the top).
@@ -189,11 +162,11 @@ reset_opts=() client_opts=''
 [ "$demo" = 1 ] || { reset_opts=(--reboot); client_opts=' --stream-until-peer-reset'; }
 guest "${reset_opts[@]}" A 0 'rdma-guest exchange --role server' \
   -chardev "socket,id=oob,path=$dir/oob.sock,server=on,wait=off" -serial mon:stdio -serial chardev:oob
-pid_a=${pids[-1]}
-for _ in $(seq 200); do [ -S "$dir/oob.sock" ] && break; sleep 0.05; done
+pid_a=$launch_pid
+wait_socket "$dir/oob.sock" "$pid_a" || true
 guest B 1 "rdma-guest exchange --role client --rounds 2$client_opts" \
   -chardev "socket,id=oob,path=$dir/oob.sock" -serial mon:stdio -serial chardev:oob
-pid_b=${pids[-1]}
+pid_b=$launch_pid
 
 # The reset of A in the middle of B's traffic. A is paused around its
 # reset (stop, system_reset, cont: the reset itself is the same) so that
@@ -205,10 +178,13 @@ pid_b=${pids[-1]}
 # $dir/reset.log and are shown once it is over.
 reset_scenario() {
   local c r0 r1 line end
-  wait_lines "$dir/B.console" '^client: streaming' 1 300 "$pid_b" ||
+  wait_lines "$dir/B.console" '^client: streaming' 1 "$pid_b" ||
     { echo "FAILED: VM B never streamed RDMA WRITEs to VM A"; return 1; }
   # Traffic is flowing into A right now: its received bytes grow.
-  c=$(vm_counts vm0) && r0=$(field_of recv_bytes "$c") || { echo "FAILED: ctl stats vm0 failed"; return 1; }
+  if ! { c=$(vm_counts vm0) && r0=$(field_of recv_bytes "$c"); }; then
+    echo "FAILED: ctl stats vm0 failed"
+    return 1
+  fi
   end=$((SECONDS + 30))
   while [ "$SECONDS" -lt "$end" ]; do
     c=$(vm_counts vm0) && r1=$(field_of recv_bytes "$c") && [ "$r1" -gt "$r0" ] && break
@@ -230,19 +206,19 @@ reset_scenario() {
   echo "(a) $(stamp "$t") s: after the reset the daemon holds nothing of VM A: $c"
   r0=$(field_of recv_bytes "$c")
   # (b) B's QPs failed and its outstanding work completed with errors.
-  wait_lines "$dir/B.console" '^client: peer reset: QP_FATAL on both QPs' 1 300 "$pid_b" ||
+  wait_lines "$dir/B.console" '^client: peer reset: QP_FATAL on both QPs' 1 "$pid_b" ||
     { echo "FAILED: (b) VM B did not report its QPs failed by A's reset"; return 1; }
   line=$(tr -d '\r' <"$dir/B.console" | grep -E '^client: peer reset' | head -n 1)
   echo "(b) $(stamp "$t") s: VM B: ${line#client: }"
   # B has made its objects for the next exchange and waits for A's boot
   # on the serial cable: pause it there.
-  wait_lines "$dir/B.console" '^client: RC QPs' 2 300 "$pid_b" ||
+  wait_lines "$dir/B.console" '^client: RC QPs' 2 "$pid_b" ||
     { echo "FAILED: VM B did not prepare its next exchange"; return 1; }
   qmp "$dir/B.qmp" '{"execute":"stop"}' >/dev/null || { echo "FAILED: QMP stop of VM B failed"; return 1; }
   qmp "$dir/A.qmp" '{"execute":"cont"}' >/dev/null || { echo "FAILED: QMP cont of VM A failed"; return 1; }
   # (c) A's next boot has its objects (its first program line is out) and
   # not one byte has reached it since the reset.
-  wait_lines "$dir/A.console" '^server: RC QPs' 2 300 "$pid_a" ||
+  wait_lines "$dir/A.console" '^server: RC QPs' 2 "$pid_a" ||
     { echo "FAILED: VM A's next boot did not open the device"; return 1; }
   c=$(vm_counts vm0) || { echo "FAILED: ctl stats vm0 failed"; return 1; }
   r1=$(field_of recv_bytes "$c")
@@ -256,7 +232,7 @@ hostile_ok=1 reset_ok=1 recv_after=''
 if [ "$demo" = 0 ]; then
   echo "== qemu-e2e: booting VM C (hostile)"
   guest C 2 'rdma-guest hostile --foreign-gid ::ffff:10.42.0.1 --foreign-gid ::ffff:10.42.0.2'
-  pid_c=${pids[-1]}
+  pid_c=$launch_pid
 
   echo "== qemu-e2e: resetting VM A (QMP system_reset) while VM B streams RDMA WRITEs into it (in the background)"
   t_reset=$(date +%s%N)
@@ -267,10 +243,10 @@ if [ "$demo" = 0 ]; then
     exit 1
   ) >"$dir/reset.log" 2>&1 &
   reset_pid=$!
-  pids+=("$reset_pid")
+  launch_register "$reset_pid"
 
   # Kill C's QEMU (SIGKILL, no goodbye to the daemon) once it streams.
-  wait_lines "$dir/C.console" HOSTILE-BUSY 1 300 "$pid_c" || true
+  wait_lines "$dir/C.console" HOSTILE-BUSY 1 "$pid_c" || true
   if grep -q HOSTILE-BUSY "$dir/C.console" 2>/dev/null && [ -s "$dir/C.pid" ]; then
     sleep 1
     kill -9 "$(cat "$dir/C.pid")"
@@ -279,24 +255,24 @@ if [ "$demo" = 0 ]; then
     echo "   VM C never reached its stream"
     hostile_ok=0
   fi
-  wait "$pid_c" 2>/dev/null || true
+  launch_wait "$pid_c" 2>/dev/null || true
   # The same VM comes back (a fresh QEMU on the same socket) and finds a
   # working device with nothing of its earlier life in it.
   echo "== qemu-e2e: booting VM C again on the same socket"
   guest C2 2 'rdma-guest info'
-  pid_c2=${pids[-1]}
+  pid_c2=$launch_pid
 fi
 
 if [ "$demo" = 0 ]; then
-  wait "$reset_pid" || reset_ok=0
+  launch_wait "$reset_pid" || reset_ok=0
   sed 's/^/   /' "$dir/reset.log"
   recv_after=$(cat "$dir/reset.recv" 2>/dev/null || true)
 fi
 
 rc_a=0 rc_b=0 rc_c2=0
-wait "$pid_a" || rc_a=$?
-wait "$pid_b" || rc_b=$?
-[ "$demo" = 1 ] || wait "$pid_c2" || rc_c2=$?
+launch_wait "$pid_a" || rc_a=$?
+launch_wait "$pid_b" || rc_b=$?
+[ "$demo" = 1 ] || launch_wait "$pid_c2" || rc_c2=$?
 t_guests=$(stamp "$t")
 daemon_ok=1
 kill -0 "$daemon_pid" 2>/dev/null || daemon_ok=0
@@ -318,17 +294,16 @@ if [ "$demo" = 0 ]; then
   fi
 fi
 
-passed=0 failed=0
 for r in "VM A (server):$rc_a" "VM B (client):$rc_b"; do
-  if [ "${r##*:}" = 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAILED: ${r%:*} exit ${r##*:}"; fi
+  if [ "${r##*:}" = 0 ]; then tally ok; else tally failed; echo "FAILED: ${r%:*} exit ${r##*:}"; fi
 done
 if [ "$demo" = 0 ]; then
-  if [ "$hostile_ok" = 1 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAILED: VM C (hostile)"; fi
+  if [ "$hostile_ok" = 1 ]; then tally ok; else tally failed; echo "FAILED: VM C (hostile)"; fi
   if [ "$rc_c2" = 0 ] && grep -q 'VM 2: VMM connected (connection 2)' "$dir/daemon.log"; then
-    passed=$((passed + 1))
+    tally ok
     echo "   VM C reconnected on its socket and opened the device again"
   else
-    failed=$((failed + 1)); echo "FAILED: VM C's reconnect (exit $rc_c2)"
+    tally failed; echo "FAILED: VM C's reconnect (exit $rc_c2)"
   fi
 fi
 if [ "$demo" = 0 ]; then
@@ -348,14 +323,10 @@ if [ "$demo" = 0 ]; then
       echo "   (d) VM A's next boot passed the exchange with VM B (reset to done: $(stamp "$t_reset") s)"
     fi
   fi
-  if [ "$reset_ok" = 1 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAILED: VM A's reset in the middle of traffic"; fi
+  if [ "$reset_ok" = 1 ]; then tally ok; else tally failed; echo "FAILED: VM A's reset in the middle of traffic"; fi
 fi
-if [ "$daemon_ok" = 1 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAILED: the daemon died"; fi
+if [ "$daemon_ok" = 1 ]; then tally ok; else tally failed; echo "FAILED: the daemon died"; fi
 
 echo "== qemu-e2e: guests ran $t_guests s; whole run $(stamp "$t_start") s"
-if [ "$failed" != 0 ]; then
-  show
-  echo "qemu-e2e: $passed passed, $failed failed"
-  exit 1
-fi
-echo "qemu-e2e: $passed passed, $failed failed"
+[ "$fail" = 0 ] || show
+verdict qemu-e2e

@@ -22,8 +22,8 @@
 # Usage: bash scripts/qemu-kmod.sh [--kernel 6.1|6.12] [--keep]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# shellcheck source=guest/lib.sh
-. guest/lib.sh
+# shellcheck source=scripts/lib/launch.sh
+. scripts/lib/launch.sh
 guest_need_pkgs iproute2
 guest_script_args "$@"
 case "$kernel" in
@@ -31,8 +31,7 @@ case "$kernel" in
 6.12) name=qemu-kmod-6.12 image=rdma-kmod-6.12 ;;
 esac
 
-[ -n "${QEMU:-}" ] || QEMU=$(bash scripts/build-qemu.sh | tail -n 1)
-export QEMU
+launch_need_qemu
 cargo build --release --locked -q -p vhost-user-rdma
 kmod=$(bash scripts/build-kmod.sh --kernel "$kernel")
 rdma_core=$(bash scripts/build-rdma-core.sh) # a sysroot: installed as a distribution would
@@ -42,24 +41,11 @@ bash scripts/build-guest.sh --kernel "$kernel" --name "$image" --load virtio_pci
   --load ib_uverbs --bin "$(command -v rdma)" --file "$kmod:/lib/virtio_rdma.ko" \
   --sysroot "$rdma_core" >/dev/null
 
-dir=$(mktemp -d /tmp/vhost-user-rdma-kmod.XXXXXX)
-daemon_pid="" bare_daemon_pid="" bare_pid=""
-cleanup() {
-  local rc=$?
-  [ -z "$bare_pid" ] || kill "$bare_pid" 2>/dev/null || true
-  [ -n "$bare_daemon_pid" ] && kill "$bare_daemon_pid" 2>/dev/null &&
-    { wait "$bare_daemon_pid" 2>/dev/null || true; }
-  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && { wait "$daemon_pid" 2>/dev/null || true; }
-  if [ "$keep" = 1 ]; then echo "logs kept in $dir"; else rm -rf "$dir"; fi
-  exit "$rc"
-}
-trap cleanup EXIT
+launch_workdir kmod
 
 mac=52:54:00:12:34:56
 printf '[[tenant]]\nname = "t"\n\n[[vm]]\nname = "vm0"\nsocket = "%s"\ntenant = "t"\nmac = "%s"\n' "$dir/vm0.sock" "$mac" >"$dir/config.toml"
-RUST_LOG=${RUST_LOG:-info} target/release/vhost-user-rdma --config "$dir/config.toml" 2>"$dir/daemon.log" &
-daemon_pid=$!
-for _ in $(seq 100); do [ -S "$dir/vm0.sock" ] && break; sleep 0.05; done
+launch_daemon --wait "$dir/vm0.sock" --config "$dir/config.toml"
 
 # Meanwhile a second guest on a device that offers no device feature bits, as cloud-hypervisor's
 # generic vhost-user device shows it (transport bits only: qemu-configs/cloud-hypervisor.md): a
@@ -69,34 +55,26 @@ for _ in $(seq 100); do [ -S "$dir/vm0.sock" ] && break; sleep 0.05; done
 bare_mac=52:54:00:12:34:57
 printf '[daemon]\nud = false\nsrq = false\natomics = false\n\n[[tenant]]\nname = "t"\n\n[[vm]]\nname = "bare"\nsocket = "%s"\ntenant = "t"\nmac = "%s"\n' \
   "$dir/bare.sock" "$bare_mac" >"$dir/bare.toml"
-RUST_LOG=${RUST_LOG:-info} target/release/vhost-user-rdma --config "$dir/bare.toml" 2>"$dir/bare-daemon.log" &
-bare_daemon_pid=$!
-for _ in $(seq 100); do [ -S "$dir/bare.sock" ] && break; sleep 0.05; done
-bash scripts/run-guest.sh --image "$image" --log "$dir/bare.console" -q \
-  --append 'guest.uio=none' \
+launch_daemon --log "$dir/bare-daemon.log" --wait "$dir/bare.sock" --config "$dir/bare.toml"
+# shellcheck disable=SC2016 # the guest's shell expands them
+launch_guest bare --image "$image" --append 'guest.uio=none' \
   --cmd 'modprobe virtio_net && ip link set eth0 up && ip addr add 10.42.0.1/24 dev eth0 &&
     insmod /lib/virtio_rdma.ko && i=0; until grep -q ffff /sys/class/infiniband/virtio_rdma0/ports/1/gids/1 2>/dev/null; do
       [ $i -lt 100 ] || exit 1; i=$((i + 1)); sleep 0.1; done; vrdma-check transport-only' -- \
   -chardev "socket,id=rdma,path=$dir/bare.sock" -device vhost-user-rdma-pci,chardev=rdma \
   -netdev "stream,id=n0,server=on,addr.type=unix,addr.path=$dir/bare-net.sock" \
-  -device "virtio-net-pci,netdev=n0,mac=$bare_mac" >"$dir/bare.out" 2>&1 &
-bare_pid=$!
+  -device "virtio-net-pci,netdev=n0,mac=$bare_mac"
+bare_pid=$launch_pid
 
-pass=0 fail=0
 console="$dir/guest.console"
+# check DESCRIPTION PATTERN: PATTERN on a line of $console.
 check() {
-  if grep -q -- "$2" "$console"; then
-    echo "   ok: $1"
-    pass=$((pass + 1))
-  else
-    echo "   FAILED: $1 (no '$2' on the console)"
-    fail=$((fail + 1))
-  fi
+  if grep -q -- "$2" "$console"; then ok "$1"; else failed "$1 (no '$2' on the console)"; fi
 }
 t=$(date +%s)
 rc=0
-bash scripts/run-guest.sh --image "$image" --log "$dir/guest.console" -q \
-  --append 'guest.uio=none' \
+# shellcheck disable=SC2016 # the guest's shell expands them
+launch_guest guest --image "$image" --append 'guest.uio=none' \
   --cmd 'ib=/sys/class/infiniband; net() { modprobe virtio_net && ip link set eth0 up &&
     ip addr add 10.42.0.1/24 dev eth0 && i=0 && until grep -qs 0a2a $ib/virtio_rdma0/ports/1/gids/1 ||
     [ $i -ge 100 ]; do sleep 0.1; i=$((i + 1)); done; }
@@ -109,11 +87,10 @@ bash scripts/run-guest.sh --image "$image" --log "$dir/guest.console" -q \
     sleep 1 && ibv_devices | sed "s/^/AGAIN /"' -- \
   -chardev "socket,id=rdma,path=$dir/vm0.sock" -device vhost-user-rdma-pci,chardev=rdma \
   -netdev "stream,id=n0,server=on,addr.type=unix,addr.path=$dir/net.sock" \
-  -device "virtio-net-pci,netdev=n0,mac=$mac" \
-  >"$dir/guest.out" 2>&1 || rc=$?
+  -device "virtio-net-pci,netdev=n0,mac=$mac"
+launch_wait "$launch_pid" || rc=$?
 echo "== $name: guest ran $(($(date +%s) - t)) s, exit $rc"
-[ "$rc" = 0 ] && { echo "   ok: insmod and the guest command succeeded"; pass=$((pass + 1)); } ||
-  { echo "   FAILED: guest exit $rc"; fail=$((fail + 1)); }
+if [ "$rc" = 0 ]; then ok "insmod and the guest command succeeded"; else failed "guest exit $rc"; fi
 check "the driver bound device ID 42 with ABI version 2" "virtio-rdma ABI 2:"
 check "loaded before virtio_net: it waits for the interface with the paired MAC" \
   "no network interface with permanent address $mac yet"
@@ -182,8 +159,7 @@ check "virtio_net loaded again: virtio_rdma0 back on the new eth0, GID 1 from it
   "^BACK virtio_rdma0 GID1 0000:0000:0000:0000:0000:ffff:0a2a:0001"
 check "rmmod (device reset) and insmod again: the device is back" "AGAIN .*virtio_rdma0"
 bare_rc=0
-wait "$bare_pid" || bare_rc=$?
-bare_pid=""
+launch_wait "$bare_pid" || bare_rc=$?
 console="$dir/bare.console"
 check "transport feature bits only (the cloud-hypervisor case): no atomics, no SRQs reported" \
   "^VRDMA-CHECK ok: transport features only: atomic_cap 0, max_srq 0"
@@ -193,9 +169,7 @@ check "... RC QPs to RTS, SEND, RDMA WRITE, inline and immediate data work (gues
   "^VRDMA-CHECK: [0-9]* passed, 0 failed"
 if [ "$fail" != 0 ]; then
   for f in guest.console daemon.log bare.console bare-daemon.log; do
-    echo "----- $f"
-    sed 's/^/  /' "$dir/$f"
+    show_log "$f" "$dir/$f"
   done
 fi
-echo "$name: $pass passed, $fail failed"
-[ "$fail" = 0 ]
+verdict "$name"

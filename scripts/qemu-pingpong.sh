@@ -29,8 +29,8 @@
 # Usage: bash scripts/qemu-pingpong.sh [--kernel 6.1|6.12] [--keep]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# shellcheck source=guest/lib.sh
-. guest/lib.sh
+# shellcheck source=scripts/lib/launch.sh
+. scripts/lib/launch.sh
 # shellcheck source=guest/versions.sh
 . guest/versions.sh
 # shellcheck source=guest/checks.sh
@@ -43,8 +43,7 @@ case "$kernel" in
 esac
 t_start=$(date +%s)
 
-[ -n "${QEMU:-}" ] || QEMU=$(bash scripts/build-qemu.sh | tail -n 1)
-export QEMU
+launch_need_qemu
 cargo build --release --locked -q -p vhost-user-rdma -p virtio-rdma-apps
 kmod=$(bash scripts/build-kmod.sh --kernel "$kernel")
 rc=$(bash scripts/build-rdma-core.sh)
@@ -53,16 +52,7 @@ rc=$(bash scripts/build-rdma-core.sh)
 extra=()
 [ "$full" = 0 ] || extra=(--sysroot "$(bash scripts/fetch-perftest.sh)" --bin target/release/rdma-guest)
 
-dir=$(mktemp -d /tmp/vhost-user-rdma-pingpong.XXXXXX)
-daemon_pid="" pids=()
-cleanup() {
-  local rc=$?
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && { wait "$daemon_pid" 2>/dev/null || true; }
-  if [ "$keep" = 1 ]; then echo "logs kept in $dir"; else rm -rf "$dir"; fi
-  exit "$rc"
-}
-trap cleanup EXIT
+launch_workdir pingpong
 
 # What both guests' commands source first. wait_gid: until ib_core has taken the interface's
 # address as GID 1. run and klog: guest/checks.sh, on virtio_rdma0. gate: prints GATE and
@@ -101,42 +91,31 @@ bash scripts/build-guest.sh --kernel "$kernel" --name "$image" --load virtio_pci
   done
   printf '[[vm]]\nname = "vm2"\nsocket = "%s"\ntenant = "other"\n' "$dir/vm2.sock"
 } >"$dir/config.toml"
-RUST_LOG=${RUST_LOG:-info} target/release/vhost-user-rdma --config "$dir/config.toml" 2>"$dir/daemon.log" &
-daemon_pid=$!
-for _ in $(seq 100); do [ -S "$dir/vm2.sock" ] && break; sleep 0.05; done
+launch_daemon --wait "$dir/vm0.sock" --wait "$dir/vm1.sock" --wait "$dir/vm2.sock" \
+  --wait "$dir/mgmt.sock" --config "$dir/config.toml"
+daemon_pid=$launch_pid
 
 # guest NAME INDEX NETDEV-OPTS CMD [QEMU ARGS...]
 guest() {
   local name=$1 i=$2 net=$3 cmd=$4
   shift 4
-  bash scripts/run-guest.sh --image "$image" --log "$dir/$name.console" -q \
-    --append 'guest.uio=none' \
+  launch_guest "$name" --image "$image" --append 'guest.uio=none' \
     --cmd ". /etc/tools.sh && ip link set eth0 up && ip addr add 10.42.0.$((i + 1))/24 dev eth0 &&
       insmod /lib/virtio_rdma.ko && wait_gid && { $cmd; steps_verdict; }; r=\$?; klog; exit \$r" -- \
     -chardev "socket,id=rdma,path=$dir/vm$i.sock" -device vhost-user-rdma-pci,chardev=rdma \
     -netdev "stream,id=n0,$net" -device "virtio-net-pci,netdev=n0,mac=52:54:00:00:00:0$((i + 1))" \
-    "$@" >"$dir/$name.out" 2>&1 &
-  pids+=($!)
+    "$@"
 }
 # wait_for GUEST PATTERN [MARKER]: until GUEST's console has a line matching PATTERN (after
-# the line MARKER); fails once the console has not grown for 300 s (a stall, not a time
-# limit) or when the guest is gone.
+# the line MARKER), while the guest runs (scripts/lib/launch.sh's wait_until).
 wait_for() {
-  local pid size=-1 now since=$SECONDS
-  pid=$(cat "$dir/$1.qpid")
-  while [ $((SECONDS - since)) -lt 300 ]; do
-    now=$(stat -c %s "$dir/$1.console" 2>/dev/null || echo 0)
-    [ "$now" = "$size" ] || { size=$now since=$SECONDS; }
-    if [ -n "${3:-}" ]; then
-      [ -z "$(after "$3" "$2" "$1")" ] || return 0
-    else
-      [ ! -e "$dir/$1.console" ] || ! tr -d '\r' <"$dir/$1.console" | grep -qE "$2" || return 0
-    fi
-    kill -0 "$pid" 2>/dev/null || return 1
-    sleep 0.1
-  done
-  return 1
+  if [ -n "${3:-}" ]; then
+    wait_until "${launch_guests[$1]}" "$dir/$1.console" _after_seen "$3" "$2" "$1"
+  else
+    wait_lines "$dir/$1.console" "$2" 1 "${launch_guests[$1]}"
+  fi
 }
+_after_seen() { [ -n "$(after "$@")" ]; }
 
 # The tools, in order, for both sides: rdma-core's pingpongs polling and then sleeping on
 # completion events (-e: CQ arming, CQ_COMPLETION events, ibv_get_cq_event), UD with address
@@ -156,26 +135,21 @@ fi
 t=$(date +%s)
 guest server 0 "server=on,addr.type=unix,addr.path=$dir/net.sock" \
   "peer=; $pingpongs && $perftests"
-echo "${pids[-1]}" >"$dir/server.qpid"
-for _ in $(seq 100); do [ -S "$dir/net.sock" ] && break; sleep 0.1; done
+wait_socket "$dir/net.sock" "$launch_pid" || true
 # The client waits at its gate before perftest until the hostile guest streams.
 guest client 1 "server=off,addr.type=unix,addr.path=$dir/net.sock,reconnect-ms=1000" \
   "peer=10.42.0.1; until ping -c 1 -W 1 \$peer >/dev/null; do sleep 1; done;
    $pingpongs && $client_tail" \
   -chardev "socket,id=gate,path=$dir/gate.sock,server=on,wait=off" \
   -serial mon:stdio -serial chardev:gate
-echo "${pids[-1]}" >"$dir/client.qpid"
 n='[0-9]+[.][0-9]+' s='[ \t]+'
-bw_row="^ *65536$s[0-9]+$s$n$s$n$s$n"
+bw_row="^ *65536${s}[0-9]+$s$n$s$n$s$n"
 hostile_busy='' hostile_killed=''
 if [ "$full" = 1 ]; then
   # The hostile guest: the Rust userspace driver through uio (the image's default binding).
-  bash scripts/run-guest.sh --image "$image" --log "$dir/hostile.console" -q \
+  launch_guest hostile --image "$image" \
     --cmd 'rdma-guest hostile --foreign-gid ::ffff:10.42.0.1 --foreign-gid ::ffff:10.42.0.2' -- \
-    -chardev "socket,id=rdma,path=$dir/vm2.sock" -device vhost-user-rdma-pci,chardev=rdma \
-    -pidfile "$dir/hostile.pid" >"$dir/hostile.out" 2>&1 &
-  pids+=($!)
-  echo "${pids[-1]}" >"$dir/hostile.qpid"
+    -chardev "socket,id=rdma,path=$dir/vm2.sock" -device vhost-user-rdma-pci,chardev=rdma
 
   # Once the hostile guest streams and the client is at its gate, the client goes on, and the
   # hostile guest's QEMU is killed (SIGKILL: no goodbye to the daemon) in the middle of
@@ -200,14 +174,10 @@ time.sleep(1)' "$dir/gate.sock" || echo "   could not open the client's gate"
   # (Not killed above: something failed. Do not wait for its time limit.)
   [ -n "$hostile_killed" ] || [ ! -s "$dir/hostile.pid" ] || kill -9 "$(cat "$dir/hostile.pid")" 2>/dev/null || true
 fi
-rcs=()
-for p in "${pids[@]}"; do
-  r=0
-  wait "$p" || r=$?
-  rcs+=("$r")
-done
-pids=()
-rc_server=${rcs[0]} rc_client=${rcs[1]}
+rc_server=0 rc_client=0
+launch_wait "${launch_guests[server]}" || rc_server=$?
+launch_wait "${launch_guests[client]}" || rc_client=$?
+[ "$full" = 0 ] || launch_wait "${launch_guests[hostile]}" || true
 echo "== $name: guests ran $(($(date +%s) - t)) s, exit $rc_server $rc_client"
 for g in server client; do
   check_after RC "ibv_rc_pingpong $g" "^50 iters in .* seconds" $g
@@ -220,11 +190,11 @@ done
 # MsgRate" and "#bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%", in MB/s and
 # microseconds.
 for g in $([ "$full" = 0 ] || echo server client); do
-  check_after WRITE_BW "ib_write_bw $g (4 s)" "$bw_row" $g
-  check_after WRITE_LAT "ib_write_lat $g" "^ *2${s}100$s$n$s$n$s$n$s$n$s$n" $g
-  check_after READ_BW "ib_read_bw $g" "^ *65536${s}100$s$n$s$n$s$n" $g
-  check_after SEND_BW "ib_send_bw $g" "^ *65536${s}100$s$n$s$n$s$n" $g
-  check_after ATOMIC_BW "ib_atomic_bw $g (fetch and add)" "^ *8${s}100$s$n$s$n$s$n" $g
+  check_after WRITE_BW "ib_write_bw $g (4 s)" "$bw_row" "$g"
+  check_after WRITE_LAT "ib_write_lat $g" "^ *2${s}100$s$n$s$n$s$n$s$n$s$n" "$g"
+  check_after READ_BW "ib_read_bw $g" "^ *65536${s}100$s$n$s$n$s$n" "$g"
+  check_after SEND_BW "ib_send_bw $g" "^ *65536${s}100$s$n$s$n$s$n" "$g"
+  check_after ATOMIC_BW "ib_atomic_bw $g (fetch and add)" "^ *8${s}100$s$n$s$n$s$n" "$g"
 done
 for g in server client; do
   if grep -q '^KERNEL-WARNINGS: 0' "$dir/$g.console"; then
@@ -283,12 +253,9 @@ if kill -0 "$daemon_pid" 2>/dev/null; then ok "the daemon is alive"; else failed
 if [ "$fail" != 0 ]; then
   for n in server client hostile; do
     [ -e "$dir/$n.console" ] || continue
-    echo "----- $n console"
-    sed 's/^/  /' "$dir/$n.console"
+    show_log "$n console" "$dir/$n.console"
   done
-  echo "----- daemon log"
-  sed 's/^/  /' "$dir/daemon.log"
+  show_log "daemon log" "$dir/daemon.log"
 fi
 echo "== $name: whole run $(($(date +%s) - t_start)) s"
-echo "$name: $pass passed, $fail failed"
-[ "$fail" = 0 ]
+verdict "$name"

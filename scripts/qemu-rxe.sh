@@ -36,8 +36,8 @@
 # Usage: bash scripts/qemu-rxe.sh [--keep]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# shellcheck source=guest/lib.sh
-. guest/lib.sh
+# shellcheck source=scripts/lib/launch.sh
+. scripts/lib/launch.sh
 # shellcheck source=guest/versions.sh
 . guest/versions.sh
 # shellcheck source=guest/checks.sh
@@ -47,22 +47,13 @@ keep=0
 t_start=$(date +%s)
 guest_need_pkgs iproute2 binutils
 
-[ -n "${QEMU:-}" ] || QEMU=$(bash scripts/build-qemu.sh | tail -n 1)
-export QEMU
+launch_need_qemu
 cargo build --release --locked -q -p vhost-user-rdma -p vhost-user-rdma-tests \
   --bin vhost-user-rdma --bin rdma-peer
 rc=$(bash scripts/build-rdma-core.sh)
 pt=$(bash scripts/fetch-perftest.sh)
 
-dir=$(mktemp -d /tmp/vhost-user-rdma-rxe.XXXXXX)
-pids=()
-cleanup() {
-  local rc=$?
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  if [ "$keep" = 1 ]; then echo "logs kept in $dir"; else rm -rf "$dir"; fi
-  exit "$rc"
-}
-trap cleanup EXIT
+launch_workdir rxe
 
 # The data-path conformance tests, as `cargo test` builds them (debug, stripped for the image).
 for t in datapath datapath_multi; do
@@ -102,6 +93,7 @@ for s in "${skips[@]}"; do skip_args="$skip_args --skip $s"; done
 # by themselves). Every step runs and reports its own verdict whatever the ones before it did
 # (`step`, guest/checks.sh); one that waits for a peer whose step failed stops once it has
 # printed nothing for $STALL seconds.
+# shellcheck disable=SC2016 # the guest's shell expands them
 native='run RC ibv_rc_pingpong -g 1 -n 50
   run PP64 ibv_rc_pingpong -g 1 -n 200 -s 64
   run WRITE_LAT ib_write_lat -x 1 -n 200
@@ -289,24 +281,20 @@ guest() {
   local name=$1 i=$2 cmd=$3 mine theirs
   mine=$([ "$i" = 0 ] && echo "$port0" || echo "$port1")
   theirs=$([ "$i" = 0 ] && echo "$port1" || echo "$port0")
-  bash scripts/run-guest.sh --image rxe-host --stall 300 --log "$dir/$name.console" -q \
-    --append 'guest.uio=none' \
+  launch_guest "$name" --image rxe-host --stall 300 --append 'guest.uio=none' \
     --cmd ". /etc/tools.sh && up 10.43.0.$((i + 1)) && { $cmd; }; r=\$?; klog; exit \$r" -- \
     -netdev "dgram,id=n0,local.type=inet,local.host=127.0.0.1,local.port=$mine,remote.type=inet,remote.host=127.0.0.1,remote.port=$theirs" \
-    -device "virtio-net-pci,netdev=n0,mac=52:54:00:00:01:0$((i + 1))" \
-    >"$dir/$name.out" 2>&1 &
-  pids+=($!)
+    -device "virtio-net-pci,netdev=n0,mac=52:54:00:00:01:0$((i + 1))"
 }
 t=$(date +%s)
 guest server 0 ". /etc/server.sh"
 guest client 1 ". /etc/client.sh"
 rcs=()
-for p in "${pids[@]}"; do
+for g in server client; do
   r=0
-  wait "$p" || r=$?
+  launch_wait "${launch_guests[$g]}" || r=$?
   rcs+=("$r")
 done
-pids=()
 echo "== qemu-rxe: guests ran $(($(date +%s) - t)) s, exit ${rcs[0]} ${rcs[1]}"
 
 if tr -d '\r' <"$dir/server.console" | grep -q 'state:.*PORT_ACTIVE' &&
@@ -374,10 +362,8 @@ for g in server client; do
 done
 if [ "$fail" != 0 ]; then
   for g in server client; do
-    echo "----- $g console"
-    sed 's/^/  /' "$dir/$g.console"
+    show_log "$g console" "$dir/$g.console"
   done
 fi
 echo "== qemu-rxe: whole run $(($(date +%s) - t_start)) s"
-echo "qemu-rxe: $pass passed, $fail failed"
-[ "$fail" = 0 ]
+verdict qemu-rxe

@@ -30,31 +30,24 @@ while [ $# -gt 0 ]; do
 done
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=scripts/lib/launch.sh
+. "$repo/scripts/lib/launch.sh"
 QEMU=${QEMU:-$(bash "$repo/scripts/build-qemu.sh" | tail -n 1)}
-DAEMON=${DAEMON:-$repo/target/release/vhost-user-rdma}
 if [ ! -x "$DAEMON" ]; then
   (cd "$repo" && nice cargo build --release -p vhost-user-rdma)
 fi
 
-tmp=$(mktemp -d)
-daemon_pid=''
-cleanup() {
-  [ -z "$daemon_pid" ] || kill "$daemon_pid" 2>/dev/null || true
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail() { echo "qemu-smoke: FAIL: $*" >&2; echo "--- daemon log" >&2; cat "$tmp/daemon.log" >&2; exit 1; }
+launch_workdir smoke
+fail() { echo "qemu-smoke: FAIL: $*" >&2; echo "--- daemon log" >&2; cat "$dir/daemon.log" >&2; exit 1; }
 
-"$DAEMON" --socket-path "$tmp/vm.sock" > "$tmp/daemon.log" 2>&1 &
-daemon_pid=$!
-for _ in $(seq 100); do [ -S "$tmp/vm.sock" ] && break; sleep 0.1; done
-[ -S "$tmp/vm.sock" ] || fail "daemon did not create its socket"
+launch_daemon --wait "$dir/vm.sock" --socket-path "$dir/vm.sock"
+daemon_pid=$launch_pid
 
 # shellcheck disable=SC2054 # the commas belong to QEMU's option syntax
 base=(
   -machine q35,memory-backend=mem -accel tcg -cpu max -m 512M
   -object memory-backend-memfd,id=mem,size=512M,share=on
-  -chardev "socket,id=c0,path=$tmp/vm.sock"
+  -chardev "socket,id=c0,path=$dir/vm.sock"
   -device vhost-user-rdma-pci,id=rdma0,chardev=c0
   -nic none
 )
@@ -67,15 +60,17 @@ hmp() { printf '{"execute":"human-monitor-command","arguments":{"command-line":"
   hmp 'info qtree'
   hmp 'info virtio-status /machine/peripheral/rdma0/virtio-backend'
   echo '{"execute":"quit"}'
-} | timeout 60 "$QEMU" "${base[@]}" -display none -S -qmp stdio > "$tmp/qmp.log" 2>&1 \
-  || fail "QEMU did not start (exit $?): $(cat "$tmp/qmp.log")"
-grep -q 'PCI device 1af4:106a' "$tmp/qmp.log" || fail "no 1af4:106a function in info pci"
-grep -q 'vectors = 4 ' "$tmp/qmp.log" || fail "vhost-user-rdma-pci does not have 4 MSI-X vectors"
-grep -q 'device_name: *virtio-rdma' "$tmp/qmp.log" || fail "virtio does not name the device virtio-rdma"
-grep -q 'device_id: *42' "$tmp/qmp.log" || fail "device id is not 42"
-grep -q 'num_vqs: *3' "$tmp/qmp.log" || fail "the device does not have 3 virtqueues"
-for _ in $(seq 50); do grep -q 'VMM disconnected' "$tmp/daemon.log" && break; sleep 0.1; done
-grep -q 'VMM connected' "$tmp/daemon.log" || fail "the daemon saw no VMM connection"
+} >"$dir/qmp.in"
+launch_bg timeout 60 "$QEMU" "${base[@]}" -display none -S -qmp stdio <"$dir/qmp.in" >"$dir/qmp.log" 2>&1
+launch_wait "$launch_pid" || fail "QEMU did not start (exit $?): $(cat "$dir/qmp.log")"
+grep -q 'PCI device 1af4:106a' "$dir/qmp.log" || fail "no 1af4:106a function in info pci"
+grep -q 'vectors = 4 ' "$dir/qmp.log" || fail "vhost-user-rdma-pci does not have 4 MSI-X vectors"
+grep -q 'device_name: *virtio-rdma' "$dir/qmp.log" || fail "virtio does not name the device virtio-rdma"
+grep -q 'device_id: *42' "$dir/qmp.log" || fail "device id is not 42"
+grep -q 'num_vqs: *3' "$dir/qmp.log" || fail "the device does not have 3 virtqueues"
+# The daemon's goodbye to the VMM, if it comes (5 s without a new log line: it did not).
+LAUNCH_STALL=5 wait_lines "$dir/daemon.log" 'VMM disconnected' 1 "$daemon_pid" || true
+grep -q 'VMM connected' "$dir/daemon.log" || fail "the daemon saw no VMM connection"
 echo "qemu-smoke: QEMU with vhost-user-rdma-pci started, negotiated with the daemon and quit: ok"
 
 # 2. Optionally boot a guest with the device.
@@ -83,14 +78,16 @@ if [ -n "$kernel" ]; then
   args=("${base[@]}" -nographic -serial mon:stdio -no-reboot -kernel "$kernel" -append "$append")
   [ -n "$initrd" ] && args+=(-initrd "$initrd")
   t0=$(date +%s)
-  timeout "$timeout_s" "$QEMU" "${args[@]}" < /dev/null > "$tmp/console.log" 2>&1 || true
-  if ! grep -aqE "$expect" "$tmp/console.log"; then
-    tail -n 40 "$tmp/console.log" >&2
+  launch_bg timeout "$timeout_s" "$QEMU" "${args[@]}" </dev/null >"$dir/console.log" 2>&1
+  launch_wait "$launch_pid" || true
+  if ! grep -aqE "$expect" "$dir/console.log"; then
+    tail -n 40 "$dir/console.log" >&2
     fail "the guest console never matched '$expect'"
   fi
-  grep -aE 'GUEST-RUN|rdma-guest' "$tmp/console.log" || true
+  grep -aE 'GUEST-RUN|rdma-guest' "$dir/console.log" || true
   echo "qemu-smoke: guest booted with the device and printed '$expect' in $(( $(date +%s) - t0 )) s: ok"
 fi
-passed=1
-[ -z "$kernel" ] || passed=2
-echo "$passed passed, 0 failed"
+tally ok
+[ -z "$kernel" ] || tally ok
+# The count alone, with no name in front (as this script has always printed it).
+verdict ""

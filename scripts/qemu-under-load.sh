@@ -9,8 +9,8 @@
 #   (default: all of them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# shellcheck source=guest/lib.sh
-. guest/lib.sh
+# shellcheck source=scripts/lib/launch.sh
+. scripts/lib/launch.sh
 
 rounds=3 hogs=2 scripts=()
 while [ $# -gt 0 ]; do
@@ -25,21 +25,15 @@ done
 [ ${#scripts[@]} -gt 0 ] ||
   scripts=(qemu-e2e qemu-kmod qemu-pingpong qemu-rxe qemu-kmod-6.12 qemu-pingpong-6.12)
 
-hog_pids=()
+# The logs stay (the library stops the hogs and a running script on exit).
 logs=$(mktemp -d /tmp/vhost-user-rdma-load.XXXXXX)
-cleanup() {
-  local rc=$?
-  for p in "${hog_pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  echo "logs in $logs"
-  exit "$rc"
-}
-trap cleanup EXIT
+launch_on_exit "echo 'logs in $logs'"
+# A script stopped on exit first stops its own guests and daemon, within its own grace.
+LAUNCH_GRACE=$((LAUNCH_GRACE * 2 + 10))
 for _ in $(seq "$hogs"); do
-  nice -n 0 yes >/dev/null &
-  hog_pids+=($!)
+  launch_bg nice -n 0 yes >/dev/null
 done
 
-passed=0 failed=0
 for r in $(seq "$rounds"); do
   for s in "${scripts[@]}"; do
     args=()
@@ -47,17 +41,18 @@ for r in $(seq "$rounds"); do
     log="$logs/$s.$r.log"
     t=$SECONDS
     rc=0
-    bash "scripts/${s%-6.12}.sh" "${args[@]}" >"$log" 2>&1 || rc=$?
+    # In the background, so that a signal here ends it (and its guests) at once.
+    launch_bg bash "scripts/${s%-6.12}.sh" "${args[@]}" >"$log" 2>&1
+    launch_wait "$launch_pid" || rc=$?
     line=$(grep -E "^$s: [0-9]+ passed, [0-9]+ failed$" "$log" | tail -n1 || true)
     load=$(cut -d' ' -f1-3 /proc/loadavg)
     if [ "$rc" = 0 ]; then
-      passed=$((passed + 1))
+      tally ok
       echo "round $r $s: ok in $((SECONDS - t)) s (${line:-no count}; load $load)"
     else
-      failed=$((failed + 1))
+      tally failed
       echo "round $r $s: FAILED, exit $rc in $((SECONDS - t)) s (${line:-no count}; load $load): $log"
     fi
   done
 done
-echo "qemu-under-load: $passed passed, $failed failed"
-[ "$failed" = 0 ]
+verdict qemu-under-load

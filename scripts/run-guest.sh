@@ -121,6 +121,7 @@ kcmd="console=ttyS0 quiet iomem=relaxed panic=-1 hugepages=$hugepages"
 # -no-reboot turns every reset into an exit, QMP system_reset included.
 no_reboot=(-no-reboot)
 [ "$reboot" = 0 ] || no_reboot=()
+# shellcheck disable=SC2054 # the commas belong to QEMU's option syntax
 # sata=off: SeaBIOS probes q35's AHCI ports, which takes some 30 s under TCG (7 s to the kernel
 # without it); the guests have no disks.
 qemu=("$QEMU" -machine q35,sata=off -accel tcg -cpu max -smp "$smp" -m "$mem"
@@ -151,12 +152,14 @@ if [ "$verbose" = 1 ]; then
   tail -n +1 -f --pid="$qpid" "$log" &
   tail_pid=$!
 fi
-# The stall watchdog: the console's size, once a second.
+# The stall watchdog: the console's size, once a second. It ends with QEMU, or with this script
+# if that is killed outright (QEMU is then its caller's to stop: scripts/lib/launch.sh does it
+# by QEMU's -pidfile).
 stalled=''
 if [ "$stall_s" != 0 ]; then
   (
     size=-1 idle=0
-    while kill -0 "$qpid" 2>/dev/null; do
+    while kill -0 "$qpid" 2>/dev/null && kill -0 $$ 2>/dev/null; do
       now=$(stat -c %s "$log" 2>/dev/null || echo 0)
       if [ "$now" != "$size" ]; then size=$now idle=0; else idle=$((idle + 1)); fi
       if [ "$idle" -ge "$stall_s" ]; then
