@@ -158,6 +158,7 @@ impl VmState {
                 lkey: 0,
                 rkey: 0,
                 pages,
+                host_lost: false,
             },
             self.transport.as_ref(),
         )?;

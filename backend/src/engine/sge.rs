@@ -48,7 +48,7 @@ fn local_mr<'c>(state: &'c VmState, pd: u32, sge: &Sge, write: bool) -> Result<&
         .get(&sge.lkey)
         .and_then(|h| state.res.mrs.get(*h))
         .ok_or(WcStatus::LOC_PROT_ERR)?;
-    if mr.pd != pd || (write && mr.access & acc::LOCAL_WRITE == 0) {
+    if mr.pd != pd || (write && mr.access & acc::LOCAL_WRITE == 0) || mr.host_lost {
         return Err(WcStatus::LOC_PROT_ERR);
     }
     mr.translate(sge.addr, u64::from(sge.length))

@@ -444,6 +444,7 @@ mod tests {
             lkey: 1,
             rkey: 0,
             pages: PageList::resolve(&desc, &list, &limits, &ram, mem).unwrap(),
+            host_lost: false,
         }
     }
 

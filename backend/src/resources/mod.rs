@@ -621,6 +621,7 @@ mod tests {
             lkey: 7,
             rkey: 0,
             pages: PageList::resolve(&desc, &list, &limits, &ram, &mem).unwrap(),
+            host_lost: false,
         }
     }
 

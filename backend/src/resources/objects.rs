@@ -209,6 +209,9 @@ pub struct Mr {
     pub rkey: u32,
     /// Translation of the region's pages.
     pub pages: PageList,
+    /// The transport dropped the region's host registration because guest
+    /// RAM under it moved or left (spec 19.6.2): its keys fail from now on.
+    pub host_lost: bool,
 }
 
 impl Translate for Mr {

@@ -161,15 +161,28 @@ impl VmState {
     /// Tells the transport that the VM's guest RAM is now `mem` (`None`:
     /// unmapped), before the new map is used (`Transport::set_memory`).
     /// Each region's host registration is then checked against the new
-    /// map (`Transport::remap_mr`): one whose pages moved loses it.
-    pub fn memory_changed(&self, mem: Option<&vm_memory::GuestMemoryMmap<()>>) {
+    /// map (`Transport::remap_mr`): one whose pages moved loses it, and
+    /// its local key fails from then on whatever the NIC would report
+    /// (spec 19.6.2).
+    pub fn memory_changed(&mut self, mem: Option<&vm_memory::GuestMemoryMmap<()>>) {
         self.transport.set_memory(self.port.vm, mem);
-        for (_, mr) in self.res.mrs.iter() {
-            let keys = crate::transport::MrKeys {
-                lkey: mr.lkey,
-                rkey: mr.rkey,
-            };
-            self.transport.remap_mr(keys, &mr.spec());
+        let lost: Vec<u32> = self
+            .res
+            .mrs
+            .iter()
+            .filter(|(_, mr)| {
+                let keys = crate::transport::MrKeys {
+                    lkey: mr.lkey,
+                    rkey: mr.rkey,
+                };
+                !mr.host_lost && !self.transport.remap_mr(keys, &mr.spec())
+            })
+            .map(|(h, _)| h)
+            .collect();
+        for h in lost {
+            if let Some(mr) = self.res.mrs.get_mut(h) {
+                mr.host_lost = true;
+            }
         }
     }
 
