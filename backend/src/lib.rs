@@ -65,6 +65,7 @@ pub mod restart;
 pub mod server;
 pub mod snapshot;
 pub mod stats;
+pub mod sync;
 pub mod tenancy;
 pub mod transport;
 pub mod view;

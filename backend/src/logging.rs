@@ -21,6 +21,7 @@ use std::sync::RwLock;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use crate::sync::{read, write};
 use crate::tenancy::Tenancy;
 
 /// Format of log lines.
@@ -53,7 +54,7 @@ pub fn register_vms(tenancy: &Tenancy) {
             (v.name.clone(), tenant)
         })
         .collect();
-    *VM_NAMES.write().unwrap_or_else(|e| e.into_inner()) = names;
+    *write(&VM_NAMES) = names;
 }
 
 /// The VM index of a message that starts with `VM <index>: `.
@@ -97,7 +98,7 @@ pub fn json_fields(record: &log::Record<'_>) -> Map<String, Value> {
     let _ = record.key_values().visit(&mut Fields(&mut kv));
     if !kv.contains_key("vm") {
         if let Some(i) = vm_prefix(&message) {
-            let names = VM_NAMES.read().unwrap_or_else(|e| e.into_inner());
+            let names = read(&VM_NAMES);
             if let Some((vm, tenant)) = names.get(i) {
                 kv.insert("vm".into(), Value::from(vm.as_str()));
                 kv.entry("tenant")

@@ -6,7 +6,7 @@
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
@@ -23,6 +23,7 @@ use crate::engine::SoftRnic;
 use crate::engine::{EnginePlan, Engines};
 use crate::keys::KeySource;
 use crate::qos::QosTable;
+use crate::sync::lock;
 use crate::tenancy::Tenancy;
 use crate::transport::{Transport, TransportError, TransportKind};
 use crate::view::{DaemonView, VmSlot, VmStats};
@@ -116,10 +117,6 @@ fn quota_plan(config: &DaemonConfig) -> crate::transport::verbs::quota::Plan {
             .map(|v| v.limits.max_host_mappings)
             .collect(),
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Daemon {

@@ -18,6 +18,7 @@ use thiserror::Error;
 use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags, VhostUserShMemConfig};
 use vhost::vhost_user::{Backend, VhostUserFrontendReqHandler};
 use virtio_rdma_abi::datapath::{db_slot_offset, DB_PAGE_SIZE, DB_PAGE_SLOTS, SHMEM_ID_DOORBELL};
+use crate::sync::lock;
 
 /// Errors setting up the doorbell region.
 #[derive(Debug, Error)]
@@ -489,7 +490,7 @@ impl RegionLink {
 
     /// The VMM's back-end request channel (a new connection).
     pub fn set_channel(&self, channel: Option<Backend>) {
-        *self.channel.lock().unwrap_or_else(|e| e.into_inner()) = channel;
+        *lock(&self.channel) = channel;
     }
 
     /// The VMM dropped its mappings (device reset) or went away.
@@ -521,7 +522,7 @@ impl RegionLink {
         if self.refused.load(Ordering::Acquire) {
             return false;
         }
-        let guard = self.channel.lock().unwrap_or_else(|e| e.into_inner());
+        let guard = lock(&self.channel);
         let Some(channel) = guard.as_ref() else {
             return false;
         };

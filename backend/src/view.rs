@@ -16,6 +16,7 @@ use vhost_user_backend::ShutdownHandle;
 use crate::device::{DeviceStats, RdmaDevice, Shared};
 use crate::engine::{EngineStats, Engines};
 use crate::qos::QosTable;
+use crate::sync::lock;
 use crate::tenancy::Tenancy;
 
 /// Statistics of one VM socket.
@@ -93,7 +94,7 @@ impl VmSlot {
             }
             std::thread::sleep(Duration::from_micros(50));
         };
-        let mut last = self.last_stats.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = lock(&self.last_stats);
         let (device, stale_ms) = match fresh {
             Some(s) => {
                 *last = Some((s, Instant::now()));

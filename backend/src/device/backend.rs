@@ -30,6 +30,7 @@ use crate::memory::table::check_table;
 use crate::memory::{HostMem, RamMap};
 use crate::restart::{RestartTracker, Verdict};
 use crate::stats::TrafficCounters;
+use crate::sync::lock;
 use crate::vring::{QueueObserver, Vring};
 
 impl VhostUserBackend for RdmaDevice {
@@ -157,14 +158,8 @@ impl VhostUserBackend for RdmaDevice {
             }
         };
         let keep = notifier.try_clone().ok()?;
-        self.exit_notifiers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(keep);
-        self.exit_consumers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(consumer.as_raw_fd());
+        lock(&self.exit_notifiers).push(keep);
+        lock(&self.exit_consumers).push(consumer.as_raw_fd());
         Some((consumer, notifier))
     }
 
@@ -187,7 +182,7 @@ impl VhostUserBackend for RdmaDevice {
 
 impl RdmaDevice {
     pub(super) fn restart_lock(&self) -> MutexGuard<'_, RestartTracker> {
-        self.restart.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.restart)
     }
 
     /// The device reset (spec 15.1), however it was recognised: every

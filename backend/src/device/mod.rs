@@ -41,6 +41,7 @@ use crate::resources::ResourceCounts;
 use crate::restart::RestartTracker;
 use crate::shmem::{DoorbellRegion, RegionLink};
 use crate::stats::TrafficCounters;
+use crate::sync::lock;
 use crate::tenancy::Tenancy;
 use crate::transport::Transport;
 use crate::vm::cell::{Guarded, VmCell};
@@ -353,12 +354,7 @@ impl RdmaDevice {
     /// connection's `VhostUserDaemon` is dropped (its workers joined), so
     /// no epoll still watches them.
     pub fn close_exit_consumers(&self) {
-        let fds = std::mem::take(
-            &mut *self
-                .exit_consumers
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()),
-        );
+        let fds = std::mem::take(&mut *lock(&self.exit_consumers));
         for fd in fds {
             // SAFETY: `fd` is the eventfd this device created in
             // `exit_event` and gave away as an `EventConsumer`, which the
@@ -373,12 +369,7 @@ impl RdmaDevice {
 
     /// Stops the worker threads serving the current connection.
     pub fn stop_workers(&self) {
-        let notifiers = std::mem::take(
-            &mut *self
-                .exit_notifiers
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()),
-        );
+        let notifiers = std::mem::take(&mut *lock(&self.exit_notifiers));
         for n in notifiers.iter() {
             if let Err(e) = n.notify() {
                 warn!("cannot signal worker exit: {e}");

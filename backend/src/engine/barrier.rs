@@ -11,6 +11,7 @@ use std::sync::{Condvar, Mutex, OnceLock};
 use std::thread;
 
 use log::warn;
+use crate::sync::{lock, wait};
 
 /// `membarrier(2)` commands (linux/membarrier.h).
 const MEMBARRIER_CMD_QUERY: libc::c_long = 0;
@@ -77,7 +78,7 @@ impl SystemBarrier {
     /// Asks for a barrier that starts after this call; returns its ticket
     /// for [`SystemBarrier::passed`].
     pub fn request(&self) -> u64 {
-        let mut r = self.requested.lock().unwrap_or_else(|p| p.into_inner());
+        let mut r = lock(&self.requested);
         *r = r.wrapping_add(1);
         self.cond.notify_one();
         *r
@@ -93,9 +94,9 @@ impl SystemBarrier {
         let mut warned = false;
         loop {
             let target = {
-                let mut r = self.requested.lock().unwrap_or_else(|p| p.into_inner());
+                let mut r = lock(&self.requested);
                 while *r == done {
-                    r = self.cond.wait(r).unwrap_or_else(|p| p.into_inner());
+                    r = wait(&self.cond, r);
                 }
                 *r
             };

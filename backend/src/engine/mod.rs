@@ -52,6 +52,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::qos::QosTable;
 use crate::tenancy::Tenancy;
 use crate::transport::{Caps, Transport, TransportKind};
+use crate::sync::lock;
 use placement::Registry;
 use thread::pin_to;
 
@@ -170,7 +171,7 @@ impl Engine {
                     }
                 }
             })?;
-        *engine.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
+        *lock(&engine.thread) = Some(t);
         Ok(engine)
     }
 
@@ -256,7 +257,7 @@ impl Engine {
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
         self.wake();
-        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(t) = lock(&self.thread).take() {
             let _ = t.join();
         }
     }

@@ -20,6 +20,7 @@ use crate::qos::QosTable;
 use crate::tenancy::Tenancy;
 use crate::transport::Transport;
 use crate::vm::cell::VmCell;
+use crate::sync::lock;
 
 /// The VMs of the daemon, shared by its engine threads, and which thread
 /// serves each.
@@ -49,7 +50,7 @@ impl Registry {
 
     /// Adds a VM; its id is its index.
     pub fn register(&self, id: usize, vm: &Arc<VmCell>) {
-        let mut vms = self.vms.lock().unwrap_or_else(|p| p.into_inner());
+        let mut vms = lock(&self.vms);
         if vms.len() <= id {
             vms.resize(id.saturating_add(1), Weak::new());
         }
@@ -61,9 +62,7 @@ impl Registry {
 
     /// The live VMs, indexed by id.
     pub(super) fn all_vms(&self) -> Vec<Option<Arc<VmCell>>> {
-        self.vms
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        lock(&self.vms)
             .iter()
             .map(Weak::upgrade)
             .collect()

@@ -16,6 +16,7 @@ use crate::config::{gid_text, mac_text};
 use crate::qos::{QosSpec, MAX_WEIGHT};
 use crate::snapshot::{self, Totals, VmSnapshot};
 use crate::stats::{HistogramSnapshot, LATENCY_BOUNDS_US};
+use crate::sync::lock;
 use crate::view::DaemonView;
 
 /// Commands of the API.
@@ -416,7 +417,7 @@ fn set_qos(view: &DaemonView, a: SetQosArgs) -> Reply {
             ));
         }
     }
-    let _guard = SET_QOS.lock().unwrap_or_else(|e| e.into_inner());
+    let _guard = lock(&SET_QOS);
     let table = view.qos();
     let old = match of {
         QosOf::Vm(i) => table.vm(i),

@@ -9,11 +9,12 @@
 //! tenant's VMs) and one of its own ([`CtrlLimits`]). Both re-read their
 //! rate when the generation of the [`QosTable`] moves.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::bucket::TokenBucket;
 use super::{Membership, QosTable};
+use crate::sync::lock;
 
 /// Tokens a control-command bucket holds at most for `rate` commands per
 /// second: 10 ms worth, at least 1. Small, so that a limited VM's rate
@@ -49,12 +50,6 @@ impl Rated {
             self.bucket.set_rate_at(rate(), now);
         }
     }
-}
-
-/// Locks `m`; a worker that panicked holding it left a bucket that is
-/// still consistent (every update is a single assignment).
-fn lock(m: &Mutex<Rated>) -> MutexGuard<'_, Rated> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Every tenant's control-command bucket (`ctrl_per_sec` of its QoS

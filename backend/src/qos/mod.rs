@@ -34,6 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 
 use thiserror::Error;
+use crate::sync::{read, write};
 
 /// Largest weight (a VM with weight 1000 next to one with weight 1 gets
 /// 1000 times its share).
@@ -127,8 +128,8 @@ pub struct QosTable {
     generation: AtomicU64,
 }
 
-fn read<T: Clone>(l: &RwLock<Vec<T>>, i: usize) -> Option<T> {
-    l.read().unwrap_or_else(|e| e.into_inner()).get(i).cloned()
+fn nth<T: Clone>(l: &RwLock<Vec<T>>, i: usize) -> Option<T> {
+    read(l).get(i).cloned()
 }
 
 impl QosTable {
@@ -148,31 +149,29 @@ impl QosTable {
 
     /// The settings of VM `vm`.
     pub fn vm(&self, vm: usize) -> Option<QosSpec> {
-        read(&self.vms, vm)
+        nth(&self.vms, vm)
     }
 
     /// The settings of tenant `tenant`.
     pub fn tenant(&self, tenant: usize) -> Option<QosSpec> {
-        read(&self.tenants, tenant)
+        nth(&self.tenants, tenant)
     }
 
     /// Every VM's settings, by index.
     pub fn all_vms(&self) -> Vec<QosSpec> {
-        self.vms.read().unwrap_or_else(|e| e.into_inner()).clone()
+        read(&self.vms).clone()
     }
 
     /// Every tenant's settings, by index.
     pub fn all_tenants(&self) -> Vec<QosSpec> {
-        self.tenants
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
+        read(&self.tenants)
             .clone()
     }
 
     /// Replaces the settings of VM `vm`.
     pub fn set_vm(&self, vm: usize, spec: QosSpec) -> Result<(), QosError> {
         spec.validate()?;
-        let mut v = self.vms.write().unwrap_or_else(|e| e.into_inner());
+        let mut v = write(&self.vms);
         let slot = v
             .get_mut(vm)
             .ok_or_else(|| QosError::UnknownVm(vm.to_string()))?;
@@ -184,7 +183,7 @@ impl QosTable {
     /// Replaces the settings of tenant `tenant`.
     pub fn set_tenant(&self, tenant: usize, spec: QosSpec) -> Result<(), QosError> {
         spec.validate()?;
-        let mut t = self.tenants.write().unwrap_or_else(|e| e.into_inner());
+        let mut t = write(&self.tenants);
         let slot = t
             .get_mut(tenant)
             .ok_or_else(|| QosError::UnknownTenant(tenant.to_string()))?;

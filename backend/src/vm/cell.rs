@@ -11,6 +11,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::VmState;
 use crate::memory::HostMem;
+use crate::sync::lock;
 
 /// What the VM's lock guards.
 pub struct Guarded {
@@ -138,7 +139,7 @@ impl VmCell {
     pub fn lock(&self) -> MutexGuard<'_, Guarded> {
         // A panic while holding the lock would be a daemon bug; the state
         // stays structurally valid, so keep serving rather than cascade.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.state)
     }
 
     /// The VM's lock if it is free; `None` while another thread holds it

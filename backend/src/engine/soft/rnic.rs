@@ -12,6 +12,7 @@ use crate::transport::{
     Caps, MrKeys, MrSpec, Owner, QpChange, QpSpec, SrqSpec, Transport, TransportError,
     TransportKind,
 };
+use crate::sync::{lock, read, write};
 
 /// QPNs are 24 bits; 0 and 1 are the special management QPs of InfiniBand.
 const QPN_MASK: u32 = 0x00ff_ffff;
@@ -52,15 +53,15 @@ impl SoftRnic {
     // A poisoned lock only means another thread panicked mid-update of a
     // set of integers; the set itself is still consistent.
     fn qpns(&self) -> RwLockWriteGuard<'_, Directory<Owner>> {
-        self.qpns.write().unwrap_or_else(|e| e.into_inner())
+        write(&self.qpns)
     }
 
     fn qpns_read(&self) -> RwLockReadGuard<'_, Directory<Owner>> {
-        self.qpns.read().unwrap_or_else(|e| e.into_inner())
+        read(&self.qpns)
     }
 
     fn keys(&self) -> MutexGuard<'_, Directory<()>> {
-        self.keys.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.keys)
     }
 }
 

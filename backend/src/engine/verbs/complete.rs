@@ -28,11 +28,12 @@ use crate::memory::HostMem;
 use crate::transport::verbs::attr::{wc_opcode, wc_status};
 use crate::transport::verbs::rnic::{lock_tables, HostEvent, Tables, VmHost, RECV_SRQ, RECV_WR};
 use crate::vm::VmState;
+use crate::sync::lock;
 
 /// Applies the host events queued for the VM; true if there were any.
 pub(super) fn host_events(host: &VmHost, state: &mut VmState) -> bool {
     let events = {
-        let mut q = host.events.lock().unwrap_or_else(|e| e.into_inner());
+        let mut q = lock(&host.events);
         if q.is_empty() {
             return false;
         }

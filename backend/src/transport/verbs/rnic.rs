@@ -28,6 +28,7 @@ use super::objects::{errno_of, Ah, Channel, Cq, Mr, MrHandle, Pd, Qp, Srq};
 use super::quota::{map_error, Charge, Kind, MapCosts, Plan, VmQuota};
 use crate::memory::window::{MapBudget, Window};
 use crate::memory::HOST_PAGE_SIZE;
+use crate::sync::{lock, read, write};
 use crate::transport::{
     Caps, HostUsage, MrKeys, MrSpec, Owner, QpChange, QpSpec, SrqSpec, Transport, TransportError,
     TransportKind,
@@ -199,12 +200,6 @@ pub struct VerbsRnic {
 /// the control path under the VM's lock: never contended).
 pub(crate) fn lock_tables(host: &VmHost) -> MutexGuard<'_, Tables> {
     lock(&host.tables)
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A poisoned lock means a thread panicked mid-update of a table of
-    // owned host objects; the table itself is still consistent.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The error of a verb that failed with `rc`: the host out of memory (or
@@ -547,10 +542,7 @@ impl Transport for VerbsRnic {
                 timed_out: false,
             },
         );
-        self.qpns
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(qpn, owner);
+        write(&self.qpns).insert(qpn, owner);
         Ok(qpn)
     }
 
@@ -595,11 +587,7 @@ impl Transport for VerbsRnic {
     fn destroy_qp(&self, qpn: u32) {
         // The directory's lock is released before the tables' is taken (the
         // engine takes them in the other order).
-        let removed = self
-            .qpns
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&qpn);
+        let removed = write(&self.qpns).remove(&qpn);
         let Some(owner) = removed else {
             return;
         };
@@ -622,15 +610,11 @@ impl Transport for VerbsRnic {
     }
 
     fn lookup_qpn(&self, qpn: u32) -> Option<Owner> {
-        self.qpns
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&qpn)
-            .copied()
+        read(&self.qpns).get(&qpn).copied()
     }
 
     fn qpns_in_use(&self) -> usize {
-        self.qpns.read().unwrap_or_else(|e| e.into_inner()).len()
+        read(&self.qpns).len()
     }
 
     fn create_cq(&self, owner: Owner, depth: u32) -> Result<(), TransportError> {
