@@ -31,6 +31,8 @@ part "prerequisites: what a fresh machine has or gets installed covers what the 
 part "cargo fmt --check" cargo fmt --all -- --check
 part "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
 part "guest kernel driver: checkpatch.pl --no-tree --strict" bash scripts/checkpatch.sh
+part "the daemon without its verbs transport: no libibverbs or libclang in the build" \
+  bash scripts/check-no-verbs.sh
 part "cargo test" cargo test --workspace --locked
 part "data path again, shared-memory doorbell mode, drivers posting without fences (DB_FLAG_POLLING)" \
   env RDMA_TEST_DOORBELL=shmem RDMA_TEST_FENCE_ELISION=1 \
@@ -51,7 +53,7 @@ fi
 echo "== times: everything $((SECONDS - t_start)) s, of which the QEMU part $((SECONDS - t_qemu)) s"
 # One line of totals for humans and CI.
 awk '/^test result:/ { p += $4; f += $6 }
-     /^(qemu-(e2e|kmod|pingpong|rxe)(-6\.12)?|check-prereqs): [0-9]+ passed, [0-9]+ failed$/ { p += $2; f += $4 }
+     /^(qemu-(e2e|kmod|pingpong|rxe)(-6\.12)?|check-prereqs|check-no-verbs): [0-9]+ passed, [0-9]+ failed$/ { p += $2; f += $4 }
      END { printf "%d passed, %d failed\n", p, f }' "$out"
 if [ ${#failed_parts[@]} -gt 0 ]; then
   printf 'FAILED: %s\n' "${failed_parts[@]}"

@@ -167,7 +167,17 @@ struct RnicInfoArgs {
     gid_index: u32,
 }
 
+/// `rnic-info` in a build without the verbs transport: says so.
+#[cfg(not(feature = "verbs"))]
+fn rnic_info(_: &RnicInfoArgs) -> ExitCode {
+    eprintln!(
+        "rnic-info: this vhost-user-rdma was built without the verbs transport (cargo feature `verbs`)"
+    );
+    ExitCode::from(1)
+}
+
 /// `rnic-info`: prints the device, or why it cannot be used (exit status 1).
+#[cfg(feature = "verbs")]
 fn rnic_info(a: &RnicInfoArgs) -> ExitCode {
     use vhost_user_rdma::transport::verbs::device::VerbsDevice;
     match VerbsDevice::open(a.device.as_deref(), a.port, a.gid_index) {

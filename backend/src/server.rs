@@ -40,8 +40,16 @@ pub enum ServerError {
     #[error("cannot start the transport: {0}")]
     Transport(#[from] TransportError),
     /// The host RDMA device of the `verbs` transport cannot be used.
+    #[cfg(feature = "verbs")]
     #[error("--rnic verbs: {0}")]
     Verbs(#[from] crate::transport::verbs::device::VerbsError),
+    /// `--rnic verbs` in a build without the transport.
+    #[cfg(not(feature = "verbs"))]
+    #[error(
+        "--rnic verbs: this vhost-user-rdma was built without the verbs transport \
+         (cargo feature `verbs`, on by default; it needs libibverbs and libclang to build)"
+    )]
+    NoVerbs,
     /// A socket could not be created.
     #[error("cannot listen on {path}: {source}")]
     Listen {
@@ -92,6 +100,7 @@ fn port_identity(
 
 /// What the `verbs` transport needs of the configuration to give each VM
 /// its share of the host: tenants and their `nic_share`, the VMs' limits.
+#[cfg(feature = "verbs")]
 fn quota_plan(config: &DaemonConfig) -> crate::transport::verbs::quota::Plan {
     let tenant = |name: &str| {
         config
@@ -125,6 +134,9 @@ impl Daemon {
     pub fn start(config: DaemonConfig) -> Result<Daemon, ServerError> {
         let transport: Arc<dyn Transport> = match config.rnic {
             TransportKind::Soft => Arc::new(SoftRnic::new()),
+            #[cfg(not(feature = "verbs"))]
+            TransportKind::Verbs => return Err(ServerError::NoVerbs),
+            #[cfg(feature = "verbs")]
             TransportKind::Verbs => {
                 use crate::transport::verbs::{device::VerbsDevice, events, VerbsRnic};
                 let v = &config.verbs;

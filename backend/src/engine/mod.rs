@@ -38,6 +38,7 @@ mod sweep;
 mod testing;
 mod thread;
 pub(crate) mod transport;
+#[cfg(feature = "verbs")]
 mod verbs;
 pub mod wqe;
 
@@ -162,12 +163,18 @@ impl Engine {
                 // The data path of the transport the objects were made by.
                 match e.transport.kind() {
                     TransportKind::Soft => e.run(&soft::path::SoftPath),
+                    #[cfg(feature = "verbs")]
                     TransportKind::Verbs => {
                         let any = e.transport.as_any();
                         match any.downcast_ref::<crate::transport::verbs::VerbsRnic>() {
                             Some(rnic) => e.run(&verbs::VerbsPath::new(rnic)),
                             None => log::error!("a verbs transport that is not a VerbsRnic"),
                         }
+                    }
+                    // The daemon refuses `--rnic verbs` in such a build.
+                    #[cfg(not(feature = "verbs"))]
+                    TransportKind::Verbs => {
+                        log::error!("this build has no verbs transport (cargo feature `verbs`)")
                     }
                 }
             })?;

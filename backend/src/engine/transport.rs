@@ -46,7 +46,9 @@ pub enum Step {
     /// Taken by the transport, which completes it later
     /// ([`TransportPath::poll`], [`super::requester::complete_posted`]);
     /// move on. Until then it counts as in flight
-    /// (`QpRuntime::outstanding`).
+    /// (`QpRuntime::outstanding`). Only transports that hand work to a
+    /// NIC take it so.
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     InFlight,
     /// Not yet: the WQE stays at the head until then (a retry wait, spec
     /// 18.20).
