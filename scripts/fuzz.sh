@@ -38,7 +38,7 @@ fi
 # Per target: longest input, and the per-input timeout of libFuzzer (the
 # engine harness has its own watchdog, which aborts with a message first).
 max_len() { case "$1" in engine) echo 768 ;; *) echo 4096 ;; esac; }
-per_input_timeout() { case "$1" in engine) echo 90 ;; *) echo 10 ;; esac; }
+per_input_timeout() { case "$1" in engine) echo 90 ;; vhost) echo 40 ;; *) echo 10 ;; esac; }
 # The engine target is slow (tens of executions per second): long inputs
 # from the start, and a corpus minimized on edges only (hit counts ignored),
 # so that its replay on every test run stays in seconds.

@@ -208,6 +208,87 @@ fn fd_targets() -> std::collections::BTreeMap<u32, String> {
     .collect()
 }
 
+/// For each of `fds`, the epoll descriptors of the process that watch it
+/// (`tfd` lines of `/proc/self/fdinfo`): names the worker a leaked kick or
+/// exit event belongs to.
+fn watchers(
+    all: &std::collections::BTreeMap<u32, String>,
+    fds: impl Iterator<Item = u32>,
+) -> Vec<(u32, Vec<u32>)> {
+    let epolls: Vec<(u32, Vec<u32>)> = all
+        .iter()
+        .filter(|(_, t)| t.contains("eventpoll"))
+        .map(|(&ep, _)| {
+            let info =
+                std::fs::read_to_string(format!("/proc/self/fdinfo/{ep}")).unwrap_or_default();
+            let watched = info
+                .lines()
+                .filter_map(|l| l.strip_prefix("tfd:"))
+                .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+                .collect();
+            (ep, watched)
+        })
+        .collect();
+    fds.map(|fd| {
+        let by = epolls
+            .iter()
+            .filter(|(_, w)| w.contains(&fd))
+            .map(|(ep, _)| *ep)
+            .collect();
+        (fd, by)
+    })
+    .collect()
+}
+
+/// The mappings of the inputs' memory files (`/proc/self/maps`): tells a
+/// descriptor kept with its guest RAM mapped from one kept alone.
+fn ram_mappings() -> Vec<String> {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("fuzz-ram"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The names of the process's threads.
+fn threads() -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = dir
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
+        .map(|n| n.trim().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Vring worker threads while nothing happens: VM 1's connection and VM 0
+/// waiting for its next VMM.
+const SETTLED_WORKERS: usize = 2;
+
+/// Waits until the daemon waits for VM 0's next VMM. Between two
+/// connections it drops the ended connection's workers and descriptors and
+/// only then makes the next connection's (a worker thread, its epoll and
+/// exit events): descriptors counted in that gap are too few, and the next
+/// comparison would blame the input for the daemon's ordinary set.
+fn settled() {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let workers = threads().iter().filter(|t| *t == "vring_worker").count();
+        if workers == SETTLED_WORKERS {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the daemon has {workers} vring workers, not {SETTLED_WORKERS}: threads {:?}",
+            threads()
+        );
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
 /// One input's state.
 struct Session<'w> {
     w: &'w World,
@@ -464,6 +545,7 @@ pub fn run(data: &[u8]) {
 pub fn run_input(input: &Input) {
     let w = world();
     let before = w.daemon.stats(0).connections;
+    settled();
     let fds_before = open_fds();
     let targets_before = fd_targets();
     {
@@ -499,6 +581,7 @@ pub fn run_input(input: &Input) {
     // The daemon holds no descriptor of the gone VMM (memfds, eventfds,
     // sockets); the engine lets go of its view of the memory at its next
     // pass.
+    settled();
     let deadline = Instant::now() + Duration::from_secs(10);
     while open_fds() > fds_before {
         if Instant::now() >= deadline {
@@ -508,8 +591,12 @@ pub fn run_input(input: &Input) {
                 .filter(|(fd, t)| targets_before.get(fd) != Some(t))
                 .collect();
             panic!(
-                "{} descriptors left behind by the VMM's connections; new or changed: {new:?}",
-                open_fds() - fds_before
+                "{} descriptors left behind by the VMM's connections; new or changed: {new:?}; \
+                 epolls watching them: {:?}; threads: {:?}; guest RAM still mapped: {:?}",
+                open_fds() - fds_before,
+                watchers(&now, new.iter().map(|(fd, _)| **fd)),
+                threads(),
+                ram_mappings()
             );
         }
         std::thread::sleep(Duration::from_micros(200));
