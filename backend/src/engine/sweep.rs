@@ -72,6 +72,11 @@ impl Engine {
                 let wake = list.dev.take_kick() || due || path.wants_poll(list.dev.id());
                 if !wake || !self.unpark(list) {
                     scratch.contended |= wake;
+                    // A rebuild put off by its spacing (`refresh_if_changed`)
+                    // still happens while the VM stays parked: the list must
+                    // let go of what its VM dropped, the memory of a VMM that
+                    // left above all. One load while nothing changed.
+                    list.refresh_if_changed(scratch);
                     drr.idle(k);
                     continue;
                 }
