@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 
 use arbitrary::{Arbitrary, Unstructured};
 use vhost_user_rdma::device::QueueDepths;
+use vhost_user_rdma::engine::POLL_WINDOW;
 use vhost_user_rdma::resources::ResourceCounts;
 use vhost_user_rdma::transport::Transport;
 use vhost_user_rdma::{Daemon, DaemonConfig, Limits};
@@ -77,6 +78,9 @@ const QP_ACCESS: u32 = access::REMOTE_READ | access::REMOTE_WRITE | access::REMO
 /// and the probe's), so that it never overflows, and no larger, since every
 /// opening of the driver maps and zeroes it.
 const CQ_DEPTH: u32 = 256;
+/// How long an `Op::Sleep` lets an idle engine be (at most): past its poll
+/// window it parks the VMs.
+const PARK: Duration = POLL_WINDOW.saturating_add(Duration::from_micros(100));
 /// wr_id of the final liveness probe's work requests.
 const PROBE: u64 = 0xdead_beef_0000;
 
@@ -193,7 +197,8 @@ pub enum Op {
     },
     /// Poll a VM's CQ.
     Poll(u8),
-    /// Let the engine run.
+    /// Let the engine run: until it has nothing left to do with the work
+    /// posted, at most this many milliseconds (modulo 8).
     Sleep(u8),
     /// Device reset of a VM (then its driver opens it again).
     Reset(u8),
@@ -792,7 +797,30 @@ impl Harness {
                 let i = self.vm_index(v);
                 self.poll(i);
             }
-            Op::Sleep(ms) => std::thread::sleep(Duration::from_millis(u64::from(ms % 8))),
+            Op::Sleep(ms) => {
+                // Until the engine has done what it can with the work posted
+                // (nothing left on a send queue: done, failed, or flushed),
+                // at most `ms % 8` ms as before (a WQE waiting for a retry
+                // keeps it waiting), then on a little longer than the
+                // engine's poll window, so that it goes idle and parks its
+                // VMs (the next work then wakes them). A fixed sleep spent
+                // milliseconds after the engine was done in microseconds.
+                let start = Instant::now();
+                let limit = Duration::from_millis(u64::from(ms % 8));
+                let daemon = self.daemon();
+                let idle = || {
+                    (0..self.active).all(|i| {
+                        daemon
+                            .vm_stats(i)
+                            .is_none_or(|s| s.device.queues.send_wqes == 0)
+                    })
+                };
+                wait_for(limit, idle);
+                let park = limit.saturating_sub(start.elapsed()).min(PARK);
+                if !park.is_zero() {
+                    std::thread::sleep(park);
+                }
+            }
             Op::Reset(v) => {
                 let i = self.vm_index(v);
                 let vm = self.vms[i].take().expect("open");
