@@ -7,7 +7,17 @@
 #![allow(clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
+
+/// Held by the tests that run a daemon: the `vhost` harness checks that the
+/// process's descriptor count comes back after each input, which the
+/// engine harness opening (and keeping) its daemon and VMMs at the same
+/// time would break.
+fn daemon_tests() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 fn inputs(target: &str) -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
@@ -59,6 +69,7 @@ fn replay_wqe() {
 
 #[test]
 fn replay_engine() {
+    let _serial = daemon_tests();
     replay("engine", vhost_user_rdma_fuzz::engine::run, 1);
 }
 
@@ -178,6 +189,7 @@ fn wqe_structured_input_gets_deep() {
 /// inputs are in fuzz/regressions/engine/).
 #[test]
 fn engine_qpn_reuse_scenario() {
+    let _serial = daemon_tests();
     use vhost_user_rdma_fuzz::engine::*;
     let send = |kind| Op::PostSend {
         vm: 0,
@@ -222,6 +234,7 @@ fn engine_qpn_reuse_scenario() {
 /// re-created (same QP number), another WRITE.
 #[test]
 fn engine_qpn_reuse_scenario_short() {
+    let _serial = daemon_tests();
     use vhost_user_rdma_fuzz::engine::*;
     let write = Op::PostSend {
         vm: 0,
@@ -250,6 +263,7 @@ fn engine_qpn_reuse_scenario_short() {
 
 #[test]
 fn replay_vhost() {
+    let _serial = daemon_tests();
     replay("vhost", vhost_user_rdma_fuzz::vhost::run, 1);
 }
 
@@ -259,6 +273,7 @@ fn replay_vhost() {
 /// releases everything and VM 1 is unaffected.
 #[test]
 fn vhost_structured_input() {
+    let _serial = daemon_tests();
     use vhost_user_rdma_fuzz::vhost::{run_input, Input, Op, Region};
     let region = |file, pages| Region {
         file,
