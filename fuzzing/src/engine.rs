@@ -1114,6 +1114,20 @@ pub fn run(data: &[u8]) {
 /// and after a finding).
 static HARNESS: Mutex<Option<Harness>> = Mutex::new(None);
 
+/// Ends the harness of the process (every VMM disconnects, the daemon must
+/// release everything, it shuts down), if one runs: for a process that
+/// goes on with other work, such as the replay test, whose `vhost` harness
+/// counts the process's descriptors.
+pub fn release() {
+    let h = HARNESS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
+    if let Some(h) = h {
+        h.teardown();
+    }
+}
+
 /// Whether an input of this process has run.
 static RAN: AtomicBool = AtomicBool::new(false);
 
