@@ -1,15 +1,18 @@
 //! Target `engine`: several VMs of one tenant on one real daemon.
 //!
-//! Every execution starts a daemon (the real [`Daemon`], one engine thread,
-//! every VM in the default tenant) with a QP-number allocator that hands a
+//! The process runs one daemon (the real [`Daemon`], one engine thread,
+//! three VMs in the default tenant) with a QP-number allocator that hands a
 //! freed number out again at once ([`RecyclingQpns`]: QP numbers come back,
-//! which a random 24-bit allocator almost never does), connects two or three
-//! test VMMs (the in-process vhost-user frontend of the `tests` crate) and
-//! opens the reference driver on each. The fuzzer then picks a sequence of
+//! which a random 24-bit allocator almost never does); each VM is a test
+//! VMM (the in-process vhost-user frontend of the `tests` crate) with the
+//! reference driver opened on it. An input uses two or all three VMs. The
+//! fuzzer picks a sequence of
 //! QP creations and destructions, connections (to live QPs, to destroyed
 //! QP numbers, to raw numbers), receives and sends (SEND, WRITE, READ,
 //! atomics; good, stale and raw keys; lengths in and beyond the buffers),
-//! polls, device resets and VMM disconnects, with traffic in flight.
+//! polls, device resets and VMM disconnects, with traffic in flight. After
+//! the input, a device reset of each of its VMs brings the daemon back to
+//! the state every input starts from ([`run_input`]).
 //!
 //! Invariants:
 //! - the daemon keeps answering: every operation is bounded by a watchdog
@@ -17,8 +20,10 @@
 //!   a finding), and a control command that times out is a finding;
 //! - objects are released: after each operation the daemon holds exactly
 //!   the QPs the driver holds; after a device reset or a disconnect the VM
-//!   holds nothing (within 5 s); at the end, after every VM disconnected,
-//!   no object and no QP number remain;
+//!   holds nothing (within 5 s); at the end, after the device reset of
+//!   every VM of the input, no object and no QP number remain, and the
+//!   daemon and guest RAM are as after a fresh start (objects, keys, work
+//!   and events waiting);
 //! - no completion names a QP destroyed earlier (its CQ is drained when the
 //!   destroy returns; anything for it after that is a finding, until the
 //!   number is given to a new QP of the VM);
@@ -29,22 +34,29 @@
 //! number (to fuzz past a known QP-number-reuse bug).
 
 use std::collections::HashSet;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use arbitrary::{Arbitrary, Unstructured};
+use vhost_user_rdma::device::QueueDepths;
+use vhost_user_rdma::engine::POLL_WINDOW;
+use vhost_user_rdma::resources::ResourceCounts;
 use vhost_user_rdma::transport::Transport;
-use vhost_user_rdma::{Daemon, DaemonConfig};
-use vhost_user_rdma_tests::guest_mem::{MemLayout, MIB};
+use vhost_user_rdma::{Daemon, DaemonConfig, Limits};
+use vhost_user_rdma_tests::guest_mem::{GuestMem, MemLayout, MIB};
 use vhost_user_rdma_tests::rnics::RecyclingQpns;
 use vhost_user_rdma_tests::transport::VmmTransport;
 use vhost_user_rdma_tests::vmm::{TestVmm, VmmOptions};
+use virtio_rdma_abi::config::DeviceConfig;
 use virtio_rdma_abi::datapath::WcStatus;
+use virtio_rdma_abi::event::Event;
 use virtio_rdma_abi::mem::access;
 use virtio_rdma_driver::{
-    Cq, Device, DeviceOptions, DmaBuf, Error as DrvError, Mr, Pd, Qp, QpCap, QpInit, RcConnect,
-    RecvWr, SendOp, SendWr, Sge, WorkCompletion,
+    Cq, Device, DeviceOptions, DmaBuf, DmaRegion, Error as DrvError, Mr, Pd, Qp, QpCap, QpInit,
+    RcConnect, RecvWr, SendOp, SendWr, Sge, SharedMemory, Token, Transport as DrvTransport,
+    TransportError, WorkCompletion,
 };
 
 /// Longest time one operation of the harness may take.
@@ -61,6 +73,14 @@ const SPAN: u64 = BUF + BUF / 4;
 const LEN_SPAN: u32 = 6 << 10;
 /// Remote rights of the harness's QPs.
 const QP_ACCESS: u32 = access::REMOTE_READ | access::REMOTE_WRITE | access::REMOTE_ATOMIC;
+/// Depth of each VM's CQ: more than the completions one input can cause
+/// (MAX_OPS operations of at most 4 work requests, one completion each,
+/// and the probe's), so that it never overflows, and no larger, since every
+/// opening of the driver maps and zeroes it.
+const CQ_DEPTH: u32 = 256;
+/// How long an `Op::Sleep` lets an idle engine be (at most): past its poll
+/// window it parks the VMs.
+const PARK: Duration = POLL_WINDOW.saturating_add(Duration::from_micros(100));
 /// wr_id of the final liveness probe's work requests.
 const PROBE: u64 = 0xdead_beef_0000;
 
@@ -177,9 +197,10 @@ pub enum Op {
     },
     /// Poll a VM's CQ.
     Poll(u8),
-    /// Let the engine run.
+    /// Let the engine run: until it has nothing left to do with the work
+    /// posted, at most this many milliseconds (modulo 8).
     Sleep(u8),
-    /// Device reset of a VM (then its VMM reconnects).
+    /// Device reset of a VM (then its driver opens it again).
     Reset(u8),
     /// The VMM of a VM disconnects (and reconnects).
     Disconnect(u8),
@@ -202,6 +223,97 @@ pub struct Input {
 }
 
 // ---------------------------------------------------------------------------
+// Waiting for the daemon
+
+/// Polls `done` until it holds or `limit` has passed; returns whether it
+/// held. Yields the CPU first (the daemon's threads share the cores), then
+/// sleeps in steps growing to 200 µs: the daemon usually gets there within
+/// microseconds, and a fixed 1 ms sleep made every such wait cost 1 ms.
+fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    let mut pause = Duration::from_micros(10);
+    let mut tries = 0u32;
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tries += 1;
+        if tries < 8 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_micros(200));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// One opening of the device
+
+/// The driver's transport for one opening of a VM's device: the VM's
+/// transport until [`Session::close`], then `Disconnected` for every call.
+/// At the end of an input the device is reset under the driver; the driver
+/// objects of the old opening then free their memory on drop without
+/// sending destroys (the reset device would refuse them, and the driver
+/// keeps the memory of an object whose destroy failed).
+struct Session {
+    t: Arc<VmmTransport>,
+    closed: AtomicBool,
+}
+
+impl Session {
+    fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    fn open(&self) -> Result<(), TransportError> {
+        if self.closed.load(Ordering::SeqCst) {
+            Err(TransportError::Disconnected)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl DrvTransport for Session {
+    fn features(&self) -> u64 {
+        self.t.features()
+    }
+    fn read_config(&self) -> Result<DeviceConfig, TransportError> {
+        self.open()?;
+        self.t.read_config()
+    }
+    fn dma_page_shift(&self) -> u32 {
+        self.t.dma_page_shift()
+    }
+    fn alloc_dma(&self, len: usize, align: usize) -> Result<Box<dyn DmaRegion>, TransportError> {
+        self.t.alloc_dma(len, align)
+    }
+    fn submit(&self, request: &[&[u8]], response_len: usize) -> Result<Token, TransportError> {
+        self.open()?;
+        self.t.submit(request, response_len)
+    }
+    fn wait(&self, token: Token, timeout: Option<Duration>) -> Result<Vec<u8>, TransportError> {
+        self.open()?;
+        self.t.wait(token, timeout)
+    }
+    fn notify(&self, queue: u16) -> Result<(), TransportError> {
+        self.open()?;
+        self.t.notify(queue)
+    }
+    fn next_event(&self, timeout: Option<Duration>) -> Result<Option<Event>, TransportError> {
+        self.open()?;
+        self.t.next_event(timeout)
+    }
+    fn shared_memory(&self, id: u8) -> Option<Arc<dyn SharedMemory>> {
+        self.t.shared_memory(id)
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Harness state
 
 struct QpS {
@@ -211,23 +323,38 @@ struct QpS {
 }
 
 struct VmS {
-    // Dropped in this order: QPs, MR, buffer, CQ, PD, device, transport.
+    // Dropped in this order: QPs, MR, buffer, CQ, PD, device, session,
+    // transport.
     qps: Vec<QpS>,
     mr: Mr,
     buf: Arc<DmaBuf>,
     cq: Arc<Cq>,
     pd: Arc<Pd>,
     dev: Device,
+    session: Arc<Session>,
     t: Arc<VmmTransport>,
     /// QP numbers of destroyed QPs of this VM (no completion may name them).
     dead: HashSet<u32>,
 }
 
+/// VMs of the daemon; an input uses the first two or all three.
+const VMS: usize = 3;
+
+/// The daemon and its VMs, kept from one input to the next (see
+/// [`run_input`] for the state every input starts from).
 struct Harness {
     daemon: Option<Daemon>,
     dir: PathBuf,
     rnic: Arc<RecyclingQpns>,
     vms: Vec<Option<VmS>>,
+    /// VMs of the current input (2 or 3).
+    active: usize,
+    /// What the daemon holds for a VM whose driver was just opened.
+    canon: ResourceCounts,
+    /// Memory keys in use when every VM's driver was just opened.
+    canon_keys: usize,
+    /// Free bytes of a VM's guest RAM then.
+    canon_free: u64,
     /// Keys of earlier registrations (lkey, rkey).
     old_keys: Vec<(u32, u32)>,
     /// QP numbers destroyed so far.
@@ -271,21 +398,49 @@ fn vmm_options() -> VmmOptions {
         mem: MemLayout::two_regions(8 * MIB, 8 * MIB),
         timeout: Duration::from_secs(10),
         message_timeout: Some(Duration::from_secs(10)),
+        pipeline_setup: true,
         ..VmmOptions::default()
     }
 }
 
-fn open_vm(socket: &std::path::Path) -> VmS {
-    let vmm = TestVmm::connect(socket, vmm_options())
-        .unwrap_or_else(|e| panic!("connect a VMM to {}: {e}", socket.display()));
-    let t = VmmTransport::new(vmm).expect("transport");
+/// Connects a VMM to `socket`, with the guest RAM `mem` of a VMM that went
+/// away or new RAM (the first connection of the process: it also asks for
+/// an acknowledgement of every set-up message, the VMMs after it only sync
+/// once per set-up, see [`VmmOptions::pipeline_setup`]).
+fn connect_vm(socket: &Path, mem: Option<Arc<GuestMem>>) -> Arc<VmmTransport> {
+    let vmm = match mem {
+        Some(mem) => TestVmm::connect_with_mem(socket, vmm_options(), mem),
+        None => {
+            let mut vmm = TestVmm::connect(
+                socket,
+                VmmOptions {
+                    pipeline_setup: false,
+                    ..vmm_options()
+                },
+            );
+            if let Ok(v) = &mut vmm {
+                v.set_pipeline_setup(true);
+            }
+            vmm
+        }
+    }
+    .unwrap_or_else(|e| panic!("connect a VMM to {}: {e}", socket.display()));
+    VmmTransport::new(vmm).expect("transport")
+}
+
+/// Opens the driver on `t` with the harness's PD, CQ and registered buffer.
+fn open_driver(t: Arc<VmmTransport>) -> VmS {
+    let session = Arc::new(Session {
+        t: t.clone(),
+        closed: AtomicBool::new(false),
+    });
     let opts = DeviceOptions {
         command_timeout: Some(Duration::from_secs(10)),
         ..DeviceOptions::default()
     };
-    let dev = Device::open_with(t.clone(), opts).expect("open the device");
+    let dev = Device::open_with(session.clone(), opts).expect("open the device");
     let pd = Pd::alloc(&dev).expect("alloc PD");
-    let cq = Cq::create(&dev, 1024).expect("create CQ");
+    let cq = Cq::create(&dev, CQ_DEPTH).expect("create CQ");
     let buf = Arc::new(dev.alloc_dma(BUF as usize, 8).expect("alloc DMA"));
     let mr = Mr::register(&pd, buf.clone(), access::ALL).expect("register MR");
     VmS {
@@ -295,38 +450,120 @@ fn open_vm(socket: &std::path::Path) -> VmS {
         cq,
         pd,
         dev,
+        session,
         t,
         dead: HashSet::new(),
     }
 }
 
+/// Waits until VM `i` holds nothing (or panics after 5 s).
+fn wait_empty(daemon: &Daemon, i: usize, why: &str) {
+    let empty = || {
+        daemon
+            .vm_stats(i)
+            .expect("statistics")
+            .device
+            .resources
+            .is_empty()
+    };
+    if !wait_for(Duration::from_secs(5), empty) {
+        panic!(
+            "VM {i}: objects not released after {why}: {:?}",
+            daemon.vm_stats(i).map(|s| s.device.resources)
+        );
+    }
+}
+
+/// Device reset of VM `i` under its driver (which frees its objects without
+/// sending destroys), a check that the daemon released everything, and a
+/// new opening of the driver.
+fn restore(daemon: &Daemon, i: usize, vm: VmS, why: &str) -> VmS {
+    vm.session.close();
+    let t = vm.t.clone();
+    if let Err(e) = t.vmm().reset() {
+        panic!("VM {i}: {why} failed: {e}");
+    }
+    // The device no longer uses the old opening's memory.
+    drop(vm);
+    wait_empty(daemon, i, why);
+    open_driver(t)
+}
+
+/// What the device reset of every VM at the end of an input is called in
+/// messages.
+const END: &str = "the device reset at the end of the input";
+
+/// The socket directory of the process's harness, removed at exit.
+static SOCKET_DIR: OnceLock<PathBuf> = OnceLock::new();
+
+extern "C" fn remove_socket_dir() {
+    if let Some(dir) = SOCKET_DIR.get() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
 impl Harness {
-    fn start(n: usize) -> Harness {
-        static RUN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "rdma-fuzz-{}-{}",
-            std::process::id(),
-            RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        ));
+    fn start() -> Harness {
+        // One harness at a time in a process: one directory name.
+        let dir = std::env::temp_dir().join(format!("rdma-fuzz-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create the socket directory");
-        let sockets: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("vm{i}.sock"))).collect();
-        let config = DaemonConfig::new(sockets.clone());
+        if SOCKET_DIR.set(dir.clone()).is_ok() {
+            // The harness lives in a static until the process exits, and
+            // statics are not dropped: remove its sockets then.
+            // SAFETY: `remove_socket_dir` is an `extern "C"` function without
+            // arguments that does not unwind (remove_dir_all returns errors).
+            unsafe { libc::atexit(remove_socket_dir) };
+        }
+        let sockets: Vec<PathBuf> = (0..VMS).map(|i| dir.join(format!("vm{i}.sock"))).collect();
+        let mut config = DaemonConfig::new(sockets.clone());
+        // One context per VM is all the harness opens. Every device reset
+        // zeroes the doorbell region, which has a page per context allowed:
+        // 8 KiB instead of the default 256 KiB.
+        config.set_limits(Limits {
+            max_ctx: 2,
+            ..Limits::default()
+        });
         // QP numbers are reused as soon as they are freed, unless
         // `RDMA_FUZZ_NO_QPN_REUSE` is set.
         let reuse = std::env::var_os("RDMA_FUZZ_NO_QPN_REUSE").is_none();
         let rnic = Arc::new(RecyclingQpns::new(reuse));
         let dyn_rnic: Arc<dyn Transport> = rnic.clone();
         let daemon = Daemon::start_with_transport(config, dyn_rnic).expect("start the daemon");
-        let vms = sockets.iter().map(|s| Some(open_vm(s))).collect();
-        Harness {
+        let vms: Vec<Option<VmS>> = sockets
+            .iter()
+            .map(|s| Some(open_driver(connect_vm(s, None))))
+            .collect();
+        let canon = daemon
+            .vm_stats(0)
+            .expect("statistics of VM 0")
+            .device
+            .resources;
+        let canon_free = vms[0]
+            .as_ref()
+            .map_or(0, |v| v.t.mem().allocator().free_bytes());
+        let h = Harness {
             daemon: Some(daemon),
             dir,
+            canon_keys: rnic.keys_in_use(),
             rnic,
             vms,
+            active: VMS,
+            canon,
+            canon_free,
             old_keys: Vec::new(),
             dead_qpns: Vec::new(),
             seq: 0,
-        }
+        };
+        h.check_canonical();
+        h
+    }
+
+    /// Starts an input on the first `n` VMs.
+    fn begin(&mut self, n: usize) {
+        self.active = n;
+        self.old_keys.clear();
+        self.dead_qpns.clear();
+        self.seq = 0;
     }
 
     fn daemon(&self) -> &Daemon {
@@ -338,7 +575,7 @@ impl Harness {
     }
 
     fn vm_index(&self, v: u8) -> usize {
-        usize::from(v) % self.vms.len()
+        usize::from(v) % self.active
     }
 
     fn vm(&mut self, v: u8) -> (usize, &mut VmS) {
@@ -374,7 +611,7 @@ impl Harness {
 
     /// The daemon holds exactly the QPs the driver holds.
     fn check_counts(&self) {
-        for (i, vm) in self.vms.iter().enumerate() {
+        for (i, vm) in self.vms.iter().enumerate().take(self.active) {
             let Some(vm) = vm else { continue };
             let s = self
                 .daemon()
@@ -403,23 +640,6 @@ impl Harness {
             }
             Key::Stale(i) => u32::from(i),
             Key::Raw(v) => v,
-        }
-    }
-
-    /// Waits until VM `i` holds nothing (or panics after 5 s).
-    fn wait_empty(&self, i: usize, why: &str) {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let s = self.daemon().vm_stats(i).expect("statistics");
-            if s.device.resources.is_empty() {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "VM {i}: objects not released after {why}: {:?}",
-                s.device.resources
-            );
-            std::thread::sleep(Duration::from_millis(1));
         }
     }
 
@@ -577,16 +797,37 @@ impl Harness {
                 let i = self.vm_index(v);
                 self.poll(i);
             }
-            Op::Sleep(ms) => std::thread::sleep(Duration::from_millis(u64::from(ms % 8))),
+            Op::Sleep(ms) => {
+                // Until the engine has done what it can with the work posted
+                // (nothing left on a send queue: done, failed, or flushed),
+                // at most `ms % 8` ms as before (a WQE waiting for a retry
+                // keeps it waiting), then on a little longer than the
+                // engine's poll window, so that it goes idle and parks its
+                // VMs (the next work then wakes them). A fixed sleep spent
+                // milliseconds after the engine was done in microseconds.
+                let start = Instant::now();
+                let limit = Duration::from_millis(u64::from(ms % 8));
+                let daemon = self.daemon();
+                let idle = || {
+                    (0..self.active).all(|i| {
+                        daemon
+                            .vm_stats(i)
+                            .is_none_or(|s| s.device.queues.send_wqes == 0)
+                    })
+                };
+                wait_for(limit, idle);
+                let park = limit.saturating_sub(start.elapsed()).min(PARK);
+                if !park.is_zero() {
+                    std::thread::sleep(park);
+                }
+            }
             Op::Reset(v) => {
                 let i = self.vm_index(v);
                 let vm = self.vms[i].take().expect("open");
-                let r = vm.t.vmm().reset();
-                if let Err(e) = r {
-                    panic!("VM {i}: device reset failed: {e}");
+                for q in &vm.qps {
+                    self.dead_qpns.push(q.qp.qpn());
                 }
-                self.wait_empty(i, "a device reset");
-                self.reconnect(i, vm);
+                self.vms[i] = Some(restore(self.daemon(), i, vm, "a device reset"));
             }
             Op::Disconnect(v) => {
                 let i = self.vm_index(v);
@@ -636,27 +877,28 @@ impl Harness {
     }
 
     /// Disconnects VM `i`'s VMM (after a reset, or mid-traffic), checks
-    /// that the daemon releases everything, and connects a new one.
+    /// that the daemon releases everything, and connects a new one (with
+    /// the same guest RAM).
     fn reconnect(&mut self, i: usize, vm: VmS) {
         for q in &vm.qps {
             self.dead_qpns.push(q.qp.qpn());
         }
+        let mem = vm.t.mem().clone();
         vm.t.vmm().disconnect();
-        // The destroys of the driver's objects fail at once (disconnected).
+        // The destroys of the driver's objects fail at once (disconnected),
+        // and the VMM's rings go back to the guest RAM's allocator.
         drop(vm);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
+        let released = || {
             let s = self.daemon().vm_stats(i).expect("statistics");
-            if !s.connected && s.device.resources.is_empty() {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "VM {i}: not released after its VMM disconnected: {s:?}"
+            !s.connected && s.device.resources.is_empty()
+        };
+        if !wait_for(Duration::from_secs(5), released) {
+            panic!(
+                "VM {i}: not released after its VMM disconnected: {:?}",
+                self.daemon().vm_stats(i)
             );
-            std::thread::sleep(Duration::from_millis(1));
         }
-        self.vms[i] = Some(open_vm(&self.socket(i)));
+        self.vms[i] = Some(open_driver(connect_vm(&self.socket(i), Some(mem))));
     }
 
     fn qp_of(&self, vm: usize, q: u8) -> Option<usize> {
@@ -736,42 +978,69 @@ impl Harness {
         qa.post_send(&[SendWr::signaled(PROBE, SendOp::Send, &ssge)])
             .expect("probe: post send");
         for (vm, q, who) in [(va, &qa, "sender"), (vb, &qb, "receiver")] {
-            let deadline = Instant::now() + Duration::from_secs(10);
             let mut wc = [WorkCompletion::default(); 32];
-            'wait: loop {
+            let done = || {
                 let n = vm.cq.poll(&mut wc);
+                let mut found = false;
                 for c in &wc[..n] {
                     assert!(!vm.dead.contains(&c.qpn), "completion {c:?} for a dead QP");
                     if c.qpn == q.qpn() && c.wr_id == PROBE {
                         assert_eq!(c.status(), Some(WcStatus::SUCCESS), "probe {who}: {c:?}");
-                        break 'wait;
+                        found = true;
                     }
                 }
-                assert!(
-                    Instant::now() < deadline,
-                    "probe: the {who}'s completion did not come: the data path stopped"
-                );
-                if n == 0 {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            }
+                found
+            };
+            assert!(
+                wait_for(Duration::from_secs(10), done),
+                "probe: the {who}'s completion did not come: the data path stopped"
+            );
         }
         qa.destroy().expect("probe: destroy A");
         qb.destroy().expect("probe: destroy B");
     }
 
-    fn finish(mut self) {
+    /// The end of an input: the liveness probe, then every VM of the input
+    /// back to the state of a fresh start. One VM after the other: at the
+    /// same time (a thread each) was slower, the work is the CPU's.
+    fn finish(&mut self) {
         arm("liveness probe".into());
         self.probe();
-        arm("disconnect every VM".into());
-        for i in 0..self.vms.len() {
-            if let Some(vm) = self.vms[i].take() {
-                vm.t.vmm().disconnect();
-                drop(vm);
-            }
+        arm("device reset of every VM".into());
+        for i in 0..self.active {
+            let vm = self.vms[i].take().expect("open");
+            self.vms[i] = Some(restore(self.daemon(), i, vm, END));
         }
-        for i in 0..self.vms.len() {
-            self.wait_empty(i, "every VMM disconnected");
+        // Opening a driver creates no QP.
+        assert_eq!(
+            self.rnic.qpns_in_use(),
+            0,
+            "QP numbers left after every VM was reset"
+        );
+        assert!(self.rnic.restart(), "restart the QP numbering");
+        disarm();
+    }
+
+    /// Ends the harness as the end of every input did when each had its
+    /// own daemon: every VMM disconnects, the daemon releases everything
+    /// (no object, no QP number), and it shuts down (within [`HANG`]).
+    fn teardown(mut self) {
+        arm("disconnect every VM".into());
+        for vm in self.vms.iter_mut().filter_map(Option::take) {
+            vm.t.vmm().disconnect();
+            drop(vm);
+        }
+        for i in 0..VMS {
+            let daemon = self.daemon();
+            let released = || {
+                let s = daemon.vm_stats(i).expect("statistics");
+                !s.connected && s.device.resources.is_empty()
+            };
+            assert!(
+                wait_for(Duration::from_secs(5), released),
+                "VM {i}: not released after every VMM disconnected: {:?}",
+                daemon.vm_stats(i)
+            );
         }
         assert_eq!(
             self.rnic.qpns_in_use(),
@@ -784,6 +1053,39 @@ impl Harness {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
         disarm();
+    }
+
+    /// Every VM is as a fresh start leaves it: connected, the objects of
+    /// one opening of the driver and nothing else in the daemon, no work or
+    /// event waiting, the keys of those openings only, no QP number in
+    /// use, all of the guest RAM free but what the openings hold.
+    fn check_canonical(&self) {
+        for i in 0..VMS {
+            let s = self.daemon().vm_stats(i).expect("statistics");
+            assert!(s.connected, "VM {i}: not connected between inputs");
+            assert_eq!(
+                s.device.resources, self.canon,
+                "VM {i}: the daemon's objects between inputs"
+            );
+            assert_eq!(
+                s.device.queues,
+                QueueDepths::default(),
+                "VM {i}: work or events waiting between inputs"
+            );
+            let vm = self.vms[i].as_ref().expect("open between inputs");
+            assert!(vm.qps.is_empty() && vm.dead.is_empty());
+            assert_eq!(
+                vm.t.mem().allocator().free_bytes(),
+                self.canon_free,
+                "VM {i}: guest RAM in use between inputs"
+            );
+        }
+        assert_eq!(self.rnic.qpns_in_use(), 0, "QP numbers between inputs");
+        assert_eq!(
+            self.rnic.keys_in_use(),
+            self.canon_keys,
+            "memory keys between inputs"
+        );
     }
 }
 
@@ -808,14 +1110,66 @@ pub fn run(data: &[u8]) {
     }
 }
 
+/// The harness of the process, between inputs (`None` before the first
+/// and after a finding).
+static HARNESS: Mutex<Option<Harness>> = Mutex::new(None);
+
+/// Ends the harness of the process (every VMM disconnects, the daemon must
+/// release everything, it shuts down), if one runs: for a process that
+/// goes on with other work, such as the replay test, whose `vhost` harness
+/// counts the process's descriptors.
+pub fn release() {
+    let h = HARNESS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
+    if let Some(h) = h {
+        h.teardown();
+    }
+}
+
+/// Whether an input of this process has run.
+static RAN: AtomicBool = AtomicBool::new(false);
+
 /// Runs one decoded input of the `engine` target.
+///
+/// One daemon and three connected VMs serve the inputs of the process
+/// (starting them took most of the time of an input). Every input starts
+/// from the same state, that of a fresh start ([`Harness::check_canonical`]
+/// checks it): each VM connected, its driver opened (context, PD, CQ, a
+/// registered buffer) and nothing else, no work or event pending, no QP
+/// number in use and the numbering at its start; the end of the input
+/// brings its VMs back there with a device reset each (after the liveness
+/// probe). So an input does the same wherever it runs: in a long fuzzing
+/// process, in the replay test after other files, or alone in a new
+/// process.
+///
+/// The first input of a process, and every input with `RDMA_FUZZ_FRESH=1`,
+/// ends as each did when it had a daemon of its own: every VMM disconnects,
+/// the daemon must release everything, and it shuts down; the next input
+/// starts a new daemon. (`RDMA_FUZZ_FRESH=1` also rules out state the
+/// checks do not see when a finding does not reproduce.)
 pub fn run_input(input: &Input) {
-    arm("start the daemon and open the VMs".into());
-    let mut h = Harness::start(if input.three { 3 } else { 2 });
+    let mut slot = HARNESS.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut h = match slot.take() {
+        Some(h) => h,
+        None => {
+            arm("start the daemon and open the VMs".into());
+            Harness::start()
+        }
+    };
+    h.begin(if input.three { 3 } else { 2 });
     for (k, op) in input.ops.iter().take(MAX_OPS).enumerate() {
         arm(format!("operation {k}: {op:?}"));
         h.step(op);
         h.check_counts();
     }
     h.finish();
+    h.check_canonical();
+    let first = !RAN.swap(true, Ordering::Relaxed);
+    if first || std::env::var_os("RDMA_FUZZ_FRESH").is_some() {
+        h.teardown();
+    } else {
+        *slot = Some(h);
+    }
 }

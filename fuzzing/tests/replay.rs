@@ -7,7 +7,18 @@
 #![allow(clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
+
+/// Held by every test: the `vhost` harness checks that the process's
+/// descriptor count comes back after each input, which the other harnesses
+/// opening descriptors at the same time break (guest RAM files of `ctrl`
+/// and `wqe` inputs; the daemon and VMMs the engine harness opens and
+/// keeps).
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 fn inputs(target: &str) -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
@@ -49,23 +60,28 @@ fn replay(target: &str, run: fn(&[u8]), min_files: usize) {
 
 #[test]
 fn replay_ctrl() {
+    let _serial = serial();
     replay("ctrl", vhost_user_rdma_fuzz::ctrl::run, 1);
 }
 
 #[test]
 fn replay_wqe() {
+    let _serial = serial();
     replay("wqe", vhost_user_rdma_fuzz::wqe::run, 1);
 }
 
 #[test]
 fn replay_engine() {
+    let _serial = serial();
     replay("engine", vhost_user_rdma_fuzz::engine::run, 1);
+    vhost_user_rdma_fuzz::engine::release();
 }
 
 /// Pseudo-random inputs (a fixed seed), so that the harnesses themselves
 /// are exercised even before a corpus exists.
 #[test]
 fn random_inputs_pass() {
+    let _serial = serial();
     let mut x = 0x2545_F491_4F6C_DD1Du64;
     for i in 0..300 {
         let len = 64 + (i * 37) % 2000;
@@ -85,6 +101,7 @@ fn random_inputs_pass() {
 /// A hand-written `wqe` input reaches the parsers and the resolution.
 #[test]
 fn wqe_structured_input_gets_deep() {
+    let _serial = serial();
     use vhost_user_rdma_fuzz::guest::Addr;
     use vhost_user_rdma_fuzz::wqe::*;
     let _ = Addr::Aligned(0);
@@ -178,6 +195,7 @@ fn wqe_structured_input_gets_deep() {
 /// inputs are in fuzz/regressions/engine/).
 #[test]
 fn engine_qpn_reuse_scenario() {
+    let _serial = serial();
     use vhost_user_rdma_fuzz::engine::*;
     let send = |kind| Op::PostSend {
         vm: 0,
@@ -215,6 +233,7 @@ fn engine_qpn_reuse_scenario() {
         ],
     };
     run_input(&input);
+    release();
 }
 
 /// [`engine_qpn_reuse_scenario`] with the harness's macro operations, the
@@ -222,6 +241,7 @@ fn engine_qpn_reuse_scenario() {
 /// re-created (same QP number), another WRITE.
 #[test]
 fn engine_qpn_reuse_scenario_short() {
+    let _serial = serial();
     use vhost_user_rdma_fuzz::engine::*;
     let write = Op::PostSend {
         vm: 0,
@@ -246,10 +266,12 @@ fn engine_qpn_reuse_scenario_short() {
         ],
     };
     run_input(&input);
+    release();
 }
 
 #[test]
 fn replay_vhost() {
+    let _serial = serial();
     replay("vhost", vhost_user_rdma_fuzz::vhost::run, 1);
 }
 
@@ -259,6 +281,7 @@ fn replay_vhost() {
 /// releases everything and VM 1 is unaffected.
 #[test]
 fn vhost_structured_input() {
+    let _serial = serial();
     use vhost_user_rdma_fuzz::vhost::{run_input, Input, Op, Region};
     let region = |file, pages| Region {
         file,

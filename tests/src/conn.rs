@@ -19,6 +19,8 @@ use crate::error::{Error, Result};
 #[derive(Debug, Default)]
 struct WdState {
     deadline: Option<Instant>,
+    /// When the thread wakes up by itself next (None: only when notified).
+    wake: Option<Instant>,
     fired: bool,
     quit: bool,
 }
@@ -58,7 +60,10 @@ impl Watchdog {
                 return;
             }
             st = match st.deadline {
-                None => cv.wait(st).unwrap_or_else(|e| e.into_inner()),
+                None => {
+                    st.wake = None;
+                    cv.wait(st).unwrap_or_else(|e| e.into_inner())
+                }
                 Some(d) => {
                     let now = Instant::now();
                     if now >= d {
@@ -71,6 +76,7 @@ impl Watchdog {
                         st.deadline = None;
                         continue;
                     }
+                    st.wake = Some(d);
                     cv.wait_timeout(st, d - now)
                         .map(|(g, _)| g)
                         .unwrap_or_else(|e| e.into_inner().0)
@@ -81,8 +87,15 @@ impl Watchdog {
 
     fn arm(&self, timeout: Duration) {
         let (m, cv) = &*self.shared;
-        lock(m).deadline = Some(Instant::now() + timeout);
-        cv.notify_one();
+        let deadline = Instant::now() + timeout;
+        let mut st = lock(m);
+        st.deadline = Some(deadline);
+        // Deadlines only move later (the same timeout from a later now): a
+        // thread that wakes up by itself before this one looks again then.
+        // Waking it for every message cost a thread switch per message.
+        if st.wake.is_none_or(|w| w > deadline) {
+            cv.notify_one();
+        }
     }
 
     /// Disarms; returns whether the watchdog fired since it was armed.

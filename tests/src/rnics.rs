@@ -45,6 +45,21 @@ impl RecyclingQpns {
         }
     }
 
+    /// Starts the numbering again as a new one does (0x101 first, nothing
+    /// to reuse), so that a harness keeping one daemon for many runs hands
+    /// out the same numbers in each run as a fresh daemon would. Only while
+    /// no number is in use: returns false (and changes nothing) otherwise.
+    pub fn restart(&self) -> bool {
+        let mut q = self.lock();
+        if !q.used.is_empty() {
+            return false;
+        }
+        q.free.clear();
+        q.next = 0x100;
+        self.fresh.store(false, Ordering::Relaxed);
+        true
+    }
+
     /// While `on`, every number handed out is one never used before.
     pub fn fresh_only(&self, on: bool) {
         self.fresh.store(on, Ordering::Relaxed);

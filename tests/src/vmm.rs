@@ -93,6 +93,13 @@ pub struct VmmOptions {
     /// ([`TestVmm::backend_map_requests`]); cloud-hypervisor opens it for
     /// configuration change notifications.
     pub backend_channel_without_shmem: bool,
+    /// Send the messages that start the queues (`SET_FEATURES`,
+    /// `SET_MEM_TABLE`, every vring's set-up) without asking for each one's
+    /// `REPLY_ACK`, then one `GET_FEATURES`, whose answer shows that the
+    /// back-end handled them all (it handles a connection's messages in
+    /// order); QEMU syncs so where it needs no answer to each message. Saves
+    /// a round trip per message on every connect and reset.
+    pub pipeline_setup: bool,
 }
 
 impl VmmOptions {
@@ -160,6 +167,7 @@ impl Default for VmmOptions {
             events_before_start: false,
             disable_before_stop: false,
             backend_channel_without_shmem: false,
+            pipeline_setup: false,
         }
     }
 }
@@ -216,13 +224,14 @@ fn connect_retry(path: &Path, timeout: Duration) -> Result<Frontend> {
 /// Sends the memory table and sets up every virtqueue with fresh rings
 /// (with the eventfds of `prev`'s queues, if given: a restart keeps them);
 /// returns the three queue clients (event buffers posted only with
-/// `events_before_start`).
+/// `events_before_start`). `reply_ack`: whether `REPLY_ACK` was negotiated.
 fn start_queues(
     c: &mut Conn,
     mem: &Arc<GuestMem>,
     opts: &VmmOptions,
     features: u64,
     prev: Option<[&Vring; 3]>,
+    reply_ack: bool,
 ) -> Result<(CtrlQueue, EventQueue, Vring)> {
     let event_idx = features & F_EVENT_IDX != 0;
     let mut vrings = Vec::with_capacity(config::NUM_QUEUES);
@@ -248,6 +257,9 @@ fn start_queues(
         events.post_buffers(usize::from(opts.event_buffers))?;
     }
 
+    if opts.pipeline_setup && reply_ack {
+        c.frontend().set_hdr_flags(VhostUserHeaderFlag::empty());
+    }
     c.call("SET_FEATURES", |fe| fe.set_features(features))?;
     let regions = mem.region_infos()?;
     c.call("SET_MEM_TABLE", |fe| fe.set_mem_table(&regions))?;
@@ -265,6 +277,12 @@ fn start_queues(
         c.call("SET_VRING_CALL", |fe| fe.set_vring_call(q, v.call_fd()))?;
         c.call("SET_VRING_KICK", |fe| fe.set_vring_kick(q, v.kick_fd()))?;
         c.call("SET_VRING_ENABLE", |fe| fe.set_vring_enable(q, true))?;
+    }
+    if opts.pipeline_setup {
+        if reply_ack {
+            c.frontend().set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+        }
+        c.call("GET_FEATURES (sync)", |fe| fe.get_features())?;
     }
     Ok((ctrl, events, notify))
 }
@@ -341,8 +359,21 @@ impl TestVmm {
     /// Connects to the vhost-user socket at `socket_path` and sets the
     /// device up as described by `opts`.
     pub fn connect(socket_path: impl AsRef<Path>, opts: VmmOptions) -> Result<Self> {
-        let socket = socket_path.as_ref().to_path_buf();
         let mem = Arc::new(GuestMem::new(&opts.mem)?);
+        Self::connect_with_mem(socket_path, opts, mem)
+    }
+
+    /// [`TestVmm::connect`] with existing guest RAM instead of new RAM of
+    /// `opts.mem`'s layout: a VM whose VMM reconnects keeps its memory (a
+    /// harness that reconnects often saves the new file and its mappings).
+    /// What an earlier VMM allocated in it must have been freed; the
+    /// contents are left as they are (rings are zeroed when allocated).
+    pub fn connect_with_mem(
+        socket_path: impl AsRef<Path>,
+        opts: VmmOptions,
+        mem: Arc<GuestMem>,
+    ) -> Result<Self> {
+        let socket = socket_path.as_ref().to_path_buf();
         let fe = connect_retry(&socket, opts.connect_timeout)?;
         let mut c = Conn::new(fe, opts.message_timeout)?;
 
@@ -405,7 +436,8 @@ impl TestVmm {
             wanted |= F_EVENT_IDX;
         }
         let features = device_features & wanted;
-        let (ctrl, events, notify) = start_queues(&mut c, &mem, &opts, features, None)?;
+        let reply_ack = protocol.contains(VhostUserProtocolFeatures::REPLY_ACK);
+        let (ctrl, events, notify) = start_queues(&mut c, &mem, &opts, features, None, reply_ack)?;
         if let Some(w) = &shmem {
             w.set_started(true);
         }
@@ -601,12 +633,13 @@ impl TestVmm {
             w.reset();
         }
         let (features, opts, mem) = (self.features, self.opts.clone(), self.mem.clone());
+        let reply_ack = self.protocol.contains(VhostUserProtocolFeatures::REPLY_ACK);
         let prev = [self.ctrl.vring(), self.events.vring(), &self.notify];
         let c = self
             .conn
             .as_mut()
             .ok_or(Error::Backend("not connected".into()))?;
-        let (ctrl, events, notify) = start_queues(c, &mem, &opts, features, Some(prev))?;
+        let (ctrl, events, notify) = start_queues(c, &mem, &opts, features, Some(prev), reply_ack)?;
         if let Some(w) = &self.shmem {
             w.set_started(true);
         }
@@ -620,6 +653,11 @@ impl TestVmm {
     /// The options this VM was created with.
     pub fn options(&self) -> &VmmOptions {
         &self.opts
+    }
+
+    /// Changes [`VmmOptions::pipeline_setup`] for the resets to come.
+    pub fn set_pipeline_setup(&mut self, on: bool) {
+        self.opts.pipeline_setup = on;
     }
 
     /// Drops the vhost-user connection abruptly (shutdown of the socket,
