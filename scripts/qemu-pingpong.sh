@@ -143,6 +143,8 @@ guest client 1 "server=off,addr.type=unix,addr.path=$dir/net.sock,reconnect-ms=1
   -chardev "socket,id=gate,path=$dir/gate.sock,server=on,wait=off" \
   -serial mon:stdio -serial chardev:gate
 n='[0-9]+[.][0-9]+' s='[ \t]+'
+# A latency: a number, or inf when perftest's cycle clock is uncalibrated (see WRITE_LAT below).
+lat='([0-9]+[.][0-9]+|inf)'
 bw_row="^ *65536${s}[0-9]+$s$n$s$n$s$n"
 hostile_busy='' hostile_killed=''
 if [ "$full" = 1 ]; then
@@ -191,7 +193,10 @@ done
 # microseconds.
 for g in $([ "$full" = 0 ] || echo server client); do
   check_after WRITE_BW "ib_write_bw $g (4 s)" "$bw_row" "$g"
-  check_after WRITE_LAT "ib_write_lat $g" "^ *2${s}100$s$n$s$n$s$n$s$n$s$n" "$g"
+  # The latency row's times are "inf" (and the deviation "-nan") when perftest could not
+  # calibrate its cycle counter ("Correlation coefficient r^2 ... < 0.9", a loaded host under
+  # TCG): the row still says the 100 iterations completed, which is what is checked here.
+  check_after WRITE_LAT "ib_write_lat $g" "^ *2${s}100$s$lat$s$lat$s$lat$s$lat$s($n|-?nan)" "$g"
   check_after READ_BW "ib_read_bw $g" "^ *65536${s}100$s$n$s$n$s$n" "$g"
   check_after SEND_BW "ib_send_bw $g" "^ *65536${s}100$s$n$s$n$s$n" "$g"
   check_after ATOMIC_BW "ib_atomic_bw $g (fetch and add)" "^ *8${s}100$s$n$s$n$s$n" "$g"
