@@ -109,11 +109,9 @@ fn a_local_key_over_a_page_the_table_no_longer_has_fails() {
     let (a, b) = (&vm[0], &vm[1]);
     let src = own_pages(a, 1);
     let dst = own_pages(b, 1);
-    src.write(0, b"source");
     unmap_page(a, page_of(&src, 0));
-    let p = rc_pair(a, b);
-    p.qa.post_send(&[wr(6, write_op(&dst, 0), &[src.sge(0, 6)])])
-        .unwrap();
+    // The guest still maps the page: `write` fills it, the device must not read it.
+    let p = write(a, b, &src, &dst, 0, b"source", 6);
     failed(&poll_one(&p.cqa), 6, WcStatus::LOC_PROT_ERR);
     dst.assert_untouched(0, PAGE, "a WRITE from a page the table no longer has");
     restore_mem(a);
