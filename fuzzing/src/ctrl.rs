@@ -473,6 +473,13 @@ fn depth(log: u8) -> u32 {
     1u32 << (log % 10)
 }
 
+/// See [`Vm::data_plane_view`].
+type DataPlaneView = (
+    Vec<(u32, u32, String, u32, u64, Option<String>)>,
+    Vec<u32>,
+    bool,
+);
+
 /// The fuzzed VM: its dispatcher, memory and the model.
 pub(crate) struct Vm {
     pub(crate) ctrl: VmState,
@@ -534,8 +541,17 @@ impl Vm {
             Writable::Large | Writable::Large2 => 4096,
             Writable::Raw(n) => usize::from(n),
         };
+        let before = self.data_plane_view();
         let out = self.ctrl.execute(&self.mem, &request, writable);
         check_response(&out, request_id, op, writable);
+        // The engine rebuilds its polling list of a VM only when told: a
+        // command that changed what the list is built from must say so.
+        let told = self.ctrl.take_dp_changed();
+        assert!(
+            told || self.data_plane_view() == before,
+            "{} changed the VM's QPs or doorbells without telling the engine",
+            op.map_or("unknown", Opcode::name)
+        );
         let hdr = ResponseHeader::read(&out);
         let status = Status::from_u32(hdr.status).expect("checked status");
         if trace() {
@@ -546,6 +562,29 @@ impl Vm {
             );
         }
         (status, out[ResponseHeader::SIZE..].to_vec())
+    }
+
+    /// What the engine's polling list of the VM is built from: each QP's
+    /// handle, number, state, SRQ and doorbell, and the contexts.
+    fn data_plane_view(&self) -> DataPlaneView {
+        let res = &self.ctrl.res;
+        let qps = res
+            .qps
+            .iter()
+            .map(|(h, qp)| {
+                let slot = qp.db_slot.as_ref().map(|s| format!("{:?}", s.at()));
+                (
+                    h,
+                    qp.qpn,
+                    format!("{:?}", qp.state),
+                    qp.srq,
+                    qp.db_gpa,
+                    slot,
+                )
+            })
+            .collect();
+        let ctxs = res.ctxs.iter().map(|(h, _)| h).collect();
+        (qps, ctxs, res.doorbells.is_some())
     }
 
     fn check_state(&self) {

@@ -181,6 +181,9 @@ impl VmState {
             let n = u32::try_from(need).unwrap_or(DETAIL_NONE);
             return (hdr.request_id, Err(CmdError::new(Status::INVALID, n)));
         }
+        if reshapes_data_plane(op) {
+            self.dp_changed = true;
+        }
         let result = match op {
             Opcode::QUERY_DEVICE => self.query_device(payload),
             Opcode::QUERY_PORT => self.query_port(payload),
@@ -216,6 +219,22 @@ impl VmState {
         };
         (hdr.request_id, result)
     }
+}
+
+/// Whether `op` can change what the engine's polling list of a VM is built
+/// from (engine::poll): the VM's QPs, their states and doorbells, and the
+/// contexts that hold those doorbells. Memory regions, CQs, SRQs, PDs and
+/// AHs are looked up by the data path when a WQE names them, so commands
+/// on them leave the list as it is.
+fn reshapes_data_plane(op: Opcode) -> bool {
+    matches!(
+        op,
+        Opcode::CREATE_CTX
+            | Opcode::DESTROY_CTX
+            | Opcode::CREATE_QP
+            | Opcode::MODIFY_QP
+            | Opcode::DESTROY_QP
+    )
 }
 
 /// Size of the response payload of `op`.

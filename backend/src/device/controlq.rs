@@ -154,9 +154,12 @@ impl RdmaDevice {
                         }
                         let ok_before = st.vm.stats.ok;
                         let used = execute_chain(&mut st.vm, mem, request, prepared);
-                        engine_work |= st.vm.take_engine_work();
-                        // QPs may have come, gone or changed state.
-                        self.bump_dp_gen();
+                        let wake = st.vm.take_engine_work();
+                        engine_work |= wake;
+                        if st.vm.take_dp_changed() || wake {
+                            // QPs may have come, gone or changed state.
+                            self.bump_dp_gen();
+                        }
                         // Translations of destroyed objects are freed below,
                         // without the lock (milliseconds for a large MR).
                         let released = st.vm.res.take_released();

@@ -76,6 +76,9 @@ pub struct VmState {
     /// A command changed something the engine must act on (see
     /// [`VmState::take_engine_work`]).
     pub(crate) engine_work: bool,
+    /// A command may have changed the VM's QPs, their states or doorbells
+    /// (see [`VmState::take_dp_changed`]).
+    pub(crate) dp_changed: bool,
     /// The device is started (spec 15.1): only then does the engine
     /// execute the VM's work and do peers' messages reach it. Changed by
     /// the device under the VM's lock.
@@ -104,6 +107,7 @@ impl VmState {
             // Kicks until its engine looks at it for the first time.
             db_flags: virtio_rdma_abi::datapath::DB_FLAG_KICK,
             engine_work: false,
+            dp_changed: false,
             running: false,
         }
     }
@@ -136,6 +140,15 @@ impl VmState {
     /// ask for kicks themselves ([`VmState::new_doorbell_flags`]).
     pub fn take_engine_work(&mut self) -> bool {
         std::mem::take(&mut self.engine_work)
+    }
+
+    /// Whether a command since the last call may have changed what the
+    /// engine's polling list of the VM is built from — its QPs, their
+    /// states, their doorbells — so that the list must be rebuilt. Other
+    /// commands leave it alone: a rebuild costs the engine a pass over
+    /// every QP of the VM under its lock.
+    pub fn take_dp_changed(&mut self) -> bool {
+        std::mem::take(&mut self.dp_changed)
     }
 
     /// Index of the VM in the daemon.
