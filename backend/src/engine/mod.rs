@@ -31,6 +31,7 @@ mod flush;
 pub mod placement;
 mod poll;
 mod requester;
+mod scratch;
 pub mod sge;
 mod soft;
 mod sweep;

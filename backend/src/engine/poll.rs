@@ -11,7 +11,7 @@ use virtio_rdma_abi::mem::DB_RECORD_SIZE;
 use virtio_rdma_abi::qp::QpState;
 
 use super::doorbell::{self, load_pi};
-use super::thread::Scratch;
+use super::scratch::Scratch;
 use crate::memory::HostMem;
 use crate::resources::Qp;
 use crate::shmem::DoorbellRegion;

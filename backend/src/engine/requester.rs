@@ -12,7 +12,7 @@ use virtio_rdma_abi::qp::{AddressVector, QpState, QpType, QP_FLAG_SIG_ALL};
 use super::completer::{self, traffic};
 use super::doorbell;
 use super::sweep::Serving;
-use super::thread::Scratch;
+use super::scratch::Scratch;
 use super::transport::{Head, Room, Step, TransportPath};
 use super::wqe::{fetch_send, posted, SendWr, WqeError};
 use super::Engine;

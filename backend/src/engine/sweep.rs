@@ -16,7 +16,7 @@ use super::flush::{drained, flush};
 use super::wqe::prefetch_send_head;
 use super::poll::{refresh, DbList};
 use super::soft::route::Held;
-use super::thread::Scratch;
+use super::scratch::Scratch;
 use super::transport::TransportPath;
 use super::Engine;
 use crate::memory::HostMem;

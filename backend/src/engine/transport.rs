@@ -28,7 +28,7 @@ use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
 
 use super::requester::Outgoing;
 use super::sweep::Serving;
-use super::thread::Scratch;
+use super::scratch::Scratch;
 use super::Engine;
 use crate::memory::HostMem;
 use crate::resources::Qp;

@@ -333,6 +333,19 @@ impl VmState {
         self.last_wqe_reached(h);
     }
 
+    /// The first message QP `qp` accepts in RTR queues `QP_COMM_EST`, once
+    /// per entry into RTR and only while the QP is still in RTR (spec
+    /// 18.22); the data path of either RNIC reports it here.
+    pub fn comm_established(&mut self, qp: u32) {
+        let Some(q) = self.res.qps.get_mut(qp) else {
+            return;
+        };
+        if q.state == QpState::RTR && !q.rt.comm_est {
+            q.rt.comm_est = true;
+            self.events.push(EventKind::QP_COMM_EST, qp, 0);
+        }
+    }
+
     /// Queues `QP_LAST_WQE_REACHED` for QP `h`, which has just entered ERR,
     /// if it is attached to an SRQ (spec 18.19 item 5, 18.21). In ERR it
     /// consumes no more SRQ WQEs, and the engine completes each SRQ WQE in

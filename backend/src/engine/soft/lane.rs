@@ -16,7 +16,6 @@ use virtio_rdma_abi::mem::access as acc;
 use virtio_rdma_abi::qp::{QpState, QpType};
 
 use super::pieces::PIECE;
-use super::responder::comm_established;
 use crate::engine::requester::Outgoing;
 use crate::engine::sweep::Serving;
 use crate::memory::access::Translate;
@@ -111,7 +110,7 @@ pub(super) fn small_write(
     unsafe { volatile::guest_to_guest(src, dst, n) };
     // What the responder does after a WRITE (`responder::respond`).
     let held = cx.held.as_mut()?;
-    comm_established(held.state, peer_qp);
+    held.state.comm_established(peer_qp);
     if let Some(t) = held.state.tenancy().traffic(held.state.vm_index()) {
         TrafficCounters::add_single_writer(&t.recv_ops, 1);
         TrafficCounters::add_single_writer(&t.recv_bytes, len);

@@ -6,7 +6,8 @@
 //! - [`path`]: `SoftPath`, the data path behind the engine's seam;
 //!   [`lane`]: small WRITEs in one pass;
 //! - [`route`]: getting a message to its responder (QPN lookup, tenant
-//!   policy, the peer VM's lock); [`responder`] and [`receive`]: the
+//!   policy, the peer VM's lock); [`request`]: a message as the responder
+//!   gets it, and what it answers; [`responder`] and [`receive`]: the
 //!   responder's side; [`retry`]: retry emulation; [`pieces`]: large
 //!   messages in pieces.
 
@@ -14,99 +15,8 @@ pub mod lane;
 pub mod path;
 pub mod pieces;
 pub mod receive;
+pub mod request;
 pub mod responder;
 pub mod retry;
 pub mod rnic;
 pub mod route;
-
-use super::wqe::{SendWr, WqeBuf};
-use crate::memory::access::Segment;
-use crate::memory::HostMem;
-use virtio_rdma_abi::datapath::WcStatus;
-use virtio_rdma_abi::qp::AddressVector;
-
-/// Reusable memory of the responder side (no allocation per message).
-pub struct RespScratch {
-    /// The copied receive WQE.
-    pub recv: Box<WqeBuf>,
-    /// Segments of the remote range or the receive buffer.
-    pub segs: Vec<Segment>,
-}
-
-impl RespScratch {
-    /// Empty scratch memory.
-    pub fn new() -> Self {
-        RespScratch {
-            recv: WqeBuf::new(),
-            segs: Vec::with_capacity(64),
-        }
-    }
-}
-
-impl Default for RespScratch {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-/// What the requester needs from the responder.
-#[derive(Debug)]
-pub enum RespOutcome {
-    /// Done; for READ and atomics the bytes went to the local segments.
-    Done,
-    /// No receive WQE posted (RNR); the responder QP's `min_rnr_timer`
-    /// selects the wait (spec 18.20).
-    Rnr(u32),
-    /// The destination is unreachable (spec 18.23): RC retries, UD drops.
-    Unreachable,
-    /// RC: the QP the requester is connected to was destroyed (spec
-    /// 18.23): the requester fails at once with `RETRY_EXC_ERR`.
-    Gone,
-    /// The responder refused: the requester's CQE status.
-    Nak(WcStatus),
-    /// Silently dropped (UD only).
-    Dropped,
-    /// The responder QP no longer has the addressed QPN (a stale routing
-    /// hint); the requester resolves the QPN again.
-    Stale,
-    /// The responder's VM is locked by its control path: nothing was done,
-    /// the requester tries again at its next service (not a retry in the
-    /// sense of spec 18.20; the engine never waits for a VM's lock).
-    Busy,
-}
-
-/// The requester's side of one message, ready for the responder.
-pub struct Request<'a> {
-    /// Its route passed the tenant policy's checks already (the engine's
-    /// pre-check of an RC message): delivery need not repeat them.
-    pub admitted: bool,
-    /// The work request.
-    pub wr: &'a SendWr<'a>,
-    /// Index of the requester's VM (isolation counters are the
-    /// requester's).
-    pub vm: usize,
-    /// Requester QPN.
-    pub src_qpn: u32,
-    /// Requester GID.
-    pub src_gid: [u8; 16],
-    /// The address vector the message was sent with: a UD message's AH
-    /// (its traffic class, flow label and hop limit go into the receiver's
-    /// GRH, spec 18.13), an RC QP's `av`.
-    pub av: AddressVector,
-    /// Local segments (source of SEND/WRITE, destination of READ/atomics).
-    pub local: &'a [Segment],
-    /// Message length.
-    pub len: u64,
-    /// The part of the message this execution moves: offset and length
-    /// (`(0, len)` unless the message is executed in pieces; then
-    /// `local` holds only this part). The first part of a WRITE checks the
-    /// whole remote range, every later one its own.
-    pub part: (u64, u64),
-    /// Requester memory.
-    pub mem: &'a HostMem,
-    /// QPN the requester addressed (the responder must still have it).
-    pub dest_qpn: u32,
-    /// UD: the Q_Key the message carries (`remote_qkey`, or the sending
-    /// QP's own Q_Key). Unused for RC.
-    pub qkey: u32,
-}

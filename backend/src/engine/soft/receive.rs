@@ -8,8 +8,7 @@ use virtio_rdma_abi::datapath::{
 };
 use virtio_rdma_abi::event::EventKind;
 
-use super::responder::{copy_in, nak};
-use super::{Request, RespOutcome, RespScratch};
+use super::request::{copy_in, nak, Request, RespOutcome, RespScratch};
 use crate::engine::completer::{complete, error_cqe};
 use crate::engine::doorbell::{self, load_pi};
 use crate::engine::sge::{local_range, local_segments};

@@ -17,7 +17,7 @@ use virtio_rdma_abi::qp::{QpState, QpType};
 use super::lane;
 use super::pieces::Span;
 use super::responder::respond;
-use super::{Request, RespOutcome, RespScratch};
+use super::request::{Request, RespOutcome, RespScratch};
 use crate::engine::requester::Outgoing;
 use crate::engine::sge::{check_local, local_range};
 use crate::engine::sweep::Serving;

@@ -21,7 +21,6 @@ use crate::engine::completer::{complete, cq_error, error_cqe};
 use crate::engine::doorbell;
 use crate::engine::requester::{complete_posted, posted_done, Completion};
 use crate::engine::sge::local_segments;
-use crate::engine::soft::responder::comm_established;
 use crate::engine::wqe::{fetch_recv, RecvRing, WqeBuf};
 use crate::memory::access::{self, Segment};
 use crate::memory::HostMem;
@@ -41,7 +40,7 @@ pub(super) fn host_events(host: &VmHost, state: &mut VmState) -> bool {
     };
     for ev in events {
         match ev {
-            HostEvent::Qp(h, EventKind::QP_COMM_EST) => comm_established(state, h),
+            HostEvent::Qp(h, EventKind::QP_COMM_EST) => state.comm_established(h),
             HostEvent::Qp(h, EventKind::QP_LAST_WQE_REACHED) => {
                 state.events.push(EventKind::QP_LAST_WQE_REACHED, h, 0);
             }
@@ -258,7 +257,7 @@ fn apply(
     let cqe = if status == WcStatus::SUCCESS {
         // The first message received in RTR establishes the connection
         // (spec 13.3), whether or not the NIC reports it.
-        comm_established(state, h);
+        state.comm_established(h);
         let with_imm = wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
         // libibverbs does not say whether a message was solicited: every
         // receive counts as one, so that a CQ armed for solicited

@@ -1,5 +1,6 @@
 //! Translating the device's values into libibverbs' and back: access
-//! flags, address vectors, QP state changes, completion statuses.
+//! flags, address vectors, QP state changes, completion statuses, and
+//! the context value a host object carries back to its owner.
 //!
 //! The device's codes (spec) and libibverbs' differ in value even where
 //! they mean the same thing, so every translation is an explicit table.
@@ -21,6 +22,18 @@ pub struct Source {
     pub port: u8,
     /// The index of the host GID in the port's table.
     pub gid_index: u8,
+}
+
+/// The VM index and device handle an object's host context value encodes
+/// (`VerbsRnic` sets it to `vm << 32 | handle`).
+pub(crate) fn owner_of_context(context: usize) -> (usize, u32) {
+    let v = context as u64;
+    ((v >> 32) as usize, (v & 0xffff_ffff) as u32)
+}
+
+/// The context value of the object of VM `vm` with handle `handle`.
+pub(crate) fn context_of(vm: usize, handle: u32) -> usize {
+    (((vm as u64) << 32) | u64::from(handle)) as usize
 }
 
 /// Hop limit used when the guest leaves it 0 (RoCEv2 needs one; 64 is the

@@ -15,6 +15,7 @@ use rdma_sys::{
 };
 use virtio_rdma_abi::event::EventKind;
 
+use super::attr::owner_of_context;
 use super::rnic::{HostEvent, VerbsRnic};
 use crate::transport::Transport;
 
@@ -34,18 +35,6 @@ mod kind {
     pub const PORT_ERR: u32 = 10;
     pub const SRQ_ERR: u32 = 14;
     pub const QP_LAST_WQE_REACHED: u32 = 16;
-}
-
-/// The VM index and device handle an object's host context value encodes
-/// (`VerbsRnic` sets it to `vm << 32 | handle`).
-pub(crate) fn owner_of_context(context: usize) -> (usize, u32) {
-    let v = context as u64;
-    ((v >> 32) as usize, (v & 0xffff_ffff) as u32)
-}
-
-/// The context value of the object of VM `vm` with handle `handle`.
-pub(crate) fn context_of(vm: usize, handle: u32) -> usize {
-    (((vm as u64) << 32) | u64::from(handle)) as usize
 }
 
 /// Starts the thread that reads `rnic`'s asynchronous events for as long as

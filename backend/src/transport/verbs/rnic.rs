@@ -622,7 +622,7 @@ impl Transport for VerbsRnic {
         let charge = vm.quota.take(Kind::Cq, self.costs.cq)?;
         let size = depth.clamp(MIN_CQE, self.max_cqe.max(MIN_CQE));
         let cqe = libc::c_int::try_from(size).map_err(|_| TransportError::Exhausted)?;
-        let context = super::events::context_of(owner.vm, owner.handle);
+        let context = attr::context_of(owner.vm, owner.handle);
         // SAFETY: a live context and channel; the context value is an
         // integer the daemon reads back, never dereferenced.
         let cq = Cq::from_raw(unsafe {
@@ -665,7 +665,7 @@ impl Transport for VerbsRnic {
             .ok_or(TransportError::Host(libc::EINVAL))?;
         let mut init = ibv_srq_init_attr {
             // An integer the async-event thread reads back.
-            srq_context: super::events::context_of(owner.vm, owner.handle) as *mut c_void,
+            srq_context: attr::context_of(owner.vm, owner.handle) as *mut c_void,
             attr: ibv_srq_attr {
                 max_wr: spec.depth.max(1),
                 max_sge: spec.max_sge.max(1),
