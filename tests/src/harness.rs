@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use vhost_user_rdma::config::TenantConfig;
 use vhost_user_rdma::qos::QosSpec;
+use vhost_user_rdma::rnic::Rnic;
+use vhost_user_rdma::rnic_objects::RnicObjects;
 use vhost_user_rdma::stats::TrafficStats;
 use vhost_user_rdma::tenancy::IsolationStats;
-use vhost_user_rdma::transport::Transport;
 use vhost_user_rdma::Daemon;
 use vhost_user_rdma::{DaemonConfig, Limits, VmStats};
 
@@ -39,7 +40,7 @@ fn rnic_from_env(config: &mut DaemonConfig) -> Result<()> {
     let mut parts = spec.split(':');
     match (parts.next(), parts.next(), parts.next(), parts.next()) {
         (Some("verbs"), Some(device), Some(index), None) => {
-            config.rnic = vhost_user_rdma::transport::TransportKind::Verbs;
+            config.rnic = vhost_user_rdma::rnic_objects::RnicKind::Verbs;
             config.verbs.device = Some(device.to_string());
             config.verbs.gid_index = index.parse().map_err(|_| bad())?;
             Ok(())
@@ -85,7 +86,7 @@ impl TestDaemon {
 
     /// Starts a daemon serving `vms` sockets of one tenant on `transport`
     /// instead of the one its configuration names.
-    pub fn with_transport(vms: usize, transport: Arc<dyn Transport>) -> Result<Self> {
+    pub fn with_transport(vms: usize, transport: Arc<dyn RnicObjects>) -> Result<Self> {
         Self::from_config_on(
             |dir| {
                 let sockets = (0..vms).map(|i| dir.join(format!("vm{i}.sock"))).collect();
@@ -97,7 +98,7 @@ impl TestDaemon {
 
     fn from_config_on(
         make: impl FnOnce(&Path) -> Result<DaemonConfig>,
-        transport: Option<Arc<dyn Transport>>,
+        transport: Option<Arc<dyn RnicObjects>>,
     ) -> Result<Self> {
         let dir = std::env::temp_dir().join(format!(
             "vhost-user-rdma-test-{}-{}",
@@ -114,7 +115,7 @@ impl TestDaemon {
             }
             let sockets: Vec<PathBuf> = config.vms.iter().map(|v| v.socket.clone()).collect();
             let daemon = match transport {
-                Some(t) => Daemon::start_with_transport(config, t),
+                Some(t) => Daemon::start_with_rnic(config, Rnic::soft(t)),
                 None => Daemon::start(config),
             }
             .map_err(|e| Error::Backend(e.to_string()))?;

@@ -12,7 +12,7 @@ use super::{quota, CmdError, CmdResult};
 use crate::memory::pagelist::{pages_for, PageListLimits};
 use crate::memory::{PageList, PageListError, RamMap};
 use crate::resources::Mr;
-use crate::transport::MrKeys;
+use crate::rnic_objects::MrKeys;
 use crate::vm::VmState;
 
 /// Checks memory access flags (for MRs; QPs use only the remote bits).

@@ -19,7 +19,7 @@ use super::{quota, CmdError, CmdResult};
 use crate::memory::volatile::{read_guest, write_guest};
 use crate::resources::qp_state::rule;
 use crate::resources::Qp;
-use crate::transport::QpChange;
+use crate::rnic_objects::QpChange;
 use crate::vm::VmState;
 
 /// Packet sequence numbers and QP numbers are 24 bits.
@@ -137,7 +137,7 @@ impl VmState {
             attr: QpAttr::default(),
             rt: Default::default(),
         };
-        // The transport gives it its number.
+        // The RNIC gives it its number.
         let (qp_handle, qpn) = self.res.insert_qp(qp, self.transport.as_ref())?;
         let db_slot = self.alloc_db_slot(ctx);
         if let Some(qp) = self.res.qps.get_mut(qp_handle) {

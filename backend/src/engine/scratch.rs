@@ -8,7 +8,7 @@ use super::wqe::WqeBuf;
 use crate::qos::rate_limits::RateLimits;
 
 /// Reusable memory of the engine thread (no allocation per work request),
-/// with the transport's own (`T`).
+/// with its RNIC data path's own (`T`).
 pub struct Scratch<T> {
     pub(super) wqe: Box<WqeBuf>,
     pub(super) handles: Vec<u32>,
@@ -29,8 +29,8 @@ pub struct Scratch<T> {
     /// ([`crate::qos::drr::cost_ns`]) of all the work it did, plus
     /// `SWEEP_WORK` per busy sweep (`thread`); parked VMs are peeked by it.
     pub(super) worked: u64,
-    /// The transport's reusable memory.
-    pub(crate) transport: T,
+    /// The RNIC data path's reusable memory.
+    pub(crate) path: T,
 }
 
 impl<T: Default> Scratch<T> {
@@ -44,7 +44,7 @@ impl<T: Default> Scratch<T> {
             executed: (0, 0),
             contended: false,
             worked: 0,
-            transport: T::default(),
+            path: T::default(),
         }
     }
 }

@@ -35,7 +35,7 @@ use virtio_rdma_abi::datapath::{DB_FLAG_KICK, DB_FLAG_POLLING};
 use super::barrier;
 use super::poll::{set_flags, DbList};
 use super::scratch::Scratch;
-use super::transport::TransportPath;
+use crate::rnic_path::RnicPath;
 use super::Engine;
 use crate::qos::drr::Drr;
 use crate::qos::DEFAULT_WEIGHT;
@@ -131,7 +131,7 @@ impl Engine {
     /// looks at every QP of the VM once more through its tables, so that a
     /// doorbell rung before the flag was visible is not missed. False if
     /// that found work, or the VM's lock was busy: the VM stays polled.
-    fn park_list<P: TransportPath>(
+    fn park_list<P: RnicPath>(
         &self,
         path: &P,
         vms: &[Option<Arc<VmCell>>],
@@ -199,7 +199,7 @@ impl Engine {
     /// Parks the lists that have been idle for [`POLL_WINDOW`] while the
     /// thread polls others (not while drivers may skip their fence: their
     /// stores need the barrier of a whole-thread park).
-    fn park_idle_lists<P: TransportPath>(
+    fn park_idle_lists<P: RnicPath>(
         &self,
         path: &P,
         vms: &[Option<Arc<VmCell>>],
@@ -230,7 +230,7 @@ impl Engine {
         }
     }
 
-    pub(super) fn run<P: TransportPath>(&self, path: &P) {
+    pub(crate) fn run<P: RnicPath>(&self, path: &P) {
         let mut last_work = Instant::now();
         let mut idle_sweeps = 0u64;
         let mut seen = usize::MAX;

@@ -20,7 +20,7 @@ use crate::events::EventQueue;
 use crate::memory::RamMap;
 use crate::resources::{Qp, VmResources};
 use crate::tenancy::Tenancy;
-use crate::transport::Transport;
+use crate::rnic_objects::RnicObjects;
 
 crate::stats::sums! {
 /// Counters of control-path activity of one VM.
@@ -61,7 +61,7 @@ pub struct VmState {
     pub(crate) limits: Limits,
     pub(crate) features: u64,
     /// The host half of the VM's objects.
-    pub(crate) transport: Arc<dyn Transport>,
+    pub(crate) transport: Arc<dyn RnicObjects>,
     pub(crate) ram: RamMap,
     /// Advances with every [`VmState::set_ram`]: a translation prepared
     /// against an older map is built again (see [`Prepared`]).
@@ -86,7 +86,7 @@ impl VmState {
     /// The state of VM `port.vm` before its driver has done anything.
     pub fn new(
         limits: Limits,
-        transport: Arc<dyn Transport>,
+        transport: Arc<dyn RnicObjects>,
         port: PortIdentity,
         tenancy: Arc<Tenancy>,
     ) -> Self {
@@ -159,9 +159,9 @@ impl VmState {
     }
 
     /// Tells the transport that the VM's guest RAM is now `mem` (`None`:
-    /// unmapped), before the new map is used (`Transport::set_memory`).
+    /// unmapped), before the new map is used (`RnicObjects::set_memory`).
     /// Each region's host registration is then checked against the new
-    /// map (`Transport::remap_mr`): one whose pages moved loses it, and
+    /// map (`RnicObjects::remap_mr`): one whose pages moved loses it, and
     /// its local key fails from then on whatever the NIC would report
     /// (spec 19.6.2).
     pub fn memory_changed(&mut self, mem: Option<&vm_memory::GuestMemoryMmap<()>>) {
@@ -171,7 +171,7 @@ impl VmState {
             .mrs
             .iter()
             .filter(|(_, mr)| {
-                let keys = crate::transport::MrKeys {
+                let keys = crate::rnic_objects::MrKeys {
                     lkey: mr.lkey,
                     rkey: mr.rkey,
                 };

@@ -13,9 +13,9 @@ use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
 use virtio_rdma_abi::mem::access;
 use virtio_rdma_abi::qp::{attr as mask, AddressVector, QpState, QpType};
 
-use crate::transport::QpChange;
+use crate::rnic_objects::QpChange;
 
-/// The host port and source GID everything of the transport uses.
+/// The host port and source GID everything of the RNIC uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Source {
     /// The port number.
@@ -67,7 +67,7 @@ pub fn mr_access(flags: u32) -> u32 {
 }
 
 /// The host address of `av`: always global (RoCE routes by GID), from the
-/// transport's own source GID whatever the guest's `sgid_index` (0, its
+/// RNIC's own source GID whatever the guest's `sgid_index` (0, its
 /// only entry, checked by the control path).
 pub fn ah_attr(av: &AddressVector, src: Source) -> ibv_ah_attr {
     ibv_ah_attr {
@@ -278,7 +278,7 @@ mod tests {
 
     /// RTR of an RC QP whose guest named only the state and the
     /// destination: the host still gets every attribute libibverbs
-    /// requires, from the QP's attributes, and the transport's GID.
+    /// requires, from the QP's attributes, and the RNIC's GID.
     #[test]
     fn rtr_carries_what_libibverbs_requires() {
         let mut attr = QpAttr {

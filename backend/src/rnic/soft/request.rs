@@ -6,7 +6,8 @@ use virtio_rdma_abi::datapath::WcStatus;
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::qp::AddressVector;
 
-use crate::engine::wqe::{SendWr, WqeBuf};
+use crate::engine::wqe::WqeBuf;
+use crate::rnic_path::SendWr;
 use crate::memory::access::{self, Segment};
 use crate::memory::HostMem;
 use crate::vm::VmState;

@@ -17,15 +17,16 @@ use virtio_rdma_abi::datapath::{
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::qp::{QpState, QpType};
 
+use super::attr::{wc_opcode, wc_status};
+use super::rnic::{lock_tables, HostEvent, Tables, VmHost, RECV_SRQ, RECV_WR};
+use super::scratch::Scratch;
 use crate::engine::completer::{complete, cq_error, error_cqe};
 use crate::engine::doorbell;
-use crate::engine::requester::{complete_posted, posted_done, Completion};
 use crate::engine::sge::local_segments;
 use crate::engine::wqe::{fetch_recv, RecvRing, WqeBuf};
+use crate::engine::requester::{complete_posted, posted_done, Completion};
 use crate::memory::access::{self, Segment};
 use crate::memory::HostMem;
-use crate::transport::verbs::attr::{wc_opcode, wc_status};
-use crate::transport::verbs::rnic::{lock_tables, HostEvent, Tables, VmHost, RECV_SRQ, RECV_WR};
 use crate::vm::VmState;
 use crate::sync::lock;
 
@@ -150,11 +151,11 @@ pub(super) fn poll_cqs(
     host: &VmHost,
     state: &mut VmState,
     mem: &HostMem,
-    ts: &mut super::Scratch,
+    ts: &mut Scratch,
 ) -> bool {
     let mut t = lock_tables(host);
     let mut did = false;
-    let super::Scratch {
+    let Scratch {
         wcs, cqs, wqe, segs, ..
     } = ts;
     cqs.clear();
