@@ -236,11 +236,15 @@ pub trait RnicObjects: Send + Sync {
     fn caps(&self) -> Caps;
 
     /// Creates the host half of PD `owner` (a host NIC checks that a QP and
-    /// the regions it uses share a PD).
-    fn create_pd(&self, owner: Owner) -> Result<(), RnicError>;
+    /// the regions it uses share a PD). An RNIC with nothing behind a PD,
+    /// a CQ, an SRQ or an AH (the software RNIC) keeps the defaults of
+    /// these, which do nothing.
+    fn create_pd(&self, _owner: Owner) -> Result<(), RnicError> {
+        Ok(())
+    }
 
     /// Destroys the host half of PD `owner` (nothing uses it any more).
-    fn destroy_pd(&self, owner: Owner);
+    fn destroy_pd(&self, _owner: Owner) {}
 
     /// Creates the host half of QP `owner` (its PD, CQs and SRQ are `spec`'s
     /// handles in the same VM, created before) and returns its number,
@@ -262,22 +266,28 @@ pub trait RnicObjects: Send + Sync {
     fn qpns_in_use(&self) -> usize;
 
     /// Creates the host half of CQ `owner` of `depth` entries.
-    fn create_cq(&self, owner: Owner, depth: u32) -> Result<(), RnicError>;
+    fn create_cq(&self, _owner: Owner, _depth: u32) -> Result<(), RnicError> {
+        Ok(())
+    }
 
     /// Destroys the host half of CQ `owner`.
-    fn destroy_cq(&self, owner: Owner);
+    fn destroy_cq(&self, _owner: Owner) {}
 
     /// Creates the host half of SRQ `owner`.
-    fn create_srq(&self, owner: Owner, spec: &SrqSpec) -> Result<(), RnicError>;
+    fn create_srq(&self, _owner: Owner, _spec: &SrqSpec) -> Result<(), RnicError> {
+        Ok(())
+    }
 
     /// Destroys the host half of SRQ `owner`.
-    fn destroy_srq(&self, owner: Owner);
+    fn destroy_srq(&self, _owner: Owner) {}
 
     /// Creates the host half of AH `owner` of PD `pd` for `av`.
-    fn create_ah(&self, owner: Owner, pd: u32, av: &AddressVector) -> Result<(), RnicError>;
+    fn create_ah(&self, _owner: Owner, _pd: u32, _av: &AddressVector) -> Result<(), RnicError> {
+        Ok(())
+    }
 
     /// Destroys the host half of AH `owner`.
-    fn destroy_ah(&self, owner: Owner);
+    fn destroy_ah(&self, _owner: Owner) {}
 
     /// Registers MR `owner` and returns its keys: non-zero, not in use by
     /// another live region of the RNIC, and as hard to guess as the

@@ -5,11 +5,11 @@
 
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use virtio_rdma_abi::qp::{AddressVector, Mtu};
+use virtio_rdma_abi::qp::Mtu;
 
 use crate::rnic::directory::Directory;
 use crate::rnic_objects::{
-    Caps, MrKeys, MrSpec, Owner, QpChange, QpSpec, SrqSpec, RnicObjects, RnicError,
+    Caps, MrKeys, MrSpec, Owner, QpChange, QpSpec, RnicObjects, RnicError,
     RnicKind,
 };
 use crate::sync::{lock, read, write};
@@ -80,12 +80,6 @@ impl RnicObjects for SoftRnic {
         }
     }
 
-    fn create_pd(&self, _owner: Owner) -> Result<(), RnicError> {
-        Ok(())
-    }
-
-    fn destroy_pd(&self, _owner: Owner) {}
-
     fn create_qp(&self, owner: Owner, _spec: &QpSpec) -> Result<u32, RnicError> {
         self.qpns().alloc(owner)
     }
@@ -106,25 +100,6 @@ impl RnicObjects for SoftRnic {
     fn qpns_in_use(&self) -> usize {
         self.qpns_read().len()
     }
-
-    fn create_cq(&self, _owner: Owner, _depth: u32) -> Result<(), RnicError> {
-        Ok(())
-    }
-
-    fn destroy_cq(&self, _owner: Owner) {}
-
-
-    fn create_srq(&self, _owner: Owner, _spec: &SrqSpec) -> Result<(), RnicError> {
-        Ok(())
-    }
-
-    fn destroy_srq(&self, _owner: Owner) {}
-
-    fn create_ah(&self, _owner: Owner, _pd: u32, _av: &AddressVector) -> Result<(), RnicError> {
-        Ok(())
-    }
-
-    fn destroy_ah(&self, _owner: Owner) {}
 
     fn reg_mr(&self, _owner: Owner, mr: &MrSpec<'_>) -> Result<MrKeys, RnicError> {
         let mut keys = self.keys();
