@@ -1,4 +1,4 @@
-//! Transports for tests: the software RNIC with a different QP number
+//! RNIC object halves for tests: the software RNIC with a different QP number
 //! policy, to make races that take an attacker thousands of tries happen
 //! at once.
 

@@ -294,7 +294,7 @@ fn sixteen_gib_reg_mr_does_not_hold_the_vm_lock() {
 }
 
 /// The software RNIC behind the per-VM host quotas of the `verbs`
-/// transport (`transport::verbs::quota`) over a NIC of a made-up capacity:
+/// RNIC (`rnic::verbs::quota`) over a NIC of a made-up capacity:
 /// the seam where the daemon meets the host NIC, without one.
 struct SharedNic {
     soft: vhost_user_rdma::rnic::soft::SoftRnic,
@@ -417,7 +417,7 @@ impl RnicObjects for SharedNic {
 /// share, effective and used values; everything is given back.
 #[test]
 fn a_vm_gets_its_share_of_the_host_nic() {
-    let d = TestDaemon::with_transport(2, Arc::new(SharedNic::new(2))).unwrap();
+    let d = TestDaemon::with_soft_rnic(2, Arc::new(SharedNic::new(2))).unwrap();
     let (a, b) = (
         Vm::open(&d, 0, VmmOptions::default()),
         Vm::open(&d, 1, VmmOptions::default()),

@@ -223,7 +223,7 @@ impl RnicObjects for OtherLink {
 #[test]
 fn port_speed_and_ack_delay_follow_the_engine() {
     let rnic = Arc::new(OtherLink(SoftRnic::new()));
-    let d = TestDaemon::with_transport(1, rnic).unwrap();
+    let d = TestDaemon::with_soft_rnic(1, rnic).unwrap();
     let a = Vm::open(&d, 0, VmmOptions::default());
     let port = a.dev.port_attr();
     assert_eq!(port.link_rate_mbps, 25_000);

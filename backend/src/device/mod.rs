@@ -182,13 +182,13 @@ impl RdmaDevice {
         limits: Limits,
         device_features: u64,
         ctrl_poll: Duration,
-        transport: Arc<dyn RnicObjects>,
+        rnic: Arc<dyn RnicObjects>,
         engine: Arc<Engine>,
         port: PortIdentity,
         shared: &Shared,
     ) -> io::Result<Self> {
         let id = port.vm;
-        let mut ctrl = VmState::new(limits, transport, port, shared.tenancy.clone());
+        let mut ctrl = VmState::new(limits, rnic, port, shared.tenancy.clone());
         let shmem = if device_features & F_SHMEM_DOORBELL != 0 {
             let region = DoorbellRegion::new(limits.max_ctx).map_err(io::Error::other)?;
             let link = RegionLink::new(Arc::new(region));

@@ -61,7 +61,7 @@ pub struct VmState {
     pub(crate) limits: Limits,
     pub(crate) features: u64,
     /// The host half of the VM's objects.
-    pub(crate) transport: Arc<dyn RnicObjects>,
+    pub(crate) rnic: Arc<dyn RnicObjects>,
     pub(crate) ram: RamMap,
     /// Advances with every [`VmState::set_ram`]: a translation prepared
     /// against an older map is built again (see [`Prepared`]).
@@ -86,7 +86,7 @@ impl VmState {
     /// The state of VM `port.vm` before its driver has done anything.
     pub fn new(
         limits: Limits,
-        transport: Arc<dyn RnicObjects>,
+        rnic: Arc<dyn RnicObjects>,
         port: PortIdentity,
         tenancy: Arc<Tenancy>,
     ) -> Self {
@@ -96,7 +96,7 @@ impl VmState {
             stats: CtrlStats::default(),
             limits,
             features: 0,
-            transport,
+            rnic,
             ram: RamMap::default(),
             ram_gen: 0,
             port,
@@ -158,14 +158,14 @@ impl VmState {
         self.features = features;
     }
 
-    /// Tells the transport that the VM's guest RAM is now `mem` (`None`:
+    /// Tells the RNIC that the VM's guest RAM is now `mem` (`None`:
     /// unmapped), before the new map is used (`RnicObjects::set_memory`).
     /// Each region's host registration is then checked against the new
     /// map (`RnicObjects::remap_mr`): one whose pages moved loses it, and
     /// its local key fails from then on whatever the NIC would report
     /// (spec 19.6.2).
     pub fn memory_changed(&mut self, mem: Option<&vm_memory::GuestMemoryMmap<()>>) {
-        self.transport.set_memory(self.port.vm, mem);
+        self.rnic.set_memory(self.port.vm, mem);
         let lost: Vec<u32> = self
             .res
             .mrs
@@ -175,7 +175,7 @@ impl VmState {
                     lkey: mr.lkey,
                     rkey: mr.rkey,
                 };
-                !mr.host_lost && !self.transport.remap_mr(keys, &mr.spec())
+                !mr.host_lost && !self.rnic.remap_mr(keys, &mr.spec())
             })
             .map(|(h, _)| h)
             .collect();
@@ -230,7 +230,7 @@ impl VmState {
             .filter(|(_, q)| q.qp_type == virtio_rdma_abi::qp::QpType::RC)
             .map(|(_, q)| (q.qpn, q.incarnation))
             .collect();
-        self.res.clear(self.transport.as_ref());
+        self.res.clear(self.rnic.as_ref());
         // Freed here, under the lock, as before: reset and disconnect are
         // rare, and nothing drains them afterwards.
         drop(self.res.take_released());
