@@ -63,7 +63,7 @@ pub trait Launch: Send + Sync {
     fn caps(&self) -> Caps;
 
     /// Runs the loop of engine thread `engine` over the RNIC's data path
-    /// ([`Engine::run`]) until the engine stops.
+    /// (`Engine::run`) until the engine stops.
     fn run(&self, engine: &Engine);
 }
 

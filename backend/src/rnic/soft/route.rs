@@ -1,4 +1,4 @@
-//! Getting a message to its responder ([`Router::transmit`]): the QPN
+//! Getting a message to its responder (`Router::transmit`): the QPN
 //! lookup with its per-QP hint, the tenant policy's checks, and the peer
 //! VM's lock, held for a burst (`burst::Burst`, `SoftPath::with_burst`).
 //!
