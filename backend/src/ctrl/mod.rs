@@ -67,7 +67,7 @@ impl From<InsertError> for CmdError {
         match e {
             InsertError::OverBudget => CmdError::new(Status::QUOTA, quota::HOST_BYTES),
             InsertError::Full => CmdError::no_memory(),
-            InsertError::RnicObjects(t) => t.into(),
+            InsertError::Rnic(t) => t.into(),
         }
     }
 }

@@ -70,7 +70,7 @@ pub enum InsertError {
     /// Its table has no free handle.
     Full,
     /// The RNIC refused to create its host half.
-    RnicObjects(RnicError),
+    Rnic(RnicError),
 }
 
 /// All objects of one VM.
@@ -229,7 +229,7 @@ impl VmResources {
         let h = self.insert_charged(|r| &mut r.pds, pd)?;
         if let Err(e) = t.create_pd(self.owner(h)) {
             self.unmake(h, |r| &mut r.pds);
-            return Err(InsertError::RnicObjects(e));
+            return Err(InsertError::Rnic(e));
         }
         Ok(h)
     }
@@ -240,7 +240,7 @@ impl VmResources {
         let h = self.insert_charged(|r| &mut r.cqs, cq)?;
         if let Err(e) = t.create_cq(self.owner(h), depth) {
             self.unmake(h, |r| &mut r.cqs);
-            return Err(InsertError::RnicObjects(e));
+            return Err(InsertError::Rnic(e));
         }
         Ok(h)
     }
@@ -251,7 +251,7 @@ impl VmResources {
         let h = self.insert_charged(|r| &mut r.ahs, ah)?;
         if let Err(e) = t.create_ah(self.owner(h), pd, &av) {
             self.unmake(h, |r| &mut r.ahs);
-            return Err(InsertError::RnicObjects(e));
+            return Err(InsertError::Rnic(e));
         }
         if let Some(pd) = self.pds.get_mut(pd) {
             inc(&mut pd.users);
@@ -270,7 +270,7 @@ impl VmResources {
         let h = self.insert_charged(|r| &mut r.srqs, srq)?;
         if let Err(e) = t.create_srq(self.owner(h), &spec) {
             self.unmake(h, |r| &mut r.srqs);
-            return Err(InsertError::RnicObjects(e));
+            return Err(InsertError::Rnic(e));
         }
         if let Some(pd) = self.pds.get_mut(pd) {
             inc(&mut pd.users);
@@ -299,7 +299,7 @@ impl VmResources {
             Ok(k) => k,
             Err(e) => {
                 self.unmake(h, |r| &mut r.mrs);
-                return Err(InsertError::RnicObjects(e));
+                return Err(InsertError::Rnic(e));
             }
         };
         if let Some(mr) = self.mrs.get_mut(h) {
@@ -345,7 +345,7 @@ impl VmResources {
             Ok(n) => n,
             Err(e) => {
                 self.unmake(h, |r| &mut r.qps);
-                return Err(InsertError::RnicObjects(e));
+                return Err(InsertError::Rnic(e));
             }
         };
         if let Some(qp) = self.qps.get_mut(h) {

@@ -167,7 +167,7 @@ pub struct SendWait {
     pub at: std::time::Instant,
     /// RNR retries left (7 when `rnr_retry` is 7: without limit).
     pub rnr_left: u32,
-    /// RnicObjects retries left.
+    /// Transport retries left.
     pub retry_left: u32,
     /// The last try found the destination unreachable with no retry left:
     /// when the wait ends the WQE fails with `RETRY_EXC_ERR`, untried. Holds
@@ -242,7 +242,7 @@ pub struct Qp {
     pub pd: u32,
     /// Context of the PD.
     pub ctx: u32,
-    /// RnicObjects type.
+    /// Transport type.
     pub qp_type: QpType,
     /// CQ for send completions.
     pub send_cq: u32,
