@@ -356,7 +356,7 @@ limits! {
         // memory descriptions cost nothing.
         max_host_bytes: u64 = 256 << 20, "max-host-bytes", [1 << 16, 1 << 40];
         /// Per-VM maximum of the daemon's memory mappings (`vm.max_map_count`)
-        /// held for the VM's host objects with the `verbs` transport: its
+        /// held for the VM's host objects with the `verbs` RNIC: its
         /// memory regions' windows and what the libibverbs provider maps for
         /// its QPs, CQs and SRQs. The effective limit is the smaller of this
         /// and the VM's share of the daemon's budget (spec 9.5, appendix D); beyond it a
@@ -541,7 +541,7 @@ pub struct TenantConfig {
     /// are spread over the threads in turn ([`DaemonConfig::vm_engines`]).
     pub engine: Option<usize>,
     /// GIDs of remote hosts (other daemons' VMs, native RDMA peers) the
-    /// tenant's VMs may name with the `verbs` transport; a VM may always
+    /// tenant's VMs may name with the `verbs` RNIC; a VM may always
     /// name its own host's GID (then the QP number decides, as on one
     /// daemon). On a fabric, keeping other traffic away from these
     /// addresses is the network's part (docs/operations.md).
@@ -581,7 +581,7 @@ impl FieldRule {
 /// A tenant's rules for the address vector fields a host RNIC puts on the
 /// fabric: the traffic class selects a priority (lossless or ECN-marked
 /// classes on a converged network), the service level likewise, the flow
-/// label steers ECMP. `None`: the transport's default ([`FabricPolicy::rules`]).
+/// label steers ECMP. `None`: the RNIC's default ([`FabricPolicy::rules`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FabricPolicy {
     /// The GRH traffic class (0..=255).
@@ -635,7 +635,7 @@ pub struct VmConfig {
     pub qos_class: Option<String>,
 }
 
-/// The host RDMA device the `verbs` transport uses (`[daemon] rnic_device`,
+/// The host RDMA device the `verbs` RNIC uses (`[daemon] rnic_device`,
 /// `rnic_port`, `gid_index`; `--rnic-device`, `--rnic-port`, `--gid-index`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerbsConfig {
@@ -665,9 +665,9 @@ pub struct DaemonConfig {
     pub vms: Vec<VmConfig>,
     /// The tenants the VMs belong to.
     pub tenants: Vec<TenantConfig>,
-    /// The RNIC behind the devices (the transport).
-    pub rnic: crate::transport::TransportKind,
-    /// The host RDMA device of the `verbs` transport.
+    /// The RNIC behind the devices.
+    pub rnic: crate::rnic_objects::RnicKind,
+    /// The host RDMA device of the `verbs` RNIC.
     pub verbs: VerbsConfig,
     /// Device feature bits offered to drivers.
     pub device_features: u64,
@@ -702,7 +702,7 @@ impl DaemonConfig {
         let mut c = DaemonConfig {
             vms: Vec::new(),
             tenants: Vec::new(),
-            rnic: crate::transport::TransportKind::Soft,
+            rnic: crate::rnic_objects::RnicKind::Soft,
             verbs: VerbsConfig::default(),
             device_features: ALL_DEVICE_FEATURES,
             ctrl_poll: DEFAULT_CTRL_POLL,

@@ -326,7 +326,7 @@ crate::config::limit_fields!(limits_table);
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DaemonTable {
-    rnic: Option<crate::transport::TransportKind>,
+    rnic: Option<crate::rnic_objects::RnicKind>,
     rnic_device: Option<String>,
     rnic_port: Option<u8>,
     gid_index: Option<u32>,

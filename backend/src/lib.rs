@@ -28,16 +28,20 @@
 //! - [`events`]: the asynchronous event queue;
 //! - [`keys`]: the random source of keys, QP numbers and GUIDs.
 //!
-//! Data path
-//! - [`engine`]: the device model's data path (engine threads, doorbell
-//!   polling, the requester, the completer, flush), the seam where a
-//!   transport's data path plugs in, and the transports' data paths: the
-//!   software RNIC (`engine/soft`) and the libibverbs one (`engine/verbs`);
-//!   its `mod.rs` lists its files;
-//! - [`transport`]: the host half of the objects (the [`transport::Transport`]
-//!   trait: QPs, CQs, SRQs, AHs, MRs, QP numbers and keys, caps), and
-//!   (`transport/verbs`) the libibverbs transport's: host devices, host
-//!   objects, regions over windows of guest pages, host events.
+//! RNICs and the data path, from the top down
+//! - [`rnic`]: the RNICs, each with both of its halves: the software RNIC
+//!   ([`rnic::soft`]) and a host RNIC through libibverbs ([`rnic::verbs`]:
+//!   host devices, host objects, regions over windows of guest pages,
+//!   host events, its data path); [`rnic::Rnic`] opens the one the
+//!   configuration names and starts its data path on the engine threads;
+//! - [`engine`]: the data path's device model both RNICs share (engine
+//!   threads, doorbell polling, the requester, the completer, flush); its
+//!   `mod.rs` lists its files;
+//! - [`rnic_path`]: the seam of an RNIC's data path: what the engine hands
+//!   a checked work request to ([`rnic_path::RnicPath`]);
+//! - [`rnic_objects`]: the seam of an RNIC's object half: what the control
+//!   path asks of the RNIC for each object ([`rnic_objects::RnicObjects`]:
+//!   QPs, CQs, SRQs, AHs, MRs, QP numbers and keys, caps).
 //!
 //! Policy
 //! - [`tenancy`]: tenants, VMs' GIDs and the isolation counters;
@@ -52,34 +56,17 @@
 //! - [`conn_pool`]: the capped thread-per-connection pool of both;
 //! - [`logging`]: text or JSON log lines naming the VM and tenant.
 
-pub mod config;
-pub mod config_file;
-pub mod conn_pool;
-pub mod device;
-pub mod events;
-pub mod keys;
-pub mod logging;
-pub mod metrics;
-pub mod mgmt;
-pub mod restart;
-pub mod server;
-pub mod snapshot;
-pub mod stats;
-pub mod sync;
-pub mod tenancy;
-pub mod transport;
-pub mod view;
-pub mod vring;
-
-// The guest-facing modules (`guest_facing!` below, and the whole
-// `virtio-rdma-abi` crate) carry a `deny`: every handle, length, index and
+// The guest-facing modules (`guest_facing!` at the end of this file and
+// for the RNICs' data paths in `rnic`, and the whole `virtio-rdma-abi`
+// crate) carry a `deny`: every handle, length, index and
 // address they handle may come from a hostile guest, so arithmetic that can
 // overflow, indexing that can panic and casts that can truncate are errors
 // there. An exception is a narrow `#[allow]` on the smallest item, with a
 // comment saying why it is bounded. Unit tests (`cfg(test)`) are exempt.
 macro_rules! guest_facing {
-    ($($name:ident),* $(,)?) => {
+    ($($(#[$attr:meta])* $name:ident),* $(,)?) => {
         $(
+            $(#[$attr])*
             #[cfg_attr(
                 not(test),
                 deny(
@@ -93,7 +80,27 @@ macro_rules! guest_facing {
     };
 }
 
-guest_facing!(ctrl, engine, memory, qos, resources, shmem, vm);
+pub mod config;
+pub mod config_file;
+pub mod conn_pool;
+pub mod device;
+pub mod events;
+pub mod keys;
+pub mod logging;
+pub mod metrics;
+pub mod mgmt;
+pub mod restart;
+pub mod rnic;
+pub mod rnic_objects;
+pub mod server;
+pub mod snapshot;
+pub mod stats;
+pub mod sync;
+pub mod tenancy;
+pub mod view;
+pub mod vring;
+
+guest_facing!(ctrl, engine, memory, qos, resources, rnic_path, shmem, vm);
 
 pub use config::{DaemonConfig, Limits};
 pub use server::Daemon;

@@ -64,7 +64,7 @@ struct Args {
     /// device through libibverbs (RDMA across hosts); replaces the file's
     /// [daemon] rnic.
     #[arg(long, value_name = "KIND")]
-    rnic: Option<vhost_user_rdma::transport::TransportKind>,
+    rnic: Option<vhost_user_rdma::rnic_objects::RnicKind>,
     /// `verbs`: the host RDMA device (default: the first one).
     #[arg(long, value_name = "NAME")]
     rnic_device: Option<String>,
@@ -148,7 +148,7 @@ fn parse_vm_mac(text: &str) -> Result<VmMac, String> {
 enum Command {
     /// Query or control a running daemon through its management socket.
     Ctl(CtlArgs),
-    /// Show a host RDMA device as the libibverbs transport would use it:
+    /// Show a host RDMA device as the libibverbs RNIC would use it:
     /// its port, the GID it sends from, and what guests would be offered.
     RnicInfo(RnicInfoArgs),
 }
@@ -167,7 +167,7 @@ struct RnicInfoArgs {
     gid_index: u32,
 }
 
-/// `rnic-info` in a build without the verbs transport: says so.
+/// `rnic-info` in a build without the verbs RNIC: says so.
 #[cfg(not(feature = "verbs"))]
 fn rnic_info(_: &RnicInfoArgs) -> ExitCode {
     eprintln!(
@@ -179,7 +179,7 @@ fn rnic_info(_: &RnicInfoArgs) -> ExitCode {
 /// `rnic-info`: prints the device, or why it cannot be used (exit status 1).
 #[cfg(feature = "verbs")]
 fn rnic_info(a: &RnicInfoArgs) -> ExitCode {
-    use vhost_user_rdma::transport::verbs::device::VerbsDevice;
+    use vhost_user_rdma::rnic::verbs::device::VerbsDevice;
     match VerbsDevice::open(a.device.as_deref(), a.port, a.gid_index) {
         Ok(d) => {
             let caps = d.caps();

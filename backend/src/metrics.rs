@@ -528,7 +528,7 @@ fn render_subjects(out: &mut Vec<MetricFamily>, prefix: &str, subjects: &[Subjec
             .to_vec()
         },
     );
-    // A host RNIC's objects and the daemon's mappings (verbs transport).
+    // A host RNIC's objects and the daemon's mappings (verbs RNIC).
     if subjects.iter().any(|s| s.t.host.is_some()) {
         let mut f = Family::new(
             out,

@@ -19,13 +19,13 @@ use vmm_sys_util::epoll::EventSet;
 
 use crate::config::{ConfigError, DaemonConfig};
 use crate::device::{RdmaDevice, Shared, EVENT_WAKE};
-use crate::engine::SoftRnic;
 use crate::engine::{EnginePlan, Engines};
 use crate::keys::KeySource;
 use crate::qos::QosTable;
+use crate::rnic::{OpenError, Rnic};
+use crate::rnic_objects::{RnicError, RnicObjects};
 use crate::sync::lock;
 use crate::tenancy::Tenancy;
-use crate::transport::{Transport, TransportError, TransportKind};
 use crate::view::{DaemonView, VmSlot, VmStats};
 use crate::vm::PortIdentity;
 use crate::vring::{observe_new_vrings, QueueObserver};
@@ -36,20 +36,12 @@ pub enum ServerError {
     /// The configuration is invalid.
     #[error("invalid configuration: {0}")]
     Config(#[from] ConfigError),
-    /// The transport (the RNIC behind the devices) could not start.
-    #[error("cannot start the transport: {0}")]
-    Transport(#[from] TransportError),
-    /// The host RDMA device of the `verbs` transport cannot be used.
-    #[cfg(feature = "verbs")]
-    #[error("--rnic verbs: {0}")]
-    Verbs(#[from] crate::transport::verbs::device::VerbsError),
-    /// `--rnic verbs` in a build without the transport.
-    #[cfg(not(feature = "verbs"))]
-    #[error(
-        "--rnic verbs: this vhost-user-rdma was built without the verbs transport \
-         (cargo feature `verbs`, on by default; it needs libibverbs and libclang to build)"
-    )]
-    NoVerbs,
+    /// The RNIC behind the devices could not start.
+    #[error("cannot start the RNIC: {0}")]
+    Rnic(#[from] RnicError),
+    /// The RNIC the configuration names cannot be opened.
+    #[error(transparent)]
+    Open(#[from] OpenError),
     /// A socket could not be created.
     #[error("cannot listen on {path}: {source}")]
     Listen {
@@ -74,7 +66,7 @@ pub struct Daemon {
     slots: Vec<Arc<VmSlot>>,
     threads: Vec<JoinHandle<()>>,
     stop: Arc<AtomicBool>,
-    transport: Arc<dyn Transport>,
+    objects: Arc<dyn RnicObjects>,
     engines: Arc<Engines>,
     shared: Shared,
     mgmt: Option<crate::mgmt::MgmtServer>,
@@ -86,9 +78,9 @@ fn port_identity(
     index: usize,
     gid: [u8; 16],
     keys: &mut KeySource,
-) -> Result<PortIdentity, TransportError> {
-    let hi = keys.next_u32().map_err(|_| TransportError::Random)?;
-    let lo = keys.next_u32().map_err(|_| TransportError::Random)?;
+) -> Result<PortIdentity, RnicError> {
+    let hi = keys.next_u32().map_err(|_| RnicError::Random)?;
+    let lo = keys.next_u32().map_err(|_| RnicError::Random)?;
     // A locally administered, unicast EUI-64.
     let guid = ((u64::from(hi) << 32) | u64::from(lo)) & !(1 << 56) | (1 << 57);
     Ok(PortIdentity {
@@ -98,79 +90,20 @@ fn port_identity(
     })
 }
 
-/// What the `verbs` transport needs of the configuration to give each VM
-/// its share of the host: tenants and their `nic_share`, the VMs' limits.
-#[cfg(feature = "verbs")]
-fn quota_plan(config: &DaemonConfig) -> crate::transport::verbs::quota::Plan {
-    let tenant = |name: &str| {
-        config
-            .tenants
-            .iter()
-            .position(|t| t.name == name)
-            .unwrap_or(0)
-    };
-    crate::transport::verbs::quota::Plan {
-        vm_tenant: config.vms.iter().map(|v| tenant(&v.tenant)).collect(),
-        tenant_weights: config.tenants.iter().map(|t| t.nic_share).collect(),
-        configured: config
-            .vms
-            .iter()
-            .map(|v| {
-                let l = &v.limits;
-                [l.max_qp, l.max_cq, l.max_mr, l.max_pd, l.max_ah, l.max_srq].map(u64::from)
-            })
-            .collect(),
-        max_mappings: config
-            .vms
-            .iter()
-            .map(|v| v.limits.max_host_mappings)
-            .collect(),
-    }
-}
-
 impl Daemon {
     /// Validates the configuration, binds every socket and starts serving
-    /// on the transport the configuration names (`rnic`).
+    /// on the RNIC the configuration names (`rnic`).
     pub fn start(config: DaemonConfig) -> Result<Daemon, ServerError> {
-        let transport: Arc<dyn Transport> = match config.rnic {
-            TransportKind::Soft => Arc::new(SoftRnic::new()),
-            #[cfg(not(feature = "verbs"))]
-            TransportKind::Verbs => return Err(ServerError::NoVerbs),
-            #[cfg(feature = "verbs")]
-            TransportKind::Verbs => {
-                use crate::transport::verbs::{device::VerbsDevice, events, VerbsRnic};
-                let v = &config.verbs;
-                let dev = VerbsDevice::open(v.device.as_deref(), v.port, v.gid_index)?;
-                if !dev.port_active() {
-                    warn!("{} port {}: not active (yet)", dev.name(), dev.port());
-                }
-                let budget =
-                    crate::memory::window::MapBudget::from_system().map_err(ServerError::Spawn)?;
-                let plan = quota_plan(&config);
-                let rnic = Arc::new(VerbsRnic::new(dev, &plan, budget)?);
-                events::start(&rnic).map_err(ServerError::Spawn)?;
-                let (gid, index) = rnic.device().gid();
-                info!(
-                    "transport: libibverbs on {} port {}, GID {} (index {index})",
-                    rnic.device().name(),
-                    rnic.device().port(),
-                    crate::config::gid_text(gid)
-                );
-                rnic
-            }
-        };
-        Self::start_with_transport(config, transport)
+        let rnic = Rnic::open(&config)?;
+        Self::start_with_rnic(config, rnic)
     }
 
-    /// [`Daemon::start`] on `transport`, whose [`Transport::kind`] selects
-    /// the engine's data path (tests and the fuzzing harness wrap the
-    /// software RNIC's object half, e.g. to hand a freed QP number out
-    /// again at once).
-    pub fn start_with_transport(
-        config: DaemonConfig,
-        transport: Arc<dyn Transport>,
-    ) -> Result<Daemon, ServerError> {
+    /// [`Daemon::start`] on `rnic` (tests and the fuzzing harness run the
+    /// software RNIC's data path over a wrapper of its object half, e.g.
+    /// to hand a freed QP number out again at once: [`Rnic::soft`]).
+    pub fn start_with_rnic(config: DaemonConfig, rnic: Rnic) -> Result<Daemon, ServerError> {
         config.validate()?;
+        let objects = rnic.objects().clone();
         let tenancy = Arc::new(Tenancy::from_config(&config));
         crate::logging::register_vms(&tenancy);
         let mut shared = Shared::new(
@@ -191,7 +124,7 @@ impl Daemon {
         shared.allow_unsealed_memory = config.allow_unsealed_memory;
         let engines = Arc::new(
             Engines::start(
-                transport.clone(),
+                Arc::new(rnic),
                 shared.tenancy.clone(),
                 shared.qos.clone(),
                 EnginePlan::from_config(&config),
@@ -208,14 +141,12 @@ impl Daemon {
                 path: path.clone(),
                 source,
             })?;
-            let gid = transport
-                .port_gid(index)
-                .unwrap_or_else(|| config.gid(index));
+            let gid = objects.port_gid(index).unwrap_or_else(|| config.gid(index));
             let device = RdmaDevice::new(
                 vm.limits,
                 config.device_features,
                 config.ctrl_poll,
-                transport.clone(),
+                objects.clone(),
                 engines.for_vm(index).clone(),
                 port_identity(index, gid, &mut keys)?,
                 &shared,
@@ -254,7 +185,7 @@ impl Daemon {
             slots,
             threads,
             stop,
-            transport,
+            objects,
             engines,
             shared,
             mgmt: None,
@@ -287,7 +218,7 @@ impl Daemon {
             self.slots.clone(),
             self.shared.clone(),
             self.engines.clone(),
-            self.transport.clone(),
+            self.objects.clone(),
         )
     }
 
@@ -329,12 +260,12 @@ impl Daemon {
 
     /// QP numbers allocated across all VMs.
     pub fn qpns_in_use(&self) -> usize {
-        self.transport.qpns_in_use()
+        self.objects.qpns_in_use()
     }
 
     /// Memory keys (lkeys and rkeys) in use across all VMs.
     pub fn keys_in_use(&self) -> usize {
-        self.transport.keys_in_use()
+        self.objects.keys_in_use()
     }
 
     /// Waits until every serving thread ends (they end only on shutdown).

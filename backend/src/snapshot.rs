@@ -5,9 +5,9 @@
 use crate::device::QueueDepths;
 use crate::qos::QosSpec;
 use crate::resources::ResourceCounts;
+use crate::rnic_objects::HostUsage;
 use crate::stats::TrafficStats;
 use crate::tenancy::IsolationStats;
-use crate::transport::HostUsage;
 use crate::view::{DaemonView, VmStats};
 use crate::vm::CtrlStats;
 

@@ -80,7 +80,7 @@ pub struct TenantEntry {
     pub name: String,
     /// Its QoS class, if any.
     pub qos_class: Option<String>,
-    /// Remote GIDs its VMs may name (`verbs` transport).
+    /// Remote GIDs its VMs may name (`verbs` RNIC).
     pub remote_gids: Vec<[u8; 16]>,
     /// Its rules for address vector fields that reach the fabric.
     pub fabric: FabricPolicy,

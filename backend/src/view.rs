@@ -125,7 +125,7 @@ pub struct DaemonView {
     slots: Vec<Arc<VmSlot>>,
     shared: Shared,
     engines: Arc<Engines>,
-    transport: Arc<dyn crate::transport::Transport>,
+    rnic: Arc<dyn crate::rnic_objects::RnicObjects>,
 }
 
 impl DaemonView {
@@ -134,20 +134,20 @@ impl DaemonView {
         slots: Vec<Arc<VmSlot>>,
         shared: Shared,
         engines: Arc<Engines>,
-        transport: Arc<dyn crate::transport::Transport>,
+        rnic: Arc<dyn crate::rnic_objects::RnicObjects>,
     ) -> Self {
         DaemonView {
             slots,
             shared,
             engines,
-            transport,
+            rnic,
         }
     }
 
-    /// VM `index`'s part of the host the transport gives it (`None`: the
+    /// VM `index`'s part of the host the RNIC gives it (`None`: the
     /// software RNIC, which has no such limits).
-    pub fn host_usage(&self, index: usize) -> Option<crate::transport::HostUsage> {
-        self.transport.host_usage(index)
+    pub fn host_usage(&self, index: usize) -> Option<crate::rnic_objects::HostUsage> {
+        self.rnic.host_usage(index)
     }
 
     /// Number of VMs.

@@ -28,10 +28,10 @@ use std::sync::Arc;
 use arbitrary::{Arbitrary, Unstructured};
 use vhost_user_rdma::config::DaemonConfig;
 use vhost_user_rdma::ctrl::response_size;
-use vhost_user_rdma::engine::SoftRnic;
 use vhost_user_rdma::memory::RamMap;
+use vhost_user_rdma::rnic::soft::SoftRnic;
+use vhost_user_rdma::rnic_objects::RnicObjects;
 use vhost_user_rdma::tenancy::Tenancy;
-use vhost_user_rdma::transport::Transport;
 use vhost_user_rdma::vm::{PortIdentity, VmState};
 use vhost_user_rdma::Limits;
 use vhost_user_rdma_tests::verbs::{rc_transitions, ud_transitions};
@@ -502,7 +502,7 @@ impl Vm {
             vm: 0,
         };
         let limits = limits();
-        let dyn_rnic: Arc<dyn Transport> = rnic.clone();
+        let dyn_rnic: Arc<dyn RnicObjects> = rnic.clone();
         let mut ctrl = VmState::new(limits, dyn_rnic, port, tenancy);
         ctrl.set_ram(RamMap::from_guest_memory(&mem));
         ctrl.set_features(features);

@@ -43,7 +43,8 @@ use arbitrary::{Arbitrary, Unstructured};
 use vhost_user_rdma::device::QueueDepths;
 use vhost_user_rdma::engine::POLL_WINDOW;
 use vhost_user_rdma::resources::ResourceCounts;
-use vhost_user_rdma::transport::Transport;
+use vhost_user_rdma::rnic::Rnic;
+use vhost_user_rdma::rnic_objects::RnicObjects;
 use vhost_user_rdma::{Daemon, DaemonConfig, Limits};
 use vhost_user_rdma_tests::guest_mem::{GuestMem, MemLayout, MIB};
 use vhost_user_rdma_tests::rnics::RecyclingQpns;
@@ -527,8 +528,9 @@ impl Harness {
         // `RDMA_FUZZ_NO_QPN_REUSE` is set.
         let reuse = std::env::var_os("RDMA_FUZZ_NO_QPN_REUSE").is_none();
         let rnic = Arc::new(RecyclingQpns::new(reuse));
-        let dyn_rnic: Arc<dyn Transport> = rnic.clone();
-        let daemon = Daemon::start_with_transport(config, dyn_rnic).expect("start the daemon");
+        let dyn_rnic: Arc<dyn RnicObjects> = rnic.clone();
+        let daemon =
+            Daemon::start_with_rnic(config, Rnic::soft(dyn_rnic)).expect("start the daemon");
         let vms: Vec<Option<VmS>> = sockets
             .iter()
             .map(|s| Some(open_driver(connect_vm(s, None))))

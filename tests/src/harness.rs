@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use vhost_user_rdma::config::TenantConfig;
 use vhost_user_rdma::qos::QosSpec;
+use vhost_user_rdma::rnic::Rnic;
+use vhost_user_rdma::rnic_objects::RnicObjects;
 use vhost_user_rdma::stats::TrafficStats;
 use vhost_user_rdma::tenancy::IsolationStats;
-use vhost_user_rdma::transport::Transport;
 use vhost_user_rdma::Daemon;
 use vhost_user_rdma::{DaemonConfig, Limits, VmStats};
 
@@ -24,7 +25,7 @@ use crate::vmm::{TestVmm, VmmOptions};
 pub const RNIC_ENV: &str = "VUR_TEST_RNIC";
 
 /// Whether the tests' daemons run on a host RDMA device ([`RNIC_ENV`]):
-/// where the spec lets behaviour depend on the transport (appendix D), a
+/// where the spec lets behaviour depend on the RNIC (appendix D), a
 /// test checks the software RNIC's only there.
 pub fn on_host_rnic() -> bool {
     std::env::var_os(RNIC_ENV).is_some()
@@ -39,7 +40,7 @@ fn rnic_from_env(config: &mut DaemonConfig) -> Result<()> {
     let mut parts = spec.split(':');
     match (parts.next(), parts.next(), parts.next(), parts.next()) {
         (Some("verbs"), Some(device), Some(index), None) => {
-            config.rnic = vhost_user_rdma::transport::TransportKind::Verbs;
+            config.rnic = vhost_user_rdma::rnic_objects::RnicKind::Verbs;
             config.verbs.device = Some(device.to_string());
             config.verbs.gid_index = index.parse().map_err(|_| bad())?;
             Ok(())
@@ -83,21 +84,22 @@ impl TestDaemon {
         Self::from_config_on(make, None)
     }
 
-    /// Starts a daemon serving `vms` sockets of one tenant on `transport`
-    /// instead of the one its configuration names.
-    pub fn with_transport(vms: usize, transport: Arc<dyn Transport>) -> Result<Self> {
+    /// Starts a daemon serving `vms` sockets of one tenant on the software
+    /// RNIC's data path over `objects` (a wrapper of its object half)
+    /// instead of the RNIC its configuration names.
+    pub fn with_soft_rnic(vms: usize, objects: Arc<dyn RnicObjects>) -> Result<Self> {
         Self::from_config_on(
             |dir| {
                 let sockets = (0..vms).map(|i| dir.join(format!("vm{i}.sock"))).collect();
                 Ok(DaemonConfig::new(sockets))
             },
-            Some(transport),
+            Some(Rnic::soft(objects)),
         )
     }
 
     fn from_config_on(
         make: impl FnOnce(&Path) -> Result<DaemonConfig>,
-        transport: Option<Arc<dyn Transport>>,
+        rnic: Option<Rnic>,
     ) -> Result<Self> {
         let dir = std::env::temp_dir().join(format!(
             "vhost-user-rdma-test-{}-{}",
@@ -109,12 +111,12 @@ impl TestDaemon {
             source,
         })?;
         let started = make(&dir).and_then(|mut config| {
-            if transport.is_none() {
+            if rnic.is_none() {
                 rnic_from_env(&mut config)?;
             }
             let sockets: Vec<PathBuf> = config.vms.iter().map(|v| v.socket.clone()).collect();
-            let daemon = match transport {
-                Some(t) => Daemon::start_with_transport(config, t),
+            let daemon = match rnic {
+                Some(r) => Daemon::start_with_rnic(config, r),
                 None => Daemon::start(config),
             }
             .map_err(|e| Error::Backend(e.to_string()))?;

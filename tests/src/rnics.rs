@@ -1,4 +1,4 @@
-//! Transports for tests: the software RNIC with a different QP number
+//! RNIC object halves for tests: the software RNIC with a different QP number
 //! policy, to make races that take an attacker thousands of tries happen
 //! at once.
 
@@ -6,10 +6,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use vhost_user_rdma::engine::SoftRnic;
-use vhost_user_rdma::transport::{
-    Caps, MrKeys, MrSpec, Owner, QpChange, QpSpec, SrqSpec, Transport, TransportError,
-    TransportKind,
+use vhost_user_rdma::rnic::soft::SoftRnic;
+use vhost_user_rdma::rnic_objects::{
+    Caps, MrKeys, MrSpec, Owner, QpChange, QpSpec, RnicError, RnicKind, RnicObjects, SrqSpec,
 };
 use virtio_rdma_abi::qp::AddressVector;
 
@@ -70,20 +69,20 @@ impl RecyclingQpns {
     }
 }
 
-impl Transport for RecyclingQpns {
-    fn kind(&self) -> TransportKind {
-        TransportKind::Soft
+impl RnicObjects for RecyclingQpns {
+    fn kind(&self) -> RnicKind {
+        RnicKind::Soft
     }
     fn caps(&self) -> Caps {
         self.soft.caps()
     }
-    fn create_pd(&self, owner: Owner) -> Result<(), TransportError> {
+    fn create_pd(&self, owner: Owner) -> Result<(), RnicError> {
         self.soft.create_pd(owner)
     }
     fn destroy_pd(&self, owner: Owner) {
         self.soft.destroy_pd(owner)
     }
-    fn create_qp(&self, owner: Owner, _spec: &QpSpec) -> Result<u32, TransportError> {
+    fn create_qp(&self, owner: Owner, _spec: &QpSpec) -> Result<u32, RnicError> {
         let mut q = self.lock();
         let reuse = self.reuse && !self.fresh.load(Ordering::Relaxed);
         let qpn = match reuse.then(|| q.free.pop()).flatten() {
@@ -96,7 +95,7 @@ impl Transport for RecyclingQpns {
         q.used.insert(qpn, owner);
         Ok(qpn)
     }
-    fn modify_qp(&self, change: &QpChange<'_>) -> Result<(), TransportError> {
+    fn modify_qp(&self, change: &QpChange<'_>) -> Result<(), RnicError> {
         self.soft.modify_qp(change)
     }
     fn destroy_qp(&self, qpn: u32) {
@@ -111,28 +110,25 @@ impl Transport for RecyclingQpns {
     fn qpns_in_use(&self) -> usize {
         self.lock().used.len()
     }
-    fn create_cq(&self, owner: Owner, depth: u32) -> Result<(), TransportError> {
+    fn create_cq(&self, owner: Owner, depth: u32) -> Result<(), RnicError> {
         self.soft.create_cq(owner, depth)
     }
     fn destroy_cq(&self, owner: Owner) {
         self.soft.destroy_cq(owner)
     }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-    fn create_srq(&self, owner: Owner, spec: &SrqSpec) -> Result<(), TransportError> {
+    fn create_srq(&self, owner: Owner, spec: &SrqSpec) -> Result<(), RnicError> {
         self.soft.create_srq(owner, spec)
     }
     fn destroy_srq(&self, owner: Owner) {
         self.soft.destroy_srq(owner)
     }
-    fn create_ah(&self, owner: Owner, pd: u32, av: &AddressVector) -> Result<(), TransportError> {
+    fn create_ah(&self, owner: Owner, pd: u32, av: &AddressVector) -> Result<(), RnicError> {
         self.soft.create_ah(owner, pd, av)
     }
     fn destroy_ah(&self, owner: Owner) {
         self.soft.destroy_ah(owner)
     }
-    fn reg_mr(&self, owner: Owner, mr: &MrSpec<'_>) -> Result<MrKeys, TransportError> {
+    fn reg_mr(&self, owner: Owner, mr: &MrSpec<'_>) -> Result<MrKeys, RnicError> {
         self.soft.reg_mr(owner, mr)
     }
     fn dereg_mr(&self, keys: MrKeys) {
@@ -182,9 +178,9 @@ impl CountingRnic {
     /// Counts one more of a kind if `r` is a success, passing `r` on.
     fn made<T>(
         &self,
-        r: Result<T, TransportError>,
+        r: Result<T, RnicError>,
         f: impl FnOnce(&mut HostHalves),
-    ) -> Result<T, TransportError> {
+    ) -> Result<T, RnicError> {
         if r.is_ok() {
             self.count(f);
         }
@@ -192,24 +188,24 @@ impl CountingRnic {
     }
 }
 
-impl Transport for CountingRnic {
-    fn kind(&self) -> TransportKind {
-        TransportKind::Soft
+impl RnicObjects for CountingRnic {
+    fn kind(&self) -> RnicKind {
+        RnicKind::Soft
     }
     fn caps(&self) -> Caps {
         self.soft.caps()
     }
-    fn create_pd(&self, owner: Owner) -> Result<(), TransportError> {
+    fn create_pd(&self, owner: Owner) -> Result<(), RnicError> {
         self.made(self.soft.create_pd(owner), |h| h.pds += 1)
     }
     fn destroy_pd(&self, owner: Owner) {
         self.soft.destroy_pd(owner);
         self.count(|h| h.pds -= 1);
     }
-    fn create_qp(&self, owner: Owner, spec: &QpSpec) -> Result<u32, TransportError> {
+    fn create_qp(&self, owner: Owner, spec: &QpSpec) -> Result<u32, RnicError> {
         self.made(self.soft.create_qp(owner, spec), |h| h.qps += 1)
     }
-    fn modify_qp(&self, change: &QpChange<'_>) -> Result<(), TransportError> {
+    fn modify_qp(&self, change: &QpChange<'_>) -> Result<(), RnicError> {
         self.soft.modify_qp(change)
     }
     fn destroy_qp(&self, qpn: u32) {
@@ -222,31 +218,28 @@ impl Transport for CountingRnic {
     fn qpns_in_use(&self) -> usize {
         self.soft.qpns_in_use()
     }
-    fn create_cq(&self, owner: Owner, depth: u32) -> Result<(), TransportError> {
+    fn create_cq(&self, owner: Owner, depth: u32) -> Result<(), RnicError> {
         self.made(self.soft.create_cq(owner, depth), |h| h.cqs += 1)
     }
     fn destroy_cq(&self, owner: Owner) {
         self.soft.destroy_cq(owner);
         self.count(|h| h.cqs -= 1);
     }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-    fn create_srq(&self, owner: Owner, spec: &SrqSpec) -> Result<(), TransportError> {
+    fn create_srq(&self, owner: Owner, spec: &SrqSpec) -> Result<(), RnicError> {
         self.made(self.soft.create_srq(owner, spec), |h| h.srqs += 1)
     }
     fn destroy_srq(&self, owner: Owner) {
         self.soft.destroy_srq(owner);
         self.count(|h| h.srqs -= 1);
     }
-    fn create_ah(&self, owner: Owner, pd: u32, av: &AddressVector) -> Result<(), TransportError> {
+    fn create_ah(&self, owner: Owner, pd: u32, av: &AddressVector) -> Result<(), RnicError> {
         self.made(self.soft.create_ah(owner, pd, av), |h| h.ahs += 1)
     }
     fn destroy_ah(&self, owner: Owner) {
         self.soft.destroy_ah(owner);
         self.count(|h| h.ahs -= 1);
     }
-    fn reg_mr(&self, owner: Owner, mr: &MrSpec<'_>) -> Result<MrKeys, TransportError> {
+    fn reg_mr(&self, owner: Owner, mr: &MrSpec<'_>) -> Result<MrKeys, RnicError> {
         self.made(self.soft.reg_mr(owner, mr), |h| h.mrs += 1)
     }
     fn dereg_mr(&self, keys: MrKeys) {

@@ -752,7 +752,7 @@ fn held_events_reach_an_event_idx_driver() {
 fn host_halves_go_with_their_objects() {
     use vhost_user_rdma_tests::rnics::{CountingRnic, HostHalves};
     let rnic = std::sync::Arc::new(CountingRnic::default());
-    let d = TestDaemon::with_transport(1, rnic.clone()).unwrap();
+    let d = TestDaemon::with_soft_rnic(1, rnic.clone()).unwrap();
     // Makes one of each in a new context: returns it and its PD and CQ.
     let populate = |v: &mut Verbs<'_>| {
         let (ctx, pd, cq) = v.ctx_pd_cq(64).unwrap();

@@ -40,11 +40,17 @@ fn each_tenant_runs_on_its_own_thread() {
     let view = d.daemon().view();
     let placement: Vec<usize> = (0..4).map(|v| view.engine_of(v)).collect();
     assert_eq!(placement, [0, 0, 1, 1]);
-    let names = engine_thread_names();
-    assert!(
-        names.iter().any(|n| n == "rnic-engine0") && names.iter().any(|n| n == "rnic-engine1"),
-        "{names:?}"
-    );
+    // A thread names itself once it runs: wait for both names.
+    let both = |names: &[String]| {
+        names.iter().any(|n| n == "rnic-engine0") && names.iter().any(|n| n == "rnic-engine1")
+    };
+    let start = Instant::now();
+    let mut names = engine_thread_names();
+    while !both(&names) && start.elapsed() < WAIT {
+        std::thread::sleep(Duration::from_millis(1));
+        names = engine_thread_names();
+    }
+    assert!(both(&names), "{names:?}");
 
     let vms: Vec<Vm> = (0..4).map(|i| open(&d, i)).collect();
     let blue = rc_pair(&vms[0], &vms[1]);

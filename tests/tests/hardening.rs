@@ -54,7 +54,7 @@ fn bounded(limit: Duration, what: &str, f: impl FnOnce() + Send + 'static) {
 #[test]
 fn qpn_reused_by_the_held_peer_vm_does_not_deadlock_the_engine() {
     bounded(Duration::from_secs(60), "engine", || {
-        let d = TestDaemon::with_transport(2, Arc::new(RecyclingQpns::new(true))).unwrap();
+        let d = TestDaemon::with_soft_rnic(2, Arc::new(RecyclingQpns::new(true))).unwrap();
         let a = Vm::open(&d, 0, VmmOptions::default());
         let b = Vm::open(&d, 1, VmmOptions::default());
         let p = rc_pair(&a, &b);

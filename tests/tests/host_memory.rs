@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use vhost_user_rdma::memory::window::MapBudget;
-use vhost_user_rdma::transport::verbs::quota::{Charge, Kind, Plan, VmQuota};
-use vhost_user_rdma::transport::{
-    Caps, HostUsage, MrKeys, MrSpec as TMrSpec, Owner, QpChange, QpSpec, SrqSpec, Transport,
-    TransportError, TransportKind,
+use vhost_user_rdma::rnic::verbs::quota::{Charge, Kind, Plan, VmQuota};
+use vhost_user_rdma::rnic_objects::{
+    Caps, HostUsage, MrKeys, MrSpec as TMrSpec, Owner, QpChange, QpSpec, RnicError, RnicKind,
+    RnicObjects, SrqSpec,
 };
 use vhost_user_rdma::{metrics, mgmt, DaemonView, Limits};
 use vhost_user_rdma_tests::dp::{status, Vm};
@@ -294,10 +294,10 @@ fn sixteen_gib_reg_mr_does_not_hold_the_vm_lock() {
 }
 
 /// The software RNIC behind the per-VM host quotas of the `verbs`
-/// transport (`transport::verbs::quota`) over a NIC of a made-up capacity:
+/// RNIC (`rnic::verbs::quota`) over a NIC of a made-up capacity:
 /// the seam where the daemon meets the host NIC, without one.
 struct SharedNic {
-    soft: vhost_user_rdma::engine::SoftRnic,
+    soft: vhost_user_rdma::rnic::soft::SoftRnic,
     quotas: Vec<Arc<VmQuota>>,
     charges: std::sync::Mutex<std::collections::HashMap<(usize, Kind, u32), Charge>>,
 }
@@ -314,13 +314,13 @@ impl SharedNic {
             max_mappings: vec![16384; vms],
         };
         SharedNic {
-            soft: vhost_user_rdma::engine::SoftRnic::new(),
+            soft: vhost_user_rdma::rnic::soft::SoftRnic::new(),
             quotas: plan.quotas(&[20, 100, 100, 100, 100, 100], &MapBudget::new(10)),
             charges: Default::default(),
         }
     }
 
-    fn take(&self, owner: Owner, kind: Kind, maps: usize) -> Result<(), TransportError> {
+    fn take(&self, owner: Owner, kind: Kind, maps: usize) -> Result<(), RnicError> {
         let c = self.quotas[owner.vm].take(kind, maps)?;
         self.charges
             .lock()
@@ -336,12 +336,7 @@ impl SharedNic {
             .remove(&(owner.vm, kind, owner.handle));
     }
 
-    fn made<T>(
-        &self,
-        owner: Owner,
-        kind: Kind,
-        r: Result<T, TransportError>,
-    ) -> Result<T, TransportError> {
+    fn made<T>(&self, owner: Owner, kind: Kind, r: Result<T, RnicError>) -> Result<T, RnicError> {
         if r.is_err() {
             self.give(owner, kind);
         }
@@ -349,30 +344,27 @@ impl SharedNic {
     }
 }
 
-impl Transport for SharedNic {
-    fn kind(&self) -> TransportKind {
-        TransportKind::Soft
+impl RnicObjects for SharedNic {
+    fn kind(&self) -> RnicKind {
+        RnicKind::Soft
     }
     fn caps(&self) -> Caps {
         self.soft.caps()
     }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
     fn host_usage(&self, vm: usize) -> Option<HostUsage> {
         self.quotas.get(vm).map(|q| q.usage())
     }
-    fn create_pd(&self, owner: Owner) -> Result<(), TransportError> {
+    fn create_pd(&self, owner: Owner) -> Result<(), RnicError> {
         self.soft.create_pd(owner)
     }
     fn destroy_pd(&self, owner: Owner) {
         self.soft.destroy_pd(owner)
     }
-    fn create_qp(&self, owner: Owner, spec: &QpSpec) -> Result<u32, TransportError> {
+    fn create_qp(&self, owner: Owner, spec: &QpSpec) -> Result<u32, RnicError> {
         self.take(owner, Kind::Qp, 0)?;
         self.made(owner, Kind::Qp, self.soft.create_qp(owner, spec))
     }
-    fn modify_qp(&self, change: &QpChange<'_>) -> Result<(), TransportError> {
+    fn modify_qp(&self, change: &QpChange<'_>) -> Result<(), RnicError> {
         self.soft.modify_qp(change)
     }
     fn destroy_qp(&self, qpn: u32) {
@@ -387,7 +379,7 @@ impl Transport for SharedNic {
     fn qpns_in_use(&self) -> usize {
         self.soft.qpns_in_use()
     }
-    fn create_cq(&self, owner: Owner, depth: u32) -> Result<(), TransportError> {
+    fn create_cq(&self, owner: Owner, depth: u32) -> Result<(), RnicError> {
         self.take(owner, Kind::Cq, 1)?;
         self.made(owner, Kind::Cq, self.soft.create_cq(owner, depth))
     }
@@ -395,19 +387,19 @@ impl Transport for SharedNic {
         self.give(owner, Kind::Cq);
         self.soft.destroy_cq(owner)
     }
-    fn create_srq(&self, owner: Owner, spec: &SrqSpec) -> Result<(), TransportError> {
+    fn create_srq(&self, owner: Owner, spec: &SrqSpec) -> Result<(), RnicError> {
         self.soft.create_srq(owner, spec)
     }
     fn destroy_srq(&self, owner: Owner) {
         self.soft.destroy_srq(owner)
     }
-    fn create_ah(&self, owner: Owner, pd: u32, av: &AddressVector) -> Result<(), TransportError> {
+    fn create_ah(&self, owner: Owner, pd: u32, av: &AddressVector) -> Result<(), RnicError> {
         self.soft.create_ah(owner, pd, av)
     }
     fn destroy_ah(&self, owner: Owner) {
         self.soft.destroy_ah(owner)
     }
-    fn reg_mr(&self, owner: Owner, mr: &TMrSpec<'_>) -> Result<MrKeys, TransportError> {
+    fn reg_mr(&self, owner: Owner, mr: &TMrSpec<'_>) -> Result<MrKeys, RnicError> {
         self.soft.reg_mr(owner, mr)
     }
     fn dereg_mr(&self, keys: MrKeys) {
@@ -425,7 +417,7 @@ impl Transport for SharedNic {
 /// share, effective and used values; everything is given back.
 #[test]
 fn a_vm_gets_its_share_of_the_host_nic() {
-    let d = TestDaemon::with_transport(2, Arc::new(SharedNic::new(2))).unwrap();
+    let d = TestDaemon::with_soft_rnic(2, Arc::new(SharedNic::new(2))).unwrap();
     let (a, b) = (
         Vm::open(&d, 0, VmmOptions::default()),
         Vm::open(&d, 1, VmmOptions::default()),

@@ -7,10 +7,9 @@
 
 use std::sync::Arc;
 
-use vhost_user_rdma::engine::SoftRnic;
-use vhost_user_rdma::transport::{
-    Caps, MrKeys, MrSpec, Owner, QpChange, QpSpec, SrqSpec, Transport, TransportError,
-    TransportKind,
+use vhost_user_rdma::rnic::soft::SoftRnic;
+use vhost_user_rdma::rnic_objects::{
+    Caps, MrKeys, MrSpec, Owner, QpChange, QpSpec, RnicError, RnicKind, RnicObjects, SrqSpec,
 };
 use vhost_user_rdma::Limits;
 use vhost_user_rdma_tests::dp::*;
@@ -160,9 +159,9 @@ fn port_and_device_attributes_for_verbs() {
 /// and the ack delay is reported within its 5 bits.
 struct OtherLink(SoftRnic);
 
-impl Transport for OtherLink {
-    fn kind(&self) -> TransportKind {
-        TransportKind::Soft
+impl RnicObjects for OtherLink {
+    fn kind(&self) -> RnicKind {
+        RnicKind::Soft
     }
     fn caps(&self) -> Caps {
         Caps {
@@ -171,16 +170,16 @@ impl Transport for OtherLink {
             ..self.0.caps()
         }
     }
-    fn create_pd(&self, owner: Owner) -> Result<(), TransportError> {
+    fn create_pd(&self, owner: Owner) -> Result<(), RnicError> {
         self.0.create_pd(owner)
     }
     fn destroy_pd(&self, owner: Owner) {
         self.0.destroy_pd(owner)
     }
-    fn create_qp(&self, owner: Owner, spec: &QpSpec) -> Result<u32, TransportError> {
+    fn create_qp(&self, owner: Owner, spec: &QpSpec) -> Result<u32, RnicError> {
         self.0.create_qp(owner, spec)
     }
-    fn modify_qp(&self, change: &QpChange<'_>) -> Result<(), TransportError> {
+    fn modify_qp(&self, change: &QpChange<'_>) -> Result<(), RnicError> {
         self.0.modify_qp(change)
     }
     fn destroy_qp(&self, qpn: u32) {
@@ -192,28 +191,25 @@ impl Transport for OtherLink {
     fn qpns_in_use(&self) -> usize {
         self.0.qpns_in_use()
     }
-    fn create_cq(&self, owner: Owner, depth: u32) -> Result<(), TransportError> {
+    fn create_cq(&self, owner: Owner, depth: u32) -> Result<(), RnicError> {
         self.0.create_cq(owner, depth)
     }
     fn destroy_cq(&self, owner: Owner) {
         self.0.destroy_cq(owner)
     }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-    fn create_srq(&self, owner: Owner, spec: &SrqSpec) -> Result<(), TransportError> {
+    fn create_srq(&self, owner: Owner, spec: &SrqSpec) -> Result<(), RnicError> {
         self.0.create_srq(owner, spec)
     }
     fn destroy_srq(&self, owner: Owner) {
         self.0.destroy_srq(owner)
     }
-    fn create_ah(&self, owner: Owner, pd: u32, av: &AddressVector) -> Result<(), TransportError> {
+    fn create_ah(&self, owner: Owner, pd: u32, av: &AddressVector) -> Result<(), RnicError> {
         self.0.create_ah(owner, pd, av)
     }
     fn destroy_ah(&self, owner: Owner) {
         self.0.destroy_ah(owner)
     }
-    fn reg_mr(&self, owner: Owner, mr: &MrSpec<'_>) -> Result<MrKeys, TransportError> {
+    fn reg_mr(&self, owner: Owner, mr: &MrSpec<'_>) -> Result<MrKeys, RnicError> {
         self.0.reg_mr(owner, mr)
     }
     fn dereg_mr(&self, keys: MrKeys) {
@@ -227,7 +223,7 @@ impl Transport for OtherLink {
 #[test]
 fn port_speed_and_ack_delay_follow_the_engine() {
     let rnic = Arc::new(OtherLink(SoftRnic::new()));
-    let d = TestDaemon::with_transport(1, rnic).unwrap();
+    let d = TestDaemon::with_soft_rnic(1, rnic).unwrap();
     let a = Vm::open(&d, 0, VmmOptions::default());
     let port = a.dev.port_attr();
     assert_eq!(port.link_rate_mbps, 25_000);

@@ -18,8 +18,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vhost_user_rdma::engine::{ALONE_PIECE, PIECE};
 use vhost_user_rdma::qos::QosSpec;
+use vhost_user_rdma::rnic::soft::{ALONE_PIECE, PIECE};
 use vhost_user_rdma::stats::TrafficStats;
 use vhost_user_rdma_tests::dp::{
     assert_untouched, conn, cq_pair, next_event, ok, open, pattern, poll_n, rc_pair, rc_qp,

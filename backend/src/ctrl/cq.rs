@@ -37,7 +37,7 @@ impl VmState {
                 users: 0,
                 rt: Default::default(),
             },
-            self.transport.as_ref(),
+            self.rnic.as_ref(),
         )?;
         init_device_half(mem, req.db_gpa);
         Ok(CqHandleResp { cq_handle }.to_bytes())
@@ -46,7 +46,7 @@ impl VmState {
     pub(super) fn destroy_cq(&mut self, payload: &[u8]) -> CmdResult {
         let req: CqHandleReq = fixed(payload)?;
         self.res
-            .destroy_cq(req.cq_handle, self.transport.as_ref())
+            .destroy_cq(req.cq_handle, self.rnic.as_ref())
             .map_err(|e| destroy_error::<CqHandleReq>(e, "cq_handle"))?;
         Ok(Vec::new())
     }

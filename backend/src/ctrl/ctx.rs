@@ -79,7 +79,7 @@ impl VmState {
     pub(super) fn destroy_ctx(&mut self, payload: &[u8]) -> CmdResult {
         let req: CtxHandleReq = fixed(payload)?;
         self.res
-            .destroy_ctx(req.ctx_handle, self.transport.as_ref())
+            .destroy_ctx(req.ctx_handle, self.rnic.as_ref())
             .map_err(|e| destroy_error::<CtxHandleReq>(e, "ctx_handle"))?;
         Ok(Vec::new())
     }
@@ -97,7 +97,7 @@ impl VmState {
                 ctx: req.ctx_handle,
                 users: 0,
             },
-            self.transport.as_ref(),
+            self.rnic.as_ref(),
         )?;
         Ok(PdHandleResp { pd_handle }.to_bytes())
     }
@@ -105,7 +105,7 @@ impl VmState {
     pub(super) fn dealloc_pd(&mut self, payload: &[u8]) -> CmdResult {
         let req: PdHandleReq = fixed(payload)?;
         self.res
-            .dealloc_pd(req.pd_handle, self.transport.as_ref())
+            .dealloc_pd(req.pd_handle, self.rnic.as_ref())
             .map_err(|e| destroy_error::<PdHandleReq>(e, "pd_handle"))?;
         Ok(Vec::new())
     }
@@ -135,7 +135,7 @@ impl VmState {
                 port: req.port,
                 av,
             },
-            self.transport.as_ref(),
+            self.rnic.as_ref(),
         )?;
         Ok(AhHandleResp { ah_handle }.to_bytes())
     }
@@ -149,7 +149,7 @@ impl VmState {
         }
         let req: AhHandleReq = fixed(payload)?;
         self.res
-            .destroy_ah(req.ah_handle, self.transport.as_ref())
+            .destroy_ah(req.ah_handle, self.rnic.as_ref())
             .map_err(|e| destroy_error::<AhHandleReq>(e, "ah_handle"))?;
         Ok(Vec::new())
     }

@@ -3,7 +3,7 @@
 //! [`VmState::execute`] runs one control command on a VM's state: it
 //! parses the request (copied out of guest memory beforehand), validates
 //! every field against the VM's objects, limits and RAM, applies the
-//! command through the VM's resource tables and its transport, and
+//! command through the VM's resource tables and its RNIC, and
 //! produces the response. Nothing here trusts the guest: every failure is a
 //! status code. One file per object family.
 
@@ -26,7 +26,7 @@ use vm_memory::GuestMemoryBackend;
 use crate::memory::pagelist::PageListLimits;
 use crate::resources::InsertError;
 use crate::shmem::DbSlot;
-use crate::transport::TransportError;
+use crate::rnic_objects::RnicError;
 use crate::vm::VmState;
 
 /// A failed command: its status and detail.
@@ -50,12 +50,12 @@ impl CmdError {
     }
 }
 
-impl From<TransportError> for CmdError {
-    fn from(e: TransportError) -> Self {
+impl From<RnicError> for CmdError {
+    fn from(e: RnicError) -> Self {
         match e {
-            TransportError::Exhausted => CmdError::no_memory(),
-            TransportError::Quota(detail) => CmdError::new(Status::QUOTA, detail),
-            TransportError::Random | TransportError::Host(_) => {
+            RnicError::Exhausted => CmdError::no_memory(),
+            RnicError::Quota(detail) => CmdError::new(Status::QUOTA, detail),
+            RnicError::Random | RnicError::Host(_) => {
                 CmdError::new(Status::INTERNAL, u32::MAX)
             }
         }
@@ -67,7 +67,7 @@ impl From<InsertError> for CmdError {
         match e {
             InsertError::OverBudget => CmdError::new(Status::QUOTA, quota::HOST_BYTES),
             InsertError::Full => CmdError::no_memory(),
-            InsertError::Transport(t) => t.into(),
+            InsertError::Rnic(t) => t.into(),
         }
     }
 }

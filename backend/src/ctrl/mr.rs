@@ -12,7 +12,7 @@ use super::{quota, CmdError, CmdResult};
 use crate::memory::pagelist::{pages_for, PageListLimits};
 use crate::memory::{PageList, PageListError, RamMap};
 use crate::resources::Mr;
-use crate::transport::MrKeys;
+use crate::rnic_objects::MrKeys;
 use crate::vm::VmState;
 
 /// Checks memory access flags (for MRs; QPs use only the remote bits).
@@ -146,7 +146,7 @@ impl VmState {
             _ => PageList::resolve(&req.buf, list, &self.page_list_limits(), &self.ram, mem),
         }
         .map_err(page_list_error::<RegMrReq>)?;
-        // The transport chooses the keys (an rkey if any remote access).
+        // The RNIC chooses the keys (an rkey if any remote access).
         let (mr_handle, MrKeys { lkey, rkey }) = self.res.insert_mr(
             Mr {
                 pd: req.pd_handle,
@@ -160,7 +160,7 @@ impl VmState {
                 pages,
                 host_lost: false,
             },
-            self.transport.as_ref(),
+            self.rnic.as_ref(),
         )?;
         Ok(RegMrResp {
             mr_handle,
@@ -173,7 +173,7 @@ impl VmState {
     pub(super) fn dereg_mr(&mut self, payload: &[u8]) -> CmdResult {
         let req: MrHandleReq = fixed(payload)?;
         self.res
-            .dereg_mr(req.mr_handle, self.transport.as_ref())
+            .dereg_mr(req.mr_handle, self.rnic.as_ref())
             .map_err(|e| destroy_error::<MrHandleReq>(e, "mr_handle"))?;
         Ok(Vec::new())
     }

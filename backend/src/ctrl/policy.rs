@@ -22,7 +22,7 @@ pub(crate) const PRIVILEGED_QKEY: u32 = 1 << 31;
 use super::{CmdError, GID_TABLE_LEN};
 use crate::config::FabricPolicy;
 use crate::tenancy::IsolationCounters;
-use crate::transport::{Owner, TransportKind};
+use crate::rnic_objects::{Owner, RnicKind};
 use crate::vm::VmState;
 
 impl VmState {
@@ -64,7 +64,7 @@ impl VmState {
     /// not allow is `DENIED` (counted in `denied`). On a host RNIC the
     /// defaults force traffic class and service level 0.
     pub(super) fn fabric_av(&self, av: &mut AddressVector) -> Result<(), CmdError> {
-        let fabric = self.transport.kind() == TransportKind::Verbs;
+        let fabric = self.rnic.kind() == RnicKind::Verbs;
         let [tc, sl, flow] = self
             .tenancy
             .fabric_of(self.port.vm)
@@ -88,7 +88,7 @@ impl VmState {
     /// host's own GID, where the QP number decides on the data path, or a
     /// remote GID the VM's tenant lists.
     pub(super) fn allowed_ah_gid(&self, dgid: &[u8; 16]) -> Result<(), CmdError> {
-        if self.transport.kind() == TransportKind::Verbs {
+        if self.rnic.kind() == RnicKind::Verbs {
             if *dgid == self.port.gid || self.tenancy.may_reach_remote(self.port.vm, dgid) {
                 return Ok(());
             }
@@ -113,12 +113,12 @@ impl VmState {
     /// it does not exist.
     pub(super) fn dest_incarnation(&self, dgid: &[u8; 16], dest_qpn: u32) -> Option<u64> {
         let me = self.port.vm;
-        let o = self.transport.lookup_qpn(dest_qpn)?;
+        let o = self.rnic.lookup_qpn(dest_qpn)?;
         if !self.tenancy.may_reach(me, o.vm) {
             return None;
         }
         // A host RNIC gives every VM of the daemon the host's GID.
-        let at_gid = if o.vm == me || self.transport.kind() == TransportKind::Verbs {
+        let at_gid = if o.vm == me || self.rnic.kind() == RnicKind::Verbs {
             *dgid == self.port.gid
         } else {
             self.tenancy.vm(o.vm).map(|v| v.gid) == Some(*dgid)
@@ -134,9 +134,9 @@ impl VmState {
     /// live QP of a VM this VM may reach (the host NIC would deliver to any
     /// QP, of any tenant); a remote one, a GID the tenant lists.
     pub(super) fn allowed_route(&self, dgid: &[u8; 16], dest_qpn: u32) -> Result<(), CmdError> {
-        if self.transport.kind() == TransportKind::Verbs {
+        if self.rnic.kind() == RnicKind::Verbs {
             let ok = if *dgid == self.port.gid {
-                self.transport
+                self.rnic
                     .lookup_qpn(dest_qpn)
                     .is_some_and(|o| self.tenancy.may_reach(self.port.vm, o.vm))
             } else {
@@ -145,7 +145,7 @@ impl VmState {
             return if ok { Ok(()) } else { Err(self.denied()) };
         }
         let peer = self.allowed_gid(dgid)?;
-        if let Some(Owner { vm: owner, .. }) = self.transport.lookup_qpn(dest_qpn) {
+        if let Some(Owner { vm: owner, .. }) = self.rnic.lookup_qpn(dest_qpn) {
             if owner != peer && self.tenancy.may_reach(self.port.vm, owner) {
                 return Err(self.denied());
             }

@@ -19,7 +19,7 @@ use super::{quota, CmdError, CmdResult};
 use crate::memory::volatile::{read_guest, write_guest};
 use crate::resources::qp_state::rule;
 use crate::resources::Qp;
-use crate::transport::QpChange;
+use crate::rnic_objects::QpChange;
 use crate::vm::VmState;
 
 /// Packet sequence numbers and QP numbers are 24 bits.
@@ -137,8 +137,8 @@ impl VmState {
             attr: QpAttr::default(),
             rt: Default::default(),
         };
-        // The transport gives it its number.
-        let (qp_handle, qpn) = self.res.insert_qp(qp, self.transport.as_ref())?;
+        // The RNIC gives it its number.
+        let (qp_handle, qpn) = self.res.insert_qp(qp, self.rnic.as_ref())?;
         let db_slot = self.alloc_db_slot(ctx);
         if let Some(qp) = self.res.qps.get_mut(qp_handle) {
             qp.db_slot = db_slot.clone();
@@ -178,7 +178,7 @@ impl VmState {
         }
         if has(PATH_MTU) {
             let mtu = Mtu::from_u32(a.path_mtu).ok_or_else(|| bad(Status::INVALID, "path_mtu"))?;
-            if mtu as u32 > self.transport.caps().max_mtu {
+            if mtu as u32 > self.rnic.caps().max_mtu {
                 return Err(bad(Status::RANGE, "path_mtu"));
             }
         }
@@ -294,7 +294,7 @@ impl VmState {
             && target != QpState::RESET
             && (mask & DEST_QPN != 0 || (mask & AV != 0 && attr.av.dgid != qp.attr.av.dgid));
         let bound = new_dest.then(|| self.dest_incarnation(&attr.av.dgid, attr.dest_qpn));
-        self.transport.modify_qp(&QpChange {
+        self.rnic.modify_qp(&QpChange {
             qpn: qp.qpn,
             from: cur,
             to: target,
@@ -398,7 +398,7 @@ impl VmState {
     pub(super) fn destroy_qp(&mut self, payload: &[u8]) -> CmdResult {
         let req: QpHandleReq = fixed(payload)?;
         self.res
-            .destroy_qp(req.qp_handle, self.transport.as_ref())
+            .destroy_qp(req.qp_handle, self.rnic.as_ref())
             .map_err(|e| destroy_error::<QpHandleReq>(e, "qp_handle"))?;
         Ok(Vec::new())
     }

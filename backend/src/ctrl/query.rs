@@ -29,7 +29,7 @@ impl VmState {
         if !payload.is_empty() {
             return Err(super::CmdError::new(Status::INVALID, 0));
         }
-        let caps = self.transport.caps();
+        let caps = self.rnic.caps();
         Ok(DeviceAttr {
             fw_version: fw_version(),
             node_guid: self.port.guid,
@@ -51,12 +51,12 @@ impl VmState {
         if req.port != PORT_NUM {
             return Err(field::<QueryPortReq>(Status::RANGE, "port"));
         }
-        let caps = self.transport.caps();
+        let caps = self.rnic.caps();
         // The software RNIC's port is always up, a host RNIC's follows the
         // host port (appendix A); speed and width follow the link rate
         // (spec 12.2).
         let (active_speed, active_width) = port_speed_width(caps.link_rate_mbps);
-        let up = self.transport.port_active();
+        let up = self.rnic.port_active();
         Ok(PortAttr {
             state: if up {
                 PORT_STATE_ACTIVE

@@ -61,7 +61,7 @@ impl VmState {
                 users: 0,
                 rt: Default::default(),
             },
-            self.transport.as_ref(),
+            self.rnic.as_ref(),
         )?;
         let db_slot = self.alloc_db_slot(ctx);
         if let Some(srq) = self.res.srqs.get_mut(srq_handle) {
@@ -119,7 +119,7 @@ impl VmState {
         self.need_srq(Opcode::DESTROY_SRQ)?;
         let req: SrqHandleReq = fixed(payload)?;
         self.res
-            .destroy_srq(req.srq_handle, self.transport.as_ref())
+            .destroy_srq(req.srq_handle, self.rnic.as_ref())
             .map_err(|e| destroy_error::<SrqHandleReq>(e, "srq_handle"))?;
         Ok(Vec::new())
     }

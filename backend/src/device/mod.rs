@@ -39,11 +39,11 @@ use crate::qos::ctrl_limit::{CtrlLimits, TenantCtrlLimits};
 use crate::qos::QosTable;
 use crate::resources::ResourceCounts;
 use crate::restart::RestartTracker;
+use crate::rnic_objects::RnicObjects;
 use crate::shmem::{DoorbellRegion, RegionLink};
 use crate::stats::TrafficCounters;
 use crate::sync::lock;
 use crate::tenancy::Tenancy;
-use crate::transport::Transport;
 use crate::vm::cell::{Guarded, VmCell};
 use crate::vm::{CtrlStats, PortIdentity, VmState};
 use crate::vring::Vring;
@@ -182,13 +182,13 @@ impl RdmaDevice {
         limits: Limits,
         device_features: u64,
         ctrl_poll: Duration,
-        transport: Arc<dyn Transport>,
+        rnic: Arc<dyn RnicObjects>,
         engine: Arc<Engine>,
         port: PortIdentity,
         shared: &Shared,
     ) -> io::Result<Self> {
         let id = port.vm;
-        let mut ctrl = VmState::new(limits, transport, port, shared.tenancy.clone());
+        let mut ctrl = VmState::new(limits, rnic, port, shared.tenancy.clone());
         let shmem = if device_features & F_SHMEM_DOORBELL != 0 {
             let region = DoorbellRegion::new(limits.max_ctx).map_err(io::Error::other)?;
             let link = RegionLink::new(Arc::new(region));

@@ -9,7 +9,7 @@ use virtio_rdma_abi::qp::QpState;
 use super::completer::{self, traffic};
 use super::doorbell::{self, load_pi};
 use super::requester::wc_opcode;
-use super::transport::TransportPath;
+use crate::rnic_path::RnicPath;
 use super::wqe::{fetch_recv, fetch_send, posted, RecvRing, WqeBuf, WqeError};
 use crate::memory::HostMem;
 use crate::stats::TrafficCounters;
@@ -22,8 +22,8 @@ use crate::vm::VmState;
 ///
 /// Flushes at most `max` WQEs (send and receive together) and returns how
 /// many; the rest waits for the next service. Send WQEs wait while the
-/// transport still has some of the QP's taken.
-pub(super) fn flush<P: TransportPath>(
+/// RNIC still has some of the QP's taken.
+pub(super) fn flush<P: RnicPath>(
     path: &P,
     state: &mut VmState,
     mem: &HostMem,
@@ -40,7 +40,7 @@ pub(super) fn flush<P: TransportPath>(
         let Some(qp) = state.res.qps.get(h) else {
             return did;
         };
-        // WQEs the transport took complete first (it flushes them itself):
+        // WQEs the RNIC took complete first (it flushes them itself):
         // completions keep the order of the queue.
         if qp.rt.outstanding > 0 {
             break;
@@ -68,7 +68,7 @@ pub(super) fn flush<P: TransportPath>(
         }
         did = did.saturating_add(1);
     }
-    // A receive WQE the transport took (a message arriving in pieces).
+    // A receive WQE the RNIC took (a message arriving in pieces).
     if did < max && path.flush_taken(state, mem, h) {
         count_flushed(state);
         did = did.saturating_add(1);
@@ -81,7 +81,7 @@ pub(super) fn flush<P: TransportPath>(
         let Some(qp) = state.res.qps.get(h) else {
             return did;
         };
-        // Receives the transport took complete first (it flushes them).
+        // Receives the RNIC took complete first (it flushes them).
         if qp.srq != 0 || qp.rt.recv_outstanding > 0 {
             break;
         }

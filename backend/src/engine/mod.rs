@@ -1,45 +1,39 @@
-//! The data-path engine: the device model every transport shares, and the
-//! data paths of the transports behind its seam: the built-in software
-//! RNIC (`soft`) and a host RNIC through libibverbs (`verbs`).
+//! The data-path engine: the device model both RNICs share. It polls the
+//! doorbells, schedules the VMs, takes send WQEs from the guest rings,
+//! checks and addresses them and hands them to an RNIC's data path
+//! ([`crate::rnic_path::RnicPath`]), writes CQEs and flushes QPs in error.
+//! Which RNIC moves the bytes is `crate::rnic`'s to say ([`Launch`]): the
+//! engine never asks.
 //!
 //! - [`Engine`] (here): one engine thread, as the daemon holds it;
 //!   [`placement`] starts the threads and places tenants' VMs on them;
-//! - `thread`: the thread's loop, parking and scratch memory; `sweep`: one
-//!   round over the VMs with work, a burst per QP; `poll`: the polling
-//!   lists of doorbell records and the doorbell flags; [`doorbell`]: the
-//!   fields of doorbell records and slots; [`barrier`]: the system-wide
-//!   barrier behind `DB_FLAG_POLLING` (rate limits and weighted sharing
-//!   are in [`crate::qos`]);
-//! - `requester`: taking send WQEs and checking and addressing them;
+//! - `thread`: the thread's loop and parking; `scratch`: its reusable
+//!   memory; `sweep`: one round over the VMs with work, a burst per QP;
+//!   `poll`: the polling lists of doorbell records and the doorbell flags;
+//!   [`doorbell`]: the fields of doorbell records and slots; [`barrier`]:
+//!   the system-wide barrier behind `DB_FLAG_POLLING` (rate limits and
+//!   weighted sharing are in [`crate::qos`]);
+//! - [`requester`]: taking send WQEs and checking and addressing them, and
+//!   completing them for the RNIC (`complete_send`, `complete_posted`);
 //!   [`wqe`]: copying WQEs out of guest rings; [`sge`]: a QP's own
 //!   scatter/gather lists; [`completer`]: CQEs and completion events;
-//!   `flush`: QPs in error;
-//! - `transport`: the seam, `TransportPath`: what moves a checked work
-//!   request and completes it now or later; the object half is
-//!   [`crate::transport::Transport`];
-//! - `soft`: the software RNIC, both halves: [`SoftRnic`] (QP numbers and
-//!   keys) and its data path (routing, the responder, retry emulation,
-//!   large messages in pieces);
-//! - `verbs`: the libibverbs transport's data path: WQEs posted to host
-//!   queues, host completions and events applied to the VM (its object half
-//!   is [`crate::transport::verbs`]).
+//!   `flush`: QPs in error.
 
 pub mod barrier;
 pub mod completer;
 pub mod doorbell;
 mod flush;
+#[cfg(test)]
+mod in_flight;
 pub mod placement;
 mod poll;
-mod requester;
+pub mod requester;
+mod scratch;
 pub mod sge;
-mod soft;
 mod sweep;
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 mod thread;
-pub(crate) mod transport;
-#[cfg(feature = "verbs")]
-mod verbs;
 pub mod wqe;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -51,16 +45,27 @@ use log::warn;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::qos::QosTable;
-use crate::tenancy::Tenancy;
-use crate::transport::{Caps, Transport, TransportKind};
+use crate::rnic_objects::Caps;
 use crate::sync::lock;
+use crate::tenancy::Tenancy;
 use placement::Registry;
 use thread::pin_to;
 
 pub use placement::{EnginePlan, EngineStats, Engines};
-pub use soft::pieces::{ALONE_PIECE, PIECE};
-pub use soft::rnic::SoftRnic;
 pub use thread::POLL_WINDOW;
+
+/// What an engine thread runs: the data path of the RNIC behind the
+/// devices. `crate::rnic` gives it for the RNIC the configuration names,
+/// so the engine never asks which RNIC it is.
+pub trait Launch: Send + Sync {
+    /// The RNIC's caps (the requester checks every work request against
+    /// them).
+    fn caps(&self) -> Caps;
+
+    /// Runs the loop of engine thread `engine` over the RNIC's data path
+    /// (`Engine::run`) until the engine stops.
+    fn run(&self, engine: &Engine);
+}
 
 /// Whether `qpn` is QP 0 or 1, the management QPs (SMI, GSI) of an
 /// InfiniBand or RoCE port: the device never hands those numbers out, and a
@@ -105,8 +110,7 @@ pub struct Engine {
     /// new queues and pages the same (`VmState::new_doorbell_flags`).
     db_flags: Arc<AtomicU32>,
     counters: EngineCounters,
-    transport: Arc<dyn Transport>,
-    /// The transport's caps, read once (the requester checks every work
+    /// The RNIC's caps, read once (the requester checks every work
     /// request against them).
     caps: Caps,
     wake: EventFd,
@@ -126,11 +130,11 @@ pub struct Engine {
 
 impl Engine {
     /// Starts engine thread `index` for the VMs `registry` places on it,
-    /// pinned to `cpu` if given.
+    /// pinned to `cpu` if given, on `rnic`'s data path.
     pub fn start(
         index: usize,
         registry: Arc<Registry>,
-        transport: Arc<dyn Transport>,
+        rnic: Arc<dyn Launch>,
         tenancy: Arc<Tenancy>,
         qos: Arc<QosTable>,
         cpu: Option<usize>,
@@ -142,8 +146,7 @@ impl Engine {
             qos_applied: AtomicU64::new(0),
             db_flags: Arc::new(AtomicU32::new(0)),
             counters: EngineCounters::default(),
-            caps: transport.caps(),
-            transport,
+            caps: rnic.caps(),
             wake: EventFd::new(libc::EFD_NONBLOCK)?,
             stop: AtomicBool::new(false),
             hold: AtomicBool::new(false),
@@ -160,23 +163,7 @@ impl Engine {
                 if let Some(cpu) = cpu {
                     pin_to(cpu);
                 }
-                // The data path of the transport the objects were made by.
-                match e.transport.kind() {
-                    TransportKind::Soft => e.run(&soft::path::SoftPath),
-                    #[cfg(feature = "verbs")]
-                    TransportKind::Verbs => {
-                        let any = e.transport.as_any();
-                        match any.downcast_ref::<crate::transport::verbs::VerbsRnic>() {
-                            Some(rnic) => e.run(&verbs::VerbsPath::new(rnic)),
-                            None => log::error!("a verbs transport that is not a VerbsRnic"),
-                        }
-                    }
-                    // The daemon refuses `--rnic verbs` in such a build.
-                    #[cfg(not(feature = "verbs"))]
-                    TransportKind::Verbs => {
-                        log::error!("this build has no verbs transport (cargo feature `verbs`)")
-                    }
-                }
+                rnic.run(&e);
             })?;
         *lock(&engine.thread) = Some(t);
         Ok(engine)
@@ -275,7 +262,7 @@ mod tests {
     use super::management_qp;
 
     /// QPs 0 and 1 (SMI, GSI) are the management QPs a UD send may not
-    /// name, on either transport; every other number may be named.
+    /// name, on either RNIC; every other number may be named.
     #[test]
     fn only_qps_0_and_1_are_management_qps() {
         assert!(management_qp(0));

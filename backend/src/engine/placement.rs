@@ -2,7 +2,7 @@
 //!
 //! A tenant's VMs all run on one engine thread: a VM only ever reaches
 //! VMs of its own tenant, so every VM-to-VM operation stays inside one
-//! thread (no lock is ever taken across threads, see `soft::route`), and
+//! thread (no lock is ever taken across threads, see `rnic::soft::route`), and
 //! the tenant's rate limits are one set of token buckets in that thread.
 //! Tenants on different threads share no engine time at all: a bandwidth
 //! hog on one thread cannot delay a latency-sensitive tenant on another,
@@ -14,11 +14,10 @@ use std::sync::{Arc, Mutex, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::Engine;
+use super::{Engine, Launch};
 use crate::config::DaemonConfig;
 use crate::qos::QosTable;
 use crate::tenancy::Tenancy;
-use crate::transport::Transport;
 use crate::vm::cell::VmCell;
 use crate::sync::lock;
 
@@ -131,11 +130,11 @@ pub struct Engines {
 }
 
 impl Engines {
-    /// Starts the threads of `plan`. A placement naming a thread the plan
-    /// does not have is an `InvalidInput` error (configuration validation
-    /// rules it out first).
+    /// Starts the threads of `plan` on `rnic`'s data path. A placement
+    /// naming a thread the plan does not have is an `InvalidInput` error
+    /// (configuration validation rules it out first).
     pub fn start(
-        transport: Arc<dyn Transport>,
+        rnic: Arc<dyn Launch>,
         tenancy: Arc<Tenancy>,
         qos: Arc<QosTable>,
         plan: EnginePlan,
@@ -156,7 +155,7 @@ impl Engines {
             let started = Engine::start(
                 index,
                 registry.clone(),
-                transport.clone(),
+                rnic.clone(),
                 tenancy.clone(),
                 qos.clone(),
                 *cpu,

@@ -11,7 +11,7 @@ use virtio_rdma_abi::mem::DB_RECORD_SIZE;
 use virtio_rdma_abi::qp::QpState;
 
 use super::doorbell::{self, load_pi};
-use super::thread::Scratch;
+use super::scratch::Scratch;
 use crate::memory::HostMem;
 use crate::resources::Qp;
 use crate::shmem::DoorbellRegion;
@@ -126,7 +126,7 @@ pub(super) struct DbList {
     pub(super) host: Option<Arc<HostMem>>,
     pub(super) region: Option<Arc<DoorbellRegion>>,
     /// The transport takes receive WQEs as they are posted
-    /// (`TransportPath::TAKES_RECEIVES`).
+    /// (`RnicPath::TAKES_RECEIVES`).
     pub(super) takes_receives: bool,
     /// No rebuild before this (see [`REBUILD_SPACING`]).
     pub(super) rebuild_after: Option<Instant>,

@@ -1,7 +1,7 @@
 //! The requester: it takes a QP's send WQEs in bursts, checks each (format,
-//! opcode, lengths, address handle), hands it to the transport
-//! ([`super::transport::TransportPath::post_send`]), and completes it on the
-//! send CQ, now or when the transport reports it ([`complete_posted`]).
+//! opcode, lengths, address handle), hands it to the RNIC
+//! ([`crate::rnic_path::RnicPath::post_send`]), and completes it on the
+//! send CQ, now or when the RNIC reports it ([`complete_posted`]).
 
 use std::time::Instant;
 
@@ -11,13 +11,12 @@ use virtio_rdma_abi::qp::{AddressVector, QpState, QpType, QP_FLAG_SIG_ALL};
 
 use super::completer::{self, traffic};
 use super::doorbell;
-use super::sweep::Serving;
-use super::thread::Scratch;
-use super::transport::{Head, Room, Step, TransportPath};
-use super::wqe::{fetch_send, posted, SendWr, WqeError};
+use super::scratch::Scratch;
+use super::wqe::{fetch_send, posted, WqeError};
 use super::Engine;
 use crate::memory::HostMem;
 use crate::resources::Qp;
+use crate::rnic_path::{Head, Outgoing, RnicPath, Room, SendWr, Serving, Step};
 use crate::stats::TrafficCounters;
 use crate::vm::VmState;
 
@@ -28,7 +27,7 @@ const QKEY_USE_OWN: u32 = 1 << 31;
 impl Engine {
     /// Takes send work of QP `h` (in RTS, or in SQD with work started) up
     /// to producer index `sq_pi`: a burst, unless its head WQE waits.
-    pub(super) fn run_sq<P: TransportPath>(
+    pub(super) fn run_sq<P: RnicPath>(
         &self,
         path: &P,
         cx: &mut Serving<'_>,
@@ -48,17 +47,23 @@ impl Engine {
             scratch.timer(at);
             return false;
         }
-        path.with_burst(self, cx, h, scratch, |cx, scratch| {
-            self.burst(path, cx, h, sq_pi, scratch)
+        let ran = path.with_burst(cx, h, scratch, |cx, b, scratch| {
+            self.burst(path, cx, b, h, sq_pi, scratch)
+        });
+        ran.unwrap_or_else(|| {
+            // A VM's lock was busy: this QP waits for the next sweep.
+            scratch.contended = true;
+            false
         })
     }
 
     /// Executes up to a burst ([`crate::qos::rate_limits::grain_of`] the
     /// VM's weight) of send WQEs of QP `h`.
-    pub(super) fn burst<P: TransportPath>(
+    pub(super) fn burst<P: RnicPath>(
         &self,
         path: &P,
         cx: &mut Serving<'_>,
+        b: &mut P::Burst<'_>,
         h: u32,
         sq_pi: u32,
         scratch: &mut Scratch<P::Scratch>,
@@ -73,9 +78,6 @@ impl Engine {
         // The grain of the VM's service: how long other VMs may have to
         // wait behind this burst.
         let (max_wqes, max_bytes) = scratch.limits.grain(vm_id);
-        // A route checked in an earlier burst may have changed since (the
-        // peer's lock was not held in between).
-        cx.reached = None;
         let mut bytes = 0u64;
         let mut wqes = 0u32;
         // A piece of a message executed in pieces counts towards the
@@ -121,7 +123,7 @@ impl Engine {
                     let c = Completion::failed(wr_id, op, status);
                     complete_send(cx.state, mem, h, index, c)
                 }
-                _ => self.execute(path, cx, h, index, room, scratch),
+                _ => self.execute(path, cx, b, h, index, room, scratch),
             };
             let Some(qp) = cx.state.res.qps.get_mut(h) else {
                 break;
@@ -177,7 +179,6 @@ impl Engine {
                 break;
             }
         }
-        cx.reached = None;
         // The consumer index of the WQEs taken in this burst, once (those
         // with a completion published it before writing it).
         if let Some(qp) = cx.state.res.qps.get(h) {
@@ -190,11 +191,13 @@ impl Engine {
 
     /// Takes send WQE `index` of QP `h`: checks it (format, opcode,
     /// lengths, address handle), addresses it and hands it to the
-    /// transport, or completes it with the requester's error.
-    fn execute<P: TransportPath>(
+    /// RNIC, or completes it with the requester's error.
+    #[allow(clippy::too_many_arguments)]
+    fn execute<P: RnicPath>(
         &self,
         path: &P,
         cx: &mut Serving<'_>,
+        b: &mut P::Burst<'_>,
         h: u32,
         index: u32,
         room: Room,
@@ -207,10 +210,7 @@ impl Engine {
         let (pd, qpn, qp_type, sig_all) =
             (qp.pd, qp.qpn, qp.qp_type, qp.flags & QP_FLAG_SIG_ALL != 0);
         let Scratch {
-            wqe,
-            transport,
-            moved,
-            ..
+            wqe, path: ts, moved, ..
         } = scratch;
         match fetch_send(mem, qp, index, wqe) {
             Ok(wr) => {
@@ -237,7 +237,7 @@ impl Engine {
                             len,
                             room,
                         };
-                        path.post_send(self, cx, transport, moved, &msg)
+                        path.post_send(cx, b, ts, moved, &msg)
                     }
                     Err(status) => {
                         let c = Completion::failed(wr.hdr.wr_id, wc_opcode(wr.opcode), status);
@@ -313,47 +313,6 @@ impl Engine {
     }
 }
 
-/// A send work request the requester has checked and addressed, ready for
-/// the transport.
-pub struct Outgoing<'a> {
-    /// Its completion opcode.
-    pub op: WcOpcode,
-    /// The sending QP's handle.
-    pub qp: u32,
-    /// The WQE's index in its send queue.
-    pub index: u32,
-    /// The work request.
-    pub wr: &'a SendWr<'a>,
-    /// The PD of the sending QP.
-    pub pd: u32,
-    /// The sending QP's number.
-    pub src_qpn: u32,
-    /// The sending QP's type.
-    pub qp_type: QpType,
-    /// The destination QPN.
-    pub dest_qpn: u32,
-    /// The address vector: a UD message's AH, an RC QP's `av`.
-    pub av: AddressVector,
-    /// UD: the Q_Key the message carries.
-    pub qkey: u32,
-    /// The local buffers are written (RDMA READ, atomics): they need
-    /// LOCAL_WRITE.
-    pub writes_local: bool,
-    /// Its completion is written on success too.
-    pub signaled: bool,
-    /// The message length.
-    pub len: u64,
-    /// What is left of the burst.
-    pub room: Room,
-}
-
-impl Outgoing<'_> {
-    /// Sent on a UD QP.
-    pub fn ud(&self) -> bool {
-        self.qp_type == QpType::UD
-    }
-}
-
 /// What the requester reports of one send WQE: its CQE's fields.
 #[derive(Debug, Clone, Copy)]
 pub struct Completion {
@@ -421,13 +380,11 @@ pub fn complete_send(
     Step::Done { published: true }
 }
 
-/// Completes a send WQE of QP `h` that the transport took earlier
+/// Completes a send WQE of QP `h` that the RNIC took earlier
 /// ([`Step::InFlight`]) with `c`, in the order the QP's WQEs were taken:
-/// its CQE on the send CQ (a transport reports a success only for a
+/// its CQE on the send CQ (an RNIC reports a success only for a
 /// signaled WQE); an error, or a CQ that cannot take the CQE, fails the
 /// QP. Its slot was released when it was taken.
-// For transports that hand work to a NIC; the software RNIC does not.
-#[cfg_attr(not(feature = "verbs"), allow(dead_code))]
 pub fn complete_posted(state: &mut VmState, mem: &HostMem, h: u32, c: Completion) {
     let Some(qp) = state.res.qps.get_mut(h) else {
         return;
@@ -436,9 +393,8 @@ pub fn complete_posted(state: &mut VmState, mem: &HostMem, h: u32, c: Completion
     write_send_cqe(state, mem, h, c);
 }
 
-/// An unsignaled send WQE of QP `h` that the transport took earlier
+/// An unsignaled send WQE of QP `h` that the RNIC took earlier
 /// completed successfully: no CQE, it is no longer in flight.
-#[cfg_attr(not(feature = "verbs"), allow(dead_code))]
 pub fn posted_done(state: &mut VmState, h: u32) {
     if let Some(qp) = state.res.qps.get_mut(h) {
         qp.rt.outstanding = qp.rt.outstanding.saturating_sub(1);

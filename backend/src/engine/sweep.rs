@@ -15,41 +15,20 @@ use super::doorbell::{self, load_pi};
 use super::flush::{drained, flush};
 use super::wqe::prefetch_send_head;
 use super::poll::{refresh, DbList};
-use super::soft::route::Held;
-use super::thread::Scratch;
-use super::transport::TransportPath;
+use super::scratch::Scratch;
 use super::Engine;
 use crate::memory::HostMem;
 use crate::qos::drr::{cost_ns, Drr, Turn};
+use crate::rnic_path::{RnicPath, Serving};
 use crate::vm::cell::{Locked, VmCell};
 use crate::vm::VmState;
-
-/// A VM a sweep is serving, under its lock: what serving its QPs needs.
-pub(crate) struct Serving<'a> {
-    /// Every VM of the daemon, by id (a message's peer is looked up here).
-    pub(crate) vms: &'a [Option<Arc<VmCell>>],
-    /// The VM's id.
-    pub(crate) vm: usize,
-    /// Its state.
-    pub(crate) state: &'a mut VmState,
-    /// Its memory.
-    pub(crate) mem: &'a HostMem,
-    /// Another VM the transport holds locked for a burst (the software
-    /// RNIC: the peer of an RC QP, `soft::route`).
-    pub(crate) held: Option<Held<'a>>,
-    /// An RC QP of the current burst whose route (VM, QP handle) was
-    /// checked and took its last message: its next messages in the burst
-    /// skip the check (the locks held for the burst keep it valid). Any
-    /// other outcome, and the end of the burst, forget it.
-    pub(crate) reached: Option<(u32, (usize, u32))>,
-}
 
 impl Engine {
     /// One sweep: reads every VM's doorbells, then serves the VMs with
     /// work in one round of deficit round robin (a VM that a rate limit
     /// holds back is skipped without being locked until its tokens are
     /// due); true if any work was done.
-    pub(super) fn sweep<P: TransportPath>(
+    pub(super) fn sweep<P: RnicPath>(
         &self,
         path: &P,
         vms: &[Option<Arc<VmCell>>],
@@ -59,13 +38,13 @@ impl Engine {
         active: &mut Vec<usize>,
     ) -> bool {
         active.clear();
-        path.sweep_started(&mut scratch.transport);
+        path.sweep_started(&mut scratch.path);
         // The clock is read only when some VM is held back.
         let mut now = None;
         for (k, list) in lists.iter_mut().enumerate() {
             if list.parked {
                 // Looked at only once kicked, at its retry deadline, or
-                // when the transport has completions for it.
+                // when the RNIC has completions for it.
                 let due = list
                     .timer
                     .is_some_and(|t| *now.get_or_insert_with(Instant::now) >= t);
@@ -93,7 +72,7 @@ impl Engine {
                 }
             }
             active.push(k);
-            path.vm_active(&mut scratch.transport, k);
+            path.vm_active(&mut scratch.path, k);
         }
         drr.round(active, |drr, turn| {
             let Some(list) = lists.get_mut(turn.vm) else {
@@ -113,7 +92,7 @@ impl Engine {
     /// ([`cost_ns`] of its work requests and bytes) is charged to the
     /// VM's deficit, and counted in the thread's work clock
     /// ([`Scratch::worked`]); the pass ends when the deficit runs out.
-    fn pass<P: TransportPath>(
+    fn pass<P: RnicPath>(
         &self,
         path: &P,
         vms: &[Option<Arc<VmCell>>],
@@ -132,7 +111,7 @@ impl Engine {
             ..
         } = list;
         let takes_receives = *takes_receives;
-        path.serving(&mut scratch.transport, turn.vm);
+        path.serving(&mut scratch.path, turn.vm);
         let done = work_on(&dev, |state, mem| {
             let mut did = false;
             if !state.running() {
@@ -146,11 +125,9 @@ impl Engine {
                 vm: vm_id,
                 state,
                 mem,
-                held: None,
-                reached: None,
             };
-            // Completions of work the transport took earlier.
-            did |= path.poll(self, &mut cx, &mut scratch.transport);
+            // Completions of work the RNIC took earlier.
+            did |= path.poll(&mut cx, &mut scratch.path);
             while let Some(&i) = work.get(*next) {
                 *next = next.saturating_add(1);
                 // While this QP is served, the CPU fetches the state of the
@@ -194,7 +171,7 @@ impl Engine {
     /// tables (the re-check of the parking protocol); true if any work was
     /// done. Also notes the earliest retry deadline
     /// ([`Scratch::next_timer`]).
-    pub(super) fn recheck<P: TransportPath>(
+    pub(super) fn recheck<P: RnicPath>(
         &self,
         path: &P,
         vms: &[Option<Arc<VmCell>>],
@@ -207,7 +184,7 @@ impl Engine {
         // parks is split as in a sweep.
         {
             let vm = &list.dev;
-            path.serving(&mut scratch.transport, k);
+            path.serving(&mut scratch.path, k);
             let done = work_on(vm, |state, mem| {
                 if !state.running() {
                     return false;
@@ -220,10 +197,8 @@ impl Engine {
                     vm: vm.id(),
                     state,
                     mem,
-                    held: None,
-                    reached: None,
                 };
-                did |= path.poll(self, &mut cx, &mut scratch.transport);
+                did |= path.poll(&mut cx, &mut scratch.path);
                 for &h in handles.iter() {
                     did |= self.service_qp(path, &mut cx, h, scratch);
                 }
@@ -239,7 +214,7 @@ impl Engine {
     }
 
     /// Takes send work of one QP, or flushes it in the error state.
-    fn service_qp<P: TransportPath>(
+    fn service_qp<P: RnicPath>(
         &self,
         path: &P,
         cx: &mut Serving<'_>,
@@ -266,7 +241,7 @@ impl Engine {
                 let taken = qp.rt.rq_ci.wrapping_add(qp.rt.recv_outstanding);
                 if let Some(rq_pi) = rq_pi.filter(|&pi| pi != taken) {
                     let (max, _) = scratch.limits.grain(vm_id);
-                    let did = path.post_recv(cx, &mut scratch.transport, h, rq_pi, max);
+                    let did = path.post_recv(cx, &mut scratch.path, h, rq_pi, max);
                     scratch.limits.charge_ops(vm_id, u64::from(did));
                     // Send work of the same service follows.
                     return self.service_send(path, cx, h, sq_pi, scratch) || did;
@@ -278,7 +253,7 @@ impl Engine {
 
     /// Takes send work of QP `h` (whose `sq_pi` is `sq_pi`), or flushes it
     /// in the error state.
-    fn service_send<P: TransportPath>(
+    fn service_send<P: RnicPath>(
         &self,
         path: &P,
         cx: &mut Serving<'_>,
@@ -300,7 +275,7 @@ impl Engine {
                 qp.rt.rq_ci = if qp.srq == 0 { rq_pi } else { qp.rt.rq_ci };
                 qp.rt.wait = None;
                 qp.rt.partial = None;
-                // The transport dropped what it had taken with the reset.
+                // The RNIC dropped what it had taken with the reset.
                 qp.rt.outstanding = 0;
                 qp.rt.recv_outstanding = 0;
                 if changed {

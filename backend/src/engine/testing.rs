@@ -1,19 +1,23 @@
 //! Fixtures of the engine's unit tests.
 
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use virtio_rdma_abi::datapath::{SendWqe, WrOpcode};
 use virtio_rdma_abi::mem::{qp_buffer_layout, BufferDesc, PageListMode};
-use virtio_rdma_abi::qp::{QpAttr, QpState, QpType};
+use virtio_rdma_abi::qp::{Mtu, QpAttr, QpState, QpType};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use crate::memory::pagelist::PageListLimits;
 use crate::memory::{PageList, RamMap};
 use crate::resources::{Qp, QpRuntime};
-
-use super::wqe::SendWr;
+use crate::rnic_objects::{
+    Caps, MrKeys, MrSpec, Owner, QpChange, QpSpec, RnicError, RnicKind, RnicObjects,
+};
+use crate::rnic_path::SendWr;
 
 /// A QP of type `qp_type` in RTS with default attributes, its one-page
 /// ring at guest address 0 of a 64 KiB guest (nothing here reads it).
-pub(super) fn qp(qp_type: QpType) -> Qp {
+pub(crate) fn qp(qp_type: QpType) -> Qp {
     let mem =
         GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x1_0000)]).expect("guest memory");
     let ring = one_page(0, &mem);
@@ -43,7 +47,7 @@ pub(super) fn qp(qp_type: QpType) -> Qp {
 }
 
 /// The translation of the one page at `gpa` of `mem` (a ring).
-pub(super) fn one_page(gpa: u64, mem: &GuestMemoryMmap) -> PageList {
+pub(crate) fn one_page(gpa: u64, mem: &GuestMemoryMmap) -> PageList {
     let desc = BufferDesc {
         addr: 0,
         npages: 1,
@@ -63,7 +67,7 @@ pub(super) fn one_page(gpa: u64, mem: &GuestMemoryMmap) -> PageList {
 
 /// A send work request `opcode` with `inline` data or no SGE, `wr_id` 9,
 /// `rkey` 0x55 and `remote_addr` 0x1000.
-pub(super) fn send_wr(opcode: WrOpcode, inline: Option<&[u8]>) -> SendWr<'_> {
+pub(crate) fn send_wr(opcode: WrOpcode, inline: Option<&[u8]>) -> SendWr<'_> {
     let hdr = SendWqe {
         wr_id: 9,
         rkey: 0x55,
@@ -75,5 +79,59 @@ pub(super) fn send_wr(opcode: WrOpcode, inline: Option<&[u8]>) -> SendWr<'_> {
         opcode,
         sges: &[],
         inline,
+    }
+}
+
+/// The object half of an RNIC for the engine's own tests: QP numbers
+/// counted up from 2, keys from 1, nothing behind the other objects (the
+/// engine's tests run a data path of their own over it).
+#[derive(Default)]
+pub(crate) struct Numbers {
+    next: AtomicU32,
+}
+
+impl Numbers {
+    fn draw(&self) -> u32 {
+        self.next.fetch_add(1, Ordering::Relaxed).saturating_add(2)
+    }
+}
+
+impl RnicObjects for Numbers {
+    fn kind(&self) -> RnicKind {
+        RnicKind::Soft
+    }
+    fn caps(&self) -> Caps {
+        // A small port: the tests' messages are of a few bytes.
+        Caps {
+            max_mtu: Mtu::MTU_1024 as u32,
+            link_rate_mbps: 10_000,
+            atomics: false,
+            max_msg_size: 1 << 20,
+            local_ca_ack_delay: 0,
+        }
+    }
+    fn create_qp(&self, _owner: Owner, _spec: &QpSpec) -> Result<u32, RnicError> {
+        Ok(self.draw())
+    }
+    fn modify_qp(&self, _change: &QpChange<'_>) -> Result<(), RnicError> {
+        Ok(())
+    }
+    fn destroy_qp(&self, _qpn: u32) {}
+    fn lookup_qpn(&self, _qpn: u32) -> Option<Owner> {
+        None
+    }
+    fn qpns_in_use(&self) -> usize {
+        0
+    }
+    fn reg_mr(&self, _owner: Owner, _mr: &MrSpec<'_>) -> Result<MrKeys, RnicError> {
+        let key = self.draw();
+        Ok(MrKeys {
+            lkey: key,
+            rkey: key,
+        })
+    }
+    fn dereg_mr(&self, _keys: MrKeys) {}
+    fn keys_in_use(&self) -> usize {
+        0
     }
 }

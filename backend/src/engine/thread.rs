@@ -34,11 +34,10 @@ use virtio_rdma_abi::datapath::{DB_FLAG_KICK, DB_FLAG_POLLING};
 
 use super::barrier;
 use super::poll::{set_flags, DbList};
-use super::transport::TransportPath;
-use super::wqe::WqeBuf;
+use super::scratch::Scratch;
+use crate::rnic_path::RnicPath;
 use super::Engine;
 use crate::qos::drr::Drr;
-use crate::qos::rate_limits::RateLimits;
 use crate::qos::DEFAULT_WEIGHT;
 use crate::stats::TrafficCounters;
 use crate::vm::cell::VmCell;
@@ -84,55 +83,6 @@ const SWEEP_WORK: u64 = 100;
 pub(super) fn peek_spacing(qps: usize) -> u64 {
     let qps = u64::try_from(qps).unwrap_or(u64::MAX);
     PEEK_WORK.saturating_add(qps.saturating_mul(PEEK_PER_QP))
-}
-
-/// Reusable memory of the engine thread (no allocation per work request),
-/// with the transport's own (`T`).
-pub struct Scratch<T> {
-    pub(super) wqe: Box<WqeBuf>,
-    pub(super) handles: Vec<u32>,
-    /// The earliest end of a send WQE's retry wait or of a rate limit's
-    /// hold seen since it was last cleared (the parking re-check clears it
-    /// and visits every QP).
-    pub(super) next_timer: Option<Instant>,
-    /// Rate limits (token buckets) of every VM and tenant.
-    pub(super) limits: RateLimits,
-    /// Payload bytes the last executed WQE moved (0 if it failed).
-    pub(crate) moved: u64,
-    /// Work requests and bytes the current burst executed.
-    pub(super) executed: (u32, u64),
-    /// A VM's lock was busy since this was last cleared, so there may be
-    /// work the engine could not look at: it must not park on it.
-    pub(crate) contended: bool,
-    /// The thread's work clock: the modelled engine time
-    /// ([`crate::qos::drr::cost_ns`]) of all the work it did, plus
-    /// [`SWEEP_WORK`] per busy sweep; parked VMs are peeked by it.
-    pub(super) worked: u64,
-    /// The transport's reusable memory.
-    pub(crate) transport: T,
-}
-
-impl<T: Default> Scratch<T> {
-    pub(super) fn new() -> Self {
-        Scratch {
-            wqe: WqeBuf::new(),
-            handles: Vec::new(),
-            next_timer: None,
-            limits: RateLimits::default(),
-            moved: 0,
-            executed: (0, 0),
-            contended: false,
-            worked: 0,
-            transport: T::default(),
-        }
-    }
-}
-
-impl<T> Scratch<T> {
-    /// Notes a retry deadline.
-    pub(crate) fn timer(&mut self, at: Instant) {
-        self.next_timer = Some(self.next_timer.map_or(at, |t| t.min(at)));
-    }
 }
 
 /// Whether the thread's doorbells may carry `DB_FLAG_POLLING`.
@@ -181,7 +131,7 @@ impl Engine {
     /// looks at every QP of the VM once more through its tables, so that a
     /// doorbell rung before the flag was visible is not missed. False if
     /// that found work, or the VM's lock was busy: the VM stays polled.
-    fn park_list<P: TransportPath>(
+    fn park_list<P: RnicPath>(
         &self,
         path: &P,
         vms: &[Option<Arc<VmCell>>],
@@ -249,7 +199,7 @@ impl Engine {
     /// Parks the lists that have been idle for [`POLL_WINDOW`] while the
     /// thread polls others (not while drivers may skip their fence: their
     /// stores need the barrier of a whole-thread park).
-    fn park_idle_lists<P: TransportPath>(
+    fn park_idle_lists<P: RnicPath>(
         &self,
         path: &P,
         vms: &[Option<Arc<VmCell>>],
@@ -280,7 +230,7 @@ impl Engine {
         }
     }
 
-    pub(super) fn run<P: TransportPath>(&self, path: &P) {
+    pub(crate) fn run<P: RnicPath>(&self, path: &P) {
         let mut last_work = Instant::now();
         let mut idle_sweeps = 0u64;
         let mut seen = usize::MAX;

@@ -13,6 +13,7 @@ use virtio_rdma_abi::{Field, Wire};
 use crate::memory::access;
 use crate::memory::{HostMem, PageList};
 use crate::resources::{Qp, Srq};
+use crate::rnic_path::SendWr;
 
 /// Largest WQE stride (64-byte header + 30 SGEs, or 480 inline bytes, rounded up).
 pub const MAX_STRIDE: usize = 1024;
@@ -33,19 +34,6 @@ impl WqeBuf {
             sges: [Sge::default(); MAX_SGES],
         })
     }
-}
-
-/// A send work request, copied out of the ring and checked for shape.
-#[derive(Debug, Clone, Copy)]
-pub struct SendWr<'a> {
-    /// The header.
-    pub hdr: SendWqe,
-    /// The opcode.
-    pub opcode: WrOpcode,
-    /// Scatter/gather list (empty with inline data).
-    pub sges: &'a [Sge],
-    /// Inline data.
-    pub inline: Option<&'a [u8]>,
 }
 
 /// Why a WQE could not be taken out of its ring.

@@ -262,7 +262,7 @@ fn counters_json<const N: usize>(fields: [(&'static str, u64); N]) -> Value {
 
 /// A VM's part of the host: per line (`maps`, `qp`, ...) its configured,
 /// share, effective and used values.
-fn host_json(h: &crate::transport::HostUsage) -> Value {
+fn host_json(h: &crate::rnic_objects::HostUsage) -> Value {
     Value::Object(
         h.rows
             .iter()

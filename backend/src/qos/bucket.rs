@@ -26,8 +26,18 @@
 
 use std::time::{Duration, Instant};
 
-use super::ctrl_limit::ctrl_burst;
-use super::rate_limits::BURST_TIME;
+/// How much of its rate a data-path token bucket may save up: 5 ms (so a 1-second
+/// measurement sees at most 0.5 % more than the rate from the burst).
+pub const BURST_TIME: Duration = Duration::from_millis(5);
+
+/// Tokens a control-command bucket holds at most for `rate` commands per
+/// second: 10 ms worth, at least 1. Small, so that a limited VM's rate
+/// holds over short intervals too (a burst of `rate / 10` would let a
+/// 1000/s VM issue 100 commands at once), and at least one command always
+/// passes.
+pub fn ctrl_burst(rate: u64) -> u64 {
+    (rate / 100).max(1)
+}
 
 /// Units of credit in one token: nanoseconds per second, so that a
 /// nanosecond at `rate` tokens per second adds `rate` units.

@@ -2,7 +2,7 @@
 //! (`QosSpec::ctrl_per_sec`), as the VMs' control workers enforce them.
 //!
 //! One token per command, taken before the commands run from a
-//! [`TokenBucket::ctrl`] holding at most [`ctrl_burst`]`(rate)` tokens —
+//! [`TokenBucket::ctrl`] holding at most [`ctrl_burst`](super::bucket::ctrl_burst)`(rate)` tokens —
 //! 10 ms worth of commands, at least one. A short burst passes at once; a
 //! sustained stream gets `rate` commands per second. A VM's commands need
 //! a token of its tenant's bucket ([`TenantCtrlLimits`], shared by the
@@ -15,15 +15,6 @@ use std::time::{Duration, Instant};
 use super::bucket::TokenBucket;
 use super::{Membership, QosTable};
 use crate::sync::lock;
-
-/// Tokens a control-command bucket holds at most for `rate` commands per
-/// second: 10 ms worth, at least 1. Small, so that a limited VM's rate
-/// holds over short intervals too (a burst of `rate / 10` would let a
-/// 1000/s VM issue 100 commands at once), and at least one command always
-/// passes.
-pub fn ctrl_burst(rate: u64) -> u64 {
-    (rate / 100).max(1)
-}
 
 /// A control-command bucket and the QoS generation its rate was read at.
 #[derive(Debug)]

@@ -10,15 +10,12 @@
 //! rate limits and weighted fair sharing") gives the reasons and the
 //! measurements behind the design.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::bucket::TokenBucket;
 use super::{Membership, QosSpec, QosTable, DEFAULT_WEIGHT};
 use crate::stats::TrafficCounters;
 
-/// How much of its rate a data-path token bucket may save up: 5 ms (so a 1-second
-/// measurement sees at most 0.5 % more than the rate from the burst).
-pub const BURST_TIME: Duration = Duration::from_millis(5);
 /// Work requests taken from one QP before moving on, at the default weight
 /// and above.
 pub const BURST: u32 = 32;
@@ -281,7 +278,7 @@ mod tests {
     use crate::qos::tests::tenancy;
 
     fn at(base: Instant, ms: u64) -> Instant {
-        base + Duration::from_millis(ms)
+        base + std::time::Duration::from_millis(ms)
     }
 
     fn table(vms: Vec<QosSpec>, tenants: Vec<QosSpec>) -> QosTable {

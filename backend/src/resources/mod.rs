@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::keys::KeyMap;
 use crate::memory::PageList;
 use crate::shmem::{DbSlot, DoorbellPages};
-use crate::transport::{MrKeys, Owner, QpSpec, SrqSpec, Transport, TransportError};
+use crate::rnic_objects::{MrKeys, Owner, QpSpec, SrqSpec, RnicObjects, RnicError};
 
 crate::stats::sums! {
 /// Counts of live objects of one VM.
@@ -69,8 +69,8 @@ pub enum InsertError {
     OverBudget,
     /// Its table has no free handle.
     Full,
-    /// The transport refused to create its host half.
-    Transport(TransportError),
+    /// The RNIC refused to create its host half.
+    Rnic(RnicError),
 }
 
 /// All objects of one VM.
@@ -79,7 +79,7 @@ pub enum InsertError {
 /// (`dereg_mr`, `dealloc_pd`), which keep the invariants together: the
 /// reference counts of the objects each one uses, the key maps, the
 /// registered bytes, the host memory charged to the VM's budget, and the
-/// host half of each object in the transport.
+/// host half of each object in the RNIC.
 pub struct VmResources {
     /// Contexts.
     pub ctxs: HandleTable<Context>,
@@ -225,33 +225,33 @@ impl VmResources {
     }
 
     /// Inserts a PD and creates its host half.
-    pub fn insert_pd(&mut self, pd: Pd, t: &dyn Transport) -> Result<u32, InsertError> {
+    pub fn insert_pd(&mut self, pd: Pd, t: &dyn RnicObjects) -> Result<u32, InsertError> {
         let h = self.insert_charged(|r| &mut r.pds, pd)?;
         if let Err(e) = t.create_pd(self.owner(h)) {
             self.unmake(h, |r| &mut r.pds);
-            return Err(InsertError::Transport(e));
+            return Err(InsertError::Rnic(e));
         }
         Ok(h)
     }
 
     /// Inserts a CQ and creates its host half.
-    pub fn insert_cq(&mut self, cq: Cq, t: &dyn Transport) -> Result<u32, InsertError> {
+    pub fn insert_cq(&mut self, cq: Cq, t: &dyn RnicObjects) -> Result<u32, InsertError> {
         let depth = cq.depth;
         let h = self.insert_charged(|r| &mut r.cqs, cq)?;
         if let Err(e) = t.create_cq(self.owner(h), depth) {
             self.unmake(h, |r| &mut r.cqs);
-            return Err(InsertError::Transport(e));
+            return Err(InsertError::Rnic(e));
         }
         Ok(h)
     }
 
     /// Inserts an AH (a user of its PD) and creates its host half.
-    pub fn insert_ah(&mut self, ah: Ah, t: &dyn Transport) -> Result<u32, InsertError> {
+    pub fn insert_ah(&mut self, ah: Ah, t: &dyn RnicObjects) -> Result<u32, InsertError> {
         let (pd, av) = (ah.pd, ah.av);
         let h = self.insert_charged(|r| &mut r.ahs, ah)?;
         if let Err(e) = t.create_ah(self.owner(h), pd, &av) {
             self.unmake(h, |r| &mut r.ahs);
-            return Err(InsertError::Transport(e));
+            return Err(InsertError::Rnic(e));
         }
         if let Some(pd) = self.pds.get_mut(pd) {
             inc(&mut pd.users);
@@ -260,7 +260,7 @@ impl VmResources {
     }
 
     /// Inserts an SRQ (a user of its PD) and creates its host half.
-    pub fn insert_srq(&mut self, srq: Srq, t: &dyn Transport) -> Result<u32, InsertError> {
+    pub fn insert_srq(&mut self, srq: Srq, t: &dyn RnicObjects) -> Result<u32, InsertError> {
         let spec = SrqSpec {
             pd: srq.pd,
             depth: srq.depth,
@@ -270,7 +270,7 @@ impl VmResources {
         let h = self.insert_charged(|r| &mut r.srqs, srq)?;
         if let Err(e) = t.create_srq(self.owner(h), &spec) {
             self.unmake(h, |r| &mut r.srqs);
-            return Err(InsertError::Transport(e));
+            return Err(InsertError::Rnic(e));
         }
         if let Some(pd) = self.pds.get_mut(pd) {
             inc(&mut pd.users);
@@ -278,13 +278,13 @@ impl VmResources {
         Ok(h)
     }
 
-    /// Inserts an MR (a user of its PD), registers it with the transport,
+    /// Inserts an MR (a user of its PD), registers it with the RNIC,
     /// which chooses its keys (`mr.lkey`/`rkey` are ignored; an rkey if
     /// [`Mr::remote`]), and makes them resolve. Returns its handle and keys.
     pub fn insert_mr(
         &mut self,
         mut mr: Mr,
-        t: &dyn Transport,
+        t: &dyn RnicObjects,
     ) -> Result<(u32, MrKeys), InsertError> {
         mr.lkey = 0;
         mr.rkey = 0;
@@ -293,13 +293,13 @@ impl VmResources {
         let owner = self.owner(h);
         let registered = match self.mrs.get(h) {
             Some(mr) => t.reg_mr(owner, &mr.spec()),
-            None => Err(TransportError::Exhausted),
+            None => Err(RnicError::Exhausted),
         };
         let keys = match registered {
             Ok(k) => k,
             Err(e) => {
                 self.unmake(h, |r| &mut r.mrs);
-                return Err(InsertError::Transport(e));
+                return Err(InsertError::Rnic(e));
             }
         };
         if let Some(mr) = self.mrs.get_mut(h) {
@@ -320,7 +320,7 @@ impl VmResources {
     /// Inserts a QP (a user of its PD, CQs and SRQ) and creates its host
     /// half, which gives it its number (`qp.qpn` is ignored). Returns its
     /// handle and number.
-    pub fn insert_qp(&mut self, mut qp: Qp, t: &dyn Transport) -> Result<(u32, u32), InsertError> {
+    pub fn insert_qp(&mut self, mut qp: Qp, t: &dyn RnicObjects) -> Result<(u32, u32), InsertError> {
         qp.qpn = 0;
         let spec = QpSpec {
             qp_type: qp.qp_type,
@@ -345,7 +345,7 @@ impl VmResources {
             Ok(n) => n,
             Err(e) => {
                 self.unmake(h, |r| &mut r.qps);
-                return Err(InsertError::Transport(e));
+                return Err(InsertError::Rnic(e));
             }
         };
         if let Some(qp) = self.qps.get_mut(h) {
@@ -395,8 +395,8 @@ impl VmResources {
     }
 
     /// Destroys a QP and drops its references; its QPN returns to the
-    /// transport.
-    pub fn destroy_qp(&mut self, handle: u32, t: &dyn Transport) -> Result<(), DestroyError> {
+    /// RNIC.
+    pub fn destroy_qp(&mut self, handle: u32, t: &dyn RnicObjects) -> Result<(), DestroyError> {
         let qp = self.qps.remove(handle).ok_or(DestroyError::BadHandle)?;
         self.refund(&qp);
         if let Some(pd) = self.pds.get_mut(qp.pd) {
@@ -424,8 +424,8 @@ impl VmResources {
         }
     }
 
-    /// Deregisters an MR; its keys return to the transport.
-    pub fn dereg_mr(&mut self, handle: u32, t: &dyn Transport) -> Result<(), DestroyError> {
+    /// Deregisters an MR; its keys return to the RNIC.
+    pub fn dereg_mr(&mut self, handle: u32, t: &dyn RnicObjects) -> Result<(), DestroyError> {
         let mr = self.mrs.remove(handle).ok_or(DestroyError::BadHandle)?;
         self.refund(&mr);
         self.lkeys.remove(&mr.lkey);
@@ -445,7 +445,7 @@ impl VmResources {
     }
 
     /// Destroys an AH.
-    pub fn destroy_ah(&mut self, handle: u32, t: &dyn Transport) -> Result<(), DestroyError> {
+    pub fn destroy_ah(&mut self, handle: u32, t: &dyn RnicObjects) -> Result<(), DestroyError> {
         let ah = self.ahs.remove(handle).ok_or(DestroyError::BadHandle)?;
         self.refund(&ah);
         t.destroy_ah(self.owner(handle));
@@ -456,7 +456,7 @@ impl VmResources {
     }
 
     /// Destroys an SRQ unless QPs use it.
-    pub fn destroy_srq(&mut self, handle: u32, t: &dyn Transport) -> Result<(), DestroyError> {
+    pub fn destroy_srq(&mut self, handle: u32, t: &dyn RnicObjects) -> Result<(), DestroyError> {
         let srq = self.srqs.get(handle).ok_or(DestroyError::BadHandle)?;
         if srq.users > 0 {
             return Err(DestroyError::Busy(srq.users));
@@ -475,7 +475,7 @@ impl VmResources {
     }
 
     /// Destroys a CQ unless QPs use it.
-    pub fn destroy_cq(&mut self, handle: u32, t: &dyn Transport) -> Result<(), DestroyError> {
+    pub fn destroy_cq(&mut self, handle: u32, t: &dyn RnicObjects) -> Result<(), DestroyError> {
         let cq = self.cqs.get(handle).ok_or(DestroyError::BadHandle)?;
         if cq.users > 0 {
             return Err(DestroyError::Busy(cq.users));
@@ -489,7 +489,7 @@ impl VmResources {
     }
 
     /// Frees a PD unless MRs, QPs, AHs or SRQs use it.
-    pub fn dealloc_pd(&mut self, handle: u32, t: &dyn Transport) -> Result<(), DestroyError> {
+    pub fn dealloc_pd(&mut self, handle: u32, t: &dyn RnicObjects) -> Result<(), DestroyError> {
         let pd = self.pds.get(handle).ok_or(DestroyError::BadHandle)?;
         if pd.users > 0 {
             return Err(DestroyError::Busy(pd.users));
@@ -502,7 +502,7 @@ impl VmResources {
     }
 
     /// Destroys a context and everything it owns, dependents first.
-    pub fn destroy_ctx(&mut self, handle: u32, t: &dyn Transport) -> Result<(), DestroyError> {
+    pub fn destroy_ctx(&mut self, handle: u32, t: &dyn RnicObjects) -> Result<(), DestroyError> {
         if self.ctxs.get(handle).is_none() {
             return Err(DestroyError::BadHandle);
         }
@@ -535,12 +535,12 @@ impl VmResources {
     }
 
     /// Releases everything (device reset or VMM disconnect).
-    pub fn clear(&mut self, t: &dyn Transport) {
+    pub fn clear(&mut self, t: &dyn RnicObjects) {
         for h in self.ctxs.handles() {
             let _ = self.destroy_ctx(h, t);
         }
         // Nothing can exist outside a context; release defensively anyway
-        // so a bookkeeping slip cannot leak numbers into the transport.
+        // so a bookkeeping slip cannot leak numbers into the RNIC.
         for h in self.qps.handles() {
             let _ = self.destroy_qp(h, t);
         }
@@ -586,7 +586,7 @@ fn collect<T>(table: &HandleTable<T>, pred: impl Fn(&T) -> bool) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::SoftRnic;
+    use crate::rnic::soft::SoftRnic;
     use crate::memory::pagelist::PageListLimits;
     use crate::memory::RamMap;
     use virtio_rdma_abi::mem::{BufferDesc, PageListMode};

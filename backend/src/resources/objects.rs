@@ -66,10 +66,10 @@ pub struct QpRuntime {
     /// The send WQE at the head of the queue waits for a retry (spec
     /// 18.20).
     pub wait: Option<SendWait>,
-    /// Send WQEs the transport has taken and not yet completed (a host
+    /// Send WQEs the RNIC has taken and not yet completed (a host
     /// NIC's; the software RNIC completes each as it takes it).
     pub outstanding: u32,
-    /// Receive WQEs of its own receive queue the transport has taken (a
+    /// Receive WQEs of its own receive queue the RNIC has taken (a
     /// host NIC's, posted ahead of any message) and not yet completed: the
     /// next one to take is `rq_ci + recv_outstanding`.
     pub recv_outstanding: u32,
@@ -123,7 +123,7 @@ pub struct Inbound {
 
 impl QpRuntime {
     /// Whether send work has been started and not completed: WQEs the
-    /// transport took and completes later, an RDMA WRITE partly executed
+    /// RNIC took and completes later, an RDMA WRITE partly executed
     /// in pieces, or a WQE waiting for a retry.
     /// In `SQD` such a WQE still completes (spec 13.3, 18.22).
     pub fn in_flight(&self) -> bool {
@@ -180,7 +180,7 @@ pub struct SendWait {
 pub struct SrqRuntime {
     /// Next WQE index to consume.
     pub ci: u32,
-    /// WQEs the transport has taken and not yet completed (the next one to
+    /// WQEs the RNIC has taken and not yet completed (the next one to
     /// take is `ci + outstanding`).
     pub outstanding: u32,
     /// The SRQ failed (ring or doorbell record unusable, producer index out
@@ -209,7 +209,7 @@ pub struct Mr {
     pub rkey: u32,
     /// Translation of the region's pages.
     pub pages: PageList,
-    /// The transport dropped the region's host registration because guest
+    /// The RNIC dropped the region's host registration because guest
     /// RAM under it moved or left (spec 19.6.2): its keys fail from now on.
     pub host_lost: bool,
 }
@@ -255,7 +255,7 @@ pub struct Qp {
     /// QP number.
     pub qpn: u32,
     /// Its incarnation: unique among all QPs the process ever had, unlike
-    /// its number, which the transport may give to a later QP (spec
+    /// its number, which the RNIC may give to a later QP (spec
     /// 18.23). Set with the number.
     pub incarnation: u64,
     /// Send queue depth.
@@ -433,9 +433,9 @@ impl Mr {
         self.access & (access::REMOTE_READ | access::REMOTE_WRITE | access::REMOTE_ATOMIC) != 0
     }
 
-    /// The region as a transport registers it.
-    pub fn spec(&self) -> crate::transport::MrSpec<'_> {
-        crate::transport::MrSpec {
+    /// The region as an RNIC registers it.
+    pub fn spec(&self) -> crate::rnic_objects::MrSpec<'_> {
+        crate::rnic_objects::MrSpec {
             pd: self.pd,
             access: self.access,
             iova: self.iova,

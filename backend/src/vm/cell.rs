@@ -157,7 +157,7 @@ impl VmCell {
     /// engine's access); `None` while no VMM is connected, and — rather
     /// than deadlock — when the calling thread already holds this VM's
     /// lock (an engine thread nests a peer VM's lock inside its own; the
-    /// held one must be passed down instead, see `engine::soft::route`).
+    /// held one must be passed down instead, see `rnic::soft::route`).
     pub fn with_dataplane<R>(&self, f: impl FnOnce(&mut VmState, &Arc<HostMem>) -> R) -> Option<R> {
         let Some(_held) = HeldLock::enter(self.id) else {
             log::error!(

@@ -20,7 +20,7 @@ use crate::events::EventQueue;
 use crate::memory::RamMap;
 use crate::resources::{Qp, VmResources};
 use crate::tenancy::Tenancy;
-use crate::transport::Transport;
+use crate::rnic_objects::RnicObjects;
 
 crate::stats::sums! {
 /// Counters of control-path activity of one VM.
@@ -61,7 +61,7 @@ pub struct VmState {
     pub(crate) limits: Limits,
     pub(crate) features: u64,
     /// The host half of the VM's objects.
-    pub(crate) transport: Arc<dyn Transport>,
+    pub(crate) rnic: Arc<dyn RnicObjects>,
     pub(crate) ram: RamMap,
     /// Advances with every [`VmState::set_ram`]: a translation prepared
     /// against an older map is built again (see [`Prepared`]).
@@ -89,7 +89,7 @@ impl VmState {
     /// The state of VM `port.vm` before its driver has done anything.
     pub fn new(
         limits: Limits,
-        transport: Arc<dyn Transport>,
+        rnic: Arc<dyn RnicObjects>,
         port: PortIdentity,
         tenancy: Arc<Tenancy>,
     ) -> Self {
@@ -99,7 +99,7 @@ impl VmState {
             stats: CtrlStats::default(),
             limits,
             features: 0,
-            transport,
+            rnic,
             ram: RamMap::default(),
             ram_gen: 0,
             port,
@@ -171,24 +171,24 @@ impl VmState {
         self.features = features;
     }
 
-    /// Tells the transport that the VM's guest RAM is now `mem` (`None`:
-    /// unmapped), before the new map is used (`Transport::set_memory`).
+    /// Tells the RNIC that the VM's guest RAM is now `mem` (`None`:
+    /// unmapped), before the new map is used (`RnicObjects::set_memory`).
     /// Each region's host registration is then checked against the new
-    /// map (`Transport::remap_mr`): one whose pages moved loses it, and
+    /// map (`RnicObjects::remap_mr`): one whose pages moved loses it, and
     /// its local key fails from then on whatever the NIC would report
     /// (spec 19.6.2).
     pub fn memory_changed(&mut self, mem: Option<&vm_memory::GuestMemoryMmap<()>>) {
-        self.transport.set_memory(self.port.vm, mem);
+        self.rnic.set_memory(self.port.vm, mem);
         let lost: Vec<u32> = self
             .res
             .mrs
             .iter()
             .filter(|(_, mr)| {
-                let keys = crate::transport::MrKeys {
+                let keys = crate::rnic_objects::MrKeys {
                     lkey: mr.lkey,
                     rkey: mr.rkey,
                 };
-                !mr.host_lost && !self.transport.remap_mr(keys, &mr.spec())
+                !mr.host_lost && !self.rnic.remap_mr(keys, &mr.spec())
             })
             .map(|(h, _)| h)
             .collect();
@@ -243,7 +243,7 @@ impl VmState {
             .filter(|(_, q)| q.qp_type == virtio_rdma_abi::qp::QpType::RC)
             .map(|(_, q)| (q.qpn, q.incarnation))
             .collect();
-        self.res.clear(self.transport.as_ref());
+        self.res.clear(self.rnic.as_ref());
         // Freed here, under the lock, as before: reset and disconnect are
         // rare, and nothing drains them afterwards.
         drop(self.res.take_released());
@@ -344,6 +344,19 @@ impl VmState {
             self.events.push(e, h, 0);
         }
         self.last_wqe_reached(h);
+    }
+
+    /// The first message QP `qp` accepts in RTR queues `QP_COMM_EST`, once
+    /// per entry into RTR and only while the QP is still in RTR (spec
+    /// 18.22); the data path of either RNIC reports it here.
+    pub fn comm_established(&mut self, qp: u32) {
+        let Some(q) = self.res.qps.get_mut(qp) else {
+            return;
+        };
+        if q.state == QpState::RTR && !q.rt.comm_est {
+            q.rt.comm_est = true;
+            self.events.push(EventKind::QP_COMM_EST, qp, 0);
+        }
     }
 
     /// Queues `QP_LAST_WQE_REACHED` for QP `h`, which has just entered ERR,

@@ -81,7 +81,7 @@ fn a_destroyed_peer_in_another_vm_fails_the_next_send_only() {
 /// A daemon whose QP numbers are handed out again as soon as they are
 /// freed (last freed, first reused), with VMs 0 and 1.
 fn reusing_daemon() -> (TestDaemon, Vm, Vm) {
-    let d = TestDaemon::with_transport(2, Arc::new(RecyclingQpns::new(true))).unwrap();
+    let d = TestDaemon::with_soft_rnic(2, Arc::new(RecyclingQpns::new(true))).unwrap();
     let a = Vm::open(&d, 0, VmmOptions::default());
     let b = Vm::open(&d, 1, VmmOptions::default());
     (d, a, b)

@@ -1,6 +1,7 @@
 //! The host RNIC through libibverbs (`rdma-sys`): a real RNIC, or Linux's
 //! soft-RoCE (`rdma_rxe`) where there is none, for RDMA between VMs on
-//! different hosts.
+//! different hosts. Both halves: the object half ([`VerbsRnic`]) and the
+//! data path ([`VerbsPath`]).
 //!
 //! - [`device`]: opening a device, one of its ports and one GID, and what
 //!   it offers ([`device::VerbsDevice::caps`]);
@@ -10,12 +11,16 @@
 //! - [`objects`]: owned host objects, destroyed when dropped;
 //! - [`events`]: the host's asynchronous events, handed to the VMs;
 //! - [`quota`]: each VM's share of the host NIC's objects and of the
-//!   daemon's mappings.
-//!
-//! The data path is `engine::verbs`.
+//!   daemon's mappings;
+//! - [`path`]: [`path::VerbsPath`], the data path: the engine's checked
+//!   WQEs posted to the host queues; [`post`]: send and receive work
+//!   requests in libibverbs' terms; [`complete`]: host completions and
+//!   host events applied to the VM; [`scratch`]: the data path's reusable
+//!   memory.
 
 // Everything but the quotas talks to libibverbs (feature `verbs`); the
-// quotas are plain arithmetic, also tested over the software RNIC.
+// quotas are plain arithmetic, also tested over the software RNIC. The data
+// path handles what guests post: it is guest-facing.
 #[cfg(feature = "verbs")]
 pub mod attr;
 #[cfg(feature = "verbs")]
@@ -27,6 +32,18 @@ pub mod objects;
 pub mod quota;
 #[cfg(feature = "verbs")]
 pub mod rnic;
+guest_facing!(
+    #[cfg(feature = "verbs")]
+    complete,
+    #[cfg(feature = "verbs")]
+    path,
+    #[cfg(feature = "verbs")]
+    post,
+    #[cfg(feature = "verbs")]
+    scratch,
+);
 
+#[cfg(feature = "verbs")]
+pub use path::VerbsPath;
 #[cfg(feature = "verbs")]
 pub use rnic::VerbsRnic;

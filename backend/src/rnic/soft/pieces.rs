@@ -10,7 +10,7 @@
 use virtio_rdma_abi::datapath::WrOpcode;
 use virtio_rdma_abi::qp::QpType;
 
-use crate::engine::wqe::SendWr;
+use crate::rnic_path::SendWr;
 use crate::resources::SendPartial;
 
 /// The smallest piece of a message executed in pieces while other VMs
@@ -21,7 +21,7 @@ pub const PIECE: u64 = 8 << 10;
 /// VM had work in one of the last this many sweeps. While pieces run, a
 /// sweep takes about a piece; an engine left with one VM returns to pieces
 /// of [`ALONE_PIECE`] after this many sweeps.
-pub(in crate::engine) const RECENT_SWEEPS: u64 = 256;
+pub(in crate::rnic) const RECENT_SWEEPS: u64 = 256;
 /// The piece of a VM that had the engine to itself lately: large, so that
 /// the per-piece checks cost nothing measurable, yet bounded — a guest
 /// must not be able to wait until the others pause for a moment and then
@@ -31,7 +31,7 @@ pub const ALONE_PIECE: u64 = 256 << 10;
 /// How large the pieces of the VM an engine thread serves are: which VMs
 /// had work lately, and the piece of the next execution.
 #[derive(Debug, Clone)]
-pub(in crate::engine) struct Pieces {
+pub(in crate::rnic) struct Pieces {
     /// Another VM than the one being served had work in a recent sweep:
     /// its large messages run in pieces of what is left of its burst.
     split: bool,
@@ -47,7 +47,7 @@ pub(in crate::engine) struct Pieces {
 
 impl Pieces {
     /// No VM has had work yet.
-    pub(in crate::engine) fn new() -> Self {
+    pub(in crate::rnic) fn new() -> Self {
         Pieces {
             split: false,
             piece: u64::MAX,
@@ -57,12 +57,12 @@ impl Pieces {
     }
 
     /// A sweep starts.
-    pub(in crate::engine) fn next_sweep(&mut self) {
+    pub(in crate::rnic) fn next_sweep(&mut self) {
         self.sweeps = self.sweeps.wrapping_add(1);
     }
 
     /// VM `vm` (a list position) has work in the current sweep.
-    pub(in crate::engine) fn note_active(&mut self, vm: usize) {
+    pub(in crate::rnic) fn note_active(&mut self, vm: usize) {
         let now = (vm, self.sweeps);
         match self.recent {
             [(v, _), _] if v == vm => self.recent[0] = now,
@@ -79,7 +79,7 @@ impl Pieces {
     }
 
     /// The engine starts serving VM `vm` (a list position).
-    pub(in crate::engine) fn serve(&mut self, vm: usize) {
+    pub(in crate::rnic) fn serve(&mut self, vm: usize) {
         self.split = self.others_active(vm);
     }
 
@@ -89,7 +89,7 @@ impl Pieces {
     /// fits runs whole). Alone, a message still runs in pieces of
     /// [`ALONE_PIECE`]: whoever starts work next waits for one piece, not
     /// for up to 2 GiB.
-    pub(in crate::engine) fn size_next(&mut self, max_bytes: u64, bytes: u64) {
+    pub(in crate::rnic) fn size_next(&mut self, max_bytes: u64, bytes: u64) {
         self.piece = if self.split {
             max_bytes.saturating_sub(bytes).max(PIECE)
         } else {
@@ -99,7 +99,7 @@ impl Pieces {
 
     /// The most bytes one execution of a message may move: of a message
     /// executed in pieces (`piecewise`), the piece; else all of it.
-    pub(in crate::engine) fn limit(&self, piecewise: bool) -> u64 {
+    pub(in crate::rnic) fn limit(&self, piecewise: bool) -> u64 {
         if piecewise {
             self.piece
         } else {
@@ -110,19 +110,19 @@ impl Pieces {
 
 /// The part of a message one execution moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(in crate::engine) struct Span {
+pub(in crate::rnic) struct Span {
     /// The bytes of the message moved before this execution.
-    pub(in crate::engine) start: u64,
+    pub(in crate::rnic) start: u64,
     /// The most bytes this execution may move (`u64::MAX`: all).
-    pub(in crate::engine) limit: u64,
+    pub(in crate::rnic) limit: u64,
     /// The part it moves: offset and length.
-    pub(in crate::engine) part: (u64, u64),
+    pub(in crate::rnic) part: (u64, u64),
 }
 
 /// Whether send WQE `wr` of a QP of type `qp_type` is executed in pieces:
 /// every RC message from or into local buffers (SEND, WRITE, READ; not
 /// inline data, atomics or UD, which are small).
-pub(in crate::engine) fn piecewise(qp_type: QpType, wr: &SendWr<'_>) -> bool {
+pub(in crate::rnic) fn piecewise(qp_type: QpType, wr: &SendWr<'_>) -> bool {
     qp_type == QpType::RC
         && wr.inline.is_none()
         && !matches!(
@@ -135,7 +135,7 @@ pub(in crate::engine) fn piecewise(qp_type: QpType, wr: &SendWr<'_>) -> bool {
 /// whose first pieces `p` describes. The guest may have rewritten a WQE the
 /// device had started: it then fails rather than resume with other checks
 /// than its first piece had.
-pub(in crate::engine) fn resumes(
+pub(in crate::rnic) fn resumes(
     p: &SendPartial,
     wr: &SendWr<'_>,
     piecewise: bool,
@@ -155,7 +155,7 @@ pub(in crate::engine) fn resumes(
 /// length): all of it, or for a message in pieces (`piecewise`) at most
 /// `limit` bytes from `start`; `None` if `start` is past the end (a
 /// rewritten WQE).
-pub(in crate::engine) fn part(
+pub(in crate::rnic) fn part(
     piecewise: bool,
     len: u64,
     start: u64,
@@ -170,7 +170,7 @@ pub(in crate::engine) fn part(
 
 /// What QP keeps of send WQE `index` (`wr`, `len` bytes) once its first
 /// `done` bytes have moved.
-pub(in crate::engine) fn started(index: u32, wr: &SendWr<'_>, len: u64, done: u64) -> SendPartial {
+pub(in crate::rnic) fn started(index: u32, wr: &SendWr<'_>, len: u64, done: u64) -> SendPartial {
     SendPartial {
         index,
         done,

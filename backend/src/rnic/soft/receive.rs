@@ -8,8 +8,7 @@ use virtio_rdma_abi::datapath::{
 };
 use virtio_rdma_abi::event::EventKind;
 
-use super::responder::{copy_in, nak};
-use super::{Request, RespOutcome, RespScratch};
+use super::request::{copy_in, nak, Request, RespOutcome, RespScratch};
 use crate::engine::completer::{complete, error_cqe};
 use crate::engine::doorbell::{self, load_pi};
 use crate::engine::sge::{local_range, local_segments};
@@ -242,7 +241,7 @@ fn recv_error(state: &mut VmState, mem: &HostMem, qp: u32, wr_id: u64, status: W
 /// A responder QP in ERR whose message was arriving in pieces: its
 /// consumed receive WQE completes with `WR_FLUSH_ERR` (spec 18.19).
 /// Returns whether there was one.
-pub(in crate::engine) fn flush_inbound(state: &mut VmState, mem: &HostMem, qp: u32) -> bool {
+pub(in crate::rnic) fn flush_inbound(state: &mut VmState, mem: &HostMem, qp: u32) -> bool {
     let Some(q) = state.res.qps.get_mut(qp) else {
         return false;
     };

@@ -17,14 +17,14 @@ const ENDLESS_RETRY_INTERVAL: Duration = Duration::from_millis(10);
 
 /// When the head WQE of `qp` waits for a retry that is not due yet: the end
 /// of its wait.
-pub(in crate::engine) fn waiting(qp: &Qp) -> Option<Instant> {
+pub(in crate::rnic) fn waiting(qp: &Qp) -> Option<Instant> {
     let w = qp.rt.wait.filter(|w| w.index == qp.rt.sq_ci)?;
     (Instant::now() < w.at).then_some(w.at)
 }
 
 /// The head WQE of `qp` whose transport retries are used up, once its last
 /// wait has ended: its `wr_id` and completion opcode.
-pub(in crate::engine) fn exhausted(qp: &Qp) -> Option<(u64, WcOpcode)> {
+pub(in crate::rnic) fn exhausted(qp: &Qp) -> Option<(u64, WcOpcode)> {
     qp.rt.wait.filter(|w| w.index == qp.rt.sq_ci)?.exhausted
 }
 
@@ -48,7 +48,7 @@ fn retry_state(qp: &Qp, index: u32) -> SendWait {
 /// before the next try, for the interval the responder's `min_rnr_timer`
 /// (`code`) selects — or `None` when `rnr_retry` is used up (7: retry
 /// without limit) (spec 18.20).
-pub(in crate::engine) fn rnr_retry(qp: &Qp, index: u32, code: u32) -> Option<SendWait> {
+pub(in crate::rnic) fn rnr_retry(qp: &Qp, index: u32, code: u32) -> Option<SendWait> {
     let mut w = retry_state(qp, index);
     if w.rnr_left == 0 {
         return None;
@@ -68,7 +68,7 @@ pub(in crate::engine) fn rnr_retry(qp: &Qp, index: u32, code: u32) -> Option<Sen
 /// answer. It then tries again, at most `retry_cnt` times; when the timeout
 /// after the last retry expires, the WQE fails with `RETRY_EXC_ERR`
 /// untried. `timeout` 0 retries without limit.
-pub(in crate::engine) fn transport_retry(
+pub(in crate::rnic) fn transport_retry(
     qp: &Qp,
     index: u32,
     wr_id: u64,

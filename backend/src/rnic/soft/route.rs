@@ -1,6 +1,6 @@
-//! Getting a message to its responder (`Engine::transmit`): the QPN lookup
-//! with its per-QP hint, the tenant policy's checks, and the peer VM's lock
-//! (`SoftPath::with_burst`).
+//! Getting a message to its responder (`Router::transmit`): the QPN
+//! lookup with its per-QP hint, the tenant policy's checks, and the peer
+//! VM's lock, held for a burst (`burst::Burst`, `SoftPath::with_burst`).
 //!
 //! The engine locks a VM's device state while it works on that VM, and the
 //! peer VM's state inside that for VM-to-VM operations (once per burst of
@@ -14,29 +14,33 @@ use std::sync::Arc;
 use virtio_rdma_abi::datapath::WcStatus;
 use virtio_rdma_abi::qp::{QpState, QpType};
 
+use super::burst::Burst;
 use super::lane;
 use super::pieces::Span;
+use super::request::{Request, RespOutcome, RespScratch};
 use super::responder::respond;
-use super::{Request, RespOutcome, RespScratch};
-use crate::engine::requester::Outgoing;
 use crate::engine::sge::{check_local, local_range};
-use crate::engine::sweep::Serving;
-use crate::engine::{count_privileged, management_qp, Engine};
+use crate::engine::{count_privileged, management_qp};
 use crate::memory::access::Segment;
 use crate::memory::HostMem;
-use crate::tenancy::IsolationCounters;
+use crate::rnic_objects::RnicObjects;
+use crate::rnic_path::{Outgoing, Serving};
+use crate::tenancy::{IsolationCounters, Tenancy};
 use crate::vm::cell::{Locked, VmCell};
 use crate::vm::VmState;
 
-/// The other VM of an RC QP's burst, locked once for the whole burst.
-pub(crate) struct Held<'p> {
-    pub(super) vm: usize,
-    pub(super) dev: &'p VmCell,
-    pub(super) state: &'p mut VmState,
-    pub(super) mem: &'p HostMem,
+/// Finds the responder of a message: QP numbers through the RNIC's object
+/// half, reach through the tenant policy.
+#[derive(Clone, Copy)]
+pub(super) struct Router<'a> {
+    /// The object half whose QP numbers messages address (the software
+    /// RNIC's, or a test's wrapper of it).
+    pub(super) objects: &'a dyn RnicObjects,
+    /// Who may reach whom, and the isolation and traffic counters.
+    pub(super) tenancy: &'a Tenancy,
 }
 
-impl Engine {
+impl Router<'_> {
     /// Sends message `msg` of QP `h` to its responder and returns the
     /// outcome, or the requester's error status when the message's local
     /// buffers fail their checks (keys, rights, bounds).
@@ -45,16 +49,17 @@ impl Engine {
     /// translated: a message to nowhere (retried forever with `timeout` 0)
     /// then costs a lookup per try, not its length. Only the part of the
     /// message this execution moves is translated, into `local`.
-    pub(in crate::engine) fn transmit(
+    pub(super) fn transmit(
         &self,
         cx: &mut Serving<'_>,
+        b: &mut Burst<'_>,
         msg: &Outgoing<'_>,
         span: Span,
         local: &mut Vec<Segment>,
         resp: &mut RespScratch,
     ) -> Result<RespOutcome, WcStatus> {
         let (h, ud, dgid) = (msg.qp, msg.ud(), msg.av.dgid);
-        let reached = cx.reached.take().filter(|&(q, _)| q == h && !ud);
+        let reached = b.reached.take().filter(|&(q, _)| q == h && !ud);
         let (route, unreached) = match reached {
             Some((_, route)) => (Some(route), None),
             None if ud => {
@@ -62,7 +67,7 @@ impl Engine {
                 // QPs 0 and 1 have no route (never handed out): checked
                 // only when the lookup failed, free for every delivery.
                 if route.is_none() && management_qp(msg.dest_qpn) {
-                    count_privileged(self.tenancy(), cx.vm);
+                    count_privileged(self.tenancy, cx.vm);
                     return Ok(RespOutcome::Nak(WcStatus::LOC_QP_OP_ERR));
                 }
                 (route, None)
@@ -73,7 +78,7 @@ impl Engine {
                     RcRoute::Nowhere => (None, None),
                     RcRoute::Gone => (None, Some(RespOutcome::Gone)),
                 };
-                let unreached = gone.or_else(|| self.precheck_rc(cx, h, &mut route, dgid));
+                let unreached = gone.or_else(|| self.precheck_rc(cx, b, h, &mut route, dgid));
                 (route, unreached)
             }
         };
@@ -86,8 +91,8 @@ impl Engine {
         }
         // A small WRITE into the VM held for the burst, in one pass.
         if let Some(r) = route.filter(|_| !ud && span.start == 0) {
-            if lane::small_write(cx, msg, r).is_some() {
-                cx.reached = Some((h, r));
+            if lane::small_write(cx, b, msg, r).is_some() {
+                b.reached = Some((h, r));
                 return Ok(RespOutcome::Done);
             }
         }
@@ -122,9 +127,9 @@ impl Engine {
             dest_qpn: msg.dest_qpn,
             qkey: msg.qkey,
         };
-        let mut outcome = deliver(cx, route, dgid, &req, ud, resp);
+        let mut outcome = deliver(cx, b, route, dgid, &req, ud, resp);
         if !ud && matches!(outcome, RespOutcome::Done) {
-            cx.reached = route.map(|r| (h, r));
+            b.reached = route.map(|r| (h, r));
         }
         if matches!(outcome, RespOutcome::Stale) {
             // The routing hint was stale: resolve the QPN afresh, once.
@@ -140,7 +145,7 @@ impl Engine {
                 }
             };
             req.admitted = false;
-            outcome = deliver(cx, route, dgid, &req, ud, resp);
+            outcome = deliver(cx, b, route, dgid, &req, ud, resp);
         }
         Ok(outcome)
     }
@@ -148,7 +153,7 @@ impl Engine {
     /// Where RC QP `h`'s messages go, from the QP's hint when it names
     /// the current destination QPN and the incarnation the QP is bound to
     /// (spec 18.23), else looked up.
-    pub(in crate::engine) fn rc_route(&self, state: &mut VmState, h: u32) -> RcRoute {
+    pub(super) fn rc_route(&self, state: &mut VmState, h: u32) -> RcRoute {
         let Some(qp) = state.res.qps.get(h) else {
             return RcRoute::Nowhere;
         };
@@ -164,12 +169,12 @@ impl Engine {
 
     /// Looks RC QP `h`'s destination up afresh (no hint, or a stale one)
     /// and keeps the result as its new hint.
-    pub(in crate::engine) fn relookup(&self, state: &mut VmState, h: u32) -> RcRoute {
+    pub(super) fn relookup(&self, state: &mut VmState, h: u32) -> RcRoute {
         let Some(qp) = state.res.qps.get_mut(h) else {
             return RcRoute::Nowhere;
         };
         let dest = qp.attr.dest_qpn;
-        let found = self.transport.lookup_qpn(dest);
+        let found = self.objects.lookup_qpn(dest);
         qp.rt.peer = found.map(|o| (dest, o.vm, o.handle, o.incarnation));
         match (found, qp.rt.dest_incarnation) {
             // The QP it was connected to is destroyed; the number is free
@@ -183,7 +188,7 @@ impl Engine {
 
     /// The (VM, QP handle) that has QP number `qpn`.
     fn route_of(&self, qpn: u32) -> Option<(usize, u32)> {
-        self.transport.lookup_qpn(qpn).map(|o| (o.vm, o.handle))
+        self.objects.lookup_qpn(qpn).map(|o| (o.vm, o.handle))
     }
 
     /// What an RC message of QP `h` finds before anything of it is
@@ -195,6 +200,7 @@ impl Engine {
     fn precheck_rc(
         &self,
         cx: &mut Serving<'_>,
+        b: &Burst<'_>,
         h: u32,
         route: &mut Option<(usize, u32)>,
         dgid: [u8; 16],
@@ -216,7 +222,7 @@ impl Engine {
             let verdict = if pvm == cx.vm {
                 responder_takes(cx.state, pqp, dest_qpn, inc)
             } else {
-                match cx.held.as_ref().filter(|p| p.vm == pvm) {
+                match b.held.as_ref().filter(|p| p.vm == pvm) {
                     Some(p) => responder_takes(p.state, pqp, dest_qpn, inc),
                     None => None,
                 }
@@ -237,9 +243,9 @@ impl Engine {
     }
 }
 
-/// Where an RC QP's messages go ([`Engine::rc_route`]).
+/// Where an RC QP's messages go ([`Router::rc_route`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(in crate::engine) enum RcRoute {
+pub(super) enum RcRoute {
     /// To this (VM, QP handle), if the tenant policy lets them.
     To((usize, u32)),
     /// No QP has the destination QPN, and the QP was never bound to one:
@@ -251,7 +257,7 @@ pub(in crate::engine) enum RcRoute {
 
 impl RcRoute {
     /// The (VM, QP handle), if there is one.
-    pub(in crate::engine) fn to(self) -> Option<(usize, u32)> {
+    pub(super) fn to(self) -> Option<(usize, u32)> {
         match self {
             RcRoute::To(r) => Some(r),
             RcRoute::Nowhere | RcRoute::Gone => None,
@@ -282,13 +288,14 @@ enum Unreached {
 /// (each RC retry counts again, as each would be a packet on a wire).
 fn deliver(
     cx: &mut Serving<'_>,
+    b: &mut Burst<'_>,
     route: Option<(usize, u32)>,
     dgid: [u8; 16],
     req: &Request<'_>,
     ud: bool,
     resp: &mut RespScratch,
 ) -> RespOutcome {
-    // An RC message's route was admitted by `Engine::precheck_rc` already.
+    // An RC message's route was admitted by `Router::precheck_rc` already.
     let admitted = if req.admitted {
         route.ok_or(RespOutcome::Unreachable)
     } else {
@@ -301,7 +308,7 @@ fn deliver(
     if peer_vm == cx.vm {
         return respond_checked(cx.state, cx.mem, peer_qp, req, ud, resp);
     }
-    if let Some(p) = cx.held.as_mut().filter(|p| p.vm == peer_vm) {
+    if let Some(p) = b.held.as_mut().filter(|p| p.vm == peer_vm) {
         if p.state.port_gid() != dgid {
             return RespOutcome::Unreachable;
         }

@@ -14,7 +14,7 @@ use rdma_sys::{
 };
 use thiserror::Error;
 
-use crate::transport::Caps;
+use crate::rnic_objects::Caps;
 
 /// Why a host RDMA device cannot be used.
 #[derive(Debug, Error)]

@@ -3,7 +3,6 @@
 //! or the placement of a message into a receive WQE ([`super::receive`]).
 
 use virtio_rdma_abi::datapath::{WcStatus, WrOpcode};
-use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::mem::access as acc;
 use virtio_rdma_abi::qp::{QpState, QpType};
 
@@ -11,7 +10,7 @@ use super::receive::{
     abandon, consume_recv, next_piece, peek_recv, place_piece, place_send, received, recv_cqe,
     recv_failed, recv_queue_failed, Broken, Head, Peeked,
 };
-use super::{Request, RespOutcome, RespScratch};
+use super::request::{copy_in, nak, Request, RespOutcome, RespScratch};
 use crate::engine::sge::check_local;
 use crate::memory::access::{self, Segment, Translate};
 use crate::memory::HostMem;
@@ -137,7 +136,7 @@ pub fn respond(
     // A message executed in pieces counts once, with its last piece.
     let last = req.part.0.saturating_add(req.part.1) >= req.len;
     if matches!(out, RespOutcome::Done) {
-        comm_established(state, qp);
+        state.comm_established(qp);
         if !last {
             return out;
         }
@@ -147,18 +146,6 @@ pub fn respond(
         }
     }
     out
-}
-
-/// The first message a QP accepts in RTR queues `QP_COMM_EST`, once per
-/// entry into RTR and only while the QP is still in RTR (spec 18.22).
-pub(in crate::engine) fn comm_established(state: &mut VmState, qp: u32) {
-    let Some(q) = state.res.qps.get_mut(qp) else {
-        return;
-    };
-    if q.state == QpState::RTR && !q.rt.comm_est {
-        q.rt.comm_est = true;
-        state.events.push(EventKind::QP_COMM_EST, qp, 0);
-    }
 }
 
 /// The work of [`respond`]: checks, receive consumption, data movement and
@@ -325,30 +312,4 @@ fn perform(
     consume_recv(state, mem, qp, pi);
     let cqe = recv_cqe(req, my_qpn, recv.wr_id, placed, ud);
     received(state, mem, qp, recv_cq, cqe)
-}
-
-/// The responder refuses: its QP fails with an async event, the requester
-/// gets `status`.
-pub(super) fn nak(state: &mut VmState, qp: u32, status: WcStatus) -> RespOutcome {
-    let event = if status == WcStatus::REM_ACCESS_ERR {
-        EventKind::QP_ACCESS_ERROR
-    } else {
-        EventKind::QP_REQ_ERROR
-    };
-    state.qp_enter_err(qp, Some(event));
-    RespOutcome::Nak(status)
-}
-
-/// Copies the request's payload (inline bytes or local segments) into `dst`:
-/// the part of it this execution moves (`req.part`, the whole message but
-/// for a plain RDMA WRITE executed in pieces).
-pub(super) fn copy_in(
-    req: &Request<'_>,
-    mem: &HostMem,
-    dst: &[Segment],
-) -> Result<(), access::AccessError> {
-    match req.wr.inline {
-        Some(data) => access::write(mem, dst, data),
-        None => access::copy(req.mem, req.local, mem, dst, req.part.1),
-    }
 }

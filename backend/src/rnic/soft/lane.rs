@@ -1,6 +1,6 @@
 //! The small-WRITE lane: an RDMA WRITE of at most [`LANE_MAX`] bytes from
 //! one SGE, on an RC QP whose route passed the requester's checks (earlier
-//! in the burst, or just now in `Engine::transmit`), into a QP of the VM
+//! in the burst, or just now in `Router::transmit`), into a QP of the VM
 //! held for the burst, is checked
 //! and copied in one pass. The checks are those of the general path
 //! ([`super::route`], [`super::responder`]); what the lane leaves out is
@@ -16,9 +16,8 @@ use virtio_rdma_abi::mem::access as acc;
 use virtio_rdma_abi::qp::{QpState, QpType};
 
 use super::pieces::PIECE;
-use super::responder::comm_established;
-use crate::engine::requester::Outgoing;
-use crate::engine::sweep::Serving;
+use super::burst::Burst;
+use crate::rnic_path::{Outgoing, Serving};
 use crate::memory::access::Translate;
 use crate::memory::volatile;
 use crate::stats::TrafficCounters;
@@ -36,6 +35,7 @@ const _: () = assert!(LANE_MAX <= PIECE);
 #[inline]
 pub(super) fn small_write(
     cx: &mut Serving<'_>,
+    b: &mut Burst<'_>,
     msg: &Outgoing<'_>,
     (peer_vm, peer_qp): (usize, u32),
 ) -> Option<u64> {
@@ -54,7 +54,7 @@ pub(super) fn small_write(
     if len == 0 || len > LANE_MAX || len != msg.len {
         return None;
     }
-    let held = cx.held.as_ref().filter(|p| p.vm == peer_vm)?;
+    let held = b.held.as_ref().filter(|p| p.vm == peer_vm)?;
     let (state, mem) = (&*cx.state, cx.mem);
     // A message this QP has partly executed is resumed by the general path.
     if state.res.qps.get(msg.qp)?.rt.partial.is_some() {
@@ -110,8 +110,8 @@ pub(super) fn small_write(
     // while `cx` borrows them; `guest_to_guest` allows overlap.
     unsafe { volatile::guest_to_guest(src, dst, n) };
     // What the responder does after a WRITE (`responder::respond`).
-    let held = cx.held.as_mut()?;
-    comm_established(held.state, peer_qp);
+    let held = b.held.as_mut()?;
+    held.state.comm_established(peer_qp);
     if let Some(t) = held.state.tenancy().traffic(held.state.vm_index()) {
         TrafficCounters::add_single_writer(&t.recv_ops, 1);
         TrafficCounters::add_single_writer(&t.recv_bytes, len);

@@ -1,8 +1,8 @@
 //! The host device's asynchronous events (a QP or CQ failed, the port went
-//! down or came back), read by one thread per transport and handed to the
+//! down or came back), read by one thread per RNIC and handed to the
 //! VM they concern: queued in its `VmHost` and
 //! signalled on its `notify` descriptor, which wakes the engine; the engine
-//! applies them under the VM's lock (`engine::verbs`).
+//! applies them under the VM's lock ([`super::complete`]).
 
 use std::io;
 use std::ptr::addr_of;
@@ -15,10 +15,11 @@ use rdma_sys::{
 };
 use virtio_rdma_abi::event::EventKind;
 
+use super::attr::owner_of_context;
 use super::rnic::{HostEvent, VerbsRnic};
-use crate::transport::Transport;
+use crate::rnic_objects::RnicObjects;
 
-/// How often the thread looks whether the transport is still in use.
+/// How often the thread looks whether the RNIC is still in use.
 const STOP_POLL_MS: libc::c_int = 100;
 
 /// libibverbs' event types (`enum ibv_event_type`), read as integers: a
@@ -36,20 +37,8 @@ mod kind {
     pub const QP_LAST_WQE_REACHED: u32 = 16;
 }
 
-/// The VM index and device handle an object's host context value encodes
-/// (`VerbsRnic` sets it to `vm << 32 | handle`).
-pub(crate) fn owner_of_context(context: usize) -> (usize, u32) {
-    let v = context as u64;
-    ((v >> 32) as usize, (v & 0xffff_ffff) as u32)
-}
-
-/// The context value of the object of VM `vm` with handle `handle`.
-pub(crate) fn context_of(vm: usize, handle: u32) -> usize {
-    (((vm as u64) << 32) | u64::from(handle)) as usize
-}
-
 /// Starts the thread that reads `rnic`'s asynchronous events for as long as
-/// anything else holds the transport (it holds it only while it handles
+/// anything else holds the RNIC (it holds it only while it handles
 /// an event or waits a moment for one).
 pub fn start(rnic: &Arc<VerbsRnic>) -> io::Result<JoinHandle<()>> {
     let fd = rnic.async_fd();

@@ -10,24 +10,36 @@ use virtio_rdma_abi::qp::QpType;
 
 use super::lane;
 use super::pieces::{self, Pieces, Span};
+use super::request::{RespOutcome, RespScratch};
 use super::retry::{exhausted, rnr_retry, transport_retry, waiting};
-use super::route::{same_thread, Held};
-use super::{RespOutcome, RespScratch};
-use crate::engine::requester::{complete_send, Completion, Outgoing};
-use crate::engine::sweep::Serving;
-use crate::engine::thread::Scratch;
-use crate::engine::transport::{Head, Step, TransportPath};
-use crate::engine::Engine;
+use super::burst::{Burst, Held};
+use super::route::{same_thread, Router};
+use crate::engine::requester::{complete_send, Completion};
 use crate::memory::access::Segment;
 use crate::memory::HostMem;
 use crate::resources::Qp;
+use crate::rnic_objects::RnicObjects;
+use crate::rnic_path::{Head, Outgoing, RnicPath, Serving, Step};
 use crate::stats::TrafficCounters;
+use crate::tenancy::Tenancy;
 use crate::vm::cell::Locked;
 use crate::vm::VmState;
 
 /// The software RNIC's data path.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct SoftPath;
+#[derive(Clone, Copy)]
+pub struct SoftPath<'a> {
+    router: Router<'a>,
+}
+
+impl<'a> SoftPath<'a> {
+    /// The data path over `objects` (the software RNIC's object half, or
+    /// a wrapper of it) for the VMs of `tenancy`.
+    pub fn new(objects: &'a dyn RnicObjects, tenancy: &'a Tenancy) -> Self {
+        SoftPath {
+            router: Router { objects, tenancy },
+        }
+    }
+}
 
 /// Reusable memory of the software RNIC on one engine thread.
 pub struct SoftScratch {
@@ -65,8 +77,9 @@ fn shrink_scratch(local: &mut Vec<Segment>, resp: &mut RespScratch) {
     }
 }
 
-impl TransportPath for SoftPath {
+impl RnicPath for SoftPath<'_> {
     type Scratch = SoftScratch;
+    type Burst<'a> = Burst<'a>;
 
     fn sweep_started(&self, ts: &mut SoftScratch) {
         ts.pieces.next_sweep();
@@ -92,21 +105,20 @@ impl TransportPath for SoftPath {
         }
     }
 
-    fn with_burst<F>(
+    fn with_burst<S, F>(
         &self,
-        engine: &Engine,
         cx: &mut Serving<'_>,
         h: u32,
-        scratch: &mut Scratch<SoftScratch>,
+        scratch: &mut S,
         burst: F,
-    ) -> bool
+    ) -> Option<bool>
     where
-        F: for<'s> FnOnce(&mut Serving<'s>, &mut Scratch<SoftScratch>) -> bool,
+        F: for<'s> FnOnce(&mut Serving<'s>, &mut Burst<'s>, &mut S) -> bool,
     {
         // An RC QP talks to one QP: its VM is locked once for the burst
         // (unless it is the same VM, one out of reach, or one gone).
         let vm_id = cx.vm;
-        let tenancy = engine.tenancy();
+        let tenancy = self.router.tenancy;
         let rc = cx
             .state
             .res
@@ -114,25 +126,27 @@ impl TransportPath for SoftPath {
             .get(h)
             .is_some_and(|q| q.qp_type == QpType::RC);
         let peer = if rc {
-            engine.rc_route(cx.state, h).to().filter(|&(v, _)| {
+            self.router.rc_route(cx.state, h).to().filter(|&(v, _)| {
                 v != vm_id && tenancy.may_reach(vm_id, v) && same_thread(cx.vms, vm_id, v)
             })
         } else {
             None
         };
         let Some(dev) = peer.and_then(|(pvm, _)| cx.vms.get(pvm).and_then(Option::as_ref)) else {
-            return burst(cx, scratch);
+            return Some(burst(cx, &mut Burst::default(), scratch));
         };
         let pvm = dev.id();
         // `burst` runs at most once: in the closure, or after it if the
         // peer's VM is gone.
         let mut burst = Some(burst);
         let done = dev.try_with_dataplane(|pstate, pmem| {
-            let mut with_peer = Serving {
+            let mut cx = Serving {
                 vms: cx.vms,
                 vm: vm_id,
                 state: &mut *cx.state,
                 mem: cx.mem,
+            };
+            let mut with_peer = Burst {
                 held: Some(Held {
                     vm: pvm,
                     dev,
@@ -141,7 +155,9 @@ impl TransportPath for SoftPath {
                 }),
                 reached: None,
             };
-            let did = burst.take().is_some_and(|b| b(&mut with_peer, scratch));
+            let did = burst
+                .take()
+                .is_some_and(|b| b(&mut cx, &mut with_peer, scratch));
             if let Some(held) = with_peer.held {
                 if !held.state.events.is_empty() {
                     dev.wake_events();
@@ -154,14 +170,15 @@ impl TransportPath for SoftPath {
             did
         });
         match done {
-            Locked::Ran(did) => did,
+            Locked::Ran(did) => Some(did),
             // The peer's control path holds its lock: this QP waits for
             // the next sweep (its messages would only find the lock busy).
-            Locked::Busy => {
-                scratch.contended = true;
-                false
-            }
-            Locked::Gone => burst.take().is_some_and(|b| b(cx, scratch)),
+            Locked::Busy => None,
+            Locked::Gone => Some(
+                burst
+                    .take()
+                    .is_some_and(|b| b(cx, &mut Burst::default(), scratch)),
+            ),
         }
     }
 
@@ -170,8 +187,8 @@ impl TransportPath for SoftPath {
     #[inline]
     fn post_send(
         &self,
-        engine: &Engine,
         cx: &mut Serving<'_>,
+        b: &mut Burst<'_>,
         ts: &mut SoftScratch,
         moved: &mut u64,
         msg: &Outgoing<'_>,
@@ -181,8 +198,8 @@ impl TransportPath for SoftPath {
         // A small WRITE on the route the burst already checked, in one pass
         // (`lane`); a burst's first one takes it in `transmit`, after the
         // route's checks.
-        let checked = cx.reached.filter(|&(q, _)| q == h).map(|(_, r)| r);
-        if let Some(n) = checked.and_then(|r| lane::small_write(cx, msg, r)) {
+        let checked = b.reached.filter(|&(q, _)| q == h).map(|(_, r)| r);
+        if let Some(n) = checked.and_then(|r| lane::small_write(cx, b, msg, r)) {
             *moved = n;
             if !msg.signaled {
                 return Step::Done { published: false };
@@ -216,7 +233,7 @@ impl TransportPath for SoftPath {
             return failed(cx.state, WcStatus::LOC_QP_OP_ERR);
         };
         let span = Span { start, limit, part };
-        let outcome = match engine.transmit(cx, msg, span, local, resp) {
+        let outcome = match self.router.transmit(cx, b, msg, span, local, resp) {
             Ok(outcome) => outcome,
             Err(status) => return failed(cx.state, status),
         };
@@ -227,7 +244,7 @@ impl TransportPath for SoftPath {
         let dropped = matches!(outcome, RespOutcome::Dropped)
             || (ud && matches!(outcome, RespOutcome::Unreachable | RespOutcome::Stale));
         if dropped {
-            if let Some(t) = engine.tenancy().traffic(cx.vm) {
+            if let Some(t) = self.router.tenancy.traffic(cx.vm) {
                 TrafficCounters::add_single_writer(&t.drops, 1);
             }
         }

@@ -5,12 +5,12 @@
 
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use virtio_rdma_abi::qp::{AddressVector, Mtu};
+use virtio_rdma_abi::qp::Mtu;
 
-use crate::transport::directory::Directory;
-use crate::transport::{
-    Caps, MrKeys, MrSpec, Owner, QpChange, QpSpec, SrqSpec, Transport, TransportError,
-    TransportKind,
+use crate::rnic::directory::Directory;
+use crate::rnic_objects::{
+    Caps, MrKeys, MrSpec, Owner, QpChange, QpSpec, RnicObjects, RnicError,
+    RnicKind,
 };
 use crate::sync::{lock, read, write};
 
@@ -65,9 +65,9 @@ impl SoftRnic {
     }
 }
 
-impl Transport for SoftRnic {
-    fn kind(&self) -> TransportKind {
-        TransportKind::Soft
+impl RnicObjects for SoftRnic {
+    fn kind(&self) -> RnicKind {
+        RnicKind::Soft
     }
 
     fn caps(&self) -> Caps {
@@ -80,17 +80,11 @@ impl Transport for SoftRnic {
         }
     }
 
-    fn create_pd(&self, _owner: Owner) -> Result<(), TransportError> {
-        Ok(())
-    }
-
-    fn destroy_pd(&self, _owner: Owner) {}
-
-    fn create_qp(&self, owner: Owner, _spec: &QpSpec) -> Result<u32, TransportError> {
+    fn create_qp(&self, owner: Owner, _spec: &QpSpec) -> Result<u32, RnicError> {
         self.qpns().alloc(owner)
     }
 
-    fn modify_qp(&self, _change: &QpChange<'_>) -> Result<(), TransportError> {
+    fn modify_qp(&self, _change: &QpChange<'_>) -> Result<(), RnicError> {
         // The engine reads the device's QP state itself.
         Ok(())
     }
@@ -107,29 +101,7 @@ impl Transport for SoftRnic {
         self.qpns_read().len()
     }
 
-    fn create_cq(&self, _owner: Owner, _depth: u32) -> Result<(), TransportError> {
-        Ok(())
-    }
-
-    fn destroy_cq(&self, _owner: Owner) {}
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-
-    fn create_srq(&self, _owner: Owner, _spec: &SrqSpec) -> Result<(), TransportError> {
-        Ok(())
-    }
-
-    fn destroy_srq(&self, _owner: Owner) {}
-
-    fn create_ah(&self, _owner: Owner, _pd: u32, _av: &AddressVector) -> Result<(), TransportError> {
-        Ok(())
-    }
-
-    fn destroy_ah(&self, _owner: Owner) {}
-
-    fn reg_mr(&self, _owner: Owner, mr: &MrSpec<'_>) -> Result<MrKeys, TransportError> {
+    fn reg_mr(&self, _owner: Owner, mr: &MrSpec<'_>) -> Result<MrKeys, RnicError> {
         let mut keys = self.keys();
         let lkey = keys.alloc(())?;
         let rkey = if mr.remote {

@@ -1,82 +1,47 @@
-//! The libibverbs transport's data path ([`VerbsPath`]): the engine takes
-//! WQEs from the guest's rings as for any transport and posts them to the
+//! The libibverbs RNIC's data path ([`VerbsPath`]): the engine takes WQEs
+//! from the guest's rings as for either RNIC and they are posted to the
 //! host QPs and SRQs (scatter lists pass unchanged: a guest region is a
 //! host region at the guest's iova, its keys the host's); host completions
 //! become the guest's CQEs in the order the host reports them.
-//!
-//! - [`post`]: send and receive work requests in libibverbs' terms;
-//! - [`complete`]: host completions and host events applied to the VM.
 //!
 //! Every host work request is signaled (the host QPs have `sq_sig_all`),
 //! so the engine learns of each one's end; the guest sees a success only
 //! for a WQE it signaled. At most a send queue's depth of a QP's WQEs is
 //! posted at a time, and host CQs are sized for everything that can
-//! complete into them (`transport::verbs::rnic`), so neither host queue
-//! overflows whatever the guest posts.
-
-mod complete;
-mod post;
+//! complete into them ([`super::rnic`]), so neither host queue overflows
+//! whatever the guest posts.
 
 use std::os::fd::{AsRawFd, RawFd};
-use std::time::Instant;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use log::debug;
-use rdma_sys::{
-    ibv_modify_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_state, ibv_req_notify_cq, ibv_wc,
-};
-
-use super::requester::{complete_send, Completion, Outgoing};
-use super::sweep::Serving;
-use super::transport::{Step, TransportPath};
-use super::wqe::WqeBuf;
-use super::Engine;
-use crate::memory::HostMem;
-use crate::transport::verbs::rnic::{lock_tables, VmHost};
-use crate::transport::verbs::VerbsRnic;
-use crate::vm::VmState;
+use rdma_sys::{ibv_modify_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_state, ibv_req_notify_cq};
 use virtio_rdma_abi::datapath::WcStatus;
 
-
-/// Host completions read per `ibv_poll_cq` call.
-const POLL_BATCH: usize = 32;
-
-/// Reusable memory of the verbs data path on one engine thread.
-pub struct Scratch {
-    /// A receive WQE copied out of its ring.
-    wqe: Box<WqeBuf>,
-    /// Completions read from a host CQ.
-    wcs: Vec<ibv_wc>,
-    /// The host CQs of the VM being polled (addresses).
-    cqs: Vec<usize>,
-    /// The first bytes of a UD receive buffer (its GRH).
-    segs: Vec<crate::memory::access::Segment>,
-}
+use super::rnic::{lock_tables, VmHost, VerbsRnic};
+use super::scratch::Scratch;
+use super::{complete, post};
+use crate::engine::requester::{complete_send, Completion};
+use crate::memory::HostMem;
+use crate::rnic_path::{Outgoing, RnicPath, Serving, Step};
+use crate::tenancy::Tenancy;
+use crate::vm::VmState;
 
 /// How often the watchdog looks for stalled QPs.
 const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
 
-impl Default for Scratch {
-    fn default() -> Self {
-        Scratch {
-            wqe: WqeBuf::new(),
-            // SAFETY: all-zero is a valid completion structure.
-            wcs: (0..POLL_BATCH).map(|_| unsafe { std::mem::zeroed() }).collect(),
-            cqs: Vec::new(),
-            segs: Vec::new(),
-        }
-    }
-}
-
-/// The libibverbs transport's data path.
+/// The libibverbs RNIC's data path.
 pub struct VerbsPath<'a> {
     rnic: &'a VerbsRnic,
+    /// Who may reach whom, and the isolation and traffic counters.
+    tenancy: &'a Tenancy,
 }
 
 impl<'a> VerbsPath<'a> {
-    /// The data path of `rnic`.
-    pub fn new(rnic: &'a VerbsRnic) -> Self {
-        VerbsPath { rnic }
+    /// The data path of `rnic` for the VMs of `tenancy`.
+    pub fn new(rnic: &'a VerbsRnic, tenancy: &'a Tenancy) -> Self {
+        VerbsPath { rnic, tenancy }
     }
 
     fn host(&self, vm: usize) -> Option<&'a VmHost> {
@@ -84,15 +49,16 @@ impl<'a> VerbsPath<'a> {
     }
 }
 
-impl TransportPath for VerbsPath<'_> {
+impl RnicPath for VerbsPath<'_> {
     type Scratch = Scratch;
+    type Burst<'a> = ();
 
     const TAKES_RECEIVES: bool = true;
 
     fn post_send(
         &self,
-        engine: &Engine,
         cx: &mut Serving<'_>,
+        _burst: &mut (),
         ts: &mut Self::Scratch,
         moved: &mut u64,
         msg: &Outgoing<'_>,
@@ -101,7 +67,7 @@ impl TransportPath for VerbsPath<'_> {
             let c = Completion::failed(msg.wr.hdr.wr_id, msg.op, WcStatus::LOC_QP_OP_ERR);
             return complete_send(cx.state, cx.mem, msg.qp, msg.index, c);
         };
-        post::send(self.rnic, host, engine, cx, &mut ts.wqe, moved, msg)
+        post::send(self.rnic, host, self.tenancy, cx, &mut ts.wqe, moved, msg)
     }
 
     fn post_recv(
@@ -118,7 +84,7 @@ impl TransportPath for VerbsPath<'_> {
         }
     }
 
-    fn poll(&self, _engine: &Engine, cx: &mut Serving<'_>, ts: &mut Self::Scratch) -> bool {
+    fn poll(&self, cx: &mut Serving<'_>, ts: &mut Self::Scratch) -> bool {
         let Some(host) = self.host(cx.vm) else {
             return false;
         };

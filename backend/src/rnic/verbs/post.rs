@@ -4,7 +4,7 @@
 //! own (addresses are iovas of guest regions, keys the host's); inline data
 //! is copied by the host at the post. Receive WQEs are posted as the guest
 //! posts them, so that a message finds them; their `wr_id`s wait in the
-//! transport's tables for the completion.
+//! RNIC's tables for the completion.
 
 
 use log::debug;
@@ -18,19 +18,18 @@ use virtio_rdma_abi::datapath::{
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::qp::QpState;
 
+use super::rnic::{lock_tables, Sent, VerbsRnic, VmHost, RECV_SRQ, RECV_WR};
 use crate::engine::completer::{complete, error_cqe};
 use crate::engine::doorbell::{self, load_pi};
-use crate::engine::requester::{complete_send, Completion, Outgoing};
 use crate::engine::sge::check_local;
-use crate::engine::sweep::Serving;
-use crate::engine::transport::Step;
 use crate::engine::wqe::{fetch_recv, posted, RecvRing, WqeBuf, WqeError};
-use crate::engine::{count_privileged, management_qp, Engine};
+use crate::engine::requester::{complete_send, Completion};
+use crate::engine::{count_privileged, management_qp};
 use crate::memory::HostMem;
+use crate::rnic_objects::RnicObjects;
+use crate::rnic_path::{Outgoing, Serving, Step};
 use crate::stats::TrafficCounters;
-use crate::transport::verbs::rnic::{lock_tables, Sent, VmHost, RECV_SRQ, RECV_WR};
-use crate::transport::verbs::VerbsRnic;
-use crate::transport::Transport;
+use crate::tenancy::Tenancy;
 use crate::vm::cell::Locked;
 use crate::vm::VmState;
 
@@ -68,7 +67,7 @@ fn opcode(op: WrOpcode) -> u32 {
 pub(super) fn send(
     rnic: &VerbsRnic,
     host: &VmHost,
-    engine: &Engine,
+    tenancy: &Tenancy,
     cx: &mut Serving<'_>,
     buf: &mut WqeBuf,
     moved: &mut u64,
@@ -78,7 +77,7 @@ pub(super) fn send(
     let local = msg.av.dgid == rnic.device().gid().0;
     let gone = local && !msg.ud() && dest_gone(rnic, cx.state, msg);
     if local && !gone && consumes_receive(wr.opcode) {
-        take_peer_recvs(rnic, engine, cx, buf, msg.dest_qpn);
+        take_peer_recvs(rnic, tenancy, cx, buf, msg.dest_qpn);
     }
     let (state, mem) = (&mut *cx.state, cx.mem);
     let mut t = lock_tables(host);
@@ -131,7 +130,7 @@ pub(super) fn send(
         // the guest's to reach (spec 18.11.5).
         if management_qp(msg.dest_qpn) {
             drop(t);
-            count_privileged(engine.tenancy(), cx.vm);
+            count_privileged(tenancy, cx.vm);
             return failed(state, WcStatus::LOC_QP_OP_ERR);
         }
         // Another tenant's QP on this host is out of reach as on the
@@ -139,9 +138,9 @@ pub(super) fn send(
         if local {
             let reachable = rnic
                 .lookup_qpn(msg.dest_qpn)
-                .is_some_and(|o| engine.tenancy().may_reach(cx.vm, o.vm));
+                .is_some_and(|o| tenancy.may_reach(cx.vm, o.vm));
             if !reachable {
-                if let Some(tr) = engine.tenancy().traffic(cx.vm) {
+                if let Some(tr) = tenancy.traffic(cx.vm) {
                     TrafficCounters::add_single_writer(&tr.drops, 1);
                 }
                 drop(t);
@@ -289,7 +288,7 @@ fn consumes_receive(op: WrOpcode) -> bool {
 /// free (otherwise the engine serving it is about to post them).
 fn take_peer_recvs(
     rnic: &VerbsRnic,
-    engine: &Engine,
+    tenancy: &Tenancy,
     cx: &mut Serving<'_>,
     buf: &mut WqeBuf,
     dest_qpn: u32,
@@ -304,7 +303,7 @@ fn take_peer_recvs(
         take_recvs(host, cx.state, cx.mem, buf, o.handle);
         return;
     }
-    if !engine.tenancy().may_reach(cx.vm, o.vm) {
+    if !tenancy.may_reach(cx.vm, o.vm) {
         return;
     }
     let Some(cell) = cx.vms.get(o.vm).and_then(Option::as_ref) else {

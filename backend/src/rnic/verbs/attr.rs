@@ -1,5 +1,6 @@
 //! Translating the device's values into libibverbs' and back: access
-//! flags, address vectors, QP state changes, completion statuses.
+//! flags, address vectors, QP state changes, completion statuses, and
+//! the context value a host object carries back to its owner.
 //!
 //! The device's codes (spec) and libibverbs' differ in value even where
 //! they mean the same thing, so every translation is an explicit table.
@@ -12,15 +13,27 @@ use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
 use virtio_rdma_abi::mem::access;
 use virtio_rdma_abi::qp::{attr as mask, AddressVector, QpState, QpType};
 
-use crate::transport::QpChange;
+use crate::rnic_objects::QpChange;
 
-/// The host port and source GID everything of the transport uses.
+/// The host port and source GID everything of the RNIC uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Source {
     /// The port number.
     pub port: u8,
     /// The index of the host GID in the port's table.
     pub gid_index: u8,
+}
+
+/// The VM index and device handle an object's host context value encodes
+/// (`VerbsRnic` sets it to `vm << 32 | handle`).
+pub(crate) fn owner_of_context(context: usize) -> (usize, u32) {
+    let v = context as u64;
+    ((v >> 32) as usize, (v & 0xffff_ffff) as u32)
+}
+
+/// The context value of the object of VM `vm` with handle `handle`.
+pub(crate) fn context_of(vm: usize, handle: u32) -> usize {
+    (((vm as u64) << 32) | u64::from(handle)) as usize
 }
 
 /// Hop limit used when the guest leaves it 0 (RoCEv2 needs one; 64 is the
@@ -54,7 +67,7 @@ pub fn mr_access(flags: u32) -> u32 {
 }
 
 /// The host address of `av`: always global (RoCE routes by GID), from the
-/// transport's own source GID whatever the guest's `sgid_index` (0, its
+/// RNIC's own source GID whatever the guest's `sgid_index` (0, its
 /// only entry, checked by the control path).
 pub fn ah_attr(av: &AddressVector, src: Source) -> ibv_ah_attr {
     ibv_ah_attr {
@@ -265,7 +278,7 @@ mod tests {
 
     /// RTR of an RC QP whose guest named only the state and the
     /// destination: the host still gets every attribute libibverbs
-    /// requires, from the QP's attributes, and the transport's GID.
+    /// requires, from the QP's attributes, and the RNIC's GID.
     #[test]
     fn rtr_carries_what_libibverbs_requires() {
         let mut attr = QpAttr {

@@ -1,21 +1,18 @@
-//! The host side of the device: what a transport (an RNIC engine) provides
+//! The object half of an RNIC: what the RNIC behind the devices provides
 //! for the objects a VM creates.
 //!
 //! The device model (handles, validation, the tenant policy, the rings in
-//! guest memory) is the same whatever moves the bytes. A [`Transport`]
+//! guest memory) is the same whatever moves the bytes. An [`RnicObjects`]
 //! creates the host half of each object: QP numbers and memory keys, which
-//! travel on the wire and so are the transport's to choose, and whatever a
-//! host NIC needs behind a QP, CQ, SRQ, AH or MR. The control path calls it
-//! under the VM's lock; the data-path half of a transport, which moves work
-//! requests, is `engine::TransportPath`.
+//! travel on the wire and so are the RNIC's to choose, and whatever a host
+//! NIC needs behind a QP, CQ, SRQ, AH or MR. The control path calls it
+//! under the VM's lock; the data-path half of an RNIC, which moves work
+//! requests, is [`crate::rnic_path::RnicPath`].
 //!
-//! Transports: the software RNIC (`engine::soft`, VMs of one daemon, the
-//! default) and a host RNIC through libibverbs ([`verbs`], VMs on any host
-//! of the fabric). Which one a daemon runs is [`TransportKind`], from the
-//! configuration.
-
-pub mod directory;
-pub mod verbs;
+//! RNICs (`crate::rnic`): the software RNIC (VMs of one daemon, the
+//! default) and a host RNIC through libibverbs (VMs on any host of the
+//! fabric). Which one a daemon runs is [`RnicKind`], the configuration's
+//! `rnic`.
 
 use thiserror::Error;
 use virtio_rdma_abi::qp::{AddressVector, QpState, QpType};
@@ -23,9 +20,9 @@ use vm_memory::GuestMemoryMmap;
 
 use crate::memory::PageList;
 
-/// Errors of a transport's object operations.
+/// Errors of an RNIC's object operations.
 #[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
-pub enum TransportError {
+pub enum RnicError {
     /// A number space (QP numbers, memory keys) or a host table is full.
     #[error("host resources exhausted")]
     Exhausted,
@@ -57,7 +54,7 @@ pub struct HostQuota {
     pub used: u64,
 }
 
-/// A VM's part of the host a transport gives it (a host RNIC's objects
+/// A VM's part of the host an RNIC gives it (a host RNIC's objects
 /// and the daemon's mappings), for the operator.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HostUsage {
@@ -82,10 +79,10 @@ impl HostUsage {
     }
 }
 
-/// The transports a daemon can run (`[daemon] transport`).
+/// The RNICs a daemon can run (`[daemon] rnic`, `--rnic`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum TransportKind {
+pub enum RnicKind {
     /// The built-in software RNIC: RDMA between the VMs of this daemon.
     #[default]
     Soft,
@@ -94,17 +91,17 @@ pub enum TransportKind {
     Verbs,
 }
 
-impl TransportKind {
+impl RnicKind {
     /// The name used in the configuration and on the command line.
     pub fn name(self) -> &'static str {
         match self {
-            TransportKind::Soft => "soft",
-            TransportKind::Verbs => "verbs",
+            RnicKind::Soft => "soft",
+            RnicKind::Verbs => "verbs",
         }
     }
 }
 
-/// Port and device properties the transport dictates.
+/// Port and device properties the RNIC dictates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Caps {
     /// Largest path MTU (an `Mtu` value).
@@ -116,7 +113,7 @@ pub struct Caps {
     /// Largest message in bytes (the port's `max_msg_size`); a longer one
     /// fails with `LOC_LEN_ERR` before any of it is looked at.
     pub max_msg_size: u32,
-    /// `DeviceAttr.local_ca_ack_delay`: the longest time the transport
+    /// `DeviceAttr.local_ca_ack_delay`: the longest time the RNIC
     /// takes to acknowledge a request, 4.096 µs × 2^value (0 to 31).
     pub local_ca_ack_delay: u32,
 }
@@ -228,65 +225,75 @@ pub struct QpChange<'a> {
 ///
 /// Object operations are called by the control path under the VM's lock,
 /// after the command was validated; a refusal becomes the command's status
-/// (`NO_MEMORY` for [`TransportError::Exhausted`], `QUOTA` for
-/// [`TransportError::Quota`], `INTERNAL` otherwise).
+/// (`NO_MEMORY` for [`RnicError::Exhausted`], `QUOTA` for
+/// [`RnicError::Quota`], `INTERNAL` otherwise).
 /// A destroy cannot fail: the device model has released the object already.
-pub trait Transport: Send + Sync {
-    /// Which transport this is.
-    fn kind(&self) -> TransportKind;
+pub trait RnicObjects: Send + Sync {
+    /// Which RNIC this is.
+    fn kind(&self) -> RnicKind;
 
     /// Port and device properties.
     fn caps(&self) -> Caps;
 
     /// Creates the host half of PD `owner` (a host NIC checks that a QP and
-    /// the regions it uses share a PD).
-    fn create_pd(&self, owner: Owner) -> Result<(), TransportError>;
+    /// the regions it uses share a PD). An RNIC with nothing behind a PD,
+    /// a CQ, an SRQ or an AH (the software RNIC) keeps the defaults of
+    /// these, which do nothing.
+    fn create_pd(&self, _owner: Owner) -> Result<(), RnicError> {
+        Ok(())
+    }
 
     /// Destroys the host half of PD `owner` (nothing uses it any more).
-    fn destroy_pd(&self, owner: Owner);
+    fn destroy_pd(&self, _owner: Owner) {}
 
     /// Creates the host half of QP `owner` (its PD, CQs and SRQ are `spec`'s
     /// handles in the same VM, created before) and returns its number,
-    /// unique among all VMs of this transport; peers address the QP by it.
-    fn create_qp(&self, owner: Owner, spec: &QpSpec) -> Result<u32, TransportError>;
+    /// unique among all VMs of this RNIC; peers address the QP by it.
+    fn create_qp(&self, owner: Owner, spec: &QpSpec) -> Result<u32, RnicError>;
 
     /// Applies a state change to QP `change.qpn` (a host NIC's QP follows
     /// the device's state machine).
-    fn modify_qp(&self, change: &QpChange<'_>) -> Result<(), TransportError>;
+    fn modify_qp(&self, change: &QpChange<'_>) -> Result<(), RnicError>;
 
     /// Destroys QP `qpn`; its number may be handed out again.
     fn destroy_qp(&self, qpn: u32);
 
     /// The owner of QP number `qpn`, if it is live, as given to
-    /// [`Transport::create_qp`] (its incarnation included).
+    /// [`RnicObjects::create_qp`] (its incarnation included).
     fn lookup_qpn(&self, qpn: u32) -> Option<Owner>;
 
     /// QP numbers in use (for leak checks and statistics).
     fn qpns_in_use(&self) -> usize;
 
     /// Creates the host half of CQ `owner` of `depth` entries.
-    fn create_cq(&self, owner: Owner, depth: u32) -> Result<(), TransportError>;
+    fn create_cq(&self, _owner: Owner, _depth: u32) -> Result<(), RnicError> {
+        Ok(())
+    }
 
     /// Destroys the host half of CQ `owner`.
-    fn destroy_cq(&self, owner: Owner);
+    fn destroy_cq(&self, _owner: Owner) {}
 
     /// Creates the host half of SRQ `owner`.
-    fn create_srq(&self, owner: Owner, spec: &SrqSpec) -> Result<(), TransportError>;
+    fn create_srq(&self, _owner: Owner, _spec: &SrqSpec) -> Result<(), RnicError> {
+        Ok(())
+    }
 
     /// Destroys the host half of SRQ `owner`.
-    fn destroy_srq(&self, owner: Owner);
+    fn destroy_srq(&self, _owner: Owner) {}
 
     /// Creates the host half of AH `owner` of PD `pd` for `av`.
-    fn create_ah(&self, owner: Owner, pd: u32, av: &AddressVector) -> Result<(), TransportError>;
+    fn create_ah(&self, _owner: Owner, _pd: u32, _av: &AddressVector) -> Result<(), RnicError> {
+        Ok(())
+    }
 
     /// Destroys the host half of AH `owner`.
-    fn destroy_ah(&self, owner: Owner);
+    fn destroy_ah(&self, _owner: Owner) {}
 
     /// Registers MR `owner` and returns its keys: non-zero, not in use by
-    /// another live region of the transport, and as hard to guess as the
-    /// transport can make them (a peer that could guess an rkey could
+    /// another live region of the RNIC, and as hard to guess as the
+    /// RNIC can make them (a peer that could guess an rkey could
     /// reach memory it was never given).
-    fn reg_mr(&self, owner: Owner, mr: &MrSpec<'_>) -> Result<MrKeys, TransportError>;
+    fn reg_mr(&self, owner: Owner, mr: &MrSpec<'_>) -> Result<MrKeys, RnicError>;
 
     /// Deregisters the region with `keys`; they may be handed out again.
     fn dereg_mr(&self, keys: MrKeys);
@@ -296,13 +303,13 @@ pub trait Transport: Send + Sync {
 
     /// VM `vm`'s guest RAM is now `mem` (`None`: unmapped, its VMM gone),
     /// after a memory table update; called with the VM's lock held, before
-    /// any of its objects is created over the new map. A transport whose
+    /// any of its objects is created over the new map. An RNIC whose
     /// regions are windows over guest pages makes them again. The software
     /// RNIC reads guest RAM through the VM's own map and ignores it.
     fn set_memory(&self, _vm: usize, _mem: Option<&GuestMemoryMmap<()>>) {}
 
-    /// After [`Transport::set_memory`], for each of the VM's regions: the
-    /// region with `keys` is `mr` over the new map. A transport whose
+    /// After [`RnicObjects::set_memory`], for each of the VM's regions: the
+    /// region with `keys` is `mr` over the new map. An RNIC whose
     /// regions hold guest pages keeps a region whose pages are still the
     /// same and drops the host registration of one whose pages moved or
     /// left guest RAM (it must not keep them); false then, and accesses
@@ -316,19 +323,15 @@ pub trait Transport: Send + Sync {
         true
     }
 
-    /// The GID VM `vm`'s port must have, if the transport dictates it (a
+    /// The GID VM `vm`'s port must have, if the RNIC dictates it (a
     /// host RNIC sends from its own address); `None`: the configured one.
     fn port_gid(&self, _vm: usize) -> Option<[u8; 16]> {
         None
     }
 
     /// VM `vm`'s part of the host (a host RNIC's object shares and the
-    /// mapping budget); `None` for a transport that has no such limits.
+    /// mapping budget); `None` for an RNIC that has no such limits.
     fn host_usage(&self, _vm: usize) -> Option<HostUsage> {
         None
     }
-
-    /// The transport as `Any`, for the engine to find its data path's
-    /// half (`engine::Engine::start`).
-    fn as_any(&self) -> &dyn std::any::Any;
 }

@@ -1,4 +1,4 @@
-//! The libibverbs transport's object half ([`VerbsRnic`]): one host object
+//! The libibverbs RNIC's object half ([`VerbsRnic`]): one host object
 //! per device object (PD, CQ, QP, SRQ, AH), one host memory region per
 //! guest memory region (registered over a window of the guest's pages at
 //! the guest's iova), and the per-VM state the data path shares with it
@@ -28,11 +28,11 @@ use super::objects::{errno_of, Ah, Channel, Cq, Mr, MrHandle, Pd, Qp, Srq};
 use super::quota::{map_error, Charge, Kind, MapCosts, Plan, VmQuota};
 use crate::memory::window::{MapBudget, Window};
 use crate::memory::HOST_PAGE_SIZE;
-use crate::sync::{lock, read, write};
-use crate::transport::{
-    Caps, HostUsage, MrKeys, MrSpec, Owner, QpChange, QpSpec, SrqSpec, Transport, TransportError,
-    TransportKind,
+use crate::rnic_objects::{
+    Caps, HostUsage, MrKeys, MrSpec, Owner, QpChange, QpSpec, RnicError, RnicKind, RnicObjects,
+    SrqSpec,
 };
+use crate::sync::{lock, read, write};
 
 /// A send work request posted to a host QP, in posting order: what its
 /// completion needs (the host reports a success only with the `wr_id`, an
@@ -141,7 +141,7 @@ pub(crate) enum HostEvent {
     DeviceFatal,
 }
 
-/// What the transport keeps for one VM.
+/// What the RNIC keeps for one VM.
 pub(crate) struct VmHost {
     pub tables: Mutex<Tables>,
     /// The completion channel of all the VM's CQs.
@@ -180,7 +180,7 @@ struct HostMr {
 /// device attribute says what the host allows).
 const MIN_CQE: u32 = 1;
 
-/// The libibverbs transport.
+/// The libibverbs RNIC's object half.
 pub struct VerbsRnic {
     dev: VerbsDevice,
     src: Source,
@@ -205,15 +205,15 @@ pub(crate) fn lock_tables(host: &VmHost) -> MutexGuard<'_, Tables> {
 /// The error of a verb that failed with `rc`: the host out of memory (or
 /// of locked memory, for a region) is `Exhausted` (`NO_MEMORY` to the
 /// guest), anything else the host's errno (`INTERNAL`).
-fn host(rc: libc::c_int) -> TransportError {
+fn host(rc: libc::c_int) -> RnicError {
     match errno_of(rc) {
-        libc::ENOMEM | libc::EAGAIN | libc::ENOSPC => TransportError::Exhausted,
-        e => TransportError::Host(e),
+        libc::ENOMEM | libc::EAGAIN | libc::ENOSPC => RnicError::Exhausted,
+        e => RnicError::Host(e),
     }
 }
 
 impl VerbsRnic {
-    /// Opens the transport on `dev` for the VMs of `plan`, each given its
+    /// Opens the RNIC on `dev` for the VMs of `plan`, each given its
     /// share of the device's objects and of `budget`, the daemon's
     /// mappings (windows and host queues).
     pub fn new(
@@ -293,7 +293,7 @@ impl VerbsRnic {
         }
     }
 
-    /// VM `vm`'s share of the transport.
+    /// VM `vm`'s share of the RNIC.
     pub(crate) fn vm(&self, vm: usize) -> Option<&VmHost> {
         self.vms.get(vm)
     }
@@ -303,25 +303,22 @@ impl VerbsRnic {
         &self.vms
     }
 
-    fn tables(&self, vm: usize) -> Result<MutexGuard<'_, Tables>, TransportError> {
+    fn tables(&self, vm: usize) -> Result<MutexGuard<'_, Tables>, RnicError> {
         self.vms
             .get(vm)
             .map(|v| lock(&v.tables))
-            .ok_or(TransportError::Exhausted)
+            .ok_or(RnicError::Exhausted)
     }
 
     /// Grows host CQ `h` of `t` so that `more` more entries fit.
-    fn reserve_cqes(&self, t: &mut Tables, h: u32, more: u32) -> Result<(), TransportError> {
-        let cq = t
-            .cqs
-            .get_mut(&h)
-            .ok_or(TransportError::Host(libc::EINVAL))?;
+    fn reserve_cqes(&self, t: &mut Tables, h: u32, more: u32) -> Result<(), RnicError> {
+        let cq = t.cqs.get_mut(&h).ok_or(RnicError::Host(libc::EINVAL))?;
         let need = cq.need.saturating_add(more);
         if need > self.max_cqe {
-            return Err(TransportError::Exhausted);
+            return Err(RnicError::Exhausted);
         }
         if need > cq.size {
-            let want = libc::c_int::try_from(need).map_err(|_| TransportError::Exhausted)?;
+            let want = libc::c_int::try_from(need).map_err(|_| RnicError::Exhausted)?;
             // SAFETY: a live CQ of this table.
             let rc = unsafe { ibv_resize_cq(cq.cq.as_ptr(), want) };
             if rc != 0 {
@@ -360,21 +357,20 @@ impl VerbsRnic {
         mr: &MrSpec<'_>,
         span: u64,
         maps: &Arc<MapBudget>,
-    ) -> Result<Mr, TransportError> {
+    ) -> Result<Mr, RnicError> {
         let window = Window::map(mem, mr.pages, span, maps).map_err(|e| {
             let status = map_error(&e);
             // A VM past its own budget is a quota like any other (the guest
             // may repeat it at will); the daemon's spent is the operator's.
-            if matches!(status, TransportError::Quota(_)) {
+            if matches!(status, RnicError::Quota(_)) {
                 debug!("cannot map a window for a memory region: {e}");
             } else {
                 warn!("cannot map a window for a memory region: {e}");
             }
             status
         })?;
-        let offset =
-            usize::try_from(mr.first_page_offset).map_err(|_| TransportError::Exhausted)?;
-        let len = usize::try_from(mr.length).map_err(|_| TransportError::Exhausted)?;
+        let offset = usize::try_from(mr.first_page_offset).map_err(|_| RnicError::Exhausted)?;
+        let len = usize::try_from(mr.length).map_err(|_| RnicError::Exhausted)?;
         let access = attr::mr_access(mr.access);
         // SAFETY: `[window + offset, + len)` lies inside the window (`span`
         // covers the first-page offset and the length), which stays mapped
@@ -400,17 +396,13 @@ fn span_of(mr: &MrSpec<'_>) -> Option<u64> {
     end.checked_next_multiple_of(HOST_PAGE_SIZE)
 }
 
-impl Transport for VerbsRnic {
-    fn kind(&self) -> TransportKind {
-        TransportKind::Verbs
+impl RnicObjects for VerbsRnic {
+    fn kind(&self) -> RnicKind {
+        RnicKind::Verbs
     }
 
     fn caps(&self) -> Caps {
         self.caps
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
     }
 
     fn port_active(&self) -> bool {
@@ -421,8 +413,8 @@ impl Transport for VerbsRnic {
         Some(self.dev.gid().0)
     }
 
-    fn create_pd(&self, owner: Owner) -> Result<(), TransportError> {
-        let vm = self.vms.get(owner.vm).ok_or(TransportError::Exhausted)?;
+    fn create_pd(&self, owner: Owner) -> Result<(), RnicError> {
+        let vm = self.vms.get(owner.vm).ok_or(RnicError::Exhausted)?;
         let charge = vm.quota.take(Kind::Pd, 0)?;
         let mut t = lock(&vm.tables);
         // SAFETY: a live context.
@@ -440,8 +432,8 @@ impl Transport for VerbsRnic {
         }
     }
 
-    fn create_qp(&self, owner: Owner, spec: &QpSpec) -> Result<u32, TransportError> {
-        let vm = self.vms.get(owner.vm).ok_or(TransportError::Exhausted)?;
+    fn create_qp(&self, owner: Owner, spec: &QpSpec) -> Result<u32, RnicError> {
+        let vm = self.vms.get(owner.vm).ok_or(RnicError::Exhausted)?;
         let mut t = lock(&vm.tables);
         let srq_depth = match spec.srq {
             0 => 0,
@@ -449,7 +441,7 @@ impl Transport for VerbsRnic {
                 .srqs
                 .get(&h)
                 .map(|s| s.depth)
-                .ok_or(TransportError::Host(libc::EINVAL))?,
+                .ok_or(RnicError::Host(libc::EINVAL))?,
         };
         // Refused before anything is reserved; given back with the QP.
         let charge = vm.quota.take(Kind::Qp, self.costs.qp)?;
@@ -460,15 +452,12 @@ impl Transport for VerbsRnic {
             return Err(e);
         }
         let made = (|| {
-            let pd = t
-                .pds
-                .get(&spec.pd)
-                .ok_or(TransportError::Host(libc::EINVAL))?;
+            let pd = t.pds.get(&spec.pd).ok_or(RnicError::Host(libc::EINVAL))?;
             let cq = |h: u32| {
                 t.cqs
                     .get(&h)
                     .map(|c| c.cq.as_ptr())
-                    .ok_or(TransportError::Host(libc::EINVAL))
+                    .ok_or(RnicError::Host(libc::EINVAL))
             };
             let srq = match spec.srq {
                 0 => std::ptr::null_mut(),
@@ -476,7 +465,7 @@ impl Transport for VerbsRnic {
                     .srqs
                     .get(&h)
                     .map(|s| s.srq.as_ptr())
-                    .ok_or(TransportError::Host(libc::EINVAL))?,
+                    .ok_or(RnicError::Host(libc::EINVAL))?,
             };
             let mut init = ibv_qp_init_attr {
                 qp_context: std::ptr::null_mut(),
@@ -546,15 +535,15 @@ impl Transport for VerbsRnic {
         Ok(qpn)
     }
 
-    fn modify_qp(&self, change: &QpChange<'_>) -> Result<(), TransportError> {
+    fn modify_qp(&self, change: &QpChange<'_>) -> Result<(), RnicError> {
         let Some(owner) = self.lookup_qpn(change.qpn) else {
-            return Err(TransportError::Host(libc::EINVAL));
+            return Err(RnicError::Host(libc::EINVAL));
         };
         let mut t = self.tables(owner.vm)?;
         let q = t
             .qps
             .get_mut(&change.qpn)
-            .ok_or(TransportError::Host(libc::EINVAL))?;
+            .ok_or(RnicError::Host(libc::EINVAL))?;
         if q.failed && change.to == QpState::ERR {
             return Ok(());
         }
@@ -617,12 +606,12 @@ impl Transport for VerbsRnic {
         read(&self.qpns).len()
     }
 
-    fn create_cq(&self, owner: Owner, depth: u32) -> Result<(), TransportError> {
-        let vm = self.vms.get(owner.vm).ok_or(TransportError::Exhausted)?;
+    fn create_cq(&self, owner: Owner, depth: u32) -> Result<(), RnicError> {
+        let vm = self.vms.get(owner.vm).ok_or(RnicError::Exhausted)?;
         let charge = vm.quota.take(Kind::Cq, self.costs.cq)?;
         let size = depth.clamp(MIN_CQE, self.max_cqe.max(MIN_CQE));
-        let cqe = libc::c_int::try_from(size).map_err(|_| TransportError::Exhausted)?;
-        let context = super::events::context_of(owner.vm, owner.handle);
+        let cqe = libc::c_int::try_from(size).map_err(|_| RnicError::Exhausted)?;
+        let context = attr::context_of(owner.vm, owner.handle);
         // SAFETY: a live context and channel; the context value is an
         // integer the daemon reads back, never dereferenced.
         let cq = Cq::from_raw(unsafe {
@@ -655,17 +644,14 @@ impl Transport for VerbsRnic {
         }
     }
 
-    fn create_srq(&self, owner: Owner, spec: &SrqSpec) -> Result<(), TransportError> {
-        let vm = self.vms.get(owner.vm).ok_or(TransportError::Exhausted)?;
+    fn create_srq(&self, owner: Owner, spec: &SrqSpec) -> Result<(), RnicError> {
+        let vm = self.vms.get(owner.vm).ok_or(RnicError::Exhausted)?;
         let charge = vm.quota.take(Kind::Srq, self.costs.srq)?;
         let mut t = lock(&vm.tables);
-        let pd = t
-            .pds
-            .get(&spec.pd)
-            .ok_or(TransportError::Host(libc::EINVAL))?;
+        let pd = t.pds.get(&spec.pd).ok_or(RnicError::Host(libc::EINVAL))?;
         let mut init = ibv_srq_init_attr {
             // An integer the async-event thread reads back.
-            srq_context: super::events::context_of(owner.vm, owner.handle) as *mut c_void,
+            srq_context: attr::context_of(owner.vm, owner.handle) as *mut c_void,
             attr: ibv_srq_attr {
                 max_wr: spec.depth.max(1),
                 max_sge: spec.max_sge.max(1),
@@ -700,11 +686,11 @@ impl Transport for VerbsRnic {
         }
     }
 
-    fn create_ah(&self, owner: Owner, pd: u32, av: &AddressVector) -> Result<(), TransportError> {
-        let vm = self.vms.get(owner.vm).ok_or(TransportError::Exhausted)?;
+    fn create_ah(&self, owner: Owner, pd: u32, av: &AddressVector) -> Result<(), RnicError> {
+        let vm = self.vms.get(owner.vm).ok_or(RnicError::Exhausted)?;
         let charge = vm.quota.take(Kind::Ah, 0)?;
         let mut t = lock(&vm.tables);
-        let pd = t.pds.get(&pd).ok_or(TransportError::Host(libc::EINVAL))?;
+        let pd = t.pds.get(&pd).ok_or(RnicError::Host(libc::EINVAL))?;
         let mut a = attr::ah_attr(av, self.src);
         // SAFETY: a live PD and a filled attribute structure. Resolving the
         // destination's MAC may take a moment: this is the control path.
@@ -722,19 +708,14 @@ impl Transport for VerbsRnic {
         }
     }
 
-    fn reg_mr(&self, owner: Owner, mr: &MrSpec<'_>) -> Result<MrKeys, TransportError> {
-        let vm = self.vms.get(owner.vm).ok_or(TransportError::Exhausted)?;
-        let span = span_of(mr).ok_or(TransportError::Exhausted)?;
+    fn reg_mr(&self, owner: Owner, mr: &MrSpec<'_>) -> Result<MrKeys, RnicError> {
+        let vm = self.vms.get(owner.vm).ok_or(RnicError::Exhausted)?;
+        let span = span_of(mr).ok_or(RnicError::Exhausted)?;
         let charge = vm.quota.take(Kind::Mr, 0)?;
-        let mem = lock(&vm.mem)
-            .clone()
-            .ok_or(TransportError::Host(libc::EFAULT))?;
+        let mem = lock(&vm.mem).clone().ok_or(RnicError::Host(libc::EFAULT))?;
         let region = {
             let t = lock(&vm.tables);
-            let pd = t
-                .pds
-                .get(&mr.pd)
-                .ok_or(TransportError::Host(libc::EINVAL))?;
+            let pd = t.pds.get(&mr.pd).ok_or(RnicError::Host(libc::EINVAL))?;
             self.register(pd, &mem, mr, span, vm.quota.maps())?
         };
         let (lkey, rkey) = region.keys();

@@ -1,29 +1,16 @@
-//! The software RNIC: RDMA between the VMs of one daemon. With no wire
-//! between them, the requester performs the responder's part directly on
-//! the peer's objects and memory, and each operation completes in one step.
-//!
-//! - [`rnic`]: [`rnic::SoftRnic`], the object half (QP numbers, keys);
-//! - [`path`]: `SoftPath`, the data path behind the engine's seam;
-//!   [`lane`]: small WRITEs in one pass;
-//! - [`route`]: getting a message to its responder (QPN lookup, tenant
-//!   policy, the peer VM's lock); [`responder`] and [`receive`]: the
-//!   responder's side; [`retry`]: retry emulation; [`pieces`]: large
-//!   messages in pieces.
+//! A message as the responder gets it ([`Request`]), what the requester
+//! hears back ([`RespOutcome`]), and what both sides of the responder do
+//! with one: copy its payload in, or refuse it.
 
-pub mod lane;
-pub mod path;
-pub mod pieces;
-pub mod receive;
-pub mod responder;
-pub mod retry;
-pub mod rnic;
-pub mod route;
-
-use super::wqe::{SendWr, WqeBuf};
-use crate::memory::access::Segment;
-use crate::memory::HostMem;
 use virtio_rdma_abi::datapath::WcStatus;
+use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::qp::AddressVector;
+
+use crate::engine::wqe::WqeBuf;
+use crate::rnic_path::SendWr;
+use crate::memory::access::{self, Segment};
+use crate::memory::HostMem;
+use crate::vm::VmState;
 
 /// Reusable memory of the responder side (no allocation per message).
 pub struct RespScratch {
@@ -109,4 +96,30 @@ pub struct Request<'a> {
     /// UD: the Q_Key the message carries (`remote_qkey`, or the sending
     /// QP's own Q_Key). Unused for RC.
     pub qkey: u32,
+}
+
+/// The responder refuses: its QP fails with an async event, the requester
+/// gets `status`.
+pub(super) fn nak(state: &mut VmState, qp: u32, status: WcStatus) -> RespOutcome {
+    let event = if status == WcStatus::REM_ACCESS_ERR {
+        EventKind::QP_ACCESS_ERROR
+    } else {
+        EventKind::QP_REQ_ERROR
+    };
+    state.qp_enter_err(qp, Some(event));
+    RespOutcome::Nak(status)
+}
+
+/// Copies the request's payload (inline bytes or local segments) into `dst`:
+/// the part of it this execution moves (`req.part`, the whole message but
+/// for a plain RDMA WRITE executed in pieces).
+pub(super) fn copy_in(
+    req: &Request<'_>,
+    mem: &HostMem,
+    dst: &[Segment],
+) -> Result<(), access::AccessError> {
+    match req.wr.inline {
+        Some(data) => access::write(mem, dst, data),
+        None => access::copy(req.mem, req.local, mem, dst, req.part.1),
+    }
 }

@@ -1,11 +1,11 @@
 //! A directory of randomly drawn numbers and their owners: QP numbers and
-//! memory keys, which must be unique across the VMs of a transport and
+//! memory keys, which must be unique across the VMs of an RNIC and
 //! unpredictable (a peer that could guess an rkey could reach memory it was
 //! never given).
 
 use crate::keys::{KeyMap, KeySource};
 
-use super::TransportError;
+use crate::rnic_objects::RnicError;
 
 /// Give up finding a free random number after this many draws (only when
 /// the space is nearly full).
@@ -32,15 +32,15 @@ impl<V> Directory<V> {
     }
 
     /// Draws a free number and records `owner` for it.
-    pub fn alloc(&mut self, owner: V) -> Result<u32, TransportError> {
+    pub fn alloc(&mut self, owner: V) -> Result<u32, RnicError> {
         for _ in 0..DRAWS {
-            let n = self.keys.next_u32().map_err(|_| TransportError::Random)? & self.mask;
+            let n = self.keys.next_u32().map_err(|_| RnicError::Random)? & self.mask;
             if n >= self.first && !self.used.contains_key(&n) {
                 self.used.insert(n, owner);
                 return Ok(n);
             }
         }
-        Err(TransportError::Exhausted)
+        Err(RnicError::Exhausted)
     }
 
     /// The owner of `n`.
@@ -91,6 +91,6 @@ mod tests {
         let mut d = Directory::new(3, 2);
         assert!(d.alloc(()).is_ok());
         assert!(d.alloc(()).is_ok());
-        assert_eq!(d.alloc(()), Err(TransportError::Exhausted));
+        assert_eq!(d.alloc(()), Err(RnicError::Exhausted));
     }
 }

@@ -9,7 +9,7 @@
 //! there is, so no VM can take what another's share promises. A VM's
 //! effective limit is the smaller of its configured limit (`max_qp`, ...,
 //! `max_host_mappings`) and its share; an object beyond it is refused with
-//! `QUOTA` ([`TransportError::Quota`]) before the NIC is asked.
+//! `QUOTA` ([`RnicError::Quota`]) before the NIC is asked.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use std::sync::Arc;
 use virtio_rdma_abi::ctrl::quota;
 
 use crate::memory::window::{MapBudget, MapCharge, WindowError};
-use crate::transport::{HostQuota, HostUsage, TransportError};
+use crate::rnic_objects::{HostQuota, HostUsage, RnicError};
 
 /// The part of each of the NIC's capacities the daemon leaves to no VM: for
 /// the host's other users of the NIC and the daemon's own needs.
@@ -165,7 +165,7 @@ impl MapCosts {
 /// The capacities of a host NIC, per kind (`ibv_query_device`).
 pub type Capacity = PerKind;
 
-/// What the transport needs to know of each VM to give it its part (the
+/// What the RNIC needs to know of each VM to give it its part (the
 /// server makes it from the configuration).
 #[derive(Debug, Clone, Default)]
 pub struct Plan {
@@ -276,15 +276,15 @@ impl VmQuota {
     /// object's detail) beyond its effective limit, `QUOTA` (mappings)
     /// beyond the VM's mapping budget, `NO_MEMORY` when the daemon's is
     /// spent. Given back when the charge is dropped.
-    pub fn take(self: &Arc<Self>, kind: Kind, maps: usize) -> Result<Charge, TransportError> {
+    pub fn take(self: &Arc<Self>, kind: Kind, maps: usize) -> Result<Charge, RnicError> {
         let limit = self.effective(kind);
         let Some(used) = self.used.get(kind.index()) else {
-            return Err(TransportError::Exhausted);
+            return Err(RnicError::Exhausted);
         };
         used.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
             (n < limit).then_some(n.saturating_add(1))
         })
-        .map_err(|_| TransportError::Quota(kind.detail()))?;
+        .map_err(|_| RnicError::Quota(kind.detail()))?;
         // From here on the charge gives the object back if the mappings
         // are refused.
         let mut charge = Charge {
@@ -324,10 +324,10 @@ impl VmQuota {
 
 /// The status of a refused mapping charge: the VM's own budget spent is
 /// `QUOTA` (mappings), the daemon's `NO_MEMORY`.
-pub fn map_error(e: &WindowError) -> TransportError {
+pub fn map_error(e: &WindowError) -> RnicError {
     match e {
-        WindowError::MapCount { daemon: false, .. } => TransportError::Quota(quota::HOST_MAPPINGS),
-        _ => TransportError::Exhausted,
+        WindowError::MapCount { daemon: false, .. } => RnicError::Quota(quota::HOST_MAPPINGS),
+        _ => RnicError::Exhausted,
     }
 }
 
@@ -404,10 +404,7 @@ mod tests {
         let (a, b) = (&q[0], &q[1]);
         assert_eq!((a.effective(Kind::Qp), a.effective(Kind::Cq)), (9, 4));
         let held: Vec<Charge> = (0..9).map(|_| a.take(Kind::Qp, 0).unwrap()).collect();
-        assert_eq!(
-            a.take(Kind::Qp, 0).err(),
-            Some(TransportError::Quota(quota::QP))
-        );
+        assert_eq!(a.take(Kind::Qp, 0).err(), Some(RnicError::Quota(quota::QP)));
         let other: Vec<Charge> = (0..9).map(|_| b.take(Kind::Qp, 0).unwrap()).collect();
         drop(held);
         assert_eq!(a.used(Kind::Qp), 0);
@@ -436,7 +433,7 @@ mod tests {
         let qp = a.take(Kind::Qp, 4).unwrap();
         assert_eq!(
             a.take(Kind::Qp, 2).err(),
-            Some(TransportError::Quota(quota::HOST_MAPPINGS))
+            Some(RnicError::Quota(quota::HOST_MAPPINGS))
         );
         assert_eq!(
             (a.used(Kind::Qp), a.maps().used(), daemon.used()),
@@ -447,7 +444,7 @@ mod tests {
         assert_eq!(daemon.used(), 5);
         // A VM budget larger than the daemon has left: NO_MEMORY.
         let big = VmQuota::new([100; 6], [100; 6], 100, 100, &daemon);
-        assert_eq!(big.take(Kind::Cq, 6).err(), Some(TransportError::Exhausted));
+        assert_eq!(big.take(Kind::Cq, 6).err(), Some(RnicError::Exhausted));
         assert_eq!(big.used(Kind::Cq), 0);
         drop(cq);
         assert_eq!(daemon.used(), 0);

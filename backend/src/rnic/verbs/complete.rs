@@ -17,16 +17,16 @@ use virtio_rdma_abi::datapath::{
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::qp::{QpState, QpType};
 
+use super::attr::{wc_opcode, wc_status};
+use super::rnic::{lock_tables, HostEvent, Tables, VmHost, RECV_SRQ, RECV_WR};
+use super::scratch::Scratch;
 use crate::engine::completer::{complete, cq_error, error_cqe};
 use crate::engine::doorbell;
-use crate::engine::requester::{complete_posted, posted_done, Completion};
 use crate::engine::sge::local_segments;
-use crate::engine::soft::responder::comm_established;
 use crate::engine::wqe::{fetch_recv, RecvRing, WqeBuf};
+use crate::engine::requester::{complete_posted, posted_done, Completion};
 use crate::memory::access::{self, Segment};
 use crate::memory::HostMem;
-use crate::transport::verbs::attr::{wc_opcode, wc_status};
-use crate::transport::verbs::rnic::{lock_tables, HostEvent, Tables, VmHost, RECV_SRQ, RECV_WR};
 use crate::vm::VmState;
 use crate::sync::lock;
 
@@ -41,7 +41,7 @@ pub(super) fn host_events(host: &VmHost, state: &mut VmState) -> bool {
     };
     for ev in events {
         match ev {
-            HostEvent::Qp(h, EventKind::QP_COMM_EST) => comm_established(state, h),
+            HostEvent::Qp(h, EventKind::QP_COMM_EST) => state.comm_established(h),
             HostEvent::Qp(h, EventKind::QP_LAST_WQE_REACHED) => {
                 state.events.push(EventKind::QP_LAST_WQE_REACHED, h, 0);
             }
@@ -151,11 +151,11 @@ pub(super) fn poll_cqs(
     host: &VmHost,
     state: &mut VmState,
     mem: &HostMem,
-    ts: &mut super::Scratch,
+    ts: &mut Scratch,
 ) -> bool {
     let mut t = lock_tables(host);
     let mut did = false;
-    let super::Scratch {
+    let Scratch {
         wcs, cqs, wqe, segs, ..
     } = ts;
     cqs.clear();
@@ -258,7 +258,7 @@ fn apply(
     let cqe = if status == WcStatus::SUCCESS {
         // The first message received in RTR establishes the connection
         // (spec 13.3), whether or not the NIC reports it.
-        comm_established(state, h);
+        state.comm_established(h);
         let with_imm = wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
         // libibverbs does not say whether a message was solicited: every
         // receive counts as one, so that a CQ armed for solicited

@@ -1,0 +1,28 @@
+//! The software RNIC: RDMA between the VMs of one daemon. With no wire
+//! between them, the requester performs the responder's part directly on
+//! the peer's objects and memory, and each operation completes in one step.
+//!
+//! - [`rnic`]: [`rnic::SoftRnic`], the object half (QP numbers, keys);
+//! - [`path`]: [`path::SoftPath`], the data path behind the engine's seam
+//!   ([`crate::rnic_path::RnicPath`]); [`burst`]: what it keeps for a
+//!   burst (the peer VM locked for it); [`lane`]: small WRITEs in one pass;
+//! - [`route`]: getting a message to its responder (QPN lookup, tenant
+//!   policy, the peer VM's lock); [`request`]: a message as the responder
+//!   gets it, and what it answers; [`responder`] and [`receive`]: the
+//!   responder's side; [`retry`]: retry emulation; [`pieces`]: large
+//!   messages in pieces.
+
+pub mod burst;
+pub mod lane;
+pub mod path;
+pub mod pieces;
+pub mod receive;
+pub mod request;
+pub mod responder;
+pub mod retry;
+pub mod rnic;
+pub mod route;
+
+pub use path::SoftPath;
+pub use pieces::{ALONE_PIECE, PIECE};
+pub use rnic::SoftRnic;
