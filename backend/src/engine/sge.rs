@@ -40,8 +40,14 @@ pub fn check_local(state: &VmState, pd: u32, sges: &[Sge], write: bool) -> Resul
 }
 
 /// The MR of local SGE `sge` (of non-zero length) of a QP in PD `pd`, once
-/// its key, PD, rights (`write`: LOCAL_WRITE) and bounds are checked.
-fn local_mr<'c>(state: &'c VmState, pd: u32, sge: &Sge, write: bool) -> Result<&'c Mr, WcStatus> {
+/// its key, PD, rights (`write`: LOCAL_WRITE) and bounds are checked, and
+/// where the SGE starts: its guest address and the bytes contiguous there.
+pub fn local_mr<'c>(
+    state: &'c VmState,
+    pd: u32,
+    sge: &Sge,
+    write: bool,
+) -> Result<(&'c Mr, (u64, u64)), WcStatus> {
     let mr = state
         .res
         .lkeys
@@ -51,9 +57,10 @@ fn local_mr<'c>(state: &'c VmState, pd: u32, sge: &Sge, write: bool) -> Result<&
     if mr.pd != pd || (write && mr.access & acc::LOCAL_WRITE == 0) || mr.host_lost {
         return Err(WcStatus::LOC_PROT_ERR);
     }
-    mr.translate(sge.addr, u64::from(sge.length))
+    let at = mr
+        .translate(sge.addr, u64::from(sge.length))
         .ok_or(WcStatus::LOC_PROT_ERR)?;
-    Ok(mr)
+    Ok((mr, at))
 }
 
 /// [`local_segments`] for a piece of the list: every SGE is checked in full,
@@ -76,7 +83,7 @@ pub fn local_range(
         if sge.length == 0 {
             continue;
         }
-        let mr = local_mr(state, pd, sge, write)?;
+        let (mr, _) = local_mr(state, pd, sge, write)?;
         let len = u64::from(sge.length);
         // The part of this SGE inside [skip, end) of the list.
         let from = skip.saturating_sub(total).min(len);

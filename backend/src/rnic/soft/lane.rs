@@ -1,11 +1,9 @@
 //! The small-WRITE lane: an RDMA WRITE of at most [`LANE_MAX`] bytes from
 //! one SGE, on an RC QP whose route passed the requester's checks (earlier
 //! in the burst, or just now in `Router::transmit`), into a QP of the VM
-//! held for the burst, is checked
-//! and copied in one pass. The checks are those of the general path
-//! ([`super::route`], [`super::responder`]); what the lane leaves out is
-//! its machinery: segment lists and the outcome plumbing of retries and
-//! NAKs.
+//! held for the burst, is checked and copied in one pass. The checks are the general path's own
+//! (`sge::local_mr`, [`super::checks`]); what the lane leaves out is its
+//! machinery: segment lists and the outcome plumbing of retries and NAKs.
 //!
 //! Nothing is changed before the copy: a message the lane does not take,
 //! or one that fails any check, goes down the general path, which then
@@ -13,12 +11,14 @@
 
 use virtio_rdma_abi::datapath::{WcOpcode, WrOpcode};
 use virtio_rdma_abi::mem::access as acc;
-use virtio_rdma_abi::qp::{QpState, QpType};
+use virtio_rdma_abi::qp::QpType;
 
-use super::pieces::PIECE;
 use super::burst::Burst;
-use crate::rnic_path::{Outgoing, Serving};
+use super::checks::{rc_responder, remote_mr};
+use super::pieces::PIECE;
+use crate::engine::sge::local_mr;
 use crate::memory::access::Translate;
+use crate::rnic_path::{Outgoing, Serving};
 use crate::memory::volatile;
 use crate::stats::TrafficCounters;
 
@@ -60,45 +60,26 @@ pub(super) fn small_write(
     if state.res.qps.get(msg.qp)?.rt.partial.is_some() {
         return None;
     }
-    // The local buffer: key, PD and bounds (`sge::local_range`), inside one
-    // page and one RAM region.
-    let mr = state
-        .res
-        .lkeys
-        .get(&sge.lkey)
-        .and_then(|h| state.res.mrs.get(*h))?;
-    if mr.pd != msg.pd {
-        return None;
-    }
-    let (src_gpa, src_room) = mr.translate(sge.addr, len)?;
+    // The local buffer: the general path's checks (`sge::local_mr`), and
+    // inside one page and one RAM region.
+    let (_, (src_gpa, src_room)) = local_mr(state, msg.pd, sge, false).ok()?;
     if src_room < len {
         return None;
     }
     let src = mem.ptr(src_gpa, len)?;
-    // The responder (`route::deliver`, `route::respond_checked`,
-    // `responder::perform`): running, at the GID addressed, still that
-    // QPN, an RC QP that takes messages, REMOTE_WRITE on the QP and on an
-    // MR of its PD whose bounds hold the range.
+    // The responder: the general path's checks (`checks`): running, at
+    // the GID addressed, still that QPN, an RC QP that takes messages,
+    // REMOTE_WRITE on the QP and on an MR of its PD whose bounds hold the
+    // range.
     let peer = &*held.state;
-    if !peer.running() || peer.port_gid() != msg.av.dgid {
+    if peer.port_gid() != msg.av.dgid {
         return None;
     }
-    let q = peer.res.qps.get(peer_qp)?;
-    if q.qpn != msg.dest_qpn
-        || q.qp_type != QpType::RC
-        || !matches!(q.state, QpState::RTR | QpState::RTS | QpState::SQD)
-        || q.attr.access & acc::REMOTE_WRITE == 0
-    {
+    let q = rc_responder(peer, peer_qp, msg.dest_qpn, None).ok()?;
+    if q.attr.access & acc::REMOTE_WRITE == 0 {
         return None;
     }
-    let rmr = peer
-        .res
-        .rkeys
-        .get(&wr.hdr.rkey)
-        .and_then(|h| peer.res.mrs.get(*h))?;
-    if rmr.pd != q.pd || rmr.access & acc::REMOTE_WRITE == 0 {
-        return None;
-    }
+    let rmr = remote_mr(peer, q, wr.hdr.rkey, acc::REMOTE_WRITE)?;
     let (dst_gpa, dst_room) = rmr.translate(wr.hdr.remote_addr, len)?;
     if dst_room < len {
         return None;

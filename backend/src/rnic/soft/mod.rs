@@ -8,12 +8,16 @@
 //!   burst (the peer VM locked for it); [`lane`]: small WRITEs in one pass;
 //! - [`route`]: getting a message to its responder (QPN lookup, tenant
 //!   policy, the peer VM's lock); [`request`]: a message as the responder
-//!   gets it, and what it answers; [`responder`] and [`receive`]: the
-//!   responder's side; [`retry`]: retry emulation; [`pieces`]: large
+//!   gets it, and what it answers; [`checks`]: whether the responder QP
+//!   takes a message, one set for the general path and the lane;
+//!   [`responder`] and [`receive`]: the responder's side; [`retry`]: retry emulation; [`pieces`]: large
 //!   messages in pieces.
 
 pub mod burst;
+pub mod checks;
 pub mod lane;
+#[cfg(test)]
+mod lane_agrees;
 pub mod path;
 pub mod pieces;
 pub mod receive;

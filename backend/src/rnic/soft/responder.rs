@@ -4,12 +4,13 @@
 
 use virtio_rdma_abi::datapath::{WcStatus, WrOpcode};
 use virtio_rdma_abi::mem::access as acc;
-use virtio_rdma_abi::qp::{QpState, QpType};
+use virtio_rdma_abi::qp::QpType;
 
 use super::receive::{
     abandon, consume_recv, next_piece, peek_recv, place_piece, place_send, received, recv_cqe,
     recv_failed, recv_queue_failed, Broken, Head, Peeked,
 };
+use super::checks::{rc_responder, remote_mr, ud_responder};
 use super::request::{copy_in, nak, Request, RespOutcome, RespScratch};
 use crate::engine::sge::check_local;
 use crate::memory::access::{self, Segment, Translate};
@@ -47,13 +48,7 @@ fn remote_part(
     out: &mut Vec<Segment>,
 ) -> Result<(), WcStatus> {
     let q = state.res.qps.get(qp).ok_or(WcStatus::REM_ACCESS_ERR)?;
-    let mr = state
-        .res
-        .rkeys
-        .get(&rkey)
-        .and_then(|h| state.res.mrs.get(*h))
-        .filter(|mr| mr.pd == q.pd && mr.access & right != 0);
-    let Some(mr) = mr else {
+    let Some(mr) = remote_mr(state, q, rkey, right) else {
         if let Some(c) = state.tenancy().counters(requester) {
             IsolationCounters::bump(&c.bad_rkey);
         }
@@ -124,14 +119,26 @@ fn remote_range(
     remote_segments(state, qp, req.vm, (wr.hdr.rkey, addr, take), right, out)
 }
 
-/// Performs `req` at responder QP `qp` of `state` (whose memory is `mem`).
+/// Performs `req` at responder QP `qp` of `state` (whose memory is `mem`)
+/// if that QP takes it ([`rc_responder`], [`ud_responder`] for `ud`: its
+/// VM running, still numbered `req.dest_qpn`, of the message's type and in
+/// a state that takes messages; for UD with the message's Q_Key).
 pub fn respond(
     state: &mut VmState,
     mem: &HostMem,
     qp: u32,
     req: &Request<'_>,
+    ud: bool,
     scratch: &mut RespScratch,
 ) -> RespOutcome {
+    let takes = if ud {
+        ud_responder(state, qp, req.dest_qpn, req.qkey)
+    } else {
+        rc_responder(state, qp, req.dest_qpn, None)
+    };
+    if let Err(outcome) = takes {
+        return outcome;
+    }
     let out = perform(state, mem, qp, req, scratch);
     // A message executed in pieces counts once, with its last piece.
     let last = req.part.0.saturating_add(req.part.1) >= req.len;
@@ -148,8 +155,9 @@ pub fn respond(
     out
 }
 
-/// The work of [`respond`]: checks, receive consumption, data movement and
-/// the responder's completion.
+/// The work of [`respond`] once the QP takes the message: the checks of
+/// its operation, receive consumption, data movement and the responder's
+/// completion.
 fn perform(
     state: &mut VmState,
     mem: &HostMem,
@@ -160,17 +168,6 @@ fn perform(
     let Some(q) = state.res.qps.get(qp) else {
         return RespOutcome::Unreachable;
     };
-    if q.qpn != req.dest_qpn {
-        // The handle came from a stale hint: the QP is gone.
-        return RespOutcome::Stale;
-    }
-    if !matches!(q.state, QpState::RTR | QpState::RTS | QpState::SQD) {
-        return if q.qp_type == QpType::UD {
-            RespOutcome::Dropped
-        } else {
-            RespOutcome::Unreachable
-        };
-    }
     let ud = q.qp_type == QpType::UD;
     let (recv_cq, my_qpn, pd) = (q.recv_cq, q.qpn, q.pd);
     let min_rnr = q.attr.min_rnr_timer;

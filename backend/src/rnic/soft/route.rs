@@ -12,9 +12,9 @@
 use std::sync::Arc;
 
 use virtio_rdma_abi::datapath::WcStatus;
-use virtio_rdma_abi::qp::{QpState, QpType};
 
 use super::burst::Burst;
+use super::checks::rc_responder;
 use super::lane;
 use super::pieces::Span;
 use super::request::{Request, RespOutcome, RespScratch};
@@ -22,7 +22,6 @@ use super::responder::respond;
 use crate::engine::sge::{check_local, local_range};
 use crate::engine::{count_privileged, management_qp};
 use crate::memory::access::Segment;
-use crate::memory::HostMem;
 use crate::rnic_objects::RnicObjects;
 use crate::rnic_path::{Outgoing, Serving};
 use crate::tenancy::{IsolationCounters, Tenancy};
@@ -96,6 +95,25 @@ impl Router<'_> {
                 return Ok(RespOutcome::Done);
             }
         }
+        self.general(cx, b, msg, span, route, local, resp)
+    }
+
+    /// The general path of [`Router::transmit`], for a message whose
+    /// route (VM, QP handle) `route` passed the checks that need no lock
+    /// of the responder's VM: its local buffers translated (the part
+    /// `span` of them), then delivered.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn general(
+        &self,
+        cx: &mut Serving<'_>,
+        b: &mut Burst<'_>,
+        msg: &Outgoing<'_>,
+        span: Span,
+        route: Option<(usize, u32)>,
+        local: &mut Vec<Segment>,
+        resp: &mut RespScratch,
+    ) -> Result<RespOutcome, WcStatus> {
+        let (h, ud, dgid) = (msg.qp, msg.ud(), msg.av.dgid);
         // Every piece resolves only its own part.
         let sges = msg.wr.sges;
         local_range(
@@ -220,10 +238,10 @@ impl Router<'_> {
             // a QP connected while it was not live (spec 18.23).
             qp.rt.dest_incarnation.get_or_insert(inc);
             let verdict = if pvm == cx.vm {
-                responder_takes(cx.state, pqp, dest_qpn, inc)
+                rc_responder(cx.state, pqp, dest_qpn, Some(inc)).err()
             } else {
                 match b.held.as_ref().filter(|p| p.vm == pvm) {
-                    Some(p) => responder_takes(p.state, pqp, dest_qpn, inc),
+                    Some(p) => rc_responder(p.state, pqp, dest_qpn, Some(inc)).err(),
                     None => None,
                 }
             };
@@ -306,13 +324,13 @@ fn deliver(
         Err(outcome) => return outcome,
     };
     if peer_vm == cx.vm {
-        return respond_checked(cx.state, cx.mem, peer_qp, req, ud, resp);
+        return respond(cx.state, cx.mem, peer_qp, req, ud, resp);
     }
     if let Some(p) = b.held.as_mut().filter(|p| p.vm == peer_vm) {
         if p.state.port_gid() != dgid {
             return RespOutcome::Unreachable;
         }
-        let out = respond_checked(p.state, p.mem, peer_qp, req, ud, resp);
+        let out = respond(p.state, p.mem, peer_qp, req, ud, resp);
         if !p.state.events.is_empty() {
             p.dev.wake_events();
         }
@@ -325,7 +343,7 @@ fn deliver(
         if pstate.port_gid() != dgid {
             return RespOutcome::Unreachable;
         }
-        let out = respond_checked(pstate, pmem, peer_qp, req, ud, resp);
+        let out = respond(pstate, pmem, peer_qp, req, ud, resp);
         if !pstate.events.is_empty() {
             peer.wake_events();
         }
@@ -401,23 +419,6 @@ fn admit(
     Ok((peer_vm, peer_qp))
 }
 
-/// Whether RC QP `qp` of `state` takes a message addressed to `qpn` now
-/// (a QP of incarnation `inc`): `None` if it does, else what the requester
-/// gets (`Stale`: the handle no longer names that QP; `Unreachable`: a
-/// state that takes none).
-fn responder_takes(state: &VmState, qp: u32, qpn: u32, inc: u64) -> Option<RespOutcome> {
-    if !state.running() {
-        return Some(RespOutcome::Unreachable);
-    }
-    let found = state.res.qps.get(qp);
-    let Some(q) = found.filter(|q| q.qpn == qpn && q.incarnation == inc) else {
-        return Some(RespOutcome::Stale);
-    };
-    let takes =
-        q.qp_type == QpType::RC && matches!(q.state, QpState::RTR | QpState::RTS | QpState::SQD);
-    (!takes).then_some(RespOutcome::Unreachable)
-}
-
 /// Whether VMs `a` and `b` are served by the same engine thread.
 pub(super) fn same_thread(vms: &[Option<Arc<VmCell>>], a: usize, b: usize) -> bool {
     let thread = |v: usize| {
@@ -426,40 +427,4 @@ pub(super) fn same_thread(vms: &[Option<Arc<VmCell>>], a: usize, b: usize) -> bo
             .map(|d| d.engine_index())
     };
     thread(a).is_some() && thread(a) == thread(b)
-}
-
-/// Hands `req` to responder QP `peer_qp` of `state` if that QP takes it:
-/// its VM running, the QP still numbered `req.dest_qpn` (else `Stale`),
-/// and of the message's type — for UD with the message's Q_Key, else the
-/// message is dropped.
-fn respond_checked(
-    state: &mut VmState,
-    mem: &HostMem,
-    peer_qp: u32,
-    req: &Request<'_>,
-    ud: bool,
-    resp: &mut RespScratch,
-) -> RespOutcome {
-    if !state.running() {
-        // Stopped: no QP answers, as on a wire to a halted host.
-        return if ud {
-            RespOutcome::Dropped
-        } else {
-            RespOutcome::Unreachable
-        };
-    }
-    let Some(q) = state.res.qps.get(peer_qp) else {
-        return RespOutcome::Stale;
-    };
-    if q.qpn != req.dest_qpn {
-        return RespOutcome::Stale;
-    }
-    if ud {
-        if q.qp_type != QpType::UD || q.attr.qkey != req.qkey {
-            return RespOutcome::Dropped;
-        }
-    } else if q.qp_type != QpType::RC {
-        return RespOutcome::Unreachable;
-    }
-    respond(state, mem, peer_qp, req, resp)
 }
