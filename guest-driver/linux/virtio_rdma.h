@@ -15,6 +15,7 @@
 #include <rdma/ib_verbs.h>
 
 #include "virtio_rdma_abi.h"
+#include "compat.h"
 
 /* Event buffers kept on the event queue. */
 #define VRDMA_EVENT_BUFS 64
@@ -241,8 +242,8 @@ void *vrdma_page_list(struct vrdma_dev *dev, struct ib_umem *umem,
 		      struct virtio_rdma_buffer_desc *buf, size_t *req_len,
 		      size_t *nlist_out);
 void vrdma_free_list_pages(__le64 *tail, size_t nlist);
-int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
-		    struct ib_udata *udata);
+int vrdma_ops_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
+			VRDMA_CREATE_CQ_ATTRS *attrs);
 int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata);
 int vrdma_pin_queue(struct ib_device *ibdev, u64 buf_va, size_t buf_len,
 		    u64 db_va, struct vrdma_queue *q, u64 *db_gpa);

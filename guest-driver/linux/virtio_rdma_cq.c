@@ -16,6 +16,7 @@
 #include <rdma/uverbs_ioctl.h>
 
 #include "virtio_rdma.h"
+#include "compat.h"
 #include "uapi/virtio_rdma-abi.h"
 
 /* Pins the doorbell record at @va and returns its guest-physical address. */
@@ -67,8 +68,9 @@ void vrdma_release_queue(struct vrdma_queue *q)
 	ib_umem_release(q->buf);
 }
 
-int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
-		    struct ib_udata *udata)
+static int vrdma_create_cq(struct ib_cq *ibcq,
+			   const struct ib_cq_init_attr *attr,
+			   struct ib_udata *udata)
 {
 	struct vrdma_ucontext *uc = rdma_udata_to_drv_context(udata,
 			struct vrdma_ucontext, ibucontext);
@@ -139,6 +141,13 @@ int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
 err_queue:
 	vrdma_release_queue(&cq->q);
 	return ret;
+}
+
+/* The create_cq verb, whose last parameter depends on the kernel (compat.h). */
+int vrdma_ops_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
+			VRDMA_CREATE_CQ_ATTRS *attrs)
+{
+	return vrdma_create_cq(ibcq, attr, vrdma_create_cq_udata(attrs));
 }
 
 int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
