@@ -5,7 +5,6 @@
 #ifndef _VIRTIO_RDMA_H
 #define _VIRTIO_RDMA_H
 
-#include <linux/completion.h>
 #include <linux/if_ether.h>
 #include <linux/mutex.h>
 #include <linux/notifier.h>
@@ -205,21 +204,8 @@ static inline struct vrdma_pd *to_vpd(struct ib_pd *ibpd)
 	return container_of(ibpd, struct vrdma_pd, ibpd);
 }
 
-/* One control command in flight. */
-struct vrdma_cmd {
-	struct completion done;
-	/*
-	 * ctrl_lock: the caller gave up waiting; whoever takes the buffers
-	 * back from the device frees them.
-	 */
-	bool abandoned;
-	struct virtio_rdma_request_header req;
-	struct virtio_rdma_response_header resp;
-	unsigned int used_len;
-	/* The request, then room for the response. */
-	u8 data[];
-};
-
+void vrdma_ctrl_done(struct virtqueue *vq);
+void vrdma_ctrl_stop(struct vrdma_dev *dev);
 int vrdma_cmd_exec(struct vrdma_dev *dev, u32 opcode, const void *req,
 		   size_t req_len, void *resp, size_t resp_len);
 void vrdma_pair(struct vrdma_dev *dev, bool start);
