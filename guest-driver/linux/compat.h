@@ -16,8 +16,6 @@
 #include <rdma/ib_verbs.h>
 #include <rdma/uverbs_ioctl.h>
 
-#include "virtio_rdma.h"
-
 /*
  * Clears flags of a VMA being mapped. Since 6.3 vma->vm_flags is read-only
  * and changes go through vm_flags_clear(), which also asserts the mmap
@@ -66,23 +64,23 @@ static inline int vrdma_virtio_find_vqs(struct virtio_device *vdev,
 }
 
 /*
- * The create_cq verb of struct ib_device_ops. Since 6.11 ib_core passes
- * the whole uverbs attribute bundle (NULL for a kernel consumer's CQ), whose
- * driver_udata is what it passed before.
+ * The last parameter of the create_cq verb of struct ib_device_ops, a
+ * VRDMA_CREATE_CQ_ATTRS pointer, and the udata it gives. Since 6.11 ib_core
+ * passes the whole uverbs attribute bundle (NULL for a kernel consumer's
+ * CQ), whose driver_udata is what it passed before.
  */
 #if KERNEL_VERSION(6, 11, 0) <= LINUX_VERSION_CODE
-static inline int vrdma_ops_create_cq(struct ib_cq *ibcq,
-				      const struct ib_cq_init_attr *attr,
-				      struct uverbs_attr_bundle *attrs)
+#define VRDMA_CREATE_CQ_ATTRS struct uverbs_attr_bundle
+static inline struct ib_udata *
+vrdma_create_cq_udata(struct uverbs_attr_bundle *attrs)
 {
-	return vrdma_create_cq(ibcq, attr, attrs ? &attrs->driver_udata : NULL);
+	return attrs ? &attrs->driver_udata : NULL;
 }
 #else
-static inline int vrdma_ops_create_cq(struct ib_cq *ibcq,
-				      const struct ib_cq_init_attr *attr,
-				      struct ib_udata *udata)
+#define VRDMA_CREATE_CQ_ATTRS struct ib_udata
+static inline struct ib_udata *vrdma_create_cq_udata(struct ib_udata *udata)
 {
-	return vrdma_create_cq(ibcq, attr, udata);
+	return udata;
 }
 #endif
 

@@ -5,7 +5,6 @@
 #ifndef _VIRTIO_RDMA_H
 #define _VIRTIO_RDMA_H
 
-#include <linux/completion.h>
 #include <linux/if_ether.h>
 #include <linux/mutex.h>
 #include <linux/notifier.h>
@@ -15,6 +14,7 @@
 #include <rdma/ib_verbs.h>
 
 #include "virtio_rdma_abi.h"
+#include "compat.h"
 
 /* Event buffers kept on the event queue. */
 #define VRDMA_EVENT_BUFS 64
@@ -204,55 +204,52 @@ static inline struct vrdma_pd *to_vpd(struct ib_pd *ibpd)
 	return container_of(ibpd, struct vrdma_pd, ibpd);
 }
 
-/* One control command in flight. */
-struct vrdma_cmd {
-	struct completion done;
-	/*
-	 * ctrl_lock: the caller gave up waiting; whoever takes the buffers
-	 * back from the device frees them.
-	 */
-	bool abandoned;
-	struct virtio_rdma_request_header req;
-	struct virtio_rdma_response_header resp;
-	unsigned int used_len;
-	/* The request, then room for the response. */
-	u8 data[];
-};
+/*
+ * The functions of each file, from the bottom layer up: a file calls only
+ * those listed before its own.
+ */
 
+/* virtio_rdma_cmd.c: the control queue's commands */
+void vrdma_ctrl_done(struct virtqueue *vq);
+void vrdma_ctrl_stop(struct vrdma_dev *dev);
+bool vrdma_dev_stopped(struct vrdma_dev *dev);
 int vrdma_cmd_exec(struct vrdma_dev *dev, u32 opcode, const void *req,
 		   size_t req_len, void *resp, size_t resp_len);
-void vrdma_pair(struct vrdma_dev *dev, bool start);
-void vrdma_pair_work(struct work_struct *work);
-int vrdma_netdev_event(struct notifier_block *nb, unsigned long event,
-		       void *ptr);
-void vrdma_ib_down(struct vrdma_dev *dev);
-bool vrdma_dev_stopped(struct vrdma_dev *dev);
-void vrdma_event(struct vrdma_dev *dev, const struct virtio_rdma_event *ev);
-void vrdma_requery_work(struct work_struct *work);
-void vrdma_lost_locked(struct vrdma_dev *dev, const char *why);
 void vrdma_queue_reset_locked(struct vrdma_dev *dev, const char *why);
-struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
-				u64 virt_addr, int ib_access,
-				struct ib_udata *udata);
-int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata);
+
+/* virtio_rdma_umem.c: page lists and pinned queues */
 struct ib_umem;
+void vrdma_free_list_pages(__le64 *tail, size_t nlist);
 void *vrdma_page_list(struct vrdma_dev *dev, struct ib_umem *umem,
 		      unsigned long pgsz, size_t fixed_len,
 		      struct virtio_rdma_buffer_desc *buf, size_t *req_len,
 		      size_t *nlist_out);
-void vrdma_free_list_pages(__le64 *tail, size_t nlist);
-int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
-		    struct ib_udata *udata);
-int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata);
-int vrdma_pin_queue(struct ib_device *ibdev, u64 buf_va, size_t buf_len,
-		    u64 db_va, struct vrdma_queue *q, u64 *db_gpa);
-void vrdma_release_queue(struct vrdma_queue *q);
 int vrdma_exec_list(struct vrdma_dev *dev, u32 opcode, void *req,
 		    size_t fixed_len, size_t req_len, size_t nlist, void *resp,
 		    size_t resp_len);
+int vrdma_pin_queue(struct ib_device *ibdev, u64 buf_va, size_t buf_len,
+		    u64 db_va, struct vrdma_queue *q, u64 *db_gpa);
+void vrdma_release_queue(struct vrdma_queue *q);
+
+/* virtio_rdma_mr.c */
 int vrdma_access(int ib_access, u32 *access);
+struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
+				u64 virt_addr, int ib_access,
+				struct ib_udata *udata);
+int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata);
+
+/* virtio_rdma_cq.c */
+int vrdma_ops_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
+			VRDMA_CREATE_CQ_ATTRS *attrs);
+int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata);
+
+/* virtio_rdma_qp.c: QPs and address handles */
 int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 		    struct ib_udata *udata);
+int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
+		    struct ib_udata *udata);
+int vrdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
+		   struct ib_qp_init_attr *init);
 int vrdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata);
 int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 		    const struct ib_send_wr **bad_wr);
@@ -261,6 +258,8 @@ int vrdma_av(struct vrdma_ib *vib, const struct rdma_ah_attr *ah,
 int vrdma_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init,
 		    struct ib_udata *udata);
 int vrdma_destroy_ah(struct ib_ah *ibah, u32 flags);
+
+/* virtio_rdma_srq.c */
 int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 		     struct ib_udata *udata);
 int vrdma_modify_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr,
@@ -269,9 +268,17 @@ int vrdma_query_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr);
 int vrdma_destroy_srq(struct ib_srq *ibsrq, struct ib_udata *udata);
 int vrdma_post_srq_recv(struct ib_srq *ibsrq, const struct ib_recv_wr *wr,
 			const struct ib_recv_wr **bad_wr);
-int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
-		    struct ib_udata *udata);
-int vrdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
-		   struct ib_qp_init_attr *init);
+
+/* virtio_rdma_event.c */
+void vrdma_event(struct vrdma_dev *dev, const struct virtio_rdma_event *ev);
+void vrdma_requery_work(struct work_struct *work);
+void vrdma_lost_locked(struct vrdma_dev *dev, const char *why);
+
+/* virtio_rdma_ib.c: the verbs device */
+void vrdma_pair(struct vrdma_dev *dev, bool start);
+void vrdma_pair_work(struct work_struct *work);
+int vrdma_netdev_event(struct notifier_block *nb, unsigned long event,
+		       void *ptr);
+void vrdma_ib_down(struct vrdma_dev *dev);
 
 #endif /* _VIRTIO_RDMA_H */

@@ -12,63 +12,15 @@
 #include <linux/slab.h>
 #include <rdma/ib_umem.h>
 #include <rdma/ib_verbs.h>
-#include <rdma/iter.h>
 #include <rdma/uverbs_ioctl.h>
 
 #include "virtio_rdma.h"
+#include "compat.h"
 #include "uapi/virtio_rdma-abi.h"
 
-/* Pins the doorbell record at @va and returns its guest-physical address. */
-static int vrdma_pin_db(struct ib_device *ibdev, u64 va, struct ib_umem **umem,
-			u64 *gpa)
-{
-	struct ib_block_iter biter;
-
-	if (va % VIRTIO_RDMA_DB_RECORD_SIZE)
-		return -EINVAL;
-	*umem = ib_umem_get(ibdev, va, VIRTIO_RDMA_DB_RECORD_SIZE,
-			    IB_ACCESS_LOCAL_WRITE);
-	if (IS_ERR(*umem))
-		return PTR_ERR(*umem);
-	/* 128 bytes at a 128-byte boundary: inside one page. */
-	rdma_umem_for_each_dma_block(*umem, &biter, PAGE_SIZE) {
-		*gpa = virt_to_phys((void *)(uintptr_t)
-				    rdma_block_iter_dma_address(&biter)) +
-		       offset_in_page(va);
-		return 0;
-	}
-	ib_umem_release(*umem);
-	return -EINVAL;
-}
-
-/*
- * Pins a queue's ring buffer (@buf_len bytes at the page-aligned @buf_va)
- * and its doorbell record at @db_va (spec 10.4, 11).
- */
-int vrdma_pin_queue(struct ib_device *ibdev, u64 buf_va, size_t buf_len,
-		    u64 db_va, struct vrdma_queue *q, u64 *db_gpa)
-{
-	int ret;
-
-	if (!PAGE_ALIGNED(buf_va) || !buf_len)
-		return -EINVAL;
-	q->buf = ib_umem_get(ibdev, buf_va, buf_len, IB_ACCESS_LOCAL_WRITE);
-	if (IS_ERR(q->buf))
-		return PTR_ERR(q->buf);
-	ret = vrdma_pin_db(ibdev, db_va, &q->db, db_gpa);
-	if (ret)
-		ib_umem_release(q->buf);
-	return ret;
-}
-
-void vrdma_release_queue(struct vrdma_queue *q)
-{
-	ib_umem_release(q->db);
-	ib_umem_release(q->buf);
-}
-
-int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
-		    struct ib_udata *udata)
+static int vrdma_create_cq(struct ib_cq *ibcq,
+			   const struct ib_cq_init_attr *attr,
+			   struct ib_udata *udata)
 {
 	struct vrdma_ucontext *uc = rdma_udata_to_drv_context(udata,
 			struct vrdma_ucontext, ibucontext);
@@ -139,6 +91,13 @@ int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
 err_queue:
 	vrdma_release_queue(&cq->q);
 	return ret;
+}
+
+/* The create_cq verb, whose last parameter depends on the kernel (compat.h). */
+int vrdma_ops_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
+			VRDMA_CREATE_CQ_ATTRS *attrs)
+{
+	return vrdma_create_cq(ibcq, attr, vrdma_create_cq_udata(attrs));
 }
 
 int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
