@@ -24,6 +24,7 @@
 //!   queues, host completions and events applied to the VM (its object half
 //!   is [`crate::transport::verbs`]).
 
+mod anticipate;
 pub mod barrier;
 pub mod completer;
 pub mod doorbell;
@@ -91,6 +92,9 @@ pub struct EngineCounters {
     /// Times a peek found work of a parked VM while the thread was busy
     /// (before, or without, the VM's notification).
     pub peeked: AtomicU64,
+    /// Times the thread watched an entitled VM's doorbells and found its
+    /// next post (`anticipate`).
+    pub anticipated: AtomicU64,
 }
 
 /// An engine thread and the VMs it serves.

@@ -4,7 +4,7 @@
 //! every VM through the VMs' own tables.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::qp::QpState;
@@ -20,6 +20,7 @@ use super::thread::Scratch;
 use super::transport::TransportPath;
 use super::Engine;
 use crate::memory::HostMem;
+use crate::stats::TrafficCounters;
 use crate::qos::drr::{cost_ns, Drr, Turn};
 use crate::vm::cell::{Locked, VmCell};
 use crate::vm::VmState;
@@ -95,7 +96,8 @@ impl Engine {
             active.push(k);
             path.vm_active(&mut scratch.transport, k);
         }
-        drr.round(active, |drr, turn| {
+        let anticipated = self.anticipate(path, lists, scratch, drr, active);
+        let did = drr.round(active, |drr, turn| {
             let Some(list) = lists.get_mut(turn.vm) else {
                 return false;
             };
@@ -105,7 +107,56 @@ impl Engine {
                 return false;
             }
             self.pass(path, vms, list, scratch, drr, turn)
-        })
+        });
+        scratch.anticipation.served(drr.served_most(active));
+        if let Some((k, waited)) = anticipated {
+            // The wait is the anticipated VM's, like its work.
+            let ns = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
+            drr.charge_ns(k, ns);
+            scratch.worked = scratch.worked.saturating_add(ns);
+        }
+        did
+    }
+
+    /// Anticipation (`super::anticipate`): if the VM served last is
+    /// entitled to far more of the thread than every VM with work now but
+    /// has not posted yet, watches its doorbells for its window. A VM that
+    /// posts within it joins this sweep's `active`. Returns the VM watched
+    /// and for how long.
+    fn anticipate<P: TransportPath>(
+        &self,
+        path: &P,
+        lists: &mut [DbList],
+        scratch: &mut Scratch<P::Scratch>,
+        drr: &mut Drr,
+        active: &mut Vec<usize>,
+    ) -> Option<(usize, Duration)> {
+        let k = scratch.anticipation.take_candidate()?;
+        if active.is_empty() || active.contains(&k) || !drr.entitled(k, active) {
+            return None;
+        }
+        let list = lists.get_mut(k).filter(|l| !l.parked)?;
+        let window = scratch.anticipation.window(k)?;
+        let start = Instant::now();
+        loop {
+            if list.peek() {
+                let waited = start.elapsed();
+                scratch.anticipation.hit(k, waited);
+                TrafficCounters::add_single_writer(&self.counters.anticipated, 1);
+                if list.scan() && scratch.limits.blocked_until(list.dev.id()).is_none() {
+                    active.push(k);
+                    path.vm_active(&mut scratch.transport, k);
+                    drr.anticipated(k);
+                }
+                return Some((k, waited));
+            }
+            let waited = start.elapsed();
+            if waited >= window {
+                scratch.anticipation.miss(k);
+                return Some((k, waited));
+            }
+            std::hint::spin_loop();
+        }
     }
 
     /// One pass over the QPs of a VM that showed work in the last scan, a

@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use log::warn;
 use virtio_rdma_abi::datapath::{DB_FLAG_KICK, DB_FLAG_POLLING};
 
+use super::anticipate::Anticipation;
 use super::barrier;
 use super::poll::{set_flags, DbList};
 use super::transport::TransportPath;
@@ -108,6 +109,9 @@ pub struct Scratch<T> {
     /// ([`crate::qos::drr::cost_ns`]) of all the work it did, plus
     /// [`SWEEP_WORK`] per busy sweep; parked VMs are peeked by it.
     pub(super) worked: u64,
+    /// Which VM to anticipate, and what is known of their posting
+    /// (`super::anticipate`).
+    pub(super) anticipation: Anticipation,
     /// The transport's reusable memory.
     pub(crate) transport: T,
 }
@@ -123,6 +127,7 @@ impl<T: Default> Scratch<T> {
             executed: (0, 0),
             contended: false,
             worked: 0,
+            anticipation: Anticipation::default(),
             transport: T::default(),
         }
     }
@@ -351,6 +356,7 @@ impl Engine {
                 }
                 drr = Drr::default();
                 drr.resize(lists.len());
+                scratch.anticipation.reset(lists.len());
                 for (k, list) in lists.iter().enumerate() {
                     let id = list.dev.id();
                     let w = qos.vm(id).map_or(DEFAULT_WEIGHT, |s| s.weight);
