@@ -31,7 +31,10 @@
 //!
 //! Clients and attackers run on `--client-cpu` (the attacker at nice 19),
 //! the daemon on `--engine-cpu`. Nothing here asserts a timing: the
-//! verdicts are printed.
+//! verdicts are printed. Each line also gives the share of the window in
+//! which the victim's client thread was ready to run but waited for its
+//! CPU (`/proc/thread-self/schedstat`): a closed loop's rate is its
+//! client's as much as the engine's.
 //!
 //! Run: `cargo build --release -p vhost-user-rdma-tests --bin attack_bench &&
 //! target/release/attack_bench --runs 3`
@@ -45,8 +48,8 @@ use clap::Parser;
 use vhost_user_rdma::config::TenantConfig;
 use vhost_user_rdma::qos::QosSpec;
 use vhost_user_rdma_tests::bench::{
-    lat_client, lat_client_paced, loadavg, median, pin_current, print_header, thread_placement,
-    verdict, LatResult,
+    lat_client, lat_client_paced, loadavg, median, pin_current, print_header, thread_cpu_times,
+    thread_placement, verdict, LatResult,
 };
 use vhost_user_rdma_tests::dp::{rc_pair, repeated_page_mr, Buf, Vm, QP_ACCESS};
 use vhost_user_rdma_tests::harness::TestDaemon;
@@ -589,6 +592,10 @@ fn main() -> Res<()> {
     let mut res: Vec<Vec<Vec<LatResult>>> = vec![vec![Vec::new(); victims.len()]; scenarios.len()];
     // The victim VM's notifications (kicks) per WRITE, same indices.
     let mut kicks: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); victims.len()]; scenarios.len()];
+    // The share of the window in which the victim's client thread waited
+    // for its CPU (ready, not running), same indices: a closed loop's rate
+    // is its client's as much as the engine's.
+    let mut waited: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); victims.len()]; scenarios.len()];
     let stop = AtomicBool::new(false);
     let notifications = || {
         d.daemon()
@@ -602,7 +609,7 @@ fn main() -> Res<()> {
                 "alone" => None,
                 n => Some(Attack::new(n, &vms[2], &vms[3], msg)?),
             };
-            let lats = std::thread::scope(|s| -> Res<Vec<(LatResult, f64)>> {
+            let lats = std::thread::scope(|s| -> Res<Vec<(LatResult, f64, f64)>> {
                 stop.store(false, Ordering::Relaxed);
                 let h = attack.map(|mut at| {
                     let (cpu, stop) = (args.client_cpu, &stop);
@@ -632,6 +639,7 @@ fn main() -> Res<()> {
                 let mut out = Vec::new();
                 for v in &victims {
                     let n0 = notifications();
+                    let (t0, c0) = (std::time::Instant::now(), thread_cpu_times());
                     let sge = vsrc.sge(0, 64);
                     let lat = match v.interval {
                         None => lat_client(&victim.cqa, &victim.qa, sge, vop, args.secs),
@@ -647,7 +655,9 @@ fn main() -> Res<()> {
                         }
                     };
                     let ops = (lat.ops * args.secs).max(1.0);
-                    out.push((lat, notifications().saturating_sub(n0) as f64 / ops));
+                    let wait = thread_cpu_times().1.saturating_sub(c0.1) as f64
+                        / t0.elapsed().as_nanos().max(1) as f64;
+                    out.push((lat, notifications().saturating_sub(n0) as f64 / ops, wait));
                 }
                 stop.store(true, Ordering::Relaxed);
                 if let Some(h) = h {
@@ -656,9 +666,9 @@ fn main() -> Res<()> {
                 }
                 Ok(out)
             })?;
-            for (j, (lat, kpo)) in lats.into_iter().enumerate() {
+            for (j, (lat, kpo, wait)) in lats.into_iter().enumerate() {
                 println!(
-                    "  run {}: {:<14} {:<6} p50 {:>8.2} us  p90 {:>8.2} us  p99 {:>9.2} us  max {:>10.1} us  {:>9.0} ops/s  {:.2} kicks/op",
+                    "  run {}: {:<14} {:<6} p50 {:>8.2} us  p90 {:>8.2} us  p99 {:>9.2} us  max {:>10.1} us  {:>9.0} ops/s  {:.2} kicks/op  client waited {:>4.1} %",
                     run + 1,
                     name,
                     victims[j].name,
@@ -667,10 +677,12 @@ fn main() -> Res<()> {
                     lat.p99,
                     lat.max,
                     lat.ops,
-                    kpo
+                    kpo,
+                    wait * 100.0
                 );
                 res[k][j].push(lat);
                 kicks[k][j].push(kpo);
+                waited[k][j].push(wait * 100.0);
             }
         }
     }
@@ -705,6 +717,7 @@ fn main() -> Res<()> {
             );
             let (rp, ro) = (ratio(k, |r| r.p99), ratio(k, |r| r.ops));
             let kpo = median(&kicks[k][j]);
+            let cw = median(&waited[k][j]);
             let v_ = if k == 0 {
                 "-"
             } else {
@@ -713,7 +726,7 @@ fn main() -> Res<()> {
                 verdict(ok)
             };
             let line = format!(
-                "{name:<14} {:<6} p50 {p50:>8.2} us  p90 {p90:>8.2} us  p99 {p99:>9.2} us ({rp:>6.2} x alone)  {ops:>9.0} ops/s ({ro:>4.2} x alone)  {kpo:>4.2} kicks/op  {v_}",
+                "{name:<14} {:<6} p50 {p50:>8.2} us  p90 {p90:>8.2} us  p99 {p99:>9.2} us ({rp:>6.2} x alone)  {ops:>9.0} ops/s ({ro:>4.2} x alone)  {kpo:>4.2} kicks/op  client waited {cw:>4.1} %  {v_}",
                 v.name
             );
             println!("    {line}");
