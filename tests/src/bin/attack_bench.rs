@@ -29,8 +29,8 @@
 //! - `hog`: not an attack but the reference of an honest heavy tenant,
 //!   64 KiB RDMA WRITEs on 8 QPs, 64 deep.
 //!
-//! Clients and attackers run on `--client-cpu` (the attacker at nice 19),
-//! the daemon on `--engine-cpu`. Nothing here asserts a timing: the
+//! Clients and attackers run on `--client-cpu` (the attacker at nice 19, or
+//! SCHED_IDLE with `--attacker-idle`), the daemon on `--engine-cpu`. Nothing here asserts a timing: the
 //! verdicts are printed. Each line also gives the share of the window in
 //! which the victim's client thread was ready to run but waited for its
 //! CPU (`/proc/thread-self/schedstat`): a closed loop's rate is its
@@ -110,6 +110,12 @@ struct Args {
     /// Tiny version (smoke test).
     #[arg(long)]
     quick: bool,
+    /// Run the attacker's client at SCHED_IDLE instead of nice 19: closer
+    /// to a guest on vCPUs of its own, which never holds the victim's
+    /// guest CPU (a nice-19 thread keeps a CPU for its EEVDF slice once it
+    /// has it; an idle one yields at once to any other thread).
+    #[arg(long)]
+    attacker_idle: bool,
     /// Run with the daemon's default QoS (equal weights) instead of the
     /// isolation setting of docs/isolation.md (the victim's tenant and VMs
     /// at weight 1000, the attacker's at 1).
@@ -539,8 +545,9 @@ fn main() -> Res<()> {
     let args = args;
     print_header("attack_bench");
     println!(
-        "  placement: clients on CPU {}, daemon on CPU {}; {} runs of {} s; huge messages {} MiB; {}",
+        "  placement: clients on CPU {} (the attacker's at {}), daemon on CPU {}; {} runs of {} s; huge messages {} MiB; {}",
         args.client_cpu,
+        if args.attacker_idle { "SCHED_IDLE" } else { "nice 19" },
         args.engine_cpu,
         args.runs,
         args.secs,
@@ -612,13 +619,21 @@ fn main() -> Res<()> {
             let lats = std::thread::scope(|s| -> Res<Vec<(LatResult, f64, f64)>> {
                 stop.store(false, Ordering::Relaxed);
                 let h = attack.map(|mut at| {
-                    let (cpu, stop) = (args.client_cpu, &stop);
+                    let (cpu, stop, idle) = (args.client_cpu, &stop, args.attacker_idle);
                     s.spawn(move || -> Res<()> {
                         pin_current(cpu)?;
                         // SAFETY: plain system calls on the calling thread.
                         unsafe {
                             let tid = libc::gettid();
                             libc::setpriority(libc::PRIO_PROCESS, u32::try_from(tid)?, 19);
+                        }
+                        if idle {
+                            let p = libc::sched_param { sched_priority: 0 };
+                            // SAFETY: a plain system call on the calling
+                            // thread with a valid parameter block.
+                            if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &p) } != 0 {
+                                return Err(std::io::Error::last_os_error().into());
+                            }
                         }
                         // An attack with nothing to drive (its QPs retry
                         // by themselves) must not cost the victim's CPU.
