@@ -690,7 +690,7 @@ pub fn render(view: &DaemonView) -> String {
 /// `vhost_user_rdma_engine_*{engine}`: the engine threads' work.
 fn render_engines(out: &mut Vec<MetricFamily>, engines: &[EngineStats]) {
     type Get = fn(&EngineStats) -> u64;
-    let families: [(&str, MetricType, &str, Get); 6] = [
+    let families: [(&str, MetricType, &str, Get); 7] = [
         (
             "vms",
             MetricType::GAUGE,
@@ -726,6 +726,12 @@ fn render_engines(out: &mut Vec<MetricFamily>, engines: &[EngineStats]) {
             MetricType::COUNTER,
             "Times the busy engine thread found a parked VM's work by peeking at its doorbells.",
             |e| e.peeked,
+        ),
+        (
+            "anticipated_total",
+            MetricType::COUNTER,
+            "Times the engine thread waited for an entitled VM's next request and got it.",
+            |e| e.anticipated,
         ),
     ];
     for (name, kind, help, get) in families {

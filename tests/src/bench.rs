@@ -117,6 +117,15 @@ pub fn loadavg() -> String {
         .unwrap_or_default()
 }
 
+/// The calling thread's time on a CPU and waiting for one, in ns, from
+/// `/proc/thread-self/schedstat` (zeros where unreadable): the difference
+/// over a measurement tells how much of it a client actually ran.
+pub fn thread_cpu_times() -> (u64, u64) {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
+    let mut f = s.split_whitespace().map(|v| v.parse::<u64>().unwrap_or(0));
+    (f.next().unwrap_or(0), f.next().unwrap_or(0))
+}
+
 /// The median of `v` (0 for none).
 pub fn median(v: &[f64]) -> f64 {
     if v.is_empty() {

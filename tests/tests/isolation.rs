@@ -843,3 +843,132 @@ fn a_parked_vm_is_served_while_another_tenant_keeps_the_engine_busy() {
     drop((src, dst));
     drop((ps, pd));
 }
+
+/// Anticipation (docs/isolation.md): a closed loop of a VM entitled to far
+/// more of the engine than a busy tenant is waited for, and nothing else
+/// is. With equal weights the engine never keeps its time for anyone (the
+/// counter stays 0 however the loop runs); with the victim's tenant and VMs
+/// at 1000 and the busy tenant's at 1, it does, and the busy tenant's SENDs
+/// still complete while the victim's closed loop keeps coming back: a
+/// debtor is repaid by the anticipated VM's work, never starved.
+#[test]
+fn only_a_far_heavier_closed_loop_is_anticipated_and_the_other_tenant_still_progresses() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use vhost_user_rdma_tests::dp::{rc_pair, repeated_page_mr};
+    use virtio_rdma_driver::WorkCompletion;
+
+    const MSG: u32 = 1 << 20;
+    let d = two_tenants();
+    let (a, b, red) = (open(&d, 0), open(&d, 1), open(&d, 2));
+    // The busy tenant: one RC QP pair inside VM 2, two SENDs of 1 MiB in
+    // flight, between two regions of one repeated page.
+    let busy = rc_pair(&red, &red);
+    let (ps, pd) = (
+        red.dev.alloc_dma(4096, 4096).unwrap(),
+        red.dev.alloc_dma(4096, 4096).unwrap(),
+    );
+    // SAFETY: the pages outlive the regions (dropped at the end of the
+    // test, after them) and are never read through a Rust reference.
+    let (src, dst) = unsafe {
+        (
+            repeated_page_mr(&red, &ps, 0x100_0000_0000, u64::from(MSG)).unwrap(),
+            repeated_page_mr(&red, &pd, 0x200_0000_0000, u64::from(MSG)).unwrap(),
+        )
+    };
+    let post = || {
+        busy.qb
+            .post_recv(&[RecvWr {
+                wr_id: 0,
+                sg_list: &[dst.sge(0, MSG).unwrap()],
+            }])
+            .unwrap();
+        busy.qa
+            .post_send(&[SendWr::signaled(
+                0,
+                SendOp::Send,
+                &[src.sge(0, MSG).unwrap()],
+            )])
+            .unwrap();
+    };
+    let p = rc_pair(&a, &b);
+    let (vsrc, vdst) = (Buf::new(&a, 64), Buf::new(&b, 64));
+    let anticipated = || d.daemon().engines().stats()[0].anticipated;
+    let stop = AtomicBool::new(false);
+    let done = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        let busy_side = s.spawn(|| {
+            post();
+            post();
+            let mut wc = [WorkCompletion::default(); 4];
+            while !stop.load(Ordering::Relaxed) {
+                let n = busy.cqa.poll(&mut wc);
+                for w in &wc[..n] {
+                    assert!(w.is_success(), "{w:?}");
+                    done.fetch_add(1, Ordering::Relaxed);
+                    post();
+                }
+                let _ = busy.cqb.poll(&mut wc);
+                if n == 0 {
+                    std::thread::yield_now();
+                }
+            }
+        });
+        struct Stop<'a>(&'a AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        let _stop = Stop(&stop);
+        // The victim's closed loop: the next WRITE as soon as the last
+        // completes, until `until` says so.
+        let closed_loop = |until: &dyn Fn(u64) -> bool| {
+            let mut wc = [WorkCompletion::default(); 1];
+            let mut i = 0u64;
+            while !until(i) {
+                p.qa.post_send(&[SendWr::signaled(i, write_op(&vdst, 0), &[vsrc.sge(0, 64)])])
+                    .unwrap();
+                while p.cqa.poll(&mut wc) == 0 {
+                    std::hint::spin_loop();
+                }
+                assert!(wc[0].is_success(), "{:?}", wc[0]);
+                i += 1;
+            }
+        };
+        // Equal weights: 2,000 WRITEs next to the busy tenant, nothing
+        // anticipated.
+        closed_loop(&|i| i >= 2_000);
+        assert_eq!(anticipated(), 0, "{:?}", d.daemon().engines().stats());
+        // The isolation weights of docs/isolation.md.
+        let w = |weight| QosSpec {
+            weight,
+            ..QosSpec::default()
+        };
+        let tenancy = d.daemon().tenancy().clone();
+        for (vm, weight) in [(0, 1000), (1, 1000), (2, 1), (3, 1)] {
+            d.set_vm_qos(vm, w(weight)).unwrap();
+        }
+        for (vm, weight) in [(0, 1000), (2, 1)] {
+            d.set_tenant_qos(tenancy.tenant_of(vm).unwrap(), w(weight))
+                .unwrap();
+        }
+        // The busy tenant completes SENDs while the closed loop runs
+        // without a break: its debt is repaid (a generous guard, in
+        // WRITEs, against a hang).
+        let start = done.load(Ordering::Relaxed);
+        closed_loop(&|i| {
+            assert!(
+                i < 50_000_000,
+                "the busy tenant starved: {:?}",
+                d.daemon().engines().stats()
+            );
+            i >= 1_000 && done.load(Ordering::Relaxed) >= start + 3
+        });
+        stop.store(true, Ordering::Relaxed);
+        // ... and the engine did wait for the closed loop.
+        assert!(anticipated() > 0, "{:?}", d.daemon().engines().stats());
+        busy_side.join().unwrap();
+    });
+    drop((src, dst));
+    drop((ps, pd));
+}

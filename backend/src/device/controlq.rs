@@ -16,6 +16,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 use super::{signal, Mem, RdmaDevice};
 use crate::ctrl::{Prepared, Preparer};
+use crate::memory::pagelist::release_all;
 use crate::stats::TrafficCounters;
 use crate::vm::VmState;
 use crate::vring::Vring;
@@ -161,11 +162,12 @@ impl RdmaDevice {
                             self.bump_dp_gen();
                         }
                         // Translations of destroyed objects are freed below,
-                        // without the lock (milliseconds for a large MR).
+                        // without the lock and in steps (milliseconds of
+                        // kernel time for a large MR: `release_all`).
                         let released = st.vm.res.take_released();
                         (used, st.vm.stats.ok != ok_before, released)
                     };
-                    drop(released);
+                    release_all(released);
                     if named {
                         if let Err(e) = vring.add_used(head, used) {
                             warn!("cannot return control buffer {head}: {e}");

@@ -19,6 +19,7 @@
 //!   scatter/gather lists; [`completer`]: CQEs and completion events;
 //!   `flush`: QPs in error.
 
+mod anticipate;
 pub mod barrier;
 pub mod completer;
 pub mod doorbell;
@@ -96,6 +97,9 @@ pub struct EngineCounters {
     /// Times a peek found work of a parked VM while the thread was busy
     /// (before, or without, the VM's notification).
     pub peeked: AtomicU64,
+    /// Times the thread watched an entitled VM's doorbells and found its
+    /// next post (`anticipate`).
+    pub anticipated: AtomicU64,
 }
 
 /// An engine thread and the VMs it serves.

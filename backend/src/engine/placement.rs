@@ -120,6 +120,9 @@ pub struct EngineStats {
     pub vm_parks: u64,
     /// Times a peek found work of a parked VM while it was busy.
     pub peeked: u64,
+    /// Times it kept its time for an entitled VM and found its next post
+    /// (anticipation).
+    pub anticipated: u64,
 }
 
 /// The running engine threads.
@@ -234,6 +237,7 @@ impl Engines {
                     parks: c.parks.load(Relaxed),
                     vm_parks: c.vm_parks.load(Relaxed),
                     peeked: c.peeked.load(Relaxed),
+                    anticipated: c.anticipated.load(Relaxed),
                 }
             })
             .collect()

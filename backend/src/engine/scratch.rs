@@ -4,6 +4,7 @@
 
 use std::time::Instant;
 
+use super::anticipate::Anticipation;
 use super::wqe::WqeBuf;
 use crate::qos::rate_limits::RateLimits;
 
@@ -29,6 +30,9 @@ pub struct Scratch<T> {
     /// ([`crate::qos::drr::cost_ns`]) of all the work it did, plus
     /// `SWEEP_WORK` per busy sweep (`thread`); parked VMs are peeked by it.
     pub(super) worked: u64,
+    /// Which VM to anticipate, and what is known of their posting
+    /// (`super::anticipate`).
+    pub(super) anticipation: Anticipation,
     /// The RNIC data path's reusable memory.
     pub(crate) path: T,
 }
@@ -44,6 +48,7 @@ impl<T: Default> Scratch<T> {
             executed: (0, 0),
             contended: false,
             worked: 0,
+            anticipation: Anticipation::default(),
             path: T::default(),
         }
     }

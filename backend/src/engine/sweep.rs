@@ -4,7 +4,7 @@
 //! every VM through the VMs' own tables.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::qp::QpState;
@@ -18,10 +18,14 @@ use super::poll::{refresh, DbList};
 use super::scratch::Scratch;
 use super::Engine;
 use crate::memory::HostMem;
+use crate::stats::TrafficCounters;
 use crate::qos::drr::{cost_ns, Drr, Turn};
 use crate::rnic_path::{RnicPath, Serving};
 use crate::vm::cell::{Locked, VmCell};
 use crate::vm::VmState;
+
+/// Looks at an anticipated VM's doorbells per reading of the clock.
+const LOOKS_PER_CLOCK: u32 = 8;
 
 impl Engine {
     /// One sweep: reads every VM's doorbells, then serves the VMs with
@@ -74,7 +78,12 @@ impl Engine {
             active.push(k);
             path.vm_active(&mut scratch.path, k);
         }
-        drr.round(active, |drr, turn| {
+        // Anticipation needs a VM served last and another VM waiting.
+        let anticipated = match scratch.anticipation.take_candidate() {
+            Some(k) if !active.is_empty() => self.anticipate(path, lists, scratch, drr, active, k),
+            _ => None,
+        };
+        let did = drr.round(active, |drr, turn| {
             let Some(list) = lists.get_mut(turn.vm) else {
                 return false;
             };
@@ -84,7 +93,68 @@ impl Engine {
                 return false;
             }
             self.pass(path, vms, list, scratch, drr, turn)
-        })
+        });
+        if active.len() > 1 {
+            scratch.anticipation.served(drr.served_most(active));
+        }
+        if let Some((k, waited)) = anticipated {
+            // The wait is the anticipated VM's, like its work.
+            let ns = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
+            drr.charge_ns(k, ns);
+            scratch.worked = scratch.worked.saturating_add(ns);
+        }
+        did
+    }
+
+    /// Anticipation (`super::anticipate`): if VM `k`, served in the last
+    /// sweep that served several, is entitled to far more of the thread
+    /// than every VM with work now but has not posted yet, watches its
+    /// doorbells for its window. A VM that posts within it joins this
+    /// sweep's `active`. Returns the VM watched and for how long. Out of
+    /// line: the sweep of a VM alone does not carry it.
+    #[cold]
+    #[inline(never)]
+    fn anticipate<P: RnicPath>(
+        &self,
+        path: &P,
+        lists: &mut [DbList],
+        scratch: &mut Scratch<P::Scratch>,
+        drr: &mut Drr,
+        active: &mut Vec<usize>,
+        k: usize,
+    ) -> Option<(usize, Duration)> {
+        if active.contains(&k) || !drr.entitled(k, active) {
+            return None;
+        }
+        let list = lists.get_mut(k).filter(|l| !l.parked)?;
+        let window = scratch.anticipation.window(k)?;
+        let start = Instant::now();
+        // The clock (~80 ns here) is read every so many looks, and not
+        // after the post is seen: the wait counted is that of the last
+        // reading.
+        let mut waited = Duration::ZERO;
+        let mut looks = 0u32;
+        loop {
+            if list.peek() {
+                scratch.anticipation.hit(k, waited);
+                TrafficCounters::add_single_writer(&self.counters.anticipated, 1);
+                if list.scan() && scratch.limits.blocked_until(list.dev.id()).is_none() {
+                    active.push(k);
+                    path.vm_active(&mut scratch.path, k);
+                    drr.anticipated(k);
+                }
+                return Some((k, waited));
+            }
+            looks = looks.wrapping_add(1);
+            if looks % LOOKS_PER_CLOCK == 0 {
+                waited = start.elapsed();
+                if waited >= window {
+                    scratch.anticipation.miss(k);
+                    return Some((k, waited));
+                }
+            }
+            std::hint::spin_loop();
+        }
     }
 
     /// One pass over the QPs of a VM that showed work in the last scan, a

@@ -301,6 +301,7 @@ impl Engine {
                 }
                 drr = Drr::default();
                 drr.resize(lists.len());
+                scratch.anticipation.reset(lists.len());
                 for (k, list) in lists.iter().enumerate() {
                     let id = list.dev.id();
                     let w = qos.vm(id).map_or(DEFAULT_WEIGHT, |s| s.weight);

@@ -244,9 +244,10 @@ impl VmState {
             .map(|(_, q)| (q.qpn, q.incarnation))
             .collect();
         self.res.clear(self.rnic.as_ref());
-        // Freed here, under the lock, as before: reset and disconnect are
-        // rare, and nothing drains them afterwards.
-        drop(self.res.take_released());
+        // Freed here, under the lock (nothing drains them afterwards; the
+        // engine only tries the lock), in steps like the control path's: a
+        // guest may reset in a loop with a 16 GiB region registered.
+        crate::memory::pagelist::release_all(self.res.take_released());
         self.events.reset();
         rc
     }

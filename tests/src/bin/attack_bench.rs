@@ -29,9 +29,12 @@
 //! - `hog`: not an attack but the reference of an honest heavy tenant,
 //!   64 KiB RDMA WRITEs on 8 QPs, 64 deep.
 //!
-//! Clients and attackers run on `--client-cpu` (the attacker at nice 19),
-//! the daemon on `--engine-cpu`. Nothing here asserts a timing: the
-//! verdicts are printed.
+//! Clients and attackers run on `--client-cpu` (the attacker at nice 19, or
+//! SCHED_IDLE with `--attacker-idle`), the daemon on `--engine-cpu`. Nothing here asserts a timing: the
+//! verdicts are printed. Each line also gives the share of the window in
+//! which the victim's client thread was ready to run but waited for its
+//! CPU (`/proc/thread-self/schedstat`): a closed loop's rate is its
+//! client's as much as the engine's.
 //!
 //! Run: `cargo build --release -p vhost-user-rdma-tests --bin attack_bench &&
 //! target/release/attack_bench --runs 3`
@@ -45,8 +48,8 @@ use clap::Parser;
 use vhost_user_rdma::config::TenantConfig;
 use vhost_user_rdma::qos::QosSpec;
 use vhost_user_rdma_tests::bench::{
-    lat_client, lat_client_paced, loadavg, median, pin_current, print_header, thread_placement,
-    verdict, LatResult,
+    lat_client, lat_client_paced, loadavg, median, pin_current, print_header, thread_cpu_times,
+    thread_placement, verdict, LatResult,
 };
 use vhost_user_rdma_tests::dp::{rc_pair, repeated_page_mr, Buf, Vm, QP_ACCESS};
 use vhost_user_rdma_tests::harness::TestDaemon;
@@ -107,6 +110,12 @@ struct Args {
     /// Tiny version (smoke test).
     #[arg(long)]
     quick: bool,
+    /// Run the attacker's client at SCHED_IDLE instead of nice 19: closer
+    /// to a guest on vCPUs of its own, which never holds the victim's
+    /// guest CPU (a nice-19 thread keeps a CPU for its EEVDF slice once it
+    /// has it; an idle one yields at once to any other thread).
+    #[arg(long)]
+    attacker_idle: bool,
     /// Run with the daemon's default QoS (equal weights) instead of the
     /// isolation setting of docs/isolation.md (the victim's tenant and VMs
     /// at weight 1000, the attacker's at 1).
@@ -536,8 +545,9 @@ fn main() -> Res<()> {
     let args = args;
     print_header("attack_bench");
     println!(
-        "  placement: clients on CPU {}, daemon on CPU {}; {} runs of {} s; huge messages {} MiB; {}",
+        "  placement: clients on CPU {} (the attacker's at {}), daemon on CPU {}; {} runs of {} s; huge messages {} MiB; {}",
         args.client_cpu,
+        if args.attacker_idle { "SCHED_IDLE" } else { "nice 19" },
         args.engine_cpu,
         args.runs,
         args.secs,
@@ -589,6 +599,10 @@ fn main() -> Res<()> {
     let mut res: Vec<Vec<Vec<LatResult>>> = vec![vec![Vec::new(); victims.len()]; scenarios.len()];
     // The victim VM's notifications (kicks) per WRITE, same indices.
     let mut kicks: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); victims.len()]; scenarios.len()];
+    // The share of the window in which the victim's client thread waited
+    // for its CPU (ready, not running), same indices: a closed loop's rate
+    // is its client's as much as the engine's.
+    let mut waited: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); victims.len()]; scenarios.len()];
     let stop = AtomicBool::new(false);
     let notifications = || {
         d.daemon()
@@ -602,16 +616,24 @@ fn main() -> Res<()> {
                 "alone" => None,
                 n => Some(Attack::new(n, &vms[2], &vms[3], msg)?),
             };
-            let lats = std::thread::scope(|s| -> Res<Vec<(LatResult, f64)>> {
+            let lats = std::thread::scope(|s| -> Res<Vec<(LatResult, f64, f64)>> {
                 stop.store(false, Ordering::Relaxed);
                 let h = attack.map(|mut at| {
-                    let (cpu, stop) = (args.client_cpu, &stop);
+                    let (cpu, stop, idle) = (args.client_cpu, &stop, args.attacker_idle);
                     s.spawn(move || -> Res<()> {
                         pin_current(cpu)?;
                         // SAFETY: plain system calls on the calling thread.
                         unsafe {
                             let tid = libc::gettid();
                             libc::setpriority(libc::PRIO_PROCESS, u32::try_from(tid)?, 19);
+                        }
+                        if idle {
+                            let p = libc::sched_param { sched_priority: 0 };
+                            // SAFETY: a plain system call on the calling
+                            // thread with a valid parameter block.
+                            if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &p) } != 0 {
+                                return Err(std::io::Error::last_os_error().into());
+                            }
                         }
                         // An attack with nothing to drive (its QPs retry
                         // by themselves) must not cost the victim's CPU.
@@ -632,6 +654,7 @@ fn main() -> Res<()> {
                 let mut out = Vec::new();
                 for v in &victims {
                     let n0 = notifications();
+                    let (t0, c0) = (std::time::Instant::now(), thread_cpu_times());
                     let sge = vsrc.sge(0, 64);
                     let lat = match v.interval {
                         None => lat_client(&victim.cqa, &victim.qa, sge, vop, args.secs),
@@ -647,7 +670,9 @@ fn main() -> Res<()> {
                         }
                     };
                     let ops = (lat.ops * args.secs).max(1.0);
-                    out.push((lat, notifications().saturating_sub(n0) as f64 / ops));
+                    let wait = thread_cpu_times().1.saturating_sub(c0.1) as f64
+                        / t0.elapsed().as_nanos().max(1) as f64;
+                    out.push((lat, notifications().saturating_sub(n0) as f64 / ops, wait));
                 }
                 stop.store(true, Ordering::Relaxed);
                 if let Some(h) = h {
@@ -656,9 +681,9 @@ fn main() -> Res<()> {
                 }
                 Ok(out)
             })?;
-            for (j, (lat, kpo)) in lats.into_iter().enumerate() {
+            for (j, (lat, kpo, wait)) in lats.into_iter().enumerate() {
                 println!(
-                    "  run {}: {:<14} {:<6} p50 {:>8.2} us  p90 {:>8.2} us  p99 {:>9.2} us  max {:>10.1} us  {:>9.0} ops/s  {:.2} kicks/op",
+                    "  run {}: {:<14} {:<6} p50 {:>8.2} us  p90 {:>8.2} us  p99 {:>9.2} us  max {:>10.1} us  {:>9.0} ops/s  {:.2} kicks/op  client waited {:>4.1} %",
                     run + 1,
                     name,
                     victims[j].name,
@@ -667,10 +692,12 @@ fn main() -> Res<()> {
                     lat.p99,
                     lat.max,
                     lat.ops,
-                    kpo
+                    kpo,
+                    wait * 100.0
                 );
                 res[k][j].push(lat);
                 kicks[k][j].push(kpo);
+                waited[k][j].push(wait * 100.0);
             }
         }
     }
@@ -705,6 +732,7 @@ fn main() -> Res<()> {
             );
             let (rp, ro) = (ratio(k, |r| r.p99), ratio(k, |r| r.ops));
             let kpo = median(&kicks[k][j]);
+            let cw = median(&waited[k][j]);
             let v_ = if k == 0 {
                 "-"
             } else {
@@ -713,7 +741,7 @@ fn main() -> Res<()> {
                 verdict(ok)
             };
             let line = format!(
-                "{name:<14} {:<6} p50 {p50:>8.2} us  p90 {p90:>8.2} us  p99 {p99:>9.2} us ({rp:>6.2} x alone)  {ops:>9.0} ops/s ({ro:>4.2} x alone)  {kpo:>4.2} kicks/op  {v_}",
+                "{name:<14} {:<6} p50 {p50:>8.2} us  p90 {p90:>8.2} us  p99 {p99:>9.2} us ({rp:>6.2} x alone)  {ops:>9.0} ops/s ({ro:>4.2} x alone)  {kpo:>4.2} kicks/op  client waited {cw:>4.1} %  {v_}",
                 v.name
             );
             println!("    {line}");
