@@ -334,7 +334,11 @@ impl Transport for VmmTransport {
     }
 
     fn read_config(&self) -> Result<DeviceConfig, TransportError> {
-        self.vmm().config().map_err(map_err)
+        let mut vmm = self.vmm();
+        match vmm.start_config() {
+            Some(c) => Ok(*c),
+            None => vmm.config().map_err(map_err),
+        }
     }
 
     fn dma_page_shift(&self) -> u32 {
