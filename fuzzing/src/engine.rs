@@ -397,7 +397,10 @@ fn vmm_options() -> VmmOptions {
     VmmOptions {
         mem: MemLayout::two_regions(8 * MIB, 8 * MIB),
         timeout: Duration::from_secs(10),
-        message_timeout: Some(Duration::from_secs(10)),
+        // No watchdog thread per VMM connection (started at every connect,
+        // joined at every disconnect): the harness's own watchdog ([`HANG`])
+        // bounds every operation, and names it.
+        message_timeout: None,
         pipeline_setup: true,
         ..VmmOptions::default()
     }
@@ -929,7 +932,8 @@ impl Harness {
         }
     }
 
-    /// A SEND between fresh QPs of two VMs completes on both sides.
+    /// A SEND between fresh QPs of two VMs completes on both sides. The
+    /// QPs join their VMs' QPs, for the device resets that follow.
     fn probe(&mut self) {
         let (a, b) = (0, 1);
         let mk = |vm: &VmS| {
@@ -996,8 +1000,17 @@ impl Harness {
                 "probe: the {who}'s completion did not come: the data path stopped"
             );
         }
-        qa.destroy().expect("probe: destroy A");
-        qb.destroy().expect("probe: destroy B");
+        // Not destroyed: the device resets at the end of the input release
+        // them with the VMs' other QPs (DESTROY_QP of connected QPs is what
+        // `Op::DestroyQp` does).
+        for (i, peer, qp) in [(a, b, qa), (b, a, qb)] {
+            if let Some(vm) = self.vms[i].as_mut() {
+                vm.qps.push(QpS {
+                    qp,
+                    peer: Some(peer),
+                });
+            }
+        }
     }
 
     /// The end of an input: the liveness probe, then every VM of the input
