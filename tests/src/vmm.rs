@@ -198,6 +198,20 @@ pub struct TestVmm {
     refusing_window: Option<Arc<ShmemWindow>>,
     /// The configuration read as the sync of the last pipelined start.
     start_config: Option<DeviceConfig>,
+    /// Between [`TestVmm::start_reset`] and [`TestVmm::finish_reset`].
+    pending_reset: Option<PendingReset>,
+}
+
+/// A reset between [`TestVmm::start_reset`] and [`TestVmm::finish_reset`].
+enum PendingReset {
+    /// Sent (pipelined): the new queues, and whether the sync is
+    /// `GET_CONFIG`.
+    Answers {
+        queues: Box<(CtrlQueue, EventQueue, Vring)>,
+        config: bool,
+    },
+    /// Done (one message after the other): the bases.
+    Done(Vec<u32>),
 }
 
 impl std::fmt::Debug for TestVmm {
@@ -502,6 +516,7 @@ impl TestVmm {
             backend_channel,
             refusing_window,
             start_config,
+            pending_reset: None,
         };
         post_events_after_start(&mut vmm.events, &vmm.opts)?;
         Ok(vmm)
@@ -671,9 +686,12 @@ impl TestVmm {
     /// the stops, the reset and the new start are sent at once, and then
     /// the answers to the stops and to one `GET_FEATURES` are read.
     pub fn reset(&mut self) -> Result<Vec<u32>> {
-        if self.opts.pipeline_setup {
-            return self.reset_pipelined();
-        }
+        self.start_reset()?;
+        self.finish_reset()
+    }
+
+    /// [`TestVmm::reset`], one message after the other.
+    fn reset_now(&mut self) -> Result<Vec<u32>> {
         let bases = self.stop_queues()?;
         if self
             .protocol_features()
@@ -701,8 +719,75 @@ impl TestVmm {
         Ok(bases)
     }
 
-    /// [`TestVmm::reset`] with [`VmmOptions::pipeline_setup`].
-    fn reset_pipelined(&mut self) -> Result<Vec<u32>> {
+    /// The first half of [`TestVmm::reset`]: with
+    /// [`VmmOptions::pipeline_setup`] it sends the stops, the reset, the new
+    /// start and the sync, and returns without waiting for the back-end;
+    /// [`TestVmm::finish_reset`] reads the answers. Meanwhile the caller can
+    /// do other work, such as freeing what the device used before the
+    /// reset: nothing is allocated from guest RAM until `finish_reset`
+    /// (the device may still read and write that memory until then).
+    /// Without `pipeline_setup` it is the whole reset.
+    pub fn start_reset(&mut self) -> Result<()> {
+        if self.pending_reset.is_some() {
+            return Err(Error::Backend("a reset is already under way".into()));
+        }
+        let pending = if self.opts.pipeline_setup {
+            self.send_reset()?
+        } else {
+            PendingReset::Done(self.reset_now()?)
+        };
+        self.pending_reset = Some(pending);
+        Ok(())
+    }
+
+    /// The second half of [`TestVmm::reset`] after
+    /// [`TestVmm::start_reset`]: returns the avail indices reported when
+    /// stopping.
+    pub fn finish_reset(&mut self) -> Result<Vec<u32>> {
+        let (new_queues, config) = match self.pending_reset.take() {
+            None => return Err(Error::Backend("no reset under way".into())),
+            Some(PendingReset::Done(bases)) => return Ok(bases),
+            Some(PendingReset::Answers { queues, config }) => (queues, config),
+        };
+        let opts = self.opts.clone();
+        let c = self
+            .conn
+            .as_mut()
+            .ok_or_else(|| Error::Backend("not connected".into()))?;
+        let mut bases = Vec::with_capacity(config::NUM_QUEUES);
+        for q in 0..config::NUM_QUEUES {
+            let s: VhostUserVringState =
+                c.recv_reply("GET_VRING_BASE", FrontendReq::GET_VRING_BASE)?;
+            let (index, num) = (s.index, s.num);
+            if usize::try_from(index).ok() != Some(q) {
+                return Err(Error::Backend(format!(
+                    "GET_VRING_BASE of queue {q} answered for queue {index}"
+                )));
+            }
+            bases.push(num);
+        }
+        self.start_config = if config {
+            let head = std::mem::size_of::<VhostUserConfig>();
+            let reply = c.recv_reply_bytes(
+                "GET_CONFIG (sync)",
+                FrontendReq::GET_CONFIG,
+                head + DeviceConfig::SIZE,
+            )?;
+            Some(DeviceConfig::parse(reply.get(head..).unwrap_or_default())?)
+        } else {
+            let _: VhostUserU64 = c.recv_reply("GET_FEATURES (sync)", FrontendReq::GET_FEATURES)?;
+            None
+        };
+        if let Some(w) = &self.shmem {
+            w.set_started(true);
+        }
+        (self.ctrl, self.events, self.notify) = *new_queues;
+        post_events_after_start(&mut self.events, &opts)?;
+        Ok(bases)
+    }
+
+    /// The sending half of a pipelined reset ([`TestVmm::start_reset`]).
+    fn send_reset(&mut self) -> Result<PendingReset> {
         if let Some(w) = &self.shmem {
             w.set_started(false);
         }
@@ -714,7 +799,6 @@ impl TestVmm {
             events,
             notify,
             shmem,
-            start_config,
             ..
         } = self;
         let c = conn
@@ -738,8 +822,7 @@ impl TestVmm {
             w.reset();
         }
         let prev = [ctrl.vring(), events.vring(), &*notify];
-        let (new_ctrl, new_events, new_notify) =
-            start_queues(c, &mem, &opts, features, Some(prev))?;
+        let queues = start_queues(c, &mem, &opts, features, Some(prev))?;
         // The sync of `sync_setup`, posted.
         let config = protocol.contains(VhostUserProtocolFeatures::CONFIG);
         if config {
@@ -753,38 +836,10 @@ impl TestVmm {
             c.post(FrontendReq::GET_FEATURES, &[])?;
         }
         ask_acks(c, protocol.contains(VhostUserProtocolFeatures::REPLY_ACK));
-        let mut bases = Vec::with_capacity(config::NUM_QUEUES);
-        for q in 0..config::NUM_QUEUES {
-            let s: VhostUserVringState =
-                c.recv_reply("GET_VRING_BASE", FrontendReq::GET_VRING_BASE)?;
-            let (index, num) = (s.index, s.num);
-            if usize::try_from(index).ok() != Some(q) {
-                return Err(Error::Backend(format!(
-                    "GET_VRING_BASE of queue {q} answered for queue {index}"
-                )));
-            }
-            bases.push(num);
-        }
-        *start_config = if config {
-            let head = std::mem::size_of::<VhostUserConfig>();
-            let reply = c.recv_reply_bytes(
-                "GET_CONFIG (sync)",
-                FrontendReq::GET_CONFIG,
-                head + DeviceConfig::SIZE,
-            )?;
-            Some(DeviceConfig::parse(reply.get(head..).unwrap_or_default())?)
-        } else {
-            let _: VhostUserU64 = c.recv_reply("GET_FEATURES (sync)", FrontendReq::GET_FEATURES)?;
-            None
-        };
-        if let Some(w) = shmem.as_ref() {
-            w.set_started(true);
-        }
-        *ctrl = new_ctrl;
-        *events = new_events;
-        *notify = new_notify;
-        post_events_after_start(events, &opts)?;
-        Ok(bases)
+        Ok(PendingReset::Answers {
+            queues: Box::new(queues),
+            config,
+        })
     }
 
     /// With [`VmmOptions::pipeline_setup`] and the `CONFIG` protocol
