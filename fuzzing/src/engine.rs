@@ -483,11 +483,14 @@ fn wait_empty(daemon: &Daemon, i: usize, why: &str) {
 fn restore(daemon: &Daemon, i: usize, vm: VmS, why: &str) -> VmS {
     vm.session.close();
     let t = vm.t.clone();
-    if let Err(e) = t.vmm().reset() {
+    // The reset goes out, and the old opening's memory is freed while the
+    // daemon handles it: nothing is allocated from guest RAM before the
+    // reset is answered (the device may use that memory until then).
+    let reset = t.vmm().start_reset();
+    drop(vm);
+    if let Err(e) = reset.and_then(|()| t.vmm().finish_reset()) {
         panic!("VM {i}: {why} failed: {e}");
     }
-    // The device no longer uses the old opening's memory.
-    drop(vm);
     wait_empty(daemon, i, why);
     open_driver(t)
 }
