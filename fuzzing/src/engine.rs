@@ -1077,8 +1077,16 @@ impl Harness {
     /// use, all of the guest RAM free but what the openings hold.
     fn check_canonical(&self) {
         for i in 0..VMS {
+            // The daemon's serving thread marks a new connection connected
+            // after it has handed it to the connection's own thread, which
+            // may have served the whole set-up and driver opening by then
+            // (seen under load after an `Op::Disconnect`).
+            let connected = || self.daemon().vm_stats(i).is_some_and(|s| s.connected);
+            assert!(
+                wait_for(Duration::from_secs(5), connected),
+                "VM {i}: not connected between inputs"
+            );
             let s = self.daemon().vm_stats(i).expect("statistics");
-            assert!(s.connected, "VM {i}: not connected between inputs");
             assert_eq!(
                 s.device.resources, self.canon,
                 "VM {i}: the daemon's objects between inputs"
