@@ -20,7 +20,7 @@ use crate::dma::DmaBuf;
 use crate::doorbell::{CtxFlags, DoorbellPage, DoorbellSlot};
 use crate::error::{Error, Result};
 use crate::event::EventDemux;
-use crate::transport::{Transport, TransportError};
+use crate::transport::{Token, Transport, TransportError};
 
 /// The device's only port.
 pub const PORT: u32 = virtio_rdma_abi::verbs::PORT_NUM;
@@ -83,7 +83,7 @@ impl fmt::Debug for Device {
 impl Device {
     /// Opens the device with default options: reads the configuration,
     /// checks the ABI version, sends QUERY_DEVICE, QUERY_PORT and QUERY_GID
-    /// (index 0) and creates a context.
+    /// (index 0) and creates a context (the four commands in one batch).
     pub fn open(transport: Arc<dyn Transport>) -> Result<Device> {
         Self::open_with(transport, DeviceOptions::default())
     }
@@ -108,32 +108,43 @@ impl Device {
             next_id: AtomicU64::new(1),
             timeout: opts.command_timeout,
         };
-        inner.attr = inner.cmd_none(Opcode::QUERY_DEVICE)?;
-        inner.port = inner.cmd(Opcode::QUERY_PORT, &QueryPortReq { port: PORT }, &[])?;
-        inner.gid = inner.cmd(
-            Opcode::QUERY_GID,
-            &QueryGidReq {
-                port: PORT,
-                index: opts.gid_index,
-            },
-            &[],
-        )?;
         let header = CtxFlags::alloc_header(&*inner.transport)?;
         let db_gpa = header.gpa(0).ok_or_else(|| {
             Error::InvalidArgument("context doorbell header without an address".into())
         })?;
-        let ctx: CreateCtxResp = match inner.cmd(Opcode::CREATE_CTX, &CreateCtxReq { db_gpa }, &[])
-        {
-            Ok(r) => r,
+        // The three queries and the context need nothing from each other:
+        // one wait for the four instead of four round trips.
+        let port_req = QueryPortReq { port: PORT }.to_bytes();
+        let gid_req = QueryGidReq {
+            port: PORT,
+            index: opts.gid_index,
+        }
+        .to_bytes();
+        let ctx_req = CreateCtxReq { db_gpa }.to_bytes();
+        let [attr, port, gid, ctx] = inner.execute_all([
+            (Opcode::QUERY_DEVICE, &[], DeviceAttr::SIZE),
+            (Opcode::QUERY_PORT, &[&port_req], PortAttr::SIZE),
+            (Opcode::QUERY_GID, &[&gid_req], QueryGidResp::SIZE),
+            (Opcode::CREATE_CTX, &[&ctx_req], CreateCtxResp::SIZE),
+        ]);
+        let ctx = match ctx {
+            Ok(r) => CreateCtxResp::read(&r),
             Err(e) => {
                 if outcome_unknown(&e) {
                     std::mem::forget(header);
                 }
+                // A failed query is the first error.
+                attr.and(port).and(gid)?;
                 return Err(e);
             }
         };
         inner.ctx = ctx.ctx_handle;
         inner.ctx_header = Some(header);
+        // A failed query after all: the context goes again (with the
+        // header, when the device confirms; `DeviceInner::drop`).
+        inner.attr = DeviceAttr::read(&attr?);
+        inner.port = PortAttr::read(&port?);
+        inner.gid = QueryGidResp::read(&gid?);
         if ctx.doorbell_page != DB_NONE {
             // The device ignores the records' producer indices of queues
             // with slots, so a page the driver cannot reach is fatal; so is
@@ -300,6 +311,40 @@ impl DeviceInner {
         parts: &[&[u8]],
         resp_size: usize,
     ) -> Result<Vec<u8>> {
+        let sent = self.submit(opcode, parts, resp_size)?;
+        self.finish(sent)
+    }
+
+    /// Executes `cmds` (opcode, request parts, response payload size) with
+    /// one wait for all: every command is made available before the first
+    /// answer is waited for. The device executes them in that order (spec
+    /// 7.2), so a command may depend on the *effect* of an earlier one (a
+    /// QP's state), not on its result (a handle). One result per command,
+    /// in order; a command whose submission failed is not executed, nor
+    /// those after it (their result is [`Error::NotExecuted`]).
+    pub(crate) fn execute_all<const N: usize>(
+        &self,
+        cmds: [(Opcode, &[&[u8]], usize); N],
+    ) -> [Result<Vec<u8>>; N] {
+        let mut sent = Vec::with_capacity(N);
+        for &(opcode, parts, resp_size) in &cmds {
+            let s = self.submit(opcode, parts, resp_size);
+            let failed = s.is_err();
+            sent.push(s);
+            if failed {
+                break;
+            }
+        }
+        let mut answers = sent.into_iter().map(|s| s.and_then(|s| self.finish(s)));
+        std::array::from_fn(|i| {
+            answers
+                .next()
+                .unwrap_or(Err(Error::NotExecuted { opcode: cmds[i].0 }))
+        })
+    }
+
+    /// Makes a command available (see [`DeviceInner::execute`]).
+    fn submit(&self, opcode: Opcode, parts: &[&[u8]], resp_size: usize) -> Result<Submitted> {
         let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let header = RequestHeader {
             request_id,
@@ -310,13 +355,31 @@ impl DeviceInner {
         let mut all: Vec<&[u8]> = Vec::with_capacity(parts.len() + 1);
         all.push(&header);
         all.extend(parts.iter().copied().filter(|p| !p.is_empty()));
+        let token = self
+            .transport
+            .submit(&all, ResponseHeader::SIZE + resp_size)
+            .map_err(transport_error)?;
+        Ok(Submitted {
+            opcode,
+            request_id,
+            token,
+            resp_size,
+        })
+    }
+
+    /// Waits for the answer to a submitted command and checks it; returns
+    /// its response payload.
+    fn finish(&self, sent: Submitted) -> Result<Vec<u8>> {
+        let Submitted {
+            opcode,
+            request_id,
+            token,
+            resp_size,
+        } = sent;
         let resp = self
             .transport
-            .call(&all, ResponseHeader::SIZE + resp_size, self.timeout)
-            .map_err(|e| match e {
-                TransportError::Timeout => Error::Timeout,
-                e => Error::Transport(e),
-            })?;
+            .wait(token, self.timeout)
+            .map_err(transport_error)?;
         if resp.is_empty() {
             return Err(Error::NotExecuted { opcode });
         }
@@ -361,12 +424,6 @@ impl DeviceInner {
         let bytes = req.to_bytes();
         let payload = self.execute(opcode, &[&bytes, tail], R::SIZE)?;
         // Lenient on reserved fields: a later revision may give them meaning.
-        Ok(R::read(&payload))
-    }
-
-    /// Executes a command without request payload that has a response.
-    pub(crate) fn cmd_none<R: Wire>(&self, opcode: Opcode) -> Result<R> {
-        let payload = self.execute(opcode, &[], R::SIZE)?;
         Ok(R::read(&payload))
     }
 
@@ -419,6 +476,21 @@ impl DeviceInner {
                 false
             }
         }
+    }
+}
+
+/// A command made available and not yet answered.
+struct Submitted {
+    opcode: Opcode,
+    request_id: u64,
+    token: Token,
+    resp_size: usize,
+}
+
+fn transport_error(e: TransportError) -> Error {
+    match e {
+        TransportError::Timeout => Error::Timeout,
+        e => Error::Transport(e),
     }
 }
 

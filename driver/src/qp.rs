@@ -8,7 +8,7 @@ use virtio_rdma_abi::ctrl::Opcode;
 use virtio_rdma_abi::mem::qp_buffer_layout;
 use virtio_rdma_abi::qp::{QpState, QpType, QP_FLAG_SIG_ALL};
 use virtio_rdma_abi::verbs::{CreateQpReq, CreateQpResp, ModifyQpReq, QpHandleReq, QueryQpResp};
-use virtio_rdma_abi::Field;
+use virtio_rdma_abi::{Field, Wire};
 
 use crate::cq::Cq;
 use crate::device::{outcome_unknown, PORT};
@@ -356,47 +356,57 @@ impl Qp {
 
     /// RC: RESET → INIT with remote `access` flags.
     pub fn rc_to_init(&self, access: u32) -> Result<()> {
-        self.modify(&QpAttrs {
-            state: Some(QpState::INIT),
-            pkey_index: Some(0),
-            port: Some(PORT),
-            access: Some(access),
-            ..QpAttrs::default()
-        })
+        self.modify(&init_attrs(access))
     }
 
     /// RC: INIT → RTR towards the peer in `c`.
     pub fn rc_to_rtr(&self, c: &RcConnect) -> Result<()> {
-        self.modify(&QpAttrs {
-            state: Some(QpState::RTR),
-            av: Some(c.av),
-            path_mtu: Some(c.path_mtu),
-            dest_qpn: Some(c.dest_qpn),
-            rq_psn: Some(c.rq_psn),
-            max_dest_rd_atomic: Some(c.max_dest_rd_atomic),
-            min_rnr_timer: Some(c.min_rnr_timer),
-            ..QpAttrs::default()
-        })
+        self.modify(&rtr_attrs(c))
     }
 
     /// RC: RTR → RTS with the send parameters of `c`.
     pub fn rc_to_rts(&self, c: &RcConnect) -> Result<()> {
-        self.modify(&QpAttrs {
-            state: Some(QpState::RTS),
-            sq_psn: Some(c.sq_psn),
-            timeout: Some(c.timeout),
-            retry_cnt: Some(c.retry_cnt),
-            rnr_retry: Some(c.rnr_retry),
-            max_rd_atomic: Some(c.max_rd_atomic),
-            ..QpAttrs::default()
-        })
+        self.modify(&rts_attrs(c))
     }
 
-    /// RC: RESET → INIT → RTR → RTS in one go.
+    /// RC: RESET → INIT → RTR → RTS in one go. From RESET or INIT (as the
+    /// last modify left it) the three MODIFY_QP are made available together
+    /// and answered with one wait: the device executes them in order (spec
+    /// 7.2), and each transition is allowed only from the state the one
+    /// before it reaches (spec 13.2; the device can only have moved the QP
+    /// to ERR meanwhile, from which none is), so the outcome is that of one
+    /// modify after the other, except that the transitions after a failed
+    /// one are sent and fail too. Returns the first failure.
     pub fn rc_connect(&self, access: u32, c: &RcConnect) -> Result<()> {
-        self.rc_to_init(access)?;
-        self.rc_to_rtr(c)?;
-        self.rc_to_rts(c)
+        let steps = [init_attrs(access), rtr_attrs(c), rts_attrs(c)];
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if !matches!(*state, QpState::RESET | QpState::INIT) {
+            // From RTR, say, the RTS step alone could succeed.
+            drop(state);
+            return steps.iter().try_for_each(|a| self.modify(a));
+        }
+        let reqs = steps.each_ref().map(|a| {
+            let (attr_mask, attr) = a.to_wire();
+            ModifyQpReq {
+                qp_handle: self.handle,
+                attr_mask,
+                attr,
+            }
+            .to_bytes()
+        });
+        let parts = reqs.each_ref().map(|r| [r.as_slice()]);
+        let results = self
+            .pd
+            .dev
+            .inner
+            .execute_all(parts.each_ref().map(|p| (Opcode::MODIFY_QP, &p[..], 0)));
+        for (a, r) in steps.iter().zip(results) {
+            r?;
+            if let Some(s) = a.state {
+                *state = s;
+            }
+        }
+        Ok(())
     }
 
     /// UD: RESET → INIT with `qkey`.
@@ -571,5 +581,43 @@ impl Drop for Qp {
             // false, so `destroy` did not drop it), and not used afterwards.
             unsafe { ManuallyDrop::drop(&mut self.mem) };
         }
+    }
+}
+
+/// RC: RESET → INIT with the remote rights `access`.
+fn init_attrs(access: u32) -> QpAttrs {
+    QpAttrs {
+        state: Some(QpState::INIT),
+        pkey_index: Some(0),
+        port: Some(PORT),
+        access: Some(access),
+        ..QpAttrs::default()
+    }
+}
+
+/// RC: INIT → RTR towards the peer in `c`.
+fn rtr_attrs(c: &RcConnect) -> QpAttrs {
+    QpAttrs {
+        state: Some(QpState::RTR),
+        av: Some(c.av),
+        path_mtu: Some(c.path_mtu),
+        dest_qpn: Some(c.dest_qpn),
+        rq_psn: Some(c.rq_psn),
+        max_dest_rd_atomic: Some(c.max_dest_rd_atomic),
+        min_rnr_timer: Some(c.min_rnr_timer),
+        ..QpAttrs::default()
+    }
+}
+
+/// RC: RTR → RTS with the send parameters of `c`.
+fn rts_attrs(c: &RcConnect) -> QpAttrs {
+    QpAttrs {
+        state: Some(QpState::RTS),
+        sq_psn: Some(c.sq_psn),
+        timeout: Some(c.timeout),
+        retry_cnt: Some(c.retry_cnt),
+        rnr_retry: Some(c.rnr_retry),
+        max_rd_atomic: Some(c.max_rd_atomic),
+        ..QpAttrs::default()
     }
 }

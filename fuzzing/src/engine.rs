@@ -398,7 +398,10 @@ fn vmm_options() -> VmmOptions {
     VmmOptions {
         mem: MemLayout::two_regions(8 * MIB, 8 * MIB),
         timeout: Duration::from_secs(10),
-        message_timeout: Some(Duration::from_secs(10)),
+        // No watchdog thread per VMM connection (started at every connect,
+        // joined at every disconnect): the harness's own watchdog ([`HANG`])
+        // bounds every operation, and names it.
+        message_timeout: None,
         pipeline_setup: true,
         ..VmmOptions::default()
     }
@@ -481,11 +484,14 @@ fn wait_empty(daemon: &Daemon, i: usize, why: &str) {
 fn restore(daemon: &Daemon, i: usize, vm: VmS, why: &str) -> VmS {
     vm.session.close();
     let t = vm.t.clone();
-    if let Err(e) = t.vmm().reset() {
+    // The reset goes out, and the old opening's memory is freed while the
+    // daemon handles it: nothing is allocated from guest RAM before the
+    // reset is answered (the device may use that memory until then).
+    let reset = t.vmm().start_reset();
+    drop(vm);
+    if let Err(e) = reset.and_then(|()| t.vmm().finish_reset()) {
         panic!("VM {i}: {why} failed: {e}");
     }
-    // The device no longer uses the old opening's memory.
-    drop(vm);
     wait_empty(daemon, i, why);
     open_driver(t)
 }
@@ -931,7 +937,8 @@ impl Harness {
         }
     }
 
-    /// A SEND between fresh QPs of two VMs completes on both sides.
+    /// A SEND between fresh QPs of two VMs completes on both sides. The
+    /// QPs join their VMs' QPs, for the device resets that follow.
     fn probe(&mut self) {
         let (a, b) = (0, 1);
         let mk = |vm: &VmS| {
@@ -998,8 +1005,17 @@ impl Harness {
                 "probe: the {who}'s completion did not come: the data path stopped"
             );
         }
-        qa.destroy().expect("probe: destroy A");
-        qb.destroy().expect("probe: destroy B");
+        // Not destroyed: the device resets at the end of the input release
+        // them with the VMs' other QPs (DESTROY_QP of connected QPs is what
+        // `Op::DestroyQp` does).
+        for (i, peer, qp) in [(a, b, qa), (b, a, qb)] {
+            if let Some(vm) = self.vms[i].as_mut() {
+                vm.qps.push(QpS {
+                    qp,
+                    peer: Some(peer),
+                });
+            }
+        }
     }
 
     /// The end of an input: the liveness probe, then every VM of the input
@@ -1063,8 +1079,16 @@ impl Harness {
     /// use, all of the guest RAM free but what the openings hold.
     fn check_canonical(&self) {
         for i in 0..VMS {
+            // The daemon's serving thread marks a new connection connected
+            // after it has handed it to the connection's own thread, which
+            // may have served the whole set-up and driver opening by then
+            // (seen under load after an `Op::Disconnect`).
+            let connected = || self.daemon().vm_stats(i).is_some_and(|s| s.connected);
+            assert!(
+                wait_for(Duration::from_secs(5), connected),
+                "VM {i}: not connected between inputs"
+            );
             let s = self.daemon().vm_stats(i).expect("statistics");
-            assert!(s.connected, "VM {i}: not connected between inputs");
             assert_eq!(
                 s.device.resources, self.canon,
                 "VM {i}: the daemon's objects between inputs"

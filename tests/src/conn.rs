@@ -12,9 +12,42 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use vhost::vhost_user::message::FrontendReq;
 use vhost::vhost_user::Frontend;
+use vm_memory::ByteValued;
 
 use crate::error::{Error, Result};
+
+/// Bytes of a vhost-user message header (request, flags, size).
+const HEADER_SIZE: usize = 12;
+/// Header flags: protocol version 1.
+const VERSION_1: u32 = 0x1;
+/// Header flags: the version bits.
+const VERSION_MASK: u32 = 0x3;
+/// Header flags: a reply.
+const REPLY: u32 = 0x4;
+
+/// Reads exactly `buf.len()` bytes from the socket `fd`.
+fn recv_exact(fd: std::os::fd::RawFd, buf: &mut [u8]) -> std::io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        let rest = &mut buf[got..];
+        // SAFETY: `fd` is an open socket of the caller's; `rest` is valid
+        // for writes of its length.
+        let n = unsafe { libc::recv(fd, rest.as_mut_ptr().cast(), rest.len(), 0) };
+        match usize::try_from(n) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(_) => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(())
+}
 
 #[derive(Debug, Default)]
 struct WdState {
@@ -163,10 +196,19 @@ impl Conn {
         what: &'static str,
         f: impl FnOnce(&mut Frontend) -> vhost::Result<T>,
     ) -> Result<T> {
+        self.watched(what, |c| f(&mut c.fe).map_err(|e| Error::vhost(what, e)))
+    }
+
+    /// Runs `f` under the watchdog: a message timeout if it fired.
+    fn watched<T>(
+        &mut self,
+        what: &'static str,
+        f: impl FnOnce(&mut Self) -> Result<T>,
+    ) -> Result<T> {
         if let (Some(wd), Some(t)) = (&self.watchdog, self.timeout) {
             wd.arm(t);
         }
-        let r = f(&mut self.fe);
+        let r = f(self);
         let fired = self.watchdog.as_ref().is_some_and(Watchdog::disarm);
         match r {
             Ok(v) => Ok(v),
@@ -174,8 +216,98 @@ impl Conn {
                 what,
                 timeout: self.timeout.unwrap_or_default(),
             }),
-            Err(e) => Err(Error::vhost(what, e)),
+            Err(e) => Err(e),
         }
+    }
+
+    /// Sends a request without file descriptors and without asking for an
+    /// acknowledgement, and returns without reading anything: requests
+    /// that have a reply anyway (the `GET_*` ones) are answered in order,
+    /// and [`Conn::recv_reply`] reads those answers later. So several
+    /// requests cost one round trip (the back-end handles a connection's
+    /// messages in order). The frontend's own calls must not expect a reply
+    /// while answers of posted requests are unread.
+    pub fn post(&mut self, req: FrontendReq, body: &[u8]) -> Result<()> {
+        let size = u32::try_from(body.len()).map_err(|_| Error::Backend("message size".into()))?;
+        let mut msg = Vec::with_capacity(HEADER_SIZE + body.len());
+        msg.extend_from_slice(&u32::from(req).to_le_bytes());
+        msg.extend_from_slice(&VERSION_1.to_le_bytes());
+        msg.extend_from_slice(&size.to_le_bytes());
+        msg.extend_from_slice(body);
+        let fd = self.fe.as_raw_fd();
+        let mut sent = 0;
+        while sent < msg.len() {
+            let rest = &msg[sent..];
+            // SAFETY: `fd` is the frontend's open socket; `rest` is valid for
+            // reads of its length; MSG_NOSIGNAL: a gone peer is an error,
+            // not SIGPIPE.
+            let n = unsafe { libc::send(fd, rest.as_ptr().cast(), rest.len(), libc::MSG_NOSIGNAL) };
+            match usize::try_from(n) {
+                Ok(n) => sent += n,
+                Err(_) => {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() != std::io::ErrorKind::Interrupted {
+                        return Err(Error::io("post a vhost-user request", e));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the reply to a request sent with [`Conn::post`] (the next
+    /// message on the socket), under the watchdog: a reply to `req` with a
+    /// payload of exactly `T`'s size.
+    pub fn recv_reply<T: ByteValued + Default>(
+        &mut self,
+        what: &'static str,
+        req: FrontendReq,
+    ) -> Result<T> {
+        let size = std::mem::size_of::<T>();
+        let body = self.recv_reply_bytes(what, req, size)?;
+        if body.len() != size {
+            return Err(Error::Backend(format!(
+                "{what}: a reply of {} bytes, expected {size}",
+                body.len()
+            )));
+        }
+        let mut v = T::default();
+        v.as_mut_slice().copy_from_slice(&body);
+        Ok(v)
+    }
+
+    /// [`Conn::recv_reply`] for a payload of up to `max` bytes, returned
+    /// as they came.
+    pub fn recv_reply_bytes(
+        &mut self,
+        what: &'static str,
+        req: FrontendReq,
+        max: usize,
+    ) -> Result<Vec<u8>> {
+        self.watched(what, |c| {
+            let fd = c.fe.as_raw_fd();
+            let mut hdr = [0u8; HEADER_SIZE];
+            recv_exact(fd, &mut hdr).map_err(|e| Error::io(what, e))?;
+            let word = |i: usize| {
+                let mut w = [0u8; 4];
+                w.copy_from_slice(&hdr[4 * i..4 * i + 4]);
+                u32::from_le_bytes(w)
+            };
+            let (code, flags, size) = (word(0), word(1), word(2));
+            let len = usize::try_from(size).unwrap_or(usize::MAX);
+            if code != u32::from(req)
+                || flags & (VERSION_MASK | REPLY) != VERSION_1 | REPLY
+                || len > max
+            {
+                return Err(Error::Backend(format!(
+                    "{what}: reply {code} (flags {flags:#x}, {size} bytes) to request {}",
+                    u32::from(req)
+                )));
+            }
+            let mut body = vec![0u8; len];
+            recv_exact(fd, &mut body).map_err(|e| Error::io(what, e))?;
+            Ok(body)
+        })
     }
 
     /// The frontend itself (messages sent directly are not timed).

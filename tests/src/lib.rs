@@ -16,6 +16,7 @@
 pub mod bench;
 pub mod conn;
 pub mod ctrl;
+mod dma_arena;
 pub mod dp;
 pub mod echo;
 pub mod error;

@@ -32,6 +32,7 @@ use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::ctrl::RequestSpec;
+use crate::dma_arena::{DmaArena, Slot};
 use crate::error::Error;
 use crate::guest_mem::{GuestMem, PAGE_SIZE};
 use crate::shmem::ShmemWindow;
@@ -59,6 +60,8 @@ pub struct VmmTransport {
     held: AtomicU64,
     /// The doorbell shared memory region, if the VMM negotiated it.
     shmem: Option<Arc<ShmemWindow>>,
+    /// Address space for the DMA mappings.
+    arena: Arc<DmaArena>,
 }
 
 impl std::fmt::Debug for VmmTransport {
@@ -106,6 +109,7 @@ impl VmmTransport {
             notify_kick,
             notify_held: AtomicBool::new(false),
             held: AtomicU64::new(0),
+            arena: Arc::new(DmaArena::default()),
         }))
     }
 
@@ -169,35 +173,43 @@ impl VmmTransport {
         };
         let mut dma = VmmDma {
             mem: self.mem.clone(),
-            reservation: ptr::null_mut(),
-            reservation_len: 0,
+            va: Va::None,
             base: ptr::null_mut(),
             len,
             pages,
             allocs,
         };
-        // Reserve room for the pages plus enough slack to align the start.
         let va_align = align.max(page);
         let span = npages * page;
-        let reservation_len = span + (va_align - page);
-        // SAFETY: an anonymous PROT_NONE mapping chosen by the kernel
-        // touches no existing memory; the result is checked.
-        let res = unsafe {
-            libc::mmap(
-                ptr::null_mut(),
-                reservation_len,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
+        let start = match self.arena.take(span, va_align).map_err(io_err)? {
+            Some(slot) => {
+                let start = slot.start;
+                dma.va = Va::Arena(self.arena.clone(), slot);
+                start
+            }
+            None => {
+                // Larger than a chunk: room of its own for the pages, plus
+                // enough slack to align the start.
+                let reservation_len = span + (va_align - page);
+                // SAFETY: an anonymous PROT_NONE mapping chosen by the
+                // kernel touches no existing memory; the result is checked.
+                let res = unsafe {
+                    libc::mmap(
+                        ptr::null_mut(),
+                        reservation_len,
+                        libc::PROT_NONE,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                        -1,
+                        0,
+                    )
+                };
+                if res == libc::MAP_FAILED {
+                    return Err(io_err(std::io::Error::last_os_error()));
+                }
+                dma.va = Va::Own(res.cast::<u8>(), reservation_len);
+                (res as usize).next_multiple_of(va_align)
+            }
         };
-        if res == libc::MAP_FAILED {
-            return Err(io_err(std::io::Error::last_os_error()));
-        }
-        dma.reservation = res.cast::<u8>();
-        dma.reservation_len = reservation_len;
-        let start = (res as usize).next_multiple_of(va_align);
         dma.base = start as *mut u8;
         let fd = self.mem.file().as_raw_fd();
         for (i, &gpa) in dma.pages.iter().enumerate() {
@@ -209,8 +221,10 @@ impl VmmTransport {
                 .map_err(|_| TransportError::Other(format!("file offset {off:#x}")))?;
             let at = start + i * page;
             // SAFETY: `at .. at + page` lies inside our own reservation
-            // (start + span <= res + reservation_len), which no other code
-            // uses, so MAP_FIXED replaces nothing but our PROT_NONE pages;
+            // (start + span <= res + reservation_len) or arena slot (a range
+            // of a chunk not handed out before since the chunk was last
+            // cleared), which no other code uses, so MAP_FIXED replaces
+            // nothing but our PROT_NONE pages;
             // the memfd is valid for the lifetime of `self.mem` and `off`
             // is a page-aligned offset inside it. The result is checked.
             let p = unsafe {
@@ -241,12 +255,12 @@ impl VmmTransport {
 }
 
 /// DMA memory of a [`VmmTransport`]: guest pages mapped contiguously into
-/// this process; unmapped and freed on drop.
+/// this process; freed on drop (and unmapped, at once or with the rest of
+/// its chunk, [`crate::dma_arena`]).
 #[derive(Debug)]
 pub struct VmmDma {
     mem: Arc<GuestMem>,
-    reservation: *mut u8,
-    reservation_len: usize,
+    va: Va,
     base: *mut u8,
     len: usize,
     pages: Vec<u64>,
@@ -293,16 +307,31 @@ unsafe impl DmaRegion for VmmDma {
     }
 }
 
+/// Where a [`VmmDma`]'s pages are mapped.
+#[derive(Debug)]
+enum Va {
+    /// Nowhere yet.
+    None,
+    /// In a slot of the transport's arena.
+    Arena(Arc<DmaArena>, Slot),
+    /// In a reservation of its own (start, length).
+    Own(*mut u8, usize),
+}
+
 impl Drop for VmmDma {
     fn drop(&mut self) {
-        if !self.reservation.is_null() {
-            // SAFETY: the reservation (with the fixed page mappings inside
-            // it) was created by `map_pages` and is unmapped exactly once,
-            // here; the driver no longer uses it (the region is being
-            // dropped).
-            let r = unsafe { libc::munmap(self.reservation.cast(), self.reservation_len) };
-            if r != 0 {
-                log::warn!("munmap DMA region: {}", std::io::Error::last_os_error());
+        match std::mem::replace(&mut self.va, Va::None) {
+            Va::None => {}
+            Va::Arena(arena, slot) => arena.give_back(&slot),
+            Va::Own(reservation, len) => {
+                // SAFETY: the reservation (with the fixed page mappings
+                // inside it) was created by `map_pages` and is unmapped
+                // exactly once, here; the driver no longer uses it (the
+                // region is being dropped).
+                let r = unsafe { libc::munmap(reservation.cast(), len) };
+                if r != 0 {
+                    log::warn!("munmap DMA region: {}", std::io::Error::last_os_error());
+                }
             }
         }
         for &gpa in &self.allocs {
@@ -334,7 +363,11 @@ impl Transport for VmmTransport {
     }
 
     fn read_config(&self) -> Result<DeviceConfig, TransportError> {
-        self.vmm().config().map_err(map_err)
+        let mut vmm = self.vmm();
+        match vmm.start_config() {
+            Some(c) => Ok(*c),
+            None => vmm.config().map_err(map_err),
+        }
     }
 
     fn dma_page_shift(&self) -> u32 {

@@ -11,7 +11,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserHeaderFlag};
+use vhost::vhost_user::message::{
+    FrontendReq, VhostUserConfig, VhostUserConfigFlags, VhostUserHeaderFlag, VhostUserU64,
+    VhostUserVringState,
+};
 use vhost::vhost_user::{
     Frontend, VhostUserFrontend, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
 };
@@ -20,6 +23,7 @@ use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_rdma_abi::config::{self, DeviceConfig};
 use virtio_rdma_abi::{Field, Wire};
+use vm_memory::ByteValued;
 
 use crate::conn::Conn;
 use crate::ctrl::CtrlQueue;
@@ -95,10 +99,14 @@ pub struct VmmOptions {
     pub backend_channel_without_shmem: bool,
     /// Send the messages that start the queues (`SET_FEATURES`,
     /// `SET_MEM_TABLE`, every vring's set-up) without asking for each one's
-    /// `REPLY_ACK`, then one `GET_FEATURES`, whose answer shows that the
-    /// back-end handled them all (it handles a connection's messages in
-    /// order); QEMU syncs so where it needs no answer to each message. Saves
-    /// a round trip per message on every connect and reset.
+    /// `REPLY_ACK`, then one `GET_CONFIG` (`GET_FEATURES` without the
+    /// `CONFIG` protocol feature), whose answer shows that the back-end
+    /// handled them all (it handles a connection's messages in order); QEMU
+    /// syncs so where it needs no answer to each message. The configuration
+    /// read so is what the guest then reads ([`TestVmm::start_config`]). A
+    /// [`TestVmm::reset`] also sends its stops (`GET_VRING_BASE`) and
+    /// `RESET_DEVICE` without waiting, and reads the stops' answers with the
+    /// sync's. Saves a round trip per message on every connect and reset.
     pub pipeline_setup: bool,
 }
 
@@ -188,6 +196,22 @@ pub struct TestVmm {
     shmem: Option<Arc<ShmemWindow>>,
     backend_channel: Option<BackendChannel>,
     refusing_window: Option<Arc<ShmemWindow>>,
+    /// The configuration read as the sync of the last pipelined start.
+    start_config: Option<DeviceConfig>,
+    /// Between [`TestVmm::start_reset`] and [`TestVmm::finish_reset`].
+    pending_reset: Option<PendingReset>,
+}
+
+/// A reset between [`TestVmm::start_reset`] and [`TestVmm::finish_reset`].
+enum PendingReset {
+    /// Sent (pipelined): the new queues, and whether the sync is
+    /// `GET_CONFIG`.
+    Answers {
+        queues: Box<(CtrlQueue, EventQueue, Vring)>,
+        config: bool,
+    },
+    /// Done (one message after the other): the bases.
+    Done(Vec<u32>),
 }
 
 impl std::fmt::Debug for TestVmm {
@@ -224,14 +248,15 @@ fn connect_retry(path: &Path, timeout: Duration) -> Result<Frontend> {
 /// Sends the memory table and sets up every virtqueue with fresh rings
 /// (with the eventfds of `prev`'s queues, if given: a restart keeps them);
 /// returns the three queue clients (event buffers posted only with
-/// `events_before_start`). `reply_ack`: whether `REPLY_ACK` was negotiated.
+/// `events_before_start`).
+/// With `pipeline_setup`, the messages ask for no acknowledgement: the
+/// caller then syncs ([`sync_setup`]).
 fn start_queues(
     c: &mut Conn,
     mem: &Arc<GuestMem>,
     opts: &VmmOptions,
     features: u64,
     prev: Option<[&Vring; 3]>,
-    reply_ack: bool,
 ) -> Result<(CtrlQueue, EventQueue, Vring)> {
     let event_idx = features & F_EVENT_IDX != 0;
     let mut vrings = Vec::with_capacity(config::NUM_QUEUES);
@@ -257,8 +282,8 @@ fn start_queues(
         events.post_buffers(usize::from(opts.event_buffers))?;
     }
 
-    if opts.pipeline_setup && reply_ack {
-        c.frontend().set_hdr_flags(VhostUserHeaderFlag::empty());
+    if opts.pipeline_setup {
+        ask_acks(c, false);
     }
     c.call("SET_FEATURES", |fe| fe.set_features(features))?;
     let regions = mem.region_infos()?;
@@ -278,13 +303,42 @@ fn start_queues(
         c.call("SET_VRING_KICK", |fe| fe.set_vring_kick(q, v.kick_fd()))?;
         c.call("SET_VRING_ENABLE", |fe| fe.set_vring_enable(q, true))?;
     }
-    if opts.pipeline_setup {
-        if reply_ack {
-            c.frontend().set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
-        }
-        c.call("GET_FEATURES (sync)", |fe| fe.get_features())?;
-    }
     Ok((ctrl, events, notify))
+}
+
+/// Ends a pipelined set-up: asks for acknowledgements again (if
+/// `reply_ack`) and sends one request that has an answer, which shows that
+/// the back-end handled everything before it. `GET_CONFIG` when the
+/// `CONFIG` protocol feature was negotiated: its answer is the
+/// configuration as of this start ([`TestVmm::start_config`]); otherwise
+/// `GET_FEATURES`.
+fn sync_setup(c: &mut Conn, protocol: VhostUserProtocolFeatures) -> Result<Option<DeviceConfig>> {
+    ask_acks(c, protocol.contains(VhostUserProtocolFeatures::REPLY_ACK));
+    if !protocol.contains(VhostUserProtocolFeatures::CONFIG) {
+        c.call("GET_FEATURES (sync)", |fe| fe.get_features())?;
+        return Ok(None);
+    }
+    let size = config_size()?;
+    let zeros = vec![0u8; DeviceConfig::SIZE];
+    let (_, payload) = c.call("GET_CONFIG (sync)", |fe| {
+        fe.get_config(0, size, VhostUserConfigFlags::empty(), &zeros)
+    })?;
+    Ok(Some(DeviceConfig::parse(&payload)?))
+}
+
+/// [`DeviceConfig::SIZE`] as a vhost-user size.
+fn config_size() -> Result<u32> {
+    u32::try_from(DeviceConfig::SIZE).map_err(|_| Error::Backend("config size".into()))
+}
+
+/// Whether the frontend's messages ask for an acknowledgement
+/// (`NEED_REPLY`, with `REPLY_ACK` negotiated).
+fn ask_acks(c: &mut Conn, on: bool) {
+    c.frontend().set_hdr_flags(if on {
+        VhostUserHeaderFlag::NEED_REPLY
+    } else {
+        VhostUserHeaderFlag::empty()
+    });
 }
 
 /// Posts the event buffers after the start (the default; with
@@ -436,8 +490,12 @@ impl TestVmm {
             wanted |= F_EVENT_IDX;
         }
         let features = device_features & wanted;
-        let reply_ack = protocol.contains(VhostUserProtocolFeatures::REPLY_ACK);
-        let (ctrl, events, notify) = start_queues(&mut c, &mem, &opts, features, None, reply_ack)?;
+        let (ctrl, events, notify) = start_queues(&mut c, &mem, &opts, features, None)?;
+        let start_config = if opts.pipeline_setup {
+            sync_setup(&mut c, protocol)?
+        } else {
+            None
+        };
         if let Some(w) = &shmem {
             w.set_started(true);
         }
@@ -457,6 +515,8 @@ impl TestVmm {
             shmem,
             backend_channel,
             refusing_window,
+            start_config,
+            pending_reset: None,
         };
         post_events_after_start(&mut vmm.events, &vmm.opts)?;
         Ok(vmm)
@@ -621,7 +681,17 @@ impl TestVmm {
     /// `SET_MEM_TABLE` and freshly allocated, zeroed rings at new addresses,
     /// and reposts the event buffers. Every request in flight is forgotten.
     /// Returns the avail indices reported when stopping.
+    ///
+    /// With [`VmmOptions::pipeline_setup`] all of it costs one round trip:
+    /// the stops, the reset and the new start are sent at once, and then
+    /// the answers to the stops and to one `GET_FEATURES` are read.
     pub fn reset(&mut self) -> Result<Vec<u32>> {
+        self.start_reset()?;
+        self.finish_reset()
+    }
+
+    /// [`TestVmm::reset`], one message after the other.
+    fn reset_now(&mut self) -> Result<Vec<u32>> {
         let bases = self.stop_queues()?;
         if self
             .protocol_features()
@@ -633,13 +703,12 @@ impl TestVmm {
             w.reset();
         }
         let (features, opts, mem) = (self.features, self.opts.clone(), self.mem.clone());
-        let reply_ack = self.protocol.contains(VhostUserProtocolFeatures::REPLY_ACK);
         let prev = [self.ctrl.vring(), self.events.vring(), &self.notify];
         let c = self
             .conn
             .as_mut()
             .ok_or(Error::Backend("not connected".into()))?;
-        let (ctrl, events, notify) = start_queues(c, &mem, &opts, features, Some(prev), reply_ack)?;
+        let (ctrl, events, notify) = start_queues(c, &mem, &opts, features, Some(prev))?;
         if let Some(w) = &self.shmem {
             w.set_started(true);
         }
@@ -648,6 +717,138 @@ impl TestVmm {
         self.notify = notify;
         post_events_after_start(&mut self.events, &opts)?;
         Ok(bases)
+    }
+
+    /// The first half of [`TestVmm::reset`]: with
+    /// [`VmmOptions::pipeline_setup`] it sends the stops, the reset, the new
+    /// start and the sync, and returns without waiting for the back-end;
+    /// [`TestVmm::finish_reset`] reads the answers. Meanwhile the caller can
+    /// do other work, such as freeing what the device used before the
+    /// reset: nothing is allocated from guest RAM until `finish_reset`
+    /// (the device may still read and write that memory until then).
+    /// Without `pipeline_setup` it is the whole reset.
+    pub fn start_reset(&mut self) -> Result<()> {
+        if self.pending_reset.is_some() {
+            return Err(Error::Backend("a reset is already under way".into()));
+        }
+        let pending = if self.opts.pipeline_setup {
+            self.send_reset()?
+        } else {
+            PendingReset::Done(self.reset_now()?)
+        };
+        self.pending_reset = Some(pending);
+        Ok(())
+    }
+
+    /// The second half of [`TestVmm::reset`] after
+    /// [`TestVmm::start_reset`]: returns the avail indices reported when
+    /// stopping.
+    pub fn finish_reset(&mut self) -> Result<Vec<u32>> {
+        let (new_queues, config) = match self.pending_reset.take() {
+            None => return Err(Error::Backend("no reset under way".into())),
+            Some(PendingReset::Done(bases)) => return Ok(bases),
+            Some(PendingReset::Answers { queues, config }) => (queues, config),
+        };
+        let opts = self.opts.clone();
+        let c = self
+            .conn
+            .as_mut()
+            .ok_or_else(|| Error::Backend("not connected".into()))?;
+        let mut bases = Vec::with_capacity(config::NUM_QUEUES);
+        for q in 0..config::NUM_QUEUES {
+            let s: VhostUserVringState =
+                c.recv_reply("GET_VRING_BASE", FrontendReq::GET_VRING_BASE)?;
+            let (index, num) = (s.index, s.num);
+            if usize::try_from(index).ok() != Some(q) {
+                return Err(Error::Backend(format!(
+                    "GET_VRING_BASE of queue {q} answered for queue {index}"
+                )));
+            }
+            bases.push(num);
+        }
+        self.start_config = if config {
+            let head = std::mem::size_of::<VhostUserConfig>();
+            let reply = c.recv_reply_bytes(
+                "GET_CONFIG (sync)",
+                FrontendReq::GET_CONFIG,
+                head + DeviceConfig::SIZE,
+            )?;
+            Some(DeviceConfig::parse(reply.get(head..).unwrap_or_default())?)
+        } else {
+            let _: VhostUserU64 = c.recv_reply("GET_FEATURES (sync)", FrontendReq::GET_FEATURES)?;
+            None
+        };
+        if let Some(w) = &self.shmem {
+            w.set_started(true);
+        }
+        (self.ctrl, self.events, self.notify) = *new_queues;
+        post_events_after_start(&mut self.events, &opts)?;
+        Ok(bases)
+    }
+
+    /// The sending half of a pipelined reset ([`TestVmm::start_reset`]).
+    fn send_reset(&mut self) -> Result<PendingReset> {
+        if let Some(w) = &self.shmem {
+            w.set_started(false);
+        }
+        let (features, opts, mem) = (self.features, self.opts.clone(), self.mem.clone());
+        let protocol = self.protocol;
+        let TestVmm {
+            conn,
+            ctrl,
+            events,
+            notify,
+            shmem,
+            ..
+        } = self;
+        let c = conn
+            .as_mut()
+            .ok_or_else(|| Error::Backend("not connected".into()))?;
+        ask_acks(c, false);
+        for q in 0..config::NUM_QUEUES {
+            if opts.disable_before_stop {
+                c.call("SET_VRING_ENABLE", |fe| fe.set_vring_enable(q, false))?;
+            }
+            let index = u32::try_from(q).map_err(|_| Error::Backend("queue index".into()))?;
+            c.post(
+                FrontendReq::GET_VRING_BASE,
+                VhostUserVringState::new(index, 0).as_slice(),
+            )?;
+        }
+        if protocol.contains(VhostUserProtocolFeatures::RESET_DEVICE) {
+            c.call("RESET_DEVICE", |fe| fe.reset_device())?;
+        }
+        if let Some(w) = shmem.as_ref() {
+            w.reset();
+        }
+        let prev = [ctrl.vring(), events.vring(), &*notify];
+        let queues = start_queues(c, &mem, &opts, features, Some(prev))?;
+        // The sync of `sync_setup`, posted.
+        let config = protocol.contains(VhostUserProtocolFeatures::CONFIG);
+        if config {
+            let size = config_size()?;
+            let mut body = VhostUserConfig::new(0, size, VhostUserConfigFlags::empty())
+                .as_slice()
+                .to_vec();
+            body.resize(body.len() + DeviceConfig::SIZE, 0);
+            c.post(FrontendReq::GET_CONFIG, &body)?;
+        } else {
+            c.post(FrontendReq::GET_FEATURES, &[])?;
+        }
+        ask_acks(c, protocol.contains(VhostUserProtocolFeatures::REPLY_ACK));
+        Ok(PendingReset::Answers {
+            queues: Box::new(queues),
+            config,
+        })
+    }
+
+    /// With [`VmmOptions::pipeline_setup`] and the `CONFIG` protocol
+    /// feature: the configuration read at the last start (connect or
+    /// reset), as a VMM keeps it to answer the guest's reads of the
+    /// configuration space (QEMU's vhost-user-blk reads it once). The
+    /// device's configuration does not change while it runs.
+    pub fn start_config(&self) -> Option<&DeviceConfig> {
+        self.start_config.as_ref()
     }
 
     /// The options this VM was created with.

@@ -58,6 +58,37 @@ fn open_queries_then_creates_a_context_and_drop_destroys_it() {
 }
 
 #[test]
+fn open_sends_its_four_commands_before_waiting() {
+    let (mock, _dev) = setup();
+    assert_eq!(*mock.waits.lock().unwrap(), [4, 4, 4, 4]);
+}
+
+#[test]
+fn open_destroys_its_context_when_a_query_failed() {
+    let m = Arc::new(super::mock::Mock::new());
+    *m.fail.lock().unwrap() = Some((Opcode::QUERY_PORT, Status::INVALID, 1));
+    let e = crate::Device::open(m.clone()).unwrap_err();
+    assert!(matches!(
+        e,
+        Error::Command {
+            opcode: Opcode::QUERY_PORT,
+            status: Status::INVALID,
+            ..
+        }
+    ));
+    assert_eq!(
+        m.opcodes(),
+        [
+            Opcode::QUERY_DEVICE,
+            Opcode::QUERY_PORT,
+            Opcode::QUERY_GID,
+            Opcode::CREATE_CTX,
+            Opcode::DESTROY_CTX
+        ]
+    );
+}
+
+#[test]
 fn the_paired_mac_is_exposed() {
     let (_mock, dev) = setup();
     assert_eq!(dev.paired_mac(), Some(super::mock::MOCK_MAC));
@@ -261,6 +292,46 @@ fn modify_masks(mock: &super::mock::Mock) -> Vec<(u32, QpAttr)> {
             (m.attr_mask, m.attr)
         })
         .collect()
+}
+
+#[test]
+fn rc_connect_sends_its_three_modifies_before_waiting() {
+    let (mock, dev) = setup();
+    let pd = Pd::alloc(&dev).unwrap();
+    let cq = Cq::create(&dev, 16).unwrap();
+    let qp = Qp::create(&pd, &QpInit::rc(&cq)).unwrap();
+    let before = mock.requests.lock().unwrap().len();
+    mock.waits.lock().unwrap().clear();
+    qp.rc_connect(access::REMOTE_WRITE, &RcConnect::new(0x345, [9; 16]))
+        .unwrap();
+    assert_eq!(*mock.waits.lock().unwrap(), [before + 3; 3]);
+    // From RTS (or anywhere but RESET and INIT), one after the other: the
+    // first fails, nothing else is sent (the mock refuses nothing itself).
+    *mock.fail.lock().unwrap() = Some((Opcode::MODIFY_QP, Status::BAD_STATE, 3));
+    mock.waits.lock().unwrap().clear();
+    let e = qp
+        .rc_connect(access::REMOTE_WRITE, &RcConnect::new(0x345, [9; 16]))
+        .unwrap_err();
+    assert_eq!(e.status(), Some((Status::BAD_STATE, 3)));
+    assert_eq!(*mock.waits.lock().unwrap(), [before + 4]);
+    assert_eq!(qp.state(), QpState::RTS);
+}
+
+#[test]
+fn rc_connect_reports_the_first_failure_and_keeps_the_state_it_reached() {
+    let (mock, dev) = setup();
+    let pd = Pd::alloc(&dev).unwrap();
+    let cq = Cq::create(&dev, 16).unwrap();
+    let qp = Qp::create(&pd, &QpInit::rc(&cq)).unwrap();
+    // The INIT step fails; the mock (which keeps no QP state) accepts the
+    // two after it, which a device would refuse.
+    *mock.fail.lock().unwrap() = Some((Opcode::MODIFY_QP, Status::INVALID, 5));
+    let e = qp
+        .rc_connect(access::REMOTE_WRITE, &RcConnect::new(0x345, [9; 16]))
+        .unwrap_err();
+    assert_eq!(e.status(), Some((Status::INVALID, 5)));
+    assert_eq!(modify_masks(&mock).len(), 3);
+    assert_eq!(qp.state(), QpState::RESET);
 }
 
 #[test]

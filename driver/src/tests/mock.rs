@@ -87,6 +87,8 @@ pub struct Mock {
     pub fail: Mutex<Option<(Opcode, Status, u32)>>,
     /// Page addresses read from the indirect list pages of the last REG_MR.
     pub indirect: Mutex<Vec<u64>>,
+    /// For every wait: how many requests had been submitted then.
+    pub waits: Mutex<Vec<usize>>,
 }
 
 impl Mock {
@@ -123,6 +125,7 @@ impl Mock {
             events: Mutex::new(VecDeque::new()),
             fail: Mutex::new(None),
             indirect: Mutex::new(Vec::new()),
+            waits: Mutex::new(Vec::new()),
         }
     }
 
@@ -327,6 +330,8 @@ impl Transport for Mock {
     }
 
     fn wait(&self, token: Token, _timeout: Option<Duration>) -> Result<Vec<u8>, TransportError> {
+        let submitted = self.requests.lock().unwrap().len();
+        self.waits.lock().unwrap().push(submitted);
         self.responses
             .lock()
             .unwrap()
