@@ -24,8 +24,25 @@ use crate::rnic_path::{RnicPath, Serving};
 use crate::vm::cell::{Locked, VmCell};
 use crate::vm::VmState;
 
-/// Looks at an anticipated VM's doorbells per reading of the clock.
-const LOOKS_PER_CLOCK: u32 = 8;
+/// Doorbells of an anticipated VM read between two readings of the clock
+/// (at most; at least one look per reading).
+const READS_PER_CLOCK: u32 = 8;
+
+/// A VM with more QPs is not anticipated: each look reads every doorbell
+/// of the VM, and one look must stay far below the 2 µs window (64 cache
+/// misses, a few µs at worst).
+const ANTICIPATE_MAX_QPS: usize = 64;
+
+/// Looks at the doorbells of a VM of `qps` QPs between two readings of
+/// the clock: the wait overshoots its window by at most
+/// [`READS_PER_CLOCK`] doorbell reads.
+fn looks_per_clock(qps: usize) -> u32 {
+    match u32::try_from(qps) {
+        Ok(0) => READS_PER_CLOCK,
+        Ok(q) => READS_PER_CLOCK.checked_div(q).unwrap_or(1).max(1),
+        Err(_) => 1,
+    }
+}
 
 impl Engine {
     /// One sweep: reads every VM's doorbells, then serves the VMs with
@@ -126,7 +143,10 @@ impl Engine {
         if active.contains(&k) || !drr.entitled(k, active) {
             return None;
         }
-        let list = lists.get_mut(k).filter(|l| !l.parked)?;
+        let list = lists
+            .get_mut(k)
+            .filter(|l| !l.parked && l.qps.len() <= ANTICIPATE_MAX_QPS)?;
+        let every = looks_per_clock(list.qps.len());
         let window = scratch.anticipation.window(k)?;
         let start = Instant::now();
         // The clock (~80 ns here) is read every so many looks, and not
@@ -146,7 +166,7 @@ impl Engine {
                 return Some((k, waited));
             }
             looks = looks.wrapping_add(1);
-            if looks % LOOKS_PER_CLOCK == 0 {
+            if looks.checked_rem(every) == Some(0) {
                 waited = start.elapsed();
                 if waited >= window {
                     scratch.anticipation.miss(k);
@@ -409,4 +429,27 @@ fn work_on(dev: &VmCell, f: impl FnOnce(&mut VmState, &HostMem) -> bool) -> Opti
         dev.wake_events();
     }
     Some(did)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Between two readings of the clock an anticipating thread reads at
+    /// most `READS_PER_CLOCK` doorbells, or one look's worth for a VM with
+    /// more QPs than that, and a VM anticipated at all has few enough QPs
+    /// for one look to stay within a few µs.
+    #[test]
+    fn an_anticipation_wait_reads_the_clock_within_a_few_doorbells() {
+        for qps in 0..=ANTICIPATE_MAX_QPS {
+            let every = looks_per_clock(qps) as usize;
+            assert!(every >= 1, "{qps} QPs");
+            assert!(
+                every * qps.max(1) <= (READS_PER_CLOCK as usize).max(qps),
+                "{qps} QPs: {every} looks per clock reading"
+            );
+        }
+        assert_eq!(looks_per_clock(1), 8);
+        assert_eq!(looks_per_clock(64), 1);
+    }
 }
