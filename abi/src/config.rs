@@ -11,9 +11,20 @@ pub const F_ATOMIC: u64 = 1 << 2;
 /// Feature bit: doorbell pages in a VIRTIO shared memory region
 /// (data-path chapter).
 pub const F_SHMEM_DOORBELL: u64 = 1 << 3;
+/// Feature bit (ABI version 3): a GSI QP (QP 1) per instance and the MAD
+/// path that connection management runs over.
+pub const F_GSI: u64 = 1 << 4;
+/// Feature bit (ABI version 3): the local DMA key, `ALLOC_MR`, and the
+/// `REG_MR`, `LOCAL_INV` and `SEND_WITH_INV` work requests with remote
+/// invalidation.
+pub const F_MEM_MGT: u64 = 1 << 5;
 
 /// All device-specific feature bits this ABI version defines.
-pub const ALL_DEVICE_FEATURES: u64 = F_UD | F_SRQ | F_ATOMIC | F_SHMEM_DOORBELL;
+pub const ALL_DEVICE_FEATURES: u64 = F_UD | F_SRQ | F_ATOMIC | F_SHMEM_DOORBELL | F_GSI | F_MEM_MGT;
+
+/// The device-specific feature bits ABI version 2 defines: all a device
+/// that reports version 2 may offer.
+pub const V2_DEVICE_FEATURES: u64 = F_UD | F_SRQ | F_ATOMIC | F_SHMEM_DOORBELL;
 
 /// Virtqueue index of the control queue.
 pub const CONTROLQ: u16 = 0;

@@ -92,6 +92,8 @@ code_enum! {
         REG_MR = 0x40,
         /// Deregister a memory region.
         DEREG_MR = 0x41,
+        /// Allocate a memory region for fast registration (`F_MEM_MGT`).
+        ALLOC_MR = 0x42,
         /// Create a queue pair.
         CREATE_QP = 0x50,
         /// Change queue pair state and attributes.

@@ -333,6 +333,14 @@ code_enum! {
         ATOMIC_CMP_AND_SWP = 5,
         /// 8-byte atomic fetch and add.
         ATOMIC_FETCH_AND_ADD = 6,
+        /// Fast registration of an `ALLOC_MR` MR (`F_MEM_MGT`); the slot
+        /// is a [`RegMrWqe`].
+        REG_MR = 7,
+        /// Invalidation of the key in `rkey` (`F_MEM_MGT`).
+        LOCAL_INV = 8,
+        /// SEND that also invalidates, at the responder, the key in
+        /// `imm_data` (`F_MEM_MGT`).
+        SEND_WITH_INV = 9,
     }
 }
 
@@ -393,6 +401,47 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// A `REG_MR` send WQE (`F_MEM_MGT`): the 64-byte slot header read in
+    /// this layout instead of [`SendWqe`]'s, `opcode` and `flags` where a
+    /// [`SendWqe`] has them. No SGEs follow.
+    pub struct RegMrWqe {
+        /// Returned in the completion.
+        wr_id: u64,
+        /// [`WrOpcode::REG_MR`].
+        opcode: u8,
+        /// `WQE_*` flags (`WQE_INLINE` must be clear).
+        flags: u8,
+        /// Must be zero.
+        reserved0: u16,
+        /// The MR's key with its new consumer byte (bits 7 to 0); bits 31
+        /// to 8 must be the MR's.
+        key: u32,
+        /// First byte address the registration gives.
+        iova: u64,
+        /// Bytes registered.
+        length: u64,
+        /// Guest-physical address of `npages` little-endian 64-bit page
+        /// addresses, 8-byte aligned and within one 4 KiB guest page.
+        pages_gpa: u64,
+        /// The MR, an `ALLOC_MR` MR of the QP's PD.
+        mr_handle: u32,
+        /// Access flags (`ACCESS_*`).
+        access: u32,
+        /// Pages in the list: 1 to the MR's `max_num_sg`.
+        npages: u32,
+        /// log2 of the page size: 12 to 30.
+        page_shift: u32,
+        /// Must be zero.
+        reserved1: u64,
+    }
+}
+
+/// Smallest `page_shift` of a `REG_MR` work request.
+pub const REG_MR_MIN_PAGE_SHIFT: u32 = 12;
+/// Largest `page_shift` of a `REG_MR` work request.
+pub const REG_MR_MAX_PAGE_SHIFT: u32 = 30;
+
+wire_struct! {
     /// Fixed header of a receive WQE (followed by `num_sge` [`Sge`]s).
     pub struct RecvWqe {
         /// Returned in the completion.
@@ -417,6 +466,10 @@ code_enum! {
         COMP_SWAP = 3,
         /// A fetch-and-add completed.
         FETCH_ADD = 4,
+        /// A `REG_MR` work request completed.
+        REG_MR = 5,
+        /// A `LOCAL_INV` work request completed.
+        LOCAL_INV = 6,
         /// A receive completed (SEND arrived).
         RECV = 0x80,
         /// A receive was consumed by RDMA WRITE with immediate data.
@@ -462,6 +515,9 @@ pub const CQE_WITH_IMM: u8 = 1 << 0;
 pub const CQE_GRH: u8 = 1 << 1;
 /// CQE flag: the completion is solicited.
 pub const CQE_SOLICITED: u8 = 1 << 2;
+/// CQE flag: the SEND that arrived was a `SEND_WITH_INV`; `imm_data` holds
+/// the key it invalidated.
+pub const CQE_WITH_INV: u8 = 1 << 3;
 
 /// Bytes reserved for the global route header at the start of every UD
 /// receive buffer (as with InfiniBand verbs).
@@ -610,6 +666,7 @@ mod tests {
         assert_eq!(SrqDoorbell::SIZE, 128);
         assert_eq!(CtxDoorbell::SIZE, 64);
         assert_eq!(SendWqe::SIZE, 64);
+        assert_eq!(RegMrWqe::SIZE, 64);
         assert_eq!(RecvWqe::SIZE, 16);
         assert_eq!(Sge::SIZE, 16);
         assert_eq!(Cqe::SIZE, 32);

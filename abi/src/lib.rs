@@ -29,7 +29,12 @@ pub const VIRTIO_ID_RDMA: u32 = 42;
 
 /// Version of the device ABI described by this crate (device configuration
 /// field `abi_version`).
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
+
+/// Oldest device ABI version a driver of this version also drives: version
+/// 3 kept every structure of version 2 and added features behind feature
+/// bits, so a version-3 driver uses a version-2 device by not using them.
+pub const MIN_COMPATIBLE_ABI_VERSION: u32 = 2;
 
 /// One wire structure of the spec: its name, field layout, field types and
 /// size.
@@ -69,8 +74,8 @@ pub fn all_structs() -> Vec<WireInfo> {
     use config::DeviceConfig;
     use ctrl::{RequestHeader, ResponseHeader};
     use datapath::{
-        CqDoorbell, Cqe, CtxDoorbell, DbPageHeader, QpDbSlot, QpDoorbell, RecvWqe, SendWqe, Sge,
-        SrqDbSlot, SrqDoorbell,
+        CqDoorbell, Cqe, CtxDoorbell, DbPageHeader, QpDbSlot, QpDoorbell, RecvWqe, RegMrWqe,
+        SendWqe, Sge, SrqDbSlot, SrqDoorbell,
     };
     use event::Event;
     use mem::BufferDesc;
@@ -100,6 +105,7 @@ pub fn all_structs() -> Vec<WireInfo> {
         RegMrReq,
         RegMrResp,
         MrHandleReq,
+        AllocMrReq,
         CreateQpReq,
         CreateQpResp,
         ModifyQpReq,
@@ -122,6 +128,7 @@ pub fn all_structs() -> Vec<WireInfo> {
         SrqDbSlot,
         SendWqe,
         Sge,
+        RegMrWqe,
         RecvWqe,
         Cqe,
     ]

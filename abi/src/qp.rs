@@ -10,8 +10,21 @@ code_enum! {
         RC = 1,
         /// Unreliable datagram (requires `F_UD`).
         UD = 2,
+        /// The general services interface QP, QP number 1, that carries
+        /// MADs (requires `F_GSI`; at most one per instance).
+        GSI = 3,
     }
 }
+
+/// QP number of the GSI QP, in every instance.
+pub const GSI_QPN: u32 = 1;
+/// The well-known Q_Key of the GSI QP: the only Q_Key with bit 31 set that
+/// a QP may have, and only the GSI QP.
+pub const GSI_QKEY: u32 = 0x8001_0000;
+/// Largest message a GSI QP sends or receives: one MAD.
+pub const MAX_MAD_BYTES: u32 = 256;
+/// Largest `sq_depth` and `rq_depth` of a GSI QP.
+pub const MAX_GSI_DEPTH: u32 = 256;
 
 code_enum! {
     /// Queue pair states.

@@ -72,6 +72,14 @@ wire_struct! {
         /// Longest time the device takes to acknowledge a request as
         /// responder, IB encoding: 4.096 µs × 2^value, 0 to 31.
         local_ca_ack_delay: u32,
+        /// With `F_MEM_MGT`: the local DMA key, an `lkey` whose SGEs name
+        /// guest-physical addresses of the instance's RAM directly (local
+        /// access only, never an `rkey`). Zero without `F_MEM_MGT`.
+        local_dma_lkey: u32,
+        /// With `F_MEM_MGT`: the largest `max_num_sg` of `ALLOC_MR`, and so
+        /// the largest page count of one `REG_MR` work request. Zero
+        /// without `F_MEM_MGT`.
+        max_fast_reg_pages: u32,
         /// Must be zero.
         reserved: u32,
     }
@@ -314,6 +322,19 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// ALLOC_MR request (`F_MEM_MGT`): an MR for fast registration, free
+    /// until a `REG_MR` work request registers it. The response is
+    /// [`RegMrResp`], `lkey` and `rkey` the same key.
+    pub struct AllocMrReq {
+        /// A PD handle.
+        pd_handle: u32,
+        /// Most pages one `REG_MR` work request may give it: 1 to
+        /// `DeviceAttr.max_fast_reg_pages`.
+        max_num_sg: u32,
+    }
+}
+
+wire_struct! {
     /// CREATE_QP request (followed by the page list of `buf`).
     pub struct CreateQpReq {
         /// Protection domain.
@@ -542,6 +563,7 @@ impl Opcode {
             DESTROY_CQ => ("CqHandleReq", false, "none"),
             REG_MR => ("RegMrReq", true, "RegMrResp"),
             DEREG_MR => ("MrHandleReq", false, "none"),
+            ALLOC_MR => ("AllocMrReq", false, "RegMrResp"),
             CREATE_QP => ("CreateQpReq", true, "CreateQpResp"),
             MODIFY_QP => ("ModifyQpReq", false, "none"),
             QUERY_QP => ("QpHandleReq", false, "QueryQpResp"),

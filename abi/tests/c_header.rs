@@ -12,7 +12,7 @@ use virtio_rdma_abi::ctrl::{Opcode, Status};
 use virtio_rdma_abi::datapath::{self, WcOpcode, WcStatus, WrOpcode};
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::qp::{attr, Mtu, QpState, QpType};
-use virtio_rdma_abi::{all_structs, mem, ABI_VERSION, VIRTIO_ID_RDMA};
+use virtio_rdma_abi::{all_structs, mem, ABI_VERSION, MIN_COMPATIBLE_ABI_VERSION, VIRTIO_ID_RDMA};
 
 fn header_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../guest-driver/linux/virtio_rdma_abi.h")
@@ -77,6 +77,10 @@ fn render() -> String {
          #include <linux/types.h>\n\n",
     );
     let _ = writeln!(out, "#define VIRTIO_RDMA_ABI_VERSION {ABI_VERSION}");
+    let _ = writeln!(
+        out,
+        "#define VIRTIO_RDMA_MIN_COMPATIBLE_ABI_VERSION {MIN_COMPATIBLE_ABI_VERSION}"
+    );
     let _ = writeln!(out, "#define VIRTIO_RDMA_DEVICE_ID {VIRTIO_ID_RDMA}\n");
     for (n, v) in [
         ("CONTROLQ", u64::from(config::CONTROLQ)),
@@ -92,6 +96,8 @@ fn render() -> String {
         ("F_SRQ", config::F_SRQ),
         ("F_ATOMIC", config::F_ATOMIC),
         ("F_SHMEM_DOORBELL", config::F_SHMEM_DOORBELL),
+        ("F_GSI", config::F_GSI),
+        ("F_MEM_MGT", config::F_MEM_MGT),
     ] {
         assert_ne!(mask & ALL_DEVICE_FEATURES, 0);
         let _ = writeln!(out, "#define VIRTIO_RDMA_{n} {}", mask.trailing_zeros());
@@ -132,6 +138,25 @@ fn render() -> String {
         ("CQE_WITH_IMM", u64::from(datapath::CQE_WITH_IMM)),
         ("CQE_GRH", u64::from(datapath::CQE_GRH)),
         ("CQE_SOLICITED", u64::from(datapath::CQE_SOLICITED)),
+        ("CQE_WITH_INV", u64::from(datapath::CQE_WITH_INV)),
+        (
+            "REG_MR_MIN_PAGE_SHIFT",
+            u64::from(datapath::REG_MR_MIN_PAGE_SHIFT),
+        ),
+        (
+            "REG_MR_MAX_PAGE_SHIFT",
+            u64::from(datapath::REG_MR_MAX_PAGE_SHIFT),
+        ),
+        ("GSI_QPN", u64::from(virtio_rdma_abi::qp::GSI_QPN)),
+        ("GSI_QKEY", u64::from(virtio_rdma_abi::qp::GSI_QKEY)),
+        (
+            "MAX_MAD_BYTES",
+            u64::from(virtio_rdma_abi::qp::MAX_MAD_BYTES),
+        ),
+        (
+            "MAX_GSI_DEPTH",
+            u64::from(virtio_rdma_abi::qp::MAX_GSI_DEPTH),
+        ),
     ] {
         let _ = writeln!(out, "#define VIRTIO_RDMA_{n} {v}");
     }

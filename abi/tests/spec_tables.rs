@@ -405,6 +405,8 @@ fn feature_constants() -> Vec<(&'static str, u64)> {
         ("F_SRQ", config::F_SRQ),
         ("F_ATOMIC", config::F_ATOMIC),
         ("F_SHMEM_DOORBELL", config::F_SHMEM_DOORBELL),
+        ("F_GSI", config::F_GSI),
+        ("F_MEM_MGT", config::F_MEM_MGT),
     ]
 }
 

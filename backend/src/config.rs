@@ -5,7 +5,11 @@
 use std::path::PathBuf;
 
 use thiserror::Error;
-use virtio_rdma_abi::config::{DeviceConfig, ALL_DEVICE_FEATURES};
+use virtio_rdma_abi::config::{DeviceConfig, V2_DEVICE_FEATURES};
+
+/// The device feature bits this daemon implements, and so may offer: ABI
+/// version 3's `F_GSI` and `F_MEM_MGT` join as their parts land.
+pub const IMPLEMENTED_FEATURES: u64 = V2_DEVICE_FEATURES;
 use virtio_rdma_abi::mem::{send_wqe_shift, MAX_PAGE_SHIFT, MIN_PAGE_SHIFT};
 use virtio_rdma_abi::verbs::DeviceAttr;
 use virtio_rdma_abi::ABI_VERSION;
@@ -704,7 +708,7 @@ impl DaemonConfig {
             tenants: Vec::new(),
             rnic: crate::rnic_objects::RnicKind::Soft,
             verbs: VerbsConfig::default(),
-            device_features: ALL_DEVICE_FEATURES,
+            device_features: IMPLEMENTED_FEATURES,
             ctrl_poll: DEFAULT_CTRL_POLL,
             qos_classes: Vec::new(),
             engine_threads: 1,
@@ -917,9 +921,9 @@ impl DaemonConfig {
                 source: Box::new(e),
             })?;
         }
-        if self.device_features & !ALL_DEVICE_FEATURES != 0 {
+        if self.device_features & !IMPLEMENTED_FEATURES != 0 {
             return Err(ConfigError::UnsupportedFeatures(
-                self.device_features & !ALL_DEVICE_FEATURES,
+                self.device_features & !IMPLEMENTED_FEATURES,
             ));
         }
         if self.ctrl_poll > MAX_CTRL_POLL {

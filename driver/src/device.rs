@@ -14,7 +14,7 @@ use virtio_rdma_abi::verbs::{
     CreateCtxReq, CreateCtxResp, CtxHandleReq, DeviceAttr, PortAttr, QueryGidReq, QueryGidResp,
     QueryPortReq,
 };
-use virtio_rdma_abi::{Field, Wire, ABI_VERSION};
+use virtio_rdma_abi::{Field, Wire, ABI_VERSION, MIN_COMPATIBLE_ABI_VERSION};
 
 use crate::dma::DmaBuf;
 use crate::doorbell::{CtxFlags, DoorbellPage, DoorbellSlot};
@@ -91,7 +91,7 @@ impl Device {
     /// Opens the device with `opts` (see [`Device::open`]).
     pub fn open_with(transport: Arc<dyn Transport>, opts: DeviceOptions) -> Result<Device> {
         let config = transport.read_config()?;
-        if config.abi_version != ABI_VERSION {
+        if !(MIN_COMPATIBLE_ABI_VERSION..=ABI_VERSION).contains(&config.abi_version) {
             return Err(Error::AbiVersion(config.abi_version));
         }
         let mut inner = DeviceInner {

@@ -15,7 +15,8 @@
 #endif
 #include <linux/types.h>
 
-#define VIRTIO_RDMA_ABI_VERSION 2
+#define VIRTIO_RDMA_ABI_VERSION 3
+#define VIRTIO_RDMA_MIN_COMPATIBLE_ABI_VERSION 2
 #define VIRTIO_RDMA_DEVICE_ID 42
 
 #define VIRTIO_RDMA_CONTROLQ 0
@@ -28,6 +29,8 @@
 #define VIRTIO_RDMA_F_SRQ 1
 #define VIRTIO_RDMA_F_ATOMIC 2
 #define VIRTIO_RDMA_F_SHMEM_DOORBELL 3
+#define VIRTIO_RDMA_F_GSI 4
+#define VIRTIO_RDMA_F_MEM_MGT 5
 
 /* Sizes, doorbell constants and WQE/CQE flags (sections 11.1, 18.4, 18.7, 18.8, 18.14). */
 #define VIRTIO_RDMA_CQE_SIZE 32
@@ -59,6 +62,13 @@
 #define VIRTIO_RDMA_CQE_WITH_IMM 1
 #define VIRTIO_RDMA_CQE_GRH 2
 #define VIRTIO_RDMA_CQE_SOLICITED 4
+#define VIRTIO_RDMA_CQE_WITH_INV 8
+#define VIRTIO_RDMA_REG_MR_MIN_PAGE_SHIFT 12
+#define VIRTIO_RDMA_REG_MR_MAX_PAGE_SHIFT 30
+#define VIRTIO_RDMA_GSI_QPN 1
+#define VIRTIO_RDMA_GSI_QKEY 2147549184
+#define VIRTIO_RDMA_MAX_MAD_BYTES 256
+#define VIRTIO_RDMA_MAX_GSI_DEPTH 256
 #define VIRTIO_RDMA_DB_NONE 0xffffffffU
 
 /* MODIFY_QP attribute mask bits (section 12.13). */
@@ -93,6 +103,7 @@ enum virtio_rdma_opcode {
 	VIRTIO_RDMA_OP_DESTROY_CQ = 0x31,
 	VIRTIO_RDMA_OP_REG_MR = 0x40,
 	VIRTIO_RDMA_OP_DEREG_MR = 0x41,
+	VIRTIO_RDMA_OP_ALLOC_MR = 0x42,
 	VIRTIO_RDMA_OP_CREATE_QP = 0x50,
 	VIRTIO_RDMA_OP_MODIFY_QP = 0x51,
 	VIRTIO_RDMA_OP_QUERY_QP = 0x52,
@@ -124,6 +135,7 @@ enum virtio_rdma_qp_state {
 enum virtio_rdma_qp_type {
 	VIRTIO_RDMA_QPT_RC = 0x1,
 	VIRTIO_RDMA_QPT_UD = 0x2,
+	VIRTIO_RDMA_QPT_GSI = 0x3,
 };
 
 enum virtio_rdma_mtu {
@@ -176,6 +188,9 @@ enum virtio_rdma_wr_opcode {
 	VIRTIO_RDMA_WR_RDMA_READ = 0x4,
 	VIRTIO_RDMA_WR_ATOMIC_CMP_AND_SWP = 0x5,
 	VIRTIO_RDMA_WR_ATOMIC_FETCH_AND_ADD = 0x6,
+	VIRTIO_RDMA_WR_REG_MR = 0x7,
+	VIRTIO_RDMA_WR_LOCAL_INV = 0x8,
+	VIRTIO_RDMA_WR_SEND_WITH_INV = 0x9,
 };
 
 enum virtio_rdma_wc_opcode {
@@ -184,6 +199,8 @@ enum virtio_rdma_wc_opcode {
 	VIRTIO_RDMA_WC_RDMA_READ = 0x2,
 	VIRTIO_RDMA_WC_COMP_SWAP = 0x3,
 	VIRTIO_RDMA_WC_FETCH_ADD = 0x4,
+	VIRTIO_RDMA_WC_REG_MR = 0x5,
+	VIRTIO_RDMA_WC_LOCAL_INV = 0x6,
 	VIRTIO_RDMA_WC_RECV = 0x80,
 	VIRTIO_RDMA_WC_RECV_RDMA_WITH_IMM = 0x81,
 };
@@ -330,10 +347,12 @@ struct virtio_rdma_device_attr {
 	__le32 max_mr_pages;
 	__le32 atomic_caps;
 	__le32 local_ca_ack_delay;
+	__le32 local_dma_lkey;
+	__le32 max_fast_reg_pages;
 	__le32 reserved;
 };
 
-static_assert(sizeof(struct virtio_rdma_device_attr) == 144);
+static_assert(sizeof(struct virtio_rdma_device_attr) == 152);
 
 struct virtio_rdma_query_port_req {
 	__le32 port;
@@ -447,6 +466,13 @@ struct virtio_rdma_mr_handle_req {
 };
 
 static_assert(sizeof(struct virtio_rdma_mr_handle_req) == 4);
+
+struct virtio_rdma_alloc_mr_req {
+	__le32 pd_handle;
+	__le32 max_num_sg;
+};
+
+static_assert(sizeof(struct virtio_rdma_alloc_mr_req) == 8);
 
 struct virtio_rdma_create_qp_req {
 	__le32 pd_handle;
@@ -706,6 +732,24 @@ struct virtio_rdma_sge {
 };
 
 static_assert(sizeof(struct virtio_rdma_sge) == 16);
+
+struct virtio_rdma_reg_mr_wqe {
+	__le64 wr_id;
+	__u8 opcode;
+	__u8 flags;
+	__le16 reserved0;
+	__le32 key;
+	__le64 iova;
+	__le64 length;
+	__le64 pages_gpa;
+	__le32 mr_handle;
+	__le32 access;
+	__le32 npages;
+	__le32 page_shift;
+	__le64 reserved1;
+};
+
+static_assert(sizeof(struct virtio_rdma_reg_mr_wqe) == 64);
 
 struct virtio_rdma_recv_wqe {
 	__le64 wr_id;

@@ -101,10 +101,13 @@ static bool vrdma_abi_ok(struct virtio_device *vdev)
 	 * The ABI version decides how the rest of the configuration space is
 	 * laid out: check it before reading anything else (spec chapter 6).
 	 */
-	if (abi == VIRTIO_RDMA_ABI_VERSION)
+	if (abi >= VIRTIO_RDMA_MIN_COMPATIBLE_ABI_VERSION &&
+	    abi <= VIRTIO_RDMA_ABI_VERSION)
 		return true;
-	dev_err(&vdev->dev, "device ABI version %u, this driver implements %u\n",
-		abi, VIRTIO_RDMA_ABI_VERSION);
+	dev_err(&vdev->dev,
+		"device ABI version %u, this driver implements %u to %u\n",
+		abi, VIRTIO_RDMA_MIN_COMPATIBLE_ABI_VERSION,
+		VIRTIO_RDMA_ABI_VERSION);
 	return false;
 }
 

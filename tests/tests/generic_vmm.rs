@@ -98,7 +98,10 @@ fn negotiation_leaves_the_guest_transport_features_only() {
         pieces.extend(vm.config_bytes(u32::try_from(off).unwrap(), 4).unwrap());
     }
     assert_eq!(pieces, whole);
-    assert_eq!(vm.config().unwrap().abi_version, 2);
+    assert_eq!(
+        vm.config().unwrap().abi_version,
+        virtio_rdma_abi::ABI_VERSION
+    );
 }
 
 #[test]

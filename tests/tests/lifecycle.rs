@@ -302,7 +302,8 @@ fn stopping_and_resuming_queues_is_a_pause_not_a_reset() {
 #[test]
 fn vhost_user_features_are_those_of_chapter_19() {
     use vhost::vhost_user::VhostUserProtocolFeatures as P;
-    use virtio_rdma_abi::config::{ALL_DEVICE_FEATURES, F_SHMEM_DOORBELL};
+    use vhost_user_rdma::config::IMPLEMENTED_FEATURES;
+    use virtio_rdma_abi::config::F_SHMEM_DOORBELL;
     for shmem in [true, false] {
         let d = TestDaemon::with_config(1, |c| {
             if !shmem {
@@ -317,9 +318,9 @@ fn vhost_user_features_are_those_of_chapter_19() {
         };
         let mut vm = d.connect_with(0, opts).unwrap();
         let device_bits = if shmem {
-            ALL_DEVICE_FEATURES
+            IMPLEMENTED_FEATURES
         } else {
-            ALL_DEVICE_FEATURES & !F_SHMEM_DOORBELL
+            IMPLEMENTED_FEATURES & !F_SHMEM_DOORBELL
         };
         let want = (1u64 << 32) | (1 << 30) | (1 << 29) | device_bits;
         assert_eq!(

@@ -9,7 +9,7 @@ fn daemon_answers() {
     let d = TestDaemon::start(1).unwrap();
     let mut vm = d.connect(0).unwrap();
     let cfg = vm.config().unwrap();
-    assert_eq!(cfg.abi_version, 2);
+    assert_eq!(cfg.abi_version, virtio_rdma_abi::ABI_VERSION);
     let mut v = Verbs::new(&mut vm);
     let dev = v.query_device().unwrap();
     assert_eq!(dev.max_qp, cfg.max_qp);

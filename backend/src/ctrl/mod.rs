@@ -206,6 +206,7 @@ impl VmState {
                 r
             }
             Opcode::DEREG_MR => self.dereg_mr(payload),
+            Opcode::ALLOC_MR => Err(CmdError::new(Status::UNSUPPORTED, DETAIL_NONE)),
             Opcode::CREATE_QP => self.create_qp(mem, payload),
             Opcode::MODIFY_QP => self.modify_qp(mem, payload),
             Opcode::QUERY_QP => self.query_qp(payload),
@@ -247,7 +248,7 @@ pub fn response_size(op: Opcode) -> usize {
         CREATE_CTX => CreateCtxResp::SIZE,
         ALLOC_PD => PdHandleResp::SIZE,
         CREATE_CQ => CqHandleResp::SIZE,
-        REG_MR => RegMrResp::SIZE,
+        REG_MR | ALLOC_MR => RegMrResp::SIZE,
         CREATE_QP => CreateQpResp::SIZE,
         QUERY_QP => QueryQpResp::SIZE,
         CREATE_AH => AhHandleResp::SIZE,

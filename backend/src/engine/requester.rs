@@ -356,7 +356,13 @@ fn malformed_op(qp: &Qp, wr: &SendWr<'_>, atomics: bool) -> bool {
     );
     let rd_atomic = atomic || wr.opcode == WrOpcode::RDMA_READ;
     let ud_allowed = matches!(wr.opcode, WrOpcode::SEND | WrOpcode::SEND_WITH_IMM);
-    (qp.qp_type == QpType::UD && !ud_allowed)
+    // Fast registration and invalidation (F_MEM_MGT) are not executed yet.
+    let mem_mgt = matches!(
+        wr.opcode,
+        WrOpcode::REG_MR | WrOpcode::LOCAL_INV | WrOpcode::SEND_WITH_INV
+    );
+    mem_mgt
+        || (qp.qp_type == QpType::UD && !ud_allowed)
         || (rd_atomic && (wr.inline.is_some() || qp.attr.max_rd_atomic == 0))
         || (atomic && !atomics)
 }
@@ -439,11 +445,13 @@ fn write_send_cqe(state: &mut VmState, mem: &HostMem, h: u32, c: Completion) {
 /// The requester's completion opcode for a work request opcode.
 pub fn wc_opcode(op: WrOpcode) -> WcOpcode {
     match op {
-        WrOpcode::SEND | WrOpcode::SEND_WITH_IMM => WcOpcode::SEND,
+        WrOpcode::SEND | WrOpcode::SEND_WITH_IMM | WrOpcode::SEND_WITH_INV => WcOpcode::SEND,
         WrOpcode::RDMA_WRITE | WrOpcode::RDMA_WRITE_WITH_IMM => WcOpcode::RDMA_WRITE,
         WrOpcode::RDMA_READ => WcOpcode::RDMA_READ,
         WrOpcode::ATOMIC_CMP_AND_SWP => WcOpcode::COMP_SWAP,
         WrOpcode::ATOMIC_FETCH_AND_ADD => WcOpcode::FETCH_ADD,
+        WrOpcode::REG_MR => WcOpcode::REG_MR,
+        WrOpcode::LOCAL_INV => WcOpcode::LOCAL_INV,
     }
 }
 

@@ -31,7 +31,7 @@ use virtio_rdma_abi::config::{
 };
 use virtio_rdma_abi::datapath::SHMEM_ID_DOORBELL;
 use virtio_rdma_abi::event::Event;
-use virtio_rdma_abi::{Field, ABI_VERSION};
+use virtio_rdma_abi::{Field, ABI_VERSION, MIN_COMPATIBLE_ABI_VERSION};
 
 use crate::transport::{DmaRegion, SharedMemory, Token, Transport, TransportError};
 use caps::VirtioCaps;
@@ -302,9 +302,9 @@ impl PciTransport {
 
         // The ABI version decides the layout of the rest (spec chapter 6).
         let cfg = Self::read_device_config(&common, &device_cfg);
-        if cfg.abi_version != ABI_VERSION {
+        if !(MIN_COMPATIBLE_ABI_VERSION..=ABI_VERSION).contains(&cfg.abi_version) {
             return Err(fail(format!(
-                "device ABI version {}, driver implements {ABI_VERSION}",
+                "device ABI version {}, driver implements {MIN_COMPATIBLE_ABI_VERSION} to {ABI_VERSION}",
                 cfg.abi_version
             )));
         }

@@ -233,6 +233,11 @@ fn perform(
             };
         }
         WrOpcode::SEND | WrOpcode::SEND_WITH_IMM => {}
+        // Local operations never reach a responder; the requester refuses
+        // what it does not execute.
+        WrOpcode::REG_MR | WrOpcode::LOCAL_INV | WrOpcode::SEND_WITH_INV => {
+            return nak(state, qp, WcStatus::REM_INV_REQ_ERR);
+        }
     }
     // SEND, SEND_WITH_IMM and RDMA_WRITE_WITH_IMM consume a receive WQE.
     let (skip, take) = req.part;

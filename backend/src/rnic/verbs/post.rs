@@ -50,8 +50,11 @@ fn host_sges(sges: &[Sge], out: &mut [ibv_sge; MAX_SGE]) -> Option<usize> {
     Some(sges.len())
 }
 
-fn opcode(op: WrOpcode) -> u32 {
-    match op {
+/// The host opcode of a guest's; `None` for the fast-registration
+/// opcodes, which the host QP cannot execute for the guest (the engine
+/// refuses them before they get here).
+fn opcode(op: WrOpcode) -> Option<u32> {
+    Some(match op {
         WrOpcode::RDMA_WRITE => ibv_wr_opcode::IBV_WR_RDMA_WRITE,
         WrOpcode::RDMA_WRITE_WITH_IMM => ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
         WrOpcode::SEND => ibv_wr_opcode::IBV_WR_SEND,
@@ -59,7 +62,8 @@ fn opcode(op: WrOpcode) -> u32 {
         WrOpcode::RDMA_READ => ibv_wr_opcode::IBV_WR_RDMA_READ,
         WrOpcode::ATOMIC_CMP_AND_SWP => ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP,
         WrOpcode::ATOMIC_FETCH_AND_ADD => ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD,
-    }
+        WrOpcode::REG_MR | WrOpcode::LOCAL_INV | WrOpcode::SEND_WITH_INV => return None,
+    })
 }
 
 /// Posts send WQE `msg` to its host QP: taken ([`Step::InFlight`]), or
@@ -234,7 +238,11 @@ pub(super) fn send(
     w.wr_id = 0;
     w.sg_list = sges.as_mut_ptr();
     w.num_sge = i32::try_from(nsge).unwrap_or(0);
-    w.opcode = opcode(wr.opcode);
+    let Some(op) = opcode(wr.opcode) else {
+        drop(t);
+        return failed(state, WcStatus::LOC_QP_OP_ERR);
+    };
+    w.opcode = op;
     w.send_flags = flags;
     // Immediate data is the guest's 32 bits, passed as they are.
     w.imm_data_invalidated_rkey_union = imm_data_invalidated_rkey_union_t {
