@@ -16,13 +16,17 @@
 //!   WQEs posted to the host queues; [`post`]: send and receive work
 //!   requests in libibverbs' terms; [`complete`]: host completions and
 //!   host events applied to the VM; [`scratch`]: the data path's reusable
-//!   memory.
+//!   memory;
+//! - [`cm`]: the bridge between a guest's connection management and the
+//!   host's `rdma_cm`.
 
 // Everything but the quotas talks to libibverbs (feature `verbs`); the
 // quotas are plain arithmetic, also tested over the software RNIC. The data
 // path handles what guests post: it is guest-facing.
 #[cfg(feature = "verbs")]
 pub mod attr;
+#[cfg(feature = "verbs")]
+pub mod cm;
 #[cfg(feature = "verbs")]
 pub mod device;
 #[cfg(feature = "verbs")]
