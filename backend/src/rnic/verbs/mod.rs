@@ -25,7 +25,6 @@
 // path handles what guests post: it is guest-facing.
 #[cfg(feature = "verbs")]
 pub mod attr;
-#[cfg(feature = "verbs")]
 pub mod cm;
 #[cfg(feature = "verbs")]
 pub mod device;

@@ -19,83 +19,36 @@ use rdma_sys::{
     rdma_reject, rdma_resolve_addr, rdma_resolve_route,
 };
 
+use super::conn::{ConnParams, HostKind, QpParams};
 use crate::rnic::verbs::objects::errno_of;
 
-/// Kinds of host CM events the bridge acts on (`enum rdma_cm_event_type`),
-/// read as integers: a newer library may report one the bindings lack.
-pub mod kind {
-    use super::rdma_cm_event_type as t;
-    /// The destination address resolved.
-    pub const ADDR_RESOLVED: u32 = t::RDMA_CM_EVENT_ADDR_RESOLVED;
-    /// The destination address did not resolve.
-    pub const ADDR_ERROR: u32 = t::RDMA_CM_EVENT_ADDR_ERROR;
-    /// The route resolved.
-    pub const ROUTE_RESOLVED: u32 = t::RDMA_CM_EVENT_ROUTE_RESOLVED;
-    /// The route did not resolve.
-    pub const ROUTE_ERROR: u32 = t::RDMA_CM_EVENT_ROUTE_ERROR;
-    /// A peer asks to connect to a listener (the event's id is new).
-    pub const CONNECT_REQUEST: u32 = t::RDMA_CM_EVENT_CONNECT_REQUEST;
-    /// The peer replied (a QP-less id: the caller sends the RTU).
-    pub const CONNECT_RESPONSE: u32 = t::RDMA_CM_EVENT_CONNECT_RESPONSE;
-    /// The connection failed.
-    pub const CONNECT_ERROR: u32 = t::RDMA_CM_EVENT_CONNECT_ERROR;
-    /// The peer did not answer.
-    pub const UNREACHABLE: u32 = t::RDMA_CM_EVENT_UNREACHABLE;
-    /// The peer rejected.
-    pub const REJECTED: u32 = t::RDMA_CM_EVENT_REJECTED;
-    /// The connection is established (passive side: the RTU arrived).
-    pub const ESTABLISHED: u32 = t::RDMA_CM_EVENT_ESTABLISHED;
-    /// The connection is released.
-    pub const DISCONNECTED: u32 = t::RDMA_CM_EVENT_DISCONNECTED;
-    /// The host device went away.
-    pub const DEVICE_REMOVAL: u32 = t::RDMA_CM_EVENT_DEVICE_REMOVAL;
-    /// The id's address changed.
-    pub const ADDR_CHANGE: u32 = t::RDMA_CM_EVENT_ADDR_CHANGE;
-    /// The id left time-wait.
-    pub const TIMEWAIT_EXIT: u32 = t::RDMA_CM_EVENT_TIMEWAIT_EXIT;
-}
-
-/// The connection parameters of a connect, accept or host event.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ConnParams {
-    /// The consumer's private data (without `rdma_cm`'s own header).
-    pub private_data: Vec<u8>,
-    /// RDMA READ / atomic requests accepted as responder.
-    pub responder_resources: u8,
-    /// RDMA READ / atomic requests outstanding as initiator.
-    pub initiator_depth: u8,
-    /// Transport retries.
-    pub retry_count: u8,
-    /// RNR retries.
-    pub rnr_retry_count: u8,
-    /// The QP uses an SRQ.
-    pub srq: bool,
-    /// The QP number: the guest's host QP (ours), or the peer's (events).
-    pub qp_num: u32,
-}
-
-/// What `rdma_init_qp_attr` says a QP of the connection needs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct QpParams {
-    /// The peer's QP number.
-    pub dest_qpn: u32,
-    /// The first PSN the peer sends (RTR).
-    pub rq_psn: u32,
-    /// The first PSN this side sends (RTS): the host CM's, not the guest's.
-    pub sq_psn: u32,
-    /// Path MTU (libibverbs encoding).
-    pub path_mtu: u32,
-    /// Responder resources (RTR).
-    pub max_dest_rd_atomic: u8,
-    /// Initiator depth (RTS).
-    pub max_rd_atomic: u8,
+/// The kind of a host CM event (`enum rdma_cm_event_type`, read as an
+/// integer: a newer library may report one the bindings lack).
+fn host_kind(raw: u32) -> HostKind {
+    use rdma_cm_event_type as t;
+    match raw {
+        t::RDMA_CM_EVENT_ADDR_RESOLVED => HostKind::AddrResolved,
+        t::RDMA_CM_EVENT_ADDR_ERROR => HostKind::AddrError,
+        t::RDMA_CM_EVENT_ROUTE_RESOLVED => HostKind::RouteResolved,
+        t::RDMA_CM_EVENT_ROUTE_ERROR => HostKind::RouteError,
+        t::RDMA_CM_EVENT_CONNECT_REQUEST => HostKind::ConnectRequest,
+        t::RDMA_CM_EVENT_CONNECT_RESPONSE => HostKind::ConnectResponse,
+        t::RDMA_CM_EVENT_CONNECT_ERROR => HostKind::ConnectError,
+        t::RDMA_CM_EVENT_UNREACHABLE => HostKind::Unreachable,
+        t::RDMA_CM_EVENT_REJECTED => HostKind::Rejected,
+        t::RDMA_CM_EVENT_ESTABLISHED => HostKind::Established,
+        t::RDMA_CM_EVENT_DISCONNECTED => HostKind::Disconnected,
+        t::RDMA_CM_EVENT_DEVICE_REMOVAL => HostKind::DeviceRemoval,
+        t::RDMA_CM_EVENT_TIMEWAIT_EXIT => HostKind::TimewaitExit,
+        _ => HostKind::Other,
+    }
 }
 
 /// One host CM event, copied out of the library.
 #[derive(Debug)]
 pub struct CmEvent {
-    /// Its kind ([`kind`]).
-    pub kind: u32,
+    /// Its kind.
+    pub kind: HostKind,
     /// Its status (0, or a negative errno / a REJ reason for `REJECTED`).
     pub status: i32,
     /// The key of the id it concerns: for `CONNECT_REQUEST`, the listener's.
@@ -184,9 +137,9 @@ impl Drop for EventChannel {
 unsafe fn copy_event(ev: *mut rdma_cm_event) -> CmEvent {
     // SAFETY: the caller's contract.
     let e = unsafe { &*ev };
-    let kind = e.event;
+    let kind = host_kind(e.event);
     // The listener's key for a request; the id's own otherwise.
-    let keyed = if kind == kind::CONNECT_REQUEST && !e.listen_id.is_null() {
+    let keyed = if kind == HostKind::ConnectRequest && !e.listen_id.is_null() {
         e.listen_id
     } else {
         e.id
@@ -197,7 +150,7 @@ unsafe fn copy_event(ev: *mut rdma_cm_event) -> CmEvent {
         // SAFETY: a live id of the event; `context` is a plain field.
         unsafe { (*keyed).context as u64 }
     };
-    let new_id = if kind == kind::CONNECT_REQUEST {
+    let new_id = if kind == HostKind::ConnectRequest {
         NonNull::new(e.id).map(|raw| CmId { raw })
     } else {
         None
