@@ -350,6 +350,29 @@ impl CmId {
         check(unsafe { rdma_disconnect(self.raw.as_ptr()) })
     }
 
+    /// The peer's address (an id of a connection request, or a resolved
+    /// one); `None` for an address family the bridge does not serve.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        // SAFETY: a live id; the route's destination is a plain
+        // sockaddr_storage-sized union the library filled, read by family.
+        unsafe {
+            let dst = &(*self.raw.as_ptr()).route.addr.dst_addr_union;
+            match i32::from(dst.dst_addr.sa_family) {
+                libc::AF_INET => {
+                    let sin = dst.dst_sin;
+                    let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+                    Some(SocketAddr::from((ip, u16::from_be(sin.sin_port))))
+                }
+                libc::AF_INET6 => {
+                    let sin6 = dst.dst_sin6;
+                    let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+                    Some(SocketAddr::from((ip, u16::from_be(sin6.sin6_port))))
+                }
+                _ => None,
+            }
+        }
+    }
+
     /// What a QP of the connection needs in RTR and RTS.
     pub fn qp_params(&self) -> io::Result<QpParams> {
         let get = |state| -> io::Result<ibv_qp_attr> {

@@ -7,9 +7,12 @@
 //!   RNIC);
 //! - [`conn`]: what the bridge and the host CM exchange;
 //! - [`host`]: the host's `rdma_cm` (librdmacm), QP-less ids and their
-//!   events.
+//!   events;
+//! - [`service`]: the decisions executed on the host CM.
 
 pub mod bridge;
 pub mod conn;
 #[cfg(feature = "verbs")]
 pub mod host;
+#[cfg(feature = "verbs")]
+pub mod service;
