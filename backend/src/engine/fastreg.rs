@@ -15,11 +15,10 @@ use virtio_rdma_abi::datapath::{
 use virtio_rdma_abi::mem::access as acc;
 use virtio_rdma_abi::Field;
 
-use super::requester::{complete_send, wc_opcode, Completion};
 use crate::memory::access;
 use crate::memory::HostMem;
 use crate::resources::fast::{prefix, Registration};
-use crate::rnic_path::{SendWr, Serving, Step};
+use crate::rnic_path::SendWr;
 use crate::vm::VmState;
 
 /// The page array of a registration lies in one page of this size.
@@ -36,29 +35,19 @@ pub(super) fn is_local(op: WrOpcode) -> bool {
     matches!(op, WrOpcode::REG_MR | WrOpcode::LOCAL_INV)
 }
 
-/// Executes local operation `wr` (shape checked), send WQE `index` of QP
-/// `h`, and completes it: on success only if `signaled`, on failure
-/// always, the QP then entering ERR. Returns what became of it and the
-/// bytes of work it is charged besides (a registration's pages).
+/// Executes local operation `wr` (shape checked) of QP `h`: its outcome
+/// (the requester completes it) and the bytes of work it is charged (a
+/// registration's pages).
 pub(super) fn execute(
-    cx: &mut Serving<'_>,
+    state: &mut VmState,
+    mem: &HostMem,
     h: u32,
-    index: u32,
     wr: &SendWr<'_>,
-    signaled: bool,
-) -> (Step, u64) {
-    let (state, mem) = (&mut *cx.state, cx.mem);
-    let (outcome, work) = match wr.opcode {
+) -> (Result<(), WcStatus>, u64) {
+    match wr.opcode {
         WrOpcode::REG_MR => register(state, mem, h, &wr.hdr),
         _ => (invalidate(state, h, wr.hdr.rkey), 0),
-    };
-    let (wr_id, op) = (wr.hdr.wr_id, wc_opcode(wr.opcode));
-    let step = match outcome {
-        Ok(()) if !signaled => Step::Done { published: false },
-        Ok(()) => complete_send(state, mem, h, index, Completion::ok(wr_id, op, 0)),
-        Err(status) => complete_send(state, mem, h, index, Completion::failed(wr_id, op, status)),
-    };
-    (step, work)
+    }
 }
 
 /// `LOCAL_INV` of `key` on QP `h`: the key of an `ALLOC_MR` region of the

@@ -226,10 +226,19 @@ impl Engine {
                 let negotiated = (cx.state.atomics_negotiated(), cx.state.has(F_MEM_MGT));
                 let malformed = malformed_op(qp, &wr, negotiated);
                 if !malformed && fastreg::is_local(wr.opcode) {
-                    let signaled = sig_all || wr.hdr.flags & WQE_SIGNALED != 0;
-                    let (step, charged) = fastreg::execute(cx, h, index, &wr, signaled);
+                    // Executed here, in the queue's order, and completed at
+                    // once (spec 18.27).
+                    let (outcome, charged) = fastreg::execute(cx.state, mem, h, &wr);
                     *work = charged;
-                    return step;
+                    let (wr_id, op) = (wr.hdr.wr_id, wc_opcode(wr.opcode));
+                    let c = match outcome {
+                        Ok(()) if !sig_all && wr.hdr.flags & WQE_SIGNALED == 0 => {
+                            return Step::Done { published: false };
+                        }
+                        Ok(()) => Completion::ok(wr_id, op, 0),
+                        Err(status) => Completion::failed(wr_id, op, status),
+                    };
+                    return complete_send(cx.state, mem, h, index, c);
                 }
                 match self.address(cx.state, qp, &wr, malformed) {
                     Ok((dest_qpn, av, qkey, len)) => {
