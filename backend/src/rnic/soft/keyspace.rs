@@ -3,7 +3,7 @@
 //! 256 keys that share its bits 31 to 8, since its guest picks bits 7 to 0
 //! at each registration (spec 12.22); the local DMA key is never a region's.
 
-use crate::keys::{KeyMap, LOCAL_DMA_LKEY};
+use crate::keys::{KeyMap, KeySource, LOCAL_DMA_LKEY};
 use crate::rnic::directory::Directory;
 use crate::rnic_objects::RnicError;
 
@@ -20,6 +20,8 @@ pub struct KeySpace {
     prefixes: KeyMap<u32>,
     /// Bits 31 to 8 of the keys of fast-registration regions.
     fast: Directory<()>,
+    /// The first consumer byte of a fast-registration region's key.
+    bytes: KeySource,
 }
 
 impl Default for KeySpace {
@@ -42,6 +44,7 @@ impl KeySpace {
             prefixes: KeyMap::default(),
             // Prefix 0 would give key 0 to consumer byte 0.
             fast: Directory::new(prefix_mask, 1),
+            bytes: KeySource::new(),
         }
     }
 
@@ -72,15 +75,18 @@ impl KeySpace {
         }
     }
 
-    /// Draws the key of a fast-registration region (consumer byte 0): bits
-    /// 31 to 8 that no live key has, nor the local DMA key.
+    /// Draws the key of a fast-registration region: bits 31 to 8 that no
+    /// live key has, nor the local DMA key, and a random first consumer
+    /// byte (the guest's later ones follow from it: they add nothing a
+    /// peer would have to guess, but this one does).
     pub fn alloc_fast(&mut self) -> Result<u32, RnicError> {
+        let byte = self.bytes.next_u32().map_err(|_| RnicError::Random)? & 0xff;
         let prefixes = &self.prefixes;
         let dma = prefix(LOCAL_DMA_LKEY);
         let p = self
             .fast
             .alloc_if((), |p| p != dma && !prefixes.contains_key(&p))?;
-        Ok(p.checked_shl(8).unwrap_or(0))
+        Ok(p.checked_shl(8).unwrap_or(0) | byte)
     }
 
     /// Frees the key of a fast-registration region (any consumer byte).
@@ -126,7 +132,6 @@ mod tests {
                 }
             }
             for &f in &fast {
-                assert_eq!(f & 0xff, 0);
                 assert_ne!(prefix(f), prefix(LOCAL_DMA_LKEY));
                 assert!(keys.iter().all(|&k| prefix(k) != prefix(f)), "{f:#x}");
             }
@@ -160,7 +165,7 @@ mod tests {
         for &k in &in_3 {
             s.free(k);
         }
-        assert_eq!(s.alloc_fast(), Ok(3 << 8));
+        assert_eq!(s.alloc_fast().map(prefix), Ok(3));
         // And no REG_MR key gets prefix 3 while the fast region lives.
         for _ in 0..100 {
             if let Ok(k) = s.alloc() {
@@ -179,7 +184,7 @@ mod tests {
             assert!(k != 0 && k != LOCAL_DMA_LKEY);
             assert!(seen.insert(k));
             let f = s.alloc_fast().unwrap();
-            assert!(f != 0 && f & 0xff == 0);
+            assert!(prefix(f) != 0);
             assert!(seen.insert(f));
         }
         assert_eq!(s.len(), 10_000);
