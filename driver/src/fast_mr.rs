@@ -48,7 +48,8 @@ pub struct FastReg {
 }
 
 /// A fast-registration region (`ALLOC_MR`), deregistered (`DEREG_MR`) on
-/// drop. It starts free; its registrations are work requests.
+/// drop (a failure is logged, and the page array kept allocated). It
+/// starts free; its registrations are work requests.
 #[derive(Debug)]
 pub struct FastMr {
     pd: Arc<Pd>,
@@ -59,7 +60,6 @@ pub struct FastMr {
     /// it executes the `REG_MR` work request); leaked, not freed, if the
     /// region cannot be deregistered.
     array: Option<DmaBuf>,
-    destroyed: bool,
 }
 
 impl FastMr {
@@ -89,7 +89,6 @@ impl FastMr {
             key: r.lkey,
             max_num_sg,
             array: Some(array),
-            destroyed: false,
         })
     }
 
@@ -202,30 +201,10 @@ impl FastMr {
             lkey: self.key,
         }
     }
-
-    /// Deregisters the region, reporting failure (dropping does the same
-    /// but can only log).
-    pub fn destroy(mut self) -> Result<()> {
-        self.destroyed = true;
-        let r = self.pd.dev.inner.cmd_unit(
-            Opcode::DEREG_MR,
-            &MrHandleReq {
-                mr_handle: self.handle,
-            },
-        );
-        if r.is_err() {
-            // The device may still read the array: keep it allocated.
-            std::mem::forget(self.array.take());
-        }
-        r
-    }
 }
 
 impl Drop for FastMr {
     fn drop(&mut self) {
-        if self.destroyed {
-            return;
-        }
         let ok = self.pd.dev.inner.destroy(
             Opcode::DEREG_MR,
             &MrHandleReq {

@@ -841,21 +841,13 @@ impl Harness {
                 rkey,
                 count,
             } => {
-                let a = self.vm_index(v);
-                let Some(pa) = self.qp_of(a, qp) else { return };
-                let vm = self.vms[a].as_ref().expect("open");
-                let remote = vm.qps[pa]
-                    .peer
-                    .and_then(|p| self.vms[p].as_ref())
-                    .unwrap_or(vm);
+                let Some((pa, vm, remote)) = self.sender(v, qp) else {
+                    return;
+                };
                 let raddr = remote.mr.iova() + u64::from(roff) % SPAN;
                 let rkey = self.key(rkey, remote.mr.rkey());
                 let op = send_op(kind, raddr, rkey, self.seq);
-                let len = if kind % 7 >= 5 {
-                    8
-                } else {
-                    u32::from(len) % LEN_SPAN
-                };
+                let len = op_len(kind, len);
                 let sge = [Sge {
                     addr: vm.mr.iova() + u64::from(off) % SPAN,
                     length: len,
@@ -1023,13 +1015,9 @@ impl Harness {
                 off,
                 len,
             } => {
-                let a = self.vm_index(v);
-                let Some(pa) = self.qp_of(a, qp) else { return };
-                let vm = self.vms[a].as_ref().expect("open");
-                let remote = vm.qps[pa]
-                    .peer
-                    .and_then(|p| self.vms[p].as_ref())
-                    .unwrap_or(vm);
+                let Some((pa, vm, remote)) = self.sender(v, qp) else {
+                    return;
+                };
                 let good = remote.fast.as_ref().map_or(remote.mr.rkey(), FastMr::key);
                 let key = self.key(key, good);
                 let sge = [Sge {
@@ -1050,20 +1038,12 @@ impl Harness {
                 local,
                 remote,
             } => {
-                let a = self.vm_index(v);
-                let Some(pa) = self.qp_of(a, qp) else { return };
-                let vm = self.vms[a].as_ref().expect("open");
-                let peer = vm.qps[pa]
-                    .peer
-                    .and_then(|p| self.vms[p].as_ref())
-                    .unwrap_or(vm);
+                let Some((pa, vm, peer)) = self.sender(v, qp) else {
+                    return;
+                };
                 let dma = vm.dev.local_dma_lkey().unwrap_or(0);
                 let (off, roff) = (u64::from(off) % BUF, u64::from(roff) % SPAN);
-                let mut length = if kind % 7 >= 5 {
-                    8
-                } else {
-                    u32::from(len) % LEN_SPAN
-                };
+                let mut length = op_len(kind, len);
                 let (laddr, lkey) = match local {
                     Via::Mr => (vm.mr.iova() + off, vm.mr.lkey()),
                     Via::Fast => (vm.mr.iova() + off, vm.fast.as_ref().map_or(0, FastMr::key)),
@@ -1122,6 +1102,20 @@ impl Harness {
             );
         }
         self.vms[i] = Some(open_driver(connect_vm(&self.socket(i), Some(mem))));
+    }
+
+    /// The sender of a work request on QP `q` of VM `v`: the VM's index,
+    /// the QP's, the VM, and the VM the QP was connected to (itself if
+    /// none).
+    fn sender(&self, v: u8, q: u8) -> Option<(usize, &VmS, &VmS)> {
+        let a = self.vm_index(v);
+        let pa = self.qp_of(a, q)?;
+        let vm = self.vms[a].as_ref()?;
+        let peer = vm.qps[pa]
+            .peer
+            .and_then(|p| self.vms[p].as_ref())
+            .unwrap_or(vm);
+        Some((pa, vm, peer))
     }
 
     fn qp_of(&self, vm: usize, q: u8) -> Option<usize> {
@@ -1375,6 +1369,16 @@ fn send_op(kind: u8, raddr: u64, rkey: u32, seq: u64) -> SendOp {
             rkey,
             add: 1,
         },
+    }
+}
+
+/// The local length of operation `kind` (as [`send_op`]): 8 for an
+/// atomic, `len` (mostly fitting the buffer) otherwise.
+fn op_len(kind: u8, len: u16) -> u32 {
+    if kind % 7 >= 5 {
+        8
+    } else {
+        u32::from(len) % LEN_SPAN
     }
 }
 
