@@ -19,6 +19,7 @@ use virtio_rdma_abi::verbs::{AllocMrReq, MrHandleReq, RegMrResp};
 use crate::device::Device;
 use crate::dma::DmaBuf;
 use crate::error::{Error, Result};
+use crate::mr::MrPages;
 use crate::pd::Pd;
 
 /// Bytes of the page array of one registration: one 4 KiB page.
@@ -165,31 +166,17 @@ impl FastMr {
         len: usize,
         access: u32,
     ) -> Result<FastReg> {
-        if len == 0 || offset.checked_add(len).is_none_or(|end| end > buf.len()) {
-            return Err(Error::InvalidArgument(format!(
-                "range {offset}+{len} of a {}-byte buffer",
-                buf.len()
-            )));
-        }
-        let shift = buf.page_shift();
-        let abs = u64::from(buf.first_page_offset()) + offset as u64;
-        let first = (abs >> shift) as usize;
-        let last = ((abs + len as u64 - 1) >> shift) as usize;
-        let pages = buf
-            .pages()
-            .get(first..=last)
-            .ok_or_else(|| Error::InvalidArgument("DMA buffer page list too short".into()))?;
-        let iova = buf.as_ptr() as u64 + offset as u64;
+        let spec = MrPages::of_buf(buf, offset, len)?;
         // The iova's offset in its page must be the data's (spec 18.27):
         // true of a driver address when the page size is the host's or
         // the buffer is page aligned; checked rather than assumed.
-        let mask = (1u64 << shift) - 1;
-        if iova & mask != abs & mask {
+        let mask = (1u64 << spec.page_shift) - 1;
+        if spec.iova & mask != u64::from(spec.first_page_offset) {
             return Err(Error::InvalidArgument(
                 "the buffer's address and its pages are not aligned alike".into(),
             ));
         }
-        self.map(pages, shift, iova, len as u64, access)
+        self.map(spec.pages, spec.page_shift, spec.iova, spec.length, access)
     }
 
     /// An SGE for `len` bytes at `addr` (an address of the current
