@@ -11,6 +11,13 @@ use std::io;
 
 const POOL: usize = 512;
 
+/// The local DMA key (`DeviceAttr.local_dma_lkey`, `F_MEM_MGT`, spec
+/// 18.28): an lkey whose SGEs name guest-physical addresses. Fixed for every
+/// instance: it grants nothing remotely, so there is nothing to guess. Its
+/// consumer byte is 0 (a driver may not change it) and RNICs that offer
+/// `F_MEM_MGT` never hand it, or its bits 31 to 8, to a memory region.
+pub const LOCAL_DMA_LKEY: u32 = 0x0000_0100;
+
 /// A buffered source of random 32-bit values.
 pub struct KeySource {
     pool: [u8; POOL],

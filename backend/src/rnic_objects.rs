@@ -116,12 +116,27 @@ pub struct Caps {
     /// `DeviceAttr.local_ca_ack_delay`: the longest time the RNIC
     /// takes to acknowledge a request, 4.096 µs × 2^value (0 to 31).
     pub local_ca_ack_delay: u32,
+    /// `DeviceAttr.max_fast_reg_pages`: the most pages one fast
+    /// registration may give an `ALLOC_MR` region. 0: the RNIC has no
+    /// fast registration, and the device does not offer `F_MEM_MGT`.
+    pub max_fast_reg_pages: u32,
 }
 
 impl Caps {
     /// The largest UD message payload: the MTU in bytes (`128 << mtu`).
     pub fn max_ud_payload(&self) -> u32 {
         128u32.checked_shl(self.max_mtu).unwrap_or(0)
+    }
+
+    /// The device feature bits an RNIC with these caps lets a device
+    /// offer: all of them but `F_MEM_MGT` without fast registration.
+    pub fn features(&self) -> u64 {
+        use virtio_rdma_abi::config::{ALL_DEVICE_FEATURES, F_MEM_MGT};
+        if self.max_fast_reg_pages == 0 {
+            ALL_DEVICE_FEATURES & !F_MEM_MGT
+        } else {
+            ALL_DEVICE_FEATURES
+        }
     }
 }
 
@@ -297,6 +312,18 @@ pub trait RnicObjects: Send + Sync {
 
     /// Deregisters the region with `keys`; they may be handed out again.
     fn dereg_mr(&self, keys: MrKeys);
+
+    /// Draws the key of fast-registration region `owner` (`ALLOC_MR`,
+    /// `F_MEM_MGT`; spec 12.22): its lkey and rkey. Bits 31 to 8 are
+    /// unique among every live key of the RNIC, whatever their bits 7 to
+    /// 0 (the consumer byte, which the guest changes at each registration),
+    /// and never those of [`crate::keys::LOCAL_DMA_LKEY`]. An RNIC without
+    /// fast registration (`Caps::max_fast_reg_pages` 0) refuses.
+    fn alloc_fast_mr(&self, owner: Owner) -> Result<u32, RnicError>;
+
+    /// Frees the key of a fast-registration region (`key`'s bits 31 to 8;
+    /// its consumer byte does not matter).
+    fn free_fast_mr(&self, key: u32);
 
     /// Memory keys in use (lkeys and rkeys; for leak checks).
     fn keys_in_use(&self) -> usize;

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use virtio_rdma_abi::config::{DeviceConfig, F_ATOMIC, F_SRQ, F_UD};
+use virtio_rdma_abi::config::{DeviceConfig, F_ATOMIC, F_MEM_MGT, F_SRQ, F_UD};
 use virtio_rdma_abi::ctrl::{Opcode, RequestHeader, ResponseHeader, Status};
 use virtio_rdma_abi::datapath::{DB_NONE, SHMEM_ID_DOORBELL};
 use virtio_rdma_abi::event::Event;
@@ -299,6 +299,7 @@ impl DeviceInner {
             F_UD => "F_UD",
             F_SRQ => "F_SRQ",
             F_ATOMIC => "F_ATOMIC",
+            F_MEM_MGT => "F_MEM_MGT",
             _ => "device feature",
         }))
     }

@@ -48,6 +48,7 @@ pub mod dma;
 mod doorbell;
 pub mod error;
 pub mod event;
+pub mod fast_mr;
 pub mod mr;
 mod page_list;
 #[cfg(target_os = "linux")]
@@ -68,6 +69,7 @@ pub use cq::Cq;
 pub use device::{Device, DeviceOptions};
 pub use dma::DmaBuf;
 pub use error::{Error, Result};
+pub use fast_mr::{FastMr, FastReg};
 pub use mr::{Mr, MrPages};
 pub use pd::Pd;
 pub use qp::{Qp, QpCap, QpInit};

@@ -29,6 +29,35 @@ pub struct MrPages<'a> {
     pub pages: &'a [u64],
 }
 
+impl<'a> MrPages<'a> {
+    /// `len` bytes at `offset` of `buf`: its pages and page size, the
+    /// `iova` the driver address of byte `offset`.
+    pub fn of_buf(buf: &'a DmaBuf, offset: usize, len: usize) -> Result<MrPages<'a>> {
+        if len == 0 || offset.checked_add(len).is_none_or(|end| end > buf.len()) {
+            return Err(Error::InvalidArgument(format!(
+                "range {offset}+{len} of a {}-byte buffer",
+                buf.len()
+            )));
+        }
+        let shift = buf.page_shift();
+        let abs = u64::from(buf.first_page_offset()) + offset as u64;
+        let first = (abs >> shift) as usize;
+        let fpo = (abs & ((1u64 << shift) - 1)) as u32;
+        let npages = (u64::from(fpo) + len as u64).div_ceil(1u64 << shift) as usize;
+        let pages = buf
+            .pages()
+            .get(first..first + npages)
+            .ok_or_else(|| Error::InvalidArgument("DMA buffer page list too short".into()))?;
+        Ok(MrPages {
+            iova: buf.as_ptr() as u64 + offset as u64,
+            length: len as u64,
+            first_page_offset: fpo,
+            page_shift: shift,
+            pages,
+        })
+    }
+}
+
 /// A registered memory region (`REG_MR`), deregistered (`DEREG_MR`) on drop.
 ///
 /// A region registered from a [`DmaBuf`] keeps an `Arc` of it, so the
@@ -65,36 +94,16 @@ impl Mr {
         len: usize,
         access: u32,
     ) -> Result<Mr> {
-        if len == 0 || offset.checked_add(len).is_none_or(|end| end > buf.len()) {
-            return Err(Error::InvalidArgument(format!(
-                "range {offset}+{len} of a {}-byte buffer",
-                buf.len()
-            )));
-        }
-        let shift = buf.page_shift();
-        let abs = u64::from(buf.first_page_offset()) + offset as u64;
-        let first = (abs >> shift) as usize;
-        let fpo = (abs & ((1u64 << shift) - 1)) as u32;
-        let npages = (u64::from(fpo) + len as u64).div_ceil(1u64 << shift) as usize;
-        let pages = buf
-            .pages()
-            .get(first..first + npages)
-            .ok_or_else(|| Error::InvalidArgument("DMA buffer page list too short".into()))?;
-        let spec = MrPages {
-            iova: buf.as_ptr() as u64 + offset as u64,
-            length: len as u64,
-            first_page_offset: fpo,
-            page_shift: shift,
-            pages,
-        };
+        let spec = MrPages::of_buf(&buf, offset, len)?;
+        let (iova, length) = (spec.iova, spec.length);
         let (handle, r) = Self::reg(pd, &spec, access)?;
         Ok(Mr {
             pd: pd.clone(),
             handle,
             lkey: r.lkey,
             rkey: r.rkey,
-            iova: spec.iova,
-            length: spec.length,
+            iova,
+            length,
             access,
             buf: Some(buf),
             destroyed: false,

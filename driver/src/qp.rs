@@ -3,7 +3,7 @@
 use std::mem::ManuallyDrop;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use virtio_rdma_abi::config::{F_ATOMIC, F_UD};
+use virtio_rdma_abi::config::{F_ATOMIC, F_MEM_MGT, F_UD};
 use virtio_rdma_abi::ctrl::Opcode;
 use virtio_rdma_abi::mem::qp_buffer_layout;
 use virtio_rdma_abi::qp::{QpState, QpType, QP_FLAG_SIG_ALL};
@@ -474,6 +474,7 @@ impl Qp {
             max_inline_data: self.cap.max_inline_data,
             stride: self.sq.stride(),
             atomics: self.pd.dev.inner.has(F_ATOMIC),
+            mem_mgt: self.pd.dev.inner.has(F_MEM_MGT),
         };
         post_encoded(
             &*self.pd.dev.inner.transport,

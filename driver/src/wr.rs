@@ -3,14 +3,15 @@
 use std::ops::BitOr;
 
 use virtio_rdma_abi::datapath::{
-    Cqe, RecvWqe, SendWqe, Sge, WcOpcode, WcStatus, WrOpcode, CQE_GRH, CQE_SOLICITED, CQE_WITH_IMM,
-    WQE_FENCE, WQE_INLINE, WQE_SIGNALED, WQE_SOLICITED,
+    Cqe, RecvWqe, RegMrWqe, SendWqe, Sge, WcOpcode, WcStatus, WrOpcode, CQE_GRH, CQE_SOLICITED,
+    CQE_WITH_IMM, CQE_WITH_INV, WQE_FENCE, WQE_INLINE, WQE_SIGNALED, WQE_SOLICITED,
 };
 use virtio_rdma_abi::mem::{RECV_WQE_HEADER, SEND_WQE_HEADER, SGE_SIZE};
 use virtio_rdma_abi::qp::QpType;
 use virtio_rdma_abi::Field;
 
 use crate::ah::Ah;
+use crate::fast_mr::FastReg;
 
 /// Flags of a send work request.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -97,6 +98,20 @@ pub enum SendOp {
         /// Value to add.
         add: u64,
     },
+    /// SEND that also invalidates `key` at the responder (`F_MEM_MGT`, RC).
+    SendWithInv {
+        /// The responder's key to invalidate (an `ALLOC_MR` region's).
+        key: u32,
+    },
+    /// Fast registration of an `ALLOC_MR` region (`F_MEM_MGT`; no SGEs):
+    /// see [`crate::FastMr::map`].
+    RegMr(FastReg),
+    /// Invalidation of `key`, a local `ALLOC_MR` region's (`F_MEM_MGT`;
+    /// no SGEs).
+    LocalInv {
+        /// The key.
+        key: u32,
+    },
 }
 
 impl SendOp {
@@ -109,7 +124,23 @@ impl SendOp {
             SendOp::RdmaRead { .. } => WrOpcode::RDMA_READ,
             SendOp::AtomicCmpSwp { .. } => WrOpcode::ATOMIC_CMP_AND_SWP,
             SendOp::AtomicFetchAdd { .. } => WrOpcode::ATOMIC_FETCH_AND_ADD,
+            SendOp::SendWithInv { .. } => WrOpcode::SEND_WITH_INV,
+            SendOp::RegMr(_) => WrOpcode::REG_MR,
+            SendOp::LocalInv { .. } => WrOpcode::LOCAL_INV,
         }
+    }
+
+    /// Whether the operation needs `F_MEM_MGT`.
+    fn is_mem_mgt(&self) -> bool {
+        matches!(
+            self,
+            SendOp::SendWithInv { .. } | SendOp::RegMr(_) | SendOp::LocalInv { .. }
+        )
+    }
+
+    /// Whether the operation is local to the QP (no message, no SGEs).
+    fn is_local(&self) -> bool {
+        matches!(self, SendOp::RegMr(_) | SendOp::LocalInv { .. })
     }
 
     fn is_atomic(&self) -> bool {
@@ -197,6 +228,7 @@ pub(crate) struct SendLimits {
     pub max_inline_data: u32,
     pub stride: usize,
     pub atomics: bool,
+    pub mem_mgt: bool,
 }
 
 /// Appends `bytes` zeroed bytes to `out` and returns them.
@@ -228,6 +260,12 @@ fn encode_send_at(
     out: &mut Vec<u8>,
     base: usize,
 ) -> Result<(), String> {
+    if wr.op.is_mem_mgt() && !lim.mem_mgt {
+        return Err("fast registration and invalidation need F_MEM_MGT".into());
+    }
+    if wr.op.is_local() {
+        return encode_local(wr, lim, out, base);
+    }
     let mut wqe = SendWqe {
         wr_id: wr.wr_id,
         opcode: wr.op.opcode() as u8,
@@ -236,6 +274,9 @@ fn encode_send_at(
     };
     match wr.op {
         SendOp::Send => {}
+        SendOp::SendWithInv { key } => wqe.imm_data = key,
+        // Encoded by `encode_local`.
+        SendOp::RegMr(_) | SendOp::LocalInv { .. } => {}
         SendOp::SendWithImm { imm } => wqe.imm_data = imm,
         SendOp::RdmaWrite { remote_addr, rkey } | SendOp::RdmaRead { remote_addr, rkey } => {
             wqe.remote_addr = remote_addr;
@@ -343,6 +384,57 @@ fn encode_send_at(
         ));
     }
     debug_assert!(len >= SEND_WQE_HEADER as usize);
+    Ok(())
+}
+
+/// Appends the WQE of a local operation (`REG_MR`, `LOCAL_INV`): a
+/// 64-byte header, no SGEs (spec 18.27).
+fn encode_local(
+    wr: &SendWr<'_>,
+    lim: &SendLimits,
+    out: &mut Vec<u8>,
+    base: usize,
+) -> Result<(), String> {
+    if !matches!(wr.payload, Payload::Sges(&[])) {
+        return Err("REG_MR and LOCAL_INV carry no data".into());
+    }
+    if wr.ud.is_some() {
+        return Err("REG_MR and LOCAL_INV have no destination".into());
+    }
+    if lim.stride < SEND_WQE_HEADER as usize {
+        return Err(format!("a {}-byte stride", lim.stride));
+    }
+    // Signaled and fence only: `WQE_SOLICITED` must be clear.
+    let flags = wr.flags.bits() & (WQE_SIGNALED | WQE_FENCE);
+    let bytes = grow(out, SendWqe::SIZE);
+    match wr.op {
+        SendOp::RegMr(r) => RegMrWqe {
+            wr_id: wr.wr_id,
+            opcode: WrOpcode::REG_MR as u8,
+            flags,
+            reserved0: 0,
+            key: r.key,
+            iova: r.iova,
+            length: r.length,
+            pages_gpa: r.pages_gpa,
+            mr_handle: r.mr_handle,
+            access: r.access,
+            npages: r.npages,
+            page_shift: r.page_shift,
+            reserved1: 0,
+        }
+        .write(bytes),
+        SendOp::LocalInv { key } => SendWqe {
+            wr_id: wr.wr_id,
+            opcode: WrOpcode::LOCAL_INV as u8,
+            flags,
+            rkey: key,
+            ..SendWqe::default()
+        }
+        .write(bytes),
+        _ => return Err("not a local operation".into()),
+    }
+    debug_assert_eq!(out.len() - base, SEND_WQE_HEADER as usize);
     Ok(())
 }
 
@@ -458,5 +550,11 @@ impl WorkCompletion {
     /// Whether the completion is solicited.
     pub fn is_solicited(&self) -> bool {
         self.flags & CQE_SOLICITED != 0
+    }
+
+    /// The key a `SEND_WITH_INV` invalidated, when the receive completion
+    /// is of one.
+    pub fn invalidated(&self) -> Option<u32> {
+        (self.flags & CQE_WITH_INV != 0).then_some(self.imm_data)
     }
 }

@@ -28,6 +28,7 @@ use std::sync::Arc;
 use arbitrary::{Arbitrary, Unstructured};
 use vhost_user_rdma::config::DaemonConfig;
 use vhost_user_rdma::ctrl::response_size;
+use vhost_user_rdma::keys::LOCAL_DMA_LKEY;
 use vhost_user_rdma::memory::RamMap;
 use vhost_user_rdma::rnic::soft::SoftRnic;
 use vhost_user_rdma::rnic_objects::RnicObjects;
@@ -176,6 +177,13 @@ pub enum Op {
     },
     /// DEREG_MR.
     DeregMr(H),
+    /// ALLOC_MR (`F_MEM_MGT`): a fast-registration region.
+    AllocMr {
+        /// PD.
+        pd: H,
+        /// Pages of one registration (modulo 600: mostly in range).
+        max_num_sg: u16,
+    },
     /// CREATE_QP.
     CreateQp {
         /// PD.
@@ -630,6 +638,34 @@ impl Vm {
             c.qp,
             "QP numbers allocated differ from live QPs"
         );
+        // Spec 12.22: an ALLOC_MR region's key is its lkey and rkey, and no
+        // other live key of the VM (or the local DMA key) shares its bits
+        // 31 to 8.
+        let mrs = &self.ctrl.res.mrs;
+        let fast: Vec<u32> = mrs
+            .iter()
+            .filter(|(_, mr)| mr.fast.is_some())
+            .map(|(_, mr)| {
+                assert_eq!(mr.lkey, mr.rkey, "a fast region with two keys");
+                mr.lkey >> 8
+            })
+            .collect();
+        for (i, p) in fast.iter().enumerate() {
+            assert_ne!(
+                *p,
+                LOCAL_DMA_LKEY >> 8,
+                "a fast region has the local DMA key's bits"
+            );
+            assert!(!fast[..i].contains(p), "two fast regions share bits 31..8");
+        }
+        for (_, mr) in mrs.iter().filter(|(_, mr)| mr.fast.is_none()) {
+            for k in [mr.lkey, mr.rkey].into_iter().filter(|&k| k != 0) {
+                assert!(
+                    !fast.contains(&(k >> 8)) && k != LOCAL_DMA_LKEY,
+                    "key {k:#x} shares bits 31..8 with a fast region"
+                );
+            }
+        }
     }
 
     fn step(&mut self, s: &Step) {
@@ -721,6 +757,14 @@ impl Vm {
                 p.extend_from_slice(&tail);
                 (Opcode::REG_MR, p)
             }
+            Op::AllocMr { pd, max_num_sg } => (
+                Opcode::ALLOC_MR,
+                AllocMrReq {
+                    pd_handle: pick(&m.pd, *pd),
+                    max_num_sg: u32::from(*max_num_sg) % 600,
+                }
+                .to_bytes(),
+            ),
             Op::DeregMr(h) => (
                 Opcode::DEREG_MR,
                 MrHandleReq {
@@ -1002,6 +1046,23 @@ impl Vm {
                     h: r.mr_handle,
                     ctx: ctx_of(&m.pd, q.pd_handle),
                     extra: q.length,
+                });
+            }
+            Opcode::ALLOC_MR => {
+                let r = RegMrResp::read(resp);
+                new(&m.mr, r.mr_handle, "ALLOC_MR");
+                assert_eq!(r.lkey, r.rkey, "ALLOC_MR: one key");
+                let q = AllocMrReq::read(req);
+                assert!(
+                    (1..=512).contains(&q.max_num_sg),
+                    "ALLOC_MR of {} pages",
+                    q.max_num_sg
+                );
+                // Free: nothing registered.
+                m.mr.push(Obj {
+                    h: r.mr_handle,
+                    ctx: ctx_of(&m.pd, q.pd_handle),
+                    extra: 0,
                 });
             }
             Opcode::DEREG_MR => remove(&mut m.mr, u32_at(req, 0)),

@@ -10,7 +10,11 @@
 //! QP creations and destructions, connections (to live QPs, to destroyed
 //! QP numbers, to raw numbers), receives and sends (SEND, WRITE, READ,
 //! atomics; good, stale and raw keys; lengths in and beyond the buffers),
-//! polls, device resets and VMM disconnects, with traffic in flight. After
+//! polls, device resets and VMM disconnects, with traffic in flight;
+//! fast registration (`F_MEM_MGT`): `REG_MR` work requests of each VM's
+//! buffer into an `ALLOC_MR` region, well formed or not, `LOCAL_INV`,
+//! `SEND_WITH_INV`, and work requests through those keys and the local DMA
+//! key. After
 //! the input, a device reset of each of its VMs brings the daemon back to
 //! the state every input starts from ([`run_input`]).
 //!
@@ -55,9 +59,9 @@ use virtio_rdma_abi::datapath::WcStatus;
 use virtio_rdma_abi::event::Event;
 use virtio_rdma_abi::mem::access;
 use virtio_rdma_driver::{
-    Cq, Device, DeviceOptions, DmaBuf, DmaRegion, Error as DrvError, Mr, Pd, Qp, QpCap, QpInit,
-    RcConnect, RecvWr, SendOp, SendWr, Sge, SharedMemory, Token, Transport as DrvTransport,
-    TransportError, WorkCompletion,
+    Cq, Device, DeviceOptions, DmaBuf, DmaRegion, Error as DrvError, FastMr, FastReg, Mr, Pd, Qp,
+    QpCap, QpInit, RcConnect, RecvWr, SendOp, SendWr, Sge, SharedMemory, Token,
+    Transport as DrvTransport, TransportError, WorkCompletion,
 };
 
 /// Longest time one operation of the harness may take.
@@ -212,6 +216,80 @@ pub enum Op {
     Recreate(u8, u8),
     /// Create a QP on each of two VMs and connect them to each other.
     Pair(u8, u8),
+    /// A `REG_MR` work request (`F_MEM_MGT`) on a QP: part of the VM's
+    /// buffer into its `ALLOC_MR` region (made at first use), well formed
+    /// (`how` 0 to 3) or not (a page outside RAM, another key, more pages
+    /// than the region's room, the page array outside RAM).
+    FastReg {
+        /// VM.
+        vm: u8,
+        /// QP.
+        qp: u8,
+        /// Which registration.
+        how: u8,
+        /// Offset of the part in the buffer.
+        off: u16,
+        /// Its length.
+        len: u16,
+    },
+    /// A `LOCAL_INV` on a QP: of the VM's `ALLOC_MR` region's key (`Good`),
+    /// an old key or any value.
+    LocalInv {
+        /// VM.
+        vm: u8,
+        /// QP.
+        qp: u8,
+        /// The key.
+        key: Key,
+    },
+    /// A `SEND_WITH_INV` of the peer's `ALLOC_MR` region's key (`Good`), an
+    /// old key or any value.
+    SendInv {
+        /// VM.
+        vm: u8,
+        /// QP.
+        qp: u8,
+        /// The key to invalidate.
+        key: Key,
+        /// Offset in the local buffer.
+        off: u16,
+        /// Length.
+        len: u16,
+    },
+    /// A send work request whose local buffer and remote range are named
+    /// through fast-registration keys or the local DMA key.
+    Through {
+        /// VM.
+        vm: u8,
+        /// QP.
+        qp: u8,
+        /// Operation (modulo 7, as `PostSend`).
+        kind: u8,
+        /// Offset in the local buffer.
+        off: u16,
+        /// Length.
+        len: u16,
+        /// Offset in the remote buffer.
+        roff: u16,
+        /// How the local buffer is named.
+        local: Via,
+        /// How the remote range is named.
+        remote: Via,
+    },
+}
+
+/// How a buffer is named in an `Op::Through`.
+#[derive(Debug, Clone, Copy, Arbitrary)]
+pub enum Via {
+    /// The buffer's registered region.
+    Mr,
+    /// The `ALLOC_MR` region's current key (if the VM has one).
+    Fast,
+    /// The local DMA key over the buffer's guest-physical pages (as an
+    /// rkey: refused).
+    Dma,
+    /// The local DMA key over guest-physical addresses outside RAM.
+    Hole,
 }
 
 /// The whole input.
@@ -324,9 +402,11 @@ struct QpS {
 }
 
 struct VmS {
-    // Dropped in this order: QPs, MR, buffer, CQ, PD, device, session,
-    // transport.
+    // Dropped in this order: QPs, fast region, MR, buffer, CQ, PD, device,
+    // session, transport.
     qps: Vec<QpS>,
+    /// The `ALLOC_MR` region over the buffer, once an op made it.
+    fast: Option<FastMr>,
     mr: Mr,
     buf: Arc<DmaBuf>,
     cq: Arc<Cq>,
@@ -449,6 +529,7 @@ fn open_driver(t: Arc<VmmTransport>) -> VmS {
     let mr = Mr::register(&pd, buf.clone(), access::ALL).expect("register MR");
     VmS {
         qps: Vec::new(),
+        fast: None,
         mr,
         buf,
         cq,
@@ -632,6 +713,18 @@ impl Harness {
                 s.device.resources.qp,
                 vm.qps.len()
             );
+            assert_eq!(
+                s.device.resources.mr,
+                1 + usize::from(vm.fast.is_some()),
+                "VM {i}: the daemon's MRs"
+            );
+            // A fast registration counts its bytes while it is valid: at
+            // most its region's room, the buffer.
+            assert!(
+                s.device.resources.registered_bytes <= 2 * BUF,
+                "VM {i}: {} bytes registered",
+                s.device.resources.registered_bytes
+            );
         }
     }
 
@@ -748,48 +841,13 @@ impl Harness {
                 rkey,
                 count,
             } => {
-                let a = self.vm_index(v);
-                let Some(pa) = self.qp_of(a, qp) else { return };
-                let vm = self.vms[a].as_ref().expect("open");
-                let remote = vm.qps[pa]
-                    .peer
-                    .and_then(|p| self.vms[p].as_ref())
-                    .unwrap_or(vm);
+                let Some((pa, vm, remote)) = self.sender(v, qp) else {
+                    return;
+                };
                 let raddr = remote.mr.iova() + u64::from(roff) % SPAN;
                 let rkey = self.key(rkey, remote.mr.rkey());
-                let op = match kind % 7 {
-                    0 => SendOp::Send,
-                    1 => SendOp::SendWithImm { imm: 7 },
-                    2 => SendOp::RdmaWrite {
-                        remote_addr: raddr,
-                        rkey,
-                    },
-                    3 => SendOp::RdmaWriteWithImm {
-                        remote_addr: raddr,
-                        rkey,
-                        imm: 9,
-                    },
-                    4 => SendOp::RdmaRead {
-                        remote_addr: raddr,
-                        rkey,
-                    },
-                    5 => SendOp::AtomicCmpSwp {
-                        remote_addr: raddr & !7,
-                        rkey,
-                        compare: 0,
-                        swap: self.seq,
-                    },
-                    _ => SendOp::AtomicFetchAdd {
-                        remote_addr: raddr & !7,
-                        rkey,
-                        add: 1,
-                    },
-                };
-                let len = if kind % 7 >= 5 {
-                    8
-                } else {
-                    u32::from(len) % LEN_SPAN
-                };
+                let op = send_op(kind, raddr, rkey, self.seq);
+                let len = op_len(kind, len);
                 let sge = [Sge {
                     addr: vm.mr.iova() + u64::from(off) % SPAN,
                     length: len,
@@ -881,6 +939,143 @@ impl Harness {
                 drop(old);
                 self.old_keys.push(keys);
             }
+            Op::FastReg { .. } | Op::LocalInv { .. } | Op::SendInv { .. } | Op::Through { .. } => {
+                self.fast_step(op);
+            }
+        }
+    }
+
+    /// The fast-registration operations (`Op::FastReg` to `Op::Through`).
+    fn fast_step(&mut self, op: &Op) {
+        let hole = vmm_options().mem.regions[0].end();
+        match *op {
+            Op::FastReg {
+                vm: v,
+                qp,
+                how,
+                off,
+                len,
+            } => {
+                let a = self.vm_index(v);
+                let Some(pa) = self.qp_of(a, qp) else { return };
+                // The key it replaces is an old key from now on.
+                let old = self.vms[a]
+                    .as_ref()
+                    .and_then(|v| v.fast.as_ref().map(FastMr::key));
+                if let Some(k) = old.filter(|_| self.old_keys.len() < 64) {
+                    self.old_keys.push((k, k));
+                }
+                let vm = self.vms[a].as_mut().expect("open");
+                if vm.fast.is_none() {
+                    vm.fast = check("ALLOC_MR", FastMr::alloc(&vm.pd, 8));
+                }
+                let Some(fast) = vm.fast.as_mut() else { return };
+                let off = usize::from(off) % BUF as usize;
+                let len = (usize::from(len) % (BUF as usize - off)).max(1);
+                let Some(r) = check("map", fast.map_buf(&vm.buf, off, len, access::ALL)) else {
+                    return;
+                };
+                let r = match how % 8 {
+                    0..=3 => r,
+                    4 => {
+                        let mut pages = vm.buf.pages().to_vec();
+                        pages[0] = hole;
+                        let Some(r) = check("map", fast.map(&pages, 12, r.iova, r.length, 0))
+                        else {
+                            return;
+                        };
+                        r
+                    }
+                    5 => FastReg {
+                        key: r.key ^ 0x100,
+                        ..r
+                    },
+                    6 => FastReg { npages: 9, ..r },
+                    _ => FastReg {
+                        pages_gpa: hole,
+                        ..r
+                    },
+                };
+                let wr = SendWr::signaled(self.seq * 8, SendOp::RegMr(r), &[]);
+                check("post REG_MR", vm.qps[pa].qp.post_send(&[wr]));
+            }
+            Op::LocalInv { vm: v, qp, key } => {
+                let a = self.vm_index(v);
+                let Some(pa) = self.qp_of(a, qp) else { return };
+                let vm = self.vms[a].as_ref().expect("open");
+                let good = vm.fast.as_ref().map_or(vm.mr.lkey(), FastMr::key);
+                let key = self.key(key, good);
+                let wr = SendWr::signaled(self.seq * 8, SendOp::LocalInv { key }, &[]);
+                check("post LOCAL_INV", vm.qps[pa].qp.post_send(&[wr]));
+            }
+            Op::SendInv {
+                vm: v,
+                qp,
+                key,
+                off,
+                len,
+            } => {
+                let Some((pa, vm, remote)) = self.sender(v, qp) else {
+                    return;
+                };
+                let good = remote.fast.as_ref().map_or(remote.mr.rkey(), FastMr::key);
+                let key = self.key(key, good);
+                let sge = [Sge {
+                    addr: vm.mr.iova() + u64::from(off) % SPAN,
+                    length: u32::from(len) % LEN_SPAN,
+                    lkey: vm.mr.lkey(),
+                }];
+                let wr = SendWr::signaled(self.seq * 8, SendOp::SendWithInv { key }, &sge);
+                check("post SEND_WITH_INV", vm.qps[pa].qp.post_send(&[wr]));
+            }
+            Op::Through {
+                vm: v,
+                qp,
+                kind,
+                off,
+                len,
+                roff,
+                local,
+                remote,
+            } => {
+                let Some((pa, vm, peer)) = self.sender(v, qp) else {
+                    return;
+                };
+                let dma = vm.dev.local_dma_lkey().unwrap_or(0);
+                let (off, roff) = (u64::from(off) % BUF, u64::from(roff) % SPAN);
+                let mut length = op_len(kind, len);
+                let (laddr, lkey) = match local {
+                    Via::Mr => (vm.mr.iova() + off, vm.mr.lkey()),
+                    Via::Fast => (vm.mr.iova() + off, vm.fast.as_ref().map_or(0, FastMr::key)),
+                    Via::Dma => {
+                        let gpa = vm.buf.gpa(off as usize).unwrap_or(hole);
+                        // Within the page: the buffer's pages are scattered.
+                        if kind % 7 < 5 {
+                            length = length.min(4096 - (gpa % 4096) as u32);
+                        }
+                        (gpa, dma)
+                    }
+                    Via::Hole => (hole + off, dma),
+                };
+                let (raddr, rkey) = match remote {
+                    Via::Mr => (peer.mr.iova() + roff, peer.mr.rkey()),
+                    Via::Fast => (
+                        peer.mr.iova() + roff,
+                        peer.fast.as_ref().map_or(0, FastMr::key),
+                    ),
+                    Via::Dma => (peer.buf.gpa(0).unwrap_or(hole) + roff, dma),
+                    Via::Hole => (hole + roff, dma),
+                };
+                let op = send_op(kind, raddr, rkey, self.seq);
+                let sge = [Sge {
+                    addr: laddr,
+                    length,
+                    lkey,
+                }];
+                let wr = SendWr::signaled(self.seq * 8, op, &sge);
+                check("post_send", vm.qps[pa].qp.post_send(&[wr]));
+            }
+            _ => {}
         }
     }
 
@@ -907,6 +1102,20 @@ impl Harness {
             );
         }
         self.vms[i] = Some(open_driver(connect_vm(&self.socket(i), Some(mem))));
+    }
+
+    /// The sender of a work request on QP `q` of VM `v`: the VM's index,
+    /// the QP's, the VM, and the VM the QP was connected to (itself if
+    /// none).
+    fn sender(&self, v: u8, q: u8) -> Option<(usize, &VmS, &VmS)> {
+        let a = self.vm_index(v);
+        let pa = self.qp_of(a, q)?;
+        let vm = self.vms[a].as_ref()?;
+        let peer = vm.qps[pa]
+            .peer
+            .and_then(|p| self.vms[p].as_ref())
+            .unwrap_or(vm);
+        Some((pa, vm, peer))
     }
 
     fn qp_of(&self, vm: usize, q: u8) -> Option<usize> {
@@ -1126,6 +1335,50 @@ impl Drop for Harness {
             d.shutdown();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The send operation `kind` (modulo 7: SEND, SEND with immediate, WRITE,
+/// WRITE with immediate, READ, compare-and-swap, fetch-and-add) at
+/// `raddr` under `rkey`.
+fn send_op(kind: u8, raddr: u64, rkey: u32, seq: u64) -> SendOp {
+    match kind % 7 {
+        0 => SendOp::Send,
+        1 => SendOp::SendWithImm { imm: 7 },
+        2 => SendOp::RdmaWrite {
+            remote_addr: raddr,
+            rkey,
+        },
+        3 => SendOp::RdmaWriteWithImm {
+            remote_addr: raddr,
+            rkey,
+            imm: 9,
+        },
+        4 => SendOp::RdmaRead {
+            remote_addr: raddr,
+            rkey,
+        },
+        5 => SendOp::AtomicCmpSwp {
+            remote_addr: raddr & !7,
+            rkey,
+            compare: 0,
+            swap: seq,
+        },
+        _ => SendOp::AtomicFetchAdd {
+            remote_addr: raddr & !7,
+            rkey,
+            add: 1,
+        },
+    }
+}
+
+/// The local length of operation `kind` (as [`send_op`]): 8 for an
+/// atomic, `len` (mostly fitting the buffer) otherwise.
+fn op_len(kind: u8, len: u16) -> u32 {
+    if kind % 7 >= 5 {
+        8
+    } else {
+        u32::from(len) % LEN_SPAN
     }
 }
 

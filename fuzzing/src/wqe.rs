@@ -10,23 +10,32 @@
 //! [`fetch_send`] / [`fetch_recv`] on them, [`local_range`] on the SGEs they
 //! carry, and [`access::resolve`] on remote ranges named by rkey.
 //!
+//! `ALLOC_MR` regions (fast registration) are registered directly in the
+//! VM's tables, as a `REG_MR` work request does once the engine checked
+//! it, or left free; SGEs name their keys, and the local DMA key over
+//! guest-physical memory.
+//!
 //! Invariants:
 //! - a parsed WQE is the one in guest memory: its SGEs (or inline bytes)
 //!   are those written there, within the QP's capacities;
 //! - every resolved segment lies inside this VM's RAM;
 //! - [`local_range`] agrees with a reference model of the MRs: it succeeds
 //!   exactly when every non-empty SGE names an MR of the QP's PD (with
-//!   `LOCAL_WRITE` when writing) and lies inside it, and then returns the
-//!   total length and exactly the guest-physical segments the MRs' page
-//!   lists give for the requested part;
+//!   `LOCAL_WRITE` when writing) and lies inside it — a registered
+//!   `ALLOC_MR` region under its current key, never a free one — or is a
+//!   local DMA key SGE inside one RAM region, and then returns the total
+//!   length and exactly the guest-physical segments the MRs' page lists
+//!   (or the addresses themselves) give for the requested part;
 //! - [`access::resolve`] of a range inside an MR gives exactly the
 //!   segments of the model, and fails for one outside it.
 
 use arbitrary::{Arbitrary, Unstructured};
 use vhost_user_rdma::engine::sge::local_range;
 use vhost_user_rdma::engine::wqe::{fetch_recv, fetch_send, RecvRing, WqeBuf, WqeError};
+use vhost_user_rdma::keys::LOCAL_DMA_LKEY;
 use vhost_user_rdma::memory::access::{self, Segment};
 use vhost_user_rdma::memory::HostMem;
+use vhost_user_rdma::resources::fast::Registration;
 use virtio_rdma_abi::config::ALL_DEVICE_FEATURES;
 use virtio_rdma_abi::ctrl::{Opcode, Status};
 use virtio_rdma_abi::datapath::{RecvWqe, SendWqe, Sge, WQE_INLINE};
@@ -80,10 +89,31 @@ pub struct QpIn {
     pub pages: Vec<u8>,
 }
 
+/// An `ALLOC_MR` region (fast registration), registered or left free.
+#[derive(Debug, Clone, Arbitrary)]
+pub struct FastIn {
+    /// In the second PD.
+    pub pd2: bool,
+    /// Access flags (low 4 bits).
+    pub access: u8,
+    /// iova.
+    pub iova: u64,
+    /// Length (clamped to the pages).
+    pub length: u32,
+    /// log2 of the page size minus 12 (modulo 3).
+    pub shift: u8,
+    /// RAM pages (1..=8 of them; the region has room for 8).
+    pub pages: Vec<u8>,
+    /// Registered (as a `REG_MR` work request would), or left free.
+    pub register: bool,
+}
+
 /// An SGE of a structured WQE.
 #[derive(Debug, Clone, Copy, Arbitrary)]
 pub struct SgeIn {
-    /// MR number (modulo the MRs), or a raw key.
+    /// MR number (modulo the MRs), or a raw key. MR numbers from 0xe0 name
+    /// an `ALLOC_MR` region's key (registered or free), from 0xf0 the local
+    /// DMA key over guest-physical memory.
     pub mr: Result<u8, u32>,
     /// Offset from the MR's iova (may run past its end).
     pub off: u16,
@@ -159,6 +189,8 @@ pub struct Input {
     pub slots: Vec<SlotIn>,
     /// Remote ranges.
     pub remote: Vec<RemoteIn>,
+    /// `ALLOC_MR` regions (created after the MRs).
+    pub fast: Vec<FastIn>,
 }
 
 /// The model of one registered MR.
@@ -169,9 +201,14 @@ struct MrModel {
     iova: u64,
     length: u64,
     fpo: u64,
+    /// Page size.
+    page: u64,
     pages: Vec<u64>,
     lkey: u32,
     rkey: u32,
+    /// A registered `ALLOC_MR` region: its key is in the rkey map whatever
+    /// its access.
+    fast: bool,
 }
 
 impl MrModel {
@@ -181,12 +218,13 @@ impl MrModel {
         if off.checked_add(len)? > self.length {
             return None;
         }
+        let p = self.page;
         let mut at = off + self.fpo;
         let end = at + len;
         while at < end {
-            let page = *self.pages.get((at / PAGE) as usize)?;
-            let take = (PAGE - at % PAGE).min(end - at);
-            push(out, page + at % PAGE, take);
+            let page = *self.pages.get((at / p) as usize)?;
+            let take = (p - at % p).min(end - at);
+            push(out, page + at % p, take);
             at += take;
         }
         Some(())
@@ -232,6 +270,8 @@ fn create(vm: &mut Vm, op: Opcode, payload: &[u8]) -> Option<Vec<u8>> {
 struct Setup {
     pds: [u32; 2],
     mrs: Vec<MrModel>,
+    /// Current keys of the `ALLOC_MR` regions, registered or free.
+    fast_keys: Vec<u32>,
     qp: u32,
     qp_pd: u32,
     srq: Option<u32>,
@@ -294,11 +334,78 @@ fn setup(vm: &mut Vm, input: &Input) -> Option<Setup> {
                 iova: m.iova,
                 length,
                 fpo,
+                page: PAGE,
                 pages,
                 lkey: r.lkey,
                 rkey: r.rkey,
+                fast: false,
             });
         }
+    }
+    let mut fast_keys = Vec::new();
+    for f in input.fast.iter().take(4) {
+        let pd = pds[usize::from(f.pd2)];
+        let req = AllocMrReq {
+            pd_handle: pd,
+            max_num_sg: 8,
+        }
+        .to_bytes();
+        let Some(resp) = create(vm, Opcode::ALLOC_MR, &req) else {
+            continue;
+        };
+        let r = RegMrResp::read(&resp);
+        assert_eq!(r.lkey, r.rkey);
+        fast_keys.push(r.lkey);
+        if !f.register {
+            continue;
+        }
+        // Pages of the chosen size, aligned and in RAM (the engine checks
+        // that before it registers; here the registration is made directly).
+        let shift = 12 + u32::from(f.shift % 3);
+        let page = 1u64 << shift;
+        let n = f.pages.len().clamp(1, 8);
+        let pages: Vec<u64> = (0..n)
+            .map(|i| {
+                guest::page_gpa(u64::from(f.pages.get(i).copied().unwrap_or(i as u8))) & !(page - 1)
+            })
+            .filter(|&g| guest::in_ram(g, page))
+            .collect();
+        if pages.is_empty() {
+            continue;
+        }
+        let fpo = f.iova % page;
+        let length = u64::from(f.length).clamp(1, pages.len() as u64 * page - fpo);
+        if f.iova.checked_add(length).is_none() {
+            continue;
+        }
+        let key = (r.lkey & !0xff) | u32::from(f.access).wrapping_mul(37) & 0xff;
+        let access = u32::from(f.access) & acc::ALL;
+        let reg = Registration {
+            key,
+            iova: f.iova,
+            length,
+            access,
+            page_shift: shift,
+        };
+        assert!(
+            vm.ctrl
+                .res
+                .fast_register(r.mr_handle, &reg, pages.iter().copied()),
+            "registering a free region"
+        );
+        *fast_keys.last_mut().expect("pushed") = key;
+        mrs.push(MrModel {
+            pd,
+            access,
+            iova: f.iova,
+            length,
+            fpo,
+            page,
+            pages,
+            lkey: key,
+            rkey: key,
+            fast: true,
+        });
     }
 
     let q = &input.qp;
@@ -352,6 +459,7 @@ fn setup(vm: &mut Vm, input: &Input) -> Option<Setup> {
     Some(Setup {
         pds,
         mrs,
+        fast_keys,
         qp: r.qp_handle,
         qp_pd,
         srq,
@@ -368,6 +476,21 @@ fn ring_gpa(pages: &[u64], off: u64) -> u64 {
 
 fn sge_of(s: &Setup, x: &SgeIn) -> Sge {
     match x.mr {
+        // Guest-physical memory through the local DMA key.
+        Ok(i @ 0xf0..) => Sge {
+            addr: guest::page_gpa(u64::from(i) + u64::from(x.off >> 12)) + u64::from(x.off & 0xfff),
+            length: u32::from(x.len),
+            lkey: LOCAL_DMA_LKEY,
+        },
+        Ok(i @ 0xe0..) if !s.fast_keys.is_empty() => {
+            let key = s.fast_keys[usize::from(i) % s.fast_keys.len()];
+            let iova = s.mrs.iter().find(|m| m.lkey == key).map_or(0, |m| m.iova);
+            Sge {
+                addr: iova.wrapping_add(u64::from(x.off)),
+                length: u32::from(x.len),
+                lkey: key,
+            }
+        }
         Ok(i) if !s.mrs.is_empty() => {
             let m = &s.mrs[usize::from(i) % s.mrs.len()];
             Sge {
@@ -468,16 +591,30 @@ fn expected_range(
         if sge.length == 0 {
             continue;
         }
-        let mr = s.mrs.iter().find(|m| m.lkey == sge.lkey)?;
-        if mr.pd != pd || (write && mr.access & acc::LOCAL_WRITE == 0) {
-            return None;
-        }
         let len = u64::from(sge.length);
-        mr.segments(sge.addr, len, &mut Vec::new())?;
         let from = skip.saturating_sub(total).min(len);
         let to = end.saturating_sub(total).min(len);
-        if to > from {
-            mr.segments(sge.addr + from, to - from, &mut out)?;
+        match s.mrs.iter().find(|m| m.lkey == sge.lkey) {
+            Some(mr) => {
+                if mr.pd != pd || (write && mr.access & acc::LOCAL_WRITE == 0) {
+                    return None;
+                }
+                mr.segments(sge.addr, len, &mut Vec::new())?;
+                if to > from {
+                    mr.segments(sge.addr + from, to - from, &mut out)?;
+                }
+            }
+            // Spec 18.28: guest-physical memory in one RAM region, any PD,
+            // read and write (the harness's VM has F_MEM_MGT).
+            None if sge.lkey == LOCAL_DMA_LKEY => {
+                if !guest::in_ram(sge.addr, len) {
+                    return None;
+                }
+                if to > from {
+                    push(&mut out, sge.addr + from, to - from);
+                }
+            }
+            None => return None,
         }
         total += len;
     }
@@ -650,7 +787,8 @@ pub fn run_input(input: &Input) -> usize {
             continue;
         };
         assert!(
-            model.access & (acc::REMOTE_READ | acc::REMOTE_WRITE | acc::REMOTE_ATOMIC) != 0,
+            model.fast
+                || model.access & (acc::REMOTE_READ | acc::REMOTE_WRITE | acc::REMOTE_ATOMIC) != 0,
             "an rkey for an MR without remote access"
         );
         let mut got = Vec::new();

@@ -184,8 +184,60 @@ fn wqe_structured_input_gets_deep() {
             off: 4090,
             len: 20,
         }],
+        fast: vec![
+            FastIn {
+                pd2: false,
+                access: 0x1,
+                iova: 0x9000_0800,
+                length: 9000,
+                shift: 1,
+                pages: vec![40, 42],
+                register: true,
+            },
+            FastIn {
+                pd2: false,
+                access: 0xf,
+                iova: 0,
+                length: 1,
+                shift: 0,
+                pages: vec![1],
+                register: false,
+            },
+        ],
     };
-    assert_eq!(run_input(&input), 2, "both WQEs parsed and resolved");
+    let mut input = input;
+    // Through a registered fast region's key (0xe0), a free one's (0xe1),
+    // and the local DMA key (0xf0: page 0xf0 + 1, offset 0x10).
+    let sge = |mr, off, len| SgeIn { mr, off, len };
+    input.slots.push(SlotIn {
+        queue: Queue::Send,
+        index: 3,
+        body: Body::Wqe {
+            opcode: 0,
+            flags: 1,
+            sges: vec![sge(Ok(0xe0), 100, 5000), sge(Ok(0xf0), 0x1010, 200)],
+            inline: Vec::new(),
+            count_delta: 0,
+            reserved: false,
+        },
+        part: (50, 6000),
+        write: true,
+    });
+    input.slots.push(SlotIn {
+        queue: Queue::Send,
+        index: 4,
+        body: Body::Wqe {
+            opcode: 0,
+            flags: 1,
+            sges: vec![sge(Ok(0xe1), 0, 1)],
+            inline: Vec::new(),
+            count_delta: 0,
+            reserved: false,
+        },
+        part: (0, 1),
+        write: false,
+    });
+    assert_eq!(run_input(&input), 4, "every WQE parsed and resolved");
 }
 
 /// The QP-number-reuse scenario of the `engine` target: VM 0's QP sends to
@@ -263,6 +315,100 @@ fn engine_qpn_reuse_scenario_short() {
             Op::Recreate(1, 0),
             write,
             Op::Sleep(5),
+        ],
+    };
+    run_input(&input);
+    release();
+}
+
+/// Fast registration in the `engine` target's operations: VM 1 registers
+/// its buffer on a QP connected to VM 0's, VM 0 writes and reads through
+/// the new key, sends with the local DMA key, VM 1 invalidates, VM 0
+/// writes through the key again (refused: both QPs fail), a new pair, a
+/// registration refused, and a SEND_WITH_INV of the key. The harness's
+/// invariants hold throughout (the daemon answers, everything is released
+/// at the end).
+#[test]
+fn engine_fast_registration_scenario() {
+    let _serial = serial();
+    use vhost_user_rdma_fuzz::engine::*;
+    let through = |kind, local, remote| Op::Through {
+        vm: 0,
+        qp: 0,
+        kind,
+        off: 64,
+        len: 2000,
+        roff: 128,
+        local,
+        remote,
+    };
+    let input = Input {
+        three: false,
+        ops: vec![
+            Op::Pair(0, 1),
+            Op::FastReg {
+                vm: 1,
+                qp: 0,
+                how: 0,
+                off: 0,
+                len: u16::MAX,
+            },
+            Op::Sleep(5),
+            through(2, Via::Mr, Via::Fast),
+            through(4, Via::Dma, Via::Fast),
+            through(0, Via::Dma, Via::Mr),
+            Op::PostRecv {
+                vm: 1,
+                qp: 0,
+                off: 0,
+                len: 4096,
+                key: Key::Good,
+            },
+            Op::Sleep(5),
+            Op::LocalInv {
+                vm: 1,
+                qp: 0,
+                key: Key::Good,
+            },
+            Op::Sleep(5),
+            through(2, Via::Mr, Via::Fast),
+            Op::Sleep(5),
+            Op::Poll(0),
+            Op::Poll(1),
+            Op::Pair(0, 1),
+            Op::FastReg {
+                vm: 1,
+                qp: 1,
+                how: 4,
+                off: 0,
+                len: 100,
+            },
+            Op::Pair(0, 1),
+            Op::FastReg {
+                vm: 1,
+                qp: 2,
+                how: 1,
+                off: 100,
+                len: 5000,
+            },
+            Op::PostRecv {
+                vm: 1,
+                qp: 2,
+                off: 0,
+                len: 64,
+                key: Key::Good,
+            },
+            Op::SendInv {
+                vm: 0,
+                qp: 2,
+                key: Key::Good,
+                off: 0,
+                len: 32,
+            },
+            through(2, Via::Hole, Via::Dma),
+            Op::Sleep(5),
+            Op::Poll(0),
+            Op::Poll(1),
         ],
     };
     run_input(&input);

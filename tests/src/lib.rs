@@ -21,6 +21,7 @@ pub mod dp;
 pub mod echo;
 pub mod error;
 pub mod events;
+pub mod fast;
 pub mod guest_mem;
 pub mod harness;
 pub mod rnics;

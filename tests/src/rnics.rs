@@ -134,6 +134,12 @@ impl RnicObjects for RecyclingQpns {
     fn dereg_mr(&self, keys: MrKeys) {
         self.soft.dereg_mr(keys)
     }
+    fn alloc_fast_mr(&self, owner: Owner) -> Result<u32, RnicError> {
+        self.soft.alloc_fast_mr(owner)
+    }
+    fn free_fast_mr(&self, key: u32) {
+        self.soft.free_fast_mr(key)
+    }
     fn keys_in_use(&self) -> usize {
         self.soft.keys_in_use()
     }
@@ -244,6 +250,13 @@ impl RnicObjects for CountingRnic {
     }
     fn dereg_mr(&self, keys: MrKeys) {
         self.soft.dereg_mr(keys);
+        self.count(|h| h.mrs -= 1);
+    }
+    fn alloc_fast_mr(&self, owner: Owner) -> Result<u32, RnicError> {
+        self.made(self.soft.alloc_fast_mr(owner), |h| h.mrs += 1)
+    }
+    fn free_fast_mr(&self, key: u32) {
+        self.soft.free_fast_mr(key);
         self.count(|h| h.mrs -= 1);
     }
     fn keys_in_use(&self) -> usize {

@@ -362,6 +362,19 @@ impl<'a> Verbs<'a> {
         self.ctrl.call_typed(Opcode::REG_MR, req, tail)
     }
 
+    /// ALLOC_MR (`F_MEM_MGT`): a fast-registration region of PD
+    /// `pd_handle` for up to `max_num_sg` pages.
+    pub fn alloc_mr(&mut self, pd_handle: u32, max_num_sg: u32) -> Result<RegMrResp> {
+        self.ctrl.call_typed(
+            Opcode::ALLOC_MR,
+            &AllocMrReq {
+                pd_handle,
+                max_num_sg,
+            },
+            &[],
+        )
+    }
+
     /// DEREG_MR.
     pub fn dereg_mr(&mut self, mr_handle: u32) -> Result<()> {
         self.ctrl

@@ -405,6 +405,12 @@ impl RnicObjects for SharedNic {
     fn dereg_mr(&self, keys: MrKeys) {
         self.soft.dereg_mr(keys)
     }
+    fn alloc_fast_mr(&self, owner: Owner) -> Result<u32, RnicError> {
+        self.soft.alloc_fast_mr(owner)
+    }
+    fn free_fast_mr(&self, key: u32) {
+        self.soft.free_fast_mr(key)
+    }
     fn keys_in_use(&self) -> usize {
         self.soft.keys_in_use()
     }

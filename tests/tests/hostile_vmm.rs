@@ -211,6 +211,43 @@ fn an_unsealed_memfd_is_refused() {
     hostile_socket_still_serves(&d);
 }
 
+/// The file of a daemon's doorbell region (spec 18.7), as a VMM gets it
+/// with `SHMEM_MAP`: the test's daemons run in this process, so it is one
+/// of this process's descriptors.
+fn doorbell_file() -> File {
+    for e in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let target = std::fs::read_link(e.path()).unwrap_or_default();
+        let doorbells = target
+            .to_string_lossy()
+            .contains("memfd:vhost-user-rdma-doorbells");
+        // Another test's daemon may close its own meanwhile: the next one.
+        if let Some(f) = doorbells.then(|| File::open(e.path()).ok()).flatten() {
+            return f;
+        }
+    }
+    panic!("no doorbell region in this process");
+}
+
+/// Spec 19.6.1, 18.27, 18.28: the doorbell region never becomes guest RAM.
+/// A VMM that hands the file it got with `SHMEM_MAP` back as RAM, so that
+/// a page list, a fast registration or a local DMA key could name the
+/// doorbell pages, is refused: the region's file cannot be sealed against
+/// shrinking. Everything that names guest RAM is checked against the
+/// memory table in force, so the region stays out of reach.
+#[test]
+fn the_doorbell_region_is_never_guest_ram() {
+    let d = TestDaemon::start(3).unwrap();
+    with_bystanders(&d, || {
+        let file = doorbell_file();
+        let size = file.metadata().unwrap().len();
+        assert!(size >= 4096, "a doorbell region of {size} bytes");
+        let fe = hostile_frontend(d.socket(HOSTILE));
+        let r = fe.set_mem_table(&[region(&file, 0, size)]);
+        assert!(r.is_err(), "SET_MEM_TABLE over the doorbell region");
+    });
+    hostile_socket_still_serves(&d);
+}
+
 /// The operator's opt-in: unsealed files are accepted.
 #[test]
 fn unsealed_memory_is_accepted_when_allowed() {

@@ -215,6 +215,12 @@ impl RnicObjects for OtherLink {
     fn dereg_mr(&self, keys: MrKeys) {
         self.0.dereg_mr(keys)
     }
+    fn alloc_fast_mr(&self, owner: Owner) -> Result<u32, RnicError> {
+        self.0.alloc_fast_mr(owner)
+    }
+    fn free_fast_mr(&self, key: u32) {
+        self.0.free_fast_mr(key)
+    }
     fn keys_in_use(&self) -> usize {
         self.0.keys_in_use()
     }

@@ -206,7 +206,7 @@ impl VmState {
                 r
             }
             Opcode::DEREG_MR => self.dereg_mr(payload),
-            Opcode::ALLOC_MR => Err(CmdError::new(Status::UNSUPPORTED, DETAIL_NONE)),
+            Opcode::ALLOC_MR => self.alloc_mr(payload),
             Opcode::CREATE_QP => self.create_qp(mem, payload),
             Opcode::MODIFY_QP => self.modify_qp(mem, payload),
             Opcode::QUERY_QP => self.query_qp(payload),

@@ -1,6 +1,6 @@
-//! REG_MR, DEREG_MR.
+//! REG_MR, DEREG_MR, ALLOC_MR.
 
-use virtio_rdma_abi::config::F_ATOMIC;
+use virtio_rdma_abi::config::{F_ATOMIC, F_MEM_MGT};
 use virtio_rdma_abi::ctrl::{Opcode, RequestHeader, Status};
 use virtio_rdma_abi::mem::access;
 use virtio_rdma_abi::verbs::*;
@@ -159,6 +159,7 @@ impl VmState {
                 rkey: 0,
                 pages,
                 host_lost: false,
+                fast: None,
             },
             self.rnic.as_ref(),
         )?;
@@ -168,6 +169,48 @@ impl VmState {
             rkey,
         }
         .to_bytes())
+    }
+
+    /// `ALLOC_MR` (spec 12.22): a free fast-registration region whose
+    /// translation space is allocated and charged now.
+    pub(super) fn alloc_mr(&mut self, payload: &[u8]) -> CmdResult {
+        if !self.has(F_MEM_MGT) {
+            return Err(CmdError::new(Status::UNSUPPORTED, Opcode::ALLOC_MR.into()));
+        }
+        let req: AllocMrReq = fixed(payload)?;
+        let ctx = self.pd_ctx::<AllocMrReq>(req.pd_handle)?;
+        if req.max_num_sg == 0 {
+            return Err(field::<AllocMrReq>(Status::INVALID, "max_num_sg"));
+        }
+        if req.max_num_sg > self.rnic.caps().max_fast_reg_pages {
+            return Err(field::<AllocMrReq>(Status::RANGE, "max_num_sg"));
+        }
+        if self.res.mrs.len() >= self.limits.max_mr as usize {
+            return Err(CmdError::new(Status::QUOTA, quota::MR));
+        }
+        // Checked before the translation space is allocated.
+        self.res.host_room(Mr::fast_cost(req.max_num_sg))?;
+        let mr = Mr::fast(req.pd_handle, ctx, req.max_num_sg);
+        let (mr_handle, key) = self.res.insert_fast_mr(mr, self.rnic.as_ref())?;
+        Ok(RegMrResp {
+            mr_handle,
+            lkey: key,
+            rkey: key,
+        }
+        .to_bytes())
+    }
+
+    /// `DeviceAttr.local_dma_lkey` and `max_fast_reg_pages`: with
+    /// `F_MEM_MGT` negotiated, else 0 (spec 12.1).
+    pub(super) fn fast_reg_attr(&self) -> (u32, u32) {
+        if self.has(F_MEM_MGT) {
+            (
+                crate::keys::LOCAL_DMA_LKEY,
+                self.rnic.caps().max_fast_reg_pages,
+            )
+        } else {
+            (0, 0)
+        }
     }
 
     pub(super) fn dereg_mr(&mut self, payload: &[u8]) -> CmdResult {

@@ -30,6 +30,7 @@ impl VmState {
             return Err(super::CmdError::new(Status::INVALID, 0));
         }
         let caps = self.rnic.caps();
+        let (local_dma_lkey, max_fast_reg_pages) = self.fast_reg_attr();
         Ok(DeviceAttr {
             fw_version: fw_version(),
             node_guid: self.port.guid,
@@ -40,6 +41,8 @@ impl VmState {
             phys_port_cnt: 1,
             atomic_caps: u32::from(caps.atomics && self.has(virtio_rdma_abi::config::F_ATOMIC)),
             local_ca_ack_delay: caps.local_ca_ack_delay.min(MAX_ACK_DELAY),
+            local_dma_lkey,
+            max_fast_reg_pages,
             // The limits, as in the device configuration.
             ..self.limits.device_attr()
         }

@@ -188,6 +188,8 @@ impl RdmaDevice {
         shared: &Shared,
     ) -> io::Result<Self> {
         let id = port.vm;
+        // What the RNIC cannot do is not offered (F_MEM_MGT on a host NIC).
+        let device_features = device_features & rnic.caps().features();
         let mut ctrl = VmState::new(limits, rnic, port, shared.tenancy.clone());
         let shmem = if device_features & F_SHMEM_DOORBELL != 0 {
             let region = DoorbellRegion::new(limits.max_ctx).map_err(io::Error::other)?;

@@ -15,6 +15,8 @@
 //!   weighted sharing are in [`crate::qos`]);
 //! - [`requester`]: taking send WQEs and checking and addressing them, and
 //!   completing them for the RNIC (`complete_send`, `complete_posted`);
+//!   `fastreg`: the local memory operations (REG_MR, LOCAL_INV work
+//!   requests);
 //!   [`wqe`]: copying WQEs out of guest rings; [`sge`]: a QP's own
 //!   scatter/gather lists; [`completer`]: CQEs and completion events;
 //!   `flush`: QPs in error.
@@ -23,6 +25,7 @@ mod anticipate;
 pub mod barrier;
 pub mod completer;
 pub mod doorbell;
+mod fastreg;
 mod flush;
 #[cfg(test)]
 mod in_flight;

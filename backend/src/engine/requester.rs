@@ -5,12 +5,14 @@
 
 use std::time::Instant;
 
+use virtio_rdma_abi::config::F_MEM_MGT;
 use virtio_rdma_abi::datapath::{Cqe, QpDoorbell, WcOpcode, WcStatus, WrOpcode, WQE_SIGNALED};
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::qp::{AddressVector, QpState, QpType, QP_FLAG_SIG_ALL};
 
 use super::completer::{self, traffic};
 use super::doorbell;
+use super::fastreg;
 use super::scratch::Scratch;
 use super::wqe::{fetch_send, posted, WqeError};
 use super::Engine;
@@ -162,16 +164,19 @@ impl Engine {
                         _ => qp.rt.outstanding = qp.rt.outstanding.saturating_add(1),
                     }
                     let moved = std::mem::take(&mut scratch.moved);
+                    // What the QoS charges: the payload, and the work of a
+                    // fast registration, which moves none.
+                    let cost = moved.saturating_add(std::mem::take(&mut scratch.work));
                     if let Some(t) = traffic {
                         TrafficCounters::add_single_writer(&t.send_ops, 1);
                         TrafficCounters::add_single_writer(&t.send_bytes, moved);
                     }
                     TrafficCounters::add_single_writer(&self.counters.wqes, 1);
                     TrafficCounters::add_single_writer(&self.counters.bytes, moved);
-                    scratch.limits.charge(vm_id, moved);
-                    bytes = bytes.saturating_add(moved);
+                    scratch.limits.charge(vm_id, cost);
+                    bytes = bytes.saturating_add(cost);
                     scratch.executed.0 = scratch.executed.0.saturating_add(1);
-                    scratch.executed.1 = scratch.executed.1.saturating_add(moved);
+                    scratch.executed.1 = scratch.executed.1.saturating_add(cost);
                 }
                 Step::Broken | Step::Busy => break,
             }
@@ -210,11 +215,31 @@ impl Engine {
         let (pd, qpn, qp_type, sig_all) =
             (qp.pd, qp.qpn, qp.qp_type, qp.flags & QP_FLAG_SIG_ALL != 0);
         let Scratch {
-            wqe, path: ts, moved, ..
+            wqe,
+            path: ts,
+            moved,
+            work,
+            ..
         } = scratch;
         match fetch_send(mem, qp, index, wqe) {
             Ok(wr) => {
-                let malformed = malformed_op(qp, &wr, cx.state.atomics_negotiated());
+                let negotiated = (cx.state.atomics_negotiated(), cx.state.has(F_MEM_MGT));
+                let malformed = malformed_op(qp, &wr, negotiated);
+                if !malformed && fastreg::is_local(wr.opcode) {
+                    // Executed here, in the queue's order, and completed at
+                    // once (spec 18.27).
+                    let (outcome, charged) = fastreg::execute(cx.state, mem, h, &wr);
+                    *work = charged;
+                    let (wr_id, op) = (wr.hdr.wr_id, wc_opcode(wr.opcode));
+                    let c = match outcome {
+                        Ok(()) if !sig_all && wr.hdr.flags & WQE_SIGNALED == 0 => {
+                            return Step::Done { published: false };
+                        }
+                        Ok(()) => Completion::ok(wr_id, op, 0),
+                        Err(status) => Completion::failed(wr_id, op, status),
+                    };
+                    return complete_send(cx.state, mem, h, index, c);
+                }
                 match self.address(cx.state, qp, &wr, malformed) {
                     Ok((dest_qpn, av, qkey, len)) => {
                         let op = wc_opcode(wr.opcode);
@@ -345,24 +370,24 @@ impl Completion {
 }
 
 /// Whether send WQE `wr` is malformed on QP `qp` for reasons its opcode
-/// decides (spec 18.8): an opcode the QP's type does not allow (UD: SEND
-/// and SEND_WITH_IMM only), inline data on an RDMA READ or atomic, an RDMA
-/// READ or atomic on a QP whose `max_rd_atomic` is 0, or an atomic while
-/// `F_ATOMIC` is not negotiated (`atomics` false).
-fn malformed_op(qp: &Qp, wr: &SendWr<'_>, atomics: bool) -> bool {
+/// decides (spec 18.8, 18.27): an opcode the QP's type does not allow (UD:
+/// SEND, SEND_WITH_IMM, REG_MR and LOCAL_INV only), inline data on an RDMA
+/// READ or atomic, an RDMA READ or atomic on a QP whose `max_rd_atomic` is
+/// 0, an atomic while `F_ATOMIC` is not negotiated (`atomics` false), one
+/// of `F_MEM_MGT`'s opcodes without it (`mem_mgt` false), or a REG_MR or
+/// LOCAL_INV with inline data or SGEs.
+fn malformed_op(qp: &Qp, wr: &SendWr<'_>, (atomics, mem_mgt): (bool, bool)) -> bool {
     let atomic = matches!(
         wr.opcode,
         WrOpcode::ATOMIC_CMP_AND_SWP | WrOpcode::ATOMIC_FETCH_AND_ADD
     );
     let rd_atomic = atomic || wr.opcode == WrOpcode::RDMA_READ;
-    let ud_allowed = matches!(wr.opcode, WrOpcode::SEND | WrOpcode::SEND_WITH_IMM);
-    // Fast registration and invalidation (F_MEM_MGT) are not executed yet.
-    let mem_mgt = matches!(
-        wr.opcode,
-        WrOpcode::REG_MR | WrOpcode::LOCAL_INV | WrOpcode::SEND_WITH_INV
-    );
-    mem_mgt
+    let local = fastreg::is_local(wr.opcode);
+    let ud_allowed = local || matches!(wr.opcode, WrOpcode::SEND | WrOpcode::SEND_WITH_IMM);
+    let mem_op = local || wr.opcode == WrOpcode::SEND_WITH_INV;
+    (mem_op && !mem_mgt)
         || (qp.qp_type == QpType::UD && !ud_allowed)
+        || (local && (wr.inline.is_some() || !wr.sges.is_empty()))
         || (rd_atomic && (wr.inline.is_some() || qp.attr.max_rd_atomic == 0))
         || (atomic && !atomics)
 }
@@ -473,40 +498,40 @@ mod tests {
             SEND_WITH_IMM,
             RDMA_READ,
         ] {
-            assert!(!malformed_op(&rc, &wr(op, None), false), "{op:?} on RC");
+            assert!(!malformed_op(&rc, &wr(op, None), (false, false)), "{op:?} on RC");
         }
         for op in [ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD] {
-            assert!(!malformed_op(&rc, &wr(op, None), true), "{op:?}, F_ATOMIC");
+            assert!(!malformed_op(&rc, &wr(op, None), (true, false)), "{op:?}, F_ATOMIC");
             assert!(
-                malformed_op(&rc, &wr(op, None), false),
+                malformed_op(&rc, &wr(op, None), (false, false)),
                 "{op:?} without F_ATOMIC"
             );
             assert!(
-                malformed_op(&rc, &wr(op, Some(&[0; 8])), true),
+                malformed_op(&rc, &wr(op, Some(&[0; 8])), (true, false)),
                 "inline {op:?}"
             );
         }
         assert!(
-            malformed_op(&rc, &wr(RDMA_READ, Some(&[0; 8])), true),
+            malformed_op(&rc, &wr(RDMA_READ, Some(&[0; 8])), (true, false)),
             "inline READ"
         );
         assert!(
-            !malformed_op(&rc, &wr(RDMA_WRITE, Some(&[0; 8])), true),
+            !malformed_op(&rc, &wr(RDMA_WRITE, Some(&[0; 8])), (true, false)),
             "inline WRITE"
         );
         rc.attr.max_rd_atomic = 0;
         for op in [RDMA_READ, ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD] {
             assert!(
-                malformed_op(&rc, &wr(op, None), true),
+                malformed_op(&rc, &wr(op, None), (true, false)),
                 "{op:?}, max_rd_atomic 0"
             );
         }
-        assert!(!malformed_op(&rc, &wr(SEND, None), true));
+        assert!(!malformed_op(&rc, &wr(SEND, None), (true, false)));
         let mut ud = testing::qp(QpType::UD);
         ud.attr.max_rd_atomic = 1;
         for op in [SEND, SEND_WITH_IMM] {
             assert!(
-                !malformed_op(&ud, &wr(op, Some(&[1])), true),
+                !malformed_op(&ud, &wr(op, Some(&[1])), (true, false)),
                 "{op:?} on UD"
             );
         }
@@ -516,7 +541,39 @@ mod tests {
             RDMA_READ,
             ATOMIC_FETCH_AND_ADD,
         ] {
-            assert!(malformed_op(&ud, &wr(op, None), true), "{op:?} on UD");
+            assert!(malformed_op(&ud, &wr(op, None), (true, false)), "{op:?} on UD");
         }
+    }
+
+    /// Spec 18.8, 18.27: the opcodes of `F_MEM_MGT` are malformed without
+    /// it; REG_MR and LOCAL_INV run on RC and UD QPs without inline data
+    /// or SGEs, SEND_WITH_INV on RC only.
+    #[test]
+    fn malformed_memory_operations() {
+        use WrOpcode::*;
+        let rc = testing::qp(QpType::RC);
+        let ud = testing::qp(QpType::UD);
+        for op in [REG_MR, LOCAL_INV, SEND_WITH_INV] {
+            assert!(malformed_op(&rc, &wr(op, None), (true, false)), "{op:?}");
+            assert!(malformed_op(&ud, &wr(op, None), (true, false)), "{op:?}");
+        }
+        for op in [REG_MR, LOCAL_INV] {
+            for q in [&rc, &ud] {
+                assert!(!malformed_op(q, &wr(op, None), (true, true)), "{op:?}");
+                assert!(
+                    malformed_op(q, &wr(op, Some(&[])), (true, true)),
+                    "inline {op:?}"
+                );
+                let sge = [virtio_rdma_abi::datapath::Sge::default()];
+                let with_sge = SendWr {
+                    sges: &sge,
+                    ..wr(op, None)
+                };
+                assert!(malformed_op(q, &with_sge, (true, true)), "{op:?} with an SGE");
+            }
+        }
+        assert!(!malformed_op(&rc, &wr(SEND_WITH_INV, None), (true, true)));
+        assert!(!malformed_op(&rc, &wr(SEND_WITH_INV, Some(&[1])), (true, true)));
+        assert!(malformed_op(&ud, &wr(SEND_WITH_INV, None), (true, true)));
     }
 }

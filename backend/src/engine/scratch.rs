@@ -21,6 +21,9 @@ pub struct Scratch<T> {
     pub(super) limits: RateLimits,
     /// Payload bytes the last executed WQE moved (0 if it failed).
     pub(crate) moved: u64,
+    /// Bytes of work the last executed WQE is charged besides its payload
+    /// (the pages of a fast registration).
+    pub(super) work: u64,
     /// Work requests and bytes the current burst executed.
     pub(super) executed: (u32, u64),
     /// A VM's lock was busy since this was last cleared, so there may be
@@ -45,6 +48,7 @@ impl<T: Default> Scratch<T> {
             next_timer: None,
             limits: RateLimits::default(),
             moved: 0,
+            work: 0,
             executed: (0, 0),
             contended: false,
             worked: 0,

@@ -108,6 +108,7 @@ impl RnicObjects for Numbers {
             atomics: false,
             max_msg_size: 1 << 20,
             local_ca_ack_delay: 0,
+            max_fast_reg_pages: 0,
         }
     }
     fn create_qp(&self, _owner: Owner, _spec: &QpSpec) -> Result<u32, RnicError> {
@@ -131,6 +132,10 @@ impl RnicObjects for Numbers {
         })
     }
     fn dereg_mr(&self, _keys: MrKeys) {}
+    fn alloc_fast_mr(&self, _owner: Owner) -> Result<u32, RnicError> {
+        Err(RnicError::Exhausted)
+    }
+    fn free_fast_mr(&self, _key: u32) {}
     fn keys_in_use(&self) -> usize {
         0
     }

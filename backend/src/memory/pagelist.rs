@@ -198,6 +198,38 @@ impl PageList {
         })
     }
 
+    /// An empty translation with room for `max_pages` pages, which
+    /// [`PageList::refill`] fills later without allocating (the
+    /// translation space of a fast-registration region, spec 12.22).
+    pub fn reserved(max_pages: u32) -> PageList {
+        PageList {
+            page_shift: MIN_PAGE_SHIFT,
+            npages: 0,
+            pages: Pages::List(Vec::with_capacity(max_pages as usize)),
+        }
+    }
+
+    /// Makes this a list of `pages` of `2^page_shift` bytes (the caller
+    /// validated them) in the room [`PageList::reserved`] made; false,
+    /// with nothing changed, if they do not fit in it. Allocates nothing,
+    /// so [`PageList::host_bytes`] stays what it was.
+    pub fn refill(&mut self, page_shift: u32, pages: impl ExactSizeIterator<Item = u64>) -> bool {
+        let Pages::List(list) = &mut self.pages else {
+            return false;
+        };
+        let Ok(n) = u32::try_from(pages.len()) else {
+            return false;
+        };
+        if pages.len() > list.capacity() {
+            return false;
+        }
+        list.clear();
+        list.extend(pages);
+        self.npages = n;
+        self.page_shift = page_shift;
+        true
+    }
+
     /// Number of pages.
     pub fn npages(&self) -> u32 {
         self.npages
@@ -633,6 +665,25 @@ mod tests {
         let d = desc(PageListMode::CONTIGUOUS, 64, 0);
         let pl = PageList::resolve(&d, &[], &limits, &ram, &mem);
         assert_eq!(pl.map(|p| p.host_bytes()), Ok(0));
+    }
+
+    /// A reserved translation is refilled in place: what it costs never
+    /// changes, and a list longer than its room is refused untouched.
+    #[test]
+    fn a_reserved_translation_is_refilled_without_growing() {
+        let mut pl = PageList::reserved(4);
+        let cost = pl.host_bytes();
+        assert!(cost >= 32);
+        assert_eq!(pl.npages(), 0);
+        assert_eq!(pl.translate(0), None);
+        assert!(pl.refill(13, [0x4000u64, 0x10000].into_iter()));
+        assert_eq!((pl.npages(), pl.page_shift()), (2, 13));
+        assert_eq!(pl.translate(0x2004), Some((0x10004, 0x2000 - 4)));
+        assert!(!pl.refill(12, [0u64; 5].into_iter()), "more than its room");
+        assert_eq!((pl.npages(), pl.page_shift()), (2, 13));
+        assert!(pl.refill(12, [0x1000u64].into_iter()));
+        assert_eq!(pl.translate(0x1000), None);
+        assert_eq!(pl.host_bytes(), cost);
     }
 
     #[test]

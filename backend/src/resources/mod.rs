@@ -4,14 +4,15 @@
 //! types only keep state consistent: reference counts, key maps, quotas and
 //! the release of everything on destroy, context teardown and disconnect.
 
+pub mod fast;
 pub mod handle;
 pub mod objects;
 pub mod qp_state;
 
 use handle::HandleTable;
 pub use objects::{
-    Ah, Context, Cq, CqRuntime, HostCost, Inbound, Mr, Pd, Qp, QpRuntime, SendPartial, SendWait,
-    Srq, SrqRuntime,
+    Ah, Context, Cq, CqRuntime, FastReg, HostCost, Inbound, Mr, Pd, Qp, QpRuntime, SendPartial,
+    SendWait, Srq, SrqRuntime,
 };
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -99,6 +100,9 @@ pub struct VmResources {
     pub lkeys: KeyMap<u32>,
     /// rkey -> MR handle.
     pub rkeys: KeyMap<u32>,
+    /// Bits 31 to 8 of the key of an `ALLOC_MR` region -> its handle
+    /// (registered or free: `LOCAL_INV` finds a free one too).
+    pub fast_keys: KeyMap<u32>,
     /// Sum of the lengths of all live MRs.
     pub registered_bytes: u64,
     /// Sum of the [`HostCost`] of all live objects.
@@ -146,6 +150,7 @@ impl VmResources {
             srqs: HandleTable::default(),
             lkeys: KeyMap::default(),
             rkeys: KeyMap::default(),
+            fast_keys: KeyMap::default(),
             registered_bytes: 0,
             host_bytes: 0,
             doorbells: None,
@@ -428,14 +433,21 @@ impl VmResources {
     pub fn dereg_mr(&mut self, handle: u32, t: &dyn RnicObjects) -> Result<(), DestroyError> {
         let mr = self.mrs.remove(handle).ok_or(DestroyError::BadHandle)?;
         self.refund(&mr);
+        // A free `ALLOC_MR` region's key is in neither map, and no other
+        // region has it: removing it is harmless.
         self.lkeys.remove(&mr.lkey);
         if mr.rkey != 0 {
             self.rkeys.remove(&mr.rkey);
         }
-        t.dereg_mr(MrKeys {
-            lkey: mr.lkey,
-            rkey: mr.rkey,
-        });
+        if mr.fast.is_some() {
+            self.fast_keys.remove(&fast::prefix(mr.lkey));
+            t.free_fast_mr(mr.lkey);
+        } else {
+            t.dereg_mr(MrKeys {
+                lkey: mr.lkey,
+                rkey: mr.rkey,
+            });
+        }
         self.registered_bytes = self.registered_bytes.saturating_sub(mr.length);
         if let Some(pd) = self.pds.get_mut(mr.pd) {
             dec(&mut pd.users);
@@ -567,6 +579,7 @@ impl VmResources {
         self.pds.clear();
         self.lkeys.clear();
         self.rkeys.clear();
+        self.fast_keys.clear();
         self.registered_bytes = 0;
         self.host_bytes = 0;
         if let Some(db) = self.doorbells.as_mut() {
@@ -622,6 +635,7 @@ mod tests {
             rkey: 0,
             pages: PageList::resolve(&desc, &list, &limits, &ram, &mem).unwrap(),
             host_lost: false,
+            fast: None,
         }
     }
 

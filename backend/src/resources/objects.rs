@@ -212,6 +212,22 @@ pub struct Mr {
     /// The RNIC dropped the region's host registration because guest
     /// RAM under it moved or left (spec 19.6.2): its keys fail from now on.
     pub host_lost: bool,
+    /// An `ALLOC_MR` region (fast registration, spec 18.27): its `lkey`
+    /// and `rkey` are its one key, and `pages` the translation space
+    /// allocated for it, which each `REG_MR` work request fills.
+    pub fast: Option<FastReg>,
+}
+
+/// What an `ALLOC_MR` region has besides an MR's fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FastReg {
+    /// Most pages one registration may give it (the capacity of its
+    /// translation).
+    pub max_num_sg: u32,
+    /// Registered by a `REG_MR` work request and not invalidated since:
+    /// its key is in the VM's key maps. A free region has `length` 0 and
+    /// none.
+    pub valid: bool,
 }
 
 impl Translate for Mr {
@@ -350,6 +366,9 @@ const SLOT_BYTES: u64 = 8;
 /// One entry of an lkey or rkey map (key, handle, control byte, rounded up
 /// for the table's spare capacity).
 const KEY_ENTRY_BYTES: u64 = 16;
+/// Key-map entries of an `ALLOC_MR` region: its key as lkey and rkey while
+/// registered, and its bits 31 to 8 in the map of fast regions.
+const FAST_KEY_ENTRIES: u64 = 3;
 /// What the heap grows by per MR beyond the object, its translation and
 /// its key entries: the allocator's rounding of a short page list (a
 /// one-page list is an 8-byte allocation in a 32-byte chunk), the key
@@ -427,6 +446,37 @@ impl HostCost for Qp {
 }
 
 impl Mr {
+    /// An `ALLOC_MR` region of PD `pd` (context `ctx`), free, with room
+    /// for `max_num_sg` pages; its key comes from the RNIC.
+    pub fn fast(pd: u32, ctx: u32, max_num_sg: u32) -> Mr {
+        Mr {
+            pd,
+            ctx,
+            access: 0,
+            iova: 0,
+            length: 0,
+            first_page_offset: 0,
+            lkey: 0,
+            rkey: 0,
+            pages: PageList::reserved(max_num_sg),
+            host_lost: false,
+            fast: Some(FastReg {
+                max_num_sg,
+                valid: false,
+            }),
+        }
+    }
+
+    /// The [`HostCost`] of an `ALLOC_MR` region of `max_num_sg` pages,
+    /// before it is built (to check the budget before anything is
+    /// allocated).
+    pub fn fast_cost(max_num_sg: u32) -> u64 {
+        own::<Self>()
+            .saturating_add(u64::from(max_num_sg).saturating_mul(8))
+            .saturating_add(FAST_KEY_ENTRIES * KEY_ENTRY_BYTES)
+            .saturating_add(MR_EXTRA_BYTES)
+    }
+
     /// Whether the region grants any remote access (and so has an rkey).
     pub fn remote(&self) -> bool {
         use virtio_rdma_abi::mem::access;
@@ -449,6 +499,14 @@ impl Mr {
 
 impl HostCost for Mr {
     fn host_cost(&self) -> u64 {
+        if self.fast.is_some() {
+            // Fixed for the region's life, whatever it registers: its
+            // translation never grows past what `ALLOC_MR` allocated.
+            return own::<Self>()
+                .saturating_add(self.pages.host_bytes())
+                .saturating_add(FAST_KEY_ENTRIES * KEY_ENTRY_BYTES)
+                .saturating_add(MR_EXTRA_BYTES);
+        }
         let keys = if self.remote() {
             2 * KEY_ENTRY_BYTES
         } else {

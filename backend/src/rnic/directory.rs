@@ -33,14 +33,25 @@ impl<V> Directory<V> {
 
     /// Draws a free number and records `owner` for it.
     pub fn alloc(&mut self, owner: V) -> Result<u32, RnicError> {
+        self.alloc_if(owner, |_| true)
+    }
+
+    /// Draws a free number that `allowed` accepts and records `owner` for
+    /// it.
+    pub fn alloc_if(&mut self, owner: V, allowed: impl Fn(u32) -> bool) -> Result<u32, RnicError> {
         for _ in 0..DRAWS {
             let n = self.keys.next_u32().map_err(|_| RnicError::Random)? & self.mask;
-            if n >= self.first && !self.used.contains_key(&n) {
+            if n >= self.first && !self.used.contains_key(&n) && allowed(n) {
                 self.used.insert(n, owner);
                 return Ok(n);
             }
         }
         Err(RnicError::Exhausted)
+    }
+
+    /// Whether `n` is in use.
+    pub fn contains(&self, n: u32) -> bool {
+        self.used.contains_key(&n)
     }
 
     /// The owner of `n`.

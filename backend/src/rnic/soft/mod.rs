@@ -3,6 +3,7 @@
 //! the peer's objects and memory, and each operation completes in one step.
 //!
 //! - [`rnic`]: [`rnic::SoftRnic`], the object half (QP numbers, keys);
+//!   [`keyspace`]: the keys, where a fast-registration region owns 256;
 //! - [`path`]: [`path::SoftPath`], the data path behind the engine's seam
 //!   ([`crate::rnic_path::RnicPath`]); [`burst`]: what it keeps for a
 //!   burst (the peer VM locked for it); [`lane`]: small WRITEs in one pass;
@@ -15,6 +16,7 @@
 
 pub mod burst;
 pub mod checks;
+pub mod keyspace;
 pub mod lane;
 #[cfg(test)]
 mod lane_agrees;

@@ -4,7 +4,7 @@
 
 use virtio_rdma_abi::datapath::{
     ud_grh_payload_length, Cqe, QpDoorbell, Sge, SrqDoorbell, UdGrh, WcOpcode, WcStatus, WrOpcode,
-    CQE_GRH, CQE_SOLICITED, CQE_WITH_IMM, UD_GRH_SIZE, WQE_SOLICITED,
+    CQE_GRH, CQE_SOLICITED, CQE_WITH_IMM, CQE_WITH_INV, UD_GRH_SIZE, WQE_SOLICITED,
 };
 use virtio_rdma_abi::event::EventKind;
 
@@ -300,9 +300,15 @@ pub(super) fn recv_cqe(req: &Request<'_>, qpn: u32, wr_id: u64, placed: u64, ud:
         wr.opcode,
         WrOpcode::SEND_WITH_IMM | WrOpcode::RDMA_WRITE_WITH_IMM
     );
+    // A SEND_WITH_INV reports the key it invalidated where the immediate
+    // data would be (spec 18.14, 18.27).
+    let with_inv = wr.opcode == WrOpcode::SEND_WITH_INV;
     let mut flags = 0u8;
     if with_imm {
         flags |= CQE_WITH_IMM;
+    }
+    if with_inv {
+        flags |= CQE_WITH_INV;
     }
     if wr.hdr.flags & WQE_SOLICITED != 0 {
         flags |= CQE_SOLICITED;
@@ -322,7 +328,11 @@ pub(super) fn recv_cqe(req: &Request<'_>, qpn: u32, wr_id: u64, placed: u64, ud:
         flags,
         owner: 0,
         byte_len: u32::try_from(placed).unwrap_or(u32::MAX),
-        imm_data: if with_imm { wr.hdr.imm_data } else { 0 },
+        imm_data: if with_imm || with_inv {
+            wr.hdr.imm_data
+        } else {
+            0
+        },
         qpn,
         // The sender's QPN is reported for UD receives only; RC completions
         // carry 0.

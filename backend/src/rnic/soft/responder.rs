@@ -232,10 +232,10 @@ fn perform(
                 Err(_) => nak(state, qp, WcStatus::REM_ACCESS_ERR),
             };
         }
-        WrOpcode::SEND | WrOpcode::SEND_WITH_IMM => {}
-        // Local operations never reach a responder; the requester refuses
-        // what it does not execute.
-        WrOpcode::REG_MR | WrOpcode::LOCAL_INV | WrOpcode::SEND_WITH_INV => {
+        WrOpcode::SEND | WrOpcode::SEND_WITH_IMM | WrOpcode::SEND_WITH_INV => {}
+        // Local operations never reach a responder (the requester
+        // executes them).
+        WrOpcode::REG_MR | WrOpcode::LOCAL_INV => {
             return nak(state, qp, WcStatus::REM_INV_REQ_ERR);
         }
     }
@@ -251,6 +251,12 @@ fn perform(
     if let Some(inb) = state.res.qps.get_mut(qp).and_then(|q| q.rt.inbound.take()) {
         abandon(state, mem, qp, &inb);
         return nak(state, qp, WcStatus::REM_INV_REQ_ERR);
+    }
+    // A SEND_WITH_INV whose key names no `ALLOC_MR` region of this QP's PD
+    // fails before a receive WQE is looked at (spec 18.27).
+    let invalidates = (wr.opcode == WrOpcode::SEND_WITH_INV).then_some(wr.hdr.imm_data);
+    if invalidates.is_some_and(|key| state.res.fast_mr_of_key(pd, key).is_none()) {
+        return nak(state, qp, WcStatus::REM_OP_ERR);
     }
     // The receive WQE is copied and checked in full before any byte of the
     // message is written, so that an RNR, a malformed WQE or a broken queue
@@ -290,6 +296,11 @@ fn perform(
             }
         };
         consume_recv(state, mem, qp, pi);
+        // The message is accepted: the key is invalidated as it arrives,
+        // before any of it is placed (and before the receive completes).
+        if let Some(key) = invalidates {
+            state.res.invalidate_fast(pd, key);
+        }
         let inb = Inbound {
             wr_id: recv.wr_id,
             sges,
@@ -312,6 +323,9 @@ fn perform(
         }
     };
     consume_recv(state, mem, qp, pi);
+    if let Some(key) = invalidates {
+        state.res.invalidate_fast(pd, key);
+    }
     let cqe = recv_cqe(req, my_qpn, recv.wr_id, placed, ud);
     received(state, mem, qp, recv_cq, cqe)
 }

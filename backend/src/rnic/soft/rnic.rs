@@ -7,6 +7,7 @@ use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use virtio_rdma_abi::qp::Mtu;
 
+use super::keyspace::KeySpace;
 use crate::rnic::directory::Directory;
 use crate::rnic_objects::{
     Caps, MrKeys, MrSpec, Owner, QpChange, QpSpec, RnicObjects, RnicError,
@@ -22,6 +23,10 @@ const FIRST_QPN: u32 = 2;
 /// everything else and may be descheduled; 15 is also what Linux's soft
 /// RoCE reports, so timeouts derived from it are the familiar ones.
 const SOFT_ACK_DELAY: u32 = 15;
+/// `max_fast_reg_pages`: the page array of a fast registration fills one
+/// 4 KiB page (spec 18.27), and its translation, allocated at `ALLOC_MR`,
+/// is 4 KiB.
+pub const MAX_FAST_REG_PAGES: u32 = 512;
 
 /// The software RNIC: RDMA between the VMs of one daemon.
 ///
@@ -31,8 +36,9 @@ const SOFT_ACK_DELAY: u32 = 15;
 /// creation and destruction take it exclusively.
 pub struct SoftRnic {
     qpns: RwLock<Directory<Owner>>,
-    /// lkeys and rkeys, one space (a key is never both).
-    keys: Mutex<Directory<()>>,
+    /// lkeys and rkeys, one space (a key is never both, but for a
+    /// fast-registration region, whose key is both its lkey and its rkey).
+    keys: Mutex<KeySpace>,
 }
 
 impl Default for SoftRnic {
@@ -46,7 +52,7 @@ impl SoftRnic {
     pub fn new() -> Self {
         SoftRnic {
             qpns: RwLock::new(Directory::new(QPN_MASK, FIRST_QPN)),
-            keys: Mutex::new(Directory::new(u32::MAX, 1)),
+            keys: Mutex::new(KeySpace::new()),
         }
     }
 
@@ -60,7 +66,7 @@ impl SoftRnic {
         read(&self.qpns)
     }
 
-    fn keys(&self) -> MutexGuard<'_, Directory<()>> {
+    fn keys(&self) -> MutexGuard<'_, KeySpace> {
         lock(&self.keys)
     }
 }
@@ -77,6 +83,7 @@ impl RnicObjects for SoftRnic {
             atomics: true,
             max_msg_size: 1 << 31,
             local_ca_ack_delay: SOFT_ACK_DELAY,
+            max_fast_reg_pages: MAX_FAST_REG_PAGES,
         }
     }
 
@@ -103,9 +110,9 @@ impl RnicObjects for SoftRnic {
 
     fn reg_mr(&self, _owner: Owner, mr: &MrSpec<'_>) -> Result<MrKeys, RnicError> {
         let mut keys = self.keys();
-        let lkey = keys.alloc(())?;
+        let lkey = keys.alloc()?;
         let rkey = if mr.remote {
-            match keys.alloc(()) {
+            match keys.alloc() {
                 Ok(k) => k,
                 Err(e) => {
                     keys.free(lkey);
@@ -124,6 +131,14 @@ impl RnicObjects for SoftRnic {
         if keys.rkey != 0 {
             d.free(keys.rkey);
         }
+    }
+
+    fn alloc_fast_mr(&self, _owner: Owner) -> Result<u32, RnicError> {
+        self.keys().alloc_fast()
+    }
+
+    fn free_fast_mr(&self, key: u32) {
+        self.keys().free_fast(key);
     }
 
     fn keys_in_use(&self) -> usize {

@@ -320,6 +320,8 @@ impl VerbsDevice {
             atomics: self.attr.atomic_cap != rdma_sys::ibv_atomic_cap::IBV_ATOMIC_NONE,
             max_msg_size: self.port_attr.max_msg_sz,
             local_ca_ack_delay: u32::from(self.attr.local_ca_ack_delay),
+            // No fast registration through a host NIC yet (spec appendix D).
+            max_fast_reg_pages: 0,
         }
     }
 }

@@ -744,6 +744,15 @@ impl RnicObjects for VerbsRnic {
         }
     }
 
+    fn alloc_fast_mr(&self, _owner: Owner) -> Result<u32, RnicError> {
+        // Fast registration through a host NIC is not designed yet
+        // (docs/abi-v3-design.md section 6): the device does not offer
+        // `F_MEM_MGT`, so `ALLOC_MR` never gets here.
+        Err(RnicError::Host(libc::EOPNOTSUPP))
+    }
+
+    fn free_fast_mr(&self, _key: u32) {}
+
     fn keys_in_use(&self) -> usize {
         self.keys.load(Ordering::Relaxed) as usize
     }
