@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use virtio_rdma_abi::config::{F_ATOMIC, F_UD};
 use virtio_rdma_abi::ctrl::Opcode;
 use virtio_rdma_abi::mem::qp_buffer_layout;
-use virtio_rdma_abi::qp::{QpState, QpType, QP_FLAG_SIG_ALL};
+use virtio_rdma_abi::qp::{AddressVector, QpState, QpType, QP_FLAG_SIG_ALL};
 use virtio_rdma_abi::verbs::{CreateQpReq, CreateQpResp, ModifyQpReq, QpHandleReq, QueryQpResp};
 use virtio_rdma_abi::{Field, Wire};
 
@@ -361,7 +361,7 @@ impl Qp {
 
     /// RC: INIT → RTR towards the peer in `c`.
     pub fn rc_to_rtr(&self, c: &RcConnect) -> Result<()> {
-        self.modify(&rtr_attrs(c))
+        self.modify(&rtr_attrs(c, self.pd.dev.gid_index()))
     }
 
     /// RC: RTR → RTS with the send parameters of `c`.
@@ -378,7 +378,11 @@ impl Qp {
     /// modify after the other, except that the transitions after a failed
     /// one are sent and fail too. Returns the first failure.
     pub fn rc_connect(&self, access: u32, c: &RcConnect) -> Result<()> {
-        let steps = [init_attrs(access), rtr_attrs(c), rts_attrs(c)];
+        let steps = [
+            init_attrs(access),
+            rtr_attrs(c, self.pd.dev.gid_index()),
+            rts_attrs(c),
+        ];
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         if !matches!(*state, QpState::RESET | QpState::INIT) {
             // From RTR, say, the RTS step alone could succeed.
@@ -596,10 +600,14 @@ fn init_attrs(access: u32) -> QpAttrs {
 }
 
 /// RC: INIT → RTR towards the peer in `c`.
-fn rtr_attrs(c: &RcConnect) -> QpAttrs {
+fn rtr_attrs(c: &RcConnect, own_gid_index: u8) -> QpAttrs {
+    let av = AddressVector {
+        sgid_index: c.sgid_index.unwrap_or(own_gid_index),
+        ..c.av
+    };
     QpAttrs {
         state: Some(QpState::RTR),
-        av: Some(c.av),
+        av: Some(av),
         path_mtu: Some(c.path_mtu),
         dest_qpn: Some(c.dest_qpn),
         rq_psn: Some(c.rq_psn),

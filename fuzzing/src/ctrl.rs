@@ -497,7 +497,7 @@ impl Vm {
         let config = DaemonConfig::new(vec!["/nonexistent/fuzz.sock".into()]);
         let tenancy = Arc::new(Tenancy::from_config(&config));
         let port = PortIdentity {
-            gid: gid(),
+            gids: config.gid_table(0),
             guid: 0x0200_0000_0000_0001,
             vm: 0,
         };
@@ -785,7 +785,10 @@ impl Vm {
                     H::Live(i) => u32::from(*i),
                     H::Raw(v) => *v,
                 };
-                let rc = rc_transitions(dest_qpn, gid());
+                // Mostly the VM's GID (index 1: index 0, the default GID,
+                // is unassigned without a MAC); rarely another index.
+                let sgid_index = if *step < 200 { 1 } else { step % 20 };
+                let rc = rc_transitions(dest_qpn, gid(), sgid_index);
                 let ud = ud_transitions(0x1111);
                 let (mask, a) = match step % 10 {
                     0..=2 => rc[usize::from(step % 10)],
@@ -840,7 +843,9 @@ impl Vm {
                     av: AddressVector {
                         dgid: if *own_gid { gid() } else { [0; 16] },
                         flow_label: 0,
-                        sgid_index: av[0] % 2,
+                        // Mostly the VM's GID (index 1); sometimes the
+                        // unassigned default GID or past the table.
+                        sgid_index: if av[0] < 192 { 1 } else { av[0] % 20 },
                         hop_limit: av[1],
                         traffic_class: av[2],
                         sl: av[3] % 20,

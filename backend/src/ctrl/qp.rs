@@ -11,7 +11,6 @@ use virtio_rdma_abi::verbs::*;
 use virtio_rdma_abi::Wire;
 use vm_memory::{GuestAddress, GuestMemoryBackend};
 
-use super::ctx::check_av;
 use super::mr::check_access;
 use super::parse::{depth, destroy_error, field, fixed, shift_plausible, with_list};
 use super::queue_mem::init_device_half;
@@ -175,8 +174,7 @@ impl VmState {
             return Err(bad(Status::RANGE, "port"));
         }
         if has(AV) {
-            self.note_sgid(&a.av);
-            check_av::<M>(&a.av, "attr.av")?;
+            self.check_av::<M>(&a.av, "attr.av")?;
         }
         if has(PATH_MTU) {
             let mtu = Mtu::from_u32(a.path_mtu).ok_or_else(|| bad(Status::INVALID, "path_mtu"))?;

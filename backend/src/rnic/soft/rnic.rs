@@ -9,7 +9,7 @@ use virtio_rdma_abi::qp::Mtu;
 
 use crate::rnic::directory::Directory;
 use crate::rnic_objects::{
-    Caps, MrKeys, MrSpec, Owner, QpChange, QpSpec, RnicObjects, RnicError,
+    Caps, MrKeys, MrSpec, Owner, PortGids, QpChange, QpSpec, RnicObjects, RnicError,
     RnicKind,
 };
 use crate::sync::{lock, read, write};
@@ -77,6 +77,8 @@ impl RnicObjects for SoftRnic {
             atomics: true,
             max_msg_size: 1 << 31,
             local_ca_ack_delay: SOFT_ACK_DELAY,
+            gids: PortGids::PerVm,
+            gsi: true,
         }
     }
 

@@ -12,6 +12,7 @@
 use std::sync::Arc;
 
 use virtio_rdma_abi::datapath::WcStatus;
+use virtio_rdma_abi::qp::AddressVector;
 
 use super::burst::Burst;
 use super::checks::rc_responder;
@@ -136,7 +137,7 @@ impl Router<'_> {
             wr: msg.wr,
             vm: cx.vm,
             src_qpn: msg.src_qpn,
-            src_gid: cx.state.port_gid(),
+            src_gid: source_gid(cx.state, &msg.av),
             av: msg.av,
             local,
             len: msg.len,
@@ -327,7 +328,7 @@ fn deliver(
         return respond(cx.state, cx.mem, peer_qp, req, ud, resp);
     }
     if let Some(p) = b.held.as_mut().filter(|p| p.vm == peer_vm) {
-        if p.state.port_gid() != dgid {
+        if !p.state.owns_gid(&dgid) {
             return RespOutcome::Unreachable;
         }
         let out = respond(p.state, p.mem, peer_qp, req, ud, resp);
@@ -340,7 +341,7 @@ fn deliver(
         return RespOutcome::Unreachable;
     };
     let ran = peer.try_with_dataplane(|pstate, pmem| {
-        if pstate.port_gid() != dgid {
+        if !pstate.owns_gid(&dgid) {
             return RespOutcome::Unreachable;
         }
         let out = respond(pstate, pmem, peer_qp, req, ud, resp);
@@ -384,7 +385,7 @@ fn admit(
         return count(unknown);
     };
     if peer_vm == vm_id {
-        if state.port_gid() != dgid {
+        if !state.owns_gid(&dgid) {
             return count(unknown);
         }
         return Ok((peer_vm, peer_qp));
@@ -404,7 +405,11 @@ fn admit(
     }
     // The peer's GID, from the tenancy table: no need to lock the peer to
     // learn that the address is wrong.
-    if state.tenancy().vm(peer_vm).map(|v| v.gid) != Some(dgid) {
+    if !state
+        .tenancy()
+        .vm(peer_vm)
+        .is_some_and(|v| v.gids.contains(&dgid))
+    {
         return count(unknown);
     }
     // A stopped device takes no message (spec 15.1); checked again under
@@ -427,4 +432,15 @@ pub(super) fn same_thread(vms: &[Option<Arc<VmCell>>], a: usize, b: usize) -> bo
             .map(|d| d.engine_index())
     };
     thread(a).is_some() && thread(a) == thread(b)
+}
+
+/// The source GID of a message sent with address vector `av` by a QP of
+/// `state`: the entry of its port's table that `av.sgid_index` names (the
+/// control path let only assigned entries into AHs and QP attributes, and
+/// the table never changes; an unassigned one would read as zero).
+pub(super) fn source_gid(state: &VmState, av: &AddressVector) -> [u8; 16] {
+    state
+        .gids()
+        .assigned(u32::from(av.sgid_index))
+        .unwrap_or([0; 16])
 }

@@ -14,7 +14,7 @@ use rdma_sys::{
 };
 use thiserror::Error;
 
-use crate::rnic_objects::Caps;
+use crate::rnic_objects::{Caps, PortGids};
 
 /// Why a host RDMA device cannot be used.
 #[derive(Debug, Error)]
@@ -320,6 +320,11 @@ impl VerbsDevice {
             atomics: self.attr.atomic_cap != rdma_sys::ibv_atomic_cap::IBV_ATOMIC_NONE,
             max_msg_size: self.port_attr.max_msg_sz,
             local_ca_ack_delay: u32::from(self.attr.local_ca_ack_delay),
+            // Everything leaves from the host port's GID; the host's QP 1
+            // is its own (the CM bridge that would serve a guest's GSI QP
+            // is to come: spec appendix D).
+            gids: PortGids::Host,
+            gsi: false,
         }
     }
 }
