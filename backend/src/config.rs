@@ -8,8 +8,8 @@ use thiserror::Error;
 use virtio_rdma_abi::config::{DeviceConfig, F_GSI, F_UD, V2_DEVICE_FEATURES};
 
 /// The device feature bits this daemon implements, and so may offer: ABI
-/// version 3's `F_GSI` and `F_MEM_MGT` join as their parts land.
-pub const IMPLEMENTED_FEATURES: u64 = V2_DEVICE_FEATURES;
+/// version 3's `F_MEM_MGT` joins as its parts land.
+pub const IMPLEMENTED_FEATURES: u64 = V2_DEVICE_FEATURES | F_GSI;
 use virtio_rdma_abi::mem::{send_wqe_shift, MAX_PAGE_SHIFT, MIN_PAGE_SHIFT};
 use virtio_rdma_abi::verbs::DeviceAttr;
 use virtio_rdma_abi::{ABI_VERSION, MIN_COMPATIBLE_ABI_VERSION};

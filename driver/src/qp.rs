@@ -3,10 +3,10 @@
 use std::mem::ManuallyDrop;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use virtio_rdma_abi::config::{F_ATOMIC, F_UD};
+use virtio_rdma_abi::config::{F_ATOMIC, F_GSI, F_UD};
 use virtio_rdma_abi::ctrl::Opcode;
 use virtio_rdma_abi::mem::qp_buffer_layout;
-use virtio_rdma_abi::qp::{AddressVector, QpState, QpType, QP_FLAG_SIG_ALL};
+use virtio_rdma_abi::qp::{AddressVector, QpState, QpType, GSI_QKEY, QP_FLAG_SIG_ALL};
 use virtio_rdma_abi::verbs::{CreateQpReq, CreateQpResp, ModifyQpReq, QpHandleReq, QueryQpResp};
 use virtio_rdma_abi::{Field, Wire};
 
@@ -64,7 +64,7 @@ impl Default for QpCap {
 /// Creation parameters of a QP.
 #[derive(Debug, Clone)]
 pub struct QpInit {
-    /// RC or UD.
+    /// RC, UD or GSI.
     pub qp_type: QpType,
     /// CQ for send completions.
     pub send_cq: Arc<Cq>,
@@ -95,6 +95,15 @@ impl QpInit {
     pub fn ud(cq: &Arc<Cq>) -> Self {
         QpInit {
             qp_type: QpType::UD,
+            ..Self::rc(cq)
+        }
+    }
+
+    /// The GSI QP (QP 1, needs `F_GSI`; one per device instance) with
+    /// default sizes on one CQ: a UD QP for MADs (spec 18.26).
+    pub fn gsi(cq: &Arc<Cq>) -> Self {
+        QpInit {
+            qp_type: QpType::GSI,
             ..Self::rc(cq)
         }
     }
@@ -140,6 +149,9 @@ impl Qp {
         let cfg = &inner.config;
         if init.qp_type == QpType::UD {
             inner.require(F_UD)?;
+        }
+        if init.qp_type == QpType::GSI {
+            inner.require(F_GSI)?;
         }
         for cq in [&init.send_cq, &init.recv_cq] {
             if !Arc::ptr_eq(&cq.device().inner, &pd.dev.inner) {
@@ -443,6 +455,12 @@ impl Qp {
         self.ud_to_init(qkey)?;
         self.ud_to_rtr()?;
         self.ud_to_rts(sq_psn)
+    }
+
+    /// GSI: RESET → INIT → RTR → RTS with the GSI's Q_Key, the one it
+    /// may have (spec 18.26).
+    pub fn gsi_activate(&self) -> Result<()> {
+        self.ud_activate(GSI_QKEY, 0)
     }
 
     /// Any state → ERR (outstanding work completes with flush errors).

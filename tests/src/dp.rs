@@ -232,6 +232,17 @@ pub fn ud_qp(vm: &Vm, cq: &Arc<Cq>, rq_depth: u32) -> Qp {
     q
 }
 
+/// The GSI QP (QP 1) of `vm` on `cq` with receive depth `rq_depth`,
+/// moved to RTS with the GSI's Q_Key.
+pub fn gsi_qp(vm: &Vm, cq: &Arc<Cq>, rq_depth: u32) -> Qp {
+    let mut init = QpInit::gsi(cq);
+    init.cap = cap();
+    init.cap.max_recv_wr = rq_depth;
+    let q = Qp::create(&vm.pd, &init).expect("create GSI QP");
+    q.gsi_activate().expect("activate GSI QP");
+    q
+}
+
 /// An address handle on `vm` for `dgid` from `vm`'s own GID (hop limit
 /// 64).
 pub fn ah(vm: &Vm, dgid: [u8; 16]) -> virtio_rdma_driver::Result<Ah> {

@@ -100,6 +100,14 @@ impl QpInit {
             ..Self::rc(pd, cq)
         }
     }
+
+    /// A small GSI QP (QP 1, needs `F_GSI`) on one CQ.
+    pub fn gsi(pd: u32, cq: u32) -> Self {
+        QpInit {
+            qp_type: QpType::GSI,
+            ..Self::rc(pd, cq)
+        }
+    }
 }
 
 /// A memory registration: `length` bytes at `iova`, backed by `pages`
@@ -480,6 +488,11 @@ impl<'a> Verbs<'a> {
             self.modify_qp(qp, mask, &a)?;
         }
         Ok(())
+    }
+
+    /// Moves the GSI QP RESET -> INIT -> RTR -> RTS with the GSI's Q_Key.
+    pub fn activate_gsi(&mut self, qp: u32) -> Result<()> {
+        self.activate_ud(qp, virtio_rdma_abi::qp::GSI_QKEY)
     }
 
     /// CREATE_AH.

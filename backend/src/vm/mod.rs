@@ -15,10 +15,11 @@ use std::sync::Arc;
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::qp::QpState;
 
-use crate::config::Limits;
+use crate::config::{Limits, MAD_BURST};
 use crate::events::EventQueue;
 use crate::gid_table::GidTable;
 use crate::memory::RamMap;
+use crate::qos::bucket::TokenBucket;
 use crate::resources::{Qp, VmResources};
 use crate::tenancy::Tenancy;
 use crate::rnic_objects::RnicObjects;
@@ -84,6 +85,10 @@ pub struct VmState {
     /// execute the VM's work and do peers' messages reach it. Changed by
     /// the device under the VM's lock.
     pub(crate) running: bool,
+    /// The MADs its GSI QP may still send (`mad_per_sec`, bursts of
+    /// [`MAD_BURST`]; spec 18.26). Not refilled by a reset: a guest
+    /// cannot reset its way past the rate.
+    mad_limit: TokenBucket,
 }
 
 impl VmState {
@@ -110,7 +115,24 @@ impl VmState {
             engine_work: false,
             dp_changed: false,
             running: false,
+            mad_limit: TokenBucket::counted(
+                u64::from(limits.mad_per_sec),
+                MAD_BURST,
+                std::time::Instant::now(),
+            ),
         }
+    }
+
+    /// Takes one MAD of the VM's rate at `now`; false when the rate is
+    /// spent (the MAD is dropped).
+    pub fn take_mad(&mut self, now: std::time::Instant) -> bool {
+        self.mad_limit.take(1, now) == 1
+    }
+
+    /// Returns a MAD taken by [`VmState::take_mad`] that was not sent
+    /// (its destination's lock was busy: it is tried again).
+    pub fn give_back_mad(&mut self) {
+        self.mad_limit.give_back(1);
     }
 
     /// The device flags a new doorbell record or page starts with: those

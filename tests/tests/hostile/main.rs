@@ -31,6 +31,7 @@ mod chains;
 mod commands;
 mod controlq;
 mod disconnect;
+mod gsi;
 mod handles;
 mod ownership;
 mod page_list_addresses;
