@@ -13,13 +13,14 @@ use virtio_rdma_abi::qp::{GSI_QKEY, GSI_QPN};
 
 use super::request::{Request, RespOutcome, RespScratch};
 use super::responder::respond;
-use super::route::{same_thread, source_gid};
+use super::route::{respond_in, same_thread, source_gid};
 use crate::engine::sge::local_range;
 use crate::memory::access::Segment;
 use crate::rnic_path::{Outgoing, Serving};
 use crate::stats::TrafficCounters;
 use crate::tenancy::{IsolationCounters, Tenancy};
 use crate::vm::cell::Locked;
+use crate::vm::VmState;
 
 /// Sends MAD `msg` of VM `cx.vm`'s GSI QP and returns the outcome: `Done`,
 /// `Dropped` (counted), or `Busy` (the destination's lock was busy: the
@@ -112,20 +113,8 @@ fn deliver(
     if !dev.running() {
         return RespOutcome::Dropped;
     }
-    let ran = dev.try_with_dataplane(|pstate, pmem| {
-        let Some(h) = pstate.res.gsi_qp() else {
-            return RespOutcome::Dropped;
-        };
-        let out = respond(pstate, pmem, h, req, true, resp);
-        if !pstate.events.is_empty() {
-            dev.wake_events();
-        }
-        // A GSI QP whose receive queue broke is flushed even if its VM is
-        // parked.
-        dev.engine_changed(pstate);
-        out
-    });
-    match ran {
+    let gsi_qp = |pstate: &VmState| pstate.res.gsi_qp().ok_or(RespOutcome::Dropped);
+    match respond_in(dev, gsi_qp, req, true, resp) {
         Locked::Ran(out) => out,
         Locked::Busy => RespOutcome::Busy,
         Locked::Gone => RespOutcome::Dropped,

@@ -340,23 +340,50 @@ fn deliver(
     let Some(peer) = cx.vms.get(peer_vm).and_then(Option::as_ref) else {
         return RespOutcome::Unreachable;
     };
-    let ran = peer.try_with_dataplane(|pstate, pmem| {
-        if !pstate.owns_gid(&dgid) {
-            return RespOutcome::Unreachable;
-        }
-        let out = respond(pstate, pmem, peer_qp, req, ud, resp);
+    let ran = respond_in(
+        peer,
+        |pstate| {
+            if pstate.owns_gid(&dgid) {
+                Ok(peer_qp)
+            } else {
+                Err(RespOutcome::Unreachable)
+            }
+        },
+        req,
+        ud,
+        resp,
+    );
+    match ran {
+        Locked::Ran(out) => out,
+        Locked::Busy => RespOutcome::Busy,
+        Locked::Gone => RespOutcome::Unreachable,
+    }
+}
+
+/// Hands `req` to the responder QP that `find` names in VM `peer` (or
+/// answers what `find` says), under the VM's lock if it is free
+/// ([`VmCell::try_with_dataplane`]); wakes its event worker and its
+/// engine list as the responder's part requires.
+pub(super) fn respond_in(
+    peer: &VmCell,
+    find: impl FnOnce(&VmState) -> Result<u32, RespOutcome>,
+    req: &Request<'_>,
+    ud: bool,
+    resp: &mut RespScratch,
+) -> Locked<RespOutcome> {
+    peer.try_with_dataplane(|pstate, pmem| {
+        let qp = match find(pstate) {
+            Ok(qp) => qp,
+            Err(outcome) => return outcome,
+        };
+        let out = respond(pstate, pmem, qp, req, ud, resp);
         if !pstate.events.is_empty() {
             peer.wake_events();
         }
         // A QP the responder failed is flushed even if its VM is parked.
         peer.engine_changed(pstate);
         out
-    });
-    match ran {
-        Locked::Ran(out) => out,
-        Locked::Busy => RespOutcome::Busy,
-        Locked::Gone => RespOutcome::Unreachable,
-    }
+    })
 }
 
 /// The checks of [`deliver`] that need no lock of the other VM: the route
