@@ -1111,6 +1111,12 @@ bytes_per_sec = 1000000000
         assert_eq!(l.config.vms[1].limits.max_host_bytes, 128 << 20);
         assert_eq!(l.config.vms[0].mac, Some([0x52, 0x54, 0, 0, 0, 1]));
         assert_eq!(l.config.vms[1].mac, None);
+        assert_eq!(gid_text(l.config.gid(0)), "::ffff:10.42.0.1");
+        assert_eq!(
+            gid_text(l.config.gid_table(0).get(0).unwrap()),
+            "fe80::5054:ff:fe00:1"
+        );
+        assert_eq!((l.config.vms[0].abi, l.config.vms[1].abi), (3, 3));
     }
 
     /// The mapping limit and a tenant's share of the host NIC are read.
