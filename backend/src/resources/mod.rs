@@ -16,11 +16,11 @@ pub use objects::{
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use virtio_rdma_abi::qp::{QpType, GSI_QPN};
+
 use crate::keys::KeyMap;
 use crate::memory::PageList;
 use crate::shmem::{DbSlot, DoorbellPages};
-use virtio_rdma_abi::qp::{QpType, GSI_QPN};
-
 use crate::rnic_objects::{MrKeys, Owner, QpSpec, SrqSpec, RnicObjects, RnicError};
 
 crate::stats::sums! {
