@@ -16,6 +16,15 @@ code_enum! {
     }
 }
 
+impl QpType {
+    /// Whether the type sends datagrams addressed by an AH, with a GRH on
+    /// every receive: UD and the GSI QP (its ring layout and states are
+    /// UD's, spec 18.26).
+    pub fn datagram(self) -> bool {
+        matches!(self, QpType::UD | QpType::GSI)
+    }
+}
+
 /// QP number of the GSI QP, in every instance.
 pub const GSI_QPN: u32 = 1;
 /// The well-known Q_Key of the GSI QP: the only Q_Key with bit 31 set that

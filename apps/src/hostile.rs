@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use virtio_rdma_abi::ctrl::Status;
 use virtio_rdma_abi::datapath::WcStatus;
 use virtio_rdma_abi::mem::access;
-use virtio_rdma_abi::qp::AddressVector;
 use virtio_rdma_driver::{
     Ah, Cq, Device, DmaBuf, DmaRegion, Mr, Payload, Pd, Qp, QpInit, RcConnect, SendFlags, SendOp,
     SendWr, Sge, WorkCompletion,
@@ -171,12 +170,7 @@ fn probe_foreign(dev: &Device, pd: &Arc<Pd>, gid: [u8; 16]) -> Result<Vec<String
         "RC connect to a foreign tenant's GID {text} ({QPN_GUESSES} QPN guesses): refused with DENIED"
     )];
     if dev.features() & virtio_rdma_abi::config::F_UD != 0 {
-        let av = AddressVector {
-            dgid: gid,
-            hop_limit: 64,
-            ..AddressVector::default()
-        };
-        match Ah::create(pd, &av) {
+        match Ah::create(pd, &dev.av(gid)) {
             Err(virtio_rdma_driver::Error::Command {
                 status: Status::DENIED,
                 ..

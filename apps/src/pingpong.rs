@@ -483,9 +483,9 @@ impl Ends {
     /// INIT → RTR → RTS towards `peer`, with the tool's attributes.
     fn connect(&self, peer: &Dest, my_psn: u32, mtu: Mtu) -> Result<()> {
         let mut c = RcConnect::new(peer.qpn, peer.gid);
-        // The tool's GRH: hop limit 1, our GID index (0 here).
+        // The tool's GRH: hop limit 1, from our GID (the device handle's,
+        // at its index: `c.sgid_index` left to the driver).
         c.av.hop_limit = 1;
-        c.av.sgid_index = 0;
         c.path_mtu = mtu;
         c.rq_psn = peer.psn;
         c.sq_psn = my_psn;

@@ -52,7 +52,6 @@ use std::time::{Duration, Instant};
 
 use virtio_rdma_abi::datapath::{UdGrh, WcOpcode, UD_GRH_SIZE};
 use virtio_rdma_abi::mem::access;
-use virtio_rdma_abi::qp::AddressVector;
 use virtio_rdma_driver::{
     Ah, Cq, Device, DmaBuf, Mr, Payload, Pd, Qp, QpCap, QpInit, RecvWr, SendFlags, SendOp, SendWr,
     UdDest, WorkCompletion,
@@ -286,14 +285,7 @@ impl<'a> Ud<'a> {
     /// the peer asks for them, and again those it asks for again; returns
     /// how many it sent again.
     fn send_all(&self, oob: &mut dyn Oob, peer: &UdInfo, dir: Dir, count: u32) -> Result<u32> {
-        let ah = Ah::create(
-            &self.pd,
-            &AddressVector {
-                dgid: peer.gid,
-                hop_limit: 64,
-                ..AddressVector::default()
-            },
-        )?;
+        let ah = Ah::create(&self.pd, &self.dev.av(peer.gid))?;
         let dest = UdDest {
             ah: &ah,
             remote_qpn: peer.qpn,

@@ -5,17 +5,18 @@
 use std::path::PathBuf;
 
 use thiserror::Error;
-use virtio_rdma_abi::config::{DeviceConfig, F_MEM_MGT, V2_DEVICE_FEATURES};
+use virtio_rdma_abi::config::{DeviceConfig, F_GSI, F_MEM_MGT, F_UD, V2_DEVICE_FEATURES};
 
-/// The device feature bits this daemon implements, and so may offer: ABI
-/// version 3's `F_GSI` and `F_MEM_MGT` join as their parts land. A device
-/// offers those of them its RNIC supports (`Caps::features`).
-pub const IMPLEMENTED_FEATURES: u64 = V2_DEVICE_FEATURES | F_MEM_MGT;
+/// The device feature bits this daemon implements, and so may offer. A
+/// device offers those of them its RNIC supports (`Caps::features`).
+pub const IMPLEMENTED_FEATURES: u64 = V2_DEVICE_FEATURES | F_GSI | F_MEM_MGT;
 use virtio_rdma_abi::mem::{send_wqe_shift, MAX_PAGE_SHIFT, MIN_PAGE_SHIFT};
 use virtio_rdma_abi::verbs::DeviceAttr;
-use virtio_rdma_abi::ABI_VERSION;
+use virtio_rdma_abi::{ABI_VERSION, MIN_COMPATIBLE_ABI_VERSION};
 
+use crate::gid_table::{operator_order, GidTable, GID_TABLE_LEN};
 use crate::resources::handle::MAX_SLOTS;
+use crate::rnic_objects::{Caps, RnicKind};
 
 /// A configuration value that cannot be used.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -59,8 +60,9 @@ pub enum ConfigError {
         /// The tenant it names.
         tenant: String,
     },
-    /// Two VMs would have the same GID.
-    #[error("VM {vm:?}: GID {gid} is already the GID of VM {other:?}")]
+    /// Two VMs (or one VM twice) would have the same GID, in any entry
+    /// of their GID tables (the default GIDs of their MACs included).
+    #[error("VM {vm:?}: GID {gid} is already a GID of VM {other:?}")]
     DuplicateGid {
         /// The VM.
         vm: String,
@@ -68,6 +70,24 @@ pub enum ConfigError {
         gid: String,
         /// The VM that has it already.
         other: String,
+    },
+    /// A VM has more GIDs than its table holds.
+    #[error("VM {vm:?}: {count} GIDs, but its GID table holds {max} besides the default GID (abi = 2: 1 in all)")]
+    TooManyGids {
+        /// The VM.
+        vm: String,
+        /// GIDs given.
+        count: usize,
+        /// Most it may have.
+        max: usize,
+    },
+    /// A VM's `abi` is not a version the daemon implements.
+    #[error("VM {vm:?}: abi = {abi}, but the daemon implements ABI versions 2 and 3")]
+    BadAbi {
+        /// The VM.
+        vm: String,
+        /// The version given.
+        abi: u32,
     },
     /// A VM's MAC address cannot pair its port with a guest interface.
     #[error("VM {vm:?}: MAC address {mac} {source}")]
@@ -371,8 +391,15 @@ limits! {
         /// other VMs' control workers get to run (1..=1024; the requests
         /// beyond it wait in the ring, they are not failed).
         max_ctrl_outstanding: u32 = 64, "max-ctrl-outstanding", [1, 1024];
+        /// Management datagrams (MADs) the VM's GSI QP may send per second
+        /// (bursts of 64); beyond it a MAD is dropped (its work request
+        /// still completes) and counted in `mad_dropped` (spec 18.26).
+        mad_per_sec: u32 = 1000, "mad-per-sec", [1, 1_000_000];
     }
 }
+
+/// MADs a VM may send at once before [`Limits::mad_per_sec`] holds it.
+pub const MAD_BURST: u64 = 64;
 
 /// A limit as `u64`, for its bounds check.
 fn wide(v: impl Into<u64>) -> u64 {
@@ -628,8 +655,14 @@ pub struct VmConfig {
     pub socket: PathBuf,
     /// Name of its tenant (one of [`DaemonConfig::tenants`]).
     pub tenant: String,
-    /// Its port GID; `None`: [`default_gid`] of its index.
-    pub gid: Option<[u8; 16]>,
+    /// The operator's GIDs of its port (`gids`, or `gid` as a list of
+    /// one), in the order given; empty: [`default_gid`] of its index. The
+    /// table puts IPv4-mapped ones first ([`DaemonConfig::gid_table`]).
+    pub gids: Vec<[u8; 16]>,
+    /// The ABI version its device reports: 3, or 2 for guests whose driver
+    /// knows only version 2 (no version-3 feature bit, the version-2 GID
+    /// table).
+    pub abi: u32,
     /// MAC address of the guest network interface its port is paired with
     /// (`DeviceConfig.mac`, spec appendix A); `None`: none (all zero).
     pub mac: Option<[u8; 6]>,
@@ -742,7 +775,8 @@ impl DaemonConfig {
             name: format!("vm{}", self.vms.len()),
             socket,
             tenant: DEFAULT_TENANT.into(),
-            gid: None,
+            gids: Vec::new(),
+            abi: ABI_VERSION,
             mac: None,
             limits,
             qos_class: None,
@@ -756,12 +790,49 @@ impl DaemonConfig {
         }
     }
 
-    /// The GID of VM `index`: its configured one or [`default_gid`].
+    /// The operator's GIDs of VM `index` in table order (IPv4-mapped
+    /// first): its configured ones, or [`default_gid`] of its index.
+    pub fn gids(&self, index: usize) -> Vec<[u8; 16]> {
+        match self.vms.get(index) {
+            Some(v) if !v.gids.is_empty() => operator_order(&v.gids).collect(),
+            _ => vec![default_gid(index)],
+        }
+    }
+
+    /// The first of VM `index`'s operator GIDs ([`DaemonConfig::gids`]):
+    /// the GID the operator knows it by.
     pub fn gid(&self, index: usize) -> [u8; 16] {
-        self.vms
-            .get(index)
-            .and_then(|v| v.gid)
+        self.gids(index)
+            .first()
+            .copied()
             .unwrap_or_else(|| default_gid(index))
+    }
+
+    /// The GID table of VM `index`'s port on an RNIC that gives each VM
+    /// its own table (the software RNIC): with ABI version 3 the default
+    /// GID of its MAC at index 0 and its operator GIDs after it; with
+    /// version 2 its first operator GID alone (spec appendix A).
+    pub fn gid_table(&self, index: usize) -> GidTable {
+        let gids = self.gids(index);
+        match self.vms.get(index) {
+            Some(v) if v.abi < ABI_VERSION => GidTable::single(self.gid(index)),
+            v => GidTable::v3(v.and_then(|v| v.mac), &gids),
+        }
+    }
+
+    /// The device feature bits VM `index` is offered on an RNIC with
+    /// `caps`: the daemon's, without version 3's for a VM of `abi = 2`,
+    /// and without `F_GSI` where the RNIC carries no MADs or UD (whose
+    /// AHs address them) is off.
+    pub fn vm_features(&self, index: usize, caps: &Caps) -> u64 {
+        let mut f = self.device_features;
+        if self.vms.get(index).is_some_and(|v| v.abi < ABI_VERSION) {
+            f &= V2_DEVICE_FEATURES;
+        }
+        if !caps.gsi || f & F_UD == 0 {
+            f &= !F_GSI;
+        }
+        f
     }
 
     /// The QoS settings of a VM of class `name` (`None`: the defaults).
@@ -815,6 +886,73 @@ impl DaemonConfig {
                     .map_or(0, |t| self.tenant_engine(t))
             })
             .collect()
+    }
+
+    /// The GIDs of VM `i` that must be unique among all VMs: every
+    /// entry of its table — the default GID of its MAC too, except on a
+    /// host RNIC, whose ports have the host's GID instead (the operator's
+    /// are still checked there).
+    fn unique_gids(&self, i: usize) -> Vec<[u8; 16]> {
+        if self.rnic == RnicKind::Verbs {
+            return self.gids(i);
+        }
+        self.gid_table(i).iter().map(|(_, g)| g).collect()
+    }
+
+    /// VM `i`'s `abi` and GIDs: a version the daemon implements, no more
+    /// GIDs than its table holds, none twice, none another VM's (`seen`:
+    /// the GIDs of the VMs before it, and whose they are).
+    fn check_gids(
+        &self,
+        i: usize,
+        seen: &mut std::collections::HashMap<[u8; 16], usize>,
+    ) -> Result<(), ConfigError> {
+        let Some(vm) = self.vms.get(i) else {
+            return Ok(());
+        };
+        if !(MIN_COMPATIBLE_ABI_VERSION..=ABI_VERSION).contains(&vm.abi) {
+            return Err(ConfigError::BadAbi {
+                vm: vm.name.clone(),
+                abi: vm.abi,
+            });
+        }
+        let max = if vm.abi < ABI_VERSION {
+            1
+        } else {
+            GID_TABLE_LEN as usize - 1
+        };
+        if vm.gids.len() > max {
+            return Err(ConfigError::TooManyGids {
+                vm: vm.name.clone(),
+                count: vm.gids.len(),
+                max,
+            });
+        }
+        let duplicate = |gid: [u8; 16], other: &str| ConfigError::DuplicateGid {
+            vm: vm.name.clone(),
+            gid: gid_text(gid),
+            other: other.into(),
+        };
+        for g in self.unique_gids(i) {
+            if let Some(&j) = seen.get(&g) {
+                let other = self.vms.get(j).map_or("", |o| o.name.as_str());
+                return Err(duplicate(g, other));
+            }
+            seen.insert(g, i);
+        }
+        Ok(())
+    }
+
+    /// The checks of [`DaemonConfig::validate`] on VM `i`'s `abi` and
+    /// GIDs, against the VMs before it.
+    pub fn check_vm_gids(&self, i: usize) -> Result<(), ConfigError> {
+        let mut seen = std::collections::HashMap::new();
+        for j in 0..i.min(self.vms.len()) {
+            for g in self.unique_gids(j) {
+                seen.entry(g).or_insert(j);
+            }
+        }
+        self.check_gids(i, &mut seen)
     }
 
     /// Checks the whole configuration.
@@ -872,6 +1010,7 @@ impl DaemonConfig {
                 });
             }
         }
+        let mut gids = std::collections::HashMap::new();
         for (i, vm) in self.vms.iter().enumerate() {
             if !class_known(&vm.qos_class) {
                 return Err(ConfigError::UnknownQosClass {
@@ -892,14 +1031,6 @@ impl DaemonConfig {
                     tenant: vm.tenant.clone(),
                 });
             }
-            let gid = self.gid(i);
-            if let Some(j) = (0..i).find(|&j| self.gid(j) == gid) {
-                return Err(ConfigError::DuplicateGid {
-                    vm: vm.name.clone(),
-                    gid: gid_text(gid),
-                    other: self.vms[j].name.clone(),
-                });
-            }
             if let Some(mac) = vm.mac {
                 check_mac(mac).map_err(|source| ConfigError::BadMac {
                     vm: vm.name.clone(),
@@ -917,6 +1048,7 @@ impl DaemonConfig {
                     });
                 }
             }
+            self.check_gids(i, &mut gids)?;
             vm.limits.validate().map_err(|e| ConfigError::VmLimits {
                 vm: vm.name.clone(),
                 source: Box::new(e),
@@ -983,7 +1115,7 @@ mod tests {
         for (field, option) in Limits::OPTIONS {
             assert_eq!(option.replace('-', "_"), *field);
         }
-        assert_eq!(Limits::OPTIONS.len(), 21);
+        assert_eq!(Limits::OPTIONS.len(), 22);
         let l = Limits {
             max_qp: 7,
             max_qp_rd_atom: 3,
@@ -1088,10 +1220,10 @@ mod tests {
             })
         ));
         let mut c = DaemonConfig::new(vec!["/a".into()]);
-        c.device_features |= 1 << 4;
+        c.device_features |= 1 << 6;
         assert!(matches!(
             c.validate(),
-            Err(ConfigError::UnsupportedFeatures(16))
+            Err(ConfigError::UnsupportedFeatures(64))
         ));
         let c = DaemonConfig::new(vec!["/a".into(), "/a".into()]);
         assert!(matches!(c.validate(), Err(ConfigError::DuplicateSocket(_))));
@@ -1100,7 +1232,7 @@ mod tests {
             Err(ConfigError::NoSockets)
         );
         let mut c = DaemonConfig::new(vec!["/a".into(), "/b".into()]);
-        c.vms[1].gid = Some(default_gid(0));
+        c.vms[1].gids = vec![default_gid(0)];
         assert!(matches!(
             c.validate(),
             Err(ConfigError::DuplicateGid { .. })
@@ -1145,6 +1277,101 @@ mod tests {
         assert_eq!(parse_mac("33:33:00:00:00:01"), Err(MacError::Multicast));
     }
 
+    fn gid(text: &str) -> [u8; 16] {
+        crate::config_file::parse_gid(text).unwrap()
+    }
+
+    /// The GID table of a VM (appendix A): ABI version 3 puts the default
+    /// GID of its MAC at index 0 and its GIDs after it, IPv4-mapped first;
+    /// ABI version 2 its one GID at index 0. Every entry is unique among
+    /// the VMs, the default GIDs included.
+    #[test]
+    fn gid_tables_follow_abi_and_mac_and_are_unique() {
+        let mut c = DaemonConfig::new(vec!["/a".into(), "/b".into()]);
+        c.vms[0].gids = vec![gid("fd00::1"), gid("10.0.0.1")];
+        c.vms[0].mac = Some([0x52, 0x54, 0, 0, 0, 1]);
+        assert_eq!(c.validate(), Ok(()));
+        let t = c.gid_table(0);
+        assert_eq!(t.len(), 16);
+        assert_eq!(t.get(0), Some(gid("fe80::5054:ff:fe00:1")));
+        assert_eq!(
+            (t.get(1), t.get(2)),
+            (Some(gid("10.0.0.1")), Some(gid("fd00::1")))
+        );
+        assert_eq!(c.gid(0), gid("10.0.0.1"));
+        // VM 1: no MAC, the default GID of its index.
+        let t = c.gid_table(1);
+        assert_eq!((t.get(0), t.get(1)), (Some([0; 16]), Some(default_gid(1))));
+        // ABI version 2: one entry, no default GID.
+        c.vms[1].abi = 2;
+        c.vms[1].mac = Some([0x52, 0x54, 0, 0, 0, 2]);
+        let t = c.gid_table(1);
+        assert_eq!((t.len(), t.get(0)), (1, Some(default_gid(1))));
+        assert_eq!(c.validate(), Ok(()));
+        // One GID at most with ABI version 2, 15 with version 3.
+        c.vms[1].gids = vec![gid("10.0.0.2"), gid("10.0.0.3")];
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::TooManyGids {
+                count: 2,
+                max: 1,
+                ..
+            })
+        ));
+        c.vms[1].abi = 3;
+        assert_eq!(c.validate(), Ok(()));
+        c.vms[1].gids = (0..16).map(|i| gid(&format!("10.1.0.{i}"))).collect();
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::TooManyGids {
+                count: 16,
+                max: 15,
+                ..
+            })
+        ));
+        c.vms[1].abi = 4;
+        c.vms[1].gids.clear();
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::BadAbi { abi: 4, .. })
+        ));
+        // Any entry twice: in another VM, in the same VM, or as another
+        // VM's default GID.
+        c.vms[1].abi = 3;
+        for (gids, other) in [
+            (vec![gid("10.2.0.1"), gid("fd00::1")], "vm0"),
+            (vec![gid("10.2.0.1"), gid("::ffff:10.2.0.1")], "vm1"),
+            (vec![gid("fe80::5054:ff:fe00:1")], "vm0"),
+        ] {
+            c.vms[1].gids = gids;
+            match c.validate() {
+                Err(ConfigError::DuplicateGid { other: o, .. }) => assert_eq!(o, other),
+                r => panic!("{r:?}"),
+            }
+        }
+    }
+
+    /// Without a version-3 driver's bits for `abi = 2`; without `F_GSI`
+    /// where the RNIC carries no MADs or UD is off.
+    #[test]
+    fn offered_features_follow_abi_and_rnic() {
+        use virtio_rdma_abi::config::{F_GSI, F_SRQ};
+        let mut c = DaemonConfig::new(vec!["/a".into(), "/b".into()]);
+        c.vms[1].abi = 2;
+        use crate::rnic_objects::RnicObjects;
+        let mut caps = crate::rnic::soft::SoftRnic::new().caps();
+        c.device_features = V2_DEVICE_FEATURES | F_GSI;
+        assert_eq!(c.vm_features(0, &caps), V2_DEVICE_FEATURES | F_GSI);
+        assert_ne!(c.vm_features(0, &caps) & F_GSI, 0);
+        assert_eq!(c.vm_features(1, &caps), V2_DEVICE_FEATURES);
+        caps.gsi = false;
+        assert_eq!(c.vm_features(0, &caps) & F_GSI, 0);
+        caps.gsi = true;
+        c.device_features &= !F_UD;
+        assert_eq!(c.vm_features(0, &caps) & (F_GSI | F_UD), 0);
+        assert_ne!(c.vm_features(0, &caps) & F_SRQ, 0);
+    }
+
     #[test]
     fn macs_are_validated_per_vm_and_unique_per_tenant() {
         let mut c = DaemonConfig::new(vec!["/a".into(), "/b".into()]);
@@ -1173,7 +1400,9 @@ mod tests {
             e.to_string(),
             "VM \"vm1\": MAC address 52:54:00:00:00:01 is already the MAC address of VM \"vm0\" in the same tenant"
         );
-        // ... but separate networks may reuse addresses.
+        // ... and in separate networks too with ABI version 3: the MAC's
+        // default GID would be in both GID tables (routing goes by GID);
+        // with ABI version 2, which has no default GID, they may.
         c.tenants.push(TenantConfig {
             nic_share: 1,
             name: "red".into(),
@@ -1183,6 +1412,15 @@ mod tests {
             fabric: FabricPolicy::default(),
         });
         c.vms[1].tenant = "red".into();
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "VM \"vm1\": GID fe80::5054:ff:fe00:1 is already a GID of VM \"vm0\""
+        );
+        c.vms[1].abi = 2;
+        assert_eq!(c.validate(), Ok(()));
+        // A host RNIC's ports have the host's GID, not the default GIDs.
+        c.vms[1].abi = 3;
+        c.rnic = RnicKind::Verbs;
         assert_eq!(c.validate(), Ok(()));
     }
 }

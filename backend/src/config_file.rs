@@ -16,11 +16,11 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use thiserror::Error;
 use toml::Spanned;
-use virtio_rdma_abi::config::{F_ATOMIC, F_SHMEM_DOORBELL, F_SRQ, F_UD};
+use virtio_rdma_abi::config::{F_ATOMIC, F_GSI, F_SHMEM_DOORBELL, F_SRQ, F_UD};
 
 use crate::config::{
-    default_gid, gid_text, mac_text, parse_mac, ConfigError, DaemonConfig, FabricPolicy, FieldRule,
-    LimitOverrides, Limits, MacError, TenantConfig, VmConfig, MAX_CTRL_POLL, MAX_ENGINE_THREADS,
+    mac_text, parse_mac, ConfigError, DaemonConfig, FabricPolicy, FieldRule, LimitOverrides,
+    Limits, MacError, TenantConfig, VmConfig, MAX_CTRL_POLL, MAX_ENGINE_THREADS,
 };
 use crate::qos::{QosClass, QosSpec};
 
@@ -123,7 +123,7 @@ pub enum FileError {
     /// A GID is not IPv6 (or IPv4) address text.
     #[error("{at}: VM {vm:?}: gid {text:?} is not an IPv6 or IPv4 address")]
     BadGid {
-        /// The `gid` field.
+        /// The `gid` field or the entry of `gids`.
         at: Loc,
         /// The VM.
         vm: String,
@@ -155,10 +155,11 @@ pub enum FileError {
         /// The text.
         text: String,
     },
-    /// Two VMs would have the same GID.
-    #[error("{at}: VM {vm:?}: GID {gid} is already the GID of VM {other:?}")]
+    /// Two VMs (or one twice) would have the same GID.
+    #[error("{at}: VM {vm:?}: GID {gid} is already a GID of VM {other:?}")]
     DuplicateGid {
-        /// The `gid` field (or the VM whose default GID collides).
+        /// The `gid` or `gids` field (or the VM whose default GID
+        /// collides).
         at: Loc,
         /// The VM.
         vm: String,
@@ -190,6 +191,23 @@ pub enum FileError {
         mac: String,
         /// The VM of the same tenant that has it already.
         other: String,
+    },
+    /// `gid` and `gids` are both given.
+    #[error("{at}: VM {vm:?}: give either gid or gids, not both")]
+    GidAndGids {
+        /// The `gids` field.
+        at: Loc,
+        /// The VM.
+        vm: String,
+    },
+    /// A VM's `abi` or GIDs break a rule of the configuration
+    /// ([`ConfigError::BadAbi`], [`ConfigError::TooManyGids`]).
+    #[error("{at}: {source}")]
+    VmGids {
+        /// The `abi` or `gids` field.
+        at: Loc,
+        /// What is wrong.
+        source: Box<ConfigError>,
     },
     /// A limit is invalid.
     #[error("{at}: {context}: {source}")]
@@ -335,6 +353,7 @@ struct DaemonTable {
     ud: Option<bool>,
     srq: Option<bool>,
     atomics: Option<bool>,
+    gsi: Option<bool>,
     fence_elision: Option<bool>,
     allow_unsealed_memory: Option<bool>,
     engine_threads: Option<Spanned<usize>>,
@@ -391,6 +410,8 @@ struct VmTable {
     socket: Spanned<PathBuf>,
     tenant: Spanned<String>,
     gid: Option<Spanned<String>>,
+    gids: Option<Spanned<Vec<Spanned<String>>>>,
+    abi: Option<Spanned<u32>>,
     mac: Option<Spanned<String>>,
     qos_class: Option<Spanned<String>>,
     limits: Option<Spanned<LimitsTable>>,
@@ -506,6 +527,7 @@ impl Source<'_> {
             (d.ud, F_UD),
             (d.srq, F_SRQ),
             (d.atomics, F_ATOMIC),
+            (d.gsi, F_GSI),
         ] {
             if on == Some(false) {
                 config.device_features &= !bit;
@@ -765,8 +787,8 @@ impl Source<'_> {
                 tenant: tenant.clone(),
             });
         }
-        let gid = self.vm_gid(i, v, config)?;
         let mac = self.vm_mac(vt, config)?;
+        let gids = self.vm_gids(i, v, config, mac)?;
         let mut limits = *defaults;
         if let Some(t) = &vt.limits {
             t.get_ref().apply(&mut limits);
@@ -791,48 +813,111 @@ impl Source<'_> {
             name: name.clone(),
             socket: vt.socket.get_ref().clone(),
             tenant: tenant.clone(),
-            gid,
+            gids,
+            abi: vt
+                .abi
+                .as_ref()
+                .map_or(virtio_rdma_abi::ABI_VERSION, |a| *a.get_ref()),
             mac,
             limits,
             qos_class: self.class_of(&vt.qos_class, format!("VM {name:?}"))?,
         })
     }
 
-    /// VM `i`'s `gid`, if given; its effective GID (given or default) is
-    /// unique among the VMs before it.
-    fn vm_gid(
+    /// VM `i`'s GIDs (`gids`, or `gid` as a list of one; none given:
+    /// empty, the default), checked with its `abi` and `mac` as the
+    /// configuration checks them: against the VMs before it (`config`),
+    /// every entry of its table (the default GID of its MAC too).
+    fn vm_gids(
         &self,
         i: usize,
         v: &Spanned<VmTable>,
         config: &DaemonConfig,
-    ) -> Result<Option<[u8; 16]>, FileError> {
+        mac: Option<[u8; 6]>,
+    ) -> Result<Vec<[u8; 16]>, FileError> {
         let vt = v.get_ref();
         let name = vt.name.get_ref();
-        let gid = match &vt.gid {
-            None => None,
-            Some(g) => Some(parse_gid(g.get_ref()).ok_or_else(|| FileError::BadGid {
-                at: self.at(g.span()),
+        if let (Some(_), Some(list)) = (&vt.gid, &vt.gids) {
+            return Err(FileError::GidAndGids {
+                at: self.at(list.span()),
                 vm: name.clone(),
-                text: g.get_ref().clone(),
-            })?),
-        };
-        let effective = gid.unwrap_or_else(|| default_gid(i));
-        if let Some(j) = (0..i).find(|&j| config.gid(j) == effective) {
-            // Point at an explicit gid: this VM's, else the other VM's.
-            let span = vt
-                .gid
-                .as_ref()
-                .map(Spanned::span)
-                .or_else(|| self.tables.vm[j].get_ref().gid.as_ref().map(Spanned::span))
-                .unwrap_or_else(|| v.span());
-            return Err(FileError::DuplicateGid {
-                at: self.at(span),
-                vm: name.clone(),
-                gid: gid_text(effective),
-                other: config.vms[j].name.clone(),
             });
         }
-        Ok(gid)
+        let texts: Vec<&Spanned<String>> = match (&vt.gid, &vt.gids) {
+            (Some(g), _) => vec![g],
+            (None, Some(list)) => list.get_ref().iter().collect(),
+            (None, None) => Vec::new(),
+        };
+        let gids = texts
+            .iter()
+            .map(|g| {
+                parse_gid(g.get_ref()).ok_or_else(|| FileError::BadGid {
+                    at: self.at(g.span()),
+                    vm: name.clone(),
+                    text: g.get_ref().clone(),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // The rules of `DaemonConfig::validate` on this VM and the ones
+        // before it, so that the error can name its line.
+        let mut trial = config.clone();
+        trial.vms.push(VmConfig {
+            name: name.clone(),
+            socket: vt.socket.get_ref().clone(),
+            tenant: vt.tenant.get_ref().clone(),
+            gids: gids.clone(),
+            abi: vt
+                .abi
+                .as_ref()
+                .map_or(virtio_rdma_abi::ABI_VERSION, |a| *a.get_ref()),
+            mac,
+            limits: Limits::default(),
+            qos_class: None,
+        });
+        let gids_span = || {
+            vt.gid
+                .as_ref()
+                .map(Spanned::span)
+                .or_else(|| vt.gids.as_ref().map(Spanned::span))
+        };
+        match trial.check_vm_gids(i) {
+            Ok(()) => Ok(gids),
+            Err(ConfigError::DuplicateGid { gid, other, .. }) => {
+                // Point at an explicit GID: this VM's, else the other VM's.
+                let other_span = || {
+                    let j = self
+                        .tables
+                        .vm
+                        .iter()
+                        .position(|o| o.get_ref().name.get_ref() == &other)?;
+                    let ot = self.tables.vm.get(j)?.get_ref();
+                    ot.gid
+                        .as_ref()
+                        .map(Spanned::span)
+                        .or_else(|| ot.gids.as_ref().map(Spanned::span))
+                };
+                let span = gids_span()
+                    .or_else(|| vt.mac.as_ref().map(Spanned::span))
+                    .or_else(other_span)
+                    .unwrap_or_else(|| v.span());
+                Err(FileError::DuplicateGid {
+                    at: self.at(span),
+                    vm: name.clone(),
+                    gid,
+                    other,
+                })
+            }
+            Err(e) => {
+                let span = match &e {
+                    ConfigError::BadAbi { .. } => vt.abi.as_ref().map(Spanned::span),
+                    _ => gids_span().or_else(|| vt.abi.as_ref().map(Spanned::span)),
+                };
+                Err(FileError::VmGids {
+                    at: self.at(span.unwrap_or_else(|| v.span())),
+                    source: Box::new(e),
+                })
+            }
+        }
     }
 
     /// A VM's `mac`, if given: valid, and unique within its tenant.
@@ -931,6 +1016,7 @@ fn field_rule(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::gid_text;
 
     const GOOD: &str = r#"# example
 [daemon]
@@ -1009,7 +1095,7 @@ bytes_per_sec = 1000000000
         assert_eq!(c.vms[0].limits.max_mr_bytes, 1 << 30);
         assert_eq!(gid_text(c.gid(0)), "::ffff:10.99.0.7");
         assert_eq!(c.vms[1].limits.max_qp, 4096);
-        assert_eq!(c.vms[1].gid, None);
+        assert_eq!(c.vms[1].gids, Vec::<[u8; 16]>::new());
         assert_eq!(gid_text(c.gid(1)), "::ffff:10.42.0.2");
     }
 
@@ -1025,6 +1111,12 @@ bytes_per_sec = 1000000000
         assert_eq!(l.config.vms[1].limits.max_host_bytes, 128 << 20);
         assert_eq!(l.config.vms[0].mac, Some([0x52, 0x54, 0, 0, 0, 1]));
         assert_eq!(l.config.vms[1].mac, None);
+        assert_eq!(gid_text(l.config.gid(0)), "::ffff:10.42.0.1");
+        assert_eq!(
+            gid_text(l.config.gid_table(0).get(0).unwrap()),
+            "fe80::5054:ff:fe00:1"
+        );
+        assert_eq!((l.config.vms[0].abi, l.config.vms[1].abi), (3, 3));
     }
 
     /// The mapping limit and a tenant's share of the host NIC are read.
@@ -1318,13 +1410,67 @@ bytes_per_sec = 1000000000
         let e = err(&text);
         assert_eq!(
             e,
-            "config.toml:29: VM \"vm1\": GID ::ffff:10.99.0.7 is already the GID of VM \"vm0\""
+            "config.toml:29: VM \"vm1\": GID ::ffff:10.99.0.7 is already a GID of VM \"vm0\""
         );
         // vm0 takes the default GID of vm1 (index 1).
         let e = err(&good_with("::ffff:10.99.0.7", "::ffff:10.42.0.2"));
         assert_eq!(
             e,
-            "config.toml:21: VM \"vm1\": GID ::ffff:10.42.0.2 is already the GID of VM \"vm0\""
+            "config.toml:21: VM \"vm1\": GID ::ffff:10.42.0.2 is already a GID of VM \"vm0\""
+        );
+    }
+
+    /// `gids` (or `gid`, a list of one) and `abi`, with the errors that
+    /// name their lines.
+    #[test]
+    fn gids_and_abi() {
+        let l = parse_str(&good_with(
+            "gid = \"::ffff:10.99.0.7\"",
+            "gids = [\"fd00::7\", \"10.99.0.7\"]\nabi = 3",
+        ))
+        .unwrap();
+        let c = &l.config;
+        c.validate().unwrap();
+        assert_eq!(c.vms[0].gids.len(), 2);
+        assert_eq!(gid_text(c.gid(0)), "::ffff:10.99.0.7", "IPv4 first");
+        assert_eq!(gid_text(c.gid_table(0).get(2).unwrap()), "fd00::7");
+        assert_eq!((c.vms[0].abi, c.vms[1].abi), (3, 3));
+        let e = err(&good_with(
+            "gid = \"::ffff:10.99.0.7\"",
+            "gid = \"::ffff:10.99.0.7\"\ngids = [\"fd00::7\"]",
+        ));
+        assert_eq!(
+            e,
+            "config.toml:22: VM \"vm0\": give either gid or gids, not both"
+        );
+        let e = err(&good_with(
+            "gid = \"::ffff:10.99.0.7\"",
+            "gids = [\"fd00::7\", \"fd00::x\"]",
+        ));
+        assert_eq!(
+            e,
+            "config.toml:21: VM \"vm0\": gid \"fd00::x\" is not an IPv6 or IPv4 address"
+        );
+        let e = err(&good_with(
+            "gid = \"::ffff:10.99.0.7\"",
+            "gids = [\"fd00::7\", \"10.0.0.1\"]\nabi = 2",
+        ));
+        assert_eq!(
+            e,
+            "config.toml:21: VM \"vm0\": 2 GIDs, but its GID table holds 1 besides the default GID (abi = 2: 1 in all)"
+        );
+        let e = err(&good_with("gid = \"::ffff:10.99.0.7\"", "abi = 1"));
+        assert_eq!(
+            e,
+            "config.toml:21: VM \"vm0\": abi = 1, but the daemon implements ABI versions 2 and 3"
+        );
+        let e = err(&good_with(
+            "gid = \"::ffff:10.99.0.7\"",
+            "gids = [\"fd00::7\", \"fd00::7\"]",
+        ));
+        assert_eq!(
+            e,
+            "config.toml:21: VM \"vm0\": GID fd00::7 is already a GID of VM \"vm0\""
         );
     }
 
@@ -1376,9 +1522,18 @@ bytes_per_sec = 1000000000
             "config.toml:30: VM \"vm1\": MAC address 52:54:00:00:00:01 is already the MAC \
              address of VM \"vm0\" in the same tenant"
         );
-        let l = parse_str(&twice("red")).unwrap();
+        // In another tenant too: the MAC's default GID would be in both
+        // GID tables; a VM of ABI version 2 has no default GID.
+        assert_eq!(
+            err(&twice("red")),
+            "config.toml:30: VM \"vm1\": GID fe80::5054:ff:fe00:1 is already a GID of VM \"vm0\""
+        );
+        let l =
+            parse_str(&twice("red").replacen("tenant = \"red\"", "tenant = \"red\"\nabi = 2", 1))
+                .unwrap();
         l.config.validate().unwrap();
         assert_eq!(l.config.vms[1].mac, l.config.vms[0].mac);
+        assert_eq!(l.config.vms[1].abi, 2);
     }
 
     #[test]

@@ -26,6 +26,7 @@
 //!   `destroy_*`, the QP state machine;
 //! - [`memory`]: the guest RAM map, page-list translation, guest access;
 //! - [`events`]: the asynchronous event queue;
+//! - [`gid_table`]: a port's GID table (the default GID, the operator's);
 //! - [`keys`]: the random source of keys, QP numbers and GUIDs.
 //!
 //! RNICs and the data path, from the top down
@@ -85,6 +86,7 @@ pub mod config_file;
 pub mod conn_pool;
 pub mod device;
 pub mod events;
+pub mod gid_table;
 pub mod keys;
 pub mod logging;
 pub mod metrics;

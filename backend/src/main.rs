@@ -9,7 +9,7 @@ use vhost_user_rdma::config::{ConfigError, LimitOverrides};
 use vhost_user_rdma::logging::{self, LogFormat};
 use vhost_user_rdma::mgmt::ctl::{self, CtlArgs};
 use vhost_user_rdma::{config_file, DaemonConfig, Limits};
-use virtio_rdma_abi::config::{F_ATOMIC, F_SHMEM_DOORBELL, F_SRQ, F_UD};
+use virtio_rdma_abi::config::{F_ATOMIC, F_GSI, F_SHMEM_DOORBELL, F_SRQ, F_UD};
 
 /// vhost-user daemon giving VMs an RDMA device (virtio-rdma, device ID 42),
 /// backed by the built-in software RNIC.
@@ -88,6 +88,10 @@ struct Args {
     /// Do not offer atomic operations (F_ATOMIC).
     #[arg(long)]
     no_atomics: bool,
+    /// Do not offer the GSI QP and its management datagrams (F_GSI, ABI
+    /// version 3; never offered without F_UD or on the verbs RNIC).
+    #[arg(long)]
+    no_gsi: bool,
     /// Let drivers post without a memory fence while an engine thread polls
     /// (DB_FLAG_POLLING, spec 18.6; needs membarrier(2)). Off by default:
     /// it measured no gain here (docs/benchmarks.md).
@@ -269,6 +273,7 @@ fn daemon_config(a: Args) -> Result<(DaemonConfig, Option<LogFormat>), ArgsError
         (a.no_ud, F_UD),
         (a.no_srq, F_SRQ),
         (a.no_atomics, F_ATOMIC),
+        (a.no_gsi, F_GSI),
     ] {
         if off {
             config.device_features &= !bit;

@@ -120,6 +120,24 @@ pub struct Caps {
     /// registration may give an `ALLOC_MR` region. 0: the RNIC has no
     /// fast registration, and the device does not offer `F_MEM_MGT`.
     pub max_fast_reg_pages: u32,
+    /// The GID table each VM's port has on this RNIC.
+    pub gids: PortGids,
+    /// Whether the RNIC carries the MADs of a GSI QP (`F_GSI`, spec
+    /// 18.26): the software RNIC between its VMs; a host RNIC not yet
+    /// (its QP 1 is the host's, the CM bridge is to come).
+    pub gsi: bool,
+}
+
+/// The GID table an RNIC gives each VM's port (spec appendix A, D).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PortGids {
+    /// The VM's own table, as configured: ABI version 3's default GID at
+    /// index 0 and the operator's GIDs after it (the software RNIC, where
+    /// every GID is a label in the daemon's virtual network).
+    PerVm,
+    /// One entry, index 0: the GID the RNIC sends everything from
+    /// ([`RnicObjects::port_gid`]), the same for every VM (a host RNIC).
+    Host,
 }
 
 impl Caps {

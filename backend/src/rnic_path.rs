@@ -141,9 +141,9 @@ pub struct Outgoing<'a> {
 }
 
 impl Outgoing<'_> {
-    /// Sent on a UD QP.
+    /// Sent on a UD or GSI QP: a datagram.
     pub fn ud(&self) -> bool {
-        self.qp_type == QpType::UD
+        self.qp_type.datagram()
     }
 }
 

@@ -20,10 +20,11 @@ use vmm_sys_util::epoll::EventSet;
 use crate::config::{ConfigError, DaemonConfig};
 use crate::device::{RdmaDevice, Shared, EVENT_WAKE};
 use crate::engine::{EnginePlan, Engines};
+use crate::gid_table::GidTable;
 use crate::keys::KeySource;
 use crate::qos::QosTable;
 use crate::rnic::{OpenError, Rnic};
-use crate::rnic_objects::{RnicError, RnicObjects};
+use crate::rnic_objects::{Caps, PortGids, RnicError, RnicObjects};
 use crate::sync::lock;
 use crate::tenancy::Tenancy;
 use crate::view::{DaemonView, VmSlot, VmStats};
@@ -73,10 +74,10 @@ pub struct Daemon {
     metrics: Option<crate::metrics::MetricsServer>,
 }
 
-/// The port identity of VM `index`: its GID and a random GUID.
+/// The port identity of VM `index`: its GID table and a random GUID.
 fn port_identity(
     index: usize,
-    gid: [u8; 16],
+    gids: GidTable,
     keys: &mut KeySource,
 ) -> Result<PortIdentity, RnicError> {
     let hi = keys.next_u32().map_err(|_| RnicError::Random)?;
@@ -84,10 +85,33 @@ fn port_identity(
     // A locally administered, unicast EUI-64.
     let guid = ((u64::from(hi) << 32) | u64::from(lo)) & !(1 << 56) | (1 << 57);
     Ok(PortIdentity {
-        gid,
+        gids,
         guid,
         vm: index,
     })
+}
+
+/// The GID table of VM `index`'s port on the RNIC of `objects`: the
+/// configured one, or the GID the RNIC sends from (its `caps` say which).
+fn port_gids(
+    config: &DaemonConfig,
+    objects: &dyn RnicObjects,
+    caps: &Caps,
+    index: usize,
+) -> GidTable {
+    match (caps.gids, objects.port_gid(index)) {
+        (PortGids::Host, Some(gid)) => GidTable::single(gid),
+        _ => config.gid_table(index),
+    }
+}
+
+/// The assigned entries of a GID table as text, `index=gid` each.
+fn gids_text(t: &GidTable) -> String {
+    let all: Vec<String> = t
+        .iter()
+        .map(|(i, g)| format!("{i}={}", crate::config::gid_text(g)))
+        .collect();
+    all.join(" ")
 }
 
 impl Daemon {
@@ -104,7 +128,11 @@ impl Daemon {
     pub fn start_with_rnic(config: DaemonConfig, rnic: Rnic) -> Result<Daemon, ServerError> {
         config.validate()?;
         let objects = rnic.objects().clone();
-        let tenancy = Arc::new(Tenancy::from_config(&config));
+        let caps = objects.caps();
+        let tables: Vec<GidTable> = (0..config.vms.len())
+            .map(|i| port_gids(&config, objects.as_ref(), &caps, i))
+            .collect();
+        let tenancy = Arc::new(Tenancy::with_gid_tables(&config, &tables));
         crate::logging::register_vms(&tenancy);
         let mut shared = Shared::new(
             tenancy,
@@ -141,14 +169,17 @@ impl Daemon {
                 path: path.clone(),
                 source,
             })?;
-            let gid = objects.port_gid(index).unwrap_or_else(|| config.gid(index));
+            let gids = tables
+                .get(index)
+                .copied()
+                .unwrap_or_else(|| config.gid_table(index));
             let device = RdmaDevice::new(
                 vm.limits,
-                config.device_features,
+                config.vm_features(index, &caps),
                 config.ctrl_poll,
                 objects.clone(),
                 engines.for_vm(index).clone(),
-                port_identity(index, gid, &mut keys)?,
+                port_identity(index, gids, &mut keys)?,
                 &shared,
             )
             .map_err(ServerError::Spawn)?;
@@ -170,10 +201,11 @@ impl Daemon {
                 .map_err(ServerError::Spawn)?;
             info!(
                 vm = vm.name.as_str(), tenant = vm.tenant.as_str();
-                "serving VM {index} ({}, tenant {}, GID {}, paired MAC {}, engine thread {}) on {}",
+                "serving VM {index} ({}, tenant {}, ABI {}, GIDs {}, paired MAC {}, engine thread {}) on {}",
                 vm.name,
                 vm.tenant,
-                crate::config::gid_text(gid),
+                vm.abi,
+                gids_text(&gids),
                 vm.mac.map_or_else(|| "none".into(), crate::config::mac_text),
                 engines.for_vm(index).index(),
                 path.display()

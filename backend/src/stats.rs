@@ -215,6 +215,11 @@ counters! {
         /// Messages dropped (UD with no taker, wrong Q_Key, foreign tenant).
         drops => "drops_total":
             "Messages dropped (UD without taker, wrong Q_Key, foreign tenant).",
+        /// MADs of the VM's GSI QP dropped: over its MAD rate, to a GID
+        /// outside its tenant or of nobody, or not taken (no GSI QP
+        /// receiving there); each also counts in `drops`.
+        mad_dropped => "mad_dropped_total":
+            "MADs dropped (over the MAD rate, outside the tenant, or not taken).",
         /// Times the engine postponed the VM's work for a rate limit.
         throttled => "throttled_total": "Times the engine postponed work for a rate limit.",
         /// Notifications (kicks) of notifyq the VM sent to wake the engine;
@@ -268,9 +273,9 @@ mod tests {
         assert_eq!((s.send_ops, s.ctrl_errors), (4, 10));
         assert_eq!((s.ctrl_latency.count, s.ctrl_latency.buckets[1]), (2, 2));
         let f = s.fields();
-        assert_eq!(f.len(), 11);
+        assert_eq!(f.len(), 12);
         assert_eq!(f[0], ("send_ops", 4));
-        assert_eq!(f[10], ("ctrl_errors", 10));
+        assert_eq!(f[11], ("ctrl_errors", 10));
         assert_eq!(f.map(|(name, _)| name), TrafficStats::NAMES);
         assert_eq!(
             TrafficStats::METRICS[4].map(|(name, _)| name),

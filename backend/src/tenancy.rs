@@ -1,8 +1,9 @@
 //! Tenants, the VMs in them, and the isolation policy between them.
 //!
-//! Every VM belongs to one tenant (a virtual network) and has the GID the
-//! operator assigned; the guest cannot change it (there is no command for
-//! it, and every QP's source address is its port's GID). A VM reaches only
+//! Every VM belongs to one tenant (a virtual network) and has the GID table
+//! the operator's configuration gives it; the guest cannot change it (there
+//! is no command for it, and every message's source address is an entry of
+//! its port's table). A VM reaches only
 //! VMs of its own tenant: QP numbers and GIDs of other tenants resolve to
 //! nothing, exactly as if they did not exist, so probing them teaches a
 //! guest nothing — and every such attempt is counted in the VM's
@@ -15,6 +16,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::config::{DaemonConfig, FabricPolicy};
+use crate::gid_table::GidTable;
 use crate::stats::TrafficCounters;
 
 crate::stats::counters! {
@@ -38,8 +40,8 @@ crate::stats::counters! {
         /// Remote accesses refused for an rkey that names no MR of the
         /// responder, or one of another PD (rkey probing).
         bad_rkey,
-        /// Attempts to send from a GID other than the VM's own (a source GID
-        /// index other than 0).
+        /// Attempts to send from a GID that is not the VM's own: a source
+        /// GID index past the table or naming an unassigned entry.
         gid_spoof,
         /// Attempts at what only a privileged consumer of a fabric may use:
         /// a privileged Q_Key (bit 31) refused by `MODIFY_QP`, a UD send to
@@ -62,8 +64,10 @@ pub struct VmEntry {
     pub name: String,
     /// Index of its tenant in [`Tenancy::tenants`].
     pub tenant: usize,
-    /// Its port GID.
-    pub gid: [u8; 16],
+    /// Its port's GID table.
+    pub gids: GidTable,
+    /// The ABI version its device reports (2 or 3).
+    pub abi: u32,
     /// MAC address of the guest interface its port is paired with
     /// (`DeviceConfig.mac`); `None`: none configured.
     pub mac: Option<[u8; 6]>,
@@ -95,8 +99,16 @@ pub struct Tenancy {
 }
 
 impl Tenancy {
-    /// The table of a (validated) configuration: VM `i` is `config.vms[i]`.
+    /// The table of a (validated) configuration: VM `i` is `config.vms[i]`
+    /// with its configured GID table ([`DaemonConfig::gid_table`]).
     pub fn from_config(config: &DaemonConfig) -> Self {
+        let tables: Vec<GidTable> = (0..config.vms.len()).map(|i| config.gid_table(i)).collect();
+        Self::with_gid_tables(config, &tables)
+    }
+
+    /// The table of a (validated) configuration whose VM `i` has the GID
+    /// table `tables[i]` (what its RNIC gives its port).
+    pub fn with_gid_tables(config: &DaemonConfig, tables: &[GidTable]) -> Self {
         let tenants: Vec<TenantEntry> = config
             .tenants
             .iter()
@@ -118,12 +130,20 @@ impl Tenancy {
                 .iter()
                 .position(|x| x.name == vm.tenant)
                 .unwrap_or(0);
-            let gid = config.gid(i);
-            t.by_gid.insert(gid, i);
+            let gids = tables
+                .get(i)
+                .copied()
+                .unwrap_or_else(|| config.gid_table(i));
+            for (_, g) in gids.iter() {
+                // A host RNIC gives every VM its one GID: the first VM
+                // keeps it here (routing there goes by QP number).
+                t.by_gid.entry(g).or_insert(i);
+            }
             t.vms.push(VmEntry {
                 name: vm.name.clone(),
                 tenant,
-                gid,
+                gids,
+                abi: vm.abi,
                 mac: vm.mac,
                 counters: IsolationCounters::default(),
                 traffic: TrafficCounters::default(),
@@ -152,7 +172,7 @@ impl Tenancy {
         self.vms.get(vm).map(|v| v.tenant)
     }
 
-    /// The VM whose port has `gid`.
+    /// The VM whose port has `gid` (at any index of its table).
     pub fn vm_by_gid(&self, gid: &[u8; 16]) -> Option<usize> {
         self.by_gid.get(gid).copied()
     }

@@ -10,6 +10,7 @@ use virtio_rdma_abi::config::{DeviceConfig, F_ATOMIC, F_MEM_MGT, F_SRQ, F_UD};
 use virtio_rdma_abi::ctrl::{Opcode, RequestHeader, ResponseHeader, Status};
 use virtio_rdma_abi::datapath::{DB_NONE, SHMEM_ID_DOORBELL};
 use virtio_rdma_abi::event::Event;
+use virtio_rdma_abi::qp::AddressVector;
 use virtio_rdma_abi::verbs::{
     CreateCtxReq, CreateCtxResp, CtxHandleReq, DeviceAttr, PortAttr, QueryGidReq, QueryGidResp,
     QueryPortReq,
@@ -30,15 +31,18 @@ pub const PORT: u32 = virtio_rdma_abi::verbs::PORT_NUM;
 pub struct DeviceOptions {
     /// How long a control command may take (`None`: no limit).
     pub command_timeout: Option<Duration>,
-    /// GID table index read at open time ([`Device::gid`]).
-    pub gid_index: u32,
+    /// GID table index of the device handle's own GID ([`Device::gid`],
+    /// the source GID of the address vectors it builds). `None`: the
+    /// first GID the operator assigned — index 1 of a version-3 table,
+    /// whose index 0 is the default GID, else index 0 (spec appendix A).
+    pub gid_index: Option<u8>,
 }
 
 impl Default for DeviceOptions {
     fn default() -> Self {
         DeviceOptions {
             command_timeout: Some(Duration::from_secs(30)),
-            gid_index: 0,
+            gid_index: None,
         }
     }
 }
@@ -61,6 +65,8 @@ pub(crate) struct DeviceInner {
     pub(crate) attr: DeviceAttr,
     pub(crate) port: PortAttr,
     pub(crate) gid: QueryGidResp,
+    /// The index of `gid` in the device's table.
+    pub(crate) gid_index: u8,
     pub(crate) ctx: u32,
     /// The context's doorbell page (shared-memory doorbell mode).
     pub(crate) db_page: Option<Arc<DoorbellPage>>,
@@ -101,6 +107,7 @@ impl Device {
             attr: DeviceAttr::default(),
             port: PortAttr::default(),
             gid: QueryGidResp::default(),
+            gid_index: 0,
             ctx: 0,
             db_page: None,
             ctx_header: None,
@@ -112,21 +119,46 @@ impl Device {
         let db_gpa = header.gpa(0).ok_or_else(|| {
             Error::InvalidArgument("context doorbell header without an address".into())
         })?;
-        // The three queries and the context need nothing from each other:
-        // one wait for the four instead of four round trips.
+        // The queries and the context need nothing from each other: one
+        // wait for all of them instead of a round trip each. Without a
+        // given GID index a version-3 device's entries 0 and 1 are read
+        // (index 0 is its default GID, index 1 the operator's first GID
+        // when it has one).
         let port_req = QueryPortReq { port: PORT }.to_bytes();
-        let gid_req = QueryGidReq {
-            port: PORT,
-            index: opts.gid_index,
-        }
-        .to_bytes();
+        let probe = opts.gid_index.is_none() && inner.config.abi_version >= 3;
+        let gid_req = |index: u8| {
+            QueryGidReq {
+                port: PORT,
+                index: u32::from(index),
+            }
+            .to_bytes()
+        };
+        let (first_req, second_req) = (gid_req(opts.gid_index.unwrap_or(0)), gid_req(1));
         let ctx_req = CreateCtxReq { db_gpa }.to_bytes();
-        let [attr, port, gid, ctx] = inner.execute_all([
-            (Opcode::QUERY_DEVICE, &[], DeviceAttr::SIZE),
-            (Opcode::QUERY_PORT, &[&port_req], PortAttr::SIZE),
-            (Opcode::QUERY_GID, &[&gid_req], QueryGidResp::SIZE),
-            (Opcode::CREATE_CTX, &[&ctx_req], CreateCtxResp::SIZE),
-        ]);
+        let query = |index: u8, r: Result<Vec<u8>>| r.map(|b| (index, QueryGidResp::read(&b)));
+        let (attr, port, gid, ctx) = if probe {
+            let [attr, port, gid0, gid1, ctx] = inner.execute_all([
+                (Opcode::QUERY_DEVICE, &[], DeviceAttr::SIZE),
+                (Opcode::QUERY_PORT, &[&port_req], PortAttr::SIZE),
+                (Opcode::QUERY_GID, &[&first_req], QueryGidResp::SIZE),
+                (Opcode::QUERY_GID, &[&second_req], QueryGidResp::SIZE),
+                (Opcode::CREATE_CTX, &[&ctx_req], CreateCtxResp::SIZE),
+            ]);
+            // A table of one entry refuses index 1 (RANGE): index 0 then.
+            let gid = match query(1, gid1) {
+                Ok((i, g)) if g.gid != [0; 16] => Ok((i, g)),
+                _ => query(0, gid0),
+            };
+            (attr, port, gid, ctx)
+        } else {
+            let [attr, port, gid, ctx] = inner.execute_all([
+                (Opcode::QUERY_DEVICE, &[], DeviceAttr::SIZE),
+                (Opcode::QUERY_PORT, &[&port_req], PortAttr::SIZE),
+                (Opcode::QUERY_GID, &[&first_req], QueryGidResp::SIZE),
+                (Opcode::CREATE_CTX, &[&ctx_req], CreateCtxResp::SIZE),
+            ]);
+            (attr, port, query(opts.gid_index.unwrap_or(0), gid), ctx)
+        };
         let ctx = match ctx {
             Ok(r) => CreateCtxResp::read(&r),
             Err(e) => {
@@ -144,7 +176,7 @@ impl Device {
         // header, when the device confirms; `DeviceInner::drop`).
         inner.attr = DeviceAttr::read(&attr?);
         inner.port = PortAttr::read(&port?);
-        inner.gid = QueryGidResp::read(&gid?);
+        (inner.gid_index, inner.gid) = gid?;
         if ctx.doorbell_page != DB_NONE {
             // The device ignores the records' producer indices of queues
             // with slots, so a page the driver cannot reach is fatal; so is
@@ -210,9 +242,34 @@ impl Device {
         &self.inner.port
     }
 
-    /// The GID read at open time ([`DeviceOptions::gid_index`]).
+    /// The device handle's own GID, read at open time
+    /// ([`DeviceOptions::gid_index`]): what peers address it by.
     pub fn gid(&self) -> [u8; 16] {
         self.inner.gid.gid
+    }
+
+    /// The index of [`Device::gid`] in the device's GID table: the
+    /// `sgid_index` of the address vectors built for this handle.
+    pub fn gid_index(&self) -> u8 {
+        self.inner.gid_index
+    }
+
+    /// An address vector to `dgid` from [`Device::gid`], hop limit 64.
+    pub fn av(&self, dgid: [u8; 16]) -> AddressVector {
+        AddressVector {
+            dgid,
+            sgid_index: self.gid_index(),
+            hop_limit: 64,
+            ..AddressVector::default()
+        }
+    }
+
+    /// Reads the whole GID table of port 1 (`gid_tbl_len` entries; an
+    /// unassigned one is all zero).
+    pub fn gid_table(&self) -> Result<Vec<[u8; 16]>> {
+        (0..self.inner.port.gid_tbl_len)
+            .map(|i| self.query_gid(i))
+            .collect()
     }
 
     /// Reads GID table entry `index` of port 1.

@@ -3,10 +3,10 @@
 use std::mem::ManuallyDrop;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use virtio_rdma_abi::config::{F_ATOMIC, F_MEM_MGT, F_UD};
+use virtio_rdma_abi::config::{F_ATOMIC, F_GSI, F_MEM_MGT, F_UD};
 use virtio_rdma_abi::ctrl::Opcode;
 use virtio_rdma_abi::mem::qp_buffer_layout;
-use virtio_rdma_abi::qp::{QpState, QpType, QP_FLAG_SIG_ALL};
+use virtio_rdma_abi::qp::{AddressVector, QpState, QpType, GSI_QKEY, QP_FLAG_SIG_ALL};
 use virtio_rdma_abi::verbs::{CreateQpReq, CreateQpResp, ModifyQpReq, QpHandleReq, QueryQpResp};
 use virtio_rdma_abi::{Field, Wire};
 
@@ -64,7 +64,7 @@ impl Default for QpCap {
 /// Creation parameters of a QP.
 #[derive(Debug, Clone)]
 pub struct QpInit {
-    /// RC or UD.
+    /// RC, UD or GSI.
     pub qp_type: QpType,
     /// CQ for send completions.
     pub send_cq: Arc<Cq>,
@@ -95,6 +95,15 @@ impl QpInit {
     pub fn ud(cq: &Arc<Cq>) -> Self {
         QpInit {
             qp_type: QpType::UD,
+            ..Self::rc(cq)
+        }
+    }
+
+    /// The GSI QP (QP 1, needs `F_GSI`; one per device instance) with
+    /// default sizes on one CQ: a UD QP for MADs (spec 18.26).
+    pub fn gsi(cq: &Arc<Cq>) -> Self {
+        QpInit {
+            qp_type: QpType::GSI,
             ..Self::rc(cq)
         }
     }
@@ -140,6 +149,9 @@ impl Qp {
         let cfg = &inner.config;
         if init.qp_type == QpType::UD {
             inner.require(F_UD)?;
+        }
+        if init.qp_type == QpType::GSI {
+            inner.require(F_GSI)?;
         }
         for cq in [&init.send_cq, &init.recv_cq] {
             if !Arc::ptr_eq(&cq.device().inner, &pd.dev.inner) {
@@ -361,7 +373,7 @@ impl Qp {
 
     /// RC: INIT → RTR towards the peer in `c`.
     pub fn rc_to_rtr(&self, c: &RcConnect) -> Result<()> {
-        self.modify(&rtr_attrs(c))
+        self.modify(&rtr_attrs(c, self.pd.dev.gid_index()))
     }
 
     /// RC: RTR → RTS with the send parameters of `c`.
@@ -378,7 +390,11 @@ impl Qp {
     /// modify after the other, except that the transitions after a failed
     /// one are sent and fail too. Returns the first failure.
     pub fn rc_connect(&self, access: u32, c: &RcConnect) -> Result<()> {
-        let steps = [init_attrs(access), rtr_attrs(c), rts_attrs(c)];
+        let steps = [
+            init_attrs(access),
+            rtr_attrs(c, self.pd.dev.gid_index()),
+            rts_attrs(c),
+        ];
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         if !matches!(*state, QpState::RESET | QpState::INIT) {
             // From RTR, say, the RTS step alone could succeed.
@@ -439,6 +455,12 @@ impl Qp {
         self.ud_to_init(qkey)?;
         self.ud_to_rtr()?;
         self.ud_to_rts(sq_psn)
+    }
+
+    /// GSI: RESET → INIT → RTR → RTS with the GSI's Q_Key, the one it
+    /// may have (spec 18.26).
+    pub fn gsi_activate(&self) -> Result<()> {
+        self.ud_activate(GSI_QKEY, 0)
     }
 
     /// Any state → ERR (outstanding work completes with flush errors).
@@ -597,10 +619,14 @@ fn init_attrs(access: u32) -> QpAttrs {
 }
 
 /// RC: INIT → RTR towards the peer in `c`.
-fn rtr_attrs(c: &RcConnect) -> QpAttrs {
+fn rtr_attrs(c: &RcConnect, own_gid_index: u8) -> QpAttrs {
+    let av = AddressVector {
+        sgid_index: c.sgid_index.unwrap_or(own_gid_index),
+        ..c.av
+    };
     QpAttrs {
         state: Some(QpState::RTR),
-        av: Some(c.av),
+        av: Some(av),
         path_mtu: Some(c.path_mtu),
         dest_qpn: Some(c.dest_qpn),
         rq_psn: Some(c.rq_psn),

@@ -106,8 +106,12 @@ impl QpAttrs {
 pub struct RcConnect {
     /// The peer's QP number.
     pub dest_qpn: u32,
-    /// The peer's address (its GID in `dgid`).
+    /// The peer's address (its GID in `dgid`). Its `sgid_index` is
+    /// replaced by [`RcConnect::sgid_index`].
     pub av: AddressVector,
+    /// The index of the GID the QP sends from in the device's table;
+    /// `None`: the device handle's own ([`crate::Device::gid_index`]).
+    pub sgid_index: Option<u8>,
     /// Path MTU (at most the port's active MTU).
     pub path_mtu: Mtu,
     /// First PSN expected from the peer (the peer's `sq_psn`).
@@ -129,9 +133,9 @@ pub struct RcConnect {
 }
 
 impl RcConnect {
-    /// Defaults for a peer `dest_qpn` at `dgid`: MTU 1024, PSNs 0, one
-    /// outstanding READ/atomic each way, timeout 14, retry 7, RNR retry 7,
-    /// RNR timer 12.
+    /// Defaults for a peer `dest_qpn` at `dgid`: sent from the device
+    /// handle's GID, MTU 1024, PSNs 0, one outstanding READ/atomic each
+    /// way, timeout 14, retry 7, RNR retry 7, RNR timer 12.
     pub fn new(dest_qpn: u32, dgid: [u8; 16]) -> Self {
         RcConnect {
             dest_qpn,
@@ -140,6 +144,7 @@ impl RcConnect {
                 hop_limit: 64,
                 ..AddressVector::default()
             },
+            sgid_index: None,
             path_mtu: Mtu::MTU_1024,
             rq_psn: 0,
             sq_psn: 0,

@@ -166,15 +166,28 @@ pub enum Payload<'a> {
     Inline(&'a [u8]),
 }
 
-/// Destination of a UD send.
+/// Destination of a UD (or GSI) send.
 #[derive(Debug, Clone, Copy)]
 pub struct UdDest<'a> {
     /// Address handle (of the QP's PD).
     pub ah: &'a Ah,
-    /// Destination QP number.
+    /// Destination QP number (a GSI QP's: 1).
     pub remote_qpn: u32,
-    /// Q_Key (with the high bit set, the QP's own Q_Key is used).
+    /// Q_Key (with the high bit set, the QP's own Q_Key is used; ignored
+    /// on a GSI QP, which sends the GSI's).
     pub remote_qkey: u32,
+}
+
+impl<'a> UdDest<'a> {
+    /// A MAD's destination: the GSI QP (QP 1, the GSI's Q_Key) of the
+    /// device instance with the GID `ah` names (spec 18.26).
+    pub fn gsi(ah: &'a Ah) -> Self {
+        UdDest {
+            ah,
+            remote_qpn: virtio_rdma_abi::qp::GSI_QPN,
+            remote_qkey: virtio_rdma_abi::qp::GSI_QKEY,
+        }
+    }
 }
 
 /// A send work request.
@@ -313,9 +326,9 @@ fn encode_send_at(
         }
     }
     match (lim.qp_type, &wr.ud) {
-        (QpType::UD, Some(ud)) => {
+        (QpType::UD | QpType::GSI, Some(ud)) => {
             if !matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. }) {
-                return Err("UD QPs only SEND".into());
+                return Err("UD and GSI QPs only SEND".into());
             }
             if ud.ah.pd_handle() != lim.pd_handle {
                 return Err("the address handle belongs to another PD".into());
@@ -324,8 +337,10 @@ fn encode_send_at(
             wqe.remote_qpn = ud.remote_qpn;
             wqe.remote_qkey = ud.remote_qkey;
         }
-        (QpType::UD, None) => return Err("a UD send needs a destination".into()),
-        (_, Some(_)) => return Err("a destination is only for UD QPs".into()),
+        (QpType::UD | QpType::GSI, None) => {
+            return Err("a UD or GSI send needs a destination".into())
+        }
+        (_, Some(_)) => return Err("a destination is only for UD and GSI QPs".into()),
         (_, None) => {}
     }
     if wr.op.is_atomic() {

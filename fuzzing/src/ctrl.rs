@@ -17,7 +17,10 @@
 //! - the live objects are exactly those the responses said were created
 //!   and not destroyed since (per kind, with `DESTROY_CTX` taking its
 //!   context's objects), never more than the limits allow;
-//! - registered bytes equal the sum of the lengths of the live MRs.
+//! - registered bytes equal the sum of the lengths of the live MRs;
+//! - at most one live QP is the GSI QP, numbered 1 and the one the VM
+//!   knows as such, and every other live QP holds a QP number of the RNIC
+//!   (QP 1 is none of the RNIC's).
 //!
 //! At the end everything is destroyed with commands (each destroy of a
 //! live object must succeed) or with [`VmState::reset`]; then no object, no
@@ -43,7 +46,7 @@ use virtio_rdma_abi::mem::{
     indirect_list_pages, qp_buffer_layout, recv_wqe_shift, BufferDesc, PageListMode, CQE_SIZE,
     DB_RECORD_SIZE, LIST_PAGE_ENTRIES, LIST_PAGE_SIZE,
 };
-use virtio_rdma_abi::qp::{attr, AddressVector, QpAttr, QpState, QpType};
+use virtio_rdma_abi::qp::{attr, AddressVector, QpAttr, QpState, QpType, GSI_QKEY, GSI_QPN};
 use virtio_rdma_abi::verbs::*;
 use virtio_rdma_abi::{Field, Wire};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -188,7 +191,7 @@ pub enum Op {
     CreateQp {
         /// PD.
         pd: H,
-        /// UD rather than RC.
+        /// UD rather than RC (GSI when `sq_log` is 0xc0 or above).
         ud: bool,
         /// Send CQ.
         send_cq: H,
@@ -505,7 +508,7 @@ impl Vm {
         let config = DaemonConfig::new(vec!["/nonexistent/fuzz.sock".into()]);
         let tenancy = Arc::new(Tenancy::from_config(&config));
         let port = PortIdentity {
-            gid: gid(),
+            gids: config.gid_table(0),
             guid: 0x0200_0000_0000_0001,
             vm: 0,
         };
@@ -633,10 +636,15 @@ impl Vm {
             c.registered_bytes <= l.max_mr_bytes,
             "registered bytes beyond max_mr_bytes"
         );
+        let gsi: Vec<&Obj> =
+            m.qp.iter()
+                .filter(|o| o.extra == u64::from(GSI_QPN))
+                .collect();
+        assert!(gsi.len() <= 1, "more than one GSI QP: {gsi:?}");
         assert_eq!(
-            self.rnic.qpns_in_use(),
-            c.qp,
-            "QP numbers allocated differ from live QPs"
+            self.ctrl.res.gsi_qp(),
+            gsi.first().map(|o| o.h),
+            "the VM's GSI QP is not the one the responses created"
         );
         // Spec 12.22: an ALLOC_MR region's key is its lkey and rkey, and no
         // other live key of the VM (or the local DMA key) shares its bits
@@ -663,6 +671,32 @@ impl Vm {
                 assert!(
                     !fast.contains(&(k >> 8)) && k != LOCAL_DMA_LKEY,
                     "key {k:#x} shares bits 31..8 with a fast region"
+                );
+            }
+        }
+        assert_eq!(
+            self.rnic.qpns_in_use() + gsi.len(),
+            c.qp,
+            "QP numbers allocated differ from live QPs (QP 1 is the VM's own)"
+        );
+        for o in &m.qp {
+            let q = self.ctrl.res.qps.get(o.h).expect("a live QP");
+            assert_eq!(
+                q.qp_type == QpType::GSI,
+                o.extra == u64::from(GSI_QPN),
+                "QP 1 is the GSI QP and only it: {o:?}"
+            );
+            assert!(
+                q.qp_type == QpType::GSI || q.attr.qkey & 0x8000_0000 == 0,
+                "a QP other than the GSI QP has a privileged Q_Key: {:#x}",
+                q.attr.qkey
+            );
+            // Never set (0, as after RESET) or the GSI's.
+            if q.qp_type == QpType::GSI {
+                assert!(
+                    matches!(q.attr.qkey, 0 | GSI_QKEY),
+                    "the GSI QP has another Q_Key: {:#x}",
+                    q.attr.qkey
                 );
             }
         }
@@ -787,6 +821,11 @@ impl Vm {
                 buf,
             } => {
                 let sq_depth = depth(*sq_log % 8);
+                let qp_type = match (*ud, *sq_log >= 0xc0) {
+                    (false, _) => QpType::RC,
+                    (true, false) => QpType::UD,
+                    (true, true) => QpType::GSI,
+                };
                 let srq_handle = srq.map_or(0, |h| pick(&m.srq, h));
                 let rq_depth = if srq.is_some() { 0 } else { depth(*rq_log % 8) };
                 let (ssge, rsge, inl) = (
@@ -798,7 +837,7 @@ impl Vm {
                 let (desc, tail) = page_list(&self.mem, buf, layout.total, 0);
                 let mut p = CreateQpReq {
                     pd_handle: pick(&m.pd, *pd),
-                    qp_type: if *ud { QpType::UD } else { QpType::RC }.into(),
+                    qp_type: qp_type.into(),
                     send_cq: pick(&m.cq, *send_cq),
                     recv_cq: pick(&m.cq, *recv_cq),
                     srq_handle,
@@ -829,8 +868,14 @@ impl Vm {
                     H::Live(i) => u32::from(*i),
                     H::Raw(v) => *v,
                 };
-                let rc = rc_transitions(dest_qpn, gid());
-                let ud = ud_transitions(0x1111);
+                // Mostly the VM's GID (index 1: index 0, the default GID,
+                // is unassigned without a MAC); rarely another index.
+                let sgid_index = if *step < 200 { 1 } else { step % 20 };
+                let rc = rc_transitions(dest_qpn, gid(), sgid_index);
+                // Mostly an ordinary Q_Key; with bit 6 of `step` the GSI's,
+                // which only the GSI QP may have.
+                let qkey = if step & 0x40 != 0 { GSI_QKEY } else { 0x1111 };
+                let ud = ud_transitions(qkey);
                 let (mask, a) = match step % 10 {
                     0..=2 => rc[usize::from(step % 10)],
                     3..=5 => ud[usize::from(step % 10 - 3)],
@@ -884,7 +929,9 @@ impl Vm {
                     av: AddressVector {
                         dgid: if *own_gid { gid() } else { [0; 16] },
                         flow_label: 0,
-                        sgid_index: av[0] % 2,
+                        // Mostly the VM's GID (index 1); sometimes the
+                        // unassigned default GID or past the table.
+                        sgid_index: if av[0] < 192 { 1 } else { av[0] % 20 },
                         hop_limit: av[1],
                         traffic_class: av[2],
                         sl: av[3] % 20,

@@ -14,7 +14,9 @@
 //! fast registration (`F_MEM_MGT`): `REG_MR` work requests of each VM's
 //! buffer into an `ALLOC_MR` region, well formed or not, `LOCAL_INV`,
 //! `SEND_WITH_INV`, and work requests through those keys and the local DMA
-//! key. After
+//! key; and each VM's GSI QP (QP 1) sending MADs (to QP 1 of any VM of the
+//! input or to other QP numbers, from any index of its GID table, up to and
+//! beyond 256 bytes) and taking them. After
 //! the input, a device reset of each of its VMs brings the daemon back to
 //! the state every input starts from ([`run_input`]).
 //!
@@ -31,6 +33,8 @@
 //! - no completion names a QP destroyed earlier (its CQ is drained when the
 //!   destroy returns; anything for it after that is a finding, until the
 //!   number is given to a new QP of the VM);
+//! - a MAD received is one: on QP 1, from QP 1, behind a GRH, at most 256
+//!   bytes;
 //! - at the end the data path still works: a SEND between two fresh QPs of
 //!   two VMs completes on both sides.
 //!
@@ -55,13 +59,14 @@ use vhost_user_rdma_tests::rnics::RecyclingQpns;
 use vhost_user_rdma_tests::transport::VmmTransport;
 use vhost_user_rdma_tests::vmm::{TestVmm, VmmOptions};
 use virtio_rdma_abi::config::DeviceConfig;
-use virtio_rdma_abi::datapath::WcStatus;
+use virtio_rdma_abi::datapath::{WcOpcode, WcStatus, UD_GRH_SIZE};
 use virtio_rdma_abi::event::Event;
 use virtio_rdma_abi::mem::access;
+use virtio_rdma_abi::qp::{AddressVector, GSI_QPN, MAX_MAD_BYTES};
 use virtio_rdma_driver::{
-    Cq, Device, DeviceOptions, DmaBuf, DmaRegion, Error as DrvError, FastMr, FastReg, Mr, Pd, Qp,
-    QpCap, QpInit, RcConnect, RecvWr, SendOp, SendWr, Sge, SharedMemory, Token,
-    Transport as DrvTransport, TransportError, WorkCompletion,
+    Ah, Cq, Device, DeviceOptions, DmaBuf, DmaRegion, Error as DrvError, FastMr, FastReg, Mr, Pd,
+    Qp, QpCap, QpInit, RcConnect, RecvWr, SendOp, SendWr, Sge, SharedMemory, Token,
+    Transport as DrvTransport, TransportError, UdDest, WorkCompletion,
 };
 
 /// Longest time one operation of the harness may take.
@@ -216,6 +221,33 @@ pub enum Op {
     Recreate(u8, u8),
     /// Create a QP on each of two VMs and connect them to each other.
     Pair(u8, u8),
+    /// Create the VM's GSI QP (QP 1) and bring it to RTS, if it has none.
+    Gsi(u8),
+    /// Post a receive of `len` (modulo 512) bytes at `off` on a VM's GSI
+    /// QP.
+    GsiRecv(u8, u16, u16),
+    /// Send MADs from a VM's GSI QP.
+    Mad {
+        /// The sending VM.
+        vm: u8,
+        /// The VM whose GID is the destination.
+        to: u8,
+        /// Destination QP number: 1, unless this is 0xf0 or above (its low
+        /// bits, QP 0 included).
+        qpn: u8,
+        /// Source GID index: the VM's own, unless this is 0xf0 or above
+        /// (then its low bits: the default GID, unassigned entries, past
+        /// the table).
+        sgid: u8,
+        /// Length (modulo 320: some beyond a MAD).
+        len: u16,
+        /// Offset in the local buffer.
+        off: u16,
+        /// SEND_WITH_IMM instead of SEND.
+        imm: bool,
+        /// Several copies of it.
+        count: u8,
+    },
     /// A `REG_MR` work request (`F_MEM_MGT`) on a QP: part of the VM's
     /// buffer into its `ALLOC_MR` region (made at first use), well formed
     /// (`how` 0 to 3) or not (a page outside RAM, another key, more pages
@@ -402,9 +434,13 @@ struct QpS {
 }
 
 struct VmS {
-    // Dropped in this order: QPs, fast region, MR, buffer, CQ, PD, device,
-    // session, transport.
+    // Dropped in this order: QPs, the GSI QP and its AHs, fast region, MR,
+    // buffer, CQ, PD, device, session, transport.
     qps: Vec<QpS>,
+    /// The GSI QP, once created.
+    gsi: Option<Qp>,
+    /// Address handles of the MADs sent (kept while their WQEs may run).
+    ahs: Vec<Ah>,
     /// The `ALLOC_MR` region over the buffer, once an op made it.
     fast: Option<FastMr>,
     mr: Mr,
@@ -529,6 +565,8 @@ fn open_driver(t: Arc<VmmTransport>) -> VmS {
     let mr = Mr::register(&pd, buf.clone(), access::ALL).expect("register MR");
     VmS {
         qps: Vec::new(),
+        gsi: None,
+        ahs: Vec::new(),
         fast: None,
         mr,
         buf,
@@ -691,6 +729,14 @@ impl Harness {
                     "VM {i}: completion {c:?} for QP number {:#x}, destroyed earlier",
                     c.qpn
                 );
+                if c.qpn == GSI_QPN && c.is_success() && c.opcode() == Some(WcOpcode::RECV) {
+                    assert!(
+                        c.src_qpn == GSI_QPN
+                            && c.has_grh()
+                            && c.byte_len <= UD_GRH_SIZE + MAX_MAD_BYTES,
+                        "VM {i}: a MAD received that is none: {c:?}"
+                    );
+                }
             }
             if n < wc.len() {
                 break;
@@ -706,12 +752,11 @@ impl Harness {
                 .daemon()
                 .vm_stats(i)
                 .expect("statistics of a configured VM");
+            let held = vm.qps.len() + usize::from(vm.gsi.is_some());
             assert_eq!(
+                s.device.resources.qp, held,
+                "VM {i}: the daemon holds {} QPs, the driver {held}",
                 s.device.resources.qp,
-                vm.qps.len(),
-                "VM {i}: the daemon holds {} QPs, the driver {}",
-                s.device.resources.qp,
-                vm.qps.len()
             );
             assert_eq!(
                 s.device.resources.mr,
@@ -927,6 +972,96 @@ impl Harness {
                     self.connect(a, qa, qpn_b, gid_b, Some(b));
                     self.connect(b, qb, qpn_a, gid_a, Some(a));
                 }
+            }
+            Op::Gsi(v) => {
+                let (_, vm) = self.vm(v);
+                if vm.gsi.is_some() {
+                    return;
+                }
+                let mut init = QpInit::gsi(&vm.cq);
+                init.cap = cap();
+                let Some(qp) = check("CREATE_QP GSI", Qp::create(&vm.pd, &init)) else {
+                    return;
+                };
+                assert_eq!(qp.qpn(), GSI_QPN, "the GSI QP is QP 1");
+                check("activate the GSI QP", qp.gsi_activate());
+                vm.gsi = Some(qp);
+            }
+            Op::GsiRecv(v, off, len) => {
+                let seq = self.seq;
+                let (_, vm) = self.vm(v);
+                let Some(qp) = &vm.gsi else { return };
+                let sge = Sge {
+                    addr: vm.mr.iova() + u64::from(off) % SPAN,
+                    length: u32::from(len) % 512,
+                    lkey: vm.mr.lkey(),
+                };
+                let wr = RecvWr {
+                    wr_id: seq,
+                    sg_list: &[sge],
+                };
+                check("post_recv (GSI)", qp.post_recv(&[wr]));
+            }
+            Op::Mad {
+                vm: v,
+                to,
+                qpn,
+                sgid,
+                len,
+                off,
+                imm,
+                count,
+            } => {
+                let dgid = self.gid(self.vm_index(to));
+                let seq = self.seq;
+                let (_, vm) = self.vm(v);
+                if vm.gsi.is_none() {
+                    return;
+                }
+                let av = AddressVector {
+                    sgid_index: if sgid >= 0xf0 {
+                        sgid % 0x12
+                    } else {
+                        vm.dev.gid_index()
+                    },
+                    ..vm.dev.av(dgid)
+                };
+                let Some(ah) = check("CREATE_AH", Ah::create(&vm.pd, &av)) else {
+                    return;
+                };
+                if vm.ahs.len() >= 8 {
+                    vm.ahs.remove(0);
+                }
+                vm.ahs.push(ah);
+                let (Some(ah), Some(qp)) = (vm.ahs.last(), vm.gsi.as_ref()) else {
+                    return;
+                };
+                let sge = [Sge {
+                    addr: vm.mr.iova() + u64::from(off) % SPAN,
+                    length: u32::from(len) % 320,
+                    lkey: vm.mr.lkey(),
+                }];
+                let op = if imm {
+                    SendOp::SendWithImm { imm: 3 }
+                } else {
+                    SendOp::Send
+                };
+                let dest = UdDest {
+                    remote_qpn: if qpn >= 0xf0 {
+                        u32::from(qpn % 0x10)
+                    } else {
+                        GSI_QPN
+                    },
+                    ..UdDest::gsi(ah)
+                };
+                let n = usize::from(count % 4) + 1;
+                let wrs: Vec<SendWr<'_>> = (0..n)
+                    .map(|k| SendWr {
+                        ud: Some(dest),
+                        ..SendWr::signaled(seq * 8 + k as u64, op, &sge)
+                    })
+                    .collect();
+                check("post_send (MAD)", qp.post_send(&wrs));
             }
             Op::Rereg(v) => {
                 let (_, vm) = self.vm(v);
@@ -1308,7 +1443,7 @@ impl Harness {
                 "VM {i}: work or events waiting between inputs"
             );
             let vm = self.vms[i].as_ref().expect("open between inputs");
-            assert!(vm.qps.is_empty() && vm.dead.is_empty());
+            assert!(vm.qps.is_empty() && vm.dead.is_empty() && vm.gsi.is_none());
             assert_eq!(
                 vm.t.mem().allocator().free_bytes(),
                 self.canon_free,

@@ -13,7 +13,7 @@ use virtio_rdma_abi::ctrl::Status;
 use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
 use virtio_rdma_abi::event::{Event, EventKind};
 use virtio_rdma_abi::mem::access;
-use virtio_rdma_abi::qp::{AddressVector, QpState};
+use virtio_rdma_abi::qp::QpState;
 use virtio_rdma_driver::{
     Ah, Cq, Device, DmaBuf, Mr, Pd, Qp, QpCap, QpInit, RcConnect, RecvWr, SendOp, SendWr, Sge, Srq,
     WorkCompletion,
@@ -232,16 +232,21 @@ pub fn ud_qp(vm: &Vm, cq: &Arc<Cq>, rq_depth: u32) -> Qp {
     q
 }
 
-/// An address handle on `vm` for `dgid` (hop limit 64).
+/// The GSI QP (QP 1) of `vm` on `cq` with receive depth `rq_depth`,
+/// moved to RTS with the GSI's Q_Key.
+pub fn gsi_qp(vm: &Vm, cq: &Arc<Cq>, rq_depth: u32) -> Qp {
+    let mut init = QpInit::gsi(cq);
+    init.cap = cap();
+    init.cap.max_recv_wr = rq_depth;
+    let q = Qp::create(&vm.pd, &init).expect("create GSI QP");
+    q.gsi_activate().expect("activate GSI QP");
+    q
+}
+
+/// An address handle on `vm` for `dgid` from `vm`'s own GID (hop limit
+/// 64).
 pub fn ah(vm: &Vm, dgid: [u8; 16]) -> virtio_rdma_driver::Result<Ah> {
-    Ah::create(
-        &vm.pd,
-        &AddressVector {
-            dgid,
-            hop_limit: 64,
-            ..AddressVector::default()
-        },
-    )
+    Ah::create(&vm.pd, &vm.dev.av(dgid))
 }
 
 /// An address handle on `vm` for the GID of `dst`.

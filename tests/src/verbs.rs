@@ -100,6 +100,14 @@ impl QpInit {
             ..Self::rc(pd, cq)
         }
     }
+
+    /// A small GSI QP (QP 1, needs `F_GSI`) on one CQ.
+    pub fn gsi(pd: u32, cq: u32) -> Self {
+        QpInit {
+            qp_type: QpType::GSI,
+            ..Self::rc(pd, cq)
+        }
+    }
 }
 
 /// A memory registration: `length` bytes at `iova`, backed by `pages`
@@ -458,12 +466,27 @@ impl<'a> Verbs<'a> {
             .map(drop)
     }
 
-    /// Moves an RC QP RESET -> INIT -> RTR -> RTS towards `dest_qpn` at `dgid`.
+    /// The VM's own GID and its index, as the reference driver picks it:
+    /// the operator's first GID, index 1 of a table with more than one
+    /// entry (index 0 is the default GID of ABI version 3), else index 0.
+    pub fn own_gid(&mut self) -> Result<(u8, [u8; 16])> {
+        if self.query_port(1)?.gid_tbl_len > 1 {
+            let g = self.query_gid(1, 1)?.gid;
+            if g != [0; 16] {
+                return Ok((1, g));
+            }
+        }
+        Ok((0, self.query_gid(1, 0)?.gid))
+    }
+
+    /// Moves an RC QP RESET -> INIT -> RTR -> RTS towards `dest_qpn` at
+    /// `dgid`, from the VM's own GID ([`Verbs::own_gid`]).
     pub fn connect_rc(&mut self, qp: u32, dest_qpn: u32, dgid: [u8; 16]) -> Result<()> {
         // The path MTU is at most what the link carries now (a host RNIC's
         // port reports its netdev's).
         let active = self.query_port(1)?.active_mtu;
-        for (mask, mut a) in rc_transitions(dest_qpn, dgid) {
+        let (sgid_index, _) = self.own_gid()?;
+        for (mask, mut a) in rc_transitions(dest_qpn, dgid, sgid_index) {
             if mask & attr::PATH_MTU != 0 {
                 a.path_mtu = a.path_mtu.min(active);
             }
@@ -478,6 +501,11 @@ impl<'a> Verbs<'a> {
             self.modify_qp(qp, mask, &a)?;
         }
         Ok(())
+    }
+
+    /// Moves the GSI QP RESET -> INIT -> RTR -> RTS with the GSI's Q_Key.
+    pub fn activate_gsi(&mut self, qp: u32) -> Result<()> {
+        self.activate_ud(qp, virtio_rdma_abi::qp::GSI_QKEY)
     }
 
     /// CREATE_AH.
@@ -578,8 +606,9 @@ impl<'a> Verbs<'a> {
     }
 }
 
-/// The three MODIFY_QP steps that bring an RC QP from RESET to RTS.
-pub fn rc_transitions(dest_qpn: u32, dgid: [u8; 16]) -> [(u32, QpAttr); 3] {
+/// The three MODIFY_QP steps that bring an RC QP from RESET to RTS, to
+/// `dest_qpn` at `dgid` from GID index `sgid_index`.
+pub fn rc_transitions(dest_qpn: u32, dgid: [u8; 16], sgid_index: u8) -> [(u32, QpAttr); 3] {
     use virtio_rdma_abi::mem::access;
     let init = QpAttr {
         qp_state: QpState::INIT.into(),
@@ -592,6 +621,7 @@ pub fn rc_transitions(dest_qpn: u32, dgid: [u8; 16]) -> [(u32, QpAttr); 3] {
         qp_state: QpState::RTR.into(),
         av: AddressVector {
             dgid,
+            sgid_index,
             hop_limit: 64,
             ..AddressVector::default()
         },

@@ -38,7 +38,8 @@ name = "red"
 name = "small"
 socket = "{0}/small.sock"
 tenant = "blue"
-gid = "fd00::42:1"
+gids = ["fd00::42:1", "10.1.2.3"]
+mac = "52:54:00:12:34:56"
 [vm.limits]
 max_qp = 2
 
@@ -46,6 +47,7 @@ max_qp = 2
 name = "big"
 socket = "{0}/big.sock"
 tenant = "red"
+abi = 2
 [vm.limits]
 max_qp = 256
 "#,
@@ -59,15 +61,31 @@ max_qp = 256
     })
     .unwrap();
 
-    // VM 0: max_qp 2 from [vm.limits], the configured GID.
+    // VM 0: max_qp 2 from [vm.limits], the configured GIDs behind the
+    // default GID of its MAC, the IPv4 one first.
     let mut vm = d.connect(0).unwrap();
     let cfg = vm.config().unwrap();
-    assert_eq!(cfg.max_qp, 2);
+    assert_eq!((cfg.max_qp, cfg.abi_version), (2, 3));
     assert_eq!(cfg.max_cq, 64);
+    let offered = vm.device_features();
     let mut v = Verbs::new(&mut vm);
     assert_eq!(v.query_device().unwrap().max_qp, 2);
-    let gid: std::net::Ipv6Addr = "fd00::42:1".parse().unwrap();
-    assert_eq!(v.query_gid(1, 0).unwrap().gid, gid.octets());
+    assert_eq!(v.query_port(1).unwrap().gid_tbl_len, 16);
+    let gid = |text: &str| text.parse::<std::net::Ipv6Addr>().unwrap().octets();
+    for (index, want) in [
+        (0, gid("fe80::5054:ff:fe12:3456")),
+        (1, gid("::ffff:10.1.2.3")),
+        (2, gid("fd00::42:1")),
+        (3, [0; 16]),
+        (15, [0; 16]),
+    ] {
+        assert_eq!(v.query_gid(1, index).unwrap().gid, want, "index {index}");
+    }
+    assert_eq!(v.own_gid().unwrap(), (1, gid("::ffff:10.1.2.3")));
+    assert_eq!(
+        offered & virtio_rdma_abi::config::F_UD,
+        virtio_rdma_abi::config::F_UD
+    );
     // The limit is enforced: a third QP is refused.
     let (_, pd, cq) = v.ctx_pd_cq(64).unwrap();
     v.create_qp(&QpInit::rc(pd, cq)).unwrap();
@@ -75,15 +93,24 @@ max_qp = 256
     assert!(v.create_qp(&QpInit::rc(pd, cq)).is_err());
     drop(vm);
 
-    // VM 1: max_qp 256, the default GID of index 1 (::ffff:10.42.0.2).
+    // VM 1: max_qp 256, ABI version 2 (`abi = 2`): the version-2 GID
+    // table, the default GID of index 1 (::ffff:10.42.0.2) alone at index
+    // 0, and no version-3 feature bit.
     let mut vm = d.connect(1).unwrap();
     let cfg = vm.config().unwrap();
-    assert_eq!(cfg.max_qp, 256);
+    assert_eq!((cfg.max_qp, cfg.abi_version), (256, 2));
     assert_eq!(cfg.max_cq, 64);
+    let offered = vm.device_features();
+    assert_eq!(
+        offered & !virtio_rdma_abi::config::V2_DEVICE_FEATURES & 0xff_ffff,
+        0
+    );
     let mut v = Verbs::new(&mut vm);
     assert_eq!(v.query_device().unwrap().max_qp, 256);
+    assert_eq!(v.query_port(1).unwrap().gid_tbl_len, 1);
     let gid: std::net::Ipv6Addr = "::ffff:10.42.0.2".parse().unwrap();
     assert_eq!(v.query_gid(1, 0).unwrap().gid, gid.octets());
+    assert!(v.query_gid(1, 1).is_err(), "one entry");
 }
 
 /// Spec chapter 5 and appendix A: the MAC address of the guest interface a

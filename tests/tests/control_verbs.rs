@@ -19,6 +19,10 @@ use virtio_rdma_abi::qp::{attr, AddressVector, Mtu, QpAttr, QpState, QpType};
 use virtio_rdma_abi::verbs::{GID_TYPE_ROCE_V2, PORT_NUM, PORT_STATE_ACTIVE, SRQ_ATTR_LIMIT};
 use vm_memory::GuestAddress;
 
+/// The index of a VM's GID in its table (ABI version 3 without a MAC:
+/// index 0, the default GID, is unassigned; the operator's is at 1).
+const OWN_GID_INDEX: u8 = 1;
+
 #[test]
 fn config_and_queries() {
     let d = TestDaemon::start(2).unwrap();
@@ -47,18 +51,24 @@ fn config_and_queries() {
     let port = v.query_port(1).unwrap();
     assert_eq!(port.state, PORT_STATE_ACTIVE);
     assert_eq!(port.active_mtu, Mtu::MTU_4096 as u32);
-    assert_eq!(port.gid_tbl_len, 1);
+    assert_eq!(port.gid_tbl_len, 16);
     assert_eq!(port.max_ud_payload, 4096);
 
-    let gid0 = v.query_gid(1, 0).unwrap();
+    // ABI version 3 without a MAC: index 0 (the default GID) unassigned,
+    // the operator's GID at index 1, the rest unassigned; past the table
+    // RANGE.
+    assert_eq!(v.query_gid(1, 0).unwrap().gid, [0; 16]);
+    let gid0 = v.query_gid(1, 1).unwrap();
     assert_eq!(gid0.gid_type, GID_TYPE_ROCE_V2);
     assert_eq!(&gid0.gid[..12], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]);
+    assert_eq!(v.query_gid(1, 15).unwrap().gid, [0; 16]);
+    assert_eq!(status_of(&v.query_gid(1, 16)), Some((Status::RANGE, 4)));
     drop(v);
 
     // Another VM has another GID and another GUID.
     let mut vm1 = d.connect(1).unwrap();
     let mut v1 = Verbs::new(&mut vm1);
-    let gid1 = v1.query_gid(1, 0).unwrap();
+    let gid1 = v1.query_gid(1, 1).unwrap();
     assert_ne!(gid0.gid, gid1.gid);
     assert_ne!(v1.query_device().unwrap().node_guid, dev.node_guid);
 }
@@ -121,6 +131,7 @@ fn object_lifecycle_and_dependencies() {
             AddressVector {
                 // The device's own GID: the tenant policy refuses any other here.
                 dgid: vhost_user_rdma::config::default_gid(0),
+                sgid_index: OWN_GID_INDEX,
                 hop_limit: 64,
                 ..AddressVector::default()
             },
@@ -355,7 +366,7 @@ fn rc_state_machine() {
         );
     }
     let [(m_init, a_init), (m_rtr, a_rtr), (m_rts, a_rts)] =
-        rc_transitions(0x42, vhost_user_rdma::config::default_gid(0));
+        rc_transitions(0x42, vhost_user_rdma::config::default_gid(0), OWN_GID_INDEX);
 
     // Each required attribute is really required.
     for bit in [attr::PKEY_INDEX, attr::PORT, attr::ACCESS] {
@@ -555,6 +566,7 @@ fn ud_state_machine_and_ah() {
             pd,
             AddressVector {
                 dgid: vhost_user_rdma::config::default_gid(0),
+                sgid_index: OWN_GID_INDEX,
                 flow_label: 0xfffff,
                 sl: 15,
                 hop_limit: 1,
@@ -616,7 +628,7 @@ fn connect_two_vms_rc() {
     let mut b = d.connect(1).unwrap();
     let setup = |vm: &mut vhost_user_rdma_tests::vmm::TestVmm| {
         let mut v = Verbs::new(vm);
-        let gid = v.query_gid(1, 0).unwrap().gid;
+        let (_, gid) = v.own_gid().unwrap();
         let (_, pd, cq) = v.ctx_pd_cq(64).unwrap();
         (gid, v.create_qp(&QpInit::rc(pd, cq)).unwrap())
     };
@@ -774,6 +786,7 @@ fn host_halves_go_with_their_objects() {
         v.create_qp(&QpInit::ud(pd, cq)).unwrap();
         let av = AddressVector {
             dgid: vhost_user_rdma::config::default_gid(0),
+            sgid_index: OWN_GID_INDEX,
             hop_limit: 64,
             ..AddressVector::default()
         };

@@ -177,29 +177,46 @@ fn create_ah_to_another_tenant_is_denied() {
     assert_eq!(iso(&d, 1), IsolationStats::default());
 }
 
+/// A source GID index that names no GID of the VM — past its table
+/// (`RANGE`) or an unassigned entry (`INVALID`: index 0, the default GID
+/// without a MAC, and any index after the VM's GIDs) — is refused and
+/// counted as spoofing; the VM's own index works.
 #[test]
-fn sgid_index_other_than_zero_is_range_and_counted_as_spoofing() {
+fn sgid_index_naming_no_own_gid_is_refused_and_counted_as_spoofing() {
     let d = two_tenants();
     let (a, b) = (open(&d, 0), open(&d, 1));
-    let spoof = AddressVector {
-        dgid: b.dev.gid(),
-        sgid_index: 1,
-        hop_limit: 64,
-        ..AddressVector::default()
-    };
-    assert_eq!(status(Ah::create(&a.pd, &spoof)).0, Status::RANGE);
+    let own = a.dev.gid_index();
+    assert_eq!(own, 1, "index 0 is the (unassigned) default GID");
+    for (index, want) in [
+        (16, Status::RANGE),
+        (0, Status::INVALID),
+        (2, Status::INVALID),
+    ] {
+        let spoof = AddressVector {
+            sgid_index: index,
+            ..a.dev.av(b.dev.gid())
+        };
+        assert_eq!(
+            status(Ah::create(&a.pd, &spoof)),
+            (want, 28),
+            "index {index}"
+        );
+    }
     let cqa = Cq::create(&a.dev, 16).unwrap();
     let (qa, qb) = (rc_qp(&a, &cqa), rc_qp(&b, &Cq::create(&b.dev, 16).unwrap()));
     qa.rc_to_init(QP_ACCESS).unwrap();
     let mut c = conn(&qb, &b);
-    c.av.sgid_index = 3;
-    assert_eq!(status(qa.rc_to_rtr(&c)).0, Status::RANGE);
+    c.sgid_index = Some(3);
+    assert_eq!(status(qa.rc_to_rtr(&c)), (Status::INVALID, 100));
+    c.sgid_index = Some(200);
+    assert_eq!(status(qa.rc_to_rtr(&c)), (Status::RANGE, 100));
     let s = iso(&d, 0);
-    assert_eq!((s.gid_spoof, s.denied), (2, 0), "{s:?}");
-    // Index 0 works.
-    c.av.sgid_index = 0;
+    assert_eq!((s.gid_spoof, s.denied), (5, 0), "{s:?}");
+    // The VM's own index works.
+    c.sgid_index = Some(own);
     qa.rc_to_rtr(&c).unwrap();
-    assert_eq!(iso(&d, 0).gid_spoof, 2);
+    assert_eq!(qa.query().unwrap().attr.av.sgid_index, own);
+    assert_eq!(iso(&d, 0).gid_spoof, 5);
 }
 
 // ---------------------------------------------------------------------------
@@ -634,7 +651,7 @@ fn fabric_rules_force_and_refuse_address_vector_fields() {
         sl,
         flow_label,
         hop_limit: 64,
-        ..AddressVector::default()
+        sgid_index: a.dev.gid_index(),
     };
     // Refused: SL 5, flow label 7; allowed SL 3 with any traffic class.
     assert_eq!(

@@ -32,7 +32,7 @@ fn populate(vm: &mut TestVmm) -> u32 {
     })
     .unwrap();
     let qp = v.create_qp(&QpInit::rc(pd, cq)).unwrap();
-    let gid = v.query_gid(1, 0).unwrap().gid;
+    let (_, gid) = v.own_gid().unwrap();
     v.connect_rc(qp.handle, 5, gid).unwrap();
     qp.handle
 }

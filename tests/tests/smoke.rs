@@ -15,7 +15,7 @@ fn daemon_answers() {
     assert_eq!(dev.max_qp, cfg.max_qp);
     let (_, pd, cq) = v.ctx_pd_cq(64).unwrap();
     let qp = v.create_qp(&QpInit::rc(pd, cq)).unwrap();
-    let gid = v.query_gid(1, 0).unwrap().gid;
+    let (_, gid) = v.own_gid().unwrap();
     v.connect_rc(qp.handle, qp.qpn, gid).unwrap();
     let q = v.query_qp(qp.handle).unwrap();
     assert_eq!(q.attr.qp_state, 3);

@@ -336,6 +336,7 @@ fn ud_grh_is_an_ipv6_header() {
             &AddressVector {
                 dgid: b.dev.gid(),
                 flow_label: flow,
+                sgid_index: a.dev.gid_index(),
                 hop_limit: hops,
                 traffic_class: tc,
                 ..AddressVector::default()

@@ -10,7 +10,7 @@ use vm_memory::GuestMemoryBackend;
 
 use super::parse::{destroy_error, field, fixed};
 use super::queue_mem::init_ctx_header;
-use super::{quota, CmdError, CmdResult, DETAIL_DB_RECORD, GID_TABLE_LEN};
+use super::{quota, CmdError, CmdResult, DETAIL_DB_RECORD};
 use crate::resources::{Ah, Context, Pd};
 use crate::vm::VmState;
 
@@ -22,18 +22,29 @@ const MAX_SL: u8 = 15;
 /// Flow labels are 20 bits.
 const FLOW_LABEL_LIMIT: u32 = 1 << 20;
 
-/// Checks an address vector; `prefix` is the path of the `av` field in `T`.
-pub(super) fn check_av<T: Wire>(av: &AddressVector, prefix: &str) -> Result<(), CmdError> {
-    if u32::from(av.sgid_index) >= GID_TABLE_LEN {
-        return Err(field::<T>(Status::RANGE, &format!("{prefix}.sgid_index")));
+impl VmState {
+    /// Checks an address vector; `prefix` is the path of the `av` field in
+    /// `T`. Its source GID index must name an assigned entry of the port's
+    /// table: past the table is `RANGE`, an unassigned entry `INVALID`
+    /// (spec 12.13, 12.16), each counted as a spoofing attempt.
+    pub(super) fn check_av<T: Wire>(&self, av: &AddressVector, prefix: &str) -> Result<(), CmdError> {
+        let index = u32::from(av.sgid_index);
+        if index >= self.port.gids.len() {
+            self.note_gid_spoof();
+            return Err(field::<T>(Status::RANGE, &format!("{prefix}.sgid_index")));
+        }
+        if self.port.gids.assigned(index).is_none() {
+            self.note_gid_spoof();
+            return Err(field::<T>(Status::INVALID, &format!("{prefix}.sgid_index")));
+        }
+        if av.sl > MAX_SL {
+            return Err(field::<T>(Status::INVALID, &format!("{prefix}.sl")));
+        }
+        if av.flow_label >= FLOW_LABEL_LIMIT {
+            return Err(field::<T>(Status::INVALID, &format!("{prefix}.flow_label")));
+        }
+        Ok(())
     }
-    if av.sl > MAX_SL {
-        return Err(field::<T>(Status::INVALID, &format!("{prefix}.sl")));
-    }
-    if av.flow_label >= FLOW_LABEL_LIMIT {
-        return Err(field::<T>(Status::INVALID, &format!("{prefix}.flow_label")));
-    }
-    Ok(())
 }
 
 impl VmState {
@@ -122,8 +133,7 @@ impl VmState {
         if req.port != PORT_NUM {
             return Err(field::<CreateAhReq>(Status::RANGE, "port"));
         }
-        self.note_sgid(&req.av);
-        check_av::<CreateAhReq>(&req.av, "av")?;
+        self.check_av::<CreateAhReq>(&req.av, "av")?;
         // The tenant policy, after every other check (spec 12.16).
         self.allowed_ah_gid(&req.av.dgid)?;
         let mut av = req.av;

@@ -78,9 +78,6 @@ pub type CmdResult = Result<Vec<u8>, CmdError>;
 pub use mr::{Prepared, Preparer};
 pub use virtio_rdma_abi::ctrl::{quota, DETAIL_DB_RECORD, DETAIL_LIST_PAGE};
 
-/// Most GIDs a port has: index 0, assigned by the operator.
-pub const GID_TABLE_LEN: u32 = 1;
-
 impl VmState {
     /// The context of PD `pd`, or `BAD_HANDLE` naming the `pd_handle`
     /// field of `T`.

@@ -19,21 +19,19 @@ use virtio_rdma_abi::qp::AddressVector;
 /// to unprivileged users in `ibv_modify_qp`).
 pub(crate) const PRIVILEGED_QKEY: u32 = 1 << 31;
 
-use super::{CmdError, GID_TABLE_LEN};
+use super::CmdError;
 use crate::config::FabricPolicy;
 use crate::tenancy::IsolationCounters;
 use crate::rnic_objects::{Owner, RnicKind};
 use crate::vm::VmState;
 
 impl VmState {
-    /// Counts a source GID index other than 0 (the only GID a VM has) as a
-    /// spoofing attempt. Called where the address vector is checked, which
-    /// refuses it with `RANGE`.
-    pub(super) fn note_sgid(&self, av: &AddressVector) {
-        if u32::from(av.sgid_index) >= GID_TABLE_LEN {
-            if let Some(c) = self.tenancy.counters(self.port.vm) {
-                IsolationCounters::bump(&c.gid_spoof);
-            }
+    /// Counts a source GID index that names no GID of the VM (past its
+    /// table, or an unassigned entry) as a spoofing attempt; the address
+    /// vector's check refuses it.
+    pub(super) fn note_gid_spoof(&self) {
+        if let Some(c) = self.tenancy.counters(self.port.vm) {
+            IsolationCounters::bump(&c.gid_spoof);
         }
     }
 
@@ -89,7 +87,7 @@ impl VmState {
     /// remote GID the VM's tenant lists.
     pub(super) fn allowed_ah_gid(&self, dgid: &[u8; 16]) -> Result<(), CmdError> {
         if self.rnic.kind() == RnicKind::Verbs {
-            if *dgid == self.port.gid || self.tenancy.may_reach_remote(self.port.vm, dgid) {
+            if self.port.gids.contains(dgid) || self.tenancy.may_reach_remote(self.port.vm, dgid) {
                 return Ok(());
             }
             return Err(self.denied());
@@ -119,9 +117,9 @@ impl VmState {
         }
         // A host RNIC gives every VM of the daemon the host's GID.
         let at_gid = if o.vm == me || self.rnic.kind() == RnicKind::Verbs {
-            *dgid == self.port.gid
+            self.port.gids.contains(dgid)
         } else {
-            self.tenancy.vm(o.vm).map(|v| v.gid) == Some(*dgid)
+            self.tenancy.vm(o.vm).is_some_and(|v| v.gids.contains(dgid))
         };
         at_gid.then_some(o.incarnation)
     }
@@ -135,7 +133,7 @@ impl VmState {
     /// QP, of any tenant); a remote one, a GID the tenant lists.
     pub(super) fn allowed_route(&self, dgid: &[u8; 16], dest_qpn: u32) -> Result<(), CmdError> {
         if self.rnic.kind() == RnicKind::Verbs {
-            let ok = if *dgid == self.port.gid {
+            let ok = if self.port.gids.contains(dgid) {
                 self.rnic
                     .lookup_qpn(dest_qpn)
                     .is_some_and(|o| self.tenancy.may_reach(self.port.vm, o.vm))

@@ -1,17 +1,18 @@
 //! CREATE_QP, MODIFY_QP, QUERY_QP, DESTROY_QP.
 
-use virtio_rdma_abi::config::{F_ATOMIC, F_SRQ, F_UD};
+use virtio_rdma_abi::config::{F_ATOMIC, F_GSI, F_SRQ, F_UD};
 use virtio_rdma_abi::ctrl::Status;
 use virtio_rdma_abi::datapath::{QpDoorbell, DB_NONE};
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::mem::{access, qp_buffer_layout};
 use virtio_rdma_abi::qp::attr::*;
-use virtio_rdma_abi::qp::{Mtu, QpAttr, QpState, QpType, QP_FLAG_SIG_ALL};
+use virtio_rdma_abi::qp::{
+    Mtu, QpAttr, QpState, QpType, GSI_QKEY, MAX_GSI_DEPTH, QP_FLAG_SIG_ALL,
+};
 use virtio_rdma_abi::verbs::*;
 use virtio_rdma_abi::Wire;
 use vm_memory::{GuestAddress, GuestMemoryBackend};
 
-use super::ctx::check_av;
 use super::mr::check_access;
 use super::parse::{depth, destroy_error, field, fixed, shift_plausible, with_list};
 use super::queue_mem::init_device_half;
@@ -38,10 +39,13 @@ impl VmState {
         let ctx = self.pd_ctx::<R>(req.pd_handle)?;
         let qp_type =
             QpType::from_u32(req.qp_type).ok_or_else(|| field::<R>(Status::INVALID, "qp_type"))?;
-        // The GSI QP (F_GSI) is not served yet: the daemon does not offer
-        // the feature, so its type is one of an absent feature.
-        if qp_type == QpType::GSI || (qp_type == QpType::UD && !self.has(F_UD)) {
+        let gsi = qp_type == QpType::GSI;
+        if (gsi && !self.has(F_GSI)) || (qp_type == QpType::UD && !self.has(F_UD)) {
             return Err(field::<R>(Status::UNSUPPORTED, "qp_type"));
+        }
+        // One GSI QP per device instance: QP 1 (spec 18.26).
+        if gsi && self.res.gsi_qp().is_some() {
+            return Err(field::<R>(Status::BUSY, "qp_type"));
         }
         for name in ["send_cq", "recv_cq"] {
             let h = if name == "send_cq" {
@@ -59,6 +63,10 @@ impl VmState {
             }
         }
         if req.srq_handle != 0 {
+            if gsi {
+                // MADs arrive on the GSI QP's own receive queue.
+                return Err(field::<R>(Status::INVALID, "srq_handle"));
+            }
             if !self.has(F_SRQ) {
                 return Err(field::<R>(Status::UNSUPPORTED, "srq_handle"));
             }
@@ -78,13 +86,18 @@ impl VmState {
             return Err(CmdError::new(Status::QUOTA, quota::QP));
         }
         let l = self.limits;
-        depth::<R>(req.sq_depth, l.max_qp_wr, "sq_depth")?;
+        let max_depth = if gsi {
+            l.max_qp_wr.min(MAX_GSI_DEPTH)
+        } else {
+            l.max_qp_wr
+        };
+        depth::<R>(req.sq_depth, max_depth, "sq_depth")?;
         if req.srq_handle != 0 {
             if req.rq_depth != 0 {
                 return Err(field::<R>(Status::INVALID, "rq_depth"));
             }
         } else {
-            depth::<R>(req.rq_depth, l.max_qp_wr, "rq_depth")?;
+            depth::<R>(req.rq_depth, max_depth, "rq_depth")?;
         }
         // max_send_sge 0 is allowed: a QP that posts only inline or
         // zero-SGE WQEs (spec 12.12); its stride holds the header and the
@@ -157,8 +170,9 @@ impl VmState {
         .to_bytes())
     }
 
-    /// Checks the value of every attribute present in `mask`.
-    fn check_attr_values(&self, mask: u32, a: &QpAttr) -> Result<(), CmdError> {
+    /// Checks the value of every attribute present in `mask` for a QP of
+    /// type `qp_type`.
+    fn check_attr_values(&self, qp_type: QpType, mask: u32, a: &QpAttr) -> Result<(), CmdError> {
         let bad = |status: Status, name: &str| field::<M>(status, &format!("attr.{name}"));
         let has = |bit: u32| mask & bit != 0;
         if has(ACCESS) {
@@ -174,9 +188,12 @@ impl VmState {
         if has(PORT) && a.port != PORT_NUM {
             return Err(bad(Status::RANGE, "port"));
         }
+        // The GSI QP has the GSI's Q_Key and no other (spec 18.26).
+        if has(QKEY) && qp_type == QpType::GSI && a.qkey != GSI_QKEY {
+            return Err(bad(Status::INVALID, "qkey"));
+        }
         if has(AV) {
-            self.note_sgid(&a.av);
-            check_av::<M>(&a.av, "attr.av")?;
+            self.check_av::<M>(&a.av, "attr.av")?;
         }
         if has(PATH_MTU) {
             let mtu = Mtu::from_u32(a.path_mtu).ok_or_else(|| bad(Status::INVALID, "path_mtu"))?;
@@ -251,12 +268,13 @@ impl VmState {
         if missing | extra != 0 {
             return Err(CmdError::new(Status::INVALID, missing | extra));
         }
-        self.check_attr_values(mask, &a)?;
-        if mask & QKEY != 0 {
-            // A policy, after the other checks (spec 12.13).
+        self.check_attr_values(qp_type, mask, &a)?;
+        if mask & QKEY != 0 && qp_type != QpType::GSI {
+            // A policy, after the other checks (spec 12.13): no QP but the
+            // GSI QP (whose Q_Key is checked above) has a privileged one.
             self.privileged_qkey(a.qkey)?;
         }
-        if qp_type != QpType::UD && mask & (AV | DEST_QPN) != 0 {
+        if qp_type == QpType::RC && mask & (AV | DEST_QPN) != 0 {
             // The tenant policy, after every other check (spec 12.13): the
             // destination the QP will have once the command is applied.
             let Some(qp) = self.res.qps.get(req.qp_handle) else {

@@ -5,7 +5,7 @@ use virtio_rdma_abi::verbs::*;
 use virtio_rdma_abi::Wire;
 
 use super::parse::{field, fixed};
-use super::{CmdResult, GID_TABLE_LEN};
+use super::CmdResult;
 use crate::vm::VmState;
 
 /// Firmware version reported: the crate version, major.minor.patch in
@@ -68,7 +68,7 @@ impl VmState {
             },
             max_mtu: caps.max_mtu,
             active_mtu: caps.max_mtu,
-            gid_tbl_len: GID_TABLE_LEN,
+            gid_tbl_len: self.port.gids.len(),
             pkey_tbl_len: 1,
             max_msg_size: caps.max_msg_size,
             link_rate_mbps: caps.link_rate_mbps,
@@ -89,11 +89,12 @@ impl VmState {
         if req.port != PORT_NUM {
             return Err(field::<QueryGidReq>(Status::RANGE, "port"));
         }
-        if req.index >= GID_TABLE_LEN {
+        // Entry `index`; an unassigned one reads as zero (appendix A).
+        let Some(gid) = self.port.gids.get(req.index) else {
             return Err(field::<QueryGidReq>(Status::RANGE, "index"));
-        }
+        };
         Ok(QueryGidResp {
-            gid: self.port.gid,
+            gid,
             gid_type: GID_TYPE_ROCE_V2,
             reserved: 0,
         }

@@ -229,11 +229,11 @@ impl RdmaDevice {
         if let Some(link) = &self.shmem {
             link.clear_region();
         }
-        let gid = st.vm.port_gid();
+        let gids = *st.vm.gids();
         st.vm.events.push(EventKind::PORT_ACTIVE, PORT_NUM, 0);
         self.bump_dp_gen();
         drop(st);
-        self.engine.peers_gone(self.id, gid, gone);
+        self.engine.peers_gone(self.id, &gids, gone);
     }
 
     /// Marks the device started or stopped, under its lock: once this

@@ -204,7 +204,7 @@ impl RdmaDevice {
         Ok(RdmaDevice {
             id,
             cell: Arc::new(VmCell::new(ctrl, engine.index())?),
-            config: device_config(&limits, shared.tenancy.vm(id).and_then(|v| v.mac)).to_bytes(),
+            config: device_config(&limits, shared.tenancy.vm(id)).to_bytes(),
             device_features,
             event_idx: AtomicBool::new(false),
             ctrl_poll,
@@ -317,7 +317,7 @@ impl RdmaDevice {
         if let Some(link) = &self.shmem {
             link.clear_region();
         }
-        let gid = st.vm.port_gid();
+        let gids = *st.vm.gids();
         st.vm.set_features(0);
         st.vm.memory_changed(None);
         st.vm.set_ram(RamMap::default());
@@ -331,7 +331,7 @@ impl RdmaDevice {
         self.event_idx.store(false, Ordering::Relaxed);
         // Not under our lock: the peers' locks are taken one at a time.
         drop(st);
-        self.engine.peers_gone(self.id, gid, gone);
+        self.engine.peers_gone(self.id, &gids, gone);
         // The engine's doorbell list of the VM holds the old mapping until
         // it is rebuilt, and a parked VM's list is looked at only when
         // kicked: have it let go now.
@@ -400,12 +400,15 @@ impl RdmaDevice {
     }
 }
 
-/// The configuration space of a VM with `limits` whose port is paired with
-/// the guest interface `mac` (spec chapter 5, appendix A).
-fn device_config(limits: &Limits, mac: Option<[u8; 6]>) -> DeviceConfig {
+/// The configuration space of a VM with `limits`: its ABI version and the
+/// guest interface its port is paired with, from its entry `vm` (spec
+/// chapter 5, appendix A).
+fn device_config(limits: &Limits, vm: Option<&crate::tenancy::VmEntry>) -> DeviceConfig {
+    let base = limits.device_config();
     DeviceConfig {
-        mac: mac.unwrap_or_default(),
-        ..limits.device_config()
+        abi_version: vm.map_or(base.abi_version, |v| v.abi),
+        mac: vm.and_then(|v| v.mac).unwrap_or_default(),
+        ..base
     }
 }
 

@@ -84,7 +84,7 @@ impl World {
         let tenancy = Arc::new(Tenancy::from_config(&config));
         let rnic: Arc<dyn RnicObjects> = Arc::new(testing::Numbers::default());
         let port = PortIdentity {
-            gid: [0; 16],
+            gids: crate::gid_table::GidTable::single([0; 16]),
             guid: 1,
             vm: 0,
         };

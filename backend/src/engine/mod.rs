@@ -202,13 +202,13 @@ impl Engine {
         self.registry.engine_of(vm) == Some(self.index)
     }
 
-    /// The RC QPs `qpns` (number, incarnation) of VM `vm` (port GID `gid`)
+    /// The RC QPs `qpns` (number, incarnation) of VM `vm` (GID table `gids`)
     /// are gone with their VM's connection or reset: every RC QP of another
     /// VM connected to one of them moves to `ERR` with `QP_FATAL`, and the
     /// engine flushes its work (spec 18.23), rather than letting it retry
     /// into nothing.
     /// Takes one VM's lock at a time (the caller holds none).
-    pub fn peers_gone(&self, vm: usize, gid: [u8; 16], mut qpns: Vec<(u32, u64)>) {
+    pub fn peers_gone(&self, vm: usize, gids: &crate::gid_table::GidTable, mut qpns: Vec<(u32, u64)>) {
         if qpns.is_empty() {
             return;
         }
@@ -220,7 +220,7 @@ impl Engine {
                 continue;
             }
             if let Some(dev) = dev {
-                failed = failed.saturating_add(dev.fail_peers_of(gid, &qpns));
+                failed = failed.saturating_add(dev.fail_peers_of(gids, &qpns));
             }
         }
         if failed > 0 {

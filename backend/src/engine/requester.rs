@@ -8,7 +8,9 @@ use std::time::Instant;
 use virtio_rdma_abi::config::F_MEM_MGT;
 use virtio_rdma_abi::datapath::{Cqe, QpDoorbell, WcOpcode, WcStatus, WrOpcode, WQE_SIGNALED};
 use virtio_rdma_abi::event::EventKind;
-use virtio_rdma_abi::qp::{AddressVector, QpState, QpType, QP_FLAG_SIG_ALL};
+use virtio_rdma_abi::qp::{
+    AddressVector, QpState, QpType, GSI_QKEY, GSI_QPN, MAX_MAD_BYTES, QP_FLAG_SIG_ALL,
+};
 
 use super::completer::{self, traffic};
 use super::doorbell;
@@ -313,9 +315,14 @@ impl Engine {
         if matches!(op, WcOpcode::COMP_SWAP | WcOpcode::FETCH_ADD) && len != 8 {
             return Err(WcStatus::LOC_QP_OP_ERR);
         }
-        let ud = qp.qp_type == QpType::UD;
-        // A UD message is one packet: at most the MTU (spec 18.11).
+        let ud = qp.qp_type.datagram();
+        // A UD message is one packet: at most the MTU (spec 18.11); a
+        // GSI QP's one MAD (spec 18.26).
         if ud && len > u64::from(caps.max_ud_payload()) {
+            return Err(WcStatus::LOC_LEN_ERR);
+        }
+        let gsi = qp.qp_type == QpType::GSI;
+        if gsi && len > u64::from(MAX_MAD_BYTES) {
             return Err(WcStatus::LOC_LEN_ERR);
         }
         let (dest_qpn, av) = if ud {
@@ -329,7 +336,10 @@ impl Engine {
         } else {
             (qp.attr.dest_qpn, qp.attr.av)
         };
-        let qkey = if wr.hdr.remote_qkey & QKEY_USE_OWN != 0 {
+        let qkey = if gsi {
+            // `remote_qkey` is ignored: a MAD carries the GSI's Q_Key.
+            GSI_QKEY
+        } else if wr.hdr.remote_qkey & QKEY_USE_OWN != 0 {
             qp.attr.qkey
         } else {
             wr.hdr.remote_qkey
@@ -370,11 +380,12 @@ impl Completion {
 }
 
 /// Whether send WQE `wr` is malformed on QP `qp` for reasons its opcode
-/// decides (spec 18.8, 18.27): an opcode the QP's type does not allow (UD:
-/// SEND, SEND_WITH_IMM, REG_MR and LOCAL_INV only), inline data on an RDMA
-/// READ or atomic, an RDMA READ or atomic on a QP whose `max_rd_atomic` is
-/// 0, an atomic while `F_ATOMIC` is not negotiated (`atomics` false), one
-/// of `F_MEM_MGT`'s opcodes without it (`mem_mgt` false), or a REG_MR or
+/// decides (spec 18.8, 18.26, 18.27): an opcode the QP's type does not
+/// allow (UD: SEND, SEND_WITH_IMM, REG_MR and LOCAL_INV only; GSI: SEND
+/// and SEND_WITH_IMM to QP 1 only), inline data on an RDMA READ or atomic,
+/// an RDMA READ or atomic on a QP whose `max_rd_atomic` is 0, an atomic
+/// while `F_ATOMIC` is not negotiated (`atomics` false), one of
+/// `F_MEM_MGT`'s opcodes without it (`mem_mgt` false), or a REG_MR or
 /// LOCAL_INV with inline data or SGEs.
 fn malformed_op(qp: &Qp, wr: &SendWr<'_>, (atomics, mem_mgt): (bool, bool)) -> bool {
     let atomic = matches!(
@@ -386,7 +397,8 @@ fn malformed_op(qp: &Qp, wr: &SendWr<'_>, (atomics, mem_mgt): (bool, bool)) -> b
     let ud_allowed = local || matches!(wr.opcode, WrOpcode::SEND | WrOpcode::SEND_WITH_IMM);
     let mem_op = local || wr.opcode == WrOpcode::SEND_WITH_INV;
     (mem_op && !mem_mgt)
-        || (qp.qp_type == QpType::UD && !ud_allowed)
+        || (qp.qp_type.datagram() && !ud_allowed)
+        || (qp.qp_type == QpType::GSI && (local || wr.hdr.remote_qpn != GSI_QPN))
         || (local && (wr.inline.is_some() || !wr.sges.is_empty()))
         || (rd_atomic && (wr.inline.is_some() || qp.attr.max_rd_atomic == 0))
         || (atomic && !atomics)

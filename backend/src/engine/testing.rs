@@ -11,7 +11,7 @@ use crate::memory::pagelist::PageListLimits;
 use crate::memory::{PageList, RamMap};
 use crate::resources::{Qp, QpRuntime};
 use crate::rnic_objects::{
-    Caps, MrKeys, MrSpec, Owner, QpChange, QpSpec, RnicError, RnicKind, RnicObjects,
+    Caps, MrKeys, MrSpec, Owner, PortGids, QpChange, QpSpec, RnicError, RnicKind, RnicObjects,
 };
 use crate::rnic_path::SendWr;
 
@@ -109,6 +109,8 @@ impl RnicObjects for Numbers {
             max_msg_size: 1 << 20,
             local_ca_ack_delay: 0,
             max_fast_reg_pages: 0,
+            gids: PortGids::PerVm,
+            gsi: true,
         }
     }
     fn create_qp(&self, _owner: Owner, _spec: &QpSpec) -> Result<u32, RnicError> {

@@ -296,7 +296,16 @@ fn vm_summary(view: &DaemonView, s: &VmSnapshot) -> Value {
         "index": s.index,
         "name": s.name,
         "tenant": s.tenant_name,
-        "gid": view.tenancy().vm(s.index).map(|v| gid_text(v.gid)),
+        // The first GID the operator gave it, and its whole table
+        // (index, GID) with the default GID of ABI version 3 at index 0.
+        "gid": view.tenancy().vm(s.index).map(|v| gid_text(v.gids.primary())),
+        "gids": view.tenancy().vm(s.index).map(|v| {
+            v.gids
+                .iter()
+                .map(|(i, g)| json!({"index": i, "gid": gid_text(g)}))
+                .collect::<Vec<_>>()
+        }),
+        "abi": view.tenancy().vm(s.index).map(|v| v.abi),
         // The guest interface its port is paired with; null: none.
         "mac": view.tenancy().vm(s.index).and_then(|v| v.mac).map(mac_text),
         "socket": view.vm_socket(s.index).map(|p| p.display().to_string()),

@@ -55,6 +55,8 @@ enum Kind {
     Data,
     /// Control commands: whole tokens taken before they run, no debt.
     Ctrl,
+    /// Whole tokens like `Ctrl`, with a burst of its own (a VM's MADs).
+    Counted(u64),
 }
 
 impl Kind {
@@ -66,6 +68,7 @@ impl Kind {
                 i128::from(rate).saturating_mul(burst_ns).max(TOKEN)
             }
             Kind::Ctrl => i128::from(ctrl_burst(rate)).saturating_mul(TOKEN),
+            Kind::Counted(burst) => i128::from(burst.max(1)).saturating_mul(TOKEN),
         }
     }
 }
@@ -134,6 +137,23 @@ impl TokenBucket {
         }
     }
 
+    /// A full bucket of `rate` whole tokens per second (0: unlimited)
+    /// that holds at most `burst` of them (at least one), at `now`; used
+    /// like a control-command bucket ([`take`](TokenBucket::take),
+    /// [`give_back`](TokenBucket::give_back)). A VM's MAD rate (spec
+    /// 18.26).
+    pub fn counted(rate: u64, burst: u64, now: Instant) -> Self {
+        let kind = Kind::Counted(burst);
+        let cap = kind.cap(rate);
+        TokenBucket {
+            kind,
+            rate,
+            cap,
+            credit: cap,
+            last: Some(now),
+        }
+    }
+
     /// The configured rate (0: unlimited).
     pub fn rate(&self) -> u64 {
         self.rate
@@ -160,7 +180,7 @@ impl TokenBucket {
                 self.last = None;
             }
             Kind::Data => self.credit = self.credit.min(self.cap),
-            Kind::Ctrl => {
+            Kind::Ctrl | Kind::Counted(_) => {
                 let whole = self
                     .credit
                     .checked_div_euclid(TOKEN)
@@ -542,5 +562,18 @@ mod tests {
         d.set_rate(2000);
         let wait = d.check(t0).map(|t| t.duration_since(t0));
         assert_eq!(wait, Some(Duration::from_nanos(500_000_001)));
+    }
+
+    #[test]
+    fn a_counted_bucket_has_its_own_burst() {
+        let t0 = Instant::now();
+        let mut b = TokenBucket::counted(10, 64, t0);
+        assert_eq!(b.take(100, t0), 64, "the burst, not 10 ms of the rate");
+        assert_eq!(b.take(1, t0), 0);
+        b.give_back(1);
+        assert_eq!(b.take(1, t0), 1);
+        // 10 per second: one more after 100 ms, never more than the burst.
+        assert_eq!(b.take(5, t0 + Duration::from_millis(100)), 1);
+        assert_eq!(b.take(100, t0 + Duration::from_secs(3600)), 64);
     }
 }

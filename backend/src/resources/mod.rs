@@ -17,6 +17,8 @@ pub use objects::{
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use virtio_rdma_abi::qp::{QpType, GSI_QPN};
+
 use crate::keys::KeyMap;
 use crate::memory::PageList;
 use crate::shmem::{DbSlot, DoorbellPages};
@@ -109,6 +111,8 @@ pub struct VmResources {
     pub host_bytes: u64,
     /// Doorbell pages and slots (shared-memory doorbell mode).
     pub doorbells: Option<DoorbellPages>,
+    /// The handle of the VM's GSI QP, QP 1, if it has one (spec 18.26).
+    gsi: Option<u32>,
     /// Translations of destroyed objects, not yet freed: freeing the 32 MiB
     /// of a 16 GiB MR takes milliseconds, which the control path spends
     /// after it releases the VM's lock ([`VmResources::take_released`]).
@@ -154,6 +158,7 @@ impl VmResources {
             registered_bytes: 0,
             host_bytes: 0,
             doorbells: None,
+            gsi: None,
             released: Vec::new(),
             vm,
             budget,
@@ -222,6 +227,11 @@ impl VmResources {
             self.release(pages);
         }
         Err(refused.1)
+    }
+
+    /// The handle of the VM's GSI QP (QP 1), if it has one.
+    pub fn gsi_qp(&self) -> Option<u32> {
+        self.gsi
     }
 
     /// Inserts a context.
@@ -323,8 +333,8 @@ impl VmResources {
     }
 
     /// Inserts a QP (a user of its PD, CQs and SRQ) and creates its host
-    /// half, which gives it its number (`qp.qpn` is ignored). Returns its
-    /// handle and number.
+    /// half, which gives it its number (`qp.qpn` is ignored); a GSI QP is
+    /// QP 1 and has no host half. Returns its handle and number.
     pub fn insert_qp(&mut self, mut qp: Qp, t: &dyn RnicObjects) -> Result<(u32, u32), InsertError> {
         qp.qpn = 0;
         let spec = QpSpec {
@@ -346,11 +356,18 @@ impl VmResources {
             incarnation,
             ..self.owner(h)
         };
-        let qpn = match t.create_qp(owner, &spec) {
-            Ok(n) => n,
-            Err(e) => {
-                self.unmake(h, |r| &mut r.qps);
-                return Err(InsertError::Rnic(e));
+        // The GSI QP is QP 1 in every VM: its number is not the RNIC's
+        // (QP 1 is never handed out), and peers reach it through its VM.
+        let qpn = if spec.qp_type == QpType::GSI {
+            self.gsi = Some(h);
+            GSI_QPN
+        } else {
+            match t.create_qp(owner, &spec) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.unmake(h, |r| &mut r.qps);
+                    return Err(InsertError::Rnic(e));
+                }
             }
         };
         if let Some(qp) = self.qps.get_mut(h) {
@@ -417,7 +434,11 @@ impl VmResources {
                 dec(&mut srq.users);
             }
         }
-        t.destroy_qp(qp.qpn);
+        if self.gsi == Some(handle) {
+            self.gsi = None;
+        } else {
+            t.destroy_qp(qp.qpn);
+        }
         self.free_slot(qp.db_slot.as_ref());
         self.release(qp.ring);
         Ok(())

@@ -252,11 +252,11 @@ impl VmCell {
     }
 
     /// RC QPs of this VM whose destination was one of `gone` (number and
-    /// incarnation, sorted by number) at `gid` (a VM that disconnected or
-    /// was reset) move to `ERR`; returns how many.
-    pub fn fail_peers_of(&self, gid: [u8; 16], gone: &[(u32, u64)]) -> usize {
+    /// incarnation, sorted by number) at a GID of `gids` (a VM that
+    /// disconnected or was reset) move to `ERR`; returns how many.
+    pub fn fail_peers_of(&self, gids: &crate::gid_table::GidTable, gone: &[(u32, u64)]) -> usize {
         let mut st = self.lock();
-        let n = st.vm.fail_peers_of(gid, gone);
+        let n = st.vm.fail_peers_of(gids, gone);
         if n > 0 {
             self.bump_dp_gen();
             drop(st);

@@ -15,9 +15,11 @@ use std::sync::Arc;
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::qp::QpState;
 
-use crate::config::Limits;
+use crate::config::{Limits, MAD_BURST};
 use crate::events::EventQueue;
+use crate::gid_table::GidTable;
 use crate::memory::RamMap;
+use crate::qos::bucket::TokenBucket;
 use crate::resources::{Qp, VmResources};
 use crate::tenancy::Tenancy;
 use crate::rnic_objects::RnicObjects;
@@ -35,11 +37,11 @@ pub struct CtrlStats {
 }
 }
 
-/// Identity of the VM's port (its GID).
+/// Identity of the VM's port (its GID table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PortIdentity {
-    /// The VM's GID (table index 0).
-    pub gid: [u8; 16],
+    /// The VM's GID table (spec appendix A).
+    pub gids: GidTable,
     /// GUID of this device instance (node and system image GUID): one per
     /// VM, so guests cannot tell that they share a host.
     pub guid: u64,
@@ -83,6 +85,10 @@ pub struct VmState {
     /// execute the VM's work and do peers' messages reach it. Changed by
     /// the device under the VM's lock.
     pub(crate) running: bool,
+    /// The MADs its GSI QP may still send (`mad_per_sec`, bursts of
+    /// [`MAD_BURST`]; spec 18.26). Not refilled by a reset: a guest
+    /// cannot reset its way past the rate.
+    mad_limit: TokenBucket,
 }
 
 impl VmState {
@@ -109,7 +115,24 @@ impl VmState {
             engine_work: false,
             dp_changed: false,
             running: false,
+            mad_limit: TokenBucket::counted(
+                u64::from(limits.mad_per_sec),
+                MAD_BURST,
+                std::time::Instant::now(),
+            ),
         }
+    }
+
+    /// Takes one MAD of the VM's rate at `now`; false when the rate is
+    /// spent (the MAD is dropped).
+    pub fn take_mad(&mut self, now: std::time::Instant) -> bool {
+        self.mad_limit.take(1, now) == 1
+    }
+
+    /// Returns a MAD taken by [`VmState::take_mad`] that was not sent
+    /// (its destination's lock was busy: it is tried again).
+    pub fn give_back_mad(&mut self) {
+        self.mad_limit.give_back(1);
     }
 
     /// The device flags a new doorbell record or page starts with: those
@@ -161,9 +184,16 @@ impl VmState {
         &self.tenancy
     }
 
-    /// The VM's GID.
-    pub fn port_gid(&self) -> [u8; 16] {
-        self.port.gid
+    /// The VM's GID table.
+    pub fn gids(&self) -> &GidTable {
+        &self.port.gids
+    }
+
+    /// Whether `gid` is one of the VM's GIDs (a message to it is the
+    /// VM's).
+    #[inline]
+    pub fn owns_gid(&self, gid: &[u8; 16]) -> bool {
+        self.port.gids.contains(gid)
     }
 
     /// Sets the device features the driver negotiated.
@@ -253,14 +283,14 @@ impl VmState {
     }
 
     /// The RC QPs of this VM connected to one of `gone` (number and
-    /// incarnation, sorted by number) at `gid` (QPs of a device instance
-    /// that went away) move to `ERR` with `QP_FATAL`; the engine then
-    /// flushes their work (spec 18.23). Returns how many.
-    pub fn fail_peers_of(&mut self, gid: [u8; 16], gone: &[(u32, u64)]) -> usize {
+    /// incarnation, sorted by number) at a GID of `gids` (QPs of a device
+    /// instance that went away) move to `ERR` with `QP_FATAL`; the engine
+    /// then flushes their work (spec 18.23). Returns how many.
+    pub fn fail_peers_of(&mut self, gids: &GidTable, gone: &[(u32, u64)]) -> usize {
         use virtio_rdma_abi::qp::QpType;
         // The incarnation of the gone QP with `q`'s destination number.
         let hit = |q: &Qp| {
-            if q.qp_type != QpType::RC || q.attr.av.dgid != gid {
+            if q.qp_type != QpType::RC || !gids.contains(&q.attr.av.dgid) {
                 return None;
             }
             let i = gone

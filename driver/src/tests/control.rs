@@ -44,12 +44,17 @@ fn open_queries_then_creates_a_context_and_drop_destroys_it() {
             Opcode::QUERY_DEVICE,
             Opcode::QUERY_PORT,
             Opcode::QUERY_GID,
+            Opcode::QUERY_GID,
             Opcode::CREATE_CTX
         ]
     );
     let port = QueryPortReq::parse(&mock.last(Opcode::QUERY_PORT).unwrap().payload).unwrap();
     assert_eq!(port.port, 1);
-    assert_eq!(dev.gid()[15], 7);
+    // A version-3 device: index 0 is the default GID, the handle's own
+    // GID is the operator's first, at index 1.
+    assert_eq!((dev.gid()[15], dev.gid_index()), (7, 1));
+    assert_eq!(dev.av([9; 16]).sgid_index, 1);
+    assert_eq!(dev.gid_table().unwrap()[0][..2], [0xfe, 0x80]);
     assert_eq!(dev.port_attr().active_mtu, 3);
     let ctx = dev.ctx_handle();
     drop(dev);
@@ -58,9 +63,9 @@ fn open_queries_then_creates_a_context_and_drop_destroys_it() {
 }
 
 #[test]
-fn open_sends_its_four_commands_before_waiting() {
+fn open_sends_its_commands_before_waiting() {
     let (mock, _dev) = setup();
-    assert_eq!(*mock.waits.lock().unwrap(), [4, 4, 4, 4]);
+    assert_eq!(*mock.waits.lock().unwrap(), [5, 5, 5, 5, 5]);
 }
 
 #[test]
@@ -81,6 +86,7 @@ fn open_destroys_its_context_when_a_query_failed() {
         [
             Opcode::QUERY_DEVICE,
             Opcode::QUERY_PORT,
+            Opcode::QUERY_GID,
             Opcode::QUERY_GID,
             Opcode::CREATE_CTX,
             Opcode::DESTROY_CTX
@@ -115,8 +121,30 @@ fn abi_version_is_checked() {
     for v in [2, virtio_rdma_abi::ABI_VERSION] {
         let mut m = super::mock::Mock::new();
         m.config.abi_version = v;
-        assert!(crate::Device::open(Arc::new(m)).is_ok(), "version {v}");
+        let dev = crate::Device::open(Arc::new(m)).unwrap();
+        // Either way the handle's GID is the operator's: index 0 of a
+        // version-2 table (one entry, read alone), 1 of a version-3 one.
+        assert_eq!(
+            (dev.gid()[15], u32::from(dev.gid_index())),
+            (7, v.saturating_sub(2)),
+            "version {v}"
+        );
     }
+    // A GID index given by the caller is read alone.
+    let m = Arc::new(super::mock::Mock::new());
+    let opts = crate::DeviceOptions {
+        gid_index: Some(0),
+        ..crate::DeviceOptions::default()
+    };
+    let dev = crate::Device::open_with(m.clone(), opts).unwrap();
+    assert_eq!((&dev.gid()[..2], dev.gid_index()), (&[0xfe, 0x80][..], 0));
+    assert_eq!(
+        m.opcodes()
+            .iter()
+            .filter(|&&o| o == Opcode::QUERY_GID)
+            .count(),
+        1
+    );
 }
 
 #[test]

@@ -154,6 +154,15 @@ impl Mock {
         self.notifies.lock().unwrap().len()
     }
 
+    /// Entries of the mock's GID table: 2 for version 3, 1 for version 2.
+    fn gid_tbl_len(&self) -> u32 {
+        if self.config.abi_version >= 3 {
+            2
+        } else {
+            1
+        }
+    }
+
     fn id(&self) -> u32 {
         self.next.fetch_add(1, Ordering::Relaxed)
     }
@@ -184,7 +193,7 @@ impl Mock {
                 state: PORT_STATE_ACTIVE,
                 max_mtu: 5,
                 active_mtu: 3,
-                gid_tbl_len: 1,
+                gid_tbl_len: self.gid_tbl_len(),
                 pkey_tbl_len: 1,
                 link_rate_mbps: 100_000,
                 phys_state: PHYS_STATE_LINK_UP,
@@ -193,12 +202,23 @@ impl Mock {
                 ..PortAttr::default()
             }
             .to_bytes(),
-            Opcode::QUERY_GID => QueryGidResp {
-                gid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7],
-                gid_type: GID_TYPE_ROCE_V2,
-                reserved: 0,
+            Opcode::QUERY_GID => {
+                // Version 3: the default GID, then the operator's
+                // (`::ffff:10.0.0.7`); version 2: the operator's alone.
+                let index = QueryGidReq::parse(p).unwrap().index;
+                let operator = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 7];
+                let gid = match (self.gid_tbl_len(), index) {
+                    (2, 0) => [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xfe, 0, 0, 6],
+                    (n, i) if i + 1 == n => operator,
+                    _ => return (Status::RANGE, 4, Vec::new()),
+                };
+                QueryGidResp {
+                    gid,
+                    gid_type: GID_TYPE_ROCE_V2,
+                    reserved: 0,
+                }
+                .to_bytes()
             }
-            .to_bytes(),
             Opcode::CREATE_CTX => CreateCtxResp {
                 ctx_handle: self.id(),
                 doorbell_page: u32::MAX,

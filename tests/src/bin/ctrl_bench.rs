@@ -837,11 +837,11 @@ fn qp_requests(v: &mut Verbs<'_>, n: usize) -> Res<QpRequests> {
         let (req, tail): (CreateQpReq, Vec<u8>) = v.qp_request(&init)?;
         reqs.push((req.to_bytes(), tail));
     }
-    let gid = v.query_gid(1, 0)?.gid;
+    let (index, gid) = v.own_gid()?;
     Ok(QpRequests {
         pd,
         reqs,
-        tr: rc_transitions(0x00_1234, gid),
+        tr: rc_transitions(0x00_1234, gid, index),
     })
 }
 

@@ -63,7 +63,7 @@ fn setup(name: &str, path: &PathBuf) -> Result<Vm> {
     );
     let mut v = Verbs::new(&mut vmm);
     let port = v.query_port(1)?;
-    let gid = v.query_gid(1, 0)?.gid;
+    let (_, gid) = v.own_gid()?;
     println!(
         "{name}: port 1 state {} (4 = ACTIVE), MTU {} bytes, GID {}",
         port.state,

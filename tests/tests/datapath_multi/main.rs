@@ -20,6 +20,7 @@ mod disconnect;
 mod error_flush;
 mod fences_and_arming;
 mod fixtures;
+mod gsi_wqes;
 mod many_vms;
 mod memory_table;
 mod operations;

@@ -10,7 +10,7 @@ use virtio_rdma_abi::qp::AddressVector;
 use virtio_rdma_abi::verbs::*;
 
 use crate::requests::{cq_req, desc, inline, le64s, mr_req, pages, qp_req, FPO, MR_BUF, NPAGES};
-use crate::world::hostile;
+use crate::world::{hostile, OWN_GID_INDEX};
 
 #[test]
 fn mr_length_zero() {
@@ -215,13 +215,7 @@ fn create_qp_values_out_of_domain() {
         }
         for (what, qp_type, flags, status, detail) in [
             ("qp_type 0", 0, 0, Status::INVALID, 4),
-            (
-                "qp_type 3 (GSI) without F_GSI",
-                3,
-                0,
-                Status::UNSUPPORTED,
-                4,
-            ),
+            // (qp_type 3, GSI, without F_GSI: hostile/gsi.rs.)
             ("qp_type 4", 4, 0, Status::INVALID, 4),
             ("unknown flags", 1, 0x2, Status::INVALID, 20),
             ("unknown high flag", 1, 0x8000_0001, Status::INVALID, 20),
@@ -353,7 +347,10 @@ fn srq_and_ah_values_out_of_domain() {
         );
         w.ok("DESTROY_SRQ", |v| v.destroy_srq(srq));
 
-        let av = AddressVector::default();
+        let av = AddressVector {
+            sgid_index: OWN_GID_INDEX,
+            ..AddressVector::default()
+        };
         for (what, port, av, status, detail) in [
             ("port 2", 2, av, Status::RANGE, 4),
             (
@@ -367,13 +364,33 @@ fn srq_and_ah_values_out_of_domain() {
                 24,
             ),
             (
-                "sgid_index 1",
+                "sgid_index 16 (past the table)",
                 1,
                 AddressVector {
-                    sgid_index: 1,
+                    sgid_index: 16,
                     ..av
                 },
                 Status::RANGE,
+                28,
+            ),
+            (
+                "sgid_index 0 (the default GID, unassigned without a MAC)",
+                1,
+                AddressVector {
+                    sgid_index: 0,
+                    ..av
+                },
+                Status::INVALID,
+                28,
+            ),
+            (
+                "sgid_index 2 (unassigned)",
+                1,
+                AddressVector {
+                    sgid_index: 2,
+                    ..av
+                },
+                Status::INVALID,
                 28,
             ),
             (
@@ -396,7 +413,9 @@ fn srq_and_ah_values_out_of_domain() {
         }
         w.expect("QUERY_PORT 2", Status::RANGE, 0, |v| v.query_port(2));
         w.expect("QUERY_PORT 0", Status::RANGE, 0, |v| v.query_port(0));
-        w.expect("QUERY_GID index 1", Status::RANGE, 4, |v| v.query_gid(1, 1));
+        w.expect("QUERY_GID index 16", Status::RANGE, 4, |v| {
+            v.query_gid(1, 16)
+        });
         w.expect("QUERY_GID port 2", Status::RANGE, 0, |v| v.query_gid(2, 0));
     });
 }

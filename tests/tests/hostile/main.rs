@@ -32,6 +32,7 @@ mod commands;
 mod controlq;
 mod disconnect;
 mod fast_reg;
+mod gsi;
 mod handles;
 mod ownership;
 mod page_list_addresses;

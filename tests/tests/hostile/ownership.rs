@@ -8,7 +8,7 @@ use virtio_rdma_abi::mem::access;
 use virtio_rdma_abi::qp::{AddressVector, QpAttr};
 
 use crate::requests::{expect_modify, fresh_qp, rc_steps, M_ACCESS};
-use crate::world::{gid, hostile, IOVA, LW};
+use crate::world::{gid, hostile, IOVA, LW, OWN_GID_INDEX};
 
 // ===========================================================================
 // Ownership (spec 9.3, MISMATCH) and dependencies (spec 9.4, BUSY).
@@ -108,6 +108,7 @@ fn busy_dealloc_pd_with_dependents() {
         });
         let av = AddressVector {
             dgid: gid(0),
+            sgid_index: OWN_GID_INDEX,
             ..AddressVector::default()
         };
         let ah = w.ok("CREATE_AH", |v| v.create_ah(pd, av));

@@ -395,7 +395,7 @@ fn qp_other_attribute_values() {
             a
         };
         let in_init = qp_in(w, 1);
-        let cases: [(&str, QpAttr, Status, u32); 6] = [
+        let cases: [(&str, QpAttr, Status, u32); 8] = [
             (
                 "min_rnr_timer 32",
                 edit(rtr, &|a| a.min_rnr_timer = 32),
@@ -421,9 +421,21 @@ fn qp_other_attribute_values() {
                 M_AV_FLOW_LABEL,
             ),
             (
-                "av.sgid_index 1",
-                edit(rtr, &|a| a.av.sgid_index = 1),
+                "av.sgid_index 16 (past the table)",
+                edit(rtr, &|a| a.av.sgid_index = 16),
                 Status::RANGE,
+                M_AV_SGID_INDEX,
+            ),
+            (
+                "av.sgid_index 0 (the default GID, unassigned without a MAC)",
+                edit(rtr, &|a| a.av.sgid_index = 0),
+                Status::INVALID,
+                M_AV_SGID_INDEX,
+            ),
+            (
+                "av.sgid_index 15 (unassigned)",
+                edit(rtr, &|a| a.av.sgid_index = 15),
+                Status::INVALID,
                 M_AV_SGID_INDEX,
             ),
             (

@@ -10,7 +10,7 @@ use virtio_rdma_abi::verbs::*;
 use virtio_rdma_abi::Wire;
 use vm_memory::GuestAddress;
 
-use crate::world::{gid, World, IOVA, LW};
+use crate::world::{gid, World, IOVA, LW, OWN_GID_INDEX};
 
 // ---------------------------------------------------------------------------
 // Offsets used in `detail` (payload offsets, spec chapters 10 and 12).
@@ -127,7 +127,7 @@ pub fn fresh_qp(w: &mut World) -> u32 {
 
 /// The RC transitions RESET -> INIT, INIT -> RTR, RTR -> RTS towards B.
 pub fn rc_steps(w: &World) -> [(u32, QpAttr); 3] {
-    rc_transitions(w.b_base.qp.qpn, gid(1))
+    rc_transitions(w.b_base.qp.qpn, gid(1), OWN_GID_INDEX)
 }
 
 /// A fresh RC QP moved through the first `n` transitions (0: RESET,

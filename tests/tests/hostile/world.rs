@@ -74,6 +74,10 @@ pub fn gid(i: usize) -> [u8; 16] {
     vhost_user_rdma::config::default_gid(i)
 }
 
+/// The index of a VM's GID in its table (ABI version 3 without a MAC:
+/// index 0, the default GID, is unassigned; the operator's is at 1).
+pub const OWN_GID_INDEX: u8 = 1;
+
 /// Moves the baseline QP to RTS towards `connect` (QPN and GID, if given)
 /// and records what QUERY_QP returns for it.
 pub fn finish_base(vm: &mut TestVmm, b: BaseParts, connect: Option<(u32, [u8; 16])>) -> Base {

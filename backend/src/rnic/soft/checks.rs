@@ -5,7 +5,7 @@
 //! which runs them again and reports the failure: the two cannot differ
 //! in what they let through.
 
-use virtio_rdma_abi::qp::{QpState, QpType};
+use virtio_rdma_abi::qp::{QpState, QpType, GSI_QPN};
 
 use super::request::RespOutcome;
 use crate::resources::{Mr, Qp};
@@ -36,9 +36,11 @@ pub(super) fn rc_responder(
     Ok(q)
 }
 
-/// UD QP `qp` of `state`, if it takes a message addressed to QPN `qpn`
-/// with Q_Key `qkey` now; otherwise the message is dropped (`Dropped`),
-/// or the handle no longer names that QP (`Stale`).
+/// UD or GSI QP `qp` of `state`, if it takes a datagram addressed to QPN
+/// `qpn` with Q_Key `qkey` now; otherwise the message is dropped
+/// (`Dropped`), or the handle no longer names that QP (`Stale`). Only a
+/// MAD reaches the GSI QP: QP number 1 and the GSI's Q_Key, which no
+/// other QP has (spec 18.26).
 pub(super) fn ud_responder(
     state: &VmState,
     qp: u32,
@@ -46,7 +48,9 @@ pub(super) fn ud_responder(
     qkey: u32,
 ) -> Result<&Qp, RespOutcome> {
     let q = addressed(state, qp, qpn, None, RespOutcome::Dropped)?;
-    if q.qp_type != QpType::UD || q.attr.qkey != qkey || !receiving(q.state) {
+    let gsi = q.qp_type == QpType::GSI;
+    if !q.qp_type.datagram() || gsi != (qpn == GSI_QPN) || q.attr.qkey != qkey || !receiving(q.state)
+    {
         return Err(RespOutcome::Dropped);
     }
     Ok(q)

@@ -72,7 +72,7 @@ pub(super) fn small_write(
     // REMOTE_WRITE on the QP and on an MR of its PD whose bounds hold the
     // range.
     let peer = &*held.state;
-    if peer.port_gid() != msg.av.dgid {
+    if !peer.owns_gid(&msg.av.dgid) {
         return None;
     }
     let q = rc_responder(peer, peer_qp, msg.dest_qpn, None).ok()?;

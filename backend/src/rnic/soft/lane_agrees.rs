@@ -82,7 +82,7 @@ fn side(vm: usize, rnic: &Arc<dyn RnicObjects>, tenancy: &Arc<Tenancy>, setup: &
     let gm = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x1_0000)]).unwrap();
     let host = HostMem::new(Arc::new(gm.clone()));
     let port = PortIdentity {
-        gid: gid(vm),
+        gids: crate::gid_table::GidTable::single(gid(vm)),
         guid: 1 + vm as u64,
         vm,
     };
@@ -146,7 +146,7 @@ fn pair(setup: &Setup) -> Pair {
     let bytes: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8 + 1).collect();
     a.gm.write_slice(&bytes, GuestAddress(PAGE)).unwrap();
     let port = PortIdentity {
-        gid: gid(1),
+        gids: crate::gid_table::GidTable::single(gid(1)),
         guid: 9,
         vm: 1,
     };

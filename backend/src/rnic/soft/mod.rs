@@ -9,7 +9,8 @@
 //!   burst (the peer VM locked for it); [`lane`]: small WRITEs in one pass;
 //! - [`route`]: getting a message to its responder (QPN lookup, tenant
 //!   policy, the peer VM's lock); [`request`]: a message as the responder
-//!   gets it, and what it answers; [`checks`]: whether the responder QP
+//!   gets it, and what it answers; [`mad`]: the GSI QP's MADs (QP 1 of
+//!   the VM with the destination GID, the MAD rate); [`checks`]: whether the responder QP
 //!   takes a message, one set for the general path and the lane;
 //!   [`responder`] and [`receive`]: the responder's side; [`retry`]: retry emulation; [`pieces`]: large
 //!   messages in pieces.
@@ -18,6 +19,7 @@ pub mod burst;
 pub mod checks;
 pub mod keyspace;
 pub mod lane;
+pub mod mad;
 #[cfg(test)]
 mod lane_agrees;
 pub mod path;

@@ -9,6 +9,7 @@ use virtio_rdma_abi::datapath::WcStatus;
 use virtio_rdma_abi::qp::QpType;
 
 use super::lane;
+use super::mad;
 use super::pieces::{self, Pieces, Span};
 use super::request::{RespOutcome, RespScratch};
 use super::retry::{exhausted, rnr_retry, transport_retry, waiting};
@@ -233,7 +234,13 @@ impl RnicPath for SoftPath<'_> {
             return failed(cx.state, WcStatus::LOC_QP_OP_ERR);
         };
         let span = Span { start, limit, part };
-        let outcome = match self.router.transmit(cx, b, msg, span, local, resp) {
+        let sent = if msg.qp_type == QpType::GSI {
+            // QP 1 of the VM with that GID, not a QP number of the RNIC.
+            mad::transmit(self.router.tenancy, cx, msg, local, resp)
+        } else {
+            self.router.transmit(cx, b, msg, span, local, resp)
+        };
+        let outcome = match sent {
             Ok(outcome) => outcome,
             Err(status) => return failed(cx.state, status),
         };

@@ -282,7 +282,8 @@ pub(super) fn place_send(
             payload_length: ud_grh_payload_length(req.len, with_imm),
             hop_limit: req.av.hop_limit,
             sgid: req.src_gid,
-            dgid: state.port_gid(),
+            // The GID the sender addressed: one of this VM's.
+            dgid: req.av.dgid,
         }
         .to_bytes();
         access::write(mem, segs, &header).map_err(|_| WcStatus::LOC_PROT_ERR)?;

@@ -4,7 +4,6 @@
 
 use virtio_rdma_abi::datapath::{WcStatus, WrOpcode};
 use virtio_rdma_abi::mem::access as acc;
-use virtio_rdma_abi::qp::QpType;
 
 use super::receive::{
     abandon, consume_recv, next_piece, peek_recv, place_piece, place_send, received, recv_cqe,
@@ -168,7 +167,7 @@ fn perform(
     let Some(q) = state.res.qps.get(qp) else {
         return RespOutcome::Unreachable;
     };
-    let ud = q.qp_type == QpType::UD;
+    let ud = q.qp_type.datagram();
     let (recv_cq, my_qpn, pd) = (q.recv_cq, q.qpn, q.pd);
     let min_rnr = q.attr.min_rnr_timer;
     // A responder with max_dest_rd_atomic 0 accepts no RDMA READ or atomic

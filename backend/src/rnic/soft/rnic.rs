@@ -10,7 +10,7 @@ use virtio_rdma_abi::qp::Mtu;
 use super::keyspace::KeySpace;
 use crate::rnic::directory::Directory;
 use crate::rnic_objects::{
-    Caps, MrKeys, MrSpec, Owner, QpChange, QpSpec, RnicObjects, RnicError,
+    Caps, MrKeys, MrSpec, Owner, PortGids, QpChange, QpSpec, RnicObjects, RnicError,
     RnicKind,
 };
 use crate::sync::{lock, read, write};
@@ -84,6 +84,8 @@ impl RnicObjects for SoftRnic {
             max_msg_size: 1 << 31,
             local_ca_ack_delay: SOFT_ACK_DELAY,
             max_fast_reg_pages: MAX_FAST_REG_PAGES,
+            gids: PortGids::PerVm,
+            gsi: true,
         }
     }
 

@@ -12,6 +12,7 @@
 use std::sync::Arc;
 
 use virtio_rdma_abi::datapath::WcStatus;
+use virtio_rdma_abi::qp::AddressVector;
 
 use super::burst::Burst;
 use super::checks::rc_responder;
@@ -136,7 +137,7 @@ impl Router<'_> {
             wr: msg.wr,
             vm: cx.vm,
             src_qpn: msg.src_qpn,
-            src_gid: cx.state.port_gid(),
+            src_gid: source_gid(cx.state, &msg.av),
             av: msg.av,
             local,
             len: msg.len,
@@ -327,7 +328,7 @@ fn deliver(
         return respond(cx.state, cx.mem, peer_qp, req, ud, resp);
     }
     if let Some(p) = b.held.as_mut().filter(|p| p.vm == peer_vm) {
-        if p.state.port_gid() != dgid {
+        if !p.state.owns_gid(&dgid) {
             return RespOutcome::Unreachable;
         }
         let out = respond(p.state, p.mem, peer_qp, req, ud, resp);
@@ -339,23 +340,50 @@ fn deliver(
     let Some(peer) = cx.vms.get(peer_vm).and_then(Option::as_ref) else {
         return RespOutcome::Unreachable;
     };
-    let ran = peer.try_with_dataplane(|pstate, pmem| {
-        if pstate.port_gid() != dgid {
-            return RespOutcome::Unreachable;
-        }
-        let out = respond(pstate, pmem, peer_qp, req, ud, resp);
+    let ran = respond_in(
+        peer,
+        |pstate| {
+            if pstate.owns_gid(&dgid) {
+                Ok(peer_qp)
+            } else {
+                Err(RespOutcome::Unreachable)
+            }
+        },
+        req,
+        ud,
+        resp,
+    );
+    match ran {
+        Locked::Ran(out) => out,
+        Locked::Busy => RespOutcome::Busy,
+        Locked::Gone => RespOutcome::Unreachable,
+    }
+}
+
+/// Hands `req` to the responder QP that `find` names in VM `peer` (or
+/// answers what `find` says), under the VM's lock if it is free
+/// ([`VmCell::try_with_dataplane`]); wakes its event worker and its
+/// engine list as the responder's part requires.
+pub(super) fn respond_in(
+    peer: &VmCell,
+    find: impl FnOnce(&VmState) -> Result<u32, RespOutcome>,
+    req: &Request<'_>,
+    ud: bool,
+    resp: &mut RespScratch,
+) -> Locked<RespOutcome> {
+    peer.try_with_dataplane(|pstate, pmem| {
+        let qp = match find(pstate) {
+            Ok(qp) => qp,
+            Err(outcome) => return outcome,
+        };
+        let out = respond(pstate, pmem, qp, req, ud, resp);
         if !pstate.events.is_empty() {
             peer.wake_events();
         }
         // A QP the responder failed is flushed even if its VM is parked.
         peer.engine_changed(pstate);
         out
-    });
-    match ran {
-        Locked::Ran(out) => out,
-        Locked::Busy => RespOutcome::Busy,
-        Locked::Gone => RespOutcome::Unreachable,
-    }
+    })
 }
 
 /// The checks of [`deliver`] that need no lock of the other VM: the route
@@ -384,7 +412,7 @@ fn admit(
         return count(unknown);
     };
     if peer_vm == vm_id {
-        if state.port_gid() != dgid {
+        if !state.owns_gid(&dgid) {
             return count(unknown);
         }
         return Ok((peer_vm, peer_qp));
@@ -404,7 +432,11 @@ fn admit(
     }
     // The peer's GID, from the tenancy table: no need to lock the peer to
     // learn that the address is wrong.
-    if state.tenancy().vm(peer_vm).map(|v| v.gid) != Some(dgid) {
+    if !state
+        .tenancy()
+        .vm(peer_vm)
+        .is_some_and(|v| v.gids.contains(&dgid))
+    {
         return count(unknown);
     }
     // A stopped device takes no message (spec 15.1); checked again under
@@ -427,4 +459,15 @@ pub(super) fn same_thread(vms: &[Option<Arc<VmCell>>], a: usize, b: usize) -> bo
             .map(|d| d.engine_index())
     };
     thread(a).is_some() && thread(a) == thread(b)
+}
+
+/// The source GID of a message sent with address vector `av` by a QP of
+/// `state`: the entry of its port's table that `av.sgid_index` names (the
+/// control path let only assigned entries into AHs and QP attributes, and
+/// the table never changes; an unassigned one would read as zero).
+pub(super) fn source_gid(state: &VmState, av: &AddressVector) -> [u8; 16] {
+    state
+        .gids()
+        .assigned(u32::from(av.sgid_index))
+        .unwrap_or([0; 16])
 }

@@ -14,7 +14,7 @@ use rdma_sys::{
 };
 use thiserror::Error;
 
-use crate::rnic_objects::Caps;
+use crate::rnic_objects::{Caps, PortGids};
 
 /// Why a host RDMA device cannot be used.
 #[derive(Debug, Error)]
@@ -322,6 +322,11 @@ impl VerbsDevice {
             local_ca_ack_delay: u32::from(self.attr.local_ca_ack_delay),
             // No fast registration through a host NIC yet (spec appendix D).
             max_fast_reg_pages: 0,
+            // Everything leaves from the host port's GID; the host's QP 1
+            // is its own (the CM bridge that would serve a guest's GSI QP
+            // is to come: spec appendix D).
+            gids: PortGids::Host,
+            gsi: false,
         }
     }
 }

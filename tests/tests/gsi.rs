@@ -1,0 +1,682 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! ABI version 3's GSI QP and GID table (spec 18.26, appendix A), through
+//! the real vhost-user socket with the reference driver: QP 1 in every VM,
+//! MADs between the VMs of a tenant with their GRH, the limits of a MAD,
+//! the GSI's Q_Key, the default GID and the source GID index; a VM of
+//! `abi = 2`; and what a hostile guest can do with MADs (flood, other
+//! tenants, forged sources, another context's QP 1).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use vhost_user_rdma::config::{parse_mac, DaemonConfig};
+use vhost_user_rdma_tests::dp::{
+    ah, assert_quiet, failed, ok, open, poll_n, poll_one, status, wait_state, Buf, Vm, GUARD, QKEY,
+};
+use vhost_user_rdma_tests::harness::{add_tenant, TestDaemon};
+use vhost_user_rdma_tests::verbs::{status_of, QpInit as RawQpInit, Verbs};
+use vhost_user_rdma_tests::vmm::VmmOptions;
+use virtio_rdma_abi::config::{F_GSI, F_UD, V2_DEVICE_FEATURES};
+use virtio_rdma_abi::ctrl::{Status, DETAIL_NONE};
+use virtio_rdma_abi::datapath::{UdGrh, WcOpcode, WcStatus, UD_GRH_SIZE};
+use virtio_rdma_abi::qp::{
+    attr, AddressVector, QpAttr, QpState, QpType, GSI_QKEY, GSI_QPN, MAX_MAD_BYTES,
+};
+use virtio_rdma_driver::{
+    Ah, Cq, Pd, Qp, QpAttrs, QpCap, QpInit, RecvWr, SendOp, SendWr, UdDest, WorkCompletion,
+};
+
+/// Bytes of a receive buffer for one MAD: the GRH and the MAD.
+const SLOT: usize = UD_GRH_SIZE as usize + MAX_MAD_BYTES as usize;
+/// The most a GSI QP's queues hold.
+const DEPTH: u32 = 256;
+
+fn gid(text: &str) -> [u8; 16] {
+    text.parse::<std::net::Ipv6Addr>().unwrap().octets()
+}
+
+/// A VM's GSI QP in RTS, its CQs, a receive buffer of `recvs` slots (all
+/// posted) and a send buffer.
+struct Gsi {
+    scq: Arc<Cq>,
+    rcq: Arc<Cq>,
+    qp: Qp,
+    rbuf: Buf,
+    sbuf: Buf,
+}
+
+impl Gsi {
+    fn new(vm: &Vm, recvs: usize) -> Gsi {
+        Self::on(vm, &vm.pd, recvs)
+    }
+
+    fn on(vm: &Vm, pd: &Arc<Pd>, recvs: usize) -> Gsi {
+        let scq = Cq::create(&vm.dev, 512).unwrap();
+        let rcq = Cq::create(&vm.dev, 512).unwrap();
+        let qp = Qp::create(
+            pd,
+            &QpInit {
+                recv_cq: rcq.clone(),
+                cap: QpCap {
+                    max_send_wr: DEPTH,
+                    max_recv_wr: DEPTH,
+                    ..QpCap::default()
+                },
+                ..QpInit::gsi(&scq)
+            },
+        )
+        .unwrap();
+        assert_eq!(qp.qpn(), GSI_QPN, "the GSI QP is QP 1");
+        qp.gsi_activate().unwrap();
+        let rbuf = Buf::guarded(vm, SLOT * recvs.max(1));
+        let g = Gsi {
+            scq,
+            rcq,
+            qp,
+            rbuf,
+            sbuf: Buf::new(vm, 4096),
+        };
+        for i in 0..recvs {
+            g.recv(i);
+        }
+        g
+    }
+
+    /// Posts receive slot `i`.
+    fn recv(&self, i: usize) {
+        self.qp
+            .post_recv(&[RecvWr {
+                wr_id: i as u64,
+                sg_list: &[self.rbuf.sge(i * SLOT, SLOT)],
+            }])
+            .unwrap();
+    }
+
+    /// Posts a MAD of `data` (signaled, `wr_id`) through `ah` to QP
+    /// `remote_qpn`.
+    fn send_to(&self, ah: &Ah, wr_id: u64, data: &[u8], remote_qpn: u32) {
+        self.sbuf.write(0, data);
+        let sg = [self.sbuf.sge(0, data.len())];
+        let mut w = SendWr::send(wr_id, &sg);
+        w.ud = Some(UdDest {
+            remote_qpn,
+            ..UdDest::gsi(ah)
+        });
+        self.qp.post_send(&[w]).unwrap();
+    }
+
+    /// Posts a MAD to QP 1.
+    fn send(&self, ah: &Ah, wr_id: u64, data: &[u8]) {
+        self.send_to(ah, wr_id, data, GSI_QPN);
+    }
+
+    /// The GRH and the MAD of receive slot `i` that took `len` MAD bytes.
+    fn received(&self, i: usize, len: usize) -> (UdGrh, Vec<u8>) {
+        let raw: [u8; UD_GRH_SIZE as usize] = self.rbuf.read(i * SLOT, 40).try_into().unwrap();
+        (
+            UdGrh::parse(&raw).unwrap(),
+            self.rbuf.read(i * SLOT + 40, len),
+        )
+    }
+}
+
+/// A MAD receive completion of `wr_id` with `len` MAD bytes, on QP 1 from
+/// QP 1, behind a GRH.
+fn mad_received(wc: &WorkCompletion, wr_id: u64, len: usize) {
+    ok(wc, wr_id, WcOpcode::RECV);
+    assert!(wc.has_grh(), "{wc:?}");
+    assert_eq!(
+        (wc.byte_len as usize, wc.qpn, wc.src_qpn),
+        (UD_GRH_SIZE as usize + len, GSI_QPN, GSI_QPN),
+        "{wc:?}"
+    );
+}
+
+/// A 256-byte MAD whose bytes name `seed`.
+fn mad(seed: u8) -> Vec<u8> {
+    (0..MAX_MAD_BYTES as usize)
+        .map(|i| (i as u8).wrapping_mul(7) ^ seed)
+        .collect()
+}
+
+/// A daemon of `n` VMs of one tenant after `configure`.
+fn daemon(n: usize, configure: impl FnOnce(&mut DaemonConfig)) -> TestDaemon {
+    TestDaemon::with_config(n, configure).unwrap()
+}
+
+// ---------------------------------------------------------------------------
+// The GSI QP
+
+/// Every VM has its own QP 1; a second GSI QP in the same VM — in the same
+/// PD or another context's — is BUSY (detail 4); once destroyed, or with
+/// its context, QP 1 can be created again. Its queues hold at most 256
+/// WQEs; no other QP ever gets number 1.
+#[test]
+fn every_vm_has_one_qp_1() {
+    let d = daemon(2, |_| {});
+    let (a, b) = (open(&d, 0), open(&d, 1));
+    assert_ne!(a.dev.features() & F_GSI, 0, "F_GSI negotiated");
+    let cq = Cq::create(&a.dev, 16).unwrap();
+    let mut deep = QpInit::gsi(&cq);
+    deep.cap.max_send_wr = 512;
+    assert_eq!(status(Qp::create(&a.pd, &deep)), (Status::RANGE, 24));
+    deep.cap.max_send_wr = 16;
+    deep.cap.max_recv_wr = 512;
+    assert_eq!(status(Qp::create(&a.pd, &deep)), (Status::RANGE, 28));
+    let ga = Gsi::new(&a, 0);
+    let gb = Gsi::new(&b, 0);
+    assert_eq!((ga.qp.qpn(), gb.qp.qpn()), (1, 1));
+    let q = ga.qp.query().unwrap();
+    assert_eq!((q.qp_type, q.qpn), (QpType::GSI as u32, 1));
+    assert_eq!(
+        (q.attr.qkey, q.attr.qp_state),
+        (GSI_QKEY, QpState::RTS as u32)
+    );
+    assert_eq!(
+        status(Qp::create(&a.pd, &QpInit::gsi(&cq))),
+        (Status::BUSY, 4)
+    );
+    // Another context of the same VM (another process of the guest).
+    let other = virtio_rdma_driver::Device::open(a.t.clone()).unwrap();
+    let other_pd = Pd::alloc(&other).unwrap();
+    let other_cq = Cq::create(&other, 16).unwrap();
+    assert_eq!(
+        status(Qp::create(&other_pd, &QpInit::gsi(&other_cq))),
+        (Status::BUSY, 4)
+    );
+    // Ordinary QPs are never QP 1 (nor 0).
+    let many: Vec<Qp> = (0..64)
+        .map(|_| Qp::create(&a.pd, &QpInit::ud(&cq)).unwrap())
+        .collect();
+    assert!(many.iter().all(|q| q.qpn() > 1));
+    drop(many);
+    // Destroyed, it can be created again, in the other context.
+    ga.qp.destroy().unwrap();
+    let again = Qp::create(&other_pd, &QpInit::gsi(&other_cq)).unwrap();
+    assert_eq!(again.qpn(), 1);
+    // Its context's DESTROY_CTX destroys it (the process's handles are
+    // left behind, as a crashed process leaves them).
+    let ctx = other.ctx_handle();
+    std::mem::forget((again, other_cq, other_pd, other));
+    {
+        let mut vmm = a.t.vmm();
+        Verbs::new(&mut vmm).destroy_ctx(ctx).unwrap();
+    }
+    let q = Qp::create(&a.pd, &QpInit::gsi(&cq)).unwrap();
+    assert_eq!(q.qpn(), 1);
+    assert_eq!(d.stats(0).device.resources.qp, 1);
+}
+
+/// A 256-byte MAD each way between two VMs of a tenant: it arrives behind
+/// a GRH whose source GID is the sender's table entry its AH names and
+/// whose destination is the receiver's GID, on QP 1 from QP 1; the
+/// sender completes `SEND`. `remote_qkey` is ignored.
+#[test]
+fn mads_go_between_qp_1_of_two_vms() {
+    let d = daemon(2, |_| {});
+    let (a, b) = (open(&d, 0), open(&d, 1));
+    let (ga, gb) = (Gsi::new(&a, 4), Gsi::new(&b, 4));
+    let (to_b, to_a) = (ah(&a, b.dev.gid()).unwrap(), ah(&b, a.dev.gid()).unwrap());
+    // A's MAD with a Q_Key that is not the GSI's: the device sends the GSI's.
+    ga.sbuf.write(0, &mad(1));
+    let sg = [ga.sbuf.sge(0, MAX_MAD_BYTES as usize)];
+    let mut w = SendWr::send(10, &sg);
+    w.ud = Some(UdDest {
+        ah: &to_b,
+        remote_qpn: GSI_QPN,
+        remote_qkey: QKEY,
+    });
+    ga.qp.post_send(&[w]).unwrap();
+    ok(&poll_one(&ga.scq), 10, WcOpcode::SEND);
+    mad_received(&poll_one(&gb.rcq), 0, 256);
+    let (grh, data) = gb.received(0, 256);
+    assert_eq!((grh.sgid, grh.dgid), (a.dev.gid(), b.dev.gid()));
+    assert_eq!(grh.hop_limit, 64);
+    assert_eq!(data, mad(1));
+    // And back, with the immediate.
+    gb.sbuf.write(0, &mad(2));
+    let sg = [gb.sbuf.sge(0, 256)];
+    let mut w = SendWr::signaled(11, SendOp::SendWithImm { imm: 0x1234 }, &sg);
+    w.ud = Some(UdDest::gsi(&to_a));
+    gb.qp.post_send(&[w]).unwrap();
+    ok(&poll_one(&gb.scq), 11, WcOpcode::SEND);
+    let wc = poll_one(&ga.rcq);
+    mad_received(&wc, 0, 256);
+    assert_eq!(wc.imm(), Some(0x1234));
+    let (grh, data) = ga.received(0, 256);
+    assert_eq!((grh.sgid, grh.dgid), (b.dev.gid(), a.dev.gid()));
+    assert_eq!(data, mad(2));
+    // A MAD to the VM's own GID reaches its own QP 1.
+    let to_self = ah(&a, a.dev.gid()).unwrap();
+    ga.send(&to_self, 12, &mad(3));
+    ok(&poll_one(&ga.scq), 12, WcOpcode::SEND);
+    mad_received(&poll_one(&ga.rcq), 1, 256);
+    assert_eq!(ga.received(1, 256).1, mad(3));
+    assert_eq!((d.traffic(0).mad_dropped, d.traffic(1).mad_dropped), (0, 0));
+}
+
+/// A MAD longer than 256 bytes fails with `LOC_LEN_ERR`; a GSI send to a
+/// QP other than 1 is malformed (`LOC_QP_OP_ERR`); either way nothing
+/// arrives and the GSI QP is in ERR. (A UD QP's send to QP 1 stays
+/// malformed too.)
+#[test]
+fn a_mad_is_at_most_256_bytes_to_qp_1() {
+    let d = daemon(2, |_| {});
+    let (a, b) = (open(&d, 0), open(&d, 1));
+    let gb = Gsi::new(&b, 4);
+    for (wr_id, len, qpn, want) in [
+        (1, 257, GSI_QPN, WcStatus::LOC_LEN_ERR),
+        (2, 256, 2, WcStatus::LOC_QP_OP_ERR),
+        (3, 64, 0x12345, WcStatus::LOC_QP_OP_ERR),
+    ] {
+        let ga = Gsi::new(&a, 0);
+        let to_b = ah(&a, b.dev.gid()).unwrap();
+        ga.send_to(&to_b, wr_id, &vec![0x5a; len], qpn);
+        failed(&poll_one(&ga.scq), wr_id, want);
+        wait_state(&ga.qp, QpState::ERR);
+        ga.qp.destroy().unwrap();
+    }
+    assert_quiet(&gb.rcq);
+    gb.rbuf.assert_untouched(0, 4 * SLOT, "B's MAD buffers");
+    // A UD QP cannot address QP 1.
+    let cq = Cq::create(&a.dev, 16).unwrap();
+    let ud = vhost_user_rdma_tests::dp::ud_qp(&a, &cq, 4);
+    let to_b = ah(&a, b.dev.gid()).unwrap();
+    let src = Buf::new(&a, 64);
+    let sg = [src.sge(0, 64)];
+    let mut w = SendWr::send(4, &sg);
+    w.ud = Some(UdDest::gsi(&to_b));
+    ud.post_send(&[w]).unwrap();
+    failed(&poll_one(&cq), 4, WcStatus::LOC_QP_OP_ERR);
+    assert_quiet(&gb.rcq);
+    // The largest MAD still passes.
+    let ga = Gsi::new(&a, 0);
+    ga.send(&to_b, 5, &mad(5));
+    ok(&poll_one(&ga.scq), 5, WcOpcode::SEND);
+    mad_received(&poll_one(&gb.rcq), 0, 256);
+}
+
+/// The GSI QP has the GSI's Q_Key and no other (`INVALID` at the offset
+/// of `qkey`, 28); no other QP may have a privileged Q_Key (`DENIED`,
+/// counted `privileged`, spec 12.13).
+#[test]
+fn only_the_gsi_qp_has_the_gsi_qkey() {
+    let d = daemon(1, |_| {});
+    let a = open(&d, 0);
+    let cq = Cq::create(&a.dev, 16).unwrap();
+    let gsi = Qp::create(&a.pd, &QpInit::gsi(&cq)).unwrap();
+    let init = |qkey| QpAttrs {
+        state: Some(QpState::INIT),
+        pkey_index: Some(0),
+        port: Some(1),
+        qkey: Some(qkey),
+        ..QpAttrs::default()
+    };
+    for qkey in [0, QKEY, 0x8000_0000, GSI_QKEY + 1] {
+        assert_eq!(
+            status(gsi.modify(&init(qkey))),
+            (Status::INVALID, 28),
+            "{qkey:#x}"
+        );
+    }
+    assert_eq!(gsi.query().unwrap().attr.qp_state, QpState::RESET as u32);
+    gsi.modify(&init(GSI_QKEY)).unwrap();
+    let ud = Qp::create(&a.pd, &QpInit::ud(&cq)).unwrap();
+    assert_eq!(
+        status(ud.modify(&init(GSI_QKEY))),
+        (Status::DENIED, DETAIL_NONE)
+    );
+    assert_eq!(d.isolation(0).privileged, 1);
+    ud.modify(&init(QKEY)).unwrap();
+    // Nor later: the GSI QP keeps its Q_Key in every state.
+    gsi.modify(&QpAttrs::state(QpState::RTR)).unwrap();
+    let rts = QpAttrs {
+        state: Some(QpState::RTS),
+        sq_psn: Some(0),
+        qkey: Some(0x1111),
+        ..QpAttrs::default()
+    };
+    assert_eq!(status(gsi.modify(&rts)), (Status::INVALID, 28));
+}
+
+/// Without `F_GSI` negotiated, `qp_type` GSI is UNSUPPORTED (detail 4).
+#[test]
+fn without_f_gsi_the_gsi_qp_is_unsupported() {
+    let d = daemon(1, |_| {});
+    let opts = VmmOptions {
+        driver_features: virtio_rdma_abi::config::ALL_DEVICE_FEATURES & !F_GSI,
+        ..VmmOptions::default()
+    };
+    let mut vmm = d.connect_with(0, opts).unwrap();
+    let mut v = Verbs::new(&mut vmm);
+    let (_, pd, cq) = v.ctx_pd_cq(16).unwrap();
+    let r = v.create_qp(&RawQpInit::gsi(pd, cq));
+    assert_eq!(status_of(&r), Some((Status::UNSUPPORTED, 4)));
+}
+
+// ---------------------------------------------------------------------------
+// The GID table
+
+/// Index 0 is the default GID of the VM's MAC; the operator's GIDs follow,
+/// IPv4-mapped first. A MAD goes to the VM with the destination GID at any
+/// index, and its GRH source is the entry the AH's `sgid_index` names:
+/// index 1 and 2 of two operator GIDs give two sources, index 0 the
+/// link-local default GID; an unassigned index is refused (`INVALID` at
+/// offset 28).
+#[test]
+fn the_source_gid_is_the_entry_sgid_index_names() {
+    let d = daemon(2, |c| {
+        c.vms[0].mac = Some(parse_mac("52:54:00:12:34:56").unwrap());
+        c.vms[0].gids = vec![gid("fd00::a"), gid("::ffff:10.7.0.1")];
+        c.vms[1].mac = Some(parse_mac("52:54:00:12:34:57").unwrap());
+    });
+    let (a, b) = (open(&d, 0), open(&d, 1));
+    let table = a.dev.gid_table().unwrap();
+    assert_eq!(table.len(), 16);
+    assert_eq!(table[0], gid("fe80::5054:ff:fe12:3456"));
+    assert_eq!(table[1], gid("::ffff:10.7.0.1"));
+    assert_eq!(table[2], gid("fd00::a"));
+    assert!(table[3..].iter().all(|g| *g == [0; 16]));
+    assert_eq!((a.dev.gid_index(), a.dev.gid()), (1, table[1]));
+    let b_default = gid("fe80::5054:ff:fe12:3457");
+    assert_eq!(b.dev.gid_table().unwrap()[0], b_default);
+
+    let ga = Gsi::new(&a, 0);
+    let gb = Gsi::new(&b, 8);
+    let from = |index: u8, dgid: [u8; 16]| {
+        Ah::create(
+            &a.pd,
+            &AddressVector {
+                sgid_index: index,
+                ..a.dev.av(dgid)
+            },
+        )
+    };
+    let cases = [
+        (1, b.dev.gid(), table[1]),
+        (2, b.dev.gid(), table[2]),
+        (0, b.dev.gid(), table[0]),
+        // To B's default GID: any entry of B's table is B.
+        (2, b_default, table[2]),
+    ];
+    for (slot, &(index, dgid, sgid)) in cases.iter().enumerate() {
+        let ah = from(index, dgid).unwrap();
+        ga.send(&ah, slot as u64, &mad(slot as u8));
+        ok(&poll_one(&ga.scq), slot as u64, WcOpcode::SEND);
+        mad_received(&poll_one(&gb.rcq), slot as u64, 256);
+        let (grh, data) = gb.received(slot, 256);
+        assert_eq!((grh.sgid, grh.dgid), (sgid, dgid), "sgid_index {index}");
+        assert_eq!(data, mad(slot as u8));
+    }
+    // Unassigned (3), past the table (16): refused, counted.
+    assert_eq!(status(from(3, b.dev.gid())), (Status::INVALID, 28));
+    assert_eq!(status(from(16, b.dev.gid())), (Status::RANGE, 28));
+    assert_eq!(d.isolation(0).gid_spoof, 2);
+}
+
+/// A VM of `abi = 2` sees ABI version 2: no version-3 feature bit, the
+/// version-2 GID table (its one GID at index 0, `gid_tbl_len` 1), and the
+/// GSI QP type refused; it still talks UD with a version-3 VM of its
+/// tenant, each addressing the other's GID.
+#[test]
+fn an_abi_2_vm_sees_version_2() {
+    let d = daemon(2, |c| {
+        c.vms[1].abi = 2;
+        c.vms[1].mac = Some(parse_mac("52:54:00:00:00:02").unwrap());
+    });
+    let mut vmm = d.connect(1).unwrap();
+    let cfg = vmm.config().unwrap();
+    assert_eq!(cfg.abi_version, 2);
+    let offered = vmm.device_features() & 0xff_ffff;
+    assert_eq!(offered & !V2_DEVICE_FEATURES, 0, "{offered:#x}");
+    assert_ne!(offered & F_UD, 0);
+    let mut v = Verbs::new(&mut vmm);
+    assert_eq!(v.query_port(1).unwrap().gid_tbl_len, 1);
+    let own = vhost_user_rdma::config::default_gid(1);
+    assert_eq!(v.query_gid(1, 0).unwrap().gid, own);
+    assert_eq!(status_of(&v.query_gid(1, 1)), Some((Status::RANGE, 4)));
+    let (_, pd, cq) = v.ctx_pd_cq(16).unwrap();
+    let r = v.create_qp(&RawQpInit::gsi(pd, cq));
+    assert_eq!(status_of(&r), Some((Status::UNSUPPORTED, 4)));
+    drop(v);
+    drop(vmm);
+    d.wait_released(1);
+
+    let (a, b) = (open(&d, 0), open(&d, 1));
+    assert_eq!((b.dev.gid_index(), b.dev.gid()), (0, own));
+    assert_eq!(b.dev.features() & F_GSI, 0);
+    let p = vhost_user_rdma_tests::dp::ud_pair(&a, &b);
+    let back = ah(&b, a.dev.gid()).unwrap();
+    let (ba, bb) = (Buf::new(&a, 4096), Buf::new(&b, 4096));
+    for (q, buf, wr_id) in [(&p.qa, &ba, 1), (&p.qb, &bb, 2)] {
+        q.post_recv(&[RecvWr {
+            wr_id,
+            sg_list: &[buf.sge(0, 4096)],
+        }])
+        .unwrap();
+    }
+    let sa = Buf::new(&a, 64);
+    let sg = [sa.sge(0, 64)];
+    let send = |q: &Qp, ah: &Ah, to: &Qp, wr_id| {
+        let mut w = SendWr::send(wr_id, &sg);
+        w.ud = Some(UdDest {
+            ah,
+            remote_qpn: to.qpn(),
+            remote_qkey: QKEY,
+        });
+        q.post_send(&[w]).unwrap();
+    };
+    send(&p.qa, &p.ah, &p.qb, 10);
+    ok(&poll_one(&p.cqa), 10, WcOpcode::SEND);
+    ok(&poll_one(&p.cqb), 2, WcOpcode::RECV);
+    let raw: [u8; 40] = bb.read(0, 40).try_into().unwrap();
+    assert_eq!(UdGrh::parse(&raw).unwrap().sgid, a.dev.gid());
+    let sgb = [bb.sge(40, 64)];
+    let mut w = SendWr::send(11, &sgb);
+    w.ud = Some(UdDest {
+        ah: &back,
+        remote_qpn: p.qa.qpn(),
+        remote_qkey: QKEY,
+    });
+    p.qb.post_send(&[w]).unwrap();
+    ok(&poll_one(&p.cqb), 11, WcOpcode::SEND);
+    ok(&poll_one(&p.cqa), 1, WcOpcode::RECV);
+    let raw: [u8; 40] = ba.read(0, 40).try_into().unwrap();
+    assert_eq!(UdGrh::parse(&raw).unwrap().sgid, own);
+}
+
+// ---------------------------------------------------------------------------
+// Hostile guests
+
+/// A VM flooding MADs is held to its MAD rate (`mad_per_sec` 10, bursts
+/// of 64): what passes fits the burst plus the rate over the flood's
+/// time, the rest is dropped and counted, every work request completes
+/// `SUCCESS`; another VM's MADs to the same victim still all get through.
+#[test]
+fn a_mad_flood_is_held_to_the_mad_rate() {
+    const FLOOD: u64 = 400;
+    let d = daemon(3, |c| c.vms[0].limits.mad_per_sec = 10);
+    let (a, b, c) = (open(&d, 0), open(&d, 1), open(&d, 2));
+    let (ga, gb, gc) = (
+        Gsi::new(&a, 0),
+        Gsi::new(&b, DEPTH as usize),
+        Gsi::new(&c, 0),
+    );
+    let to_b = ah(&a, b.dev.gid()).unwrap();
+    let start = Instant::now();
+    ga.sbuf.write(0, &mad(9));
+    let sg = [ga.sbuf.sge(0, 256)];
+    let mut done = 0u64;
+    let mut posted = 0u64;
+    while done < FLOOD {
+        // Keep the send queue full.
+        while posted < FLOOD && posted - done < u64::from(DEPTH) {
+            let mut w = SendWr::send(posted, &sg);
+            w.ud = Some(UdDest::gsi(&to_b));
+            ga.qp.post_send(&[w]).unwrap();
+            posted += 1;
+        }
+        for wc in poll_n(&ga.scq, 1) {
+            ok(&wc, wc.wr_id, WcOpcode::SEND);
+            done += 1;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    // The engine delivers a MAD before it completes its work request.
+    let delivered = d.traffic(1).recv_ops;
+    let bound = 64 + (10.0 * secs).ceil() as u64 + 1;
+    assert!(
+        (64..=bound).contains(&delivered),
+        "{delivered} MADs passed in {secs:.3} s (at most {bound})"
+    );
+    let t = d.traffic(0);
+    assert_eq!(t.mad_dropped, FLOOD - delivered, "{t:?}");
+    assert!(t.drops >= t.mad_dropped, "{t:?}");
+    let received = poll_n(&gb.rcq, delivered as usize);
+    assert!(received.iter().all(|wc| wc.is_success() && wc.src_qpn == 1));
+    assert_quiet(&gb.rcq);
+    // The victim still hears from the others: C's five MADs all arrive.
+    let c_to_b = ah(&c, b.dev.gid()).unwrap();
+    for i in 0..5 {
+        gc.send(&c_to_b, i, &mad(0x40 + i as u8));
+        ok(&poll_one(&gc.scq), i, WcOpcode::SEND);
+    }
+    let from_c = poll_n(&gb.rcq, 5);
+    for (i, wc) in from_c.iter().enumerate() {
+        mad_received(wc, delivered + i as u64, 256);
+        let (grh, data) = gb.received(wc.wr_id as usize, 256);
+        assert_eq!((grh.sgid, data), (c.dev.gid(), mad(0x40 + i as u8)));
+    }
+    assert_eq!(d.traffic(2).mad_dropped, 0);
+}
+
+/// MADs stay inside the tenant network: an AH for another tenant's GID is
+/// refused (`DENIED`, counted `denied`), so the only MADs a VM can send go
+/// to its own tenant — red's MADs reach red, never the default tenant's
+/// QP 1 with the same number. (The data path drops and counts a MAD to a
+/// foreign GID too: `rnic::soft::mad`'s unit test, since no guest can
+/// build such an AH.)
+#[test]
+fn mads_to_another_tenant_go_nowhere() {
+    let d = daemon(4, |c| {
+        add_tenant(c, "red", &[2, 3]);
+    });
+    let (a, b, red, red2) = (open(&d, 0), open(&d, 1), open(&d, 2), open(&d, 3));
+    let (gb, gred) = (Gsi::new(&b, 4), Gsi::new(&red, 4));
+    let gred2 = Gsi::new(&red2, 0);
+    assert_eq!(
+        status(ah(&red2, b.dev.gid())),
+        (Status::DENIED, DETAIL_NONE)
+    );
+    assert_eq!(status(ah(&a, red.dev.gid())), (Status::DENIED, DETAIL_NONE));
+    assert_eq!((d.isolation(3).denied, d.isolation(0).denied), (1, 1));
+    let to_red = ah(&red2, red.dev.gid()).unwrap();
+    gred2.send(&to_red, 1, &mad(1));
+    ok(&poll_one(&gred2.scq), 1, WcOpcode::SEND);
+    mad_received(&poll_one(&gred.rcq), 0, 256);
+    assert_quiet(&gb.rcq);
+    gb.rbuf
+        .assert_untouched(0, 4 * SLOT, "the other tenant's MAD buffers");
+}
+
+/// A guest cannot send a MAD that claims another VM's GID: its AH names an
+/// index of its own table, which holds only its GIDs; an index naming none
+/// is refused; every MAD it sends shows one of its own GIDs.
+#[test]
+fn a_mad_cannot_claim_another_vms_gid() {
+    let d = daemon(2, |c| {
+        c.vms[0].gids = vec![gid("::ffff:10.9.0.1")];
+    });
+    let (a, b) = (open(&d, 0), open(&d, 1));
+    let own: Vec<[u8; 16]> = a
+        .dev
+        .gid_table()
+        .unwrap()
+        .into_iter()
+        .filter(|g| *g != [0; 16])
+        .collect();
+    assert_eq!(own, [gid("::ffff:10.9.0.1")]);
+    let ga = Gsi::new(&a, 0);
+    let gb = Gsi::new(&b, 1);
+    let mut refused = 0;
+    for index in 0..=u8::MAX {
+        let av = AddressVector {
+            sgid_index: index,
+            ..a.dev.av(b.dev.gid())
+        };
+        match Ah::create(&a.pd, &av) {
+            Ok(ah) => {
+                assert_eq!(index, 1, "only the VM's own entry makes an AH");
+                ga.send(&ah, 1, &mad(1));
+                ok(&poll_one(&ga.scq), 1, WcOpcode::SEND);
+                mad_received(&poll_one(&gb.rcq), 0, 256);
+                let (grh, _) = gb.received(0, 256);
+                assert_eq!(grh.sgid, own[0]);
+            }
+            Err(e) => {
+                let (s, detail) = e.status().unwrap();
+                assert!(matches!(s, Status::INVALID | Status::RANGE), "{e}");
+                assert_eq!(detail, 28);
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(refused, 255);
+    assert_eq!(d.isolation(0).gid_spoof, 255);
+}
+
+/// QP 1 is the VM's, not a context's: a process's AH of another PD does
+/// not serve the GSI QP (`LOC_QP_OP_ERR`); another context's QP handle is
+/// no handle here; a MAD reaches the GSI QP whatever context made it.
+#[test]
+fn the_gsi_qp_of_another_context() {
+    let d = daemon(2, |_| {});
+    let (a, b) = (open(&d, 0), open(&d, 1));
+    // B's GSI QP belongs to a second context (another process of B).
+    let dev2 = virtio_rdma_driver::Device::open(b.t.clone()).unwrap();
+    let pd2 = Pd::alloc(&dev2).unwrap();
+    let vm2 = Vm {
+        t: b.t.clone(),
+        dev: dev2.clone(),
+        pd: pd2.clone(),
+    };
+    let gb = Gsi::on(&vm2, &pd2, 2);
+    // A sends to B's GID: B's QP 1, of whichever context, takes it.
+    let ga = Gsi::new(&a, 0);
+    let to_b = ah(&a, b.dev.gid()).unwrap();
+    ga.send(&to_b, 1, &mad(1));
+    ok(&poll_one(&ga.scq), 1, WcOpcode::SEND);
+    mad_received(&poll_one(&gb.rcq), 0, 256);
+    // B's first context cannot send on it with an AH of its own PD.
+    let other_pd_ah = ah(&b, a.dev.gid()).unwrap();
+    gb.sbuf.write(0, &mad(2));
+    let sg = [gb.sbuf.sge(0, 256)];
+    let mut w = SendWr::send(2, &sg);
+    w.ud = Some(UdDest::gsi(&other_pd_ah));
+    let r = gb.qp.post_send(&[w]);
+    assert!(r.is_err(), "the driver refuses an AH of another PD");
+    // (The device refuses such a WQE too: `datapath_multi`'s `gsi_wqes`.)
+    // The first context sees the QP by its handle (handles are the VM's),
+    // cannot make a second one, nor give it another Q_Key.
+    let mut vmm = b.t.vmm();
+    let mut v = Verbs::new(&mut vmm);
+    let q = v.query_qp(gb.qp.handle()).unwrap();
+    assert_eq!(q.qpn, 1);
+    let cq = v.create_cq(b.dev.ctx_handle(), 16).unwrap();
+    let second = v.create_qp(&RawQpInit::gsi(b.pd.handle(), cq));
+    assert_eq!(status_of(&second), Some((Status::BUSY, 4)));
+    let mask = attr::QKEY;
+    let r = v.modify_qp(
+        gb.qp.handle(),
+        mask,
+        &QpAttr {
+            qkey: 5,
+            ..QpAttr::default()
+        },
+    );
+    assert_eq!(status_of(&r), Some((Status::INVALID, 28)));
+    v.destroy_cq(cq).unwrap();
+    drop(v);
+    drop(vmm);
+    assert_eq!(gb.rbuf.read(SLOT, 1), [GUARD]);
+}
