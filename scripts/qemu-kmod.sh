@@ -91,7 +91,7 @@ launch_guest guest --image "$image" --append 'guest.uio=none' \
 launch_wait "$launch_pid" || rc=$?
 echo "== $name: guest ran $(($(date +%s) - t)) s, exit $rc"
 if [ "$rc" = 0 ]; then ok "insmod and the guest command succeeded"; else failed "guest exit $rc"; fi
-check "the driver bound device ID 42 with ABI version 2" "virtio-rdma ABI 2:"
+check "the driver bound device ID 42 with ABI version 3" "virtio-rdma ABI 3 (driver 3)"
 check "loaded before virtio_net: it waits for the interface with the paired MAC" \
   "no network interface with permanent address $mac yet"
 check "... and registers no verbs device meanwhile" "^EARLY 0 verbs devices"
