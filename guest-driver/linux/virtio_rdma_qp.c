@@ -279,7 +279,6 @@ int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 			return ret;
 	}
 	req.qp_handle = cpu_to_le32(to_vqp(ibqp)->handle);
-	req.attr_mask = cpu_to_le32(dev_mask);
 	/* Only the selected fields; the others stay 0 (spec 12.13). */
 	if (mask & IB_QP_STATE)
 		a->qp_state = cpu_to_le32(attr->qp_state);
@@ -289,6 +288,17 @@ int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 		a->pkey_index = cpu_to_le32(attr->pkey_index);
 	if (mask & IB_QP_PORT)
 		a->port = cpu_to_le32(attr->port_num);
+	/*
+	 * ib_core gives a GSI QP its port at creation, and ib_mad moves it to
+	 * INIT without one; the device wants it as for any UD QP (13.2).
+	 */
+	if (ibqp->qp_type == IB_QPT_GSI && (mask & IB_QP_STATE) &&
+	    attr->qp_state == IB_QPS_INIT &&
+	    READ_ONCE(to_vqp(ibqp)->state) == IB_QPS_RESET &&
+	    !(mask & IB_QP_PORT)) {
+		dev_mask |= VIRTIO_RDMA_ATTR_PORT;
+		a->port = cpu_to_le32(VRDMA_PORT_NUM);
+	}
 	if (mask & IB_QP_QKEY)
 		a->qkey = cpu_to_le32(attr->qkey);
 	if (mask & IB_QP_PATH_MTU)
@@ -313,6 +323,7 @@ int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 		a->max_dest_rd_atomic = cpu_to_le32(attr->max_dest_rd_atomic);
 	if (mask & IB_QP_EN_SQD_ASYNC_NOTIFY)
 		a->en_sqd_async_notify = cpu_to_le32(attr->en_sqd_async_notify);
+	req.attr_mask = cpu_to_le32(dev_mask);
 	ret = vrdma_cmd_exec(vib->dev, VIRTIO_RDMA_OP_MODIFY_QP, &req,
 			     sizeof(req), NULL, 0);
 	if (!ret && (mask & IB_QP_STATE)) {
