@@ -93,7 +93,7 @@ echo "== $name: guest ran $(($(date +%s) - t)) s, exit $rc"
 if [ "$rc" = 0 ]; then ok "insmod and the guest command succeeded"; else failed "guest exit $rc"; fi
 # The daemon reports the ABI version of the header the module was built from.
 abi=$(sed -n 's/^#define VIRTIO_RDMA_ABI_VERSION \([0-9]*\)$/\1/p' guest-driver/linux/virtio_rdma_abi.h)
-check "the driver bound device ID 42 with ABI version $abi" "virtio-rdma ABI $abi:"
+check "the driver bound device ID 42 with ABI version $abi" "virtio-rdma ABI $abi (driver $abi)"
 check "loaded before virtio_net: it waits for the interface with the paired MAC" \
   "no network interface with permanent address $mac yet"
 check "... and registers no verbs device meanwhile" "^EARLY 0 verbs devices"

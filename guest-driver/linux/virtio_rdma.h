@@ -21,6 +21,8 @@
 /* Device GIDs the driver keeps (the reference device has one). */
 #define VRDMA_MAX_GIDS 16
 #define VRDMA_NO_GID 0xff
+/* Entries of the page array of a REG_MR work request (spec 18.27). */
+#define VRDMA_MAX_FAST_REG_PAGES (VIRTIO_RDMA_LIST_PAGE_SIZE / sizeof(__le64))
 /* The device's one port (PORT_NUM), and its state "active" (spec 12.2). */
 #define VRDMA_PORT_NUM 1
 #define VRDMA_PORT_STATE_ACTIVE 4
@@ -95,12 +97,25 @@ struct vrdma_dev {
 	struct work_struct pair_work;
 };
 
+/* The largest max_num_sg of ALLOC_MR (spec 12.22) the driver allows. */
+static inline u32 vrdma_max_fast_reg_pages(struct vrdma_dev *dev)
+{
+	return min_t(u32, le32_to_cpu(dev->attr.max_fast_reg_pages),
+		     VRDMA_MAX_FAST_REG_PAGES);
+}
+
 struct vrdma_ib {
 	struct ib_device ibdev;
 	struct vrdma_dev *dev;
 	/* The device's GID table (QUERY_GID at registration). */
 	union ib_gid gids[VRDMA_MAX_GIDS];
 	unsigned int num_gids;
+	/*
+	 * ib_core's GID table: the device's, or one slot more when the
+	 * device has no link-local default GID at its index 0 (ABI version
+	 * 2's table), for the one ib_core puts into its slot 0.
+	 */
+	unsigned int gid_tbl_len;
 	/* ib_core's GID index to the device's, or VRDMA_NO_GID. */
 	u8 gid_map[VRDMA_MAX_GIDS + 1];
 	/*
@@ -110,6 +125,17 @@ struct vrdma_ib {
 	struct xarray cqs;
 	struct xarray qps;
 	struct xarray srqs;
+	/*
+	 * Kernel consumers may create objects: F_MEM_MGT, whose local DMA key
+	 * their work requests need, is negotiated, and the driver's own
+	 * context exists (virtio_rdma_kq.c).
+	 */
+	bool kverbs;
+	/* And the port has a GSI QP for ib_mad and ib_cm: F_GSI, F_UD too. */
+	bool gsi;
+	/* The driver's context for kernel consumers, and its doorbell header. */
+	u32 kctx_handle;
+	struct virtio_rdma_ctx_doorbell *kctx_db;
 };
 
 struct vrdma_ucontext {
@@ -141,7 +167,19 @@ struct vrdma_queue {
 struct vrdma_cq {
 	struct ib_cq ibcq;
 	u32 handle;
+	u32 depth;
+	/* A user space CQ's ring and record, pinned. */
 	struct vrdma_queue q;
+	/* A kernel consumer's CQ (virtio_rdma_kcq.c): */
+	bool kernel;
+	/* Serialises polling and arming, and kernel QPs leaving @qps. */
+	spinlock_t lock;
+	struct virtio_rdma_cqe *ring;
+	struct virtio_rdma_cq_doorbell *db;
+	/* lock: CQEs consumed. */
+	u32 ci;
+	/* The kernel QPs that complete here, by QP number. */
+	struct xarray qps;
 };
 
 static inline struct vrdma_cq *to_vcq(struct ib_cq *ibcq)
@@ -149,9 +187,43 @@ static inline struct vrdma_cq *to_vcq(struct ib_cq *ibcq)
 	return container_of(ibcq, struct vrdma_cq, ibcq);
 }
 
+/* A kernel QP's send or receive ring (spec 18.3, 18.5). */
+struct vrdma_kwq {
+	/* Serialises posting. */
+	spinlock_t lock;
+	u8 *slots;
+	u32 depth;
+	u32 wqe_shift;
+	u32 max_sge;
+	/* lock: WQEs posted (the producer index). */
+	u32 pi;
+	/*
+	 * The consumer's wr_id of each WQE, by its ring index (the device's
+	 * wr_id) masked with wr_id_mask: at least as many entries as the
+	 * consumer may have outstanding.
+	 */
+	u64 *wr_id;
+	u32 wr_id_mask;
+	/* The ring's indices in the QP's doorbell record. */
+	__le32 *pi_db;
+	const __le32 *ci_db;
+};
+
+/* Receive WQEs of a GSI QP waiting for room in its ring (rq lock). */
+struct vrdma_backlog {
+	/* Encoded WQEs of the ring's stride, and their consumer's wr_ids. */
+	u8 *wqes;
+	u64 *wr_id;
+	/* Entries (a power of 2, or 0: no backlog); free-running indices. */
+	u32 depth;
+	u32 head;
+	u32 tail;
+};
+
 struct vrdma_qp {
 	struct ib_qp ibqp;
 	u32 handle;
+	/* A user space QP's buffer and record, pinned. */
 	struct vrdma_queue q;
 	/* The state modify_qp last moved the QP to. */
 	enum ib_qp_state state;
@@ -159,6 +231,16 @@ struct vrdma_qp {
 	bool err_reported;
 	/* Created with IB_SIGNAL_ALL_WR (CREATE_QP's QP_FLAG_SIG_ALL). */
 	bool sig_all;
+	/* A kernel consumer's QP (virtio_rdma_kqp.c): */
+	bool kernel;
+	void *buf;
+	size_t buf_len;
+	u32 rq_offset;
+	struct virtio_rdma_qp_doorbell *db;
+	struct vrdma_kwq sq;
+	struct vrdma_kwq rq;
+	u32 max_inline;
+	struct vrdma_backlog backlog;
 };
 
 static inline struct vrdma_qp *to_vqp(struct ib_qp *ibqp)
@@ -189,6 +271,27 @@ static inline struct vrdma_ah *to_vah(struct ib_ah *ibah)
 	return container_of(ibah, struct vrdma_ah, ibah);
 }
 
+struct vrdma_mr {
+	struct ib_mr ibmr;
+	/* REG_MR: the user memory, pinned. */
+	struct ib_umem *umem;
+	u32 handle;
+	/*
+	 * ALLOC_MR: the page array of the next REG_MR work request, a page of
+	 * guest RAM (ib_map_mr_sg(), spec 18.27), its used and usable entries.
+	 */
+	__le64 *pages;
+	u32 npages;
+	u32 max_pages;
+	/* get_dma_mr: the local DMA key, no device object (spec 18.28). */
+	bool dma;
+};
+
+static inline struct vrdma_mr *to_vmr(struct ib_mr *ibmr)
+{
+	return container_of(ibmr, struct vrdma_mr, ibmr);
+}
+
 static inline struct vrdma_ib *to_vib(struct ib_device *ibdev)
 {
 	return container_of(ibdev, struct vrdma_ib, ibdev);
@@ -215,15 +318,24 @@ void vrdma_ctrl_stop(struct vrdma_dev *dev);
 bool vrdma_dev_stopped(struct vrdma_dev *dev);
 int vrdma_cmd_exec(struct vrdma_dev *dev, u32 opcode, const void *req,
 		   size_t req_len, void *resp, size_t resp_len);
+int vrdma_cmd_exec_atomic(struct vrdma_dev *dev, u32 opcode, const void *req,
+			  size_t req_len, void *resp, size_t resp_len);
+int vrdma_cmd_post(struct vrdma_dev *dev, u32 opcode, const void *req,
+		   size_t req_len);
 void vrdma_queue_reset_locked(struct vrdma_dev *dev, const char *why);
 
 /* virtio_rdma_umem.c: page lists and pinned queues */
 struct ib_umem;
 void vrdma_free_list_pages(__le64 *tail, size_t nlist);
+void *vrdma_list_alloc(struct vrdma_dev *dev, size_t npages, size_t fixed_len,
+		       struct virtio_rdma_buffer_desc *buf, size_t *req_len,
+		       size_t *nlist_out);
+void vrdma_list_set(void *req, size_t fixed_len, size_t nlist, size_t i,
+		    u64 gpa);
 void *vrdma_page_list(struct vrdma_dev *dev, struct ib_umem *umem,
 		      unsigned long pgsz, size_t fixed_len,
 		      struct virtio_rdma_buffer_desc *buf, size_t *req_len,
-		      size_t *nlist_out);
+		      size_t *nlist);
 int vrdma_exec_list(struct vrdma_dev *dev, u32 opcode, void *req,
 		    size_t fixed_len, size_t req_len, size_t nlist, void *resp,
 		    size_t resp_len);
@@ -231,19 +343,65 @@ int vrdma_pin_queue(struct ib_device *ibdev, u64 buf_va, size_t buf_len,
 		    u64 db_va, struct vrdma_queue *q, u64 *db_gpa);
 void vrdma_release_queue(struct vrdma_queue *q);
 
+/* virtio_rdma_kq.c: the kernel context, rings in kernel memory, the kick */
+int vrdma_kctx_create(struct vrdma_ib *vib);
+void vrdma_kctx_destroy(struct vrdma_ib *vib);
+void vrdma_kick(struct vrdma_ib *vib);
+void *vrdma_kring_alloc(size_t len);
+void vrdma_kring_free(void *ring);
+void *vrdma_kring_list(struct vrdma_dev *dev, void *ring, size_t len,
+		       size_t fixed_len, struct virtio_rdma_buffer_desc *buf,
+		       size_t *req_len, size_t *nlist);
+void *vrdma_kdb_alloc(void);
+int vrdma_kva_to_gpa(u64 addr, u32 len, u64 *gpa);
+
 /* virtio_rdma_mr.c */
 int vrdma_access(int ib_access, u32 *access);
 struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 				u64 virt_addr, int ib_access,
 				struct ib_udata *udata);
+struct ib_mr *vrdma_get_dma_mr(struct ib_pd *ibpd, int ib_access);
+struct ib_mr *vrdma_alloc_mr(struct ib_pd *ibpd, enum ib_mr_type type,
+			     u32 max_num_sg);
+int vrdma_map_mr_sg(struct ib_mr *ibmr, struct scatterlist *sg, int sg_nents,
+		    unsigned int *sg_offset);
 int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata);
+
+/* virtio_rdma_kqp.c: kernel QPs and their work requests */
+void *vrdma_kqp_alloc(struct vrdma_qp *qp, struct ib_qp_init_attr *init,
+		      size_t fixed_len, struct virtio_rdma_buffer_desc *buf,
+		      size_t *req_len, size_t *nlist);
+int vrdma_kqp_check(struct vrdma_qp *qp,
+		    const struct virtio_rdma_create_qp_resp *resp);
+void vrdma_kqp_free(struct vrdma_qp *qp);
+int vrdma_kqp_attach(struct vrdma_qp *qp);
+void vrdma_kqp_detach(struct vrdma_qp *qp);
+int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
+		    const struct ib_send_wr **bad_wr);
+void vrdma_kqp_refill(struct vrdma_qp *qp);
+void vrdma_kqp_reset(struct vrdma_qp *qp);
+int vrdma_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
+		    const struct ib_recv_wr **bad_wr);
+
+/* virtio_rdma_kcq.c: kernel CQs, polled and armed */
+int vrdma_kcq_alloc(struct vrdma_cq *cq, u32 cqe, u32 max_cqe);
+void vrdma_kcq_free(struct vrdma_cq *cq);
+int vrdma_poll_cq(struct ib_cq *ibcq, int n, struct ib_wc *wc);
+int vrdma_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags);
 
 /* virtio_rdma_cq.c */
 int vrdma_ops_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
 			VRDMA_CREATE_CQ_ATTRS *attrs);
 int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata);
 
-/* virtio_rdma_qp.c: QPs and address handles */
+/* virtio_rdma_ah.c: address vectors and handles */
+int vrdma_av(struct vrdma_ib *vib, const struct rdma_ah_attr *ah,
+	     struct virtio_rdma_address_vector *av);
+int vrdma_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init,
+		    struct ib_udata *udata);
+int vrdma_destroy_ah(struct ib_ah *ibah, u32 flags);
+
+/* virtio_rdma_qp.c */
 int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 		    struct ib_udata *udata);
 int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
@@ -251,13 +409,6 @@ int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 int vrdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 		   struct ib_qp_init_attr *init);
 int vrdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata);
-int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
-		    const struct ib_send_wr **bad_wr);
-int vrdma_av(struct vrdma_ib *vib, const struct rdma_ah_attr *ah,
-	     struct virtio_rdma_address_vector *av);
-int vrdma_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init,
-		    struct ib_udata *udata);
-int vrdma_destroy_ah(struct ib_ah *ibah, u32 flags);
 
 /* virtio_rdma_srq.c */
 int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,

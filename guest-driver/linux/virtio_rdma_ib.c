@@ -7,9 +7,14 @@
  * device is registered while that interface exists: at the start, or when
  * the interface appears later (a netdev notifier), and it is unregistered
  * when the interface goes away (vrdma_pair). ib_core builds the GID table
- * from that interface's IP addresses; the driver accepts only the GIDs the
- * device's own table holds and remembers the device's index for each
- * (add_gid).
+ * from that interface's IP addresses and its link-local default GID; the
+ * driver accepts only the GIDs the device's own table holds and remembers
+ * the device's index for each (add_gid). A version 3 device has the
+ * default GID at its index 0 too (docs/abi-v3-design.md section 3).
+ *
+ * Kernel consumers (ib_mad, ib_cm, rdma_cm, NVMe over Fabrics) get verbs
+ * objects with F_MEM_MGT, in a context of the driver's own, and a GSI QP
+ * with F_GSI (virtio_rdma_kq.c and the files on top of it).
  */
 
 #include <linux/etherdevice.h>
@@ -35,6 +40,9 @@ static __be64 vrdma_guid(__le64 guid)
 {
 	return cpu_to_be64(le64_to_cpu(guid));
 }
+
+/* The prefix of the link-local default GID (docs/abi-v3-design.md 3). */
+#define VRDMA_LINK_LOCAL_PREFIX 0xfe80000000000000ULL
 
 /* The number of device GIDs the driver reads and maps (vrdma_query_gids). */
 static unsigned int vrdma_num_gids(struct vrdma_dev *dev)
@@ -100,6 +108,17 @@ static int vrdma_query_device(struct ib_device *ibdev,
 				  IB_DEVICE_PORT_ACTIVE_EVENT;
 	if (props->sys_image_guid)
 		props->device_cap_flags |= IB_DEVICE_SYS_IMAGE_GUID;
+	/*
+	 * F_MEM_MGT: fast registration and invalidation (spec 18.27), and
+	 * the local DMA key in every PD (spec 18.28), which ib_core then
+	 * gives kernel PDs instead of asking for a DMA MR.
+	 */
+	if (to_vib(ibdev)->kverbs) {
+		props->device_cap_flags |= IB_DEVICE_MEM_MGT_EXTENSIONS;
+		props->kernel_cap_flags |= IBK_LOCAL_DMA_LKEY;
+		props->max_fast_reg_page_list_len =
+			vrdma_max_fast_reg_pages(to_vib(ibdev)->dev);
+	}
 	return 0;
 }
 
@@ -117,9 +136,11 @@ static int vrdma_query_port(struct ib_device *ibdev, u32 port,
 			    IB_PORT_PHYS_STATE_DISABLED;
 	props->max_mtu = le32_to_cpu(p->max_mtu);
 	props->active_mtu = le32_to_cpu(p->active_mtu);
-	/* ib_core's default GID in slot 0, then the device's (add_gid). */
-	props->gid_tbl_len = vrdma_num_gids(dev) + 1;
+	props->gid_tbl_len = to_vib(ibdev)->gid_tbl_len;
 	props->pkey_tbl_len = 1;
+	/* ib_cm's connections through the GSI QP (spec 18.26). */
+	if (to_vib(ibdev)->gsi)
+		props->port_cap_flags = IB_PORT_CM_SUP;
 	props->max_msg_sz = le32_to_cpu(p->max_msg_size);
 	props->active_speed = le32_to_cpu(p->active_speed);
 	props->active_width = le32_to_cpu(p->active_width);
@@ -136,10 +157,19 @@ static int vrdma_get_port_immutable(struct ib_device *ibdev, u32 port,
 	ret = ib_query_port(ibdev, port, &attr);
 	if (ret)
 		return ret;
-	immutable->core_cap_flags = RDMA_CORE_PORT_IBA_ROCE_UDP_ENCAP;
+	/*
+	 * RoCEv2. Management datagrams and connection management only with
+	 * a GSI QP: without one ib_mad and ib_cm leave the port alone, and
+	 * rdma_cm connects nothing on it.
+	 */
+	immutable->core_cap_flags = to_vib(ibdev)->gsi ?
+				    RDMA_CORE_PORT_IBA_ROCE_UDP_ENCAP :
+				    RDMA_CORE_CAP_PROT_ROCE_UDP_ENCAP |
+				    RDMA_CORE_CAP_ETH_AH;
 	immutable->gid_tbl_len = attr.gid_tbl_len;
 	immutable->pkey_tbl_len = attr.pkey_tbl_len;
-	immutable->max_mad_size = IB_MGMT_MAD_SIZE;
+	/* ib_core wants no MAD size on a port without MADs. */
+	immutable->max_mad_size = to_vib(ibdev)->gsi ? IB_MGMT_MAD_SIZE : 0;
 	return 0;
 }
 
@@ -159,10 +189,10 @@ static int vrdma_query_pkey(struct ib_device *ibdev, u32 port, u16 index,
 }
 
 /*
- * ib_core offers every GID of the paired interface; only those the device
- * assigned to this VM are usable (the device sends from no other address).
- * The table has one slot more than the device's, so that the link-local
- * default GID ib_core reserves slot 0 for leaves room for the others.
+ * ib_core offers every GID of the paired interface and its default GID;
+ * only those the device assigned to this VM are usable (the device sends
+ * from no other address). A version 3 device has the default GID at its
+ * index 0, which ib_core's slot 0 then maps to.
  */
 static int vrdma_add_gid(const struct ib_gid_attr *attr, void **context)
 {
@@ -316,14 +346,15 @@ static int vrdma_alloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
 {
 	struct vrdma_ucontext *uc = rdma_udata_to_drv_context(udata,
 			struct vrdma_ucontext, ibucontext);
+	struct vrdma_ib *vib = to_vib(ibpd->device);
 	struct virtio_rdma_ctx_handle_req req;
 	struct virtio_rdma_pd_handle_resp resp;
 	int ret;
 
-	/* Kernel consumers have no context: ABI version 2 serves user space. */
-	if (!uc)
+	/* Kernel consumers' PDs are the driver's context's, with F_MEM_MGT. */
+	if (!uc && !vib->kverbs)
 		return -EOPNOTSUPP;
-	req.ctx_handle = cpu_to_le32(uc->handle);
+	req.ctx_handle = cpu_to_le32(uc ? uc->handle : vib->kctx_handle);
 	ret = vrdma_cmd_exec(to_vib(ibpd->device)->dev, VIRTIO_RDMA_OP_ALLOC_PD,
 			     &req, sizeof(req), &resp, sizeof(resp));
 	if (ret)
@@ -351,6 +382,8 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.uverbs_abi_ver = VIRTIO_RDMA_UVERBS_ABI_VERSION,
 
 	.add_gid = vrdma_add_gid,
+	.alloc_mr = vrdma_alloc_mr,
+	.create_ah = vrdma_create_ah,
 	.create_cq = vrdma_ops_create_cq,
 	.create_srq = vrdma_create_srq,
 	.create_user_ah = vrdma_create_ah,
@@ -366,12 +399,16 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.dereg_mr = vrdma_dereg_mr,
 	.destroy_ah = vrdma_destroy_ah,
 	.disassociate_ucontext = vrdma_disassociate_ucontext,
+	.get_dma_mr = vrdma_get_dma_mr,
 	.get_link_layer = vrdma_get_link_layer,
 	.get_port_immutable = vrdma_get_port_immutable,
+	.map_mr_sg = vrdma_map_mr_sg,
 	.mmap = vrdma_mmap,
 	.mmap_free = vrdma_mmap_free,
 	.modify_qp = vrdma_modify_qp,
 	.modify_srq = vrdma_modify_srq,
+	.poll_cq = vrdma_poll_cq,
+	.post_recv = vrdma_post_recv,
 	.post_send = vrdma_post_send,
 	.post_srq_recv = vrdma_post_srq_recv,
 	.query_device = vrdma_query_device,
@@ -380,6 +417,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.query_qp = vrdma_query_qp,
 	.query_srq = vrdma_query_srq,
 	.reg_user_mr = vrdma_reg_user_mr,
+	.req_notify_cq = vrdma_req_notify_cq,
 
 	INIT_RDMA_OBJ_SIZE(ib_ah, vrdma_ah, ibah),
 	INIT_RDMA_OBJ_SIZE(ib_cq, vrdma_cq, ibcq),
@@ -407,6 +445,15 @@ static int vrdma_query_gids(struct vrdma_ib *vib)
 		memcpy(&vib->gids[i], resp.gid, sizeof(vib->gids[i]));
 	}
 	vib->num_gids = n;
+	/*
+	 * A device with the default GID (fe80::/64) at index 0, as version 3
+	 * has it, shares ib_core's slot 0; otherwise ib_core's default GID
+	 * takes a slot of its own, and the device's GIDs fit after it.
+	 */
+	vib->gid_tbl_len = n;
+	if (!n || vib->gids[0].global.subnet_prefix !=
+		  cpu_to_be64(VRDMA_LINK_LOCAL_PREFIX))
+		vib->gid_tbl_len++;
 	for (i = 0; i < ARRAY_SIZE(vib->gid_map); i++)
 		vib->gid_map[i] = VRDMA_NO_GID;
 	return 0;
@@ -432,6 +479,25 @@ static int vrdma_register_ib(struct vrdma_dev *dev)
 	ret = vrdma_query_gids(vib);
 	if (ret)
 		goto err_dealloc;
+	/*
+	 * Kernel consumers' objects belong to a context of the driver's own,
+	 * and their work requests need the local DMA key (F_MEM_MGT); on a
+	 * device without it, user space alone has verbs, as with version 2.
+	 */
+	if (virtio_has_feature(dev->vdev, VIRTIO_RDMA_F_MEM_MGT)) {
+		ret = vrdma_kctx_create(vib);
+		if (ret)
+			dev_warn(&dev->vdev->dev,
+				 "no context for kernel consumers (%d): user space only\n",
+				 ret);
+	}
+	if (vib->kctx_db) {
+		vib->kverbs = true;
+		vib->ibdev.local_dma_lkey = le32_to_cpu(dev->attr.local_dma_lkey);
+		/* ib_mad's QP 1 sends MADs through address handles. */
+		vib->gsi = virtio_has_feature(dev->vdev, VIRTIO_RDMA_F_GSI) &&
+			   virtio_has_feature(dev->vdev, VIRTIO_RDMA_F_UD);
+	}
 
 	vib->ibdev.node_type = RDMA_NODE_IB_CA;
 	vib->ibdev.phys_port_cnt = 1;
@@ -449,11 +515,11 @@ static int vrdma_register_ib(struct vrdma_dev *dev)
 	 */
 	ret = ib_device_set_netdev(&vib->ibdev, ndev, VRDMA_PORT_NUM);
 	if (ret)
-		goto err_dealloc;
+		goto err_kctx;
 	/* No DMA device: ib_core hands out kernel virtual addresses. */
 	ret = ib_register_device(&vib->ibdev, "virtio_rdma%d", NULL);
 	if (ret)
-		goto err_dealloc;
+		goto err_kctx;
 	spin_lock_irq(&dev->event_lock);
 	dev->ib = vib;
 	spin_unlock_irq(&dev->event_lock);
@@ -461,6 +527,8 @@ static int vrdma_register_ib(struct vrdma_dev *dev)
 		 dev_name(&vib->ibdev.dev), netdev_name(ndev));
 	return 0;
 
+err_kctx:
+	vrdma_kctx_destroy(vib);
 err_dealloc:
 	ib_dealloc_device(&vib->ibdev);
 	return ret;
@@ -484,6 +552,8 @@ static void vrdma_unregister_ib(struct vrdma_dev *dev)
 	/* An EVENTS_LOST re-query that still uses it finishes first. */
 	flush_work(&dev->requery_work);
 	ib_unregister_device(&vib->ibdev);
+	/* Kernel consumers' objects went with the registration. */
+	vrdma_kctx_destroy(vib);
 	ib_dealloc_device(&vib->ibdev);
 }
 

@@ -1,13 +1,20 @@
 // SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
 /*
- * virtio-rdma: memory regions of user memory (REG_MR, DEREG_MR).
+ * virtio-rdma: memory regions (REG_MR, ALLOC_MR, DEREG_MR).
  *
- * The pages are pinned with ib_umem and described to the device in the
+ * User memory is pinned with ib_umem and described to the device in the
  * largest block size both the umem and the device's page_size_cap allow,
  * in an INLINE or INDIRECT page list (vrdma_page_list(), spec 10.1, 10.2).
+ *
+ * Kernel consumers (with F_MEM_MGT) get the device's local DMA key as
+ * their DMA MR (spec 18.28), and fast-registration regions: ALLOC_MR
+ * (spec 12.22), whose pages ib_map_mr_sg() enters into a page array of
+ * the region's own, which a REG_MR work request names (spec 18.27,
+ * virtio_rdma_kqp.c).
  */
 
 #include <linux/slab.h>
+#include <linux/virtio_config.h>
 #include <rdma/ib_umem.h>
 #include <rdma/ib_verbs.h>
 
@@ -16,17 +23,6 @@
 /* Page sizes the spec allows: 4 KiB to 1 GiB. */
 #define VRDMA_PAGE_SIZES GENMASK_ULL(VIRTIO_RDMA_MAX_PAGE_SHIFT, \
 				     VIRTIO_RDMA_MIN_PAGE_SHIFT)
-
-struct vrdma_mr {
-	struct ib_mr ibmr;
-	struct ib_umem *umem;
-	u32 handle;
-};
-
-static struct vrdma_mr *to_vmr(struct ib_mr *ibmr)
-{
-	return container_of(ibmr, struct vrdma_mr, ibmr);
-}
 
 int vrdma_access(int ib_access, u32 *access)
 {
@@ -108,6 +104,108 @@ err_umem_keep:
 	return ERR_PTR(ret);
 }
 
+/*
+ * The DMA MR of a kernel PD: the local DMA key, local access only (spec
+ * 18.28), no device object. With IBK_LOCAL_DMA_LKEY ib_core asks for one
+ * only for an unsafe global rkey, which the device does not have.
+ */
+struct ib_mr *vrdma_get_dma_mr(struct ib_pd *ibpd, int ib_access)
+{
+	struct vrdma_ib *vib = to_vib(ibpd->device);
+	struct vrdma_mr *mr;
+
+	if (!vib->kverbs)
+		return ERR_PTR(-EOPNOTSUPP);
+	if (ib_access & ~IB_ACCESS_LOCAL_WRITE)
+		return ERR_PTR(-EOPNOTSUPP);
+	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
+	if (!mr)
+		return ERR_PTR(-ENOMEM);
+	mr->dma = true;
+	mr->ibmr.lkey = le32_to_cpu(vib->dev->attr.local_dma_lkey);
+	return &mr->ibmr;
+}
+
+/*
+ * A region for fast registration (ALLOC_MR, spec 12.22): free until a
+ * REG_MR work request registers pages into it. Its page array is one
+ * zeroed 4 KiB page of guest RAM (spec 18.27: within one 4 KiB page), so
+ * at most 512 pages, and at most the device's max_fast_reg_pages.
+ */
+struct ib_mr *vrdma_alloc_mr(struct ib_pd *ibpd, enum ib_mr_type type,
+			     u32 max_num_sg)
+{
+	struct vrdma_ib *vib = to_vib(ibpd->device);
+	struct vrdma_dev *dev = vib->dev;
+	struct virtio_rdma_alloc_mr_req req = {
+		.pd_handle = cpu_to_le32(to_vpd(ibpd)->handle),
+		.max_num_sg = cpu_to_le32(max_num_sg),
+	};
+	struct virtio_rdma_reg_mr_resp resp;
+	struct vrdma_mr *mr;
+	int ret;
+
+	if (!vib->kverbs || type != IB_MR_TYPE_MEM_REG)
+		return ERR_PTR(-EOPNOTSUPP);
+	if (!max_num_sg || max_num_sg > vrdma_max_fast_reg_pages(dev))
+		return ERR_PTR(-EINVAL);
+	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
+	if (!mr)
+		return ERR_PTR(-ENOMEM);
+	mr->pages = (__le64 *)get_zeroed_page(GFP_KERNEL);
+	if (!mr->pages) {
+		ret = -ENOMEM;
+		goto err_free;
+	}
+	mr->max_pages = max_num_sg;
+	ret = vrdma_cmd_exec(dev, VIRTIO_RDMA_OP_ALLOC_MR, &req, sizeof(req),
+			     &resp, sizeof(resp));
+	if (ret)
+		goto err_pages;
+	mr->handle = le32_to_cpu(resp.mr_handle);
+	/* One key in both name spaces (spec 12.22). */
+	mr->ibmr.lkey = le32_to_cpu(resp.lkey);
+	mr->ibmr.rkey = le32_to_cpu(resp.lkey);
+	return &mr->ibmr;
+
+err_pages:
+	free_page((unsigned long)mr->pages);
+err_free:
+	kfree(mr);
+	return ERR_PTR(ret);
+}
+
+/* ib_sg_to_pages()'s callback: one page-aligned "DMA address" more. */
+static int vrdma_set_page(struct ib_mr *ibmr, u64 addr)
+{
+	struct vrdma_mr *mr = to_vmr(ibmr);
+	u64 gpa;
+
+	if (mr->npages >= mr->max_pages ||
+	    vrdma_kva_to_gpa(addr, ibmr->page_size, &gpa))
+		return -ENOMEM;
+	mr->pages[mr->npages++] = cpu_to_le64(gpa);
+	return 0;
+}
+
+/*
+ * Enters the pages of @sg into the region's page array for the next
+ * REG_MR work request; ib_sg_to_pages() sets the region's iova and length.
+ * The array is the device's from the post of that work request until it
+ * executes: consumers map a region again only after its registration was
+ * invalidated.
+ */
+int vrdma_map_mr_sg(struct ib_mr *ibmr, struct scatterlist *sg, int sg_nents,
+		    unsigned int *sg_offset)
+{
+	struct vrdma_mr *mr = to_vmr(ibmr);
+
+	if (!mr->pages)
+		return -EINVAL;
+	mr->npages = 0;
+	return ib_sg_to_pages(ibmr, sg, sg_nents, sg_offset, vrdma_set_page);
+}
+
 int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
 {
 	struct vrdma_mr *mr = to_vmr(ibmr);
@@ -117,11 +215,15 @@ int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
 	};
 	int ret;
 
-	ret = vrdma_cmd_exec(dev, VIRTIO_RDMA_OP_DEREG_MR, &req, sizeof(req),
-			     NULL, 0);
-	if (ret && !vrdma_dev_stopped(dev))
-		return ret;
+	if (!mr->dma) {
+		ret = vrdma_cmd_exec(dev, VIRTIO_RDMA_OP_DEREG_MR, &req,
+				     sizeof(req), NULL, 0);
+		if (ret && !vrdma_dev_stopped(dev))
+			return ret;
+	}
 	ib_umem_release(mr->umem);
+	if (mr->pages)
+		free_page((unsigned long)mr->pages);
 	kfree(mr);
 	return 0;
 }

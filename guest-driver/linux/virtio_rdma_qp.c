@@ -1,13 +1,15 @@
 // SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
 /*
- * virtio-rdma: queue pairs of user space (CREATE_QP, MODIFY_QP, QUERY_QP,
- * DESTROY_QP). As for CQs the provider allocates the queue buffer and the
- * doorbell record; the kernel pins them and translates verbs attributes to
- * the device's (spec 12.12 to 12.15).
+ * virtio-rdma: queue pairs (CREATE_QP, MODIFY_QP, QUERY_QP, DESTROY_QP).
+ * For user space the provider allocates the queue buffer and the doorbell
+ * record, and the kernel pins them; a kernel consumer's QP has them in
+ * kernel memory (virtio_rdma_kqp.c, which also posts its work requests).
+ * Verbs attributes are translated to the device's (spec 12.12 to 12.15).
  */
 
 #include <linux/log2.h>
 #include <linux/slab.h>
+#include <linux/virtio_config.h>
 #include <rdma/ib_umem.h>
 #include <rdma/ib_verbs.h>
 #include <rdma/uverbs_ioctl.h>
@@ -18,58 +20,139 @@
 /* The QP_FLAG_SIG_ALL flag of CREATE_QP. */
 #define VRDMA_QP_FLAG_SIG_ALL 0x1
 
-int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
-		    struct ib_udata *udata)
+/*
+ * The device's type of a verbs QP type: RC, UD, and for kernel consumers
+ * (ib_mad) GSI, which the driver offers only with F_GSI (spec 18.26).
+ */
+static int vrdma_qp_type(struct vrdma_ib *vib, enum ib_qp_type ib_type,
+			 bool user, u32 *type)
 {
-	struct vrdma_ucontext *uc = rdma_udata_to_drv_context(udata,
-			struct vrdma_ucontext, ibucontext);
-	struct vrdma_dev *dev = to_vib(ibqp->device)->dev;
-	struct virtio_rdma_create_qp_uresp uresp = {};
-	struct virtio_rdma_create_qp_ureq ureq = {};
-	struct virtio_rdma_buffer_desc buf = {};
-	struct virtio_rdma_create_qp_resp resp;
-	struct virtio_rdma_create_qp_req *req;
-	struct vrdma_qp *qp = to_vqp(ibqp);
-	size_t req_len, nlist;
-	u32 type;
-	u64 db_gpa;
-	int ret;
-
-	if (!uc)
-		return -EOPNOTSUPP;
-	switch (init->qp_type) {
+	switch (ib_type) {
 	case IB_QPT_RC:
-		type = VIRTIO_RDMA_QPT_RC;
-		break;
+		*type = VIRTIO_RDMA_QPT_RC;
+		return 0;
 	case IB_QPT_UD:
-		type = VIRTIO_RDMA_QPT_UD;
-		break;
+		*type = VIRTIO_RDMA_QPT_UD;
+		return 0;
+	case IB_QPT_GSI:
+		*type = VIRTIO_RDMA_QPT_GSI;
+		return !user && vib->gsi ? 0 : -EOPNOTSUPP;
 	default:
 		return -EOPNOTSUPP;
 	}
-	if (init->create_flags)
-		return -EOPNOTSUPP;
+}
+
+/*
+ * A user space QP's buffer and record, pinned; the page list request of
+ * CREATE_QP and the depths the provider chose.
+ */
+static void *vrdma_uqp_prepare(struct vrdma_qp *qp, struct ib_qp_init_attr *init,
+			       struct ib_udata *udata, size_t fixed_len,
+			       struct virtio_rdma_buffer_desc *buf,
+			       size_t *req_len, size_t *nlist, u64 *db_gpa,
+			       u32 *sq_depth, u32 *rq_depth)
+{
+	struct vrdma_dev *dev = to_vib(qp->ibqp.device)->dev;
+	struct virtio_rdma_create_qp_ureq ureq = {};
+	void *req;
+	int ret;
+
 	if (udata->inlen < sizeof(ureq) ||
 	    ib_copy_from_udata(&ureq, udata, sizeof(ureq)))
-		return -EINVAL;
+		return ERR_PTR(-EINVAL);
 	/* With an SRQ the QP has no receive ring of its own. */
 	if (!is_power_of_2(ureq.sq_depth) ||
 	    (init->srq ? ureq.rq_depth != 0 :
 			 !is_power_of_2(ureq.rq_depth) ||
 			 ureq.rq_depth < init->cap.max_recv_wr) ||
 	    ureq.sq_depth < init->cap.max_send_wr)
-		return -EINVAL;
+		return ERR_PTR(-EINVAL);
+	ret = vrdma_pin_queue(qp->ibqp.device, ureq.buf_va, ureq.buf_len,
+			      ureq.db_va, &qp->q, db_gpa);
+	if (ret)
+		return ERR_PTR(ret);
+	req = vrdma_page_list(dev, qp->q.buf, PAGE_SIZE, fixed_len, buf,
+			      req_len, nlist);
+	if (IS_ERR(req))
+		vrdma_release_queue(&qp->q);
+	*sq_depth = ureq.sq_depth;
+	*rq_depth = ureq.rq_depth;
+	return req;
+}
 
-	ret = vrdma_pin_queue(ibqp->device, ureq.buf_va, ureq.buf_len,
-			      ureq.db_va, &qp->q, &db_gpa);
+/* Releases a QP's rings and record once the device no longer uses them. */
+static void vrdma_qp_release(struct vrdma_qp *qp)
+{
+	if (qp->kernel) {
+		vrdma_kqp_detach(qp);
+		vrdma_kqp_free(qp);
+	} else {
+		vrdma_release_queue(&qp->q);
+	}
+}
+
+/* What a new QP has beside its handle (kernel QPs: checked, findable). */
+static int vrdma_qp_created(struct vrdma_qp *qp, struct ib_qp_init_attr *init,
+			    const struct virtio_rdma_create_qp_resp *resp)
+{
+	bool gsi, qp1;
+	int ret;
+
+	qp->handle = le32_to_cpu(resp->qp_handle);
+	qp->ibqp.qp_num = le32_to_cpu(resp->qpn) & 0xffffff;
+	qp->state = IB_QPS_RESET;
+	qp->sig_all = init->sq_sig_type == IB_SIGNAL_ALL_WR;
+	if (!qp->kernel)
+		return 0;
+	ret = vrdma_kqp_check(qp, resp);
 	if (ret)
 		return ret;
-	req = vrdma_page_list(dev, qp->q.buf, PAGE_SIZE, sizeof(*req), &buf,
-			      &req_len, &nlist);
-	if (IS_ERR(req)) {
-		ret = PTR_ERR(req);
-		goto err_queue;
+	/* QP 1 is the GSI QP's number, and only its (spec 18.26). */
+	gsi = init->qp_type == IB_QPT_GSI;
+	qp1 = qp->ibqp.qp_num == VIRTIO_RDMA_GSI_QPN;
+	if (gsi != qp1)
+		return -EIO;
+	return vrdma_kqp_attach(qp);
+}
+
+int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
+		    struct ib_udata *udata)
+{
+	struct vrdma_ucontext *uc = rdma_udata_to_drv_context(udata,
+			struct vrdma_ucontext, ibucontext);
+	struct vrdma_ib *vib = to_vib(ibqp->device);
+	struct vrdma_dev *dev = vib->dev;
+	struct virtio_rdma_create_qp_uresp uresp = {};
+	struct virtio_rdma_buffer_desc buf = {};
+	struct virtio_rdma_create_qp_resp resp;
+	struct virtio_rdma_create_qp_req *req;
+	struct vrdma_qp *qp = to_vqp(ibqp);
+	u32 type, sq_depth, rq_depth;
+	size_t req_len, nlist;
+	u64 db_gpa;
+	int ret;
+
+	ret = vrdma_qp_type(vib, init->qp_type, uc, &type);
+	if (ret)
+		return ret;
+	if (init->create_flags)
+		return -EOPNOTSUPP;
+	if (uc) {
+		req = vrdma_uqp_prepare(qp, init, udata, sizeof(*req), &buf,
+					&req_len, &nlist, &db_gpa, &sq_depth,
+					&rq_depth);
+	} else if (vib->kverbs) {
+		req = vrdma_kqp_alloc(qp, init, sizeof(*req), &buf, &req_len,
+				      &nlist);
+		db_gpa = virt_to_phys(qp->db);
+		sq_depth = qp->sq.depth;
+		rq_depth = qp->rq.depth;
+	} else {
+		/* Kernel consumers need F_MEM_MGT (the local DMA key). */
+		return -EOPNOTSUPP;
 	}
+	if (IS_ERR(req))
+		return PTR_ERR(req);
 	req->pd_handle = cpu_to_le32(to_vpd(ibqp->pd)->handle);
 	req->qp_type = cpu_to_le32(type);
 	req->send_cq = cpu_to_le32(to_vcq(init->send_cq)->handle);
@@ -78,8 +161,8 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 		req->srq_handle = cpu_to_le32(to_vsrq(init->srq)->handle);
 	req->flags = cpu_to_le32(init->sq_sig_type == IB_SIGNAL_ALL_WR ?
 				 VRDMA_QP_FLAG_SIG_ALL : 0);
-	req->sq_depth = cpu_to_le32(ureq.sq_depth);
-	req->rq_depth = cpu_to_le32(ureq.rq_depth);
+	req->sq_depth = cpu_to_le32(sq_depth);
+	req->rq_depth = cpu_to_le32(rq_depth);
 	req->max_send_sge = cpu_to_le32(init->cap.max_send_sge);
 	req->max_recv_sge = cpu_to_le32(init->cap.max_recv_sge);
 	req->max_inline_data = cpu_to_le32(init->cap.max_inline_data);
@@ -88,19 +171,20 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	ret = vrdma_exec_list(dev, VIRTIO_RDMA_OP_CREATE_QP, req, sizeof(*req),
 			      req_len, nlist, &resp, sizeof(resp));
 	if (ret == -ETIMEDOUT)
-		return ret; /* the device may use the pages: keep them pinned */
-	if (ret)
-		goto err_queue;
-	qp->handle = le32_to_cpu(resp.qp_handle);
-	ibqp->qp_num = le32_to_cpu(resp.qpn);
-	qp->state = IB_QPS_RESET;
-	qp->sig_all = init->sq_sig_type == IB_SIGNAL_ALL_WR;
-	ret = xa_insert_irq(&to_vib(ibqp->device)->qps, qp->handle, qp,
-			    GFP_KERNEL);
+		return ret; /* the device may use the pages: keep them */
+	if (ret) {
+		vrdma_qp_release(qp);
+		return ret;
+	}
+	ret = vrdma_qp_created(qp, init, &resp);
+	if (!ret)
+		ret = xa_insert_irq(&vib->qps, qp->handle, qp, GFP_KERNEL);
 	if (ret) {
 		vrdma_destroy_qp(ibqp, udata);
 		return ret;
 	}
+	if (!uc)
+		return 0;
 	uresp.qp_handle = qp->handle;
 	uresp.sq_wqe_shift = le32_to_cpu(resp.sq_wqe_shift);
 	uresp.rq_wqe_shift = le32_to_cpu(resp.rq_wqe_shift);
@@ -111,26 +195,6 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 		vrdma_destroy_qp(ibqp, udata);
 		return ret;
 	}
-	return 0;
-
-err_queue:
-	vrdma_release_queue(&qp->q);
-	return ret;
-}
-
-/*
- * The kick of spec 18.6 for user space, which cannot reach the notify
- * queue itself: a post of no work request notifies it. The data path of
- * ABI version 2 is user space only, so real work requests are refused.
- */
-int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
-		    const struct ib_send_wr **bad_wr)
-{
-	if (wr) {
-		*bad_wr = wr;
-		return -EOPNOTSUPP;
-	}
-	virtqueue_notify(to_vib(ibqp->device)->dev->notifyq);
 	return 0;
 }
 
@@ -154,75 +218,8 @@ int vrdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
 			     NULL, 0);
 	if (ret && !vrdma_dev_stopped(dev))
 		return ret;
-	vrdma_release_queue(&qp->q);
+	vrdma_qp_release(qp);
 	return 0;
-}
-
-/*
- * A verbs address to the device's (spec 12.13): RoCE needs the GRH, and the
- * source GID index is ib_core's, mapped to the device's own table.
- */
-int vrdma_av(struct vrdma_ib *vib, const struct rdma_ah_attr *ah,
-	     struct virtio_rdma_address_vector *av)
-{
-	const struct ib_global_route *grh = rdma_ah_read_grh(ah);
-	u8 index;
-
-	if (!(rdma_ah_get_ah_flags(ah) & IB_AH_GRH) ||
-	    grh->sgid_index >= ARRAY_SIZE(vib->gid_map))
-		return -EINVAL;
-	index = vib->gid_map[grh->sgid_index];
-	if (index == VRDMA_NO_GID)
-		return -EINVAL;
-	memcpy(av->dgid, grh->dgid.raw, sizeof(av->dgid));
-	av->flow_label = cpu_to_le32(grh->flow_label);
-	av->sgid_index = index;
-	av->hop_limit = grh->hop_limit;
-	av->traffic_class = grh->traffic_class;
-	av->sl = rdma_ah_get_sl(ah);
-	return 0;
-}
-
-int vrdma_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init,
-		    struct ib_udata *udata)
-{
-	struct vrdma_ib *vib = to_vib(ibah->device);
-	struct virtio_rdma_create_ah_uresp uresp = {};
-	struct virtio_rdma_create_ah_req req = {};
-	struct virtio_rdma_ah_handle_resp resp;
-	int ret;
-
-	/* Kernel consumers have no data path in ABI version 2. */
-	if (!udata)
-		return -EOPNOTSUPP;
-	ret = vrdma_av(vib, init->ah_attr, &req.av);
-	if (ret)
-		return ret;
-	req.pd_handle = cpu_to_le32(to_vpd(ibah->pd)->handle);
-	req.port = cpu_to_le32(1);
-	ret = vrdma_cmd_exec(vib->dev, VIRTIO_RDMA_OP_CREATE_AH, &req,
-			     sizeof(req), &resp, sizeof(resp));
-	if (ret)
-		return ret;
-	to_vah(ibah)->handle = le32_to_cpu(resp.ah_handle);
-	uresp.ah_handle = to_vah(ibah)->handle;
-	ret = ib_copy_to_udata(udata, &uresp, min(udata->outlen, sizeof(uresp)));
-	if (ret)
-		vrdma_destroy_ah(ibah, 0);
-	return ret;
-}
-
-int vrdma_destroy_ah(struct ib_ah *ibah, u32 flags)
-{
-	struct virtio_rdma_ah_handle_req req = {
-		.ah_handle = cpu_to_le32(to_vah(ibah)->handle),
-	};
-	struct vrdma_dev *dev = to_vib(ibah->device)->dev;
-	int ret;
-
-	ret = vrdma_cmd_exec(dev, VIRTIO_RDMA_OP_DESTROY_AH, &req, sizeof(req),
-			     NULL, 0);
-	return vrdma_dev_stopped(dev) ? 0 : ret;
 }
 
 /* verbs attribute mask bit -> device attribute mask bit */
@@ -282,7 +279,6 @@ int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 			return ret;
 	}
 	req.qp_handle = cpu_to_le32(to_vqp(ibqp)->handle);
-	req.attr_mask = cpu_to_le32(dev_mask);
 	/* Only the selected fields; the others stay 0 (spec 12.13). */
 	if (mask & IB_QP_STATE)
 		a->qp_state = cpu_to_le32(attr->qp_state);
@@ -292,6 +288,17 @@ int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 		a->pkey_index = cpu_to_le32(attr->pkey_index);
 	if (mask & IB_QP_PORT)
 		a->port = cpu_to_le32(attr->port_num);
+	/*
+	 * ib_core gives a GSI QP its port at creation, and ib_mad moves it to
+	 * INIT without one; the device wants it as for any UD QP (13.2).
+	 */
+	if (ibqp->qp_type == IB_QPT_GSI && (mask & IB_QP_STATE) &&
+	    attr->qp_state == IB_QPS_INIT &&
+	    READ_ONCE(to_vqp(ibqp)->state) == IB_QPS_RESET &&
+	    !(mask & IB_QP_PORT)) {
+		dev_mask |= VIRTIO_RDMA_ATTR_PORT;
+		a->port = cpu_to_le32(VRDMA_PORT_NUM);
+	}
 	if (mask & IB_QP_QKEY)
 		a->qkey = cpu_to_le32(attr->qkey);
 	if (mask & IB_QP_PATH_MTU)
@@ -316,13 +323,17 @@ int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 		a->max_dest_rd_atomic = cpu_to_le32(attr->max_dest_rd_atomic);
 	if (mask & IB_QP_EN_SQD_ASYNC_NOTIFY)
 		a->en_sqd_async_notify = cpu_to_le32(attr->en_sqd_async_notify);
+	req.attr_mask = cpu_to_le32(dev_mask);
 	ret = vrdma_cmd_exec(vib->dev, VIRTIO_RDMA_OP_MODIFY_QP, &req,
 			     sizeof(req), NULL, 0);
 	if (!ret && (mask & IB_QP_STATE)) {
 		/* What the EVENTS_LOST re-query compares with. */
 		WRITE_ONCE(to_vqp(ibqp)->state, attr->qp_state);
-		if (attr->qp_state == IB_QPS_RESET)
+		if (attr->qp_state == IB_QPS_RESET) {
 			WRITE_ONCE(to_vqp(ibqp)->err_reported, false);
+			if (to_vqp(ibqp)->kernel)
+				vrdma_kqp_reset(to_vqp(ibqp));
+		}
 	}
 	return ret;
 }
@@ -349,7 +360,7 @@ static int vrdma_ib_access(u32 access)
  * set, or reset: spec 12.14): the attribute stays empty. The source GID
  * index goes back to ib_core's: the lowest entry of ib_core's table that
  * add_gid mapped to the device's index, or 0 when ib_core holds none any
- * more (its default GID, never a usable source here).
+ * more.
  */
 static void vrdma_ah_attr(struct vrdma_ib *vib,
 			  const struct virtio_rdma_address_vector *av,

@@ -23,24 +23,22 @@ void vrdma_free_list_pages(__le64 *tail, size_t nlist)
 }
 
 /*
- * Builds the page list of @umem in blocks of @pgsz: a request of
- * @fixed_len bytes (zeroed, for the caller to fill) followed by the list,
- * INLINE when it has at most max_inline_pages entries, INDIRECT otherwise.
- * Fills @buf except `addr`. The caller frees the list pages with
- * vrdma_free_list_pages() once the device has answered, then the request
- * with kvfree().
+ * Allocates a request of @fixed_len bytes (zeroed, for the caller to fill)
+ * followed by room for the list of @npages pages: INLINE when it has at
+ * most max_inline_pages entries, INDIRECT (with zeroed list pages)
+ * otherwise. Fills @buf except `addr`, `first_page_offset` and
+ * `page_shift`; vrdma_list_set() then enters the pages. The caller frees
+ * the list pages with vrdma_free_list_pages() once the device has
+ * answered, then the request with kvfree().
  */
-void *vrdma_page_list(struct vrdma_dev *dev, struct ib_umem *umem,
-		      unsigned long pgsz, size_t fixed_len,
-		      struct virtio_rdma_buffer_desc *buf, size_t *req_len,
-		      size_t *nlist_out)
+void *vrdma_list_alloc(struct vrdma_dev *dev, size_t npages, size_t fixed_len,
+		       struct virtio_rdma_buffer_desc *buf, size_t *req_len,
+		       size_t *nlist_out)
 {
-	size_t npages, nlist = 0, tail_len, i;
-	struct ib_block_iter biter;
-	__le64 *tail, *list = NULL;
+	size_t nlist = 0, tail_len, i;
+	__le64 *tail;
 	void *req;
 
-	npages = ib_umem_num_dma_blocks(umem, pgsz);
 	if (!npages || npages > le32_to_cpu(dev->attr.max_mr_pages))
 		return ERR_PTR(-EINVAL);
 	if (npages <= le32_to_cpu(dev->config.max_inline_pages)) {
@@ -63,33 +61,55 @@ void *vrdma_page_list(struct vrdma_dev *dev, struct ib_umem *umem,
 		}
 		tail[i] = cpu_to_le64(virt_to_phys((void *)page));
 	}
-	i = 0;
-	/*
-	 * No DMA device: the umem's DMA addresses are kernel virtual
-	 * addresses of the pinned pages (ib_uses_virt_dma()).
-	 */
-	rdma_umem_for_each_dma_block(umem, &biter, pgsz) {
-		u64 gpa = virt_to_phys((void *)(uintptr_t)
-				       rdma_block_iter_dma_address(&biter));
-
-		if (nlist) {
-			size_t k = i / VIRTIO_RDMA_LIST_PAGE_ENTRIES;
-
-			if (i % VIRTIO_RDMA_LIST_PAGE_ENTRIES == 0)
-				list = phys_to_virt(le64_to_cpu(tail[k]));
-			list[i % VIRTIO_RDMA_LIST_PAGE_ENTRIES] = cpu_to_le64(gpa);
-		} else {
-			tail[i] = cpu_to_le64(gpa);
-		}
-		i++;
-	}
 	buf->npages = cpu_to_le32(npages);
-	buf->first_page_offset = cpu_to_le32(ib_umem_dma_offset(umem, pgsz));
-	buf->page_shift = cpu_to_le32(__ffs(pgsz));
 	buf->mode = cpu_to_le32(nlist ? VIRTIO_RDMA_PAGES_INDIRECT :
 					VIRTIO_RDMA_PAGES_INLINE);
 	*req_len = fixed_len + tail_len;
 	*nlist_out = nlist;
+	return req;
+}
+
+/* Enters page @i at @gpa into the list vrdma_list_alloc() made. */
+void vrdma_list_set(void *req, size_t fixed_len, size_t nlist, size_t i,
+		    u64 gpa)
+{
+	__le64 *tail = req + fixed_len, *list;
+
+	if (!nlist) {
+		tail[i] = cpu_to_le64(gpa);
+		return;
+	}
+	list = phys_to_virt(le64_to_cpu(tail[i / VIRTIO_RDMA_LIST_PAGE_ENTRIES]));
+	list[i % VIRTIO_RDMA_LIST_PAGE_ENTRIES] = cpu_to_le64(gpa);
+}
+
+/*
+ * Builds the page list of @umem in blocks of @pgsz (vrdma_list_alloc()),
+ * with the offset of its first byte in the first block.
+ */
+void *vrdma_page_list(struct vrdma_dev *dev, struct ib_umem *umem,
+		      unsigned long pgsz, size_t fixed_len,
+		      struct virtio_rdma_buffer_desc *buf, size_t *req_len,
+		      size_t *nlist)
+{
+	struct ib_block_iter biter;
+	size_t i = 0;
+	void *req;
+
+	req = vrdma_list_alloc(dev, ib_umem_num_dma_blocks(umem, pgsz),
+			       fixed_len, buf, req_len, nlist);
+	if (IS_ERR(req))
+		return req;
+	/*
+	 * No DMA device: the umem's DMA addresses are kernel virtual
+	 * addresses of the pinned pages (ib_uses_virt_dma()).
+	 */
+	rdma_umem_for_each_dma_block(umem, &biter, pgsz)
+		vrdma_list_set(req, fixed_len, *nlist, i++,
+			       virt_to_phys((void *)(uintptr_t)
+					    rdma_block_iter_dma_address(&biter)));
+	buf->first_page_offset = cpu_to_le32(ib_umem_dma_offset(umem, pgsz));
+	buf->page_shift = cpu_to_le32(__ffs(pgsz));
 	return req;
 }
 

@@ -621,7 +621,8 @@ static void guid_str(__be64 guid, char *out, size_t len)
  *   a locally administered unicast EUI-64 (first octet: U/L bit set, I/G
  *   bit clear) and its system image GUID the same value;
  * - device_cap_flags: exactly what the device does (RNR NAKs for RC,
- *   CUR_STATE checked, port active events, a system image GUID);
+ *   CUR_STATE checked, port active events, a system image GUID; with
+ *   F_MEM_MGT, which user space cannot see, fast registration too);
  * - the port: active with the physical state LINK_UP, and a GID table of
  *   ib_core's default entry plus at most the 16 device GIDs the driver
  *   reads;
@@ -654,7 +655,9 @@ static void device_attrs(struct ibv_context *ctx)
 	snprintf(msg, sizeof(msg),
 		 "attributes: device_cap_flags %#x (RC_RNR_NAK_GEN, CURR_QP_STATE_MOD, PORT_ACTIVE_EVENT, SYS_IMAGE_GUID: %#x)",
 		 attr.device_cap_flags, want);
-	result(attr.device_cap_flags == want, msg);
+	result(attr.device_cap_flags == want ||
+	       attr.device_cap_flags == (want | IBV_DEVICE_MEM_MGT_EXTENSIONS),
+	       msg);
 	snprintf(msg, sizeof(msg),
 		 "attributes: port state %d, physical state %u, GID table %d",
 		 port.state, port.phys_state, port.gid_tbl_len);
