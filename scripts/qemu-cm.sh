@@ -31,10 +31,12 @@
 # The server side of each pair starts first and tells the client once the tool listens (an
 # rdma_cm listener of that program, `rdma resource show cm_id`); the client runs once then, and
 # tells the server when it ended. The guests exchange these words over TCP on the same network
-# (busybox nc). Every wait ends on lack of progress, never on the clock alone: a step that
-# prints nothing for 120 s is stopped; a wait for the other guest ends once that guest has sent
-# nothing (it sends a heartbeat every 5 s while its step prints) for that long; a server whose
-# client ended gets until it has printed nothing for 10 s.
+# (busybox nc); each also tells the other when each of its steps ended. Every wait ends on lack
+# of progress, never on the clock alone: a step that prints nothing for 120 s is stopped; a wait
+# for a word of the other guest ends at once when the step that would send it has ended, and
+# otherwise once that guest has sent nothing for as long (it sends a heartbeat every 5 s while
+# its step prints and does not wait itself); a server whose client ended gets until it has
+# printed nothing for 10 s.
 # Prints "qemu-cm: N passed, M failed" ("qemu-cm-rxe: ..." with --device rxe).
 #
 # Usage: bash scripts/qemu-cm.sh [--device virtio|rxe] [--keep]
@@ -88,8 +90,8 @@ NQN=nqn.2024-01.io.vhost-user-rdma:cm-test
 CFG=/sys/kernel/config/nvmet
 S=$CFG/subsystems/$NQN
 P=$CFG/ports/1
-# up ADDR PEER: the interface with ADDR, the RDMA device on it (its IPv4 GID there), the
-# modules of the rdma_cm stack, the inbox for the other guest's words and the heartbeat.
+# up ADDR PEER: the interface with ADDR, the RDMA device on it, the modules of the rdma_cm
+# stack, the inbox for the other guest's words and the heartbeat.
 up() {
   ME=$1 PEER=$2
   HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000000$(echo "$ME" | cut -d. -f4 | sed 's/^\(.\)$/0\1/')
@@ -103,16 +105,12 @@ up() {
   else
     insmod /lib/virtio_rdma.ko || return 1
   fi
-  wait_gid || return 1
   modprobe rdma_ucm && modprobe ib_umad
 }
-# wait_gid: until the device's port is active with its IPv4 GID (at most 10 s: it takes well
-# under one).
+# wait_gid: until the device's port is active with its IPv4 GID (in a step: its watchdog ends
+# a wait for what never comes; this takes well under a second).
 wait_gid() {
-  local i=0
   until [ -n "$(gid_index)" ] && grep -q ACTIVE /sys/class/infiniband/$DEV/ports/1/state 2>/dev/null; do
-    [ $i -lt 100 ] || return 1
-    i=$((i + 1))
     sleep 0.1
   done
 }
@@ -127,54 +125,72 @@ gid_index() {
     fi
   done
 }
-# cstep LABEL CMD...: guest/checks.sh's step, its label kept for the heartbeat.
+# cstep LABEL CMD...: guest/checks.sh's step; then "END LABEL" to the peer, whatever the step
+# did (stopped by its watchdog included), so that a wait there for a word of that step ends.
 cstep() {
   echo "$1" >/tmp/step.label
   step "$@"
+  rm -f /tmp/waiting
+  post END "$1"
 }
-# heartbeat: every 5 s that the running step has printed something, "HB LABEL" to the peer, so
-# that its waits see this guest progress.
+# heartbeat: every 5 s that the running step has printed something and is not waiting for the
+# peer, "HB LABEL" to the peer, so that its waits see this guest progress. (Not while waiting:
+# two guests waiting for each other would keep each other's waits alive.)
 heartbeat() {
   local last=-1 now
   while sleep 5; do
     now=$(wc -c </tmp/step.out 2>/dev/null || echo 0)
-    if [ "$now" != "$last" ]; then
+    if [ "$now" != "$last" ] && [ ! -f /tmp/waiting ]; then
       post HB "$(cat /tmp/step.label 2>/dev/null)" 2>/dev/null
-      last=$now
     fi
+    last=$now
   done
 }
-# post TAG WORDS...: one line to the peer's inbox (its listener runs from boot: tried for 30 s).
+# post TAG WORDS...: one line to the peer's inbox; nothing once the peer has said DONE (it has
+# run all its steps and waits for nothing more). Its listener runs from boot, so a peer that
+# takes nothing for 30 s is gone: that is remembered, and later posts and waits fail at once.
 post() {
-  local i=0
-  until echo "$*" | nc "$PEER" 7000 >/dev/null 2>&1; do
-    i=$((i + 1))
-    [ $i -lt 150 ] || { echo "post: the peer did not take: $*"; return 1; }
+  local t0
+  ! grep -qx DONE /tmp/inbox || return 0
+  [ ! -f /tmp/peer.lost ] || return 1
+  t0=$(cut -d. -f1 /proc/uptime)
+  until echo "$*" | nc -w 2 "$PEER" 7000 >/dev/null 2>&1; do
+    if [ $(($(cut -d. -f1 /proc/uptime) - t0)) -ge 30 ]; then
+      echo "post: the peer took nothing for 30 s: $*"
+      touch /tmp/peer.lost
+      return 1
+    fi
     sleep 0.2
   done
 }
-# await TAG: prints the words of the peer's message TAG once it is in the inbox. Fails once the
-# peer has sent nothing, heartbeats included, for $STALL s (less 10, so that this says why
-# before the step's watchdog stops it), and at once after an earlier wait found the peer gone.
+# await TAG STEP: prints the words of the peer's message TAG, which its step STEP sends, once it
+# is in the inbox. Fails at once if STEP ended without it or the peer is gone, and once the peer
+# has sent nothing (heartbeats included) for $STALL s less 10 (so that this says why before the
+# step's watchdog stops it).
 await() {
-  local tag=$1 size=-1 now idle=0 ticks=0 shown=0 line limit
+  local tag=$1 from=$2 size=-1 now idle=0 ticks=0 shown=0 line limit
   limit=$(((${STALL:-120} - 10) * 5))
-  if [ -f /tmp/peer.lost ]; then
-    echo "await $tag: the peer is gone (an earlier wait gave up)"
-    return 1
-  fi
+  touch /tmp/waiting
   while :; do
     line=$(grep -m1 "^$tag " /tmp/inbox)
     if [ -n "$line" ]; then
+      rm -f /tmp/waiting
       echo "${line#"$tag "}"
       return 0
+    fi
+    if grep -qx "END $from" /tmp/inbox; then
+      echo "await $tag: the peer's step $from ended without it"
+      break
+    fi
+    if [ -f /tmp/peer.lost ]; then
+      echo "await $tag: the peer is gone"
+      break
     fi
     now=$(wc -c </tmp/inbox)
     if [ "$now" != "$size" ]; then size=$now idle=0; else idle=$((idle + 1)); fi
     if [ $idle -ge $limit ]; then
       echo "await $tag: nothing from the peer for $((limit / 5)) s"
-      touch /tmp/peer.lost
-      return 1
+      break
     fi
     ticks=$((ticks + 1))
     if [ $((ticks % 150)) = 0 ] && [ "$size" != "$shown" ]; then
@@ -183,27 +199,41 @@ await() {
     fi
     sleep 0.2
   done
+  rm -f /tmp/waiting
+  return 1
 }
-# serve TAG TOOL ARGS...: the server side of a pair with the peer's `call TAG`: runs TOOL, tells
-# the peer once TOOL listens (TAG-LISTEN yes), or that it ended before it did (TAG-LISTEN no),
-# and waits for it to end; once the peer's client has ended (TAG-CLIENT), TOOL gets until it has
-# printed nothing for 10 s, then it is stopped and the step fails.
+# serve [--any] TOOL ARGS...: in a step LABEL, the server side of the pair with the peer's step
+# LABEL (`call`): runs TOOL, tells the peer once TOOL listens (LABEL-LISTEN yes) or that it ended
+# before it did (LABEL-LISTEN no), and waits for it to end. Once the peer's client has ended
+# (LABEL-CLIENT, or the end of its step), TOOL gets until it has printed nothing for 10 s; then
+# it is stopped and the step fails. --any: TOOL listens on any address, which works even when
+# no device of rdma_cm has ours (it then waits for a client that cannot come): stopped at once
+# if the DEVICE step found that so.
 serve() {
-  local tag=$1 tool=$2 pid r listening=0 size=-1 now idle=0
-  shift
+  local label tool pid r listening=0 size=-1 now idle=0 any=0
+  [ "$1" != --any ] || { any=1; shift; }
+  tool=$1
+  label=$(cat /tmp/step.label)
   linebuf "$@" &
   pid=$!
   while kill -0 $pid 2>/dev/null; do
+    if [ $listening = 0 ] && [ $any = 1 ] && [ "$(cat /tmp/cm.bind 2>/dev/null)" = no ]; then
+      echo "serve: rdma_cm has no device for $ME (DEVICE step), $tool listens on none: stopped"
+      kill_tree $pid
+      wait $pid
+      post "$label-LISTEN" "no: rdma_cm has no device for $ME"
+      return 1
+    fi
     if [ $listening = 0 ] && /usr/local/bin/rdma resource show cm_id 2>/dev/null |
       grep -qE "state LISTEN .*comm $tool( |\$)"; then
       listening=1
-      post "$tag-LISTEN" yes
+      post "$label-LISTEN" yes
     fi
-    if [ $listening = 1 ] && grep -q "^$tag-CLIENT " /tmp/inbox; then
+    if grep -q -e "^$label-CLIENT " -e "^END $label\$" /tmp/inbox; then
       now=$(wc -c </tmp/step.out)
       if [ "$now" != "$size" ]; then size=$now idle=0; else idle=$((idle + 1)); fi
       if [ $idle -ge 50 ]; then
-        echo "serve: the client ended ($(grep -m1 "^$tag-CLIENT " /tmp/inbox)) and $tool printed nothing for 10 s: stopped"
+        echo "serve: the client side ended ($(grep -m1 -e "^$label-CLIENT " -e "^END $label\$" /tmp/inbox)) and $tool printed nothing for 10 s: stopped"
         kill_tree $pid
         wait $pid
         return 124
@@ -213,29 +243,46 @@ serve() {
   done
   wait $pid
   r=$?
-  [ $listening = 1 ] || post "$tag-LISTEN" "no: $tool exited $r before it listened"
+  [ $listening = 1 ] || post "$label-LISTEN" "no: $tool exited $r before it listened"
   return $r
 }
-# call TAG TOOL ARGS...: the client side: once the peer's `serve TAG` listens, runs TOOL ARGS once
-# and tells the peer it ended.
+# call TOOL ARGS...: in a step LABEL, the client side: once the peer's `serve` in its step LABEL
+# listens, runs TOOL ARGS once and tells the peer it ended.
 call() {
-  local tag=$1 ans r
-  shift
-  ans=$(await "$tag-LISTEN")
+  local label ans r
+  label=$(cat /tmp/step.label)
+  ans=$(await "$label-LISTEN" "$label")
   r=$?
   if [ $r != 0 ] || [ "$ans" != yes ]; then
     echo "the server side did not listen: $ans"
-    post "$tag-CLIENT" not run
+    post "$label-CLIENT" not run
     return 1
   fi
   linebuf "$@"
   r=$?
-  post "$tag-CLIENT" exit $r
+  post "$label-CLIENT" exit $r
   return $r
+}
+# cm_bind: whether rdma_cm binds this guest's address, that is has a device for it (pyverbs:
+# rdma_create_ep of a passive address, then closed).
+cm_bind() {
+  python3 -c 'import sys
+from pyverbs.cmid import AddrInfo, CMID
+import pyverbs.cm_enums as ce
+CMID(creator=AddrInfo(src=sys.argv[1], src_service="7999", port_space=ce.RDMA_PS_TCP,
+                      flags=ce.RAI_PASSIVE)).close()' "$ME"
 }
 # The device and its port as the rdma_cm stack sees them.
 device() {
   local g
+  wait_gid
+  if cm_bind 2>/tmp/cm.err; then
+    echo yes >/tmp/cm.bind
+    echo "rdma_cm binds $ME: yes"
+  else
+    echo no >/tmp/cm.bind
+    echo "rdma_cm binds $ME: no ($(tail -n1 /tmp/cm.err))"
+  fi
   ibv_devinfo -v -d "$DEV" | grep -E 'hca_id|state:|link_layer|max_qp_wr|max_sge|max_cqe|max_mr_size|max_fast_reg|device_cap_flags|^\s+[A-Z_]+$|local_ca_ack_delay|max_qp_rd_atom|max_inline|active_mtu'
   /usr/local/bin/rdma link show
   g=$(gid_index)
@@ -264,7 +311,7 @@ nvmet_setup_step() {
 # The initiator's 64 MiB are on the RAM disk.
 nvmet_data() {
   local ans sum
-  ans=$(await NVME-DATA) || { echo "$ans"; return 1; }
+  ans=$(await NVME-DATA NVME-READ) || { echo "$ans"; return 1; }
   echo "the initiator: $ans"
   sum=$(dd if=/dev/ram0 bs=1M count=64 2>/dev/null | sha256sum | cut -d' ' -f1)
   if [ "$ans" = "sha256 $sum" ]; then
@@ -276,17 +323,13 @@ nvmet_data() {
 }
 # dev_reset: the RDMA device goes away and comes back (its GID with it).
 dev_reset() {
-  local vdev i=0
+  local vdev
   if [ "$MODE" = rxe ]; then
     /usr/local/bin/rdma link delete rxe0 && /usr/local/bin/rdma link add rxe0 type rxe netdev eth0 || return 1
   else
     vdev=$(basename "$(readlink -f /sys/class/infiniband/$DEV/device)")
     echo 1 >"/sys/bus/virtio/devices/$vdev/reset" || return 1
-    until dmesg | grep -q 'the device is back after its reset'; do
-      [ $i -lt 600 ] || return 1
-      i=$((i + 1))
-      sleep 0.1
-    done
+    until dmesg | grep -q 'the device is back after its reset'; do sleep 0.1; done
   fi
   wait_gid
 }
@@ -295,7 +338,7 @@ dev_reset() {
 # unlinking and linking its subsystem.
 reset_device() {
   local ans
-  ans=$(await RESET-IO) || { echo "$ans"; post RESET-BACK no; return 1; }
+  ans=$(await RESET-IO RESET-IO) || { echo "$ans"; post RESET-BACK no; return 1; }
   if [ "$ans" != yes ]; then
     echo "the initiator's I/O did not start: $ans"
     post RESET-BACK no
@@ -319,7 +362,7 @@ reset_device() {
 }
 nvmet_teardown() {
   local ans
-  ans=$(await NVME-DISCONNECTED)
+  ans=$(await NVME-DISCONNECTED NVME-DISCONNECT)
   echo "the initiator: $ans"
   # Whatever the setup made, in reverse order; then nothing may be left.
   [ ! -L "$P/subsystems/$NQN" ] || rm "$P/subsystems/$NQN"
@@ -335,7 +378,7 @@ nvmet_teardown() {
 
 nvme_discover() {
   local ans
-  ans=$(await NVMET-READY) || { echo "$ans"; return 1; }
+  ans=$(await NVMET-READY NVMET-SETUP) || { echo "$ans"; return 1; }
   [ "$ans" = yes ] || { echo "the target is not ready: $ans"; return 1; }
   modprobe nvme_rdma || return 1
   nvme discover -t rdma -a "$PEER" -s 4420 -q "$HOSTNQN"
@@ -355,14 +398,11 @@ ns_dev() {
   [ "$(echo "$n" | wc -w)" = 1 ] && echo "/dev/$n"
 }
 nvme_connect() {
-  local i=0 ns c
+  local ns c
   nvme connect -t rdma -a "$PEER" -s 4420 -n "$NQN" -q "$HOSTNQN" --reconnect-delay=1 \
     --ctrl-loss-tmo=60 || return 1
-  until ns=$(ns_dev) && [ -b "$ns" ]; do
-    [ $i -lt 300 ] || { echo "no namespace"; return 1; }
-    i=$((i + 1))
-    sleep 0.1
-  done
+  # The namespace's scan is asynchronous.
+  until ns=$(ns_dev) && [ -b "$ns" ]; do sleep 0.1; done
   c=$(ctrl_dir) || { echo "no controller of $NQN"; return 1; }
   echo "NVME-NS $ns: $(cat /sys/block/${ns#/dev/}/size) sectors, controller ${c##*/} $(cat $c/transport) $(cat $c/address) $(cat $c/state)"
 }
@@ -439,7 +479,7 @@ reset_io() {
     return 1
   fi
   post RESET-IO yes
-  ans=$(await RESET-BACK)
+  ans=$(await RESET-BACK RESET-DEVICE)
   echo "the target: $ans"
   if [ "$ans" = yes ]; then
     # The pass under way now may have started before; the one after it did not.
@@ -499,28 +539,30 @@ chmod +x "$dir/cm-inbox"
 {
   echo 'up 10.42.0.2 10.42.0.1'
   echo 'cstep DEVICE device'
-  echo 'cstep CM-RPING serve RPING rping -s -a $ME -C 20 -V -v'
-  echo 'cstep CM-UCMATOSE serve UCMATOSE ucmatose -b $ME'
-  echo 'cstep CM-UDADDY serve UDADDY udaddy -b $ME'
-  echo 'cstep CM-RDMA-SERVER serve RDMASRV rdma_server -s $ME'
-  echo 'cstep CM-SEND-BW serve SENDBW ib_send_bw -R -d $DEV -n 100'
-  echo 'cstep CM-WRITE-LAT serve WRITELAT ib_write_lat -R -d $DEV -n 100'
+  echo 'cstep CM-RPING serve rping -s -a $ME -C 20 -V -v'
+  echo 'cstep CM-UCMATOSE serve ucmatose -b $ME'
+  echo 'cstep CM-UDADDY serve udaddy -b $ME'
+  echo 'cstep CM-RDMA serve rdma_server -s $ME'
+  # (perftest's server listens on any address.)
+  echo 'cstep CM-SEND-BW serve --any ib_send_bw -R -d $DEV -n 100'
+  echo 'cstep CM-WRITE-LAT serve --any ib_write_lat -R -d $DEV -n 100'
   echo 'cstep NVMET-SETUP nvmet_setup_step'
   echo 'cstep NVMET-DATA nvmet_data'
   echo 'cstep RESET-DEVICE reset_device'
   echo 'cstep NVMET-TEARDOWN nvmet_teardown'
   echo 'cstep RDMACM-TESTS rdmacm_tests'
+  echo 'post DONE'
 } >"$dir/b.sh"
 # shellcheck disable=SC2016
 {
   echo 'up 10.42.0.1 10.42.0.2'
   echo 'cstep DEVICE device'
-  echo 'cstep CM-RPING call RPING rping -c -a $PEER -C 20 -V -v'
-  echo 'cstep CM-UCMATOSE call UCMATOSE ucmatose -s $PEER'
-  echo 'cstep CM-UDADDY call UDADDY udaddy -s $PEER'
-  echo 'cstep CM-RDMA-CLIENT call RDMASRV rdma_client -s $PEER'
-  echo 'cstep CM-SEND-BW call SENDBW ib_send_bw -R -d $DEV -n 100 $PEER'
-  echo 'cstep CM-WRITE-LAT call WRITELAT ib_write_lat -R -d $DEV -n 100 $PEER'
+  echo 'cstep CM-RPING call rping -c -a $PEER -C 20 -V -v'
+  echo 'cstep CM-UCMATOSE call ucmatose -s $PEER'
+  echo 'cstep CM-UDADDY call udaddy -s $PEER'
+  echo 'cstep CM-RDMA call rdma_client -s $PEER'
+  echo 'cstep CM-SEND-BW call ib_send_bw -R -d $DEV -n 100 $PEER'
+  echo 'cstep CM-WRITE-LAT call ib_write_lat -R -d $DEV -n 100 $PEER'
   echo 'cstep NVME-DISCOVER nvme_discover'
   echo 'cstep NVME-CONNECT nvme_connect'
   echo 'cstep NVME-WRITE nvme_write'
@@ -528,6 +570,7 @@ chmod +x "$dir/cm-inbox"
   echo 'cstep RESET-IO reset_io'
   echo 'cstep NVME-DISCONNECT nvme_disconnect'
   echo 'cstep RDMACM-TESTS rdmacm_tests'
+  echo 'post DONE'
 } >"$dir/a.sh"
 
 # The image: the rdma-core set with librdmacm's examples and pyverbs, perftest, nvme-cli, the
@@ -620,6 +663,7 @@ n='[0-9]+[.][0-9]+' s='[[:space:]]+'
 lat='([0-9]+[.][0-9]+|inf)'
 for g in a b; do
   check_step $g DEVICE "$g: $dev's port active, its IPv4 GID on eth0" '^GID [0-9]+: 0000:0000:0000:0000:0000:ffff:0a2a:000[12] RoCE v2 on eth0'
+  check_step $g DEVICE "$g: rdma_cm has a device for the address" '^rdma_cm binds 10[.]42[.]0[.][12]: yes$'
 done
 check_step a CM-RPING "rping client: 20 pings, each verified (-V)" '^ping data: rdma-ping-[0-9]+: ' 20
 check_step b CM-RPING "rping server" '^server ping data: rdma-ping-[0-9]+: ' 20
@@ -629,8 +673,8 @@ for g in a b; do
   check_step $g CM-UDADDY "udaddy ($g: UD, SIDR)" '^return status 0$'
   check_step $g CM-UDADDY "... its data transfers ($g)" '^data transfers complete$'
 done
-check_step b CM-RDMA-SERVER "rdma_server" '^rdma_server: end 0$'
-check_step a CM-RDMA-CLIENT "rdma_client" '^rdma_client: end 0$'
+check_step b CM-RDMA "rdma_server" '^rdma_server: end 0$'
+check_step a CM-RDMA "rdma_client" '^rdma_client: end 0$'
 for g in a b; do
   check_step $g CM-SEND-BW "ib_send_bw -R ($g, MB/s)" "^ *65536${s}100$s$n$s$n$s$n"
   check_step $g CM-WRITE-LAT "ib_write_lat -R ($g, usec)" "^ *2${s}100$s$lat$s$lat$s$lat$s$lat$s($n|-?nan)"
