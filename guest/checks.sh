@@ -18,9 +18,10 @@
 guest_tools() {
   cat <<EOF2
 steps_failed=
+# kill_tree PID: PID and its descendants (busybox has no pgrep: their parents from /proc).
 kill_tree() {
   local c
-  for c in \$(pgrep -P "\$1"); do kill_tree "\$c"; done
+  for c in \$(awk -v p="\$1" '\$4 == p { print \$1 }' /proc/[0-9]*/stat 2>/dev/null); do kill_tree "\$c"; done
   kill "\$1" 2>/dev/null
 }
 # step_watch PID: while PID runs, once a second, shows the step's new output (the host's

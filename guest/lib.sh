@@ -224,3 +224,23 @@ fetch_deb() {
   fi
   printf '%s\n' "$file"
 }
+
+# guest_extract_debs NAME "PKG VERSION SHA256"...: prints a directory holding the pinned Debian
+# packages extracted together (fetch_deb each, then dpkg-deb -x), made once and cached by the
+# set ($GUEST_CACHE/NAME/HASH): a sysroot for build-guest.sh --sysroot.
+guest_extract_debs() {
+  local name=$1 d deb out
+  shift
+  out="$GUEST_CACHE/$name/$(printf '%s\n' "$@" | sha256sum | cut -c1-12)"
+  if [ ! -f "$out/.done" ]; then
+    rm -rf "$out"
+    mkdir -p "$out"
+    for d in "$@"; do
+      # shellcheck disable=SC2086 # PKG VERSION SHA256
+      deb=$(fetch_deb $d)
+      dpkg-deb -x "$deb" "$out"
+    done
+    touch "$out/.done"
+  fi
+  printf '%s\n' "$out"
+}

@@ -84,3 +84,14 @@ guest_select_kernel() {
 : "${GUEST_LIBUDEV_SHA256:=6f7e08f11c4809d2e5998c775f7b423ab5ec2ce0309494b4a2615037052245e2}"
 : "${GUEST_ZLIB_VERSION:=1:1.2.13.dfsg-1}"
 : "${GUEST_ZLIB_SHA256:=d7dd1d1411fedf27f5e27650a6eff20ef294077b568f4c8c5e51466dc7c08ce4}"
+
+# nvme-cli (scripts/qemu-cm.sh's NVMe over Fabrics initiator): Debian bookworm's binary as it is,
+# with libnvme1 and libjson-c5; the other libraries it links (libdbus-1-3, libssl3) come from the
+# host's packages of those names (scripts/fetch-nvme-cli.sh). Its uuid-runtime dependency only
+# writes /etc/nvme/hostnqn at install time: the guests pass --hostnqn instead.
+: "${GUEST_NVME_CLI_VERSION:=2.4+really2.3-3}"
+: "${GUEST_NVME_CLI_SHA256:=2ccd90667466894f13b343818a64b47af72ce905cfe34ef583763f1d4877a4b2}"
+: "${GUEST_LIBNVME_VERSION:=1.3-1+deb12u1}"
+: "${GUEST_LIBNVME_SHA256:=5f64622b7d8024293bc07919abcd554ed7c62110c1fac5fcc4f595275153e8de}"
+: "${GUEST_LIBJSONC_VERSION:=0.16-2}"
+: "${GUEST_LIBJSONC_SHA256:=d0e1ed8637d1c26b9720f6057d6355f18378bba5cc2553e459d1632783c00d70}"

@@ -8,19 +8,7 @@ cd "$(dirname "$0")/.."
 . guest/lib.sh
 # shellcheck source=guest/versions.sh
 . guest/versions.sh
-debs=("perftest $GUEST_PERFTEST_VERSION $GUEST_PERFTEST_SHA256"
-  "libpci3 $GUEST_LIBPCI_VERSION $GUEST_LIBPCI_SHA256"
-  "libudev1 $GUEST_LIBUDEV_VERSION $GUEST_LIBUDEV_SHA256"
-  "zlib1g $GUEST_ZLIB_VERSION $GUEST_ZLIB_SHA256")
-pt="$GUEST_CACHE/perftest/$(printf '%s\n' "${debs[@]}" | sha256sum | cut -c1-12)"
-if [ ! -f "$pt/.done" ]; then
-  rm -rf "$pt"
-  mkdir -p "$pt"
-  for d in "${debs[@]}"; do
-    # shellcheck disable=SC2086 # PKG VERSION SHA256
-    deb=$(fetch_deb $d)
-    dpkg-deb -x "$deb" "$pt"
-  done
-  touch "$pt/.done"
-fi
-printf '%s\n' "$pt"
+guest_extract_debs perftest "perftest $GUEST_PERFTEST_VERSION $GUEST_PERFTEST_SHA256" \
+  "libpci3 $GUEST_LIBPCI_VERSION $GUEST_LIBPCI_SHA256" \
+  "libudev1 $GUEST_LIBUDEV_VERSION $GUEST_LIBUDEV_SHA256" \
+  "zlib1g $GUEST_ZLIB_VERSION $GUEST_ZLIB_SHA256"

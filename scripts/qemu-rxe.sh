@@ -271,10 +271,7 @@ bash scripts/build-guest.sh --name rxe-host --load crc32_generic --load virtio_p
   --bin "$dir/datapath_multi:/usr/local/bin/datapath_multi" >/dev/null
 
 # Two free UDP ports on the loopback for -netdev dgram.
-read -r port0 port1 < <(python3 -c 'import socket
-s = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
-for x in s: x.bind(("127.0.0.1", 0))
-print(*[x.getsockname()[1] for x in s])')
+launch_dgram_ports
 
 # guest NAME INDEX CMD: host guest INDEX (10.43.0.INDEX+1) running CMD.
 guest() {
@@ -289,12 +286,7 @@ guest() {
 t=$(date +%s)
 guest server 0 ". /etc/server.sh"
 guest client 1 ". /etc/client.sh"
-rcs=()
-for g in server client; do
-  r=0
-  launch_wait "${launch_guests[$g]}" || r=$?
-  rcs+=("$r")
-done
+launch_wait_guests server client
 echo "== qemu-rxe: guests ran $(($(date +%s) - t)) s, exit ${rcs[0]} ${rcs[1]}"
 
 if tr -d '\r' <"$dir/server.console" | grep -q 'state:.*PORT_ACTIVE' &&

@@ -3,8 +3,10 @@
 # (the integration tests start the real daemon and talk to it over real
 # vhost-user sockets through the test VMM), and the end-to-end test in real
 # QEMU guests (patched QEMU built and cached on first use; see
-# scripts/qemu-e2e.sh). RDMA_SKIP_QEMU=1 skips the QEMU part. Every part runs
-# whatever the others did; the script fails at the end naming those that failed.
+# scripts/qemu-e2e.sh). RDMA_SKIP_QEMU=1 skips the QEMU part; RDMA_CM_TESTS=1
+# adds scripts/qemu-cm.sh (rdma_cm and NVMe over Fabrics), on rxe and on the
+# device. Every part runs whatever the others did; the script fails at the end
+# naming those that failed.
 #
 # Usage: bash scripts/test.sh
 set -euo pipefail
@@ -49,11 +51,19 @@ if [ "${RDMA_SKIP_QEMU:-0}" != 1 ]; then
     bash scripts/qemu-kmod.sh --kernel 6.12
   part "the Linux guest driver on Debian 13's 6.12 kernel: an RC pingpong" \
     bash scripts/qemu-pingpong.sh --kernel 6.12
+  # rdma_cm and NVMe over Fabrics (issue 28): opt-in until the device has a GSI QP (QP 1) and
+  # the driver a kernel data path; the harness itself on soft-RoCE first.
+  if [ "${RDMA_CM_TESTS:-0}" = 1 ]; then
+    part "rdma_cm tools, perftest -R, NVMe over Fabrics: the harness on soft-RoCE (rxe)" \
+      bash scripts/qemu-cm.sh --device rxe
+    part "rdma_cm tools, perftest -R, NVMe over Fabrics between two QEMU guests on one daemon" \
+      bash scripts/qemu-cm.sh
+  fi
 fi
 echo "== times: everything $((SECONDS - t_start)) s, of which the QEMU part $((SECONDS - t_qemu)) s"
 # One line of totals for humans and CI.
 awk '/^test result:/ { p += $4; f += $6 }
-     /^(qemu-(e2e|kmod|pingpong|rxe)(-6\.12)?|check-prereqs|check-no-verbs): [0-9]+ passed, [0-9]+ failed$/ { p += $2; f += $4 }
+     /^(qemu-(e2e|kmod|pingpong|rxe|cm)(-6\.12|-rxe)?|check-prereqs|check-no-verbs): [0-9]+ passed, [0-9]+ failed$/ { p += $2; f += $4 }
      END { printf "%d passed, %d failed\n", p, f }' "$out"
 if [ ${#failed_parts[@]} -gt 0 ]; then
   printf 'FAILED: %s\n' "${failed_parts[@]}"

@@ -206,7 +206,29 @@ launch_guest() {
   launch_guests[$name]=$launch_pid
 }
 
+# launch_dgram_ports: sets port0 and port1 to two free UDP ports on the loopback, for a pair of
+# guests joined by -netdev dgram (each sends to the other's port).
+launch_dgram_ports() {
+  # shellcheck disable=SC2034 # read by the scripts
+  read -r port0 port1 < <(python3 -c 'import socket
+s = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
+for x in s: x.bind(("127.0.0.1", 0))
+print(*[x.getsockname()[1] for x in s])')
+}
+
 # --- waiting --------------------------------------------------------------------------------
+
+# launch_wait_guests NAME...: waits for each guest NAME (launch_guest) to end; sets rcs to their
+# exit statuses, in order.
+launch_wait_guests() {
+  local g r
+  rcs=()
+  for g in "$@"; do
+    r=0
+    launch_wait "${launch_guests[$g]}" || r=$?
+    rcs+=("$r")
+  done
+}
 
 # wait_until PID FILE CMD...: runs CMD every 0.1 s until it succeeds. Fails once PID (if not
 # empty) is gone (CMD is tried a last time then) or FILE has not grown for $LAUNCH_STALL s.
