@@ -442,7 +442,7 @@ impl Bridge {
             return GuestVerdict::Dropped("REQ: rdma_cm header names another address");
         }
         let our_comm_id = self.comm_id(vm);
-        let mut c = Conn {
+        let c = Conn {
             vm,
             state: State::Resolving,
             guest_comm_id: r.local_comm_id,
@@ -474,7 +474,6 @@ impl Bridge {
             return GuestVerdict::Dropped("REQ: the VM's connection limit");
         }
         let key = self.key();
-        c.state = State::Resolving;
         self.by_guest.insert((vm, c.guest_comm_id), key);
         self.by_ours.insert((vm, our_comm_id), key);
         self.conns.insert(key, c);
