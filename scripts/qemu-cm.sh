@@ -24,6 +24,10 @@
 #     intact, or fail its I/O with an error; no hang (the step's progress watchdog), no warning;
 #   - `nvme disconnect` on A (nvme_rdma unloads: no controller left), the target torn down on B
 #     in configfs order (nvmet_rdma, nvmet and brd unload);
+#   - NFS over RDMA: B runs the kernel's NFS server (NFSv4.1/4.2 on RDMA port 20049 only, a
+#     tmpfs exported through nfsd's own interfaces: the image has no nfs-utils); A mounts it with
+#     `proto=rdma,port=20049`, writes 32 MiB, remounts and reads them back (sha256 compared, and
+#     on B), unmounts; B stops nfsd and its listener goes;
 #   - rdma-core's Python tests of rdma_cm (tests/test_rdmacm.py on pyverbs, both guests at once,
 #     each on its own device), run as `run_tests.py --dev DEVICE -v test_rdmacm`;
 #   - no kernel warning in either guest; with the daemon, that it released every object of both
@@ -524,6 +528,107 @@ nvme_disconnect() {
   post NVME-DISCONNECTED exit $r
   return $r
 }
+# --- NFS over RDMA: B, the server ------------------------------------------------------------
+
+# The kernel's NFS server (nfsd) on a tmpfs, NFSv4.1/4.2 only, listening on RDMA alone (port
+# 20049, RFC 8267). The image has no nfs-utils: this does what rpc.nfsd and mountd would, through
+# nfsd's own interfaces: the versions and the listener in /proc/fs/nfsd, and the one export as
+# answers to nfsd's caches (auth.unix.ip: the client's address in domain "cm"; nfsd.export: the
+# path, read-write, fsid 0 - the NFSv4 root; nfsd.fh: fsid 0 to the path), valid for 10 days.
+NFS_DIR=/export
+nfsd_setup() {
+  local until flags
+  modprobe nfsd && modprobe rpcrdma || return 1
+  mkdir -p $NFS_DIR /proc/fs/nfsd /var/lib/nfs/v4recovery &&
+    mount -t tmpfs -o size=64m tmpfs $NFS_DIR && mount -t nfsd nfsd /proc/fs/nfsd || return 1
+  echo "-2 -3 +4.1 +4.2" >/proc/fs/nfsd/versions && echo 10 >/proc/fs/nfsd/nfsv4gracetime &&
+    echo "rdma 20049" >/proc/fs/nfsd/portlist && echo 4 >/proc/fs/nfsd/threads || return 1
+  until=$(($(date +%s) + 864000))
+  # rw, insecure (any source port), no_subtree_check, fsid= (NFSEXP_* of linux/nfsd/export.h).
+  flags=$((0x0002 | 0x0400 | 0x2000))
+  # (One write each, as the channels require; \x: the fsid in hex.)
+  printf 'nfsd %s %s cm\n' "$PEER" $until >/proc/net/rpc/auth.unix.ip/channel &&
+    printf 'cm %s %s %s 65534 65534 0\n' $NFS_DIR $until $flags >/proc/net/rpc/nfsd.export/channel &&
+    printf 'cm 1 \\x00000000 %s %s\n' $until $NFS_DIR >/proc/net/rpc/nfsd.fh/channel || return 1
+  # No client to reclaim state after a fresh start: the grace period ends now.
+  echo Y >/proc/fs/nfsd/v4_end_grace 2>/dev/null
+  echo "versions: $(cat /proc/fs/nfsd/versions); listeners: $(cat /proc/fs/nfsd/portlist | tr '\n' ' ')"
+  cat /proc/net/rpc/nfsd.export/content | grep -v '^#'
+  /usr/local/bin/rdma resource show cm_id | grep 'state LISTEN'
+  echo "NFSD ready: $ME:$NFS_DIR over RDMA, port 20049"
+}
+nfsd_setup_step() {
+  if nfsd_setup; then post NFSD-READY yes; else post NFSD-READY no; return 1; fi
+}
+# The client's file is in the export, as the client wrote it.
+nfsd_data() {
+  local ans sum
+  ans=$(await NFS-DATA NFS-IO) || { echo "$ans"; return 1; }
+  echo "the client: $ans"
+  sum=$(sha256sum <$NFS_DIR/pattern | cut -d' ' -f1)
+  if [ "$ans" = "sha256 $sum" ]; then
+    echo "NFSD-DATA ok: the export holds the client's $(($(wc -c <$NFS_DIR/pattern) >> 20)) MiB (sha256 $sum)"
+  else
+    echo "NFSD-DATA mismatch: the export's file has sha256 $sum"
+    return 1
+  fi
+}
+nfsd_stop() {
+  local ans
+  ans=$(await NFS-UNMOUNTED NFS-UMOUNT)
+  echo "the client: $ans"
+  echo 0 >/proc/fs/nfsd/threads && umount /proc/fs/nfsd && umount $NFS_DIR || return 1
+  # The listener goes with the last thread.
+  ! /usr/local/bin/rdma resource show cm_id | grep -q ':20049' || {
+    /usr/local/bin/rdma resource show cm_id
+    return 1
+  }
+  echo "NFSD stopped: no thread, no RDMA listener left"
+}
+
+# --- NFS over RDMA: A, the client ------------------------------------------------------------
+
+NFS_MNT=/mnt/nfs
+nfs_mount() {
+  local ans
+  ans=$(await NFSD-READY NFSD-SETUP) || { echo "$ans"; return 1; }
+  [ "$ans" = yes ] || { echo "the server is not ready: $ans"; return 1; }
+  modprobe nfsv4 && modprobe rpcrdma && mkdir -p $NFS_MNT || return 1
+  # busybox's mount hands the options to the kernel as they are (no mount.nfs here).
+  mount -t nfs4 -o vers=4.1,proto=rdma,port=20049,addr=$PEER "$PEER:/" $NFS_MNT || return 1
+  grep " $NFS_MNT " /proc/mounts
+  grep -q "proto=rdma" /proc/mounts && echo "NFS-MOUNT $PEER:/ on $NFS_MNT over RDMA"
+}
+nfs_io() {
+  local want got r=0
+  dd if=/dev/urandom of=/tmp/nfs.pattern bs=1M count=32 2>/dev/null || return 1
+  want=$(sha256sum </tmp/nfs.pattern | cut -d' ' -f1)
+  timed NFS-WRITE if=/tmp/nfs.pattern of=$NFS_MNT/pattern conv=fsync || { post NFS-DATA none; return 1; }
+  # Read from the server, not from this guest's page cache.
+  umount $NFS_MNT && mount -t nfs4 -o vers=4.1,proto=rdma,port=20049,addr=$PEER "$PEER:/" $NFS_MNT ||
+    { post NFS-DATA none; return 1; }
+  timed NFS-READ if=$NFS_MNT/pattern of=/tmp/nfs.readback || { post NFS-DATA none; return 1; }
+  got=$(sha256sum </tmp/nfs.readback | cut -d' ' -f1)
+  rm -f /tmp/nfs.readback
+  if [ "$got" = "$want" ]; then
+    echo "NFS-VERIFY ok: 32 MiB read back as written (sha256 $got)"
+  else
+    echo "NFS-VERIFY mismatch: read back sha256 $got, written $want"
+    r=1
+  fi
+  post NFS-DATA sha256 "$want"
+  # The transport's counters (RPC/RDMA: calls, chunks, registrations).
+  awk -v m=" $NFS_MNT " 'index($0, "mounted on" m) { f = 1 } f && /xprt:/ { print; exit }' /proc/self/mountstats
+  return $r
+}
+nfs_umount() {
+  local r=0
+  umount $NFS_MNT || r=1
+  [ $r != 0 ] || ! grep -q " $NFS_MNT " /proc/mounts || r=1
+  [ $r != 0 ] || echo "NFS-UMOUNT: unmounted"
+  post NFS-UNMOUNTED exit $r
+  return $r
+}
 # rdma-core's tests of rdma_cm (each guest alone, on its own device).
 rdmacm_tests() {
   cd /usr/share/rdma-core/tests && python3 run_tests.py --dev "$DEV" -v test_rdmacm
@@ -550,6 +655,9 @@ chmod +x "$dir/cm-inbox"
   echo 'cstep NVMET-DATA nvmet_data'
   echo 'cstep RESET-DEVICE reset_device'
   echo 'cstep NVMET-TEARDOWN nvmet_teardown'
+  echo 'cstep NFSD-SETUP nfsd_setup_step'
+  echo 'cstep NFSD-DATA nfsd_data'
+  echo 'cstep NFSD-STOP nfsd_stop'
   echo 'cstep RDMACM-TESTS rdmacm_tests'
   echo 'post DONE'
 } >"$dir/b.sh"
@@ -569,6 +677,9 @@ chmod +x "$dir/cm-inbox"
   echo 'cstep NVME-READ nvme_read'
   echo 'cstep RESET-IO reset_io'
   echo 'cstep NVME-DISCONNECT nvme_disconnect'
+  echo 'cstep NFS-MOUNT nfs_mount'
+  echo 'cstep NFS-IO nfs_io'
+  echo 'cstep NFS-UMOUNT nfs_umount'
   echo 'cstep RDMACM-TESTS rdmacm_tests'
   echo 'post DONE'
 } >"$dir/a.sh"
@@ -576,7 +687,8 @@ chmod +x "$dir/cm-inbox"
 # The image: the rdma-core set with librdmacm's examples and pyverbs, perftest, nvme-cli, the
 # host's iproute2 `rdma` and `ip` (rdma-core's tests read both with -j; busybox has neither), and
 # the modules of the rdma_cm stack and of NVMe over Fabrics with what they depend on.
-mods=(rdma_ucm ib_umad rdma_cm ib_cm iw_cm configfs nvme-rdma nvme-fabrics nvmet nvmet-rdma brd)
+mods=(rdma_ucm ib_umad rdma_cm ib_cm iw_cm configfs nvme-rdma nvme-fabrics nvmet nvmet-rdma brd
+  nfsd nfsv4 rpcrdma)
 mod_args=()
 for m in "${mods[@]}"; do mod_args+=(--module "$m"); done
 bash scripts/build-guest.sh --name "$image" --load virtio_pci --load virtio_net --load ib_uverbs \
@@ -695,6 +807,15 @@ if [ "${outcome#RESET-OUTCOME reconnected}" != "$outcome" ]; then
 fi
 check_step a NVME-DISCONNECT "nvme disconnect (nvme_rdma unloads)" '^NVME-GONE'
 check_step b NVMET-TEARDOWN "target torn down in configfs order (modules unload)" '^NVMET torn down'
+check_step b NFSD-SETUP "NFS server: nfsd on RDMA port 20049 (NFSv4.1/4.2)" '^NFSD ready: '
+check_step b NFSD-SETUP "... its rdma_cm listener" "state LISTEN .*:20049"
+check_step a NFS-MOUNT "mount -t nfs4 -o proto=rdma,port=20049" '^NFS-MOUNT .* over RDMA$'
+check_step a NFS-IO "32 MiB written over NFS/RDMA" '^NFS-WRITE: 33554432 bytes in '
+check_step a NFS-IO "32 MiB read back after a remount" '^NFS-READ: 33554432 bytes in '
+check_step a NFS-IO "... as written" '^NFS-VERIFY ok'
+check_step b NFSD-DATA "... and in the server's export" '^NFSD-DATA ok'
+check_step a NFS-UMOUNT "umount" '^NFS-UMOUNT: unmounted'
+check_step b NFSD-STOP "nfsd stopped, its listener gone" '^NFSD stopped'
 for g in a b; do
   check_step $g RDMACM-TESTS "rdma-core's tests/test_rdmacm.py ($g)" '^OK'
   if grep -q '^KERNEL-WARNINGS: 0' "$dir/$g.console"; then
@@ -721,6 +842,9 @@ fi
 # What the record needs: the NVMe throughput under TCG and the rdma-core tests' summary.
 for l in NVME-WRITE NVME-READ; do
   echo "   $l: $(step_out a $l | grep -m1 "^$l: " | sed "s/^$l: //")"
+done
+for l in NFS-WRITE NFS-READ; do
+  echo "   $l: $(step_out a NFS-IO | grep -m1 "^$l: " | sed "s/^$l: //")"
 done
 for g in a b; do
   echo "   test_rdmacm ($g): $(step_out $g RDMACM-TESTS | grep -E '^(Ran |OK|FAILED)' | tr '\n' ' ')"
