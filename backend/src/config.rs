@@ -81,6 +81,16 @@ pub enum ConfigError {
         /// Most it may have.
         max: usize,
     },
+    /// A VM's `cm_listen` port is 0 or another VM's (or listed twice).
+    #[error("VM {vm:?}: cm_listen port {port} {why}")]
+    CmListen {
+        /// The VM.
+        vm: String,
+        /// The port.
+        port: u16,
+        /// What is wrong: `is not a port` or `is already VM "x"'s`.
+        why: String,
+    },
     /// A VM's `abi` is not a version the daemon implements.
     #[error("VM {vm:?}: abi = {abi}, but the daemon implements ABI versions 2 and 3")]
     BadAbi {
@@ -395,6 +405,10 @@ limits! {
         /// (bursts of 64); beyond it a MAD is dropped (its work request
         /// still completes) and counted in `mad_dropped` (spec 18.26).
         mad_per_sec: u32 = 1000, "mad-per-sec", [1, 1_000_000];
+        /// Connections the VM's GSI QP may have in the `verbs` RNIC's CM
+        /// bridge at once (being set up, established or being torn down);
+        /// beyond it a connection request is rejected ("no resources").
+        cm_connections: u32 = 64, "cm-connections", [1, 4096];
     }
 }
 
@@ -671,6 +685,10 @@ pub struct VmConfig {
     /// QoS class (one of [`DaemonConfig::qos_classes`]): the VM's weight
     /// and rate limits; `None`: the default weight, no limits.
     pub qos_class: Option<String>,
+    /// The `rdma_cm` ports (TCP port space) the `verbs` RNIC listens on
+    /// for the VM on the host's address (`cm_listen`): connection requests
+    /// to them go to the VM's GSI QP. A port is one VM's.
+    pub cm_listen: Vec<u16>,
 }
 
 /// The host RDMA device the `verbs` RNIC uses (`[daemon] rnic_device`,
@@ -780,6 +798,7 @@ impl DaemonConfig {
             mac: None,
             limits,
             qos_class: None,
+            cm_listen: Vec::new(),
         });
     }
 
@@ -955,6 +974,32 @@ impl DaemonConfig {
         self.check_gids(i, &mut seen)
     }
 
+    /// VM `i`'s `cm_listen`: ports (not 0), each listed once and by no VM
+    /// before it (the host listens on one address for every VM of the
+    /// daemon: a port can hand its requests to one VM only).
+    pub fn check_cm_listen(&self, i: usize) -> Result<(), ConfigError> {
+        let Some(vm) = self.vms.get(i) else {
+            return Ok(());
+        };
+        let bad = |port: u16, why: String| ConfigError::CmListen {
+            vm: vm.name.clone(),
+            port,
+            why,
+        };
+        for (k, &port) in vm.cm_listen.iter().enumerate() {
+            if port == 0 {
+                return Err(bad(port, "is not a port".into()));
+            }
+            if vm.cm_listen[..k].contains(&port) {
+                return Err(bad(port, "is listed twice".into()));
+            }
+            if let Some(other) = self.vms[..i].iter().find(|o| o.cm_listen.contains(&port)) {
+                return Err(bad(port, format!("is already VM {:?}'s", other.name)));
+            }
+        }
+        Ok(())
+    }
+
     /// Checks the whole configuration.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.vms.is_empty() {
@@ -1049,6 +1094,7 @@ impl DaemonConfig {
                 }
             }
             self.check_gids(i, &mut gids)?;
+            self.check_cm_listen(i)?;
             vm.limits.validate().map_err(|e| ConfigError::VmLimits {
                 vm: vm.name.clone(),
                 source: Box::new(e),

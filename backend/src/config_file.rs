@@ -200,6 +200,15 @@ pub enum FileError {
         /// The VM.
         vm: String,
     },
+    /// A VM's `cm_listen` port is 0, listed twice, or another VM's
+    /// ([`ConfigError::CmListen`]).
+    #[error("{at}: {source}")]
+    CmListen {
+        /// The entry.
+        at: Loc,
+        /// What is wrong.
+        source: Box<ConfigError>,
+    },
     /// A VM's `abi` or GIDs break a rule of the configuration
     /// ([`ConfigError::BadAbi`], [`ConfigError::TooManyGids`]).
     #[error("{at}: {source}")]
@@ -414,6 +423,7 @@ struct VmTable {
     abi: Option<Spanned<u32>>,
     mac: Option<Spanned<String>>,
     qos_class: Option<Spanned<String>>,
+    cm_listen: Option<Spanned<Vec<Spanned<u16>>>>,
     limits: Option<Spanned<LimitsTable>>,
 }
 
@@ -789,6 +799,7 @@ impl Source<'_> {
         }
         let mac = self.vm_mac(vt, config)?;
         let gids = self.vm_gids(i, v, config, mac)?;
+        let cm_listen = self.vm_cm_listen(i, vt, config)?;
         let mut limits = *defaults;
         if let Some(t) = &vt.limits {
             t.get_ref().apply(&mut limits);
@@ -821,7 +832,50 @@ impl Source<'_> {
             mac,
             limits,
             qos_class: self.class_of(&vt.qos_class, format!("VM {name:?}"))?,
+            cm_listen,
         })
+    }
+
+    /// VM `i`'s `cm_listen` ports, checked as the configuration checks
+    /// them against the VMs before it (`config`), so that the error names
+    /// the entry.
+    fn vm_cm_listen(
+        &self,
+        i: usize,
+        vt: &VmTable,
+        config: &DaemonConfig,
+    ) -> Result<Vec<u16>, FileError> {
+        let Some(list) = &vt.cm_listen else {
+            return Ok(Vec::new());
+        };
+        let ports: Vec<u16> = list.get_ref().iter().map(|p| *p.get_ref()).collect();
+        let mut trial = config.clone();
+        trial.vms.truncate(i);
+        trial.add_default_vm(vt.socket.get_ref().clone(), Limits::default());
+        if let Some(vm) = trial.vms.last_mut() {
+            vm.name = vt.name.get_ref().clone();
+            vm.cm_listen = ports.clone();
+        }
+        match trial.check_cm_listen(i) {
+            Ok(()) => Ok(ports),
+            Err(e) => {
+                let port = match &e {
+                    ConfigError::CmListen { port, .. } => *port,
+                    _ => 0,
+                };
+                // The last entry with that port: the one that collides.
+                let span = list
+                    .get_ref()
+                    .iter()
+                    .rev()
+                    .find(|p| *p.get_ref() == port)
+                    .map_or_else(|| list.span(), Spanned::span);
+                Err(FileError::CmListen {
+                    at: self.at(span),
+                    source: Box::new(e),
+                })
+            }
+        }
     }
 
     /// VM `i`'s GIDs (`gids`, or `gid` as a list of one; none given:
@@ -873,6 +927,7 @@ impl Source<'_> {
             mac,
             limits: Limits::default(),
             qos_class: None,
+            cm_listen: Vec::new(),
         });
         let gids_span = || {
             vt.gid
