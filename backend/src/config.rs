@@ -1161,7 +1161,7 @@ mod tests {
         for (field, option) in Limits::OPTIONS {
             assert_eq!(option.replace('-', "_"), *field);
         }
-        assert_eq!(Limits::OPTIONS.len(), 22);
+        assert_eq!(Limits::OPTIONS.len(), 23);
         let l = Limits {
             max_qp: 7,
             max_qp_rd_atom: 3,
@@ -1394,6 +1394,24 @@ mod tests {
                 Err(ConfigError::DuplicateGid { other: o, .. }) => assert_eq!(o, other),
                 r => panic!("{r:?}"),
             }
+        }
+    }
+
+    /// A `cm_listen` port is one VM's: the check names the second VM and
+    /// the first.
+    #[test]
+    fn cm_listen_ports_are_one_vms() {
+        let mut c = DaemonConfig::new(vec!["/n/a.sock".into(), "/n/b.sock".into()]);
+        c.vms[0].cm_listen = vec![7174];
+        c.vms[1].cm_listen = vec![4420];
+        c.validate().unwrap();
+        c.vms[1].cm_listen.push(7174);
+        match c.validate() {
+            Err(ConfigError::CmListen { vm, port, why }) => {
+                assert_eq!((vm.as_str(), port), ("vm1", 7174));
+                assert!(why.contains("vm0"), "{why}");
+            }
+            other => panic!("{other:?}"),
         }
     }
 

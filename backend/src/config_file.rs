@@ -1529,6 +1529,52 @@ bytes_per_sec = 1000000000
         );
     }
 
+    /// `cm_listen` and `cm_connections`: a port is one VM's, and the
+    /// error names the entry.
+    #[test]
+    fn cm_listen_ports_and_connections() {
+        let vm0 = "gid = \"::ffff:10.99.0.7\"";
+        let listen = |ports: &str| format!("{vm0}\ncm_listen = [{ports}]");
+        let l = parse_str(
+            &good_with(vm0, &listen("7174, 4420")).replace("max_qp = 128", "cm_connections = 8"),
+        )
+        .unwrap();
+        let c = &l.config;
+        c.validate().unwrap();
+        assert_eq!(c.vms[0].cm_listen, [7174, 4420]);
+        assert!(c.vms[1].cm_listen.is_empty());
+        assert_eq!(
+            (
+                c.vms[0].limits.cm_connections,
+                c.vms[1].limits.cm_connections
+            ),
+            (8, 64)
+        );
+        let both = good_with(vm0, &listen("7174")).replacen(
+            "tenant = \"red\"\nqos_class",
+            "tenant = \"red\"\ncm_listen = [4420, 7174]\nqos_class",
+            1,
+        );
+        assert_eq!(
+            err(&both),
+            "config.toml:30: VM \"vm1\": cm_listen port 7174 is already VM \"vm0\"'s"
+        );
+        assert_eq!(
+            err(&good_with(vm0, &listen("4420, 4420"))),
+            "config.toml:22: VM \"vm0\": cm_listen port 4420 is listed twice"
+        );
+        assert_eq!(
+            err(&good_with(vm0, &listen("0"))),
+            "config.toml:22: VM \"vm0\": cm_listen port 0 is not a port"
+        );
+        assert!(err(&good_with(vm0, &listen("70000"))).contains("config.toml:22"));
+        let e = err(&good_with("max_qp = 128", "cm_connections = 0"));
+        assert!(
+            e.contains("config.toml:23") && e.contains("cm-connections"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn mac_addresses() {
         let l = parse_str(&good_with(

@@ -41,10 +41,66 @@ struct Inbox {
     lost: AtomicU64,
 }
 
+/// Every VM's inbox: filled by whoever holds the bridge, emptied by the
+/// VM's engine.
+pub(crate) struct Inboxes(Vec<Inbox>);
+
+impl Inboxes {
+    /// Empty inboxes for `n` VMs.
+    pub(crate) fn new(n: usize) -> Self {
+        Inboxes((0..n).map(|_| Inbox::default()).collect())
+    }
+
+    /// Queues `m` in its VM's inbox; false if it was dropped (a VM the
+    /// RNIC does not have, or a full inbox: counted).
+    pub(crate) fn post(&self, m: ToGuest) -> bool {
+        let Some(inbox) = self.0.get(m.vm) else {
+            return false;
+        };
+        let mut q = lock(&inbox.mads);
+        if q.len() >= INBOX_DEPTH {
+            inbox.lost.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        q.push_back(m);
+        true
+    }
+
+    /// Takes at most `max` of `vm`'s MADs, oldest first.
+    pub(crate) fn take(&self, vm: VmId, max: usize, out: &mut Vec<ToGuest>) {
+        if let Some(inbox) = self.0.get(vm) {
+            let mut q = lock(&inbox.mads);
+            let n = q.len().min(max);
+            out.extend(q.drain(..n));
+        }
+    }
+
+    /// MADs of `vm` dropped at a full inbox since the last call.
+    pub(crate) fn take_lost(&self, vm: VmId) -> u64 {
+        self.0
+            .get(vm)
+            .map_or(0, |i| i.lost.swap(0, Ordering::Relaxed))
+    }
+
+    /// Whether `vm` has MADs waiting, or drops to count.
+    pub(crate) fn pending(&self, vm: VmId) -> bool {
+        self.0
+            .get(vm)
+            .is_some_and(|i| i.lost.load(Ordering::Relaxed) > 0 || !lock(&i.mads).is_empty())
+    }
+
+    /// Empties `vm`'s inbox (its GSI QP is new or gone).
+    pub(crate) fn clear(&self, vm: VmId) {
+        if let Some(i) = self.0.get(vm) {
+            lock(&i.mads).clear();
+        }
+    }
+}
+
 /// The CM bridge of the RNIC's VMs.
 pub(crate) struct CmHub {
     service: Mutex<CmService>,
-    inboxes: Vec<Inbox>,
+    inboxes: Inboxes,
     vms: Vec<VmCm>,
 }
 
@@ -62,7 +118,7 @@ impl CmHub {
         }
         Ok(CmHub {
             service: Mutex::new(service),
-            inboxes: vms.iter().map(|_| Inbox::default()).collect(),
+            inboxes: Inboxes::new(vms.len()),
             vms,
         })
     }
@@ -83,7 +139,7 @@ impl CmHub {
         let mut woken: Vec<VmId> = Vec::new();
         for m in out {
             let vm = m.vm;
-            if self.post(m) && !woken.contains(&vm) {
+            if self.inboxes.post(m) && !woken.contains(&vm) {
                 woken.push(vm);
             }
         }
@@ -93,47 +149,15 @@ impl CmHub {
         r
     }
 
-    /// Queues `m` in its VM's inbox; false if it was dropped.
-    fn post(&self, m: ToGuest) -> bool {
-        let Some(inbox) = self.inboxes.get(m.vm) else {
-            return false;
-        };
-        let mut q = lock(&inbox.mads);
-        if q.len() >= INBOX_DEPTH {
-            inbox.lost.fetch_add(1, Ordering::Relaxed);
-            return false;
-        }
-        q.push_back(m);
-        true
-    }
-
-    /// Takes at most `max` of `vm`'s MADs, oldest first.
-    pub(crate) fn take(&self, vm: VmId, max: usize, out: &mut Vec<ToGuest>) {
-        if let Some(inbox) = self.inboxes.get(vm) {
-            let mut q = lock(&inbox.mads);
-            let n = q.len().min(max);
-            out.extend(q.drain(..n));
-        }
-    }
-
-    /// MADs of `vm` dropped at a full inbox since the last call.
-    pub(crate) fn take_lost(&self, vm: VmId) -> u64 {
-        self.inboxes
-            .get(vm)
-            .map_or(0, |i| i.lost.swap(0, Ordering::Relaxed))
-    }
-
-    /// Whether `vm` has MADs waiting, or drops to count.
-    pub(crate) fn pending(&self, vm: VmId) -> bool {
-        self.inboxes
-            .get(vm)
-            .is_some_and(|i| i.lost.load(Ordering::Relaxed) > 0 || !lock(&i.mads).is_empty())
+    /// The VMs' inboxes.
+    pub(crate) fn inboxes(&self) -> &Inboxes {
+        &self.inboxes
     }
 
     /// `vm`'s GSI QP exists: the host listens on its ports. A port the
     /// host cannot listen on is logged (the bridge's service says why).
     pub(crate) fn gsi_created(&self, vm: VmId, wake: impl Fn(VmId)) {
-        self.clear(vm);
+        self.inboxes.clear(vm);
         let ports = self
             .vms
             .get(vm)
@@ -156,12 +180,46 @@ impl CmHub {
             s.vm_gone(vm);
             s.unlisten(vm);
         });
-        self.clear(vm);
+        self.inboxes.clear(vm);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mad(vm: VmId, tag: u8) -> ToGuest {
+        ToGuest {
+            vm,
+            sgid: [tag; 16],
+            mad: [tag; 256],
+        }
     }
 
-    fn clear(&self, vm: VmId) {
-        if let Some(i) = self.inboxes.get(vm) {
-            lock(&i.mads).clear();
+    /// An inbox holds [`INBOX_DEPTH`] MADs in order; beyond, each one is
+    /// dropped and counted once; a VM's inbox is its own.
+    #[test]
+    fn inboxes_are_bounded_and_per_vm() {
+        let b = Inboxes::new(2);
+        assert!(!b.pending(0) && !b.pending(1));
+        for i in 0..INBOX_DEPTH {
+            assert!(b.post(mad(0, (i % 251) as u8)));
         }
+        assert!(!b.post(mad(0, 1)) && !b.post(mad(0, 2)));
+        assert!(!b.post(mad(7, 1)), "no such VM");
+        assert!(b.pending(0) && !b.pending(1));
+        assert!(b.post(mad(1, 9)), "the other VM's inbox is not full");
+        let mut out = Vec::new();
+        b.take(0, 16, &mut out);
+        assert_eq!(out.len(), 16);
+        assert_eq!(out.first().map(|m| m.mad[0]), Some(0), "oldest first");
+        assert_eq!(out.last().map(|m| m.mad[0]), Some(15));
+        assert_eq!(b.take_lost(0), 2);
+        assert_eq!(b.take_lost(0), 0, "counted once");
+        b.clear(0);
+        assert!(!b.pending(0) && b.pending(1));
+        out.clear();
+        b.take(1, 16, &mut out);
+        assert_eq!((out.len(), out[0].sgid), (1, [9; 16]));
     }
 }

@@ -123,13 +123,14 @@ pub(super) fn deliver(
         return false;
     };
     let vm = cx.vm;
-    let lost = hub.take_lost(vm);
+    let inbox = hub.inboxes();
+    let lost = inbox.take_lost(vm);
     if lost > 0 {
         dropped(tenancy, vm, lost);
     }
     let Scratch { mads, resp, .. } = ts;
     mads.clear();
-    hub.take(vm, DELIVER_BATCH, mads);
+    inbox.take(vm, DELIVER_BATCH, mads);
     if mads.is_empty() {
         return lost > 0;
     }
@@ -141,7 +142,7 @@ pub(super) fn deliver(
             dropped(tenancy, vm, 1);
         }
     }
-    if hub.pending(vm) {
+    if inbox.pending(vm) {
         rnic.wake(vm);
     }
     true

@@ -138,7 +138,7 @@ impl RnicPath for VerbsPath<'_> {
             h.qps.load(Ordering::Relaxed) > 0
                 || h.srqs.load(Ordering::Relaxed) > 0
                 || !lock_events_empty(h)
-        }) || self.rnic.cm().is_some_and(|c| c.pending(vm))
+        }) || self.rnic.cm().is_some_and(|c| c.inboxes().pending(vm))
     }
 
     fn arm(&self, vm: usize) {
