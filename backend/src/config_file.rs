@@ -1172,6 +1172,7 @@ bytes_per_sec = 1000000000
             "fe80::5054:ff:fe00:1"
         );
         assert_eq!((l.config.vms[0].abi, l.config.vms[1].abi), (3, 3));
+        assert_eq!(l.config.vms[0].cm_listen, [7174]);
     }
 
     /// The mapping limit and a tenant's share of the host NIC are read.
