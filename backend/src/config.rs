@@ -122,6 +122,9 @@ pub enum ConfigError {
     /// `--mac` names a VM that is not configured.
     #[error("--mac {0}=...: there is no VM named {0:?} (VMs of --socket-path are named vm<N>, N their position among all VMs)")]
     MacForUnknownVm(String),
+    /// `--cm-listen` names a VM that is not configured.
+    #[error("--cm-listen {0}=...: there is no VM named {0:?} (VMs of --socket-path are named vm<N>, N their position among all VMs)")]
+    CmListenForUnknownVm(String),
     /// `--mac` is given twice for one VM.
     #[error("--mac is given more than once for VM {0:?}")]
     MacGivenTwice(String),
