@@ -8,16 +8,15 @@
 
 use std::time::Instant;
 
-use virtio_rdma_abi::datapath::{SendWqe, WcStatus, WrOpcode};
-use virtio_rdma_abi::qp::{AddressVector, GSI_QKEY, GSI_QPN};
+use virtio_rdma_abi::datapath::WcStatus;
+use virtio_rdma_abi::qp::{GSI_QKEY, GSI_QPN};
 
 use super::request::{Request, RespOutcome, RespScratch};
 use super::responder::respond;
 use super::route::{respond_in, same_thread, source_gid};
 use crate::engine::sge::local_range;
 use crate::memory::access::Segment;
-use crate::memory::HostMem;
-use crate::rnic_path::{Outgoing, SendWr, Serving};
+use crate::rnic_path::{Outgoing, Serving};
 use crate::stats::TrafficCounters;
 use crate::tenancy::{IsolationCounters, Tenancy};
 use crate::vm::cell::Locked;
@@ -121,59 +120,6 @@ fn deliver(
         Locked::Gone => RespOutcome::Dropped,
     }
 }
-
-/// Delivers MAD `mad` from `sgid` (a peer outside the daemon's VMs: the
-/// `verbs` RNIC's CM bridge speaks for it) to VM `state`'s GSI QP, sent to
-/// the VM's `dgid`: behind a GRH in the head receive WQE of QP 1, with the
-/// GSI receive's CQE (`src_qpn` 1, `CQE_GRH`), as a MAD of another VM
-/// arrives. `Done`, or why not (no GSI QP, not receiving, no receive WQE,
-/// one too small: the MAD is dropped, as UD drops).
-pub fn receive(
-    state: &mut VmState,
-    mem: &HostMem,
-    sgid: [u8; 16],
-    dgid: [u8; 16],
-    mad: &[u8],
-    resp: &mut RespScratch,
-) -> RespOutcome {
-    let Some(h) = state.res.gsi_qp() else {
-        return RespOutcome::Dropped;
-    };
-    let wr = SendWr {
-        hdr: SendWqe {
-            opcode: WrOpcode::SEND as u8,
-            remote_qpn: GSI_QPN,
-            ..SendWqe::default()
-        },
-        opcode: WrOpcode::SEND,
-        sges: &[],
-        inline: Some(mad),
-    };
-    let len = mad.len() as u64;
-    let req = Request {
-        admitted: true,
-        wr: &wr,
-        vm: state.vm_index(),
-        src_qpn: GSI_QPN,
-        src_gid: sgid,
-        av: AddressVector {
-            dgid,
-            hop_limit: MAD_HOP_LIMIT,
-            ..AddressVector::default()
-        },
-        local: &[],
-        len,
-        part: (0, len),
-        // The payload is inline: no memory of a sender is read.
-        mem,
-        dest_qpn: GSI_QPN,
-        qkey: GSI_QKEY,
-    };
-    respond(state, mem, h, &req, true, resp)
-}
-
-/// Hop limit of the GRH of a MAD from outside the daemon (routed RoCEv2).
-const MAD_HOP_LIMIT: u8 = 64;
 
 /// A MAD of VM `vm` dropped: counted in its `mad_dropped` (the engine adds
 /// it to `drops` as every dropped datagram).

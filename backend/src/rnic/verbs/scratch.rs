@@ -5,7 +5,6 @@ use rdma_sys::ibv_wc;
 use super::cm::bridge::ToGuest;
 use crate::engine::wqe::WqeBuf;
 use crate::memory::access::Segment;
-use crate::rnic::soft::request::RespScratch;
 
 /// Host completions read per `ibv_poll_cq` call.
 const POLL_BATCH: usize = 32;
@@ -20,8 +19,6 @@ pub struct Scratch {
     pub(super) cqs: Vec<usize>,
     /// The first bytes of a UD receive buffer (its GRH); a MAD's buffers.
     pub(super) segs: Vec<Segment>,
-    /// The GSI QP's receive side (the software RNIC's responder).
-    pub(super) resp: RespScratch,
     /// MADs taken from a VM's inbox.
     pub(super) mads: Vec<ToGuest>,
 }
@@ -34,7 +31,6 @@ impl Default for Scratch {
             wcs: (0..POLL_BATCH).map(|_| unsafe { std::mem::zeroed() }).collect(),
             cqs: Vec::new(),
             segs: Vec::new(),
-            resp: RespScratch::new(),
             mads: Vec::new(),
         }
     }
