@@ -267,9 +267,11 @@ EOF
   guest_tools rxe0
 } >"$dir/tools.sh"
 # The rxe provider and its .driver file come from STAGE-rxe (scripts/build-rdma-core.sh);
-# `ip` stays busybox's, `rdma` is the host's iproute2 (busybox has none).
+# `ip` stays busybox's, `rdma` is the host's iproute2 (busybox has none). rdma_ucm: the host's
+# rdma_cm, which the daemons' CM bridges drive.
 bash scripts/build-guest.sh --name rxe-host --load crc32_generic --load virtio_pci \
-  --load virtio_net --load ib_uverbs --load rdma_rxe --file "$dir/tools.sh:/etc/tools.sh" \
+  --load virtio_net --load ib_uverbs --load rdma_rxe --load rdma_ucm \
+  --file "$dir/tools.sh:/etc/tools.sh" \
   --file "$GUEST_STDBUF_FILE" \
   --file "$dir/server.sh:/etc/server.sh" --file "$dir/client.sh:/etc/client.sh" \
   --sysroot "$rc" --sysroot "$rc-rxe" --sysroot "$pt" \

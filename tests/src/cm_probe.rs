@@ -21,6 +21,7 @@ use virtio_rdma_abi::config::F_GSI;
 use virtio_rdma_abi::datapath::{UdGrh, UD_GRH_SIZE};
 use virtio_rdma_abi::mem::access;
 use virtio_rdma_abi::qp::{QpState, GSI_QPN, MAX_MAD_BYTES};
+use virtio_rdma_apps::oob::Oob;
 use virtio_rdma_driver::{
     Ah, Cq, Device, DmaBuf, Mr, Pd, Qp, QpCap, QpInit, RecvWr, SendWr, UdDest, WorkCompletion,
 };
@@ -157,15 +158,31 @@ fn gid_ip(gid: [u8; 16]) -> IpAddr {
     v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
 }
 
+/// Opens QP 1 and tells the peer over `oob` whether it could, hearing the
+/// same from it: a failure on either side stops both at once (their next
+/// steps stay paired).
+fn open_both(dev: &Device, oob: &mut dyn Oob, timeout: Duration) -> Result<Gsi, BoxError> {
+    let mine = Gsi::open(dev);
+    match &mine {
+        Ok(_) => oob.send("cm-probe ready")?,
+        Err(e) => oob.send(&format!("cm-probe failed: {e}"))?,
+    }
+    let theirs = oob.recv(timeout)?;
+    let g = mine?;
+    match theirs {
+        Some(m) if m == "cm-probe ready" => Ok(g),
+        other => Err(format!("the peer: {other:?}").into()),
+    }
+}
+
 /// The server's side: takes one REQ for `port` and rejects it.
 pub fn server(
     dev: &Device,
     port: u16,
-    ready: impl FnOnce() -> Result<(), BoxError>,
+    oob: &mut dyn Oob,
     timeout: Duration,
 ) -> Result<(), BoxError> {
-    let g = Gsi::open(dev)?;
-    ready()?;
+    let g = open_both(dev, oob, timeout)?;
     let (grh, msg) = g.receive(timeout)?;
     let CmMessage::Req(req) = msg else {
         return Err(format!("expected a REQ, got {msg:?}").into());
@@ -204,8 +221,14 @@ pub fn server(
 
 /// The client's side: sends a REQ for `port` at `peer` (an IP address of
 /// the server's host) and expects the server's REJ.
-pub fn client(dev: &Device, peer: IpAddr, port: u16, timeout: Duration) -> Result<(), BoxError> {
-    let g = Gsi::open(dev)?;
+pub fn client(
+    dev: &Device,
+    peer: IpAddr,
+    port: u16,
+    oob: &mut dyn Oob,
+    timeout: Duration,
+) -> Result<(), BoxError> {
+    let g = open_both(dev, oob, timeout)?;
     // A REQ names an RC QP of the VM (it is never connected).
     let rc = Qp::create(&g.pd, &QpInit::rc(&g.cq))?;
     let peer_gid = match peer {

@@ -73,7 +73,6 @@ use vhost_user_rdma_tests::cm_probe;
 use vhost_user_rdma_tests::transport::VmmTransport;
 use vhost_user_rdma_tests::vmm::{TestVmm, VmmOptions};
 use virtio_rdma_apps::exchange::{self, Options, Role};
-use virtio_rdma_apps::oob::Oob;
 use virtio_rdma_apps::oob::TcpOob;
 use virtio_rdma_apps::perf;
 use virtio_rdma_apps::pingpong::{self, Side};
@@ -486,21 +485,10 @@ fn run(args: Args) -> Result<(), BoxError> {
         } => {
             let timeout = Duration::from_secs(vm.timeout_secs);
             let dev = open(&vm.socket, timeout)?;
+            let (_, mut oob) = peer.connect(timeout)?;
             match peer.role {
-                RoleArg::Server => {
-                    let ready = || -> Result<(), BoxError> {
-                        let (_, mut oob) = peer.connect(timeout)?;
-                        oob.send("cm-probe ready")?;
-                        Ok(())
-                    };
-                    cm_probe::server(&dev, port, ready, timeout)?;
-                }
+                RoleArg::Server => cm_probe::server(&dev, port, &mut oob, timeout)?,
                 RoleArg::Client => {
-                    let (_, mut oob) = peer.connect(timeout)?;
-                    match oob.recv(timeout)? {
-                        Some(m) if m == "cm-probe ready" => {}
-                        other => return Err(format!("the server said {other:?}").into()),
-                    }
                     let ip = match peer_addr {
                         Some(ip) => ip,
                         None => std::net::ToSocketAddrs::to_socket_addrs(peer.tcp.as_str())?
@@ -508,7 +496,7 @@ fn run(args: Args) -> Result<(), BoxError> {
                             .ok_or("the server's address does not resolve")?
                             .ip(),
                     };
-                    cm_probe::client(&dev, ip, port, timeout)?;
+                    cm_probe::client(&dev, ip, port, &mut oob, timeout)?;
                 }
             }
         }
