@@ -217,7 +217,8 @@ counters! {
             "Messages dropped (UD without taker, wrong Q_Key, foreign tenant).",
         /// MADs of the VM's GSI QP dropped: over its MAD rate, to a GID
         /// outside its tenant or of nobody, or not taken (no GSI QP
-        /// receiving there); each also counts in `drops`.
+        /// receiving there; on the `verbs` RNIC also those its CM bridge
+        /// does not take or cannot deliver); each also counts in `drops`.
         mad_dropped => "mad_dropped_total":
             "MADs dropped (over the MAD rate, outside the tenant, or not taken).",
         /// Times the engine postponed the VM's work for a rate limit.
