@@ -5,9 +5,9 @@
 //! VM's MAD rate; the MADs the bridge answers with wait in the VM's inbox
 //! ([`super::cm_hub`]) and are placed in QP 1's receive queue as a UD
 //! receive is (the engine's ring, SGE and completion pieces), behind a GRH
-//! whose source is the peer's GID.
-//! Whatever the bridge does not take (another class, a CM message that
-//! fits no connection of the VM) is dropped and counted in `mad_dropped`.
+//! whose source is the peer's GID. Whatever the bridge does not take
+//! (another class, a CM message that fits no connection of the VM) is
+//! dropped and counted in `mad_dropped` and `cm_dropped`.
 
 use std::time::Instant;
 
@@ -70,14 +70,19 @@ pub(super) fn send(
     };
     *moved = msg.len;
     let mad = buf.get(..n).unwrap_or_default();
-    let taken = cx.state.take_mad(Instant::now()) && {
+    let verdict = if cx.state.take_mad(Instant::now()) {
         let state: &VmState = cx.state;
         let owns = |qpn: u32| owns_rc(rnic, state, vm, qpn);
         let dgid = msg.av.dgid;
-        rnic.with_cm(|s| s.guest_mad(vm, dgid, mad, owns)) == Some(GuestVerdict::Taken)
+        rnic.with_cm(|s| s.guest_mad(vm, dgid, mad, owns))
+    } else {
+        None
     };
-    if !taken {
+    if verdict != Some(GuestVerdict::Taken) {
         dropped(tenancy, vm, 1);
+    }
+    if let (Some(GuestVerdict::Dropped(_)), Some(t)) = (verdict, tenancy.traffic(vm)) {
+        TrafficCounters::add_single_writer(&t.cm_dropped, 1);
     }
     if !msg.signaled {
         return Step::Done { published: false };
