@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use log::{debug, warn};
@@ -36,6 +36,9 @@ pub struct VmCm {
 #[derive(Default)]
 struct Inbox {
     mads: Mutex<VecDeque<ToGuest>>,
+    /// How many `mads` holds (kept under its lock): the engine asks at
+    /// every sweep, without the lock.
+    queued: AtomicUsize,
     /// MADs dropped because the inbox was full, not counted yet in the
     /// VM's `mad_dropped` (the engine, its single writer, adds them).
     lost: AtomicU64,
@@ -63,6 +66,7 @@ impl Inboxes {
             return false;
         }
         q.push_back(m);
+        inbox.queued.store(q.len(), Ordering::Relaxed);
         true
     }
 
@@ -72,6 +76,7 @@ impl Inboxes {
             let mut q = lock(&inbox.mads);
             let n = q.len().min(max);
             out.extend(q.drain(..n));
+            inbox.queued.store(q.len(), Ordering::Relaxed);
         }
     }
 
@@ -84,15 +89,17 @@ impl Inboxes {
 
     /// Whether `vm` has MADs waiting, or drops to count.
     pub(crate) fn pending(&self, vm: VmId) -> bool {
-        self.0
-            .get(vm)
-            .is_some_and(|i| i.lost.load(Ordering::Relaxed) > 0 || !lock(&i.mads).is_empty())
+        self.0.get(vm).is_some_and(|i| {
+            i.lost.load(Ordering::Relaxed) > 0 || i.queued.load(Ordering::Relaxed) > 0
+        })
     }
 
     /// Empties `vm`'s inbox (its GSI QP is new or gone).
     pub(crate) fn clear(&self, vm: VmId) {
         if let Some(i) = self.0.get(vm) {
-            lock(&i.mads).clear();
+            let mut q = lock(&i.mads);
+            q.clear();
+            i.queued.store(0, Ordering::Relaxed);
         }
     }
 }
