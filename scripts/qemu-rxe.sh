@@ -10,6 +10,11 @@
 #     rxe0 (`--rnic verbs --gid-index 1`) with two VM sockets, and test-VMM VMs (`rdma-peer`):
 #       * VM on host 1 <-> VM on host 2: the checked exchange (SEND/RECV, WRITE, WRITE with
 #         immediate, READ, atomics, every byte checked) and UD both ways;
+#       * the GSI QP through the daemons' CM bridges (docs/abi-v3-design.md section 4): both
+#         devices offer F_GSI and QP 1 reaches RTS; host 2's VM sends a CM REQ for port 7480
+#         of host 1, whose daemon listens on it for its VM 0 (`--cm-listen vm0=7480`); that VM
+#         gets it as a REQ MAD and rejects it, and host 2's VM gets the REJ (rdma-peer
+#         cm-probe: REQ and REJ only, no connection);
 #       * interop with unmodified rdma-core: a VM against `ibv_rc_pingpong` running natively on
 #         the other host, the VM as server and as client;
 #       * latency, bandwidth and 64-byte message rate through the daemon (rdma-peer
@@ -110,6 +115,7 @@ srv_steps="step DEVINFO ibv_devinfo -d rxe0
   before=\$(res)
   step VM-EXCHANGE $(peer exchange 0) --role server --tcp 0.0.0.0:7471
   step VM-UD $(peer ud 0) --role server --tcp 0.0.0.0:7472 -n 50
+  step VM-CM-PROBE $(peer cm-probe 0) --role server --tcp 0.0.0.0:7478 --port 7480
   step INTEROP-VM-SERVER $(peer pingpong 1) --server -n 200
   run INTEROP-NATIVE-SERVER ibv_rc_pingpong -g 1 -n 200
   step VM-PP64 $(peer pingpong 0) --server -n 200 -s 64
@@ -127,6 +133,7 @@ cli_steps="peer=10.43.0.1; until ping -c 1 -W 1 \$peer >/dev/null; do sleep 1; d
   before=\$(res)
   step VM-EXCHANGE $(peer exchange 0) --role client --tcp 10.43.0.1:7471
   step VM-UD $(peer ud 0) --role client --tcp 10.43.0.1:7472 -n 50
+  step VM-CM-PROBE $(peer cm-probe 0) --role client --tcp 10.43.0.1:7478 --port 7480
   run INTEROP-VM-SERVER ibv_rc_pingpong -g 1 -n 200
   step INTEROP-NATIVE-SERVER $(peer pingpong 1) --client 10.43.0.1 -n 200
   step VM-PP64 $(peer pingpong 0) --client 10.43.0.1 -n 200 -s 64
@@ -167,7 +174,7 @@ wait_gid() {
 daemon() {
   vhost-user-rdma --rnic verbs --rnic-device rxe0 --gid-index 1 --remote-gid "$1" \
     --socket-path /tmp/vm0.sock --socket-path /tmp/vm1.sock --mgmt-socket /tmp/mgmt.sock \
-    >/tmp/daemon.log 2>&1 &
+    --cm-listen vm0=7480 >/tmp/daemon.log 2>&1 &
   local i=0
   until [ -S /tmp/mgmt.sock ]; do
     [ $i -lt 100 ] || { cat /tmp/daemon.log; return 1; }
@@ -260,9 +267,11 @@ EOF
   guest_tools rxe0
 } >"$dir/tools.sh"
 # The rxe provider and its .driver file come from STAGE-rxe (scripts/build-rdma-core.sh);
-# `ip` stays busybox's, `rdma` is the host's iproute2 (busybox has none).
+# `ip` stays busybox's, `rdma` is the host's iproute2 (busybox has none). rdma_ucm: the host's
+# rdma_cm, which the daemons' CM bridges drive.
 bash scripts/build-guest.sh --name rxe-host --load crc32_generic --load virtio_pci \
-  --load virtio_net --load ib_uverbs --load rdma_rxe --file "$dir/tools.sh:/etc/tools.sh" \
+  --load virtio_net --load ib_uverbs --load rdma_rxe --load rdma_ucm \
+  --file "$dir/tools.sh:/etc/tools.sh" \
   --file "$GUEST_STDBUF_FILE" \
   --file "$dir/server.sh:/etc/server.sh" --file "$dir/client.sh:/etc/client.sh" \
   --sysroot "$rc" --sysroot "$rc-rxe" --sysroot "$pt" \
@@ -310,6 +319,10 @@ for g in server client; do
   check_after VM-EXCHANGE "VM on host $g <-> VM on the other host: the checked exchange" \
     '^rdma-peer: exchange ok' $g
   check_after VM-UD "VM <-> VM across hosts over UD ($g)" '^rdma-peer: ud ok' $g
+  check_after VM-CM-PROBE "the verbs daemon offers F_GSI; a VM's GSI QP reaches RTS ($g)" \
+    '^rdma-peer: cm-probe: F_GSI offered, QP 1 in RTS' $g
+  check_after VM-CM-PROBE "a CM REQ from host 2's VM through both CM bridges, rejected by host 1's VM ($g)" \
+    '^rdma-peer: cm-probe ok' $g
   check_after INTEROP-VM-SERVER "interop, the VM serves, the native tool is the client ($g)" \
     "^200 iters in .* usec/iter" $g
   check_after INTEROP-NATIVE-SERVER "interop, the native tool serves, the VM is the client ($g)" \

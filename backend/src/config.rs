@@ -81,6 +81,16 @@ pub enum ConfigError {
         /// Most it may have.
         max: usize,
     },
+    /// A VM's `cm_listen` port is 0 or another VM's (or listed twice).
+    #[error("VM {vm:?}: cm_listen port {port} {why}")]
+    CmListen {
+        /// The VM.
+        vm: String,
+        /// The port.
+        port: u16,
+        /// What is wrong: `is not a port` or `is already VM "x"'s`.
+        why: String,
+    },
     /// A VM's `abi` is not a version the daemon implements.
     #[error("VM {vm:?}: abi = {abi}, but the daemon implements ABI versions 2 and 3")]
     BadAbi {
@@ -112,6 +122,9 @@ pub enum ConfigError {
     /// `--mac` names a VM that is not configured.
     #[error("--mac {0}=...: there is no VM named {0:?} (VMs of --socket-path are named vm<N>, N their position among all VMs)")]
     MacForUnknownVm(String),
+    /// `--cm-listen` names a VM that is not configured.
+    #[error("--cm-listen {0}=...: there is no VM named {0:?} (VMs of --socket-path are named vm<N>, N their position among all VMs)")]
+    CmListenForUnknownVm(String),
     /// `--mac` is given twice for one VM.
     #[error("--mac is given more than once for VM {0:?}")]
     MacGivenTwice(String),
@@ -395,6 +408,10 @@ limits! {
         /// (bursts of 64); beyond it a MAD is dropped (its work request
         /// still completes) and counted in `mad_dropped` (spec 18.26).
         mad_per_sec: u32 = 1000, "mad-per-sec", [1, 1_000_000];
+        /// Connections the VM's GSI QP may have in the `verbs` RNIC's CM
+        /// bridge at once (being set up, established or being torn down);
+        /// beyond it a connection request is rejected ("no resources").
+        cm_connections: u32 = 64, "cm-connections", [1, 4096];
     }
 }
 
@@ -671,6 +688,10 @@ pub struct VmConfig {
     /// QoS class (one of [`DaemonConfig::qos_classes`]): the VM's weight
     /// and rate limits; `None`: the default weight, no limits.
     pub qos_class: Option<String>,
+    /// The `rdma_cm` ports (TCP port space) the `verbs` RNIC listens on
+    /// for the VM on the host's address (`cm_listen`): connection requests
+    /// to them go to the VM's GSI QP. A port is one VM's.
+    pub cm_listen: Vec<u16>,
 }
 
 /// The host RDMA device the `verbs` RNIC uses (`[daemon] rnic_device`,
@@ -780,6 +801,7 @@ impl DaemonConfig {
             mac: None,
             limits,
             qos_class: None,
+            cm_listen: Vec::new(),
         });
     }
 
@@ -955,6 +977,32 @@ impl DaemonConfig {
         self.check_gids(i, &mut seen)
     }
 
+    /// VM `i`'s `cm_listen`: ports (not 0), each listed once and by no VM
+    /// before it (the host listens on one address for every VM of the
+    /// daemon: a port can hand its requests to one VM only).
+    pub fn check_cm_listen(&self, i: usize) -> Result<(), ConfigError> {
+        let Some(vm) = self.vms.get(i) else {
+            return Ok(());
+        };
+        let bad = |port: u16, why: String| ConfigError::CmListen {
+            vm: vm.name.clone(),
+            port,
+            why,
+        };
+        for (k, &port) in vm.cm_listen.iter().enumerate() {
+            if port == 0 {
+                return Err(bad(port, "is not a port".into()));
+            }
+            if vm.cm_listen[..k].contains(&port) {
+                return Err(bad(port, "is listed twice".into()));
+            }
+            if let Some(other) = self.vms[..i].iter().find(|o| o.cm_listen.contains(&port)) {
+                return Err(bad(port, format!("is already VM {:?}'s", other.name)));
+            }
+        }
+        Ok(())
+    }
+
     /// Checks the whole configuration.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.vms.is_empty() {
@@ -1049,6 +1097,7 @@ impl DaemonConfig {
                 }
             }
             self.check_gids(i, &mut gids)?;
+            self.check_cm_listen(i)?;
             vm.limits.validate().map_err(|e| ConfigError::VmLimits {
                 vm: vm.name.clone(),
                 source: Box::new(e),
@@ -1115,7 +1164,7 @@ mod tests {
         for (field, option) in Limits::OPTIONS {
             assert_eq!(option.replace('-', "_"), *field);
         }
-        assert_eq!(Limits::OPTIONS.len(), 22);
+        assert_eq!(Limits::OPTIONS.len(), 23);
         let l = Limits {
             max_qp: 7,
             max_qp_rd_atom: 3,
@@ -1348,6 +1397,24 @@ mod tests {
                 Err(ConfigError::DuplicateGid { other: o, .. }) => assert_eq!(o, other),
                 r => panic!("{r:?}"),
             }
+        }
+    }
+
+    /// A `cm_listen` port is one VM's: the check names the second VM and
+    /// the first.
+    #[test]
+    fn cm_listen_ports_are_one_vms() {
+        let mut c = DaemonConfig::new(vec!["/n/a.sock".into(), "/n/b.sock".into()]);
+        c.vms[0].cm_listen = vec![7174];
+        c.vms[1].cm_listen = vec![4420];
+        c.validate().unwrap();
+        c.vms[1].cm_listen.push(7174);
+        match c.validate() {
+            Err(ConfigError::CmListen { vm, port, why }) => {
+                assert_eq!((vm.as_str(), port), ("vm1", 7174));
+                assert!(why.contains("vm0"), "{why}");
+            }
+            other => panic!("{other:?}"),
         }
     }
 

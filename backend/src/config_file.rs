@@ -200,6 +200,15 @@ pub enum FileError {
         /// The VM.
         vm: String,
     },
+    /// A VM's `cm_listen` port is 0, listed twice, or another VM's
+    /// ([`ConfigError::CmListen`]).
+    #[error("{at}: {source}")]
+    CmListen {
+        /// The entry.
+        at: Loc,
+        /// What is wrong.
+        source: Box<ConfigError>,
+    },
     /// A VM's `abi` or GIDs break a rule of the configuration
     /// ([`ConfigError::BadAbi`], [`ConfigError::TooManyGids`]).
     #[error("{at}: {source}")]
@@ -414,6 +423,7 @@ struct VmTable {
     abi: Option<Spanned<u32>>,
     mac: Option<Spanned<String>>,
     qos_class: Option<Spanned<String>>,
+    cm_listen: Option<Spanned<Vec<Spanned<u16>>>>,
     limits: Option<Spanned<LimitsTable>>,
 }
 
@@ -789,6 +799,7 @@ impl Source<'_> {
         }
         let mac = self.vm_mac(vt, config)?;
         let gids = self.vm_gids(i, v, config, mac)?;
+        let cm_listen = self.vm_cm_listen(i, vt, config)?;
         let mut limits = *defaults;
         if let Some(t) = &vt.limits {
             t.get_ref().apply(&mut limits);
@@ -821,7 +832,50 @@ impl Source<'_> {
             mac,
             limits,
             qos_class: self.class_of(&vt.qos_class, format!("VM {name:?}"))?,
+            cm_listen,
         })
+    }
+
+    /// VM `i`'s `cm_listen` ports, checked as the configuration checks
+    /// them against the VMs before it (`config`), so that the error names
+    /// the entry.
+    fn vm_cm_listen(
+        &self,
+        i: usize,
+        vt: &VmTable,
+        config: &DaemonConfig,
+    ) -> Result<Vec<u16>, FileError> {
+        let Some(list) = &vt.cm_listen else {
+            return Ok(Vec::new());
+        };
+        let ports: Vec<u16> = list.get_ref().iter().map(|p| *p.get_ref()).collect();
+        let mut trial = config.clone();
+        trial.vms.truncate(i);
+        trial.add_default_vm(vt.socket.get_ref().clone(), Limits::default());
+        if let Some(vm) = trial.vms.last_mut() {
+            vm.name = vt.name.get_ref().clone();
+            vm.cm_listen = ports.clone();
+        }
+        match trial.check_cm_listen(i) {
+            Ok(()) => Ok(ports),
+            Err(e) => {
+                let port = match &e {
+                    ConfigError::CmListen { port, .. } => *port,
+                    _ => 0,
+                };
+                // The last entry with that port: the one that collides.
+                let span = list
+                    .get_ref()
+                    .iter()
+                    .rev()
+                    .find(|p| *p.get_ref() == port)
+                    .map_or_else(|| list.span(), Spanned::span);
+                Err(FileError::CmListen {
+                    at: self.at(span),
+                    source: Box::new(e),
+                })
+            }
+        }
     }
 
     /// VM `i`'s GIDs (`gids`, or `gid` as a list of one; none given:
@@ -873,6 +927,7 @@ impl Source<'_> {
             mac,
             limits: Limits::default(),
             qos_class: None,
+            cm_listen: Vec::new(),
         });
         let gids_span = || {
             vt.gid
@@ -1117,6 +1172,7 @@ bytes_per_sec = 1000000000
             "fe80::5054:ff:fe00:1"
         );
         assert_eq!((l.config.vms[0].abi, l.config.vms[1].abi), (3, 3));
+        assert_eq!(l.config.vms[0].cm_listen, [7174]);
     }
 
     /// The mapping limit and a tenant's share of the host NIC are read.
@@ -1471,6 +1527,52 @@ bytes_per_sec = 1000000000
         assert_eq!(
             e,
             "config.toml:21: VM \"vm0\": GID fd00::7 is already a GID of VM \"vm0\""
+        );
+    }
+
+    /// `cm_listen` and `cm_connections`: a port is one VM's, and the
+    /// error names the entry.
+    #[test]
+    fn cm_listen_ports_and_connections() {
+        let vm0 = "gid = \"::ffff:10.99.0.7\"";
+        let listen = |ports: &str| format!("{vm0}\ncm_listen = [{ports}]");
+        let l = parse_str(
+            &good_with(vm0, &listen("7174, 4420")).replace("max_qp = 128", "cm_connections = 8"),
+        )
+        .unwrap();
+        let c = &l.config;
+        c.validate().unwrap();
+        assert_eq!(c.vms[0].cm_listen, [7174, 4420]);
+        assert!(c.vms[1].cm_listen.is_empty());
+        assert_eq!(
+            (
+                c.vms[0].limits.cm_connections,
+                c.vms[1].limits.cm_connections
+            ),
+            (8, 64)
+        );
+        let both = good_with(vm0, &listen("7174")).replacen(
+            "tenant = \"red\"\nqos_class",
+            "tenant = \"red\"\ncm_listen = [4420, 7174]\nqos_class",
+            1,
+        );
+        assert_eq!(
+            err(&both),
+            "config.toml:30: VM \"vm1\": cm_listen port 7174 is already VM \"vm0\"'s"
+        );
+        assert_eq!(
+            err(&good_with(vm0, &listen("4420, 4420"))),
+            "config.toml:22: VM \"vm0\": cm_listen port 4420 is listed twice"
+        );
+        assert_eq!(
+            err(&good_with(vm0, &listen("0"))),
+            "config.toml:22: VM \"vm0\": cm_listen port 0 is not a port"
+        );
+        assert!(err(&good_with(vm0, &listen("70000"))).contains("config.toml:22"));
+        let e = err(&good_with("max_qp = 128", "cm_connections = 0"));
+        assert!(
+            e.contains("config.toml:23") && e.contains("cm-connections"),
+            "{e}"
         );
     }
 

@@ -89,7 +89,8 @@ struct Args {
     #[arg(long)]
     no_atomics: bool,
     /// Do not offer the GSI QP and its management datagrams (F_GSI, ABI
-    /// version 3; never offered without F_UD or on the verbs RNIC).
+    /// version 3; never offered without F_UD, nor on the verbs RNIC when
+    /// the host's rdma_cm cannot be used).
     #[arg(long)]
     no_gsi: bool,
     /// Let drivers post without a memory fence while an engine thread polls
@@ -122,6 +123,23 @@ struct Args {
     /// Repeat for more VMs.
     #[arg(long = "mac", value_name = "VM=MAC", value_parser = parse_vm_mac)]
     macs: Vec<VmMac>,
+    /// `verbs`: listen for VM's connection manager on `rdma_cm` port PORT
+    /// (TCP port space) of the host's address (e.g. `vm0=7174`): added to
+    /// the VM's `cm_listen`. A port is one VM's. Repeat for more.
+    #[arg(long = "cm-listen", value_name = "VM=PORT", value_parser = parse_vm_port)]
+    cm_listen: Vec<(String, u16)>,
+}
+
+/// Parses `VM=PORT`.
+fn parse_vm_port(text: &str) -> Result<(String, u16), String> {
+    let (vm, port) = text
+        .split_once('=')
+        .ok_or_else(|| "expected VM=PORT, e.g. vm0=7174".to_string())?;
+    if vm.is_empty() {
+        return Err("the VM name before '=' is empty".into());
+    }
+    let port = port.parse::<u16>().map_err(|e| format!("{port:?}: {e}"))?;
+    Ok((vm.into(), port))
 }
 
 /// A `--mac VM=MAC` option.
@@ -267,6 +285,14 @@ fn daemon_config(a: Args) -> Result<(DaemonConfig, Option<LogFormat>), ArgsError
             .find(|v| v.name == m.vm)
             .ok_or_else(|| ConfigError::MacForUnknownVm(m.vm.clone()))?;
         vm.mac = Some(m.mac);
+    }
+    for (name, port) in &a.cm_listen {
+        let vm = config
+            .vms
+            .iter_mut()
+            .find(|v| &v.name == name)
+            .ok_or_else(|| ConfigError::CmListenForUnknownVm(name.clone()))?;
+        vm.cm_listen.push(*port);
     }
     for (off, bit) in [
         (a.no_shmem_doorbell, F_SHMEM_DOORBELL),
@@ -431,6 +457,31 @@ mod tests {
         let a = Args::try_parse_from(["x", "-s", "/tmp/a.sock", "--max-cqe", "1000"]).unwrap();
         assert!(DaemonConfig::try_from(a).is_err());
         assert!(Args::try_parse_from(["x"]).is_err());
+    }
+
+    #[test]
+    fn cm_listen_option_gives_vms_ports() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["x", "-s", "/tmp/a.sock", "-s", "/tmp/b.sock"];
+            argv.extend_from_slice(extra);
+            Args::try_parse_from(argv)
+        };
+        let c = DaemonConfig::try_from(
+            parse(&["--cm-listen", "vm1=7174", "--cm-listen", "vm1=4420"]).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            (c.vms[0].cm_listen.len(), &c.vms[1].cm_listen[..]),
+            (0, &[7174, 4420][..])
+        );
+        for bad in ["7174", "=7174", "vm0=70000", "vm0=x"] {
+            assert!(parse(&["--cm-listen", bad]).is_err(), "{bad}");
+        }
+        let e = DaemonConfig::try_from(parse(&["--cm-listen", "vm7=7174"]).unwrap()).unwrap_err();
+        assert!(e.to_string().contains("no VM named \"vm7\""), "{e}");
+        let twice = parse(&["--cm-listen", "vm0=7174", "--cm-listen", "vm1=7174"]).unwrap();
+        let e = DaemonConfig::try_from(twice).unwrap_err();
+        assert!(e.to_string().contains("already VM \"vm0\"'s"), "{e}");
     }
 
     #[test]

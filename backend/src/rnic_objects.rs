@@ -32,6 +32,10 @@ pub enum RnicError {
     /// The host NIC refused the operation (an errno).
     #[error("host RNIC refused: errno {0}")]
     Host(i32),
+    /// The command asks what the RNIC does not allow the QP (`INVALID`): a
+    /// bridged QP aimed at another peer than its connection's.
+    #[error("not allowed for this QP")]
+    Invalid,
     /// The VM's part of the host is spent: its share of the host NIC's
     /// objects or of the daemon's mappings (`QUOTA` with this detail).
     #[error("the VM's host quota {0} is spent")]
@@ -123,8 +127,8 @@ pub struct Caps {
     /// The GID table each VM's port has on this RNIC.
     pub gids: PortGids,
     /// Whether the RNIC carries the MADs of a GSI QP (`F_GSI`, spec
-    /// 18.26): the software RNIC between its VMs; a host RNIC not yet
-    /// (its QP 1 is the host's, the CM bridge is to come).
+    /// 18.26): the software RNIC between its VMs; a host RNIC when its CM
+    /// bridge could open the host's `rdma_cm` (its QP 1 is the host's).
     pub gsi: bool,
 }
 
@@ -290,6 +294,16 @@ pub trait RnicObjects: Send + Sync {
 
     /// Destroys QP `qpn`; its number may be handed out again.
     fn destroy_qp(&self, qpn: u32);
+
+    /// VM `vm` created its GSI QP (QP 1, which has no host half): an RNIC
+    /// that serves the VM's MADs itself (a host RNIC's CM bridge) starts
+    /// to, with the VM's listeners.
+    fn gsi_created(&self, _vm: usize) {}
+
+    /// VM `vm`'s GSI QP is gone (destroyed by the guest, or with every
+    /// object at a device reset or disconnect): the VM's connection
+    /// management ends with it.
+    fn gsi_destroyed(&self, _vm: usize) {}
 
     /// The owner of QP number `qpn`, if it is live, as given to
     /// [`RnicObjects::create_qp`] (its incarnation included).

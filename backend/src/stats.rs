@@ -217,9 +217,15 @@ counters! {
             "Messages dropped (UD without taker, wrong Q_Key, foreign tenant).",
         /// MADs of the VM's GSI QP dropped: over its MAD rate, to a GID
         /// outside its tenant or of nobody, or not taken (no GSI QP
-        /// receiving there); each also counts in `drops`.
+        /// receiving there; on the `verbs` RNIC also those its CM bridge
+        /// does not take or cannot deliver); each also counts in `drops`.
         mad_dropped => "mad_dropped_total":
             "MADs dropped (over the MAD rate, outside the tenant, or not taken).",
+        /// Of those, the CM MADs the `verbs` RNIC's CM bridge refused: not
+        /// a CM message it handles (another class too), one naming a
+        /// connection the VM does not have, or in the wrong state.
+        cm_dropped => "cm_dropped_total":
+            "MADs the CM bridge refused (not CM, not the VM's connection, wrong state).",
         /// Times the engine postponed the VM's work for a rate limit.
         throttled => "throttled_total": "Times the engine postponed work for a rate limit.",
         /// Notifications (kicks) of notifyq the VM sent to wake the engine;
@@ -273,9 +279,9 @@ mod tests {
         assert_eq!((s.send_ops, s.ctrl_errors), (4, 10));
         assert_eq!((s.ctrl_latency.count, s.ctrl_latency.buckets[1]), (2, 2));
         let f = s.fields();
-        assert_eq!(f.len(), 12);
+        assert_eq!(f.len(), 13);
         assert_eq!(f[0], ("send_ops", 4));
-        assert_eq!(f[11], ("ctrl_errors", 10));
+        assert_eq!(f[12], ("ctrl_errors", 10));
         assert_eq!(f.map(|(name, _)| name), TrafficStats::NAMES);
         assert_eq!(
             TrafficStats::METRICS[4].map(|(name, _)| name),

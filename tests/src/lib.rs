@@ -14,6 +14,7 @@
 //! ```
 
 pub mod bench;
+pub mod cm_probe;
 pub mod conn;
 pub mod ctrl;
 mod dma_arena;

@@ -680,3 +680,27 @@ fn the_gsi_qp_of_another_context() {
     drop(vmm);
     assert_eq!(gb.rbuf.read(SLOT, 1), [GUARD]);
 }
+
+/// `rdma-peer cm-probe` between two VMs of one daemon (qemu-rxe runs it
+/// across hosts, through the verbs transport's CM bridges): the server's
+/// VM gets the client's REQ on QP 1 behind the client's GID and rejects
+/// it; the client gets that REJ.
+#[test]
+fn the_cm_probe_between_two_vms() {
+    use vhost_user_rdma_tests::cm_probe;
+    use virtio_rdma_apps::oob::ChannelOob;
+    let d = daemon(2, |_| {});
+    let (a, b) = (open(&d, 0), open(&d, 1));
+    let server_ip = std::net::Ipv6Addr::from(b.dev.gid())
+        .to_ipv4_mapped()
+        .unwrap();
+    let (mut oa, mut ob) = ChannelOob::pair();
+    let timeout = std::time::Duration::from_secs(20);
+    std::thread::scope(|s| {
+        let server =
+            s.spawn(|| cm_probe::server(&b.dev, 7480, &mut ob, timeout).map_err(|e| e.to_string()));
+        cm_probe::client(&a.dev, server_ip.into(), 7480, &mut oa, timeout).unwrap();
+        server.join().unwrap().unwrap();
+    });
+    assert_eq!((d.traffic(0).mad_dropped, d.traffic(1).mad_dropped), (0, 0));
+}

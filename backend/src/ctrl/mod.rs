@@ -55,6 +55,7 @@ impl From<RnicError> for CmdError {
         match e {
             RnicError::Exhausted => CmdError::no_memory(),
             RnicError::Quota(detail) => CmdError::new(Status::QUOTA, detail),
+            RnicError::Invalid => CmdError::new(Status::INVALID, DETAIL_NONE),
             RnicError::Random | RnicError::Host(_) => {
                 CmdError::new(Status::INTERNAL, u32::MAX)
             }

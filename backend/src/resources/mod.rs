@@ -360,6 +360,7 @@ impl VmResources {
         // (QP 1 is never handed out), and peers reach it through its VM.
         let qpn = if spec.qp_type == QpType::GSI {
             self.gsi = Some(h);
+            t.gsi_created(self.vm);
             GSI_QPN
         } else {
             match t.create_qp(owner, &spec) {
@@ -436,6 +437,7 @@ impl VmResources {
         }
         if self.gsi == Some(handle) {
             self.gsi = None;
+            t.gsi_destroyed(self.vm);
         } else {
             t.destroy_qp(qp.qpn);
         }

@@ -116,8 +116,26 @@ fn open_verbs(config: &DaemonConfig) -> Result<Rnic, OpenError> {
     }
     let budget = crate::memory::window::MapBudget::from_system().map_err(OpenError::Spawn)?;
     let plan = quota_plan(config);
-    let rnic = Arc::new(VerbsRnic::new(dev, &plan, budget)?);
+    let mut rnic = VerbsRnic::new(dev, &plan, budget)?;
+    let cm = config
+        .vms
+        .iter()
+        .map(|v| verbs::cm_hub::VmCm {
+            listen: v.cm_listen.clone(),
+            connections: v.limits.cm_connections as usize,
+        })
+        .collect();
+    // The GSI QP (F_GSI) needs the host's rdma_cm on the port's address.
+    match rnic.enable_cm(cm) {
+        Ok(()) => info!("rnic: GSI QPs offered, their CM bridged to the host's rdma_cm"),
+        Err(e) => warn!(
+            "rnic: GSI QPs (F_GSI) not offered: the host's rdma_cm cannot be used on GID {}: {e}",
+            crate::config::gid_text(rnic.device().gid().0)
+        ),
+    }
+    let rnic = Arc::new(rnic);
     events::start(&rnic).map_err(OpenError::Spawn)?;
+    verbs::cm_events::start(&rnic).map_err(OpenError::Spawn)?;
     let (gid, index) = rnic.device().gid();
     info!(
         "rnic: libibverbs on {} port {}, GID {} (index {index})",

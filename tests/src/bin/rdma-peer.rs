@@ -19,6 +19,8 @@
 //! rdma-peer write-bw --socket PATH --role server|client --tcp ADDR:PORT
 //!           [-s SIZE] [-n ITERS] [--tx-depth D] [--timeout-secs N]
 //! rdma-peer fill --socket PATH [--max N] [--hold-secs S]
+//! rdma-peer cm-probe --socket PATH --role server|client --tcp ADDR:PORT
+//!           --port CM_PORT [--timeout-secs N]
 //! ```
 //!
 //! - `exchange`: the checked two-peer exchange of
@@ -47,7 +49,14 @@
 //!   A VM taking its whole share of the host (`max_host_mappings`, the
 //!   NIC's CQs) while another goes on working.
 //!
-//! `exchange`, `ud`, `write-lat` and `write-bw` share the TCP set-up: the
+//! - `cm-probe`: `vhost_user_rdma_tests::cm_probe`: checks `F_GSI` and
+//!   QP 1 in RTS (`rdma-peer: cm-probe: F_GSI offered, QP 1 in RTS`),
+//!   then the client's GSI QP sends a CM REQ for rdma_cm port CM_PORT of
+//!   the server's host, which the server's VM (whose daemon listens on it
+//!   for it) receives and rejects; the client checks the REJ. Ends with
+//!   `rdma-peer: cm-probe ok (...)` on both sides.
+//!
+//! `exchange`, `ud`, `write-lat`, `write-bw` and `cm-probe` share the TCP set-up: the
 //! server listens on ADDR:PORT and takes one connection, the client
 //! connects to it (retrying until the server listens).
 //!
@@ -60,6 +69,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args as ClapArgs, Parser, Subcommand, ValueEnum};
+use vhost_user_rdma_tests::cm_probe;
 use vhost_user_rdma_tests::transport::VmmTransport;
 use vhost_user_rdma_tests::vmm::{TestVmm, VmmOptions};
 use virtio_rdma_apps::exchange::{self, Options, Role};
@@ -249,6 +259,22 @@ enum Cmd {
         #[arg(long, default_value_t = 128,
               value_parser = clap::value_parser!(u32).range(1..))]
         tx_depth: u32,
+    },
+    /// One CM exchange between the GSI QPs of two VMs (a REQ, the
+    /// server's REJ): `F_GSI`, QP 1 in RTS, MADs across hosts.
+    CmProbe {
+        #[command(flatten)]
+        vm: Vm,
+        #[command(flatten)]
+        peer: Peer,
+        /// The rdma_cm port (TCP port space) the REQ is for: the server's
+        /// daemon listens on it for the server's VM (`cm_listen`).
+        #[arg(long)]
+        port: u16,
+        /// Client: the server host's address the REQ goes to (default:
+        /// the TCP server's).
+        #[arg(long)]
+        peer_addr: Option<std::net::IpAddr>,
     },
     /// CQs until the device refuses one: a VM taking its share.
     Fill {
@@ -450,6 +476,29 @@ fn run(args: Args) -> Result<(), BoxError> {
             };
             perf::write_bw(&s.dev, s.role, &mut s.oob, &opts, &mut out)?;
             println!("rdma-peer: write-bw ok");
+        }
+        Cmd::CmProbe {
+            vm,
+            peer,
+            port,
+            peer_addr,
+        } => {
+            let timeout = Duration::from_secs(vm.timeout_secs);
+            let dev = open(&vm.socket, timeout)?;
+            let (_, mut oob) = peer.connect(timeout)?;
+            match peer.role {
+                RoleArg::Server => cm_probe::server(&dev, port, &mut oob, timeout)?,
+                RoleArg::Client => {
+                    let ip = match peer_addr {
+                        Some(ip) => ip,
+                        None => std::net::ToSocketAddrs::to_socket_addrs(peer.tcp.as_str())?
+                            .next()
+                            .ok_or("the server's address does not resolve")?
+                            .ip(),
+                    };
+                    cm_probe::client(&dev, ip, port, &mut oob, timeout)?;
+                }
+            }
         }
         Cmd::Fill { vm, max, hold_secs } => {
             let dev = open(&vm.socket, Duration::from_secs(vm.timeout_secs))?;

@@ -323,8 +323,8 @@ impl VerbsDevice {
             // No fast registration through a host NIC yet (spec appendix D).
             max_fast_reg_pages: 0,
             // Everything leaves from the host port's GID; the host's QP 1
-            // is its own (the CM bridge that would serve a guest's GSI QP
-            // is to come: spec appendix D).
+            // is its own: a guest's GSI QP needs the CM bridge, which
+            // `VerbsRnic::enable_cm` opens (spec appendix D).
             gids: PortGids::Host,
             gsi: false,
         }

@@ -18,7 +18,10 @@
 //!   host events applied to the VM; [`scratch`]: the data path's reusable
 //!   memory;
 //! - [`cm`]: the bridge between a guest's connection management and the
-//!   host's `rdma_cm`.
+//!   host's `rdma_cm`; [`cm_hub`]: the bridge as the RNIC holds it, with
+//!   each VM's inbox of MADs; [`cm_events`]: the thread that feeds it the
+//!   host CM's events; [`gsi`]: each VM's GSI QP, whose MADs go to the
+//!   bridge; [`cm_gate`]: what `MODIFY_QP` of a bridged QP must match.
 
 // Everything but the quotas talks to libibverbs (feature `verbs`); the
 // quotas are plain arithmetic, also tested over the software RNIC. The data
@@ -26,6 +29,11 @@
 #[cfg(feature = "verbs")]
 pub mod attr;
 pub mod cm;
+#[cfg(feature = "verbs")]
+pub mod cm_events;
+pub mod cm_gate;
+#[cfg(feature = "verbs")]
+pub mod cm_hub;
 #[cfg(feature = "verbs")]
 pub mod device;
 #[cfg(feature = "verbs")]
@@ -38,6 +46,8 @@ pub mod rnic;
 guest_facing!(
     #[cfg(feature = "verbs")]
     complete,
+    #[cfg(feature = "verbs")]
+    gsi,
     #[cfg(feature = "verbs")]
     path,
     #[cfg(feature = "verbs")]

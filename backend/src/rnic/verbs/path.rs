@@ -18,10 +18,11 @@ use std::time::Instant;
 use log::debug;
 use rdma_sys::{ibv_modify_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_state, ibv_req_notify_cq};
 use virtio_rdma_abi::datapath::WcStatus;
+use virtio_rdma_abi::qp::QpType;
 
 use super::rnic::{lock_tables, VmHost, VerbsRnic};
 use super::scratch::Scratch;
-use super::{complete, post};
+use super::{complete, gsi, post};
 use crate::engine::requester::{complete_send, Completion};
 use crate::memory::HostMem;
 use crate::rnic_path::{Outgoing, RnicPath, Serving, Step};
@@ -63,6 +64,10 @@ impl RnicPath for VerbsPath<'_> {
         moved: &mut u64,
         msg: &Outgoing<'_>,
     ) -> Step {
+        if msg.qp_type == QpType::GSI {
+            // QP 1 is the daemon's: its MADs go to the CM bridge.
+            return gsi::send(self.rnic, self.tenancy, cx, ts, moved, msg);
+        }
         let Some(host) = self.host(cx.vm) else {
             let c = Completion::failed(msg.wr.hdr.wr_id, msg.op, WcStatus::LOC_QP_OP_ERR);
             return complete_send(cx.state, cx.mem, msg.qp, msg.index, c);
@@ -78,6 +83,10 @@ impl RnicPath for VerbsPath<'_> {
         rq_pi: u32,
         max: u32,
     ) -> bool {
+        // The GSI QP's receives stay in its ring until a MAD arrives.
+        if cx.state.res.gsi_qp() == Some(h) {
+            return false;
+        }
         match self.host(cx.vm) {
             Some(host) => post::recvs(host, cx.state, cx.mem, &mut ts.wqe, h, rq_pi, max),
             None => false,
@@ -89,6 +98,7 @@ impl RnicPath for VerbsPath<'_> {
             return false;
         };
         let mut did = complete::host_events(host, cx.state);
+        did |= gsi::deliver(self.rnic, self.tenancy, cx, ts);
         did |= complete::poll_cqs(host, cx.state, cx.mem, ts);
         did |= complete::watchdog(host, cx.state, Instant::now(), WATCH_EVERY);
         if host.srqs.load(Ordering::Relaxed) > 0 {
@@ -128,7 +138,7 @@ impl RnicPath for VerbsPath<'_> {
             h.qps.load(Ordering::Relaxed) > 0
                 || h.srqs.load(Ordering::Relaxed) > 0
                 || !lock_events_empty(h)
-        })
+        }) || self.rnic.cm().is_some_and(|c| c.inboxes().pending(vm))
     }
 
     fn arm(&self, vm: usize) {

@@ -18,11 +18,15 @@ use rdma_sys::{
     ibv_srq_attr, ibv_srq_init_attr,
 };
 use virtio_rdma_abi::datapath::WcOpcode;
-use virtio_rdma_abi::qp::{AddressVector, QpState, QpType};
+use virtio_rdma_abi::qp::{AddressVector, QpState, QpType, GSI_QPN};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::attr::{self, Source};
+use super::cm::bridge::Binding;
+use super::cm::service::CmService;
+use super::cm_gate;
+use super::cm_hub::{CmHub, VmCm};
 use super::device::{VerbsDevice, VerbsError};
 use super::objects::{errno_of, Ah, Channel, Cq, Mr, MrHandle, Pd, Qp, Srq};
 use super::quota::{map_error, Charge, Kind, MapCosts, Plan, VmQuota};
@@ -108,6 +112,9 @@ pub(crate) struct HostQp {
     /// The watchdog failed the QP: its first flushed send completes with
     /// `RETRY_EXC_ERR`, as the NIC's retries running out would have.
     pub timed_out: bool,
+    /// The CM bridge's connection of the QP, from its RTR on: its RTS
+    /// sends from the host CM's first PSN.
+    pub bridged: Option<Binding>,
 }
 
 /// A VM's host objects, by the device's handles (QPs by number).
@@ -194,6 +201,9 @@ pub struct VerbsRnic {
     keys: AtomicU32,
     /// The host port is up (`PORT_ACTIVE`/`PORT_ERR` events keep it).
     port_up: std::sync::atomic::AtomicBool,
+    /// The CM bridge that serves the VMs' GSI QPs, if the host's
+    /// `rdma_cm` could be opened ([`VerbsRnic::enable_cm`]).
+    cm: Option<CmHub>,
 }
 
 /// The tables of `host`, locked (by the engine while it serves the VM, by
@@ -261,7 +271,38 @@ impl VerbsRnic {
             mrs: Mutex::new(HashMap::new()),
             keys: AtomicU32::new(0),
             port_up: std::sync::atomic::AtomicBool::new(up),
+            cm: None,
         })
+    }
+
+    /// Opens the CM bridge for the VMs (`vms`, in the daemon's order) on
+    /// the host port's address: from then on the device offers the GSI
+    /// QP (`F_GSI`). Fails, and the device offers none, when the host's
+    /// `rdma_cm` cannot be used there.
+    pub fn enable_cm(&mut self, vms: Vec<VmCm>) -> std::io::Result<()> {
+        let hub = CmHub::open(self.dev.gid().0, vms)?;
+        self.cm = Some(hub);
+        self.caps.gsi = true;
+        Ok(())
+    }
+
+    /// The CM bridge, if it is open.
+    pub(crate) fn cm(&self) -> Option<&CmHub> {
+        self.cm.as_ref()
+    }
+
+    /// Runs `f` on the CM bridge's service, if it is open, and wakes the
+    /// engine of each VM that got MADs from it.
+    pub(crate) fn with_cm<R>(&self, f: impl FnOnce(&mut CmService) -> R) -> Option<R> {
+        let hub = self.cm.as_ref()?;
+        Some(hub.with(|vm| self.wake(vm), f))
+    }
+
+    /// Wakes the engine of VM `vm` (it has host work: events, MADs).
+    pub(crate) fn wake(&self, vm: usize) {
+        if let Some(v) = self.vms.get(vm) {
+            let _ = v.notify.write(1);
+        }
     }
 
     /// The host device.
@@ -529,6 +570,7 @@ impl RnicObjects for VerbsRnic {
                 retry_cnt: 0,
                 progress: None,
                 timed_out: false,
+                bridged: None,
             },
         );
         write(&self.qpns).insert(qpn, owner);
@@ -536,8 +578,27 @@ impl RnicObjects for VerbsRnic {
     }
 
     fn modify_qp(&self, change: &QpChange<'_>) -> Result<(), RnicError> {
+        if change.qpn == GSI_QPN {
+            // The daemon's QP 1 (no host half; host QP numbers are never
+            // 1): its state is the device's alone.
+            return Ok(());
+        }
         let Some(owner) = self.lookup_qpn(change.qpn) else {
             return Err(RnicError::Host(libc::EINVAL));
+        };
+        // What the CM bridge says of the QP, asked before the tables are
+        // locked (the bridge's lock is never taken under them).
+        let rtr = change.to == QpState::RTR && change.from != QpState::RTR;
+        let asked = if rtr {
+            let a = change.attr;
+            self.with_cm(|s| {
+                let b = s.bridge();
+                let own = b.binding(owner.vm, change.qpn);
+                let any = b.binding_for(owner.vm, change.qpn, a.dest_qpn, a.av.dgid);
+                (own, any)
+            })
+        } else {
+            None
         };
         let mut t = self.tables(owner.vm)?;
         let q = t
@@ -547,6 +608,24 @@ impl RnicObjects for VerbsRnic {
         if q.failed && change.to == QpState::ERR {
             return Ok(());
         }
+        let mut bridged = q.bridged;
+        if let Some((own, any)) = asked.filter(|_| q.qp_type == QpType::RC) {
+            if let Some(b) = own {
+                if !cm_gate::rtr_matches(&b, change.attr) {
+                    debug!(
+                        "QPN {:#x}: RTR to {:#x} is not its CM connection's peer",
+                        change.qpn, change.attr.dest_qpn
+                    );
+                    return Err(RnicError::Invalid);
+                }
+            }
+            bridged = any;
+        }
+        let fixed = cm_gate::rts_attr(bridged.as_ref(), change);
+        let change = &QpChange {
+            attr: fixed.as_ref().unwrap_or(change.attr),
+            ..*change
+        };
         let (mut a, mask) = attr::modify(change, q.qp_type, self.src);
         // SAFETY: a live QP and a filled attribute structure.
         let rc = unsafe { ibv_modify_qp(q.qp.as_ptr(), &mut a, mask) };
@@ -562,6 +641,11 @@ impl RnicObjects for VerbsRnic {
         }
         q.timeout = change.attr.timeout;
         q.retry_cnt = change.attr.retry_cnt;
+        q.bridged = if change.to == QpState::RESET {
+            None
+        } else {
+            bridged
+        };
         if change.to == QpState::RESET {
             // The host dropped what it had taken; the engine forgets it too.
             q.sent.clear();
@@ -595,6 +679,21 @@ impl RnicObjects for VerbsRnic {
             drop(charge);
             Self::release_cqes(&mut t, send_cq, s);
             Self::release_cqes(&mut t, recv_cq, r);
+        }
+        drop(t);
+        // Its CM connections end with it (the peer hears a DREQ or REJ).
+        self.with_cm(|s| s.qp_gone(owner.vm, qpn));
+    }
+
+    fn gsi_created(&self, vm: usize) {
+        if let Some(hub) = &self.cm {
+            hub.gsi_created(vm, |v| self.wake(v));
+        }
+    }
+
+    fn gsi_destroyed(&self, vm: usize) {
+        if let Some(hub) = &self.cm {
+            hub.gsi_destroyed(vm, |v| self.wake(v));
         }
     }
 

@@ -2,6 +2,7 @@
 
 use rdma_sys::ibv_wc;
 
+use super::cm::bridge::ToGuest;
 use crate::engine::wqe::WqeBuf;
 use crate::memory::access::Segment;
 
@@ -16,8 +17,10 @@ pub struct Scratch {
     pub(super) wcs: Vec<ibv_wc>,
     /// The host CQs of the VM being polled (addresses).
     pub(super) cqs: Vec<usize>,
-    /// The first bytes of a UD receive buffer (its GRH).
+    /// The first bytes of a UD receive buffer (its GRH); a MAD's buffers.
     pub(super) segs: Vec<Segment>,
+    /// MADs taken from a VM's inbox.
+    pub(super) mads: Vec<ToGuest>,
 }
 
 impl Default for Scratch {
@@ -28,6 +31,7 @@ impl Default for Scratch {
             wcs: (0..POLL_BATCH).map(|_| unsafe { std::mem::zeroed() }).collect(),
             cqs: Vec::new(),
             segs: Vec::new(),
+            mads: Vec::new(),
         }
     }
 }

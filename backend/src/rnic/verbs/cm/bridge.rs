@@ -221,6 +221,8 @@ pub struct Bridge {
     by_guest: HashMap<(VmId, u32), ConnKey>,
     /// Listener → (VM, port).
     listeners: HashMap<ConnKey, (VmId, u16)>,
+    /// VMs whose connection limit is not [`Limits::conns_per_vm`].
+    vm_limits: HashMap<VmId, usize>,
     next_key: ConnKey,
     next_comm: u32,
     next_tid: u64,
@@ -257,6 +259,7 @@ impl Bridge {
             by_ours: HashMap::new(),
             by_guest: HashMap::new(),
             listeners: HashMap::new(),
+            vm_limits: HashMap::new(),
             next_key: 1,
             next_comm: seed | 1,
             next_tid: u64::from(seed) << 32,
@@ -296,6 +299,59 @@ impl Bridge {
             })
     }
 
+    /// What `MODIFY_QP` to RTR of `vm`'s QP `qpn`, aimed at `dest_qpn` at
+    /// `dgid`, must match and use: the QP's own binding if the bridge
+    /// connected it; else a connection the bridge handed the guest as a
+    /// REQ and that it has not answered yet, from that very peer QP and
+    /// GID (the guest's `rdma_cm` moves its QP to RTR and RTS before it
+    /// sends the REP that names the QP).
+    pub fn binding_for(
+        &self,
+        vm: VmId,
+        qpn: u32,
+        dest_qpn: u32,
+        dgid: [u8; 16],
+    ) -> Option<Binding> {
+        self.binding(vm, qpn).or_else(|| {
+            self.conns
+                .values()
+                .filter(|c| c.vm == vm && c.state == State::ReqToGuest)
+                .filter(|c| c.peer_gid == dgid)
+                .find_map(|c| {
+                    c.qp.filter(|q| q.dest_qpn == dest_qpn).map(|q| Binding {
+                        dest_qpn: q.dest_qpn,
+                        peer_gid: c.peer_gid,
+                        rq_psn: q.rq_psn,
+                        sq_psn: q.sq_psn,
+                    })
+                })
+        })
+    }
+
+    /// Sets `vm`'s connection limit (its `cm_connections`).
+    pub fn set_conn_limit(&mut self, vm: VmId, n: usize) {
+        self.vm_limits.insert(vm, n);
+    }
+
+    fn conn_limit(&self, vm: VmId) -> usize {
+        self.vm_limits
+            .get(&vm)
+            .copied()
+            .unwrap_or(self.limits.conns_per_vm)
+    }
+
+    /// The ports `vm` listens on.
+    pub fn ports_of(&self, vm: VmId) -> Vec<u16> {
+        let mut p: Vec<u16> = self
+            .listeners
+            .values()
+            .filter(|(v, _)| *v == vm)
+            .map(|(_, port)| *port)
+            .collect();
+        p.sort_unstable();
+        p
+    }
+
     fn key(&mut self) -> ConnKey {
         let k = self.next_key;
         self.next_key = self.next_key.wrapping_add(1).max(1);
@@ -329,15 +385,53 @@ impl Bridge {
         Ok(key)
     }
 
+    /// Stops listening for `vm`: its listeners' ids are destroyed (the
+    /// requests they queued are rejected by the host CM).
+    pub fn unlisten(&mut self, vm: VmId) {
+        let mut keys: Vec<ConnKey> = self
+            .listeners
+            .iter()
+            .filter(|(_, (v, _))| *v == vm)
+            .map(|(k, _)| *k)
+            .collect();
+        keys.sort_unstable();
+        for key in keys {
+            self.listeners.remove(&key);
+            self.to_host.push(ToHost::Destroy { key });
+        }
+    }
+
     /// `vm` is gone (reset, disconnect): its connections are released and
     /// its ids destroyed; its listeners stay with the VM's configuration.
     pub fn vm_gone(&mut self, vm: VmId) {
-        let keys: Vec<ConnKey> = self
+        let keys = self.keys_where(|c| c.vm == vm);
+        self.release(keys);
+    }
+
+    /// `vm`'s QP `qpn` was destroyed: the connections the bridge made for
+    /// it are released (the peer hears a DREQ or a REJ) and their ids
+    /// destroyed.
+    pub fn qp_gone(&mut self, vm: VmId, qpn: u32) {
+        let keys = self.keys_where(|c| c.vm == vm && c.guest_qpn == qpn && qpn != 0);
+        self.release(keys);
+    }
+
+    /// The keys of the connections `pick` picks, in key order (the actions
+    /// come out in a stable order).
+    fn keys_where(&self, pick: impl Fn(&Conn) -> bool) -> Vec<ConnKey> {
+        let mut keys: Vec<ConnKey> = self
             .conns
             .iter()
-            .filter(|(_, c)| c.vm == vm)
+            .filter(|(_, c)| pick(c))
             .map(|(k, _)| *k)
             .collect();
+        keys.sort_unstable();
+        keys
+    }
+
+    /// Tells the peers of connections `keys` that they are over and
+    /// forgets them.
+    fn release(&mut self, keys: Vec<ConnKey>) {
         for key in keys {
             if let Some(c) = self.conns.get(&key) {
                 match c.state {
@@ -469,7 +563,7 @@ impl Bridge {
             self.reject_guest(&c, which::REQ, rej_reason::NO_QP, &[]);
             return GuestVerdict::Dropped("REQ: names a QP that is not the VM's");
         }
-        if self.conns_of(vm) >= self.limits.conns_per_vm {
+        if self.conns_of(vm) >= self.conn_limit(vm) {
             self.reject_guest(&c, which::REQ, rej_reason::NO_RESOURCES, &[]);
             return GuestVerdict::Dropped("REQ: the VM's connection limit");
         }
@@ -763,7 +857,7 @@ impl Bridge {
             self.to_host.push(ToHost::Destroy { key: new_key });
             return;
         };
-        if self.conns_of(vm) >= self.limits.conns_per_vm {
+        if self.conns_of(vm) >= self.conn_limit(vm) {
             self.to_host.push(ToHost::Reject {
                 key: new_key,
                 private_data: Vec::new(),

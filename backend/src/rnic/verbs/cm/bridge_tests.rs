@@ -500,3 +500,101 @@ fn hostile_guests() {
     b.host_event(ev(key, HostKind::Disconnected));
     assert!(b.take_to_host().is_empty() && b.take_to_guest().is_empty());
 }
+
+/// The passive side's binding before the guest's REP: the guest's
+/// `rdma_cm` moves its QP to RTR and RTS before it answers, so `MODIFY_QP`
+/// finds the connection by its peer; only that peer, only for its VM.
+#[test]
+fn a_passive_qp_is_bound_before_the_guest_answers() {
+    let mut b = bridge();
+    let lkey = b.listen(VM, 7174).unwrap_or_else(|o| panic!("{o}"));
+    b.take_to_host();
+    let mut req = ev(lkey, HostKind::ConnectRequest);
+    req.new_key = Some(900);
+    req.peer = Some(SocketAddr::new(IpAddr::V4(PEER_IP), 51000));
+    req.peer_gid = PEER;
+    req.qp = Some(qp());
+    req.conn.qp_num = PEER_QPN;
+    b.host_event(req);
+    assert_eq!(b.take_to_guest().len(), 1, "the REQ");
+    assert!(b.binding(VM, GUEST_QPN).is_none(), "no QP named yet");
+    let found = b.binding_for(VM, GUEST_QPN, PEER_QPN, PEER);
+    assert_eq!(
+        found.map(|x| (x.dest_qpn, x.sq_psn)),
+        Some((PEER_QPN, 0xdef))
+    );
+    assert!(b.binding_for(VM, GUEST_QPN, PEER_QPN + 1, PEER).is_none());
+    assert!(b.binding_for(VM, GUEST_QPN, PEER_QPN, HOST).is_none());
+    assert!(b.binding_for(VM + 1, GUEST_QPN, PEER_QPN, PEER).is_none());
+}
+
+/// A destroyed QP releases its own connections (the peer hears a DREQ),
+/// not the VM's others; closing a VM's listeners frees their ports.
+#[test]
+fn a_destroyed_qp_and_closed_listeners_release_what_they_hold() {
+    let mut b = bridge();
+    let (key, ours) = active_to_rep(&mut b);
+    let rtu = Rtu {
+        local_comm_id: 5,
+        remote_comm_id: ours,
+        private_data: Vec::new(),
+    };
+    b.guest_mad(VM, PEER, &mad(CmMessage::Rtu(rtu)), owns);
+    b.take_to_host();
+    b.qp_gone(VM, GUEST_QPN + 1);
+    b.qp_gone(VM + 1, GUEST_QPN);
+    assert!(b.take_to_host().is_empty(), "other QPs hold nothing");
+    b.qp_gone(VM, GUEST_QPN);
+    assert_eq!(
+        b.take_to_host(),
+        [ToHost::Disconnect { key }, ToHost::Destroy { key }]
+    );
+    assert_eq!(b.conns_of(VM), 0);
+    assert!(b.binding(VM, GUEST_QPN).is_none());
+
+    let l1 = b.listen(VM, 4420).unwrap_or_else(|o| panic!("{o}"));
+    let l2 = b.listen(VM, 7174).unwrap_or_else(|o| panic!("{o}"));
+    b.take_to_host();
+    assert_eq!(b.ports_of(VM), [4420, 7174]);
+    b.unlisten(VM + 1);
+    assert!(b.take_to_host().is_empty());
+    b.unlisten(VM);
+    assert_eq!(
+        b.take_to_host(),
+        [ToHost::Destroy { key: l1 }, ToHost::Destroy { key: l2 }]
+    );
+    assert!(b.ports_of(VM).is_empty());
+    assert!(b.listen(VM + 1, 4420).is_ok(), "the port is free again");
+}
+
+/// `cm_connections` per VM: one VM's limit is not another's.
+#[test]
+fn connection_limits_are_per_vm() {
+    let mut b = bridge();
+    b.set_conn_limit(VM, 1);
+    let first = b.guest_mad(
+        VM,
+        PEER,
+        &mad(CmMessage::Req(guest_req(1, GUEST_QPN))),
+        owns,
+    );
+    assert_eq!(first, GuestVerdict::Taken);
+    let second = b.guest_mad(
+        VM,
+        PEER,
+        &mad(CmMessage::Req(guest_req(2, GUEST_QPN + 1))),
+        owns,
+    );
+    assert!(matches!(second, GuestVerdict::Dropped(_)));
+    let other = VM + 1;
+    for comm in [3, 4] {
+        let v = b.guest_mad(
+            other,
+            PEER,
+            &mad(CmMessage::Req(guest_req(comm, GUEST_QPN))),
+            owns,
+        );
+        assert_eq!(v, GuestVerdict::Taken, "the default limit (2)");
+    }
+    assert_eq!((b.conns_of(VM), b.conns_of(other)), (1, 2));
+}

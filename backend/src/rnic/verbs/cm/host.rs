@@ -296,8 +296,8 @@ impl CmId {
         check(unsafe { rdma_resolve_route(self.raw.as_ptr(), timeout_ms) })
     }
 
-    /// Binds to `addr` and listens.
-    pub fn listen(&self, addr: SocketAddr, backlog: i32) -> io::Result<()> {
+    /// Binds to `addr` (a local address of an RDMA device).
+    pub fn bind(&self, addr: SocketAddr) -> io::Result<()> {
         let mut a = sockaddr_of(addr);
         // SAFETY: a live id; the address lives across the call.
         check(unsafe {
@@ -305,7 +305,12 @@ impl CmId {
                 self.raw.as_ptr(),
                 (&mut a as *mut libc::sockaddr_storage).cast(),
             )
-        })?;
+        })
+    }
+
+    /// Binds to `addr` and listens.
+    pub fn listen(&self, addr: SocketAddr, backlog: i32) -> io::Result<()> {
+        self.bind(addr)?;
         // SAFETY: a live, bound id.
         check(unsafe { rdma_listen(self.raw.as_ptr(), backlog) })
     }

@@ -78,6 +78,30 @@ impl CmService {
         self.run();
     }
 
+    /// `vm` listens no more: its listeners' ids are destroyed.
+    pub fn unlisten(&mut self, vm: VmId) {
+        self.bridge.unlisten(vm);
+        self.run();
+    }
+
+    /// `vm`'s QP `qpn` was destroyed: its connections are released.
+    pub fn qp_gone(&mut self, vm: VmId, qpn: u32) {
+        self.bridge.qp_gone(vm, qpn);
+        self.run();
+    }
+
+    /// Sets `vm`'s connection limit.
+    pub fn set_conn_limit(&mut self, vm: VmId, n: usize) {
+        self.bridge.set_conn_limit(vm, n);
+    }
+
+    /// Checks that the host CM can use the host port's address (the
+    /// device has it, `rdma_cm` is loaded): binds an id to it.
+    pub fn probe(&self) -> io::Result<()> {
+        let id = CmId::new(&self.channel, 0)?;
+        id.bind(SocketAddr::new(self.host_ip, 0))
+    }
+
     /// A CM MAD `vm`'s GSI QP sent to `dgid`.
     pub fn guest_mad(
         &mut self,
@@ -94,14 +118,18 @@ impl CmService {
         v
     }
 
-    /// Reads and handles every event the host CM has now.
-    pub fn poll(&mut self) -> io::Result<()> {
-        while let Some(ev) = self.channel.next_event()? {
+    /// Reads and handles at most `max` of the events the host CM has now;
+    /// true if it may have more.
+    pub fn poll(&mut self, max: usize) -> io::Result<bool> {
+        for _ in 0..max {
+            let Some(ev) = self.channel.next_event()? else {
+                return Ok(false);
+            };
             let ev = self.event(ev);
             self.bridge.host_event(ev);
             self.run();
         }
-        Ok(())
+        Ok(true)
     }
 
     /// The bridge's form of a host event: a request's new id is kept under
@@ -156,7 +184,10 @@ impl CmService {
         let r = match a {
             ToHost::Resolve { key, dst } => match CmId::new(&self.channel, *key) {
                 Ok(id) => {
-                    let r = id.resolve_addr(None, *dst, RESOLVE_TIMEOUT_MS);
+                    // From the host port's address: the id must be on
+                    // the device of the guest's host QP.
+                    let src = SocketAddr::new(self.host_ip, 0);
+                    let r = id.resolve_addr(Some(src), *dst, RESOLVE_TIMEOUT_MS);
                     self.ids.insert(*key, id);
                     r.map_err(|e| (e, HostKind::AddrError))
                 }
