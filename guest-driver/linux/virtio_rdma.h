@@ -207,6 +207,14 @@ struct vrdma_kwq {
 	/* The ring's indices in the QP's doorbell record. */
 	__le32 *pi_db;
 	const __le32 *ci_db;
+	/*
+	 * The poll of the queue's CQ (its lock): the index after the last WQE
+	 * a CQE completed; WQEs from here on are flushed in software once the
+	 * device is stopped (vrdma_kcq_flush()).
+	 */
+	u32 done;
+	/* lock: the drain marker completed in software after the WQEs. */
+	struct ib_cqe *drain;
 };
 
 /* Receive WQEs of a GSI QP waiting for room in its ring (rq lock). */
@@ -387,6 +395,9 @@ int vrdma_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 int vrdma_kcq_alloc(struct vrdma_cq *cq, u32 cqe, u32 max_cqe);
 void vrdma_kcq_free(struct vrdma_cq *cq);
 int vrdma_poll_cq(struct ib_cq *ibcq, int n, struct ib_wc *wc);
+void vrdma_kcq_kick(struct ib_cq *ibcq);
+void vrdma_drain_sq(struct ib_qp *ibqp);
+void vrdma_drain_rq(struct ib_qp *ibqp);
 int vrdma_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags);
 
 /* virtio_rdma_cq.c */

@@ -10,6 +10,11 @@
  * the kernel QPs that complete into this CQ (vrdma_kqp_attach()), its
  * wr_id is an index into that QP's table of the consumer's wr_ids, and
  * unknown opcodes and statuses become errors, not guesses.
+ *
+ * Once the device is stopped (a reset: it destroyed every QP, spec 15.1)
+ * nothing completes the work it had not completed, so the poll does, as a
+ * QP in ERR would (spec 18.19): after the CQEs the device wrote, every WQE
+ * from the last one a CQE completed on is flushed, in posting order.
  */
 
 #include <linux/log2.h>
@@ -126,6 +131,7 @@ static bool vrdma_kcq_wc(struct vrdma_cq *cq, const struct virtio_rdma_cqe *e,
 	bool recv = e->opcode & VIRTIO_RDMA_WC_RECV;
 	struct vrdma_qp *qp;
 	struct vrdma_kwq *wq;
+	u32 index;
 
 	qp = xa_load(&cq->qps, le32_to_cpu(e->qpn));
 	if (!qp || (recv ? qp->ibqp.recv_cq : qp->ibqp.send_cq) != &cq->ibcq) {
@@ -135,8 +141,12 @@ static bool vrdma_kcq_wc(struct vrdma_cq *cq, const struct virtio_rdma_cqe *e,
 		return false;
 	}
 	wq = recv ? &qp->rq : &qp->sq;
+	index = le64_to_cpu(e->wr_id);
+	/* Completions come in ring order; an index out of range moves none. */
+	if (index - wq->done < READ_ONCE(wq->pi) - wq->done)
+		wq->done = index + 1;
 	memset(wc, 0, sizeof(*wc));
-	wc->wr_id = wq->wr_id[le64_to_cpu(e->wr_id) & wq->wr_id_mask];
+	wc->wr_id = wq->wr_id[index & wq->wr_id_mask];
 	wc->status = e->status < ARRAY_SIZE(vrdma_wc_status) ?
 		     vrdma_wc_status[e->status] : IB_WC_GENERAL_ERR;
 	wc->qp = &qp->ibqp;
@@ -153,6 +163,73 @@ static bool vrdma_kcq_wc(struct vrdma_cq *cq, const struct virtio_rdma_cqe *e,
 		wc->status = IB_WC_GENERAL_ERR;
 	}
 	return true;
+}
+
+/* A flushed work request (spec 18.19: only wr_id, status, opcode, qp). */
+static void vrdma_flush_wc(struct ib_wc *wc, struct vrdma_qp *qp, bool recv,
+			   u64 wr_id)
+{
+	memset(wc, 0, sizeof(*wc));
+	wc->wr_id = wr_id;
+	wc->status = IB_WC_WR_FLUSH_ERR;
+	wc->opcode = recv ? IB_WC_RECV : IB_WC_SEND;
+	wc->qp = &qp->ibqp;
+	wc->port_num = VRDMA_PORT_NUM;
+}
+
+/*
+ * Flushes up to @n work requests of one queue of @qp into @wc (CQ lock
+ * held; the device is stopped): the ring's from wq->done on, then a GSI
+ * QP's backlogged receives, then the queue's drain marker.
+ */
+static int vrdma_kwq_flush(struct vrdma_qp *qp, bool recv, struct ib_wc *wc,
+			   int n)
+{
+	struct vrdma_kwq *wq = recv ? &qp->rq : &qp->sq;
+	struct vrdma_backlog *bl = &qp->backlog;
+	int got = 0;
+
+	spin_lock(&wq->lock);
+	for (; got < n && wq->done != wq->pi; wq->done++)
+		vrdma_flush_wc(&wc[got++], qp, recv,
+			       wq->wr_id[wq->done & wq->wr_id_mask]);
+	for (; recv && got < n && bl->head != bl->tail; bl->head++)
+		vrdma_flush_wc(&wc[got++], qp, recv,
+			       bl->wr_id[bl->head & (bl->depth - 1)]);
+	if (got < n && wq->drain) {
+		vrdma_flush_wc(&wc[got], qp, recv, 0);
+		wc[got++].wr_cqe = wq->drain;
+		wq->drain = NULL;
+	}
+	spin_unlock(&wq->lock);
+	return got;
+}
+
+/* The flush of every kernel QP that completes into @cq (its lock held). */
+static int vrdma_kcq_flush(struct vrdma_cq *cq, struct ib_wc *wc, int n)
+{
+	struct vrdma_qp *qp;
+	unsigned long i;
+	int got = 0;
+
+	xa_for_each(&cq->qps, i, qp) {
+		if (got < n && qp->ibqp.send_cq == &cq->ibcq)
+			got += vrdma_kwq_flush(qp, false, wc + got, n - got);
+		if (got < n && qp->ibqp.recv_cq == &cq->ibcq && !qp->ibqp.srq)
+			got += vrdma_kwq_flush(qp, true, wc + got, n - got);
+	}
+	return got;
+}
+
+/*
+ * Runs the consumer's handler of @ibcq as a completion event would, so
+ * that it polls what the device will not report any more (a stopped
+ * device). A CQ polled directly has none: its owner polls.
+ */
+void vrdma_kcq_kick(struct ib_cq *ibcq)
+{
+	if (ibcq->poll_ctx != IB_POLL_DIRECT && ibcq->comp_handler)
+		ibcq->comp_handler(ibcq, ibcq->cq_context);
 }
 
 int vrdma_poll_cq(struct ib_cq *ibcq, int n, struct ib_wc *wc)
@@ -183,6 +260,8 @@ int vrdma_poll_cq(struct ib_cq *ibcq, int n, struct ib_wc *wc)
 	if (cq->ci != ci)
 		/* Release: the entries were read before the device reuses them. */
 		smp_store_release(&cq->db->ci, cpu_to_le32(cq->ci));
+	if (got < n && vrdma_dev_stopped(to_vib(ibcq->device)->dev))
+		got += vrdma_kcq_flush(cq, wc + got, n - got);
 	spin_unlock_irqrestore(&cq->lock, flags);
 	return got;
 }

@@ -589,11 +589,19 @@ void vrdma_kqp_refill(struct vrdma_qp *qp)
  */
 void vrdma_kqp_reset(struct vrdma_qp *qp)
 {
+	struct vrdma_cq *scq = to_vcq(qp->ibqp.send_cq);
+	struct vrdma_cq *rcq = to_vcq(qp->ibqp.recv_cq);
 	unsigned long flags;
 
-	spin_lock_irqsave(&qp->rq.lock, flags);
+	spin_lock_irqsave(&scq->lock, flags);
+	qp->sq.done = READ_ONCE(qp->sq.pi);
+	spin_unlock_irqrestore(&scq->lock, flags);
+	spin_lock_irqsave(&rcq->lock, flags);
+	spin_lock(&qp->rq.lock);
 	qp->backlog.head = qp->backlog.tail;
-	spin_unlock_irqrestore(&qp->rq.lock, flags);
+	qp->rq.done = qp->rq.pi;
+	spin_unlock(&qp->rq.lock);
+	spin_unlock_irqrestore(&rcq->lock, flags);
 }
 
 /*
@@ -653,4 +661,94 @@ int vrdma_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 	if (moved)
 		vrdma_kick(vib);
 	return ret;
+}
+
+/*
+ * Draining (ib_drain_sq(), ib_drain_rq()): the QP goes to ERR and a marker
+ * follows its work requests, as ib_core's own drain does; the marker's
+ * completion, the last of the queue, ends the wait. Once the device is
+ * stopped (a reset) nothing would complete it: the consumer's CQ is run
+ * (vrdma_kcq_kick()) and its poll flushes the queue, the marker last
+ * (vrdma_kcq_flush()); a marker that found no room in the ring is queued
+ * for that flush. So nvmet or NFS tearing down their queues during a
+ * reset neither fail nor wait forever.
+ */
+struct vrdma_drain {
+	struct ib_cqe cqe;
+	struct completion done;
+};
+
+static void vrdma_drain_done(struct ib_cq *cq, struct ib_wc *wc)
+{
+	complete(&container_of(wc->wr_cqe, struct vrdma_drain, cqe)->done);
+}
+
+static int vrdma_drain_post(struct vrdma_qp *qp, bool recv,
+			    struct vrdma_drain *d)
+{
+	/* In ERR any WQE is flushed: the marker touches no memory. */
+	struct ib_rdma_wr swr = {
+		.wr = {
+			.wr_cqe = &d->cqe,
+			.opcode = IB_WR_RDMA_WRITE,
+			.send_flags = IB_SEND_SIGNALED,
+		},
+	};
+	struct ib_recv_wr rwr = { .wr_cqe = &d->cqe };
+	const struct ib_send_wr *sbad;
+	const struct ib_recv_wr *rbad;
+
+	if (recv)
+		return vrdma_post_recv(&qp->ibqp, &rwr, &rbad);
+	return vrdma_post_send(&qp->ibqp, &swr.wr, &sbad);
+}
+
+static void vrdma_drain(struct vrdma_qp *qp, bool recv)
+{
+	struct vrdma_dev *dev = to_vib(qp->ibqp.device)->dev;
+	struct ib_cq *cq = recv ? qp->ibqp.recv_cq : qp->ibqp.send_cq;
+	struct vrdma_kwq *wq = recv ? &qp->rq : &qp->sq;
+	struct ib_qp_attr attr = { .qp_state = IB_QPS_ERR };
+	struct vrdma_drain d = { .cqe.done = vrdma_drain_done };
+	unsigned long flags;
+	int ret;
+
+	if (!qp->kernel)
+		return;
+	init_completion(&d.done);
+	ret = ib_modify_qp(&qp->ibqp, &attr, IB_QP_STATE);
+	if (ret) {
+		dev_warn(&qp->ibqp.device->dev,
+			 "QP %u: not drained: the move to ERR failed: %d\n",
+			 qp->ibqp.qp_num, ret);
+		return;
+	}
+	ret = vrdma_drain_post(qp, recv, &d);
+	if (ret) {
+		if (!vrdma_dev_stopped(dev)) {
+			dev_warn(&qp->ibqp.device->dev,
+				 "QP %u: not drained: the marker was not posted: %d\n",
+				 qp->ibqp.qp_num, ret);
+			return;
+		}
+		spin_lock_irqsave(&wq->lock, flags);
+		wq->drain = &d.cqe;
+		spin_unlock_irqrestore(&wq->lock, flags);
+	}
+	while (!wait_for_completion_timeout(&d.done, HZ / 10)) {
+		if (cq->poll_ctx == IB_POLL_DIRECT)
+			ib_process_cq_direct(cq, -1);
+		else if (vrdma_dev_stopped(dev))
+			vrdma_kcq_kick(cq);
+	}
+}
+
+void vrdma_drain_sq(struct ib_qp *ibqp)
+{
+	vrdma_drain(to_vqp(ibqp), false);
+}
+
+void vrdma_drain_rq(struct ib_qp *ibqp)
+{
+	vrdma_drain(to_vqp(ibqp), true);
 }

@@ -326,6 +326,14 @@ int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 	req.attr_mask = cpu_to_le32(dev_mask);
 	ret = vrdma_cmd_exec(vib->dev, VIRTIO_RDMA_OP_MODIFY_QP, &req,
 			     sizeof(req), NULL, 0);
+	/*
+	 * A stopped device destroyed the QP (spec 15.1): for its consumer that
+	 * is ERR already, and a drain's move to ERR must not fail (the flush
+	 * is the poll's, vrdma_kcq_flush()).
+	 */
+	if (ret && (mask & IB_QP_STATE) && attr->qp_state == IB_QPS_ERR &&
+	    vrdma_dev_stopped(vib->dev))
+		ret = 0;
 	if (!ret && (mask & IB_QP_STATE)) {
 		/* What the EVENTS_LOST re-query compares with. */
 		WRITE_ONCE(to_vqp(ibqp)->state, attr->qp_state);
