@@ -251,7 +251,8 @@ serve() {
   return $r
 }
 # call TOOL ARGS...: in a step LABEL, the client side: once the peer's `serve` in its step LABEL
-# listens, runs TOOL ARGS once and tells the peer it ended.
+# listens, runs TOOL ARGS once and tells the peer it ended; stopped once the peer's step has
+# ended and TOOL has printed nothing for 10 s.
 call() {
   local label ans r
   label=$(cat /tmp/step.label)
@@ -262,7 +263,24 @@ call() {
     post "$label-CLIENT" not run
     return 1
   fi
-  linebuf "$@"
+  # Once the server's step has ended, the client gets until it has printed nothing for 10 s
+  # (a perftest client whose server gave up waits for it forever).
+  local pid size=-1 now idle=0
+  linebuf "$@" &
+  pid=$!
+  while kill -0 $pid 2>/dev/null; do
+    if grep -qx "END $label" /tmp/inbox; then
+      now=$(wc -c </tmp/step.out)
+      if [ "$now" != "$size" ]; then size=$now idle=0; else idle=$((idle + 1)); fi
+      if [ $idle -ge 50 ]; then
+        echo "call: the server side's step ended and $1 printed nothing for 10 s: stopped"
+        kill_tree $pid
+        break
+      fi
+    fi
+    sleep 0.2
+  done
+  wait $pid
   r=$?
   post "$label-CLIENT" exit $r
   return $r
@@ -787,10 +805,22 @@ for g in a b; do
 done
 check_step b CM-RDMA "rdma_server" '^rdma_server: end 0$'
 check_step a CM-RDMA "rdma_client" '^rdma_client: end 0$'
-for g in a b; do
-  check_step $g CM-SEND-BW "ib_send_bw -R ($g, MB/s)" "^ *65536${s}100$s$n$s$n$s$n"
-  check_step $g CM-WRITE-LAT "ib_write_lat -R ($g, usec)" "^ *2${s}100$s$lat$s$lat$s$lat$s$lat$s($n|-?nan)"
-done
+# perftest calibrates its cycle counter against the clock before it reports; on a loaded host
+# under TCG that fit can fail ("Correlation coefficient r^2: ... < 0.9", then "Can't produce a
+# report") after a transfer that worked. That is the tool's clock, not the device: said as such,
+# neither passed nor failed (the other tools and NVMe-oF check the data path).
+perf_check() {
+  local l=$1 d=$2 p=$3 g
+  if step_out a "$l" | grep -q "Can't produce a report" || step_out b "$l" | grep -q "Can't produce a report"; then
+    echo "   not measured: $d: perftest could not calibrate its cycle counter under load ($(step_out b "$l" | grep -m1 -o 'Correlation coefficient.*' || step_out a "$l" | grep -m1 -o 'Correlation coefficient.*'))"
+    return
+  fi
+  for g in a b; do
+    check_step $g "$l" "$d ($g)" "$p"
+  done
+}
+perf_check CM-SEND-BW "ib_send_bw -R, MB/s" "^ *65536${s}100$s$n$s$n$s$n"
+perf_check CM-WRITE-LAT "ib_write_lat -R, usec" "^ *2${s}100$s$lat$s$lat$s$lat$s$lat$s($n|-?nan)"
 check_step b NVMET-SETUP "NVMe target: nvmet-rdma port on B" '^NVMET ready: '
 check_step b NVMET-SETUP "... its rdma_cm listener" "state LISTEN .*10[.]42[.]0[.]2:4420"
 check_step a NVME-DISCOVER "nvme discover -t rdma: the subsystem" '^subnqn: +nqn[.]2024-01[.]io[.]vhost-user-rdma:cm-test$'

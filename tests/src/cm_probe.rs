@@ -10,21 +10,16 @@
 //! rejects it ("consumer defined", private data [`REJ_DATA`]); the client
 //! checks that the REJ names its REQ and carries that reason and data.
 
-use std::net::{IpAddr, Ipv6Addr};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::net::IpAddr;
+use std::time::Duration;
 
 use ib_cm_wire::cm::{rej_reason, transport, which};
 use ib_cm_wire::cma::{self, CmaHeader};
 use ib_cm_wire::{CmMessage, Path, Rej, Req};
-use virtio_rdma_abi::config::F_GSI;
-use virtio_rdma_abi::datapath::{UdGrh, UD_GRH_SIZE};
-use virtio_rdma_abi::mem::access;
-use virtio_rdma_abi::qp::{QpState, GSI_QPN, MAX_MAD_BYTES};
 use virtio_rdma_apps::oob::Oob;
-use virtio_rdma_driver::{
-    Ah, Cq, Device, DmaBuf, Mr, Pd, Qp, QpCap, QpInit, RecvWr, SendWr, UdDest, WorkCompletion,
-};
+use virtio_rdma_driver::{Device, Qp, QpInit};
+
+use crate::gsi_port::{gid_ip, ip_gid, Gsi};
 
 type BoxError = Box<dyn std::error::Error>;
 
@@ -32,139 +27,16 @@ type BoxError = Box<dyn std::error::Error>;
 pub const REQ_DATA: &[u8] = b"cm-probe";
 /// The private data of the server's REJ.
 pub const REJ_DATA: &[u8] = b"cm-probe-rej";
-/// Bytes of one receive slot: the GRH and a MAD.
-const SLOT: usize = UD_GRH_SIZE as usize + MAX_MAD_BYTES as usize;
-/// Receive slots posted on QP 1.
-const SLOTS: usize = 8;
-
-/// A VM's GSI QP in RTS with its buffers.
-struct Gsi {
-    pd: Arc<Pd>,
-    cq: Arc<Cq>,
-    qp: Qp,
-    buf: Arc<DmaBuf>,
-    mr: Mr,
-}
-
-impl Gsi {
-    /// Checks `F_GSI`, creates QP 1, moves it to RTS and posts receives.
-    fn open(dev: &Device) -> Result<Gsi, BoxError> {
-        if dev.features() & F_GSI == 0 {
-            return Err("the device does not offer F_GSI".into());
-        }
-        let pd = Pd::alloc(dev)?;
-        let cq = Cq::create(dev, 64)?;
-        let qp = Qp::create(
-            &pd,
-            &QpInit {
-                cap: QpCap {
-                    max_send_wr: 16,
-                    max_recv_wr: SLOTS as u32,
-                    ..QpCap::default()
-                },
-                ..QpInit::gsi(&cq)
-            },
-        )?;
-        if qp.qpn() != GSI_QPN {
-            return Err(format!("the GSI QP is QP {:#x}, not 1", qp.qpn()).into());
-        }
-        qp.gsi_activate()?;
-        let state = qp.query()?.attr.qp_state;
-        if state != QpState::RTS as u32 {
-            return Err(format!("the GSI QP is in state {state}, not RTS").into());
-        }
-        println!("rdma-peer: cm-probe: F_GSI offered, QP 1 in RTS");
-        let buf = Arc::new(dev.alloc_dma(SLOT * (SLOTS + 1), 8)?);
-        let mr = Mr::register(&pd, buf.clone(), access::LOCAL_WRITE)?;
-        let g = Gsi {
-            pd,
-            cq,
-            qp,
-            buf,
-            mr,
-        };
-        for i in 0..SLOTS {
-            g.recv(i)?;
-        }
-        Ok(g)
-    }
-
-    fn recv(&self, slot: usize) -> Result<(), BoxError> {
-        let sge = self.mr.sge((slot * SLOT) as u64, SLOT as u32)?;
-        self.qp.post_recv(&[RecvWr {
-            wr_id: slot as u64,
-            sg_list: &[sge],
-        }])?;
-        Ok(())
-    }
-
-    /// Sends `mad` to QP 1 at `dgid` and waits for its completion.
-    fn send(
-        &self,
-        dev: &Device,
-        dgid: [u8; 16],
-        mad: &[u8],
-        timeout: Duration,
-    ) -> Result<(), BoxError> {
-        let ah = Ah::create(&self.pd, &dev.av(dgid))?;
-        let at = SLOT * SLOTS;
-        self.buf.write(at, mad)?;
-        let sge = [self.mr.sge(at as u64, mad.len() as u32)?];
-        let mut w = SendWr::send(u64::MAX, &sge);
-        w.ud = Some(UdDest::gsi(&ah));
-        self.qp.post_send(&[w])?;
-        let wc = self.poll(timeout)?;
-        if wc.wr_id != u64::MAX || !wc.is_success() {
-            return Err(format!("the MAD's send completed {wc:?}").into());
-        }
-        Ok(())
-    }
-
-    fn poll(&self, timeout: Duration) -> Result<WorkCompletion, BoxError> {
-        let deadline = Instant::now() + timeout;
-        let mut wc = [WorkCompletion::default(); 1];
-        loop {
-            if self.cq.poll(&mut wc) == 1 {
-                return Ok(wc[0]);
-            }
-            if Instant::now() >= deadline {
-                return Err(format!("no completion within {timeout:?}").into());
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-
-    /// The next CM MAD QP 1 receives: its GRH and the message.
-    fn receive(&self, timeout: Duration) -> Result<(UdGrh, CmMessage), BoxError> {
-        let wc = self.poll(timeout)?;
-        if !wc.is_success() || !wc.has_grh() || wc.src_qpn != GSI_QPN || wc.qpn != GSI_QPN {
-            return Err(format!("not a MAD receive on QP 1: {wc:?}").into());
-        }
-        let slot = usize::try_from(wc.wr_id)?;
-        let mut raw = vec![0u8; SLOT];
-        self.buf.read(slot * SLOT, &mut raw)?;
-        self.recv(slot)?;
-        let grh: [u8; UD_GRH_SIZE as usize] = raw[..UD_GRH_SIZE as usize].try_into()?;
-        let grh = UdGrh::parse(&grh).ok_or("no GRH")?;
-        let (_, msg) = CmMessage::parse(&raw[UD_GRH_SIZE as usize..])
-            .map_err(|e| format!("not a CM message: {e}"))?;
-        Ok((grh, msg))
-    }
-}
-
-/// The IP address of a RoCEv2 GID.
-fn gid_ip(gid: [u8; 16]) -> IpAddr {
-    let v6 = Ipv6Addr::from(gid);
-    v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
-}
-
 /// Opens QP 1 and tells the peer over `oob` whether it could, hearing the
 /// same from it: a failure on either side stops both at once (their next
 /// steps stay paired).
 fn open_both(dev: &Device, oob: &mut dyn Oob, timeout: Duration) -> Result<Gsi, BoxError> {
     let mine = Gsi::open(dev);
     match &mine {
-        Ok(_) => oob.send("cm-probe ready")?,
+        Ok(_) => {
+            println!("rdma-peer: cm-probe: F_GSI offered, QP 1 in RTS");
+            oob.send("cm-probe ready")?
+        }
         Err(e) => oob.send(&format!("cm-probe failed: {e}"))?,
     }
     let theirs = oob.recv(timeout)?;
@@ -231,10 +103,7 @@ pub fn client(
     let g = open_both(dev, oob, timeout)?;
     // A REQ names an RC QP of the VM (it is never connected).
     let rc = Qp::create(&g.pd, &QpInit::rc(&g.cq))?;
-    let peer_gid = match peer {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
-        IpAddr::V6(v6) => v6.octets(),
-    };
+    let peer_gid = ip_gid(peer);
     let me = gid_ip(dev.gid());
     let hdr = CmaHeader {
         src_port: 40_000,

@@ -704,3 +704,84 @@ fn the_cm_probe_between_two_vms() {
     });
     assert_eq!((d.traffic(0).mad_dropped, d.traffic(1).mad_dropped), (0, 0));
 }
+
+/// `rdma-peer rping-server` and `rping-client` between two VMs of one
+/// daemon: the connection set up by the VMs' own CMs over QP 1 (REQ, REP,
+/// RTU), rping's protocol over it with every ping's data compared, then
+/// the client's DREQ answered.
+#[test]
+fn rping_over_the_vms_own_cm() {
+    use vhost_user_rdma_tests::rping;
+    let d = daemon(2, |_| {});
+    let (a, b) = (open(&d, 0), open(&d, 1));
+    let server_ip = std::net::Ipv6Addr::from(b.dev.gid())
+        .to_ipv4_mapped()
+        .unwrap();
+    let opts = rping::Options {
+        size: 64,
+        count: 0,
+        verify: true,
+        timeout: std::time::Duration::from_secs(60),
+    };
+    std::thread::scope(|s| {
+        let server = s.spawn(|| rping::server(&b.dev, 7174, &opts).map_err(|e| e.to_string()));
+        let client_opts = rping::Options {
+            count: 12,
+            ..opts.clone()
+        };
+        let pinged = rping::client(
+            &a.dev,
+            server_ip.into(),
+            7174,
+            &client_opts,
+            std::time::Duration::from_secs(60),
+        )
+        .unwrap();
+        assert_eq!(pinged, 12);
+        assert_eq!(server.join().unwrap().unwrap(), 12);
+    });
+}
+
+/// A connection request for a port nobody listens on is rejected with
+/// "invalid service ID", as rdma_cm's hosts do.
+#[test]
+fn a_request_for_a_port_nobody_listens_on_is_rejected() {
+    use vhost_user_rdma_tests::cm_agent::{CmError, CmPort, ConnParam};
+    use virtio_rdma_driver::{Cq, Qp, QpInit};
+    let d = daemon(2, |_| {});
+    let (a, b) = (open(&d, 0), open(&d, 1));
+    let server_ip = std::net::Ipv6Addr::from(b.dev.gid())
+        .to_ipv4_mapped()
+        .unwrap();
+    std::thread::scope(|s| {
+        let server = s.spawn(|| {
+            let mut cm = CmPort::open(&b.dev).map_err(|e| e.to_string())?;
+            let cq = Cq::create(&b.dev, 4).map_err(|e| e.to_string())?;
+            let qp = Qp::create(cm.pd(), &QpInit::rc(&cq)).map_err(|e| e.to_string())?;
+            // Listens on 7000; the client asks for 7001 first.
+            cm.accept(
+                &qp,
+                7000,
+                &ConnParam::default(),
+                std::time::Duration::from_secs(60),
+            )
+            .map(|c| c.remote_qpn)
+            .map_err(|e| e.to_string())
+        });
+        let mut cm = CmPort::open(&a.dev).unwrap();
+        let cq = Cq::create(&a.dev, 4).unwrap();
+        let qp = Qp::create(cm.pd(), &QpInit::rc(&cq)).unwrap();
+        // Until the server's QP 1 exists, the REQ may go unanswered or be
+        // refused; either way it is refused for this port.
+        match cm.connect(&qp, server_ip.into(), 7001, &ConnParam::default()) {
+            Err(CmError::Rejected { reason }) => assert_eq!(reason, 8),
+            other => panic!("{other:?}"),
+        }
+        let qp2 = Qp::create(cm.pd(), &QpInit::rc(&cq)).unwrap();
+        let conn = cm
+            .connect(&qp2, server_ip.into(), 7000, &ConnParam::default())
+            .unwrap();
+        assert_eq!(server.join().unwrap().unwrap(), qp2.qpn());
+        assert_eq!(conn.peer_ip(), std::net::IpAddr::from(server_ip));
+    });
+}

@@ -19,6 +19,9 @@
 //! rdma-peer write-bw --socket PATH --role server|client --tcp ADDR:PORT
 //!           [-s SIZE] [-n ITERS] [--tx-depth D] [--timeout-secs N]
 //! rdma-peer fill --socket PATH [--max N] [--hold-secs S]
+//! rdma-peer rping-server --socket PATH --port P [--size S] [--count N]
+//! rdma-peer rping-client --socket PATH --addr IP --port P [--count N]
+//!           [--size S] [--verify] [--retry-rejected-secs T]
 //! rdma-peer cm-probe --socket PATH --role server|client --tcp ADDR:PORT
 //!           --port CM_PORT [--timeout-secs N]
 //! ```
@@ -56,6 +59,15 @@
 //!   for it) receives and rejects; the client checks the REJ. Ends with
 //!   `rdma-peer: cm-probe ok (...)` on both sides.
 //!
+//! - `rping-server`, `rping-client`: `vhost_user_rdma_tests::rping` over
+//!   the VM's own CM (`vhost_user_rdma_tests::cm_agent`, IB CM on QP 1 as
+//!   rdma_cm speaks it): rping's protocol, so that the other side may be
+//!   the unmodified `rping -c`/`rping -s` on another host. The client
+//!   prints rping's `ping data: ...` lines and ends with
+//!   `rdma-peer: rping-client: N pings verified` (`--verify`); the server
+//!   prints `server ping data: ...` and `rdma-peer: rping-server: N pings
+//!   served` once the client disconnected.
+//!
 //! `exchange`, `ud`, `write-lat`, `write-bw` and `cm-probe` share the TCP set-up: the
 //! server listens on ADDR:PORT and takes one connection, the client
 //! connects to it (retrying until the server listens).
@@ -69,9 +81,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args as ClapArgs, Parser, Subcommand, ValueEnum};
-use vhost_user_rdma_tests::cm_probe;
 use vhost_user_rdma_tests::transport::VmmTransport;
 use vhost_user_rdma_tests::vmm::{TestVmm, VmmOptions};
+use vhost_user_rdma_tests::{cm_probe, rping};
 use virtio_rdma_apps::exchange::{self, Options, Role};
 use virtio_rdma_apps::oob::TcpOob;
 use virtio_rdma_apps::perf;
@@ -275,6 +287,49 @@ enum Cmd {
         /// the TCP server's).
         #[arg(long)]
         peer_addr: Option<std::net::IpAddr>,
+    },
+    /// `rping -s` on the VM: takes one rdma_cm connection on PORT through
+    /// the VM's CM (QP 1) and serves rping's protocol until the client
+    /// disconnects.
+    RpingServer {
+        #[command(flatten)]
+        vm: Vm,
+        /// The rdma_cm port (TCP port space) to accept on.
+        #[arg(long)]
+        port: u16,
+        /// Buffer size (rping's -S).
+        #[arg(long, default_value_t = 64)]
+        size: usize,
+        /// Stop waiting for more after this many pings (0: until the
+        /// client disconnects).
+        #[arg(long, default_value_t = 0)]
+        count: u64,
+    },
+    /// `rping -c` on the VM: connects through the VM's CM to an rdma_cm
+    /// listener at ADDR:PORT (for instance a native `rping -s`) and pings.
+    RpingClient {
+        #[command(flatten)]
+        vm: Vm,
+        /// The server's IP address.
+        #[arg(long)]
+        addr: std::net::IpAddr,
+        /// Its rdma_cm port (TCP port space).
+        #[arg(long)]
+        port: u16,
+        /// Pings (rping's -C).
+        #[arg(long, default_value_t = 10)]
+        count: u64,
+        /// Buffer size (rping's -S).
+        #[arg(long, default_value_t = 64)]
+        size: usize,
+        /// Compare each ping's data (rping's -V).
+        #[arg(long)]
+        verify: bool,
+        /// Retry a connection the peer rejects for having no listener on
+        /// the port, for up to this many seconds (a script that starts
+        /// both sides at once).
+        #[arg(long, default_value_t = 0)]
+        retry_rejected_secs: u64,
     },
     /// CQs until the device refuses one: a VM taking its share.
     Fill {
@@ -499,6 +554,47 @@ fn run(args: Args) -> Result<(), BoxError> {
                     cm_probe::client(&dev, ip, port, &mut oob, timeout)?;
                 }
             }
+        }
+        Cmd::RpingServer {
+            vm,
+            port,
+            size,
+            count,
+        } => {
+            let timeout = Duration::from_secs(vm.timeout_secs);
+            let dev = open(&vm.socket, timeout)?;
+            let opts = rping::Options {
+                size,
+                count,
+                verify: false,
+                timeout,
+            };
+            rping::server(&dev, port, &opts)?;
+        }
+        Cmd::RpingClient {
+            vm,
+            addr,
+            port,
+            count,
+            size,
+            verify,
+            retry_rejected_secs,
+        } => {
+            let timeout = Duration::from_secs(vm.timeout_secs);
+            let dev = open(&vm.socket, timeout)?;
+            let opts = rping::Options {
+                size,
+                count,
+                verify,
+                timeout,
+            };
+            rping::client(
+                &dev,
+                addr,
+                port,
+                &opts,
+                Duration::from_secs(retry_rejected_secs),
+            )?;
         }
         Cmd::Fill { vm, max, hold_secs } => {
             let dev = open(&vm.socket, Duration::from_secs(vm.timeout_secs))?;

@@ -1,0 +1,526 @@
+//! A connection manager on the reference driver: IB CM over the VM's GSI
+//! QP, as Linux's `rdma_cm` speaks it on RoCE (the TCP port space, service
+//! ID `0x0106_0000 | port`, the `rdma_cm` header with the IP addresses at
+//! the start of the REQ's private data, IPv4-mapped GIDs), so that its
+//! peer may be an unmodified `rdma_cm` application — through the soft
+//! RNIC's MAD routing, or through the libibverbs transport's CM bridge and
+//! the hosts' own `rdma_cm`.
+//!
+//! - Active side ([`CmPort::connect`]): REQ, retransmitted until a REP,
+//!   REJ or MRA answers it (an MRA extends the wait); the QP to RTR and RTS
+//!   with the REP's values; RTU.
+//! - Passive side ([`CmPort::accept`]): waits for a REQ for its port (a
+//!   REQ for any other is rejected, "invalid service ID", as a host with
+//!   no listener does); the QP to RTR and RTS with the REQ's values; REP,
+//!   retransmitted until the RTU arrives.
+//! - Disconnection ([`CmPort::disconnect`], [`CmPort::poll_dreq`]): DREQ
+//!   retransmitted until the DREP; a DREQ answered with a DREP.
+//!
+//! Everything received is checked against the connection it claims to
+//! belong to (communication IDs, sender's GID); what fits none is
+//! dropped and counted, never answered with this side's state.
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use ib_cm_wire::cm::{rej_reason, transport, which};
+use ib_cm_wire::cma::{self, CmaHeader};
+use ib_cm_wire::{CmMessage, Drep, Dreq, Path, Rej, Rep, Req, Rtu};
+use virtio_rdma_abi::mem::access;
+use virtio_rdma_abi::qp::Mtu;
+use virtio_rdma_driver::{Device, Qp, RcConnect};
+
+use crate::gsi_port::{gid_ip, ip_gid, Gsi, Received};
+
+type BoxError = Box<dyn std::error::Error>;
+
+/// How long one REQ, REP or DREQ waits for its answer before it is sent
+/// again (rdma_cm's default CM response timeout, 2^20 × 4.096 µs ≈ 4.3 s).
+const RESPONSE_WAIT: Duration = Duration::from_millis(4300);
+/// Sends of one REQ, REP or DREQ before the exchange is given up
+/// (rdma_cm's `max_cm_retries`).
+const MAX_SENDS: u32 = 15;
+/// The CM response timeout code this side announces (2^20 × 4.096 µs).
+const CM_RESPONSE_TIMEOUT: u8 = 20;
+/// The local ACK timeout code of the path (as rdma_cm on RoCE: ~1 s).
+const ACK_TIMEOUT: u8 = 18;
+
+/// Parameters of a connection, as `rdma_conn_param`.
+#[derive(Debug, Clone)]
+pub struct ConnParam {
+    /// RDMA READ/atomic this side accepts as responder.
+    pub responder_resources: u8,
+    /// RDMA READ/atomic this side has outstanding as initiator.
+    pub initiator_depth: u8,
+    /// Transport retries.
+    pub retry_count: u8,
+    /// RNR retries (7: forever).
+    pub rnr_retry_count: u8,
+    /// The user's private data (after the rdma_cm header in a REQ).
+    pub private_data: Vec<u8>,
+}
+
+impl Default for ConnParam {
+    /// As `rping`'s: one READ each way, 7 retries of each kind.
+    fn default() -> Self {
+        ConnParam {
+            responder_resources: 1,
+            initiator_depth: 1,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            private_data: Vec::new(),
+        }
+    }
+}
+
+/// An established connection.
+#[derive(Debug, Clone)]
+pub struct Connection {
+    /// This side's communication ID.
+    pub local_comm_id: u32,
+    /// The peer's communication ID.
+    pub remote_comm_id: u32,
+    /// The peer's GID (IPv4-mapped for IPv4).
+    pub peer_gid: [u8; 16],
+    /// The peer's QP number.
+    pub remote_qpn: u32,
+    /// The private data the peer sent (its REQ's after the rdma_cm
+    /// header, or its REP's).
+    pub private_data: Vec<u8>,
+}
+
+impl Connection {
+    /// The peer's IP address.
+    pub fn peer_ip(&self) -> IpAddr {
+        gid_ip(self.peer_gid)
+    }
+}
+
+/// Why a connection attempt failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CmError {
+    /// The peer rejected it (IBTA reason code; 8: no listener).
+    #[error("rejected by the peer: reason {reason} ({})", rej_name(*.reason))]
+    Rejected {
+        /// The REJ's reason.
+        reason: u16,
+    },
+    /// No answer after every retransmission.
+    #[error("no answer from the peer to the {0} after {MAX_SENDS} sends")]
+    Timeout(&'static str),
+    /// Anything else: the device, a bad message.
+    #[error("{0}")]
+    Other(String),
+}
+
+impl From<Box<dyn std::error::Error>> for CmError {
+    fn from(e: Box<dyn std::error::Error>) -> Self {
+        CmError::Other(e.to_string())
+    }
+}
+
+impl From<virtio_rdma_driver::Error> for CmError {
+    fn from(e: virtio_rdma_driver::Error) -> Self {
+        CmError::Other(e.to_string())
+    }
+}
+
+fn rej_name(reason: u16) -> &'static str {
+    match reason {
+        rej_reason::NO_QP => "no QP",
+        rej_reason::NO_RESOURCES => "no resources",
+        rej_reason::TIMEOUT => "timeout",
+        rej_reason::INVALID_SERVICE_ID => "invalid service ID: nothing listens there",
+        rej_reason::STALE_CONN => "stale connection",
+        rej_reason::CONSUMER_DEFINED => "consumer defined",
+        _ => "see IBTA 12.6.7",
+    }
+}
+
+/// A random 32-bit value (communication IDs, PSNs, transaction IDs).
+fn random_u32() -> u32 {
+    let mut h = RandomState::new().build_hasher();
+    h.write_u128(
+        Instant::now()
+            .elapsed()
+            .as_nanos()
+            .wrapping_add(u128::from(std::process::id())),
+    );
+    (h.finish() >> 16) as u32
+}
+
+/// The path MTU code for an MTU code of a message, at most `port`'s.
+fn mtu(code: u8, port: u32) -> Mtu {
+    let c = u32::from(code).clamp(1, 5).min(port.clamp(1, 5));
+    match c {
+        1 => Mtu::MTU_256,
+        2 => Mtu::MTU_512,
+        3 => Mtu::MTU_1024,
+        4 => Mtu::MTU_2048,
+        _ => Mtu::MTU_4096,
+    }
+}
+
+/// A VM's CM endpoint: its GSI QP.
+pub struct CmPort<'d> {
+    dev: &'d Device,
+    gsi: Gsi,
+    /// MADs that fit no exchange of this port (dropped).
+    dropped: u64,
+}
+
+impl<'d> CmPort<'d> {
+    /// Opens the VM's GSI QP (the device must offer `F_GSI`).
+    pub fn open(dev: &'d Device) -> Result<Self, BoxError> {
+        Ok(CmPort {
+            dev,
+            gsi: Gsi::open(dev)?,
+            dropped: 0,
+        })
+    }
+
+    /// The protection domain of the GSI QP, for the application's QP too.
+    pub fn pd(&self) -> &std::sync::Arc<virtio_rdma_driver::Pd> {
+        &self.gsi.pd
+    }
+
+    /// MADs dropped so far (not for any exchange of this port).
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// This VM's IP address (its device GID's).
+    pub fn ip(&self) -> IpAddr {
+        gid_ip(self.dev.gid())
+    }
+
+    fn send(&self, dgid: [u8; 16], msg: CmMessage) -> Result<(), BoxError> {
+        let mad = msg.emit(u64::from(random_u32()))?;
+        self.gsi.send(self.dev, dgid, &mad, RESPONSE_WAIT)
+    }
+
+    /// The next CM message before `deadline`, or `None`; other MADs are
+    /// dropped.
+    fn next(&mut self, deadline: Instant) -> Result<Option<([u8; 16], CmMessage)>, BoxError> {
+        loop {
+            match self.gsi.receive_until(deadline)? {
+                Some(Received::Cm(grh, msg)) => return Ok(Some((grh.sgid, msg))),
+                Some(Received::Dropped(why)) => {
+                    log::debug!("CM: dropped a MAD: {why}");
+                    self.dropped += 1;
+                }
+                None => return Ok(None),
+            }
+        }
+    }
+
+    /// Rejects `req` from `from` with `reason`.
+    fn reject(&self, from: [u8; 16], req: &Req, reason: u16) -> Result<(), BoxError> {
+        let rej = Rej {
+            local_comm_id: random_u32(),
+            remote_comm_id: req.local_comm_id,
+            message_rejected: which::REQ,
+            reason,
+            ari: Vec::new(),
+            private_data: Vec::new(),
+        };
+        self.send(from, CmMessage::Rej(rej))
+    }
+
+    /// Connects RC `qp` (in RESET or INIT, of [`CmPort::pd`]'s device) to the
+    /// rdma_cm listener at `peer`:`port`.
+    pub fn connect(
+        &mut self,
+        qp: &Qp,
+        peer: IpAddr,
+        port: u16,
+        param: &ConnParam,
+    ) -> Result<Connection, CmError> {
+        let peer_gid = ip_gid(peer);
+        let hdr = CmaHeader {
+            src_port: u16::try_from(random_u32() % 28_000 + 32_768).unwrap_or(40_000),
+            src: self.ip(),
+            dst: peer,
+        };
+        let comm_id = random_u32();
+        let psn = random_u32() & 0xff_ffff;
+        let port_mtu = self.dev.port_attr().active_mtu;
+        let req = Req {
+            local_comm_id: comm_id,
+            service_id: cma::service_id(cma::ps::TCP, port),
+            local_qpn: qp.qpn(),
+            responder_resources: param.responder_resources,
+            initiator_depth: param.initiator_depth,
+            remote_cm_response_timeout: CM_RESPONSE_TIMEOUT,
+            transport_service_type: transport::RC,
+            end_to_end_flow_control: true,
+            starting_psn: psn,
+            local_cm_response_timeout: CM_RESPONSE_TIMEOUT,
+            retry_count: param.retry_count,
+            partition_key: 0xffff,
+            path_mtu: mtu(5, port_mtu) as u8,
+            rnr_retry_count: param.rnr_retry_count,
+            max_cm_retries: MAX_SENDS as u8,
+            primary: Path {
+                local_lid: 0xffff,
+                remote_lid: 0xffff,
+                local_gid: self.dev.gid(),
+                remote_gid: peer_gid,
+                hop_limit: 64,
+                local_ack_timeout: ACK_TIMEOUT,
+                ..Path::default()
+            },
+            private_data: hdr
+                .with_user_data(&param.private_data)
+                .map_err(|e| CmError::Other(e.to_string()))?,
+            ..Req::default()
+        };
+        let mut sends = 0;
+        let rep = 'exchange: loop {
+            if sends == MAX_SENDS {
+                return Err(CmError::Timeout("REQ"));
+            }
+            self.send(peer_gid, CmMessage::Req(req.clone()))?;
+            sends += 1;
+            let mut deadline = Instant::now() + RESPONSE_WAIT;
+            while let Some((from, msg)) = self.next(deadline)? {
+                match msg {
+                    CmMessage::Rep(rep) if rep.remote_comm_id == comm_id && from == peer_gid => {
+                        break 'exchange rep;
+                    }
+                    CmMessage::Rej(rej) if rej.remote_comm_id == comm_id && from == peer_gid => {
+                        return Err(CmError::Rejected { reason: rej.reason });
+                    }
+                    CmMessage::Mra(mra) if mra.remote_comm_id == comm_id && from == peer_gid => {
+                        // The peer needs longer: 4.096 µs × 2^timeout more.
+                        let t = 4096u64 << u32::from(mra.service_timeout.min(31));
+                        deadline = Instant::now() + RESPONSE_WAIT + Duration::from_nanos(t);
+                    }
+                    other => self.stray(from, &other),
+                }
+            }
+        };
+        let mut c = RcConnect::new(rep.local_qpn, peer_gid);
+        c.path_mtu = mtu(req.path_mtu, port_mtu);
+        c.rq_psn = rep.starting_psn;
+        c.sq_psn = psn;
+        // What the peer accepts as responder bounds what this side issues.
+        c.max_rd_atomic = u32::from(param.initiator_depth.min(rep.responder_resources));
+        c.max_dest_rd_atomic = u32::from(param.responder_resources);
+        c.timeout = u32::from(ACK_TIMEOUT);
+        c.retry_cnt = u32::from(param.retry_count);
+        c.rnr_retry = u32::from(rep.rnr_retry_count);
+        qp.rc_connect(
+            access::LOCAL_WRITE | access::REMOTE_READ | access::REMOTE_WRITE,
+            &c,
+        )?;
+        self.send(
+            peer_gid,
+            CmMessage::Rtu(Rtu {
+                local_comm_id: comm_id,
+                remote_comm_id: rep.local_comm_id,
+                private_data: Vec::new(),
+            }),
+        )?;
+        Ok(Connection {
+            local_comm_id: comm_id,
+            remote_comm_id: rep.local_comm_id,
+            peer_gid,
+            remote_qpn: rep.local_qpn,
+            private_data: rep.private_data,
+        })
+    }
+
+    /// Waits up to `timeout` for a connection request to `port` and
+    /// connects RC `qp` (in RESET or INIT) to it.
+    pub fn accept(
+        &mut self,
+        qp: &Qp,
+        port: u16,
+        param: &ConnParam,
+        timeout: Duration,
+    ) -> Result<Connection, CmError> {
+        let wanted = cma::service_id(cma::ps::TCP, port);
+        let until = Instant::now() + timeout;
+        let (from, req) = loop {
+            let Some((from, msg)) = self.next(until)? else {
+                return Err(CmError::Other(format!(
+                    "no connection request for port {port} within {timeout:?}"
+                )));
+            };
+            match msg {
+                CmMessage::Req(req) if req.service_id == wanted => {
+                    if req.transport_service_type != transport::RC
+                        || CmaHeader::parse(&req.private_data).is_err()
+                    {
+                        self.reject(from, &req, rej_reason::CONSUMER_DEFINED)?;
+                        continue;
+                    }
+                    break (from, req);
+                }
+                CmMessage::Req(req) => self.reject(from, &req, rej_reason::INVALID_SERVICE_ID)?,
+                other => self.stray(from, &other),
+            }
+        };
+        let user = req
+            .private_data
+            .get(cma::CMA_HEADER_SIZE..)
+            .unwrap_or_default()
+            .to_vec();
+        let comm_id = random_u32();
+        let psn = random_u32() & 0xff_ffff;
+        let port_mtu = self.dev.port_attr().active_mtu;
+        let mut c = RcConnect::new(req.local_qpn, from);
+        c.path_mtu = mtu(req.path_mtu, port_mtu);
+        c.rq_psn = req.starting_psn;
+        c.sq_psn = psn;
+        let responder = param.responder_resources.min(req.initiator_depth);
+        let initiator = param.initiator_depth.min(req.responder_resources);
+        c.max_dest_rd_atomic = u32::from(responder);
+        c.max_rd_atomic = u32::from(initiator);
+        c.timeout = u32::from(req.primary.local_ack_timeout.max(1));
+        c.retry_cnt = u32::from(req.retry_count);
+        c.rnr_retry = u32::from(param.rnr_retry_count);
+        qp.rc_connect(
+            access::LOCAL_WRITE | access::REMOTE_READ | access::REMOTE_WRITE,
+            &c,
+        )?;
+        let rep = Rep {
+            local_comm_id: comm_id,
+            remote_comm_id: req.local_comm_id,
+            local_qpn: qp.qpn(),
+            starting_psn: psn,
+            responder_resources: responder,
+            initiator_depth: initiator,
+            target_ack_delay: 15,
+            end_to_end_flow_control: true,
+            rnr_retry_count: param.rnr_retry_count,
+            private_data: param.private_data.clone(),
+            ..Rep::default()
+        };
+        let mut sends = 0;
+        'rtu: loop {
+            if sends == MAX_SENDS {
+                return Err(CmError::Timeout("REP"));
+            }
+            self.send(from, CmMessage::Rep(rep.clone()))?;
+            sends += 1;
+            let deadline = Instant::now() + RESPONSE_WAIT;
+            loop {
+                match self.next(deadline)? {
+                    Some((f, CmMessage::Rtu(rtu)))
+                        if f == from && rtu.remote_comm_id == comm_id =>
+                    {
+                        break 'rtu;
+                    }
+                    Some((f, CmMessage::Rej(rej)))
+                        if f == from && rej.remote_comm_id == comm_id =>
+                    {
+                        return Err(CmError::Rejected { reason: rej.reason });
+                    }
+                    // The peer did not see the REP: it sends its REQ again.
+                    Some((f, CmMessage::Req(r)))
+                        if f == from && r.local_comm_id == req.local_comm_id =>
+                    {
+                        break;
+                    }
+                    Some((f, other)) => self.stray(f, &other),
+                    None => break,
+                }
+            }
+        }
+        Ok(Connection {
+            local_comm_id: comm_id,
+            remote_comm_id: req.local_comm_id,
+            peer_gid: from,
+            remote_qpn: req.local_qpn,
+            private_data: user,
+        })
+    }
+
+    /// Disconnects `conn` of `qp`: DREQ until the DREP; the QP goes to ERR.
+    pub fn disconnect(&mut self, qp: &Qp, conn: &Connection) -> Result<(), CmError> {
+        qp.to_error()?;
+        let dreq = Dreq {
+            local_comm_id: conn.local_comm_id,
+            remote_comm_id: conn.remote_comm_id,
+            remote_qpn: conn.remote_qpn,
+            private_data: Vec::new(),
+        };
+        for _ in 0..MAX_SENDS {
+            self.send(conn.peer_gid, CmMessage::Dreq(dreq.clone()))?;
+            let deadline = Instant::now() + RESPONSE_WAIT;
+            while let Some((from, msg)) = self.next(deadline)? {
+                match msg {
+                    CmMessage::Drep(d)
+                        if from == conn.peer_gid && d.remote_comm_id == conn.local_comm_id =>
+                    {
+                        return Ok(());
+                    }
+                    // Both sides disconnecting at once: answer, and that is it.
+                    CmMessage::Dreq(d)
+                        if from == conn.peer_gid && d.remote_comm_id == conn.local_comm_id =>
+                    {
+                        self.answer_dreq(conn)?;
+                        return Ok(());
+                    }
+                    other => self.stray(from, &other),
+                }
+            }
+        }
+        Err(CmError::Timeout("DREQ"))
+    }
+
+    /// Looks for the peer's DREQ of `conn` until `deadline`: answers it
+    /// with a DREP and moves `qp` to ERR; true if it came.
+    pub fn poll_dreq(
+        &mut self,
+        qp: &Qp,
+        conn: &Connection,
+        deadline: Instant,
+    ) -> Result<bool, CmError> {
+        while let Some((from, msg)) = self.next(deadline)? {
+            match msg {
+                CmMessage::Dreq(d)
+                    if from == conn.peer_gid && d.remote_comm_id == conn.local_comm_id =>
+                {
+                    qp.to_error()?;
+                    self.answer_dreq(conn)?;
+                    return Ok(true);
+                }
+                // The peer missed the RTU-less establishment: a duplicate
+                // RTU or REQ retransmission means nothing now.
+                other => self.stray(from, &other),
+            }
+        }
+        Ok(false)
+    }
+
+    fn answer_dreq(&self, conn: &Connection) -> Result<(), BoxError> {
+        self.send(
+            conn.peer_gid,
+            CmMessage::Drep(Drep {
+                local_comm_id: conn.local_comm_id,
+                remote_comm_id: conn.remote_comm_id,
+                private_data: Vec::new(),
+            }),
+        )
+    }
+
+    /// A message for no exchange under way: a REQ is refused as a host
+    /// without a listener refuses it; anything else is dropped.
+    fn stray(&mut self, from: [u8; 16], msg: &CmMessage) {
+        if let CmMessage::Req(req) = msg {
+            if self
+                .reject(from, req, rej_reason::INVALID_SERVICE_ID)
+                .is_ok()
+            {
+                return;
+            }
+        }
+        log::debug!("CM: dropped a stray {msg:?}");
+        self.dropped += 1;
+    }
+}
