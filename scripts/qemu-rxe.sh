@@ -15,6 +15,10 @@
 #         of host 1, whose daemon listens on it for its VM 0 (`--cm-listen vm0=7480`); that VM
 #         gets it as a REQ MAD and rejects it, and host 2's VM gets the REJ (rdma-peer
 #         cm-probe: REQ and REJ only, no connection);
+#       * rping across hosts through the CM bridges, unmodified on the native side: a VM on host 1
+#         (`rdma-peer rping-client`, its own CM on QP 1) against native `rping -s` on host 2, and
+#         native `rping -c -V` on host 2 against a VM on host 1 (`rdma-peer rping-server` on
+#         the port its daemon listens on for it), 20 pings each, data verified;
 #       * interop with unmodified rdma-core: a VM against `ibv_rc_pingpong` running natively on
 #         the other host, the VM as server and as client;
 #       * latency, bandwidth and 64-byte message rate through the daemon (rdma-peer
@@ -116,6 +120,9 @@ srv_steps="step DEVINFO ibv_devinfo -d rxe0
   step VM-EXCHANGE $(peer exchange 0) --role server --tcp 0.0.0.0:7471
   step VM-UD $(peer ud 0) --role server --tcp 0.0.0.0:7472 -n 50
   step VM-CM-PROBE $(peer cm-probe 0) --role server --tcp 0.0.0.0:7478 --port 7480
+  step CM-RPING-VM-CLIENT $(peer rping-client 0) --addr 10.43.0.2 --port 7181 --count 20 --verify \
+    --retry-rejected-secs 120
+  step CM-RPING-VM-SERVER $(peer rping-server 0) --port 7480
   step INTEROP-VM-SERVER $(peer pingpong 1) --server -n 200
   run INTEROP-NATIVE-SERVER ibv_rc_pingpong -g 1 -n 200
   step VM-PP64 $(peer pingpong 0) --server -n 200 -s 64
@@ -134,6 +141,8 @@ cli_steps="peer=10.43.0.1; until ping -c 1 -W 1 \$peer >/dev/null; do sleep 1; d
   step VM-EXCHANGE $(peer exchange 0) --role client --tcp 10.43.0.1:7471
   step VM-UD $(peer ud 0) --role client --tcp 10.43.0.1:7472 -n 50
   step VM-CM-PROBE $(peer cm-probe 0) --role client --tcp 10.43.0.1:7478 --port 7480
+  step CM-RPING-VM-CLIENT linebuf rping -s -a 10.43.0.2 -p 7181 -v
+  step CM-RPING-VM-SERVER rping_c 10.43.0.1 7480
   run INTEROP-VM-SERVER ibv_rc_pingpong -g 1 -n 200
   step INTEROP-NATIVE-SERVER $(peer pingpong 1) --client 10.43.0.1 -n 200
   step VM-PP64 $(peer pingpong 0) --client 10.43.0.1 -n 200 -s 64
@@ -170,6 +179,18 @@ wait_gid() {
     i=$((i + 1))
     sleep 0.1
   done
+}
+# rping_c ADDR PORT: native rping's client, 20 pings, data verified (-V); connected again while
+# nothing listens on the port yet (the VM's server starts in the same step as this).
+rping_c() {
+  local i=0
+  until linebuf rping -c -a "$1" -p "$2" -C 20 -V -v >/tmp/rping.out 2>&1; do
+    cat /tmp/rping.out
+    grep -q -e REJECTED -e 'connect error' /tmp/rping.out && [ $i -lt 120 ] || return 1
+    i=$((i + 1))
+    sleep 1
+  done
+  cat /tmp/rping.out
 }
 daemon() {
   vhost-user-rdma --rnic verbs --rnic-device rxe0 --gid-index 1 --remote-gid "$1" \
@@ -337,6 +358,12 @@ for g in server client; do
     failed "$g: kernel warnings (or no kernel log)"
   fi
 done
+check_after CM-RPING-VM-CLIENT "rping: a VM on host 1 (its own CM on QP 1, host 1's CM bridge) against native \`rping -s\` on host 2: 20 pings verified" \
+  '^rdma-peer: rping-client: 20 pings verified' server
+check_after CM-RPING-VM-CLIENT "... native rping -s on host 2 served them" '^server ping data: rdma-ping-19: ' client
+check_after CM-RPING-VM-SERVER "rping: native \`rping -c -V\` on host 2 against a VM on host 1 (cm_listen 7480): 20 pings verified" \
+  '^ping data: rdma-ping-19: ' client
+check_after CM-RPING-VM-SERVER "... the VM served them and took the disconnection" '^rdma-peer: rping-server: 20 pings served' server
 check_after VM-WRITE-LAT "write latency through the daemons (2 B, µs)" '^write_lat: size 2 ' client
 check_after VM-WRITE-BW "write bandwidth through the daemons (65536 B)" '^write_bw: size 65536 ' client
 check_after VM-WRITE-BW "the daemon's CPU time and work requests during it" '^DAEMON-CPU ticks [0-9]+ wqes [1-9]' client
