@@ -668,7 +668,9 @@ chmod +x "$dir/cm-inbox"
   echo 'cstep CM-RDMA serve rdma_server -s $ME'
   # (perftest's server listens on any address.)
   echo 'cstep CM-SEND-BW serve --any ib_send_bw -R -d $DEV -n 100'
-  echo 'cstep CM-WRITE-LAT serve --any ib_write_lat -R -d $DEV -n 100'
+  # Each perftest pair on a port of its own: a listener on the port the previous server has just
+  # left can miss the device (rdma_cm's per-device listen then fails, and the REQ gets REJ 8).
+  echo 'cstep CM-WRITE-LAT serve --any ib_write_lat -R -d $DEV -n 100 -p 18516'
   echo 'cstep NVMET-SETUP nvmet_setup_step'
   echo 'cstep NVMET-DATA nvmet_data'
   echo 'cstep RESET-DEVICE reset_device'
@@ -688,7 +690,7 @@ chmod +x "$dir/cm-inbox"
   echo 'cstep CM-UDADDY call udaddy -s $PEER'
   echo 'cstep CM-RDMA call rdma_client -s $PEER'
   echo 'cstep CM-SEND-BW call ib_send_bw -R -d $DEV -n 100 $PEER'
-  echo 'cstep CM-WRITE-LAT call ib_write_lat -R -d $DEV -n 100 $PEER'
+  echo 'cstep CM-WRITE-LAT call ib_write_lat -R -d $DEV -n 100 -p 18516 $PEER'
   echo 'cstep NVME-DISCOVER nvme_discover'
   echo 'cstep NVME-CONNECT nvme_connect'
   echo 'cstep NVME-WRITE nvme_write'
