@@ -711,22 +711,26 @@ fn the_cm_probe_between_two_vms() {
 /// the client's DREQ answered.
 #[test]
 fn rping_over_the_vms_own_cm() {
-    use vhost_user_rdma_tests::rping;
+    use virtio_rdma_apps::rping;
     let d = daemon(2, |_| {});
     let (a, b) = (open(&d, 0), open(&d, 1));
     let server_ip = std::net::Ipv6Addr::from(b.dev.gid())
         .to_ipv4_mapped()
         .unwrap();
     let opts = rping::Options {
-        size: 64,
+        size: 100,
         count: 0,
         verify: true,
         timeout: std::time::Duration::from_secs(60),
+        gid_index: None,
+        timers: Default::default(),
     };
     std::thread::scope(|s| {
         let server = s.spawn(|| rping::server(&b.dev, 7174, &opts).map_err(|e| e.to_string()));
         let client_opts = rping::Options {
-            count: 12,
+            count: 20,
+            // Speaks from the same GID, named by its index.
+            gid_index: Some(a.dev.gid_index()),
             ..opts.clone()
         };
         let pinged = rping::client(
@@ -737,16 +741,17 @@ fn rping_over_the_vms_own_cm() {
             std::time::Duration::from_secs(60),
         )
         .unwrap();
-        assert_eq!(pinged, 12);
-        assert_eq!(server.join().unwrap().unwrap(), 12);
+        assert_eq!(pinged, 20);
+        assert_eq!(server.join().unwrap().unwrap(), 20);
     });
+    assert_eq!((d.traffic(0).mad_dropped, d.traffic(1).mad_dropped), (0, 0));
 }
 
 /// A connection request for a port nobody listens on is rejected with
 /// "invalid service ID", as rdma_cm's hosts do.
 #[test]
 fn a_request_for_a_port_nobody_listens_on_is_rejected() {
-    use vhost_user_rdma_tests::cm_agent::{CmError, CmPort, ConnParam};
+    use virtio_rdma_apps::cm_agent::{CmError, CmPort, ConnParam};
     use virtio_rdma_driver::{Cq, Qp, QpInit};
     let d = daemon(2, |_| {});
     let (a, b) = (open(&d, 0), open(&d, 1));
@@ -783,5 +788,111 @@ fn a_request_for_a_port_nobody_listens_on_is_rejected() {
             .unwrap();
         assert_eq!(server.join().unwrap().unwrap(), qp2.qpn());
         assert_eq!(conn.peer_ip(), std::net::IpAddr::from(server_ip));
+    });
+}
+
+/// A server that went away (its QP 1 destroyed): the client's REQ is sent
+/// as often as its timers say, every send dropped by the RNIC for want of
+/// a QP 1 there, and the connection attempt ends in a timeout.
+#[test]
+fn a_request_to_a_server_that_went_away_times_out() {
+    use virtio_rdma_apps::cm_agent::{CmError, CmPort, ConnParam, Timers};
+    use virtio_rdma_driver::{Cq, Qp, QpInit};
+    let d = daemon(2, |_| {});
+    let (a, b) = (open(&d, 0), open(&d, 1));
+    let server_ip = std::net::Ipv6Addr::from(b.dev.gid())
+        .to_ipv4_mapped()
+        .unwrap();
+    // The server had its CM up, then went away.
+    drop(CmPort::open(&b.dev).unwrap());
+    let mut cm = CmPort::open(&a.dev).unwrap();
+    cm.set_timers(Timers {
+        response_wait: std::time::Duration::from_millis(50),
+        max_sends: 3,
+    });
+    let cq = Cq::create(&a.dev, 4).unwrap();
+    let qp = Qp::create(cm.pd(), &QpInit::rc(&cq)).unwrap();
+    match cm.connect(&qp, server_ip.into(), 7002, &ConnParam::default()) {
+        Err(CmError::Timeout { what, sends }) => assert_eq!((what, sends), ("REQ", 3)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(d.traffic(0).mad_dropped, 3);
+    // The QP was never connected: still usable for another attempt.
+    assert_ne!(
+        qp.query().unwrap().attr.qp_state,
+        virtio_rdma_abi::qp::QpState::RTS as u32
+    );
+}
+
+/// A hostile peer answers the REQ with an unparseable MAD, a REP in
+/// another transaction, a REP for another communication ID and an RTU:
+/// the client drops all four and takes the one REJ that names its REQ.
+#[test]
+fn the_cm_drops_answers_that_do_not_fit_its_req() {
+    use ib_cm_wire::cm::which;
+    use ib_cm_wire::{CmMessage, Rej, Rep, Rtu};
+    use virtio_rdma_apps::cm_agent::{CmError, CmPort, ConnParam};
+    use virtio_rdma_apps::gsi_port::{Gsi, Received};
+    use virtio_rdma_driver::{Cq, Qp, QpInit};
+    let d = daemon(2, |_| {});
+    let (a, b) = (open(&d, 0), open(&d, 1));
+    let server_ip = std::net::Ipv6Addr::from(b.dev.gid())
+        .to_ipv4_mapped()
+        .unwrap();
+    let timeout = std::time::Duration::from_secs(60);
+    let gsi = Gsi::open(&b.dev).unwrap();
+    std::thread::scope(|s| {
+        let bdev = &b.dev;
+        let hostile = s.spawn(move || -> Result<(), String> {
+            let e = |e: Box<dyn std::error::Error>| e.to_string();
+            let got = gsi
+                .receive_until(std::time::Instant::now() + timeout)
+                .map_err(e)?;
+            let Some(Received::Cm(grh, tid, CmMessage::Req(req))) = got else {
+                return Err("expected a REQ".into());
+            };
+            let send = |m: &[u8]| gsi.send(bdev, grh.sgid, m, timeout).map_err(e);
+            send(&[0xa5; 256])?;
+            let rep = Rep {
+                local_comm_id: 7,
+                remote_comm_id: req.local_comm_id,
+                local_qpn: 0x77,
+                ..Rep::default()
+            };
+            send(
+                &CmMessage::Rep(rep.clone())
+                    .emit(tid ^ 1)
+                    .map_err(|x| x.to_string())?,
+            )?;
+            let other = Rep {
+                remote_comm_id: req.local_comm_id ^ 1,
+                ..rep
+            };
+            send(&CmMessage::Rep(other).emit(tid).map_err(|x| x.to_string())?)?;
+            let rtu = Rtu {
+                local_comm_id: 7,
+                remote_comm_id: req.local_comm_id,
+                private_data: Vec::new(),
+            };
+            send(&CmMessage::Rtu(rtu).emit(tid).map_err(|x| x.to_string())?)?;
+            let rej = Rej {
+                local_comm_id: 7,
+                remote_comm_id: req.local_comm_id,
+                message_rejected: which::REQ,
+                reason: 28,
+                ari: Vec::new(),
+                private_data: Vec::new(),
+            };
+            send(&CmMessage::Rej(rej).emit(tid).map_err(|x| x.to_string())?)
+        });
+        let mut cm = CmPort::open(&a.dev).unwrap();
+        let cq = Cq::create(&a.dev, 4).unwrap();
+        let qp = Qp::create(cm.pd(), &QpInit::rc(&cq)).unwrap();
+        match cm.connect(&qp, server_ip.into(), 7003, &ConnParam::default()) {
+            Err(CmError::Rejected { reason }) => assert_eq!(reason, 28),
+            other => panic!("{other:?}"),
+        }
+        hostile.join().unwrap().unwrap();
+        assert_eq!(cm.dropped(), 4);
     });
 }

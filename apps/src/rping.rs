@@ -27,7 +27,7 @@ use virtio_rdma_driver::{
     Cq, Device, DmaBuf, Mr, Qp, QpCap, QpInit, RecvWr, SendOp, SendWr, WorkCompletion,
 };
 
-use crate::cm_agent::{CmPort, ConnParam};
+use crate::cm_agent::{CmError, CmPort, ConnParam, Timers};
 
 type BoxError = Box<dyn std::error::Error>;
 
@@ -224,6 +224,22 @@ pub struct Options {
     pub verify: bool,
     /// Longest wait for a connection and for each step.
     pub timeout: Duration,
+    /// The GID table index to speak from (`None`: the device handle's).
+    pub gid_index: Option<u8>,
+    /// The CM's retransmission timers.
+    pub timers: Timers,
+}
+
+impl Options {
+    /// The VM's CM endpoint as these options say.
+    fn cm<'d>(&self, dev: &'d Device) -> Result<CmPort<'d>, BoxError> {
+        let mut cm = match self.gid_index {
+            Some(i) => CmPort::open_from(dev, i)?,
+            None => CmPort::open(dev)?,
+        };
+        cm.set_timers(self.timers);
+        Ok(cm)
+    }
 }
 
 /// The client: connects to `peer`:`port`, pings `count` times, disconnects.
@@ -237,13 +253,13 @@ pub fn client(
     if opts.size < MIN_SIZE {
         return Err(format!("a size of at least {MIN_SIZE}").into());
     }
-    let mut cm = CmPort::open(dev)?;
+    let mut cm = opts.cm(dev)?;
     let side = Side::new(&cm, dev, opts.size, opts.timeout)?;
     let until = Instant::now() + retry_rejected;
     let conn = loop {
         match cm.connect(&side.qp, peer, port, &ConnParam::default()) {
             Ok(c) => break c,
-            Err(crate::cm_agent::CmError::Rejected { reason })
+            Err(CmError::Rejected { reason })
                 if reason == ib_cm_wire::cm::rej_reason::INVALID_SERVICE_ID
                     && Instant::now() < until =>
             {
@@ -291,7 +307,10 @@ pub fn client(
 /// The server: takes one connection on `port` and serves pings until the
 /// client disconnects (or after `count` pings, its disconnection).
 pub fn server(dev: &Device, port: u16, opts: &Options) -> Result<u64, BoxError> {
-    let mut cm = CmPort::open(dev)?;
+    if opts.size < MIN_SIZE {
+        return Err(format!("a size of at least {MIN_SIZE}").into());
+    }
+    let mut cm = opts.cm(dev)?;
     let side = Side::new(&cm, dev, opts.size, opts.timeout)?;
     println!("rdma-peer: rping-server: listening on port {port}");
     let conn = cm.accept(&side.qp, port, &ConnParam::default(), opts.timeout)?;

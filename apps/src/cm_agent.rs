@@ -16,9 +16,15 @@
 //! - Disconnection ([`CmPort::disconnect`], [`CmPort::poll_dreq`]): DREQ
 //!   retransmitted until the DREP; a DREQ answered with a DREP.
 //!
-//! Everything received is checked against the connection it claims to
-//! belong to (communication IDs, sender's GID); what fits none is
-//! dropped and counted, never answered with this side's state.
+//! Everything received is checked against the exchange it claims to
+//! belong to (communication IDs, transaction ID, sender's GID, state);
+//! what fits none is dropped and counted, never answered with this side's
+//! state. Transaction IDs are kept as Linux's CM keeps them: a REQ's for
+//! the REP, REJ, MRA and RTU of its exchange, a DREQ's for its DREP.
+//!
+//! The waits are counted in retransmissions ([`Timers`]), each of a
+//! response time, as the IB CM does: there is no overall wall-clock limit
+//! on an exchange that still gets answers (an MRA lengthens it).
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -36,16 +42,33 @@ use crate::gsi_port::{gid_ip, ip_gid, Gsi, Received};
 
 type BoxError = Box<dyn std::error::Error>;
 
-/// How long one REQ, REP or DREQ waits for its answer before it is sent
-/// again (rdma_cm's default CM response timeout, 2^20 × 4.096 µs ≈ 4.3 s).
-const RESPONSE_WAIT: Duration = Duration::from_millis(4300);
-/// Sends of one REQ, REP or DREQ before the exchange is given up
-/// (rdma_cm's `max_cm_retries`).
-const MAX_SENDS: u32 = 15;
+/// How long one MAD send may take to complete on QP 1.
+const SEND_WAIT: Duration = Duration::from_secs(30);
 /// The CM response timeout code this side announces (2^20 × 4.096 µs).
 const CM_RESPONSE_TIMEOUT: u8 = 20;
 /// The local ACK timeout code of the path (as rdma_cm on RoCE: ~1 s).
 const ACK_TIMEOUT: u8 = 18;
+
+/// The CM's retransmission timers.
+#[derive(Debug, Clone, Copy)]
+pub struct Timers {
+    /// How long one REQ, REP or DREQ waits for its answer before it is
+    /// sent again.
+    pub response_wait: Duration,
+    /// Sends of one REQ, REP or DREQ before the exchange is given up.
+    pub max_sends: u32,
+}
+
+impl Default for Timers {
+    /// As rdma_cm's: a CM response timeout of 2^20 × 4.096 µs ≈ 4.3 s and
+    /// 15 sends (`max_cm_retries`).
+    fn default() -> Self {
+        Timers {
+            response_wait: Duration::from_millis(4300),
+            max_sends: 15,
+        }
+    }
+}
 
 /// Parameters of a connection, as `rdma_conn_param`.
 #[derive(Debug, Clone)]
@@ -108,8 +131,13 @@ pub enum CmError {
         reason: u16,
     },
     /// No answer after every retransmission.
-    #[error("no answer from the peer to the {0} after {MAX_SENDS} sends")]
-    Timeout(&'static str),
+    #[error("no answer from the peer to the {what} after {sends} sends")]
+    Timeout {
+        /// The message that went unanswered (`"REQ"`, `"REP"`, `"DREQ"`).
+        what: &'static str,
+        /// How often it was sent.
+        sends: u32,
+    },
     /// Anything else: the device, a bad message.
     #[error("{0}")]
     Other(String),
@@ -163,22 +191,76 @@ fn mtu(code: u8, port: u32) -> Mtu {
     }
 }
 
-/// A VM's CM endpoint: its GSI QP.
+/// A random transaction ID whose upper half is `comm_id` (as Linux's CM
+/// forms them).
+fn new_tid(comm_id: u32) -> u64 {
+    (u64::from(comm_id) << 32) | u64::from(random_u32())
+}
+
+/// The index of `ip`'s GID (IPv4-mapped for IPv4) in `dev`'s GID table.
+pub fn gid_index_of(dev: &Device, ip: IpAddr) -> Result<u8, BoxError> {
+    let gid = ip_gid(ip);
+    let table = dev.gid_table()?;
+    let i = table
+        .iter()
+        .position(|g| *g == gid)
+        .ok_or_else(|| format!("{ip} is not in the device's GID table"))?;
+    Ok(u8::try_from(i)?)
+}
+
+/// A VM's CM endpoint: its GSI QP and the GID it speaks from.
 pub struct CmPort<'d> {
     dev: &'d Device,
     gsi: Gsi,
+    /// The GID this side's MADs and connections go out from, and its
+    /// index in the device's GID table.
+    sgid: [u8; 16],
+    sgid_index: u8,
+    timers: Timers,
+    /// Connections made, (peer's GID, peer's communication ID): their
+    /// REQs' retransmissions are dropped, not rejected.
+    known: Vec<([u8; 16], u32)>,
     /// MADs that fit no exchange of this port (dropped).
     dropped: u64,
 }
 
 impl<'d> CmPort<'d> {
-    /// Opens the VM's GSI QP (the device must offer `F_GSI`).
+    /// Opens the VM's GSI QP (the device must offer `F_GSI`), speaking
+    /// from the device handle's own GID.
     pub fn open(dev: &'d Device) -> Result<Self, BoxError> {
+        CmPort::open_from(dev, dev.gid_index())
+    }
+
+    /// Opens the VM's GSI QP, speaking from GID table entry `sgid_index`
+    /// (0: the MAC-derived default GID; further ones the VM's configured
+    /// GIDs; [`gid_index_of`] finds an IP's).
+    pub fn open_from(dev: &'d Device, sgid_index: u8) -> Result<Self, BoxError> {
+        let sgid = dev.query_gid(u32::from(sgid_index))?;
+        if sgid == [0; 16] {
+            return Err(format!("GID table entry {sgid_index} is not assigned").into());
+        }
         Ok(CmPort {
             dev,
-            gsi: Gsi::open(dev)?,
+            gsi: Gsi::open_from(dev, sgid_index)?,
+            sgid,
+            sgid_index,
+            timers: Timers::default(),
+            known: Vec::new(),
             dropped: 0,
         })
+    }
+
+    /// Replaces the retransmission timers.
+    pub fn set_timers(&mut self, timers: Timers) {
+        self.timers = Timers {
+            max_sends: timers.max_sends.max(1),
+            ..timers
+        };
+    }
+
+    /// The GID this side speaks from.
+    pub fn gid(&self) -> [u8; 16] {
+        self.sgid
     }
 
     /// The protection domain of the GSI QP, for the application's QP too.
@@ -191,22 +273,28 @@ impl<'d> CmPort<'d> {
         self.dropped
     }
 
-    /// This VM's IP address (its device GID's).
+    /// This side's IP address (its GID's).
     pub fn ip(&self) -> IpAddr {
-        gid_ip(self.dev.gid())
+        gid_ip(self.sgid)
     }
 
-    fn send(&self, dgid: [u8; 16], msg: CmMessage) -> Result<(), BoxError> {
-        let mad = msg.emit(u64::from(random_u32()))?;
-        self.gsi.send(self.dev, dgid, &mad, RESPONSE_WAIT)
+    fn send(&self, dgid: [u8; 16], msg: CmMessage, tid: u64) -> Result<(), BoxError> {
+        let mad = msg.emit(tid)?;
+        self.gsi.send(self.dev, dgid, &mad, SEND_WAIT)
     }
 
-    /// The next CM message before `deadline`, or `None`; other MADs are
-    /// dropped.
-    fn next(&mut self, deadline: Instant) -> Result<Option<([u8; 16], CmMessage)>, BoxError> {
+    /// The next CM message before `deadline` (sender's GID, transaction
+    /// ID, message), or `None`; other MADs are dropped.
+    fn next(&mut self, deadline: Instant) -> Result<Option<Incoming>, BoxError> {
         loop {
             match self.gsi.receive_until(deadline)? {
-                Some(Received::Cm(grh, msg)) => return Ok(Some((grh.sgid, msg))),
+                Some(Received::Cm(grh, tid, msg)) => {
+                    return Ok(Some(Incoming {
+                        from: grh.sgid,
+                        tid,
+                        msg,
+                    }))
+                }
                 Some(Received::Dropped(why)) => {
                     log::debug!("CM: dropped a MAD: {why}");
                     self.dropped += 1;
@@ -216,8 +304,8 @@ impl<'d> CmPort<'d> {
         }
     }
 
-    /// Rejects `req` from `from` with `reason`.
-    fn reject(&self, from: [u8; 16], req: &Req, reason: u16) -> Result<(), BoxError> {
+    /// Rejects `req` (transaction `tid`) from `from` with `reason`.
+    fn reject(&self, from: [u8; 16], tid: u64, req: &Req, reason: u16) -> Result<(), BoxError> {
         let rej = Rej {
             local_comm_id: random_u32(),
             remote_comm_id: req.local_comm_id,
@@ -226,7 +314,7 @@ impl<'d> CmPort<'d> {
             ari: Vec::new(),
             private_data: Vec::new(),
         };
-        self.send(from, CmMessage::Rej(rej))
+        self.send(from, CmMessage::Rej(rej), tid)
     }
 
     /// Connects RC `qp` (in RESET or INIT, of [`CmPort::pd`]'s device) to the
@@ -245,6 +333,7 @@ impl<'d> CmPort<'d> {
             dst: peer,
         };
         let comm_id = random_u32();
+        let tid = new_tid(comm_id);
         let psn = random_u32() & 0xff_ffff;
         let port_mtu = self.dev.port_attr().active_mtu;
         let req = Req {
@@ -262,11 +351,11 @@ impl<'d> CmPort<'d> {
             partition_key: 0xffff,
             path_mtu: mtu(5, port_mtu) as u8,
             rnr_retry_count: param.rnr_retry_count,
-            max_cm_retries: MAX_SENDS as u8,
+            max_cm_retries: u8::try_from(self.timers.max_sends.min(15)).unwrap_or(15),
             primary: Path {
                 local_lid: 0xffff,
                 remote_lid: 0xffff,
-                local_gid: self.dev.gid(),
+                local_gid: self.sgid,
                 remote_gid: peer_gid,
                 hop_limit: 64,
                 local_ack_timeout: ACK_TIMEOUT,
@@ -279,30 +368,38 @@ impl<'d> CmPort<'d> {
         };
         let mut sends = 0;
         let rep = 'exchange: loop {
-            if sends == MAX_SENDS {
-                return Err(CmError::Timeout("REQ"));
+            if sends == self.timers.max_sends {
+                return Err(CmError::Timeout { what: "REQ", sends });
             }
-            self.send(peer_gid, CmMessage::Req(req.clone()))?;
+            self.send(peer_gid, CmMessage::Req(req.clone()), tid)?;
             sends += 1;
-            let mut deadline = Instant::now() + RESPONSE_WAIT;
-            while let Some((from, msg)) = self.next(deadline)? {
-                match msg {
-                    CmMessage::Rep(rep) if rep.remote_comm_id == comm_id && from == peer_gid => {
+            let mut deadline = Instant::now() + self.timers.response_wait;
+            while let Some(m) = self.next(deadline)? {
+                // Only answers to this REQ: from its peer, in its transaction.
+                let ours = |remote_comm_id: u32| {
+                    m.from == peer_gid && m.tid == tid && remote_comm_id == comm_id
+                };
+                match m.msg {
+                    CmMessage::Rep(rep) if ours(rep.remote_comm_id) && rep.local_qpn > 1 => {
                         break 'exchange rep;
                     }
-                    CmMessage::Rej(rej) if rej.remote_comm_id == comm_id && from == peer_gid => {
+                    CmMessage::Rej(rej) if ours(rej.remote_comm_id) => {
                         return Err(CmError::Rejected { reason: rej.reason });
                     }
-                    CmMessage::Mra(mra) if mra.remote_comm_id == comm_id && from == peer_gid => {
+                    CmMessage::Mra(mra)
+                        if ours(mra.remote_comm_id) && mra.message_mraed == which::REQ =>
+                    {
                         // The peer needs longer: 4.096 µs × 2^timeout more.
                         let t = 4096u64 << u32::from(mra.service_timeout.min(31));
-                        deadline = Instant::now() + RESPONSE_WAIT + Duration::from_nanos(t);
+                        deadline =
+                            Instant::now() + self.timers.response_wait + Duration::from_nanos(t);
                     }
-                    other => self.stray(from, &other),
+                    other => self.stray(m.from, m.tid, &other),
                 }
             }
         };
         let mut c = RcConnect::new(rep.local_qpn, peer_gid);
+        c.sgid_index = Some(self.sgid_index);
         c.path_mtu = mtu(req.path_mtu, port_mtu);
         c.rq_psn = rep.starting_psn;
         c.sq_psn = psn;
@@ -323,7 +420,9 @@ impl<'d> CmPort<'d> {
                 remote_comm_id: rep.local_comm_id,
                 private_data: Vec::new(),
             }),
+            tid,
         )?;
+        self.known.push((peer_gid, rep.local_comm_id));
         Ok(Connection {
             local_comm_id: comm_id,
             remote_comm_id: rep.local_comm_id,
@@ -344,24 +443,29 @@ impl<'d> CmPort<'d> {
     ) -> Result<Connection, CmError> {
         let wanted = cma::service_id(cma::ps::TCP, port);
         let until = Instant::now() + timeout;
-        let (from, req) = loop {
-            let Some((from, msg)) = self.next(until)? else {
+        let (from, tid, req) = loop {
+            let Some(m) = self.next(until)? else {
                 return Err(CmError::Other(format!(
                     "no connection request for port {port} within {timeout:?}"
                 )));
             };
-            match msg {
+            match m.msg {
                 CmMessage::Req(req) if req.service_id == wanted => {
-                    if req.transport_service_type != transport::RC
-                        || CmaHeader::parse(&req.private_data).is_err()
-                    {
-                        self.reject(from, &req, rej_reason::CONSUMER_DEFINED)?;
+                    if self.known.contains(&(m.from, req.local_comm_id)) {
+                        // A retransmission of a connection already made.
+                        self.dropped += 1;
                         continue;
                     }
-                    break (from, req);
+                    if req.transport_service_type != transport::RC
+                        || req.local_qpn <= 1
+                        || CmaHeader::parse(&req.private_data).is_err()
+                    {
+                        self.reject(m.from, m.tid, &req, rej_reason::CONSUMER_DEFINED)?;
+                        continue;
+                    }
+                    break (m.from, m.tid, req);
                 }
-                CmMessage::Req(req) => self.reject(from, &req, rej_reason::INVALID_SERVICE_ID)?,
-                other => self.stray(from, &other),
+                other => self.stray(m.from, m.tid, &other),
             }
         };
         let user = req
@@ -373,6 +477,7 @@ impl<'d> CmPort<'d> {
         let psn = random_u32() & 0xff_ffff;
         let port_mtu = self.dev.port_attr().active_mtu;
         let mut c = RcConnect::new(req.local_qpn, from);
+        c.sgid_index = Some(self.sgid_index);
         c.path_mtu = mtu(req.path_mtu, port_mtu);
         c.rq_psn = req.starting_psn;
         c.sq_psn = psn;
@@ -402,35 +507,41 @@ impl<'d> CmPort<'d> {
         };
         let mut sends = 0;
         'rtu: loop {
-            if sends == MAX_SENDS {
-                return Err(CmError::Timeout("REP"));
+            if sends == self.timers.max_sends {
+                return Err(CmError::Timeout { what: "REP", sends });
             }
-            self.send(from, CmMessage::Rep(rep.clone()))?;
+            self.send(from, CmMessage::Rep(rep.clone()), tid)?;
             sends += 1;
-            let deadline = Instant::now() + RESPONSE_WAIT;
-            loop {
-                match self.next(deadline)? {
-                    Some((f, CmMessage::Rtu(rtu)))
-                        if f == from && rtu.remote_comm_id == comm_id =>
-                    {
-                        break 'rtu;
-                    }
-                    Some((f, CmMessage::Rej(rej)))
-                        if f == from && rej.remote_comm_id == comm_id =>
-                    {
+            let mut deadline = Instant::now() + self.timers.response_wait;
+            while let Some(m) = self.next(deadline)? {
+                let ours = |remote_comm_id: u32| {
+                    m.from == from && m.tid == tid && remote_comm_id == comm_id
+                };
+                match m.msg {
+                    CmMessage::Rtu(rtu) if ours(rtu.remote_comm_id) => break 'rtu,
+                    CmMessage::Rej(rej) if ours(rej.remote_comm_id) => {
                         return Err(CmError::Rejected { reason: rej.reason });
                     }
-                    // The peer did not see the REP: it sends its REQ again.
-                    Some((f, CmMessage::Req(r)))
-                        if f == from && r.local_comm_id == req.local_comm_id =>
+                    CmMessage::Mra(mra)
+                        if ours(mra.remote_comm_id) && mra.message_mraed == which::REP =>
                     {
-                        break;
+                        let t = 4096u64 << u32::from(mra.service_timeout.min(31));
+                        deadline =
+                            Instant::now() + self.timers.response_wait + Duration::from_nanos(t);
                     }
-                    Some((f, other)) => self.stray(f, &other),
-                    None => break,
+                    // The peer did not see the REP: it sends its REQ again.
+                    CmMessage::Req(r)
+                        if m.from == from
+                            && m.tid == tid
+                            && r.local_comm_id == req.local_comm_id =>
+                    {
+                        continue 'rtu;
+                    }
+                    other => self.stray(m.from, m.tid, &other),
                 }
             }
         }
+        self.known.push((from, req.local_comm_id));
         Ok(Connection {
             local_comm_id: comm_id,
             remote_comm_id: req.local_comm_id,
@@ -449,28 +560,31 @@ impl<'d> CmPort<'d> {
             remote_qpn: conn.remote_qpn,
             private_data: Vec::new(),
         };
-        for _ in 0..MAX_SENDS {
-            self.send(conn.peer_gid, CmMessage::Dreq(dreq.clone()))?;
-            let deadline = Instant::now() + RESPONSE_WAIT;
-            while let Some((from, msg)) = self.next(deadline)? {
-                match msg {
+        let tid = new_tid(conn.local_comm_id);
+        for _ in 0..self.timers.max_sends {
+            self.send(conn.peer_gid, CmMessage::Dreq(dreq.clone()), tid)?;
+            let deadline = Instant::now() + self.timers.response_wait;
+            while let Some(m) = self.next(deadline)? {
+                let ours = m.from == conn.peer_gid;
+                match m.msg {
                     CmMessage::Drep(d)
-                        if from == conn.peer_gid && d.remote_comm_id == conn.local_comm_id =>
+                        if ours && m.tid == tid && d.remote_comm_id == conn.local_comm_id =>
                     {
                         return Ok(());
                     }
                     // Both sides disconnecting at once: answer, and that is it.
-                    CmMessage::Dreq(d)
-                        if from == conn.peer_gid && d.remote_comm_id == conn.local_comm_id =>
-                    {
-                        self.answer_dreq(conn)?;
+                    CmMessage::Dreq(d) if ours && d.remote_comm_id == conn.local_comm_id => {
+                        self.answer_dreq(conn, m.tid)?;
                         return Ok(());
                     }
-                    other => self.stray(from, &other),
+                    other => self.stray(m.from, m.tid, &other),
                 }
             }
         }
-        Err(CmError::Timeout("DREQ"))
+        Err(CmError::Timeout {
+            what: "DREQ",
+            sends: self.timers.max_sends,
+        })
     }
 
     /// Looks for the peer's DREQ of `conn` until `deadline`: answers it
@@ -481,24 +595,26 @@ impl<'d> CmPort<'d> {
         conn: &Connection,
         deadline: Instant,
     ) -> Result<bool, CmError> {
-        while let Some((from, msg)) = self.next(deadline)? {
-            match msg {
+        while let Some(m) = self.next(deadline)? {
+            match m.msg {
                 CmMessage::Dreq(d)
-                    if from == conn.peer_gid && d.remote_comm_id == conn.local_comm_id =>
+                    if m.from == conn.peer_gid
+                        && d.remote_comm_id == conn.local_comm_id
+                        && d.local_comm_id == conn.remote_comm_id =>
                 {
                     qp.to_error()?;
-                    self.answer_dreq(conn)?;
+                    self.answer_dreq(conn, m.tid)?;
                     return Ok(true);
                 }
-                // The peer missed the RTU-less establishment: a duplicate
-                // RTU or REQ retransmission means nothing now.
-                other => self.stray(from, &other),
+                // A duplicate RTU or REQ retransmission means nothing now.
+                other => self.stray(m.from, m.tid, &other),
             }
         }
         Ok(false)
     }
 
-    fn answer_dreq(&self, conn: &Connection) -> Result<(), BoxError> {
+    /// The DREP of `conn` to a DREQ of transaction `tid`.
+    fn answer_dreq(&self, conn: &Connection, tid: u64) -> Result<(), BoxError> {
         self.send(
             conn.peer_gid,
             CmMessage::Drep(Drep {
@@ -506,16 +622,18 @@ impl<'d> CmPort<'d> {
                 remote_comm_id: conn.remote_comm_id,
                 private_data: Vec::new(),
             }),
+            tid,
         )
     }
 
-    /// A message for no exchange under way: a REQ is refused as a host
-    /// without a listener refuses it; anything else is dropped.
-    fn stray(&mut self, from: [u8; 16], msg: &CmMessage) {
+    /// A message for no exchange under way: a new REQ is refused as a
+    /// host without a listener refuses it; anything else is dropped.
+    fn stray(&mut self, from: [u8; 16], tid: u64, msg: &CmMessage) {
         if let CmMessage::Req(req) = msg {
-            if self
-                .reject(from, req, rej_reason::INVALID_SERVICE_ID)
-                .is_ok()
+            if !self.known.contains(&(from, req.local_comm_id))
+                && self
+                    .reject(from, tid, req, rej_reason::INVALID_SERVICE_ID)
+                    .is_ok()
             {
                 return;
             }
@@ -523,4 +641,13 @@ impl<'d> CmPort<'d> {
         log::debug!("CM: dropped a stray {msg:?}");
         self.dropped += 1;
     }
+}
+
+/// A CM message received.
+struct Incoming {
+    /// The sender's GID (the GRH's source).
+    from: [u8; 16],
+    /// The MAD's transaction ID.
+    tid: u64,
+    msg: CmMessage,
 }
