@@ -153,10 +153,13 @@ impl Gsi {
         (self.cq.poll(&mut wc) == 1).then_some(wc[0])
     }
 
+    /// The CQ's next completion before `deadline`, past those kept in
+    /// `pending` (which a send's wait would otherwise take back forever).
     fn poll_until(&self, deadline: Instant) -> Result<WorkCompletion, BoxError> {
         loop {
-            if let Some(wc) = self.poll_once() {
-                return Ok(wc);
+            let mut wc = [WorkCompletion::default(); 1];
+            if self.cq.poll(&mut wc) == 1 {
+                return Ok(wc[0]);
             }
             if Instant::now() >= deadline {
                 return Err("no completion in time".into());

@@ -1003,3 +1003,124 @@ fn the_req_is_rdma_cms_and_an_mra_lengthens_the_wait() {
         assert_eq!(cm.dropped(), 0);
     });
 }
+
+/// The passive side against a hostile client: a REQ for another port is
+/// rejected ("invalid service ID") in that REQ's transaction; an RTU in
+/// another transaction is dropped (the REP is sent again), the REQ's
+/// retransmission too, and the RTU in the REQ's transaction completes the
+/// connection with the REQ's values.
+#[test]
+fn the_passive_side_takes_only_the_rtu_of_its_req() {
+    use ib_cm_wire::cm::transport;
+    use ib_cm_wire::cma::{self, CmaHeader};
+    use ib_cm_wire::{CmMessage, Path, Req, Rtu};
+    use virtio_rdma_apps::cm_agent::{CmPort, ConnParam, Timers};
+    use virtio_rdma_apps::gsi_port::{Gsi, Received};
+    use virtio_rdma_driver::{Cq, Qp, QpInit};
+    let d = daemon(2, |_| {});
+    let (a, b) = (open(&d, 0), open(&d, 1));
+    let v4 = |g: [u8; 16]| std::net::Ipv6Addr::from(g).to_ipv4_mapped().unwrap();
+    let timeout = std::time::Duration::from_secs(60);
+    let gsi = Gsi::open(&a.dev).unwrap();
+    let mut cm = CmPort::open(&b.dev).unwrap();
+    cm.set_timers(Timers {
+        response_wait: std::time::Duration::from_millis(100),
+        max_sends: 100,
+    });
+    let cq = Cq::create(&b.dev, 4).unwrap();
+    let qp = Qp::create(cm.pd(), &QpInit::rc(&cq)).unwrap();
+    let (adev, agid, bgid) = (&a.dev, a.dev.gid(), b.dev.gid());
+    std::thread::scope(|s| {
+        let client = s.spawn(move || -> Result<u32, String> {
+            let e = |e: Box<dyn std::error::Error>| e.to_string();
+            let send = |m: CmMessage, tid: u64| {
+                let mad = m.emit(tid).map_err(|x| x.to_string())?;
+                gsi.send(adev, bgid, &mad, timeout).map_err(e)
+            };
+            let next = || -> Result<(u64, CmMessage), String> {
+                match gsi
+                    .receive_until(std::time::Instant::now() + timeout)
+                    .map_err(e)?
+                {
+                    Some(Received::Cm(_, tid, msg)) => Ok((tid, msg)),
+                    _ => Err("nothing came".into()),
+                }
+            };
+            let req = |comm_id: u32, port: u16| Req {
+                local_comm_id: comm_id,
+                service_id: cma::service_id(cma::ps::TCP, port),
+                local_qpn: 0x99,
+                responder_resources: 1,
+                initiator_depth: 1,
+                transport_service_type: transport::RC,
+                starting_psn: 0x4321,
+                retry_count: 7,
+                rnr_retry_count: 7,
+                path_mtu: 3,
+                primary: Path {
+                    local_gid: agid,
+                    remote_gid: bgid,
+                    local_ack_timeout: 14,
+                    ..Path::default()
+                },
+                private_data: CmaHeader {
+                    src_port: 40_000,
+                    src: v4(agid).into(),
+                    dst: v4(bgid).into(),
+                }
+                .with_user_data(b"hi")
+                .unwrap(),
+                ..Req::default()
+            };
+            send(CmMessage::Req(req(5, 7010)), 0x55)?;
+            match next()? {
+                (0x55, CmMessage::Rej(r)) if r.remote_comm_id == 5 && r.reason == 8 => {}
+                other => return Err(format!("expected the REJ: {other:?}")),
+            }
+            send(CmMessage::Req(req(6, 7011)), 0x66)?;
+            let (tid, CmMessage::Rep(rep)) = next()? else {
+                return Err("expected the REP".into());
+            };
+            assert_eq!((tid, rep.remote_comm_id), (0x66, 6));
+            let rtu = |tid| {
+                send(
+                    CmMessage::Rtu(Rtu {
+                        local_comm_id: 6,
+                        remote_comm_id: rep.local_comm_id,
+                        private_data: Vec::new(),
+                    }),
+                    tid,
+                )
+            };
+            rtu(0x67)?;
+            // Dropped: the REP comes again.
+            let (tid, CmMessage::Rep(again)) = next()? else {
+                return Err("expected the REP again".into());
+            };
+            assert_eq!((tid, again.local_comm_id), (0x66, rep.local_comm_id));
+            send(CmMessage::Req(req(6, 7011)), 0x66)?;
+            rtu(0x66)?;
+            Ok(rep.local_qpn)
+        });
+        let conn = cm
+            .accept(&qp, 7011, &ConnParam::default(), timeout)
+            .unwrap();
+        assert_eq!(client.join().unwrap().unwrap(), qp.qpn());
+        assert_eq!(conn.remote_qpn, 0x99);
+        // The user's private data after the rdma_cm header (zero-padded
+        // to the REQ's fixed size).
+        assert!(
+            conn.private_data.starts_with(b"hi"),
+            "{:?}",
+            conn.private_data
+        );
+        let attr = qp.query().unwrap().attr;
+        assert_eq!(
+            (attr.qp_state, attr.dest_qpn, attr.rq_psn, attr.timeout),
+            (virtio_rdma_abi::qp::QpState::RTS as u32, 0x99, 0x4321, 14)
+        );
+        // The RTU of another transaction; REPs for the REQ's
+        // retransmission are not counted as drops.
+        assert!(cm.dropped() >= 1, "{}", cm.dropped());
+    });
+}
