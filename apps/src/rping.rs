@@ -280,9 +280,15 @@ pub fn client(
         side.buf.write(side.start_at(), &data)?;
         side.buf.write(RDMA_AT, &vec![0u8; opts.size])?;
         side.send_info(side.start_at(), opts.size)?;
-        side.recv_info(|| Ok(false))?.ok_or("stopped")?;
+        // Each go-ahead, or the server's disconnection.
+        let mut go_ahead = || -> Result<(), BoxError> {
+            side.recv_info(|| Ok(cm.poll_dreq(&side.qp, &conn, Instant::now())?))?
+                .ok_or_else(|| format!("the server disconnected during ping {n}"))?;
+            Ok(())
+        };
+        go_ahead()?;
         side.send_info(RDMA_AT, opts.size)?;
-        side.recv_info(|| Ok(false))?.ok_or("stopped")?;
+        go_ahead()?;
         let mut got = vec![0u8; opts.size];
         side.buf.read(RDMA_AT, &mut got)?;
         if opts.verify && got != data {

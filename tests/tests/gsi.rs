@@ -1124,3 +1124,46 @@ fn the_passive_side_takes_only_the_rtu_of_its_req() {
         assert!(cm.dropped() >= 1, "{}", cm.dropped());
     });
 }
+
+/// A server that accepts and then disconnects at once: the rping client
+/// answers its DREQ and fails, naming the disconnection, instead of
+/// waiting for a go-ahead that never comes.
+#[test]
+fn rping_client_stops_when_the_server_disconnects() {
+    use virtio_rdma_apps::cm_agent::{CmPort, ConnParam, Timers};
+    use virtio_rdma_apps::rping;
+    use virtio_rdma_driver::{Cq, Qp, QpInit};
+    let d = daemon(2, |_| {});
+    let (a, b) = (open(&d, 0), open(&d, 1));
+    let server_ip = std::net::Ipv6Addr::from(b.dev.gid())
+        .to_ipv4_mapped()
+        .unwrap();
+    let timeout = std::time::Duration::from_secs(60);
+    let mut cm = CmPort::open(&b.dev).unwrap();
+    let cq = Cq::create(&b.dev, 4).unwrap();
+    let qp = Qp::create(cm.pd(), &QpInit::rc(&cq)).unwrap();
+    std::thread::scope(|s| {
+        let server = s.spawn(move || -> Result<(), String> {
+            let conn = cm
+                .accept(&qp, 7020, &ConnParam::default(), timeout)
+                .map_err(|e| e.to_string())?;
+            cm.disconnect(&qp, &conn).map_err(|e| e.to_string())
+        });
+        let opts = rping::Options {
+            size: 64,
+            count: 5,
+            verify: true,
+            timeout,
+            gid_index: None,
+            timers: Timers::default(),
+        };
+        let err = rping::client(&a.dev, server_ip.into(), 7020, &opts, timeout)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("the server disconnected during ping 0"),
+            "{err}"
+        );
+        server.join().unwrap().unwrap();
+    });
+}
