@@ -37,6 +37,8 @@ const INFO: usize = 16;
 const SQ_DEPTH: u32 = 16;
 /// The smallest buffer rping accepts (`RPING_MIN_BUFSIZE`).
 pub const MIN_SIZE: usize = 27;
+/// The largest (`RPING_BUFSIZE - 1`).
+pub const MAX_SIZE: usize = 64 * 1024 - 1;
 
 /// wr_ids.
 const RECV: u64 = 1;
@@ -250,8 +252,8 @@ pub fn client(
     opts: &Options,
     retry_rejected: Duration,
 ) -> Result<u64, BoxError> {
-    if opts.size < MIN_SIZE {
-        return Err(format!("a size of at least {MIN_SIZE}").into());
+    if !(MIN_SIZE..=MAX_SIZE).contains(&opts.size) {
+        return Err(format!("a size of {MIN_SIZE} to {MAX_SIZE} bytes, as rping's").into());
     }
     let mut cm = opts.cm(dev)?;
     let side = Side::new(&cm, dev, opts.size, opts.timeout)?;
@@ -313,8 +315,8 @@ pub fn client(
 /// The server: takes one connection on `port` and serves pings until the
 /// client disconnects (or after `count` pings, its disconnection).
 pub fn server(dev: &Device, port: u16, opts: &Options) -> Result<u64, BoxError> {
-    if opts.size < MIN_SIZE {
-        return Err(format!("a size of at least {MIN_SIZE}").into());
+    if !(MIN_SIZE..=MAX_SIZE).contains(&opts.size) {
+        return Err(format!("a size of {MIN_SIZE} to {MAX_SIZE} bytes, as rping's").into());
     }
     let mut cm = opts.cm(dev)?;
     let side = Side::new(&cm, dev, opts.size, opts.timeout)?;
