@@ -1,6 +1,10 @@
 //! Programs written against the reference guest driver
 //! (`virtio-rdma-driver`), over any [`Transport`](virtio_rdma_driver::Transport):
 //!
+//! - [`cm_agent`]: a connection manager speaking IB CM over the VM's GSI
+//!   QP (QP 1) as Linux's `rdma_cm` does on RoCE, over [`gsi_port`];
+//! - [`rping`]: librdmacm's `rping` protocol over a [`cm_agent`]
+//!   connection, interoperating with the unmodified tool;
 //! - [`exchange`]: two peers connect RC queue pairs and move data by
 //!   SEND/RECV, RDMA WRITE (with and without immediate), RDMA READ and
 //!   atomics, checking every byte; the demo and the end-to-end test;
@@ -22,12 +26,15 @@
 //! (its `rdma-peer` binary plays one VM of a daemon against a peer on
 //! another machine).
 
+pub mod cm_agent;
 pub mod exchange;
+pub mod gsi_port;
 pub mod hostile;
 pub mod oob;
 pub mod pattern;
 pub mod perf;
 pub mod pingpong;
+pub mod rping;
 pub mod ud;
 
 /// Errors of the programs.

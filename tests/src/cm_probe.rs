@@ -19,7 +19,7 @@ use ib_cm_wire::{CmMessage, Path, Rej, Req};
 use virtio_rdma_apps::oob::Oob;
 use virtio_rdma_driver::{Device, Qp, QpInit};
 
-use crate::gsi_port::{gid_ip, ip_gid, Gsi};
+use virtio_rdma_apps::gsi_port::{gid_ip, ip_gid, Gsi};
 
 type BoxError = Box<dyn std::error::Error>;
 

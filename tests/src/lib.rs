@@ -14,7 +14,6 @@
 //! ```
 
 pub mod bench;
-pub mod cm_agent;
 pub mod cm_probe;
 pub mod conn;
 pub mod ctrl;
@@ -24,11 +23,9 @@ pub mod echo;
 pub mod error;
 pub mod events;
 pub mod fast;
-mod gsi_port;
 pub mod guest_mem;
 pub mod harness;
 pub mod rnics;
-pub mod rping;
 pub mod shmem;
 pub mod transport;
 pub mod verbs;

@@ -711,22 +711,31 @@ fn the_cm_probe_between_two_vms() {
 /// the client's DREQ answered.
 #[test]
 fn rping_over_the_vms_own_cm() {
-    use vhost_user_rdma_tests::rping;
+    use virtio_rdma_apps::cm_agent::Timers;
+    use virtio_rdma_apps::rping;
     let d = daemon(2, |_| {});
     let (a, b) = (open(&d, 0), open(&d, 1));
     let server_ip = std::net::Ipv6Addr::from(b.dev.gid())
         .to_ipv4_mapped()
         .unwrap();
     let opts = rping::Options {
-        size: 64,
+        size: 100,
         count: 0,
         verify: true,
         timeout: std::time::Duration::from_secs(60),
+        gid_index: None,
+        timers: Default::default(),
     };
     std::thread::scope(|s| {
         let server = s.spawn(|| rping::server(&b.dev, 7174, &opts).map_err(|e| e.to_string()));
         let client_opts = rping::Options {
-            count: 12,
+            count: 20,
+            // Speaks from the same GID, named by its index.
+            gid_index: Some(a.dev.gid_index()),
+            timers: Timers {
+                response_wait: std::time::Duration::from_millis(200),
+                max_sends: 300,
+            },
             ..opts.clone()
         };
         let pinged = rping::client(
@@ -737,16 +746,19 @@ fn rping_over_the_vms_own_cm() {
             std::time::Duration::from_secs(60),
         )
         .unwrap();
-        assert_eq!(pinged, 12);
-        assert_eq!(server.join().unwrap().unwrap(), 12);
+        assert_eq!(pinged, 20);
+        assert_eq!(server.join().unwrap().unwrap(), 20);
     });
+    // The client's first REQs may precede the server's QP 1 (dropped, sent
+    // again); everything the server sent found the client's.
+    assert_eq!(d.traffic(1).mad_dropped, 0);
 }
 
 /// A connection request for a port nobody listens on is rejected with
 /// "invalid service ID", as rdma_cm's hosts do.
 #[test]
 fn a_request_for_a_port_nobody_listens_on_is_rejected() {
-    use vhost_user_rdma_tests::cm_agent::{CmError, CmPort, ConnParam};
+    use virtio_rdma_apps::cm_agent::{CmError, CmPort, ConnParam};
     use virtio_rdma_driver::{Cq, Qp, QpInit};
     let d = daemon(2, |_| {});
     let (a, b) = (open(&d, 0), open(&d, 1));
@@ -783,5 +795,375 @@ fn a_request_for_a_port_nobody_listens_on_is_rejected() {
             .unwrap();
         assert_eq!(server.join().unwrap().unwrap(), qp2.qpn());
         assert_eq!(conn.peer_ip(), std::net::IpAddr::from(server_ip));
+    });
+}
+
+/// A server that went away (its QP 1 destroyed): the client's REQ is sent
+/// as often as its timers say, every send dropped by the RNIC for want of
+/// a QP 1 there, and the connection attempt ends in a timeout.
+#[test]
+fn a_request_to_a_server_that_went_away_times_out() {
+    use virtio_rdma_apps::cm_agent::{CmError, CmPort, ConnParam, Timers};
+    use virtio_rdma_driver::{Cq, Qp, QpInit};
+    let d = daemon(2, |_| {});
+    let (a, b) = (open(&d, 0), open(&d, 1));
+    let server_ip = std::net::Ipv6Addr::from(b.dev.gid())
+        .to_ipv4_mapped()
+        .unwrap();
+    // The server had its CM up, then went away.
+    drop(CmPort::open(&b.dev).unwrap());
+    let mut cm = CmPort::open(&a.dev).unwrap();
+    cm.set_timers(Timers {
+        response_wait: std::time::Duration::from_millis(50),
+        max_sends: 3,
+    });
+    let cq = Cq::create(&a.dev, 4).unwrap();
+    let qp = Qp::create(cm.pd(), &QpInit::rc(&cq)).unwrap();
+    match cm.connect(&qp, server_ip.into(), 7002, &ConnParam::default()) {
+        Err(CmError::Timeout { what, sends }) => assert_eq!((what, sends), ("REQ", 3)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(d.traffic(0).mad_dropped, 3);
+    // The QP was never connected: still usable for another attempt.
+    assert_ne!(
+        qp.query().unwrap().attr.qp_state,
+        virtio_rdma_abi::qp::QpState::RTS as u32
+    );
+}
+
+/// A hostile peer answers the REQ with an unparseable MAD, a REP in
+/// another transaction, a REP for another communication ID and an RTU:
+/// the client drops all four and takes the one REJ that names its REQ.
+#[test]
+fn the_cm_drops_answers_that_do_not_fit_its_req() {
+    use ib_cm_wire::cm::which;
+    use ib_cm_wire::{CmMessage, Rej, Rep, Rtu};
+    use virtio_rdma_apps::cm_agent::{CmError, CmPort, ConnParam};
+    use virtio_rdma_apps::gsi_port::{Gsi, Received};
+    use virtio_rdma_driver::{Cq, Qp, QpInit};
+    let d = daemon(2, |_| {});
+    let (a, b) = (open(&d, 0), open(&d, 1));
+    let server_ip = std::net::Ipv6Addr::from(b.dev.gid())
+        .to_ipv4_mapped()
+        .unwrap();
+    let timeout = std::time::Duration::from_secs(60);
+    let gsi = Gsi::open(&b.dev).unwrap();
+    std::thread::scope(|s| {
+        let bdev = &b.dev;
+        let hostile = s.spawn(move || -> Result<(), String> {
+            let e = |e: Box<dyn std::error::Error>| e.to_string();
+            let got = gsi
+                .receive_until(std::time::Instant::now() + timeout)
+                .map_err(e)?;
+            let Some(Received::Cm(grh, tid, CmMessage::Req(req))) = got else {
+                return Err("expected a REQ".into());
+            };
+            let send = |m: &[u8]| gsi.send(bdev, grh.sgid, m, timeout).map_err(e);
+            send(&[0xa5; 256])?;
+            let rep = Rep {
+                local_comm_id: 7,
+                remote_comm_id: req.local_comm_id,
+                local_qpn: 0x77,
+                ..Rep::default()
+            };
+            send(
+                &CmMessage::Rep(rep.clone())
+                    .emit(tid ^ 1)
+                    .map_err(|x| x.to_string())?,
+            )?;
+            let other = Rep {
+                remote_comm_id: req.local_comm_id ^ 1,
+                ..rep
+            };
+            send(&CmMessage::Rep(other).emit(tid).map_err(|x| x.to_string())?)?;
+            let rtu = Rtu {
+                local_comm_id: 7,
+                remote_comm_id: req.local_comm_id,
+                private_data: Vec::new(),
+            };
+            send(&CmMessage::Rtu(rtu).emit(tid).map_err(|x| x.to_string())?)?;
+            let rej = Rej {
+                local_comm_id: 7,
+                remote_comm_id: req.local_comm_id,
+                message_rejected: which::REQ,
+                reason: 28,
+                ari: Vec::new(),
+                private_data: Vec::new(),
+            };
+            send(&CmMessage::Rej(rej).emit(tid).map_err(|x| x.to_string())?)
+        });
+        let mut cm = CmPort::open(&a.dev).unwrap();
+        let cq = Cq::create(&a.dev, 4).unwrap();
+        let qp = Qp::create(cm.pd(), &QpInit::rc(&cq)).unwrap();
+        match cm.connect(&qp, server_ip.into(), 7003, &ConnParam::default()) {
+            Err(CmError::Rejected { reason }) => assert_eq!(reason, 28),
+            other => panic!("{other:?}"),
+        }
+        hostile.join().unwrap().unwrap();
+        assert_eq!(cm.dropped(), 4);
+    });
+}
+
+/// The REQ as Linux's `rdma_cm` expects it on RoCE (the TCP port space's
+/// service ID, the `rdma_cm` header with both IPv4 addresses, the path's
+/// GIDs, RC); an MRA for it lengthens the client's wait past its response
+/// time (one send only, 50 ms, the REP half a second later); the QP is
+/// connected with the REP's values and the RTU answers in the REQ's
+/// transaction.
+#[test]
+fn the_req_is_rdma_cms_and_an_mra_lengthens_the_wait() {
+    use ib_cm_wire::cm::{transport, which};
+    use ib_cm_wire::cma::{self, CmaHeader};
+    use ib_cm_wire::{CmMessage, Mra, Rep};
+    use virtio_rdma_apps::cm_agent::{CmPort, ConnParam, Timers};
+    use virtio_rdma_apps::gsi_port::{Gsi, Received};
+    use virtio_rdma_driver::{Cq, Qp, QpInit};
+    let d = daemon(2, |_| {});
+    let (a, b) = (open(&d, 0), open(&d, 1));
+    let v4 = |g: [u8; 16]| std::net::Ipv6Addr::from(g).to_ipv4_mapped().unwrap();
+    let (client_ip, server_ip) = (v4(a.dev.gid()), v4(b.dev.gid()));
+    let timeout = std::time::Duration::from_secs(60);
+    let gsi = Gsi::open(&b.dev).unwrap();
+    let bdev = &b.dev;
+    let (adev_gid, bdev_gid) = (a.dev.gid(), b.dev.gid());
+    std::thread::scope(|s| {
+        let peer = s.spawn(move || -> Result<u32, String> {
+            let e = |e: Box<dyn std::error::Error>| e.to_string();
+            let next = || -> Result<Received, String> {
+                gsi.receive_until(std::time::Instant::now() + timeout)
+                    .map_err(e)?
+                    .ok_or_else(|| "nothing came".to_string())
+            };
+            let Received::Cm(grh, tid, CmMessage::Req(req)) = next()? else {
+                return Err("expected a REQ".into());
+            };
+            assert_eq!(req.service_id, 0x0000_0000_0106_0000 | 7004);
+            assert_eq!(req.transport_service_type, transport::RC);
+            assert_eq!(
+                (req.primary.local_gid, req.primary.remote_gid, grh.sgid),
+                (adev_gid, bdev_gid, adev_gid)
+            );
+            assert_eq!(tid >> 32, u64::from(req.local_comm_id));
+            let hdr = CmaHeader::parse(&req.private_data).map_err(|x| x.to_string())?;
+            assert_eq!((hdr.src, hdr.dst), (client_ip.into(), server_ip.into()));
+            assert!(req.private_data.len() >= cma::CMA_HEADER_SIZE);
+            let send = |m: CmMessage| {
+                let mad = m.emit(tid).map_err(|x| x.to_string())?;
+                gsi.send(bdev, grh.sgid, &mad, timeout).map_err(e)
+            };
+            send(CmMessage::Mra(Mra {
+                local_comm_id: 9,
+                remote_comm_id: req.local_comm_id,
+                message_mraed: which::REQ,
+                // 4.096 µs × 2^22: some 17 s more.
+                service_timeout: 22,
+                private_data: Vec::new(),
+            }))?;
+            std::thread::sleep(std::time::Duration::from_millis(500));
+            send(CmMessage::Rep(Rep {
+                local_comm_id: 9,
+                remote_comm_id: req.local_comm_id,
+                local_qpn: 0x77,
+                starting_psn: 0x1234,
+                responder_resources: 1,
+                initiator_depth: 1,
+                rnr_retry_count: 6,
+                ..Rep::default()
+            }))?;
+            let Received::Cm(_, rtu_tid, CmMessage::Rtu(rtu)) = next()? else {
+                return Err("expected the RTU".into());
+            };
+            assert_eq!(
+                (rtu_tid, rtu.local_comm_id, rtu.remote_comm_id),
+                (tid, req.local_comm_id, 9)
+            );
+            Ok(req.starting_psn)
+        });
+        let mut cm = CmPort::open(&a.dev).unwrap();
+        cm.set_timers(Timers {
+            response_wait: std::time::Duration::from_millis(50),
+            max_sends: 1,
+        });
+        let cq = Cq::create(&a.dev, 4).unwrap();
+        let qp = Qp::create(cm.pd(), &QpInit::rc(&cq)).unwrap();
+        let conn = cm
+            .connect(&qp, server_ip.into(), 7004, &ConnParam::default())
+            .unwrap();
+        let psn = peer.join().unwrap().unwrap();
+        assert_eq!((conn.remote_qpn, conn.remote_comm_id), (0x77, 9));
+        let attr = qp.query().unwrap().attr;
+        assert_eq!(
+            (attr.qp_state, attr.dest_qpn, attr.rq_psn, attr.sq_psn),
+            (virtio_rdma_abi::qp::QpState::RTS as u32, 0x77, 0x1234, psn)
+        );
+        assert_eq!(
+            (attr.rnr_retry, attr.max_rd_atomic, attr.av.dgid),
+            (6, 1, bdev_gid)
+        );
+        assert_eq!(cm.dropped(), 0);
+    });
+}
+
+/// The passive side against a hostile client: a REQ for another port is
+/// rejected ("invalid service ID") in that REQ's transaction; an RTU in
+/// another transaction is dropped (the REP is sent again), the REQ's
+/// retransmission too, and the RTU in the REQ's transaction completes the
+/// connection with the REQ's values.
+#[test]
+fn the_passive_side_takes_only_the_rtu_of_its_req() {
+    use ib_cm_wire::cm::transport;
+    use ib_cm_wire::cma::{self, CmaHeader};
+    use ib_cm_wire::{CmMessage, Path, Req, Rtu};
+    use virtio_rdma_apps::cm_agent::{CmPort, ConnParam, Timers};
+    use virtio_rdma_apps::gsi_port::{Gsi, Received};
+    use virtio_rdma_driver::{Cq, Qp, QpInit};
+    let d = daemon(2, |_| {});
+    let (a, b) = (open(&d, 0), open(&d, 1));
+    let v4 = |g: [u8; 16]| std::net::Ipv6Addr::from(g).to_ipv4_mapped().unwrap();
+    let timeout = std::time::Duration::from_secs(60);
+    let gsi = Gsi::open(&a.dev).unwrap();
+    let mut cm = CmPort::open(&b.dev).unwrap();
+    cm.set_timers(Timers {
+        response_wait: std::time::Duration::from_millis(100),
+        max_sends: 100,
+    });
+    let cq = Cq::create(&b.dev, 4).unwrap();
+    let qp = Qp::create(cm.pd(), &QpInit::rc(&cq)).unwrap();
+    let (adev, agid, bgid) = (&a.dev, a.dev.gid(), b.dev.gid());
+    std::thread::scope(|s| {
+        let client = s.spawn(move || -> Result<u32, String> {
+            let e = |e: Box<dyn std::error::Error>| e.to_string();
+            let send = |m: CmMessage, tid: u64| {
+                let mad = m.emit(tid).map_err(|x| x.to_string())?;
+                gsi.send(adev, bgid, &mad, timeout).map_err(e)
+            };
+            let next = || -> Result<(u64, CmMessage), String> {
+                match gsi
+                    .receive_until(std::time::Instant::now() + timeout)
+                    .map_err(e)?
+                {
+                    Some(Received::Cm(_, tid, msg)) => Ok((tid, msg)),
+                    _ => Err("nothing came".into()),
+                }
+            };
+            let req = |comm_id: u32, port: u16| Req {
+                local_comm_id: comm_id,
+                service_id: cma::service_id(cma::ps::TCP, port),
+                local_qpn: 0x99,
+                responder_resources: 1,
+                initiator_depth: 1,
+                transport_service_type: transport::RC,
+                starting_psn: 0x4321,
+                retry_count: 7,
+                rnr_retry_count: 7,
+                path_mtu: 3,
+                primary: Path {
+                    local_gid: agid,
+                    remote_gid: bgid,
+                    local_ack_timeout: 14,
+                    ..Path::default()
+                },
+                private_data: CmaHeader {
+                    src_port: 40_000,
+                    src: v4(agid).into(),
+                    dst: v4(bgid).into(),
+                }
+                .with_user_data(b"hi")
+                .unwrap(),
+                ..Req::default()
+            };
+            send(CmMessage::Req(req(5, 7010)), 0x55)?;
+            match next()? {
+                (0x55, CmMessage::Rej(r)) if r.remote_comm_id == 5 && r.reason == 8 => {}
+                other => return Err(format!("expected the REJ: {other:?}")),
+            }
+            send(CmMessage::Req(req(6, 7011)), 0x66)?;
+            let (tid, CmMessage::Rep(rep)) = next()? else {
+                return Err("expected the REP".into());
+            };
+            assert_eq!((tid, rep.remote_comm_id), (0x66, 6));
+            let rtu = |tid| {
+                send(
+                    CmMessage::Rtu(Rtu {
+                        local_comm_id: 6,
+                        remote_comm_id: rep.local_comm_id,
+                        private_data: Vec::new(),
+                    }),
+                    tid,
+                )
+            };
+            rtu(0x67)?;
+            // Dropped: the REP comes again.
+            let (tid, CmMessage::Rep(again)) = next()? else {
+                return Err("expected the REP again".into());
+            };
+            assert_eq!((tid, again.local_comm_id), (0x66, rep.local_comm_id));
+            send(CmMessage::Req(req(6, 7011)), 0x66)?;
+            rtu(0x66)?;
+            Ok(rep.local_qpn)
+        });
+        let conn = cm
+            .accept(&qp, 7011, &ConnParam::default(), timeout)
+            .unwrap();
+        assert_eq!(client.join().unwrap().unwrap(), qp.qpn());
+        assert_eq!(conn.remote_qpn, 0x99);
+        // The user's private data after the rdma_cm header (zero-padded
+        // to the REQ's fixed size).
+        assert!(
+            conn.private_data.starts_with(b"hi"),
+            "{:?}",
+            conn.private_data
+        );
+        let attr = qp.query().unwrap().attr;
+        assert_eq!(
+            (attr.qp_state, attr.dest_qpn, attr.rq_psn, attr.timeout),
+            (virtio_rdma_abi::qp::QpState::RTS as u32, 0x99, 0x4321, 14)
+        );
+        // The RTU of another transaction; REPs for the REQ's
+        // retransmission are not counted as drops.
+        assert!(cm.dropped() >= 1, "{}", cm.dropped());
+    });
+}
+
+/// A server that accepts and then disconnects at once: the rping client
+/// answers its DREQ and fails, naming the disconnection, instead of
+/// waiting for a go-ahead that never comes.
+#[test]
+fn rping_client_stops_when_the_server_disconnects() {
+    use virtio_rdma_apps::cm_agent::{CmPort, ConnParam, Timers};
+    use virtio_rdma_apps::rping;
+    use virtio_rdma_driver::{Cq, Qp, QpInit};
+    let d = daemon(2, |_| {});
+    let (a, b) = (open(&d, 0), open(&d, 1));
+    let server_ip = std::net::Ipv6Addr::from(b.dev.gid())
+        .to_ipv4_mapped()
+        .unwrap();
+    let timeout = std::time::Duration::from_secs(60);
+    let mut cm = CmPort::open(&b.dev).unwrap();
+    let cq = Cq::create(&b.dev, 4).unwrap();
+    let qp = Qp::create(cm.pd(), &QpInit::rc(&cq)).unwrap();
+    std::thread::scope(|s| {
+        let server = s.spawn(move || -> Result<(), String> {
+            let conn = cm
+                .accept(&qp, 7020, &ConnParam::default(), timeout)
+                .map_err(|e| e.to_string())?;
+            cm.disconnect(&qp, &conn).map_err(|e| e.to_string())
+        });
+        let opts = rping::Options {
+            size: 64,
+            count: 5,
+            verify: true,
+            timeout,
+            gid_index: None,
+            timers: Timers::default(),
+        };
+        let err = rping::client(&a.dev, server_ip.into(), 7020, &opts, timeout)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("the server disconnected during ping 0"),
+            "{err}"
+        );
+        server.join().unwrap().unwrap();
     });
 }

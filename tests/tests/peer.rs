@@ -5,7 +5,9 @@
 //! ping-pong as server and client, and a pingpong server fed garbage
 //! instead of an address message; UD messages both ways, `ib_write_lat`'s
 //! and `ib_write_bw`'s measurements, and the errors of a UD receiver whose
-//! messages never come and of a peer that sends a malformed address.
+//! messages never come and of a peer that sends a malformed address;
+//! `rping-server` and `rping-client` over the VMs' own CM (no TCP), and
+//! the client's failures when its REQ is rejected or never answered.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -677,4 +679,172 @@ fn perf_server_refuses_a_bad_peer() {
         assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
         assert!(!r.stdout.contains("connected to"), "{}", r.stdout);
     }
+}
+
+/// VM `i`'s IP address (its default GID is IPv4-mapped).
+fn vm_ip(i: usize) -> String {
+    Ipv6Addr::from(default_gid(i))
+        .to_ipv4_mapped()
+        .unwrap()
+        .to_string()
+}
+
+/// `rping-server` on VM 0 and `rping-client --verify` on VM 1: the
+/// connection set up by the VMs' own CMs over QP 1, 20 pings in rping's
+/// protocol with their data compared, the client's disconnection; the
+/// lines a script looks for.
+#[test]
+fn rping_between_two_processes() {
+    let d = TestDaemon::start(2).unwrap();
+    let (s0, s1) = (sock(&d, 0), sock(&d, 1));
+    let ip = vm_ip(0);
+    let server = Peer::spawn(
+        &d,
+        "server",
+        &[
+            "rping-server",
+            "--socket",
+            &s0,
+            "--port",
+            "7174",
+            "--timeout-secs",
+            "10",
+        ],
+    );
+    // Until the server's QP 1 exists its REQs go nowhere: sent again soon.
+    let client = Peer::spawn(
+        &d,
+        "client",
+        &[
+            "rping-client",
+            "--socket",
+            &s1,
+            "--addr",
+            &ip,
+            "--port",
+            "7174",
+            "--count",
+            "20",
+            "--verify",
+            "--retry-rejected-secs",
+            "10",
+            "--cm-response-ms",
+            "200",
+            "--cm-sends",
+            "50",
+            "--timeout-secs",
+            "10",
+        ],
+    );
+    let (c, s) = (client.finish(), server.finish());
+    c.expect_ok("client", &s);
+    s.expect_ok("server", &c);
+    assert_eq!(
+        c.stdout.lines().last(),
+        Some("rdma-peer: rping-client: 20 pings verified"),
+        "{}",
+        c.stdout
+    );
+    assert_eq!(
+        s.stdout.lines().last(),
+        Some("rdma-peer: rping-server: 20 pings served"),
+        "{}",
+        s.stdout
+    );
+    assert!(
+        s.stdout
+            .contains(&format!("rping-server: connection from {}", vm_ip(1))),
+        "{}",
+        s.stdout
+    );
+    // rping's text: the counter, then 50 letters from A (ping 0) or B
+    // (ping 1) on, within 64 bytes with the NUL.
+    let letters = |first: u8| (0..50u8).map(|i| char::from(first + i)).collect::<String>();
+    let pings: Vec<&str> = s
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("server ping data: "))
+        .collect();
+    assert_eq!(pings.len(), 20, "{}", s.stdout);
+    assert_eq!(pings[0], format!("rdma-ping-0: {}", letters(b'A')));
+    assert_eq!(pings[1], format!("rdma-ping-1: {}", letters(b'B')));
+    let echoed = c
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("ping data: rdma-ping-"))
+        .count();
+    assert_eq!(echoed, 20, "{}", c.stdout);
+}
+
+/// A client whose REQ is rejected (nothing listens on its port) or never
+/// answered (nothing runs on the server's VM) exits 1 saying which.
+#[test]
+fn rping_client_fails_on_rej_and_on_no_answer() {
+    let d = TestDaemon::start(2).unwrap();
+    let (s0, s1) = (sock(&d, 0), sock(&d, 1));
+    let ip = vm_ip(0);
+    let client = |name: &str, port: &str, sends: &str| {
+        Peer::spawn(
+            &d,
+            name,
+            &[
+                "rping-client",
+                "--socket",
+                &s1,
+                "--addr",
+                &ip,
+                "--port",
+                port,
+                "--count",
+                "1",
+                "--cm-response-ms",
+                "200",
+                "--cm-sends",
+                sends,
+                "--timeout-secs",
+                "10",
+            ],
+        )
+        .finish()
+    };
+    // No VM behind the server's GID has a QP 1: three REQs, then no more.
+    let lost = client("lost", "7175", "3");
+    assert_eq!(lost.code, Some(1), "{}\n{}", lost.stdout, lost.stderr);
+    assert!(
+        lost.stderr
+            .contains("no answer from the peer to the REQ after 3 sends"),
+        "{}",
+        lost.stderr
+    );
+    // A server on 7176; a REQ for 7177 is refused, then one for 7176 served.
+    let server = Peer::spawn(
+        &d,
+        "server",
+        &[
+            "rping-server",
+            "--socket",
+            &s0,
+            "--port",
+            "7176",
+            "--timeout-secs",
+            "10",
+        ],
+    );
+    let rejected = client("rejected", "7177", "50");
+    assert_eq!(rejected.code, Some(1), "{}", rejected.stdout);
+    assert!(
+        rejected.stderr.contains("rejected by the peer: reason 8"),
+        "{}",
+        rejected.stderr
+    );
+    let served = client("served", "7176", "50");
+    let s = server.finish();
+    served.expect_ok("client", &s);
+    s.expect_ok("server", &served);
+    assert_eq!(
+        s.stdout.lines().last(),
+        Some("rdma-peer: rping-server: 1 pings served"),
+        "{}",
+        s.stdout
+    );
 }

@@ -20,8 +20,10 @@
 //!           [-s SIZE] [-n ITERS] [--tx-depth D] [--timeout-secs N]
 //! rdma-peer fill --socket PATH [--max N] [--hold-secs S]
 //! rdma-peer rping-server --socket PATH --port P [--size S] [--count N]
+//!           [--gid-index I | --src-ip IP] [--cm-response-ms T] [--cm-sends N]
 //! rdma-peer rping-client --socket PATH --addr IP --port P [--count N]
 //!           [--size S] [--verify] [--retry-rejected-secs T]
+//!           [--gid-index I | --src-ip IP] [--cm-response-ms T] [--cm-sends N]
 //! rdma-peer cm-probe --socket PATH --role server|client --tcp ADDR:PORT
 //!           --port CM_PORT [--timeout-secs N]
 //! ```
@@ -59,8 +61,8 @@
 //!   for it) receives and rejects; the client checks the REJ. Ends with
 //!   `rdma-peer: cm-probe ok (...)` on both sides.
 //!
-//! - `rping-server`, `rping-client`: `vhost_user_rdma_tests::rping` over
-//!   the VM's own CM (`vhost_user_rdma_tests::cm_agent`, IB CM on QP 1 as
+//! - `rping-server`, `rping-client`: `virtio_rdma_apps::rping` over
+//!   the VM's own CM (`virtio_rdma_apps::cm_agent`, IB CM on QP 1 as
 //!   rdma_cm speaks it): rping's protocol, so that the other side may be
 //!   the unmodified `rping -c`/`rping -s` on another host. The client
 //!   prints rping's `ping data: ...` lines and ends with
@@ -81,14 +83,15 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args as ClapArgs, Parser, Subcommand, ValueEnum};
+use vhost_user_rdma_tests::cm_probe;
 use vhost_user_rdma_tests::transport::VmmTransport;
 use vhost_user_rdma_tests::vmm::{TestVmm, VmmOptions};
-use vhost_user_rdma_tests::{cm_probe, rping};
 use virtio_rdma_apps::exchange::{self, Options, Role};
 use virtio_rdma_apps::oob::TcpOob;
 use virtio_rdma_apps::perf;
 use virtio_rdma_apps::pingpong::{self, Side};
 use virtio_rdma_apps::ud;
+use virtio_rdma_apps::{cm_agent, rping};
 use virtio_rdma_driver::Device;
 
 type BoxError = Box<dyn std::error::Error>;
@@ -112,6 +115,57 @@ struct Vm {
     /// step, in seconds.
     #[arg(long, default_value_t = 120)]
     timeout_secs: u64,
+}
+
+/// The VM's CM (rping-server, rping-client).
+#[derive(Debug, ClapArgs)]
+struct CmArgs {
+    /// Speak from this entry of the VM's GID table (0: the MAC-derived
+    /// default GID; 1..: the VM's configured `gids`; on the verbs
+    /// transport the host port's IPv4-mapped GID). Default: the first
+    /// configured GID, else the default one.
+    #[arg(long, conflicts_with = "src_ip")]
+    gid_index: Option<u8>,
+    /// Speak from the GID of this IP address (IPv4-mapped for IPv4), which
+    /// must be in the VM's GID table.
+    #[arg(long)]
+    src_ip: Option<std::net::IpAddr>,
+    /// How long a REQ, REP or DREQ waits for its answer before it is sent
+    /// again, in milliseconds (rdma_cm's: 4300).
+    #[arg(long, default_value_t = 4300)]
+    cm_response_ms: u64,
+    /// Sends of a REQ, REP or DREQ before the exchange is given up
+    /// (rdma_cm's: 15).
+    #[arg(long, default_value_t = 15)]
+    cm_sends: u32,
+}
+
+impl CmArgs {
+    /// rping's options for `dev`.
+    fn options(
+        &self,
+        dev: &Device,
+        size: usize,
+        count: u64,
+        verify: bool,
+        timeout: Duration,
+    ) -> Result<rping::Options, BoxError> {
+        let gid_index = match (self.gid_index, self.src_ip) {
+            (_, Some(ip)) => Some(cm_agent::gid_index_of(dev, ip)?),
+            (i, None) => i,
+        };
+        Ok(rping::Options {
+            size,
+            count,
+            verify,
+            timeout,
+            gid_index,
+            timers: cm_agent::Timers {
+                response_wait: Duration::from_millis(self.cm_response_ms.max(1)),
+                max_sends: self.cm_sends.max(1),
+            },
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -304,6 +358,8 @@ enum Cmd {
         /// client disconnects).
         #[arg(long, default_value_t = 0)]
         count: u64,
+        #[command(flatten)]
+        cm: CmArgs,
     },
     /// `rping -c` on the VM: connects through the VM's CM to an rdma_cm
     /// listener at ADDR:PORT (for instance a native `rping -s`) and pings.
@@ -330,6 +386,8 @@ enum Cmd {
         /// both sides at once).
         #[arg(long, default_value_t = 0)]
         retry_rejected_secs: u64,
+        #[command(flatten)]
+        cm: CmArgs,
     },
     /// CQs until the device refuses one: a VM taking its share.
     Fill {
@@ -560,15 +618,11 @@ fn run(args: Args) -> Result<(), BoxError> {
             port,
             size,
             count,
+            cm,
         } => {
             let timeout = Duration::from_secs(vm.timeout_secs);
             let dev = open(&vm.socket, timeout)?;
-            let opts = rping::Options {
-                size,
-                count,
-                verify: false,
-                timeout,
-            };
+            let opts = cm.options(&dev, size, count, false, timeout)?;
             rping::server(&dev, port, &opts)?;
         }
         Cmd::RpingClient {
@@ -579,15 +633,11 @@ fn run(args: Args) -> Result<(), BoxError> {
             size,
             verify,
             retry_rejected_secs,
+            cm,
         } => {
             let timeout = Duration::from_secs(vm.timeout_secs);
             let dev = open(&vm.socket, timeout)?;
-            let opts = rping::Options {
-                size,
-                count,
-                verify,
-                timeout,
-            };
+            let opts = cm.options(&dev, size, count, verify, timeout)?;
             rping::client(
                 &dev,
                 addr,

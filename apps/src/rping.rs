@@ -27,7 +27,7 @@ use virtio_rdma_driver::{
     Cq, Device, DmaBuf, Mr, Qp, QpCap, QpInit, RecvWr, SendOp, SendWr, WorkCompletion,
 };
 
-use crate::cm_agent::{CmPort, ConnParam};
+use crate::cm_agent::{CmError, CmPort, ConnParam, Timers};
 
 type BoxError = Box<dyn std::error::Error>;
 
@@ -37,6 +37,8 @@ const INFO: usize = 16;
 const SQ_DEPTH: u32 = 16;
 /// The smallest buffer rping accepts (`RPING_MIN_BUFSIZE`).
 pub const MIN_SIZE: usize = 27;
+/// The largest (`RPING_BUFSIZE - 1`).
+pub const MAX_SIZE: usize = 64 * 1024 - 1;
 
 /// wr_ids.
 const RECV: u64 = 1;
@@ -224,6 +226,22 @@ pub struct Options {
     pub verify: bool,
     /// Longest wait for a connection and for each step.
     pub timeout: Duration,
+    /// The GID table index to speak from (`None`: the device handle's).
+    pub gid_index: Option<u8>,
+    /// The CM's retransmission timers.
+    pub timers: Timers,
+}
+
+impl Options {
+    /// The VM's CM endpoint as these options say.
+    fn cm<'d>(&self, dev: &'d Device) -> Result<CmPort<'d>, BoxError> {
+        let mut cm = match self.gid_index {
+            Some(i) => CmPort::open_from(dev, i)?,
+            None => CmPort::open(dev)?,
+        };
+        cm.set_timers(self.timers);
+        Ok(cm)
+    }
 }
 
 /// The client: connects to `peer`:`port`, pings `count` times, disconnects.
@@ -234,16 +252,16 @@ pub fn client(
     opts: &Options,
     retry_rejected: Duration,
 ) -> Result<u64, BoxError> {
-    if opts.size < MIN_SIZE {
-        return Err(format!("a size of at least {MIN_SIZE}").into());
+    if !(MIN_SIZE..=MAX_SIZE).contains(&opts.size) {
+        return Err(format!("a size of {MIN_SIZE} to {MAX_SIZE} bytes, as rping's").into());
     }
-    let mut cm = CmPort::open(dev)?;
+    let mut cm = opts.cm(dev)?;
     let side = Side::new(&cm, dev, opts.size, opts.timeout)?;
     let until = Instant::now() + retry_rejected;
     let conn = loop {
         match cm.connect(&side.qp, peer, port, &ConnParam::default()) {
             Ok(c) => break c,
-            Err(crate::cm_agent::CmError::Rejected { reason })
+            Err(CmError::Rejected { reason })
                 if reason == ib_cm_wire::cm::rej_reason::INVALID_SERVICE_ID
                     && Instant::now() < until =>
             {
@@ -264,9 +282,15 @@ pub fn client(
         side.buf.write(side.start_at(), &data)?;
         side.buf.write(RDMA_AT, &vec![0u8; opts.size])?;
         side.send_info(side.start_at(), opts.size)?;
-        side.recv_info(|| Ok(false))?.ok_or("stopped")?;
+        // Each go-ahead, or the server's disconnection.
+        let mut go_ahead = || -> Result<(), BoxError> {
+            side.recv_info(|| Ok(cm.poll_dreq(&side.qp, &conn, Instant::now())?))?
+                .ok_or_else(|| format!("the server disconnected during ping {n}"))?;
+            Ok(())
+        };
+        go_ahead()?;
         side.send_info(RDMA_AT, opts.size)?;
-        side.recv_info(|| Ok(false))?.ok_or("stopped")?;
+        go_ahead()?;
         let mut got = vec![0u8; opts.size];
         side.buf.read(RDMA_AT, &mut got)?;
         if opts.verify && got != data {
@@ -291,7 +315,10 @@ pub fn client(
 /// The server: takes one connection on `port` and serves pings until the
 /// client disconnects (or after `count` pings, its disconnection).
 pub fn server(dev: &Device, port: u16, opts: &Options) -> Result<u64, BoxError> {
-    let mut cm = CmPort::open(dev)?;
+    if !(MIN_SIZE..=MAX_SIZE).contains(&opts.size) {
+        return Err(format!("a size of {MIN_SIZE} to {MAX_SIZE} bytes, as rping's").into());
+    }
+    let mut cm = opts.cm(dev)?;
     let side = Side::new(&cm, dev, opts.size, opts.timeout)?;
     println!("rdma-peer: rping-server: listening on port {port}");
     let conn = cm.accept(&side.qp, port, &ConnParam::default(), opts.timeout)?;

@@ -27,27 +27,38 @@ const SLOTS: usize = 8;
 const SEND_WR_ID: u64 = u64::MAX;
 
 /// A VM's GSI QP in RTS with its buffers.
-pub(crate) struct Gsi {
-    pub(crate) pd: Arc<Pd>,
-    pub(crate) cq: Arc<Cq>,
+pub struct Gsi {
+    /// The protection domain of QP 1 (for the application's QPs too).
+    pub pd: Arc<Pd>,
+    /// The completion queue of QP 1's both queues.
+    pub cq: Arc<Cq>,
     qp: Qp,
     buf: Arc<DmaBuf>,
     mr: Mr,
+    /// The GID table index MADs are sent from.
+    sgid_index: u8,
     /// Receives completed while a send was waited for.
     pending: RefCell<VecDeque<WorkCompletion>>,
 }
 
 /// What one look at QP 1 found.
-pub(crate) enum Received {
-    /// A CM message with the GRH it came with.
-    Cm(UdGrh, CmMessage),
+pub enum Received {
+    /// A CM message with the GRH it came with and its MAD's transaction
+    /// ID.
+    Cm(UdGrh, u64, CmMessage),
     /// A receive that was not a CM MAD (dropped, its slot posted again).
     Dropped(String),
 }
 
 impl Gsi {
-    /// Checks `F_GSI`, creates QP 1, moves it to RTS and posts receives.
-    pub(crate) fn open(dev: &Device) -> Result<Gsi, BoxError> {
+    /// [`Gsi::open_from`] the device handle's own GID.
+    pub fn open(dev: &Device) -> Result<Gsi, BoxError> {
+        Gsi::open_from(dev, dev.gid_index())
+    }
+
+    /// Checks `F_GSI`, creates QP 1, moves it to RTS and posts receives;
+    /// MADs go out from GID table entry `sgid_index`.
+    pub fn open_from(dev: &Device, sgid_index: u8) -> Result<Gsi, BoxError> {
         if dev.features() & F_GSI == 0 {
             return Err("the device does not offer F_GSI".into());
         }
@@ -80,6 +91,7 @@ impl Gsi {
             qp,
             buf,
             mr,
+            sgid_index,
             pending: RefCell::new(VecDeque::new()),
         };
         for i in 0..SLOTS {
@@ -99,14 +111,16 @@ impl Gsi {
 
     /// Sends `mad` to QP 1 at `dgid` and waits for its completion. A
     /// receive completed meanwhile is kept for the next look.
-    pub(crate) fn send(
+    pub fn send(
         &self,
         dev: &Device,
         dgid: [u8; 16],
         mad: &[u8],
         timeout: Duration,
     ) -> Result<(), BoxError> {
-        let ah = Ah::create(&self.pd, &dev.av(dgid))?;
+        let mut av = dev.av(dgid);
+        av.sgid_index = self.sgid_index;
+        let ah = Ah::create(&self.pd, &av)?;
         let at = SLOT * SLOTS;
         self.buf.write(at, mad)?;
         let sge = [self.mr.sge(at as u64, mad.len() as u32)?];
@@ -139,10 +153,13 @@ impl Gsi {
         (self.cq.poll(&mut wc) == 1).then_some(wc[0])
     }
 
+    /// The CQ's next completion before `deadline`, past those kept in
+    /// `pending` (which a send's wait would otherwise take back forever).
     fn poll_until(&self, deadline: Instant) -> Result<WorkCompletion, BoxError> {
         loop {
-            if let Some(wc) = self.poll_once() {
-                return Ok(wc);
+            let mut wc = [WorkCompletion::default(); 1];
+            if self.cq.poll(&mut wc) == 1 {
+                return Ok(wc[0]);
             }
             if Instant::now() >= deadline {
                 return Err("no completion in time".into());
@@ -152,7 +169,7 @@ impl Gsi {
     }
 
     /// The next receive of QP 1 before `deadline`, `None` if none came.
-    pub(crate) fn receive_until(&self, deadline: Instant) -> Result<Option<Received>, BoxError> {
+    pub fn receive_until(&self, deadline: Instant) -> Result<Option<Received>, BoxError> {
         loop {
             if let Some(wc) = self.poll_once() {
                 if wc.wr_id == SEND_WR_ID {
@@ -198,7 +215,7 @@ impl Gsi {
             .min(MAX_MAD_BYTES as usize);
         let mad = raw.get(UD_GRH_SIZE as usize..UD_GRH_SIZE as usize + len);
         match mad.map(CmMessage::parse) {
-            Some(Ok((_, msg))) => Ok(Received::Cm(grh, msg)),
+            Some(Ok((hdr, msg))) => Ok(Received::Cm(grh, hdr.tid, msg)),
             Some(Err(e)) => Ok(Received::Dropped(format!("not a CM message: {e}"))),
             None => Ok(Received::Dropped("a short receive".into())),
         }
@@ -206,23 +223,23 @@ impl Gsi {
 
     /// The next CM MAD QP 1 receives within `timeout`: its GRH and the
     /// message; anything else is an error.
-    pub(crate) fn receive(&self, timeout: Duration) -> Result<(UdGrh, CmMessage), BoxError> {
+    pub fn receive(&self, timeout: Duration) -> Result<(UdGrh, CmMessage), BoxError> {
         match self.receive_until(Instant::now() + timeout)? {
-            Some(Received::Cm(grh, msg)) => Ok((grh, msg)),
+            Some(Received::Cm(grh, _, msg)) => Ok((grh, msg)),
             Some(Received::Dropped(why)) => Err(why.into()),
             None => Err(format!("no MAD within {timeout:?}").into()),
         }
     }
 }
 
-/// The IP address of a RoCEv2 GID.
-pub(crate) fn gid_ip(gid: [u8; 16]) -> IpAddr {
+/// The IP address of a RoCEv2 GID (IPv4 for an IPv4-mapped one).
+pub fn gid_ip(gid: [u8; 16]) -> IpAddr {
     let v6 = Ipv6Addr::from(gid);
     v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
 }
 
 /// The GID of an IP address (IPv4-mapped for IPv4).
-pub(crate) fn ip_gid(ip: IpAddr) -> [u8; 16] {
+pub fn ip_gid(ip: IpAddr) -> [u8; 16] {
     match ip {
         IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
         IpAddr::V6(v6) => v6.octets(),
