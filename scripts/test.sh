@@ -3,9 +3,10 @@
 # (the integration tests start the real daemon and talk to it over real
 # vhost-user sockets through the test VMM), and the end-to-end test in real
 # QEMU guests (patched QEMU built and cached on first use; see
-# scripts/qemu-e2e.sh). RDMA_SKIP_QEMU=1 skips the QEMU part; RDMA_CM_TESTS=1
-# adds scripts/qemu-cm.sh's own check on soft-RoCE (rxe). Every part runs whatever the others did; the script fails at the end
-# naming those that failed.
+# scripts/qemu-e2e.sh). RDMA_SKIP_QEMU=1 skips the QEMU part; RDMA_SKIP_CM=1
+# skips scripts/qemu-cm.sh (rdma_cm, NVMe-oF, NFS over RDMA between two guests);
+# RDMA_CM_TESTS=1 adds qemu-cm's own check on soft-RoCE (rxe). Every part runs
+# whatever the others did; the script fails at the end naming those that failed.
 #
 # Usage: bash scripts/test.sh
 set -euo pipefail
@@ -56,8 +57,10 @@ if [ "${RDMA_SKIP_QEMU:-0}" != 1 ]; then
     part "rdma_cm tools, perftest -R, NVMe over Fabrics: the harness on soft-RoCE (rxe)" \
       bash scripts/qemu-cm.sh --device rxe
   fi
-  part "rdma_cm tools, perftest -R, NVMe-oF, NFS over RDMA between two QEMU guests on one daemon" \
-    bash scripts/qemu-cm.sh
+  if [ "${RDMA_SKIP_CM:-0}" != 1 ]; then
+    part "rdma_cm tools, perftest -R, NVMe-oF, NFS over RDMA between two QEMU guests on one daemon" \
+      bash scripts/qemu-cm.sh
+  fi
 fi
 echo "== times: everything $((SECONDS - t_start)) s, of which the QEMU part $((SECONDS - t_qemu)) s"
 # One line of totals for humans and CI.

@@ -17,6 +17,7 @@
  * from the last one a CQE completed on is flushed, in posting order.
  */
 
+#include <linux/bottom_half.h>
 #include <linux/log2.h>
 #include <linux/slab.h>
 #include <rdma/ib_verbs.h>
@@ -224,12 +225,17 @@ static int vrdma_kcq_flush(struct vrdma_cq *cq, struct ib_wc *wc, int n)
 /*
  * Runs the consumer's handler of @ibcq as a completion event would, so
  * that it polls what the device will not report any more (a stopped
- * device). A CQ polled directly has none: its owner polls.
+ * device). A CQ polled directly has none: its owner polls. Called in
+ * process context: with bottom halves off around it, a softirq CQ's poll
+ * the handler raises runs when they are on again, not left pending.
  */
 void vrdma_kcq_kick(struct ib_cq *ibcq)
 {
-	if (ibcq->poll_ctx != IB_POLL_DIRECT && ibcq->comp_handler)
-		ibcq->comp_handler(ibcq, ibcq->cq_context);
+	if (ibcq->poll_ctx == IB_POLL_DIRECT || !ibcq->comp_handler)
+		return;
+	local_bh_disable();
+	ibcq->comp_handler(ibcq, ibcq->cq_context);
+	local_bh_enable();
 }
 
 int vrdma_poll_cq(struct ib_cq *ibcq, int n, struct ib_wc *wc)
