@@ -836,7 +836,7 @@ static struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *context,
 		errno = EINVAL;
 		return NULL;
 	}
-	if (attr->pd->context != context) {
+	if (!attr->pd || attr->pd->context != context) {
 		errno = EINVAL;
 		return NULL;
 	}
