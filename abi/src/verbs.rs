@@ -25,9 +25,10 @@ wire_struct! {
         max_mr_bytes: u64,
         /// Same as the configuration field.
         page_size_cap: u64,
-        /// IEEE OUI of the implementer.
+        /// 0x1af4, the PCI vendor ID of virtio devices, as the virtio-pci
+        /// function of the device carries it (spec 12.1: why not an OUI).
         vendor_id: u32,
-        /// Implementer-defined part number.
+        /// 42, the virtio device type of the RDMA device.
         vendor_part_id: u32,
         /// Implementer-defined hardware version.
         hw_version: u32,

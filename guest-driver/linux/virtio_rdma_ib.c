@@ -144,6 +144,8 @@ static int vrdma_query_port(struct ib_device *ibdev, u32 port,
 	props->max_msg_sz = le32_to_cpu(p->max_msg_size);
 	props->active_speed = le32_to_cpu(p->active_speed);
 	props->active_width = le32_to_cpu(p->active_width);
+	/* VL0 only (encoding 1): RoCE has no VLs, and 0 is no valid value. */
+	props->max_vl_num = 1;
 	props->ip_gids = true;
 	return 0;
 }

@@ -943,6 +943,61 @@ static void transport_only(struct ibv_context *ctx, struct ibv_pd *pd)
 	qp_states(ctx, pd, IBV_QPT_RC);
 }
 
+/*
+ * ibv_create_qp_ex: PD and CREATE_FLAGS with no flag create a QP (without
+ * the extended send API: ibv_qp_to_qp_ex gives none); the send-ops flags
+ * are refused with EOPNOTSUPP, a create flag with EINVAL.
+ */
+static void create_qp_ex(struct ibv_context *ctx, struct ibv_pd *pd)
+{
+	struct ibv_qp_init_attr_ex a = {};
+	struct ibv_qp *qp, *ops, *flags;
+	int ops_err, flags_err, ex;
+	struct ibv_cq *cq;
+	char msg[200];
+
+	cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	if (!cq) {
+		result(0, "create_qp_ex: create_cq");
+		return;
+	}
+	a.send_cq = cq;
+	a.recv_cq = cq;
+	a.qp_type = IBV_QPT_RC;
+	a.cap.max_send_wr = 4;
+	a.cap.max_recv_wr = 4;
+	a.cap.max_send_sge = 1;
+	a.cap.max_recv_sge = 1;
+	a.pd = pd;
+	a.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+	qp = ibv_create_qp_ex(ctx, &a);
+	ex = qp && ibv_qp_to_qp_ex(qp) != NULL;
+	a.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+	a.send_ops_flags = IBV_QP_EX_WITH_SEND;
+	errno = 0;
+	ops = ibv_create_qp_ex(ctx, &a);
+	ops_err = errno;
+	a.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+	a.create_flags = IBV_QP_CREATE_SCATTER_FCS;
+	errno = 0;
+	flags = ibv_create_qp_ex(ctx, &a);
+	flags_err = errno;
+	snprintf(msg, sizeof(msg),
+		 "create_qp_ex: PD|CREATE_FLAGS, no flag: %s (qp_ex %s); SEND_OPS_FLAGS: %s; a create flag: %s",
+		 qp ? "created" : strerror(errno), ex ? "yes" : "none",
+		 ops ? "created" : strerror(ops_err),
+		 flags ? "created" : strerror(flags_err));
+	result(qp && !ex && !ops && ops_err == EOPNOTSUPP && !flags &&
+	       flags_err == EINVAL, msg);
+	if (qp)
+		ibv_destroy_qp(qp);
+	if (ops)
+		ibv_destroy_qp(ops);
+	if (flags)
+		ibv_destroy_qp(flags);
+	ibv_destroy_cq(cq);
+}
+
 int main(int argc, char **argv)
 {
 	struct ibv_device_attr attr;
@@ -986,6 +1041,7 @@ int main(int argc, char **argv)
 	refused(pd, local | IBV_ACCESS_MW_BIND, "memory-window binding");
 	device_attrs(ctx);
 	qp_attrs(ctx, pd);
+	create_qp_ex(ctx, pd);
 	if (ibv_query_device(ctx, &attr)) {
 		result(0, "query_device");
 	} else {

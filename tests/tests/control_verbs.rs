@@ -46,6 +46,9 @@ fn config_and_queries() {
     assert_eq!(dev.page_size_cap, cfg.page_size_cap);
     assert_eq!(dev.atomic_caps, 1);
     assert_ne!(dev.node_guid, 0);
+    // Spec 12.1: the virtio PCI vendor ID and the device type (rdma-core
+    // rejects a vendor_id of 0).
+    assert_eq!((dev.vendor_id, dev.vendor_part_id), (0x1af4, 42));
     assert!(dev.max_mr_pages >= (16u64 << 30 >> 12) as u32);
 
     let port = v.query_port(1).unwrap();

@@ -17,10 +17,11 @@ fn fw_version() -> u64 {
         | part(env!("CARGO_PKG_VERSION_PATCH"))
 }
 
-/// Implementer ID reported in `vendor_id`: none assigned (0).
-const VENDOR_ID: u32 = 0;
-/// Part number of the vhost-user-rdma software device.
-const VENDOR_PART_ID: u32 = 0x5244; // "RD"
+/// `vendor_id`: the PCI vendor ID of virtio devices (spec 12.1). rdma-core
+/// treats 0 as no device.
+const VENDOR_ID: u32 = 0x1af4;
+/// `vendor_part_id`: the virtio device type of the RDMA device.
+const VENDOR_PART_ID: u32 = 42;
 /// Largest `local_ca_ack_delay` (a 5-bit exponent).
 const MAX_ACK_DELAY: u32 = 31;
 

@@ -248,10 +248,10 @@ static int encode_send(struct vrdma_qp *qp, struct ibv_send_wr *wr,
 	if (wr->send_flags & ~(IBV_SEND_SIGNALED | IBV_SEND_SOLICITED |
 			       IBV_SEND_INLINE | IBV_SEND_FENCE))
 		return EINVAL;
-	if (qp->ibv_qp.qp_type == IBV_QPT_UD &&
+	if (qp->vqp.qp.qp_type == IBV_QPT_UD &&
 	    wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM)
 		return EINVAL;
-	if (qp->ibv_qp.qp_type == IBV_QPT_UD) {
+	if (qp->vqp.qp.qp_type == IBV_QPT_UD) {
 		if (!wr->wr.ud.ah)
 			return EINVAL;
 		w.ah_handle = htole32(to_vah(wr->wr.ud.ah)->handle);
@@ -724,8 +724,9 @@ static int vrdma_destroy_cq(struct ibv_cq *ibcq)
 	return 0;
 }
 
-static struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
-				      struct ibv_qp_init_attr *attr)
+/* The QP of attr, whose comp_mask libibverbs and create_qp_ex checked. */
+static struct ibv_qp *vrdma_create_qp_common(struct ibv_context *context,
+					     struct ibv_qp_init_attr_ex *attr)
 {
 	long page = sysconf(_SC_PAGESIZE);
 	struct vrdma_create_qp_cmd cmd = {};
@@ -763,14 +764,14 @@ static struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
 	cmd.db_va = (uintptr_t)qp->db;
 	cmd.sq_depth = qp->sq_depth;
 	cmd.rq_depth = qp->rq_depth;
-	if (ibv_cmd_create_qp(pd, &qp->ibv_qp, attr, &cmd.ibv_cmd, sizeof(cmd),
-			      &resp.ibv_resp, sizeof(resp)))
+	if (ibv_cmd_create_qp_ex(context, &qp->vqp, attr, &cmd.ibv_cmd,
+				 sizeof(cmd), &resp.ibv_resp, sizeof(resp)))
 		goto err;
 	/* The device's layout must be the one the buffer was sized for. */
 	if (resp.sq_wqe_shift != qp->sq_wqe_shift ||
 	    resp.rq_wqe_shift != qp->rq_wqe_shift ||
 	    resp.rq_offset != qp->rq_offset) {
-		ibv_cmd_destroy_qp(&qp->ibv_qp);
+		ibv_cmd_destroy_qp(&qp->vqp.qp);
 		errno = EPROTO;
 		goto err;
 	}
@@ -781,12 +782,71 @@ static struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
 	attr->cap.max_send_wr = qp->sq_depth;
 	if (!attr->srq)
 		attr->cap.max_recv_wr = qp->rq_depth;
-	return &qp->ibv_qp;
+	return &qp->vqp.qp;
 err:
 	free(qp->buf);
 	free(qp->db);
 	free(qp);
 	return NULL;
+}
+
+static struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
+				      struct ibv_qp_init_attr *attr)
+{
+	struct ibv_qp_init_attr_ex attr_ex = {
+		.qp_context = attr->qp_context,
+		.send_cq = attr->send_cq,
+		.recv_cq = attr->recv_cq,
+		.srq = attr->srq,
+		.cap = attr->cap,
+		.qp_type = attr->qp_type,
+		.sq_sig_all = attr->sq_sig_all,
+		.comp_mask = IBV_QP_INIT_ATTR_PD,
+		.pd = pd,
+	};
+	struct ibv_qp *qp;
+
+	qp = vrdma_create_qp_common(pd->context, &attr_ex);
+	if (qp)
+		attr->cap = attr_ex.cap;
+	return qp;
+}
+
+/*
+ * ibv_create_qp_ex: a QP as ibv_create_qp makes it. Of the extended
+ * attributes only an empty set of create flags is honoured; XRC, the
+ * extended send API (ibv_qp_ex), TSO and RSS are refused with EOPNOTSUPP,
+ * create flags (none is implemented) with EINVAL, as other providers do.
+ */
+static struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *context,
+					 struct ibv_qp_init_attr_ex *attr)
+{
+	struct ibv_qp_init_attr_ex attr_ex;
+	struct ibv_qp *qp;
+
+	if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) ||
+	    (attr->comp_mask &
+	     ~(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS))) {
+		errno = attr->comp_mask & IBV_QP_INIT_ATTR_PD ? EOPNOTSUPP :
+								EINVAL;
+		return NULL;
+	}
+	if ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) &&
+	    attr->create_flags) {
+		errno = EINVAL;
+		return NULL;
+	}
+	if (!attr->pd || attr->pd->context != context) {
+		errno = EINVAL;
+		return NULL;
+	}
+	attr_ex = *attr;
+	attr_ex.comp_mask = IBV_QP_INIT_ATTR_PD;
+	attr_ex.create_flags = 0;
+	qp = vrdma_create_qp_common(context, &attr_ex);
+	if (qp)
+		attr->cap = attr_ex.cap;
+	return qp;
 }
 
 static int vrdma_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
@@ -836,6 +896,7 @@ static const struct verbs_context_ops vrdma_context_ops = {
 	.create_cq = vrdma_create_cq,
 	.create_srq = vrdma_create_srq,
 	.create_qp = vrdma_create_qp,
+	.create_qp_ex = vrdma_create_qp_ex,
 	.dealloc_pd = vrdma_dealloc_pd,
 	.dereg_mr = vrdma_dereg_mr,
 	.destroy_ah = vrdma_destroy_ah,

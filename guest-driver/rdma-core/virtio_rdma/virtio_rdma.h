@@ -83,7 +83,8 @@ static inline struct vrdma_cq *to_vcq(struct ibv_cq *ibcq)
 }
 
 struct vrdma_qp {
-	struct ibv_qp ibv_qp;
+	/* A verbs_qp: libibverbs reads its comp_mask (ibv_qp_to_qp_ex). */
+	struct verbs_qp vqp;
 	/* Send ring at 0, receive ring at rq_offset (spec 11.4). */
 	void *buf;
 	size_t buf_len;
@@ -110,7 +111,7 @@ struct vrdma_qp {
 
 static inline struct vrdma_qp *to_vqp(struct ibv_qp *ibqp)
 {
-	return container_of(ibqp, struct vrdma_qp, ibv_qp);
+	return container_of(ibqp, struct vrdma_qp, vqp.qp);
 }
 
 static inline struct vrdma_context *to_vctx(struct ibv_context *ibctx)
