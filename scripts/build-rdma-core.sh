@@ -174,17 +174,28 @@ if [ "$pyverbs" = 1 ]; then
       "$pytree/usr/lib/python3.11" >/dev/null || guest_die "compiling the standard library failed"
     touch "$pytree/.done"
   fi
-  rm -rf "$stage-py"
-  mkdir -p "$stage-py"
-  cp -al "$pytree/usr" "$stage-py/"
-  site="$stage-py/usr/lib/python3/dist-packages"
-  mkdir -p "$site" "$stage-py/usr/share/rdma-core"
-  # pyverbs: the build's modules and the Python files it links there.
-  cp -rL "$build/python/pyverbs" "$site/"
-  cp -r "$src/tests" "$stage-py/usr/share/rdma-core/tests"
-  rm -f "$stage-py/usr/share/rdma-core/tests/CMakeLists.txt"
-  nice "$python" -m compileall -q --invalidation-mode unchecked-hash -s "$stage-py" -p / \
-    "$site/pyverbs" "$stage-py/usr/share/rdma-core/tests" >/dev/null ||
-    guest_die "compiling pyverbs and the tests failed"
+  # Staged anew only when its inputs changed, and then beside the old tree, which is replaced
+  # in one rename: another script's image build may be reading it at this moment.
+  pystamp="$pytree $(find -L "$build/python/pyverbs" "$src/tests" -type f -printf '%p %s %T@\n' |
+    sort | sha256sum | cut -c1-16)"
+  if [ ! -d "$stage-py" ] || [ "$(cat "$stage-py.stamp" 2>/dev/null)" != "$pystamp" ]; then
+    next="$stage-py.new.$$"
+    rm -rf "$next"
+    mkdir -p "$next"
+    cp -al "$pytree/usr" "$next/"
+    site="$next/usr/lib/python3/dist-packages"
+    mkdir -p "$site" "$next/usr/share/rdma-core"
+    # pyverbs: the build's modules and the Python files it links there.
+    cp -rL "$build/python/pyverbs" "$site/"
+    cp -r "$src/tests" "$next/usr/share/rdma-core/tests"
+    rm -f "$next/usr/share/rdma-core/tests/CMakeLists.txt"
+    nice "$python" -m compileall -q --invalidation-mode unchecked-hash -s "$next" -p / \
+      "$site/pyverbs" "$next/usr/share/rdma-core/tests" >/dev/null ||
+      guest_die "compiling pyverbs and the tests failed"
+    if [ -d "$stage-py" ]; then mv "$stage-py" "$stage-py.old.$$"; fi
+    mv "$next" "$stage-py"
+    printf '%s\n' "$pystamp" >"$stage-py.stamp"
+    rm -rf "$stage-py.old.$$"
+  fi
 fi
 printf '%s\n' "$stage"
