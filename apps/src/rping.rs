@@ -35,8 +35,9 @@ type BoxError = Box<dyn std::error::Error>;
 const INFO: usize = 16;
 /// rping's send queue depth.
 const SQ_DEPTH: u32 = 16;
-/// The smallest buffer rping accepts (`RPING_MIN_BUFSIZE`).
-pub const MIN_SIZE: usize = 27;
+/// The smallest buffer rping accepts (`RPING_MIN_BUFSIZE`: the sizes,
+/// NUL included, of `stringify(INT_MAX)` and of `"rdma-ping-%d: "`, 11 + 15).
+pub const MIN_SIZE: usize = 26;
 /// The largest (`RPING_BUFSIZE - 1`).
 pub const MAX_SIZE: usize = 64 * 1024 - 1;
 
@@ -377,4 +378,21 @@ pub fn server(dev: &Device, port: u16, opts: &Options) -> Result<u64, BoxError> 
     }
     println!("rdma-peer: rping-server: {served} pings served");
     Ok(served)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ping_data_is_rpings_text() {
+        // rping.c: the prefix, letters from `first` up to `size - 1`, a NUL.
+        assert_eq!(ping_data(0, b'A', MIN_SIZE), b"rdma-ping-0: ABCDEFGHIJKL\0");
+        // The letters run 'A'..='z' and wrap to 'A'.
+        let d = ping_data(7, b'x', 20);
+        assert_eq!(&d[..], b"rdma-ping-7: xyzABC\0");
+        // A prefix longer than the buffer is cut as snprintf cuts it.
+        let d = ping_data(1_000_000_000_000, b'A', MIN_SIZE);
+        assert_eq!(&d[..], b"rdma-ping-1000000000000: \0");
+    }
 }
