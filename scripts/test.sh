@@ -45,6 +45,8 @@ if [ "${RDMA_SKIP_QEMU:-0}" != 1 ]; then
   part "the Linux guest driver (virtio_rdma.ko) in a QEMU guest" bash scripts/qemu-kmod.sh
   part "rdma-core's own test suite (pyverbs) in a QEMU guest on virtio_rdma0" \
     bash scripts/qemu-rdma-core-tests.sh
+  part "rdma-core's own test suite on a device without UD, SRQs and atomics (cloud-hypervisor's case)" \
+    bash scripts/qemu-rdma-core-tests.sh --bare
   part "unmodified pingpongs and perftest between two QEMU guests, a hostile third one killed" \
     bash scripts/qemu-pingpong.sh
   part "two QEMU guests as RDMA hosts: Linux soft-RoCE (rxe) between them, natively" \
@@ -67,7 +69,7 @@ fi
 echo "== times: everything $((SECONDS - t_start)) s, of which the QEMU part $((SECONDS - t_qemu)) s"
 # One line of totals for humans and CI.
 awk '/^test result:/ { p += $4; f += $6 }
-     /^(qemu-(e2e|kmod|pingpong|rxe|cm|rdma-core-tests)(-6\.12|-rxe)?|check-prereqs|check-no-verbs): [0-9]+ passed, [0-9]+ failed$/ { p += $2; f += $4 }
+     /^(qemu-(e2e|kmod|pingpong|rxe|cm|rdma-core-tests)(-6\.12|-rxe|-bare)?|check-prereqs|check-no-verbs): [0-9]+ passed, [0-9]+ failed$/ { p += $2; f += $4 }
      END { printf "%d passed, %d failed\n", p, f }' "$out"
 if [ ${#failed_parts[@]} -gt 0 ]; then
   printf 'FAILED: %s\n' "${failed_parts[@]}"
