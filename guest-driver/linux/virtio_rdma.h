@@ -363,6 +363,9 @@ void *vrdma_kring_list(struct vrdma_dev *dev, void *ring, size_t len,
 void *vrdma_kdb_alloc(void);
 int vrdma_kva_to_gpa(u64 addr, u32 len, u64 *gpa);
 
+/* IB_UVERBS_ACCESS_FLUSH_GLOBAL and _PERSISTENT (uapi since 6.2). */
+#define VRDMA_ACCESS_FLUSH (BIT(8) | BIT(9))
+
 /* virtio_rdma_mr.c */
 int vrdma_access(int ib_access, u32 *access);
 struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,

@@ -268,7 +268,12 @@ int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 	if (mask & IB_QP_ACCESS_FLAGS) {
 		u32 access;
 
-		ret = vrdma_access(attr->qp_access_flags, &access);
+		/*
+		 * Remote FLUSH rights are dropped: the device runs no FLUSH,
+		 * so they grant nothing (rdma-core's tests ask for them).
+		 */
+		ret = vrdma_access(attr->qp_access_flags & ~VRDMA_ACCESS_FLUSH,
+				   &access);
 		if (ret)
 			return ret;
 		a->access = cpu_to_le32(access);

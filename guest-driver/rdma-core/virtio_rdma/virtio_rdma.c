@@ -95,21 +95,6 @@ static int vrdma_dereg_mr(struct verbs_mr *vmr)
 	return 0;
 }
 
-
-/* Doorbell record fields (spec 18.4). */
-#define DB_SQ_PI 0
-#define DB_RQ_PI 4
-#define DB_SQ_CI VIRTIO_RDMA_DB_DEVICE_OFFSET
-#define DB_RQ_CI (VIRTIO_RDMA_DB_DEVICE_OFFSET + 4)
-#define DB_CQ_CI 0
-#define DB_CQ_ARM 4
-#define DB_CQ_ARMED_SEQ (VIRTIO_RDMA_DB_DEVICE_OFFSET + 4)
-
-static _Atomic uint32_t *db_word(void *db, size_t off)
-{
-	return (_Atomic uint32_t *)((char *)db + off);
-}
-
 static uint32_t pow2_at_least(uint32_t v)
 {
 	uint32_t p = 1;
@@ -201,6 +186,13 @@ static int post_done(struct ibv_context *ibctx, uint32_t posted, int ret,
 		return ret;
 	notify = vrdma_notify(to_vctx(ibctx), kick, obj);
 	return ret ? ret : notify;
+}
+
+/* post_done for a QP's send or receive ring. */
+int vrdma_post_done(struct ibv_context *ibctx, uint32_t posted, int ret,
+		    struct ibv_qp *qp)
+{
+	return post_done(ibctx, posted, ret, vrdma_kick_qp, qp);
 }
 
 static int wr_opcode(enum ibv_wr_opcode op, uint8_t *out)
@@ -312,6 +304,19 @@ static int encode_send(struct vrdma_qp *qp, struct ibv_send_wr *wr,
 	return 0;
 }
 
+/* IB's rule: a send queue takes work from RTS on (SQD, SQE, ERR too). */
+bool vrdma_qp_may_send(struct vrdma_qp *qp)
+{
+	switch (atomic_load_explicit(&qp->state, memory_order_relaxed)) {
+	case IBV_QPS_RESET:
+	case IBV_QPS_INIT:
+	case IBV_QPS_RTR:
+		return false;
+	default:
+		return true;
+	}
+}
+
 static int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 			   struct ibv_send_wr **bad_wr)
 {
@@ -319,6 +324,10 @@ static int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 	uint32_t ci, posted = 0;
 	int ret = 0;
 
+	if (!vrdma_qp_may_send(qp)) {
+		*bad_wr = wr;
+		return EINVAL;
+	}
 	pthread_spin_lock(&qp->sq_lock);
 	ci = atomic_load_explicit(db_word(qp->db, DB_SQ_CI),
 				  memory_order_acquire);
@@ -441,12 +450,17 @@ static int vrdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 	uint32_t posted;
 	int ret;
 
+	/* A receive queue takes work from INIT on. */
+	if (atomic_load_explicit(&qp->state, memory_order_relaxed) ==
+	    IBV_QPS_RESET) {
+		*bad_wr = wr;
+		return EINVAL;
+	}
 	pthread_spin_lock(&qp->rq_lock);
 	ret = post_recvs(&r, wr, bad_wr, &posted);
 	pthread_spin_unlock(&qp->rq_lock);
 	return post_done(ibqp->context, posted, ret, vrdma_kick_qp, ibqp);
 }
-
 
 #define DB_SRQ_PI 0
 #define DB_SRQ_CI VIRTIO_RDMA_DB_DEVICE_OFFSET
@@ -566,53 +580,82 @@ static const enum ibv_wc_status wc_status[] = {
 	[VIRTIO_RDMA_WC_FATAL_ERR] = IBV_WC_FATAL_ERR,
 };
 
+enum ibv_wc_status vrdma_wc_status(uint8_t status)
+{
+	return status < ARRAY_SIZE(wc_status) ? wc_status[status] :
+						IBV_WC_GENERAL_ERR;
+}
+
 /* Spec 18.15: valid entries have owner 1 on even passes, 0 on odd ones. */
 static uint8_t cqe_owner(uint32_t i, uint32_t depth)
 {
 	return ((i / depth) & 1) ? 0 : 1;
 }
 
+/*
+ * Copies the entry at the consumer index into @e if the device wrote it;
+ * the caller holds the CQ's lock (or polls single-threaded).
+ */
+bool vrdma_cq_next(struct vrdma_cq *cq, struct virtio_rdma_cqe *e)
+{
+	struct virtio_rdma_cqe *slot = (struct virtio_rdma_cqe *)cq->ring +
+				       (cq->ci & (cq->depth - 1));
+	uint8_t owner;
+
+	owner = atomic_load_explicit((_Atomic uint8_t *)&slot->owner,
+				     memory_order_acquire);
+	if (owner != cqe_owner(cq->ci, cq->depth))
+		return false;
+	memcpy(e, slot, sizeof(*e));
+	return true;
+}
+
+/* Hands the entries before the consumer index back to the device. */
+void vrdma_cq_consumed(struct vrdma_cq *cq)
+{
+	atomic_store_explicit(db_word(cq->db, DB_CQ_CI), cq->ci,
+			      memory_order_release);
+}
+
+static void cqe_to_wc(const struct virtio_rdma_cqe *e, struct ibv_wc *wc)
+{
+	memset(wc, 0, sizeof(*wc));
+	wc->wr_id = le64toh(e->wr_id);
+	wc->status = vrdma_wc_status(e->status);
+	wc->opcode = e->opcode;
+	wc->vendor_err = le32toh(e->vendor_err);
+	wc->byte_len = le32toh(e->byte_len);
+	wc->qp_num = le32toh(e->qpn);
+	wc->src_qp = le32toh(e->src_qpn);
+	if (e->flags & VIRTIO_RDMA_CQE_WITH_IMM) {
+		wc->wc_flags |= IBV_WC_WITH_IMM;
+		/* The sender's four bytes, as they are (18.14). */
+		memcpy(&wc->imm_data, &e->imm_data, sizeof(wc->imm_data));
+	} else if (e->flags & VIRTIO_RDMA_CQE_WITH_INV) {
+		wc->wc_flags |= IBV_WC_WITH_INV;
+		wc->invalidated_rkey = le32toh(e->imm_data);
+	}
+	if (e->flags & VIRTIO_RDMA_CQE_GRH)
+		wc->wc_flags |= IBV_WC_GRH;
+}
+
 static int vrdma_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
 {
 	struct vrdma_cq *cq = to_vcq(ibcq);
+	struct virtio_rdma_cqe e;
 	int got = 0;
 
-	pthread_spin_lock(&cq->lock);
-	while (got < n) {
-		struct virtio_rdma_cqe *slot = (struct virtio_rdma_cqe *)cq->ring +
-					       (cq->ci & (cq->depth - 1));
-		struct virtio_rdma_cqe e;
-		uint8_t owner;
-
-		owner = atomic_load_explicit((_Atomic uint8_t *)&slot->owner,
-					     memory_order_acquire);
-		if (owner != cqe_owner(cq->ci, cq->depth))
-			break;
-		memcpy(&e, slot, sizeof(e));
-		memset(&wc[got], 0, sizeof(wc[got]));
-		wc[got].wr_id = le64toh(e.wr_id);
-		wc[got].status = e.status < ARRAY_SIZE(wc_status) ?
-				 wc_status[e.status] : IBV_WC_GENERAL_ERR;
-		wc[got].opcode = e.opcode;
-		wc[got].vendor_err = le32toh(e.vendor_err);
-		wc[got].byte_len = le32toh(e.byte_len);
-		wc[got].qp_num = le32toh(e.qpn);
-		wc[got].src_qp = le32toh(e.src_qpn);
-		if (e.flags & VIRTIO_RDMA_CQE_WITH_IMM) {
-			wc[got].wc_flags |= IBV_WC_WITH_IMM;
-			/* The sender's four bytes, as they are (18.14). */
-			memcpy(&wc[got].imm_data, &e.imm_data,
-			       sizeof(wc[got].imm_data));
-		}
-		if (e.flags & VIRTIO_RDMA_CQE_GRH)
-			wc[got].wc_flags |= IBV_WC_GRH;
+	if (!cq->single_threaded)
+		pthread_spin_lock(&cq->lock);
+	while (got < n && vrdma_cq_next(cq, &e)) {
+		cqe_to_wc(&e, &wc[got]);
 		cq->ci++;
 		got++;
 	}
 	if (got)
-		atomic_store_explicit(db_word(cq->db, DB_CQ_CI), cq->ci,
-				      memory_order_release);
-	pthread_spin_unlock(&cq->lock);
+		vrdma_cq_consumed(cq);
+	if (!cq->single_threaded)
+		pthread_spin_unlock(&cq->lock);
 	return got;
 }
 
@@ -665,49 +708,88 @@ static int vrdma_destroy_ah(struct ibv_ah *ibah)
 	return 0;
 }
 
-static struct ibv_cq *vrdma_create_cq(struct ibv_context *context, int cqe,
-				      struct ibv_comp_channel *channel,
-				      int comp_vector)
+/*
+ * A CQ of @attr->cqe entries or more: the ring and the doorbell record in
+ * this process, given to the kernel with ibv_create_cq or, for @ex,
+ * ibv_create_cq_ex (whose attributes the caller checked). Returns an errno.
+ */
+int vrdma_create_cq_common(struct ibv_context *context,
+			   struct ibv_cq_init_attr_ex *attr, bool ex,
+			   struct vrdma_cq **out)
 {
 	long page = sysconf(_SC_PAGESIZE);
-	struct vrdma_create_cq_cmd cmd = {};
+	struct vrdma_create_cq_ex_cmd_resp resp_ex = {};
 	struct vrdma_create_cq_cmd_resp resp = {};
+	struct vrdma_create_cq_ex_cmd cmd_ex = {};
+	struct vrdma_create_cq_cmd cmd = {};
+	struct virtio_rdma_create_cq_ureq *ureq;
 	struct vrdma_cq *cq;
 	uint32_t depth = 1;
+	int ret;
 
-	if (cqe < 1) {
-		errno = EINVAL;
-		return NULL;
-	}
-	while (depth < (uint32_t)cqe && depth < (1U << 31))
+	if (attr->cqe < 1)
+		return EINVAL;
+	while (depth < attr->cqe && depth < (1U << 31))
 		depth <<= 1;
 	cq = calloc(1, sizeof(*cq));
 	if (!cq)
-		return NULL;
+		return ENOMEM;
 	cq->depth = depth;
 	pthread_spin_init(&cq->lock, PTHREAD_PROCESS_PRIVATE);
 	cq->ring = aligned_alloc(page, align((size_t)depth * 32, page));
 	cq->db = aligned_alloc(128, 128);
 	if (!cq->ring || !cq->db) {
-		errno = ENOMEM;
+		ret = ENOMEM;
 		goto err;
 	}
 	memset(cq->ring, 0, (size_t)depth * 32);
 	memset(cq->db, 0, 128);
-	cmd.ring_va = (uintptr_t)cq->ring;
-	cmd.db_va = (uintptr_t)cq->db;
-	cmd.depth = depth;
-	if (ibv_cmd_create_cq(context, cqe, channel, comp_vector, &cq->ibv_cq,
-			      &cmd.ibv_cmd, sizeof(cmd), &resp.ibv_resp,
-			      sizeof(resp)))
+	ureq = ex ? &cmd_ex.drv_payload : &cmd.drv_payload;
+	ureq->ring_va = (uintptr_t)cq->ring;
+	ureq->db_va = (uintptr_t)cq->db;
+	ureq->depth = depth;
+	if (ex) {
+		ret = ibv_cmd_create_cq_ex(context, attr, &cq->vcq,
+					   &cmd_ex.ibv_cmd, sizeof(cmd_ex),
+					   &resp_ex.ibv_resp, sizeof(resp_ex),
+					   0);
+		cq->handle = resp_ex.cq_handle;
+	} else {
+		ret = ibv_cmd_create_cq(context, attr->cqe, attr->channel,
+					attr->comp_vector, &cq->vcq.cq,
+					&cmd.ibv_cmd, sizeof(cmd),
+					&resp.ibv_resp, sizeof(resp));
+		cq->handle = resp.cq_handle;
+	}
+	if (ret)
 		goto err;
-	cq->handle = resp.cq_handle;
-	return &cq->ibv_cq;
+	*out = cq;
+	return 0;
 err:
 	free(cq->ring);
 	free(cq->db);
 	free(cq);
-	return NULL;
+	return ret;
+}
+
+static struct ibv_cq *vrdma_create_cq(struct ibv_context *context, int cqe,
+				      struct ibv_comp_channel *channel,
+				      int comp_vector)
+{
+	struct ibv_cq_init_attr_ex attr = {
+		.cqe = cqe < 0 ? 0 : cqe,
+		.channel = channel,
+		.comp_vector = comp_vector,
+	};
+	struct vrdma_cq *cq;
+	int ret;
+
+	ret = vrdma_create_cq_common(context, &attr, false, &cq);
+	if (ret) {
+		errno = ret;
+		return NULL;
+	}
+	return &cq->vcq.cq;
 }
 
 static int vrdma_destroy_cq(struct ibv_cq *ibcq)
@@ -723,6 +805,8 @@ static int vrdma_destroy_cq(struct ibv_cq *ibcq)
 	free(cq);
 	return 0;
 }
+
+static int vrdma_destroy_qp(struct ibv_qp *ibqp);
 
 /* The QP of attr, whose comp_mask libibverbs and create_qp_ex checked. */
 static struct ibv_qp *vrdma_create_qp_common(struct ibv_context *context,
@@ -813,20 +897,23 @@ static struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
 }
 
 /*
- * ibv_create_qp_ex: a QP as ibv_create_qp makes it. Of the extended
- * attributes only an empty set of create flags is honoured; XRC, the
- * extended send API (ibv_qp_ex), TSO and RSS are refused with EOPNOTSUPP,
- * create flags (none is implemented) with EINVAL, as other providers do.
+ * ibv_create_qp_ex: a QP as ibv_create_qp makes it, with the extended send
+ * API (ibv_qp_ex) when IBV_QP_INIT_ATTR_SEND_OPS_FLAGS asks for it. XRC,
+ * TSO, RSS and the like are refused with EOPNOTSUPP, create flags (none is
+ * implemented) with EINVAL, as other providers do.
  */
 static struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *context,
 					 struct ibv_qp_init_attr_ex *attr)
 {
+	const uint32_t known = IBV_QP_INIT_ATTR_PD |
+			       IBV_QP_INIT_ATTR_CREATE_FLAGS |
+			       IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
 	struct ibv_qp_init_attr_ex attr_ex;
-	struct ibv_qp *qp;
+	struct ibv_qp *ibqp;
+	int ret;
 
 	if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) ||
-	    (attr->comp_mask &
-	     ~(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS))) {
+	    (attr->comp_mask & ~known)) {
 		errno = attr->comp_mask & IBV_QP_INIT_ATTR_PD ? EOPNOTSUPP :
 								EINVAL;
 		return NULL;
@@ -843,18 +930,32 @@ static struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *context,
 	attr_ex = *attr;
 	attr_ex.comp_mask = IBV_QP_INIT_ATTR_PD;
 	attr_ex.create_flags = 0;
-	qp = vrdma_create_qp_common(context, &attr_ex);
-	if (qp)
-		attr->cap = attr_ex.cap;
-	return qp;
+	ibqp = vrdma_create_qp_common(context, &attr_ex);
+	if (!ibqp)
+		return NULL;
+	if (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) {
+		ret = vrdma_qp_ex_init(to_vqp(ibqp), to_vctx(context), attr);
+		if (ret) {
+			vrdma_destroy_qp(ibqp);
+			errno = ret;
+			return NULL;
+		}
+	}
+	attr->cap = attr_ex.cap;
+	return ibqp;
 }
 
-static int vrdma_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
+static int vrdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr,
 			   int attr_mask)
 {
 	struct ibv_modify_qp cmd;
+	int ret;
 
-	return ibv_cmd_modify_qp(qp, attr, attr_mask, &cmd, sizeof(cmd));
+	ret = ibv_cmd_modify_qp(ibqp, attr, attr_mask, &cmd, sizeof(cmd));
+	if (!ret && (attr_mask & IBV_QP_STATE))
+		atomic_store_explicit(&to_vqp(ibqp)->state, attr->qp_state,
+				      memory_order_relaxed);
+	return ret;
 }
 
 static int vrdma_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
@@ -880,6 +981,27 @@ static int vrdma_destroy_qp(struct ibv_qp *ibqp)
 	return 0;
 }
 
+/* What the extended send API offers depends on the device (qp_ex.c). */
+static int vrdma_query_caps(struct vrdma_context *ctx)
+{
+	struct ib_uverbs_ex_query_device_resp resp;
+	size_t resp_size = sizeof(resp);
+	struct ibv_device_attr_ex attr;
+	int ret;
+
+	ret = ibv_cmd_query_device_any(&ctx->ibv_ctx.context, NULL, &attr,
+				       sizeof(attr), &resp, &resp_size);
+	if (ret) {
+		verbs_err(&ctx->ibv_ctx,
+			  "virtio_rdma: querying the device failed: %s\n",
+			  strerror(ret));
+		return ret;
+	}
+	ctx->atomic_cap = attr.orig_attr.atomic_cap;
+	ctx->device_cap_flags = attr.orig_attr.device_cap_flags;
+	return 0;
+}
+
 static void vrdma_free_context(struct ibv_context *ibctx)
 {
 	struct vrdma_context *ctx = to_vctx(ibctx);
@@ -894,6 +1016,7 @@ static const struct verbs_context_ops vrdma_context_ops = {
 	.alloc_pd = vrdma_alloc_pd,
 	.create_ah = vrdma_create_ah,
 	.create_cq = vrdma_create_cq,
+	.create_cq_ex = vrdma_create_cq_ex,
 	.create_srq = vrdma_create_srq,
 	.create_qp = vrdma_create_qp,
 	.create_qp_ex = vrdma_create_qp_ex,
@@ -931,6 +1054,8 @@ static struct verbs_context *vrdma_alloc_context(struct ibv_device *ibdev,
 		return NULL;
 	if (ibv_cmd_get_context(&ctx->ibv_ctx, &cmd, sizeof(cmd),
 				&resp.ibv_resp, sizeof(resp)))
+		goto err;
+	if (vrdma_query_caps(ctx))
 		goto err;
 	if (resp.flags & VIRTIO_RDMA_UCTX_DB_HEADER) {
 		ctx->db_header_len = resp.db_mmap_len;

@@ -5,6 +5,8 @@
 #ifndef __VIRTIO_RDMA_H__
 #define __VIRTIO_RDMA_H__
 
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <infiniband/driver.h>
 #include <rdma/virtio_rdma-abi.h>
 #include <kernel-abi/virtio_rdma-abi.h>
@@ -14,6 +16,8 @@
 DECLARE_DRV_CMD(vrdma_get_context_cmd, IB_USER_VERBS_CMD_GET_CONTEXT, empty,
 		virtio_rdma_alloc_ucontext_uresp);
 DECLARE_DRV_CMD(vrdma_create_cq_cmd, IB_USER_VERBS_CMD_CREATE_CQ,
+		virtio_rdma_create_cq_ureq, virtio_rdma_create_cq_uresp);
+DECLARE_DRV_CMD(vrdma_create_cq_ex_cmd, IB_USER_VERBS_EX_CMD_CREATE_CQ,
 		virtio_rdma_create_cq_ureq, virtio_rdma_create_cq_uresp);
 DECLARE_DRV_CMD(vrdma_create_qp_cmd, IB_USER_VERBS_CMD_CREATE_QP,
 		virtio_rdma_create_qp_ureq, virtio_rdma_create_qp_uresp);
@@ -57,6 +61,9 @@ struct vrdma_device {
 
 struct vrdma_context {
 	struct verbs_context ibv_ctx;
+	/* From QUERY_DEVICE at open: which send operations the device runs. */
+	enum ibv_atomic_cap atomic_cap;
+	uint64_t device_cap_flags;
 	/*
 	 * The context's doorbell header (spec 18.4), mapped read-only; its
 	 * flags say whether a post needs the kick. NULL: always kick.
@@ -66,7 +73,8 @@ struct vrdma_context {
 };
 
 struct vrdma_cq {
-	struct ibv_cq ibv_cq;
+	/* A verbs_cq: ibv_create_cq_ex hands out its ibv_cq_ex. */
+	struct verbs_cq vcq;
 	/* depth * 32 bytes, page aligned, and the 128-byte doorbell record. */
 	void *ring;
 	void *db;
@@ -75,11 +83,19 @@ struct vrdma_cq {
 	/* Consumer index (spec 18.15), under the lock. */
 	uint32_t ci;
 	pthread_spinlock_t lock;
+	/* IBV_CREATE_CQ_ATTR_SINGLE_THREADED: the caller serialises polls. */
+	bool single_threaded;
+	/*
+	 * ibv_start_poll .. ibv_end_poll (cq_ex.c): a copy of the entry at
+	 * ci, which the caller reads; @cur_valid says ci is to be consumed.
+	 */
+	struct virtio_rdma_cqe cur;
+	bool cur_valid;
 };
 
 static inline struct vrdma_cq *to_vcq(struct ibv_cq *ibcq)
 {
-	return container_of(ibcq, struct vrdma_cq, ibv_cq);
+	return container_of(ibcq, struct vrdma_cq, vcq.cq);
 }
 
 struct vrdma_qp {
@@ -102,11 +118,31 @@ struct vrdma_qp {
 	uint32_t max_recv_sge;
 	uint32_t max_inline_data;
 	uint32_t handle;
+	/*
+	 * The state the application last set (enum ibv_qp_state): posts to a
+	 * QP that cannot take them yet fail with EINVAL, as on other devices.
+	 * The device may have moved it to ERR since; posts are fine there.
+	 */
+	atomic_int state;
 	/* Producer indices and the last consumer indices seen, under the locks. */
 	uint32_t sq_pi;
 	uint32_t rq_pi;
 	pthread_spinlock_t sq_lock;
 	pthread_spinlock_t rq_lock;
+	/*
+	 * The extended send API (qp_ex.c): the IBV_QP_EX_WITH_* operations
+	 * asked for at creation, and the batch between ibv_wr_start and
+	 * ibv_wr_complete, which holds sq_lock: the open work request's header
+	 * (copied into its slot when the next one opens or the batch
+	 * completes), its slot, the work requests written, the consumer index
+	 * seen and the batch's first error.
+	 */
+	uint64_t send_ops;
+	struct virtio_rdma_send_wqe ex_wqe;
+	uint8_t *ex_slot;
+	uint32_t ex_posted;
+	uint32_t ex_ci;
+	int ex_err;
 };
 
 static inline struct vrdma_qp *to_vqp(struct ibv_qp *ibqp)
@@ -118,5 +154,38 @@ static inline struct vrdma_context *to_vctx(struct ibv_context *ibctx)
 {
 	return container_of(ibctx, struct vrdma_context, ibv_ctx.context);
 }
+
+/* Doorbell record fields (spec 18.4). */
+#define DB_SQ_PI 0
+#define DB_RQ_PI 4
+#define DB_SQ_CI VIRTIO_RDMA_DB_DEVICE_OFFSET
+#define DB_RQ_CI (VIRTIO_RDMA_DB_DEVICE_OFFSET + 4)
+#define DB_CQ_CI 0
+#define DB_CQ_ARM 4
+#define DB_CQ_ARMED_SEQ (VIRTIO_RDMA_DB_DEVICE_OFFSET + 4)
+
+static inline _Atomic uint32_t *db_word(void *db, size_t off)
+{
+	return (_Atomic uint32_t *)((char *)db + off);
+}
+
+/* virtio_rdma.c */
+bool vrdma_qp_may_send(struct vrdma_qp *qp);
+int vrdma_post_done(struct ibv_context *ibctx, uint32_t posted, int ret,
+		    struct ibv_qp *qp);
+int vrdma_create_cq_common(struct ibv_context *context,
+			   struct ibv_cq_init_attr_ex *attr, bool ex,
+			   struct vrdma_cq **out);
+bool vrdma_cq_next(struct vrdma_cq *cq, struct virtio_rdma_cqe *e);
+void vrdma_cq_consumed(struct vrdma_cq *cq);
+enum ibv_wc_status vrdma_wc_status(uint8_t status);
+
+/* qp_ex.c */
+int vrdma_qp_ex_init(struct vrdma_qp *qp, struct vrdma_context *ctx,
+		     const struct ibv_qp_init_attr_ex *attr);
+
+/* cq_ex.c */
+struct ibv_cq_ex *vrdma_create_cq_ex(struct ibv_context *context,
+				     struct ibv_cq_init_attr_ex *attr);
 
 #endif /* __VIRTIO_RDMA_H__ */
