@@ -67,6 +67,8 @@ launch_workdir rct
   cat <<'EOF'
 up() {
   ulimit -l unlimited
+  # Four 2 MiB huge pages for the tests that place queues on one (parent domain allocators).
+  echo 4 >/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages || return 1
   ip link set eth0 up && ip addr add 10.42.0.1/24 dev eth0 || return 1
   if [ "$MODE" = rxe ]; then
     rdma link add rxe0 type rxe netdev eth0 || return 1

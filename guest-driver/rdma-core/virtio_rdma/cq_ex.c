@@ -150,15 +150,26 @@ static uint8_t vrdma_read_dlid_path_bits(struct ibv_cq_ex *cqx)
 struct ibv_cq_ex *vrdma_create_cq_ex(struct ibv_context *context,
 				     struct ibv_cq_init_attr_ex *attr)
 {
+	struct ibv_pd *parent_domain = NULL;
 	struct ibv_cq_init_attr_ex attr_ex;
 	struct ibv_cq_ex *cqx;
 	struct vrdma_cq *cq;
 	uint32_t flags = 0;
 	int ret;
 
-	if (attr->comp_mask & ~IBV_CQ_INIT_ATTR_MASK_FLAGS) {
+	if (attr->comp_mask &
+	    ~(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD)) {
 		errno = EOPNOTSUPP;
 		return NULL;
+	}
+	/* The CQ's memory from a parent domain's allocators (domain.c). */
+	if (attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) {
+		parent_domain = attr->parent_domain;
+		if (!parent_domain || parent_domain->context != context ||
+		    !to_vpd(parent_domain)->protection) {
+			errno = EINVAL;
+			return NULL;
+		}
 	}
 	if (attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS)
 		flags = attr->flags;
@@ -171,7 +182,8 @@ struct ibv_cq_ex *vrdma_create_cq_ex(struct ibv_context *context,
 	attr_ex = *attr;
 	attr_ex.comp_mask = 0;
 	attr_ex.flags = 0;
-	ret = vrdma_create_cq_common(context, &attr_ex, true, &cq);
+	ret = vrdma_create_cq_common(context, &attr_ex, true, parent_domain,
+				     &cq);
 	if (ret) {
 		errno = ret;
 		return NULL;

@@ -42,26 +42,34 @@ static struct ibv_pd *vrdma_alloc_pd(struct ibv_context *context)
 {
 	struct ib_uverbs_alloc_pd_resp resp;
 	struct ibv_alloc_pd cmd;
-	struct ibv_pd *pd;
+	struct vrdma_pd *pd;
 
 	pd = calloc(1, sizeof(*pd));
 	if (!pd)
 		return NULL;
-	if (ibv_cmd_alloc_pd(context, pd, &cmd, sizeof(cmd), &resp,
+	if (ibv_cmd_alloc_pd(context, &pd->ibv_pd, &cmd, sizeof(cmd), &resp,
 			     sizeof(resp))) {
 		free(pd);
 		return NULL;
 	}
-	return pd;
+	return &pd->ibv_pd;
 }
 
-static int vrdma_dealloc_pd(struct ibv_pd *pd)
+/* A PD or a parent domain; EBUSY while a parent domain or queue uses it. */
+static int vrdma_dealloc_pd(struct ibv_pd *ibpd)
 {
+	struct vrdma_pd *pd = to_vpd(ibpd);
 	int ret;
 
-	ret = ibv_cmd_dealloc_pd(pd);
-	if (ret)
-		return ret;
+	if (atomic_load(&pd->refs))
+		return EBUSY;
+	if (pd->protection) {
+		atomic_fetch_sub(&pd->protection->refs, 1);
+	} else {
+		ret = ibv_cmd_dealloc_pd(ibpd);
+		if (ret)
+			return ret;
+	}
 	free(pd);
 	return 0;
 }
@@ -468,11 +476,11 @@ static int vrdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 static struct ibv_srq *vrdma_create_srq(struct ibv_pd *pd,
 					struct ibv_srq_init_attr *attr)
 {
-	long page = sysconf(_SC_PAGESIZE);
 	struct vrdma_create_srq_cmd cmd = {};
 	struct vrdma_create_srq_cmd_resp resp = {};
 	struct vrdma_srq *srq;
 	size_t len;
+	int ret;
 
 	srq = calloc(1, sizeof(*srq));
 	if (!srq)
@@ -482,14 +490,13 @@ static struct ibv_srq *vrdma_create_srq(struct ibv_pd *pd,
 	srq->wqe_shift = recv_wqe_shift(attr->attr.max_sge);
 	srq->max_sge = attr->attr.max_sge;
 	len = (size_t)srq->depth << srq->wqe_shift;
-	srq->buf = aligned_alloc(page, align(len, page));
-	srq->db = aligned_alloc(128, 128);
-	if (!srq->buf || !srq->db) {
-		errno = ENOMEM;
-		goto err;
+	ret = vrdma_qmem_alloc(&srq->mem, pd, &srq->buf, len,
+			       VRDMA_RES_TYPE_SRQ, &srq->db);
+	if (ret) {
+		free(srq);
+		errno = ret;
+		return NULL;
 	}
-	memset(srq->buf, 0, align(len, page));
-	memset(srq->db, 0, 128);
 	cmd.buf_va = (uintptr_t)srq->buf;
 	cmd.buf_len = len;
 	cmd.db_va = (uintptr_t)srq->db;
@@ -506,9 +513,10 @@ static struct ibv_srq *vrdma_create_srq(struct ibv_pd *pd,
 	attr->attr.max_wr = srq->depth;
 	return &srq->ibv_srq;
 err:
-	free(srq->buf);
-	free(srq->db);
+	ret = errno;
+	vrdma_qmem_free(&srq->mem, srq->buf, srq->db);
 	free(srq);
+	errno = ret;
 	return NULL;
 }
 
@@ -535,8 +543,7 @@ static int vrdma_destroy_srq(struct ibv_srq *ibsrq)
 	ret = ibv_cmd_destroy_srq(ibsrq);
 	if (ret)
 		return ret;
-	free(srq->buf);
-	free(srq->db);
+	vrdma_qmem_free(&srq->mem, srq->buf, srq->db);
 	free(srq);
 	return 0;
 }
@@ -710,14 +717,14 @@ static int vrdma_destroy_ah(struct ibv_ah *ibah)
 
 /*
  * A CQ of @attr->cqe entries or more: the ring and the doorbell record in
- * this process, given to the kernel with ibv_create_cq or, for @ex,
- * ibv_create_cq_ex (whose attributes the caller checked). Returns an errno.
+ * this process (from @parent_domain's allocators if not NULL), given to
+ * the kernel with ibv_create_cq or, for @ex, ibv_create_cq_ex (whose
+ * attributes the caller checked). Returns an errno.
  */
 int vrdma_create_cq_common(struct ibv_context *context,
 			   struct ibv_cq_init_attr_ex *attr, bool ex,
-			   struct vrdma_cq **out)
+			   struct ibv_pd *parent_domain, struct vrdma_cq **out)
 {
-	long page = sysconf(_SC_PAGESIZE);
 	struct vrdma_create_cq_ex_cmd_resp resp_ex = {};
 	struct vrdma_create_cq_cmd_resp resp = {};
 	struct vrdma_create_cq_ex_cmd cmd_ex = {};
@@ -736,14 +743,12 @@ int vrdma_create_cq_common(struct ibv_context *context,
 		return ENOMEM;
 	cq->depth = depth;
 	pthread_spin_init(&cq->lock, PTHREAD_PROCESS_PRIVATE);
-	cq->ring = aligned_alloc(page, align((size_t)depth * 32, page));
-	cq->db = aligned_alloc(128, 128);
-	if (!cq->ring || !cq->db) {
-		ret = ENOMEM;
-		goto err;
+	ret = vrdma_qmem_alloc(&cq->mem, parent_domain, &cq->ring,
+			       (size_t)depth * 32, VRDMA_RES_TYPE_CQ, &cq->db);
+	if (ret) {
+		free(cq);
+		return ret;
 	}
-	memset(cq->ring, 0, (size_t)depth * 32);
-	memset(cq->db, 0, 128);
 	ureq = ex ? &cmd_ex.drv_payload : &cmd.drv_payload;
 	ureq->ring_va = (uintptr_t)cq->ring;
 	ureq->db_va = (uintptr_t)cq->db;
@@ -766,8 +771,7 @@ int vrdma_create_cq_common(struct ibv_context *context,
 	*out = cq;
 	return 0;
 err:
-	free(cq->ring);
-	free(cq->db);
+	vrdma_qmem_free(&cq->mem, cq->ring, cq->db);
 	free(cq);
 	return ret;
 }
@@ -784,7 +788,7 @@ static struct ibv_cq *vrdma_create_cq(struct ibv_context *context, int cqe,
 	struct vrdma_cq *cq;
 	int ret;
 
-	ret = vrdma_create_cq_common(context, &attr, false, &cq);
+	ret = vrdma_create_cq_common(context, &attr, false, NULL, &cq);
 	if (ret) {
 		errno = ret;
 		return NULL;
@@ -800,8 +804,7 @@ static int vrdma_destroy_cq(struct ibv_cq *ibcq)
 	ret = ibv_cmd_destroy_cq(ibcq);
 	if (ret)
 		return ret;
-	free(cq->ring);
-	free(cq->db);
+	vrdma_qmem_free(&cq->mem, cq->ring, cq->db);
 	free(cq);
 	return 0;
 }
@@ -817,6 +820,7 @@ static struct ibv_qp *vrdma_create_qp_common(struct ibv_context *context,
 	struct vrdma_create_qp_cmd_resp resp = {};
 	uint64_t sq_bytes, rq_bytes, rq_offset;
 	struct vrdma_qp *qp;
+	int ret;
 
 	qp = calloc(1, sizeof(*qp));
 	if (!qp)
@@ -835,14 +839,13 @@ static struct ibv_qp *vrdma_create_qp_common(struct ibv_context *context,
 	rq_offset = qp->rq_depth ? align(sq_bytes, page) : 0;
 	qp->rq_offset = rq_offset;
 	qp->buf_len = align(max(rq_offset, sq_bytes) + rq_bytes, page);
-	qp->buf = aligned_alloc(page, qp->buf_len);
-	qp->db = aligned_alloc(128, 128);
-	if (!qp->buf || !qp->db) {
-		errno = ENOMEM;
-		goto err;
+	ret = vrdma_qmem_alloc(&qp->mem, attr->pd, &qp->buf, qp->buf_len,
+			       VRDMA_RES_TYPE_QP, &qp->db);
+	if (ret) {
+		free(qp);
+		errno = ret;
+		return NULL;
 	}
-	memset(qp->buf, 0, qp->buf_len);
-	memset(qp->db, 0, 128);
 	cmd.buf_va = (uintptr_t)qp->buf;
 	cmd.buf_len = max(rq_offset, sq_bytes) + rq_bytes;
 	cmd.db_va = (uintptr_t)qp->db;
@@ -868,9 +871,10 @@ static struct ibv_qp *vrdma_create_qp_common(struct ibv_context *context,
 		attr->cap.max_recv_wr = qp->rq_depth;
 	return &qp->vqp.qp;
 err:
-	free(qp->buf);
-	free(qp->db);
+	ret = errno;
+	vrdma_qmem_free(&qp->mem, qp->buf, qp->db);
 	free(qp);
+	errno = ret;
 	return NULL;
 }
 
@@ -975,8 +979,7 @@ static int vrdma_destroy_qp(struct ibv_qp *ibqp)
 	ret = ibv_cmd_destroy_qp(ibqp);
 	if (ret)
 		return ret;
-	free(qp->buf);
-	free(qp->db);
+	vrdma_qmem_free(&qp->mem, qp->buf, qp->db);
 	free(qp);
 	return 0;
 }
@@ -1013,6 +1016,7 @@ static void vrdma_free_context(struct ibv_context *ibctx)
 }
 
 static const struct verbs_context_ops vrdma_context_ops = {
+	.alloc_parent_domain = vrdma_alloc_parent_domain,
 	.alloc_pd = vrdma_alloc_pd,
 	.create_ah = vrdma_create_ah,
 	.create_cq = vrdma_create_cq,

@@ -26,10 +26,53 @@ DECLARE_DRV_CMD(vrdma_create_ah_cmd, IB_USER_VERBS_CMD_CREATE_AH, empty,
 DECLARE_DRV_CMD(vrdma_create_srq_cmd, IB_USER_VERBS_CMD_CREATE_SRQ,
 		virtio_rdma_create_srq_ureq, virtio_rdma_create_srq_uresp);
 
+/*
+ * A protection domain, or a parent domain (domain.c) resting on one. The
+ * references: a PD's from its parent domains, a parent domain's from the
+ * queues whose memory its allocators gave; neither goes while referenced.
+ */
+struct vrdma_pd {
+	struct ibv_pd ibv_pd;
+	atomic_int refs;
+	/* A parent domain's protection domain; NULL for a PD. */
+	struct vrdma_pd *protection;
+	void *(*alloc)(struct ibv_pd *pd, void *pd_context, size_t size,
+		       size_t alignment, uint64_t resource_type);
+	void (*free)(struct ibv_pd *pd, void *pd_context, void *ptr,
+		     uint64_t resource_type);
+	void *pd_context;
+};
+
+static inline struct vrdma_pd *to_vpd(struct ibv_pd *ibpd)
+{
+	return container_of(ibpd, struct vrdma_pd, ibv_pd);
+}
+
+/*
+ * The resource_type of a parent domain's allocator calls, in the range of
+ * RDMA_DRIVER_UNKNOWN (the kernel driver has no driver id of its own).
+ */
+#define VRDMA_RES_TYPE_QP ((uint64_t)RDMA_DRIVER_UNKNOWN << 32 | 1)
+#define VRDMA_RES_TYPE_DBR ((uint64_t)RDMA_DRIVER_UNKNOWN << 32 | 2)
+#define VRDMA_RES_TYPE_SRQ ((uint64_t)RDMA_DRIVER_UNKNOWN << 32 | 3)
+#define VRDMA_RES_TYPE_CQ ((uint64_t)RDMA_DRIVER_UNKNOWN << 32 | 4)
+
+/*
+ * A queue's memory: its ring and its doorbell record, from the parent
+ * domain's allocators (@domain, referenced) or the provider's own.
+ */
+struct vrdma_qmem {
+	struct vrdma_pd *domain;
+	bool ring_custom;
+	bool db_custom;
+	uint64_t ring_type;
+};
+
 struct vrdma_srq {
 	struct ibv_srq ibv_srq;
 	void *buf;
 	void *db;
+	struct vrdma_qmem mem;
 	uint32_t depth;
 	uint32_t wqe_shift;
 	/* What the SRQ was created with: receives beyond it are refused. */
@@ -78,6 +121,7 @@ struct vrdma_cq {
 	/* depth * 32 bytes, page aligned, and the 128-byte doorbell record. */
 	void *ring;
 	void *db;
+	struct vrdma_qmem mem;
 	uint32_t depth;
 	uint32_t handle;
 	/* Consumer index (spec 18.15), under the lock. */
@@ -105,6 +149,7 @@ struct vrdma_qp {
 	void *buf;
 	size_t buf_len;
 	void *db;
+	struct vrdma_qmem mem;
 	uint32_t sq_depth;
 	uint32_t rq_depth;
 	uint32_t sq_wqe_shift;
@@ -175,10 +220,22 @@ int vrdma_post_done(struct ibv_context *ibctx, uint32_t posted, int ret,
 		    struct ibv_qp *qp);
 int vrdma_create_cq_common(struct ibv_context *context,
 			   struct ibv_cq_init_attr_ex *attr, bool ex,
-			   struct vrdma_cq **out);
+			   struct ibv_pd *parent_domain, struct vrdma_cq **out);
 bool vrdma_cq_next(struct vrdma_cq *cq, struct virtio_rdma_cqe *e);
 void vrdma_cq_consumed(struct vrdma_cq *cq);
 enum ibv_wc_status vrdma_wc_status(uint8_t status);
+
+/* domain.c */
+struct ibv_pd *vrdma_alloc_parent_domain(struct ibv_context *context,
+					 struct ibv_parent_domain_init_attr *attr);
+struct vrdma_pd *vrdma_domain_get(struct ibv_pd *ibpd);
+void vrdma_domain_put(struct vrdma_pd *dom);
+void *vrdma_alloc_buf(struct vrdma_pd *dom, size_t len, size_t alignment,
+		      uint64_t type, bool *custom);
+void vrdma_free_buf(struct vrdma_pd *dom, void *p, uint64_t type, bool custom);
+int vrdma_qmem_alloc(struct vrdma_qmem *m, struct ibv_pd *pd, void **ring,
+		     size_t ring_len, uint64_t ring_type, void **db);
+void vrdma_qmem_free(struct vrdma_qmem *m, void *ring, void *db);
 
 /* qp_ex.c */
 int vrdma_qp_ex_init(struct vrdma_qp *qp, struct vrdma_context *ctx,
