@@ -18,9 +18,14 @@ pub const F_GSI: u64 = 1 << 4;
 /// `REG_MR`, `LOCAL_INV` and `SEND_WITH_INV` work requests with remote
 /// invalidation.
 pub const F_MEM_MGT: u64 = 1 << 5;
+/// Feature bit (ABI version 3): memory windows, type 1 and type 2
+/// (`ALLOC_MW`, `DEALLOC_MW`, the `BIND_MW` work request; invalidation of
+/// type 2 windows by `LOCAL_INV` and `SEND_WITH_INV` needs `F_MEM_MGT`).
+pub const F_MW: u64 = 1 << 7;
 
 /// All device-specific feature bits this ABI version defines.
-pub const ALL_DEVICE_FEATURES: u64 = F_UD | F_SRQ | F_ATOMIC | F_SHMEM_DOORBELL | F_GSI | F_MEM_MGT;
+pub const ALL_DEVICE_FEATURES: u64 =
+    F_UD | F_SRQ | F_ATOMIC | F_SHMEM_DOORBELL | F_GSI | F_MEM_MGT | F_MW;
 
 /// The device-specific feature bits ABI version 2 defines: all a device
 /// that reports version 2 may offer.

@@ -94,6 +94,10 @@ code_enum! {
         DEREG_MR = 0x41,
         /// Allocate a memory region for fast registration (`F_MEM_MGT`).
         ALLOC_MR = 0x42,
+        /// Allocate a memory window (`F_MW`).
+        ALLOC_MW = 0x44,
+        /// Free a memory window (`F_MW`).
+        DEALLOC_MW = 0x45,
         /// Create a queue pair.
         CREATE_QP = 0x50,
         /// Change queue pair state and attributes.

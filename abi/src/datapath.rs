@@ -341,6 +341,9 @@ code_enum! {
         /// SEND that also invalidates, at the responder, the key in
         /// `imm_data` (`F_MEM_MGT`).
         SEND_WITH_INV = 9,
+        /// Binding of a memory window to a range of an MR (`F_MW`); the
+        /// slot is a [`BindMwWqe`].
+        BIND_MW = 10,
     }
 }
 
@@ -436,6 +439,41 @@ wire_struct! {
     }
 }
 
+wire_struct! {
+    /// A `BIND_MW` send WQE (`F_MW`): the 64-byte slot header read in this
+    /// layout instead of [`SendWqe`]'s, `opcode` and `flags` where a
+    /// [`SendWqe`] has them. No SGEs follow.
+    pub struct BindMwWqe {
+        /// Returned in the completion.
+        wr_id: u64,
+        /// [`WrOpcode::BIND_MW`].
+        opcode: u8,
+        /// `WQE_*` flags (`WQE_INLINE` and `WQE_SOLICITED` must be clear).
+        flags: u8,
+        /// Must be zero.
+        reserved0: u16,
+        /// The window's new key: bits 31 to 8 the window's, bits 7 to 0
+        /// the new consumer byte.
+        new_rkey: u32,
+        /// First byte of the window, in the MR's address space.
+        addr: u64,
+        /// Bytes of the window; 0 unbinds a type 1 window.
+        length: u64,
+        /// The window.
+        mw_handle: u32,
+        /// Local key of the MR the window is bound to.
+        mr_lkey: u32,
+        /// Remote rights the window grants (`ACCESS_REMOTE_*`).
+        access: u32,
+        /// Must be zero.
+        reserved1: u32,
+        /// Must be zero.
+        reserved2: u64,
+        /// Must be zero.
+        reserved3: u64,
+    }
+}
+
 /// Smallest `page_shift` of a `REG_MR` work request.
 pub const REG_MR_MIN_PAGE_SHIFT: u32 = 12;
 /// Largest `page_shift` of a `REG_MR` work request.
@@ -470,6 +508,8 @@ code_enum! {
         REG_MR = 5,
         /// A `LOCAL_INV` work request completed.
         LOCAL_INV = 6,
+        /// A `BIND_MW` work request completed.
+        BIND_MW = 7,
         /// A receive completed (SEND arrived).
         RECV = 0x80,
         /// A receive was consumed by RDMA WRITE with immediate data.
@@ -506,6 +546,9 @@ code_enum! {
         RNR_RETRY_EXC_ERR = 11,
         /// Fatal device error.
         FATAL_ERR = 12,
+        /// A `BIND_MW` work request was refused (window, MR, range or
+        /// rights, spec 18.29).
+        MW_BIND_ERR = 13,
     }
 }
 

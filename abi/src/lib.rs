@@ -74,8 +74,8 @@ pub fn all_structs() -> Vec<WireInfo> {
     use config::DeviceConfig;
     use ctrl::{RequestHeader, ResponseHeader};
     use datapath::{
-        CqDoorbell, Cqe, CtxDoorbell, DbPageHeader, QpDbSlot, QpDoorbell, RecvWqe, RegMrWqe,
-        SendWqe, Sge, SrqDbSlot, SrqDoorbell,
+        BindMwWqe, CqDoorbell, Cqe, CtxDoorbell, DbPageHeader, QpDbSlot, QpDoorbell, RecvWqe,
+        RegMrWqe, SendWqe, Sge, SrqDbSlot, SrqDoorbell,
     };
     use event::Event;
     use mem::BufferDesc;
@@ -106,6 +106,9 @@ pub fn all_structs() -> Vec<WireInfo> {
         RegMrResp,
         MrHandleReq,
         AllocMrReq,
+        AllocMwReq,
+        AllocMwResp,
+        MwHandleReq,
         CreateQpReq,
         CreateQpResp,
         ModifyQpReq,
@@ -129,6 +132,7 @@ pub fn all_structs() -> Vec<WireInfo> {
         SendWqe,
         Sge,
         RegMrWqe,
+        BindMwWqe,
         RecvWqe,
         Cqe,
     ]

@@ -143,8 +143,12 @@ pub mod access {
     pub const REMOTE_WRITE: u32 = 1 << 2;
     /// Remote peers may perform atomics on the memory. Requires `LOCAL_WRITE`.
     pub const REMOTE_ATOMIC: u32 = 1 << 3;
-    /// Every defined flag.
+    /// Memory windows may be bound to the region (`F_MW`; MRs only).
+    pub const MW_BIND: u32 = 1 << 4;
+    /// Every flag of a QP's access, and of an MR's without `MW_BIND`.
     pub const ALL: u32 = LOCAL_WRITE | REMOTE_READ | REMOTE_WRITE | REMOTE_ATOMIC;
+    /// The remote rights: what a memory window grants.
+    pub const REMOTE: u32 = REMOTE_READ | REMOTE_WRITE | REMOTE_ATOMIC;
 }
 
 #[cfg(test)]

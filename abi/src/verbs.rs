@@ -336,6 +336,43 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// ALLOC_MW request (`F_MW`).
+    pub struct AllocMwReq {
+        /// A PD handle.
+        pd_handle: u32,
+        /// `MW_TYPE_1` or `MW_TYPE_2`.
+        mw_type: u32,
+    }
+}
+
+wire_struct! {
+    /// ALLOC_MW response.
+    pub struct AllocMwResp {
+        /// Handle of the new window.
+        mw_handle: u32,
+        /// Its key: bits 31 to 8 its own, bits 7 to 0 the first consumer
+        /// byte.
+        rkey: u32,
+    }
+}
+
+wire_struct! {
+    /// DEALLOC_MW request.
+    pub struct MwHandleReq {
+        /// A memory window handle.
+        mw_handle: u32,
+    }
+}
+
+/// `AllocMwReq.mw_type`: a type 1 window, bound by a work request of any
+/// QP of its PD, usable through every QP of its PD, never invalidated.
+pub const MW_TYPE_1: u32 = 1;
+/// `AllocMwReq.mw_type`: a type 2 window, bound by a work request of a QP
+/// of its PD, usable through that QP only, invalidated by `LOCAL_INV` or
+/// `SEND_WITH_INV`.
+pub const MW_TYPE_2: u32 = 2;
+
+wire_struct! {
     /// CREATE_QP request (followed by the page list of `buf`).
     pub struct CreateQpReq {
         /// Protection domain.
@@ -565,6 +602,8 @@ impl Opcode {
             REG_MR => ("RegMrReq", true, "RegMrResp"),
             DEREG_MR => ("MrHandleReq", false, "none"),
             ALLOC_MR => ("AllocMrReq", false, "RegMrResp"),
+            ALLOC_MW => ("AllocMwReq", false, "AllocMwResp"),
+            DEALLOC_MW => ("MwHandleReq", false, "none"),
             CREATE_QP => ("CreateQpReq", true, "CreateQpResp"),
             MODIFY_QP => ("ModifyQpReq", false, "none"),
             QUERY_QP => ("QpHandleReq", false, "QueryQpResp"),

@@ -98,6 +98,7 @@ fn render() -> String {
         ("F_SHMEM_DOORBELL", config::F_SHMEM_DOORBELL),
         ("F_GSI", config::F_GSI),
         ("F_MEM_MGT", config::F_MEM_MGT),
+        ("F_MW", config::F_MW),
     ] {
         assert_ne!(mask & ALL_DEVICE_FEATURES, 0);
         let _ = writeln!(out, "#define VIRTIO_RDMA_{n} {}", mask.trailing_zeros());
@@ -122,6 +123,9 @@ fn render() -> String {
             "ACCESS_REMOTE_ATOMIC",
             u64::from(mem::access::REMOTE_ATOMIC),
         ),
+        ("ACCESS_MW_BIND", u64::from(mem::access::MW_BIND)),
+        ("MW_TYPE_1", u64::from(virtio_rdma_abi::verbs::MW_TYPE_1)),
+        ("MW_TYPE_2", u64::from(virtio_rdma_abi::verbs::MW_TYPE_2)),
         ("DB_DRIVER_OFFSET", datapath::DB_DRIVER_OFFSET),
         ("DB_DEVICE_OFFSET", datapath::DB_DEVICE_OFFSET),
         ("DB_FLAG_KICK", u64::from(datapath::DB_FLAG_KICK)),

@@ -124,6 +124,8 @@ pub struct Caps {
     /// registration may give an `ALLOC_MR` region. 0: the RNIC has no
     /// fast registration, and the device does not offer `F_MEM_MGT`.
     pub max_fast_reg_pages: u32,
+    /// Whether the RNIC runs memory windows (`F_MW`, spec 18.29).
+    pub windows: bool,
     /// The GID table each VM's port has on this RNIC.
     pub gids: PortGids,
     /// Whether the RNIC carries the MADs of a GSI QP (`F_GSI`, spec
@@ -151,14 +153,18 @@ impl Caps {
     }
 
     /// The device feature bits an RNIC with these caps lets a device
-    /// offer: all of them but `F_MEM_MGT` without fast registration.
+    /// offer: all of them but `F_MEM_MGT` without fast registration and
+    /// `F_MW` without memory windows.
     pub fn features(&self) -> u64 {
-        use virtio_rdma_abi::config::{ALL_DEVICE_FEATURES, F_MEM_MGT};
+        use virtio_rdma_abi::config::{ALL_DEVICE_FEATURES, F_MEM_MGT, F_MW};
+        let mut features = ALL_DEVICE_FEATURES;
         if self.max_fast_reg_pages == 0 {
-            ALL_DEVICE_FEATURES & !F_MEM_MGT
-        } else {
-            ALL_DEVICE_FEATURES
+            features &= !F_MEM_MGT;
         }
+        if !self.windows {
+            features &= !F_MW;
+        }
+        features
     }
 }
 

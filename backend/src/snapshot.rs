@@ -155,6 +155,7 @@ mod tests {
             [
                 ("qp", 6),
                 ("mr", 0),
+                ("mw", 0),
                 ("srq", 0),
                 ("ah", 0),
                 ("registered_bytes", 8192),

@@ -50,6 +50,7 @@ pub mod error;
 pub mod event;
 pub mod fast_mr;
 pub mod mr;
+pub mod mw;
 mod page_list;
 #[cfg(target_os = "linux")]
 pub mod pci;
@@ -71,6 +72,7 @@ pub use dma::DmaBuf;
 pub use error::{Error, Result};
 pub use fast_mr::{FastMr, FastReg};
 pub use mr::{Mr, MrPages};
+pub use mw::{Mw, MwBind};
 pub use pd::Pd;
 pub use qp::{Qp, QpCap, QpInit};
 pub use qp_attr::{QpAttrs, RcConnect};

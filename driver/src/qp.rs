@@ -3,7 +3,7 @@
 use std::mem::ManuallyDrop;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use virtio_rdma_abi::config::{F_ATOMIC, F_GSI, F_MEM_MGT, F_UD};
+use virtio_rdma_abi::config::{F_ATOMIC, F_GSI, F_MEM_MGT, F_MW, F_UD};
 use virtio_rdma_abi::ctrl::Opcode;
 use virtio_rdma_abi::mem::qp_buffer_layout;
 use virtio_rdma_abi::qp::{AddressVector, QpState, QpType, GSI_QKEY, QP_FLAG_SIG_ALL};
@@ -497,6 +497,7 @@ impl Qp {
             stride: self.sq.stride(),
             atomics: self.pd.dev.inner.has(F_ATOMIC),
             mem_mgt: self.pd.dev.inner.has(F_MEM_MGT),
+            windows: self.pd.dev.inner.has(F_MW),
         };
         post_encoded(
             &*self.pd.dev.inner.transport,

@@ -3,8 +3,8 @@
 use std::ops::BitOr;
 
 use virtio_rdma_abi::datapath::{
-    Cqe, RecvWqe, RegMrWqe, SendWqe, Sge, WcOpcode, WcStatus, WrOpcode, CQE_GRH, CQE_SOLICITED,
-    CQE_WITH_IMM, CQE_WITH_INV, WQE_FENCE, WQE_INLINE, WQE_SIGNALED, WQE_SOLICITED,
+    BindMwWqe, Cqe, RecvWqe, RegMrWqe, SendWqe, Sge, WcOpcode, WcStatus, WrOpcode, CQE_GRH,
+    CQE_SOLICITED, CQE_WITH_IMM, CQE_WITH_INV, WQE_FENCE, WQE_INLINE, WQE_SIGNALED, WQE_SOLICITED,
 };
 use virtio_rdma_abi::mem::{RECV_WQE_HEADER, SEND_WQE_HEADER, SGE_SIZE};
 use virtio_rdma_abi::qp::QpType;
@@ -106,12 +106,15 @@ pub enum SendOp {
     /// Fast registration of an `ALLOC_MR` region (`F_MEM_MGT`; no SGEs):
     /// see [`crate::FastMr::map`].
     RegMr(FastReg),
-    /// Invalidation of `key`, a local `ALLOC_MR` region's (`F_MEM_MGT`;
-    /// no SGEs).
+    /// Invalidation of `key`, a local `ALLOC_MR` region's or type 2
+    /// window's (`F_MEM_MGT`; no SGEs).
     LocalInv {
         /// The key.
         key: u32,
     },
+    /// Binding of a memory window (`F_MW`, RC; no SGEs): see
+    /// [`crate::Mw::bind`].
+    BindMw(crate::mw::MwBind),
 }
 
 impl SendOp {
@@ -127,6 +130,7 @@ impl SendOp {
             SendOp::SendWithInv { .. } => WrOpcode::SEND_WITH_INV,
             SendOp::RegMr(_) => WrOpcode::REG_MR,
             SendOp::LocalInv { .. } => WrOpcode::LOCAL_INV,
+            SendOp::BindMw(_) => WrOpcode::BIND_MW,
         }
     }
 
@@ -140,7 +144,10 @@ impl SendOp {
 
     /// Whether the operation is local to the QP (no message, no SGEs).
     fn is_local(&self) -> bool {
-        matches!(self, SendOp::RegMr(_) | SendOp::LocalInv { .. })
+        matches!(
+            self,
+            SendOp::RegMr(_) | SendOp::LocalInv { .. } | SendOp::BindMw(_)
+        )
     }
 
     fn is_atomic(&self) -> bool {
@@ -242,6 +249,7 @@ pub(crate) struct SendLimits {
     pub stride: usize,
     pub atomics: bool,
     pub mem_mgt: bool,
+    pub windows: bool,
 }
 
 /// Appends `bytes` zeroed bytes to `out` and returns them.
@@ -276,6 +284,9 @@ fn encode_send_at(
     if wr.op.is_mem_mgt() && !lim.mem_mgt {
         return Err("fast registration and invalidation need F_MEM_MGT".into());
     }
+    if matches!(wr.op, SendOp::BindMw(_)) && !lim.windows {
+        return Err("memory windows need F_MW".into());
+    }
     if wr.op.is_local() {
         return encode_local(wr, lim, out, base);
     }
@@ -289,7 +300,7 @@ fn encode_send_at(
         SendOp::Send => {}
         SendOp::SendWithInv { key } => wqe.imm_data = key,
         // Encoded by `encode_local`.
-        SendOp::RegMr(_) | SendOp::LocalInv { .. } => {}
+        SendOp::RegMr(_) | SendOp::LocalInv { .. } | SendOp::BindMw(_) => {}
         SendOp::SendWithImm { imm } => wqe.imm_data = imm,
         SendOp::RdmaWrite { remote_addr, rkey } | SendOp::RdmaRead { remote_addr, rkey } => {
             wqe.remote_addr = remote_addr;
@@ -402,8 +413,8 @@ fn encode_send_at(
     Ok(())
 }
 
-/// Appends the WQE of a local operation (`REG_MR`, `LOCAL_INV`): a
-/// 64-byte header, no SGEs (spec 18.27).
+/// Appends the WQE of a local operation (`REG_MR`, `LOCAL_INV`,
+/// `BIND_MW`): a 64-byte header, no SGEs (spec 18.27, 18.29).
 fn encode_local(
     wr: &SendWr<'_>,
     lim: &SendLimits,
@@ -445,6 +456,19 @@ fn encode_local(
             flags,
             rkey: key,
             ..SendWqe::default()
+        }
+        .write(bytes),
+        SendOp::BindMw(b) => BindMwWqe {
+            wr_id: wr.wr_id,
+            opcode: WrOpcode::BIND_MW as u8,
+            flags,
+            new_rkey: b.new_rkey,
+            addr: b.addr,
+            length: b.length,
+            mw_handle: b.mw_handle,
+            mr_lkey: b.mr_lkey,
+            access: b.access,
+            ..BindMwWqe::default()
         }
         .write(bytes),
         _ => return Err("not a local operation".into()),

@@ -187,6 +187,15 @@ pub enum Op {
         /// Pages of one registration (modulo 600: mostly in range).
         max_num_sg: u16,
     },
+    /// ALLOC_MW (`F_MW`): a memory window.
+    AllocMw {
+        /// PD.
+        pd: H,
+        /// Type (modulo 4: 1 and 2 valid, 0 and 3 not).
+        mw_type: u8,
+    },
+    /// DEALLOC_MW.
+    DeallocMw(H),
     /// CREATE_QP.
     CreateQp {
         /// PD.
@@ -344,6 +353,7 @@ struct Model {
     pd: Vec<Obj>,
     cq: Vec<Obj>,
     mr: Vec<Obj>,
+    mw: Vec<Obj>,
     qp: Vec<Obj>,
     ah: Vec<Obj>,
     srq: Vec<Obj>,
@@ -354,11 +364,12 @@ impl Model {
         *self = Model::default();
     }
 
-    fn all_mut(&mut self) -> [&mut Vec<Obj>; 6] {
+    fn all_mut(&mut self) -> [&mut Vec<Obj>; 7] {
         [
             &mut self.pd,
             &mut self.cq,
             &mut self.mr,
+            &mut self.mw,
             &mut self.qp,
             &mut self.ah,
             &mut self.srq,
@@ -601,20 +612,22 @@ impl Vm {
     fn check_state(&self) {
         let c = self.ctrl.res.counts();
         let m = &self.model;
-        let got = [c.ctx, c.pd, c.cq, c.mr, c.qp, c.ah, c.srq];
+        let got = [c.ctx, c.pd, c.cq, c.mr + c.mw, c.qp, c.ah, c.srq];
         let want = [
             m.ctx.len(),
             m.pd.len(),
             m.cq.len(),
-            m.mr.len(),
+            m.mr.len() + m.mw.len(),
             m.qp.len(),
             m.ah.len(),
             m.srq.len(),
         ];
         assert_eq!(
             got, want,
-            "live objects (ctx pd cq mr qp ah srq) differ from what the responses said"
+            "live objects (ctx pd cq mr+mw qp ah srq) differ from what the responses said"
         );
+        assert_eq!(c.mw, m.mw.len(), "live memory windows");
+        // Windows count against max_mr with the MRs (spec 12.23).
         let l = &self.limits;
         let max = [
             l.max_ctx, l.max_pd, l.max_cq, l.max_mr, l.max_qp, l.max_ah, l.max_srq,
@@ -650,6 +663,8 @@ impl Vm {
         // other live key of the VM (or the local DMA key) shares its bits
         // 31 to 8.
         let mrs = &self.ctrl.res.mrs;
+        // Memory windows own their bits 31 to 8 as fast regions do (spec
+        // 12.23): one list.
         let fast: Vec<u32> = mrs
             .iter()
             .filter(|(_, mr)| mr.fast.is_some())
@@ -657,6 +672,7 @@ impl Vm {
                 assert_eq!(mr.lkey, mr.rkey, "a fast region with two keys");
                 mr.lkey >> 8
             })
+            .chain(self.ctrl.res.mws.iter().map(|(_, mw)| mw.key >> 8))
             .collect();
         for (i, p) in fast.iter().enumerate() {
             assert_ne!(
@@ -664,7 +680,10 @@ impl Vm {
                 LOCAL_DMA_LKEY >> 8,
                 "a fast region has the local DMA key's bits"
             );
-            assert!(!fast[..i].contains(p), "two fast regions share bits 31..8");
+            assert!(
+                !fast[..i].contains(p),
+                "two fast regions or windows share bits 31..8"
+            );
         }
         for (_, mr) in mrs.iter().filter(|(_, mr)| mr.fast.is_none()) {
             for k in [mr.lkey, mr.rkey].into_iter().filter(|&k| k != 0) {
@@ -796,6 +815,21 @@ impl Vm {
                 AllocMrReq {
                     pd_handle: pick(&m.pd, *pd),
                     max_num_sg: u32::from(*max_num_sg) % 600,
+                }
+                .to_bytes(),
+            ),
+            Op::AllocMw { pd, mw_type } => (
+                Opcode::ALLOC_MW,
+                AllocMwReq {
+                    pd_handle: pick(&m.pd, *pd),
+                    mw_type: u32::from(*mw_type % 4),
+                }
+                .to_bytes(),
+            ),
+            Op::DeallocMw(h) => (
+                Opcode::DEALLOC_MW,
+                MwHandleReq {
+                    mw_handle: pick(&m.mw, *h),
                 }
                 .to_bytes(),
             ),
@@ -1113,6 +1147,22 @@ impl Vm {
                 });
             }
             Opcode::DEREG_MR => remove(&mut m.mr, u32_at(req, 0)),
+            Opcode::ALLOC_MW => {
+                let r = AllocMwResp::read(resp);
+                new(&m.mw, r.mw_handle, "ALLOC_MW");
+                let q = AllocMwReq::read(req);
+                assert!(
+                    q.mw_type == MW_TYPE_1 || q.mw_type == MW_TYPE_2,
+                    "ALLOC_MW of type {}",
+                    q.mw_type
+                );
+                m.mw.push(Obj {
+                    h: r.mw_handle,
+                    ctx: ctx_of(&m.pd, q.pd_handle),
+                    extra: u64::from(r.rkey),
+                });
+            }
+            Opcode::DEALLOC_MW => remove(&mut m.mw, u32_at(req, 0)),
             Opcode::CREATE_QP => {
                 let r = CreateQpResp::read(resp);
                 new(&m.qp, r.qp_handle, "CREATE_QP");
@@ -1150,9 +1200,10 @@ impl Vm {
     /// Destroys every object with commands, children first; each must
     /// succeed.
     fn destroy_all(&mut self) {
-        let kinds: [(Opcode, Kind); 7] = [
+        let kinds: [(Opcode, Kind); 8] = [
             (Opcode::DESTROY_QP, |m| &m.qp),
             (Opcode::DESTROY_AH, |m| &m.ah),
+            (Opcode::DEALLOC_MW, |m| &m.mw),
             (Opcode::DEREG_MR, |m| &m.mr),
             (Opcode::DESTROY_SRQ, |m| &m.srq),
             (Opcode::DESTROY_CQ, |m| &m.cq),

@@ -295,6 +295,17 @@ struct vrdma_mr {
 	bool dma;
 };
 
+/* A memory window: the device's handle, which BIND_MW names (spec 18.29). */
+struct vrdma_mw {
+	struct ib_mw ibmw;
+	u32 handle;
+};
+
+static inline struct vrdma_mw *to_vmw(struct ib_mw *ibmw)
+{
+	return container_of(ibmw, struct vrdma_mw, ibmw);
+}
+
 static inline struct vrdma_mr *to_vmr(struct ib_mr *ibmr)
 {
 	return container_of(ibmr, struct vrdma_mr, ibmr);
@@ -377,6 +388,10 @@ struct ib_mr *vrdma_alloc_mr(struct ib_pd *ibpd, enum ib_mr_type type,
 int vrdma_map_mr_sg(struct ib_mr *ibmr, struct scatterlist *sg, int sg_nents,
 		    unsigned int *sg_offset);
 int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata);
+
+/* virtio_rdma_mw.c */
+int vrdma_alloc_mw(struct ib_mw *ibmw, struct ib_udata *udata);
+int vrdma_dealloc_mw(struct ib_mw *ibmw);
 
 /* virtio_rdma_kqp.c: kernel QPs and their work requests */
 void *vrdma_kqp_alloc(struct vrdma_qp *qp, struct ib_qp_init_attr *init,

@@ -31,6 +31,7 @@
 #define VIRTIO_RDMA_F_SHMEM_DOORBELL 3
 #define VIRTIO_RDMA_F_GSI 4
 #define VIRTIO_RDMA_F_MEM_MGT 5
+#define VIRTIO_RDMA_F_MW 7
 
 /* Sizes, doorbell constants and WQE/CQE flags (sections 11.1, 18.4, 18.7, 18.8, 18.14). */
 #define VIRTIO_RDMA_CQE_SIZE 32
@@ -46,6 +47,9 @@
 #define VIRTIO_RDMA_ACCESS_REMOTE_READ 2
 #define VIRTIO_RDMA_ACCESS_REMOTE_WRITE 4
 #define VIRTIO_RDMA_ACCESS_REMOTE_ATOMIC 8
+#define VIRTIO_RDMA_ACCESS_MW_BIND 16
+#define VIRTIO_RDMA_MW_TYPE_1 1
+#define VIRTIO_RDMA_MW_TYPE_2 2
 #define VIRTIO_RDMA_DB_DRIVER_OFFSET 0
 #define VIRTIO_RDMA_DB_DEVICE_OFFSET 64
 #define VIRTIO_RDMA_DB_FLAG_KICK 1
@@ -104,6 +108,8 @@ enum virtio_rdma_opcode {
 	VIRTIO_RDMA_OP_REG_MR = 0x40,
 	VIRTIO_RDMA_OP_DEREG_MR = 0x41,
 	VIRTIO_RDMA_OP_ALLOC_MR = 0x42,
+	VIRTIO_RDMA_OP_ALLOC_MW = 0x44,
+	VIRTIO_RDMA_OP_DEALLOC_MW = 0x45,
 	VIRTIO_RDMA_OP_CREATE_QP = 0x50,
 	VIRTIO_RDMA_OP_MODIFY_QP = 0x51,
 	VIRTIO_RDMA_OP_QUERY_QP = 0x52,
@@ -191,6 +197,7 @@ enum virtio_rdma_wr_opcode {
 	VIRTIO_RDMA_WR_REG_MR = 0x7,
 	VIRTIO_RDMA_WR_LOCAL_INV = 0x8,
 	VIRTIO_RDMA_WR_SEND_WITH_INV = 0x9,
+	VIRTIO_RDMA_WR_BIND_MW = 0xa,
 };
 
 enum virtio_rdma_wc_opcode {
@@ -201,6 +208,7 @@ enum virtio_rdma_wc_opcode {
 	VIRTIO_RDMA_WC_FETCH_ADD = 0x4,
 	VIRTIO_RDMA_WC_REG_MR = 0x5,
 	VIRTIO_RDMA_WC_LOCAL_INV = 0x6,
+	VIRTIO_RDMA_WC_BIND_MW = 0x7,
 	VIRTIO_RDMA_WC_RECV = 0x80,
 	VIRTIO_RDMA_WC_RECV_RDMA_WITH_IMM = 0x81,
 };
@@ -219,6 +227,7 @@ enum virtio_rdma_wc_status {
 	VIRTIO_RDMA_WC_RETRY_EXC_ERR = 0xa,
 	VIRTIO_RDMA_WC_RNR_RETRY_EXC_ERR = 0xb,
 	VIRTIO_RDMA_WC_FATAL_ERR = 0xc,
+	VIRTIO_RDMA_WC_MW_BIND_ERR = 0xd,
 };
 
 struct virtio_rdma_device_config {
@@ -473,6 +482,26 @@ struct virtio_rdma_alloc_mr_req {
 };
 
 static_assert(sizeof(struct virtio_rdma_alloc_mr_req) == 8);
+
+struct virtio_rdma_alloc_mw_req {
+	__le32 pd_handle;
+	__le32 mw_type;
+};
+
+static_assert(sizeof(struct virtio_rdma_alloc_mw_req) == 8);
+
+struct virtio_rdma_alloc_mw_resp {
+	__le32 mw_handle;
+	__le32 rkey;
+};
+
+static_assert(sizeof(struct virtio_rdma_alloc_mw_resp) == 8);
+
+struct virtio_rdma_mw_handle_req {
+	__le32 mw_handle;
+};
+
+static_assert(sizeof(struct virtio_rdma_mw_handle_req) == 4);
 
 struct virtio_rdma_create_qp_req {
 	__le32 pd_handle;
@@ -750,6 +779,24 @@ struct virtio_rdma_reg_mr_wqe {
 };
 
 static_assert(sizeof(struct virtio_rdma_reg_mr_wqe) == 64);
+
+struct virtio_rdma_bind_mw_wqe {
+	__le64 wr_id;
+	__u8 opcode;
+	__u8 flags;
+	__le16 reserved0;
+	__le32 new_rkey;
+	__le64 addr;
+	__le64 length;
+	__le32 mw_handle;
+	__le32 mr_lkey;
+	__le32 access;
+	__le32 reserved1;
+	__le64 reserved2;
+	__le64 reserved3;
+};
+
+static_assert(sizeof(struct virtio_rdma_bind_mw_wqe) == 64);
 
 struct virtio_rdma_recv_wqe {
 	__le64 wr_id;

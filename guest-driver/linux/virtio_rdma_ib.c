@@ -113,6 +113,15 @@ static int vrdma_query_device(struct ib_device *ibdev,
 	 * the local DMA key in every PD (spec 18.28), which ib_core then
 	 * gives kernel PDs instead of asking for a DMA MR.
 	 */
+	/*
+	 * F_MW: windows of both types, a type 2 one tied to its QP and PD
+	 * (spec 18.29); windows count as MRs against max_mr.
+	 */
+	if (virtio_has_feature(vdev, VIRTIO_RDMA_F_MW)) {
+		props->device_cap_flags |= IB_DEVICE_MEM_WINDOW |
+					   IB_DEVICE_MEM_WINDOW_TYPE_2B;
+		props->max_mw = props->max_mr;
+	}
 	if (to_vib(ibdev)->kverbs) {
 		props->device_cap_flags |= IB_DEVICE_MEM_MGT_EXTENSIONS;
 		props->kernel_cap_flags |= IBK_LOCAL_DMA_LKEY;
@@ -385,6 +394,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 
 	.add_gid = vrdma_add_gid,
 	.alloc_mr = vrdma_alloc_mr,
+	.alloc_mw = vrdma_alloc_mw,
 	.create_ah = vrdma_create_ah,
 	.create_cq = vrdma_ops_create_cq,
 	.create_srq = vrdma_create_srq,
@@ -392,6 +402,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.create_qp = vrdma_create_qp,
 	.alloc_pd = vrdma_alloc_pd,
 	.alloc_ucontext = vrdma_alloc_ucontext,
+	.dealloc_mw = vrdma_dealloc_mw,
 	.dealloc_pd = vrdma_dealloc_pd,
 	.dealloc_ucontext = vrdma_dealloc_ucontext,
 	.del_gid = vrdma_del_gid,
@@ -425,6 +436,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 
 	INIT_RDMA_OBJ_SIZE(ib_ah, vrdma_ah, ibah),
 	INIT_RDMA_OBJ_SIZE(ib_cq, vrdma_cq, ibcq),
+	INIT_RDMA_OBJ_SIZE(ib_mw, vrdma_mw, ibmw),
 	INIT_RDMA_OBJ_SIZE(ib_pd, vrdma_pd, ibpd),
 	INIT_RDMA_OBJ_SIZE(ib_qp, vrdma_qp, ibqp),
 	INIT_RDMA_OBJ_SIZE(ib_srq, vrdma_srq, ibsrq),

@@ -86,6 +86,7 @@ static const enum ib_wc_status vrdma_wc_status[] = {
 	[VIRTIO_RDMA_WC_RETRY_EXC_ERR] = IB_WC_RETRY_EXC_ERR,
 	[VIRTIO_RDMA_WC_RNR_RETRY_EXC_ERR] = IB_WC_RNR_RETRY_EXC_ERR,
 	[VIRTIO_RDMA_WC_FATAL_ERR] = IB_WC_FATAL_ERR,
+	[VIRTIO_RDMA_WC_MW_BIND_ERR] = IB_WC_MW_BIND_ERR,
 };
 
 static const enum ib_wc_opcode vrdma_wc_send_opcode[] = {
@@ -96,6 +97,7 @@ static const enum ib_wc_opcode vrdma_wc_send_opcode[] = {
 	[VIRTIO_RDMA_WC_FETCH_ADD] = IB_WC_FETCH_ADD,
 	[VIRTIO_RDMA_WC_REG_MR] = IB_WC_REG_MR,
 	[VIRTIO_RDMA_WC_LOCAL_INV] = IB_WC_LOCAL_INV,
+	[VIRTIO_RDMA_WC_BIND_MW] = IB_WC_BIND_MW,
 };
 
 /* The receive side of a work completion (spec 18.13, 18.14, 18.26). */

@@ -28,7 +28,7 @@ int vrdma_access(int ib_access, u32 *access)
 {
 	if (ib_access & ~(IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_WRITE |
 			  IB_ACCESS_REMOTE_READ | IB_ACCESS_REMOTE_ATOMIC |
-			  IB_ACCESS_RELAXED_ORDERING))
+			  IB_ACCESS_MW_BIND | IB_ACCESS_RELAXED_ORDERING))
 		return -EOPNOTSUPP;
 	*access = 0;
 	if (ib_access & IB_ACCESS_LOCAL_WRITE)
@@ -39,6 +39,9 @@ int vrdma_access(int ib_access, u32 *access)
 		*access |= VIRTIO_RDMA_ACCESS_REMOTE_READ;
 	if (ib_access & IB_ACCESS_REMOTE_ATOMIC)
 		*access |= VIRTIO_RDMA_ACCESS_REMOTE_ATOMIC;
+	/* The device refuses it without F_MW (UNSUPPORTED, spec 10.5). */
+	if (ib_access & IB_ACCESS_MW_BIND)
+		*access |= VIRTIO_RDMA_ACCESS_MW_BIND;
 	return 0;
 }
 

@@ -383,6 +383,19 @@ impl<'a> Verbs<'a> {
         )
     }
 
+    /// ALLOC_MW (`F_MW`).
+    pub fn alloc_mw(&mut self, pd_handle: u32, mw_type: u32) -> Result<AllocMwResp> {
+        self.ctrl
+            .call_typed(Opcode::ALLOC_MW, &AllocMwReq { pd_handle, mw_type }, &[])
+    }
+
+    /// DEALLOC_MW (`F_MW`).
+    pub fn dealloc_mw(&mut self, mw_handle: u32) -> Result<()> {
+        self.ctrl
+            .call_typed_unit(Opcode::DEALLOC_MW, &MwHandleReq { mw_handle }, &[])
+            .map(drop)
+    }
+
     /// DEREG_MR.
     pub fn dereg_mr(&mut self, mr_handle: u32) -> Result<()> {
         self.ctrl

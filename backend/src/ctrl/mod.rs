@@ -10,6 +10,7 @@
 mod cq;
 mod ctx;
 mod mr;
+mod mw;
 mod parse;
 mod policy;
 mod qp;
@@ -205,6 +206,8 @@ impl VmState {
             }
             Opcode::DEREG_MR => self.dereg_mr(payload),
             Opcode::ALLOC_MR => self.alloc_mr(payload),
+            Opcode::ALLOC_MW => self.alloc_mw(payload),
+            Opcode::DEALLOC_MW => self.dealloc_mw(payload),
             Opcode::CREATE_QP => self.create_qp(mem, payload),
             Opcode::MODIFY_QP => self.modify_qp(mem, payload),
             Opcode::QUERY_QP => self.query_qp(payload),
@@ -247,12 +250,13 @@ pub fn response_size(op: Opcode) -> usize {
         ALLOC_PD => PdHandleResp::SIZE,
         CREATE_CQ => CqHandleResp::SIZE,
         REG_MR | ALLOC_MR => RegMrResp::SIZE,
+        ALLOC_MW => AllocMwResp::SIZE,
         CREATE_QP => CreateQpResp::SIZE,
         QUERY_QP => QueryQpResp::SIZE,
         CREATE_AH => AhHandleResp::SIZE,
         CREATE_SRQ => CreateSrqResp::SIZE,
         QUERY_SRQ => QuerySrqResp::SIZE,
         DESTROY_CTX | DEALLOC_PD | DESTROY_CQ | DEREG_MR | MODIFY_QP | DESTROY_QP | DESTROY_AH
-        | MODIFY_SRQ | DESTROY_SRQ => 0,
+        | MODIFY_SRQ | DESTROY_SRQ | DEALLOC_MW => 0,
     }
 }

@@ -1,6 +1,6 @@
 //! REG_MR, DEREG_MR, ALLOC_MR.
 
-use virtio_rdma_abi::config::{F_ATOMIC, F_MEM_MGT};
+use virtio_rdma_abi::config::{F_ATOMIC, F_MEM_MGT, F_MW};
 use virtio_rdma_abi::ctrl::{Opcode, RequestHeader, Status};
 use virtio_rdma_abi::mem::access;
 use virtio_rdma_abi::verbs::*;
@@ -102,10 +102,12 @@ impl VmState {
     ) -> CmdResult {
         let (req, list) = with_list::<RegMrReq>(payload)?;
         let ctx = self.pd_ctx::<RegMrReq>(req.pd_handle)?;
-        if self.res.mrs.len() >= self.limits.max_mr as usize {
-            return Err(CmdError::new(Status::QUOTA, quota::MR));
+        self.mr_quota()?;
+        let allowed = access::ALL | access::MW_BIND;
+        check_access::<RegMrReq>(req.access, allowed, self.has(F_ATOMIC), "access")?;
+        if req.access & access::MW_BIND != 0 && !self.has(F_MW) {
+            return Err(field::<RegMrReq>(Status::UNSUPPORTED, "access"));
         }
-        check_access::<RegMrReq>(req.access, access::ALL, self.has(F_ATOMIC), "access")?;
         let remote = access::REMOTE_WRITE | access::REMOTE_ATOMIC;
         if req.access & remote != 0 && req.access & access::LOCAL_WRITE == 0 {
             return Err(field::<RegMrReq>(Status::INVALID, "access"));
@@ -185,9 +187,7 @@ impl VmState {
         if req.max_num_sg > self.rnic.caps().max_fast_reg_pages {
             return Err(field::<AllocMrReq>(Status::RANGE, "max_num_sg"));
         }
-        if self.res.mrs.len() >= self.limits.max_mr as usize {
-            return Err(CmdError::new(Status::QUOTA, quota::MR));
-        }
+        self.mr_quota()?;
         // Checked before the translation space is allocated.
         self.res.host_room(Mr::fast_cost(req.max_num_sg))?;
         let mr = Mr::fast(req.pd_handle, ctx, req.max_num_sg);

@@ -29,10 +29,11 @@ const ARRAY_PAGE: u64 = ARRAY_BYTES as u64;
 /// "Cost": a work request of `npages` pages).
 const CHARGE_PER_PAGE: u64 = 4096;
 
-/// Whether `op` is one of the local memory operations.
+/// Whether `op` is one of the local memory operations (with `BIND_MW`,
+/// spec 18.29).
 #[inline]
 pub(super) fn is_local(op: WrOpcode) -> bool {
-    matches!(op, WrOpcode::REG_MR | WrOpcode::LOCAL_INV)
+    matches!(op, WrOpcode::REG_MR | WrOpcode::LOCAL_INV | WrOpcode::BIND_MW)
 }
 
 /// Executes local operation `wr` (shape checked) of QP `h`: its outcome
@@ -46,12 +47,14 @@ pub(super) fn execute(
 ) -> (Result<(), WcStatus>, u64) {
     match wr.opcode {
         WrOpcode::REG_MR => register(state, mem, h, &wr.hdr),
+        WrOpcode::BIND_MW => (super::bind::bind(state, h, &wr.hdr), 0),
         _ => (invalidate(state, h, wr.hdr.rkey), 0),
     }
 }
 
 /// `LOCAL_INV` of `key` on QP `h`: the key of an `ALLOC_MR` region of the
-/// QP's PD (all 32 bits), registered or free.
+/// QP's PD (all 32 bits), registered or free, or of a type 2 memory
+/// window of that PD (spec 18.29).
 fn invalidate(state: &mut VmState, h: u32, key: u32) -> Result<(), WcStatus> {
     let pd = state
         .res
@@ -59,7 +62,7 @@ fn invalidate(state: &mut VmState, h: u32, key: u32) -> Result<(), WcStatus> {
         .get(h)
         .map(|q| q.pd)
         .ok_or(WcStatus::LOC_PROT_ERR)?;
-    if state.res.invalidate_fast(pd, key) {
+    if state.res.invalidate_key(pd, key) {
         Ok(())
     } else {
         Err(WcStatus::LOC_PROT_ERR)

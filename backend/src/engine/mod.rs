@@ -16,13 +16,14 @@
 //! - [`requester`]: taking send WQEs and checking and addressing them, and
 //!   completing them for the RNIC (`complete_send`, `complete_posted`);
 //!   `fastreg`: the local memory operations (REG_MR, LOCAL_INV work
-//!   requests);
+//!   requests), `bind`: BIND_MW;
 //!   [`wqe`]: copying WQEs out of guest rings; [`sge`]: a QP's own
 //!   scatter/gather lists; [`completer`]: CQEs and completion events;
 //!   `flush`: QPs in error.
 
 mod anticipate;
 pub mod barrier;
+mod bind;
 pub mod completer;
 pub mod doorbell;
 mod fastreg;

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use virtio_rdma_abi::config::F_MEM_MGT;
+use virtio_rdma_abi::config::{F_MEM_MGT, F_MW};
 use virtio_rdma_abi::datapath::{Cqe, QpDoorbell, WcOpcode, WcStatus, WrOpcode, WQE_SIGNALED};
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::qp::{
@@ -225,7 +225,11 @@ impl Engine {
         } = scratch;
         match fetch_send(mem, qp, index, wqe) {
             Ok(wr) => {
-                let negotiated = (cx.state.atomics_negotiated(), cx.state.has(F_MEM_MGT));
+                let negotiated = (
+                    cx.state.atomics_negotiated(),
+                    cx.state.has(F_MEM_MGT),
+                    cx.state.has(F_MW),
+                );
                 let malformed = malformed_op(qp, &wr, negotiated);
                 if !malformed && fastreg::is_local(wr.opcode) {
                     // Executed here, in the queue's order, and completed at
@@ -385,18 +389,26 @@ impl Completion {
 /// and SEND_WITH_IMM to QP 1 only), inline data on an RDMA READ or atomic,
 /// an RDMA READ or atomic on a QP whose `max_rd_atomic` is 0, an atomic
 /// while `F_ATOMIC` is not negotiated (`atomics` false), one of
-/// `F_MEM_MGT`'s opcodes without it (`mem_mgt` false), or a REG_MR or
-/// LOCAL_INV with inline data or SGEs.
-fn malformed_op(qp: &Qp, wr: &SendWr<'_>, (atomics, mem_mgt): (bool, bool)) -> bool {
+/// `F_MEM_MGT`'s opcodes without it (`mem_mgt` false), a BIND_MW without
+/// `F_MW` (`windows` false) or on another QP than RC, or a REG_MR,
+/// LOCAL_INV or BIND_MW with inline data or SGEs.
+fn malformed_op(
+    qp: &Qp,
+    wr: &SendWr<'_>,
+    (atomics, mem_mgt, windows): (bool, bool, bool),
+) -> bool {
     let atomic = matches!(
         wr.opcode,
         WrOpcode::ATOMIC_CMP_AND_SWP | WrOpcode::ATOMIC_FETCH_AND_ADD
     );
     let rd_atomic = atomic || wr.opcode == WrOpcode::RDMA_READ;
     let local = fastreg::is_local(wr.opcode);
-    let ud_allowed = local || matches!(wr.opcode, WrOpcode::SEND | WrOpcode::SEND_WITH_IMM);
-    let mem_op = local || wr.opcode == WrOpcode::SEND_WITH_INV;
+    let bind = wr.opcode == WrOpcode::BIND_MW;
+    let ud_allowed =
+        (local && !bind) || matches!(wr.opcode, WrOpcode::SEND | WrOpcode::SEND_WITH_IMM);
+    let mem_op = (local && !bind) || wr.opcode == WrOpcode::SEND_WITH_INV;
     (mem_op && !mem_mgt)
+        || (bind && (!windows || qp.qp_type != QpType::RC))
         || (qp.qp_type.datagram() && !ud_allowed)
         || (qp.qp_type == QpType::GSI && (local || wr.hdr.remote_qpn != GSI_QPN))
         || (local && (wr.inline.is_some() || !wr.sges.is_empty()))
@@ -489,6 +501,7 @@ pub fn wc_opcode(op: WrOpcode) -> WcOpcode {
         WrOpcode::ATOMIC_FETCH_AND_ADD => WcOpcode::FETCH_ADD,
         WrOpcode::REG_MR => WcOpcode::REG_MR,
         WrOpcode::LOCAL_INV => WcOpcode::LOCAL_INV,
+        WrOpcode::BIND_MW => WcOpcode::BIND_MW,
     }
 }
 
@@ -510,40 +523,40 @@ mod tests {
             SEND_WITH_IMM,
             RDMA_READ,
         ] {
-            assert!(!malformed_op(&rc, &wr(op, None), (false, false)), "{op:?} on RC");
+            assert!(!malformed_op(&rc, &wr(op, None), (false, false, false)), "{op:?} on RC");
         }
         for op in [ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD] {
-            assert!(!malformed_op(&rc, &wr(op, None), (true, false)), "{op:?}, F_ATOMIC");
+            assert!(!malformed_op(&rc, &wr(op, None), (true, false, false)), "{op:?}, F_ATOMIC");
             assert!(
-                malformed_op(&rc, &wr(op, None), (false, false)),
+                malformed_op(&rc, &wr(op, None), (false, false, false)),
                 "{op:?} without F_ATOMIC"
             );
             assert!(
-                malformed_op(&rc, &wr(op, Some(&[0; 8])), (true, false)),
+                malformed_op(&rc, &wr(op, Some(&[0; 8])), (true, false, false)),
                 "inline {op:?}"
             );
         }
         assert!(
-            malformed_op(&rc, &wr(RDMA_READ, Some(&[0; 8])), (true, false)),
+            malformed_op(&rc, &wr(RDMA_READ, Some(&[0; 8])), (true, false, false)),
             "inline READ"
         );
         assert!(
-            !malformed_op(&rc, &wr(RDMA_WRITE, Some(&[0; 8])), (true, false)),
+            !malformed_op(&rc, &wr(RDMA_WRITE, Some(&[0; 8])), (true, false, false)),
             "inline WRITE"
         );
         rc.attr.max_rd_atomic = 0;
         for op in [RDMA_READ, ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD] {
             assert!(
-                malformed_op(&rc, &wr(op, None), (true, false)),
+                malformed_op(&rc, &wr(op, None), (true, false, false)),
                 "{op:?}, max_rd_atomic 0"
             );
         }
-        assert!(!malformed_op(&rc, &wr(SEND, None), (true, false)));
+        assert!(!malformed_op(&rc, &wr(SEND, None), (true, false, false)));
         let mut ud = testing::qp(QpType::UD);
         ud.attr.max_rd_atomic = 1;
         for op in [SEND, SEND_WITH_IMM] {
             assert!(
-                !malformed_op(&ud, &wr(op, Some(&[1])), (true, false)),
+                !malformed_op(&ud, &wr(op, Some(&[1])), (true, false, false)),
                 "{op:?} on UD"
             );
         }
@@ -553,7 +566,7 @@ mod tests {
             RDMA_READ,
             ATOMIC_FETCH_AND_ADD,
         ] {
-            assert!(malformed_op(&ud, &wr(op, None), (true, false)), "{op:?} on UD");
+            assert!(malformed_op(&ud, &wr(op, None), (true, false, false)), "{op:?} on UD");
         }
     }
 
@@ -566,14 +579,14 @@ mod tests {
         let rc = testing::qp(QpType::RC);
         let ud = testing::qp(QpType::UD);
         for op in [REG_MR, LOCAL_INV, SEND_WITH_INV] {
-            assert!(malformed_op(&rc, &wr(op, None), (true, false)), "{op:?}");
-            assert!(malformed_op(&ud, &wr(op, None), (true, false)), "{op:?}");
+            assert!(malformed_op(&rc, &wr(op, None), (true, false, false)), "{op:?}");
+            assert!(malformed_op(&ud, &wr(op, None), (true, false, false)), "{op:?}");
         }
         for op in [REG_MR, LOCAL_INV] {
             for q in [&rc, &ud] {
-                assert!(!malformed_op(q, &wr(op, None), (true, true)), "{op:?}");
+                assert!(!malformed_op(q, &wr(op, None), (true, true, false)), "{op:?}");
                 assert!(
-                    malformed_op(q, &wr(op, Some(&[])), (true, true)),
+                    malformed_op(q, &wr(op, Some(&[])), (true, true, false)),
                     "inline {op:?}"
                 );
                 let sge = [virtio_rdma_abi::datapath::Sge::default()];
@@ -581,11 +594,30 @@ mod tests {
                     sges: &sge,
                     ..wr(op, None)
                 };
-                assert!(malformed_op(q, &with_sge, (true, true)), "{op:?} with an SGE");
+                assert!(malformed_op(q, &with_sge, (true, true, false)), "{op:?} with an SGE");
             }
         }
-        assert!(!malformed_op(&rc, &wr(SEND_WITH_INV, None), (true, true)));
-        assert!(!malformed_op(&rc, &wr(SEND_WITH_INV, Some(&[1])), (true, true)));
-        assert!(malformed_op(&ud, &wr(SEND_WITH_INV, None), (true, true)));
+        assert!(!malformed_op(&rc, &wr(SEND_WITH_INV, None), (true, true, false)));
+        assert!(!malformed_op(&rc, &wr(SEND_WITH_INV, Some(&[1])), (true, true, false)));
+        assert!(malformed_op(&ud, &wr(SEND_WITH_INV, None), (true, true, false)));
+    }
+
+    /// Spec 18.8, 18.29: BIND_MW is malformed without `F_MW`, on a QP
+    /// other than RC, and with inline data or SGEs.
+    #[test]
+    fn malformed_binds() {
+        use WrOpcode::BIND_MW;
+        let rc = testing::qp(QpType::RC);
+        let ud = testing::qp(QpType::UD);
+        assert!(!malformed_op(&rc, &wr(BIND_MW, None), (true, false, true)));
+        assert!(malformed_op(&rc, &wr(BIND_MW, None), (true, true, false)));
+        assert!(malformed_op(&ud, &wr(BIND_MW, None), (true, true, true)));
+        assert!(malformed_op(&rc, &wr(BIND_MW, Some(&[])), (true, true, true)));
+        let sge = [virtio_rdma_abi::datapath::Sge::default()];
+        let with_sge = SendWr {
+            sges: &sge,
+            ..wr(BIND_MW, None)
+        };
+        assert!(malformed_op(&rc, &with_sge, (true, true, true)));
     }
 }

@@ -109,6 +109,7 @@ impl RnicObjects for Numbers {
             max_msg_size: 1 << 20,
             local_ca_ack_delay: 0,
             max_fast_reg_pages: 0,
+            windows: true,
             gids: PortGids::PerVm,
             gsi: true,
         }

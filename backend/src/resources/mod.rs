@@ -8,11 +8,12 @@ pub mod fast;
 pub mod handle;
 pub mod objects;
 pub mod qp_state;
+pub mod windows;
 
 use handle::HandleTable;
 pub use objects::{
-    Ah, Context, Cq, CqRuntime, FastReg, HostCost, Inbound, Mr, Pd, Qp, QpRuntime, SendPartial,
-    SendWait, Srq, SrqRuntime,
+    Ah, Binding, Context, Cq, CqRuntime, FastReg, HostCost, Inbound, Mr, Mw, Pd, Qp, QpRuntime,
+    SendPartial, SendWait, Srq, SrqRuntime,
 };
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,6 +39,8 @@ pub struct ResourceCounts {
     pub qp: usize,
     /// Memory regions.
     pub mr: usize,
+    /// Memory windows.
+    pub mw: usize,
     /// Shared receive queues.
     pub srq: usize,
     /// Address handles.
@@ -92,6 +95,8 @@ pub struct VmResources {
     pub cqs: HandleTable<Cq>,
     /// Memory regions.
     pub mrs: HandleTable<Mr>,
+    /// Memory windows.
+    pub mws: HandleTable<Mw>,
     /// Queue pairs.
     pub qps: HandleTable<Qp>,
     /// Address handles.
@@ -105,6 +110,11 @@ pub struct VmResources {
     /// Bits 31 to 8 of the key of an `ALLOC_MR` region -> its handle
     /// (registered or free: `LOCAL_INV` finds a free one too).
     pub fast_keys: KeyMap<u32>,
+    /// Bits 31 to 8 of a memory window's key -> its handle.
+    pub mw_keys: KeyMap<u32>,
+    /// MR handle -> the number of windows bound to it (only MRs with
+    /// some).
+    pub bound_windows: KeyMap<u32>,
     /// Sum of the lengths of all live MRs.
     pub registered_bytes: u64,
     /// Sum of the [`HostCost`] of all live objects.
@@ -149,12 +159,15 @@ impl VmResources {
             pds: HandleTable::default(),
             cqs: HandleTable::default(),
             mrs: HandleTable::default(),
+            mws: HandleTable::default(),
             qps: HandleTable::default(),
             ahs: HandleTable::default(),
             srqs: HandleTable::default(),
             lkeys: KeyMap::default(),
             rkeys: KeyMap::default(),
             fast_keys: KeyMap::default(),
+            mw_keys: KeyMap::default(),
+            bound_windows: KeyMap::default(),
             registered_bytes: 0,
             host_bytes: 0,
             doorbells: None,
@@ -173,6 +186,7 @@ impl VmResources {
             cq: self.cqs.len(),
             qp: self.qps.len(),
             mr: self.mrs.len(),
+            mw: self.mws.len(),
             srq: self.srqs.len(),
             ah: self.ahs.len(),
             registered_bytes: self.registered_bytes,
@@ -422,6 +436,7 @@ impl VmResources {
     pub fn destroy_qp(&mut self, handle: u32, t: &dyn RnicObjects) -> Result<(), DestroyError> {
         let qp = self.qps.remove(handle).ok_or(DestroyError::BadHandle)?;
         self.refund(&qp);
+        self.invalidate_windows_of(handle);
         if let Some(pd) = self.pds.get_mut(qp.pd) {
             dec(&mut pd.users);
         }
@@ -452,8 +467,13 @@ impl VmResources {
         }
     }
 
-    /// Deregisters an MR; its keys return to the RNIC.
+    /// Deregisters an MR unless windows are bound to it; its keys return
+    /// to the RNIC.
     pub fn dereg_mr(&mut self, handle: u32, t: &dyn RnicObjects) -> Result<(), DestroyError> {
+        let windows = self.windows_on(handle);
+        if windows > 0 {
+            return Err(DestroyError::Busy(windows));
+        }
         let mr = self.mrs.remove(handle).ok_or(DestroyError::BadHandle)?;
         self.refund(&mr);
         // A free `ALLOC_MR` region's key is in neither map, and no other
@@ -551,6 +571,9 @@ impl VmResources {
         for h in collect(&self.ahs, |o| owned(o.ctx)) {
             let _ = self.destroy_ah(h, t);
         }
+        for h in collect(&self.mws, |o| owned(o.ctx)) {
+            let _ = self.dealloc_mw(h, t);
+        }
         for h in collect(&self.mrs, |o| owned(o.ctx)) {
             let _ = self.dereg_mr(h, t);
         }
@@ -579,6 +602,9 @@ impl VmResources {
         for h in self.qps.handles() {
             let _ = self.destroy_qp(h, t);
         }
+        for h in self.mws.handles() {
+            let _ = self.dealloc_mw(h, t);
+        }
         for h in self.mrs.handles() {
             let _ = self.dereg_mr(h, t);
         }
@@ -597,12 +623,15 @@ impl VmResources {
         self.qps.clear();
         self.srqs.clear();
         self.ahs.clear();
+        self.mws.clear();
         self.mrs.clear();
         self.cqs.clear();
         self.pds.clear();
         self.lkeys.clear();
         self.rkeys.clear();
         self.fast_keys.clear();
+        self.mw_keys.clear();
+        self.bound_windows.clear();
         self.registered_bytes = 0;
         self.host_bytes = 0;
         if let Some(db) = self.doorbells.as_mut() {

@@ -445,6 +445,45 @@ impl HostCost for Qp {
     }
 }
 
+/// A memory window (spec 12.23, 18.29).
+#[derive(Debug)]
+pub struct Mw {
+    /// Protection domain.
+    pub pd: u32,
+    /// Context of the PD.
+    pub ctx: u32,
+    /// `MW_TYPE_1` or `MW_TYPE_2`.
+    pub mw_type: u32,
+    /// Its key: bits 31 to 8 drawn at `ALLOC_MW`, bits 7 to 0 the last
+    /// bind's consumer byte.
+    pub key: u32,
+    /// What it grants while bound; `None` while free.
+    pub binding: Option<Binding>,
+}
+
+/// A bound window's grant: a range of an MR with remote rights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Binding {
+    /// The MR's handle.
+    pub mr: u32,
+    /// First byte, in the MR's address space.
+    pub addr: u64,
+    /// Bytes.
+    pub length: u64,
+    /// Remote rights (`ACCESS_REMOTE_*`).
+    pub access: u32,
+    /// Type 2: the QP that bound it (handle and incarnation), the only one
+    /// it may be accessed through. `None` for type 1.
+    pub qp: Option<(u32, u64)>,
+}
+
+impl HostCost for Mw {
+    fn host_cost(&self) -> u64 {
+        // The object and its entry in the key map.
+        own::<Self>().saturating_add(KEY_ENTRY_BYTES)
+    }
+}
+
 impl Mr {
     /// An `ALLOC_MR` region of PD `pd` (context `ctx`), free, with room
     /// for `max_num_sg` pages; its key comes from the RNIC.

@@ -68,6 +68,12 @@ struct virtio_rdma_create_qp_uresp {
 	__u32 reserved;
 };
 
+/* ALLOC_MW: the device's handle of the window, which BIND_MW names. */
+struct virtio_rdma_alloc_mw_uresp {
+	__u32 mw_handle;
+	__u32 reserved;
+};
+
 /* CREATE_SRQ: the ring (depth WQEs, page aligned) and the doorbell record. */
 struct virtio_rdma_create_srq_ureq {
 	__aligned_u64 buf_va;

@@ -75,8 +75,7 @@ static void vrdma_end_poll(struct ibv_cq_ex *cqx)
 
 static enum ibv_wc_opcode vrdma_read_opcode(struct ibv_cq_ex *cqx)
 {
-	/* The device's completion opcodes are libibverbs' (spec 18.14). */
-	return cqx_to_vcq(cqx)->cur.opcode;
+	return vrdma_wc_opcode(cqx_to_vcq(cqx)->cur.opcode);
 }
 
 static uint32_t vrdma_read_vendor_err(struct ibv_cq_ex *cqx)

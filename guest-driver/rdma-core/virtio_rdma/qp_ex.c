@@ -120,8 +120,42 @@ static void vrdma_wr_send_inv(struct ibv_qp_ex *qpx, uint32_t invalidate_rkey)
 
 	w = open_wr(qpx, VIRTIO_RDMA_WR_SEND_WITH_INV,
 		    IBV_QP_EX_WITH_SEND_WITH_INV);
+	/* The key travels where immediate data would (spec 18.27). */
+	if (w)
+		w->imm_data = htole32(invalidate_rkey);
+}
+
+static void vrdma_wr_local_inv(struct ibv_qp_ex *qpx, uint32_t invalidate_rkey)
+{
+	struct virtio_rdma_send_wqe *w;
+
+	w = open_wr(qpx, VIRTIO_RDMA_WR_LOCAL_INV, IBV_QP_EX_WITH_LOCAL_INV);
 	if (w)
 		w->rkey = htole32(invalidate_rkey);
+}
+
+/*
+ * A type 2 window bound under @rkey (spec 18.29): the slot's header is a
+ * BindMwWqe, written now; no setter applies to it.
+ */
+static void vrdma_wr_bind_mw(struct ibv_qp_ex *qpx, struct ibv_mw *mw,
+			     uint32_t rkey,
+			     const struct ibv_mw_bind_info *bind_info)
+{
+	struct vrdma_qp *qp = qpx_to_vqp(qpx);
+	uint8_t *slot;
+
+	if (!open_wr(qpx, VIRTIO_RDMA_WR_BIND_MW, IBV_QP_EX_WITH_BIND_MW))
+		return;
+	slot = qp->ex_slot;
+	/* Written here, not from ex_wqe when the next one opens. */
+	qp->ex_slot = NULL;
+	if (!mw || mw->type != IBV_MW_TYPE_2 ||
+	    vrdma_encode_bind(qpx->wr_id, qpx->wr_flags, mw, rkey, bind_info,
+			      slot))
+		qp->ex_err = EINVAL;
+	else
+		mw->rkey = rkey;
 }
 
 static void vrdma_wr_rdma_write(struct ibv_qp_ex *qpx, uint32_t rkey,
@@ -315,18 +349,6 @@ static void vrdma_wr_flush(struct ibv_qp_ex *qpx, uint32_t rkey,
 	open_wr(qpx, 0, IBV_QP_EX_WITH_FLUSH);
 }
 
-static void vrdma_wr_bind_mw(struct ibv_qp_ex *qpx, struct ibv_mw *mw,
-			     uint32_t rkey,
-			     const struct ibv_mw_bind_info *bind_info)
-{
-	open_wr(qpx, 0, IBV_QP_EX_WITH_BIND_MW);
-}
-
-static void vrdma_wr_local_inv(struct ibv_qp_ex *qpx, uint32_t invalidate_rkey)
-{
-	open_wr(qpx, 0, IBV_QP_EX_WITH_LOCAL_INV);
-}
-
 static void vrdma_wr_set_xrc_srqn(struct ibv_qp_ex *qpx, uint32_t remote_srqn)
 {
 	struct vrdma_qp *qp = qpx_to_vqp(qpx);
@@ -394,7 +416,9 @@ static uint64_t supported_ops(const struct vrdma_context *ctx,
 		ops |= IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
 		       IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
 	if (ctx->device_cap_flags & IBV_DEVICE_MEM_MGT_EXTENSIONS)
-		ops |= IBV_QP_EX_WITH_SEND_WITH_INV;
+		ops |= IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_LOCAL_INV;
+	if (ctx->device_cap_flags & IBV_DEVICE_MEM_WINDOW)
+		ops |= IBV_QP_EX_WITH_BIND_MW;
 	return ops;
 }
 

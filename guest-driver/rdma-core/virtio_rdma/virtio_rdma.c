@@ -227,14 +227,24 @@ static int wr_opcode(enum ibv_wr_opcode op, uint8_t *out)
 	case IBV_WR_ATOMIC_FETCH_AND_ADD:
 		*out = VIRTIO_RDMA_WR_ATOMIC_FETCH_AND_ADD;
 		return 0;
+	case IBV_WR_LOCAL_INV:
+		*out = VIRTIO_RDMA_WR_LOCAL_INV;
+		return 0;
+	case IBV_WR_SEND_WITH_INV:
+		*out = VIRTIO_RDMA_WR_SEND_WITH_INV;
+		return 0;
 	default:
 		return EINVAL;
 	}
 }
 
-/* Encodes one send work request into slot @slot (spec 18.8 to 18.10). */
+/*
+ * Encodes one send work request into slot @slot (spec 18.8 to 18.10,
+ * 18.27, 18.29). A BIND_MW of a type 1 window comes from ibv_bind_mw only
+ * (@bind_type1), never from the application's post_send.
+ */
 static int encode_send(struct vrdma_qp *qp, struct ibv_send_wr *wr,
-		       uint8_t *slot)
+		       uint8_t *slot, bool bind_type1)
 {
 	size_t room = ((size_t)1 << qp->sq_wqe_shift) -
 		      sizeof(struct virtio_rdma_send_wqe);
@@ -243,14 +253,38 @@ static int encode_send(struct vrdma_qp *qp, struct ibv_send_wr *wr,
 	size_t len = 0;
 	int i;
 
+	if (wr->opcode == IBV_WR_BIND_MW) {
+		if (qp->vqp.qp.qp_type != IBV_QPT_RC || !wr->bind_mw.mw ||
+		    wr->bind_mw.mw->type !=
+		    (bind_type1 ? IBV_MW_TYPE_1 : IBV_MW_TYPE_2))
+			return EINVAL;
+		return vrdma_encode_bind(wr->wr_id, wr->send_flags,
+					 wr->bind_mw.mw, wr->bind_mw.rkey,
+					 &wr->bind_mw.bind_info, slot);
+	}
 	if (wr_opcode(wr->opcode, &w.opcode))
 		return EINVAL;
 	if (wr->send_flags & ~(IBV_SEND_SIGNALED | IBV_SEND_SOLICITED |
 			       IBV_SEND_INLINE | IBV_SEND_FENCE))
 		return EINVAL;
 	if (qp->vqp.qp.qp_type == IBV_QPT_UD &&
-	    wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM)
+	    wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM &&
+	    wr->opcode != IBV_WR_LOCAL_INV)
 		return EINVAL;
+	if (wr->opcode == IBV_WR_LOCAL_INV) {
+		/* The key to invalidate; no data (spec 18.27). */
+		if (wr->send_flags & (IBV_SEND_INLINE | IBV_SEND_SOLICITED))
+			return EINVAL;
+		w.wr_id = htole64(wr->wr_id);
+		w.opcode = VIRTIO_RDMA_WR_LOCAL_INV;
+		if (wr->send_flags & IBV_SEND_SIGNALED)
+			w.flags |= VIRTIO_RDMA_WQE_SIGNALED;
+		if (wr->send_flags & IBV_SEND_FENCE)
+			w.flags |= VIRTIO_RDMA_WQE_FENCE;
+		w.rkey = htole32(wr->invalidate_rkey);
+		memcpy(slot, &w, sizeof(w));
+		return 0;
+	}
 	if (qp->vqp.qp.qp_type == IBV_QPT_UD) {
 		if (!wr->wr.ud.ah)
 			return EINVAL;
@@ -265,8 +299,14 @@ static int encode_send(struct vrdma_qp *qp, struct ibv_send_wr *wr,
 		w.flags |= VIRTIO_RDMA_WQE_SOLICITED;
 	if (wr->send_flags & IBV_SEND_FENCE)
 		w.flags |= VIRTIO_RDMA_WQE_FENCE;
-	/* Four opaque bytes, as the application keeps them (spec 18.8). */
-	memcpy(&w.imm_data, &wr->imm_data, sizeof(w.imm_data));
+	/*
+	 * Four opaque bytes, as the application keeps them (spec 18.8); or
+	 * the key a SEND_WITH_INV invalidates, in the same place (18.27).
+	 */
+	if (wr->opcode == IBV_WR_SEND_WITH_INV)
+		w.imm_data = htole32(wr->invalidate_rkey);
+	else
+		memcpy(&w.imm_data, &wr->imm_data, sizeof(w.imm_data));
 	w.remote_addr = htole64(wr->wr.rdma.remote_addr);
 	w.rkey = htole32(wr->wr.rdma.rkey);
 	if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
@@ -325,8 +365,8 @@ bool vrdma_qp_may_send(struct vrdma_qp *qp)
 	}
 }
 
-static int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
-			   struct ibv_send_wr **bad_wr)
+static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
+		     struct ibv_send_wr **bad_wr, bool bind_type1)
 {
 	struct vrdma_qp *qp = to_vqp(ibqp);
 	uint32_t ci, posted = 0;
@@ -348,7 +388,7 @@ static int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 			ret = ENOMEM;
 			break;
 		}
-		ret = encode_send(qp, wr, slot);
+		ret = encode_send(qp, wr, slot, bind_type1);
 		if (ret)
 			break;
 		posted++;
@@ -362,6 +402,19 @@ static int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 	if (ret)
 		*bad_wr = wr;
 	return post_done(ibqp->context, posted, ret, vrdma_kick_qp, ibqp);
+}
+
+static int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
+			   struct ibv_send_wr **bad_wr)
+{
+	return post_send(ibqp, wr, bad_wr, false);
+}
+
+/* ibv_bind_mw's work request: the BIND_MW of a type 1 window. */
+int vrdma_post_bind_type1(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
+			  struct ibv_send_wr **bad_wr)
+{
+	return post_send(ibqp, wr, bad_wr, true);
 }
 
 /*
@@ -585,7 +638,17 @@ static const enum ibv_wc_status wc_status[] = {
 	[VIRTIO_RDMA_WC_RETRY_EXC_ERR] = IBV_WC_RETRY_EXC_ERR,
 	[VIRTIO_RDMA_WC_RNR_RETRY_EXC_ERR] = IBV_WC_RNR_RETRY_EXC_ERR,
 	[VIRTIO_RDMA_WC_FATAL_ERR] = IBV_WC_FATAL_ERR,
+	[VIRTIO_RDMA_WC_MW_BIND_ERR] = IBV_WC_MW_BIND_ERR,
 };
+
+/*
+ * Device completion opcode -> verbs (spec 18.14): the same numbers but for
+ * BIND_MW (REG_MR, the kernel's, never reaches user space).
+ */
+uint8_t vrdma_wc_opcode(uint8_t opcode)
+{
+	return opcode == VIRTIO_RDMA_WC_BIND_MW ? IBV_WC_BIND_MW : opcode;
+}
 
 enum ibv_wc_status vrdma_wc_status(uint8_t status)
 {
@@ -629,7 +692,7 @@ static void cqe_to_wc(const struct virtio_rdma_cqe *e, struct ibv_wc *wc)
 	memset(wc, 0, sizeof(*wc));
 	wc->wr_id = le64toh(e->wr_id);
 	wc->status = vrdma_wc_status(e->status);
-	wc->opcode = e->opcode;
+	wc->opcode = vrdma_wc_opcode(e->opcode);
 	wc->vendor_err = le32toh(e->vendor_err);
 	wc->byte_len = le32toh(e->byte_len);
 	wc->qp_num = le32toh(e->qpn);
@@ -1017,13 +1080,16 @@ static void vrdma_free_context(struct ibv_context *ibctx)
 
 static const struct verbs_context_ops vrdma_context_ops = {
 	.alloc_parent_domain = vrdma_alloc_parent_domain,
+	.alloc_mw = vrdma_alloc_mw,
 	.alloc_pd = vrdma_alloc_pd,
+	.bind_mw = vrdma_bind_mw,
 	.create_ah = vrdma_create_ah,
 	.create_cq = vrdma_create_cq,
 	.create_cq_ex = vrdma_create_cq_ex,
 	.create_srq = vrdma_create_srq,
 	.create_qp = vrdma_create_qp,
 	.create_qp_ex = vrdma_create_qp_ex,
+	.dealloc_mw = vrdma_dealloc_mw,
 	.dealloc_pd = vrdma_dealloc_pd,
 	.dereg_mr = vrdma_dereg_mr,
 	.destroy_ah = vrdma_destroy_ah,

@@ -23,6 +23,8 @@ DECLARE_DRV_CMD(vrdma_create_qp_cmd, IB_USER_VERBS_CMD_CREATE_QP,
 		virtio_rdma_create_qp_ureq, virtio_rdma_create_qp_uresp);
 DECLARE_DRV_CMD(vrdma_create_ah_cmd, IB_USER_VERBS_CMD_CREATE_AH, empty,
 		virtio_rdma_create_ah_uresp);
+DECLARE_DRV_CMD(vrdma_alloc_mw_cmd, IB_USER_VERBS_CMD_ALLOC_MW, empty,
+		virtio_rdma_alloc_mw_uresp);
 DECLARE_DRV_CMD(vrdma_create_srq_cmd, IB_USER_VERBS_CMD_CREATE_SRQ,
 		virtio_rdma_create_srq_ureq, virtio_rdma_create_srq_uresp);
 
@@ -96,6 +98,17 @@ struct vrdma_ah {
 static inline struct vrdma_ah *to_vah(struct ibv_ah *ibah)
 {
 	return container_of(ibah, struct vrdma_ah, ibv_ah);
+}
+
+struct vrdma_mw {
+	struct ibv_mw ibv_mw;
+	/* The device's handle, named by BIND_MW work requests. */
+	uint32_t handle;
+};
+
+static inline struct vrdma_mw *to_vmw(struct ibv_mw *ibmw)
+{
+	return container_of(ibmw, struct vrdma_mw, ibv_mw);
 }
 
 struct vrdma_device {
@@ -216,6 +229,9 @@ static inline _Atomic uint32_t *db_word(void *db, size_t off)
 
 /* virtio_rdma.c */
 bool vrdma_qp_may_send(struct vrdma_qp *qp);
+int vrdma_post_bind_type1(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
+			  struct ibv_send_wr **bad_wr);
+uint8_t vrdma_wc_opcode(uint8_t opcode);
 int vrdma_post_done(struct ibv_context *ibctx, uint32_t posted, int ret,
 		    struct ibv_qp *qp);
 int vrdma_create_cq_common(struct ibv_context *context,
@@ -236,6 +252,15 @@ void vrdma_free_buf(struct vrdma_pd *dom, void *p, uint64_t type, bool custom);
 int vrdma_qmem_alloc(struct vrdma_qmem *m, struct ibv_pd *pd, void **ring,
 		     size_t ring_len, uint64_t ring_type, void **db);
 void vrdma_qmem_free(struct vrdma_qmem *m, void *ring, void *db);
+
+/* mw.c */
+struct ibv_mw *vrdma_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type);
+int vrdma_dealloc_mw(struct ibv_mw *ibmw);
+int vrdma_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw,
+		  struct ibv_mw_bind *mw_bind);
+int vrdma_encode_bind(uint64_t wr_id, unsigned int send_flags,
+		      struct ibv_mw *mw, uint32_t rkey,
+		      const struct ibv_mw_bind_info *info, uint8_t *slot);
 
 /* qp_ex.c */
 int vrdma_qp_ex_init(struct vrdma_qp *qp, struct vrdma_context *ctx,

@@ -208,7 +208,7 @@ fn mr_access_flag_violations() {
                 access::REMOTE_WRITE | access::REMOTE_READ,
             ),
             ("REMOTE_ATOMIC without LOCAL_WRITE", access::REMOTE_ATOMIC),
-            ("unknown bit 0x10", access::LOCAL_WRITE | 0x10),
+            ("unknown bit 0x20", access::LOCAL_WRITE | 0x20),
             ("unknown bit 31", 1 << 31),
             ("every bit", u32::MAX),
         ] {
@@ -225,6 +225,11 @@ fn mr_access_flag_violations() {
             assert_ne!(mr.rkey, 0);
             w.ok("DEREG_MR", |v| v.dereg_mr(mr.mr_handle));
         }
+        // MW_BIND (F_MW) grants no access by itself: no rkey.
+        let flags = access::LOCAL_WRITE | access::MW_BIND;
+        let mr = w.ok("REG_MR", |v| v.reg_mr(&MrSpec::new(pd, flags, IOVA, &p)));
+        assert_eq!(mr.rkey, 0);
+        w.ok("DEREG_MR", |v| v.dereg_mr(mr.mr_handle));
     });
 }
 

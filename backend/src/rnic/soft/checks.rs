@@ -8,6 +8,7 @@
 use virtio_rdma_abi::qp::{QpState, QpType, GSI_QPN};
 
 use super::request::RespOutcome;
+use crate::memory::access::Translate;
 use crate::resources::{Mr, Qp};
 use crate::vm::VmState;
 
@@ -77,14 +78,69 @@ fn addressed(
         .ok_or(RespOutcome::Stale)
 }
 
-/// The MR of `state` that rkey `rkey` names for responder QP `q` and
-/// access `right`: one of the QP's PD that grants `right` (the QP's own
-/// right is the caller's to check).
-pub(super) fn remote_mr<'s>(state: &'s VmState, q: &Qp, rkey: u32, right: u32) -> Option<&'s Mr> {
-    state
+/// What an rkey names at a responder: an MR, or the range of one a bound
+/// memory window grants (spec 18.29), translated through the MR.
+pub(super) struct RemoteRegion<'s> {
+    mr: &'s Mr,
+    /// A window's first byte and length, in the MR's address space.
+    window: Option<(u64, u64)>,
+}
+
+impl RemoteRegion<'_> {
+    /// Whether `[iova, iova + len)` is inside the window, if it is one.
+    fn inside(&self, iova: u64, len: u64) -> bool {
+        self.window.is_none_or(|(start, length)| {
+            let (Some(end), Some(limit)) = (iova.checked_add(len), start.checked_add(length))
+            else {
+                return false;
+            };
+            iova >= start && end <= limit
+        })
+    }
+}
+
+impl Translate for RemoteRegion<'_> {
+    fn translate(&self, iova: u64, len: u64) -> Option<(u64, u64)> {
+        if !self.inside(iova, len) {
+            return None;
+        }
+        self.mr.translate(iova, len)
+    }
+
+    fn walk(&self, iova: u64, len: u64, f: impl FnMut(u64, u64)) -> Option<()> {
+        if !self.inside(iova, len) {
+            return None;
+        }
+        self.mr.walk(iova, len, f)
+    }
+}
+
+/// What rkey `rkey` names for responder QP `qp` (`q`) and access
+/// `right`: an MR of the QP's PD that grants `right`, else a bound window
+/// of that PD that grants it (a type 2 one bound by this QP). The QP's own
+/// right is the caller's to check.
+pub(super) fn remote_mr<'s>(
+    state: &'s VmState,
+    qp: u32,
+    q: &Qp,
+    rkey: u32,
+    right: u32,
+) -> Option<RemoteRegion<'s>> {
+    let mr = state
         .res
         .rkeys
         .get(&rkey)
         .and_then(|h| state.res.mrs.get(*h))
-        .filter(|mr| mr.pd == q.pd && mr.access & right != 0)
+        .filter(|mr| mr.pd == q.pd && mr.access & right != 0);
+    if let Some(mr) = mr {
+        return Some(RemoteRegion { mr, window: None });
+    }
+    let grant = state.res.window_grant(rkey, q.pd, (qp, q.incarnation))?;
+    if grant.access & right == 0 {
+        return None;
+    }
+    Some(RemoteRegion {
+        mr: state.res.mrs.get(grant.mr)?,
+        window: Some((grant.addr, grant.length)),
+    })
 }

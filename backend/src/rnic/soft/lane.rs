@@ -79,7 +79,7 @@ pub(super) fn small_write(
     if q.attr.access & acc::REMOTE_WRITE == 0 {
         return None;
     }
-    let rmr = remote_mr(peer, q, wr.hdr.rkey, acc::REMOTE_WRITE)?;
+    let rmr = remote_mr(peer, peer_qp, q, wr.hdr.rkey, acc::REMOTE_WRITE)?;
     let (dst_gpa, dst_room) = rmr.translate(wr.hdr.remote_addr, len)?;
     if dst_room < len {
         return None;

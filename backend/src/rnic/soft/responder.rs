@@ -47,7 +47,7 @@ fn remote_part(
     out: &mut Vec<Segment>,
 ) -> Result<(), WcStatus> {
     let q = state.res.qps.get(qp).ok_or(WcStatus::REM_ACCESS_ERR)?;
-    let Some(mr) = remote_mr(state, q, rkey, right) else {
+    let Some(mr) = remote_mr(state, qp, q, rkey, right) else {
         if let Some(c) = state.tenancy().counters(requester) {
             IsolationCounters::bump(&c.bad_rkey);
         }
@@ -58,14 +58,14 @@ fn remote_part(
     }
     out.clear();
     if (skip, take) == (0, len) {
-        return access::resolve(mr, addr, len, out).map_err(|_| WcStatus::REM_ACCESS_ERR);
+        return access::resolve(&mr, addr, len, out).map_err(|_| WcStatus::REM_ACCESS_ERR);
     }
     let inside = skip.checked_add(take).is_some_and(|end| end <= len);
     if !inside || (len > 0 && mr.translate(addr, len).is_none()) {
         return Err(WcStatus::REM_ACCESS_ERR);
     }
     let start = addr.checked_add(skip).ok_or(WcStatus::REM_ACCESS_ERR)?;
-    access::resolve(mr, start, take, out).map_err(|_| WcStatus::REM_ACCESS_ERR)
+    access::resolve(&mr, start, take, out).map_err(|_| WcStatus::REM_ACCESS_ERR)
 }
 
 /// Checks the target of an RDMA WRITE of `len` bytes at responder QP `qp`
@@ -234,7 +234,7 @@ fn perform(
         WrOpcode::SEND | WrOpcode::SEND_WITH_IMM | WrOpcode::SEND_WITH_INV => {}
         // Local operations never reach a responder (the requester
         // executes them).
-        WrOpcode::REG_MR | WrOpcode::LOCAL_INV => {
+        WrOpcode::REG_MR | WrOpcode::LOCAL_INV | WrOpcode::BIND_MW => {
             return nak(state, qp, WcStatus::REM_INV_REQ_ERR);
         }
     }
@@ -251,10 +251,11 @@ fn perform(
         abandon(state, mem, qp, &inb);
         return nak(state, qp, WcStatus::REM_INV_REQ_ERR);
     }
-    // A SEND_WITH_INV whose key names no `ALLOC_MR` region of this QP's PD
-    // fails before a receive WQE is looked at (spec 18.27).
+    // A SEND_WITH_INV whose key names no `ALLOC_MR` region or type 2
+    // window of this QP's PD fails before a receive WQE is looked at (spec
+    // 18.27, 18.29).
     let invalidates = (wr.opcode == WrOpcode::SEND_WITH_INV).then_some(wr.hdr.imm_data);
-    if invalidates.is_some_and(|key| state.res.fast_mr_of_key(pd, key).is_none()) {
+    if invalidates.is_some_and(|key| !state.res.invalidatable(pd, key)) {
         return nak(state, qp, WcStatus::REM_OP_ERR);
     }
     // The receive WQE is copied and checked in full before any byte of the
@@ -298,7 +299,7 @@ fn perform(
         // The message is accepted: the key is invalidated as it arrives,
         // before any of it is placed (and before the receive completes).
         if let Some(key) = invalidates {
-            state.res.invalidate_fast(pd, key);
+            state.res.invalidate_key(pd, key);
         }
         let inb = Inbound {
             wr_id: recv.wr_id,
@@ -323,7 +324,7 @@ fn perform(
     };
     consume_recv(state, mem, qp, pi);
     if let Some(key) = invalidates {
-        state.res.invalidate_fast(pd, key);
+        state.res.invalidate_key(pd, key);
     }
     let cqe = recv_cqe(req, my_qpn, recv.wr_id, placed, ud);
     received(state, mem, qp, recv_cq, cqe)

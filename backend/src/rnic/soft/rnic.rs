@@ -84,6 +84,7 @@ impl RnicObjects for SoftRnic {
             max_msg_size: 1 << 31,
             local_ca_ack_delay: SOFT_ACK_DELAY,
             max_fast_reg_pages: MAX_FAST_REG_PAGES,
+            windows: true,
             gids: PortGids::PerVm,
             gsi: true,
         }

@@ -322,6 +322,7 @@ impl VerbsDevice {
             local_ca_ack_delay: u32::from(self.attr.local_ca_ack_delay),
             // No fast registration through a host NIC yet (spec appendix D).
             max_fast_reg_pages: 0,
+            windows: false,
             // Everything leaves from the host port's GID; the host's QP 1
             // is its own: a guest's GSI QP needs the CM bridge, which
             // `VerbsRnic::enable_cm` opens (spec appendix D).

@@ -62,7 +62,9 @@ fn opcode(op: WrOpcode) -> Option<u32> {
         WrOpcode::RDMA_READ => ibv_wr_opcode::IBV_WR_RDMA_READ,
         WrOpcode::ATOMIC_CMP_AND_SWP => ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP,
         WrOpcode::ATOMIC_FETCH_AND_ADD => ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD,
-        WrOpcode::REG_MR | WrOpcode::LOCAL_INV | WrOpcode::SEND_WITH_INV => return None,
+        WrOpcode::REG_MR | WrOpcode::LOCAL_INV | WrOpcode::SEND_WITH_INV | WrOpcode::BIND_MW => {
+            return None
+        }
     })
 }
 
