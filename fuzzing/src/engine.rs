@@ -14,7 +14,9 @@
 //! fast registration (`F_MEM_MGT`): `REG_MR` work requests of each VM's
 //! buffer into an `ALLOC_MR` region, well formed or not, `LOCAL_INV`,
 //! `SEND_WITH_INV`, and work requests through those keys and the local DMA
-//! key; and each VM's GSI QP (QP 1) sending MADs (to QP 1 of any VM of the
+//! key; memory windows (`F_MW`): `BIND_MW` work requests of a window of
+//! each VM over its buffer, well formed or not, and work requests through
+//! the window's key; and each VM's GSI QP (QP 1) sending MADs (to QP 1 of any VM of the
 //! input or to other QP numbers, from any index of its GID table, up to and
 //! beyond 256 bytes) and taking them. After
 //! the input, a device reset of each of its VMs brings the daemon back to
@@ -63,9 +65,10 @@ use virtio_rdma_abi::datapath::{WcOpcode, WcStatus, UD_GRH_SIZE};
 use virtio_rdma_abi::event::Event;
 use virtio_rdma_abi::mem::access;
 use virtio_rdma_abi::qp::{AddressVector, GSI_QPN, MAX_MAD_BYTES};
+use virtio_rdma_abi::verbs::{MW_TYPE_1, MW_TYPE_2};
 use virtio_rdma_driver::{
-    Ah, Cq, Device, DeviceOptions, DmaBuf, DmaRegion, Error as DrvError, FastMr, FastReg, Mr, Pd,
-    Qp, QpCap, QpInit, RcConnect, RecvWr, SendOp, SendWr, Sge, SharedMemory, Token,
+    Ah, Cq, Device, DeviceOptions, DmaBuf, DmaRegion, Error as DrvError, FastMr, FastReg, Mr, Mw,
+    MwBind, Pd, Qp, QpCap, QpInit, RcConnect, RecvWr, SendOp, SendWr, Sge, SharedMemory, Token,
     Transport as DrvTransport, TransportError, UdDest, WorkCompletion,
 };
 
@@ -308,6 +311,24 @@ pub enum Op {
         /// How the remote range is named.
         remote: Via,
     },
+    /// A `BIND_MW` work request (`F_MW`) on a QP: the VM's window (made at
+    /// first use, type 2 if `type2`) over part of the VM's buffer, well
+    /// formed (`how` 0 to 3) or not (other key bits, past the region, an
+    /// unknown lkey, rights the window cannot grant, a zero length).
+    BindMw {
+        /// VM.
+        vm: u8,
+        /// QP.
+        qp: u8,
+        /// Which bind.
+        how: u8,
+        /// A type 2 window (when the VM has none yet).
+        type2: bool,
+        /// Offset of the window in the buffer.
+        off: u16,
+        /// Its length.
+        len: u16,
+    },
 }
 
 /// How a buffer is named in an `Op::Through`.
@@ -322,6 +343,9 @@ pub enum Via {
     Dma,
     /// The local DMA key over guest-physical addresses outside RAM.
     Hole,
+    /// The memory window's current key (if the VM has one; as an lkey:
+    /// refused).
+    Window,
 }
 
 /// The whole input.
@@ -441,6 +465,9 @@ struct VmS {
     gsi: Option<Qp>,
     /// Address handles of the MADs sent (kept while their WQEs may run).
     ahs: Vec<Ah>,
+    /// The memory window, once an op made it (dropped before the MR it
+    /// may be bound to).
+    mw: Option<Mw>,
     /// The `ALLOC_MR` region over the buffer, once an op made it.
     fast: Option<FastMr>,
     mr: Mr,
@@ -453,6 +480,9 @@ struct VmS {
     /// QP numbers of destroyed QPs of this VM (no completion may name them).
     dead: HashSet<u32>,
 }
+
+/// Rights of each VM's buffer: all, and memory windows may be bound to it.
+const BUF_ACCESS: u32 = access::ALL | access::MW_BIND;
 
 /// VMs of the daemon; an input uses the first two or all three.
 const VMS: usize = 3;
@@ -562,11 +592,12 @@ fn open_driver(t: Arc<VmmTransport>) -> VmS {
     let pd = Pd::alloc(&dev).expect("alloc PD");
     let cq = Cq::create(&dev, CQ_DEPTH).expect("create CQ");
     let buf = Arc::new(dev.alloc_dma(BUF as usize, 8).expect("alloc DMA"));
-    let mr = Mr::register(&pd, buf.clone(), access::ALL).expect("register MR");
+    let mr = Mr::register(&pd, buf.clone(), BUF_ACCESS).expect("register MR");
     VmS {
         qps: Vec::new(),
         gsi: None,
         ahs: Vec::new(),
+        mw: None,
         fast: None,
         mr,
         buf,
@@ -1066,7 +1097,9 @@ impl Harness {
             Op::Rereg(v) => {
                 let (_, vm) = self.vm(v);
                 let keys = (vm.mr.lkey(), vm.mr.rkey());
-                let Some(mr) = check("REG_MR", Mr::register(&vm.pd, vm.buf.clone(), access::ALL))
+                // Its window goes first: it holds the region (spec 18.29).
+                vm.mw = None;
+                let Some(mr) = check("REG_MR", Mr::register(&vm.pd, vm.buf.clone(), BUF_ACCESS))
                 else {
                     return;
                 };
@@ -1074,7 +1107,11 @@ impl Harness {
                 drop(old);
                 self.old_keys.push(keys);
             }
-            Op::FastReg { .. } | Op::LocalInv { .. } | Op::SendInv { .. } | Op::Through { .. } => {
+            Op::FastReg { .. }
+            | Op::LocalInv { .. }
+            | Op::SendInv { .. }
+            | Op::Through { .. }
+            | Op::BindMw { .. } => {
                 self.fast_step(op);
             }
         }
@@ -1181,6 +1218,7 @@ impl Harness {
                 let mut length = op_len(kind, len);
                 let (laddr, lkey) = match local {
                     Via::Mr => (vm.mr.iova() + off, vm.mr.lkey()),
+                    Via::Window => (vm.mr.iova() + off, vm.mw.as_ref().map_or(0, Mw::key)),
                     Via::Fast => (vm.mr.iova() + off, vm.fast.as_ref().map_or(0, FastMr::key)),
                     Via::Dma => {
                         let gpa = vm.buf.gpa(off as usize).unwrap_or(hole);
@@ -1194,6 +1232,7 @@ impl Harness {
                 };
                 let (raddr, rkey) = match remote {
                     Via::Mr => (peer.mr.iova() + roff, peer.mr.rkey()),
+                    Via::Window => (peer.mr.iova() + roff, peer.mw.as_ref().map_or(0, Mw::key)),
                     Via::Fast => (
                         peer.mr.iova() + roff,
                         peer.fast.as_ref().map_or(0, FastMr::key),
@@ -1209,6 +1248,50 @@ impl Harness {
                 }];
                 let wr = SendWr::signaled(self.seq * 8, op, &sge);
                 check("post_send", vm.qps[pa].qp.post_send(&[wr]));
+            }
+            Op::BindMw {
+                vm: v,
+                qp,
+                how,
+                type2,
+                off,
+                len,
+            } => {
+                let a = self.vm_index(v);
+                let Some(pa) = self.qp_of(a, qp) else { return };
+                let vm = self.vms[a].as_mut().expect("open");
+                if vm.mw.is_none() {
+                    let t = if type2 { MW_TYPE_2 } else { MW_TYPE_1 };
+                    vm.mw = check("ALLOC_MW", Mw::alloc(&vm.pd, t));
+                }
+                let (lkey, iova) = (vm.mr.lkey(), vm.mr.iova());
+                let Some(mw) = vm.mw.as_mut() else { return };
+                let off = u64::from(off) % BUF;
+                let len = (u64::from(len) % (BUF - off)).max(1);
+                let rights = access::REMOTE_READ | access::REMOTE_WRITE | access::REMOTE_ATOMIC;
+                let b = mw.bind(lkey, iova + off, len, rights);
+                let b = match how % 8 {
+                    0..=3 => b,
+                    4 => MwBind {
+                        new_rkey: b.new_rkey ^ 0x100,
+                        ..b
+                    },
+                    5 => MwBind {
+                        length: BUF + 1,
+                        ..b
+                    },
+                    6 => MwBind {
+                        mr_lkey: b.mr_lkey ^ 0x100,
+                        ..b
+                    },
+                    _ => MwBind {
+                        access: access::ALL | access::MW_BIND,
+                        length: 0,
+                        ..b
+                    },
+                };
+                let wr = SendWr::signaled(self.seq * 8, SendOp::BindMw(b), &[]);
+                check("post BIND_MW", vm.qps[pa].qp.post_send(&[wr]));
             }
             _ => {}
         }
