@@ -22,10 +22,12 @@ pub const F_MEM_MGT: u64 = 1 << 5;
 /// (`ALLOC_MW`, `DEALLOC_MW`, the `BIND_MW` work request; invalidation of
 /// type 2 windows by `LOCAL_INV` and `SEND_WITH_INV` needs `F_MEM_MGT`).
 pub const F_MW: u64 = 1 << 7;
+/// Feature bit (ABI version 3): unreliable connected QPs (`qp_type` UC).
+pub const F_UC: u64 = 1 << 8;
 
 /// All device-specific feature bits this ABI version defines.
 pub const ALL_DEVICE_FEATURES: u64 =
-    F_UD | F_SRQ | F_ATOMIC | F_SHMEM_DOORBELL | F_GSI | F_MEM_MGT | F_MW;
+    F_UD | F_SRQ | F_ATOMIC | F_SHMEM_DOORBELL | F_GSI | F_MEM_MGT | F_MW | F_UC;
 
 /// The device-specific feature bits ABI version 2 defines: all a device
 /// that reports version 2 may offer.

@@ -13,6 +13,8 @@ code_enum! {
         /// The general services interface QP, QP number 1, that carries
         /// MADs (requires `F_GSI`; at most one per instance).
         GSI = 3,
+        /// Unreliable connected (requires `F_UC`).
+        UC = 4,
     }
 }
 
@@ -22,6 +24,12 @@ impl QpType {
     /// UD's, spec 18.26).
     pub fn datagram(self) -> bool {
         matches!(self, QpType::UD | QpType::GSI)
+    }
+
+    /// Whether the type is connected to one destination QP (its `av` and
+    /// `dest_qpn`): RC and UC.
+    pub fn connected(self) -> bool {
+        matches!(self, QpType::RC | QpType::UC)
     }
 }
 

@@ -99,6 +99,7 @@ fn render() -> String {
         ("F_GSI", config::F_GSI),
         ("F_MEM_MGT", config::F_MEM_MGT),
         ("F_MW", config::F_MW),
+        ("F_UC", config::F_UC),
     ] {
         assert_ne!(mask & ALL_DEVICE_FEATURES, 0);
         let _ = writeln!(out, "#define VIRTIO_RDMA_{n} {}", mask.trailing_zeros());

@@ -408,6 +408,7 @@ fn feature_constants() -> Vec<(&'static str, u64)> {
         ("F_GSI", config::F_GSI),
         ("F_MEM_MGT", config::F_MEM_MGT),
         ("F_MW", config::F_MW),
+        ("F_UC", config::F_UC),
     ]
 }
 

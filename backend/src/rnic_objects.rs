@@ -126,6 +126,8 @@ pub struct Caps {
     pub max_fast_reg_pages: u32,
     /// Whether the RNIC runs memory windows (`F_MW`, spec 18.29).
     pub windows: bool,
+    /// Whether the RNIC runs UC QPs (`F_UC`, spec 18.11.6).
+    pub uc: bool,
     /// The GID table each VM's port has on this RNIC.
     pub gids: PortGids,
     /// Whether the RNIC carries the MADs of a GSI QP (`F_GSI`, spec
@@ -153,16 +155,19 @@ impl Caps {
     }
 
     /// The device feature bits an RNIC with these caps lets a device
-    /// offer: all of them but `F_MEM_MGT` without fast registration and
-    /// `F_MW` without memory windows.
+    /// offer: all of them but `F_MEM_MGT` without fast registration,
+    /// `F_MW` without memory windows and `F_UC` without UC.
     pub fn features(&self) -> u64 {
-        use virtio_rdma_abi::config::{ALL_DEVICE_FEATURES, F_MEM_MGT, F_MW};
+        use virtio_rdma_abi::config::{ALL_DEVICE_FEATURES, F_MEM_MGT, F_MW, F_UC};
         let mut features = ALL_DEVICE_FEATURES;
         if self.max_fast_reg_pages == 0 {
             features &= !F_MEM_MGT;
         }
         if !self.windows {
             features &= !F_MW;
+        }
+        if !self.uc {
+            features &= !F_UC;
         }
         features
     }

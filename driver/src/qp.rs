@@ -3,7 +3,7 @@
 use std::mem::ManuallyDrop;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use virtio_rdma_abi::config::{F_ATOMIC, F_GSI, F_MEM_MGT, F_MW, F_UD};
+use virtio_rdma_abi::config::{F_ATOMIC, F_GSI, F_MEM_MGT, F_MW, F_UC, F_UD};
 use virtio_rdma_abi::ctrl::Opcode;
 use virtio_rdma_abi::mem::qp_buffer_layout;
 use virtio_rdma_abi::qp::{AddressVector, QpState, QpType, GSI_QKEY, QP_FLAG_SIG_ALL};
@@ -91,6 +91,14 @@ impl QpInit {
         }
     }
 
+    /// A UC QP (needs `F_UC`) with default sizes on one CQ.
+    pub fn uc(cq: &Arc<Cq>) -> Self {
+        QpInit {
+            qp_type: QpType::UC,
+            ..Self::rc(cq)
+        }
+    }
+
     /// A UD QP with default sizes on one CQ.
     pub fn ud(cq: &Arc<Cq>) -> Self {
         QpInit {
@@ -152,6 +160,9 @@ impl Qp {
         }
         if init.qp_type == QpType::GSI {
             inner.require(F_GSI)?;
+        }
+        if init.qp_type == QpType::UC {
+            inner.require(F_UC)?;
         }
         for cq in [&init.send_cq, &init.recv_cq] {
             if !Arc::ptr_eq(&cq.device().inner, &pd.dev.inner) {
@@ -423,6 +434,24 @@ impl Qp {
             }
         }
         Ok(())
+    }
+
+    /// UC: RESET → INIT → RTR → RTS towards the peer in `c`, with RC's
+    /// connection attributes but none of its reliability ones (spec 13.2).
+    pub fn uc_connect(&self, access: u32, c: &RcConnect) -> Result<()> {
+        let rtr = QpAttrs {
+            max_dest_rd_atomic: None,
+            min_rnr_timer: None,
+            ..rtr_attrs(c, self.pd.dev.gid_index())
+        };
+        let rts = QpAttrs {
+            state: Some(QpState::RTS),
+            sq_psn: Some(c.sq_psn),
+            ..QpAttrs::default()
+        };
+        [init_attrs(access), rtr, rts]
+            .iter()
+            .try_for_each(|a| self.modify(a))
     }
 
     /// UD: RESET → INIT with `qkey`.

@@ -200,7 +200,8 @@ pub enum Op {
     CreateQp {
         /// PD.
         pd: H,
-        /// UD rather than RC (GSI when `sq_log` is 0xc0 or above).
+        /// UD rather than RC (GSI when `sq_log` is 0xc0 or above; without
+        /// `ud`, UC when it is 0x80 or above).
         ud: bool,
         /// Send CQ.
         send_cq: H,
@@ -855,10 +856,11 @@ impl Vm {
                 buf,
             } => {
                 let sq_depth = depth(*sq_log % 8);
-                let qp_type = match (*ud, *sq_log >= 0xc0) {
-                    (false, _) => QpType::RC,
-                    (true, false) => QpType::UD,
-                    (true, true) => QpType::GSI,
+                let qp_type = match (*ud, *sq_log >= 0xc0, *sq_log >= 0x80) {
+                    (false, _, true) => QpType::UC,
+                    (false, _, false) => QpType::RC,
+                    (true, false, _) => QpType::UD,
+                    (true, true, _) => QpType::GSI,
                 };
                 let srq_handle = srq.map_or(0, |h| pick(&m.srq, h));
                 let rq_depth = if srq.is_some() { 0 } else { depth(*rq_log % 8) };

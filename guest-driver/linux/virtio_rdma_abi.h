@@ -32,6 +32,7 @@
 #define VIRTIO_RDMA_F_GSI 4
 #define VIRTIO_RDMA_F_MEM_MGT 5
 #define VIRTIO_RDMA_F_MW 7
+#define VIRTIO_RDMA_F_UC 8
 
 /* Sizes, doorbell constants and WQE/CQE flags (sections 11.1, 18.4, 18.7, 18.8, 18.14). */
 #define VIRTIO_RDMA_CQE_SIZE 32
@@ -142,6 +143,7 @@ enum virtio_rdma_qp_type {
 	VIRTIO_RDMA_QPT_RC = 0x1,
 	VIRTIO_RDMA_QPT_UD = 0x2,
 	VIRTIO_RDMA_QPT_GSI = 0x3,
+	VIRTIO_RDMA_QPT_UC = 0x4,
 };
 
 enum virtio_rdma_mtu {

@@ -21,8 +21,9 @@
 #define VRDMA_QP_FLAG_SIG_ALL 0x1
 
 /*
- * The device's type of a verbs QP type: RC, UD, and for kernel consumers
- * (ib_mad) GSI, which the driver offers only with F_GSI (spec 18.26).
+ * The device's type of a verbs QP type: RC, UD, for user space UC (the
+ * device refuses it without F_UC), and for kernel consumers (ib_mad) GSI,
+ * which the driver offers only with F_GSI (spec 18.26).
  */
 static int vrdma_qp_type(struct vrdma_ib *vib, enum ib_qp_type ib_type,
 			 bool user, u32 *type)
@@ -34,6 +35,10 @@ static int vrdma_qp_type(struct vrdma_ib *vib, enum ib_qp_type ib_type,
 	case IB_QPT_UD:
 		*type = VIRTIO_RDMA_QPT_UD;
 		return 0;
+	case IB_QPT_UC:
+		/* User space only: kernel ULPs have no use for UC. */
+		*type = VIRTIO_RDMA_QPT_UC;
+		return user ? 0 : -EOPNOTSUPP;
 	case IB_QPT_GSI:
 		*type = VIRTIO_RDMA_QPT_GSI;
 		return !user && vib->gsi ? 0 : -EOPNOTSUPP;

@@ -1,6 +1,6 @@
 //! CREATE_QP, MODIFY_QP, QUERY_QP, DESTROY_QP.
 
-use virtio_rdma_abi::config::{F_ATOMIC, F_GSI, F_SRQ, F_UD};
+use virtio_rdma_abi::config::{F_ATOMIC, F_GSI, F_SRQ, F_UC, F_UD};
 use virtio_rdma_abi::ctrl::Status;
 use virtio_rdma_abi::datapath::{QpDoorbell, DB_NONE};
 use virtio_rdma_abi::event::EventKind;
@@ -40,7 +40,10 @@ impl VmState {
         let qp_type =
             QpType::from_u32(req.qp_type).ok_or_else(|| field::<R>(Status::INVALID, "qp_type"))?;
         let gsi = qp_type == QpType::GSI;
-        if (gsi && !self.has(F_GSI)) || (qp_type == QpType::UD && !self.has(F_UD)) {
+        if (gsi && !self.has(F_GSI))
+            || (qp_type == QpType::UD && !self.has(F_UD))
+            || (qp_type == QpType::UC && !self.has(F_UC))
+        {
             return Err(field::<R>(Status::UNSUPPORTED, "qp_type"));
         }
         // One GSI QP per device instance: QP 1 (spec 18.26).
@@ -274,7 +277,7 @@ impl VmState {
             // GSI QP (whose Q_Key is checked above) has a privileged one.
             self.privileged_qkey(a.qkey)?;
         }
-        if qp_type == QpType::RC && mask & (AV | DEST_QPN) != 0 {
+        if qp_type.connected() && mask & (AV | DEST_QPN) != 0 {
             // The tenant policy, after every other check (spec 12.13): the
             // destination the QP will have once the command is applied.
             let Some(qp) = self.res.qps.get(req.qp_handle) else {
@@ -308,9 +311,9 @@ impl VmState {
         } else {
             apply(&mut attr, mask, &a);
         }
-        // A new RC destination (another QPN or GID) is bound to the QP
-        // that has that number now, if any (spec 18.23).
-        let new_dest = qp_type == QpType::RC
+        // A new RC or UC destination (another QPN or GID) is bound to the
+        // QP that has that number now, if any (spec 18.23).
+        let new_dest = qp_type.connected()
             && target != QpState::RESET
             && (mask & DEST_QPN != 0 || (mask & AV != 0 && attr.av.dgid != qp.attr.av.dgid));
         let bound = new_dest.then(|| self.dest_incarnation(&attr.av.dgid, attr.dest_qpn));

@@ -385,8 +385,8 @@ impl Completion {
 
 /// Whether send WQE `wr` is malformed on QP `qp` for reasons its opcode
 /// decides (spec 18.8, 18.26, 18.27): an opcode the QP's type does not
-/// allow (UD: SEND, SEND_WITH_IMM, REG_MR and LOCAL_INV only; GSI: SEND
-/// and SEND_WITH_IMM to QP 1 only), inline data on an RDMA READ or atomic,
+/// allow (UD: SEND, SEND_WITH_IMM, REG_MR and LOCAL_INV only; UC: those
+/// and the RDMA WRITEs; GSI: SEND and SEND_WITH_IMM to QP 1 only), inline data on an RDMA READ or atomic,
 /// an RDMA READ or atomic on a QP whose `max_rd_atomic` is 0, an atomic
 /// while `F_ATOMIC` is not negotiated (`atomics` false), one of
 /// `F_MEM_MGT`'s opcodes without it (`mem_mgt` false), a BIND_MW without
@@ -406,10 +406,17 @@ fn malformed_op(
     let bind = wr.opcode == WrOpcode::BIND_MW;
     let ud_allowed =
         (local && !bind) || matches!(wr.opcode, WrOpcode::SEND | WrOpcode::SEND_WITH_IMM);
+    // UC: SENDs and WRITEs (spec 18.11.6); no READ, atomics or responses.
+    let uc_allowed = ud_allowed
+        || matches!(
+            wr.opcode,
+            WrOpcode::RDMA_WRITE | WrOpcode::RDMA_WRITE_WITH_IMM
+        );
     let mem_op = (local && !bind) || wr.opcode == WrOpcode::SEND_WITH_INV;
     (mem_op && !mem_mgt)
         || (bind && (!windows || qp.qp_type != QpType::RC))
         || (qp.qp_type.datagram() && !ud_allowed)
+        || (qp.qp_type == QpType::UC && !uc_allowed)
         || (qp.qp_type == QpType::GSI && (local || wr.hdr.remote_qpn != GSI_QPN))
         || (local && (wr.inline.is_some() || !wr.sges.is_empty()))
         || (rd_atomic && (wr.inline.is_some() || qp.attr.max_rd_atomic == 0))
@@ -619,5 +626,26 @@ mod tests {
             ..wr(BIND_MW, None)
         };
         assert!(malformed_op(&rc, &with_sge, (true, true, true)));
+    }
+
+    /// Spec 18.8, 18.11.6: UC runs SENDs, WRITEs and the local operations;
+    /// READ, atomics, SEND_WITH_INV and BIND_MW are malformed on it.
+    #[test]
+    fn malformed_on_uc() {
+        use WrOpcode::*;
+        let mut uc = testing::qp(QpType::UC);
+        uc.attr.max_rd_atomic = 1;
+        for op in [SEND, SEND_WITH_IMM, RDMA_WRITE, RDMA_WRITE_WITH_IMM, LOCAL_INV] {
+            assert!(!malformed_op(&uc, &wr(op, None), (true, true, true)), "{op:?}");
+        }
+        for op in [
+            RDMA_READ,
+            ATOMIC_CMP_AND_SWP,
+            ATOMIC_FETCH_AND_ADD,
+            SEND_WITH_INV,
+            BIND_MW,
+        ] {
+            assert!(malformed_op(&uc, &wr(op, None), (true, true, true)), "{op:?}");
+        }
     }
 }

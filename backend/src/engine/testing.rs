@@ -110,6 +110,7 @@ impl RnicObjects for Numbers {
             local_ca_ack_delay: 0,
             max_fast_reg_pages: 0,
             windows: true,
+            uc: true,
             gids: PortGids::PerVm,
             gsi: true,
         }

@@ -22,12 +22,17 @@ const fn r(required: u32, optional: u32) -> Option<Rule> {
 pub fn rule(t: QpType, from: QpState, to: QpState) -> Option<Rule> {
     use QpState::*;
     let rc = t == QpType::RC;
+    // UC: RC's connection attributes without the reliability ones (no
+    // acknowledgements, retries or RDMA READ and atomics).
+    let uc = t == QpType::UC;
+    let connected = rc || uc;
     match (from, to) {
         (_, RESET) | (_, ERR) => r(0, CUR_STATE),
-        (RESET, INIT) if rc => r(PKEY_INDEX | PORT | ACCESS, 0),
+        (RESET, INIT) if connected => r(PKEY_INDEX | PORT | ACCESS, 0),
         (RESET, INIT) => r(PKEY_INDEX | PORT | QKEY, 0),
-        (INIT, INIT) if rc => r(0, PKEY_INDEX | PORT | ACCESS),
+        (INIT, INIT) if connected => r(0, PKEY_INDEX | PORT | ACCESS),
         (INIT, INIT) => r(0, PKEY_INDEX | PORT | QKEY),
+        (INIT, RTR) if uc => r(AV | PATH_MTU | DEST_QPN | RQ_PSN, ACCESS | PKEY_INDEX),
         (INIT, RTR) if rc => r(
             AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER,
             ACCESS | PKEY_INDEX,
@@ -37,8 +42,10 @@ pub fn rule(t: QpType, from: QpState, to: QpState) -> Option<Rule> {
             SQ_PSN | TIMEOUT | RETRY_CNT | RNR_RETRY | MAX_RD_ATOMIC,
             CUR_STATE | ACCESS | MIN_RNR_TIMER,
         ),
+        (RTR, RTS) if uc => r(SQ_PSN, CUR_STATE | ACCESS),
         (RTR, RTS) => r(SQ_PSN, CUR_STATE | QKEY),
         (RTS, RTS) | (SQD, RTS) if rc => r(0, CUR_STATE | ACCESS | MIN_RNR_TIMER),
+        (RTS, RTS) | (SQD, RTS) if uc => r(0, CUR_STATE | ACCESS),
         (RTS, RTS) | (SQD, RTS) => r(0, CUR_STATE | QKEY),
         (RTS, SQD) => r(0, EN_SQD_ASYNC_NOTIFY),
         (SQD, SQD) if rc => r(
@@ -53,7 +60,9 @@ pub fn rule(t: QpType, from: QpState, to: QpState) -> Option<Rule> {
                 | PKEY_INDEX
                 | MIN_RNR_TIMER,
         ),
+        (SQD, SQD) if uc => r(0, AV | PATH_MTU | ACCESS | PKEY_INDEX),
         (SQD, SQD) => r(0, PKEY_INDEX | QKEY),
+        (SQE, RTS) if uc => r(0, CUR_STATE | ACCESS),
         (SQE, RTS) if !rc => r(0, CUR_STATE | QKEY),
         _ => None,
     }
@@ -68,7 +77,7 @@ mod tests {
     fn table_shape() {
         // Every state can go to RESET and ERR.
         for s in QpState::ALL {
-            for t in [QpType::RC, QpType::UD] {
+            for t in [QpType::RC, QpType::UD, QpType::UC] {
                 assert!(rule(t, *s, RESET).is_some());
                 assert!(rule(t, *s, ERR).is_some());
             }
@@ -81,10 +90,21 @@ mod tests {
         let rtr = rule(QpType::RC, INIT, RTR).unwrap();
         assert_ne!(rtr.required & DEST_QPN, 0);
         assert_eq!(rule(QpType::UD, INIT, RTR).unwrap().required, 0);
+        // UC: connected, without RC's reliability attributes.
+        let uc = rule(QpType::UC, INIT, RTR).unwrap();
+        assert_ne!(uc.required & (AV | DEST_QPN | RQ_PSN), 0);
+        assert_eq!((uc.required | uc.optional) & (MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER), 0);
+        let rts = rule(QpType::UC, RTR, RTS).unwrap();
+        assert_eq!(rts.required, SQ_PSN);
+        assert_eq!(
+            (rts.required | rts.optional) & (TIMEOUT | RETRY_CNT | RNR_RETRY | MAX_RD_ATOMIC),
+            0
+        );
+        assert!(rule(QpType::UC, SQE, RTS).is_some());
         // Required and optional never overlap.
         for from in QpState::ALL {
             for to in QpState::ALL {
-                for t in [QpType::RC, QpType::UD] {
+                for t in [QpType::RC, QpType::UD, QpType::UC] {
                     if let Some(r) = rule(t, *from, *to) {
                         assert_eq!(r.required & r.optional, 0);
                         assert_eq!((r.required | r.optional) & STATE, 0);

@@ -408,6 +408,9 @@ static uint64_t supported_ops(const struct vrdma_context *ctx,
 
 	if (type == IBV_QPT_UD)
 		return ops;
+	if (type == IBV_QPT_UC)
+		return ops | IBV_QP_EX_WITH_RDMA_WRITE |
+		       IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
 	if (type != IBV_QPT_RC)
 		return 0;
 	ops |= IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |

@@ -271,6 +271,13 @@ static int encode_send(struct vrdma_qp *qp, struct ibv_send_wr *wr,
 	    wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM &&
 	    wr->opcode != IBV_WR_LOCAL_INV)
 		return EINVAL;
+	/* UC: SENDs and WRITEs (spec 18.11.6). */
+	if (qp->vqp.qp.qp_type == IBV_QPT_UC &&
+	    (wr->opcode == IBV_WR_RDMA_READ ||
+	     wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+	     wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ||
+	     wr->opcode == IBV_WR_SEND_WITH_INV))
+		return EINVAL;
 	if (wr->opcode == IBV_WR_LOCAL_INV) {
 		/* The key to invalidate; no data (spec 18.27). */
 		if (wr->send_flags & (IBV_SEND_INLINE | IBV_SEND_SOLICITED))

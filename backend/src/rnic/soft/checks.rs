@@ -30,8 +30,20 @@ pub(super) fn rc_responder(
     qpn: u32,
     inc: Option<u64>,
 ) -> Result<&Qp, RespOutcome> {
+    connected_responder(state, qp, qpn, inc, QpType::RC)
+}
+
+/// [`rc_responder`] for a message of a connected QP of type `t` (RC or
+/// UC): the responder must be of the same type.
+pub(super) fn connected_responder(
+    state: &VmState,
+    qp: u32,
+    qpn: u32,
+    inc: Option<u64>,
+    t: QpType,
+) -> Result<&Qp, RespOutcome> {
     let q = addressed(state, qp, qpn, inc, RespOutcome::Unreachable)?;
-    if q.qp_type != QpType::RC || !receiving(q.state) {
+    if q.qp_type != t || !receiving(q.state) {
         return Err(RespOutcome::Unreachable);
     }
     Ok(q)

@@ -49,6 +49,7 @@ pub(super) fn transmit(
     let req = Request {
         admitted: false,
         wr: msg.wr,
+        qp_type: msg.qp_type,
         vm: cx.vm,
         src_qpn: GSI_QPN,
         // The entry of the sender's own table its AH names: a MAD cannot

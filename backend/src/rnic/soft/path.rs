@@ -116,8 +116,8 @@ impl RnicPath for SoftPath<'_> {
     where
         F: for<'s> FnOnce(&mut Serving<'s>, &mut Burst<'s>, &mut S) -> bool,
     {
-        // An RC QP talks to one QP: its VM is locked once for the burst
-        // (unless it is the same VM, one out of reach, or one gone).
+        // An RC or UC QP talks to one QP: its VM is locked once for the
+        // burst (unless it is the same VM, one out of reach, or one gone).
         let vm_id = cx.vm;
         let tenancy = self.router.tenancy;
         let rc = cx
@@ -125,7 +125,7 @@ impl RnicPath for SoftPath<'_> {
             .res
             .qps
             .get(h)
-            .is_some_and(|q| q.qp_type == QpType::RC);
+            .is_some_and(|q| q.qp_type.connected());
         let peer = if rc {
             self.router.rc_route(cx.state, h).to().filter(|&(v, _)| {
                 v != vm_id && tenancy.may_reach(vm_id, v) && same_thread(cx.vms, vm_id, v)
@@ -246,10 +246,17 @@ impl RnicPath for SoftPath<'_> {
         };
         shrink_scratch(local, resp);
         let ud = msg.ud();
-        // UD gives no delivery guarantee: a message nobody takes is dropped
-        // (spec 18.11.5), yet the send succeeded.
+        // UC neither retries nor hears of a refusal (spec 18.11.6).
+        let uc = msg.qp_type == QpType::UC;
+        // UD and UC give no delivery guarantee: a message nobody takes is
+        // dropped (spec 18.11.5), yet the send succeeded.
         let dropped = matches!(outcome, RespOutcome::Dropped)
-            || (ud && matches!(outcome, RespOutcome::Unreachable | RespOutcome::Stale));
+            || ((ud || uc) && matches!(outcome, RespOutcome::Unreachable | RespOutcome::Stale))
+            || (uc
+                && matches!(
+                    outcome,
+                    RespOutcome::Nak(_) | RespOutcome::Gone | RespOutcome::Rnr(_)
+                ));
         if dropped {
             if let Some(t) = self.router.tenancy.traffic(cx.vm) {
                 TrafficCounters::add_single_writer(&t.drops, 1);
@@ -277,6 +284,7 @@ impl RnicPath for SoftPath<'_> {
         };
         match outcome {
             RespOutcome::Done | RespOutcome::Dropped => ok(cx.state),
+            _ if dropped => ok(cx.state),
             // UD gives no delivery guarantee: a message nobody takes is
             // dropped (spec 18.11.5).
             RespOutcome::Unreachable | RespOutcome::Stale if ud => ok(cx.state),

@@ -120,10 +120,10 @@ pub(in crate::rnic) struct Span {
 }
 
 /// Whether send WQE `wr` of a QP of type `qp_type` is executed in pieces:
-/// every RC message from or into local buffers (SEND, WRITE, READ; not
-/// inline data, atomics or UD, which are small).
+/// every RC or UC message from or into local buffers (SEND, WRITE, READ;
+/// not inline data, atomics or UD, which are small).
 pub(in crate::rnic) fn piecewise(qp_type: QpType, wr: &SendWr<'_>) -> bool {
-    qp_type == QpType::RC
+    qp_type.connected()
         && wr.inline.is_none()
         && !matches!(
             wr.opcode,

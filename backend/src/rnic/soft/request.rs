@@ -4,7 +4,7 @@
 
 use virtio_rdma_abi::datapath::WcStatus;
 use virtio_rdma_abi::event::EventKind;
-use virtio_rdma_abi::qp::AddressVector;
+use virtio_rdma_abi::qp::{AddressVector, QpType};
 
 use crate::engine::wqe::WqeBuf;
 use crate::rnic_path::SendWr;
@@ -69,6 +69,8 @@ pub struct Request<'a> {
     pub admitted: bool,
     /// The work request.
     pub wr: &'a SendWr<'a>,
+    /// The requester QP's type: the responder's must be the same.
+    pub qp_type: QpType,
     /// Index of the requester's VM (isolation counters are the
     /// requester's).
     pub vm: usize,
@@ -99,8 +101,12 @@ pub struct Request<'a> {
 }
 
 /// The responder refuses: its QP fails with an async event, the requester
-/// gets `status`.
+/// gets `status`. A UC responder drops the message instead and stays as it
+/// is (spec 18.11.6): UC has no responses.
 pub(super) fn nak(state: &mut VmState, qp: u32, status: WcStatus) -> RespOutcome {
+    if state.res.qps.get(qp).is_some_and(|q| q.qp_type == QpType::UC) {
+        return RespOutcome::Dropped;
+    }
     let event = if status == WcStatus::REM_ACCESS_ERR {
         EventKind::QP_ACCESS_ERROR
     } else {

@@ -4,12 +4,13 @@
 
 use virtio_rdma_abi::datapath::{WcStatus, WrOpcode};
 use virtio_rdma_abi::mem::access as acc;
+use virtio_rdma_abi::qp::QpType;
 
 use super::receive::{
     abandon, consume_recv, next_piece, peek_recv, place_piece, place_send, received, recv_cqe,
     recv_failed, recv_queue_failed, Broken, Head, Peeked,
 };
-use super::checks::{rc_responder, remote_mr, ud_responder};
+use super::checks::{connected_responder, remote_mr, ud_responder};
 use super::request::{copy_in, nak, Request, RespOutcome, RespScratch};
 use crate::engine::sge::check_local;
 use crate::memory::access::{self, Segment, Translate};
@@ -119,7 +120,7 @@ fn remote_range(
 }
 
 /// Performs `req` at responder QP `qp` of `state` (whose memory is `mem`)
-/// if that QP takes it ([`rc_responder`], [`ud_responder`] for `ud`: its
+/// if that QP takes it ([`connected_responder`], [`ud_responder`] for `ud`: its
 /// VM running, still numbered `req.dest_qpn`, of the message's type and in
 /// a state that takes messages; for UD with the message's Q_Key).
 pub fn respond(
@@ -133,7 +134,7 @@ pub fn respond(
     let takes = if ud {
         ud_responder(state, qp, req.dest_qpn, req.qkey)
     } else {
-        rc_responder(state, qp, req.dest_qpn, None)
+        connected_responder(state, qp, req.dest_qpn, None, req.qp_type)
     };
     if let Err(outcome) = takes {
         return outcome;
@@ -168,6 +169,8 @@ fn perform(
         return RespOutcome::Unreachable;
     };
     let ud = q.qp_type.datagram();
+    // UC drops what RC would answer with an RNR or a NAK (spec 18.11.6).
+    let uc = q.qp_type == QpType::UC;
     let (recv_cq, my_qpn, pd) = (q.recv_cq, q.qpn, q.pd);
     let min_rnr = q.attr.min_rnr_timer;
     // A responder with max_dest_rd_atomic 0 accepts no RDMA READ or atomic
@@ -247,9 +250,13 @@ fn perform(
     // A first piece while another message is still arriving: its sender
     // stopped mid-message. As a responder expecting the rest of a message,
     // this one is an invalid request (its receive WQE fails with it).
+    // A UC responder takes the new message (its sender gave the old one
+    // up; no response says so).
     if let Some(inb) = state.res.qps.get_mut(qp).and_then(|q| q.rt.inbound.take()) {
         abandon(state, mem, qp, &inb);
-        return nak(state, qp, WcStatus::REM_INV_REQ_ERR);
+        if !uc {
+            return nak(state, qp, WcStatus::REM_INV_REQ_ERR);
+        }
     }
     // A SEND_WITH_INV whose key names no `ALLOC_MR` region or type 2
     // window of this QP's PD fails before a receive WQE is looked at (spec
@@ -275,7 +282,7 @@ fn perform(
     };
     let recv = match head {
         Head::Wqe(r) => r,
-        Head::Empty if ud => return RespOutcome::Dropped,
+        Head::Empty if ud || uc => return RespOutcome::Dropped,
         Head::Empty => return RespOutcome::Rnr(min_rnr),
         Head::Malformed(wr_id) => {
             return recv_failed(state, mem, qp, pi, wr_id, WcStatus::LOC_QP_OP_ERR, ud)

@@ -85,6 +85,7 @@ impl RnicObjects for SoftRnic {
             local_ca_ack_delay: SOFT_ACK_DELAY,
             max_fast_reg_pages: MAX_FAST_REG_PAGES,
             windows: true,
+            uc: true,
             gids: PortGids::PerVm,
             gsi: true,
         }

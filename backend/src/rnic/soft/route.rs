@@ -15,7 +15,7 @@ use virtio_rdma_abi::datapath::WcStatus;
 use virtio_rdma_abi::qp::AddressVector;
 
 use super::burst::Burst;
-use super::checks::rc_responder;
+use super::checks::connected_responder;
 use super::lane;
 use super::pieces::Span;
 use super::request::{Request, RespOutcome, RespScratch};
@@ -135,6 +135,7 @@ impl Router<'_> {
         let mut req = Request {
             admitted: !ud,
             wr: msg.wr,
+            qp_type: msg.qp_type,
             vm: cx.vm,
             src_qpn: msg.src_qpn,
             src_gid: source_gid(cx.state, &msg.av),
@@ -238,11 +239,12 @@ impl Router<'_> {
             // The first message that finds its destination in reach binds
             // a QP connected while it was not live (spec 18.23).
             qp.rt.dest_incarnation.get_or_insert(inc);
+            let t = qp.qp_type;
             let verdict = if pvm == cx.vm {
-                rc_responder(cx.state, pqp, dest_qpn, Some(inc)).err()
+                connected_responder(cx.state, pqp, dest_qpn, Some(inc), t).err()
             } else {
                 match b.held.as_ref().filter(|p| p.vm == pvm) {
-                    Some(p) => rc_responder(p.state, pqp, dest_qpn, Some(inc)).err(),
+                    Some(p) => connected_responder(p.state, pqp, dest_qpn, Some(inc), t).err(),
                     None => None,
                 }
             };

@@ -323,6 +323,7 @@ impl VerbsDevice {
             // No fast registration through a host NIC yet (spec appendix D).
             max_fast_reg_pages: 0,
             windows: false,
+            uc: false,
             // Everything leaves from the host port's GID; the host's QP 1
             // is its own: a guest's GSI QP needs the CM bridge, which
             // `VerbsRnic::enable_cm` opens (spec appendix D).
