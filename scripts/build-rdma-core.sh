@@ -39,7 +39,7 @@ esac
 # The tree is configured with pyverbs (cython3, python3-dev) whether or not this run builds it,
 # so that one build directory serves both. Bookworm's python3 is 3.11: pyverbs is built against
 # python3-dev's 3.11 and runs on that interpreter, python3.11-minimal and libpython3.11-stdlib.
-guest_need_pkgs curl ca-certificates cmake ninja-build gcc libc6-dev pkg-config python3 \
+guest_need_pkgs curl ca-certificates cmake ninja-build gcc libc6-dev pkg-config python3 patch \
   libnl-3-dev libnl-route-3-dev cython3 python3-dev python3.11-minimal libpython3.11-stdlib
 python=/usr/bin/python3.11
 [ -x "$python" ] || guest_die "$python: missing although python3.11-minimal is installed"
@@ -60,7 +60,8 @@ fi
 
 top="$GUEST_CACHE/rdma-core/$ver"
 src="$top/src"
-if [ ! -f "$src/.prepared-2" ]; then
+patches="$provider/../patches"
+if [ ! -f "$src/.prepared-3" ]; then
   rm -rf "$src"
   mkdir -p "$src"
   tar -xzf "$tarball" -C "$src" --strip-components=1
@@ -72,7 +73,11 @@ if [ ! -f "$src/.prepared-2" ]; then
   sed -i 's|^  rdma/siw-abi.h$|&\n  rdma/virtio_rdma-abi.h|' "$src/kernel-headers/CMakeLists.txt"
   grep -q 'virtio_rdma-abi.h' "$src/kernel-headers/CMakeLists.txt" ||
     guest_die "cannot add the provider's kernel ABI header"
-  touch "$src/.prepared-2"
+  # Fixes for the upstream tree (guest-driver/rdma-core/patches/: what each fixes is in it).
+  for p in "$patches"/*.patch; do
+    patch -s -d "$src" -p1 <"$p" || guest_die "$p does not apply"
+  done
+  touch "$src/.prepared-3"
 fi
 rm -rf "$src/providers/virtio_rdma"
 cp -r "$provider" "$src/providers/virtio_rdma"

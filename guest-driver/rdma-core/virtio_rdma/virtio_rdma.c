@@ -542,6 +542,11 @@ static struct ibv_srq *vrdma_create_srq(struct ibv_pd *pd,
 	size_t len;
 	int ret;
 
+	/* Nothing is allocated (nor a parent domain's allocator called). */
+	if (!to_vctx(pd->context)->max_srq) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
 	srq = calloc(1, sizeof(*srq));
 	if (!srq)
 		return NULL;
@@ -1072,6 +1077,7 @@ static int vrdma_query_caps(struct vrdma_context *ctx)
 	}
 	ctx->atomic_cap = attr.orig_attr.atomic_cap;
 	ctx->device_cap_flags = attr.orig_attr.device_cap_flags;
+	ctx->max_srq = attr.orig_attr.max_srq;
 	return 0;
 }
 

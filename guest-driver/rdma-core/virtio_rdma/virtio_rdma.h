@@ -120,6 +120,8 @@ struct vrdma_context {
 	/* From QUERY_DEVICE at open: which send operations the device runs. */
 	enum ibv_atomic_cap atomic_cap;
 	uint64_t device_cap_flags;
+	/* 0: the device has no SRQs (no F_SRQ). */
+	uint32_t max_srq;
 	/*
 	 * The context's doorbell header (spec 18.4), mapped read-only; its
 	 * flags say whether a post needs the kick. NULL: always kick.
