@@ -64,7 +64,7 @@ use virtio_rdma_abi::config::DeviceConfig;
 use virtio_rdma_abi::datapath::{WcOpcode, WcStatus, UD_GRH_SIZE};
 use virtio_rdma_abi::event::Event;
 use virtio_rdma_abi::mem::access;
-use virtio_rdma_abi::qp::{AddressVector, GSI_QPN, MAX_MAD_BYTES};
+use virtio_rdma_abi::qp::{AddressVector, QpType, GSI_QPN, MAX_MAD_BYTES};
 use virtio_rdma_abi::verbs::{MW_TYPE_1, MW_TYPE_2};
 use virtio_rdma_driver::{
     Ah, Cq, Device, DeviceOptions, DmaBuf, DmaRegion, Error as DrvError, FastMr, FastReg, Mr, Mw,
@@ -168,6 +168,9 @@ pub enum Target {
 pub enum Op {
     /// Create an RC QP.
     CreateQp(u8),
+    /// Create a UC QP (`F_UC`): connected and used as the RC QPs are,
+    /// with what RC would refuse dropped (and READ and atomics malformed).
+    CreateUcQp(u8),
     /// Destroy a QP.
     DestroyQp(u8, u8),
     /// Connect two QPs to each other.
@@ -823,12 +826,16 @@ impl Harness {
     fn step(&mut self, op: &Op) {
         self.seq += 1;
         match *op {
-            Op::CreateQp(v) => {
+            Op::CreateQp(v) | Op::CreateUcQp(v) => {
                 let (_, vm) = self.vm(v);
                 if vm.qps.len() >= MAX_QPS {
                     return;
                 }
-                let mut init = QpInit::rc(&vm.cq);
+                let mut init = if matches!(op, Op::CreateUcQp(_)) {
+                    QpInit::uc(&vm.cq)
+                } else {
+                    QpInit::rc(&vm.cq)
+                };
                 init.cap = cap();
                 if let Some(qp) = check("CREATE_QP", Qp::create(&vm.pd, &init)) {
                     vm.dead.remove(&qp.qpn());
@@ -1359,7 +1366,12 @@ impl Harness {
         c.retry_cnt = 1;
         c.timeout = 8;
         let qs = &mut v.qps[q];
-        if check("connect", qs.qp.rc_connect(QP_ACCESS, &c)).is_some() {
+        let connected = if qs.qp.qp_type() == QpType::UC {
+            qs.qp.uc_connect(QP_ACCESS, &c)
+        } else {
+            qs.qp.rc_connect(QP_ACCESS, &c)
+        };
+        if check("connect", connected).is_some() {
             qs.peer = peer;
         }
     }
