@@ -136,8 +136,8 @@ check "... and the right cur_state is taken (CURR_QP_STATE_MOD)" \
   "^VRDMA-CHECK ok: .*to RTS with cur_state RTR: ok"
 check "to SQD with en_sqd_async_notify: IBV_EVENT_SQ_DRAINED" \
   "^VRDMA-CHECK ok: .*SQD with nothing in flight: async event send queue drained"
-check "ibv_create_qp_ex: PD and no create flag work; the extended send API (EOPNOTSUPP) and a create flag (EINVAL) refused" \
-  "^VRDMA-CHECK ok: create_qp_ex: PD|CREATE_FLAGS, no flag: created (qp_ex none); SEND_OPS_FLAGS: Operation not supported; a create flag: Invalid argument"
+check "ibv_create_qp_ex: PD and no create flag work, SEND_OPS_FLAGS gives the extended send API; an operation the device lacks (EOPNOTSUPP) and a create flag (EINVAL) refused" \
+  "^VRDMA-CHECK ok: create_qp_ex: PD|CREATE_FLAGS, no flag: created (qp_ex none); SEND_OPS_FLAGS SEND: created (qp_ex yes); ATOMIC_WRITE: Operation not supported; a create flag: Invalid argument"
 check "ibv_query_qp: sq_sig_all 1 and no address in RESET" "^VRDMA-CHECK ok: QP attributes in RESET"
 check "a CQ overflow: IBV_EVENT_CQ_ERR" "^VRDMA-CHECK ok: .*CQ overflowed: async event CQ error"
 check "... and IBV_EVENT_QP_FATAL for its QP" \

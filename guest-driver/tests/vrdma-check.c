@@ -622,7 +622,8 @@ static void guid_str(__be64 guid, char *out, size_t len)
  *   bit clear) and its system image GUID the same value;
  * - device_cap_flags: exactly what the device does (RNR NAKs for RC,
  *   CUR_STATE checked, port active events, a system image GUID; with
- *   F_MEM_MGT, which user space cannot see, fast registration too);
+ *   F_MEM_MGT, which user space cannot see, fast registration too; with
+ *   F_MW memory windows of both types, type 2 tied to QP and PD);
  * - the port: active with the physical state LINK_UP, and a GID table of
  *   ib_core's default entry plus at most the 16 device GIDs the driver
  *   reads;
@@ -655,8 +656,11 @@ static void device_attrs(struct ibv_context *ctx)
 	snprintf(msg, sizeof(msg),
 		 "attributes: device_cap_flags %#x (RC_RNR_NAK_GEN, CURR_QP_STATE_MOD, PORT_ACTIVE_EVENT, SYS_IMAGE_GUID: %#x)",
 		 attr.device_cap_flags, want);
-	result(attr.device_cap_flags == want ||
-	       attr.device_cap_flags == (want | IBV_DEVICE_MEM_MGT_EXTENSIONS),
+	result((attr.device_cap_flags & ~(IBV_DEVICE_MEM_MGT_EXTENSIONS |
+					  IBV_DEVICE_MEM_WINDOW |
+					  IBV_DEVICE_MEM_WINDOW_TYPE_2B)) == want &&
+	       !(attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW) ==
+	       !(attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B),
 	       msg);
 	snprintf(msg, sizeof(msg),
 		 "attributes: port state %d, physical state %u, GID table %d",
@@ -945,14 +949,15 @@ static void transport_only(struct ibv_context *ctx, struct ibv_pd *pd)
 
 /*
  * ibv_create_qp_ex: PD and CREATE_FLAGS with no flag create a QP (without
- * the extended send API: ibv_qp_to_qp_ex gives none); the send-ops flags
- * are refused with EOPNOTSUPP, a create flag with EINVAL.
+ * the extended send API: ibv_qp_to_qp_ex gives none); SEND_OPS_FLAGS with
+ * SEND one with it; an operation the device does not run (ATOMIC_WRITE) is
+ * refused with EOPNOTSUPP, a create flag with EINVAL.
  */
 static void create_qp_ex(struct ibv_context *ctx, struct ibv_pd *pd)
 {
+	struct ibv_qp *qp, *ops, *bad_ops, *flags;
 	struct ibv_qp_init_attr_ex a = {};
-	struct ibv_qp *qp, *ops, *flags;
-	int ops_err, flags_err, ex;
+	int ops_err, bad_err, flags_err, ex, ops_ex;
 	struct ibv_cq *cq;
 	char msg[200];
 
@@ -977,22 +982,30 @@ static void create_qp_ex(struct ibv_context *ctx, struct ibv_pd *pd)
 	errno = 0;
 	ops = ibv_create_qp_ex(ctx, &a);
 	ops_err = errno;
+	ops_ex = ops && ibv_qp_to_qp_ex(ops) != NULL;
+	a.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_ATOMIC_WRITE;
+	errno = 0;
+	bad_ops = ibv_create_qp_ex(ctx, &a);
+	bad_err = errno;
 	a.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
 	a.create_flags = IBV_QP_CREATE_SCATTER_FCS;
 	errno = 0;
 	flags = ibv_create_qp_ex(ctx, &a);
 	flags_err = errno;
 	snprintf(msg, sizeof(msg),
-		 "create_qp_ex: PD|CREATE_FLAGS, no flag: %s (qp_ex %s); SEND_OPS_FLAGS: %s; a create flag: %s",
+		 "create_qp_ex: PD|CREATE_FLAGS, no flag: %s (qp_ex %s); SEND_OPS_FLAGS SEND: %s (qp_ex %s); ATOMIC_WRITE: %s; a create flag: %s",
 		 qp ? "created" : strerror(errno), ex ? "yes" : "none",
-		 ops ? "created" : strerror(ops_err),
+		 ops ? "created" : strerror(ops_err), ops_ex ? "yes" : "none",
+		 bad_ops ? "created" : strerror(bad_err),
 		 flags ? "created" : strerror(flags_err));
-	result(qp && !ex && !ops && ops_err == EOPNOTSUPP && !flags &&
-	       flags_err == EINVAL, msg);
+	result(qp && !ex && ops && ops_ex && !bad_ops && bad_err == EOPNOTSUPP &&
+	       !flags && flags_err == EINVAL, msg);
 	if (qp)
 		ibv_destroy_qp(qp);
 	if (ops)
 		ibv_destroy_qp(ops);
+	if (bad_ops)
+		ibv_destroy_qp(bad_ops);
 	if (flags)
 		ibv_destroy_qp(flags);
 	ibv_destroy_cq(cq);
@@ -1038,7 +1051,8 @@ int main(int argc, char **argv)
 	reg(pd, 2 << 20, 0, remote, "2 MiB (512 pages: inline list)");
 	reg(pd, 8 << 20, 0, remote, "8 MiB (2048 pages: indirect list)");
 	refused(pd, IBV_ACCESS_REMOTE_WRITE, "remote write without local write");
-	refused(pd, local | IBV_ACCESS_MW_BIND, "memory-window binding");
+	/* F_MW: windows may be bound; no remote right, so no rkey. */
+	reg(pd, 4096, 0, local | IBV_ACCESS_MW_BIND, "memory-window binding");
 	device_attrs(ctx);
 	qp_attrs(ctx, pd);
 	create_qp_ex(ctx, pd);
