@@ -333,6 +333,17 @@ static int vrdma_alloc_ucontext(struct ib_ucontext *ibuc,
 	return 0;
 }
 
+/*
+ * ibv_import_device(): the core answers for the context; the driver adds
+ * nothing (the doorbell header's mapping key stays with GET_CONTEXT, and
+ * an importing process kicks every post, spec 18.6).
+ */
+static int vrdma_query_ucontext(struct ib_ucontext *ibuc,
+				struct uverbs_attr_bundle *attrs)
+{
+	return 0;
+}
+
 static void vrdma_dealloc_ucontext(struct ib_ucontext *ibuc)
 {
 	struct vrdma_ucontext *uc = to_vuc(ibuc);
@@ -431,6 +442,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.query_port = vrdma_query_port,
 	.query_qp = vrdma_query_qp,
 	.query_srq = vrdma_query_srq,
+	.query_ucontext = vrdma_query_ucontext,
 	.reg_user_mr = vrdma_reg_user_mr,
 	.req_notify_cq = vrdma_req_notify_cq,
 

@@ -1060,7 +1060,7 @@ static int vrdma_destroy_qp(struct ibv_qp *ibqp)
 }
 
 /* What the extended send API offers depends on the device (qp_ex.c). */
-static int vrdma_query_caps(struct vrdma_context *ctx)
+int vrdma_query_caps(struct vrdma_context *ctx)
 {
 	struct ib_uverbs_ex_query_device_resp resp;
 	size_t resp_size = sizeof(resp);
@@ -1110,6 +1110,8 @@ static const struct verbs_context_ops vrdma_context_ops = {
 	.destroy_qp = vrdma_destroy_qp,
 	.destroy_srq = vrdma_destroy_srq,
 	.free_context = vrdma_free_context,
+	.import_mr = vrdma_import_mr,
+	.import_pd = vrdma_import_pd,
 	.modify_qp = vrdma_modify_qp,
 	.modify_srq = vrdma_modify_srq,
 	.poll_cq = vrdma_poll_cq,
@@ -1122,7 +1124,14 @@ static const struct verbs_context_ops vrdma_context_ops = {
 	.query_qp = vrdma_query_qp,
 	.query_srq = vrdma_query_srq,
 	.reg_mr = vrdma_reg_mr,
+	.unimport_mr = vrdma_unimport_mr,
+	.unimport_pd = vrdma_unimport_pd,
 };
+
+void vrdma_set_ops(struct vrdma_context *ctx)
+{
+	verbs_set_ops(&ctx->ibv_ctx, &vrdma_context_ops);
+}
 
 static struct verbs_context *vrdma_alloc_context(struct ibv_device *ibdev,
 						 int cmd_fd, void *private_data)
@@ -1190,6 +1199,7 @@ static const struct verbs_device_ops vrdma_dev_ops = {
 	.alloc_device = vrdma_device_alloc,
 	.uninit_device = vrdma_device_free,
 	.alloc_context = vrdma_alloc_context,
+	.import_context = vrdma_import_context,
 };
 
 PROVIDER_DRIVER(virtio_rdma, vrdma_dev_ops);

@@ -230,6 +230,8 @@ static inline _Atomic uint32_t *db_word(void *db, size_t off)
 }
 
 /* virtio_rdma.c */
+int vrdma_query_caps(struct vrdma_context *ctx);
+void vrdma_set_ops(struct vrdma_context *ctx);
 bool vrdma_qp_may_send(struct vrdma_qp *qp);
 int vrdma_post_bind_type1(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 			  struct ibv_send_wr **bad_wr);
@@ -254,6 +256,14 @@ void vrdma_free_buf(struct vrdma_pd *dom, void *p, uint64_t type, bool custom);
 int vrdma_qmem_alloc(struct vrdma_qmem *m, struct ibv_pd *pd, void **ring,
 		     size_t ring_len, uint64_t ring_type, void **db);
 void vrdma_qmem_free(struct vrdma_qmem *m, void *ring, void *db);
+
+/* import.c */
+struct verbs_context *vrdma_import_context(struct ibv_device *ibdev,
+					   int cmd_fd);
+struct ibv_pd *vrdma_import_pd(struct ibv_context *context, uint32_t pd_handle);
+void vrdma_unimport_pd(struct ibv_pd *pd);
+struct ibv_mr *vrdma_import_mr(struct ibv_pd *pd, uint32_t mr_handle);
+void vrdma_unimport_mr(struct ibv_mr *mr);
 
 /* mw.c */
 struct ibv_mw *vrdma_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type);
