@@ -11,10 +11,9 @@ use std::thread::{self, JoinHandle};
 
 use log::warn;
 
+use super::readable::{readable, STOP_POLL_MS};
 use super::rnic::VerbsRnic;
 
-/// How often the thread looks whether the RNIC is still in use.
-const STOP_POLL_MS: libc::c_int = 100;
 /// Host CM events handled per hold of the bridge's lock.
 const EVENTS_PER_WAKEUP: usize = 32;
 
@@ -38,14 +37,9 @@ pub fn start(rnic: &Arc<VerbsRnic>) -> io::Result<Option<JoinHandle<()>>> {
 /// Waits up to [`STOP_POLL_MS`] for host CM events and handles those there
 /// are, [`EVENTS_PER_WAKEUP`] at a time.
 fn wait_and_handle(rnic: &VerbsRnic, fd: std::os::fd::RawFd) {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd; the descriptor is the bridge's channel's,
-    // open for as long as the RNIC (which the caller holds).
-    if unsafe { libc::poll(&mut pfd, 1, STOP_POLL_MS) } <= 0 {
+    // The descriptor is the bridge's channel's, open for as long as the
+    // RNIC (which the caller holds).
+    if !readable(fd) {
         return;
     }
     loop {

@@ -16,11 +16,9 @@ use rdma_sys::{
 use virtio_rdma_abi::event::EventKind;
 
 use super::attr::owner_of_context;
+use super::readable::readable;
 use super::rnic::{HostEvent, VerbsRnic};
 use crate::rnic_objects::RnicObjects;
-
-/// How often the thread looks whether the RNIC is still in use.
-const STOP_POLL_MS: libc::c_int = 100;
 
 /// libibverbs' event types (`enum ibv_event_type`), read as integers: a
 /// newer library may report a type the bindings' enum lacks.
@@ -59,17 +57,11 @@ pub fn start(rnic: &Arc<VerbsRnic>) -> io::Result<JoinHandle<()>> {
         })
 }
 
-/// Waits up to [`STOP_POLL_MS`] for events and handles those there are.
+/// Waits a while ([`readable`]) for events and handles those there are.
 fn wait_and_handle(rnic: &VerbsRnic) {
     let fd = rnic.async_fd();
     {
-        let mut pfd = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        if unsafe { libc::poll(&mut pfd, 1, STOP_POLL_MS) } <= 0 {
+        if !readable(fd) {
             return;
         }
         loop {

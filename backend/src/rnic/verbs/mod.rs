@@ -42,6 +42,8 @@ pub mod events;
 pub mod objects;
 pub mod quota;
 #[cfg(feature = "verbs")]
+mod readable;
+#[cfg(feature = "verbs")]
 pub mod rnic;
 guest_facing!(
     #[cfg(feature = "verbs")]
