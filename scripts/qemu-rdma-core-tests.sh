@@ -17,7 +17,11 @@
 # options) and fails on any failure or error.
 # Waits are on progress: the suite's step is stopped once it printed nothing for 600 s.
 #
-# Usage: bash scripts/qemu-rdma-core-tests.sh [--device virtio|rxe] [--bare] [--keep] [TEST...]
+# With --kernel 6.12 the guest runs Debian 13's 6.12 kernel (the module built for it): the same
+# user space on the newer kernel's uverbs (its FLUSH and ATOMIC WRITE verbs among them).
+#
+# Usage: bash scripts/qemu-rdma-core-tests.sh [--device virtio|rxe] [--bare] [--kernel 6.1|6.12]
+#          [--keep] [TEST...]
 #   TEST: run_tests.py's test names (e.g. tests.test_device), default all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,13 +29,14 @@ cd "$(dirname "$0")/.."
 . scripts/lib/launch.sh
 # shellcheck source=guest/checks.sh
 . guest/checks.sh
-keep=0 device=virtio bare=0 only=()
+keep=0 device=virtio bare=0 kernel=6.1 only=()
 while [ $# -gt 0 ]; do
   case "$1" in
   --keep) keep=1; shift ;;
   --bare) bare=1; shift ;;
   --device) device=${2:?--device needs virtio or rxe}; shift 2 ;;
-  -*) guest_die "usage: scripts/qemu-rdma-core-tests.sh [--device virtio|rxe] [--bare] [--keep] [TEST...]" ;;
+  --kernel) kernel=${2:?--kernel needs 6.1 or 6.12}; shift 2 ;;
+  -*) guest_die "usage: scripts/qemu-rdma-core-tests.sh [--device virtio|rxe] [--bare] [--kernel 6.1|6.12] [--keep] [TEST...]" ;;
   *) only+=("$1"); shift ;;
   esac
 done
@@ -42,6 +47,14 @@ rxe) name=qemu-rdma-core-tests-rxe dev=rxe0 image=rdma-core-tests-rxe ;;
 esac
 [ "$bare" = 0 ] || [ "$device" = virtio ] || guest_die "--bare is a setting of the daemon (virtio)"
 [ "$bare" = 0 ] || name=$name-bare
+case "$kernel" in
+6.1) ;;
+6.12)
+  [ "$device" = virtio ] || guest_die "--kernel 6.12: the virtio device only"
+  name=$name-6.12 image=$image-6.12
+  ;;
+*) guest_die "--kernel: 6.1 or 6.12, not $kernel" ;;
+esac
 guest_need_pkgs iproute2
 t_start=$(date +%s)
 
@@ -50,7 +63,7 @@ rc=$(bash scripts/build-rdma-core.sh --pyverbs)
 extra=()
 if [ "$device" = virtio ]; then
   cargo build --release --locked -q -p vhost-user-rdma
-  kmod=$(bash scripts/build-kmod.sh)
+  kmod=$(bash scripts/build-kmod.sh --kernel "$kernel")
   extra=(--file "$kmod:/lib/virtio_rdma.ko")
 else
   # rxe's ICRC needs a crc32 that modules.dep does not name (scripts/qemu-rxe.sh).
@@ -116,7 +129,7 @@ EOF
 
 # The image: the rdma-core set with pyverbs and its tests, the host's iproute2 `ip` and `rdma`
 # (the tests read both with -j; busybox has neither), and the modules of the rdma_cm stack.
-bash scripts/build-guest.sh --name "$image" --load virtio_pci --load virtio_net --load ib_uverbs \
+bash scripts/build-guest.sh --kernel "$kernel" --name "$image" --load virtio_pci --load virtio_net --load ib_uverbs \
   --module rdma_ucm --module ib_umad "${extra[@]}" --sysroot "$rc" --sysroot "$rc-py" \
   --bin "$(command -v rdma):/usr/local/bin/rdma" --bin "$(command -v ip):/usr/local/bin/ip" \
   --file "$GUEST_STDBUF_FILE" --file "$dir/tools.sh:/etc/tools.sh" \

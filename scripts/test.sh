@@ -55,6 +55,8 @@ if [ "${RDMA_SKIP_QEMU:-0}" != 1 ]; then
     bash scripts/qemu-kmod.sh --kernel 6.12
   part "the Linux guest driver on Debian 13's 6.12 kernel: an RC pingpong" \
     bash scripts/qemu-pingpong.sh --kernel 6.12
+  part "rdma-core's own test suite on Debian 13's 6.12 kernel" \
+    bash scripts/qemu-rdma-core-tests.sh --kernel 6.12
   # rdma_cm, NVMe over Fabrics and NFS over RDMA between two guests (issue 28); with
   # RDMA_CM_TESTS=1 first the same harness on soft-RoCE (its own check).
   if [ "${RDMA_CM_TESTS:-0}" = 1 ]; then
