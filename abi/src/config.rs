@@ -24,10 +24,13 @@ pub const F_MEM_MGT: u64 = 1 << 5;
 pub const F_MW: u64 = 1 << 7;
 /// Feature bit (ABI version 3): unreliable connected QPs (`qp_type` UC).
 pub const F_UC: u64 = 1 << 8;
+/// Feature bit (ABI version 3): UD multicast within the tenant
+/// (`ATTACH_MCAST`, `DETACH_MCAST`, sends to `MCAST_QPN`; needs `F_UD`).
+pub const F_MCAST: u64 = 1 << 10;
 
 /// All device-specific feature bits this ABI version defines.
 pub const ALL_DEVICE_FEATURES: u64 =
-    F_UD | F_SRQ | F_ATOMIC | F_SHMEM_DOORBELL | F_GSI | F_MEM_MGT | F_MW | F_UC;
+    F_UD | F_SRQ | F_ATOMIC | F_SHMEM_DOORBELL | F_GSI | F_MEM_MGT | F_MW | F_UC | F_MCAST;
 
 /// The device-specific feature bits ABI version 2 defines: all a device
 /// that reports version 2 may offer.

@@ -110,6 +110,10 @@ code_enum! {
         CREATE_AH = 0x60,
         /// Destroy an address handle.
         DESTROY_AH = 0x61,
+        /// Attach a UD QP to a multicast group (`F_MCAST`).
+        ATTACH_MCAST = 0x62,
+        /// Detach a UD QP from a multicast group (`F_MCAST`).
+        DETACH_MCAST = 0x63,
         /// Create a shared receive queue.
         CREATE_SRQ = 0x70,
         /// Change SRQ attributes.
@@ -183,6 +187,10 @@ pub mod quota {
     /// (a host RNIC's memory region windows and queues): an operator-set
     /// budget that `DeviceConfig` does not advertise.
     pub const HOST_MAPPINGS: u32 = 10;
+    /// Multicast groups of the instance's QPs (`MAX_MCAST_GRP`, `F_MCAST`).
+    pub const MCAST_GROUPS: u32 = 11;
+    /// QPs of the instance in one multicast group (`MAX_MCAST_QP_ATTACH`).
+    pub const MCAST_MEMBERS: u32 = 12;
 }
 
 /// `BAD_ADDRESS` detail: the doorbell record is misaligned or outside RAM.

@@ -106,6 +106,7 @@ pub fn all_structs() -> Vec<WireInfo> {
         RegMrResp,
         MrHandleReq,
         AllocMrReq,
+        McastReq,
         AllocMwReq,
         AllocMwResp,
         MwHandleReq,

@@ -336,6 +336,34 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// ATTACH_MCAST and DETACH_MCAST request (`F_MCAST`).
+    pub struct McastReq {
+        /// A UD QP.
+        qp_handle: u32,
+        /// Must be zero.
+        reserved: u32,
+        /// The group: a multicast GID ([`is_multicast_gid`]).
+        mgid: [u8; 16],
+    }
+}
+
+/// The destination QP number of a UD send to a multicast group: the
+/// message goes to every QP attached to the group its AH's `dgid` names.
+pub const MCAST_QPN: u32 = 0x00ff_ffff;
+/// Most groups the QPs of one device instance are attached to.
+pub const MAX_MCAST_GRP: u32 = 64;
+/// Most QPs of one device instance attached to one group.
+pub const MAX_MCAST_QP_ATTACH: u32 = 16;
+
+/// Whether `gid` names a multicast group: an IPv6 multicast address
+/// (`ff00::/8`), or an IPv4-mapped one in `224.0.0.0/4` (RoCE v2's groups
+/// of IPv4 multicast addresses).
+pub fn is_multicast_gid(gid: &[u8; 16]) -> bool {
+    let mapped = gid[..10].iter().all(|&b| b == 0) && gid[10] == 0xff && gid[11] == 0xff;
+    gid[0] == 0xff || (mapped && gid[12] & 0xf0 == 0xe0)
+}
+
+wire_struct! {
     /// ALLOC_MW request (`F_MW`).
     pub struct AllocMwReq {
         /// A PD handle.
@@ -610,6 +638,7 @@ impl Opcode {
             DESTROY_QP => ("QpHandleReq", false, "none"),
             CREATE_AH => ("CreateAhReq", false, "AhHandleResp"),
             DESTROY_AH => ("AhHandleReq", false, "none"),
+            ATTACH_MCAST | DETACH_MCAST => ("McastReq", false, "none"),
             CREATE_SRQ => ("CreateSrqReq", true, "CreateSrqResp"),
             MODIFY_SRQ => ("ModifySrqReq", false, "none"),
             QUERY_SRQ => ("SrqHandleReq", false, "QuerySrqResp"),

@@ -100,6 +100,7 @@ fn render() -> String {
         ("F_MEM_MGT", config::F_MEM_MGT),
         ("F_MW", config::F_MW),
         ("F_UC", config::F_UC),
+        ("F_MCAST", config::F_MCAST),
     ] {
         assert_ne!(mask & ALL_DEVICE_FEATURES, 0);
         let _ = writeln!(out, "#define VIRTIO_RDMA_{n} {}", mask.trailing_zeros());
@@ -127,6 +128,15 @@ fn render() -> String {
         ("ACCESS_MW_BIND", u64::from(mem::access::MW_BIND)),
         ("MW_TYPE_1", u64::from(virtio_rdma_abi::verbs::MW_TYPE_1)),
         ("MW_TYPE_2", u64::from(virtio_rdma_abi::verbs::MW_TYPE_2)),
+        ("MCAST_QPN", u64::from(virtio_rdma_abi::verbs::MCAST_QPN)),
+        (
+            "MAX_MCAST_GRP",
+            u64::from(virtio_rdma_abi::verbs::MAX_MCAST_GRP),
+        ),
+        (
+            "MAX_MCAST_QP_ATTACH",
+            u64::from(virtio_rdma_abi::verbs::MAX_MCAST_QP_ATTACH),
+        ),
         ("DB_DRIVER_OFFSET", datapath::DB_DRIVER_OFFSET),
         ("DB_DEVICE_OFFSET", datapath::DB_DEVICE_OFFSET),
         ("DB_FLAG_KICK", u64::from(datapath::DB_FLAG_KICK)),

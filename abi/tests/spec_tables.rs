@@ -409,6 +409,7 @@ fn feature_constants() -> Vec<(&'static str, u64)> {
         ("F_MEM_MGT", config::F_MEM_MGT),
         ("F_MW", config::F_MW),
         ("F_UC", config::F_UC),
+        ("F_MCAST", config::F_MCAST),
     ]
 }
 

@@ -128,6 +128,8 @@ pub struct Caps {
     pub windows: bool,
     /// Whether the RNIC runs UC QPs (`F_UC`, spec 18.11.6).
     pub uc: bool,
+    /// Whether the RNIC runs UD multicast (`F_MCAST`, spec 18.11.7).
+    pub mcast: bool,
     /// The GID table each VM's port has on this RNIC.
     pub gids: PortGids,
     /// Whether the RNIC carries the MADs of a GSI QP (`F_GSI`, spec
@@ -158,7 +160,7 @@ impl Caps {
     /// offer: all of them but `F_MEM_MGT` without fast registration,
     /// `F_MW` without memory windows and `F_UC` without UC.
     pub fn features(&self) -> u64 {
-        use virtio_rdma_abi::config::{ALL_DEVICE_FEATURES, F_MEM_MGT, F_MW, F_UC};
+        use virtio_rdma_abi::config::{ALL_DEVICE_FEATURES, F_MCAST, F_MEM_MGT, F_MW, F_UC};
         let mut features = ALL_DEVICE_FEATURES;
         if self.max_fast_reg_pages == 0 {
             features &= !F_MEM_MGT;
@@ -168,6 +170,9 @@ impl Caps {
         }
         if !self.uc {
             features &= !F_UC;
+        }
+        if !self.mcast {
+            features &= !F_MCAST;
         }
         features
     }
@@ -386,6 +391,20 @@ pub trait RnicObjects: Send + Sync {
     /// with its keys fail from now on.
     fn remap_mr(&self, _keys: MrKeys, _mr: &MrSpec<'_>) -> bool {
         true
+    }
+
+    /// Attaches UD QP `owner` to multicast group `mgid` (`F_MCAST`); an
+    /// RNIC without multicast refuses.
+    fn mcast_attach(&self, _owner: Owner, _mgid: &[u8; 16]) -> Result<(), RnicError> {
+        Err(RnicError::Host(libc::EOPNOTSUPP))
+    }
+
+    /// Detaches UD QP `owner` from group `mgid` (if attached).
+    fn mcast_detach(&self, _owner: Owner, _mgid: &[u8; 16]) {}
+
+    /// The QPs attached to group `mgid`, into `out` (cleared first).
+    fn mcast_members(&self, _mgid: &[u8; 16], out: &mut Vec<Owner>) {
+        out.clear();
     }
 
     /// Whether the port is up (a host RNIC's follows its host port).

@@ -3,11 +3,13 @@
 use std::mem::ManuallyDrop;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use virtio_rdma_abi::config::{F_ATOMIC, F_GSI, F_MEM_MGT, F_MW, F_UC, F_UD};
+use virtio_rdma_abi::config::{F_ATOMIC, F_GSI, F_MCAST, F_MEM_MGT, F_MW, F_UC, F_UD};
 use virtio_rdma_abi::ctrl::Opcode;
 use virtio_rdma_abi::mem::qp_buffer_layout;
 use virtio_rdma_abi::qp::{AddressVector, QpState, QpType, GSI_QKEY, QP_FLAG_SIG_ALL};
-use virtio_rdma_abi::verbs::{CreateQpReq, CreateQpResp, ModifyQpReq, QpHandleReq, QueryQpResp};
+use virtio_rdma_abi::verbs::{
+    CreateQpReq, CreateQpResp, McastReq, ModifyQpReq, QpHandleReq, QueryQpResp,
+};
 use virtio_rdma_abi::{Field, Wire};
 
 use crate::cq::Cq;
@@ -452,6 +454,29 @@ impl Qp {
         [init_attrs(access), rtr, rts]
             .iter()
             .try_for_each(|a| self.modify(a))
+    }
+
+    /// Attaches this UD QP to multicast group `mgid` (`F_MCAST`, spec
+    /// 12.27): it receives the group's messages from then on.
+    pub fn attach_mcast(&self, mgid: [u8; 16]) -> Result<()> {
+        self.mcast(Opcode::ATTACH_MCAST, mgid)
+    }
+
+    /// Detaches this UD QP from multicast group `mgid`.
+    pub fn detach_mcast(&self, mgid: [u8; 16]) -> Result<()> {
+        self.mcast(Opcode::DETACH_MCAST, mgid)
+    }
+
+    fn mcast(&self, op: Opcode, mgid: [u8; 16]) -> Result<()> {
+        self.pd.dev.inner.require(F_MCAST)?;
+        self.pd.dev.inner.cmd_unit(
+            op,
+            &McastReq {
+                qp_handle: self.handle,
+                reserved: 0,
+                mgid,
+            },
+        )
     }
 
     /// UD: RESET → INIT with `qkey`.

@@ -196,6 +196,21 @@ pub enum Op {
     },
     /// DEALLOC_MW.
     DeallocMw(H),
+    /// ATTACH_MCAST (`F_MCAST`) of a QP to group `group` (modulo 8:
+    /// 239.1.1.x; 7: a unicast GID).
+    AttachMcast {
+        /// QP.
+        qp: H,
+        /// Group.
+        group: u8,
+    },
+    /// DETACH_MCAST.
+    DetachMcast {
+        /// QP.
+        qp: H,
+        /// Group.
+        group: u8,
+    },
     /// CREATE_QP.
     CreateQp {
         /// PD.
@@ -628,6 +643,22 @@ impl Vm {
             "live objects (ctx pd cq mr+mw qp ah srq) differ from what the responses said"
         );
         assert_eq!(c.mw, m.mw.len(), "live memory windows");
+        // Spec 12.27: only live UD QPs are attached to groups, within the
+        // limits.
+        let groups = &self.ctrl.res.mcast;
+        assert!(
+            groups.len() <= MAX_MCAST_GRP as usize,
+            "{} groups",
+            groups.len()
+        );
+        for (g, qps) in groups {
+            assert!(is_multicast_gid(g) && !qps.is_empty(), "group {g:?}");
+            assert!(qps.len() <= MAX_MCAST_QP_ATTACH as usize);
+            for h in qps {
+                let q = self.ctrl.res.qps.get(*h).expect("an attached QP is live");
+                assert_eq!(q.qp_type, QpType::UD, "only UD QPs are attached");
+            }
+        }
         // Windows count against max_mr with the MRs (spec 12.23).
         let l = &self.limits;
         let max = [
@@ -827,6 +858,32 @@ impl Vm {
                 }
                 .to_bytes(),
             ),
+            Op::AttachMcast { qp, group } | Op::DetachMcast { qp, group } => {
+                let mut mgid = [0u8; 16];
+                mgid[10] = 0xff;
+                mgid[11] = 0xff;
+                let n = *group % 8;
+                // 7: 10.42.0.7, a unicast address.
+                mgid[12..].copy_from_slice(&if n == 7 {
+                    [10, 42, 0, 7]
+                } else {
+                    [239, 1, 1, n]
+                });
+                let op = if matches!(s.op, Op::AttachMcast { .. }) {
+                    Opcode::ATTACH_MCAST
+                } else {
+                    Opcode::DETACH_MCAST
+                };
+                (
+                    op,
+                    McastReq {
+                        qp_handle: pick(&m.qp, *qp),
+                        reserved: 0,
+                        mgid,
+                    }
+                    .to_bytes(),
+                )
+            }
             Op::DeallocMw(h) => (
                 Opcode::DEALLOC_MW,
                 MwHandleReq {

@@ -439,6 +439,10 @@ int vrdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 		   struct ib_qp_init_attr *init);
 int vrdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata);
 
+/* virtio_rdma_mcast.c */
+int vrdma_attach_mcast(struct ib_qp *ibqp, union ib_gid *gid, u16 lid);
+int vrdma_detach_mcast(struct ib_qp *ibqp, union ib_gid *gid, u16 lid);
+
 /* virtio_rdma_srq.c */
 int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 		     struct ib_udata *udata);

@@ -33,6 +33,7 @@
 #define VIRTIO_RDMA_F_MEM_MGT 5
 #define VIRTIO_RDMA_F_MW 7
 #define VIRTIO_RDMA_F_UC 8
+#define VIRTIO_RDMA_F_MCAST 10
 
 /* Sizes, doorbell constants and WQE/CQE flags (sections 11.1, 18.4, 18.7, 18.8, 18.14). */
 #define VIRTIO_RDMA_CQE_SIZE 32
@@ -51,6 +52,9 @@
 #define VIRTIO_RDMA_ACCESS_MW_BIND 16
 #define VIRTIO_RDMA_MW_TYPE_1 1
 #define VIRTIO_RDMA_MW_TYPE_2 2
+#define VIRTIO_RDMA_MCAST_QPN 16777215
+#define VIRTIO_RDMA_MAX_MCAST_GRP 64
+#define VIRTIO_RDMA_MAX_MCAST_QP_ATTACH 16
 #define VIRTIO_RDMA_DB_DRIVER_OFFSET 0
 #define VIRTIO_RDMA_DB_DEVICE_OFFSET 64
 #define VIRTIO_RDMA_DB_FLAG_KICK 1
@@ -117,6 +121,8 @@ enum virtio_rdma_opcode {
 	VIRTIO_RDMA_OP_DESTROY_QP = 0x53,
 	VIRTIO_RDMA_OP_CREATE_AH = 0x60,
 	VIRTIO_RDMA_OP_DESTROY_AH = 0x61,
+	VIRTIO_RDMA_OP_ATTACH_MCAST = 0x62,
+	VIRTIO_RDMA_OP_DETACH_MCAST = 0x63,
 	VIRTIO_RDMA_OP_CREATE_SRQ = 0x70,
 	VIRTIO_RDMA_OP_MODIFY_SRQ = 0x71,
 	VIRTIO_RDMA_OP_QUERY_SRQ = 0x72,
@@ -484,6 +490,14 @@ struct virtio_rdma_alloc_mr_req {
 };
 
 static_assert(sizeof(struct virtio_rdma_alloc_mr_req) == 8);
+
+struct virtio_rdma_mcast_req {
+	__le32 qp_handle;
+	__le32 reserved;
+	__u8 mgid[16];
+};
+
+static_assert(sizeof(struct virtio_rdma_mcast_req) == 24);
 
 struct virtio_rdma_alloc_mw_req {
 	__le32 pd_handle;

@@ -117,6 +117,14 @@ static int vrdma_query_device(struct ib_device *ibdev,
 	 * F_MW: windows of both types, a type 2 one tied to its QP and PD
 	 * (spec 18.29); windows count as MRs against max_mr.
 	 */
+	/* F_MCAST: the device's limits per instance (spec 12.27). */
+	if (virtio_has_feature(vdev, VIRTIO_RDMA_F_MCAST) &&
+	    virtio_has_feature(vdev, VIRTIO_RDMA_F_UD)) {
+		props->max_mcast_grp = VIRTIO_RDMA_MAX_MCAST_GRP;
+		props->max_mcast_qp_attach = VIRTIO_RDMA_MAX_MCAST_QP_ATTACH;
+		props->max_total_mcast_qp_attach = VIRTIO_RDMA_MAX_MCAST_GRP *
+						   VIRTIO_RDMA_MAX_MCAST_QP_ATTACH;
+	}
 	if (virtio_has_feature(vdev, VIRTIO_RDMA_F_MW)) {
 		props->device_cap_flags |= IB_DEVICE_MEM_WINDOW |
 					   IB_DEVICE_MEM_WINDOW_TYPE_2B;
@@ -406,6 +414,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.add_gid = vrdma_add_gid,
 	.alloc_mr = vrdma_alloc_mr,
 	.alloc_mw = vrdma_alloc_mw,
+	.attach_mcast = vrdma_attach_mcast,
 	.create_ah = vrdma_create_ah,
 	.create_cq = vrdma_ops_create_cq,
 	.create_srq = vrdma_create_srq,
@@ -420,6 +429,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.destroy_cq = vrdma_destroy_cq,
 	.destroy_qp = vrdma_destroy_qp,
 	.destroy_srq = vrdma_destroy_srq,
+	.detach_mcast = vrdma_detach_mcast,
 	.dereg_mr = vrdma_dereg_mr,
 	.destroy_ah = vrdma_destroy_ah,
 	.disassociate_ucontext = vrdma_disassociate_ucontext,

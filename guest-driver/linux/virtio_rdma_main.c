@@ -417,8 +417,8 @@ MODULE_DEVICE_TABLE(virtio, vrdma_id_table);
 
 /*
  * F_SHMEM_DOORBELL stays out: the driver has the guest-RAM doorbell mode
- * only. F_GSI, F_MEM_MGT, F_MW and F_UC exist from ABI version 3 on; a
- * version 2 device offers none of them.
+ * only. F_GSI, F_MEM_MGT, F_MW, F_UC and F_MCAST exist from ABI version 3
+ * on; a version 2 device offers none of them.
  */
 static unsigned int vrdma_features[] = {
 	VIRTIO_RDMA_F_UD,
@@ -428,6 +428,7 @@ static unsigned int vrdma_features[] = {
 	VIRTIO_RDMA_F_MEM_MGT,
 	VIRTIO_RDMA_F_MW,
 	VIRTIO_RDMA_F_UC,
+	VIRTIO_RDMA_F_MCAST,
 };
 
 static struct virtio_driver vrdma_driver = {

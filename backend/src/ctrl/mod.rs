@@ -9,6 +9,7 @@
 
 mod cq;
 mod ctx;
+mod mcast;
 mod mr;
 mod mw;
 mod parse;
@@ -214,6 +215,8 @@ impl VmState {
             Opcode::DESTROY_QP => self.destroy_qp(payload),
             Opcode::CREATE_AH => self.create_ah(payload),
             Opcode::DESTROY_AH => self.destroy_ah(payload),
+            Opcode::ATTACH_MCAST => self.attach_mcast(payload),
+            Opcode::DETACH_MCAST => self.detach_mcast(payload),
             Opcode::CREATE_SRQ => self.create_srq(mem, payload),
             Opcode::MODIFY_SRQ => self.modify_srq(payload),
             Opcode::QUERY_SRQ => self.query_srq(payload),
@@ -257,6 +260,6 @@ pub fn response_size(op: Opcode) -> usize {
         CREATE_SRQ => CreateSrqResp::SIZE,
         QUERY_SRQ => QuerySrqResp::SIZE,
         DESTROY_CTX | DEALLOC_PD | DESTROY_CQ | DEREG_MR | MODIFY_QP | DESTROY_QP | DESTROY_AH
-        | MODIFY_SRQ | DESTROY_SRQ | DEALLOC_MW => 0,
+        | MODIFY_SRQ | DESTROY_SRQ | DEALLOC_MW | ATTACH_MCAST | DETACH_MCAST => 0,
     }
 }

@@ -11,8 +11,10 @@
 //! another tenant's VM is treated exactly as a QPN that does not exist
 //! (accepted, and unreachable on the data path), for the same reason.
 
+use virtio_rdma_abi::config::F_MCAST;
 use virtio_rdma_abi::ctrl::{Status, DETAIL_NONE};
 use virtio_rdma_abi::qp::AddressVector;
+use virtio_rdma_abi::verbs::is_multicast_gid;
 
 /// Bit 31 of a Q_Key: a privileged Q_Key, which only privileged consumers
 /// of a fabric may use (InfiniBand Architecture, 10.2.4; Linux refuses it
@@ -86,6 +88,11 @@ impl VmState {
     /// host's own GID, where the QP number decides on the data path, or a
     /// remote GID the VM's tenant lists.
     pub(super) fn allowed_ah_gid(&self, dgid: &[u8; 16]) -> Result<(), CmdError> {
+        // A multicast group reaches the QPs of the VM's tenant only (the
+        // data path's fan-out filters by tenant, spec 18.11.7).
+        if self.has(F_MCAST) && is_multicast_gid(dgid) {
+            return Ok(());
+        }
         if self.rnic.kind() == RnicKind::Verbs {
             if self.port.gids.contains(dgid) || self.tenancy.may_reach_remote(self.port.vm, dgid) {
                 return Ok(());

@@ -6,6 +6,7 @@
 
 pub mod fast;
 pub mod handle;
+pub mod mcast;
 pub mod objects;
 pub mod qp_state;
 pub mod windows;
@@ -115,6 +116,8 @@ pub struct VmResources {
     /// MR handle -> the number of windows bound to it (only MRs with
     /// some).
     pub bound_windows: KeyMap<u32>,
+    /// Multicast groups the VM's UD QPs are attached to.
+    pub mcast: mcast::Groups,
     /// Sum of the lengths of all live MRs.
     pub registered_bytes: u64,
     /// Sum of the [`HostCost`] of all live objects.
@@ -168,6 +171,7 @@ impl VmResources {
             fast_keys: KeyMap::default(),
             mw_keys: KeyMap::default(),
             bound_windows: KeyMap::default(),
+            mcast: mcast::Groups::new(),
             registered_bytes: 0,
             host_bytes: 0,
             doorbells: None,
@@ -434,6 +438,7 @@ impl VmResources {
     /// Destroys a QP and drops its references; its QPN returns to the
     /// RNIC.
     pub fn destroy_qp(&mut self, handle: u32, t: &dyn RnicObjects) -> Result<(), DestroyError> {
+        self.detach_all_mcast(handle, t);
         let qp = self.qps.remove(handle).ok_or(DestroyError::BadHandle)?;
         self.refund(&qp);
         self.invalidate_windows_of(handle);
@@ -632,6 +637,7 @@ impl VmResources {
         self.fast_keys.clear();
         self.mw_keys.clear();
         self.bound_windows.clear();
+        self.mcast.clear();
         self.registered_bytes = 0;
         self.host_bytes = 0;
         if let Some(db) = self.doorbells.as_mut() {

@@ -1094,6 +1094,7 @@ static void vrdma_free_context(struct ibv_context *ibctx)
 static const struct verbs_context_ops vrdma_context_ops = {
 	.alloc_parent_domain = vrdma_alloc_parent_domain,
 	.alloc_mw = vrdma_alloc_mw,
+	.attach_mcast = ibv_cmd_attach_mcast,
 	.alloc_pd = vrdma_alloc_pd,
 	.bind_mw = vrdma_bind_mw,
 	.create_ah = vrdma_create_ah,
@@ -1103,6 +1104,7 @@ static const struct verbs_context_ops vrdma_context_ops = {
 	.create_qp = vrdma_create_qp,
 	.create_qp_ex = vrdma_create_qp_ex,
 	.dealloc_mw = vrdma_dealloc_mw,
+	.detach_mcast = ibv_cmd_detach_mcast,
 	.dealloc_pd = vrdma_dealloc_pd,
 	.dereg_mr = vrdma_dereg_mr,
 	.destroy_ah = vrdma_destroy_ah,

@@ -69,6 +69,26 @@ pub(super) fn ud_responder(
     Ok(q)
 }
 
+/// UD QP `qp` of `state`, if it takes a message to multicast group `mgid`
+/// with Q_Key `qkey` now: its VM runs, it is attached to the group, and
+/// its Q_Key and state take it (spec 18.11.7); otherwise the message is
+/// dropped for it.
+pub(super) fn mcast_responder<'s>(
+    state: &'s VmState,
+    qp: u32,
+    mgid: &[u8; 16],
+    qkey: u32,
+) -> Result<&'s Qp, RespOutcome> {
+    if !state.running() || !state.res.mcast_attached(qp, mgid) {
+        return Err(RespOutcome::Dropped);
+    }
+    let q = state.res.qps.get(qp).ok_or(RespOutcome::Dropped)?;
+    if q.qp_type != QpType::UD || q.attr.qkey != qkey || !receiving(q.state) {
+        return Err(RespOutcome::Dropped);
+    }
+    Ok(q)
+}
+
 /// QP `qp` of `state`, if its VM runs (else `stopped`) and the handle
 /// still names the QP numbered `qpn` (of incarnation `inc`, if given; else
 /// `Stale`).

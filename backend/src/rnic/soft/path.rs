@@ -244,6 +244,8 @@ impl RnicPath for SoftPath<'_> {
             Ok(outcome) => outcome,
             Err(status) => return failed(cx.state, status),
         };
+        // A multicast message is charged once per QP that took it.
+        let copies = u64::from(std::mem::take(&mut resp.fanout).max(1));
         shrink_scratch(local, resp);
         let ud = msg.ud();
         // UC neither retries nor hears of a refusal (spec 18.11.6).
@@ -263,7 +265,7 @@ impl RnicPath for SoftPath<'_> {
             }
         }
         if dropped || matches!(outcome, RespOutcome::Done) {
-            *moved = part.1;
+            *moved = part.1.saturating_mul(copies);
         }
         // `part.1 <= len - part.0`: at most `len`.
         let end = part.0.saturating_add(part.1);

@@ -18,6 +18,11 @@ pub struct RespScratch {
     pub recv: Box<WqeBuf>,
     /// Segments of the remote range or the receive buffer.
     pub segs: Vec<Segment>,
+    /// The QPs a multicast message went to (`Router::multicast`): the
+    /// requester is charged for each; 0 for any other message.
+    pub fanout: u32,
+    /// The members of the group a multicast message goes to.
+    pub members: Vec<crate::rnic_objects::Owner>,
 }
 
 impl RespScratch {
@@ -26,6 +31,8 @@ impl RespScratch {
         RespScratch {
             recv: WqeBuf::new(),
             segs: Vec::with_capacity(64),
+            fanout: 0,
+            members: Vec::new(),
         }
     }
 }

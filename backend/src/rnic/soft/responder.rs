@@ -5,12 +5,13 @@
 use virtio_rdma_abi::datapath::{WcStatus, WrOpcode};
 use virtio_rdma_abi::mem::access as acc;
 use virtio_rdma_abi::qp::QpType;
+use virtio_rdma_abi::verbs::{is_multicast_gid, MCAST_QPN};
 
 use super::receive::{
     abandon, consume_recv, next_piece, peek_recv, place_piece, place_send, received, recv_cqe,
     recv_failed, recv_queue_failed, Broken, Head, Peeked,
 };
-use super::checks::{connected_responder, remote_mr, ud_responder};
+use super::checks::{connected_responder, mcast_responder, remote_mr, ud_responder};
 use super::request::{copy_in, nak, Request, RespOutcome, RespScratch};
 use crate::engine::sge::check_local;
 use crate::memory::access::{self, Segment, Translate};
@@ -131,7 +132,9 @@ pub fn respond(
     ud: bool,
     scratch: &mut RespScratch,
 ) -> RespOutcome {
-    let takes = if ud {
+    let takes = if ud && req.dest_qpn == MCAST_QPN && is_multicast_gid(&req.av.dgid) {
+        mcast_responder(state, qp, &req.av.dgid, req.qkey)
+    } else if ud {
         ud_responder(state, qp, req.dest_qpn, req.qkey)
     } else {
         connected_responder(state, qp, req.dest_qpn, None, req.qp_type)
@@ -180,6 +183,7 @@ fn perform(
     let RespScratch {
         recv: recv_buf,
         segs,
+        ..
     } = scratch;
     match wr.opcode {
         WrOpcode::RDMA_WRITE | WrOpcode::RDMA_WRITE_WITH_IMM => {

@@ -3,9 +3,11 @@
 //! address another's, and memory keys). It has no host objects behind CQs,
 //! SRQs, AHs and MRs: the engine works on the device's own.
 
+use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use virtio_rdma_abi::qp::Mtu;
+use virtio_rdma_abi::verbs::MCAST_QPN;
 
 use super::keyspace::KeySpace;
 use crate::rnic::directory::Directory;
@@ -39,6 +41,9 @@ pub struct SoftRnic {
     /// lkeys and rkeys, one space (a key is never both, but for a
     /// fast-registration region, whose key is both its lkey and its rkey).
     keys: Mutex<KeySpace>,
+    /// Multicast group -> the UD QPs attached to it, of every VM (a sender
+    /// reaches those of its tenant only: `route`).
+    mcast: RwLock<HashMap<[u8; 16], Vec<Owner>>>,
 }
 
 impl Default for SoftRnic {
@@ -53,6 +58,7 @@ impl SoftRnic {
         SoftRnic {
             qpns: RwLock::new(Directory::new(QPN_MASK, FIRST_QPN)),
             keys: Mutex::new(KeySpace::new()),
+            mcast: RwLock::new(HashMap::new()),
         }
     }
 
@@ -86,13 +92,15 @@ impl RnicObjects for SoftRnic {
             max_fast_reg_pages: MAX_FAST_REG_PAGES,
             windows: true,
             uc: true,
+            mcast: true,
             gids: PortGids::PerVm,
             gsi: true,
         }
     }
 
     fn create_qp(&self, owner: Owner, _spec: &QpSpec) -> Result<u32, RnicError> {
-        self.qpns().alloc(owner)
+        // MCAST_QPN names a multicast group's QPs, never one QP.
+        self.qpns().alloc_if(owner, |n| n != MCAST_QPN)
     }
 
     fn modify_qp(&self, _change: &QpChange<'_>) -> Result<(), RnicError> {
@@ -147,6 +155,32 @@ impl RnicObjects for SoftRnic {
 
     fn keys_in_use(&self) -> usize {
         self.keys().len()
+    }
+
+    fn mcast_attach(&self, owner: Owner, mgid: &[u8; 16]) -> Result<(), RnicError> {
+        let mut groups = write(&self.mcast);
+        let members = groups.entry(*mgid).or_default();
+        if !members.contains(&owner) {
+            members.push(owner);
+        }
+        Ok(())
+    }
+
+    fn mcast_detach(&self, owner: Owner, mgid: &[u8; 16]) {
+        let mut groups = write(&self.mcast);
+        if let Some(members) = groups.get_mut(mgid) {
+            members.retain(|m| *m != owner);
+            if members.is_empty() {
+                groups.remove(mgid);
+            }
+        }
+    }
+
+    fn mcast_members(&self, mgid: &[u8; 16], out: &mut Vec<Owner>) {
+        out.clear();
+        if let Some(members) = read(&self.mcast).get(mgid) {
+            out.extend_from_slice(members);
+        }
     }
 }
 

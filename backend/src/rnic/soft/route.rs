@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use virtio_rdma_abi::datapath::WcStatus;
 use virtio_rdma_abi::qp::AddressVector;
+use virtio_rdma_abi::verbs::{is_multicast_gid, MCAST_QPN};
 
 use super::burst::Burst;
 use super::checks::connected_responder;
@@ -59,6 +60,9 @@ impl Router<'_> {
         resp: &mut RespScratch,
     ) -> Result<RespOutcome, WcStatus> {
         let (h, ud, dgid) = (msg.qp, msg.ud(), msg.av.dgid);
+        if ud && msg.dest_qpn == MCAST_QPN && is_multicast_gid(&dgid) {
+            return self.multicast(cx, b, msg, span, local, resp);
+        }
         let reached = b.reached.take().filter(|&(q, _)| q == h && !ud);
         let (route, unreached) = match reached {
             Some((_, route)) => (Some(route), None),
@@ -168,6 +172,89 @@ impl Router<'_> {
             outcome = deliver(cx, b, route, dgid, &req, ud, resp);
         }
         Ok(outcome)
+    }
+
+    /// A UD message to a multicast group (spec 18.11.7): its local
+    /// buffers translated once, then handed to every QP attached to the
+    /// group in a VM of the sender's tenant on this engine thread (each
+    /// takes it or drops it, as a UD QP does). `Done` if any took it, else
+    /// `Dropped`; `resp.fanout` says how many did, for the charge.
+    fn multicast(
+        &self,
+        cx: &mut Serving<'_>,
+        b: &mut Burst<'_>,
+        msg: &Outgoing<'_>,
+        span: Span,
+        local: &mut Vec<Segment>,
+        resp: &mut RespScratch,
+    ) -> Result<RespOutcome, WcStatus> {
+        local_range(
+            cx.state,
+            msg.pd,
+            msg.wr.sges,
+            msg.writes_local,
+            span.start,
+            span.limit,
+            local,
+        )?;
+        if !local.iter().all(|s| cx.mem.covers(s.gpa, s.len)) {
+            return Err(WcStatus::LOC_PROT_ERR);
+        }
+        let req = Request {
+            admitted: false,
+            wr: msg.wr,
+            qp_type: msg.qp_type,
+            vm: cx.vm,
+            src_qpn: msg.src_qpn,
+            src_gid: source_gid(cx.state, &msg.av),
+            av: msg.av,
+            local,
+            len: msg.len,
+            part: span.part,
+            mem: cx.mem,
+            dest_qpn: MCAST_QPN,
+            qkey: msg.qkey,
+        };
+        let mut members = std::mem::take(&mut resp.members);
+        self.objects.mcast_members(&msg.av.dgid, &mut members);
+        let mut took = 0u32;
+        for m in &members {
+            let reach = m.vm == cx.vm
+                || (self.tenancy.may_reach(cx.vm, m.vm) && same_thread(cx.vms, cx.vm, m.vm));
+            if !reach {
+                continue;
+            }
+            let out = if m.vm == cx.vm {
+                respond(cx.state, cx.mem, m.handle, &req, true, resp)
+            } else if let Some(p) = b.held.as_mut().filter(|p| p.vm == m.vm) {
+                let out = respond(p.state, p.mem, m.handle, &req, true, resp);
+                if !p.state.events.is_empty() {
+                    p.dev.wake_events();
+                }
+                out
+            } else {
+                match cx.vms.get(m.vm).and_then(Option::as_ref) {
+                    Some(peer) => match respond_in(peer, |_| Ok(m.handle), &req, true, resp) {
+                        Locked::Ran(out) => out,
+                        // A member whose VM is busy or gone misses the
+                        // message, as a UD receiver may.
+                        Locked::Busy | Locked::Gone => RespOutcome::Dropped,
+                    },
+                    None => RespOutcome::Dropped,
+                }
+            };
+            if matches!(out, RespOutcome::Done) {
+                took = took.saturating_add(1);
+            }
+        }
+        members.clear();
+        resp.members = members;
+        resp.fanout = took;
+        Ok(if took > 0 {
+            RespOutcome::Done
+        } else {
+            RespOutcome::Dropped
+        })
     }
 
     /// Where RC QP `h`'s messages go, from the QP's hint when it names
