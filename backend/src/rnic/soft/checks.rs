@@ -24,6 +24,7 @@ fn receiving(state: QpState) -> bool {
 /// as on a wire to a halted host), `Stale` if the handle no longer names
 /// that QP (a stale routing hint), `Unreachable` if it is not an RC QP
 /// that takes messages in its state.
+#[inline]
 pub(super) fn rc_responder(
     state: &VmState,
     qp: u32,
@@ -35,6 +36,7 @@ pub(super) fn rc_responder(
 
 /// [`rc_responder`] for a message of a connected QP of type `t` (RC or
 /// UC): the responder must be of the same type.
+#[inline]
 pub(super) fn connected_responder(
     state: &VmState,
     qp: u32,
@@ -120,6 +122,7 @@ pub(super) struct RemoteRegion<'s> {
 
 impl RemoteRegion<'_> {
     /// Whether `[iova, iova + len)` is inside the window, if it is one.
+    #[inline]
     fn inside(&self, iova: u64, len: u64) -> bool {
         self.window.is_none_or(|(start, length)| {
             let (Some(end), Some(limit)) = (iova.checked_add(len), start.checked_add(length))
@@ -132,6 +135,7 @@ impl RemoteRegion<'_> {
 }
 
 impl Translate for RemoteRegion<'_> {
+    #[inline]
     fn translate(&self, iova: u64, len: u64) -> Option<(u64, u64)> {
         if !self.inside(iova, len) {
             return None;
@@ -139,6 +143,7 @@ impl Translate for RemoteRegion<'_> {
         self.mr.translate(iova, len)
     }
 
+    #[inline]
     fn walk(&self, iova: u64, len: u64, f: impl FnMut(u64, u64)) -> Option<()> {
         if !self.inside(iova, len) {
             return None;
@@ -158,15 +163,36 @@ pub(super) fn remote_mr<'s>(
     rkey: u32,
     right: u32,
 ) -> Option<RemoteRegion<'s>> {
-    let mr = state
+    if let Some(mr) = remote_region(state, q, rkey, right) {
+        return Some(RemoteRegion { mr, window: None });
+    }
+    remote_window(state, qp, q, rkey, right)
+}
+
+/// The MR of `state` that rkey `rkey` names for responder QP `q` and
+/// access `right`: one of the QP's PD that grants `right`. The
+/// small-WRITE lane's lookup: a window's key is the general path's (the
+/// lane falls back to it), which keeps the lane as short as it was.
+#[inline]
+pub(super) fn remote_region<'s>(state: &'s VmState, q: &Qp, rkey: u32, right: u32) -> Option<&'s Mr> {
+    state
         .res
         .rkeys
         .get(&rkey)
         .and_then(|h| state.res.mrs.get(*h))
-        .filter(|mr| mr.pd == q.pd && mr.access & right != 0);
-    if let Some(mr) = mr {
-        return Some(RemoteRegion { mr, window: None });
-    }
+        .filter(|mr| mr.pd == q.pd && mr.access & right != 0)
+}
+
+/// The window part of [`remote_mr`].
+#[cold]
+#[inline(never)]
+fn remote_window<'s>(
+    state: &'s VmState,
+    qp: u32,
+    q: &Qp,
+    rkey: u32,
+    right: u32,
+) -> Option<RemoteRegion<'s>> {
     let grant = state.res.window_grant(rkey, q.pd, (qp, q.incarnation))?;
     if grant.access & right == 0 {
         return None;

@@ -14,7 +14,7 @@ use virtio_rdma_abi::mem::access as acc;
 use virtio_rdma_abi::qp::QpType;
 
 use super::burst::Burst;
-use super::checks::{rc_responder, remote_mr};
+use super::checks::{rc_responder, remote_region};
 use super::pieces::PIECE;
 use crate::engine::sge::local_mr;
 use crate::memory::access::Translate;
@@ -79,7 +79,7 @@ pub(super) fn small_write(
     if q.attr.access & acc::REMOTE_WRITE == 0 {
         return None;
     }
-    let rmr = remote_mr(peer, peer_qp, q, wr.hdr.rkey, acc::REMOTE_WRITE)?;
+    let rmr = remote_region(peer, q, wr.hdr.rkey, acc::REMOTE_WRITE)?;
     let (dst_gpa, dst_room) = rmr.translate(wr.hdr.remote_addr, len)?;
     if dst_room < len {
         return None;
