@@ -98,6 +98,7 @@ fn render() -> String {
         ("F_SHMEM_DOORBELL", config::F_SHMEM_DOORBELL),
         ("F_GSI", config::F_GSI),
         ("F_MEM_MGT", config::F_MEM_MGT),
+        ("F_RESIZE", config::F_RESIZE),
         ("F_MW", config::F_MW),
         ("F_UC", config::F_UC),
     ] {
@@ -127,6 +128,23 @@ fn render() -> String {
         ("ACCESS_MW_BIND", u64::from(mem::access::MW_BIND)),
         ("MW_TYPE_1", u64::from(virtio_rdma_abi::verbs::MW_TYPE_1)),
         ("MW_TYPE_2", u64::from(virtio_rdma_abi::verbs::MW_TYPE_2)),
+        (
+            "REREG_TRANSLATION",
+            u64::from(virtio_rdma_abi::verbs::REREG_TRANSLATION),
+        ),
+        ("REREG_PD", u64::from(virtio_rdma_abi::verbs::REREG_PD)),
+        (
+            "REREG_ACCESS",
+            u64::from(virtio_rdma_abi::verbs::REREG_ACCESS),
+        ),
+        (
+            "SRQ_ATTR_MAX_WR",
+            u64::from(virtio_rdma_abi::verbs::SRQ_ATTR_MAX_WR),
+        ),
+        (
+            "SRQ_ATTR_LIMIT",
+            u64::from(virtio_rdma_abi::verbs::SRQ_ATTR_LIMIT),
+        ),
         ("DB_DRIVER_OFFSET", datapath::DB_DRIVER_OFFSET),
         ("DB_DEVICE_OFFSET", datapath::DB_DEVICE_OFFSET),
         ("DB_FLAG_KICK", u64::from(datapath::DB_FLAG_KICK)),

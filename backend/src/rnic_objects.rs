@@ -128,6 +128,9 @@ pub struct Caps {
     pub windows: bool,
     /// Whether the RNIC runs UC QPs (`F_UC`, spec 18.11.6).
     pub uc: bool,
+    /// Whether CQs and SRQs may get new rings and regions new pages, PD
+    /// and access (`F_RESIZE`, spec 12.19, 12.25, 12.26).
+    pub resize: bool,
     /// The GID table each VM's port has on this RNIC.
     pub gids: PortGids,
     /// Whether the RNIC carries the MADs of a GSI QP (`F_GSI`, spec
@@ -158,7 +161,7 @@ impl Caps {
     /// offer: all of them but `F_MEM_MGT` without fast registration,
     /// `F_MW` without memory windows and `F_UC` without UC.
     pub fn features(&self) -> u64 {
-        use virtio_rdma_abi::config::{ALL_DEVICE_FEATURES, F_MEM_MGT, F_MW, F_UC};
+        use virtio_rdma_abi::config::{ALL_DEVICE_FEATURES, F_MEM_MGT, F_MW, F_RESIZE, F_UC};
         let mut features = ALL_DEVICE_FEATURES;
         if self.max_fast_reg_pages == 0 {
             features &= !F_MEM_MGT;
@@ -168,6 +171,9 @@ impl Caps {
         }
         if !self.uc {
             features &= !F_UC;
+        }
+        if !self.resize {
+            features &= !F_RESIZE;
         }
         features
     }
@@ -355,6 +361,20 @@ pub trait RnicObjects: Send + Sync {
 
     /// Deregisters the region with `keys`; they may be handed out again.
     fn dereg_mr(&self, keys: MrKeys);
+
+    /// Re-registers the region with `keys` as `mr` now is (`REREG_MR`,
+    /// spec 12.26): the lkey stays, the rkey stays once the region has
+    /// one, and one is drawn when `mr` first needs it. Returns the keys.
+    /// An RNIC without `Caps::resize` refuses, and the region is as it
+    /// was.
+    fn rereg_mr(
+        &self,
+        _owner: Owner,
+        _keys: MrKeys,
+        _mr: &MrSpec<'_>,
+    ) -> Result<MrKeys, RnicError> {
+        Err(RnicError::Invalid)
+    }
 
     /// Draws the key of fast-registration region `owner` (`ALLOC_MR`,
     /// `F_MEM_MGT`; spec 12.22): its lkey and rkey. Bits 31 to 8 are

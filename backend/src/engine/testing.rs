@@ -111,6 +111,7 @@ impl RnicObjects for Numbers {
             max_fast_reg_pages: 0,
             windows: true,
             uc: true,
+            resize: true,
             gids: PortGids::PerVm,
             gsi: true,
         }

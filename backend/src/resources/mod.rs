@@ -8,6 +8,7 @@ pub mod fast;
 pub mod handle;
 pub mod objects;
 pub mod qp_state;
+pub mod resize;
 pub mod windows;
 
 use handle::HandleTable;

@@ -518,8 +518,27 @@ impl Mr {
 
     /// Whether the region grants any remote access (and so has an rkey).
     pub fn remote(&self) -> bool {
+        Mr::remote_access(self.access)
+    }
+
+    /// Whether access flags `access` grant any remote access.
+    pub fn remote_access(access: u32) -> bool {
         use virtio_rdma_abi::mem::access;
-        self.access & (access::REMOTE_READ | access::REMOTE_WRITE | access::REMOTE_ATOMIC) != 0
+        access & (access::REMOTE_READ | access::REMOTE_WRITE | access::REMOTE_ATOMIC) != 0
+    }
+
+    /// The [`HostCost`] of a `REG_MR` region whose translation holds
+    /// `pages_bytes` and which has an rkey if `remote`.
+    pub fn reg_cost(pages_bytes: u64, remote: bool) -> u64 {
+        let keys = if remote {
+            2 * KEY_ENTRY_BYTES
+        } else {
+            KEY_ENTRY_BYTES
+        };
+        own::<Self>()
+            .saturating_add(pages_bytes)
+            .saturating_add(keys)
+            .saturating_add(MR_EXTRA_BYTES)
     }
 
     /// The region as an RNIC registers it.
@@ -546,15 +565,7 @@ impl HostCost for Mr {
                 .saturating_add(FAST_KEY_ENTRIES * KEY_ENTRY_BYTES)
                 .saturating_add(MR_EXTRA_BYTES);
         }
-        let keys = if self.remote() {
-            2 * KEY_ENTRY_BYTES
-        } else {
-            KEY_ENTRY_BYTES
-        };
-        own::<Self>()
-            .saturating_add(self.pages.host_bytes())
-            .saturating_add(keys)
-            .saturating_add(MR_EXTRA_BYTES)
+        Mr::reg_cost(self.pages.host_bytes(), self.remote())
     }
 
     fn into_pages(self) -> Option<PageList> {
