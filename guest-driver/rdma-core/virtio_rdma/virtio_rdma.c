@@ -585,14 +585,6 @@ err:
 	return NULL;
 }
 
-static int vrdma_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr,
-			    int mask)
-{
-	struct ibv_modify_srq cmd;
-
-	return ibv_cmd_modify_srq(srq, attr, mask, &cmd, sizeof(cmd));
-}
-
 static int vrdma_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr)
 {
 	struct ibv_query_srq cmd;
@@ -1117,11 +1109,13 @@ static const struct verbs_context_ops vrdma_context_ops = {
 	.post_send = vrdma_post_send,
 	.post_srq_recv = vrdma_post_srq_recv,
 	.req_notify_cq = vrdma_req_notify_cq,
+	.resize_cq = vrdma_resize_cq,
 	.query_device_ex = vrdma_query_device_ex,
 	.query_port = vrdma_query_port,
 	.query_qp = vrdma_query_qp,
 	.query_srq = vrdma_query_srq,
 	.reg_mr = vrdma_reg_mr,
+	.rereg_mr = vrdma_rereg_mr,
 };
 
 static struct verbs_context *vrdma_alloc_context(struct ibv_device *ibdev,
