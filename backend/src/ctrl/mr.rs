@@ -137,6 +137,7 @@ impl VmState {
                 rkey: 0,
                 pages,
                 host_lost: false,
+                keyed: self.has(F_RESIZE),
                 fast: None,
             },
             self.rnic.as_ref(),

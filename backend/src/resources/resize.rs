@@ -108,7 +108,7 @@ impl VmResources {
                     Some((p, iova, length, offset)) => (*iova, *length, *offset, p),
                     None => (mr.iova, mr.length, mr.first_page_offset, &mr.pages),
                 };
-                let remote = Mr::remote_access(r.access);
+                let remote = Mr::remote_access(r.access) || mr.keyed;
                 let old_cost = mr.host_cost();
                 let new_cost = Mr::reg_cost(pages.host_bytes(), remote);
                 let old = MrKeys {

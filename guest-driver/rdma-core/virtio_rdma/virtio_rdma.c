@@ -1026,6 +1026,9 @@ static int vrdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr,
 	if (!ret && (attr_mask & IBV_QP_STATE))
 		atomic_store_explicit(&to_vqp(ibqp)->state, attr->qp_state,
 				      memory_order_relaxed);
+	if (!ret && (attr_mask & IBV_QP_STATE) &&
+	    attr->qp_state == IBV_QPS_RESET)
+		vrdma_qp_reset_cqs(ibqp);
 	return ret;
 }
 

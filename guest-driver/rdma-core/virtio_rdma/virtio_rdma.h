@@ -275,6 +275,9 @@ int vrdma_modify_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr,
 int vrdma_rereg_mr(struct verbs_mr *vmr, int flags, struct ibv_pd *pd,
 		   void *addr, size_t length, int access);
 
+/* qp_reset.c */
+void vrdma_qp_reset_cqs(struct ibv_qp *qp);
+
 /* cq_ex.c */
 struct ibv_cq_ex *vrdma_create_cq_ex(struct ibv_context *context,
 				     struct ibv_cq_init_attr_ex *attr);
