@@ -33,6 +33,47 @@ static bool vrdma_can_resize(struct ib_device *ibdev)
 				  VIRTIO_RDMA_F_RESIZE);
 }
 
+/*
+ * Pins a new ring of @len bytes at @va (page aligned) and builds a request
+ * of @fixed_len bytes with its page list.
+ */
+static void *vrdma_new_ring(struct ib_device *ibdev, u64 va, size_t len,
+			    size_t fixed_len, struct ib_umem **ring,
+			    struct virtio_rdma_buffer_desc *buf,
+			    size_t *req_len, size_t *nlist)
+{
+	void *req;
+
+	if (!PAGE_ALIGNED(va) || !len)
+		return ERR_PTR(-EINVAL);
+	*ring = ib_umem_get(ibdev, va, len, IB_ACCESS_LOCAL_WRITE);
+	if (IS_ERR(*ring))
+		return ERR_CAST(*ring);
+	req = vrdma_page_list(to_vib(ibdev)->dev, *ring, PAGE_SIZE, fixed_len,
+			      buf, req_len, nlist);
+	if (IS_ERR(req))
+		ib_umem_release(*ring);
+	return req;
+}
+
+/*
+ * After the command @ret: @ring replaces *@old, whose pages the device no
+ * longer uses; a refused @ring is released; after a timeout the device
+ * may use either, and both stay pinned.
+ */
+static int vrdma_ring_done(int ret, struct ib_umem *ring, struct ib_umem **old)
+{
+	if (ret == -ETIMEDOUT)
+		return ret;
+	if (ret) {
+		ib_umem_release(ring);
+		return ret;
+	}
+	ib_umem_release(*old);
+	*old = ring;
+	return 0;
+}
+
 int vrdma_resize_cq(struct ib_cq *ibcq, int cqe, struct ib_udata *udata)
 {
 	struct vrdma_dev *dev = to_vib(ibcq->device)->dev;
@@ -52,33 +93,21 @@ int vrdma_resize_cq(struct ib_cq *ibcq, int cqe, struct ib_udata *udata)
 	    ib_copy_from_udata(&ureq, udata, sizeof(ureq)) || ureq.reserved)
 		return -EINVAL;
 	if (cqe < 1 || !is_power_of_2(ureq.depth) || ureq.depth < cqe ||
-	    ureq.depth > le32_to_cpu(dev->attr.max_cqe) ||
-	    !PAGE_ALIGNED(ureq.ring_va))
+	    ureq.depth > le32_to_cpu(dev->attr.max_cqe))
 		return -EINVAL;
-	ring = ib_umem_get(ibcq->device, ureq.ring_va,
-			   (size_t)ureq.depth * VIRTIO_RDMA_CQE_SIZE,
-			   IB_ACCESS_LOCAL_WRITE);
-	if (IS_ERR(ring))
-		return PTR_ERR(ring);
-	req = vrdma_page_list(dev, ring, PAGE_SIZE, sizeof(*req), &buf,
-			      &req_len, &nlist);
-	if (IS_ERR(req)) {
-		ib_umem_release(ring);
+	req = vrdma_new_ring(ibcq->device, ureq.ring_va,
+			     (size_t)ureq.depth * VIRTIO_RDMA_CQE_SIZE,
+			     sizeof(*req), &ring, &buf, &req_len, &nlist);
+	if (IS_ERR(req))
 		return PTR_ERR(req);
-	}
 	req->cq_handle = cpu_to_le32(cq->handle);
 	req->depth = cpu_to_le32(ureq.depth);
 	req->buf = buf;
 	ret = vrdma_exec_list(dev, VIRTIO_RDMA_OP_RESIZE_CQ, req, sizeof(*req),
 			      req_len, nlist, &resp, sizeof(resp));
-	if (ret == -ETIMEDOUT)
-		return ret; /* the device may use either ring: keep both */
-	if (ret) {
-		ib_umem_release(ring);
+	ret = vrdma_ring_done(ret, ring, &cq->q.buf);
+	if (ret)
 		return ret;
-	}
-	ib_umem_release(cq->q.buf);
-	cq->q.buf = ring;
 	cq->depth = ureq.depth;
 	ibcq->cqe = ureq.depth;
 	uresp.depth = ureq.depth;
@@ -102,19 +131,12 @@ int vrdma_resize_srq(struct vrdma_srq *srq, const struct ib_srq_attr *attr,
 	if (udata->inlen < sizeof(ureq) ||
 	    ib_copy_from_udata(&ureq, udata, sizeof(ureq)) || ureq.reserved)
 		return -EINVAL;
-	if (!is_power_of_2(ureq.depth) || ureq.depth < attr->max_wr ||
-	    !PAGE_ALIGNED(ureq.buf_va) || !ureq.buf_len)
+	if (!is_power_of_2(ureq.depth) || ureq.depth < attr->max_wr)
 		return -EINVAL;
-	ring = ib_umem_get(srq->ibsrq.device, ureq.buf_va, ureq.buf_len,
-			   IB_ACCESS_LOCAL_WRITE);
-	if (IS_ERR(ring))
-		return PTR_ERR(ring);
-	req = vrdma_page_list(dev, ring, PAGE_SIZE, sizeof(*req), &buf,
-			      &req_len, &nlist);
-	if (IS_ERR(req)) {
-		ib_umem_release(ring);
+	req = vrdma_new_ring(srq->ibsrq.device, ureq.buf_va, ureq.buf_len,
+			     sizeof(*req), &ring, &buf, &req_len, &nlist);
+	if (IS_ERR(req))
 		return PTR_ERR(req);
-	}
 	req->srq_handle = cpu_to_le32(srq->handle);
 	req->attr_mask = cpu_to_le32(dev_mask);
 	req->max_wr = cpu_to_le32(ureq.depth);
@@ -122,15 +144,7 @@ int vrdma_resize_srq(struct vrdma_srq *srq, const struct ib_srq_attr *attr,
 	req->buf = buf;
 	ret = vrdma_exec_list(dev, VIRTIO_RDMA_OP_MODIFY_SRQ, req, sizeof(*req),
 			      req_len, nlist, NULL, 0);
-	if (ret == -ETIMEDOUT)
-		return ret; /* the device may use either ring: keep both */
-	if (ret) {
-		ib_umem_release(ring);
-		return ret;
-	}
-	ib_umem_release(srq->q.buf);
-	srq->q.buf = ring;
-	return 0;
+	return vrdma_ring_done(ret, ring, &srq->q.buf);
 }
 
 /* The device's REREG_MR flags for ib_core's IB_MR_REREG_* ones. */

@@ -3,6 +3,8 @@
 //! Entries keep their indices: entry `i` moves from slot `i mod old depth`
 //! to slot `i mod new depth`.
 
+use std::ops::Range;
+
 use vm_memory::{GuestAddress, GuestMemoryBackend};
 
 use crate::memory::volatile::{read_guest, write_guest};
@@ -31,50 +33,55 @@ impl Ring<'_> {
         u64::from(slot).saturating_mul(self.stride as u64)
     }
 
-    /// Reads entry `index` into `buf` (`stride` bytes), page by page.
+    /// Calls `f` on the pieces of entry `index`'s `len` bytes, page by
+    /// page: their guest address and their range in the entry.
+    fn each_piece(
+        &self,
+        index: u32,
+        len: usize,
+        mut f: impl FnMut(GuestAddress, Range<usize>) -> Result<(), Unusable>,
+    ) -> Result<(), Unusable> {
+        let mut at = self.offset(index);
+        let mut done = 0usize;
+        while done < len {
+            let (gpa, room) = self.pages.translate(at).ok_or(Unusable)?;
+            let left = len.saturating_sub(done);
+            let n = usize::try_from(room).map_or(left, |r| r.min(left));
+            if n == 0 {
+                return Err(Unusable);
+            }
+            let end = done.saturating_add(n);
+            f(GuestAddress(gpa), done..end)?;
+            done = end;
+            at = at.saturating_add(n as u64);
+        }
+        Ok(())
+    }
+
+    /// Reads entry `index` into `buf` (`stride` bytes).
     pub fn read<M: GuestMemoryBackend>(
         &self,
         mem: &M,
         index: u32,
         buf: &mut [u8],
     ) -> Result<(), Unusable> {
-        let mut at = self.offset(index);
-        let mut rest = buf;
-        while !rest.is_empty() {
-            let (gpa, len) = self.pages.translate(at).ok_or(Unusable)?;
-            let n = usize::try_from(len).map_or(rest.len(), |l| l.min(rest.len()));
-            if n == 0 {
-                return Err(Unusable);
-            }
-            let (head, tail) = rest.split_at_mut(n);
-            read_guest(mem, GuestAddress(gpa), head).map_err(|_| Unusable)?;
-            rest = tail;
-            at = at.saturating_add(n as u64);
-        }
-        Ok(())
+        self.each_piece(index, buf.len(), |gpa, r| {
+            let piece = buf.get_mut(r).ok_or(Unusable)?;
+            read_guest(mem, gpa, piece).map_err(|_| Unusable)
+        })
     }
 
-    /// Writes `data` (`stride` bytes) as entry `index`, page by page.
+    /// Writes `data` (`stride` bytes) as entry `index`.
     pub fn write<M: GuestMemoryBackend>(
         &self,
         mem: &M,
         index: u32,
         data: &[u8],
     ) -> Result<(), Unusable> {
-        let mut at = self.offset(index);
-        let mut rest = data;
-        while !rest.is_empty() {
-            let (gpa, len) = self.pages.translate(at).ok_or(Unusable)?;
-            let n = usize::try_from(len).map_or(rest.len(), |l| l.min(rest.len()));
-            if n == 0 {
-                return Err(Unusable);
-            }
-            let (head, tail) = rest.split_at(n);
-            write_guest(mem, GuestAddress(gpa), head).map_err(|_| Unusable)?;
-            rest = tail;
-            at = at.saturating_add(n as u64);
-        }
-        Ok(())
+        self.each_piece(index, data.len(), |gpa, r| {
+            let piece = data.get(r).ok_or(Unusable)?;
+            write_guest(mem, gpa, piece).map_err(|_| Unusable)
+        })
     }
 }
 

@@ -42,19 +42,29 @@ impl VmResources {
         Ok(())
     }
 
+    /// Charges `ring`, replacing a ring of `old` host bytes (`None`: the
+    /// object is gone); `ring` is released if refused.
+    fn charge_ring(&mut self, old: Option<u64>, ring: PageList) -> Result<PageList, InsertError> {
+        let charged = match old {
+            Some(old) => self.recharge(old, ring.host_bytes()),
+            None => Err(InsertError::Full),
+        };
+        match charged {
+            Ok(()) => Ok(ring),
+            Err(e) => {
+                self.release(ring);
+                Err(e)
+            }
+        }
+    }
+
     /// Gives CQ `h` ring `ring` of `depth` entries (whose entries the
     /// caller copied) and the budget its cost; the old ring is released.
     /// `OverBudget` (the new ring released, the CQ unchanged) if the
     /// budget cannot take the growth.
     pub fn swap_cq_ring(&mut self, h: u32, ring: PageList, depth: u32) -> Result<(), InsertError> {
-        let Some(old) = self.cqs.get(h).map(|c| c.ring.host_bytes()) else {
-            self.release(ring);
-            return Err(InsertError::Full);
-        };
-        if let Err(e) = self.recharge(old, ring.host_bytes()) {
-            self.release(ring);
-            return Err(e);
-        }
+        let old = self.cqs.get(h).map(|c| c.ring.host_bytes());
+        let ring = self.charge_ring(old, ring)?;
         if let Some(cq) = self.cqs.get_mut(h) {
             cq.depth = depth;
             let old = std::mem::replace(&mut cq.ring, ring);
@@ -72,14 +82,8 @@ impl VmResources {
         depth: u32,
         limit: u32,
     ) -> Result<(), InsertError> {
-        let Some(old) = self.srqs.get(h).map(|s| s.ring.host_bytes()) else {
-            self.release(ring);
-            return Err(InsertError::Full);
-        };
-        if let Err(e) = self.recharge(old, ring.host_bytes()) {
-            self.release(ring);
-            return Err(e);
-        }
+        let old = self.srqs.get(h).map(|s| s.ring.host_bytes());
+        let ring = self.charge_ring(old, ring)?;
         if let Some(srq) = self.srqs.get_mut(h) {
             srq.depth = depth;
             srq.limit = limit;

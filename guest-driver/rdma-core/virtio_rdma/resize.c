@@ -32,49 +32,68 @@ static uint32_t depth_for(uint32_t v)
 	return d;
 }
 
+/* A ring from a queue's allocator. */
+struct new_ring {
+	void *p;
+	bool custom;
+};
+
+static int ring_alloc(struct vrdma_qmem *m, size_t len, struct new_ring *r)
+{
+	r->p = vrdma_alloc_buf(m->domain, len, sysconf(_SC_PAGESIZE),
+			       m->ring_type, &r->custom);
+	if (!r->p)
+		return errno ? errno : ENOMEM;
+	return 0;
+}
+
+/* Makes @r the queue's ring (*@ring of @m); @r holds the old one then. */
+static void ring_swap(struct vrdma_qmem *m, void **ring, struct new_ring *r)
+{
+	struct new_ring old = { .p = *ring, .custom = m->ring_custom };
+
+	*ring = r->p;
+	m->ring_custom = r->custom;
+	*r = old;
+}
+
+static void ring_free(struct vrdma_qmem *m, struct new_ring *r)
+{
+	vrdma_free_buf(m->domain, r->p, m->ring_type, r->custom);
+}
+
 int vrdma_resize_cq(struct ibv_cq *ibcq, int cqe)
 {
 	struct vrdma_cq *cq = to_vcq(ibcq);
 	struct vrdma_resize_cq_cmd_resp resp = {};
 	struct vrdma_resize_cq_cmd cmd = {};
-	long page = sysconf(_SC_PAGESIZE);
-	bool custom, old_custom;
+	struct new_ring r;
 	uint32_t depth;
-	void *ring, *old;
 	int ret;
 
 	if (cqe < 1)
 		return EINVAL;
 	depth = depth_for(cqe);
-	ring = vrdma_alloc_buf(cq->mem.domain, (size_t)depth * 32, page,
-			       cq->mem.ring_type, &custom);
-	if (!ring)
-		return errno ? errno : ENOMEM;
+	ret = ring_alloc(&cq->mem, (size_t)depth * 32, &r);
+	if (ret)
+		return ret;
 	if (!cq->single_threaded)
 		pthread_spin_lock(&cq->lock);
 	/* The device copies from the consumer index it reads. */
 	vrdma_cq_consumed(cq);
-	cmd.drv_payload.ring_va = (uintptr_t)ring;
+	cmd.drv_payload.ring_va = (uintptr_t)r.p;
 	cmd.drv_payload.depth = depth;
 	ret = ibv_cmd_resize_cq(ibcq, cqe, &cmd.ibv_cmd, sizeof(cmd),
 				&resp.ibv_resp, sizeof(resp));
-	if (!ret && resp.depth != depth)
-		ret = EPROTO;
-	if (ret) {
-		if (!cq->single_threaded)
-			pthread_spin_unlock(&cq->lock);
-		vrdma_free_buf(cq->mem.domain, ring, cq->mem.ring_type, custom);
-		return ret;
+	if (!ret) {
+		ring_swap(&cq->mem, &cq->ring, &r);
+		cq->depth = depth;
 	}
-	old = cq->ring;
-	old_custom = cq->mem.ring_custom;
-	cq->ring = ring;
-	cq->depth = depth;
-	cq->mem.ring_custom = custom;
 	if (!cq->single_threaded)
 		pthread_spin_unlock(&cq->lock);
-	vrdma_free_buf(cq->mem.domain, old, cq->mem.ring_type, old_custom);
-	return 0;
+	/* The old ring, or the new one the device refused. */
+	ring_free(&cq->mem, &r);
+	return ret;
 }
 
 /* IBV_SRQ_MAX_WR: a new ring of at least @attr->max_wr WQEs. */
@@ -82,10 +101,8 @@ static int resize_srq(struct vrdma_srq *srq, struct ibv_srq_attr *attr,
 		      int mask)
 {
 	struct vrdma_modify_srq_cmd cmd = {};
-	long page = sysconf(_SC_PAGESIZE);
-	bool custom, old_custom;
+	struct new_ring r;
 	uint32_t depth;
-	void *ring, *old;
 	size_t len;
 	int ret;
 
@@ -93,30 +110,22 @@ static int resize_srq(struct vrdma_srq *srq, struct ibv_srq_attr *attr,
 		return EINVAL;
 	depth = depth_for(attr->max_wr);
 	len = (size_t)depth << srq->wqe_shift;
-	ring = vrdma_alloc_buf(srq->mem.domain, len, page, srq->mem.ring_type,
-			       &custom);
-	if (!ring)
-		return errno ? errno : ENOMEM;
+	ret = ring_alloc(&srq->mem, len, &r);
+	if (ret)
+		return ret;
 	pthread_spin_lock(&srq->lock);
-	cmd.drv_payload.buf_va = (uintptr_t)ring;
+	cmd.drv_payload.buf_va = (uintptr_t)r.p;
 	cmd.drv_payload.buf_len = len;
 	cmd.drv_payload.depth = depth;
 	ret = ibv_cmd_modify_srq(&srq->ibv_srq, attr, mask, &cmd.ibv_cmd,
 				 sizeof(cmd));
-	if (ret) {
-		pthread_spin_unlock(&srq->lock);
-		vrdma_free_buf(srq->mem.domain, ring, srq->mem.ring_type,
-			       custom);
-		return ret;
+	if (!ret) {
+		ring_swap(&srq->mem, &srq->buf, &r);
+		srq->depth = depth;
 	}
-	old = srq->buf;
-	old_custom = srq->mem.ring_custom;
-	srq->buf = ring;
-	srq->depth = depth;
-	srq->mem.ring_custom = custom;
 	pthread_spin_unlock(&srq->lock);
-	vrdma_free_buf(srq->mem.domain, old, srq->mem.ring_type, old_custom);
-	return 0;
+	ring_free(&srq->mem, &r);
+	return ret;
 }
 
 int vrdma_modify_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr,
