@@ -18,8 +18,8 @@ use vhost_user_rdma_tests::dp::{
 use virtio_rdma_abi::ctrl::Status;
 use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
 use virtio_rdma_abi::mem::access;
-use virtio_rdma_abi::verbs::{REREG_ACCESS, REREG_PD, REREG_TRANSLATION};
-use virtio_rdma_driver::{Cq, Mr, Pd, Qp, RecvWr, SendOp, Srq};
+use virtio_rdma_abi::verbs::{MW_TYPE_1, REREG_ACCESS, REREG_PD, REREG_TRANSLATION};
+use virtio_rdma_driver::{Cq, Mr, Mw, Pd, Qp, RecvWr, SendOp, SendWr, Srq};
 
 /// Two connected RC QPs, the first completing into a CQ of `depth`.
 fn pair(a: &Vm, b: &Vm, depth: u32) -> (Arc<Cq>, Arc<Cq>, Qp, Qp) {
@@ -291,4 +291,31 @@ fn rereg_pd_while_a_qp_uses_the_region() {
     ok(&poll_one(&cqa2), 2, WcOpcode::SEND);
     ok(&poll_one(&cqb2), 8, WcOpcode::RECV);
     assert_eq!(dst.read(0, 64), pattern(64, 9));
+}
+
+/// Spec 12.26: a region a window is bound to is not re-registered
+/// (`BUSY`, the number of windows: they are bound to its old range and
+/// keys); unbound, it is.
+#[test]
+fn rereg_of_a_region_with_a_bound_window_is_busy() {
+    let (_d, a, b) = two_vms();
+    let bindable = access::ALL | access::MW_BIND;
+    let mut target = Buf::with_access(&b, &b.pd, 4096, bindable);
+    let (_cqa, cqb, _qa, qb) = pair(&a, &b, 64);
+    let mut w = Mw::alloc(&b.pd, MW_TYPE_1).unwrap();
+    let bind = w.bind(target.mr.lkey(), target.addr(0), 64, access::REMOTE_READ);
+    qb.post_send(&[SendWr::signaled(1, SendOp::BindMw(bind), &[])])
+        .unwrap();
+    ok(&poll_one(&cqb), 1, WcOpcode::BIND_MW);
+    let r = target
+        .mr
+        .rereg(REREG_ACCESS, None, access::LOCAL_WRITE, None);
+    assert_eq!(status(r), (Status::BUSY, 1));
+    assert_eq!(target.mr.access(), bindable, "the region unchanged");
+    drop(w);
+    target
+        .mr
+        .rereg(REREG_ACCESS, None, access::LOCAL_WRITE, None)
+        .expect("no window bound any more");
+    assert_eq!(target.mr.access(), access::LOCAL_WRITE);
 }
