@@ -80,7 +80,8 @@ int vrdma_resize_cq(struct ibv_cq *ibcq, int cqe)
 	if (!cq->single_threaded)
 		pthread_spin_lock(&cq->lock);
 	/* The device copies from the consumer index it reads. */
-	vrdma_cq_consumed(cq);
+	atomic_store_explicit(db_word(cq->db, DB_CQ_CI), cq->ci,
+			      memory_order_release);
 	cmd.drv_payload.ring_va = (uintptr_t)r.p;
 	cmd.drv_payload.depth = depth;
 	ret = ibv_cmd_resize_cq(ibcq, cqe, &cmd.ibv_cmd, sizeof(cmd),

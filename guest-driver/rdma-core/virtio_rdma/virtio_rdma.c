@@ -1016,22 +1016,6 @@ static struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *context,
 	return ibqp;
 }
 
-static int vrdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr,
-			   int attr_mask)
-{
-	struct ibv_modify_qp cmd;
-	int ret;
-
-	ret = ibv_cmd_modify_qp(ibqp, attr, attr_mask, &cmd, sizeof(cmd));
-	if (!ret && (attr_mask & IBV_QP_STATE))
-		atomic_store_explicit(&to_vqp(ibqp)->state, attr->qp_state,
-				      memory_order_relaxed);
-	if (!ret && (attr_mask & IBV_QP_STATE) &&
-	    attr->qp_state == IBV_QPS_RESET)
-		vrdma_qp_reset_cqs(ibqp);
-	return ret;
-}
-
 static int vrdma_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 			  int attr_mask, struct ibv_qp_init_attr *init_attr)
 {

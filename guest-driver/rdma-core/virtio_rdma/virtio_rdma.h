@@ -275,8 +275,9 @@ int vrdma_modify_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr,
 int vrdma_rereg_mr(struct verbs_mr *vmr, int flags, struct ibv_pd *pd,
 		   void *addr, size_t length, int access);
 
-/* qp_reset.c */
-void vrdma_qp_reset_cqs(struct ibv_qp *qp);
+/* qp_state.c */
+int vrdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr,
+		    int attr_mask);
 
 /* cq_ex.c */
 struct ibv_cq_ex *vrdma_create_cq_ex(struct ibv_context *context,

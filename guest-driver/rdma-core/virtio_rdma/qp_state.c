@@ -1,5 +1,9 @@
 // SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
 /*
+ * MODIFY_QP in the provider: the state the application set, which posts
+ * check, and on a move to RESET the QP's completions taken out of its
+ * CQs.
+ *
  * A QP moved to RESET leaves no completions behind: its entries not
  * polled yet (the flushes of its error state, typically) are taken out of
  * its CQs, as mlx4 and mlx5 do, so that the QP brought up again does not
@@ -60,17 +64,36 @@ static void cq_clean(struct vrdma_cq *cq, uint32_t qpn)
 	}
 	if (nfreed) {
 		cq->ci += nfreed;
-		vrdma_cq_consumed(cq);
+		/* The freed slots go back to the device. */
+		atomic_store_explicit(db_word(cq->db, DB_CQ_CI), cq->ci,
+				      memory_order_release);
 	}
 out:
 	if (!cq->single_threaded)
 		pthread_spin_unlock(&cq->lock);
 }
 
-void vrdma_qp_reset_cqs(struct ibv_qp *qp)
+/* The QP's completions not polled yet leave its CQs. */
+static void reset_cqs(struct ibv_qp *qp)
 {
 	if (qp->send_cq)
 		cq_clean(to_vcq(qp->send_cq), qp->qp_num);
 	if (qp->recv_cq && qp->recv_cq != qp->send_cq)
 		cq_clean(to_vcq(qp->recv_cq), qp->qp_num);
+}
+
+int vrdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr,
+		    int attr_mask)
+{
+	struct ibv_modify_qp cmd;
+	int ret;
+
+	ret = ibv_cmd_modify_qp(ibqp, attr, attr_mask, &cmd, sizeof(cmd));
+	if (ret || !(attr_mask & IBV_QP_STATE))
+		return ret;
+	atomic_store_explicit(&to_vqp(ibqp)->state, attr->qp_state,
+			      memory_order_relaxed);
+	if (attr->qp_state == IBV_QPS_RESET)
+		reset_cqs(ibqp);
+	return 0;
 }
