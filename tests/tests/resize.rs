@@ -319,3 +319,23 @@ fn rereg_of_a_region_with_a_bound_window_is_busy() {
         .expect("no window bound any more");
     assert_eq!(target.mr.access(), access::LOCAL_WRITE);
 }
+
+/// Spec 12.25: sends posted and not completed yet count as the CQ's:
+/// a resize right after posting them, whether or not the engine has
+/// completed any, is refused below their number, and all arrive.
+#[test]
+fn cq_shrink_below_posted_sends_is_refused() {
+    let (_d, a, b) = two_vms();
+    let (cqa, _cqb, qa, _qb) = pair(&a, &b, 32);
+    let src = Buf::new(&a, 4096);
+    let dst = Buf::new(&b, 4096);
+    for round in 0..20u64 {
+        writes(&qa, &src, &dst, round * 20, 20);
+        assert_eq!(status(cqa.resize(8)), (Status::RANGE, 4));
+        for (i, wc) in poll_n(&cqa, 20).iter().enumerate() {
+            ok(wc, round * 20 + i as u64, WcOpcode::RDMA_WRITE);
+        }
+    }
+    assert_quiet(&cqa);
+    cqa.resize(8).expect("nothing outstanding");
+}

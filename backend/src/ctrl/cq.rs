@@ -2,13 +2,14 @@
 
 use virtio_rdma_abi::config::F_RESIZE;
 use virtio_rdma_abi::ctrl::{Opcode, Status};
-use virtio_rdma_abi::datapath::{cqe_owner, CqDoorbell, CQE_OWNER_OFFSET};
+use virtio_rdma_abi::datapath::{cqe_owner, CqDoorbell, QpDoorbell, CQE_OWNER_OFFSET};
 use virtio_rdma_abi::mem::CQE_SIZE;
 use virtio_rdma_abi::verbs::*;
 use virtio_rdma_abi::Wire;
 use vm_memory::{GuestAddress, GuestMemoryBackend};
 
 use super::parse::{depth, destroy_error, field, fixed, with_list};
+use super::qp::ring_pi;
 use super::queue_mem::init_device_half;
 use super::ring_copy::{copy_entries, Ring};
 use super::{quota, CmdError, CmdResult, DETAIL_DB_RECORD};
@@ -83,7 +84,10 @@ impl VmState {
         // The entries the driver has not consumed; a consumer index
         // outside the last `old_depth` entries is the driver's error.
         let unpolled = pi.wrapping_sub(ci);
-        if unpolled > old_depth || unpolled > req.depth {
+        if unpolled > old_depth
+            || u64::from(unpolled).saturating_add(self.pending_sends(mem, req.cq_handle))
+                > u64::from(req.depth)
+        {
             return Err(field::<ResizeCqReq>(Status::RANGE, "depth"));
         }
         let bytes = u64::from(req.depth).saturating_mul(u64::from(CQE_SIZE));
@@ -103,6 +107,26 @@ impl VmState {
             cq_handle: req.cq_handle,
         }
         .to_bytes())
+    }
+}
+
+impl VmState {
+    /// Send WQEs posted and not completed yet on the QPs whose send
+    /// queue completes into CQ `cq` (at most each queue's depth): their
+    /// completions are still to come, and a resized CQ must hold them
+    /// (spec 12.25). The producer indices are the driver's; a false one
+    /// only makes a resize of its own CQ fail.
+    fn pending_sends<M: GuestMemoryBackend>(&self, mem: &M, cq: u32) -> u64 {
+        self.res
+            .qps
+            .iter()
+            .filter(|(_, q)| q.send_cq == cq)
+            .map(|(_, q)| {
+                ring_pi(q, mem, 0, QpDoorbell::SQ_PI)
+                    .map_or(0, |pi| pi.wrapping_sub(q.rt.sq_ci).min(q.sq_depth))
+            })
+            .map(u64::from)
+            .sum()
     }
 }
 
