@@ -441,6 +441,14 @@ int vrdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 		   struct ib_qp_init_attr *init);
 int vrdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata);
 
+/* virtio_rdma_resize.c */
+int vrdma_resize_cq(struct ib_cq *ibcq, int cqe, struct ib_udata *udata);
+int vrdma_resize_srq(struct vrdma_srq *srq, const struct ib_srq_attr *attr,
+		     u32 dev_mask, struct ib_udata *udata);
+struct ib_mr *vrdma_rereg_user_mr(struct ib_mr *ibmr, int flags, u64 start,
+				  u64 length, u64 virt_addr, int ib_access,
+				  struct ib_pd *ibpd, struct ib_udata *udata);
+
 /* virtio_rdma_srq.c */
 int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 		     struct ib_udata *udata);
@@ -450,14 +458,6 @@ int vrdma_query_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr);
 int vrdma_destroy_srq(struct ib_srq *ibsrq, struct ib_udata *udata);
 int vrdma_post_srq_recv(struct ib_srq *ibsrq, const struct ib_recv_wr *wr,
 			const struct ib_recv_wr **bad_wr);
-
-/* virtio_rdma_resize.c */
-int vrdma_resize_cq(struct ib_cq *ibcq, int cqe, struct ib_udata *udata);
-int vrdma_resize_srq(struct vrdma_srq *srq, const struct ib_srq_attr *attr,
-		     u32 dev_mask, struct ib_udata *udata);
-struct ib_mr *vrdma_rereg_user_mr(struct ib_mr *ibmr, int flags, u64 start,
-				  u64 length, u64 virt_addr, int ib_access,
-				  struct ib_pd *ibpd, struct ib_udata *udata);
 
 /* virtio_rdma_event.c */
 void vrdma_event(struct vrdma_dev *dev, const struct virtio_rdma_event *ev);
