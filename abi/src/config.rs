@@ -18,6 +18,9 @@ pub const F_GSI: u64 = 1 << 4;
 /// `REG_MR`, `LOCAL_INV` and `SEND_WITH_INV` work requests with remote
 /// invalidation.
 pub const F_MEM_MGT: u64 = 1 << 5;
+/// Feature bit (ABI version 3): resizing — `RESIZE_CQ`, `MODIFY_SRQ` with
+/// `SRQ_ATTR_MAX_WR` and a new ring, `REREG_MR`.
+pub const F_RESIZE: u64 = 1 << 6;
 /// Feature bit (ABI version 3): memory windows, type 1 and type 2
 /// (`ALLOC_MW`, `DEALLOC_MW`, the `BIND_MW` work request; invalidation of
 /// type 2 windows by `LOCAL_INV` and `SEND_WITH_INV` needs `F_MEM_MGT`).
@@ -30,7 +33,7 @@ pub const F_MCAST: u64 = 1 << 10;
 
 /// All device-specific feature bits this ABI version defines.
 pub const ALL_DEVICE_FEATURES: u64 =
-    F_UD | F_SRQ | F_ATOMIC | F_SHMEM_DOORBELL | F_GSI | F_MEM_MGT | F_MW | F_UC | F_MCAST;
+    F_UD | F_SRQ | F_ATOMIC | F_SHMEM_DOORBELL | F_GSI | F_MEM_MGT | F_RESIZE | F_MW | F_UC | F_MCAST;
 
 /// The device-specific feature bits ABI version 2 defines: all a device
 /// that reports version 2 may offer.

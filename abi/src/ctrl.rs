@@ -88,12 +88,17 @@ code_enum! {
         CREATE_CQ = 0x30,
         /// Destroy a completion queue.
         DESTROY_CQ = 0x31,
+        /// Give a completion queue a new ring of another depth (`F_RESIZE`).
+        RESIZE_CQ = 0x32,
         /// Register a memory region.
         REG_MR = 0x40,
         /// Deregister a memory region.
         DEREG_MR = 0x41,
         /// Allocate a memory region for fast registration (`F_MEM_MGT`).
         ALLOC_MR = 0x42,
+        /// Change a memory region's translation, PD or access, keeping its
+        /// keys (`F_RESIZE`).
+        REREG_MR = 0x43,
         /// Allocate a memory window (`F_MW`).
         ALLOC_MW = 0x44,
         /// Free a memory window (`F_MW`).

@@ -287,6 +287,20 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// RESIZE_CQ request (`F_RESIZE`; followed by the page list of `buf`).
+    /// The response is [`CqHandleResp`], the CQ's handle unchanged.
+    pub struct ResizeCqReq {
+        /// The CQ.
+        cq_handle: u32,
+        /// New number of CQEs, a power of two, at least the entries the
+        /// driver has not consumed yet.
+        depth: u32,
+        /// The new ring: `depth * CQE_SIZE` bytes.
+        buf: BufferDesc,
+    }
+}
+
+wire_struct! {
     /// REG_MR request (followed by the page list of `buf`).
     pub struct RegMrReq {
         /// Protection domain.
@@ -319,6 +333,38 @@ wire_struct! {
     pub struct MrHandleReq {
         /// An MR handle.
         mr_handle: u32,
+    }
+}
+
+/// `ReregMrReq::flags` bit: new pages, `iova` and `length` (`buf`).
+pub const REREG_TRANSLATION: u32 = 1 << 0;
+/// `ReregMrReq::flags` bit: a new protection domain (`pd_handle`).
+pub const REREG_PD: u32 = 1 << 1;
+/// `ReregMrReq::flags` bit: new access flags (`access`).
+pub const REREG_ACCESS: u32 = 1 << 2;
+/// Every `ReregMrReq::flags` bit.
+pub const REREG_ALL: u32 = REREG_TRANSLATION | REREG_PD | REREG_ACCESS;
+
+wire_struct! {
+    /// REREG_MR request (`F_RESIZE`; followed by the page list of `buf`,
+    /// empty without `REREG_TRANSLATION`). The response is [`RegMrResp`]:
+    /// the same `mr_handle` and `lkey`, the same `rkey` once the region
+    /// has one.
+    pub struct ReregMrReq {
+        /// The MR (a `REG_MR` region).
+        mr_handle: u32,
+        /// `REREG_*` bits: what changes (at least one).
+        flags: u32,
+        /// New protection domain (`REREG_PD`), of the MR's context.
+        pd_handle: u32,
+        /// New access flags (`REREG_ACCESS`).
+        access: u32,
+        /// New address (`REREG_TRANSLATION`).
+        iova: u64,
+        /// New length in bytes (`REREG_TRANSLATION`).
+        length: u64,
+        /// The new pages (`REREG_TRANSLATION`; all zero otherwise).
+        buf: BufferDesc,
     }
 }
 
@@ -559,8 +605,8 @@ wire_struct! {
     }
 }
 
-/// `ModifySrqReq::attr_mask` bit: change the depth (not supported: the ring
-/// memory is fixed at creation).
+/// `ModifySrqReq::attr_mask` bit: change the depth (`F_RESIZE`; the
+/// request is then a [`ModifySrqResizeReq`]).
 pub const SRQ_ATTR_MAX_WR: u32 = 1 << 0;
 /// `ModifySrqReq::attr_mask` bit: arm the limit.
 pub const SRQ_ATTR_LIMIT: u32 = 1 << 1;
@@ -576,6 +622,24 @@ wire_struct! {
         max_wr: u32,
         /// New limit (`SRQ_ATTR_LIMIT`).
         limit: u32,
+    }
+}
+
+wire_struct! {
+    /// MODIFY_SRQ request with `SRQ_ATTR_MAX_WR` (`F_RESIZE`): a
+    /// [`ModifySrqReq`] extended by the new ring, followed by its page
+    /// list. A request without `SRQ_ATTR_MAX_WR` is a [`ModifySrqReq`].
+    pub struct ModifySrqResizeReq {
+        /// The SRQ.
+        srq_handle: u32,
+        /// `SRQ_ATTR_*` bits, `SRQ_ATTR_MAX_WR` among them.
+        attr_mask: u32,
+        /// New depth, a power of two.
+        max_wr: u32,
+        /// New limit (`SRQ_ATTR_LIMIT`).
+        limit: u32,
+        /// The new ring: `max_wr << wqe_shift` bytes.
+        buf: BufferDesc,
     }
 }
 
@@ -627,9 +691,11 @@ impl Opcode {
             DEALLOC_PD => ("PdHandleReq", false, "none"),
             CREATE_CQ => ("CreateCqReq", true, "CqHandleResp"),
             DESTROY_CQ => ("CqHandleReq", false, "none"),
+            RESIZE_CQ => ("ResizeCqReq", true, "CqHandleResp"),
             REG_MR => ("RegMrReq", true, "RegMrResp"),
             DEREG_MR => ("MrHandleReq", false, "none"),
             ALLOC_MR => ("AllocMrReq", false, "RegMrResp"),
+            REREG_MR => ("ReregMrReq", true, "RegMrResp"),
             ALLOC_MW => ("AllocMwReq", false, "AllocMwResp"),
             DEALLOC_MW => ("MwHandleReq", false, "none"),
             CREATE_QP => ("CreateQpReq", true, "CreateQpResp"),

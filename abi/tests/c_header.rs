@@ -98,6 +98,7 @@ fn render() -> String {
         ("F_SHMEM_DOORBELL", config::F_SHMEM_DOORBELL),
         ("F_GSI", config::F_GSI),
         ("F_MEM_MGT", config::F_MEM_MGT),
+        ("F_RESIZE", config::F_RESIZE),
         ("F_MW", config::F_MW),
         ("F_UC", config::F_UC),
         ("F_MCAST", config::F_MCAST),
@@ -136,6 +137,23 @@ fn render() -> String {
         (
             "MAX_MCAST_QP_ATTACH",
             u64::from(virtio_rdma_abi::verbs::MAX_MCAST_QP_ATTACH),
+        ),
+        (
+            "REREG_TRANSLATION",
+            u64::from(virtio_rdma_abi::verbs::REREG_TRANSLATION),
+        ),
+        ("REREG_PD", u64::from(virtio_rdma_abi::verbs::REREG_PD)),
+        (
+            "REREG_ACCESS",
+            u64::from(virtio_rdma_abi::verbs::REREG_ACCESS),
+        ),
+        (
+            "SRQ_ATTR_MAX_WR",
+            u64::from(virtio_rdma_abi::verbs::SRQ_ATTR_MAX_WR),
+        ),
+        (
+            "SRQ_ATTR_LIMIT",
+            u64::from(virtio_rdma_abi::verbs::SRQ_ATTR_LIMIT),
         ),
         ("DB_DRIVER_OFFSET", datapath::DB_DRIVER_OFFSET),
         ("DB_DEVICE_OFFSET", datapath::DB_DEVICE_OFFSET),

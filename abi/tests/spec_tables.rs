@@ -407,6 +407,7 @@ fn feature_constants() -> Vec<(&'static str, u64)> {
         ("F_SHMEM_DOORBELL", config::F_SHMEM_DOORBELL),
         ("F_GSI", config::F_GSI),
         ("F_MEM_MGT", config::F_MEM_MGT),
+        ("F_RESIZE", config::F_RESIZE),
         ("F_MW", config::F_MW),
         ("F_UC", config::F_UC),
         ("F_MCAST", config::F_MCAST),

@@ -130,6 +130,9 @@ pub struct Caps {
     pub uc: bool,
     /// Whether the RNIC runs UD multicast (`F_MCAST`, spec 18.11.7).
     pub mcast: bool,
+    /// Whether CQs and SRQs may get new rings and regions new pages, PD
+    /// and access (`F_RESIZE`, spec 12.19, 12.25, 12.26).
+    pub resize: bool,
     /// The GID table each VM's port has on this RNIC.
     pub gids: PortGids,
     /// Whether the RNIC carries the MADs of a GSI QP (`F_GSI`, spec
@@ -160,7 +163,9 @@ impl Caps {
     /// offer: all of them but `F_MEM_MGT` without fast registration,
     /// `F_MW` without memory windows and `F_UC` without UC.
     pub fn features(&self) -> u64 {
-        use virtio_rdma_abi::config::{ALL_DEVICE_FEATURES, F_MCAST, F_MEM_MGT, F_MW, F_UC};
+        use virtio_rdma_abi::config::{
+            ALL_DEVICE_FEATURES, F_MCAST, F_MEM_MGT, F_MW, F_RESIZE, F_UC,
+        };
         let mut features = ALL_DEVICE_FEATURES;
         if self.max_fast_reg_pages == 0 {
             features &= !F_MEM_MGT;
@@ -173,6 +178,9 @@ impl Caps {
         }
         if !self.mcast {
             features &= !F_MCAST;
+        }
+        if !self.resize {
+            features &= !F_RESIZE;
         }
         features
     }
@@ -360,6 +368,20 @@ pub trait RnicObjects: Send + Sync {
 
     /// Deregisters the region with `keys`; they may be handed out again.
     fn dereg_mr(&self, keys: MrKeys);
+
+    /// Re-registers the region with `keys` as `mr` now is (`REREG_MR`,
+    /// spec 12.26): the lkey stays, the rkey stays once the region has
+    /// one, and one is drawn when `mr` first needs it. Returns the keys.
+    /// An RNIC without `Caps::resize` refuses, and the region is as it
+    /// was.
+    fn rereg_mr(
+        &self,
+        _owner: Owner,
+        _keys: MrKeys,
+        _mr: &MrSpec<'_>,
+    ) -> Result<MrKeys, RnicError> {
+        Err(RnicError::Invalid)
+    }
 
     /// Draws the key of fast-registration region `owner` (`ALLOC_MR`,
     /// `F_MEM_MGT`; spec 12.22): its lkey and rkey. Bits 31 to 8 are

@@ -5,14 +5,14 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use virtio_rdma_abi::config::F_RESIZE;
 use virtio_rdma_abi::ctrl::Opcode;
 use virtio_rdma_abi::datapath::{cqe_owner, Cqe, ARM_NEXT, ARM_SOLICITED, CQE_OWNER_OFFSET};
 use virtio_rdma_abi::mem::CQE_SIZE;
-use virtio_rdma_abi::verbs::{CqHandleReq, CqHandleResp, CreateCqReq};
+use virtio_rdma_abi::verbs::{CqHandleReq, CqHandleResp, CreateCqReq, ResizeCqReq};
 use virtio_rdma_abi::Field;
 
 use crate::device::{outcome_unknown, Device};
-#[cfg(test)]
 use crate::dma::DmaBuf;
 use crate::doorbell::off;
 #[cfg(test)]
@@ -31,6 +31,11 @@ struct CqState {
     ci: u32,
     /// Sequence number of the last arm request written.
     arm_seq: u32,
+    /// Number of entries.
+    depth: u32,
+    /// The ring `RESIZE_CQ` gave the CQ last, if any (the first one is
+    /// `Cq::mem`'s).
+    ring: Option<DmaBuf>,
 }
 
 /// A completion queue (`CREATE_CQ`), destroyed on drop. QPs hold an
@@ -42,25 +47,26 @@ struct CqState {
 pub struct Cq {
     dev: Device,
     handle: u32,
-    depth: u32,
     mem: ManuallyDrop<QueueMem>,
     state: Mutex<CqState>,
+}
+
+/// The depth of a CQ of at least `cqe` entries on a device whose maximum
+/// is `max`.
+fn depth_for(cqe: u32, max: u32) -> Result<u32> {
+    cqe.max(1)
+        .checked_next_power_of_two()
+        .filter(|d| *d <= max)
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!("CQ of {cqe} entries (device maximum {max})"))
+        })
 }
 
 impl Cq {
     /// Creates a CQ of at least `cqe` entries (rounded up to a power of two).
     pub fn create(dev: &Device, cqe: u32) -> Result<Arc<Cq>> {
         let inner = &dev.inner;
-        let depth = cqe
-            .max(1)
-            .checked_next_power_of_two()
-            .filter(|d| *d <= inner.config.max_cqe)
-            .ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "CQ of {cqe} entries (device maximum {})",
-                    inner.config.max_cqe
-                ))
-            })?;
+        let depth = depth_for(cqe, inner.config.max_cqe)?;
         let t = &*inner.transport;
         let mem = QueueMem::alloc(t, depth as usize * CQE_SIZE as usize)?;
         let list = page_list::build(
@@ -90,10 +96,53 @@ impl Cq {
         Ok(Arc::new(Cq {
             dev: dev.clone(),
             handle: r.cq_handle,
-            depth,
             mem: ManuallyDrop::new(mem),
-            state: Mutex::new(CqState::default()),
+            state: Mutex::new(CqState {
+                depth,
+                ..CqState::default()
+            }),
         }))
+    }
+
+    /// `RESIZE_CQ` (needs `F_RESIZE`): a new ring of at least `cqe`
+    /// entries (a power of two), into which the device copies the
+    /// completions not polled yet. Polls wait meanwhile; none is lost.
+    pub fn resize(&self, cqe: u32) -> Result<()> {
+        let inner = &self.dev.inner;
+        inner.require(F_RESIZE)?;
+        let depth = depth_for(cqe, inner.config.max_cqe)?;
+        let t = &*inner.transport;
+        let shift = t.dma_page_shift();
+        let bytes = depth as usize * CQE_SIZE as usize;
+        let buf = DmaBuf::new(t.alloc_dma(bytes, 1usize << shift)?)?;
+        buf.fill(0, bytes, 0)?;
+        let list = page_list::build(
+            t,
+            buf.pages(),
+            buf.page_shift(),
+            0,
+            inner.config.max_inline_pages,
+            ResizeCqReq::SIZE,
+        )?;
+        let mut st = self.lock();
+        // The device copies from the consumer index in the record.
+        self.mem.db.store(off::CQ_CI, st.ci);
+        let req = ResizeCqReq {
+            cq_handle: self.handle,
+            depth,
+            buf: list.desc,
+        };
+        if let Err(e) = inner.cmd::<CqHandleResp>(Opcode::RESIZE_CQ, &req, &list.tail) {
+            if outcome_unknown(&e) {
+                // The device may use either ring.
+                std::mem::forget((buf, list));
+            }
+            return Err(e);
+        }
+        st.depth = depth;
+        // The previous replacement ring is no longer the device's.
+        drop(st.ring.replace(buf));
+        Ok(())
     }
 
     fn lock(&self) -> MutexGuard<'_, CqState> {
@@ -107,7 +156,7 @@ impl Cq {
 
     /// Number of entries.
     pub fn depth(&self) -> u32 {
-        self.depth
+        self.lock().depth
     }
 
     /// The device the CQ belongs to.
@@ -123,14 +172,18 @@ impl Cq {
     /// slots back to the device.
     pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
         let mut st = self.lock();
-        let ring = &self.mem.buf;
+        let CqState {
+            ci, depth, ring, ..
+        } = &mut *st;
+        let ring = ring.as_ref().unwrap_or(&self.mem.buf);
+        let depth = *depth;
         let mut n = 0;
         while n < out.len() {
-            let slot = ((st.ci & (self.depth - 1)) * CQE_SIZE) as usize;
+            let slot = ((*ci & (depth - 1)) * CQE_SIZE) as usize;
             let owner = ring
                 .atomic_u8(slot + CQE_OWNER_OFFSET as usize)
                 .load(Ordering::Acquire);
-            if owner != cqe_owner(st.ci, self.depth) {
+            if owner != cqe_owner(*ci, depth) {
                 break;
             }
             let mut raw = [0u8; CQE_SIZE as usize];
@@ -138,11 +191,11 @@ impl Cq {
                 break;
             }
             out[n] = WorkCompletion::from_cqe(&Cqe::read(&raw));
-            st.ci = st.ci.wrapping_add(1);
+            *ci = ci.wrapping_add(1);
             n += 1;
         }
         if n > 0 {
-            self.mem.db.store(off::CQ_CI, st.ci);
+            self.mem.db.store(off::CQ_CI, *ci);
         }
         n
     }
@@ -213,7 +266,10 @@ impl Drop for Cq {
             // SAFETY: `mem` is dropped exactly once, here, and not used
             // afterwards.
             unsafe { ManuallyDrop::drop(&mut self.mem) };
+        } else {
+            // The device may still write the rings: leak them.
+            let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+            std::mem::forget(st.ring.take());
         }
-        // Otherwise the device may still write the ring: leak it.
     }
 }

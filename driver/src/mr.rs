@@ -2,9 +2,12 @@
 
 use std::sync::Arc;
 
+use virtio_rdma_abi::config::F_RESIZE;
 use virtio_rdma_abi::ctrl::Opcode;
 use virtio_rdma_abi::datapath::Sge;
-use virtio_rdma_abi::verbs::{MrHandleReq, RegMrReq, RegMrResp};
+use virtio_rdma_abi::verbs::{
+    MrHandleReq, RegMrReq, RegMrResp, ReregMrReq, REREG_ACCESS, REREG_PD,
+};
 use virtio_rdma_abi::Field;
 
 use crate::device::outcome_unknown;
@@ -159,6 +162,70 @@ impl Mr {
                 Err(e)
             }
         }
+    }
+
+    /// `REREG_MR` (needs `F_RESIZE`): `flags` (`REREG_*`) say which of
+    /// `pd`, `access` and the pages of `buf` (the whole buffer) change. The
+    /// keys stay; an rkey appears when remote access is first granted.
+    pub fn rereg(
+        &mut self,
+        flags: u32,
+        pd: Option<&Arc<Pd>>,
+        access: u32,
+        buf: Option<Arc<DmaBuf>>,
+    ) -> Result<()> {
+        let dev = &self.pd.dev.inner;
+        dev.require(F_RESIZE)?;
+        let spec = buf
+            .as_ref()
+            .map(|b| MrPages::of_buf(b, 0, b.len()))
+            .transpose()?;
+        let list = match &spec {
+            Some(spec) => Some(page_list::build(
+                &*dev.transport,
+                spec.pages,
+                spec.page_shift,
+                spec.first_page_offset,
+                dev.config.max_inline_pages,
+                ReregMrReq::SIZE,
+            )?),
+            None => None,
+        };
+        let req = ReregMrReq {
+            mr_handle: self.handle,
+            flags,
+            pd_handle: pd.map_or(0, |p| p.handle),
+            access,
+            iova: spec.as_ref().map_or(0, |s| s.iova),
+            length: spec.as_ref().map_or(0, |s| s.length),
+            buf: list.as_ref().map(|l| l.desc).unwrap_or_default(),
+        };
+        let range = spec.as_ref().map(|s| (s.iova, s.length));
+        let tail = list.as_ref().map_or(&[][..], |l| &l.tail[..]);
+        let r = match dev.cmd::<RegMrResp>(Opcode::REREG_MR, &req, tail) {
+            Ok(r) => r,
+            Err(e) => {
+                if outcome_unknown(&e) {
+                    // The device may use the new pages: keep them.
+                    std::mem::forget((list, buf));
+                }
+                return Err(e);
+            }
+        };
+        (self.lkey, self.rkey) = (r.lkey, r.rkey);
+        if flags & REREG_PD != 0 {
+            if let Some(pd) = pd {
+                self.pd = pd.clone();
+            }
+        }
+        if flags & REREG_ACCESS != 0 {
+            self.access = access;
+        }
+        if let (Some((iova, length)), Some(b)) = (range, buf) {
+            (self.iova, self.length) = (iova, length);
+            self.buf = Some(b);
+        }
+        Ok(())
     }
 
     /// The device handle.

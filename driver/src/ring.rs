@@ -196,6 +196,22 @@ pub(crate) fn post_encoded(
     regs: WqRegs,
     producer: &Mutex<Producer>,
     n: usize,
+    encode: impl FnMut(usize, &mut Vec<u8>) -> Result<()>,
+) -> Result<bool> {
+    post_encoded_into(transport, mem, &mem.buf, ring, regs, producer, n, encode)
+}
+
+/// [`post_encoded`] into ring memory `buf` instead of `mem`'s own (a
+/// resized SRQ's).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn post_encoded_into(
+    transport: &dyn Transport,
+    mem: &QueueMem,
+    buf: &DmaBuf,
+    ring: &RingGeometry,
+    regs: WqRegs,
+    producer: &Mutex<Producer>,
+    n: usize,
     mut encode: impl FnMut(usize, &mut Vec<u8>) -> Result<()>,
 ) -> Result<bool> {
     if n == 0 {
@@ -212,7 +228,7 @@ pub(crate) fn post_encoded(
     p.reserve(n, ring.depth, || mem.db.load(regs.ci))?;
     let mut start = 0;
     for &end in &p.ends {
-        write_slot(&mem.buf, ring, p.pi, &p.buf[start..end]);
+        write_slot(buf, ring, p.pi, &p.buf[start..end]);
         p.pi = p.pi.wrapping_add(1);
         start = end;
     }

@@ -1,22 +1,24 @@
 //! Shared receive queues.
 
 use std::mem::ManuallyDrop;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use virtio_rdma_abi::config::F_SRQ;
+use virtio_rdma_abi::config::{F_RESIZE, F_SRQ};
 use virtio_rdma_abi::ctrl::Opcode;
 use virtio_rdma_abi::mem::recv_wqe_shift;
 use virtio_rdma_abi::verbs::{
-    CreateSrqReq, CreateSrqResp, ModifySrqReq, QuerySrqResp, SrqHandleReq, SRQ_ATTR_LIMIT,
+    CreateSrqReq, CreateSrqResp, ModifySrqReq, ModifySrqResizeReq, QuerySrqResp, SrqHandleReq,
+    SRQ_ATTR_LIMIT, SRQ_ATTR_MAX_WR,
 };
 use virtio_rdma_abi::Field;
 
 use crate::device::outcome_unknown;
+use crate::dma::DmaBuf;
 use crate::doorbell::off;
 use crate::error::{Error, Result};
 use crate::page_list;
 use crate::pd::Pd;
-use crate::ring::{post_encoded, Producer, QueueMem, RingGeometry, WqRegs};
+use crate::ring::{post_encoded_into, Producer, QueueMem, RingGeometry, WqRegs};
 use crate::wr::{encode_recv_at, RecvWr};
 
 const SRQ_REGS: WqRegs = WqRegs {
@@ -32,9 +34,19 @@ pub struct Srq {
     pd: Arc<Pd>,
     handle: u32,
     max_sge: u32,
-    ring: RingGeometry,
+    /// The ring's geometry and, once resized, its memory; posts hold it.
+    ring: Mutex<SrqRing>,
     mem: ManuallyDrop<QueueMem>,
     prod: Mutex<Producer>,
+}
+
+/// An SRQ's ring as it is now.
+#[derive(Debug)]
+struct SrqRing {
+    geometry: RingGeometry,
+    /// The ring `MODIFY_SRQ` with `SRQ_ATTR_MAX_WR` gave the SRQ last, if
+    /// any (the first one is `Srq::mem`'s).
+    buf: Option<DmaBuf>,
 }
 
 impl Srq {
@@ -91,7 +103,10 @@ impl Srq {
             pd: pd.clone(),
             handle: r.srq_handle,
             max_sge,
-            ring,
+            ring: Mutex::new(SrqRing {
+                geometry: ring,
+                buf: None,
+            }),
             mem: ManuallyDrop::new(mem),
             prod: Mutex::new(Producer::default()),
         };
@@ -120,7 +135,56 @@ impl Srq {
 
     /// Number of WQEs.
     pub fn depth(&self) -> u32 {
-        self.ring.depth
+        self.lock_ring().geometry.depth
+    }
+
+    fn lock_ring(&self) -> MutexGuard<'_, SrqRing> {
+        self.ring.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `MODIFY_SRQ` with `SRQ_ATTR_MAX_WR` (needs `F_RESIZE`): a new ring
+    /// of at least `max_wr` WQEs (a power of two), into which the device
+    /// copies the WQEs posted and not consumed yet. Posts wait meanwhile.
+    pub fn resize(&self, max_wr: u32) -> Result<()> {
+        let inner = &self.pd.dev.inner;
+        inner.require(F_RESIZE)?;
+        let depth = max_wr
+            .max(1)
+            .checked_next_power_of_two()
+            .ok_or_else(|| Error::InvalidArgument(format!("SRQ of {max_wr} WQEs")))?;
+        let mut r = self.lock_ring();
+        let shift = r.geometry.shift;
+        let t = &*inner.transport;
+        let page_shift = t.dma_page_shift();
+        let bytes = (depth as usize) << shift;
+        let buf = DmaBuf::new(t.alloc_dma(bytes, 1usize << page_shift)?)?;
+        buf.fill(0, bytes, 0)?;
+        let list = page_list::build(
+            t,
+            buf.pages(),
+            buf.page_shift(),
+            0,
+            inner.config.max_inline_pages,
+            ModifySrqResizeReq::SIZE,
+        )?;
+        let req = ModifySrqResizeReq {
+            srq_handle: self.handle,
+            attr_mask: SRQ_ATTR_MAX_WR,
+            max_wr: depth,
+            limit: 0,
+            buf: list.desc,
+        };
+        let bytes = virtio_rdma_abi::Wire::to_bytes(&req);
+        if let Err(e) = inner.execute(Opcode::MODIFY_SRQ, &[&bytes, &list.tail], 0) {
+            if outcome_unknown(&e) {
+                // The device may use either ring.
+                std::mem::forget((buf, list));
+            }
+            return Err(e);
+        }
+        r.geometry.depth = depth;
+        drop(r.buf.replace(buf));
+        Ok(())
     }
 
     /// SGEs per WQE.
@@ -135,11 +199,13 @@ impl Srq {
 
     /// Posts receive work requests (all or none).
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
-        let (max_sge, stride) = (self.max_sge, self.ring.stride());
-        post_encoded(
+        let r = self.lock_ring();
+        let (max_sge, stride) = (self.max_sge, r.geometry.stride());
+        post_encoded_into(
             &*self.pd.dev.inner.transport,
             &self.mem,
-            &self.ring,
+            r.buf.as_ref().unwrap_or(&self.mem.buf),
+            &r.geometry,
             SRQ_REGS,
             &self.prod,
             wrs.len(),
@@ -186,6 +252,10 @@ impl Drop for Srq {
             // SAFETY: `mem` is dropped exactly once, here, and not used
             // afterwards.
             unsafe { ManuallyDrop::drop(&mut self.mem) };
+        } else {
+            // The device may still read the rings: leak them.
+            let r = self.ring.get_mut().unwrap_or_else(PoisonError::into_inner);
+            std::mem::forget(r.buf.take());
         }
     }
 }

@@ -292,6 +292,37 @@ pub enum Op {
         max_wr: u16,
         /// limit.
         limit: u16,
+        /// With `SRQ_ATTR_MAX_WR`, the new ring (`F_RESIZE`; without it
+        /// the version 2 form, which the device refuses then).
+        buf: Option<ListIn>,
+    },
+    /// RESIZE_CQ (`F_RESIZE`).
+    ResizeCq {
+        /// CQ.
+        cq: H,
+        /// log2 of the new depth.
+        depth_log: u8,
+        /// New ring.
+        buf: ListIn,
+    },
+    /// REREG_MR (`F_RESIZE`).
+    ReregMr {
+        /// MR.
+        mr: H,
+        /// `REREG_*` flags (modulo 16: 0 and 8 invalid).
+        flags: u8,
+        /// New PD.
+        pd: H,
+        /// New access flags (low bits).
+        access: u8,
+        /// New iova.
+        iova: u64,
+        /// New length.
+        length: u32,
+        /// Offset in the first page.
+        first_page_offset: u16,
+        /// New pages.
+        buf: ListIn,
     },
     /// QUERY_SRQ.
     QuerySrq(H),
@@ -1068,16 +1099,92 @@ impl Vm {
                 mask,
                 max_wr,
                 limit,
-            } => (
-                Opcode::MODIFY_SRQ,
-                ModifySrqReq {
-                    srq_handle: pick(&m.srq, *srq),
-                    attr_mask: u32::from(*mask % 8),
-                    max_wr: u32::from(*max_wr),
-                    limit: u32::from(*limit),
+                buf,
+            } => {
+                let srq_handle = pick(&m.srq, *srq);
+                let attr_mask = u32::from(*mask % 8);
+                match buf {
+                    Some(buf) if attr_mask & SRQ_ATTR_MAX_WR != 0 => {
+                        // Mostly a power of two, the stride the SRQ has.
+                        let max_wr = if *max_wr < 0xf000 {
+                            depth((*max_wr % 9) as u8)
+                        } else {
+                            u32::from(*max_wr)
+                        };
+                        let shift = m
+                            .srq
+                            .iter()
+                            .find(|o| o.h == srq_handle)
+                            .map_or(5, |o| o.extra as u32);
+                        let bytes = u64::from(max_wr) << shift.min(16);
+                        let (desc, tail) = page_list(&self.mem, buf, bytes, 0);
+                        let mut p = ModifySrqResizeReq {
+                            srq_handle,
+                            attr_mask,
+                            max_wr,
+                            limit: u32::from(*limit),
+                            buf: desc,
+                        }
+                        .to_bytes();
+                        p.extend_from_slice(&tail);
+                        (Opcode::MODIFY_SRQ, p)
+                    }
+                    _ => (
+                        Opcode::MODIFY_SRQ,
+                        ModifySrqReq {
+                            srq_handle,
+                            attr_mask,
+                            max_wr: u32::from(*max_wr),
+                            limit: u32::from(*limit),
+                        }
+                        .to_bytes(),
+                    ),
                 }
-                .to_bytes(),
-            ),
+            }
+            Op::ResizeCq { cq, depth_log, buf } => {
+                let depth = depth(*depth_log);
+                let (desc, tail) =
+                    page_list(&self.mem, buf, u64::from(depth) * u64::from(CQE_SIZE), 0);
+                let mut p = ResizeCqReq {
+                    cq_handle: pick(&m.cq, *cq),
+                    depth,
+                    buf: desc,
+                }
+                .to_bytes();
+                p.extend_from_slice(&tail);
+                (Opcode::RESIZE_CQ, p)
+            }
+            Op::ReregMr {
+                mr,
+                flags,
+                pd,
+                access,
+                iova,
+                length,
+                first_page_offset,
+                buf,
+            } => {
+                let fpo = u32::from(*first_page_offset) % 4096;
+                let length = u64::from(*length % (3 << 18));
+                let flags = u32::from(*flags % 16);
+                let (desc, tail) = if flags & REREG_TRANSLATION != 0 {
+                    page_list(&self.mem, buf, length, fpo)
+                } else {
+                    (BufferDesc::default(), Vec::new())
+                };
+                let mut p = ReregMrReq {
+                    mr_handle: pick(&m.mr, *mr),
+                    flags,
+                    pd_handle: pick(&m.pd, *pd),
+                    access: u32::from(*access % 32),
+                    iova: *iova,
+                    length,
+                    buf: desc,
+                }
+                .to_bytes();
+                p.extend_from_slice(&tail);
+                (Opcode::REREG_MR, p)
+            }
             Op::QuerySrq(h) => (
                 Opcode::QUERY_SRQ,
                 SrqHandleReq {
@@ -1243,13 +1350,39 @@ impl Vm {
             }
             Opcode::DESTROY_AH => remove(&mut m.ah, u32_at(req, 0)),
             Opcode::CREATE_SRQ => {
-                let h = CreateSrqResp::read(resp).srq_handle;
-                new(&m.srq, h, "CREATE_SRQ");
+                let r = CreateSrqResp::read(resp);
+                new(&m.srq, r.srq_handle, "CREATE_SRQ");
                 m.srq.push(Obj {
-                    h,
+                    h: r.srq_handle,
                     ctx: ctx_of(&m.pd, u32_at(req, 0)),
-                    extra: 0,
+                    // Its WQE stride, which a resize's ring needs.
+                    extra: u64::from(r.wqe_shift),
                 });
+            }
+            Opcode::REREG_MR => {
+                let r = RegMrResp::read(resp);
+                let q = ReregMrReq::read(req);
+                assert_eq!(r.mr_handle, q.mr_handle, "REREG_MR answered for another MR");
+                let o =
+                    m.mr.iter_mut()
+                        .find(|o| o.h == q.mr_handle)
+                        .expect("REREG_MR of an MR the model does not know succeeded");
+                assert_ne!(o.extra, 0, "REREG_MR of a free ALLOC_MR region succeeded");
+                if q.flags & REREG_TRANSLATION != 0 {
+                    o.extra = q.length;
+                }
+            }
+            Opcode::RESIZE_CQ => {
+                let r = CqHandleResp::read(resp);
+                assert_eq!(
+                    r.cq_handle,
+                    u32_at(req, 0),
+                    "RESIZE_CQ answered for another CQ"
+                );
+                assert!(
+                    m.cq.iter().any(|o| o.h == r.cq_handle),
+                    "RESIZE_CQ of a CQ the model does not know succeeded"
+                );
             }
             Opcode::DESTROY_SRQ => remove(&mut m.srq, u32_at(req, 0)),
             _ => {}

@@ -293,6 +293,8 @@ struct vrdma_mr {
 	u32 max_pages;
 	/* get_dma_mr: the local DMA key, no device object (spec 18.28). */
 	bool dma;
+	/* REG_MR: the IB access flags, which a re-registration pins with. */
+	int access;
 };
 
 /* A memory window: the device's handle, which BIND_MW names (spec 18.29). */
@@ -442,6 +444,13 @@ int vrdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata);
 /* virtio_rdma_mcast.c */
 int vrdma_attach_mcast(struct ib_qp *ibqp, union ib_gid *gid, u16 lid);
 int vrdma_detach_mcast(struct ib_qp *ibqp, union ib_gid *gid, u16 lid);
+/* virtio_rdma_resize.c */
+int vrdma_resize_cq(struct ib_cq *ibcq, int cqe, struct ib_udata *udata);
+int vrdma_resize_srq(struct vrdma_srq *srq, const struct ib_srq_attr *attr,
+		     u32 dev_mask, struct ib_udata *udata);
+struct ib_mr *vrdma_rereg_user_mr(struct ib_mr *ibmr, int flags, u64 start,
+				  u64 length, u64 virt_addr, int ib_access,
+				  struct ib_pd *ibpd, struct ib_udata *udata);
 
 /* virtio_rdma_srq.c */
 int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,

@@ -31,6 +31,7 @@
 #define VIRTIO_RDMA_F_SHMEM_DOORBELL 3
 #define VIRTIO_RDMA_F_GSI 4
 #define VIRTIO_RDMA_F_MEM_MGT 5
+#define VIRTIO_RDMA_F_RESIZE 6
 #define VIRTIO_RDMA_F_MW 7
 #define VIRTIO_RDMA_F_UC 8
 #define VIRTIO_RDMA_F_MCAST 10
@@ -55,6 +56,11 @@
 #define VIRTIO_RDMA_MCAST_QPN 16777215
 #define VIRTIO_RDMA_MAX_MCAST_GRP 64
 #define VIRTIO_RDMA_MAX_MCAST_QP_ATTACH 16
+#define VIRTIO_RDMA_REREG_TRANSLATION 1
+#define VIRTIO_RDMA_REREG_PD 2
+#define VIRTIO_RDMA_REREG_ACCESS 4
+#define VIRTIO_RDMA_SRQ_ATTR_MAX_WR 1
+#define VIRTIO_RDMA_SRQ_ATTR_LIMIT 2
 #define VIRTIO_RDMA_DB_DRIVER_OFFSET 0
 #define VIRTIO_RDMA_DB_DEVICE_OFFSET 64
 #define VIRTIO_RDMA_DB_FLAG_KICK 1
@@ -110,9 +116,11 @@ enum virtio_rdma_opcode {
 	VIRTIO_RDMA_OP_DEALLOC_PD = 0x21,
 	VIRTIO_RDMA_OP_CREATE_CQ = 0x30,
 	VIRTIO_RDMA_OP_DESTROY_CQ = 0x31,
+	VIRTIO_RDMA_OP_RESIZE_CQ = 0x32,
 	VIRTIO_RDMA_OP_REG_MR = 0x40,
 	VIRTIO_RDMA_OP_DEREG_MR = 0x41,
 	VIRTIO_RDMA_OP_ALLOC_MR = 0x42,
+	VIRTIO_RDMA_OP_REREG_MR = 0x43,
 	VIRTIO_RDMA_OP_ALLOC_MW = 0x44,
 	VIRTIO_RDMA_OP_DEALLOC_MW = 0x45,
 	VIRTIO_RDMA_OP_CREATE_QP = 0x50,
@@ -460,6 +468,14 @@ struct virtio_rdma_cq_handle_resp {
 
 static_assert(sizeof(struct virtio_rdma_cq_handle_resp) == 4);
 
+struct virtio_rdma_resize_cq_req {
+	__le32 cq_handle;
+	__le32 depth;
+	struct virtio_rdma_buffer_desc buf;
+};
+
+static_assert(sizeof(struct virtio_rdma_resize_cq_req) == 32);
+
 struct virtio_rdma_reg_mr_req {
 	__le32 pd_handle;
 	__le32 access;
@@ -498,6 +514,18 @@ struct virtio_rdma_mcast_req {
 };
 
 static_assert(sizeof(struct virtio_rdma_mcast_req) == 24);
+
+struct virtio_rdma_rereg_mr_req {
+	__le32 mr_handle;
+	__le32 flags;
+	__le32 pd_handle;
+	__le32 access;
+	__le64 iova;
+	__le64 length;
+	struct virtio_rdma_buffer_desc buf;
+};
+
+static_assert(sizeof(struct virtio_rdma_rereg_mr_req) == 56);
 
 struct virtio_rdma_alloc_mw_req {
 	__le32 pd_handle;
@@ -625,6 +653,16 @@ struct virtio_rdma_modify_srq_req {
 };
 
 static_assert(sizeof(struct virtio_rdma_modify_srq_req) == 16);
+
+struct virtio_rdma_modify_srq_resize_req {
+	__le32 srq_handle;
+	__le32 attr_mask;
+	__le32 max_wr;
+	__le32 limit;
+	struct virtio_rdma_buffer_desc buf;
+};
+
+static_assert(sizeof(struct virtio_rdma_modify_srq_resize_req) == 40);
 
 struct virtio_rdma_srq_handle_req {
 	__le32 srq_handle;

@@ -130,6 +130,10 @@ static int vrdma_query_device(struct ib_device *ibdev,
 					   IB_DEVICE_MEM_WINDOW_TYPE_2B;
 		props->max_mw = props->max_mr;
 	}
+	/* F_RESIZE: user CQs, SRQs and MRs (spec 12.19, 12.25, 12.26). */
+	if (virtio_has_feature(vdev, VIRTIO_RDMA_F_RESIZE))
+		props->device_cap_flags |= IB_DEVICE_RESIZE_MAX_WR |
+					   IB_DEVICE_SRQ_RESIZE;
 	if (to_vib(ibdev)->kverbs) {
 		props->device_cap_flags |= IB_DEVICE_MEM_MGT_EXTENSIONS;
 		props->kernel_cap_flags |= IBK_LOCAL_DMA_LKEY;
@@ -454,7 +458,9 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.query_srq = vrdma_query_srq,
 	.query_ucontext = vrdma_query_ucontext,
 	.reg_user_mr = vrdma_reg_user_mr,
+	.rereg_user_mr = vrdma_rereg_user_mr,
 	.req_notify_cq = vrdma_req_notify_cq,
+	.resize_cq = vrdma_resize_cq,
 
 	INIT_RDMA_OBJ_SIZE(ib_ah, vrdma_ah, ibah),
 	INIT_RDMA_OBJ_SIZE(ib_cq, vrdma_cq, ibcq),

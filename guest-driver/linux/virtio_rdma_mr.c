@@ -92,6 +92,7 @@ struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 	mr->ibmr.lkey = le32_to_cpu(resp.lkey);
 	mr->ibmr.rkey = le32_to_cpu(resp.rkey);
 	mr->ibmr.page_size = pgsz;
+	mr->access = ib_access;
 	return &mr->ibmr;
 
 err_umem:

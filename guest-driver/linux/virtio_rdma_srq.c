@@ -98,9 +98,12 @@ int vrdma_modify_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr,
 	if (mask & IB_SRQ_LIMIT)
 		dev_mask |= VRDMA_SRQ_ATTR_LIMIT;
 	req.attr_mask = cpu_to_le32(dev_mask);
-	ret = vrdma_cmd_exec(to_vib(ibsrq->device)->dev,
-			     VIRTIO_RDMA_OP_MODIFY_SRQ, &req, sizeof(req),
-			     NULL, 0);
+	if (mask & IB_SRQ_MAX_WR)
+		ret = vrdma_resize_srq(to_vsrq(ibsrq), attr, dev_mask, udata);
+	else
+		ret = vrdma_cmd_exec(to_vib(ibsrq->device)->dev,
+				     VIRTIO_RDMA_OP_MODIFY_SRQ, &req,
+				     sizeof(req), NULL, 0);
 	/* What the EVENTS_LOST re-query compares with. */
 	if (!ret && (mask & IB_SRQ_LIMIT))
 		WRITE_ONCE(to_vsrq(ibsrq)->limit_armed, attr->srq_limit != 0);

@@ -134,6 +134,9 @@ impl RnicObjects for RecyclingQpns {
     fn dereg_mr(&self, keys: MrKeys) {
         self.soft.dereg_mr(keys)
     }
+    fn rereg_mr(&self, owner: Owner, keys: MrKeys, mr: &MrSpec<'_>) -> Result<MrKeys, RnicError> {
+        self.soft.rereg_mr(owner, keys, mr)
+    }
     fn alloc_fast_mr(&self, owner: Owner) -> Result<u32, RnicError> {
         self.soft.alloc_fast_mr(owner)
     }
@@ -251,6 +254,9 @@ impl RnicObjects for CountingRnic {
     fn dereg_mr(&self, keys: MrKeys) {
         self.soft.dereg_mr(keys);
         self.count(|h| h.mrs -= 1);
+    }
+    fn rereg_mr(&self, owner: Owner, keys: MrKeys, mr: &MrSpec<'_>) -> Result<MrKeys, RnicError> {
+        self.soft.rereg_mr(owner, keys, mr)
     }
     fn alloc_fast_mr(&self, owner: Owner) -> Result<u32, RnicError> {
         self.made(self.soft.alloc_fast_mr(owner), |h| h.mrs += 1)

@@ -17,6 +17,7 @@ mod policy;
 mod qp;
 mod query;
 mod queue_mem;
+mod ring_copy;
 mod srq;
 
 use log::debug;
@@ -194,6 +195,7 @@ impl VmState {
             Opcode::DEALLOC_PD => self.dealloc_pd(payload),
             Opcode::CREATE_CQ => self.create_cq(mem, payload),
             Opcode::DESTROY_CQ => self.destroy_cq(payload),
+            Opcode::RESIZE_CQ => self.resize_cq(mem, payload),
             Opcode::REG_MR => {
                 let mut prepared = prepared;
                 let r = self.reg_mr(mem, payload, &mut prepared);
@@ -207,6 +209,7 @@ impl VmState {
             }
             Opcode::DEREG_MR => self.dereg_mr(payload),
             Opcode::ALLOC_MR => self.alloc_mr(payload),
+            Opcode::REREG_MR => self.rereg_mr(mem, payload),
             Opcode::ALLOC_MW => self.alloc_mw(payload),
             Opcode::DEALLOC_MW => self.dealloc_mw(payload),
             Opcode::CREATE_QP => self.create_qp(mem, payload),
@@ -218,7 +221,7 @@ impl VmState {
             Opcode::ATTACH_MCAST => self.attach_mcast(payload),
             Opcode::DETACH_MCAST => self.detach_mcast(payload),
             Opcode::CREATE_SRQ => self.create_srq(mem, payload),
-            Opcode::MODIFY_SRQ => self.modify_srq(payload),
+            Opcode::MODIFY_SRQ => self.modify_srq(mem, payload),
             Opcode::QUERY_SRQ => self.query_srq(payload),
             Opcode::DESTROY_SRQ => self.destroy_srq(payload),
         };
@@ -251,8 +254,8 @@ pub fn response_size(op: Opcode) -> usize {
         QUERY_GID => QueryGidResp::SIZE,
         CREATE_CTX => CreateCtxResp::SIZE,
         ALLOC_PD => PdHandleResp::SIZE,
-        CREATE_CQ => CqHandleResp::SIZE,
-        REG_MR | ALLOC_MR => RegMrResp::SIZE,
+        CREATE_CQ | RESIZE_CQ => CqHandleResp::SIZE,
+        REG_MR | ALLOC_MR | REREG_MR => RegMrResp::SIZE,
         ALLOC_MW => AllocMwResp::SIZE,
         CREATE_QP => CreateQpResp::SIZE,
         QUERY_QP => QueryQpResp::SIZE,

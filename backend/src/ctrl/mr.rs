@@ -1,8 +1,8 @@
-//! REG_MR, DEREG_MR, ALLOC_MR.
+//! REG_MR, DEREG_MR, ALLOC_MR, REREG_MR.
 
-use virtio_rdma_abi::config::{F_ATOMIC, F_MEM_MGT, F_MW};
+use virtio_rdma_abi::config::{F_ATOMIC, F_MEM_MGT, F_MW, F_RESIZE};
 use virtio_rdma_abi::ctrl::{Opcode, RequestHeader, Status};
-use virtio_rdma_abi::mem::access;
+use virtio_rdma_abi::mem::{access, BufferDesc};
 use virtio_rdma_abi::verbs::*;
 use virtio_rdma_abi::{Field, Wire};
 use vm_memory::GuestMemoryBackend;
@@ -11,6 +11,7 @@ use super::parse::{destroy_error, field, fixed, page_list_error, shift_plausible
 use super::{quota, CmdError, CmdResult};
 use crate::memory::pagelist::{pages_for, PageListLimits};
 use crate::memory::{PageList, PageListError, RamMap};
+use crate::resources::resize::{Rereg, ReregError};
 use crate::resources::Mr;
 use crate::rnic_objects::MrKeys;
 use crate::vm::VmState;
@@ -103,38 +104,13 @@ impl VmState {
         let (req, list) = with_list::<RegMrReq>(payload)?;
         let ctx = self.pd_ctx::<RegMrReq>(req.pd_handle)?;
         self.mr_quota()?;
-        let allowed = access::ALL | access::MW_BIND;
-        check_access::<RegMrReq>(req.access, allowed, self.has(F_ATOMIC), "access")?;
-        if req.access & access::MW_BIND != 0 && !self.has(F_MW) {
-            return Err(field::<RegMrReq>(Status::UNSUPPORTED, "access"));
-        }
-        let remote = access::REMOTE_WRITE | access::REMOTE_ATOMIC;
-        if req.access & remote != 0 && req.access & access::LOCAL_WRITE == 0 {
-            return Err(field::<RegMrReq>(Status::INVALID, "access"));
-        }
-        if req.length == 0 {
-            return Err(field::<RegMrReq>(Status::INVALID, "length"));
-        }
-        if req.length > self.limits.max_mr_size {
-            return Err(field::<RegMrReq>(Status::RANGE, "length"));
-        }
-        if req.iova.checked_add(req.length).is_none() {
-            return Err(field::<RegMrReq>(Status::INVALID, "length"));
-        }
-        if self.res.registered_bytes.saturating_add(req.length) > self.limits.max_mr_bytes {
-            return Err(CmdError::new(Status::QUOTA, quota::MR_BYTES));
-        }
-        if shift_plausible(req.buf.page_shift) {
-            let page = 1u64 << req.buf.page_shift;
-            if u64::from(req.buf.first_page_offset) >= page {
-                return Err(field::<RegMrReq>(Status::INVALID, "buf.first_page_offset"));
-            }
-            // `length <= max_mr_size` (checked above): cannot saturate.
-            let span = u64::from(req.buf.first_page_offset).saturating_add(req.length);
-            if u64::from(req.buf.npages) != pages_for(span, req.buf.page_shift) {
-                return Err(field::<RegMrReq>(Status::INVALID, "buf.npages"));
-            }
-        }
+        self.check_mr_access::<RegMrReq>(req.access)?;
+        self.check_mr_range::<RegMrReq>(
+            req.iova,
+            req.length,
+            &req.buf,
+            self.res.registered_bytes,
+        )?;
         // The translation prepared without the lock, unless the RAM map
         // changed since, or the budget refused it (the refusal costs
         // nothing to repeat, and the budget is the current one here).
@@ -161,6 +137,7 @@ impl VmState {
                 rkey: 0,
                 pages,
                 host_lost: false,
+                keyed: self.has(F_RESIZE),
                 fast: None,
             },
             self.rnic.as_ref(),
@@ -220,4 +197,123 @@ impl VmState {
             .map_err(|e| destroy_error::<MrHandleReq>(e, "mr_handle"))?;
         Ok(Vec::new())
     }
+
+    /// `REREG_MR` (spec 12.26): new pages, PD or access for a `REG_MR`
+    /// region, its keys kept. Under the VM's lock, which the engine holds
+    /// while it executes work requests: each sees the region before or
+    /// after, never half changed.
+    pub(super) fn rereg_mr<M: GuestMemoryBackend>(&mut self, mem: &M, payload: &[u8]) -> CmdResult {
+        if !self.has(F_RESIZE) {
+            return Err(CmdError::new(Status::UNSUPPORTED, Opcode::REREG_MR.into()));
+        }
+        let (req, list) = with_list::<ReregMrReq>(payload)?;
+        let mr = self
+            .res
+            .mrs
+            .get(req.mr_handle)
+            .ok_or_else(|| field::<ReregMrReq>(Status::BAD_HANDLE, "mr_handle"))?;
+        if req.flags == 0 || req.flags & !REREG_ALL != 0 {
+            return Err(field::<ReregMrReq>(Status::INVALID, "flags"));
+        }
+        if mr.fast.is_some() {
+            return Err(CmdError::new(Status::INVALID, 0));
+        }
+        let (ctx, mut pd, mut access, old_length) = (mr.ctx, mr.pd, mr.access, mr.length);
+        let windows = self.res.windows_on(req.mr_handle);
+        if windows > 0 {
+            return Err(CmdError::new(Status::BUSY, windows));
+        }
+        if req.flags & REREG_PD != 0 {
+            pd = req.pd_handle;
+            if self.res.pds.get(pd).is_none_or(|p| p.ctx != ctx) {
+                return Err(field::<ReregMrReq>(Status::BAD_HANDLE, "pd_handle"));
+            }
+        }
+        if req.flags & REREG_ACCESS != 0 {
+            access = req.access;
+            self.check_mr_access::<ReregMrReq>(access)?;
+        }
+        let translation = if req.flags & REREG_TRANSLATION != 0 {
+            let left = self.res.registered_bytes.saturating_sub(old_length);
+            self.check_mr_range::<ReregMrReq>(req.iova, req.length, &req.buf, left)?;
+            let pages = PageList::resolve(&req.buf, list, &self.page_list_limits(), &self.ram, mem)
+                .map_err(page_list_error::<ReregMrReq>)?;
+            Some((pages, req.iova, req.length, req.buf.first_page_offset))
+        } else {
+            None
+        };
+        let keys = self
+            .res
+            .rereg_mr(
+                req.mr_handle,
+                Rereg {
+                    pd,
+                    access,
+                    translation,
+                },
+                self.rnic.as_ref(),
+            )
+            .map_err(|e| match e {
+                ReregError::BadHandle => field::<ReregMrReq>(Status::BAD_HANDLE, "mr_handle"),
+                ReregError::OverBudget => CmdError::new(Status::QUOTA, quota::HOST_BYTES),
+                ReregError::Rnic(e) => e.into(),
+            })?;
+        Ok(RegMrResp {
+            mr_handle: req.mr_handle,
+            lkey: keys.lkey,
+            rkey: keys.rkey,
+        }
+        .to_bytes())
+    }
+
+    /// The access checks of `REG_MR` (spec 12.10) on field `access` of `T`.
+    fn check_mr_access<T: Wire>(&self, access: u32) -> Result<(), CmdError> {
+        let allowed = access::ALL | access::MW_BIND;
+        check_access::<T>(access, allowed, self.has(F_ATOMIC), "access")?;
+        if access & access::MW_BIND != 0 && !self.has(F_MW) {
+            return Err(field::<T>(Status::UNSUPPORTED, "access"));
+        }
+        let remote = access::REMOTE_WRITE | access::REMOTE_ATOMIC;
+        if access & remote != 0 && access & access::LOCAL_WRITE == 0 {
+            return Err(field::<T>(Status::INVALID, "access"));
+        }
+        Ok(())
+    }
+
+    /// The `length`, registered-bytes and `buf` shape checks of `REG_MR`
+    /// (spec 12.10) on the fields of `T`; `others` is what the VM's other
+    /// regions have registered.
+    fn check_mr_range<T: Wire>(
+        &self,
+        iova: u64,
+        length: u64,
+        buf: &BufferDesc,
+        others: u64,
+    ) -> Result<(), CmdError> {
+        if length == 0 {
+            return Err(field::<T>(Status::INVALID, "length"));
+        }
+        if length > self.limits.max_mr_size {
+            return Err(field::<T>(Status::RANGE, "length"));
+        }
+        if iova.checked_add(length).is_none() {
+            return Err(field::<T>(Status::INVALID, "length"));
+        }
+        if others.saturating_add(length) > self.limits.max_mr_bytes {
+            return Err(CmdError::new(Status::QUOTA, quota::MR_BYTES));
+        }
+        if shift_plausible(buf.page_shift) {
+            let page = 1u64 << buf.page_shift;
+            if u64::from(buf.first_page_offset) >= page {
+                return Err(field::<T>(Status::INVALID, "buf.first_page_offset"));
+            }
+            // `length <= max_mr_size` (checked above): cannot saturate.
+            let span = u64::from(buf.first_page_offset).saturating_add(length);
+            if u64::from(buf.npages) != pages_for(span, buf.page_shift) {
+                return Err(field::<T>(Status::INVALID, "buf.npages"));
+            }
+        }
+        Ok(())
+    }
 }
+

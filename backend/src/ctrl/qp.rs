@@ -486,7 +486,12 @@ fn apply(dst: &mut QpAttr, mask: u32, src: &QpAttr) {
 /// the index as it was (the engine fails such a QP when it needs it).
 /// The producer index in word `word` of the QP's doorbell slot, or at byte
 /// `field` of its record.
-fn ring_pi<G: GuestMemoryBackend>(qp: &Qp, mem: &G, word: u32, field: u64) -> Option<u32> {
+pub(super) fn ring_pi<G: GuestMemoryBackend>(
+    qp: &Qp,
+    mem: &G,
+    word: u32,
+    field: u64,
+) -> Option<u32> {
     if let Some(slot) = &qp.db_slot {
         return Some(slot.load(word));
     }

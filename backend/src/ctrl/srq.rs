@@ -1,16 +1,18 @@
 //! CREATE_SRQ, MODIFY_SRQ, QUERY_SRQ, DESTROY_SRQ.
 
-use virtio_rdma_abi::config::F_SRQ;
+use virtio_rdma_abi::config::{F_RESIZE, F_SRQ};
 use virtio_rdma_abi::ctrl::{Opcode, Status};
-use virtio_rdma_abi::datapath::DB_NONE;
+use virtio_rdma_abi::datapath::{SrqDoorbell, DB_NONE};
 use virtio_rdma_abi::mem::recv_wqe_shift;
 use virtio_rdma_abi::verbs::*;
 use virtio_rdma_abi::Wire;
-use vm_memory::GuestMemoryBackend;
+use vm_memory::{GuestAddress, GuestMemoryBackend};
 
 use super::parse::{depth, destroy_error, field, fixed, with_list};
 use super::queue_mem::init_device_half;
-use super::{quota, CmdError, CmdResult};
+use super::ring_copy::{copy_entries, Ring};
+use super::{quota, CmdError, CmdResult, DETAIL_DB_RECORD};
+use crate::memory::volatile::read_guest;
 use crate::resources::Srq;
 use crate::vm::VmState;
 
@@ -77,9 +79,16 @@ impl VmState {
         .to_bytes())
     }
 
-    pub(super) fn modify_srq(&mut self, payload: &[u8]) -> CmdResult {
+    pub(super) fn modify_srq<M: GuestMemoryBackend>(
+        &mut self,
+        mem: &M,
+        payload: &[u8],
+    ) -> CmdResult {
         self.need_srq(Opcode::MODIFY_SRQ)?;
-        let req: ModifySrqReq = fixed(payload)?;
+        let (head, _) = with_list::<ModifySrqReq>(payload)?;
+        let resize = head.attr_mask & SRQ_ATTR_MAX_WR != 0 && self.has(F_RESIZE);
+        // The version 2 form is exactly a `ModifySrqReq`.
+        let req: ModifySrqReq = if resize { head } else { fixed(payload)? };
         let known = SRQ_ATTR_MAX_WR | SRQ_ATTR_LIMIT;
         let srq = self
             .res
@@ -90,12 +99,79 @@ impl VmState {
             return Err(CmdError::new(Status::INVALID, req.attr_mask & !known));
         }
         if req.attr_mask & SRQ_ATTR_MAX_WR != 0 {
-            return Err(CmdError::new(Status::UNSUPPORTED, SRQ_ATTR_MAX_WR));
+            if !resize {
+                return Err(CmdError::new(Status::UNSUPPORTED, SRQ_ATTR_MAX_WR));
+            }
+            return self.resize_srq(mem, payload);
         }
         if req.limit >= srq.depth {
             return Err(field::<ModifySrqReq>(Status::RANGE, "limit"));
         }
         srq.limit = req.limit;
+        Ok(Vec::new())
+    }
+
+    /// `MODIFY_SRQ` with `SRQ_ATTR_MAX_WR` (spec 12.19): the posted WQEs
+    /// move to the new ring at their indices. Under the VM's lock, which
+    /// the engine holds while it consumes WQEs: none is consumed
+    /// meanwhile.
+    fn resize_srq<M: GuestMemoryBackend>(&mut self, mem: &M, payload: &[u8]) -> CmdResult {
+        let (req, list) = with_list::<ModifySrqResizeReq>(payload)?;
+        let srq = self
+            .res
+            .srqs
+            .get(req.srq_handle)
+            .ok_or_else(|| field::<ModifySrqResizeReq>(Status::BAD_HANDLE, "srq_handle"))?;
+        depth::<ModifySrqResizeReq>(req.max_wr, self.limits.max_srq_wr, "max_wr")?;
+        let pi = match &srq.db_slot {
+            Some(slot) => Some(slot.load(0)),
+            None => {
+                let mut word = [0u8; 4];
+                srq.db_gpa
+                    .checked_add(SrqDoorbell::PI)
+                    .and_then(|at| read_guest(mem, GuestAddress(at), &mut word).ok())
+                    .map(|()| u32::from_le_bytes(word))
+            }
+        }
+        .ok_or_else(|| CmdError::new(Status::BAD_ADDRESS, DETAIL_DB_RECORD))?;
+        // Posted and not consumed, those a host NIC took included.
+        let posted = pi.wrapping_sub(srq.rt.ci);
+        if posted > srq.depth || posted > req.max_wr {
+            return Err(field::<ModifySrqResizeReq>(Status::RANGE, "max_wr"));
+        }
+        let limit = if req.attr_mask & SRQ_ATTR_LIMIT != 0 {
+            req.limit
+        } else {
+            srq.limit
+        };
+        if limit >= req.max_wr {
+            return Err(field::<ModifySrqResizeReq>(Status::RANGE, "limit"));
+        }
+        let (old_depth, shift, db_gpa, ci) = (srq.depth, srq.wqe_shift, srq.db_gpa, srq.rt.ci);
+        let bytes = u64::from(req.max_wr) << shift;
+        let ring =
+            self.queue_memory::<ModifySrqResizeReq, M>(mem, &req.buf, list, bytes, db_gpa)?;
+        let stride = 1usize << shift;
+        let copied = self.res.srqs.get(req.srq_handle).is_some_and(|srq| {
+            let from = Ring {
+                pages: &srq.ring,
+                depth: old_depth,
+                stride,
+            };
+            let to = Ring {
+                pages: &ring,
+                depth: req.max_wr,
+                stride,
+            };
+            copy_entries(mem, from, to, ci, posted, |_, _| {}).is_ok()
+        });
+        if !copied {
+            self.res.release(ring);
+            return Err(CmdError::new(Status::BAD_ADDRESS, DETAIL_DB_RECORD));
+        }
+        self.res
+            .swap_srq_ring(req.srq_handle, ring, req.max_wr, limit)
+            .map_err(|_| CmdError::new(Status::QUOTA, quota::HOST_BYTES))?;
         Ok(Vec::new())
     }
 

@@ -112,6 +112,7 @@ impl RnicObjects for Numbers {
             windows: true,
             uc: true,
             mcast: true,
+            resize: true,
             gids: PortGids::PerVm,
             gsi: true,
         }

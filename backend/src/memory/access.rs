@@ -445,6 +445,7 @@ mod tests {
             rkey: 0,
             pages: PageList::resolve(&desc, &list, &limits, &ram, mem).unwrap(),
             host_lost: false,
+            keyed: false,
             fast: None,
         }
     }

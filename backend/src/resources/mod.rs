@@ -9,6 +9,7 @@ pub mod handle;
 pub mod mcast;
 pub mod objects;
 pub mod qp_state;
+pub mod resize;
 pub mod windows;
 
 use handle::HandleTable;
@@ -693,6 +694,7 @@ mod tests {
             rkey: 0,
             pages: PageList::resolve(&desc, &list, &limits, &ram, &mem).unwrap(),
             host_lost: false,
+            keyed: false,
             fast: None,
         }
     }

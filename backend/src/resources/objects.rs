@@ -212,6 +212,10 @@ pub struct Mr {
     /// The RNIC dropped the region's host registration because guest
     /// RAM under it moved or left (spec 19.6.2): its keys fail from now on.
     pub host_lost: bool,
+    /// The region has an rkey whatever its access (`F_RESIZE`: a later
+    /// `REREG_MR` may grant remote access under a key a peer already
+    /// holds; spec 12.10).
+    pub keyed: bool,
     /// An `ALLOC_MR` region (fast registration, spec 18.27): its `lkey`
     /// and `rkey` are its one key, and `pages` the translation space
     /// allocated for it, which each `REG_MR` work request fills.
@@ -499,6 +503,7 @@ impl Mr {
             rkey: 0,
             pages: PageList::reserved(max_num_sg),
             host_lost: false,
+            keyed: false,
             fast: Some(FastReg {
                 max_num_sg,
                 valid: false,
@@ -518,8 +523,27 @@ impl Mr {
 
     /// Whether the region grants any remote access (and so has an rkey).
     pub fn remote(&self) -> bool {
+        Mr::remote_access(self.access)
+    }
+
+    /// Whether access flags `access` grant any remote access.
+    pub fn remote_access(access: u32) -> bool {
         use virtio_rdma_abi::mem::access;
-        self.access & (access::REMOTE_READ | access::REMOTE_WRITE | access::REMOTE_ATOMIC) != 0
+        access & (access::REMOTE_READ | access::REMOTE_WRITE | access::REMOTE_ATOMIC) != 0
+    }
+
+    /// The [`HostCost`] of a `REG_MR` region whose translation holds
+    /// `pages_bytes` and which has an rkey if `remote`.
+    pub fn reg_cost(pages_bytes: u64, remote: bool) -> u64 {
+        let keys = if remote {
+            2 * KEY_ENTRY_BYTES
+        } else {
+            KEY_ENTRY_BYTES
+        };
+        own::<Self>()
+            .saturating_add(pages_bytes)
+            .saturating_add(keys)
+            .saturating_add(MR_EXTRA_BYTES)
     }
 
     /// The region as an RNIC registers it.
@@ -529,7 +553,7 @@ impl Mr {
             access: self.access,
             iova: self.iova,
             length: self.length,
-            remote: self.remote(),
+            remote: self.remote() || self.keyed,
             first_page_offset: self.first_page_offset,
             pages: &self.pages,
         }
@@ -546,15 +570,7 @@ impl HostCost for Mr {
                 .saturating_add(FAST_KEY_ENTRIES * KEY_ENTRY_BYTES)
                 .saturating_add(MR_EXTRA_BYTES);
         }
-        let keys = if self.remote() {
-            2 * KEY_ENTRY_BYTES
-        } else {
-            KEY_ENTRY_BYTES
-        };
-        own::<Self>()
-            .saturating_add(self.pages.host_bytes())
-            .saturating_add(keys)
-            .saturating_add(MR_EXTRA_BYTES)
+        Mr::reg_cost(self.pages.host_bytes(), self.remote() || self.keyed)
     }
 
     fn into_pages(self) -> Option<PageList> {

@@ -88,6 +88,33 @@ struct virtio_rdma_create_srq_uresp {
 	__u32 wqe_shift;
 };
 
+/*
+ * RESIZE_CQ (device feature F_RESIZE): the new ring, depth * 32 bytes, page
+ * aligned, depth a power of two; the doorbell record stays. The kernel
+ * refuses a CQ whose provider passes none.
+ */
+struct virtio_rdma_resize_cq_ureq {
+	__aligned_u64 ring_va;
+	__u32 depth;
+	__u32 reserved;
+};
+
+struct virtio_rdma_resize_cq_uresp {
+	__u32 depth;
+	__u32 reserved;
+};
+
+/*
+ * MODIFY_SRQ with IB_SRQ_MAX_WR (F_RESIZE): the new ring, depth WQEs of the
+ * stride CREATE_SRQ returned, page aligned, buf_len bytes.
+ */
+struct virtio_rdma_modify_srq_ureq {
+	__aligned_u64 buf_va;
+	__aligned_u64 buf_len;
+	__u32 depth;
+	__u32 reserved;
+};
+
 /* CREATE_AH: the device's handle, which UD send WQEs name (spec 18.11.5). */
 struct virtio_rdma_create_ah_uresp {
 	__u32 ah_handle;

@@ -585,14 +585,6 @@ err:
 	return NULL;
 }
 
-static int vrdma_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr,
-			    int mask)
-{
-	struct ibv_modify_srq cmd;
-
-	return ibv_cmd_modify_srq(srq, attr, mask, &cmd, sizeof(cmd));
-}
-
 static int vrdma_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr)
 {
 	struct ibv_query_srq cmd;
@@ -1024,19 +1016,6 @@ static struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *context,
 	return ibqp;
 }
 
-static int vrdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr,
-			   int attr_mask)
-{
-	struct ibv_modify_qp cmd;
-	int ret;
-
-	ret = ibv_cmd_modify_qp(ibqp, attr, attr_mask, &cmd, sizeof(cmd));
-	if (!ret && (attr_mask & IBV_QP_STATE))
-		atomic_store_explicit(&to_vqp(ibqp)->state, attr->qp_state,
-				      memory_order_relaxed);
-	return ret;
-}
-
 static int vrdma_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 			  int attr_mask, struct ibv_qp_init_attr *init_attr)
 {
@@ -1121,11 +1100,13 @@ static const struct verbs_context_ops vrdma_context_ops = {
 	.post_send = vrdma_post_send,
 	.post_srq_recv = vrdma_post_srq_recv,
 	.req_notify_cq = vrdma_req_notify_cq,
+	.resize_cq = vrdma_resize_cq,
 	.query_device_ex = vrdma_query_device_ex,
 	.query_port = vrdma_query_port,
 	.query_qp = vrdma_query_qp,
 	.query_srq = vrdma_query_srq,
 	.reg_mr = vrdma_reg_mr,
+	.rereg_mr = vrdma_rereg_mr,
 	.unimport_mr = vrdma_unimport_mr,
 	.unimport_pd = vrdma_unimport_pd,
 };

@@ -278,6 +278,17 @@ int vrdma_encode_bind(uint64_t wr_id, unsigned int send_flags,
 int vrdma_qp_ex_init(struct vrdma_qp *qp, struct vrdma_context *ctx,
 		     const struct ibv_qp_init_attr_ex *attr);
 
+/* resize.c */
+int vrdma_resize_cq(struct ibv_cq *ibcq, int cqe);
+int vrdma_modify_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr,
+		     int mask);
+int vrdma_rereg_mr(struct verbs_mr *vmr, int flags, struct ibv_pd *pd,
+		   void *addr, size_t length, int access);
+
+/* qp_state.c */
+int vrdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr,
+		    int attr_mask);
+
 /* cq_ex.c */
 struct ibv_cq_ex *vrdma_create_cq_ex(struct ibv_context *context,
 				     struct ibv_cq_init_attr_ex *attr);

@@ -40,4 +40,5 @@ mod page_list_shape;
 mod qp_states;
 mod quotas;
 mod requests;
+mod resize;
 mod world;

@@ -104,6 +104,7 @@ fn side(vm: usize, rnic: &Arc<dyn RnicObjects>, tenancy: &Arc<Tenancy>, setup: &
         rkey: 0,
         pages: testing::one_page(PAGE, &gm),
         host_lost: false,
+        keyed: false,
         fast: None,
     };
     let (mr, keys) = state.res.insert_mr(region, rnic.as_ref()).unwrap();

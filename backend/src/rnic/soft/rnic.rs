@@ -93,6 +93,7 @@ impl RnicObjects for SoftRnic {
             windows: true,
             uc: true,
             mcast: true,
+            resize: true,
             gids: PortGids::PerVm,
             gsi: true,
         }
@@ -143,6 +144,20 @@ impl RnicObjects for SoftRnic {
         if keys.rkey != 0 {
             d.free(keys.rkey);
         }
+    }
+
+    fn rereg_mr(&self, _owner: Owner, keys: MrKeys, mr: &MrSpec<'_>) -> Result<MrKeys, RnicError> {
+        // The guest's region reads and writes guest RAM through the VM's
+        // map at each access: only a missing rkey is the RNIC's to add.
+        let rkey = if keys.rkey == 0 && mr.remote {
+            self.keys().alloc()?
+        } else {
+            keys.rkey
+        };
+        Ok(MrKeys {
+            lkey: keys.lkey,
+            rkey,
+        })
     }
 
     fn alloc_fast_mr(&self, _owner: Owner) -> Result<u32, RnicError> {

@@ -325,6 +325,9 @@ impl VerbsDevice {
             windows: false,
             uc: false,
             mcast: false,
+            // Not built over host CQs, SRQs and regions yet (spec
+            // appendix D).
+            resize: false,
             // Everything leaves from the host port's GID; the host's QP 1
             // is its own: a guest's GSI QP needs the CM bridge, which
             // `VerbsRnic::enable_cm` opens (spec appendix D).

@@ -369,6 +369,7 @@ mod tests {
                 rkey: 0,
                 pages: testing::one_page(PAGE, &gm),
                 host_lost: false,
+                keyed: false,
                 fast: None,
             };
             let (_, keys) = vm.res.insert_mr(region, rnic.as_ref()).unwrap();
