@@ -146,6 +146,25 @@ fn rereg_mr_refusals() {
                 &[],
             )
         });
+        // A PD of another context of the same VM: the region's context
+        // is fixed.
+        let (_, other_pd) = w.ok("CREATE_CTX, ALLOC_PD", |v| v.ctx_pd());
+        w.expect(
+            "REREG_MR, PD of another context",
+            Status::BAD_HANDLE,
+            D_PD,
+            |v| {
+                rereg(
+                    v,
+                    ReregMrReq {
+                        flags: REREG_PD,
+                        pd_handle: other_pd,
+                        ..base
+                    },
+                    &[],
+                )
+            },
+        );
         w.expect("REREG_MR, length 0", Status::INVALID, D_LENGTH, |v| {
             let l = v.page_list(&[NOWHERE], 12, PageListMode::INLINE).unwrap();
             rereg(
