@@ -32,8 +32,16 @@ pub const F_UC: u64 = 1 << 8;
 pub const F_MCAST: u64 = 1 << 10;
 
 /// All device-specific feature bits this ABI version defines.
-pub const ALL_DEVICE_FEATURES: u64 =
-    F_UD | F_SRQ | F_ATOMIC | F_SHMEM_DOORBELL | F_GSI | F_MEM_MGT | F_RESIZE | F_MW | F_UC | F_MCAST;
+pub const ALL_DEVICE_FEATURES: u64 = F_UD
+    | F_SRQ
+    | F_ATOMIC
+    | F_SHMEM_DOORBELL
+    | F_GSI
+    | F_MEM_MGT
+    | F_RESIZE
+    | F_MW
+    | F_UC
+    | F_MCAST;
 
 /// The device-specific feature bits ABI version 2 defines: all a device
 /// that reports version 2 may offer.

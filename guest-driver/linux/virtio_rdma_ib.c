@@ -108,15 +108,6 @@ static int vrdma_query_device(struct ib_device *ibdev,
 				  IB_DEVICE_PORT_ACTIVE_EVENT;
 	if (props->sys_image_guid)
 		props->device_cap_flags |= IB_DEVICE_SYS_IMAGE_GUID;
-	/*
-	 * F_MEM_MGT: fast registration and invalidation (spec 18.27), and
-	 * the local DMA key in every PD (spec 18.28), which ib_core then
-	 * gives kernel PDs instead of asking for a DMA MR.
-	 */
-	/*
-	 * F_MW: windows of both types, a type 2 one tied to its QP and PD
-	 * (spec 18.29); windows count as MRs against max_mr.
-	 */
 	/* F_MCAST: the device's limits per instance (spec 12.27). */
 	if (virtio_has_feature(vdev, VIRTIO_RDMA_F_MCAST) &&
 	    virtio_has_feature(vdev, VIRTIO_RDMA_F_UD)) {
@@ -125,15 +116,27 @@ static int vrdma_query_device(struct ib_device *ibdev,
 		props->max_total_mcast_qp_attach = VIRTIO_RDMA_MAX_MCAST_GRP *
 						   VIRTIO_RDMA_MAX_MCAST_QP_ATTACH;
 	}
+	/*
+	 * F_MW: windows of both types, a type 2 one tied to its QP and PD
+	 * (spec 18.29); windows count as MRs against max_mr.
+	 */
 	if (virtio_has_feature(vdev, VIRTIO_RDMA_F_MW)) {
 		props->device_cap_flags |= IB_DEVICE_MEM_WINDOW |
 					   IB_DEVICE_MEM_WINDOW_TYPE_2B;
 		props->max_mw = props->max_mr;
 	}
-	/* F_RESIZE: user CQs, SRQs and MRs (spec 12.19, 12.25, 12.26). */
-	if (virtio_has_feature(vdev, VIRTIO_RDMA_F_RESIZE))
-		props->device_cap_flags |= IB_DEVICE_RESIZE_MAX_WR |
-					   IB_DEVICE_SRQ_RESIZE;
+	/*
+	 * F_RESIZE: user CQs, SRQs and MRs (spec 12.19, 12.25, 12.26). Not
+	 * RESIZE_MAX_WR: a QP's queues keep their depth (IB_QP_CAP).
+	 */
+	if (virtio_has_feature(vdev, VIRTIO_RDMA_F_RESIZE) &&
+	    virtio_has_feature(vdev, VIRTIO_RDMA_F_SRQ))
+		props->device_cap_flags |= IB_DEVICE_SRQ_RESIZE;
+	/*
+	 * F_MEM_MGT: fast registration and invalidation (spec 18.27), and
+	 * the local DMA key in every PD (spec 18.28), which ib_core then
+	 * gives kernel PDs instead of asking for a DMA MR.
+	 */
 	if (to_vib(ibdev)->kverbs) {
 		props->device_cap_flags |= IB_DEVICE_MEM_MGT_EXTENSIONS;
 		props->kernel_cap_flags |= IBK_LOCAL_DMA_LKEY;

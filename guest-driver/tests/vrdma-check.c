@@ -39,6 +39,28 @@ static void result(int ok, const char *what)
 		failed++;
 }
 
+/*
+ * With F_RESIZE every region has an rkey, granting nothing without remote
+ * access, so that a later ibv_rereg_mr can grant remote access under it
+ * (spec 12.10, 12.26). User space sees the negotiated feature bits in the
+ * virtio device's sysfs "features" string; F_RESIZE is bit 6 (spec 4).
+ */
+static int rkey_always(struct ibv_context *ctx)
+{
+	char path[128], bits[80] = "";
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/sys/class/infiniband/%s/device/features",
+		 ibv_get_device_name(ctx->device));
+	f = fopen(path, "r");
+	if (!f)
+		return 0;
+	if (!fgets(bits, sizeof(bits), f))
+		bits[0] = 0;
+	fclose(f);
+	return strlen(bits) > 6 && bits[6] == '1';
+}
+
 static void reg(struct ibv_pd *pd, size_t len, size_t offset, int access,
 		const char *what)
 {
@@ -60,8 +82,9 @@ static void reg(struct ibv_pd *pd, size_t len, size_t offset, int access,
 		 what, len, offset, mr ? "registered" : strerror(errno),
 		 mr ? mr->lkey : 0, mr ? mr->rkey : 0);
 	result(mr && mr->lkey != 0 &&
-	       (!!mr->rkey == !!(access & (IBV_ACCESS_REMOTE_READ |
-					   IBV_ACCESS_REMOTE_WRITE))), msg);
+	       (!!mr->rkey == (!!(access & (IBV_ACCESS_REMOTE_READ |
+					    IBV_ACCESS_REMOTE_WRITE)) ||
+			       rkey_always(pd->context))), msg);
 	if (mr)
 		result(ibv_dereg_mr(mr) == 0, "  deregistered");
 	munmap(buf, len + offset);
@@ -623,7 +646,8 @@ static void guid_str(__be64 guid, char *out, size_t len)
  * - device_cap_flags: exactly what the device does (RNR NAKs for RC,
  *   CUR_STATE checked, port active events, a system image GUID; with
  *   F_MEM_MGT, which user space cannot see, fast registration too; with
- *   F_MW memory windows of both types, type 2 tied to QP and PD);
+ *   F_MW memory windows of both types, type 2 tied to QP and PD; with
+ *   F_RESIZE and SRQs, SRQ resizing);
  * - the port: active with the physical state LINK_UP, and a GID table of
  *   ib_core's default entry plus at most the 16 device GIDs the driver
  *   reads;
@@ -658,9 +682,12 @@ static void device_attrs(struct ibv_context *ctx)
 		 attr.device_cap_flags, want);
 	result((attr.device_cap_flags & ~(IBV_DEVICE_MEM_MGT_EXTENSIONS |
 					  IBV_DEVICE_MEM_WINDOW |
-					  IBV_DEVICE_MEM_WINDOW_TYPE_2B)) == want &&
+					  IBV_DEVICE_MEM_WINDOW_TYPE_2B |
+					  IBV_DEVICE_SRQ_RESIZE)) == want &&
 	       !(attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW) ==
-	       !(attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B),
+	       !(attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) &&
+	       (!(attr.device_cap_flags & IBV_DEVICE_SRQ_RESIZE) ||
+		rkey_always(ctx)),
 	       msg);
 	snprintf(msg, sizeof(msg),
 		 "attributes: port state %d, physical state %u, GID table %d",
