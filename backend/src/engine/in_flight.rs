@@ -2,8 +2,7 @@
 //! the requester moves the send queue on at once and writes the CQEs in
 //! order when the RNIC reports them; the flush waits for what it took.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use virtio_rdma_abi::datapath::{
     Cqe, QpDoorbell, SendWqe, WcOpcode, WcStatus, WrOpcode, WQE_SIGNALED,
@@ -12,19 +11,16 @@ use virtio_rdma_abi::mem::CQE_SIZE;
 use virtio_rdma_abi::qp::{QpState, QpType};
 use virtio_rdma_abi::{Field, Wire};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
-use vmm_sys_util::eventfd::EventFd;
 
 use super::flush::flush;
-use super::placement::Registry;
 use super::poll::owes_flush;
 use super::requester::{complete_posted, Completion};
 use super::scratch::Scratch;
 use super::wqe::WqeBuf;
-use super::{doorbell, testing, Engine, EngineCounters};
+use super::{doorbell, testing, Engine};
 use crate::config::{DaemonConfig, Limits};
 use crate::memory::volatile::{read_guest, write_guest};
 use crate::memory::HostMem;
-use crate::qos::QosTable;
 use crate::resources::Cq;
 use crate::rnic_objects::RnicObjects;
 use crate::rnic_path::{Outgoing, RnicPath, Serving, Step};
@@ -119,22 +115,7 @@ impl World {
         }
         let db = vm.res.qps.get(h).unwrap().db_gpa;
         doorbell::store(&host, db, QpDoorbell::SQ_PI, posted).unwrap();
-        let engine = Engine {
-            index: 0,
-            registry: Arc::new(Registry::new(vec![0])),
-            qos_applied: AtomicU64::new(0),
-            db_flags: Arc::new(AtomicU32::new(0)),
-            counters: EngineCounters::default(),
-            caps: rnic.caps(),
-            wake: EventFd::new(libc::EFD_NONBLOCK).unwrap(),
-            stop: AtomicBool::new(false),
-            hold: AtomicBool::new(false),
-            held: AtomicBool::new(false),
-            thread: Mutex::new(None),
-            tenancy,
-            qos: Arc::new(QosTable::new(Vec::new(), Vec::new())),
-            fence_elision: false,
-        };
+        let engine = testing::engine(rnic.caps(), tenancy);
         World {
             gm,
             host,

@@ -433,7 +433,90 @@ fn work_on(dev: &VmCell, f: impl FnOnce(&mut VmState, &HostMem) -> bool) -> Opti
 
 #[cfg(test)]
 mod tests {
+    use vm_memory::{GuestAddress, GuestMemoryMmap};
+
     use super::*;
+    use crate::config::{DaemonConfig, Limits};
+    use crate::engine::testing;
+    use crate::rnic_objects::RnicObjects;
+    use crate::rnic_path::RnicPath;
+    use crate::tenancy::Tenancy;
+    use crate::vm::PortIdentity;
+
+    /// A path with nothing in flight: the sweep's own work only.
+    struct Idle;
+
+    impl RnicPath for Idle {
+        type Scratch = ();
+        type Burst<'a> = ();
+
+        fn post_send(
+            &self,
+            _cx: &mut Serving<'_>,
+            _burst: &mut (),
+            _ts: &mut (),
+            _moved: &mut u64,
+            _msg: &crate::rnic_path::Outgoing<'_>,
+        ) -> crate::rnic_path::Step {
+            crate::rnic_path::Step::InFlight
+        }
+
+        fn poll(&self, _cx: &mut Serving<'_>, _ts: &mut ()) -> bool {
+            false
+        }
+    }
+
+    /// A parked VM whose VMM left while its last rebuild's spacing puts
+    /// the next one off: the list lets go of the gone guest memory once
+    /// the rebuild is due, without a kick (the VM is never kicked again
+    /// once its VMM is gone). The fuzzer's `vhost` target found the memory
+    /// of a gone VMM held until the VM's next kick (docs/fuzzing.md).
+    #[test]
+    fn a_parked_list_lets_go_of_a_gone_vmms_memory_when_its_rebuild_is_due() {
+        let config = DaemonConfig::new(vec!["/nonexistent/vm0.sock".into()]);
+        let tenancy = Arc::new(Tenancy::from_config(&config));
+        let rnic: Arc<dyn RnicObjects> = Arc::new(testing::Numbers::default());
+        let port = PortIdentity {
+            gids: crate::gid_table::GidTable::single([0; 16]),
+            guid: 1,
+            vm: 0,
+        };
+        let vm = VmState::new(Limits::default(), rnic.clone(), port, tenancy.clone());
+        let cell = Arc::new(VmCell::new(vm, 0).unwrap());
+        let gm = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x1_0000)]).unwrap();
+        let host = Arc::new(HostMem::new(Arc::new(gm)));
+        let gone = Arc::downgrade(&host);
+        cell.lock().host = Some(host);
+        cell.bump_dp_gen();
+
+        let engine = testing::engine(rnic.caps(), tenancy);
+        let vms = [Some(cell.clone())];
+        let mut lists = vec![DbList::new(cell.clone(), false)];
+        let (mut scratch, mut drr, mut active) = (Scratch::new(), Drr::default(), Vec::new());
+        drr.resize(1);
+        lists[0].refresh_if_changed(&mut scratch);
+        assert!(lists[0].host.is_some(), "built over the VM's memory");
+
+        // The VMM leaves while the VM is parked and its last rebuild was
+        // expensive: the next one is not due for an hour.
+        cell.lock().host = None;
+        cell.bump_dp_gen();
+        lists[0].parked = true;
+        let later = Instant::now() + Duration::from_secs(3600);
+        lists[0].rebuild_after = Some(later);
+        engine.sweep(&Idle, &vms, &mut lists, &mut scratch, &mut drr, &mut active);
+        assert!(gone.upgrade().is_some(), "kept while the rebuild is put off");
+        assert_eq!(scratch.next_timer, Some(later), "a timer for the rebuild");
+        assert!(lists[0].parked);
+
+        // The rebuild is due; nobody kicks the VM.
+        lists[0].rebuild_after = Some(Instant::now());
+        engine.sweep(&Idle, &vms, &mut lists, &mut scratch, &mut drr, &mut active);
+        assert!(gone.upgrade().is_none(), "the gone VMM's memory is unmapped");
+        assert!(lists[0].host.is_none() && lists[0].qps.is_empty());
+        assert!(lists[0].parked, "still parked: nothing to serve");
+        assert!(active.is_empty());
+    }
 
     /// Between two readings of the clock an anticipating thread reads at
     /// most `READS_PER_CLOCK` doorbells, or one look's worth for a VM with

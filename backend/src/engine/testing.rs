@@ -1,19 +1,26 @@
 //! Fixtures of the engine's unit tests.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use virtio_rdma_abi::datapath::{SendWqe, WrOpcode};
 use virtio_rdma_abi::mem::{qp_buffer_layout, BufferDesc, PageListMode};
 use virtio_rdma_abi::qp::{Mtu, QpAttr, QpState, QpType};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::placement::Registry;
+use super::{Engine, EngineCounters};
 
 use crate::memory::pagelist::PageListLimits;
 use crate::memory::{PageList, RamMap};
+use crate::qos::QosTable;
 use crate::resources::{Qp, QpRuntime};
 use crate::rnic_objects::{
     Caps, MrKeys, MrSpec, Owner, PortGids, QpChange, QpSpec, RnicError, RnicKind, RnicObjects,
 };
 use crate::rnic_path::SendWr;
+use crate::tenancy::Tenancy;
 
 /// A QP of type `qp_type` in RTS with default attributes, its one-page
 /// ring at guest address 0 of a 64 KiB guest (nothing here reads it).
@@ -144,5 +151,26 @@ impl RnicObjects for Numbers {
     fn free_fast_mr(&self, _key: u32) {}
     fn keys_in_use(&self) -> usize {
         0
+    }
+}
+
+/// An engine (index 0) that is not running: its methods are called
+/// directly by the tests.
+pub(crate) fn engine(caps: Caps, tenancy: Arc<Tenancy>) -> Engine {
+    Engine {
+        index: 0,
+        registry: Arc::new(Registry::new(vec![0])),
+        qos_applied: AtomicU64::new(0),
+        db_flags: Arc::new(AtomicU32::new(0)),
+        counters: EngineCounters::default(),
+        caps,
+        wake: EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+        stop: AtomicBool::new(false),
+        hold: AtomicBool::new(false),
+        held: AtomicBool::new(false),
+        thread: Mutex::new(None),
+        tenancy,
+        qos: Arc::new(QosTable::new(Vec::new(), Vec::new())),
+        fence_elision: false,
     }
 }
