@@ -127,6 +127,7 @@ srv_steps="step DEVINFO ibv_devinfo -d rxe0
   run INTEROP-NATIVE-SERVER ibv_rc_pingpong -g 1 -n 200
   step VM-PP64 $(peer pingpong 0) --server -n 200 -s 64
   step VM-WRITE-LAT $(peer write-lat 0) --role server --tcp 0.0.0.0:7473 -s 2 -n 200
+  step VM-UC-LAT $(peer write-lat 0) --role server --tcp 0.0.0.0:7479 -s 2 -n 200 --uc
   step VM-WRITE-BW $(peer write-bw 0) --role server --tcp 0.0.0.0:7474 -s 65536 -n 200
   step VM-WRITE-RATE $(peer write-bw 0) --role server --tcp 0.0.0.0:7477 -s 64 -n 5000
   step FAULT fault_writer
@@ -147,6 +148,7 @@ cli_steps="peer=10.43.0.1; until ping -c 1 -W 1 \$peer >/dev/null; do sleep 1; d
   step INTEROP-NATIVE-SERVER $(peer pingpong 1) --client 10.43.0.1 -n 200
   step VM-PP64 $(peer pingpong 0) --client 10.43.0.1 -n 200 -s 64
   step VM-WRITE-LAT $(peer write-lat 0) --role client --tcp 10.43.0.1:7473 -s 2 -n 200
+  step VM-UC-LAT $(peer write-lat 0) --role client --tcp 10.43.0.1:7479 -s 2 -n 200 --uc
   step VM-WRITE-BW cpu_during $(peer write-bw 0) --role client --tcp 10.43.0.1:7474 -s 65536 -n 200
   step VM-WRITE-RATE cpu_during $(peer write-bw 0) --role client --tcp 10.43.0.1:7477 -s 64 -n 5000
   step FAULT fault_reader
@@ -365,6 +367,13 @@ check_after CM-RPING-VM-SERVER "rping: native \`rping -c -V\` on host 2 against 
   '^ping data: rdma-ping-19: ' client
 check_after CM-RPING-VM-SERVER "... the VM served them and took the disconnection" '^rdma-peer: rping-server: 20 pings served' server
 check_after VM-WRITE-LAT "write latency through the daemons (2 B, µs)" '^write_lat: size 2 ' client
+for g in server client; do
+  check_after VM-UC-LAT "UC QPs across hosts: the VM's UC QP on a host UC QP ($g)" \
+    '^write_lat_uc QP: QPN .* connected to QPN' $g
+  check_after VM-UC-LAT "... 200 round trips of WRITEs over UC, each one seen by the peer ($g)" \
+    '^rdma-peer: write-lat ok' $g
+done
+check_after VM-UC-LAT "write latency over UC through the daemons (2 B, µs)" '^write_lat: size 2 ' client
 check_after VM-WRITE-BW "write bandwidth through the daemons (65536 B)" '^write_bw: size 65536 ' client
 check_after VM-WRITE-BW "the daemon's CPU time and work requests during it" '^DAEMON-CPU ticks [0-9]+ wqes [1-9]' client
 check_after VM-WRITE-RATE "write message rate through the daemons (64 B)" '^write_bw: size 64 ' client

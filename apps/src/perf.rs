@@ -393,14 +393,16 @@ struct Rc {
     dst_mr: Mr,
     psn: u32,
     mtu: Mtu,
+    /// The QP is UC.
+    uc: bool,
 }
 
 impl Rc {
-    fn new(dev: &Device, sq_depth: u32, size: usize) -> Result<Rc> {
+    fn new(dev: &Device, sq_depth: u32, size: usize, uc: bool) -> Result<Rc> {
         let pd = Pd::alloc(dev)?;
         // Room for a completion of every WRITE the send queue can hold.
         let cq = Cq::create(dev, sq_depth.saturating_add(1))?;
-        let mut init = QpInit::rc(&cq);
+        let mut init = if uc { QpInit::uc(&cq) } else { QpInit::rc(&cq) };
         init.cap = QpCap {
             max_send_wr: sq_depth,
             // Nothing is received (WRITEs without immediate), but a QP
@@ -426,12 +428,14 @@ impl Rc {
             dst_mr,
             psn: random_psn(),
             mtu: active_mtu(dev)?,
+            uc,
         })
     }
 
     fn info(&self, dev: &Device, test: Test, size: usize, iters: u32) -> RcInfo {
         RcInfo {
-            test: test.name().to_string(),
+            // Both sides must run the same QP type too.
+            test: format!("{}{}", test.name(), if self.uc { "_uc" } else { "" }),
             qpn: self.qp.qpn(),
             psn: self.psn,
             gid: dev.gid(),
@@ -462,7 +466,11 @@ impl Rc {
         c.path_mtu = mtu;
         c.rq_psn = peer.psn;
         c.sq_psn = self.psn;
-        self.qp.rc_connect(access::REMOTE_WRITE, &c)?;
+        if self.uc {
+            self.qp.uc_connect(access::REMOTE_WRITE, &c)?;
+        } else {
+            self.qp.rc_connect(access::REMOTE_WRITE, &c)?;
+        }
         say(
             out,
             &format!(
@@ -624,6 +632,11 @@ pub struct Options {
     /// Longest wait for anything: the peer's messages, a completion, the
     /// peer's WRITE, `write_bw`'s whole run on the server.
     pub timeout: Duration,
+    /// A UC QP instead of an RC one (both sides must say so). UC has no
+    /// acknowledgements and may lose a WRITE; `write_lat` keeps one in
+    /// flight each way, so a loss (none on an idle link) ends the run at
+    /// `timeout` as an error rather than going unnoticed.
+    pub uc: bool,
 }
 
 impl Options {
@@ -771,7 +784,7 @@ fn lat(
     opts: &Options,
     out: &mut dyn Write,
 ) -> Result<LatReport> {
-    let rc = Rc::new(dev, LAT_SQ_DEPTH, opts.size)?;
+    let rc = Rc::new(dev, LAT_SQ_DEPTH, opts.size, opts.uc)?;
     let mine = rc.info(dev, Test::WriteLat, opts.size, opts.iters);
     let peer = rc.handshake(oob, &mine, opts.timeout, out)?;
     let mut w = Writer::new(&rc, LAT_SQ_DEPTH, LAT_SIGNAL_EVERY, opts.timeout);
@@ -854,7 +867,7 @@ fn bw(
         Role::Client => opts.tx_depth,
         Role::Server => 1,
     };
-    let rc = Rc::new(dev, depth, opts.size)?;
+    let rc = Rc::new(dev, depth, opts.size, opts.uc)?;
     let mine = rc.info(dev, Test::WriteBw, opts.size, opts.iters);
     let peer = rc.handshake(oob, &mine, opts.timeout, out)?;
     let report = |ns: u64| BwReport {

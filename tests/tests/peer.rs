@@ -460,6 +460,28 @@ fn lat_line(stdout: &str) -> (u64, u64, [f64; 4]) {
     )
 }
 
+/// The same over UC QPs (`--uc` on both sides): the QPs are UC and every
+/// round trip's WRITE arrives (an idle link loses none).
+#[test]
+fn write_lat_over_uc_between_two_processes() {
+    let (c, s) = pair("write-lat", &["-n", "100", "--uc"]);
+    for (name, r) in [("client", &c), ("server", &s)] {
+        assert!(
+            r.stdout.contains("write_lat_uc QP: QPN"),
+            "{name}: UC QP:\n{}",
+            r.stdout
+        );
+        let (size, iters, [min, typical, _, p99]) = lat_line(&r.stdout);
+        assert_eq!((size, iters), (64, 100), "{name}");
+        assert!(min <= typical && typical <= p99, "{name}:\n{}", r.stdout);
+        assert_eq!(
+            r.stdout.lines().last(),
+            Some("rdma-peer: write-lat ok"),
+            "{name}"
+        );
+    }
+}
+
 #[test]
 fn write_lat_between_two_processes() {
     let (c, s) = pair("write-lat", &["-n", "200"]);

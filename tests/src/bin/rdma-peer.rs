@@ -15,7 +15,7 @@
 //! rdma-peer ud --socket PATH --role server|client --tcp ADDR:PORT [-n N]
 //!           [-s SIZE] [--qkey Q] [--timeout-secs N]
 //! rdma-peer write-lat --socket PATH --role server|client --tcp ADDR:PORT
-//!           [-s SIZE] [-n ITERS] [--timeout-secs N]
+//!           [-s SIZE] [-n ITERS] [--uc] [--timeout-secs N]
 //! rdma-peer write-bw --socket PATH --role server|client --tcp ADDR:PORT
 //!           [-s SIZE] [-n ITERS] [--tx-depth D] [--timeout-secs N]
 //! rdma-peer fill --socket PATH [--max N] [--hold-secs S]
@@ -43,7 +43,8 @@
 //!   receiver (status, length, source QPN, GRH, bytes). Ends with
 //!   `rdma-peer: ud ok (N messages each way)`.
 //! - `write-lat`, `write-bw`: `virtio_rdma_apps::perf`, `ib_write_lat`'s
-//!   and `ib_write_bw`'s measurements over one RC connection. Print
+//!   and `ib_write_bw`'s measurements over one RC connection (`write-lat
+//!   --uc`: UC, the QP line then names `write_lat_uc`). Print
 //!   `write_lat: size S iters N t_min X t_typical Y t_avg Z t_p99 W usec`
 //!   and `write_bw: size S iters N MB/s X Mmsg/s Y` on both sides, then
 //!   `rdma-peer: write-lat ok` / `rdma-peer: write-bw ok`.
@@ -307,6 +308,9 @@ enum Cmd {
         #[arg(short = 'n', long, default_value_t = 1000,
               value_parser = clap::value_parser!(u32).range(1..))]
         iters: u32,
+        /// Over a UC QP instead of RC (the peer must say so too).
+        #[arg(long)]
+        uc: bool,
     },
     /// ib_write_bw's RDMA WRITE bandwidth; addresses swapped over TCP.
     WriteBw {
@@ -562,6 +566,7 @@ fn run(args: Args) -> Result<(), BoxError> {
             peer,
             size,
             iters,
+            uc,
         } => {
             let mut s = session(&vm, &peer)?;
             let opts = perf::Options {
@@ -569,6 +574,7 @@ fn run(args: Args) -> Result<(), BoxError> {
                 iters,
                 tx_depth: 1,
                 timeout: s.timeout,
+                uc,
             };
             perf::write_lat(&s.dev, s.role, &mut s.oob, &opts, &mut out)?;
             println!("rdma-peer: write-lat ok");
@@ -586,6 +592,7 @@ fn run(args: Args) -> Result<(), BoxError> {
                 iters,
                 tx_depth,
                 timeout: s.timeout,
+                uc: false,
             };
             perf::write_bw(&s.dev, s.role, &mut s.oob, &opts, &mut out)?;
             println!("rdma-peer: write-bw ok");

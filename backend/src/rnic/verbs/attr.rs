@@ -97,9 +97,13 @@ pub fn ah_attr(av: &AddressVector, src: Source) -> ibv_ah_attr {
 /// for every one of them.
 fn required(qp_type: QpType, from: QpState, to: QpState) -> u32 {
     let rc = qp_type == QpType::RC;
+    let uc = qp_type == QpType::UC;
     match (from, to) {
-        (QpState::RESET, QpState::INIT) if rc => mask::PKEY_INDEX | mask::PORT | mask::ACCESS,
+        (QpState::RESET, QpState::INIT) if rc || uc => mask::PKEY_INDEX | mask::PORT | mask::ACCESS,
         (QpState::RESET, QpState::INIT) => mask::PKEY_INDEX | mask::PORT | mask::QKEY,
+        (QpState::INIT, QpState::RTR) if uc => {
+            mask::AV | mask::PATH_MTU | mask::DEST_QPN | mask::RQ_PSN
+        }
         (QpState::INIT, QpState::RTR) if rc => {
             mask::AV
                 | mask::PATH_MTU
@@ -127,6 +131,10 @@ fn allowed(qp_type: QpType) -> u32 {
         | mask::EN_SQD_ASYNC_NOTIFY;
     match qp_type {
         QpType::UD => common | mask::QKEY,
+        // No acknowledgements: none of RC's timers, retries or reads.
+        QpType::UC => {
+            common | mask::ACCESS | mask::AV | mask::PATH_MTU | mask::RQ_PSN | mask::DEST_QPN
+        }
         _ => {
             common
                 | mask::ACCESS
@@ -314,6 +322,61 @@ mod tests {
         assert_eq!(h.ah_attr.grh.hop_limit, DEFAULT_HOP_LIMIT);
         // SAFETY: reading the byte view of a GID union.
         assert_eq!(unsafe { h.ah_attr.grh.dgid.raw }, [0xfe; 16]);
+    }
+
+    /// A UC QP carries what the kernel requires of UC at each step and
+    /// none of RC's acknowledgement attributes, even if the guest named
+    /// them (the host would refuse the change).
+    #[test]
+    fn uc_changes_carry_uc_attributes_only() {
+        use ibv_qp_attr_mask as x;
+        let mut attr = QpAttr {
+            path_mtu: 3,
+            dest_qpn: 0x1234,
+            rq_psn: 5,
+            sq_psn: 6,
+            max_dest_rd_atomic: 1,
+            min_rnr_timer: 12,
+            timeout: 14,
+            retry_cnt: 7,
+            ..QpAttr::default()
+        };
+        attr.av.dgid = [0xfe; 16];
+        let rc_only = mask::MAX_DEST_RD_ATOMIC
+            | mask::MIN_RNR_TIMER
+            | mask::TIMEOUT
+            | mask::RETRY_CNT
+            | mask::RNR_RETRY
+            | mask::MAX_RD_ATOMIC;
+        let step = |from, to| {
+            let c = QpChange {
+                qpn: 0x11,
+                from,
+                to,
+                attr: &attr,
+                mask: mask::STATE | rc_only,
+            };
+            modify(&c, QpType::UC, SRC).1 as u32
+        };
+        assert_eq!(
+            step(QpState::RESET, QpState::INIT),
+            x::IBV_QP_STATE.0
+                | x::IBV_QP_PKEY_INDEX.0
+                | x::IBV_QP_PORT.0
+                | x::IBV_QP_ACCESS_FLAGS.0
+        );
+        assert_eq!(
+            step(QpState::INIT, QpState::RTR),
+            x::IBV_QP_STATE.0
+                | x::IBV_QP_AV.0
+                | x::IBV_QP_PATH_MTU.0
+                | x::IBV_QP_DEST_QPN.0
+                | x::IBV_QP_RQ_PSN.0
+        );
+        assert_eq!(
+            step(QpState::RTR, QpState::RTS),
+            x::IBV_QP_STATE.0 | x::IBV_QP_SQ_PSN.0
+        );
     }
 
     /// A UD QP never passes an RC attribute to the host, even if the guest

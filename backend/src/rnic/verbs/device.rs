@@ -323,7 +323,7 @@ impl VerbsDevice {
             // No fast registration through a host NIC yet (spec appendix D).
             max_fast_reg_pages: 0,
             windows: false,
-            uc: false,
+            uc: true,
             mcast: false,
             // Not built over host CQs, SRQs and regions yet (spec
             // appendix D).

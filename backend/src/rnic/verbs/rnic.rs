@@ -526,6 +526,7 @@ impl RnicObjects for VerbsRnic {
                 },
                 qp_type: match spec.qp_type {
                     QpType::UD => ibv_qp_type::IBV_QPT_UD,
+                    QpType::UC => ibv_qp_type::IBV_QPT_UC,
                     _ => ibv_qp_type::IBV_QPT_RC,
                 },
                 // Every work request is signaled on the host: the engine
