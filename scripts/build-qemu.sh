@@ -325,7 +325,7 @@ step_end
 
 # ---------------------------------------------------------------------------
 step_start check
-"$QEMU_BIN" -device help 2>&1 | grep -q '"vhost-user-rdma-pci"' \
+"$QEMU_BIN" -device help 2>&1 | grep '"vhost-user-rdma-pci"' >/dev/null \
   || die "vhost-user-rdma-pci missing from -device help"
 # Start a q35 machine far enough to load the firmware, then quit over QMP.
 printf '%s\n' '{"execute":"qmp_capabilities"}' '{"execute":"query-status"}' '{"execute":"quit"}' \

@@ -287,7 +287,7 @@ if [ "$demo" = 0 ]; then
   # The operator sees C's attempts on the other tenant: per foreign VM, 16
   # refused connects and one refused address handle.
   stats=$(target/release/vhost-user-rdma ctl --socket "$dir/mgmt.sock" --json stats vm2 || true)
-  if echo "$stats" | grep -q '"denied":34'; then
+  if grep -q '"denied":34' <<<"$stats"; then
     echo "   ctl stats vm2: 34 commands DENIED by the tenant policy, as attempted"
   else
     echo "   ctl stats vm2 does not show the 34 refused commands: $stats"; hostile_ok=0

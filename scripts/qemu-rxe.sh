@@ -24,7 +24,7 @@
 #       * latency, bandwidth and 64-byte message rate through the daemon (rdma-peer
 #         write-lat/write-bw, pingpong) next to the native tools', and the daemon's CPU time
 #         per work request (docs/benchmarks.md);
-#       * the data-path conformance tests (tests/tests/datapath*.rs) on host 1, their daemon on
+#       * the data-path conformance tests (tests/tests/datapath*.rs, uc.rs) on host 1, their daemon on
 #         rxe0 (VUR_TEST_RNIC); those whose behaviour the spec leaves to the NIC (appendix D)
 #         are skipped, each named below;
 #       * a fault: host 2's link goes down for 6 s while host 1's VM streams RDMA WRITEs to
@@ -65,7 +65,7 @@ pt=$(bash scripts/fetch-perftest.sh)
 launch_workdir rxe
 
 # The data-path conformance tests, as `cargo test` builds them (debug, stripped for the image).
-for t in datapath datapath_multi; do
+for t in datapath datapath_multi uc; do
   exe=$(cargo test --locked -q -p vhost-user-rdma-tests --test "$t" --no-run \
     --message-format=json 2>/dev/null | python3 -c '
 import json, sys
@@ -270,6 +270,8 @@ map_limit() {
 conformance() {
   VUR_TEST_RNIC=verbs:rxe0:1 datapath --test-threads 1
   VUR_TEST_RNIC=verbs:rxe0:1 datapath_multi --test-threads 1 $SKIPS
+  # UC's drops as the software RNIC counts them are its own.
+  VUR_TEST_RNIC=verbs:rxe0:1 uc --test-threads 1 --skip what_rc_would_refuse_is_dropped
 }
 # leaks BEFORE: every VM of the daemon gone, no object left, and the device's counts BEFORE.
 leaks() {
@@ -300,7 +302,8 @@ bash scripts/build-guest.sh --name rxe-host --load crc32_generic --load virtio_p
   --sysroot "$rc" --sysroot "$rc-rxe" --sysroot "$pt" \
   --bin "$(command -v rdma):/usr/local/bin/rdma" --bin target/release/vhost-user-rdma \
   --bin target/release/rdma-peer --bin "$dir/datapath:/usr/local/bin/datapath" \
-  --bin "$dir/datapath_multi:/usr/local/bin/datapath_multi" >/dev/null
+  --bin "$dir/datapath_multi:/usr/local/bin/datapath_multi" \
+  --bin "$dir/uc:/usr/local/bin/uc" >/dev/null
 
 # Two free UDP ports on the loopback for -netdev dgram.
 launch_dgram_ports
@@ -321,8 +324,10 @@ guest client 1 ". /etc/client.sh"
 launch_wait_guests server client
 echo "== qemu-rxe: guests ran $(($(date +%s) - t)) s, exit ${rcs[0]} ${rcs[1]}"
 
-if tr -d '\r' <"$dir/server.console" | grep -q 'state:.*PORT_ACTIVE' &&
-  tr -d '\r' <"$dir/server.console" | grep -q 'link_layer:.*Ethernet'; then
+# (grep on the file: `grep -q` at the end of a pipe can make its writer die of SIGPIPE, which
+# pipefail reports as a failure.)
+if grep -q 'state:.*PORT_ACTIVE' "$dir/server.console" &&
+  grep -q 'link_layer:.*Ethernet' "$dir/server.console"; then
   ok "ibv_devinfo: rxe0 $(tr -d '\r' <"$dir/server.console" | grep -m1 -o 'state:.*PORT_ACTIVE.*'), Ethernet"
 else
   failed "ibv_devinfo does not show an active Ethernet port on rxe0"
@@ -392,6 +397,8 @@ check_after MAP-LIMIT "... the daemon shows the first VM's mappings at its share
 check_after CONFORMANCE "conformance tests on rxe: tests/datapath.rs" '^test result: ok[.] 17 passed' server
 check_after CONFORMANCE "conformance tests on rxe: tests/datapath_multi (those that apply)" \
   "^test result: ok[.] [0-9]+ passed; 0 failed; 0 ignored; 0 measured; ${#skips[@]} filtered out" server
+check_after CONFORMANCE "conformance tests on rxe: tests/uc.rs (UC QPs on host UC QPs)" \
+  '^test result: ok[.] 5 passed; 0 failed; 0 ignored; 0 measured; 1 filtered out' server
 # Every step ran whatever the others did; these name the ones that failed.
 for g in server client; do
   steps=$(tr -d '\r' <"$dir/$g.console" | grep -E '^STEPS(-FAILED)?:' | tail -n1)

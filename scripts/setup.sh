@@ -21,6 +21,6 @@ pkgs=(
 )
 guest_need_pkgs "${pkgs[@]}"
 
-if ! rustup component list --installed 2>/dev/null | grep -q '^clippy'; then
+if ! rustup component list --installed 2>/dev/null | grep '^clippy' >/dev/null; then
   rustup component add clippy rustfmt >/dev/null 2>&1 || true
 fi

@@ -67,7 +67,7 @@ t4=$(guest_now)
 step "boot + exit code (QEMU wall time)" "$t3" "$t4"
 indent <<<"$out"
 check "run-guest.sh exits with the guest command's code (3; got $rc)" "$([ "$rc" = 3 ]; echo $?)"
-check "console has 'GUEST-EXIT: 3'" "$(tr -d '\r' <"$work/exit.log" | grep -qx 'GUEST-EXIT: 3'; echo $?)"
+check "console has 'GUEST-EXIT: 3'" "$(tr -d '\r' <"$work/exit.log" | grep -x 'GUEST-EXIT: 3' >/dev/null; echo $?)"
 
 # shellcheck disable=SC2016 # expanded in the guest
 probe='lsmod; grep -E "^HugePages_(Total|Free)" /proc/meminfo; echo "pci: $(ls /sys/bus/pci/devices | wc -l)"
@@ -123,7 +123,7 @@ step "failure paths" "$t5" "$t6"
 # With a QEMU that has our device and a built daemon: the RDMA device is bound to
 # uio_pci_generic at boot, with bus mastering on.
 daemon=${VHOST_USER_RDMA_BIN:-$here/../target/release/vhost-user-rdma}
-if ! "$QEMU" -device help 2>/dev/null | grep -q '"vhost-user-rdma-pci"'; then
+if ! "$QEMU" -device help 2>/dev/null | grep '"vhost-user-rdma-pci"' >/dev/null; then
   echo "skipped: RDMA device test ($QEMU has no vhost-user-rdma-pci)"
   skipped=$((skipped + 1))
 elif [ ! -x "$daemon" ]; then

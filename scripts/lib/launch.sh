@@ -81,7 +81,7 @@ _launch_pidfile_pid() {
   local p
   p=$(cat "$1" 2>/dev/null) || return 1
   [[ "$p" =~ ^[0-9]+$ ]] || return 1
-  { tr '\0' '\n' <"/proc/$p/cmdline"; } 2>/dev/null | grep -qxF -- "$1" || return 1
+  { tr '\0' '\n' <"/proc/$p/cmdline"; } 2>/dev/null | grep -xF -- "$1" >/dev/null || return 1
   echo "$p"
 }
 

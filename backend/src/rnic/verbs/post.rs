@@ -16,7 +16,7 @@ use virtio_rdma_abi::datapath::{
     QpDoorbell, Sge, WcOpcode, WcStatus, WrOpcode, WQE_FENCE, WQE_SOLICITED,
 };
 use virtio_rdma_abi::event::EventKind;
-use virtio_rdma_abi::qp::QpState;
+use virtio_rdma_abi::qp::{QpState, QpType};
 
 use super::rnic::{lock_tables, Sent, VerbsRnic, VmHost, RECV_SRQ, RECV_WR};
 use crate::engine::completer::{complete, error_cqe};
@@ -106,6 +106,16 @@ pub(super) fn send(
             drop(t);
             return failed(state, status);
         }
+    }
+    if gone && msg.qp_type == QpType::UC {
+        // UC: a message to a destroyed QP is lost without a word (spec
+        // 18.11.6, 18.23); it must not reach a QP that reuses the number.
+        if in_flight {
+            return Step::Busy;
+        }
+        drop(t);
+        let c = Completion::ok(wr.hdr.wr_id, msg.op, 0);
+        return complete_send(state, mem, msg.qp, msg.index, c);
     }
     if gone {
         // The QP it is connected to on this host was destroyed (spec
