@@ -631,7 +631,8 @@ fn api_refuses_bad_requests_and_keeps_serving() {
     // An oversized request: an error, then the connection is closed.
     let mut big = Api::connect(&d.mgmt);
     let junk = vec![b'x'; 70 * 1024];
-    big.send_raw(&junk);
+    // The daemon may close before it has read all of it.
+    big.try_send(&junk);
     assert_error(&big.read_answer(), "longer than 65536 bytes");
     let mut rest = String::new();
     assert_eq!(big.reader.read_line(&mut rest).unwrap(), 0, "{rest}");
@@ -643,7 +644,7 @@ fn api_refuses_bad_requests_and_keeps_serving() {
     at.send_raw(&line);
     assert_error(&at.read_answer(), "invalid JSON");
     line.insert(0, b'x');
-    at.send_raw(&line);
+    at.try_send(&line);
     assert_error(&at.read_answer(), "longer than 65536 bytes");
     drop(at);
 
