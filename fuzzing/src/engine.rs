@@ -65,7 +65,7 @@ use virtio_rdma_abi::datapath::{WcOpcode, WcStatus, UD_GRH_SIZE};
 use virtio_rdma_abi::event::Event;
 use virtio_rdma_abi::mem::access;
 use virtio_rdma_abi::qp::{AddressVector, QpType, GSI_QPN, MAX_MAD_BYTES};
-use virtio_rdma_abi::verbs::{MW_TYPE_1, MW_TYPE_2};
+use virtio_rdma_abi::verbs::{MW_TYPE_1, MW_TYPE_2, REREG_TRANSLATION};
 use virtio_rdma_driver::{
     Ah, Cq, Device, DeviceOptions, DmaBuf, DmaRegion, Error as DrvError, FastMr, FastReg, Mr, Mw,
     MwBind, Pd, Qp, QpCap, QpInit, RcConnect, RecvWr, SendOp, SendWr, Sge, SharedMemory, Token,
@@ -331,6 +331,22 @@ pub enum Op {
         off: u16,
         /// Its length.
         len: u16,
+    },
+    /// `RESIZE_CQ` (`F_RESIZE`) of a VM's CQ while its QPs' work runs:
+    /// to 16 << (`depth` % 6) entries, below what is outstanding too
+    /// (refused) or below what is to come (the CQ may overflow later).
+    ResizeCq(u8, u8),
+    /// `REREG_MR` (`F_RESIZE`) of a VM's buffer region while work uses it:
+    /// `flags` % 8 of translation (the same buffer again), PD (the same)
+    /// and access (`access` % 4 picks rights, fewer than before too); the
+    /// keys stay. A bound window makes it `BUSY`.
+    ReregMr {
+        /// VM.
+        vm: u8,
+        /// `REREG_*` flags (0: refused).
+        flags: u8,
+        /// Which rights.
+        access: u8,
     },
 }
 
@@ -1121,6 +1137,27 @@ impl Harness {
             | Op::BindMw { .. } => {
                 self.fast_step(op);
             }
+            Op::ResizeCq(v, depth) => {
+                let (_, vm) = self.vm(v);
+                check("RESIZE_CQ", vm.cq.resize(16 << (depth % 6)));
+            }
+            Op::ReregMr {
+                vm: v,
+                flags,
+                access: a,
+            } => {
+                let (_, vm) = self.vm(v);
+                let rights = match a % 4 {
+                    0 => BUF_ACCESS,
+                    1 => access::LOCAL_WRITE,
+                    2 => access::LOCAL_WRITE | access::REMOTE_READ,
+                    _ => access::LOCAL_WRITE | access::REMOTE_WRITE | access::MW_BIND,
+                };
+                let flags = u32::from(flags % 8);
+                let buf = (flags & REREG_TRANSLATION != 0).then(|| vm.buf.clone());
+                let pd = vm.pd.clone();
+                check("REREG_MR", vm.mr.rereg(flags, Some(&pd), rights, buf));
+            }
         }
     }
 
@@ -1377,18 +1414,21 @@ impl Harness {
     }
 
     /// A SEND between fresh QPs of two VMs completes on both sides. The
-    /// QPs join their VMs' QPs, for the device resets that follow.
+    /// QPs join their VMs' QPs, for the device resets that follow. They
+    /// complete into CQs of their own: the input may have left a VM's CQ
+    /// in error (an overflow after `Op::ResizeCq` made it small).
     fn probe(&mut self) {
         let (a, b) = (0, 1);
         let mk = |vm: &VmS| {
-            let mut init = QpInit::rc(&vm.cq);
+            let cq = Cq::create(&vm.dev, 16).expect("probe: create CQ");
+            let mut init = QpInit::rc(&cq);
             init.cap = cap();
-            Qp::create(&vm.pd, &init).expect("probe: create QP")
+            (Qp::create(&vm.pd, &init).expect("probe: create QP"), cq)
         };
         // Fresh numbers: no QP of the fuzzed traffic is connected to them.
         self.rnic.fresh_only(true);
-        let qa = mk(self.vms[a].as_ref().expect("open"));
-        let qb = mk(self.vms[b].as_ref().expect("open"));
+        let (qa, cqa) = mk(self.vms[a].as_ref().expect("open"));
+        let (qb, cqb) = mk(self.vms[b].as_ref().expect("open"));
         self.rnic.fresh_only(false);
         // (Fresh, so never in a VM's dead list; kept for safety.)
         for (i, q) in [(a, &qa), (b, &qb)] {
@@ -1425,10 +1465,10 @@ impl Harness {
         }];
         qa.post_send(&[SendWr::signaled(PROBE, SendOp::Send, &ssge)])
             .expect("probe: post send");
-        for (vm, q, who) in [(va, &qa, "sender"), (vb, &qb, "receiver")] {
+        for (vm, q, cq, who) in [(va, &qa, &cqa, "sender"), (vb, &qb, &cqb, "receiver")] {
             let mut wc = [WorkCompletion::default(); 32];
             let done = || {
-                let n = vm.cq.poll(&mut wc);
+                let n = cq.poll(&mut wc);
                 let mut found = false;
                 for c in &wc[..n] {
                     assert!(!vm.dead.contains(&c.qpn), "completion {c:?} for a dead QP");
