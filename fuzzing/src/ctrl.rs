@@ -971,7 +971,7 @@ impl Vm {
                     max_send_sge: ssge,
                     max_recv_sge: rsge,
                     max_inline_data: inl,
-                    reserved: 0,
+                    xrcd_handle: 0,
                     db_gpa: db.aligned(DB_RECORD_SIZE),
                     buf: desc,
                 }

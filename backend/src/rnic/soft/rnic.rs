@@ -44,6 +44,9 @@ pub struct SoftRnic {
     /// Multicast group -> the UD QPs attached to it, of every VM (a sender
     /// reaches those of its tenant only: `route`).
     mcast: RwLock<HashMap<[u8; 16], Vec<Owner>>>,
+    /// XRC SRQ numbers (`F_XRC`): random and unique on the RNIC, as QPNs
+    /// are, so that a number says nothing of another VM's SRQs.
+    srqns: Mutex<Directory<Owner>>,
 }
 
 impl Default for SoftRnic {
@@ -59,6 +62,7 @@ impl SoftRnic {
             qpns: RwLock::new(Directory::new(QPN_MASK, FIRST_QPN)),
             keys: Mutex::new(KeySpace::new()),
             mcast: RwLock::new(HashMap::new()),
+            srqns: Mutex::new(Directory::new(QPN_MASK, 1)),
         }
     }
 
@@ -93,6 +97,7 @@ impl RnicObjects for SoftRnic {
             windows: true,
             uc: true,
             mcast: true,
+            xrc: true,
             resize: true,
             gids: PortGids::PerVm,
             gsi: true,
@@ -111,6 +116,14 @@ impl RnicObjects for SoftRnic {
 
     fn destroy_qp(&self, qpn: u32) {
         self.qpns().free(qpn);
+    }
+
+    fn alloc_srqn(&self, owner: Owner) -> Result<u32, RnicError> {
+        lock(&self.srqns).alloc(owner)
+    }
+
+    fn free_srqn(&self, srqn: u32) {
+        lock(&self.srqns).free(srqn);
     }
 
     fn lookup_qpn(&self, qpn: u32) -> Option<Owner> {
