@@ -606,12 +606,13 @@ struct ibv_srq *vrdma_create_srq_common(struct ibv_context *context,
 		goto err;
 	}
 	srq->handle = uresp->srq_handle;
-	if (xrc) {
-		srq->vsrq.srq_type = IBV_SRQT_XRC;
+	/*
+	 * libibverbs sets the number from the ioctl's attribute; the write()
+	 * path has it in the response only.
+	 */
+	srq->vsrq.srq_type = xrc ? IBV_SRQT_XRC : IBV_SRQT_BASIC;
+	if (xrc && !srq->vsrq.srq_num)
 		srq->vsrq.srq_num = xresp.ibv_resp.srqn;
-	} else {
-		srq->vsrq.srq_type = IBV_SRQT_BASIC;
-	}
 	attr->attr.max_wr = srq->depth;
 	return &srq->vsrq.srq;
 err:
