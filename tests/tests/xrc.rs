@@ -2,8 +2,10 @@
 //! daemon, through the real vhost-user socket: an XRC_INI QP's messages
 //! land in the XRC SRQ each names at the XRC_TGT QP it is connected to and
 //! complete on that SRQ's CQ; an SRQ number of another domain or another VM
-//! is an invalid request; DESTROY_CTX takes a domain's SRQs and target QPs
-//! with it; the control path refuses what does not fit.
+//! is an invalid request; XRC and RC QPs do not talk to each other, and an
+//! initiator reaches targets of its tenant only; DESTROY_CTX takes a
+//! domain's SRQs and target QPs with it; the control path refuses what does
+//! not fit.
 
 // A test file: helpers panic on failure like the tests themselves.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -11,9 +13,10 @@
 use std::sync::Arc;
 
 use vhost_user_rdma_tests::dp::{
-    cap, conn_qpn, expect_event, failed, ok, pattern, poll_one, two_vms, wr, Buf, Vm, QP_ACCESS,
+    cap, conn_qpn, expect_event, failed, fast, ok, open, pattern, poll_one, status, two_vms, wr,
+    Buf, Vm, QP_ACCESS,
 };
-use vhost_user_rdma_tests::harness::TestDaemon;
+use vhost_user_rdma_tests::harness::{add_tenant, TestDaemon};
 use vhost_user_rdma_tests::verbs::{status_of, QpInit as RawQpInit, Verbs};
 use virtio_rdma_abi::ctrl::{quota, Status};
 use virtio_rdma_abi::datapath::{WcOpcode, WcStatus};
@@ -301,4 +304,67 @@ fn refusals() {
         status_of(&v.open_xrcd(ctx + 100)).map(|s| s.0),
         Some(Status::BAD_HANDLE)
     );
+}
+
+/// Spec 18.11.8: an XRC initiator reaches XRC targets only, and an RC QP
+/// no target: a message to a QP of another type is unreachable (retried,
+/// then `RETRY_EXC_ERR`), and nothing arrives.
+#[test]
+fn xrc_and_rc_do_not_mix() {
+    let (_d, a, b) = two_vms();
+    let t = target(&b, 1);
+    let src = Buf::new(&a, 4096);
+    let dst = Buf::guarded(&b, 4096);
+    post_recv(&t.srqs[0], 1, &dst, 0, 4096);
+    // An RC QP of A connected to the target's number.
+    let cqa = Cq::create(&a.dev, 16).unwrap();
+    let mut init = QpInit::rc(&cqa);
+    init.cap = cap();
+    let rc = Qp::create(&a.pd, &init).unwrap();
+    rc.rc_connect(QP_ACCESS, &fast(conn_qpn(t.tgt.qpn(), &b)))
+        .unwrap();
+    rc.post_send(&[wr(2, SendOp::Send, &[src.sge(0, 8)])])
+        .unwrap();
+    failed(&poll_one(&cqa), 2, WcStatus::RETRY_EXC_ERR);
+    // An initiator connected to an RC QP of B.
+    let cqb = Cq::create(&b.dev, 16).unwrap();
+    let mut init = QpInit::rc(&cqb);
+    init.cap = cap();
+    let rc_b = Qp::create(&b.pd, &init).unwrap();
+    let cqi = Cq::create(&a.dev, 16).unwrap();
+    let mut init = QpInit::xrc_ini(&cqi);
+    init.cap = QpCap {
+        max_recv_wr: 0,
+        max_recv_sge: 0,
+        ..cap()
+    };
+    let ini = Qp::create(&a.pd, &init).unwrap();
+    ini.xrc_ini_connect(&fast(conn_qpn(rc_b.qpn(), &b)))
+        .unwrap();
+    ini.post_send_xrc(t.srqs[0].srqn(), &[wr(3, SendOp::Send, &[src.sge(0, 8)])])
+        .unwrap();
+    failed(&poll_one(&cqi), 3, WcStatus::RETRY_EXC_ERR);
+    dst.assert_untouched(0, 4096, "messages of the wrong type");
+}
+
+/// Spec 18.23, 18.11.8: XRC connects as RC does, within the tenant: an
+/// initiator cannot be pointed at a target of another tenant's VM.
+#[test]
+fn a_target_of_another_tenant_is_out_of_reach() {
+    let d = TestDaemon::with_config(2, |c| {
+        add_tenant(c, "red", &[1]);
+    })
+    .unwrap();
+    let (a, red) = (open(&d, 0), open(&d, 1));
+    let t = target(&red, 1);
+    let cq = Cq::create(&a.dev, 16).unwrap();
+    let mut init = QpInit::xrc_ini(&cq);
+    init.cap = QpCap {
+        max_recv_wr: 0,
+        max_recv_sge: 0,
+        ..cap()
+    };
+    let ini = Qp::create(&a.pd, &init).unwrap();
+    let r = ini.xrc_ini_connect(&conn_qpn(t.tgt.qpn(), &red));
+    assert_eq!(status(r).0, Status::DENIED);
 }
