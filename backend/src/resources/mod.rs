@@ -417,13 +417,7 @@ impl VmResources {
                 inc(&mut srq.users);
             }
         }
-        if let Some((qp_type, xrcd)) = self.qps.get(h).map(|q| (q.qp_type, q.xrcd)) {
-            if qp_type == QpType::XRC_TGT {
-                if let Some(d) = self.xrcds.get_mut(xrcd) {
-                    inc(&mut d.users);
-                }
-            }
-        }
+        self.join_domain(h);
         Ok((h, qpn))
     }
 
@@ -459,7 +453,7 @@ impl VmResources {
         self.detach_all_mcast(handle, t);
         let qp = self.qps.remove(handle).ok_or(DestroyError::BadHandle)?;
         self.refund(&qp);
-        self.tgt_in_domain(&qp, false);
+        self.leave_domain(&qp);
         self.invalidate_windows_of(handle);
         if let Some(pd) = self.pds.get_mut(qp.pd) {
             dec(&mut pd.users);

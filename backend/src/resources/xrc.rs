@@ -88,17 +88,28 @@ impl VmResources {
         }
     }
 
-    /// Counts a new XRC_TGT QP in its domain, or forgets a destroyed one.
-    pub(super) fn tgt_in_domain(&mut self, qp: &Qp, created: bool) {
+    /// Counts a new XRC_TGT QP `h` in its domain.
+    pub(super) fn join_domain(&mut self, h: u32) {
+        let Some(x) = self
+            .qps
+            .get(h)
+            .filter(|q| q.qp_type == QpType::XRC_TGT)
+            .map(|q| q.xrcd)
+        else {
+            return;
+        };
+        if let Some(d) = self.xrcds.get_mut(x) {
+            inc(&mut d.users);
+        }
+    }
+
+    /// Forgets destroyed QP `qp` in its domain, if it is an XRC_TGT QP.
+    pub(super) fn leave_domain(&mut self, qp: &Qp) {
         if qp.qp_type != QpType::XRC_TGT {
             return;
         }
         if let Some(d) = self.xrcds.get_mut(qp.xrcd) {
-            if created {
-                inc(&mut d.users);
-            } else {
-                dec(&mut d.users);
-            }
+            dec(&mut d.users);
         }
     }
 

@@ -2,6 +2,7 @@
 //! on the responder QP's VM — the copy of an RDMA WRITE or READ, an atomic,
 //! or the placement of a message into a receive WQE ([`super::receive`]).
 
+use log::debug;
 use virtio_rdma_abi::datapath::{WcStatus, WrOpcode};
 use virtio_rdma_abi::mem::access as acc;
 use virtio_rdma_abi::qp::QpType;
@@ -145,7 +146,14 @@ pub fn respond(
     };
     // An XRC message names the SRQ it goes to: one of the TGT QP's domain
     // in this VM, else an invalid request (spec 18.11.8).
-    if tgt && state.res.bind_xrc_srq(qp, req.wr.hdr.xrc_srqn).is_err() {
+    if let Some(miss) = tgt
+        .then(|| state.res.bind_xrc_srq(qp, req.wr.hdr.xrc_srqn).err())
+        .flatten()
+    {
+        debug!(
+            "QP {:#x}: XRC SRQ number {:#x} from QP {:#x} refused ({miss:?})",
+            req.dest_qpn, req.wr.hdr.xrc_srqn, req.src_qpn
+        );
         if let Some(c) = state.tenancy().counters(req.vm) {
             IsolationCounters::bump(&c.unknown_qpn);
         }
