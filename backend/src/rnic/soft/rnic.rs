@@ -219,6 +219,33 @@ mod tests {
     use virtio_rdma_abi::qp::QpType;
     use vm_memory::{GuestAddress, GuestMemoryMmap};
 
+    /// Spec 12.29, appendix D: XRC SRQ numbers are 24 bits, never 0, one
+    /// owner each until freed; an RNIC without XRC does not offer `F_XRC`.
+    #[test]
+    fn srq_numbers_and_the_xrc_feature() {
+        use virtio_rdma_abi::config::F_XRC;
+        let r = SoftRnic::new();
+        let owner = Owner {
+            vm: 1,
+            handle: 9,
+            incarnation: 0,
+        };
+        let n: Vec<u32> = (0..64).map(|_| r.alloc_srqn(owner).unwrap()).collect();
+        assert!(n.iter().all(|&x| x != 0 && x <= QPN_MASK));
+        let mut unique = n.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), n.len());
+        for x in n {
+            r.free_srqn(x);
+        }
+        assert!(lock(&r.srqns).is_empty());
+        let caps = r.caps();
+        assert_ne!(caps.features() & F_XRC, 0);
+        let without = Caps { xrc: false, ..caps };
+        assert_eq!(without.features() & F_XRC, 0);
+    }
+
     #[test]
     fn qpns_are_24_bit_and_owned() {
         let r = SoftRnic::new();
