@@ -27,6 +27,11 @@ pub const F_RESIZE: u64 = 1 << 6;
 pub const F_MW: u64 = 1 << 7;
 /// Feature bit (ABI version 3): unreliable connected QPs (`qp_type` UC).
 pub const F_UC: u64 = 1 << 8;
+/// Feature bit (ABI version 3): extended reliable connected transport —
+/// XRC domains (`OPEN_XRCD`, `CLOSE_XRCD`), XRC SRQs (`CREATE_XRC_SRQ`),
+/// `qp_type` XRC_INI and XRC_TGT, and the send WQE's `xrc_srqn`; needs
+/// `F_SRQ`.
+pub const F_XRC: u64 = 1 << 9;
 /// Feature bit (ABI version 3): UD multicast within the tenant
 /// (`ATTACH_MCAST`, `DETACH_MCAST`, sends to `MCAST_QPN`; needs `F_UD`).
 pub const F_MCAST: u64 = 1 << 10;
@@ -41,6 +46,7 @@ pub const ALL_DEVICE_FEATURES: u64 = F_UD
     | F_RESIZE
     | F_MW
     | F_UC
+    | F_XRC
     | F_MCAST;
 
 /// The device-specific feature bits ABI version 2 defines: all a device

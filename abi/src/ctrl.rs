@@ -84,6 +84,10 @@ code_enum! {
         ALLOC_PD = 0x20,
         /// Free a protection domain.
         DEALLOC_PD = 0x21,
+        /// Open an XRC domain (`F_XRC`).
+        OPEN_XRCD = 0x22,
+        /// Close an XRC domain (`F_XRC`).
+        CLOSE_XRCD = 0x23,
         /// Create a completion queue.
         CREATE_CQ = 0x30,
         /// Destroy a completion queue.
@@ -127,6 +131,8 @@ code_enum! {
         QUERY_SRQ = 0x72,
         /// Destroy a shared receive queue.
         DESTROY_SRQ = 0x73,
+        /// Create an XRC shared receive queue (`F_XRC`).
+        CREATE_XRC_SRQ = 0x74,
     }
 }
 
@@ -196,6 +202,8 @@ pub mod quota {
     pub const MCAST_GROUPS: u32 = 11;
     /// QPs of the instance in one multicast group (`MAX_MCAST_QP_ATTACH`).
     pub const MCAST_MEMBERS: u32 = 12;
+    /// XRC domains of the instance (`MAX_XRCD`, `F_XRC`).
+    pub const XRCD: u32 = 13;
 }
 
 /// `BAD_ADDRESS` detail: the doorbell record is misaligned or outside RAM.

@@ -386,8 +386,9 @@ wire_struct! {
         remote_qpn: u32,
         /// Q_Key (UD).
         remote_qkey: u32,
-        /// Must be zero.
-        reserved: u32,
+        /// XRC_INI: the number of the XRC SRQ the message goes to at the
+        /// destination (`F_XRC`); zero on every other QP type.
+        xrc_srqn: u32,
     }
 }
 

@@ -15,6 +15,12 @@ code_enum! {
         GSI = 3,
         /// Unreliable connected (requires `F_UC`).
         UC = 4,
+        /// XRC initiator: the send side of an XRC connection, no receive
+        /// queue (requires `F_XRC`).
+        XRC_INI = 5,
+        /// XRC target: the receive side of an XRC connection, no rings;
+        /// its messages land in the XRC SRQ each names (requires `F_XRC`).
+        XRC_TGT = 6,
     }
 }
 
@@ -27,9 +33,17 @@ impl QpType {
     }
 
     /// Whether the type is connected to one destination QP (its `av` and
-    /// `dest_qpn`): RC and UC.
+    /// `dest_qpn`): RC, UC and XRC's two halves.
     pub fn connected(self) -> bool {
-        matches!(self, QpType::RC | QpType::UC)
+        matches!(
+            self,
+            QpType::RC | QpType::UC | QpType::XRC_INI | QpType::XRC_TGT
+        )
+    }
+
+    /// Whether the type is one of XRC's two halves.
+    pub fn xrc(self) -> bool {
+        matches!(self, QpType::XRC_INI | QpType::XRC_TGT)
     }
 }
 

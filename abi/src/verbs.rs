@@ -233,12 +233,23 @@ wire_struct! {
 }
 
 wire_struct! {
-    /// DESTROY_CTX and ALLOC_PD request.
+    /// DESTROY_CTX, ALLOC_PD and OPEN_XRCD request.
     pub struct CtxHandleReq {
         /// A context handle.
         ctx_handle: u32,
     }
 }
+
+wire_struct! {
+    /// CLOSE_XRCD request and OPEN_XRCD response (`F_XRC`).
+    pub struct XrcdHandle {
+        /// An XRC domain handle.
+        xrcd_handle: u32,
+    }
+}
+
+/// Most XRC domains one device instance has open at once (`F_XRC`).
+pub const MAX_XRCD: u32 = 64;
 
 wire_struct! {
     /// DEALLOC_PD request.
@@ -471,8 +482,8 @@ wire_struct! {
         max_recv_sge: u32,
         /// Inline data bytes per send WQE.
         max_inline_data: u32,
-        /// Must be zero.
-        reserved: u32,
+        /// XRC_TGT: its XRC domain (`F_XRC`); zero for every other type.
+        xrcd_handle: u32,
         /// Guest-physical address of the QP's doorbell record.
         db_gpa: u64,
         /// Send and receive rings (layout from `qp_buffer_layout`).
@@ -600,8 +611,33 @@ wire_struct! {
         /// Doorbell slot of the SRQ in its context's doorbell page, or
         /// `DB_NONE` (guest-RAM doorbell mode).
         db_slot: u32,
-        /// Must be zero.
-        reserved: u32,
+        /// An XRC SRQ's number, which XRC_INI senders name (`CREATE_XRC_SRQ`);
+        /// zero for any other SRQ.
+        srqn: u32,
+    }
+}
+
+wire_struct! {
+    /// CREATE_XRC_SRQ request (`F_XRC`; followed by the page list of
+    /// `buf`): a [`CreateSrqReq`] with the XRC domain and the CQ its
+    /// receives complete on.
+    pub struct CreateXrcSrqReq {
+        /// Protection domain.
+        pd_handle: u32,
+        /// Number of WQEs, a power of two.
+        depth: u32,
+        /// Scatter/gather entries per WQE.
+        max_sge: u32,
+        /// Limit: 0 disarmed, otherwise less than `depth`.
+        limit: u32,
+        /// The XRC domain.
+        xrcd_handle: u32,
+        /// The CQ of its receive completions.
+        cq_handle: u32,
+        /// Guest-physical address of the SRQ's doorbell record.
+        db_gpa: u64,
+        /// Ring memory: `depth << recv_wqe_shift(max_sge)` bytes.
+        buf: BufferDesc,
     }
 }
 
@@ -688,6 +724,8 @@ impl Opcode {
             CREATE_CTX => ("CreateCtxReq", false, "CreateCtxResp"),
             DESTROY_CTX => ("CtxHandleReq", false, "none"),
             ALLOC_PD => ("CtxHandleReq", false, "PdHandleResp"),
+            OPEN_XRCD => ("CtxHandleReq", false, "XrcdHandle"),
+            CLOSE_XRCD => ("XrcdHandle", false, "none"),
             DEALLOC_PD => ("PdHandleReq", false, "none"),
             CREATE_CQ => ("CreateCqReq", true, "CqHandleResp"),
             DESTROY_CQ => ("CqHandleReq", false, "none"),
@@ -709,6 +747,7 @@ impl Opcode {
             MODIFY_SRQ => ("ModifySrqReq", false, "none"),
             QUERY_SRQ => ("SrqHandleReq", false, "QuerySrqResp"),
             DESTROY_SRQ => ("SrqHandleReq", false, "none"),
+            CREATE_XRC_SRQ => ("CreateXrcSrqReq", true, "CreateSrqResp"),
         };
         CommandShape {
             opcode: self,

@@ -101,6 +101,7 @@ fn render() -> String {
         ("F_RESIZE", config::F_RESIZE),
         ("F_MW", config::F_MW),
         ("F_UC", config::F_UC),
+        ("F_XRC", config::F_XRC),
         ("F_MCAST", config::F_MCAST),
     ] {
         assert_ne!(mask & ALL_DEVICE_FEATURES, 0);
@@ -130,6 +131,7 @@ fn render() -> String {
         ("MW_TYPE_1", u64::from(virtio_rdma_abi::verbs::MW_TYPE_1)),
         ("MW_TYPE_2", u64::from(virtio_rdma_abi::verbs::MW_TYPE_2)),
         ("MCAST_QPN", u64::from(virtio_rdma_abi::verbs::MCAST_QPN)),
+        ("MAX_XRCD", u64::from(virtio_rdma_abi::verbs::MAX_XRCD)),
         (
             "MAX_MCAST_GRP",
             u64::from(virtio_rdma_abi::verbs::MAX_MCAST_GRP),

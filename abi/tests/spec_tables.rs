@@ -410,6 +410,7 @@ fn feature_constants() -> Vec<(&'static str, u64)> {
         ("F_RESIZE", config::F_RESIZE),
         ("F_MW", config::F_MW),
         ("F_UC", config::F_UC),
+        ("F_XRC", config::F_XRC),
         ("F_MCAST", config::F_MCAST),
     ]
 }

@@ -6,13 +6,13 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 use virtio_rdma_abi::config::{
-    DeviceConfig, F_GSI, F_MCAST, F_MEM_MGT, F_MW, F_RESIZE, F_UC, F_UD, V2_DEVICE_FEATURES,
+    DeviceConfig, F_GSI, F_MCAST, F_MEM_MGT, F_MW, F_RESIZE, F_UC, F_UD, F_XRC, V2_DEVICE_FEATURES,
 };
 
 /// The device feature bits this daemon implements, and so may offer. A
 /// device offers those of them its RNIC supports (`Caps::features`).
 pub const IMPLEMENTED_FEATURES: u64 =
-    V2_DEVICE_FEATURES | F_GSI | F_MEM_MGT | F_MW | F_UC | F_MCAST | F_RESIZE;
+    V2_DEVICE_FEATURES | F_GSI | F_MEM_MGT | F_MW | F_UC | F_MCAST | F_RESIZE | F_XRC;
 use virtio_rdma_abi::mem::{send_wqe_shift, MAX_PAGE_SHIFT, MIN_PAGE_SHIFT};
 use virtio_rdma_abi::verbs::DeviceAttr;
 use virtio_rdma_abi::{ABI_VERSION, MIN_COMPATIBLE_ABI_VERSION};

@@ -130,6 +130,8 @@ pub struct Caps {
     pub uc: bool,
     /// Whether the RNIC runs UD multicast (`F_MCAST`, spec 18.11.7).
     pub mcast: bool,
+    /// Whether the RNIC runs XRC (`F_XRC`, spec 18.11.8).
+    pub xrc: bool,
     /// Whether CQs and SRQs may get new rings and regions new pages, PD
     /// and access (`F_RESIZE`, spec 12.19, 12.25, 12.26).
     pub resize: bool,
@@ -164,7 +166,7 @@ impl Caps {
     /// `F_MW` without memory windows and `F_UC` without UC.
     pub fn features(&self) -> u64 {
         use virtio_rdma_abi::config::{
-            ALL_DEVICE_FEATURES, F_MCAST, F_MEM_MGT, F_MW, F_RESIZE, F_UC,
+            ALL_DEVICE_FEATURES, F_MCAST, F_MEM_MGT, F_MW, F_RESIZE, F_UC, F_XRC,
         };
         let mut features = ALL_DEVICE_FEATURES;
         if self.max_fast_reg_pages == 0 {
@@ -178,6 +180,9 @@ impl Caps {
         }
         if !self.mcast {
             features &= !F_MCAST;
+        }
+        if !self.xrc {
+            features &= !F_XRC;
         }
         if !self.resize {
             features &= !F_RESIZE;
@@ -351,6 +356,15 @@ pub trait RnicObjects: Send + Sync {
 
     /// Destroys the host half of SRQ `owner`.
     fn destroy_srq(&self, _owner: Owner) {}
+
+    /// A number for XRC SRQ `owner` (`F_XRC`), unique on the RNIC; an RNIC
+    /// without XRC refuses.
+    fn alloc_srqn(&self, _owner: Owner) -> Result<u32, RnicError> {
+        Err(RnicError::Host(libc::EOPNOTSUPP))
+    }
+
+    /// Gives back an XRC SRQ's number.
+    fn free_srqn(&self, _srqn: u32) {}
 
     /// Creates the host half of AH `owner` of PD `pd` for `av`.
     fn create_ah(&self, _owner: Owner, _pd: u32, _av: &AddressVector) -> Result<(), RnicError> {

@@ -158,6 +158,7 @@ mod tests {
                 ("mw", 0),
                 ("srq", 0),
                 ("ah", 0),
+                ("xrcd", 0),
                 ("registered_bytes", 8192),
                 ("host_bytes", 600)
             ]

@@ -35,7 +35,8 @@ crate::stats::counters! {
         /// RC messages to a destination outside the tenant, not delivered.
         foreign_rc,
         /// Messages to a QP number that does not exist in the tenant (QPN
-        /// probing).
+        /// probing), and XRC messages naming an SRQ number the target QP's
+        /// domain does not have (SRQ number probing).
         unknown_qpn,
         /// Remote accesses refused for an rkey that names no MR of the
         /// responder, or one of another PD (rkey probing).

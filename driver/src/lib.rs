@@ -61,6 +61,7 @@ mod ring;
 pub mod srq;
 pub mod transport;
 pub mod wr;
+pub mod xrc;
 
 #[cfg(test)]
 mod tests;
@@ -81,3 +82,4 @@ pub use transport::{DmaRegion, SharedMemory, Token, Transport, TransportError};
 pub use virtio_rdma_abi;
 pub use virtio_rdma_abi::datapath::Sge;
 pub use wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, UdDest, WorkCompletion};
+pub use xrc::{XrcTgt, Xrcd};

@@ -3,8 +3,9 @@
 use std::mem::ManuallyDrop;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use virtio_rdma_abi::config::{F_ATOMIC, F_GSI, F_MCAST, F_MEM_MGT, F_MW, F_UC, F_UD};
+use virtio_rdma_abi::config::{F_ATOMIC, F_GSI, F_MCAST, F_MEM_MGT, F_MW, F_UC, F_UD, F_XRC};
 use virtio_rdma_abi::ctrl::Opcode;
+use virtio_rdma_abi::datapath::SendWqe;
 use virtio_rdma_abi::mem::qp_buffer_layout;
 use virtio_rdma_abi::qp::{AddressVector, QpState, QpType, GSI_QKEY, QP_FLAG_SIG_ALL};
 use virtio_rdma_abi::verbs::{
@@ -109,6 +110,15 @@ impl QpInit {
         }
     }
 
+    /// An XRC initiator QP (needs `F_XRC`) with default sizes, completing
+    /// its sends on `cq`: a send queue only (`recv_cq` is not used).
+    pub fn xrc_ini(cq: &Arc<Cq>) -> Self {
+        QpInit {
+            qp_type: QpType::XRC_INI,
+            ..Self::rc(cq)
+        }
+    }
+
     /// The GSI QP (QP 1, needs `F_GSI`; one per device instance) with
     /// default sizes on one CQ: a UD QP for MADs (spec 18.26).
     pub fn gsi(cq: &Arc<Cq>) -> Self {
@@ -166,6 +176,16 @@ impl Qp {
         if init.qp_type == QpType::UC {
             inner.require(F_UC)?;
         }
+        // An XRC initiator has no receive queue.
+        let ini = init.qp_type == QpType::XRC_INI;
+        if ini {
+            inner.require(F_XRC)?;
+            if init.srq.is_some() {
+                return Err(Error::InvalidArgument(
+                    "an XRC_INI QP receives nothing".into(),
+                ));
+            }
+        }
         for cq in [&init.send_cq, &init.recv_cq] {
             if !Arc::ptr_eq(&cq.device().inner, &pd.dev.inner) {
                 return Err(Error::Mismatch("the CQ belongs to another device handle"));
@@ -178,6 +198,7 @@ impl Qp {
         }
         let sq_depth = depth_of("send queue", init.cap.max_send_wr, cfg.max_qp_wr)?;
         let (rq_depth, max_recv_sge) = match &init.srq {
+            _ if ini => (0, 0),
             Some(_) => (0, init.cap.max_recv_sge),
             None => (
                 depth_of("receive queue", init.cap.max_recv_wr, cfg.max_qp_wr)?,
@@ -217,7 +238,7 @@ impl Qp {
             pd_handle: pd.handle,
             qp_type: init.qp_type.into(),
             send_cq: init.send_cq.handle(),
-            recv_cq: init.recv_cq.handle(),
+            recv_cq: if ini { 0 } else { init.recv_cq.handle() },
             srq_handle: init.srq.as_ref().map_or(0, |s| s.handle()),
             flags: if init.sig_all { QP_FLAG_SIG_ALL } else { 0 },
             sq_depth,
@@ -225,7 +246,7 @@ impl Qp {
             max_send_sge: cap.max_send_sge,
             max_recv_sge: cap.max_recv_sge,
             max_inline_data: cap.max_inline_data,
-            reserved: 0,
+            xrcd_handle: 0,
             db_gpa: mem.db.gpa(),
             buf: list.desc,
         };
@@ -456,6 +477,19 @@ impl Qp {
             .try_for_each(|a| self.modify(a))
     }
 
+    /// XRC_INI: RESET → INIT → RTR → RTS towards XRC_TGT QP `c.dest_qpn`,
+    /// with RC's connection attributes less a responder's (spec 13.2).
+    pub fn xrc_ini_connect(&self, c: &RcConnect) -> Result<()> {
+        let rtr = QpAttrs {
+            max_dest_rd_atomic: None,
+            min_rnr_timer: None,
+            ..rtr_attrs(c, self.pd.dev.gid_index())
+        };
+        [init_attrs(0), rtr, rts_attrs(c)]
+            .iter()
+            .try_for_each(|a| self.modify(a))
+    }
+
     /// Attaches this UD QP to multicast group `mgid` (`F_MCAST`, spec
     /// 12.27): it receives the group's messages from then on.
     pub fn attach_mcast(&self, mgid: [u8; 16]) -> Result<()> {
@@ -542,7 +576,26 @@ impl Qp {
     /// WQE is written into its slot, then the new `sq_pi` is stored
     /// (release) and notifyq is notified if the device asked for a kick.
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        self.post_send_to(0, wrs)
+    }
+
+    /// [`Qp::post_send`] on an XRC_INI QP: the messages go to XRC SRQ
+    /// `remote_srqn` at the target QP the QP is connected to.
+    pub fn post_send_xrc(&self, remote_srqn: u32, wrs: &[SendWr<'_>]) -> Result<()> {
+        if self.qp_type != QpType::XRC_INI {
+            return Err(Error::InvalidArgument(
+                "an SRQ number is for XRC_INI QPs".into(),
+            ));
+        }
+        self.post_send_to(remote_srqn, wrs)
+    }
+
+    fn post_send_to(&self, xrc_srqn: u32, wrs: &[SendWr<'_>]) -> Result<()> {
         self.refuse_in_reset("post_send")?;
+        let srqn_at = SendWqe::LAYOUT
+            .iter()
+            .find(|f| f.name == "xrc_srqn")
+            .map_or(0, |f| f.offset);
         let lim = SendLimits {
             qp_type: self.qp_type,
             pd_handle: self.pd.handle,
@@ -566,7 +619,17 @@ impl Qp {
                     index,
                     reason: "no such work request".into(),
                 })?;
-                encode_send_into(wr, &lim, out).map_err(|reason| Error::InvalidWr { index, reason })
+                let base = out.len();
+                encode_send_into(wr, &lim, out)
+                    .map_err(|reason| Error::InvalidWr { index, reason })?;
+                // Local operations have their own layout and no SRQ.
+                let at = base + srqn_at;
+                if xrc_srqn != 0 && !wr.op.is_local() {
+                    if let Some(f) = out.get_mut(at..at + 4) {
+                        f.copy_from_slice(&xrc_srqn.to_le_bytes());
+                    }
+                }
+                Ok(())
             },
         )
         .map(drop)
@@ -663,7 +726,7 @@ impl Drop for Qp {
 }
 
 /// RC: RESET → INIT with the remote rights `access`.
-fn init_attrs(access: u32) -> QpAttrs {
+pub(crate) fn init_attrs(access: u32) -> QpAttrs {
     QpAttrs {
         state: Some(QpState::INIT),
         pkey_index: Some(0),
@@ -674,7 +737,7 @@ fn init_attrs(access: u32) -> QpAttrs {
 }
 
 /// RC: INIT → RTR towards the peer in `c`.
-fn rtr_attrs(c: &RcConnect, own_gid_index: u8) -> QpAttrs {
+pub(crate) fn rtr_attrs(c: &RcConnect, own_gid_index: u8) -> QpAttrs {
     let av = AddressVector {
         sgid_index: c.sgid_index.unwrap_or(own_gid_index),
         ..c.av

@@ -3,15 +3,16 @@
 use std::mem::ManuallyDrop;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use virtio_rdma_abi::config::{F_RESIZE, F_SRQ};
+use virtio_rdma_abi::config::{F_RESIZE, F_SRQ, F_XRC};
 use virtio_rdma_abi::ctrl::Opcode;
 use virtio_rdma_abi::mem::recv_wqe_shift;
 use virtio_rdma_abi::verbs::{
-    CreateSrqReq, CreateSrqResp, ModifySrqReq, ModifySrqResizeReq, QuerySrqResp, SrqHandleReq,
-    SRQ_ATTR_LIMIT, SRQ_ATTR_MAX_WR,
+    CreateSrqReq, CreateSrqResp, CreateXrcSrqReq, ModifySrqReq, ModifySrqResizeReq, QuerySrqResp,
+    SrqHandleReq, SRQ_ATTR_LIMIT, SRQ_ATTR_MAX_WR,
 };
 use virtio_rdma_abi::Field;
 
+use crate::cq::Cq;
 use crate::device::outcome_unknown;
 use crate::dma::DmaBuf;
 use crate::doorbell::off;
@@ -20,6 +21,7 @@ use crate::page_list;
 use crate::pd::Pd;
 use crate::ring::{post_encoded_into, Producer, QueueMem, RingGeometry, WqRegs};
 use crate::wr::{encode_recv_at, RecvWr};
+use crate::xrc::Xrcd;
 
 const SRQ_REGS: WqRegs = WqRegs {
     pi: off::SRQ_PI,
@@ -31,8 +33,11 @@ const SRQ_REGS: WqRegs = WqRegs {
 /// QPs attached to it hold an `Arc<Srq>`.
 #[derive(Debug)]
 pub struct Srq {
+    /// An XRC SRQ's domain and CQ (`CREATE_XRC_SRQ`); dropped after it.
+    xrc: Option<(Arc<Xrcd>, Arc<Cq>)>,
     pd: Arc<Pd>,
     handle: u32,
+    srqn: u32,
     max_sge: u32,
     /// The ring's geometry and, once resized, its memory; posts hold it.
     ring: Mutex<SrqRing>,
@@ -53,6 +58,31 @@ impl Srq {
     /// Creates an SRQ of at least `max_wr` WQEs (rounded up to a power of
     /// two) with `max_sge` SGEs each and limit `limit` (0: disarmed).
     pub fn create(pd: &Arc<Pd>, max_wr: u32, max_sge: u32, limit: u32) -> Result<Arc<Srq>> {
+        Self::make(pd, max_wr, max_sge, limit, None)
+    }
+
+    /// Creates an XRC SRQ (`CREATE_XRC_SRQ`, needs `F_XRC`) of domain
+    /// `xrcd` whose receives complete on `cq`: XRC_INI QPs of any VM of the
+    /// tenant send to it by its number ([`Srq::srqn`]) through an XRC_TGT
+    /// QP of the same domain.
+    pub fn create_xrc(
+        pd: &Arc<Pd>,
+        xrcd: &Arc<Xrcd>,
+        cq: &Arc<Cq>,
+        max_wr: u32,
+        max_sge: u32,
+    ) -> Result<Arc<Srq>> {
+        pd.dev.inner.require(F_XRC)?;
+        Self::make(pd, max_wr, max_sge, 0, Some((xrcd.clone(), cq.clone())))
+    }
+
+    fn make(
+        pd: &Arc<Pd>,
+        max_wr: u32,
+        max_sge: u32,
+        limit: u32,
+        xrc: Option<(Arc<Xrcd>, Arc<Cq>)>,
+    ) -> Result<Arc<Srq>> {
         let inner = &pd.dev.inner;
         inner.require(F_SRQ)?;
         let depth = max_wr
@@ -86,7 +116,23 @@ impl Srq {
             db_gpa: mem.db.gpa(),
             buf: list.desc,
         };
-        let r: CreateSrqResp = match inner.cmd(Opcode::CREATE_SRQ, &req, &list.tail) {
+        let sent = match &xrc {
+            None => inner.cmd(Opcode::CREATE_SRQ, &req, &list.tail),
+            Some((xrcd, cq)) => {
+                let req = CreateXrcSrqReq {
+                    pd_handle: req.pd_handle,
+                    depth,
+                    max_sge,
+                    limit,
+                    xrcd_handle: xrcd.handle(),
+                    cq_handle: cq.handle(),
+                    db_gpa: req.db_gpa,
+                    buf: req.buf,
+                };
+                inner.cmd(Opcode::CREATE_XRC_SRQ, &req, &list.tail)
+            }
+        };
+        let r: CreateSrqResp = match sent {
             Ok(r) => r,
             Err(e) => {
                 if outcome_unknown(&e) {
@@ -100,8 +146,10 @@ impl Srq {
         mem.slot = slot.as_ref().ok().cloned().flatten();
         mem.flags = Some(flags);
         let srq = Srq {
+            xrc,
             pd: pd.clone(),
             handle: r.srq_handle,
+            srqn: r.srqn,
             max_sge,
             ring: Mutex::new(SrqRing {
                 geometry: ring,
@@ -125,6 +173,16 @@ impl Srq {
     /// The device handle.
     pub fn handle(&self) -> u32 {
         self.handle
+    }
+
+    /// An XRC SRQ's number (what senders name), 0 for any other SRQ.
+    pub fn srqn(&self) -> u32 {
+        self.srqn
+    }
+
+    /// An XRC SRQ's domain.
+    pub fn xrcd(&self) -> Option<&Arc<Xrcd>> {
+        self.xrc.as_ref().map(|(x, _)| x)
     }
 
     /// The SRQ's doorbell slot in the shared-memory doorbell mode;

@@ -143,7 +143,7 @@ impl SendOp {
     }
 
     /// Whether the operation is local to the QP (no message, no SGEs).
-    fn is_local(&self) -> bool {
+    pub(crate) fn is_local(&self) -> bool {
         matches!(
             self,
             SendOp::RegMr(_) | SendOp::LocalInv { .. } | SendOp::BindMw(_)

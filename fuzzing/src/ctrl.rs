@@ -344,6 +344,35 @@ pub enum Op {
     },
     /// Device reset in the middle.
     Reset,
+    /// OPEN_XRCD (`F_XRC`) in a context.
+    OpenXrcd(H),
+    /// CLOSE_XRCD.
+    CloseXrcd(H),
+    /// CREATE_XRC_SRQ (`F_XRC`).
+    CreateXrcSrq {
+        /// PD.
+        pd: H,
+        /// XRC domain.
+        xrcd: H,
+        /// CQ of its receive completions.
+        cq: H,
+        /// log2 of the depth.
+        depth_log: u8,
+        /// SGEs.
+        max_sge: u8,
+        /// Doorbell record.
+        db: Addr,
+        /// Ring.
+        buf: ListIn,
+    },
+    /// CREATE_QP of an XRC_TGT QP in a domain (with a PD as well when
+    /// `pd` is set: refused).
+    CreateTgtQp {
+        /// XRC domain.
+        xrcd: H,
+        /// A PD it must not have.
+        pd: Option<H>,
+    },
 }
 
 /// Size of the writable part of the chain.
@@ -404,6 +433,9 @@ struct Model {
     qp: Vec<Obj>,
     ah: Vec<Obj>,
     srq: Vec<Obj>,
+    xrcd: Vec<Obj>,
+    /// XRC_TGT QPs and XRC SRQs: (handle, is a QP, domain).
+    in_domain: Vec<(u32, bool, u32)>,
 }
 
 impl Model {
@@ -424,10 +456,34 @@ impl Model {
     }
 
     fn drop_ctx(&mut self, ctx: u32) {
+        // Its domains go, and with them their target QPs and XRC SRQs, of
+        // whatever context (spec 12.28).
+        let domains: Vec<u32> = self
+            .xrcd
+            .iter()
+            .filter(|o| o.ctx == ctx)
+            .map(|o| o.h)
+            .collect();
+        for &(h, is_qp, x) in &self.in_domain {
+            if domains.contains(&x) {
+                remove(if is_qp { &mut self.qp } else { &mut self.srq }, h);
+            }
+        }
+        self.xrcd.retain(|o| o.ctx != ctx);
         self.ctx.retain(|o| o.h != ctx);
         for list in self.all_mut() {
             list.retain(|o| o.ctx != ctx);
         }
+        self.forget_gone();
+    }
+
+    /// Drops the domain entries of destroyed QPs and SRQs.
+    fn forget_gone(&mut self) {
+        let (qp, srq) = (&self.qp, &self.srq);
+        self.in_domain.retain(|&(h, is_qp, _)| {
+            let list = if is_qp { qp } else { srq };
+            list.iter().any(|o| o.h == h)
+        });
     }
 
     fn registered(&self) -> u64 {
@@ -674,6 +730,36 @@ impl Vm {
             "live objects (ctx pd cq mr+mw qp ah srq) differ from what the responses said"
         );
         assert_eq!(c.mw, m.mw.len(), "live memory windows");
+        assert_eq!(c.xrcd, m.xrcd.len(), "live XRC domains");
+        assert!(c.xrcd <= MAX_XRCD as usize, "{} XRC domains", c.xrcd);
+        // Spec 12.29: every XRC SRQ has a number of its own, in the map,
+        // and a live domain and CQ; every target QP a live domain.
+        let res = &self.ctrl.res;
+        let mut numbers = Vec::new();
+        for (h, srq) in res.srqs.iter() {
+            if let Some(x) = srq.xrc {
+                assert!(
+                    x.srqn != 0 && x.srqn <= 0x00ff_ffff,
+                    "SRQ number {:#x}",
+                    x.srqn
+                );
+                assert_eq!(res.srqns.get(&x.srqn), Some(&h), "SRQ number map");
+                assert!(
+                    res.xrcds.get(x.xrcd).is_some(),
+                    "XRC SRQ of a closed domain"
+                );
+                assert!(res.cqs.get(x.cq).is_some(), "XRC SRQ of a destroyed CQ");
+                numbers.push(x.srqn);
+            }
+        }
+        assert_eq!(numbers.len(), res.srqns.len(), "stale SRQ numbers");
+        for (_, q) in res.qps.iter() {
+            assert_eq!(
+                q.qp_type == QpType::XRC_TGT,
+                q.xrcd != 0 && res.xrcds.get(q.xrcd).is_some(),
+                "a target QP and only one has a live domain"
+            );
+        }
         // Spec 12.27: only live UD QPs are attached to groups, within the
         // limits.
         let groups = &self.ctrl.res.mcast;
@@ -946,15 +1032,22 @@ impl Vm {
                 let sq_depth = depth(*sq_log % 8);
                 let qp_type = match (*ud, *sq_log >= 0xc0, *sq_log >= 0x80) {
                     (false, _, true) => QpType::UC,
+                    // An XRC initiator: no receive side.
+                    (false, _, false) if *sq_log >= 0x60 => QpType::XRC_INI,
                     (false, _, false) => QpType::RC,
                     (true, false, _) => QpType::UD,
                     (true, true, _) => QpType::GSI,
                 };
+                let ini = qp_type == QpType::XRC_INI;
                 let srq_handle = srq.map_or(0, |h| pick(&m.srq, h));
-                let rq_depth = if srq.is_some() { 0 } else { depth(*rq_log % 8) };
+                let rq_depth = if srq.is_some() || ini {
+                    0
+                } else {
+                    depth(*rq_log % 8)
+                };
                 let (ssge, rsge, inl) = (
                     u32::from(*send_sge % 6),
-                    u32::from(*recv_sge % 6),
+                    if ini { 0 } else { u32::from(*recv_sge % 6) },
                     u32::from(*inline % 80),
                 );
                 let layout = qp_buffer_layout(sq_depth, rq_depth, ssge, rsge, inl, 12);
@@ -963,15 +1056,15 @@ impl Vm {
                     pd_handle: pick(&m.pd, *pd),
                     qp_type: qp_type.into(),
                     send_cq: pick(&m.cq, *send_cq),
-                    recv_cq: pick(&m.cq, *recv_cq),
-                    srq_handle,
+                    recv_cq: if ini { 0 } else { pick(&m.cq, *recv_cq) },
+                    srq_handle: if ini { 0 } else { srq_handle },
                     flags: 0,
                     sq_depth,
                     rq_depth,
                     max_send_sge: ssge,
                     max_recv_sge: rsge,
                     max_inline_data: inl,
-                    reserved: 0,
+                    xrcd_handle: 0,
                     db_gpa: db.aligned(DB_RECORD_SIZE),
                     buf: desc,
                 }
@@ -1199,6 +1292,57 @@ impl Vm {
                 }
                 .to_bytes(),
             ),
+            Op::OpenXrcd(ctx) => (
+                Opcode::OPEN_XRCD,
+                CtxHandleReq {
+                    ctx_handle: pick(&m.ctx, *ctx),
+                }
+                .to_bytes(),
+            ),
+            Op::CloseXrcd(x) => (
+                Opcode::CLOSE_XRCD,
+                XrcdHandle {
+                    xrcd_handle: pick(&m.xrcd, *x),
+                }
+                .to_bytes(),
+            ),
+            Op::CreateXrcSrq {
+                pd,
+                xrcd,
+                cq,
+                depth_log,
+                max_sge,
+                db,
+                buf,
+            } => {
+                let depth = depth(*depth_log % 8);
+                let max_sge = u32::from(*max_sge % 6);
+                let bytes = u64::from(depth) << recv_wqe_shift(max_sge);
+                let (desc, tail) = page_list(&self.mem, buf, bytes, 0);
+                let mut p = CreateXrcSrqReq {
+                    pd_handle: pick(&m.pd, *pd),
+                    depth,
+                    max_sge,
+                    limit: 0,
+                    xrcd_handle: pick(&m.xrcd, *xrcd),
+                    cq_handle: pick(&m.cq, *cq),
+                    db_gpa: db.aligned(DB_RECORD_SIZE),
+                    buf: desc,
+                }
+                .to_bytes();
+                p.extend_from_slice(&tail);
+                (Opcode::CREATE_XRC_SRQ, p)
+            }
+            Op::CreateTgtQp { xrcd, pd } => (
+                Opcode::CREATE_QP,
+                CreateQpReq {
+                    qp_type: QpType::XRC_TGT.into(),
+                    xrcd_handle: pick(&m.xrcd, *xrcd),
+                    pd_handle: pd.map_or(0, |h| pick(&m.pd, h)),
+                    ..CreateQpReq::default()
+                }
+                .to_bytes(),
+            ),
             Op::Raw { opcode, payload } => {
                 let op = match Opcode::ALL.get(usize::from(*opcode)) {
                     Some(op) => u32::from(*op),
@@ -1332,13 +1476,53 @@ impl Vm {
             Opcode::CREATE_QP => {
                 let r = CreateQpResp::read(resp);
                 new(&m.qp, r.qp_handle, "CREATE_QP");
+                let q = CreateQpReq::read(req);
+                // A target QP is its domain's context's (spec 12.12).
+                let tgt = q.qp_type == u32::from(QpType::XRC_TGT);
+                let ctx = if tgt {
+                    m.in_domain.push((r.qp_handle, true, q.xrcd_handle));
+                    ctx_of(&m.xrcd, q.xrcd_handle)
+                } else {
+                    ctx_of(&m.pd, q.pd_handle)
+                };
                 m.qp.push(Obj {
                     h: r.qp_handle,
-                    ctx: ctx_of(&m.pd, u32_at(req, 0)),
+                    ctx,
                     extra: u64::from(r.qpn),
                 });
             }
-            Opcode::DESTROY_QP => remove(&mut m.qp, u32_at(req, 0)),
+            Opcode::DESTROY_QP => {
+                remove(&mut m.qp, u32_at(req, 0));
+                m.forget_gone();
+            }
+            Opcode::OPEN_XRCD => {
+                let h = XrcdHandle::read(resp).xrcd_handle;
+                new(&m.xrcd, h, "OPEN_XRCD");
+                m.xrcd.push(Obj {
+                    h,
+                    ctx: u32_at(req, 0),
+                    extra: 0,
+                });
+            }
+            Opcode::CLOSE_XRCD => {
+                let h = u32_at(req, 0);
+                assert!(
+                    !m.in_domain.iter().any(|&(_, _, x)| x == h),
+                    "CLOSE_XRCD of a domain in use succeeded"
+                );
+                remove(&mut m.xrcd, h);
+            }
+            Opcode::CREATE_XRC_SRQ => {
+                let r = CreateSrqResp::read(resp);
+                new(&m.srq, r.srq_handle, "CREATE_XRC_SRQ");
+                let q = CreateXrcSrqReq::read(req);
+                m.in_domain.push((r.srq_handle, false, q.xrcd_handle));
+                m.srq.push(Obj {
+                    h: r.srq_handle,
+                    ctx: ctx_of(&m.pd, q.pd_handle),
+                    extra: u64::from(r.wqe_shift),
+                });
+            }
             Opcode::CREATE_AH => {
                 let h = AhHandleResp::read(resp).ah_handle;
                 new(&m.ah, h, "CREATE_AH");
@@ -1384,7 +1568,10 @@ impl Vm {
                     "RESIZE_CQ of a CQ the model does not know succeeded"
                 );
             }
-            Opcode::DESTROY_SRQ => remove(&mut m.srq, u32_at(req, 0)),
+            Opcode::DESTROY_SRQ => {
+                remove(&mut m.srq, u32_at(req, 0));
+                m.forget_gone();
+            }
             _ => {}
         }
     }
@@ -1392,7 +1579,7 @@ impl Vm {
     /// Destroys every object with commands, children first; each must
     /// succeed.
     fn destroy_all(&mut self) {
-        let kinds: [(Opcode, Kind); 8] = [
+        let kinds: [(Opcode, Kind); 9] = [
             (Opcode::DESTROY_QP, |m| &m.qp),
             (Opcode::DESTROY_AH, |m| &m.ah),
             (Opcode::DEALLOC_MW, |m| &m.mw),
@@ -1400,6 +1587,7 @@ impl Vm {
             (Opcode::DESTROY_SRQ, |m| &m.srq),
             (Opcode::DESTROY_CQ, |m| &m.cq),
             (Opcode::DEALLOC_PD, |m| &m.pd),
+            (Opcode::CLOSE_XRCD, |m| &m.xrcd),
             (Opcode::DESTROY_CTX, |m| &m.ctx),
         ];
         for (op, list) in kinds {

@@ -448,7 +448,7 @@ fn setup(vm: &mut Vm, input: &Input) -> Option<Setup> {
         max_send_sge: ssge,
         max_recv_sge: rsge,
         max_inline_data: inline,
-        reserved: 0,
+        xrcd_handle: 0,
         db_gpa: guest::page_gpa(3),
         buf: desc,
     }
@@ -550,7 +550,7 @@ fn encode(s: &Setup, body: &Body, send: bool, stride: usize) -> Vec<u8> {
                     ah_handle: 0,
                     remote_qpn: 0,
                     remote_qkey: 0,
-                    reserved: u32::from(*reserved),
+                    xrc_srqn: u32::from(*reserved),
                 }
                 .to_bytes()
             } else {

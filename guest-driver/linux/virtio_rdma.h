@@ -239,6 +239,8 @@ struct vrdma_qp {
 	bool err_reported;
 	/* Created with IB_SIGNAL_ALL_WR (CREATE_QP's QP_FLAG_SIG_ALL). */
 	bool sig_all;
+	/* An XRC_TGT QP (virtio_rdma_xrc.c): no rings. */
+	bool tgt;
 	/* A kernel consumer's QP (virtio_rdma_kqp.c): */
 	bool kernel;
 	void *buf;
@@ -306,6 +308,17 @@ struct vrdma_mw {
 static inline struct vrdma_mw *to_vmw(struct ib_mw *ibmw)
 {
 	return container_of(ibmw, struct vrdma_mw, ibmw);
+}
+
+/* An XRC domain (F_XRC, spec 12.28): the device's handle. */
+struct vrdma_xrcd {
+	struct ib_xrcd ibxrcd;
+	u32 handle;
+};
+
+static inline struct vrdma_xrcd *to_vxrcd(struct ib_xrcd *ibxrcd)
+{
+	return container_of(ibxrcd, struct vrdma_xrcd, ibxrcd);
 }
 
 static inline struct vrdma_mr *to_vmr(struct ib_mr *ibmr)
@@ -431,6 +444,13 @@ int vrdma_av(struct vrdma_ib *vib, const struct rdma_ah_attr *ah,
 int vrdma_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init,
 		    struct ib_udata *udata);
 int vrdma_destroy_ah(struct ib_ah *ibah, u32 flags);
+
+/* virtio_rdma_xrc.c */
+int vrdma_alloc_xrcd(struct ib_xrcd *ibxrcd, struct ib_udata *udata);
+int vrdma_dealloc_xrcd(struct ib_xrcd *ibxrcd, struct ib_udata *udata);
+int vrdma_xrc_srq_req(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
+		      struct virtio_rdma_create_xrc_srq_req *req);
+int vrdma_create_tgt_qp(struct vrdma_qp *qp, struct ib_qp_init_attr *init);
 
 /* virtio_rdma_qp.c */
 int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,

@@ -34,6 +34,7 @@
 #define VIRTIO_RDMA_F_RESIZE 6
 #define VIRTIO_RDMA_F_MW 7
 #define VIRTIO_RDMA_F_UC 8
+#define VIRTIO_RDMA_F_XRC 9
 #define VIRTIO_RDMA_F_MCAST 10
 
 /* Sizes, doorbell constants and WQE/CQE flags (sections 11.1, 18.4, 18.7, 18.8, 18.14). */
@@ -54,6 +55,7 @@
 #define VIRTIO_RDMA_MW_TYPE_1 1
 #define VIRTIO_RDMA_MW_TYPE_2 2
 #define VIRTIO_RDMA_MCAST_QPN 16777215
+#define VIRTIO_RDMA_MAX_XRCD 64
 #define VIRTIO_RDMA_MAX_MCAST_GRP 64
 #define VIRTIO_RDMA_MAX_MCAST_QP_ATTACH 16
 #define VIRTIO_RDMA_REREG_TRANSLATION 1
@@ -114,6 +116,8 @@ enum virtio_rdma_opcode {
 	VIRTIO_RDMA_OP_DESTROY_CTX = 0x11,
 	VIRTIO_RDMA_OP_ALLOC_PD = 0x20,
 	VIRTIO_RDMA_OP_DEALLOC_PD = 0x21,
+	VIRTIO_RDMA_OP_OPEN_XRCD = 0x22,
+	VIRTIO_RDMA_OP_CLOSE_XRCD = 0x23,
 	VIRTIO_RDMA_OP_CREATE_CQ = 0x30,
 	VIRTIO_RDMA_OP_DESTROY_CQ = 0x31,
 	VIRTIO_RDMA_OP_RESIZE_CQ = 0x32,
@@ -135,6 +139,7 @@ enum virtio_rdma_opcode {
 	VIRTIO_RDMA_OP_MODIFY_SRQ = 0x71,
 	VIRTIO_RDMA_OP_QUERY_SRQ = 0x72,
 	VIRTIO_RDMA_OP_DESTROY_SRQ = 0x73,
+	VIRTIO_RDMA_OP_CREATE_XRC_SRQ = 0x74,
 };
 
 enum virtio_rdma_page_list_mode {
@@ -158,6 +163,8 @@ enum virtio_rdma_qp_type {
 	VIRTIO_RDMA_QPT_UD = 0x2,
 	VIRTIO_RDMA_QPT_GSI = 0x3,
 	VIRTIO_RDMA_QPT_UC = 0x4,
+	VIRTIO_RDMA_QPT_XRC_INI = 0x5,
+	VIRTIO_RDMA_QPT_XRC_TGT = 0x6,
 };
 
 enum virtio_rdma_mtu {
@@ -447,6 +454,12 @@ struct virtio_rdma_pd_handle_resp {
 
 static_assert(sizeof(struct virtio_rdma_pd_handle_resp) == 4);
 
+struct virtio_rdma_xrcd_handle {
+	__le32 xrcd_handle;
+};
+
+static_assert(sizeof(struct virtio_rdma_xrcd_handle) == 4);
+
 struct virtio_rdma_create_cq_req {
 	__le32 ctx_handle;
 	__le32 depth;
@@ -559,7 +572,7 @@ struct virtio_rdma_create_qp_req {
 	__le32 max_send_sge;
 	__le32 max_recv_sge;
 	__le32 max_inline_data;
-	__le32 reserved;
+	__le32 xrcd_handle;
 	__le64 db_gpa;
 	struct virtio_rdma_buffer_desc buf;
 };
@@ -640,10 +653,23 @@ struct virtio_rdma_create_srq_resp {
 	__le32 srq_handle;
 	__le32 wqe_shift;
 	__le32 db_slot;
-	__le32 reserved;
+	__le32 srqn;
 };
 
 static_assert(sizeof(struct virtio_rdma_create_srq_resp) == 16);
+
+struct virtio_rdma_create_xrc_srq_req {
+	__le32 pd_handle;
+	__le32 depth;
+	__le32 max_sge;
+	__le32 limit;
+	__le32 xrcd_handle;
+	__le32 cq_handle;
+	__le64 db_gpa;
+	struct virtio_rdma_buffer_desc buf;
+};
+
+static_assert(sizeof(struct virtio_rdma_create_xrc_srq_req) == 56);
 
 struct virtio_rdma_modify_srq_req {
 	__le32 srq_handle;
@@ -803,7 +829,7 @@ struct virtio_rdma_send_wqe {
 	__le32 ah_handle;
 	__le32 remote_qpn;
 	__le32 remote_qkey;
-	__le32 reserved;
+	__le32 xrc_srqn;
 };
 
 static_assert(sizeof(struct virtio_rdma_send_wqe) == 64);

@@ -125,6 +125,10 @@ static int vrdma_query_device(struct ib_device *ibdev,
 					   IB_DEVICE_MEM_WINDOW_TYPE_2B;
 		props->max_mw = props->max_mr;
 	}
+	/* F_XRC: domains, XRC SRQs, XRC_INI and XRC_TGT QPs (spec 18.11.8). */
+	if (virtio_has_feature(vdev, VIRTIO_RDMA_F_XRC) &&
+	    virtio_has_feature(vdev, VIRTIO_RDMA_F_SRQ))
+		props->device_cap_flags |= IB_DEVICE_XRC;
 	/*
 	 * F_RESIZE: user CQs, SRQs and MRs (spec 12.19, 12.25, 12.26). Not
 	 * RESIZE_MAX_WR: a QP's queues keep their depth (IB_QP_CAP).
@@ -421,6 +425,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.add_gid = vrdma_add_gid,
 	.alloc_mr = vrdma_alloc_mr,
 	.alloc_mw = vrdma_alloc_mw,
+	.alloc_xrcd = vrdma_alloc_xrcd,
 	.attach_mcast = vrdma_attach_mcast,
 	.create_ah = vrdma_create_ah,
 	.create_cq = vrdma_ops_create_cq,
@@ -430,6 +435,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.alloc_pd = vrdma_alloc_pd,
 	.alloc_ucontext = vrdma_alloc_ucontext,
 	.dealloc_mw = vrdma_dealloc_mw,
+	.dealloc_xrcd = vrdma_dealloc_xrcd,
 	.dealloc_pd = vrdma_dealloc_pd,
 	.dealloc_ucontext = vrdma_dealloc_ucontext,
 	.del_gid = vrdma_del_gid,
@@ -472,6 +478,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	INIT_RDMA_OBJ_SIZE(ib_qp, vrdma_qp, ibqp),
 	INIT_RDMA_OBJ_SIZE(ib_srq, vrdma_srq, ibsrq),
 	INIT_RDMA_OBJ_SIZE(ib_ucontext, vrdma_ucontext, ibucontext),
+	INIT_RDMA_OBJ_SIZE(ib_xrcd, vrdma_xrcd, ibxrcd),
 };
 
 static int vrdma_query_gids(struct vrdma_ib *vib)

@@ -214,7 +214,7 @@ static int vrdma_start(struct vrdma_dev *dev)
 						    IB_PORT_DOWN;
 	spin_unlock_irq(&dev->event_lock);
 	dev_info(&vdev->dev,
-		 "virtio-rdma ABI %u (driver %u), features%s%s%s%s%s%s%s: %u QPs, %u CQs, %u MRs, port %s, %u Mbit/s, paired MAC %pM\n",
+		 "virtio-rdma ABI %u (driver %u), features%s%s%s%s%s%s%s%s: %u QPs, %u CQs, %u MRs, port %s, %u Mbit/s, paired MAC %pM\n",
 		 le32_to_cpu(dev->config.abi_version), VIRTIO_RDMA_ABI_VERSION,
 		 virtio_has_feature(vdev, VIRTIO_RDMA_F_UD) ? " ud" : "",
 		 virtio_has_feature(vdev, VIRTIO_RDMA_F_SRQ) ? " srq" : "",
@@ -223,6 +223,7 @@ static int vrdma_start(struct vrdma_dev *dev)
 		 virtio_has_feature(vdev, VIRTIO_RDMA_F_MEM_MGT) ? " mem_mgt" : "",
 		 virtio_has_feature(vdev, VIRTIO_RDMA_F_MW) ? " mw" : "",
 		 virtio_has_feature(vdev, VIRTIO_RDMA_F_RESIZE) ? " resize" : "",
+		 virtio_has_feature(vdev, VIRTIO_RDMA_F_XRC) ? " xrc" : "",
 		 le32_to_cpu(dev->attr.max_qp),
 		 le32_to_cpu(dev->attr.max_cq), le32_to_cpu(dev->attr.max_mr),
 		 dev->port_state == IB_PORT_ACTIVE ? "active" : "down",
@@ -418,8 +419,8 @@ MODULE_DEVICE_TABLE(virtio, vrdma_id_table);
 
 /*
  * F_SHMEM_DOORBELL stays out: the driver has the guest-RAM doorbell mode
- * only. F_GSI, F_MEM_MGT, F_RESIZE, F_MW, F_UC and F_MCAST exist from ABI
- * version 3 on; a version 2 device offers none of them.
+ * only. F_GSI, F_MEM_MGT, F_RESIZE, F_MW, F_UC, F_XRC and F_MCAST exist
+ * from ABI version 3 on; a version 2 device offers none of them.
  */
 static unsigned int vrdma_features[] = {
 	VIRTIO_RDMA_F_UD,
@@ -429,6 +430,7 @@ static unsigned int vrdma_features[] = {
 	VIRTIO_RDMA_F_MEM_MGT,
 	VIRTIO_RDMA_F_MW,
 	VIRTIO_RDMA_F_UC,
+	VIRTIO_RDMA_F_XRC,
 	VIRTIO_RDMA_F_MCAST,
 	VIRTIO_RDMA_F_RESIZE,
 };

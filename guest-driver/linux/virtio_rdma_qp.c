@@ -21,8 +21,9 @@
 #define VRDMA_QP_FLAG_SIG_ALL 0x1
 
 /*
- * The device's type of a verbs QP type: RC, UD, for user space UC (the
- * device refuses it without F_UC), and for kernel consumers (ib_mad) GSI,
+ * The device's type of a verbs QP type: RC, UD, for user space UC and
+ * XRC_INI (the device refuses them without F_UC, F_XRC; XRC_TGT QPs are
+ * virtio_rdma_xrc.c's), and for kernel consumers (ib_mad) GSI,
  * which the driver offers only with F_GSI (spec 18.26).
  */
 static int vrdma_qp_type(struct vrdma_ib *vib, enum ib_qp_type ib_type,
@@ -38,6 +39,10 @@ static int vrdma_qp_type(struct vrdma_ib *vib, enum ib_qp_type ib_type,
 	case IB_QPT_UC:
 		/* User space only: kernel ULPs have no use for UC. */
 		*type = VIRTIO_RDMA_QPT_UC;
+		return user ? 0 : -EOPNOTSUPP;
+	case IB_QPT_XRC_INI:
+		/* User space only, as UC; the device refuses it without F_XRC. */
+		*type = VIRTIO_RDMA_QPT_XRC_INI;
 		return user ? 0 : -EOPNOTSUPP;
 	case IB_QPT_GSI:
 		*type = VIRTIO_RDMA_QPT_GSI;
@@ -65,9 +70,10 @@ static void *vrdma_uqp_prepare(struct vrdma_qp *qp, struct ib_qp_init_attr *init
 	if (udata->inlen < sizeof(ureq) ||
 	    ib_copy_from_udata(&ureq, udata, sizeof(ureq)))
 		return ERR_PTR(-EINVAL);
-	/* With an SRQ the QP has no receive ring of its own. */
+	/* With an SRQ, or as an XRC initiator, no receive ring of its own. */
 	if (!is_power_of_2(ureq.sq_depth) ||
-	    (init->srq ? ureq.rq_depth != 0 :
+	    (init->srq || init->qp_type == IB_QPT_XRC_INI ?
+			 ureq.rq_depth != 0 :
 			 !is_power_of_2(ureq.rq_depth) ||
 			 ureq.rq_depth < init->cap.max_recv_wr) ||
 	    ureq.sq_depth < init->cap.max_send_wr)
@@ -137,6 +143,8 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	u64 db_gpa;
 	int ret;
 
+	if (init->qp_type == IB_QPT_XRC_TGT)
+		return vrdma_create_tgt_qp(qp, init);
 	ret = vrdma_qp_type(vib, init->qp_type, uc, &type);
 	if (ret)
 		return ret;
@@ -161,7 +169,9 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	req->pd_handle = cpu_to_le32(to_vpd(ibqp->pd)->handle);
 	req->qp_type = cpu_to_le32(type);
 	req->send_cq = cpu_to_le32(to_vcq(init->send_cq)->handle);
-	req->recv_cq = cpu_to_le32(to_vcq(init->recv_cq)->handle);
+	/* An XRC initiator has none. */
+	if (init->recv_cq)
+		req->recv_cq = cpu_to_le32(to_vcq(init->recv_cq)->handle);
 	if (init->srq)
 		req->srq_handle = cpu_to_le32(to_vsrq(init->srq)->handle);
 	req->flags = cpu_to_le32(init->sq_sig_type == IB_SIGNAL_ALL_WR ?

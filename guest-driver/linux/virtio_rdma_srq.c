@@ -23,15 +23,24 @@ int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 	struct virtio_rdma_create_srq_uresp uresp = {};
 	struct virtio_rdma_create_srq_ureq ureq = {};
 	struct virtio_rdma_buffer_desc buf = {};
+	struct virtio_rdma_create_xrc_srq_req xrc_req = {}, *xreq;
 	struct virtio_rdma_create_srq_resp resp;
 	struct virtio_rdma_create_srq_req *req;
 	struct vrdma_srq *srq = to_vsrq(ibsrq);
-	size_t req_len, nlist;
+	bool xrc = init->srq_type == IB_SRQT_XRC;
+	size_t req_len, nlist, fixed;
 	u64 db_gpa;
 	int ret;
 
-	if (!udata || init->srq_type != IB_SRQT_BASIC)
+	if (!udata || (init->srq_type != IB_SRQT_BASIC && !xrc))
 		return -EOPNOTSUPP;
+	/* An XRC SRQ's request: CREATE_SRQ's with its domain and CQ. */
+	fixed = xrc ? sizeof(*xreq) : sizeof(*req);
+	if (xrc) {
+		ret = vrdma_xrc_srq_req(ibsrq, init, &xrc_req);
+		if (ret)
+			return ret;
+	}
 	if (udata->inlen < sizeof(ureq) ||
 	    ib_copy_from_udata(&ureq, udata, sizeof(ureq)) || ureq.reserved ||
 	    !is_power_of_2(ureq.depth) || ureq.depth < init->attr.max_wr)
@@ -40,25 +49,41 @@ int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 			      ureq.db_va, &srq->q, &db_gpa);
 	if (ret)
 		return ret;
-	req = vrdma_page_list(dev, srq->q.buf, PAGE_SIZE, sizeof(*req), &buf,
+	req = vrdma_page_list(dev, srq->q.buf, PAGE_SIZE, fixed, &buf,
 			      &req_len, &nlist);
 	if (IS_ERR(req)) {
 		ret = PTR_ERR(req);
 		goto err_queue;
 	}
-	req->pd_handle = cpu_to_le32(to_vpd(ibsrq->pd)->handle);
-	req->depth = cpu_to_le32(ureq.depth);
-	req->max_sge = cpu_to_le32(init->attr.max_sge);
-	req->limit = cpu_to_le32(init->attr.srq_limit);
-	req->db_gpa = cpu_to_le64(db_gpa);
-	req->buf = buf;
-	ret = vrdma_exec_list(dev, VIRTIO_RDMA_OP_CREATE_SRQ, req, sizeof(*req),
-			      req_len, nlist, &resp, sizeof(resp));
+	if (xrc) {
+		xreq = (void *)req;
+		xreq->xrcd_handle = xrc_req.xrcd_handle;
+		xreq->cq_handle = xrc_req.cq_handle;
+		xreq->pd_handle = cpu_to_le32(to_vpd(ibsrq->pd)->handle);
+		xreq->depth = cpu_to_le32(ureq.depth);
+		xreq->max_sge = cpu_to_le32(init->attr.max_sge);
+		xreq->limit = cpu_to_le32(init->attr.srq_limit);
+		xreq->db_gpa = cpu_to_le64(db_gpa);
+		xreq->buf = buf;
+	} else {
+		req->pd_handle = cpu_to_le32(to_vpd(ibsrq->pd)->handle);
+		req->depth = cpu_to_le32(ureq.depth);
+		req->max_sge = cpu_to_le32(init->attr.max_sge);
+		req->limit = cpu_to_le32(init->attr.srq_limit);
+		req->db_gpa = cpu_to_le64(db_gpa);
+		req->buf = buf;
+	}
+	ret = vrdma_exec_list(dev, xrc ? VIRTIO_RDMA_OP_CREATE_XRC_SRQ :
+					 VIRTIO_RDMA_OP_CREATE_SRQ,
+			      req, fixed, req_len, nlist, &resp, sizeof(resp));
 	if (ret == -ETIMEDOUT)
 		return ret; /* the device may use the pages: keep them pinned */
 	if (ret)
 		goto err_queue;
 	srq->handle = le32_to_cpu(resp.srq_handle);
+	/* What ib_core reports as the SRQ's number (ibv_get_srq_num). */
+	if (xrc)
+		ibsrq->ext.xrc.srq_num = le32_to_cpu(resp.srqn);
 	srq->limit_armed = init->attr.srq_limit != 0;
 	ret = xa_insert_irq(&to_vib(ibsrq->device)->srqs, srq->handle, srq,
 			    GFP_KERNEL);

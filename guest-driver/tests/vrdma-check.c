@@ -647,7 +647,7 @@ static void guid_str(__be64 guid, char *out, size_t len)
  *   CUR_STATE checked, port active events, a system image GUID; with
  *   F_MEM_MGT, which user space cannot see, fast registration too; with
  *   F_MW memory windows of both types, type 2 tied to QP and PD; with
- *   F_RESIZE and SRQs, SRQ resizing);
+ *   F_RESIZE and SRQs, SRQ resizing; with F_XRC and SRQs, XRC);
  * - the port: active with the physical state LINK_UP, and a GID table of
  *   ib_core's default entry plus at most the 16 device GIDs the driver
  *   reads;
@@ -683,7 +683,9 @@ static void device_attrs(struct ibv_context *ctx)
 	result((attr.device_cap_flags & ~(IBV_DEVICE_MEM_MGT_EXTENSIONS |
 					  IBV_DEVICE_MEM_WINDOW |
 					  IBV_DEVICE_MEM_WINDOW_TYPE_2B |
-					  IBV_DEVICE_SRQ_RESIZE)) == want &&
+					  IBV_DEVICE_SRQ_RESIZE |
+					  IBV_DEVICE_XRC)) == want &&
+	       (!(attr.device_cap_flags & IBV_DEVICE_XRC) || attr.max_srq) &&
 	       !(attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW) ==
 	       !(attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) &&
 	       (!(attr.device_cap_flags & IBV_DEVICE_SRQ_RESIZE) ||

@@ -428,7 +428,7 @@ impl<'a> Verbs<'a> {
                 max_send_sge: init.max_send_sge,
                 max_recv_sge: init.max_recv_sge,
                 max_inline_data: init.max_inline_data,
-                reserved: 0,
+                xrcd_handle: 0,
                 db_gpa: ring.db.0,
                 buf: list.desc,
             },
@@ -616,6 +616,75 @@ impl<'a> Verbs<'a> {
         self.ctrl
             .call_typed_unit(Opcode::DESTROY_SRQ, &SrqHandleReq { srq_handle }, &[])
             .map(drop)
+    }
+
+    /// OPEN_XRCD (`F_XRC`).
+    pub fn open_xrcd(&mut self, ctx_handle: u32) -> Result<u32> {
+        self.ctrl
+            .call_typed::<_, XrcdHandle>(Opcode::OPEN_XRCD, &CtxHandleReq { ctx_handle }, &[])
+            .map(|r| r.xrcd_handle)
+    }
+
+    /// CLOSE_XRCD (`F_XRC`).
+    pub fn close_xrcd(&mut self, xrcd_handle: u32) -> Result<()> {
+        self.ctrl
+            .call_typed_unit(Opcode::CLOSE_XRCD, &XrcdHandle { xrcd_handle }, &[])
+            .map(drop)
+    }
+
+    /// Builds a CREATE_XRC_SRQ request with freshly allocated ring memory.
+    pub fn xrc_srq_request(
+        &self,
+        pd_handle: u32,
+        xrcd_handle: u32,
+        cq_handle: u32,
+        depth: u32,
+    ) -> Result<(CreateXrcSrqReq, Vec<u8>)> {
+        let (r, tail) = self.srq_request(pd_handle, depth, 1, 0)?;
+        Ok((
+            CreateXrcSrqReq {
+                pd_handle,
+                depth,
+                max_sge: r.max_sge,
+                limit: 0,
+                xrcd_handle,
+                cq_handle,
+                db_gpa: r.db_gpa,
+                buf: r.buf,
+            },
+            tail,
+        ))
+    }
+
+    /// CREATE_XRC_SRQ (`F_XRC`) of `depth` one-SGE WQEs.
+    pub fn create_xrc_srq(
+        &mut self,
+        pd_handle: u32,
+        xrcd_handle: u32,
+        cq_handle: u32,
+        depth: u32,
+    ) -> Result<CreateSrqResp> {
+        let (req, tail) = self.xrc_srq_request(pd_handle, xrcd_handle, cq_handle, depth)?;
+        self.create_xrc_srq_raw(&req, &tail)
+    }
+
+    /// CREATE_XRC_SRQ with a request built by the caller.
+    pub fn create_xrc_srq_raw(
+        &mut self,
+        req: &CreateXrcSrqReq,
+        tail: &[u8],
+    ) -> Result<CreateSrqResp> {
+        self.ctrl.call_typed(Opcode::CREATE_XRC_SRQ, req, tail)
+    }
+
+    /// The CREATE_QP request of an XRC_TGT QP in domain `xrcd_handle`:
+    /// every field but the type and the domain zero.
+    pub fn tgt_request(xrcd_handle: u32) -> CreateQpReq {
+        CreateQpReq {
+            qp_type: QpType::XRC_TGT.into(),
+            xrcd_handle,
+            ..CreateQpReq::default()
+        }
     }
 }
 

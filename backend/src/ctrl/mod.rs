@@ -19,6 +19,7 @@ mod query;
 mod queue_mem;
 mod ring_copy;
 mod srq;
+mod xrc;
 
 use log::debug;
 use virtio_rdma_abi::ctrl::{Opcode, RequestHeader, ResponseHeader, Status, DETAIL_NONE};
@@ -193,6 +194,8 @@ impl VmState {
             Opcode::DESTROY_CTX => self.destroy_ctx(payload),
             Opcode::ALLOC_PD => self.alloc_pd(payload),
             Opcode::DEALLOC_PD => self.dealloc_pd(payload),
+            Opcode::OPEN_XRCD => self.open_xrcd(payload),
+            Opcode::CLOSE_XRCD => self.close_xrcd(payload),
             Opcode::CREATE_CQ => self.create_cq(mem, payload),
             Opcode::DESTROY_CQ => self.destroy_cq(payload),
             Opcode::RESIZE_CQ => self.resize_cq(mem, payload),
@@ -224,6 +227,7 @@ impl VmState {
             Opcode::MODIFY_SRQ => self.modify_srq(mem, payload),
             Opcode::QUERY_SRQ => self.query_srq(payload),
             Opcode::DESTROY_SRQ => self.destroy_srq(payload),
+            Opcode::CREATE_XRC_SRQ => self.create_xrc_srq(mem, payload),
         };
         (hdr.request_id, result)
     }
@@ -260,9 +264,10 @@ pub fn response_size(op: Opcode) -> usize {
         CREATE_QP => CreateQpResp::SIZE,
         QUERY_QP => QueryQpResp::SIZE,
         CREATE_AH => AhHandleResp::SIZE,
-        CREATE_SRQ => CreateSrqResp::SIZE,
+        CREATE_SRQ | CREATE_XRC_SRQ => CreateSrqResp::SIZE,
+        OPEN_XRCD => XrcdHandle::SIZE,
         QUERY_SRQ => QuerySrqResp::SIZE,
         DESTROY_CTX | DEALLOC_PD | DESTROY_CQ | DEREG_MR | MODIFY_QP | DESTROY_QP | DESTROY_AH
-        | MODIFY_SRQ | DESTROY_SRQ | DEALLOC_MW | ATTACH_MCAST | DETACH_MCAST => 0,
+        | MODIFY_SRQ | DESTROY_SRQ | DEALLOC_MW | ATTACH_MCAST | DETACH_MCAST | CLOSE_XRCD => 0,
     }
 }

@@ -1,6 +1,6 @@
 //! CREATE_QP, MODIFY_QP, QUERY_QP, DESTROY_QP.
 
-use virtio_rdma_abi::config::{F_ATOMIC, F_GSI, F_SRQ, F_UC, F_UD};
+use virtio_rdma_abi::config::{F_ATOMIC, F_GSI, F_SRQ, F_UC, F_UD, F_XRC};
 use virtio_rdma_abi::ctrl::Status;
 use virtio_rdma_abi::datapath::{QpDoorbell, DB_NONE};
 use virtio_rdma_abi::event::EventKind;
@@ -36,21 +36,47 @@ impl VmState {
     ) -> CmdResult {
         type R = CreateQpReq;
         let (req, list) = with_list::<R>(payload)?;
+        if req.qp_type == QpType::XRC_TGT as u32 && self.has(F_XRC) {
+            // No PD, CQs or rings: its own command shape (spec 12.12).
+            return self.create_tgt_qp(&req, list);
+        }
         let ctx = self.pd_ctx::<R>(req.pd_handle)?;
         let qp_type =
             QpType::from_u32(req.qp_type).ok_or_else(|| field::<R>(Status::INVALID, "qp_type"))?;
         let gsi = qp_type == QpType::GSI;
+        // XRC_INI: a send queue only.
+        let ini = qp_type == QpType::XRC_INI;
         if (gsi && !self.has(F_GSI))
             || (qp_type == QpType::UD && !self.has(F_UD))
             || (qp_type == QpType::UC && !self.has(F_UC))
+            || (qp_type.xrc() && !(self.has(F_XRC) && self.has(F_SRQ)))
         {
             return Err(field::<R>(Status::UNSUPPORTED, "qp_type"));
+        }
+        if req.xrcd_handle != 0 {
+            return Err(field::<R>(Status::INVALID, "xrcd_handle"));
+        }
+        if ini {
+            let unused = [
+                (req.recv_cq, "recv_cq"),
+                (req.srq_handle, "srq_handle"),
+                (req.rq_depth, "rq_depth"),
+                (req.max_recv_sge, "max_recv_sge"),
+            ];
+            if let Some((_, name)) = unused.into_iter().find(|(v, _)| *v != 0) {
+                return Err(field::<R>(Status::INVALID, name));
+            }
         }
         // One GSI QP per device instance: QP 1 (spec 18.26).
         if gsi && self.res.gsi_qp().is_some() {
             return Err(field::<R>(Status::BUSY, "qp_type"));
         }
-        for name in ["send_cq", "recv_cq"] {
+        let cqs: &[&str] = if ini {
+            &["send_cq"]
+        } else {
+            &["send_cq", "recv_cq"]
+        };
+        for &name in cqs {
             let h = if name == "send_cq" {
                 req.send_cq
             } else {
@@ -81,6 +107,10 @@ impl VmState {
             if srq.pd != req.pd_handle {
                 return Err(field::<R>(Status::MISMATCH, "srq_handle"));
             }
+            // An XRC SRQ takes the messages of XRC_TGT QPs only.
+            if srq.xrc.is_some() {
+                return Err(field::<R>(Status::INVALID, "srq_handle"));
+            }
         }
         if req.flags & !QP_FLAG_SIG_ALL != 0 {
             return Err(field::<R>(Status::INVALID, "flags"));
@@ -99,13 +129,13 @@ impl VmState {
             if req.rq_depth != 0 {
                 return Err(field::<R>(Status::INVALID, "rq_depth"));
             }
-        } else {
+        } else if !ini {
             depth::<R>(req.rq_depth, max_depth, "rq_depth")?;
         }
         // max_send_sge 0 is allowed: a QP that posts only inline or
         // zero-SGE WQEs (spec 12.12); its stride holds the header and the
         // inline slots (11.3).
-        if req.max_recv_sge == 0 && req.srq_handle == 0 {
+        if req.max_recv_sge == 0 && req.srq_handle == 0 && !ini {
             return Err(field::<R>(Status::INVALID, "max_recv_sge"));
         }
         if req.max_send_sge > l.max_send_sge {
@@ -139,6 +169,7 @@ impl VmState {
             send_cq: req.send_cq,
             recv_cq: req.recv_cq,
             srq: req.srq_handle,
+            xrcd: 0,
             flags: req.flags,
             qpn: 0,
             incarnation: 0,
@@ -329,7 +360,9 @@ impl VmState {
         let Some(qp) = self.res.qps.get_mut(req.qp_handle) else {
             return Err(field::<M>(Status::BAD_HANDLE, "qp_handle"));
         };
-        if (target == QpState::RESET) != (cur == QpState::RESET) {
+        // An XRC_TGT QP has no rings (nor a doorbell record to publish to).
+        let tgt = qp.qp_type == QpType::XRC_TGT;
+        if !tgt && (target == QpState::RESET) != (cur == QpState::RESET) {
             // Entering and leaving RESET empty the rings at the driver's
             // producer indices (spec 18.22): here, in the command, not
             // whenever the engine next looks — work posted in RESET must
@@ -363,6 +396,7 @@ impl VmState {
             // (waking it for every QP a driver connects would cost a look
             // at every QP each time).
             let wake = match target {
+                _ if tgt => false,
                 QpState::RTS => {
                     cur == QpState::SQD
                         || ring_pi(qp, mem, 0, QpDoorbell::SQ_PI) != Some(qp.rt.sq_ci)

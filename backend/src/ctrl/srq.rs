@@ -3,7 +3,7 @@
 use virtio_rdma_abi::config::{F_RESIZE, F_SRQ};
 use virtio_rdma_abi::ctrl::{Opcode, Status};
 use virtio_rdma_abi::datapath::{SrqDoorbell, DB_NONE};
-use virtio_rdma_abi::mem::recv_wqe_shift;
+use virtio_rdma_abi::mem::{recv_wqe_shift, BufferDesc};
 use virtio_rdma_abi::verbs::*;
 use virtio_rdma_abi::Wire;
 use vm_memory::{GuestAddress, GuestMemoryBackend};
@@ -15,6 +15,18 @@ use super::{quota, CmdError, CmdResult, DETAIL_DB_RECORD};
 use crate::memory::volatile::read_guest;
 use crate::resources::Srq;
 use crate::vm::VmState;
+
+/// What `CREATE_SRQ` and `CREATE_XRC_SRQ` have in common, checked as far
+/// as the PD (and its context).
+pub(super) struct SrqShape {
+    pub(super) pd: u32,
+    pub(super) ctx: u32,
+    pub(super) depth: u32,
+    pub(super) max_sge: u32,
+    pub(super) limit: u32,
+    pub(super) db_gpa: u64,
+    pub(super) buf: BufferDesc,
+}
 
 impl VmState {
     fn need_srq(&self, op: Opcode) -> Result<(), CmdError> {
@@ -33,48 +45,86 @@ impl VmState {
         self.need_srq(Opcode::CREATE_SRQ)?;
         let (req, list) = with_list::<CreateSrqReq>(payload)?;
         let ctx = self.pd_ctx::<CreateSrqReq>(req.pd_handle)?;
+        let shape = SrqShape {
+            pd: req.pd_handle,
+            ctx,
+            depth: req.depth,
+            max_sge: req.max_sge,
+            limit: req.limit,
+            db_gpa: req.db_gpa,
+            buf: req.buf,
+        };
+        self.new_srq::<CreateSrqReq, M>(mem, &shape, list, None)
+    }
+
+    /// Creates an SRQ of `shape` (whose request `T` names the fields for
+    /// `detail`), an XRC SRQ of domain and CQ `xrc` if given; returns the
+    /// `CreateSrqResp` bytes.
+    pub(super) fn new_srq<T: Wire, M: GuestMemoryBackend>(
+        &mut self,
+        mem: &M,
+        shape: &SrqShape,
+        list: &[u8],
+        xrc: Option<(u32, u32)>,
+    ) -> CmdResult {
         if self.res.srqs.len() >= self.limits.max_srq as usize {
             return Err(CmdError::new(Status::QUOTA, quota::SRQ));
         }
-        depth::<CreateSrqReq>(req.depth, self.limits.max_srq_wr, "depth")?;
-        if req.max_sge == 0 {
-            return Err(field::<CreateSrqReq>(Status::INVALID, "max_sge"));
+        depth::<T>(shape.depth, self.limits.max_srq_wr, "depth")?;
+        if shape.max_sge == 0 {
+            return Err(field::<T>(Status::INVALID, "max_sge"));
         }
-        if req.max_sge > self.limits.max_recv_sge {
-            return Err(field::<CreateSrqReq>(Status::RANGE, "max_sge"));
+        if shape.max_sge > self.limits.max_recv_sge {
+            return Err(field::<T>(Status::RANGE, "max_sge"));
         }
-        if req.limit >= req.depth {
-            return Err(field::<CreateSrqReq>(Status::RANGE, "limit"));
+        if shape.limit >= shape.depth {
+            return Err(field::<T>(Status::RANGE, "limit"));
         }
-        let wqe_shift = recv_wqe_shift(req.max_sge);
-        let bytes = u64::from(req.depth) << wqe_shift;
-        let ring = self.queue_memory::<CreateSrqReq, M>(mem, &req.buf, list, bytes, req.db_gpa)?;
+        let wqe_shift = recv_wqe_shift(shape.max_sge);
+        let bytes = u64::from(shape.depth) << wqe_shift;
+        let ring = self.queue_memory::<T, M>(mem, &shape.buf, list, bytes, shape.db_gpa)?;
         let srq_handle = self.res.insert_srq(
             Srq {
-                pd: req.pd_handle,
-                ctx,
-                depth: req.depth,
-                max_sge: req.max_sge,
-                limit: req.limit,
+                pd: shape.pd,
+                ctx: shape.ctx,
+                depth: shape.depth,
+                max_sge: shape.max_sge,
+                limit: shape.limit,
                 wqe_shift,
-                db_gpa: req.db_gpa,
+                db_gpa: shape.db_gpa,
                 db_slot: None,
                 ring,
                 users: 0,
+                xrc: None,
                 rt: Default::default(),
             },
             self.rnic.as_ref(),
         )?;
-        let db_slot = self.alloc_db_slot(ctx);
+        let srqn = match xrc {
+            None => 0,
+            Some((xrcd, cq)) => {
+                match self
+                    .res
+                    .make_xrc_srq(srq_handle, xrcd, cq, self.rnic.as_ref())
+                {
+                    Ok(n) => n,
+                    Err(e) => {
+                        let _ = self.res.destroy_srq(srq_handle, self.rnic.as_ref());
+                        return Err(e.into());
+                    }
+                }
+            }
+        };
+        let db_slot = self.alloc_db_slot(shape.ctx);
         if let Some(srq) = self.res.srqs.get_mut(srq_handle) {
             srq.db_slot = db_slot.clone();
         }
-        init_device_half(mem, req.db_gpa);
+        init_device_half(mem, shape.db_gpa);
         Ok(CreateSrqResp {
             srq_handle,
             wqe_shift,
             db_slot: db_slot.as_ref().map_or(DB_NONE, |s| s.at().slot),
-            reserved: 0,
+            srqn,
         }
         .to_bytes())
     }

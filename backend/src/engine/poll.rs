@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use virtio_rdma_abi::mem::DB_RECORD_SIZE;
-use virtio_rdma_abi::qp::QpState;
+use virtio_rdma_abi::qp::{QpState, QpType};
 
 use super::doorbell::{self, load_pi};
 use super::scratch::Scratch;
@@ -221,6 +221,11 @@ impl DbList {
             self.qps.clear();
             self.region = state.res.doorbells.as_ref().map(|d| d.region().clone());
             for (handle, qp) in state.res.qps.iter() {
+                // An XRC_TGT QP has no rings and no doorbell: nothing to
+                // watch (its messages go whole, so no flush is owed).
+                if qp.qp_type == QpType::XRC_TGT {
+                    continue;
+                }
                 // A slot has the layout of a record's driver half: `sq_pi`,
                 // then `rq_pi` (spec 18.7).
                 let db = match &qp.db_slot {

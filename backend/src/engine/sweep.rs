@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use virtio_rdma_abi::event::EventKind;
-use virtio_rdma_abi::qp::QpState;
+use virtio_rdma_abi::qp::{QpState, QpType};
 
 use virtio_rdma_abi::datapath::QpDoorbell;
 
@@ -315,6 +315,10 @@ impl Engine {
         let Some(qp) = cx.state.res.qps.get_mut(h) else {
             return false;
         };
+        // An XRC_TGT QP has no queues (nor a doorbell record to read).
+        if qp.qp_type == QpType::XRC_TGT {
+            return false;
+        }
         let Some(sq_pi) = load_pi(mem, qp.db_gpa, qp.db_slot.as_ref(), doorbell::SQ) else {
             // The record left guest RAM (spec 18.18): a QP whose send
             // queue the device reads fails; in other states nothing reads

@@ -6,6 +6,7 @@
 //! copy is parsed. The parsed work request borrows the scratch memory, so
 //! taking a WQE allocates nothing.
 
+use virtio_rdma_abi::qp::QpType;
 use virtio_rdma_abi::datapath::{RecvWqe, SendWqe, Sge, WrOpcode, WQE_INLINE};
 use virtio_rdma_abi::mem::{RECV_WQE_HEADER, SEND_WQE_HEADER, SGE_SIZE};
 use virtio_rdma_abi::{Field, Wire};
@@ -202,9 +203,8 @@ pub fn fetch_send<'a>(
     .ok_or(WqeError::Unusable)?;
     let opcode = WrOpcode::from_u32(u32::from(hdr.opcode));
     let bad = WqeError::malformed(hdr.wr_id, opcode);
-    // What `SendWqe::parse` checks beyond the size, which `copy_slot`
-    // guaranteed: the reserved field is zero.
-    if hdr.reserved != 0 {
+    // `xrc_srqn` is an XRC_INI QP's only (spec 11.3): zero on every other.
+    if hdr.xrc_srqn != 0 && qp.qp_type != QpType::XRC_INI {
         return Err(bad);
     }
     let opcode = opcode.ok_or(bad)?;

@@ -91,6 +91,15 @@ pub struct PageListLimits {
 }
 
 impl PageList {
+    /// No pages: the ring of a queue that has none (an XRC_TGT QP).
+    pub fn none() -> Self {
+        PageList {
+            page_shift: MIN_PAGE_SHIFT,
+            npages: 0,
+            pages: Pages::Contiguous(0),
+        }
+    }
+
     /// Validates `desc` and the list bytes that followed it in the request,
     /// reading indirect list pages from guest memory.
     pub fn resolve<M: GuestMemoryBackend>(

@@ -11,11 +11,12 @@ pub mod objects;
 pub mod qp_state;
 pub mod resize;
 pub mod windows;
+pub mod xrc;
 
 use handle::HandleTable;
 pub use objects::{
     Ah, Binding, Context, Cq, CqRuntime, FastReg, HostCost, Inbound, Mr, Mw, Pd, Qp, QpRuntime,
-    SendPartial, SendWait, Srq, SrqRuntime,
+    SendPartial, SendWait, Srq, SrqRuntime, XrcSrq, Xrcd,
 };
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -47,6 +48,8 @@ pub struct ResourceCounts {
     pub srq: usize,
     /// Address handles.
     pub ah: usize,
+    /// XRC domains.
+    pub xrcd: usize,
     /// Bytes registered by all MRs.
     pub registered_bytes: u64,
     /// Host memory held for the live objects ([`HostCost`]).
@@ -105,6 +108,10 @@ pub struct VmResources {
     pub ahs: HandleTable<Ah>,
     /// Shared receive queues.
     pub srqs: HandleTable<Srq>,
+    /// XRC domains (`F_XRC`).
+    pub xrcds: HandleTable<Xrcd>,
+    /// XRC SRQ number -> SRQ handle.
+    pub srqns: KeyMap<u32>,
     /// lkey -> MR handle.
     pub lkeys: KeyMap<u32>,
     /// rkey -> MR handle.
@@ -167,6 +174,8 @@ impl VmResources {
             qps: HandleTable::default(),
             ahs: HandleTable::default(),
             srqs: HandleTable::default(),
+            xrcds: HandleTable::default(),
+            srqns: KeyMap::default(),
             lkeys: KeyMap::default(),
             rkeys: KeyMap::default(),
             fast_keys: KeyMap::default(),
@@ -194,6 +203,7 @@ impl VmResources {
             mw: self.mws.len(),
             srq: self.srqs.len(),
             ah: self.ahs.len(),
+            xrcd: self.xrcds.len(),
             registered_bytes: self.registered_bytes,
             host_bytes: self.host_bytes,
         }
@@ -407,6 +417,7 @@ impl VmResources {
                 inc(&mut srq.users);
             }
         }
+        self.join_domain(h);
         Ok((h, qpn))
     }
 
@@ -442,6 +453,7 @@ impl VmResources {
         self.detach_all_mcast(handle, t);
         let qp = self.qps.remove(handle).ok_or(DestroyError::BadHandle)?;
         self.refund(&qp);
+        self.leave_domain(&qp);
         self.invalidate_windows_of(handle);
         if let Some(pd) = self.pds.get_mut(qp.pd) {
             dec(&mut pd.users);
@@ -525,6 +537,9 @@ impl VmResources {
         let pd = srq.pd;
         if let Some(srq) = self.srqs.remove(handle) {
             self.refund(&srq);
+            if let Some(x) = srq.xrc {
+                self.unmake_xrc_srq(x, t);
+            }
             t.destroy_srq(self.owner(handle));
             self.free_slot(srq.db_slot.as_ref());
             self.release(srq.ring);
@@ -568,11 +583,21 @@ impl VmResources {
             return Err(DestroyError::BadHandle);
         }
         let owned = |ctx: u32| ctx == handle;
-        for h in collect(&self.qps, |o| owned(o.ctx)) {
+        // Its XRC domains go with it, and so do the XRC_TGT QPs and XRC
+        // SRQs in them, of whatever context.
+        let (domains, tgts, xrc_srqs) = self.xrc_of_ctx(handle);
+        for h in tgts.into_iter().chain(collect(&self.qps, |o| owned(o.ctx))) {
             let _ = self.destroy_qp(h, t);
+        }
+        // No QP is attached to an XRC SRQ (`CREATE_QP` refuses one).
+        for h in xrc_srqs {
+            let _ = self.destroy_srq(h, t);
         }
         for h in collect(&self.srqs, |o| owned(o.ctx)) {
             let _ = self.destroy_srq(h, t);
+        }
+        for h in domains {
+            let _ = self.close_xrcd(h);
         }
         for h in collect(&self.ahs, |o| owned(o.ctx)) {
             let _ = self.destroy_ah(h, t);
@@ -615,6 +640,9 @@ impl VmResources {
             let _ = self.dereg_mr(h, t);
         }
         for h in self.srqs.handles() {
+            if let Some(x) = self.srqs.get(h).and_then(|s| s.xrc) {
+                t.free_srqn(x.srqn);
+            }
             t.destroy_srq(self.owner(h));
         }
         for h in self.ahs.handles() {
@@ -628,6 +656,8 @@ impl VmResources {
         }
         self.qps.clear();
         self.srqs.clear();
+        self.srqns.clear();
+        self.xrcds.clear();
         self.ahs.clear();
         self.mws.clear();
         self.mrs.clear();

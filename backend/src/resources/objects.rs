@@ -102,6 +102,8 @@ pub struct QpRuntime {
     /// As a responder: the message that arrives in pieces into the
     /// receive WQE it consumed with its first piece.
     pub inbound: Option<Box<Inbound>>,
+    /// XRC_TGT: the XRC SRQ the message it takes now names (0: none yet).
+    pub xrc_srq: u32,
 }
 
 /// A message an RC responder QP is receiving in pieces (a SEND, or an RDMA
@@ -270,6 +272,8 @@ pub struct Qp {
     pub recv_cq: u32,
     /// SRQ handle or 0.
     pub srq: u32,
+    /// XRC_TGT: its XRC domain; 0 for every other type.
+    pub xrcd: u32,
     /// `QP_FLAG_*` bits.
     pub flags: u32,
     /// QP number.
@@ -340,6 +344,8 @@ pub struct Srq {
     pub ring: PageList,
     /// QPs attached.
     pub users: u32,
+    /// An XRC SRQ's domain, CQ and number (`CREATE_XRC_SRQ`).
+    pub xrc: Option<XrcSrq>,
     /// Data-path state.
     pub rt: SrqRuntime,
 }
@@ -576,4 +582,32 @@ impl HostCost for Mr {
     fn into_pages(self) -> Option<PageList> {
         Some(self.pages)
     }
+}
+
+/// An XRC domain. Scoped to its VM: SRQs and XRC_TGT QPs of any context
+/// of the VM may belong to it (a guest kernel shares one domain between
+/// processes); it goes with the context that opened it.
+#[derive(Debug)]
+pub struct Xrcd {
+    /// Owning context.
+    pub ctx: u32,
+    /// XRC SRQs and XRC_TGT QPs in this domain.
+    pub users: u32,
+}
+
+impl HostCost for Xrcd {
+    fn host_cost(&self) -> u64 {
+        own::<Self>()
+    }
+}
+
+/// What makes an SRQ an XRC SRQ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct XrcSrq {
+    /// Its XRC domain.
+    pub xrcd: u32,
+    /// The CQ its receive completions go to.
+    pub cq: u32,
+    /// Its number on the RNIC (24 bits, never 0).
+    pub srqn: u32,
 }

@@ -25,14 +25,38 @@ pub fn rule(t: QpType, from: QpState, to: QpState) -> Option<Rule> {
     // UC: RC's connection attributes without the reliability ones (no
     // acknowledgements, retries or RDMA READ and atomics).
     let uc = t == QpType::UC;
-    let connected = rc || uc;
+    // XRC: RC's attributes, less those of the half a QP does not have:
+    // an initiator never responds, a target never requests (as Linux's
+    // `ib_modify_qp_is_ok` has them).
+    let ini = t == QpType::XRC_INI;
+    let tgt = t == QpType::XRC_TGT;
+    let connected = rc || uc || ini || tgt;
     match (from, to) {
         (_, RESET) | (_, ERR) => r(0, CUR_STATE),
         (RESET, INIT) if connected => r(PKEY_INDEX | PORT | ACCESS, 0),
         (RESET, INIT) => r(PKEY_INDEX | PORT | QKEY, 0),
         (INIT, INIT) if connected => r(0, PKEY_INDEX | PORT | ACCESS),
         (INIT, INIT) => r(0, PKEY_INDEX | PORT | QKEY),
-        (INIT, RTR) if uc => r(AV | PATH_MTU | DEST_QPN | RQ_PSN, ACCESS | PKEY_INDEX),
+        (INIT, RTR) if uc || ini => r(AV | PATH_MTU | DEST_QPN | RQ_PSN, ACCESS | PKEY_INDEX),
+        (INIT, RTR) if tgt => r(
+            AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER,
+            ACCESS | PKEY_INDEX,
+        ),
+        (RTR, RTS) if ini => r(
+            SQ_PSN | TIMEOUT | RETRY_CNT | RNR_RETRY | MAX_RD_ATOMIC,
+            CUR_STATE | ACCESS,
+        ),
+        (RTR, RTS) if tgt => r(SQ_PSN | TIMEOUT, CUR_STATE | ACCESS | MIN_RNR_TIMER),
+        (RTS, RTS) | (SQD, RTS) if ini => r(0, CUR_STATE | ACCESS),
+        (RTS, RTS) | (SQD, RTS) if tgt => r(0, CUR_STATE | ACCESS | MIN_RNR_TIMER),
+        (SQD, SQD) if ini => r(
+            0,
+            AV | PATH_MTU | TIMEOUT | RETRY_CNT | RNR_RETRY | MAX_RD_ATOMIC | ACCESS | PKEY_INDEX,
+        ),
+        (SQD, SQD) if tgt => r(
+            0,
+            AV | TIMEOUT | MAX_DEST_RD_ATOMIC | ACCESS | PKEY_INDEX | MIN_RNR_TIMER,
+        ),
         (INIT, RTR) if rc => r(
             AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER,
             ACCESS | PKEY_INDEX,
@@ -63,7 +87,7 @@ pub fn rule(t: QpType, from: QpState, to: QpState) -> Option<Rule> {
         (SQD, SQD) if uc => r(0, AV | PATH_MTU | ACCESS | PKEY_INDEX),
         (SQD, SQD) => r(0, PKEY_INDEX | QKEY),
         (SQE, RTS) if uc => r(0, CUR_STATE | ACCESS),
-        (SQE, RTS) if !rc => r(0, CUR_STATE | QKEY),
+        (SQE, RTS) if !connected => r(0, CUR_STATE | QKEY),
         _ => None,
     }
 }
@@ -77,7 +101,7 @@ mod tests {
     fn table_shape() {
         // Every state can go to RESET and ERR.
         for s in QpState::ALL {
-            for t in [QpType::RC, QpType::UD, QpType::UC] {
+            for t in [QpType::RC, QpType::UD, QpType::UC, QpType::XRC_INI, QpType::XRC_TGT] {
                 assert!(rule(t, *s, RESET).is_some());
                 assert!(rule(t, *s, ERR).is_some());
             }
@@ -101,10 +125,17 @@ mod tests {
             0
         );
         assert!(rule(QpType::UC, SQE, RTS).is_some());
+        // XRC: a target needs no send attributes beyond the PSN and
+        // timeout, an initiator none of a responder's.
+        let tgt = rule(QpType::XRC_TGT, RTR, RTS).unwrap();
+        assert_eq!(tgt.required, SQ_PSN | TIMEOUT);
+        let ini = rule(QpType::XRC_INI, INIT, RTR).unwrap();
+        assert_eq!((ini.required | ini.optional) & (MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER), 0);
+        assert!(rule(QpType::XRC_INI, SQE, RTS).is_none());
         // Required and optional never overlap.
         for from in QpState::ALL {
             for to in QpState::ALL {
-                for t in [QpType::RC, QpType::UD, QpType::UC] {
+                for t in [QpType::RC, QpType::UD, QpType::UC, QpType::XRC_INI, QpType::XRC_TGT] {
                     if let Some(r) = rule(t, *from, *to) {
                         assert_eq!(r.required & r.optional, 0);
                         assert_eq!((r.required | r.optional) & STATE, 0);

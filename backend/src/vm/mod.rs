@@ -270,7 +270,7 @@ impl VmState {
             .res
             .qps
             .iter()
-            .filter(|(_, q)| q.qp_type == virtio_rdma_abi::qp::QpType::RC)
+            .filter(|(_, q)| q.qp_type == virtio_rdma_abi::qp::QpType::RC || q.qp_type.xrc())
             .map(|(_, q)| (q.qpn, q.incarnation))
             .collect();
         self.res.clear(self.rnic.as_ref());
@@ -290,7 +290,7 @@ impl VmState {
         use virtio_rdma_abi::qp::QpType;
         // The incarnation of the gone QP with `q`'s destination number.
         let hit = |q: &Qp| {
-            if q.qp_type != QpType::RC || !gids.contains(&q.attr.av.dgid) {
+            if !(q.qp_type == QpType::RC || q.qp_type.xrc()) || !gids.contains(&q.attr.av.dgid) {
                 return None;
             }
             let i = gone

@@ -280,7 +280,7 @@ impl Mock {
                     srq_handle: self.id(),
                     wqe_shift: recv_wqe_shift(r.max_sge),
                     db_slot: virtio_rdma_abi::datapath::DB_NONE,
-                    reserved: 0,
+                    srqn: 0,
                 }
                 .to_bytes()
             }

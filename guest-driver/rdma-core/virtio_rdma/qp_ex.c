@@ -349,12 +349,19 @@ static void vrdma_wr_flush(struct ibv_qp_ex *qpx, uint32_t rkey,
 	open_wr(qpx, 0, IBV_QP_EX_WITH_FLUSH);
 }
 
+/* The XRC SRQ at the target a work request of an XRC_SEND QP goes to. */
 static void vrdma_wr_set_xrc_srqn(struct ibv_qp_ex *qpx, uint32_t remote_srqn)
 {
 	struct vrdma_qp *qp = qpx_to_vqp(qpx);
+	struct virtio_rdma_send_wqe *w = open_wr_for_setter(qp);
 
-	if (open_wr_for_setter(qp))
+	if (!w)
+		return;
+	if (qp->vqp.qp.qp_type != IBV_QPT_XRC_SEND) {
 		qp->ex_err = EINVAL;
+		return;
+	}
+	w->xrc_srqn = htole32(remote_srqn);
 }
 
 static void vrdma_wr_start(struct ibv_qp_ex *qpx)
@@ -411,7 +418,8 @@ static uint64_t supported_ops(const struct vrdma_context *ctx,
 	if (type == IBV_QPT_UC)
 		return ops | IBV_QP_EX_WITH_RDMA_WRITE |
 		       IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
-	if (type != IBV_QPT_RC)
+	/* An XRC initiator sends what RC sends (spec 18.11.8). */
+	if (type != IBV_QPT_RC && type != IBV_QPT_XRC_SEND)
 		return 0;
 	ops |= IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
 	       IBV_QP_EX_WITH_RDMA_READ;
@@ -420,7 +428,8 @@ static uint64_t supported_ops(const struct vrdma_context *ctx,
 		       IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
 	if (ctx->device_cap_flags & IBV_DEVICE_MEM_MGT_EXTENSIONS)
 		ops |= IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_LOCAL_INV;
-	if (ctx->device_cap_flags & IBV_DEVICE_MEM_WINDOW)
+	if ((ctx->device_cap_flags & IBV_DEVICE_MEM_WINDOW) &&
+	    type == IBV_QPT_RC)
 		ops |= IBV_QP_EX_WITH_BIND_MW;
 	return ops;
 }

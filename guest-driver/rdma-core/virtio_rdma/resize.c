@@ -118,7 +118,7 @@ static int resize_srq(struct vrdma_srq *srq, struct ibv_srq_attr *attr,
 	cmd.drv_payload.buf_va = (uintptr_t)r.p;
 	cmd.drv_payload.buf_len = len;
 	cmd.drv_payload.depth = depth;
-	ret = ibv_cmd_modify_srq(&srq->ibv_srq, attr, mask, &cmd.ibv_cmd,
+	ret = ibv_cmd_modify_srq(&srq->vsrq.srq, attr, mask, &cmd.ibv_cmd,
 				 sizeof(cmd));
 	if (!ret) {
 		ring_swap(&srq->mem, &srq->buf, &r);

@@ -299,6 +299,9 @@ static int encode_send(struct vrdma_qp *qp, struct ibv_send_wr *wr,
 		w.remote_qpn = htole32(wr->wr.ud.remote_qpn);
 		w.remote_qkey = htole32(wr->wr.ud.remote_qkey);
 	}
+	/* The XRC SRQ at the target the message goes to (spec 18.11.8). */
+	if (qp->vqp.qp.qp_type == IBV_QPT_XRC_SEND)
+		w.xrc_srqn = htole32(wr->qp_type.xrc.remote_srqn);
 	w.wr_id = htole64(wr->wr_id);
 	if (wr->send_flags & IBV_SEND_SIGNALED)
 		w.flags |= VIRTIO_RDMA_WQE_SIGNALED;
@@ -379,7 +382,8 @@ static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 	uint32_t ci, posted = 0;
 	int ret = 0;
 
-	if (!vrdma_qp_may_send(qp)) {
+	/* An XRC_RECV QP has no send queue. */
+	if (!vrdma_qp_may_send(qp) || !qp->sq_depth) {
 		*bad_wr = wr;
 		return EINVAL;
 	}
@@ -518,9 +522,12 @@ static int vrdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 	uint32_t posted;
 	int ret;
 
-	/* A receive queue takes work from INIT on. */
+	/*
+	 * A receive queue takes work from INIT on; a QP on an SRQ, and XRC
+	 * QPs, have none.
+	 */
 	if (atomic_load_explicit(&qp->state, memory_order_relaxed) ==
-	    IBV_QPS_RESET) {
+	    IBV_QPS_RESET || !qp->rq_depth) {
 		*bad_wr = wr;
 		return EINVAL;
 	}
@@ -533,17 +540,30 @@ static int vrdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 #define DB_SRQ_PI 0
 #define DB_SRQ_CI VIRTIO_RDMA_DB_DEVICE_OFFSET
 
-static struct ibv_srq *vrdma_create_srq(struct ibv_pd *pd,
-					struct ibv_srq_init_attr *attr)
+/*
+ * An SRQ of @attr (its PD set), an XRC SRQ of its domain and CQ with @xrc;
+ * what libibverbs and create_srq_ex checked.
+ */
+struct ibv_srq *vrdma_create_srq_common(struct ibv_context *context,
+					struct ibv_srq_init_attr_ex *attr,
+					bool xrc)
 {
+	struct vrdma_create_xsrq_cmd xcmd = {};
+	struct vrdma_create_xsrq_cmd_resp xresp = {};
 	struct vrdma_create_srq_cmd cmd = {};
 	struct vrdma_create_srq_cmd_resp resp = {};
+	struct virtio_rdma_create_srq_ureq *ureq;
+	struct virtio_rdma_create_srq_uresp *uresp;
+	struct ibv_srq_init_attr basic = {
+		.srq_context = attr->srq_context,
+		.attr = attr->attr,
+	};
 	struct vrdma_srq *srq;
 	size_t len;
 	int ret;
 
 	/* Nothing is allocated (nor a parent domain's allocator called). */
-	if (!to_vctx(pd->context)->max_srq) {
+	if (!to_vctx(context)->max_srq) {
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
@@ -555,34 +575,69 @@ static struct ibv_srq *vrdma_create_srq(struct ibv_pd *pd,
 	srq->wqe_shift = recv_wqe_shift(attr->attr.max_sge);
 	srq->max_sge = attr->attr.max_sge;
 	len = (size_t)srq->depth << srq->wqe_shift;
-	ret = vrdma_qmem_alloc(&srq->mem, pd, &srq->buf, len,
+	ret = vrdma_qmem_alloc(&srq->mem, attr->pd, &srq->buf, len,
 			       VRDMA_RES_TYPE_SRQ, &srq->db);
 	if (ret) {
 		free(srq);
 		errno = ret;
 		return NULL;
 	}
-	cmd.buf_va = (uintptr_t)srq->buf;
-	cmd.buf_len = len;
-	cmd.db_va = (uintptr_t)srq->db;
-	cmd.depth = srq->depth;
-	if (ibv_cmd_create_srq(pd, &srq->ibv_srq, attr, &cmd.ibv_cmd,
-			       sizeof(cmd), &resp.ibv_resp, sizeof(resp)))
+	ureq = xrc ? &xcmd.drv_payload : &cmd.drv_payload;
+	uresp = xrc ? &xresp.drv_payload : &resp.drv_payload;
+	ureq->buf_va = (uintptr_t)srq->buf;
+	ureq->buf_len = len;
+	ureq->db_va = (uintptr_t)srq->db;
+	ureq->depth = srq->depth;
+	if (xrc)
+		ret = ibv_cmd_create_srq_ex(context, &srq->vsrq, attr,
+					    &xcmd.ibv_cmd, sizeof(xcmd),
+					    &xresp.ibv_resp, sizeof(xresp));
+	else
+		ret = ibv_cmd_create_srq(attr->pd, &srq->vsrq.srq, &basic,
+					 &cmd.ibv_cmd, sizeof(cmd),
+					 &resp.ibv_resp, sizeof(resp));
+	if (ret) {
+		errno = ret;
 		goto err;
-	if (resp.wqe_shift != srq->wqe_shift) {
-		ibv_cmd_destroy_srq(&srq->ibv_srq);
+	}
+	if (uresp->wqe_shift != srq->wqe_shift) {
+		ibv_cmd_destroy_srq(&srq->vsrq.srq);
 		errno = EPROTO;
 		goto err;
 	}
-	srq->handle = resp.srq_handle;
+	srq->handle = uresp->srq_handle;
+	/*
+	 * libibverbs sets the number from the ioctl's attribute; the write()
+	 * path has it in the response only.
+	 */
+	srq->vsrq.srq_type = xrc ? IBV_SRQT_XRC : IBV_SRQT_BASIC;
+	if (xrc && !srq->vsrq.srq_num)
+		srq->vsrq.srq_num = xresp.ibv_resp.srqn;
 	attr->attr.max_wr = srq->depth;
-	return &srq->ibv_srq;
+	return &srq->vsrq.srq;
 err:
 	ret = errno;
 	vrdma_qmem_free(&srq->mem, srq->buf, srq->db);
 	free(srq);
 	errno = ret;
 	return NULL;
+}
+
+static struct ibv_srq *vrdma_create_srq(struct ibv_pd *pd,
+					struct ibv_srq_init_attr *attr)
+{
+	struct ibv_srq_init_attr_ex ex = {
+		.srq_context = attr->srq_context,
+		.attr = attr->attr,
+		.comp_mask = IBV_SRQ_INIT_ATTR_PD,
+		.pd = pd,
+	};
+	struct ibv_srq *srq;
+
+	srq = vrdma_create_srq_common(pd->context, &ex, false);
+	if (srq)
+		attr->attr.max_wr = ex.attr.max_wr;
+	return srq;
 }
 
 static int vrdma_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr)
@@ -895,8 +950,15 @@ static struct ibv_qp *vrdma_create_qp_common(struct ibv_context *context,
 	pthread_spin_init(&qp->sq_lock, PTHREAD_PROCESS_PRIVATE);
 	pthread_spin_init(&qp->rq_lock, PTHREAD_PROCESS_PRIVATE);
 	qp->sq_depth = pow2_at_least(max(attr->cap.max_send_wr, 1U));
-	/* With an SRQ the QP has no receive ring of its own (spec 11.4). */
-	qp->rq_depth = attr->srq ? 0 :
+	/*
+	 * With an SRQ the QP has no receive ring of its own (spec 11.4), nor
+	 * has an XRC initiator (12.12).
+	 */
+	if (attr->qp_type == IBV_QPT_XRC_SEND) {
+		attr->cap.max_recv_wr = 0;
+		attr->cap.max_recv_sge = 0;
+	}
+	qp->rq_depth = attr->srq || attr->qp_type == IBV_QPT_XRC_SEND ? 0 :
 		       pow2_at_least(max(attr->cap.max_recv_wr, 1U));
 	qp->sq_wqe_shift = send_wqe_shift(attr->cap.max_send_sge,
 					  attr->cap.max_inline_data);
@@ -934,7 +996,7 @@ static struct ibv_qp *vrdma_create_qp_common(struct ibv_context *context,
 	qp->max_recv_sge = attr->cap.max_recv_sge;
 	qp->max_inline_data = attr->cap.max_inline_data;
 	attr->cap.max_send_wr = qp->sq_depth;
-	if (!attr->srq)
+	if (!attr->srq && attr->qp_type != IBV_QPT_XRC_SEND)
 		attr->cap.max_recv_wr = qp->rq_depth;
 	return &qp->vqp.qp;
 err:
@@ -969,9 +1031,10 @@ static struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
 
 /*
  * ibv_create_qp_ex: a QP as ibv_create_qp makes it, with the extended send
- * API (ibv_qp_ex) when IBV_QP_INIT_ATTR_SEND_OPS_FLAGS asks for it. XRC,
- * TSO, RSS and the like are refused with EOPNOTSUPP, create flags (none is
- * implemented) with EINVAL, as other providers do.
+ * API (ibv_qp_ex) when IBV_QP_INIT_ATTR_SEND_OPS_FLAGS asks for it; an
+ * XRC_RECV QP of its domain (xrc.c). TSO, RSS and the like are refused
+ * with EOPNOTSUPP, create flags (none is implemented) with EINVAL, as
+ * other providers do.
  */
 static struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *context,
 					 struct ibv_qp_init_attr_ex *attr)
@@ -983,6 +1046,14 @@ static struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *context,
 	struct ibv_qp *ibqp;
 	int ret;
 
+	if (attr->qp_type == IBV_QPT_XRC_RECV) {
+		if (attr->comp_mask & ~(IBV_QP_INIT_ATTR_XRCD |
+					IBV_QP_INIT_ATTR_PD)) {
+			errno = EOPNOTSUPP;
+			return NULL;
+		}
+		return vrdma_create_xrc_recv_qp(context, attr);
+	}
 	if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) ||
 	    (attr->comp_mask & ~known)) {
 		errno = attr->comp_mask & IBV_QP_INIT_ATTR_PD ? EOPNOTSUPP :
@@ -1033,7 +1104,9 @@ static int vrdma_destroy_qp(struct ibv_qp *ibqp)
 	ret = ibv_cmd_destroy_qp(ibqp);
 	if (ret)
 		return ret;
-	vrdma_qmem_free(&qp->mem, qp->buf, qp->db);
+	/* An XRC_RECV QP, created or opened, has no memory of its own. */
+	if (qp->buf)
+		vrdma_qmem_free(&qp->mem, qp->buf, qp->db);
 	free(qp);
 	return 0;
 }
@@ -1079,7 +1152,9 @@ static const struct verbs_context_ops vrdma_context_ops = {
 	.create_ah = vrdma_create_ah,
 	.create_cq = vrdma_create_cq,
 	.create_cq_ex = vrdma_create_cq_ex,
+	.close_xrcd = vrdma_close_xrcd,
 	.create_srq = vrdma_create_srq,
+	.create_srq_ex = vrdma_create_srq_ex,
 	.create_qp = vrdma_create_qp,
 	.create_qp_ex = vrdma_create_qp_ex,
 	.dealloc_mw = vrdma_dealloc_mw,
@@ -1091,10 +1166,13 @@ static const struct verbs_context_ops vrdma_context_ops = {
 	.destroy_qp = vrdma_destroy_qp,
 	.destroy_srq = vrdma_destroy_srq,
 	.free_context = vrdma_free_context,
+	.get_srq_num = vrdma_get_srq_num,
 	.import_mr = vrdma_import_mr,
 	.import_pd = vrdma_import_pd,
 	.modify_qp = vrdma_modify_qp,
 	.modify_srq = vrdma_modify_srq,
+	.open_qp = vrdma_open_qp,
+	.open_xrcd = vrdma_open_xrcd,
 	.poll_cq = vrdma_poll_cq,
 	.post_recv = vrdma_post_recv,
 	.post_send = vrdma_post_send,

@@ -27,6 +27,8 @@ DECLARE_DRV_CMD(vrdma_alloc_mw_cmd, IB_USER_VERBS_CMD_ALLOC_MW, empty,
 		virtio_rdma_alloc_mw_uresp);
 DECLARE_DRV_CMD(vrdma_create_srq_cmd, IB_USER_VERBS_CMD_CREATE_SRQ,
 		virtio_rdma_create_srq_ureq, virtio_rdma_create_srq_uresp);
+DECLARE_DRV_CMD(vrdma_create_xsrq_cmd, IB_USER_VERBS_CMD_CREATE_XSRQ,
+		virtio_rdma_create_srq_ureq, virtio_rdma_create_srq_uresp);
 
 /*
  * A protection domain, or a parent domain (domain.c) resting on one. The
@@ -71,7 +73,8 @@ struct vrdma_qmem {
 };
 
 struct vrdma_srq {
-	struct ibv_srq ibv_srq;
+	/* A verbs_srq: an XRC SRQ's number is ibv_get_srq_num's (xrc.c). */
+	struct verbs_srq vsrq;
 	void *buf;
 	void *db;
 	struct vrdma_qmem mem;
@@ -86,7 +89,7 @@ struct vrdma_srq {
 
 static inline struct vrdma_srq *to_vsrq(struct ibv_srq *ibsrq)
 {
-	return container_of(ibsrq, struct vrdma_srq, ibv_srq);
+	return container_of(ibsrq, struct vrdma_srq, vsrq.srq);
 }
 
 struct vrdma_ah {
@@ -244,6 +247,9 @@ int vrdma_create_cq_common(struct ibv_context *context,
 bool vrdma_cq_next(struct vrdma_cq *cq, struct virtio_rdma_cqe *e);
 void vrdma_cq_consumed(struct vrdma_cq *cq);
 enum ibv_wc_status vrdma_wc_status(uint8_t status);
+struct ibv_srq *vrdma_create_srq_common(struct ibv_context *context,
+					struct ibv_srq_init_attr_ex *attr,
+					bool xrc);
 
 /* domain.c */
 struct ibv_pd *vrdma_alloc_parent_domain(struct ibv_context *context,
@@ -273,6 +279,18 @@ int vrdma_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw,
 int vrdma_encode_bind(uint64_t wr_id, unsigned int send_flags,
 		      struct ibv_mw *mw, uint32_t rkey,
 		      const struct ibv_mw_bind_info *info, uint8_t *slot);
+
+/* xrc.c */
+struct ibv_xrcd *vrdma_open_xrcd(struct ibv_context *context,
+				 struct ibv_xrcd_init_attr *attr);
+int vrdma_close_xrcd(struct ibv_xrcd *ibxrcd);
+struct ibv_srq *vrdma_create_srq_ex(struct ibv_context *context,
+				    struct ibv_srq_init_attr_ex *attr);
+int vrdma_get_srq_num(struct ibv_srq *ibsrq, uint32_t *srq_num);
+struct ibv_qp *vrdma_create_xrc_recv_qp(struct ibv_context *context,
+					struct ibv_qp_init_attr_ex *attr);
+struct ibv_qp *vrdma_open_qp(struct ibv_context *context,
+			     struct ibv_qp_open_attr *attr);
 
 /* qp_ex.c */
 int vrdma_qp_ex_init(struct vrdma_qp *qp, struct vrdma_context *ctx,

@@ -217,7 +217,9 @@ fn create_qp_values_out_of_domain() {
             ("qp_type 0", 0, 0, Status::INVALID, 4),
             // (qp_type 3, GSI, without F_GSI: hostile/gsi.rs.)
             // (qp_type 4, UC, is valid with F_UC.)
-            ("qp_type 5", 5, 0, Status::INVALID, 4),
+            // (qp_type 5 and 6, XRC_INI and XRC_TGT, are valid with
+            // F_XRC: hostile/xrc.rs.)
+            ("qp_type 7", 7, 0, Status::INVALID, 4),
             ("unknown flags", 1, 0x2, Status::INVALID, 20),
             ("unknown high flag", 1, 0x8000_0001, Status::INVALID, 20),
         ] {

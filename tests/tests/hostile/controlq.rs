@@ -32,7 +32,7 @@ use crate::world::{hostile, hostile_in, opts, World, IOVA};
 #[test]
 fn unknown_opcode() {
     hostile(|w| {
-        for op in [0u32, 0x04, 0x12, 0x54, 0x74, 0x99, 0xffff_ffff] {
+        for op in [0u32, 0x04, 0x12, 0x24, 0x54, 0x75, 0x99, 0xffff_ffff] {
             let spec = RequestSpec::new(op, &[], 64);
             w.expect_spec(&format!("opcode {op:#x}"), &spec, Status::UNSUPPORTED, op);
         }
@@ -42,12 +42,12 @@ fn unknown_opcode() {
         }
         .to_bytes();
         let parts: [&[u8]; 1] = [&payload];
-        let spec = RequestSpec::new(0x22u32, &parts, 4);
+        let spec = RequestSpec::new(0x24u32, &parts, 4);
         w.expect_spec(
-            "opcode 0x22 with a payload",
+            "opcode 0x24 with a payload",
             &spec,
             Status::UNSUPPORTED,
-            0x22,
+            0x24,
         );
     });
 }
@@ -111,14 +111,20 @@ fn reserved_payload_field_not_zero() {
     hostile(|w| {
         let b = w.base();
         let (mut req, tail) = qp_req(w, &QpInit::rc(b.pd, b.cq));
-        req.reserved = 1;
-        w.expect("CREATE_QP, reserved = 1", Status::INVALID, 44, |v| {
-            v.create_qp_raw(&req, &tail)
-        });
-        req.reserved = 0x8000_0000;
-        w.expect("CREATE_QP, reserved = 2^31", Status::INVALID, 44, |v| {
-            v.create_qp_raw(&req, &tail)
-        });
+        req.xrcd_handle = 1;
+        w.expect(
+            "CREATE_QP, xrcd_handle = 1 on an RC QP",
+            Status::INVALID,
+            44,
+            |v| v.create_qp_raw(&req, &tail),
+        );
+        req.xrcd_handle = 0x8000_0000;
+        w.expect(
+            "CREATE_QP, xrcd_handle = 2^31 on an RC QP",
+            Status::INVALID,
+            44,
+            |v| v.create_qp_raw(&req, &tail),
+        );
     });
 }
 

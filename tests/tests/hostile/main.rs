@@ -42,3 +42,4 @@ mod quotas;
 mod requests;
 mod resize;
 mod world;
+mod xrc;

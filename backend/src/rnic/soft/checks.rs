@@ -45,7 +45,13 @@ pub(super) fn connected_responder(
     t: QpType,
 ) -> Result<&Qp, RespOutcome> {
     let q = addressed(state, qp, qpn, inc, RespOutcome::Unreachable)?;
-    if q.qp_type != t || !receiving(q.state) {
+    // An XRC initiator talks to an XRC target.
+    let want = if t == QpType::XRC_INI {
+        QpType::XRC_TGT
+    } else {
+        t
+    };
+    if q.qp_type != want || !receiving(q.state) {
         return Err(RespOutcome::Unreachable);
     }
     Ok(q)
@@ -163,10 +169,12 @@ pub(super) fn remote_mr<'s>(
     rkey: u32,
     right: u32,
 ) -> Option<RemoteRegion<'s>> {
-    if let Some(mr) = remote_region(state, q, rkey, right) {
+    // An XRC_TGT QP's keys are those of its message's SRQ's PD.
+    let pd = state.res.recv_side(q).pd;
+    if let Some(mr) = remote_region_of(state, pd, rkey, right) {
         return Some(RemoteRegion { mr, window: None });
     }
-    remote_window(state, qp, q, rkey, right)
+    remote_window(state, qp, q, pd, rkey, right)
 }
 
 /// The MR of `state` that rkey `rkey` names for responder QP `q` and
@@ -175,12 +183,18 @@ pub(super) fn remote_mr<'s>(
 /// lane falls back to it), which keeps the lane as short as it was.
 #[inline]
 pub(super) fn remote_region<'s>(state: &'s VmState, q: &Qp, rkey: u32, right: u32) -> Option<&'s Mr> {
+    remote_region_of(state, q.pd, rkey, right)
+}
+
+/// [`remote_region`] for PD `pd`.
+#[inline]
+fn remote_region_of(state: &VmState, pd: u32, rkey: u32, right: u32) -> Option<&Mr> {
     state
         .res
         .rkeys
         .get(&rkey)
         .and_then(|h| state.res.mrs.get(*h))
-        .filter(|mr| mr.pd == q.pd && mr.access & right != 0)
+        .filter(|mr| mr.pd == pd && mr.access & right != 0)
 }
 
 /// The window part of [`remote_mr`].
@@ -190,10 +204,11 @@ fn remote_window<'s>(
     state: &'s VmState,
     qp: u32,
     q: &Qp,
+    pd: u32,
     rkey: u32,
     right: u32,
 ) -> Option<RemoteRegion<'s>> {
-    let grant = state.res.window_grant(rkey, q.pd, (qp, q.incarnation))?;
+    let grant = state.res.window_grant(rkey, pd, (qp, q.incarnation))?;
     if grant.access & right == 0 {
         return None;
     }

@@ -121,9 +121,11 @@ pub(in crate::rnic) struct Span {
 
 /// Whether send WQE `wr` of a QP of type `qp_type` is executed in pieces:
 /// every RC or UC message from or into local buffers (SEND, WRITE, READ;
-/// not inline data, atomics or UD, which are small).
+/// not inline data, atomics or UD, which are small). XRC messages go
+/// whole: an XRC_TGT QP has no rings for the engine to flush a message
+/// half received from.
 pub(in crate::rnic) fn piecewise(qp_type: QpType, wr: &SendWr<'_>) -> bool {
-    qp_type.connected()
+    matches!(qp_type, QpType::RC | QpType::UC)
         && wr.inline.is_none()
         && !matches!(
             wr.opcode,

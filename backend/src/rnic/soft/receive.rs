@@ -7,6 +7,7 @@ use virtio_rdma_abi::datapath::{
     CQE_GRH, CQE_SOLICITED, CQE_WITH_IMM, CQE_WITH_INV, UD_GRH_SIZE, WQE_SOLICITED,
 };
 use virtio_rdma_abi::event::EventKind;
+use virtio_rdma_abi::qp::QpType;
 
 use super::request::{copy_in, nak, Request, RespOutcome, RespScratch};
 use crate::engine::completer::{complete, error_cqe};
@@ -52,8 +53,13 @@ pub(super) fn peek_recv<'s>(
     scratch: &'s mut WqeBuf,
 ) -> Result<Peeked<'s>, Broken> {
     let q = state.res.qps.get(qp).ok_or(Broken)?;
-    let (pi, r, ci) = if q.srq != 0 {
-        let srq = state.res.srqs.get(q.srq).ok_or(Broken)?;
+    let side = state.res.recv_side(q);
+    if side.srq == 0 && q.qp_type == QpType::XRC_TGT {
+        // No SRQ bound: it has no receive queue of its own.
+        return Err(Broken);
+    }
+    let (pi, r, ci) = if side.srq != 0 {
+        let srq = state.res.srqs.get(side.srq).ok_or(Broken)?;
         if srq.rt.broken {
             return Err(Broken);
         }
@@ -82,15 +88,17 @@ pub(super) fn peek_recv<'s>(
 /// (read against producer index `pi`): advances and publishes the consumer
 /// index, and for an SRQ checks its limit (spec 18.21).
 pub(super) fn consume_recv(state: &mut VmState, mem: &HostMem, qp: u32, pi: u32) {
+    let Some(srq_h) = state.res.qps.get(qp).map(|q| state.res.recv_side(q).srq) else {
+        return;
+    };
     let Some(q) = state.res.qps.get_mut(qp) else {
         return;
     };
-    if q.srq == 0 {
+    if srq_h == 0 {
         q.rt.rq_ci = q.rt.rq_ci.wrapping_add(1);
         let _ = doorbell::store(mem, q.db_gpa, QpDoorbell::RQ_CI, q.rt.rq_ci);
         return;
     }
-    let srq_h = q.srq;
     let Some(srq) = state.res.srqs.get_mut(srq_h) else {
         return;
     };
@@ -108,7 +116,7 @@ pub(super) fn consume_recv(state: &mut VmState, mem: &HostMem, qp: u32, pi: u32)
 /// for good with `SRQ_ERROR`, and every QP attached to it goes to ERR with
 /// `QP_FATAL`. No completion is written: no WQE of the queue is trusted.
 pub(super) fn recv_queue_failed(state: &mut VmState, qp: u32) {
-    let Some(srq_h) = state.res.qps.get(qp).map(|q| q.srq) else {
+    let Some(srq_h) = state.res.qps.get(qp).map(|q| state.res.recv_side(q).srq) else {
         return;
     };
     if srq_h == 0 {
@@ -122,6 +130,10 @@ pub(super) fn recv_queue_failed(state: &mut VmState, qp: u32) {
         }
     }
     state.fail_qps(|q| q.srq == srq_h);
+    // An XRC_TGT QP is not attached to the SRQ its message named.
+    if state.res.qps.get(qp).is_some_and(|q| q.qp_type == QpType::XRC_TGT) {
+        state.qp_enter_err(qp, Some(EventKind::QP_FATAL));
+    }
 }
 
 /// Writes the successful receive completion `cqe` of QP `qp` on CQ `cq`.
@@ -174,9 +186,10 @@ pub(super) fn place_piece(
     mut inb: Inbound,
     last: bool,
 ) -> RespOutcome {
-    let Some((pd, cq, qpn)) = state.res.qps.get(qp).map(|q| (q.pd, q.recv_cq, q.qpn)) else {
+    let Some((side, qpn)) = state.res.qps.get(qp).map(|q| (state.res.recv_side(q), q.qpn)) else {
         return RespOutcome::Unreachable;
     };
+    let (pd, cq) = (side.pd, side.cq);
     let (skip, take) = req.part;
     let segs = &mut scratch.segs;
     if req.wr.opcode != WrOpcode::RDMA_WRITE_WITH_IMM {
@@ -228,7 +241,7 @@ fn recv_error(state: &mut VmState, mem: &HostMem, qp: u32, wr_id: u64, status: W
     if let Some(t) = state.tenancy().traffic(state.vm_index()) {
         TrafficCounters::add_single_writer(&t.error_cqes, 1);
     }
-    if let Some((cq, qpn)) = state.res.qps.get(qp).map(|q| (q.recv_cq, q.qpn)) {
+    if let Some((cq, qpn)) = state.res.qps.get(qp).map(|q| (state.res.recv_side(q).cq, q.qpn)) {
         let _ = complete(
             state,
             mem,
@@ -242,13 +255,16 @@ fn recv_error(state: &mut VmState, mem: &HostMem, qp: u32, wr_id: u64, status: W
 /// consumed receive WQE completes with `WR_FLUSH_ERR` (spec 18.19).
 /// Returns whether there was one.
 pub(in crate::rnic) fn flush_inbound(state: &mut VmState, mem: &HostMem, qp: u32) -> bool {
+    let Some(cq) = state.res.qps.get(qp).map(|q| state.res.recv_side(q).cq) else {
+        return false;
+    };
     let Some(q) = state.res.qps.get_mut(qp) else {
         return false;
     };
     let Some(inb) = q.rt.inbound.take() else {
         return false;
     };
-    let (cq, qpn) = (q.recv_cq, q.qpn);
+    let qpn = q.qpn;
     let cqe = error_cqe(inb.wr_id, WcOpcode::RECV, WcStatus::WR_FLUSH_ERR, qpn);
     let _ = complete(state, mem, cq, cqe);
     true

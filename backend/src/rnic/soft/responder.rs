@@ -2,6 +2,7 @@
 //! on the responder QP's VM — the copy of an RDMA WRITE or READ, an atomic,
 //! or the placement of a message into a receive WQE ([`super::receive`]).
 
+use log::debug;
 use virtio_rdma_abi::datapath::{WcStatus, WrOpcode};
 use virtio_rdma_abi::mem::access as acc;
 use virtio_rdma_abi::qp::QpType;
@@ -139,8 +140,24 @@ pub fn respond(
     } else {
         connected_responder(state, qp, req.dest_qpn, None, req.qp_type)
     };
-    if let Err(outcome) = takes {
-        return outcome;
+    let tgt = match takes {
+        Ok(q) => q.qp_type == QpType::XRC_TGT,
+        Err(outcome) => return outcome,
+    };
+    // An XRC message names the SRQ it goes to: one of the TGT QP's domain
+    // in this VM, else an invalid request (spec 18.11.8).
+    if let Some(miss) = tgt
+        .then(|| state.res.bind_xrc_srq(qp, req.wr.hdr.xrc_srqn).err())
+        .flatten()
+    {
+        debug!(
+            "QP {:#x}: XRC SRQ number {:#x} from QP {:#x} refused ({miss:?})",
+            req.dest_qpn, req.wr.hdr.xrc_srqn, req.src_qpn
+        );
+        if let Some(c) = state.tenancy().counters(req.vm) {
+            IsolationCounters::bump(&c.unknown_qpn);
+        }
+        return nak(state, qp, WcStatus::REM_INV_REQ_ERR);
     }
     let out = perform(state, mem, qp, req, scratch);
     // A message executed in pieces counts once, with its last piece.
@@ -174,7 +191,8 @@ fn perform(
     let ud = q.qp_type.datagram();
     // UC drops what RC would answer with an RNR or a NAK (spec 18.11.6).
     let uc = q.qp_type == QpType::UC;
-    let (recv_cq, my_qpn, pd) = (q.recv_cq, q.qpn, q.pd);
+    let side = state.res.recv_side(q);
+    let (recv_cq, my_qpn, pd) = (side.cq, q.qpn, side.pd);
     let min_rnr = q.attr.min_rnr_timer;
     // A responder with max_dest_rd_atomic 0 accepts no RDMA READ or atomic
     // request: an invalid request (spec 18.11.3, 18.18).

@@ -44,6 +44,9 @@ pub struct SoftRnic {
     /// Multicast group -> the UD QPs attached to it, of every VM (a sender
     /// reaches those of its tenant only: `route`).
     mcast: RwLock<HashMap<[u8; 16], Vec<Owner>>>,
+    /// XRC SRQ numbers (`F_XRC`): random and unique on the RNIC, as QPNs
+    /// are, so that a number says nothing of another VM's SRQs.
+    srqns: Mutex<Directory<Owner>>,
 }
 
 impl Default for SoftRnic {
@@ -59,6 +62,7 @@ impl SoftRnic {
             qpns: RwLock::new(Directory::new(QPN_MASK, FIRST_QPN)),
             keys: Mutex::new(KeySpace::new()),
             mcast: RwLock::new(HashMap::new()),
+            srqns: Mutex::new(Directory::new(QPN_MASK, 1)),
         }
     }
 
@@ -93,6 +97,7 @@ impl RnicObjects for SoftRnic {
             windows: true,
             uc: true,
             mcast: true,
+            xrc: true,
             resize: true,
             gids: PortGids::PerVm,
             gsi: true,
@@ -111,6 +116,14 @@ impl RnicObjects for SoftRnic {
 
     fn destroy_qp(&self, qpn: u32) {
         self.qpns().free(qpn);
+    }
+
+    fn alloc_srqn(&self, owner: Owner) -> Result<u32, RnicError> {
+        lock(&self.srqns).alloc(owner)
+    }
+
+    fn free_srqn(&self, srqn: u32) {
+        lock(&self.srqns).free(srqn);
     }
 
     fn lookup_qpn(&self, qpn: u32) -> Option<Owner> {
@@ -205,6 +218,33 @@ mod tests {
     use crate::engine::testing;
     use virtio_rdma_abi::qp::QpType;
     use vm_memory::{GuestAddress, GuestMemoryMmap};
+
+    /// Spec 12.29, appendix D: XRC SRQ numbers are 24 bits, never 0, one
+    /// owner each until freed; an RNIC without XRC does not offer `F_XRC`.
+    #[test]
+    fn srq_numbers_and_the_xrc_feature() {
+        use virtio_rdma_abi::config::F_XRC;
+        let r = SoftRnic::new();
+        let owner = Owner {
+            vm: 1,
+            handle: 9,
+            incarnation: 0,
+        };
+        let n: Vec<u32> = (0..64).map(|_| r.alloc_srqn(owner).unwrap()).collect();
+        assert!(n.iter().all(|&x| x != 0 && x <= QPN_MASK));
+        let mut unique = n.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), n.len());
+        for x in n {
+            r.free_srqn(x);
+        }
+        assert!(lock(&r.srqns).is_empty());
+        let caps = r.caps();
+        assert_ne!(caps.features() & F_XRC, 0);
+        let without = Caps { xrc: false, ..caps };
+        assert_eq!(without.features() & F_XRC, 0);
+    }
 
     #[test]
     fn qpns_are_24_bit_and_owned() {

@@ -325,6 +325,9 @@ impl VerbsDevice {
             windows: false,
             uc: true,
             mcast: false,
+            // XRC needs host XRC SRQs and TGT QPs bound to the guest's;
+            // not built (spec appendix D).
+            xrc: false,
             // Not built over host CQs, SRQs and regions yet (spec
             // appendix D).
             resize: false,
