@@ -74,6 +74,47 @@ impl EventQueue {
         self.len() == 0
     }
 
+    /// The queue as a device state saves it (spec 20.2).
+    pub fn save(&self) -> crate::migration::state::EventsState {
+        crate::migration::state::EventsState {
+            last_seq: self.next_seq,
+            lost: self.lost,
+            first_lost_seq: self.first_lost_seq,
+            pending: self
+                .pending
+                .iter()
+                .map(|e| [e.kind, e.handle, e.detail, e.seq])
+                .collect(),
+        }
+    }
+
+    /// A queue restored from a saved state; refuses more waiting events
+    /// than a queue holds.
+    pub fn restore(saved: &crate::migration::state::EventsState) -> Result<Self, String> {
+        if saved.pending.len() > MAX_PENDING_EVENTS {
+            return Err(format!(
+                "{} events waiting, at most {MAX_PENDING_EVENTS}",
+                saved.pending.len()
+            ));
+        }
+        Ok(EventQueue {
+            pending: saved
+                .pending
+                .iter()
+                .map(|&[kind, handle, detail, seq]| Event {
+                    kind,
+                    handle,
+                    detail,
+                    seq,
+                })
+                .collect(),
+            next_seq: saved.last_seq,
+            lost: saved.lost,
+            first_lost_seq: saved.first_lost_seq,
+            lost_total: 0,
+        })
+    }
+
     /// Drops everything (device reset).
     pub fn reset(&mut self) {
         *self = EventQueue::default();

@@ -102,7 +102,7 @@ pub mod tenancy;
 pub mod view;
 pub mod vring;
 
-guest_facing!(ctrl, engine, memory, qos, resources, rnic_path, shmem, vm);
+guest_facing!(ctrl, engine, memory, migration, qos, resources, rnic_path, shmem, vm);
 
 pub use config::{DaemonConfig, Limits};
 pub use server::Daemon;

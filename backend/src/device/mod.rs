@@ -13,6 +13,7 @@
 mod backend;
 mod controlq;
 mod eventq;
+mod migrate;
 
 use std::io;
 use std::os::fd::FromRawFd;

@@ -1,0 +1,65 @@
+//! Saving this VM's device state and loading one into it (spec chapter
+//! 20): what `SET_DEVICE_STATE_FD` runs once the front-end has stopped the
+//! device.
+
+use crate::migration::{self, DeviceState, MigrationError};
+use crate::resources::ResourceCounts;
+
+use super::RdmaDevice;
+
+impl RdmaDevice {
+    /// The largest state this instance saves or accepts, frame included.
+    pub fn state_bound(&self) -> u64 {
+        migration::state_bound(&self.limits)
+    }
+
+    /// Saves the device state. The device must be stopped (its queues
+    /// stopped by the front-end), so that nothing changes it meanwhile.
+    pub fn save_state(&self) -> Result<Vec<u8>, MigrationError> {
+        if self.running() {
+            return Err(MigrationError::NotSavable("the device is running".into()));
+        }
+        let guarded = self.cell.lock();
+        let vm = &guarded.vm;
+        let counts = vm.res.counts();
+        if counts != ResourceCounts::default() {
+            return Err(MigrationError::NotSavable(format!(
+                "the instance has live objects ({counts:?}); this daemon saves only an instance without objects"
+            )));
+        }
+        let state = DeviceState {
+            features: vm.features,
+            guid: vm.port.guid,
+            events: vm.events.save(),
+        };
+        migration::encode(&state)
+    }
+
+    /// Loads a saved state into this instance, which must be stopped, have
+    /// no objects and have negotiated the features the state was saved
+    /// with. A refused state changes nothing.
+    pub fn load_state(&self, bytes: &[u8]) -> Result<(), MigrationError> {
+        if self.running() {
+            return Err(MigrationError::Invalid("the device is running".into()));
+        }
+        let state = migration::decode(bytes, self.state_bound())?;
+        let mut guarded = self.cell.lock();
+        let vm = &mut guarded.vm;
+        if vm.res.counts() != ResourceCounts::default() {
+            return Err(MigrationError::Invalid(
+                "the destination instance already has objects".into(),
+            ));
+        }
+        if state.features != vm.features {
+            return Err(MigrationError::Invalid(format!(
+                "saved with features {:#x}, the destination negotiated {:#x}",
+                state.features, vm.features
+            )));
+        }
+        let events =
+            crate::events::EventQueue::restore(&state.events).map_err(MigrationError::Invalid)?;
+        vm.events = events;
+        vm.port.guid = state.guid;
+        Ok(())
+    }
+}
