@@ -8,6 +8,13 @@ use crate::resources::ResourceCounts;
 use super::RdmaDevice;
 
 impl RdmaDevice {
+    fn vm_name(&self) -> String {
+        self.tenancy
+            .vm(self.id)
+            .map(|v| v.name.clone())
+            .unwrap_or_default()
+    }
+
     /// The largest state this instance saves or accepts, frame included.
     pub fn state_bound(&self) -> u64 {
         migration::state_bound(&self.limits)
@@ -27,7 +34,16 @@ impl RdmaDevice {
                 "the instance has live objects ({counts:?}); this daemon saves only an instance without objects"
             )));
         }
+        let mut keys = crate::keys::KeySource::new();
+        let hi = keys
+            .next_u32()
+            .map_err(|e| MigrationError::NotSavable(e.to_string()))?;
+        let lo = keys
+            .next_u32()
+            .map_err(|e| MigrationError::NotSavable(e.to_string()))?;
         let state = DeviceState {
+            vm: self.vm_name(),
+            migration_id: (u64::from(hi) << 32) | u64::from(lo),
             features: vm.features,
             guid: vm.port.guid,
             events: vm.events.save(),
@@ -43,6 +59,13 @@ impl RdmaDevice {
             return Err(MigrationError::Invalid("the device is running".into()));
         }
         let state = migration::decode(bytes, self.state_bound())?;
+        let name = self.vm_name();
+        if state.vm != name {
+            return Err(MigrationError::Invalid(format!(
+                "the state is VM {:?}'s, this instance is VM {name:?}'s",
+                state.vm
+            )));
+        }
         let mut guarded = self.cell.lock();
         let vm = &mut guarded.vm;
         if vm.res.counts() != ResourceCounts::default() {

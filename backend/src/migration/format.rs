@@ -152,6 +152,8 @@ mod tests {
 
     fn sample() -> DeviceState {
         DeviceState {
+            vm: "vm0".into(),
+            migration_id: 0x5eed,
             features: 0x1234,
             guid: 0x0200_0000_dead_beef,
             events: EventsState {

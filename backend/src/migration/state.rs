@@ -5,6 +5,12 @@ use serde::{Deserialize, Serialize};
 /// The device state of one VM's device instance.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceState {
+    /// The name of the VM that saved it: a state loads only into that VM's
+    /// instances (spec 20.5).
+    pub vm: String,
+    /// Chosen at random when it was saved; a daemon loads each id once,
+    /// and only the last one the VM saved (spec 20.5).
+    pub migration_id: u64,
     /// The virtio features the driver negotiated; the destination must have
     /// negotiated the same before it loads the state.
     pub features: u64,
