@@ -415,6 +415,11 @@ limits! {
         /// bridge at once (being set up, established or being torn down);
         /// beyond it a connection request is rejected ("no resources").
         cm_connections: u32 = 64, "cm-connections", [1, 4096];
+        /// How long, in milliseconds, the VM's RC QPs wait for a peer whose
+        /// device instance is stopped (a pause, a migration's blackout)
+        /// without spending their retries (spec 20.6); then the retries of
+        /// spec 18.20 apply. 0: no hold.
+        pause_hold_ms: u32 = 30_000, "pause-hold-ms", [0, 600_000];
     }
 }
 
@@ -1167,7 +1172,7 @@ mod tests {
         for (field, option) in Limits::OPTIONS {
             assert_eq!(option.replace('-', "_"), *field);
         }
-        assert_eq!(Limits::OPTIONS.len(), 23);
+        assert_eq!(Limits::OPTIONS.len(), 24);
         let l = Limits {
             max_qp: 7,
             max_qp_rd_atom: 3,

@@ -529,13 +529,11 @@ fn admit(
         return count(unknown);
     }
     // A stopped device takes no message (spec 15.1); checked again under
-    // its lock.
-    if !vms
-        .get(peer_vm)
-        .and_then(Option::as_ref)
-        .is_some_and(|d| d.running())
-    {
-        return Err(RespOutcome::Unreachable);
+    // its lock. Its requesters hold (spec 20.6).
+    match vms.get(peer_vm).and_then(Option::as_ref) {
+        Some(d) if d.running() => {}
+        Some(_) => return Err(RespOutcome::Paused),
+        None => return Err(RespOutcome::Unreachable),
     }
     Ok((peer_vm, peer_qp))
 }
