@@ -2,6 +2,8 @@
 //! 20): what `SET_DEVICE_STATE_FD` runs once the front-end has stopped the
 //! device.
 
+use std::time::Instant;
+
 use crate::migration::{self, DeviceState, MigrationError};
 use crate::resources::ResourceCounts;
 
@@ -28,12 +30,7 @@ impl RdmaDevice {
         }
         let guarded = self.cell.lock();
         let vm = &guarded.vm;
-        let counts = vm.res.counts();
-        if counts != ResourceCounts::default() {
-            return Err(MigrationError::NotSavable(format!(
-                "the instance has live objects ({counts:?}); this daemon saves only an instance without objects"
-            )));
-        }
+        let objects = migration::save::objects(&vm.res, std::time::Instant::now())?;
         let mut keys = crate::keys::KeySource::new();
         let hi = keys
             .next_u32()
@@ -46,7 +43,8 @@ impl RdmaDevice {
             migration_id: (u64::from(hi) << 32) | u64::from(lo),
             features: vm.features,
             guid: vm.port.guid,
-            events: vm.events.save(),
+            events: migration::save::events(&vm.events),
+            objects,
         };
         migration::encode(&state)
     }
@@ -79,10 +77,23 @@ impl RdmaDevice {
                 state.features, vm.features
             )));
         }
-        let events =
-            crate::events::EventQueue::restore(&state.events).map_err(MigrationError::Invalid)?;
+        let events = migration::restore::events(&state.events)?;
+        let target = migration::restore::Target {
+            vm: self.id,
+            limits: &self.limits,
+            ram: &vm.ram,
+            rnic: vm.rnic.as_ref(),
+        };
+        let mut res = migration::restore::objects(&state.objects, &target, Instant::now())?;
+        // The doorbell region is this instance's (spec 20.2: not saved).
+        res.doorbells = vm.res.doorbells.take();
+        let old = std::mem::replace(&mut vm.res, res);
+        drop(old);
         vm.events = events;
         vm.port.guid = state.guid;
+        // The engine's lists of the VM are built again at its start.
+        vm.engine_work = true;
+        self.cell.engine_changed(vm);
         Ok(())
     }
 }
