@@ -357,6 +357,21 @@ pub trait RnicObjects: Send + Sync {
         Err(RnicError::Invalid)
     }
 
+    /// Moves QP numbers `qpns` and XRC SRQ numbers `srqns`, and every
+    /// multicast membership, from VM `from`'s objects to the objects with
+    /// the same handles of VM `to` (a state moved between two instances of
+    /// one VM in this daemon, spec 20.5). Refused, with nothing changed,
+    /// if one of the numbers is not `from`'s.
+    fn rehome(
+        &self,
+        _from: usize,
+        _to: usize,
+        _qpns: &[u32],
+        _srqns: &[u32],
+    ) -> Result<(), RnicError> {
+        Err(RnicError::Invalid)
+    }
+
     /// Gives XRC SRQ number `srqn` to `owner` as
     /// [`RnicObjects::alloc_srqn`] would have.
     fn claim_srqn(&self, _owner: Owner, _srqn: u32) -> Result<(), RnicError> {

@@ -265,3 +265,75 @@ fn a_well_framed_state_that_lies_is_refused_and_leaves_nothing_taken() {
     assert_eq!(d2.stats(0).device.resources.qp, 2);
     a.t.vmm().resume(&bases).unwrap();
 }
+
+/// Spec 20.5 and 20.6, one daemon: VM A moves to its standby while its RC
+/// peer B keeps its connection. B's WRITE posted during the blackout is
+/// held, not failed, and lands once A runs at the standby; A's QPs keep
+/// their numbers and keys; the old instance is left without objects and
+/// its disconnect fails nobody; the daemon's QP numbers are the same.
+#[test]
+fn a_vm_moves_to_its_standby_and_its_peer_keeps_the_connection() {
+    use vhost_user_rdma_tests::dp::{fast, rc_pair_with};
+    let d = TestDaemon::with_config(2, |c| {
+        let socket = c.vms[0].socket.with_extension("standby");
+        c.add_standby(0, socket);
+    })
+    .unwrap();
+    assert_eq!(d.daemon().vm_count(), 3);
+    let a = Vm::open(&d, 0, VmmOptions::default());
+    let b = Vm::open(&d, 1, VmmOptions::default());
+    // Retries that a blackout would use up at once, were it not held.
+    let p = rc_pair_with(&a, &b, fast);
+    let abuf = Buf::new(&a, 8192);
+    let bbuf = Buf::new(&b, 8192);
+    bbuf.write(0, b"from B, held");
+    abuf.write(0, b"from A, moved");
+    p.qa.post_send(&[wr(1, write_op(&bbuf, 4096), &[abuf.sge(0, 13)])])
+        .unwrap();
+    ok(&poll_one(&p.cqa), 1, WcOpcode::RDMA_WRITE);
+    let (qpn_a, qpns) = (p.qa.qpn(), d.daemon().qpns_in_use());
+
+    let bases = a.t.vmm().stop_queues().unwrap();
+    let src = d.daemon().device(0).unwrap().clone();
+    let standby = d.daemon().device(2).unwrap().clone();
+    let state = src.save_state().unwrap();
+    // The blackout: B writes into A meanwhile.
+    p.qb.post_send(&[wr(2, write_op(&abuf, 4096), &[bbuf.sge(0, 12)])])
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(
+        p.cqb.poll_one().is_none(),
+        "B's WRITE completed in the blackout"
+    );
+    a.t.vmm()
+        .move_to(d.socket(2), &bases, || {
+            standby
+                .load_state(&state)
+                .map_err(|e| Error::Backend(e.to_string()))
+        })
+        .unwrap();
+    ok(&poll_one(&p.cqb), 2, WcOpcode::RDMA_WRITE);
+    assert_eq!(abuf.read(4096, 12), b"from B, held");
+    assert!(
+        d.stats(0).device.resources.is_empty(),
+        "the old instance kept objects"
+    );
+    assert_eq!(d.stats(2).device.resources.qp, 1);
+    assert_eq!((p.qa.qpn(), d.daemon().qpns_in_use()), (qpn_a, qpns));
+    // Both ways, after the move.
+    p.qa.post_send(&[wr(3, write_op(&bbuf, 6000), &[abuf.sge(0, 13)])])
+        .unwrap();
+    ok(&poll_one(&p.cqa), 3, WcOpcode::RDMA_WRITE);
+    assert_eq!(bbuf.read(6000, 13), b"from A, moved");
+    // The state is taken: no second load, here or in the old instance.
+    assert!(src.load_state(&state).is_err());
+    // B's QP is alive and got no fatal event from the old instance's end.
+    assert!(
+        b.dev
+            .next_async_event(Some(std::time::Duration::from_millis(50)))
+            .unwrap()
+            .is_none_or(|e| virtio_rdma_abi::event::EventKind::from_u32(e.kind)
+                != Some(virtio_rdma_abi::event::EventKind::QP_FATAL)),
+        "B's QP failed"
+    );
+}

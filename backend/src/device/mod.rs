@@ -15,6 +15,8 @@ mod controlq;
 mod eventq;
 mod migrate;
 
+pub use migrate::MigrationBoard;
+
 use std::io;
 use std::os::fd::FromRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -144,6 +146,8 @@ pub struct RdmaDevice {
     guest_mem: GuestMemoryAtomic<GuestMemoryMmap<()>>,
     /// Accept guest RAM files without `F_SEAL_SHRINK` (spec 19.6.1).
     allow_unsealed_memory: bool,
+    /// The daemon's saved states (spec 20.5).
+    board: Arc<MigrationBoard>,
 }
 
 /// Daemon-wide state every device shares.
@@ -159,6 +163,8 @@ pub struct Shared {
     /// Accept guest RAM files that can shrink (spec 19.6.1; a VMM that
     /// truncates one crashes the daemon).
     pub allow_unsealed_memory: bool,
+    /// The states saved and not yet taken (spec 20.5).
+    pub board: Arc<MigrationBoard>,
 }
 
 impl Shared {
@@ -170,6 +176,7 @@ impl Shared {
             qos,
             tenant_ctrl: Arc::new(tenant_ctrl),
             allow_unsealed_memory: false,
+            board: Arc::new(MigrationBoard::default()),
         }
     }
 }
@@ -223,6 +230,7 @@ impl RdmaDevice {
             restart: Mutex::new(RestartTracker::default()),
             guest_mem: GuestMemoryAtomic::new(GuestMemoryMmap::new()),
             allow_unsealed_memory: shared.allow_unsealed_memory,
+            board: shared.board.clone(),
         })
     }
 

@@ -41,6 +41,22 @@ pub struct Target<'a> {
     pub ram: &'a RamMap,
     /// The RNIC that gives out QP numbers and keys.
     pub rnic: &'a dyn RnicObjects,
+    /// Where the numbers and keys come from.
+    pub numbers: Numbers<'a>,
+}
+
+/// Where a loaded state's QP numbers, keys and SRQ numbers come from.
+pub enum Numbers<'a> {
+    /// From the RNIC, free (a state from another daemon).
+    Claim,
+    /// From the stopped instance `from` of the same VM in this daemon,
+    /// which saved the state and whose objects `source` are (spec 20.5).
+    Rehome {
+        /// Its index.
+        from: usize,
+        /// Its objects.
+        source: &'a VmResources,
+    },
 }
 
 /// What was claimed from the RNIC, to give back if the load fails.
@@ -344,7 +360,53 @@ fn build(
         return Err(bad("the GSI QP's handle does not name the GSI QP"));
     }
 
-    // Numbers and keys, from the RNIC.
+    match t.numbers {
+        Numbers::Claim => claim_all(t, &qps, &mrs, &mws, &srqs, &groups, claims)?,
+        Numbers::Rehome { from, source } => {
+            rehome_all(t, from, source, &qps, &mrs, &mws, &srqs, &groups)?;
+        }
+    }
+    let res = VmResources::assemble(
+        t.vm,
+        l.max_host_bytes,
+        Tables {
+            ctxs,
+            pds,
+            cqs,
+            mrs,
+            mws,
+            qps,
+            ahs,
+            srqs,
+            xrcds,
+        },
+        groups,
+        gsi,
+    )
+    .map_err(bad)?;
+    if res.registered_bytes > l.max_mr_bytes {
+        return Err(bad(format!(
+            "{} bytes registered, max_mr_bytes is {}",
+            res.registered_bytes, l.max_mr_bytes
+        )));
+    }
+    // Nothing to give back from here on.
+    *claims = Claims::default();
+    Ok(res)
+}
+
+/// Claims every QP number, key and SRQ number of the objects from the RNIC
+/// (a state from another daemon): each must be free.
+#[allow(clippy::too_many_arguments)]
+fn claim_all(
+    t: &Target<'_>,
+    qps: &HandleTable<Qp>,
+    mrs: &HandleTable<Mr>,
+    mws: &HandleTable<Mw>,
+    srqs: &HandleTable<Srq>,
+    groups: &crate::resources::mcast::Groups,
+    claims: &mut Claims,
+) -> Result<(), MigrationError> {
     for (h, q) in qps.iter() {
         if q.qp_type == QpType::GSI {
             t.rnic.gsi_created(t.vm);
@@ -422,7 +484,7 @@ fn build(
             claims.srqns.push(x.srqn);
         }
     }
-    for (mgid, members) in &groups {
+    for (mgid, members) in groups {
         for &h in members {
             let Some(q) = qps.get(h) else { continue };
             let owner = Owner {
@@ -436,33 +498,75 @@ fn build(
             claims.mcast.push((owner, *mgid));
         }
     }
-    let res = VmResources::assemble(
-        t.vm,
-        l.max_host_bytes,
-        Tables {
-            ctxs,
-            pds,
-            cqs,
-            mrs,
-            mws,
-            qps,
-            ahs,
-            srqs,
-            xrcds,
-        },
-        groups,
-        gsi,
-    )
-    .map_err(bad)?;
-    if res.registered_bytes > l.max_mr_bytes {
-        return Err(bad(format!(
-            "{} bytes registered, max_mr_bytes is {}",
-            res.registered_bytes, l.max_mr_bytes
-        )));
+    Ok(())
+}
+
+/// Moves every QP number, SRQ number and multicast membership of the
+/// objects from instance `from` of the same VM in this daemon, whose
+/// objects `source` are: each number and key of the state must be one of
+/// `source`'s, on the object with the same handle (a state that names
+/// anything else is refused), and the keys need no move (they are the
+/// RNIC's, not an instance's).
+#[allow(clippy::too_many_arguments)]
+fn rehome_all(
+    t: &Target<'_>,
+    from: usize,
+    source: &VmResources,
+    qps: &HandleTable<Qp>,
+    mrs: &HandleTable<Mr>,
+    mws: &HandleTable<Mw>,
+    srqs: &HandleTable<Srq>,
+    groups: &crate::resources::mcast::Groups,
+) -> Result<(), MigrationError> {
+    let not_theirs = |what: &str| bad(format!("{what} is not the source instance's"));
+    let mut qpns = Vec::new();
+    for (h, q) in qps.iter() {
+        let same = source
+            .qps
+            .get(h)
+            .is_some_and(|s| s.qpn == q.qpn && s.incarnation == q.incarnation);
+        if !same {
+            return Err(not_theirs(&format!("QP {:#x}", q.qpn)));
+        }
+        if q.qp_type != QpType::GSI {
+            qpns.push(q.qpn);
+        }
     }
-    // Nothing to give back from here on.
-    *claims = Claims::default();
-    Ok(res)
+    for (h, m) in mrs.iter() {
+        let same = source.mrs.get(h).is_some_and(|s| {
+            s.lkey == m.lkey && s.rkey == m.rkey && s.fast.is_some() == m.fast.is_some()
+        });
+        if !same {
+            return Err(not_theirs(&format!("key {:#x}", m.lkey)));
+        }
+    }
+    for (h, w) in mws.iter() {
+        if source.mws.get(h).is_none_or(|s| s.key >> 8 != w.key >> 8) {
+            return Err(not_theirs(&format!("window key {:#x}", w.key)));
+        }
+    }
+    let mut srqns = Vec::new();
+    for (h, x) in srqs.iter() {
+        if let Some(x) = x.xrc {
+            if source.srqs.get(h).and_then(|s| s.xrc).map(|s| s.srqn) != Some(x.srqn) {
+                return Err(not_theirs(&format!("SRQ number {:#x}", x.srqn)));
+            }
+            srqns.push(x.srqn);
+        }
+    }
+    for (mgid, members) in groups {
+        if source.mcast.get(mgid) != Some(members) {
+            return Err(not_theirs("a multicast group"));
+        }
+    }
+    t.rnic
+        .rehome(from, t.vm, &qpns, &srqns)
+        .map_err(|e| taken("a QP or SRQ number".into(), e))?;
+    if qps.iter().any(|(_, q)| q.qp_type == QpType::GSI) {
+        t.rnic.gsi_destroyed(from);
+        t.rnic.gsi_created(t.vm);
+    }
+    Ok(())
 }
 
 fn table<S, T>(

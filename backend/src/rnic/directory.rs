@@ -65,6 +65,11 @@ impl<V> Directory<V> {
         Ok(())
     }
 
+    /// The owner of `n`, to change.
+    pub fn get_mut(&mut self, n: u32) -> Option<&mut V> {
+        self.used.get_mut(&n)
+    }
+
     /// Whether `n` is in use.
     pub fn contains(&self, n: u32) -> bool {
         self.used.contains_key(&n)

@@ -154,6 +154,31 @@ impl RnicObjects for SoftRnic {
         lock(&self.srqns).claim(srqn, owner, |_| true)
     }
 
+    fn rehome(&self, from: usize, to: usize, qpns: &[u32], srqns: &[u32]) -> Result<(), RnicError> {
+        let mut q = self.qpns();
+        let mut s = lock(&self.srqns);
+        let theirs = |o: Option<&Owner>| o.is_some_and(|o| o.vm == from);
+        if !qpns.iter().all(|&n| theirs(q.get(n))) || !srqns.iter().all(|&n| theirs(s.get(n))) {
+            return Err(RnicError::Invalid);
+        }
+        for &n in qpns {
+            if let Some(o) = q.get_mut(n) {
+                o.vm = to;
+            }
+        }
+        for &n in srqns {
+            if let Some(o) = s.get_mut(n) {
+                o.vm = to;
+            }
+        }
+        for members in write(&self.mcast).values_mut() {
+            for m in members.iter_mut().filter(|m| m.vm == from) {
+                m.vm = to;
+            }
+        }
+        Ok(())
+    }
+
     fn qpns_in_use(&self) -> usize {
         self.qpns_read().len()
     }

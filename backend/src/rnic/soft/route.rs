@@ -315,6 +315,16 @@ impl Router<'_> {
         for fresh in [false, true] {
             let (pvm, pqp) = match admit(cx, *route, dgid, false) {
                 Ok(r) => r,
+                // A stopped destination may have moved to another
+                // instance of its VM (spec 20.5): look it up again.
+                Err(RespOutcome::Paused) if !fresh => {
+                    *route = match self.relookup(cx.state, h) {
+                        RcRoute::To(r) => Some(r),
+                        RcRoute::Nowhere => None,
+                        RcRoute::Gone => return Some(RespOutcome::Gone),
+                    };
+                    continue;
+                }
                 Err(outcome) => return Some(outcome),
             };
             let qp = cx.state.res.qps.get_mut(h)?;
