@@ -43,6 +43,9 @@ pub struct Target<'a> {
     pub rnic: &'a dyn RnicObjects,
     /// Where the numbers and keys come from.
     pub numbers: Numbers<'a>,
+    /// Checks a QP's attributes as `MODIFY_QP` would (against this VM's
+    /// GID table, features and limits).
+    pub check_attr: &'a dyn Fn(QpType, &QpAttr) -> Result<(), String>,
 }
 
 /// Where a loaded state's QP numbers, keys and SRQ numbers come from.
@@ -642,6 +645,7 @@ fn qp(
     let qp_type = QpType::from_u32(q.qp_type).ok_or_else(|| bad("a QP of an unknown type"))?;
     let state = QpStateCode::from_u32(q.state).ok_or_else(|| bad("a QP in an unknown state"))?;
     let attr = QpAttr::parse(&q.attr).map_err(|e| bad(format!("a QP's attributes: {e}")))?;
+    (t.check_attr)(qp_type, &attr).map_err(bad)?;
     let [sq_depth, rq_depth, max_send_sge, max_recv_sge, max_inline_data] = q.caps;
     let tgt = qp_type == QpType::XRC_TGT;
     if tgt {
