@@ -239,11 +239,33 @@ fn build(
                 if max_num_sg == 0 || max_num_sg > t.rnic.caps().max_fast_reg_pages {
                     return Err(bad("a fast-registration region's capacity is out of range"));
                 }
+                // A region keeps the pages of its last registration when it
+                // is invalidated (its length becomes 0); one never
+                // registered has none.
+                if m.lkey != m.rkey || (!valid && m.length != 0) {
+                    return Err(bad("a fast-registration region's key or length is inconsistent"));
+                }
                 let mut room = PageList::reserved(max_num_sg);
-                let list = pages(&m.pages, t, valid)?;
-                let listed: Vec<u64> = (0..list.npages()).filter_map(|i| list.page(i)).collect();
-                if valid && !room.refill(list.page_shift(), listed.into_iter()) {
-                    return Err(bad("a fast-registration region holds more pages than its room"));
+                let empty = match &m.pages {
+                    PagesState::List { pages, page_shift } if pages.is_empty() => {
+                        if *page_shift != 12 {
+                            return Err(bad("an empty page list of another page size"));
+                        }
+                        true
+                    }
+                    _ => false,
+                };
+                if !empty {
+                    let list = pages(&m.pages, t, valid)?;
+                    let listed: Vec<u64> =
+                        (0..list.npages()).filter_map(|i| list.page(i)).collect();
+                    if !room.refill(list.page_shift(), listed.into_iter()) {
+                        return Err(bad(
+                            "a fast-registration region holds more pages than its room",
+                        ));
+                    }
+                } else if valid {
+                    return Err(bad("a registered fast-registration region without pages"));
                 }
                 (room, Some(FastReg { max_num_sg, valid }))
             }
@@ -704,13 +726,16 @@ fn qp(
     let rt = &q.rt;
     let wait = match &rt.wait {
         None => None,
+        Some(w) if w.rnr_left > 7 || w.retry_left > 7 => {
+            return Err(bad("a wait with more retries left than a QP has"));
+        }
         Some(w) => Some(SendWait {
             index: w.index,
             at: now
                 .checked_add(Duration::from_micros(w.left_us.min(3_600_000_000)))
                 .unwrap_or(now),
-            rnr_left: w.rnr_left.min(7),
-            retry_left: w.retry_left.min(7),
+            rnr_left: w.rnr_left,
+            retry_left: w.retry_left,
             held_since: w
                 .held_us
                 .map(|us| now.checked_sub(Duration::from_micros(us)).unwrap_or(now)),
