@@ -358,3 +358,49 @@ fn a_vm_moves_to_its_standby_and_its_peer_keeps_the_connection() {
         "B's QP failed"
     );
 }
+
+/// Spec 20.5: a migration that fails after its destination loaded the
+/// state (the destination never starts, the source resumes) leaves the VM
+/// as it was: the objects come back to the source when it starts again,
+/// and its peer's connection and the objects' numbers are unchanged.
+#[test]
+fn a_source_that_resumes_before_its_standby_starts_gets_its_state_back() {
+    use vhost_user_rdma_tests::dp::rc_pair;
+    let d = TestDaemon::with_config(2, |c| {
+        let socket = c.vms[0].socket.with_extension("standby");
+        c.add_standby(0, socket);
+    })
+    .unwrap();
+    let a = Vm::open(&d, 0, VmmOptions::default());
+    let b = Vm::open(&d, 1, VmmOptions::default());
+    let p = rc_pair(&a, &b);
+    let abuf = Buf::new(&a, 4096);
+    let bbuf = Buf::new(&b, 4096);
+    let before = d.stats(0).device.resources;
+    let bases = a.t.vmm().stop_queues().unwrap();
+    let state = d.daemon().device(0).unwrap().save_state().unwrap();
+    // The destination VMM connects to the standby and loads, then dies.
+    let mut dest = d.connect(2).unwrap();
+    let _ = dest.stop_queues().unwrap();
+    d.daemon().device(2).unwrap().load_state(&state).unwrap();
+    assert!(d.stats(0).device.resources.is_empty());
+    dest.disconnect();
+    d.wait_released(2);
+    // The source resumes.
+    a.t.vmm().resume(&bases).unwrap();
+    let after = d.stats(0).device.resources;
+    assert_eq!(
+        (after.qp, after.mr, after.cq),
+        (before.qp, before.mr, before.cq)
+    );
+    assert!(d.stats(2).device.resources.is_empty());
+    abuf.write(0, b"back home");
+    p.qa.post_send(&[wr(1, write_op(&bbuf, 0), &[abuf.sge(0, 9)])])
+        .unwrap();
+    ok(&poll_one(&p.cqa), 1, WcOpcode::RDMA_WRITE);
+    assert_eq!(bbuf.read(0, 9), b"back home");
+    p.qb.post_send(&[wr(2, write_op(&abuf, 2048), &[bbuf.sge(0, 9)])])
+        .unwrap();
+    ok(&poll_one(&p.cqb), 2, WcOpcode::RDMA_WRITE);
+    assert_eq!(abuf.read(2048, 9), b"back home");
+}

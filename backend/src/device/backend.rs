@@ -195,6 +195,10 @@ impl RdmaDevice {
         }
         let mut st = self.lock();
         self.epoch.fetch_add(1, Ordering::AcqRel);
+        let identity = self.tenancy.vm(self.id).map_or(self.id, |v| v.identity);
+        if let Some(from) = self.board.give_back(identity, self.id, &mut st) {
+            self.tenancy.set_active(identity, from);
+        }
         let before = st.vm.res.counts();
         let gone = st.vm.reset();
         // A VMM resets the device at every driver probe too: an empty
@@ -243,7 +247,15 @@ impl RdmaDevice {
         self.cell.set_running(&mut st, on);
         if on {
             let identity = self.tenancy.vm(self.id).map_or(self.id, |v| v.identity);
-            self.board.started(identity, self.id);
+            self.board.started(identity, self.id, &mut st);
+            if self
+                .tenancy
+                .vm(identity)
+                .is_some_and(|v| v.active() != self.id)
+                && !st.vm.res.counts().is_empty()
+            {
+                self.tenancy.set_active(identity, self.id);
+            }
             if let Some(host) = st.host.as_ref() {
                 st.vm.refresh_doorbell_flags(host);
             }

@@ -6,13 +6,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use log::info;
+use log::{info, warn};
 
 use crate::migration::restore::{Numbers, Target};
 use crate::migration::{self, DeviceState, MigrationError};
 use crate::resources::{ResourceCounts, VmResources};
 use crate::sync::lock;
-use crate::vm::cell::VmCell;
+use crate::vm::cell::{Guarded, VmCell};
 
 use super::RdmaDevice;
 
@@ -25,22 +25,120 @@ struct Saved {
     cell: Arc<VmCell>,
 }
 
+/// A state one instance took from another, until either starts.
+struct Taken {
+    from: usize,
+    from_cell: Arc<VmCell>,
+    to: usize,
+    to_cell: Arc<VmCell>,
+}
+
+/// Moves every object of `src` (instance `from`) to `dst` (instance `to`,
+/// empty) on the RNIC and in the tables: the same handles, numbers and
+/// keys. False, with nothing changed, if the RNIC refuses.
+fn move_objects(from: usize, src: &mut Guarded, to: usize, dst: &mut Guarded) -> bool {
+    let (qpns, srqns) = src.vm.res.numbers();
+    let rnic = src.vm.rnic.clone();
+    if rnic.rehome(from, to, &qpns, &srqns).is_err() {
+        return false;
+    }
+    if src.vm.res.gsi_qp().is_some() {
+        rnic.gsi_destroyed(from);
+        rnic.gsi_created(to);
+    }
+    let budget = src.vm.limits.max_host_bytes;
+    let mut empty = VmResources::new(from, budget);
+    empty.doorbells = src.vm.res.doorbells.take();
+    let mut moved = std::mem::replace(&mut src.vm.res, empty).rehomed(to);
+    moved.doorbells = dst.vm.res.doorbells.take();
+    let old = std::mem::replace(&mut dst.vm.res, moved);
+    drop(old);
+    dst.vm.engine_work = true;
+    true
+}
+
 /// The states saved by this daemon's instances, by the VM (identity) they
 /// are of: the last one of each VM, until an instance of the same VM takes
-/// it or the saving instance starts again (spec 20.5).
+/// it or the saving instance starts again; and the states taken, until the
+/// instance that took it or the one it came from starts (spec 20.5).
 #[derive(Default)]
 pub struct MigrationBoard {
     saved: Mutex<HashMap<usize, Saved>>,
+    taken: Mutex<HashMap<usize, Taken>>,
 }
 
 impl MigrationBoard {
-    /// Forgets the state instance `vm` saved of VM `identity`: the instance
-    /// started again, and its objects may change.
-    pub(crate) fn started(&self, identity: usize, vm: usize) {
-        let mut saved = lock(&self.saved);
-        if saved.get(&identity).is_some_and(|s| s.from == vm) {
-            saved.remove(&identity);
+    /// Instance `vm` of VM `identity` starts, under its lock (`st`): a
+    /// state it saved is forgotten (its objects may change from now on);
+    /// a state taken from it by an instance that has not started comes
+    /// back (a migration that failed after its destination loaded the
+    /// state, the source resumed); a state it took is its for good.
+    pub(crate) fn started(&self, identity: usize, vm: usize, st: &mut Guarded) {
+        {
+            let mut saved = lock(&self.saved);
+            if saved.get(&identity).is_some_and(|s| s.from == vm) {
+                saved.remove(&identity);
+            }
         }
+        let Some(t) = lock(&self.taken).remove(&identity) else {
+            return;
+        };
+        if t.from != vm || t.to_cell.running() {
+            return;
+        }
+        // The destination's lock after the source's: the reverse of a
+        // load's order, so never wait for it.
+        let Some(mut dst) = t.to_cell.try_lock() else {
+            warn!(
+                "VM {identity}: instance {} busy; its state stays there",
+                t.to
+            );
+            return;
+        };
+        if t.to_cell.running() || !st.vm.res.counts().is_empty() {
+            return;
+        }
+        if !move_objects(t.to, &mut dst, vm, st) {
+            warn!(
+                "VM {identity}: the state of instance {} cannot move back",
+                t.to
+            );
+            return;
+        }
+        drop(dst);
+        info!(
+            "VM {identity}: instance {vm} started again; the state came back from instance {}",
+            t.to
+        );
+    }
+
+    /// Instance `vm` of VM `identity` is reset or disconnected, under its
+    /// lock (`st`), before it released anything: if it took a state and
+    /// has not started since, the objects go back to the instance they came
+    /// from (stopped, empty) rather than away — a migration's destination
+    /// that died — and true is returned: there is nothing left to release.
+    pub(crate) fn give_back(&self, identity: usize, vm: usize, st: &mut Guarded) -> Option<usize> {
+        let t = {
+            let mut taken = lock(&self.taken);
+            match taken.get(&identity) {
+                Some(t) if t.to == vm => taken.remove(&identity),
+                _ => None,
+            }
+        };
+        let t = t?;
+        // This instance's lock, then the source's, as a load takes them.
+        let mut src = t.from_cell.lock();
+        if t.from_cell.running() || !src.vm.res.counts().is_empty() || st.vm.res.counts().is_empty()
+        {
+            return None;
+        }
+        if !move_objects(vm, st, t.from, &mut src) {
+            return None;
+        }
+        drop(src);
+        t.from_cell.bump_dp_gen();
+        info!("VM {identity}: instance {vm} ended before it started; the state went back to instance {}", t.from);
+        Some(t.from)
     }
 }
 
@@ -194,6 +292,15 @@ impl RdmaDevice {
                 drop(old);
                 self.tenancy.set_active(identity, self.id);
                 lock(&self.board.saved).remove(&identity);
+                lock(&self.board.taken).insert(
+                    identity,
+                    Taken {
+                        from: s.from,
+                        from_cell: s.cell.clone(),
+                        to: self.id,
+                        to_cell: self.cell.clone(),
+                    },
+                );
                 info!(
                     "VM {name:?}: the state of instance {} moved to instance {}",
                     s.from, self.id

@@ -309,6 +309,12 @@ impl RdmaDevice {
         let mut st = self.lock();
         self.cell.set_running(&mut st, false);
         self.epoch.fetch_add(1, Ordering::AcqRel);
+        // A migration's destination that ends before it starts gives the
+        // state back (spec 20.5).
+        let identity = self.tenancy.vm(self.id).map_or(self.id, |v| v.identity);
+        if let Some(from) = self.board.give_back(identity, self.id, &mut st) {
+            self.tenancy.set_active(identity, from);
+        }
         // The guest has not reset the device: its kernel may still map the
         // doorbell pages of this connection's contexts into processes, so
         // none of them goes to a new context before a reset (spec 15.2).

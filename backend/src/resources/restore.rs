@@ -84,6 +84,30 @@ impl VmResources {
         Ok(r)
     }
 
+    /// These objects as VM `vm`'s (a state moved back to the instance it
+    /// was saved from, spec 20.5): the same handles, another owner.
+    pub fn rehomed(mut self, vm: usize) -> Self {
+        self.vm = vm;
+        self
+    }
+
+    /// The QP numbers (but the GSI QP's) and XRC SRQ numbers of the
+    /// objects, as the RNIC has them.
+    pub fn numbers(&self) -> (Vec<u32>, Vec<u32>) {
+        let qpns = self
+            .qps
+            .iter()
+            .filter(|(_, q)| q.qp_type != QpType::GSI)
+            .map(|(_, q)| q.qpn)
+            .collect();
+        let srqns = self
+            .srqs
+            .iter()
+            .filter_map(|(_, s)| s.xrc.map(|x| x.srqn))
+            .collect();
+        (qpns, srqns)
+    }
+
     /// The reference counts the `insert_*` functions keep.
     fn count_users(&mut self) {
         let mut pd_users: Vec<u32> = Vec::new();
