@@ -14,6 +14,7 @@ mod backend;
 mod controlq;
 mod eventq;
 mod migrate;
+mod state_fd;
 
 use std::io;
 use std::os::fd::FromRawFd;
@@ -144,6 +145,8 @@ pub struct RdmaDevice {
     guest_mem: GuestMemoryAtomic<GuestMemoryMmap<()>>,
     /// Accept guest RAM files without `F_SEAL_SHRINK` (spec 19.6.1).
     allow_unsealed_memory: bool,
+    /// The running or last device-state transfer (spec 20.1).
+    state_transfer: state_fd::StateTransfer,
 }
 
 /// Daemon-wide state every device shares.
@@ -223,6 +226,7 @@ impl RdmaDevice {
             restart: Mutex::new(RestartTracker::default()),
             guest_mem: GuestMemoryAtomic::new(GuestMemoryMmap::new()),
             allow_unsealed_memory: shared.allow_unsealed_memory,
+            state_transfer: state_fd::StateTransfer::default(),
         })
     }
 
@@ -292,6 +296,7 @@ impl RdmaDevice {
     /// next connection, so handle generations keep advancing and handles
     /// from an earlier connection never resolve again.
     pub fn disconnected(&self) {
+        self.abandon_state_fd();
         if let Some(link) = &self.shmem {
             link.forget();
             link.set_channel(None);
