@@ -19,9 +19,7 @@ fn refused(e: &Error) -> bool {
     matches!(
         e,
         Error::Vhost {
-            source: vhost::Error::VhostUserProtocol(
-                vhost::vhost_user::Error::BackendInternalError
-            ),
+            source: vhost::Error::VhostUserProtocol(vhost::vhost_user::Error::BackendInternalError),
             ..
         }
     )
@@ -127,7 +125,9 @@ pub fn save(vmm: &mut TestVmm) -> Result<Vec<u8>> {
     let mut state = Vec::new();
     r.read_to_end(&mut state).map_err(io("reading the state"))?;
     if !check(vmm)? {
-        return Err(Error::Backend("CHECK_DEVICE_STATE after SAVE failed".into()));
+        return Err(Error::Backend(
+            "CHECK_DEVICE_STATE after SAVE failed".into(),
+        ));
     }
     Ok(state)
 }

@@ -16,8 +16,7 @@ use vhost_user_rdma::Limits;
 use vhost_user_rdma_tests::dp::{pattern, rc_pair, write_and_send_back, Buf, Pair, Vm};
 use vhost_user_rdma_tests::harness::TestDaemon;
 use vhost_user_rdma_tests::state_transfer::{
-    check, inode, load, migrating_vmm, pipe, pipe_descriptors, save, set_state_fd,
-    transfer_threads,
+    check, inode, load, migrating_vmm, pipe, pipe_descriptors, save, set_state_fd, transfer_threads,
 };
 use vhost_user_rdma_tests::verbs::Verbs;
 use vhost_user_rdma_tests::vmm::{TestVmm, VmmOptions};
@@ -101,7 +100,9 @@ fn a_saved_state_loads_into_the_next_front_end_of_the_vm() {
 
     // A cancelled migration: the source resumes and works.
     src.resume(&bases).unwrap();
-    Verbs::new(&mut src).query_port(1).expect("the source after resuming");
+    Verbs::new(&mut src)
+        .query_port(1)
+        .expect("the source after resuming");
     drop(src);
     d.wait_released(0);
 

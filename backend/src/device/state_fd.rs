@@ -31,6 +31,17 @@
 //! `SET_DEVICE_STATE_FD`, `1` to `CHECK_DEVICE_STATE`); the errors below
 //! go to the log with the VM's name.
 
+// What this module reads comes from the front-end: the same lints as the
+// guest-facing modules (`lib.rs`).
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::arithmetic_side_effects,
+        clippy::indexing_slicing,
+        clippy::cast_possible_truncation
+    )
+)]
+
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
@@ -97,7 +108,9 @@ pub enum StateFdError {
         got: u64,
     },
     /// `CHECK_DEVICE_STATE` before the front-end read the whole state.
-    #[error("CHECK_DEVICE_STATE before the front-end read the whole state ({done} of {total} bytes)")]
+    #[error(
+        "CHECK_DEVICE_STATE before the front-end read the whole state ({done} of {total} bytes)"
+    )]
     NotRead {
         /// Bytes written.
         done: u64,
@@ -452,7 +465,7 @@ fn write_state(mut file: File, state: &[u8], signal: &Signal) -> Result<(), Stat
                 })
             }
             Ok(n) => {
-                done += n;
+                done = done.saturating_add(n);
                 continue;
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -507,7 +520,7 @@ fn read_state(mut file: File, bound: u64, signal: &Signal) -> Result<Vec<u8>, St
         let got = buf.len() as u64;
         // One byte more than the frame needs shows a front-end that sends
         // past its end (the read that finds end of file reads nothing).
-        let room = usize::try_from((need - got.min(need)).saturating_add(1))
+        let room = usize::try_from(need.saturating_sub(got).saturating_add(1))
             .unwrap_or(usize::MAX)
             .min(CHUNK);
         let Some(window) = chunk.get_mut(..room) else {
@@ -608,7 +621,10 @@ mod tests {
         set_nonblocking(&file).unwrap();
         let signal = Arc::new(Signal::new().unwrap());
         let s = signal.clone();
-        (signal, std::thread::spawn(move || read_state(file, bound, &s)))
+        (
+            signal,
+            std::thread::spawn(move || read_state(file, bound, &s)),
+        )
     }
 
     #[test]
