@@ -111,15 +111,18 @@ bash scripts/build-guest.sh --kernel "$kernel" --name rdma-migrate --load virtio
 
 # VM "vma" (A) and "vmb" (B) in tenant "t"; the destination's socket is A's standby (spec 20.5),
 # the same VM. MIGRATE_DST=plain, for a daemon without standby instances: the destination is a
-# VM of its own, "vma-dst", with A's MAC and GID (A's own instance has none then: A's driver is
-# loaded only at the destination), whose LOAD refuses A's state unless the daemon loads a state
-# into any VM.
+# VM of its own, "vma-dst", whose LOAD refuses A's state unless the daemon loads a state into any
+# VM; A's identity (MAC and GID, which a VM's driver needs to register its port) goes to the
+# side where the driver is loaded: the destination without --driver, the source with it.
+ident='mac = "52:54:00:00:00:01"\ngids = ["::ffff:10.42.0.1"]\n'
+other='gids = ["::ffff:10.42.0.11"]\n'
 if [ "${MIGRATE_DST:-standby}" = standby ]; then
-  a_identity='mac = "52:54:00:00:00:01"\n'
+  a_identity=$ident
   dst_stanza='[[vm]]\nname = "vma-standby"\nsocket = "%s"\nstandby_for = "vma"\n\n'
 else
-  a_identity='gids = ["::ffff:10.42.0.11"]\n'
-  dst_stanza='[[vm]]\nname = "vma-dst"\nsocket = "%s"\ntenant = "t"\nmac = "52:54:00:00:00:01"\ngids = ["::ffff:10.42.0.1"]\n\n'
+  a_identity=$other dst_identity=$ident
+  [ "$driver" = 0 ] || a_identity=$ident dst_identity=$other
+  dst_stanza="[[vm]]\nname = \"vma-dst\"\nsocket = \"%s\"\ntenant = \"t\"\n$dst_identity\n"
 fi
 {
   printf '[daemon]\nmgmt_socket = "%s"\n\n[[tenant]]\nname = "t"\n\n' "$dir/mgmt.sock"
@@ -206,7 +209,10 @@ PY
 # field JSON KEY...: a field of a JSON object (empty if absent).
 field() {
   python3 -c 'import json, sys
-v = json.loads(sys.argv[1])
+try:
+    v = json.loads(sys.argv[1])
+except ValueError:
+    v = {}
 for k in sys.argv[2:]:
     v = v.get(k, {}) if isinstance(v, dict) else {}
 print("" if v == {} else v)' "$@"
@@ -304,6 +310,11 @@ if wait_lines "$dir/A.console" '^BEFORE-OK' 1 "${launch_guests[A]}" &&
   ok "A and B booted (B's driver found its device; A $(($(date +%s) - t)) s)"
 else
   failed "A or B did not come up"
+  for f in "$dir"/*.console; do
+    show_log "$(basename "$f" .console) console" "$f"
+  done
+  show_log "daemon log" "$dir/daemon.log"
+  verdict "$name"
 fi
 # A's QEMU runs (status "running") and its counter goes on past N.
 a_runs() { # WHAT
@@ -357,6 +368,20 @@ if [ "$(field "$m" status)" = completed ]; then
     "$(field "$m" ram transferred) bytes of RAM, $(($(date +%s) - tm)) s wall)"
 else
   failed "migration: $m"
+  # A migration that failed in its last phase (the back-end refused its state, the
+  # destination refused it): the source resumes.
+  a_runs "after the failed migration"
+  open_gate A
+  if wait_lines "$dir/A.console" '^AFTER-OK' 1 "${launch_guests[A]}"; then
+    ok "A's device answers at the source after the failed migration"
+  else
+    failed "A's device at the source after the failed migration"
+  fi
+  for f in "$dir"/*.console; do
+    show_log "$(basename "$f" .console) console" "$f"
+  done
+  show_log "daemon log" "$dir/daemon.log"
+  verdict "$name"
 fi
 src_tick=$(last_tick "$dir/A.console")
 s=$(qmp "$dir/D2.qmp" '{"execute":"query-status"}' || true)
