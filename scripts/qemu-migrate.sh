@@ -7,7 +7,8 @@
 #   1. a migration to a destination that never starts (nobody listens): it fails, A runs on;
 #   2. a migration to a real destination (QEMU -incoming on the standby socket), cancelled
 #      midway (migrate_cancel, with the bandwidth held low so that there is a midway): A runs
-#      on, its device answers; the destination QEMU ends;
+#      on; the destination QEMU ends; then one whose destination QEMU is killed (SIGKILL)
+#      midway: it fails, A runs on;
 #   3. the migration, to a new destination: query-migrate is polled until "completed" (waiting
 #      on progress, not a fixed time); the downtime and total time QEMU reports are printed;
 #      the source QEMU is quit and exits; on the destination the counter goes on past the
@@ -354,6 +355,20 @@ a_runs "after the cancelled migration"
 d1=0
 launch_wait "${launch_guests[D1]}" || d1=$?
 echo "   the cancelled destination's QEMU ended (run-guest exit $d1)"
+
+# 2b. The destination dies midway (SIGKILL to its QEMU while RAM flows): the source runs on.
+dest D3
+qmp "$dir/A.qmp" "{\"execute\":\"migrate\",\"arguments\":{\"uri\":\"unix:$dir/D3.mig\"}}" >/dev/null
+m=$(migrate_wait "$dir/A.qmp" active || true)
+kill -KILL "$(cat "$dir/D3.pid")" 2>/dev/null || true
+m2=$(migrate_wait "$dir/A.qmp" || true)
+if [ "$(field "$m" status)" = active ] && [ "$(field "$m2" status)" = failed ]; then
+  ok "migration to a destination killed midway fails ($(field "$m2" error-desc))"
+else
+  failed "killed destination: $m / $m2"
+fi
+a_runs "after the destination died"
+launch_wait "${launch_guests[D3]}" || true
 
 # 3. The migration.
 dest D2
