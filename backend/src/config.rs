@@ -27,6 +27,15 @@ pub enum ConfigError {
     /// No VM (socket path) was given.
     #[error("at least one VM is required (--socket-path or [[vm]] in --config)")]
     NoSockets,
+    /// A VM's `standby_for` names no VM it can be the standby of, or the
+    /// standby differs from it (spec 20.5).
+    #[error("VM {vm:?}: standby: {why}")]
+    Standby {
+        /// The standby.
+        vm: String,
+        /// What is wrong.
+        why: String,
+    },
     /// The same socket path was given twice.
     #[error("socket path {0} is given more than once")]
     DuplicateSocket(PathBuf),
@@ -415,6 +424,11 @@ limits! {
         /// bridge at once (being set up, established or being torn down);
         /// beyond it a connection request is rejected ("no resources").
         cm_connections: u32 = 64, "cm-connections", [1, 4096];
+        /// How long, in milliseconds, the VM's RC QPs wait for a peer whose
+        /// device instance is stopped (a pause, a migration's blackout)
+        /// without spending their retries (spec 20.6); then the retries of
+        /// spec 18.20 apply. 0: no hold.
+        pause_hold_ms: u32 = 30_000, "pause-hold-ms", [0, 600_000];
     }
 }
 
@@ -695,6 +709,11 @@ pub struct VmConfig {
     /// for the VM on the host's address (`cm_listen`): connection requests
     /// to them go to the VM's GSI QP. A port is one VM's.
     pub cm_listen: Vec<u16>,
+    /// The VM this one is the standby of (`standby_for`, spec 20.5): the
+    /// socket a migration's destination VMM connects to. A standby has its
+    /// VM's tenant, GIDs, MAC, ABI version, limits and QoS class (copied
+    /// here), no `cm_listen` ports, and takes the VM's state only.
+    pub standby_for: Option<String>,
 }
 
 /// The host RDMA device the `verbs` RNIC uses (`[daemon] rnic_device`,
@@ -805,7 +824,34 @@ impl DaemonConfig {
             limits,
             qos_class: None,
             cm_listen: Vec::new(),
+            standby_for: None,
         });
+    }
+
+    /// Adds a standby of VM `vm` (spec 20.5) on `socket`, named
+    /// `<vm>-standby`: the VM's identity, limits and QoS class, no
+    /// `cm_listen` ports.
+    pub fn add_standby(&mut self, vm: usize, socket: PathBuf) {
+        let Some(p) = self.vms.get(vm).cloned() else {
+            return;
+        };
+        self.vms.push(VmConfig {
+            name: format!("{}-standby", p.name),
+            socket,
+            cm_listen: Vec::new(),
+            standby_for: Some(p.name),
+            ..p
+        });
+    }
+
+    /// The VM whose identity VM `index` has: itself, or the VM it is the
+    /// standby of.
+    pub fn identity(&self, index: usize) -> usize {
+        self.vms
+            .get(index)
+            .and_then(|v| v.standby_for.as_ref())
+            .and_then(|p| self.vms.iter().position(|o| &o.name == p))
+            .unwrap_or(index)
     }
 
     /// Gives every VM `limits`.
@@ -818,6 +864,7 @@ impl DaemonConfig {
     /// The operator's GIDs of VM `index` in table order (IPv4-mapped
     /// first): its configured ones, or [`default_gid`] of its index.
     pub fn gids(&self, index: usize) -> Vec<[u8; 16]> {
+        let index = self.identity(index);
         match self.vms.get(index) {
             Some(v) if !v.gids.is_empty() => operator_order(&v.gids).collect(),
             _ => vec![default_gid(index)],
@@ -830,7 +877,7 @@ impl DaemonConfig {
         self.gids(index)
             .first()
             .copied()
-            .unwrap_or_else(|| default_gid(index))
+            .unwrap_or_else(|| default_gid(self.identity(index)))
     }
 
     /// The GID table of VM `index`'s port on an RNIC that gives each VM
@@ -1006,6 +1053,43 @@ impl DaemonConfig {
         Ok(())
     }
 
+    /// VM `i`, the standby of `primary`: that VM is listed before it, is
+    /// no standby itself and has no other standby; the standby has its
+    /// tenant, GIDs, MAC and ABI version and listens on no port.
+    pub fn check_standby(&self, i: usize, primary: &str) -> Result<(), ConfigError> {
+        let Some(vm) = self.vms.get(i) else {
+            return Ok(());
+        };
+        let bad = |why: String| ConfigError::Standby {
+            vm: vm.name.clone(),
+            why,
+        };
+        let before = &self.vms[..i];
+        let Some(p) = before.iter().find(|o| o.name == primary) else {
+            return Err(bad(format!("VM {primary:?} is not listed before it")));
+        };
+        if p.standby_for.is_some() {
+            return Err(bad(format!("VM {primary:?} is a standby itself")));
+        }
+        if let Some(o) = before
+            .iter()
+            .find(|o| o.standby_for.as_deref() == Some(primary))
+        {
+            return Err(bad(format!(
+                "VM {primary:?} already has a standby, {:?}",
+                o.name
+            )));
+        }
+        if (&vm.tenant, &vm.gids, vm.mac, vm.abi) != (&p.tenant, &p.gids, p.mac, p.abi)
+            || !vm.cm_listen.is_empty()
+        {
+            return Err(bad(format!(
+                "a standby has VM {primary:?}'s tenant, GIDs, MAC and ABI version and no cm_listen ports"
+            )));
+        }
+        Ok(())
+    }
+
     /// Checks the whole configuration.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.vms.is_empty() {
@@ -1082,16 +1166,18 @@ impl DaemonConfig {
                     tenant: vm.tenant.clone(),
                 });
             }
-            if let Some(mac) = vm.mac {
+            if let Some(p) = &vm.standby_for {
+                self.check_standby(i, p)?;
+            }
+            if let Some(mac) = vm.mac.filter(|_| vm.standby_for.is_none()) {
                 check_mac(mac).map_err(|source| ConfigError::BadMac {
                     vm: vm.name.clone(),
                     mac: mac_text(mac),
                     source,
                 })?;
-                if let Some(other) = before
-                    .iter()
-                    .find(|o| o.mac == Some(mac) && o.tenant == vm.tenant)
-                {
+                if let Some(other) = before.iter().find(|o| {
+                    o.mac == Some(mac) && o.tenant == vm.tenant && o.standby_for.is_none()
+                }) {
                     return Err(ConfigError::DuplicateMac {
                         vm: vm.name.clone(),
                         mac: mac_text(mac),
@@ -1099,7 +1185,9 @@ impl DaemonConfig {
                     });
                 }
             }
-            self.check_gids(i, &mut gids)?;
+            if vm.standby_for.is_none() {
+                self.check_gids(i, &mut gids)?;
+            }
             self.check_cm_listen(i)?;
             vm.limits.validate().map_err(|e| ConfigError::VmLimits {
                 vm: vm.name.clone(),
@@ -1167,7 +1255,7 @@ mod tests {
         for (field, option) in Limits::OPTIONS {
             assert_eq!(option.replace('-', "_"), *field);
         }
-        assert_eq!(Limits::OPTIONS.len(), 23);
+        assert_eq!(Limits::OPTIONS.len(), 24);
         let l = Limits {
             max_qp: 7,
             max_qp_rd_atom: 3,

@@ -120,6 +120,17 @@ pub enum FileError {
         /// The tenant it names.
         tenant: String,
     },
+    /// A standby VM (`standby_for`) names no VM it can stand in for, or
+    /// gives what it takes from that VM.
+    #[error("{at}: VM {vm:?}: {why}")]
+    Standby {
+        /// The `standby_for` field.
+        at: Loc,
+        /// The standby.
+        vm: String,
+        /// What is wrong.
+        why: String,
+    },
     /// A GID is not IPv6 (or IPv4) address text.
     #[error("{at}: VM {vm:?}: gid {text:?} is not an IPv6 or IPv4 address")]
     BadGid {
@@ -425,6 +436,7 @@ struct VmTable {
     qos_class: Option<Spanned<String>>,
     cm_listen: Option<Spanned<Vec<Spanned<u16>>>>,
     limits: Option<Spanned<LimitsTable>>,
+    standby_for: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -797,6 +809,9 @@ impl Source<'_> {
                 tenant: tenant.clone(),
             });
         }
+        if let Some(p) = &vt.standby_for {
+            return self.standby(vt, p, config);
+        }
         let mac = self.vm_mac(vt, config)?;
         let gids = self.vm_gids(i, v, config, mac)?;
         let cm_listen = self.vm_cm_listen(i, vt, config)?;
@@ -833,7 +848,54 @@ impl Source<'_> {
             limits,
             qos_class: self.class_of(&vt.qos_class, format!("VM {name:?}"))?,
             cm_listen,
+            standby_for: None,
         })
+    }
+
+    /// A `[[vm]]` with `standby_for = "P"` (spec 20.5): VM P, listed
+    /// before it, gives its tenant, GIDs, MAC, ABI version, limits and QoS
+    /// class; the standby may not give them itself, nor `cm_listen`.
+    fn standby(
+        &self,
+        vt: &VmTable,
+        primary: &Spanned<String>,
+        config: &DaemonConfig,
+    ) -> Result<VmConfig, FileError> {
+        let name = vt.name.get_ref().clone();
+        let bad = |why: String| FileError::Standby {
+            at: self.at(primary.span()),
+            vm: name.clone(),
+            why,
+        };
+        let given = [
+            ("gid", vt.gid.is_some()),
+            ("gids", vt.gids.is_some()),
+            ("abi", vt.abi.is_some()),
+            ("mac", vt.mac.is_some()),
+            ("qos_class", vt.qos_class.is_some()),
+            ("cm_listen", vt.cm_listen.is_some()),
+            ("limits", vt.limits.is_some()),
+        ];
+        if let Some((field, _)) = given.iter().find(|(_, g)| *g) {
+            return Err(bad(format!(
+                "a standby takes `{field}` from the VM it stands in for; give it there"
+            )));
+        }
+        let p = primary.get_ref();
+        let Some(pi) = config.vms.iter().position(|o| &o.name == p) else {
+            return Err(bad(format!(
+                "standby_for {p:?}: no VM of that name before it"
+            )));
+        };
+        let mut trial = config.clone();
+        trial.add_standby(pi, vt.socket.get_ref().clone());
+        let i = trial.vms.len() - 1;
+        if let Some(s) = trial.vms.get_mut(i) {
+            s.name = name.clone();
+            s.tenant = vt.tenant.get_ref().clone();
+        }
+        trial.check_standby(i, p).map_err(|e| bad(e.to_string()))?;
+        trial.vms.pop().ok_or_else(|| bad("no standby".into()))
     }
 
     /// VM `i`'s `cm_listen` ports, checked as the configuration checks
@@ -928,6 +990,7 @@ impl Source<'_> {
             limits: Limits::default(),
             qos_class: None,
             cm_listen: Vec::new(),
+            standby_for: None,
         });
         let gids_span = || {
             vt.gid
@@ -1527,6 +1590,79 @@ bytes_per_sec = 1000000000
         assert_eq!(
             e,
             "config.toml:21: VM \"vm0\": GID fd00::7 is already a GID of VM \"vm0\""
+        );
+    }
+
+    /// `standby_for` (spec 20.5): the standby has its VM's tenant, GIDs,
+    /// MAC, ABI version and limits, the same GID table, and no GID of its
+    /// own in the daemon's GID map; what it may not give or name is refused
+    /// at its line.
+    #[test]
+    fn a_standby_takes_its_vms_identity() {
+        let standby = "[[vm]]\nname = \"vm0-in\"\nsocket = \"/run/a-in.sock\"\ntenant = \"blue\"\nstandby_for = \"vm0\"\n";
+        let text = format!("{GOOD}\n{standby}");
+        let l = parse_str(&text).unwrap();
+        let c = &l.config;
+        c.validate().unwrap();
+        let s = &c.vms[2];
+        assert_eq!(s.standby_for.as_deref(), Some("vm0"));
+        assert_eq!(
+            (&s.tenant, &s.gids, s.mac, s.limits),
+            (
+                &c.vms[0].tenant,
+                &c.vms[0].gids,
+                c.vms[0].mac,
+                c.vms[0].limits
+            )
+        );
+        assert_eq!(c.gid_table(2), c.gid_table(0));
+        assert_eq!(c.identity(2), 0);
+        let t = crate::tenancy::Tenancy::from_config(c);
+        assert_eq!(t.vm_by_gid(&c.gid(0)), Some(0));
+        t.set_active(0, 2);
+        assert_eq!(
+            t.vm_by_gid(&c.gid(0)),
+            Some(2),
+            "GIDs lead to the instance holding them"
+        );
+        let bad = |extra: &str, want: &str| {
+            let e = err(&format!(
+                "{GOOD}\n{}",
+                standby.replace("standby_for", &format!("{extra}standby_for"))
+            ));
+            assert!(e.contains(want), "{extra}: {e}");
+        };
+        bad("gid = \"::ffff:10.99.0.9\"\n", "takes `gid`");
+        bad("cm_listen = [7174]\n", "takes `cm_listen`");
+        bad("[vm.limits]\nmax_qp = 1\n", "unknown field");
+        let e = err(&format!(
+            "{GOOD}\n{}",
+            standby.replace("\"vm0\"\n", "\"vm9\"\n")
+        ));
+        assert!(e.contains("no VM of that name before it"), "{e}");
+        let e = err(&format!(
+            "{GOOD}\n{}",
+            standby.replace("\"blue\"", "\"red\"")
+        ));
+        assert!(e.contains("tenant"), "{e}");
+        let twice = format!(
+            "{GOOD}\n{standby}\n{}",
+            standby
+                .replace("a-in", "a-in2")
+                .replace("vm0-in", "vm0-in2")
+        );
+        assert!(err(&twice).contains("already has a standby"));
+        let chain = format!(
+            "{GOOD}\n{standby}\n{}",
+            standby
+                .replace("a-in", "a-in2")
+                .replace("\"vm0-in\"", "\"vm0-in2\"")
+                .replace("\"vm0\"\n", "\"vm0-in\"\n")
+        );
+        assert!(
+            err(&chain).contains("is a standby itself"),
+            "{}",
+            err(&chain)
         );
     }
 

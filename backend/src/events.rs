@@ -74,43 +74,37 @@ impl EventQueue {
         self.len() == 0
     }
 
-    /// The queue as a device state saves it (spec 20.2).
-    pub fn save(&self) -> crate::migration::state::EventsState {
-        crate::migration::state::EventsState {
-            last_seq: self.next_seq,
-            lost: self.lost,
-            first_lost_seq: self.first_lost_seq,
-            pending: self
-                .pending
-                .iter()
-                .map(|e| [e.kind, e.handle, e.detail, e.seq])
-                .collect(),
-        }
+    /// The queue's parts, as a saved device state holds them (spec
+    /// 20.2): the last sequence number, the current loss run (count and
+    /// first sequence number) and the waiting events.
+    pub fn parts(&self) -> (u32, u32, u32, Vec<Event>) {
+        (
+            self.next_seq,
+            self.lost,
+            self.first_lost_seq,
+            self.pending.iter().copied().collect(),
+        )
     }
 
-    /// A queue restored from a saved state; refuses more waiting events
-    /// than a queue holds.
-    pub fn restore(saved: &crate::migration::state::EventsState) -> Result<Self, String> {
-        if saved.pending.len() > MAX_PENDING_EVENTS {
+    /// A queue from [`EventQueue::parts`]; refuses more waiting events than
+    /// a queue holds.
+    pub fn from_parts(
+        last_seq: u32,
+        lost: u32,
+        first_lost_seq: u32,
+        pending: Vec<Event>,
+    ) -> Result<Self, String> {
+        if pending.len() > MAX_PENDING_EVENTS {
             return Err(format!(
                 "{} events waiting, at most {MAX_PENDING_EVENTS}",
-                saved.pending.len()
+                pending.len()
             ));
         }
         Ok(EventQueue {
-            pending: saved
-                .pending
-                .iter()
-                .map(|&[kind, handle, detail, seq]| Event {
-                    kind,
-                    handle,
-                    detail,
-                    seq,
-                })
-                .collect(),
-            next_seq: saved.last_seq,
-            lost: saved.lost,
-            first_lost_seq: saved.first_lost_seq,
+            pending: pending.into(),
+            next_seq: last_seq,
+            lost,
+            first_lost_seq,
             lost_total: 0,
         })
     }

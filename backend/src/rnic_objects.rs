@@ -338,6 +338,46 @@ pub trait RnicObjects: Send + Sync {
     /// [`RnicObjects::create_qp`] (its incarnation included).
     fn lookup_qpn(&self, qpn: u32) -> Option<Owner>;
 
+    /// Gives QP number `qpn` to `owner`'s QP as [`RnicObjects::create_qp`]
+    /// would have (a loaded device state, spec 20.5); refused if the number
+    /// is taken or the RNIC cannot choose its numbers.
+    fn claim_qp(&self, _owner: Owner, _qpn: u32, _spec: &QpSpec) -> Result<(), RnicError> {
+        Err(RnicError::Invalid)
+    }
+
+    /// Gives `keys` to `owner`'s region as [`RnicObjects::reg_mr`] would
+    /// have; refused if one is taken or the RNIC cannot choose its keys.
+    fn claim_mr(&self, _owner: Owner, _keys: MrKeys, _mr: &MrSpec<'_>) -> Result<(), RnicError> {
+        Err(RnicError::Invalid)
+    }
+
+    /// Gives `key` to `owner`'s fast-registration region or window as
+    /// [`RnicObjects::alloc_fast_mr`] would have.
+    fn claim_fast_mr(&self, _owner: Owner, _key: u32) -> Result<(), RnicError> {
+        Err(RnicError::Invalid)
+    }
+
+    /// Moves QP numbers `qpns` and XRC SRQ numbers `srqns`, and every
+    /// multicast membership, from VM `from`'s objects to the objects with
+    /// the same handles of VM `to` (a state moved between two instances of
+    /// one VM in this daemon, spec 20.5). Refused, with nothing changed,
+    /// if one of the numbers is not `from`'s.
+    fn rehome(
+        &self,
+        _from: usize,
+        _to: usize,
+        _qpns: &[u32],
+        _srqns: &[u32],
+    ) -> Result<(), RnicError> {
+        Err(RnicError::Invalid)
+    }
+
+    /// Gives XRC SRQ number `srqn` to `owner` as
+    /// [`RnicObjects::alloc_srqn`] would have.
+    fn claim_srqn(&self, _owner: Owner, _srqn: u32) -> Result<(), RnicError> {
+        Err(RnicError::Invalid)
+    }
+
     /// QP numbers in use (for leak checks and statistics).
     fn qpns_in_use(&self) -> usize;
 

@@ -76,6 +76,19 @@ pub struct VmEntry {
     pub counters: IsolationCounters,
     /// Its traffic and control counters.
     pub traffic: TrafficCounters,
+    /// The VM whose identity it has: its own index, or that of the VM it
+    /// is the standby of (spec 20.5).
+    pub identity: usize,
+    /// For a VM that is its own identity: the instance that holds it now
+    /// (itself, or its standby after a migration).
+    active: std::sync::atomic::AtomicUsize,
+}
+
+impl VmEntry {
+    /// The instance (VM index) that holds this identity now.
+    pub fn active(&self) -> usize {
+        self.active.load(std::sync::atomic::Ordering::Acquire)
+    }
 }
 
 /// One tenant.
@@ -135,7 +148,8 @@ impl Tenancy {
                 .get(i)
                 .copied()
                 .unwrap_or_else(|| config.gid_table(i));
-            for (_, g) in gids.iter() {
+            let identity = config.identity(i);
+            for (_, g) in gids.iter().filter(|_| identity == i) {
                 // A host RNIC gives every VM its one GID: the first VM
                 // keeps it here (routing there goes by QP number).
                 t.by_gid.entry(g).or_insert(i);
@@ -148,9 +162,19 @@ impl Tenancy {
                 mac: vm.mac,
                 counters: IsolationCounters::default(),
                 traffic: TrafficCounters::default(),
+                identity,
+                active: std::sync::atomic::AtomicUsize::new(i),
             });
         }
         t
+    }
+
+    /// Makes instance `to` the holder of VM `identity`'s identity (a state
+    /// moved there, spec 20.5): GIDs then lead to it.
+    pub fn set_active(&self, identity: usize, to: usize) {
+        if let Some(v) = self.vms.get(identity) {
+            v.active.store(to, std::sync::atomic::Ordering::Release);
+        }
     }
 
     /// VM `vm`.
@@ -175,7 +199,8 @@ impl Tenancy {
 
     /// The VM whose port has `gid` (at any index of its table).
     pub fn vm_by_gid(&self, gid: &[u8; 16]) -> Option<usize> {
-        self.by_gid.get(gid).copied()
+        let identity = *self.by_gid.get(gid)?;
+        self.vms.get(identity).map(VmEntry::active)
     }
 
     /// Whether VM `from` may reach VM `to` (same tenant; a VM always

@@ -675,6 +675,92 @@ impl TestVmm {
         Ok(())
     }
 
+    /// Moves the VM to the device at `socket` as the destination VMM of a
+    /// migration does, once [`TestVmm::stop_queues`] stopped the device
+    /// here (and returned `bases`): the same guest RAM and rings, a new
+    /// connection that negotiates what this one did and sends the memory
+    /// table; then `before_start` (where a state is loaded, spec 20.1);
+    /// then every queue starts where it stopped. The old connection is
+    /// closed after `before_start`, as a source VMM exits once the
+    /// destination took over. Not with the doorbell region.
+    pub fn move_to(
+        &mut self,
+        socket: impl AsRef<Path>,
+        bases: &[u32],
+        before_start: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        if self.shmem.is_some() {
+            return Err(Error::Backend("moving a VM with a doorbell region".into()));
+        }
+        let socket = socket.as_ref().to_path_buf();
+        let fe = connect_retry(&socket, self.opts.connect_timeout)?;
+        let mut c = Conn::new(fe, self.opts.message_timeout)?;
+        c.call("SET_OWNER", |fe| fe.set_owner())?;
+        let offered = c.call("GET_FEATURES", |fe| fe.get_features())?;
+        if offered & self.features != self.features {
+            return Err(Error::Backend(format!(
+                "the destination lacks features {:#x}",
+                self.features & !offered
+            )));
+        }
+        let protocol = self.protocol;
+        let offered = c.call("GET_PROTOCOL_FEATURES", |fe| fe.get_protocol_features())?;
+        if !offered.contains(protocol) {
+            return Err(Error::Backend(
+                "the destination lacks protocol features".into(),
+            ));
+        }
+        c.call("SET_PROTOCOL_FEATURES", |fe| {
+            fe.set_protocol_features(protocol)
+        })?;
+        if protocol.contains(VhostUserProtocolFeatures::REPLY_ACK) {
+            c.frontend().set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+        }
+        if protocol.contains(VhostUserProtocolFeatures::MQ) {
+            c.call("GET_QUEUE_NUM", |fe| fe.get_queue_num())?;
+        }
+        let features = self.features;
+        let regions = self.mem.region_infos()?;
+        c.call("SET_FEATURES", |fe| fe.set_features(features))?;
+        c.call("SET_MEM_TABLE", |fe| fe.set_mem_table(&regions))?;
+        before_start()?;
+        if let Some(old) = self.conn.replace(c) {
+            old.shutdown();
+        }
+        self.socket = socket;
+        self.resume_queues(bases)
+    }
+
+    /// Starts every queue again with its rings where they were and its
+    /// avail index at `bases` (the second half of [`TestVmm::resume`]).
+    fn resume_queues(&mut self, bases: &[u32]) -> Result<()> {
+        let TestVmm {
+            conn,
+            ctrl,
+            events,
+            notify,
+            ..
+        } = self;
+        let c = conn
+            .as_mut()
+            .ok_or_else(|| Error::Backend("disconnected".into()))?;
+        let vrings: [&Vring; 3] = [ctrl.vring(), events.vring(), notify];
+        for (q, v) in vrings.into_iter().enumerate() {
+            let base = *bases
+                .get(q)
+                .ok_or_else(|| Error::Backend("a base per queue".into()))?;
+            let addr = v.config_data()?;
+            c.call("SET_VRING_NUM", |fe| fe.set_vring_num(q, v.size()))?;
+            let base = u16::try_from(base).map_err(|_| Error::Backend("base".into()))?;
+            c.call("SET_VRING_BASE", |fe| fe.set_vring_base(q, base))?;
+            c.call("SET_VRING_ADDR", |fe| fe.set_vring_addr(q, &addr))?;
+            c.call("SET_VRING_CALL", |fe| fe.set_vring_call(q, v.call_fd()))?;
+            c.call("SET_VRING_KICK", |fe| fe.set_vring_kick(q, v.kick_fd()))?;
+            c.call("SET_VRING_ENABLE", |fe| fe.set_vring_enable(q, true))?;
+        }
+        Ok(())
+    }
+
     /// Resets the device: stops every queue (`GET_VRING_BASE`), sends
     /// `RESET_DEVICE` when that protocol feature was negotiated (the signal
     /// that the device state is to be discarded), then starts again with `SET_FEATURES`,

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use vhost_user_rdma_tests::dp::{
-    conn, ok, pattern, poll_one, rc_pair, rc_qp, repeated_page_mr, wr, write_and_send_back,
-    write_op, Buf, Vm, QP_ACCESS,
+    conn, fast, ok, pattern, poll_one, rc_pair, rc_pair_with, rc_qp, repeated_page_mr, wr,
+    write_and_send_back, write_op, Buf, Vm, QP_ACCESS,
 };
 use vhost_user_rdma_tests::harness::TestDaemon;
 use vhost_user_rdma_tests::rnics::RecyclingQpns;
@@ -367,6 +367,76 @@ fn a_paused_vm_takes_its_messages_when_it_resumes() {
         assert_eq!(dst.read(0, 15), b"after the pause");
         assert!(!d.stats(1).device.resources.is_empty(), "objects kept");
     }
+}
+
+/// Spec 20.6: a pause longer than the requester's whole retry budget
+/// (about 3 ms with [`fast`] attributes) loses nothing. The requester holds
+/// without spending its retries, and its SEND and WRITE complete, in order
+/// and once, when the peer resumes; a UD datagram sent meanwhile is dropped
+/// and its send still succeeds.
+#[test]
+fn a_pause_longer_than_the_retry_budget_loses_nothing() {
+    let d = TestDaemon::start(2).unwrap();
+    let a = Vm::open(&d, 0, VmmOptions::default());
+    let b = Vm::open(&d, 1, VmmOptions::default());
+    let p = rc_pair_with(&a, &b, fast);
+    let src = Buf::new(&a, 4096);
+    let dst = Buf::new(&b, 4096);
+    src.write(0, b"held, not failed");
+    p.qb.post_recv(&[RecvWr {
+        wr_id: 7,
+        sg_list: &[dst.sge(0, 64)],
+    }])
+    .unwrap();
+    let bases = b.t.vmm().stop_queues().unwrap();
+    p.qa.post_send(&[
+        wr(1, SendOp::Send, &[src.sge(0, 16)]),
+        wr(2, write_op(&dst, 1024), &[src.sge(0, 16)]),
+    ])
+    .unwrap();
+    // A hundred times the retry budget: without the hold, RETRY_EXC_ERR.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        p.cqa.poll_one().is_none(),
+        "a completion while the peer is paused"
+    );
+    assert_ne!(
+        dst.read(0, 16),
+        b"held, not failed",
+        "delivered while paused"
+    );
+    b.t.vmm().resume(&bases).unwrap();
+    ok(&poll_one(&p.cqa), 1, WcOpcode::SEND);
+    ok(&poll_one(&p.cqa), 2, WcOpcode::RDMA_WRITE);
+    ok(&poll_one(&p.cqb), 7, WcOpcode::RECV);
+    assert_eq!(dst.read(0, 16), b"held, not failed");
+    assert_eq!(dst.read(1024, 16), b"held, not failed");
+    assert!(p.cqa.poll_one().is_none(), "a WQE completed twice");
+}
+
+/// Spec 20.6: the hold is bounded by the requester VM's `pause_hold_ms`;
+/// past it a stopped peer counts as unreachable and the retries of spec
+/// 18.20 run out as usual.
+#[test]
+fn the_hold_for_a_paused_peer_ends_at_pause_hold_ms() {
+    let d = TestDaemon::with_config(2, |c| c.vms[0].limits.pause_hold_ms = 100).unwrap();
+    let a = Vm::open(&d, 0, VmmOptions::default());
+    let b = Vm::open(&d, 1, VmmOptions::default());
+    let p = rc_pair_with(&a, &b, fast);
+    let src = Buf::new(&a, 4096);
+    let dst = Buf::new(&b, 4096);
+    let bases = b.t.vmm().stop_queues().unwrap();
+    let start = std::time::Instant::now();
+    p.qa.post_send(&[wr(1, write_op(&dst, 0), &[src.sge(0, 16)])])
+        .unwrap();
+    let wc = poll_one(&p.cqa);
+    assert_eq!((wc.wr_id, wc.status()), (1, Some(WcStatus::RETRY_EXC_ERR)));
+    assert!(
+        start.elapsed() >= Duration::from_millis(100),
+        "failed after {:?}, before the hold ended",
+        start.elapsed()
+    );
+    b.t.vmm().resume(&bases).unwrap();
 }
 
 /// Spec 15.1, "While stopped", as a driver author asks it (guest driver

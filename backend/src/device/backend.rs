@@ -258,6 +258,8 @@ impl RdmaDevice {
         let mut st = self.lock();
         self.cell.set_running(&mut st, on);
         if on {
+            let identity = self.tenancy.vm(self.id).map_or(self.id, |v| v.identity);
+            self.board.started(identity, self.id);
             if let Some(host) = st.host.as_ref() {
                 st.vm.refresh_doorbell_flags(host);
             }

@@ -16,6 +16,8 @@ mod eventq;
 mod migrate;
 mod state_fd;
 
+pub use migrate::MigrationBoard;
+
 use std::io;
 use std::os::fd::FromRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -147,6 +149,8 @@ pub struct RdmaDevice {
     allow_unsealed_memory: bool,
     /// The running or last device-state transfer (spec 20.1).
     state_transfer: state_fd::StateTransfer,
+    /// The daemon's saved states (spec 20.5).
+    board: Arc<MigrationBoard>,
 }
 
 /// Daemon-wide state every device shares.
@@ -162,6 +166,8 @@ pub struct Shared {
     /// Accept guest RAM files that can shrink (spec 19.6.1; a VMM that
     /// truncates one crashes the daemon).
     pub allow_unsealed_memory: bool,
+    /// The states saved and not yet taken (spec 20.5).
+    pub board: Arc<MigrationBoard>,
 }
 
 impl Shared {
@@ -173,6 +179,7 @@ impl Shared {
             qos,
             tenant_ctrl: Arc::new(tenant_ctrl),
             allow_unsealed_memory: false,
+            board: Arc::new(MigrationBoard::default()),
         }
     }
 }
@@ -227,6 +234,7 @@ impl RdmaDevice {
             guest_mem: GuestMemoryAtomic::new(GuestMemoryMmap::new()),
             allow_unsealed_memory: shared.allow_unsealed_memory,
             state_transfer: state_fd::StateTransfer::default(),
+            board: shared.board.clone(),
         })
     }
 

@@ -207,6 +207,54 @@ impl PageList {
         })
     }
 
+    /// A contiguous list of a loaded device state (spec 20.3), checked as
+    /// [`PageList::resolve`] checks one against this RAM: `npages` pages
+    /// of `2^page_shift` bytes from `base` on. No page at all is the ring of
+    /// a queue that has none.
+    pub fn restore_contiguous(
+        page_shift: u32,
+        base: u64,
+        npages: u32,
+        ram: &RamMap,
+        page_size_cap: u64,
+    ) -> Result<PageList, PageListError> {
+        if npages == 0 {
+            return if base == 0 { Ok(PageList::none()) } else { Err(PageListError::AddrNotZero) };
+        }
+        let pages = (0..npages).map(|i| {
+            u64::from(i)
+                .checked_shl(page_shift)
+                .and_then(|off| base.checked_add(off))
+                .unwrap_or(u64::MAX)
+        });
+        check_restored(page_shift, pages, ram, page_size_cap)?;
+        Ok(PageList {
+            page_shift,
+            npages,
+            pages: Pages::Contiguous(base),
+        })
+    }
+
+    /// A list of pages of a loaded device state, checked as
+    /// [`PageList::restore_contiguous`] checks.
+    pub fn restore_list(
+        page_shift: u32,
+        pages: Vec<u64>,
+        ram: &RamMap,
+        page_size_cap: u64,
+    ) -> Result<PageList, PageListError> {
+        let npages = u32::try_from(pages.len()).map_err(|_| PageListError::TooManyPages(u32::MAX))?;
+        if npages == 0 {
+            return Err(PageListError::NoPages);
+        }
+        check_restored(page_shift, pages.iter().copied(), ram, page_size_cap)?;
+        Ok(PageList {
+            page_shift,
+            npages,
+            pages: Pages::List(pages),
+        })
+    }
+
     /// An empty translation with room for `max_pages` pages, which
     /// [`PageList::refill`] fills later without allocating (the
     /// translation space of a fast-registration region, spec 12.22).
@@ -239,7 +287,15 @@ impl PageList {
         true
     }
 
-    /// Number of pages.
+    /// The first page of a contiguous list (`None` for a list of pages).
+    pub fn contiguous_base(&self) -> Option<u64> {
+        match self.pages {
+            Pages::Contiguous(base) => Some(base),
+            Pages::List(_) => None,
+        }
+    }
+
+    /// The number of pages.
     pub fn npages(&self) -> u32 {
         self.npages
     }
@@ -339,6 +395,25 @@ impl PageList {
             u64::from(npages).saturating_mul(8)
         }
     }
+}
+
+/// The checks of [`PageList::resolve`] for the pages of a loaded state.
+fn check_restored(
+    shift: u32,
+    pages: impl Iterator<Item = u64>,
+    ram: &RamMap,
+    page_size_cap: u64,
+) -> Result<(), PageListError> {
+    if !(MIN_PAGE_SHIFT..=MAX_PAGE_SHIFT).contains(&shift) || page_size_cap & (1u64 << shift) == 0 {
+        return Err(PageListError::BadPageShift(shift));
+    }
+    let page = 1u64 << shift;
+    for (index, gpa) in (0u32..).zip(pages) {
+        if gpa.trailing_zeros() < shift || !ram.contains(gpa, page) {
+            return Err(PageListError::BadPage { index });
+        }
+    }
+    Ok(())
 }
 
 /// Pages needed to hold `bytes` bytes at the given page size.

@@ -162,6 +162,7 @@ mod tests {
                 first_lost_seq: 0,
                 pending: vec![[1, 2, 3, 7]],
             },
+            objects: Default::default(),
         }
     }
 

@@ -13,6 +13,8 @@
 //! anything of it is used, and a refused state changes nothing.
 
 pub mod format;
+pub mod restore;
+pub mod save;
 pub mod state;
 
 use thiserror::Error;

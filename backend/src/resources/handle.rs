@@ -168,6 +168,66 @@ impl<T> HandleTable<T> {
             .filter_map(|(s, i)| s.value.as_ref().map(|v| ((s.gen << SLOT_BITS) | i, v)))
     }
 
+    /// The generation of every slot (0: retired), for a saved state.
+    pub fn slot_gens(&self) -> Vec<u32> {
+        self.slots.iter().map(|s| s.gen).collect()
+    }
+
+    /// The free slots, the next one to reuse last.
+    pub fn free_slots(&self) -> &[u32] {
+        &self.free
+    }
+
+    /// A table with the slot layout of a saved one and `live` in it:
+    /// every slot's generation, the free list, the live objects at their
+    /// handles. Refuses a layout that is not one a table can have (a
+    /// handle whose slot or generation does not match, a slot both free
+    /// and live or listed twice, a live or free slot that is retired, a
+    /// slot neither free, live nor retired, too many slots).
+    pub fn restore(gens: &[u32], free: &[u32], live: Vec<(u32, T)>) -> Result<Self, String> {
+        if gens.len() > MAX_SLOTS {
+            return Err(format!("{} slots, at most {MAX_SLOTS}", gens.len()));
+        }
+        let mut slots: Vec<Slot<T>> = gens
+            .iter()
+            .map(|&gen| Slot { gen, value: None })
+            .collect();
+        let mut seen = vec![false; gens.len()];
+        for &i in free {
+            match (slots.get(i as usize), seen.get_mut(i as usize)) {
+                (Some(s), Some(mark)) if !*mark && s.gen != RETIRED && s.gen <= MAX_GEN => {
+                    *mark = true;
+                }
+                _ => return Err(format!("free slot {i} is not a free slot")),
+            }
+        }
+        let count = live.len();
+        for (handle, value) in live {
+            let i = (handle & SLOT_MASK) as usize;
+            match (slots.get_mut(i), seen.get_mut(i)) {
+                (Some(s), Some(mark))
+                    if !*mark && s.gen != RETIRED && s.gen == handle >> SLOT_BITS =>
+                {
+                    *mark = true;
+                    s.value = Some(value);
+                }
+                _ => return Err(format!("handle {handle:#x} does not fit its slot")),
+            }
+        }
+        if let Some(i) = slots
+            .iter()
+            .zip(&seen)
+            .position(|(s, &mark)| !mark && s.gen != RETIRED)
+        {
+            return Err(format!("slot {i} is neither free, live nor retired"));
+        }
+        Ok(HandleTable {
+            slots,
+            free: free.to_vec(),
+            live: count,
+        })
+    }
+
     /// Removes every object; generations advance so old handles stay invalid.
     pub fn clear(&mut self) {
         for h in self.handles() {
@@ -179,6 +239,39 @@ impl<T> HandleTable<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A table restored from its saved layout hands out what the original
+    /// would have next, resolves exactly the live handles, and a layout no
+    /// table can have is refused.
+    #[test]
+    fn a_restored_table_continues_where_the_saved_one_was() {
+        let mut t = HandleTable::default();
+        let hs: Vec<u32> = (0..4).map(|i| t.insert(i).unwrap_or(0)).collect();
+        t.remove(hs[1]);
+        t.remove(hs[3]);
+        let live: Vec<(u32, i32)> = t.iter().map(|(h, v)| (h, *v)).collect();
+        let mut r = HandleTable::restore(&t.slot_gens(), t.free_slots(), live.clone()).unwrap();
+        assert_eq!(r.len(), 2);
+        assert_eq!((r.get(hs[0]), r.get(hs[1]), r.get(hs[2])), (Some(&0), None, Some(&2)));
+        assert_eq!(r.insert(9).ok(), t.insert(9).ok(), "the same next handle");
+        let gens = t.slot_gens();
+        let free = t.free_slots().to_vec();
+        // A slot both free and live; listed free twice; a handle whose
+        // generation is not its slot's; a slot neither free nor live.
+        let live: Vec<(u32, i32)> = t.iter().map(|(h, v)| (h, *v)).collect();
+        let slot = |h: u32| h & SLOT_MASK;
+        let mut both = free.clone();
+        both.push(slot(live[0].0));
+        assert!(HandleTable::restore(&gens, &both, live.clone()).is_err());
+        let mut twice = free.clone();
+        twice.extend_from_slice(&free);
+        assert!(free.is_empty() || HandleTable::restore(&gens, &twice, live.clone()).is_err());
+        let mut off = live.clone();
+        off[0].0 = off[0].0.wrapping_add(1 << SLOT_BITS);
+        assert!(HandleTable::restore(&gens, &free, off).is_err());
+        assert!(HandleTable::restore(&gens, &free, live[1..].to_vec()).is_err());
+        assert!(HandleTable::<i32>::restore(&vec![1; MAX_SLOTS + 1], &[], vec![]).is_err());
+    }
 
     #[test]
     fn stale_handles_do_not_resolve() {

@@ -10,6 +10,7 @@ pub mod mcast;
 pub mod objects;
 pub mod qp_state;
 pub mod resize;
+pub mod restore;
 pub mod windows;
 pub mod xrc;
 
@@ -156,6 +157,12 @@ fn inc(count: &mut u32) {
 /// counter for the process: 64 bits do not wrap in its lifetime, so no two
 /// QPs of any daemon ever share one.
 static INCARNATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// Notes that QP incarnations up to `last` are in use (QPs of a loaded
+/// device state keep theirs, spec 20.2): none of them is handed out again.
+pub fn note_incarnation(last: u64) {
+    INCARNATIONS.fetch_max(last, Ordering::Relaxed);
+}
 
 /// A QP incarnation never handed out before (never 0).
 fn next_incarnation() -> u64 {

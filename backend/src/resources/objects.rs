@@ -171,6 +171,10 @@ pub struct SendWait {
     pub rnr_left: u32,
     /// Transport retries left.
     pub retry_left: u32,
+    /// When the WQE started waiting for a stopped destination (spec 20.6):
+    /// it holds without spending retries until the VM's `pause_hold_ms`
+    /// have passed since.
+    pub held_since: Option<std::time::Instant>,
     /// The last try found the destination unreachable with no retry left:
     /// when the wait ends the WQE fails with `RETRY_EXC_ERR`, untried. Holds
     /// its `wr_id` and completion opcode.

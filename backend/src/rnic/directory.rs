@@ -49,6 +49,27 @@ impl<V> Directory<V> {
         Err(RnicError::Exhausted)
     }
 
+    /// Records `owner` for number `n` chosen by the caller (a loaded
+    /// device state's, spec 20.5): refused if `n` is outside the
+    /// directory's numbers, not `allowed` or in use.
+    pub fn claim(
+        &mut self,
+        n: u32,
+        owner: V,
+        allowed: impl Fn(u32) -> bool,
+    ) -> Result<(), RnicError> {
+        if n & !self.mask != 0 || n < self.first || !allowed(n) || self.used.contains_key(&n) {
+            return Err(RnicError::Invalid);
+        }
+        self.used.insert(n, owner);
+        Ok(())
+    }
+
+    /// The owner of `n`, to change.
+    pub fn get_mut(&mut self, n: u32) -> Option<&mut V> {
+        self.used.get_mut(&n)
+    }
+
     /// Whether `n` is in use.
     pub fn contains(&self, n: u32) -> bool {
         self.used.contains_key(&n)

@@ -20,8 +20,8 @@ fn receiving(state: QpState) -> bool {
 
 /// RC QP `qp` of `state`, if it takes a message addressed to QPN `qpn`
 /// (and, if given, to the QP of incarnation `inc`) now. Otherwise what
-/// the requester gets: `Unreachable` if the VM is stopped (no QP answers,
-/// as on a wire to a halted host), `Stale` if the handle no longer names
+/// the requester gets: `Paused` if the VM is stopped (no QP answers, as on
+/// a wire to a halted host; spec 20.6), `Stale` if the handle no longer names
 /// that QP (a stale routing hint), `Unreachable` if it is not an RC QP
 /// that takes messages in its state.
 #[inline]
@@ -44,7 +44,7 @@ pub(super) fn connected_responder(
     inc: Option<u64>,
     t: QpType,
 ) -> Result<&Qp, RespOutcome> {
-    let q = addressed(state, qp, qpn, inc, RespOutcome::Unreachable)?;
+    let q = addressed(state, qp, qpn, inc, RespOutcome::Paused)?;
     // An XRC initiator talks to an XRC target.
     let want = if t == QpType::XRC_INI {
         QpType::XRC_TGT

@@ -60,6 +60,28 @@ impl KeySpace {
         Ok(key)
     }
 
+    /// Takes `key` for a region as [`KeySpace::alloc`] would have drawn it
+    /// (a loaded device state's key): refused if it is in use, the local
+    /// DMA key, or one of a fast-registration region's keys.
+    pub fn claim(&mut self, key: u32) -> Result<(), RnicError> {
+        let fast = &self.fast;
+        self.keys
+            .claim(key, (), |k| k != LOCAL_DMA_LKEY && !fast.contains(prefix(k)))?;
+        let n = self.prefixes.entry(prefix(key)).or_insert(0);
+        *n = n.saturating_add(1);
+        Ok(())
+    }
+
+    /// Takes the key of a fast-registration region or window as
+    /// [`KeySpace::alloc_fast`] would have drawn it: refused if any key
+    /// shares its bits 31 to 8.
+    pub fn claim_fast(&mut self, key: u32) -> Result<(), RnicError> {
+        let prefixes = &self.prefixes;
+        let dma = prefix(LOCAL_DMA_LKEY);
+        self.fast
+            .claim(prefix(key), (), |p| p != dma && !prefixes.contains_key(&p))
+    }
+
     /// Frees a key [`KeySpace::alloc`] drew.
     pub fn free(&mut self, key: u32) {
         if !self.keys.contains(key) {

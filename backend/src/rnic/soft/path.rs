@@ -4,6 +4,8 @@
 //! receive WQE or no responder waits and is tried again as on a wire
 //! ([`super::retry`]); a large message runs in pieces ([`super::pieces`]).
 
+use std::time::Duration;
+
 use log::debug;
 use virtio_rdma_abi::datapath::WcStatus;
 use virtio_rdma_abi::qp::QpType;
@@ -12,7 +14,7 @@ use super::lane;
 use super::mad;
 use super::pieces::{self, Pieces, Span};
 use super::request::{RespOutcome, RespScratch};
-use super::retry::{exhausted, rnr_retry, transport_retry, waiting};
+use super::retry::{exhausted, pause_hold, rnr_retry, transport_retry, waiting};
 use super::burst::{Burst, Held};
 use super::route::{same_thread, Router};
 use crate::engine::requester::{complete_send, Completion};
@@ -253,7 +255,11 @@ impl RnicPath for SoftPath<'_> {
         // UD and UC give no delivery guarantee: a message nobody takes is
         // dropped (spec 18.11.5), yet the send succeeded.
         let dropped = matches!(outcome, RespOutcome::Dropped)
-            || ((ud || uc) && matches!(outcome, RespOutcome::Unreachable | RespOutcome::Stale))
+            || ((ud || uc)
+                && matches!(
+                    outcome,
+                    RespOutcome::Unreachable | RespOutcome::Stale | RespOutcome::Paused
+                ))
             || (uc
                 && matches!(
                     outcome,
@@ -289,7 +295,9 @@ impl RnicPath for SoftPath<'_> {
             _ if dropped => ok(cx.state),
             // UD gives no delivery guarantee: a message nobody takes is
             // dropped (spec 18.11.5).
-            RespOutcome::Unreachable | RespOutcome::Stale if ud => ok(cx.state),
+            RespOutcome::Unreachable | RespOutcome::Stale | RespOutcome::Paused if ud => {
+                ok(cx.state)
+            }
             RespOutcome::Nak(status) => failed(cx.state, status),
             // The destination was destroyed: the requester knows it has
             // nobody to retry to (spec 18.23).
@@ -310,6 +318,15 @@ impl RnicPath for SoftPath<'_> {
                     qp.qpn, msg.dest_qpn
                 );
                 let w = transport_retry(qp, index, wr_id, op);
+                qp.rt.wait = Some(w);
+                Step::Wait(w.at)
+            }
+            RespOutcome::Paused => {
+                let hold = Duration::from_millis(u64::from(cx.state.limits.pause_hold_ms));
+                let Some(qp) = cx.state.res.qps.get_mut(h) else {
+                    return Step::Done { published: false };
+                };
+                let w = pause_hold(qp, index, wr_id, op, hold);
                 qp.rt.wait = Some(w);
                 Step::Wait(w.at)
             }

@@ -53,6 +53,10 @@ pub enum RespOutcome {
     Rnr(u32),
     /// The destination is unreachable (spec 18.23): RC retries, UD drops.
     Unreachable,
+    /// The destination's device instance is stopped (paused, or in a
+    /// migration's blackout) with its objects: RC holds without spending
+    /// its retries (spec 20.6), UD and UC drop.
+    Paused,
     /// RC: the QP the requester is connected to was destroyed (spec
     /// 18.23): the requester fails at once with `RETRY_EXC_ERR`.
     Gone,

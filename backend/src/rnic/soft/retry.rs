@@ -39,6 +39,7 @@ fn retry_state(qp: &Qp, index: u32) -> SendWait {
             at: Instant::now(),
             rnr_left: qp.attr.rnr_retry,
             retry_left: qp.attr.retry_cnt,
+            held_since: None,
             exhausted: None,
         },
     }
@@ -87,6 +88,36 @@ pub(in crate::rnic) fn transport_retry(
         ack_timeout(timeout)
     };
     w.at = later(interval);
+    w
+}
+
+/// How often a WQE held for a stopped destination tries again (spec 20.6):
+/// often enough that the blackout a peer sees ends within a few
+/// milliseconds of the destination's start, rarely enough that thousands
+/// of held QPs cost little.
+const HOLD_INTERVAL: Duration = Duration::from_millis(2);
+
+/// The destination of send WQE `index` (`wr_id`, completion opcode `op`)
+/// of RC QP `qp` is a stopped device instance (spec 20.6): the WQE waits
+/// without spending its retries, for at most `hold` since it first found
+/// the destination stopped; after that the destination counts as
+/// unreachable ([`transport_retry`]).
+pub(in crate::rnic) fn pause_hold(
+    qp: &Qp,
+    index: u32,
+    wr_id: u64,
+    op: WcOpcode,
+    hold: Duration,
+) -> SendWait {
+    let mut w = retry_state(qp, index);
+    let now = Instant::now();
+    let since = *w.held_since.get_or_insert(now);
+    if now.saturating_duration_since(since) >= hold {
+        let mut w = transport_retry(qp, index, wr_id, op);
+        w.held_since = Some(since);
+        return w;
+    }
+    w.at = later(HOLD_INTERVAL);
     w
 }
 

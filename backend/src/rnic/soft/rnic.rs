@@ -130,6 +130,55 @@ impl RnicObjects for SoftRnic {
         self.qpns_read().get(qpn).copied()
     }
 
+    fn claim_qp(&self, owner: Owner, qpn: u32, _spec: &QpSpec) -> Result<(), RnicError> {
+        self.qpns().claim(qpn, owner, |n| n != MCAST_QPN)
+    }
+
+    fn claim_mr(&self, _owner: Owner, keys: MrKeys, _mr: &MrSpec<'_>) -> Result<(), RnicError> {
+        let mut d = self.keys();
+        d.claim(keys.lkey)?;
+        if keys.rkey != 0 {
+            if let Err(e) = d.claim(keys.rkey) {
+                d.free(keys.lkey);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn claim_fast_mr(&self, _owner: Owner, key: u32) -> Result<(), RnicError> {
+        self.keys().claim_fast(key)
+    }
+
+    fn claim_srqn(&self, owner: Owner, srqn: u32) -> Result<(), RnicError> {
+        lock(&self.srqns).claim(srqn, owner, |_| true)
+    }
+
+    fn rehome(&self, from: usize, to: usize, qpns: &[u32], srqns: &[u32]) -> Result<(), RnicError> {
+        let mut q = self.qpns();
+        let mut s = lock(&self.srqns);
+        let theirs = |o: Option<&Owner>| o.is_some_and(|o| o.vm == from);
+        if !qpns.iter().all(|&n| theirs(q.get(n))) || !srqns.iter().all(|&n| theirs(s.get(n))) {
+            return Err(RnicError::Invalid);
+        }
+        for &n in qpns {
+            if let Some(o) = q.get_mut(n) {
+                o.vm = to;
+            }
+        }
+        for &n in srqns {
+            if let Some(o) = s.get_mut(n) {
+                o.vm = to;
+            }
+        }
+        for members in write(&self.mcast).values_mut() {
+            for m in members.iter_mut().filter(|m| m.vm == from) {
+                m.vm = to;
+            }
+        }
+        Ok(())
+    }
+
     fn qpns_in_use(&self) -> usize {
         self.qpns_read().len()
     }

@@ -315,6 +315,16 @@ impl Router<'_> {
         for fresh in [false, true] {
             let (pvm, pqp) = match admit(cx, *route, dgid, false) {
                 Ok(r) => r,
+                // A stopped destination may have moved to another
+                // instance of its VM (spec 20.5): look it up again.
+                Err(RespOutcome::Paused) if !fresh => {
+                    *route = match self.relookup(cx.state, h) {
+                        RcRoute::To(r) => Some(r),
+                        RcRoute::Nowhere => None,
+                        RcRoute::Gone => return Some(RespOutcome::Gone),
+                    };
+                    continue;
+                }
                 Err(outcome) => return Some(outcome),
             };
             let qp = cx.state.res.qps.get_mut(h)?;
@@ -529,13 +539,11 @@ fn admit(
         return count(unknown);
     }
     // A stopped device takes no message (spec 15.1); checked again under
-    // its lock.
-    if !vms
-        .get(peer_vm)
-        .and_then(Option::as_ref)
-        .is_some_and(|d| d.running())
-    {
-        return Err(RespOutcome::Unreachable);
+    // its lock. Its requesters hold (spec 20.6).
+    match vms.get(peer_vm).and_then(Option::as_ref) {
+        Some(d) if d.running() => {}
+        Some(_) => return Err(RespOutcome::Paused),
+        None => return Err(RespOutcome::Unreachable),
     }
     Ok((peer_vm, peer_qp))
 }
