@@ -11,8 +11,42 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use vhost::vhost_user::message::{VhostTransferStateDirection, VhostTransferStatePhase};
 use vhost::vhost_user::{VhostUserFrontend, VhostUserProtocolFeatures};
 
+use vhost::vhost_user::Frontend;
+
+use crate::conn::Conn;
 use crate::vmm::{TestVmm, VmmOptions};
 use crate::{Error, Result};
+
+/// A front-end connection the transfer's messages go through: a test VM's,
+/// or a new one of a VM moving ([`TestVmm::move_to_via`]).
+pub trait Link {
+    /// One vhost-user exchange under the message timeout.
+    fn exchange<T>(
+        &mut self,
+        what: &'static str,
+        f: impl FnOnce(&mut Frontend) -> vhost::Result<T>,
+    ) -> Result<T>;
+}
+
+impl Link for TestVmm {
+    fn exchange<T>(
+        &mut self,
+        what: &'static str,
+        f: impl FnOnce(&mut Frontend) -> vhost::Result<T>,
+    ) -> Result<T> {
+        self.vhost_call(what, f)
+    }
+}
+
+impl Link for Conn {
+    fn exchange<T>(
+        &mut self,
+        what: &'static str,
+        f: impl FnOnce(&mut Frontend) -> vhost::Result<T>,
+    ) -> Result<T> {
+        self.call(what, f)
+    }
+}
 
 /// Whether `e` is the back-end's failure answer (not a broken connection).
 fn refused(e: &Error) -> bool {
@@ -88,12 +122,12 @@ pub fn transfer_threads() -> Vec<String> {
 
 /// `SET_DEVICE_STATE_FD` with `file`; `Ok(false)`: the back-end refused.
 pub fn set_state_fd(
-    vmm: &mut TestVmm,
+    vmm: &mut impl Link,
     direction: VhostTransferStateDirection,
     file: File,
 ) -> Result<bool> {
     let fd = OwnedFd::from(file);
-    match vmm.vhost_call("SET_DEVICE_STATE_FD", |fe| {
+    match vmm.exchange("SET_DEVICE_STATE_FD", |fe| {
         fe.set_device_state_fd(direction, VhostTransferStatePhase::STOPPED, fd)
     }) {
         Ok(None) => Ok(true),
@@ -106,8 +140,8 @@ pub fn set_state_fd(
 }
 
 /// `CHECK_DEVICE_STATE`: `Ok(true)` if the back-end reports success.
-pub fn check(vmm: &mut TestVmm) -> Result<bool> {
-    match vmm.vhost_call("CHECK_DEVICE_STATE", |fe| fe.check_device_state()) {
+pub fn check(vmm: &mut impl Link) -> Result<bool> {
+    match vmm.exchange("CHECK_DEVICE_STATE", |fe| fe.check_device_state()) {
         Ok(()) => Ok(true),
         Err(e) if refused(&e) => Ok(false),
         Err(e) => Err(e),
@@ -117,7 +151,7 @@ pub fn check(vmm: &mut TestVmm) -> Result<bool> {
 /// Saves the device state as QEMU does: a pipe, `SET_DEVICE_STATE_FD`
 /// `SAVE` with its write end, read to end of file, `CHECK_DEVICE_STATE`.
 /// The device must be stopped.
-pub fn save(vmm: &mut TestVmm) -> Result<Vec<u8>> {
+pub fn save(vmm: &mut impl Link) -> Result<Vec<u8>> {
     let (mut r, w) = pipe()?;
     if !set_state_fd(vmm, VhostTransferStateDirection::SAVE, w)? {
         return Err(Error::Backend("SET_DEVICE_STATE_FD SAVE refused".into()));
@@ -136,7 +170,7 @@ pub fn save(vmm: &mut TestVmm) -> Result<Vec<u8>> {
 /// its read end, write everything, close, `CHECK_DEVICE_STATE`. Returns
 /// the check's verdict (`Ok(false)` also when the back-end refused the
 /// transfer or closed the pipe before taking everything).
-pub fn load(vmm: &mut TestVmm, state: &[u8]) -> Result<bool> {
+pub fn load(vmm: &mut impl Link, state: &[u8]) -> Result<bool> {
     let (r, mut w) = pipe()?;
     if !set_state_fd(vmm, VhostTransferStateDirection::LOAD, r)? {
         return Ok(false);

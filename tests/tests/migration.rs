@@ -13,13 +13,17 @@ use vhost::vhost_user::message::VhostTransferStateDirection;
 use vhost::vhost_user::VhostUserProtocolFeatures;
 use vhost_user_rdma::migration::{decode, state_bound, MAGIC};
 use vhost_user_rdma::Limits;
-use vhost_user_rdma_tests::dp::{pattern, rc_pair, write_and_send_back, Buf, Pair, Vm};
+use vhost_user_rdma_tests::dp::{
+    fast, ok, pattern, poll_one, rc_pair, rc_pair_with, wr, write_and_send_back, write_op, Buf,
+    Pair, Vm,
+};
 use vhost_user_rdma_tests::harness::TestDaemon;
 use vhost_user_rdma_tests::state_transfer::{
     check, inode, load, migrating_vmm, pipe, pipe_descriptors, save, set_state_fd, transfer_threads,
 };
 use vhost_user_rdma_tests::verbs::Verbs;
 use vhost_user_rdma_tests::vmm::{TestVmm, VmmOptions};
+use virtio_rdma_abi::datapath::WcOpcode;
 
 /// The tests look at the process's transfer threads: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -170,6 +174,55 @@ fn a_started_device_is_neither_saved_nor_loaded() {
     // The device still runs, and so do the others.
     Verbs::new(&mut vmm).query_port(1).unwrap();
     others.round();
+    assert!(transfer_threads().is_empty(), "{:?}", transfer_threads());
+}
+
+/// The migration within one daemon as QEMU's front-ends carry it (spec
+/// 20.1, 20.5): the source's front-end saves VM A's state through its
+/// socket, the destination's front-end loads it through the standby's
+/// socket, and A's RC connection to B goes on: B's WRITE posted in the
+/// blackout lands, A's QP keeps its number, the old instance keeps nothing.
+#[test]
+fn a_vm_moves_to_its_standby_through_the_sockets() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let d = TestDaemon::with_config(2, |c| {
+        let socket = c.vms[0].socket.with_extension("standby");
+        c.add_standby(0, socket);
+    })
+    .unwrap();
+    let a = Vm::open(&d, 0, migrating_vmm());
+    let b = Vm::open(&d, 1, VmmOptions::default());
+    let p = rc_pair_with(&a, &b, fast);
+    let abuf = Buf::new(&a, 8192);
+    let bbuf = Buf::new(&b, 8192);
+    bbuf.write(0, b"from B, held");
+    abuf.write(0, b"from A, moved");
+    let qpn = p.qa.qpn();
+
+    let bases = a.t.vmm().stop_queues().unwrap();
+    let state = save(&mut *a.t.vmm()).unwrap();
+    assert!(transfer_threads().is_empty(), "{:?}", transfer_threads());
+    p.qb.post_send(&[wr(2, write_op(&abuf, 4096), &[bbuf.sge(0, 12)])])
+        .unwrap();
+    let mut loaded = None;
+    a.t.vmm()
+        .move_to_via(d.socket(2), &bases, |conn| {
+            loaded = Some(load(conn, &state)?);
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(loaded, Some(true), "LOAD into the standby");
+    ok(&poll_one(&p.cqb), 2, WcOpcode::RDMA_WRITE);
+    assert_eq!(abuf.read(4096, 12), b"from B, held");
+    assert_eq!(p.qa.qpn(), qpn);
+    assert!(
+        d.stats(0).device.resources.is_empty(),
+        "the old instance kept objects"
+    );
+    p.qa.post_send(&[wr(3, write_op(&bbuf, 6000), &[abuf.sge(0, 13)])])
+        .unwrap();
+    ok(&poll_one(&p.cqa), 3, WcOpcode::RDMA_WRITE);
+    assert_eq!(bbuf.read(6000, 13), b"from A, moved");
     assert!(transfer_threads().is_empty(), "{:?}", transfer_threads());
 }
 
