@@ -119,7 +119,7 @@ ident='mac = "52:54:00:00:00:01"\ngids = ["::ffff:10.42.0.1"]\n'
 other='gids = ["::ffff:10.42.0.11"]\n'
 if [ "${MIGRATE_DST:-standby}" = standby ]; then
   a_identity=$ident
-  dst_stanza='[[vm]]\nname = "vma-standby"\nsocket = "%s"\nstandby_for = "vma"\n\n'
+  dst_stanza='[[vm]]\nname = "vma-standby"\nsocket = "%s"\ntenant = "t"\nstandby_for = "vma"\n\n'
 else
   a_identity=$other dst_identity=$ident
   [ "$driver" = 0 ] || a_identity=$ident dst_identity=$other
