@@ -297,10 +297,17 @@ guest B "$dir/b.sock" "$b_cmd" $(nic B 52:54:00:00:00:02)
 [ "$traffic" = 0 ] || wait_socket "$dir/B-net.sock" "$launch_pid" || true
 # shellcheck disable=SC2046
 guest A "$dir/a-src.sock" "$a_cmd" $(nic A 52:54:00:00:00:01)
+# Both sides use the return path: the destination tells the source whether it loaded
+# everything (the device's state included), and a source whose destination failed resumes
+# instead of staying paused.
+return_path='{"execute":"migrate-set-capabilities","arguments":{"capabilities":[{"capability":"return-path","state":true}]}}'
 # dest NAME: a destination QEMU for A, waiting for the migration on $dir/NAME.mig.
 dest() {
   # shellcheck disable=SC2046
-  guest "$1" "$dir/a-dst.sock" "$a_cmd" $(nic "$1" 52:54:00:00:00:01) -incoming "unix:$dir/$1.mig"
+  guest "$1" "$dir/a-dst.sock" "$a_cmd" $(nic "$1" 52:54:00:00:00:01) -incoming defer
+  wait_socket "$dir/$1.qmp" "${launch_guests[$1]}"
+  qmp "$dir/$1.qmp" "$return_path" >/dev/null
+  qmp "$dir/$1.qmp" "{\"execute\":\"migrate-incoming\",\"arguments\":{\"uri\":\"unix:$dir/$1.mig\"}}" >/dev/null
   wait_socket "$dir/$1.mig" "${launch_guests[$1]}"
 }
 a_pid() { cat "$dir/A.pid" 2>/dev/null; }
@@ -328,6 +335,8 @@ a_runs() { # WHAT
     failed "$1: A does not run ($s)"
   fi
 }
+
+qmp "$dir/A.qmp" "$return_path" >/dev/null
 
 # 1. Nobody listening.
 r=$(qmp "$dir/A.qmp" "{\"execute\":\"migrate\",\"arguments\":{\"uri\":\"unix:$dir/nobody.mig\"}}" || true)
