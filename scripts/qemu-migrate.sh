@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Live migration of a QEMU guest with the RDMA device between two QEMU processes on one host and
 # one daemon (issue 30, spec chapter 20): the daemon serves three sockets, VM A's (the source),
-# A's standby (the destination's) and VM B's. Guest A loads virtio_rdma.ko, checks its device
-# with ibv_devinfo and prints a counter ("TICK n", five a second) until a line arrives on its
-# second serial port; guest B runs meanwhile on the same daemon. Then, with QMP on A's QEMU:
+# A's standby (the destination's, `standby_for`, spec 20.5) and VM B's. Guest A prints a counter
+# ("TICK n", five a second) until a line arrives on its second serial port; guest B, with
+# virtio_rdma.ko loaded, runs meanwhile on the same daemon. Then, with QMP on A's QEMU (the
+# return path on on both sides, so that a destination that cannot load resumes the source):
 #   1. a migration to a destination that never starts (nobody listens): it fails, A runs on;
 #   2. a migration to a real destination (QEMU -incoming on the standby socket), cancelled
 #      midway (migrate_cancel, with the bandwidth held low so that there is a midway): A runs
@@ -12,19 +13,24 @@
 #   3. the migration, to a new destination: query-migrate is polled until "completed" (waiting
 #      on progress, not a fixed time); the downtime and total time QEMU reports are printed;
 #      the source QEMU is quit and exits; on the destination the counter goes on past the
-#      source's last value, and after its gate ibv_devinfo still finds the port active;
+#      source's last value, and after its gate virtio_rdma.ko probes the device and registers
+#      virtio_rdma0 with its port active;
 #   4. guest B's device still answers, and the daemon is alive and logged the state's save and
 #      load.
-# With --traffic (needs the daemon's save/load to carry RDMA objects), guest A runs
-# ibv_rc_pingpong against guest B (many iterations) across step 3 instead of the counter alone,
-# and both sides' result lines are checked.
+# If the migration fails in step 3 (the daemon refused to save or load the state), A must run on
+# with a working device (ibv_devinfo after its gate), and the run stops there.
+# --driver: A loads virtio_rdma.ko before the migration, so the state carries the kernel
+# driver's objects (its context, the GSI QP). --traffic (implies --driver): A runs
+# ibv_rc_pingpong against B (20000 iterations of 4 KiB) across step 3, and both sides' result
+# lines are checked.
 # Prints "qemu-migrate: N passed, M failed".
 #
-# Needs the daemon to offer VHOST_F_LOG_ALL (dirty logging) and DEVICE_STATE, and the QEMU
-# patch series with patch 0007 (scripts/build-qemu.sh); the destination socket is the standby
-# of A (spec 20.5, `standby_for`).
+# Needs a daemon that offers dirty logging (VHOST_F_LOG_ALL, LOG_SHMFD: QEMU refuses to migrate
+# a vhost device without) and DEVICE_STATE, and the QEMU series with patch 0007
+# (scripts/build-qemu.sh). DAEMON=PATH DAEMON_PREBUILT=1: another daemon binary, not built here.
+# MIGRATE_DST=plain: the destination is a VM of its own rather than A's standby.
 #
-# Usage: bash scripts/qemu-migrate.sh [--traffic] [--keep]
+# Usage: bash scripts/qemu-migrate.sh [--driver] [--traffic] [--keep]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib/launch.sh
