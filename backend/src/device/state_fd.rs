@@ -548,6 +548,14 @@ fn read_state(mut file: File, bound: u64, signal: &Signal) -> Result<Vec<u8>, St
                     if buf.len() as u64 > total {
                         return Err(StateFdError::TooLong { declared: total });
                     }
+                    // Once, for the declared frame (at most the bound): no
+                    // doubling past it; pages are touched only as bytes come.
+                    let more = usize::try_from(total)
+                        .unwrap_or(usize::MAX)
+                        .saturating_sub(buf.len());
+                    buf.try_reserve_exact(more).map_err(|e| {
+                        StateFdError::Thread(format!("buffer of {total} bytes: {e}"))
+                    })?;
                     want = Some(total);
                 }
                 // The signal is looked at only when the file has nothing
