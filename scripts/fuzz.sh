@@ -6,7 +6,7 @@
 #
 # Usage: scripts/fuzz.sh [--time SECONDS] [--target NAME] [--no-cmin]
 #   --time SECONDS  fuzzing time per target (default 60)
-#   --target NAME   one target (ctrl, wqe, engine or vhost; default: all)
+#   --target NAME   one target (ctrl, wqe, engine, vhost or state; default: all)
 #   --no-cmin       skip the minimization
 # Environment: FUZZ_SANITIZER (default none: guest RAM is mmap(2)ed, which
 #   AddressSanitizer does not watch; "address" is ~2x slower),
@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 
 time_per=60
-targets=(ctrl wqe engine vhost)
+targets=(ctrl wqe engine vhost state)
 cmin=1
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -44,7 +44,7 @@ per_input_timeout() { case "$1" in engine) echo 90 ;; vhost) echo 40 ;; *) echo 
 # from the start, and a corpus minimized on edges only (hit counts ignored),
 # so that its replay on every test run stays in seconds.
 run_args() { case "$1" in engine) echo -len_control=0 ;; *) echo ;; esac; }
-cmin_args() { case "$1" in engine) echo -use_counters=0 ;; *) echo ;; esac; }
+cmin_args() { case "$1" in engine | state) echo -use_counters=0 ;; *) echo ;; esac; }
 # The engine target without comparison tracing: 20 % more executions; the
 # values it compares are keys and QP numbers drawn anew in every execution,
 # which the fuzzer's comparison hints could not reuse anyway. In its own
@@ -52,6 +52,7 @@ cmin_args() { case "$1" in engine) echo -use_counters=0 ;; *) echo ;; esac; }
 build_args() {
   case "$1" in
     engine) echo --no-trace-compares --target-dir target/engine ;;
+    state) echo --target-dir target/state ;;
     *) echo ;;
   esac
 }

@@ -20,5 +20,6 @@
 pub mod ctrl;
 pub mod engine;
 pub mod guest;
+pub mod state;
 pub mod vhost;
 pub mod wqe;

@@ -416,6 +416,36 @@ fn engine_fast_registration_scenario() {
 }
 
 #[test]
+fn replay_state() {
+    let _serial = serial();
+    replay("state", vhost_user_rdma_fuzz::state::run, 1);
+    vhost_user_rdma_fuzz::state::release();
+}
+
+/// The seeds of the `state` target are states a daemon saved, and load:
+/// written into `fuzz/seeds/state/` with `VIRTIO_RDMA_WRITE_SEEDS=1`,
+/// checked against what is there otherwise.
+#[test]
+fn state_seeds_are_saved_states_and_load() {
+    let _serial = serial();
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/state");
+    let bodies = vhost_user_rdma_fuzz::state::seed_bodies();
+    if std::env::var_os("VIRTIO_RDMA_WRITE_SEEDS").is_some() {
+        std::fs::create_dir_all(&dir).expect("create the seed directory");
+        for (i, b) in bodies.iter().enumerate() {
+            std::fs::write(dir.join(format!("seed-saved-{i}")), b).expect("write a seed");
+        }
+    }
+    for b in &bodies {
+        assert!(
+            vhost_user_rdma_fuzz::state::run_loaded(b),
+            "a state a daemon saved does not load"
+        );
+    }
+    vhost_user_rdma_fuzz::state::release();
+}
+
+#[test]
 fn replay_vhost() {
     let _serial = serial();
     replay("vhost", vhost_user_rdma_fuzz::vhost::run, 1);

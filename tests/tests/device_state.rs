@@ -153,11 +153,14 @@ fn a_state_is_refused_where_it_does_not_belong_and_nothing_is_left_taken() {
 /// RAM, one key for two regions, a QP on a CQ that does not exist, a handle
 /// that does not fit its slot, more QPs than the destination allows, a QP
 /// number another VM of the destination holds, a CQ ring smaller than its
-/// depth, an MR longer than its pages.
+/// depth, QP attributes `MODIFY_QP` would refuse, an MR longer than its
+/// pages.
 #[test]
 fn a_well_framed_state_that_lies_is_refused_and_leaves_nothing_taken() {
     use vhost_user_rdma::migration::state::PagesState;
     use vhost_user_rdma::migration::{decode, encode, DeviceState};
+    use virtio_rdma_abi::qp::QpAttr;
+    use virtio_rdma_abi::Wire;
     let d1 = TestDaemon::start(1).unwrap();
     let a = Vm::open(&d1, 0, VmmOptions::default());
     let cq = Cq::create(&a.dev, 64).unwrap();
@@ -231,6 +234,24 @@ fn a_well_framed_state_that_lies_is_refused_and_leaves_nothing_taken() {
             "a CQ ring too small",
             Box::new(|s: &mut DeviceState| {
                 s.objects.cqs.live[0].1.depth = 1 << 12;
+            }),
+        ),
+        (
+            "a QP attribute out of range",
+            Box::new(|s: &mut DeviceState| {
+                let q = &mut s.objects.qps.live[0].1;
+                let mut a = QpAttr::parse(&q.attr).unwrap();
+                a.max_dest_rd_atomic = 200;
+                q.attr = a.to_bytes();
+            }),
+        ),
+        (
+            "a source GID the VM does not have",
+            Box::new(|s: &mut DeviceState| {
+                let q = &mut s.objects.qps.live[0].1;
+                let mut a = QpAttr::parse(&q.attr).unwrap();
+                a.av.sgid_index = 15;
+                q.attr = a.to_bytes();
             }),
         ),
         (

@@ -204,6 +204,45 @@ impl VmState {
         .to_bytes())
     }
 
+    /// Checks the attributes of a QP of type `qp_type` in a loaded device
+    /// state (spec 20.3) as `MODIFY_QP` checks them: every attribute that
+    /// is not 0 (0 is what an attribute never given holds, and every value
+    /// out of range is not 0).
+    pub(crate) fn check_loaded_attr(&self, qp_type: QpType, a: &QpAttr) -> Result<(), String> {
+        let av = a.av;
+        let given = [
+            (ACCESS, a.access),
+            (PKEY_INDEX, a.pkey_index),
+            (PORT, a.port),
+            (QKEY, a.qkey),
+            (PATH_MTU, a.path_mtu),
+            (TIMEOUT, a.timeout),
+            (RETRY_CNT, a.retry_cnt),
+            (RNR_RETRY, a.rnr_retry),
+            (RQ_PSN, a.rq_psn),
+            (MAX_RD_ATOMIC, a.max_rd_atomic),
+            (MIN_RNR_TIMER, a.min_rnr_timer),
+            (SQ_PSN, a.sq_psn),
+            (MAX_DEST_RD_ATOMIC, a.max_dest_rd_atomic),
+            (DEST_QPN, a.dest_qpn),
+            (EN_SQD_ASYNC_NOTIFY, a.en_sqd_async_notify),
+        ];
+        let mut mask = given
+            .iter()
+            .filter(|(_, v)| *v != 0)
+            .fold(0, |m, (bit, _)| m | bit);
+        if av != virtio_rdma_abi::qp::AddressVector::default() {
+            mask |= AV;
+        }
+        // Only the GSI QP's Q_Key is checked against one value; a GSI QP
+        // not yet given one holds 0.
+        if qp_type == QpType::GSI && a.qkey == 0 {
+            mask &= !QKEY;
+        }
+        self.check_attr_values(qp_type, mask, a)
+            .map_err(|e| format!("a QP's attributes: status {:?}, detail {}", e.status, e.detail))
+    }
+
     /// Checks the value of every attribute present in `mask` for a QP of
     /// type `qp_type`.
     fn check_attr_values(&self, qp_type: QpType, mask: u32, a: &QpAttr) -> Result<(), CmdError> {

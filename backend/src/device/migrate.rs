@@ -143,6 +143,8 @@ impl RdmaDevice {
         }
         let events = migration::restore::events(&state.events)?;
         let now = Instant::now();
+        let checker: &crate::vm::VmState = vm;
+        let check_attr = |t, a: &virtio_rdma_abi::qp::QpAttr| checker.check_loaded_attr(t, a);
         let res = match &saved {
             None => migration::restore::objects(
                 &state.objects,
@@ -152,6 +154,7 @@ impl RdmaDevice {
                     ram: &vm.ram,
                     rnic: vm.rnic.as_ref(),
                     numbers: Numbers::Claim,
+                    check_attr: &check_attr,
                 },
                 now,
             )?,
@@ -175,6 +178,7 @@ impl RdmaDevice {
                             from: s.from,
                             source: &src.vm.res,
                         },
+                        check_attr: &check_attr,
                     },
                     now,
                 )?;

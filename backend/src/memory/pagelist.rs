@@ -219,7 +219,11 @@ impl PageList {
         page_size_cap: u64,
     ) -> Result<PageList, PageListError> {
         if npages == 0 {
-            return if base == 0 { Ok(PageList::none()) } else { Err(PageListError::AddrNotZero) };
+            return if base == 0 && page_shift == MIN_PAGE_SHIFT {
+                Ok(PageList::none())
+            } else {
+                Err(PageListError::AddrNotZero)
+            };
         }
         let pages = (0..npages).map(|i| {
             u64::from(i)

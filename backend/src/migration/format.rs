@@ -34,15 +34,21 @@ pub const HEADER_LEN: usize = 32;
 pub fn encode(state: &DeviceState) -> Result<Vec<u8>, MigrationError> {
     let body =
         postcard::to_allocvec(state).map_err(|e| MigrationError::Malformed(e.to_string()))?;
+    Ok(frame(&body))
+}
+
+/// `body` with the frame of this format version around it (its length and
+/// checksum).
+pub fn frame(body: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_LEN.saturating_add(body.len()));
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes());
     out.extend_from_slice(&(body.len() as u64).to_le_bytes());
-    out.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes());
-    out.extend_from_slice(&body);
-    Ok(out)
+    out.extend_from_slice(body);
+    out
 }
 
 /// Checks a frame header alone: magic, version, flags and the declared

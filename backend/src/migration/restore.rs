@@ -43,6 +43,9 @@ pub struct Target<'a> {
     pub rnic: &'a dyn RnicObjects,
     /// Where the numbers and keys come from.
     pub numbers: Numbers<'a>,
+    /// Checks a QP's attributes as `MODIFY_QP` would (against this VM's
+    /// GID table, features and limits).
+    pub check_attr: &'a dyn Fn(QpType, &QpAttr) -> Result<(), String>,
 }
 
 /// Where a loaded state's QP numbers, keys and SRQ numbers come from.
@@ -236,11 +239,33 @@ fn build(
                 if max_num_sg == 0 || max_num_sg > t.rnic.caps().max_fast_reg_pages {
                     return Err(bad("a fast-registration region's capacity is out of range"));
                 }
+                // A region keeps the pages of its last registration when it
+                // is invalidated (its length becomes 0); one never
+                // registered has none.
+                if m.lkey != m.rkey || (!valid && m.length != 0) {
+                    return Err(bad("a fast-registration region's key or length is inconsistent"));
+                }
                 let mut room = PageList::reserved(max_num_sg);
-                let list = pages(&m.pages, t, valid)?;
-                let listed: Vec<u64> = (0..list.npages()).filter_map(|i| list.page(i)).collect();
-                if valid && !room.refill(list.page_shift(), listed.into_iter()) {
-                    return Err(bad("a fast-registration region holds more pages than its room"));
+                let empty = match &m.pages {
+                    PagesState::List { pages, page_shift } if pages.is_empty() => {
+                        if *page_shift != 12 {
+                            return Err(bad("an empty page list of another page size"));
+                        }
+                        true
+                    }
+                    _ => false,
+                };
+                if !empty {
+                    let list = pages(&m.pages, t, valid)?;
+                    let listed: Vec<u64> =
+                        (0..list.npages()).filter_map(|i| list.page(i)).collect();
+                    if !room.refill(list.page_shift(), listed.into_iter()) {
+                        return Err(bad(
+                            "a fast-registration region holds more pages than its room",
+                        ));
+                    }
+                } else if valid {
+                    return Err(bad("a registered fast-registration region without pages"));
                 }
                 (room, Some(FastReg { max_num_sg, valid }))
             }
@@ -642,6 +667,7 @@ fn qp(
     let qp_type = QpType::from_u32(q.qp_type).ok_or_else(|| bad("a QP of an unknown type"))?;
     let state = QpStateCode::from_u32(q.state).ok_or_else(|| bad("a QP in an unknown state"))?;
     let attr = QpAttr::parse(&q.attr).map_err(|e| bad(format!("a QP's attributes: {e}")))?;
+    (t.check_attr)(qp_type, &attr).map_err(bad)?;
     let [sq_depth, rq_depth, max_send_sge, max_recv_sge, max_inline_data] = q.caps;
     let tgt = qp_type == QpType::XRC_TGT;
     if tgt {
@@ -700,13 +726,16 @@ fn qp(
     let rt = &q.rt;
     let wait = match &rt.wait {
         None => None,
+        Some(w) if w.rnr_left > 7 || w.retry_left > 7 => {
+            return Err(bad("a wait with more retries left than a QP has"));
+        }
         Some(w) => Some(SendWait {
             index: w.index,
             at: now
                 .checked_add(Duration::from_micros(w.left_us.min(3_600_000_000)))
                 .unwrap_or(now),
-            rnr_left: w.rnr_left.min(7),
-            retry_left: w.retry_left.min(7),
+            rnr_left: w.rnr_left,
+            retry_left: w.retry_left,
             held_since: w
                 .held_us
                 .map(|us| now.checked_sub(Duration::from_micros(us)).unwrap_or(now)),
