@@ -27,6 +27,7 @@ pub mod guest_mem;
 pub mod harness;
 pub mod rnics;
 pub mod shmem;
+pub mod state_transfer;
 pub mod transport;
 pub mod verbs;
 pub mod vmm;

@@ -689,6 +689,17 @@ impl TestVmm {
         bases: &[u32],
         before_start: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
+        self.move_to_via(socket, bases, |_| before_start())
+    }
+
+    /// [`TestVmm::move_to`] whose `before_start` gets the new connection,
+    /// to load the state through it (`SET_DEVICE_STATE_FD`).
+    pub fn move_to_via(
+        &mut self,
+        socket: impl AsRef<Path>,
+        bases: &[u32],
+        before_start: impl FnOnce(&mut Conn) -> Result<()>,
+    ) -> Result<()> {
         if self.shmem.is_some() {
             return Err(Error::Backend("moving a VM with a doorbell region".into()));
         }
@@ -723,7 +734,7 @@ impl TestVmm {
         let regions = self.mem.region_infos()?;
         c.call("SET_FEATURES", |fe| fe.set_features(features))?;
         c.call("SET_MEM_TABLE", |fe| fe.set_mem_table(&regions))?;
-        before_start()?;
+        before_start(&mut c)?;
         if let Some(old) = self.conn.replace(c) {
             old.shutdown();
         }

@@ -72,10 +72,12 @@ fn negotiation_leaves_the_guest_transport_features_only() {
         "{p:?}"
     );
     assert!(!p.contains(VhostUserProtocolFeatures::SHMEM), "{p:?}");
+    // DEVICE_STATE: the device-state transfer (spec 20.1).
     for f in [
         VhostUserProtocolFeatures::CONFIG,
         VhostUserProtocolFeatures::MQ,
         VhostUserProtocolFeatures::REPLY_ACK,
+        VhostUserProtocolFeatures::DEVICE_STATE,
     ] {
         assert!(p.contains(f), "{f:?} in {p:?}");
     }
@@ -83,7 +85,6 @@ fn negotiation_leaves_the_guest_transport_features_only() {
         VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS,
         VhostUserProtocolFeatures::INFLIGHT_SHMFD,
         VhostUserProtocolFeatures::LOG_SHMFD,
-        VhostUserProtocolFeatures::DEVICE_STATE,
     ] {
         assert!(!p.contains(f), "the daemon does not offer {f:?}: {p:?}");
     }

@@ -329,7 +329,7 @@ fn vhost_user_features_are_those_of_chapter_19() {
             "virtio features (shmem {shmem})"
         );
         assert_eq!(vm.device_features() & (1 << 33), 0, "ACCESS_PLATFORM");
-        let mut want = P::MQ | P::REPLY_ACK | P::CONFIG | P::RESET_DEVICE;
+        let mut want = P::MQ | P::REPLY_ACK | P::CONFIG | P::RESET_DEVICE | P::DEVICE_STATE;
         if shmem {
             want |= P::BACKEND_REQ | P::SHMEM;
         }

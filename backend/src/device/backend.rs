@@ -1,6 +1,7 @@
 //! The `VhostUserBackend` implementation: features, configuration space,
 //! memory table updates, the device reset and queue starts and stops.
 
+use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
@@ -8,7 +9,8 @@ use std::sync::{Arc, MutexGuard};
 
 use log::{debug, warn};
 use vhost::vhost_user::message::{
-    VhostUserProtocolFeatures, VhostUserShMemConfig, VhostUserVirtioFeatures,
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserProtocolFeatures,
+    VhostUserShMemConfig, VhostUserVirtioFeatures,
 };
 use vhost::vhost_user::Backend;
 use vhost_user_backend::VhostUserBackend;
@@ -64,7 +66,8 @@ impl VhostUserBackend for RdmaDevice {
         let base = VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK
-            | VhostUserProtocolFeatures::RESET_DEVICE;
+            | VhostUserProtocolFeatures::RESET_DEVICE
+            | VhostUserProtocolFeatures::DEVICE_STATE;
         if self.shmem.is_some() {
             base | VhostUserProtocolFeatures::BACKEND_REQ | VhostUserProtocolFeatures::SHMEM
         } else {
@@ -86,6 +89,19 @@ impl VhostUserBackend for RdmaDevice {
                 "no shared memory regions without F_SHMEM_DOORBELL",
             )),
         }
+    }
+
+    fn set_device_state_fd(
+        &self,
+        direction: VhostTransferStateDirection,
+        phase: VhostTransferStatePhase,
+        file: File,
+    ) -> io::Result<Option<File>> {
+        self.set_state_fd(direction, phase, file)
+    }
+
+    fn check_device_state(&self) -> io::Result<()> {
+        self.check_state_fd()
     }
 
     fn reset_device(&self) {

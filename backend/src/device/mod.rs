@@ -14,6 +14,7 @@ mod backend;
 mod controlq;
 mod eventq;
 mod migrate;
+mod state_fd;
 
 pub use migrate::MigrationBoard;
 
@@ -146,6 +147,8 @@ pub struct RdmaDevice {
     guest_mem: GuestMemoryAtomic<GuestMemoryMmap<()>>,
     /// Accept guest RAM files without `F_SEAL_SHRINK` (spec 19.6.1).
     allow_unsealed_memory: bool,
+    /// The running or last device-state transfer (spec 20.1).
+    state_transfer: state_fd::StateTransfer,
     /// The daemon's saved states (spec 20.5).
     board: Arc<MigrationBoard>,
 }
@@ -230,6 +233,7 @@ impl RdmaDevice {
             restart: Mutex::new(RestartTracker::default()),
             guest_mem: GuestMemoryAtomic::new(GuestMemoryMmap::new()),
             allow_unsealed_memory: shared.allow_unsealed_memory,
+            state_transfer: state_fd::StateTransfer::default(),
             board: shared.board.clone(),
         })
     }
@@ -300,6 +304,7 @@ impl RdmaDevice {
     /// next connection, so handle generations keep advancing and handles
     /// from an earlier connection never resolve again.
     pub fn disconnected(&self) {
+        self.abandon_state_fd();
         if let Some(link) = &self.shmem {
             link.forget();
             link.set_channel(None);
