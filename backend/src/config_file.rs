@@ -1222,19 +1222,23 @@ bytes_per_sec = 1000000000
         let text = include_str!("../../docs/vhost-user-rdma.example.toml");
         let l = parse_str(text).unwrap();
         l.config.validate().unwrap();
-        assert_eq!(l.config.vms.len(), 2);
+        assert_eq!(l.config.vms.len(), 3);
+        // vm0, its standby, vm1.
+        let standby = &l.config.vms[1];
+        assert_eq!(standby.standby_for.as_deref(), Some("vm0"));
+        assert_eq!(l.config.gid_table(1), l.config.gid_table(0));
         assert_eq!(l.config.vms[0].limits.max_qp, 128);
-        assert_eq!(l.config.vms[1].limits.max_qp, 4096);
+        assert_eq!(l.config.vms[2].limits.max_qp, 4096);
         assert_eq!(l.default_limits.max_host_bytes, 128 << 20);
-        assert_eq!(l.config.vms[1].limits.max_host_bytes, 128 << 20);
+        assert_eq!(l.config.vms[2].limits.max_host_bytes, 128 << 20);
         assert_eq!(l.config.vms[0].mac, Some([0x52, 0x54, 0, 0, 0, 1]));
-        assert_eq!(l.config.vms[1].mac, None);
+        assert_eq!(l.config.vms[2].mac, None);
         assert_eq!(gid_text(l.config.gid(0)), "::ffff:10.42.0.1");
         assert_eq!(
             gid_text(l.config.gid_table(0).get(0).unwrap()),
             "fe80::5054:ff:fe00:1"
         );
-        assert_eq!((l.config.vms[0].abi, l.config.vms[1].abi), (3, 3));
+        assert_eq!((l.config.vms[0].abi, l.config.vms[2].abi), (3, 3));
         assert_eq!(l.config.vms[0].cm_listen, [7174]);
     }
 

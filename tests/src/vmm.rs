@@ -700,6 +700,28 @@ impl TestVmm {
         bases: &[u32],
         before_start: impl FnOnce(&mut Conn) -> Result<()>,
     ) -> Result<()> {
+        self.move_to_ordered(socket, bases, false, before_start)
+    }
+
+    /// [`TestVmm::move_to_via`] in QEMU's order: the state is loaded
+    /// (`load`) before `SET_FEATURES` and `SET_MEM_TABLE`, as QEMU 10.2's
+    /// destination does (it starts the device only when the guest runs).
+    pub fn move_to_qemu_order(
+        &mut self,
+        socket: impl AsRef<Path>,
+        bases: &[u32],
+        load: impl FnOnce(&mut Conn) -> Result<()>,
+    ) -> Result<()> {
+        self.move_to_ordered(socket, bases, true, load)
+    }
+
+    fn move_to_ordered(
+        &mut self,
+        socket: impl AsRef<Path>,
+        bases: &[u32],
+        load_first: bool,
+        before_start: impl FnOnce(&mut Conn) -> Result<()>,
+    ) -> Result<()> {
         if self.shmem.is_some() {
             return Err(Error::Backend("moving a VM with a doorbell region".into()));
         }
@@ -732,9 +754,17 @@ impl TestVmm {
         }
         let features = self.features;
         let regions = self.mem.region_infos()?;
+        let mut before_start = Some(before_start);
+        if load_first {
+            if let Some(f) = before_start.take() {
+                f(&mut c)?;
+            }
+        }
         c.call("SET_FEATURES", |fe| fe.set_features(features))?;
         c.call("SET_MEM_TABLE", |fe| fe.set_mem_table(&regions))?;
-        before_start(&mut c)?;
+        if let Some(f) = before_start.take() {
+            f(&mut c)?;
+        }
         if let Some(old) = self.conn.replace(c) {
             old.shutdown();
         }

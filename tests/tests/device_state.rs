@@ -404,3 +404,91 @@ fn a_source_that_resumes_before_its_standby_starts_gets_its_state_back() {
     ok(&poll_one(&p.cqb), 2, WcOpcode::RDMA_WRITE);
     assert_eq!(abuf.read(2048, 9), b"back home");
 }
+
+/// Spec 20.1, QEMU's order: the destination front-end sends the state
+/// before `SET_FEATURES` and `SET_MEM_TABLE`. The objects move at the load
+/// and the checks that need the memory table and features run at the
+/// start: A's objects and its peer's connection carry on. A state that
+/// does not fit at the start (features other than the source's) fails the
+/// device with `DEVICE_FATAL` and leaves no object.
+#[test]
+fn a_state_sent_before_the_memory_table_is_put_in_place_at_the_start() {
+    use vhost_user_rdma_tests::dp::rc_pair;
+    let d = TestDaemon::with_config(2, |c| {
+        let socket = c.vms[0].socket.with_extension("standby");
+        c.add_standby(0, socket);
+    })
+    .unwrap();
+    let a = Vm::open(&d, 0, VmmOptions::default());
+    let b = Vm::open(&d, 1, VmmOptions::default());
+    let p = rc_pair(&a, &b);
+    let abuf = Buf::new(&a, 4096);
+    let bbuf = Buf::new(&b, 4096);
+    let qpn = p.qa.qpn();
+    let bases = a.t.vmm().stop_queues().unwrap();
+    let state = d.daemon().device(0).unwrap().save_state().unwrap();
+    let standby = d.daemon().device(2).unwrap().clone();
+    a.t.vmm()
+        .move_to_qemu_order(d.socket(2), &bases, |_| {
+            standby
+                .load_state(&state)
+                .map_err(|e| Error::Backend(e.to_string()))?;
+            // In place at once, the checks that need memory still to come.
+            assert_eq!(d.stats(2).device.resources.qp, 1);
+            assert!(d.stats(0).device.resources.is_empty());
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(d.stats(2).device.resources.qp, 1);
+    assert!(d.stats(0).device.resources.is_empty());
+    assert_eq!(p.qa.qpn(), qpn);
+    abuf.write(0, b"qemu order");
+    p.qa.post_send(&[wr(1, write_op(&bbuf, 0), &[abuf.sge(0, 10)])])
+        .unwrap();
+    ok(&poll_one(&p.cqa), 1, WcOpcode::RDMA_WRITE);
+    assert_eq!(bbuf.read(0, 10), b"qemu order");
+}
+
+#[test]
+fn a_held_state_that_does_not_fit_at_the_start_fails_the_device() {
+    use vhost_user_rdma::migration::{decode, encode};
+    let d = TestDaemon::with_config(1, |c| {
+        let socket = c.vms[0].socket.with_extension("standby");
+        c.add_standby(0, socket);
+    })
+    .unwrap();
+    let a = Vm::open(&d, 0, VmmOptions::default());
+    let cq = Cq::create(&a.dev, 16).unwrap();
+    let _q = rc_qp(&a, &cq);
+    let bases = a.t.vmm().stop_queues().unwrap();
+    let dev = d.daemon().device(0).unwrap().clone();
+    let mut s = decode(&dev.save_state().unwrap(), dev.state_bound()).unwrap();
+    s.features ^= 1 << 2;
+    let bad = encode(&s).unwrap();
+    let standby = d.daemon().device(1).unwrap().clone();
+    a.t.vmm()
+        .move_to_qemu_order(d.socket(1), &bases, |_| {
+            standby
+                .load_state(&bad)
+                .map_err(|e| Error::Backend(e.to_string()))
+        })
+        .unwrap();
+    assert!(
+        d.stats(1).device.resources.is_empty(),
+        "objects of a refused state"
+    );
+    let ev = a
+        .dev
+        .next_async_event(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let fatal = std::iter::successors(ev, |_| {
+        a.dev
+            .next_async_event(Some(std::time::Duration::from_secs(10)))
+            .unwrap()
+    })
+    .find(|e| {
+        virtio_rdma_abi::event::EventKind::from_u32(e.kind)
+            == Some(virtio_rdma_abi::event::EventKind::DEVICE_FATAL)
+    });
+    assert!(fatal.is_some(), "no DEVICE_FATAL");
+}

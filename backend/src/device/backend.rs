@@ -211,6 +211,7 @@ impl RdmaDevice {
         }
         let mut st = self.lock();
         self.epoch.fetch_add(1, Ordering::AcqRel);
+        *crate::sync::lock(&self.pending) = None;
         let identity = self.tenancy.vm(self.id).map_or(self.id, |v| v.identity);
         if let Some(from) = self.board.give_back(identity, self.id, &mut st) {
             self.tenancy.set_active(identity, from);
@@ -260,6 +261,7 @@ impl RdmaDevice {
     /// returns, no engine pass that saw it running is still working on it.
     fn set_running(&self, on: bool) {
         let mut st = self.lock();
+        let misfit = if on { self.start_loaded(&mut st) } else { None };
         self.cell.set_running(&mut st, on);
         if on {
             let identity = self.tenancy.vm(self.id).map_or(self.id, |v| v.identity);
@@ -277,6 +279,10 @@ impl RdmaDevice {
             }
         }
         self.bump_dp_gen();
+        drop(st);
+        if let Some((gids, gone)) = misfit {
+            self.engine.peers_gone(self.id, &gids, gone);
+        }
     }
 
     /// One event of the vring worker (a queue kick, or [`EVENT_WAKE`]).

@@ -8,9 +8,10 @@ use std::time::Instant;
 
 use log::{info, warn};
 
+use crate::memory::RamMap;
 use crate::migration::restore::{Numbers, Target};
 use crate::migration::{self, DeviceState, MigrationError};
-use crate::resources::{ResourceCounts, VmResources};
+use crate::resources::VmResources;
 use crate::sync::lock;
 use crate::vm::cell::{Guarded, VmCell};
 
@@ -199,41 +200,97 @@ impl RdmaDevice {
     }
 
     /// Loads a saved state into this instance, which must be stopped, have
-    /// no objects, be an instance of the VM that saved it and have
-    /// negotiated the same features. If an instance of this daemon saved
-    /// it (the VM's other instance, stopped since), the VM's QP numbers
-    /// move from there to here and that instance is left without objects;
-    /// else they must be free on this RNIC (a state from another daemon).
-    /// A refused state changes nothing.
+    /// no objects and be an instance of the VM that saved it, and puts the
+    /// objects in place with every check done (a refusal changes nothing).
+    /// QEMU sends the state before it negotiates features and sends the
+    /// memory table: then the checks that need them (the features equal to
+    /// the state's, every address inside guest RAM) run at the device's
+    /// start instead ([`RdmaDevice::start_loaded`]), where a mismatch fails
+    /// the device (spec 20.1). If an instance of this daemon saved the
+    /// state (the VM's other instance, stopped since), the VM's QP numbers
+    /// move from there; else they must be free on this RNIC.
     pub fn load_state(&self, bytes: &[u8]) -> Result<(), MigrationError> {
         if self.running() {
             return Err(MigrationError::Invalid("the device is running".into()));
         }
         let state = migration::decode(bytes, self.state_bound())?;
-        let (identity, name) = self.identity();
+        let (_, name) = self.identity();
         if state.vm != name {
             return Err(MigrationError::Invalid(format!(
                 "the state is VM {:?}'s, this instance is VM {name:?}'s",
                 state.vm
             )));
         }
-        let saved = lock(&self.board.saved)
-            .get(&identity)
-            .filter(|s| s.id == state.migration_id)
-            .cloned();
-        if saved.as_ref().is_some_and(|s| s.from == self.id) {
-            return Err(MigrationError::Invalid(
-                "the state was saved by this instance and its objects are still here".into(),
-            ));
-        }
         let mut guarded = self.cell.lock();
-        let vm = &mut guarded.vm;
-        if vm.res.counts() != ResourceCounts::default() {
+        if !guarded.vm.res.counts().is_empty() {
             return Err(MigrationError::Invalid(
                 "the destination instance already has objects".into(),
             ));
         }
-        if state.features != vm.features {
+        let early = guarded.vm.features == 0 || guarded.vm.ram.total_bytes() == 0;
+        let features = state.features;
+        // The attributes are checked against the state's features, which
+        // the start checks the negotiated ones against.
+        let negotiated = guarded.vm.features;
+        if early {
+            guarded.vm.features = features;
+        }
+        if let Err(e) = self.install(state, &mut guarded, early) {
+            guarded.vm.features = negotiated;
+            return Err(e);
+        }
+        if early {
+            info!("VM {name:?}: device state loaded; its memory and features are checked at the start");
+            *lock(&self.pending) = Some(features);
+        }
+        Ok(())
+    }
+
+    /// At the device's start, under its lock (`st`): the checks a state
+    /// loaded before the memory table and features could not have (spec
+    /// 20.1). On a mismatch every object goes and the device fails
+    /// (`DEVICE_FATAL`): the migration can no longer be refused; what is
+    /// returned then is for [`crate::engine::Engine::peers_gone`], once the
+    /// lock is released.
+    pub(crate) fn start_loaded(
+        &self,
+        st: &mut Guarded,
+    ) -> Option<(crate::gid_table::GidTable, Vec<(u32, u64)>)> {
+        let features = lock(&self.pending).take()?;
+        let vm = &mut st.vm;
+        let checked = if features != vm.features {
+            Err(MigrationError::Invalid(format!(
+                "saved with features {features:#x}, the destination negotiated {:#x}",
+                vm.features
+            )))
+        } else {
+            migration::restore::check_ram(&vm.res, &vm.ram)
+        };
+        if let Err(e) = checked {
+            log::error!("VM {}: the loaded device state does not fit: {e}", self.id);
+            let gone = vm.reset();
+            vm.events
+                .push(virtio_rdma_abi::event::EventKind::DEVICE_FATAL, 0, 0);
+            return Some((*vm.gids(), gone));
+        }
+        None
+    }
+
+    /// Puts `state` in place in this instance (no objects), under its
+    /// lock; `early`: its features and memory table are not known yet.
+    fn install(
+        &self,
+        state: DeviceState,
+        guarded: &mut Guarded,
+        early: bool,
+    ) -> Result<(), MigrationError> {
+        let (identity, name) = self.identity();
+        let saved = lock(&self.board.saved)
+            .get(&identity)
+            .filter(|s| s.id == state.migration_id && s.from != self.id)
+            .cloned();
+        let vm = &mut guarded.vm;
+        if !early && state.features != vm.features {
             return Err(MigrationError::Invalid(format!(
                 "saved with features {:#x}, the destination negotiated {:#x}",
                 state.features, vm.features
@@ -241,6 +298,8 @@ impl RdmaDevice {
         }
         let events = migration::restore::events(&state.events)?;
         let now = Instant::now();
+        let anywhere = RamMap::from_ranges(&[(0, u64::MAX)]);
+        let ram = if early { &anywhere } else { &vm.ram };
         let checker: &crate::vm::VmState = vm;
         let check_attr = |t, a: &virtio_rdma_abi::qp::QpAttr| checker.check_loaded_attr(t, a);
         let res = match &saved {
@@ -249,7 +308,7 @@ impl RdmaDevice {
                 &Target {
                     vm: self.id,
                     limits: &self.limits,
-                    ram: &vm.ram,
+                    ram,
                     rnic: vm.rnic.as_ref(),
                     numbers: Numbers::Claim,
                     check_attr: &check_attr,
@@ -270,7 +329,7 @@ impl RdmaDevice {
                     &Target {
                         vm: self.id,
                         limits: &self.limits,
-                        ram: &vm.ram,
+                        ram,
                         rnic: vm.rnic.as_ref(),
                         numbers: Numbers::Rehome {
                             from: s.from,
@@ -290,7 +349,6 @@ impl RdmaDevice {
                 let old = std::mem::replace(&mut src.vm.res, empty);
                 drop(src);
                 drop(old);
-                self.tenancy.set_active(identity, self.id);
                 lock(&self.board.saved).remove(&identity);
                 lock(&self.board.taken).insert(
                     identity,
@@ -318,9 +376,7 @@ impl RdmaDevice {
         // The engine's lists of the VM are built again at its start.
         vm.engine_work = true;
         self.cell.engine_changed(vm);
-        if saved.is_none() {
-            self.tenancy.set_active(identity, self.id);
-        }
+        self.tenancy.set_active(identity, self.id);
         Ok(())
     }
 }

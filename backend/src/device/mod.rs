@@ -151,6 +151,10 @@ pub struct RdmaDevice {
     state_transfer: state_fd::StateTransfer,
     /// The daemon's saved states (spec 20.5).
     board: Arc<MigrationBoard>,
+    /// The features of a state loaded before the front-end negotiated
+    /// them and sent its memory table: both are checked at the start
+    /// (spec 20.1).
+    pending: Mutex<Option<u64>>,
 }
 
 /// Daemon-wide state every device shares.
@@ -235,6 +239,7 @@ impl RdmaDevice {
             allow_unsealed_memory: shared.allow_unsealed_memory,
             state_transfer: state_fd::StateTransfer::default(),
             board: shared.board.clone(),
+            pending: Mutex::new(None),
         })
     }
 
@@ -305,6 +310,8 @@ impl RdmaDevice {
     /// from an earlier connection never resolve again.
     pub fn disconnected(&self) {
         self.abandon_state_fd();
+        // A state held for a start that will not come (spec 20.1).
+        *crate::sync::lock(&self.pending) = None;
         if let Some(link) = &self.shmem {
             link.forget();
             link.set_channel(None);

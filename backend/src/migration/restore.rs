@@ -37,7 +37,8 @@ pub struct Target<'a> {
     pub vm: usize,
     /// Its limits.
     pub limits: &'a Limits,
-    /// Its guest RAM.
+    /// Its guest RAM (a map of all addresses when the memory table is not
+    /// known yet: [`check_ram`] checks them at the start).
     pub ram: &'a RamMap,
     /// The RNIC that gives out QP numbers and keys.
     pub rnic: &'a dyn RnicObjects,
@@ -836,4 +837,42 @@ pub fn events(saved: &state::EventsState) -> Result<EventQueue, MigrationError> 
         })
         .collect();
     EventQueue::from_parts(saved.last_seq, saved.lost, saved.first_lost_seq, pending).map_err(bad)
+}
+
+/// Checks that every guest-physical address the objects hold lies in
+/// `ram` (a state loaded before the memory table, checked at the start,
+/// spec 20.1): contexts' doorbell headers, queues' doorbell records and
+/// rings, regions' pages.
+pub fn check_ram(res: &VmResources, ram: &RamMap) -> Result<(), MigrationError> {
+    const CTX: u64 = <virtio_rdma_abi::datapath::CtxDoorbell as Field>::SIZE as u64;
+    let list = |p: &PageList| -> Result<(), MigrationError> {
+        let size = 1u64 << p.page_shift().min(63);
+        for i in 0..p.npages() {
+            if p.page(i).is_none_or(|gpa| !ram.contains(gpa, size)) {
+                return Err(bad(format!("page {i} of a list is outside guest RAM")));
+            }
+        }
+        Ok(())
+    };
+    for (_, c) in res.ctxs.iter() {
+        if !ram.contains(c.db_gpa, CTX) {
+            return Err(bad("a context's doorbell header is outside guest RAM"));
+        }
+    }
+    for (_, c) in res.cqs.iter() {
+        db_record(ram, c.db_gpa)?;
+        list(&c.ring)?;
+    }
+    for (_, s) in res.srqs.iter() {
+        db_record(ram, s.db_gpa)?;
+        list(&s.ring)?;
+    }
+    for (_, q) in res.qps.iter().filter(|(_, q)| q.qp_type != QpType::XRC_TGT) {
+        db_record(ram, q.db_gpa)?;
+        list(&q.ring)?;
+    }
+    for (_, m) in res.mrs.iter() {
+        list(&m.pages)?;
+    }
+    Ok(())
 }
