@@ -16,7 +16,6 @@
 
 use thiserror::Error;
 use virtio_rdma_abi::qp::{AddressVector, QpState, QpType};
-use vm_memory::GuestMemoryMmap;
 
 use crate::memory::PageList;
 
@@ -417,7 +416,7 @@ pub trait RnicObjects: Send + Sync {
     /// any of its objects is created over the new map. An RNIC whose
     /// regions are windows over guest pages makes them again. The software
     /// RNIC reads guest RAM through the VM's own map and ignores it.
-    fn set_memory(&self, _vm: usize, _mem: Option<&GuestMemoryMmap<()>>) {}
+    fn set_memory(&self, _vm: usize, _mem: Option<&crate::memory::GuestRam>) {}
 
     /// After [`RnicObjects::set_memory`], for each of the VM's regions: the
     /// region with `keys` is `mr` over the new map. An RNIC whose

@@ -29,13 +29,14 @@ use virtio_rdma_abi::config::{DeviceConfig, F_SHMEM_DOORBELL, NUM_QUEUES};
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::verbs::PORT_NUM;
 use virtio_rdma_abi::Wire;
-use vm_memory::{GuestMemoryAtomic, GuestMemoryLoadGuard, GuestMemoryMmap};
+use vm_memory::{GuestMemoryAtomic, GuestMemoryLoadGuard};
 use vmm_sys_util::event::EventNotifier;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::Limits;
 use crate::engine::Engine;
-use crate::memory::RamMap;
+use crate::memory::dirty::DirtyLog;
+use crate::memory::{GuestRam, RamMap};
 use crate::qos::ctrl_limit::{CtrlLimits, TenantCtrlLimits};
 use crate::qos::QosTable;
 use crate::resources::ResourceCounts;
@@ -69,7 +70,7 @@ impl From<DeviceError> for io::Error {
     }
 }
 
-pub(super) type Mem = GuestMemoryLoadGuard<GuestMemoryMmap<()>>;
+pub(super) type Mem = GuestMemoryLoadGuard<GuestRam>;
 
 /// A snapshot of one device's state, for statistics and leak checks.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -141,9 +142,11 @@ pub struct RdmaDevice {
     /// The guest memory the device uses (queues, control path): the last
     /// memory table it accepted, empty while none is. The library's own
     /// copy also holds tables the device refused (spec 19.6.1).
-    guest_mem: GuestMemoryAtomic<GuestMemoryMmap<()>>,
+    guest_mem: GuestMemoryAtomic<GuestRam>,
     /// Accept guest RAM files without `F_SEAL_SHRINK` (spec 19.6.1).
     allow_unsealed_memory: bool,
+    /// The VMM's dirty log and whether logging is on (spec 20.4).
+    dirty: Arc<DirtyLog>,
 }
 
 /// Daemon-wide state every device shares.
@@ -202,9 +205,17 @@ impl RdmaDevice {
         };
         // The port is up from the start; the event waits for a buffer.
         ctrl.events.push(EventKind::PORT_ACTIVE, PORT_NUM, 0);
+        let cell = Arc::new(VmCell::new(ctrl, engine.index())?);
+        let dirty = DirtyLog::new();
+        let (weak_cell, weak_log) = (Arc::downgrade(&cell), Arc::downgrade(&dirty));
+        dirty.set_hook(move || {
+            if let (Some(cell), Some(log)) = (weak_cell.upgrade(), weak_log.upgrade()) {
+                engine_log_changed(&cell, &log);
+            }
+        });
         Ok(RdmaDevice {
             id,
-            cell: Arc::new(VmCell::new(ctrl, engine.index())?),
+            cell,
             config: device_config(&limits, shared.tenancy.vm(id)).to_bytes(),
             device_features,
             event_idx: AtomicBool::new(false),
@@ -221,9 +232,15 @@ impl RdmaDevice {
             epoch: AtomicU64::new(0),
             ctrlq_unusable: AtomicBool::new(false),
             restart: Mutex::new(RestartTracker::default()),
-            guest_mem: GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+            guest_mem: GuestMemoryAtomic::new(GuestRam::new()),
             allow_unsealed_memory: shared.allow_unsealed_memory,
+            dirty,
         })
+    }
+
+    /// The device's dirty-logging state (spec 20.4).
+    pub fn dirty_log(&self) -> &Arc<DirtyLog> {
+        &self.dirty
     }
 
     /// The daemon's live QoS settings.
@@ -298,6 +315,9 @@ impl RdmaDevice {
         }
         self.shmem_acked.store(false, Ordering::Release);
         self.restart_lock().clear();
+        // Logging ends with the connection (the next VMM sets its own
+        // log); not under the VM's lock, which the change takes.
+        self.dirty.clear();
         let mut st = self.lock();
         self.cell.set_running(&mut st, false);
         self.epoch.fetch_add(1, Ordering::AcqRel);
@@ -345,8 +365,8 @@ impl RdmaDevice {
     /// RAM or holds its files any more.
     fn forget_memory(&self) {
         match self.guest_mem.lock() {
-            Ok(g) => g.replace(GuestMemoryMmap::new()),
-            Err(e) => e.into_inner().replace(GuestMemoryMmap::new()),
+            Ok(g) => g.replace(GuestRam::new()),
+            Err(e) => e.into_inner().replace(GuestRam::new()),
         }
     }
 
@@ -399,6 +419,20 @@ impl RdmaDevice {
     fn traffic(&self) -> Option<&TrafficCounters> {
         self.tenancy.traffic(self.id)
     }
+}
+
+/// Logging turned on or off, or the log changed: the engine's view of the
+/// VM's memory is rebuilt with the log it must mark (under the VM's lock,
+/// so that no data-path write after this uses the old one).
+fn engine_log_changed(cell: &VmCell, log: &DirtyLog) {
+    let mut st = cell.lock();
+    if let Some(host) = st.host.as_ref() {
+        let host = Arc::new(host.with_log(log.engine_log()));
+        st.host = Some(host);
+    }
+    cell.bump_dp_gen();
+    drop(st);
+    cell.kick();
 }
 
 /// The configuration space of a VM with `limits`: its ABI version and the

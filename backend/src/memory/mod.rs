@@ -3,6 +3,7 @@
 //! queue-creating commands.
 
 pub mod access;
+pub mod dirty;
 pub mod host;
 pub mod pagelist;
 pub mod ram;
@@ -10,6 +11,7 @@ pub mod table;
 pub mod volatile;
 pub mod window;
 
+pub use dirty::GuestRam;
 pub use host::HostMem;
 pub use pagelist::{PageList, PageListError};
 pub use ram::RamMap;
