@@ -140,6 +140,11 @@ pub struct Caps {
     /// 18.26): the software RNIC between its VMs; a host RNIC when its CM
     /// bridge could open the host's `rdma_cm` (its QP 1 is the host's).
     pub gsi: bool,
+    /// Whether the daemon itself makes every write into guest RAM, so that
+    /// it can log them all for a migrating VMM (`VHOST_F_LOG_ALL`, spec
+    /// 20.4): the software RNIC; not a host RNIC, which writes guest RAM by
+    /// DMA the daemon does not see.
+    pub dirty_log: bool,
 }
 
 /// The GID table an RNIC gives each VM's port (spec appendix A, D).

@@ -50,7 +50,7 @@ impl VhostUserBackend for RdmaDevice {
         (1 << VIRTIO_F_VERSION_1)
             | (1 << VIRTIO_RING_F_EVENT_IDX)
             | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
-            | VHOST_F_LOG_ALL
+            | if self.can_log { VHOST_F_LOG_ALL } else { 0 }
             | self.device_features
     }
 
@@ -69,8 +69,13 @@ impl VhostUserBackend for RdmaDevice {
         let base = VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK
-            | VhostUserProtocolFeatures::RESET_DEVICE
-            | VhostUserProtocolFeatures::LOG_SHMFD;
+            | VhostUserProtocolFeatures::RESET_DEVICE;
+        // Dirty logging only where every write into guest RAM is ours.
+        let base = if self.can_log {
+            base | VhostUserProtocolFeatures::LOG_SHMFD
+        } else {
+            base
+        };
         if self.shmem.is_some() {
             base | VhostUserProtocolFeatures::BACKEND_REQ | VhostUserProtocolFeatures::SHMEM
         } else {

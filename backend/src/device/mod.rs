@@ -147,6 +147,9 @@ pub struct RdmaDevice {
     allow_unsealed_memory: bool,
     /// The VMM's dirty log and whether logging is on (spec 20.4).
     dirty: Arc<DirtyLog>,
+    /// The RNIC's writes into guest RAM are all the daemon's, so it offers
+    /// `VHOST_F_LOG_ALL` and `LOG_SHMFD` (spec 20.4).
+    can_log: bool,
 }
 
 /// Daemon-wide state every device shares.
@@ -194,6 +197,7 @@ impl RdmaDevice {
         let id = port.vm;
         // What the RNIC cannot do is not offered (F_MEM_MGT on a host NIC).
         let device_features = device_features & rnic.caps().features();
+        let can_log = rnic.caps().dirty_log;
         let mut ctrl = VmState::new(limits, rnic, port, shared.tenancy.clone());
         let shmem = if device_features & F_SHMEM_DOORBELL != 0 {
             let region = DoorbellRegion::new(limits.max_ctx).map_err(io::Error::other)?;
@@ -235,6 +239,7 @@ impl RdmaDevice {
             guest_mem: GuestMemoryAtomic::new(GuestRam::new()),
             allow_unsealed_memory: shared.allow_unsealed_memory,
             dirty,
+            can_log,
         })
     }
 

@@ -124,6 +124,7 @@ impl RnicObjects for Numbers {
             resize: true,
             gids: PortGids::PerVm,
             gsi: true,
+            dirty_log: true,
         }
     }
     fn create_qp(&self, _owner: Owner, _spec: &QpSpec) -> Result<u32, RnicError> {

@@ -101,6 +101,7 @@ impl RnicObjects for SoftRnic {
             resize: true,
             gids: PortGids::PerVm,
             gsi: true,
+            dirty_log: true,
         }
     }
 
