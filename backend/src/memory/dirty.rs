@@ -222,23 +222,25 @@ impl LogMap {
     /// the log are not marked (the device refuses memory tables the log
     /// does not cover while logging is on).
     pub fn mark(&self, gpa: u64, len: u64) {
-        if len == 0 {
+        let Some(last_byte) = len.checked_sub(1) else {
             return;
-        }
+        };
         let first = gpa / LOG_PAGE;
-        let last = gpa.saturating_add(len - 1) / LOG_PAGE;
+        let last = gpa.saturating_add(last_byte) / LOG_PAGE;
         let mut page = first;
         while page <= last {
             let i = page / 8;
             let lo = page % 8;
-            // The pages of this byte that the range covers.
+            // The pages of this byte that the range covers: bits lo..=hi,
+            // both below 8.
             let hi = if last / 8 == i { last % 8 } else { 7 };
-            let mask = (0xffu8 >> (7 - (hi - lo))) << lo;
+            let width = hi.saturating_sub(lo);
+            let mask = (0xffu8 >> 7u64.saturating_sub(width)) << lo;
             let Some(b) = self.byte(i) else {
                 return;
             };
             b.fetch_or(mask, Ordering::Release);
-            page = match (i + 1).checked_mul(8) {
+            page = match i.checked_add(1).and_then(|n| n.checked_mul(8)) {
                 Some(p) => p,
                 None => return,
             };
