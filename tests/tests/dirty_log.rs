@@ -410,3 +410,53 @@ fn the_context_header_is_marked() {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
+
+#[test]
+fn nothing_is_written_past_the_log() {
+    // The log is announced `need` bytes long in a longer file: the bytes
+    // of the file after it are the VMM's, never the daemon's.
+    use std::os::unix::fs::FileExt;
+    let d = TestDaemon::start(2).unwrap();
+    let a = Vm::open(&d, 0, logging_opts());
+    let b = Vm::open(&d, 1, logging_opts());
+    let end =
+        a.t.vmm()
+            .options()
+            .mem
+            .regions
+            .iter()
+            .map(|r| r.end())
+            .max()
+            .unwrap();
+    let need = log_bytes_for(end);
+    let log = DirtyLogFile::with_file_len(
+        usize::try_from(need).unwrap(),
+        need + 8192,
+        vhost_user_rdma_tests::dirty_log::LogFile::Sealed,
+    )
+    .unwrap();
+    start_log(&a, &log, true);
+    let p = rc_pair(&a, &b);
+    // Traffic into A's RAM: WRITEs into the last buffer the VMM hands out
+    // (the highest addresses) and SENDs.
+    let dst = Buf::new(&a, 64 << 10);
+    let src = Buf::new(&b, 64 << 10);
+    for i in 0..16u64 {
+        recv(&p.qa, i, &[dst.sge(0, 4096)]);
+        p.qb.post_send(&[wr(i, write_op(&dst, 4096), &[src.sge(0, 60 << 10)])])
+            .unwrap();
+        p.qb.post_send(&[wr(100 + i, SendOp::Send, &[src.sge(0, 4096)])])
+            .unwrap();
+        dp::ok(&poll_one(&p.cqb), i, WcOpcode::RDMA_WRITE);
+        dp::ok(&poll_one(&p.cqb), 100 + i, WcOpcode::SEND);
+        dp::ok(&poll_one(&p.cqa), i, WcOpcode::RECV);
+    }
+    assert!(!log.peek().is_empty(), "the traffic was logged");
+    let mut tail = vec![0xffu8; 8192];
+    log.file().read_exact_at(&mut tail, need).unwrap();
+    assert!(
+        tail.iter().all(|&b| b == 0),
+        "a byte past the log was written"
+    );
+    drop(p);
+}
