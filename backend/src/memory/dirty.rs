@@ -43,9 +43,9 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use log::warn;
 use thiserror::Error;
 use vhost_user_backend::bitmap::{BitmapReplace, MemRegionBitmap, MmapLogReg};
-use vm_memory::bitmap::{Bitmap, BitmapSlice, WithBitmapSlice};
+use vm_memory::bitmap::{Bitmap, RefSlice, WithBitmapSlice};
 use vm_memory::bitmap::NewBitmap;
-use vm_memory::{Address, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{Address, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, MmapRegion};
 
 /// The page size of the log (`VHOST_LOG_PAGE`).
 pub const LOG_PAGE: u64 = 4096;
@@ -426,12 +426,11 @@ struct RegionLog {
 
 /// vm-memory's dirty bitmap of one guest RAM region: marks the device's
 /// log (see the module documentation). Creating one costs an allocation;
-/// marking with logging off, a load and a branch.
+/// an access through vm-memory borrows it (no reference count changes),
+/// and marking with logging off costs a load and a branch.
 #[derive(Debug, Clone, Default)]
 pub struct RamBitmap {
     region: Arc<RegionLog>,
-    /// Offset of this slice in the region.
-    offset: usize,
 }
 
 impl RamBitmap {
@@ -446,21 +445,18 @@ impl RamBitmap {
         self.region.owner.get()
     }
 
-    /// The guest-physical address of `offset` into this slice.
+    /// The guest-physical address of `offset` into the region.
     fn gpa(&self, offset: usize) -> u64 {
         self.region
             .gpa
             .load(Ordering::Acquire)
-            .saturating_add(self.offset as u64)
             .saturating_add(offset as u64)
     }
 }
 
-impl WithBitmapSlice<'_> for RamBitmap {
-    type S = Self;
+impl<'a> WithBitmapSlice<'a> for RamBitmap {
+    type S = RefSlice<'a, RamBitmap>;
 }
-
-impl BitmapSlice for RamBitmap {}
 
 impl Bitmap for RamBitmap {
     #[inline]
@@ -474,11 +470,8 @@ impl Bitmap for RamBitmap {
         self.owner().is_some_and(|d| d.is_marked(self.gpa(offset)))
     }
 
-    fn slice_at(&self, offset: usize) -> Self {
-        RamBitmap {
-            region: self.region.clone(),
-            offset: self.offset.saturating_add(offset),
-        }
+    fn slice_at(&self, offset: usize) -> RefSlice<'_, RamBitmap> {
+        RefSlice::new(self, offset)
     }
 }
 
@@ -492,7 +485,8 @@ impl NewBitmap for RamBitmap {
 /// used, so that no write through it goes unlogged).
 pub fn attach_table(mem: &GuestRam, log: &Arc<DirtyLog>) {
     for r in mem.iter() {
-        r.bitmap().attach(r.start_addr().raw_value(), log);
+        // The region's own bitmap (the trait's `bitmap` is a slice of it).
+        MmapRegion::bitmap(r).attach(r.start_addr().raw_value(), log);
     }
 }
 
