@@ -1,6 +1,6 @@
 //! Guest memory: which guest-physical ranges are RAM, and the validation
 //! and translation of the page lists a guest sends with REG_MR and the
-//! queue-creating commands.
+//! queue-creating commands, and the dirty log of a migrating VMM (`dirty`).
 
 pub mod access;
 pub mod dirty;
