@@ -358,12 +358,21 @@ pub fn read_bytes(mem: &HostMem, gpa: u64, buf: &mut [u8]) -> Result<(), AccessE
 /// Copies `data` to `gpa` (inside one RAM region).
 #[inline]
 pub fn write_bytes(mem: &HostMem, gpa: u64, data: &[u8]) -> Result<(), AccessError> {
+    write_bytes_unlogged(mem, gpa, data)?;
+    mem.dirty(gpa, data.len() as u64);
+    Ok(())
+}
+
+/// [`write_bytes`] without the dirty log: for a writer that makes several
+/// writes into one page and marks it once after the last
+/// ([`HostMem::dirty`]).
+#[inline]
+pub fn write_bytes_unlogged(mem: &HostMem, gpa: u64, data: &[u8]) -> Result<(), AccessError> {
     let p = mem
         .ptr(gpa, data.len() as u64)
         .ok_or(AccessError::NotRam(gpa))?;
     // SAFETY: as in `read_bytes`, in the other direction.
     unsafe { volatile::to_guest(data, p) };
-    mem.dirty(gpa, data.len() as u64);
     Ok(())
 }
 
@@ -439,11 +448,19 @@ pub fn store_u32_release(mem: &HostMem, gpa: u64, v: u32) -> Result<(), AccessEr
 /// after the rest of the entry).
 #[inline]
 pub fn store_u8_release(mem: &HostMem, gpa: u64, v: u8) -> Result<(), AccessError> {
+    store_u8_release_unlogged(mem, gpa, v)?;
+    mem.dirty(gpa, 1);
+    Ok(())
+}
+
+/// [`store_u8_release`] without the dirty log (see
+/// [`write_bytes_unlogged`]).
+#[inline]
+pub fn store_u8_release_unlogged(mem: &HostMem, gpa: u64, v: u8) -> Result<(), AccessError> {
     let p = host_ptr(mem, gpa, 1)?;
     // SAFETY: as in `atomic_u64`, for a 1-byte object.
     let a = unsafe { AtomicU8::from_ptr(p) };
     a.store(v, Ordering::Release);
-    mem.dirty(gpa, 1);
     Ok(())
 }
 
