@@ -764,8 +764,9 @@ pub struct DaemonConfig {
     /// Engine threads set `DB_FLAG_POLLING` while they poll, so that
     /// drivers post without a fence (spec 18.6; needs `membarrier(2)`).
     pub fence_elision: bool,
-    /// Accept guest RAM files without `F_SEAL_SHRINK` (spec 19.6.1). Off by
-    /// default: a VMM that truncates such a file crashes the daemon.
+    /// Accept guest RAM and dirty-log files without `F_SEAL_SHRINK` (spec
+    /// 19.6.1, 20.4). Off by default: a VMM that truncates such a file
+    /// crashes the daemon.
     pub allow_unsealed_memory: bool,
     /// Path of the management socket (JSON API); `None`: none.
     pub mgmt_socket: Option<PathBuf>,

@@ -24,7 +24,8 @@
 //! - [`ctrl`]: the control-verb dispatcher, one file per object family;
 //! - [`resources`]: per-VM objects, handle tables with `insert_*`/
 //!   `destroy_*`, the QP state machine;
-//! - [`memory`]: the guest RAM map, page-list translation, guest access;
+//! - [`memory`]: the guest RAM map, page-list translation, guest access,
+//!   dirty logging for a migrating VMM;
 //! - [`events`]: the asynchronous event queue;
 //! - [`gid_table`]: a port's GID table (the default GID, the operator's);
 //! - [`keys`]: the random source of keys, QP numbers and GUIDs.

@@ -16,7 +16,6 @@
 
 use thiserror::Error;
 use virtio_rdma_abi::qp::{AddressVector, QpState, QpType};
-use vm_memory::GuestMemoryMmap;
 
 use crate::memory::PageList;
 
@@ -141,6 +140,11 @@ pub struct Caps {
     /// 18.26): the software RNIC between its VMs; a host RNIC when its CM
     /// bridge could open the host's `rdma_cm` (its QP 1 is the host's).
     pub gsi: bool,
+    /// Whether the daemon itself makes every write into guest RAM, so that
+    /// it can log them all for a migrating VMM (`VHOST_F_LOG_ALL`, spec
+    /// 20.4): the software RNIC; not a host RNIC, which writes guest RAM by
+    /// DMA the daemon does not see.
+    pub dirty_log: bool,
 }
 
 /// The GID table an RNIC gives each VM's port (spec appendix A, D).
@@ -457,7 +461,7 @@ pub trait RnicObjects: Send + Sync {
     /// any of its objects is created over the new map. An RNIC whose
     /// regions are windows over guest pages makes them again. The software
     /// RNIC reads guest RAM through the VM's own map and ignores it.
-    fn set_memory(&self, _vm: usize, _mem: Option<&GuestMemoryMmap<()>>) {}
+    fn set_memory(&self, _vm: usize, _mem: Option<&crate::memory::GuestRam>) {}
 
     /// After [`RnicObjects::set_memory`], for each of the VM's regions: the
     /// region with `keys` is `mr` over the new map. An RNIC whose

@@ -14,7 +14,7 @@ use log::{error, info, warn};
 use thiserror::Error;
 use vhost::vhost_user::{Error as VhostUserError, Listener};
 use vhost_user_backend::{Error as BackendError, VhostUserDaemon};
-use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::GuestMemoryAtomic;
 use vmm_sys_util::epoll::EventSet;
 
 use crate::config::{ConfigError, DaemonConfig};
@@ -372,7 +372,7 @@ impl ServeCtx {
             VhostUserDaemon::new(
                 format!("vhost-user-rdma-vm{}", self.index),
                 device.clone(),
-                GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+                GuestMemoryAtomic::new(crate::memory::GuestRam::new()),
             )
         })?;
         // The engine wakes this connection's worker to deliver its events.

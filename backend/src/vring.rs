@@ -33,10 +33,10 @@ use std::sync::{Arc, Weak};
 
 use vhost_user_backend::{VringRwLock, VringStateGuard, VringStateMutGuard, VringT};
 use virtio_queue::{Error as VirtQueError, QueueT};
-use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::GuestMemoryAtomic;
 
 /// The guest memory type of the device's queues.
-pub type Gm = GuestMemoryAtomic<GuestMemoryMmap<()>>;
+pub type Gm = GuestMemoryAtomic<crate::memory::GuestRam>;
 
 /// Learns when the device's queues start and stop (see the module
 /// documentation). Called on the vhost-user message thread.
@@ -232,7 +232,7 @@ mod tests {
     use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
     fn vring() -> Vring {
-        let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
+        let mem = GuestMemoryAtomic::new(crate::memory::GuestRam::new());
         Vring::new(mem, 256).unwrap_or_else(|e| panic!("{e}"))
     }
 

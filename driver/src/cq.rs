@@ -239,6 +239,14 @@ impl Cq {
         Ok(got.is_some())
     }
 
+    /// Guest-physical addresses of the pages of the ring the device writes
+    /// completions into now (the one `RESIZE_CQ` gave last, else the
+    /// first); dirty-logging tests check which the device marked.
+    pub fn ring_pages(&self) -> Vec<u64> {
+        let st = self.lock();
+        st.ring.as_ref().unwrap_or(&self.mem.buf).pages().to_vec()
+    }
+
     /// The doorbell record (tests inspect it).
     #[cfg(test)]
     pub(crate) fn db(&self) -> &DoorbellRecord {

@@ -306,6 +306,13 @@ impl Device {
             .map_or(0, |f| f.word().load(std::sync::atomic::Ordering::Acquire))
     }
 
+    /// Guest-physical address of the context's doorbell header in guest
+    /// RAM (spec 18.4), where the device writes its flags; `None` with a
+    /// doorbell page. Dirty-logging tests expect the device's writes there.
+    pub fn ctx_header_gpa(&self) -> Option<u64> {
+        self.inner.ctx_header.as_ref().and_then(|h| h.gpa(0))
+    }
+
     /// Handle of this device's context.
     pub fn ctx_handle(&self) -> u32 {
         self.inner.ctx

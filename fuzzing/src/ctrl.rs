@@ -49,7 +49,7 @@ use virtio_rdma_abi::mem::{
 use virtio_rdma_abi::qp::{attr, AddressVector, QpAttr, QpState, QpType, GSI_QKEY, GSI_QPN};
 use virtio_rdma_abi::verbs::*;
 use virtio_rdma_abi::{Field, Wire};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 use crate::guest::{self, Addr, PAGE};
 
@@ -510,7 +510,7 @@ fn remove(list: &mut Vec<Obj>, h: u32) {
 /// Builds the page list of a buffer of `bytes` bytes (plus
 /// `first_page_offset`), writing indirect list pages into `mem`.
 fn page_list(
-    mem: &GuestMemoryMmap<()>,
+    mem: &vhost_user_rdma::memory::GuestRam,
     l: &ListIn,
     bytes: u64,
     first_page_offset: u32,
@@ -608,7 +608,7 @@ type DataPlaneView = (
 /// The fuzzed VM: its dispatcher, memory and the model.
 pub(crate) struct Vm {
     pub(crate) ctrl: VmState,
-    pub(crate) mem: GuestMemoryMmap<()>,
+    pub(crate) mem: vhost_user_rdma::memory::GuestRam,
     rnic: Arc<SoftRnic>,
     model: Model,
     next_id: u64,

@@ -1,7 +1,7 @@
 //! A small guest RAM with holes, and fuzzer-chosen addresses in it.
 
 use arbitrary::Arbitrary;
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestAddress;
 
 /// Guest page size the harnesses use.
 pub const PAGE: u64 = 4096;
@@ -43,12 +43,12 @@ pub fn in_ram(gpa: u64, len: u64) -> bool {
 }
 
 /// A fresh, zeroed guest memory with [`REGIONS`].
-pub fn memory() -> GuestMemoryMmap<()> {
+pub fn memory() -> vhost_user_rdma::memory::GuestRam {
     let ranges: Vec<(GuestAddress, usize)> = REGIONS
         .iter()
         .map(|&(start, len)| (GuestAddress(start), len as usize))
         .collect();
-    GuestMemoryMmap::<()>::from_ranges(&ranges).expect("map the fuzzing guest's RAM")
+    vhost_user_rdma::memory::GuestRam::from_ranges(&ranges).expect("map the fuzzing guest's RAM")
 }
 
 /// A fuzzer-chosen guest-physical address: mostly a RAM page (plus an

@@ -642,7 +642,7 @@ fn check_range(s: &Setup, vm: &Vm, sges: &[Sge], write: bool, part: (u32, u32)) 
     }
 }
 
-fn read_sges(mem: &vm_memory::GuestMemoryMmap<()>, gpa: u64, header: u32, n: usize) -> Vec<Sge> {
+fn read_sges(mem: &vhost_user_rdma::memory::GuestRam, gpa: u64, header: u32, n: usize) -> Vec<Sge> {
     (0..n)
         .map(|i| {
             let mut b = [0u8; 16];

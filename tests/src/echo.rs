@@ -41,8 +41,9 @@ use vmm_sys_util::event::{
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::error::{Error, Result};
-use crate::guest_mem::GuestMemoryMmap;
 use crate::vmm::{F_EVENT_IDX, F_VERSION_1};
+use vhost_user_rdma::memory::dirty::RamBitmap;
+use vhost_user_rdma::memory::GuestRam as GuestMemoryMmap;
 
 /// Device-specific feature bits the echo backend offers (so feature
 /// negotiation can be tested).
@@ -253,7 +254,7 @@ impl EchoBackend {
 }
 
 impl VhostUserBackend for EchoBackend {
-    type Bitmap = ();
+    type Bitmap = RamBitmap;
     type Vring = Vring;
 
     fn num_queues(&self) -> usize {

@@ -74,6 +74,11 @@ impl EventQueue {
         &self.vring
     }
 
+    /// The pages of the event buffers (posted or spare).
+    pub fn buffer_pages(&self) -> Vec<GuestAddress> {
+        self.pages.clone()
+    }
+
     /// Whether consumed buffers are reposted automatically (default true).
     pub fn set_auto_repost(&mut self, on: bool) {
         self.auto_repost = on;

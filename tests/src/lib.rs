@@ -17,6 +17,7 @@ pub mod bench;
 pub mod cm_probe;
 pub mod conn;
 pub mod ctrl;
+pub mod dirty_log;
 mod dma_arena;
 pub mod dp;
 pub mod echo;

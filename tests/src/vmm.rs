@@ -18,7 +18,7 @@ use vhost::vhost_user::message::{
 use vhost::vhost_user::{
     Frontend, VhostUserFrontend, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
 };
-use vhost::VhostBackend;
+use vhost::{VhostBackend, VhostUserDirtyLogRegion};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_rdma_abi::config::{self, DeviceConfig};
@@ -27,6 +27,7 @@ use vm_memory::ByteValued;
 
 use crate::conn::Conn;
 use crate::ctrl::CtrlQueue;
+use crate::dirty_log::DirtyLogFile;
 use crate::error::{Error, Result};
 use crate::events::EventQueue;
 use crate::guest_mem::{GuestMem, MemLayout, PAGE_SIZE};
@@ -37,6 +38,8 @@ use crate::vring::Vring;
 pub const F_VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
 /// Feature bit `VIRTIO_RING_F_EVENT_IDX`.
 pub const F_EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
+/// Feature bit `VHOST_F_LOG_ALL` (dirty logging, spec 20.4).
+pub const F_LOG_ALL: u64 = 1 << 26;
 
 /// How the test VMM sets the device up.
 #[derive(Debug, Clone)]
@@ -536,6 +539,32 @@ impl TestVmm {
         f: impl FnOnce(&mut Frontend) -> vhost::Result<T>,
     ) -> Result<T> {
         self.conn()?.call(what, f)
+    }
+
+    /// Sends `SET_LOG_BASE` (needs `LOG_SHMFD`) with `log`'s file, `size`
+    /// bytes from `offset` (spec 20.4). The back-end refuses a bad log by
+    /// closing the connection: then this fails.
+    pub fn set_log_base(&mut self, log: &DirtyLogFile, size: u64, offset: u64) -> Result<()> {
+        let region = VhostUserDirtyLogRegion {
+            mmap_size: size,
+            mmap_offset: offset,
+            mmap_handle: log.raw_fd(),
+        };
+        self.conn()?
+            .call("SET_LOG_BASE", |fe| fe.set_log_base(0, Some(region)))
+    }
+
+    /// Turns dirty logging on or off: `SET_FEATURES` with the negotiated
+    /// features plus or minus `VHOST_F_LOG_ALL` (kept for later starts).
+    pub fn set_log_all(&mut self, on: bool) -> Result<()> {
+        if on {
+            self.features |= F_LOG_ALL;
+        } else {
+            self.features &= !F_LOG_ALL;
+        }
+        let features = self.features;
+        self.conn()?
+            .call("SET_FEATURES", |fe| fe.set_features(features))
     }
 
     /// Reads the device configuration space (`GET_CONFIG`, the whole

@@ -450,6 +450,13 @@ impl Vring {
         self.mem.load(Self::gpa(self.used, 2), Ordering::Acquire)
     }
 
+    /// The `avail_event` the device last wrote after the used ring's
+    /// elements (`VIRTIO_RING_F_EVENT_IDX`; Acquire).
+    pub fn device_avail_event(&self) -> Result<u16> {
+        let at = 4 + 8 * u64::from(self.size);
+        self.mem.load(Self::gpa(self.used, at), Ordering::Acquire)
+    }
+
     /// Whether the used ring holds elements not yet harvested.
     pub fn has_used(&self) -> Result<bool> {
         Ok(self.device_used_idx()? != self.last_used)

@@ -16,7 +16,7 @@ use std::time::Duration;
 use vhost::vhost_user::VhostUserProtocolFeatures;
 use vhost_user_rdma_tests::dp::{self, pattern, poll_one, Vm};
 use vhost_user_rdma_tests::guest_mem::PAGE_SIZE;
-use vhost_user_rdma_tests::harness::TestDaemon;
+use vhost_user_rdma_tests::harness::{on_host_rnic, TestDaemon};
 use vhost_user_rdma_tests::verbs::{status_of, MrSpec, QpInit as RawQpInit, Verbs};
 use vhost_user_rdma_tests::vmm::{TestVmm, VmmOptions};
 use virtio_rdma_abi::config::{DeviceConfig, F_ATOMIC, F_SRQ, F_UD};
@@ -81,10 +81,15 @@ fn negotiation_leaves_the_guest_transport_features_only() {
     ] {
         assert!(p.contains(f), "{f:?} in {p:?}");
     }
+    // Dirty logging (spec 20.4), on the software RNIC only.
+    assert_eq!(
+        p.contains(VhostUserProtocolFeatures::LOG_SHMFD),
+        !on_host_rnic(),
+        "{p:?}"
+    );
     for f in [
         VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS,
         VhostUserProtocolFeatures::INFLIGHT_SHMFD,
-        VhostUserProtocolFeatures::LOG_SHMFD,
     ] {
         assert!(!p.contains(f), "the daemon does not offer {f:?}: {p:?}");
     }

@@ -19,7 +19,7 @@ use vhost::vhost_user::message::VhostUserHeaderFlag;
 use vhost::vhost_user::{
     Frontend, VhostUserFrontend, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
 };
-use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use vhost::{VhostBackend, VhostUserDirtyLogRegion, VhostUserMemoryRegionInfo, VringConfigData};
 use vhost_user_rdma_tests::dp::{pattern, rc_pair, write_and_send_back, Buf, Vm};
 use vhost_user_rdma_tests::harness::TestDaemon;
 use vhost_user_rdma_tests::verbs::Verbs;
@@ -470,4 +470,119 @@ fn get_config_over_the_whole_offset_and_size_range() {
         }
     });
     hostile_socket_still_serves(&d);
+}
+
+/// A VMM that did the handshake with `LOG_SHMFD` (dirty logging, spec
+/// 20.4) and set a memory table of `ram` bytes over a sealed memfd.
+fn logging_frontend(path: &Path, ram: &File, size: u64) -> Frontend {
+    let mut fe = Frontend::connect(path, 3).unwrap();
+    fe.set_owner().unwrap();
+    let proto = VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+    let f = fe.get_features().unwrap();
+    assert_ne!(f & (1 << 26), 0, "VHOST_F_LOG_ALL offered: {f:#x}");
+    let pf = fe.get_protocol_features().unwrap();
+    assert!(pf.contains(VhostUserProtocolFeatures::LOG_SHMFD), "{pf:?}");
+    fe.set_protocol_features(
+        pf & (VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::LOG_SHMFD),
+    )
+    .unwrap();
+    fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+    fe.set_features(F_VERSION_1 | proto).unwrap();
+    fe.set_mem_table(&[region(ram, 0, size)]).unwrap();
+    fe
+}
+
+/// `SET_LOG_BASE` of `size` bytes at `offset` of `log`.
+fn set_log(fe: &Frontend, log: &File, size: u64, offset: u64) -> vhost::Result<()> {
+    fe.set_log_base(
+        0,
+        Some(VhostUserDirtyLogRegion {
+            mmap_size: size,
+            mmap_offset: offset,
+            mmap_handle: log.as_raw_fd(),
+        }),
+    )
+}
+
+/// Spec 20.4: a log the back-end could not use safely is refused (the
+/// request fails and the connection closes, as for any refused message):
+/// one with no bit for some page of RAM, one whose file can shrink (a
+/// truncation would raise SIGBUS at the next mark), one announced longer
+/// than its file (its end is past the file: SIGBUS at once), an empty
+/// file, and an `mmap_size` of 0. The bystander VMs never notice, and the
+/// socket serves a well-behaved VMM afterwards.
+#[test]
+fn bad_dirty_logs_are_refused() {
+    let d = TestDaemon::start(3).unwrap();
+    let ram_size = 4 << 20;
+    // 4 MiB of RAM: 1,024 pages, 128 bytes of log.
+    let need = 128;
+    let cases: [(&str, File, u64); 5] = [
+        ("too small for RAM", memfd(need - 8, true), need - 8),
+        ("unsealed", memfd(4096, false), 4096),
+        ("announced past its file", memfd(need, true), 64 << 10),
+        ("an empty file", memfd(0, true), 4096),
+        ("mmap_size 0", memfd(4096, true), 0),
+    ];
+    let proto = VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+    with_bystanders(&d, || {
+        for (what, log, size) in &cases {
+            d.wait_released(HOSTILE);
+            let ram = memfd(ram_size, true);
+            let mut fe = logging_frontend(d.socket(HOSTILE), &ram, ram_size);
+            let r = set_log(&fe, log, *size, 0);
+            let next = fe.set_features(F_VERSION_1 | proto | (1 << 26));
+            assert!(
+                r.is_err() || next.is_err(),
+                "{what}: the log was accepted and the connection goes on"
+            );
+            // The connection is gone: nothing more is served on it.
+            assert!(place_ring(&mut fe, 0x10_0000).is_err(), "{what}");
+        }
+    });
+    hostile_socket_still_serves(&d);
+    // A good log on the same socket is accepted.
+    d.wait_released(HOSTILE);
+    let ram = memfd(ram_size, true);
+    let fe = logging_frontend(d.socket(HOSTILE), &ram, ram_size);
+    set_log(&fe, &memfd(need, true), need, 0).unwrap();
+    fe.set_features(F_VERSION_1 | proto | (1 << 26)).unwrap();
+}
+
+/// Spec 20.4: while logging is on, a memory table with RAM past the end of
+/// the log is refused (a VMM grows its log first); before logging is on,
+/// it is accepted.
+#[test]
+fn memory_past_the_log_is_refused_while_logging() {
+    let d = TestDaemon::start(1).unwrap();
+    let small = 4 << 20;
+    let big = 64 << 20;
+    let ram = memfd(big, true);
+    let proto = VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+    // Logging off: any table goes.
+    let fe = logging_frontend(d.socket(HOSTILE), &ram, small);
+    set_log(&fe, &memfd(128, true), 128, 0).unwrap();
+    fe.set_mem_table(&[region(&ram, 0, big)]).unwrap();
+    drop(fe);
+    d.wait_released(HOSTILE);
+    let fe = logging_frontend(d.socket(HOSTILE), &ram, small);
+    set_log(&fe, &memfd(128, true), 128, 0).unwrap();
+    fe.set_features(F_VERSION_1 | proto | (1 << 26)).unwrap();
+    assert!(
+        fe.set_mem_table(&[region(&ram, 0, big)]).is_err(),
+        "64 MiB of RAM with a log for 4 MiB"
+    );
+    hostile_socket_still_serves(&d);
+}
+
+/// The operator's opt-in covers log files too.
+#[test]
+fn an_unsealed_log_is_accepted_when_allowed() {
+    let d = TestDaemon::with_config(1, |c| c.allow_unsealed_memory = true).unwrap();
+    let ram = memfd(4 << 20, false);
+    let fe = logging_frontend(d.socket(HOSTILE), &ram, 4 << 20);
+    set_log(&fe, &memfd(4096, false), 4096, 0).unwrap();
 }

@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use vhost_user_rdma_tests::guest_mem::PAGE_SIZE;
-use vhost_user_rdma_tests::harness::TestDaemon;
+use vhost_user_rdma_tests::harness::{on_host_rnic, TestDaemon};
 use vhost_user_rdma_tests::verbs::{status_of, MrSpec, QpInit, Verbs};
 use vhost_user_rdma_tests::vmm::{TestVmm, VmmOptions};
 use virtio_rdma_abi::ctrl::Status;
@@ -295,7 +295,7 @@ fn stopping_and_resuming_queues_is_a_pause_not_a_reset() {
 
 /// Spec chapter 19's feature tables, as the back-end offers them: the
 /// virtio bits (no ACCESS_PLATFORM, no packed ring, no indirect
-/// descriptors, no dirty logging), the protocol features with and without
+/// descriptors; dirty logging on the software RNIC), the protocol features with and without
 /// the doorbell region (the front-end acks every bit, so what it holds
 /// afterwards is exactly what was offered), three queues, and the 88-byte
 /// configuration space.
@@ -322,7 +322,10 @@ fn vhost_user_features_are_those_of_chapter_19() {
         } else {
             IMPLEMENTED_FEATURES & !F_SHMEM_DOORBELL
         };
-        let want = (1u64 << 32) | (1 << 30) | (1 << 29) | device_bits;
+        // VHOST_F_LOG_ALL and LOG_SHMFD: dirty logging (spec 20.4), where
+        // the daemon makes every write into guest RAM itself.
+        let log_all = if on_host_rnic() { 0 } else { 1 << 26 };
+        let want = (1u64 << 32) | (1 << 30) | (1 << 29) | log_all | device_bits;
         assert_eq!(
             vm.device_features(),
             want,
@@ -330,6 +333,9 @@ fn vhost_user_features_are_those_of_chapter_19() {
         );
         assert_eq!(vm.device_features() & (1 << 33), 0, "ACCESS_PLATFORM");
         let mut want = P::MQ | P::REPLY_ACK | P::CONFIG | P::RESET_DEVICE | P::DEVICE_STATE;
+        if !on_host_rnic() {
+            want |= P::LOG_SHMFD;
+        }
         if shmem {
             want |= P::BACKEND_REQ | P::SHMEM;
         }

@@ -21,22 +21,23 @@ use virtio_rdma_abi::config::{CONTROLQ, EVENTQ, F_SHMEM_DOORBELL, NOTIFYQ, NUM_Q
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::verbs::PORT_NUM;
 
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
 use super::{DeviceError, RdmaDevice, EVENT_WAKE, MAX_QUEUE_SIZE};
+use crate::memory::dirty::{self, RamBitmap, VHOST_F_LOG_ALL};
 use crate::memory::table::check_table;
-use crate::memory::{HostMem, RamMap};
+use crate::memory::{GuestRam, HostMem, RamMap};
 use crate::restart::{RestartTracker, Verdict};
 use crate::stats::TrafficCounters;
 use crate::sync::lock;
 use crate::vring::{QueueObserver, Vring};
 
 impl VhostUserBackend for RdmaDevice {
-    type Bitmap = ();
+    type Bitmap = RamBitmap;
     type Vring = Vring;
 
     fn num_queues(&self) -> usize {
@@ -51,6 +52,7 @@ impl VhostUserBackend for RdmaDevice {
         (1 << VIRTIO_F_VERSION_1)
             | (1 << VIRTIO_RING_F_EVENT_IDX)
             | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | if self.can_log { VHOST_F_LOG_ALL } else { 0 }
             | self.device_features
     }
 
@@ -60,6 +62,9 @@ impl VhostUserBackend for RdmaDevice {
             Ordering::Release,
         );
         self.lock().vm.set_features(features & self.device_features);
+        // Not under the VM's lock: the change rebuilds the engine's view
+        // under it.
+        self.dirty.set_log_all(features & VHOST_F_LOG_ALL != 0);
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
@@ -68,6 +73,12 @@ impl VhostUserBackend for RdmaDevice {
             | VhostUserProtocolFeatures::REPLY_ACK
             | VhostUserProtocolFeatures::RESET_DEVICE
             | VhostUserProtocolFeatures::DEVICE_STATE;
+        // Dirty logging only where every write into guest RAM is ours.
+        let base = if self.can_log {
+            base | VhostUserProtocolFeatures::LOG_SHMFD
+        } else {
+            base
+        };
         if self.shmem.is_some() {
             base | VhostUserProtocolFeatures::BACKEND_REQ | VhostUserProtocolFeatures::SHMEM
         } else {
@@ -132,7 +143,7 @@ impl VhostUserBackend for RdmaDevice {
         out
     }
 
-    fn update_memory(&self, mem: GuestMemoryAtomic<GuestMemoryMmap<()>>) -> io::Result<()> {
+    fn update_memory(&self, mem: GuestMemoryAtomic<GuestRam>) -> io::Result<()> {
         let snapshot = mem.memory().into_inner();
         // A region past the end of its file, or over a file that may
         // shrink, would raise SIGBUS in the daemon at the first access
@@ -144,14 +155,25 @@ impl VhostUserBackend for RdmaDevice {
             warn!("VM {}: SET_MEM_TABLE refused: {e}", self.id);
             return Err(io::Error::new(io::ErrorKind::InvalidInput, e));
         }
+        // While logging is on, every page of RAM must have its bit: a VMM
+        // grows its log before its memory (spec 20.4).
+        if let Err(e) = self.dirty.check_covers(dirty::ram_end(&snapshot)) {
+            warn!("VM {}: SET_MEM_TABLE refused: {e}", self.id);
+            return Err(e.into());
+        }
+        // Writes through the table mark the log from the start; and a log
+        // the VMM sets on this connection's thread is checked with the
+        // device's setting for files.
+        dirty::attach_table(&snapshot, &self.dirty);
+        dirty::set_conn_allow_unsealed(self.allow_unsealed_memory);
         match self.guest_mem.lock() {
             Ok(g) => g.replace((*snapshot).clone()),
             Err(e) => e.into_inner().replace((*snapshot).clone()),
         }
         let mem = self.guest_mem.clone();
         let ram = RamMap::from_guest_memory(&*snapshot);
-        let host = Arc::new(HostMem::new(snapshot.clone()));
         let mut st = self.lock();
+        let host = Arc::new(HostMem::new(snapshot.clone()).with_log(self.dirty.engine_log()));
         st.vm.memory_changed(Some(&snapshot));
         st.vm.set_ram(ram);
         st.mem = Some(mem);

@@ -32,13 +32,14 @@ use virtio_rdma_abi::config::{DeviceConfig, F_SHMEM_DOORBELL, NUM_QUEUES};
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::verbs::PORT_NUM;
 use virtio_rdma_abi::Wire;
-use vm_memory::{GuestMemoryAtomic, GuestMemoryLoadGuard, GuestMemoryMmap};
+use vm_memory::{GuestMemoryAtomic, GuestMemoryLoadGuard};
 use vmm_sys_util::event::EventNotifier;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::Limits;
 use crate::engine::Engine;
-use crate::memory::RamMap;
+use crate::memory::dirty::DirtyLog;
+use crate::memory::{GuestRam, RamMap};
 use crate::qos::ctrl_limit::{CtrlLimits, TenantCtrlLimits};
 use crate::qos::QosTable;
 use crate::resources::ResourceCounts;
@@ -72,7 +73,7 @@ impl From<DeviceError> for io::Error {
     }
 }
 
-pub(super) type Mem = GuestMemoryLoadGuard<GuestMemoryMmap<()>>;
+pub(super) type Mem = GuestMemoryLoadGuard<GuestRam>;
 
 /// A snapshot of one device's state, for statistics and leak checks.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -144,7 +145,7 @@ pub struct RdmaDevice {
     /// The guest memory the device uses (queues, control path): the last
     /// memory table it accepted, empty while none is. The library's own
     /// copy also holds tables the device refused (spec 19.6.1).
-    guest_mem: GuestMemoryAtomic<GuestMemoryMmap<()>>,
+    guest_mem: GuestMemoryAtomic<GuestRam>,
     /// Accept guest RAM files without `F_SEAL_SHRINK` (spec 19.6.1).
     allow_unsealed_memory: bool,
     /// The running or last device-state transfer (spec 20.1).
@@ -155,6 +156,11 @@ pub struct RdmaDevice {
     /// them and sent its memory table: both are checked at the start
     /// (spec 20.1).
     pending: Mutex<Option<u64>>,
+    /// The VMM's dirty log and whether logging is on (spec 20.4).
+    dirty: Arc<DirtyLog>,
+    /// The RNIC's writes into guest RAM are all the daemon's, so it offers
+    /// `VHOST_F_LOG_ALL` and `LOG_SHMFD` (spec 20.4).
+    can_log: bool,
 }
 
 /// Daemon-wide state every device shares.
@@ -205,6 +211,7 @@ impl RdmaDevice {
         let id = port.vm;
         // What the RNIC cannot do is not offered (F_MEM_MGT on a host NIC).
         let device_features = device_features & rnic.caps().features();
+        let can_log = rnic.caps().dirty_log;
         let mut ctrl = VmState::new(limits, rnic, port, shared.tenancy.clone());
         let shmem = if device_features & F_SHMEM_DOORBELL != 0 {
             let region = DoorbellRegion::new(limits.max_ctx).map_err(io::Error::other)?;
@@ -216,9 +223,17 @@ impl RdmaDevice {
         };
         // The port is up from the start; the event waits for a buffer.
         ctrl.events.push(EventKind::PORT_ACTIVE, PORT_NUM, 0);
+        let cell = Arc::new(VmCell::new(ctrl, engine.index())?);
+        let dirty = DirtyLog::new();
+        let (weak_cell, weak_log) = (Arc::downgrade(&cell), Arc::downgrade(&dirty));
+        dirty.set_hook(move || {
+            if let (Some(cell), Some(log)) = (weak_cell.upgrade(), weak_log.upgrade()) {
+                engine_log_changed(&cell, &log);
+            }
+        });
         Ok(RdmaDevice {
             id,
-            cell: Arc::new(VmCell::new(ctrl, engine.index())?),
+            cell,
             config: device_config(&limits, shared.tenancy.vm(id)).to_bytes(),
             device_features,
             event_idx: AtomicBool::new(false),
@@ -235,12 +250,19 @@ impl RdmaDevice {
             epoch: AtomicU64::new(0),
             ctrlq_unusable: AtomicBool::new(false),
             restart: Mutex::new(RestartTracker::default()),
-            guest_mem: GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+            guest_mem: GuestMemoryAtomic::new(GuestRam::new()),
             allow_unsealed_memory: shared.allow_unsealed_memory,
             state_transfer: state_fd::StateTransfer::default(),
             board: shared.board.clone(),
             pending: Mutex::new(None),
+            dirty,
+            can_log,
         })
+    }
+
+    /// The device's dirty-logging state (spec 20.4).
+    pub fn dirty_log(&self) -> &Arc<DirtyLog> {
+        &self.dirty
     }
 
     /// The daemon's live QoS settings.
@@ -318,6 +340,9 @@ impl RdmaDevice {
         }
         self.shmem_acked.store(false, Ordering::Release);
         self.restart_lock().clear();
+        // Logging ends with the connection (the next VMM sets its own
+        // log); not under the VM's lock, which the change takes.
+        self.dirty.clear();
         let mut st = self.lock();
         self.cell.set_running(&mut st, false);
         self.epoch.fetch_add(1, Ordering::AcqRel);
@@ -371,8 +396,8 @@ impl RdmaDevice {
     /// RAM or holds its files any more.
     fn forget_memory(&self) {
         match self.guest_mem.lock() {
-            Ok(g) => g.replace(GuestMemoryMmap::new()),
-            Err(e) => e.into_inner().replace(GuestMemoryMmap::new()),
+            Ok(g) => g.replace(GuestRam::new()),
+            Err(e) => e.into_inner().replace(GuestRam::new()),
         }
     }
 
@@ -425,6 +450,20 @@ impl RdmaDevice {
     fn traffic(&self) -> Option<&TrafficCounters> {
         self.tenancy.traffic(self.id)
     }
+}
+
+/// Logging turned on or off, or the log changed: the engine's view of the
+/// VM's memory is rebuilt with the log it must mark (under the VM's lock,
+/// so that no data-path write after this uses the old one).
+fn engine_log_changed(cell: &VmCell, log: &DirtyLog) {
+    let mut st = cell.lock();
+    if let Some(host) = st.host.as_ref() {
+        let host = Arc::new(host.with_log(log.engine_log()));
+        st.host = Some(host);
+    }
+    cell.bump_dp_gen();
+    drop(st);
+    cell.kick();
 }
 
 /// The configuration space of a VM with `limits`: its ABI version and the

@@ -68,11 +68,16 @@ pub fn complete(state: &mut VmState, mem: &HostMem, cq_handle: u32, mut cqe: Cqe
     let split = usize::try_from(CQE_OWNER_OFFSET)
         .ok()
         .and_then(|at| bytes.split_at_checked(at));
+    // The entry's page is marked in the dirty log once, after the owner
+    // byte (spec 20.4), not after each of the three writes.
     let ok = match split {
         Some((head, [_, tail @ ..])) => {
-            access::write_bytes(mem, gpa, head).is_ok()
-                && access::write_bytes(mem, owner_gpa.saturating_add(1), tail).is_ok()
-                && access::store_u8_release(mem, owner_gpa, cqe_owner(index, cq.depth)).is_ok()
+            let owner = cqe_owner(index, cq.depth);
+            let ok = access::write_bytes_unlogged(mem, gpa, head).is_ok()
+                && access::write_bytes_unlogged(mem, owner_gpa.saturating_add(1), tail).is_ok()
+                && access::store_u8_release_unlogged(mem, owner_gpa, owner).is_ok();
+            mem.dirty(gpa, u64::from(CQE_SIZE));
+            ok
         }
         _ => false,
     };

@@ -10,7 +10,7 @@ use virtio_rdma_abi::datapath::{
 use virtio_rdma_abi::mem::CQE_SIZE;
 use virtio_rdma_abi::qp::{QpState, QpType};
 use virtio_rdma_abi::{Field, Wire};
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vm_memory::{GuestAddress};
 
 use super::flush::flush;
 use super::poll::owes_flush;
@@ -64,7 +64,7 @@ const CQ_DB: u64 = 0x8000;
 /// SENDs of no bytes (`wr_id` 100 to 102) written into its send queue,
 /// the first `posted` of them posted, and an engine to serve it.
 struct World {
-    gm: GuestMemoryMmap,
+    gm: crate::memory::GuestRam,
     host: Arc<HostMem>,
     vm: VmState,
     engine: Engine,
@@ -74,7 +74,7 @@ struct World {
 
 impl World {
     fn new(posted: u32) -> World {
-        let gm = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x1_0000)]).unwrap();
+        let gm = crate::memory::GuestRam::from_ranges(&[(GuestAddress(0), 0x1_0000)]).unwrap();
         let host = Arc::new(HostMem::new(Arc::new(gm.clone())));
         let config = DaemonConfig::new(vec!["/nonexistent/vm0.sock".into()]);
         let tenancy = Arc::new(Tenancy::from_config(&config));
@@ -138,7 +138,7 @@ fn serving<'a>(vm: &'a mut VmState, host: &'a HostMem) -> Serving<'a> {
 }
 
 /// The first `n` CQEs of the CQ: `wr_id` and status.
-fn cqes(gm: &GuestMemoryMmap, n: u64) -> Vec<(u64, u8)> {
+fn cqes(gm: &crate::memory::GuestRam, n: u64) -> Vec<(u64, u8)> {
     (0..n)
         .map(|i| {
             let mut b = [0u8; CQE_SIZE as usize];

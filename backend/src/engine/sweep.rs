@@ -437,7 +437,7 @@ fn work_on(dev: &VmCell, f: impl FnOnce(&mut VmState, &HostMem) -> bool) -> Opti
 
 #[cfg(test)]
 mod tests {
-    use vm_memory::{GuestAddress, GuestMemoryMmap};
+    use vm_memory::{GuestAddress};
 
     use super::*;
     use crate::config::{DaemonConfig, Limits};
@@ -487,7 +487,7 @@ mod tests {
         };
         let vm = VmState::new(Limits::default(), rnic.clone(), port, tenancy.clone());
         let cell = Arc::new(VmCell::new(vm, 0).unwrap());
-        let gm = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x1_0000)]).unwrap();
+        let gm = crate::memory::GuestRam::from_ranges(&[(GuestAddress(0), 0x1_0000)]).unwrap();
         let host = Arc::new(HostMem::new(Arc::new(gm)));
         let gone = Arc::downgrade(&host);
         cell.lock().host = Some(host);

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use virtio_rdma_abi::datapath::{SendWqe, WrOpcode};
 use virtio_rdma_abi::mem::{qp_buffer_layout, BufferDesc, PageListMode};
 use virtio_rdma_abi::qp::{Mtu, QpAttr, QpState, QpType};
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vm_memory::{GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::placement::Registry;
@@ -26,7 +26,7 @@ use crate::tenancy::Tenancy;
 /// ring at guest address 0 of a 64 KiB guest (nothing here reads it).
 pub(crate) fn qp(qp_type: QpType) -> Qp {
     let mem =
-        GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x1_0000)]).expect("guest memory");
+        crate::memory::GuestRam::from_ranges(&[(GuestAddress(0), 0x1_0000)]).expect("guest memory");
     let ring = one_page(0, &mem);
     Qp {
         pd: 1,
@@ -55,7 +55,7 @@ pub(crate) fn qp(qp_type: QpType) -> Qp {
 }
 
 /// The translation of the one page at `gpa` of `mem` (a ring).
-pub(crate) fn one_page(gpa: u64, mem: &GuestMemoryMmap) -> PageList {
+pub(crate) fn one_page(gpa: u64, mem: &crate::memory::GuestRam) -> PageList {
     let desc = BufferDesc {
         addr: 0,
         npages: 1,
@@ -124,6 +124,7 @@ impl RnicObjects for Numbers {
             resize: true,
             gids: PortGids::PerVm,
             gsi: true,
+            dirty_log: true,
         }
     }
     fn create_qp(&self, _owner: Owner, _spec: &QpSpec) -> Result<u32, RnicError> {

@@ -6,7 +6,8 @@
 //! DMA engine would do), and the atomic operations of RDMA atomics and
 //! doorbell records. Guest memory is shared with a running guest, so every
 //! access is a volatile copy or an atomic operation; nothing here ever
-//! creates a Rust reference into guest RAM.
+//! creates a Rust reference into guest RAM. Every write marks the pages it
+//! touched in the VMM's dirty log while logging is on ([`HostMem::dirty`]).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
@@ -182,10 +183,42 @@ impl<'a> HostRuns<'a> {
     }
 }
 
+/// Marks the first `len` bytes of `segs` dirty (after writing them; a
+/// write that failed midway marks all of them, which is harmless).
+#[inline]
+fn dirty_segs(mem: &HostMem, segs: &[Segment], len: u64) {
+    if mem.log().is_none() {
+        return;
+    }
+    let mut left = len;
+    for s in segs {
+        if left == 0 {
+            break;
+        }
+        let n = s.len.min(left);
+        mem.dirty(s.gpa, n);
+        left = left.saturating_sub(n);
+    }
+}
+
 /// Copies `len` bytes from `src` segments in `src_mem` to `dst` segments in
 /// `dst_mem` (the two memories may be the same guest or two guests). Pages
 /// that are contiguous in the host are copied in one piece.
 pub fn copy(
+    src_mem: &HostMem,
+    src: &[Segment],
+    dst_mem: &HostMem,
+    dst: &[Segment],
+    len: u64,
+) -> Result<(), AccessError> {
+    let r = copy_unlogged(src_mem, src, dst_mem, dst, len);
+    dirty_segs(dst_mem, dst, len);
+    r
+}
+
+/// [`copy`] without the dirty log.
+#[inline]
+fn copy_unlogged(
     src_mem: &HostMem,
     src: &[Segment],
     dst_mem: &HostMem,
@@ -277,6 +310,17 @@ pub fn read(mem: &HostMem, segs: &[Segment], buf: &mut [u8]) -> Result<(), Acces
 /// Writes `data` across `segs` (in order); `data` may be shorter than the
 /// segments, never longer.
 pub fn write(mem: &HostMem, segs: &[Segment], data: &[u8]) -> Result<(), AccessError> {
+    let r = write_unlogged(mem, segs, data);
+    // A length mismatch is found before anything is written.
+    if !matches!(r, Err(AccessError::LengthMismatch { .. })) {
+        dirty_segs(mem, segs, data.len() as u64);
+    }
+    r
+}
+
+/// [`write`] without the dirty log.
+#[inline]
+fn write_unlogged(mem: &HostMem, segs: &[Segment], data: &[u8]) -> Result<(), AccessError> {
     if (data.len() as u64) > total(segs) {
         return Err(AccessError::LengthMismatch {
             src: data.len() as u64,
@@ -314,6 +358,16 @@ pub fn read_bytes(mem: &HostMem, gpa: u64, buf: &mut [u8]) -> Result<(), AccessE
 /// Copies `data` to `gpa` (inside one RAM region).
 #[inline]
 pub fn write_bytes(mem: &HostMem, gpa: u64, data: &[u8]) -> Result<(), AccessError> {
+    write_bytes_unlogged(mem, gpa, data)?;
+    mem.dirty(gpa, data.len() as u64);
+    Ok(())
+}
+
+/// [`write_bytes`] without the dirty log: for a writer that makes several
+/// writes into one page and marks it once after the last
+/// ([`HostMem::dirty`]).
+#[inline]
+pub fn write_bytes_unlogged(mem: &HostMem, gpa: u64, data: &[u8]) -> Result<(), AccessError> {
     let p = mem
         .ptr(gpa, data.len() as u64)
         .ok_or(AccessError::NotRam(gpa))?;
@@ -356,6 +410,7 @@ pub fn compare_swap(mem: &HostMem, gpa: u64, compare: u64, swap: u64) -> Result<
     ) {
         Ok(v) | Err(v) => v,
     };
+    mem.dirty(gpa, 8);
     Ok(u64::from_le(found))
 }
 
@@ -364,7 +419,9 @@ pub fn compare_swap(mem: &HostMem, gpa: u64, compare: u64, swap: u64) -> Result<
 pub fn fetch_add(mem: &HostMem, gpa: u64, add: u64) -> Result<u64, AccessError> {
     let a = atomic_u64(mem, gpa)?;
     // Little-endian host (x86_64, aarch64): the in-memory value is native.
-    Ok(u64::from_le(a.fetch_add(add, Ordering::AcqRel)))
+    let old = a.fetch_add(add, Ordering::AcqRel);
+    mem.dirty(gpa, 8);
+    Ok(u64::from_le(old))
 }
 
 /// Loads a driver-written 32-bit index with acquire semantics.
@@ -383,6 +440,7 @@ pub fn store_u32_release(mem: &HostMem, gpa: u64, v: u32) -> Result<(), AccessEr
     // SAFETY: as in `atomic_u64`, for a 4-byte aligned object.
     let a = unsafe { AtomicU32::from_ptr(p.cast()) };
     a.store(v.to_le(), Ordering::Release);
+    mem.dirty(gpa, 4);
     Ok(())
 }
 
@@ -390,6 +448,15 @@ pub fn store_u32_release(mem: &HostMem, gpa: u64, v: u32) -> Result<(), AccessEr
 /// after the rest of the entry).
 #[inline]
 pub fn store_u8_release(mem: &HostMem, gpa: u64, v: u8) -> Result<(), AccessError> {
+    store_u8_release_unlogged(mem, gpa, v)?;
+    mem.dirty(gpa, 1);
+    Ok(())
+}
+
+/// [`store_u8_release`] without the dirty log (see
+/// [`write_bytes_unlogged`]).
+#[inline]
+pub fn store_u8_release_unlogged(mem: &HostMem, gpa: u64, v: u8) -> Result<(), AccessError> {
     let p = host_ptr(mem, gpa, 1)?;
     // SAFETY: as in `atomic_u64`, for a 1-byte object.
     let a = unsafe { AtomicU8::from_ptr(p) };
@@ -404,10 +471,11 @@ mod tests {
     use crate::memory::{PageList, RamMap};
     use crate::resources::Mr;
     use virtio_rdma_abi::mem::{BufferDesc, PageListMode};
-    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+    use crate::memory::GuestRam;
+    use vm_memory::{Bytes, GuestAddress};
 
-    fn mmap() -> GuestMemoryMmap<()> {
-        GuestMemoryMmap::<()>::from_ranges(&[
+    fn mmap() -> GuestRam {
+        GuestRam::from_ranges(&[
             (GuestAddress(0), 0x10_0000),
             (GuestAddress(0x100_0000), 0x10_0000),
         ])
@@ -418,7 +486,7 @@ mod tests {
         HostMem::from_mmap(mmap())
     }
 
-    fn mr(mem: &GuestMemoryMmap<()>, pages: &[u64], iova: u64, offset: u32, length: u64) -> Mr {
+    fn mr(mem: &GuestRam, pages: &[u64], iova: u64, offset: u32, length: u64) -> Mr {
         let ram = RamMap::from_guest_memory(mem);
         let desc = BufferDesc {
             addr: 0,
@@ -572,7 +640,7 @@ mod tests {
         // Two RAM regions that touch in guest-physical space: separate
         // mappings, so the host addresses of 0xf_f000 and 0x10_0000 are
         // not contiguous.
-        let gm = GuestMemoryMmap::<()>::from_ranges(&[
+        let gm = GuestRam::from_ranges(&[
             (GuestAddress(0), 0x10_0000),
             (GuestAddress(0x10_0000), 0x10_0000),
         ])

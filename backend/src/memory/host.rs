@@ -8,10 +8,17 @@
 //! a reference to the mapping, so every pointer it hands out stays mapped
 //! for as long as the table lives — even after the VMM replaces its memory
 //! table, in which case the owner drops the table and builds a new one.
+//!
+//! The table also carries the VMM's dirty log while logging is on
+//! ([`super::dirty`]): every writer of guest RAM calls [`HostMem::dirty`]
+//! after its write, which costs one predicted branch while logging is off.
 
 use std::sync::Arc;
 
-use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, MemoryRegionAddress};
+use vm_memory::{GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
+
+use super::dirty::LogMap;
+use super::GuestRam;
 
 #[derive(Debug, Clone, Copy)]
 struct HostRegion {
@@ -27,7 +34,9 @@ struct HostRegion {
 #[derive(Debug)]
 pub struct HostMem {
     regions: Vec<HostRegion>,
-    mem: Arc<GuestMemoryMmap<()>>,
+    mem: Arc<GuestRam>,
+    /// The dirty log while logging is on.
+    log: Option<Arc<LogMap>>,
 }
 
 // SAFETY: the raw pointers point into the mappings owned by `mem` (an
@@ -41,7 +50,7 @@ unsafe impl Sync for HostMem {}
 
 impl HostMem {
     /// Builds the table for `mem` (kept alive by the table).
-    pub fn new(mem: Arc<GuestMemoryMmap<()>>) -> Self {
+    pub fn new(mem: Arc<GuestRam>) -> Self {
         let mut regions: Vec<HostRegion> = mem
             .iter()
             .filter_map(|r| {
@@ -52,17 +61,44 @@ impl HostMem {
             })
             .collect();
         regions.sort_by_key(|r| r.start);
-        HostMem { regions, mem }
+        HostMem {
+            regions,
+            mem,
+            log: None,
+        }
+    }
+
+    /// The same table marking `log` (`None`: logging off).
+    pub fn with_log(&self, log: Option<Arc<LogMap>>) -> Self {
+        HostMem {
+            regions: self.regions.clone(),
+            mem: self.mem.clone(),
+            log,
+        }
     }
 
     /// Builds the table for a mapping of its own (tests, tools).
-    pub fn from_mmap(mem: GuestMemoryMmap<()>) -> Self {
+    pub fn from_mmap(mem: GuestRam) -> Self {
         Self::new(Arc::new(mem))
     }
 
     /// The mapping behind the table.
-    pub fn mmap(&self) -> &GuestMemoryMmap<()> {
+    pub fn mmap(&self) -> &GuestRam {
         &self.mem
+    }
+
+    /// The dirty log this table marks, if logging is on.
+    pub fn log(&self) -> Option<&Arc<LogMap>> {
+        self.log.as_ref()
+    }
+
+    /// Marks `[gpa, gpa + len)` dirty in the VMM's log if logging is on;
+    /// call after writing there.
+    #[inline]
+    pub fn dirty(&self, gpa: u64, len: u64) {
+        if let Some(l) = &self.log {
+            mark_cold(l, gpa, len);
+        }
     }
 
     /// Host address of `gpa` when `[gpa, gpa + len)` lies inside one RAM
@@ -114,6 +150,13 @@ impl HostMem {
     }
 }
 
+/// Out of line: the data path's code stays as it was with logging off.
+#[cold]
+#[inline(never)]
+fn mark_cold(log: &LogMap, gpa: u64, len: u64) {
+    log.mark(gpa, len);
+}
+
 #[cfg(test)]
 mod tests {
     use vm_memory::GuestAddress;
@@ -122,7 +165,7 @@ mod tests {
 
     #[test]
     fn covers_ranges_across_touching_regions_only() {
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[
+        let mem = GuestRam::from_ranges(&[
             (GuestAddress(0x1000), 0x1000),
             (GuestAddress(0x2000), 0x1000),
             (GuestAddress(0x5000), 0x1000),

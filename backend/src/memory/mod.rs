@@ -1,8 +1,9 @@
 //! Guest memory: which guest-physical ranges are RAM, and the validation
 //! and translation of the page lists a guest sends with REG_MR and the
-//! queue-creating commands.
+//! queue-creating commands, and the dirty log of a migrating VMM (`dirty`).
 
 pub mod access;
+pub mod dirty;
 pub mod host;
 pub mod pagelist;
 pub mod ram;
@@ -10,6 +11,7 @@ pub mod table;
 pub mod volatile;
 pub mod window;
 
+pub use dirty::GuestRam;
 pub use host::HostMem;
 pub use pagelist::{PageList, PageListError};
 pub use ram::RamMap;

@@ -540,7 +540,7 @@ fn le64(raw: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vm_memory::{Bytes, GuestMemoryMmap};
+    use vm_memory::{Bytes};
 
     const LIMITS: PageListLimits = PageListLimits {
         max_pages: 1 << 24,
@@ -549,8 +549,8 @@ mod tests {
         max_list_bytes: u64::MAX,
     };
 
-    fn setup() -> (GuestMemoryMmap<()>, RamMap) {
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[
+    fn setup() -> (crate::memory::GuestRam, RamMap) {
+        let mem = crate::memory::GuestRam::from_ranges(&[
             (GuestAddress(0), 0x10_0000),
             (GuestAddress(0x100_0000), 0x10_0000),
         ])

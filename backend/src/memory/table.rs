@@ -16,7 +16,9 @@ use std::io;
 use std::os::fd::AsRawFd;
 
 use thiserror::Error;
-use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+
+use super::GuestRam;
 
 /// Why a memory table is refused.
 #[derive(Debug, Error)]
@@ -95,7 +97,7 @@ pub fn check_region_file(
 
 /// Whether `file` carries `F_SEAL_SHRINK` (a file that does not support
 /// seals does not).
-fn shrink_sealed(file: &File) -> bool {
+pub(crate) fn shrink_sealed(file: &File) -> bool {
     // SAFETY: F_GET_SEALS reads the seals of a descriptor we own for the
     // call; it touches no memory of ours.
     let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
@@ -104,7 +106,7 @@ fn shrink_sealed(file: &File) -> bool {
 
 /// Checks every region of a table the vhost-user library mapped. A region
 /// without a file (not from a VMM) cannot change under the mapping.
-pub fn check_table(mem: &GuestMemoryMmap<()>, allow_unsealed: bool) -> Result<(), TableError> {
+pub fn check_table(mem: &GuestRam, allow_unsealed: bool) -> Result<(), TableError> {
     for (i, r) in mem.iter().enumerate() {
         if let Some(fo) = r.file_offset() {
             check_region_file(i, fo.file(), fo.start(), r.len(), allow_unsealed)?;

@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use thiserror::Error;
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use super::PageList;
 
@@ -211,7 +211,7 @@ struct Run {
 /// one file, in order; a run is passed once it can grow no more. Stops
 /// with `Ok(false)` when `each` returns false. Allocates nothing.
 fn walk_runs(
-    mem: &GuestMemoryMmap<()>,
+    mem: &crate::memory::GuestRam,
     pages: &PageList,
     span: u64,
     mut each: impl FnMut(Run) -> bool,
@@ -270,7 +270,7 @@ fn walk_runs(
 /// `most + 1` (where the count stops: more than `most` is all a refusal
 /// needs to know).
 fn count_runs(
-    mem: &GuestMemoryMmap<()>,
+    mem: &crate::memory::GuestRam,
     pages: &PageList,
     span: u64,
     most: usize,
@@ -286,7 +286,7 @@ fn count_runs(
 /// The runs of the first `span` bytes of `pages` (`n` of them, counted
 /// before).
 fn runs(
-    mem: &GuestMemoryMmap<()>,
+    mem: &crate::memory::GuestRam,
     pages: &PageList,
     span: u64,
     n: usize,
@@ -372,7 +372,7 @@ impl Window {
     /// `budget`. The mappings are counted first: a window over more than
     /// the budget has left is refused before anything is built.
     pub fn map(
-        mem: &GuestMemoryMmap<()>,
+        mem: &crate::memory::GuestRam,
         pages: &PageList,
         span: u64,
         budget: &Arc<MapBudget>,
@@ -458,7 +458,7 @@ impl Window {
     /// Whether the first `span` bytes of `pages` are, in `mem`, exactly the
     /// file pages this window maps (after a memory table update: a region
     /// whose RAM was left in place keeps its window and registration).
-    pub fn same_backing(&self, mem: &GuestMemoryMmap<()>, pages: &PageList, span: u64) -> bool {
+    pub fn same_backing(&self, mem: &crate::memory::GuestRam, pages: &PageList, span: u64) -> bool {
         if usize::try_from(span).ok() != Some(self.len) {
             return false;
         }
@@ -507,14 +507,14 @@ mod tests {
     /// Guest RAM as a VMM gives it: one memfd of 64 pages behind two
     /// regions (pages 0..32 at guest address 0, pages 32..64 at `HIGH`),
     /// every page filled with its file page number.
-    fn guest() -> GuestMemoryMmap<()> {
+    fn guest() -> crate::memory::GuestRam {
         // SAFETY: a valid NUL-terminated name and no flags.
         let fd = unsafe { libc::memfd_create(c"guest-ram".as_ptr(), 0) };
         assert!(fd >= 0);
         // SAFETY: `fd` was just created and is owned by nothing else.
         let file = Arc::new(unsafe { File::from_raw_fd(fd) });
         file.set_len(64 * PAGE).unwrap();
-        let mem = GuestMemoryMmap::from_ranges_with_files([
+        let mem = crate::memory::GuestRam::from_ranges_with_files([
             (
                 GuestAddress(0),
                 32 * PAGE as usize,
@@ -535,7 +535,7 @@ mod tests {
         mem
     }
 
-    fn list(mem: &GuestMemoryMmap<()>, gpas: &[u64]) -> PageList {
+    fn list(mem: &crate::memory::GuestRam, gpas: &[u64]) -> PageList {
         let desc = BufferDesc {
             addr: 0,
             npages: gpas.len() as u32,
@@ -706,7 +706,7 @@ mod tests {
     /// RAM without a file behind it cannot be mapped twice.
     #[test]
     fn anonymous_ram_is_refused() {
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 16 * PAGE as usize)])
+        let mem = crate::memory::GuestRam::from_ranges(&[(GuestAddress(0), 16 * PAGE as usize)])
             .unwrap();
         let budget = MapBudget::new(100);
         assert!(matches!(

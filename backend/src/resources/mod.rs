@@ -699,10 +699,10 @@ mod tests {
     use crate::memory::pagelist::PageListLimits;
     use crate::memory::RamMap;
     use virtio_rdma_abi::mem::{BufferDesc, PageListMode};
-    use vm_memory::{GuestAddress, GuestMemoryMmap};
+    use vm_memory::{GuestAddress};
 
     fn mr(npages: u32) -> Mr {
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
+        let mem = crate::memory::GuestRam::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
         let ram = RamMap::from_guest_memory(&mem);
         let desc = BufferDesc {
             addr: 0,

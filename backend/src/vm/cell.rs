@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use log::warn;
-use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{GuestMemoryAtomic};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::VmState;
@@ -19,7 +19,7 @@ pub struct Guarded {
     pub vm: VmState,
     /// Guest memory as the VMM mapped it (the control path's view); `None`
     /// while no VMM is connected.
-    pub mem: Option<GuestMemoryAtomic<GuestMemoryMmap<()>>>,
+    pub mem: Option<GuestMemoryAtomic<crate::memory::GuestRam>>,
     /// The data path's view of the same memory (built with every memory
     /// table update).
     pub host: Option<Arc<HostMem>>,

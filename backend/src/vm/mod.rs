@@ -207,7 +207,7 @@ impl VmState {
     /// map (`RnicObjects::remap_mr`): one whose pages moved loses it, and
     /// its local key fails from then on whatever the NIC would report
     /// (spec 19.6.2).
-    pub fn memory_changed(&mut self, mem: Option<&vm_memory::GuestMemoryMmap<()>>) {
+    pub fn memory_changed(&mut self, mem: Option<&crate::memory::GuestRam>) {
         self.rnic.set_memory(self.port.vm, mem);
         let lost: Vec<u32> = self
             .res

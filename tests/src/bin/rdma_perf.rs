@@ -36,7 +36,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use vhost::vhost_user::VhostUserProtocolFeatures;
 use vhost_user_rdma_tests::bench::{loadavg, pin_current, print_header, thread_placement};
+use vhost_user_rdma_tests::dirty_log::{log_bytes_for, DirtyLogFile};
 use vhost_user_rdma_tests::harness::TestDaemon;
 use vhost_user_rdma_tests::transport::VmmTransport;
 use vhost_user_rdma_tests::vmm::VmmOptions;
@@ -135,10 +137,19 @@ struct Args {
     /// --fence-elision). Default: off, as in the daemon.
     #[arg(long)]
     fence_elision: bool,
+    /// Both VMs' VMMs set a dirty log (`SET_LOG_BASE`) and turn logging on
+    /// (`VHOST_F_LOG_ALL`, spec 20.4), as during a live migration: every
+    /// write of the daemon into guest RAM marks its pages. The log is not
+    /// cleared during the run. Compare with and without in one run:
+    /// `scripts/perf-ab.sh -x --dirty-log HEAD HEAD -- ...`.
+    #[arg(long)]
+    dirty_log: bool,
 }
 
 /// Whether the VMs use shared-memory doorbells (`--shmem`).
 static SHMEM: AtomicBool = AtomicBool::new(false);
+/// Whether the VMs' VMMs log dirty pages (`--dirty-log`).
+static DIRTY_LOG: AtomicBool = AtomicBool::new(false);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Test {
@@ -553,18 +564,36 @@ fn ring_baseline(
 struct Vm {
     dev: Device,
     pd: Arc<Pd>,
+    /// The dirty log, with `--dirty-log`.
+    _log: Option<DirtyLogFile>,
 }
 
 fn open_vm(d: &TestDaemon, i: usize) -> Res<Vm> {
+    let base = VmmOptions::default();
+    let logging = DIRTY_LOG.load(Ordering::Relaxed);
     let opts = VmmOptions {
         shmem: SHMEM.load(Ordering::Relaxed),
-        ..VmmOptions::default()
+        protocol_features: if logging {
+            base.protocol_features | VhostUserProtocolFeatures::LOG_SHMFD
+        } else {
+            base.protocol_features
+        },
+        ..base
     };
-    let vmm = d.connect_with(i, opts)?;
+    let end = opts.mem.regions.iter().map(|r| r.end()).max().unwrap_or(0);
+    let mut vmm = d.connect_with(i, opts)?;
+    let log = if logging {
+        let log = DirtyLogFile::new(usize::try_from(log_bytes_for(end))?)?;
+        vmm.set_log_base(&log, log.len() as u64, 0)?;
+        vmm.set_log_all(true)?;
+        Some(log)
+    } else {
+        None
+    };
     let t = VmmTransport::new(vmm)?;
     let dev = Device::open(t)?;
     let pd = Pd::alloc(&dev)?;
-    Ok(Vm { dev, pd })
+    Ok(Vm { dev, pd, _log: log })
 }
 
 /// A registered buffer.
@@ -1283,6 +1312,7 @@ fn main() -> Res<()> {
     let cfg = Config::from_args(&args)?;
     print_header("rdma_perf");
     SHMEM.store(args.shmem, Ordering::Relaxed);
+    DIRTY_LOG.store(args.dirty_log, Ordering::Relaxed);
     println!(
         "  doorbells: {}; message buffers: {}",
         if args.shmem {

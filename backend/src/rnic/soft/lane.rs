@@ -90,6 +90,7 @@ pub(super) fn small_write(
     // regions of the two VMs' memories (checked by `HostMem::ptr`), mapped
     // while `cx` borrows them; `guest_to_guest` allows overlap.
     unsafe { volatile::guest_to_guest(src, dst, n) };
+    held.mem.dirty(dst_gpa, len);
     // What the responder does after a WRITE (`responder::respond`).
     let held = b.held.as_mut()?;
     held.state.comm_established(peer_qp);

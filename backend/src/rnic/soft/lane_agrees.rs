@@ -11,7 +11,7 @@ use std::sync::Arc;
 use virtio_rdma_abi::datapath::{SendWqe, Sge, WcOpcode, WcStatus, WrOpcode};
 use virtio_rdma_abi::mem::access as acc;
 use virtio_rdma_abi::qp::{AddressVector, QpState, QpType};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 use super::burst::{Burst, Held};
 use super::lane::small_write;
@@ -38,7 +38,7 @@ const LEN: u32 = 256;
 
 /// One VM of a pair: its memory, state, one RC QP and one region.
 struct Side {
-    gm: GuestMemoryMmap,
+    gm: crate::memory::GuestRam,
     host: HostMem,
     vm: VmState,
     qp: u32,
@@ -79,7 +79,7 @@ fn gid(vm: usize) -> [u8; 16] {
 }
 
 fn side(vm: usize, rnic: &Arc<dyn RnicObjects>, tenancy: &Arc<Tenancy>, setup: &Setup) -> Side {
-    let gm = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x1_0000)]).unwrap();
+    let gm = crate::memory::GuestRam::from_ranges(&[(GuestAddress(0), 0x1_0000)]).unwrap();
     let host = HostMem::new(Arc::new(gm.clone()));
     let port = PortIdentity {
         gids: crate::gid_table::GidTable::single(gid(vm)),

@@ -137,7 +137,7 @@ mod tests {
 
     use virtio_rdma_abi::datapath::{SendWqe, WcOpcode, WrOpcode};
     use virtio_rdma_abi::qp::{AddressVector, QpType};
-    use vm_memory::{GuestAddress, GuestMemoryMmap};
+    use vm_memory::{GuestAddress};
 
     use super::*;
     use crate::config::{DaemonConfig, Limits, TenantConfig};
@@ -172,7 +172,7 @@ mod tests {
         };
         let mut state = VmState::new(Limits::default(), rnic, port, Arc::new(Tenancy::default()));
         state.set_running(true);
-        let gm = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x1_0000)]).unwrap();
+        let gm = crate::memory::GuestRam::from_ranges(&[(GuestAddress(0), 0x1_0000)]).unwrap();
         let host = HostMem::new(Arc::new(gm));
         let mad = [7u8; 256];
         let wr = SendWr {

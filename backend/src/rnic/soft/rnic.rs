@@ -101,6 +101,7 @@ impl RnicObjects for SoftRnic {
             resize: true,
             gids: PortGids::PerVm,
             gsi: true,
+            dirty_log: true,
         }
     }
 
@@ -266,7 +267,7 @@ mod tests {
     use super::*;
     use crate::engine::testing;
     use virtio_rdma_abi::qp::QpType;
-    use vm_memory::{GuestAddress, GuestMemoryMmap};
+    use vm_memory::{GuestAddress};
 
     /// Spec 12.29, appendix D: XRC SRQ numbers are 24 bits, never 0, one
     /// owner each until freed; an RNIC without XRC does not offer `F_XRC`.
@@ -332,7 +333,7 @@ mod tests {
             handle: 1,
             incarnation: 0,
         };
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x1_0000)]).unwrap();
+        let mem = crate::memory::GuestRam::from_ranges(&[(GuestAddress(0), 0x1_0000)]).unwrap();
         let pages = testing::one_page(0, &mem);
         let spec = |remote| MrSpec {
             pd: 1,

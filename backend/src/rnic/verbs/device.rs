@@ -336,6 +336,8 @@ impl VerbsDevice {
             // `VerbsRnic::enable_cm` opens (spec appendix D).
             gids: PortGids::Host,
             gsi: false,
+            // The host NIC writes guest RAM by DMA (spec 20.4).
+            dirty_log: false,
         }
     }
 }

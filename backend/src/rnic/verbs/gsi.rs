@@ -281,7 +281,7 @@ mod tests {
     use virtio_rdma_abi::mem::{access as acc, CQE_SIZE};
     use virtio_rdma_abi::qp::GSI_QKEY;
     use virtio_rdma_abi::{Field, Wire};
-    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+    use vm_memory::{Bytes, GuestAddress};
 
     use super::*;
     use crate::config::{DaemonConfig, Limits};
@@ -302,7 +302,7 @@ mod tests {
     const SQ_PAGE: u64 = 0x2000;
     const RQ_PAGE: u64 = 0x3000;
 
-    fn two_pages(gm: &GuestMemoryMmap) -> crate::memory::PageList {
+    fn two_pages(gm: &crate::memory::GuestRam) -> crate::memory::PageList {
         use crate::memory::pagelist::PageListLimits;
         use virtio_rdma_abi::mem::{BufferDesc, PageListMode};
         let desc = BufferDesc {
@@ -327,7 +327,7 @@ mod tests {
     /// A running VM with its GSI QP in RTS (one CQ, a region at [`IOVA`]
     /// over the guest page [`PAGE`]).
     struct World {
-        gm: GuestMemoryMmap,
+        gm: crate::memory::GuestRam,
         host: HostMem,
         vm: VmState,
         qp: u32,
@@ -337,7 +337,7 @@ mod tests {
 
     impl World {
         fn new() -> World {
-            let gm = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x1_0000)]).unwrap();
+            let gm = crate::memory::GuestRam::from_ranges(&[(GuestAddress(0), 0x1_0000)]).unwrap();
             let host = HostMem::new(Arc::new(gm.clone()));
             let config = DaemonConfig::new(vec!["/nonexistent/vm0.sock".into()]);
             let tenancy = Arc::new(Tenancy::from_config(&config));

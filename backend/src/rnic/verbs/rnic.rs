@@ -19,7 +19,6 @@ use rdma_sys::{
 };
 use virtio_rdma_abi::datapath::WcOpcode;
 use virtio_rdma_abi::qp::{AddressVector, QpState, QpType, GSI_QPN};
-use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::attr::{self, Source};
@@ -164,7 +163,7 @@ pub(crate) struct VmHost {
     /// The VM's SRQs (the engine looks for new receives in them).
     pub srqs: AtomicU32,
     /// Guest RAM now (`None`: unmapped); windows are made over it.
-    mem: Mutex<Option<GuestMemoryMmap<()>>>,
+    mem: Mutex<Option<crate::memory::GuestRam>>,
     /// Its part of the host NIC and of the daemon's mappings.
     quota: Arc<VmQuota>,
 }
@@ -394,7 +393,7 @@ impl VerbsRnic {
     fn register(
         &self,
         pd: &Pd,
-        mem: &GuestMemoryMmap<()>,
+        mem: &crate::memory::GuestRam,
         mr: &MrSpec<'_>,
         span: u64,
         maps: &Arc<MapBudget>,
@@ -861,7 +860,7 @@ impl RnicObjects for VerbsRnic {
         self.vms.get(vm).map(|v| v.quota.usage())
     }
 
-    fn set_memory(&self, vm: usize, mem: Option<&GuestMemoryMmap<()>>) {
+    fn set_memory(&self, vm: usize, mem: Option<&crate::memory::GuestRam>) {
         if let Some(v) = self.vms.get(vm) {
             *lock(&v.mem) = mem.cloned();
         }
