@@ -473,6 +473,11 @@ if grep -q 'device state saved' "$dir/daemon.log" && grep -q 'device state loade
 else
   failed "the daemon's log has no save and load of the state"
 fi
+# The device's blackout, the most A's RC peers were held: from the source's save to the
+# destination's start (a measurement, printed, not a verdict).
+blackout=$(sed -n 's/.*running at instance [0-9]*, \([0-9]*\) ms after instance.*/\1/p' \
+  "$dir/daemon.log" | tail -n 1)
+echo "   MIGRATE-BLACKOUT: ${blackout:-?} ms from the source's save to the destination's start (daemon)"
 if kill -0 "$daemon_pid" 2>/dev/null; then ok "the daemon is alive"; else failed "the daemon died"; fi
 
 if [ "$fail" != 0 ]; then

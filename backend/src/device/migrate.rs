@@ -24,10 +24,14 @@ struct Saved {
     id: u64,
     from: usize,
     cell: Arc<VmCell>,
+    /// When it was saved: the source had stopped by then.
+    at: Instant,
 }
 
 /// A state one instance took from another, until either starts.
 struct Taken {
+    /// When the state was saved.
+    saved_at: Instant,
     from: usize,
     from_cell: Arc<VmCell>,
     to: usize,
@@ -84,6 +88,16 @@ impl MigrationBoard {
         let Some(t) = lock(&self.taken).remove(&identity) else {
             return;
         };
+        if t.to == vm {
+            // What the VM's peers saw as its blackout, at most: from the
+            // source's stop (its state saved) to the destination's start.
+            info!(
+                "VM {identity}: running at instance {vm}, {} ms after instance {} saved its state",
+                t.saved_at.elapsed().as_millis(),
+                t.from
+            );
+            return;
+        }
         if t.from != vm || t.to_cell.running() {
             return;
         }
@@ -194,6 +208,7 @@ impl RdmaDevice {
                 id,
                 from: self.id,
                 cell: self.cell.clone(),
+                at: Instant::now(),
             },
         );
         Ok(bytes)
@@ -353,6 +368,7 @@ impl RdmaDevice {
                 lock(&self.board.taken).insert(
                     identity,
                     Taken {
+                        saved_at: s.at,
                         from: s.from,
                         from_cell: s.cell.clone(),
                         to: self.id,
