@@ -425,6 +425,13 @@ fn invalidation_races_leave_no_stale_access() {
                 ok(&poll_one(&owner.cqa), 2, WcOpcode::LOCAL_INV);
                 done.store(i as u64 + 1, Ordering::Release);
             }
+            // The race needs the live writer to have tried once: on a busy
+            // machine it may be scheduled only now (it failed so once).
+            let deadline = Instant::now() + WAIT;
+            while live_ok.load(Ordering::Relaxed) + live_refused.load(Ordering::Relaxed) == 0 {
+                assert!(Instant::now() < deadline, "the live writer never ran");
+                std::thread::yield_now();
+            }
             stop.store(true, Ordering::Release);
         });
         // Through the key just invalidated: every one must fail.
