@@ -321,7 +321,11 @@ impl Router<'_> {
                     *route = match self.relookup(cx.state, h) {
                         RcRoute::To(r) => Some(r),
                         RcRoute::Nowhere => None,
-                        RcRoute::Gone => return Some(RespOutcome::Gone),
+                        // Destroyed while it was stopped: a reset, whose
+                        // failing of its peers flushes this QP's work
+                        // (spec 18.23); until then, as towards a host that
+                        // does not answer.
+                        RcRoute::Gone => return Some(RespOutcome::Unreachable),
                     };
                     continue;
                 }
