@@ -671,34 +671,11 @@ impl TestVmm {
     pub fn resume(&mut self, bases: &[u32]) -> Result<()> {
         let features = self.features;
         let regions = self.mem.region_infos()?;
-        let TestVmm {
-            conn,
-            ctrl,
-            events,
-            notify,
-            shmem,
-            ..
-        } = self;
-        let c = conn
-            .as_mut()
-            .ok_or_else(|| Error::Backend("disconnected".into()))?;
+        let c = self.conn()?;
         c.call("SET_FEATURES", |fe| fe.set_features(features))?;
         c.call("SET_MEM_TABLE", |fe| fe.set_mem_table(&regions))?;
-        let vrings: [&Vring; 3] = [ctrl.vring(), events.vring(), notify];
-        for (q, v) in vrings.into_iter().enumerate() {
-            let base = *bases
-                .get(q)
-                .ok_or_else(|| Error::Backend("a base per queue".into()))?;
-            let addr = v.config_data()?;
-            c.call("SET_VRING_NUM", |fe| fe.set_vring_num(q, v.size()))?;
-            let base = u16::try_from(base).map_err(|_| Error::Backend("base".into()))?;
-            c.call("SET_VRING_BASE", |fe| fe.set_vring_base(q, base))?;
-            c.call("SET_VRING_ADDR", |fe| fe.set_vring_addr(q, &addr))?;
-            c.call("SET_VRING_CALL", |fe| fe.set_vring_call(q, v.call_fd()))?;
-            c.call("SET_VRING_KICK", |fe| fe.set_vring_kick(q, v.kick_fd()))?;
-            c.call("SET_VRING_ENABLE", |fe| fe.set_vring_enable(q, true))?;
-        }
-        if let Some(w) = shmem {
+        self.resume_queues(bases)?;
+        if let Some(w) = &self.shmem {
             w.set_started(true);
         }
         Ok(())

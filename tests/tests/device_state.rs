@@ -14,6 +14,15 @@ use vhost_user_rdma_tests::vmm::VmmOptions;
 use virtio_rdma_abi::datapath::WcOpcode;
 use virtio_rdma_driver::{Cq, RecvWr, SendOp};
 
+/// A daemon of `vms` VMs and a standby of VM 0, the last instance.
+fn with_standby(vms: usize) -> TestDaemon {
+    TestDaemon::with_config(vms, |c| {
+        let socket = c.vms[0].socket.with_extension("standby");
+        c.add_standby(0, socket);
+    })
+    .unwrap()
+}
+
 #[test]
 fn a_vm_moves_to_a_new_daemon_with_its_objects_and_traffic_goes_on() {
     // Both daemons outlive the VM (its objects are destroyed through the
@@ -295,11 +304,7 @@ fn a_well_framed_state_that_lies_is_refused_and_leaves_nothing_taken() {
 #[test]
 fn a_vm_moves_to_its_standby_and_its_peer_keeps_the_connection() {
     use vhost_user_rdma_tests::dp::{fast, rc_pair_with};
-    let d = TestDaemon::with_config(2, |c| {
-        let socket = c.vms[0].socket.with_extension("standby");
-        c.add_standby(0, socket);
-    })
-    .unwrap();
+    let d = with_standby(2);
     assert_eq!(d.daemon().vm_count(), 3);
     let a = Vm::open(&d, 0, VmmOptions::default());
     let b = Vm::open(&d, 1, VmmOptions::default());
@@ -366,11 +371,7 @@ fn a_vm_moves_to_its_standby_and_its_peer_keeps_the_connection() {
 #[test]
 fn a_source_that_resumes_before_its_standby_starts_gets_its_state_back() {
     use vhost_user_rdma_tests::dp::rc_pair;
-    let d = TestDaemon::with_config(2, |c| {
-        let socket = c.vms[0].socket.with_extension("standby");
-        c.add_standby(0, socket);
-    })
-    .unwrap();
+    let d = with_standby(2);
     let a = Vm::open(&d, 0, VmmOptions::default());
     let b = Vm::open(&d, 1, VmmOptions::default());
     let p = rc_pair(&a, &b);
@@ -414,11 +415,7 @@ fn a_source_that_resumes_before_its_standby_starts_gets_its_state_back() {
 #[test]
 fn a_state_sent_before_the_memory_table_is_put_in_place_at_the_start() {
     use vhost_user_rdma_tests::dp::rc_pair;
-    let d = TestDaemon::with_config(2, |c| {
-        let socket = c.vms[0].socket.with_extension("standby");
-        c.add_standby(0, socket);
-    })
-    .unwrap();
+    let d = with_standby(2);
     let a = Vm::open(&d, 0, VmmOptions::default());
     let b = Vm::open(&d, 1, VmmOptions::default());
     let p = rc_pair(&a, &b);
@@ -452,11 +449,7 @@ fn a_state_sent_before_the_memory_table_is_put_in_place_at_the_start() {
 #[test]
 fn a_held_state_that_does_not_fit_at_the_start_fails_the_device() {
     use vhost_user_rdma::migration::{decode, encode};
-    let d = TestDaemon::with_config(1, |c| {
-        let socket = c.vms[0].socket.with_extension("standby");
-        c.add_standby(0, socket);
-    })
-    .unwrap();
+    let d = with_standby(1);
     let a = Vm::open(&d, 0, VmmOptions::default());
     let cq = Cq::create(&a.dev, 16).unwrap();
     let _q = rc_qp(&a, &cq);
