@@ -698,19 +698,7 @@ fn fd_of(major: u32, minor: u32, inode: u64) -> Result<File, LogError> {
 mod tests {
     use super::*;
 
-    fn memfd(size: u64, seals: libc::c_int) -> File {
-        // SAFETY: a valid NUL-terminated name; the call touches no memory.
-        let fd = unsafe { libc::memfd_create(c"log".as_ptr(), libc::MFD_ALLOW_SEALING) };
-        assert!(fd >= 0);
-        // SAFETY: a new descriptor nobody else owns.
-        let f = unsafe { File::from_raw_fd(fd) };
-        f.set_len(size).unwrap();
-        if seals != 0 {
-            // SAFETY: as above, on a descriptor we own.
-            assert_eq!(unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) }, 0);
-        }
-        f
-    }
+    use crate::memory::table::tests::memfd;
 
     #[test]
     fn marks_whole_pages_and_stops_at_the_end() {

@@ -116,10 +116,11 @@ pub fn check_table(mem: &GuestRam, allow_unsealed: bool) -> Result<(), TableErro
 }
 
 #[cfg(test)]
-mod tests {
+pub(in crate::memory) mod tests {
     use super::*;
 
-    fn memfd(size: u64, seals: libc::c_int) -> File {
+    /// A memfd of `size` bytes with `seals` (shared with the log's tests).
+    pub(in crate::memory) fn memfd(size: u64, seals: libc::c_int) -> File {
         use std::os::fd::FromRawFd;
         // SAFETY: a valid NUL-terminated name; the call touches no memory.
         let fd = unsafe { libc::memfd_create(c"t".as_ptr(), libc::MFD_ALLOW_SEALING) };
