@@ -88,6 +88,7 @@ pub mod conn_pool;
 pub mod device;
 pub mod events;
 pub mod gid_table;
+pub mod handover;
 pub mod keys;
 pub mod logging;
 pub mod metrics;

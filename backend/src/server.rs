@@ -4,6 +4,7 @@
 //! its VM held is released and the socket accepts the next connection.
 
 use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -21,6 +22,8 @@ use crate::config::{ConfigError, DaemonConfig};
 use crate::device::{RdmaDevice, Shared, EVENT_WAKE};
 use crate::engine::{EnginePlan, Engines};
 use crate::gid_table::GidTable;
+use crate::handover::internal::{connect_handler, InternalError, PrivateDir};
+use crate::handover::relay::{Link, Relay};
 use crate::keys::KeySource;
 use crate::qos::QosTable;
 use crate::rnic::{OpenError, Rnic};
@@ -160,6 +163,7 @@ impl Daemon {
             .map_err(ServerError::Spawn)?,
         );
         let stop = Arc::new(AtomicBool::new(false));
+        let dir = Arc::new(PrivateDir::create().map_err(ServerError::Spawn)?);
         let mut keys = KeySource::new();
         let mut slots = Vec::new();
         let mut threads = Vec::new();
@@ -192,6 +196,7 @@ impl Daemon {
             engines.register(index, slot.device.cell());
             let ctx = ServeCtx {
                 slot: slot.clone(),
+                dir: dir.clone(),
                 stop: stop.clone(),
                 index,
             };
@@ -339,6 +344,7 @@ impl Daemon {
 
 struct ServeCtx {
     slot: Arc<VmSlot>,
+    dir: Arc<PrivateDir>,
     stop: Arc<AtomicBool>,
     index: usize,
 }
@@ -363,7 +369,22 @@ impl ServeCtx {
         );
     }
 
-    fn serve_one(&self, listener: &mut Listener) -> Result<(), BackendError> {
+    fn serve_one(&self, listener: &mut Listener) -> Result<(), ServeError> {
+        let vmm = loop {
+            if let Some(s) = listener.accept().map_err(ServeError::Accept)? {
+                break s;
+            }
+        };
+        if self.stop.load(Ordering::Acquire) {
+            // The connection that woke accept() for shutdown: no VMM, so
+            // nothing to count or report.
+            return Ok(());
+        }
+        self.serve_connection(vmm)
+    }
+
+    /// Serves one VMM connection until it ends.
+    fn serve_connection(&self, vmm: UnixStream) -> Result<(), ServeError> {
         let device = self.slot.device.clone();
         // The device learns of its queues' starts and stops (spec 15.1).
         let device_dyn: Arc<dyn QueueObserver> = device.clone();
@@ -374,7 +395,8 @@ impl ServeCtx {
                 device.clone(),
                 GuestMemoryAtomic::new(crate::memory::GuestRam::new()),
             )
-        })?;
+        })
+        .map_err(ServeError::Backend)?;
         // The engine wakes this connection's worker to deliver its events.
         if let Some(h) = daemon.get_epoll_handlers().first() {
             if let Err(e) = h.register_listener(
@@ -385,23 +407,25 @@ impl ServeCtx {
                 warn!("VM {}: cannot watch the event wake fd: {e}", self.index);
             }
         }
-        let started = daemon.start(listener);
-        if let Err(e) = started {
-            device.stop_workers();
-            drop(daemon);
-            device.close_exit_consumers();
-            return Err(e);
-        }
-        if self.stop.load(Ordering::Acquire) {
-            // The connection that woke accept() for shutdown: no VMM, so
-            // nothing to count or report.
-            daemon.request_shutdown();
-            let _ = daemon.wait();
-            device.stop_workers();
-            drop(daemon);
-            device.close_exit_consumers();
-            return Ok(());
-        }
+        let name = format!("vm{}", self.index);
+        let relay = connect_handler(&self.dir, &name, |p| daemon.start_client(p))
+            .map_err(ServeError::Handler)
+            .and_then(|handler| {
+                Relay::spawn(Link::new(vmm, handler), &format!("{name}-relay"))
+                    .map_err(ServeError::Relay)
+            });
+        let relay = match relay {
+            Ok(r) => r,
+            Err(e) => {
+                daemon.request_shutdown();
+                let _ = daemon.wait();
+                device.stop_workers();
+                drop(daemon);
+                device.close_exit_consumers();
+                return Err(e);
+            }
+        };
+        *lock(&self.slot.relay) = Some(relay);
         *lock(&self.slot.shutdown) = daemon.shutdown_handle();
         self.slot.connected.store(true, Ordering::Release);
         let n = self.slot.connections.fetch_add(1, Ordering::AcqRel) + 1;
@@ -414,6 +438,9 @@ impl ServeCtx {
             Err(e) => warn!("VM {}: connection ended: {e}", self.index),
         }
         lock(&self.slot.shutdown).take();
+        if let Some(r) = lock(&self.slot.relay).take() {
+            r.close();
+        }
         device.stop_workers();
         // Joins the connection's workers.
         drop(daemon);
@@ -423,4 +450,21 @@ impl ServeCtx {
         info!("VM {}: VMM disconnected, resources released", self.index);
         Ok(())
     }
+}
+
+/// Why serving one connection failed.
+#[derive(Debug, Error)]
+enum ServeError {
+    /// Accepting a connection failed.
+    #[error("accept: {0}")]
+    Accept(VhostUserError),
+    /// The vhost-user handler could not be set up.
+    #[error("{0}")]
+    Backend(BackendError),
+    /// The handler could not connect to the relay.
+    #[error("{0}")]
+    Handler(InternalError),
+    /// The relay could not start.
+    #[error("cannot start the relay: {0}")]
+    Relay(std::io::Error),
 }

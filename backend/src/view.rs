@@ -15,6 +15,7 @@ use vhost_user_backend::ShutdownHandle;
 
 use crate::device::{DeviceStats, RdmaDevice, Shared};
 use crate::engine::{EngineStats, Engines};
+use crate::handover::relay::Relay;
 use crate::qos::QosTable;
 use crate::sync::lock;
 use crate::tenancy::Tenancy;
@@ -46,6 +47,9 @@ pub(crate) struct VmSlot {
     pub(crate) listen_wake: OwnedFd,
     pub(crate) device: Arc<RdmaDevice>,
     pub(crate) shutdown: Mutex<Option<ShutdownHandle>>,
+    /// The relay of the VMM's connection, while one is connected and the
+    /// relay runs.
+    pub(crate) relay: Mutex<Option<Relay>>,
     pub(crate) connected: AtomicBool,
     pub(crate) connections: AtomicU64,
     /// The last device statistics the operator interfaces read, and when.
@@ -65,6 +69,7 @@ impl VmSlot {
             listen_wake,
             device,
             shutdown: Mutex::new(None),
+            relay: Mutex::new(None),
             connected: AtomicBool::new(false),
             connections: AtomicU64::new(0),
             last_stats: Mutex::new(None),

@@ -264,15 +264,14 @@ fn threads() -> Vec<String> {
     names
 }
 
-/// Vring worker threads while nothing happens: VM 1's connection and VM 0
-/// waiting for its next VMM.
-const SETTLED_WORKERS: usize = 2;
+/// Vring worker threads while nothing happens: VM 1's connection's (VM 0,
+/// waiting for its next VMM, makes its handler only once one connects).
+const SETTLED_WORKERS: usize = 1;
 
-/// Waits until the daemon waits for VM 0's next VMM. Between two
-/// connections it drops the ended connection's workers and descriptors and
-/// only then makes the next connection's (a worker thread, its epoll and
-/// exit events): descriptors counted in that gap are too few, and the next
-/// comparison would blame the input for the daemon's ordinary set.
+/// Waits until the daemon waits for VM 0's next VMM, the ended
+/// connection's handler gone (its worker thread, epoll and exit events):
+/// descriptors counted before that are too many, and the comparison would
+/// blame the input for the daemon's ordinary set.
 fn settled() {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

@@ -16,7 +16,6 @@ pub mod client;
 pub mod ctl;
 
 use std::io::{ErrorKind, Read, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -134,26 +133,9 @@ impl MgmtServer {
 /// socket's mode already keeps others out; this also covers a connection
 /// made in the moment between creating the socket and restricting its mode.
 fn peer_allowed(stream: &UnixStream) -> bool {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: u32::MAX,
-        gid: u32::MAX,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `cred` and `len` are valid, exclusively borrowed out
-    // parameters of the size given; the fd is the open socket `stream`.
-    let r = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            std::ptr::addr_of_mut!(cred).cast(),
-            &mut len,
-        )
-    };
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
-    r == 0 && (cred.uid == me || cred.uid == 0)
+    crate::handover::internal::peer_cred(stream).is_some_and(|c| c.uid == me || c.uid == 0)
 }
 
 fn accept_loop(listener: UnixListener, view: DaemonView, stop: Arc<AtomicBool>) {

@@ -1,0 +1,17 @@
+//! Serving a VMM's connection through a relay, and handing every VM over
+//! to a new daemon process (a live upgrade, spec 20.7).
+//!
+//! Each VMM connection reaches its in-process vhost-user handler through
+//! a [`relay::Relay`] that keeps a [`record::SessionRecord`] of what the
+//! VMM configured. A hand-over pauses the relays, stops the rings and
+//! saves each device's state as a migration would; the new daemon gets
+//! the VMM connections, the listening sockets and every descriptor the
+//! VMMs sent, configures fresh handlers from the records, loads the
+//! states and starts the rings where they stopped. The VMMs go on talking
+//! to the same connections and notice nothing but the pause.
+
+pub mod frame;
+pub mod internal;
+pub mod record;
+pub mod relay;
+pub mod rings;
