@@ -770,6 +770,9 @@ pub struct DaemonConfig {
     pub allow_unsealed_memory: bool,
     /// Path of the management socket (JSON API); `None`: none.
     pub mgmt_socket: Option<PathBuf>,
+    /// Path of the hand-over socket a successor daemon takes every VM
+    /// over on (spec 20.7); `None`: none.
+    pub handover_socket: Option<PathBuf>,
     /// Address of the Prometheus metrics HTTP listener; `None`: none.
     pub metrics_listen: Option<std::net::SocketAddr>,
 }
@@ -794,6 +797,7 @@ impl DaemonConfig {
             fence_elision: false,
             allow_unsealed_memory: false,
             mgmt_socket: None,
+            handover_socket: None,
             metrics_listen: None,
         };
         for s in sockets {

@@ -379,6 +379,7 @@ struct DaemonTable {
     engine_threads: Option<Spanned<usize>>,
     engine_cpus: Option<Spanned<Vec<usize>>>,
     mgmt_socket: Option<PathBuf>,
+    handover_socket: Option<PathBuf>,
     metrics_listen: Option<Spanned<String>>,
     log_format: Option<crate::logging::LogFormat>,
 }
@@ -595,6 +596,7 @@ impl Source<'_> {
             config.engine_cpus = cpus.get_ref().clone();
         }
         config.mgmt_socket = d.mgmt_socket.clone();
+        config.handover_socket = d.handover_socket.clone();
         if let Some(l) = &d.metrics_listen {
             let addr = l.get_ref().parse().map_err(|_| FileError::BadListen {
                 at: self.at(l.span()),

@@ -90,6 +90,7 @@ pub mod events;
 pub mod gid_table;
 pub mod handover;
 pub mod keys;
+pub mod local_socket;
 pub mod logging;
 pub mod metrics;
 pub mod mgmt;

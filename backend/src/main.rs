@@ -108,6 +108,16 @@ struct Args {
     /// the file's [daemon] mgmt_socket.
     #[arg(long, value_name = "PATH")]
     mgmt_socket: Option<PathBuf>,
+    /// Hand-over socket, where a successor daemon (`--take-over`) takes
+    /// every VM over for a live upgrade; replaces the file's [daemon]
+    /// handover_socket.
+    #[arg(long, value_name = "PATH")]
+    handover_socket: Option<PathBuf>,
+    /// Take every VM over from the daemon serving the hand-over socket,
+    /// which exits once this one serves them (a live upgrade, spec 20.7);
+    /// the configuration must name the same VMs and sockets.
+    #[arg(long)]
+    take_over: bool,
     /// Serve Prometheus metrics over HTTP on this address (GET /metrics);
     /// replaces the file's [daemon] metrics_listen.
     #[arg(long, value_name = "ADDR:PORT")]
@@ -335,6 +345,9 @@ fn daemon_config(a: Args) -> Result<(DaemonConfig, Option<LogFormat>), ArgsError
     if a.mgmt_socket.is_some() {
         config.mgmt_socket = a.mgmt_socket;
     }
+    if a.handover_socket.is_some() {
+        config.handover_socket = a.handover_socket;
+    }
     if a.metrics_listen.is_some() {
         config.metrics_listen = a.metrics_listen;
     }
@@ -388,6 +401,7 @@ fn main() -> ExitCode {
         None => {}
     }
     let cli_format = args.log_format;
+    let take_over = args.take_over;
     let (config, format) = match daemon_config(args) {
         Ok(c) => c,
         Err(e) => {
@@ -398,7 +412,12 @@ fn main() -> ExitCode {
     };
     logging::init(format.unwrap_or_default());
     let signals = block_signals();
-    match vhost_user_rdma::Daemon::start(config) {
+    let started = if take_over {
+        vhost_user_rdma::Daemon::take_over(config)
+    } else {
+        vhost_user_rdma::Daemon::start(config)
+    };
+    match started {
         Ok(d) => {
             let sig = wait_for_signal(&signals);
             info!("signal {sig}: shutting down");

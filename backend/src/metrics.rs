@@ -28,6 +28,7 @@
 use std::fmt::Write as _;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
@@ -72,6 +73,8 @@ pub enum MetricsError {
 /// A running metrics HTTP server.
 pub struct MetricsServer {
     addr: SocketAddr,
+    /// A second descriptor of the listening socket, for a hand-over.
+    listener: OwnedFd,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -80,8 +83,19 @@ impl MetricsServer {
     /// Listens on `addr` (port 0: any free port) and serves `view`.
     pub fn start(addr: SocketAddr, view: DaemonView) -> Result<MetricsServer, MetricsError> {
         let bind_err = |source| MetricsError::Bind { addr, source };
-        let listener = TcpListener::bind(addr).map_err(bind_err)?;
-        let addr = listener.local_addr().map_err(bind_err)?;
+        Self::adopt(TcpListener::bind(addr).map_err(bind_err)?, view)
+    }
+
+    /// Serves `view` on `listener` (bound by the daemon this one took
+    /// over from).
+    pub fn adopt(listener: TcpListener, view: DaemonView) -> Result<MetricsServer, MetricsError> {
+        let local = listener.local_addr();
+        let addr = local.map_err(|source| MetricsError::Bind {
+            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+            source,
+        })?;
+        let bind_err = |source| MetricsError::Bind { addr, source };
+        let dup = listener.try_clone().map_err(bind_err)?.into();
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let thread = thread::Builder::new()
@@ -90,6 +104,7 @@ impl MetricsServer {
             .map_err(MetricsError::Spawn)?;
         Ok(MetricsServer {
             addr,
+            listener: dup,
             stop,
             thread: Some(thread),
         })
@@ -98,6 +113,11 @@ impl MetricsServer {
     /// The address it listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The listening socket.
+    pub fn listener(&self) -> BorrowedFd<'_> {
+        self.listener.as_fd()
     }
 
     /// Stops serving and waits for the connection threads.

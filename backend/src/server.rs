@@ -3,7 +3,7 @@
 //! When a VMM disconnects, everything
 //! its VM held is released and the socket accepts the next connection.
 
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,8 +22,12 @@ use crate::config::{ConfigError, DaemonConfig};
 use crate::device::{RdmaDevice, Shared, EVENT_WAKE};
 use crate::engine::{EnginePlan, Engines};
 use crate::gid_table::GidTable;
+use crate::handover::give::{give, OpsPorts, VmPort};
+use crate::handover::hold::AcceptHold;
 use crate::handover::internal::{connect_handler, InternalError, PrivateDir};
+use crate::handover::listen::Giver;
 use crate::handover::relay::{Link, Relay};
+use crate::handover::{rings, take, HandoverServer};
 use crate::keys::KeySource;
 use crate::qos::QosTable;
 use crate::rnic::{OpenError, Rnic};
@@ -63,6 +67,12 @@ pub enum ServerError {
     /// The metrics listener could not be set up.
     #[error(transparent)]
     Metrics(#[from] crate::metrics::MetricsError),
+    /// The hand-over socket could not be set up.
+    #[error(transparent)]
+    HandoverSocket(#[from] crate::handover::HandoverError),
+    /// Taking the VMs over from the running daemon failed (it serves on).
+    #[error("hand-over: {0}")]
+    HandOver(String),
 }
 
 /// A running daemon.
@@ -75,6 +85,9 @@ pub struct Daemon {
     shared: Shared,
     mgmt: Option<crate::mgmt::MgmtServer>,
     metrics: Option<crate::metrics::MetricsServer>,
+    handover: Option<HandoverServer>,
+    dir: Arc<PrivateDir>,
+    names: Vec<String>,
 }
 
 /// The port identity of VM `index`: its GID table and a random GUID.
@@ -129,13 +142,75 @@ impl Daemon {
     /// software RNIC's data path over a wrapper of its object half, e.g.
     /// to hand a freed QP number out again at once: [`Rnic::soft`]).
     pub fn start_with_rnic(config: DaemonConfig, rnic: Rnic) -> Result<Daemon, ServerError> {
+        let mut daemon = Self::start_serving(&config, rnic, Vec::new())?;
+        if let Err(e) = daemon.start_operations(&config, None) {
+            daemon.shutdown();
+            return Err(e);
+        }
+        Ok(daemon)
+    }
+
+    /// Takes every VM over from the daemon serving the configuration's
+    /// hand-over socket (a live upgrade, spec 20.7): the same VMs, sockets
+    /// and connections, each device's state loaded and its rings started
+    /// where they stopped. Until this daemon says it is ready, a failure
+    /// leaves the running daemon serving.
+    pub fn take_over(config: DaemonConfig) -> Result<Daemon, ServerError> {
+        config.validate()?;
+        let path = config
+            .handover_socket
+            .clone()
+            .ok_or_else(|| ServerError::HandOver("no hand-over socket configured".into()))?;
+        let began = std::time::Instant::now();
+        let mut s = UnixStream::connect(&path)
+            .map_err(|e| ServerError::HandOver(format!("cannot reach {}: {e}", path.display())))?;
+        let vms: Vec<(String, PathBuf)> = config
+            .vms
+            .iter()
+            .map(|v| (v.name.clone(), v.socket.clone()))
+            .collect();
+        let _ = s.set_read_timeout(Some(crate::handover::listen::STALL));
+        let _ = s.set_write_timeout(Some(crate::handover::listen::STALL));
+        let (inherited, gate, ops) = take::receive(&mut s, &vms).map_err(ServerError::HandOver)?;
+        let connected = inherited.iter().filter(|i| i.adoption.is_some()).count();
+        let started = Rnic::open(&config)
+            .map_err(ServerError::from)
+            .and_then(|rnic| Self::start_serving(&config, rnic, inherited));
+        let mut daemon = match started {
+            Ok(d) => d,
+            Err(e) => {
+                take::abandon(&mut s, &gate, &e.to_string());
+                return Err(e);
+            }
+        };
+        take::finish(&mut s, &gate).map_err(ServerError::HandOver)?;
+        // From the request to the commit: the VMs' rings stopped within
+        // it (the blackout guests and peers see, at most).
+        let blackout = began.elapsed();
+        info!(
+            "took over {} VMs ({connected} connected) from the daemon on {} in {} ms",
+            vms.len(),
+            path.display(),
+            blackout.as_millis()
+        );
+        daemon.start_operations(&config, Some(ops))?;
+        Ok(daemon)
+    }
+
+    /// Starts the engines and a serving thread per VM: on a new listening
+    /// socket, or on the one `inherited` gives for it (a hand-over).
+    fn start_serving(
+        config: &DaemonConfig,
+        rnic: Rnic,
+        inherited: Vec<take::Inherited>,
+    ) -> Result<Daemon, ServerError> {
         config.validate()?;
         let objects = rnic.objects().clone();
         let caps = objects.caps();
         let tables: Vec<GidTable> = (0..config.vms.len())
-            .map(|i| port_gids(&config, objects.as_ref(), &caps, i))
+            .map(|i| port_gids(config, objects.as_ref(), &caps, i))
             .collect();
-        let tenancy = Arc::new(Tenancy::with_gid_tables(&config, &tables));
+        let tenancy = Arc::new(Tenancy::with_gid_tables(config, &tables));
         crate::logging::register_vms(&tenancy);
         let mut shared = Shared::new(
             tenancy,
@@ -158,7 +233,7 @@ impl Daemon {
                 Arc::new(rnic),
                 shared.tenancy.clone(),
                 shared.qos.clone(),
-                EnginePlan::from_config(&config),
+                EnginePlan::from_config(config),
             )
             .map_err(ServerError::Spawn)?,
         );
@@ -167,12 +242,22 @@ impl Daemon {
         let mut keys = KeySource::new();
         let mut slots = Vec::new();
         let mut threads = Vec::new();
+        let mut inherited = inherited.into_iter();
         for (index, vm) in config.vms.iter().enumerate() {
             let path = &vm.socket;
-            let listener = Listener::new(path, true).map_err(|source| ServerError::Listen {
-                path: path.clone(),
-                source,
-            })?;
+            let (listener, adoption) = match inherited.next() {
+                Some(i) => (
+                    Listener::from(std::os::unix::net::UnixListener::from(i.listener)),
+                    i.adoption,
+                ),
+                None => (
+                    Listener::new(path, true).map_err(|source| ServerError::Listen {
+                        path: path.clone(),
+                        source,
+                    })?,
+                    None,
+                ),
+            };
             let gids = tables
                 .get(index)
                 .copied()
@@ -192,7 +277,22 @@ impl Daemon {
             let listen_wake = unsafe { BorrowedFd::borrow_raw(listener.as_raw_fd()) }
                 .try_clone_to_owned()
                 .map_err(ServerError::Spawn)?;
-            let slot = Arc::new(VmSlot::new(path.clone(), Arc::new(device), listen_wake));
+            let hold = AcceptHold::new().map_err(ServerError::Spawn)?;
+            // Accepting polls first (a hand-over holds it), and a successor
+            // shares the socket: a connection another took is no reason to
+            // block.
+            listener
+                .set_nonblocking(true)
+                .map_err(|source| ServerError::Listen {
+                    path: path.clone(),
+                    source,
+                })?;
+            let slot = Arc::new(VmSlot::new(
+                path.clone(),
+                Arc::new(device),
+                listen_wake,
+                hold,
+            ));
             engines.register(index, slot.device.cell());
             let ctx = ServeCtx {
                 slot: slot.clone(),
@@ -202,7 +302,7 @@ impl Daemon {
             };
             let t = thread::Builder::new()
                 .name(format!("vm{index}"))
-                .spawn(move || ctx.serve(listener))
+                .spawn(move || ctx.serve(listener, adoption))
                 .map_err(ServerError::Spawn)?;
             info!(
                 vm = vm.name.as_str(), tenant = vm.tenant.as_str();
@@ -218,7 +318,7 @@ impl Daemon {
             slots.push(slot);
             threads.push(t);
         }
-        let mut daemon = Daemon {
+        Ok(Daemon {
             slots,
             threads,
             stop,
@@ -227,26 +327,81 @@ impl Daemon {
             shared,
             mgmt: None,
             metrics: None,
-        };
-        if let Err(e) = daemon.start_operations(&config) {
-            daemon.shutdown();
-            return Err(e);
-        }
-        Ok(daemon)
+            handover: None,
+            dir,
+            names: config.vms.iter().map(|v| v.name.clone()).collect(),
+        })
     }
 
-    /// Starts the management socket and the metrics listener, if configured.
-    fn start_operations(&mut self, config: &DaemonConfig) -> Result<(), ServerError> {
+    /// Starts the management socket, the metrics listener and the
+    /// hand-over socket, if configured: on the running daemon's listening
+    /// sockets in `inherited` (a hand-over), else on new ones.
+    fn start_operations(
+        &mut self,
+        config: &DaemonConfig,
+        inherited: Option<take::OpsInherited>,
+    ) -> Result<(), ServerError> {
+        let (mut handover, mut mgmt, mut metrics) = match inherited {
+            Some(o) => (Some(o.handover), o.mgmt, o.metrics),
+            None => (None, None, None),
+        };
         if let Some(path) = &config.mgmt_socket {
-            self.mgmt = Some(crate::mgmt::MgmtServer::start(path, self.view())?);
+            let m = match mgmt.take() {
+                Some(fd) => crate::mgmt::MgmtServer::adopt(path, fd.into(), self.view())?,
+                None => crate::mgmt::MgmtServer::start(path, self.view())?,
+            };
+            self.mgmt = Some(m);
             info!("management socket on {}", path.display());
         }
         if let Some(addr) = config.metrics_listen {
-            let m = crate::metrics::MetricsServer::start(addr, self.view())?;
+            let m = match metrics.take() {
+                Some(fd) => crate::metrics::MetricsServer::adopt(fd.into(), self.view())?,
+                None => crate::metrics::MetricsServer::start(addr, self.view())?,
+            };
             info!("metrics on http://{}/metrics", m.local_addr());
             self.metrics = Some(m);
         }
+        if let Some(path) = &config.handover_socket {
+            let give = self.giver()?;
+            let h = match handover.take() {
+                Some(fd) => HandoverServer::adopt(path, fd.into(), give, self.dir.clone())?,
+                None => HandoverServer::start(path, give, self.dir.clone())?,
+            };
+            info!("hand-over socket on {}", path.display());
+            self.handover = Some(h);
+        }
         Ok(())
+    }
+
+    /// What runs a hand-over of this daemon's VMs and listening sockets.
+    fn giver(&self) -> Result<Giver, ServerError> {
+        let slots = self.slots.clone();
+        let names = self.names.clone();
+        let dup = |fd: Option<BorrowedFd>| fd.map(|f| f.try_clone_to_owned()).transpose();
+        let mgmt = dup(self.mgmt.as_ref().map(|m| m.listener())).map_err(ServerError::Spawn)?;
+        let metrics =
+            dup(self.metrics.as_ref().map(|m| m.listener())).map_err(ServerError::Spawn)?;
+        Ok(Box::new(move |s: &mut UnixStream, own: BorrowedFd| {
+            let ports: Vec<VmPort> = slots
+                .iter()
+                .zip(&names)
+                .map(|(slot, name)| VmPort {
+                    name,
+                    path: &slot.path,
+                    listener: slot.listen_wake.as_fd(),
+                    accept: &slot.accept,
+                    relay: &slot.relay,
+                    connected: slot.connected.load(Ordering::Acquire),
+                    device: &slot.device,
+                })
+                .collect();
+            let ops = OpsPorts {
+                handover: own,
+                mgmt: mgmt.as_ref().map(AsFd::as_fd),
+                metrics: metrics.as_ref().map(AsFd::as_fd),
+            };
+            give(&ports, &ops, s)
+        }))
     }
 
     /// What the operator interfaces see of the daemon.
@@ -318,6 +473,9 @@ impl Daemon {
         if let Some(m) = self.mgmt.take() {
             m.stop();
         }
+        if let Some(h) = self.handover.take() {
+            h.stop();
+        }
         if let Some(m) = self.metrics.take() {
             m.stop();
         }
@@ -326,11 +484,8 @@ impl Daemon {
             if let Some(h) = lock(&slot.shutdown).take() {
                 h.shutdown();
             }
-            // Wake a thread blocked in accept() (Linux fails it with
-            // EINVAL); it then sees the stop flag.
-            // SAFETY: a valid descriptor the slot owns; shutdown(2) changes
-            // no memory.
-            let _ = unsafe { libc::shutdown(slot.listen_wake.as_raw_fd(), libc::SHUT_RDWR) };
+            // A thread waiting to accept, or held, then sees the stop flag.
+            slot.accept.notify_stop();
         }
         for t in self.threads {
             let _ = t.join();
@@ -350,7 +505,12 @@ struct ServeCtx {
 }
 
 impl ServeCtx {
-    fn serve(self, mut listener: Listener) {
+    fn serve(self, mut listener: Listener, adoption: Option<take::Adoption>) {
+        if let Some(a) = adoption {
+            if let Err(e) = self.serve_connection(a.vmm, Some(a.rest)) {
+                error!("VM {}: {e}", self.index);
+            }
+        }
         while !self.stop.load(Ordering::Acquire) {
             if let Err(e) = self.serve_one(&mut listener) {
                 if self.stop.load(Ordering::Acquire) {
@@ -370,21 +530,75 @@ impl ServeCtx {
     }
 
     fn serve_one(&self, listener: &mut Listener) -> Result<(), ServeError> {
+        let hold = &self.slot.accept;
         let vmm = loop {
-            if let Some(s) = listener.accept().map_err(ServeError::Accept)? {
-                break s;
+            if !hold.may_accept(&self.stop) {
+                return Ok(());
+            }
+            hold.idle();
+            let fds = [listener.as_raw_fd(), hold.wake_fd()];
+            let ready = crate::handover::relay::readable(&fds).map_err(ServeError::Poll)?;
+            if ready[1] {
+                // A hold or the stop: decided at the top.
+                hold.woken();
+                continue;
+            }
+            if !hold.may_accept(&self.stop) {
+                return Ok(());
+            }
+            match listener.accept().map_err(ServeError::Accept)? {
+                Some(s) => break s,
+                // Another took it (a successor sharing the socket).
+                None => hold.idle(),
             }
         };
-        if self.stop.load(Ordering::Acquire) {
-            // The connection that woke accept() for shutdown: no VMM, so
-            // nothing to count or report.
-            return Ok(());
-        }
-        self.serve_connection(vmm)
+        let r = self.serve_connection(vmm, None);
+        hold.idle();
+        r
     }
 
-    /// Serves one VMM connection until it ends.
-    fn serve_connection(&self, vmm: UnixStream) -> Result<(), ServeError> {
+    /// The hand-over's part of a connection taken over: configure the
+    /// fresh handler as the VMM configured the old one, load the device
+    /// state, and once every VM is ready and the running daemon stopped,
+    /// start the rings where they stopped.
+    fn adopt(
+        &self,
+        vmm: UnixStream,
+        handler: UnixStream,
+        taken: take::Taken,
+    ) -> Result<Link, ServeError> {
+        let take::Taken {
+            record,
+            bases,
+            state,
+            gate,
+        } = taken;
+        let mut link = Link::with_record(vmm, handler, record);
+        let prepared = rings::configure(&mut link)
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                self.slot
+                    .device
+                    .load_state(&state)
+                    .map_err(|e| e.to_string())
+            })
+            .map_err(|e| format!("VM {}: {e}", self.index));
+        let ok = prepared.is_ok();
+        gate.prepared(prepared);
+        if !ok || !gate.wait_decision() {
+            return Err(ServeError::HandOver);
+        }
+        rings::start(&mut link, &bases).map_err(|e| ServeError::Rings(e.to_string()))?;
+        Ok(link)
+    }
+
+    /// Serves one VMM connection until it ends (`taken`: one taken over
+    /// from the running daemon).
+    fn serve_connection(
+        &self,
+        vmm: UnixStream,
+        taken: Option<take::Taken>,
+    ) -> Result<(), ServeError> {
         let device = self.slot.device.clone();
         // The device learns of its queues' starts and stops (spec 15.1).
         let device_dyn: Arc<dyn QueueObserver> = device.clone();
@@ -410,9 +624,12 @@ impl ServeCtx {
         let name = format!("vm{}", self.index);
         let relay = connect_handler(&self.dir, &name, |p| daemon.start_client(p))
             .map_err(ServeError::Handler)
-            .and_then(|handler| {
-                Relay::spawn(Link::new(vmm, handler), &format!("{name}-relay"))
-                    .map_err(ServeError::Relay)
+            .and_then(|handler| match taken {
+                None => Ok(Link::new(vmm, handler)),
+                Some(t) => self.adopt(vmm, handler, t),
+            })
+            .and_then(|link| {
+                Relay::spawn(link, &format!("{name}-relay")).map_err(ServeError::Relay)
             });
         let relay = match relay {
             Ok(r) => r,
@@ -426,6 +643,7 @@ impl ServeCtx {
             }
         };
         *lock(&self.slot.relay) = Some(relay);
+        self.slot.accept.serving();
         *lock(&self.slot.shutdown) = daemon.shutdown_handle();
         self.slot.connected.store(true, Ordering::Release);
         let n = self.slot.connections.fetch_add(1, Ordering::AcqRel) + 1;
@@ -458,6 +676,9 @@ enum ServeError {
     /// Accepting a connection failed.
     #[error("accept: {0}")]
     Accept(VhostUserError),
+    /// Waiting for a connection failed.
+    #[error("poll: {0}")]
+    Poll(std::io::Error),
     /// The vhost-user handler could not be set up.
     #[error("{0}")]
     Backend(BackendError),
@@ -467,4 +688,10 @@ enum ServeError {
     /// The relay could not start.
     #[error("cannot start the relay: {0}")]
     Relay(std::io::Error),
+    /// A hand-over this connection was part of did not go through.
+    #[error("the hand-over did not go through")]
+    HandOver,
+    /// The rings of a connection taken over did not start.
+    #[error("cannot start the rings taken over: {0}")]
+    Rings(String),
 }

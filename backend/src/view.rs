@@ -15,6 +15,7 @@ use vhost_user_backend::ShutdownHandle;
 
 use crate::device::{DeviceStats, RdmaDevice, Shared};
 use crate::engine::{EngineStats, Engines};
+use crate::handover::hold::AcceptHold;
 use crate::handover::relay::Relay;
 use crate::qos::QosTable;
 use crate::sync::lock;
@@ -50,6 +51,8 @@ pub(crate) struct VmSlot {
     /// The relay of the VMM's connection, while one is connected and the
     /// relay runs.
     pub(crate) relay: Mutex<Option<Relay>>,
+    /// The accepting thread, as a hand-over holds it.
+    pub(crate) accept: AcceptHold,
     pub(crate) connected: AtomicBool,
     pub(crate) connections: AtomicU64,
     /// The last device statistics the operator interfaces read, and when.
@@ -63,8 +66,14 @@ const STATS_LOCK_WAIT: Duration = Duration::from_millis(5);
 
 impl VmSlot {
     /// A socket at `path` serving `device`, never connected yet.
-    pub(crate) fn new(path: PathBuf, device: Arc<RdmaDevice>, listen_wake: OwnedFd) -> VmSlot {
+    pub(crate) fn new(
+        path: PathBuf,
+        device: Arc<RdmaDevice>,
+        listen_wake: OwnedFd,
+        accept: AcceptHold,
+    ) -> VmSlot {
         VmSlot {
+            accept,
             path,
             listen_wake,
             device,

@@ -56,6 +56,16 @@ impl Vm {
         Vm { t, dev, pd }
     }
 
+    /// Connects to the VM socket at `path` (of a daemon process) and opens
+    /// the device.
+    pub fn open_path(path: &std::path::Path, opts: VmmOptions) -> Vm {
+        let vmm = crate::vmm::TestVmm::connect(path, opts).expect("connect test VM");
+        let t = VmmTransport::new(vmm).expect("transport");
+        let dev = Device::open(t.clone()).expect("open device");
+        let pd = Pd::alloc(&dev).expect("alloc PD");
+        Vm { t, dev, pd }
+    }
+
     /// Like [`Vm::open`] with VIRTIO shared memory offered by the VMM.
     pub fn open_shmem(d: &TestDaemon, i: usize) -> Vm {
         Self::open(

@@ -5,12 +5,13 @@
 //! process.
 
 use std::io;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 
 use log::warn;
+
+use crate::local_socket::peer_cred;
 use thiserror::Error;
 
 /// Errors connecting the relay to a handler.
@@ -22,28 +23,6 @@ pub enum InternalError {
     /// The handler could not connect.
     #[error("the handler cannot connect: {0}")]
     Connect(String),
-}
-
-/// The peer credentials of a connected Unix socket.
-pub fn peer_cred(stream: &UnixStream) -> Option<libc::ucred> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: u32::MAX,
-        gid: u32::MAX,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `cred` and `len` are valid, exclusively borrowed out
-    // parameters of the size given; the fd is the open socket `stream`.
-    let r = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            std::ptr::addr_of_mut!(cred).cast(),
-            &mut len,
-        )
-    };
-    (r == 0).then_some(cred)
 }
 
 /// A directory (mode 0700) for the handlers' sockets, removed on drop.

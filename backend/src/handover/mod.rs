@@ -11,7 +11,14 @@
 //! to the same connections and notice nothing but the pause.
 
 pub mod frame;
+pub mod give;
+pub mod hold;
 pub mod internal;
+pub mod listen;
 pub mod record;
 pub mod relay;
 pub mod rings;
+pub mod take;
+pub mod wire;
+
+pub use listen::{HandoverError, HandoverServer};

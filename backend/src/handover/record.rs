@@ -71,6 +71,9 @@ pub mod code {
 pub const F_LOG_ALL: u64 = 1 << 26;
 /// `VHOST_USER_PROTOCOL_F_REPLY_ACK`.
 pub const PF_REPLY_ACK: u64 = 1 << 3;
+/// Rings recorded at most: a ring's index is a byte in some requests, and
+/// a VMM naming rings the handler refuses must not grow the record.
+pub const MAX_RINGS: u32 = 256;
 /// In a `SET_VRING_KICK/CALL/ERR` body: no descriptor comes with it.
 const NO_FD: u64 = 0x100;
 
@@ -144,7 +147,7 @@ impl SessionRecord {
     /// Takes in a request on its way to the handler.
     pub fn apply(&mut self, f: &Frame) -> std::io::Result<()> {
         use code::*;
-        let ring_of_state = |f: &Frame| f.u32_at(0);
+        let ring_of_state = |f: &Frame| f.u32_at(0).filter(|&i| i < MAX_RINGS);
         // KICK/CALL/ERR: the index in the low byte of the u64.
         let ring_of_fd = |f: &Frame| f.u64_at(0).map(|v| (v & 0xff) as u32);
         match f.code {
@@ -284,6 +287,9 @@ mod tests {
         // A short body records nothing rather than failing.
         r.apply(&frame(SET_VRING_NUM, vec![1], false)).unwrap();
         assert!(r.rings.is_empty());
+        r.apply(&frame(SET_VRING_NUM, state(MAX_RINGS, 1), false))
+            .unwrap();
+        assert!(r.rings.is_empty(), "a ring past the bound is not kept");
         r.apply(&frame(32, vec![], true)).unwrap();
         assert_eq!(r.unsupported, Some(32));
     }

@@ -175,7 +175,7 @@ impl Relay {
 }
 
 /// Which of `fds` are readable (or closed), waiting as long as it takes.
-fn readable(fds: &[RawFd]) -> io::Result<Vec<bool>> {
+pub fn readable(fds: &[RawFd]) -> io::Result<Vec<bool>> {
     let mut p: Vec<libc::pollfd> = fds
         .iter()
         .map(|&fd| libc::pollfd {

@@ -16,7 +16,7 @@ pub mod client;
 pub mod ctl;
 
 use std::io::{ErrorKind, Read, Write};
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,6 +28,7 @@ use log::{debug, warn};
 use thiserror::Error;
 
 use crate::conn_pool::{self, linger_close};
+use crate::local_socket::{bind, peer_allowed, BindError};
 use crate::view::DaemonView;
 
 /// Longest request line in bytes (without the newline).
@@ -42,20 +43,9 @@ const POLL: Duration = Duration::from_millis(200);
 /// Errors setting up the management socket.
 #[derive(Debug, Error)]
 pub enum MgmtError {
-    /// Another process serves the socket already.
-    #[error("management socket {0} is in use by another process")]
-    InUse(PathBuf),
-    /// The path exists and is not a socket.
-    #[error("management socket {0} exists and is not a socket")]
-    NotASocket(PathBuf),
-    /// The socket could not be created.
-    #[error("cannot create management socket {path}: {source}")]
-    Bind {
-        /// The path.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
+    /// The socket could not be set up.
+    #[error("management socket: {0}")]
+    Socket(#[from] BindError),
     /// The accepting thread could not be spawned.
     #[error("cannot spawn the management thread: {0}")]
     Spawn(std::io::Error),
@@ -64,37 +54,26 @@ pub enum MgmtError {
 /// A running management socket server.
 pub struct MgmtServer {
     path: PathBuf,
+    /// A second descriptor of the listening socket, for a hand-over.
+    listener: OwnedFd,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
-}
-
-/// Binds `path`, replacing a stale socket (one nobody accepts on).
-fn bind(path: &Path) -> Result<UnixListener, MgmtError> {
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        if !meta.file_type().is_socket() {
-            return Err(MgmtError::NotASocket(path.into()));
-        }
-        if UnixStream::connect(path).is_ok() {
-            return Err(MgmtError::InUse(path.into()));
-        }
-        let _ = std::fs::remove_file(path);
-    }
-    let bind_err = |source| MgmtError::Bind {
-        path: path.into(),
-        source,
-    };
-    let listener = UnixListener::bind(path).map_err(bind_err)?;
-    if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)) {
-        let _ = std::fs::remove_file(path);
-        return Err(bind_err(e));
-    }
-    Ok(listener)
 }
 
 impl MgmtServer {
     /// Creates the socket at `path` and serves `view` on it.
     pub fn start(path: &Path, view: DaemonView) -> Result<MgmtServer, MgmtError> {
-        let listener = bind(path)?;
+        Self::adopt(path, bind(path)?, view)
+    }
+
+    /// Serves `view` on `listener`, bound at `path` (by the daemon this one
+    /// took over from).
+    pub fn adopt(
+        path: &Path,
+        listener: UnixListener,
+        view: DaemonView,
+    ) -> Result<MgmtServer, MgmtError> {
+        let dup = listener.try_clone().map_err(MgmtError::Spawn)?.into();
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let thread = thread::Builder::new()
@@ -106,6 +85,7 @@ impl MgmtServer {
             })?;
         Ok(MgmtServer {
             path: path.into(),
+            listener: dup,
             stop,
             thread: Some(thread),
         })
@@ -114,6 +94,11 @@ impl MgmtServer {
     /// The socket's path.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The listening socket.
+    pub fn listener(&self) -> BorrowedFd<'_> {
+        self.listener.as_fd()
     }
 
     /// Stops serving, waits for the connection threads and removes the
@@ -127,15 +112,6 @@ impl MgmtServer {
         }
         let _ = std::fs::remove_file(&self.path);
     }
-}
-
-/// Whether the peer of `stream` runs as the daemon's user or root. The
-/// socket's mode already keeps others out; this also covers a connection
-/// made in the moment between creating the socket and restricting its mode.
-fn peer_allowed(stream: &UnixStream) -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
-    crate::handover::internal::peer_cred(stream).is_some_and(|c| c.uid == me || c.uid == 0)
 }
 
 fn accept_loop(listener: UnixListener, view: DaemonView, stop: Arc<AtomicBool>) {

@@ -1,0 +1,264 @@
+//! A live upgrade (spec 20.7): a second daemon process takes every VM over
+//! from the running one through its hand-over socket, which then exits;
+//! the VMs' connections, objects, QP numbers and keys carry on, and RDMA
+//! between two VMs goes on across it (a receive posted before is taken
+//! after). A successor that cannot take the VMs over leaves the running
+//! daemon serving. Two real daemon processes, the test VMMs on their
+//! sockets.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus};
+use std::time::{Duration, Instant};
+
+use vhost_user_rdma_tests::dp::{connect, ok, poll_one, rc_qp, wr, write_op, Buf, Vm};
+use vhost_user_rdma_tests::vmm::VmmOptions;
+use virtio_rdma_abi::datapath::WcOpcode;
+use virtio_rdma_driver::{Cq, RecvWr, SendOp};
+
+/// The daemon binary, built now (a no-op when it is up to date).
+fn daemon_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().and_then(|p| p.parent()).unwrap().to_path_buf();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args([
+        "build",
+        "-q",
+        "-p",
+        "vhost-user-rdma",
+        "--bin",
+        "vhost-user-rdma",
+    ]);
+    if profile_dir.ends_with("release") {
+        cmd.arg("--release");
+    }
+    assert!(cmd.status().unwrap().success(), "cannot build the daemon");
+    profile_dir.join("vhost-user-rdma")
+}
+
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Daemon {
+    fn spawn(dir: &Path, sockets: &[&str], take_over: bool) -> Daemon {
+        let mut cmd = Command::new(daemon_binary());
+        for s in sockets {
+            cmd.arg("--socket-path").arg(dir.join(s));
+        }
+        cmd.arg("--handover-socket").arg(dir.join("handover.sock"));
+        if take_over {
+            cmd.arg("--take-over");
+        }
+        Daemon(cmd.spawn().unwrap())
+    }
+
+    /// Waits for the process to end (no time limit: it ends by itself or
+    /// the test fails by hanging, which the harness reports).
+    fn wait(&mut self) -> ExitStatus {
+        self.0.wait().unwrap()
+    }
+
+    fn alive(&mut self) -> bool {
+        self.0.try_wait().unwrap().is_none()
+    }
+}
+
+/// Waits until `path` exists while `d` runs.
+fn wait_for(path: &Path, d: &mut Daemon) {
+    let start = Instant::now();
+    while !path.exists() {
+        assert!(
+            d.alive(),
+            "the daemon ended before {} appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+        if start.elapsed() > Duration::from_secs(600) {
+            panic!("{} never appeared", path.display());
+        }
+    }
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("vur-upgrade-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn a_new_daemon_takes_every_vm_over_and_rdma_goes_on() {
+    let dir = temp_dir("ok");
+    let mut old = Daemon::spawn(&dir, &["a.sock", "b.sock"], false);
+    wait_for(&dir.join("handover.sock"), &mut old);
+    let a = Vm::open_path(&dir.join("a.sock"), VmmOptions::default());
+    let b = Vm::open_path(&dir.join("b.sock"), VmmOptions::default());
+    let (cqa, cqb) = (
+        Cq::create(&a.dev, 64).unwrap(),
+        Cq::create(&b.dev, 64).unwrap(),
+    );
+    let (qa, qb) = (rc_qp(&a, &cqa), rc_qp(&b, &cqb));
+    connect(&a, &qa, &b, &qb);
+    let src = Buf::new(&a, 8192);
+    let dst = Buf::new(&b, 8192);
+    src.write(0, b"before the move");
+    qa.post_send(&[wr(1, write_op(&dst, 0), &[src.sge(0, 15)])])
+        .unwrap();
+    ok(&poll_one(&cqa), 1, WcOpcode::RDMA_WRITE);
+    assert_eq!(dst.read(0, 15), b"before the move");
+    qb.post_recv(&[RecvWr {
+        wr_id: 50,
+        sg_list: &[dst.sge(4096, 64)],
+    }])
+    .unwrap();
+    let (qpna, qpnb) = (qa.qpn(), qb.qpn());
+
+    let mut new = Daemon::spawn(&dir, &["a.sock", "b.sock"], true);
+    let status = old.wait();
+    assert!(status.success(), "the old daemon ended with {status}");
+    assert!(new.alive(), "the new daemon did not take over");
+
+    // The same connections, QPs, keys and CQs, through the new daemon.
+    src.write(0, b"after the move!");
+    qa.post_send(&[
+        wr(2, write_op(&dst, 1024), &[src.sge(0, 15)]),
+        wr(3, SendOp::Send, &[src.sge(0, 15)]),
+    ])
+    .unwrap();
+    ok(&poll_one(&cqa), 2, WcOpcode::RDMA_WRITE);
+    ok(&poll_one(&cqa), 3, WcOpcode::SEND);
+    ok(&poll_one(&cqb), 50, WcOpcode::RECV);
+    assert_eq!(dst.read(1024, 15), b"after the move!");
+    assert_eq!(dst.read(4096, 15), b"after the move!");
+    assert_eq!((qa.qpn(), qb.qpn()), (qpna, qpnb));
+    // New objects work too, and the new daemon hands over again.
+    let cq2 = Cq::create(&a.dev, 16).unwrap();
+    assert_ne!(cq2.handle(), cqa.handle());
+    wait_for(&dir.join("handover.sock"), &mut new);
+    let mut newer = Daemon::spawn(&dir, &["a.sock", "b.sock"], true);
+    assert!(new.wait().success());
+    qa.post_send(&[wr(4, write_op(&dst, 2048), &[src.sge(0, 15)])])
+        .unwrap();
+    ok(&poll_one(&cqa), 4, WcOpcode::RDMA_WRITE);
+    assert_eq!(dst.read(2048, 15), b"after the move!");
+    assert!(newer.alive());
+    // The VMs' objects go while their daemon runs.
+    drop((qa, qb, cq2, src, dst, cqa, cqb, a, b));
+    drop(newer);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_successor_that_cannot_take_over_leaves_the_running_daemon_serving() {
+    let dir = temp_dir("refused");
+    let mut old = Daemon::spawn(&dir, &["a.sock", "b.sock"], false);
+    wait_for(&dir.join("handover.sock"), &mut old);
+    let a = Vm::open_path(&dir.join("a.sock"), VmmOptions::default());
+    let cq = Cq::create(&a.dev, 64).unwrap();
+    let (q1, q2) = (rc_qp(&a, &cq), rc_qp(&a, &cq));
+    connect(&a, &q1, &a, &q2);
+    let src = Buf::new(&a, 8192);
+    let dst = Buf::new(&a, 8192);
+    // A successor configured with other VMs: refused before anything moved.
+    let mut other = Daemon::spawn(&dir, &["a.sock"], true);
+    let status = other.wait();
+    assert!(!status.success(), "a successor with other VMs took over");
+    assert!(old.alive(), "the running daemon stopped");
+    src.write(0, b"still served");
+    q1.post_send(&[wr(1, write_op(&dst, 0), &[src.sge(0, 12)])])
+        .unwrap();
+    ok(&poll_one(&cq), 1, WcOpcode::RDMA_WRITE);
+    assert_eq!(dst.read(0, 12), b"still served");
+    drop((q1, q2, src, dst, cq, a));
+    drop(old);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One message of the hand-over protocol, as a successor writes it.
+fn wire_message(json: &str) -> Vec<u8> {
+    let mut m = Vec::new();
+    m.extend_from_slice(&u32::try_from(json.len()).unwrap().to_le_bytes());
+    m.extend_from_slice(&0u32.to_le_bytes());
+    m.extend_from_slice(json.as_bytes());
+    m
+}
+
+/// A successor that stops midway, after the running daemon stopped every
+/// VM and sent it all, and one that sends garbage: each time the running
+/// daemon resumes every VM where it stopped and serves on.
+#[test]
+fn a_successor_that_fails_midway_or_talks_garbage_changes_nothing() {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    let dir = temp_dir("midway");
+    let mut old = Daemon::spawn(&dir, &["a.sock", "b.sock"], false);
+    wait_for(&dir.join("handover.sock"), &mut old);
+    let a = Vm::open_path(&dir.join("a.sock"), VmmOptions::default());
+    let b = Vm::open_path(&dir.join("b.sock"), VmmOptions::default());
+    let (cqa, cqb) = (
+        Cq::create(&a.dev, 64).unwrap(),
+        Cq::create(&b.dev, 64).unwrap(),
+    );
+    let (qa, qb) = (rc_qp(&a, &cqa), rc_qp(&b, &cqb));
+    connect(&a, &qa, &b, &qb);
+    let src = Buf::new(&a, 8192);
+    let dst = Buf::new(&b, 8192);
+    qb.post_recv(&[RecvWr {
+        wr_id: 70,
+        sg_list: &[dst.sge(4096, 64)],
+    }])
+    .unwrap();
+    let sock = dir.join("handover.sock");
+
+    // Hello, read the VMs as they come, then hang up before Ready.
+    let mut s = UnixStream::connect(&sock).unwrap();
+    s.write_all(&wire_message(r#"{"Hello":{"version":1}}"#))
+        .unwrap();
+    let mut first = [0u8; 8];
+    s.read_exact(&mut first).unwrap();
+    drop(s);
+    // Garbage: a length far past any bound, then bytes that are no JSON.
+    let mut s = UnixStream::connect(&sock).unwrap();
+    s.write_all(&[0xff; 8]).unwrap();
+    drop(s);
+    let mut s = UnixStream::connect(&sock).unwrap();
+    s.write_all(&wire_message("{not json")).unwrap();
+    drop(s);
+    // A successor of another protocol version.
+    let mut s = UnixStream::connect(&sock).unwrap();
+    s.write_all(&wire_message(r#"{"Hello":{"version":99}}"#))
+        .unwrap();
+    let _ = s.read(&mut first);
+    drop(s);
+
+    assert!(old.alive(), "the running daemon stopped");
+    src.write(0, b"still served");
+    qa.post_send(&[
+        wr(1, write_op(&dst, 0), &[src.sge(0, 12)]),
+        wr(2, SendOp::Send, &[src.sge(0, 12)]),
+    ])
+    .unwrap();
+    ok(&poll_one(&cqa), 1, WcOpcode::RDMA_WRITE);
+    ok(&poll_one(&cqa), 2, WcOpcode::SEND);
+    ok(&poll_one(&cqb), 70, WcOpcode::RECV);
+    assert_eq!(dst.read(0, 12), b"still served");
+    assert_eq!(dst.read(4096, 12), b"still served");
+    // And a real successor still takes over afterwards.
+    let mut new = Daemon::spawn(&dir, &["a.sock", "b.sock"], true);
+    assert!(old.wait().success());
+    qa.post_send(&[wr(3, write_op(&dst, 1024), &[src.sge(0, 12)])])
+        .unwrap();
+    ok(&poll_one(&cqa), 3, WcOpcode::RDMA_WRITE);
+    assert_eq!(dst.read(1024, 12), b"still served");
+    assert!(new.alive());
+    drop((qa, qb, src, dst, cqa, cqb, a, b));
+    drop(new);
+    let _ = std::fs::remove_dir_all(&dir);
+}
