@@ -25,10 +25,10 @@
 # lines are checked.
 # --tool write_bw|read_bw|atomic_bw (implies --driver): instead of the pingpong, Debian's
 # unmodified perftest (ib_write_bw ... over GID 1, -x 1, the TCP exchange), A the client and B
-# the server, 64 KiB messages for $MIGRATE_TOOL_SECONDS s (-D, default 60); the migration starts
-# once the client printed its result header, and both sides must print their result row after
-# it (the migrating side's on its destination's console: the run spanned the migration) and
-# exit 0.
+# the server, 64 KiB messages for $MIGRATE_TOOL_SECONDS s (-D, default 60, measured from 3 s
+# after the start to 3 s before the end); the migrations start once the client printed its
+# result header, and both sides must print their result row after it (the migrating side's on
+# its destination's console: the run spanned the migration) and exit 0.
 # --migrate-b: B migrates (to its standby, "vmb-standby") instead of A, while A writes into it
 # (ib_write_bw unless --tool or --traffic says otherwise); steps 1 to 4 apply to B.
 # --load: the migrating VM under its peer's full write load: the other VM writes into it with
@@ -356,9 +356,11 @@ pingpong)
   row='^20000 iters in .* seconds'
   ;;
 *_bw)
-  # perftest's row: "#bytes #iterations BW-peak BW-average[MB/s] MsgRate[Mpps]". Atomics are
-  # 8 bytes.
-  label=${tool^^} tool_name=ib_$tool tool_line="ib_$tool -x 1 -D ${MIGRATE_TOOL_SECONDS:-60}"
+  # perftest's row: "#bytes #iterations BW-peak BW-average[MB/s] MsgRate[Mpps]", measured
+  # between its margins (-f 3: from 3 s after the start to 3 s before the end; its default is a
+  # quarter of -D at each end, which the migration would mostly fall into). Atomics are 8 bytes.
+  label=${tool^^} tool_name=ib_$tool
+  tool_line="ib_$tool -x 1 -D ${MIGRATE_TOOL_SECONDS:-60} -f 3"
   if [ "$tool" = atomic_bw ]; then size=8; else tool_line="$tool_line -s $size"; fi
   row="^ *$size${sp}[0-9]+$sp$n$sp$n$sp$n"
   ;;
@@ -387,7 +389,7 @@ declare -A guest_cmd=([A]="$a_cmd" [B]="$b_cmd")
 mode="$mig migrates"
 [ "$driver" = 0 ] || mode="$mode (driver loaded)"
 [ -z "$tool" ] || mode="$mode; $tool_name $client -> $server"
-[[ "$tool" != *_bw ]] || mode="$mode, $size B, -D ${MIGRATE_TOOL_SECONDS:-60}"
+[[ "$tool" != *_bw ]] || mode="$mode, $size B, -D ${MIGRATE_TOOL_SECONDS:-60} -f 3"
 [ "$load" = 0 ] || mode="$mode; QEMU's own max-bandwidth and downtime-limit"
 
 # nic NAME MAC: the guest's interface, paired with its RDMA device by MAC. Alone, a stream
