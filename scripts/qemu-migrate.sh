@@ -78,8 +78,10 @@ case "$tool" in
 '' | pingpong | write_bw | read_bw | atomic_bw) ;;
 *) guest_die "--tool: write_bw, read_bw or atomic_bw, not $tool" ;;
 esac
-[ "$load" = 0 ] || [ "$tool" != pingpong ] || guest_die "--load needs a perftest tool, not the pingpong"
-[ "$mig" = A ] || [ "${MIGRATE_DST:-standby}" = standby ] || guest_die "--migrate-b: B's destination is its standby"
+[ "$load" = 0 ] || [ "$tool" != pingpong ] ||
+  guest_die "--load needs a perftest tool, not the pingpong"
+[ "$mig" = A ] || [ "${MIGRATE_DST:-standby}" = standby ] ||
+  guest_die "--migrate-b: B's destination is its standby"
 # the_other G: the guest that is not G.
 the_other() { if [ "$1" = A ]; then echo B; else echo A; fi; }
 stay=$(the_other "$mig")
@@ -186,13 +188,13 @@ fi
   printf "$dst_stanza" "$dir/a-dst.sock"
   printf '[[vm]]\nname = "vmb"\nsocket = "%s"\ntenant = "t"\nmac = "52:54:00:00:00:02"\n\n' "$dir/b.sock"
   # With --migrate-b, B's standby too.
-  [ "$mig" = A ] ||
-    printf '[[vm]]\nname = "vmb-standby"\nsocket = "%s"\ntenant = "t"\nstandby_for = "vmb"\n\n' "$dir/b-dst.sock"
+  [ "$mig" = A ] || printf '[[vm]]\nname = "vmb-standby"\nsocket = "%s"\ntenant = "t"\n%s\n\n' \
+    "$dir/b-dst.sock" 'standby_for = "vmb"'
 } >"$dir/config.toml"
-# Each guest's socket (its source's), MAC and interface address (10.42.0.N); dst_sock: the migrating guest's
-# destination's socket.
-declare -A src_sock=([A]="$dir/a-src.sock" [B]="$dir/b.sock") mac=([A]=52:54:00:00:00:01 [B]=52:54:00:00:00:02)
-declare -A addr=([A]=1 [B]=3)
+# Each guest's socket (its source's), MAC and interface address (10.42.0.N); dst_sock: the
+# migrating guest's destination's socket.
+declare -A src_sock=([A]="$dir/a-src.sock" [B]="$dir/b.sock")
+declare -A mac=([A]=52:54:00:00:00:01 [B]=52:54:00:00:00:02) addr=([A]=1 [B]=3)
 dst_sock=$dir/a-dst.sock waits=()
 [ "$mig" = A ] || dst_sock=$dir/b-dst.sock waits=(--wait "$dir/b-dst.sock")
 launch_daemon --wait "$dir/a-src.sock" --wait "$dir/a-dst.sock" --wait "$dir/b.sock" \
@@ -424,6 +426,11 @@ dest() {
   wait_socket "$dir/$1.mig" "${launch_guests[$1]}"
 }
 m_pid() { cat "$dir/$mig.pid" 2>/dev/null; }
+# m_qmp CMD: a QMP command to the migrating guest's (source) QEMU. set_params MEMBERS:
+# migrate-set-parameters with these JSON members. migrate_to NAME: migrates to $dir/NAME.mig.
+m_qmp() { qmp "$dir/$mig.qmp" "$1"; }
+set_params() { m_qmp "{\"execute\":\"migrate-set-parameters\",\"arguments\":{$1}}" >/dev/null; }
+migrate_to() { m_qmp "{\"execute\":\"migrate\",\"arguments\":{\"uri\":\"unix:$dir/$1.mig\"}}"; }
 # show_logs_and_stop: every console and the daemon's log; the verdict.
 show_logs_and_stop() {
   for f in "$dir"/*.console; do
@@ -455,23 +462,24 @@ fi
 m_runs() { # WHAT
   local n s
   n=$(last_tick "$dir/$mig.console")
-  s=$(qmp "$dir/$mig.qmp" '{"execute":"query-status"}' || true)
-  if [ "$(field "$s" return status)" = running ] && ticks_after "$dir/$mig.console" "${n:-0}" "$(m_pid)"; then
+  s=$(m_qmp '{"execute":"query-status"}' || true)
+  if [ "$(field "$s" return status)" = running ] &&
+    ticks_after "$dir/$mig.console" "${n:-0}" "$(m_pid)"; then
     ok "$1: $mig still runs (counter past $n)"
   else
     failed "$1: $mig does not run ($s)"
   fi
 }
 
-qmp "$dir/$mig.qmp" "$return_path" >/dev/null
+m_qmp "$return_path" >/dev/null
 if [ "$load" = 1 ]; then
   # QEMU's own settings, before step 2 changes the bandwidth.
-  p=$(qmp "$dir/$mig.qmp" '{"execute":"query-migrate-parameters"}')
+  p=$(m_qmp '{"execute":"query-migrate-parameters"}')
   qemu_bw=$(field "$p" return max-bandwidth) qemu_dl=$(field "$p" return downtime-limit)
 fi
 
 # 1. Nobody listening.
-r=$(qmp "$dir/$mig.qmp" "{\"execute\":\"migrate\",\"arguments\":{\"uri\":\"unix:$dir/nobody.mig\"}}" || true)
+r=$(migrate_to nobody || true)
 m=$(migrate_wait "$dir/$mig.qmp" || true)
 if [ "$(field "$m" status)" = failed ] || grep -q '"error"' <<<"$r"; then
   ok "migration to a destination that never started fails ($(field "$m" error-desc)$(field "$r" error desc))"
@@ -482,10 +490,10 @@ m_runs "after the failed migration"
 
 # 2. Cancelled midway: the bandwidth held at 4 MiB/s, cancelled once RAM flows.
 dest D1
-qmp "$dir/$mig.qmp" '{"execute":"migrate-set-parameters","arguments":{"max-bandwidth":4194304}}' >/dev/null
-qmp "$dir/$mig.qmp" "{\"execute\":\"migrate\",\"arguments\":{\"uri\":\"unix:$dir/D1.mig\"}}" >/dev/null
+set_params '"max-bandwidth":4194304'
+migrate_to D1 >/dev/null
 m=$(migrate_wait "$dir/$mig.qmp" active || true)
-qmp "$dir/$mig.qmp" '{"execute":"migrate_cancel"}' >/dev/null || true
+m_qmp '{"execute":"migrate_cancel"}' >/dev/null || true
 m2=$(migrate_wait "$dir/$mig.qmp" || true)
 if [ "$(field "$m" status)" = active ] && [ "$(field "$m2" status)" = cancelled ]; then
   ok "migration cancelled midway (after $(field "$m" ram transferred) bytes of RAM)"
@@ -499,7 +507,7 @@ echo "   the cancelled destination's QEMU ended (run-guest exit $d1)"
 
 # 2b. The destination dies midway (SIGKILL to its QEMU while RAM flows): the source runs on.
 dest D3
-qmp "$dir/$mig.qmp" "{\"execute\":\"migrate\",\"arguments\":{\"uri\":\"unix:$dir/D3.mig\"}}" >/dev/null
+migrate_to D3 >/dev/null
 m=$(migrate_wait "$dir/$mig.qmp" active || true)
 kill -KILL "$(cat "$dir/D3.pid")" 2>/dev/null || true
 m2=$(migrate_wait "$dir/$mig.qmp" || true)
@@ -514,13 +522,13 @@ launch_wait "${launch_guests[D3]}" || true
 # 3. The migration: no bandwidth limit; with --load, QEMU's own limits.
 dest D2
 if [ "$load" = 1 ]; then
-  qmp "$dir/$mig.qmp" "{\"execute\":\"migrate-set-parameters\",\"arguments\":{\"max-bandwidth\":$qemu_bw,\"downtime-limit\":$qemu_dl}}" >/dev/null
+  set_params "\"max-bandwidth\":$qemu_bw,\"downtime-limit\":$qemu_dl"
 else
-  qmp "$dir/$mig.qmp" '{"execute":"migrate-set-parameters","arguments":{"max-bandwidth":1099511627776}}' >/dev/null
+  set_params '"max-bandwidth":1099511627776'
 fi
 src_tick=$(last_tick "$dir/$mig.console")
 tm=$(date +%s)
-qmp "$dir/$mig.qmp" "{\"execute\":\"migrate\",\"arguments\":{\"uri\":\"unix:$dir/D2.mig\"}}" >/dev/null
+migrate_to D2 >/dev/null
 # --load: every $MIGRATE_LOAD_ROUNDS dirty-sync rounds without convergence, the downtime limit
 # goes up (twice QEMU's expected downtime, at least twice the last limit), up to the peer's
 # 30 s hold.
@@ -536,16 +544,18 @@ if [ "$load" = 1 ]; then
     expected=$(field "$m" expected-downtime)
     limit=$((2 * (${expected:-0} > limit ? ${expected:-0} : limit)))
     if [ "$limit" -gt 30000 ]; then
-      echo "   not converged after $next dirty-sync rounds with downtime-limit $((limit / 2)) ms: cancelled"
+      echo "   not converged after $next dirty-sync rounds with downtime-limit" \
+        "$((limit / 2)) ms: cancelled"
       remedy="none sufficed (downtime-limit up to $((limit / 2)) ms)"
-      qmp "$dir/$mig.qmp" '{"execute":"migrate_cancel"}' >/dev/null || true
+      m_qmp '{"execute":"migrate_cancel"}' >/dev/null || true
       break
     fi
     echo "   not converged after $next dirty-sync rounds (expected downtime ${expected:-?} ms," \
       "$(field "$m" ram remaining) bytes left, $(field "$m" ram dirty-pages-rate) dirty pages/s):" \
       "downtime-limit raised to $limit ms"
-    qmp "$dir/$mig.qmp" "{\"execute\":\"migrate-set-parameters\",\"arguments\":{\"downtime-limit\":$limit}}" >/dev/null
-    remedy="downtime-limit raised to $limit ms (after $next dirty-sync rounds, at $(field "$m" total-time) ms)"
+    set_params "\"downtime-limit\":$limit"
+    remedy="downtime-limit raised to $limit ms (after $next dirty-sync rounds,"
+    remedy="$remedy at $(field "$m" total-time) ms)"
     next=$((next + rounds))
   done
 fi
@@ -585,7 +595,7 @@ if [ "$(field "$s" return status)" = running ] &&
 else
   failed "the destination does not run: $s, counter ${src_tick:-?} -> $(last_tick "$dir/D2.console")"
 fi
-qmp "$dir/$mig.qmp" '{"execute":"quit"}' >/dev/null || true
+m_qmp '{"execute":"quit"}' >/dev/null || true
 ra=0
 launch_wait "${launch_guests[$mig]}" || ra=$?
 if ! kill -0 "$(m_pid)" 2>/dev/null; then
