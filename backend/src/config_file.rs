@@ -1423,7 +1423,7 @@ bytes_per_sec = 1000000000
     fn qos_classes_and_daemon_settings() {
         let l = parse_str(&good_with(
             "shmem_doorbell = false",
-            "rnic = \"soft\"\nshmem_doorbell = false\nfence_elision = true\nengine_threads = 2\nengine_cpus = [1, 0]\nmgmt_socket = \"/run/m.sock\"\nmetrics_listen = \"127.0.0.1:9842\"\nlog_format = \"json\"",
+            "rnic = \"soft\"\nshmem_doorbell = false\nfence_elision = true\nengine_threads = 2\nengine_cpus = [1, 0]\nmgmt_socket = \"/run/m.sock\"\nhandover_socket = \"/run/h.sock\"\nmetrics_listen = \"127.0.0.1:9842\"\nlog_format = \"json\"",
         ))
         .unwrap();
         let c = &l.config;
@@ -1431,6 +1431,7 @@ bytes_per_sec = 1000000000
         assert!(!parse_str(&good_with("", "")).unwrap().config.fence_elision);
         assert_eq!((c.engine_threads, &c.engine_cpus[..]), (2, &[1, 0][..]));
         assert_eq!(c.mgmt_socket.as_deref(), Some(Path::new("/run/m.sock")));
+        assert_eq!(c.handover_socket.as_deref(), Some(Path::new("/run/h.sock")));
         assert_eq!(c.metrics_listen.map(|a| a.port()), Some(9842));
         assert_eq!(l.log_format, Some(crate::logging::LogFormat::Json));
         assert_eq!(c.vms[1].qos_class.as_deref(), Some("gold"));
