@@ -112,6 +112,14 @@ pub struct Relay {
     thread: JoinHandle<()>,
 }
 
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("state", &self.control.state.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
 impl Relay {
     /// Starts relaying on `link`.
     pub fn spawn(link: Link, name: &str) -> io::Result<Relay> {
@@ -322,5 +330,134 @@ fn from_vmm(link: &mut Link) -> Step {
             debug!("relay: the handler's connection failed: {e}");
             Step::End
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handover::frame::{NEED_REPLY, REPLY, VERSION};
+    use std::io::Write;
+
+    /// A handler that answers `GET_FEATURES` with 7 (after `delay`, and
+    /// telling `got` of each) and acknowledges what asks for it; it counts
+    /// the `GET_FEATURES` it saw.
+    fn slow_handler(
+        mut s: UnixStream,
+        delay: Duration,
+        got: std::sync::mpsc::Sender<()>,
+    ) -> JoinHandle<u32> {
+        thread::spawn(move || {
+            let mut seen = 0;
+            while let Ok(Some(f)) = read_frame(&mut s) {
+                let value = if f.code == code::GET_FEATURES {
+                    seen += 1;
+                    let _ = got.send(());
+                    thread::sleep(delay);
+                    7u64
+                } else if f.flags & NEED_REPLY != 0 {
+                    0
+                } else {
+                    continue;
+                };
+                let reply = Frame {
+                    code: f.code,
+                    flags: VERSION | REPLY,
+                    body: value.to_ne_bytes().to_vec(),
+                    fds: Vec::new(),
+                };
+                if write_frame(&mut s, &reply).is_err() {
+                    break;
+                }
+            }
+            seen
+        })
+    }
+
+    fn fake_handler(s: UnixStream) -> JoinHandle<u32> {
+        slow_handler(s, Duration::ZERO, std::sync::mpsc::channel().0)
+    }
+
+    fn setup() -> (UnixStream, Relay, JoinHandle<u32>) {
+        let (vmm, relay_vmm) = UnixStream::pair().unwrap();
+        let (relay_handler, handler) = UnixStream::pair().unwrap();
+        let h = fake_handler(handler);
+        let r = Relay::spawn(Link::new(relay_vmm, relay_handler), "test-relay").unwrap();
+        (vmm, r, h)
+    }
+
+    fn get_features(vmm: &mut UnixStream) -> u64 {
+        write_frame(vmm, &Frame::request(code::GET_FEATURES, Vec::new())).unwrap();
+        read_frame(vmm).unwrap().unwrap().u64_at(0).unwrap()
+    }
+
+    #[test]
+    fn messages_pass_are_recorded_and_the_probe_reply_stays_inside() {
+        let (mut vmm, relay, h) = setup();
+        write_frame(&mut vmm, &Frame::request(code::SET_OWNER, Vec::new())).unwrap();
+        assert_eq!(get_features(&mut vmm), 7);
+        let mut link = relay.pause(Duration::from_secs(60)).unwrap();
+        assert!(link.record.owner);
+        // Paused: the hand-over speaks to the handler itself.
+        let r = link
+            .ask(&Frame::request(code::GET_FEATURES, Vec::new()))
+            .unwrap();
+        assert_eq!(r.u64_at(0), Some(7));
+        // Resumed: the VMM goes on, and got no stray reply meanwhile.
+        let relay = Relay::spawn(link, "test-relay").unwrap();
+        assert_eq!(get_features(&mut vmm), 7);
+        relay.close();
+        // The VMM's two, the probe and the paused link's own.
+        assert_eq!(h.join().unwrap(), 4);
+    }
+
+    #[test]
+    fn a_get_features_in_flight_is_answered_to_the_vmm_not_taken_for_the_probe() {
+        let (mut vmm, relay_vmm) = UnixStream::pair().unwrap();
+        let (relay_handler, handler) = UnixStream::pair().unwrap();
+        let (tx, got) = std::sync::mpsc::channel();
+        let h = slow_handler(handler, Duration::from_millis(100), tx);
+        let relay = Relay::spawn(Link::new(relay_vmm, relay_handler), "test-relay").unwrap();
+        write_frame(&mut vmm, &Frame::request(code::GET_FEATURES, Vec::new())).unwrap();
+        // The handler has it and answers late: the probe goes after it.
+        got.recv().unwrap();
+        let link = relay.pause(Duration::from_secs(60)).unwrap();
+        let r = read_frame(&mut vmm).unwrap().unwrap();
+        assert!(r.is_reply() && r.code == code::GET_FEATURES);
+        // Nothing else came to the VMM.
+        vmm.set_nonblocking(true).unwrap();
+        assert!(read_frame(&mut vmm).is_err());
+        drop(link);
+        assert_eq!(h.join().unwrap(), 2);
+    }
+
+    #[test]
+    fn a_vmm_stopped_inside_a_message_delays_the_pause_which_gives_up() {
+        let (mut vmm, relay, _h) = setup();
+        // Half a header: the relay waits for the rest.
+        vmm.write_all(&code::GET_FEATURES.to_ne_bytes()).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let Err((relay, PauseError::Timeout(_))) = relay.pause(Duration::from_millis(200)) else {
+            panic!("paused inside a message");
+        };
+        // The rest comes: relayed and answered, and a pause works again.
+        vmm.write_all(&[VERSION as u8, 0, 0, 0, 0, 0, 0, 0])
+            .unwrap();
+        let r = read_frame(&mut vmm).unwrap().unwrap();
+        assert_eq!(r.u64_at(0), Some(7));
+        let link = relay.pause(Duration::from_secs(60)).unwrap();
+        drop(link);
+    }
+
+    #[test]
+    fn a_vmm_that_hangs_up_ends_the_relay_and_closes_the_handler() {
+        let (vmm, relay, h) = setup();
+        drop(vmm);
+        // The relay closed the handler's side.
+        assert_eq!(h.join().unwrap(), 0);
+        assert!(matches!(
+            relay.pause(Duration::from_secs(60)),
+            Err((_, PauseError::Closed))
+        ));
     }
 }
