@@ -142,7 +142,7 @@ impl Daemon {
     /// software RNIC's data path over a wrapper of its object half, e.g.
     /// to hand a freed QP number out again at once: [`Rnic::soft`]).
     pub fn start_with_rnic(config: DaemonConfig, rnic: Rnic) -> Result<Daemon, ServerError> {
-        let mut daemon = Self::start_serving(&config, rnic, Vec::new())?;
+        let mut daemon = Self::start_serving(&config, rnic, (Vec::new(), None))?;
         if let Err(e) = daemon.start_operations(&config, None) {
             daemon.shutdown();
             return Err(e);
@@ -175,7 +175,7 @@ impl Daemon {
         let connected = inherited.iter().filter(|i| i.adoption.is_some()).count();
         let started = Rnic::open(&config)
             .map_err(ServerError::from)
-            .and_then(|rnic| Self::start_serving(&config, rnic, inherited));
+            .and_then(|rnic| Self::start_serving(&config, rnic, (inherited, Some(gate.clone()))));
         let mut daemon = match started {
             Ok(d) => d,
             Err(e) => {
@@ -202,7 +202,7 @@ impl Daemon {
     fn start_serving(
         config: &DaemonConfig,
         rnic: Rnic,
-        inherited: Vec<take::Inherited>,
+        (inherited, gate): (Vec<take::Inherited>, Option<Arc<take::Gate>>),
     ) -> Result<Daemon, ServerError> {
         config.validate()?;
         let objects = rnic.objects().clone();
@@ -299,6 +299,7 @@ impl Daemon {
                 dir: dir.clone(),
                 stop: stop.clone(),
                 index,
+                gate: gate.clone(),
             };
             let t = thread::Builder::new()
                 .name(format!("vm{index}"))
@@ -502,6 +503,9 @@ struct ServeCtx {
     dir: Arc<PrivateDir>,
     stop: Arc<AtomicBool>,
     index: usize,
+    /// A hand-over this daemon takes part in as the successor: nothing is
+    /// accepted before it went through, and nothing at all if it did not.
+    gate: Option<Arc<take::Gate>>,
 }
 
 impl ServeCtx {
@@ -510,6 +514,10 @@ impl ServeCtx {
             if let Err(e) = self.serve_connection(a.vmm, Some(a.rest)) {
                 error!("VM {}: {e}", self.index);
             }
+        }
+        if self.gate.as_ref().is_some_and(|g| !g.wait_decision()) {
+            // The running daemon serves on: its sockets are not ours.
+            return;
         }
         while !self.stop.load(Ordering::Acquire) {
             if let Err(e) = self.serve_one(&mut listener) {

@@ -96,7 +96,8 @@ fn temp_dir(tag: &str) -> PathBuf {
 #[test]
 fn a_new_daemon_takes_every_vm_over_and_rdma_goes_on() {
     let dir = temp_dir("ok");
-    let mut old = Daemon::spawn(&dir, &["a.sock", "b.sock"], false);
+    let socks = ["a.sock", "b.sock", "c.sock"];
+    let mut old = Daemon::spawn(&dir, &socks, false);
     wait_for(&dir.join("handover.sock"), &mut old);
     let a = Vm::open_path(&dir.join("a.sock"), VmmOptions::default());
     let b = Vm::open_path(&dir.join("b.sock"), VmmOptions::default());
@@ -120,10 +121,21 @@ fn a_new_daemon_takes_every_vm_over_and_rdma_goes_on() {
     .unwrap();
     let (qpna, qpnb) = (qa.qpn(), qb.qpn());
 
-    let mut new = Daemon::spawn(&dir, &["a.sock", "b.sock"], true);
+    let mut new = Daemon::spawn(&dir, &socks, true);
     let status = old.wait();
     assert!(status.success(), "the old daemon ended with {status}");
     assert!(new.alive(), "the new daemon did not take over");
+    // VM C had no VMM: its socket, taken over too, accepts one now.
+    let c = Vm::open_path(&dir.join("c.sock"), VmmOptions::default());
+    let cqc = Cq::create(&c.dev, 16).unwrap();
+    let (qc1, qc2) = (rc_qp(&c, &cqc), rc_qp(&c, &cqc));
+    connect(&c, &qc1, &c, &qc2);
+    let cbuf = Buf::new(&c, 4096);
+    cbuf.write(0, b"c served");
+    qc1.post_send(&[wr(9, write_op(&cbuf, 2048), &[cbuf.sge(0, 8)])])
+        .unwrap();
+    ok(&poll_one(&cqc), 9, WcOpcode::RDMA_WRITE);
+    assert_eq!(cbuf.read(2048, 8), b"c served");
 
     // The same connections, QPs, keys and CQs, through the new daemon.
     src.write(0, b"after the move!");
@@ -142,7 +154,7 @@ fn a_new_daemon_takes_every_vm_over_and_rdma_goes_on() {
     let cq2 = Cq::create(&a.dev, 16).unwrap();
     assert_ne!(cq2.handle(), cqa.handle());
     wait_for(&dir.join("handover.sock"), &mut new);
-    let mut newer = Daemon::spawn(&dir, &["a.sock", "b.sock"], true);
+    let mut newer = Daemon::spawn(&dir, &socks, true);
     assert!(new.wait().success());
     qa.post_send(&[wr(4, write_op(&dst, 2048), &[src.sge(0, 15)])])
         .unwrap();
@@ -150,7 +162,13 @@ fn a_new_daemon_takes_every_vm_over_and_rdma_goes_on() {
     assert_eq!(dst.read(2048, 15), b"after the move!");
     assert!(newer.alive());
     // The VMs' objects go while their daemon runs.
+    // And C's objects went along the second time.
+    qc1.post_send(&[wr(10, write_op(&cbuf, 3072), &[cbuf.sge(0, 8)])])
+        .unwrap();
+    ok(&poll_one(&cqc), 10, WcOpcode::RDMA_WRITE);
+    assert_eq!(cbuf.read(3072, 8), b"c served");
     drop((qa, qb, cq2, src, dst, cqa, cqb, a, b));
+    drop((qc1, qc2, cbuf, cqc, c));
     drop(newer);
     let _ = std::fs::remove_dir_all(&dir);
 }
