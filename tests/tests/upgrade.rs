@@ -9,6 +9,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use vhost_user_rdma_tests::dp::{connect, ok, poll_one, rc_qp, wr, write_op, Buf, Vm};
@@ -121,10 +122,36 @@ fn a_new_daemon_takes_every_vm_over_and_rdma_goes_on() {
     .unwrap();
     let (qpna, qpnb) = (qa.qpn(), qb.qpn());
 
-    let mut new = Daemon::spawn(&dir, &socks, true);
-    let status = old.wait();
-    assert!(status.success(), "the old daemon ended with {status}");
+    // WRITEs one after another across the upgrade, each checked; the
+    // longest gap between two completions is what the VM saw of it.
+    let upgraded = AtomicBool::new(false);
+    let (mut new, (gap, writes)) = std::thread::scope(|sc| {
+        let traffic = sc.spawn(|| {
+            let (mut n, mut gap, mut last) = (0u64, Duration::ZERO, Instant::now());
+            while !upgraded.load(Ordering::Acquire) || n < 20 {
+                let tag = (n + 1).to_ne_bytes();
+                src.write(64, &tag);
+                qa.post_send(&[wr(1000 + n, write_op(&dst, 64), &[src.sge(64, 8)])])
+                    .unwrap();
+                ok(&poll_one(&cqa), 1000 + n, WcOpcode::RDMA_WRITE);
+                assert_eq!(dst.read(64, 8), tag);
+                gap = gap.max(last.elapsed());
+                last = Instant::now();
+                n += 1;
+            }
+            (gap, n)
+        });
+        let new = Daemon::spawn(&dir, &socks, true);
+        let status = old.wait();
+        assert!(status.success(), "the old daemon ended with {status}");
+        upgraded.store(true, Ordering::Release);
+        (new, traffic.join().unwrap())
+    });
     assert!(new.alive(), "the new daemon did not take over");
+    println!(
+        "UPGRADE-GAP: {} ms, the longest gap between two of {writes} WRITE completions across the upgrade",
+        gap.as_millis()
+    );
     // VM C had no VMM: its socket, taken over too, accepts one now.
     let c = Vm::open_path(&dir.join("c.sock"), VmmOptions::default());
     let cqc = Cq::create(&c.dev, 16).unwrap();
