@@ -58,6 +58,8 @@ cd "$(dirname "$0")/.."
 . scripts/lib/launch.sh
 # shellcheck source=guest/checks.sh
 . guest/checks.sh
+# shellcheck source=scripts/lib/pair.sh
+. scripts/lib/pair.sh
 # tool: what runs between A and B across the migration ('' nothing, pingpong, or a perftest
 # bandwidth test); mig: the guest that migrates, stay: the other.
 tool='' driver=0 mig=A load=0
@@ -102,32 +104,12 @@ rc=$(bash scripts/build-rdma-core.sh)
 
 launch_workdir migrate
 
-# What the guests source first: wait_dev (until the driver registered virtio_rdma0 with its
-# GID 1, the interface address), gate (prints GATE, then waits for a line on the second
-# serial port) and ticker (TICK n, five a second).
+# What the guests source first: pair_tools (net_up, wait_dev, wait_gid), wait_probe, gate
+# (prints GATE, then waits for a line on the second serial port) and ticker (TICK n, five a
+# second).
 {
-  guest_tools virtio_rdma0
+  pair_tools
   cat <<'EOF'
-# net_up N: the paired interface up as 10.42.0.N (the driver registers its verbs device on it).
-net_up() {
-  modprobe virtio_net && ip link set eth0 up && ip addr add 10.42.0.$1/24 dev eth0
-}
-wait_dev() {
-  local i=0
-  until ibv_devinfo -d virtio_rdma0 2>/dev/null | grep -q PORT_ACTIVE; do
-    [ $i -lt 300 ] || return 1
-    i=$((i + 1))
-    sleep 0.1
-  done
-}
-wait_gid() {
-  local i=0
-  until grep -q ffff /sys/class/infiniband/virtio_rdma0/ports/1/gids/1 2>/dev/null; do
-    [ $i -lt 100 ] || return 1
-    i=$((i + 1))
-    sleep 0.1
-  done
-}
 # wait_probe: until the driver has queried the device (QUERY_DEVICE, QUERY_PORT) and printed
 # its summary line.
 wait_probe() {
@@ -156,14 +138,7 @@ ticker() {
 EOF
 } >"$dir/tools.sh"
 # With a perftest tool, Debian's perftest too (an image of its own).
-image=rdma-migrate extra=()
-case "$tool" in
-*_bw) image=rdma-migrate-perftest extra=(--sysroot "$(bash scripts/fetch-perftest.sh)") ;;
-esac
-bash scripts/build-guest.sh --kernel "$kernel" --name "$image" --load virtio_pci \
-  --load virtio_net --load ib_uverbs --file "$kmod:/lib/virtio_rdma.ko" \
-  --file "$dir/tools.sh:/etc/tools.sh" --file "$GUEST_STDBUF_FILE" --sysroot "$rc" \
-  "${extra[@]}" >/dev/null
+pair_image rdma-migrate "$dir/tools.sh" "$kmod" "$rc" "$tool"
 
 # VM "vma" (A) and "vmb" (B) in tenant "t"; the destination's socket is A's standby (spec 20.5),
 # the same VM. MIGRATE_DST=plain, for a daemon without standby instances: the destination is a
@@ -347,41 +322,20 @@ b_cmd='. /etc/tools.sh && net_up 3 && insmod /lib/virtio_rdma.ko && wait_gid && 
   echo BEFORE-OK && gate && ibv_devinfo -d virtio_rdma0 | grep -q PORT_ACTIVE && echo AFTER-OK;
   r=$?; klog; exit $r'
 
-# The tool: the label of its step, its command line (the client's `run` adds the server's
-# address), the pattern of the result row both sides print, its name.
-n='[0-9]+[.][0-9]+' sp='[[:space:]]+'
+# The tool: its step's label, command line, result row (pair_tool); 64 KiB messages, with
+# --load $MIGRATE_LOAD_SIZE.
 size=65536
 [ "$load" = 0 ] || size=${MIGRATE_LOAD_SIZE:-67108864}
-case "$tool" in
-pingpong)
-  label=RC tool_name=ibv_rc_pingpong tool_line='ibv_rc_pingpong -g 1 -n 20000 -s 4096'
-  row='^20000 iters in .* seconds'
-  ;;
-*_bw)
-  # perftest's row: "#bytes #iterations BW-peak BW-average[MB/s] MsgRate[Mpps]", measured
-  # between its margins (-f 3: from 3 s after the start to 3 s before the end; its default is a
-  # quarter of -D at each end, which the migration would mostly fall into). Atomics are 8 bytes.
-  label=${tool^^} tool_name=ib_$tool
-  tool_line="ib_$tool -x 1 -D ${MIGRATE_TOOL_SECONDS:-60} -f 3"
-  if [ "$tool" = atomic_bw ]; then size=8; else tool_line="$tool_line -s $size"; fi
-  row="^ *$size${sp}[0-9]+$sp$n$sp$n$sp$n"
-  ;;
-esac
+[ -z "$tool" ] || pair_tool "$tool" "$size" "${MIGRATE_TOOL_SECONDS:-60}"
 # tool_cmd G: guest G's command with a tool (A is 10.42.0.1, B 10.42.0.3; they find each other
 # over -netdev stream): the client first reaches the server's interface, then each runs the
 # tool in a step; the migrating guest counts (ticker) meanwhile.
 tool_cmd() {
-  local g=$1 peer='' reach='' body="run $label $tool_line"
-  if [ "$g" = "$client" ]; then
-    peer=10.42.0.${addr[$server]}
-    # shellcheck disable=SC2016
-    reach=' && until ping -c 1 -W 1 $peer >/dev/null; do sleep 1; done'
-  fi
-  # shellcheck disable=SC2016
+  local g=$1 peer='' body="run $label $tool_line"
+  [ "$g" != "$client" ] || peer=10.42.0.${addr[$server]}
+  # shellcheck disable=SC2016 # the guest's shell expands them
   [ "$g" != "$mig" ] || body='ticker & t=$!; '"$body"'; kill $t'
-  echo ". /etc/tools.sh && net_up ${addr[$g]} && insmod /lib/virtio_rdma.ko && wait_dev &&
-    wait_gid && echo BEFORE-OK && peer=$peer$reach && { $body; steps_verdict; };
-    r=\$?; klog; exit \$r"
+  pair_cmd "${addr[$g]}" "$peer" "$body"
 }
 if [ -n "$tool" ]; then
   a_cmd=$(tool_cmd A) b_cmd=$(tool_cmd B)
@@ -398,11 +352,7 @@ mode="$mig migrates"
 # server nobody connects to; with a tool, the migrating guest (and its destinations) connect to
 # the other's, for the tool's TCP exchange.
 nic() {
-  local net="server=on,addr.type=unix,addr.path=$dir/$1-net.sock"
-  if [ -n "$tool" ] && [ "$1" != "$stay" ]; then
-    net="server=off,addr.type=unix,addr.path=$dir/$stay-net.sock,reconnect-ms=500"
-  fi
-  echo "-netdev stream,id=n0,$net -device virtio-net-pci,netdev=n0,mac=$2"
+  if [ -n "$tool" ] && [ "$1" != "$stay" ]; then pair_nic "$1" "$2" "$stay"; else pair_nic "$1" "$2"; fi
 }
 
 t=$(date +%s)

@@ -22,8 +22,8 @@ LAUNCH_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
 LAUNCH_STALL=${LAUNCH_STALL:-300}
 LAUNCH_GRACE=${LAUNCH_GRACE:-15}
-# The daemon's binary.
-DAEMON=${DAEMON:-$LAUNCH_REPO/target/release/vhost-user-rdma}
+# The daemon's binary (where the scripts' `cargo build --release` puts it).
+DAEMON=${DAEMON:-${CARGO_TARGET_DIR:-$LAUNCH_REPO/target}/release/vhost-user-rdma}
 
 _launch_pids=() _launch_pidfiles=() _launch_dirs=() _launch_cmds=()
 # launch_pid: the process the last launch_* started. launch_guests[NAME]: guest NAME's.
@@ -67,6 +67,10 @@ launch_bg() {
   launch_pid=$!
   _launch_pids+=("$launch_pid")
 }
+
+# launch_alive PID: true while PID, a child of this shell, has not ended (a child that ended and
+# has not been waited for yet does not count).
+launch_alive() { _launch_child_alive "$1"; }
 
 # True if PID is a child of this shell that has not ended.
 _launch_child_alive() {
