@@ -144,14 +144,20 @@ pub fn give(slots: &[VmPort], ops: &OpsPorts, s: &mut UnixStream) -> Given {
         Err(e) => return Given::Refused(e.to_string()),
     }
     let mut paused = Vec::new();
+    let began = std::time::Instant::now();
     let outcome = hand_over(slots, ops, s, &mut paused);
     match outcome {
         Ok(()) => Given::Committed(Held(paused)),
         Err(why) => {
+            let stopped = paused.len();
             resume(slots, paused);
             for slot in slots {
                 slot.accept.release();
             }
+            info!(
+                "{stopped} VMs resumed {} ms after the hand-over began",
+                began.elapsed().as_millis()
+            );
             let _ = send(
                 s,
                 &Msg::Abort {
