@@ -59,6 +59,8 @@ if [ "${RDMA_SKIP_QEMU:-0}" != 1 ]; then
     bash scripts/qemu-rdma-core-tests.sh --kernel 6.12
   part "live migration of a guest running an RC pingpong to its standby on the same daemon" \
     bash scripts/qemu-migrate.sh --traffic
+  part "live migration of the written side: B migrates while A runs ib_write_bw into it" \
+    bash scripts/qemu-migrate.sh --migrate-b
   part "live upgrade: the daemon replaced twice under two QEMU guests running an RC pingpong" \
     bash scripts/qemu-upgrade.sh
   # rdma_cm, NVMe over Fabrics and NFS over RDMA between two guests (issue 28); with
