@@ -119,7 +119,12 @@ fn memfd(size: u64, sealed: bool) -> File {
 /// A VMM that did the handshake (owner, features, protocol features with
 /// `REPLY_ACK`, so that every request is acknowledged) and nothing else.
 fn hostile_frontend(path: &Path) -> Frontend {
-    let mut fe = Frontend::connect(path, 3).unwrap();
+    hostile_frontend_of(path, 3)
+}
+
+/// [`hostile_frontend`] that may name `queues` queues (the device has 3).
+fn hostile_frontend_of(path: &Path, queues: u64) -> Frontend {
+    let mut fe = Frontend::connect(path, queues).unwrap();
     fe.set_owner().unwrap();
     let f = fe.get_features().unwrap();
     let proto = VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
@@ -585,4 +590,40 @@ fn an_unsealed_log_is_accepted_when_allowed() {
     let ram = memfd(4 << 20, false);
     let fe = logging_frontend(d.socket(HOSTILE), &ram, 4 << 20);
     set_log(&fe, &memfd(4096, false), 4096, 0).unwrap();
+}
+
+/// Descriptors this process has open.
+fn open_descriptors() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// A VMM that sends call descriptors again and again: the daemon keeps
+/// (for a later hand-over, spec 20.7) the last one of each queue only, so
+/// its descriptors do not grow with the attack; a queue the device lacks
+/// ends the connection.
+#[test]
+fn call_descriptors_sent_again_and_again_are_not_hoarded() {
+    let d = TestDaemon::start(3).unwrap();
+    with_bystanders(&d, || {
+        let mut fe = hostile_frontend_of(d.socket(HOSTILE), 256);
+        let call = |fe: &mut Frontend, q| {
+            let fd = vmm_sys_util::eventfd::EventFd::new(0).unwrap();
+            fe.set_vring_call(q, &fd)
+        };
+        for q in 0..3 {
+            call(&mut fe, q).unwrap();
+        }
+        let before = open_descriptors();
+        for i in 0..3000 {
+            call(&mut fe, i % 3).unwrap();
+        }
+        let after = open_descriptors();
+        assert!(
+            after <= before + 4,
+            "{} descriptors more after 3,000 call descriptors",
+            after.saturating_sub(before)
+        );
+        assert!(call(&mut fe, 200).is_err(), "queue 200 accepted");
+    });
+    hostile_socket_still_serves(&d);
 }

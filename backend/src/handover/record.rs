@@ -71,9 +71,9 @@ pub mod code {
 pub const F_LOG_ALL: u64 = 1 << 26;
 /// `VHOST_USER_PROTOCOL_F_REPLY_ACK`.
 pub const PF_REPLY_ACK: u64 = 1 << 3;
-/// Rings recorded at most: a ring's index is a byte in some requests, and
-/// a VMM naming rings the handler refuses must not grow the record.
-pub const MAX_RINGS: u32 = 256;
+/// Rings recorded: the device's. A VMM naming rings the handler refuses
+/// must not grow the record (each holds up to three of its descriptors).
+pub const MAX_RINGS: u32 = virtio_rdma_abi::config::NUM_QUEUES as u32;
 /// In a `SET_VRING_KICK/CALL/ERR` body: no descriptor comes with it.
 const NO_FD: u64 = 0x100;
 
@@ -149,7 +149,11 @@ impl SessionRecord {
         use code::*;
         let ring_of_state = |f: &Frame| f.u32_at(0).filter(|&i| i < MAX_RINGS);
         // KICK/CALL/ERR: the index in the low byte of the u64.
-        let ring_of_fd = |f: &Frame| f.u64_at(0).map(|v| (v & 0xff) as u32);
+        let ring_of_fd = |f: &Frame| {
+            f.u64_at(0)
+                .map(|v| (v & 0xff) as u32)
+                .filter(|&i| i < MAX_RINGS)
+        };
         match f.code {
             GET_FEATURES
             | GET_PROTOCOL_FEATURES
@@ -289,7 +293,16 @@ mod tests {
         assert!(r.rings.is_empty());
         r.apply(&frame(SET_VRING_NUM, state(MAX_RINGS, 1), false))
             .unwrap();
+        let mut call = frame(
+            SET_VRING_CALL,
+            u64::from(MAX_RINGS).to_ne_bytes().to_vec(),
+            true,
+        );
+        r.apply(&call).unwrap();
+        call.body = 0u64.to_ne_bytes().to_vec();
         assert!(r.rings.is_empty(), "a ring past the bound is not kept");
+        r.apply(&call).unwrap();
+        assert_eq!(r.rings.len(), 1);
         r.apply(&frame(32, vec![], true)).unwrap();
         assert_eq!(r.unsupported, Some(32));
     }
