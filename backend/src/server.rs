@@ -87,7 +87,8 @@ pub struct Daemon {
     metrics: Option<crate::metrics::MetricsServer>,
     handover: Option<HandoverServer>,
     dir: Arc<PrivateDir>,
-    names: Vec<String>,
+    /// Each VM's name and identity ([`vm_identity`]), for a hand-over.
+    names: Vec<(String, String)>,
 }
 
 /// The port identity of VM `index`: its GID table and a random GUID.
@@ -119,6 +120,23 @@ fn port_gids(
         (PortGids::Host, Some(gid)) => GidTable::single(gid),
         _ => config.gid_table(index),
     }
+}
+
+/// VM `index`'s name, and what else the VMs it talks to and its guest know
+/// it by (tenant, configured GIDs, paired MAC): a successor must have the
+/// same for each VM it takes over.
+fn vm_identity(config: &DaemonConfig, index: usize) -> (String, String) {
+    let Some(vm) = config.vms.get(index) else {
+        return (String::new(), String::new());
+    };
+    let identity = format!(
+        "tenant {}, GIDs {}, MAC {}",
+        vm.tenant,
+        gids_text(&config.gid_table(index)),
+        vm.mac
+            .map_or_else(|| "none".into(), crate::config::mac_text)
+    );
+    (vm.name.clone(), identity)
 }
 
 /// The assigned entries of a GID table as text, `index=gid` each.
@@ -164,10 +182,18 @@ impl Daemon {
         let began = std::time::Instant::now();
         let mut s = UnixStream::connect(&path)
             .map_err(|e| ServerError::HandOver(format!("cannot reach {}: {e}", path.display())))?;
-        let vms: Vec<(String, PathBuf)> = config
+        let vms: Vec<take::Expected> = config
             .vms
             .iter()
-            .map(|v| (v.name.clone(), v.socket.clone()))
+            .enumerate()
+            .map(|(i, v)| {
+                let (name, identity) = vm_identity(&config, i);
+                take::Expected {
+                    name,
+                    socket: v.socket.clone(),
+                    identity,
+                }
+            })
             .collect();
         let _ = s.set_read_timeout(Some(crate::handover::listen::STALL));
         let _ = s.set_write_timeout(Some(crate::handover::listen::STALL));
@@ -330,7 +356,9 @@ impl Daemon {
             metrics: None,
             handover: None,
             dir,
-            names: config.vms.iter().map(|v| v.name.clone()).collect(),
+            names: (0..config.vms.len())
+                .map(|i| vm_identity(config, i))
+                .collect(),
         })
     }
 
@@ -386,8 +414,9 @@ impl Daemon {
             let ports: Vec<VmPort> = slots
                 .iter()
                 .zip(&names)
-                .map(|(slot, name)| VmPort {
+                .map(|(slot, (name, identity))| VmPort {
                     name,
+                    identity,
                     path: &slot.path,
                     listener: slot.listen_wake.as_fd(),
                     accept: &slot.accept,

@@ -49,7 +49,12 @@ impl Drop for Daemon {
 
 impl Daemon {
     fn spawn(dir: &Path, sockets: &[&str], take_over: bool) -> Daemon {
+        Self::spawn_with(dir, sockets, take_over, &[])
+    }
+
+    fn spawn_with(dir: &Path, sockets: &[&str], take_over: bool, extra: &[&str]) -> Daemon {
         let mut cmd = Command::new(daemon_binary());
+        cmd.args(extra);
         for s in sockets {
             cmd.arg("--socket-path").arg(dir.join(s));
         }
@@ -215,6 +220,18 @@ fn a_successor_that_cannot_take_over_leaves_the_running_daemon_serving() {
     let mut other = Daemon::spawn(&dir, &["a.sock"], true);
     let status = other.wait();
     assert!(!status.success(), "a successor with other VMs took over");
+    assert!(old.alive(), "the running daemon stopped");
+    // One whose VM B has another MAC (what the guest pairs its port with).
+    let mut other = Daemon::spawn_with(
+        &dir,
+        &["a.sock", "b.sock"],
+        true,
+        &["--mac", "vm1=52:54:00:00:00:09"],
+    );
+    assert!(
+        !other.wait().success(),
+        "a successor with another MAC took over"
+    );
     assert!(old.alive(), "the running daemon stopped");
     src.write(0, b"still served");
     q1.post_send(&[wr(1, write_op(&dst, 0), &[src.sge(0, 12)])])

@@ -23,6 +23,8 @@ use crate::sync::lock;
 pub struct VmPort<'a> {
     /// The VM's name.
     pub name: &'a str,
+    /// Its tenant, GIDs and MAC, as text.
+    pub identity: &'a str,
     /// Its socket's path.
     pub path: &'a Path,
     /// Its listening socket.
@@ -213,6 +215,7 @@ fn hand_over(
         };
         let msg = Msg::Vm {
             name: slot.name.into(),
+            identity: slot.identity.into(),
             socket: slot.path.into(),
             conn,
         };

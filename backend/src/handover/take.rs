@@ -13,6 +13,17 @@ use super::rings::Bases;
 use super::wire::{recv, send, Msg, VERSION};
 use crate::sync::lock;
 
+/// A VM of the successor's configuration, which the running daemon's
+/// must match.
+pub struct Expected {
+    /// Its name.
+    pub name: String,
+    /// Its socket.
+    pub socket: PathBuf,
+    /// Its tenant, GIDs and MAC, as text.
+    pub identity: String,
+}
+
 /// A VMM's connection taken over, for the VM's serving thread.
 pub struct Adoption {
     /// The VMM's connection.
@@ -121,7 +132,7 @@ fn refuse(s: &mut UnixStream, why: &str) {
 /// refusal the running daemon is told why.
 pub fn receive(
     s: &mut UnixStream,
-    vms: &[(String, PathBuf)],
+    vms: &[Expected],
 ) -> Result<(Vec<Inherited>, Arc<Gate>, OpsInherited), String> {
     let r = receive_all(s, vms);
     if let Err(why) = &r {
@@ -132,26 +143,38 @@ pub fn receive(
 
 fn receive_all(
     s: &mut UnixStream,
-    vms: &[(String, PathBuf)],
+    vms: &[Expected],
 ) -> Result<(Vec<Inherited>, Arc<Gate>, OpsInherited), String> {
     send(s, &Msg::Hello { version: VERSION }, &[], &[]).map_err(|e| e.to_string())?;
     let mut got = Vec::new();
     let ops = loop {
         let (msg, blob, fds) = recv(s).map_err(|e| e.to_string())?;
         match msg {
-            Msg::Vm { name, socket, conn } => {
-                let Some((want, path)) = vms.get(got.len()) else {
+            Msg::Vm {
+                name,
+                identity,
+                socket,
+                conn,
+            } => {
+                let Some(want) = vms.get(got.len()) else {
                     return Err(format!(
                         "the running daemon serves more VMs than the {} configured here",
                         vms.len()
                     ));
                 };
-                if *want != name || *path != socket {
+                if want.name != name || want.socket != socket {
                     return Err(format!(
-                        "VM {} is {name:?} on {} there, {want:?} on {} here",
+                        "VM {} is {name:?} on {} there, {:?} on {} here",
                         got.len(),
                         socket.display(),
-                        path.display()
+                        want.name,
+                        want.socket.display()
+                    ));
+                }
+                if want.identity != identity {
+                    return Err(format!(
+                        "VM {name:?} has {identity} there, {} here",
+                        want.identity
                     ));
                 }
                 let mut fds = fds.into_iter();

@@ -180,6 +180,9 @@ pub enum Msg {
     Vm {
         /// The VM's name.
         name: String,
+        /// Its tenant, GIDs and MAC, as text: the successor must have the
+        /// same.
+        identity: String,
         /// Its socket's path.
         socket: PathBuf,
         /// Its VMM's connection, if one is connected.
@@ -294,6 +297,7 @@ mod tests {
         let (w, fds) = RecordWire::of(&r);
         let msg = Msg::Vm {
             name: "a".into(),
+            identity: "tenant t".into(),
             socket: "/s".into(),
             conn: Some(ConnWire {
                 record: w,
