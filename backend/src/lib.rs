@@ -94,6 +94,7 @@ pub mod local_socket;
 pub mod logging;
 pub mod metrics;
 pub mod mgmt;
+pub mod notify;
 pub mod restart;
 pub mod rnic;
 pub mod rnic_objects;

@@ -4,10 +4,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use log::{error, info};
+use log::{error, info, warn};
 use vhost_user_rdma::config::{ConfigError, LimitOverrides};
+use vhost_user_rdma::handover::successor::Successor;
 use vhost_user_rdma::logging::{self, LogFormat};
 use vhost_user_rdma::mgmt::ctl::{self, CtlArgs};
+use vhost_user_rdma::notify;
 use vhost_user_rdma::{config_file, DaemonConfig, Limits};
 use virtio_rdma_abi::config::{F_ATOMIC, F_GSI, F_SHMEM_DOORBELL, F_SRQ, F_UD};
 
@@ -362,8 +364,9 @@ fn daemon_config(a: Args) -> Result<(DaemonConfig, Option<LogFormat>), ArgsError
     Ok((config, log_format))
 }
 
-/// Blocks SIGINT and SIGTERM in the calling thread (and so in every thread
-/// it spawns afterwards), so that [`wait_for_signal`] can take them.
+/// Blocks SIGINT, SIGTERM and SIGUSR2 in the calling thread (and so in
+/// every thread it spawns afterwards), so that [`wait_for_signal`] can take
+/// them.
 fn block_signals() -> libc::sigset_t {
     // SAFETY: an all-zero sigset_t is a valid value to initialize.
     let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
@@ -373,6 +376,7 @@ fn block_signals() -> libc::sigset_t {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGUSR2);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
     }
     set
@@ -391,6 +395,8 @@ fn wait_for_signal(set: &libc::sigset_t) -> i32 {
 }
 
 fn main() -> ExitCode {
+    // Before anything else: the binary's path while it is still this one's.
+    let successor = Successor::of_this_process();
     let args = Args::parse();
     match &args.command {
         Some(Command::Ctl(c)) => {
@@ -419,8 +425,26 @@ fn main() -> ExitCode {
     };
     match started {
         Ok(d) => {
-            let sig = wait_for_signal(&signals);
-            info!("signal {sig}: shutting down");
+            notify::ready(take_over);
+            loop {
+                let sig = wait_for_signal(&signals);
+                if sig != libc::SIGUSR2 {
+                    info!("signal {sig}: shutting down");
+                    break;
+                }
+                // A live upgrade (`systemctl reload`); the hand-over socket's
+                // thread exits this process once the successor serves.
+                match (&successor, d.handover_socket()) {
+                    (Ok(s), Some(_)) => {
+                        if let Err(e) = s.start() {
+                            error!("SIGUSR2: cannot start the successor: {e}");
+                        }
+                    }
+                    (Err(e), _) => error!("SIGUSR2: this binary's path is unknown: {e}"),
+                    (_, None) => warn!("SIGUSR2: no hand-over socket configured, no upgrade"),
+                }
+            }
+            notify::stopping();
             d.shutdown();
             ExitCode::SUCCESS
         }

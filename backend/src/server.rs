@@ -5,7 +5,7 @@
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
@@ -432,6 +432,11 @@ impl Daemon {
             };
             give(&ports, &ops, s)
         }))
+    }
+
+    /// The hand-over socket's path, if the daemon has one.
+    pub fn handover_socket(&self) -> Option<&Path> {
+        self.handover.as_ref().map(|h| h.path())
     }
 
     /// What the operator interfaces see of the daemon.

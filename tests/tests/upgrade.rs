@@ -324,3 +324,67 @@ fn a_successor_that_fails_midway_or_talks_garbage_changes_nothing() {
     drop(new);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `systemctl reload` (SIGUSR2): the daemon starts its successor itself,
+/// which takes the VMs over and tells the service manager (`NOTIFY_SOCKET`,
+/// systemd's `Type=notify`) that it is the main process now; the old one
+/// exits 0.
+#[test]
+fn sigusr2_starts_a_successor_that_tells_the_service_manager_it_is_the_daemon() {
+    use std::os::unix::net::UnixDatagram;
+    let dir = temp_dir("usr2");
+    let notify = UnixDatagram::bind(dir.join("notify.sock")).unwrap();
+    notify
+        .set_read_timeout(Some(Duration::from_secs(600)))
+        .unwrap();
+    let next = || {
+        let mut buf = [0u8; 256];
+        let n = notify.recv(&mut buf).expect("a notification");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    let mut cmd = Command::new(daemon_binary());
+    cmd.arg("--socket-path")
+        .arg(dir.join("a.sock"))
+        .arg("--handover-socket")
+        .arg(dir.join("handover.sock"))
+        .env("NOTIFY_SOCKET", dir.join("notify.sock"));
+    let mut old = Daemon(cmd.spawn().unwrap());
+    assert_eq!(next(), "READY=1");
+    let a = Vm::open_path(&dir.join("a.sock"), VmmOptions::default());
+    let cq = Cq::create(&a.dev, 64).unwrap();
+    let (q1, q2) = (rc_qp(&a, &cq), rc_qp(&a, &cq));
+    connect(&a, &q1, &a, &q2);
+    let buf = Buf::new(&a, 8192);
+    buf.write(0, b"reloaded");
+
+    let old_pid = old.0.id();
+    let pid_t = libc::pid_t::try_from(old_pid).unwrap();
+    // SAFETY: kill(2) on a child process of this test.
+    let r = unsafe { libc::kill(pid_t, libc::SIGUSR2) };
+    assert_eq!(r, 0);
+    let said = next();
+    let pid: u32 = said
+        .strip_prefix("MAINPID=")
+        .and_then(|r| r.strip_suffix("\nREADY=1"))
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("not a new main process: {said:?}"));
+    assert_ne!(pid, old_pid);
+    assert!(old.wait().success());
+    q1.post_send(&[wr(1, write_op(&buf, 4096), &[buf.sge(0, 8)])])
+        .unwrap();
+    ok(&poll_one(&cq), 1, WcOpcode::RDMA_WRITE);
+    assert_eq!(buf.read(4096, 8), b"reloaded");
+    drop((q1, q2, buf, cq, a));
+    // The successor is not this test's child: stop it and wait until its
+    // socket is gone (it removes it when it stops).
+    let pid_t = libc::pid_t::try_from(pid).unwrap();
+    // SAFETY: kill(2) on the successor's pid, which it just told us.
+    let r = unsafe { libc::kill(pid_t, libc::SIGTERM) };
+    assert_eq!(r, 0);
+    assert_eq!(next(), "STOPPING=1");
+    let start = Instant::now();
+    while dir.join("a.sock").exists() && start.elapsed() < Duration::from_secs(600) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

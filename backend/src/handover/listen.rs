@@ -75,6 +75,11 @@ impl HandoverServer {
         })
     }
 
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Stops serving and removes the socket.
     pub fn stop(mut self) {
         self.stop.store(true, Ordering::Release);

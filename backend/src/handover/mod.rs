@@ -18,6 +18,7 @@ pub mod listen;
 pub mod record;
 pub mod relay;
 pub mod rings;
+pub mod successor;
 pub mod take;
 pub mod wire;
 
