@@ -9,6 +9,11 @@
 //! VMMs sent, configures fresh handlers from the records, loads the
 //! states and starts the rings where they stopped. The VMMs go on talking
 //! to the same connections and notice nothing but the pause.
+//!
+//! [`give`] is the running daemon's side, [`take`] the successor's,
+//! [`wire`] their messages and [`listen`] the socket they meet on; [`hold`]
+//! keeps a socket's accepting thread still meanwhile, [`rings`] speaks to
+//! a paused handler, and [`successor`] starts the successor on `SIGUSR2`.
 
 pub mod frame;
 pub mod give;
