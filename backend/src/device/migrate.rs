@@ -220,7 +220,7 @@ impl RdmaDevice {
     /// QEMU sends the state before it negotiates features and sends the
     /// memory table: then the checks that need them (the features equal to
     /// the state's, every address inside guest RAM) run at the device's
-    /// start instead ([`RdmaDevice::start_loaded`]), where a mismatch fails
+    /// start instead (`RdmaDevice::start_loaded`), where a mismatch fails
     /// the device (spec 20.1). If an instance of this daemon saved the
     /// state (the VM's other instance, stopped since), the VM's QP numbers
     /// move from there; else they must be free on this RNIC.

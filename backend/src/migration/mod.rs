@@ -3,7 +3,7 @@
 //! (`SET_DEVICE_STATE_FD`, `CHECK_DEVICE_STATE`) and the hand-over to a new
 //! daemon binary (spec chapter 20).
 //!
-//! - [`format`]: the framed, versioned, checksummed encoding and its size
+//! - [`mod@format`]: the framed, versioned, checksummed encoding and its size
 //!   bound;
 //! - [`state`]: what the state holds.
 //!

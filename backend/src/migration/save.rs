@@ -1,4 +1,4 @@
-//! Taking a VM's objects into a [`state::Objects`] (spec 20.2).
+//! Taking a VM's objects into a [`super::state::Objects`] (spec 20.2).
 
 use std::time::Instant;
 

@@ -1,4 +1,4 @@
-//! The small-WRITE lane: an RDMA WRITE of at most [`LANE_MAX`] bytes from
+//! The small-WRITE lane: an RDMA WRITE of at most `LANE_MAX` bytes from
 //! one SGE, on an RC QP whose route passed the requester's checks (earlier
 //! in the burst, or just now in `Router::transmit`), into a QP of the VM
 //! held for the burst, is checked and copied in one pass. The checks are the general path's own

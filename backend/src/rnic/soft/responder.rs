@@ -122,7 +122,7 @@ fn remote_range(
 }
 
 /// Performs `req` at responder QP `qp` of `state` (whose memory is `mem`)
-/// if that QP takes it ([`connected_responder`], [`ud_responder`] for `ud`: its
+/// if that QP takes it (`connected_responder`, `ud_responder` for `ud`: its
 /// VM running, still numbered `req.dest_qpn`, of the message's type and in
 /// a state that takes messages; for UD with the message's Q_Key).
 pub fn respond(

@@ -6,7 +6,7 @@
 //! peer VM's state inside that for VM-to-VM operations (once per burst of
 //! an RC QP). Control threads only ever hold their own VM's lock, and the
 //! peer is always served by the same engine thread (only a VM of the same
-//! tenant is reached, and a tenant's VMs share an engine; [`deliver`]
+//! tenant is reached, and a tenant's VMs share an engine; `deliver`
 //! refuses any other route), so the nesting cannot deadlock.
 
 use std::sync::Arc;

@@ -1,4 +1,4 @@
-//! The CM bridge as the RNIC holds it ([`CmHub`]): the service on the
+//! The CM bridge as the RNIC holds it (`CmHub`): the service on the
 //! host's `rdma_cm`, shared by the control path (listeners, `MODIFY_QP`'s
 //! bindings, destroyed QPs), the engine (the guests' CM MADs) and the CM
 //! event thread ([`super::cm_events`]); and each VM's inbox of MADs for its
