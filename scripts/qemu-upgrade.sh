@@ -10,7 +10,8 @@
 #   2. a successor with the same configuration (--take-over; the binary $DAEMON_NEW, default
 #      the same one) takes both VMs over: the old daemon exits with status 0, the new one logs
 #      "took over 2 VMs (2 connected)";
-#   3. that successor is upgraded the same way by a third process;
+#   3. that successor is upgraded by a third process that it starts itself on SIGUSR2 (what
+#      `systemctl reload` sends, dist/vhost-user-rdma.service), which logs into the same file;
 #   4. the tool still runs; `vhost-user-rdma ctl vms` answers on the management socket (now the
 #      third process's): both VMs connected, with the objects they had before the upgrades.
 # Before step 1 and after each step, B's count of messages received (`ctl stats vmb`) must grow
@@ -239,10 +240,49 @@ upgrade() {
   fi
   cur_pid=$new cur_log=$log
 }
+# upgrade_by_signal N: the daemon serving now gets SIGUSR2 and starts its successor itself (the
+# binary at its own path, --take-over), whose log goes to the same file: the old one must exit 0
+# having handed both VMs over, the new one (not a child of this shell: stopped at the end) must
+# log that it took both over. Sets cur_pid to the new one's.
+upgrade_by_signal() {
+  local st=0 new ms took
+  took=$(grep -c 'took over 2 VMs (2 connected)' "$cur_log" || true)
+  kill -USR2 "$cur_pid"
+  if ! wait_lines "$cur_log" 'started the successor, pid [0-9]+' 1 "$cur_pid"; then
+    failed "upgrade $1 (SIGUSR2): the daemon started no successor"
+    show_logs_and_stop
+  fi
+  new=$(sed -n 's/.*started the successor, pid \([0-9]*\):.*/\1/p' "$cur_log" | tail -n 1)
+  launch_on_exit "kill -TERM $new 2>/dev/null || true"
+  wait_until "$new" "$cur_log" not_alive "$cur_pid" || true
+  if launch_alive "$cur_pid"; then
+    failed "upgrade $1 (SIGUSR2): the old daemon still serves"
+    show_logs_and_stop
+  fi
+  launch_wait "$cur_pid" || st=$?
+  if [ "$st" = 0 ] && grep -q 'handed 2 VMs (2 connected) over to the successor' "$cur_log"; then
+    ok "upgrade $1 (SIGUSR2): the old daemon started its successor, pid $new, handed both VMs" \
+      "over and exited with status 0"
+  else
+    failed "upgrade $1 (SIGUSR2): the old daemon exited with status $st"
+  fi
+  if wait_lines "$cur_log" 'took over 2 VMs \(2 connected\)' $((took + 1)) "$new"; then
+    ok "upgrade $1 (SIGUSR2): $(grep -o 'took over 2 VMs.*' "$cur_log" | tail -n 1)"
+    ms=$(sed -n 's/.*took over 2 VMs (2 connected) from .* in \([0-9]*\) ms.*/\1/p' "$cur_log" |
+      tail -n 1)
+    echo "   UPGRADE-BLACKOUT: ${ms:-?} ms (upgrade $1 by SIGUSR2, $tool_name;" \
+      "$(guest_elapsed "$t_tool" "$(guest_now)") s after the tool was seen running)"
+    blackouts+=("${ms:-?}")
+  else
+    failed "upgrade $1 (SIGUSR2): the successor did not log that it took both VMs over"
+    show_logs_and_stop
+  fi
+  cur_pid=$new
+}
 # 2. and 3.
 upgrade 1
 flows "after upgrade 1"
-upgrade 2
+upgrade_by_signal 2
 flows "after upgrade 2"
 
 # 4. The tool was still running (no result row yet on either side), and the management socket
@@ -285,7 +325,8 @@ for g in A B; do
     failed "$g: kernel warnings (or no kernel log)"
   fi
 done
-if launch_alive "$cur_pid"; then ok "the last daemon serves on"; else failed "the last daemon died"; fi
+# (Not a child of this shell: it was started by the daemon before it.)
+if kill -0 "$cur_pid" 2>/dev/null; then ok "the last daemon serves on"; else failed "the last daemon died"; fi
 echo "   UPGRADE: $tool_name; blackouts ${blackouts[*]} ms;" \
   "A's row: $(after "$label" "$row" A)"
 
