@@ -12,10 +12,12 @@ use std::process::{Child, Command, ExitStatus};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
 use vhost_user_rdma_tests::dp::{connect, ok, poll_one, rc_qp, wr, write_op, Buf, Vm};
 use vhost_user_rdma_tests::vmm::VmmOptions;
 use virtio_rdma_abi::datapath::WcOpcode;
-use virtio_rdma_driver::{Cq, RecvWr, SendOp};
+
+use virtio_rdma_driver::{Cq, Qp, RecvWr, SendOp};
 
 /// The daemon binary, built now (a no-op when it is up to date).
 fn daemon_binary() -> PathBuf {
@@ -92,6 +94,44 @@ fn wait_for(path: &Path, d: &mut Daemon) {
     }
 }
 
+/// VMs A and B on `dir`'s sockets with an RC QP each, connected, and a
+/// buffer each (fields in the order they must go).
+struct Pair {
+    qa: Qp,
+    qb: Qp,
+    src: Buf,
+    dst: Buf,
+    cqa: Arc<Cq>,
+    cqb: Arc<Cq>,
+    a: Vm,
+    b: Vm,
+}
+
+impl Pair {
+    fn open(dir: &Path) -> Pair {
+        let a = Vm::open_path(&dir.join("a.sock"), VmmOptions::default());
+        let b = Vm::open_path(&dir.join("b.sock"), VmmOptions::default());
+        let (cqa, cqb) = (
+            Cq::create(&a.dev, 64).unwrap(),
+            Cq::create(&b.dev, 64).unwrap(),
+        );
+        let (qa, qb) = (rc_qp(&a, &cqa), rc_qp(&b, &cqb));
+        connect(&a, &qa, &b, &qb);
+        let src = Buf::new(&a, 8192);
+        let dst = Buf::new(&b, 8192);
+        Pair {
+            qa,
+            qb,
+            src,
+            dst,
+            cqa,
+            cqb,
+            a,
+            b,
+        }
+    }
+}
+
 fn temp_dir(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("vur-upgrade-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -105,16 +145,16 @@ fn a_new_daemon_takes_every_vm_over_and_rdma_goes_on() {
     let socks = ["a.sock", "b.sock", "c.sock"];
     let mut old = Daemon::spawn(&dir, &socks, false);
     wait_for(&dir.join("handover.sock"), &mut old);
-    let a = Vm::open_path(&dir.join("a.sock"), VmmOptions::default());
-    let b = Vm::open_path(&dir.join("b.sock"), VmmOptions::default());
-    let (cqa, cqb) = (
-        Cq::create(&a.dev, 64).unwrap(),
-        Cq::create(&b.dev, 64).unwrap(),
-    );
-    let (qa, qb) = (rc_qp(&a, &cqa), rc_qp(&b, &cqb));
-    connect(&a, &qa, &b, &qb);
-    let src = Buf::new(&a, 8192);
-    let dst = Buf::new(&b, 8192);
+    let Pair {
+        qa,
+        qb,
+        src,
+        dst,
+        cqa,
+        cqb,
+        a,
+        b,
+    } = Pair::open(&dir);
     src.write(0, b"before the move");
     qa.post_send(&[wr(1, write_op(&dst, 0), &[src.sge(0, 15)])])
         .unwrap();
@@ -262,16 +302,16 @@ fn a_successor_that_fails_midway_or_talks_garbage_changes_nothing() {
     let dir = temp_dir("midway");
     let mut old = Daemon::spawn(&dir, &["a.sock", "b.sock"], false);
     wait_for(&dir.join("handover.sock"), &mut old);
-    let a = Vm::open_path(&dir.join("a.sock"), VmmOptions::default());
-    let b = Vm::open_path(&dir.join("b.sock"), VmmOptions::default());
-    let (cqa, cqb) = (
-        Cq::create(&a.dev, 64).unwrap(),
-        Cq::create(&b.dev, 64).unwrap(),
-    );
-    let (qa, qb) = (rc_qp(&a, &cqa), rc_qp(&b, &cqb));
-    connect(&a, &qa, &b, &qb);
-    let src = Buf::new(&a, 8192);
-    let dst = Buf::new(&b, 8192);
+    let Pair {
+        qa,
+        qb,
+        src,
+        dst,
+        cqa,
+        cqb,
+        a,
+        b,
+    } = Pair::open(&dir);
     qb.post_recv(&[RecvWr {
         wr_id: 70,
         sg_list: &[dst.sge(4096, 64)],
