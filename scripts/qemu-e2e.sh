@@ -294,6 +294,10 @@ if [ "$demo" = 0 ]; then
   fi
 fi
 
+# For the record: how often the idle engine found work whose notification
+# had not come (LATE_KICKS; the engine serves it within 50 ms either way).
+echo "== qemu-e2e: engine threads"
+target/release/vhost-user-rdma ctl --socket "$dir/mgmt.sock" engines 2>&1 | sed 's/^/   /' || true
 for r in "VM A (server):$rc_a" "VM B (client):$rc_b"; do
   if [ "${r##*:}" = 0 ]; then tally ok; else tally failed; echo "FAILED: ${r%:*} exit ${r##*:}"; fi
 done

@@ -429,11 +429,27 @@ impl<'a> Peer<'a> {
             self.stash.extend(&wc[..n]);
             if n == 0 {
                 if Instant::now() > deadline {
-                    return Err(Error::Timeout(what.to_string()));
+                    return Err(Error::Timeout(format!("{what} ({})", self.rings())));
                 }
                 std::thread::yield_now();
             }
         }
+    }
+
+    /// Where the rings stand, for a timeout's message: whether the device
+    /// took the work requests, and completed them.
+    fn rings(&self) -> String {
+        let sq = |q: &Qp| {
+            let s = q.send_queue_state();
+            format!("posted {} taken {}", s.posted, s.taken)
+        };
+        let (ci, pi) = self.cq.indices();
+        format!(
+            "send queues: ctl {}, dat {}; CQ polled {ci} of {pi}; context flags {:#x}",
+            sq(&self.ctl),
+            sq(&self.dat),
+            self.dat.send_queue_state().ctx_flags
+        )
     }
 
     fn wait_id(&mut self, what: &str, id: u64) -> Result<WorkCompletion> {

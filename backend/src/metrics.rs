@@ -710,7 +710,7 @@ pub fn render(view: &DaemonView) -> String {
 /// `vhost_user_rdma_engine_*{engine}`: the engine threads' work.
 fn render_engines(out: &mut Vec<MetricFamily>, engines: &[EngineStats]) {
     type Get = fn(&EngineStats) -> u64;
-    let families: [(&str, MetricType, &str, Get); 7] = [
+    let families: [(&str, MetricType, &str, Get); 8] = [
         (
             "vms",
             MetricType::GAUGE,
@@ -746,6 +746,12 @@ fn render_engines(out: &mut Vec<MetricFamily>, engines: &[EngineStats]) {
             MetricType::COUNTER,
             "Times the busy engine thread found a parked VM's work by peeking at its doorbells.",
             |e| e.peeked,
+        ),
+        (
+            "late_kicks_total",
+            MetricType::COUNTER,
+            "Times the idle engine thread's periodic re-check found a parked VM's work whose notification had not arrived.",
+            |e| e.late_kicks,
         ),
         (
             "anticipated_total",

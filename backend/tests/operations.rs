@@ -487,7 +487,16 @@ fn ctl_shows_live_objects_and_changes_qos() {
         out.lines()
             .next()
             .map(|l| l.split_whitespace().collect::<Vec<_>>()),
-        Some(vec!["ENGINE", "CPU", "VMS", "WQES", "BYTES", "PARKS"])
+        Some(vec![
+            "ENGINE",
+            "CPU",
+            "VMS",
+            "WQES",
+            "BYTES",
+            "PARKS",
+            "PEEKED",
+            "LATE_KICKS"
+        ])
     );
     assert_eq!(row(&out, "0")[1..3], ["-", "2"]);
     assert_eq!(row(&out, "1")[1..3], ["-", "1"]);

@@ -164,6 +164,13 @@ impl Cq {
         &self.dev
     }
 
+    /// The driver's consumer index and the device's producer index, for
+    /// diagnostics.
+    pub fn indices(&self) -> (u32, u32) {
+        let ci = self.lock().ci;
+        (ci, self.mem.db.load(off::CQ_PI))
+    }
+
     /// Polls up to `out.len()` completions into `out`; returns how many.
     ///
     /// For each entry: read `owner` of slot `ci` (acquire); when it equals

@@ -45,7 +45,6 @@ pub(crate) mod off {
     /// `CqDoorbell::arm`.
     pub const CQ_ARM: usize = 4;
     /// `CqDoorbell::pi`.
-    #[cfg_attr(not(test), allow(dead_code))]
     pub const CQ_PI: usize = 64;
     /// `CqDoorbell::armed_seq`.
     pub const CQ_ARMED_SEQ: usize = 68;

@@ -75,7 +75,7 @@ pub use fast_mr::{FastMr, FastReg};
 pub use mr::{Mr, MrPages};
 pub use mw::{Mw, MwBind};
 pub use pd::Pd;
-pub use qp::{Qp, QpCap, QpInit};
+pub use qp::{Qp, QpCap, QpInit, SendQueueState};
 pub use qp_attr::{QpAttrs, RcConnect};
 pub use srq::Srq;
 pub use transport::{DmaRegion, SharedMemory, Token, Transport, TransportError};

@@ -129,6 +129,18 @@ impl QpInit {
     }
 }
 
+/// A send queue's indices and its context's device flags
+/// ([`Qp::send_queue_state`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendQueueState {
+    /// The driver's producer index (WQEs posted).
+    pub posted: u32,
+    /// The device's consumer index (WQEs it has taken).
+    pub taken: u32,
+    /// The context's device flags (`DB_FLAG_KICK`, `DB_FLAG_POLLING`).
+    pub ctx_flags: u32,
+}
+
 /// A queue pair (`CREATE_QP`), destroyed on drop.
 ///
 /// Ownership: the QP holds `Arc`s of its PD, CQs and SRQ, so they are
@@ -559,6 +571,25 @@ impl Qp {
     /// Any state → RESET (attributes cleared, rings emptied).
     pub fn to_reset(&self) -> Result<()> {
         self.modify(&QpAttrs::state(QpState::RESET))
+    }
+
+    /// The send queue as the rings show it, for diagnostics (a work
+    /// request that never completes: did the device take it?).
+    pub fn send_queue_state(&self) -> SendQueueState {
+        let pi = self
+            .sq_prod
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pi;
+        SendQueueState {
+            posted: pi,
+            taken: self.mem.db.load(off::QP_SQ_CI),
+            ctx_flags: self
+                .mem
+                .flags
+                .as_ref()
+                .map_or(0, |f| f.word().load(std::sync::atomic::Ordering::Acquire)),
+        }
     }
 
     /// QUERY_QP.

@@ -101,6 +101,10 @@ pub struct EngineCounters {
     /// Times a peek found work of a parked VM while the thread was busy
     /// (before, or without, the VM's notification).
     pub peeked: AtomicU64,
+    /// Times the sleeping thread, waking after its longest sleep (50 ms) with
+    /// nothing to wake it, found work of a parked VM whose notification had
+    /// not arrived (late, or lost: the re-check bounds the wait either way).
+    pub late_kicks: AtomicU64,
     /// Times the thread watched an entitled VM's doorbells and found its
     /// next post (`anticipate`).
     pub anticipated: AtomicU64,

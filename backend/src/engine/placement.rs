@@ -120,6 +120,9 @@ pub struct EngineStats {
     pub vm_parks: u64,
     /// Times a peek found work of a parked VM while it was busy.
     pub peeked: u64,
+    /// Times its idle re-check found a parked VM's work before the VM's
+    /// notification.
+    pub late_kicks: u64,
     /// Times it kept its time for an entitled VM and found its next post
     /// (anticipation).
     pub anticipated: u64,
@@ -237,6 +240,7 @@ impl Engines {
                     parks: c.parks.load(Relaxed),
                     vm_parks: c.vm_parks.load(Relaxed),
                     peeked: c.peeked.load(Relaxed),
+                    late_kicks: c.late_kicks.load(Relaxed),
                     anticipated: c.anticipated.load(Relaxed),
                 }
             })

@@ -418,17 +418,44 @@ impl Engine {
                 .filter_map(|l| l.timer)
                 .chain(scratch.next_timer)
                 .min();
-            self.park(timer, &park_fds);
+            if self.park(timer, &park_fds) {
+                self.recheck_parked(&mut lists, &mut scratch);
+            }
             idle_sweeps = 0;
             woke = true;
             awake_since = Instant::now();
         }
     }
 
+    /// After a sleep that nothing cut short: reads every parked VM's
+    /// producer indices once, and serves the VM whose doorbells show work
+    /// as if it had been kicked. A driver notifies after it saw
+    /// `DB_FLAG_KICK` (spec 18.6), but its notification crosses the VMM
+    /// and a vhost-user worker, threads that a loaded host may not run for
+    /// a long while, and a notification lost anywhere on that way would
+    /// leave the VM's work unserved for good: this bounds the wait to
+    /// [`MAX_PARK`] whatever happens to it. Costs a read per QP of the
+    /// parked VMs every [`MAX_PARK`] of sleep, nothing while busy (peeks
+    /// cover that).
+    fn recheck_parked<T>(&self, lists: &mut [DbList], scratch: &mut Scratch<T>) {
+        for list in lists.iter_mut().filter(|l| l.parked) {
+            list.refresh_if_changed(scratch);
+            if !list.dev.kick_pending() && list.peek() {
+                list.dev.kick();
+                TrafficCounters::add_single_writer(&self.counters.late_kicks, 1);
+                log::debug!(
+                    "VM {}: work found by the idle re-check, its notification had not come",
+                    list.dev.id()
+                );
+            }
+        }
+    }
+
     /// Sleeps until woken (or one of the transport's `fds` is readable),
     /// [`MAX_PARK`] passes, or `timer` (the earliest retry deadline)
-    /// arrives.
-    fn park(&self, timer: Option<Instant>, fds: &[std::os::fd::RawFd]) {
+    /// arrives. True if the whole [`MAX_PARK`] passed with nothing to end
+    /// the sleep.
+    fn park(&self, timer: Option<Instant>, fds: &[std::os::fd::RawFd]) -> bool {
         let mut sleep = MAX_PARK;
         if let Some(at) = timer {
             sleep = sleep.min(at.saturating_duration_since(Instant::now()));
@@ -450,7 +477,7 @@ impl Engine {
         // SAFETY: `pfds` and `ts` are valid for the duration of the call,
         // the count is their number and a null signal mask leaves the mask
         // unchanged.
-        let _ = unsafe {
+        let ready = unsafe {
             libc::ppoll(
                 pfds.as_mut_ptr(),
                 pfds.len() as libc::nfds_t,
@@ -458,7 +485,8 @@ impl Engine {
                 std::ptr::null(),
             )
         };
-        let _ = self.wake.read();
+        let woken = self.wake.read().is_ok();
+        ready == 0 && !woken && sleep == MAX_PARK
     }
 }
 

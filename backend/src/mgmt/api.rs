@@ -171,6 +171,7 @@ fn dispatch(view: &DaemonView, mut obj: Map<String, Value>) -> Reply {
                         "parks": e.parks,
                         "vm_parks": e.vm_parks,
                         "peeked": e.peeked,
+                        "late_kicks": e.late_kicks,
                         "anticipated": e.anticipated,
                     })
                 })

@@ -357,10 +357,24 @@ fn human(cmd: &CtlCommand, a: &Value) -> String {
                         u(e, &["wqes"]).to_string(),
                         u(e, &["bytes"]).to_string(),
                         u(e, &["parks"]).to_string(),
+                        u(e, &["peeked"]).to_string(),
+                        u(e, &["late_kicks"]).to_string(),
                     ]
                 })
                 .collect();
-            table(&["ENGINE", "CPU", "VMS", "WQES", "BYTES", "PARKS"], &rows)
+            table(
+                &[
+                    "ENGINE",
+                    "CPU",
+                    "VMS",
+                    "WQES",
+                    "BYTES",
+                    "PARKS",
+                    "PEEKED",
+                    "LATE_KICKS",
+                ],
+                &rows,
+            )
         }
         CtlCommand::Tenants => {
             let rows: Vec<Vec<String>> = a["tenants"]

@@ -120,6 +120,11 @@ impl VmCell {
         self.kicked.store(true, Ordering::SeqCst);
     }
 
+    /// Whether a kick waits for the engine (without taking it).
+    pub(crate) fn kick_pending(&self) -> bool {
+        self.kicked.load(Ordering::SeqCst)
+    }
+
     /// Whether [`VmCell::kick`] was called since the last call.
     pub(crate) fn take_kick(&self) -> bool {
         self.kicked.swap(false, Ordering::SeqCst)
