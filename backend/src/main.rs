@@ -185,6 +185,49 @@ enum Command {
     /// Show a host RDMA device as the libibverbs RNIC would use it:
     /// its port, the GID it sends from, and what guests would be offered.
     RnicInfo(RnicInfoArgs),
+    /// Print the manual page (roff, section 8) of this program or of one
+    /// of its commands to standard output: `vhost-user-rdma man | man -l -`.
+    Man(ManArgs),
+}
+
+/// Arguments of `man`.
+#[derive(Debug, clap::Args)]
+struct ManArgs {
+    /// The command whose page to print (`ctl`, `rnic-info`); the
+    /// daemon's page without it. Pages are named `vhost-user-rdma-COMMAND`.
+    command: Option<String>,
+}
+
+/// `man`: a manual page, from the same definitions as `--help`.
+fn man_page(a: &ManArgs) -> ExitCode {
+    use clap::CommandFactory;
+    let root = Args::command().name("vhost-user-rdma");
+    let page = match &a.command {
+        None => Some(root),
+        Some(name) => root
+            .find_subcommand(name)
+            .filter(|s| s.get_name() != "man")
+            .map(|s| s.clone().name(format!("vhost-user-rdma-{name}"))),
+    };
+    let Some(page) = page else {
+        eprintln!(
+            "vhost-user-rdma man: no command {:?}",
+            a.command.as_deref().unwrap_or("")
+        );
+        return ExitCode::from(2);
+    };
+    let mut out = Vec::new();
+    let written = clap_mangen::Man::new(page)
+        .section("8")
+        .render(&mut out)
+        .and_then(|()| std::io::Write::write_all(&mut std::io::stdout(), &out));
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vhost-user-rdma man: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// Arguments of `rnic-info`.
@@ -404,6 +447,7 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
         Some(Command::RnicInfo(a)) => return rnic_info(a),
+        Some(Command::Man(a)) => return man_page(a),
         None => {}
     }
     let cli_format = args.log_format;

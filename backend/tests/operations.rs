@@ -1082,7 +1082,7 @@ fn systemd_unit_verifies() {
     let unit = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/vhost-user-rdma.service");
     let text = std::fs::read_to_string(&unit).unwrap();
     for want in [
-        "ExecStart=/usr/local/bin/vhost-user-rdma --config /etc/vhost-user-rdma/config.toml",
+        "ExecStart=/usr/bin/vhost-user-rdma --config /etc/vhost-user-rdma/config.toml",
         "NoNewPrivileges=yes",
         "ProtectSystem=strict",
         "ReadWritePaths=/run/vhost-user-rdma",
@@ -1103,7 +1103,7 @@ fn systemd_unit_verifies() {
     // ExecStart exists).
     let dir = unique_dir("unit");
     let copy = dir.join("vhost-user-rdma.service");
-    std::fs::write(&copy, text.replace("/usr/local/bin/vhost-user-rdma", BIN)).unwrap();
+    std::fs::write(&copy, text.replace("/usr/bin/vhost-user-rdma", BIN)).unwrap();
     let o = Command::new("systemd-analyze")
         .arg("verify")
         .arg(&copy)
