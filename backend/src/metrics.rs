@@ -750,7 +750,7 @@ fn render_engines(out: &mut Vec<MetricFamily>, engines: &[EngineStats]) {
         (
             "late_kicks_total",
             MetricType::COUNTER,
-            "Times the idle engine thread's periodic re-check found a parked VM's work whose notification had not arrived.",
+            "Times the engine thread's re-check after a sleep found a parked VM's work whose notification had not arrived.",
             |e| e.late_kicks,
         ),
         (

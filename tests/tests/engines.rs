@@ -299,27 +299,63 @@ fn control_commands_wake_the_engine_only_for_state_changes() {
 
 /// A parked VM whose notifications never reach the device (a VMM that
 /// drops them, or one so starved of CPU that they come arbitrarily late)
-/// still has its work served: the sleeping engine re-checks its parked VMs
-/// every 50 ms of sleep and counts each find in `late_kicks`. Without the
-/// re-check the WRITEs below wait for good.
+/// still has its work served: after a sleep the engine re-checks its
+/// parked VMs, at most every 50 ms, and counts each find in `late_kicks`.
+/// Without the re-check the WRITEs below wait for good.
 #[test]
 fn a_parked_vm_whose_notifications_never_come_is_still_served() {
     let d = TestDaemon::start(2).unwrap();
     let (a, b) = (open(&d, 0), open(&d, 1));
-    let p = rc_pair(&a, &b);
-    let (src, dst) = (Buf::new(&a, 4096), Buf::new(&b, 4096));
+    let (held, served) = write_unnotified(&d, &a, &b);
+    assert!(held >= 3, "{held} notifications held back");
+    let late = served.late_kicks;
+    assert!(late >= 3, "{late} late kicks counted");
+}
+
+/// The same while two other VMs keep the engine's sleeps short (a SEND
+/// that the receiver, with no receive posted, answers with RNR NAKs,
+/// retried without end): each unnotified WRITE is still found, by the
+/// re-check or by a peek between the retries.
+#[test]
+fn short_sleeps_do_not_keep_an_unnotified_parked_vm_waiting() {
+    let d = TestDaemon::start(4).unwrap();
+    let (a, b) = (open(&d, 0), open(&d, 1));
+    let (c, e) = (open(&d, 2), open(&d, 3));
+    let rnr = rc_pair(&c, &e);
+    let cs = Buf::new(&c, 64);
+    rnr.qa
+        .post_send(&[SendWr::signaled(99, SendOp::Send, &[cs.sge(0, 64)])])
+        .unwrap();
+    let (t0, parks0) = (Instant::now(), parks(&d));
+    let (held, served) = write_unnotified(&d, &a, &b);
+    let (slept, elapsed) = (parks(&d) - parks0, t0.elapsed());
+    assert!(held >= 3, "{held} notifications held back");
+    let found = served.late_kicks + served.peeked;
+    assert!(found >= 3, "{served:?}");
+    // The retries cut the sleeps: far more of them than 50 ms periods.
+    let periods = elapsed.as_millis() / 50 + 1;
+    assert!(
+        u128::from(slept) > 4 * periods,
+        "{slept} sleeps in {elapsed:?}: the RNR retries did not keep them short"
+    );
+    let mut wc = [virtio_rdma_driver::WorkCompletion::default()];
+    assert_eq!(rnr.cqa.poll(&mut wc), 0, "the RNR-retried SEND completed");
+}
+
+/// Three RDMA WRITEs from VM `a` to VM `b`, each posted once the engine
+/// slept, with `a`'s notifications held back; returns the notifications
+/// held and the engine's counters after them.
+fn write_unnotified(d: &TestDaemon, a: &Vm, b: &Vm) -> (u64, vhost_user_rdma::engine::EngineStats) {
+    let p = rc_pair(a, b);
+    let (src, dst) = (Buf::new(a, 4096), Buf::new(b, 4096));
     a.t.hold_notifications(true).unwrap();
     for i in 0..3u64 {
-        let before = parks(&d);
-        wait_parked(&d, before);
+        let before = parks(d);
+        wait_parked(d, before);
         post_writes(&p, &src, &dst, 64, i, 1);
         ok(&poll_one(&p.cqa), i, WcOpcode::RDMA_WRITE);
     }
     let held = a.t.held_notifications();
     a.t.hold_notifications(false).unwrap();
-    // The driver asked for the engine each time (it was parked), and the
-    // engine found the work on its own each time.
-    assert!(held >= 3, "{held} notifications held back");
-    let late = d.daemon().engines().stats()[0].late_kicks;
-    assert!(late >= 3, "{late} late kicks counted");
+    (held, d.daemon().engines().stats()[0])
 }

@@ -101,9 +101,9 @@ pub struct EngineCounters {
     /// Times a peek found work of a parked VM while the thread was busy
     /// (before, or without, the VM's notification).
     pub peeked: AtomicU64,
-    /// Times the sleeping thread, waking after its longest sleep (50 ms) with
-    /// nothing to wake it, found work of a parked VM whose notification had
-    /// not arrived (late, or lost: the re-check bounds the wait either way).
+    /// Times the thread's re-check of its parked VMs after a sleep (at most
+    /// every 50 ms) found work whose notification had not arrived (late,
+    /// or lost: the re-check bounds the wait either way).
     pub late_kicks: AtomicU64,
     /// Times the thread watched an entitled VM's doorbells and found its
     /// next post (`anticipate`).

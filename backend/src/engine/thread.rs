@@ -255,6 +255,8 @@ impl Engine {
         let mut park_fds = Vec::new();
         // The work clock at which parked lists are peeked next.
         let mut next_peek = 0u64;
+        // When the parked lists were last re-checked after a sleep.
+        let mut rechecked = Instant::now();
         while !self.stop.load(Ordering::Acquire) {
             if self.hold.load(Ordering::Acquire) {
                 self.held.store(true, Ordering::Release);
@@ -418,8 +420,12 @@ impl Engine {
                 .filter_map(|l| l.timer)
                 .chain(scratch.next_timer)
                 .min();
-            if self.park(timer, &park_fds) {
+            self.park(timer, &park_fds);
+            // Whatever ended the sleep: a VM retrying without end keeps
+            // the sleeps short, and must not keep the re-check away.
+            if rechecked.elapsed() >= MAX_PARK {
                 self.recheck_parked(&mut lists, &mut scratch);
+                rechecked = Instant::now();
             }
             idle_sweeps = 0;
             woke = true;
@@ -427,16 +433,16 @@ impl Engine {
         }
     }
 
-    /// After a sleep that nothing cut short: reads every parked VM's
+    /// After a sleep, at most every [`MAX_PARK`]: reads every parked VM's
     /// producer indices once, and serves the VM whose doorbells show work
-    /// as if it had been kicked. A driver notifies after it saw
-    /// `DB_FLAG_KICK` (spec 18.6), but its notification crosses the VMM
-    /// and a vhost-user worker, threads that a loaded host may not run for
-    /// a long while, and a notification lost anywhere on that way would
-    /// leave the VM's work unserved for good: this bounds the wait to
-    /// [`MAX_PARK`] whatever happens to it. Costs a read per QP of the
-    /// parked VMs every [`MAX_PARK`] of sleep, nothing while busy (peeks
-    /// cover that).
+    /// without a kick pending as if it had been kicked. A driver notifies
+    /// after it saw `DB_FLAG_KICK` (spec 18.6), but its notification
+    /// crosses the VMM and a vhost-user worker, threads that a loaded host
+    /// may not run for a long while, and a notification lost anywhere on
+    /// that way would leave the VM's work unserved for good: this bounds
+    /// the wait to about [`MAX_PARK`] whatever happens to it. Costs a read
+    /// per QP of the parked VMs at most every [`MAX_PARK`], nothing while
+    /// the thread is busy (peeks cover that).
     fn recheck_parked<T>(&self, lists: &mut [DbList], scratch: &mut Scratch<T>) {
         for list in lists.iter_mut().filter(|l| l.parked) {
             list.refresh_if_changed(scratch);
@@ -453,9 +459,8 @@ impl Engine {
 
     /// Sleeps until woken (or one of the transport's `fds` is readable),
     /// [`MAX_PARK`] passes, or `timer` (the earliest retry deadline)
-    /// arrives. True if the whole [`MAX_PARK`] passed with nothing to end
-    /// the sleep.
-    fn park(&self, timer: Option<Instant>, fds: &[std::os::fd::RawFd]) -> bool {
+    /// arrives.
+    fn park(&self, timer: Option<Instant>, fds: &[std::os::fd::RawFd]) {
         let mut sleep = MAX_PARK;
         if let Some(at) = timer {
             sleep = sleep.min(at.saturating_duration_since(Instant::now()));
@@ -477,7 +482,7 @@ impl Engine {
         // SAFETY: `pfds` and `ts` are valid for the duration of the call,
         // the count is their number and a null signal mask leaves the mask
         // unchanged.
-        let ready = unsafe {
+        let _ = unsafe {
             libc::ppoll(
                 pfds.as_mut_ptr(),
                 pfds.len() as libc::nfds_t,
@@ -485,8 +490,7 @@ impl Engine {
                 std::ptr::null(),
             )
         };
-        let woken = self.wake.read().is_ok();
-        ready == 0 && !woken && sleep == MAX_PARK
+        let _ = self.wake.read();
     }
 }
 
