@@ -63,6 +63,8 @@ if [ "${RDMA_SKIP_QEMU:-0}" != 1 ]; then
     bash scripts/qemu-migrate.sh --migrate-b
   part "live upgrade: the daemon replaced twice under two QEMU guests running an RC pingpong" \
     bash scripts/qemu-upgrade.sh
+  part "the Debian package under systemd as PID 1: install, VMs, ctl, metrics, reload, stop, purge" \
+    bash scripts/qemu-package.sh
   # rdma_cm, NVMe over Fabrics and NFS over RDMA between two guests (issue 28); with
   # RDMA_CM_TESTS=1 first the same harness on soft-RoCE (its own check).
   if [ "${RDMA_CM_TESTS:-0}" = 1 ]; then
@@ -77,7 +79,7 @@ fi
 echo "== times: everything $((SECONDS - t_start)) s, of which the QEMU part $((SECONDS - t_qemu)) s"
 # One line of totals for humans and CI.
 awk '/^test result:/ { p += $4; f += $6 }
-     /^(qemu-(e2e|kmod|pingpong|rxe|cm|migrate|upgrade|rdma-core-tests)(-6\.12|-rxe|-bare)?|check-prereqs|check-no-verbs): [0-9]+ passed, [0-9]+ failed$/ { p += $2; f += $4 }
+     /^(qemu-(e2e|kmod|pingpong|rxe|cm|migrate|upgrade|package|rdma-core-tests)(-6\.12|-rxe|-bare)?|check-prereqs|check-no-verbs): [0-9]+ passed, [0-9]+ failed$/ { p += $2; f += $4 }
      END { printf "%d passed, %d failed\n", p, f }' "$out"
 if [ ${#failed_parts[@]} -gt 0 ]; then
   printf 'FAILED: %s\n' "${failed_parts[@]}"

@@ -366,22 +366,29 @@ fn a_successor_that_fails_midway_or_talks_garbage_changes_nothing() {
 }
 
 /// `systemctl reload` (SIGUSR2): the daemon starts its successor itself,
-/// which takes the VMs over and tells the service manager (`NOTIFY_SOCKET`,
-/// systemd's `Type=notify`) that it is the main process now; the old one
-/// exits 0.
+/// which takes the VMs over; the service manager (`NOTIFY_SOCKET`,
+/// systemd's `Type=notify`, played here) hears that the successor is the
+/// main process from the old one **before it exits** (`MAINPID=` and
+/// `BARRIER=1`, which it waits for; systemd that sees the main process
+/// exit first stops the service and kills the successor: seen under a real
+/// systemd, scripts/qemu-package.sh) and from the successor once it
+/// serves; the old one exits 0.
 #[test]
 fn sigusr2_starts_a_successor_that_tells_the_service_manager_it_is_the_daemon() {
     use std::os::unix::net::UnixDatagram;
+    use vmm_sys_util::sock_ctrl_msg::ScmSocket;
     let dir = temp_dir("usr2");
     let notify = UnixDatagram::bind(dir.join("notify.sock")).unwrap();
     notify
         .set_read_timeout(Some(Duration::from_secs(600)))
         .unwrap();
-    let next = || {
+    // A notification and the descriptor that came with it (BARRIER=1's).
+    let next_with_fd = || {
         let mut buf = [0u8; 256];
-        let n = notify.recv(&mut buf).expect("a notification");
-        String::from_utf8_lossy(&buf[..n]).into_owned()
+        let (n, fd) = notify.recv_with_fd(&mut buf).expect("a notification");
+        (String::from_utf8_lossy(&buf[..n]).into_owned(), fd)
     };
+    let next = || next_with_fd().0;
     let mut cmd = Command::new(daemon_binary());
     cmd.arg("--socket-path")
         .arg(dir.join("a.sock"))
@@ -402,12 +409,34 @@ fn sigusr2_starts_a_successor_that_tells_the_service_manager_it_is_the_daemon() 
     // SAFETY: kill(2) on a child process of this test.
     let r = unsafe { libc::kill(pid_t, libc::SIGUSR2) };
     assert_eq!(r, 0);
-    let said = next();
-    let pid: u32 = said
-        .strip_prefix("MAINPID=")
-        .and_then(|r| r.strip_suffix("\nREADY=1"))
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("not a new main process: {said:?}"));
+    // The two processes' messages, in whatever order they come: the old
+    // one's MAINPID= then BARRIER=1, the successor's MAINPID= with READY=1.
+    let (mut from_old, mut from_new) = (None, None);
+    while from_old.is_none() || from_new.is_none() {
+        let (said, fd) = next_with_fd();
+        if let Some(p) = said
+            .strip_prefix("MAINPID=")
+            .and_then(|r| r.strip_suffix("\nREADY=1"))
+        {
+            from_new = Some(p.parse::<u32>().unwrap());
+        } else if let Some(p) = said.strip_prefix("MAINPID=") {
+            let pid: u32 = p.parse().unwrap();
+            let (barrier, fd) = next_with_fd();
+            assert_eq!(barrier, "BARRIER=1");
+            assert!(fd.is_some(), "BARRIER=1 without its pipe");
+            // The old daemon waits for the barrier: it has not exited.
+            assert!(
+                old.0.try_wait().unwrap().is_none(),
+                "the old daemon exited before the manager confirmed MAINPID={pid}"
+            );
+            drop(fd);
+            from_old = Some(pid);
+        } else {
+            panic!("unexpected notification {said:?}");
+        }
+    }
+    let pid = from_new.unwrap();
+    assert_eq!(from_old, Some(pid), "both name the successor");
     assert_ne!(pid, old_pid);
     assert!(old.wait().success());
     q1.post_send(&[wr(1, write_op(&buf, 4096), &[buf.sge(0, 8)])])

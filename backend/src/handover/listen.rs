@@ -14,7 +14,7 @@ use thiserror::Error;
 
 use super::give::Given;
 use super::internal::PrivateDir;
-use crate::local_socket::{bind, peer_allowed, BindError};
+use crate::local_socket::{bind, peer_allowed, peer_cred, BindError};
 
 /// Errors setting up the hand-over socket.
 #[derive(Debug, Error)]
@@ -122,6 +122,13 @@ fn serve(listener: &UnixListener, give: &Giver, dir: &PrivateDir, stop: &AtomicB
             Given::Committed(held) => {
                 let _ = std::fs::remove_dir_all(dir.path());
                 info!("the successor serves every VM; exiting");
+                // Under systemd, the successor is the service from now on.
+                if let Some(pid) = peer_cred(&s)
+                    .and_then(|c| u32::try_from(c.pid).ok())
+                    .filter(|&p| p > 0)
+                {
+                    crate::notify::main_pid_is(pid);
+                }
                 // Without running a destructor: `held` stays open to the
                 // end, and nothing of the VMs is released here.
                 let _held = held;
