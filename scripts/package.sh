@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the daemon's Debian package: target/debian/vhost-user-rdma_<version>-1_<arch>.deb
+# Builds the daemon's Debian package: target/debian/vhost-user-rdma_<version>-1_<arch>.deb, the
+# binary stripped, and its debug symbols as vhost-user-rdma-dbgsym_<version>-1_<arch>.ddeb
 # (cargo-deb; what it holds: backend/Cargo.toml [package.metadata.deb] and
 # docs/operations.md "Install"). The manual pages come from the binary
 # itself (`vhost-user-rdma man`), so they always match its --help.
@@ -28,4 +29,5 @@ for page in "" ctl rnic-info; do
   # shellcheck disable=SC2086 # an empty $page is no argument
   "$bin" man $page | gzip -9n >"target/man/$name.8.gz"
 done
-cargo deb --locked --no-build -p vhost-user-rdma --output target/debian/ 2>&1 | tail -n 1
+# Stripped, its debug symbols in a -dbgsym package beside it (Debian's way).
+cargo deb --locked --no-build --dbgsym -p vhost-user-rdma --output target/debian/ 2>&1 | tail -n 1
