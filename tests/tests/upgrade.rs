@@ -414,6 +414,7 @@ fn sigusr2_starts_a_successor_that_tells_the_service_manager_it_is_the_daemon() 
     let (mut from_old, mut from_new) = (None, None);
     while from_old.is_none() || from_new.is_none() {
         let (said, fd) = next_with_fd();
+        assert!(fd.is_none(), "{said:?} came with a descriptor");
         if let Some(p) = said
             .strip_prefix("MAINPID=")
             .and_then(|r| r.strip_suffix("\nREADY=1"))
