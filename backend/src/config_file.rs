@@ -480,7 +480,29 @@ pub fn load(path: &Path, cli: &LimitOverrides) -> Result<LoadedConfig, FileError
 
 /// Checks configuration `text`; `file` names it in errors.
 pub fn parse(text: &str, file: &str, cli: &LimitOverrides) -> Result<LoadedConfig, FileError> {
-    let tables: FileTables = toml::from_str(text).map_err(|e| {
+    parse_embedded(text, file, cli, &Embedding::default())
+}
+
+/// How a configuration sits inside a larger document (the QoS lab's
+/// scenarios): errors still name the document's lines.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Embedding<'a> {
+    /// Top-level tables that belong to the document, not to the daemon.
+    pub foreign: &'a [&'a str],
+    /// Where the VMs' sockets go: each VM's is `<dir>/<name>.sock`, and a
+    /// VM that names a socket of its own is an error.
+    pub socket_dir: Option<&'a Path>,
+}
+
+/// Checks the configuration in document `text` as `embedding` says;
+/// `file` names it in errors.
+pub fn parse_embedded(
+    text: &str,
+    file: &str,
+    cli: &LimitOverrides,
+    embedding: &Embedding<'_>,
+) -> Result<LoadedConfig, FileError> {
+    let parse_error = |e: toml::de::Error| {
         let (line, column) = e.span().map(|s| line_col(text, s.start)).unwrap_or((1, 1));
         FileError::Parse {
             file: file.into(),
@@ -488,7 +510,24 @@ pub fn parse(text: &str, file: &str, cli: &LimitOverrides) -> Result<LoadedConfi
             column,
             message: e.message().trim_end().to_string(),
         }
-    })?;
+    };
+    let mut root = toml::de::DeTable::parse(text).map_err(parse_error)?;
+    for name in embedding.foreign {
+        root.get_mut().remove(*name);
+    }
+    if let Some(dir) = embedding.socket_dir {
+        place_sockets(root.get_mut(), dir).map_err(|(span, message)| {
+            let (line, column) = line_col(text, span.start);
+            FileError::Parse {
+                file: file.into(),
+                line,
+                column,
+                message,
+            }
+        })?;
+    }
+    let tables =
+        FileTables::deserialize(toml::de::Deserializer::from(root)).map_err(parse_error)?;
     let src = Source {
         text,
         file,
@@ -513,6 +552,44 @@ pub fn parse(text: &str, file: &str, cli: &LimitOverrides) -> Result<LoadedConfi
         default_limits: defaults,
         log_format: tables.daemon.log_format,
     })
+}
+
+/// Gives every `[[vm]]` of `root` the socket `<dir>/<name>.sock`; the span
+/// and message of a VM that has a socket already.
+fn place_sockets(
+    root: &mut toml::de::DeTable<'_>,
+    dir: &Path,
+) -> Result<(), (Range<usize>, String)> {
+    use std::borrow::Cow;
+    use toml::de::DeValue;
+    let Some(vms) = root.get_mut("vm") else {
+        return Ok(());
+    };
+    let DeValue::Array(vms) = vms.get_mut() else {
+        // Not an array of tables: deserializing says so.
+        return Ok(());
+    };
+    for vm in vms.iter_mut() {
+        let span = vm.span();
+        let DeValue::Table(t) = vm.get_mut() else {
+            continue;
+        };
+        if let Some((key, _)) = t.get_key_value("socket") {
+            return Err((
+                key.span(),
+                "`socket` is not set here: every VM's socket is made for the run".into(),
+            ));
+        }
+        let Some(name) = t.get("name").and_then(|n| n.get_ref().as_str()) else {
+            continue;
+        };
+        let path = dir.join(format!("{name}.sock")).display().to_string();
+        t.insert(
+            Spanned::new(span.clone(), Cow::Borrowed("socket")),
+            Spanned::new(span, DeValue::String(Cow::Owned(path))),
+        );
+    }
+    Ok(())
 }
 
 /// The parsed tables with the text they came from, to name lines in errors.

@@ -13,6 +13,7 @@
 //! # Ok::<(), vhost_user_rdma_tests::Error>(())
 //! ```
 
+pub mod attack;
 pub mod bench;
 pub mod cm_probe;
 pub mod conn;
