@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+use vhost_user_rdma::engine::EngineStats;
 
 /// Longest latency a histogram holds (longer ones are clamped to it).
 const MAX_LATENCY_NS: u64 = 60_000_000_000;
@@ -110,11 +111,14 @@ pub struct VmCounters {
     pub ops: u64,
 }
 
-/// The VMs' counters at the end of every interval (index 0: at the start).
+/// The VMs' and engine threads' counters at the end of every interval
+/// (index 0: at the start).
 #[derive(Debug, Clone, Default)]
 pub struct Samples {
     /// `at[i][vm]`: the counters at the end of interval `i - 1`.
     pub at: Vec<Vec<VmCounters>>,
+    /// `engines[i][thread]`, likewise.
+    pub engines: Vec<Vec<EngineStats>>,
 }
 
 impl Samples {
@@ -132,6 +136,36 @@ impl Samples {
             bytes: b.bytes.saturating_sub(a.bytes),
             ops: b.ops.saturating_sub(a.ops),
         }
+    }
+
+    /// Engine thread `e`'s counters over intervals `[from, to)` (the
+    /// counting fields only).
+    pub fn engine_delta(&self, e: usize, from: usize, to: usize) -> EngineStats {
+        let get = |i: usize| {
+            self.engines
+                .get(i.min(self.engines.len().saturating_sub(1)))
+                .and_then(|v| v.get(e))
+                .copied()
+                .unwrap_or_default()
+        };
+        let (a, b) = (get(from), get(to));
+        EngineStats {
+            index: b.index,
+            cpu: b.cpu,
+            vms: b.vms,
+            wqes: b.wqes.saturating_sub(a.wqes),
+            bytes: b.bytes.saturating_sub(a.bytes),
+            parks: b.parks.saturating_sub(a.parks),
+            vm_parks: b.vm_parks.saturating_sub(a.vm_parks),
+            peeked: b.peeked.saturating_sub(a.peeked),
+            late_kicks: b.late_kicks.saturating_sub(a.late_kicks),
+            anticipated: b.anticipated.saturating_sub(a.anticipated),
+        }
+    }
+
+    /// Engine threads sampled.
+    pub fn engine_count(&self) -> usize {
+        self.engines.first().map_or(0, Vec::len)
     }
 }
 
@@ -163,6 +197,7 @@ mod tests {
         let c = |bytes, ops| VmCounters { bytes, ops };
         let s = Samples {
             at: vec![vec![c(0, 0)], vec![c(100, 1)], vec![c(300, 3)]],
+            engines: Vec::new(),
         };
         assert_eq!(s.delta(0, 0, 2), c(300, 3));
         assert_eq!(s.delta(0, 1, 2), c(200, 2));

@@ -65,6 +65,22 @@ pub struct RateStats {
     pub active: bool,
 }
 
+/// An engine thread in one phase.
+#[derive(Debug, Clone, Serialize)]
+pub struct EngineReport {
+    /// The thread's index.
+    pub index: usize,
+    /// Send work requests executed per second.
+    pub wqes_per_s: f64,
+    /// MiB moved per second.
+    pub mib_per_s: f64,
+    /// Times per second it parked (slept with no work).
+    pub parks_per_s: f64,
+    /// Work of a parked VM its idle re-check found before the VM's
+    /// notification (a late or lost kick).
+    pub late_kicks: u64,
+}
+
 /// One phase.
 #[derive(Debug, Clone, Serialize)]
 pub struct PhaseReport {
@@ -80,6 +96,8 @@ pub struct PhaseReport {
     pub vms: Vec<RateStats>,
     /// The tenants.
     pub tenants: Vec<RateStats>,
+    /// The engine threads.
+    pub engines: Vec<EngineReport>,
     /// Jain's fairness index of the active tenants' throughput divided by
     /// their ideal shares (1: exactly as weighted).
     pub jain: Option<f64>,
@@ -424,8 +442,21 @@ impl Analysis<'_> {
             .filter(|t| t.active && t.ideal_share > 0.0)
             .map(|t| t.share / t.ideal_share)
             .collect();
+        let engines = (0..self.o.samples.engine_count())
+            .map(|e| {
+                let d = self.o.samples.engine_delta(e, a, b);
+                EngineReport {
+                    index: d.index,
+                    wqes_per_s: d.wqes as f64 / secs,
+                    mib_per_s: d.bytes as f64 / MIB / secs,
+                    parks_per_s: d.parks as f64 / secs,
+                    late_kicks: d.late_kicks,
+                }
+            })
+            .collect();
         PhaseReport {
             name: p.name.clone(),
+            engines,
             from_s: a as f64 * self.o.interval.as_secs_f64(),
             to_s: b as f64 * self.o.interval.as_secs_f64(),
             workloads,
@@ -801,6 +832,14 @@ fn phase_markdown(m: &mut String, p: &PhaseReport) {
             v.share,
             v.weight,
             v.ideal_share
+        );
+    }
+    let _ = writeln!(m, "\n| engine thread | WQEs/s | MiB/s | parks/s | late kicks |\n|---|---:|---:|---:|---:|");
+    for e in &p.engines {
+        let _ = writeln!(
+            m,
+            "| {} | {:.0} | {:.1} | {:.0} | {} |",
+            e.index, e.wqes_per_s, e.mib_per_s, e.parks_per_s, e.late_kicks
         );
     }
     let _ = writeln!(

@@ -258,6 +258,7 @@ fn sample(
                 })
                 .collect(),
         );
+        out.engines.push(d.daemon().view().engine_stats());
     }
     out
 }
