@@ -834,7 +834,10 @@ fn phase_markdown(m: &mut String, p: &PhaseReport) {
             v.ideal_share
         );
     }
-    let _ = writeln!(m, "\n| engine thread | WQEs/s | MiB/s | parks/s | late kicks |\n|---|---:|---:|---:|---:|");
+    let _ = writeln!(
+        m,
+        "\n| engine thread | WQEs/s | MiB/s | parks/s | late kicks |\n|---|---:|---:|---:|---:|"
+    );
     for e in &p.engines {
         let _ = writeln!(
             m,
