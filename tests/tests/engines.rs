@@ -342,6 +342,44 @@ fn short_sleeps_do_not_keep_an_unnotified_parked_vm_waiting() {
     assert_eq!(rnr.cqa.poll(&mut wc), 0, "the RNR-retried SEND completed");
 }
 
+/// A VM held back by its rate limit waits parked for its deadline, not
+/// for a notification: when the engine wakes at that deadline, its re-check
+/// must leave the VM to the sweep that serves it, and not count its work as
+/// a kick that came late (found by the qos lab: 20 "late kicks" a second
+/// next to an ops limit).
+#[test]
+fn a_rate_limited_vm_waiting_for_its_deadline_is_not_a_late_kick() {
+    let d = TestDaemon::start(2).unwrap();
+    let (a, b) = (open(&d, 0), open(&d, 1));
+    let p = rc_pair(&a, &b);
+    let (src, dst) = (Buf::new(&a, 4096), Buf::new(&b, 4096));
+    // 20 WRITEs a second, in bursts of one: each waits ~50 ms for its
+    // token, asleep in the engine (longer than the re-check's period).
+    d.set_vm_qos(
+        0,
+        QosSpec {
+            ops_per_sec: 20,
+            ..QosSpec::default()
+        },
+    )
+    .unwrap();
+    let before = d.daemon().engines().stats()[0];
+    post_writes(&p, &src, &dst, 64, 0, 12);
+    let got = poll_n(&p.cqa, 12);
+    for (i, c) in got.iter().enumerate() {
+        ok(c, i as u64, WcOpcode::RDMA_WRITE);
+    }
+    let after = d.daemon().engines().stats()[0];
+    assert!(
+        after.parks > before.parks + 5,
+        "{before:?} {after:?}: the engine did not sleep"
+    );
+    assert_eq!(
+        after.late_kicks, before.late_kicks,
+        "the rate limit's waits were counted as late kicks"
+    );
+}
+
 /// Three RDMA WRITEs from VM `a` to VM `b`, each posted once the engine
 /// slept, with `a`'s notifications held back; returns the notifications
 /// held and the engine's counters after them.

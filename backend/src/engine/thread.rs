@@ -444,7 +444,14 @@ impl Engine {
     /// per QP of the parked VMs at most every [`MAX_PARK`], nothing while
     /// the thread is busy (peeks cover that).
     fn recheck_parked<T>(&self, lists: &mut [DbList], scratch: &mut Scratch<T>) {
+        let now = Instant::now();
         for list in lists.iter_mut().filter(|l| l.parked) {
+            // A VM whose deadline (a retry, or the end of a rate limit's
+            // wait) has come is the next sweep's anyway: it waited for the
+            // clock, not for a notification.
+            if list.timer.is_some_and(|t| t <= now) {
+                continue;
+            }
             list.refresh_if_changed(scratch);
             if !list.dev.kick_pending() && list.peek() {
                 list.dev.kick();
