@@ -50,13 +50,13 @@ Priority: optional
 Maintainer: vhost-user-rdma maintainers <maintainers@vhost-user-rdma.invalid>
 Depends: dkms (>= 3.0)
 Recommends: linux-headers-amd64 | linux-headers-generic | linux-headers
-Suggests: libvirtio-rdma1
+Suggests: ibverbs-providers-virtio-rdma
 Installed-Size: $(du -sk "$stage/usr" | cut -f1)
 Description: virtio RDMA device driver (virtio_rdma.ko) in DKMS source form
  The Linux guest driver of the virtio RDMA device (virtio device type 42) that
  vhost-user-rdma gives virtual machines: an ib_core verbs device, so that
  unmodified RDMA software runs in the guest through the virtio_rdma provider
- of rdma-core (package libvirtio-rdma1).
+ of rdma-core (package ibverbs-providers-virtio-rdma).
  .
  DKMS builds the module for every installed kernel with its headers, and for
  each new kernel after: Linux 6.1 (Debian 12) and 6.12 (Debian 13), the
