@@ -28,13 +28,8 @@ cd "$(dirname "$0")/.."
 # shellcheck source=guest/versions.sh
 . guest/versions.sh
 
-keep=0
-for a in "$@"; do
-  case $a in
-    --keep) keep=1 ;;
-    *) echo "usage: $0 [--keep]" >&2; exit 2 ;;
-  esac
-done
+guest_script_args "$@"
+[ "$kernel" = 6.1 ] || guest_die "--kernel: the guest is Debian 12, with its 6.1 kernel"
 
 guest_need_pkgs debootstrap debian-archive-keyring e2fsprogs cpio gzip
 launch_need_qemu
@@ -108,27 +103,15 @@ fi
 
 # This run's files, copied onto the root by the initramfs (a second cpio after the first).
 over="$dir/overlay/overlay"
-mkdir -p "$over/root" "$over/usr/local/sbin" "$over/etc/systemd/system/multi-user.target.wants"
+mkdir -p "$over/root" "$over/etc" "$over/usr/local/sbin"
 cp "$dkms_deb" "$over/root/virtio-rdma-dkms.deb"
 cp "$provider_deb" "$over/root/ibverbs-providers-virtio-rdma.deb"
 guest_tools virtio_rdma0 >"$over/etc/tools.sh"
 install -m 0755 guest/dkms-check.sh "$over/usr/local/sbin/dkms-check"
-cat >"$over/etc/systemd/system/dkms-check.service" <<'EOF'
-[Unit]
-Description=Checks of the guest packages (scripts/qemu-dkms.sh)
-After=basic.target
-
-[Service]
-Type=oneshot
-ExecStart=/usr/local/sbin/dkms-check
-# As in an administrator's shell: dkms's `[ -e <(echo) ]` prints "write error: Broken pipe"
-# under systemd's default of ignoring SIGPIPE.
-IgnoreSIGPIPE=no
-StandardOutput=tty
-StandardError=tty
-TTYPath=/dev/ttyS0
-EOF
-ln -s ../dkms-check.service "$over/etc/systemd/system/multi-user.target.wants/"
+# SIGPIPE as in an administrator's shell: dkms's `[ -e <(echo) ]` prints "write error: Broken
+# pipe" under systemd's default of ignoring it.
+guest_check_unit "$over" dkms-check "Checks of the guest packages (scripts/qemu-dkms.sh)" \
+  /usr/local/sbin/dkms-check IgnoreSIGPIPE=no
 (cd "$dir/overlay" && find . | cpio -o -H newc -R 0:0 --quiet) | gzip -1 >"$dir/overlay.cpio.gz"
 cat "$GUEST_CACHE/images/dkms-boot/initramfs.img" "$dir/overlay.cpio.gz" >"$dir/initrd.gz"
 
@@ -153,14 +136,7 @@ console="$dir/guest.console"
 labels=("dpkg -i virtio-rdma-dkms" "modprobe virtio_rdma" "no provider yet" "dpkg -i the provider"
   "ibv_devices, ibv_devinfo" "ibv_rc_pingpong" "dpkg -r the provider" "dpkg -P the provider"
   "dpkg -r virtio-rdma-dkms")
-for l in "${labels[@]}"; do
-  line=$(tr -d '\r' <"$console" | grep -F -x -m1 -e "STEP $l exit 0" || true)
-  if [ -n "$line" ]; then
-    ok "$l"
-  else
-    failed "$l: $(tr -d '\r' <"$console" | grep -F -m1 -e "STEP $l exit" || echo 'not run')"
-  fi
-done
+check_steps "$console" "${labels[@]}"
 warnings=$(tr -d '\r' <"$console" | sed -n 's/^KERNEL-WARNINGS: \([0-9]*\)$/\1/p')
 if [ "${warnings:-x}" = 0 ]; then ok "no kernel warnings"; else failed "kernel warnings: ${warnings:-?}"; fi
 if [ "$rc" = 0 ]; then ok "the guest's checks (exit 0)"; else failed "the guest's checks (exit $rc)"; fi
