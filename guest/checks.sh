@@ -110,6 +110,38 @@ EOF2
 # shellcheck disable=SC2034 # used by the scripts that source this file
 GUEST_STDBUF_FILE=/usr/libexec/coreutils/libstdbuf.so:/lib/libstdbuf.so
 
+# guest_check_unit ROOT NAME DESCRIPTION PROGRAM [DIRECTIVE...]: a oneshot systemd service NAME
+# in the tree ROOT, enabled in multi-user.target, that runs PROGRAM with its output on the serial
+# console (a systemd guest's checks: scripts/qemu-package.sh, scripts/qemu-dkms.sh); DIRECTIVEs
+# are more lines of its [Service] section.
+guest_check_unit() {
+  local root=$1 name=$2 desc=$3 program=$4
+  shift 4
+  mkdir -p "$root/etc/systemd/system/multi-user.target.wants"
+  {
+    printf '[Unit]\nDescription=%s\nAfter=basic.target\n\n[Service]\nType=oneshot\n' "$desc"
+    printf 'ExecStart=%s\nStandardOutput=tty\nStandardError=tty\nTTYPath=/dev/ttyS0\n' "$program"
+    if [ $# -gt 0 ]; then printf '%s\n' "$@"; fi
+  } >"$root/etc/systemd/system/$name.service"
+  ln -s "../$name.service" "$root/etc/systemd/system/multi-user.target.wants/"
+}
+
+# check_steps CONSOLE LABEL...: the verdict of each step LABEL of guest_tools' `step` on the
+# console file CONSOLE, in order: ok for "STEP LABEL exit 0", failed with the step's exit line
+# (or "not run") otherwise.
+check_steps() {
+  local console=$1 l line
+  shift
+  for l in "$@"; do
+    line=$(tr -d '\r' <"$console" | grep -F -x -m1 -e "STEP $l exit 0" || true)
+    if [ -n "$line" ]; then
+      ok "$l"
+    else
+      failed "$l: $(tr -d '\r' <"$console" | grep -F -m1 -e "STEP $l exit" || echo 'not run')"
+    fi
+  done
+}
+
 # after MARKER PATTERN GUEST: the first line matching PATTERN after the line MARKER on the
 # console of GUEST ($dir/GUEST.console).
 after() {

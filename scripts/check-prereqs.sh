@@ -43,7 +43,7 @@ plan=$(mktemp)
 trap 'rm -f "$plan"' EXIT
 for s in setup.sh build-qemu.sh build-guest.sh build-kmod.sh "build-kmod.sh --kernel 6.12" \
   build-rdma-core.sh fetch-nvme-cli.sh checkpatch.sh qemu-kmod.sh qemu-rxe.sh qemu-cm.sh \
-  test-guest.sh package.sh qemu-package.sh; do
+  test-guest.sh package.sh qemu-package.sh package-dkms.sh package-provider.sh qemu-dkms.sh; do
   before=$(wc -l <"$plan")
   read -ra cmd <<<"$s"
   if ! RDMA_PKG_STATE=$fresh RDMA_PKG_PLAN=$plan bash "scripts/${cmd[0]}" "${cmd[@]:1}" \

@@ -42,15 +42,15 @@ cargo build --release --locked -q -p vhost-user-rdma-tests --bin rdma-demo
 bash scripts/build-guest.sh --name package-kernel >/dev/null
 
 # The Debian system, once per package set: a cached cpio of the debootstrap tree.
-pkgs=systemd,systemd-sysv,libibverbs1,librdmacm1,procps
-id=$(printf '%s\n' bookworm "$pkgs" | sha256sum | cut -c1-12)
+sys_pkgs=systemd,systemd-sysv,libibverbs1,librdmacm1,procps
+id=$(printf '%s\n' bookworm "$sys_pkgs" | sha256sum | cut -c1-12)
 base="$GUEST_CACHE/systemd-root/$id"
 if [ ! -f "$base/root.cpio.gz" ]; then
   uri=$(_guest_bookworm_uri) || guest_die "no apt source for Debian bookworm found"
   guest_as_root rm -rf "$base"
   mkdir -p "$base"
-  guest_log "creating a Debian 12 system with systemd in $base/tree ($pkgs)"
-  if ! guest_as_root nice debootstrap --variant=minbase --include="$pkgs" \
+  guest_log "creating a Debian 12 system with systemd in $base/tree ($sys_pkgs)"
+  if ! guest_as_root nice debootstrap --variant=minbase --include="$sys_pkgs" \
     --keyring=/usr/share/keyrings/debian-archive-keyring.gpg bookworm "$base/tree" "$uri" \
     >"$base/debootstrap.log" 2>&1; then
     tail -n 30 "$base/debootstrap.log" >&2
@@ -67,26 +67,14 @@ fi
 
 # What this run adds on top (a second cpio: the kernel unpacks both, in order).
 over="$dir/overlay"
-mkdir -p "$over/root" "$over/usr/local/bin" "$over/usr/local/sbin" \
-  "$over/etc/systemd/system/multi-user.target.wants"
+mkdir -p "$over/root" "$over/etc" "$over/usr/local/bin" "$over/usr/local/sbin"
 cp "$deb" "$over/root/vhost-user-rdma.deb"
 cp target/release/rdma-demo "$over/usr/local/bin/"
 guest_tools vhost-user-rdma >"$over/etc/tools.sh"
 cp guest/package-check.sh "$over/usr/local/sbin/package-check"
 chmod 0755 "$over/usr/local/sbin/package-check"
-cat >"$over/etc/systemd/system/package-check.service" <<'EOF'
-[Unit]
-Description=Checks of the vhost-user-rdma package (scripts/qemu-package.sh)
-After=basic.target
-
-[Service]
-Type=oneshot
-ExecStart=/usr/local/sbin/package-check
-StandardOutput=tty
-StandardError=tty
-TTYPath=/dev/ttyS0
-EOF
-ln -s ../package-check.service "$over/etc/systemd/system/multi-user.target.wants/"
+guest_check_unit "$over" package-check \
+  "Checks of the vhost-user-rdma package (scripts/qemu-package.sh)" /usr/local/sbin/package-check
 (cd "$over" && find . | cpio -o -H newc -R 0:0 --quiet) | gzip -1 >"$dir/overlay.cpio.gz"
 cat "$base/root.cpio.gz" "$dir/overlay.cpio.gz" >"$dir/initrd.gz"
 
@@ -98,15 +86,8 @@ bash scripts/run-guest.sh --image package-kernel --initrd "$dir/initrd.gz" --mem
 # Every step's verdict, in the order the guest ran them.
 labels=("dpkg -i" "the user" "the unit" "the sockets" "two VMs" "ctl vms" "metrics"
   "systemctl reload" "a VM after the reload" "systemctl stop" "dpkg -r" "dpkg -P")
-for l in "${labels[@]}"; do
-  line=$(tr -d '\r' <"$dir/console" | grep -F -x -m1 -e "STEP $l exit 0" || true)
-  if [ -n "$line" ]; then
-    ok "$l"
-  else
-    failed "$l: $(tr -d '\r' <"$dir/console" | grep -F -m1 -e "STEP $l exit" || echo 'not run')"
-  fi
-done
-[ "$rc" = 0 ] && ok "the guest's checks (exit 0)" || failed "the guest's checks (exit $rc)"
+check_steps "$dir/console" "${labels[@]}"
+if [ "$rc" = 0 ]; then ok "the guest's checks (exit 0)"; else failed "the guest's checks (exit $rc)"; fi
 if [ "$fail" -gt 0 ] || [ "$keep" = 1 ]; then
   echo "== qemu-package: console"
   tr -d '\r' <"$dir/console" | sed 's/^/   /'

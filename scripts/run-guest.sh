@@ -22,6 +22,10 @@ Usage: scripts/run-guest.sh [OPTIONS] [-- QEMU ARGS...]
   --image NAME|DIR   image built by build-guest.sh (default: default, i.e. CACHE/images/default)
   --kernel FILE      kernel to boot instead of the image's
   --initrd FILE      initramfs to boot instead of the image's
+  --disk FILE        attach FILE (a raw disk image) as a virtio-blk disk, /dev/vda in the guest,
+                     in QEMU's snapshot mode: the guest writes to a temporary copy-on-write
+                     file that QEMU drops at exit, FILE never changes (a system on it boots
+                     with --append 'guest.root=/dev/vda': see guest/rootfs/init)
   --bzimage          boot the image's compressed vmlinuz rather than its vmlinux
   --cmd 'CMD ARGS'   command for the guest (shell syntax), passed base64-encoded on the kernel
                      command line; without it the image's --run command (or guest-info) runs
@@ -50,12 +54,13 @@ EOF
 }
 
 image=default kernel='' initrd='' cmd='' append='' mem=1G smp=1 hugepages=64 timeout_s=0 stall_s=300
-log='' verbose=0 quiet=0 shell=0 bzimage=0 reboot=0 qemu_args=()
+log='' verbose=0 quiet=0 shell=0 bzimage=0 reboot=0 disk='' qemu_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
   --image) image=${2:?--image needs a name or directory}; shift 2 ;;
   --kernel) kernel=${2:?--kernel needs a file}; shift 2 ;;
   --initrd) initrd=${2:?--initrd needs a file}; shift 2 ;;
+  --disk) disk=${2:?--disk needs a file}; shift 2 ;;
   --bzimage) bzimage=1; shift ;;
   --cmd) cmd=${2?--cmd needs a command}; shift 2 ;;
   --append) append=${2?--append needs parameters}; shift 2 ;;
@@ -85,7 +90,7 @@ if [ -z "$kernel" ]; then
   [ -f "$kernel" ] && [ "$bzimage" = 0 ] || kernel="$imgdir/vmlinuz"
 fi
 [ -n "$initrd" ] || initrd="$imgdir/initramfs.img"
-for f in "$kernel" "$initrd"; do
+for f in "$kernel" "$initrd" ${disk:+"$disk"}; do
   [ -f "$f" ] || guest_die "$f: not found (build the image with scripts/build-guest.sh)"
 done
 [[ "$timeout_s" =~ ^[0-9]+$ ]] || guest_die "--timeout: seconds expected"
@@ -118,16 +123,19 @@ kcmd="console=ttyS0 quiet iomem=relaxed panic=-1 hugepages=$hugepages"
 # x86's COMMAND_LINE_SIZE.
 [ "${#kcmd}" -lt 2048 ] || guest_die "kernel command line too long (${#kcmd} bytes, limit 2047)"
 
+disk_args=()
+# shellcheck disable=SC2054 # the commas belong to QEMU's option syntax
+[ -z "$disk" ] || disk_args=(-drive "file=$disk,if=virtio,format=raw,snapshot=on")
 # -no-reboot turns every reset into an exit, QMP system_reset included.
 no_reboot=(-no-reboot)
 [ "$reboot" = 0 ] || no_reboot=()
 # shellcheck disable=SC2054 # the commas belong to QEMU's option syntax
 # sata=off: SeaBIOS probes q35's AHCI ports, which takes some 30 s under TCG (7 s to the kernel
-# without it); the guests have no disks.
+# without it); the guests have no disks but --disk's, on virtio-blk.
 qemu=("$QEMU" -machine q35,sata=off -accel tcg -cpu max -smp "$smp" -m "$mem"
   -object "memory-backend-memfd,id=mem,size=$mem,share=on" -numa "node,memdev=mem"
   -nographic "${no_reboot[@]}" -nic none "${fw_args[@]}"
-  -kernel "$kernel" -initrd "$initrd" -append "$kcmd" "${qemu_args[@]}")
+  -kernel "$kernel" -initrd "$initrd" -append "$kcmd" "${disk_args[@]}" "${qemu_args[@]}")
 
 if [ "$shell" = 1 ]; then
   exec "${qemu[@]}"

@@ -65,6 +65,8 @@ if [ "${RDMA_SKIP_QEMU:-0}" != 1 ]; then
     bash scripts/qemu-upgrade.sh
   part "the Debian package under systemd as PID 1: install, VMs, ctl, metrics, reload, stop, purge" \
     bash scripts/qemu-package.sh
+  part "the guest packages in Debian 12: DKMS builds virtio_rdma.ko, the packaged provider runs verbs" \
+    bash scripts/qemu-dkms.sh
   # rdma_cm, NVMe over Fabrics and NFS over RDMA between two guests (issue 28); with
   # RDMA_CM_TESTS=1 first the same harness on soft-RoCE (its own check).
   if [ "${RDMA_CM_TESTS:-0}" = 1 ]; then

@@ -342,12 +342,19 @@ static void vrdma_wr_atomic_write(struct ibv_qp_ex *qpx, uint32_t rkey,
 	open_wr(qpx, 0, IBV_QP_EX_WITH_ATOMIC_WRITE);
 }
 
+/*
+ * FLUSH came with rdma-core 45: the provider built for an older libibverbs
+ * (Debian 12's rdma-core 44, scripts/package-provider.sh) defines
+ * VRDMA_NO_WR_FLUSH, as its struct ibv_qp_ex has no wr_flush.
+ */
+#ifndef VRDMA_NO_WR_FLUSH
 static void vrdma_wr_flush(struct ibv_qp_ex *qpx, uint32_t rkey,
 			   uint64_t remote_addr, size_t len, uint8_t type,
 			   uint8_t level)
 {
 	open_wr(qpx, 0, IBV_QP_EX_WITH_FLUSH);
 }
+#endif
 
 /* The XRC SRQ at the target a work request of an XRC_SEND QP goes to. */
 static void vrdma_wr_set_xrc_srqn(struct ibv_qp_ex *qpx, uint32_t remote_srqn)
@@ -463,7 +470,9 @@ int vrdma_qp_ex_init(struct vrdma_qp *qp, struct vrdma_context *ctx,
 	qpx->wr_set_inline_data_list = vrdma_wr_set_inline_data_list;
 	qpx->wr_set_ud_addr = vrdma_wr_set_ud_addr;
 	qpx->wr_atomic_write = vrdma_wr_atomic_write;
+#ifndef VRDMA_NO_WR_FLUSH
 	qpx->wr_flush = vrdma_wr_flush;
+#endif
 	qpx->wr_bind_mw = vrdma_wr_bind_mw;
 	qpx->wr_local_inv = vrdma_wr_local_inv;
 	qpx->wr_set_xrc_srqn = vrdma_wr_set_xrc_srqn;
