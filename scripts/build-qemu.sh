@@ -5,6 +5,16 @@
 #
 #   bash scripts/build-qemu.sh [--force] [--keep-build] [--no-deps] [--jobs N]
 #   bash scripts/build-qemu.sh --print-prefix   # where the build goes; builds nothing
+#   bash scripts/build-qemu.sh --qemu 11.1-stock  # Debian's QEMU 11.1.3, unpatched
+#
+# --qemu SERIES (or QEMU_SERIES=SERIES) chooses what: 10.2 (the default) is
+# the build described here; 11.1-stock builds nothing but installs Debian's
+# own QEMU 11.1.3 binary package (trixie-backports, pinned by digest) into
+# a Debian 13 root in the cache and prints a wrapper that runs it on this
+# host. That QEMU has VIRTIO shared memory for vhost-user devices but not
+# our device: use -device vhost-user-test-device-pci,virtio-id=39,... (see
+# qemu-configs/README.md). A patched 11.1 build needs Debian's 11.1 source,
+# which the Debian mirror reachable here does not serve.
 #
 # Progress and timings go to stderr; the last line on stdout is the path of
 # the installed qemu-system-x86_64, so
@@ -80,15 +90,18 @@ KEEP_BUILD=0
 INSTALL_DEPS=1
 PRINT_PREFIX=0
 JOBS=${QEMU_BUILD_JOBS:-$(nproc)}
+SERIES=${QEMU_SERIES:-10.2}
 while [ $# -gt 0 ]; do
   case "$1" in
+    --qemu) SERIES=$2; shift ;;
+    --qemu=*) SERIES=${1#--qemu=} ;;
     --force) FORCE=1 ;;
     --keep-build) KEEP_BUILD=1 ;;
     --no-deps) INSTALL_DEPS=0 ;;
     --print-prefix) PRINT_PREFIX=1 ;;
     --jobs) JOBS=$2; shift ;;
     --jobs=*) JOBS=${1#--jobs=} ;;
-    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "build-qemu.sh: unknown argument: $1" >&2; exit 2 ;;
   esac
   shift
@@ -103,6 +116,11 @@ CACHE_ROOT=${VHOST_USER_RDMA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vhost-user-r
 . "$REPO/guest/lib.sh" # guest_pkg_installed
 log() { printf '[build-qemu] %s\n' "$*" >&2; }
 die() { printf '[build-qemu] error: %s\n' "$*" >&2; exit 1; }
+
+case "$SERIES" in
+  10.2|11.1-stock) ;;
+  *) die "unknown --qemu $SERIES (10.2 or 11.1-stock)" ;;
+esac
 
 T_START=$(date +%s.%N)
 declare -a TIMINGS=()
@@ -120,6 +138,13 @@ print_timings() {
   for t in "${TIMINGS[@]}"; do log "  $t"; done
   log "  $(printf '%-10s %8s s' total "$total")"
 }
+
+if [ "$SERIES" = 11.1-stock ]; then
+  # shellcheck source=scripts/lib/qemu-stock.sh
+  . "$REPO/scripts/lib/qemu-stock.sh"
+  qemu_stock_main
+  exit 0
+fi
 
 shopt -s nullglob
 PATCHES=("$PATCH_DIR"/*.patch)

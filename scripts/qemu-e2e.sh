@@ -34,22 +34,47 @@
 # shared-memory doorbell mode of the same reset is covered over the test
 # VMM (tests/tests/apps_reset.rs).
 #
-# Usage: [QEMU=path] bash scripts/qemu-e2e.sh [--demo] [--keep]
-#   --demo  print the guests' output as the main job's demo (no hostile VM)
-#   --keep  keep the work directory (logs) after success
+# Usage: [QEMU=path] bash scripts/qemu-e2e.sh [--demo] [--keep] [--generic] [--expect-shmem]
+#   --demo     print the guests' output as the main job's demo (no hostile VM)
+#   --keep     keep the work directory (logs) after success
+#   --generic  QEMU's generic vhost-user-test-device-pci (virtio-id=39, at
+#              00:10.0) instead of vhost-user-rdma-pci: for a QEMU without
+#              our patches, e.g. Debian's QEMU 11.1 (scripts/build-qemu.sh
+#              --qemu 11.1-stock), whose generic device has VIRTIO shared
+#              memory. That device passes no reset to the daemon, so this
+#              runs A and B's exchange only, as --demo does (no reset, no
+#              VM C); ID 39 because every QEMU aborts on an unnamed 42.
+#   --expect-shmem  also check the shared-memory doorbell mode: each guest
+#              prints `rdma-guest info` first and its features must have
+#              F_SHMEM_DOORBELL (bit 3), and the daemon must log the
+#              SHMEM_MAP of each VM's doorbell region
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib/launch.sh
 . scripts/lib/launch.sh
 
-demo=0 keep=0
+demo=0 keep=0 generic=0 expect_shmem=0
 for a in "$@"; do
   case $a in
     --demo) demo=1 ;;
     --keep) keep=1 ;;
-    *) echo "usage: $0 [--demo] [--keep]" >&2; exit 2 ;;
+    --generic) generic=1 demo=1 ;;
+    --expect-shmem) expect_shmem=1 ;;
+    *) echo "usage: $0 [--demo] [--keep] [--generic] [--expect-shmem]" >&2; exit 2 ;;
   esac
 done
+# The device on each guest's command line, and how rdma-guest finds it.
+# shellcheck disable=SC2054 # the commas belong to QEMU's option syntax
+rdma_dev=(-device vhost-user-rdma-pci,chardev=rdma)
+guest_opts=() rg='rdma-guest'
+if [ "$generic" = 1 ]; then
+  # shellcheck disable=SC2054
+  rdma_dev=(-device vhost-user-test-device-pci,addr=0x10,chardev=rdma,virtio-id=39,num_vqs=3,config_size=96,vq_size=256)
+  guest_opts=(--append guest.uio=0000:00:10.0) rg='rdma-guest --pci 0000:00:10.0'
+fi
+# With --expect-shmem each guest prints its device's features first.
+pre=''
+[ "$expect_shmem" = 0 ] || pre="$rg info && "
 
 t_start=$(date +%s%N)
 # Seconds (one decimal) since a `date +%s%N` stamp.
@@ -99,9 +124,9 @@ guest() {
   local run_opts=()
   if [ "$1" = --reboot ]; then run_opts=(--reboot); shift; fi
   local name=$1 idx=$2 cmd=$3; shift 3
-  launch_guest "$name" --image rdma-e2e "${run_opts[@]}" --cmd "$cmd" -- \
+  launch_guest "$name" --image rdma-e2e "${run_opts[@]}" "${guest_opts[@]}" --cmd "$cmd" -- \
     -qmp "unix:$dir/$name.qmp,server=on,wait=off" \
-    -chardev "socket,id=rdma,path=$dir/vm$idx.sock" -device vhost-user-rdma-pci,chardev=rdma "$@"
+    -chardev "socket,id=rdma,path=$dir/vm$idx.sock" "${rdma_dev[@]}" "$@"
 }
 
 show() {
@@ -160,11 +185,11 @@ echo "== qemu-e2e: booting VM A (server) and VM B (client), serial cable between
 # Outside the demo, B first streams into A until A's reset (see the top).
 reset_opts=() client_opts=''
 [ "$demo" = 1 ] || { reset_opts=(--reboot); client_opts=' --stream-until-peer-reset'; }
-guest "${reset_opts[@]}" A 0 'rdma-guest exchange --role server' \
+guest "${reset_opts[@]}" A 0 "$pre$rg exchange --role server" \
   -chardev "socket,id=oob,path=$dir/oob.sock,server=on,wait=off" -serial mon:stdio -serial chardev:oob
 pid_a=$launch_pid
 wait_socket "$dir/oob.sock" "$pid_a" || true
-guest B 1 "rdma-guest exchange --role client --rounds 2$client_opts" \
+guest B 1 "$pre$rg exchange --role client --rounds 2$client_opts" \
   -chardev "socket,id=oob,path=$dir/oob.sock" -serial mon:stdio -serial chardev:oob
 pid_b=$launch_pid
 
@@ -330,6 +355,24 @@ if [ "$demo" = 0 ]; then
   if [ "$reset_ok" = 1 ]; then tally ok; else tally failed; echo "FAILED: VM A's reset in the middle of traffic"; fi
 fi
 if [ "$daemon_ok" = 1 ]; then tally ok; else tally failed; echo "FAILED: the daemon died"; fi
+if [ "$expect_shmem" = 1 ]; then
+  # Each guest's `rdma-guest info` line: features with F_SHMEM_DOORBELL
+  # (bit 3) accepted; and the daemon's SHMEM_MAP of each VM's region.
+  for g in A B; do
+    f=$(tr -d '\r' <"$dir/$g.console" | sed -n 's/^rdma-guest: ABI v[0-9]*, features \(0x[0-9a-f]*\),.*/\1/p' | head -n 1)
+    if [ -n "$f" ] && [ $((f & 8)) = 8 ]; then
+      tally ok; echo "   VM $g: features $f, F_SHMEM_DOORBELL accepted"
+    else
+      tally failed; echo "FAILED: VM $g did not accept F_SHMEM_DOORBELL (features ${f:-none})"
+    fi
+  done
+  maps=$(grep -c 'doorbell region mapped' "$dir/daemon.log" || true)
+  if [ "$maps" -ge 2 ]; then
+    tally ok; echo "   the daemon mapped the doorbell regions into the guests ($maps SHMEM_MAPs)"
+  else
+    tally failed; echo "FAILED: the daemon logged $maps doorbell region mappings, not one per VM at least"
+  fi
+fi
 
 echo "== qemu-e2e: guests ran $t_guests s; whole run $(stamp "$t_start") s"
 [ "$fail" = 0 ] || show

@@ -36,6 +36,9 @@ pub enum ShmemError {
     TooLarge(u32),
 }
 
+/// The seals of the doorbell memfd: its size is fixed for its life.
+const DOORBELL_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
 /// Words of a page's slot bitmap.
 const BITMAP_WORDS: usize = (DB_PAGE_SLOTS as usize).div_ceil(64);
 
@@ -70,8 +73,12 @@ impl DoorbellRegion {
         };
         // SAFETY: the name is a NUL-terminated string; the call has no
         // memory effects on this process besides returning an fd.
-        let raw =
-            unsafe { libc::memfd_create(c"vhost-user-rdma-doorbells".as_ptr(), libc::MFD_CLOEXEC) };
+        let raw = unsafe {
+            libc::memfd_create(
+                c"vhost-user-rdma-doorbells".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
         if raw < 0 {
             return Err(os("memfd_create"));
         }
@@ -81,6 +88,14 @@ impl DoorbellRegion {
         // SAFETY: ftruncate on an fd we own.
         if unsafe { libc::ftruncate(fd.as_raw_fd(), size) } != 0 {
             return Err(os("ftruncate"));
+        }
+        // QEMU 11.1 puts every SHMEM_MAP mapping into the memory table it
+        // sends the back-end (SET_MEM_TABLE), so the region comes back as
+        // a guest memory region, and guest memory must be sealed against
+        // shrinking (spec 19.6.1). Its size never changes, so seal it.
+        // SAFETY: F_ADD_SEALS on an fd we own; no memory effects.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, DOORBELL_SEALS) } != 0 {
+            return Err(os("fcntl(F_ADD_SEALS)"));
         }
         // SAFETY: a new shared mapping of `len` bytes of our memfd; the
         // kernel chooses the address, so no existing mapping is affected.
@@ -567,6 +582,25 @@ mod tests {
         let r = DoorbellRegion::new(64).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(r.len(), 64 * DB_PAGE_SIZE);
         assert_eq!(r.pages(), 64);
+    }
+
+    /// QEMU 11.1 sends the mapped region back in SET_MEM_TABLE, where
+    /// the daemon accepts only files sealed against shrinking.
+    #[test]
+    fn region_is_sealed_like_guest_ram() {
+        let r = DoorbellRegion::new(2).unwrap_or_else(|e| panic!("{e}"));
+        let f = std::fs::File::from(
+            r.fd()
+                .try_clone_to_owned()
+                .unwrap_or_else(|e| panic!("{e}")),
+        );
+        assert!(crate::memory::table::shrink_sealed(&f));
+        // SAFETY: F_GET_SEALS on an fd we own.
+        let seals = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GET_SEALS) };
+        assert_eq!(seals & DOORBELL_SEALS, DOORBELL_SEALS);
+        // The size cannot change any more.
+        assert!(f.set_len(0).is_err());
+        assert!(f.set_len(r.len() * 2).is_err());
     }
 
     #[test]
