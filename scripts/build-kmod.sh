@@ -9,9 +9,11 @@
 #         trixie's linux-headers and linux-kbuild depend on to build a module; ~30 s once, then
 #         cached beside the extracted headers), with the compiler the kernel was built with.
 #
-# Usage: scripts/build-kmod.sh [--kernel 6.1|6.12] [--out DIR]
+# Usage: scripts/build-kmod.sh [--kernel 6.1|6.12] [--out DIR] [--device-id N]
 #   --kernel K     the guest kernel to build for (default 6.1)
 #   --out DIR      where virtio_rdma.ko goes (default: $GUEST_CACHE/kmod, for 6.12 .../kmod-6.12)
+#   --device-id N  a test build that binds virtio device ID N instead of 42 (default directory
+#                  ...-idN): for QEMU's generic vhost-user device, which cannot be 42
 # Prints the path of the module.
 set -euo pipefail
 guest_dir="$(cd "$(dirname "$0")/../guest" && pwd)"
@@ -21,20 +23,30 @@ src="$(cd "$(dirname "$0")/../guest-driver/linux" && pwd)"
 # shellcheck source=guest/versions.sh
 . "$guest_dir/versions.sh"
 
-out="" kernel=6.1
+out="" kernel=6.1 device_id=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --kernel) kernel="${2:?--kernel needs 6.1 or 6.12}"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
-    -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
+    --device-id) device_id="${2:?--device-id needs a number}"; shift 2 ;;
+    -h | --help) sed -n '2,18p' "$0"; exit 0 ;;
     *) guest_die "unknown argument: $1" ;;
   esac
 done
 guest_select_kernel "$kernel" || guest_die "--kernel: 6.1 or 6.12, not $kernel"
+case "$device_id" in
+"" | 42) device_id="" ;;
+*[!0-9]* | ???*) guest_die "--device-id: a virtio device ID (1..99), not $device_id" ;;
+esac
 if [ -z "$out" ]; then
   out="$GUEST_CACHE/kmod"
   [ "$kernel" = 6.1 ] || out="$GUEST_CACHE/kmod-$kernel"
+  [ -z "$device_id" ] || out="$out-id$device_id"
 fi
+# A test build that binds another device ID: only for a VMM whose generic vhost-user device
+# cannot have ID 42 (no released QEMU names it), e.g. stock QEMU 11.1 in scripts/qemu-shmem.sh.
+id_flags=()
+[ -z "$device_id" ] || id_flags=("ccflags-y=-DVRDMA_DEVICE_ID=$device_id")
 # What the trixie build root holds besides minbase: the compiler and make, perl (W=1 runs
 # kernel-doc), and what trixie's linux-kbuild depends on (libelf1t64, libssl3t64, zlib1g; pahole,
 # in dwarves, for the module's BTF).
@@ -106,13 +118,13 @@ if [ "$GUEST_KERNEL_SUITE" = trixie ]; then
   guest_as_root mkdir -p "$build"
   guest_as_root cp -r "$src"/*.c "$src"/*.h "$src"/Kbuild "$src"/uapi "$build"/
   make_cmd=(guest_as_root nice chroot "$root" env -i PATH=/usr/bin:/bin HOME=/root LANG=C.UTF-8
-    make -C "/usr/src/$GUEST_KHEADERS_PKG" M=/build/kmod W=1 modules)
+    make -C "/usr/src/$GUEST_KHEADERS_PKG" M=/build/kmod W=1 "${id_flags[@]}" modules)
 else
   build="$GUEST_CACHE/tmp/kmod-build"
   rm -rf "$build"
   mkdir -p "$build"
   cp -r "$src"/*.c "$src"/*.h "$src"/Kbuild "$src"/uapi "$build"/
-  make_cmd=(nice make -C "$root/usr/src/$GUEST_KHEADERS_PKG" M="$build" W=1 modules)
+  make_cmd=(nice make -C "$root/usr/src/$GUEST_KHEADERS_PKG" M="$build" W=1 "${id_flags[@]}" modules)
 fi
 mkdir -p "$out"
 log="$GUEST_CACHE/tmp/kmod-$kernel-make.log"

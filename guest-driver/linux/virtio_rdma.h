@@ -87,6 +87,13 @@ struct vrdma_dev {
 	struct mutex ib_lock;
 	/* ib_lock: the device is started; a verbs device may be registered. */
 	bool running;
+	/*
+	 * F_SHMEM_DOORBELL: the doorbell region (spec 18.7), guest-physical;
+	 * dbr_len 0 without the feature. A context's page is mapped only
+	 * where it is used: the kernel context's here, a process's into it.
+	 */
+	phys_addr_t dbr_addr;
+	u64 dbr_len;
 	/* RTNL: the paired interface's permanent address (DeviceConfig.mac). */
 	u8 mac[ETH_ALEN];
 	/* RTNL and ib_lock to change: the paired interface, held. */
@@ -136,6 +143,12 @@ struct vrdma_ib {
 	/* The driver's context for kernel consumers, and its doorbell header. */
 	u32 kctx_handle;
 	struct virtio_rdma_ctx_doorbell *kctx_db;
+	/*
+	 * And its doorbell page, if the device gave it one (spec 18.7),
+	 * mapped write-back: its header replaces kctx_db's, and the kernel
+	 * QPs' producer indices go into their slots of it.
+	 */
+	void *kctx_page;
 };
 
 struct vrdma_ucontext {
@@ -143,12 +156,19 @@ struct vrdma_ucontext {
 	u32 handle;
 	/* The page of the context's doorbell header (CreateCtxReq.db_gpa). */
 	struct vrdma_mmap_entry *db_header;
+	/* Its doorbell page in the doorbell region, or NULL (spec 18.7). */
+	struct vrdma_mmap_entry *db_page;
 };
 
-/* A page of kernel memory that user space may map (vrdma_mmap). */
+/*
+ * A page that user space may map (vrdma_mmap): kernel memory the device
+ * writes (@page, mapped read-only), or a page of the doorbell region
+ * (@page NULL, mapped read-write).
+ */
 struct vrdma_mmap_entry {
 	struct rdma_user_mmap_entry rdma_entry;
 	struct page *page;
+	unsigned long pfn;
 	/* Still named by the device (a destroy command failed): never free. */
 	bool device_owned;
 };
@@ -377,6 +397,16 @@ int vrdma_pin_queue(struct ib_device *ibdev, u64 buf_va, size_t buf_len,
 		    u64 db_va, struct vrdma_queue *q, u64 *db_gpa);
 void vrdma_release_queue(struct vrdma_queue *q);
 
+/* virtio_rdma_dbpage.c: the shared-memory doorbell mode (spec 18.7) */
+void vrdma_dbpage_validate(struct virtio_device *vdev);
+int vrdma_dbpage_start(struct vrdma_dev *dev);
+int vrdma_dbpage_check(struct vrdma_dev *dev, u32 page);
+unsigned long vrdma_dbpage_pfn(struct vrdma_dev *dev, u32 page);
+int vrdma_dbslot_check(bool has_page, u32 slot);
+bool vrdma_udata_has_page(struct ib_udata *udata);
+void *vrdma_dbpage_map(struct vrdma_dev *dev, u32 page);
+__le32 *vrdma_dbslot(void *page, u32 slot);
+
 /* virtio_rdma_kq.c: the kernel context, rings in kernel memory, the kick */
 int vrdma_kctx_create(struct vrdma_ib *vib);
 void vrdma_kctx_destroy(struct vrdma_ib *vib);
@@ -412,7 +442,7 @@ int vrdma_dealloc_mw(struct ib_mw *ibmw);
 void *vrdma_kqp_alloc(struct vrdma_qp *qp, struct ib_qp_init_attr *init,
 		      size_t fixed_len, struct virtio_rdma_buffer_desc *buf,
 		      size_t *req_len, size_t *nlist);
-int vrdma_kqp_check(struct vrdma_qp *qp,
+int vrdma_kqp_check(struct vrdma_ib *vib, struct vrdma_qp *qp,
 		    const struct virtio_rdma_create_qp_resp *resp);
 void vrdma_kqp_free(struct vrdma_qp *qp);
 int vrdma_kqp_attach(struct vrdma_qp *qp);

@@ -255,7 +255,7 @@ static void vrdma_mmap_free(struct rdma_user_mmap_entry *rentry)
 	struct vrdma_mmap_entry *entry =
 		container_of(rentry, struct vrdma_mmap_entry, rdma_entry);
 
-	if (!entry->device_owned)
+	if (entry->page && !entry->device_owned)
 		__free_page(entry->page);
 	kfree(entry);
 }
@@ -266,19 +266,29 @@ static int vrdma_mmap(struct ib_ucontext *ibuc, struct vm_area_struct *vma)
 	struct vrdma_mmap_entry *entry;
 	int ret;
 
-	/*
-	 * Only the device writes these pages. Without VM_MAYWRITE ib_core
-	 * also maps the zero page in their place after a disassociation.
-	 */
-	if (vma->vm_flags & VM_WRITE)
-		return -EPERM;
-	vrdma_vm_flags_clear(vma, VM_MAYWRITE);
 	rentry = rdma_user_mmap_entry_get(ibuc, vma);
 	if (!rentry)
 		return -EINVAL;
 	entry = container_of(rentry, struct vrdma_mmap_entry, rdma_entry);
-	ret = rdma_user_mmap_io(ibuc, vma, page_to_pfn(entry->page), PAGE_SIZE,
+	/*
+	 * Only the device writes the doorbell header. Without VM_MAYWRITE
+	 * ib_core also maps the zero page in its place after a
+	 * disassociation. A doorbell page is the process's to write (its
+	 * slots); after a disassociation ib_core gives the mapping a page of
+	 * its own, so nothing the process writes reaches the device then.
+	 * Both are ordinary write-back memory (spec 18.7): the default
+	 * protection of a shared mapping.
+	 */
+	if (entry->page) {
+		if (vma->vm_flags & VM_WRITE) {
+			ret = -EPERM;
+			goto out;
+		}
+		vrdma_vm_flags_clear(vma, VM_MAYWRITE);
+	}
+	ret = rdma_user_mmap_io(ibuc, vma, entry->pfn, PAGE_SIZE,
 				vma->vm_page_prot, rentry);
+out:
 	rdma_user_mmap_entry_put(rentry);
 	return ret;
 }
@@ -297,22 +307,65 @@ static void vrdma_destroy_ctx(struct vrdma_dev *dev, u32 handle,
 }
 
 /*
+ * A context's doorbell page (spec 18.7) as a mapping at the fixed offset
+ * VIRTIO_RDMA_MMAP_DB_PAGE, so that a process that imported the context
+ * finds it without GET_CONTEXT's answer. 0, or why the context cannot be
+ * used.
+ */
+static int vrdma_ucontext_page(struct vrdma_ucontext *uc, u32 page,
+			       u32 req_flags)
+{
+	struct vrdma_dev *dev = to_vib(uc->ibucontext.device)->dev;
+	struct vrdma_mmap_entry *entry;
+	int ret;
+
+	ret = vrdma_dbpage_check(dev, page);
+	if (ret || page == VIRTIO_RDMA_DB_NONE)
+		return ret;
+	if (!(req_flags & VIRTIO_RDMA_UCTX_REQ_DB_PAGE)) {
+		dev_warn_once(&dev->vdev->dev,
+			      "the device uses shared-memory doorbells, which this process's rdma-core provider does not know: update the virtio_rdma provider (or load virtio_rdma with shmem_doorbell=0)\n");
+		return -EPROTONOSUPPORT;
+	}
+	entry = kzalloc(sizeof(*entry), GFP_KERNEL);
+	if (!entry)
+		return -ENOMEM;
+	entry->pfn = vrdma_dbpage_pfn(dev, page);
+	ret = rdma_user_mmap_entry_insert_exact(&uc->ibucontext,
+						&entry->rdma_entry, PAGE_SIZE,
+						VIRTIO_RDMA_MMAP_DB_PAGE >>
+						PAGE_SHIFT);
+	if (ret) {
+		kfree(entry);
+		return ret;
+	}
+	uc->db_page = entry;
+	return 0;
+}
+
+/*
  * The context's doorbell header lives in a page of its own, which the
  * provider maps read-only to learn whether a post needs the kick (spec
  * 18.6): one page per context, and no guest-physical address leaves the
- * kernel.
+ * kernel. With a doorbell page the provider maps that page instead.
  */
 static int vrdma_alloc_ucontext(struct ib_ucontext *ibuc,
 				struct ib_udata *udata)
 {
 	struct vrdma_ucontext *uc = to_vuc(ibuc);
 	struct vrdma_dev *dev = to_vib(ibuc->device)->dev;
+	struct virtio_rdma_alloc_ucontext_ureq ureq = {};
 	struct virtio_rdma_alloc_ucontext_uresp uresp = {};
 	struct virtio_rdma_create_ctx_req req = {};
 	struct virtio_rdma_create_ctx_resp resp;
 	struct vrdma_mmap_entry *header;
 	int ret;
 
+	if (ib_copy_from_udata(&ureq, udata,
+			       min_t(size_t, sizeof(ureq), udata->inlen)))
+		return -EFAULT;
+	if (ureq.flags & ~VIRTIO_RDMA_UCTX_REQ_DB_PAGE || ureq.reserved)
+		return -EINVAL;
 	header = kzalloc(sizeof(*header), GFP_KERNEL);
 	if (!header)
 		return -ENOMEM;
@@ -321,6 +374,7 @@ static int vrdma_alloc_ucontext(struct ib_ucontext *ibuc,
 		kfree(header);
 		return -ENOMEM;
 	}
+	header->pfn = page_to_pfn(header->page);
 	req.db_gpa = cpu_to_le64(page_to_phys(header->page));
 	ret = vrdma_cmd_exec(dev, VIRTIO_RDMA_OP_CREATE_CTX, &req, sizeof(req),
 			     &resp, sizeof(resp));
@@ -331,25 +385,44 @@ static int vrdma_alloc_ucontext(struct ib_ucontext *ibuc,
 	}
 	uc->handle = le32_to_cpu(resp.ctx_handle);
 
-	ret = rdma_user_mmap_entry_insert(ibuc, &header->rdma_entry,
-					  PAGE_SIZE);
+	ret = vrdma_ucontext_page(uc, le32_to_cpu(resp.doorbell_page),
+				  ureq.flags);
 	if (ret) {
 		vrdma_destroy_ctx(dev, uc->handle, header);
 		vrdma_mmap_free(&header->rdma_entry);
 		return ret;
 	}
+	ret = rdma_user_mmap_entry_insert(ibuc, &header->rdma_entry,
+					  PAGE_SIZE);
+	if (ret) {
+		vrdma_destroy_ctx(dev, uc->handle, header);
+		vrdma_mmap_free(&header->rdma_entry);
+		goto err_page;
+	}
 	uresp.db_mmap_key = rdma_user_mmap_get_offset(&header->rdma_entry);
 	uresp.db_mmap_len = PAGE_SIZE;
 	uresp.flags = VIRTIO_RDMA_UCTX_DB_HEADER;
+	if (uc->db_page) {
+		uresp.flags |= VIRTIO_RDMA_UCTX_DB_PAGE;
+		uresp.page_mmap_key =
+			rdma_user_mmap_get_offset(&uc->db_page->rdma_entry);
+		uresp.page_mmap_len = PAGE_SIZE;
+	}
 	ret = ib_copy_to_udata(udata, &uresp,
 			       min_t(size_t, sizeof(uresp), udata->outlen));
 	if (ret) {
 		vrdma_destroy_ctx(dev, uc->handle, header);
 		rdma_user_mmap_entry_remove(&header->rdma_entry);
-		return ret;
+		goto err_page;
 	}
 	uc->db_header = header;
 	return 0;
+
+err_page:
+	if (uc->db_page)
+		rdma_user_mmap_entry_remove(&uc->db_page->rdma_entry);
+	uc->db_page = NULL;
+	return ret;
 }
 
 /*
@@ -367,14 +440,21 @@ static void vrdma_dealloc_ucontext(struct ib_ucontext *ibuc)
 {
 	struct vrdma_ucontext *uc = to_vuc(ibuc);
 
+	/*
+	 * No process maps the doorbell page any more (spec 18.7): the file
+	 * is released, or ib_core zapped the mappings when it disassociated.
+	 */
 	vrdma_destroy_ctx(to_vib(ibuc->device)->dev, uc->handle, uc->db_header);
 	/* The page goes when the last mapping of it does (vrdma_mmap_free). */
 	rdma_user_mmap_entry_remove(&uc->db_header->rdma_entry);
+	if (uc->db_page)
+		rdma_user_mmap_entry_remove(&uc->db_page->rdma_entry);
 }
 
 /*
  * Processes map only the doorbell header page, which ib_core itself
- * replaces by the zero page at disassociation (vrdma_mmap): once it has
+ * replaces by the zero page at disassociation, and their doorbell page,
+ * which it replaces by a page of its own (vrdma_mmap): once it has
  * destroyed a disassociated context's objects, nothing of the process
  * reaches the device. Having this lets unregistration (at remove or
  * reset) proceed while processes keep their files open.

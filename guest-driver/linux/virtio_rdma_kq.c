@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
 /*
  * virtio-rdma: what the queues of kernel consumers rest on: the driver's
- * own context (CREATE_CTX for the kernel, in guest-RAM doorbell mode), the
+ * own context (CREATE_CTX for the kernel, with its doorbell page if the
+ * device gives it one), the
  * rings in kernel memory with their page lists, the doorbell records, the
  * notification step after a post (spec 18.6), and the translation of the
  * addresses kernel consumers give under the local DMA key (spec 18.28).
@@ -12,6 +13,7 @@
  * wherever the device needs them.
  */
 
+#include <linux/io.h>
 #include <linux/mm.h>
 #include <linux/slab.h>
 #include <linux/vmalloc.h>
@@ -23,13 +25,15 @@
  * Creates the driver's context for kernel consumers: their PDs and CQs
  * belong to it. Its doorbell header is kernel memory the device writes
  * (spec 18.4); with F_SHMEM_DOORBELL the device may give it a doorbell
- * page, which the driver does not map: every queue of the context then
- * still has DB_NONE, and the guest-RAM mode applies (spec 12.4).
+ * page instead (spec 18.7), which the driver maps: the page's header is
+ * then the context's, and the kernel QPs' producer indices go into their
+ * slots.
  */
 int vrdma_kctx_create(struct vrdma_ib *vib)
 {
 	struct virtio_rdma_create_ctx_req req = {};
 	struct virtio_rdma_create_ctx_resp resp;
+	u32 page;
 	int ret;
 
 	/* 64 bytes, naturally aligned (kmalloc of a power of two). */
@@ -47,6 +51,17 @@ int vrdma_kctx_create(struct vrdma_ib *vib)
 		return ret;
 	}
 	vib->kctx_handle = le32_to_cpu(resp.ctx_handle);
+	page = le32_to_cpu(resp.doorbell_page);
+	ret = vrdma_dbpage_check(vib->dev, page);
+	if (!ret && page != VIRTIO_RDMA_DB_NONE) {
+		vib->kctx_page = vrdma_dbpage_map(vib->dev, page);
+		if (!vib->kctx_page)
+			ret = -ENOMEM;
+	}
+	if (ret) {
+		vrdma_kctx_destroy(vib);
+		return ret;
+	}
 	return 0;
 }
 
@@ -63,6 +78,9 @@ void vrdma_kctx_destroy(struct vrdma_ib *vib)
 	if (vrdma_cmd_exec(dev, VIRTIO_RDMA_OP_DESTROY_CTX, &req, sizeof(req),
 			   NULL, 0) && !vrdma_dev_stopped(dev))
 		return; /* the device may still write the header: keep it */
+	if (vib->kctx_page)
+		memunmap(vib->kctx_page);
+	vib->kctx_page = NULL;
 	kfree(vib->kctx_db);
 	vib->kctx_db = NULL;
 }
@@ -76,7 +94,9 @@ void vrdma_kctx_destroy(struct vrdma_ib *vib)
  */
 void vrdma_kick(struct vrdma_ib *vib)
 {
-	const __le32 *flags = &vib->kctx_db->flags;
+	/* A doorbell page's header is the context's (spec 18.7). */
+	const __le32 *flags = vib->kctx_page ? vib->kctx_page :
+					       &vib->kctx_db->flags;
 
 	/* Not before the producer index store in program order. */
 	barrier();

@@ -136,15 +136,26 @@ err:
 	return ERR_PTR(ret);
 }
 
-/* After CREATE_QP: the device's layout must be the one allocated. */
-int vrdma_kqp_check(struct vrdma_qp *qp,
+/*
+ * After CREATE_QP: the device's layout must be the one allocated. A QP
+ * with a doorbell slot stores its producer indices there (spec 18.7).
+ */
+int vrdma_kqp_check(struct vrdma_ib *vib, struct vrdma_qp *qp,
 		    const struct virtio_rdma_create_qp_resp *resp)
 {
+	u32 slot = le32_to_cpu(resp->db_slot);
+	__le32 *words;
+
 	if (le32_to_cpu(resp->sq_wqe_shift) != qp->sq.wqe_shift ||
 	    le32_to_cpu(resp->rq_wqe_shift) != qp->rq.wqe_shift ||
 	    le32_to_cpu(resp->rq_offset) != qp->rq_offset ||
-	    le32_to_cpu(resp->db_slot) != VIRTIO_RDMA_DB_NONE)
+	    vrdma_dbslot_check(!!vib->kctx_page, slot))
 		return -EIO;
+	if (slot != VIRTIO_RDMA_DB_NONE) {
+		words = vrdma_dbslot(vib->kctx_page, slot);
+		qp->sq.pi_db = &words[0];
+		qp->rq.pi_db = &words[1];
+	}
 	return 0;
 }
 

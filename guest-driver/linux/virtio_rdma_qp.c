@@ -115,7 +115,7 @@ static int vrdma_qp_created(struct vrdma_qp *qp, struct ib_qp_init_attr *init,
 	qp->sig_all = init->sq_sig_type == IB_SIGNAL_ALL_WR;
 	if (!qp->kernel)
 		return 0;
-	ret = vrdma_kqp_check(qp, resp);
+	ret = vrdma_kqp_check(to_vib(qp->ibqp.device), qp, resp);
 	if (ret)
 		return ret;
 	/* QP 1 is the GSI QP's number, and only its (spec 18.26). */
@@ -205,7 +205,10 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	uresp.rq_wqe_shift = le32_to_cpu(resp.rq_wqe_shift);
 	uresp.rq_offset = le32_to_cpu(resp.rq_offset);
 	uresp.db_slot = le32_to_cpu(resp.db_slot);
-	ret = ib_copy_to_udata(udata, &uresp, min(udata->outlen, sizeof(uresp)));
+	ret = vrdma_dbslot_check(!!uc->db_page, uresp.db_slot);
+	if (!ret)
+		ret = ib_copy_to_udata(udata, &uresp,
+				       min(udata->outlen, sizeof(uresp)));
 	if (ret) {
 		vrdma_destroy_qp(ibqp, udata);
 		return ret;

@@ -93,7 +93,11 @@ int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 	}
 	uresp.srq_handle = srq->handle;
 	uresp.wqe_shift = le32_to_cpu(resp.wqe_shift);
-	ret = ib_copy_to_udata(udata, &uresp, min(udata->outlen, sizeof(uresp)));
+	uresp.db_slot = le32_to_cpu(resp.db_slot);
+	ret = vrdma_dbslot_check(vrdma_udata_has_page(udata), uresp.db_slot);
+	if (!ret)
+		ret = ib_copy_to_udata(udata, &uresp,
+				       min(udata->outlen, sizeof(uresp)));
 	if (ret) {
 		vrdma_destroy_srq(ibsrq, udata);
 		return ret;

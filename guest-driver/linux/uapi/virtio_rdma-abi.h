@@ -14,19 +14,48 @@
 #define VIRTIO_RDMA_UVERBS_ABI_VERSION 2
 
 /*
+ * GET_CONTEXT request. A provider that sets VIRTIO_RDMA_UCTX_REQ_DB_PAGE
+ * handles the shared-memory doorbell mode (spec 18.7). On a device in
+ * that mode every context has a doorbell page and its queues doorbell
+ * slots, so the kernel refuses a context to a provider that does not set
+ * it (it would write its producer indices where the device no longer
+ * reads them). A request shorter than this struct, or none, has flags 0.
+ */
+#define VIRTIO_RDMA_UCTX_REQ_DB_PAGE 1
+
+struct virtio_rdma_alloc_ucontext_ureq {
+	__u32 flags;
+	__u32 reserved;
+};
+
+/*
  * GET_CONTEXT: the context's doorbell header (spec 18.4), a page that only
  * the device writes, for the provider to map read-only with mmap() at
  * db_mmap_key on the uverbs file when flags has
  * VIRTIO_RDMA_UCTX_DB_HEADER. Its first word is the engine's flags
  * (VIRTIO_RDMA_DB_FLAG_KICK, VIRTIO_RDMA_DB_FLAG_POLLING of the device ABI),
  * which say whether a post needs the kick (spec 18.6).
+ *
+ * With VIRTIO_RDMA_UCTX_DB_PAGE the context has a doorbell page instead
+ * (spec 18.7): page_mmap_len bytes to map read-write at page_mmap_key,
+ * which is always VIRTIO_RDMA_MMAP_DB_PAGE (so that a process that
+ * imported the context finds it too). Its header holds the engine's
+ * flags for every queue of the context, and the queues whose CREATE_QP or
+ * CREATE_SRQ returned a db_slot other than VIRTIO_RDMA_NO_SLOT store
+ * their producer indices into that slot of the page.
  */
 #define VIRTIO_RDMA_UCTX_DB_HEADER 1
+#define VIRTIO_RDMA_UCTX_DB_PAGE 2
+#define VIRTIO_RDMA_MMAP_DB_PAGE 0x100000000ULL
+#define VIRTIO_RDMA_NO_SLOT 0xffffffffU
 
 struct virtio_rdma_alloc_ucontext_uresp {
 	__aligned_u64 db_mmap_key;
 	__u32 db_mmap_len;
 	__u32 flags;
+	__aligned_u64 page_mmap_key;
+	__u32 page_mmap_len;
+	__u32 reserved;
 };
 
 /*
@@ -59,6 +88,7 @@ struct virtio_rdma_create_qp_ureq {
 	__u32 rq_depth;
 };
 
+/* db_slot: the QP's doorbell slot, or VIRTIO_RDMA_NO_SLOT (spec 18.7). */
 struct virtio_rdma_create_qp_uresp {
 	__u32 qp_handle;
 	__u32 sq_wqe_shift;
@@ -83,9 +113,12 @@ struct virtio_rdma_create_srq_ureq {
 	__u32 reserved;
 };
 
+/* db_slot: the SRQ's doorbell slot, or VIRTIO_RDMA_NO_SLOT (spec 18.7). */
 struct virtio_rdma_create_srq_uresp {
 	__u32 srq_handle;
 	__u32 wqe_shift;
+	__u32 db_slot;
+	__u32 reserved;
 };
 
 /*

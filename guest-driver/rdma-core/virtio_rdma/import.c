@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <string.h>
 #include <util/util.h>
 
@@ -16,24 +17,42 @@
  * A context over @cmd_fd, a file another context opened. Its doorbell
  * header stays the original's (its mapping key comes with GET_CONTEXT
  * only): posts through this context always kick, which spec 18.6 allows.
+ * A doorbell page (spec 18.7) is at a fixed key, and needed: the queues
+ * this process creates may get slots of it.
  */
 struct verbs_context *vrdma_import_context(struct ibv_device *ibdev,
 					   int cmd_fd)
 {
 	struct vrdma_context *ctx;
+	void *page;
 
 	ctx = verbs_init_and_alloc_context(ibdev, cmd_fd, ctx, ibv_ctx,
 					   RDMA_DRIVER_UNKNOWN);
 	if (!ctx)
 		return NULL;
 	if (ibv_cmd_query_context(&ctx->ibv_ctx.context, NULL) ||
-	    vrdma_query_caps(ctx)) {
-		verbs_uninit_context(&ctx->ibv_ctx);
-		free(ctx);
-		return NULL;
+	    vrdma_query_caps(ctx))
+		goto err;
+	page = mmap(NULL, VIRTIO_RDMA_DB_PAGE_SIZE, PROT_READ | PROT_WRITE,
+		    MAP_SHARED, cmd_fd, VIRTIO_RDMA_MMAP_DB_PAGE);
+	if (page != MAP_FAILED) {
+		ctx->db_page = page;
+		/* The flags too: the page's header is the context's. */
+		ctx->db_flags = page;
+	} else if (errno != EINVAL) {
+		/* EINVAL: the context has no page. */
+		verbs_err(&ctx->ibv_ctx,
+			  "virtio_rdma: mapping the doorbell page failed: %s\n",
+			  strerror(errno));
+		goto err;
 	}
 	vrdma_set_ops(ctx);
 	return &ctx->ibv_ctx;
+
+err:
+	verbs_uninit_context(&ctx->ibv_ctx);
+	free(ctx);
+	return NULL;
 }
 
 /*

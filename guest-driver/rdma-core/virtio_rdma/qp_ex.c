@@ -397,7 +397,7 @@ static int vrdma_wr_complete(struct ibv_qp_ex *qpx)
 	}
 	if (posted) {
 		qp->sq_pi += posted;
-		atomic_store_explicit(db_word(qp->db, DB_SQ_PI), qp->sq_pi,
+		atomic_store_explicit(qp->sq_pi_word, qp->sq_pi,
 				      memory_order_release);
 	}
 	qp->ex_slot = NULL;

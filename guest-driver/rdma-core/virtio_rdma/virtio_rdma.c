@@ -147,7 +147,7 @@ static uint32_t recv_wqe_shift(uint32_t max_sge)
 static int vrdma_notify(struct vrdma_context *ctx, int (*kick)(void *),
 			void *obj)
 {
-	_Atomic uint32_t *flags = ctx->db_header;
+	_Atomic uint32_t *flags = ctx->db_flags;
 
 	if (flags) {
 		/* The load must not move above the store (compiler only). */
@@ -406,7 +406,7 @@ static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 	}
 	if (posted) {
 		qp->sq_pi += posted;
-		atomic_store_explicit(db_word(qp->db, DB_SQ_PI), qp->sq_pi,
+		atomic_store_explicit(qp->sq_pi_word, qp->sq_pi,
 				      memory_order_release);
 	}
 	pthread_spin_unlock(&qp->sq_lock);
@@ -512,7 +512,7 @@ static int vrdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 	struct vrdma_qp *qp = to_vqp(ibqp);
 	const struct recv_ring r = {
 		.base = (uint8_t *)qp->buf + qp->rq_offset,
-		.pi_word = db_word(qp->db, DB_RQ_PI),
+		.pi_word = qp->rq_pi_word,
 		.ci_word = db_word(qp->db, DB_RQ_CI),
 		.depth = qp->rq_depth,
 		.wqe_shift = qp->rq_wqe_shift,
@@ -537,7 +537,6 @@ static int vrdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 	return post_done(ibqp->context, posted, ret, vrdma_kick_qp, ibqp);
 }
 
-#define DB_SRQ_PI 0
 #define DB_SRQ_CI VIRTIO_RDMA_DB_DEVICE_OFFSET
 
 /*
@@ -606,6 +605,13 @@ struct ibv_srq *vrdma_create_srq_common(struct ibv_context *context,
 		goto err;
 	}
 	srq->handle = uresp->srq_handle;
+	srq->pi_word = vrdma_pi_words(to_vctx(attr->pd->context),
+				      uresp->db_slot, srq->db);
+	if (!srq->pi_word) {
+		ibv_cmd_destroy_srq(&srq->vsrq.srq);
+		errno = EPROTO;
+		goto err;
+	}
 	/*
 	 * libibverbs sets the number from the ioctl's attribute; the write()
 	 * path has it in the response only.
@@ -666,7 +672,7 @@ static int vrdma_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
 	struct vrdma_srq *srq = to_vsrq(ibsrq);
 	const struct recv_ring r = {
 		.base = srq->buf,
-		.pi_word = db_word(srq->db, DB_SRQ_PI),
+		.pi_word = srq->pi_word,
 		.ci_word = db_word(srq->db, DB_SRQ_CI),
 		.depth = srq->depth,
 		.wqe_shift = srq->wqe_shift,
@@ -992,6 +998,14 @@ static struct ibv_qp *vrdma_create_qp_common(struct ibv_context *context,
 		goto err;
 	}
 	qp->handle = resp.qp_handle;
+	qp->sq_pi_word = vrdma_pi_words(to_vctx(context), resp.db_slot, qp->db);
+	if (!qp->sq_pi_word) {
+		ibv_cmd_destroy_qp(&qp->vqp.qp);
+		errno = EPROTO;
+		goto err;
+	}
+	/* The slot's second word, or the record's (DB_RQ_PI). */
+	qp->rq_pi_word = qp->sq_pi_word + 1;
 	qp->max_send_sge = attr->cap.max_send_sge;
 	qp->max_recv_sge = attr->cap.max_recv_sge;
 	qp->max_inline_data = attr->cap.max_inline_data;
@@ -1133,12 +1147,46 @@ int vrdma_query_caps(struct vrdma_context *ctx)
 	return 0;
 }
 
+/*
+ * Maps the context's doorbell page (spec 18.7) at @key; its header then
+ * holds the engine's flags for every queue of the context.
+ */
+int vrdma_map_db_page(struct vrdma_context *ctx, uint64_t key)
+{
+	void *page;
+
+	page = mmap(NULL, VIRTIO_RDMA_DB_PAGE_SIZE, PROT_READ | PROT_WRITE,
+		    MAP_SHARED, ctx->ibv_ctx.context.cmd_fd, key);
+	if (page == MAP_FAILED) {
+		verbs_err(&ctx->ibv_ctx,
+			  "virtio_rdma: mapping the doorbell page failed: %s\n",
+			  strerror(errno));
+		return errno;
+	}
+	ctx->db_page = page;
+	ctx->db_flags = page;
+	return 0;
+}
+
+_Atomic uint32_t *vrdma_pi_words(struct vrdma_context *ctx, uint32_t slot,
+				 void *record)
+{
+	if (slot == VIRTIO_RDMA_NO_SLOT)
+		return db_word(record, DB_SQ_PI);
+	if (!ctx->db_page || slot >= VIRTIO_RDMA_DB_PAGE_SLOTS)
+		return NULL;
+	return db_word(ctx->db_page, VIRTIO_RDMA_DB_SLOT_OFFSET +
+				     (size_t)slot * VIRTIO_RDMA_DB_SLOT_SIZE);
+}
+
 static void vrdma_free_context(struct ibv_context *ibctx)
 {
 	struct vrdma_context *ctx = to_vctx(ibctx);
 
 	if (ctx->db_header)
 		munmap(ctx->db_header, ctx->db_header_len);
+	if (ctx->db_page)
+		munmap(ctx->db_page, VIRTIO_RDMA_DB_PAGE_SIZE);
 	verbs_uninit_context(&ctx->ibv_ctx);
 	free(ctx);
 }
@@ -1198,33 +1246,43 @@ static struct verbs_context *vrdma_alloc_context(struct ibv_device *ibdev,
 						 int cmd_fd, void *private_data)
 {
 	struct vrdma_get_context_cmd_resp resp = {};
-	struct ibv_get_context cmd;
+	struct vrdma_get_context_cmd cmd = {
+		.flags = VIRTIO_RDMA_UCTX_REQ_DB_PAGE,
+	};
 	struct vrdma_context *ctx;
 
 	ctx = verbs_init_and_alloc_context(ibdev, cmd_fd, ctx, ibv_ctx,
 					   RDMA_DRIVER_UNKNOWN);
 	if (!ctx)
 		return NULL;
-	if (ibv_cmd_get_context(&ctx->ibv_ctx, &cmd, sizeof(cmd),
+	if (ibv_cmd_get_context(&ctx->ibv_ctx, &cmd.ibv_cmd, sizeof(cmd),
 				&resp.ibv_resp, sizeof(resp)))
 		goto err;
 	if (vrdma_query_caps(ctx))
 		goto err;
-	if (resp.flags & VIRTIO_RDMA_UCTX_DB_HEADER) {
+	if (resp.flags & VIRTIO_RDMA_UCTX_DB_PAGE) {
+		if (resp.page_mmap_len != VIRTIO_RDMA_DB_PAGE_SIZE ||
+		    vrdma_map_db_page(ctx, resp.page_mmap_key))
+			goto err;
+	} else if (resp.flags & VIRTIO_RDMA_UCTX_DB_HEADER) {
 		ctx->db_header_len = resp.db_mmap_len;
 		ctx->db_header = mmap(NULL, ctx->db_header_len, PROT_READ,
 				      MAP_SHARED, cmd_fd, resp.db_mmap_key);
 		if (ctx->db_header == MAP_FAILED) {
+			ctx->db_header = NULL;
 			verbs_err(&ctx->ibv_ctx,
 				  "virtio_rdma: mapping the doorbell header failed: %s\n",
 				  strerror(errno));
 			goto err;
 		}
+		ctx->db_flags = ctx->db_header;
 	}
 	verbs_set_ops(&ctx->ibv_ctx, &vrdma_context_ops);
 	return &ctx->ibv_ctx;
 
 err:
+	if (ctx->db_page)
+		munmap(ctx->db_page, VIRTIO_RDMA_DB_PAGE_SIZE);
 	verbs_uninit_context(&ctx->ibv_ctx);
 	free(ctx);
 	return NULL;

@@ -13,8 +13,8 @@
 
 #include "virtio_rdma_abi.h"
 
-DECLARE_DRV_CMD(vrdma_get_context_cmd, IB_USER_VERBS_CMD_GET_CONTEXT, empty,
-		virtio_rdma_alloc_ucontext_uresp);
+DECLARE_DRV_CMD(vrdma_get_context_cmd, IB_USER_VERBS_CMD_GET_CONTEXT,
+		virtio_rdma_alloc_ucontext_ureq, virtio_rdma_alloc_ucontext_uresp);
 DECLARE_DRV_CMD(vrdma_create_cq_cmd, IB_USER_VERBS_CMD_CREATE_CQ,
 		virtio_rdma_create_cq_ureq, virtio_rdma_create_cq_uresp);
 DECLARE_DRV_CMD(vrdma_create_cq_ex_cmd, IB_USER_VERBS_EX_CMD_CREATE_CQ,
@@ -83,6 +83,8 @@ struct vrdma_srq {
 	/* What the SRQ was created with: receives beyond it are refused. */
 	uint32_t max_sge;
 	uint32_t pi;
+	/* Where the producer index goes: the record or the SRQ's slot. */
+	_Atomic uint32_t *pi_word;
 	uint32_t handle;
 	pthread_spinlock_t lock;
 };
@@ -131,6 +133,13 @@ struct vrdma_context {
 	 */
 	void *db_header;
 	size_t db_header_len;
+	/*
+	 * Or its doorbell page (spec 18.7), mapped read-write: the header
+	 * with the flags, then the slots of the queues that have one.
+	 */
+	void *db_page;
+	/* The flags word: the page's header, the header page's, or NULL. */
+	_Atomic uint32_t *db_flags;
 };
 
 struct vrdma_cq {
@@ -190,6 +199,12 @@ struct vrdma_qp {
 	/* Producer indices and the last consumer indices seen, under the locks. */
 	uint32_t sq_pi;
 	uint32_t rq_pi;
+	/*
+	 * Where they are stored for the device: the doorbell record, or the
+	 * QP's slot of the context's doorbell page (spec 18.7).
+	 */
+	_Atomic uint32_t *sq_pi_word;
+	_Atomic uint32_t *rq_pi_word;
 	pthread_spinlock_t sq_lock;
 	pthread_spinlock_t rq_lock;
 	/*
@@ -232,8 +247,17 @@ static inline _Atomic uint32_t *db_word(void *db, size_t off)
 	return (_Atomic uint32_t *)((char *)db + off);
 }
 
+/*
+ * The producer index words of a queue created with @slot: the slot in
+ * the context's doorbell page, or @record's words (no slot). NULL if the
+ * slot is one the kernel should never have passed.
+ */
+_Atomic uint32_t *vrdma_pi_words(struct vrdma_context *ctx, uint32_t slot,
+				 void *record);
+
 /* virtio_rdma.c */
 int vrdma_query_caps(struct vrdma_context *ctx);
+int vrdma_map_db_page(struct vrdma_context *ctx, uint64_t key);
 void vrdma_set_ops(struct vrdma_context *ctx);
 bool vrdma_qp_may_send(struct vrdma_qp *qp);
 int vrdma_post_bind_type1(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
