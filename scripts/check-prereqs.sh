@@ -41,7 +41,8 @@ done < <(grep -nE 'guest_need_cmds|compgen -G|command -v [a-z0-9_.+-]+ *(>/dev/n
 # 2. What each installing script would install on a fresh machine.
 plan=$(mktemp)
 trap 'rm -f "$plan"' EXIT
-for s in setup.sh build-qemu.sh build-guest.sh build-kmod.sh "build-kmod.sh --kernel 6.12" \
+for s in setup.sh build-qemu.sh "build-qemu.sh --qemu 11.1-stock" build-guest.sh build-kmod.sh \
+  "build-kmod.sh --kernel 6.12" \
   build-rdma-core.sh fetch-nvme-cli.sh checkpatch.sh qemu-kmod.sh qemu-rxe.sh qemu-cm.sh \
   test-guest.sh package.sh qemu-package.sh package-dkms.sh package-provider.sh qemu-dkms.sh; do
   before=$(wc -l <"$plan")
@@ -85,7 +86,11 @@ if [ -z "$libclang" ]; then
 else
   uses+=("$(readlink -f "$libclang")")
   stddef=$(find /usr/lib/llvm-*/lib/clang -path '*/include/stddef.h' 2>/dev/null | head -n1 || true)
-  [ -n "$stddef" ] && uses+=("$(readlink -f "$stddef")") || fail "no clang builtin headers for bindgen"
+  if [ -n "$stddef" ]; then
+    uses+=("$(readlink -f "$stddef")")
+  else
+    fail "no clang builtin headers for bindgen"
+  fi
 fi
 uses+=("$(readlink -f "$(command -v cc)")" "$(readlink -f "$(command -v pkg-config)")" /usr/bin/rdma)
 for f in "${uses[@]}"; do
@@ -104,7 +109,8 @@ for f in "${uses[@]}"; do
 done
 
 # 4. Every planned package exists in the archive (a typo would fail only on a fresh machine).
-if [ -n "$(ls -A /var/lib/apt/lists 2>/dev/null | grep -v -e lock -e partial)" ]; then
+if find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name lock ! -name partial 2>/dev/null |
+  grep -q .; then
   while read -r p; do
     [ -n "$(apt-cache show --no-all-versions "$p" 2>/dev/null)" ] ||
       fail "package $p is planned but unknown to apt"

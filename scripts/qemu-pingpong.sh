@@ -35,6 +35,8 @@ cd "$(dirname "$0")/.."
 . guest/versions.sh
 # shellcheck source=guest/checks.sh
 . guest/checks.sh
+# shellcheck source=scripts/lib/pair.sh
+. scripts/lib/pair.sh
 guest_script_args "$@"
 # full: the whole run (6.1); otherwise the short pass.
 case "$kernel" in
@@ -54,20 +56,12 @@ extra=()
 
 launch_workdir pingpong
 
-# What both guests' commands source first. wait_gid: until ib_core has taken the interface's
-# address as GID 1. run and klog: guest/checks.sh, on virtio_rdma0. gate: prints GATE and
-# waits for a line from the host on the second serial port.
+# What both guests' commands source first: pair_tools (scripts/lib/pair.sh: run and klog of
+# guest/checks.sh on virtio_rdma0, wait_gid until ib_core has taken the interface's address as
+# GID 1), and gate: prints GATE and waits for a line from the host on the second serial port.
 {
-  guest_tools virtio_rdma0
+  pair_tools
   cat <<'EOF'
-wait_gid() {
-  local i=0
-  until grep -q ffff /sys/class/infiniband/virtio_rdma0/ports/1/gids/1 2>/dev/null; do
-    [ $i -lt 100 ] || return 1
-    i=$((i + 1))
-    sleep 0.1
-  done
-}
 gate() {
   exec 3</dev/ttyS1
   echo GATE

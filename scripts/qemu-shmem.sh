@@ -7,7 +7,8 @@
 # that binds 39 (scripts/build-kmod.sh --device-id 39); everything else is the real thing.
 # In each guest, in this order, in one boot:
 #   1. the shared-memory mode: virtio_rdma.ko loaded as it ships; the kernel's features line must
-#      name shmem_doorbell; ibv_rc_pingpong (polling, then -e), ibv_srq_pingpong (4 QPs on an
+#      name shmem_doorbell; the kmod check (guest-driver/tests/vrdma-check.c: objects, data,
+#      async events), ibv_rc_pingpong (polling, then -e), ibv_srq_pingpong (4 QPs on an
 #      SRQ: SRQ slots), ibv_ud_pingpong, then perftest's ib_read_lat (RDMA READ, post to
 #      completion, 1000 iterations), ib_write_lat and ib_write_bw (2 s); during ib_write_bw the
 #      server looks for its doorbell page in the process's mappings (the provider maps it at the
@@ -83,7 +84,8 @@ daemon_pid=$launch_pid
 
 # tools M [WRAP]: the tools of mode M (labels end in _M); WRAP runs the bandwidth test.
 tools() {
-  echo "run RC_$1 ibv_rc_pingpong -g 1 -n 50 && run EV_$1 ibv_rc_pingpong -g 1 -n 20 -e &&
+  echo "step CHECK_$1 vrdma-check && run RC_$1 ibv_rc_pingpong -g 1 -n 50 &&
+    run EV_$1 ibv_rc_pingpong -g 1 -n 20 -e &&
     run SRQ_$1 ibv_srq_pingpong -g 1 -n 20 -q 4 && run UD_$1 ibv_ud_pingpong -g 1 -n 20 &&
     run RLAT_$1 ib_read_lat -x 1 -n 1000 && run WLAT_$1 ib_write_lat -x 1 -n 1000 &&
     run WBW_$1 ${2:-} ib_write_bw -x 1 -D 2"
@@ -127,6 +129,8 @@ for m in SHMEM RAM; do
     else
       failed "$g, $m: the driver's features line: ${line:-none}"
     fi
+    check_after "CHECK_$m" "$m: vrdma-check $g (objects, data, async events)" \
+      "^VRDMA-CHECK: [0-9]* passed, 0 failed" $g
     check_after "RC_$m" "$m: ibv_rc_pingpong $g" "^50 iters in .* seconds" $g
     check_after "EV_$m" "$m: ibv_rc_pingpong -e $g" "^20 iters in .* seconds" $g
     check_after "SRQ_$m" "$m: ibv_srq_pingpong $g (SRQ)" "^20 iters in .* seconds" $g

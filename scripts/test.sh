@@ -67,6 +67,11 @@ if [ "${RDMA_SKIP_QEMU:-0}" != 1 ]; then
     bash scripts/qemu-package.sh
   part "the guest packages in Debian 12: DKMS builds virtio_rdma.ko, the packaged provider runs verbs" \
     bash scripts/qemu-dkms.sh
+  part "QEMU 11.1: the Rust driver's exchange in the shared-memory doorbell mode (generic device)" \
+    env QEMU="$(bash scripts/build-qemu.sh --qemu 11.1-stock | tail -n 1)" \
+    bash scripts/qemu-e2e.sh --generic --expect-shmem
+  part "QEMU 11.1: virtio_rdma.ko and the provider in both doorbell modes, pingpongs and perftest" \
+    bash scripts/qemu-shmem.sh
   # rdma_cm, NVMe over Fabrics and NFS over RDMA between two guests (issue 28); with
   # RDMA_CM_TESTS=1 first the same harness on soft-RoCE (its own check).
   if [ "${RDMA_CM_TESTS:-0}" = 1 ]; then
