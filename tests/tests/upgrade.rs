@@ -409,11 +409,27 @@ fn sigusr2_starts_a_successor_that_tells_the_service_manager_it_is_the_daemon() 
     // SAFETY: kill(2) on a child process of this test.
     let r = unsafe { libc::kill(pid_t, libc::SIGUSR2) };
     assert_eq!(r, 0);
-    // The two processes' messages, in whatever order they come: the old
-    // one's MAINPID= then BARRIER=1, the successor's MAINPID= with READY=1.
-    let (mut from_old, mut from_new) = (None, None);
-    while from_old.is_none() || from_new.is_none() {
+    // The two processes' messages, interleaved in whatever order they
+    // come: the old one's MAINPID= then BARRIER=1, the successor's
+    // MAINPID= with READY=1 (which may come between the old one's two).
+    let (mut from_old, mut from_new, mut barrier) = (None, None, false);
+    while from_old.is_none() || from_new.is_none() || !barrier {
         let (said, fd) = next_with_fd();
+        if said == "BARRIER=1" {
+            assert!(fd.is_some(), "BARRIER=1 without its pipe");
+            assert!(
+                from_old.is_some(),
+                "BARRIER=1 before the old daemon's MAINPID="
+            );
+            // The old daemon waits for the barrier: it has not exited.
+            assert!(
+                old.0.try_wait().unwrap().is_none(),
+                "the old daemon exited before the manager confirmed MAINPID={from_old:?}"
+            );
+            drop(fd);
+            barrier = true;
+            continue;
+        }
         assert!(fd.is_none(), "{said:?} came with a descriptor");
         if let Some(p) = said
             .strip_prefix("MAINPID=")
@@ -421,17 +437,8 @@ fn sigusr2_starts_a_successor_that_tells_the_service_manager_it_is_the_daemon() 
         {
             from_new = Some(p.parse::<u32>().unwrap());
         } else if let Some(p) = said.strip_prefix("MAINPID=") {
-            let pid: u32 = p.parse().unwrap();
-            let (barrier, fd) = next_with_fd();
-            assert_eq!(barrier, "BARRIER=1");
-            assert!(fd.is_some(), "BARRIER=1 without its pipe");
-            // The old daemon waits for the barrier: it has not exited.
-            assert!(
-                old.0.try_wait().unwrap().is_none(),
-                "the old daemon exited before the manager confirmed MAINPID={pid}"
-            );
-            drop(fd);
-            from_old = Some(pid);
+            assert!(!barrier, "MAINPID={p} after the barrier");
+            from_old = Some(p.parse::<u32>().unwrap());
         } else {
             panic!("unexpected notification {said:?}");
         }
