@@ -1163,7 +1163,7 @@ pub fn parse_gid(text: &str) -> Option<[u8; 16]> {
 }
 
 /// 1-based line and column (in characters) of byte `offset` of `text`.
-fn line_col(text: &str, offset: usize) -> (usize, usize) {
+pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let mut offset = offset.min(text.len());
     while !text.is_char_boundary(offset) {
         offset -= 1;

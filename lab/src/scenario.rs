@@ -13,7 +13,7 @@ use serde::Deserialize;
 use thiserror::Error;
 use toml::Spanned;
 use vhost_user_rdma::config::{DaemonConfig, LimitOverrides};
-use vhost_user_rdma::config_file::{self, Embedding, FileError};
+use vhost_user_rdma::config_file::{self, line_col, Embedding, FileError};
 use vhost_user_rdma_tests::attack::{ATTACKS, MAX_MSG, TWO_VM_ATTACKS};
 
 /// The lab's top-level tables; the others are the daemon's.
@@ -929,18 +929,6 @@ impl Checker<'_> {
             relative_to,
         })
     }
-}
-
-/// 1-based line and column (in characters) of byte `offset` of `text`.
-fn line_col(text: &str, offset: usize) -> (usize, usize) {
-    let mut offset = offset.min(text.len());
-    while !text.is_char_boundary(offset) {
-        offset -= 1;
-    }
-    let before = &text[..offset];
-    let line = before.matches('\n').count() + 1;
-    let start = before.rfind('\n').map_or(0, |i| i + 1);
-    (line, before[start..].chars().count() + 1)
 }
 
 #[cfg(test)]

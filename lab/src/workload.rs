@@ -9,12 +9,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vhost_user_rdma_tests::attack::Attack;
+use vhost_user_rdma_tests::attack::{rc_qp, Attack};
 use vhost_user_rdma_tests::dp::{Vm, QP_ACCESS};
 use virtio_rdma_abi::mem::access;
 use virtio_rdma_driver::{
-    Cq, DmaBuf, Mr, Payload, Qp, QpCap, QpInit, RcConnect, RecvWr, SendFlags, SendOp, SendWr, Sge,
-    WorkCompletion,
+    Cq, DmaBuf, Mr, Payload, Qp, RcConnect, RecvWr, SendFlags, SendOp, SendWr, Sge, WorkCompletion,
 };
 
 use crate::record::Recorder;
@@ -73,18 +72,6 @@ pub enum Runner {
     Honest(Box<Honest>),
     /// An attack of the catalogue; its message size.
     Attack(Box<Attack>, u64),
-}
-
-fn rc_qp(vm: &Vm, cq: &Arc<Cq>, send: u32, recv: u32) -> Res<Qp> {
-    let mut init = QpInit::rc(cq);
-    init.cap = QpCap {
-        max_send_wr: send,
-        max_recv_wr: recv,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
-    Ok(Qp::create(&vm.pd, &init)?)
 }
 
 fn connect(q: &Qp, peer: &Qp, peer_vm: &Vm) -> Res<()> {

@@ -84,7 +84,9 @@ fn repeated(vm: &Vm, page: &DmaBuf, iova: u64, len: u64) -> Res<Mr> {
     Ok(unsafe { repeated_page_mr(vm, page, iova, len) }?)
 }
 
-fn qp(vm: &Vm, cq: &Arc<Cq>, send: u32, recv: u32) -> Res<Qp> {
+/// An RC QP of `vm` on `cq` (both queues) with room for `send` and `recv`
+/// work requests of one SGE each.
+pub fn rc_qp(vm: &Vm, cq: &Arc<Cq>, send: u32, recv: u32) -> Res<Qp> {
     let mut init = QpInit::rc(cq);
     init.cap = QpCap {
         max_send_wr: send,
@@ -199,7 +201,7 @@ impl SelfSender {
         let (scq, rcq) = (Cq::create(&vm.dev, 64)?, Cq::create(&vm.dev, 64)?);
         let mut pairs = Vec::new();
         for _ in 0..SELF_PAIRS {
-            let (qa, qb) = (qp(vm, &scq, 4, 4)?, qp(vm, &rcq, 4, 4)?);
+            let (qa, qb) = (rc_qp(vm, &scq, 4, 4)?, rc_qp(vm, &rcq, 4, 4)?);
             connect(vm, &qa, vm, &qb)?;
             pairs.push((qa, qb));
         }
@@ -267,7 +269,7 @@ impl Attack {
         Ok(match name {
             "huge-send" | "huge-read" => {
                 let (cqa, cqb) = (Cq::create(&a.dev, 64)?, Cq::create(&b.dev, 64)?);
-                let (qa, qb) = (qp(a, &cqa, 16, 16)?, qp(b, &cqb, 16, 16)?);
+                let (qa, qb) = (rc_qp(a, &cqa, 16, 16)?, rc_qp(b, &cqb, 16, 16)?);
                 connect(a, &qa, b, &qb)?;
                 let (pa, pb) = (a.dev.alloc_dma(4096, 4096)?, b.dev.alloc_dma(4096, 4096)?);
                 let src = repeated(a, &pa, SRC_IOVA, msg)?;
@@ -291,7 +293,7 @@ impl Attack {
                 let len = u32::try_from(msg.min(u64::from(u32::MAX)))?;
                 let mut qps = Vec::new();
                 for i in 0..8u32 {
-                    let q = qp(a, &cq, 4, 4)?;
+                    let q = rc_qp(a, &cq, 4, 4)?;
                     // A QP number of the peer's GID that no QP has.
                     let mut c = RcConnect::new(0x00ab_cd00 + i, b.dev.gid());
                     c.timeout = 0;
@@ -310,7 +312,7 @@ impl Attack {
             "flush-storm" => {
                 let depth = 16_384;
                 let cq = Cq::create(&a.dev, 65_536)?;
-                let q = qp(a, &cq, u32::try_from(depth)?, 16)?;
+                let q = rc_qp(a, &cq, u32::try_from(depth)?, 16)?;
                 q.to_error()?;
                 Attack::Flush {
                     qp: q,
@@ -333,7 +335,10 @@ impl Attack {
                 let cqb = Cq::create(&b.dev, 64)?;
                 let (mut qps, mut peers) = (Vec::new(), Vec::new());
                 for _ in 0..8 {
-                    let (qa, qb) = (qp(a, &cq, 2 * HOG_DEPTH as u32, 4)?, qp(b, &cqb, 4, 4)?);
+                    let (qa, qb) = (
+                        rc_qp(a, &cq, 2 * HOG_DEPTH as u32, 4)?,
+                        rc_qp(b, &cqb, 4, 4)?,
+                    );
                     connect(a, &qa, b, &qb)?;
                     qps.push(qa);
                     peers.push(qb);

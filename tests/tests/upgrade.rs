@@ -409,29 +409,42 @@ fn sigusr2_starts_a_successor_that_tells_the_service_manager_it_is_the_daemon() 
     // SAFETY: kill(2) on a child process of this test.
     let r = unsafe { libc::kill(pid_t, libc::SIGUSR2) };
     assert_eq!(r, 0);
-    // The two processes' messages, in whatever order they come: the old
-    // one's MAINPID= then BARRIER=1, the successor's MAINPID= with READY=1.
-    let (mut from_old, mut from_new) = (None, None);
-    while from_old.is_none() || from_new.is_none() {
+    // The two processes' messages, interleaved in whatever order they
+    // come: the old one's MAINPID= then BARRIER=1, the successor's
+    // MAINPID= with READY=1 (which may come between the old one's two).
+    let (mut from_old, mut from_new, mut barrier) = (None, None, false);
+    // Killed if the test fails from here on: not this test's child, the
+    // successor would live on holding the test's stdout (a test.sh that
+    // pipes it would wait for it for ever).
+    let mut successor = Stray(None);
+    while from_old.is_none() || from_new.is_none() || !barrier {
         let (said, fd) = next_with_fd();
+        if said == "BARRIER=1" {
+            assert!(fd.is_some(), "BARRIER=1 without its pipe");
+            assert!(
+                from_old.is_some(),
+                "BARRIER=1 before the old daemon's MAINPID="
+            );
+            // The old daemon waits for the barrier: it has not exited.
+            assert!(
+                old.0.try_wait().unwrap().is_none(),
+                "the old daemon exited before the manager confirmed MAINPID={from_old:?}"
+            );
+            drop(fd);
+            barrier = true;
+            continue;
+        }
         assert!(fd.is_none(), "{said:?} came with a descriptor");
         if let Some(p) = said
             .strip_prefix("MAINPID=")
             .and_then(|r| r.strip_suffix("\nREADY=1"))
         {
             from_new = Some(p.parse::<u32>().unwrap());
+            successor.0 = from_new;
         } else if let Some(p) = said.strip_prefix("MAINPID=") {
-            let pid: u32 = p.parse().unwrap();
-            let (barrier, fd) = next_with_fd();
-            assert_eq!(barrier, "BARRIER=1");
-            assert!(fd.is_some(), "BARRIER=1 without its pipe");
-            // The old daemon waits for the barrier: it has not exited.
-            assert!(
-                old.0.try_wait().unwrap().is_none(),
-                "the old daemon exited before the manager confirmed MAINPID={pid}"
-            );
-            drop(fd);
-            from_old = Some(pid);
+            assert!(!barrier, "MAINPID={p} after the barrier");
+            from_old = Some(p.parse::<u32>().unwrap());
+            successor.0 = from_old;
         } else {
             panic!("unexpected notification {said:?}");
         }
@@ -456,5 +469,19 @@ fn sigusr2_starts_a_successor_that_tells_the_service_manager_it_is_the_daemon() 
     while dir.join("a.sock").exists() && start.elapsed() < Duration::from_secs(600) {
         std::thread::sleep(Duration::from_millis(10));
     }
+    successor.0 = None;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A daemon process that is not this test's child, killed when dropped
+/// (a failing test unwinds through it).
+struct Stray(Option<u32>);
+
+impl Drop for Stray {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0.and_then(|p| libc::pid_t::try_from(p).ok()) {
+            // SAFETY: kill(2) on the pid the daemon announced; no memory.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
 }
