@@ -86,7 +86,7 @@ fi
 echo "== times: everything $((SECONDS - t_start)) s, of which the QEMU part $((SECONDS - t_qemu)) s"
 # One line of totals for humans and CI.
 awk '/^test result:/ { p += $4; f += $6 }
-     /^(qemu-(e2e|kmod|pingpong|rxe|cm|migrate|upgrade|package|rdma-core-tests)(-6\.12|-rxe|-bare)?|check-prereqs|check-no-verbs): [0-9]+ passed, [0-9]+ failed$/ { p += $2; f += $4 }
+     /^(qemu-(e2e|kmod|pingpong|rxe|cm|migrate|upgrade|package|dkms|shmem|rdma-core-tests)(-6\.12|-rxe|-bare)?|check-prereqs|check-no-verbs): [0-9]+ passed, [0-9]+ failed$/ { p += $2; f += $4 }
      END { printf "%d passed, %d failed\n", p, f }' "$out"
 if [ ${#failed_parts[@]} -gt 0 ]; then
   printf 'FAILED: %s\n' "${failed_parts[@]}"
