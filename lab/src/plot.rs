@@ -42,21 +42,7 @@ pub fn draw(r: &Report, path: &Path) -> Result<(), String> {
         .draw()
         .map_err(|e| fail(&e))?;
     marks(&mut c, r, (0.0, y_max), (y_max * 0.98, y_max * 0.91)).map_err(|e| fail(&e))?;
-    for (k, s) in r.tenant_mib_per_s.iter().enumerate() {
-        let color = Palette99::pick(k).to_rgba();
-        c.draw_series(LineSeries::new(points(&r.t_s, s), color.stroke_width(2)))
-            .map_err(|e| fail(&e))?
-            .label(s.name.clone())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
-            });
-    }
-    c.configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(|e| fail(&e))?;
+    lines(&mut c, &r.t_s, &r.tenant_mib_per_s, 0).map_err(|e| fail(&e))?;
 
     // p99 latency per honest workload, log scale.
     let lo = min_of(&r.workload_p99_us).unwrap_or(1.0).max(0.01) / 1.5;
@@ -79,24 +65,38 @@ pub fn draw(r: &Report, path: &Path) -> Result<(), String> {
         .draw()
         .map_err(|e| fail(&e))?;
     marks(&mut c, r, (lo, hi), (hi / 1.05, hi / 1.4)).map_err(|e| fail(&e))?;
-    for (k, s) in r.workload_p99_us.iter().enumerate() {
-        let color = Palette99::pick(k + 5).to_rgba();
-        c.draw_series(LineSeries::new(points(&r.t_s, s), color.stroke_width(2)))
-            .map_err(|e| fail(&e))?
+    lines(&mut c, &r.t_s, &r.workload_p99_us, 5).map_err(|e| fail(&e))?;
+    root.present().map_err(|e| fail(&e))?;
+    Ok(())
+}
+
+/// Draws every series of `series` (at interval ends `t`) as a line in a
+/// colour of its own (the palette from `first`), with its legend.
+fn lines<'a, X, Y>(
+    c: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+    t: &[f64],
+    series: &[Series],
+    first: usize,
+) -> Result<(), DrawingAreaErrorKind<std::io::Error>>
+where
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
+{
+    for (k, s) in series.iter().enumerate() {
+        let color = Palette99::pick(k + first).to_rgba();
+        c.draw_series(LineSeries::new(points(t, s), color.stroke_width(2)))?
             .label(s.name.clone())
             .legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
             });
     }
-    if !r.workload_p99_us.is_empty() {
+    if !series.is_empty() {
         c.configure_series_labels()
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(|e| fail(&e))?;
+            .draw()?;
     }
-    root.present().map_err(|e| fail(&e))?;
     Ok(())
 }
 

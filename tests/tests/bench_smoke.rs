@@ -30,20 +30,10 @@ fn ctrl_bench_quick_runs() {
 /// would fail it).
 #[test]
 fn attack_bench_quick_runs() {
-    let lines: Vec<String> = [
-        "alone",
-        "huge-send",
-        "huge-read",
-        "retry-nowhere",
-        "flush-storm",
-        "ctrl-heavy",
-        "self-send",
-        "self-send-2vm",
-        "hog",
-    ]
-    .iter()
-    .map(|a| format!("run 1: {a}"))
-    .collect();
+    let lines: Vec<String> = std::iter::once("alone")
+        .chain(vhost_user_rdma_tests::attack::ATTACKS)
+        .map(|a| format!("run 1: {a}"))
+        .collect();
     let expected: Vec<&str> = lines.iter().map(String::as_str).collect();
     smoke_run(
         env!("CARGO_BIN_EXE_attack_bench"),
