@@ -164,9 +164,15 @@ echo "$cli_steps" >"$dir/client.sh"
 # What both guests' commands source first: up ADDR brings the interface up with ADDR, puts an
 # rxe device on it and waits for its GID 1 (the IPv4-mapped address); daemon PEER starts the
 # daemon on rxe0 with VM sockets /tmp/vm0.sock and /tmp/vm1.sock, allowed to reach host PEER;
-# res prints the host device's object counts; run and klog as in guest/checks.sh, on rxe0.
+# res prints the host device's object counts; run and klog as in guest/checks.sh, on rxe0;
+# daemon_log, after a failure, the daemon's warnings and errors (its log stays in the guest).
 {
   cat <<'EOF'
+daemon_log() {
+  [ -f /tmp/daemon.log ] || return 0
+  echo "DAEMON-LOG: its warnings and errors, the last 80"
+  grep -E 'WARN|ERROR' /tmp/daemon.log | tail -n 80
+}
 up() {
   ip link set eth0 up && ip addr add "$1/24" dev eth0 &&
     /usr/local/bin/rdma link add rxe0 type rxe netdev eth0 || return 1
@@ -314,7 +320,8 @@ guest() {
   mine=$([ "$i" = 0 ] && echo "$port0" || echo "$port1")
   theirs=$([ "$i" = 0 ] && echo "$port1" || echo "$port0")
   launch_guest "$name" --image rxe-host --stall 300 --append 'guest.uio=none' \
-    --cmd ". /etc/tools.sh && up 10.43.0.$((i + 1)) && { $cmd; }; r=\$?; klog; exit \$r" -- \
+    --cmd ". /etc/tools.sh && up 10.43.0.$((i + 1)) && { $cmd; }; r=\$?; klog;
+      [ \$r = 0 ] || daemon_log; exit \$r" -- \
     -netdev "dgram,id=n0,local.type=inet,local.host=127.0.0.1,local.port=$mine,remote.type=inet,remote.host=127.0.0.1,remote.port=$theirs" \
     -device "virtio-net-pci,netdev=n0,mac=52:54:00:00:01:0$((i + 1))"
 }
