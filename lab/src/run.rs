@@ -14,7 +14,6 @@ use serde_json::{json, Value};
 use vhost_user_rdma::mgmt::client::Client;
 use vhost_user_rdma_tests::bench::{loadavg, machine, pin_current, thread_placement};
 use vhost_user_rdma_tests::dp::Vm;
-use vhost_user_rdma_tests::error::Error as HarnessError;
 use vhost_user_rdma_tests::harness::TestDaemon;
 use vhost_user_rdma_tests::transport::VmmTransport;
 use vhost_user_rdma_tests::vmm::{TestVmm, VmmOptions};
@@ -101,7 +100,7 @@ pub fn run(s: &Scenario) -> Res<Outcome> {
             .max(1.0) as u64,
     )?;
     let mgmt = s
-        .config_in(d.dir())?
+        .config_in(d.dir())
         .mgmt_socket
         .ok_or("the daemon has no management socket")?;
     let mut client = Client::connect(&mgmt, MGMT_TIMEOUT)?;
@@ -192,10 +191,7 @@ fn start_daemon(s: &Scenario) -> Res<TestDaemon> {
             if let Some(cpu) = cpu {
                 pin_current(cpu)?;
             }
-            Ok(TestDaemon::from_config(|dir| {
-                s.config_in(dir)
-                    .map_err(|e| HarnessError::Backend(e.to_string()))
-            })?)
+            Ok(TestDaemon::from_config(|dir| Ok(s.config_in(dir)))?)
         })
         .join()
         .map_err(|_| BoxError::from("the daemon's launcher panicked"))?
