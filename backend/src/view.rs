@@ -53,10 +53,64 @@ pub(crate) struct VmSlot {
     pub(crate) relay: Mutex<Option<Relay>>,
     /// The accepting thread, as a hand-over holds it.
     pub(crate) accept: AcceptHold,
-    pub(crate) connected: AtomicBool,
-    pub(crate) connections: AtomicU64,
+    /// Whether a VMM is connected, and the connections counted so far.
+    pub(crate) conn: ConnectionState,
     /// The last device statistics the operator interfaces read, and when.
     pub(crate) last_stats: Mutex<Option<(DeviceStats, Instant)>>,
+}
+
+/// Whether a VMM is connected to a VM socket, and how many connections
+/// the socket has had. The socket's serving thread marks a connection
+/// connected and counts it once the connection is set up, and clears the
+/// mark only after it released everything of the connection (relay,
+/// handler, vring workers, their exit events, the VM's memory): a reader
+/// that finds the connection it waits for counted and the mark clear
+/// knows the connection is gone.
+#[derive(Debug, Default)]
+pub(crate) struct ConnectionState {
+    connected: AtomicBool,
+    count: AtomicU64,
+}
+
+impl ConnectionState {
+    /// The serving thread serves its next connection: marks it connected
+    /// and returns its number (from 1).
+    pub(crate) fn begin(&self) -> u64 {
+        self.connected.store(true, Ordering::Release);
+        self.count.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// The serving thread has released everything of its connection.
+    pub(crate) fn end(&self) {
+        self.connected.store(false, Ordering::Release);
+    }
+
+    /// Whether a VMM is connected now.
+    pub(crate) fn connected(&self) -> bool {
+        self.connected.load(Ordering::Acquire)
+    }
+
+    /// Whether a VMM is connected, and the connections counted: a pair that
+    /// was true at one moment or another, never the count of a connection
+    /// with the mark of before it (see [`ConnectionState::read_around`]).
+    pub(crate) fn get(&self) -> (bool, u64) {
+        self.read_around(|| ())
+    }
+
+    /// [`ConnectionState::get`], running `between` between its two loads
+    /// (tests put the serving thread's steps there).
+    ///
+    /// The count is read first: `begin` marks before it counts, so the mark
+    /// read afterwards is that of the last connection counted or a later
+    /// one, and "not connected" means that connection has ended. Read the
+    /// other way round, a connection counted between the loads came with
+    /// the mark of before it: counted and not connected while being served
+    /// (docs/fuzzing.md, campaign of 2026-11-28, item 3).
+    fn read_around(&self, between: impl FnOnce()) -> (bool, u64) {
+        let count = self.count.load(Ordering::Acquire);
+        between();
+        (self.connected.load(Ordering::Acquire), count)
+    }
 }
 
 /// How long the operator interfaces try for a VM's state lock before they
@@ -79,17 +133,17 @@ impl VmSlot {
             device,
             shutdown: Mutex::new(None),
             relay: Mutex::new(None),
-            connected: AtomicBool::new(false),
-            connections: AtomicU64::new(0),
+            conn: ConnectionState::default(),
             last_stats: Mutex::new(None),
         }
     }
 
     /// The VM's statistics, waiting for its state lock.
     pub(crate) fn stats(&self) -> VmStats {
+        let (connected, connections) = self.conn.get();
         VmStats {
-            connected: self.connected.load(Ordering::Acquire),
-            connections: self.connections.load(Ordering::Acquire),
+            connected,
+            connections,
             device: self.device.stats(),
             stale_ms: None,
         }
@@ -122,9 +176,10 @@ impl VmSlot {
                 None => (DeviceStats::default(), Some(u64::MAX)),
             },
         };
+        let (connected, connections) = self.conn.get();
         VmStats {
-            connected: self.connected.load(Ordering::Acquire),
-            connections: self.connections.load(Ordering::Acquire),
+            connected,
+            connections,
             device,
             stale_ms,
         }
@@ -205,5 +260,31 @@ impl DaemonView {
     /// The engine thread serving VM `vm`.
     pub fn engine_of(&self, vm: usize) -> usize {
         self.engines.for_vm(vm).index()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connection counted while its socket's state is read is never
+    /// reported as counted and not connected: a reader waiting for that
+    /// connection's end would take it for ended while it is being served.
+    #[test]
+    fn a_connection_counted_during_a_read_is_not_reported_ended() {
+        let conn = ConnectionState::default();
+        assert_eq!(conn.begin(), 1);
+        conn.end();
+        // Connection 2 is set up and counted between the two loads.
+        let (connected, count) = conn.read_around(|| {
+            assert_eq!(conn.begin(), 2);
+        });
+        assert!(
+            connected || count < 2,
+            "connection 2 reported counted and not connected while served"
+        );
+        assert_eq!(conn.get(), (true, 2));
+        conn.end();
+        assert_eq!(conn.get(), (false, 2));
     }
 }

@@ -76,6 +76,13 @@ use virtio_rdma_driver::{
 pub const HANG: Duration = Duration::from_secs(30);
 /// Most operations one input runs.
 const MAX_OPS: usize = 48;
+/// Most device starts (`Op::Reset`, `Op::Disconnect`) of one input; later
+/// ones are skipped. A start costs ten times an average operation, and
+/// each repetition moves the reset code's hit counters into a new bucket
+/// (new features for libFuzzer), so without a bound a run's corpus drifts
+/// to inputs of many resets that reach nothing new. Three allow a reset
+/// or a disconnect after another one with traffic in flight between.
+const MAX_STARTS: u8 = 2;
 /// Most QPs the harness keeps per VM.
 const MAX_QPS: usize = 6;
 /// Bytes of each VM's registered buffer.
@@ -526,6 +533,8 @@ struct Harness {
     /// QP numbers destroyed so far.
     dead_qpns: Vec<u32>,
     seq: u64,
+    /// Device starts left to the current input ([`MAX_STARTS`]).
+    starts: u8,
 }
 
 /// A driver error that means the daemon did not answer.
@@ -651,14 +660,32 @@ fn wait_empty(daemon: &Daemon, i: usize, why: &str) {
 /// sending destroys), a check that the daemon released everything, and a
 /// new opening of the driver.
 fn restore(daemon: &Daemon, i: usize, vm: VmS, why: &str) -> VmS {
+    let reset = start_restore(vm);
+    finish_restore(daemon, i, reset, why)
+}
+
+/// A device reset sent by [`start_restore`] and not yet answered.
+struct Restoring {
+    t: Arc<VmmTransport>,
+    sent: vhost_user_rdma_tests::Result<()>,
+}
+
+/// The first half of [`restore`]: the reset goes out, and the old opening's
+/// memory is freed while the daemon handles it (nothing is allocated from
+/// guest RAM before the reset is answered: the device may use that memory
+/// until then).
+fn start_restore(vm: VmS) -> Restoring {
     vm.session.close();
     let t = vm.t.clone();
-    // The reset goes out, and the old opening's memory is freed while the
-    // daemon handles it: nothing is allocated from guest RAM before the
-    // reset is answered (the device may use that memory until then).
-    let reset = t.vmm().start_reset();
+    let sent = t.vmm().start_reset();
     drop(vm);
-    if let Err(e) = reset.and_then(|()| t.vmm().finish_reset()) {
+    Restoring { t, sent }
+}
+
+/// The second half of [`restore`].
+fn finish_restore(daemon: &Daemon, i: usize, r: Restoring, why: &str) -> VmS {
+    let Restoring { t, sent } = r;
+    if let Err(e) = sent.and_then(|()| t.vmm().finish_reset()) {
         panic!("VM {i}: {why} failed: {e}");
     }
     wait_empty(daemon, i, why);
@@ -730,6 +757,7 @@ impl Harness {
             old_keys: Vec::new(),
             dead_qpns: Vec::new(),
             seq: 0,
+            starts: MAX_STARTS,
         };
         h.check_canonical();
         h
@@ -741,6 +769,14 @@ impl Harness {
         self.old_keys.clear();
         self.dead_qpns.clear();
         self.seq = 0;
+        self.starts = MAX_STARTS;
+    }
+
+    /// Takes one of the input's device starts; false once none is left.
+    fn take_start(&mut self) -> bool {
+        let left = self.starts > 0;
+        self.starts = self.starts.saturating_sub(1);
+        left
     }
 
     fn daemon(&self) -> &Daemon {
@@ -986,6 +1022,7 @@ impl Harness {
                     std::thread::sleep(park);
                 }
             }
+            Op::Reset(_) | Op::Disconnect(_) if !self.take_start() => {}
             Op::Reset(v) => {
                 let i = self.vm_index(v);
                 let vm = self.vms[i].take().expect("open");
@@ -1498,15 +1535,19 @@ impl Harness {
     }
 
     /// The end of an input: the liveness probe, then every VM of the input
-    /// back to the state of a fresh start. One VM after the other: at the
-    /// same time (a thread each) was slower, the work is the CPU's.
+    /// back to the state of a fresh start. Every VM's reset goes out before
+    /// the first answer is read, so the daemon's threads of different VMs
+    /// overlap; the openings that follow are one after the other (a thread
+    /// each was slower: the work is the CPU's).
     fn finish(&mut self) {
         arm("liveness probe".into());
         self.probe();
         arm("device reset of every VM".into());
-        for i in 0..self.active {
-            let vm = self.vms[i].take().expect("open");
-            self.vms[i] = Some(restore(self.daemon(), i, vm, END));
+        let resets: Vec<Restoring> = (0..self.active)
+            .map(|i| start_restore(self.vms[i].take().expect("open")))
+            .collect();
+        for (i, r) in resets.into_iter().enumerate() {
+            self.vms[i] = Some(finish_restore(self.daemon(), i, r, END));
         }
         // Opening a driver creates no QP.
         assert_eq!(
