@@ -421,7 +421,7 @@ impl Daemon {
                     listener: slot.listen_wake.as_fd(),
                     accept: &slot.accept,
                     relay: &slot.relay,
-                    connected: slot.connected.load(Ordering::Acquire),
+                    connected: slot.conn.connected(),
                     device: &slot.device,
                 })
                 .collect();
@@ -613,6 +613,7 @@ impl ServeCtx {
             record,
             bases,
             state,
+            doorbells,
             gate,
         } = taken;
         let mut link = Link::with_record(vmm, handler, record);
@@ -621,7 +622,7 @@ impl ServeCtx {
             .and_then(|()| {
                 self.slot
                     .device
-                    .load_state(&state)
+                    .load_handed_over(&state, doorbells)
                     .map_err(|e| e.to_string())
             })
             .map_err(|e| format!("VM {}: {e}", self.index));
@@ -687,8 +688,7 @@ impl ServeCtx {
         *lock(&self.slot.relay) = Some(relay);
         self.slot.accept.serving();
         *lock(&self.slot.shutdown) = daemon.shutdown_handle();
-        self.slot.connected.store(true, Ordering::Release);
-        let n = self.slot.connections.fetch_add(1, Ordering::AcqRel) + 1;
+        let n = self.slot.conn.begin();
         info!("VM {}: VMM connected (connection {n})", self.index);
         match daemon.wait() {
             Ok(()) => {}
@@ -706,7 +706,7 @@ impl ServeCtx {
         drop(daemon);
         device.close_exit_consumers();
         device.disconnected();
-        self.slot.connected.store(false, Ordering::Release);
+        self.slot.conn.end();
         info!("VM {}: VMM disconnected, resources released", self.index);
         Ok(())
     }

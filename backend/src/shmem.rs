@@ -34,6 +34,10 @@ pub enum ShmemError {
     /// The region would not fit in the address space.
     #[error("doorbell region for {0} contexts is too large")]
     TooLarge(u32),
+    /// A region handed over by another daemon is not one this daemon
+    /// would have made for its configuration.
+    #[error("the doorbell region handed over does not fit: {0}")]
+    Foreign(String),
 }
 
 /// The seals of the doorbell memfd: its size is fixed for its life.
@@ -62,11 +66,7 @@ impl DoorbellRegion {
     /// length is the next power of two (a rule of QEMU's shared memory).
     pub fn new(pages: u32) -> Result<Self, ShmemError> {
         let pages = pages.max(1);
-        let len = u64::from(pages)
-            .checked_mul(DB_PAGE_SIZE)
-            .and_then(u64::checked_next_power_of_two)
-            .and_then(|l| usize::try_from(l).ok())
-            .ok_or(ShmemError::TooLarge(pages))?;
+        let len = Self::len_for(pages)?;
         let os = |op| ShmemError::Os {
             op,
             err: std::io::Error::last_os_error(),
@@ -97,6 +97,57 @@ impl DoorbellRegion {
         if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, DOORBELL_SEALS) } != 0 {
             return Err(os("fcntl(F_ADD_SEALS)"));
         }
+        Self::map(fd, len, pages)
+    }
+
+    /// The region's length for `pages` pages: the next power of two.
+    fn len_for(pages: u32) -> Result<usize, ShmemError> {
+        u64::from(pages)
+            .checked_mul(DB_PAGE_SIZE)
+            .and_then(u64::checked_next_power_of_two)
+            .and_then(|l| usize::try_from(l).ok())
+            .ok_or(ShmemError::TooLarge(pages))
+    }
+
+    /// Takes over the region of a daemon that hands its instances to this
+    /// one (spec 20.7): the memfd the VMM maps into the guest, contents
+    /// and all. It must be what [`DoorbellRegion::new`] makes for `pages`
+    /// pages: a memfd of that length, sealed the same way, so that its
+    /// size can change under neither daemon.
+    pub fn adopt(fd: OwnedFd, pages: u32) -> Result<Self, ShmemError> {
+        let pages = pages.max(1);
+        let len = Self::len_for(pages)?;
+        let foreign = |why: String| Err(ShmemError::Foreign(why));
+        // SAFETY: F_GET_SEALS reads the seals of a descriptor we own.
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 {
+            return foreign(format!(
+                "not a memfd: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        if seals & DOORBELL_SEALS != DOORBELL_SEALS {
+            return foreign(format!("seals {seals:#x}, {DOORBELL_SEALS:#x} wanted"));
+        }
+        let size = std::fs::File::from(fd.try_clone().map_err(|err| ShmemError::Os {
+            op: "dup",
+            err,
+        })?)
+        .metadata()
+        .map_err(|err| ShmemError::Os { op: "fstat", err })?
+        .len();
+        if size != len as u64 {
+            return foreign(format!("{size} bytes, {len} for {pages} pages here"));
+        }
+        Self::map(fd, len, pages)
+    }
+
+    /// Maps `len` bytes of the region's memfd `fd`.
+    fn map(fd: OwnedFd, len: usize, pages: u32) -> Result<Self, ShmemError> {
+        let os = |op| ShmemError::Os {
+            op,
+            err: std::io::Error::last_os_error(),
+        };
         // SAFETY: a new shared mapping of `len` bytes of our memfd; the
         // kernel chooses the address, so no existing mapping is affected.
         let p = unsafe {
@@ -368,6 +419,61 @@ impl DoorbellPages {
         })
     }
 
+    /// Takes `page` for a context of a state handed over by another
+    /// daemon (spec 20.7): as [`DoorbellPages::alloc_page`], but the page
+    /// keeps what the guest wrote. False unless the page is free.
+    pub fn claim_page(&mut self, page: u32) -> bool {
+        self.claim_free(page, Page::InUse([0; BITMAP_WORDS]))
+    }
+
+    /// Puts free page `page` into state `to`; false unless it was free.
+    fn claim_free(&mut self, page: u32, to: Page) -> bool {
+        match self.used.get_mut(page as usize) {
+            Some(p @ Page::Free) => {
+                *p = to;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Takes `slot` of `page` (claimed before) for a queue of a state
+    /// handed over, keeping its producer indices. `None` unless the slot
+    /// exists and is free.
+    pub fn claim_slot(&mut self, page: u32, slot: u32) -> Option<DbSlot> {
+        if slot >= DB_PAGE_SLOTS {
+            return None;
+        }
+        let Page::InUse(bits) = self.used.get_mut(page as usize)? else {
+            return None;
+        };
+        let word = bits.get_mut(slot as usize / 64)?;
+        let bit = 1u64 << (slot % 64);
+        if *word & bit != 0 {
+            return None;
+        }
+        *word |= bit;
+        Some(DbSlot {
+            region: self.region.clone(),
+            at: SlotRef { page, slot },
+        })
+    }
+
+    /// Quarantines a free page, as a state handed over has it. False
+    /// unless the page is free.
+    pub fn claim_quarantined(&mut self, page: u32) -> bool {
+        self.claim_free(page, Page::Quarantined)
+    }
+
+    /// The quarantined pages, in order.
+    pub fn quarantined(&self) -> Vec<u32> {
+        (0u32..)
+            .zip(&self.used)
+            .filter(|(_, p)| **p == Page::Quarantined)
+            .map(|(i, _)| i)
+            .collect()
+    }
+
     /// Frees a queue's slot.
     pub fn free_slot(&mut self, s: SlotRef) {
         if let Some(Page::InUse(bits)) = self.used.get_mut(s.page as usize) {
@@ -457,7 +563,8 @@ impl DoorbellPages {
 /// on reset and disconnect. `epoch` makes a map that races with a reset
 /// count as stale.
 pub struct RegionLink {
-    region: Arc<DoorbellRegion>,
+    /// Replaced only when a hand-over brings the predecessor's region.
+    region: Mutex<Arc<DoorbellRegion>>,
     mapped: Arc<AtomicBool>,
     /// The VMM refused a map: do not ask again until the next reset.
     refused: AtomicBool,
@@ -468,7 +575,7 @@ pub struct RegionLink {
 impl std::fmt::Debug for RegionLink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RegionLink")
-            .field("region", &self.region)
+            .field("region", &self.region())
             .field("mapped", &self.is_mapped())
             .finish_non_exhaustive()
     }
@@ -478,7 +585,7 @@ impl RegionLink {
     /// A link for `region`; nothing is mapped yet.
     pub fn new(region: Arc<DoorbellRegion>) -> Self {
         RegionLink {
-            region,
+            region: Mutex::new(region),
             mapped: Arc::new(AtomicBool::new(false)),
             refused: AtomicBool::new(false),
             epoch: AtomicU64::new(0),
@@ -486,16 +593,38 @@ impl RegionLink {
         }
     }
 
+    /// The region.
+    pub fn region(&self) -> Arc<DoorbellRegion> {
+        lock(&self.region).clone()
+    }
+
     /// Allocation state for the device's resources, sharing the mapped flag.
     pub fn pages(&self) -> DoorbellPages {
-        DoorbellPages::new(self.region.clone(), self.mapped.clone())
+        DoorbellPages::new(self.region(), self.mapped.clone())
+    }
+
+    /// Allocation state over `region` (every page free), sharing the
+    /// mapped flag: for a region a predecessor hands over, before
+    /// [`RegionLink::install`].
+    pub fn pages_over(&self, region: Arc<DoorbellRegion>) -> DoorbellPages {
+        DoorbellPages::new(region, self.mapped.clone())
+    }
+
+    /// Serves from now on the region a predecessor handed over (spec
+    /// 20.7), which the VMM maps into the guest if `mapped`. Only for an
+    /// instance that holds no page of its own region.
+    pub fn install(&self, region: Arc<DoorbellRegion>, mapped: bool) {
+        *lock(&self.region) = region;
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.refused.store(false, Ordering::Release);
+        self.mapped.store(mapped, Ordering::Release);
     }
 
     /// The `GET_SHMEM_CONFIG` answer: one region, the doorbell region.
     pub fn shmem_config(&self) -> VhostUserShMemConfig {
         let mut sizes = [0u64; SHMEM_ID_DOORBELL as usize + 1];
         if let Some(s) = sizes.get_mut(usize::from(SHMEM_ID_DOORBELL)) {
-            *s = self.region.len();
+            *s = self.region().len();
         }
         // Bounded: the array has SHMEM_ID_DOORBELL + 1 (= 1) entries.
         #[allow(clippy::cast_possible_truncation)]
@@ -518,7 +647,7 @@ impl RegionLink {
     /// Zeroes the doorbell region ([`DoorbellRegion::clear`]); for the
     /// device's disconnect and reset handling.
     pub fn clear_region(&self) {
-        self.region.clear();
+        self.region().clear();
     }
 
     /// Whether the VMM maps the region.
@@ -545,19 +674,20 @@ impl RegionLink {
             return true;
         }
         let epoch = self.epoch.load(Ordering::Acquire);
+        let region = self.region();
         let req = VhostUserMMap {
             shmid: SHMEM_ID_DOORBELL,
             fd_offset: 0,
             shm_offset: 0,
-            len: self.region.len(),
+            len: region.len(),
             flags: VhostUserMMapFlags::WRITABLE.bits(),
             ..Default::default()
         };
-        match channel.shmem_map(&req, &self.region.fd()) {
+        match channel.shmem_map(&req, &region.fd()) {
             Ok(_) => {
                 if self.epoch.load(Ordering::Acquire) == epoch {
                     self.mapped.store(true, Ordering::Release);
-                    info!("doorbell region mapped ({} bytes)", self.region.len());
+                    info!("doorbell region mapped ({} bytes)", region.len());
                 }
                 self.is_mapped()
             }
@@ -692,5 +822,42 @@ mod tests {
         let mut got: Vec<u32> = std::iter::from_fn(|| p.alloc_page()).collect();
         got.sort_unstable();
         assert_eq!(got, [0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn an_adopted_region_keeps_its_contents_and_claims_are_exclusive() {
+        let old = DoorbellRegion::new(4).unwrap_or_else(|e| panic!("{e}"));
+        let at = SlotRef { page: 2, slot: 9 };
+        old.store(at, 1, 0x1234);
+        let dup = old.fd().try_clone_to_owned().unwrap_or_else(|e| panic!("{e}"));
+        let region = Arc::new(DoorbellRegion::adopt(dup, 4).unwrap_or_else(|e| panic!("{e}")));
+        assert_eq!(region.load(at, 1), 0x1234, "the same memory");
+        let mut p = DoorbellPages::new(region, Arc::new(AtomicBool::new(true)));
+        assert!(p.claim_page(2) && !p.claim_page(2));
+        let slot = p.claim_slot(2, 9).unwrap_or_else(|| panic!("slot 9"));
+        assert_eq!(slot.load(1), 0x1234, "a claimed slot is not zeroed");
+        assert!(p.claim_slot(2, 9).is_none(), "claimed twice");
+        assert!(p.claim_slot(2, DB_PAGE_SLOTS).is_none(), "past the page");
+        assert!(p.claim_slot(1, 0).is_none(), "a page not claimed");
+        assert!(p.claim_quarantined(3) && !p.claim_quarantined(2));
+        assert_eq!(p.quarantined(), [3]);
+        // Allocation goes on around the claims.
+        assert_eq!(p.alloc_page(), Some(0));
+        assert_eq!(p.alloc_slot(2).map(|s| s.at().slot), Some(0));
+        // Another size (more contexts here) or an unsealed file is refused.
+        let dup = old.fd().try_clone_to_owned().unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(
+            DoorbellRegion::adopt(dup, 100),
+            Err(ShmemError::Foreign(_))
+        ));
+        // SAFETY: creates a descriptor; the name is NUL-terminated.
+        let raw = unsafe { libc::memfd_create(c"plain".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY: a new descriptor nothing else owns.
+        let plain = unsafe { OwnedFd::from_raw_fd(raw) };
+        assert!(matches!(
+            DoorbellRegion::adopt(plain, 4),
+            Err(ShmemError::Foreign(_))
+        ));
     }
 }

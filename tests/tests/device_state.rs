@@ -485,3 +485,112 @@ fn a_held_state_that_does_not_fit_at_the_start_fails_the_device() {
     });
     assert!(fatal.is_some(), "no DEVICE_FATAL");
 }
+
+/// Doorbell pages (spec 18.7) go only with a hand-over, and with their
+/// region (spec 20.2, 20.7): a migration's save refuses them and says why,
+/// a migration's load refuses a state that has them, and a hand-over's
+/// load refuses them without the region, with a region of another size or
+/// unsealed, and with pages or slots that lie; none of it leaves a QP
+/// number or key taken. The state as saved then loads, with its region.
+#[test]
+fn doorbell_pages_go_only_with_a_hand_over_and_their_region() {
+    use std::os::fd::{AsFd, OwnedFd};
+    use vhost_user_rdma::migration::{decode, encode, FORMAT_VERSION};
+
+    let d1 = TestDaemon::start(1).unwrap();
+    let a = Vm::open_shmem(&d1, 0);
+    let page = a.dev.doorbell_page().expect("a doorbell page");
+    let cq = Cq::create(&a.dev, 64).unwrap();
+    let (q1, q2) = (rc_qp(&a, &cq), rc_qp(&a, &cq));
+    assert!(q1.doorbell_slot().is_some() && q2.doorbell_slot().is_some());
+    connect(&a, &q1, &a, &q2);
+    let bases = a.t.vmm().stop_queues().unwrap();
+    let dev1 = d1.daemon().device(0).unwrap().clone();
+    assert!(
+        matches!(dev1.save_state(), Err(MigrationError::NotSavable(m)) if m.contains("doorbell")),
+        "a migration's state with doorbell pages"
+    );
+    let state = dev1.save_for_hand_over().unwrap();
+    assert_eq!(state[8..12], FORMAT_VERSION.to_le_bytes());
+    let region = || -> Option<(OwnedFd, bool)> {
+        let (r, mapped) = dev1.doorbell_region().unwrap();
+        Some((r.fd().try_clone_to_owned().unwrap(), mapped))
+    };
+
+    let d2 = TestDaemon::start(1).unwrap();
+    let dev2 = d2.daemon().device(0).unwrap().clone();
+    let (qpns, keys) = (d2.daemon().qpns_in_use(), d2.daemon().keys_in_use());
+    let refused = |bytes: &[u8], region: Option<(OwnedFd, bool)>, why: &str| {
+        match dev2.load_handed_over(bytes, region) {
+            Err(MigrationError::Invalid(m)) if m.contains(why) => {}
+            other => panic!("{why}: {other:?}"),
+        }
+        assert_eq!(d2.daemon().qpns_in_use(), qpns, "QP numbers left taken");
+        assert_eq!(d2.daemon().keys_in_use(), keys, "keys left taken");
+        assert!(d2.stats(0).device.resources.is_empty());
+    };
+    match dev2.load_state(&state) {
+        Err(MigrationError::Invalid(m)) if m.contains("hand-over") => {}
+        other => panic!("a migration's load of doorbell pages: {other:?}"),
+    }
+    refused(&state, None, "without their region");
+    let unsealed = {
+        let f = tempfile_memfd(4096);
+        Some((f, true))
+    };
+    refused(&state, unsealed, "does not fit");
+
+    let lie = |f: &dyn Fn(&mut vhost_user_rdma::migration::state::DoorbellsState)| {
+        let mut s = decode(&state, dev1.state_bound()).unwrap();
+        f(s.doorbells.as_mut().unwrap());
+        encode(&s).unwrap()
+    };
+    refused(&lie(&|d| d.pages[0].1 = 1 << 20), region(), "doorbell page");
+    refused(
+        &lie(&|d| {
+            let again = d.qp_slots[0];
+            d.qp_slots.push(again);
+        }),
+        region(),
+        "given twice",
+    );
+    refused(&lie(&|d| d.qp_slots[0].1 = 504), region(), "past the page");
+    refused(&lie(&|d| d.pages.clear()), region(), "without a page");
+    refused(&lie(&|d| d.quarantined.push(page)), region(), "quarantined");
+
+    // The truth loads: the same page and slots, on the region handed over.
+    dev2.load_handed_over(&state, region()).unwrap();
+    assert_eq!(d2.stats(0).device.resources.qp, 2);
+    let (r1, _) = dev1.doorbell_region().unwrap();
+    let (r2, mapped) = dev2.doorbell_region().unwrap();
+    assert!(mapped, "the VMM maps the region handed over");
+    let same = |a: std::os::fd::BorrowedFd<'_>, b: std::os::fd::BorrowedFd<'_>| {
+        let st = |fd: std::os::fd::BorrowedFd<'_>| {
+            let f = std::fs::File::from(fd.try_clone_to_owned().unwrap());
+            use std::os::unix::fs::MetadataExt;
+            let m = f.metadata().unwrap();
+            (m.dev(), m.ino())
+        };
+        st(a) == st(b)
+    };
+    assert!(
+        same(r1.fd(), r2.fd().as_fd()),
+        "another file than the region handed over"
+    );
+    // The source goes on (its objects are destroyed through it).
+    a.t.vmm().resume(&bases).unwrap();
+}
+
+/// An unsealed memfd of `len` bytes (not a doorbell region).
+fn tempfile_memfd(len: u64) -> std::os::fd::OwnedFd {
+    use std::os::fd::FromRawFd;
+    // SAFETY: creates a descriptor; the name is NUL-terminated.
+    let raw = unsafe { libc::memfd_create(c"not-a-region".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(raw >= 0);
+    // SAFETY: a new descriptor nothing else owns.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+    std::fs::File::from(fd.try_clone().unwrap())
+        .set_len(len)
+        .unwrap();
+    fd
+}

@@ -17,7 +17,7 @@ use vhost_user_rdma_tests::dp::{connect, ok, poll_one, rc_qp, wr, write_op, Buf,
 use vhost_user_rdma_tests::vmm::VmmOptions;
 use virtio_rdma_abi::datapath::WcOpcode;
 
-use virtio_rdma_driver::{Cq, Qp, RecvWr, SendOp};
+use virtio_rdma_driver::{Cq, Device, Qp, RecvWr, SendOp};
 
 /// The daemon binary, built now (a no-op when it is up to date).
 fn daemon_binary() -> PathBuf {
@@ -91,6 +91,21 @@ fn wait_for(path: &Path, d: &mut Daemon) {
         if start.elapsed() > Duration::from_secs(600) {
             panic!("{} never appeared", path.display());
         }
+    }
+}
+
+/// Waits until `old` has handed over to `new` and exited; fails if `new`
+/// ends first (a refused hand-over leaves `old` serving for good).
+fn handed_over(old: &mut Daemon, new: &mut Daemon) {
+    loop {
+        if let Some(status) = new.0.try_wait().unwrap() {
+            panic!("the successor ended with {status}: the hand-over was refused");
+        }
+        if let Some(status) = old.0.try_wait().unwrap() {
+            assert!(status.success(), "the old daemon ended with {status}");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
@@ -241,6 +256,105 @@ fn a_new_daemon_takes_every_vm_over_and_rdma_goes_on() {
     assert_eq!(cbuf.read(3072, 8), b"c served");
     drop((qa, qb, cq2, src, dst, cqa, cqb, a, b));
     drop((qc1, qc2, cbuf, cqc, c));
+    drop(newer);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// VMs in the shared-memory doorbell mode (spec 18.7, 20.7): the new
+/// daemon serves the doorbell region the guests map, so the contexts keep
+/// their pages and the queues their slots and producer indices. Work
+/// posted before the upgrade and run after it, and work posted after it,
+/// complete; the VMM is asked for no new map; a new context gets a page
+/// of its own; and the region moves on with a second upgrade.
+#[test]
+fn doorbell_pages_and_their_producer_indices_go_over_to_the_new_daemon() {
+    let dir = temp_dir("shmem");
+    let socks = ["a.sock", "b.sock"];
+    let mut old = Daemon::spawn(&dir, &socks, false);
+    wait_for(&dir.join("handover.sock"), &mut old);
+    let shmem = VmmOptions {
+        shmem: true,
+        ..VmmOptions::default()
+    };
+    let a = Vm::open_path(&dir.join("a.sock"), shmem.clone());
+    let b = Vm::open_path(&dir.join("b.sock"), shmem);
+    let (wa, wb) = (a.window().unwrap(), b.window().unwrap());
+    let (page_a, page_b) = (a.dev.doorbell_page(), b.dev.doorbell_page());
+    assert!(
+        page_a.is_some() && page_b.is_some(),
+        "{:?}",
+        wa.violations()
+    );
+    let (cqa, cqb) = (
+        Cq::create(&a.dev, 64).unwrap(),
+        Cq::create(&b.dev, 64).unwrap(),
+    );
+    let (qa, qb) = (rc_qp(&a, &cqa), rc_qp(&b, &cqb));
+    let (slot_a, slot_b) = (qa.doorbell_slot(), qb.doorbell_slot());
+    assert!(slot_a.is_some() && slot_b.is_some());
+    connect(&a, &qa, &b, &qb);
+    let src = Buf::new(&a, 8192);
+    let dst = Buf::new(&b, 8192);
+    // The producer indices move before the upgrade.
+    for n in 0..5u64 {
+        src.write(0, &n.to_ne_bytes());
+        qa.post_send(&[wr(n, write_op(&dst, 0), &[src.sge(0, 8)])])
+            .unwrap();
+        ok(&poll_one(&cqa), n, WcOpcode::RDMA_WRITE);
+        assert_eq!(dst.read(0, 8), n.to_ne_bytes());
+    }
+    // Receives posted before (their producer index in the slot), taken
+    // after.
+    for n in 0..3u64 {
+        qb.post_recv(&[RecvWr {
+            wr_id: 50 + n,
+            sg_list: &[dst.sge(4096 + 64 * n as usize, 64)],
+        }])
+        .unwrap();
+    }
+
+    let mut new = Daemon::spawn(&dir, &socks, true);
+    handed_over(&mut old, &mut new);
+
+    src.write(0, b"after the move!");
+    for n in 0..3u64 {
+        qa.post_send(&[wr(100 + n, SendOp::Send, &[src.sge(0, 15)])])
+            .unwrap();
+        ok(&poll_one(&cqa), 100 + n, WcOpcode::SEND);
+        ok(&poll_one(&cqb), 50 + n, WcOpcode::RECV);
+        assert_eq!(dst.read(4096 + 64 * n as usize, 15), b"after the move!");
+    }
+    qa.post_send(&[wr(200, write_op(&dst, 1024), &[src.sge(0, 15)])])
+        .unwrap();
+    ok(&poll_one(&cqa), 200, WcOpcode::RDMA_WRITE);
+    assert_eq!(dst.read(1024, 15), b"after the move!");
+    assert_eq!((qa.doorbell_slot(), qb.doorbell_slot()), (slot_a, slot_b));
+    // The guests' mappings stayed: nothing was mapped again.
+    for w in [&wa, &wb] {
+        assert_eq!((w.map_count(), w.map_requests()), (1, 1));
+        assert_eq!(w.violations(), Vec::<String>::new());
+    }
+    // A new context gets a page of its own, and its queues slots.
+    let a2 = Device::open(a.t.clone()).unwrap();
+    let page_a2 = a2.doorbell_page();
+    assert!(page_a2.is_some() && page_a2 != page_a);
+    let pd2 = virtio_rdma_driver::Pd::alloc(&a2).unwrap();
+    let cq2 = Cq::create(&a2, 16).unwrap();
+    let q2 = Qp::create(&pd2, &virtio_rdma_driver::QpInit::rc(&cq2)).unwrap();
+    assert!(q2.doorbell_slot().is_some());
+    drop((q2, cq2, pd2, a2));
+
+    // Again, to a third daemon.
+    wait_for(&dir.join("handover.sock"), &mut new);
+    let mut newer = Daemon::spawn(&dir, &socks, true);
+    handed_over(&mut new, &mut newer);
+    qa.post_send(&[wr(300, write_op(&dst, 2048), &[src.sge(0, 15)])])
+        .unwrap();
+    ok(&poll_one(&cqa), 300, WcOpcode::RDMA_WRITE);
+    assert_eq!(dst.read(2048, 15), b"after the move!");
+    assert_eq!(wa.map_requests(), 1);
+    assert!(newer.alive());
+    drop((qa, qb, src, dst, cqa, cqb, a, b));
     drop(newer);
     let _ = std::fs::remove_dir_all(&dir);
 }

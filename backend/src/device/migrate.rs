@@ -175,9 +175,30 @@ impl RdmaDevice {
         migration::state_bound(&self.limits)
     }
 
-    /// Saves the device state. The device must be stopped (its queues
-    /// stopped by the front-end), so that nothing changes it meanwhile.
+    /// Saves the device state for a migration. The device must be stopped
+    /// (its queues stopped by the front-end), so that nothing changes it
+    /// meanwhile. Contexts with doorbell pages cannot migrate (spec 20.2):
+    /// the destination's VMM maps a shared memory region only while the
+    /// device runs, that is once the guest runs again, and a producer
+    /// index the guest stores before the map would be lost.
     pub fn save_state(&self) -> Result<Vec<u8>, MigrationError> {
+        self.save(false)
+    }
+
+    /// Saves the device state for a hand-over to a new daemon (spec 20.7):
+    /// with the doorbell pages and slots, whose region goes along as a
+    /// file ([`RdmaDevice::doorbell_region`]).
+    pub fn save_for_hand_over(&self) -> Result<Vec<u8>, MigrationError> {
+        self.save(true)
+    }
+
+    /// The doorbell region, for a hand-over, and whether the VMM maps it
+    /// into the guest.
+    pub fn doorbell_region(&self) -> Option<(Arc<crate::shmem::DoorbellRegion>, bool)> {
+        self.shmem.as_ref().map(|l| (l.region(), l.is_mapped()))
+    }
+
+    fn save(&self, hand_over: bool) -> Result<Vec<u8>, MigrationError> {
         if self.running() {
             return Err(MigrationError::NotSavable("the device is running".into()));
         }
@@ -185,6 +206,14 @@ impl RdmaDevice {
         let guarded = self.cell.lock();
         let vm = &guarded.vm;
         let objects = migration::save::objects(&vm.res, Instant::now())?;
+        let doorbells = migration::save::doorbells(&vm.res);
+        if doorbells.is_some() && !hand_over {
+            return Err(MigrationError::NotSavable(
+                "contexts with shared-memory doorbell pages do not migrate: the destination \
+                 could map the region only after the guest runs again"
+                    .into(),
+            ));
+        }
         let mut keys = crate::keys::KeySource::new();
         let hi = keys
             .next_u32()
@@ -200,6 +229,7 @@ impl RdmaDevice {
             guid: vm.port.guid,
             events: migration::save::events(&vm.events),
             objects,
+            doorbells,
         };
         let bytes = migration::encode(&state)?;
         lock(&self.board.saved).insert(
@@ -225,10 +255,60 @@ impl RdmaDevice {
     /// state (the VM's other instance, stopped since), the VM's QP numbers
     /// move from there; else they must be free on this RNIC.
     pub fn load_state(&self, bytes: &[u8]) -> Result<(), MigrationError> {
+        self.load(bytes, None)
+    }
+
+    /// Loads the state of a hand-over (spec 20.7): as
+    /// [`RdmaDevice::load_state`], and with the predecessor's doorbell
+    /// region, if it had one: the memfd and whether the VMM maps it. The
+    /// instance then serves that region (the guest's mapping of it stays
+    /// valid), with the pages and slots the state gives.
+    pub fn load_handed_over(
+        &self,
+        bytes: &[u8],
+        region: Option<(std::os::fd::OwnedFd, bool)>,
+    ) -> Result<(), MigrationError> {
+        let region = match (region, &self.shmem) {
+            (None, _) => None,
+            (Some(_), None) => {
+                return Err(MigrationError::Invalid(
+                    "a doorbell region came, this instance has no shared-memory doorbells".into(),
+                ))
+            }
+            (Some((fd, mapped)), Some(_)) => {
+                let r = crate::shmem::DoorbellRegion::adopt(fd, self.limits.max_ctx)
+                    .map_err(|e| MigrationError::Invalid(e.to_string()))?;
+                Some((r, mapped))
+            }
+        };
+        self.load(bytes, Some(region))
+    }
+
+    /// `region`: `None` for a migration, `Some` for a hand-over (with the
+    /// predecessor's doorbell region if it had one).
+    fn load(
+        &self,
+        bytes: &[u8],
+        region: Option<Option<(crate::shmem::DoorbellRegion, bool)>>,
+    ) -> Result<(), MigrationError> {
         if self.running() {
             return Err(MigrationError::Invalid("the device is running".into()));
         }
         let state = migration::decode(bytes, self.state_bound())?;
+        let region = match region {
+            None if state.doorbells.is_some() => {
+                return Err(MigrationError::Invalid(
+                    "doorbell pages come only with a hand-over, and their region".into(),
+                ))
+            }
+            None => None,
+            Some(None) if state.doorbells.is_some() => {
+                return Err(MigrationError::Invalid(
+                    "doorbell pages without their region".into(),
+                ))
+            }
+            Some(r) => r,
+        };
         let (_, name) = self.identity();
         if state.vm != name {
             return Err(MigrationError::Invalid(format!(
@@ -250,7 +330,7 @@ impl RdmaDevice {
         if early {
             guarded.vm.features = features;
         }
-        if let Err(e) = self.install(state, &mut guarded, early) {
+        if let Err(e) = self.install(state, &mut guarded, early, region) {
             guarded.vm.features = negotiated;
             return Err(e);
         }
@@ -298,6 +378,7 @@ impl RdmaDevice {
         state: DeviceState,
         guarded: &mut Guarded,
         early: bool,
+        region: Option<(crate::shmem::DoorbellRegion, bool)>,
     ) -> Result<(), MigrationError> {
         let (identity, name) = self.identity();
         let saved = lock(&self.board.saved)
@@ -383,8 +464,27 @@ impl RdmaDevice {
             }
         };
         let mut res = res;
-        // The doorbell region is this instance's (spec 20.2: not saved).
-        res.doorbells = vm.res.doorbells.take();
+        match (region, &self.shmem) {
+            // A hand-over's region: the instance serves it from now on,
+            // with the pages and slots of the state.
+            (Some((region, mapped)), Some(link)) => {
+                let region = Arc::new(region);
+                let pages = link.pages_over(region.clone());
+                let none = migration::state::DoorbellsState::default();
+                let saved = state.doorbells.as_ref().unwrap_or(&none);
+                let placed =
+                    migration::restore::doorbells(saved, &mut res, pages, self.limits.max_ctx);
+                if let Err(e) = placed {
+                    // What the objects claimed on the RNIC goes back.
+                    res.clear(vm.rnic.as_ref());
+                    crate::memory::pagelist::release_all(res.take_released());
+                    return Err(e);
+                }
+                link.install(region, mapped);
+            }
+            // The doorbell region is this instance's (spec 20.2: not saved).
+            _ => res.doorbells = vm.res.doorbells.take(),
+        }
         let old = std::mem::replace(&mut vm.res, res);
         drop(old);
         vm.events = events;

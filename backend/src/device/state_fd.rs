@@ -616,7 +616,7 @@ mod tests {
     fn frame(body: &[u8]) -> Vec<u8> {
         let mut b = Vec::new();
         b.extend_from_slice(&crate::migration::MAGIC);
-        b.extend_from_slice(&crate::migration::FORMAT_VERSION.to_le_bytes());
+        b.extend_from_slice(&crate::migration::FORMAT_VERSION_PLAIN.to_le_bytes());
         b.extend_from_slice(&[0; 4]);
         b.extend_from_slice(&(body.len() as u64).to_le_bytes());
         b.extend_from_slice(&crc32fast::hash(body).to_le_bytes());

@@ -15,7 +15,7 @@ use log::{info, warn};
 use super::hold::AcceptHold;
 use super::relay::{Link, Relay};
 use super::rings::{self, Bases};
-use super::wire::{recv, send, ConnWire, Msg, RecordWire, VERSION};
+use super::wire::{recv, send, ConnWire, Msg, RecordWire, RegionWire, VERSION};
 use crate::device::RdmaDevice;
 use crate::sync::lock;
 
@@ -196,20 +196,31 @@ fn hand_over(
         let slot = slots.get(p.index).ok_or("no such VM")?;
         let state = slot
             .device
-            .save_state()
+            .save_for_hand_over()
             .map_err(|e| format!("VM {}: cannot save its state: {e}", p.index))?;
         states.push(state);
     }
     for (index, slot) in slots.iter().enumerate() {
         let mut fds = vec![slot.listener.as_raw_fd()];
         let k = paused.iter().position(|p| p.index == index);
+        // Held until the message is sent: its descriptor goes with it.
+        let region = slot.device.doorbell_region();
         let (conn, blob) = match k.and_then(|k| Some((paused.get(k)?, states.get(k)?))) {
             Some((p, state)) => {
                 fds.push(p.link.vmm.as_raw_fd());
                 let (record, rfds) = RecordWire::of(&p.link.record);
                 fds.extend(rfds);
                 let bases = p.bases.clone();
-                (Some(ConnWire { record, bases }), state.as_slice())
+                let doorbells = region.as_ref().map(|(r, mapped)| {
+                    fds.push(r.fd().as_raw_fd());
+                    RegionWire { mapped: *mapped }
+                });
+                let conn = ConnWire {
+                    record,
+                    bases,
+                    doorbells,
+                };
+                (Some(Box::new(conn)), state.as_slice())
             }
             None => (None, &[][..]),
         };

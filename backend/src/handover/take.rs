@@ -40,6 +40,8 @@ pub struct Taken {
     pub bases: Bases,
     /// The device state.
     pub state: Vec<u8>,
+    /// The instance's doorbell region, and whether the VMM maps it.
+    pub doorbells: Option<(OwnedFd, bool)>,
     /// Where the serving thread reports and waits for the commit.
     pub gate: Arc<Gate>,
 }
@@ -184,7 +186,11 @@ fn receive_all(
                     Some(c) => {
                         let vmm = UnixStream::from(fds.next().ok_or("no VMM connection")?);
                         let record = c.record.into_record(&mut fds).map_err(|e| e.to_string())?;
-                        Some((vmm, record, c.bases, blob))
+                        let doorbells = match c.doorbells {
+                            None => None,
+                            Some(r) => Some((fds.next().ok_or("no doorbell region")?, r.mapped)),
+                        };
+                        Some((vmm, record, c.bases, blob, doorbells))
                     }
                 };
                 got.push((listener, adoption));
@@ -225,12 +231,13 @@ fn receive_all(
         .into_iter()
         .map(|(listener, a)| Inherited {
             listener,
-            adoption: a.map(|(vmm, record, bases, state)| Adoption {
+            adoption: a.map(|(vmm, record, bases, state, doorbells)| Adoption {
                 vmm,
                 rest: Taken {
                     record,
                     bases,
                     state,
+                    doorbells,
                     gate: gate.clone(),
                 },
             }),

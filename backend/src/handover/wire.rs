@@ -158,13 +158,24 @@ impl RecordWire {
 }
 
 /// A connected VM's connection: its descriptors are the VMM's socket,
-/// then the record's.
+/// then the record's, then the doorbell region's memfd if one comes.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct ConnWire {
     /// What the VMM configured.
     pub record: RecordWire,
     /// Where each running ring stopped.
     pub bases: BTreeMap<u32, u32>,
+    /// The instance's shared-memory doorbell region comes (spec 20.7).
+    /// Absent from a daemon that does not hand regions over.
+    #[serde(default)]
+    pub doorbells: Option<RegionWire>,
+}
+
+/// The doorbell region of a connection handed over.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct RegionWire {
+    /// The VMM maps it into the guest.
+    pub mapped: bool,
 }
 
 /// The messages, in the order they go.
@@ -186,7 +197,7 @@ pub enum Msg {
         /// Its socket's path.
         socket: PathBuf,
         /// Its VMM's connection, if one is connected.
-        conn: Option<ConnWire>,
+        conn: Option<Box<ConnWire>>,
     },
     /// Running daemon: every VM was sent. Descriptors: its hand-over
     /// socket, then its management socket and metrics listener, if it has
@@ -299,10 +310,11 @@ mod tests {
             name: "a".into(),
             identity: "tenant t".into(),
             socket: "/s".into(),
-            conn: Some(ConnWire {
+            conn: Some(Box::new(ConnWire {
                 record: w,
                 bases: BTreeMap::from([(1, 7)]),
-            }),
+                doorbells: None,
+            })),
         };
         let (mut a, mut b) = UnixStream::pair().unwrap();
         send(&mut a, &msg, b"state", &fds).unwrap();
@@ -315,6 +327,18 @@ mod tests {
         let back = c.record.into_record(&mut fds.into_iter()).unwrap();
         assert!(back.owner && back.rings[&1].running);
         assert_eq!(back.rings[&1].kick.as_ref().map(|k| k.fds.len()), Some(1));
+    }
+
+    #[test]
+    fn a_connection_from_a_daemon_that_hands_no_region_over_reads_as_without_one() {
+        let json = r#"{"Vm":{"name":"a","identity":"t","socket":"/s","conn":{"record":
+            {"owner":true,"features":null,"protocol":null,"memory":null,"backend_req":null,
+            "rings":[]},"bases":{}}}}"#;
+        let msg: Msg = serde_json::from_str(json).unwrap();
+        let Msg::Vm { conn: Some(c), .. } = msg else {
+            panic!("not a VM with a connection");
+        };
+        assert!(c.doorbells.is_none());
     }
 
     #[test]

@@ -8,8 +8,12 @@
 //!     16     8  body length in bytes (le64)
 //!     24     4  CRC-32 (IEEE) of the body (le32)
 //!     28     4  reserved (0)
-//!     32     …  body: the `DeviceState`, postcard-encoded
+//!     32     …  body: the `DeviceState`, postcard-encoded; in version 2
+//!               followed by its `DoorbellsState`, postcard-encoded
 //! ```
+//!
+//! A state without doorbell pages is written as version 1, which older
+//! daemons read; only a hand-over's state with doorbell pages needs 2.
 //!
 //! postcard (a maintained serde format with a frozen 1.0 wire format) does
 //! the body: the state is a tree of plain integers, vectors and enums, and
@@ -25,24 +29,39 @@ use super::MigrationError;
 
 /// The first eight bytes of every saved state.
 pub const MAGIC: [u8; 8] = *b"VRDMAST\0";
-/// The format version this daemon writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The newest format version, which this daemon reads with every older
+/// one.
+pub const FORMAT_VERSION: u32 = 2;
+/// The version of a state without doorbell pages.
+pub const FORMAT_VERSION_PLAIN: u32 = 1;
 /// Size of the frame header.
 pub const HEADER_LEN: usize = 32;
 
-/// Encodes a state with its frame.
+/// Encodes a state with its frame: version 2 if it has doorbell pages,
+/// else version 1.
 pub fn encode(state: &DeviceState) -> Result<Vec<u8>, MigrationError> {
-    let body =
-        postcard::to_allocvec(state).map_err(|e| MigrationError::Malformed(e.to_string()))?;
-    Ok(frame(&body))
+    let malformed = |e: postcard::Error| MigrationError::Malformed(e.to_string());
+    let mut body = postcard::to_allocvec(state).map_err(malformed)?;
+    let version = match &state.doorbells {
+        None => FORMAT_VERSION_PLAIN,
+        Some(d) => {
+            body.extend(postcard::to_allocvec(d).map_err(malformed)?);
+            FORMAT_VERSION
+        }
+    };
+    Ok(frame_version(version, &body))
 }
 
-/// `body` with the frame of this format version around it (its length and
-/// checksum).
+/// `body` with the frame of version 1 around it (its length and checksum).
 pub fn frame(body: &[u8]) -> Vec<u8> {
+    frame_version(FORMAT_VERSION_PLAIN, body)
+}
+
+/// `body` with the frame of `version` around it.
+pub fn frame_version(version: u32, body: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_LEN.saturating_add(body.len()));
     out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&version.to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes());
     out.extend_from_slice(&(body.len() as u64).to_le_bytes());
     out.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
@@ -70,7 +89,7 @@ pub fn check_header(header: &[u8], bound: u64) -> Result<u64, MigrationError> {
         Ok(u32::from_le_bytes(word))
     };
     let version = le32(8..12)?;
-    if version != FORMAT_VERSION {
+    if !(FORMAT_VERSION_PLAIN..=FORMAT_VERSION).contains(&version) {
         return Err(MigrationError::Version {
             found: version,
             supported: FORMAT_VERSION,
@@ -112,8 +131,15 @@ pub fn decode(bytes: &[u8], bound: u64) -> Result<DeviceState, MigrationError> {
     if crc32fast::hash(body) != crc {
         return Err(MigrationError::Checksum);
     }
-    let (state, rest): (DeviceState, &[u8]) =
-        postcard::take_from_bytes(body).map_err(|e| MigrationError::Malformed(e.to_string()))?;
+    let malformed = |e: postcard::Error| MigrationError::Malformed(e.to_string());
+    let (mut state, mut rest): (DeviceState, &[u8]) =
+        postcard::take_from_bytes(body).map_err(malformed)?;
+    // Checked by `check_header`: 1 or 2.
+    if header.get(8..12) == Some(&FORMAT_VERSION.to_le_bytes()[..]) {
+        let (doorbells, after) = postcard::take_from_bytes(rest).map_err(malformed)?;
+        state.doorbells = Some(doorbells);
+        rest = after;
+    }
     if !rest.is_empty() {
         return Err(MigrationError::Malformed(format!(
             "{} bytes after the state",
@@ -169,6 +195,7 @@ mod tests {
                 pending: vec![[1, 2, 3, 7]],
             },
             objects: Default::default(),
+            doorbells: None,
         }
     }
 
@@ -176,7 +203,34 @@ mod tests {
     fn a_state_survives_its_encoding() {
         let bytes = encode(&sample()).unwrap();
         assert_eq!(&bytes[..8], &MAGIC);
+        assert_eq!(bytes[8..12], FORMAT_VERSION_PLAIN.to_le_bytes());
         assert_eq!(decode(&bytes, 1 << 20).unwrap(), sample());
+    }
+
+    #[test]
+    fn doorbell_pages_make_a_version_2_state_and_come_back() {
+        let mut state = sample();
+        state.doorbells = Some(crate::migration::state::DoorbellsState {
+            pages: vec![(0x0001_0002, 3)],
+            qp_slots: vec![(0x0001_0005, 0), (0x0002_0005, 503)],
+            srq_slots: vec![(0x0001_0001, 7)],
+            quarantined: vec![1, 2],
+        });
+        let bytes = encode(&state).unwrap();
+        assert_eq!(bytes[8..12], FORMAT_VERSION.to_le_bytes());
+        assert_eq!(decode(&bytes, 1 << 20).unwrap(), state);
+        // The same body under version 1: bytes after the state.
+        let body = &bytes[HEADER_LEN..];
+        assert!(matches!(
+            decode(&frame_version(1, body), 1 << 20),
+            Err(MigrationError::Malformed(_))
+        ));
+        // A version 2 frame without the doorbell part.
+        let plain = encode(&sample()).unwrap();
+        assert!(matches!(
+            decode(&frame_version(2, &plain[HEADER_LEN..]), 1 << 20),
+            Err(MigrationError::Malformed(_))
+        ));
     }
 
     #[test]
@@ -237,7 +291,7 @@ mod tests {
         let body = [0xffu8; 3];
         let mut b = Vec::new();
         b.extend_from_slice(&MAGIC);
-        b.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b.extend_from_slice(&FORMAT_VERSION_PLAIN.to_le_bytes());
         b.extend_from_slice(&[0; 4]);
         b.extend_from_slice(&(body.len() as u64).to_le_bytes());
         b.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());

@@ -19,7 +19,7 @@ pub mod state;
 
 use thiserror::Error;
 
-pub use format::{decode, encode, state_bound, FORMAT_VERSION, MAGIC};
+pub use format::{decode, encode, state_bound, FORMAT_VERSION, FORMAT_VERSION_PLAIN, MAGIC};
 pub use state::DeviceState;
 
 /// Why a device state could not be saved or loaded.

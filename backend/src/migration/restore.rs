@@ -17,7 +17,7 @@ use virtio_rdma_abi::qp::{AddressVector, QpAttr, QpState as QpStateCode, QpType,
 use virtio_rdma_abi::verbs::{MAX_MCAST_GRP, MAX_MCAST_QP_ATTACH};
 use virtio_rdma_abi::{Field, Wire};
 
-use super::state::{self, Objects, PagesState, Table};
+use super::state::{self, DoorbellsState, Objects, PagesState, Table};
 use super::MigrationError;
 use crate::config::Limits;
 use crate::events::EventQueue;
@@ -30,6 +30,7 @@ use crate::resources::{
     SendWait, Srq, SrqRuntime, VmResources, XrcSrq, Xrcd,
 };
 use crate::rnic_objects::{MrKeys, Owner, QpSpec, RnicObjects};
+use crate::shmem::DoorbellPages;
 
 /// Where the objects go.
 pub struct Target<'a> {
@@ -875,4 +876,77 @@ pub fn check_ram(res: &VmResources, ram: &RamMap) -> Result<(), MigrationError> 
         list(&m.pages)?;
     }
     Ok(())
+}
+
+/// Puts the doorbell pages and slots of a state handed over (spec 20.7)
+/// in place in `res`, built by [`objects`] from the same state, claiming
+/// them from `pages`: the allocation state over the region that came with
+/// the state, whose contents (the guest's producer indices) stay as they
+/// are. Refused: a page at or above `max_ctx`, a page or slot given twice,
+/// a queue whose context has no page, a handle that names no live object.
+/// On a refusal the caller drops `res` and `pages`.
+pub fn doorbells(
+    saved: &DoorbellsState,
+    res: &mut VmResources,
+    mut pages: DoorbellPages,
+    max_ctx: u32,
+) -> Result<(), MigrationError> {
+    let usable = max_ctx.min(pages.region().pages());
+    for &(h, page) in &saved.pages {
+        let ctx = res
+            .ctxs
+            .get_mut(h)
+            .ok_or_else(|| bad("a doorbell page of no live context"))?;
+        if page >= usable {
+            return Err(bad(format!(
+                "doorbell page {page}, this instance has {usable}"
+            )));
+        }
+        if ctx.db_page.is_some() || !pages.claim_page(page) {
+            return Err(bad(format!("doorbell page {page} given twice")));
+        }
+        ctx.db_page = Some(page);
+    }
+    for &(h, slot) in &saved.qp_slots {
+        let qp = res.qps.get(h).ok_or_else(|| bad("a doorbell slot of no live QP"))?;
+        let db = claim_queue_slot(res, &mut pages, qp.ctx, slot)?;
+        if res.qps.get_mut(h).and_then(|q| q.db_slot.replace(db)).is_some() {
+            return Err(bad("a QP with two doorbell slots"));
+        }
+    }
+    for &(h, slot) in &saved.srq_slots {
+        let srq = res.srqs.get(h).ok_or_else(|| bad("a doorbell slot of no live SRQ"))?;
+        let db = claim_queue_slot(res, &mut pages, srq.ctx, slot)?;
+        if res.srqs.get_mut(h).and_then(|q| q.db_slot.replace(db)).is_some() {
+            return Err(bad("an SRQ with two doorbell slots"));
+        }
+    }
+    for &page in &saved.quarantined {
+        if page >= usable || !pages.claim_quarantined(page) {
+            return Err(bad(format!(
+                "quarantined doorbell page {page} in use, given twice or past the pages"
+            )));
+        }
+    }
+    res.doorbells = Some(pages);
+    Ok(())
+}
+
+/// Claims `slot` in the page of context `ctx` for one of its queues.
+fn claim_queue_slot(
+    res: &VmResources,
+    pages: &mut DoorbellPages,
+    ctx: u32,
+    slot: u32,
+) -> Result<crate::shmem::DbSlot, MigrationError> {
+    let page = res
+        .ctxs
+        .get(ctx)
+        .and_then(|c| c.db_page)
+        .ok_or_else(|| bad("a queue's slot in a context without a page"))?;
+    pages.claim_slot(page, slot).ok_or_else(|| {
+        bad(format!(
+            "doorbell slot {slot} of page {page} given twice or past the page"
+        ))
+    })
 }

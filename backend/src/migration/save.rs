@@ -8,7 +8,7 @@ use super::state::{
     AhState, CqState, CtxState, MrState, MwState, Objects, PagesState, QpRuntimeState, QpState,
     SrqState, Table, WaitState,
 };
-use super::state::{EventsState, InboundState};
+use super::state::{DoorbellsState, EventsState, InboundState};
 use super::MigrationError;
 use crate::events::EventQueue;
 use crate::memory::PageList;
@@ -17,15 +17,10 @@ use crate::resources::{Qp, VmResources};
 
 /// The instance's objects as a state holds them. `now` is the moment the
 /// state is taken: waits are saved as the time they have left.
+///
+/// The doorbell pages and slots of the shared-memory mode are not part of
+/// it: [`doorbells`] takes them, for a hand-over only.
 pub fn objects(res: &VmResources, now: Instant) -> Result<Objects, MigrationError> {
-    if res.ctxs.iter().any(|(_, c)| c.db_page.is_some())
-        || res.qps.iter().any(|(_, q)| q.db_slot.is_some())
-        || res.srqs.iter().any(|(_, s)| s.db_slot.is_some())
-    {
-        return Err(MigrationError::NotSavable(
-            "contexts with shared-memory doorbell pages are not saved yet".into(),
-        ));
-    }
     Ok(Objects {
         ctxs: table(&res.ctxs, |c| {
             Ok(CtxState {
@@ -227,4 +222,40 @@ pub fn events(q: &EventQueue) -> EventsState {
             .map(|e| [e.kind, e.handle, e.detail, e.seq])
             .collect(),
     }
+}
+
+/// Which doorbell page each context has and which slot each queue
+/// (spec 18.7), and the quarantined pages; `None` if the instance has
+/// none of them (the state is then the same as without the mode).
+pub fn doorbells(res: &VmResources) -> Option<DoorbellsState> {
+    let pages: Vec<(u32, u32)> = res
+        .ctxs
+        .iter()
+        .filter_map(|(h, c)| Some((h, c.db_page?)))
+        .collect();
+    let qp_slots: Vec<(u32, u32)> = res
+        .qps
+        .iter()
+        .filter_map(|(h, q)| Some((h, q.db_slot.as_ref()?.at().slot)))
+        .collect();
+    let srq_slots: Vec<(u32, u32)> = res
+        .srqs
+        .iter()
+        .filter_map(|(h, s)| Some((h, s.db_slot.as_ref()?.at().slot)))
+        .collect();
+    let quarantined = res
+        .doorbells
+        .as_ref()
+        .map(|d| d.quarantined())
+        .unwrap_or_default();
+    if pages.is_empty() && quarantined.is_empty() {
+        // Queues have slots only in contexts with pages.
+        return None;
+    }
+    Some(DoorbellsState {
+        pages,
+        qp_slots,
+        srq_slots,
+        quarantined,
+    })
 }

@@ -21,6 +21,30 @@ pub struct DeviceState {
     pub events: EventsState,
     /// Every object.
     pub objects: Objects,
+    /// The contexts' doorbell pages and the queues' slots in the
+    /// shared-memory doorbell region: only in a state handed over to a new
+    /// daemon with the region itself (spec 20.7), never in a migration's
+    /// (20.2). Encoded after the rest, in format version 2 only
+    /// ([`super::format`]).
+    #[serde(skip)]
+    pub doorbells: Option<DoorbellsState>,
+}
+
+/// Which doorbell page each context has and which slot each queue has
+/// (spec 18.7): what the instance's allocation of its region was. The
+/// contents (producer indices, page headers) stay in the region, which
+/// travels as a file.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DoorbellsState {
+    /// Context handle and its page.
+    pub pages: Vec<(u32, u32)>,
+    /// QP handle and its slot (in its context's page).
+    pub qp_slots: Vec<(u32, u32)>,
+    /// SRQ handle and its slot (in its context's page).
+    pub srq_slots: Vec<(u32, u32)>,
+    /// Pages of contexts of an earlier connection that the driver may
+    /// still map (spec 15.2): not given to a new context before a reset.
+    pub quarantined: Vec<u32>,
 }
 
 /// The event queue's state.
