@@ -710,7 +710,7 @@ pub fn render(view: &DaemonView) -> String {
 /// `vhost_user_rdma_engine_*{engine}`: the engine threads' work.
 fn render_engines(out: &mut Vec<MetricFamily>, engines: &[EngineStats]) {
     type Get = fn(&EngineStats) -> u64;
-    let families: [(&str, MetricType, &str, Get); 8] = [
+    let families: [(&str, MetricType, &str, Get); 9] = [
         (
             "vms",
             MetricType::GAUGE,
@@ -758,6 +758,12 @@ fn render_engines(out: &mut Vec<MetricFamily>, engines: &[EngineStats]) {
             MetricType::COUNTER,
             "Times the engine thread waited for an entitled VM's next request and got it.",
             |e| e.anticipated,
+        ),
+        (
+            "poll_window_microseconds",
+            MetricType::GAUGE,
+            "How long the engine thread polls after work before it parks (adapts to the traffic).",
+            |e| e.poll_window_us,
         ),
     ];
     for (name, kind, help, get) in families {

@@ -495,7 +495,8 @@ fn ctl_shows_live_objects_and_changes_qos() {
             "BYTES",
             "PARKS",
             "PEEKED",
-            "LATE_KICKS"
+            "LATE_KICKS",
+            "POLL_US"
         ])
     );
     assert_eq!(row(&out, "0")[1..3], ["-", "2"]);
@@ -503,6 +504,10 @@ fn ctl_shows_live_objects_and_changes_qos() {
     let e = d.ctl_json(&["engines"]);
     assert_eq!(e["engines"].as_array().map(Vec::len), Some(2));
     assert_eq!(e["engines"][1]["vms"], 1);
+    // The polling window is 20 to 200 µs (the second thread never worked).
+    let window = e["engines"][0]["poll_window_us"].as_u64().unwrap();
+    assert!((20..=200).contains(&window), "{window}");
+    assert_eq!(e["engines"][1]["poll_window_us"], 200);
 
     // ctl raw, ping, version.
     let (code, out, _) = d.ctl(&["raw", r#"{"cmd":"ping","id":42}"#]);

@@ -139,7 +139,7 @@ impl Samples {
     }
 
     /// Engine thread `e`'s counters over intervals `[from, to)` (the
-    /// counting fields only).
+    /// counting fields; the others as at the end).
     pub fn engine_delta(&self, e: usize, from: usize, to: usize) -> EngineStats {
         let get = |i: usize| {
             self.engines
@@ -160,6 +160,8 @@ impl Samples {
             peeked: b.peeked.saturating_sub(a.peeked),
             late_kicks: b.late_kicks.saturating_sub(a.late_kicks),
             anticipated: b.anticipated.saturating_sub(a.anticipated),
+            // A gauge: its value at the end.
+            poll_window_us: b.poll_window_us,
         }
     }
 

@@ -397,3 +397,55 @@ fn write_unnotified(d: &TestDaemon, a: &Vm, b: &Vm) -> (u64, vhost_user_rdma::en
     a.t.hold_notifications(false).unwrap();
     (held, d.daemon().engines().stats()[0])
 }
+
+/// The engine thread's polling window now, µs.
+fn poll_window(d: &TestDaemon) -> u64 {
+    d.daemon().engines().stats()[0].poll_window_us
+}
+
+/// The polling window adapts to the traffic (`engine/poll_window.rs`):
+/// WRITEs a few milliseconds apart, which no polling reaches, shrink it to
+/// the 20 µs spin, so that a sporadic sender's engine stops spending
+/// 200 µs of CPU after each; WRITEs posted right after the engine parked,
+/// which a longer window would have caught, grow it back. Each WRITE
+/// completes either way.
+#[test]
+fn the_polling_window_shrinks_for_a_sporadic_sender_and_grows_for_a_quick_one() {
+    let d = TestDaemon::start(2).unwrap();
+    let (a, b) = (open(&d, 0), open(&d, 1));
+    let p = rc_pair(&a, &b);
+    let (src, dst) = (Buf::new(&a, 4096), Buf::new(&b, 4096));
+    let mut n = 0u64;
+    let mut write = || {
+        n += 1;
+        p.qa.post_send(&[wr(n, write_op(&dst, 0), &[src.sge(0, 64)])])
+            .unwrap();
+        ok(&poll_one(&p.cqa), n, WcOpcode::RDMA_WRITE);
+    };
+    assert_eq!(poll_window(&d), 200, "the window starts at its longest");
+    let mut sporadic = 0;
+    while poll_window(&d) > 20 {
+        write();
+        std::thread::sleep(Duration::from_millis(3));
+        sporadic += 1;
+        assert!(sporadic < 1_000, "still {} µs", poll_window(&d));
+    }
+    // Quick: the next WRITE as soon as the engine parked after the last
+    // (20 µs later): each gap is well within 200 µs, unless the machine
+    // is so loaded that this thread misses it; then try again.
+    let mut quick = 0;
+    while poll_window(&d) <= 20 {
+        let before = parks(&d);
+        write();
+        while parks(&d) == before {
+            std::hint::spin_loop();
+        }
+        write();
+        quick += 1;
+        assert!(quick < 10_000, "the window never grew");
+    }
+    println!(
+        "POLL-WINDOW: 20 µs after {sporadic} WRITEs 3 ms apart, {} µs after {quick} quick ones",
+        poll_window(&d)
+    );
+}

@@ -32,6 +32,7 @@ mod flush;
 mod in_flight;
 pub mod placement;
 mod poll;
+pub mod poll_window;
 pub mod requester;
 mod scratch;
 pub mod sge;
@@ -108,6 +109,9 @@ pub struct EngineCounters {
     /// Times the thread watched an entitled VM's doorbells and found its
     /// next post (`anticipate`).
     pub anticipated: AtomicU64,
+    /// How long the thread polls after work before it parks now, in µs
+    /// ([`poll_window`]).
+    pub poll_window_us: AtomicU64,
 }
 
 /// An engine thread and the VMs it serves.

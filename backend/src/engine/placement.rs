@@ -126,6 +126,9 @@ pub struct EngineStats {
     /// Times it kept its time for an entitled VM and found its next post
     /// (anticipation).
     pub anticipated: u64,
+    /// How long it polls after work before it parks, µs (it adapts to the
+    /// traffic: spec 18.6's polling is the device's choice).
+    pub poll_window_us: u64,
 }
 
 /// The running engine threads.
@@ -242,6 +245,7 @@ impl Engines {
                     peeked: c.peeked.load(Relaxed),
                     late_kicks: c.late_kicks.load(Relaxed),
                     anticipated: c.anticipated.load(Relaxed),
+                    poll_window_us: c.poll_window_us.load(Relaxed),
                 }
             })
             .collect()

@@ -34,6 +34,7 @@ use virtio_rdma_abi::datapath::{DB_FLAG_KICK, DB_FLAG_POLLING};
 
 use super::barrier;
 use super::poll::{set_flags, DbList};
+use super::poll_window::{self, PollWindow};
 use super::scratch::Scratch;
 use crate::rnic_path::RnicPath;
 use super::Engine;
@@ -42,12 +43,13 @@ use crate::qos::DEFAULT_WEIGHT;
 use crate::stats::TrafficCounters;
 use crate::vm::cell::VmCell;
 
-/// How long the engine keeps polling after its last piece of work.
-pub const POLL_WINDOW: Duration = Duration::from_micros(200);
+/// The longest the engine keeps polling after its last piece of work (the
+/// window adapts to the traffic below it: [`super::poll_window`]).
+pub const POLL_WINDOW: Duration = poll_window::POLL_MAX;
 
 /// For this long after its last piece of work the engine spins without
 /// yielding its CPU (a `sched_yield` costs more than a whole work request).
-const SPIN_WINDOW: Duration = Duration::from_micros(20);
+const SPIN_WINDOW: Duration = poll_window::POLL_MIN;
 
 /// Longest sleep while parked. Retry timers (spec 18.20) shorten the
 /// sleep to their deadline, so parking never delays them.
@@ -257,6 +259,12 @@ impl Engine {
         let mut next_peek = 0u64;
         // When the parked lists were last re-checked after a sleep.
         let mut rechecked = Instant::now();
+        // How long to poll after work before parking.
+        let mut window = PollWindow::default();
+        self.counters.poll_window_us.store(
+            u64::try_from(window.get().as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
         while !self.stop.load(Ordering::Acquire) {
             if self.hold.load(Ordering::Acquire) {
                 self.held.store(true, Ordering::Release);
@@ -323,8 +331,17 @@ impl Engine {
                 self.park_idle_lists(path, &vms, &mut lists, &mut scratch);
             }
             if did {
+                if std::mem::take(&mut woke) {
+                    // Back from parking to work: was the window right?
+                    // (`last_work` is still when the thread last worked.)
+                    if window.woke_to_work(last_work.elapsed()) {
+                        self.counters.poll_window_us.store(
+                            u64::try_from(window.get().as_micros()).unwrap_or(u64::MAX),
+                            Ordering::Relaxed,
+                        );
+                    }
+                }
                 idle_sweeps = 0;
-                woke = false;
                 // Busy: parked VMs are peeked by the work clock, not left
                 // to kicks that may wait for this CPU (module docs).
                 scratch.worked = scratch.worked.saturating_add(SWEEP_WORK);
@@ -370,7 +387,7 @@ impl Engine {
                 if idle < SPIN_WINDOW {
                     continue;
                 }
-                if idle < POLL_WINDOW {
+                if idle < window.get() {
                     thread::yield_now();
                     continue;
                 }

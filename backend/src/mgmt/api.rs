@@ -173,6 +173,7 @@ fn dispatch(view: &DaemonView, mut obj: Map<String, Value>) -> Reply {
                         "peeked": e.peeked,
                         "late_kicks": e.late_kicks,
                         "anticipated": e.anticipated,
+                        "poll_window_us": e.poll_window_us,
                     })
                 })
                 .collect();

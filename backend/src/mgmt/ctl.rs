@@ -359,6 +359,7 @@ fn human(cmd: &CtlCommand, a: &Value) -> String {
                         u(e, &["parks"]).to_string(),
                         u(e, &["peeked"]).to_string(),
                         u(e, &["late_kicks"]).to_string(),
+                        u(e, &["poll_window_us"]).to_string(),
                     ]
                 })
                 .collect();
@@ -372,6 +373,7 @@ fn human(cmd: &CtlCommand, a: &Value) -> String {
                     "PARKS",
                     "PEEKED",
                     "LATE_KICKS",
+                    "POLL_US",
                 ],
                 &rows,
             )
