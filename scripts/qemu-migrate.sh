@@ -443,12 +443,17 @@ dest D1
 set_params '"max-bandwidth":4194304'
 migrate_to D1 >/dev/null
 m=$(migrate_wait "$dir/$mig.qmp" active || true)
-m_qmp '{"execute":"migrate_cancel"}' >/dev/null || true
+c=$(m_qmp '{"execute":"migrate_cancel"}' || true)
 m2=$(migrate_wait "$dir/$mig.qmp" || true)
-if [ "$(field "$m" status)" = active ] && [ "$(field "$m2" status)" = cancelled ]; then
-  ok "migration cancelled midway (after $(field "$m" ram transferred) bytes of RAM)"
+# QEMU reports a cancel as "cancelled", or, when the channel's shutdown that the cancel makes
+# reaches the RAM save first, as "failed" with a channel error (seen once in CI, QEMU 10.2:
+# "failed to save SaveStateEntry ... ram: -5"): either is the cancel taking effect.
+st2=$(field "$m2" status) err2=$(field "$m2" error-desc)
+if [ "$(field "$m" status)" = active ] && ! grep -q '"error"' <<<"$c" &&
+  { [ "$st2" = cancelled ] || { [ "$st2" = failed ] && [[ "$err2" == "Channel error"* ]]; }; }; then
+  ok "migration cancelled midway (after $(field "$m" ram transferred) bytes of RAM; $st2)"
 else
-  failed "cancel: $m / $m2"
+  failed "cancel: $m / $c / $m2"
 fi
 m_runs "after the cancelled migration"
 d1=0
@@ -576,11 +581,7 @@ else
   failed "exit codes: $mig at the destination ${rcs[0]}, $stay ${rcs[1]}"
 fi
 for g in D2 "$stay"; do
-  if grep -q '^KERNEL-WARNINGS: 0' "$dir/$g.console"; then
-    ok "$g: no kernel warnings"
-  else
-    failed "$g: kernel warnings (or no kernel log)"
-  fi
+  kernel_clean "$g"
 done
 if [ -n "$tool" ]; then
   # The migrating guest's step started on the source's console and ends on the destination's

@@ -196,11 +196,7 @@ for g in $([ "$full" = 0 ] || echo server client); do
   check_after ATOMIC_BW "ib_atomic_bw $g (fetch and add)" "^ *8${s}100$s$n$s$n$s$n" "$g"
 done
 for g in server client; do
-  if grep -q '^KERNEL-WARNINGS: 0' "$dir/$g.console"; then
-    ok "$g: no kernel warnings"
-  else
-    failed "$g: kernel warnings (or no kernel log)"
-  fi
+  kernel_clean "$g"
 done
 if [ "$rc_server" = 0 ] && [ "$rc_client" = 0 ]; then
   ok "both guests ran all their tools (exit 0)"

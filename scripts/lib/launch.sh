@@ -290,6 +290,16 @@ tally() {
   esac
 }
 
+# kernel_clean GUEST: one check: GUEST's console ($dir/GUEST.console) has the kernel log's verdict
+# "KERNEL-WARNINGS: 0" (guest/checks.sh's klog prints it).
+kernel_clean() {
+  if grep -q '^KERNEL-WARNINGS: 0' "$dir/$1.console"; then
+    ok "$1: no kernel warnings"
+  else
+    failed "$1: kernel warnings (or no kernel log)"
+  fi
+}
+
 # verdict [NAME]: prints "NAME: N passed, M failed" (scripts/test.sh adds these up); fails if
 # any check failed.
 verdict() {
