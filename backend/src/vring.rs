@@ -19,7 +19,8 @@
 //! whatever there is, possibly nothing).
 //!
 //! It also reports each start and stop of the queue, with the avail index
-//! it starts from or stopped at, to a [`QueueObserver`] (the device): the
+//! it starts from or stopped at, and each new kick eventfd, to a
+//! [`QueueObserver`] (the device): the
 //! library tells a back-end about stops (`stop_vring`) but not about
 //! starts, and a VMM that never sends `RESET_DEVICE` shows a reset only
 //! as a restart from index 0 (spec 15.1). The library creates the queues
@@ -53,6 +54,9 @@ pub trait QueueObserver: Send + Sync {
     fn queue_memory(&self) -> Option<Gm> {
         None
     }
+    /// Queue `index` got a new kick eventfd (`SET_VRING_KICK`), or lost it
+    /// (`None`: stopped). Called before the queue holds the new one.
+    fn queue_kick(&self, _index: usize, _kick: Option<&File>) {}
 }
 
 thread_local! {
@@ -196,6 +200,11 @@ impl VringT<Gm> for Vring {
     }
 
     fn set_kick(&self, file: Option<File>) {
+        if let Some(w) = &self.1 {
+            if let Some(observer) = w.observer.upgrade() {
+                observer.queue_kick(w.index, file.as_ref());
+            }
+        }
         self.0.set_kick(file)
     }
 

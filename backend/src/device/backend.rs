@@ -32,7 +32,6 @@ use crate::memory::dirty::{self, RamBitmap, VHOST_F_LOG_ALL};
 use crate::memory::table::check_table;
 use crate::memory::{GuestRam, HostMem, RamMap};
 use crate::restart::{RestartTracker, Verdict};
-use crate::stats::TrafficCounters;
 use crate::sync::lock;
 use crate::vring::{QueueObserver, Vring};
 
@@ -46,6 +45,12 @@ impl VhostUserBackend for RdmaDevice {
 
     fn max_queue_size(&self) -> usize {
         MAX_QUEUE_SIZE
+    }
+
+    /// One worker for the control and event queues; the notification
+    /// queue's kicks go to the engine thread itself (`queue_kick`).
+    fn queues_per_thread(&self) -> Vec<u64> {
+        vec![(1u64 << CONTROLQ) | (1u64 << EVENTQ)]
     }
 
     fn features(&self) -> u64 {
@@ -325,15 +330,6 @@ impl RdmaDevice {
             CONTROLQ => self.process_controlq(ctrlq, eventq, &mem)?,
             // New event buffers: delivery below.
             EVENTQ => {}
-            // A doorbell kick: wake the engine.
-            NOTIFYQ => {
-                if let Some(t) = self.traffic() {
-                    TrafficCounters::add(&t.notifications, 1);
-                }
-                self.cell.kick();
-                self.engine.wake();
-                return Ok(());
-            }
             // The engine queued events.
             EVENT_WAKE => {
                 let _ = self.cell.event_wake_fd().read();
@@ -345,6 +341,12 @@ impl RdmaDevice {
 }
 
 impl QueueObserver for RdmaDevice {
+    fn queue_kick(&self, index: usize, kick: Option<&std::fs::File>) {
+        if index == usize::from(NOTIFYQ) {
+            self.set_notify_kick(kick);
+        }
+    }
+
     fn queue_started(&self, index: usize, base: u16) {
         let verdict = self.restart_lock().started(index, base);
         match verdict {

@@ -119,6 +119,9 @@ pub struct RdmaDevice {
     /// connection's workers (see [`RdmaDevice::close_exit_consumers`]).
     exit_consumers: Mutex<Vec<std::os::fd::RawFd>>,
     engine: Arc<Engine>,
+    /// The notification queue's kick eventfd (our own descriptor of it),
+    /// which the engine thread waits on: see [`crate::engine::kicks`].
+    notify_kick: Mutex<Option<std::fs::File>>,
     /// The doorbell region and its mapping into the guest
     /// (`F_SHMEM_DOORBELL` offered).
     shmem: Option<RegionLink>,
@@ -241,6 +244,7 @@ impl RdmaDevice {
             exit_notifiers: Mutex::new(Vec::new()),
             exit_consumers: Mutex::new(Vec::new()),
             engine,
+            notify_kick: Mutex::new(None),
             shmem,
             shmem_acked: AtomicBool::new(false),
             qos: shared.qos.clone(),
@@ -326,12 +330,46 @@ impl RdmaDevice {
         self.cell.try_lock().map(|st| stats_of(&st))
     }
 
+    /// The engine thread waits on `kick` for the notification queue's
+    /// kicks from now on (`None`: on none).
+    pub(super) fn set_notify_kick(&self, kick: Option<&std::fs::File>) {
+        let mut held = crate::sync::lock(&self.notify_kick);
+        if let Some(old) = held.take() {
+            if let Err(e) = self.engine.unwatch_kick(&old) {
+                warn!(
+                    "VM {}: cannot stop watching the notification kicks: {e}",
+                    self.id
+                );
+            }
+        }
+        let Some(kick) = kick else {
+            return;
+        };
+        // Our own descriptor: the queue's may be closed while the engine
+        // still waits on it.
+        let watched = kick
+            .try_clone()
+            .and_then(|own| self.engine.watch_kick(self.id, &own).map(|()| own));
+        match watched {
+            Ok(own) => *held = Some(own),
+            // Not an eventfd the kernel can poll (a VMM's mistake): its
+            // doorbells are found by the engine's re-check of parked VMs,
+            // slowly, and nobody else pays for it.
+            Err(e) => warn!(
+                "VM {}: the notification queue's kick cannot be watched ({e}): \
+                 its doorbells will be served late",
+                self.id
+            ),
+        }
+    }
+
     /// The VMM went away: releases every resource of the VM and the
     /// mapping of its memory. The device object itself lives on for the
     /// next connection, so handle generations keep advancing and handles
     /// from an earlier connection never resolve again.
     pub fn disconnected(&self) {
         self.abandon_state_fd();
+        self.set_notify_kick(None);
         // A state held for a start that will not come (spec 20.1).
         *crate::sync::lock(&self.pending) = None;
         if let Some(link) = &self.shmem {

@@ -19,7 +19,8 @@
 //!   requests), `bind`: BIND_MW;
 //!   [`wqe`]: copying WQEs out of guest rings; [`sge`]: a QP's own
 //!   scatter/gather lists; [`completer`]: CQEs and completion events;
-//!   `flush`: QPs in error.
+//!   `flush`: QPs in error; [`kicks`]: the notification queue's kicks,
+//!   which the thread waits on itself.
 
 mod anticipate;
 pub mod barrier;
@@ -30,6 +31,7 @@ mod fastreg;
 mod flush;
 #[cfg(test)]
 mod in_flight;
+pub mod kicks;
 pub mod placement;
 mod poll;
 pub mod poll_window;
@@ -54,6 +56,7 @@ use crate::qos::QosTable;
 use crate::rnic_objects::Caps;
 use crate::sync::lock;
 use crate::tenancy::Tenancy;
+use kicks::KickWatch;
 use placement::Registry;
 use thread::pin_to;
 
@@ -130,6 +133,8 @@ pub struct Engine {
     /// request against them).
     caps: Caps,
     wake: EventFd,
+    /// The notification kicks of its VMs, which it waits on when it sleeps.
+    kicks: KickWatch,
     stop: AtomicBool,
     /// Held by a test (`Engines::hold`): the thread does nothing until it
     /// is released; `held` acknowledges that it has stopped working.
@@ -142,6 +147,10 @@ pub struct Engine {
     qos: Arc<QosTable>,
     /// Whether to set `DB_FLAG_POLLING` while polling (spec 18.6).
     fence_elision: bool,
+    /// Pinned to a CPU (`engine_cpus`), which the operator gives it for
+    /// itself: only then does it poll past `POLL_MIN` after work
+    /// (`poll_window`).
+    pinned: bool,
 }
 
 impl Engine {
@@ -164,6 +173,7 @@ impl Engine {
             counters: EngineCounters::default(),
             caps: rnic.caps(),
             wake: EventFd::new(libc::EFD_NONBLOCK)?,
+            kicks: KickWatch::new()?,
             stop: AtomicBool::new(false),
             hold: AtomicBool::new(false),
             held: AtomicBool::new(false),
@@ -171,6 +181,7 @@ impl Engine {
             tenancy,
             qos,
             fence_elision,
+            pinned: cpu.is_some(),
         });
         let e = engine.clone();
         let t = std::thread::Builder::new()
@@ -245,7 +256,20 @@ impl Engine {
         self.qos_applied.load(Ordering::Acquire)
     }
 
-    /// Wakes the engine (a doorbell kick, or a control-path change).
+    /// Wakes the thread on `kick`, VM `vm`'s notification kick eventfd,
+    /// until [`Engine::unwatch_kick`]; the caller keeps `kick` open
+    /// meanwhile ([`KickWatch::watch`]).
+    pub fn watch_kick(&self, vm: usize, kick: &std::fs::File) -> std::io::Result<()> {
+        self.kicks.watch(vm, kick)
+    }
+
+    /// Stops waking the thread on `kick`.
+    pub fn unwatch_kick(&self, kick: &std::fs::File) -> std::io::Result<()> {
+        self.kicks.unwatch(kick)
+    }
+
+    /// Wakes the engine (a control-path change; doorbell kicks reach the
+    /// thread directly, [`Engine::watch_kick`]).
     pub fn wake(&self) {
         if let Err(e) = self.wake.write(1) {
             warn!("cannot wake the engine: {e}");

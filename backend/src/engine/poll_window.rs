@@ -12,6 +12,13 @@
 //! work: a gap that a window up to [`POLL_MAX`] would have covered grows
 //! it, a longer one shrinks it; work found while polling leaves it as it
 //! is.
+//!
+//! Only a thread with a CPU of its own polls past [`POLL_MIN`]
+//! ([`PollWindow::fixed`] for the others). On a CPU it shares with busy
+//! vCPUs, polling on keeps the CPU from the very vCPU whose next request
+//! it waits for, and giving the CPU up while polling (`sched_yield`) gets
+//! it back only after the vCPU's time slice, milliseconds later, whatever
+//! came meanwhile; a parked thread is woken by the kick at once.
 
 use std::time::Duration;
 
@@ -26,15 +33,29 @@ pub const POLL_MIN: Duration = Duration::from_micros(20);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PollWindow {
     now: Duration,
+    /// [`POLL_MIN`] whatever the traffic.
+    fixed: bool,
 }
 
 impl Default for PollWindow {
     fn default() -> Self {
-        PollWindow { now: POLL_MAX }
+        PollWindow {
+            now: POLL_MAX,
+            fixed: false,
+        }
     }
 }
 
 impl PollWindow {
+    /// The window of a thread that shares its CPU: [`POLL_MIN`], never
+    /// adapted.
+    pub fn fixed() -> Self {
+        PollWindow {
+            now: POLL_MIN,
+            fixed: true,
+        }
+    }
+
     /// How long the thread polls after work now.
     pub fn get(&self) -> Duration {
         self.now
@@ -44,6 +65,9 @@ impl PollWindow {
     /// `gap` after its last work (the window it polled included). Returns
     /// whether the window changed.
     pub fn woke_to_work(&mut self, gap: Duration) -> bool {
+        if self.fixed {
+            return false;
+        }
         let old = self.now;
         self.now = if gap <= POLL_MAX {
             // Polling a little longer would have caught it.
@@ -79,7 +103,10 @@ mod tests {
 
     #[test]
     fn work_a_longer_window_would_have_caught_grows_it_back() {
-        let mut w = PollWindow { now: POLL_MIN };
+        let mut w = PollWindow {
+            now: POLL_MIN,
+            fixed: false,
+        };
         assert!(w.woke_to_work(us(60)));
         assert_eq!(w.get(), us(40));
         while w.woke_to_work(us(150)) {}
@@ -87,5 +114,14 @@ mod tests {
         // A gap just past the longest window shrinks it again.
         assert!(w.woke_to_work(POLL_MAX + us(1)));
         assert_eq!(w.get(), POLL_MAX / 2);
+    }
+
+    #[test]
+    fn a_shared_cpus_window_is_the_spin_whatever_the_traffic() {
+        let mut w = PollWindow::fixed();
+        for gap in [us(30), us(60), us(150), us(1_000)] {
+            assert!(!w.woke_to_work(gap));
+            assert_eq!(w.get(), POLL_MIN);
+        }
     }
 }

@@ -168,6 +168,7 @@ pub(crate) fn engine(caps: Caps, tenancy: Arc<Tenancy>) -> Engine {
         counters: EngineCounters::default(),
         caps,
         wake: EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+        kicks: super::kicks::KickWatch::new().unwrap(),
         stop: AtomicBool::new(false),
         hold: AtomicBool::new(false),
         held: AtomicBool::new(false),
@@ -175,5 +176,6 @@ pub(crate) fn engine(caps: Caps, tenancy: Arc<Tenancy>) -> Engine {
         tenancy,
         qos: Arc::new(QosTable::new(Vec::new(), Vec::new())),
         fence_elision: false,
+        pinned: false,
     }
 }

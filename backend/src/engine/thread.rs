@@ -13,16 +13,20 @@
 //! barrier ([`super::barrier`]) before it asks for kicks.
 //!
 //! **Peeks.** A VM parked while the thread stays busy with others is not
-//! left to its kick alone: the kick reaches the engine through the VM's
-//! vhost-user worker, a thread that needs a CPU — on the engine's CPU,
-//! the scheduler let a busy engine run on for a whole time slice (ms)
-//! before it, so an idle tenant's request waited milliseconds behind
-//! another tenant's work (issue 26, N1). So every [`PEEK_WORK`] of work
+//! left to its kick alone: a kick crosses the VMM's thread first, which a
+//! busy host may not run for a time slice (ms), and an idle tenant's
+//! request then waited milliseconds behind another tenant's work (issue
+//! 26, N1). So every [`PEEK_WORK`] of work
 //! (the DRR's cost model, no clock), plus [`PEEK_PER_QP`] per QP of the
 //! VM so that peeking stays a small part of the work, the thread reads a
 //! parked VM's producer indices without changing anything
 //! ([`DbList::peek`]) and treats new work as a kick. A kick still wakes a
 //! sleeping thread; peeks only bound the wait while it is busy.
+//!
+//! **Kicks.** The thread waits on its VMs' notification kicks itself
+//! ([`super::kicks`]) and reads which VMs were kicked when it wakes, while
+//! it polls after work (every so many idle sweeps) and with each round of
+//! peeks while it is busy.
 
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
@@ -46,10 +50,6 @@ use crate::vm::cell::VmCell;
 /// The longest the engine keeps polling after its last piece of work (the
 /// window adapts to the traffic below it: [`super::poll_window`]).
 pub const POLL_WINDOW: Duration = poll_window::POLL_MAX;
-
-/// For this long after its last piece of work the engine spins without
-/// yielding its CPU (a `sched_yield` costs more than a whole work request).
-const SPIN_WINDOW: Duration = poll_window::POLL_MIN;
 
 /// Longest sleep while parked. Retry timers (spec 18.20) shorten the
 /// sleep to their deadline, so parking never delays them.
@@ -260,7 +260,11 @@ impl Engine {
         // When the parked lists were last re-checked after a sleep.
         let mut rechecked = Instant::now();
         // How long to poll after work before parking.
-        let mut window = PollWindow::default();
+        let mut window = if self.pinned {
+            PollWindow::default()
+        } else {
+            PollWindow::fixed()
+        };
         self.counters.poll_window_us.store(
             u64::try_from(window.get().as_micros()).unwrap_or(u64::MAX),
             Ordering::Relaxed,
@@ -346,6 +350,8 @@ impl Engine {
                 // to kicks that may wait for this CPU (module docs).
                 scratch.worked = scratch.worked.saturating_add(SWEEP_WORK);
                 if scratch.worked >= next_peek {
+                    // Swept next: the loop goes on after work.
+                    let _ = self.take_kicks(&vms);
                     next_peek = self.peek_parked(&mut lists, &mut scratch);
                 }
                 // Not while a drain is pending: work that comes and goes
@@ -383,12 +389,17 @@ impl Engine {
                     std::hint::spin_loop();
                     continue;
                 }
-                let idle = last_work.elapsed();
-                if idle < SPIN_WINDOW {
+                // A parked VM kicked while the thread polls: to the sweep,
+                // not to sleep with its kick taken.
+                if self.take_kicks(&vms) {
                     continue;
                 }
-                if idle < window.get() {
-                    thread::yield_now();
+                // Polling spins, never yields: a thread that gave its CPU
+                // to a busy vCPU would get it back only after the vCPU's
+                // time slice (ms), whatever came meanwhile, while a parked
+                // one is woken by the kick at once. Past `POLL_MIN` only on
+                // a CPU of its own (`poll_window`).
+                if last_work.elapsed() < window.get() {
                     continue;
                 }
             }
@@ -427,6 +438,12 @@ impl Engine {
                 thread::yield_now();
                 continue;
             }
+            // A parked VM kicked since its last sweep (a kick taken while
+            // the thread polled, or one set by the control path): nothing
+            // would wake the thread for it.
+            if lists.iter().any(|l| l.parked && l.dev.kick_pending()) {
+                continue;
+            }
             TrafficCounters::add_single_writer(&self.counters.parks, 1);
             park_fds.clear();
             for list in &lists {
@@ -438,6 +455,8 @@ impl Engine {
                 .chain(scratch.next_timer)
                 .min();
             self.park(timer, &park_fds);
+            // Swept next, whatever ended the sleep.
+            let _ = self.take_kicks(&vms);
             // Whatever ended the sleep: a VM retrying without end keeps
             // the sleeps short, and must not keep the re-check away.
             if rechecked.elapsed() >= MAX_PARK {
@@ -481,7 +500,29 @@ impl Engine {
         }
     }
 
-    /// Sleeps until woken (or one of the transport's `fds` is readable),
+    /// Marks the VMs whose drivers kicked the notification queue (among
+    /// `vms`, every VM by id) for the next sweep, and counts the kicks.
+    /// Returns whether it marked any: the thread must then sweep before it
+    /// sleeps, since nothing else will wake it for them.
+    fn take_kicks(&self, vms: &[Option<Arc<VmCell>>]) -> bool {
+        let mut any = false;
+        self.kicks.take(|id| {
+            // Only this thread's VMs are registered; a kick that raced
+            // with its VM's removal finds no VM, or one it does not serve.
+            if let Some(Some(dev)) = vms.get(id) {
+                if self.serves(id) {
+                    dev.kick();
+                    any = true;
+                    if let Some(t) = self.tenancy.traffic(id) {
+                        TrafficCounters::add(&t.notifications, 1);
+                    }
+                }
+            }
+        });
+        any
+    }
+
+    /// Sleeps until woken, kicked (or one of the transport's `fds` is readable),
     /// [`MAX_PARK`] passes, or `timer` (the earliest retry deadline)
     /// arrives.
     fn park(&self, timer: Option<Instant>, fds: &[std::os::fd::RawFd]) {
@@ -494,7 +535,8 @@ impl Engine {
             events: libc::POLLIN,
             revents: 0,
         };
-        let mut pfds: Vec<libc::pollfd> = std::iter::once(std::os::fd::AsRawFd::as_raw_fd(&self.wake))
+        let mut pfds: Vec<libc::pollfd> = [std::os::fd::AsRawFd::as_raw_fd(&self.wake), self.kicks.fd()]
+            .into_iter()
             .chain(fds.iter().copied())
             .map(pfd)
             .collect();
