@@ -214,6 +214,15 @@ fn wait_parked(d: &TestDaemon, before: u64) {
     }
 }
 
+/// VMs 0 and 1 of `d`, an RC pair between them and a 4 KiB buffer on each
+/// (the source on VM 0).
+fn writer_pair(d: &TestDaemon) -> (Vm, Vm, Pair, Buf, Buf) {
+    let (a, b) = (open(d, 0), open(d, 1));
+    let p = rc_pair(&a, &b);
+    let (src, dst) = (Buf::new(&a, 4096), Buf::new(&b, 4096));
+    (a, b, p, src, dst)
+}
+
 /// Control commands wake a sleeping engine only when they may have made
 /// work startable (a QP state change), not for every object created: a
 /// VM creating QPs costs the engine nothing. A QP connected while the
@@ -353,9 +362,7 @@ fn short_sleeps_do_not_keep_an_unnotified_parked_vm_waiting() {
 #[test]
 fn a_rate_limited_vm_waiting_for_its_deadline_is_not_a_late_kick() {
     let d = TestDaemon::start(2).unwrap();
-    let (a, b) = (open(&d, 0), open(&d, 1));
-    let p = rc_pair(&a, &b);
-    let (src, dst) = (Buf::new(&a, 4096), Buf::new(&b, 4096));
+    let (_a, _b, p, src, dst) = writer_pair(&d);
     // 20 WRITEs a second, in bursts of one: each waits ~50 ms for its
     // token, asleep in the engine (longer than the re-check's period).
     d.set_vm_qos(
@@ -420,9 +427,7 @@ fn the_polling_window_shrinks_for_a_sporadic_sender_and_grows_for_a_quick_one() 
     // SAFETY: no arguments; returns the CPU or -1.
     let cpu = usize::try_from(unsafe { libc::sched_getcpu() }).unwrap_or(0);
     let d = TestDaemon::with_config(2, |c| c.engine_cpus = vec![cpu]).unwrap();
-    let (a, b) = (open(&d, 0), open(&d, 1));
-    let p = rc_pair(&a, &b);
-    let (src, dst) = (Buf::new(&a, 4096), Buf::new(&b, 4096));
+    let (_a, _b, p, src, dst) = writer_pair(&d);
     let mut n = 0u64;
     let mut write = || {
         n += 1;
@@ -469,9 +474,7 @@ fn the_polling_window_shrinks_for_a_sporadic_sender_and_grows_for_a_quick_one() 
 fn kicks_are_not_held_up_by_a_rate_limited_control_queue() {
     const WRITES: u64 = 5;
     let d = TestDaemon::start(2).unwrap();
-    let (a, b) = (open(&d, 0), open(&d, 1));
-    let p = rc_pair(&a, &b);
-    let (src, dst) = (Buf::new(&a, 4096), Buf::new(&b, 4096));
+    let (a, _b, p, src, dst) = writer_pair(&d);
     d.set_vm_qos(
         0,
         QosSpec {
@@ -536,9 +539,7 @@ fn kicks_are_not_held_up_by_a_rate_limited_control_queue() {
 fn a_kick_taken_while_the_engine_polls_is_served_before_it_sleeps() {
     const ROUNDS: usize = 100;
     let d = TestDaemon::start(2).unwrap();
-    let (a, b) = (open(&d, 0), open(&d, 1));
-    let p = rc_pair(&a, &b);
-    let (src, dst) = (Buf::new(&a, 4096), Buf::new(&b, 4096));
+    let (_a, _b, p, src, dst) = writer_pair(&d);
     let mut waits = Vec::new();
     for i in 0..ROUNDS as u64 {
         wait_parked(&d, parks(&d));
@@ -586,9 +587,7 @@ fn a_kick_taken_while_the_engine_polls_is_served_before_it_sleeps() {
 #[test]
 fn a_thread_sharing_its_cpu_polls_only_briefly_after_work() {
     let d = TestDaemon::start(2).unwrap();
-    let (a, b) = (open(&d, 0), open(&d, 1));
-    let p = rc_pair(&a, &b);
-    let (src, dst) = (Buf::new(&a, 4096), Buf::new(&b, 4096));
+    let (_a, _b, p, src, dst) = writer_pair(&d);
     assert_eq!(poll_window(&d), 20);
     for i in 0..50u64 {
         let before = parks(&d);
