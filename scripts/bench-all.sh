@@ -17,9 +17,11 @@ cd "$(dirname "$0")/.."
 OUT=${1:-target/bench-all/$(date +%Y%m%d-%H%M%S)}
 QUICK=${2:-}
 mkdir -p "$OUT"
-cargo build --release --locked --bin rdma_perf --bin ctrl_bench >/dev/null
+cargo build --release --locked --bin rdma_perf --bin ctrl_bench --bin idle_bench >/dev/null
+cargo build --release --locked -p vhost-user-rdma >/dev/null
 PERF=target/release/rdma_perf
 CTRL=target/release/ctrl_bench
+IDLE=target/release/idle_bench
 RUNS=5
 Q=()
 if [ "$QUICK" = quick ]; then
@@ -63,6 +65,15 @@ else
   for qps in 1000 2000 4000; do
     run setup-$qps "$PERF" --qps "$qps" --vms 2 --secs 0.3 --no-baselines
   done
+fi
+
+# Idle VMs (issue 32): the daemon's CPU with 1,000 connected idle VMs (fewer if
+# the descriptor limit is short: the output says so and scales), and a WRITE
+# after idle against warm and against a thread's wake-up.
+if [ "$QUICK" = quick ]; then
+  run idle "$IDLE" --vms 20 --idle-secs 1 --wakes 5
+else
+  run idle "$IDLE" --vms 1000
 fi
 
 # The issue-16 target rows, repeated: latency and message rate in both

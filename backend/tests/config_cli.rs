@@ -197,3 +197,70 @@ fn bad_remote_gid_is_refused_with_the_line() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Starts the daemon with `vms` sockets under a descriptor limit of `soft`
+/// and `hard`; returns its soft limit once it listens (from
+/// `/proc/PID/limits`) and what it logged.
+fn daemon_under_limit(tag: &str, vms: usize, soft: u64, hard: u64) -> (u64, String) {
+    use std::os::unix::process::CommandExt;
+    let dir = temp_dir(tag);
+    let socks: Vec<_> = (0..vms).map(|i| dir.join(format!("vm{i}.sock"))).collect();
+    let log = dir.join("daemon.log");
+    let mut cmd = Command::new(BIN);
+    for s in &socks {
+        cmd.arg("--socket-path").arg(s);
+    }
+    // SAFETY: only setrlimit, which is async-signal-safe, between fork
+    // and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let lim = libc::rlimit {
+                rlim_cur: soft,
+                rlim_max: hard,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !socks.iter().all(|s| s.exists()) {
+        let exited = child.try_wait().unwrap();
+        assert!(exited.is_none(), "daemon exited: {exited:?}");
+        assert!(Instant::now() < deadline, "sockets not created");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.id())).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let soft_now = line.split_whitespace().nth(3).unwrap().parse().unwrap();
+    (soft_now, logged)
+}
+
+/// The daemon raises its soft descriptor limit to the hard one (it holds a
+/// few dozen descriptors per VM, and a soft limit of 1024 would refuse the
+/// 30th VM), and warns when even the hard limit is short for its VMs.
+#[test]
+fn the_descriptor_limit_is_raised_and_a_short_one_named() {
+    let (soft, logged) = daemon_under_limit("nofile-ok", 4, 256, 4096);
+    assert_eq!(soft, 4096, "{logged}");
+    assert!(!logged.contains("descriptor limit"), "{logged}");
+    let (soft, logged) = daemon_under_limit("nofile-short", 12, 300, 600);
+    assert_eq!(soft, 600);
+    assert!(
+        logged.contains("the descriptor limit is 600 and 12 VMs need about"),
+        "{logged}"
+    );
+}
