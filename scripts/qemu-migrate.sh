@@ -21,8 +21,8 @@
 # with a working device (ibv_devinfo after its gate), and the run stops there.
 # --driver: A loads virtio_rdma.ko before the migration, so the state carries the kernel
 # driver's objects (its context, the GSI QP). --traffic (implies --driver): A runs
-# ibv_rc_pingpong against B (20000 iterations of 4 KiB) across step 3, and both sides' result
-# lines are checked.
+# ibv_rc_pingpong against B ($PAIR_PINGPONG_ITERS iterations of 4 KiB, default 200000) across
+# step 3, and both sides' result lines are checked.
 # --tool write_bw|read_bw|atomic_bw (implies --driver): instead of the pingpong, Debian's
 # unmodified perftest (ib_write_bw ... over GID 1, -x 1, the TCP exchange), A the client and B
 # the server, 64 KiB messages for $MIGRATE_TOOL_SECONDS s (-D, default 60, measured from 3 s

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Live upgrade of the daemon under two QEMU guests running RDMA traffic (issue 30 item 3, spec
 # 20.7). One daemon (VMs A and B, a management socket, a hand-over socket) serves guests A and B,
-# each with virtio_rdma.ko loaded; A runs ibv_rc_pingpong against B (20000 iterations of 4 KiB),
+# each with virtio_rdma.ko loaded; A runs ibv_rc_pingpong against B ($PAIR_PINGPONG_ITERS
+# iterations of 4 KiB, default 200000),
 # or with --tool write_bw Debian's unmodified ib_write_bw (A writes into B, 64 KiB messages for
 # $UPGRADE_TOOL_SECONDS s, default 60, measured from 3 s after the start to 3 s before the end).
 # Once the tool runs:

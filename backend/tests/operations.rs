@@ -504,10 +504,10 @@ fn ctl_shows_live_objects_and_changes_qos() {
     let e = d.ctl_json(&["engines"]);
     assert_eq!(e["engines"].as_array().map(Vec::len), Some(2));
     assert_eq!(e["engines"][1]["vms"], 1);
-    // The polling window is 20 to 200 µs (the second thread never worked).
-    let window = e["engines"][0]["poll_window_us"].as_u64().unwrap();
-    assert!((20..=200).contains(&window), "{window}");
-    assert_eq!(e["engines"][1]["poll_window_us"], 200);
+    // Threads not pinned (`engine_cpus`) poll 20 µs after work, whatever
+    // the traffic (a pinned one adapts: tests/tests/engines.rs).
+    assert_eq!(e["engines"][0]["poll_window_us"], 20);
+    assert_eq!(e["engines"][1]["poll_window_us"], 20);
 
     // ctl raw, ping, version.
     let (code, out, _) = d.ctl(&["raw", r#"{"cmd":"ping","id":42}"#]);

@@ -49,8 +49,10 @@ pair_image() {
     --file "$2:/etc/tools.sh" --file "$GUEST_STDBUF_FILE" --sysroot "$4" "${extra[@]}" >/dev/null
 }
 
-# pair_tool TOOL SIZE SECONDS: the tool between the guests, `pingpong` (ibv_rc_pingpong, 20000
-# iterations of 4 KiB) or a perftest bandwidth test (write_bw, read_bw, atomic_bw: Debian's
+# pair_tool TOOL SIZE SECONDS: the tool between the guests, `pingpong` (ibv_rc_pingpong,
+# $PAIR_PINGPONG_ITERS iterations of 4 KiB, default 200000: enough to outlast the migrations
+# and upgrades the scripts make meanwhile, at 0.2-0.8 ms per iteration under TCG) or a
+# perftest bandwidth test (write_bw, read_bw, atomic_bw: Debian's
 # unmodified ib_*_bw over GID 1, -x 1, with the TCP exchange; SIZE-byte messages, atomics 8;
 # -D SECONDS, measured from 3 s after the start to 3 s before the end, -f 3: perftest's default
 # margins are a quarter of -D at each end). Sets label (the guests' step), tool_name, tool_line
@@ -62,8 +64,9 @@ pair_tool() {
   size=$2
   case "$1" in
   pingpong)
-    label=RC tool_name=ibv_rc_pingpong tool_line='ibv_rc_pingpong -g 1 -n 20000 -s 4096'
-    row='^20000 iters in .* seconds'
+    local iters=${PAIR_PINGPONG_ITERS:-200000}
+    label=RC tool_name=ibv_rc_pingpong tool_line="ibv_rc_pingpong -g 1 -n $iters -s 4096"
+    row="^$iters iters in .* seconds"
     ;;
   *_bw)
     # perftest's row: "#bytes #iterations BW-peak BW-average[MB/s] MsgRate[Mpps]".
