@@ -165,24 +165,12 @@ impl Daemon {
         Ok((all, engine))
     }
 
-    fn fds(&self) -> usize {
-        fs::read_dir(
-            Path::new("/proc")
-                .join(self.child.id().to_string())
-                .join("fd"),
-        )
-        .map(|d| d.count())
-        .unwrap_or(0)
-    }
-
-    fn threads(&self) -> usize {
-        fs::read_dir(
-            Path::new("/proc")
-                .join(self.child.id().to_string())
-                .join("task"),
-        )
-        .map(|d| d.count())
-        .unwrap_or(0)
+    /// Entries in the daemon's `/proc/PID/<what>` (`fd`, `task`).
+    fn count(&self, what: &str) -> usize {
+        let dir = Path::new("/proc")
+            .join(self.child.id().to_string())
+            .join(what);
+        fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
     }
 }
 
@@ -343,8 +331,8 @@ fn main() -> Res<()> {
         connected.as_secs_f64(),
         2 * pairs.len(),
         (t.elapsed() - connected).as_secs_f64(),
-        daemon.threads(),
-        daemon.fds()
+        daemon.count("task"),
+        daemon.count("fd")
     );
 
     // 1. Idle: the engine parks all VMs and sleeps; measured after a
