@@ -14,7 +14,7 @@
 #      server looks for its doorbell page in the process's mappings (the provider maps it at the
 #      fixed offset VIRTIO_RDMA_MMAP_DB_PAGE);
 #   2. still in the shared-memory mode, a live upgrade of the daemon (spec 20.7) under traffic:
-#      while both guests run ibv_rc_pingpong (3000 × 4 KiB), SIGUSR2 has the daemon start its
+#      while both guests run ibv_rc_pingpong (30000 × 4 KiB), SIGUSR2 has the daemon start its
 #      successor, which takes both VMs over with their doorbell region (the guests' mappings of
 #      it stay; nothing is mapped again); the messages VM 1 receives must grow on the new
 #      daemon, and the pingpong must complete on both sides;
@@ -93,7 +93,7 @@ tools() {
   local upgrade=''
   # The upgrade's window (step 2), in the shared-memory mode only.
   [ "$1" != SHMEM ] ||
-    upgrade=" && echo UPGRADE-WINDOW && run UPG_SHMEM ibv_rc_pingpong -g 1 -n 3000 -s 4096"
+    upgrade=" && echo UPGRADE-WINDOW && run UPG_SHMEM ibv_rc_pingpong -g 1 -n 30000 -s 4096"
   echo "step CHECK_$1 vrdma-check && run RC_$1 ibv_rc_pingpong -g 1 -n 50 &&
     run EV_$1 ibv_rc_pingpong -g 1 -n 20 -e &&
     run SRQ_$1 ibv_srq_pingpong -g 1 -n 20 -q 4 && run UD_$1 ibv_ud_pingpong -g 1 -n 20 &&
@@ -195,7 +195,7 @@ for m in SHMEM RAM; do
   check_after "RLAT_$m" "$m: ib_read_lat client (post to completion)" "$lat_row" client
   if [ "$m" = SHMEM ]; then
     for g in server client; do
-      check_after UPG_SHMEM "ibv_rc_pingpong $g across the upgrade" "^3000 iters in .* seconds" $g
+      check_after UPG_SHMEM "ibv_rc_pingpong $g across the upgrade" "^30000 iters in .* seconds" $g
     done
   fi
   want=$([ "$m" = SHMEM ] && echo 1 || echo 0)
