@@ -180,7 +180,7 @@ const LAT_WAIT: Duration = Duration::from_secs(20);
 
 /// Posts signaled work request `i` (`op` over `sge`) on `qp`, spins on
 /// `cq` for its completion and returns the µs since `t0`.
-fn one_request(
+pub fn one_request(
     cq: &Cq,
     qp: &Qp,
     sge: &[Sge; 1],

@@ -32,11 +32,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use vhost_user_rdma_tests::bench::{loadavg, median, pct, pin_current, print_header};
-use vhost_user_rdma_tests::dp::{rc_pair, wr, write_op, Buf, Pair, Vm};
+use vhost_user_rdma_tests::bench::{loadavg, median, one_request, pct, pin_current, print_header};
+use vhost_user_rdma_tests::dp::{rc_pair, write_op, Buf, Pair, Vm};
 use vhost_user_rdma_tests::guest_mem::MemLayout;
 use vhost_user_rdma_tests::vmm::VmmOptions;
-use virtio_rdma_driver::WorkCompletion;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -205,21 +204,14 @@ fn raise_nofile() -> u64 {
 
 /// One signaled 64-byte WRITE of `p.qa`, spinning on its CQ: µs.
 fn write_once(p: &Pair, src: &Buf, dst: &Buf, id: u64) -> Res<f64> {
-    let sg = [src.sge(0, 64)];
-    let t0 = Instant::now();
-    p.qa.post_send(&[wr(id, write_op(dst, 0), &sg)])?;
-    let mut wc = [WorkCompletion::default()];
-    loop {
-        if p.cqa.poll(&mut wc) == 1 {
-            if !wc[0].is_success() {
-                return Err(format!("WRITE failed: {:?}", wc[0]).into());
-            }
-            return Ok(t0.elapsed().as_secs_f64() * 1e6);
-        }
-        if t0.elapsed() > Duration::from_secs(20) {
-            return Err("no completion in 20 s".into());
-        }
-    }
+    one_request(
+        &p.cqa,
+        &p.qa,
+        &[src.sge(0, 64)],
+        write_op(dst, 0),
+        id,
+        Instant::now(),
+    )
 }
 
 /// The baseline: a thread asleep in `ppoll` on an eventfd (as the parked
