@@ -178,8 +178,15 @@ pub trait RnicPath: Send + Sync {
         false
     }
 
+    /// [`RnicPath::wants_poll`] may be true of a VM: the sweep then looks
+    /// at every VM, parked or not, each time. An RNIC without work the
+    /// doorbells do not show leaves it false, and a sweep then visits only
+    /// the VMs it polls and the parked ones kicked or due.
+    const WANTS_POLL: bool = false;
+
     /// Whether VM `vm` has work in the RNIC that no doorbell shows
-    /// (completions that may arrive): the sweep then serves it each time.
+    /// (completions that may arrive): the sweep then serves it each time
+    /// (only asked if [`RnicPath::WANTS_POLL`]).
     fn wants_poll(&self, _vm: usize) -> bool {
         false
     }

@@ -822,8 +822,20 @@ fn busy_then_idle(fence_elision: bool) {
     let mut seen = 0u32;
     let start = Instant::now();
     let mut n = 0u64;
-    // Busy for a while: well past the 1 ms after which the flag is set.
-    while start.elapsed() < Duration::from_millis(300) {
+    // Busy until the flag shows. The engine sets it after 1 ms awake with
+    // work on end, and an unpinned engine parks whenever 20 µs pass
+    // without work: on a loaded host, where this thread or the engine's
+    // is preempted now and then, that may take many tries, so the loop
+    // waits for the flag (or 60 s), not for a fixed time. Without a
+    // barrier: 300 ms of work, in which the flag must not appear.
+    let busy = |seen: u32| {
+        if supported {
+            seen & DB_FLAG_POLLING == 0 && start.elapsed() < Duration::from_secs(60)
+        } else {
+            start.elapsed() < Duration::from_millis(300)
+        }
+    };
+    while busy(seen) {
         let w = wr(n, write_op(&bb, 0), &sg);
         p.qa.post_send(&[w]).unwrap();
         ok(&poll_one(&p.cqa), n, WcOpcode::RDMA_WRITE);

@@ -226,7 +226,7 @@ impl RdmaDevice {
         };
         // The port is up from the start; the event waits for a buffer.
         ctrl.events.push(EventKind::PORT_ACTIVE, PORT_NUM, 0);
-        let cell = Arc::new(VmCell::new(ctrl, engine.index())?);
+        let cell = Arc::new(VmCell::new(ctrl, engine.index(), engine.kicked_vms())?);
         let dirty = DirtyLog::new();
         let (weak_cell, weak_log) = (Arc::downgrade(&cell), Arc::downgrade(&dirty));
         dirty.set_hook(move || {

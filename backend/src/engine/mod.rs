@@ -23,6 +23,7 @@
 //!   which the thread waits on itself.
 
 mod anticipate;
+mod attention;
 pub mod barrier;
 mod bind;
 pub mod completer;
@@ -56,6 +57,7 @@ use crate::qos::QosTable;
 use crate::rnic_objects::Caps;
 use crate::sync::lock;
 use crate::tenancy::Tenancy;
+use crate::vm::cell::KickedVms;
 use kicks::KickWatch;
 use placement::Registry;
 use thread::pin_to;
@@ -105,9 +107,10 @@ pub struct EngineCounters {
     /// Times a peek found work of a parked VM while the thread was busy
     /// (before, or without, the VM's notification).
     pub peeked: AtomicU64,
-    /// Times the thread's re-check of its parked VMs after a sleep (at most
-    /// every 50 ms) found work whose notification had not arrived (late,
-    /// or lost: the re-check bounds the wait either way).
+    /// Times the thread's re-check of its parked VMs before a sleep (at
+    /// most every 50 ms, a batch of them at a time) found work whose
+    /// notification had not arrived (late, or lost: the re-check bounds the
+    /// wait either way).
     pub late_kicks: AtomicU64,
     /// Times the thread watched an entitled VM's doorbells and found its
     /// next post (`anticipate`).
@@ -135,6 +138,8 @@ pub struct Engine {
     wake: EventFd,
     /// The notification kicks of its VMs, which it waits on when it sleeps.
     kicks: KickWatch,
+    /// Its VMs kicked since it last looked (kicks of every origin).
+    kicked_vms: Arc<KickedVms>,
     stop: AtomicBool,
     /// Held by a test (`Engines::hold`): the thread does nothing until it
     /// is released; `held` acknowledges that it has stopped working.
@@ -174,6 +179,7 @@ impl Engine {
             caps: rnic.caps(),
             wake: EventFd::new(libc::EFD_NONBLOCK)?,
             kicks: KickWatch::new()?,
+            kicked_vms: Arc::default(),
             stop: AtomicBool::new(false),
             hold: AtomicBool::new(false),
             held: AtomicBool::new(false),
@@ -215,6 +221,11 @@ impl Engine {
     /// new queues start with them).
     pub fn doorbell_flags(&self) -> Arc<AtomicU32> {
         self.db_flags.clone()
+    }
+
+    /// The list its VMs' kicks go to (`VmCell::new`).
+    pub fn kicked_vms(&self) -> Arc<KickedVms> {
+        self.kicked_vms.clone()
     }
 
     /// Whether this thread serves VM `vm`.

@@ -151,9 +151,6 @@ pub(super) struct DbList {
     pub(super) idle_scans: u32,
     /// Since when the VM has had no work (read every so many idle scans).
     pub(super) idle_since: Option<Instant>,
-    /// While parked: the thread's work clock (`Scratch::worked`) at which
-    /// the list is peeked next ([`DbList::peek`]).
-    pub(super) peek_at: u64,
 }
 
 // The sweep calls `refresh_if_changed`, `pending` and `scan` (and this
@@ -182,15 +179,20 @@ impl DbList {
             timer: None,
             idle_scans: 0,
             idle_since: None,
-            peek_at: 0,
         }
+    }
+
+    /// Whether the VM changed since the list was built.
+    #[inline]
+    pub(super) fn stale(&self) -> bool {
+        self.gen != Some(self.dev.dp_generation())
     }
 
     /// Rebuilds the list if the VM changed, unless the last rebuild was
     /// expensive and recent (then `scratch` gets a timer for it).
     #[inline]
     pub(super) fn refresh_if_changed<T>(&mut self, scratch: &mut Scratch<T>) {
-        if self.gen == Some(self.dev.dp_generation()) {
+        if !self.stale() {
             return;
         }
         let now = Instant::now();

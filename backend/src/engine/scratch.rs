@@ -5,6 +5,7 @@
 use std::time::Instant;
 
 use super::anticipate::Anticipation;
+use super::attention::Attention;
 use super::wqe::WqeBuf;
 use crate::qos::rate_limits::RateLimits;
 
@@ -36,6 +37,9 @@ pub struct Scratch<T> {
     /// Which VM to anticipate, and what is known of their posting
     /// (`super::anticipate`).
     pub(super) anticipation: Anticipation,
+    /// Which VMs' lists a sweep visits, and the rounds over the parked
+    /// ones (`super::attention`).
+    pub(super) attention: Attention,
     /// The RNIC data path's reusable memory.
     pub(crate) path: T,
 }
@@ -53,6 +57,7 @@ impl<T: Default> Scratch<T> {
             contended: false,
             worked: 0,
             anticipation: Anticipation::default(),
+            attention: Attention::default(),
             path: T::default(),
         }
     }

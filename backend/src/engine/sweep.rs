@@ -60,16 +60,30 @@ impl Engine {
     ) -> bool {
         active.clear();
         path.sweep_started(&mut scratch.path);
-        // The clock is read only when some VM is held back.
+        // The clock is read only when some VM is held back, or a parked
+        // one waits for a deadline.
         let mut now = None;
-        for (k, list) in lists.iter_mut().enumerate() {
+        if P::WANTS_POLL {
+            scratch.attention.visit_all();
+        }
+        let full = scratch.attention.all();
+        let visit = scratch.attention.begin(&self.kicked_vms, lists.len(), &mut now);
+        for &k in &visit {
+            let Some(list) = lists.get_mut(k) else {
+                continue;
+            };
+            if !list.parked && list.dev.kick_pending() {
+                // Polled anyway: a kick taken now lets the next one, once
+                // the VM is parked, name it again (`VmCell::kick`).
+                list.dev.take_kick();
+            }
             if list.parked {
                 // Looked at only once kicked, at its retry deadline, or
                 // when the RNIC has completions for it.
                 let due = list
                     .timer
                     .is_some_and(|t| *now.get_or_insert_with(Instant::now) >= t);
-                let wake = list.dev.take_kick() || due || path.wants_poll(list.dev.id());
+                let wake = list.dev.take_kick() || due || (P::WANTS_POLL && path.wants_poll(list.dev.id()));
                 if !wake || !self.unpark(list) {
                     scratch.contended |= wake;
                     // A rebuild put off by its spacing (`refresh_if_changed`)
@@ -78,11 +92,14 @@ impl Engine {
                     // left above all. One load while nothing changed.
                     list.refresh_if_changed(scratch);
                     drr.idle(k);
+                    scratch.attention.visited(k, list, full);
                     continue;
                 }
             }
+            scratch.attention.visited(k, list, full);
             list.refresh_if_changed(scratch);
-            if !list.pending() && !list.scan() && !path.wants_poll(list.dev.id()) {
+            let polls = P::WANTS_POLL && path.wants_poll(list.dev.id());
+            if !list.pending() && !list.scan() && !polls {
                 drr.idle(k);
                 continue;
             }
@@ -95,6 +112,7 @@ impl Engine {
             active.push(k);
             path.vm_active(&mut scratch.path, k);
         }
+        scratch.attention.end(visit);
         // Anticipation needs a VM served last and another VM waiting.
         let anticipated = match scratch.anticipation.take_candidate() {
             Some(k) if !active.is_empty() => self.anticipate(path, lists, scratch, drr, active, k),
@@ -486,7 +504,7 @@ mod tests {
             vm: 0,
         };
         let vm = VmState::new(Limits::default(), rnic.clone(), port, tenancy.clone());
-        let cell = Arc::new(VmCell::new(vm, 0).unwrap());
+        let cell = Arc::new(VmCell::new(vm, 0, Arc::default()).unwrap());
         let gm = crate::memory::GuestRam::from_ranges(&[(GuestAddress(0), 0x1_0000)]).unwrap();
         let host = Arc::new(HostMem::new(Arc::new(gm)));
         let gone = Arc::downgrade(&host);

@@ -169,6 +169,7 @@ pub(crate) fn engine(caps: Caps, tenancy: Arc<Tenancy>) -> Engine {
         caps,
         wake: EventFd::new(libc::EFD_NONBLOCK).unwrap(),
         kicks: super::kicks::KickWatch::new().unwrap(),
+        kicked_vms: Arc::default(),
         stop: AtomicBool::new(false),
         hold: AtomicBool::new(false),
         held: AtomicBool::new(false),
@@ -178,4 +179,29 @@ pub(crate) fn engine(caps: Caps, tenancy: Arc<Tenancy>) -> Engine {
         fence_elision: false,
         pinned: false,
     }
+}
+
+/// `n` VM cells (ids 0 to `n - 1`, one tenant, nothing mapped) whose kicks
+/// go to `kicked`.
+pub(crate) fn cells(n: usize, kicked: &Arc<crate::vm::cell::KickedVms>) -> Vec<Arc<crate::vm::cell::VmCell>> {
+    let paths = (0..n).map(|i| format!("/nonexistent/vm{i}.sock").into()).collect();
+    let config = crate::config::DaemonConfig::new(paths);
+    let tenancy = Arc::new(Tenancy::from_config(&config));
+    let rnic: Arc<dyn RnicObjects> = Arc::new(Numbers::default());
+    (0..n)
+        .map(|vm| {
+            let port = crate::vm::PortIdentity {
+                gids: crate::gid_table::GidTable::single([0; 16]),
+                guid: 1,
+                vm,
+            };
+            let state = crate::vm::VmState::new(
+                crate::config::Limits::default(),
+                rnic.clone(),
+                port,
+                tenancy.clone(),
+            );
+            Arc::new(crate::vm::cell::VmCell::new(state, 0, kicked.clone()).unwrap())
+        })
+        .collect()
 }

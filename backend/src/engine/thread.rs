@@ -64,27 +64,53 @@ const IDLE_SCANS: u32 = 64;
 /// for the barrier the flag costs at the next park.
 const PROMOTE_AFTER: Duration = Duration::from_millis(1);
 
-/// A parked VM is peeked after at least this much work of the thread
-/// (modelled engine time, [`crate::qos::drr::cost_ns`]): an idle VM's new
-/// request waits about this long behind others' work, not a scheduler
-/// slice of its kick's thread (docs/isolation.md, "Parked VMs next to a
-/// busy tenant").
+/// A busy thread takes its VMs' kicks, and peeks at parked VMs, after at
+/// least this much work (modelled engine time,
+/// [`crate::qos::drr::cost_ns`]): an idle VM's new request waits about
+/// this long behind others' work, not a scheduler slice (docs/isolation.md,
+/// "Parked VMs next to a busy tenant").
 pub(super) const PEEK_WORK: u64 = 20_000;
 
-/// ... plus this much per QP of the VM: a peek reads a doorbell per QP
-/// (at worst a cache miss, ~0.1 µs), so peeking costs at most about a
-/// tenth of the thread's time however many QPs parked VMs have.
+/// A round of peeks looks at this many parked VMs at most, the next
+/// round at the next ones: a round stalls the VMs with work for a few µs
+/// however many VMs are parked.
+pub(super) const PEEK_BATCH: usize = 16;
+
+/// The work between two rounds grows by this much per VM peeked (a peek
+/// of a VM reads its list and cell, a few cache misses, ~0.3 µs) ...
+pub(super) const PEEK_PER_VM: u64 = 3_000;
+
+/// ... and by this much per QP (a doorbell read, at worst a cache miss,
+/// ~0.1 µs): peeking costs at most about a tenth of the thread's time
+/// however many VMs and QPs are parked.
 pub(super) const PEEK_PER_QP: u64 = 1_000;
+
+/// A re-check before a sleep reads at least this many parked VMs (all of
+/// them, if the thread has no more) ...
+const RECHECK_BATCH: usize = 32;
+
+/// ... or this share of them, so that every parked VM is re-checked at
+/// least every `RECHECK_ROUNDS` × [`MAX_PARK`] (1 s): an idle thread's
+/// re-checks cost about the same with 32 parked VMs or 1,000.
+const RECHECK_ROUNDS: usize = 20;
 
 /// Work a sweep that did any is counted as at least (ns), so that peeks
 /// also come while the work is of a kind the cost model does not charge.
 const SWEEP_WORK: u64 = 100;
 
-/// The work between two peeks of a parked VM with `qps` QPs (ns of
-/// modelled engine time).
-pub(super) fn peek_spacing(qps: usize) -> u64 {
+/// The work after a round of peeks at `vms` parked VMs with `qps` QPs
+/// in all before the next round (ns of modelled engine time).
+pub(super) fn peek_spacing(vms: usize, qps: usize) -> u64 {
+    let vms = u64::try_from(vms).unwrap_or(u64::MAX);
     let qps = u64::try_from(qps).unwrap_or(u64::MAX);
-    PEEK_WORK.saturating_add(qps.saturating_mul(PEEK_PER_QP))
+    PEEK_WORK
+        .saturating_add(vms.saturating_mul(PEEK_PER_VM))
+        .saturating_add(qps.saturating_mul(PEEK_PER_QP))
+}
+
+/// How many parked VMs (of `parked`) one re-check before a sleep reads.
+fn recheck_batch(parked: usize) -> usize {
+    RECHECK_BATCH.max(parked.div_ceil(RECHECK_ROUNDS))
 }
 
 /// Whether the thread's doorbells may carry `DB_FLAG_POLLING`.
@@ -171,30 +197,34 @@ impl Engine {
         list.timer = timer;
         list.work.clear();
         list.next = 0;
-        list.peek_at = scratch.worked.saturating_add(peek_spacing(list.qps.len()));
         true
     }
 
-    /// Peeks the parked lists whose turn has come by the thread's work
-    /// clock (see the module documentation): a list whose doorbells show
-    /// work is kicked, so the next sweep wakes it as if its VM had
-    /// notified. A list the VM changed since it was built (QPs created or
-    /// connected while it was parked) is rebuilt first, as a sweep would.
-    /// Returns the clock of the next peek due.
+    /// Peeks at the next [`PEEK_BATCH`] parked lists (see the module
+    /// documentation): a list whose doorbells show work is kicked, so the
+    /// next sweep wakes it as if its VM had notified. A list the VM changed
+    /// since it was built (QPs created or connected while it was parked)
+    /// is rebuilt first, as a sweep would. Returns the work clock of the
+    /// next round.
     fn peek_parked<T>(&self, lists: &mut [DbList], scratch: &mut Scratch<T>) -> u64 {
-        let worked = scratch.worked;
-        let mut next = worked.saturating_add(PEEK_WORK);
-        for list in lists.iter_mut().filter(|l| l.parked) {
-            if list.peek_at <= worked {
-                list.refresh_if_changed(scratch);
-                if list.peek() {
-                    list.dev.kick();
-                    TrafficCounters::add_single_writer(&self.counters.peeked, 1);
-                }
-                list.peek_at = worked.saturating_add(peek_spacing(list.qps.len()));
+        let batch = scratch.attention.next_parked(lists, PEEK_BATCH, false);
+        let mut qps = 0usize;
+        for &k in &batch {
+            let Some(list) = lists.get_mut(k) else {
+                continue;
+            };
+            list.refresh_if_changed(scratch);
+            if list.stale() {
+                scratch.attention.look_at(k);
             }
-            next = next.min(list.peek_at);
+            qps = qps.saturating_add(list.qps.len());
+            if list.peek() {
+                list.dev.kick();
+                TrafficCounters::add_single_writer(&self.counters.peeked, 1);
+            }
         }
+        let next = scratch.worked.saturating_add(peek_spacing(batch.len(), qps));
+        scratch.attention.end_round(batch);
         next
     }
 
@@ -209,16 +239,20 @@ impl Engine {
         scratch: &mut Scratch<P::Scratch>,
     ) {
         let mut now = None;
-        for k in 0..lists.len() {
-            let Some(list) = lists.get_mut(k) else {
+        let mut parked = false;
+        for i in 0..scratch.attention.polled().len() {
+            let Some(&k) = scratch.attention.polled().get(i) else {
                 break;
+            };
+            let Some(list) = lists.get_mut(k) else {
+                continue;
             };
             // The clock is read every so many idle scans.
             if list.parked
                 || list.pending()
                 || list.idle_scans < IDLE_SCANS
                 || list.idle_scans % IDLE_SCANS != 0
-                || path.wants_poll(list.dev.id())
+                || (P::WANTS_POLL && path.wants_poll(list.dev.id()))
             {
                 continue;
             }
@@ -228,7 +262,11 @@ impl Engine {
                 && self.park_list(path, vms, lists, k, scratch)
             {
                 TrafficCounters::add_single_writer(&self.counters.vm_parks, 1);
+                parked = true;
             }
+        }
+        if parked {
+            scratch.attention.parked(lists);
         }
     }
 
@@ -255,9 +293,11 @@ impl Engine {
         let mut polling = Polling::Off;
         // The transport's descriptors the parked thread also waits on.
         let mut park_fds = Vec::new();
-        // The work clock at which parked lists are peeked next.
+        // The work clock at which kicks are taken, and parked lists
+        // peeked, next.
+        let mut next_kicks = 0u64;
         let mut next_peek = 0u64;
-        // When the parked lists were last re-checked after a sleep.
+        // When the parked lists were last re-checked.
         let mut rechecked = Instant::now();
         // How long to poll after work before parking.
         let mut window = if self.pinned {
@@ -300,6 +340,7 @@ impl Engine {
                         }
                     })
                     .collect();
+                scratch.attention.reset(&lists);
                 seen = generation;
             }
             // QoS changes apply at the next sweep (one atomic load each).
@@ -349,9 +390,12 @@ impl Engine {
                 // Busy: parked VMs are peeked by the work clock, not left
                 // to kicks that may wait for this CPU (module docs).
                 scratch.worked = scratch.worked.saturating_add(SWEEP_WORK);
-                if scratch.worked >= next_peek {
+                if scratch.worked >= next_kicks {
                     // Swept next: the loop goes on after work.
                     let _ = self.take_kicks(&vms);
+                    next_kicks = scratch.worked.saturating_add(PEEK_WORK);
+                }
+                if scratch.worked >= next_peek {
                     next_peek = self.peek_parked(&mut lists, &mut scratch);
                 }
                 // Not while a drain is pending: work that comes and goes
@@ -427,21 +471,30 @@ impl Engine {
             scratch.next_timer = None;
             scratch.contended = false;
             let mut all = true;
-            for k in 0..lists.len() {
-                if lists.get(k).is_some_and(|l| !l.parked) {
+            for i in 0..scratch.attention.polled().len() {
+                if let Some(&k) = scratch.attention.polled().get(i) {
                     all &= self.park_list(path, &vms, &mut lists, k, &mut scratch);
                 }
             }
+            scratch.attention.parked(&lists);
             if !all || std::mem::take(&mut scratch.contended) {
                 // Work, or a VM whose lock was busy: poll on.
                 idle_sweeps = 0;
                 thread::yield_now();
                 continue;
             }
-            // A parked VM kicked since its last sweep (a kick taken while
-            // the thread polled, or one set by the control path): nothing
-            // would wake the thread for it.
-            if lists.iter().any(|l| l.parked && l.dev.kick_pending()) {
+            // Before the sleep rather than after it, so that the work that
+            // woke the thread does not wait for it; whatever ended the last
+            // sleep: a VM retrying without end keeps the sleeps short, and
+            // must not keep the re-check away.
+            if rechecked.elapsed() >= MAX_PARK {
+                self.recheck_parked(&mut lists, &mut scratch);
+                rechecked = Instant::now();
+            }
+            // A VM kicked since the last sweep (a kick taken while the
+            // thread polled, one set by the control path, or the re-check's):
+            // nothing would wake the thread for it.
+            if self.kicked_vms.pending() {
                 continue;
             }
             TrafficCounters::add_single_writer(&self.counters.parks, 1);
@@ -449,46 +502,47 @@ impl Engine {
             for list in &lists {
                 path.park_fds(list.dev.id(), &mut park_fds);
             }
-            let timer = lists
-                .iter()
-                .filter_map(|l| l.timer)
-                .chain(scratch.next_timer)
-                .min();
+            let timer = scratch.attention.earliest().into_iter().chain(scratch.next_timer).min();
             self.park(timer, &park_fds);
             // Swept next, whatever ended the sleep.
             let _ = self.take_kicks(&vms);
-            // Whatever ended the sleep: a VM retrying without end keeps
-            // the sleeps short, and must not keep the re-check away.
-            if rechecked.elapsed() >= MAX_PARK {
-                self.recheck_parked(&mut lists, &mut scratch);
-                rechecked = Instant::now();
-            }
             idle_sweeps = 0;
             woke = true;
             awake_since = Instant::now();
         }
     }
 
-    /// After a sleep, at most every [`MAX_PARK`]: reads every parked VM's
-    /// producer indices once, and serves the VM whose doorbells show work
-    /// without a kick pending as if it had been kicked. A driver notifies
+    /// Before a sleep, at most every [`MAX_PARK`]: reads the producer
+    /// indices of the next parked VMs ([`recheck_batch`]: all of them
+    /// while there are at most [`RECHECK_BATCH`]), and serves the VM whose
+    /// doorbells show work without a kick pending as if it had been
+    /// kicked. A driver notifies
     /// after it saw `DB_FLAG_KICK` (spec 18.6), but its notification
     /// crosses the VMM and a vhost-user worker, threads that a loaded host
     /// may not run for a long while, and a notification lost anywhere on
     /// that way would leave the VM's work unserved for good: this bounds
-    /// the wait to about [`MAX_PARK`] whatever happens to it. Costs a read
-    /// per QP of the parked VMs at most every [`MAX_PARK`], nothing while
-    /// the thread is busy (peeks cover that).
+    /// the wait to about [`MAX_PARK`] with up to [`RECHECK_BATCH`] parked
+    /// VMs on the thread, and to `RECHECK_ROUNDS` × [`MAX_PARK`] (1 s)
+    /// with more, whatever happens to it. Costs a read per QP of a batch
+    /// at most every [`MAX_PARK`], nothing while the thread is busy (peeks
+    /// cover that).
     fn recheck_parked<T>(&self, lists: &mut [DbList], scratch: &mut Scratch<T>) {
-        let now = Instant::now();
-        for list in lists.iter_mut().filter(|l| l.parked) {
-            // A VM whose deadline (a retry, or the end of a rate limit's
-            // wait) has come is the next sweep's anyway: it waited for the
-            // clock, not for a notification.
-            if list.timer.is_some_and(|t| t <= now) {
+        let attn = &mut scratch.attention;
+        let batch = attn.next_parked(lists, recheck_batch(attn.parked_count(lists.len())), true);
+        for &k in &batch {
+            let Some(list) = lists.get_mut(k) else {
+                continue;
+            };
+            // A VM with a deadline (a retry, or the end of a rate limit's
+            // wait) is visited when it comes, all its QPs scanned: its work
+            // waits for the clock, not for a notification.
+            if list.timer.is_some() {
                 continue;
             }
             list.refresh_if_changed(scratch);
+            if list.stale() {
+                scratch.attention.look_at(k);
+            }
             if !list.dev.kick_pending() && list.peek() {
                 list.dev.kick();
                 TrafficCounters::add_single_writer(&self.counters.late_kicks, 1);
@@ -498,6 +552,7 @@ impl Engine {
                 );
             }
         }
+        scratch.attention.end_round(batch);
     }
 
     /// Marks the VMs whose drivers kicked the notification queue (among
@@ -584,20 +639,38 @@ pub(super) fn pin_to(cpu: usize) {
 mod tests {
     use super::*;
 
-    /// A parked VM is peeked after `PEEK_WORK` of work, later the more QPs
-    /// it has: reading its doorbells (at worst ~0.1 µs each, a cache miss)
-    /// stays within about a tenth of the work in between.
+    /// A round of peeks comes after `PEEK_WORK` of work, later the more
+    /// VMs and QPs the last one read: reading them (at worst ~0.3 µs a VM
+    /// and ~0.1 µs a doorbell, cache misses) stays within about a tenth of
+    /// the work in between, and a round reads `PEEK_BATCH` VMs at most.
     #[test]
-    fn peeks_are_spaced_by_the_qps_they_read() {
-        assert_eq!(peek_spacing(0), PEEK_WORK);
-        assert_eq!(peek_spacing(1), PEEK_WORK + PEEK_PER_QP);
-        for qps in [1usize, 64, 2_500, 1 << 20] {
-            let reads_ns = qps as u64 * 100;
-            assert!(reads_ns * 10 <= peek_spacing(qps), "{qps} QPs");
+    fn peeks_are_spaced_by_what_they_read() {
+        assert_eq!(peek_spacing(0, 0), PEEK_WORK);
+        assert_eq!(peek_spacing(1, 1), PEEK_WORK + PEEK_PER_VM + PEEK_PER_QP);
+        for vms in [1usize, PEEK_BATCH] {
+            for qps in [vms, 64, 2_500, 1 << 20] {
+                let reads_ns = vms as u64 * 300 + qps as u64 * 100;
+                assert!(reads_ns * 10 <= peek_spacing(vms, qps), "{vms} VMs, {qps} QPs");
+            }
         }
-        assert!(peek_spacing(usize::MAX) >= PEEK_WORK, "saturates, never wraps");
-        // An idle VM with a QP or two is looked at within tens of µs of
-        // work: far below a scheduler time slice (ms).
-        assert!(peek_spacing(2) <= 25_000);
+        let most = peek_spacing(usize::MAX, usize::MAX);
+        assert!(most >= PEEK_WORK, "saturates, never wraps");
+        // A thread with a few idle VMs of a QP or two looks at them within
+        // tens of µs of work: far below a scheduler time slice (ms).
+        assert!(peek_spacing(2, 4) <= 30_000);
+    }
+
+    /// A re-check reads every parked VM while there are few, and then a
+    /// share that brings every VM's turn within `RECHECK_ROUNDS` rounds.
+    #[test]
+    fn rechecks_read_a_bounded_batch_that_comes_round_in_time() {
+        for parked in [0usize, 1, RECHECK_BATCH] {
+            assert!(recheck_batch(parked) >= parked, "{parked}: all at once");
+        }
+        for parked in [RECHECK_BATCH + 1, 1_000, 1_280, 1_281, 100_000] {
+            let b = recheck_batch(parked);
+            assert!(b.saturating_mul(RECHECK_ROUNDS) >= parked, "{parked}: round in time");
+            assert!(b <= RECHECK_BATCH.max(parked / RECHECK_ROUNDS + 1), "{parked}: bounded");
+        }
     }
 }

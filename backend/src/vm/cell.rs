@@ -72,6 +72,43 @@ impl Drop for HeldLock {
     }
 }
 
+/// The VMs of one engine thread kicked since the thread last looked
+/// ([`VmCell::kick`]): the thread reads the kicked VMs' doorbells, not
+/// those of every VM it parked, so a kick costs the same next to ten idle
+/// VMs or a thousand.
+#[derive(Debug, Default)]
+pub struct KickedVms {
+    /// Set after an id was pushed (the thread's one load per sweep).
+    pending: AtomicBool,
+    /// At most about two entries per VM: one is pushed only when a VM's
+    /// `kicked` flag goes up, and the thread drains the list each time it
+    /// takes `pending` (so a VM can be here twice, never more).
+    ids: Mutex<Vec<usize>>,
+}
+
+impl KickedVms {
+    fn push(&self, id: usize) {
+        lock(&self.ids).push(id);
+        self.pending.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a VM was kicked since the last [`KickedVms::drain_into`].
+    pub fn pending(&self) -> bool {
+        self.pending.load(Ordering::SeqCst)
+    }
+
+    /// Moves the ids of the VMs kicked since the last call into `out`;
+    /// false (and nothing moved) if none was.
+    pub fn drain_into(&self, out: &mut Vec<usize>) -> bool {
+        // A load first: the swap's locked write only when there is news.
+        if !self.pending() || !self.pending.swap(false, Ordering::SeqCst) {
+            return false;
+        }
+        out.append(&mut lock(&self.ids));
+        true
+    }
+}
+
 /// One VM's state and lock.
 pub struct VmCell {
     id: usize,
@@ -92,12 +129,14 @@ pub struct VmCell {
     /// work startable. A polling list the engine parked is looked at
     /// again only once this is set ([`VmCell::kick`]).
     kicked: AtomicBool,
+    /// Its engine thread's list of kicked VMs.
+    kicked_vms: Arc<KickedVms>,
 }
 
 impl VmCell {
-    /// The cell of VM `vm.vm_index()`, served by engine thread `engine`,
-    /// with no memory mapped.
-    pub fn new(vm: VmState, engine: usize) -> std::io::Result<Self> {
+    /// The cell of VM `vm.vm_index()`, served by engine thread `engine`
+    /// (whose list of kicked VMs is `kicked_vms`), with no memory mapped.
+    pub fn new(vm: VmState, engine: usize, kicked_vms: Arc<KickedVms>) -> std::io::Result<Self> {
         Ok(VmCell {
             id: vm.vm_index(),
             engine,
@@ -110,6 +149,7 @@ impl VmCell {
             running: AtomicBool::new(false),
             event_wake: EventFd::new(libc::EFD_NONBLOCK)?,
             kicked: AtomicBool::new(false),
+            kicked_vms,
         })
     }
 
@@ -117,7 +157,10 @@ impl VmCell {
     /// engine): a doorbell kick, or a control command that made posted
     /// work startable or in need of a flush.
     pub fn kick(&self) {
-        self.kicked.store(true, Ordering::SeqCst);
+        // The flag first: the thread that finds the id takes the flag.
+        if !self.kicked.swap(true, Ordering::SeqCst) {
+            self.kicked_vms.push(self.id);
+        }
     }
 
     /// Whether a kick waits for the engine (without taking it).

@@ -152,7 +152,7 @@ fn pair(setup: &Setup) -> Pair {
         vm: 1,
     };
     let spare = VmState::new(Limits::default(), rnic.clone(), port, tenancy.clone());
-    let cell = VmCell::new(spare, 0).unwrap();
+    let cell = VmCell::new(spare, 0, Default::default()).unwrap();
     Pair {
         rnic,
         tenancy,

@@ -56,6 +56,8 @@ impl RnicPath for VerbsPath<'_> {
 
     const TAKES_RECEIVES: bool = true;
 
+    const WANTS_POLL: bool = true;
+
     fn post_send(
         &self,
         cx: &mut Serving<'_>,
