@@ -96,6 +96,66 @@ fn disconnect_with_commands_in_flight() {
     populate(&mut vm);
 }
 
+/// Each start of the device after a reset sends the same memory table
+/// again (QEMU does at every reset of the guest): the daemon keeps its
+/// mapping of the guest's RAM (the same host addresses; the new mapping
+/// would have been made while the old one was still in use, elsewhere),
+/// and the device works on it. A new VMM's RAM is mapped anew.
+#[test]
+fn a_table_sent_again_at_a_reset_keeps_its_mapping() {
+    use std::os::unix::fs::MetadataExt;
+    use vhost_user_rdma::vring::QueueObserver;
+    use vm_memory::{GuestAddressSpace, GuestMemoryBackend, GuestMemoryRegion};
+
+    let d = TestDaemon::start(1).unwrap();
+    let device = d.daemon().device(0).unwrap().clone();
+    // Host address and file inode of each region the device maps.
+    let mapped = || -> Vec<(usize, u64)> {
+        let mem = device.queue_memory().unwrap().memory();
+        mem.iter()
+            .map(|r| {
+                let ino = r.file_offset().unwrap().file().metadata().unwrap().ino();
+                (r.as_ptr() as usize, ino)
+            })
+            .collect()
+    };
+    let mut vm = d
+        .connect_with(
+            0,
+            VmmOptions {
+                pipeline_setup: true,
+                ..VmmOptions::default()
+            },
+        )
+        .unwrap();
+    populate(&mut vm);
+    let first = mapped();
+    assert_eq!(first.len(), vm.mem().layout().regions.len());
+    let ino = vm.mem().file().metadata().unwrap().ino();
+    assert!(first.iter().all(|&(_, i)| i == ino));
+    for round in 0..3 {
+        if round == 1 {
+            vm.set_pipeline_setup(false);
+        }
+        vm.reset().unwrap();
+        assert_eq!(mapped(), first, "round {round}: guest RAM mapped anew");
+        // The control queue's answers are written through it.
+        populate(&mut vm);
+        assert_eq!(d.stats(0).device.resources.qp, 2);
+    }
+    drop(vm);
+    d.wait_released(0);
+    let mut vm = d.connect(0).unwrap();
+    populate(&mut vm);
+    let ino = vm.mem().file().metadata().unwrap().ino();
+    let again = mapped();
+    assert_eq!(again.len(), first.len());
+    assert!(
+        again.iter().all(|&(_, i)| i == ino),
+        "a new VMM's RAM is its own file"
+    );
+}
+
 #[test]
 fn device_reset_destroys_objects_and_invalidates_handles() {
     let d = TestDaemon::start(1).unwrap();

@@ -29,7 +29,7 @@ use vmm_sys_util::event::{
 
 use super::{DeviceError, RdmaDevice, EVENT_WAKE, MAX_QUEUE_SIZE};
 use crate::memory::dirty::{self, RamBitmap, VHOST_F_LOG_ALL};
-use crate::memory::table::check_table;
+use crate::memory::table::{check_table, same_mapping};
 use crate::memory::{GuestRam, HostMem, RamMap};
 use crate::restart::{RestartTracker, Verdict};
 use crate::sync::lock;
@@ -149,7 +149,7 @@ impl VhostUserBackend for RdmaDevice {
     }
 
     fn update_memory(&self, mem: GuestMemoryAtomic<GuestRam>) -> io::Result<()> {
-        let snapshot = mem.memory().into_inner();
+        let mut snapshot = mem.memory().into_inner();
         // A region past the end of its file, or over a file that may
         // shrink, would raise SIGBUS in the daemon at the first access
         // (spec 19.6.1): refuse the table; the library then fails the
@@ -165,6 +165,20 @@ impl VhostUserBackend for RdmaDevice {
         if let Err(e) = self.dirty.check_covers(dirty::ram_end(&snapshot)) {
             warn!("VM {}: SET_MEM_TABLE refused: {e}", self.id);
             return Err(e.into());
+        }
+        // The table in use sent again (every start of the device after a
+        // reset sends it): that mapping serves on, for the library's queues
+        // too, and the one just made goes unused. No remapping of the
+        // guest's RAM, no unmapping of the old one (a TLB shootdown on
+        // every core running a thread of the daemon), and no page faults to
+        // fill the new one's page tables again.
+        let current = self.guest_mem.memory().into_inner();
+        if same_mapping(&current, &snapshot) {
+            match mem.lock() {
+                Ok(g) => g.replace((*current).clone()),
+                Err(e) => e.into_inner().replace((*current).clone()),
+            }
+            snapshot = current;
         }
         // Writes through the table mark the log from the start; and a log
         // the VMM sets on this connection's thread is checked with the

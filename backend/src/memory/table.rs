@@ -115,6 +115,39 @@ pub fn check_table(mem: &GuestRam, allow_unsealed: bool) -> Result<(), TableErro
     Ok(())
 }
 
+/// Whether `new` maps exactly the memory `current` maps: as many regions,
+/// each at the same guest-physical address with the same size, the same
+/// protection and flags, over the same file (device and inode: the
+/// descriptors differ, each `SET_MEM_TABLE` sends its own) at the same
+/// offset. A VMM sends its table again at every start of the device (QEMU
+/// after each reset of the guest, or of the device by its driver); the
+/// mapping in use then serves on, and the new one is dropped untouched. A
+/// region without a file (not from a VMM) is never the same memory; an
+/// empty table maps nothing to keep.
+///
+/// Keeping the old mapping for the new table is sound because both map the
+/// same bytes of the same file shared: what the VMM or guest writes through
+/// one is what the daemon reads through the other. The checks of the new
+/// table ([`check_table`]) still apply: they look at the file as it is now,
+/// the same file the old mapping maps.
+pub fn same_mapping(current: &GuestRam, new: &GuestRam) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let identity = |f: &File| f.metadata().ok().map(|m| (m.dev(), m.ino()));
+    current.num_regions() > 0
+        && current.num_regions() == new.num_regions()
+        && current.iter().zip(new.iter()).all(|(a, b)| {
+            let (Some(fa), Some(fb)) = (a.file_offset(), b.file_offset()) else {
+                return false;
+            };
+            a.start_addr() == b.start_addr()
+                && a.len() == b.len()
+                && a.prot() == b.prot()
+                && a.flags() == b.flags()
+                && fa.start() == fb.start()
+                && identity(fa.file()).is_some_and(|i| Some(i) == identity(fb.file()))
+        })
+}
+
 #[cfg(test)]
 pub(in crate::memory) mod tests {
     use super::*;
@@ -152,6 +185,54 @@ pub(in crate::memory) mod tests {
             check_region_file(0, &f, u64::MAX - 4095, 8192, false),
             Err(TableError::PastEnd { .. })
         ));
+    }
+
+    /// A table of regions (gpa, size, file, offset).
+    fn table(regions: &[(u64, usize, &File, u64)]) -> GuestRam {
+        use vm_memory::{FileOffset, GuestAddress};
+        GuestRam::from_ranges_with_files(regions.iter().map(|&(gpa, size, f, off)| {
+            (
+                GuestAddress(gpa),
+                size,
+                Some(FileOffset::new(f.try_clone().unwrap(), off)),
+            )
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_table_sent_again_is_the_same_mapping_and_any_change_is_not() {
+        let f = memfd(1 << 22, libc::F_SEAL_SHRINK);
+        let g = memfd(1 << 22, libc::F_SEAL_SHRINK);
+        let two = |f0: &File, off1: u64| table(&[(0, 1 << 20, f0, 0), (1 << 32, 1 << 20, &f, off1)]);
+        let current = two(&f, 1 << 20);
+        // The same files through other descriptors (as a new SET_MEM_TABLE
+        // brings them), and through another open file of the same memfd.
+        assert!(same_mapping(&current, &two(&f, 1 << 20)));
+        let reopened = File::options()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/self/fd/{}", f.as_raw_fd()))
+            .unwrap();
+        assert!(same_mapping(&current, &two(&reopened, 1 << 20)));
+        // Another file, another offset, address, size, region count.
+        assert!(!same_mapping(&current, &two(&g, 1 << 20)));
+        assert!(!same_mapping(&current, &two(&f, 1 << 21)));
+        assert!(!same_mapping(
+            &current,
+            &table(&[(0, 1 << 20, &f, 0), (2 << 32, 1 << 20, &f, 1 << 20)])
+        ));
+        assert!(!same_mapping(
+            &current,
+            &table(&[(0, 1 << 20, &f, 0), (1 << 32, 2 << 20, &f, 1 << 20)])
+        ));
+        assert!(!same_mapping(&current, &table(&[(0, 1 << 20, &f, 0)])));
+        // Nothing mapped, or memory without a file: nothing to keep.
+        let empty = GuestRam::new();
+        assert!(!same_mapping(&empty, &empty));
+        assert!(!same_mapping(&empty, &current));
+        let anon = GuestRam::from_ranges(&[(vm_memory::GuestAddress(0), 1 << 20)]).unwrap();
+        assert!(!same_mapping(&anon, &anon.clone()));
     }
 
     #[test]
