@@ -138,9 +138,24 @@ impl DmaBuf {
     /// Sets `len` bytes at `offset` to `byte`.
     pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<()> {
         self.check(offset, len)?;
-        for i in 0..len {
+        // A word at a time where the range is aligned (the queues and
+        // buffers zeroed at every creation are pages): a byte at a time
+        // took most of a CQ's creation.
+        let word = u64::from_ne_bytes([byte; 8]);
+        let mut i = 0;
+        while i < len {
             // SAFETY: offset + i < offset + len <= self.len().
-            unsafe { ptr::write_volatile(self.as_ptr().add(offset + i), byte) };
+            let p = unsafe { self.as_ptr().add(offset + i) };
+            if p.align_offset(8) == 0 && len - i >= 8 {
+                // SAFETY: p .. p + 8 is inside the region (i + 8 <= len) and
+                // 8-aligned.
+                unsafe { ptr::write_volatile(p.cast::<u64>(), word) };
+                i += 8;
+            } else {
+                // SAFETY: p is inside the region (i < len).
+                unsafe { ptr::write_volatile(p, byte) };
+                i += 1;
+            }
         }
         Ok(())
     }

@@ -9,6 +9,8 @@
 //! process (a `PROT_NONE` reservation, then one `MAP_FIXED | MAP_SHARED`
 //! mapping of the guest memfd per page, at that page's file offset). The
 //! driver sees contiguous bytes; the device sees a scattered page list.
+//! A region of one page, or of one contiguous guest-physical range, needs no
+//! mapping of its own: it is used where the guest RAM is mapped already.
 //!
 //! The VMM sits behind one mutex that is never held while sleeping: waits on
 //! the control and event queues release it and sleep on (duplicates of) the
@@ -181,6 +183,26 @@ impl VmmTransport {
         };
         let va_align = align.max(page);
         let span = npages * page;
+        // Pages that are one guest-physical range (a single page, or a
+        // contiguous allocation) inside one RAM region are already side by
+        // side in the guest RAM's own mapping: no mapping of their own (a
+        // `mmap` and later a `munmap` with its TLB shootdown saved, for
+        // most queues and headers).
+        let first = dma.pages[0];
+        let contiguous = dma
+            .pages
+            .iter()
+            .enumerate()
+            .all(|(i, &p)| p == first + i as u64 * PAGE_SIZE);
+        if contiguous && self.mem.is_ram(first, span as u64) {
+            if let Ok(host) = self.mem.host_address(GuestAddress(first)) {
+                if host as usize % va_align == 0 {
+                    dma.va = Va::Ram;
+                    dma.base = host as *mut u8;
+                    return Ok(dma);
+                }
+            }
+        }
         let start = match self.arena.take(span, va_align).map_err(io_err)? {
             Some(slot) => {
                 let start = slot.start;
@@ -277,10 +299,12 @@ unsafe impl Sync for VmmDma {}
 
 // SAFETY: `base` is aligned to max(requested alignment, page size) and
 // valid for reads and writes of `len` bytes (every page of
-// `base .. base + npages * page` is a MAP_SHARED mapping of guest RAM) until
-// drop; nothing else in this process references those addresses (the vm-memory
-// mapping of the same pages is a different virtual range, used by the test
-// VMM only for rings it owns, never for these pages); `pages` has exactly
+// `base .. base + npages * page` is a MAP_SHARED mapping of guest RAM: one
+// of its own, or for one guest-physical range of one region the guest RAM's
+// own mapping, which `mem` keeps alive) until drop; nothing else in this
+// process references those pages (the test VMM uses the guest RAM's mapping
+// only for rings it owns, never for these pages, which the allocator handed
+// out to this region alone); `pages` has exactly
 // ceil(len / page) entries (first page offset 0), page-aligned, and
 // `pages[i]` is the guest-physical address of bytes `i * page ..`; with a
 // requested alignment above the page size the pages are one guest-physical
@@ -312,6 +336,9 @@ unsafe impl DmaRegion for VmmDma {
 enum Va {
     /// Nowhere yet.
     None,
+    /// In the guest RAM's own mapping ([`GuestMem::host_address`]): pages
+    /// that are one range of one region.
+    Ram,
     /// In a slot of the transport's arena.
     Arena(Arc<DmaArena>, Slot),
     /// In a reservation of its own (start, length).
@@ -321,7 +348,7 @@ enum Va {
 impl Drop for VmmDma {
     fn drop(&mut self) {
         match std::mem::replace(&mut self.va, Va::None) {
-            Va::None => {}
+            Va::None | Va::Ram => {}
             Va::Arena(arena, slot) => arena.give_back(&slot),
             Va::Own(reservation, len) => {
                 // SAFETY: the reservation (with the fixed page mappings
