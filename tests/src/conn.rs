@@ -156,6 +156,9 @@ pub struct Conn {
     fe: Frontend,
     timeout: Option<Duration>,
     watchdog: Option<Watchdog>,
+    /// How long a wait for a reply yields before it blocks
+    /// ([`Conn::set_reply_spin`]).
+    reply_spin: Option<Duration>,
 }
 
 impl std::fmt::Debug for Conn {
@@ -187,7 +190,39 @@ impl Conn {
             fe,
             timeout,
             watchdog,
+            reply_spin: None,
         })
+    }
+
+    /// A wait for a reply ([`Conn::recv_reply_bytes`]) first yields the CPU
+    /// for up to `spin` while no byte of it has come (None: it blocks at
+    /// once); see [`VmmOptions::reply_spin`](crate::vmm::VmmOptions::reply_spin).
+    pub fn set_reply_spin(&mut self, spin: Option<Duration>) {
+        self.reply_spin = spin;
+    }
+
+    /// Yields the CPU until the socket is readable or the reply spin has
+    /// passed.
+    fn spin_for_reply(&self) {
+        let Some(spin) = self.reply_spin else {
+            return;
+        };
+        let until = Instant::now() + spin;
+        let mut pfd = libc::pollfd {
+            fd: self.fe.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        while Instant::now() < until {
+            pfd.revents = 0;
+            // SAFETY: `pfd` is a valid pollfd array of length 1 that
+            // outlives the call; a zero timeout does not block.
+            if unsafe { libc::poll(&mut pfd, 1, 0) } != 0 {
+                // Readable, hung up, or an error the blocking read reports.
+                return;
+            }
+            std::thread::yield_now();
+        }
     }
 
     /// Runs one vhost-user exchange under the watchdog.
@@ -284,6 +319,7 @@ impl Conn {
         req: FrontendReq,
         max: usize,
     ) -> Result<Vec<u8>> {
+        self.spin_for_reply();
         self.watched(what, |c| {
             let fd = c.fe.as_raw_fd();
             let mut hdr = [0u8; HEADER_SIZE];

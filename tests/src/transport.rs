@@ -64,6 +64,9 @@ pub struct VmmTransport {
     shmem: Option<Arc<ShmemWindow>>,
     /// Address space for the DMA mappings.
     arena: Arc<DmaArena>,
+    /// How long a wait for a control command yields the CPU before it
+    /// sleeps on the call eventfd, in microseconds (0: it sleeps at once).
+    wait_spin_us: AtomicU64,
 }
 
 impl std::fmt::Debug for VmmTransport {
@@ -112,7 +115,19 @@ impl VmmTransport {
             notify_held: AtomicBool::new(false),
             held: AtomicU64::new(0),
             arena: Arc::new(DmaArena::default()),
+            wait_spin_us: AtomicU64::new(0),
         }))
+    }
+
+    /// A wait for a control command's completion first yields the CPU for
+    /// up to `spin` (None: it sleeps on the call eventfd at once), checking
+    /// the used ring between yields. On a machine with fewer cores than
+    /// busy threads the daemon's threads then run at once where the waiter
+    /// runs, and the waiter goes on without being woken: a sleep and a
+    /// wake-up cost more than most commands take.
+    pub fn set_wait_spin(&self, spin: Option<Duration>) {
+        let us = spin.map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        self.wait_spin_us.store(us, Ordering::Relaxed);
     }
 
     /// Holds back (`on`) the driver's notifications of notifyq, as a VMM
@@ -453,6 +468,8 @@ impl Transport for VmmTransport {
 
     fn wait(&self, token: Token, timeout: Option<Duration>) -> Result<Vec<u8>, TransportError> {
         let deadline = timeout.map(|t| Instant::now() + t);
+        let spin = self.wait_spin_us.load(Ordering::Relaxed);
+        let spin_until = (spin > 0).then(|| Instant::now() + Duration::from_micros(spin));
         loop {
             let r = {
                 let mut vmm = self.vmm();
@@ -478,6 +495,10 @@ impl Transport for VmmTransport {
                 }
                 Err(Error::Timeout(_)) => {}
                 Err(e) => return Err(map_err(e)),
+            }
+            if spin_until.is_some_and(|u| Instant::now() < u) {
+                std::thread::yield_now();
+                continue;
             }
             let left = match deadline {
                 Some(d) => d.saturating_duration_since(Instant::now()),

@@ -111,6 +111,11 @@ pub struct VmmOptions {
     /// `RESET_DEVICE` without waiting, and reads the stops' answers with the
     /// sync's. Saves a round trip per message on every connect and reset.
     pub pipeline_setup: bool,
+    /// A wait for a reply on the vhost-user socket first yields the CPU for
+    /// up to this long (None: it blocks at once): with more busy threads
+    /// than cores, the back-end's threads then get the core at once and the
+    /// waiter is spared a sleep and a wake-up. For the fuzz harness.
+    pub reply_spin: Option<Duration>,
 }
 
 impl VmmOptions {
@@ -179,6 +184,7 @@ impl Default for VmmOptions {
             disable_before_stop: false,
             backend_channel_without_shmem: false,
             pipeline_setup: false,
+            reply_spin: None,
         }
     }
 }
@@ -433,6 +439,7 @@ impl TestVmm {
         let socket = socket_path.as_ref().to_path_buf();
         let fe = connect_retry(&socket, opts.connect_timeout)?;
         let mut c = Conn::new(fe, opts.message_timeout)?;
+        c.set_reply_spin(opts.reply_spin);
 
         c.call("SET_OWNER", |fe| fe.set_owner())?;
         let device_features = c.call("GET_FEATURES", |fe| fe.get_features())?;
@@ -734,6 +741,7 @@ impl TestVmm {
         let socket = socket.as_ref().to_path_buf();
         let fe = connect_retry(&socket, self.opts.connect_timeout)?;
         let mut c = Conn::new(fe, self.opts.message_timeout)?;
+        c.set_reply_spin(self.opts.reply_spin);
         c.call("SET_OWNER", |fe| fe.set_owner())?;
         let offered = c.call("GET_FEATURES", |fe| fe.get_features())?;
         if offered & self.features != self.features {

@@ -119,11 +119,13 @@ fn a_table_sent_again_at_a_reset_keeps_its_mapping() {
             })
             .collect()
     };
+    // (Its replies waited for with yields first, as the fuzz harness does.)
     let mut vm = d
         .connect_with(
             0,
             VmmOptions {
                 pipeline_setup: true,
+                reply_spin: Some(Duration::from_micros(50)),
                 ..VmmOptions::default()
             },
         )
