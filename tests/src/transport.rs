@@ -9,8 +9,9 @@
 //! process (a `PROT_NONE` reservation, then one `MAP_FIXED | MAP_SHARED`
 //! mapping of the guest memfd per page, at that page's file offset). The
 //! driver sees contiguous bytes; the device sees a scattered page list.
-//! A region of one page, or of one contiguous guest-physical range, needs no
-//! mapping of its own: it is used where the guest RAM is mapped already.
+//! On request ([`VmmTransport::set_dma_in_ram_mapping`]) a region of one
+//! page, or of one contiguous guest-physical range, gets no mapping of its
+//! own: it is used where the guest RAM is mapped already.
 //!
 //! The VMM sits behind one mutex that is never held while sleeping: waits on
 //! the control and event queues release it and sleep on (duplicates of) the
@@ -67,6 +68,9 @@ pub struct VmmTransport {
     /// How long a wait for a control command yields the CPU before it
     /// sleeps on the call eventfd, in microseconds (0: it sleeps at once).
     wait_spin_us: AtomicU64,
+    /// DMA regions of one guest-physical range use the guest RAM's own
+    /// mapping ([`VmmTransport::set_dma_in_ram_mapping`]).
+    dma_in_ram: AtomicBool,
 }
 
 impl std::fmt::Debug for VmmTransport {
@@ -116,7 +120,19 @@ impl VmmTransport {
             held: AtomicU64::new(0),
             arena: Arc::new(DmaArena::default()),
             wait_spin_us: AtomicU64::new(0),
+            dma_in_ram: AtomicBool::new(false),
         }))
+    }
+
+    /// With `on`, a DMA region of one page, or of one contiguous
+    /// guest-physical range, is used where the guest RAM is mapped already
+    /// instead of in a mapping of its own (a `mmap` per page now and a
+    /// `munmap` with its TLB shootdown later); the scattered pages of
+    /// larger regions are mapped side by side as always. Off by default:
+    /// then every region has mappings of its own, as a real guest
+    /// driver's pages would be placed anywhere in its address space.
+    pub fn set_dma_in_ram_mapping(&self, on: bool) {
+        self.dma_in_ram.store(on, Ordering::Relaxed);
     }
 
     /// A wait for a control command's completion first yields the CPU for
@@ -202,14 +218,18 @@ impl VmmTransport {
         // contiguous allocation) inside one RAM region are already side by
         // side in the guest RAM's own mapping: no mapping of their own (a
         // `mmap` and later a `munmap` with its TLB shootdown saved, for
-        // most queues and headers).
+        // most queues and headers), if the user asked for it
+        // ([`VmmTransport::set_dma_in_ram_mapping`]).
         let first = dma.pages[0];
         let contiguous = dma
             .pages
             .iter()
             .enumerate()
             .all(|(i, &p)| p == first + i as u64 * PAGE_SIZE);
-        if contiguous && self.mem.is_ram(first, span as u64) {
+        if self.dma_in_ram.load(Ordering::Relaxed)
+            && contiguous
+            && self.mem.is_ram(first, span as u64)
+        {
             if let Ok(host) = self.mem.host_address(GuestAddress(first)) {
                 if host as usize % va_align == 0 {
                     dma.va = Va::Ram;
