@@ -250,6 +250,16 @@ impl Attention {
         out
     }
 
+    /// The next round of its kind (`recheck`) starts at list `k` (the
+    /// rest of a round cut short).
+    pub(super) fn resume_at(&mut self, k: usize, recheck: bool) {
+        if recheck {
+            self.recheck_at = k;
+        } else {
+            self.peek_at = k;
+        }
+    }
+
     /// Ends the round whose lists `next_parked` gave.
     pub(super) fn end_round(&mut self, round: Vec<usize>) {
         self.round = round;
@@ -384,6 +394,9 @@ mod tests {
         }
         // The re-checks go round on their own.
         assert_eq!(attn.next_parked(&lists, 2, true), vec![1, 2]);
+        // A round cut short after list 1: the next starts at 2.
+        attn.resume_at(2, true);
+        assert_eq!(attn.next_parked(&lists, 2, true), vec![2, 3]);
         assert!(attn.next_parked(&lists, 0, true).is_empty());
         let (_, empty, mut attn) = setup(0, &[]);
         assert!(attn.next_parked(&empty, 4, false).is_empty());

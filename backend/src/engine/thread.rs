@@ -94,6 +94,34 @@ const RECHECK_BATCH: usize = 32;
 /// re-checks cost about the same with 32 parked VMs or 1,000.
 const RECHECK_ROUNDS: usize = 20;
 
+/// A round of peeks stops after this long (having read one VM at
+/// least): the VMs with work wait no longer, however slow the parked ones'
+/// memory is to reach (on a virtual machine whose host pages idle guest
+/// memory out lazily, one VM's first read after a while took ~25 µs).
+const PEEK_TIME: Duration = Duration::from_micros(20);
+
+/// A re-check stops after this long (one VM at least): an idle thread
+/// spends at most about this every [`MAX_PARK`] on re-checks, 0.2 % of a
+/// core, however many VMs it has and however slow their memory is.
+const RECHECK_TIME: Duration = Duration::from_micros(100);
+
+/// Which round over the parked lists `look_at_parked` makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Round {
+    /// Peeks while the thread is busy.
+    Peek,
+    /// The re-check before a sleep.
+    Recheck,
+}
+
+/// What a round over the parked lists read, and how long it took.
+#[derive(Debug, Default)]
+struct Looked {
+    vms: usize,
+    qps: usize,
+    took: Duration,
+}
+
 /// Work a sweep that did any is counted as at least (ns), so that peeks
 /// also come while the work is of a kind the cost model does not charge.
 const SWEEP_WORK: u64 = 100;
@@ -201,31 +229,76 @@ impl Engine {
     }
 
     /// Peeks at the next [`PEEK_BATCH`] parked lists (see the module
-    /// documentation): a list whose doorbells show work is kicked, so the
-    /// next sweep wakes it as if its VM had notified. A list the VM changed
-    /// since it was built (QPs created or connected while it was parked)
-    /// is rebuilt first, as a sweep would. Returns the work clock of the
-    /// next round.
+    /// documentation), for [`PEEK_TIME`] at most: a list whose doorbells
+    /// show work is kicked, so the next sweep wakes it as if its VM had
+    /// notified. Returns the work clock of the next round: later the more
+    /// VMs and QPs this one read, and at least ten times as long as it
+    /// took, so that peeking stays about a tenth of the thread's time even
+    /// where an idle VM's memory is slow to reach.
     fn peek_parked<T>(&self, lists: &mut [DbList], scratch: &mut Scratch<T>) -> u64 {
-        let batch = scratch.attention.next_parked(lists, PEEK_BATCH, false);
-        let mut qps = 0usize;
-        for &k in &batch {
+        let round = self.look_at_parked(lists, scratch, PEEK_BATCH, PEEK_TIME, Round::Peek);
+        let took = u64::try_from(round.took.as_nanos()).unwrap_or(u64::MAX);
+        let spacing = peek_spacing(round.vms, round.qps).max(took.saturating_mul(10));
+        scratch.worked.saturating_add(spacing)
+    }
+
+    /// Looks at the next parked lists, at most `batch` of them and for
+    /// about `budget` (at least one list), going on from where the last
+    /// round of its kind stopped. A list the VM changed since it was built
+    /// (QPs created or connected while it was parked) is rebuilt first, as
+    /// a sweep would; one whose doorbells show work is kicked.
+    fn look_at_parked<T>(
+        &self,
+        lists: &mut [DbList],
+        scratch: &mut Scratch<T>,
+        batch: usize,
+        budget: Duration,
+        kind: Round,
+    ) -> Looked {
+        let start = Instant::now();
+        let recheck = kind == Round::Recheck;
+        let round = scratch.attention.next_parked(lists, batch, recheck);
+        let mut looked = Looked::default();
+        for (i, &k) in round.iter().enumerate() {
+            if i > 0 && start.elapsed() >= budget {
+                // The rest of the batch comes first next time.
+                scratch.attention.resume_at(k, recheck);
+                break;
+            }
             let Some(list) = lists.get_mut(k) else {
                 continue;
             };
+            looked.vms = looked.vms.saturating_add(1);
+            // A VM with a deadline (a retry, or the end of a rate limit's
+            // wait) is visited when it comes, all its QPs scanned: its work
+            // waits for the clock, not for a notification.
+            if recheck && list.timer.is_some() {
+                continue;
+            }
             list.refresh_if_changed(scratch);
             if list.stale() {
                 scratch.attention.look_at(k);
             }
-            qps = qps.saturating_add(list.qps.len());
+            looked.qps = looked.qps.saturating_add(list.qps.len());
+            if recheck && list.dev.kick_pending() {
+                continue;
+            }
             if list.peek() {
                 list.dev.kick();
-                TrafficCounters::add_single_writer(&self.counters.peeked, 1);
+                if recheck {
+                    TrafficCounters::add_single_writer(&self.counters.late_kicks, 1);
+                    log::debug!(
+                        "VM {}: work found by the idle re-check, its notification had not come",
+                        list.dev.id()
+                    );
+                } else {
+                    TrafficCounters::add_single_writer(&self.counters.peeked, 1);
+                }
             }
         }
-        let next = scratch.worked.saturating_add(peek_spacing(batch.len(), qps));
-        scratch.attention.end_round(batch);
-        next
+        scratch.attention.end_round(round);
+        looked.took = start.elapsed();
+        looked
     }
 
     /// Parks the lists that have been idle for [`POLL_WINDOW`] while the
@@ -523,36 +596,14 @@ impl Engine {
     /// that way would leave the VM's work unserved for good: this bounds
     /// the wait to about [`MAX_PARK`] with up to [`RECHECK_BATCH`] parked
     /// VMs on the thread, and to `RECHECK_ROUNDS` × [`MAX_PARK`] (1 s)
-    /// with more, whatever happens to it. Costs a read per QP of a batch
-    /// at most every [`MAX_PARK`], nothing while the thread is busy (peeks
-    /// cover that).
+    /// with more, whatever happens to it, on a host where reading an idle
+    /// VM's memory is quick enough for a batch to fit in [`RECHECK_TIME`]
+    /// (the bound grows where it is slower: the cost does not). Costs a
+    /// read per QP of a batch at most every [`MAX_PARK`], nothing while
+    /// the thread is busy (peeks cover that).
     fn recheck_parked<T>(&self, lists: &mut [DbList], scratch: &mut Scratch<T>) {
-        let attn = &mut scratch.attention;
-        let batch = attn.next_parked(lists, recheck_batch(attn.parked_count(lists.len())), true);
-        for &k in &batch {
-            let Some(list) = lists.get_mut(k) else {
-                continue;
-            };
-            // A VM with a deadline (a retry, or the end of a rate limit's
-            // wait) is visited when it comes, all its QPs scanned: its work
-            // waits for the clock, not for a notification.
-            if list.timer.is_some() {
-                continue;
-            }
-            list.refresh_if_changed(scratch);
-            if list.stale() {
-                scratch.attention.look_at(k);
-            }
-            if !list.dev.kick_pending() && list.peek() {
-                list.dev.kick();
-                TrafficCounters::add_single_writer(&self.counters.late_kicks, 1);
-                log::debug!(
-                    "VM {}: work found by the idle re-check, its notification had not come",
-                    list.dev.id()
-                );
-            }
-        }
-        scratch.attention.end_round(batch);
+        let batch = recheck_batch(scratch.attention.parked_count(lists.len()));
+        self.look_at_parked(lists, scratch, batch, RECHECK_TIME, Round::Recheck);
     }
 
     /// Marks the VMs whose drivers kicked the notification queue (among

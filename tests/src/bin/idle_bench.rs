@@ -52,6 +52,10 @@ struct Args {
     /// How long the idle daemon's CPU is measured, seconds.
     #[arg(long, default_value_t = 10)]
     idle_secs: u64,
+    /// How long the VMs idle before that, seconds: the engine's re-checks
+    /// rebuild the lists the set-up left stale a few at a time.
+    #[arg(long, default_value_t = 10)]
+    settle_secs: u64,
     /// WRITEs after idle (each after `--pause-ms`).
     #[arg(long, default_value_t = 30)]
     wakes: usize,
@@ -333,9 +337,9 @@ fn main() -> Res<()> {
         daemon.count("fd")
     );
 
-    // 1. Idle: the engine parks all VMs and sleeps; measured after a
-    // second to settle.
-    std::thread::sleep(Duration::from_secs(1));
+    // 1. Idle: the engine parks all VMs and sleeps; measured once the
+    // lists are settled.
+    std::thread::sleep(Duration::from_secs(args.settle_secs));
     let (a0, e0, r0) = daemon.cpu_ns()?;
     let t0 = Instant::now();
     std::thread::sleep(Duration::from_secs(args.idle_secs));
