@@ -11,8 +11,19 @@
 
 use std::time::Instant;
 
-use super::poll::DbList;
 use crate::vm::cell::KickedVms;
+
+/// What [`Attention`] reads of a thread's polling list (`DbList`).
+pub(super) trait Listed {
+    /// The VM's id.
+    fn vm(&self) -> usize;
+    /// Whether the list is parked.
+    fn parked(&self) -> bool;
+    /// Whether the VM changed since the list was built.
+    fn stale(&self) -> bool;
+    /// The parked list's earliest deadline.
+    fn deadline(&self) -> Option<Instant>;
+}
 
 /// No list (in [`Attention::index_of`]).
 const NONE: usize = usize::MAX;
@@ -71,18 +82,18 @@ impl Default for Attention {
 impl Attention {
     /// The thread's lists are now `lists`: the next sweep visits all of
     /// them.
-    pub(super) fn reset(&mut self, lists: &[DbList]) {
+    pub(super) fn reset<L: Listed>(&mut self, lists: &[L]) {
         self.index_of.clear();
         self.polled.clear();
         for (k, list) in lists.iter().enumerate() {
-            let id = list.dev.id();
+            let id = list.vm();
             if self.index_of.len() <= id {
                 self.index_of.resize(id.saturating_add(1), NONE);
             }
             if let Some(slot) = self.index_of.get_mut(id) {
                 *slot = k;
             }
-            if !list.parked {
+            if !list.parked() {
                 self.polled.push(k);
             }
         }
@@ -174,8 +185,8 @@ impl Attention {
 
     /// The sweep visited list `k`: notes whether it is still polled, and
     /// what a parked one needs to be visited again.
-    pub(super) fn visited(&mut self, k: usize, list: &DbList, full: bool) {
-        if !list.parked {
+    pub(super) fn visited<L: Listed>(&mut self, k: usize, list: &L, full: bool) {
+        if !list.parked() {
             self.still_polled.push(k);
             return;
         }
@@ -183,7 +194,7 @@ impl Attention {
             self.look.push(k);
         }
         if full {
-            if let Some(t) = list.timer {
+            if let Some(t) = list.deadline() {
                 self.add_timer(t, k);
             }
         }
@@ -197,11 +208,11 @@ impl Attention {
 
     /// Lists were parked outside a sweep: they leave `polled`, with
     /// their deadlines noted.
-    pub(super) fn parked(&mut self, lists: &[DbList]) {
+    pub(super) fn parked<L: Listed>(&mut self, lists: &[L]) {
         let mut timers = Vec::new();
         self.polled.retain(|&k| match lists.get(k) {
-            Some(l) if l.parked => {
-                if let Some(t) = l.timer {
+            Some(l) if l.parked() => {
+                if let Some(t) = l.deadline() {
                     timers.push((t, k));
                 }
                 false
@@ -228,7 +239,7 @@ impl Attention {
     /// that kind stopped: every parked list's turn comes once in
     /// `parked / batch` rounds. Give the list back with
     /// [`Attention::end_round`].
-    pub(super) fn next_parked(&mut self, lists: &[DbList], batch: usize, recheck: bool) -> Vec<usize> {
+    pub(super) fn next_parked<L: Listed>(&mut self, lists: &[L], batch: usize, recheck: bool) -> Vec<usize> {
         let mut out = std::mem::take(&mut self.round);
         out.clear();
         let n = lists.len();
@@ -238,7 +249,7 @@ impl Attention {
             if out.len() >= batch {
                 break;
             }
-            if lists.get(k).is_some_and(|l| l.parked) {
+            if lists.get(k).is_some_and(|l| l.parked()) {
                 out.push(k);
             }
             k = k.saturating_add(1);
@@ -272,6 +283,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::engine::poll::DbList;
     use crate::engine::testing;
 
     /// `n` lists of cells 0 to `n - 1`, built (not stale), those of `parked`

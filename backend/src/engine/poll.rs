@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use virtio_rdma_abi::mem::DB_RECORD_SIZE;
 use virtio_rdma_abi::qp::{QpState, QpType};
 
+use super::attention::Listed;
 use super::doorbell::{self, load_pi};
 use super::scratch::Scratch;
 use crate::memory::HostMem;
@@ -151,6 +152,24 @@ pub(super) struct DbList {
     pub(super) idle_scans: u32,
     /// Since when the VM has had no work (read every so many idle scans).
     pub(super) idle_since: Option<Instant>,
+}
+
+impl Listed for DbList {
+    fn vm(&self) -> usize {
+        self.dev.id()
+    }
+
+    fn parked(&self) -> bool {
+        self.parked
+    }
+
+    fn stale(&self) -> bool {
+        DbList::stale(self)
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        self.timer
+    }
 }
 
 // The sweep calls `refresh_if_changed`, `pending` and `scan` (and this
