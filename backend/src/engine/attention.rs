@@ -222,6 +222,16 @@ impl Attention {
         for (t, k) in timers {
             self.add_timer(t, k);
         }
+        // A list parked again and again before its deadline (kicked, then
+        // idle) leaves an entry each time: keep at most one per parked
+        // list, so a guest cannot grow the thread's memory or sweeps.
+        if self.timers.len() > lists.len().saturating_mul(2) {
+            self.timers
+                .retain(|&(t, k)| lists.get(k).is_some_and(|l| l.parked() && l.deadline() == Some(t)));
+            self.timers.sort_unstable_by_key(|&(_, k)| k);
+            self.timers.dedup_by_key(|e| e.1);
+            self.earliest = self.timers.iter().map(|&(t, _)| t).min();
+        }
     }
 
     /// A parked list the next sweep must visit (it was found stale).
@@ -369,6 +379,19 @@ mod tests {
         assert_eq!(sweep(&mut attn, &kicked, &lists), vec![0, 1, 3, 5]);
         assert_eq!(attn.earliest(), Some(later), "a deadline is visited once");
         assert_eq!(sweep(&mut attn, &kicked, &lists), vec![0, 3, 5]);
+
+        // Parked again and again before its deadline: one entry per list.
+        for _ in 0..100 {
+            lists[2].parked = false;
+            lists[2].dev.kick();
+            assert!(sweep(&mut attn, &kicked, &lists).contains(&2));
+            assert!(lists[2].dev.take_kick(), "as the engine's sweep does");
+            assert!(attn.polled().contains(&2));
+            lists[2].parked = true;
+            attn.parked(&lists);
+        }
+        assert!(attn.timers.len() <= 2 * lists.len(), "{} entries", attn.timers.len());
+        assert_eq!(attn.earliest(), Some(later));
     }
 
     /// A parked list whose VM changed since it was built is visited again
