@@ -757,9 +757,12 @@ fn scribbling_guest_does_not_hurt_others() {
             }
             revived
         });
+        // At least 1.5 s of scribbling, and at least ROUNDS rounds however
+        // slow the host (a busy machine, soft-RoCE under TCG).
+        const ROUNDS: u64 = 12;
         let deadline = Instant::now() + Duration::from_millis(1500);
         let mut i = 0u64;
-        while Instant::now() < deadline {
+        while i < ROUNDS || Instant::now() < deadline {
             i += 1;
             let len = 1 + (i as usize * 7919) % 65535;
             let data = pattern(len, 1000 + i);
@@ -784,7 +787,6 @@ fn scribbling_guest_does_not_hurt_others() {
         }
         stop.store(true, Ordering::Relaxed);
         let revived = scribbler.join().unwrap();
-        assert!(i > 10, "only {i} rounds");
         assert!(revived > 0, "the garbage never reached the engine");
     });
     // The device still answers VM 0's control path.
