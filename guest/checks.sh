@@ -51,6 +51,11 @@ step() {
   local label=\$1 pid watch r shown
   shift
   echo "\$label"
+  # A developer's run of some steps only (STEPS_ONLY, space-separated labels).
+  if [ -n "\${STEPS_ONLY:-}" ] && ! echo " \$STEPS_ONLY " | grep -q " \$label "; then
+    echo "STEP \$label skipped"
+    return 0
+  fi
   # Emptied here, not by the command's redirection: that happens in the child, after the
   # watcher may have looked at the last step's output.
   : >/tmp/step.out

@@ -24,6 +24,9 @@
 #       * latency, bandwidth and 64-byte message rate through the daemon (rdma-peer
 #         write-lat/write-bw, pingpong) next to the native tools', and the daemon's CPU time
 #         per work request (docs/benchmarks.md);
+#       * a VM with live RC connections moving between two daemons on rxe0 (tests/tests/
+#         verbs_move.rs: virtual QP numbers and keys, PSNs carried over, its peer held and
+#         pointed at the new host QP; spec 20.8), on host 1;
 #       * the data-path conformance tests (tests/tests/datapath*.rs, uc.rs) on host 1, their daemon on
 #         rxe0 (VUR_TEST_RNIC); those whose behaviour the spec leaves to the NIC (appendix D)
 #         are skipped, each named below;
@@ -42,7 +45,8 @@
 # of one guest: two guests it is.)
 # Prints "qemu-rxe: N passed, M failed".
 #
-# Usage: bash scripts/qemu-rxe.sh [--keep]
+# Usage: bash scripts/qemu-rxe.sh [--keep] [--only 'LABEL ...']
+#   --only: run these steps alone (a developer's loop; the checks of the others then fail).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib/launch.sh
@@ -52,7 +56,14 @@ cd "$(dirname "$0")/.."
 # shellcheck source=guest/checks.sh
 . guest/checks.sh
 keep=0
-[ "${1:-}" = --keep ] && keep=1
+only=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --keep) keep=1; shift ;;
+    --only) only="$2"; shift 2 ;;
+    *) echo "usage: $0 [--keep] [--only 'LABEL ...']" >&2; exit 2 ;;
+  esac
+done
 t_start=$(date +%s)
 guest_need_pkgs iproute2 binutils
 
@@ -65,7 +76,7 @@ pt=$(bash scripts/fetch-perftest.sh)
 launch_workdir rxe
 
 # The data-path conformance tests, as `cargo test` builds them (debug, stripped for the image).
-for t in datapath datapath_multi uc; do
+for t in datapath datapath_multi uc verbs_move; do
   exe=$(cargo test --locked -q -p vhost-user-rdma-tests --test "$t" --no-run \
     --message-format=json 2>/dev/null | python3 -c '
 import json, sys
@@ -133,6 +144,7 @@ srv_steps="step DEVINFO ibv_devinfo -d rxe0
   step FAULT fault_writer
   step AFTER-FAULT $(peer exchange 0) --role server --tcp 0.0.0.0:7476
   step CONFORMANCE conformance
+  step VERBS-MOVE verbs_moves
   step LEAKS leaks \"\$before\"
   steps_verdict"
 cli_steps="peer=10.43.0.1; until ping -c 1 -W 1 \$peer >/dev/null; do sleep 1; done
@@ -279,6 +291,10 @@ conformance() {
   # UC's drops as the software RNIC counts them are its own.
   VUR_TEST_RNIC=verbs:rxe0:1 uc --test-threads 1 --skip what_rc_would_refuse_is_dropped
 }
+# A VM with live RC connections moves between two daemons on rxe0 (spec 20.8).
+verbs_moves() {
+  VUR_TEST_RNIC=verbs:rxe0:1 verbs_move --test-threads 1 --skip the_software_rnic
+}
 # leaks BEFORE: every VM of the daemon gone, no object left, and the device's counts BEFORE.
 leaks() {
   local i=0
@@ -295,6 +311,7 @@ leaks() {
 }
 EOF
   echo "SKIPS='$skip_args'"
+  echo "STEPS_ONLY='$only'"
   guest_tools rxe0
 } >"$dir/tools.sh"
 # The rxe provider and its .driver file come from STAGE-rxe (scripts/build-rdma-core.sh);
@@ -309,7 +326,7 @@ bash scripts/build-guest.sh --name rxe-host --load crc32_generic --load virtio_p
   --bin "$(command -v rdma):/usr/local/bin/rdma" --bin target/release/vhost-user-rdma \
   --bin target/release/rdma-peer --bin "$dir/datapath:/usr/local/bin/datapath" \
   --bin "$dir/datapath_multi:/usr/local/bin/datapath_multi" \
-  --bin "$dir/uc:/usr/local/bin/uc" >/dev/null
+  --bin "$dir/uc:/usr/local/bin/uc" --bin "$dir/verbs_move:/usr/local/bin/verbs_move" >/dev/null
 
 # Two free UDP ports on the loopback for -netdev dgram.
 launch_dgram_ports
@@ -402,6 +419,8 @@ check_after CONFORMANCE "conformance tests on rxe: tests/datapath_multi (those t
   "^test result: ok[.] [0-9]+ passed; 0 failed; 0 ignored; 0 measured; ${#skips[@]} filtered out" server
 check_after CONFORMANCE "conformance tests on rxe: tests/uc.rs (UC QPs on host UC QPs)" \
   '^test result: ok[.] 5 passed; 0 failed; 0 ignored; 0 measured; 1 filtered out' server
+check_after VERBS-MOVE "a VM with live RC connections moves between daemons on rxe0 (tests/verbs_move.rs)" \
+  '^test result: ok[.] 1 passed; 0 failed; 0 ignored; 0 measured; 1 filtered out' server
 # Every step ran whatever the others did; these name the ones that failed.
 for g in server client; do
   steps=$(tr -d '\r' <"$dir/$g.console" | grep -E '^STEPS(-FAILED)?:' | tail -n1)

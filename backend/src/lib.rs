@@ -43,7 +43,9 @@
 //!   a checked work request to ([`rnic_path::RnicPath`]);
 //! - [`rnic_objects`]: the seam of an RNIC's object half: what the control
 //!   path asks of the RNIC for each object ([`rnic_objects::RnicObjects`]:
-//!   QPs, CQs, SRQs, AHs, MRs, QP numbers and keys, caps).
+//!   QPs, CQs, SRQs, AHs, MRs, QP numbers and keys, caps);
+//! - [`relocation`]: what a host RNIC's objects carry to another host (the
+//!   host QPs' transport state) and the move record a VM's peers take.
 //!
 //! Policy
 //! - [`tenancy`]: tenants, VMs' GIDs and the isolation counters;
@@ -106,7 +108,7 @@ pub mod tenancy;
 pub mod view;
 pub mod vring;
 
-guest_facing!(ctrl, engine, memory, migration, qos, resources, rnic_path, shmem, vm);
+guest_facing!(ctrl, engine, memory, migration, qos, relocation, resources, rnic_path, shmem, vm);
 
 pub use config::{DaemonConfig, Limits};
 pub use server::Daemon;

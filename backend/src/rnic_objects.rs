@@ -15,9 +15,10 @@
 //! `rnic`.
 
 use thiserror::Error;
-use virtio_rdma_abi::qp::{AddressVector, QpState, QpType};
+use virtio_rdma_abi::qp::{AddressVector, QpAttr, QpState, QpType};
 
 use crate::memory::PageList;
+use crate::relocation::{HostState, MoveRecord};
 
 /// Errors of an RNIC's object operations.
 #[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
@@ -380,6 +381,69 @@ pub trait RnicObjects: Send + Sync {
     /// [`RnicObjects::alloc_srqn`] would have.
     fn claim_srqn(&self, _owner: Owner, _srqn: u32) -> Result<(), RnicError> {
         Err(RnicError::Invalid)
+    }
+
+    /// Whether the host halves of stopped VM `vm` are at rest since
+    /// `since`: nothing they took is in flight, and the data path has
+    /// applied every host completion (a host RNIC's NIC completes what it
+    /// took after the device stopped). A state of the VM is saved only
+    /// then (spec 20.8). An RNIC without host halves is always at rest.
+    fn host_at_rest(&self, _vm: usize, _since: std::time::Instant) -> bool {
+        true
+    }
+
+    /// The host halves of VM `vm`'s QPs for a saved state (spec 20.8):
+    /// `None` for an RNIC without; refused while they are not at rest or
+    /// when one cannot move.
+    fn save_host(&self, _vm: usize) -> Result<Option<HostState>, RnicError> {
+        Ok(None)
+    }
+
+    /// Whether a loaded state's QPs past INIT need the host halves' state
+    /// (`save_host` of the source): a host RNIC.
+    fn loads_host_state(&self) -> bool {
+        false
+    }
+
+    /// Brings the host half of loaded QP `qpn` of VM `vm` (claimed with
+    /// [`RnicObjects::claim_qp`]) into state `to` with the device's
+    /// attributes `attr` and the source's host state `host` (spec 20.8).
+    fn restore_qp(
+        &self,
+        _vm: usize,
+        _qpn: u32,
+        _to: QpState,
+        _attr: &QpAttr,
+        _host: Option<&HostState>,
+    ) -> Result<(), RnicError> {
+        Ok(())
+    }
+
+    /// The move record of VM `vm` (named `name`) after a state from
+    /// another host was loaded into it: what its peers' daemons take.
+    fn move_record(&self, _vm: usize, _name: &str) -> Option<MoveRecord> {
+        None
+    }
+
+    /// How VM `vm`'s QPs are known on the wire now: the GID they send
+    /// from and each QP's device number with its host number (what a
+    /// peer's daemon holds with [`RnicObjects::peer_hold`] before the VM
+    /// moves); `None` for an RNIC whose numbers never leave the daemon.
+    fn wire_qps(&self, _vm: usize) -> Option<crate::relocation::WireQps> {
+        None
+    }
+
+    /// Holds this RNIC's connections to QPs `qpns` of GID `gid` (a VM
+    /// about to move) until `until`; how many. An RNIC whose VMs are all
+    /// its own (the software RNIC) has none to hold.
+    fn peer_hold(&self, _gid: [u8; 16], _qpns: &[u32], _until: std::time::Instant) -> usize {
+        0
+    }
+
+    /// Takes the move record of a peer VM: its connections here go to
+    /// the new place; how many are pointed anew.
+    fn peer_moved(&self, _record: &MoveRecord) -> Result<usize, String> {
+        Err("this RNIC's VMs have no peers on other hosts".into())
     }
 
     /// QP numbers in use (for leak checks and statistics).

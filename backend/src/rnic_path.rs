@@ -246,6 +246,14 @@ pub trait RnicPath: Send + Sync {
         false
     }
 
+    /// The VM being served is stopped (spec 15.1): nothing new of it is
+    /// taken, but an RNIC whose NIC completes what it took after the stop
+    /// (a host RNIC) applies those completions, so that a state saved
+    /// next has them (spec 20.8); true if there were any.
+    fn poll_stopped(&self, _cx: &mut Serving<'_>, _ts: &mut Self::Scratch) -> bool {
+        false
+    }
+
     /// QP `h` is in ERR: completes with `WR_FLUSH_ERR` a receive WQE the
     /// RNIC took and has not completed; true if there was one.
     fn flush_taken(&self, _vm: &mut VmState, _mem: &HostMem, _h: u32) -> bool {

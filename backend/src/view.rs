@@ -219,6 +219,38 @@ impl DaemonView {
         self.rnic.host_usage(index)
     }
 
+    /// The move record of VM `identity` after a state from another host
+    /// was loaded into one of its instances (spec 20.8); `None` if none
+    /// was.
+    pub fn move_record(&self, identity: usize) -> Option<crate::relocation::MoveRecord> {
+        let tenancy = &self.shared.tenancy;
+        let name = tenancy.vm(identity)?.name.clone();
+        (0..self.slots.len())
+            .filter(|&i| tenancy.vm(i).is_some_and(|v| v.identity == identity))
+            .find_map(|i| self.rnic.move_record(i, &name))
+    }
+
+    /// How VM instance `index`'s QPs are known on the wire now (the
+    /// libibverbs transport): GID, and device and host QP numbers.
+    pub fn wire_qps(&self, index: usize) -> Option<crate::relocation::WireQps> {
+        let tenancy = &self.shared.tenancy;
+        let identity = tenancy.vm(index).map_or(index, |v| v.identity);
+        let active = tenancy.vm(identity).map_or(index, |v| v.active());
+        self.rnic.wire_qps(active)
+    }
+
+    /// Holds this daemon's connections to QPs `qpns` of GID `gid` until
+    /// `until` (a peer VM is about to move); how many.
+    pub fn peer_hold(&self, gid: [u8; 16], qpns: &[u32], until: std::time::Instant) -> usize {
+        self.rnic.peer_hold(gid, qpns, until)
+    }
+
+    /// Takes a peer VM's move record; how many connections are pointed
+    /// anew.
+    pub fn peer_moved(&self, record: &crate::relocation::MoveRecord) -> Result<usize, String> {
+        self.rnic.peer_moved(record)
+    }
+
     /// Number of VMs.
     pub fn vm_count(&self) -> usize {
         self.slots.len()

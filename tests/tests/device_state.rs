@@ -495,7 +495,8 @@ fn a_held_state_that_does_not_fit_at_the_start_fails_the_device() {
 #[test]
 fn doorbell_pages_go_only_with_a_hand_over_and_their_region() {
     use std::os::fd::{AsFd, OwnedFd};
-    use vhost_user_rdma::migration::{decode, encode, FORMAT_VERSION};
+    use vhost_user_rdma::migration::format::FORMAT_VERSION_DOORBELLS;
+    use vhost_user_rdma::migration::{decode, encode};
 
     let d1 = TestDaemon::start(1).unwrap();
     let a = Vm::open_shmem(&d1, 0);
@@ -511,7 +512,7 @@ fn doorbell_pages_go_only_with_a_hand_over_and_their_region() {
         "a migration's state with doorbell pages"
     );
     let state = dev1.save_for_hand_over().unwrap();
-    assert_eq!(state[8..12], FORMAT_VERSION.to_le_bytes());
+    assert_eq!(state[8..12], FORMAT_VERSION_DOORBELLS.to_le_bytes());
     let region = || -> Option<(OwnedFd, bool)> {
         let (r, mapped) = dev1.doorbell_region().unwrap();
         Some((r.fd().try_clone_to_owned().unwrap(), mapped))

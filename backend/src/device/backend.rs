@@ -258,7 +258,8 @@ impl RdmaDevice {
             self.tenancy.set_active(identity, from);
         }
         let before = st.vm.res.counts();
-        let gone = st.vm.reset();
+        let mut gone = st.vm.reset();
+        self.keep_moved_peers(identity, &st, &mut gone);
         // A VMM resets the device at every driver probe too: an empty
         // device's reset is not news.
         let level = if before.is_empty() {

@@ -17,6 +17,10 @@ use crate::vm::cell::{Guarded, VmCell};
 
 use super::RdmaDevice;
 
+/// How long a save waits for a host RNIC to complete what it took before
+/// the stop (its peers held, that is a round trip or a few).
+const HOST_REST_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A state saved in this daemon and not yet taken: which instance saved
 /// it, and its migration id.
 #[derive(Clone)]
@@ -127,6 +131,14 @@ impl MigrationBoard {
         );
     }
 
+    /// Whether instance `vm` saved the last state of VM `identity` and has
+    /// not started since.
+    pub(crate) fn saved_here(&self, identity: usize, vm: usize) -> bool {
+        lock(&self.saved)
+            .get(&identity)
+            .is_some_and(|s| s.from == vm)
+    }
+
     /// Instance `vm` of VM `identity` is reset or disconnected, under its
     /// lock (`st`), before it released anything: if it took a state and
     /// has not started since, the objects go back to the instance they came
@@ -203,9 +215,24 @@ impl RdmaDevice {
             return Err(MigrationError::NotSavable("the device is running".into()));
         }
         let (identity, name) = self.identity();
+        let rnic = self.cell.lock().vm.rnic.clone();
+        if hand_over && rnic.loads_host_state() {
+            // The host NIC's objects belong to this process and die with
+            // it; the peers' connections to them cannot follow (spec 20.7).
+            return Err(MigrationError::NotSavable(
+                "a hand-over cannot take host RNIC objects to a new process".into(),
+            ));
+        }
+        self.wait_host_at_rest(rnic.as_ref())?;
         let guarded = self.cell.lock();
         let vm = &guarded.vm;
         let objects = migration::save::objects(&vm.res, Instant::now())?;
+        let host = vm.rnic.save_host(self.id).map_err(|e| {
+            MigrationError::NotSavable(format!(
+                "the host RNIC's QPs cannot be saved ({e}): requests in flight, or a QP \
+                 connected through the CM bridge"
+            ))
+        })?;
         let doorbells = migration::save::doorbells(&vm.res);
         if doorbells.is_some() && !hand_over {
             return Err(MigrationError::NotSavable(
@@ -230,6 +257,7 @@ impl RdmaDevice {
             events: migration::save::events(&vm.events),
             objects,
             doorbells,
+            host,
         };
         let bytes = migration::encode(&state)?;
         lock(&self.board.saved).insert(
@@ -242,6 +270,57 @@ impl RdmaDevice {
             },
         );
         Ok(bytes)
+    }
+
+    /// This instance was reset or its VMM went away (under its lock,
+    /// `st`), releasing objects whose connected peers are `gone`: if it had
+    /// saved its state on a host RNIC and not started since, the state may
+    /// live on at a destination on another host (spec 20.8), so its peers
+    /// are left to the move (pointed there, or failed by their own
+    /// retries if it never comes) and `gone` is emptied.
+    pub(super) fn keep_moved_peers(
+        &self,
+        identity: usize,
+        st: &crate::vm::cell::Guarded,
+        gone: &mut Vec<(u32, u64)>,
+    ) {
+        if gone.is_empty()
+            || !st.vm.rnic.loads_host_state()
+            || !self.board.saved_here(identity, self.id)
+        {
+            return;
+        }
+        info!(
+            "VM {}: released after its state was saved: its {} peers' connections are left to \
+             the move",
+            self.id,
+            gone.len()
+        );
+        gone.clear();
+    }
+
+    /// Waits until the host halves of this stopped instance are at rest
+    /// (a host RNIC completes what it took after the stop; the data path
+    /// applies it): at most [`HOST_REST_WAIT`], else the state cannot be
+    /// saved yet.
+    fn wait_host_at_rest(
+        &self,
+        rnic: &dyn crate::rnic_objects::RnicObjects,
+    ) -> Result<(), MigrationError> {
+        let since = Instant::now();
+        // The engine looks at the VM again after `since`.
+        self.cell.kick();
+        while !rnic.host_at_rest(self.id, since) {
+            if since.elapsed() >= HOST_REST_WAIT {
+                return Err(MigrationError::NotSavable(format!(
+                    "the host RNIC still had requests in flight {} s after the stop",
+                    HOST_REST_WAIT.as_secs()
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            self.cell.kick();
+        }
+        Ok(())
     }
 
     /// Loads a saved state into this instance, which must be stopped, have
@@ -408,6 +487,7 @@ impl RdmaDevice {
                     rnic: vm.rnic.as_ref(),
                     numbers: Numbers::Claim,
                     check_attr: &check_attr,
+                    host: state.host.as_ref(),
                 },
                 now,
             )?,
@@ -432,6 +512,7 @@ impl RdmaDevice {
                             source: &src.vm.res,
                         },
                         check_attr: &check_attr,
+                        host: state.host.as_ref(),
                     },
                     now,
                 )?;
@@ -484,6 +565,16 @@ impl RdmaDevice {
             }
             // The doorbell region is this instance's (spec 20.2: not saved).
             _ => res.doorbells = vm.res.doorbells.take(),
+        }
+        if state.host.is_some() {
+            // Which QP incarnation a connection's destination was is the
+            // source daemon's bookkeeping: here the destinations are
+            // elsewhere, or other objects (spec 20.8).
+            for h in res.qps.handles() {
+                if let Some(q) = res.qps.get_mut(h) {
+                    q.rt.dest_incarnation = None;
+                }
+            }
         }
         let old = std::mem::replace(&mut vm.res, res);
         drop(old);

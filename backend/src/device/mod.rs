@@ -402,7 +402,8 @@ impl RdmaDevice {
                 );
             }
         }
-        let gone = st.vm.reset();
+        let mut gone = st.vm.reset();
+        self.keep_moved_peers(identity, &st, &mut gone);
         // No producer index of this connection survives into the next.
         if let Some(link) = &self.shmem {
             link.clear_region();

@@ -13,14 +13,14 @@ use virtio_rdma_abi::datapath::QpDoorbell;
 
 use super::doorbell::{self, load_pi};
 use super::flush::{drained, flush};
-use super::wqe::prefetch_send_head;
 use super::poll::{refresh, DbList};
 use super::scratch::Scratch;
+use super::wqe::prefetch_send_head;
 use super::Engine;
 use crate::memory::HostMem;
-use crate::stats::TrafficCounters;
 use crate::qos::drr::{cost_ns, Drr, Turn};
 use crate::rnic_path::{RnicPath, Serving};
+use crate::stats::TrafficCounters;
 use crate::vm::cell::{Locked, VmCell};
 use crate::vm::VmState;
 
@@ -67,7 +67,9 @@ impl Engine {
             scratch.attention.visit_all();
         }
         let full = scratch.attention.all();
-        let visit = scratch.attention.begin(&self.kicked_vms, lists.len(), &mut now);
+        let visit = scratch
+            .attention
+            .begin(&self.kicked_vms, lists.len(), &mut now);
         for &k in &visit {
             let Some(list) = lists.get_mut(k) else {
                 continue;
@@ -83,7 +85,9 @@ impl Engine {
                 let due = list
                     .timer
                     .is_some_and(|t| *now.get_or_insert_with(Instant::now) >= t);
-                let wake = list.dev.take_kick() || due || (P::WANTS_POLL && path.wants_poll(list.dev.id()));
+                let wake = list.dev.take_kick()
+                    || due
+                    || (P::WANTS_POLL && path.wants_poll(list.dev.id()));
                 if !wake || !self.unpark(list) {
                     scratch.contended |= wake;
                     // A rebuild put off by its spacing (`refresh_if_changed`)
@@ -222,18 +226,20 @@ impl Engine {
         path.serving(&mut scratch.path, turn.vm);
         let done = work_on(&dev, |state, mem| {
             let mut did = false;
-            if !state.running() {
-                // Stopped since the scan (checked under the lock).
-                work.clear();
-                *next = 0;
-                return false;
-            }
+            let running = state.running();
             let mut cx = Serving {
                 vms,
                 vm: vm_id,
                 state,
                 mem,
             };
+            if !running {
+                // Stopped since the scan (checked under the lock): only
+                // what the RNIC took before the stop completes.
+                work.clear();
+                *next = 0;
+                return path.poll_stopped(&mut cx, &mut scratch.path);
+            }
             // Completions of work the RNIC took earlier.
             did |= path.poll(&mut cx, &mut scratch.path);
             while let Some(&i) = work.get(*next) {
@@ -294,18 +300,19 @@ impl Engine {
             let vm = &list.dev;
             path.serving(&mut scratch.path, k);
             let done = work_on(vm, |state, mem| {
-                if !state.running() {
-                    return false;
-                }
-                let mut handles = std::mem::take(&mut scratch.handles);
-                state.res.qps.fill_handles(&mut handles);
-                let mut did = false;
+                let running = state.running();
                 let mut cx = Serving {
                     vms,
                     vm: vm.id(),
                     state,
                     mem,
                 };
+                if !running {
+                    return path.poll_stopped(&mut cx, &mut scratch.path);
+                }
+                let mut handles = std::mem::take(&mut scratch.handles);
+                cx.state.res.qps.fill_handles(&mut handles);
+                let mut did = false;
                 did |= path.poll(&mut cx, &mut scratch.path);
                 for &h in handles.iter() {
                     did |= self.service_qp(path, &mut cx, h, scratch);
@@ -455,7 +462,7 @@ fn work_on(dev: &VmCell, f: impl FnOnce(&mut VmState, &HostMem) -> bool) -> Opti
 
 #[cfg(test)]
 mod tests {
-    use vm_memory::{GuestAddress};
+    use vm_memory::GuestAddress;
 
     use super::*;
     use crate::config::{DaemonConfig, Limits};
@@ -527,14 +534,20 @@ mod tests {
         let later = Instant::now() + Duration::from_secs(3600);
         lists[0].rebuild_after = Some(later);
         engine.sweep(&Idle, &vms, &mut lists, &mut scratch, &mut drr, &mut active);
-        assert!(gone.upgrade().is_some(), "kept while the rebuild is put off");
+        assert!(
+            gone.upgrade().is_some(),
+            "kept while the rebuild is put off"
+        );
         assert_eq!(scratch.next_timer, Some(later), "a timer for the rebuild");
         assert!(lists[0].parked);
 
         // The rebuild is due; nobody kicks the VM.
         lists[0].rebuild_after = Some(Instant::now());
         engine.sweep(&Idle, &vms, &mut lists, &mut scratch, &mut drr, &mut active);
-        assert!(gone.upgrade().is_none(), "the gone VMM's memory is unmapped");
+        assert!(
+            gone.upgrade().is_none(),
+            "the gone VMM's memory is unmapped"
+        );
         assert!(lists[0].host.is_none() && lists[0].qps.is_empty());
         assert!(lists[0].parked, "still parked: nothing to serve");
         assert!(active.is_empty());

@@ -20,7 +20,7 @@ use crate::sync::lock;
 use crate::view::DaemonView;
 
 /// Commands of the API.
-pub const COMMANDS: [&str; 9] = [
+pub const COMMANDS: [&str; 13] = [
     "ping",
     "version",
     "list_vms",
@@ -29,6 +29,10 @@ pub const COMMANDS: [&str; 9] = [
     "vm_stats",
     "get_qos",
     "set_qos",
+    "wire_qps",
+    "move_record",
+    "peer_hold",
+    "peer_moved",
     "help",
 ];
 
@@ -68,6 +72,40 @@ struct SetQosArgs {
     bytes_per_sec: Option<u64>,
     ops_per_sec: Option<u64>,
     ctrl_per_sec: Option<u64>,
+}
+
+/// A move record as the API carries it: GIDs as text.
+#[derive(Debug, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+struct RecordWire {
+    vm: String,
+    from_gid: String,
+    to_gid: String,
+    qps: Vec<(u32, u32)>,
+    rkeys: Vec<(u32, u32)>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PeerHoldArgs {
+    gid: String,
+    qpns: Vec<u32>,
+    /// How long at most, in milliseconds (default 30 000).
+    ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PeerMovedArgs {
+    record: RecordWire,
+}
+
+/// The longest hold a `peer_hold` may ask (the largest `pause_hold_ms`).
+const MAX_HOLD_MS: u64 = 600_000;
+
+fn parse_gid(text: &str) -> Result<[u8; 16], String> {
+    crate::config_file::parse_gid(text)
+        .ok_or_else(|| format!("{text:?} is not a GID (an IPv6 or IPv4 address)"))
 }
 
 /// Serializes read-modify-write QoS updates from concurrent connections.
@@ -192,6 +230,65 @@ fn dispatch(view: &DaemonView, mut obj: Map<String, Value>) -> Reply {
         "set_qos" => {
             let a: SetQosArgs = args(obj, &cmd)?;
             set_qos(view, a)
+        }
+        "wire_qps" => {
+            let a: VmArg = args(obj, &cmd)?;
+            let i = resolve_vm(view, &a.vm)?;
+            let w = view
+                .wire_qps(i)
+                .ok_or("wire_qps: this RNIC's QP numbers never leave the daemon")?;
+            let mut m = one("gid", Value::from(gid_text(w.gid)));
+            m.insert("qps".into(), json!(w.qps));
+            Ok(m)
+        }
+        "move_record" => {
+            let a: VmArg = args(obj, &cmd)?;
+            let i = resolve_vm(view, &a.vm)?;
+            let r = view
+                .move_record(i)
+                .ok_or("move_record: no state from another host was loaded into this VM")?;
+            let wire = RecordWire {
+                vm: r.vm,
+                from_gid: gid_text(r.from_gid),
+                to_gid: gid_text(r.to_gid),
+                qps: r.qps,
+                rkeys: r.rkeys,
+            };
+            let v = serde_json::to_value(wire).map_err(|e| format!("move_record: {e}"))?;
+            Ok(one("record", v))
+        }
+        "peer_hold" => {
+            let a: PeerHoldArgs = args(obj, &cmd)?;
+            let gid = parse_gid(&a.gid)?;
+            let ms = a.ms.unwrap_or(30_000);
+            if ms > MAX_HOLD_MS || a.qpns.is_empty() {
+                return Err(format!(
+                    "peer_hold: ms at most {MAX_HOLD_MS}, and at least one QP number"
+                ));
+            }
+            let until = std::time::Instant::now() + std::time::Duration::from_millis(ms);
+            let n = view.peer_hold(gid, &a.qpns, until);
+            info!(
+                "mgmt: peer_hold {} QPs of {}: {n} connections held",
+                a.qpns.len(),
+                a.gid
+            );
+            Ok(one("held", Value::from(n)))
+        }
+        "peer_moved" => {
+            let a: PeerMovedArgs = args(obj, &cmd)?;
+            let r = a.record;
+            let record = crate::relocation::MoveRecord {
+                vm: r.vm,
+                from_gid: parse_gid(&r.from_gid)?,
+                to_gid: parse_gid(&r.to_gid)?,
+                qps: r.qps,
+                rkeys: r.rkeys,
+            };
+            let n = view
+                .peer_moved(&record)
+                .map_err(|e| format!("peer_moved: {e}"))?;
+            Ok(one("repointed", Value::from(n)))
         }
         other => Err(format!(
             "unknown command {other:?} (commands: {})",

@@ -4,7 +4,7 @@
 //! Exit codes: [`EXIT_OK`], [`EXIT_DAEMON_ERROR`] (the daemon answered
 //! with an error), [`EXIT_USAGE`] (bad usage or no connection).
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -62,6 +62,39 @@ pub enum CtlCommand {
     /// Show or change QoS settings of a VM or tenant.
     #[command(subcommand)]
     Qos(QosCommand),
+    /// Show how a VM's QPs are known on the wire now (libibverbs): the
+    /// GID and each QP's device and host number, what its peers' daemons
+    /// hold before it moves (`peer-hold`).
+    WireQps {
+        /// VM name (or index).
+        vm: String,
+    },
+    /// Print the move record of a VM that came from another host (spec
+    /// 20.8): one JSON line, for `peer-moved` on its peers' daemons.
+    MoveRecord {
+        /// VM name (or index).
+        vm: String,
+    },
+    /// Hold this daemon's connections to QPs of a VM about to move to
+    /// another host: no new request goes to them until `peer-moved` or
+    /// the time is up.
+    PeerHold {
+        /// The GID the moving VM's QPs send from now.
+        #[arg(long)]
+        gid: String,
+        /// Their host QP numbers (decimal or 0x-hex, comma-separated).
+        #[arg(long, value_delimiter = ',', value_parser = number, required = true)]
+        qpns: Vec<u32>,
+        /// Longest hold in milliseconds.
+        #[arg(long, default_value_t = 30_000)]
+        ms: u64,
+    },
+    /// Point this daemon's connections to a VM that moved at its new
+    /// host, from the record its new daemon gave (`move-record`).
+    PeerMoved {
+        /// The record's file (`-`: standard input).
+        record: PathBuf,
+    },
     /// Send one raw JSON request and print the answer.
     Raw {
         /// The request, e.g. '{"cmd":"list_vms"}'.
@@ -115,6 +148,37 @@ pub enum QosCommand {
     },
 }
 
+/// A number in decimal or `0x` hex.
+fn number(text: &str) -> Result<u32, String> {
+    let t = text.trim();
+    let parsed = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => t.parse(),
+    };
+    parsed.map_err(|e| format!("{text:?}: {e}"))
+}
+
+/// The move record in `path` (`-`: standard input), as the daemon's
+/// `move_record` printed it: the object or the whole answer.
+fn read_record(path: &std::path::Path) -> Result<Value, String> {
+    let text = if path.as_os_str() == "-" {
+        let mut t = String::new();
+        std::io::stdin()
+            .take(1 << 20)
+            .read_to_string(&mut t)
+            .map_err(|e| format!("standard input: {e}"))?;
+        t
+    } else {
+        std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?
+    };
+    let v: Value =
+        serde_json::from_str(text.trim()).map_err(|e| format!("the record is not JSON: {e}"))?;
+    Ok(match v.get("record") {
+        Some(r) => r.clone(),
+        None => v,
+    })
+}
+
 fn who_json(who: &QosWho, m: &mut Map<String, Value>) {
     if let Some(t) = &who.tenant {
         m.insert("tenant".into(), Value::from(t.as_str()));
@@ -131,6 +195,14 @@ fn request_of(cmd: &CtlCommand) -> Result<String, String> {
         CtlCommand::Engines => json!({"cmd": "list_engines"}),
         CtlCommand::Stats { vm } => json!({"cmd": "vm_stats", "vm": vm}),
         CtlCommand::Ping => json!({"cmd": "ping"}),
+        CtlCommand::WireQps { vm } => json!({"cmd": "wire_qps", "vm": vm}),
+        CtlCommand::MoveRecord { vm } => json!({"cmd": "move_record", "vm": vm}),
+        CtlCommand::PeerHold { gid, qpns, ms } => {
+            json!({"cmd": "peer_hold", "gid": gid, "qpns": qpns, "ms": ms})
+        }
+        CtlCommand::PeerMoved { record } => {
+            json!({"cmd": "peer_moved", "record": read_record(record)?})
+        }
         CtlCommand::Version => json!({"cmd": "version"}),
         CtlCommand::Raw { request } => {
             if request.contains('\n') {
@@ -293,6 +365,28 @@ fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
 
 fn human(cmd: &CtlCommand, a: &Value) -> String {
     match cmd {
+        CtlCommand::MoveRecord { .. } => format!("{}\n", a["record"]),
+        CtlCommand::WireQps { .. } => {
+            let rows: Vec<Vec<String>> = a["qps"]
+                .as_array()
+                .map(|v| v.as_slice())
+                .unwrap_or(&[])
+                .iter()
+                .map(|q| {
+                    let n = |i: usize| q[i].as_u64().unwrap_or(0);
+                    vec![format!("{:#x}", n(0)), format!("{:#x}", n(1))]
+                })
+                .collect();
+            format!(
+                "GID {}\n{}",
+                s(a, "gid"),
+                table(&["QPN", "HOST_QPN"], &rows)
+            )
+        }
+        CtlCommand::PeerHold { .. } => format!("{} connections held\n", u(a, &["held"])),
+        CtlCommand::PeerMoved { .. } => {
+            format!("{} connections to point anew\n", u(a, &["repointed"]))
+        }
         CtlCommand::Vms => {
             let rows: Vec<Vec<String>> = a["vms"]
                 .as_array()

@@ -4,16 +4,21 @@
 //! offset  size  field
 //!      0     8  magic "VRDMAST\0"
 //!      8     4  format version (le32)
-//!     12     4  flags (le32, 0)
+//!     12     4  flags (le32): 0 in versions 1 and 2; in version 3, the
+//!               sections after the state (`SECTION_*`)
 //!     16     8  body length in bytes (le64)
 //!     24     4  CRC-32 (IEEE) of the body (le32)
 //!     28     4  reserved (0)
 //!     32     …  body: the `DeviceState`, postcard-encoded; in version 2
-//!               followed by its `DoorbellsState`, postcard-encoded
+//!               followed by its `DoorbellsState`, postcard-encoded; in
+//!               version 3 followed by the sections its flags name, in
+//!               the order of their bits, each postcard-encoded
 //! ```
 //!
-//! A state without doorbell pages is written as version 1, which older
-//! daemons read; only a hand-over's state with doorbell pages needs 2.
+//! A state without doorbell pages or host halves is written as version 1,
+//! which older daemons read; a hand-over's state with doorbell pages alone
+//! as version 2; one with host halves (the libibverbs transport, spec
+//! 20.8) as version 3.
 //!
 //! postcard (a maintained serde format with a frozen 1.0 wire format) does
 //! the body: the state is a tree of plain integers, vectors and enums, and
@@ -31,25 +36,39 @@ use super::MigrationError;
 pub const MAGIC: [u8; 8] = *b"VRDMAST\0";
 /// The newest format version, which this daemon reads with every older
 /// one.
-pub const FORMAT_VERSION: u32 = 2;
-/// The version of a state without doorbell pages.
+pub const FORMAT_VERSION: u32 = 3;
+/// The version of a state without doorbell pages or host halves.
 pub const FORMAT_VERSION_PLAIN: u32 = 1;
+/// The version of a state with doorbell pages alone.
+pub const FORMAT_VERSION_DOORBELLS: u32 = 2;
+/// Version 3 flag: a `DoorbellsState` section follows the state.
+pub const SECTION_DOORBELLS: u32 = 1 << 0;
+/// Version 3 flag: a `HostState` section follows (after the doorbells').
+pub const SECTION_HOST: u32 = 1 << 1;
 /// Size of the frame header.
 pub const HEADER_LEN: usize = 32;
 
-/// Encodes a state with its frame: version 2 if it has doorbell pages,
-/// else version 1.
+/// Encodes a state with its frame: version 3 if it has host halves, else
+/// version 2 if it has doorbell pages, else version 1.
 pub fn encode(state: &DeviceState) -> Result<Vec<u8>, MigrationError> {
     let malformed = |e: postcard::Error| MigrationError::Malformed(e.to_string());
     let mut body = postcard::to_allocvec(state).map_err(malformed)?;
-    let version = match &state.doorbells {
-        None => FORMAT_VERSION_PLAIN,
-        Some(d) => {
-            body.extend(postcard::to_allocvec(d).map_err(malformed)?);
-            FORMAT_VERSION
-        }
+    if let Some(d) = &state.doorbells {
+        body.extend(postcard::to_allocvec(d).map_err(malformed)?);
+    }
+    let Some(host) = &state.host else {
+        let version = match state.doorbells {
+            None => FORMAT_VERSION_PLAIN,
+            Some(_) => FORMAT_VERSION_DOORBELLS,
+        };
+        return Ok(frame_version(version, &body));
     };
-    Ok(frame_version(version, &body))
+    body.extend(postcard::to_allocvec(host).map_err(malformed)?);
+    let mut flags = SECTION_HOST;
+    if state.doorbells.is_some() {
+        flags |= SECTION_DOORBELLS;
+    }
+    Ok(frame_with(FORMAT_VERSION, flags, &body))
 }
 
 /// `body` with the frame of version 1 around it (its length and checksum).
@@ -57,12 +76,17 @@ pub fn frame(body: &[u8]) -> Vec<u8> {
     frame_version(FORMAT_VERSION_PLAIN, body)
 }
 
-/// `body` with the frame of `version` around it.
+/// `body` with the frame of `version` around it (no flags).
 pub fn frame_version(version: u32, body: &[u8]) -> Vec<u8> {
+    frame_with(version, 0, body)
+}
+
+/// `body` with the frame of `version` and `flags` around it.
+pub fn frame_with(version: u32, flags: u32, body: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_LEN.saturating_add(body.len()));
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&version.to_le_bytes());
-    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&flags.to_le_bytes());
     out.extend_from_slice(&(body.len() as u64).to_le_bytes());
     out.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes());
@@ -95,7 +119,11 @@ pub fn check_header(header: &[u8], bound: u64) -> Result<u64, MigrationError> {
             supported: FORMAT_VERSION,
         });
     }
-    if le32(12..16)? != 0 || le32(28..32)? != 0 {
+    let known = match version {
+        FORMAT_VERSION => SECTION_DOORBELLS | SECTION_HOST,
+        _ => 0,
+    };
+    if le32(12..16)? & !known != 0 || le32(28..32)? != 0 {
         return Err(MigrationError::Invalid("reserved header bits set".into()));
     }
     let len_bytes = field(16..24)?;
@@ -134,10 +162,26 @@ pub fn decode(bytes: &[u8], bound: u64) -> Result<DeviceState, MigrationError> {
     let malformed = |e: postcard::Error| MigrationError::Malformed(e.to_string());
     let (mut state, mut rest): (DeviceState, &[u8]) =
         postcard::take_from_bytes(body).map_err(malformed)?;
-    // Checked by `check_header`: 1 or 2.
-    if header.get(8..12) == Some(&FORMAT_VERSION.to_le_bytes()[..]) {
+    // Checked by `check_header`: a version this daemon reads, and flags
+    // only in version 3.
+    let word = |range: std::ops::Range<usize>| {
+        let mut w = [0u8; 4];
+        w.copy_from_slice(header.get(range).unwrap_or(&[0; 4]));
+        u32::from_le_bytes(w)
+    };
+    let sections = match word(8..12) {
+        FORMAT_VERSION_DOORBELLS => SECTION_DOORBELLS,
+        FORMAT_VERSION => word(12..16),
+        _ => 0,
+    };
+    if sections & SECTION_DOORBELLS != 0 {
         let (doorbells, after) = postcard::take_from_bytes(rest).map_err(malformed)?;
         state.doorbells = Some(doorbells);
+        rest = after;
+    }
+    if sections & SECTION_HOST != 0 {
+        let (host, after) = postcard::take_from_bytes(rest).map_err(malformed)?;
+        state.host = Some(host);
         rest = after;
     }
     if !rest.is_empty() {
@@ -196,6 +240,7 @@ mod tests {
             },
             objects: Default::default(),
             doorbells: None,
+            host: None,
         }
     }
 
@@ -217,7 +262,7 @@ mod tests {
             quarantined: vec![1, 2],
         });
         let bytes = encode(&state).unwrap();
-        assert_eq!(bytes[8..12], FORMAT_VERSION.to_le_bytes());
+        assert_eq!(bytes[8..12], FORMAT_VERSION_DOORBELLS.to_le_bytes());
         assert_eq!(decode(&bytes, 1 << 20).unwrap(), state);
         // The same body under version 1: bytes after the state.
         let body = &bytes[HEADER_LEN..];
@@ -230,6 +275,53 @@ mod tests {
         assert!(matches!(
             decode(&frame_version(2, &plain[HEADER_LEN..]), 1 << 20),
             Err(MigrationError::Malformed(_))
+        ));
+    }
+
+    /// Host halves make a version 3 state, with or without doorbell pages;
+    /// a flag whose section is missing, or a section no flag names, is
+    /// refused, and so are flags in versions 1 and 2 and unknown flags.
+    #[test]
+    fn host_halves_make_a_version_3_state_with_its_sections_flagged() {
+        let host = crate::relocation::HostState {
+            gid: [7; 16],
+            qps: vec![crate::relocation::HostQpState {
+                qpn: 0x11,
+                host_qpn: 0x13,
+                sq_psn: 0x123,
+                rq_psn: 0x456,
+                dest: Some(([9; 16], 0x22)),
+                rkeys: vec![(0x100, 0x200)],
+            }],
+        };
+        let mut state = sample();
+        state.host = Some(host.clone());
+        let bytes = encode(&state).unwrap();
+        assert_eq!(bytes[8..12], FORMAT_VERSION.to_le_bytes());
+        assert_eq!(bytes[12..16], SECTION_HOST.to_le_bytes());
+        assert_eq!(decode(&bytes, 1 << 20).unwrap(), state);
+        state.doorbells = Some(Default::default());
+        let both = encode(&state).unwrap();
+        assert_eq!(
+            both[12..16],
+            (SECTION_HOST | SECTION_DOORBELLS).to_le_bytes()
+        );
+        assert_eq!(decode(&both, 1 << 20).unwrap(), state);
+        // The body of one under the flags of the other.
+        let body = &bytes[HEADER_LEN..];
+        for flags in [0, SECTION_DOORBELLS, SECTION_DOORBELLS | SECTION_HOST] {
+            assert!(
+                decode(&frame_with(3, flags, body), 1 << 20).is_err(),
+                "{flags}"
+            );
+        }
+        assert!(matches!(
+            decode(&frame_with(3, 1 << 5, body), 1 << 20),
+            Err(MigrationError::Invalid(_))
+        ));
+        assert!(matches!(
+            decode(&frame_with(1, SECTION_HOST, body), 1 << 20),
+            Err(MigrationError::Invalid(_))
         ));
     }
 

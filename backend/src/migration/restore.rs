@@ -21,7 +21,6 @@ use super::state::{self, DoorbellsState, Objects, PagesState, Table};
 use super::MigrationError;
 use crate::config::Limits;
 use crate::events::EventQueue;
-use virtio_rdma_abi::event::Event;
 use crate::memory::{PageList, RamMap};
 use crate::resources::handle::HandleTable;
 use crate::resources::restore::Tables;
@@ -31,6 +30,7 @@ use crate::resources::{
 };
 use crate::rnic_objects::{MrKeys, Owner, QpSpec, RnicObjects};
 use crate::shmem::DoorbellPages;
+use virtio_rdma_abi::event::Event;
 
 /// Where the objects go.
 pub struct Target<'a> {
@@ -48,6 +48,9 @@ pub struct Target<'a> {
     /// Checks a QP's attributes as `MODIFY_QP` would (against this VM's
     /// GID table, features and limits).
     pub check_attr: &'a dyn Fn(QpType, &QpAttr) -> Result<(), String>,
+    /// The host halves' state of a state saved on a host RNIC (spec
+    /// 20.8), which one loading on a host RNIC needs.
+    pub host: Option<&'a crate::relocation::HostState>,
 }
 
 /// Where a loaded state's QP numbers, keys and SRQ numbers come from.
@@ -67,6 +70,11 @@ pub enum Numbers<'a> {
 /// What was claimed from the RNIC, to give back if the load fails.
 #[derive(Default)]
 struct Claims {
+    /// Host halves made for PDs, CQs, SRQs and AHs (a host RNIC's).
+    pds: Vec<Owner>,
+    cqs: Vec<Owner>,
+    srqs: Vec<Owner>,
+    ahs: Vec<Owner>,
     qpns: Vec<u32>,
     mr_keys: Vec<MrKeys>,
     fast: Vec<u32>,
@@ -95,6 +103,18 @@ impl Claims {
         if self.gsi {
             t.rnic.gsi_destroyed(t.vm);
         }
+        for o in self.ahs {
+            t.rnic.destroy_ah(o);
+        }
+        for o in self.srqs {
+            t.rnic.destroy_srq(o);
+        }
+        for o in self.cqs {
+            t.rnic.destroy_cq(o);
+        }
+        for o in self.pds {
+            t.rnic.destroy_pd(o);
+        }
     }
 }
 
@@ -104,7 +124,11 @@ fn bad(what: impl Into<String>) -> MigrationError {
 
 /// The VM's objects from `saved`, their numbers and keys claimed from the
 /// RNIC. `now` is the moment of the load: saved waits count from it.
-pub fn objects(saved: &Objects, t: &Target<'_>, now: Instant) -> Result<VmResources, MigrationError> {
+pub fn objects(
+    saved: &Objects,
+    t: &Target<'_>,
+    now: Instant,
+) -> Result<VmResources, MigrationError> {
     let mut claims = Claims::default();
     match build(saved, t, now, &mut claims) {
         Ok(r) => Ok(r),
@@ -119,9 +143,9 @@ pub fn objects(saved: &Objects, t: &Target<'_>, now: Instant) -> Result<VmResour
 /// this RNIC does not let a state choose them).
 fn taken(what: String, e: crate::rnic_objects::RnicError) -> MigrationError {
     match e {
-        crate::rnic_objects::RnicError::Invalid => {
-            bad(format!("{what} is taken, or this RNIC does not give out chosen ones"))
-        }
+        crate::rnic_objects::RnicError::Invalid => bad(format!(
+            "{what} is taken, or this RNIC does not give out chosen ones"
+        )),
         e => bad(format!("{what}: {e}")),
     }
 }
@@ -151,7 +175,11 @@ fn build(
         l.max_mr,
         "MRs and windows",
     )?;
-    count_within(saved.xrcds.live.len(), virtio_rdma_abi::verbs::MAX_XRCD, "XRC domains")?;
+    count_within(
+        saved.xrcds.live.len(),
+        virtio_rdma_abi::verbs::MAX_XRCD,
+        "XRC domains",
+    )?;
 
     let ctxs = table(&saved.ctxs, |c| {
         const SIZE: u64 = <virtio_rdma_abi::datapath::CtxDoorbell as Field>::SIZE as u64;
@@ -176,7 +204,11 @@ fn build(
         depth(c.depth, l.max_cqe, "CQ")?;
         db_record(t.ram, c.db_gpa)?;
         let ring = pages(&c.ring, t, false)?;
-        covers(&ring, u64::from(c.depth).saturating_mul(u64::from(CQE_SIZE)), "CQ")?;
+        covers(
+            &ring,
+            u64::from(c.depth).saturating_mul(u64::from(CQE_SIZE)),
+            "CQ",
+        )?;
         Ok(Cq {
             ctx: c.ctx,
             depth: c.depth,
@@ -191,7 +223,9 @@ fn build(
         })
     })?;
     let pd_ctx = |pd: u32, what: &str| -> Result<u32, MigrationError> {
-        pds.get(pd).map(|p| p.ctx).ok_or_else(|| bad(format!("{what}: no such PD")))
+        pds.get(pd)
+            .map(|p| p.ctx)
+            .ok_or_else(|| bad(format!("{what}: no such PD")))
     };
     let srqs = table(&saved.srqs, |s| {
         let ctx = pd_ctx(s.pd, "an SRQ")?;
@@ -245,7 +279,9 @@ fn build(
                 // is invalidated (its length becomes 0); one never
                 // registered has none.
                 if m.lkey != m.rkey || (!valid && m.length != 0) {
-                    return Err(bad("a fast-registration region's key or length is inconsistent"));
+                    return Err(bad(
+                        "a fast-registration region's key or length is inconsistent",
+                    ));
                 }
                 let mut room = PageList::reserved(max_num_sg);
                 let empty = match &m.pages {
@@ -322,7 +358,12 @@ fn build(
     })?;
     let mws = table(&saved.mws, |w| {
         let ctx = pd_ctx(w.pd, "a window")?;
-        if ![virtio_rdma_abi::verbs::MW_TYPE_1, virtio_rdma_abi::verbs::MW_TYPE_2].contains(&w.mw_type) {
+        if ![
+            virtio_rdma_abi::verbs::MW_TYPE_1,
+            virtio_rdma_abi::verbs::MW_TYPE_2,
+        ]
+        .contains(&w.mw_type)
+        {
             return Err(bad("a window of an unknown type"));
         }
         let binding = match w.binding {
@@ -332,13 +373,20 @@ fn build(
                 if m.pd != w.pd || m.fast.is_some() {
                     return Err(bad("a window bound to an MR of another PD, or a fast one"));
                 }
-                let end = addr.checked_add(length).ok_or_else(|| bad("a window's range wraps"))?;
+                let end = addr
+                    .checked_add(length)
+                    .ok_or_else(|| bad("a window's range wraps"))?;
                 if addr < m.iova || end > m.iova.saturating_add(m.length) {
                     return Err(bad("a window's range is outside its MR"));
                 }
                 let qp = match qp {
                     None => None,
-                    Some(h) => Some((h, qps.get(h).map(|q| q.incarnation).ok_or_else(|| bad("a window bound by no QP"))?)),
+                    Some(h) => Some((
+                        h,
+                        qps.get(h)
+                            .map(|q| q.incarnation)
+                            .ok_or_else(|| bad("a window bound by no QP"))?,
+                    )),
                 };
                 if (w.mw_type == virtio_rdma_abi::verbs::MW_TYPE_2) != qp.is_some() {
                     return Err(bad("a window's binding QP does not match its type"));
@@ -388,7 +436,11 @@ fn build(
     }
 
     match t.numbers {
-        Numbers::Claim => claim_all(t, &qps, &mrs, &mws, &srqs, &groups, claims)?,
+        Numbers::Claim => {
+            host_halves(t, &pds, &cqs, &srqs, &ahs, claims)?;
+            claim_all(t, &qps, &mrs, &mws, &srqs, &groups, claims)?;
+            host_states(t, &qps)?;
+        }
         Numbers::Rehome { from, source } => {
             rehome_all(t, from, source, &qps, &mrs, &mws, &srqs, &groups)?;
         }
@@ -420,6 +472,82 @@ fn build(
     // Nothing to give back from here on.
     *claims = Claims::default();
     Ok(res)
+}
+
+fn owner(t: &Target<'_>, handle: u32) -> Owner {
+    Owner {
+        vm: t.vm,
+        handle,
+        incarnation: 0,
+    }
+}
+
+/// Makes the host halves of the PDs, CQs, SRQs and AHs (a host RNIC's; the
+/// software RNIC has none), before the QPs and regions that use them.
+fn host_halves(
+    t: &Target<'_>,
+    pds: &HandleTable<crate::resources::Pd>,
+    cqs: &HandleTable<crate::resources::Cq>,
+    srqs: &HandleTable<Srq>,
+    ahs: &HandleTable<crate::resources::Ah>,
+    claims: &mut Claims,
+) -> Result<(), MigrationError> {
+    let host = |what: &str, e| bad(format!("{what}: host RNIC: {e}"));
+    for (h, _) in pds.iter() {
+        t.rnic.create_pd(owner(t, h)).map_err(|e| host("a PD", e))?;
+        claims.pds.push(owner(t, h));
+    }
+    for (h, c) in cqs.iter() {
+        t.rnic
+            .create_cq(owner(t, h), c.depth)
+            .map_err(|e| host("a CQ", e))?;
+        claims.cqs.push(owner(t, h));
+    }
+    for (h, s) in srqs.iter() {
+        let spec = crate::rnic_objects::SrqSpec {
+            pd: s.pd,
+            depth: s.depth,
+            max_sge: s.max_sge,
+        };
+        t.rnic
+            .create_srq(owner(t, h), &spec)
+            .map_err(|e| host("an SRQ", e))?;
+        claims.srqs.push(owner(t, h));
+    }
+    for (h, a) in ahs.iter() {
+        t.rnic
+            .create_ah(owner(t, h), a.pd, &a.av)
+            .map_err(|e| host("an AH", e))?;
+        claims.ahs.push(owner(t, h));
+    }
+    Ok(())
+}
+
+/// Brings each claimed QP's host half into the QP's state, with the
+/// source's transport state (a host RNIC's, spec 20.8). A state saved on
+/// the software RNIC has no host halves: on a host RNIC it loads only if
+/// none of its connected QPs is past INIT.
+fn host_states(t: &Target<'_>, qps: &HandleTable<Qp>) -> Result<(), MigrationError> {
+    if t.host.is_some() && !t.rnic.loads_host_state() {
+        return Err(bad(
+            "the state was saved on a host RNIC (libibverbs), this daemon's is the software RNIC",
+        ));
+    }
+    for (_, q) in qps.iter() {
+        if q.qp_type == QpType::GSI {
+            continue;
+        }
+        t.rnic
+            .restore_qp(t.vm, q.qpn, q.state, &q.attr, t.host)
+            .map_err(|e| {
+                bad(format!(
+                    "QP {:#x}: its host half cannot take its state ({e}): a state from \
+                     another RNIC, or the host refused",
+                    q.qpn
+                ))
+            })?;
+    }
+    Ok(())
 }
 
 /// Claims every QP number, key and SRQ number of the objects from the RNIC
@@ -677,7 +805,10 @@ fn qp(
             return Err(bad("an XRC target without its domain, or with a PD or SRQ"));
         }
     } else {
-        let ctx = pds.get(q.pd).map(|p| p.ctx).ok_or_else(|| bad("a QP's PD"))?;
+        let ctx = pds
+            .get(q.pd)
+            .map(|p| p.ctx)
+            .ok_or_else(|| bad("a QP's PD"))?;
         if ctx != q.ctx || q.xrcd != 0 {
             return Err(bad("a QP's PD is of another context"));
         }
@@ -686,7 +817,11 @@ fn qp(
                 return Err(bad("a QP's CQ is not of its context"));
             }
         }
-        if q.srq != 0 && srqs.get(q.srq).is_none_or(|s| s.ctx != ctx || s.xrc.is_some()) {
+        if q.srq != 0
+            && srqs
+                .get(q.srq)
+                .is_none_or(|s| s.ctx != ctx || s.xrc.is_some())
+        {
             return Err(bad("a QP's SRQ is not of its context"));
         }
         if sq_depth > l.max_qp_wr
@@ -716,10 +851,17 @@ fn qp(
             ring.page_shift(),
         )
     };
-    if (layout.sq_wqe_shift, layout.rq_wqe_shift, layout.rq_offset, layout.total) != q.layout
+    if (
+        layout.sq_wqe_shift,
+        layout.rq_wqe_shift,
+        layout.rq_offset,
+        layout.total,
+    ) != q.layout
         || (tgt && (ring.npages() != 0 || layout.total != 0))
     {
-        return Err(bad("a QP's ring layout does not follow from its capacities"));
+        return Err(bad(
+            "a QP's ring layout does not follow from its capacities",
+        ));
     }
     covers(&ring, layout.total, "QP")?;
     if !tgt {
@@ -908,16 +1050,32 @@ pub fn doorbells(
         ctx.db_page = Some(page);
     }
     for &(h, slot) in &saved.qp_slots {
-        let qp = res.qps.get(h).ok_or_else(|| bad("a doorbell slot of no live QP"))?;
+        let qp = res
+            .qps
+            .get(h)
+            .ok_or_else(|| bad("a doorbell slot of no live QP"))?;
         let db = claim_queue_slot(res, &mut pages, qp.ctx, slot)?;
-        if res.qps.get_mut(h).and_then(|q| q.db_slot.replace(db)).is_some() {
+        if res
+            .qps
+            .get_mut(h)
+            .and_then(|q| q.db_slot.replace(db))
+            .is_some()
+        {
             return Err(bad("a QP with two doorbell slots"));
         }
     }
     for &(h, slot) in &saved.srq_slots {
-        let srq = res.srqs.get(h).ok_or_else(|| bad("a doorbell slot of no live SRQ"))?;
+        let srq = res
+            .srqs
+            .get(h)
+            .ok_or_else(|| bad("a doorbell slot of no live SRQ"))?;
         let db = claim_queue_slot(res, &mut pages, srq.ctx, slot)?;
-        if res.srqs.get_mut(h).and_then(|q| q.db_slot.replace(db)).is_some() {
+        if res
+            .srqs
+            .get_mut(h)
+            .and_then(|q| q.db_slot.replace(db))
+            .is_some()
+        {
             return Err(bad("an SRQ with two doorbell slots"));
         }
     }

@@ -28,6 +28,11 @@ pub struct DeviceState {
     /// ([`super::format`]).
     #[serde(skip)]
     pub doorbells: Option<DoorbellsState>,
+    /// The host halves of the QPs, saved on the libibverbs transport
+    /// (spec 20.8): their PSNs and where their requests went. Encoded
+    /// after the rest, in format version 3 only ([`super::format`]).
+    #[serde(skip)]
+    pub host: Option<crate::relocation::HostState>,
 }
 
 /// Which doorbell page each context has and which slot each queue has

@@ -5,7 +5,6 @@
 //! receive, one of an SRQ the slot its `wr_id` names. The guest's consumer
 //! indices move on as each receive completes, as on the software RNIC.
 
-
 use std::time::{Duration, Instant};
 
 use log::{debug, info};
@@ -22,13 +21,13 @@ use super::rnic::{lock_tables, HostEvent, Tables, VmHost, RECV_SRQ, RECV_WR};
 use super::scratch::Scratch;
 use crate::engine::completer::{complete, cq_error, error_cqe};
 use crate::engine::doorbell;
+use crate::engine::requester::{complete_posted, posted_done, Completion};
 use crate::engine::sge::local_segments;
 use crate::engine::wqe::{fetch_recv, RecvRing, WqeBuf};
-use crate::engine::requester::{complete_posted, posted_done, Completion};
 use crate::memory::access::{self, Segment};
 use crate::memory::HostMem;
-use crate::vm::VmState;
 use crate::sync::lock;
+use crate::vm::VmState;
 
 /// Applies the host events queued for the VM; true if there were any.
 pub(super) fn host_events(host: &VmHost, state: &mut VmState) -> bool {
@@ -46,7 +45,12 @@ pub(super) fn host_events(host: &VmHost, state: &mut VmState) -> bool {
                 state.events.push(EventKind::QP_LAST_WQE_REACHED, h, 0);
             }
             HostEvent::Qp(h, kind) => {
-                if state.res.qps.get(h).is_some_and(|q| q.state != QpState::ERR) {
+                if state
+                    .res
+                    .qps
+                    .get(h)
+                    .is_some_and(|q| q.state != QpState::ERR)
+                {
                     state.qp_enter_err(h, Some(kind));
                 }
             }
@@ -77,8 +81,8 @@ pub(super) fn host_events(host: &VmHost, state: &mut VmState) -> bool {
                     // port that went down varies (Linux soft-RoCE never
                     // does): the device fails them now, so that no guest
                     // waits for ever (spec appendix D).
-                    let n = state
-                        .fail_qps(|q| q.qp_type == QpType::RC && q.state != QpState::RESET);
+                    let n =
+                        state.fail_qps(|q| q.qp_type == QpType::RC && q.state != QpState::RESET);
                     if n > 0 {
                         info!("port down: {n} RC QPs of VM {} fail", state.vm_index());
                     }
@@ -97,7 +101,9 @@ pub(super) fn host_events(host: &VmHost, state: &mut VmState) -> bool {
 /// It looks at most once per `every` for a VM.
 pub(super) fn watchdog(host: &VmHost, state: &mut VmState, now: Instant, every: Duration) -> bool {
     let mut t = lock_tables(host);
-    if t.watched.is_some_and(|at| now.saturating_duration_since(at) < every) {
+    if t.watched
+        .is_some_and(|at| now.saturating_duration_since(at) < every)
+    {
         return false;
     }
     t.watched = Some(now);
@@ -141,7 +147,9 @@ pub(crate) fn stalled_after(timeout: u32, retry_cnt: u32) -> Option<Duration> {
         return None;
     }
     let one = Duration::from_nanos(4096u64.checked_shl(timeout.min(31))?);
-    let all = one.saturating_mul(retry_cnt.min(7).saturating_add(1)).saturating_mul(4);
+    let all = one
+        .saturating_mul(retry_cnt.min(7).saturating_add(1))
+        .saturating_mul(4);
     Some(all.max(Duration::from_secs(2)))
 }
 
@@ -156,7 +164,11 @@ pub(super) fn poll_cqs(
     let mut t = lock_tables(host);
     let mut did = false;
     let Scratch {
-        wcs, cqs, wqe, segs, ..
+        wcs,
+        cqs,
+        wqe,
+        segs,
+        ..
     } = ts;
     cqs.clear();
     cqs.extend(t.cqs.values().map(|c| c.cq.as_ptr() as usize));
@@ -183,7 +195,8 @@ fn apply(
     wc: &ibv_wc,
     scratch: (&mut WqeBuf, &mut Vec<Segment>),
 ) {
-    let Some(hq) = t.qps.get_mut(&wc.qp_num) else {
+    let qpn = t.device_qpn(wc.qp_num);
+    let Some(hq) = t.qps.get_mut(&qpn) else {
         // Its QP was destroyed meanwhile.
         return;
     };
@@ -232,7 +245,10 @@ fn apply(
         w
     } else {
         let Some(w) = hq.recvd.pop_front() else {
-            debug!("QPN {:#x}: a receive completion without a receive", wc.qp_num);
+            debug!(
+                "QPN {:#x}: a receive completion without a receive",
+                wc.qp_num
+            );
             return;
         };
         let Some(qp) = state.res.qps.get_mut(h) else {
@@ -303,17 +319,22 @@ fn apply(
 /// 18.13: an IPv6 header for every pair of GIDs) from what a RoCEv2 NIC
 /// wrote for an IPv4 packet: 20 bytes of zeros, then the IPv4 header.
 /// `None` if it is not that.
-pub(crate) fn ipv6_grh_of_ipv4(b: &[u8; UD_GRH_SIZE as usize]) -> Option<[u8; UD_GRH_SIZE as usize]> {
+pub(crate) fn ipv6_grh_of_ipv4(
+    b: &[u8; UD_GRH_SIZE as usize],
+) -> Option<[u8; UD_GRH_SIZE as usize]> {
     let (zeros, ip) = b.split_at(20);
-    let [vihl, tos, l0, l1, _, _, _, _, ttl, proto, _, _, s0, s1, s2, s3, d0, d1, d2, d3] =
-        *ip
+    let [vihl, tos, l0, l1, _, _, _, _, ttl, proto, _, _, s0, s1, s2, s3, d0, d1, d2, d3] = *ip
     else {
         return None;
     };
     if zeros.iter().any(|&z| z != 0) || vihl != 0x45 || proto != GRH_NEXT_HEADER_UDP {
         return None;
     }
-    let v4 = |a, b, c, d| std::net::Ipv4Addr::new(a, b, c, d).to_ipv6_mapped().octets();
+    let v4 = |a, b, c, d| {
+        std::net::Ipv4Addr::new(a, b, c, d)
+            .to_ipv6_mapped()
+            .octets()
+    };
     Some(
         UdGrh {
             traffic_class: tos,
@@ -395,7 +416,10 @@ mod tests {
         // 16.8 ms × 8 × 4 = 0.54 s: the floor.
         assert_eq!(stalled_after(12, 7), Some(Duration::from_secs(2)));
         // 67.1 ms × 8 × 4 = 2.147 s.
-        assert_eq!(stalled_after(14, 7), Some(Duration::from_nanos(4096 << 14) * 32));
+        assert_eq!(
+            stalled_after(14, 7),
+            Some(Duration::from_nanos(4096 << 14) * 32)
+        );
         // 4.096 µs × 2^20 ≈ 4.3 s, 8 tries, four times over.
         let long = stalled_after(20, 7).unwrap();
         assert!(long > Duration::from_secs(130) && long < Duration::from_secs(140));
@@ -409,8 +433,7 @@ mod tests {
     fn an_ipv4_header_becomes_the_devices_grh() {
         let mut b = [0u8; 40];
         b[20..40].copy_from_slice(&[
-            0x45, 0x20, 0, 80, 0x12, 0x34, 0x40, 0, 64, 17, 0xab, 0xcd, 10, 43, 0, 2, 10, 43, 0,
-            1,
+            0x45, 0x20, 0, 80, 0x12, 0x34, 0x40, 0, 64, 17, 0xab, 0xcd, 10, 43, 0, 2, 10, 43, 0, 1,
         ]);
         let v6 = ipv6_grh_of_ipv4(&b).unwrap();
         let g = UdGrh::parse(&v6).unwrap();

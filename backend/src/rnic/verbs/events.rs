@@ -89,7 +89,8 @@ fn handle(rnic: &VerbsRnic, ev: &ibv_async_event) {
         let qp: *mut ibv_qp = unsafe { ev.element.qp };
         // SAFETY: as above.
         let qpn = unsafe { (*qp).qp_num };
-        rnic.lookup_qpn(qpn).map(|o| (o.vm, o.handle))
+        rnic.lookup_qpn(rnic.device_qpn(qpn))
+            .map(|o| (o.vm, o.handle))
     };
     let (targets, event) = match t {
         kind::QP_FATAL

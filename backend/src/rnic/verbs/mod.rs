@@ -6,7 +6,9 @@
 //! - [`device`]: opening a device, one of its ports and one GID, and what
 //!   it offers ([`device::VerbsDevice::caps`]);
 //! - [`rnic`]: [`rnic::VerbsRnic`], the object half: one host object per
-//!   device object, memory regions over windows of guest pages;
+//!   device object, memory regions over windows of guest pages; and
+//!   [`rnic::moves`], host QPs across hosts (spec 20.8): their transport
+//!   state saved and restored, peers' connections held and pointed anew;
 //! - [`attr`]: the device's values in libibverbs' terms and back;
 //! - [`objects`]: owned host objects, destroyed when dropped;
 //! - [`events`]: the host's asynchronous events, handed to the VMs;

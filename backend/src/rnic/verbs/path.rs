@@ -20,12 +20,14 @@ use rdma_sys::{ibv_modify_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_state, ibv_r
 use virtio_rdma_abi::datapath::WcStatus;
 use virtio_rdma_abi::qp::QpType;
 
-use super::rnic::{lock_tables, VmHost, VerbsRnic};
+use super::rnic::moves;
+use super::rnic::{lock_tables, VerbsRnic, VmHost};
 use super::scratch::Scratch;
 use super::{complete, gsi, post};
 use crate::engine::requester::{complete_send, Completion};
 use crate::memory::HostMem;
 use crate::rnic_path::{Outgoing, RnicPath, Serving, Step};
+use crate::sync::lock;
 use crate::tenancy::Tenancy;
 use crate::vm::VmState;
 
@@ -106,6 +108,21 @@ impl RnicPath for VerbsPath<'_> {
         if host.srqs.load(Ordering::Relaxed) > 0 {
             did |= post::srq_recvs(host, cx.state, cx.mem, &mut ts.wqe);
         }
+        if host.repoints.load(Ordering::Relaxed) > 0 {
+            did |= self.repoint(host, cx, ts);
+        }
+        did
+    }
+
+    fn poll_stopped(&self, cx: &mut Serving<'_>, ts: &mut Self::Scratch) -> bool {
+        let Some(host) = self.host(cx.vm) else {
+            return false;
+        };
+        let mut did = complete::host_events(host, cx.state);
+        did |= complete::poll_cqs(host, cx.state, cx.mem, ts);
+        if !did && !moves::in_flight(host) {
+            *lock(&host.rested) = Some(Instant::now());
+        }
         did
     }
 
@@ -166,6 +183,48 @@ impl RnicPath for VerbsPath<'_> {
             out.push(host.channel.fd());
             out.push(host.notify.as_raw_fd());
         }
+    }
+}
+
+impl VerbsPath<'_> {
+    /// Points the VM's connections whose destination moved at its new
+    /// place (`moves::repoint_due`), then posts again the receives their
+    /// host QPs dropped with the reset; a QP that could not be pointed
+    /// fails. True if any was.
+    fn repoint(&self, host: &VmHost, cx: &mut Serving<'_>, ts: &mut Scratch) -> bool {
+        let res = &cx.state.res;
+        let attrs = |h: u32| res.qps.get(h).map(|q| (q.state, q.attr));
+        let done = moves::repoint_due(self.rnic, host, &attrs, Instant::now());
+        for &(h, ok) in &done {
+            let Some(q) = cx.state.res.qps.get_mut(h) else {
+                continue;
+            };
+            if !ok {
+                cx.state
+                    .qp_enter_err(h, Some(virtio_rdma_abi::event::EventKind::QP_FATAL));
+                continue;
+            }
+            // Its destination is on another daemon now, whatever this one
+            // knew of it (spec 18.23's check is for destinations here).
+            q.rt.dest_incarnation = None;
+            if q.srq != 0 {
+                continue;
+            }
+            // The host dropped its receives: the ring's, from the first
+            // not completed on, go to it again.
+            q.rt.recv_outstanding = 0;
+            let depth = q.rq_depth;
+            let pi = crate::engine::doorbell::load_pi(
+                cx.mem,
+                q.db_gpa,
+                q.db_slot.as_ref(),
+                crate::engine::doorbell::RQ,
+            );
+            if let Some(pi) = pi {
+                post::recvs(host, cx.state, cx.mem, &mut ts.wqe, h, pi, depth);
+            }
+        }
+        !done.is_empty()
     }
 }
 

@@ -6,7 +6,6 @@
 //! posts them, so that a message finds them; their `wr_id`s wait in the
 //! RNIC's tables for the completion.
 
-
 use log::debug;
 use rdma_sys::{
     ibv_post_recv, ibv_post_send, ibv_post_srq_recv, ibv_recv_wr, ibv_send_flags, ibv_send_wr,
@@ -18,12 +17,12 @@ use virtio_rdma_abi::datapath::{
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::qp::{QpState, QpType};
 
-use super::rnic::{lock_tables, Sent, VerbsRnic, VmHost, RECV_SRQ, RECV_WR};
+use super::rnic::{lock_tables, Sent, Tables, VerbsRnic, VmHost, RECV_SRQ, RECV_WR};
 use crate::engine::completer::{complete, error_cqe};
 use crate::engine::doorbell::{self, load_pi};
+use crate::engine::requester::{complete_send, Completion};
 use crate::engine::sge::check_local;
 use crate::engine::wqe::{fetch_recv, posted, RecvRing, WqeBuf, WqeError};
-use crate::engine::requester::{complete_send, Completion};
 use crate::engine::{count_privileged, management_qp};
 use crate::memory::HostMem;
 use crate::rnic_objects::RnicObjects;
@@ -36,7 +35,15 @@ use crate::vm::VmState;
 /// Most SGEs of one work request (the WQE format's).
 const MAX_SGE: usize = 32;
 
-fn host_sges(sges: &[Sge], out: &mut [ibv_sge; MAX_SGE]) -> Option<usize> {
+const NO_SGE: ibv_sge = ibv_sge {
+    addr: 0,
+    length: 0,
+    lkey: 0,
+};
+
+/// The guest's scatter list in libibverbs' terms, its lkeys the host's
+/// (`t`: those of a VM that moved here differ, spec 20.8).
+fn host_sges(t: &Tables, sges: &[Sge], out: &mut [ibv_sge; MAX_SGE]) -> Option<usize> {
     if sges.len() > MAX_SGE {
         return None;
     }
@@ -44,7 +51,7 @@ fn host_sges(sges: &[Sge], out: &mut [ibv_sge; MAX_SGE]) -> Option<usize> {
         *o = ibv_sge {
             addr: s.addr,
             length: s.length,
-            lkey: s.lkey,
+            lkey: t.host_lkey(s.lkey),
         };
     }
     Some(sges.len())
@@ -80,6 +87,15 @@ pub(super) fn send(
     msg: &Outgoing<'_>,
 ) -> Step {
     let wr = msg.wr;
+    // Its destination is moving to another host (spec 20.8): nothing new
+    // goes to it until it has, or the hold ends. Looked at before anything
+    // else: the destination's old QP may be gone meanwhile.
+    if super::rnic::moves::any_held(host) {
+        if let Some(until) = super::rnic::moves::held(host, msg.src_qpn, std::time::Instant::now())
+        {
+            return Step::Wait(until);
+        }
+    }
     let local = msg.av.dgid == rnic.device().gid().0;
     let gone = local && !msg.ud() && dest_gone(rnic, cx.state, msg);
     if local && !gone && consumes_receive(wr.opcode) {
@@ -181,7 +197,7 @@ pub(super) fn send(
     } else {
         std::ptr::null_mut()
     };
-    let Some(q) = t.qps.get_mut(&msg.src_qpn) else {
+    let Some(q) = t.qps.get(&msg.src_qpn) else {
         drop(t);
         return failed(state, WcStatus::LOC_QP_OP_ERR);
     };
@@ -190,6 +206,10 @@ pub(super) fn send(
     if q.sent.len() >= q.sq_depth.max(1) as usize {
         return Step::Busy;
     }
+    let rkey = match &q.rkeys {
+        Some(m) => m.get(&wr.hdr.rkey).copied().unwrap_or(wr.hdr.rkey),
+        None => wr.hdr.rkey,
+    };
     let mut sges = [ibv_sge {
         addr: 0,
         length: 0,
@@ -214,7 +234,7 @@ pub(super) fn send(
             };
             usize::from(!data.is_empty())
         }
-        None => match host_sges(wr.sges, &mut sges) {
+        None => match host_sges(&t, wr.sges, &mut sges) {
             Some(n) => n,
             None => {
                 drop(t);
@@ -228,7 +248,7 @@ pub(super) fn send(
                 remote_addr: wr.hdr.remote_addr,
                 compare_add: wr.hdr.compare_add,
                 swap: wr.hdr.swap,
-                rkey: wr.hdr.rkey,
+                rkey,
             },
         },
         _ if msg.ud() => wr_t {
@@ -241,7 +261,7 @@ pub(super) fn send(
         _ => wr_t {
             rdma: rdma_sys::rdma_t {
                 remote_addr: wr.hdr.remote_addr,
-                rkey: wr.hdr.rkey,
+                rkey,
             },
         },
     };
@@ -261,6 +281,10 @@ pub(super) fn send(
         imm_data: wr.hdr.imm_data,
     };
     w.wr = remote;
+    let Some(q) = t.qps.get_mut(&msg.src_qpn) else {
+        drop(t);
+        return failed(state, WcStatus::LOC_QP_OP_ERR);
+    };
     let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
     // SAFETY: a live QP of the VM; `w` and the SGEs (and inline bytes)
     // it points to live across the call, which copies what it keeps.
@@ -287,7 +311,11 @@ pub(super) fn send(
 /// destroyed since its QP was connected to it: the QP number is free or
 /// another QP's (spec 18.23).
 fn dest_gone(rnic: &VerbsRnic, state: &VmState, msg: &Outgoing<'_>) -> bool {
-    let bound = state.res.qps.get(msg.qp).and_then(|q| q.rt.dest_incarnation);
+    let bound = state
+        .res
+        .qps
+        .get(msg.qp)
+        .and_then(|q| q.rt.dest_incarnation);
     bound.is_some_and(|b| rnic.lookup_qpn(msg.dest_qpn).map(|o| o.incarnation) != Some(b))
 }
 
@@ -370,19 +398,19 @@ fn len32(n: u64) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
-/// Posts one receive to a host QP (`srq` false) or SRQ.
-fn post_one(target: *mut libc::c_void, srq: bool, wr_id: u64, sges: &[Sge]) -> Result<(), i32> {
-    let mut list = [ibv_sge {
-        addr: 0,
-        length: 0,
-        lkey: 0,
-    }; MAX_SGE];
-    let n = host_sges(sges, &mut list).ok_or(libc::EINVAL)?;
+/// Posts one receive to a host QP (`srq` false) or SRQ; its scatter list
+/// is the host's already ([`host_sges`]).
+fn post_one(
+    target: *mut libc::c_void,
+    srq: bool,
+    wr_id: u64,
+    sges: &mut [ibv_sge],
+) -> Result<(), i32> {
     let mut w = ibv_recv_wr {
         wr_id,
         next: std::ptr::null_mut(),
-        sg_list: list.as_mut_ptr(),
-        num_sge: i32::try_from(n).unwrap_or(0),
+        sg_list: sges.as_mut_ptr(),
+        num_sge: i32::try_from(sges.len()).unwrap_or(0),
     };
     let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
     // SAFETY: `target` is a live QP or SRQ (as `srq` says) of the VM's
@@ -429,17 +457,22 @@ pub(super) fn recvs(
             return did;
         };
         let (qpn, recv_cq) = (qp.qpn, qp.recv_cq);
-        let Some(hq) = t.qps.get_mut(&qpn) else {
+        if !t.qps.contains_key(&qpn) {
             return did;
-        };
+        }
         match fetch_recv(mem, &RecvRing::of_qp(qp), next, buf) {
             Ok(wr) => {
-                if let Err(rc) = post_one(hq.qp.as_ptr().cast(), false, RECV_WR, wr.sges) {
+                let mut list = [NO_SGE; MAX_SGE];
+                let sges = host_sges(&t, wr.sges, &mut list).and_then(|n| list.get_mut(..n));
+                let (Some(sges), Some(hq)) = (sges, t.qps.get_mut(&qpn)) else {
+                    return did;
+                };
+                if let Err(rc) = post_one(hq.qp.as_ptr().cast(), false, RECV_WR, sges) {
                     debug!("QPN {qpn:#x}: ibv_post_recv: errno {rc}");
                     return did;
                 }
                 hq.recvd.push_back(wr.wr_id);
-                            if let Some(q) = state.res.qps.get_mut(h) {
+                if let Some(q) = state.res.qps.get_mut(h) {
                     q.rt.recv_outstanding = q.rt.recv_outstanding.saturating_add(1);
                 }
             }
@@ -507,23 +540,27 @@ pub(super) fn srq_recvs(
             if posted(pi, next, srq.depth).unwrap_or(0) == 0 {
                 break;
             }
-            let Some(hs) = t.srqs.get_mut(&h) else {
+            if t.srqs.get(&h).is_none_or(|hs| hs.free.is_empty()) {
                 break;
-            };
-            let Some(slot) = hs.free.pop() else {
-                break;
-            };
+            }
             let wr = match fetch_recv(mem, &RecvRing::of_srq(srq), next, buf) {
                 Ok(wr) => wr,
                 Err(_) => {
-                    hs.free.push(slot);
                     srq_failed(state, h);
                     did = true;
                     break;
                 }
             };
+            let mut list = [NO_SGE; MAX_SGE];
+            let sges = host_sges(&t, wr.sges, &mut list).and_then(|n| list.get_mut(..n));
+            let (Some(sges), Some(hs)) = (sges, t.srqs.get_mut(&h)) else {
+                break;
+            };
+            let Some(slot) = hs.free.pop() else {
+                break;
+            };
             let host_id = RECV_WR | RECV_SRQ | u64::from(slot);
-            if let Err(rc) = post_one(hs.srq.as_ptr().cast(), true, host_id, wr.sges) {
+            if let Err(rc) = post_one(hs.srq.as_ptr().cast(), true, host_id, sges) {
                 debug!("SRQ {h:#x}: ibv_post_srq_recv: errno {rc}");
                 hs.free.push(slot);
                 break;
@@ -531,7 +568,7 @@ pub(super) fn srq_recvs(
             if let Some(w) = hs.wr_ids.get_mut(slot as usize) {
                 *w = (wr.wr_id, next);
             }
-                    if let Some(s) = state.res.srqs.get_mut(h) {
+            if let Some(s) = state.res.srqs.get_mut(h) {
                 s.rt.outstanding = s.rt.outstanding.saturating_add(1);
             }
             did = true;

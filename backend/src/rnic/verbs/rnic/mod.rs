@@ -4,7 +4,10 @@
 //! the guest's iova), and the per-VM state the data path shares with it
 //! (`VmHost`).
 //!
-//! QP numbers and memory keys are the host NIC's: they travel on the wire.
+//! QP numbers and memory keys are the host NIC's when the objects are
+//! created: they travel on the wire. Those of a VM that moved here from
+//! another host (a loaded state, spec 20.8) are the source's, kept as
+//! *virtual* numbers over the new host objects ([`super::moves`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
@@ -20,6 +23,8 @@ use rdma_sys::{
 use virtio_rdma_abi::datapath::WcOpcode;
 use virtio_rdma_abi::qp::{AddressVector, QpState, QpType, GSI_QPN};
 use vmm_sys_util::eventfd::EventFd;
+
+pub mod moves;
 
 use super::attr::{self, Source};
 use super::cm::bridge::Binding;
@@ -114,6 +119,24 @@ pub(crate) struct HostQp {
     /// The CM bridge's connection of the QP, from its RTR on: its RTS
     /// sends from the host CM's first PSN.
     pub bridged: Option<Binding>,
+    /// Where its requests go on the fabric (RC, UC: from RTR on): GID and
+    /// host QP number, after the moves of the destination the RNIC knows.
+    pub dest: Option<([u8; 16], u32)>,
+    /// The destination's rkeys, virtual to host, if it moved.
+    pub rkeys: Option<Arc<HashMap<u32, u32>>>,
+    /// Its destination is moving: no new request is posted until then
+    /// (the hold of spec 20.8; at most its VM's `pause_hold_ms`).
+    pub held_until: Option<std::time::Instant>,
+    /// Its destination moved: the data path points the host QP at the
+    /// new place once nothing of it is in flight.
+    pub repoint: Option<crate::relocation::MovedQp>,
+}
+
+impl HostQp {
+    /// The host QP's number (the device's may be another: [`Tables::renamed`]).
+    pub fn host_qpn(&self) -> u32 {
+        self.qp.qpn()
+    }
 }
 
 /// A VM's host objects, by the device's handles (QPs by number).
@@ -129,6 +152,34 @@ pub(crate) struct Tables {
     /// What each host object (but MRs: [`HostMr`]) holds of the VM's
     /// quota, by kind and device handle.
     charges: HashMap<(Kind, u32), Charge>,
+    /// Host QP number to the device's, for the QPs whose numbers are
+    /// virtual (the VM moved here); empty for a VM created here.
+    pub renamed: HashMap<u32, u32>,
+    /// The device's lkey to the host's, for the regions whose keys are
+    /// virtual; empty for a VM created here.
+    pub lkeys: HashMap<u32, u32>,
+    /// What the VM's load from another host moved: the record its peers'
+    /// daemons take ([`crate::relocation::MoveRecord`]).
+    pub arrived: Option<crate::relocation::MoveRecord>,
+}
+
+impl Tables {
+    /// The device's QP number of host QP `host_qpn` of the VM.
+    pub fn device_qpn(&self, host_qpn: u32) -> u32 {
+        if self.renamed.is_empty() {
+            return host_qpn;
+        }
+        self.renamed.get(&host_qpn).copied().unwrap_or(host_qpn)
+    }
+
+    /// The host's lkey of the device's `lkey` (unknown keys pass: the
+    /// host refuses them).
+    pub fn host_lkey(&self, lkey: u32) -> u32 {
+        if self.lkeys.is_empty() {
+            return lkey;
+        }
+        self.lkeys.get(&lkey).copied().unwrap_or(lkey)
+    }
 }
 
 /// A host event for a VM, delivered by the engine under the VM's lock.
@@ -164,6 +215,13 @@ pub(crate) struct VmHost {
     pub srqs: AtomicU32,
     /// Guest RAM now (`None`: unmapped); windows are made over it.
     mem: Mutex<Option<crate::memory::GuestRam>>,
+    /// When the data path last found the stopped VM's host CQs empty
+    /// (a state may be saved once it has since the save began).
+    pub rested: Mutex<Option<std::time::Instant>>,
+    /// Host QPs waiting to be pointed at a moved destination.
+    pub repoints: AtomicU32,
+    /// Host QPs whose requests are held for a destination's move.
+    pub holding: AtomicU32,
     /// Its part of the host NIC and of the daemon's mappings.
     quota: Arc<VmQuota>,
 }
@@ -195,7 +253,14 @@ pub struct VerbsRnic {
     /// The mappings the provider makes for each host queue.
     costs: MapCosts,
     vms: Vec<VmHost>,
+    /// The owner of each device QP number.
     qpns: RwLock<HashMap<u32, Owner>>,
+    /// Host QP number to the device's, for QPs whose numbers are virtual.
+    renamed: RwLock<HashMap<u32, u32>>,
+    /// Connections' destinations that moved, by where they were (GID,
+    /// host QP number): where they are now (spec 20.8).
+    pub(crate) moves: RwLock<HashMap<([u8; 16], u32), crate::relocation::MovedQp>>,
+    /// Regions by the device's lkey.
     mrs: Mutex<HashMap<u32, HostMr>>,
     keys: AtomicU32,
     /// The host port is up (`PORT_ACTIVE`/`PORT_ERR` events keep it).
@@ -256,6 +321,9 @@ impl VerbsRnic {
                 qps: AtomicU32::new(0),
                 srqs: AtomicU32::new(0),
                 mem: Mutex::new(None),
+                rested: Mutex::new(None),
+                repoints: AtomicU32::new(0),
+                holding: AtomicU32::new(0),
                 quota,
             });
         }
@@ -267,6 +335,8 @@ impl VerbsRnic {
             dev,
             vms: hosts,
             qpns: RwLock::new(HashMap::new()),
+            renamed: RwLock::new(HashMap::new()),
+            moves: RwLock::new(HashMap::new()),
             mrs: Mutex::new(HashMap::new()),
             keys: AtomicU32::new(0),
             port_up: std::sync::atomic::AtomicBool::new(up),
@@ -427,7 +497,251 @@ impl VerbsRnic {
         let handle = MrHandle::from_raw(raw).ok_or_else(|| host(-1))?;
         Ok(Mr::new(handle, window))
     }
+
+    /// Makes a host QP of `spec` in `t` (its PD, CQs and SRQ there).
+    fn make_qp(t: &Tables, spec: &QpSpec) -> Result<Qp, RnicError> {
+        let pd = t.pds.get(&spec.pd).ok_or(RnicError::Host(libc::EINVAL))?;
+        let cq = |h: u32| {
+            t.cqs
+                .get(&h)
+                .map(|c| c.cq.as_ptr())
+                .ok_or(RnicError::Host(libc::EINVAL))
+        };
+        let srq = match spec.srq {
+            0 => std::ptr::null_mut(),
+            h => t
+                .srqs
+                .get(&h)
+                .map(|s| s.srq.as_ptr())
+                .ok_or(RnicError::Host(libc::EINVAL))?,
+        };
+        let mut init = ibv_qp_init_attr {
+            qp_context: std::ptr::null_mut(),
+            send_cq: cq(spec.send_cq)?,
+            recv_cq: cq(spec.recv_cq)?,
+            srq,
+            cap: rdma_sys::ibv_qp_cap {
+                max_send_wr: spec.sq_depth.max(1),
+                max_recv_wr: if spec.srq != 0 {
+                    0
+                } else {
+                    spec.rq_depth.max(1)
+                },
+                max_send_sge: spec.max_send_sge.max(1),
+                max_recv_sge: spec.max_recv_sge.max(1),
+                max_inline_data: spec.max_inline_data,
+            },
+            qp_type: match spec.qp_type {
+                QpType::UD => ibv_qp_type::IBV_QPT_UD,
+                QpType::UC => ibv_qp_type::IBV_QPT_UC,
+                _ => ibv_qp_type::IBV_QPT_RC,
+            },
+            // Every work request is signaled on the host: the engine
+            // learns of each one's end (`Sent::signaled` says whether
+            // the guest sees it).
+            sq_sig_all: 1,
+        };
+        // SAFETY: a live PD, CQs and SRQ of this VM, and a filled
+        // attribute structure.
+        Qp::from_raw(unsafe { ibv_create_qp(pd.as_ptr(), &mut init) }).ok_or_else(|| host(-1))
+    }
+
+    /// Makes the host half of QP `owner` and gives it its number on the
+    /// device: the host QP's own (`virtual_qpn` `None`, a QP created
+    /// here), or `virtual_qpn` (a QP of a VM that moved here, spec 20.8).
+    /// Device numbers are unique on the RNIC: a host number that is a
+    /// moved QP's device number already is not used (the host gives
+    /// another, [`RENAME_TRIES`] at most), and a virtual number in use is
+    /// refused.
+    pub(crate) fn add_qp(
+        &self,
+        owner: Owner,
+        spec: &QpSpec,
+        virtual_qpn: Option<u32>,
+    ) -> Result<u32, RnicError> {
+        let vm = self.vms.get(owner.vm).ok_or(RnicError::Exhausted)?;
+        let mut t = lock(&vm.tables);
+        let srq_depth = match spec.srq {
+            0 => 0,
+            h => t
+                .srqs
+                .get(&h)
+                .map(|s| s.depth)
+                .ok_or(RnicError::Host(libc::EINVAL))?,
+        };
+        // Refused before anything is reserved; given back with the QP.
+        let charge = vm.quota.take(Kind::Qp, self.costs.qp)?;
+        let (send_more, recv_more) = Self::qp_cqes(spec, srq_depth);
+        self.reserve_cqes(&mut t, spec.send_cq, send_more)?;
+        if let Err(e) = self.reserve_cqes(&mut t, spec.recv_cq, recv_more) {
+            Self::release_cqes(&mut t, spec.send_cq, send_more);
+            return Err(e);
+        }
+        let release = |t: &mut Tables| {
+            Self::release_cqes(t, spec.send_cq, send_more);
+            Self::release_cqes(t, spec.recv_cq, recv_more);
+        };
+        // The directory's lock is taken for the number's check and kept
+        // until the QP is in it: two claims of one number cannot both pass.
+        let mut made = None;
+        let mut spares = Vec::new();
+        let mut dir = write(&self.qpns);
+        for _ in 0..RENAME_TRIES {
+            let qp = match Self::make_qp(&t, spec) {
+                Ok(qp) => qp,
+                Err(e) => {
+                    drop(dir);
+                    release(&mut t);
+                    return Err(e);
+                }
+            };
+            let number = virtual_qpn.unwrap_or(qp.qpn());
+            if dir.contains_key(&number) || number == GSI_QPN {
+                if virtual_qpn.is_some() {
+                    drop(dir);
+                    drop(qp);
+                    release(&mut t);
+                    return Err(RnicError::Invalid);
+                }
+                // Held until a free one comes, so the host gives another.
+                spares.push(qp);
+                continue;
+            }
+            made = Some((qp, number));
+            break;
+        }
+        drop(spares);
+        let Some((qp, qpn)) = made else {
+            drop(dir);
+            release(&mut t);
+            return Err(RnicError::Exhausted);
+        };
+        dir.insert(qpn, owner);
+        let host_qpn = qp.qpn();
+        if host_qpn != qpn {
+            write(&self.renamed).insert(host_qpn, qpn);
+            t.renamed.insert(host_qpn, qpn);
+        }
+        drop(dir);
+        vm.qps.fetch_add(1, Ordering::Relaxed);
+        t.charges.insert((Kind::Qp, owner.handle), charge);
+        t.qps.insert(
+            qpn,
+            HostQp {
+                qp,
+                handle: owner.handle,
+                qp_type: spec.qp_type,
+                send_cq: spec.send_cq,
+                recv_cq: spec.recv_cq,
+                srq: spec.srq,
+                sq_depth: spec.sq_depth,
+                rq_depth: if spec.srq != 0 {
+                    srq_depth
+                } else {
+                    spec.rq_depth
+                },
+                sent: VecDeque::new(),
+                recvd: VecDeque::new(),
+                failed: false,
+                timeout: 0,
+                retry_cnt: 0,
+                progress: None,
+                timed_out: false,
+                bridged: None,
+                dest: None,
+                rkeys: None,
+                held_until: None,
+                repoint: None,
+            },
+        );
+        Ok(qpn)
+    }
+
+    /// Registers region `owner` and gives it its keys on the device: the
+    /// host region's own (`virtual_keys` `None`, a region registered here)
+    /// or `virtual_keys` (a region of a VM that moved here, spec 20.8).
+    /// Device lkeys are unique on the RNIC, as device QP numbers are
+    /// ([`VerbsRnic::add_qp`]).
+    pub(crate) fn add_mr(
+        &self,
+        owner: Owner,
+        mr: &MrSpec<'_>,
+        virtual_keys: Option<MrKeys>,
+    ) -> Result<MrKeys, RnicError> {
+        let vm = self.vms.get(owner.vm).ok_or(RnicError::Exhausted)?;
+        let span = span_of(mr).ok_or(RnicError::Exhausted)?;
+        if let Some(k) = virtual_keys {
+            if k.lkey == 0 || (k.rkey != 0) != mr.remote || lock(&self.mrs).contains_key(&k.lkey) {
+                return Err(RnicError::Invalid);
+            }
+        }
+        let charge = vm.quota.take(Kind::Mr, 0)?;
+        let mem = lock(&vm.mem).clone().ok_or(RnicError::Host(libc::EFAULT))?;
+        let mut spares = Vec::new();
+        for _ in 0..RENAME_TRIES {
+            let region = {
+                let t = lock(&vm.tables);
+                let pd = t.pds.get(&mr.pd).ok_or(RnicError::Host(libc::EINVAL))?;
+                self.register(pd, &mem, mr, span, vm.quota.maps())?
+            };
+            let (lkey, rkey) = region.keys();
+            let host_keys = MrKeys {
+                lkey,
+                rkey: if mr.remote { rkey } else { 0 },
+            };
+            let keys = virtual_keys.unwrap_or(host_keys);
+            let mut mrs = lock(&self.mrs);
+            if mrs.contains_key(&keys.lkey) {
+                drop(mrs);
+                if virtual_keys.is_some() {
+                    return Err(RnicError::Invalid);
+                }
+                // Held until a free key comes, so the host gives another.
+                spares.push(region);
+                continue;
+            }
+            mrs.insert(
+                keys.lkey,
+                HostMr {
+                    vm: owner.vm,
+                    mr: Some(region),
+                    span,
+                    _charge: charge,
+                },
+            );
+            drop(mrs);
+            if virtual_keys.is_some() {
+                let mut t = lock(&vm.tables);
+                if keys.lkey != lkey {
+                    t.lkeys.insert(keys.lkey, lkey);
+                }
+                if keys.rkey != 0 {
+                    t.arrived
+                        .get_or_insert_with(Default::default)
+                        .rkeys
+                        .push((keys.rkey, host_keys.rkey));
+                }
+            }
+            self.keys
+                .fetch_add(1 + u32::from(keys.rkey != 0), Ordering::Relaxed);
+            return Ok(keys);
+        }
+        Err(RnicError::Exhausted)
+    }
+
+    /// The device's QP number of host QP `host_qpn` (any VM's).
+    pub(crate) fn device_qpn(&self, host_qpn: u32) -> u32 {
+        read(&self.renamed)
+            .get(&host_qpn)
+            .copied()
+            .unwrap_or(host_qpn)
+    }
 }
+
+/// How many host QPs (or regions) the RNIC makes at most to find a host
+/// number that is not a moved object's device number: each try holds the
+/// ones before, so the host gives another number each time.
+const RENAME_TRIES: usize = 8;
 
 /// The span of a region: its first-page offset and length rounded up to
 /// whole host pages.
@@ -473,108 +787,7 @@ impl RnicObjects for VerbsRnic {
     }
 
     fn create_qp(&self, owner: Owner, spec: &QpSpec) -> Result<u32, RnicError> {
-        let vm = self.vms.get(owner.vm).ok_or(RnicError::Exhausted)?;
-        let mut t = lock(&vm.tables);
-        let srq_depth = match spec.srq {
-            0 => 0,
-            h => t
-                .srqs
-                .get(&h)
-                .map(|s| s.depth)
-                .ok_or(RnicError::Host(libc::EINVAL))?,
-        };
-        // Refused before anything is reserved; given back with the QP.
-        let charge = vm.quota.take(Kind::Qp, self.costs.qp)?;
-        let (send_more, recv_more) = Self::qp_cqes(spec, srq_depth);
-        self.reserve_cqes(&mut t, spec.send_cq, send_more)?;
-        if let Err(e) = self.reserve_cqes(&mut t, spec.recv_cq, recv_more) {
-            Self::release_cqes(&mut t, spec.send_cq, send_more);
-            return Err(e);
-        }
-        let made = (|| {
-            let pd = t.pds.get(&spec.pd).ok_or(RnicError::Host(libc::EINVAL))?;
-            let cq = |h: u32| {
-                t.cqs
-                    .get(&h)
-                    .map(|c| c.cq.as_ptr())
-                    .ok_or(RnicError::Host(libc::EINVAL))
-            };
-            let srq = match spec.srq {
-                0 => std::ptr::null_mut(),
-                h => t
-                    .srqs
-                    .get(&h)
-                    .map(|s| s.srq.as_ptr())
-                    .ok_or(RnicError::Host(libc::EINVAL))?,
-            };
-            let mut init = ibv_qp_init_attr {
-                qp_context: std::ptr::null_mut(),
-                send_cq: cq(spec.send_cq)?,
-                recv_cq: cq(spec.recv_cq)?,
-                srq,
-                cap: rdma_sys::ibv_qp_cap {
-                    max_send_wr: spec.sq_depth.max(1),
-                    max_recv_wr: if spec.srq != 0 {
-                        0
-                    } else {
-                        spec.rq_depth.max(1)
-                    },
-                    max_send_sge: spec.max_send_sge.max(1),
-                    max_recv_sge: spec.max_recv_sge.max(1),
-                    max_inline_data: spec.max_inline_data,
-                },
-                qp_type: match spec.qp_type {
-                    QpType::UD => ibv_qp_type::IBV_QPT_UD,
-                    QpType::UC => ibv_qp_type::IBV_QPT_UC,
-                    _ => ibv_qp_type::IBV_QPT_RC,
-                },
-                // Every work request is signaled on the host: the engine
-                // learns of each one's end (`Sent::signaled` says whether
-                // the guest sees it).
-                sq_sig_all: 1,
-            };
-            // SAFETY: a live PD, CQs and SRQ of this VM, and a filled
-            // attribute structure.
-            Qp::from_raw(unsafe { ibv_create_qp(pd.as_ptr(), &mut init) }).ok_or_else(|| host(-1))
-        })();
-        let qp = match made {
-            Ok(qp) => qp,
-            Err(e) => {
-                Self::release_cqes(&mut t, spec.send_cq, send_more);
-                Self::release_cqes(&mut t, spec.recv_cq, recv_more);
-                return Err(e);
-            }
-        };
-        let qpn = qp.qpn();
-        vm.qps.fetch_add(1, Ordering::Relaxed);
-        t.charges.insert((Kind::Qp, owner.handle), charge);
-        t.qps.insert(
-            qpn,
-            HostQp {
-                qp,
-                handle: owner.handle,
-                qp_type: spec.qp_type,
-                send_cq: spec.send_cq,
-                recv_cq: spec.recv_cq,
-                srq: spec.srq,
-                sq_depth: spec.sq_depth,
-                rq_depth: if spec.srq != 0 {
-                    srq_depth
-                } else {
-                    spec.rq_depth
-                },
-                sent: VecDeque::new(),
-                recvd: VecDeque::new(),
-                failed: false,
-                timeout: 0,
-                retry_cnt: 0,
-                progress: None,
-                timed_out: false,
-                bridged: None,
-            },
-        );
-        write(&self.qpns).insert(qpn, owner);
-        Ok(qpn)
+        self.add_qp(owner, spec, None)
     }
 
     fn modify_qp(&self, change: &QpChange<'_>) -> Result<(), RnicError> {
@@ -621,9 +834,23 @@ impl RnicObjects for VerbsRnic {
             }
             bridged = any;
         }
-        let fixed = cm_gate::rts_attr(bridged.as_ref(), change);
+        let mut fixed = cm_gate::rts_attr(bridged.as_ref(), change).unwrap_or(*change.attr);
+        // A connection to a QP that moved to another host goes where it
+        // is now, and its rkeys are translated (spec 20.8).
+        let connected = matches!(q.qp_type, QpType::RC | QpType::UC);
+        let moved = connected
+            .then(|| {
+                read(&self.moves)
+                    .get(&(fixed.av.dgid, fixed.dest_qpn))
+                    .cloned()
+            })
+            .flatten();
+        if let Some(m) = &moved {
+            fixed.av.dgid = m.gid;
+            fixed.dest_qpn = m.qpn;
+        }
         let change = &QpChange {
-            attr: fixed.as_ref().unwrap_or(change.attr),
+            attr: &fixed,
             ..*change
         };
         let (mut a, mask) = attr::modify(change, q.qp_type, self.src);
@@ -641,6 +868,10 @@ impl RnicObjects for VerbsRnic {
         }
         q.timeout = change.attr.timeout;
         q.retry_cnt = change.attr.retry_cnt;
+        if connected && rtr {
+            q.dest = Some((fixed.av.dgid, fixed.dest_qpn));
+            q.rkeys = moved.map(|m| m.rkeys);
+        }
         q.bridged = if change.to == QpState::RESET {
             None
         } else {
@@ -653,6 +884,16 @@ impl RnicObjects for VerbsRnic {
             q.failed = false;
             q.progress = None;
             q.timed_out = false;
+            q.dest = None;
+            q.rkeys = None;
+            if let Some(vm) = self.vms.get(owner.vm) {
+                if q.held_until.take().is_some() {
+                    moves::dec(&vm.holding);
+                }
+                if q.repoint.take().is_some() {
+                    moves::dec(&vm.repoints);
+                }
+            }
         }
         Ok(())
     }
@@ -669,6 +910,16 @@ impl RnicObjects for VerbsRnic {
         };
         let mut t = lock(&vm.tables);
         if let Some(q) = t.qps.remove(&qpn) {
+            if q.held_until.is_some() {
+                moves::dec(&vm.holding);
+            }
+            if q.repoint.is_some() {
+                moves::dec(&vm.repoints);
+            }
+            let host_qpn = q.host_qpn();
+            if t.renamed.remove(&host_qpn).is_some() {
+                write(&self.renamed).remove(&host_qpn);
+            }
             vm.qps.fetch_sub(1, Ordering::Relaxed);
             let charge = t.charges.remove(&(Kind::Qp, q.handle));
             let (s, r) = (q.sq_depth, q.rq_depth);
@@ -699,6 +950,56 @@ impl RnicObjects for VerbsRnic {
 
     fn lookup_qpn(&self, qpn: u32) -> Option<Owner> {
         read(&self.qpns).get(&qpn).copied()
+    }
+
+    fn claim_qp(&self, owner: Owner, qpn: u32, spec: &QpSpec) -> Result<(), RnicError> {
+        self.add_qp(owner, spec, Some(qpn)).map(|_| ())
+    }
+
+    fn host_at_rest(&self, vm: usize, since: std::time::Instant) -> bool {
+        moves::at_rest(self, vm, since)
+    }
+
+    fn save_host(&self, vm: usize) -> Result<Option<crate::relocation::HostState>, RnicError> {
+        moves::save(self, vm).map(Some)
+    }
+
+    fn loads_host_state(&self) -> bool {
+        true
+    }
+
+    fn restore_qp(
+        &self,
+        vm: usize,
+        qpn: u32,
+        to: QpState,
+        attr: &virtio_rdma_abi::qp::QpAttr,
+        host: Option<&crate::relocation::HostState>,
+    ) -> Result<(), RnicError> {
+        moves::restore_qp(self, vm, qpn, to, attr, host)
+    }
+
+    fn move_record(&self, vm: usize, name: &str) -> Option<crate::relocation::MoveRecord> {
+        moves::record(self, vm, name)
+    }
+
+    fn wire_qps(&self, vm: usize) -> Option<crate::relocation::WireQps> {
+        let host = self.vms.get(vm)?;
+        let t = lock(&host.tables);
+        let mut qps: Vec<(u32, u32)> = t.qps.iter().map(|(&d, q)| (d, q.host_qpn())).collect();
+        qps.sort_unstable();
+        Some(crate::relocation::WireQps {
+            gid: self.dev.gid().0,
+            qps,
+        })
+    }
+
+    fn peer_hold(&self, gid: [u8; 16], qpns: &[u32], until: std::time::Instant) -> usize {
+        moves::hold(self, gid, qpns, until)
+    }
+
+    fn peer_moved(&self, record: &crate::relocation::MoveRecord) -> Result<usize, String> {
+        moves::moved(self, record)
     }
 
     fn qpns_in_use(&self) -> usize {
@@ -808,38 +1109,21 @@ impl RnicObjects for VerbsRnic {
     }
 
     fn reg_mr(&self, owner: Owner, mr: &MrSpec<'_>) -> Result<MrKeys, RnicError> {
-        let vm = self.vms.get(owner.vm).ok_or(RnicError::Exhausted)?;
-        let span = span_of(mr).ok_or(RnicError::Exhausted)?;
-        let charge = vm.quota.take(Kind::Mr, 0)?;
-        let mem = lock(&vm.mem).clone().ok_or(RnicError::Host(libc::EFAULT))?;
-        let region = {
-            let t = lock(&vm.tables);
-            let pd = t.pds.get(&mr.pd).ok_or(RnicError::Host(libc::EINVAL))?;
-            self.register(pd, &mem, mr, span, vm.quota.maps())?
-        };
-        let (lkey, rkey) = region.keys();
-        let keys = MrKeys {
-            lkey,
-            rkey: if mr.remote { rkey } else { 0 },
-        };
-        lock(&self.mrs).insert(
-            lkey,
-            HostMr {
-                vm: owner.vm,
-                mr: Some(region),
-                span,
-                _charge: charge,
-            },
-        );
-        self.keys
-            .fetch_add(1 + u32::from(keys.rkey != 0), Ordering::Relaxed);
-        Ok(keys)
+        self.add_mr(owner, mr, None)
+    }
+
+    fn claim_mr(&self, owner: Owner, keys: MrKeys, mr: &MrSpec<'_>) -> Result<(), RnicError> {
+        self.add_mr(owner, mr, Some(keys)).map(|_| ())
     }
 
     fn dereg_mr(&self, keys: MrKeys) {
-        if lock(&self.mrs).remove(&keys.lkey).is_some() {
+        let removed = lock(&self.mrs).remove(&keys.lkey);
+        if let Some(m) = removed {
             self.keys
                 .fetch_sub(1 + u32::from(keys.rkey != 0), Ordering::Relaxed);
+            if let Some(vm) = self.vms.get(m.vm) {
+                lock(&vm.tables).lkeys.remove(&keys.lkey);
+            }
         }
     }
 

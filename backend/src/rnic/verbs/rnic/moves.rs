@@ -23,10 +23,10 @@ use log::{debug, info, warn};
 use rdma_sys::{ibv_modify_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr, ibv_query_qp};
 use virtio_rdma_abi::qp::{QpAttr, QpState, QpType};
 
-use super::attr;
-use super::objects::errno_of;
-use super::rnic::{lock_tables, HostQp, VerbsRnic, VmHost};
+use super::{lock_tables, HostQp, VerbsRnic, VmHost};
 use crate::relocation::{HostQpState, HostState, MoveRecord, MovedQp};
+use crate::rnic::verbs::attr;
+use crate::rnic::verbs::objects::errno_of;
 use crate::rnic_objects::{QpChange, RnicError};
 use crate::sync::{lock, write};
 
