@@ -652,8 +652,8 @@ fn open_driver(t: Arc<VmmTransport>) -> VmS {
         ..DeviceOptions::default()
     };
     let dev = Device::open_with(session.clone(), opts).expect("open the device");
-    let pd = Pd::alloc(&dev).expect("alloc PD");
-    let cq = Cq::create(&dev, CQ_DEPTH).expect("create CQ");
+    // One round trip for both (of the three after the device's opening).
+    let (pd, cq) = Pd::alloc_with_cq(&dev, CQ_DEPTH).expect("alloc PD and create CQ");
     let buf = Arc::new(dev.alloc_dma(BUF as usize, 8).expect("alloc DMA"));
     let mr = Mr::register(&pd, buf.clone(), BUF_ACCESS).expect("register MR");
     VmS {
