@@ -10,7 +10,7 @@ use virtio_rdma_abi::ctrl::Opcode;
 use virtio_rdma_abi::datapath::{cqe_owner, Cqe, ARM_NEXT, ARM_SOLICITED, CQE_OWNER_OFFSET};
 use virtio_rdma_abi::mem::CQE_SIZE;
 use virtio_rdma_abi::verbs::{CqHandleReq, CqHandleResp, CreateCqReq, ResizeCqReq};
-use virtio_rdma_abi::Field;
+use virtio_rdma_abi::{Field, Wire};
 
 use crate::device::{outcome_unknown, Device};
 use crate::dma::DmaBuf;
@@ -51,20 +51,20 @@ pub struct Cq {
     state: Mutex<CqState>,
 }
 
-/// The depth of a CQ of at least `cqe` entries on a device whose maximum
-/// is `max`.
-fn depth_for(cqe: u32, max: u32) -> Result<u32> {
-    cqe.max(1)
-        .checked_next_power_of_two()
-        .filter(|d| *d <= max)
-        .ok_or_else(|| {
-            Error::InvalidArgument(format!("CQ of {cqe} entries (device maximum {max})"))
-        })
+/// A CQ's ring and `CREATE_CQ` request, made ready to be sent alone
+/// ([`Cq::create`]) or together with other commands
+/// ([`Pd::alloc_with_cq`](crate::Pd::alloc_with_cq)).
+pub(crate) struct NewCq {
+    depth: u32,
+    mem: QueueMem,
+    list: page_list::PageList,
+    req: Vec<u8>,
 }
 
-impl Cq {
-    /// Creates a CQ of at least `cqe` entries (rounded up to a power of two).
-    pub fn create(dev: &Device, cqe: u32) -> Result<Arc<Cq>> {
+impl NewCq {
+    /// Allocates the ring of a CQ of at least `cqe` entries and builds its
+    /// request.
+    pub(crate) fn prepare(dev: &Device, cqe: u32) -> Result<NewCq> {
         let inner = &dev.inner;
         let depth = depth_for(cqe, inner.config.max_cqe)?;
         let t = &*inner.transport;
@@ -80,28 +80,71 @@ impl Cq {
         let req = CreateCqReq {
             ctx_handle: inner.ctx,
             depth,
-            db_gpa: mem.db.gpa(),
             buf: list.desc,
-        };
-        let r: CqHandleResp = match inner.cmd(Opcode::CREATE_CQ, &req, &list.tail) {
-            Ok(r) => r,
+            db_gpa: mem.db.gpa(),
+        }
+        .to_bytes()
+        .to_vec();
+        Ok(NewCq {
+            depth,
+            mem,
+            list,
+            req,
+        })
+    }
+
+    /// The request after its header: the structure and the page list.
+    pub(crate) fn parts(&self) -> [&[u8]; 2] {
+        [&self.req, &self.list.tail]
+    }
+
+    /// The CQ, from the device's `answer` (the response payload) to the
+    /// request; on an error whose outcome is unknown (the device may have
+    /// created the CQ and use its ring) the ring is leaked, not freed.
+    pub(crate) fn finish(self, dev: &Device, answer: Result<Vec<u8>>) -> Result<Arc<Cq>> {
+        let payload = match answer {
+            Ok(p) => p,
             Err(e) => {
                 if outcome_unknown(&e) {
-                    std::mem::forget((mem, list));
+                    std::mem::forget((self.mem, self.list));
                 }
                 return Err(e);
             }
         };
-        inner.events.register_cq(r.cq_handle);
+        // Lenient on reserved fields, as every response.
+        let r = CqHandleResp::read(&payload);
+        dev.inner.events.register_cq(r.cq_handle);
         Ok(Arc::new(Cq {
             dev: dev.clone(),
             handle: r.cq_handle,
-            mem: ManuallyDrop::new(mem),
+            mem: ManuallyDrop::new(self.mem),
             state: Mutex::new(CqState {
-                depth,
+                depth: self.depth,
                 ..CqState::default()
             }),
         }))
+    }
+}
+
+/// The depth of a CQ of at least `cqe` entries on a device whose maximum
+/// is `max`.
+fn depth_for(cqe: u32, max: u32) -> Result<u32> {
+    cqe.max(1)
+        .checked_next_power_of_two()
+        .filter(|d| *d <= max)
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!("CQ of {cqe} entries (device maximum {max})"))
+        })
+}
+
+impl Cq {
+    /// Creates a CQ of at least `cqe` entries (rounded up to a power of two).
+    pub fn create(dev: &Device, cqe: u32) -> Result<Arc<Cq>> {
+        let new = NewCq::prepare(dev, cqe)?;
+        let answer = dev
+            .inner
+            .execute(Opcode::CREATE_CQ, &new.parts(), CqHandleResp::SIZE);
+        new.finish(dev, answer)
     }
 
     /// `RESIZE_CQ` (needs `F_RESIZE`): a new ring of at least `cqe`

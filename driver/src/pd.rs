@@ -3,8 +3,10 @@
 use std::sync::Arc;
 
 use virtio_rdma_abi::ctrl::Opcode;
-use virtio_rdma_abi::verbs::{CtxHandleReq, PdHandleReq, PdHandleResp};
+use virtio_rdma_abi::verbs::{CqHandleResp, CtxHandleReq, PdHandleReq, PdHandleResp};
+use virtio_rdma_abi::{Field, Wire};
 
+use crate::cq::{Cq, NewCq};
 use crate::device::Device;
 use crate::error::Result;
 
@@ -31,6 +33,31 @@ impl Pd {
             dev: dev.clone(),
             handle: r.pd_handle,
         }))
+    }
+
+    /// [`Pd::alloc`] and [`Cq::create`]`(dev, cqe)` with one wait for
+    /// both: the two commands are made available together (neither needs
+    /// the other's handle), which saves a round trip with the device where
+    /// an opening makes both, as most do. If either fails, the other is
+    /// destroyed (dropped) and the first error in command order returned.
+    pub fn alloc_with_cq(dev: &Device, cqe: u32) -> Result<(Arc<Pd>, Arc<Cq>)> {
+        let new_cq = NewCq::prepare(dev, cqe)?;
+        let pd_req = CtxHandleReq {
+            ctx_handle: dev.inner.ctx,
+        }
+        .to_bytes();
+        let [pd, cq] = dev.inner.execute_all([
+            (Opcode::ALLOC_PD, &[&pd_req[..]], PdHandleResp::SIZE),
+            (Opcode::CREATE_CQ, &new_cq.parts(), CqHandleResp::SIZE),
+        ]);
+        let pd = pd.map(|payload| {
+            Arc::new(Pd {
+                dev: dev.clone(),
+                handle: PdHandleResp::read(&payload).pd_handle,
+            })
+        });
+        let cq = new_cq.finish(dev, cq);
+        Ok((pd?, cq?))
     }
 
     /// The device handle of the PD.

@@ -56,10 +56,11 @@ use vhost_user_rdma::resources::ResourceCounts;
 use vhost_user_rdma::rnic::Rnic;
 use vhost_user_rdma::rnic_objects::RnicObjects;
 use vhost_user_rdma::{Daemon, DaemonConfig, Limits};
-use vhost_user_rdma_tests::guest_mem::{GuestMem, MemLayout, MIB};
+use vhost_user_rdma_tests::guest_mem::{MemLayout, MIB};
 use vhost_user_rdma_tests::rnics::RecyclingQpns;
 use vhost_user_rdma_tests::transport::VmmTransport;
 use vhost_user_rdma_tests::vmm::{TestVmm, VmmOptions};
+use vhost_user_rdma_tests::Error;
 use virtio_rdma_abi::config::DeviceConfig;
 use virtio_rdma_abi::datapath::{WcOpcode, WcStatus, UD_GRH_SIZE};
 use virtio_rdma_abi::event::Event;
@@ -105,6 +106,10 @@ const PARK: Duration = POLL_WINDOW.saturating_add(Duration::from_micros(100));
 /// for a vhost-user reply and [`wait_for`] yield the CPU before they sleep
 /// ([`VmmTransport::set_wait_spin`], [`VmmOptions::reply_spin`]).
 const WAIT_SPIN: Duration = Duration::from_micros(50);
+/// DMA mappings each VM's transport keeps for regions of the same pages
+/// to come ([`VmmTransport::set_kept_dma_views`]): more than the scattered
+/// regions one input can free (an opening's two, two per QP, the probe's).
+const KEPT_DMA_VIEWS: usize = 64;
 /// wr_id of the final liveness probe's work requests.
 const PROBE: u64 = 0xdead_beef_0000;
 
@@ -587,29 +592,37 @@ fn vmm_options() -> VmmOptions {
     }
 }
 
-/// Connects a VMM to `socket`, with the guest RAM `mem` of a VMM that went
-/// away or new RAM (the first connection of the process: it also asks for
+/// Connects a VMM to `socket`, with the guest RAM of `previous`, a VMM that
+/// went away (and its DMA address space: the mappings it kept serve the new
+/// one), or new RAM (the first connection of the process: it also asks for
 /// an acknowledgement of every set-up message, the VMMs after it only sync
 /// once per set-up, see [`VmmOptions::pipeline_setup`]).
-fn connect_vm(socket: &Path, mem: Option<Arc<GuestMem>>) -> Arc<VmmTransport> {
-    let vmm = match mem {
-        Some(mem) => TestVmm::connect_with_mem(socket, vmm_options(), mem),
-        None => {
-            let mut vmm = TestVmm::connect(
-                socket,
-                VmmOptions {
-                    pipeline_setup: false,
-                    ..vmm_options()
-                },
-            );
-            if let Ok(v) = &mut vmm {
-                v.set_pipeline_setup(true);
-            }
-            vmm
+fn connect_vm(socket: &Path, previous: Option<&VmmTransport>) -> Arc<VmmTransport> {
+    let t = match previous {
+        Some(p) => {
+            TestVmm::connect_with_mem(socket, vmm_options(), p.mem().clone()).and_then(|vmm| {
+                VmmTransport::with_dma_space_of(vmm, p).map_err(|source| Error::Io {
+                    what: "transport",
+                    source,
+                })
+            })
         }
+        None => TestVmm::connect(
+            socket,
+            VmmOptions {
+                pipeline_setup: false,
+                ..vmm_options()
+            },
+        )
+        .and_then(|mut vmm| {
+            vmm.set_pipeline_setup(true);
+            VmmTransport::new(vmm).map_err(|source| Error::Io {
+                what: "transport",
+                source,
+            })
+        }),
     }
     .unwrap_or_else(|e| panic!("connect a VMM to {}: {e}", socket.display()));
-    let t = VmmTransport::new(vmm).expect("transport");
     // The process has more busy threads than the machine has cores (the
     // harness, and per VM a relay, a vhost-user thread and a polling vring
     // worker, and the engine): yielding while a control command runs lets
@@ -619,6 +632,12 @@ fn connect_vm(socket: &Path, mem: Option<Arc<GuestMem>>) -> Arc<VmmTransport> {
     // Most of the driver's queues, headers and rings are one page or one
     // contiguous range: no mapping of their own each.
     t.set_dma_in_ram_mapping(true);
+    // The others (the CQ's ring, the registered buffer, the QPs' queues:
+    // scattered pages) come back with the same pages after each device
+    // reset, the guest RAM's allocator being back where it was: they keep
+    // their mappings (a `mmap` per page and a `munmap` with its TLB
+    // shootdown on both cores saved each time).
+    t.set_kept_dma_views(KEPT_DMA_VIEWS);
     t
 }
 
@@ -633,8 +652,8 @@ fn open_driver(t: Arc<VmmTransport>) -> VmS {
         ..DeviceOptions::default()
     };
     let dev = Device::open_with(session.clone(), opts).expect("open the device");
-    let pd = Pd::alloc(&dev).expect("alloc PD");
-    let cq = Cq::create(&dev, CQ_DEPTH).expect("create CQ");
+    // One round trip for both (of the three after the device's opening).
+    let (pd, cq) = Pd::alloc_with_cq(&dev, CQ_DEPTH).expect("alloc PD and create CQ");
     let buf = Arc::new(dev.alloc_dma(BUF as usize, 8).expect("alloc DMA"));
     let mr = Mr::register(&pd, buf.clone(), BUF_ACCESS).expect("register MR");
     VmS {
@@ -1401,7 +1420,7 @@ impl Harness {
         for q in &vm.qps {
             self.dead_qpns.push(q.qp.qpn());
         }
-        let mem = vm.t.mem().clone();
+        let previous = vm.t.clone();
         vm.t.vmm().disconnect();
         // The destroys of the driver's objects fail at once (disconnected),
         // and the VMM's rings go back to the guest RAM's allocator.
@@ -1416,7 +1435,7 @@ impl Harness {
                 self.daemon().vm_stats(i)
             );
         }
-        self.vms[i] = Some(open_driver(connect_vm(&self.socket(i), Some(mem))));
+        self.vms[i] = Some(open_driver(connect_vm(&self.socket(i), Some(&previous))));
     }
 
     /// The sender of a work request on QP `q` of VM `v`: the VM's index,

@@ -9,7 +9,16 @@
 //! chunk is filled front to back, and once no region placed in it is left,
 //! all of its mappings go at once (one shootdown for many regions) and the
 //! chunk is filled again.
+//!
+//! On request ([`DmaArena::set_kept_views`]) the arena also keeps the
+//! mappings of the last regions given back, each with its list of guest
+//! pages, and hands one out again for a new region of the same pages
+//! ([`DmaArena::take_view`]): no `mmap` per page now and no `munmap` later.
+//! A driver that frees its queues and opens the device again (a device
+//! reset) asks its allocator for the same sizes in the same order, and gets
+//! the same pages back.
 
+use std::collections::VecDeque;
 use std::io;
 use std::ptr;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -17,7 +26,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 /// Bytes of a chunk.
 pub(crate) const CHUNK: usize = 2 << 20;
 
-/// The chunks of one transport.
+/// The chunks of one transport (or of several in turn, over the same
+/// guest RAM: [`crate::transport::VmmTransport::with_dma_space_of`]).
 #[derive(Debug, Default)]
 pub(crate) struct DmaArena {
     st: Mutex<State>,
@@ -30,6 +40,19 @@ struct State {
     current: Option<usize>,
     /// Chunks without mappings, to be filled again.
     clear: Vec<usize>,
+    /// Mappings of regions given back, oldest first, at most `keep` of
+    /// them; each still counts as a region of its chunk.
+    kept: VecDeque<View>,
+    /// How many mappings to keep ([`DmaArena::set_kept_views`]).
+    keep: usize,
+}
+
+/// A slot whose pages are still mapped after its region was given back.
+#[derive(Debug)]
+struct View {
+    /// The guest-physical page addresses mapped side by side at the slot.
+    pages: Vec<u64>,
+    slot: Slot,
 }
 
 #[derive(Debug)]
@@ -122,24 +145,69 @@ impl DmaArena {
         }
     }
 
-    /// Gives a range back once its region no longer uses it (its mappings
-    /// stay until the chunk has no region left).
-    pub(crate) fn give_back(&self, slot: &Slot) {
+    /// Keeps the mappings of up to `n` regions given back for regions of
+    /// the same pages to come ([`DmaArena::take_view`]); 0 (the default)
+    /// keeps none, and drops those kept so far.
+    pub(crate) fn set_kept_views(&self, n: usize) {
         let mut st = self.state();
-        let Some(ch) = st.chunks.get_mut(slot.chunk) else {
-            return;
-        };
-        ch.live = ch.live.saturating_sub(1);
-        let unused = ch.live == 0;
-        if unused && st.current != Some(slot.chunk) {
-            if let Err(e) = st.clear_chunk(slot.chunk) {
-                log::warn!("clear a DMA chunk: {e}");
-            }
+        st.keep = n;
+        st.trim();
+    }
+
+    /// A slot aligned to `align` whose pages are mapped already, exactly
+    /// `pages` side by side (kept from a region given back), if one is
+    /// kept. The caller maps nothing into it; it gives it back as any slot.
+    pub(crate) fn take_view(&self, pages: &[u64], align: usize) -> Option<Slot> {
+        let mut st = self.state();
+        let i = st
+            .kept
+            .iter()
+            .position(|v| v.slot.start % align == 0 && v.pages == pages)?;
+        st.kept.remove(i).map(|v| v.slot)
+    }
+
+    /// Gives a range back once its region no longer uses it. Its mappings
+    /// stay until the chunk has no region left; with
+    /// [`DmaArena::set_kept_views`], `pages` (what the range maps) is kept
+    /// for a region of the same pages.
+    pub(crate) fn give_back(&self, slot: Slot, pages: &[u64]) {
+        let mut st = self.state();
+        if st.keep > 0 {
+            st.kept.push_back(View {
+                pages: pages.to_vec(),
+                slot,
+            });
+            st.trim();
+        } else {
+            st.release(&slot);
         }
     }
 }
 
 impl State {
+    /// Gives back the oldest kept mappings beyond `keep`.
+    fn trim(&mut self) {
+        while self.kept.len() > self.keep {
+            if let Some(v) = self.kept.pop_front() {
+                self.release(&v.slot);
+            }
+        }
+    }
+
+    /// `slot`'s region is gone: its chunk is cleared once it holds none.
+    fn release(&mut self, slot: &Slot) {
+        let Some(ch) = self.chunks.get_mut(slot.chunk) else {
+            return;
+        };
+        ch.live = ch.live.saturating_sub(1);
+        let unused = ch.live == 0;
+        if unused && self.current != Some(slot.chunk) {
+            if let Err(e) = self.clear_chunk(slot.chunk) {
+                log::warn!("clear a DMA chunk: {e}");
+            }
+        }
+    }
+
     /// Drops every mapping of chunk `c`, which no region uses any more, and
     /// lists it for filling again.
     fn clear_chunk(&mut self, c: usize) -> io::Result<()> {
@@ -198,8 +266,8 @@ mod tests {
         // The first chunk is full: the next region opens a second one.
         let second = a.take(64 * PAGE, PAGE).unwrap().unwrap();
         assert!(second.start < base || second.start >= base + CHUNK);
-        for s in &first {
-            a.give_back(s);
+        for s in first {
+            a.give_back(s, &[]);
         }
         // Fill the second chunk: the one after it is the first, cleared.
         let rest: Vec<Slot> = (1..per_chunk)
@@ -209,5 +277,37 @@ mod tests {
         let again = a.take(64 * PAGE, PAGE).unwrap().unwrap();
         assert_eq!(again.start, base);
         assert_eq!(a.state().chunks.len(), 2);
+    }
+
+    #[test]
+    fn kept_views_come_back_for_the_same_pages_only() {
+        let a = DmaArena::default();
+        a.set_kept_views(2);
+        let s1 = a.take(2 * PAGE, PAGE).unwrap().unwrap();
+        let start = s1.start;
+        a.give_back(s1, &[0x1000, 0x3000]);
+        // Other pages, or an alignment the slot does not have: none.
+        assert!(a.take_view(&[0x1000, 0x5000], PAGE).is_none());
+        assert!(a.take_view(&[0x1000], PAGE).is_none());
+        // An alignment the start lacks: twice its lowest set bit.
+        let odd = (start & start.wrapping_neg()) << 1;
+        assert!(a.take_view(&[0x1000, 0x3000], odd).is_none());
+        let again = a.take_view(&[0x1000, 0x3000], PAGE).unwrap();
+        assert_eq!(again.start, start);
+        // Handed out once.
+        assert!(a.take_view(&[0x1000, 0x3000], PAGE).is_none());
+        a.give_back(again, &[0x1000, 0x3000]);
+        // The oldest goes beyond the bound, and with it the chunk's last
+        // region: the chunk is cleared once it is not the one being filled.
+        let s2 = a.take(PAGE, PAGE).unwrap().unwrap();
+        let s3 = a.take(PAGE, PAGE).unwrap().unwrap();
+        a.give_back(s2, &[0x7000]);
+        a.give_back(s3, &[0x9000]);
+        assert!(a.take_view(&[0x1000, 0x3000], PAGE).is_none());
+        assert_eq!(a.state().kept.len(), 2);
+        assert_eq!(a.state().chunks[0].live, 2);
+        a.set_kept_views(0);
+        assert!(a.state().kept.is_empty());
+        assert_eq!(a.state().chunks[0].live, 0);
     }
 }

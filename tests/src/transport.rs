@@ -11,7 +11,10 @@
 //! driver sees contiguous bytes; the device sees a scattered page list.
 //! On request ([`VmmTransport::set_dma_in_ram_mapping`]) a region of one
 //! page, or of one contiguous guest-physical range, gets no mapping of its
-//! own: it is used where the guest RAM is mapped already.
+//! own: it is used where the guest RAM is mapped already. On request too
+//! ([`VmmTransport::set_kept_dma_views`]) the mappings of the last regions
+//! freed are kept, and a new region of exactly the same pages gets one of
+//! them back instead of mappings of its own.
 //!
 //! The VMM sits behind one mutex that is never held while sleeping: waits on
 //! the control and event queues release it and sleep on (duplicates of) the
@@ -104,7 +107,30 @@ fn drain(fd: &EventFd) {
 impl VmmTransport {
     /// Wraps a connected VM (virtio initialization done, event buffers
     /// posted, which [`TestVmm::connect`] does by default).
-    pub fn new(mut vmm: TestVmm) -> std::io::Result<Arc<VmmTransport>> {
+    pub fn new(vmm: TestVmm) -> std::io::Result<Arc<VmmTransport>> {
+        Self::with_arena(vmm, Arc::new(DmaArena::default()))
+    }
+
+    /// [`VmmTransport::new`] for a VMM that took over the guest RAM of
+    /// `previous`'s (a VMM that reconnects, [`TestVmm::connect_with_mem`]):
+    /// its DMA regions are mapped into the same address space as
+    /// `previous`'s, mappings kept included
+    /// ([`VmmTransport::set_kept_dma_views`], which carries over), instead
+    /// of into a new one (and `previous`'s is not unmapped when the last
+    /// of its regions goes). With other guest RAM, the same as `new`.
+    pub fn with_dma_space_of(
+        vmm: TestVmm,
+        previous: &VmmTransport,
+    ) -> std::io::Result<Arc<VmmTransport>> {
+        let arena = if Arc::ptr_eq(vmm.mem(), &previous.mem) {
+            previous.arena.clone()
+        } else {
+            Arc::new(DmaArena::default())
+        };
+        Self::with_arena(vmm, arena)
+    }
+
+    fn with_arena(mut vmm: TestVmm, arena: Arc<DmaArena>) -> std::io::Result<Arc<VmmTransport>> {
         let ctrl_call = vmm.ctrl().vring().call_fd().try_clone()?;
         let event_call = vmm.events().vring_mut().call_fd().try_clone()?;
         let notify_kick = vmm.notify_vring().kick_fd().try_clone()?;
@@ -118,7 +144,7 @@ impl VmmTransport {
             notify_kick,
             notify_held: AtomicBool::new(false),
             held: AtomicU64::new(0),
-            arena: Arc::new(DmaArena::default()),
+            arena,
             wait_spin_us: AtomicU64::new(0),
             dma_in_ram: AtomicBool::new(false),
         }))
@@ -133,6 +159,19 @@ impl VmmTransport {
     /// driver's pages would be placed anywhere in its address space.
     pub fn set_dma_in_ram_mapping(&self, on: bool) {
         self.dma_in_ram.store(on, Ordering::Relaxed);
+    }
+
+    /// Keeps the mappings of the last `n` DMA regions freed (of scattered
+    /// pages, mapped side by side), each with its page list; a new region
+    /// of exactly the same pages gets one of them back instead of a `mmap`
+    /// per page now and a `munmap` later. The driver of a harness that
+    /// frees its queues and buffers and allocates them again after each
+    /// device reset gets the same pages from the allocator every time.
+    /// 0 (the default) keeps none. A kept mapping still maps pages that may
+    /// belong to other regions meanwhile; nothing reads or writes through
+    /// it until a region of those very pages takes it.
+    pub fn set_kept_dma_views(&self, n: usize) {
+        self.arena.set_kept_views(n);
     }
 
     /// A wait for a control command's completion first yields the CPU for
@@ -238,6 +277,12 @@ impl VmmTransport {
                 }
             }
         }
+        if let Some(slot) = self.arena.take_view(&dma.pages, va_align) {
+            // These very pages, mapped side by side at the slot already.
+            dma.base = slot.start as *mut u8;
+            dma.va = Va::Arena(self.arena.clone(), slot);
+            return Ok(dma);
+        }
         let start = match self.arena.take(span, va_align).map_err(io_err)? {
             Some(slot) => {
                 let start = slot.start;
@@ -335,11 +380,15 @@ unsafe impl Sync for VmmDma {}
 // SAFETY: `base` is aligned to max(requested alignment, page size) and
 // valid for reads and writes of `len` bytes (every page of
 // `base .. base + npages * page` is a MAP_SHARED mapping of guest RAM: one
-// of its own, or for one guest-physical range of one region the guest RAM's
-// own mapping, which `mem` keeps alive) until drop; nothing else in this
-// process references those pages (the test VMM uses the guest RAM's mapping
-// only for rings it owns, never for these pages, which the allocator handed
-// out to this region alone); `pages` has exactly
+// of its own — made for it, or kept from a freed region of exactly these
+// pages in this order, so mapping the same file offsets — or for one
+// guest-physical range of one region the guest RAM's own mapping, which
+// `mem` keeps alive) until drop; nothing else in this process references
+// those pages (the test VMM uses the guest RAM's mapping only for rings it
+// owns, never for these pages, which the allocator handed out to this
+// region alone; a kept mapping of a freed region that includes some of them
+// is not read or written through until a region of its exact pages takes
+// it); `pages` has exactly
 // ceil(len / page) entries (first page offset 0), page-aligned, and
 // `pages[i]` is the guest-physical address of bytes `i * page ..`; with a
 // requested alignment above the page size the pages are one guest-physical
@@ -384,7 +433,7 @@ impl Drop for VmmDma {
     fn drop(&mut self) {
         match std::mem::replace(&mut self.va, Va::None) {
             Va::None | Va::Ram => {}
-            Va::Arena(arena, slot) => arena.give_back(&slot),
+            Va::Arena(arena, slot) => arena.give_back(slot, &self.pages),
             Va::Own(reservation, len) => {
                 // SAFETY: the reservation (with the fixed page mappings
                 // inside it) was created by `map_pages` and is unmapped

@@ -329,6 +329,50 @@ fn modify_masks(mock: &super::mock::Mock) -> Vec<(u32, QpAttr)> {
 }
 
 #[test]
+fn alloc_with_cq_sends_both_before_waiting_and_makes_what_each_makes() {
+    let (mock, dev) = setup();
+    let before = mock.requests.lock().unwrap().len();
+    mock.waits.lock().unwrap().clear();
+    let (pd, cq) = Pd::alloc_with_cq(&dev, 100).unwrap();
+    assert_eq!(*mock.waits.lock().unwrap(), [before + 2; 2]);
+    assert_eq!(
+        mock.opcodes()[before..],
+        [Opcode::ALLOC_PD, Opcode::CREATE_CQ]
+    );
+    let pd_req = CtxHandleReq::parse(&mock.last(Opcode::ALLOC_PD).unwrap().payload).unwrap();
+    let cq_req = CreateCqReq::parse(&mock.last(Opcode::CREATE_CQ).unwrap().payload).unwrap();
+    assert_eq!(
+        (pd_req.ctx_handle, cq_req.ctx_handle),
+        (dev.ctx_handle(), dev.ctx_handle())
+    );
+    // As `Cq::create` would: rounded up to a power of two.
+    assert_eq!((cq_req.depth, cq.depth()), (128, 128));
+    assert_ne!(pd.handle(), 0);
+    assert_ne!(cq.handle(), 0);
+    drop((pd, cq));
+    let n = mock.opcodes().len();
+    assert_eq!(
+        mock.opcodes()[n - 2..],
+        [Opcode::DEALLOC_PD, Opcode::DESTROY_CQ]
+    );
+}
+
+#[test]
+fn alloc_with_cq_destroys_the_one_made_when_the_other_failed() {
+    let (mock, dev) = setup();
+    *mock.fail.lock().unwrap() = Some((Opcode::CREATE_CQ, Status::QUOTA, 2));
+    let e = Pd::alloc_with_cq(&dev, 16).unwrap_err();
+    assert_eq!(e.status(), Some((Status::QUOTA, 2)));
+    let pd = CtxHandleReq::parse(&mock.last(Opcode::ALLOC_PD).unwrap().payload).unwrap();
+    assert_eq!(pd.ctx_handle, dev.ctx_handle());
+    assert_eq!(mock.opcodes().last(), Some(&Opcode::DEALLOC_PD));
+    *mock.fail.lock().unwrap() = Some((Opcode::ALLOC_PD, Status::QUOTA, 1));
+    let e = Pd::alloc_with_cq(&dev, 16).unwrap_err();
+    assert_eq!(e.status(), Some((Status::QUOTA, 1)));
+    assert_eq!(mock.opcodes().last(), Some(&Opcode::DESTROY_CQ));
+}
+
+#[test]
 fn rc_connect_sends_its_three_modifies_before_waiting() {
     let (mock, dev) = setup();
     let pd = Pd::alloc(&dev).unwrap();
