@@ -221,7 +221,13 @@ pub trait RnicPath: Send + Sync {
     /// burst); `scratch` is the engine's, passed through. `None` if the
     /// burst could not run now (a VM's lock was busy): the engine must not
     /// park on the QP.
-    fn with_burst<S, F>(&self, cx: &mut Serving<'_>, _h: u32, scratch: &mut S, burst: F) -> Option<bool>
+    fn with_burst<S, F>(
+        &self,
+        cx: &mut Serving<'_>,
+        _h: u32,
+        scratch: &mut S,
+        burst: F,
+    ) -> Option<bool>
     where
         F: for<'s> FnOnce(&mut Serving<'s>, &mut Self::Burst<'s>, &mut S) -> bool,
     {

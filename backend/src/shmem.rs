@@ -13,12 +13,12 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::sync::lock;
 use log::{info, warn};
 use thiserror::Error;
 use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags, VhostUserShMemConfig};
 use vhost::vhost_user::{Backend, VhostUserFrontendReqHandler};
 use virtio_rdma_abi::datapath::{db_slot_offset, DB_PAGE_SIZE, DB_PAGE_SLOTS, SHMEM_ID_DOORBELL};
-use crate::sync::lock;
 
 /// Errors setting up the doorbell region.
 #[derive(Debug, Error)]
@@ -121,18 +121,15 @@ impl DoorbellRegion {
         // SAFETY: F_GET_SEALS reads the seals of a descriptor we own.
         let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
         if seals < 0 {
-            return foreign(format!(
-                "not a memfd: {}",
-                std::io::Error::last_os_error()
-            ));
+            return foreign(format!("not a memfd: {}", std::io::Error::last_os_error()));
         }
         if seals & DOORBELL_SEALS != DOORBELL_SEALS {
             return foreign(format!("seals {seals:#x}, {DOORBELL_SEALS:#x} wanted"));
         }
-        let size = std::fs::File::from(fd.try_clone().map_err(|err| ShmemError::Os {
-            op: "dup",
-            err,
-        })?)
+        let size = std::fs::File::from(
+            fd.try_clone()
+                .map_err(|err| ShmemError::Os { op: "dup", err })?,
+        )
         .metadata()
         .map_err(|err| ShmemError::Os { op: "fstat", err })?
         .len();
@@ -829,7 +826,10 @@ mod tests {
         let old = DoorbellRegion::new(4).unwrap_or_else(|e| panic!("{e}"));
         let at = SlotRef { page: 2, slot: 9 };
         old.store(at, 1, 0x1234);
-        let dup = old.fd().try_clone_to_owned().unwrap_or_else(|e| panic!("{e}"));
+        let dup = old
+            .fd()
+            .try_clone_to_owned()
+            .unwrap_or_else(|e| panic!("{e}"));
         let region = Arc::new(DoorbellRegion::adopt(dup, 4).unwrap_or_else(|e| panic!("{e}")));
         assert_eq!(region.load(at, 1), 0x1234, "the same memory");
         let mut p = DoorbellPages::new(region, Arc::new(AtomicBool::new(true)));
@@ -845,7 +845,10 @@ mod tests {
         assert_eq!(p.alloc_page(), Some(0));
         assert_eq!(p.alloc_slot(2).map(|s| s.at().slot), Some(0));
         // Another size (more contexts here) or an unsealed file is refused.
-        let dup = old.fd().try_clone_to_owned().unwrap_or_else(|e| panic!("{e}"));
+        let dup = old
+            .fd()
+            .try_clone_to_owned()
+            .unwrap_or_else(|e| panic!("{e}"));
         assert!(matches!(
             DoorbellRegion::adopt(dup, 100),
             Err(ShmemError::Foreign(_))

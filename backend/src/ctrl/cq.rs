@@ -179,4 +179,3 @@ fn fill_cq_ring<M: GuestMemoryBackend>(
     }
     true
 }
-

@@ -27,7 +27,11 @@ impl VmState {
     /// `T`. Its source GID index must name an assigned entry of the port's
     /// table: past the table is `RANGE`, an unassigned entry `INVALID`
     /// (spec 12.13, 12.16), each counted as a spoofing attempt.
-    pub(super) fn check_av<T: Wire>(&self, av: &AddressVector, prefix: &str) -> Result<(), CmdError> {
+    pub(super) fn check_av<T: Wire>(
+        &self,
+        av: &AddressVector,
+        prefix: &str,
+    ) -> Result<(), CmdError> {
         let index = u32::from(av.sgid_index);
         if index >= self.port.gids.len() {
             self.note_gid_spoof();

@@ -42,7 +42,9 @@ impl VmState {
             .map_err(|e| match e {
                 AttachError::Groups => CmdError::new(Status::QUOTA, quota::MCAST_GROUPS),
                 AttachError::Members => CmdError::new(Status::QUOTA, quota::MCAST_MEMBERS),
-                AttachError::Rnic(_) => CmdError::new(Status::UNSUPPORTED, Opcode::ATTACH_MCAST.into()),
+                AttachError::Rnic(_) => {
+                    CmdError::new(Status::UNSUPPORTED, Opcode::ATTACH_MCAST.into())
+                }
             })?;
         Ok(Vec::new())
     }

@@ -29,8 +29,8 @@ use vm_memory::GuestMemoryBackend;
 
 use crate::memory::pagelist::PageListLimits;
 use crate::resources::InsertError;
-use crate::shmem::DbSlot;
 use crate::rnic_objects::RnicError;
+use crate::shmem::DbSlot;
 use crate::vm::VmState;
 
 /// A failed command: its status and detail.
@@ -60,9 +60,7 @@ impl From<RnicError> for CmdError {
             RnicError::Exhausted => CmdError::no_memory(),
             RnicError::Quota(detail) => CmdError::new(Status::QUOTA, detail),
             RnicError::Invalid => CmdError::new(Status::INVALID, DETAIL_NONE),
-            RnicError::Random | RnicError::Host(_) => {
-                CmdError::new(Status::INTERNAL, u32::MAX)
-            }
+            RnicError::Random | RnicError::Host(_) => CmdError::new(Status::INTERNAL, u32::MAX),
         }
     }
 }

@@ -105,12 +105,7 @@ impl VmState {
         let ctx = self.pd_ctx::<RegMrReq>(req.pd_handle)?;
         self.mr_quota()?;
         self.check_mr_access::<RegMrReq>(req.access)?;
-        self.check_mr_range::<RegMrReq>(
-            req.iova,
-            req.length,
-            &req.buf,
-            self.res.registered_bytes,
-        )?;
+        self.check_mr_range::<RegMrReq>(req.iova, req.length, &req.buf, self.res.registered_bytes)?;
         // The translation prepared without the lock, unless the RAM map
         // changed since, or the budget refused it (the refusal costs
         // nothing to repeat, and the budget is the current one here).
@@ -316,4 +311,3 @@ impl VmState {
         Ok(())
     }
 }
-

@@ -23,8 +23,8 @@ pub(crate) const PRIVILEGED_QKEY: u32 = 1 << 31;
 
 use super::CmdError;
 use crate::config::FabricPolicy;
-use crate::tenancy::IsolationCounters;
 use crate::rnic_objects::{Owner, RnicKind};
+use crate::tenancy::IsolationCounters;
 use crate::vm::VmState;
 
 impl VmState {
@@ -65,10 +65,10 @@ impl VmState {
     /// defaults force traffic class and service level 0.
     pub(super) fn fabric_av(&self, av: &mut AddressVector) -> Result<(), CmdError> {
         let fabric = self.rnic.kind() == RnicKind::Verbs;
-        let [tc, sl, flow] = self
-            .tenancy
-            .fabric_of(self.port.vm)
-            .map_or_else(|| FabricPolicy::default().rules(fabric), |p| p.rules(fabric));
+        let [tc, sl, flow] = self.tenancy.fabric_of(self.port.vm).map_or_else(
+            || FabricPolicy::default().rules(fabric),
+            |p| p.rules(fabric),
+        );
         let (Some(tc), Some(sl), Some(flow)) = (
             tc.apply(av.traffic_class.into())
                 .and_then(|v| u8::try_from(v).ok()),

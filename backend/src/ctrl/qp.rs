@@ -6,9 +6,7 @@ use virtio_rdma_abi::datapath::{QpDoorbell, DB_NONE};
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::mem::{access, qp_buffer_layout};
 use virtio_rdma_abi::qp::attr::*;
-use virtio_rdma_abi::qp::{
-    Mtu, QpAttr, QpState, QpType, GSI_QKEY, MAX_GSI_DEPTH, QP_FLAG_SIG_ALL,
-};
+use virtio_rdma_abi::qp::{Mtu, QpAttr, QpState, QpType, GSI_QKEY, MAX_GSI_DEPTH, QP_FLAG_SIG_ALL};
 use virtio_rdma_abi::verbs::*;
 use virtio_rdma_abi::Wire;
 use vm_memory::{GuestAddress, GuestMemoryBackend};
@@ -239,8 +237,12 @@ impl VmState {
         if qp_type == QpType::GSI && a.qkey == 0 {
             mask &= !QKEY;
         }
-        self.check_attr_values(qp_type, mask, a)
-            .map_err(|e| format!("a QP's attributes: status {:?}, detail {}", e.status, e.detail))
+        self.check_attr_values(qp_type, mask, a).map_err(|e| {
+            format!(
+                "a QP's attributes: status {:?}, detail {}",
+                e.status, e.detail
+            )
+        })
     }
 
     /// Checks the value of every attribute present in `mask` for a QP of

@@ -175,7 +175,10 @@ mod tests {
             }
         }
         // The first few windows, then one per MAX_SKIP + 1 chances.
-        assert!(windows <= 8 + chances / (MAX_SKIP as usize + 1), "{windows}");
+        assert!(
+            windows <= 8 + chances / (MAX_SKIP as usize + 1),
+            "{windows}"
+        );
         assert!(windows >= chances / (MAX_SKIP as usize + 1), "{windows}");
         assert_eq!(a.misses as usize, windows);
         // Passed over now; a post seen later (a window of another turn)

@@ -133,7 +133,12 @@ impl Attention {
     /// Starts a sweep over `n` lists: the lists it visits, ascending. The
     /// kicked VMs are drained from `kicked`; `now` is read if a parked
     /// list has a deadline.
-    pub(super) fn begin(&mut self, kicked: &KickedVms, n: usize, now: &mut Option<Instant>) -> Vec<usize> {
+    pub(super) fn begin(
+        &mut self,
+        kicked: &KickedVms,
+        n: usize,
+        now: &mut Option<Instant>,
+    ) -> Vec<usize> {
         let mut visit = std::mem::take(&mut self.visit);
         visit.clear();
         self.still_polled.clear();
@@ -226,8 +231,11 @@ impl Attention {
         // idle) leaves an entry each time: keep at most one per parked
         // list, so a guest cannot grow the thread's memory or sweeps.
         if self.timers.len() > lists.len().saturating_mul(2) {
-            self.timers
-                .retain(|&(t, k)| lists.get(k).is_some_and(|l| l.parked() && l.deadline() == Some(t)));
+            self.timers.retain(|&(t, k)| {
+                lists
+                    .get(k)
+                    .is_some_and(|l| l.parked() && l.deadline() == Some(t))
+            });
             self.timers.sort_unstable_by_key(|&(_, k)| k);
             self.timers.dedup_by_key(|e| e.1);
             self.earliest = self.timers.iter().map(|&(t, _)| t).min();
@@ -249,11 +257,20 @@ impl Attention {
     /// that kind stopped: every parked list's turn comes once in
     /// `parked / batch` rounds. Give the list back with
     /// [`Attention::end_round`].
-    pub(super) fn next_parked<L: Listed>(&mut self, lists: &[L], batch: usize, recheck: bool) -> Vec<usize> {
+    pub(super) fn next_parked<L: Listed>(
+        &mut self,
+        lists: &[L],
+        batch: usize,
+        recheck: bool,
+    ) -> Vec<usize> {
         let mut out = std::mem::take(&mut self.round);
         out.clear();
         let n = lists.len();
-        let cursor = if recheck { &mut self.recheck_at } else { &mut self.peek_at };
+        let cursor = if recheck {
+            &mut self.recheck_at
+        } else {
+            &mut self.peek_at
+        };
         let mut k = cursor.checked_rem(n).unwrap_or(0);
         for _ in 0..n {
             if out.len() >= batch {
@@ -312,7 +329,11 @@ mod tests {
         let mut attn = Attention::default();
         attn.reset(&lists);
         let visit = attn.begin(&kicked, n, &mut None);
-        assert_eq!(visit, (0..n).collect::<Vec<_>>(), "a reset visits every list");
+        assert_eq!(
+            visit,
+            (0..n).collect::<Vec<_>>(),
+            "a reset visits every list"
+        );
         for &k in &visit {
             attn.visited(k, &lists[k], true);
         }
@@ -346,7 +367,11 @@ mod tests {
         assert!(kicked.pending());
         assert_eq!(sweep(&mut attn, &kicked, &lists), vec![3, 10, 500, 700]);
         assert!(!kicked.pending());
-        assert_eq!(sweep(&mut attn, &kicked, &lists), vec![3, 500], "one visit per kick");
+        assert_eq!(
+            sweep(&mut attn, &kicked, &lists),
+            vec![3, 500],
+            "one visit per kick"
+        );
     }
 
     /// A VM kicked while it is polled has its flag taken by the sweep
@@ -390,7 +415,11 @@ mod tests {
             lists[2].parked = true;
             attn.parked(&lists);
         }
-        assert!(attn.timers.len() <= 2 * lists.len(), "{} entries", attn.timers.len());
+        assert!(
+            attn.timers.len() <= 2 * lists.len(),
+            "{} entries",
+            attn.timers.len()
+        );
         assert_eq!(attn.earliest(), Some(later));
     }
 

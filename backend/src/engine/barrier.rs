@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::thread;
 
-use log::warn;
 use crate::sync::{lock, wait};
+use log::warn;
 
 /// `membarrier(2)` commands (linux/membarrier.h).
 const MEMBARRIER_CMD_QUERY: libc::c_long = 0;

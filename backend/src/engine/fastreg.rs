@@ -33,7 +33,10 @@ const CHARGE_PER_PAGE: u64 = 4096;
 /// spec 18.29).
 #[inline]
 pub(super) fn is_local(op: WrOpcode) -> bool {
-    matches!(op, WrOpcode::REG_MR | WrOpcode::LOCAL_INV | WrOpcode::BIND_MW)
+    matches!(
+        op,
+        WrOpcode::REG_MR | WrOpcode::LOCAL_INV | WrOpcode::BIND_MW
+    )
 }
 
 /// Executes local operation `wr` (shape checked) of QP `h`: its outcome

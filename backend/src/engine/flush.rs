@@ -9,9 +9,9 @@ use virtio_rdma_abi::qp::QpState;
 use super::completer::{self, traffic};
 use super::doorbell::{self, load_pi};
 use super::requester::wc_opcode;
-use crate::rnic_path::RnicPath;
 use super::wqe::{fetch_recv, fetch_send, posted, RecvRing, WqeBuf, WqeError};
 use crate::memory::HostMem;
+use crate::rnic_path::RnicPath;
 use crate::stats::TrafficCounters;
 use crate::vm::VmState;
 

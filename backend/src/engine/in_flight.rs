@@ -10,7 +10,7 @@ use virtio_rdma_abi::datapath::{
 use virtio_rdma_abi::mem::CQE_SIZE;
 use virtio_rdma_abi::qp::{QpState, QpType};
 use virtio_rdma_abi::{Field, Wire};
-use vm_memory::{GuestAddress};
+use vm_memory::GuestAddress;
 
 use super::flush::flush;
 use super::poll::owes_flush;
@@ -175,7 +175,11 @@ fn work_taken_now_completes_when_the_transport_reports_it() {
     assert!(!qp.rt.in_flight(), "drained");
     assert_eq!(cx.state.res.cqs.get(cq).unwrap().rt.pi, 3);
     let ok = WcStatus::SUCCESS as u8;
-    assert_eq!(cqes(&w.gm, 3), [(100, ok), (101, ok), (102, ok)], "in order");
+    assert_eq!(
+        cqes(&w.gm, 3),
+        [(100, ok), (101, ok), (102, ok)],
+        "in order"
+    );
     assert!(!path.poll(&mut cx, &mut scratch.path));
 }
 

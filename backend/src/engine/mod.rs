@@ -239,7 +239,12 @@ impl Engine {
     /// engine flushes its work (spec 18.23), rather than letting it retry
     /// into nothing.
     /// Takes one VM's lock at a time (the caller holds none).
-    pub fn peers_gone(&self, vm: usize, gids: &crate::gid_table::GidTable, mut qpns: Vec<(u32, u64)>) {
+    pub fn peers_gone(
+        &self,
+        vm: usize,
+        gids: &crate::gid_table::GidTable,
+        mut qpns: Vec<(u32, u64)>,
+    ) {
         if qpns.is_empty() {
             return;
         }

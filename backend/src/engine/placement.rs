@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 use super::{Engine, Launch};
 use crate::config::DaemonConfig;
 use crate::qos::QosTable;
+use crate::sync::lock;
 use crate::tenancy::Tenancy;
 use crate::vm::cell::VmCell;
-use crate::sync::lock;
 
 /// The VMs of the daemon, shared by its engine threads, and which thread
 /// serves each.
@@ -61,10 +61,7 @@ impl Registry {
 
     /// The live VMs, indexed by id.
     pub(super) fn all_vms(&self) -> Vec<Option<Arc<VmCell>>> {
-        lock(&self.vms)
-            .iter()
-            .map(Weak::upgrade)
-            .collect()
+        lock(&self.vms).iter().map(Weak::upgrade).collect()
     }
 }
 

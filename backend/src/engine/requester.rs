@@ -392,11 +392,7 @@ impl Completion {
 /// `F_MEM_MGT`'s opcodes without it (`mem_mgt` false), a BIND_MW without
 /// `F_MW` (`windows` false) or on another QP than RC, or a REG_MR,
 /// LOCAL_INV or BIND_MW with inline data or SGEs.
-fn malformed_op(
-    qp: &Qp,
-    wr: &SendWr<'_>,
-    (atomics, mem_mgt, windows): (bool, bool, bool),
-) -> bool {
+fn malformed_op(qp: &Qp, wr: &SendWr<'_>, (atomics, mem_mgt, windows): (bool, bool, bool)) -> bool {
     let atomic = matches!(
         wr.opcode,
         WrOpcode::ATOMIC_CMP_AND_SWP | WrOpcode::ATOMIC_FETCH_AND_ADD
@@ -530,10 +526,16 @@ mod tests {
             SEND_WITH_IMM,
             RDMA_READ,
         ] {
-            assert!(!malformed_op(&rc, &wr(op, None), (false, false, false)), "{op:?} on RC");
+            assert!(
+                !malformed_op(&rc, &wr(op, None), (false, false, false)),
+                "{op:?} on RC"
+            );
         }
         for op in [ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD] {
-            assert!(!malformed_op(&rc, &wr(op, None), (true, false, false)), "{op:?}, F_ATOMIC");
+            assert!(
+                !malformed_op(&rc, &wr(op, None), (true, false, false)),
+                "{op:?}, F_ATOMIC"
+            );
             assert!(
                 malformed_op(&rc, &wr(op, None), (false, false, false)),
                 "{op:?} without F_ATOMIC"
@@ -573,7 +575,10 @@ mod tests {
             RDMA_READ,
             ATOMIC_FETCH_AND_ADD,
         ] {
-            assert!(malformed_op(&ud, &wr(op, None), (true, false, false)), "{op:?} on UD");
+            assert!(
+                malformed_op(&ud, &wr(op, None), (true, false, false)),
+                "{op:?} on UD"
+            );
         }
     }
 
@@ -586,12 +591,21 @@ mod tests {
         let rc = testing::qp(QpType::RC);
         let ud = testing::qp(QpType::UD);
         for op in [REG_MR, LOCAL_INV, SEND_WITH_INV] {
-            assert!(malformed_op(&rc, &wr(op, None), (true, false, false)), "{op:?}");
-            assert!(malformed_op(&ud, &wr(op, None), (true, false, false)), "{op:?}");
+            assert!(
+                malformed_op(&rc, &wr(op, None), (true, false, false)),
+                "{op:?}"
+            );
+            assert!(
+                malformed_op(&ud, &wr(op, None), (true, false, false)),
+                "{op:?}"
+            );
         }
         for op in [REG_MR, LOCAL_INV] {
             for q in [&rc, &ud] {
-                assert!(!malformed_op(q, &wr(op, None), (true, true, false)), "{op:?}");
+                assert!(
+                    !malformed_op(q, &wr(op, None), (true, true, false)),
+                    "{op:?}"
+                );
                 assert!(
                     malformed_op(q, &wr(op, Some(&[])), (true, true, false)),
                     "inline {op:?}"
@@ -601,12 +615,27 @@ mod tests {
                     sges: &sge,
                     ..wr(op, None)
                 };
-                assert!(malformed_op(q, &with_sge, (true, true, false)), "{op:?} with an SGE");
+                assert!(
+                    malformed_op(q, &with_sge, (true, true, false)),
+                    "{op:?} with an SGE"
+                );
             }
         }
-        assert!(!malformed_op(&rc, &wr(SEND_WITH_INV, None), (true, true, false)));
-        assert!(!malformed_op(&rc, &wr(SEND_WITH_INV, Some(&[1])), (true, true, false)));
-        assert!(malformed_op(&ud, &wr(SEND_WITH_INV, None), (true, true, false)));
+        assert!(!malformed_op(
+            &rc,
+            &wr(SEND_WITH_INV, None),
+            (true, true, false)
+        ));
+        assert!(!malformed_op(
+            &rc,
+            &wr(SEND_WITH_INV, Some(&[1])),
+            (true, true, false)
+        ));
+        assert!(malformed_op(
+            &ud,
+            &wr(SEND_WITH_INV, None),
+            (true, true, false)
+        ));
     }
 
     /// Spec 18.8, 18.29: BIND_MW is malformed without `F_MW`, on a QP
@@ -619,7 +648,11 @@ mod tests {
         assert!(!malformed_op(&rc, &wr(BIND_MW, None), (true, false, true)));
         assert!(malformed_op(&rc, &wr(BIND_MW, None), (true, true, false)));
         assert!(malformed_op(&ud, &wr(BIND_MW, None), (true, true, true)));
-        assert!(malformed_op(&rc, &wr(BIND_MW, Some(&[])), (true, true, true)));
+        assert!(malformed_op(
+            &rc,
+            &wr(BIND_MW, Some(&[])),
+            (true, true, true)
+        ));
         let sge = [virtio_rdma_abi::datapath::Sge::default()];
         let with_sge = SendWr {
             sges: &sge,
@@ -635,8 +668,17 @@ mod tests {
         use WrOpcode::*;
         let mut uc = testing::qp(QpType::UC);
         uc.attr.max_rd_atomic = 1;
-        for op in [SEND, SEND_WITH_IMM, RDMA_WRITE, RDMA_WRITE_WITH_IMM, LOCAL_INV] {
-            assert!(!malformed_op(&uc, &wr(op, None), (true, true, true)), "{op:?}");
+        for op in [
+            SEND,
+            SEND_WITH_IMM,
+            RDMA_WRITE,
+            RDMA_WRITE_WITH_IMM,
+            LOCAL_INV,
+        ] {
+            assert!(
+                !malformed_op(&uc, &wr(op, None), (true, true, true)),
+                "{op:?}"
+            );
         }
         for op in [
             RDMA_READ,
@@ -645,7 +687,10 @@ mod tests {
             SEND_WITH_INV,
             BIND_MW,
         ] {
-            assert!(malformed_op(&uc, &wr(op, None), (true, true, true)), "{op:?}");
+            assert!(
+                malformed_op(&uc, &wr(op, None), (true, true, true)),
+                "{op:?}"
+            );
         }
     }
 }

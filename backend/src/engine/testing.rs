@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use virtio_rdma_abi::datapath::{SendWqe, WrOpcode};
 use virtio_rdma_abi::mem::{qp_buffer_layout, BufferDesc, PageListMode};
 use virtio_rdma_abi::qp::{Mtu, QpAttr, QpState, QpType};
-use vm_memory::{GuestAddress};
+use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::placement::Registry;
@@ -183,8 +183,13 @@ pub(crate) fn engine(caps: Caps, tenancy: Arc<Tenancy>) -> Engine {
 
 /// `n` VM cells (ids 0 to `n - 1`, one tenant, nothing mapped) whose kicks
 /// go to `kicked`.
-pub(crate) fn cells(n: usize, kicked: &Arc<crate::vm::cell::KickedVms>) -> Vec<Arc<crate::vm::cell::VmCell>> {
-    let paths = (0..n).map(|i| format!("/nonexistent/vm{i}.sock").into()).collect();
+pub(crate) fn cells(
+    n: usize,
+    kicked: &Arc<crate::vm::cell::KickedVms>,
+) -> Vec<Arc<crate::vm::cell::VmCell>> {
+    let paths = (0..n)
+        .map(|i| format!("/nonexistent/vm{i}.sock").into())
+        .collect();
     let config = crate::config::DaemonConfig::new(paths);
     let tenancy = Arc::new(Tenancy::from_config(&config));
     let rnic: Arc<dyn RnicObjects> = Arc::new(Numbers::default());

@@ -40,10 +40,10 @@ use super::barrier;
 use super::poll::{set_flags, DbList};
 use super::poll_window::{self, PollWindow};
 use super::scratch::Scratch;
-use crate::rnic_path::RnicPath;
 use super::Engine;
 use crate::qos::drr::Drr;
 use crate::qos::DEFAULT_WEIGHT;
+use crate::rnic_path::RnicPath;
 use crate::stats::TrafficCounters;
 use crate::vm::cell::VmCell;
 
@@ -575,7 +575,12 @@ impl Engine {
             for list in &lists {
                 path.park_fds(list.dev.id(), &mut park_fds);
             }
-            let timer = scratch.attention.earliest().into_iter().chain(scratch.next_timer).min();
+            let timer = scratch
+                .attention
+                .earliest()
+                .into_iter()
+                .chain(scratch.next_timer)
+                .min();
             self.park(timer, &park_fds);
             // Swept next, whatever ended the sleep.
             let _ = self.take_kicks(&vms);
@@ -641,11 +646,12 @@ impl Engine {
             events: libc::POLLIN,
             revents: 0,
         };
-        let mut pfds: Vec<libc::pollfd> = [std::os::fd::AsRawFd::as_raw_fd(&self.wake), self.kicks.fd()]
-            .into_iter()
-            .chain(fds.iter().copied())
-            .map(pfd)
-            .collect();
+        let mut pfds: Vec<libc::pollfd> =
+            [std::os::fd::AsRawFd::as_raw_fd(&self.wake), self.kicks.fd()]
+                .into_iter()
+                .chain(fds.iter().copied())
+                .map(pfd)
+                .collect();
         // Nanosecond resolution: retry waits can be a few microseconds.
         let ts = libc::timespec {
             tv_sec: libc::time_t::try_from(sleep.as_secs()).unwrap_or(libc::time_t::MAX),
@@ -701,7 +707,10 @@ mod tests {
         for vms in [1usize, PEEK_BATCH] {
             for qps in [vms, 64, 2_500, 1 << 20] {
                 let reads_ns = vms as u64 * 300 + qps as u64 * 100;
-                assert!(reads_ns * 10 <= peek_spacing(vms, qps), "{vms} VMs, {qps} QPs");
+                assert!(
+                    reads_ns * 10 <= peek_spacing(vms, qps),
+                    "{vms} VMs, {qps} QPs"
+                );
             }
         }
         let most = peek_spacing(usize::MAX, usize::MAX);
@@ -720,8 +729,14 @@ mod tests {
         }
         for parked in [RECHECK_BATCH + 1, 1_000, 1_280, 1_281, 100_000] {
             let b = recheck_batch(parked);
-            assert!(b.saturating_mul(RECHECK_ROUNDS) >= parked, "{parked}: round in time");
-            assert!(b <= RECHECK_BATCH.max(parked / RECHECK_ROUNDS + 1), "{parked}: bounded");
+            assert!(
+                b.saturating_mul(RECHECK_ROUNDS) >= parked,
+                "{parked}: round in time"
+            );
+            assert!(
+                b <= RECHECK_BATCH.max(parked / RECHECK_ROUNDS + 1),
+                "{parked}: bounded"
+            );
         }
     }
 }

@@ -6,9 +6,9 @@
 //! copy is parsed. The parsed work request borrows the scratch memory, so
 //! taking a WQE allocates nothing.
 
-use virtio_rdma_abi::qp::QpType;
 use virtio_rdma_abi::datapath::{RecvWqe, SendWqe, Sge, WrOpcode, WQE_INLINE};
 use virtio_rdma_abi::mem::{RECV_WQE_HEADER, SEND_WQE_HEADER, SGE_SIZE};
+use virtio_rdma_abi::qp::QpType;
 use virtio_rdma_abi::{Field, Wire};
 
 use crate::memory::access;
@@ -106,8 +106,14 @@ fn slot_gpa(
 #[inline]
 pub fn prefetch_send_head(mem: &HostMem, qp: &Qp) {
     #[cfg(target_arch = "x86_64")]
-    if let Some(p) = slot_gpa(&qp.ring, 0, qp.sq_depth, qp.layout.sq_wqe_shift, qp.rt.sq_ci)
-        .and_then(|(gpa, _)| mem.ptr(gpa, 1))
+    if let Some(p) = slot_gpa(
+        &qp.ring,
+        0,
+        qp.sq_depth,
+        qp.layout.sq_wqe_shift,
+        qp.rt.sq_ci,
+    )
+    .and_then(|(gpa, _)| mem.ptr(gpa, 1))
     {
         // One line: the header (asking for the SGEs' line too measured no
         // different at 10,000 QPs).
@@ -192,14 +198,21 @@ pub fn fetch_send<'a>(
     // change it under us); the body's length follows from it.
     let mut hdr = SendWqe::default();
     let first = usual_wqe(SEND_WQE_HEADER, max_sge);
-    let buf = copy_slot(mem, gpa, stride, (SEND_WQE_HEADER as usize, first), slot, |h| {
-        hdr = SendWqe::read(h);
-        if hdr.flags & WQE_INLINE != 0 {
-            hdr.inline_len as usize
-        } else {
-            usize::from(hdr.num_sge).saturating_mul(SGE_SIZE as usize)
-        }
-    })
+    let buf = copy_slot(
+        mem,
+        gpa,
+        stride,
+        (SEND_WQE_HEADER as usize, first),
+        slot,
+        |h| {
+            hdr = SendWqe::read(h);
+            if hdr.flags & WQE_INLINE != 0 {
+                hdr.inline_len as usize
+            } else {
+                usize::from(hdr.num_sge).saturating_mul(SGE_SIZE as usize)
+            }
+        },
+    )
     .ok_or(WqeError::Unusable)?;
     let opcode = WrOpcode::from_u32(u32::from(hdr.opcode));
     let bad = WqeError::malformed(hdr.wr_id, opcode);
@@ -295,9 +308,14 @@ pub fn fetch_recv<'a>(
         sges: sge_buf,
     } = scratch;
     let first = usual_wqe(RECV_WQE_HEADER, max_sge);
-    let buf = copy_slot(mem, gpa, stride, (RECV_WQE_HEADER as usize, first), slot, |h| {
-        (RecvWqe::read(h).num_sge as usize).saturating_mul(SGE_SIZE as usize)
-    })
+    let buf = copy_slot(
+        mem,
+        gpa,
+        stride,
+        (RECV_WQE_HEADER as usize, first),
+        slot,
+        |h| (RecvWqe::read(h).num_sge as usize).saturating_mul(SGE_SIZE as usize),
+    )
     .ok_or(WqeError::Unusable)?;
     let raw = buf.get(..RecvWqe::SIZE).ok_or(WqeError::Unusable)?;
     let wr_id = RecvWqe::read(raw).wr_id;

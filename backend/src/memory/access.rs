@@ -468,10 +468,10 @@ pub fn store_u8_release_unlogged(mem: &HostMem, gpa: u64, v: u8) -> Result<(), A
 mod tests {
     use super::*;
     use crate::memory::pagelist::PageListLimits;
+    use crate::memory::GuestRam;
     use crate::memory::{PageList, RamMap};
     use crate::resources::Mr;
     use virtio_rdma_abi::mem::{BufferDesc, PageListMode};
-    use crate::memory::GuestRam;
     use vm_memory::{Bytes, GuestAddress};
 
     fn mmap() -> GuestRam {

@@ -43,8 +43,8 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use log::warn;
 use thiserror::Error;
 use vhost_user_backend::bitmap::{BitmapReplace, MemRegionBitmap, MmapLogReg};
-use vm_memory::bitmap::{Bitmap, RefSlice, WithBitmapSlice};
 use vm_memory::bitmap::NewBitmap;
+use vm_memory::bitmap::{Bitmap, RefSlice, WithBitmapSlice};
 use vm_memory::{Address, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, MmapRegion};
 
 /// The page size of the log (`VHOST_LOG_PAGE`).
@@ -142,7 +142,12 @@ unsafe impl Sync for LogMap {}
 
 impl LogMap {
     /// Checks `file` and maps `[offset, offset + size)` of it.
-    pub fn open(file: &File, offset: u64, size: u64, allow_unsealed: bool) -> Result<Self, LogError> {
+    pub fn open(
+        file: &File,
+        offset: u64,
+        size: u64,
+        allow_unsealed: bool,
+    ) -> Result<Self, LogError> {
         let meta = file.metadata().map_err(LogError::Stat)?;
         if !meta.file_type().is_file() {
             return Err(LogError::NotRegular);

@@ -247,7 +247,8 @@ impl PageList {
         ram: &RamMap,
         page_size_cap: u64,
     ) -> Result<PageList, PageListError> {
-        let npages = u32::try_from(pages.len()).map_err(|_| PageListError::TooManyPages(u32::MAX))?;
+        let npages =
+            u32::try_from(pages.len()).map_err(|_| PageListError::TooManyPages(u32::MAX))?;
         if npages == 0 {
             return Err(PageListError::NoPages);
         }
@@ -540,7 +541,7 @@ fn le64(raw: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vm_memory::{Bytes};
+    use vm_memory::Bytes;
 
     const LIMITS: PageListLimits = PageListLimits {
         max_pages: 1 << 24,

@@ -204,7 +204,8 @@ pub(in crate::memory) mod tests {
     fn a_table_sent_again_is_the_same_mapping_and_any_change_is_not() {
         let f = memfd(1 << 22, libc::F_SEAL_SHRINK);
         let g = memfd(1 << 22, libc::F_SEAL_SHRINK);
-        let two = |f0: &File, off1: u64| table(&[(0, 1 << 20, f0, 0), (1 << 32, 1 << 20, &f, off1)]);
+        let two =
+            |f0: &File, off1: u64| table(&[(0, 1 << 20, f0, 0), (1 << 32, 1 << 20, &f, off1)]);
         let current = two(&f, 1 << 20);
         // The same files through other descriptors (as a new SET_MEM_TABLE
         // brings them), and through another open file of the same memfd.

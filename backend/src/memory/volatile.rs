@@ -412,7 +412,7 @@ mod tests {
 
     #[test]
     fn guest_reads_and_writes_stay_in_one_region() {
-        use vm_memory::{Bytes};
+        use vm_memory::Bytes;
         let mem = crate::memory::GuestRam::from_ranges(&[
             (GuestAddress(0), 0x10_0000),
             (GuestAddress(0x10_0000), 0x10_0000),

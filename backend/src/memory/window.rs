@@ -384,7 +384,8 @@ impl Window {
         let needed = count_runs(mem, pages, span, budget.left())?;
         let maps = budget.charge(needed)?;
         let runs = runs(mem, pages, span, needed)?;
-        let backing = backing_of(&runs).ok_or_else(|| WindowError::Mmap(io::Error::last_os_error()))?;
+        let backing =
+            backing_of(&runs).ok_or_else(|| WindowError::Mmap(io::Error::last_os_error()))?;
         // A range of addresses nobody else gets, then each run over its part.
         // SAFETY: a new anonymous mapping at an address the kernel chooses;
         // it touches no existing memory.
@@ -528,7 +529,11 @@ mod tests {
         ])
         .unwrap();
         for p in 0..64u64 {
-            let gpa = if p < 32 { p * PAGE } else { HIGH + (p - 32) * PAGE };
+            let gpa = if p < 32 {
+                p * PAGE
+            } else {
+                HIGH + (p - 32) * PAGE
+            };
             mem.write_slice(&[p as u8; PAGE as usize], GuestAddress(gpa))
                 .unwrap();
         }
@@ -561,16 +566,23 @@ mod tests {
         let budget = MapBudget::new(100);
         let gpas = [7 * PAGE, 3 * PAGE, HIGH + 12 * PAGE, 5 * PAGE];
         let w = Window::map(&mem, &list(&mem, &gpas), 4 * PAGE, &budget).unwrap();
-        assert_eq!((w.len(), w.mappings(), budget.used()), (4 * PAGE as usize, 4, 4));
+        assert_eq!(
+            (w.len(), w.mappings(), budget.used()),
+            (4 * PAGE as usize, 4, 4)
+        );
         // SAFETY: the window is 4 pages of readable, writable shared memory.
         let view = unsafe { std::slice::from_raw_parts_mut(w.as_ptr(), w.len()) };
         for (i, page) in [7u8, 3, 44, 5].into_iter().enumerate() {
             let at = i * PAGE as usize;
-            assert!(view[at..at + PAGE as usize].iter().all(|&b| b == page), "page {i}");
+            assert!(
+                view[at..at + PAGE as usize].iter().all(|&b| b == page),
+                "page {i}"
+            );
         }
         view[PAGE as usize + 100] = 0xab;
         let mut b = [0u8; 1];
-        mem.read_slice(&mut b, GuestAddress(3 * PAGE + 100)).unwrap();
+        mem.read_slice(&mut b, GuestAddress(3 * PAGE + 100))
+            .unwrap();
         assert_eq!(b[0], 0xab, "written through the window");
         drop(w);
         assert_eq!(budget.used(), 0, "the mappings went back");
@@ -582,8 +594,13 @@ mod tests {
     fn pages_in_file_order_share_one_mapping() {
         let mem = guest();
         let budget = MapBudget::new(100);
-        let w = Window::map(&mem, &list(&mem, &[4 * PAGE, 5 * PAGE, 6 * PAGE]), 3 * PAGE, &budget)
-            .unwrap();
+        let w = Window::map(
+            &mem,
+            &list(&mem, &[4 * PAGE, 5 * PAGE, 6 * PAGE]),
+            3 * PAGE,
+            &budget,
+        )
+        .unwrap();
         assert_eq!(w.mappings(), 1);
         let across = [30 * PAGE, 31 * PAGE, HIGH, HIGH + PAGE];
         let w = Window::map(&mem, &list(&mem, &across), 4 * PAGE, &budget).unwrap();
@@ -642,7 +659,11 @@ mod tests {
             }) => {}
             other => panic!("{other:?}"),
         }
-        assert_eq!((c.used(), daemon.used()), (0, 8), "nothing kept of a refusal");
+        assert_eq!(
+            (c.used(), daemon.used()),
+            (0, 8),
+            "nothing kept of a refusal"
+        );
         drop((wa, wb));
         assert_eq!((a.used(), b.used(), daemon.used()), (0, 0, 0));
     }
@@ -672,9 +693,14 @@ mod tests {
             page_size_cap: 1 << 12,
             max_list_bytes: u64::MAX,
         };
-        let pages =
-            PageList::resolve(&desc, &bytes, &limits, &RamMap::from_guest_memory(&mem), &mem)
-                .unwrap();
+        let pages = PageList::resolve(
+            &desc,
+            &bytes,
+            &limits,
+            &RamMap::from_guest_memory(&mem),
+            &mem,
+        )
+        .unwrap();
         drop(bytes);
         let budget = MapBudget::new(1000);
         let rss = max_rss_kib();
@@ -706,8 +732,8 @@ mod tests {
     /// RAM without a file behind it cannot be mapped twice.
     #[test]
     fn anonymous_ram_is_refused() {
-        let mem = crate::memory::GuestRam::from_ranges(&[(GuestAddress(0), 16 * PAGE as usize)])
-            .unwrap();
+        let mem =
+            crate::memory::GuestRam::from_ranges(&[(GuestAddress(0), 16 * PAGE as usize)]).unwrap();
         let budget = MapBudget::new(100);
         assert!(matches!(
             Window::map(&mem, &list(&mem, &[PAGE]), PAGE, &budget),

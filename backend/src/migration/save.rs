@@ -22,11 +22,7 @@ use crate::resources::{Qp, VmResources};
 /// it: [`doorbells`] takes them, for a hand-over only.
 pub fn objects(res: &VmResources, now: Instant) -> Result<Objects, MigrationError> {
     Ok(Objects {
-        ctxs: table(&res.ctxs, |c| {
-            Ok(CtxState {
-                db_gpa: c.db_gpa,
-            })
-        })?,
+        ctxs: table(&res.ctxs, |c| Ok(CtxState { db_gpa: c.db_gpa }))?,
         pds: table(&res.pds, |p| Ok(p.ctx))?,
         cqs: table(&res.cqs, |c| {
             Ok(CqState {
@@ -145,7 +141,9 @@ fn qp(q: &Qp, now: Instant) -> Result<QpState, MigrationError> {
         left_us: micros(w.at.saturating_duration_since(now)),
         rnr_left: w.rnr_left,
         retry_left: w.retry_left,
-        held_us: w.held_since.map(|s| micros(now.saturating_duration_since(s))),
+        held_us: w
+            .held_since
+            .map(|s| micros(now.saturating_duration_since(s))),
         exhausted: w.exhausted.map(|(id, op)| (id, op as u32)),
     });
     Ok(QpState {

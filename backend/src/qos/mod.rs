@@ -33,8 +33,8 @@ pub mod rate_limits;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 
-use thiserror::Error;
 use crate::sync::{read, write};
+use thiserror::Error;
 
 /// Largest weight (a VM with weight 1000 next to one with weight 1 gets
 /// 1000 times its share).
@@ -164,8 +164,7 @@ impl QosTable {
 
     /// Every tenant's settings, by index.
     pub fn all_tenants(&self) -> Vec<QosSpec> {
-        read(&self.tenants)
-            .clone()
+        read(&self.tenants).clone()
     }
 
     /// Replaces the settings of VM `vm`.

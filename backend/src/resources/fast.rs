@@ -188,7 +188,10 @@ mod tests {
         let mr = res.mrs.get(h).unwrap();
         use crate::memory::access::Translate;
         assert_eq!(mr.translate(0x7000_0010, 1), Some((0x1010, 4096 - 16)));
-        assert_eq!(mr.translate(0x7000_0010 + 4096, 1), Some((0x3010, 4096 - 16)));
+        assert_eq!(
+            mr.translate(0x7000_0010 + 4096, 1),
+            Some((0x3010, 4096 - 16))
+        );
         assert_eq!(mr.translate(0x7000_0010 + 5000, 1), None);
         assert_eq!(mr.host_cost(), cost, "the cost never changes");
         let k2 = (key & !0xff) | (key.wrapping_add(8) & 0xff);

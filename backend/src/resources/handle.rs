@@ -96,7 +96,9 @@ impl<T> HandleTable<T> {
         #[cfg(target_arch = "x86_64")]
         if let Some(slot) = self.slots.get((handle & SLOT_MASK) as usize) {
             let p = std::ptr::from_ref(slot).cast::<i8>();
-            let lines = std::mem::size_of::<Slot<T>>().div_ceil(64).min(PREFETCH_LINES);
+            let lines = std::mem::size_of::<Slot<T>>()
+                .div_ceil(64)
+                .min(PREFETCH_LINES);
             for k in 0..lines {
                 // SAFETY: SSE is part of the x86_64 baseline; a prefetch
                 // only hints the cache (it never faults and reads nothing
@@ -188,10 +190,7 @@ impl<T> HandleTable<T> {
         if gens.len() > MAX_SLOTS {
             return Err(format!("{} slots, at most {MAX_SLOTS}", gens.len()));
         }
-        let mut slots: Vec<Slot<T>> = gens
-            .iter()
-            .map(|&gen| Slot { gen, value: None })
-            .collect();
+        let mut slots: Vec<Slot<T>> = gens.iter().map(|&gen| Slot { gen, value: None }).collect();
         let mut seen = vec![false; gens.len()];
         for &i in free {
             match (slots.get(i as usize), seen.get_mut(i as usize)) {
@@ -252,7 +251,10 @@ mod tests {
         let live: Vec<(u32, i32)> = t.iter().map(|(h, v)| (h, *v)).collect();
         let mut r = HandleTable::restore(&t.slot_gens(), t.free_slots(), live.clone()).unwrap();
         assert_eq!(r.len(), 2);
-        assert_eq!((r.get(hs[0]), r.get(hs[1]), r.get(hs[2])), (Some(&0), None, Some(&2)));
+        assert_eq!(
+            (r.get(hs[0]), r.get(hs[1]), r.get(hs[2])),
+            (Some(&0), None, Some(&2))
+        );
         assert_eq!(r.insert(9).ok(), t.insert(9).ok(), "the same next handle");
         let gens = t.slot_gens();
         let free = t.free_slots().to_vec();

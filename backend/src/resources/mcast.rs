@@ -41,7 +41,9 @@ impl VmResources {
         mgid: &[u8; 16],
         t: &dyn RnicObjects,
     ) -> Result<(), AttachError> {
-        let owner = self.qp_owner(h).ok_or(AttachError::Rnic(RnicError::Invalid))?;
+        let owner = self
+            .qp_owner(h)
+            .ok_or(AttachError::Rnic(RnicError::Invalid))?;
         match self.mcast.get(mgid) {
             Some(qps) if qps.contains(&h) => return Ok(()),
             Some(qps) if qps.len() >= MAX_MCAST_QP_ATTACH as usize => {

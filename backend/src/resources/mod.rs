@@ -26,8 +26,8 @@ use virtio_rdma_abi::qp::{QpType, GSI_QPN};
 
 use crate::keys::KeyMap;
 use crate::memory::PageList;
+use crate::rnic_objects::{MrKeys, Owner, QpSpec, RnicError, RnicObjects, SrqSpec};
 use crate::shmem::{DbSlot, DoorbellPages};
-use crate::rnic_objects::{MrKeys, Owner, QpSpec, SrqSpec, RnicObjects, RnicError};
 
 crate::stats::sums! {
 /// Counts of live objects of one VM.
@@ -371,7 +371,11 @@ impl VmResources {
     /// Inserts a QP (a user of its PD, CQs and SRQ) and creates its host
     /// half, which gives it its number (`qp.qpn` is ignored); a GSI QP is
     /// QP 1 and has no host half. Returns its handle and number.
-    pub fn insert_qp(&mut self, mut qp: Qp, t: &dyn RnicObjects) -> Result<(u32, u32), InsertError> {
+    pub fn insert_qp(
+        &mut self,
+        mut qp: Qp,
+        t: &dyn RnicObjects,
+    ) -> Result<(u32, u32), InsertError> {
         qp.qpn = 0;
         let spec = QpSpec {
             qp_type: qp.qp_type,
@@ -695,11 +699,11 @@ fn collect<T>(table: &HandleTable<T>, pred: impl Fn(&T) -> bool) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rnic::soft::SoftRnic;
     use crate::memory::pagelist::PageListLimits;
     use crate::memory::RamMap;
+    use crate::rnic::soft::SoftRnic;
     use virtio_rdma_abi::mem::{BufferDesc, PageListMode};
-    use vm_memory::{GuestAddress};
+    use vm_memory::GuestAddress;
 
     fn mr(npages: u32) -> Mr {
         let mem = crate::memory::GuestRam::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();

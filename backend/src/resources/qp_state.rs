@@ -101,7 +101,13 @@ mod tests {
     fn table_shape() {
         // Every state can go to RESET and ERR.
         for s in QpState::ALL {
-            for t in [QpType::RC, QpType::UD, QpType::UC, QpType::XRC_INI, QpType::XRC_TGT] {
+            for t in [
+                QpType::RC,
+                QpType::UD,
+                QpType::UC,
+                QpType::XRC_INI,
+                QpType::XRC_TGT,
+            ] {
                 assert!(rule(t, *s, RESET).is_some());
                 assert!(rule(t, *s, ERR).is_some());
             }
@@ -117,7 +123,10 @@ mod tests {
         // UC: connected, without RC's reliability attributes.
         let uc = rule(QpType::UC, INIT, RTR).unwrap();
         assert_ne!(uc.required & (AV | DEST_QPN | RQ_PSN), 0);
-        assert_eq!((uc.required | uc.optional) & (MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER), 0);
+        assert_eq!(
+            (uc.required | uc.optional) & (MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER),
+            0
+        );
         let rts = rule(QpType::UC, RTR, RTS).unwrap();
         assert_eq!(rts.required, SQ_PSN);
         assert_eq!(
@@ -130,12 +139,21 @@ mod tests {
         let tgt = rule(QpType::XRC_TGT, RTR, RTS).unwrap();
         assert_eq!(tgt.required, SQ_PSN | TIMEOUT);
         let ini = rule(QpType::XRC_INI, INIT, RTR).unwrap();
-        assert_eq!((ini.required | ini.optional) & (MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER), 0);
+        assert_eq!(
+            (ini.required | ini.optional) & (MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER),
+            0
+        );
         assert!(rule(QpType::XRC_INI, SQE, RTS).is_none());
         // Required and optional never overlap.
         for from in QpState::ALL {
             for to in QpState::ALL {
-                for t in [QpType::RC, QpType::UD, QpType::UC, QpType::XRC_INI, QpType::XRC_TGT] {
+                for t in [
+                    QpType::RC,
+                    QpType::UD,
+                    QpType::UC,
+                    QpType::XRC_INI,
+                    QpType::XRC_TGT,
+                ] {
                     if let Some(r) = rule(t, *from, *to) {
                         assert_eq!(r.required & r.optional, 0);
                         assert_eq!((r.required | r.optional) & STATE, 0);

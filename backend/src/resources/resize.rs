@@ -128,7 +128,8 @@ impl VmResources {
                     first_page_offset: offset,
                     pages,
                 };
-                if new_cost > old_cost && self.host_room(new_cost.saturating_sub(old_cost)).is_err() {
+                if new_cost > old_cost && self.host_room(new_cost.saturating_sub(old_cost)).is_err()
+                {
                     Err(ReregError::OverBudget)
                 } else {
                     t.rereg_mr(owner, old, &spec)
@@ -146,7 +147,10 @@ impl VmResources {
                 return Err(e);
             }
         };
-        self.host_bytes = self.host_bytes.saturating_sub(old_cost).saturating_add(new_cost);
+        self.host_bytes = self
+            .host_bytes
+            .saturating_sub(old_cost)
+            .saturating_add(new_cost);
         let mut old_pages = None;
         let mut new_length = old_length;
         if let Some(mr) = self.mrs.get_mut(h) {

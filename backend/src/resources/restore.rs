@@ -158,7 +158,12 @@ impl VmResources {
 
     /// The key maps, SRQ numbers, bound windows and registered bytes.
     fn map_keys(&mut self) -> Result<(), String> {
-        fn put(map: &mut crate::keys::KeyMap<u32>, key: u32, h: u32, what: &str) -> Result<(), String> {
+        fn put(
+            map: &mut crate::keys::KeyMap<u32>,
+            key: u32,
+            h: u32,
+            what: &str,
+        ) -> Result<(), String> {
             if map.insert(key, h).is_some() {
                 return Err(format!("{what} {key:#x} is used twice"));
             }

@@ -14,7 +14,11 @@ impl VmResources {
     /// Inserts a window (a user of its PD), free, and has the RNIC draw
     /// its key: bits 31 to 8 its own, as an `ALLOC_MR` region's are.
     /// Returns its handle and key.
-    pub fn insert_mw(&mut self, mut mw: Mw, t: &dyn RnicObjects) -> Result<(u32, u32), InsertError> {
+    pub fn insert_mw(
+        &mut self,
+        mut mw: Mw,
+        t: &dyn RnicObjects,
+    ) -> Result<(u32, u32), InsertError> {
         mw.key = 0;
         mw.binding = None;
         let pd = mw.pd;
@@ -122,7 +126,10 @@ impl VmResources {
         let bound: Vec<u32> = self
             .mws
             .iter()
-            .filter(|(_, mw)| mw.binding.is_some_and(|b| b.qp.is_some_and(|(h, _)| h == qp)))
+            .filter(|(_, mw)| {
+                mw.binding
+                    .is_some_and(|b| b.qp.is_some_and(|(h, _)| h == qp))
+            })
             .map(|(h, _)| h)
             .collect();
         for h in bound {

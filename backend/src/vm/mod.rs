@@ -21,8 +21,8 @@ use crate::gid_table::GidTable;
 use crate::memory::RamMap;
 use crate::qos::bucket::TokenBucket;
 use crate::resources::{Qp, VmResources};
-use crate::tenancy::Tenancy;
 use crate::rnic_objects::RnicObjects;
+use crate::tenancy::Tenancy;
 
 crate::stats::sums! {
 /// Counters of control-path activity of one VM.

@@ -70,7 +70,10 @@ pub(super) fn ud_responder(
 ) -> Result<&Qp, RespOutcome> {
     let q = addressed(state, qp, qpn, None, RespOutcome::Dropped)?;
     let gsi = q.qp_type == QpType::GSI;
-    if !q.qp_type.datagram() || gsi != (qpn == GSI_QPN) || q.attr.qkey != qkey || !receiving(q.state)
+    if !q.qp_type.datagram()
+        || gsi != (qpn == GSI_QPN)
+        || q.attr.qkey != qkey
+        || !receiving(q.state)
     {
         return Err(RespOutcome::Dropped);
     }
@@ -182,7 +185,12 @@ pub(super) fn remote_mr<'s>(
 /// small-WRITE lane's lookup: a window's key is the general path's (the
 /// lane falls back to it), which keeps the lane as short as it was.
 #[inline]
-pub(super) fn remote_region<'s>(state: &'s VmState, q: &Qp, rkey: u32, right: u32) -> Option<&'s Mr> {
+pub(super) fn remote_region<'s>(
+    state: &'s VmState,
+    q: &Qp,
+    rkey: u32,
+    right: u32,
+) -> Option<&'s Mr> {
     remote_region_of(state, q.pd, rkey, right)
 }
 

@@ -65,8 +65,9 @@ impl KeySpace {
     /// DMA key, or one of a fast-registration region's keys.
     pub fn claim(&mut self, key: u32) -> Result<(), RnicError> {
         let fast = &self.fast;
-        self.keys
-            .claim(key, (), |k| k != LOCAL_DMA_LKEY && !fast.contains(prefix(k)))?;
+        self.keys.claim(key, (), |k| {
+            k != LOCAL_DMA_LKEY && !fast.contains(prefix(k))
+        })?;
         let n = self.prefixes.entry(prefix(key)).or_insert(0);
         *n = n.saturating_add(1);
         Ok(())

@@ -18,8 +18,8 @@ use super::checks::{rc_responder, remote_region};
 use super::pieces::PIECE;
 use crate::engine::sge::local_mr;
 use crate::memory::access::Translate;
-use crate::rnic_path::{Outgoing, Serving};
 use crate::memory::volatile;
+use crate::rnic_path::{Outgoing, Serving};
 use crate::stats::TrafficCounters;
 
 /// The largest WRITE the lane takes: a page (larger ones cross pages on

@@ -139,7 +139,10 @@ struct Pair {
 
 fn pair(setup: &Setup) -> Pair {
     let rnic: Arc<dyn RnicObjects> = Arc::new(SoftRnic::new());
-    let config = DaemonConfig::new(vec!["/nonexistent/a.sock".into(), "/nonexistent/b.sock".into()]);
+    let config = DaemonConfig::new(vec![
+        "/nonexistent/a.sock".into(),
+        "/nonexistent/b.sock".into(),
+    ]);
     let tenancy = Arc::new(Tenancy::from_config(&config));
     let a = side(0, &rnic, &tenancy, setup);
     let b = side(1, &rnic, &tenancy, setup);
@@ -261,7 +264,15 @@ fn send(p: &mut Pair, w: Write, lane: bool) -> Result<RespOutcome, WcStatus> {
         part: (0, len),
     };
     let (mut local, mut resp) = (Vec::new(), RespScratch::new());
-    router.general(&mut cx, &mut burst, &msg, span, Some(route), &mut local, &mut resp)
+    router.general(
+        &mut cx,
+        &mut burst,
+        &msg,
+        span,
+        Some(route),
+        &mut local,
+        &mut resp,
+    )
 }
 
 /// The responder's page.
@@ -285,12 +296,12 @@ fn the_lane_takes_exactly_the_small_writes_the_general_path_completes() {
             },
             keep,
         ),
-        ("an rkey of no region", Setup::default(), |w| w.rkey ^= 0x100),
-        (
-            "past the region's end",
-            Setup::default(),
-            |w| w.remote_addr = IOVA + 0x1000 - u64::from(LEN) / 2,
-        ),
+        ("an rkey of no region", Setup::default(), |w| {
+            w.rkey ^= 0x100
+        }),
+        ("past the region's end", Setup::default(), |w| {
+            w.remote_addr = IOVA + 0x1000 - u64::from(LEN) / 2
+        }),
         (
             "a region without REMOTE_WRITE",
             Setup {
@@ -328,11 +339,9 @@ fn the_lane_takes_exactly_the_small_writes_the_general_path_completes() {
         ("an lkey of no region", Setup::default(), |w| {
             w.sge.lkey ^= 0x100
         }),
-        (
-            "past the local region's end",
-            Setup::default(),
-            |w| w.sge.addr = IOVA + 0x1000 - u64::from(LEN) / 2,
-        ),
+        ("past the local region's end", Setup::default(), |w| {
+            w.sge.addr = IOVA + 0x1000 - u64::from(LEN) / 2
+        }),
     ];
     let mut completed = 0;
     for (name, setup, tweak) in &cases {

@@ -137,7 +137,7 @@ mod tests {
 
     use virtio_rdma_abi::datapath::{SendWqe, WcOpcode, WrOpcode};
     use virtio_rdma_abi::qp::{AddressVector, QpType};
-    use vm_memory::{GuestAddress};
+    use vm_memory::GuestAddress;
 
     use super::*;
     use crate::config::{DaemonConfig, Limits, TenantConfig};

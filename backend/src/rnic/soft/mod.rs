@@ -19,9 +19,9 @@ pub mod burst;
 pub mod checks;
 pub mod keyspace;
 pub mod lane;
-pub mod mad;
 #[cfg(test)]
 mod lane_agrees;
+pub mod mad;
 pub mod path;
 pub mod pieces;
 pub mod receive;

@@ -10,12 +10,12 @@ use log::debug;
 use virtio_rdma_abi::datapath::WcStatus;
 use virtio_rdma_abi::qp::QpType;
 
+use super::burst::{Burst, Held};
 use super::lane;
 use super::mad;
 use super::pieces::{self, Pieces, Span};
 use super::request::{RespOutcome, RespScratch};
 use super::retry::{exhausted, pause_hold, rnr_retry, transport_retry, waiting};
-use super::burst::{Burst, Held};
 use super::route::{same_thread, Router};
 use crate::engine::requester::{complete_send, Completion};
 use crate::memory::access::Segment;
@@ -302,7 +302,10 @@ impl RnicPath for SoftPath<'_> {
             // The destination was destroyed: the requester knows it has
             // nobody to retry to (spec 18.23).
             RespOutcome::Gone => {
-                debug!("QP {:#x}: destination {:#x} destroyed", msg.src_qpn, msg.dest_qpn);
+                debug!(
+                    "QP {:#x}: destination {:#x} destroyed",
+                    msg.src_qpn, msg.dest_qpn
+                );
                 if let Some(q) = cx.state.res.qps.get_mut(h) {
                     q.rt.dest_gone = true;
                 }

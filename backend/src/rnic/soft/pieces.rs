@@ -10,8 +10,8 @@
 use virtio_rdma_abi::datapath::WrOpcode;
 use virtio_rdma_abi::qp::QpType;
 
-use crate::rnic_path::SendWr;
 use crate::resources::SendPartial;
+use crate::rnic_path::SendWr;
 
 /// The smallest piece of a message executed in pieces while other VMs
 /// have work: another VM's work waits at most about one piece. Chosen by

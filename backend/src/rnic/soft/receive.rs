@@ -131,7 +131,12 @@ pub(super) fn recv_queue_failed(state: &mut VmState, qp: u32) {
     }
     state.fail_qps(|q| q.srq == srq_h);
     // An XRC_TGT QP is not attached to the SRQ its message named.
-    if state.res.qps.get(qp).is_some_and(|q| q.qp_type == QpType::XRC_TGT) {
+    if state
+        .res
+        .qps
+        .get(qp)
+        .is_some_and(|q| q.qp_type == QpType::XRC_TGT)
+    {
         state.qp_enter_err(qp, Some(EventKind::QP_FATAL));
     }
 }
@@ -186,7 +191,12 @@ pub(super) fn place_piece(
     mut inb: Inbound,
     last: bool,
 ) -> RespOutcome {
-    let Some((side, qpn)) = state.res.qps.get(qp).map(|q| (state.res.recv_side(q), q.qpn)) else {
+    let Some((side, qpn)) = state
+        .res
+        .qps
+        .get(qp)
+        .map(|q| (state.res.recv_side(q), q.qpn))
+    else {
         return RespOutcome::Unreachable;
     };
     let (pd, cq) = (side.pd, side.cq);
@@ -241,7 +251,12 @@ fn recv_error(state: &mut VmState, mem: &HostMem, qp: u32, wr_id: u64, status: W
     if let Some(t) = state.tenancy().traffic(state.vm_index()) {
         TrafficCounters::add_single_writer(&t.error_cqes, 1);
     }
-    if let Some((cq, qpn)) = state.res.qps.get(qp).map(|q| (state.res.recv_side(q).cq, q.qpn)) {
+    if let Some((cq, qpn)) = state
+        .res
+        .qps
+        .get(qp)
+        .map(|q| (state.res.recv_side(q).cq, q.qpn))
+    {
         let _ = complete(
             state,
             mem,

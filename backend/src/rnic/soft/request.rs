@@ -7,9 +7,9 @@ use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::qp::{AddressVector, QpType};
 
 use crate::engine::wqe::WqeBuf;
-use crate::rnic_path::SendWr;
 use crate::memory::access::{self, Segment};
 use crate::memory::HostMem;
+use crate::rnic_path::SendWr;
 use crate::vm::VmState;
 
 /// Reusable memory of the responder side (no allocation per message).
@@ -115,7 +115,12 @@ pub struct Request<'a> {
 /// gets `status`. A UC responder drops the message instead and stays as it
 /// is (spec 18.11.6): UC has no responses.
 pub(super) fn nak(state: &mut VmState, qp: u32, status: WcStatus) -> RespOutcome {
-    if state.res.qps.get(qp).is_some_and(|q| q.qp_type == QpType::UC) {
+    if state
+        .res
+        .qps
+        .get(qp)
+        .is_some_and(|q| q.qp_type == QpType::UC)
+    {
         return RespOutcome::Dropped;
     }
     let event = if status == WcStatus::REM_ACCESS_ERR {

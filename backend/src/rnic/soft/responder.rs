@@ -8,11 +8,11 @@ use virtio_rdma_abi::mem::access as acc;
 use virtio_rdma_abi::qp::QpType;
 use virtio_rdma_abi::verbs::{is_multicast_gid, MCAST_QPN};
 
+use super::checks::{connected_responder, mcast_responder, remote_mr, ud_responder};
 use super::receive::{
     abandon, consume_recv, next_piece, peek_recv, place_piece, place_send, received, recv_cqe,
     recv_failed, recv_queue_failed, Broken, Head, Peeked,
 };
-use super::checks::{connected_responder, mcast_responder, remote_mr, ud_responder};
 use super::request::{copy_in, nak, Request, RespOutcome, RespScratch};
 use crate::engine::sge::check_local;
 use crate::memory::access::{self, Segment, Translate};

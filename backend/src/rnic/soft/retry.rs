@@ -69,12 +69,7 @@ pub(in crate::rnic) fn rnr_retry(qp: &Qp, index: u32, code: u32) -> Option<SendW
 /// answer. It then tries again, at most `retry_cnt` times; when the timeout
 /// after the last retry expires, the WQE fails with `RETRY_EXC_ERR`
 /// untried. `timeout` 0 retries without limit.
-pub(in crate::rnic) fn transport_retry(
-    qp: &Qp,
-    index: u32,
-    wr_id: u64,
-    op: WcOpcode,
-) -> SendWait {
+pub(in crate::rnic) fn transport_retry(qp: &Qp, index: u32, wr_id: u64, op: WcOpcode) -> SendWait {
     let mut w = retry_state(qp, index);
     let timeout = qp.attr.timeout;
     let interval = if timeout == 0 {

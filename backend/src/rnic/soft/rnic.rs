@@ -12,8 +12,7 @@ use virtio_rdma_abi::verbs::MCAST_QPN;
 use super::keyspace::KeySpace;
 use crate::rnic::directory::Directory;
 use crate::rnic_objects::{
-    Caps, MrKeys, MrSpec, Owner, PortGids, QpChange, QpSpec, RnicObjects, RnicError,
-    RnicKind,
+    Caps, MrKeys, MrSpec, Owner, PortGids, QpChange, QpSpec, RnicError, RnicKind, RnicObjects,
 };
 use crate::sync::{lock, read, write};
 
@@ -267,7 +266,7 @@ mod tests {
     use super::*;
     use crate::engine::testing;
     use virtio_rdma_abi::qp::QpType;
-    use vm_memory::{GuestAddress};
+    use vm_memory::GuestAddress;
 
     /// Spec 12.29, appendix D: XRC SRQ numbers are 24 bits, never 0, one
     /// owner each until freed; an RNIC without XRC does not offer `F_XRC`.

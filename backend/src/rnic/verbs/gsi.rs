@@ -456,8 +456,14 @@ mod tests {
         assert_eq!((grh.sgid, grh.dgid, grh.hop_limit), (PEER, ME, 64));
         assert_eq!(&got[40..], &mad[..]);
         let c = w.cqe(0);
-        assert_eq!((c.wr_id, c.status, c.opcode), (0x77, 0, WcOpcode::RECV as u8));
-        assert_eq!((c.flags, c.byte_len, c.qpn, c.src_qpn), (CQE_GRH, 296, 1, 1));
+        assert_eq!(
+            (c.wr_id, c.status, c.opcode),
+            (0x77, 0, WcOpcode::RECV as u8)
+        );
+        assert_eq!(
+            (c.flags, c.byte_len, c.qpn, c.src_qpn),
+            (CQE_GRH, 296, 1, 1)
+        );
         let q = w.vm.res.qps.get(w.qp).unwrap();
         assert_eq!(q.rt.rq_ci, 1);
         assert_eq!(doorbell::load(&w.host, q.db_gpa, QpDoorbell::RQ_CI), Ok(1));
@@ -479,7 +485,11 @@ mod tests {
         w.vm.set_running(false);
         assert!(!w.place(&mad), "stopped");
         w.vm.set_running(true);
-        assert_eq!(w.vm.res.qps.get(w.qp).unwrap().rt.rq_ci, 0, "nothing consumed");
+        assert_eq!(
+            w.vm.res.qps.get(w.qp).unwrap().rt.rq_ci,
+            0,
+            "nothing consumed"
+        );
         assert!(!w.place(&mad));
         let c = w.cqe(0);
         assert_eq!((c.wr_id, c.status), (1, WcStatus::LOC_LEN_ERR as u8));

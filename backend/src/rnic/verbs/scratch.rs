@@ -28,7 +28,9 @@ impl Default for Scratch {
         Scratch {
             wqe: WqeBuf::new(),
             // SAFETY: all-zero is a valid completion structure.
-            wcs: (0..POLL_BATCH).map(|_| unsafe { std::mem::zeroed() }).collect(),
+            wcs: (0..POLL_BATCH)
+                .map(|_| unsafe { std::mem::zeroed() })
+                .collect(),
             cqs: Vec::new(),
             segs: Vec::new(),
             mads: Vec::new(),
