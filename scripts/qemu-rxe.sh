@@ -293,7 +293,7 @@ conformance() {
 }
 # A VM with live RC connections moves between two daemons on rxe0 (spec 20.8).
 verbs_moves() {
-  VUR_TEST_RNIC=verbs:rxe0:1 verbs_move --test-threads 1 --skip the_software_rnic
+  VUR_TEST_RNIC=verbs:rxe0:1 verbs_move --test-threads 1 --skip the_software_rnic --nocapture
 }
 # leaks BEFORE: every VM of the daemon gone, no object left, and the device's counts BEFORE.
 leaks() {
@@ -421,6 +421,7 @@ check_after CONFORMANCE "conformance tests on rxe: tests/uc.rs (UC QPs on host U
   '^test result: ok[.] 5 passed; 0 failed; 0 ignored; 0 measured; 1 filtered out' server
 check_after VERBS-MOVE "a VM with live RC connections moves between daemons on rxe0 (tests/verbs_move.rs)" \
   '^test result: ok[.] 1 passed; 0 failed; 0 ignored; 0 measured; 1 filtered out' server
+check_after VERBS-MOVE "... the blackout its peer saw" '^verbs-move: blackout [0-9]+ ms' server
 # Every step ran whatever the others did; these name the ones that failed.
 for g in server client; do
   steps=$(tr -d '\r' <"$dir/$g.console" | grep -E '^STEPS(-FAILED)?:' | tail -n1)
