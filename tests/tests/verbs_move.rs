@@ -107,14 +107,22 @@ fn a_vm_moves_to_another_daemon_and_its_peer_keeps_the_connection() {
     let bases = m.t.vmm().stop_queues().unwrap();
     let state = save(&mut *m.t.vmm()).unwrap();
     let saved = stopped.elapsed();
-    let decoded = decode(&state, u64::MAX).unwrap();
-    let host = decoded.host.expect("a state with host halves");
+    let mut decoded = decode(&state, u64::MAX).unwrap();
+    let host = decoded.host.as_mut().expect("a state with host halves");
     let entry = host.qp(qpn).expect("the QP's host half").clone();
     assert_eq!(
         entry.host_qpn, qpn,
         "created on the source: its number is the host's"
     );
-    assert!(entry.dest.is_some());
+    assert_eq!(entry.dest, Some((p.dev.gid(), pair.qb.qpn())));
+    // What a hostile front-end could change on the way: where the QP's
+    // requests go and how its rkeys translate. The destination takes
+    // neither from the state (the move below works only if so).
+    for q in host.qps.iter_mut() {
+        q.dest = Some(([0xaa; 16], 0x00ab_cdef));
+        q.rkeys = vec![(pbuf.mr.rkey(), 0x1234_5678)];
+    }
+    let state = encode(&decoded).unwrap();
     pbuf.write(8192, b"from P, held while M moved");
     pair.qb
         .post_send(&[wr(100, write_op(&mbuf, 12288), &[pbuf.sge(8192, 26)])])
@@ -140,6 +148,12 @@ fn a_vm_moves_to_another_daemon_and_its_peer_keeps_the_connection() {
 
     let wire = api(&db, json!({"cmd": "wire_qps", "vm": "vm0"}));
     assert_eq!(wire["qps"], json!([[qpn, moved[0][1]]]), "{wire}");
+
+    // A record naming QPs no hold named re-points nothing.
+    let bogus = json!({"vm": "vm0", "from_gid": gid_text(p.dev.gid()), "to_gid": wire["gid"],
+        "qps": [[pair.qb.qpn(), moved[0][1]]], "rkeys": []});
+    let r = api(&da, json!({"cmd": "peer_moved", "record": bogus}));
+    assert_eq!(r["ok"], false, "a record for a destination never held: {r}");
 
     // The peer's daemon points the connection at the new host QP.
     let told = Instant::now();

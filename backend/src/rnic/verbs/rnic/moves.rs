@@ -16,7 +16,6 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use log::{debug, info, warn};
@@ -28,7 +27,7 @@ use crate::relocation::{HostQpState, HostState, MoveRecord, MovedQp};
 use crate::rnic::verbs::attr;
 use crate::rnic::verbs::objects::errno_of;
 use crate::rnic_objects::{QpChange, RnicError};
-use crate::sync::{lock, write};
+use crate::sync::{lock, read, write};
 
 /// Most QPs or rkeys one move record may name.
 pub const MAX_RECORD: usize = 1 << 20;
@@ -172,13 +171,13 @@ fn walk(rnic: &VerbsRnic, q: &HostQp, qpn: u32, to: QpState, a: &QpAttr) -> Resu
 
 /// The device's attributes `saved` with the host destination and PSNs of
 /// `entry`.
-fn on_host(saved: &QpAttr, entry: Option<&HostQpState>) -> QpAttr {
+fn on_host(saved: &QpAttr, entry: Option<&HostQpState>, moved: Option<&MovedQp>) -> QpAttr {
     let mut a = *saved;
+    if let Some(m) = moved {
+        a.av.dgid = m.gid;
+        a.dest_qpn = m.qpn;
+    }
     if let Some(e) = entry {
-        if let Some((gid, qpn)) = e.dest {
-            a.av.dgid = gid;
-            a.dest_qpn = qpn;
-        }
         a.sq_psn = e.sq_psn;
         a.rq_psn = e.rq_psn;
     }
@@ -186,10 +185,16 @@ fn on_host(saved: &QpAttr, entry: Option<&HostQpState>) -> QpAttr {
 }
 
 /// Brings the new host half of loaded QP `qpn` of VM `vm` into state `to`
-/// with the device's attributes `saved` and, from `host`, the transport
-/// state the source's host QP had; adds the QP to the VM's move record. A
+/// with the device's attributes `saved` and, from `host`, the PSNs the
+/// source's host QP had reached; adds the QP to the VM's move record. A
 /// connected QP past INIT needs its host entry (a state saved on another
 /// RNIC has none).
+///
+/// Where its requests go is the device's destination (`saved`, checked
+/// against the tenant's policy at the load as `MODIFY_QP` checks it),
+/// through the moves this daemon knows from its operator: never the
+/// state's own `dest` and `rkeys`, which came through the front-end and
+/// could aim the QP, and its rkeys, at anything on the fabric.
 pub(crate) fn restore_qp(
     rnic: &VerbsRnic,
     vm: usize,
@@ -199,15 +204,18 @@ pub(crate) fn restore_qp(
     host: Option<&HostState>,
 ) -> Result<(), RnicError> {
     let h = rnic.vm(vm).ok_or(RnicError::Exhausted)?;
+    let entry = host.and_then(|s| s.qp(qpn));
+    let moved = read(&rnic.moves)
+        .get(&(saved.av.dgid, saved.dest_qpn))
+        .cloned();
     let mut t = lock_tables(h);
     let q = t.qps.get_mut(&qpn).ok_or(RnicError::Invalid)?;
-    let entry = host.and_then(|s| s.qp(qpn));
     let connected = matches!(q.qp_type, QpType::RC | QpType::UC);
     let beyond_init = !matches!(to, QpState::RESET | QpState::INIT);
-    if connected && beyond_init && entry.is_none_or(|e| e.dest.is_none()) {
+    if connected && beyond_init && entry.is_none() {
         return Err(RnicError::Invalid);
     }
-    let a = on_host(saved, entry);
+    let a = on_host(saved, entry, moved.as_ref().filter(|_| connected));
     walk(rnic, q, qpn, to, &a)?;
     info!(
         "QPN {qpn:#x}: host QP {:#x} in {to:?}, next PSN {:#x}, expected {:#x}, to QPN {:#x}",
@@ -220,9 +228,7 @@ pub(crate) fn restore_qp(
     q.retry_cnt = saved.retry_cnt;
     if connected && beyond_init {
         q.dest = Some((a.av.dgid, a.dest_qpn));
-        q.rkeys = entry
-            .filter(|e| !e.rkeys.is_empty())
-            .map(|e| Arc::new(e.rkeys.iter().copied().collect::<HashMap<_, _>>()));
+        q.rkeys = moved.map(|m| m.rkeys);
     }
     let new_qpn = q.host_qpn();
     if let (Some(s), Some(e)) = (host, entry) {
@@ -276,7 +282,28 @@ pub(crate) fn hold(rnic: &VerbsRnic, gid: [u8; 16], qpns: &[u32], until: Instant
 /// many host QPs will be pointed anew.
 pub(crate) fn moved(rnic: &VerbsRnic, r: &MoveRecord) -> Result<usize, String> {
     r.check(MAX_RECORD)?;
-    let entries = r.entries();
+    // Only destinations a hold named (`peer_hold`, from the source's own
+    // `wire_qps`): the record's "before" side comes from the destination
+    // daemon, which read it from a state that passed through a front-end,
+    // and must not re-point connections to anything else.
+    let held = held_places(rnic);
+    let (entries, unheld): (Vec<_>, Vec<_>) = r
+        .entries()
+        .into_iter()
+        .partition(|(from, _)| held.contains(from));
+    if entries.is_empty() {
+        return Err(format!(
+            "none of the record's {} QPs is a destination held here (peer_hold comes first)",
+            r.qps.len()
+        ));
+    }
+    if !unheld.is_empty() {
+        warn!(
+            "VM {:?}'s move record: {} QPs not held here are ignored",
+            r.vm,
+            unheld.len()
+        );
+    }
     {
         let mut moves = write(&rnic.moves);
         for (from, to) in &entries {
@@ -312,6 +339,24 @@ pub(crate) fn moved(rnic: &VerbsRnic, r: &MoveRecord) -> Result<usize, String> {
         r.rkeys.len()
     );
     Ok(n)
+}
+
+/// The destinations (GID, host QP number) of this RNIC's connections
+/// whose hold has not ended.
+fn held_places(rnic: &VerbsRnic) -> std::collections::HashSet<([u8; 16], u32)> {
+    let now = Instant::now();
+    let mut out = std::collections::HashSet::new();
+    for h in rnic.vms() {
+        let t = lock_tables(h);
+        for q in t.qps.values() {
+            if let (Some(d), Some(u)) = (q.dest, q.held_until) {
+                if u > now {
+                    out.insert(d);
+                }
+            }
+        }
+    }
+    out
 }
 
 /// How long a moved connection waits for its requests in flight before it
