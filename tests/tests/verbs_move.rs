@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use vhost_user_rdma::mgmt::api::handle_line;
-use vhost_user_rdma::migration::{decode, encode, state_bound};
+use vhost_user_rdma::migration::{decode, encode, state_bound, MigrationError};
 use vhost_user_rdma::relocation::{HostQpState, HostState};
 use vhost_user_rdma::Limits;
 use vhost_user_rdma_tests::dp::{
@@ -107,6 +107,13 @@ fn a_vm_moves_to_another_daemon_and_its_peer_keeps_the_connection() {
     let bases = m.t.vmm().stop_queues().unwrap();
     let state = save(&mut *m.t.vmm()).unwrap();
     let saved = stopped.elapsed();
+    // A hand-over to a new daemon process cannot take host objects along
+    // (spec 20.7): refused, and the migration's state is unaffected.
+    let dev = da.daemon().device(0).unwrap().clone();
+    assert!(
+        matches!(dev.save_for_hand_over(), Err(MigrationError::NotSavable(m)) if m.contains("hand-over")),
+        "a hand-over of host RNIC objects"
+    );
     let mut decoded = decode(&state, u64::MAX).unwrap();
     let host = decoded.host.as_mut().expect("a state with host halves");
     let entry = host.qp(qpn).expect("the QP's host half").clone();
@@ -207,11 +214,17 @@ fn the_software_rnic_refuses_host_halves_and_has_no_moves() {
     assert_eq!(rec["ok"], false, "{rec}");
     let wire = api(&d, json!({"cmd": "wire_qps", "vm": "vm0"}));
     assert_eq!(wire["ok"], false, "{wire}");
-    let bad = api(
-        &d,
+    for bad in [
         json!({"cmd": "peer_hold", "gid": "not a gid", "qpns": [17]}),
-    );
-    assert_eq!(bad["ok"], false, "{bad}");
+        json!({"cmd": "peer_hold", "gid": "::1", "qpns": []}),
+        json!({"cmd": "peer_hold", "gid": "::1", "qpns": [17], "ms": 600_001}),
+        json!({"cmd": "peer_hold", "gid": "::1", "qpns": [17], "extra": 1}),
+        json!({"cmd": "peer_moved", "record": {"vm": "x", "from_gid": "::1", "to_gid": "::2",
+            "qps": [[17, 18], [17, 19]], "rkeys": []}}),
+    ] {
+        let a = api(&d, bad.clone());
+        assert_eq!(a["ok"], false, "{bad} -> {a}");
+    }
 
     // A state saved here, given host halves, is refused by this daemon.
     let m = Vm::open(&d, 0, migrating_vmm());

@@ -667,6 +667,75 @@ mod tests {
         );
     }
 
+    /// The move commands (spec 20.8): QP numbers in decimal or hex; the
+    /// record read from a file, as `move-record` printed it or inside the
+    /// daemon's whole answer; their answers as lines.
+    #[test]
+    fn move_commands_build_their_requests_and_read_records() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            ctl: CtlArgs,
+        }
+        let parse = |args: &[&str]| {
+            let mut all = vec!["ctl", "-s", "/x"];
+            all.extend_from_slice(args);
+            Cli::try_parse_from(all).map(|c| c.ctl.command)
+        };
+        let hold = parse(&["peer-hold", "--gid", "::ffff:10.0.0.1", "--qpns", "0x11,18"]).unwrap();
+        let r: Value = serde_json::from_str(&request_of(&hold).unwrap()).unwrap();
+        assert_eq!(
+            r,
+            json!({"cmd": "peer_hold", "gid": "::ffff:10.0.0.1", "qpns": [17, 18], "ms": 30000})
+        );
+        assert!(parse(&["peer-hold", "--gid", "::1", "--qpns", "0xzz"]).is_err());
+        assert!(
+            parse(&["peer-hold", "--gid", "::1"]).is_err(),
+            "QP numbers required"
+        );
+        let wire = parse(&["wire-qps", "web"]).unwrap();
+        assert_eq!(
+            request_of(&wire).unwrap(),
+            r#"{"cmd":"wire_qps","vm":"web"}"#
+        );
+
+        let record = json!({"vm": "web", "from_gid": "::1", "to_gid": "::2",
+            "qps": [[17, 19]], "rkeys": [[256, 512]]});
+        let dir = std::env::temp_dir().join(format!("ctl-move-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, text) in [
+            ("bare", record.to_string()),
+            ("answer", json!({"ok": true, "record": record}).to_string()),
+        ] {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            let moved = CtlCommand::PeerMoved { record: path };
+            let r: Value = serde_json::from_str(&request_of(&moved).unwrap()).unwrap();
+            assert_eq!(r, json!({"cmd": "peer_moved", "record": record}), "{name}");
+        }
+        std::fs::write(dir.join("bad"), "not json").unwrap();
+        let bad = CtlCommand::PeerMoved {
+            record: dir.join("bad"),
+        };
+        assert!(request_of(&bad).unwrap_err().contains("not JSON"));
+        let missing = CtlCommand::PeerMoved {
+            record: dir.join("missing"),
+        };
+        assert!(request_of(&missing).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+
+        let w = human(
+            &wire,
+            &json!({"ok": true, "gid": "::1", "qps": [[17, 19], [18, 18]]}),
+        );
+        assert_eq!(w, "GID ::1\nQPN   HOST_QPN\n0x11  0x13\n0x12  0x12\n");
+        assert_eq!(
+            human(&hold, &json!({"ok": true, "held": 2})),
+            "2 connections held\n"
+        );
+    }
+
     /// `ctl stats` shows a VM's part of the host (verbs) as a table of
     /// configured, share, effective and used values; nothing without it.
     #[test]
