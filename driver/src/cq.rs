@@ -18,6 +18,7 @@ use crate::doorbell::off;
 #[cfg(test)]
 use crate::doorbell::DoorbellRecord;
 use crate::error::{Error, Result};
+use crate::image::CqImage;
 use crate::page_list;
 use crate::ring::QueueMem;
 use crate::wr::WorkCompletion;
@@ -186,6 +187,51 @@ impl Cq {
         // The previous replacement ring is no longer the device's.
         drop(st.ring.replace(buf));
         Ok(())
+    }
+
+    /// The CQ's image ([`crate::image`]); none for a resized CQ.
+    pub fn image(&self) -> Result<CqImage> {
+        let st = self.lock();
+        if st.ring.is_some() {
+            return Err(Error::Unsupported("an image of a resized CQ"));
+        }
+        Ok(CqImage {
+            handle: self.handle,
+            depth: st.depth,
+            ci: st.ci,
+            arm_seq: st.arm_seq,
+            ring: self.mem.buf.image(),
+            npages: self.mem.npages,
+            db: self.mem.db.image(),
+        })
+    }
+
+    /// The CQ of `image` on `dev` (restored from its image, over the same
+    /// guest RAM): nothing is sent.
+    pub fn restore(dev: &Device, image: &CqImage) -> Result<Arc<Cq>> {
+        let t = &*dev.inner.transport;
+        let mem = QueueMem::adopt(t, &image.ring, &image.db, image.npages)?;
+        if !image.depth.is_power_of_two()
+            || (image.depth as usize).saturating_mul(CQE_SIZE as usize) > mem.buf.len()
+        {
+            return Err(Error::InvalidArgument(format!(
+                "a CQ image of {} entries over a {}-byte ring",
+                image.depth,
+                mem.buf.len()
+            )));
+        }
+        dev.inner.events.register_cq(image.handle);
+        Ok(Arc::new(Cq {
+            dev: dev.clone(),
+            handle: image.handle,
+            mem: ManuallyDrop::new(mem),
+            state: Mutex::new(CqState {
+                ci: image.ci,
+                arm_seq: image.arm_seq,
+                depth: image.depth,
+                ring: None,
+            }),
+        }))
     }
 
     fn lock(&self) -> MutexGuard<'_, CqState> {

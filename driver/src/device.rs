@@ -21,6 +21,7 @@ use crate::dma::DmaBuf;
 use crate::doorbell::{CtxFlags, DoorbellPage, DoorbellSlot};
 use crate::error::{Error, Result};
 use crate::event::EventDemux;
+use crate::image::DeviceImage;
 use crate::transport::{Token, Transport, TransportError};
 
 /// The device's only port.
@@ -215,6 +216,84 @@ impl Device {
         log::debug!("virtio-rdma: context {:#x} created", inner.ctx);
         Ok(Device {
             inner: Arc::new(inner),
+        })
+    }
+
+    /// The device handle's image ([`crate::image`]). A device in the
+    /// shared-memory doorbell mode has none: its doorbell page belongs to
+    /// the connection, not to guest RAM.
+    pub fn image(&self) -> Result<DeviceImage> {
+        let inner = &self.inner;
+        if inner.db_page.is_some() {
+            return Err(Error::Unsupported("an image of a doorbell-page context"));
+        }
+        let header = inner
+            .ctx_header
+            .as_ref()
+            .ok_or(Error::Unsupported("an image of a context without a header"))?;
+        Ok(DeviceImage {
+            config: inner.config.to_bytes().to_vec(),
+            features: inner.features,
+            attr: inner.attr.to_bytes().to_vec(),
+            port: inner.port.to_bytes().to_vec(),
+            gid: inner.gid.to_bytes().to_vec(),
+            gid_index: inner.gid_index,
+            ctx: inner.ctx,
+            ctx_header: header.image(),
+            next_id: inner.next_id.load(Ordering::Relaxed),
+        })
+    }
+
+    /// The device handle of `image` over `transport`, whose device took
+    /// over the context (a loaded device state, spec 20): nothing is sent.
+    /// The features must be the transport's.
+    pub fn restore(
+        transport: Arc<dyn Transport>,
+        image: &DeviceImage,
+        opts: DeviceOptions,
+    ) -> Result<Device> {
+        let wire = |what: &str, bytes: &[u8], size: usize| {
+            if bytes.len() == size {
+                Ok(())
+            } else {
+                Err(Error::InvalidArgument(format!(
+                    "{what} of {} bytes in a device image, expected {size}",
+                    bytes.len()
+                )))
+            }
+        };
+        wire("a configuration", &image.config, DeviceConfig::SIZE)?;
+        wire("device attributes", &image.attr, DeviceAttr::SIZE)?;
+        wire("port attributes", &image.port, PortAttr::SIZE)?;
+        wire("a GID", &image.gid, QueryGidResp::SIZE)?;
+        if transport.features() != image.features {
+            return Err(Error::InvalidArgument(format!(
+                "features {:#x} in the image, {:#x} negotiated",
+                image.features,
+                transport.features()
+            )));
+        }
+        let config = DeviceConfig::read(&image.config);
+        if !(MIN_COMPATIBLE_ABI_VERSION..=ABI_VERSION).contains(&config.abi_version) {
+            return Err(Error::AbiVersion(config.abi_version));
+        }
+        let header = Arc::new(DmaBuf::adopt(&*transport, &image.ctx_header)?);
+        Ok(Device {
+            inner: Arc::new(DeviceInner {
+                features: image.features,
+                transport,
+                config,
+                attr: DeviceAttr::read(&image.attr),
+                port: PortAttr::read(&image.port),
+                gid: QueryGidResp::read(&image.gid),
+                gid_index: image.gid_index,
+                ctx: image.ctx,
+                db_page: None,
+                ctx_header: Some(header),
+                events: EventDemux::default(),
+                next_id: AtomicU64::new(image.next_id),
+                timeout: opts.command_timeout,
+            }),
         })
     }
 

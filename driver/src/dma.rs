@@ -8,7 +8,8 @@ use std::ptr;
 use std::sync::atomic::{AtomicU32, AtomicU8};
 
 use crate::error::{Error, Result};
-use crate::transport::DmaRegion;
+use crate::image::RegionImage;
+use crate::transport::{DmaRegion, Transport};
 
 /// DMA memory: reachable by the driver through a pointer and by the device
 /// through guest-physical pages. Dropping it frees the memory.
@@ -54,6 +55,32 @@ impl DmaBuf {
         }
         let (ptr, len) = (region.as_ptr(), region.len());
         Ok(DmaBuf { region, ptr, len })
+    }
+
+    /// What a restored driver needs to map this buffer again
+    /// ([`DmaBuf::adopt`]).
+    pub fn image(&self) -> RegionImage {
+        RegionImage {
+            pages: self.pages().to_vec(),
+            first_page_offset: self.first_page_offset(),
+            len: self.len,
+        }
+    }
+
+    /// The buffer of `image` over `transport`'s guest RAM, whose pages are
+    /// allocated already ([`Transport::adopt_dma`]); its contents are what
+    /// the RAM holds.
+    pub fn adopt(transport: &dyn Transport, image: &RegionImage) -> Result<Self> {
+        let region = transport.adopt_dma(&image.pages, image.first_page_offset, image.len)?;
+        if region.len() != image.len
+            || region.pages() != image.pages.as_slice()
+            || region.first_page_offset() != image.first_page_offset
+        {
+            return Err(Error::InvalidArgument(
+                "transport mapped other pages than the image names".into(),
+            ));
+        }
+        Self::new(region)
     }
 
     /// Length in bytes.

@@ -27,6 +27,7 @@ use virtio_rdma_abi::Field;
 
 use crate::dma::DmaBuf;
 use crate::error::{Error, Result};
+use crate::image::RegionImage;
 use crate::transport::{SharedMemory, Transport};
 
 /// Byte offsets of the fields of `QpDoorbell`, `CqDoorbell` and
@@ -79,6 +80,24 @@ impl DoorbellRecord {
     /// Guest-physical address (for the create command).
     pub(crate) fn gpa(&self) -> u64 {
         self.gpa
+    }
+
+    /// The record of a restored queue ([`crate::image`]).
+    pub(crate) fn adopt(transport: &dyn Transport, image: &RegionImage) -> Result<Self> {
+        let buf = DmaBuf::adopt(transport, image)?;
+        let size = DB_RECORD_SIZE as usize;
+        let gpa = buf.gpa(0).unwrap_or(1);
+        if buf.len() < size || gpa % DB_RECORD_SIZE != 0 || buf.as_ptr() as usize % size != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "a doorbell record in an image is misaligned (gpa {gpa:#x})"
+            )));
+        }
+        Ok(DoorbellRecord { buf, gpa })
+    }
+
+    /// The record's image.
+    pub(crate) fn image(&self) -> RegionImage {
+        self.buf.image()
     }
 
     /// Loads a field with acquire semantics.

@@ -49,6 +49,7 @@ mod doorbell;
 pub mod error;
 pub mod event;
 pub mod fast_mr;
+pub mod image;
 pub mod mr;
 pub mod mw;
 mod page_list;

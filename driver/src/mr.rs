@@ -13,6 +13,7 @@ use virtio_rdma_abi::Field;
 use crate::device::outcome_unknown;
 use crate::dma::DmaBuf;
 use crate::error::{Error, Result};
+use crate::image::MrImage;
 use crate::page_list;
 use crate::pd::Pd;
 
@@ -300,6 +301,47 @@ impl Mr {
             std::mem::forget(self.buf.take());
         }
         r
+    }
+}
+
+impl Mr {
+    /// The region's image ([`crate::image`]); the buffer it was registered
+    /// over has its own ([`DmaBuf::image`]).
+    pub fn image(&self) -> MrImage {
+        MrImage {
+            handle: self.handle,
+            lkey: self.lkey,
+            rkey: self.rkey,
+            iova: self.iova,
+            length: self.length,
+            access: self.access,
+        }
+    }
+
+    /// The region of `image` in `pd`, over `buf` (restored before it; the
+    /// region keeps it) or over pages its owner keeps allocated: nothing
+    /// is sent.
+    pub fn restore(pd: &Arc<Pd>, buf: Option<Arc<DmaBuf>>, image: &MrImage) -> Result<Mr> {
+        if let Some(b) = &buf {
+            if (b.len() as u64) < image.length {
+                return Err(Error::InvalidArgument(format!(
+                    "a region image of {} bytes over a {}-byte buffer",
+                    image.length,
+                    b.len()
+                )));
+            }
+        }
+        Ok(Mr {
+            pd: pd.clone(),
+            handle: image.handle,
+            lkey: image.lkey,
+            rkey: image.rkey,
+            iova: image.iova,
+            length: image.length,
+            access: image.access,
+            buf,
+            destroyed: false,
+        })
     }
 }
 

@@ -9,6 +9,7 @@ use virtio_rdma_abi::{Field, Wire};
 use crate::cq::{Cq, NewCq};
 use crate::device::Device;
 use crate::error::Result;
+use crate::image::PdImage;
 
 /// A protection domain (`ALLOC_PD`), freed (`DEALLOC_PD`) when the last
 /// reference is dropped. MRs, QPs, AHs and SRQs hold an `Arc<Pd>`, so the PD
@@ -68,6 +69,24 @@ impl Pd {
     /// The device the PD belongs to.
     pub fn device(&self) -> &Device {
         &self.dev
+    }
+}
+
+impl Pd {
+    /// The PD's image ([`crate::image`]).
+    pub fn image(&self) -> PdImage {
+        PdImage {
+            handle: self.handle,
+        }
+    }
+
+    /// The PD of `image` on `dev` (restored from its image): nothing is
+    /// sent.
+    pub fn restore(dev: &Device, image: &PdImage) -> Arc<Pd> {
+        Arc::new(Pd {
+            dev: dev.clone(),
+            handle: image.handle,
+        })
     }
 }
 

@@ -17,6 +17,7 @@ use crate::cq::Cq;
 use crate::device::{outcome_unknown, PORT};
 use crate::doorbell::off;
 use crate::error::{Error, Result};
+use crate::image::QpImage;
 use crate::page_list;
 use crate::pd::Pd;
 use crate::qp_attr::{QpAttrs, RcConnect};
@@ -404,6 +405,101 @@ impl Qp {
             p.ci = ci;
             self.mem.store_pi(regs, ci);
         }
+    }
+
+    /// The QP's image ([`crate::image`]); none for a QP with a doorbell
+    /// slot or an SRQ.
+    pub fn image(&self) -> Result<QpImage> {
+        if self.mem.slot.is_some() {
+            return Err(Error::Unsupported("an image of a QP with a doorbell slot"));
+        }
+        if self.srq.is_some() {
+            return Err(Error::Unsupported("an image of a QP on an SRQ"));
+        }
+        let indices = |p: &Mutex<Producer>| {
+            let p = p.lock().unwrap_or_else(PoisonError::into_inner);
+            (p.pi, p.ci)
+        };
+        let ring = |r: &RingGeometry| (r.base, r.shift, r.depth);
+        Ok(QpImage {
+            handle: self.handle,
+            qpn: self.qpn,
+            qp_type: self.qp_type.into(),
+            state: self.state().into(),
+            cap: [
+                self.cap.max_send_wr,
+                self.cap.max_recv_wr,
+                self.cap.max_send_sge,
+                self.cap.max_recv_sge,
+                self.cap.max_inline_data,
+            ],
+            sq: ring(&self.sq),
+            rq: self.rq.as_ref().map(ring),
+            sq_pi_ci: indices(&self.sq_prod),
+            rq_pi_ci: indices(&self.rq_prod),
+            buf: self.mem.buf.image(),
+            npages: self.mem.npages,
+            db: self.mem.db.image(),
+        })
+    }
+
+    /// The QP of `image` in `pd` on `send_cq` and `recv_cq` (restored
+    /// before it, over the same guest RAM): nothing is sent.
+    pub fn restore(
+        pd: &Arc<Pd>,
+        send_cq: &Arc<Cq>,
+        recv_cq: &Arc<Cq>,
+        image: &QpImage,
+    ) -> Result<Qp> {
+        let inner = &pd.dev.inner;
+        for cq in [send_cq, recv_cq] {
+            if !Arc::ptr_eq(&cq.device().inner, inner) {
+                return Err(Error::Mismatch("the CQ belongs to another device handle"));
+            }
+        }
+        let bad = |what: String| Error::InvalidArgument(format!("a QP image with {what}"));
+        let qp_type = QpType::from_u32(image.qp_type)
+            .ok_or_else(|| bad(format!("type {}", image.qp_type)))?;
+        let state =
+            QpState::from_u32(image.state).ok_or_else(|| bad(format!("state {}", image.state)))?;
+        let ring = |(base, shift, depth): (usize, u32, u32)| RingGeometry { base, shift, depth };
+        let sq = ring(image.sq);
+        let rq = image.rq.map(ring);
+        let mut mem = QueueMem::adopt(&*inner.transport, &image.buf, &image.db, image.npages)?;
+        let len = mem.buf.len();
+        if !sq.fits(len) || rq.is_some_and(|r| !r.fits(len)) {
+            return Err(bad(format!("rings outside its {len}-byte buffer")));
+        }
+        mem.flags = Some(inner.ctx_flags()?);
+        let [max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data] = image.cap;
+        let producer = |(pi, ci): (u32, u32)| {
+            let mut p = Producer::default();
+            (p.pi, p.ci) = (pi, ci);
+            Mutex::new(p)
+        };
+        Ok(Qp {
+            srq: None,
+            send_cq: send_cq.clone(),
+            recv_cq: recv_cq.clone(),
+            pd: pd.clone(),
+            handle: image.handle,
+            qpn: image.qpn,
+            qp_type,
+            cap: QpCap {
+                max_send_wr,
+                max_recv_wr,
+                max_send_sge,
+                max_recv_sge,
+                max_inline_data,
+            },
+            sq,
+            rq,
+            mem: ManuallyDrop::new(mem),
+            sq_prod: producer(image.sq_pi_ci),
+            rq_prod: producer(image.rq_pi_ci),
+            state: Mutex::new(state),
+            destroyed: false,
+        })
     }
 
     /// The QP's doorbell slot in the shared-memory doorbell mode;

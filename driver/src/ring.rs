@@ -12,6 +12,7 @@ use virtio_rdma_abi::config::NOTIFYQ;
 
 use crate::doorbell::{notify_step, CtxFlags, DoorbellRecord, DoorbellSlot};
 use crate::error::{Error, Result};
+use crate::image::RegionImage;
 use crate::transport::Transport;
 
 /// Geometry of one ring inside a queue buffer.
@@ -141,6 +142,30 @@ impl QueueMem {
             slot: None,
             flags: None,
             npages: bytes.div_ceil(page),
+        })
+    }
+
+    /// The queue memory of a restored queue ([`crate::image`]): its
+    /// buffer and record as they are in guest RAM.
+    pub(crate) fn adopt(
+        transport: &dyn Transport,
+        buf: &RegionImage,
+        db: &RegionImage,
+        npages: usize,
+    ) -> Result<Self> {
+        let buf = DmaBuf::adopt(transport, buf)?;
+        if buf.first_page_offset() != 0 || npages == 0 || npages > buf.pages().len() {
+            return Err(Error::InvalidArgument(
+                "a queue buffer in an image does not start a page or names other pages".into(),
+            ));
+        }
+        let db = DoorbellRecord::adopt(transport, db)?;
+        Ok(QueueMem {
+            buf,
+            db,
+            slot: None,
+            flags: None,
+            npages,
         })
     }
 

@@ -177,6 +177,23 @@ pub trait Transport: Send + Sync {
     /// device.
     fn next_event(&self, timeout: Option<Duration>) -> Result<Option<Event>, TransportError>;
 
+    /// A region over guest pages that are allocated already: those of a
+    /// DMA region of a driver whose objects are being restored over a copy
+    /// of its guest RAM ([`crate::image`]). Dropping it frees them as a
+    /// region from [`Transport::alloc_dma`] would be. A transport that
+    /// cannot map given pages refuses (the default).
+    fn adopt_dma(
+        &self,
+        pages: &[u64],
+        first_page_offset: u32,
+        len: usize,
+    ) -> Result<Box<dyn DmaRegion>, TransportError> {
+        let _ = (pages, first_page_offset, len);
+        Err(TransportError::Other(
+            "this transport cannot map given guest pages".into(),
+        ))
+    }
+
     /// The device's shared memory region `id`, if the transport has one
     /// (`F_SHMEM_DOORBELL` uses region 0). A transport that returns a
     /// region must have negotiated `F_SHMEM_DOORBELL` only together with
