@@ -47,6 +47,8 @@ pub mod quota;
 mod readable;
 #[cfg(feature = "verbs")]
 pub mod rnic;
+#[cfg(feature = "verbs")]
+mod routes;
 guest_facing!(
     #[cfg(feature = "verbs")]
     complete,

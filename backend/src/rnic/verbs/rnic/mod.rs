@@ -130,12 +130,26 @@ pub(crate) struct HostQp {
     /// Its destination moved: the data path points the host QP at the
     /// new place once nothing of it is in flight.
     pub repoint: Option<crate::relocation::MovedQp>,
+    /// The GID its host address vector last named (kept across resets):
+    /// a new one needs the kernel's cached routes forgotten
+    /// ([`HostQp::route_to`]).
+    pub route_gid: Option<[u8; 16]>,
 }
 
 impl HostQp {
     /// The host QP's number (the device's may be another: [`Tables::renamed`]).
     pub fn host_qpn(&self) -> u32 {
         self.qp.qpn()
+    }
+
+    /// Notes that the host QP was just given an address vector to `gid`;
+    /// if it had one to another GID before, the kernel's cached routes
+    /// are flushed (soft-RoCE keeps an RC QP's first route,
+    /// [`super::routes`]).
+    pub fn route_to(&mut self, gid: [u8; 16]) {
+        if self.route_gid.replace(gid).is_some_and(|old| old != gid) {
+            super::routes::forget_cached(self.host_qpn());
+        }
     }
 }
 
@@ -652,6 +666,7 @@ impl VerbsRnic {
                 rkeys: None,
                 held_until: None,
                 repoint: None,
+                route_gid: None,
             },
         );
         Ok(qpn)
@@ -871,6 +886,7 @@ impl RnicObjects for VerbsRnic {
         if connected && rtr {
             q.dest = Some((fixed.av.dgid, fixed.dest_qpn));
             q.rkeys = moved.map(|m| m.rkeys);
+            q.route_to(fixed.av.dgid);
         }
         q.bridged = if change.to == QpState::RESET {
             None

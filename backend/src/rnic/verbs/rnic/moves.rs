@@ -229,6 +229,7 @@ pub(crate) fn restore_qp(
     if connected && beyond_init {
         q.dest = Some((a.av.dgid, a.dest_qpn));
         q.rkeys = moved.map(|m| m.rkeys);
+        q.route_to(a.av.dgid);
     }
     let new_qpn = q.host_qpn();
     if let (Some(s), Some(e)) = (host, entry) {
@@ -434,6 +435,7 @@ pub(crate) fn repoint_due(
             Ok(()) => {
                 q.dest = Some((to.gid, to.qpn));
                 q.rkeys = Some(to.rkeys.clone());
+                q.route_to(to.gid);
                 info!(
                     "QPN {qpn:#x}: pointed at QP {:#x} of its destination's new host \
                      (next PSN {sq_psn:#x}, expected {rq_psn:#x})",
