@@ -27,6 +27,9 @@
 #       * a VM with live RC connections moving between two daemons on rxe0 (tests/tests/
 #         verbs_move.rs: virtual QP numbers and keys, PSNs carried over, its peer held and
 #         pointed at the new host QP; spec 20.8), on host 1;
+#       * a test-VMM VM with a live RC connection moving from host 1's daemon to host 2's
+#         (rdma-peer move-out and move-in: its image — guest RAM, queues, driver objects, the
+#         device state — goes over TCP; its peer on host 1 is held, then pointed at host 2);
 #       * the data-path conformance tests (tests/tests/datapath*.rs, uc.rs) on host 1, their daemon on
 #         rxe0 (VUR_TEST_RNIC); those whose behaviour the spec leaves to the NIC (appendix D)
 #         are skipped, each named below;
@@ -145,6 +148,7 @@ srv_steps="step DEVINFO ibv_devinfo -d rxe0
   step AFTER-FAULT $(peer exchange 0) --role server --tcp 0.0.0.0:7476
   step CONFORMANCE conformance
   step VERBS-MOVE verbs_moves
+  step VERBS-MOVE-HOSTS move_out 10.43.0.2
   step LEAKS leaks \"\$before\"
   steps_verdict"
 cli_steps="peer=10.43.0.1; until ping -c 1 -W 1 \$peer >/dev/null; do sleep 1; done
@@ -169,6 +173,7 @@ cli_steps="peer=10.43.0.1; until ping -c 1 -W 1 \$peer >/dev/null; do sleep 1; d
   step PORT-EVENTS grep -e 'rxe0: port' -e 'port down:' /tmp/daemon.log
   step LEAKS leaks \"\$before\"
   step MAP-LIMIT map_limit 10.43.0.1
+  step VERBS-MOVE-HOSTS move_in 10.43.0.1
   steps_verdict"
 echo "$srv_steps" >"$dir/server.sh"
 echo "$cli_steps" >"$dir/client.sh"
@@ -265,11 +270,9 @@ fault_reader() {
 # map_limit PEER: the daemon again, under vm.max_map_count lowered to 64 mappings above its
 # reserve (4096): 32 per VM. VM 0 takes its share in CQs and keeps them while VM 1 makes 8.
 map_limit() {
-  local old pid fill i=0
+  local old fill i=0
   old=$(cat /proc/sys/vm/max_map_count)
-  pid=$(pidof vhost-user-rdma) && kill "$pid"
-  while [ -n "$pid" ] && [ -d "/proc/$pid" ] && [ $i -lt 50 ]; do i=$((i + 1)); sleep 0.1; done
-  rm -f /tmp/mgmt.sock /tmp/vm0.sock /tmp/vm1.sock
+  stop_daemon
   echo $((4096 + 64)) >/proc/sys/vm/max_map_count
   daemon "$1" || { echo "$old" >/proc/sys/vm/max_map_count; return 1; }
   rdma-peer fill --socket /tmp/vm0.sock --hold-secs 30 >/tmp/fill0.out 2>&1 &
@@ -282,6 +285,40 @@ map_limit() {
   kill "$fill" 2>/dev/null
   echo "$old" >/proc/sys/vm/max_map_count
   echo "max_map_count back to $(cat /proc/sys/vm/max_map_count)"
+}
+# stop_daemon: the daemon stopped (5 s at most) and its sockets gone.
+stop_daemon() {
+  local pid i=0
+  pid=$(pidof vhost-user-rdma) && kill "$pid"
+  while [ -n "$pid" ] && [ -d "/proc/$pid" ] && [ $i -lt 50 ]; do i=$((i + 1)); sleep 0.1; done
+  rm -f /tmp/mgmt.sock /tmp/vm0.sock /tmp/vm1.sock
+}
+# move_lines: after a failed move, what the daemon said of its QPs, holds and moves.
+move_lines() {
+  echo "DAEMON-LOG: its lines on QPs and moves, the last 40"
+  grep -E 'QPN|QP 0x|hold|move|state' /tmp/daemon.log | tail -n 40
+  echo "RXE-COUNTERS: $(/usr/local/bin/rdma statistic show link rxe0/1)"
+  echo "NEIGHBOURS: $(ip neigh 2>&1 | tr '\n' ' ')"
+  return 1
+}
+# move_out PEER: host 1's side of its VM 0 moving to host PEER with a live RC connection to VM 1
+# (rdma-peer move-out, tests/src/vm_move.rs); the wait for PEER is long (its side comes after
+# steps of its own) but reports progress.
+move_out() {
+  rdma-peer move-out --socket /tmp/vm0.sock --peer-socket /tmp/vm1.sock --mgmt /tmp/mgmt.sock \
+    --tcp "$1:7482" --timeout-secs 900 || move_lines
+}
+# move_in PEER: host 2's side of a VM moving from host PEER with its live RC connection
+# (rdma-peer move-in, tests/src/vm_move.rs) on a daemon started afresh (map_limit's runs under
+# the lowered limit); then nothing of it is left.
+move_in() {
+  local before
+  stop_daemon
+  daemon "$1" || return 1
+  before=$(res)
+  rdma-peer move-in --socket /tmp/vm0.sock --mgmt /tmp/mgmt.sock --tcp 0.0.0.0:7482 ||
+    move_lines || return 1
+  leaks "$before"
 }
 # The data-path conformance tests on rxe0 (tests/tests/datapath*.rs); SKIPS names those whose
 # behaviour is the NIC's.
@@ -422,6 +459,12 @@ check_after CONFORMANCE "conformance tests on rxe: tests/uc.rs (UC QPs on host U
 check_after VERBS-MOVE "a VM with live RC connections moves between daemons on rxe0 (tests/verbs_move.rs)" \
   '^test result: ok[.] 1 passed; 0 failed; 0 ignored; 0 measured; 1 filtered out' server
 check_after VERBS-MOVE "... the blackout its peer saw" '^verbs-move: blackout [0-9]+ ms' server
+check_after VERBS-MOVE-HOSTS "a VM with a live RC connection moves from host 1's daemon to host 2's: its peer's held WRITE lands, 25 rounds across the hosts, every byte checked" \
+  '^rdma-peer: move-out ok' server
+check_after VERBS-MOVE-HOSTS "... the blackout its peer on host 1 saw" '^move-hosts: blackout [0-9]+ ms' server
+check_after VERBS-MOVE-HOSTS "... host 2 brought it up from its image and destroyed its objects at the end" \
+  '^rdma-peer: move-in ok' client
+check_after VERBS-MOVE-HOSTS "... and nothing of it is left on host 2" '^NO-LEAKS' client
 # Every step ran whatever the others did; these name the ones that failed.
 for g in server client; do
   steps=$(tr -d '\r' <"$dir/$g.console" | grep -E '^STEPS(-FAILED)?:' | tail -n1)

@@ -12,13 +12,14 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
 use virtio_rdma_abi::ctrl::{RequestHeader, ResponseHeader, Status};
 use virtio_rdma_abi::{Field, Wire};
 use vm_memory::GuestAddress;
 
 use crate::error::{Error, Result};
 use crate::guest_mem::PAGE_SIZE;
-use crate::vring::{RawDesc, Seg, UsedElem, Vring};
+use crate::vring::{RawDesc, Seg, UsedElem, Vring, VringImage};
 
 /// Byte the response buffer is filled with before submission.
 pub const POISON: u8 = 0xFF;
@@ -139,6 +140,19 @@ struct Pending {
     resp: Vec<(GuestAddress, usize)>,
 }
 
+/// A [`CtrlQueue`] as a VM that moves takes it along.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CtrlImage {
+    /// The queue.
+    pub vring: VringImage,
+    /// The next request id.
+    pub next_id: u64,
+    /// Spare single pages for small buffers.
+    pub page_pool: Vec<u64>,
+    /// Whether submissions notify the device at once.
+    pub auto_kick: bool,
+}
+
 /// Control-queue client.
 #[derive(Debug)]
 pub struct CtrlQueue {
@@ -178,6 +192,35 @@ impl CtrlQueue {
             untracked: Vec::new(),
             page_pool: Vec::new(),
         }
+    }
+
+    /// The client's image ([`crate::vm_image`]); none while a request is
+    /// in flight or a completion was not taken (a VM moves between
+    /// commands).
+    pub fn image(&self) -> Result<CtrlImage> {
+        if !self.pending.is_empty() || !self.done.is_empty() {
+            return Err(Error::Backend(format!(
+                "an image of a control queue with {} requests in flight and {} completions not \
+                 taken",
+                self.pending.len(),
+                self.done.len()
+            )));
+        }
+        Ok(CtrlImage {
+            vring: self.vring.image(),
+            next_id: self.next_id,
+            page_pool: self.page_pool.iter().map(|g| g.0).collect(),
+            auto_kick: self.auto_kick,
+        })
+    }
+
+    /// The client of `image` over `vring` (restored from the image's).
+    pub fn restore(vring: Vring, image: &CtrlImage, timeout: Duration) -> Self {
+        let mut c = CtrlQueue::new(vring, timeout);
+        c.next_id = image.next_id;
+        c.page_pool = image.page_pool.iter().copied().map(GuestAddress).collect();
+        c.auto_kick = image.auto_kick;
+        c
     }
 
     /// The underlying virtqueue (for raw access).

@@ -66,6 +66,19 @@ impl Vm {
         Vm { t, dev, pd }
     }
 
+    /// [`Vm::open_path`] that reports a failure instead of panicking (for
+    /// programs).
+    pub fn try_open_path(
+        path: &std::path::Path,
+        opts: VmmOptions,
+    ) -> std::result::Result<Vm, Box<dyn std::error::Error>> {
+        let vmm = crate::vmm::TestVmm::connect(path, opts)?;
+        let t = VmmTransport::new(vmm)?;
+        let dev = Device::open(t.clone())?;
+        let pd = Pd::alloc(&dev)?;
+        Ok(Vm { t, dev, pd })
+    }
+
     /// Like [`Vm::open`] with VIRTIO shared memory offered by the VMM.
     pub fn open_shmem(d: &TestDaemon, i: usize) -> Vm {
         Self::open(
@@ -591,4 +604,35 @@ pub unsafe fn repeated_page_mr(
     };
     // SAFETY: the caller's contract is `register_pages`'s.
     unsafe { Mr::register_pages(&vm.pd, &spec, access::ALL) }
+}
+
+/// One checked round each way over `p`: a WRITE and a SEND of a pattern
+/// (its length and bytes from `seq`) from `qa`'s VM into `qb`'s, then the
+/// same back; `abuf` and `bbuf` are the VMs' buffers (at least 8 KiB:
+/// WRITEs land at 0, SENDs at 4096).
+pub fn checked_round(p: &Pair, abuf: &Buf, bbuf: &Buf, seq: u64) {
+    let len = 1500 + (seq as usize * 97) % 2000;
+    for (from, to, q, cq, peer_q, peer_cq, src, dst) in [
+        (0, 1, &p.qa, &p.cqa, &p.qb, &p.cqb, abuf, bbuf),
+        (1, 0, &p.qb, &p.cqb, &p.qa, &p.cqa, bbuf, abuf),
+    ] {
+        let data = pattern(len, seq * 2 + from);
+        src.write(0, &data);
+        q.post_send(&[wr(seq, write_op(dst, 0), &[src.sge(0, len)])])
+            .expect("post WRITE");
+        ok(&poll_one(cq), seq, WcOpcode::RDMA_WRITE);
+        assert_eq!(dst.read(0, len), data, "WRITE {from} -> {to}, round {seq}");
+        recv(peer_q, seq, &[dst.sge(4096, len)]);
+        q.post_send(&[wr(seq, SendOp::Send, &[src.sge(0, len)])])
+            .expect("post SEND");
+        ok(&poll_one(cq), seq, WcOpcode::SEND);
+        let r = poll_one(peer_cq);
+        ok(&r, seq, WcOpcode::RECV);
+        assert_eq!(r.byte_len as usize, len);
+        assert_eq!(
+            dst.read(4096, len),
+            data,
+            "SEND {from} -> {to}, round {seq}"
+        );
+    }
 }

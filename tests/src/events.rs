@@ -8,13 +8,14 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
 use virtio_rdma_abi::event::Event;
 use virtio_rdma_abi::{Field, Wire};
 use vm_memory::GuestAddress;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::guest_mem::PAGE_SIZE;
-use crate::vring::{Seg, UsedElem, Vring};
+use crate::vring::{Seg, UsedElem, Vring, VringImage};
 
 /// Size of an event buffer the client posts by default.
 pub const EVENT_BUF_SIZE: u32 = Event::SIZE as u32;
@@ -28,6 +29,21 @@ pub struct EventStats {
     pub short: u64,
     /// Used elements that matched no posted buffer.
     pub untracked: u64,
+}
+
+/// An [`EventQueue`] as a VM that moves takes it along.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventsImage {
+    /// The queue.
+    pub vring: VringImage,
+    /// Whether filled buffers are posted again.
+    pub auto_repost: bool,
+    /// The buffers posted: head slot, guest-physical address, length.
+    pub posted: Vec<(u16, u64, u32)>,
+    /// Free buffer slots.
+    pub spare: Vec<u64>,
+    /// Pages allocated for buffers.
+    pub pages: Vec<u64>,
 }
 
 /// Event-queue client.
@@ -62,6 +78,44 @@ impl EventQueue {
             stats: EventStats::default(),
             untracked: Vec::new(),
         }
+    }
+
+    /// The client's image ([`crate::vm_image`]); none while events were
+    /// taken from the queue and not handed out yet.
+    pub fn image(&self) -> Result<EventsImage> {
+        if !self.ready.is_empty() {
+            return Err(Error::Backend(format!(
+                "an image of an event queue with {} events not taken",
+                self.ready.len()
+            )));
+        }
+        let mut posted: Vec<(u16, u64, u32)> = self
+            .posted
+            .iter()
+            .map(|(&h, &(g, l))| (h, g.0, l))
+            .collect();
+        posted.sort_unstable();
+        Ok(EventsImage {
+            vring: self.vring.image(),
+            auto_repost: self.auto_repost,
+            posted,
+            spare: self.spare.iter().map(|g| g.0).collect(),
+            pages: self.pages.iter().map(|g| g.0).collect(),
+        })
+    }
+
+    /// The client of `image` over `vring` (restored from the image's).
+    pub fn restore(vring: Vring, image: &EventsImage, timeout: Duration) -> Self {
+        let mut q = EventQueue::new(vring, timeout);
+        q.auto_repost = image.auto_repost;
+        q.posted = image
+            .posted
+            .iter()
+            .map(|&(h, g, l)| (h, (GuestAddress(g), l)))
+            .collect();
+        q.spare = image.spare.iter().copied().map(GuestAddress).collect();
+        q.pages = image.pages.iter().copied().map(GuestAddress).collect();
+        q
     }
 
     /// The underlying virtqueue (raw access).

@@ -14,6 +14,7 @@ use std::os::fd::FromRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use serde::{Deserialize, Serialize};
 use vhost::VhostUserMemoryRegionInfo;
 use vm_memory::{
     AtomicAccess, Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryRegion,
@@ -167,6 +168,28 @@ impl RegionFree {
         Some(aligned)
     }
 
+    /// Takes `start .. start + size` out of the free ranges, if it lies
+    /// inside one of them.
+    fn take(&mut self, start: u64, size: u64) -> bool {
+        let Some((&free, &len)) = self.free.range(..=start).next_back() else {
+            return false;
+        };
+        let Some(end) = start.checked_add(size) else {
+            return false;
+        };
+        if size == 0 || size % PAGE_SIZE != 0 || end > free + len {
+            return false;
+        }
+        self.free.remove(&free);
+        if start > free {
+            self.free.insert(free, start - free);
+        }
+        if free + len > end {
+            self.free.insert(end, free + len - end);
+        }
+        true
+    }
+
     fn release(&mut self, start: u64, size: u64) {
         let mut start = start;
         let mut size = size;
@@ -230,6 +253,30 @@ impl Allocator {
         let gpa = self.regions.get_mut(region)?.alloc(size, align)?;
         self.allocated.insert(gpa, size);
         Some(gpa)
+    }
+
+    /// The allocations `pages` (page addresses) lie in, each named once
+    /// by its start: what a region adopted over them gives back when it
+    /// is freed. Every page must lie in an allocation whose start is one
+    /// of `pages` (a region owns its allocations whole).
+    pub fn allocations_covering(&self, pages: &[u64]) -> Result<Vec<GuestAddress>> {
+        let starts: Vec<(u64, u64)> = pages
+            .iter()
+            .filter_map(|p| self.allocated.get(p).map(|&size| (*p, size)))
+            .collect();
+        for &p in pages {
+            if p % PAGE_SIZE != 0 || !starts.iter().any(|&(s, size)| p >= s && p - s < size) {
+                return Err(Error::Layout(format!(
+                    "page {p:#x} is not in an allocation the region starts"
+                )));
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        Ok(starts
+            .into_iter()
+            .filter(|&(s, _)| seen.insert(s))
+            .map(|(s, _)| GuestAddress(s))
+            .collect())
     }
 
     /// Allocates `size` bytes (rounded up to whole pages) aligned to
@@ -311,6 +358,26 @@ impl Allocator {
     pub fn free_bytes(&self) -> u64 {
         self.regions.iter().map(RegionFree::free_bytes).sum()
     }
+
+    /// The allocated ranges (start, size), in address order.
+    pub fn allocated(&self) -> Vec<(u64, u64)> {
+        let mut v: Vec<(u64, u64)> = self.allocated.iter().map(|(&s, &n)| (s, n)).collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+/// Guest RAM as a VM that moves to another host takes it along: its
+/// layout, its allocator, and the contents of what is allocated (the rest
+/// is free; the allocator promises nothing of its contents).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemImage {
+    /// The regions (guest-physical start, size).
+    pub regions: Vec<(u64, u64)>,
+    /// The allocated ranges (start, size), in address order.
+    pub allocated: Vec<(u64, u64)>,
+    /// Region the next single page comes from.
+    pub next_region: usize,
 }
 
 /// Guest RAM of one test VM, with its allocator.
@@ -382,6 +449,53 @@ impl GuestMem {
             file,
             alloc: Mutex::new(Allocator::new(layout)),
         })
+    }
+
+    /// The image of this memory; the contents of its allocated ranges
+    /// are read separately (`read_vec`).
+    pub fn image(&self) -> MemImage {
+        let a = self.allocator();
+        MemImage {
+            regions: self
+                .layout
+                .regions
+                .iter()
+                .map(|r| (r.gpa, r.size))
+                .collect(),
+            allocated: a.allocated(),
+            next_region: a.next_region,
+        }
+    }
+
+    /// New guest RAM (all zero) of `image`'s layout whose allocator has
+    /// allocated what `image` says; the caller writes the contents.
+    pub fn restore(image: &MemImage) -> Result<Self> {
+        let layout = MemLayout {
+            regions: image
+                .regions
+                .iter()
+                .map(|&(gpa, size)| RegionSpec { gpa, size })
+                .collect(),
+        };
+        let mem = Self::new(&layout)?;
+        {
+            let mut a = mem.allocator();
+            for &(start, size) in &image.allocated {
+                let region = a
+                    .regions
+                    .iter_mut()
+                    .find(|r| start >= r.spec.gpa && start < r.spec.end())
+                    .ok_or_else(|| Error::Layout(format!("allocation at {start:#x} not in RAM")))?;
+                if !region.take(start, size) {
+                    return Err(Error::Layout(format!(
+                        "allocation {start:#x}+{size:#x} is not free in the new RAM"
+                    )));
+                }
+                a.allocated.insert(start, size);
+            }
+            a.next_region = image.next_region.min(a.regions.len().saturating_sub(1));
+        }
+        Ok(mem)
     }
 
     /// The layout this memory was created with.

@@ -32,6 +32,8 @@ pub mod shmem;
 pub mod state_transfer;
 pub mod transport;
 pub mod verbs;
+pub mod vm_image;
+pub mod vm_move;
 pub mod vmm;
 pub mod vring;
 

@@ -243,6 +243,21 @@ impl VmmTransport {
                 (v.iter().map(|g| g.0).collect(), v)
             }
         };
+        self.map_given(len, align, pages, allocs)
+    }
+
+    /// Maps `pages` (of `len` bytes, allocated already: `allocs` are
+    /// given back to the allocator on drop) contiguously at an address
+    /// aligned to `align` (at least a page).
+    fn map_given(
+        &self,
+        len: usize,
+        align: usize,
+        pages: Vec<u64>,
+        allocs: Vec<GuestAddress>,
+    ) -> Result<VmmDma, TransportError> {
+        let page = PAGE_SIZE as usize;
+        let npages = pages.len();
         let mut dma = VmmDma {
             mem: self.mem.clone(),
             va: Va::None,
@@ -491,6 +506,32 @@ impl Transport for VmmTransport {
         }
         let contiguous = (align as u64 > PAGE_SIZE).then_some(align as u64);
         Ok(Box::new(self.map_pages(len, align, contiguous)?))
+    }
+
+    fn adopt_dma(
+        &self,
+        pages: &[u64],
+        first_page_offset: u32,
+        len: usize,
+    ) -> Result<Box<dyn DmaRegion>, TransportError> {
+        let bad = |what: String| TransportError::Other(format!("adopting DMA pages: {what}"));
+        if first_page_offset != 0 || len == 0 || pages.len() != len.div_ceil(PAGE_SIZE as usize) {
+            return Err(bad(format!(
+                "{} pages for {len} bytes at page offset {first_page_offset}",
+                pages.len()
+            )));
+        }
+        let allocs = self
+            .mem
+            .allocator()
+            .allocations_covering(pages)
+            .map_err(|e| bad(e.to_string()))?;
+        Ok(Box::new(self.map_given(
+            len,
+            PAGE_SIZE as usize,
+            pages.to_vec(),
+            allocs,
+        )?))
     }
 
     fn submit(&self, request: &[&[u8]], response_len: usize) -> Result<Token, TransportError> {

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
 use vhost::vhost_user::message::{
     FrontendReq, VhostUserConfig, VhostUserConfigFlags, VhostUserHeaderFlag, VhostUserU64,
     VhostUserVringState,
@@ -26,13 +27,13 @@ use virtio_rdma_abi::{Field, Wire};
 use vm_memory::ByteValued;
 
 use crate::conn::Conn;
-use crate::ctrl::CtrlQueue;
+use crate::ctrl::{CtrlImage, CtrlQueue};
 use crate::dirty_log::DirtyLogFile;
 use crate::error::{Error, Result};
-use crate::events::EventQueue;
-use crate::guest_mem::{GuestMem, MemLayout, PAGE_SIZE};
+use crate::events::{EventQueue, EventsImage};
+use crate::guest_mem::{GuestMem, MemImage, MemLayout, PAGE_SIZE};
 use crate::shmem::{BackendChannel, ShmemWindow};
-use crate::vring::Vring;
+use crate::vring::{Vring, VringImage};
 
 /// Feature bit `VIRTIO_F_VERSION_1`.
 pub const F_VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
@@ -187,6 +188,28 @@ impl Default for VmmOptions {
             reply_spin: None,
         }
     }
+}
+
+/// A [`TestVmm`] as a VM that moves to another host takes it along
+/// ([`TestVmm::image`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmmImage {
+    /// The guest RAM's layout and allocator.
+    pub mem: MemImage,
+    /// The features the device offered.
+    pub device_features: u64,
+    /// The features negotiated.
+    pub features: u64,
+    /// The protocol features negotiated.
+    pub protocol: u64,
+    /// The back-end's queue count.
+    pub backend_queues: u64,
+    /// The control queue.
+    pub ctrl: CtrlImage,
+    /// The event queue.
+    pub events: EventsImage,
+    /// The notification queue.
+    pub notify: VringImage,
 }
 
 /// A connected test VM.
@@ -530,6 +553,61 @@ impl TestVmm {
         };
         post_events_after_start(&mut vmm.events, &vmm.opts)?;
         Ok(vmm)
+    }
+
+    /// The VMM's image ([`crate::vm_image`]): the guest RAM's layout and
+    /// allocator, what was negotiated, and the queues' driver sides. Taken
+    /// between commands (nothing in flight) and not with the doorbell
+    /// region, whose pages belong to the connection.
+    pub fn image(&self) -> Result<VmmImage> {
+        if self.shmem.is_some() {
+            return Err(Error::Backend(
+                "an image of a VM with a doorbell region".into(),
+            ));
+        }
+        if self.pending_reset.is_some() {
+            return Err(Error::Backend("an image of a VM being reset".into()));
+        }
+        Ok(VmmImage {
+            mem: self.mem.image(),
+            device_features: self.device_features,
+            features: self.features,
+            protocol: self.protocol.bits(),
+            backend_queues: self.backend_queues,
+            ctrl: self.ctrl.image()?,
+            events: self.events.image()?,
+            notify: self.notify.image(),
+        })
+    }
+
+    /// The VMM of `image` over `mem` (restored from the image's, its
+    /// contents written), not connected: [`TestVmm::move_to_via`] connects
+    /// it to its new device, where the device state is loaded and the
+    /// queues start where they stopped.
+    pub fn restore(mem: Arc<GuestMem>, image: &VmmImage, opts: VmmOptions) -> Result<Self> {
+        let protocol = VhostUserProtocolFeatures::from_bits(image.protocol)
+            .ok_or_else(|| Error::Backend(format!("protocol features {:#x}", image.protocol)))?;
+        let ctrl = Vring::restore(mem.clone(), &image.ctrl.vring)?;
+        let events = Vring::restore(mem.clone(), &image.events.vring)?;
+        let notify = Vring::restore(mem.clone(), &image.notify)?;
+        Ok(TestVmm {
+            conn: None,
+            socket: PathBuf::new(),
+            mem,
+            device_features: image.device_features,
+            features: image.features,
+            protocol,
+            backend_queues: image.backend_queues,
+            ctrl: CtrlQueue::restore(ctrl, &image.ctrl, opts.timeout),
+            events: EventQueue::restore(events, &image.events, opts.timeout),
+            notify,
+            opts,
+            shmem: None,
+            backend_channel: None,
+            refusing_window: None,
+            start_config: None,
+            pending_reset: None,
+        })
     }
 
     fn conn(&mut self) -> Result<&mut Conn> {

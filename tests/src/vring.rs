@@ -13,6 +13,7 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
 use vhost::vhost_user::message::VhostUserVringAddrFlags;
 use vhost::VringConfigData;
 use virtio_bindings::virtio_ring::{
@@ -148,6 +149,30 @@ pub struct VringStats {
     pub calls: u64,
 }
 
+/// A [`Vring`] as a VM that moves takes it along ([`Vring::image`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VringImage {
+    /// Queue index.
+    pub index: u16,
+    /// Number of entries.
+    pub size: u16,
+    /// Guest-physical addresses of the descriptor table, the available
+    /// ring and the used ring.
+    pub rings: [u64; 3],
+    /// Free descriptor slots.
+    pub free: Vec<u16>,
+    /// For each head slot in flight, the slots of its chain.
+    pub chains: Vec<Option<Vec<u16>>>,
+    /// Free-running avail index.
+    pub next_avail: u16,
+    /// Avail index at the last notification decision.
+    pub last_kick_avail: u16,
+    /// Free-running used index.
+    pub last_used: u16,
+    /// Whether `VIRTIO_F_EVENT_IDX` is in use.
+    pub event_idx: bool,
+}
+
 /// Driver side of one split virtqueue.
 #[derive(Debug)]
 pub struct Vring {
@@ -198,8 +223,16 @@ impl Vring {
         for (gpa, len) in [(desc, desc_len), (avail, avail_len), (used, used_len)] {
             mem.fill(gpa, len as usize, 0)?;
         }
+        Self::over(mem, index, size, [desc, avail, used])
+    }
+
+    /// The queue of `size` entries (checked by the caller) whose rings are
+    /// at `rings` (descriptor table, available ring, used ring), with new
+    /// eventfds and nothing in flight.
+    fn over(mem: Arc<GuestMem>, index: u16, size: u16, rings: [GuestAddress; 3]) -> Result<Self> {
         let kick = EventFd::new(EFD_NONBLOCK).map_err(|e| Error::io("eventfd (kick)", e))?;
         let call = EventFd::new(EFD_NONBLOCK).map_err(|e| Error::io("eventfd (call)", e))?;
+        let [desc, avail, used] = rings;
         Ok(Vring {
             mem,
             index,
@@ -217,6 +250,47 @@ impl Vring {
             event_idx: false,
             stats: VringStats::default(),
         })
+    }
+
+    /// The queue's image (for a VM that moves to another host with its
+    /// RAM, [`crate::vm_image`]): where its rings are and how far the
+    /// driver got.
+    pub fn image(&self) -> VringImage {
+        VringImage {
+            index: self.index,
+            size: self.size,
+            rings: [self.desc.0, self.avail.0, self.used.0],
+            free: self.free.clone(),
+            chains: self.chains.clone(),
+            next_avail: self.next_avail,
+            last_kick_avail: self.last_kick_avail,
+            last_used: self.last_used,
+            event_idx: self.event_idx,
+        }
+    }
+
+    /// The queue of `image` over `mem` (its rings as the RAM holds them),
+    /// with new eventfds.
+    pub fn restore(mem: Arc<GuestMem>, image: &VringImage) -> Result<Self> {
+        let bad = |reason: String| Error::BadChain {
+            queue: image.index,
+            reason,
+        };
+        let size = image.size;
+        if size == 0 || !size.is_power_of_two() || size > MAX_QUEUE_SIZE {
+            return Err(bad(format!("an image of queue size {size}")));
+        }
+        if image.chains.len() != usize::from(size) || image.free.iter().any(|&d| d >= size) {
+            return Err(bad("an image whose chains do not fit the queue".into()));
+        }
+        let mut v = Self::over(mem, image.index, size, image.rings.map(GuestAddress))?;
+        v.free.clone_from(&image.free);
+        v.chains.clone_from(&image.chains);
+        v.next_avail = image.next_avail;
+        v.last_kick_avail = image.last_kick_avail;
+        v.last_used = image.last_used;
+        v.event_idx = image.event_idx;
+        Ok(v)
     }
 
     /// Queue index.

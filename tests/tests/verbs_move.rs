@@ -21,15 +21,13 @@ use vhost_user_rdma::migration::{decode, encode, state_bound, MigrationError};
 use vhost_user_rdma::relocation::{HostQpState, HostState};
 use vhost_user_rdma::Limits;
 use vhost_user_rdma_tests::dp::{
-    assert_quiet_for, assert_state, ok, pattern, poll_one, rc_pair, recv, wr, write_op, Buf, Pair,
-    Vm,
+    assert_quiet_for, assert_state, checked_round, ok, poll_one, rc_pair, wr, write_op, Buf, Vm,
 };
 use vhost_user_rdma_tests::harness::{on_host_rnic, TestDaemon, RNIC_ENV};
 use vhost_user_rdma_tests::state_transfer::{load, migrating_vmm, save};
 use vhost_user_rdma_tests::vmm::VmmOptions;
 use virtio_rdma_abi::datapath::WcOpcode;
 use virtio_rdma_abi::qp::QpState;
-use virtio_rdma_driver::SendOp;
 
 /// One request to `d`'s management API, in process; its answer.
 fn api(d: &TestDaemon, req: Value) -> Value {
@@ -39,35 +37,6 @@ fn api(d: &TestDaemon, req: Value) -> Value {
 
 fn gid_text(gid: [u8; 16]) -> String {
     std::net::Ipv6Addr::from(gid).to_string()
-}
-
-/// One checked round each way: a WRITE and a SEND from `qa`'s VM into
-/// `qb`'s, then the same back (`abuf` and `bbuf` are the VMs' buffers).
-fn round(p: &Pair, abuf: &Buf, bbuf: &Buf, seq: u64) {
-    let len = 1500 + (seq as usize * 97) % 2000;
-    for (from, to, q, cq, peer_q, peer_cq, src, dst) in [
-        (0, 1, &p.qa, &p.cqa, &p.qb, &p.cqb, abuf, bbuf),
-        (1, 0, &p.qb, &p.cqb, &p.qa, &p.cqa, bbuf, abuf),
-    ] {
-        let data = pattern(len, seq * 2 + from);
-        src.write(0, &data);
-        q.post_send(&[wr(seq, write_op(dst, 0), &[src.sge(0, len)])])
-            .unwrap();
-        ok(&poll_one(cq), seq, WcOpcode::RDMA_WRITE);
-        assert_eq!(dst.read(0, len), data, "WRITE {from} -> {to}, round {seq}");
-        recv(peer_q, seq, &[dst.sge(4096, len)]);
-        q.post_send(&[wr(seq, SendOp::Send, &[src.sge(0, len)])])
-            .unwrap();
-        ok(&poll_one(cq), seq, WcOpcode::SEND);
-        let r = poll_one(peer_cq);
-        ok(&r, seq, WcOpcode::RECV);
-        assert_eq!(r.byte_len as usize, len);
-        assert_eq!(
-            dst.read(4096, len),
-            data,
-            "SEND {from} -> {to}, round {seq}"
-        );
-    }
 }
 
 #[test]
@@ -86,7 +55,7 @@ fn a_vm_moves_to_another_daemon_and_its_peer_keeps_the_connection() {
     let mbuf = Buf::new(&m, 16384);
     let pbuf = Buf::new(&p, 16384);
     for seq in 1..=5 {
-        round(&pair, &mbuf, &pbuf, seq);
+        checked_round(&pair, &mbuf, &pbuf, seq);
     }
     let qpn = pair.qa.qpn();
     // How the moving VM's QPs are known on the wire: created on this
@@ -182,7 +151,7 @@ fn a_vm_moves_to_another_daemon_and_its_peer_keeps_the_connection() {
 
     // And both ways from then on, every byte checked.
     for seq in 6..=30 {
-        round(&pair, &mbuf, &pbuf, seq);
+        checked_round(&pair, &mbuf, &pbuf, seq);
     }
     assert_state(&pair.qa, QpState::RTS);
     assert_state(&pair.qb, QpState::RTS);

@@ -26,6 +26,10 @@
 //!           [--gid-index I | --src-ip IP] [--cm-response-ms T] [--cm-sends N]
 //! rdma-peer cm-probe --socket PATH --role server|client --tcp ADDR:PORT
 //!           --port CM_PORT [--timeout-secs N]
+//! rdma-peer move-out --socket PATH --peer-socket PATH --mgmt PATH [--name VM]
+//!           --tcp ADDR:PORT [--rounds N] [--timeout-secs N]
+//! rdma-peer move-in --socket PATH --mgmt PATH [--name VM] --tcp ADDR:PORT
+//!           [--timeout-secs N]
 //! ```
 //!
 //! - `exchange`: the checked two-peer exchange of
@@ -71,6 +75,18 @@
 //!   prints `server ping data: ...` and `rdma-peer: rping-server: N pings
 //!   served` once the client disconnected.
 //!
+//! - `move-out`, `move-in`: `vhost_user_rdma_tests::vm_move`. On the
+//!   source host, the moving VM (`--socket`) and its peer (`--peer-socket`)
+//!   on one daemon run 5 checked rounds over RC; the daemon holds the
+//!   peer's connection, the VM stops and its image (guest RAM, queues,
+//!   driver objects, the device state its daemon saved) goes to `move-in`
+//!   on the destination host, which brings it up on its daemon and sends
+//!   back that daemon's move record; the source daemon re-points the
+//!   peer, whose held WRITE lands. Then `--rounds` checked rounds across
+//!   the hosts. The source prints `move-hosts: blackout ...` and
+//!   `rdma-peer: move-out ok (...)`, the destination `rdma-peer: move-in
+//!   ok (...)`. Both daemons run on the libibverbs transport.
+//!
 //! `exchange`, `ud`, `write-lat`, `write-bw` and `cm-probe` share the TCP set-up: the
 //! server listens on ADDR:PORT and takes one connection, the client
 //! connects to it (retrying until the server listens).
@@ -86,6 +102,7 @@ use std::time::Duration;
 use clap::{Args as ClapArgs, Parser, Subcommand, ValueEnum};
 use vhost_user_rdma_tests::cm_probe;
 use vhost_user_rdma_tests::transport::VmmTransport;
+use vhost_user_rdma_tests::vm_move;
 use vhost_user_rdma_tests::vmm::{TestVmm, VmmOptions};
 use virtio_rdma_apps::exchange::{self, Options, Role};
 use virtio_rdma_apps::oob::TcpOob;
@@ -404,6 +421,42 @@ enum Cmd {
         #[arg(long, default_value_t = 0)]
         hold_secs: u64,
     },
+    /// The source host of a VM that moves with its live RC connection to
+    /// another host's daemon (`vhost_user_rdma_tests::vm_move`).
+    MoveOut {
+        #[command(flatten)]
+        vm: Vm,
+        #[command(flatten)]
+        at: MoveAt,
+        /// The moving VM's peer's socket (the same daemon).
+        #[arg(long)]
+        peer_socket: PathBuf,
+        /// Checked rounds after the move.
+        #[arg(long, default_value_t = 25, value_parser = clap::value_parser!(u64).range(1..))]
+        rounds: u64,
+    },
+    /// The destination host of `move-out`.
+    MoveIn {
+        #[command(flatten)]
+        vm: Vm,
+        #[command(flatten)]
+        at: MoveAt,
+    },
+}
+
+/// Where a moving VM is (`move-out`, `move-in`).
+#[derive(Debug, ClapArgs)]
+struct MoveAt {
+    /// The daemon's management socket.
+    #[arg(long)]
+    mgmt: PathBuf,
+    /// The VM's name in the daemon.
+    #[arg(long, default_value = "vm0")]
+    name: String,
+    /// move-out: the destination's address; move-in: the address to
+    /// listen on (host:port).
+    #[arg(long)]
+    tcp: String,
 }
 
 /// A size of at least one byte.
@@ -678,9 +731,52 @@ fn run(args: Args) -> Result<(), BoxError> {
             drop(cqs);
             println!("rdma-peer: fill ok");
         }
+        Cmd::MoveOut {
+            vm,
+            at,
+            peer_socket,
+            rounds,
+        } => {
+            let o = vm_move::MoveOut {
+                socket: vm.socket,
+                peer_socket,
+                mgmt: at.mgmt,
+                vm: at.name,
+                tcp: at.tcp,
+                rounds,
+                timeout: Duration::from_secs(vm.timeout_secs),
+            };
+            checked(|| vm_move::move_out(&o, &mut std::io::stdout()))?;
+        }
+        Cmd::MoveIn { vm, at } => {
+            let o = vm_move::MoveIn {
+                socket: vm.socket,
+                mgmt: at.mgmt,
+                vm: at.name,
+                tcp: at.tcp,
+                timeout: Duration::from_secs(vm.timeout_secs),
+            };
+            checked(|| vm_move::move_in(&o, &mut std::io::stdout()))?;
+        }
     }
     let _ = out.flush();
     Ok(())
+}
+
+/// Runs `f`, whose test helpers panic on a failed check, turning a panic
+/// into an error (its message was printed by the panic hook).
+fn checked(f: impl FnOnce() -> Result<(), BoxError>) -> Result<(), BoxError> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(p) => {
+            let what = p
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| p.downcast_ref::<&str>().copied())
+                .unwrap_or("a panic");
+            Err(format!("a check failed: {what}").into())
+        }
+    }
 }
 
 fn main() -> ExitCode {
