@@ -239,8 +239,9 @@ static int vrdma_query_pkey(struct ib_device *ibdev, u32 port, u16 index,
  * holds no default GID for the interface (not yet, or no more: the
  * interface's address changed). Taken there, it would hold the slot the
  * VM's first IP address has (spec appendix A), and that address would get
- * whichever index the order of events left it. Refused, ib_core leaves it
- * out of its table, and adds it as the default GID in slot 0.
+ * whichever index the order of events left it. Refused, it stays out of
+ * ib_core's table until ib_core's default GID events (the interface
+ * registered, up, or its address changed) put it into slot 0.
  */
 static int vrdma_add_gid(const struct ib_gid_attr *attr, void **context)
 {
