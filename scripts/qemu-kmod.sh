@@ -11,7 +11,10 @@
 # guest-driver/tests/vrdma-reset.sh (device resets under a process holding objects:
 # IBV_EVENT_DEVICE_FATAL, errors not hangs, the device back); then removes virtio_net (the verbs
 # device goes with its interface, and the removal does not hang on the interface's reference)
-# and loads it again (the verbs device comes back on the new interface).
+# and loads it again (the verbs device comes back on the new interface); then makes ib_core offer
+# the interface's link-local address (the device's default GID) before its IPv4 address while
+# ib_core's default slot is empty (another MAC address on the interface for a while), and checks
+# that the VM's GID is still index 1 (the driver takes the default GID in slot 0 only).
 # Meanwhile a second guest runs on a device without device feature bits (a second daemon with
 # ud/srq/atomics off: what cloud-hypervisor's generic vhost-user device gives a guest):
 # vrdma-check transport-only.
@@ -75,14 +78,22 @@ t=$(date +%s)
 rc=0
 # shellcheck disable=SC2016 # the guest's shell expands them
 launch_guest guest --image "$image" --append 'guest.uio=none' \
-  --cmd 'ib=/sys/class/infiniband; net() { modprobe virtio_net && ip link set eth0 up &&
-    ip addr add 10.42.0.1/24 dev eth0 && i=0 && until grep -qs 0a2a $ib/virtio_rdma0/ports/1/gids/1 ||
-    [ $i -ge 100 ]; do sleep 0.1; i=$((i + 1)); done; }
+  --cmd 'ib=/sys/class/infiniband; g=$ib/virtio_rdma0/ports/1/gids
+    upto() { i=0; until eval "$1" || [ $i -ge 100 ]; do sleep 0.1; i=$((i + 1)); done; }
+    net() { modprobe virtio_net && ip link set eth0 up && ip addr add 10.42.0.1/24 dev eth0 &&
+      upto "grep -qs 0a2a $g/1"; }
+    gids() { for i in $(seq 0 15); do x=$(cat $g/$i 2>/dev/null) &&
+      [ "$x" != 0000:0000:0000:0000:0000:0000:0000:0000 ] && printf " %s=%s" $i $x; done; echo " END"; }
     insmod /lib/virtio_rdma.ko && sleep 1 && echo "EARLY $(ls $ib | wc -l) verbs devices" && net &&
-    dmesg | grep -i virtio && rdma link && echo "GID1 $(cat $ib/virtio_rdma0/ports/1/gids/1)" &&
+    dmesg | grep -i virtio && rdma link && echo "GID1 $(cat $g/1)" &&
     cat /etc/libibverbs.d/virtio_rdma.driver && ibv_devinfo && vrdma-check && vrdma-reset.sh &&
     rmmod virtio_net && echo "GONE $(ls $ib | wc -l) verbs devices" && net &&
-    echo "BACK $(ls $ib) GID1 $(cat $ib/virtio_rdma0/ports/1/gids/1)" &&
+    echo "BACK $(ls $ib) GID1 $(cat $g/1)" && echo "BACK-GIDS$(gids)" &&
+    upto "ip -6 addr show dev eth0 | grep -q fe80::5054:ff:fe12:3456" &&
+    ip addr del 10.42.0.1/24 dev eth0 && ip link set eth0 address 52:54:00:12:34:99 &&
+    ip addr add 10.42.0.1/24 dev eth0 && upto "grep -qs 0a2a $g/1" && echo "LL-FIRST GIDS$(gids)" &&
+    ip link set eth0 address 52:54:00:12:34:56 && upto "grep -qs fe80 $g/0" &&
+    echo "LL-DEFAULT GIDS$(gids)" &&
     dmesg | grep "went away" && rmmod virtio_rdma && insmod /lib/virtio_rdma.ko &&
     sleep 1 && ibv_devices | sed "s/^/AGAIN /"' -- \
   -chardev "socket,id=rdma,path=$dir/vm0.sock" -device vhost-user-rdma-pci,chardev=rdma \
@@ -161,6 +172,18 @@ check "virtio_net removed: the verbs device went with its interface, nothing hun
 check "... the driver said why" "network interface eth0 went away: unregistering virtio_rdma0"
 check "virtio_net loaded again: virtio_rdma0 back on the new eth0, GID 1 from its address" \
   "^BACK virtio_rdma0 GID1 0000:0000:0000:0000:0000:ffff:0a2a:0001"
+# The order of ib_core's address events decides where a GID goes: the interface's link-local
+# address, which is the device's default GID, is offered as an ordinary GID too, and lands in the
+# first free slot after 0 if it comes while slot 0 holds no default GID for the interface. Made
+# so on purpose: a new MAC address (ib_core's default GID from it is not the device's, refused;
+# the pairing is by permanent address and stays) while the interface keeps its link-local
+# address, offered before the IPv4 address comes back. The driver refuses the default GID
+# outside slot 0, so the VM's address takes index 1 whatever the order, and the default GID
+# comes back to index 0 with the MAC address.
+check "the link-local address offered first while slot 0 is empty: refused, the VM's GID at index 1" \
+  "^LL-FIRST GIDS 1=0000:0000:0000:0000:0000:ffff:0a2a:0001 END"
+check "... its MAC address back: the default GID at 0, the VM's at 1, nothing else" \
+  "^LL-DEFAULT GIDS 0=fe80:0000:0000:0000:5054:00ff:fe12:3456 1=0000:0000:0000:0000:0000:ffff:0a2a:0001 END"
 check "rmmod (device reset) and insmod again: the device is back" "AGAIN .*virtio_rdma0"
 bare_rc=0
 launch_wait "$bare_pid" || bare_rc=$?

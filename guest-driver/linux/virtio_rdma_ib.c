@@ -44,6 +44,16 @@ static __be64 vrdma_guid(__le64 guid)
 /* The prefix of the link-local default GID (docs/abi-v3-design.md 3). */
 #define VRDMA_LINK_LOCAL_PREFIX 0xfe80000000000000ULL
 
+/*
+ * Whether the device's entry 0 is the default GID (fe80::/64), as version 3
+ * has it, which is ib_core's default GID too (slot 0).
+ */
+static bool vrdma_has_default_gid(const struct vrdma_ib *vib)
+{
+	return vib->num_gids && vib->gids[0].global.subnet_prefix ==
+				cpu_to_be64(VRDMA_LINK_LOCAL_PREFIX);
+}
+
 /* The number of device GIDs the driver reads and maps (vrdma_query_gids). */
 static unsigned int vrdma_num_gids(struct vrdma_dev *dev)
 {
@@ -222,7 +232,16 @@ static int vrdma_query_pkey(struct ib_device *ibdev, u32 port, u16 index,
  * ib_core offers every GID of the paired interface and its default GID;
  * only those the device assigned to this VM are usable (the device sends
  * from no other address). A version 3 device has the default GID at its
- * index 0, which ib_core's slot 0 then maps to.
+ * index 0, which ib_core's slot 0 (its only default slot on a RoCEv2-only
+ * port) maps to, and only that slot: ib_core also offers the interface's
+ * link-local address, the same GID, as an ordinary one, and puts it into
+ * the first free slot after 0 when its address event comes while slot 0
+ * holds no default GID for the interface (not yet, or no more: the
+ * interface's address changed). Taken there, it would hold the slot the
+ * VM's first IP address has (spec appendix A), and that address would get
+ * whichever index the order of events left it. Refused, it stays out of
+ * ib_core's table until ib_core's default GID events (the interface
+ * registered, up, or its address changed) put it into slot 0.
  */
 static int vrdma_add_gid(const struct ib_gid_attr *attr, void **context)
 {
@@ -233,10 +252,12 @@ static int vrdma_add_gid(const struct ib_gid_attr *attr, void **context)
 	    attr->index >= ARRAY_SIZE(vib->gid_map))
 		return -EINVAL;
 	for (i = 0; i < vib->num_gids; i++) {
-		if (!memcmp(&vib->gids[i], &attr->gid, sizeof(attr->gid))) {
-			vib->gid_map[attr->index] = i;
-			return 0;
-		}
+		if (memcmp(&vib->gids[i], &attr->gid, sizeof(attr->gid)))
+			continue;
+		if (!i && attr->index && vrdma_has_default_gid(vib))
+			return -EINVAL;
+		vib->gid_map[attr->index] = i;
+		return 0;
 	}
 	return -EINVAL;
 }
@@ -585,8 +606,7 @@ static int vrdma_query_gids(struct vrdma_ib *vib)
 	 * takes a slot of its own, and the device's GIDs fit after it.
 	 */
 	vib->gid_tbl_len = n;
-	if (!n || vib->gids[0].global.subnet_prefix !=
-		  cpu_to_be64(VRDMA_LINK_LOCAL_PREFIX))
+	if (!vrdma_has_default_gid(vib))
 		vib->gid_tbl_len++;
 	for (i = 0; i < ARRAY_SIZE(vib->gid_map); i++)
 		vib->gid_map[i] = VRDMA_NO_GID;
