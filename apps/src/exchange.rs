@@ -94,6 +94,11 @@ pub struct Options {
     pub rounds: u32,
     /// Longest wait for anything (the peer, a completion).
     pub timeout: Duration,
+    /// The RC QPs' local ACK timeout exponent (4.096 µs × 2^N per try, 7
+    /// retries; spec 12.16): 14 (67 ms) as `RcConnect` has it; longer
+    /// between guests whose host starves them for longer than the NIC
+    /// retries (`exchange` between TCG guests on a loaded machine).
+    pub ack_timeout: u32,
 }
 
 impl Default for Options {
@@ -104,6 +109,7 @@ impl Default for Options {
             stream_writes: 32,
             rounds: 1,
             timeout: Duration::from_secs(60),
+            ack_timeout: 14,
         }
     }
 }
@@ -356,17 +362,15 @@ impl<'a> Peer<'a> {
         }
     }
 
-    /// Connects both QPs to the peer's; with `retry_forever` their local
-    /// ACK timeout is 0 (retries without end, spec 18.20): a peer that is
+    /// Connects both QPs to the peer's with local ACK timeout exponent
+    /// `ack_timeout`; 0 retries without end (spec 18.20): a peer that is
     /// paused for a while — around its reset, however long a loaded host
     /// takes for it — does not fail them; only its reset does.
-    fn connect(&self, peer: &PeerInfo, retry_forever: bool) -> Result<()> {
+    fn connect(&self, peer: &PeerInfo, ack_timeout: u32) -> Result<()> {
         let attr = self.dev.attr();
         for (qp, dest) in [(&self.ctl, peer.ctl_qpn), (&self.dat, peer.dat_qpn)] {
             let mut c = RcConnect::new(dest, peer.gid);
-            if retry_forever {
-                c.timeout = 0;
-            }
+            c.timeout = ack_timeout;
             c.max_rd_atomic = attr.max_qp_init_rd_atom.clamp(1, 16);
             c.max_dest_rd_atomic = attr.max_qp_rd_atom.clamp(1, 16);
             qp.rc_connect(
@@ -515,7 +519,7 @@ pub fn run(
     let peer_text = sync(oob, "info", &me.encode(), opts.timeout)?;
     let peer = PeerInfo::decode(&peer_text)
         .ok_or_else(|| Error::Protocol(format!("bad peer info {peer_text:?}")))?;
-    p.connect(&peer, false)?;
+    p.connect(&peer, opts.ack_timeout)?;
     p.post_ctl_recvs()?;
     // Both sides must be ready to receive before the client sends.
     sync(oob, "up", "", opts.timeout)?;
@@ -567,7 +571,7 @@ pub fn stream_until_peer_reset(
     let peer_text = sync(oob, "info", &me.encode(), opts.timeout)?;
     let peer = PeerInfo::decode(&peer_text)
         .ok_or_else(|| Error::Protocol(format!("bad peer info {peer_text:?}")))?;
-    p.connect(&peer, true)?;
+    p.connect(&peer, 0)?;
     p.post_ctl_recvs()?;
     sync(oob, "up", "", opts.timeout)?;
 

@@ -20,6 +20,7 @@ fn opts() -> Options {
         stream_writes: 8,
         rounds: 2,
         timeout: Duration::from_secs(60),
+        ..Options::default()
     }
 }
 

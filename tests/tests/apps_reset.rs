@@ -23,6 +23,7 @@ fn opts(timeout: Duration) -> Options {
         stream_writes: 2,
         rounds: 1,
         timeout,
+        ..Options::default()
     }
 }
 

@@ -142,6 +142,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 stream_writes,
                 rounds,
                 timeout: Duration::from_secs(timeout_secs),
+                ..Options::default()
             };
             let role = match role {
                 RoleArg::Server => Role::Server,

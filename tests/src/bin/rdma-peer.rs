@@ -8,7 +8,7 @@
 //! ```text
 //! rdma-peer exchange --socket PATH --role server|client --tcp ADDR:PORT
 //!           [--buf-len BYTES] [--pingpongs N] [--stream-writes N] [--rounds N]
-//!           [--timeout-secs N]
+//!           [--ack-timeout N] [--timeout-secs N]
 //! rdma-peer pingpong --socket PATH (--server | --client HOST) [-p PORT]
 //!           [-s SIZE] [-n ITERS] [-m MTU] [-r RX_DEPTH] [-c] [--timeout-secs N]
 //!           [--no-verify]
@@ -250,6 +250,10 @@ enum Cmd {
         /// Repetitions of the checked transfers.
         #[arg(long, default_value_t = 1)]
         rounds: u32,
+        /// The RC QPs' local ACK timeout exponent (4.096 µs × 2^N per try,
+        /// 7 retries; 0: retry for ever).
+        #[arg(long, default_value_t = 14, value_parser = clap::value_parser!(u32).range(0..=31))]
+        ack_timeout: u32,
     },
     /// A ping-pong compatible with rdma-core's ibv_rc_pingpong.
     Pingpong {
@@ -540,6 +544,7 @@ fn run(args: Args) -> Result<(), BoxError> {
             pingpongs,
             stream_writes,
             rounds,
+            ack_timeout,
         } => {
             let mut s = session(&vm, &Peer { role, tcp })?;
             let opts = Options {
@@ -548,6 +553,7 @@ fn run(args: Args) -> Result<(), BoxError> {
                 stream_writes,
                 rounds,
                 timeout: s.timeout,
+                ack_timeout,
             };
             exchange::run(&s.dev, s.role, &mut s.oob, &opts, &mut out)?;
             println!("rdma-peer: exchange ok");
