@@ -78,6 +78,15 @@ impl TestDaemon {
         })
     }
 
+    /// Starts a daemon serving `vms` sockets and, as its last instance
+    /// (socket `vms`), a standby of VM 0 (spec 20.5) on `vm0.standby`.
+    pub fn with_standby(vms: usize) -> Result<Self> {
+        Self::with_config(vms, |c| {
+            let socket = c.vms[0].socket.with_extension("standby");
+            c.add_standby(0, socket);
+        })
+    }
+
     /// Starts a daemon with the configuration `make` returns; `make` gets
     /// the private directory to put sockets (and files) in.
     pub fn from_config(make: impl FnOnce(&Path) -> Result<DaemonConfig>) -> Result<Self> {

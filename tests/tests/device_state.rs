@@ -16,11 +16,7 @@ use virtio_rdma_driver::{Cq, RecvWr, SendOp};
 
 /// A daemon of `vms` VMs and a standby of VM 0, the last instance.
 fn with_standby(vms: usize) -> TestDaemon {
-    TestDaemon::with_config(vms, |c| {
-        let socket = c.vms[0].socket.with_extension("standby");
-        c.add_standby(0, socket);
-    })
-    .unwrap()
+    TestDaemon::with_standby(vms).unwrap()
 }
 
 #[test]

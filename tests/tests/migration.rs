@@ -185,11 +185,7 @@ fn a_started_device_is_neither_saved_nor_loaded() {
 #[test]
 fn a_vm_moves_to_its_standby_through_the_sockets() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let d = TestDaemon::with_config(2, |c| {
-        let socket = c.vms[0].socket.with_extension("standby");
-        c.add_standby(0, socket);
-    })
-    .unwrap();
+    let d = TestDaemon::with_standby(2).unwrap();
     let a = Vm::open(&d, 0, migrating_vmm());
     let b = Vm::open(&d, 1, VmmOptions::default());
     let p = rc_pair_with(&a, &b, fast);

@@ -25,11 +25,7 @@ fn a_vm_restored_from_its_image_keeps_its_objects_and_connection() {
     }
     vhost_user_rdma::logging::init(vhost_user_rdma::logging::LogFormat::Text);
     // VM 0's standby socket (index 2) is where its image comes back.
-    let d = TestDaemon::with_config(2, |c| {
-        let socket = c.vms[0].socket.with_extension("standby");
-        c.add_standby(0, socket);
-    })
-    .unwrap();
+    let d = TestDaemon::with_standby(2).unwrap();
     let m = Vm::open(&d, 0, migrating_vmm());
     let p = Vm::open(&d, 1, VmmOptions::default());
     let Pair { cqa, cqb, qa, qb } = rc_pair(&m, &p);
