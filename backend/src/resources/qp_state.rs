@@ -97,17 +97,20 @@ mod tests {
     use super::*;
     use QpState::*;
 
+    /// Every QP type the table has rules for.
+    const TYPES: [QpType; 5] = [
+        QpType::RC,
+        QpType::UD,
+        QpType::UC,
+        QpType::XRC_INI,
+        QpType::XRC_TGT,
+    ];
+
     #[test]
     fn table_shape() {
         // Every state can go to RESET and ERR.
         for s in QpState::ALL {
-            for t in [
-                QpType::RC,
-                QpType::UD,
-                QpType::UC,
-                QpType::XRC_INI,
-                QpType::XRC_TGT,
-            ] {
+            for t in TYPES {
                 assert!(rule(t, *s, RESET).is_some());
                 assert!(rule(t, *s, ERR).is_some());
             }
@@ -147,13 +150,7 @@ mod tests {
         // Required and optional never overlap.
         for from in QpState::ALL {
             for to in QpState::ALL {
-                for t in [
-                    QpType::RC,
-                    QpType::UD,
-                    QpType::UC,
-                    QpType::XRC_INI,
-                    QpType::XRC_TGT,
-                ] {
+                for t in TYPES {
                     if let Some(r) = rule(t, *from, *to) {
                         assert_eq!(r.required & r.optional, 0);
                         assert_eq!((r.required | r.optional) & STATE, 0);
