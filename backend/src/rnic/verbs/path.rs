@@ -23,7 +23,7 @@ use virtio_rdma_abi::qp::QpType;
 use super::rnic::moves;
 use super::rnic::{lock_tables, VerbsRnic, VmHost};
 use super::scratch::Scratch;
-use super::{complete, gsi, post};
+use super::{complete, gsi, post, routes};
 use crate::engine::requester::{complete_send, Completion};
 use crate::memory::HostMem;
 use crate::rnic_path::{Outgoing, RnicPath, Serving, Step};
@@ -104,7 +104,9 @@ impl RnicPath for VerbsPath<'_> {
         let mut did = complete::host_events(host, cx.state);
         did |= gsi::deliver(self.rnic, self.tenancy, cx, ts);
         did |= complete::poll_cqs(host, cx.state, cx.mem, ts);
-        did |= complete::watchdog(host, cx.state, Instant::now(), WATCH_EVERY);
+        let now = Instant::now();
+        did |= complete::watchdog(host, cx.state, now, WATCH_EVERY);
+        routes::flush_due(now);
         if host.srqs.load(Ordering::Relaxed) > 0 {
             did |= post::srq_recvs(host, cx.state, cx.mem, &mut ts.wqe);
         }
