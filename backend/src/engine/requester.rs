@@ -16,7 +16,7 @@ use super::completer::{self, traffic};
 use super::doorbell;
 use super::fastreg;
 use super::scratch::Scratch;
-use super::wqe::{fetch_send, posted, WqeError};
+use super::wqe::{fetch_send, posted, prefetch_send_wqe, WqeError, PREFETCH_AHEAD};
 use super::Engine;
 use crate::memory::HostMem;
 use crate::resources::Qp;
@@ -118,6 +118,11 @@ impl Engine {
             did = true;
             scratch.moved = 0;
             let index = qp.rt.sq_ci;
+            // A WQE a few slots on, if the driver has posted it: its lines
+            // come from the driver's CPU while this one executes.
+            if sq_pi.wrapping_sub(index) > PREFETCH_AHEAD {
+                prefetch_send_wqe(mem, qp, index.wrapping_add(PREFETCH_AHEAD));
+            }
             let room = Room {
                 max_bytes,
                 moved: bytes,
