@@ -7,7 +7,7 @@
 //! of index `i` is `i & (depth - 1)`.
 
 use crate::ctrl::code_enum;
-use crate::wire::{field_offset, Wire};
+use crate::wire::{field_offset, Field, Wire};
 use crate::wire_struct;
 
 wire_struct! {
@@ -404,6 +404,76 @@ wire_struct! {
     }
 }
 
+/// The `size`-byte little-endian field at byte `off` of a structure held
+/// as little-endian 8-byte words `w`; the field lies inside one word (wire
+/// structures are naturally aligned).
+#[inline(always)]
+fn word_field<const N: usize>(w: &[u64; N], off: u64, size: u32) -> u64 {
+    let word = usize::try_from(off / 8)
+        .ok()
+        .and_then(|i| w.get(i))
+        .copied()
+        .unwrap_or(0);
+    // `off & 7` is below 8 and `size` below 8 in the masked arm: the
+    // shifts stay below 64 bits.
+    let v = word.wrapping_shr(u32::from((off & 7) as u8).wrapping_mul(8));
+    match size {
+        8.. => v,
+        _ => v & 1u64.wrapping_shl(size.wrapping_mul(8)).wrapping_sub(1),
+    }
+}
+
+/// Reads field `$name` of type `$t` of wire structure `$s` from its words.
+macro_rules! from_word {
+    ($w:expr, $s:ty, $name:literal, $t:ty) => {{
+        const OFF: u64 = field_offset(<$s as Wire>::LAYOUT, $name);
+        // The mask in `word_field` keeps the value within `$t`.
+        #[allow(clippy::cast_possible_truncation)]
+        let v = word_field($w, OFF, <$t as Field>::SIZE as u32) as $t;
+        v
+    }};
+}
+
+impl SendWqe {
+    /// Decodes a send WQE header held as its eight little-endian 8-byte
+    /// words, as [`Field::read`] decodes its bytes. For a reader that loads
+    /// the header from the ring one word at a time and decodes the words
+    /// where they are: a copy parsed at once would be read with loads wider
+    /// than the stores that made it, which the CPU cannot forward.
+    #[inline(always)]
+    pub fn from_words(w: &[u64; 8]) -> Self {
+        SendWqe {
+            wr_id: from_word!(w, SendWqe, "wr_id", u64),
+            opcode: from_word!(w, SendWqe, "opcode", u8),
+            flags: from_word!(w, SendWqe, "flags", u8),
+            num_sge: from_word!(w, SendWqe, "num_sge", u16),
+            imm_data: from_word!(w, SendWqe, "imm_data", u32),
+            remote_addr: from_word!(w, SendWqe, "remote_addr", u64),
+            rkey: from_word!(w, SendWqe, "rkey", u32),
+            inline_len: from_word!(w, SendWqe, "inline_len", u32),
+            compare_add: from_word!(w, SendWqe, "compare_add", u64),
+            swap: from_word!(w, SendWqe, "swap", u64),
+            ah_handle: from_word!(w, SendWqe, "ah_handle", u32),
+            remote_qpn: from_word!(w, SendWqe, "remote_qpn", u32),
+            remote_qkey: from_word!(w, SendWqe, "remote_qkey", u32),
+            xrc_srqn: from_word!(w, SendWqe, "xrc_srqn", u32),
+        }
+    }
+}
+
+impl Sge {
+    /// Decodes an SGE held as its two little-endian 8-byte words, as
+    /// [`Field::read`] decodes its bytes (see [`SendWqe::from_words`]).
+    #[inline(always)]
+    pub fn from_words(w: &[u64; 2]) -> Self {
+        Sge {
+            addr: from_word!(w, Sge, "addr", u64),
+            length: from_word!(w, Sge, "length", u32),
+            lkey: from_word!(w, Sge, "lkey", u32),
+        }
+    }
+}
+
 wire_struct! {
     /// A `REG_MR` send WQE (`F_MEM_MGT`): the 64-byte slot header read in
     /// this layout instead of [`SendWqe`]'s, `opcode` and `flags` where a
@@ -730,6 +800,29 @@ mod tests {
         assert_eq!(CtxDoorbell::FLAGS, DB_DRIVER_OFFSET);
         assert_eq!((QpDbSlot::SQ_PI, QpDbSlot::RQ_PI), (0, 4));
         assert_eq!(SrqDbSlot::PI, 0);
+    }
+
+    /// Decoding from words gives what decoding the words' bytes gives.
+    #[test]
+    fn send_wqe_and_sge_from_words() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..200 {
+            let mut w = [0u64; 8];
+            for v in &mut w {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *v = x;
+            }
+            let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+            assert_eq!(SendWqe::from_words(&w), SendWqe::read(&bytes));
+            let [a, b, c, d, ..] = w;
+            assert_eq!(Sge::from_words(&[a, b]), Sge::read(&bytes));
+            assert_eq!(
+                Sge::from_words(&[c, d]),
+                Sge::read(bytes.get(16..).unwrap_or(&[]))
+            );
+        }
     }
 
     /// Spec 18.13: an IPv6 header as RoCEv2 would have it, as

@@ -300,6 +300,7 @@ impl Engine {
     /// checks of its lengths and address handle: the destination QPN, the
     /// address vector, the Q_Key and the message length; or the
     /// requester's error status (a `malformed` WQE fails here).
+    #[inline(always)]
     fn address(
         &self,
         state: &VmState,

@@ -12,6 +12,7 @@ use virtio_rdma_abi::qp::QpType;
 use virtio_rdma_abi::{Field, Wire};
 
 use crate::memory::access;
+use crate::memory::volatile;
 use crate::memory::{HostMem, PageList};
 use crate::resources::{Qp, Srq};
 use crate::rnic_path::SendWr;
@@ -199,10 +200,17 @@ fn sges<'s>(buf: &[u8], header: u32, n: usize, out: &'s mut [Sge; MAX_SGES]) -> 
 const _: () = assert!(SEND_WQE_HEADER as usize == SendWqe::SIZE);
 
 /// Copies and parses send WQE `index`.
+///
+/// Where the slot is 8-byte aligned in the host's mapping (always, but for
+/// a VMM that maps RAM regions at odd offsets), the header and the SGEs
+/// are read word by word, each word once, and decoded where they are: a
+/// copy parsed straight away is read with loads wider than the stores that
+/// made it, which the CPU cannot forward from its store buffer (at 64-byte
+/// WRITEs they took a fifth of the engine's time). Inline data is copied.
 // Inlined into the requester: the work request it returns (some 120
 // bytes) cost more to move out of a call than to parse (64 B WRITE rate
 // 1.08 x, `rdma_perf write_bw -s 64`, builds alternated).
-#[inline]
+#[inline(always)]
 pub fn fetch_send<'a>(
     mem: &HostMem,
     qp: &Qp,
@@ -216,26 +224,21 @@ pub fn fetch_send<'a>(
         slot,
         sges: sge_buf,
     } = scratch;
-    // The header is decoded once, from the engine's copy (the guest cannot
-    // change it under us); the body's length follows from it.
-    let mut hdr = SendWqe::default();
-    let first = usual_wqe(SEND_WQE_HEADER, max_sge);
-    let buf = copy_slot(
-        mem,
-        gpa,
-        stride,
-        (SEND_WQE_HEADER as usize, first),
-        slot,
-        |h| {
-            hdr = SendWqe::read(h);
-            if hdr.flags & WQE_INLINE != 0 {
-                hdr.inline_len as usize
-            } else {
-                usize::from(hdr.num_sge).saturating_mul(SGE_SIZE as usize)
-            }
-        },
-    )
-    .ok_or(WqeError::Unusable)?;
+    let words = mem
+        .ptr(gpa, stride as u64)
+        .filter(|p| p.cast_const().cast::<u64>().is_aligned());
+    let hdr = match words {
+        // SAFETY: `p` is 8-byte aligned and the slot's `stride` bytes
+        // (at least the header's 64) lie in one RAM region.
+        Some(p) => SendWqe::from_words(&unsafe { volatile::words::<8>(p) }),
+        None => {
+            let h = slot
+                .get_mut(..SEND_WQE_HEADER as usize)
+                .ok_or(WqeError::Unusable)?;
+            access::read_bytes(mem, gpa, h).map_err(|_| WqeError::Unusable)?;
+            SendWqe::read(h)
+        }
+    };
     let opcode = WrOpcode::from_u32(u32::from(hdr.opcode));
     let bad = WqeError::malformed(hdr.wr_id, opcode);
     // `xrc_srqn` is an XRC_INI QP's only (spec 11.3): zero on every other.
@@ -250,13 +253,16 @@ pub fn fetch_send<'a>(
     if hdr.flags & !known != 0 {
         return Err(bad);
     }
+    // The body after the header never reaches past the slot.
+    let room = stride.saturating_sub(SEND_WQE_HEADER as usize);
+    let body = gpa.checked_add(u64::from(SEND_WQE_HEADER)).ok_or(bad)?;
     if hdr.flags & WQE_INLINE != 0 {
         if hdr.num_sge != 0 || hdr.inline_len > max_inline {
             return Err(bad);
         }
-        let start = SEND_WQE_HEADER as usize;
-        let end = start.checked_add(hdr.inline_len as usize).ok_or(bad)?;
-        let data = buf.get(start..end).ok_or(bad)?;
+        let n = hdr.inline_len as usize;
+        let data = slot.get_mut(..n).filter(|_| n <= room).ok_or(bad)?;
+        access::read_bytes(mem, body, data).map_err(|_| WqeError::Unusable)?;
         return Ok(SendWr {
             hdr,
             opcode,
@@ -264,14 +270,35 @@ pub fn fetch_send<'a>(
             inline: Some(data),
         });
     }
-    if u32::from(hdr.num_sge) > max_sge {
+    let n = usize::from(hdr.num_sge);
+    if u32::from(hdr.num_sge) > max_sge || n.saturating_mul(SGE_SIZE as usize) > room {
         return Err(bad);
     }
-    let sges = sges(buf, SEND_WQE_HEADER, usize::from(hdr.num_sge), sge_buf).ok_or(bad)?;
+    let out = sge_buf.get_mut(..n).ok_or(bad)?;
+    match words {
+        Some(p) => {
+            for (i, sge) in out.iter_mut().enumerate() {
+                // Header, then SGE `i < num_sge`: inside the slot (checked
+                // against `room` above).
+                let off = (SEND_WQE_HEADER as usize).saturating_add(i.saturating_mul(Sge::SIZE));
+                // SAFETY: `p + off` is 8-byte aligned (`p` is, and so are
+                // the header's and an SGE's sizes) and its 16 bytes lie in
+                // the slot, inside one RAM region.
+                *sge = Sge::from_words(&unsafe { volatile::words::<2>(p.add(off)) });
+            }
+        }
+        None => {
+            let bytes = slot.get_mut(..n.saturating_mul(Sge::SIZE)).ok_or(bad)?;
+            access::read_bytes(mem, body, bytes).map_err(|_| WqeError::Unusable)?;
+            for (sge, b) in out.iter_mut().zip(bytes.chunks_exact(Sge::SIZE)) {
+                *sge = Sge::read(b);
+            }
+        }
+    }
     Ok(SendWr {
         hdr,
         opcode,
-        sges,
+        sges: out,
         inline: None,
     })
 }

@@ -85,6 +85,24 @@ pub(crate) unsafe fn from_guest(src: *const u8, dst: &mut [u8]) {
     }
 }
 
+/// Reads `N` little-endian 8-byte words of guest memory at `src`, each
+/// with one volatile load, for a caller that decodes them in registers.
+///
+/// # Safety
+/// `src` must be 8-byte aligned and valid for reads of `N * 8` bytes,
+/// inside one guest mapping that stays mapped for the call.
+#[inline(always)]
+pub(crate) unsafe fn words<const N: usize>(src: *const u8) -> [u64; N] {
+    let mut w = [0u64; N];
+    let s = src.cast::<u64>();
+    for (i, v) in w.iter_mut().enumerate() {
+        // SAFETY: word `i < N` of the range, aligned, by the caller's
+        // contract.
+        *v = u64::from_le(unsafe { s.add(i).read_volatile() });
+    }
+    w
+}
+
 /// Copies `src` (our own buffer) to guest memory at `dst`.
 ///
 /// # Safety
