@@ -67,6 +67,15 @@ else
   done
 fi
 
+# Per-engine-thread scaling (issue 32, target 5; docs/scaling.md): the engine
+# threads drain send queues filled while they were held, with 1 and then 2
+# threads, while the client sleeps.
+if [ "$QUICK" = quick ]; then
+  run scale-threads "$PERF" --drain --quick
+else
+  run scale-threads "$PERF" --drain --reps 5
+fi
+
 # Idle VMs (issue 32): the daemon's CPU with 1,000 connected idle VMs (fewer if
 # the descriptor limit is short: the output says so and scales), and a WRITE
 # after idle against warm and against a thread's wake-up.

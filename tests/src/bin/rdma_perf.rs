@@ -23,6 +23,10 @@
 //! and both ends post 64-byte RDMA WRITEs), compared with 10 QPs over the
 //! same VMs.
 //!
+//! `--drain [--engine-threads 1,2]` measures per-engine-thread scaling
+//! with the client out of the way: the send queues are filled while the
+//! engine threads are held, then timed while they drain (`drain.rs`).
+//!
 //! Nothing here asserts a timing.
 //!
 //! Run: `cargo run --release -p vhost-user-rdma-tests --bin rdma_perf -- <test> [options]`
@@ -47,6 +51,10 @@ use virtio_rdma_driver::{
     Cq, Device, DmaBuf, Mr, Payload, Pd, Qp, QpCap, QpInit, RcConnect, RecvWr, SendFlags, SendOp,
     SendWr, Sge, WorkCompletion,
 };
+
+// The drain mode has its own file; a bin crate root looks beside itself.
+#[path = "rdma_perf/drain.rs"]
+mod drain;
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 type Res<T> = Result<T, BoxError>;
@@ -144,6 +152,32 @@ struct Args {
     /// `scripts/perf-ab.sh -x --dirty-log HEAD HEAD -- ...`.
     #[arg(long)]
     dirty_log: bool,
+    /// Drain mode (per-engine-thread scaling): VM pair k (VMs 2k, 2k+1;
+    /// --vms) is a tenant of its own on engine thread k mod T; with the
+    /// engine threads held, every QP's send queue is filled with 64-byte
+    /// RDMA WRITEs, then the threads are released and timed until every
+    /// signaled completion is there while the client sleeps. Prints each
+    /// thread's rate and CPU time per WQE, medians over --reps rounds
+    /// (default 5), and a one- and two-thread memcpy baseline.
+    #[arg(long)]
+    drain: bool,
+    /// Drain mode: the engine-thread counts to compare, e.g. `1,2`
+    /// (default). Thread 0 runs on --engine-cpu, the others on the other
+    /// CPUs in order (on 2 CPUs thread 1 shares the sleeping client's).
+    #[arg(long, value_delimiter = ',')]
+    engine_threads: Vec<usize>,
+    /// Drain mode: RC QPs per VM (QP j of VM 2k is connected to QP j of
+    /// VM 2k+1; both post).
+    #[arg(long, default_value_t = 32)]
+    drain_qps: usize,
+    /// Drain mode: WQEs posted per QP and drain (its send queue's depth,
+    /// at most 16384). The test VMM maps every ring page on its own: VMs x
+    /// QPs x depth / 32 pages must stay well below vm.max_map_count.
+    #[arg(long, default_value_t = 8192)]
+    drain_depth: usize,
+    /// Drain mode: every n-th WQE of a QP is signaled, and its last.
+    #[arg(long, default_value_t = 512)]
+    drain_signal: usize,
 }
 
 /// Whether the VMs use shared-memory doorbells (`--shmem`).
@@ -216,7 +250,7 @@ struct Config {
 impl Config {
     fn from_args(a: &Args) -> Res<Config> {
         let tests = match a.test.as_deref() {
-            None if a.qps.is_some() => Vec::new(),
+            None if a.qps.is_some() || a.drain => Vec::new(),
             None | Some("all") => Test::ALL.to_vec(),
             Some(t) => vec![Test::ALL
                 .into_iter()
@@ -1462,6 +1496,9 @@ fn main() -> Res<()> {
 
     if args.qps.is_some() {
         scale_mode(&args, &mut sum)?;
+    }
+    if args.drain {
+        drain::drain_mode(&args, &mut sum)?;
     }
 
     if cfg.baselines && !cfg.tests.is_empty() {
