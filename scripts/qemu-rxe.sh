@@ -48,8 +48,10 @@
 # of one guest: two guests it is.)
 # Prints "qemu-rxe: N passed, M failed".
 #
-# Usage: bash scripts/qemu-rxe.sh [--keep] [--only 'LABEL ...']
+# Usage: bash scripts/qemu-rxe.sh [--keep] [--only 'LABEL ...'] [--smp N]
 #   --only: run these steps alone (a developer's loop; the checks of the others then fail).
+#   --smp: vCPUs of each host guest (default 1). With 2, the VM's test VMM polling its CQ has a
+#     vCPU of its own, as a VM's vCPU would, instead of taking turns with the daemon and rxe.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib/launch.sh
@@ -60,11 +62,13 @@ cd "$(dirname "$0")/.."
 . guest/checks.sh
 keep=0
 only=
+smp=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --keep) keep=1; shift ;;
     --only) only="$2"; shift 2 ;;
-    *) echo "usage: $0 [--keep] [--only 'LABEL ...']" >&2; exit 2 ;;
+    --smp) smp="$2"; shift 2 ;;
+    *) echo "usage: $0 [--keep] [--only 'LABEL ...'] [--smp N]" >&2; exit 2 ;;
   esac
 done
 t_start=$(date +%s)
@@ -378,7 +382,7 @@ guest() {
   local name=$1 i=$2 cmd=$3 mine theirs
   mine=$([ "$i" = 0 ] && echo "$port0" || echo "$port1")
   theirs=$([ "$i" = 0 ] && echo "$port1" || echo "$port0")
-  launch_guest "$name" --image rxe-host --stall 300 --append 'guest.uio=none' \
+  launch_guest "$name" --image rxe-host --smp "$smp" --stall 300 --append 'guest.uio=none' \
     --cmd ". /etc/tools.sh && up 10.43.0.$((i + 1)) && { $cmd; }; r=\$?; klog;
       [ \$r = 0 ] || daemon_log; exit \$r" -- \
     -netdev "dgram,id=n0,local.type=inet,local.host=127.0.0.1,local.port=$mine,remote.type=inet,remote.host=127.0.0.1,remote.port=$theirs" \
