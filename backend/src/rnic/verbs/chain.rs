@@ -130,10 +130,10 @@ impl Chain {
 }
 
 /// Posts the waiting requests to their host QP (in `t`, the VM's tables,
-/// locked), the last one signaled. If the host refuses the post, the
-/// requests it did not take fail with `LOC_QP_OP_ERR` after those before
-/// them, and the host QP is moved to ERR so that those complete (flushed):
-/// as a refused single post failed its work request and the QP.
+/// locked), the last one signaled. If the host refuses the post, its
+/// requests fail with `LOC_QP_OP_ERR` after those before them, and the
+/// host QP is moved to ERR so that those complete (flushed): as a refused
+/// single post failed its work request and the QP.
 pub(super) fn post(chain: &mut Chain, t: &mut Tables, state: &mut VmState, mem: &HostMem) {
     let n = std::mem::take(&mut chain.len);
     if n == 0 {
@@ -180,7 +180,11 @@ pub(super) fn post(chain: &mut Chain, t: &mut Tables, state: &mut VmState, mem: 
             .min(n)
     };
     debug!("QPN {qpn:#x}: ibv_post_send of {n}: errno {rc}, {first} taken");
-    if let Some(&from) = chain.seqs.get(first) {
+    // Every request of the post fails, those the host took too: their
+    // last one, the signaled one, was not taken, so those that succeed
+    // would never be reported (those that fail or are flushed are; they
+    // then complete with the host's status).
+    if let Some(&from) = chain.seqs.first() {
         for s in q.sent.iter_mut().filter(|s| s.seq >= from) {
             s.posted = false;
         }
