@@ -17,7 +17,7 @@ use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::qp::{QpState, QpType};
 
 use super::attr::{wc_opcode, wc_status};
-use super::rnic::{lock_tables, HostEvent, Tables, VmHost, RECV_SRQ, RECV_WR};
+use super::rnic::{lock_tables, HostEvent, HostQp, Tables, VmHost, RECV_SRQ, RECV_WR};
 use super::scratch::Scratch;
 use crate::engine::completer::{complete, cq_error, error_cqe};
 use crate::engine::doorbell;
@@ -187,6 +187,27 @@ pub(super) fn poll_cqs(
     did
 }
 
+/// Fails with `status` the send work requests at the head of `hq` that
+/// the host refused to take (`Sent::posted` false): nothing before them
+/// is left to complete.
+pub(super) fn drain_unposted(
+    hq: &mut HostQp,
+    state: &mut VmState,
+    mem: &HostMem,
+    status: WcStatus,
+) {
+    while let Some(s) = hq.sent.front().copied().filter(|s| !s.posted) {
+        hq.sent.pop_front();
+        complete_posted(
+            state,
+            mem,
+            hq.handle,
+            Completion::failed(s.wr_id, s.op, status),
+        );
+    }
+    hq.progress = (!hq.sent.is_empty()).then(Instant::now);
+}
+
 /// Applies one host completion (`scratch`: for the GRH of a UD receive).
 fn apply(
     t: &mut Tables,
@@ -209,6 +230,21 @@ fn apply(
         );
     }
     if wc.wr_id & RECV_WR == 0 {
+        // The host reports the signaled work requests and the failed ones:
+        // every one before it completed, successfully (`chain`).
+        let seq = wc.wr_id;
+        if hq.sent.front().is_none_or(|s| s.seq > seq) {
+            debug!("QPN {:#x}: a send completion without a send", wc.qp_num);
+            return;
+        }
+        while let Some(s) = hq.sent.front().copied().filter(|s| s.seq < seq) {
+            hq.sent.pop_front();
+            if s.signaled {
+                complete_posted(state, mem, h, Completion::ok(s.wr_id, s.op, s.len));
+            } else {
+                posted_done(state, h);
+            }
+        }
         let Some(s) = hq.sent.pop_front() else {
             debug!("QPN {:#x}: a send completion without a send", wc.qp_num);
             return;
@@ -228,6 +264,7 @@ fn apply(
         } else {
             complete_posted(state, mem, h, Completion::failed(s.wr_id, s.op, status));
         }
+        drain_unposted(hq, state, mem, WcStatus::LOC_QP_OP_ERR);
         return;
     }
     let srq = hq.srq;

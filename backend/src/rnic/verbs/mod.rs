@@ -16,7 +16,8 @@
 //!   daemon's mappings;
 //! - [`path`]: [`path::VerbsPath`], the data path: the engine's checked
 //!   WQEs posted to the host queues; [`post`]: send and receive work
-//!   requests in libibverbs' terms; [`complete`]: host completions and
+//!   requests in libibverbs' terms; [`chain`]: a burst's send requests
+//!   posted together; [`complete`]: host completions and
 //!   host events applied to the VM; [`scratch`]: the data path's reusable
 //!   memory;
 //! - [`cm`]: the bridge between a guest's connection management and the
@@ -50,6 +51,8 @@ pub mod rnic;
 #[cfg(feature = "verbs")]
 mod routes;
 guest_facing!(
+    #[cfg(feature = "verbs")]
+    chain,
     #[cfg(feature = "verbs")]
     complete,
     #[cfg(feature = "verbs")]

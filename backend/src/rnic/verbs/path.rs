@@ -4,15 +4,17 @@
 //! host region at the guest's iova, its keys the host's); host completions
 //! become the guest's CQEs in the order the host reports them.
 //!
-//! Every host work request is signaled (the host QPs have `sq_sig_all`),
-//! so the engine learns of each one's end; the guest sees a success only
-//! for a WQE it signaled. At most a send queue's depth of a QP's WQEs is
+//! A burst's send work requests go to the host in one post, signaled on
+//! the host only where the guest signaled them and at the post's end
+//! ([`super::chain`]): a host completion stands for the requests before it
+//! too; the guest sees a success only for a WQE it signaled. At most a send queue's depth of a QP's WQEs is
 //! posted at a time, and host CQs are sized for everything that can
 //! complete into them ([`super::rnic`]), so neither host queue overflows
 //! whatever the guest posts.
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
+use std::sync::Mutex;
 use std::time::Instant;
 
 use log::debug;
@@ -20,6 +22,7 @@ use rdma_sys::{ibv_modify_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_state, ibv_r
 use virtio_rdma_abi::datapath::WcStatus;
 use virtio_rdma_abi::qp::QpType;
 
+use super::chain::{self, Chain};
 use super::rnic::moves;
 use super::rnic::{lock_tables, VerbsRnic, VmHost};
 use super::scratch::Scratch;
@@ -39,12 +42,19 @@ pub struct VerbsPath<'a> {
     rnic: &'a VerbsRnic,
     /// Who may reach whom, and the isolation and traffic counters.
     tenancy: &'a Tenancy,
+    /// The send work requests of the burst being served, posted at its
+    /// end (one engine thread: never contended).
+    chain: Mutex<Box<Chain>>,
 }
 
 impl<'a> VerbsPath<'a> {
     /// The data path of `rnic` for the VMs of `tenancy`.
     pub fn new(rnic: &'a VerbsRnic, tenancy: &'a Tenancy) -> Self {
-        VerbsPath { rnic, tenancy }
+        VerbsPath {
+            rnic,
+            tenancy,
+            chain: Mutex::new(Chain::new()),
+        }
     }
 
     fn host(&self, vm: usize) -> Option<&'a VmHost> {
@@ -54,16 +64,45 @@ impl<'a> VerbsPath<'a> {
 
 impl RnicPath for VerbsPath<'_> {
     type Scratch = Scratch;
-    type Burst<'a> = ();
+    /// The burst's chain of host work requests ([`super::chain`]).
+    type Burst<'a> = Option<&'a mut Chain>;
 
     const TAKES_RECEIVES: bool = true;
 
     const WANTS_POLL: bool = true;
 
+    fn with_burst<S, F>(
+        &self,
+        cx: &mut Serving<'_>,
+        _h: u32,
+        scratch: &mut S,
+        burst: F,
+    ) -> Option<bool>
+    where
+        F: for<'s> FnOnce(&mut Serving<'s>, &mut Self::Burst<'s>, &mut S) -> bool,
+    {
+        let mut chain = lock(&self.chain);
+        // The chain is borrowed for the burst alone.
+        let ran = {
+            let mut cx = Serving {
+                vms: cx.vms,
+                vm: cx.vm,
+                state: &mut *cx.state,
+                mem: cx.mem,
+            };
+            burst(&mut cx, &mut Some(&mut **chain), scratch)
+        };
+        // The burst's work requests go to the host in one post.
+        if let Some(host) = self.host(cx.vm) {
+            chain::post(&mut chain, &mut lock_tables(host), cx.state, cx.mem);
+        }
+        Some(ran)
+    }
+
     fn post_send(
         &self,
         cx: &mut Serving<'_>,
-        _burst: &mut (),
+        burst: &mut Option<&mut Chain>,
         ts: &mut Self::Scratch,
         moved: &mut u64,
         msg: &Outgoing<'_>,
@@ -76,7 +115,35 @@ impl RnicPath for VerbsPath<'_> {
             let c = Completion::failed(msg.wr.hdr.wr_id, msg.op, WcStatus::LOC_QP_OP_ERR);
             return complete_send(cx.state, cx.mem, msg.qp, msg.index, c);
         };
-        post::send(self.rnic, host, self.tenancy, cx, &mut ts.wqe, moved, msg)
+        match burst {
+            Some(chain) => post::send(
+                self.rnic,
+                host,
+                self.tenancy,
+                cx,
+                &mut ts.wqe,
+                chain,
+                moved,
+                msg,
+            ),
+            // Outside a burst (not a path the engine takes): a chain of
+            // its own, posted at once.
+            None => {
+                let mut chain = Chain::new();
+                let step = post::send(
+                    self.rnic,
+                    host,
+                    self.tenancy,
+                    cx,
+                    &mut ts.wqe,
+                    &mut chain,
+                    moved,
+                    msg,
+                );
+                chain::post(&mut chain, &mut lock_tables(host), cx.state, cx.mem);
+                step
+            }
+        }
     }
 
     fn post_recv(

@@ -8,8 +8,8 @@
 
 use log::debug;
 use rdma_sys::{
-    ibv_post_recv, ibv_post_send, ibv_post_srq_recv, ibv_recv_wr, ibv_send_flags, ibv_send_wr,
-    ibv_sge, ibv_wr_opcode, imm_data_invalidated_rkey_union_t, wr_t,
+    ibv_post_recv, ibv_post_srq_recv, ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge,
+    ibv_wr_opcode, imm_data_invalidated_rkey_union_t, wr_t,
 };
 use virtio_rdma_abi::datapath::{
     QpDoorbell, Sge, WcOpcode, WcStatus, WrOpcode, WQE_FENCE, WQE_SOLICITED,
@@ -17,6 +17,7 @@ use virtio_rdma_abi::datapath::{
 use virtio_rdma_abi::event::EventKind;
 use virtio_rdma_abi::qp::{QpState, QpType};
 
+use super::chain::{self, Chain, MAX_SGE};
 use super::rnic::{lock_tables, Sent, Tables, VerbsRnic, VmHost, RECV_SRQ, RECV_WR};
 use crate::engine::completer::{complete, error_cqe};
 use crate::engine::doorbell::{self, load_pi};
@@ -31,9 +32,6 @@ use crate::stats::TrafficCounters;
 use crate::tenancy::Tenancy;
 use crate::vm::cell::Locked;
 use crate::vm::VmState;
-
-/// Most SGEs of one work request (the WQE format's).
-const MAX_SGE: usize = 32;
 
 const NO_SGE: ibv_sge = ibv_sge {
     addr: 0,
@@ -75,14 +73,17 @@ fn opcode(op: WrOpcode) -> Option<u32> {
     })
 }
 
-/// Posts send WQE `msg` to its host QP: taken ([`Step::InFlight`]), or
-/// completed now with the requester's error.
+/// Takes send WQE `msg` for its host QP into `chain`, which the burst's
+/// end posts ([`Step::InFlight`]), or completes it now with the
+/// requester's error.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn send(
     rnic: &VerbsRnic,
     host: &VmHost,
     tenancy: &Tenancy,
     cx: &mut Serving<'_>,
     buf: &mut WqeBuf,
+    chain: &mut Chain,
     moved: &mut u64,
     msg: &Outgoing<'_>,
 ) -> Step {
@@ -210,12 +211,13 @@ pub(super) fn send(
         Some(m) => m.get(&wr.hdr.rkey).copied().unwrap_or(wr.hdr.rkey),
         None => wr.hdr.rkey,
     };
-    let mut sges = [ibv_sge {
-        addr: 0,
-        length: 0,
-        lkey: 0,
-    }; MAX_SGE];
-    let mut flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+    let mut sges = [NO_SGE; MAX_SGE];
+    // Signaled on the host if the guest asked; the chain's post signals
+    // its last request too.
+    let mut flags = 0;
+    if msg.signaled {
+        flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
+    }
     if wr.hdr.flags & WQE_SOLICITED != 0 {
         flags |= ibv_send_flags::IBV_SEND_SOLICITED.0;
     }
@@ -223,16 +225,11 @@ pub(super) fn send(
         flags |= ibv_send_flags::IBV_SEND_FENCE.0;
     }
     let nsge = match wr.inline {
-        Some(data) => {
-            // The host copies inline data at the post: the engine's copy
-            // of the WQE is the source.
+        // The host copies inline data at the post; the chain keeps a copy
+        // until then.
+        Some(_) => {
             flags |= ibv_send_flags::IBV_SEND_INLINE.0;
-            sges[0] = ibv_sge {
-                addr: data.as_ptr() as u64,
-                length: len32(data.len() as u64),
-                lkey: 0,
-            };
-            usize::from(!data.is_empty())
+            0
         }
         None => match host_sges(&t, wr.sges, &mut sges) {
             Some(n) => n,
@@ -265,15 +262,13 @@ pub(super) fn send(
             },
         },
     };
-    // SAFETY: all-zero is a valid work request; every field used is set.
-    let mut w: ibv_send_wr = unsafe { std::mem::zeroed() };
-    w.wr_id = 0;
-    w.sg_list = sges.as_mut_ptr();
-    w.num_sge = i32::try_from(nsge).unwrap_or(0);
     let Some(op) = opcode(wr.opcode) else {
         drop(t);
         return failed(state, WcStatus::LOC_QP_OP_ERR);
     };
+    // SAFETY: all-zero is a valid work request; every field used is set
+    // here or by the chain.
+    let mut w: ibv_send_wr = unsafe { std::mem::zeroed() };
     w.opcode = op;
     w.send_flags = flags;
     // Immediate data is the guest's 32 bits, passed as they are.
@@ -281,23 +276,33 @@ pub(super) fn send(
         imm_data: wr.hdr.imm_data,
     };
     w.wr = remote;
+    // The requests waiting in the chain go first if this one cannot join
+    // them (full, or another QP's).
+    if chain.must_post_before(msg.src_qpn) {
+        chain::post(chain, &mut t, state, mem);
+    }
     let Some(q) = t.qps.get_mut(&msg.src_qpn) else {
         drop(t);
         return failed(state, WcStatus::LOC_QP_OP_ERR);
     };
-    let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
-    // SAFETY: a live QP of the VM; `w` and the SGEs (and inline bytes)
-    // it points to live across the call, which copies what it keeps.
-    let rc = unsafe { ibv_post_send(q.qp.as_ptr(), &mut w, &mut bad) };
-    if rc != 0 {
-        debug!("QPN {:#x}: ibv_post_send: errno {rc}", msg.src_qpn);
+    if q.failed {
+        // The host refused the post before: the QP fails (its work
+        // requests are completed by then or with the host's flush).
+        return Step::Busy;
+    }
+    let seq = q.next_seq;
+    let sg = sges.get(..nsge).unwrap_or(&[]);
+    if !chain.push(msg.src_qpn, w, sg, wr.inline, seq) {
         drop(t);
         return failed(state, WcStatus::LOC_QP_OP_ERR);
     }
+    q.next_seq = seq.wrapping_add(1);
     if q.sent.is_empty() {
         q.progress = Some(std::time::Instant::now());
     }
     q.sent.push_back(Sent {
+        seq,
+        posted: true,
         wr_id: wr.hdr.wr_id,
         op: msg.op,
         signaled: msg.signaled,

@@ -44,9 +44,15 @@ use crate::sync::{lock, read, write};
 
 /// A send work request posted to a host QP, in posting order: what its
 /// completion needs (the host reports a success only with the `wr_id`, an
-/// error without a valid opcode).
+/// error without a valid opcode). Only some are signaled on the host
+/// (`chain`): a host completion stands for those before it too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Sent {
+    /// Its host `wr_id`: the QP's count of send work requests.
+    pub seq: u64,
+    /// False if the host refused its post: it fails once those before it
+    /// have completed.
+    pub posted: bool,
     /// The guest's `wr_id`.
     pub wr_id: u64,
     /// Its completion opcode.
@@ -101,6 +107,8 @@ pub(crate) struct HostQp {
     pub rq_depth: u32,
     /// Sends posted and not completed, oldest first.
     pub sent: VecDeque<Sent>,
+    /// The `seq` of the next send work request.
+    pub next_seq: u64,
     /// The guest `wr_id`s of the receives posted to its own receive queue
     /// and not completed, oldest first.
     pub recvd: VecDeque<u64>,
@@ -550,10 +558,10 @@ impl VerbsRnic {
                 QpType::UC => ibv_qp_type::IBV_QPT_UC,
                 _ => ibv_qp_type::IBV_QPT_RC,
             },
-            // Every work request is signaled on the host: the engine
-            // learns of each one's end (`Sent::signaled` says whether
-            // the guest sees it).
-            sq_sig_all: 1,
+            // The data path signals the work requests whose end it must
+            // learn (`chain`); `Sent::signaled` says whether the guest
+            // sees one.
+            sq_sig_all: 0,
         };
         // SAFETY: a live PD, CQs and SRQ of this VM, and a filled
         // attribute structure.
@@ -655,6 +663,7 @@ impl VerbsRnic {
                     spec.rq_depth
                 },
                 sent: VecDeque::new(),
+                next_seq: 0,
                 recvd: VecDeque::new(),
                 failed: false,
                 timeout: 0,
