@@ -1064,6 +1064,27 @@ struct ScaleResult {
 /// `nqps` RC QPs over `vms` VMs of the daemon `d` (VM pairs 2k, 2k+1),
 /// every QP posting 64-byte WRITEs to its partner; returns the total
 /// message rate over `secs`.
+/// Takes every completion `cq` has, into `wc` a batch at a time, and
+/// calls `each` on each; an error completion is an error.
+fn drain_successes(
+    cq: &Cq,
+    wc: &mut [WorkCompletion],
+    mut each: impl FnMut(&WorkCompletion) -> Res<()>,
+) -> Res<()> {
+    loop {
+        let k = cq.poll(wc);
+        if k == 0 {
+            return Ok(());
+        }
+        for w in wc.iter().take(k) {
+            if !w.is_success() {
+                return Err(format!("completion with error: {w:?}").into());
+            }
+            each(w)?;
+        }
+    }
+}
+
 fn scale_run(d: &TestDaemon, vms: usize, nqps: usize, depth: usize, secs: f64) -> Res<ScaleResult> {
     let t_setup = Instant::now();
     let vm: Vec<Vm> = (0..vms).map(|i| open_vm(d, i)).collect::<Res<_>>()?;
@@ -1187,25 +1208,17 @@ fn scale_run(d: &TestDaemon, vms: usize, nqps: usize, depth: usize, secs: f64) -
             }
         }
         for cq in &cqs {
-            loop {
-                let k = cq.poll(&mut wc);
-                if k == 0 {
-                    break;
+            drain_successes(cq, &mut wc, |w| {
+                let i = usize::try_from(w.wr_id)?;
+                let q = qps.get_mut(i).ok_or("bad wr_id")?;
+                q.outstanding -= half;
+                completed += half as u64;
+                if !q.queued && q.outstanding + half <= depth {
+                    q.queued = true;
+                    ready.push_back(i);
                 }
-                for w in &wc[..k] {
-                    if !w.is_success() {
-                        return Err(format!("completion with error: {w:?}").into());
-                    }
-                    let i = usize::try_from(w.wr_id)?;
-                    let q = qps.get_mut(i).ok_or("bad wr_id")?;
-                    q.outstanding -= half;
-                    completed += half as u64;
-                    if !q.queued && q.outstanding + half <= depth {
-                        q.queued = true;
-                        ready.push_back(i);
-                    }
-                }
-            }
+                Ok(())
+            })?;
         }
     };
     let (t0, c0) = t_measure.ok_or("no measurement window")?;

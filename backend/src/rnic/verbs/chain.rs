@@ -8,10 +8,7 @@
 //! not. `complete::apply` reads them so.
 
 use log::debug;
-use rdma_sys::{
-    ibv_modify_qp, ibv_post_send, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_state, ibv_send_flags,
-    ibv_send_wr, ibv_sge,
-};
+use rdma_sys::{ibv_post_send, ibv_send_flags, ibv_send_wr, ibv_sge};
 use virtio_rdma_abi::datapath::WcStatus;
 
 use super::complete::drain_unposted;
@@ -189,18 +186,7 @@ pub(super) fn post(chain: &mut Chain, t: &mut Tables, state: &mut VmState, mem: 
             s.posted = false;
         }
     }
-    if !q.failed {
-        // SAFETY: all-zero is a valid attribute structure.
-        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
-        a.qp_state = ibv_qp_state::IBV_QPS_ERR;
-        let mask = i32::try_from(ibv_qp_attr_mask::IBV_QP_STATE.0).unwrap_or(1);
-        // SAFETY: a live QP of the VM and a filled attribute structure.
-        let rc = unsafe { ibv_modify_qp(q.qp.as_ptr(), &mut a, mask) };
-        if rc != 0 {
-            debug!("QPN {qpn:#x}: host QP to ERR refused: {rc}");
-        }
-        q.failed = true;
-    }
+    q.fail();
     drain_unposted(q, state, mem, WcStatus::LOC_QP_OP_ERR);
 }
 

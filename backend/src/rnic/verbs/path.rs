@@ -18,7 +18,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use log::debug;
-use rdma_sys::{ibv_modify_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_state, ibv_req_notify_cq};
+use rdma_sys::ibv_req_notify_cq;
 use virtio_rdma_abi::datapath::WcStatus;
 use virtio_rdma_abi::qp::QpType;
 
@@ -205,18 +205,8 @@ impl RnicPath for VerbsPath<'_> {
         let Some(qpn) = vm.res.qps.get(h).map(|q| q.qpn) else {
             return false;
         };
-        let mut t = lock_tables(host);
-        if let Some(q) = t.qps.get_mut(&qpn).filter(|q| !q.failed) {
-            // SAFETY: all-zero is a valid attribute structure.
-            let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
-            a.qp_state = ibv_qp_state::IBV_QPS_ERR;
-            let mask = i32::try_from(ibv_qp_attr_mask::IBV_QP_STATE.0).unwrap_or(1);
-            // SAFETY: a live QP of the VM and a filled attribute structure.
-            let rc = unsafe { ibv_modify_qp(q.qp.as_ptr(), &mut a, mask) };
-            if rc != 0 {
-                debug!("QPN {qpn:#x}: host QP to ERR refused: {rc}");
-            }
-            q.failed = true;
+        if let Some(q) = lock_tables(host).qps.get_mut(&qpn) {
+            q.fail();
         }
         false
     }

@@ -24,8 +24,8 @@ use vhost_user_rdma_tests::harness::{add_tenant, TestDaemon};
 use virtio_rdma_driver::{Cq, Payload, Qp, QpCap, SendFlags, SendOp, SendWr, Sge, WorkCompletion};
 
 use super::{
-    connect, median, on_cpu, open_vm, page_aligned, rc_qp, Args, BoxError, Buf, Res, Summary, Vm,
-    WAIT,
+    connect, drain_successes, median, on_cpu, open_vm, page_aligned, rc_qp, Args, BoxError, Buf,
+    Res, Summary, Vm, WAIT,
 };
 
 /// How often the client looks while the engines drain: each look costs the
@@ -418,18 +418,10 @@ fn drain_once(d: &TestDaemon, s: &Setup, p: &Params, cpus: &[usize]) -> Res<Drai
             wait: since(&wait, &wait0),
         });
         for cq in &s.cqs {
-            loop {
-                let k = cq.poll(&mut wc);
-                if k == 0 {
-                    break;
-                }
-                for w in &wc[..k] {
-                    if !w.is_success() {
-                        return Err(format!("completion with error: {w:?}").into());
-                    }
-                }
-                completions += k as u64;
-            }
+            drain_successes(cq, &mut wc, |_| {
+                completions += 1;
+                Ok(())
+            })?;
         }
         let all = looks
             .last()

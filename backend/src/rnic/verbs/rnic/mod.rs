@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use log::{debug, warn};
 use rdma_sys::{
     ibv_alloc_pd, ibv_create_ah, ibv_create_comp_channel, ibv_create_cq, ibv_create_qp,
-    ibv_create_srq, ibv_modify_qp, ibv_qp_init_attr, ibv_qp_type, ibv_reg_mr_iova2, ibv_resize_cq,
-    ibv_srq_attr, ibv_srq_init_attr,
+    ibv_create_srq, ibv_modify_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr, ibv_qp_state,
+    ibv_qp_type, ibv_reg_mr_iova2, ibv_resize_cq, ibv_srq_attr, ibv_srq_init_attr,
 };
 use virtio_rdma_abi::datapath::WcOpcode;
 use virtio_rdma_abi::qp::{AddressVector, QpState, QpType, GSI_QPN};
@@ -148,6 +148,25 @@ impl HostQp {
     /// The host QP's number (the device's may be another: [`Tables::renamed`]).
     pub fn host_qpn(&self) -> u32 {
         self.qp.qpn()
+    }
+
+    /// Moves the host QP to ERR, once: it flushes what it took, each
+    /// request with a completion.
+    pub fn fail(&mut self) {
+        if self.failed {
+            return;
+        }
+        // SAFETY: all-zero is a valid attribute structure.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_ERR;
+        let mask = i32::try_from(ibv_qp_attr_mask::IBV_QP_STATE.0).unwrap_or(1);
+        // SAFETY: a live QP (owned by `self`) and a filled attribute
+        // structure.
+        let rc = unsafe { ibv_modify_qp(self.qp.as_ptr(), &mut a, mask) };
+        if rc != 0 {
+            debug!("host QPN {:#x}: to ERR refused: {rc}", self.host_qpn());
+        }
+        self.failed = true;
     }
 
     /// Notes that the host QP was just given an address vector to `gid`;
