@@ -9,7 +9,7 @@
 # Usage: bash scripts/bench-all.sh [OUT_DIR] [quick]
 #   quick: one short run of each (a smoke test of the script, ~2 minutes)
 #
-# Takes about 3 minutes on the 2-core build machines. The rows of the
+# Takes about 5 minutes on the 2-core build machines. The rows of the
 # issue-16 targets are repeated (RUNS times) so that medians can be quoted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
