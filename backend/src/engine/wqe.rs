@@ -224,12 +224,16 @@ pub fn fetch_send<'a>(
         slot,
         sges: sge_buf,
     } = scratch;
+    // The slot and at least a header's bytes, in one RAM region (every
+    // send queue's stride holds a header; a ring that broke that rule is
+    // read no further than the region allows).
+    let span = stride.max(SEND_WQE_HEADER as usize);
     let words = mem
-        .ptr(gpa, stride as u64)
+        .ptr(gpa, span as u64)
         .filter(|p| p.cast_const().cast::<u64>().is_aligned());
     let hdr = match words {
-        // SAFETY: `p` is 8-byte aligned and the slot's `stride` bytes
-        // (at least the header's 64) lie in one RAM region.
+        // SAFETY: `p` is 8-byte aligned and `span` bytes from it, at least
+        // the header's 64, lie in one RAM region (`HostMem::ptr`).
         Some(p) => SendWqe::from_words(&unsafe { volatile::words::<8>(p) }),
         None => {
             let h = slot
@@ -283,7 +287,7 @@ pub fn fetch_send<'a>(
                 let off = (SEND_WQE_HEADER as usize).saturating_add(i.saturating_mul(Sge::SIZE));
                 // SAFETY: `p + off` is 8-byte aligned (`p` is, and so are
                 // the header's and an SGE's sizes) and its 16 bytes lie in
-                // the slot, inside one RAM region.
+                // the slot (`room` above), inside the `span` bytes checked.
                 *sge = Sge::from_words(&unsafe { volatile::words::<2>(p.add(off)) });
             }
         }

@@ -189,7 +189,8 @@ pub(super) fn poll_cqs(
 
 /// Fails with `status` the send work requests at the head of `hq` that
 /// the host refused to take (`Sent::posted` false): nothing before them
-/// is left to complete.
+/// is left to complete. Restarts the watchdog's clock for what is left
+/// (called after each send completion).
 pub(super) fn drain_unposted(
     hq: &mut HostQp,
     state: &mut VmState,
@@ -245,11 +246,11 @@ fn apply(
                 posted_done(state, h);
             }
         }
-        let Some(s) = hq.sent.pop_front() else {
+        let Some(s) = hq.sent.front().copied().filter(|s| s.seq == seq) else {
             debug!("QPN {:#x}: a send completion without a send", wc.qp_num);
             return;
         };
-        hq.progress = (!hq.sent.is_empty()).then(Instant::now);
+        hq.sent.pop_front();
         // The send the watchdog gave up on reports what the NIC's retries
         // running out would have.
         let status = if std::mem::take(&mut hq.timed_out) && status == WcStatus::WR_FLUSH_ERR {
